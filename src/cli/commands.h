@@ -1,0 +1,13 @@
+// Each subcommand of `moeinfer` registers itself on the top-level CLI11 app.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace moeinfer::cli {
+
+void add_tokenize_command(CLI::App& app);
+void add_logits_command(CLI::App& app);
+void add_generate_command(CLI::App& app);
+void add_info_command(CLI::App& app);
+
+}  // namespace moeinfer::cli

@@ -1,0 +1,36 @@
+// Element types of checkpoint tensors and their conversions to float32.
+#pragma once
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace moeinfer {
+
+enum class DType : uint8_t { kF32, kBF16, kF16, kF8E4M3, kI8, kI32, kI64, kBool };
+
+size_t dtype_size(DType dtype);
+std::string_view dtype_name(DType dtype);
+// Parses a safetensors dtype string ("F32", "BF16", ...); returns false when unknown.
+bool parse_safetensors_dtype(std::string_view text, DType* dtype);
+
+inline float bf16_to_f32(uint16_t bits) { return std::bit_cast<float>(uint32_t{bits} << 16); }
+
+// Round to nearest even, as torch does; NaN stays NaN.
+inline uint16_t f32_to_bf16(float value) {
+  uint32_t bits = std::bit_cast<uint32_t>(value);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+float f16_to_f32(uint16_t bits);
+uint16_t f32_to_f16(float value);
+float f8e4m3_to_f32(uint8_t bits);
+
+// Converts n elements of `dtype` at src to float32 at dst.
+void convert_to_f32(DType dtype, const void* src, float* dst, size_t n);
+
+}  // namespace moeinfer

@@ -1,0 +1,77 @@
+// ModelConfig: the validated, immutable hyper-parameters of a checkpoint, read once from
+// config.json. Both RoPE layouts are accepted: `rope_theta` + `rope_scaling` (published
+// checkpoints) and `rope_parameters` (newer transformers).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace moeinfer {
+
+enum class ModelFamily { kQwen3Moe, kMixtral, kOlmoe, kQwen2Moe };
+
+std::string_view family_name(ModelFamily family);
+
+struct RopeConfig {
+  // "default", "linear", "dynamic", "yarn", "llama3"
+  std::string type = "default";
+  double theta = 10000.0;
+  double factor = 1.0;
+  // yarn / llama3 / dynamic: the context length the model was trained at.
+  int64_t original_max_position_embeddings = 0;
+  double beta_fast = 32.0;  // yarn
+  double beta_slow = 1.0;   // yarn
+  std::optional<double> attention_factor;  // yarn: overrides the default mscale
+  double mscale = 0.0;           // yarn (DeepSeek style), 0 = unset
+  double mscale_all_dim = 0.0;   // yarn (DeepSeek style), 0 = unset
+  bool truncate = true;          // yarn
+  double low_freq_factor = 1.0;   // llama3
+  double high_freq_factor = 4.0;  // llama3
+};
+
+struct ModelConfig {
+  ModelFamily family = ModelFamily::kQwen3Moe;
+  std::string model_type;       // as written in config.json
+  std::string source;           // path of config.json, for error messages
+
+  int64_t vocab_size = 0;       // V
+  int64_t hidden_size = 0;      // H
+  int64_t num_layers = 0;
+  int64_t num_heads = 0;        // Nq
+  int64_t num_kv_heads = 0;     // Nkv
+  int64_t head_dim = 0;         // D
+  int64_t intermediate_size = 0;      // width of dense MLP layers
+  int64_t moe_intermediate_size = 0;  // I, width of one routed expert
+  int64_t num_experts = 0;            // E
+  int64_t num_experts_per_tok = 0;    // K
+  int64_t shared_expert_intermediate_size = 0;  // qwen2_moe; 0 = no shared expert
+  bool norm_topk_prob = false;   // renormalise the K routing weights to sum to 1
+  double rms_norm_eps = 1e-6;
+  int64_t max_position_embeddings = 0;
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;   // bias on q/k/v projections
+  bool attention_out_bias = false;  // bias on o_proj
+  bool qk_norm_per_head = false;    // qwen3_moe: RMSNorm over D of each head
+  bool qk_norm_full = false;        // olmoe: RMSNorm over the whole q / k projection
+  std::optional<double> clip_qkv;   // olmoe
+  std::optional<int64_t> sliding_window;  // tokens; absent = full attention
+  std::vector<bool> layer_is_moe;   // [num_layers]: routed experts (true) or dense MLP
+  RopeConfig rope;
+  std::optional<int64_t> bos_token_id;
+  std::vector<int64_t> eos_token_ids;
+  std::string dtype;  // "float32", "bfloat16", ... as declared; informational
+
+  int64_t q_dim() const { return num_heads * head_dim; }
+  int64_t kv_dim() const { return num_kv_heads * head_dim; }
+};
+
+// Parses and validates config.json text; `source` names the file in error messages.
+ModelConfig parse_model_config(std::string_view json_text, const std::string& source);
+// Reads <dir>/config.json (or the file itself when given a file).
+ModelConfig load_model_config(const std::filesystem::path& path);
+
+}  // namespace moeinfer
