@@ -1,0 +1,454 @@
+// config.json -> ModelConfig. The defaults and derived values follow transformers 5.x
+// (configuration_<family>.py and modeling_<family>.py); where the two disagree the modeling code
+// wins, because it is what produced the published weights. Fields that fix a tensor shape are
+// required; the rest take the family's transformers default. Every error names the file and field.
+#include "io/model_config.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace moeinfer {
+
+std::string_view family_name(ModelFamily family) {
+  switch (family) {
+    case ModelFamily::kQwen3Moe: return "qwen3_moe";
+    case ModelFamily::kMixtral: return "mixtral";
+    case ModelFamily::kOlmoe: return "olmoe";
+    case ModelFamily::kQwen2Moe: return "qwen2_moe";
+  }
+  return "?";
+}
+
+namespace {
+
+using json = nlohmann::json;
+
+constexpr ModelFamily kFamilies[] = {ModelFamily::kQwen3Moe, ModelFamily::kMixtral,
+                                     ModelFamily::kOlmoe, ModelFamily::kQwen2Moe};
+
+// Upper bounds that keep later size arithmetic (products of two or three of these) in int64.
+constexpr int64_t kMaxDim = int64_t{1} << 31;
+constexpr int64_t kMaxLayers = 4096;
+constexpr int64_t kMaxExperts = int64_t{1} << 16;
+constexpr int64_t kMaxHeads = int64_t{1} << 16;
+
+// The transformers defaults that differ between families.
+struct FamilyDefaults {
+  int64_t max_position_embeddings;
+  double rms_norm_eps;
+  std::optional<int64_t> num_key_value_heads;  // nullopt: same as num_attention_heads
+  double rope_theta;
+  std::optional<int64_t> bos_token_id;
+  std::optional<int64_t> eos_token_id;
+};
+
+FamilyDefaults defaults_for(ModelFamily family) {
+  switch (family) {
+    case ModelFamily::kQwen3Moe: return {32768, 1e-6, 4, 10000.0, std::nullopt, std::nullopt};
+    case ModelFamily::kMixtral: return {4096 * 32, 1e-5, 8, 1e6, 1, 2};
+    case ModelFamily::kOlmoe: return {4096, 1e-5, std::nullopt, 10000.0, std::nullopt, 50279};
+    case ModelFamily::kQwen2Moe: return {32768, 1e-6, 16, 10000.0, std::nullopt, std::nullopt};
+  }
+  MOE_FAIL("unknown family");
+}
+
+// Typed access to one JSON object; `prefix` ("", "rope_parameters.") qualifies field names.
+class Fields {
+ public:
+  Fields(const json& object, const std::string& source, std::string prefix = "")
+      : object_(object), source_(source), prefix_(std::move(prefix)) {}
+
+  template <typename... Args>
+  [[noreturn]] void fail(std::string_view key, const Args&... parts) const {
+    MOE_FAIL(source_, ": field '", prefix_, key, "': ", parts...);
+  }
+
+  // Present and not null (transformers treats an explicit null like an absent key almost always).
+  bool has(const char* key) const { return find(key) != nullptr; }
+  bool contains_key(const char* key) const { return object_.contains(key); }
+  const json* find(const char* key) const {
+    const auto it = object_.find(key);
+    return it == object_.end() || it->is_null() ? nullptr : &*it;
+  }
+
+  int64_t to_int(const char* key, const json& value) const {
+    if (value.is_number_unsigned()) {
+      const uint64_t v = value.get<uint64_t>();
+      if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+        fail(key, "value ", v, " is out of range");
+      return static_cast<int64_t>(v);
+    }
+    if (value.is_number_integer()) return value.get<int64_t>();
+    if (value.is_number_float()) {
+      const double v = value.get<double>();
+      if (std::isfinite(v) && std::floor(v) == v && std::fabs(v) < 9.0e15)
+        return static_cast<int64_t>(v);
+      fail(key, "must be an integer, found ", v);
+    }
+    fail(key, "must be an integer, found ", value.type_name());
+  }
+  int64_t integer(const char* key) const {
+    const json* v = find(key);
+    if (!v) fail(key, "is missing");
+    return to_int(key, *v);
+  }
+  int64_t integer(const char* key, int64_t fallback) const {
+    const json* v = find(key);
+    return v ? to_int(key, *v) : fallback;
+  }
+  std::optional<int64_t> opt_integer(const char* key) const {
+    const json* v = find(key);
+    return v ? std::optional<int64_t>(to_int(key, *v)) : std::nullopt;
+  }
+  // A size: required, in [1, limit].
+  int64_t size(const char* key, int64_t limit = kMaxDim) const {
+    return check_size(key, integer(key), limit);
+  }
+  int64_t size(const char* key, int64_t fallback, int64_t limit) const {
+    return check_size(key, integer(key, fallback), limit);
+  }
+  int64_t check_size(const char* key, int64_t value, int64_t limit) const {
+    if (value <= 0) fail(key, "must be positive, found ", value);
+    if (value > limit) fail(key, "value ", value, " exceeds the supported limit ", limit);
+    return value;
+  }
+
+  double to_number(const char* key, const json& value) const {
+    if (!value.is_number()) fail(key, "must be a number, found ", value.type_name());
+    const double v = value.get<double>();
+    if (!std::isfinite(v)) fail(key, "must be finite");
+    return v;
+  }
+  double number(const char* key) const {
+    const json* v = find(key);
+    if (!v) fail(key, "is missing");
+    return to_number(key, *v);
+  }
+  double number(const char* key, double fallback) const {
+    const json* v = find(key);
+    return v ? to_number(key, *v) : fallback;
+  }
+  std::optional<double> opt_number(const char* key) const {
+    const json* v = find(key);
+    return v ? std::optional<double>(to_number(key, *v)) : std::nullopt;
+  }
+  double positive_number(const char* key, double value) const {
+    if (!(value > 0)) fail(key, "must be positive, found ", value);
+    return value;
+  }
+
+  bool boolean(const char* key, bool fallback) const {
+    const json* v = find(key);
+    if (!v) return fallback;
+    if (!v->is_boolean()) fail(key, "must be true or false, found ", v->type_name());
+    return v->get<bool>();
+  }
+
+  std::string string(const char* key) const {
+    const json* v = find(key);
+    if (!v) fail(key, "is missing");
+    if (!v->is_string()) fail(key, "must be a string, found ", v->type_name());
+    return v->get<std::string>();
+  }
+  std::optional<std::string> opt_string(const char* key) const {
+    const json* v = find(key);
+    if (!v) return std::nullopt;
+    if (!v->is_string()) fail(key, "must be a string, found ", v->type_name());
+    return v->get<std::string>();
+  }
+
+  // An integer or a list of integers (eos_token_id); absent/null gives `fallback`.
+  std::vector<int64_t> int_or_list(const char* key, std::vector<int64_t> fallback) const {
+    const json* v = find(key);
+    if (!v) return fallback;
+    std::vector<int64_t> out;
+    if (v->is_array()) {
+      for (const json& item : *v) out.push_back(to_int(key, item));
+    } else {
+      out.push_back(to_int(key, *v));
+    }
+    return out;
+  }
+  std::vector<int64_t> int_list(const char* key) const {
+    const json* v = find(key);
+    if (!v) return {};
+    if (!v->is_array()) fail(key, "must be a list of integers, found ", v->type_name());
+    std::vector<int64_t> out;
+    for (const json& item : *v) out.push_back(to_int(key, item));
+    return out;
+  }
+
+  const json& object() const { return object_; }
+  const std::string& source() const { return source_; }
+
+ private:
+  const json& object_;
+  const std::string& source_;
+  std::string prefix_;
+};
+
+std::string supported_list() {
+  std::string out;
+  for (ModelFamily f : kFamilies) out += std::string(out.empty() ? "" : ", ") + std::string(family_name(f));
+  return out;
+}
+
+// The number of routed experts; transformers aliases num_experts and num_local_experts for
+// qwen3_moe, mixtral and olmoe (attribute_map), qwen2_moe reads only num_experts.
+int64_t read_num_experts(const Fields& f, ModelFamily family) {
+  const bool aliased = family != ModelFamily::kQwen2Moe;
+  const bool has_experts = f.has("num_experts");
+  const bool has_local = aliased && f.has("num_local_experts");
+  if (has_experts && has_local) {
+    const int64_t a = f.integer("num_experts"), b = f.integer("num_local_experts");
+    if (a != b)
+      f.fail("num_local_experts", "is ", b, " but num_experts is ", a, "; they must agree");
+  }
+  if (has_local) return f.size("num_local_experts", kMaxExperts);
+  if (has_experts || !aliased) return f.size("num_experts", kMaxExperts);
+  f.fail(family == ModelFamily::kMixtral ? "num_local_experts" : "num_experts", "is missing");
+}
+
+// Qwen2-MoE / Qwen3-MoE: layer i has routed experts iff it is not in mlp_only_layers and
+// (i + 1) % decoder_sparse_step == 0 (num_experts > 0 is checked by read_num_experts).
+std::vector<bool> qwen_sparse_layers(const Fields& f, int64_t num_layers) {
+  const int64_t step = f.integer("decoder_sparse_step", 1);
+  if (step <= 0) f.fail("decoder_sparse_step", "must be positive, found ", step);
+  std::vector<bool> is_moe(static_cast<size_t>(num_layers));
+  for (int64_t i = 0; i < num_layers; ++i) is_moe[i] = (i + 1) % step == 0;
+  for (int64_t layer : f.int_list("mlp_only_layers")) {
+    if (layer < 0 || layer >= num_layers)
+      f.fail("mlp_only_layers", "layer ", layer, " is outside [0, ", num_layers, ")");
+    is_moe[layer] = false;
+  }
+  return is_moe;
+}
+
+// RoPE settings, in either layout. transformers (convert_rope_params_to_dict) takes a non-empty
+// `rope_scaling` over `rope_parameters`, and `rope_theta` from inside the dict before the top level.
+RopeConfig read_rope(const Fields& top, const FamilyDefaults& defaults,
+                     int64_t max_position_embeddings) {
+  RopeConfig rope;
+  const json* params = nullptr;
+  std::string where;
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    const json* v = top.find(key);
+    if (!v) continue;
+    if (!v->is_object()) top.fail(key, "must be an object or null, found ", v->type_name());
+    if (v->empty()) continue;
+    params = v;
+    where = key;
+    break;
+  }
+  if (top.has("partial_rotary_factor") && top.number("partial_rotary_factor") != 1.0)
+    top.fail("partial_rotary_factor", "partial rotary embeddings are not supported");
+
+  rope.theta = top.number("rope_theta", defaults.rope_theta);
+  if (!params) {
+    top.positive_number("rope_theta", rope.theta);
+    return rope;
+  }
+  const Fields p(*params, top.source(), where + ".");
+  for (const auto& [key, value] : params->items())
+    if (value.is_object())
+      p.fail(key.c_str(), "per-layer-type RoPE parameters are not supported");
+  rope.theta = p.positive_number("rope_theta", p.number("rope_theta", rope.theta));
+  if (p.has("rope_type")) rope.type = p.string("rope_type");
+  else if (p.has("type")) rope.type = p.string("type");
+  const char* type_key = p.has("rope_type") ? "rope_type" : "type";
+  if (p.has("partial_rotary_factor") && p.number("partial_rotary_factor") != 1.0)
+    p.fail("partial_rotary_factor", "partial rotary embeddings are not supported");
+
+  // original_max_position_embeddings: a top-level value wins (standardize_rope_params), then the
+  // dict's, then max_position_embeddings.
+  auto original_max = [&]() -> int64_t {
+    if (top.has("original_max_position_embeddings"))
+      return top.size("original_max_position_embeddings");
+    return p.size("original_max_position_embeddings", max_position_embeddings, kMaxDim);
+  };
+
+  if (rope.type == "default") {
+    // Nothing else is read.
+  } else if (rope.type == "linear" || rope.type == "dynamic") {
+    rope.factor = p.positive_number("factor", p.number("factor"));
+    if (rope.type == "dynamic") rope.original_max_position_embeddings = max_position_embeddings;
+  } else if (rope.type == "yarn") {
+    if (!p.contains_key("factor")) p.fail("factor", "is missing");
+    rope.original_max_position_embeddings = original_max();
+    rope.factor = p.has("factor") ? p.number("factor")
+                                  : static_cast<double>(max_position_embeddings) /
+                                        static_cast<double>(rope.original_max_position_embeddings);
+    p.positive_number("factor", rope.factor);
+    rope.attention_factor = p.opt_number("attention_factor");
+    if (rope.attention_factor && *rope.attention_factor < 0)
+      p.fail("attention_factor", "must not be negative, found ", *rope.attention_factor);
+    // transformers reads these with `or`: null or 0 falls back to the default.
+    const double beta_fast = p.number("beta_fast", 0.0), beta_slow = p.number("beta_slow", 0.0);
+    rope.beta_fast = beta_fast != 0.0 ? beta_fast : 32.0;
+    rope.beta_slow = beta_slow != 0.0 ? beta_slow : 1.0;
+    rope.mscale = p.number("mscale", 0.0);
+    rope.mscale_all_dim = p.number("mscale_all_dim", 0.0);
+    rope.truncate = p.boolean("truncate", true);
+  } else if (rope.type == "llama3") {
+    rope.factor = p.positive_number("factor", p.number("factor"));
+    rope.low_freq_factor = p.positive_number("low_freq_factor", p.number("low_freq_factor"));
+    rope.high_freq_factor = p.positive_number("high_freq_factor", p.number("high_freq_factor"));
+    if (rope.high_freq_factor <= rope.low_freq_factor)
+      p.fail("high_freq_factor", "must exceed low_freq_factor (", rope.low_freq_factor,
+             "), found ", rope.high_freq_factor);
+    rope.original_max_position_embeddings = original_max();
+  } else {
+    p.fail(type_key, "unsupported RoPE type '", rope.type,
+           "'; supported: default, linear, dynamic, yarn, llama3");
+  }
+  return rope;
+}
+
+}  // namespace
+
+ModelConfig parse_model_config(std::string_view json_text, const std::string& source) {
+  const json root = json::parse(json_text.begin(), json_text.end(), nullptr,
+                                /*allow_exceptions=*/false);
+  MOE_CHECK(!root.is_discarded(), source, ": not valid JSON");
+  MOE_CHECK(root.is_object(), source, ": must be a JSON object, found ", root.type_name());
+  const Fields f(root, source);
+
+  ModelConfig cfg;
+  cfg.source = source;
+  cfg.model_type = f.string("model_type");
+  const auto family = std::find_if(std::begin(kFamilies), std::end(kFamilies),
+                                   [&](ModelFamily fam) { return family_name(fam) == cfg.model_type; });
+  if (family == std::end(kFamilies))
+    f.fail("model_type", "unsupported model_type '", cfg.model_type, "'; supported: ",
+           supported_list());
+  cfg.family = *family;
+  const FamilyDefaults defaults = defaults_for(cfg.family);
+
+  // Shared by all four families.
+  cfg.vocab_size = f.size("vocab_size");
+  cfg.hidden_size = f.size("hidden_size");
+  cfg.num_layers = f.size("num_hidden_layers", kMaxLayers);
+  cfg.num_heads = f.size("num_attention_heads", kMaxHeads);
+  // An explicit null means "as many as the query heads" (mixtral, olmoe __post_init__).
+  cfg.num_kv_heads = f.has("num_key_value_heads")
+                         ? f.size("num_key_value_heads", kMaxHeads)
+                     : f.contains_key("num_key_value_heads")
+                         ? cfg.num_heads
+                         : defaults.num_key_value_heads.value_or(cfg.num_heads);
+  if (cfg.num_heads % cfg.num_kv_heads != 0)
+    f.fail("num_key_value_heads", cfg.num_kv_heads, " does not divide num_attention_heads (",
+           cfg.num_heads, ")");
+  if (f.has("head_dim")) {
+    cfg.head_dim = f.size("head_dim", kMaxHeads);
+  } else {
+    cfg.head_dim = cfg.hidden_size / cfg.num_heads;
+    if (cfg.head_dim <= 0)
+      f.fail("num_attention_heads", cfg.num_heads, " exceeds hidden_size (", cfg.hidden_size,
+             ") and no head_dim is given");
+  }
+  if (cfg.head_dim % 2 != 0) f.fail("head_dim", "RoPE needs an even head_dim, found ", cfg.head_dim);
+  cfg.intermediate_size = f.size("intermediate_size");
+  cfg.num_experts = read_num_experts(f, cfg.family);
+  cfg.num_experts_per_tok = f.size("num_experts_per_tok", kMaxExperts);
+  if (cfg.num_experts_per_tok > cfg.num_experts)
+    f.fail("num_experts_per_tok", cfg.num_experts_per_tok, " exceeds the number of experts (",
+           cfg.num_experts, ")");
+
+  const std::string act = f.opt_string("hidden_act").value_or("silu");
+  if (act != "silu") f.fail("hidden_act", "unsupported activation '", act, "'; only silu is supported");
+  cfg.rms_norm_eps = f.number("rms_norm_eps", defaults.rms_norm_eps);
+  f.positive_number("rms_norm_eps", cfg.rms_norm_eps);
+  cfg.max_position_embeddings =
+      f.size("max_position_embeddings", defaults.max_position_embeddings, kMaxDim);
+  cfg.tie_word_embeddings = f.boolean("tie_word_embeddings", false);
+  cfg.bos_token_id = f.contains_key("bos_token_id") ? f.opt_integer("bos_token_id")
+                                                     : defaults.bos_token_id;
+  if (f.contains_key("eos_token_id")) {
+    cfg.eos_token_ids = f.int_or_list("eos_token_id", {});
+  } else if (defaults.eos_token_id) {
+    cfg.eos_token_ids = {*defaults.eos_token_id};
+  }
+  cfg.dtype = f.opt_string("dtype").value_or(f.opt_string("torch_dtype").value_or(""));
+  cfg.rope = read_rope(f, defaults, cfg.max_position_embeddings);
+
+  switch (cfg.family) {
+    case ModelFamily::kQwen3Moe: {
+      cfg.moe_intermediate_size = f.size("moe_intermediate_size");
+      cfg.norm_topk_prob = f.boolean("norm_topk_prob", false);
+      cfg.attention_bias = f.boolean("attention_bias", false);
+      cfg.attention_out_bias = cfg.attention_bias;  // o_proj shares the flag
+      cfg.qk_norm_per_head = true;
+      cfg.layer_is_moe = qwen_sparse_layers(f, cfg.num_layers);
+      // sliding_window only counts when use_sliding_window is set, and then on every layer.
+      if (f.boolean("use_sliding_window", false)) cfg.sliding_window = f.size("sliding_window");
+      break;
+    }
+    case ModelFamily::kMixtral: {
+      cfg.moe_intermediate_size = cfg.intermediate_size;  // experts use intermediate_size
+      cfg.norm_topk_prob = true;  // the router always renormalises its top-k softmax weights
+      if (f.has("sliding_window")) cfg.sliding_window = f.size("sliding_window");
+      cfg.layer_is_moe.assign(static_cast<size_t>(cfg.num_layers), true);
+      break;
+    }
+    case ModelFamily::kOlmoe: {
+      cfg.moe_intermediate_size = cfg.intermediate_size;
+      cfg.norm_topk_prob = f.boolean("norm_topk_prob", false);
+      cfg.attention_bias = f.boolean("attention_bias", false);
+      cfg.attention_out_bias = cfg.attention_bias;
+      cfg.qk_norm_full = true;
+      // q_norm spans hidden_size and k_norm (hidden_size / heads) * kv_heads, so the projection
+      // widths must be exactly those.
+      if (cfg.num_heads * cfg.head_dim != cfg.hidden_size)
+        f.fail("head_dim", "olmoe needs num_attention_heads * head_dim == hidden_size (", cfg.num_heads,
+               " * ", cfg.head_dim, " != ", cfg.hidden_size, ")");
+      cfg.clip_qkv = f.opt_number("clip_qkv");
+      if (cfg.clip_qkv && !(*cfg.clip_qkv > 0)) f.fail("clip_qkv", "must be positive, found ", *cfg.clip_qkv);
+      if (f.has("sliding_window")) f.fail("sliding_window", "sliding-window attention is not supported for olmoe");
+      cfg.layer_is_moe.assign(static_cast<size_t>(cfg.num_layers), true);
+      break;
+    }
+    case ModelFamily::kQwen2Moe: {
+      cfg.moe_intermediate_size = f.size("moe_intermediate_size");
+      cfg.shared_expert_intermediate_size = f.size("shared_expert_intermediate_size");
+      cfg.norm_topk_prob = f.boolean("norm_topk_prob", false);
+      cfg.attention_bias = f.boolean("qkv_bias", true);  // q/k/v only; o_proj never has a bias
+      cfg.attention_out_bias = false;
+      cfg.layer_is_moe = qwen_sparse_layers(f, cfg.num_layers);
+      if (f.boolean("use_sliding_window", false))
+        f.fail("use_sliding_window", "qwen2_moe's per-layer sliding-window attention is not supported");
+      if (const json* types = f.find("layer_types")) {
+        if (!types->is_array()) f.fail("layer_types", "must be a list, found ", types->type_name());
+        if (static_cast<int64_t>(types->size()) != cfg.num_layers)
+          f.fail("layer_types", "has ", types->size(), " entries for ", cfg.num_layers, " layers");
+        for (const json& t : *types)
+          if (!t.is_string() || t.get<std::string>() != "full_attention")
+            f.fail("layer_types", "only full_attention layers are supported, found ",
+                   t.is_string() ? t.get<std::string>() : std::string(t.type_name()));
+      }
+      break;
+    }
+  }
+  return cfg;
+}
+
+ModelConfig load_model_config(const std::filesystem::path& path) {
+  std::error_code ec;
+  const std::filesystem::path file =
+      std::filesystem::is_directory(path, ec) ? path / "config.json" : path;
+  std::ifstream in(file, std::ios::binary);
+  MOE_CHECK(in, file.string(), ": cannot open: ", std::strerror(errno));
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  MOE_CHECK(!in.bad(), file.string(), ": read error");
+  return parse_model_config(buffer.str(), file.string());
+}
+
+}  // namespace moeinfer
