@@ -1,0 +1,58 @@
+// `moeinfer logits --model DIR --ids 1,2,3 --out FILE.npy`: float32 logits [n_ids, vocab] of one
+// forward pass.
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "io/npy.h"
+#include "model/model.h"
+
+namespace moeinfer::cli {
+namespace {
+
+std::vector<int32_t> parse_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  std::stringstream stream(text);
+  std::string item;
+  while (std::getline(stream, item, ',')) {
+    size_t used = 0;
+    long long value = 0;
+    try {
+      value = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    MOE_CHECK(used > 0 && used == item.size() && value >= 0 && value <= INT32_MAX,
+              "--ids: '", item, "' is not a token id");
+    ids.push_back(static_cast<int32_t>(value));
+  }
+  MOE_CHECK(!ids.empty(), "--ids: no token ids given");
+  return ids;
+}
+
+}  // namespace
+
+void add_logits_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("logits", "Write the float32 logits [n_ids, vocab] of one forward pass");
+  auto model_dir = std::make_shared<std::string>();
+  auto ids_text = std::make_shared<std::string>();
+  auto out_path = std::make_shared<std::string>();
+  cmd->add_option("--model", *model_dir, "Checkpoint folder")->required();
+  cmd->add_option("--ids", *ids_text, "Comma-separated token ids")->required();
+  cmd->add_option("--out", *out_path, "Output .npy file")->required();
+  cmd->callback([=] {
+    const std::vector<int32_t> ids = parse_ids(*ids_text);
+    auto model = Model::load(*model_dir, LoadOptions{});
+    Decoder& decoder = model->decoder();
+    const int64_t vocab = decoder.config().vocab_size;
+    KvCache cache = decoder.make_cache(static_cast<int64_t>(ids.size()));
+    std::vector<float> logits(ids.size() * vocab);
+    decoder.forward(ids, cache, logits, /*all_positions=*/true);
+    const int64_t shape[2] = {static_cast<int64_t>(ids.size()), vocab};
+    write_npy_f32(*out_path, logits, shape);
+  });
+}
+
+}  // namespace moeinfer::cli

@@ -1,0 +1,58 @@
+// The forward pass shared by every family: embedding, then per layer
+//   x += attention(rms_norm(x)); x += moe_or_mlp(rms_norm(x)),
+// then the final norm and the LM head. Family quirks arrive as ModelConfig flags and as
+// optional tensors in DecoderWeights.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "io/model_config.h"
+#include "kv/kv_cache.h"
+#include "model/rope.h"
+#include "model/weights.h"
+#include "moe/moe_layer.h"
+
+namespace moeinfer {
+
+class Decoder {
+ public:
+  Decoder(const ModelConfig& config, DecoderWeights weights);
+
+  const ModelConfig& config() const { return config_; }
+  const DecoderWeights& weights() const { return weights_; }
+
+  KvCache make_cache(int64_t max_tokens) const;
+
+  // Runs tokens [T] at positions cache.length() .. + T - 1 and appends them to the cache.
+  // logits: [T, V] when all_positions, else [1, V] for the last token.
+  void forward(std::span<const int32_t> tokens, KvCache& cache, std::span<float> logits,
+               bool all_positions);
+
+ private:
+  // Small per-layer parameters (norm weights, biases) converted once to float32.
+  struct LayerParams {
+    std::vector<float> input_norm, post_attention_norm;
+    std::vector<float> q_bias, k_bias, v_bias, o_bias, q_norm, k_norm;
+  };
+  // Buffers reused across steps.
+  struct Workspace {
+    std::vector<float> x, normed, q, k, v, attn, block_out, shared, gate, up;
+    moe::MoeWorkspace moe;
+  };
+
+  void attention(int64_t layer, int64_t num_tokens, int64_t start, KvCache& cache);
+  void feed_forward(int64_t layer, int64_t num_tokens);
+  void dense_mlp(const MlpWeights& mlp, int64_t num_tokens, const float* in, float* out);
+
+  ModelConfig config_;
+  DecoderWeights weights_;
+  Rope rope_;
+  std::vector<LayerParams> params_;
+  std::vector<float> final_norm_;
+  moe::MoeLayerOptions moe_options_;
+  Workspace ws_;
+};
+
+}  // namespace moeinfer

@@ -1,0 +1,116 @@
+#include "model/family.h"
+
+#include "core/error.h"
+
+namespace moeinfer {
+
+DecoderWeights bind_weights(const ModelConfig& config, const WeightStore& store) {
+  switch (config.family) {
+    case ModelFamily::kQwen3Moe: return bind_qwen3_moe(config, store);
+    case ModelFamily::kMixtral: return bind_mixtral(config, store);
+    case ModelFamily::kOlmoe: return bind_olmoe(config, store);
+    case ModelFamily::kQwen2Moe: return bind_qwen2_moe(config, store);
+  }
+  MOE_FAIL("no weight binding for model_type '", config.model_type, "'");
+}
+
+moe::RouterOptions router_options(const ModelConfig& config) {
+  return moe::RouterOptions{.num_experts = config.num_experts,
+                            .top_k = config.num_experts_per_tok,
+                            .score = moe::ScoreFunction::kSoftmax,
+                            .renormalize = config.norm_topk_prob};
+}
+
+namespace binding {
+
+AttentionWeights attention(const ModelConfig& config, const WeightStore& store,
+                           const std::string& layer_prefix) {
+  const std::string p = layer_prefix + "self_attn.";
+  const int64_t H = config.hidden_size;
+  AttentionWeights w;
+  w.q_proj = store.require(p + "q_proj.weight", {config.q_dim(), H});
+  w.k_proj = store.require(p + "k_proj.weight", {config.kv_dim(), H});
+  w.v_proj = store.require(p + "v_proj.weight", {config.kv_dim(), H});
+  w.o_proj = store.require(p + "o_proj.weight", {H, config.q_dim()});
+  if (config.attention_bias) {
+    w.q_bias = store.require(p + "q_proj.bias", {config.q_dim()});
+    w.k_bias = store.require(p + "k_proj.bias", {config.kv_dim()});
+    w.v_bias = store.require(p + "v_proj.bias", {config.kv_dim()});
+  }
+  if (config.attention_out_bias) w.o_bias = store.require(p + "o_proj.bias", {H});
+  if (config.qk_norm_per_head) {
+    w.q_norm = store.require(p + "q_norm.weight", {config.head_dim});
+    w.k_norm = store.require(p + "k_norm.weight", {config.head_dim});
+  } else if (config.qk_norm_full) {
+    w.q_norm = store.require(p + "q_norm.weight", {config.q_dim()});
+    w.k_norm = store.require(p + "k_norm.weight", {config.kv_dim()});
+  }
+  return w;
+}
+
+MlpWeights mlp(const WeightStore& store, const std::string& prefix, int64_t hidden_size,
+               int64_t width) {
+  return MlpWeights{.gate_proj = store.require(prefix + "gate_proj.weight", {width, hidden_size}),
+                    .up_proj = store.require(prefix + "up_proj.weight", {width, hidden_size}),
+                    .down_proj = store.require(prefix + "down_proj.weight", {hidden_size, width})};
+}
+
+namespace {
+
+// Rows [first, first + count) of a 2-D view, as a view.
+TensorView row_range(const TensorView& matrix, int64_t first, int64_t count) {
+  return TensorView{.dtype = matrix.dtype, .shape = {count, matrix.shape[1]},
+                    .data = matrix.row(first)};
+}
+
+}  // namespace
+
+moe::RoutedExperts routed_experts(const ModelConfig& config, const WeightStore& store,
+                                  const std::string& prefix, const std::string& router_name,
+                                  const ExpertNames& names) {
+  const int64_t E = config.num_experts;
+  const int64_t H = config.hidden_size;
+  const int64_t I = config.moe_intermediate_size;
+  moe::RoutedExperts routed;
+  routed.router = store.require(prefix + router_name, {E, H});
+  routed.experts.resize(E);
+  const std::string stacked_gate_up = prefix + "experts.gate_up_proj";
+  if (store.has(stacked_gate_up)) {
+    const TensorView gate_up = store.require(stacked_gate_up, {E, 2 * I, H});
+    const TensorView down = store.require(prefix + "experts.down_proj", {E, H, I});
+    for (int64_t e = 0; e < E; ++e) {
+      const TensorView both = gate_up.slice0(e);
+      routed.experts[e] = {.gate = row_range(both, 0, I), .up = row_range(both, I, I),
+                           .down = down.slice0(e)};
+    }
+    return routed;
+  }
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string p = prefix + "experts." + std::to_string(e) + ".";
+    routed.experts[e] = {.gate = store.require(p + names.gate, {I, H}),
+                         .up = store.require(p + names.up, {I, H}),
+                         .down = store.require(p + names.down, {H, I})};
+  }
+  return routed;
+}
+
+DecoderWeights skeleton(const ModelConfig& config, const WeightStore& store) {
+  const int64_t H = config.hidden_size;
+  const int64_t V = config.vocab_size;
+  DecoderWeights w;
+  w.embed_tokens = store.require("model.embed_tokens.weight", {V, H});
+  w.final_norm = store.require("model.norm.weight", {H});
+  w.lm_head = config.tie_word_embeddings ? w.embed_tokens : store.require("lm_head.weight", {V, H});
+  w.layers.resize(config.num_layers);
+  for (int64_t l = 0; l < config.num_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    w.layers[l].input_norm = store.require(p + "input_layernorm.weight", {H});
+    w.layers[l].post_attention_norm = store.require(p + "post_attention_layernorm.weight", {H});
+    w.layers[l].attention = attention(config, store, p);
+    w.layers[l].is_moe = config.layer_is_moe[l];
+  }
+  return w;
+}
+
+}  // namespace binding
+}  // namespace moeinfer

@@ -1,0 +1,35 @@
+// A loaded checkpoint: validated config, memory-mapped weights bound by name, and the forward
+// pass. Weights are used in place from the map; nothing is copied to float32 but small vectors.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+
+#include "io/model_config.h"
+#include "io/safetensors.h"
+#include "model/decoder.h"
+
+namespace moeinfer {
+
+struct LoadOptions {
+  bool prefault = true;  // touch every page at load (with a progress bar when slow)
+};
+
+class Model {
+ public:
+  static std::unique_ptr<Model> load(const std::filesystem::path& dir, const LoadOptions& options);
+
+  const ModelConfig& config() const { return decoder_->config(); }
+  const WeightStore& store() const { return store_; }
+  Decoder& decoder() { return *decoder_; }
+  const std::filesystem::path& dir() const { return dir_; }
+
+ private:
+  Model(std::filesystem::path dir, WeightStore store) : dir_(std::move(dir)), store_(std::move(store)) {}
+
+  std::filesystem::path dir_;
+  WeightStore store_;
+  std::unique_ptr<Decoder> decoder_;
+};
+
+}  // namespace moeinfer

@@ -1,0 +1,30 @@
+#include "moe/moe_layer.h"
+
+#include "backend/cpu/gemm.h"
+#include "core/error.h"
+
+namespace moeinfer::moe {
+
+void moe_layer_forward(const float* hidden, int64_t num_tokens, const RoutedExperts& weights,
+                       const MoeLayerOptions& options, const float* shared, float* out,
+                       MoeWorkspace* ws) {
+  const int64_t E = options.router.num_experts;
+  const int64_t K = options.router.top_k;
+  const int64_t H = options.hidden_size;
+  MOE_CHECK(static_cast<int64_t>(weights.experts.size()) == E, "MoE layer has ",
+            weights.experts.size(), " experts, options say ", E);
+  ws->logits.resize(num_tokens * E);
+  ws->rows.resize(num_tokens * K * H);
+  ws->expert_out.resize(num_tokens * K * H);
+
+  cpu::linear(hidden, num_tokens, weights.router, nullptr, ws->logits.data());
+  route(ws->logits.data(), num_tokens, options.router, &ws->routing);
+  plan(ws->routing, E, &ws->plan);
+  dispatch(hidden, H, ws->routing, ws->plan, ws->rows.data());
+  run_experts(ws->rows.data(), H, options.expert_width, ws->plan, weights.experts,
+              ws->expert_out.data());
+  const float* combined = combine(ws->expert_out.data());
+  unpermute(combined, H, ws->routing, ws->plan, shared, out);
+}
+
+}  // namespace moeinfer::moe

@@ -1,0 +1,129 @@
+#include "moe/stages.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "backend/cpu/gemm.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+
+namespace moeinfer::moe {
+
+void route(const float* logits, int64_t num_tokens, const RouterOptions& options, Routing* out) {
+  const int64_t E = options.num_experts;
+  const int64_t K = options.top_k;
+  MOE_CHECK(K >= 1 && K <= E, "top_k ", K, " must be in [1, num_experts=", E, "]");
+  out->num_tokens = num_tokens;
+  out->top_k = K;
+  out->topk_ids.resize(num_tokens * K);
+  out->topk_weights.resize(num_tokens * K);
+  parallel_for(num_tokens, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(E);
+    std::vector<int32_t> order(E);
+    for (int64_t t = begin; t < end; ++t) {
+      const float* row = logits + t * E;
+      if (options.score == ScoreFunction::kSoftmax) {
+        const float max_logit = *std::max_element(row, row + E);
+        float sum = 0.0f;
+        for (int64_t e = 0; e < E; ++e) sum += scores[e] = std::exp(row[e] - max_logit);
+        for (int64_t e = 0; e < E; ++e) scores[e] /= sum;
+      } else {
+        for (int64_t e = 0; e < E; ++e) scores[e] = 1.0f / (1.0f + std::exp(-row[e]));
+      }
+      std::iota(order.begin(), order.end(), 0);
+      // Highest score first; equal scores keep the lower expert id first.
+      std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int32_t a, int32_t b) {
+        return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
+      });
+      float picked_sum = 0.0f;
+      for (int64_t k = 0; k < K; ++k) picked_sum += scores[order[k]];
+      const float scale =
+          (options.renormalize ? 1.0f / picked_sum : 1.0f) * options.routed_scaling_factor;
+      for (int64_t k = 0; k < K; ++k) {
+        out->topk_ids[t * K + k] = order[k];
+        out->topk_weights[t * K + k] = scores[order[k]] * scale;
+      }
+    }
+  }, 16);
+}
+
+void plan(const Routing& routing, int64_t num_experts, DispatchPlan* out) {
+  const int64_t num_assignments = routing.num_tokens * routing.top_k;
+  out->expert_counts.assign(num_experts, 0);
+  out->expert_offsets.assign(num_experts + 1, 0);
+  out->src_row.resize(num_assignments);
+  out->inverse.resize(num_assignments);
+  for (int64_t a = 0; a < num_assignments; ++a) {
+    const int32_t expert = routing.topk_ids[a];
+    MOE_CHECK(expert >= 0 && expert < num_experts, "expert id ", expert, " out of range [0, ",
+              num_experts, ")");
+    ++out->expert_counts[expert];
+  }
+  for (int64_t e = 0; e < num_experts; ++e) {
+    out->expert_offsets[e + 1] = out->expert_offsets[e] + out->expert_counts[e];
+  }
+  std::vector<int32_t> cursor(out->expert_offsets.begin(), out->expert_offsets.end() - 1);
+  for (int64_t a = 0; a < num_assignments; ++a) {
+    const int32_t row = cursor[routing.topk_ids[a]]++;
+    out->src_row[row] = static_cast<int32_t>(a);
+    out->inverse[a] = row;
+  }
+}
+
+void dispatch(const float* hidden, int64_t hidden_size, const Routing& routing,
+              const DispatchPlan& plan, float* rows) {
+  const int64_t num_rows = static_cast<int64_t>(plan.src_row.size());
+  parallel_for(num_rows, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t token = plan.src_row[r] / routing.top_k;
+      std::copy_n(hidden + token * hidden_size, hidden_size, rows + r * hidden_size);
+    }
+  }, 64);
+}
+
+void run_experts(const float* rows, int64_t hidden_size, int64_t expert_width,
+                 const DispatchPlan& plan, std::span<const ExpertWeights> experts, float* out) {
+  const int64_t num_experts = static_cast<int64_t>(plan.expert_counts.size());
+  MOE_CHECK(static_cast<int64_t>(experts.size()) == num_experts, "plan has ", num_experts,
+            " experts but ", experts.size(), " weight sets were given");
+  int64_t max_rows = 0;
+  for (int32_t count : plan.expert_counts) max_rows = std::max<int64_t>(max_rows, count);
+  std::vector<float> gate(max_rows * expert_width);  // [n, I]
+  std::vector<float> up(max_rows * expert_width);    // [n, I]
+  for (int64_t e = 0; e < num_experts; ++e) {
+    const int64_t n = plan.expert_counts[e];
+    if (n == 0) continue;  // empty experts cost nothing
+    const int64_t first = plan.expert_offsets[e];
+    const float* x = rows + first * hidden_size;
+    cpu::linear(x, n, experts[e].gate, nullptr, gate.data());
+    cpu::linear(x, n, experts[e].up, nullptr, up.data());
+    for (int64_t i = 0; i < n * expert_width; ++i) {
+      const float g = gate[i];
+      gate[i] = g / (1.0f + std::exp(-g)) * up[i];
+    }
+    cpu::linear(gate.data(), n, experts[e].down, nullptr, out + first * hidden_size);
+  }
+}
+
+void unpermute(const float* expert_out, int64_t hidden_size, const Routing& routing,
+               const DispatchPlan& plan, const float* shared, float* out) {
+  const int64_t K = routing.top_k;
+  parallel_for(routing.num_tokens, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      float* dst = out + t * hidden_size;
+      if (shared) {
+        std::copy_n(shared + t * hidden_size, hidden_size, dst);
+      } else {
+        std::fill_n(dst, hidden_size, 0.0f);
+      }
+      for (int64_t k = 0; k < K; ++k) {
+        const float weight = routing.topk_weights[t * K + k];
+        const float* src = expert_out + plan.inverse[t * K + k] * hidden_size;
+        for (int64_t h = 0; h < hidden_size; ++h) dst[h] += weight * src[h];
+      }
+    }
+  }, 4);
+}
+
+}  // namespace moeinfer::moe

@@ -1,0 +1,67 @@
+// The six stages of an MoE layer (route, plan, dispatch, experts, combine, unpermute) as CPU
+// reference implementations with typed hand-offs. Each stage is one function; under expert
+// parallelism or offloading a stage is swapped without touching the others.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace moeinfer::moe {
+
+enum class ScoreFunction { kSoftmax, kSigmoid };
+
+struct RouterOptions {
+  int64_t num_experts = 0;  // E
+  int64_t top_k = 0;        // K
+  ScoreFunction score = ScoreFunction::kSoftmax;
+  bool renormalize = false;          // divide the K weights by their sum
+  float routed_scaling_factor = 1.0f;
+};
+
+struct Routing {
+  int64_t num_tokens = 0;  // T
+  int64_t top_k = 0;       // K
+  std::vector<int32_t> topk_ids;     // [T, K] expert ids, best first
+  std::vector<float> topk_weights;   // [T, K]
+};
+
+struct DispatchPlan {
+  std::vector<int32_t> expert_counts;   // [E] assignments per expert
+  std::vector<int32_t> expert_offsets;  // [E + 1] start of each expert's rows in sorted order
+  std::vector<int32_t> src_row;         // [T*K] assignment (t*K + k) held at each sorted row
+  std::vector<int32_t> inverse;         // [T*K] sorted row of assignment t*K + k
+};
+
+// The weights of one expert: SiLU(x . gate^T) * (x . up^T), then . down^T.
+struct ExpertWeights {
+  TensorView gate;  // [I, H]
+  TensorView up;    // [I, H]
+  TensorView down;  // [H, I]
+};
+
+// route: router logits [T, E] -> top-k experts and weights. Ties go to the lower expert id.
+void route(const float* logits, int64_t num_tokens, const RouterOptions& options, Routing* out);
+
+// plan: counting sort of the T*K assignments by expert id (stable in assignment order).
+void plan(const Routing& routing, int64_t num_experts, DispatchPlan* out);
+
+// dispatch: hidden [T, H] -> expert-ordered rows [T*K, H].
+void dispatch(const float* hidden, int64_t hidden_size, const Routing& routing,
+              const DispatchPlan& plan, float* rows);
+
+// experts: expert-ordered rows [T*K, H] -> expert outputs [T*K, H], one grouped pass.
+void run_experts(const float* rows, int64_t hidden_size, int64_t expert_width,
+                 const DispatchPlan& plan, std::span<const ExpertWeights> experts, float* out);
+
+// combine: brings expert outputs back to their source; a no-op on one device, where the
+// outputs already sit in this process's memory in plan order.
+inline const float* combine(const float* expert_out) { return expert_out; }
+
+// unpermute: out[t] = sum_k weight[t,k] * expert_out[inverse[t*K+k]] (+ shared[t]).
+void unpermute(const float* expert_out, int64_t hidden_size, const Routing& routing,
+               const DispatchPlan& plan, const float* shared, float* out);
+
+}  // namespace moeinfer::moe

@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""Builds the tiny parity fixtures under tests/fixtures/models/ with Hugging Face transformers.
+
+Each fixture is a random model of one family saved as transformers saves it (config.json,
+model.safetensors), a tokenizer trained by tools/make_tokenizer_fixtures.py, and the
+reference outputs of the checkpoint as stored: it is reloaded from disk before the reference
+runs, so what the engine reads is exactly what produced the numbers.
+
+  reference.json  prompt ids, the greedy continuation (16 tokens, KV cache on), tolerances
+  logits.npy      float32 logits [n_ids, vocab] of one forward pass over the prompt
+
+Checkpoints saved in bfloat16 are evaluated in float32 on their bf16 weights (upcast); the
+engine does the same arithmetic in float32 with bf16 weights, apart from rounding the
+activations to bf16 inside the bf16 matrix products.
+
+Some fixtures rewrite config.json in the older layout (rope_theta + rope_scaling at top
+level, num_experts instead of num_local_experts) as published checkpoints have it; the
+reference is computed after that rewrite, so both layouts are held to transformers.
+
+Run where torch and transformers are installed:  python3 tools/make_fixtures.py
+"""
+import argparse
+import json
+import os
+import shutil
+import sys
+
+import numpy as np
+import torch
+import transformers
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+VOCAB = 512
+NUM_PROMPT = 12
+NUM_GREEDY = 16
+
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+              max_position_embeddings=256, rms_norm_eps=1e-6, initializer_range=0.08,
+              bos_token_id=None, eos_token_id=None, pad_token_id=None)
+
+FIXTURES = [
+    dict(name="qwen3_moe_f32", cls="Qwen3Moe", dtype="float32", tokenizer="qwen", legacy_rope=False,
+         config=dict(COMMON, head_dim=16, num_hidden_layers=3, intermediate_size=64,
+                     moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+                     norm_topk_prob=True, mlp_only_layers=[1], decoder_sparse_step=1,
+                     tie_word_embeddings=False, rope_theta=10000.0)),
+    dict(name="qwen3_moe_bf16", cls="Qwen3Moe", dtype="bfloat16", tokenizer="qwen", legacy_rope=True,
+         config=dict(COMMON, head_dim=32, num_hidden_layers=4, intermediate_size=96,
+                     moe_intermediate_size=32, num_experts=10, num_experts_per_tok=3,
+                     norm_topk_prob=False, mlp_only_layers=[], decoder_sparse_step=2,
+                     tie_word_embeddings=True, rope_theta=1000000.0,
+                     rope_scaling=dict(rope_type="yarn", factor=4.0,
+                                       original_max_position_embeddings=64))),
+    dict(name="mixtral_f32", cls="Mixtral", dtype="float32", tokenizer="mixtral", legacy_rope=True,
+         config=dict(COMMON, num_hidden_layers=3, intermediate_size=32, num_local_experts=8,
+                     num_experts_per_tok=2, rope_theta=1000000.0, sliding_window=None)),
+    dict(name="mixtral_bf16", cls="Mixtral", dtype="bfloat16", tokenizer="mixtral", legacy_rope=False,
+         config=dict(COMMON, num_hidden_layers=3, intermediate_size=48, num_local_experts=8,
+                     num_experts_per_tok=2, rope_theta=10000.0, sliding_window=8)),
+    dict(name="olmoe_f32", cls="Olmoe", dtype="float32", tokenizer="qwen", legacy_rope=False,
+         config=dict(COMMON, num_hidden_layers=3, intermediate_size=24, num_experts=12,
+                     num_experts_per_tok=3, norm_topk_prob=False, clip_qkv=0.6,
+                     rope_theta=10000.0)),
+    dict(name="qwen2_moe_f32", cls="Qwen2Moe", dtype="float32", tokenizer="qwen", legacy_rope=True,
+         max_shard_size="300KB",
+         config=dict(COMMON, num_hidden_layers=3, intermediate_size=64, moe_intermediate_size=24,
+                     shared_expert_intermediate_size=40, num_experts=8, num_experts_per_tok=2,
+                     norm_topk_prob=False, mlp_only_layers=[2], decoder_sparse_step=1,
+                     rope_theta=10000.0, rope_scaling=dict(rope_type="linear", factor=2.0))),
+]
+
+
+def build_config(spec):
+    cfg_cls = getattr(transformers, spec["cls"] + "Config")
+    kwargs = dict(spec["config"])
+    rope_scaling = kwargs.pop("rope_scaling", None)
+    theta = kwargs.pop("rope_theta")
+    rope = dict(rope_type="default", rope_theta=theta)
+    if rope_scaling:
+        rope.update(rope_scaling)
+    return cfg_cls(rope_parameters=rope, **kwargs)
+
+
+def rewrite_legacy_rope(config_path):
+    """Rewrites rope_parameters into rope_theta + rope_scaling, as published configs have it."""
+    with open(config_path) as f:
+        cfg = json.load(f)
+    rope = cfg.pop("rope_parameters")
+    cfg["rope_theta"] = rope.pop("rope_theta")
+    if rope.get("rope_type", "default") != "default":
+        cfg["rope_scaling"] = dict(rope, type=rope["rope_type"])
+    else:
+        cfg["rope_scaling"] = None
+    if "num_local_experts" in cfg and cfg["model_type"] in ("qwen3_moe", "qwen2_moe", "olmoe"):
+        cfg["num_experts"] = cfg.pop("num_local_experts")
+    if "dtype" in cfg:
+        cfg["torch_dtype"] = cfg.pop("dtype")
+    with open(config_path, "w") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)
+
+
+def make_tokenizer(kind, out_dir):
+    import make_tokenizer_fixtures as tok
+    if kind == "qwen":
+        tokenizer = tok.build_qwen_style(VOCAB)
+    else:
+        tokenizer = tok.build_mixtral_style(VOCAB)
+    assert tokenizer.get_vocab_size(with_added_tokens=True) <= VOCAB
+    tokenizer.save(os.path.join(out_dir, "tokenizer.json"))
+
+
+def top2_margin(logits):
+    top = torch.topk(logits.float(), 2, dim=-1).values
+    return (top[..., 0] - top[..., 1]).min().item()
+
+
+def make_fixture(spec, root, seed, with_tokenizer):
+    out_dir = os.path.join(root, spec["name"])
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.makedirs(out_dir)
+    torch.manual_seed(seed)
+    config = build_config(spec)
+    model_cls = getattr(transformers, spec["cls"] + "ForCausalLM")
+    model = model_cls(config).eval()
+    if spec["dtype"] == "bfloat16":
+        model = model.to(torch.bfloat16)
+    model.save_pretrained(out_dir, max_shard_size=spec.get("max_shard_size", "50GB"))
+    gen_cfg = os.path.join(out_dir, "generation_config.json")
+    if os.path.exists(gen_cfg):
+        os.remove(gen_cfg)
+    if spec["legacy_rope"]:
+        rewrite_legacy_rope(os.path.join(out_dir, "config.json"))
+    if with_tokenizer:
+        make_tokenizer(spec["tokenizer"], out_dir)
+
+    reference = model_cls.from_pretrained(out_dir, dtype=torch.float32).eval()
+    generator = torch.Generator().manual_seed(seed + 1)
+    # Choose a prompt whose greedy path has a clear winner at every step, so that a correct
+    # engine cannot flip a token on rounding alone.
+    needed = 1e-3 if spec["dtype"] == "float32" else 2e-2
+    for attempt in range(50):
+        prompt = torch.randint(0, VOCAB, (1, NUM_PROMPT), generator=generator)
+        with torch.no_grad():
+            logits = reference(prompt).logits[0]
+            out = reference.generate(prompt, max_new_tokens=NUM_GREEDY, do_sample=False,
+                                     eos_token_id=None, pad_token_id=0, use_cache=True)
+            full = reference(out).logits[0, NUM_PROMPT - 1:-1]
+        margin = top2_margin(full)
+        if margin >= needed:
+            break
+    else:
+        raise SystemExit(f"{spec['name']}: no prompt with a top-2 margin of {needed}")
+    greedy = out[0, NUM_PROMPT:].tolist()
+    np.save(os.path.join(out_dir, "logits.npy"), logits.float().numpy())
+    with open(os.path.join(out_dir, "reference.json"), "w") as f:
+        json.dump(dict(family=config.model_type, checkpoint_dtype=spec["dtype"],
+                       prompt_ids=prompt[0].tolist(), greedy_ids=greedy,
+                       greedy_min_top2_margin=margin,
+                       max_rel_error=1e-4 if spec["dtype"] == "float32" else 2e-2,
+                       transformers_version=transformers.__version__,
+                       torch_version=torch.__version__), f, indent=2)
+    size = sum(os.path.getsize(os.path.join(out_dir, n)) for n in os.listdir(out_dir))
+    print(f"{spec['name']:16s} {size / 1e6:6.2f} MB  margin {margin:.4f}  greedy {greedy}")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=os.path.join(HERE, "..", "tests", "fixtures", "models"))
+    parser.add_argument("--only", nargs="*")
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--no-tokenizer", action="store_true", help="skip the tokenizers")
+    args = parser.parse_args()
+    torch.use_deterministic_algorithms(True)
+    for i, spec in enumerate(FIXTURES):
+        if args.only and spec["name"] not in args.only:
+            continue
+        make_fixture(spec, args.out, args.seed + 100 * i, not args.no_tokenizer)
+
+
+if __name__ == "__main__":
+    main()
