@@ -25,7 +25,7 @@ namespace {
 
 using json = nlohmann::json;
 
-std::string quoted(std::string_view text) {
+std::string quote_name(std::string_view text) {
   // Names come from untrusted files: keep messages on one line and of bounded length.
   std::string out = "'";
   for (char c : text.substr(0, 200)) out += (static_cast<unsigned char>(c) < 0x20) ? '?' : c;
@@ -44,58 +44,58 @@ uint64_t as_u64(const json& value, const std::string& source, const std::string&
                 const char* field) {
   if (value.is_number_unsigned()) return value.get<uint64_t>();
   if (value.is_number_integer())
-    MOE_FAIL(source, ": tensor ", quoted(name), ": ", field, " holds a negative value ",
+    MOE_FAIL(source, ": tensor ", quote_name(name), ": ", field, " holds a negative value ",
              value.get<int64_t>());
-  MOE_FAIL(source, ": tensor ", quoted(name), ": ", field, " must hold integers, found ",
+  MOE_FAIL(source, ": tensor ", quote_name(name), ": ", field, " must hold integers, found ",
            value.type_name());
 }
 
 TensorEntry parse_entry(const std::string& name, const json& value, const std::string& source) {
-  MOE_CHECK(value.is_object(), source, ": tensor ", quoted(name), ": entry must be an object, found ",
+  MOE_CHECK(value.is_object(), source, ": tensor ", quote_name(name), ": entry must be an object, found ",
             value.type_name());
   TensorEntry entry;
   entry.name = name;
 
   const auto dtype_it = value.find("dtype");
-  MOE_CHECK(dtype_it != value.end(), source, ": tensor ", quoted(name), ": missing field 'dtype'");
-  MOE_CHECK(dtype_it->is_string(), source, ": tensor ", quoted(name),
+  MOE_CHECK(dtype_it != value.end(), source, ": tensor ", quote_name(name), ": missing field 'dtype'");
+  MOE_CHECK(dtype_it->is_string(), source, ": tensor ", quote_name(name),
             ": field 'dtype' must be a string, found ", dtype_it->type_name());
   const auto& dtype_text = dtype_it->get_ref<const std::string&>();
-  MOE_CHECK(parse_safetensors_dtype(dtype_text, &entry.dtype), source, ": tensor ", quoted(name),
-            ": unsupported dtype ", quoted(dtype_text));
+  MOE_CHECK(parse_safetensors_dtype(dtype_text, &entry.dtype), source, ": tensor ", quote_name(name),
+            ": unsupported dtype ", quote_name(dtype_text));
 
   const auto shape_it = value.find("shape");
-  MOE_CHECK(shape_it != value.end(), source, ": tensor ", quoted(name), ": missing field 'shape'");
-  MOE_CHECK(shape_it->is_array(), source, ": tensor ", quoted(name),
+  MOE_CHECK(shape_it != value.end(), source, ": tensor ", quote_name(name), ": missing field 'shape'");
+  MOE_CHECK(shape_it->is_array(), source, ": tensor ", quote_name(name),
             ": field 'shape' must be an array, found ", shape_it->type_name());
   MOE_CHECK(shape_it->size() <= static_cast<size_t>(Shape::kMaxRank), source, ": tensor ",
-            quoted(name), ": rank ", shape_it->size(), " exceeds the supported ", Shape::kMaxRank);
+            quote_name(name), ": rank ", shape_it->size(), " exceeds the supported ", Shape::kMaxRank);
   uint64_t numel = 1;
   bool numel_overflow = false;
   for (const json& dim : *shape_it) {
     const uint64_t d = as_u64(dim, source, name, "shape");
-    MOE_CHECK(d <= static_cast<uint64_t>(INT64_MAX), source, ": tensor ", quoted(name),
+    MOE_CHECK(d <= static_cast<uint64_t>(INT64_MAX), source, ": tensor ", quote_name(name),
               ": dimension ", d, " is too large");
     entry.shape.push_back(static_cast<int64_t>(d));
     numel_overflow |= __builtin_mul_overflow(numel, d, &numel);
   }
 
   const auto offsets_it = value.find("data_offsets");
-  MOE_CHECK(offsets_it != value.end(), source, ": tensor ", quoted(name),
+  MOE_CHECK(offsets_it != value.end(), source, ": tensor ", quote_name(name),
             ": missing field 'data_offsets'");
-  MOE_CHECK(offsets_it->is_array() && offsets_it->size() == 2, source, ": tensor ", quoted(name),
+  MOE_CHECK(offsets_it->is_array() && offsets_it->size() == 2, source, ": tensor ", quote_name(name),
             ": field 'data_offsets' must be an array [begin, end]");
   entry.begin = as_u64((*offsets_it)[0], source, name, "data_offsets");
   entry.end = as_u64((*offsets_it)[1], source, name, "data_offsets");
-  MOE_CHECK(entry.begin <= entry.end, source, ": tensor ", quoted(name), ": data_offsets [",
+  MOE_CHECK(entry.begin <= entry.end, source, ": tensor ", quote_name(name), ": data_offsets [",
             entry.begin, ", ", entry.end, ") end before they begin");
 
   uint64_t nbytes = 0;
   const bool nbytes_overflow =
       numel_overflow || __builtin_mul_overflow(numel, dtype_size(entry.dtype), &nbytes);
-  MOE_CHECK(!nbytes_overflow, source, ": tensor ", quoted(name), ": shape ", entry.shape.str(),
+  MOE_CHECK(!nbytes_overflow, source, ": tensor ", quote_name(name), ": shape ", entry.shape.str(),
             " is too large");
-  MOE_CHECK(entry.end - entry.begin == nbytes, source, ": tensor ", quoted(name),
+  MOE_CHECK(entry.end - entry.begin == nbytes, source, ": tensor ", quote_name(name),
             ": data_offsets [", entry.begin, ", ", entry.end, ") hold ", entry.end - entry.begin,
             " bytes, but dtype ", dtype_text, " and shape ", entry.shape.str(), " need ", nbytes);
   return entry;
@@ -128,12 +128,12 @@ std::vector<TensorEntry> parse_safetensors_header(const uint8_t* bytes, size_t s
       MOE_CHECK(value.is_object(), source, ": '__metadata__' must be an object, found ",
                 value.type_name());
       for (const auto& [key, item] : value.items())
-        MOE_CHECK(item.is_string(), source, ": '__metadata__' entry ", quoted(key),
+        MOE_CHECK(item.is_string(), source, ": '__metadata__' entry ", quote_name(key),
                   " must be a string, found ", item.type_name());
       continue;
     }
     TensorEntry entry = parse_entry(name, value, source);
-    MOE_CHECK(entry.end <= data_size, source, ": tensor ", quoted(name), ": data_offsets [",
+    MOE_CHECK(entry.end <= data_size, source, ": tensor ", quote_name(name), ": data_offsets [",
               entry.begin, ", ", entry.end, ") run past the end of the data section (", data_size,
               " bytes; truncated file?)");
     entries.push_back(std::move(entry));
@@ -146,8 +146,8 @@ std::vector<TensorEntry> parse_safetensors_header(const uint8_t* bytes, size_t s
   for (const TensorEntry& entry : entries) {
     if (entry.begin == entry.end) continue;  // empty tensors occupy no bytes
     if (previous) {
-      MOE_CHECK(entry.begin >= previous->end, source, ": tensors ", quoted(previous->name), " [",
-                previous->begin, ", ", previous->end, ") and ", quoted(entry.name), " [",
+      MOE_CHECK(entry.begin >= previous->end, source, ": tensors ", quote_name(previous->name), " [",
+                previous->begin, ", ", previous->end, ") and ", quote_name(entry.name), " [",
                 entry.begin, ", ", entry.end, ") overlap");
     }
     previous = &entry;
@@ -255,14 +255,14 @@ std::map<std::string, std::string> read_index(const std::filesystem::path& index
   MOE_CHECK(!map_it->empty(), source, ": field 'weight_map' is empty");
   std::map<std::string, std::string> weight_map;
   for (const auto& [name, shard] : map_it->items()) {
-    MOE_CHECK(shard.is_string(), source, ": weight_map entry for tensor ", quoted(name),
+    MOE_CHECK(shard.is_string(), source, ": weight_map entry for tensor ", quote_name(name),
               " must be a file name string, found ", shard.type_name());
     const std::string& file = shard.get_ref<const std::string&>();
     const std::filesystem::path rel(file);
     bool escapes = file.empty() || rel.is_absolute();
     for (const auto& part : rel) escapes |= (part == "..");
-    MOE_CHECK(!escapes, source, ": weight_map entry for tensor ", quoted(name), " names shard ",
-              quoted(file), ", which is not a file inside the checkpoint folder");
+    MOE_CHECK(!escapes, source, ": weight_map entry for tensor ", quote_name(name), " names shard ",
+              quote_name(file), ", which is not a file inside the checkpoint folder");
     weight_map.emplace(name, file);
   }
   return weight_map;
@@ -296,7 +296,7 @@ WeightStore WeightStore::open(const std::filesystem::path& model_dir) {
       if (shard_ids.contains(shard)) continue;
       const std::filesystem::path shard_path = store.dir_ / shard;
       MOE_CHECK(std::filesystem::is_regular_file(shard_path, ec), index_path.string(),
-                ": shard ", quoted(shard), " (holding tensor ", quoted(name), ") is missing: ",
+                ": shard ", quote_name(shard), " (holding tensor ", quote_name(name), ") is missing: ",
                 shard_path.string(), " does not exist");
       shard_ids.emplace(shard, static_cast<uint32_t>(store.files_.size()));
       store.files_.push_back(std::make_unique<SafetensorsFile>(SafetensorsFile::open(shard_path)));
@@ -304,8 +304,8 @@ WeightStore WeightStore::open(const std::filesystem::path& model_dir) {
     for (const auto& [name, shard] : weight_map) {
       const uint32_t id = shard_ids.at(shard);
       const TensorEntry* entry = store.files_[id]->find(name);
-      MOE_CHECK(entry != nullptr, index_path.string(), ": tensor ", quoted(name),
-                " is assigned to shard ", quoted(shard), ", but ",
+      MOE_CHECK(entry != nullptr, index_path.string(), ": tensor ", quote_name(name),
+                " is assigned to shard ", quote_name(shard), ", but ",
                 store.files_[id]->path().string(), " does not contain it");
       store.tensors_.emplace(name, Location{.file = id, .entry = entry});
     }
@@ -325,7 +325,7 @@ WeightStore WeightStore::open(const std::filesystem::path& model_dir) {
 
 const WeightStore::Location& WeightStore::locate(std::string_view name) const {
   const auto it = tensors_.find(name);
-  MOE_CHECK(it != tensors_.end(), "missing tensor ", quoted(name), " in ", dir_.string());
+  MOE_CHECK(it != tensors_.end(), "missing tensor ", quote_name(name), " in ", dir_.string());
   return it->second;
 }
 
@@ -343,10 +343,10 @@ TensorView WeightStore::require(std::string_view name, const Shape& shape,
   const Location& loc = locate(name);
   const SafetensorsFile& file = *files_[loc.file];
   const TensorEntry& entry = *loc.entry;
-  MOE_CHECK(entry.shape == shape, file.path().string(), ": tensor ", quoted(name), " has shape ",
+  MOE_CHECK(entry.shape == shape, file.path().string(), ": tensor ", quote_name(name), " has shape ",
             entry.shape.str(), ", expected ", shape.str());
   MOE_CHECK(std::find(allowed.begin(), allowed.end(), entry.dtype) != allowed.end(),
-            file.path().string(), ": tensor ", quoted(name), " has dtype ",
+            file.path().string(), ": tensor ", quote_name(name), " has dtype ",
             dtype_name(entry.dtype), ", expected one of ", dtype_list(allowed));
   return file.view(entry);
 }
