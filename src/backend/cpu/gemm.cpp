@@ -1,0 +1,417 @@
+// cpu::linear(): y[T, N] = x[T, K] . W[N, K]^T (+ bias) with checkpoint weights used in place.
+//
+// Why it is built this way:
+// - F32 weights go to OpenBLAS. OpenBLAS is pinned to one thread and we split N over our own
+//   workers (gemm_parallel.h), so that its spinning threads never fight oneDNN's OpenMP team
+//   or the engine's pool for the cores.
+// - BF16 weights at a few rows (decode) are a GEMV that only has to stream W once: a
+//   hand-written AVX-512 kernel (vdpbf16ps) split over N reaches the memory bandwidth, which
+//   oneDNN's runtime-M GEMM does not at M = 1 (see bench/RESULTS.md).
+// - BF16 weights at many rows (prefill, busy experts) go to oneDNN matmul: bf16 x bf16 -> f32
+//   with W described in place by strides (no reorder, no copy), one primitive per
+//   (K, N, dtype, bias) with the row count as a runtime dimension. x is rounded to bf16 in a
+//   thread-local buffer.
+// - F16 weights: oneDNN when it has an f16 primitive on this CPU (it needs AVX512-FP16), else the
+//   F16C GEMV at a few rows and the blocked float32 fallback otherwise.
+// - The fallback for every 16-bit case (no oneDNN at build time, no primitive at run time, or
+//   MOE_GEMM_FALLBACK=1) widens W to float32 a cache-sized block of rows at a time into a
+//   thread-local scratch and runs sgemm per block, blocks split over the workers.
+#include "backend/cpu/gemm.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/cpu/gemm_internal.h"
+#include "backend/cpu/gemm_kernels.h"
+#include "backend/cpu/gemm_parallel.h"
+#include "core/error.h"
+
+#if defined(MOE_HAVE_DNNL)
+#include <oneapi/dnnl/dnnl.hpp>
+#endif
+
+// Present only when the BLAS is OpenBLAS; weak so that any other CBLAS links too.
+extern "C" void openblas_set_num_threads(int num_threads) __attribute__((weak));
+
+namespace moeinfer::cpu {
+namespace gemm_detail {
+namespace {
+
+// Scratch for the blocked fallback: rows of W widened to float32, about this many bytes.
+constexpr int64_t kBlockBytes = 256 * 1024;
+// Rows of W each worker takes at a time in the sgemm and GEMV paths.
+constexpr int64_t kRowGrain = 16;
+
+void init_libraries() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (openblas_set_num_threads) openblas_set_num_threads(1);
+  });
+}
+
+struct Dims {
+  int64_t m, k, n;
+};
+
+Dims check_args(const float* x, int64_t num_rows, const TensorView& weight, float* y) {
+  MOE_CHECK(weight.shape.rank() == 2, "linear: weight must be 2-D [N, K], got shape ",
+            weight.shape.str());
+  MOE_CHECK(
+      weight.dtype == DType::kF32 || weight.dtype == DType::kBF16 || weight.dtype == DType::kF16,
+      "linear: weight dtype ", dtype_name(weight.dtype), " not supported (F32, BF16, F16)");
+  const Dims d{num_rows, weight.shape[1], weight.shape[0]};
+  MOE_CHECK(d.n > 0 && d.k > 0, "linear: weight shape ", weight.shape.str(), " has an empty dim");
+  MOE_CHECK(num_rows >= 0, "linear: num_rows ", num_rows, " is negative");
+  MOE_CHECK(weight.data != nullptr, "linear: weight ", weight.shape.str(), " has no data");
+  MOE_CHECK(num_rows == 0 || (x != nullptr && y != nullptr), "linear: x (", x == nullptr,
+            " null) or y (", y == nullptr, " null) missing for ", num_rows, " rows");
+  return d;
+}
+
+void add_bias(const float* bias, int64_t num_rows, int64_t n_begin, int64_t n_end, float* y,
+              int64_t ldy) {
+  if (bias == nullptr) return;
+  for (int64_t m = 0; m < num_rows; ++m) {
+    float* row = y + m * ldy;
+    for (int64_t n = n_begin; n < n_end; ++n) row[n] += bias[n];
+  }
+}
+
+std::atomic<int> g_force_fallback{-1};  // -1: not read from the environment yet
+
+// A thread-local buffer that only grows.
+template <typename T>
+T* thread_scratch(std::vector<T>& buffer, size_t count) {
+  if (buffer.size() < count) buffer.resize(count);
+  return buffer.data();
+}
+
+}  // namespace
+
+const char* path_name(Path path) {
+  switch (path) {
+    case Path::kSgemm:
+      return "sgemm";
+    case Path::kDnnl:
+      return "onednn";
+    case Path::kGemv:
+      return "gemv-avx512";
+    case Path::kGemvScalar:
+      return "gemv-scalar";
+    case Path::kBlockedF32:
+      return "blocked-f32";
+  }
+  return "?";
+}
+
+bool force_fallback() {
+  int value = g_force_fallback.load(std::memory_order_relaxed);
+  if (value < 0) {
+    const char* env = std::getenv("MOE_GEMM_FALLBACK");
+    value = (env != nullptr && std::strcmp(env, "1") == 0) ? 1 : 0;
+    int expected = -1;
+    g_force_fallback.compare_exchange_strong(expected, value);
+    value = g_force_fallback.load(std::memory_order_relaxed);
+  }
+  return value == 1;
+}
+
+void set_force_fallback(bool on) { g_force_fallback.store(on ? 1 : 0); }
+
+int64_t gemv_max_rows(DType dtype) {
+  // Measured on a 2-core Zen 5 (bench/bench_gemm_cpu.cpp): the GEMV kernel reads W once per
+  // 4-row tile from L1 and beats oneDNN's runtime-M GEMM up to about this many rows.
+  switch (dtype) {
+    case DType::kBF16:
+      return 16;
+    case DType::kF16:
+      return 16;
+    default:
+      return 0;
+  }
+}
+
+Path choose_path(DType dtype, int64_t num_rows, int64_t in_features, int64_t out_features,
+                 bool has_bias) {
+  (void)in_features;
+  (void)out_features;
+  (void)has_bias;
+  if (dtype == DType::kF32) return Path::kSgemm;
+  const bool few_rows = num_rows <= gemv_max_rows(dtype);
+  if (force_fallback()) return few_rows ? Path::kGemvScalar : Path::kBlockedF32;
+  if (few_rows && gemv_avx512_available(dtype)) return Path::kGemv;
+  if (dnnl_available(dtype)) return Path::kDnnl;
+  return few_rows ? Path::kGemvScalar : Path::kBlockedF32;
+}
+
+// ---------------------------------------------------------------------------------------------
+// F32: OpenBLAS, one slice of N per worker.
+
+void linear_sgemm(const float* x, int64_t num_rows, const TensorView& weight, const float* bias,
+                  float* y) {
+  const Dims d = check_args(x, num_rows, weight, y);
+  MOE_CHECK(weight.dtype == DType::kF32, "linear_sgemm: weight dtype ", dtype_name(weight.dtype));
+  if (d.m == 0) return;
+  init_libraries();
+  const auto* w = static_cast<const float*>(weight.data);
+  // Split N only when each slice still has enough work to pay for the hand-off.
+  const int64_t grain = std::max<int64_t>(kRowGrain, (int64_t{1} << 16) / (d.m * d.k + 1));
+  gemm_parallel_for(d.n, grain, [&](int64_t n0, int64_t n1) {
+    if (d.m == 1) {
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(n1 - n0), static_cast<int>(d.k),
+                  1.0f, w + n0 * d.k, static_cast<int>(d.k), x, 1, 0.0f, y + n0, 1);
+    } else {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(d.m),
+                  static_cast<int>(n1 - n0), static_cast<int>(d.k), 1.0f, x, static_cast<int>(d.k),
+                  w + n0 * d.k, static_cast<int>(d.k), 0.0f, y + n0, static_cast<int>(d.n));
+    }
+    add_bias(bias, d.m, n0, n1, y, d.n);
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fallback for 16-bit weights: widen a block of rows of W, sgemm it.
+
+void linear_blocked_f32(const float* x, int64_t num_rows, const TensorView& weight,
+                        const float* bias, float* y) {
+  const Dims d = check_args(x, num_rows, weight, y);
+  if (d.m == 0) return;
+  if (weight.dtype == DType::kF32) return linear_sgemm(x, num_rows, weight, bias, y);
+  init_libraries();
+  const size_t elem = dtype_size(weight.dtype);
+  const auto* w = static_cast<const char*>(weight.data);
+  const int64_t block_rows = std::max<int64_t>(1, kBlockBytes / (d.k * 4));
+  gemm_parallel_for(d.n, block_rows, [&](int64_t n_begin, int64_t n_end) {
+    thread_local std::vector<float> scratch;
+    float* wf = thread_scratch(scratch, static_cast<size_t>(block_rows * d.k));
+    for (int64_t n0 = n_begin; n0 < n_end; n0 += block_rows) {
+      const int64_t rows = std::min(block_rows, n_end - n0);
+      widen_to_f32(weight.dtype, w + n0 * d.k * elem, wf, rows * d.k);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(d.m),
+                  static_cast<int>(rows), static_cast<int>(d.k), 1.0f, x, static_cast<int>(d.k), wf,
+                  static_cast<int>(d.k), 0.0f, y + n0, static_cast<int>(d.n));
+    }
+    add_bias(bias, d.m, n_begin, n_end, y, d.n);
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// GEMV for a few rows.
+
+void linear_gemv_scalar(const float* x, int64_t num_rows, const TensorView& weight,
+                        const float* bias, float* y) {
+  const Dims d = check_args(x, num_rows, weight, y);
+  if (d.m == 0) return;
+  const size_t elem = dtype_size(weight.dtype);
+  const auto* w = static_cast<const char*>(weight.data);
+  gemm_parallel_for(d.n, kRowGrain, [&](int64_t n0, int64_t n1) {
+    thread_local std::vector<float> scratch;
+    float* wrow = thread_scratch(scratch, static_cast<size_t>(d.k));
+    for (int64_t n = n0; n < n1; ++n) {
+      widen_to_f32(weight.dtype, w + n * d.k * elem, wrow, d.k);
+      for (int64_t m = 0; m < d.m; ++m) {
+        const float* xr = x + m * d.k;
+        // Eight partial sums: shorter dependency chains, and the compiler can vectorise.
+        float acc[8] = {};
+        int64_t k = 0;
+        for (; k + 8 <= d.k; k += 8)
+          for (int j = 0; j < 8; ++j) acc[j] += xr[k + j] * wrow[k + j];
+        for (; k < d.k; ++k) acc[0] += xr[k] * wrow[k];
+        float sum =
+            ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+        y[m * d.n + n] = sum + (bias ? bias[n] : 0.0f);
+      }
+    }
+  });
+}
+
+bool gemv_avx512_available(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16:
+      return cpu_has_avx512_bf16();
+    case DType::kF16:
+      return cpu_has_avx512();
+    default:
+      return false;
+  }
+}
+
+bool linear_gemv_avx512(const float* x, int64_t num_rows, const TensorView& weight,
+                        const float* bias, float* y) {
+  const Dims d = check_args(x, num_rows, weight, y);
+  if (!gemv_avx512_available(weight.dtype)) return false;
+  if (d.m == 0) return true;
+  const auto* w = static_cast<const uint16_t*>(weight.data);
+  if (weight.dtype == DType::kBF16) {
+    thread_local std::vector<uint16_t> x_scratch;
+    uint16_t* xb = thread_scratch(x_scratch, static_cast<size_t>(d.m * d.k));
+    round_to_bf16(x, xb, d.m * d.k);
+    gemm_parallel_for(d.n, kRowGrain, [&](int64_t n0, int64_t n1) {
+      gemv_bf16_avx512(xb, d.k, d.m, w, d.k, d.k, n0, n1, bias, y, d.n);
+    });
+  } else {
+    gemm_parallel_for(d.n, kRowGrain, [&](int64_t n0, int64_t n1) {
+      gemv_f16_avx512(x, d.k, d.m, w, d.k, d.k, n0, n1, bias, y, d.n);
+    });
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// oneDNN matmul.
+
+#if defined(MOE_HAVE_DNNL)
+namespace {
+
+dnnl::engine& dnnl_engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+struct DnnlPrimitive {
+  dnnl::matmul matmul;
+  size_t scratchpad_bytes = 0;
+};
+
+using DnnlKey = std::tuple<int64_t, int64_t, DType, bool>;  // K, N, dtype, bias
+
+// Creates the primitive for [M (runtime), K] x [K, N] with W stored as [N, K]; null when oneDNN
+// has no implementation for this dtype on this CPU.
+std::shared_ptr<const DnnlPrimitive> make_dnnl_primitive(int64_t k, int64_t n, DType dtype,
+                                                         bool has_bias) {
+  using dt = dnnl::memory::data_type;
+  const dt wdt = dtype == DType::kBF16 ? dt::bf16 : dt::f16;
+  const dnnl::memory::dim runtime = DNNL_RUNTIME_DIM_VAL;
+  // Plain layouts given by strides: W [N, K] row-major is the [K, N] matrix with strides (1, K).
+  const dnnl::memory::desc src({runtime, k}, wdt, {k, 1});
+  const dnnl::memory::desc wei({k, n}, wdt, {1, k});
+  const dnnl::memory::desc dst({runtime, n}, dt::f32, {n, 1});
+  const dnnl::memory::desc bia({1, n}, dt::f32, {n, 1});
+  dnnl::primitive_attr attr;
+  // Our own scratchpad per calling thread, so that concurrent calls are safe.
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  try {
+    const auto desc =
+        has_bias ? dnnl::matmul::desc(src, wei, bia, dst) : dnnl::matmul::desc(src, wei, dst);
+    const dnnl::matmul::primitive_desc pd(desc, attr, dnnl_engine());
+    auto prim = std::make_shared<DnnlPrimitive>();
+    prim->matmul = dnnl::matmul(pd);
+    prim->scratchpad_bytes = pd.scratchpad_desc().get_size();
+    return prim;
+  } catch (const dnnl::error&) {
+    return nullptr;
+  }
+}
+
+std::shared_ptr<const DnnlPrimitive> dnnl_primitive(int64_t k, int64_t n, DType dtype,
+                                                    bool has_bias) {
+  static std::mutex mutex;
+  static std::map<DnnlKey, std::shared_ptr<const DnnlPrimitive>> cache;
+  const DnnlKey key{k, n, dtype, has_bias};
+  {
+    std::lock_guard lock(mutex);
+    if (auto it = cache.find(key); it != cache.end()) return it->second;
+  }
+  auto prim = make_dnnl_primitive(k, n, dtype, has_bias);  // slow: outside the lock
+  std::lock_guard lock(mutex);
+  return cache.emplace(key, std::move(prim)).first->second;
+}
+
+}  // namespace
+
+bool dnnl_available(DType dtype) {
+  if (dtype != DType::kBF16 && dtype != DType::kF16) return false;
+  // Probe once per dtype with a representative shape.
+  static const bool bf16 = dnnl_primitive(64, 64, DType::kBF16, false) != nullptr;
+  static const bool f16 = dnnl_primitive(64, 64, DType::kF16, false) != nullptr;
+  return dtype == DType::kBF16 ? bf16 : f16;
+}
+
+bool linear_dnnl(const float* x, int64_t num_rows, const TensorView& weight, const float* bias,
+                 float* y) {
+  const Dims d = check_args(x, num_rows, weight, y);
+  if (weight.dtype != DType::kBF16 && weight.dtype != DType::kF16) return false;
+  const auto prim = dnnl_primitive(d.k, d.n, weight.dtype, bias != nullptr);
+  if (prim == nullptr) return false;
+  if (d.m == 0) return true;
+  using dt = dnnl::memory::data_type;
+  const dt wdt = weight.dtype == DType::kBF16 ? dt::bf16 : dt::f16;
+
+  thread_local std::vector<uint16_t> x_scratch;
+  thread_local std::vector<char> pad_scratch;
+  thread_local dnnl::stream stream(dnnl_engine());
+  uint16_t* xh = thread_scratch(x_scratch, static_cast<size_t>(d.m * d.k));
+  if (weight.dtype == DType::kBF16) {
+    round_to_bf16(x, xh, d.m * d.k);
+  } else {
+    round_to_f16(x, xh, d.m * d.k);
+  }
+  char* pad = thread_scratch(pad_scratch, std::max<size_t>(1, prim->scratchpad_bytes));
+
+  auto& engine = dnnl_engine();
+  const dnnl::memory src({{d.m, d.k}, wdt, {d.k, 1}}, engine, xh);
+  const dnnl::memory wei({{d.k, d.n}, wdt, {1, d.k}}, engine, const_cast<void*>(weight.data));
+  const dnnl::memory dst({{d.m, d.n}, dt::f32, {d.n, 1}}, engine, y);
+  const dnnl::memory pad_mem(
+      {{static_cast<dnnl::memory::dim>(prim->scratchpad_bytes)}, dt::u8, {1}}, engine, pad);
+  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, src},
+                                             {DNNL_ARG_WEIGHTS, wei},
+                                             {DNNL_ARG_DST, dst},
+                                             {DNNL_ARG_SCRATCHPAD, pad_mem}};
+  if (bias != nullptr) {
+    args.emplace(DNNL_ARG_BIAS,
+                 dnnl::memory({{1, d.n}, dt::f32, {d.n, 1}}, engine, const_cast<float*>(bias)));
+  }
+  prim->matmul.execute(stream, args);
+  stream.wait();
+  return true;
+}
+
+#else  // !MOE_HAVE_DNNL
+
+bool dnnl_available(DType) { return false; }
+bool linear_dnnl(const float* x, int64_t num_rows, const TensorView& weight, const float*,
+                 float* y) {
+  check_args(x, num_rows, weight, y);
+  return false;
+}
+
+#endif
+
+}  // namespace gemm_detail
+
+// ---------------------------------------------------------------------------------------------
+
+void linear(const float* x, int64_t num_rows, const TensorView& weight, const float* bias,
+            float* y) {
+  using namespace gemm_detail;
+  const Dims d = check_args(x, num_rows, weight, y);
+  if (d.m == 0) return;
+  switch (choose_path(weight.dtype, d.m, d.k, d.n, bias != nullptr)) {
+    case Path::kSgemm:
+      return linear_sgemm(x, num_rows, weight, bias, y);
+    case Path::kGemv:
+      if (linear_gemv_avx512(x, num_rows, weight, bias, y)) return;
+      break;
+    case Path::kDnnl:
+      if (linear_dnnl(x, num_rows, weight, bias, y)) return;
+      break;
+    case Path::kGemvScalar:
+      return linear_gemv_scalar(x, num_rows, weight, bias, y);
+    case Path::kBlockedF32:
+      break;
+  }
+  linear_blocked_f32(x, num_rows, weight, bias, y);
+}
+
+}  // namespace moeinfer::cpu
