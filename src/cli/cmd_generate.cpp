@@ -1,0 +1,116 @@
+// `moeinfer generate --model DIR --prompt TEXT [--max-tokens N] [--temperature T --top-p P
+// --top-k K --seed S] [--chat]`: streams the continuation to stdout. The prompt is prefilled
+// once; each new token is one decode step over the KV cache.
+#include <chrono>
+#include <cstdio>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "cli/model_arg.h"
+#include "core/error.h"
+#include "io/chat_template.h"
+#include "io/tokenizer.h"
+#include "model/model.h"
+#include "runtime/sampler.h"
+
+namespace moeinfer::cli {
+namespace {
+
+struct GenerateArgs {
+  std::string model;
+  std::string prompt;
+  std::string system;
+  int64_t max_tokens = 128;
+  SamplingParams sampling;
+  bool chat = false;
+  bool ignore_eos = false;
+};
+
+std::vector<int32_t> prompt_ids(const GenerateArgs& args, const std::filesystem::path& dir,
+                                const Tokenizer& tokenizer, std::set<int32_t>* stop_ids) {
+  if (!args.chat) return tokenizer.encode(args.prompt, /*add_special_tokens=*/true);
+  const ChatConfig chat = load_chat_config(dir);
+  MOE_CHECK(chat.chat_template.has_value(), "--chat: ", dir.string(),
+            " has no chat_template (tokenizer_config.json or chat_template.jinja)");
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  if (!args.system.empty()) messages.push_back({{"role", "system"}, {"content", args.system}});
+  messages.push_back({{"role", "user"}, {"content", args.prompt}});
+  const std::string text = apply_chat_template(ChatTemplate::parse(*chat.chat_template), messages,
+                                               /*add_generation_prompt=*/true, chat);
+  if (auto eos = tokenizer.token_to_id(chat.eos_token); eos && !chat.eos_token.empty()) {
+    stop_ids->insert(*eos);
+  }
+  // The template writes any BOS itself, as transformers' apply_chat_template assumes.
+  return tokenizer.encode(text, /*add_special_tokens=*/false);
+}
+
+void run_generate(const GenerateArgs& args) {
+  Sampler::validate(args.sampling);
+  MOE_CHECK(args.max_tokens >= 1, "--max-tokens must be >= 1, got ", args.max_tokens);
+  const std::filesystem::path dir = resolve_model_dir(args.model);
+  auto model = Model::load(dir, LoadOptions{});
+  const Tokenizer tokenizer = Tokenizer::from_file(dir / "tokenizer.json");
+  Decoder& decoder = model->decoder();
+  const ModelConfig& config = decoder.config();
+
+  std::set<int32_t> stop_ids(config.eos_token_ids.begin(), config.eos_token_ids.end());
+  const std::vector<int32_t> prompt = prompt_ids(args, dir, tokenizer, &stop_ids);
+  MOE_CHECK(!prompt.empty(), "the prompt encodes to no tokens");
+  for (int32_t id : prompt) {
+    MOE_CHECK(id < config.vocab_size, "the tokenizer gave id ", id,
+              " but the model's vocabulary has ", config.vocab_size, " entries");
+  }
+  KvCache cache = decoder.make_cache(static_cast<int64_t>(prompt.size()) + args.max_tokens);
+  Sampler sampler(args.sampling);
+  StreamDecoder stream(tokenizer, /*skip_special_tokens=*/true);
+  std::vector<float> logits(config.vocab_size);
+
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  decoder.forward(prompt, cache, logits, /*all_positions=*/false);
+  const auto prefilled = Clock::now();
+  int64_t generated = 0;
+  while (generated < args.max_tokens) {
+    const int32_t next = sampler.sample(logits);
+    ++generated;
+    if (!args.ignore_eos && stop_ids.count(next)) break;
+    const std::string piece = stream.push(next);
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    std::fflush(stdout);
+    if (generated == args.max_tokens || cache.length() >= cache.max_tokens()) break;
+    const int32_t token[1] = {next};
+    decoder.forward(token, cache, logits, /*all_positions=*/false);
+  }
+  const std::string rest = stream.flush();
+  std::fwrite(rest.data(), 1, rest.size(), stdout);
+  std::fputc('\n', stdout);
+  const auto done = Clock::now();
+  const double prefill_s = std::chrono::duration<double>(prefilled - start).count();
+  const double decode_s = std::chrono::duration<double>(done - prefilled).count();
+  std::fprintf(stderr, "[prompt %zu tokens, %.1f tok/s | generated %lld tokens, %.1f tok/s]\n",
+               prompt.size(), prompt.size() / std::max(prefill_s, 1e-9),
+               static_cast<long long>(generated), generated / std::max(decode_s, 1e-9));
+}
+
+}  // namespace
+
+void add_generate_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("generate", "Generate text from a prompt, streamed to stdout");
+  auto args = std::make_shared<GenerateArgs>();
+  add_model_option(cmd, &args->model);
+  cmd->add_option("--prompt", args->prompt, "Prompt text")->required();
+  cmd->add_option("--system", args->system, "System message (with --chat)");
+  cmd->add_option("--max-tokens", args->max_tokens, "Most tokens to generate")->capture_default_str();
+  cmd->add_option("--temperature", args->sampling.temperature, "0 = greedy")->capture_default_str();
+  cmd->add_option("--top-p", args->sampling.top_p, "Nucleus sampling mass")->capture_default_str();
+  cmd->add_option("--top-k", args->sampling.top_k, "Keep the K most likely tokens (0 = all)")
+      ->capture_default_str();
+  cmd->add_option("--seed", args->sampling.seed, "Random seed")->capture_default_str();
+  cmd->add_flag("--chat", args->chat, "Apply the checkpoint's chat template");
+  cmd->add_flag("--ignore-eos", args->ignore_eos, "Keep going past end-of-sequence tokens");
+  cmd->callback([args] { run_generate(*args); });
+}
+
+}  // namespace moeinfer::cli

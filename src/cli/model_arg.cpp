@@ -1,0 +1,39 @@
+#include "cli/model_arg.h"
+
+#include <cstdlib>
+#include <unistd.h>
+
+#include "core/error.h"
+
+namespace moeinfer::cli {
+namespace {
+
+// The folder of the running executable, to find the default model relative to the build.
+std::filesystem::path executable_dir() {
+  std::error_code error;
+  const auto self = std::filesystem::read_symlink("/proc/self/exe", error);
+  return error ? std::filesystem::current_path() : self.parent_path();
+}
+
+}  // namespace
+
+void add_model_option(CLI::App* cmd, std::string* model) {
+  cmd->add_option("--model", *model,
+                  "Checkpoint folder (config.json, *.safetensors, tokenizer.json); default: the "
+                  "built-in model, or $MOEINFER_MODEL");
+}
+
+std::filesystem::path resolve_model_dir(const std::string& model) {
+  if (!model.empty()) return model;
+  if (const char* env = std::getenv("MOEINFER_MODEL"); env && *env) return env;
+  // The built-in default until the trained demo model lands: the smallest parity fixture.
+  const std::filesystem::path relative = "tests/fixtures/models/qwen3_moe_bf16";
+  for (auto dir = executable_dir(); !dir.empty(); dir = dir.parent_path()) {
+    if (std::filesystem::exists(dir / relative / "config.json")) return dir / relative;
+    if (dir == dir.parent_path()) break;
+  }
+  MOE_FAIL("no --model given and the built-in model (", relative.string(),
+           ") was not found beside the executable");
+}
+
+}  // namespace moeinfer::cli

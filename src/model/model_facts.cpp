@@ -1,0 +1,130 @@
+#include "model/model_facts.h"
+
+#include "core/error.h"
+
+namespace moeinfer {
+namespace {
+
+int64_t mlp_params(int64_t hidden, int64_t width) { return 3 * hidden * width; }
+
+int64_t attention_params(const ModelConfig& c) {
+  int64_t n = c.hidden_size * c.q_dim() + 2 * c.hidden_size * c.kv_dim() + c.q_dim() * c.hidden_size;
+  if (c.attention_bias) n += c.q_dim() + 2 * c.kv_dim();
+  if (c.attention_out_bias) n += c.hidden_size;
+  if (c.qk_norm_per_head) n += 2 * c.head_dim;
+  if (c.qk_norm_full) n += c.q_dim() + c.kv_dim();
+  return n;
+}
+
+struct Counter {
+  PartCounts* parts;
+  int64_t PartCounts::*field;
+  void add(const TensorView& view) const {
+    if (!view.empty()) (*parts).*field += static_cast<int64_t>(view.nbytes());
+  }
+};
+
+}  // namespace
+
+PartCounts count_params(const ModelConfig& c, bool active_only) {
+  PartCounts p;
+  const int64_t H = c.hidden_size;
+  p.embeddings = c.vocab_size * H * (c.tie_word_embeddings ? 1 : 2);
+  p.other = H;  // final norm
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    p.attention += attention_params(c);
+    p.other += 2 * H;  // the layer's two norms
+    if (!c.layer_is_moe[l]) {
+      p.other += mlp_params(H, c.intermediate_size);
+      continue;
+    }
+    p.other += c.num_experts * H;  // router
+    const int64_t experts = active_only ? c.num_experts_per_tok : c.num_experts;
+    p.routed_experts += experts * mlp_params(H, c.moe_intermediate_size);
+    if (c.shared_expert_intermediate_size > 0) {
+      p.shared_experts += mlp_params(H, c.shared_expert_intermediate_size) + H;  // + its gate
+    }
+  }
+  return p;
+}
+
+ModelFacts model_facts(const ModelConfig& config, const DecoderWeights& w,
+                       int64_t checkpoint_tensor_bytes) {
+  ModelFacts facts;
+  facts.total_params = count_params(config, false);
+  facts.active_params = count_params(config, true);
+  facts.checkpoint_tensor_bytes = checkpoint_tensor_bytes;
+  PartCounts& bytes = facts.resident_bytes;
+  const Counter attention{&bytes, &PartCounts::attention};
+  const Counter routed{&bytes, &PartCounts::routed_experts};
+  const Counter shared{&bytes, &PartCounts::shared_experts};
+  const Counter embeddings{&bytes, &PartCounts::embeddings};
+  const Counter other{&bytes, &PartCounts::other};
+  int64_t bound_params = 0;
+  const auto count = [&](const Counter& counter, const TensorView& view) {
+    counter.add(view);
+    if (!view.empty()) bound_params += view.numel();
+  };
+  count(embeddings, w.embed_tokens);
+  if (!config.tie_word_embeddings) count(embeddings, w.lm_head);
+  count(other, w.final_norm);
+  for (const LayerWeights& layer : w.layers) {
+    count(other, layer.input_norm);
+    count(other, layer.post_attention_norm);
+    const AttentionWeights& a = layer.attention;
+    for (const TensorView* v : {&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj, &a.q_bias, &a.k_bias,
+                                &a.v_bias, &a.o_bias, &a.q_norm, &a.k_norm}) {
+      count(attention, *v);
+    }
+    if (!layer.is_moe) {
+      for (const TensorView* v : {&layer.mlp.gate_proj, &layer.mlp.up_proj, &layer.mlp.down_proj}) {
+        count(other, *v);
+      }
+      continue;
+    }
+    count(other, layer.moe.routed.router);
+    for (const moe::ExpertWeights& e : layer.moe.routed.experts) {
+      count(routed, e.gate);
+      count(routed, e.up);
+      count(routed, e.down);
+    }
+    const MlpWeights& s = layer.moe.shared_expert;
+    for (const TensorView* v : {&s.gate_proj, &s.up_proj, &s.down_proj,
+                                &layer.moe.shared_expert_gate}) {
+      count(shared, *v);
+    }
+  }
+  MOE_CHECK(bound_params == facts.total_params.total(), config.source, ": the config implies ",
+            facts.total_params.total(), " parameters but the bound tensors hold ", bound_params);
+  facts.kv_bytes_per_token_f32 = 2 * config.num_layers * config.kv_dim() * 4;
+  facts.kv_bytes_per_token_bf16 = 2 * config.num_layers * config.kv_dim() * 2;
+  return facts;
+}
+
+nlohmann::ordered_json facts_to_json(const ModelConfig& config, const ModelFacts& facts) {
+  const auto parts = [](const PartCounts& p) {
+    return nlohmann::ordered_json{{"total", p.total()},
+                                  {"attention", p.attention},
+                                  {"routed_experts", p.routed_experts},
+                                  {"shared_experts", p.shared_experts},
+                                  {"embeddings", p.embeddings},
+                                  {"other", p.other}};
+  };
+  int64_t num_moe_layers = 0;
+  for (bool is_moe : config.layer_is_moe) num_moe_layers += is_moe;
+  return {{"model_type", config.model_type},
+          {"layers", config.num_layers},
+          {"moe_layers", num_moe_layers},
+          {"experts", config.num_experts},
+          {"experts_per_token", config.num_experts_per_tok},
+          {"hidden_size", config.hidden_size},
+          {"vocab_size", config.vocab_size},
+          {"params_total", parts(facts.total_params)},
+          {"params_active_per_token", parts(facts.active_params)},
+          {"resident_bytes", parts(facts.resident_bytes)},
+          {"checkpoint_tensor_bytes", facts.checkpoint_tensor_bytes},
+          {"kv_bytes_per_token", {{"f32", facts.kv_bytes_per_token_f32},
+                                  {"bf16", facts.kv_bytes_per_token_bf16}}}};
+}
+
+}  // namespace moeinfer

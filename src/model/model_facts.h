@@ -1,0 +1,41 @@
+// The three numbers MoE capacity planning needs (total, active per token, resident), split by
+// part, computed from the config and cross-checked against the bound tensors.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+
+#include "io/model_config.h"
+#include "model/weights.h"
+
+namespace moeinfer {
+
+struct PartCounts {
+  int64_t attention = 0;
+  int64_t routed_experts = 0;
+  int64_t shared_experts = 0;
+  int64_t embeddings = 0;  // token embedding and LM head (once when tied)
+  int64_t other = 0;       // norms, routers, dense MLP layers
+  int64_t total() const {
+    return attention + routed_experts + shared_experts + embeddings + other;
+  }
+};
+
+struct ModelFacts {
+  PartCounts total_params;     // every parameter
+  PartCounts active_params;    // read for one token: K of E routed experts per MoE layer
+  PartCounts resident_bytes;   // bytes of the bound tensors in their stored dtypes
+  int64_t kv_bytes_per_token_f32 = 0;   // keys + values, all layers, as the CPU cache holds them
+  int64_t kv_bytes_per_token_bf16 = 0;
+  int64_t checkpoint_tensor_bytes = 0;  // every tensor in the files, bound or not
+};
+
+// Parameter counts from the config alone.
+PartCounts count_params(const ModelConfig& config, bool active_only);
+// Counts from the config, bytes from the weights; throws if the bound tensors do not add up to
+// the config's parameter count.
+ModelFacts model_facts(const ModelConfig& config, const DecoderWeights& weights,
+                       int64_t checkpoint_tensor_bytes);
+nlohmann::ordered_json facts_to_json(const ModelConfig& config, const ModelFacts& facts);
+
+}  // namespace moeinfer

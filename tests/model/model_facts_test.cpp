@@ -1,0 +1,53 @@
+// Model facts from the config, checked against the fixtures' tensors and against the published
+// size of Qwen3-30B-A3B (30.5B total, 3.3B active).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "io/safetensors.h"
+#include "model/family.h"
+#include "model/model_facts.h"
+
+namespace moeinfer {
+namespace {
+
+const std::filesystem::path kModels = std::filesystem::path(MOE_FIXTURES_DIR) / "models";
+
+TEST(ModelFacts, EveryFixtureAddsUpToItsFiles) {
+  int checked = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(kModels)) {
+    const ModelConfig config = load_model_config(entry.path() / "config.json");
+    const WeightStore store = WeightStore::open(entry.path());
+    const ModelFacts facts =
+        model_facts(config, bind_weights(config, store), static_cast<int64_t>(store.total_bytes()));
+    // Tied embeddings are stored once; every stored tensor is bound.
+    EXPECT_EQ(facts.resident_bytes.total(), facts.checkpoint_tensor_bytes) << entry.path();
+    EXPECT_LT(facts.active_params.total(), facts.total_params.total());
+    EXPECT_EQ(facts.active_params.attention, facts.total_params.attention);
+    ++checked;
+  }
+  EXPECT_GE(checked, 4);
+}
+
+TEST(ModelFacts, Qwen3_30B_A3B_Shape) {
+  const char* json = R"({
+    "model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"],
+    "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
+    "moe_intermediate_size": 768, "num_hidden_layers": 48, "num_attention_heads": 32,
+    "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8,
+    "norm_topk_prob": true, "decoder_sparse_step": 1, "mlp_only_layers": [],
+    "max_position_embeddings": 40960, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+    "rope_scaling": null, "tie_word_embeddings": false, "hidden_act": "silu",
+    "attention_bias": false, "torch_dtype": "bfloat16"})";
+  const ModelConfig config = parse_model_config(json, "qwen3-30b-a3b/config.json");
+  const PartCounts total = count_params(config, false);
+  const PartCounts active = count_params(config, true);
+  EXPECT_NEAR(total.total() / 1e9, 30.53, 0.05);
+  EXPECT_NEAR(active.total() / 1e9, 3.35, 0.05);
+  EXPECT_EQ(total.routed_experts, 48LL * 128 * 3 * 2048 * 768);
+  EXPECT_EQ(active.routed_experts, 48LL * 8 * 3 * 2048 * 768);
+  EXPECT_EQ(total.embeddings, 2LL * 151936 * 2048);
+}
+
+}  // namespace
+}  // namespace moeinfer
