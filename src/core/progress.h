@@ -11,11 +11,11 @@
 namespace moeinfer {
 
 struct ProgressOptions {
-  bool force = false;             // draw even when the stream is not a terminal
-  double delay_s = 1.0;           // draw only once the job has run this long
-  double min_redraw_s = 0.1;      // at most this often
-  std::FILE* stream = nullptr;    // nullptr = stderr
-  const char* unit = "";          // "B" formats units as bytes (KiB, MiB, GiB)
+  bool force = false;           // draw even when the stream is not a terminal
+  double delay_s = 1.0;         // draw only once the job has run this long
+  double min_redraw_s = 0.1;    // at most this often
+  std::FILE* stream = nullptr;  // nullptr = stderr
+  const char* unit = "";        // "B" formats units as bytes (KiB, MiB, GiB)
 };
 
 class ProgressBar {

@@ -1,7 +1,8 @@
 // config.json -> ModelConfig. The defaults and derived values follow transformers 5.x
 // (configuration_<family>.py and modeling_<family>.py); where the two disagree the modeling code
-// wins, because it is what produced the published weights. Fields that fix a tensor shape are
-// required; the rest take the family's transformers default. Every error names the file and field.
+// wins, because it is what produced the published weights. An absent field takes the family's
+// transformers default (save_pretrained omits default values); only model_type and the RoPE keys
+// transformers itself requires must be present. Every error names the file and the field.
 #include "io/model_config.h"
 
 #include <algorithm>
@@ -19,10 +20,14 @@ namespace moeinfer {
 
 std::string_view family_name(ModelFamily family) {
   switch (family) {
-    case ModelFamily::kQwen3Moe: return "qwen3_moe";
-    case ModelFamily::kMixtral: return "mixtral";
-    case ModelFamily::kOlmoe: return "olmoe";
-    case ModelFamily::kQwen2Moe: return "qwen2_moe";
+    case ModelFamily::kQwen3Moe:
+      return "qwen3_moe";
+    case ModelFamily::kMixtral:
+      return "mixtral";
+    case ModelFamily::kOlmoe:
+      return "olmoe";
+    case ModelFamily::kQwen2Moe:
+      return "qwen2_moe";
   }
   return "?";
 }
@@ -40,11 +45,22 @@ constexpr int64_t kMaxLayers = 4096;
 constexpr int64_t kMaxExperts = int64_t{1} << 16;
 constexpr int64_t kMaxHeads = int64_t{1} << 16;
 
-// The transformers defaults that differ between families.
+// The transformers 5 defaults of each family (configuration_<family>.py). transformers'
+// save_pretrained writes only the values that differ from these, so every field but model_type
+// may be absent from a genuine config.json.
 struct FamilyDefaults {
+  int64_t vocab_size;
+  int64_t hidden_size;
+  int64_t intermediate_size;
+  int64_t num_hidden_layers;
+  int64_t num_attention_heads;
+  std::optional<int64_t> num_key_value_heads;  // nullopt: same as num_attention_heads
   int64_t max_position_embeddings;
   double rms_norm_eps;
-  std::optional<int64_t> num_key_value_heads;  // nullopt: same as num_attention_heads
+  int64_t num_experts;
+  int64_t num_experts_per_tok;
+  int64_t moe_intermediate_size;            // qwen families; mixtral / olmoe use intermediate_size
+  int64_t shared_expert_intermediate_size;  // qwen2_moe
   double rope_theta;
   std::optional<int64_t> bos_token_id;
   std::optional<int64_t> eos_token_id;
@@ -52,10 +68,70 @@ struct FamilyDefaults {
 
 FamilyDefaults defaults_for(ModelFamily family) {
   switch (family) {
-    case ModelFamily::kQwen3Moe: return {32768, 1e-6, 4, 10000.0, std::nullopt, std::nullopt};
-    case ModelFamily::kMixtral: return {4096 * 32, 1e-5, 8, 1e6, 1, 2};
-    case ModelFamily::kOlmoe: return {4096, 1e-5, std::nullopt, 10000.0, std::nullopt, 50279};
-    case ModelFamily::kQwen2Moe: return {32768, 1e-6, 16, 10000.0, std::nullopt, std::nullopt};
+    case ModelFamily::kQwen3Moe:
+      return {.vocab_size = 151936,
+              .hidden_size = 2048,
+              .intermediate_size = 6144,
+              .num_hidden_layers = 24,
+              .num_attention_heads = 32,
+              .num_key_value_heads = 4,
+              .max_position_embeddings = 32768,
+              .rms_norm_eps = 1e-6,
+              .num_experts = 128,
+              .num_experts_per_tok = 8,
+              .moe_intermediate_size = 768,
+              .shared_expert_intermediate_size = 0,
+              .rope_theta = 10000.0,
+              .bos_token_id = std::nullopt,
+              .eos_token_id = std::nullopt};
+    case ModelFamily::kMixtral:
+      return {.vocab_size = 32000,
+              .hidden_size = 4096,
+              .intermediate_size = 14336,
+              .num_hidden_layers = 32,
+              .num_attention_heads = 32,
+              .num_key_value_heads = 8,
+              .max_position_embeddings = 4096 * 32,
+              .rms_norm_eps = 1e-5,
+              .num_experts = 8,
+              .num_experts_per_tok = 2,
+              .moe_intermediate_size = 0,
+              .shared_expert_intermediate_size = 0,
+              .rope_theta = 1e6,
+              .bos_token_id = 1,
+              .eos_token_id = 2};
+    case ModelFamily::kOlmoe:
+      return {.vocab_size = 50304,
+              .hidden_size = 2048,
+              .intermediate_size = 2048,
+              .num_hidden_layers = 16,
+              .num_attention_heads = 16,
+              .num_key_value_heads = std::nullopt,
+              .max_position_embeddings = 4096,
+              .rms_norm_eps = 1e-5,
+              .num_experts = 64,
+              .num_experts_per_tok = 8,
+              .moe_intermediate_size = 0,
+              .shared_expert_intermediate_size = 0,
+              .rope_theta = 10000.0,
+              .bos_token_id = std::nullopt,
+              .eos_token_id = 50279};
+    case ModelFamily::kQwen2Moe:
+      return {.vocab_size = 151936,
+              .hidden_size = 2048,
+              .intermediate_size = 5632,
+              .num_hidden_layers = 24,
+              .num_attention_heads = 16,
+              .num_key_value_heads = 16,
+              .max_position_embeddings = 32768,
+              .rms_norm_eps = 1e-6,
+              .num_experts = 60,
+              .num_experts_per_tok = 4,
+              .moe_intermediate_size = 1408,
+              .shared_expert_intermediate_size = 5632,
+              .rope_theta = 10000.0,
+              .bos_token_id = std::nullopt,
+              .eos_token_id = std::nullopt};
   }
   MOE_FAIL("unknown family");
 }
@@ -112,7 +188,9 @@ class Fields {
   int64_t size(const char* key, int64_t limit = kMaxDim) const {
     return check_size(key, integer(key), limit);
   }
+  // Absent: `fallback`; an explicit null is refused (transformers would fail later on it).
   int64_t size(const char* key, int64_t fallback, int64_t limit) const {
+    if (contains_key(key) && !has(key)) fail(key, "must be an integer, found null");
     return check_size(key, integer(key, fallback), limit);
   }
   int64_t check_size(const char* key, int64_t value, int64_t limit) const {
@@ -197,13 +275,14 @@ class Fields {
 
 std::string supported_list() {
   std::string out;
-  for (ModelFamily f : kFamilies) out += std::string(out.empty() ? "" : ", ") + std::string(family_name(f));
+  for (ModelFamily f : kFamilies)
+    out += std::string(out.empty() ? "" : ", ") + std::string(family_name(f));
   return out;
 }
 
 // The number of routed experts; transformers aliases num_experts and num_local_experts for
 // qwen3_moe, mixtral and olmoe (attribute_map), qwen2_moe reads only num_experts.
-int64_t read_num_experts(const Fields& f, ModelFamily family) {
+int64_t read_num_experts(const Fields& f, ModelFamily family, int64_t fallback) {
   const bool aliased = family != ModelFamily::kQwen2Moe;
   const bool has_experts = f.has("num_experts");
   const bool has_local = aliased && f.has("num_local_experts");
@@ -213,8 +292,7 @@ int64_t read_num_experts(const Fields& f, ModelFamily family) {
       f.fail("num_local_experts", "is ", b, " but num_experts is ", a, "; they must agree");
   }
   if (has_local) return f.size("num_local_experts", kMaxExperts);
-  if (has_experts || !aliased) return f.size("num_experts", kMaxExperts);
-  f.fail(family == ModelFamily::kMixtral ? "num_local_experts" : "num_experts", "is missing");
+  return f.size("num_experts", fallback, kMaxExperts);
 }
 
 // Qwen2-MoE / Qwen3-MoE: layer i has routed experts iff it is not in mlp_only_layers and
@@ -233,7 +311,8 @@ std::vector<bool> qwen_sparse_layers(const Fields& f, int64_t num_layers) {
 }
 
 // RoPE settings, in either layout. transformers (convert_rope_params_to_dict) takes a non-empty
-// `rope_scaling` over `rope_parameters`, and `rope_theta` from inside the dict before the top level.
+// `rope_scaling` over `rope_parameters`, and `rope_theta` from inside the dict before the top
+// level.
 RopeConfig read_rope(const Fields& top, const FamilyDefaults& defaults,
                      int64_t max_position_embeddings) {
   RopeConfig rope;
@@ -258,11 +337,12 @@ RopeConfig read_rope(const Fields& top, const FamilyDefaults& defaults,
   }
   const Fields p(*params, top.source(), where + ".");
   for (const auto& [key, value] : params->items())
-    if (value.is_object())
-      p.fail(key.c_str(), "per-layer-type RoPE parameters are not supported");
+    if (value.is_object()) p.fail(key.c_str(), "per-layer-type RoPE parameters are not supported");
   rope.theta = p.positive_number("rope_theta", p.number("rope_theta", rope.theta));
-  if (p.has("rope_type")) rope.type = p.string("rope_type");
-  else if (p.has("type")) rope.type = p.string("type");
+  if (p.has("rope_type"))
+    rope.type = p.string("rope_type");
+  else if (p.has("type"))
+    rope.type = p.string("type");
   const char* type_key = p.has("rope_type") ? "rope_type" : "type";
   if (p.has("partial_rotary_factor") && p.number("partial_rotary_factor") != 1.0)
     p.fail("partial_rotary_factor", "partial rotary embeddings are not supported");
@@ -302,8 +382,8 @@ RopeConfig read_rope(const Fields& top, const FamilyDefaults& defaults,
     rope.low_freq_factor = p.positive_number("low_freq_factor", p.number("low_freq_factor"));
     rope.high_freq_factor = p.positive_number("high_freq_factor", p.number("high_freq_factor"));
     if (rope.high_freq_factor <= rope.low_freq_factor)
-      p.fail("high_freq_factor", "must exceed low_freq_factor (", rope.low_freq_factor,
-             "), found ", rope.high_freq_factor);
+      p.fail("high_freq_factor", "must exceed low_freq_factor (", rope.low_freq_factor, "), found ",
+             rope.high_freq_factor);
     rope.original_max_position_embeddings = original_max();
   } else {
     p.fail(type_key, "unsupported RoPE type '", rope.type,
@@ -324,22 +404,22 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& so
   ModelConfig cfg;
   cfg.source = source;
   cfg.model_type = f.string("model_type");
-  const auto family = std::find_if(std::begin(kFamilies), std::end(kFamilies),
-                                   [&](ModelFamily fam) { return family_name(fam) == cfg.model_type; });
+  const auto family =
+      std::find_if(std::begin(kFamilies), std::end(kFamilies),
+                   [&](ModelFamily fam) { return family_name(fam) == cfg.model_type; });
   if (family == std::end(kFamilies))
-    f.fail("model_type", "unsupported model_type '", cfg.model_type, "'; supported: ",
-           supported_list());
+    f.fail("model_type", "unsupported model_type '", cfg.model_type,
+           "'; supported: ", supported_list());
   cfg.family = *family;
   const FamilyDefaults defaults = defaults_for(cfg.family);
 
   // Shared by all four families.
-  cfg.vocab_size = f.size("vocab_size");
-  cfg.hidden_size = f.size("hidden_size");
-  cfg.num_layers = f.size("num_hidden_layers", kMaxLayers);
-  cfg.num_heads = f.size("num_attention_heads", kMaxHeads);
+  cfg.vocab_size = f.size("vocab_size", defaults.vocab_size, kMaxDim);
+  cfg.hidden_size = f.size("hidden_size", defaults.hidden_size, kMaxDim);
+  cfg.num_layers = f.size("num_hidden_layers", defaults.num_hidden_layers, kMaxLayers);
+  cfg.num_heads = f.size("num_attention_heads", defaults.num_attention_heads, kMaxHeads);
   // An explicit null means "as many as the query heads" (mixtral, olmoe __post_init__).
-  cfg.num_kv_heads = f.has("num_key_value_heads")
-                         ? f.size("num_key_value_heads", kMaxHeads)
+  cfg.num_kv_heads = f.has("num_key_value_heads") ? f.size("num_key_value_heads", kMaxHeads)
                      : f.contains_key("num_key_value_heads")
                          ? cfg.num_heads
                          : defaults.num_key_value_heads.value_or(cfg.num_heads);
@@ -354,23 +434,26 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& so
       f.fail("num_attention_heads", cfg.num_heads, " exceeds hidden_size (", cfg.hidden_size,
              ") and no head_dim is given");
   }
-  if (cfg.head_dim % 2 != 0) f.fail("head_dim", "RoPE needs an even head_dim, found ", cfg.head_dim);
-  cfg.intermediate_size = f.size("intermediate_size");
-  cfg.num_experts = read_num_experts(f, cfg.family);
-  cfg.num_experts_per_tok = f.size("num_experts_per_tok", kMaxExperts);
+  if (cfg.head_dim % 2 != 0)
+    f.fail("head_dim", "RoPE needs an even head_dim, found ", cfg.head_dim);
+  cfg.intermediate_size = f.size("intermediate_size", defaults.intermediate_size, kMaxDim);
+  cfg.num_experts = read_num_experts(f, cfg.family, defaults.num_experts);
+  cfg.num_experts_per_tok =
+      f.size("num_experts_per_tok", defaults.num_experts_per_tok, kMaxExperts);
   if (cfg.num_experts_per_tok > cfg.num_experts)
     f.fail("num_experts_per_tok", cfg.num_experts_per_tok, " exceeds the number of experts (",
            cfg.num_experts, ")");
 
   const std::string act = f.opt_string("hidden_act").value_or("silu");
-  if (act != "silu") f.fail("hidden_act", "unsupported activation '", act, "'; only silu is supported");
+  if (act != "silu")
+    f.fail("hidden_act", "unsupported activation '", act, "'; only silu is supported");
   cfg.rms_norm_eps = f.number("rms_norm_eps", defaults.rms_norm_eps);
   f.positive_number("rms_norm_eps", cfg.rms_norm_eps);
   cfg.max_position_embeddings =
       f.size("max_position_embeddings", defaults.max_position_embeddings, kMaxDim);
   cfg.tie_word_embeddings = f.boolean("tie_word_embeddings", false);
-  cfg.bos_token_id = f.contains_key("bos_token_id") ? f.opt_integer("bos_token_id")
-                                                     : defaults.bos_token_id;
+  cfg.bos_token_id =
+      f.contains_key("bos_token_id") ? f.opt_integer("bos_token_id") : defaults.bos_token_id;
   if (f.contains_key("eos_token_id")) {
     cfg.eos_token_ids = f.int_or_list("eos_token_id", {});
   } else if (defaults.eos_token_id) {
@@ -381,14 +464,18 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& so
 
   switch (cfg.family) {
     case ModelFamily::kQwen3Moe: {
-      cfg.moe_intermediate_size = f.size("moe_intermediate_size");
+      cfg.moe_intermediate_size =
+          f.size("moe_intermediate_size", defaults.moe_intermediate_size, kMaxDim);
       cfg.norm_topk_prob = f.boolean("norm_topk_prob", false);
       cfg.attention_bias = f.boolean("attention_bias", false);
       cfg.attention_out_bias = cfg.attention_bias;  // o_proj shares the flag
       cfg.qk_norm_per_head = true;
       cfg.layer_is_moe = qwen_sparse_layers(f, cfg.num_layers);
       // sliding_window only counts when use_sliding_window is set, and then on every layer.
-      if (f.boolean("use_sliding_window", false)) cfg.sliding_window = f.size("sliding_window");
+      // Absent means the class default 4096; null means full attention.
+      if (f.boolean("use_sliding_window", false) &&
+          (f.has("sliding_window") || !f.contains_key("sliding_window")))
+        cfg.sliding_window = f.size("sliding_window", 4096, kMaxDim);
       break;
     }
     case ModelFamily::kMixtral: {
@@ -407,23 +494,28 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& so
       // q_norm spans hidden_size and k_norm (hidden_size / heads) * kv_heads, so the projection
       // widths must be exactly those.
       if (cfg.num_heads * cfg.head_dim != cfg.hidden_size)
-        f.fail("head_dim", "olmoe needs num_attention_heads * head_dim == hidden_size (", cfg.num_heads,
-               " * ", cfg.head_dim, " != ", cfg.hidden_size, ")");
+        f.fail("head_dim", "olmoe needs num_attention_heads * head_dim == hidden_size (",
+               cfg.num_heads, " * ", cfg.head_dim, " != ", cfg.hidden_size, ")");
       cfg.clip_qkv = f.opt_number("clip_qkv");
-      if (cfg.clip_qkv && !(*cfg.clip_qkv > 0)) f.fail("clip_qkv", "must be positive, found ", *cfg.clip_qkv);
-      if (f.has("sliding_window")) f.fail("sliding_window", "sliding-window attention is not supported for olmoe");
+      if (cfg.clip_qkv && !(*cfg.clip_qkv > 0))
+        f.fail("clip_qkv", "must be positive, found ", *cfg.clip_qkv);
+      if (f.has("sliding_window"))
+        f.fail("sliding_window", "sliding-window attention is not supported for olmoe");
       cfg.layer_is_moe.assign(static_cast<size_t>(cfg.num_layers), true);
       break;
     }
     case ModelFamily::kQwen2Moe: {
-      cfg.moe_intermediate_size = f.size("moe_intermediate_size");
-      cfg.shared_expert_intermediate_size = f.size("shared_expert_intermediate_size");
+      cfg.moe_intermediate_size =
+          f.size("moe_intermediate_size", defaults.moe_intermediate_size, kMaxDim);
+      cfg.shared_expert_intermediate_size = f.size(
+          "shared_expert_intermediate_size", defaults.shared_expert_intermediate_size, kMaxDim);
       cfg.norm_topk_prob = f.boolean("norm_topk_prob", false);
       cfg.attention_bias = f.boolean("qkv_bias", true);  // q/k/v only; o_proj never has a bias
       cfg.attention_out_bias = false;
       cfg.layer_is_moe = qwen_sparse_layers(f, cfg.num_layers);
       if (f.boolean("use_sliding_window", false))
-        f.fail("use_sliding_window", "qwen2_moe's per-layer sliding-window attention is not supported");
+        f.fail("use_sliding_window",
+               "qwen2_moe's per-layer sliding-window attention is not supported");
       if (const json* types = f.find("layer_types")) {
         if (!types->is_array()) f.fail("layer_types", "must be a list, found ", types->type_name());
         if (static_cast<int64_t>(types->size()) != cfg.num_layers)

@@ -51,25 +51,28 @@ uint64_t as_u64(const json& value, const std::string& source, const std::string&
 }
 
 TensorEntry parse_entry(const std::string& name, const json& value, const std::string& source) {
-  MOE_CHECK(value.is_object(), source, ": tensor ", quote_name(name), ": entry must be an object, found ",
-            value.type_name());
+  MOE_CHECK(value.is_object(), source, ": tensor ", quote_name(name),
+            ": entry must be an object, found ", value.type_name());
   TensorEntry entry;
   entry.name = name;
 
   const auto dtype_it = value.find("dtype");
-  MOE_CHECK(dtype_it != value.end(), source, ": tensor ", quote_name(name), ": missing field 'dtype'");
+  MOE_CHECK(dtype_it != value.end(), source, ": tensor ", quote_name(name),
+            ": missing field 'dtype'");
   MOE_CHECK(dtype_it->is_string(), source, ": tensor ", quote_name(name),
             ": field 'dtype' must be a string, found ", dtype_it->type_name());
   const auto& dtype_text = dtype_it->get_ref<const std::string&>();
-  MOE_CHECK(parse_safetensors_dtype(dtype_text, &entry.dtype), source, ": tensor ", quote_name(name),
-            ": unsupported dtype ", quote_name(dtype_text));
+  MOE_CHECK(parse_safetensors_dtype(dtype_text, &entry.dtype), source, ": tensor ",
+            quote_name(name), ": unsupported dtype ", quote_name(dtype_text));
 
   const auto shape_it = value.find("shape");
-  MOE_CHECK(shape_it != value.end(), source, ": tensor ", quote_name(name), ": missing field 'shape'");
+  MOE_CHECK(shape_it != value.end(), source, ": tensor ", quote_name(name),
+            ": missing field 'shape'");
   MOE_CHECK(shape_it->is_array(), source, ": tensor ", quote_name(name),
             ": field 'shape' must be an array, found ", shape_it->type_name());
   MOE_CHECK(shape_it->size() <= static_cast<size_t>(Shape::kMaxRank), source, ": tensor ",
-            quote_name(name), ": rank ", shape_it->size(), " exceeds the supported ", Shape::kMaxRank);
+            quote_name(name), ": rank ", shape_it->size(), " exceeds the supported ",
+            Shape::kMaxRank);
   uint64_t numel = 1;
   bool numel_overflow = false;
   for (const json& dim : *shape_it) {
@@ -83,8 +86,8 @@ TensorEntry parse_entry(const std::string& name, const json& value, const std::s
   const auto offsets_it = value.find("data_offsets");
   MOE_CHECK(offsets_it != value.end(), source, ": tensor ", quote_name(name),
             ": missing field 'data_offsets'");
-  MOE_CHECK(offsets_it->is_array() && offsets_it->size() == 2, source, ": tensor ", quote_name(name),
-            ": field 'data_offsets' must be an array [begin, end]");
+  MOE_CHECK(offsets_it->is_array() && offsets_it->size() == 2, source, ": tensor ",
+            quote_name(name), ": field 'data_offsets' must be an array [begin, end]");
   entry.begin = as_u64((*offsets_it)[0], source, name, "data_offsets");
   entry.end = as_u64((*offsets_it)[1], source, name, "data_offsets");
   MOE_CHECK(entry.begin <= entry.end, source, ": tensor ", quote_name(name), ": data_offsets [",
@@ -146,8 +149,8 @@ std::vector<TensorEntry> parse_safetensors_header(const uint8_t* bytes, size_t s
   for (const TensorEntry& entry : entries) {
     if (entry.begin == entry.end) continue;  // empty tensors occupy no bytes
     if (previous) {
-      MOE_CHECK(entry.begin >= previous->end, source, ": tensors ", quote_name(previous->name), " [",
-                previous->begin, ", ", previous->end, ") and ", quote_name(entry.name), " [",
+      MOE_CHECK(entry.begin >= previous->end, source, ": tensors ", quote_name(previous->name),
+                " [", previous->begin, ", ", previous->end, ") and ", quote_name(entry.name), " [",
                 entry.begin, ", ", entry.end, ") overlap");
     }
     previous = &entry;
@@ -179,8 +182,8 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
   void* base = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
   const int map_errno = errno;
   ::close(fd);
-  MOE_CHECK(base != MAP_FAILED, source, ": mmap of ", size, " bytes failed: ",
-            std::strerror(map_errno));
+  MOE_CHECK(base != MAP_FAILED, source, ": mmap of ", size,
+            " bytes failed: ", std::strerror(map_errno));
   file.base_ = static_cast<const uint8_t*>(base);
   file.size_ = size;
   // From here on the destructor unmaps if validation throws.
@@ -283,8 +286,10 @@ WeightStore WeightStore::open(const std::filesystem::path& model_dir) {
     // A file given directly: an index (…index.json) or a single .safetensors file.
     store.dir_ = model_dir.parent_path();
     const std::string name = model_dir.filename().string();
-    if (name.ends_with(".json")) index_path = model_dir;
-    else single_path = model_dir;
+    if (name.ends_with(".json"))
+      index_path = model_dir;
+    else
+      single_path = model_dir;
   } else {
     MOE_FAIL(model_dir.string(), ": no such checkpoint folder");
   }
@@ -295,9 +300,9 @@ WeightStore WeightStore::open(const std::filesystem::path& model_dir) {
     for (const auto& [name, shard] : weight_map) {
       if (shard_ids.contains(shard)) continue;
       const std::filesystem::path shard_path = store.dir_ / shard;
-      MOE_CHECK(std::filesystem::is_regular_file(shard_path, ec), index_path.string(),
-                ": shard ", quote_name(shard), " (holding tensor ", quote_name(name), ") is missing: ",
-                shard_path.string(), " does not exist");
+      MOE_CHECK(std::filesystem::is_regular_file(shard_path, ec), index_path.string(), ": shard ",
+                quote_name(shard), " (holding tensor ", quote_name(name),
+                ") is missing: ", shard_path.string(), " does not exist");
       shard_ids.emplace(shard, static_cast<uint32_t>(store.files_.size()));
       store.files_.push_back(std::make_unique<SafetensorsFile>(SafetensorsFile::open(shard_path)));
     }
@@ -314,8 +319,8 @@ WeightStore WeightStore::open(const std::filesystem::path& model_dir) {
       for (const TensorEntry& entry : store.files_[id]->entries())
         store.tensors_.emplace(entry.name, Location{.file = id, .entry = &entry});
   } else {
-    MOE_CHECK(std::filesystem::is_regular_file(single_path, ec), model_dir.string(),
-              ": no ", kSingleFile, " or ", kIndexFile, " found");
+    MOE_CHECK(std::filesystem::is_regular_file(single_path, ec), model_dir.string(), ": no ",
+              kSingleFile, " or ", kIndexFile, " found");
     store.files_.push_back(std::make_unique<SafetensorsFile>(SafetensorsFile::open(single_path)));
     for (const TensorEntry& entry : store.files_[0]->entries())
       store.tensors_.emplace(entry.name, Location{.file = 0, .entry = &entry});
@@ -343,8 +348,8 @@ TensorView WeightStore::require(std::string_view name, const Shape& shape,
   const Location& loc = locate(name);
   const SafetensorsFile& file = *files_[loc.file];
   const TensorEntry& entry = *loc.entry;
-  MOE_CHECK(entry.shape == shape, file.path().string(), ": tensor ", quote_name(name), " has shape ",
-            entry.shape.str(), ", expected ", shape.str());
+  MOE_CHECK(entry.shape == shape, file.path().string(), ": tensor ", quote_name(name),
+            " has shape ", entry.shape.str(), ", expected ", shape.str());
   MOE_CHECK(std::find(allowed.begin(), allowed.end(), entry.dtype) != allowed.end(),
             file.path().string(), ": tensor ", quote_name(name), " has dtype ",
             dtype_name(entry.dtype), ", expected one of ", dtype_list(allowed));
@@ -407,7 +412,8 @@ double WeightStore::prefault() const {
     }
   }
   bar.finish();
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return secs > 0 ? static_cast<double>(total) / secs / 1e9 : 0.0;
 }
 

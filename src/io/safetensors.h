@@ -38,8 +38,7 @@ inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100ull << 20;
 // `size` the whole file's size, so the data section is checked to hold every tensor). Entries come
 // back in data order. `source` names the file in errors; *data_offset receives 8 + N.
 std::vector<TensorEntry> parse_safetensors_header(const uint8_t* bytes, size_t size,
-                                                  const std::string& source,
-                                                  uint64_t* data_offset);
+                                                  const std::string& source, uint64_t* data_offset);
 
 // A read-only, private memory map of one validated .safetensors file. Movable, not copyable;
 // unmaps on destruction.

@@ -79,7 +79,8 @@ class SafetensorsTest : public ::testing::Test {
   fs::path write(const std::string& name, const std::vector<uint8_t>& bytes) {
     const fs::path path = dir_ / name;
     std::ofstream out(path, std::ios::binary);
-    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    out.write(reinterpret_cast<const char*>(bytes.data()),
+              static_cast<std::streamsize>(bytes.size()));
     return path;
   }
   void write_text(const std::string& name, const std::string& text) {
@@ -99,7 +100,10 @@ class SafetensorsTest : public ::testing::Test {
   std::vector<FakeTensor> three_dtypes() {
     return {
         {"w.f32", "F32", {2, 3}, f32_bytes({1, 2, 3, 4, 5, 6})},
-        {"w.bf16", "BF16", {3}, u16_bytes({f32_to_bf16(1.5f), f32_to_bf16(-2.0f), f32_to_bf16(0.25f)})},
+        {"w.bf16",
+         "BF16",
+         {3},
+         u16_bytes({f32_to_bf16(1.5f), f32_to_bf16(-2.0f), f32_to_bf16(0.25f)})},
         {"w.f16", "F16", {1, 2}, u16_bytes({f32_to_f16(0.5f), f32_to_f16(-3.0f)})},
     };
   }
@@ -162,13 +166,12 @@ TEST_F(SafetensorsTest, ShardedIndex) {
   write("model-00002-of-00002.safetensors",
         make_file({{"b", "BF16", {1}, u16_bytes({f32_to_bf16(3.0f)})},
                    {"c", "F32", {1}, f32_bytes({4})}}));
-  write_text("model.safetensors.index.json",
-             json{{"metadata", {{"total_size", 14}}},
-                  {"weight_map",
-                   {{"a", "model-00001-of-00002.safetensors"},
-                    {"b", "model-00002-of-00002.safetensors"},
-                    {"c", "model-00002-of-00002.safetensors"}}}}
-                 .dump());
+  write_text("model.safetensors.index.json", json{{"metadata", {{"total_size", 14}}},
+                                                  {"weight_map",
+                                                   {{"a", "model-00001-of-00002.safetensors"},
+                                                    {"b", "model-00002-of-00002.safetensors"},
+                                                    {"c", "model-00002-of-00002.safetensors"}}}}
+                                                 .dump());
   const WeightStore store = WeightStore::open(dir_);
   EXPECT_EQ(store.num_files(), 2u);
   EXPECT_EQ(store.names(), (std::vector<std::string>{"a", "b", "c"}));
@@ -192,11 +195,11 @@ TEST_F(SafetensorsTest, IndexWinsOverSingleFile) {
 
 TEST_F(SafetensorsTest, MissingShardNamesIndexAndShard) {
   write("model-00001-of-00002.safetensors", make_file({{"a", "F32", {1}, f32_bytes({1})}}));
-  write_text("model.safetensors.index.json",
-             json{{"weight_map",
-                   {{"a", "model-00001-of-00002.safetensors"},
-                    {"b", "model-00002-of-00002.safetensors"}}}}
-                 .dump());
+  write_text(
+      "model.safetensors.index.json",
+      json{{"weight_map",
+            {{"a", "model-00001-of-00002.safetensors"}, {"b", "model-00002-of-00002.safetensors"}}}}
+          .dump());
   const std::string error = open_error();
   EXPECT_NE(error.find("model.safetensors.index.json"), std::string::npos) << error;
   EXPECT_NE(error.find("model-00002-of-00002.safetensors"), std::string::npos) << error;
@@ -260,17 +263,15 @@ TEST_F(SafetensorsTest, HeaderLengthBeyondFile) {
 }
 
 TEST_F(SafetensorsTest, HugeHeaderLengthDoesNotWrap) {
-  const fs::path path =
-      write("model.safetensors", raw_file("{}", {}, /*length=*/~uint64_t{0} - 3));
+  const fs::path path = write("model.safetensors", raw_file("{}", {}, /*length=*/~uint64_t{0} - 3));
   const std::string error = open_error();
   EXPECT_NE(error.find(path.string()), std::string::npos) << error;
   EXPECT_NE(error.find("header length"), std::string::npos) << error;
 }
 
 TEST_F(SafetensorsTest, OverlappingTensors) {
-  const std::string header =
-      R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-      R"("y":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})";
+  const std::string header = R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                             R"("y":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})";
   const fs::path path = write("model.safetensors", raw_file(header, std::vector<uint8_t>(12)));
   const std::string error = open_error();
   EXPECT_NE(error.find(path.string()), std::string::npos) << error;
