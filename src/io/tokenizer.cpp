@@ -1,0 +1,440 @@
+// Tokenizer: loading tokenizer.json, the added-token vocabulary, and the encode/decode pipeline.
+// The components live in tokenizer_components.cpp, the BPE model in tokenizer_bpe.cpp.
+#include "io/tokenizer.h"
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+#include <unordered_set>
+
+#include "core/error.h"
+#include "io/tokenizer_internal.h"
+#include "io/unicode.h"
+
+namespace moeinfer {
+
+namespace {
+
+using tok::Json;
+using tok::Piece;
+using tok::Pieces;
+
+struct AddedToken {
+  std::string content;
+  bool single_word = false;
+  bool lstrip = false;
+  bool rstrip = false;
+  bool normalized = true;
+  bool special = false;
+  bool operator==(const AddedToken&) const = default;
+};
+
+// Byte trie over the added tokens, for leftmost-longest matching.
+class Trie {
+ public:
+  Trie() : nodes_(1) {}
+  bool empty() const { return nodes_.size() == 1; }
+
+  void insert(std::string_view pattern, int32_t value) {
+    if (pattern.empty()) return;
+    int32_t node = 0;
+    for (const char c : pattern) {
+      const auto byte = static_cast<unsigned char>(c);
+      int32_t child = find_child(node, byte);
+      if (child < 0) {
+        child = static_cast<int32_t>(nodes_.size());
+        nodes_.emplace_back();
+        auto& children = nodes_[node].children;
+        children.insert(
+            std::lower_bound(children.begin(), children.end(), std::make_pair(byte, int32_t{0})),
+            {byte, child});
+      }
+      node = child;
+    }
+    nodes_[node].value = value;
+  }
+
+  // The longest pattern starting at text[pos]: sets *len and *value, or returns false.
+  bool longest(std::string_view text, size_t pos, size_t* len, int32_t* value) const {
+    int32_t node = 0;
+    bool found = false;
+    for (size_t i = pos; i < text.size(); ++i) {
+      node = find_child(node, static_cast<unsigned char>(text[i]));
+      if (node < 0) break;
+      if (nodes_[node].value >= 0) {
+        *len = i + 1 - pos;
+        *value = nodes_[node].value;
+        found = true;
+      }
+    }
+    return found;
+  }
+
+ private:
+  struct Node {
+    std::vector<std::pair<unsigned char, int32_t>> children;  // sorted by byte
+    int32_t value = -1;
+  };
+  int32_t find_child(int32_t node, unsigned char byte) const {
+    const auto& children = nodes_[node].children;
+    auto it = std::lower_bound(children.begin(), children.end(), std::make_pair(byte, int32_t{0}));
+    return it != children.end() && it->first == byte ? it->second : -1;
+  }
+  std::vector<Node> nodes_;
+};
+
+struct Match {
+  int32_t id;  // -1 for plain text
+  size_t start;
+  size_t end;
+};
+
+bool json_bool(const Json& j, const char* key, bool fallback) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return fallback;
+  return it->get<bool>();
+}
+
+}  // namespace
+
+struct Tokenizer::Impl {
+  std::string source;
+  std::unique_ptr<tok::Normalizer> normalizer;
+  std::unique_ptr<tok::PreTokenizer> pre_tokenizer;
+  std::unique_ptr<tok::BpeModel> model;
+  std::unique_ptr<tok::PostProcessor> post_processor;
+  std::unique_ptr<tok::Decoder> decoder;
+
+  tok::StringMap added_ids;                               // content -> id
+  std::unordered_map<int32_t, AddedToken> added_tokens;   // id -> token
+  std::unordered_map<int32_t, std::string> decoded_form;  // id -> normalised content, if changed
+  std::unordered_set<std::string, tok::StringHash, std::equal_to<>> special_contents;
+  Trie raw_trie;                          // added tokens matched before normalisation
+  Trie normalized_trie;                   // added tokens matched on normalised text
+  std::unique_ptr<tok::Regex> word_char;  // Rust regex \w, for single_word tokens
+  int64_t vocab_size = 0;
+
+  void load(const Json& root);
+  void add_tokens(const Json& list);
+  std::vector<Match> find_matches(std::string_view text, const Trie& trie) const;
+  bool is_word_char_at(std::string_view text, size_t pos) const;
+  std::vector<int32_t> encode(std::string_view text, bool add_special_tokens) const;
+  std::string decode(std::span<const int32_t> ids, bool skip_special_tokens) const;
+  const std::string* token_for_decode(int32_t id) const;
+};
+
+void Tokenizer::Impl::load(const Json& root) {
+  MOE_CHECK(root.is_object(), "the top level is not a JSON object");
+  const Json& model_json = root.contains("model") ? root["model"] : Json();
+  MOE_CHECK(model_json.is_object(), "there is no \"model\" object");
+  std::string model_type = "BPE";
+  if (auto it = model_json.find("type"); it != model_json.end()) {
+    model_type = it->get<std::string>();
+  } else if (!model_json.contains("merges")) {
+    model_type = "(untyped, without merges)";
+  }
+  MOE_CHECK(model_type == "BPE", "model type '", model_type,
+            "' is not supported (only BPE models are)");
+
+  auto section = [&root](const char* key) -> Json {
+    auto it = root.find(key);
+    return it == root.end() ? Json() : *it;
+  };
+  normalizer = tok::parse_normalizer(section("normalizer"));
+  pre_tokenizer = tok::parse_pre_tokenizer(section("pre_tokenizer"));
+  model = std::make_unique<tok::BpeModel>(model_json);
+  post_processor = tok::parse_post_processor(section("post_processor"));
+  decoder = tok::parse_decoder(section("decoder"));
+  word_char = std::make_unique<tok::Regex>(
+      "\\A[\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}]", /*oniguruma_syntax=*/false);
+
+  const Json added = section("added_tokens");
+  if (!added.is_null()) add_tokens(added);
+
+  vocab_size = model->max_id() + 1;
+  for (const auto& [id, token] : added_tokens) vocab_size = std::max<int64_t>(vocab_size, id + 1);
+}
+
+// Mirrors `AddedVocabulary::add_tokens`: a token keeps the id the model gives its content, or
+// gets the next free id after the model vocabulary; the "id" field of the JSON is not consulted
+// (it agrees in every well-formed file).
+void Tokenizer::Impl::add_tokens(const Json& list) {
+  MOE_CHECK(list.is_array(), "\"added_tokens\" is not a list");
+  int64_t next_id = static_cast<int64_t>(model->num_entries());
+  for (const Json& entry : list) {
+    MOE_CHECK(entry.is_object() && entry.contains("content"), "added token ", entry.dump(),
+              " has no \"content\"");
+    AddedToken token{.content = entry["content"].get<std::string>(),
+                     .single_word = json_bool(entry, "single_word", false),
+                     .lstrip = json_bool(entry, "lstrip", false),
+                     .rstrip = json_bool(entry, "rstrip", false),
+                     .normalized = json_bool(entry, "normalized", true),
+                     .special = json_bool(entry, "special", false)};
+    if (token.content.empty()) continue;
+    MOE_CHECK(unicode::is_valid_utf8(token.content), "added token content is not valid UTF-8");
+    if (auto it = added_ids.find(token.content); it != added_ids.end()) {
+      if (added_tokens[it->second] == token) continue;
+    }
+    int32_t id;
+    if (auto it = added_ids.find(token.content); it != added_ids.end()) {
+      id = it->second;
+    } else if (auto model_id = model->token_to_id(token.content)) {
+      id = *model_id;
+    } else {
+      id = static_cast<int32_t>(next_id++);
+    }
+    if (token.normalized && normalizer) {
+      std::string normalized = token.content;
+      normalizer->normalize(normalized);
+      if (normalized != token.content) decoded_form[id] = std::move(normalized);
+    }
+    added_ids[token.content] = id;
+    if (token.special) special_contents.insert(token.content);
+    added_tokens[id] = std::move(token);
+  }
+  for (const auto& [id, token] : added_tokens) {
+    if (token.normalized) {
+      auto it = decoded_form.find(id);
+      normalized_trie.insert(it != decoded_form.end() ? it->second : token.content, id);
+    } else {
+      raw_trie.insert(token.content, id);
+    }
+  }
+}
+
+bool Tokenizer::Impl::is_word_char_at(std::string_view text, size_t pos) const {
+  const size_t len = unicode::utf8_length(static_cast<unsigned char>(text[pos]));
+  return word_char->search(text.substr(pos, len));
+}
+
+// Mirrors `AddedVocabulary::find_matches`: leftmost-longest matches, filtered by single_word,
+// widened by lstrip/rstrip, with the text between them as plain pieces.
+std::vector<Match> Tokenizer::Impl::find_matches(std::string_view text, const Trie& trie) const {
+  std::vector<Match> out;
+  if (text.empty()) return out;
+  if (trie.empty()) {
+    out.push_back({-1, 0, text.size()});
+    return out;
+  }
+  size_t start_offset = 0;
+  for (size_t pos = 0; pos < text.size();) {
+    size_t len = 0;
+    int32_t id = -1;
+    if (!trie.longest(text, pos, &len, &id)) {
+      ++pos;
+      continue;
+    }
+    size_t start = pos;
+    size_t stop = pos + len;
+    pos = stop;
+    const AddedToken& token = added_tokens.at(id);
+    if (token.single_word) {
+      bool word_before = false;
+      if (start > 0) {
+        size_t prev = start - 1;
+        while (prev > 0 && (static_cast<unsigned char>(text[prev]) & 0xC0) == 0x80) --prev;
+        word_before = is_word_char_at(text, prev);
+      }
+      const bool word_after = stop < text.size() && is_word_char_at(text, stop);
+      if (word_before || word_after) continue;
+    }
+    if (token.lstrip) {
+      size_t new_start = start;
+      while (new_start > 0) {
+        size_t prev = new_start - 1;
+        while (prev > 0 && (static_cast<unsigned char>(text[prev]) & 0xC0) == 0x80) --prev;
+        size_t p = prev;
+        if (!unicode::is_whitespace(unicode::next_code_point(text, p))) break;
+        new_start = prev;
+      }
+      start = std::max(new_start, start_offset);
+    }
+    if (token.rstrip) {
+      while (stop < text.size()) {
+        size_t p = stop;
+        if (!unicode::is_whitespace(unicode::next_code_point(text, p))) break;
+        stop = p;
+      }
+    }
+    if (start_offset < start) out.push_back({-1, start_offset, start});
+    out.push_back({id, start, stop});
+    start_offset = stop;
+  }
+  if (start_offset != text.size()) out.push_back({-1, start_offset, text.size()});
+  return out;
+}
+
+std::vector<int32_t> Tokenizer::Impl::encode(std::string_view text, bool add_special_tokens) const {
+  MOE_CHECK(unicode::is_valid_utf8(text), "tokenizer input is not valid UTF-8");
+  Pieces pieces;
+  // 1. Added tokens that match the raw text.
+  for (const Match& m : find_matches(text, raw_trie)) {
+    if (m.end == m.start) continue;
+    pieces.push_back(Piece{.text = std::string(text.substr(m.start, m.end - m.start)),
+                           .id = m.id,
+                           .at_origin = m.start == 0});
+  }
+  // 2. Normalise the rest, then cut out added tokens that match the normalised text.
+  tok::split_pieces(pieces, [this](const Piece& piece, Pieces& out) {
+    std::string normalized = piece.text;
+    if (normalizer) normalizer->normalize(normalized);
+    for (const Match& m : find_matches(normalized, normalized_trie)) {
+      out.push_back(Piece{.text = normalized.substr(m.start, m.end - m.start),
+                          .id = m.id,
+                          .at_origin = piece.at_origin && m.start == 0});
+    }
+  });
+  // 3. Words.
+  if (pre_tokenizer) pre_tokenizer->pre_tokenize(pieces);
+  // 4. Ids.
+  std::vector<int32_t> ids;
+  ids.reserve(text.size() / 3 + 4);
+  for (const Piece& piece : pieces) {
+    if (piece.id >= 0) {
+      ids.push_back(piece.id);
+    } else {
+      model->tokenize(piece.text, ids);
+    }
+  }
+  // 5. Special tokens around the sequence.
+  if (post_processor) post_processor->process(ids, add_special_tokens);
+  return ids;
+}
+
+const std::string* Tokenizer::Impl::token_for_decode(int32_t id) const {
+  if (auto it = added_tokens.find(id); it != added_tokens.end()) {
+    auto norm = decoded_form.find(id);
+    return norm != decoded_form.end() ? &norm->second : &it->second.content;
+  }
+  return model->id_to_token(id);
+}
+
+std::string Tokenizer::Impl::decode(std::span<const int32_t> ids, bool skip_special_tokens) const {
+  std::vector<std::string> tokens;
+  tokens.reserve(ids.size());
+  for (const int32_t id : ids) {
+    const std::string* token = token_for_decode(id);
+    if (token == nullptr) continue;
+    if (skip_special_tokens && special_contents.contains(*token)) continue;
+    tokens.push_back(*token);
+  }
+  std::string text;
+  if (decoder) {
+    decoder->decode_chain(tokens);
+    for (const std::string& t : tokens) text += t;
+  } else {
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      if (i > 0) text += ' ';
+      text += tokens[i];
+    }
+  }
+  return text;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
+Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
+Tokenizer::~Tokenizer() = default;
+
+Tokenizer Tokenizer::from_file(const std::filesystem::path& tokenizer_json) {
+  std::ifstream in(tokenizer_json, std::ios::binary);
+  MOE_CHECK(in.good(), "cannot open tokenizer file ", tokenizer_json.string());
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  MOE_CHECK(!in.bad(), "cannot read tokenizer file ", tokenizer_json.string());
+  return from_json(buffer.str(), tokenizer_json.string());
+}
+
+Tokenizer Tokenizer::from_json(std::string_view json_text, const std::string& source) {
+  auto impl = std::make_unique<Impl>();
+  impl->source = source;
+  try {
+    const Json root = Json::parse(json_text);
+    impl->load(root);
+  } catch (const Error& e) {
+    throw Error("tokenizer " + source + ": " + e.what(), e.where());
+  } catch (const nlohmann::json::exception& e) {
+    MOE_FAIL("tokenizer ", source, ": ", e.what());
+  }
+  return Tokenizer(std::move(impl));
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
+  return impl_->encode(text, add_special_tokens);
+}
+
+std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_tokens) const {
+  return impl_->decode(ids, skip_special_tokens);
+}
+
+int64_t Tokenizer::vocab_size() const { return impl_->vocab_size; }
+
+std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {
+  if (auto it = impl_->added_ids.find(token); it != impl_->added_ids.end()) return it->second;
+  return impl_->model->token_to_id(token);
+}
+
+std::string Tokenizer::id_to_token(int32_t id) const {
+  if (auto it = impl_->added_tokens.find(id); it != impl_->added_tokens.end()) {
+    return it->second.content;
+  }
+  const std::string* token = impl_->model->id_to_token(id);
+  MOE_CHECK(token != nullptr, "token id ", id, " is not in the vocabulary of tokenizer ",
+            impl_->source);
+  return *token;
+}
+
+bool Tokenizer::is_special(int32_t id) const {
+  auto it = impl_->added_tokens.find(id);
+  return it != impl_->added_tokens.end() && it->second.special;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+StreamDecoder::StreamDecoder(const Tokenizer& tokenizer, bool skip_special_tokens)
+    : tokenizer_(&tokenizer), skip_special_tokens_(skip_special_tokens) {}
+
+std::string StreamDecoder::push(int32_t id) {
+  ids_.push_back(id);
+  return diff(/*final=*/false);
+}
+
+std::string StreamDecoder::flush() {
+  std::string text = diff(/*final=*/true);
+  ids_.clear();
+  prefix_offset_ = read_offset_ = 0;
+  return text;
+}
+
+// Decodes the window that starts at the last emitted chunk twice, with and without the new
+// ids, and returns the difference once it no longer ends in an incomplete character. Decoding a
+// window rather than everything keeps each push O(window) while letting decoders that look at
+// the first token (Metaspace, Strip) treat both decodes alike.
+std::string StreamDecoder::diff(bool final) {
+  if (read_offset_ == ids_.size()) return {};
+  const std::span<const int32_t> all(ids_);
+  const std::string prefix = tokenizer_->decode(
+      all.subspan(prefix_offset_, read_offset_ - prefix_offset_), skip_special_tokens_);
+  const std::string full = tokenizer_->decode(all.subspan(prefix_offset_), skip_special_tokens_);
+  if (!final && unicode::ends_with_replacement(full)) return {};
+  std::string text;
+  if (full.size() > prefix.size() && full.starts_with(prefix)) {
+    text = full.substr(prefix.size());
+  } else if (!final) {
+    return {};
+  } else if (full.size() > prefix.size()) {
+    text = full.substr(prefix.size());
+  }
+  prefix_offset_ = read_offset_;
+  read_offset_ = ids_.size();
+  if (prefix_offset_ > 256) {  // forget ids that no later window can reach
+    ids_.erase(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(prefix_offset_));
+    read_offset_ -= prefix_offset_;
+    prefix_offset_ = 0;
+  }
+  return text;
+}
+
+}  // namespace moeinfer

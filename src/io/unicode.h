@@ -1,0 +1,61 @@
+// Unicode helpers for the tokenizer: UTF-8 walking, the character properties that Hugging Face
+// `tokenizers` consults (Rust's `char::is_whitespace`, `char::is_numeric`, ...), normalisation
+// forms through utf8proc, and the GPT-2 byte-to-character table used by byte-level BPE.
+//
+// Everything here works on UTF-8 `std::string`s. Functions that take text assume it is valid
+// UTF-8 (the tokenizer checks its input once, at the door) unless they say otherwise.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace moeinfer::unicode {
+
+inline constexpr char32_t kReplacementChar = 0xFFFD;
+
+// Number of bytes of the UTF-8 sequence that starts with `lead` (1 for stray bytes).
+inline size_t utf8_length(unsigned char lead) {
+  if (lead < 0x80) return 1;
+  if ((lead >> 5) == 0x6) return 2;
+  if ((lead >> 4) == 0xE) return 3;
+  if ((lead >> 3) == 0x1E) return 4;
+  return 1;
+}
+
+// Decodes the code point at `s[pos]` and advances `pos` past it. `s` must be valid UTF-8.
+char32_t next_code_point(std::string_view s, size_t& pos);
+
+void append_utf8(std::string& out, char32_t cp);
+std::string to_utf8(char32_t cp);
+
+bool is_valid_utf8(std::string_view bytes);
+
+// Like Rust's `String::from_utf8_lossy`: each maximal invalid subsequence becomes one U+FFFD.
+std::string from_bytes_lossy(std::string_view bytes);
+
+// True when the text ends in a code point that may still be growing: an incomplete UTF-8
+// sequence, or U+FFFD produced by lossy decoding of one.
+bool ends_with_replacement(std::string_view text);
+
+// Character properties, matching what Rust's `char` methods report.
+bool is_whitespace(char32_t cp);   // White_Space property
+bool is_numeric(char32_t cp);      // general category Nd, Nl or No
+bool is_punctuation(char32_t cp);  // general category P*
+bool is_mark(char32_t cp);         // general category M*
+bool is_control(char32_t cp);      // general category Cc
+
+enum class NormalForm { kNFC, kNFD, kNFKC, kNFKD };
+std::string normalize(std::string_view text, NormalForm form);
+
+// Per-character full lowercase mapping, as Rust's `char::to_lowercase`.
+std::string to_lower(std::string_view text);
+
+// GPT-2 byte-level alphabet: every byte maps to one printable code point, stored UTF-8 encoded.
+const std::array<std::string, 256>& byte_to_chars();
+// Inverse of `byte_to_chars`: the byte for a code point of the alphabet, or -1.
+int byte_of_char(char32_t cp);
+
+}  // namespace moeinfer::unicode

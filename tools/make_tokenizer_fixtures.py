@@ -1,0 +1,309 @@
+#!/usr/bin/env python3
+"""Trains small tokenizers with the `tokenizers` library and writes tokenizer fixtures.
+
+Each fixture is tests/fixtures/tokenizers/<name>/tokenizer.json plus cases.json, which holds
+inputs together with the ids and decoded text that `tokenizers` gives for them. The C++ tests
+(tests/io/tokenizer_test.cpp) and the differential test (tests/e2e/test_tokenizer_diff.py) compare
+moeinfer against these.
+
+The layouts are the ones published checkpoints use:
+  qwen2_bytelevel     NFC, Split on the Qwen2 regex, ByteLevel without its own regex, chat specials
+  gpt2_bytelevel      ByteLevel with the GPT-2 regex and add_prefix_space, EOS appended by a
+                      TemplateProcessing inside a Sequence, added tokens with lstrip/rstrip/
+                      single_word/normalized flags
+  mixtral_legacy      SentencePiece-style BPE with byte fallback, normaliser Prepend + Replace
+  mixtral_metaspace   the same model with a Metaspace(prepend_scheme="first") pre-tokenizer
+
+Training is deterministic: the corpus is the licence texts every Debian machine ships under
+/usr/share/common-licenses plus generated lines from a fixed seed.
+
+Other scripts import `build_qwen_style(vocab_size)` and `build_mixtral_style(vocab_size)` to give
+tiny model fixtures a tokenizer; the vocabulary, added tokens included, is exactly vocab_size
+(or smaller only if the corpus runs out of merges).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import random
+
+from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normalizers,
+                        pre_tokenizers, processors, trainers)
+
+QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+QWEN_ADDED = ["<think>", "</think>"]  # added, not special (as in Qwen3)
+LICENSE_DIR = pathlib.Path("/usr/share/common-licenses")
+METASPACE = "\u2581"
+
+# Phrases written for this corpus, in several scripts.
+_PHRASES = [
+    "今天天气很好，我们去公园散步吧。",
+    "机器学习模型需要大量的数据进行训练。",
+    "专家混合模型把每个词元路由到少数几个专家。",
+    "東京の春は桜がとても綺麗です。",
+    "ひらがなとカタカナと漢字を混ぜて書きます。",
+    "서울은 한국의 수도입니다.",
+    "오늘 저녁에 무엇을 먹을까요?",
+    "Привет, как дела? Всё хорошо.",
+    "Ελληνικά γράμματα: αβγδε ζηθ.",
+    "مرحبا بالعالم، هذا نص عربي.",
+    "שלום עולם, זה טקסט בעברית.",
+    "नमस्ते दुनिया, यह हिंदी है।",
+    "café naïve résumé façade Ångström Øre coöperate",
+    "Straße, Größe, Mädchen, Übermut, àéîõü ÀÉÎÕÜ",
+    "emoji 😀 😃 😄 👍 👍🏽 🎉 🚀 ❤️ 🇫🇷 👨‍👩‍👧‍👦",
+    "The year 2024 had 366 days; π ≈ 3.14159 and e ≈ 2.71828.",
+    "Prices: $19.99, €5,00, ¥1000, £42 — 50% off!",
+    "def forward(self, x):\n    return self.proj(torch.relu(x)) + 1\n",
+    "for (int i = 0; i < n; ++i) { sum += a[i] * b[i]; }",
+    "if err != nil {\n\treturn fmt.Errorf(\"failed: %w\", err)\n}",
+    "SELECT id, name FROM users WHERE age >= 18 ORDER BY name;",
+    "<html><body><p class=\"x\">Hello &amp; welcome</p></body></html>",
+    "It's what they'll do; we've seen it, I'm sure you'd agree. DON'T SHOUT.",
+    "    indented line with\ttabs\tand   runs   of   spaces",
+    "line one\nline two\r\nline three\n\n\nafter blank lines",
+]
+
+
+def corpus_lines() -> list[str]:
+    """The training corpus: licence texts read at run time plus generated mixed-script lines."""
+    lines: list[str] = []
+    if LICENSE_DIR.is_dir():
+        for path in sorted(LICENSE_DIR.iterdir()):
+            if path.is_file() and not path.is_symlink():
+                lines.extend(path.read_text(encoding="utf-8", errors="replace").splitlines())
+    rng = random.Random(20240611)
+    words = " ".join(_PHRASES).split()
+    for _ in range(4000):
+        kind = rng.randrange(4)
+        if kind == 0:
+            lines.append(rng.choice(_PHRASES))
+        elif kind == 1:
+            lines.append(" ".join(rng.choice(words) for _ in range(rng.randrange(3, 12))))
+        elif kind == 2:
+            lines.append(" ".join(str(rng.randrange(10 ** rng.randrange(1, 7)))
+                                  for _ in range(rng.randrange(1, 6))))
+        else:
+            lines.append(rng.choice(_PHRASES) + " " + rng.choice(_PHRASES))
+    return lines
+
+
+def _check_size(tok: Tokenizer, vocab_size: int) -> Tokenizer:
+    size = tok.get_vocab_size(with_added_tokens=True)
+    if size > vocab_size:
+        raise RuntimeError(f"trained vocabulary has {size} entries, more than {vocab_size}")
+    return tok
+
+
+def build_qwen_style(vocab_size: int) -> Tokenizer:
+    """Qwen2/Qwen3-style byte-level BPE with <|endoftext|>, <|im_start|>, <|im_end|> (special)
+    and <think>, </think> (added) after the model vocabulary; vocab_size counts all of them."""
+    num_added = len(QWEN_SPECIALS) + len(QWEN_ADDED)
+    if vocab_size < 256 + num_added + 1:
+        raise ValueError(f"vocab_size {vocab_size} is too small for a byte-level vocabulary")
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    tok.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False,
+                                              use_regex=False)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size - num_added, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus_lines(), trainer)
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in QWEN_SPECIALS])
+    tok.add_tokens([AddedToken(s, special=False, normalized=False) for s in QWEN_ADDED])
+    return _check_size(tok, vocab_size)
+
+
+def build_gpt2_style(vocab_size: int) -> Tokenizer:
+    """GPT-2-style ByteLevel (built-in regex, add_prefix_space) with EOS appended, and added
+    tokens that exercise lstrip, rstrip, single_word and normalized."""
+    added = [
+        AddedToken("<|endoftext|>", special=True, normalized=False),
+        AddedToken("<mask>", special=True, lstrip=True, normalized=False),
+        AddedToken("<sep>", special=True, rstrip=True, normalized=False),
+        AddedToken("[NEW]", special=False, single_word=True, normalized=False),
+        AddedToken("moeinfer", special=False, normalized=True),
+    ]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(added), show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus_lines(), trainer)
+    tok.add_special_tokens([t for t in added if t.special])
+    tok.add_tokens([t for t in added if not t.special])
+    eos = tok.token_to_id("<|endoftext|>")
+    tok.post_processor = processors.Sequence([
+        processors.ByteLevel(trim_offsets=True),
+        processors.TemplateProcessing(single="$A <|endoftext|>",
+                                      pair="$A <|endoftext|> $B:1 <|endoftext|>:1",
+                                      special_tokens=[("<|endoftext|>", eos)]),
+    ])
+    return _check_size(tok, vocab_size)
+
+
+def build_mixtral_style(vocab_size: int, layout: str = "legacy") -> Tokenizer:
+    """Mixtral/Llama-style SentencePiece BPE: <unk>=0, <s>=1, </s>=2, byte tokens <0x00>..<0xFF>
+    at 3..258, byte_fallback, BOS added by TemplateProcessing. layout "legacy" normalises with
+    Prepend("▁") + Replace(" ", "▁") (Mixtral's published file); "metaspace" uses a
+    Metaspace(prepend_scheme="first", split=False) pre-tokenizer instead."""
+    if layout not in ("legacy", "metaspace"):
+        raise ValueError(f"unknown layout {layout!r}")
+    specials = ["<unk>", "<s>", "</s>"]
+    num_fixed = len(specials) + 256
+    if vocab_size < num_fixed + 40:
+        raise ValueError(f"vocab_size {vocab_size} is too small for byte fallback")
+    trained_size = vocab_size - 256
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=METASPACE, prepend_scheme="always",
+                                                 split=True)  # word boundaries while training
+    # Choose the alphabet here: the trainer breaks ties between equally frequent characters in
+    # hash order, which would make the fixture change from run to run.
+    lines = corpus_lines()
+    counts: dict[str, int] = {}
+    for line in lines:
+        for ch in METASPACE + line.replace(" ", METASPACE):
+            counts[ch] = counts.get(ch, 0) + 1
+    num_chars = max(30, min(150, (trained_size - len(specials)) // 2))
+    alphabet = sorted(counts, key=lambda ch: (-counts[ch], ch))[:num_chars]
+    trainer = trainers.BpeTrainer(vocab_size=trained_size, special_tokens=specials,
+                                  initial_alphabet=alphabet, limit_alphabet=len(alphabet),
+                                  show_progress=False)
+    tok.train_from_iterator(lines, trainer)
+
+    # Put the byte tokens right after the specials, as SentencePiece does.
+    data = json.loads(tok.to_str())
+    trained = sorted(data["model"]["vocab"].items(), key=lambda kv: kv[1])
+    vocab: dict[str, int] = {}
+    for token, _ in trained[:len(specials)]:
+        vocab[token] = len(vocab)
+    for b in range(256):
+        vocab[f"<0x{b:02X}>"] = len(vocab)
+    for token, _ in trained[len(specials):]:
+        if token not in vocab:
+            vocab[token] = len(vocab)
+    data["model"]["vocab"] = vocab
+    for entry in data["added_tokens"]:
+        entry["id"] = vocab[entry["content"]]
+        entry["normalized"] = False
+    data["normalizer"] = None
+    data["pre_tokenizer"] = None
+    tok = Tokenizer.from_str(json.dumps(data))
+
+    if layout == "legacy":
+        tok.normalizer = normalizers.Sequence([normalizers.Prepend(METASPACE),
+                                               normalizers.Replace(" ", METASPACE)])
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=METASPACE,
+                                                     prepend_scheme="first", split=False)
+    tok.decoder = decoders.Sequence([decoders.Replace(METASPACE, " "), decoders.ByteFallback(),
+                                     decoders.Fuse(), decoders.Strip(content=" ", left=1)])
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", vocab["<s>"])])
+    return _check_size(tok, vocab_size)
+
+
+# Inputs every fixture is checked on; specials of every fixture appear so each sees foreign ones.
+COMMON_CASES = [
+    "",
+    " ",
+    "Hello world",
+    "Hello world!",
+    "   leading spaces",
+    "trailing spaces   ",
+    "tabs\tbetween\t\twords",
+    "new\nlines\n\n\nand blank ones\n",
+    "windows\r\nline\r\nendings",
+    "  \n\t  \n",
+    "中文测试：你好，世界！",
+    "日本語のテキストです。",
+    "한국어 텍스트",
+    "emoji 😀👍🏽 family 👨‍👩‍👧 flag 🇫🇷",
+    "accents: café naïve résumé Ångström",
+    "decomposed e\u0301 and composed \u00e9",
+    "digits 1234567890 and 3.14159 and 1,000,000",
+    "def f(x):\n    return x ** 2  # square\n",
+    "It's I'M we'RE they've you'd she'll",
+    "unknown bytes \x00\x01\x1b\x7f \u0378 \U0010fffd \ufffd",
+    "mixed 中文 and English 123 😀!!",
+    "a" * 300,
+    "word " * 50,
+    "<|endoftext|>",
+    "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n",
+    "text<|endoftext|>more text",
+    "<s>bos inside</s> and <unk>",
+    "  <s> spaced special </s>  ",
+    "<think>reasoning</think>answer",
+    "<0x41> is not a byte token in text",
+    "Ⅻ ① ² ﬁ ㎏ full-width ＡＢＣ",
+    "\u00a0non-breaking\u2003em space\u3000ideographic",
+]
+
+GPT2_CASES = [
+    "a <mask> b",
+    "a    <mask>   b",
+    "<mask>start",
+    "x <sep>   y",
+    "x<sep>\n\ny",
+    "[NEW] token",
+    "a[NEW]b",
+    "a [NEW] b [NEW]",
+    "é[NEW]",
+    "moeinfer is here, moeinfers too",
+]
+
+MIXTRAL_CASES = [
+    "Hello",
+    " Hello",
+    "Hello <s> world",
+    "</s>",
+    "<s><s>",
+    "▁already▁has▁metaspace",
+    "Zwölf Boxkämpfer jagen Viktor quer über den großen Sylter Deich",
+]
+
+
+def write_fixture(out_dir: pathlib.Path, name: str, tok: Tokenizer, inputs: list[str]) -> None:
+    target = out_dir / name
+    target.mkdir(parents=True, exist_ok=True)
+    tok.save(str(target / "tokenizer.json"), pretty=False)
+    # Reload so the cases come from exactly the file we ship.
+    tok = Tokenizer.from_file(str(target / "tokenizer.json"))
+    cases = []
+    for text in inputs:
+        ids = tok.encode(text).ids
+        cases.append({
+            "text": text,
+            "ids": ids,
+            "ids_no_special": tok.encode(text, add_special_tokens=False).ids,
+            "decoded": tok.decode(ids, skip_special_tokens=False),
+            "decoded_skip_special": tok.decode(ids, skip_special_tokens=True),
+        })
+    meta = {"vocab_size": tok.get_vocab_size(with_added_tokens=True), "cases": cases}
+    (target / "cases.json").write_text(json.dumps(meta, ensure_ascii=False, indent=1) + "\n",
+                                       encoding="utf-8")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    root = pathlib.Path(__file__).resolve().parent.parent
+    parser.add_argument("--out", type=pathlib.Path, default=root / "tests/fixtures/tokenizers")
+    args = parser.parse_args()
+    write_fixture(args.out, "qwen2_bytelevel", build_qwen_style(1000), COMMON_CASES)
+    write_fixture(args.out, "gpt2_bytelevel", build_gpt2_style(800), COMMON_CASES + GPT2_CASES)
+    write_fixture(args.out, "mixtral_legacy", build_mixtral_style(900, "legacy"),
+                  COMMON_CASES + MIXTRAL_CASES)
+    write_fixture(args.out, "mixtral_metaspace", build_mixtral_style(900, "metaspace"),
+                  COMMON_CASES + MIXTRAL_CASES)
+
+
+if __name__ == "__main__":
+    main()
