@@ -224,6 +224,7 @@ void Decoder::feed_forward(int64_t layer, int64_t T) {
   }
   moe::moe_layer_forward(ws_.normed.data(), T, lw.moe.routed, moe_options_, shared,
                          ws_.block_out.data(), &ws_.moe);
+  if (routing_observer_) routing_observer_(layer, ws_.moe.routing);
 }
 
 }  // namespace moeinfer

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -24,6 +25,11 @@ class Decoder {
   const DecoderWeights& weights() const { return weights_; }
 
   KvCache make_cache(int64_t max_tokens) const;
+
+  // Called after every MoE layer's route stage with the layer index and its decisions; used by
+  // expert-load reports and routing traces. Off (empty) by default.
+  using RoutingObserver = std::function<void(int64_t layer, const moe::Routing& routing)>;
+  void set_routing_observer(RoutingObserver observer) { routing_observer_ = std::move(observer); }
 
   // Runs tokens [T] at positions cache.length() .. + T - 1 and appends them to the cache.
   // logits: [T, V] when all_positions, else [1, V] for the last token.
@@ -53,6 +59,7 @@ class Decoder {
   std::vector<float> final_norm_;
   moe::MoeLayerOptions moe_options_;
   Workspace ws_;
+  RoutingObserver routing_observer_;
 };
 
 }  // namespace moeinfer
