@@ -1,0 +1,320 @@
+// How close are the CUDA MoE-stage kernels (backend/cuda/moe_stages.h) to the memory floor?
+//
+// For each stage and shape: the fewest bytes the stage must move (each input read once, each
+// output written once), the median time of one launch, the achieved GB/s and its ratio to a
+// device-to-device copy measured in the same run (bytes read + written). Shapes: Qwen3-30B-A3B
+// (H 2048, E 128, K 8) at decode (T 1, 64) and prefill (T 4096), and a DeepSeek-V3-sized layer
+// (H 7168, E 256, K 8, T 4096).
+//
+// Method: inputs are random (never zeros); the metadata each stage reads comes from the stages
+// before it (router -> plan -> permute/unpermute), so the ids are a real routing. Each
+// measurement captures 20 launches in a CUDA graph and times graph replays with events (3
+// warm-up replays, then the median of 25), so launch gaps stay out of the per-launch time.
+// Successive launches rotate over as many buffer sets as fit in 256 MB, so at prefill sizes
+// the inputs are not served from L2 by the previous launch; decode shapes live in L2 anyway,
+// as they do in a real step where the previous kernel just wrote them.
+//
+// Usage: bench_cuda_stages [--quick]   (--quick: fewer replays)
+#if MOE_HAVE_CUDA
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/moe_stages.h"
+#include "core/dtype.h"
+#include "core/error.h"
+
+namespace moeinfer::cuda {
+namespace {
+
+int g_replays = 25;
+constexpr int kLaunchesPerGraph = 20;
+constexpr int kWarmupReplays = 3;
+constexpr size_t kRotateBytes = size_t{256} << 20;
+
+struct DeviceMemory {
+  explicit DeviceMemory(size_t bytes) : bytes(bytes) {
+    CUDA_CHECK(cudaMalloc(&data, std::max<size_t>(bytes, 16)));
+  }
+  ~DeviceMemory() { cudaFree(data); }
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data);
+  }
+  void* data = nullptr;
+  size_t bytes = 0;
+};
+
+// Fills device memory with a random pattern of bf16 values (or float32) of unit scale.
+void fill_random_bf16(void* dst, size_t count, std::mt19937& rng) {
+  const size_t pattern_len = std::min<size_t>(count, size_t{1} << 20);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<uint16_t> pattern(pattern_len);
+  for (auto& v : pattern) v = f32_to_bf16(dist(rng));
+  for (size_t done = 0; done < count; done += pattern_len) {
+    const size_t n = std::min(pattern_len, count - done);
+    CUDA_CHECK(cudaMemcpy(static_cast<uint16_t*>(dst) + done, pattern.data(), n * 2,
+                          cudaMemcpyHostToDevice));
+  }
+}
+
+void fill_random_f32(void* dst, size_t count, std::mt19937& rng) {
+  std::normal_distribution<float> dist(0.0f, 2.0f);
+  std::vector<float> host(count);
+  for (auto& v : host) v = dist(rng);
+  CUDA_CHECK(cudaMemcpy(dst, host.data(), count * 4, cudaMemcpyHostToDevice));
+}
+
+// Median time of one launch of `launch(i)` (i = launch index within the graph), in ms.
+double time_launch(cudaStream_t stream, const std::function<void(int)>& launch) {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < kLaunchesPerGraph; ++i) launch(i);
+  CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t start, stop;
+  CUDA_CHECK(cudaEventCreate(&start));
+  CUDA_CHECK(cudaEventCreate(&stop));
+  for (int r = 0; r < kWarmupReplays; ++r) CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  std::vector<float> times;
+  for (int r = 0; r < g_replays; ++r) {
+    CUDA_CHECK(cudaEventRecord(start, stream));
+    CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    CUDA_CHECK(cudaEventRecord(stop, stream));
+    CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    times.push_back(ms);
+  }
+  CUDA_CHECK(cudaEventDestroy(start));
+  CUDA_CHECK(cudaEventDestroy(stop));
+  CUDA_CHECK(cudaGraphExecDestroy(exec));
+  CUDA_CHECK(cudaGraphDestroy(graph));
+  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+  return times[times.size() / 2] / kLaunchesPerGraph;
+}
+
+// Copy bandwidth: bytes read + written per second by cudaMemcpyAsync device to device, 1 GiB.
+double copy_bandwidth(cudaStream_t stream) {
+  const size_t bytes = size_t{1} << 30;
+  DeviceMemory src(bytes), dst(bytes);
+  CUDA_CHECK(cudaMemset(src.data, 0x5a, bytes));
+  const double ms = time_launch(stream, [&](int) {
+    CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, bytes, cudaMemcpyDeviceToDevice, stream));
+  });
+  return 2.0 * static_cast<double>(bytes) / (ms * 1e-3);
+}
+
+struct Shape {
+  const char* name;
+  int64_t T, E, K, H;
+  bool shared;  // the layer has shared experts (their output joins in unpermute)
+};
+
+struct Row {
+  std::string stage, shape;
+  double us, bytes, gbps, ratio;
+};
+
+std::vector<Row> g_rows;
+
+void report(const std::string& stage, const Shape& s, double ms, double bytes, double copy_bw) {
+  char shape[96];
+  std::snprintf(shape, sizeof(shape), "%s T=%lld", s.name, static_cast<long long>(s.T));
+  const double bw = bytes / (ms * 1e-3);
+  g_rows.push_back({stage, shape, ms * 1e3, bytes, bw / 1e9, bw / copy_bw});
+  std::printf("%-10s %-22s %10.2f us %10.2f MB %9.1f GB/s %7.3f\n", stage.c_str(), shape, ms * 1e3,
+              bytes / 1e6, bw / 1e9, bw / copy_bw);
+  std::fflush(stdout);
+}
+
+void bench_shape(const Shape& s, double copy_bw, cudaStream_t stream, std::mt19937& rng) {
+  const int64_t T = s.T, E = s.E, K = s.K, H = s.H, N = T * K;
+  // One buffer set per rotation slot; decode sizes get the full 20, prefill sizes fewer.
+  const size_t set_bytes = T * E * 4 + N * 8 + N * H * 2 + 4 * T * H * 2;
+  const int sets = static_cast<int>(
+      std::clamp<size_t>(kRotateBytes / std::max<size_t>(set_bytes, 1), 1, kLaunchesPerGraph));
+  struct Set {
+    std::unique_ptr<DeviceMemory> logits, ids, weights, counts, offsets, src_row, inverse;
+    std::unique_ptr<DeviceMemory> hidden, rows, out, residual, shared, norm_out;
+  };
+  std::vector<Set> set(sets);
+  for (Set& b : set) {
+    b.logits = std::make_unique<DeviceMemory>(T * E * 4);
+    b.ids = std::make_unique<DeviceMemory>(N * 4);
+    b.weights = std::make_unique<DeviceMemory>(N * 4);
+    b.counts = std::make_unique<DeviceMemory>(E * 4);
+    b.offsets = std::make_unique<DeviceMemory>((E + 1) * 4);
+    b.src_row = std::make_unique<DeviceMemory>(N * 4);
+    b.inverse = std::make_unique<DeviceMemory>(N * 4);
+    b.hidden = std::make_unique<DeviceMemory>(T * H * 2);
+    b.rows = std::make_unique<DeviceMemory>(N * H * 2);
+    b.out = std::make_unique<DeviceMemory>(T * H * 2);
+    b.residual = std::make_unique<DeviceMemory>(T * H * 2);
+    b.shared = std::make_unique<DeviceMemory>(T * H * 2);
+    b.norm_out = std::make_unique<DeviceMemory>(T * H * 2);
+    fill_random_f32(b.logits->data, T * E, rng);
+    fill_random_bf16(b.hidden->data, T * H, rng);
+    fill_random_bf16(b.rows->data, N * H, rng);
+    fill_random_bf16(b.residual->data, T * H, rng);
+    fill_random_bf16(b.shared->data, T * H, rng);
+  }
+  DeviceMemory norm_weight(H * 2);
+  fill_random_bf16(norm_weight.data, H, rng);
+
+  auto router_params = [&](int i) {
+    const Set& b = set[i % sets];
+    return RouterParams{.logits = b.logits->as<float>(),
+                        .topk_ids = b.ids->as<int32_t>(),
+                        .topk_weights = b.weights->as<float>(),
+                        .num_tokens = T,
+                        .num_experts = E,
+                        .top_k = K,
+                        .renormalize = true};
+  };
+  auto plan_params = [&](int i) {
+    const Set& b = set[i % sets];
+    return PlanParams{.topk_ids = b.ids->as<int32_t>(),
+                      .expert_counts = b.counts->as<int32_t>(),
+                      .expert_offsets = b.offsets->as<int32_t>(),
+                      .src_row = b.src_row->as<int32_t>(),
+                      .inverse = b.inverse->as<int32_t>(),
+                      .num_assignments = N,
+                      .num_experts = E};
+  };
+  // Real metadata first: every set's routing and plan.
+  for (int i = 0; i < sets; ++i) {
+    fused_router(router_params(i), stream);
+    moe_plan(plan_params(i), stream);
+  }
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+
+  report("route", s, time_launch(stream, [&](int i) { fused_router(router_params(i), stream); }),
+         static_cast<double>(T * E * 4 + N * 8), copy_bw);
+  report("plan", s, time_launch(stream, [&](int i) { moe_plan(plan_params(i), stream); }),
+         static_cast<double>(N * 4 + (2 * E + 1) * 4 + N * 8), copy_bw);
+  report("permute", s,
+         time_launch(stream,
+                     [&](int i) {
+                       const Set& b = set[i % sets];
+                       permute(PermuteParams{.hidden = b.hidden->as<bf16>(),
+                                             .src_row = b.src_row->as<int32_t>(),
+                                             .rows = b.rows->as<bf16>(),
+                                             .num_tokens = T,
+                                             .top_k = K,
+                                             .hidden_size = H},
+                               stream);
+                     }),
+         static_cast<double>(T * H * 2 + N * H * 2 + N * 4), copy_bw);
+  report("unpermute", s,
+         time_launch(stream,
+                     [&](int i) {
+                       const Set& b = set[i % sets];
+                       unpermute(
+                           UnpermuteParams{.expert_out = b.rows->as<bf16>(),
+                                           .topk_weights = b.weights->as<float>(),
+                                           .inverse = b.inverse->as<int32_t>(),
+                                           .shared = s.shared ? b.shared->as<bf16>() : nullptr,
+                                           .residual = b.residual->as<bf16>(),
+                                           .out = b.out->as<bf16>(),
+                                           .num_tokens = T,
+                                           .top_k = K,
+                                           .hidden_size = H},
+                           stream);
+                     }),
+         static_cast<double>(N * H * 2 + N * 8 + T * H * 2 * (s.shared ? 3 : 2)), copy_bw);
+  report("rms_norm", s,
+         time_launch(stream,
+                     [&](int i) {
+                       const Set& b = set[i % sets];
+                       fused_add_rms_norm(RmsNormParams{.x = b.out->as<bf16>(),
+                                                        .residual = b.residual->as<bf16>(),
+                                                        .residual_out = b.shared->as<bf16>(),
+                                                        .weight = norm_weight.as<bf16>(),
+                                                        .out = b.norm_out->as<bf16>(),
+                                                        .num_rows = T,
+                                                        .hidden_size = H},
+                                          stream);
+                     }),
+         static_cast<double>(4 * T * H * 2 + H * 2), copy_bw);
+}
+
+int run(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], "--quick") == 0) g_replays = 7;
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  std::printf("bench_cuda_stages on %s (%d SMs, %.0f MB L2)\n", prop.name, prop.multiProcessorCount,
+              prop.l2CacheSize / 1e6);
+  cudaStream_t stream;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::mt19937 rng(12345);
+  const double copy_bw = copy_bandwidth(stream);
+  std::printf("device-to-device copy, 1 GiB: %.1f GB/s (read + write)\n\n", copy_bw / 1e9);
+  std::printf("%-10s %-22s %13s %13s %14s %7s\n", "stage", "shape", "time", "floor bytes",
+              "achieved", "vs copy");
+  const Shape shapes[] = {{"qwen3-30b", 1, 128, 8, 2048, false},
+                          {"qwen3-30b", 64, 128, 8, 2048, false},
+                          {"qwen3-30b", 4096, 128, 8, 2048, false},
+                          {"deepseek-v3", 4096, 256, 8, 7168, true}};
+  for (const Shape& s : shapes) bench_shape(s, copy_bw, stream, rng);
+  CUDA_CHECK(cudaStreamDestroy(stream));
+
+  // One-line summary: the prefill Qwen3 shape's times and ratios, and the decode latencies.
+  auto find = [&](const char* stage, const char* shape) -> const Row* {
+    for (const Row& r : g_rows)
+      if (r.stage == stage && r.shape == shape) return &r;
+    return nullptr;
+  };
+  std::string line =
+      "bench_cuda_stages: copy " + std::to_string(static_cast<int>(copy_bw / 1e9)) + " GB/s;";
+  for (const char* stage : {"route", "plan", "permute", "unpermute", "rms_norm"}) {
+    const Row* prefill = find(stage, "qwen3-30b T=4096");
+    const Row* decode = find(stage, "qwen3-30b T=1");
+    char part[128];
+    std::snprintf(part, sizeof(part), " %s %.1fus(%.2fx copy)/T=1 %.1fus;", stage,
+                  prefill ? prefill->us : -1.0, prefill ? prefill->ratio : -1.0,
+                  decode ? decode->us : -1.0);
+    line += part;
+  }
+  std::printf("\n%s\n", line.c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace moeinfer::cuda
+
+int main(int argc, char** argv) {
+  try {
+    return moeinfer::cuda::run(argc, argv);
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "bench_cuda_stages: %s\n", error.what());
+    return 1;
+  }
+}
+
+#else  // !MOE_HAVE_CUDA
+
+#include <cstdio>
+
+int main() {
+  std::printf("bench_cuda_stages: built without CUDA; nothing to measure\n");
+  return 0;
+}
+
+#endif  // MOE_HAVE_CUDA

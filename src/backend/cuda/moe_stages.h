@@ -1,0 +1,121 @@
+// Host interface of the CUDA MoE-stage kernels: route (fused router + top-k), plan (counting
+// sort of the assignments by expert), dispatch (permute), unpermute (weighted combine with the
+// shared experts and the residual) and the residual-fused RMSNorm that precedes the block.
+//
+// Each launcher takes one params struct of raw device pointers and a stream, checks the sizes,
+// pointers and alignment on the host (throwing moeinfer::Error that names the offending value),
+// then enqueues its kernels and returns: nothing here synchronises with the host or reads
+// device memory back, so every launcher can be captured into a CUDA graph. Counts and offsets
+// stay on the device; grids are sized from the host-known worst case (T*K rows).
+//
+// The semantics are those of the CPU reference in moe/stages.h (the backend does not include
+// it: dependencies point downward), and the tests hold the kernels to it exactly for ids and
+// plans and to a bf16 rounding for values.
+//
+// Layouts (glossary letters: T tokens, E experts, K experts per token, H hidden):
+//   logits        [T, E]    float32 router logits
+//   topk_ids      [T, K]    int32, best first, ties to the lower expert id
+//   topk_weights  [T, K]    float32
+//   expert_counts [E]       int32 assignments per expert
+//   expert_offsets[E + 1]   int32 exclusive prefix sum of the counts
+//   src_row       [T*K]     int32 assignment t*K + k held at each sorted row
+//   inverse       [T*K]     int32 sorted row of assignment t*K + k
+//   hidden, rows  [T, H], [T*K, H]   bf16, rows 16-byte aligned (H a multiple of 8)
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace moeinfer::cuda {
+
+using bf16 = __nv_bfloat16;
+
+enum class RouterScore : int32_t { kSoftmax, kSigmoid };
+
+// Limits of the one-warp-per-token router.
+inline constexpr int64_t kRouterMaxExperts = 256;
+inline constexpr int64_t kRouterMaxTopK = 16;
+// The plan keeps one histogram row per warp in shared memory; more experts than this would
+// leave too few warps.
+inline constexpr int64_t kPlanMaxExperts = 8192;
+// The unpermute kernel broadcasts each token's K (row, weight) pairs across one warp.
+inline constexpr int64_t kUnpermuteMaxTopK = 32;
+// The RMSNorm kernel keeps a row in registers: at most 1024 threads x 4 vectors of 8.
+inline constexpr int64_t kRmsNormMaxHidden = 32768;
+
+struct RouterParams {
+  const float* logits = nullptr;  // [T, E]
+  int32_t* topk_ids = nullptr;    // [T, K]
+  float* topk_weights = nullptr;  // [T, K]
+  int64_t num_tokens = 0;         // T
+  int64_t num_experts = 0;        // E, 1..256
+  int64_t top_k = 0;              // K, 1..min(16, E)
+  RouterScore score = RouterScore::kSoftmax;
+  bool renormalize = false;  // divide the K weights by their sum
+  float routed_scaling_factor = 1.0f;
+};
+
+// route: softmax or sigmoid of the logits, top-k by score (ties to the lower expert id), then
+// weight = score * (renormalize ? 1 / sum of the K scores : 1) * routed_scaling_factor.
+void fused_router(const RouterParams& params, cudaStream_t stream);
+
+struct PlanParams {
+  const int32_t* topk_ids = nullptr;  // [T*K], each in [0, E)
+  int32_t* expert_counts = nullptr;   // [E]
+  int32_t* expert_offsets = nullptr;  // [E + 1]
+  int32_t* src_row = nullptr;         // [T*K]
+  int32_t* inverse = nullptr;         // [T*K]
+  int64_t num_assignments = 0;        // T*K
+  int64_t num_experts = 0;            // E
+};
+
+// plan: stable counting sort of the assignments by expert id, in one kernel of one block.
+// An expert id out of range traps on the device (the next CUDA call on the stream fails).
+void moe_plan(const PlanParams& params, cudaStream_t stream);
+
+struct PermuteParams {
+  const bf16* hidden = nullptr;      // [T, H]
+  const int32_t* src_row = nullptr;  // [T*K]
+  bf16* rows = nullptr;              // [T*K, H] expert order
+  int64_t num_tokens = 0;            // T
+  int64_t top_k = 0;                 // K
+  int64_t hidden_size = 0;           // H, a multiple of 8
+};
+
+// dispatch on one device: rows[r] = hidden[src_row[r] / K].
+void permute(const PermuteParams& params, cudaStream_t stream);
+
+struct UnpermuteParams {
+  const bf16* expert_out = nullptr;     // [T*K, H] expert order
+  const float* topk_weights = nullptr;  // [T, K]
+  const int32_t* inverse = nullptr;     // [T*K]
+  const bf16* shared = nullptr;         // [T, H] shared experts' output, or null
+  const bf16* residual = nullptr;       // [T, H] added last, or null
+  bf16* out = nullptr;                  // [T, H]; may alias residual or shared
+  int64_t num_tokens = 0;               // T
+  int64_t top_k = 0;                    // K, 1..32
+  int64_t hidden_size = 0;              // H, a multiple of 8
+};
+
+// unpermute: out[t] = (shared[t] + sum_k w[t,k] * expert_out[inverse[t*K+k]]) + residual[t],
+// accumulated in float32 in that order and rounded to bf16 once.
+void unpermute(const UnpermuteParams& params, cudaStream_t stream);
+
+struct RmsNormParams {
+  const bf16* x = nullptr;         // [T, H]
+  const bf16* residual = nullptr;  // [T, H] or null
+  bf16* residual_out = nullptr;    // [T, H] or null; may alias residual (or x)
+  const bf16* weight = nullptr;    // [H]
+  bf16* out = nullptr;             // [T, H]; may alias x
+  int64_t num_rows = 0;            // T
+  int64_t hidden_size = 0;         // H, a multiple of 8, at most 32768
+  float eps = 1e-6f;
+};
+
+// RMSNorm fused with the residual add: s = bf16(x + residual) (s = x without a residual),
+// residual_out = s, out = bf16(weight * (s / sqrt(mean(s^2) + eps))), all math in float32.
+void fused_add_rms_norm(const RmsNormParams& params, cudaStream_t stream);
+
+}  // namespace moeinfer::cuda

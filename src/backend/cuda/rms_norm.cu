@@ -1,0 +1,50 @@
+// Launcher of the residual-fused RMSNorm (rms_norm_kernel.cuh): one block per row, sized so
+// that each thread holds at most 1, 2 or 4 vectors of 8 bf16 in registers.
+#include <algorithm>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/launch_checks.h"
+#include "backend/cuda/moe_stages.h"
+#include "backend/cuda/rms_norm_kernel.cuh"
+
+namespace moeinfer::cuda {
+
+template <int kVecs>
+static void launch_rms_norm(const RmsNormParams& params, int64_t vecs, cudaStream_t stream) {
+  const int64_t per_thread = (vecs + kVecs - 1) / kVecs;
+  const int64_t threads =
+      std::max<int64_t>(device::kWarpSize, (per_thread + device::kWarpSize - 1) /
+                                               device::kWarpSize * device::kWarpSize);
+  fused_add_rms_norm_kernel<kVecs>
+      <<<static_cast<unsigned>(params.num_rows), static_cast<unsigned>(threads), 0, stream>>>(
+          params);
+  MOE_CUDA_CHECK_LAUNCH();
+}
+
+void fused_add_rms_norm(const RmsNormParams& params, cudaStream_t stream) {
+  NvtxRange range("rms_norm");
+  detail::check_int32_range(params.num_rows, "num_rows");
+  detail::check_hidden_size(params.hidden_size);
+  MOE_CHECK(params.hidden_size <= kRmsNormMaxHidden, "hidden_size = ", params.hidden_size,
+            " exceeds the RMSNorm kernel's ", kRmsNormMaxHidden);
+  MOE_CHECK(params.eps >= 0.0f, "eps = ", params.eps, " must not be negative");
+  if (params.num_rows == 0) return;
+  detail::check_pointer(params.x, "x");
+  detail::check_pointer(params.weight, "weight");
+  detail::check_pointer(params.out, "out");
+  detail::check_aligned16(params.x, "x");
+  detail::check_aligned16(params.weight, "weight");
+  detail::check_aligned16(params.out, "out");
+  if (params.residual) detail::check_aligned16(params.residual, "residual");
+  if (params.residual_out) detail::check_aligned16(params.residual_out, "residual_out");
+  const int64_t vecs = params.hidden_size / device::kBf16PerVec;
+  if (vecs <= 1024) {
+    launch_rms_norm<1>(params, vecs, stream);
+  } else if (vecs <= 2048) {
+    launch_rms_norm<2>(params, vecs, stream);
+  } else {
+    launch_rms_norm<4>(params, vecs, stream);
+  }
+}
+
+}  // namespace moeinfer::cuda

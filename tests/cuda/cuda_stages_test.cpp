@@ -1,0 +1,764 @@
+// The CUDA MoE-stage kernels (backend/cuda/moe_stages.h) against the CPU reference stages in
+// moe/stages.h: fresh random inputs every run (the seed is printed on failure; MOE_TEST_SEED
+// replays one), every output poisoned with 0xFF bytes first (NaN for float and bf16, -1 for
+// int32) so an unwritten element fails, awkward sizes (T in 1, 19, 99, 989, 4096; E in 8, 60,
+// 128, 256; K in 1, 2, 8), router ties, and empty experts.
+//
+// Tolerances:
+// - ids and plans (counts, offsets, src_row, inverse) and permuted rows: exact.
+// - router weights (float32): 1e-5 relative, the CONVENTIONS.md contract for float32.
+// - bf16 outputs: within half a bf16 unit of the float reference (2^-8 relative, the rounding
+//   itself) plus 1e-5 of the output's natural scale (the sum of the magnitudes of its terms),
+//   which covers float32 accumulation in another order; far inside the 1e-2 bf16 contract, so
+//   one wrong term cannot hide in it.
+//
+// How this binary behaves without a GPU (CI has the CUDA toolkit but no device):
+// tests/CMakeLists.txt links every area's tests with gtest_main and discovers them at build
+// time by running the binary with --gtest_list_tests. The host-side tests (the launchers'
+// argument checks, which refuse before any CUDA call) are ordinary TESTs and always run. The
+// kernel tests are registered at static-initialisation time through testing::RegisterTest,
+// and only when cudaGetDeviceCount() reports a device: on a machine without one they do not
+// exist (not skipped, not disabled), the binary prints one line to stderr saying so, and ctest
+// stays green with the host-side tests. On the GPU machine the build's own discovery sees the
+// device and registers every kernel test, so ctest runs them there (scripts/gpu-check.sh).
+#include <gtest/gtest.h>
+
+#if MOE_HAVE_CUDA
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/moe_stages.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "moe/stages.h"
+
+namespace moeinfer::cuda {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Host-side checks: always registered, need no device.
+
+template <typename Fn>
+void expect_error_naming(Fn&& fn, const std::string& needle) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected moeinfer::Error mentioning '" << needle << "'";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find(needle), std::string::npos)
+        << "message '" << error.what() << "' does not name '" << needle << "'";
+  }
+}
+
+TEST(CudaLauncherChecks, RouterRefusesBadSizes) {
+  float logits = 0.0f;
+  int32_t ids = 0;
+  float weights = 0.0f;
+  RouterParams p{.logits = &logits,
+                 .topk_ids = &ids,
+                 .topk_weights = &weights,
+                 .num_tokens = 1,
+                 .num_experts = 257,
+                 .top_k = 8};
+  expect_error_naming([&] { fused_router(p, nullptr); }, "num_experts = 257");
+  p.num_experts = 64;
+  p.top_k = 17;
+  expect_error_naming([&] { fused_router(p, nullptr); }, "top_k = 17");
+  p.num_experts = 4;
+  p.top_k = 8;
+  expect_error_naming([&] { fused_router(p, nullptr); }, "top_k = 8");
+  p.top_k = 2;
+  p.logits = nullptr;
+  expect_error_naming([&] { fused_router(p, nullptr); }, "logits is null");
+  // No tokens: nothing to do, and no pointer is looked at.
+  fused_router(RouterParams{.num_tokens = 0, .num_experts = 8, .top_k = 2}, nullptr);
+}
+
+TEST(CudaLauncherChecks, PlanRefusesBadSizes) {
+  int32_t dummy[4] = {};
+  PlanParams p{.topk_ids = dummy,
+               .expert_counts = dummy,
+               .expert_offsets = dummy,
+               .src_row = dummy,
+               .inverse = dummy,
+               .num_assignments = 4,
+               .num_experts = 0};
+  expect_error_naming([&] { moe_plan(p, nullptr); }, "num_experts = 0");
+  p.num_experts = kPlanMaxExperts + 1;
+  expect_error_naming([&] { moe_plan(p, nullptr); }, "num_experts = 8193");
+  p.num_experts = 8;
+  p.num_assignments = -1;
+  expect_error_naming([&] { moe_plan(p, nullptr); }, "num_assignments = -1");
+  p.num_assignments = 4;
+  p.inverse = nullptr;
+  expect_error_naming([&] { moe_plan(p, nullptr); }, "inverse is null");
+}
+
+TEST(CudaLauncherChecks, RowKernelsRefuseBadShapes) {
+  alignas(16) uint16_t rows[64] = {};
+  int32_t index[8] = {};
+  float weights[8] = {};
+  const bf16* in = reinterpret_cast<const bf16*>(rows);
+  bf16* out = reinterpret_cast<bf16*>(rows);
+  PermuteParams permute_params{
+      .hidden = in, .src_row = index, .rows = out, .num_tokens = 2, .top_k = 2, .hidden_size = 12};
+  expect_error_naming([&] { permute(permute_params, nullptr); }, "hidden_size = 12");
+  permute_params.hidden_size = 8;
+  permute_params.rows = reinterpret_cast<bf16*>(rows + 1);
+  expect_error_naming([&] { permute(permute_params, nullptr); }, "rows (");
+  UnpermuteParams unpermute_params{.expert_out = in,
+                                   .topk_weights = weights,
+                                   .inverse = index,
+                                   .out = out,
+                                   .num_tokens = 1,
+                                   .top_k = 33,
+                                   .hidden_size = 8};
+  expect_error_naming([&] { unpermute(unpermute_params, nullptr); }, "top_k = 33");
+  unpermute_params.top_k = 2;
+  unpermute_params.inverse = nullptr;
+  expect_error_naming([&] { unpermute(unpermute_params, nullptr); }, "inverse is null");
+  RmsNormParams norm_params{.x = in, .weight = in, .out = out, .num_rows = 1, .hidden_size = 40000};
+  expect_error_naming([&] { fused_add_rms_norm(norm_params, nullptr); }, "hidden_size = 40000");
+  norm_params.hidden_size = 8;
+  norm_params.residual = reinterpret_cast<const bf16*>(rows + 3);
+  expect_error_naming([&] { fused_add_rms_norm(norm_params, nullptr); }, "residual (");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernel tests: registered only when a device is present (see the file comment).
+
+uint32_t fresh_seed() {
+  static const uint32_t seed = [] {
+    if (const char* env = std::getenv("MOE_TEST_SEED"))
+      return static_cast<uint32_t>(std::strtoul(env, nullptr, 10));
+    return std::random_device{}();
+  }();
+  return seed;
+}
+
+template <typename T>
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t count) : count_(count) {
+    if (count_ > 0) CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&data_), count_ * sizeof(T)));
+  }
+  explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) {
+    if (count_ > 0)
+      CUDA_CHECK(cudaMemcpy(data_, host.data(), count_ * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  ~DeviceBuffer() {
+    if (data_) cudaFree(data_);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  T* get() const { return data_; }
+  bf16* as_bf16() const { return reinterpret_cast<bf16*>(data_); }
+  void poison() {
+    if (count_ > 0) CUDA_CHECK(cudaMemset(data_, 0xFF, count_ * sizeof(T)));
+  }
+  std::vector<T> download() const {
+    std::vector<T> host(count_);
+    if (count_ > 0)
+      CUDA_CHECK(cudaMemcpy(host.data(), data_, count_ * sizeof(T), cudaMemcpyDeviceToHost));
+    return host;
+  }
+
+ private:
+  size_t count_ = 0;
+  T* data_ = nullptr;
+};
+
+void synchronize() {
+  CUDA_CHECK(cudaGetLastError());
+  CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+std::vector<uint16_t> random_bf16(size_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<uint16_t> out(n);
+  for (auto& v : out) v = f32_to_bf16(dist(rng));
+  return out;
+}
+
+std::vector<float> to_float(const std::vector<uint16_t>& bits) {
+  std::vector<float> out(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) out[i] = bf16_to_f32(bits[i]);
+  return out;
+}
+
+// Exact comparison of integer arrays, reporting the first mismatches.
+void expect_equal_ints(const std::vector<int32_t>& got, const std::vector<int32_t>& want,
+                       const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  int reported = 0;
+  size_t mismatches = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i] != want[i]) {
+      ++mismatches;
+      if (reported++ < 5)
+        ADD_FAILURE() << what << "[" << i << "] = " << got[i] << ", want " << want[i];
+    }
+  }
+  EXPECT_EQ(mismatches, 0u) << what;
+}
+
+// bf16 results against a float reference: |got - want| <= 2^-8 |want| + 1e-5 scale[i].
+void expect_bf16_close(const std::vector<uint16_t>& got, const std::vector<float>& want,
+                       const std::vector<float>& scale, const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  int reported = 0;
+  size_t mismatches = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const float g = bf16_to_f32(got[i]);
+    const float bound = std::ldexp(std::fabs(want[i]), -8) + 1e-5f * scale[i] + 1e-30f;
+    if (!(std::fabs(g - want[i]) <= bound)) {  // NaN fails
+      ++mismatches;
+      if (reported++ < 5)
+        ADD_FAILURE() << what << "[" << i << "] = " << g << ", want " << want[i] << " (bound "
+                      << bound << ")";
+    }
+  }
+  EXPECT_EQ(mismatches, 0u) << what << ": " << mismatches << " of " << got.size();
+}
+
+// Router logits on a grid of 1/64 in [-4, 4]: exact ties are common (E = 256 draws from 513
+// values), and unequal logits are far enough apart that the CPU's and the GPU's expf cannot
+// order their scores differently.
+std::vector<float> grid_logits(int64_t n, std::mt19937& rng) {
+  std::uniform_int_distribution<int> dist(-256, 256);
+  std::vector<float> out(n);
+  for (auto& v : out) v = static_cast<float>(dist(rng)) / 64.0f;
+  return out;
+}
+
+struct RouterCase {
+  moe::ScoreFunction score;
+  bool renormalize;
+  float scaling;
+};
+
+void check_router(const std::vector<float>& logits, int64_t T, int64_t E, int64_t K,
+                  const RouterCase& c) {
+  SCOPED_TRACE(::testing::Message()
+               << "T=" << T << " E=" << E << " K=" << K << " "
+               << (c.score == moe::ScoreFunction::kSoftmax ? "softmax" : "sigmoid")
+               << " renormalize=" << c.renormalize << " scaling=" << c.scaling);
+  moe::Routing want;
+  moe::route(logits.data(), T,
+             moe::RouterOptions{.num_experts = E,
+                                .top_k = K,
+                                .score = c.score,
+                                .renormalize = c.renormalize,
+                                .routed_scaling_factor = c.scaling},
+             &want);
+
+  DeviceBuffer<float> d_logits(logits);
+  DeviceBuffer<int32_t> d_ids(T * K);
+  DeviceBuffer<float> d_weights(T * K);
+  d_ids.poison();
+  d_weights.poison();
+  fused_router(
+      RouterParams{.logits = d_logits.get(),
+                   .topk_ids = d_ids.get(),
+                   .topk_weights = d_weights.get(),
+                   .num_tokens = T,
+                   .num_experts = E,
+                   .top_k = K,
+                   .score = c.score == moe::ScoreFunction::kSoftmax ? RouterScore::kSoftmax
+                                                                    : RouterScore::kSigmoid,
+                   .renormalize = c.renormalize,
+                   .routed_scaling_factor = c.scaling},
+      nullptr);
+  synchronize();
+  expect_equal_ints(d_ids.download(), want.topk_ids, "topk_ids");
+  const std::vector<float> weights = d_weights.download();
+  size_t mismatches = 0;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const float w = want.topk_weights[i];
+    if (!(std::fabs(weights[i] - w) <= 1e-5f * std::fabs(w) + 1e-30f)) {
+      if (mismatches++ < 5)
+        ADD_FAILURE() << "topk_weights[" << i << "] = " << weights[i] << ", want " << w;
+    }
+  }
+  EXPECT_EQ(mismatches, 0u) << "topk_weights";
+}
+
+const int64_t kTokenCounts[] = {1, 19, 99, 989, 4096};
+const int64_t kExpertCounts[] = {8, 60, 128, 256};
+const int64_t kTopKs[] = {1, 2, 8};
+
+void router_random(int64_t T) {
+  std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(T));
+  const RouterCase cases[] = {{moe::ScoreFunction::kSoftmax, true, 1.0f},
+                              {moe::ScoreFunction::kSoftmax, false, 1.0f},
+                              {moe::ScoreFunction::kSigmoid, true, 2.5f}};
+  for (int64_t E : kExpertCounts)
+    for (int64_t K : kTopKs)
+      for (const RouterCase& c : cases) check_router(grid_logits(T * E, rng), T, E, K, c);
+}
+
+// Ties on purpose: every logit equal (picks 0..K-1), a block of equal maxima, and softmax
+// scores that underflow to exactly 0 (one logit 200 above the rest: the other K-1 picks are
+// the lowest ids among the zeros), at the largest supported K as well.
+void router_ties() {
+  std::mt19937 rng(fresh_seed());
+  for (int64_t E : kExpertCounts) {
+    for (int64_t K : {int64_t{1}, int64_t{2}, int64_t{8}, std::min<int64_t>(16, E)}) {
+      const int64_t T = 7;
+      std::vector<float> logits(T * E, 0.5f);  // token 0: all equal
+      for (int64_t e = 0; e < E; ++e) {
+        logits[1 * E + e] = (e % 5 == 3) ? 2.0f : -1.0f;  // token 1: equal maxima at 3, 8, ...
+        logits[2 * E + e] = 0.0f;                         // token 2: underflow ties
+        logits[3 * E + e] = e >= E - 2 ? 3.0f : 0.0f;     // token 3: equal maxima at the top ids
+        logits[4 * E + e] = static_cast<float>(E - e) / 64.0f;  // strictly decreasing
+        logits[5 * E + e] = static_cast<float>(e / 3) / 64.0f;  // triples of equal values
+      }
+      logits[2 * E + (E - 1)] = 200.0f;
+      const std::vector<float> tail = grid_logits(E, rng);
+      std::copy(tail.begin(), tail.end(), logits.begin() + 6 * E);
+      for (const RouterCase& c : {RouterCase{moe::ScoreFunction::kSoftmax, true, 1.0f},
+                                  RouterCase{moe::ScoreFunction::kSoftmax, false, 1.0f},
+                                  RouterCase{moe::ScoreFunction::kSigmoid, false, 16.0f}})
+        check_router(logits, T, E, K, c);
+    }
+  }
+}
+
+// Expert ids for the plan: uniform, skewed towards a few experts (many empty), all on one
+// expert, and only even experts. Each token's K ids are distinct when K <= E allows.
+std::vector<int32_t> random_ids(int64_t T, int64_t E, int64_t K, int pattern, std::mt19937& rng) {
+  std::vector<int32_t> ids(T * K);
+  std::vector<int32_t> pool(E);
+  std::iota(pool.begin(), pool.end(), 0);
+  std::geometric_distribution<int32_t> skewed(0.3);
+  for (int64_t t = 0; t < T; ++t) {
+    switch (pattern) {
+      case 0:
+        std::shuffle(pool.begin(), pool.end(), rng);
+        for (int64_t k = 0; k < K; ++k) ids[t * K + k] = pool[k];
+        break;
+      case 1:
+        for (int64_t k = 0; k < K; ++k) ids[t * K + k] = std::min<int32_t>(skewed(rng), E - 1);
+        break;
+      case 2:
+        for (int64_t k = 0; k < K; ++k) ids[t * K + k] = static_cast<int32_t>(E / 2);
+        break;
+      default:
+        for (int64_t k = 0; k < K; ++k)
+          ids[t * K + k] = 2 * static_cast<int32_t>(rng() % ((E + 1) / 2));
+        break;
+    }
+  }
+  return ids;
+}
+
+moe::Routing routing_of(const std::vector<int32_t>& ids, int64_t T, int64_t K) {
+  moe::Routing routing;
+  routing.num_tokens = T;
+  routing.top_k = K;
+  routing.topk_ids = ids;
+  routing.topk_weights.assign(ids.size(), 0.0f);
+  return routing;
+}
+
+struct DevicePlan {
+  DeviceBuffer<int32_t> counts, offsets, src_row, inverse;
+  DevicePlan(int64_t N, int64_t E) : counts(E), offsets(E + 1), src_row(N), inverse(N) {}
+  void poison() {
+    counts.poison();
+    offsets.poison();
+    src_row.poison();
+    inverse.poison();
+  }
+};
+
+void check_plan(const std::vector<int32_t>& ids, int64_t T, int64_t E, int64_t K) {
+  const int64_t N = T * K;
+  moe::DispatchPlan want;
+  moe::plan(routing_of(ids, T, K), E, &want);
+  DeviceBuffer<int32_t> d_ids(ids);
+  DevicePlan plan(N, E);
+  plan.poison();
+  moe_plan(PlanParams{.topk_ids = d_ids.get(),
+                      .expert_counts = plan.counts.get(),
+                      .expert_offsets = plan.offsets.get(),
+                      .src_row = plan.src_row.get(),
+                      .inverse = plan.inverse.get(),
+                      .num_assignments = N,
+                      .num_experts = E},
+           nullptr);
+  synchronize();
+  expect_equal_ints(plan.counts.download(), want.expert_counts, "expert_counts");
+  expect_equal_ints(plan.offsets.download(), want.expert_offsets, "expert_offsets");
+  expect_equal_ints(plan.src_row.download(), want.src_row, "src_row");
+  expect_equal_ints(plan.inverse.download(), want.inverse, "inverse");
+}
+
+void plan_random(int64_t T) {
+  std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(T * 7919));
+  for (int64_t E : kExpertCounts)
+    for (int64_t K : kTopKs)
+      for (int pattern = 0; pattern < 4; ++pattern) {
+        SCOPED_TRACE(::testing::Message()
+                     << "T=" << T << " E=" << E << " K=" << K << " pattern=" << pattern);
+        check_plan(random_ids(T, E, K, pattern, rng), T, E, K);
+      }
+  // Many experts: fewer warps so the per-warp histograms fit in shared memory.
+  for (int64_t E : {int64_t{1}, int64_t{1000}, int64_t{5000}}) {
+    SCOPED_TRACE(::testing::Message() << "T=" << T << " E=" << E << " K=2");
+    check_plan(random_ids(T, E, std::min<int64_t>(2, E), 0, rng), T, E, std::min<int64_t>(2, E));
+  }
+}
+
+// Hidden sizes per token count: realistic ones everywhere, tiny and odd multiples of 8 where
+// the host reference stays cheap.
+std::vector<int64_t> hidden_sizes_for(int64_t T) {
+  if (T <= 99) return {8, 136, 2048, 7168};
+  if (T <= 989) return {136, 2048};
+  return {1024};
+}
+
+void permute_random(int64_t T) {
+  std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(T * 104729));
+  for (int64_t H : hidden_sizes_for(T))
+    for (int64_t K : kTopKs) {
+      const int64_t E = 60;
+      SCOPED_TRACE(::testing::Message() << "T=" << T << " H=" << H << " K=" << K);
+      const std::vector<int32_t> ids = random_ids(T, E, K, 1, rng);
+      const moe::Routing routing = routing_of(ids, T, K);
+      moe::DispatchPlan plan;
+      moe::plan(routing, E, &plan);
+      const std::vector<uint16_t> hidden = random_bf16(T * H, rng);
+      std::vector<float> want(T * K * H);
+      moe::dispatch(to_float(hidden).data(), H, routing, plan, want.data());
+
+      DeviceBuffer<uint16_t> d_hidden(hidden);
+      DeviceBuffer<int32_t> d_src_row(plan.src_row);
+      DeviceBuffer<uint16_t> d_rows(T * K * H);
+      d_rows.poison();
+      permute(PermuteParams{.hidden = d_hidden.as_bf16(),
+                            .src_row = d_src_row.get(),
+                            .rows = d_rows.as_bf16(),
+                            .num_tokens = T,
+                            .top_k = K,
+                            .hidden_size = H},
+              nullptr);
+      synchronize();
+      const std::vector<float> got = to_float(d_rows.download());
+      size_t mismatches = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        // A copy: bit-exact, and NaN (an unwritten poisoned element) never compares equal.
+        if (!(got[i] == want[i]) && mismatches++ < 5)
+          ADD_FAILURE() << "rows[" << i << "] = " << got[i] << ", want " << want[i];
+      }
+      EXPECT_EQ(mismatches, 0u);
+    }
+}
+
+void unpermute_random(int64_t T) {
+  std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(T * 15485863));
+  std::uniform_real_distribution<float> weight_dist(-1.0f, 1.0f);
+  int variant = 0;
+  for (int64_t H : hidden_sizes_for(T))
+    for (int64_t K : kTopKs) {
+      // Cycle through the optional inputs: none, shared, residual, both.
+      const bool with_shared = (variant & 1) != 0;
+      const bool with_residual = (variant & 2) != 0;
+      ++variant;
+      const int64_t E = 128;
+      SCOPED_TRACE(::testing::Message() << "T=" << T << " H=" << H << " K=" << K << " shared="
+                                        << with_shared << " residual=" << with_residual);
+      moe::Routing routing = routing_of(random_ids(T, E, K, 0, rng), T, K);
+      for (auto& w : routing.topk_weights) w = weight_dist(rng);
+      moe::DispatchPlan plan;
+      moe::plan(routing, E, &plan);
+      const std::vector<uint16_t> expert_out = random_bf16(T * K * H, rng);
+      const std::vector<uint16_t> shared =
+          with_shared ? random_bf16(T * H, rng, 0.5f) : std::vector<uint16_t>{};
+      const std::vector<uint16_t> residual =
+          with_residual ? random_bf16(T * H, rng, 2.0f) : std::vector<uint16_t>{};
+
+      const std::vector<float> expert_out_f = to_float(expert_out);
+      const std::vector<float> shared_f = to_float(shared);
+      std::vector<float> want(T * H);
+      moe::unpermute(expert_out_f.data(), H, routing, plan, with_shared ? shared_f.data() : nullptr,
+                     want.data());
+      std::vector<float> scale(T * H, 0.0f);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t h = 0; h < H; ++h) {
+          float s = with_shared ? std::fabs(shared_f[t * H + h]) : 0.0f;
+          for (int64_t k = 0; k < K; ++k)
+            s += std::fabs(routing.topk_weights[t * K + k] *
+                           expert_out_f[plan.inverse[t * K + k] * H + h]);
+          if (with_residual) {
+            const float r = bf16_to_f32(residual[t * H + h]);
+            want[t * H + h] += r;
+            s += std::fabs(r);
+          }
+          scale[t * H + h] = s;
+        }
+
+      DeviceBuffer<uint16_t> d_expert_out(expert_out);
+      DeviceBuffer<float> d_weights(routing.topk_weights);
+      DeviceBuffer<int32_t> d_inverse(plan.inverse);
+      DeviceBuffer<uint16_t> d_shared(shared);
+      DeviceBuffer<uint16_t> d_residual(residual);
+      DeviceBuffer<uint16_t> d_out(T * H);
+      d_out.poison();
+      unpermute(UnpermuteParams{.expert_out = d_expert_out.as_bf16(),
+                                .topk_weights = d_weights.get(),
+                                .inverse = d_inverse.get(),
+                                .shared = with_shared ? d_shared.as_bf16() : nullptr,
+                                .residual = with_residual ? d_residual.as_bf16() : nullptr,
+                                .out = d_out.as_bf16(),
+                                .num_tokens = T,
+                                .top_k = K,
+                                .hidden_size = H},
+                nullptr);
+      synchronize();
+      expect_bf16_close(d_out.download(), want, scale, "out");
+    }
+}
+
+// float64 reference of the fused norm, from the same bf16-rounded sum the kernel normalises.
+void rms_norm_case(int64_t T, int64_t H, bool with_residual, bool with_residual_out,
+                   std::mt19937& rng) {
+  SCOPED_TRACE(::testing::Message() << "T=" << T << " H=" << H << " residual=" << with_residual
+                                    << " residual_out=" << with_residual_out);
+  const float eps = 1e-6f;
+  const std::vector<uint16_t> x = random_bf16(T * H, rng, 3.0f);
+  const std::vector<uint16_t> residual =
+      with_residual ? random_bf16(T * H, rng, 3.0f) : std::vector<uint16_t>{};
+  const std::vector<uint16_t> weight = random_bf16(H, rng, 1.0f);
+  std::vector<uint16_t> want_sum(T * H);
+  std::vector<float> want(T * H), scale(T * H);
+  for (int64_t t = 0; t < T; ++t) {
+    double sum_sq = 0.0;
+    for (int64_t h = 0; h < H; ++h) {
+      float s = bf16_to_f32(x[t * H + h]);
+      if (with_residual) s = bf16_to_f32(f32_to_bf16(s + bf16_to_f32(residual[t * H + h])));
+      want_sum[t * H + h] = f32_to_bf16(s);
+      sum_sq += static_cast<double>(s) * s;
+    }
+    const double inv_rms = 1.0 / std::sqrt(sum_sq / static_cast<double>(H) + eps);
+    for (int64_t h = 0; h < H; ++h) {
+      const double v =
+          static_cast<double>(bf16_to_f32(weight[h])) * bf16_to_f32(want_sum[t * H + h]) * inv_rms;
+      want[t * H + h] = static_cast<float>(v);
+      scale[t * H + h] = static_cast<float>(std::fabs(v));
+    }
+  }
+  DeviceBuffer<uint16_t> d_x(x), d_residual(residual), d_weight(weight);
+  DeviceBuffer<uint16_t> d_out(T * H), d_residual_out(T * H);
+  d_out.poison();
+  d_residual_out.poison();
+  fused_add_rms_norm(
+      RmsNormParams{.x = d_x.as_bf16(),
+                    .residual = with_residual ? d_residual.as_bf16() : nullptr,
+                    .residual_out = with_residual_out ? d_residual_out.as_bf16() : nullptr,
+                    .weight = d_weight.as_bf16(),
+                    .out = d_out.as_bf16(),
+                    .num_rows = T,
+                    .hidden_size = H,
+                    .eps = eps},
+      nullptr);
+  synchronize();
+  expect_bf16_close(d_out.download(), want, scale, "out");
+  if (with_residual_out) {
+    const std::vector<uint16_t> got_sum = d_residual_out.download();
+    size_t mismatches = 0;
+    for (size_t i = 0; i < got_sum.size(); ++i)
+      if (got_sum[i] != want_sum[i] && mismatches++ < 5)
+        ADD_FAILURE() << "residual_out[" << i << "] = " << bf16_to_f32(got_sum[i]) << ", want "
+                      << bf16_to_f32(want_sum[i]);
+    EXPECT_EQ(mismatches, 0u) << "residual_out";
+  }
+}
+
+void rms_norm_random(int64_t T) {
+  std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(T * 32452843));
+  const std::vector<int64_t> sizes =
+      T <= 99 ? std::vector<int64_t>{8, 136, 2048, 7168, 8200, 16384, 32768}
+              : std::vector<int64_t>{136, 2048, 4096};
+  int variant = 0;
+  for (int64_t H : sizes) {
+    // Cycle through (residual, residual_out): both, residual only, neither, residual_out only.
+    const int v = variant % 4;
+    rms_norm_case(T, H, v <= 1, v == 0 || v == 3, rng);
+    ++variant;
+  }
+}
+
+// In-place use, as the decoder will call it: residual_out == residual and out == x.
+void rms_norm_in_place() {
+  std::mt19937 rng(fresh_seed());
+  const int64_t T = 19, H = 2048;
+  const std::vector<uint16_t> x = random_bf16(T * H, rng, 3.0f);
+  const std::vector<uint16_t> residual = random_bf16(T * H, rng, 3.0f);
+  const std::vector<uint16_t> weight = random_bf16(H, rng, 1.0f);
+  DeviceBuffer<uint16_t> d_x(x), d_residual(residual), d_weight(weight);
+  DeviceBuffer<uint16_t> d_out(T * H), d_sum(T * H);
+  fused_add_rms_norm(RmsNormParams{.x = d_x.as_bf16(),
+                                   .residual = d_residual.as_bf16(),
+                                   .residual_out = d_sum.as_bf16(),
+                                   .weight = d_weight.as_bf16(),
+                                   .out = d_out.as_bf16(),
+                                   .num_rows = T,
+                                   .hidden_size = H},
+                     nullptr);
+  fused_add_rms_norm(RmsNormParams{.x = d_x.as_bf16(),
+                                   .residual = d_residual.as_bf16(),
+                                   .residual_out = d_residual.as_bf16(),
+                                   .weight = d_weight.as_bf16(),
+                                   .out = d_x.as_bf16(),
+                                   .num_rows = T,
+                                   .hidden_size = H},
+                     nullptr);
+  synchronize();
+  EXPECT_EQ(d_x.download(), d_out.download());
+  EXPECT_EQ(d_residual.download(), d_sum.download());
+}
+
+// The four GPU stages chained (route -> plan -> permute -> unpermute with the expert as the
+// identity) against the CPU stages chained: ids and plan exact, output within bf16 bounds.
+void pipeline(int64_t T) {
+  std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(T * 49979687));
+  for (int64_t E : {int64_t{60}, int64_t{128}, int64_t{256}}) {
+    const int64_t K = 8, H = 2048;
+    SCOPED_TRACE(::testing::Message() << "T=" << T << " E=" << E << " K=" << K);
+    const std::vector<float> logits = grid_logits(T * E, rng);
+    const std::vector<uint16_t> hidden = random_bf16(T * H, rng);
+    moe::Routing routing;
+    moe::route(logits.data(), T,
+               moe::RouterOptions{.num_experts = E, .top_k = K, .renormalize = true}, &routing);
+    moe::DispatchPlan plan;
+    moe::plan(routing, E, &plan);
+    const std::vector<float> hidden_f = to_float(hidden);
+    std::vector<float> rows(T * K * H), want(T * H);
+    moe::dispatch(hidden_f.data(), H, routing, plan, rows.data());
+    moe::unpermute(rows.data(), H, routing, plan, nullptr, want.data());
+    std::vector<float> scale(T * H);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < H; ++h) scale[t * H + h] = std::fabs(hidden_f[t * H + h]);
+
+    DeviceBuffer<float> d_logits(logits);
+    DeviceBuffer<uint16_t> d_hidden(hidden);
+    DeviceBuffer<int32_t> d_ids(T * K);
+    DeviceBuffer<float> d_weights(T * K);
+    DevicePlan d_plan(T * K, E);
+    DeviceBuffer<uint16_t> d_rows(T * K * H), d_out(T * H);
+    d_ids.poison();
+    d_weights.poison();
+    d_plan.poison();
+    d_rows.poison();
+    d_out.poison();
+    cudaStream_t stream;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    fused_router(RouterParams{.logits = d_logits.get(),
+                              .topk_ids = d_ids.get(),
+                              .topk_weights = d_weights.get(),
+                              .num_tokens = T,
+                              .num_experts = E,
+                              .top_k = K,
+                              .renormalize = true},
+                 stream);
+    moe_plan(PlanParams{.topk_ids = d_ids.get(),
+                        .expert_counts = d_plan.counts.get(),
+                        .expert_offsets = d_plan.offsets.get(),
+                        .src_row = d_plan.src_row.get(),
+                        .inverse = d_plan.inverse.get(),
+                        .num_assignments = T * K,
+                        .num_experts = E},
+             stream);
+    permute(PermuteParams{.hidden = d_hidden.as_bf16(),
+                          .src_row = d_plan.src_row.get(),
+                          .rows = d_rows.as_bf16(),
+                          .num_tokens = T,
+                          .top_k = K,
+                          .hidden_size = H},
+            stream);
+    unpermute(UnpermuteParams{.expert_out = d_rows.as_bf16(),
+                              .topk_weights = d_weights.get(),
+                              .inverse = d_plan.inverse.get(),
+                              .out = d_out.as_bf16(),
+                              .num_tokens = T,
+                              .top_k = K,
+                              .hidden_size = H},
+              stream);
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    CUDA_CHECK(cudaStreamDestroy(stream));
+    expect_equal_ints(d_ids.download(), routing.topk_ids, "topk_ids");
+    expect_equal_ints(d_plan.counts.download(), plan.expert_counts, "expert_counts");
+    expect_equal_ints(d_plan.offsets.download(), plan.expert_offsets, "expert_offsets");
+    expect_equal_ints(d_plan.src_row.download(), plan.src_row, "src_row");
+    expect_equal_ints(d_plan.inverse.download(), plan.inverse, "inverse");
+    expect_bf16_close(d_out.download(), want, scale, "out");
+  }
+}
+
+class KernelTest : public ::testing::Test {
+ public:
+  explicit KernelTest(std::function<void()> body) : body_(std::move(body)) {}
+  void TestBody() override {
+    SCOPED_TRACE(::testing::Message()
+                 << "seed " << fresh_seed() << " (set MOE_TEST_SEED to replay)");
+    body_();
+  }
+
+ private:
+  std::function<void()> body_;
+};
+
+void register_kernel_test(const char* suite, const std::string& name, std::function<void()> body) {
+  ::testing::RegisterTest(suite, name.c_str(), nullptr, nullptr, __FILE__, __LINE__,
+                          [body]() -> ::testing::Test* { return new KernelTest(body); });
+}
+
+// Runs before gtest_main's main(): registers the kernel tests when, and only when, a CUDA
+// device is visible to this process.
+[[maybe_unused]] const bool kKernelTestsRegistered = [] {
+  int devices = 0;
+  const cudaError_t status = cudaGetDeviceCount(&devices);
+  if (status != cudaSuccess || devices == 0) {
+    std::fprintf(stderr,
+                 "test_cuda: no CUDA device (%s); the CUDA kernel tests are not registered, "
+                 "only the host-side launcher checks run here (scripts/gpu-check.sh runs the "
+                 "kernel tests on a GPU machine)\n",
+                 status != cudaSuccess ? cudaGetErrorString(status) : "0 devices");
+    cudaGetLastError();  // clear the error so that no later call reports it
+    return false;
+  }
+  for (int64_t T : kTokenCounts) {
+    const std::string suffix = "T" + std::to_string(T);
+    register_kernel_test("CudaRouter", "RandomLogits_" + suffix, [T] { router_random(T); });
+    register_kernel_test("CudaPlan", "RandomAssignments_" + suffix, [T] { plan_random(T); });
+    register_kernel_test("CudaPermute", "MatchesDispatch_" + suffix, [T] { permute_random(T); });
+    register_kernel_test("CudaUnpermute", "MatchesReference_" + suffix,
+                         [T] { unpermute_random(T); });
+    register_kernel_test("CudaRmsNorm", "MatchesFloat64_" + suffix, [T] { rms_norm_random(T); });
+  }
+  register_kernel_test("CudaRouter", "TiesGoToLowerId", [] { router_ties(); });
+  register_kernel_test("CudaRmsNorm", "InPlaceMatchesOutOfPlace", [] { rms_norm_in_place(); });
+  for (int64_t T : {int64_t{19}, int64_t{989}})
+    register_kernel_test("CudaPipeline", "RouteToUnpermute_T" + std::to_string(T),
+                         [T] { pipeline(T); });
+  return true;
+}();
+
+}  // namespace
+}  // namespace moeinfer::cuda
+
+#endif  // MOE_HAVE_CUDA
