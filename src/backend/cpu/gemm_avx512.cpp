@@ -13,6 +13,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #define MOE_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma")))
 #define MOE_TARGET_AVX512_BF16 \
@@ -23,16 +24,24 @@ namespace {
 
 constexpr int kTileN = 4;  // rows of W per tile
 constexpr int kTileM = 4;  // activation rows per pass over a tile
+const bool g_prefetch = [] {
+  const char* env = std::getenv("MOE_GEMV_PREFETCH");
+  return env == nullptr || env[0] != '0';
+}();
 
 template <int MB, int NB>
 MOE_TARGET_AVX512_BF16 inline void bf16_tile(const uint16_t* xb, int64_t ldx, const uint16_t* w,
                                              int64_t ldw, int64_t k, const float* bias, float* y,
-                                             int64_t ldy) {
+                                             int64_t ldy, const uint16_t* prefetch) {
   __m512 acc[MB][NB];
   for (int m = 0; m < MB; ++m)
     for (int j = 0; j < NB; ++j) acc[m][j] = _mm512_setzero_ps();
   int64_t kk = 0;
   for (; kk + 32 <= k; kk += 32) {
+    if (prefetch != nullptr) {
+      for (int j = 0; j < kTileN; ++j)
+        _mm_prefetch(reinterpret_cast<const char*>(prefetch + j * ldw + kk), _MM_HINT_T0);
+    }
     __m512i wv[NB];
     for (int j = 0; j < NB; ++j) wv[j] = _mm512_loadu_si512(w + j * ldw + kk);
     for (int m = 0; m < MB; ++m) {
@@ -58,12 +67,17 @@ MOE_TARGET_AVX512_BF16 inline void bf16_tile(const uint16_t* xb, int64_t ldx, co
 
 template <int MB, int NB>
 MOE_TARGET_AVX512 inline void f16_tile(const float* x, int64_t ldx, const uint16_t* w, int64_t ldw,
-                                       int64_t k, const float* bias, float* y, int64_t ldy) {
+                                       int64_t k, const float* bias, float* y, int64_t ldy,
+                                       const uint16_t* prefetch) {
   __m512 acc[MB][NB];
   for (int m = 0; m < MB; ++m)
     for (int j = 0; j < NB; ++j) acc[m][j] = _mm512_setzero_ps();
   int64_t kk = 0;
   for (; kk + 16 <= k; kk += 16) {
+    if (prefetch != nullptr && (kk & 31) == 0) {
+      for (int j = 0; j < kTileN; ++j)
+        _mm_prefetch(reinterpret_cast<const char*>(prefetch + j * ldw + kk), _MM_HINT_T0);
+    }
     __m512 wv[NB];
     for (int j = 0; j < NB; ++j)
       wv[j] =
@@ -98,20 +112,24 @@ MOE_TARGET_AVX512_BF16 void gemv_bf16_avx512(const uint16_t* xb, int64_t ldx, in
     const uint16_t* wt = w + n * ldw;
     const float* bt = bias ? bias + n : nullptr;
     for (int64_t m0 = 0; m0 < num_rows; m0 += kTileM) {
+      // The first pass over a tile pulls the next tile into L1: rows of W start new pages (a
+      // row is 4 KiB at K = 2048) where the hardware prefetcher stops.
+      const uint16_t* pf =
+          (g_prefetch && m0 == 0 && n + 2 * kTileN <= n_end) ? wt + kTileN * ldw : nullptr;
       const uint16_t* xt = xb + m0 * ldx;
       float* yt = y + m0 * ldy + n;
       switch (std::min<int64_t>(kTileM, num_rows - m0)) {
         case 1:
-          bf16_tile<1, NB>(xt, ldx, wt, ldw, k, bt, yt, ldy);
+          bf16_tile<1, NB>(xt, ldx, wt, ldw, k, bt, yt, ldy, pf);
           break;
         case 2:
-          bf16_tile<2, NB>(xt, ldx, wt, ldw, k, bt, yt, ldy);
+          bf16_tile<2, NB>(xt, ldx, wt, ldw, k, bt, yt, ldy, pf);
           break;
         case 3:
-          bf16_tile<3, NB>(xt, ldx, wt, ldw, k, bt, yt, ldy);
+          bf16_tile<3, NB>(xt, ldx, wt, ldw, k, bt, yt, ldy, pf);
           break;
         default:
-          bf16_tile<4, NB>(xt, ldx, wt, ldw, k, bt, yt, ldy);
+          bf16_tile<4, NB>(xt, ldx, wt, ldw, k, bt, yt, ldy, pf);
           break;
       }
     }
@@ -128,20 +146,24 @@ MOE_TARGET_AVX512 void gemv_f16_avx512(const float* x, int64_t ldx, int64_t num_
     const uint16_t* wt = w + n * ldw;
     const float* bt = bias ? bias + n : nullptr;
     for (int64_t m0 = 0; m0 < num_rows; m0 += kTileM) {
+      // The first pass over a tile pulls the next tile into L1: rows of W start new pages (a
+      // row is 4 KiB at K = 2048) where the hardware prefetcher stops.
+      const uint16_t* pf =
+          (g_prefetch && m0 == 0 && n + 2 * kTileN <= n_end) ? wt + kTileN * ldw : nullptr;
       const float* xt = x + m0 * ldx;
       float* yt = y + m0 * ldy + n;
       switch (std::min<int64_t>(kTileM, num_rows - m0)) {
         case 1:
-          f16_tile<1, NB>(xt, ldx, wt, ldw, k, bt, yt, ldy);
+          f16_tile<1, NB>(xt, ldx, wt, ldw, k, bt, yt, ldy, pf);
           break;
         case 2:
-          f16_tile<2, NB>(xt, ldx, wt, ldw, k, bt, yt, ldy);
+          f16_tile<2, NB>(xt, ldx, wt, ldw, k, bt, yt, ldy, pf);
           break;
         case 3:
-          f16_tile<3, NB>(xt, ldx, wt, ldw, k, bt, yt, ldy);
+          f16_tile<3, NB>(xt, ldx, wt, ldw, k, bt, yt, ldy, pf);
           break;
         default:
-          f16_tile<4, NB>(xt, ldx, wt, ldw, k, bt, yt, ldy);
+          f16_tile<4, NB>(xt, ldx, wt, ldw, k, bt, yt, ldy, pf);
           break;
       }
     }

@@ -1,0 +1,221 @@
+// Question: how close does one CPU MoE layer (moe/moe_layer.h, the six stages over cpu::linear)
+// come to the memory bandwidth at the Qwen3-30B-A3B shape, at decode (T = 1) and prefill
+// (T = 512)?
+//
+// Shape: H = 2048, E = 128 experts, top-8 (softmax, renormalised), expert width I = 768, bf16
+// weights (128 x 9.4 MiB = 1.2 GiB, far beyond the 32 MiB L3) and a bf16 router [E, H].
+// Routing is random but realistic: hidden states share a common direction, so the router gives
+// some experts more tokens than others (the load spread is printed); decode cycles through 64
+// different tokens so that successive calls pick different experts, as successive tokens do.
+//
+// Bytes counted: the weights of every expert the call touches (3 x I x H x 2 bytes each) plus the
+// router. FLOPs: 2 x (T x K) x 3 x H x I plus the router. Floors measured in the same run: STREAM
+// triad (read + write bytes counted) and the peak vdpbf16ps rate. The last column is weight GB/s
+// over triad GB/s; at T = 512 the layer is compute-bound and %peak is the column to read.
+//
+// Usage: bench_moe_cpu
+// Threads: MOE_NUM_THREADS (engine and GEMM workers), OMP_NUM_THREADS (oneDNN).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/gemm.h"
+#include "backend/cpu/gemm_internal.h"
+#include "backend/cpu/gemm_parallel.h"
+#include "backend/cpu/gemm_roofline.h"
+#include "core/dtype.h"
+#include "moe/moe_layer.h"
+#include "moe/stages.h"
+
+namespace {
+
+using namespace moeinfer;
+
+constexpr int64_t kHidden = 2048;  // H
+constexpr int64_t kExperts = 128;  // E
+constexpr int64_t kTopK = 8;       // K
+constexpr int64_t kWidth = 768;    // I
+
+// Fills bf16 values uniform in [-scale, scale) quickly (1.2 GiB of them).
+void fill_bf16(uint16_t* dst, size_t n, uint64_t seed, float scale) {
+  uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (size_t i = 0; i < n; ++i) {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    const float u = static_cast<float>(s >> 40) / static_cast<float>(1ull << 24);  // [0, 1)
+    dst[i] = f32_to_bf16((2.0f * u - 1.0f) * scale);
+  }
+}
+
+struct Layer {
+  std::vector<uint16_t> router;   // [E, H]
+  std::vector<uint16_t> weights;  // per expert: gate [I, H], up [I, H], down [H, I]
+  moe::RoutedExperts views;
+};
+
+void build_layer(Layer* layer, const std::vector<float>& common) {
+  const size_t per_matrix = static_cast<size_t>(kWidth * kHidden);
+  layer->weights.resize(per_matrix * 3 * kExperts);
+  layer->router.resize(static_cast<size_t>(kExperts * kHidden));
+  fill_bf16(layer->weights.data(), layer->weights.size(), 7, 0.03f);
+  fill_bf16(layer->router.data(), layer->router.size(), 11, 0.05f);
+  // Experts whose router row leans towards the common direction of the hidden states are
+  // picked more often: the skew real routers show.
+  std::mt19937 rng(5);
+  std::normal_distribution<float> lean(0.0f, 0.001f);  // logit spread about 1
+  for (int64_t e = 0; e < kExperts; ++e) {
+    const float a = lean(rng);
+    for (int64_t h = 0; h < kHidden; ++h) {
+      uint16_t& w = layer->router[e * kHidden + h];
+      w = f32_to_bf16(bf16_to_f32(w) + a * common[h]);
+    }
+  }
+  layer->views.router =
+      TensorView{.dtype = DType::kBF16, .shape = {kExperts, kHidden}, .data = layer->router.data()};
+  for (int64_t e = 0; e < kExperts; ++e) {
+    const uint16_t* base = layer->weights.data() + e * 3 * per_matrix;
+    layer->views.experts.push_back(moe::ExpertWeights{
+        .gate = {.dtype = DType::kBF16, .shape = {kWidth, kHidden}, .data = base},
+        .up = {.dtype = DType::kBF16, .shape = {kWidth, kHidden}, .data = base + per_matrix},
+        .down = {
+            .dtype = DType::kBF16, .shape = {kHidden, kWidth}, .data = base + 2 * per_matrix}});
+  }
+}
+
+struct Stats {
+  double seconds = 0;
+  double experts_touched = 0;  // mean over calls
+  int max_rows = 0;            // most rows any expert got, over calls
+};
+
+}  // namespace
+
+int main() {
+  const int threads = cpu::gemm_num_threads();
+  std::printf(
+      "# bench_moe_cpu: Qwen3-30B-A3B MoE layer, H=%lld E=%lld top-%lld I=%lld, bf16, "
+      "%d threads\n",
+      static_cast<long long>(kHidden), static_cast<long long>(kExperts),
+      static_cast<long long>(kTopK), static_cast<long long>(kWidth), threads);
+  const auto bw = cpu::roofline::measure_bandwidth(threads);
+  const auto peak = cpu::roofline::measure_peak_flops(threads);
+  std::printf(
+      "# memory: triad %.1f GB/s (read+write counted), read-only %.1f GB/s; "
+      "peak bf16 %.0f GFLOP/s\n",
+      bw.triad_gbs, bw.read_gbs, peak.bf16_gflops);
+
+  std::mt19937 rng(42);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> common(kHidden);
+  for (float& v : common) v = normal(rng);
+  Layer layer;
+  build_layer(&layer, common);
+
+  const moe::MoeLayerOptions options{
+      .router = {.num_experts = kExperts, .top_k = kTopK, .renormalize = true},
+      .hidden_size = kHidden,
+      .expert_width = kWidth};
+  const double expert_bytes = 3.0 * kWidth * kHidden * 2;
+  const double router_bytes = static_cast<double>(kExperts * kHidden * 2);
+
+  std::printf("%-5s %-22s %10s %8s %8s %8s %9s %6s %6s\n", "T", "variant", "us/call", "experts",
+              "maxrows", "GB/s", "GFLOP/s", "%peak", "ratio");
+  for (int64_t num_tokens : {int64_t{1}, int64_t{512}}) {
+    // 64 batches of hidden states (decode) or 2 (prefill), each common direction + noise.
+    const int num_batches = num_tokens == 1 ? 64 : 2;
+    std::vector<std::vector<float>> batches(num_batches);
+    for (auto& batch : batches) {
+      batch.resize(static_cast<size_t>(num_tokens * kHidden));
+      for (int64_t t = 0; t < num_tokens; ++t)
+        for (int64_t h = 0; h < kHidden; ++h)
+          batch[t * kHidden + h] = 0.5f * common[h] + normal(rng);
+    }
+    std::vector<float> out(static_cast<size_t>(num_tokens * kHidden));
+    moe::MoeWorkspace ws;
+
+    for (bool fallback : {false, true}) {
+      if (fallback && num_tokens > 1) continue;  // the blocked fallback at T=512 takes minutes
+      cpu::gemm_detail::set_force_fallback(fallback);
+      auto call = [&](int i) {
+        moe::moe_layer_forward(batches[i % num_batches].data(), num_tokens, layer.views, options,
+                               nullptr, out.data(), &ws);
+      };
+      call(0);
+      call(1);
+      Stats best{.seconds = 1e30};
+      for (int rep = 0; rep < 3; ++rep) {
+        Stats s;
+        int calls = 0;
+        double touched = 0;
+        const double start = cpu::roofline::now_seconds();
+        do {
+          call(calls++);
+          int used = 0;
+          for (int32_t count : ws.plan.expert_counts) {
+            used += count > 0;
+            s.max_rows = std::max<int>(s.max_rows, count);
+          }
+          touched += used;
+        } while (cpu::roofline::now_seconds() - start < 0.5 || calls < 4);
+        s.seconds = (cpu::roofline::now_seconds() - start) / calls;
+        s.experts_touched = touched / calls;
+        if (s.seconds < best.seconds) best = s;
+      }
+      const double bytes = best.experts_touched * expert_bytes + router_bytes;
+      const double flops =
+          2.0 * num_tokens * kTopK * 3 * kHidden * kWidth + 2.0 * num_tokens * kExperts * kHidden;
+      const double gbs = bytes / best.seconds / 1e9;
+      const double gflops = flops / best.seconds / 1e9;
+      const std::string name = fallback ? "moe_layer (fallback)" : "moe_layer_forward";
+      std::printf("%-5lld %-22s %10.1f %8.1f %8d %8.1f %9.1f %5.1f%% %6.2f\n",
+                  static_cast<long long>(num_tokens), name.c_str(), best.seconds * 1e6,
+                  best.experts_touched, best.max_rows, gbs, gflops,
+                  peak.bf16_gflops > 0 ? 100.0 * gflops / peak.bf16_gflops : 0.0,
+                  gbs / bw.triad_gbs);
+    }
+    cpu::gemm_detail::set_force_fallback(false);
+
+    // Where the time goes: each stage timed on its own over the last batch.
+    {
+      const float* hidden = batches[0].data();
+      std::vector<float> logits(static_cast<size_t>(num_tokens * kExperts));
+      std::vector<float> rows(static_cast<size_t>(num_tokens * kTopK * kHidden));
+      std::vector<float> expert_out(rows.size());
+      moe::Routing routing;
+      moe::DispatchPlan plan;
+      double t_router = 1e30, t_route = 1e30, t_plan = 1e30, t_dispatch = 1e30, t_experts = 1e30,
+             t_unpermute = 1e30;
+      auto timed = [](double* best, auto&& fn) {
+        const double start = cpu::roofline::now_seconds();
+        fn();
+        *best = std::min(*best, cpu::roofline::now_seconds() - start);
+      };
+      for (int rep = 0; rep < (num_tokens == 1 ? 50 : 4); ++rep) {
+        hidden = batches[rep % num_batches].data();
+        timed(&t_router,
+              [&] { cpu::linear(hidden, num_tokens, layer.views.router, nullptr, logits.data()); });
+        timed(&t_route, [&] { moe::route(logits.data(), num_tokens, options.router, &routing); });
+        timed(&t_plan, [&] { moe::plan(routing, kExperts, &plan); });
+        timed(&t_dispatch, [&] { moe::dispatch(hidden, kHidden, routing, plan, rows.data()); });
+        timed(&t_experts, [&] {
+          moe::run_experts(rows.data(), kHidden, kWidth, plan, layer.views.experts,
+                           expert_out.data());
+        });
+        timed(&t_unpermute, [&] {
+          moe::unpermute(expert_out.data(), kHidden, routing, plan, nullptr, out.data());
+        });
+      }
+      std::printf(
+          "#   T=%lld stages (best of runs, us): router %.1f, route %.1f, plan %.1f, "
+          "dispatch %.1f, experts %.1f, unpermute %.1f\n",
+          static_cast<long long>(num_tokens), t_router * 1e6, t_route * 1e6, t_plan * 1e6,
+          t_dispatch * 1e6, t_experts * 1e6, t_unpermute * 1e6);
+    }
+  }
+  return 0;
+}
