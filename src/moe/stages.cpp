@@ -10,17 +10,78 @@
 
 namespace moeinfer::moe {
 
+void validate(const RouterOptions& o) {
+  MOE_CHECK(o.num_experts >= 1, "router needs at least one expert, got ", o.num_experts);
+  MOE_CHECK(o.top_k >= 1 && o.top_k <= o.num_experts, "top_k ", o.top_k,
+            " must be in [1, num_experts=", o.num_experts, "]");
+  if (o.group_score == GroupScore::kNone) return;
+  MOE_CHECK(o.num_groups >= 1 && o.num_experts % o.num_groups == 0, "n_group ", o.num_groups,
+            " must divide the ", o.num_experts, " experts");
+  MOE_CHECK(o.topk_groups >= 1 && o.topk_groups <= o.num_groups, "topk_group ", o.topk_groups,
+            " must be in [1, n_group=", o.num_groups, "]");
+  MOE_CHECK(o.topk_groups * (o.num_experts / o.num_groups) >= o.top_k, "topk_group ",
+            o.topk_groups, " groups of ", o.num_experts / o.num_groups,
+            " experts cannot supply top_k=", o.top_k, " experts");
+  MOE_CHECK(o.group_score != GroupScore::kTop2Sum || o.num_experts / o.num_groups >= 2,
+            "top-2 group scores need at least 2 experts per group");
+}
+
+namespace {
+
+// Higher score first; equal scores keep the lower index first.
+struct ByScoreDesc {
+  const float* scores;
+  bool operator()(int32_t a, int32_t b) const {
+    return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
+  }
+};
+
+// Marks experts outside the best topk_groups groups as ineligible (-inf in `choice`).
+void mask_groups(const RouterOptions& o, float* choice, std::vector<float>& group_scores,
+                 std::vector<int32_t>& group_order) {
+  const int64_t per_group = o.num_experts / o.num_groups;
+  group_scores.resize(o.num_groups);
+  for (int64_t g = 0; g < o.num_groups; ++g) {
+    const float* s = choice + g * per_group;
+    if (o.group_score == GroupScore::kMax) {
+      group_scores[g] = *std::max_element(s, s + per_group);
+    } else {
+      float best = -INFINITY, second = -INFINITY;
+      for (int64_t i = 0; i < per_group; ++i) {
+        if (s[i] > best) {
+          second = best;
+          best = s[i];
+        } else if (s[i] > second) {
+          second = s[i];
+        }
+      }
+      group_scores[g] = best + second;
+    }
+  }
+  group_order.resize(o.num_groups);
+  std::iota(group_order.begin(), group_order.end(), 0);
+  std::partial_sort(group_order.begin(), group_order.begin() + o.topk_groups, group_order.end(),
+                    ByScoreDesc{group_scores.data()});
+  std::vector<bool> kept(o.num_groups, false);
+  for (int64_t i = 0; i < o.topk_groups; ++i) kept[group_order[i]] = true;
+  for (int64_t e = 0; e < o.num_experts; ++e) {
+    if (!kept[e / per_group]) choice[e] = -INFINITY;
+  }
+}
+
+}  // namespace
+
 void route(const float* logits, int64_t num_tokens, const RouterOptions& options, Routing* out) {
+  validate(options);
   const int64_t E = options.num_experts;
   const int64_t K = options.top_k;
-  MOE_CHECK(K >= 1 && K <= E, "top_k ", K, " must be in [1, num_experts=", E, "]");
   out->num_tokens = num_tokens;
   out->top_k = K;
   out->topk_ids.resize(num_tokens * K);
   out->topk_weights.resize(num_tokens * K);
   parallel_for(num_tokens, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(E);
-    std::vector<int32_t> order(E);
+    std::vector<float> scores(E), choice(E), group_scores;
+    std::vector<int32_t> order(E), group_order;
     for (int64_t t = begin; t < end; ++t) {
       const float* row = logits + t * E;
       if (options.score == ScoreFunction::kSoftmax) {
@@ -31,15 +92,18 @@ void route(const float* logits, int64_t num_tokens, const RouterOptions& options
       } else {
         for (int64_t e = 0; e < E; ++e) scores[e] = 1.0f / (1.0f + std::exp(-row[e]));
       }
+      for (int64_t e = 0; e < E; ++e) {
+        choice[e] = scores[e] + (options.selection_bias ? options.selection_bias[e] : 0.0f);
+      }
+      if (options.group_score != GroupScore::kNone) {
+        mask_groups(options, choice.data(), group_scores, group_order);
+      }
       std::iota(order.begin(), order.end(), 0);
-      // Highest score first; equal scores keep the lower expert id first.
-      std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int32_t a, int32_t b) {
-        return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
-      });
+      std::partial_sort(order.begin(), order.begin() + K, order.end(), ByScoreDesc{choice.data()});
       float picked_sum = 0.0f;
       for (int64_t k = 0; k < K; ++k) picked_sum += scores[order[k]];
       const float scale =
-          (options.renormalize ? 1.0f / picked_sum : 1.0f) * options.routed_scaling_factor;
+          (options.renormalize ? 1.0f / (picked_sum + 1e-20f) : 1.0f) * options.routed_scaling_factor;
       for (int64_t k = 0; k < K; ++k) {
         out->topk_ids[t * K + k] = order[k];
         out->topk_weights[t * K + k] = scores[order[k]] * scale;

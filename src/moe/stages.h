@@ -13,13 +13,31 @@ namespace moeinfer::moe {
 
 enum class ScoreFunction { kSoftmax, kSigmoid };
 
+// Group-limited routing (DeepSeek): experts are split into num_groups equal groups, each group
+// gets a score, only the best topk_groups groups stay eligible.
+enum class GroupScore {
+  kNone,     // no grouping
+  kMax,      // DeepSeek-V2 group_limited_greedy: the group's best expert score
+  kTop2Sum,  // DeepSeek-V3 noaux_tc: the sum of the group's two best (bias-corrected) scores
+};
+
 struct RouterOptions {
   int64_t num_experts = 0;  // E
   int64_t top_k = 0;        // K
   ScoreFunction score = ScoreFunction::kSoftmax;
   bool renormalize = false;          // divide the K weights by their sum
   float routed_scaling_factor = 1.0f;
+  GroupScore group_score = GroupScore::kNone;
+  int64_t num_groups = 1;
+  int64_t topk_groups = 1;
+  // [E] score-correction bias (DeepSeek-V3 e_score_correction_bias), or null. It is added to
+  // the scores used to choose experts and groups; the weights come from the unbiased scores.
+  const float* selection_bias = nullptr;
 };
+
+// Checks the options' invariants (top_k <= E, groups divide E, enough experts in the kept
+// groups); throws moeinfer::Error naming the bad value.
+void validate(const RouterOptions& options);
 
 struct Routing {
   int64_t num_tokens = 0;  // T

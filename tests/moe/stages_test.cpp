@@ -51,6 +51,72 @@ TEST(Route, RejectsTopKLargerThanExperts) {
   EXPECT_THROW(route(logits, 1, {.num_experts = 2, .top_k = 3}, &r), Error);
 }
 
+TEST(Route, GroupLimitedGreedyKeepsBestGroupsByMaxScore) {
+  // DeepSeek-V2 group_limited_greedy: 8 experts in 4 groups of 2, keep 2 groups, top-2.
+  // Without groups the top-3 would be experts 7, 0, 5. Group maxima: g0 = 3 (e0), g1 = 2 (e2),
+  // g2 = 2.5 (e5), g3 = 4 (e7); groups 3 and 0 are kept, so expert 5 is excluded and expert 1
+  // takes its place.
+  const float logits[8] = {3.0f, 2.0f, 2.0f, 0.0f, 1.0f, 2.5f, 0.0f, 4.0f};
+  Routing r;
+  const RouterOptions options{.num_experts = 8, .top_k = 3, .group_score = GroupScore::kMax,
+                              .num_groups = 4, .topk_groups = 2};
+  route(logits, 1, options, &r);
+  EXPECT_EQ(r.topk_ids, (std::vector<int32_t>{7, 0, 1}));
+  // Weights are the softmax over all 8 experts, not renormalised.
+  float denom = 0.0f;
+  for (float l : logits) denom += std::exp(l);
+  EXPECT_NEAR(r.topk_weights[0], std::exp(4.0f) / denom, 1e-6);
+  EXPECT_NEAR(r.topk_weights[2], std::exp(2.0f) / denom, 1e-6);
+}
+
+TEST(Route, NoauxTcGroupWinsOnBiasAloneButWeightsIgnoreBias) {
+  // DeepSeek-V3 noaux_tc: sigmoid scores, bias added for choosing only. 4 experts in 2 groups.
+  // Without bias group 0 (experts 0, 1) wins; a bias of +1 on experts 2 and 3 flips the choice
+  // to group 1, and the weights are still their unbiased sigmoid scores.
+  const float logits[4] = {1.0f, 0.5f, 0.0f, -0.5f};
+  const float bias[4] = {0.0f, 0.0f, 1.0f, 1.0f};
+  const auto sigmoid = [](float x) { return 1.0f / (1.0f + std::exp(-x)); };
+  RouterOptions options{.num_experts = 4, .top_k = 2, .score = ScoreFunction::kSigmoid,
+                        .group_score = GroupScore::kTop2Sum, .num_groups = 2, .topk_groups = 1};
+  Routing r;
+  route(logits, 1, options, &r);
+  EXPECT_EQ(r.topk_ids, (std::vector<int32_t>{0, 1}));
+  options.selection_bias = bias;
+  options.renormalize = true;
+  options.routed_scaling_factor = 2.5f;
+  route(logits, 1, options, &r);
+  EXPECT_EQ(r.topk_ids, (std::vector<int32_t>{2, 3}));
+  const float s2 = sigmoid(0.0f), s3 = sigmoid(-0.5f);
+  EXPECT_NEAR(r.topk_weights[0], 2.5f * s2 / (s2 + s3), 1e-6);
+  EXPECT_NEAR(r.topk_weights[1], 2.5f * s3 / (s2 + s3), 1e-6);
+}
+
+TEST(Route, GroupTiesGoToTheLowerGroup) {
+  // Two groups with equal top-2 sums: the lower group is kept.
+  const float logits[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  Routing r;
+  route(logits, 1,
+        {.num_experts = 4, .top_k = 2, .score = ScoreFunction::kSigmoid,
+         .group_score = GroupScore::kTop2Sum, .num_groups = 2, .topk_groups = 1},
+        &r);
+  EXPECT_EQ(r.topk_ids, (std::vector<int32_t>{0, 1}));
+}
+
+TEST(Route, RejectsGroupsThatCannotSupplyTopK) {
+  const float logits[8] = {};
+  Routing r;
+  EXPECT_THROW(route(logits, 1,
+                     {.num_experts = 8, .top_k = 4, .group_score = GroupScore::kMax,
+                      .num_groups = 4, .topk_groups = 1},
+                     &r),
+               Error);
+  EXPECT_THROW(route(logits, 1,
+                     {.num_experts = 8, .top_k = 2, .group_score = GroupScore::kMax,
+                      .num_groups = 3, .topk_groups = 1},
+                     &r),
+               Error);
+}
+
 TEST(Plan, CountingSortIsStableAndInverts) {
   // 3 tokens, top-2, 4 experts; expert 2 gets nothing.
   Routing r{.num_tokens = 3, .top_k = 2, .topk_ids = {3, 0, 0, 1, 3, 0}, .topk_weights = {}};
