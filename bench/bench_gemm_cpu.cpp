@@ -21,6 +21,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backend/cpu/gemm.h"
@@ -55,19 +56,22 @@ constexpr LinearShape kShapes[] = {
 
 using Fn = std::function<bool(const float*, int64_t, const TensorView&, float*)>;
 
-// Seconds per call: best of 3 batches, each at least 0.2 s (or 3 calls).
+// Seconds per call: best of 10 batches, each at least 40 ms (or 3 calls). The machine is shared,
+// so the best batch is the one least disturbed by other processes.
 double time_call(const std::function<void(int)>& call) {
-  call(0);
-  call(1);
+  int index = 0;  // keeps rotating through the weight copies across batches
+  call(index++);
+  call(index++);
   double best = 1e30;
-  for (int batch = 0; batch < 3; ++batch) {
+  for (int batch = 0; batch < 10; ++batch) {
     int calls = 0;
     const double start = roofline::now_seconds();
     double elapsed = 0;
     do {
-      call(calls++);
+      call(index++);
+      ++calls;
       elapsed = roofline::now_seconds() - start;
-    } while (elapsed < 0.2 || calls < 3);
+    } while (elapsed < 0.04 || calls < 3);
     best = std::min(best, elapsed / calls);
   }
   return best;
@@ -124,6 +128,8 @@ int main(int argc, char** argv) {
               "off"
 #endif
   );
+  std::printf("# load average at start: %.2f (%d cores)\n", roofline::load_average(),
+              static_cast<int>(std::thread::hardware_concurrency()));
   const auto bw = roofline::measure_bandwidth(threads);
   const auto peak = roofline::measure_peak_flops(threads);
   std::printf(
@@ -238,5 +244,6 @@ int main(int argc, char** argv) {
       }
     }
   }
+  std::printf("# load average at end: %.2f\n", roofline::load_average());
   return 0;
 }

@@ -21,6 +21,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backend/cpu/gemm.h"
@@ -102,6 +103,8 @@ int main() {
       "%d threads\n",
       static_cast<long long>(kHidden), static_cast<long long>(kExperts),
       static_cast<long long>(kTopK), static_cast<long long>(kWidth), threads);
+  std::printf("# load average at start: %.2f (%d cores)\n", cpu::roofline::load_average(),
+              static_cast<int>(std::thread::hardware_concurrency()));
   const auto bw = cpu::roofline::measure_bandwidth(threads);
   const auto peak = cpu::roofline::measure_peak_flops(threads);
   std::printf(
@@ -217,5 +220,6 @@ int main() {
           t_dispatch * 1e6, t_experts * 1e6, t_unpermute * 1e6);
     }
   }
+  std::printf("# load average at end: %.2f\n", cpu::roofline::load_average());
   return 0;
 }

@@ -37,6 +37,8 @@
 #include "core/error.h"
 
 #if defined(MOE_HAVE_DNNL)
+#include <dlfcn.h>
+
 #include <oneapi/dnnl/dnnl.hpp>
 #endif
 
@@ -313,6 +315,21 @@ std::shared_ptr<const DnnlPrimitive> make_dnnl_primitive(int64_t k, int64_t n, D
   }
 }
 
+// oneDNN (OpenMP build) sizes its team from the calling thread's OpenMP thread count. Unless the
+// user set OMP_NUM_THREADS, give each calling thread the same count as our own workers
+// (MOE_NUM_THREADS or all cores), so that one knob sets both. omp_set_num_threads is looked up
+// at run time: libgomp comes in through libdnnl, and a TBB or sequential oneDNN has none.
+void align_openmp_threads() {
+  thread_local bool done = false;
+  if (done) return;
+  done = true;
+  if (std::getenv("OMP_NUM_THREADS") != nullptr) return;
+  using SetThreads = void (*)(int);
+  static const auto set_threads =
+      reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
+  if (set_threads != nullptr) set_threads(gemm_num_threads());
+}
+
 std::shared_ptr<const DnnlPrimitive> dnnl_primitive(int64_t k, int64_t n, DType dtype,
                                                     bool has_bias) {
   static std::mutex mutex;
@@ -344,6 +361,7 @@ bool linear_dnnl(const float* x, int64_t num_rows, const TensorView& weight, con
   const auto prim = dnnl_primitive(d.k, d.n, weight.dtype, bias != nullptr);
   if (prim == nullptr) return false;
   if (d.m == 0) return true;
+  align_openmp_threads();
   using dt = dnnl::memory::data_type;
   const dt wdt = weight.dtype == DType::kBF16 ? dt::bf16 : dt::f16;
 

@@ -51,6 +51,12 @@ inline double run_on_threads(int num_threads, const std::function<void(int)>& fn
   return now_seconds() - start;
 }
 
+// The 1-minute load average (-1 where unknown): other processes on the machine skew every figure.
+inline double load_average() {
+  double load[1] = {-1.0};
+  return getloadavg(load, 1) == 1 ? load[0] : -1.0;
+}
+
 struct Bandwidth {
   double triad_gbs = 0;  // a[i] = b[i] + s * c[i]: 2 reads + 1 write counted, 12 bytes/element
   double read_gbs = 0;   // sum of a[i]: 4 bytes/element
@@ -59,7 +65,7 @@ struct Bandwidth {
 
 // Best of `reps` passes with every thread sweeping its own slice of buffers of buffer_bytes each.
 inline Bandwidth measure_bandwidth(int num_threads, int64_t buffer_bytes = int64_t{256} << 20,
-                                   int reps = 5) {
+                                   int reps = 10) {
   const int64_t n = buffer_bytes / 4;
   std::unique_ptr<float[]> a(new float[n]), b(new float[n]), c(new float[n]);
   // First touch by the threads that use each slice.
