@@ -435,6 +435,31 @@ TEST_F(SafetensorsTest, PrefaultReportsThroughput) {
   EXPECT_GT(store.prefault(), 0.0);
 }
 
+// Checkpoints written by the reference stack (transformers + safetensors) for the parity tests.
+TEST(SafetensorsReferenceTest, OpensEveryFixtureCheckpoint) {
+  const fs::path models = fs::path(MOE_FIXTURES_DIR) / "models";
+  if (!fs::is_directory(models)) GTEST_SKIP() << "no fixture checkpoints";
+  int opened = 0;
+  for (const auto& dir : fs::directory_iterator(models)) {
+    if (!fs::exists(dir.path() / "model.safetensors") &&
+        !fs::exists(dir.path() / "model.safetensors.index.json"))
+      continue;
+    SCOPED_TRACE(dir.path().string());
+    const WeightStore store = WeightStore::open(dir.path());
+    ASSERT_FALSE(store.names().empty());
+    for (const std::string& name : store.names()) {
+      const TensorEntry& entry = store.entry(name);
+      const DType any[] = {entry.dtype};
+      const TensorView view = store.require(name, entry.shape, any);
+      EXPECT_EQ(view.nbytes(), entry.end - entry.begin) << name;
+    }
+    EXPECT_GT(store.total_bytes(), 0u);
+    EXPECT_GE(store.prefault(), 0.0);
+    ++opened;
+  }
+  EXPECT_GT(opened, 0);
+}
+
 TEST(ProgressBarTest, SilentUnlessForcedThenDrawsAndEndsLine) {
   std::FILE* out = std::tmpfile();
   ASSERT_NE(out, nullptr);
