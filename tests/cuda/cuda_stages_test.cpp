@@ -104,6 +104,12 @@ TEST(CudaLauncherChecks, PlanRefusesBadSizes) {
   p.num_assignments = 4;
   p.inverse = nullptr;
   expect_error_naming([&] { moe_plan(p, nullptr); }, "inverse is null");
+  // Past the single-block size the plan needs its workspace.
+  p.inverse = dummy;
+  p.num_assignments = kPlanSingleBlockMax + 1;
+  EXPECT_GT(plan_workspace_size(p.num_assignments, p.num_experts), 0);
+  EXPECT_EQ(plan_workspace_size(kPlanSingleBlockMax, p.num_experts), 0);
+  expect_error_naming([&] { moe_plan(p, nullptr); }, "workspace is null");
 }
 
 TEST(CudaLauncherChecks, RowKernelsRefuseBadShapes) {
@@ -113,7 +119,7 @@ TEST(CudaLauncherChecks, RowKernelsRefuseBadShapes) {
   const bf16* in = reinterpret_cast<const bf16*>(rows);
   bf16* out = reinterpret_cast<bf16*>(rows);
   PermuteParams permute_params{
-      .hidden = in, .src_row = index, .rows = out, .num_tokens = 2, .top_k = 2, .hidden_size = 12};
+      .hidden = in, .inverse = index, .rows = out, .num_tokens = 2, .top_k = 2, .hidden_size = 12};
   expect_error_naming([&] { permute(permute_params, nullptr); }, "hidden_size = 12");
   permute_params.hidden_size = 8;
   permute_params.rows = reinterpret_cast<bf16*>(rows + 1);
@@ -375,13 +381,32 @@ moe::Routing routing_of(const std::vector<int32_t>& ids, int64_t T, int64_t K) {
 }
 
 struct DevicePlan {
-  DeviceBuffer<int32_t> counts, offsets, src_row, inverse;
-  DevicePlan(int64_t N, int64_t E) : counts(E), offsets(E + 1), src_row(N), inverse(N) {}
+  DeviceBuffer<int32_t> counts, offsets, src_row, inverse, workspace;
+  int64_t num_assignments, num_experts;
+  DevicePlan(int64_t N, int64_t E)
+      : counts(E),
+        offsets(E + 1),
+        src_row(N),
+        inverse(N),
+        workspace(plan_workspace_size(N, E)),
+        num_assignments(N),
+        num_experts(E) {}
   void poison() {
     counts.poison();
     offsets.poison();
     src_row.poison();
     inverse.poison();
+    workspace.poison();
+  }
+  PlanParams params(const int32_t* ids) const {
+    return PlanParams{.topk_ids = ids,
+                      .expert_counts = counts.get(),
+                      .expert_offsets = offsets.get(),
+                      .src_row = src_row.get(),
+                      .inverse = inverse.get(),
+                      .workspace = workspace.get(),
+                      .num_assignments = num_assignments,
+                      .num_experts = num_experts};
   }
 };
 
@@ -392,14 +417,7 @@ void check_plan(const std::vector<int32_t>& ids, int64_t T, int64_t E, int64_t K
   DeviceBuffer<int32_t> d_ids(ids);
   DevicePlan plan(N, E);
   plan.poison();
-  moe_plan(PlanParams{.topk_ids = d_ids.get(),
-                      .expert_counts = plan.counts.get(),
-                      .expert_offsets = plan.offsets.get(),
-                      .src_row = plan.src_row.get(),
-                      .inverse = plan.inverse.get(),
-                      .num_assignments = N,
-                      .num_experts = E},
-           nullptr);
+  moe_plan(plan.params(d_ids.get()), nullptr);
   synchronize();
   expect_equal_ints(plan.counts.download(), want.expert_counts, "expert_counts");
   expect_equal_ints(plan.offsets.download(), want.expert_offsets, "expert_offsets");
@@ -446,11 +464,11 @@ void permute_random(int64_t T) {
       moe::dispatch(to_float(hidden).data(), H, routing, plan, want.data());
 
       DeviceBuffer<uint16_t> d_hidden(hidden);
-      DeviceBuffer<int32_t> d_src_row(plan.src_row);
+      DeviceBuffer<int32_t> d_inverse(plan.inverse);
       DeviceBuffer<uint16_t> d_rows(T * K * H);
       d_rows.poison();
       permute(PermuteParams{.hidden = d_hidden.as_bf16(),
-                            .src_row = d_src_row.get(),
+                            .inverse = d_inverse.get(),
                             .rows = d_rows.as_bf16(),
                             .num_tokens = T,
                             .top_k = K,
@@ -675,16 +693,9 @@ void pipeline(int64_t T) {
                               .top_k = K,
                               .renormalize = true},
                  stream);
-    moe_plan(PlanParams{.topk_ids = d_ids.get(),
-                        .expert_counts = d_plan.counts.get(),
-                        .expert_offsets = d_plan.offsets.get(),
-                        .src_row = d_plan.src_row.get(),
-                        .inverse = d_plan.inverse.get(),
-                        .num_assignments = T * K,
-                        .num_experts = E},
-             stream);
+    moe_plan(d_plan.params(d_ids.get()), stream);
     permute(PermuteParams{.hidden = d_hidden.as_bf16(),
-                          .src_row = d_plan.src_row.get(),
+                          .inverse = d_plan.inverse.get(),
                           .rows = d_rows.as_bf16(),
                           .num_tokens = T,
                           .top_k = K,

@@ -40,7 +40,7 @@ inline constexpr int64_t kRouterMaxTopK = 16;
 // The plan keeps one histogram row per warp in shared memory; more experts than this would
 // leave too few warps.
 inline constexpr int64_t kPlanMaxExperts = 8192;
-// The unpermute kernel broadcasts each token's K (row, weight) pairs across one warp.
+// Unpermute: no model routes a token to more experts than this.
 inline constexpr int64_t kUnpermuteMaxTopK = 32;
 // The RMSNorm kernel keeps a row in registers: at most 1024 threads x 4 vectors of 8.
 inline constexpr int64_t kRmsNormMaxHidden = 32768;
@@ -67,24 +67,35 @@ struct PlanParams {
   int32_t* expert_offsets = nullptr;  // [E + 1]
   int32_t* src_row = nullptr;         // [T*K]
   int32_t* inverse = nullptr;         // [T*K]
+  int32_t* workspace = nullptr;       // [plan_workspace_size(T*K, E)] scratch, or null when 0
   int64_t num_assignments = 0;        // T*K
   int64_t num_experts = 0;            // E
 };
 
-// plan: stable counting sort of the assignments by expert id, in one kernel of one block.
-// An expert id out of range traps on the device (the next CUDA call on the stream fails).
+// Up to this many assignments the plan is one kernel of one block; above it, a counting
+// kernel writes per-block histograms to the workspace and a second kernel scatters.
+inline constexpr int64_t kPlanSingleBlockMax = 2048;
+
+// int32 elements of scratch moe_plan() needs for this many assignments and experts (0 when
+// the single-block path serves them).
+int64_t plan_workspace_size(int64_t num_assignments, int64_t num_experts);
+
+// plan: stable counting sort of the assignments by expert id. An expert id out of range traps
+// on the device (the next CUDA call on the stream fails).
 void moe_plan(const PlanParams& params, cudaStream_t stream);
 
 struct PermuteParams {
   const bf16* hidden = nullptr;      // [T, H]
-  const int32_t* src_row = nullptr;  // [T*K]
+  const int32_t* inverse = nullptr;  // [T*K] sorted row of assignment t*K + k
   bf16* rows = nullptr;              // [T*K, H] expert order
   int64_t num_tokens = 0;            // T
   int64_t top_k = 0;                 // K
   int64_t hidden_size = 0;           // H, a multiple of 8
 };
 
-// dispatch on one device: rows[r] = hidden[src_row[r] / K].
+// dispatch on one device: rows[inverse[t*K+k]] = hidden[t], i.e. rows[r] = hidden[src_row[r]/K].
+// Token-major: each hidden row is read once and written to its K rows, so the bytes moved are
+// the floor (T*H read, T*K*H written) even when hidden is larger than L2.
 void permute(const PermuteParams& params, cudaStream_t stream);
 
 struct UnpermuteParams {

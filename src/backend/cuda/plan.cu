@@ -1,5 +1,7 @@
-// Launcher of the plan kernel (plan_kernel.cuh): one block of up to 1024 threads, with as many
-// warps as leave each warp's histogram row in the shared-memory budget.
+// Launcher of the plan kernels (plan_kernel.cuh). Up to kPlanSingleBlockMax assignments: one
+// block. Above: a counting kernel and a scatter kernel over B blocks of at least kPlanMinChunk
+// assignments each, B <= kPlanMaxBlocks, their histograms in the caller's workspace. Each
+// block gets as many warps as leave its per-warp histogram rows in the shared-memory budget.
 #include <algorithm>
 
 #include "backend/cuda/cuda_check.h"
@@ -11,44 +13,85 @@ namespace moeinfer::cuda {
 
 namespace {
 
-// Shared memory above the 48 KB default needs an opt-in; 96 KB keeps two such blocks' worth
-// free on any sm_80+ part.
+// Shared memory above the 48 KB default needs an opt-in; 96 KB leaves room for two blocks per
+// SM on any sm_80+ part.
 constexpr size_t kPlanSharedBudget = 96 * 1024;
 constexpr size_t kDefaultSharedLimit = 48 * 1024;
 
-int plan_warps(int64_t num_experts, int64_t num_assignments) {
+int64_t plan_chunk(int64_t num_assignments) {
+  const int64_t per_block = (num_assignments + kPlanMaxBlocks - 1) / kPlanMaxBlocks;
+  const int64_t chunk = std::max(kPlanMinChunk, per_block);
+  return (chunk + device::kWarpSize - 1) / device::kWarpSize * device::kWarpSize;
+}
+
+int64_t plan_blocks(int64_t num_assignments) {
+  if (num_assignments <= kPlanSingleBlockMax) return 1;
+  const int64_t chunk = plan_chunk(num_assignments);
+  return (num_assignments + chunk - 1) / chunk;
+}
+
+int plan_warps(int64_t num_experts, int64_t chunk) {
   int warps = kPlanMaxThreads / device::kWarpSize;
   while (warps > 1 && plan_shared_bytes(warps, num_experts) > kPlanSharedBudget) warps /= 2;
   // No more warps than steps of 32 assignments: idle warps only cost the histogram scan.
-  const int64_t steps = (num_assignments + device::kWarpSize - 1) / device::kWarpSize;
+  const int64_t steps = (chunk + device::kWarpSize - 1) / device::kWarpSize;
   while (warps > 1 && warps / 2 >= steps) warps /= 2;
   return warps;
 }
 
+template <typename Kernel>
+void raise_shared_limit(Kernel kernel, size_t bytes) {
+  if (bytes > kDefaultSharedLimit) {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(bytes)));
+  }
+}
+
 }  // namespace
+
+int64_t plan_workspace_size(int64_t num_assignments, int64_t num_experts) {
+  const int64_t blocks = plan_blocks(num_assignments);
+  return blocks > 1 ? blocks * num_experts : 0;
+}
 
 void moe_plan(const PlanParams& params, cudaStream_t stream) {
   NvtxRange range("plan");
   const int64_t E = params.num_experts;
+  const int64_t N = params.num_assignments;
   MOE_CHECK(E >= 1 && E <= kPlanMaxExperts, "num_experts = ", E, " must be in [1, ",
             kPlanMaxExperts, "]");
-  detail::check_int32_range(params.num_assignments, "num_assignments");
+  detail::check_int32_range(N, "num_assignments");
   detail::check_pointer(params.expert_counts, "expert_counts");
   detail::check_pointer(params.expert_offsets, "expert_offsets");
-  if (params.num_assignments > 0) {
+  if (N > 0) {
     detail::check_pointer(params.topk_ids, "topk_ids");
     detail::check_pointer(params.src_row, "src_row");
     detail::check_pointer(params.inverse, "inverse");
   }
-  const int warps = plan_warps(E, params.num_assignments);
+  const int64_t blocks = plan_blocks(N);
+  const int64_t chunk = blocks > 1 ? plan_chunk(N) : std::max<int64_t>(N, 1);
+  const int warps = plan_warps(E, chunk);
   const size_t shared_bytes = plan_shared_bytes(warps, E);
   MOE_CHECK(shared_bytes <= kPlanSharedBudget, "num_experts = ", E, " needs ", shared_bytes,
             " bytes of shared memory, over the plan's budget of ", kPlanSharedBudget);
-  if (shared_bytes > kDefaultSharedLimit) {
-    CUDA_CHECK(cudaFuncSetAttribute(moe_plan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(shared_bytes)));
+  if (blocks == 1) {
+    raise_shared_limit(moe_plan_kernel<false>, shared_bytes);
+    moe_plan_kernel<false>
+        <<<1, warps * device::kWarpSize, shared_bytes, stream>>>(params, static_cast<int>(chunk));
+    MOE_CUDA_CHECK_LAUNCH();
+    return;
   }
-  moe_plan_kernel<<<1, warps * device::kWarpSize, shared_bytes, stream>>>(params);
+  MOE_CHECK(params.workspace != nullptr, "workspace is null but ", N, " assignments over ", E,
+            " experts need plan_workspace_size() = ", plan_workspace_size(N, E), " ints");
+  const size_t count_bytes = static_cast<size_t>(E) * sizeof(int32_t);
+  raise_shared_limit(moe_plan_count_kernel, count_bytes);
+  moe_plan_count_kernel<<<static_cast<unsigned>(blocks), kPlanMaxThreads, count_bytes, stream>>>(
+      params, static_cast<int>(chunk));
+  MOE_CUDA_CHECK_LAUNCH();
+  raise_shared_limit(moe_plan_kernel<true>, shared_bytes);
+  moe_plan_kernel<true>
+      <<<static_cast<unsigned>(blocks), warps * device::kWarpSize, shared_bytes, stream>>>(
+          params, static_cast<int>(chunk));
   MOE_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,22 +1,28 @@
 // Plan: a stable counting sort of the T*K expert assignments by expert id, producing
 // expert_counts [E], expert_offsets [E+1], src_row [T*K] and inverse [T*K] exactly as the CPU
-// reference plan() does, in one kernel of one block, with nothing read back by the host.
+// reference plan() does, with nothing read back by the host.
 //
-// Why one block: T*K is at most tens of thousands (4096 tokens x 8 = 32768 assignments), a
-// single block streams that in a few microseconds, and one block needs no grid-wide exchange of
-// histograms (no second kernel, no atomics between blocks, no workspace in global memory).
+// Two paths, one kernel template:
+// - up to kPlanSingleBlockMax assignments (decode), one kernel of one block: no grid-wide
+//   exchange, no workspace, one launch;
+// - above it (prefill), moe_plan_count_kernel writes each block's histogram of its chunk to the
+//   workspace [B, E], then moe_plan_kernel<true> runs B blocks, each reading the B histograms
+//   to get the expert totals (hence the offsets) and the counts of the blocks before it.
+//   One block streaming 32768 assignments took 43 us on an H200 (its scattered stores all go
+//   through one SM); B blocks share that.
 //
-// How it stays stable: warp w owns the contiguous chunk of assignments
-// [w*chunk, (w+1)*chunk) and keeps its own histogram row hist[w][E] in shared memory.
-//   1. Each warp counts its chunk into its row (shared atomics, no order needed).
+// How a block stays stable: warp w owns the contiguous sub-chunk [w*sub, (w+1)*sub) of the
+// block's chunk and keeps its own histogram row hist[w][E] in shared memory.
+//   1. Each warp counts its sub-chunk into its row (shared atomics, no order needed).
 //   2. For each expert, an exclusive scan down the warps turns the rows into per-warp starts;
-//      the column totals are the expert counts, and a block scan over them gives the offsets.
-//      hist[w][e] becomes offsets[e] + (assignments of e in warps before w): warp w's cursor.
-//   3. Each warp walks its chunk again, 32 assignments per step in order. __match_any_sync
-//      groups the lanes holding the same expert; a lane's rank is the number of its peers at
-//      lower lanes, its sorted row cursor + rank, and the group's highest lane advances the
-//      cursor by the group's size. Order within the chunk, then chunk order, then expert order:
-//      the stable order of the reference.
+//      the column totals (single block) or the sums over all blocks' histograms (multi-block)
+//      are the expert counts, and a block scan over them gives the offsets. hist[w][e] becomes
+//      offsets[e] + (assignments of e in earlier blocks) + (in earlier warps): warp w's cursor.
+//   3. Each warp walks its sub-chunk again, 32 assignments per step in order.
+//      __match_any_sync groups the lanes holding the same expert; a lane's rank is the number
+//      of its peers at lower lanes, its sorted row cursor + rank, and the group's highest lane
+//      advances the cursor by the group's size. Order within a sub-chunk, then sub-chunk order,
+//      then block order, then expert order: the stable order of the reference.
 #pragma once
 
 #include "backend/cuda/cuda_check.h"
@@ -27,11 +33,13 @@ namespace moeinfer::cuda {
 
 inline constexpr int kPlanMaxThreads = 1024;
 inline constexpr int kPlanIdsPerLaneBatch = 8;  // ids loaded ahead per lane in step 3
+inline constexpr int64_t kPlanMaxBlocks = 128;  // multi-block path: histograms each block reads
+inline constexpr int64_t kPlanMinChunk = 1024;  // multi-block path: assignments per block, least
 
-// Shared memory of the plan kernel for `num_warps` warps: hist [W, E] then scan scratch
-// [E + 1] then per-warp sums [32].
+// Shared memory of moe_plan_kernel for `num_warps` warps: hist [W, E], offsets [E + 1],
+// earlier-block counts [E], per-warp sums [32].
 inline constexpr size_t plan_shared_bytes(int64_t num_warps, int64_t num_experts) {
-  return static_cast<size_t>(num_warps * num_experts + num_experts + 1 + 32) * sizeof(int32_t);
+  return static_cast<size_t>(num_warps * num_experts + 2 * num_experts + 1 + 32) * sizeof(int32_t);
 }
 
 namespace device {
@@ -79,27 +87,57 @@ __device__ inline int32_t block_exclusive_scan(int32_t* data, int n, int32_t* wa
 
 }  // namespace device
 
+// Multi-block path, first kernel: block b counts assignments [b*chunk, (b+1)*chunk) into
+// block_hist[b][E]. Shared memory: E ints.
 __global__ void __launch_bounds__(kPlanMaxThreads)
-    moe_plan_kernel(const __grid_constant__ PlanParams p) {
+    moe_plan_count_kernel(const __grid_constant__ PlanParams p, int chunk) {
+  extern __shared__ int32_t count_smem[];  // [E]
+  const int num_experts = static_cast<int>(p.num_experts);
+  const int num_assignments = static_cast<int>(p.num_assignments);
+  for (int e = threadIdx.x; e < num_experts; e += blockDim.x) count_smem[e] = 0;
+  __syncthreads();
+  const int begin = min(num_assignments, static_cast<int>(blockIdx.x) * chunk);
+  const int end = min(num_assignments, begin + chunk);
+  for (int i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const int32_t expert = __ldg(p.topk_ids + i);
+    MOE_DEVICE_CHECK(expert >= 0 && expert < num_experts);
+    atomicAdd(count_smem + expert, 1);
+  }
+  __syncthreads();
+  int32_t* block_hist = p.workspace + static_cast<int64_t>(blockIdx.x) * num_experts;
+  for (int e = threadIdx.x; e < num_experts; e += blockDim.x) block_hist[e] = count_smem[e];
+}
+
+// Sorts block b's chunk [b*chunk, (b+1)*chunk) into place. kMultiBlock: the expert totals and
+// the counts of earlier blocks come from the histograms in p.workspace; otherwise there is one
+// block and its own counts are the totals. Block 0 writes expert_counts and expert_offsets.
+template <bool kMultiBlock>
+__global__ void __launch_bounds__(kPlanMaxThreads)
+    moe_plan_kernel(const __grid_constant__ PlanParams p, int chunk) {
   extern __shared__ int32_t plan_smem[];
   const int num_experts = static_cast<int>(p.num_experts);
   const int num_assignments = static_cast<int>(p.num_assignments);
   const int num_warps = blockDim.x / device::kWarpSize;
   const int warp = threadIdx.x / device::kWarpSize;
   const int lane = threadIdx.x % device::kWarpSize;
+  const int block = blockIdx.x;
   int32_t* hist = plan_smem;                          // [W, E]
   int32_t* offsets = hist + num_warps * num_experts;  // [E + 1]
-  int32_t* warp_sums = offsets + num_experts + 1;     // [32]
+  int32_t* earlier = offsets + num_experts + 1;       // [E] counts in blocks before this one
+  int32_t* warp_sums = earlier + num_experts;         // [32]
   int32_t* my_hist = hist + warp * num_experts;       // [E]
 
   for (int i = threadIdx.x; i < num_warps * num_experts; i += blockDim.x) hist[i] = 0;
   __syncthreads();
 
-  // Chunks are whole steps of 32 so that only the last chunk has a partial step.
-  const int steps_total = (num_assignments + device::kWarpSize - 1) / device::kWarpSize;
+  // The block's chunk, split into whole steps of 32 per warp so that only the last warp with
+  // work has a partial step.
+  const int chunk_begin = min(num_assignments, block * chunk);
+  const int chunk_end = min(num_assignments, chunk_begin + chunk);
+  const int steps_total = (chunk_end - chunk_begin + device::kWarpSize - 1) / device::kWarpSize;
   const int steps_per_warp = (steps_total + num_warps - 1) / num_warps;
-  const int begin = min(num_assignments, warp * steps_per_warp * device::kWarpSize);
-  const int end = min(num_assignments, begin + steps_per_warp * device::kWarpSize);
+  const int begin = min(chunk_end, chunk_begin + warp * steps_per_warp * device::kWarpSize);
+  const int end = min(chunk_end, begin + steps_per_warp * device::kWarpSize);
 
   // 1. Count.
   for (int i = begin + lane; i < end; i += device::kWarpSize) {
@@ -109,7 +147,7 @@ __global__ void __launch_bounds__(kPlanMaxThreads)
   }
   __syncthreads();
 
-  // 2. Per-expert exclusive scan down the warps; totals are the counts.
+  // 2. Per-expert exclusive scan down the warps, then the expert totals.
   for (int e = threadIdx.x; e < num_experts; e += blockDim.x) {
     int32_t running = 0;
     for (int w = 0; w < num_warps; ++w) {
@@ -117,15 +155,33 @@ __global__ void __launch_bounds__(kPlanMaxThreads)
       hist[w * num_experts + e] = running;
       running += count;
     }
-    offsets[e] = running;
-    p.expert_counts[e] = running;
+    if constexpr (kMultiBlock) {
+      int32_t before = 0;
+      int32_t total = 0;
+      const int num_blocks = gridDim.x;
+      for (int b = 0; b < num_blocks; ++b) {
+        const int32_t count = p.workspace[static_cast<int64_t>(b) * num_experts + e];
+        before += b < block ? count : 0;
+        total += count;
+      }
+      earlier[e] = before;
+      offsets[e] = total;
+    } else {
+      earlier[e] = 0;
+      offsets[e] = running;
+    }
+    if (block == 0) p.expert_counts[e] = offsets[e];
   }
   __syncthreads();
   const int32_t total = device::block_exclusive_scan(offsets, num_experts, warp_sums);
-  for (int e = threadIdx.x; e < num_experts; e += blockDim.x) p.expert_offsets[e] = offsets[e];
-  if (threadIdx.x == 0) p.expert_offsets[num_experts] = total;
-  for (int i = threadIdx.x; i < num_warps * num_experts; i += blockDim.x)
-    hist[i] += offsets[i % num_experts];
+  if (block == 0) {
+    for (int e = threadIdx.x; e < num_experts; e += blockDim.x) p.expert_offsets[e] = offsets[e];
+    if (threadIdx.x == 0) p.expert_offsets[num_experts] = total;
+  }
+  for (int i = threadIdx.x; i < num_warps * num_experts; i += blockDim.x) {
+    const int e = i % num_experts;
+    hist[i] += offsets[e] + earlier[e];
+  }
   __syncthreads();
 
   // 3. Scatter in order. Ids are loaded a batch ahead so the loads overlap; the cursor update
