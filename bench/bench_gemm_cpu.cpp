@@ -14,6 +14,8 @@
 //   --sweep adds T = 2..64 (the GEMV / oneDNN crossover); --only keeps shapes whose name contains
 //   SUBSTRING and the BF16 rows only.
 // Threads: MOE_NUM_THREADS (our workers), OMP_NUM_THREADS (oneDNN); both default to all cores.
+#include <cblas.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -30,12 +32,6 @@
 #include "backend/cpu/gemm_parallel.h"
 #include "backend/cpu/gemm_roofline.h"
 #include "core/dtype.h"
-
-#if defined(MOE_HAVE_DNNL)
-#include <oneapi/dnnl/dnnl.hpp>
-#endif
-
-#include <cblas.h>
 extern "C" void openblas_set_num_threads(int num_threads) __attribute__((weak));
 
 namespace {
@@ -76,38 +72,6 @@ double time_call(const std::function<void(int)>& call) {
   }
   return best;
 }
-
-#if defined(MOE_HAVE_DNNL)
-// oneDNN matmul with the row count fixed at creation (it then picks its brgemm kernels), for
-// comparison with the runtime-M primitive linear() uses.
-struct FixedMDnnl {
-  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
-  dnnl::stream stream{engine};
-  dnnl::matmul matmul;
-  std::string impl;
-  std::vector<uint16_t> xb;
-  FixedMDnnl(int64_t m, int64_t k, int64_t n) {
-    using dt = dnnl::memory::data_type;
-    dnnl::matmul::desc desc({{m, k}, dt::bf16, {k, 1}}, {{k, n}, dt::bf16, {1, k}},
-                            {{m, n}, dt::f32, {n, 1}});
-    dnnl::matmul::primitive_desc pd(desc, engine);
-    impl = pd.impl_info_str();
-    matmul = dnnl::matmul(pd);
-    xb.resize(m * k);
-  }
-  void run(const float* x, int64_t m, const TensorView& w, float* y) {
-    using dt = dnnl::memory::data_type;
-    const int64_t k = w.shape[1], n = w.shape[0];
-    gemm_detail::round_to_bf16(x, xb.data(), m * k);
-    matmul.execute(stream,
-                   {{DNNL_ARG_SRC, dnnl::memory({{m, k}, dt::bf16, {k, 1}}, engine, xb.data())},
-                    {DNNL_ARG_WEIGHTS,
-                     dnnl::memory({{k, n}, dt::bf16, {1, k}}, engine, const_cast<void*>(w.data))},
-                    {DNNL_ARG_DST, dnnl::memory({{m, n}, dt::f32, {n, 1}}, engine, y)}});
-    stream.wait();
-  }
-};
-#endif
 
 }  // namespace
 
@@ -209,17 +173,15 @@ int main(int argc, char** argv) {
                                   }});
           }
           if (gemm_detail::dnnl_available(dtype)) {
-            candidates.push_back({"onednn-runtimeM", [&](int c) {
+            candidates.push_back({"onednn-workers", [&](int c) {
                                     gemm_detail::linear_dnnl(x.data(), t, weight(c), nullptr,
                                                              y.data());
                                   }});
+            candidates.push_back({"onednn-openmp", [&](int c) {
+                                    gemm_detail::linear_dnnl_openmp(x.data(), t, weight(c), nullptr,
+                                                                    y.data());
+                                  }});
           }
-#if defined(MOE_HAVE_DNNL)
-          auto fixed = std::make_shared<FixedMDnnl>(t, s.k, s.n);
-          candidates.push_back({"onednn-fixedM", [&, fixed](int c) {
-                                  fixed->run(x.data(), t, weight(c), y.data());
-                                }});
-#endif
           candidates.push_back({"blocked-f32", [&](int c) {
                                   gemm_detail::linear_blocked_f32(x.data(), t, weight(c), nullptr,
                                                                   y.data());

@@ -179,6 +179,7 @@ std::vector<PathUnderTest> paths_for(DType dtype) {
   paths.push_back({"gemv-scalar", always(gemm_detail::linear_gemv_scalar), false});
   paths.push_back({"gemv-avx512", gemm_detail::linear_gemv_avx512, dtype == DType::kBF16});
   paths.push_back({"onednn", gemm_detail::linear_dnnl, true});
+  paths.push_back({"onednn-openmp", gemm_detail::linear_dnnl_openmp, true});
   for (auto& p : paths) {
     if (p.name == "gemv-avx512") p.rounds_x = path_rounds_x(Path::kGemv, dtype);
   }

@@ -1,18 +1,20 @@
 // cpu::linear(): y[T, N] = x[T, K] . W[N, K]^T (+ bias) with checkpoint weights used in place.
 //
 // Why it is built this way:
-// - F32 weights go to OpenBLAS. OpenBLAS is pinned to one thread and we split N over our own
-//   workers (gemm_parallel.h), so that its spinning threads never fight oneDNN's OpenMP team
-//   or the engine's pool for the cores.
-// - BF16 weights at a few rows (decode) are a GEMV that only has to stream W once: a
-//   hand-written AVX-512 kernel (vdpbf16ps) split over N reaches the memory bandwidth, which
-//   oneDNN's runtime-M GEMM does not at M = 1 (see bench/RESULTS.md).
-// - BF16 weights at many rows (prefill, busy experts) go to oneDNN matmul: bf16 x bf16 -> f32
-//   with W described in place by strides (no reorder, no copy), one primitive per
-//   (K, N, dtype, bias) with the row count as a runtime dimension. x is rounded to bf16 in a
-//   thread-local buffer.
-// - F16 weights: oneDNN when it has an f16 primitive on this CPU (it needs AVX512-FP16), else the
-//   F16C GEMV at a few rows and the blocked float32 fallback otherwise.
+// - One threading layer. Every path splits the columns of y (rows of W) over our own workers
+//   (gemm_parallel.h) and runs its library single-threaded inside them: OpenBLAS is pinned to one
+//   thread and oneDNN is called with an OpenMP thread count of one. Two libraries each running
+//   their own team on two cores, with spinning idle threads, cost up to 100x at T = 1 when the
+//   machine is shared (bench/RESULTS.md); one pool that sleeps when idle does not.
+// - F32 weights: OpenBLAS sgemm (sgemv at one row) per slice.
+// - BF16 weights at a few rows (decode, small expert groups) are a GEMV that only has to stream
+//   W once: a hand-written AVX-512 kernel (vdpbf16ps) reaches the memory bandwidth.
+// - BF16 weights at more rows (prefill, busy experts): oneDNN matmul, bf16 x bf16 -> f32, with W
+//   described in place by strides (no reorder, no copy); one primitive per (K, N slice, dtype,
+//   bias) with the row count and y's row stride as runtime values, so one primitive serves every
+//   M. x is rounded to bf16 once, in a thread-local buffer, and shared by the slices.
+// - F16 weights: oneDNN when it has an f16 primitive on this CPU (it needs AVX512-FP16), the
+//   F16C GEMV at a few rows, and the blocked float32 fallback otherwise.
 // - The fallback for every 16-bit case (no oneDNN at build time, no primitive at run time, or
 //   MOE_GEMM_FALLBACK=1) widens W to float32 a cache-sized block of rows at a time into a
 //   thread-local scratch and runs sgemm per block, blocks split over the workers.
@@ -53,6 +55,8 @@ namespace {
 constexpr int64_t kBlockBytes = 256 * 1024;
 // Rows of W each worker takes at a time in the sgemm and GEMV paths.
 constexpr int64_t kRowGrain = 16;
+// Columns of y per oneDNN call at least (a multiple of its 64-wide blocking).
+constexpr int64_t kDnnlGrain = 64;
 
 void init_libraries() {
   static std::once_flag once;
@@ -184,26 +188,37 @@ void linear_sgemm(const float* x, int64_t num_rows, const TensorView& weight, co
 // ---------------------------------------------------------------------------------------------
 // Fallback for 16-bit weights: widen a block of rows of W, sgemm it.
 
+namespace {
+
+// Columns [n_begin, n_end) of y by the blocked fallback, on the calling thread.
+void blocked_range(const float* x, const Dims& d, const TensorView& weight, const float* bias,
+                   float* y, int64_t n_begin, int64_t n_end) {
+  const size_t elem = dtype_size(weight.dtype);
+  const auto* w = static_cast<const char*>(weight.data);
+  const int64_t block_rows = std::max<int64_t>(1, kBlockBytes / (d.k * 4));
+  thread_local std::vector<float> scratch;
+  float* wf = thread_scratch(scratch, static_cast<size_t>(block_rows * d.k));
+  for (int64_t n0 = n_begin; n0 < n_end; n0 += block_rows) {
+    const int64_t rows = std::min(block_rows, n_end - n0);
+    widen_to_f32(weight.dtype, w + n0 * d.k * elem, wf, rows * d.k);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(d.m),
+                static_cast<int>(rows), static_cast<int>(d.k), 1.0f, x, static_cast<int>(d.k), wf,
+                static_cast<int>(d.k), 0.0f, y + n0, static_cast<int>(d.n));
+  }
+  add_bias(bias, d.m, n_begin, n_end, y, d.n);
+}
+
+}  // namespace
+
 void linear_blocked_f32(const float* x, int64_t num_rows, const TensorView& weight,
                         const float* bias, float* y) {
   const Dims d = check_args(x, num_rows, weight, y);
   if (d.m == 0) return;
   if (weight.dtype == DType::kF32) return linear_sgemm(x, num_rows, weight, bias, y);
   init_libraries();
-  const size_t elem = dtype_size(weight.dtype);
-  const auto* w = static_cast<const char*>(weight.data);
   const int64_t block_rows = std::max<int64_t>(1, kBlockBytes / (d.k * 4));
   gemm_parallel_for(d.n, block_rows, [&](int64_t n_begin, int64_t n_end) {
-    thread_local std::vector<float> scratch;
-    float* wf = thread_scratch(scratch, static_cast<size_t>(block_rows * d.k));
-    for (int64_t n0 = n_begin; n0 < n_end; n0 += block_rows) {
-      const int64_t rows = std::min(block_rows, n_end - n0);
-      widen_to_f32(weight.dtype, w + n0 * d.k * elem, wf, rows * d.k);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(d.m),
-                  static_cast<int>(rows), static_cast<int>(d.k), 1.0f, x, static_cast<int>(d.k), wf,
-                  static_cast<int>(d.k), 0.0f, y + n0, static_cast<int>(d.n));
-    }
-    add_bias(bias, d.m, n_begin, n_end, y, d.n);
+    blocked_range(x, d, weight, bias, y, n_begin, n_end);
   });
 }
 
@@ -285,19 +300,20 @@ struct DnnlPrimitive {
   size_t scratchpad_bytes = 0;
 };
 
-using DnnlKey = std::tuple<int64_t, int64_t, DType, bool>;  // K, N, dtype, bias
+using DnnlKey = std::tuple<int64_t, int64_t, DType, bool>;  // K, N (of the slice), dtype, bias
 
-// Creates the primitive for [M (runtime), K] x [K, N] with W stored as [N, K]; null when oneDNN
-// has no implementation for this dtype on this CPU.
+// The primitive for [M, K] x [K, N] -> [M, N] with W stored as [N, K] (the [K, N] matrix with
+// strides (1, K)), the row count M and the row stride of y given at run time (so that one
+// primitive serves every M, and a slice of y's columns). Null when oneDNN has no implementation
+// for this dtype on this CPU.
 std::shared_ptr<const DnnlPrimitive> make_dnnl_primitive(int64_t k, int64_t n, DType dtype,
                                                          bool has_bias) {
   using dt = dnnl::memory::data_type;
   const dt wdt = dtype == DType::kBF16 ? dt::bf16 : dt::f16;
   const dnnl::memory::dim runtime = DNNL_RUNTIME_DIM_VAL;
-  // Plain layouts given by strides: W [N, K] row-major is the [K, N] matrix with strides (1, K).
   const dnnl::memory::desc src({runtime, k}, wdt, {k, 1});
   const dnnl::memory::desc wei({k, n}, wdt, {1, k});
-  const dnnl::memory::desc dst({runtime, n}, dt::f32, {n, 1});
+  const dnnl::memory::desc dst({runtime, n}, dt::f32, {runtime, 1});
   const dnnl::memory::desc bia({1, n}, dt::f32, {n, 1});
   dnnl::primitive_attr attr;
   // Our own scratchpad per calling thread, so that concurrent calls are safe.
@@ -315,21 +331,6 @@ std::shared_ptr<const DnnlPrimitive> make_dnnl_primitive(int64_t k, int64_t n, D
   }
 }
 
-// oneDNN (OpenMP build) sizes its team from the calling thread's OpenMP thread count. Unless the
-// user set OMP_NUM_THREADS, give each calling thread the same count as our own workers
-// (MOE_NUM_THREADS or all cores), so that one knob sets both. omp_set_num_threads is looked up
-// at run time: libgomp comes in through libdnnl, and a TBB or sequential oneDNN has none.
-void align_openmp_threads() {
-  thread_local bool done = false;
-  if (done) return;
-  done = true;
-  if (std::getenv("OMP_NUM_THREADS") != nullptr) return;
-  using SetThreads = void (*)(int);
-  static const auto set_threads =
-      reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
-  if (set_threads != nullptr) set_threads(gemm_num_threads());
-}
-
 std::shared_ptr<const DnnlPrimitive> dnnl_primitive(int64_t k, int64_t n, DType dtype,
                                                     bool has_bias) {
   static std::mutex mutex;
@@ -344,6 +345,75 @@ std::shared_ptr<const DnnlPrimitive> dnnl_primitive(int64_t k, int64_t n, DType 
   return cache.emplace(key, std::move(prim)).first->second;
 }
 
+// oneDNN (the OpenMP build) sizes its team from the calling thread's OpenMP thread count. We run
+// it with one thread per call, inside our own workers, so this sets that count on the calling
+// thread. omp_set_num_threads is looked up at run time: libgomp comes in through libdnnl (we do
+// not link it ourselves), and a TBB or sequential oneDNN has none.
+void set_openmp_threads(int count) {
+  using SetThreads = void (*)(int);
+  static const auto set_threads =
+      reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
+  thread_local int current = -1;
+  if (set_threads != nullptr && current != count) {
+    set_threads(count);
+    current = count;
+  }
+}
+
+// y[:, n0:n1] for rows of xh (already rounded to the weight's type), on the calling thread
+// with a single-threaded (or, with team > 1, an OpenMP-team) oneDNN call. Falls back to the
+// blocked path when oneDNN has no primitive for this slice.
+void dnnl_range(const float* x, const uint16_t* xh, const Dims& d, const TensorView& weight,
+                const float* bias, float* y, int64_t n0, int64_t n1, int team) {
+  const auto prim = dnnl_primitive(d.k, n1 - n0, weight.dtype, bias != nullptr);
+  if (prim == nullptr) return blocked_range(x, d, weight, bias, y, n0, n1);
+  set_openmp_threads(team);
+  using dt = dnnl::memory::data_type;
+  const dt wdt = weight.dtype == DType::kBF16 ? dt::bf16 : dt::f16;
+  const int64_t ns = n1 - n0;
+  thread_local std::vector<char> pad_scratch;
+  thread_local dnnl::stream stream(dnnl_engine());
+  char* pad = thread_scratch(pad_scratch, std::max<size_t>(1, prim->scratchpad_bytes));
+  auto& engine = dnnl_engine();
+  const auto* w = static_cast<const uint16_t*>(weight.data) + n0 * d.k;
+  std::unordered_map<int, dnnl::memory> args{
+      {DNNL_ARG_SRC, dnnl::memory({{d.m, d.k}, wdt, {d.k, 1}}, engine, const_cast<uint16_t*>(xh))},
+      {DNNL_ARG_WEIGHTS,
+       dnnl::memory({{d.k, ns}, wdt, {1, d.k}}, engine, const_cast<uint16_t*>(w))},
+      {DNNL_ARG_DST, dnnl::memory({{d.m, ns}, dt::f32, {d.n, 1}}, engine, y + n0)},
+      {DNNL_ARG_SCRATCHPAD,
+       dnnl::memory({{static_cast<dnnl::memory::dim>(prim->scratchpad_bytes)}, dt::u8, {1}}, engine,
+                    pad)}};
+  if (bias != nullptr) {
+    args.emplace(DNNL_ARG_BIAS,
+                 dnnl::memory({{1, ns}, dt::f32, {ns, 1}}, engine, const_cast<float*>(bias + n0)));
+  }
+  prim->matmul.execute(stream, args);
+  stream.wait();
+}
+
+bool linear_dnnl_impl(const float* x, int64_t num_rows, const TensorView& weight, const float* bias,
+                      float* y, bool openmp_team) {
+  const Dims d = check_args(x, num_rows, weight, y);
+  if (!dnnl_available(weight.dtype)) return false;
+  if (d.m == 0) return true;
+  thread_local std::vector<uint16_t> x_scratch;
+  uint16_t* xh = thread_scratch(x_scratch, static_cast<size_t>(d.m * d.k));
+  if (weight.dtype == DType::kBF16) {
+    round_to_bf16(x, xh, d.m * d.k);
+  } else {
+    round_to_f16(x, xh, d.m * d.k);
+  }
+  if (openmp_team) {
+    dnnl_range(x, xh, d, weight, bias, y, 0, d.n, gemm_num_threads());
+  } else {
+    gemm_parallel_for(d.n, kDnnlGrain, [&](int64_t n0, int64_t n1) {
+      dnnl_range(x, xh, d, weight, bias, y, n0, n1, 1);
+    });
+  }
+  return true;
+}
+
 }  // namespace
 
 bool dnnl_available(DType dtype) {
@@ -356,43 +426,12 @@ bool dnnl_available(DType dtype) {
 
 bool linear_dnnl(const float* x, int64_t num_rows, const TensorView& weight, const float* bias,
                  float* y) {
-  const Dims d = check_args(x, num_rows, weight, y);
-  if (weight.dtype != DType::kBF16 && weight.dtype != DType::kF16) return false;
-  const auto prim = dnnl_primitive(d.k, d.n, weight.dtype, bias != nullptr);
-  if (prim == nullptr) return false;
-  if (d.m == 0) return true;
-  align_openmp_threads();
-  using dt = dnnl::memory::data_type;
-  const dt wdt = weight.dtype == DType::kBF16 ? dt::bf16 : dt::f16;
+  return linear_dnnl_impl(x, num_rows, weight, bias, y, false);
+}
 
-  thread_local std::vector<uint16_t> x_scratch;
-  thread_local std::vector<char> pad_scratch;
-  thread_local dnnl::stream stream(dnnl_engine());
-  uint16_t* xh = thread_scratch(x_scratch, static_cast<size_t>(d.m * d.k));
-  if (weight.dtype == DType::kBF16) {
-    round_to_bf16(x, xh, d.m * d.k);
-  } else {
-    round_to_f16(x, xh, d.m * d.k);
-  }
-  char* pad = thread_scratch(pad_scratch, std::max<size_t>(1, prim->scratchpad_bytes));
-
-  auto& engine = dnnl_engine();
-  const dnnl::memory src({{d.m, d.k}, wdt, {d.k, 1}}, engine, xh);
-  const dnnl::memory wei({{d.k, d.n}, wdt, {1, d.k}}, engine, const_cast<void*>(weight.data));
-  const dnnl::memory dst({{d.m, d.n}, dt::f32, {d.n, 1}}, engine, y);
-  const dnnl::memory pad_mem(
-      {{static_cast<dnnl::memory::dim>(prim->scratchpad_bytes)}, dt::u8, {1}}, engine, pad);
-  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, src},
-                                             {DNNL_ARG_WEIGHTS, wei},
-                                             {DNNL_ARG_DST, dst},
-                                             {DNNL_ARG_SCRATCHPAD, pad_mem}};
-  if (bias != nullptr) {
-    args.emplace(DNNL_ARG_BIAS,
-                 dnnl::memory({{1, d.n}, dt::f32, {d.n, 1}}, engine, const_cast<float*>(bias)));
-  }
-  prim->matmul.execute(stream, args);
-  stream.wait();
-  return true;
+bool linear_dnnl_openmp(const float* x, int64_t num_rows, const TensorView& weight,
+                        const float* bias, float* y) {
+  return linear_dnnl_impl(x, num_rows, weight, bias, y, true);
 }
 
 #else  // !MOE_HAVE_DNNL
@@ -402,6 +441,10 @@ bool linear_dnnl(const float* x, int64_t num_rows, const TensorView& weight, con
                  float* y) {
   check_args(x, num_rows, weight, y);
   return false;
+}
+bool linear_dnnl_openmp(const float* x, int64_t num_rows, const TensorView& weight,
+                        const float* bias, float* y) {
+  return linear_dnnl(x, num_rows, weight, bias, y);
 }
 
 #endif

@@ -15,7 +15,7 @@ namespace moeinfer::cpu::gemm_detail {
 
 enum class Path {
   kSgemm,       // F32 weights: cblas_sgemm / sgemv per slice of N
-  kDnnl,        // BF16 (F16) weights: oneDNN matmul, runtime row count; rounds x
+  kDnnl,        // BF16 (F16) weights: oneDNN matmul, runtime row count, per slice of N; rounds x
   kGemv,        // BF16/F16 weights, few rows: hand-written AVX-512 kernel; BF16 rounds x
   kGemvScalar,  // BF16/F16 weights, few rows: portable C++ kernel
   kBlockedF32,  // BF16/F16 weights: rows of W widened to float32 in blocks, sgemm per block
@@ -36,6 +36,10 @@ void linear_sgemm(const float* x, int64_t num_rows, const TensorView& weight, co
 bool linear_dnnl(const float* x, int64_t num_rows, const TensorView& weight, const float* bias,
                  float* y);
 bool dnnl_available(DType dtype);
+// linear_dnnl splits N over our workers and runs oneDNN single-threaded in each; this variant
+// makes one call with an OpenMP team of gemm_num_threads() instead (kept for the benchmarks).
+bool linear_dnnl_openmp(const float* x, int64_t num_rows, const TensorView& weight,
+                        const float* bias, float* y);
 // Returns false when the CPU lacks the instructions the kernel needs for this dtype.
 bool linear_gemv_avx512(const float* x, int64_t num_rows, const TensorView& weight,
                         const float* bias, float* y);
