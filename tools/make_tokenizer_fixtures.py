@@ -271,6 +271,36 @@ MIXTRAL_CASES = [
 ]
 
 
+def unicode_additions() -> list[tuple[int, int, str]]:
+    """Code points assigned after Unicode 14.0 (the data of PCRE2 10.42, which moeinfer's regexes
+    run on), with the general category `tokenizers`' Oniguruma gives them, as (first, last,
+    category) ranges. `--print-unicode-table` prints them for src/io/unicode.cpp."""
+    import unicodedata
+    if unicodedata.unidata_version != "14.0.0":
+        raise RuntimeError("run with a Python whose unicodedata is Unicode 14.0.0 (Python 3.11)")
+    new = "".join(chr(cp) for cp in range(0x110000)
+                  if not 0xD800 <= cp <= 0xDFFF and unicodedata.category(chr(cp)) == "Cn")
+    probe = Tokenizer(models.BPE())
+    probe.pre_tokenizer = pre_tokenizers.Split(Regex(r"\p{Cn}"), behavior="removed")
+    assigned = "".join(piece for piece, _ in probe.pre_tokenizer.pre_tokenize_str(new))
+    category: dict[int, str] = {}
+    for cat in ["Lu", "Ll", "Lt", "Lm", "Lo", "Mn", "Mc", "Me", "Nd", "Nl", "No", "Pc", "Pd",
+                "Ps", "Pe", "Pi", "Pf", "Po", "Sm", "Sc", "Sk", "So", "Zs", "Zl", "Zp", "Cc",
+                "Cf", "Co"]:
+        probe.pre_tokenizer = pre_tokenizers.Split(Regex(r"\p{%s}" % cat), behavior="removed",
+                                                   invert=True)
+        for piece, _ in probe.pre_tokenizer.pre_tokenize_str(assigned):
+            for ch in piece:
+                category[ord(ch)] = cat
+    ranges: list[list] = []
+    for cp in sorted(category):
+        if ranges and ranges[-1][1] == cp - 1 and ranges[-1][2] == category[cp]:
+            ranges[-1][1] = cp
+        else:
+            ranges.append([cp, cp, category[cp]])
+    return [tuple(r) for r in ranges]
+
+
 def write_fixture(out_dir: pathlib.Path, name: str, tok: Tokenizer, inputs: list[str]) -> None:
     target = out_dir / name
     target.mkdir(parents=True, exist_ok=True)
@@ -296,7 +326,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     root = pathlib.Path(__file__).resolve().parent.parent
     parser.add_argument("--out", type=pathlib.Path, default=root / "tests/fixtures/tokenizers")
+    parser.add_argument("--print-unicode-table", action="store_true",
+                        help="print the post-Unicode-14 ranges table for src/io/unicode.cpp")
     args = parser.parse_args()
+    if args.print_unicode_table:
+        for first, last, cat in unicode_additions():
+            print(f"    {{0x{first:05X}, 0x{last:05X}, \"{cat}\"}},")
+        return
     write_fixture(args.out, "qwen2_bytelevel", build_qwen_style(1000), COMMON_CASES)
     write_fixture(args.out, "gpt2_bytelevel", build_gpt2_style(800), COMMON_CASES + GPT2_CASES)
     write_fixture(args.out, "mixtral_legacy", build_mixtral_style(900, "legacy"),

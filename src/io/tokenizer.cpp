@@ -146,7 +146,9 @@ void Tokenizer::Impl::load(const Json& root) {
   post_processor = tok::parse_post_processor(section("post_processor"));
   decoder = tok::parse_decoder(section("decoder"));
   word_char = std::make_unique<tok::Regex>(
-      "\\A[\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}]", /*oniguruma_syntax=*/false);
+      "\\A[\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}" +
+          unicode::newer_class_items({"L", "M", "Nd", "Nl", "Pc"}) + "]",
+      /*oniguruma_syntax=*/false);
 
   const Json added = section("added_tokens");
   if (!added.is_null()) add_tokens(added);

@@ -360,8 +360,9 @@ class SequencePreTokenizer final : public PreTokenizer {
 constexpr std::string_view kRustWordSet = "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}";
 
 std::unique_ptr<PreTokenizer> make_whitespace_pre_tokenizer() {
-  const std::string pattern = "[" + std::string(kRustWordSet) + "]+|[^" +
-                              std::string(kRustWordSet) +
+  const std::string word =
+      std::string(kRustWordSet) + unicode::newer_class_items({"L", "M", "Nd", "Nl", "Pc"});
+  const std::string pattern = "[" + word + "]+|[^" + word +
                               "\\x{9}-\\x{D}\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}"
                               "\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}]+";
   return std::make_unique<SplitPreTokenizer>(std::make_unique<Regex>(pattern, false),

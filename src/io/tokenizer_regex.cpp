@@ -1,13 +1,19 @@
 // Regex matching and splitting for the tokenizer.
 //
-// `tokenizers` compiles its patterns with Oniguruma (Ruby syntax, UTF-8). We use PCRE2 in UTF +
-// UCP mode, which agrees on \p{..} classes, case-insensitive groups and lookarounds, but differs
-// on a few escapes: in Oniguruma \s is exactly the White_Space property (PCRE2 adds U+180E), \w is
-// Alphabetic | Mark | Number | Connector_Punctuation (PCRE2: letters, numbers and '_'), and \h is
-// a hex digit (PCRE2: horizontal space). `translate_pattern` rewrites those escapes into explicit
-// classes so both engines see the same sets. Ruby's ^ and $ are line anchors, hence MULTILINE.
+// `tokenizers` compiles its patterns with Oniguruma (Ruby syntax, UTF-8, Unicode 16 data). We use
+// PCRE2 10.42 in UTF + UCP mode (Unicode 14 data), which agrees on case-insensitive groups and
+// lookarounds but differs on a few escapes: in Oniguruma \s is exactly White_Space (PCRE2 adds
+// U+180E), \w is Alphabetic | Mark | Nd | Pc (PCRE2: letters, numbers and '_'), \h is a hex
+// digit (PCRE2: horizontal space), and \uHHHH is a code point. `translate_pattern` rewrites
+// those escapes into explicit classes, and widens \p{<general category>} and \d with the code
+// points assigned after Unicode 14 (unicode::newer_assignments), so both engines see the same
+// sets. Ruby's ^ and $ are line anchors, hence MULTILINE.
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
+
+#include <algorithm>
+#include <cctype>
+#include <iterator>
 
 #include "core/error.h"
 #include "io/tokenizer_internal.h"
@@ -20,8 +26,62 @@ namespace {
 constexpr std::string_view kSpaceSet =
     "\\x{9}-\\x{D}\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}"
     "\\x{205F}\\x{3000}";
-constexpr std::string_view kWordSet = "\\p{Alphabetic}\\p{M}\\p{N}\\p{Pc}";
 constexpr std::string_view kHexSet = "0-9a-fA-F";
+
+const std::string& word_set() {
+  // Oniguruma's word set: Alphabetic, marks, decimal digits, connector punctuation, and the
+  // Latin-1 superscripts and fractions.
+  static const std::string set =
+      "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{B2}\\x{B3}\\x{B9}\\x{BC}-\\x{BE}" +
+      unicode::newer_class_items({"L", "M", "Nd", "Nl", "Pc"});
+  return set;
+}
+
+const std::string& digit_set() {
+  static const std::string set = "\\p{Nd}" + unicode::newer_class_items({"Nd"});
+  return set;
+}
+
+bool is_category_name(std::string_view name) {
+  static constexpr std::string_view kNames[] = {
+      "L",  "Lu", "Ll", "Lt", "Lm", "Lo", "M",  "Mn", "Mc", "Me", "N", "Nd",
+      "Nl", "No", "P",  "Pc", "Pd", "Ps", "Pe", "Pi", "Pf", "Po", "S", "Sm",
+      "Sc", "Sk", "So", "Z",  "Zs", "Zl", "Zp", "Cc", "Cf", "Co"};
+  return std::find(std::begin(kNames), std::end(kNames), name) != std::end(kNames);
+}
+
+// \p{X} / \P{X} for a general category X, with the code points assigned after PCRE2's Unicode
+// version added. Returns false (and writes nothing) when the escape is something else.
+bool translate_property(std::string_view p, size_t* i, bool in_class, std::string& out) {
+  const char kind = p[*i + 1];  // 'p' or 'P'
+  size_t j = *i + 2;
+  std::string_view name;
+  if (j < p.size() && p[j] == '{') {
+    const size_t close = p.find('}', j);
+    if (close == std::string_view::npos) return false;
+    name = p.substr(j + 1, close - j - 1);
+    j = close + 1;
+  } else if (j < p.size()) {
+    name = p.substr(j, 1);
+    j += 1;
+  }
+  bool negated = kind == 'P';
+  if (name.starts_with('^')) {
+    negated = !negated;
+    name.remove_prefix(1);
+  }
+  if (!is_category_name(name)) return false;
+  const std::string extra = unicode::newer_class_items({name});
+  if (extra.empty() || (negated && in_class)) return false;
+  const std::string base = "\\p{" + std::string(name) + "}";
+  if (in_class) {
+    out += base + extra;
+  } else {
+    out += (negated ? "[^" : "[") + base + extra + "]";
+  }
+  *i = j;
+  return true;
+}
 
 std::string translate_pattern(std::string_view p) {
   std::string out;
@@ -38,6 +98,18 @@ std::string translate_pattern(std::string_view p) {
         i = stop;
         continue;
       }
+      if ((d == 'p' || d == 'P') && translate_property(p, &i, in_class, out)) continue;
+      if (d == 'u' && i + 6 <= p.size() &&
+          std::all_of(p.begin() + i + 2, p.begin() + i + 6,
+                      [](char h) { return std::isxdigit(static_cast<unsigned char>(h)); })) {
+        out += "\\x{";
+        out.append(p.substr(i + 2, 4));
+        out += '}';
+        i += 6;
+        continue;
+      }
+      const std::string& word = word_set();
+      const std::string& digit = digit_set();
       std::string_view set;
       bool negated = false;
       switch (d) {
@@ -49,10 +121,17 @@ std::string translate_pattern(std::string_view p) {
           negated = true;
           break;
         case 'w':
-          set = kWordSet;
+          set = word;
           break;
         case 'W':
-          set = kWordSet;
+          set = word;
+          negated = true;
+          break;
+        case 'd':
+          set = digit;
+          break;
+        case 'D':
+          set = digit;
           negated = true;
           break;
         case 'h':

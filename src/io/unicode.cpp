@@ -2,7 +2,10 @@
 
 #include <utf8proc.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <memory>
 
 #include "core/error.h"
@@ -169,27 +172,92 @@ bool is_whitespace(char32_t cp) {
 }
 
 namespace {
-utf8proc_category_t category(char32_t cp) {
-  return static_cast<utf8proc_category_t>(utf8proc_category(static_cast<utf8proc_int32_t>(cp)));
-}
+
+constexpr AssignedRange kNewerAssignments[] = {
+    {0x00897, 0x00897, "Mn"}, {0x00CF3, 0x00CF3, "Mc"}, {0x00ECE, 0x00ECE, "Mn"},
+    {0x01B4E, 0x01B4F, "Po"}, {0x01B7F, 0x01B7F, "Po"}, {0x01C89, 0x01C89, "Lu"},
+    {0x01C8A, 0x01C8A, "Ll"}, {0x02427, 0x02429, "So"}, {0x02FFC, 0x02FFF, "So"},
+    {0x031E4, 0x031E5, "So"}, {0x031EF, 0x031EF, "So"}, {0x0A7CB, 0x0A7CC, "Lu"},
+    {0x0A7CD, 0x0A7CD, "Ll"}, {0x0A7DA, 0x0A7DA, "Lu"}, {0x0A7DB, 0x0A7DB, "Ll"},
+    {0x0A7DC, 0x0A7DC, "Lu"}, {0x105C0, 0x105F3, "Lo"}, {0x10D40, 0x10D49, "Nd"},
+    {0x10D4A, 0x10D4D, "Lo"}, {0x10D4E, 0x10D4E, "Lm"}, {0x10D4F, 0x10D4F, "Lo"},
+    {0x10D50, 0x10D65, "Lu"}, {0x10D69, 0x10D6D, "Mn"}, {0x10D6E, 0x10D6E, "Pd"},
+    {0x10D6F, 0x10D6F, "Lm"}, {0x10D70, 0x10D85, "Ll"}, {0x10D8E, 0x10D8F, "Sm"},
+    {0x10EC2, 0x10EC4, "Lo"}, {0x10EFC, 0x10EFF, "Mn"}, {0x1123F, 0x11240, "Lo"},
+    {0x11241, 0x11241, "Mn"}, {0x11380, 0x11389, "Lo"}, {0x1138B, 0x1138B, "Lo"},
+    {0x1138E, 0x1138E, "Lo"}, {0x11390, 0x113B5, "Lo"}, {0x113B7, 0x113B7, "Lo"},
+    {0x113B8, 0x113BA, "Mc"}, {0x113BB, 0x113C0, "Mn"}, {0x113C2, 0x113C2, "Mc"},
+    {0x113C5, 0x113C5, "Mc"}, {0x113C7, 0x113CA, "Mc"}, {0x113CC, 0x113CD, "Mc"},
+    {0x113CE, 0x113CE, "Mn"}, {0x113CF, 0x113CF, "Mc"}, {0x113D0, 0x113D0, "Mn"},
+    {0x113D1, 0x113D1, "Lo"}, {0x113D2, 0x113D2, "Mn"}, {0x113D3, 0x113D3, "Lo"},
+    {0x113D4, 0x113D5, "Po"}, {0x113D7, 0x113D8, "Po"}, {0x113E1, 0x113E2, "Mn"},
+    {0x116D0, 0x116E3, "Nd"}, {0x11B00, 0x11B09, "Po"}, {0x11BC0, 0x11BE0, "Lo"},
+    {0x11BE1, 0x11BE1, "Po"}, {0x11BF0, 0x11BF9, "Nd"}, {0x11F00, 0x11F01, "Mn"},
+    {0x11F02, 0x11F02, "Lo"}, {0x11F03, 0x11F03, "Mc"}, {0x11F04, 0x11F10, "Lo"},
+    {0x11F12, 0x11F33, "Lo"}, {0x11F34, 0x11F35, "Mc"}, {0x11F36, 0x11F3A, "Mn"},
+    {0x11F3E, 0x11F3F, "Mc"}, {0x11F40, 0x11F40, "Mn"}, {0x11F41, 0x11F41, "Mc"},
+    {0x11F42, 0x11F42, "Mn"}, {0x11F43, 0x11F4F, "Po"}, {0x11F50, 0x11F59, "Nd"},
+    {0x11F5A, 0x11F5A, "Mn"}, {0x1342F, 0x1342F, "Lo"}, {0x13439, 0x1343F, "Cf"},
+    {0x13440, 0x13440, "Mn"}, {0x13441, 0x13446, "Lo"}, {0x13447, 0x13455, "Mn"},
+    {0x13460, 0x143FA, "Lo"}, {0x16100, 0x1611D, "Lo"}, {0x1611E, 0x16129, "Mn"},
+    {0x1612A, 0x1612C, "Mc"}, {0x1612D, 0x1612F, "Mn"}, {0x16130, 0x16139, "Nd"},
+    {0x16D40, 0x16D42, "Lm"}, {0x16D43, 0x16D6A, "Lo"}, {0x16D6B, 0x16D6C, "Lm"},
+    {0x16D6D, 0x16D6F, "Po"}, {0x16D70, 0x16D79, "Nd"}, {0x18CFF, 0x18CFF, "Lo"},
+    {0x1B132, 0x1B132, "Lo"}, {0x1B155, 0x1B155, "Lo"}, {0x1CC00, 0x1CCEF, "So"},
+    {0x1CCF0, 0x1CCF9, "Nd"}, {0x1CD00, 0x1CEB3, "So"}, {0x1D2C0, 0x1D2D3, "No"},
+    {0x1DF25, 0x1DF2A, "Ll"}, {0x1E030, 0x1E06D, "Lm"}, {0x1E08F, 0x1E08F, "Mn"},
+    {0x1E4D0, 0x1E4EA, "Lo"}, {0x1E4EB, 0x1E4EB, "Lm"}, {0x1E4EC, 0x1E4EF, "Mn"},
+    {0x1E4F0, 0x1E4F9, "Nd"}, {0x1E5D0, 0x1E5ED, "Lo"}, {0x1E5EE, 0x1E5EF, "Mn"},
+    {0x1E5F0, 0x1E5F0, "Lo"}, {0x1E5F1, 0x1E5FA, "Nd"}, {0x1E5FF, 0x1E5FF, "Po"},
+    {0x1F6DC, 0x1F6DC, "So"}, {0x1F774, 0x1F776, "So"}, {0x1F77B, 0x1F77F, "So"},
+    {0x1F7D9, 0x1F7D9, "So"}, {0x1F8B2, 0x1F8BB, "So"}, {0x1F8C0, 0x1F8C1, "So"},
+    {0x1FA75, 0x1FA77, "So"}, {0x1FA87, 0x1FA89, "So"}, {0x1FA8F, 0x1FA8F, "So"},
+    {0x1FAAD, 0x1FAAF, "So"}, {0x1FABB, 0x1FABF, "So"}, {0x1FAC6, 0x1FAC6, "So"},
+    {0x1FACE, 0x1FACF, "So"}, {0x1FADA, 0x1FADC, "So"}, {0x1FADF, 0x1FADF, "So"},
+    {0x1FAE8, 0x1FAE9, "So"}, {0x1FAF7, 0x1FAF8, "So"}, {0x1FBCB, 0x1FBEF, "So"},
+    {0x2B739, 0x2B739, "Lo"}, {0x2EBF0, 0x2EE5D, "Lo"}, {0x31350, 0x323AF, "Lo"},
+};
+
 }  // namespace
 
-bool is_numeric(char32_t cp) {
-  const auto c = category(cp);
-  return c == UTF8PROC_CATEGORY_ND || c == UTF8PROC_CATEGORY_NL || c == UTF8PROC_CATEGORY_NO;
+std::span<const AssignedRange> newer_assignments() { return kNewerAssignments; }
+
+std::string_view general_category(char32_t cp) {
+  const std::string_view known = utf8proc_category_string(static_cast<utf8proc_int32_t>(cp));
+  if (known != "Cn") return known;
+  const auto* end = std::end(kNewerAssignments);
+  const auto* it = std::upper_bound(std::begin(kNewerAssignments), end, cp,
+                                    [](char32_t c, const AssignedRange& r) { return c < r.first; });
+  if (it != std::begin(kNewerAssignments) && cp <= (it - 1)->last) return (it - 1)->category;
+  return known;
 }
 
-bool is_punctuation(char32_t cp) {
-  const auto c = category(cp);
-  return c >= UTF8PROC_CATEGORY_PC && c <= UTF8PROC_CATEGORY_PO;
+std::string newer_class_items(std::initializer_list<std::string_view> prefixes) {
+  std::string items;
+  char buffer[48];
+  for (const AssignedRange& r : kNewerAssignments) {
+    const std::string_view category = r.category;
+    bool wanted = false;
+    for (const std::string_view prefix : prefixes) wanted = wanted || category.starts_with(prefix);
+    if (!wanted) continue;
+    if (r.first == r.last) {
+      std::snprintf(buffer, sizeof(buffer), "\\x{%X}", static_cast<unsigned>(r.first));
+    } else {
+      std::snprintf(buffer, sizeof(buffer), "\\x{%X}-\\x{%X}", static_cast<unsigned>(r.first),
+                    static_cast<unsigned>(r.last));
+    }
+    items += buffer;
+  }
+  return items;
 }
 
-bool is_mark(char32_t cp) {
-  const auto c = category(cp);
-  return c == UTF8PROC_CATEGORY_MN || c == UTF8PROC_CATEGORY_MC || c == UTF8PROC_CATEGORY_ME;
-}
+bool is_numeric(char32_t cp) { return general_category(cp).starts_with('N'); }
 
-bool is_control(char32_t cp) { return category(cp) == UTF8PROC_CATEGORY_CC; }
+bool is_punctuation(char32_t cp) { return general_category(cp).starts_with('P'); }
+
+bool is_mark(char32_t cp) { return general_category(cp).starts_with('M'); }
+
+bool is_control(char32_t cp) { return general_category(cp) == "Cc"; }
 
 std::string normalize(std::string_view text, NormalForm form) {
   if (text.empty()) return {};

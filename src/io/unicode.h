@@ -9,6 +9,8 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -46,6 +48,24 @@ bool is_numeric(char32_t cp);      // general category Nd, Nl or No
 bool is_punctuation(char32_t cp);  // general category P*
 bool is_mark(char32_t cp);         // general category M*
 bool is_control(char32_t cp);      // general category Cc
+
+// Code points assigned after Unicode 14.0 (the data of PCRE2 10.42) up to the Unicode version of
+// the regex engines inside `tokenizers` (16.0), with their general category. Made by
+// `tools/make_tokenizer_fixtures.py --print-unicode-table`, which asks `tokenizers` itself.
+struct AssignedRange {
+  char32_t first;
+  char32_t last;
+  const char* category;  // two letters, e.g. "Lo"
+};
+std::span<const AssignedRange> newer_assignments();
+
+// General category of `cp` as two letters ("Lu", "Nd", ..., "Cn" when unassigned): utf8proc's,
+// completed by `newer_assignments` for code points it does not know yet.
+std::string_view general_category(char32_t cp);
+
+// PCRE2 class items ("\x{..}-\x{..}...") for the newer code points whose category starts with
+// one of `prefixes` (e.g. {"L", "Nd"}); empty when there are none.
+std::string newer_class_items(std::initializer_list<std::string_view> prefixes);
 
 enum class NormalForm { kNFC, kNFD, kNFKC, kNFKD };
 std::string normalize(std::string_view text, NormalForm form);
