@@ -285,6 +285,8 @@ TEST(GemmTest, RejectsBadArguments) {
   TensorView ok{.dtype = DType::kBF16, .shape = {8, 8}, .data = storage.data()};
   EXPECT_THROW(linear(x.data(), -1, ok, nullptr, y.data()), Error);
   EXPECT_THROW(linear(nullptr, 1, ok, nullptr, y.data()), Error);
+  EXPECT_THROW(linear(x.data(), 2, ok, nullptr, x.data() + 4), Error);  // y overlaps x
+  EXPECT_NO_THROW(linear(x.data(), 2, ok, nullptr, x.data() + 16));     // adjacent is fine
   try {
     linear(x.data(), 1, int8, nullptr, y.data());
   } catch (const Error& e) {

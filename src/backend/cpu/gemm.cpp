@@ -81,6 +81,17 @@ Dims check_args(const float* x, int64_t num_rows, const TensorView& weight, floa
   MOE_CHECK(weight.data != nullptr, "linear: weight ", weight.shape.str(), " has no data");
   MOE_CHECK(num_rows == 0 || (x != nullptr && y != nullptr), "linear: x (", x == nullptr,
             " null) or y (", y == nullptr, " null) missing for ", num_rows, " rows");
+  constexpr int64_t kIntMax = 0x7fffffff;  // BLAS takes int dimensions
+  MOE_CHECK(d.m <= kIntMax && d.k <= kIntMax && d.n <= kIntMax, "linear: dims T=", d.m, " K=", d.k,
+            " N=", d.n, " exceed the BLAS int range");
+  if (num_rows > 0) {
+    const auto x_begin = reinterpret_cast<uintptr_t>(x);
+    const auto y_begin = reinterpret_cast<uintptr_t>(y);
+    const uintptr_t x_end = x_begin + static_cast<uintptr_t>(d.m * d.k) * sizeof(float);
+    const uintptr_t y_end = y_begin + static_cast<uintptr_t>(d.m * d.n) * sizeof(float);
+    MOE_CHECK(x_end <= y_begin || y_end <= x_begin, "linear: y [", d.m, ", ", d.n, "] overlaps x [",
+              d.m, ", ", d.k, "]; the product cannot be computed in place");
+  }
   return d;
 }
 

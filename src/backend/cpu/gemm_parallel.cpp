@@ -23,6 +23,8 @@ namespace {
 
 // How long an idle worker polls for the next job before it sleeps.
 constexpr auto kSpinTime = std::chrono::microseconds(50);
+// How long the caller polls for its workers to finish before it yields its core between polls.
+constexpr auto kJoinSpinTime = std::chrono::microseconds(20);
 
 class GemmPool {
  public:
@@ -70,7 +72,16 @@ class GemmPool {
     } catch (...) {
       error = std::current_exception();
     }
-    while (pending_.load(std::memory_order_acquire) != 0) MOE_CPU_RELAX();
+    // Poll briefly, then yield: on a machine shared with other work a worker may be waiting for
+    // a core, and spinning on ours would keep it from running.
+    const auto spin_until = std::chrono::steady_clock::now() + kJoinSpinTime;
+    while (pending_.load(std::memory_order_acquire) != 0) {
+      if (std::chrono::steady_clock::now() < spin_until) {
+        for (int i = 0; i < 16; ++i) MOE_CPU_RELAX();
+      } else {
+        std::this_thread::yield();
+      }
+    }
     job_ = nullptr;
     if (error) std::rethrow_exception(error);
     if (error_) std::rethrow_exception(error_);
