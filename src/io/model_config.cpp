@@ -28,6 +28,10 @@ std::string_view family_name(ModelFamily family) {
       return "olmoe";
     case ModelFamily::kQwen2Moe:
       return "qwen2_moe";
+    case ModelFamily::kDeepseekV2:
+      return "deepseek_v2";
+    case ModelFamily::kDeepseekV3:
+      return "deepseek_v3";
   }
   return "?";
 }
@@ -36,8 +40,9 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr ModelFamily kFamilies[] = {ModelFamily::kQwen3Moe, ModelFamily::kMixtral,
-                                     ModelFamily::kOlmoe, ModelFamily::kQwen2Moe};
+constexpr ModelFamily kFamilies[] = {ModelFamily::kQwen3Moe,   ModelFamily::kMixtral,
+                                     ModelFamily::kOlmoe,      ModelFamily::kQwen2Moe,
+                                     ModelFamily::kDeepseekV2, ModelFamily::kDeepseekV3};
 
 // Upper bounds that keep later size arithmetic (products of two or three of these) in int64.
 constexpr int64_t kMaxDim = int64_t{1} << 31;
@@ -132,6 +137,38 @@ FamilyDefaults defaults_for(ModelFamily family) {
               .rope_theta = 10000.0,
               .bos_token_id = std::nullopt,
               .eos_token_id = std::nullopt};
+    case ModelFamily::kDeepseekV2:
+      return {.vocab_size = 102400,
+              .hidden_size = 4096,
+              .intermediate_size = 11008,
+              .num_hidden_layers = 32,
+              .num_attention_heads = 32,
+              .num_key_value_heads = std::nullopt,
+              .max_position_embeddings = 2048,
+              .rms_norm_eps = 1e-6,
+              .num_experts = 64,
+              .num_experts_per_tok = 0,  // no default: the config must say
+              .moe_intermediate_size = 1407,
+              .shared_expert_intermediate_size = 0,  // n_shared_experts * moe_intermediate_size
+              .rope_theta = 10000.0,
+              .bos_token_id = 1,
+              .eos_token_id = 2};
+    case ModelFamily::kDeepseekV3:
+      return {.vocab_size = 129280,
+              .hidden_size = 7168,
+              .intermediate_size = 18432,
+              .num_hidden_layers = 61,
+              .num_attention_heads = 128,
+              .num_key_value_heads = 128,
+              .max_position_embeddings = 4096,
+              .rms_norm_eps = 1e-6,
+              .num_experts = 256,
+              .num_experts_per_tok = 8,
+              .moe_intermediate_size = 2048,
+              .shared_expert_intermediate_size = 0,
+              .rope_theta = 10000.0,
+              .bos_token_id = 0,
+              .eos_token_id = 1};
   }
   MOE_FAIL("unknown family");
 }
@@ -283,6 +320,16 @@ std::string supported_list() {
 // The number of routed experts; transformers aliases num_experts and num_local_experts for
 // qwen3_moe, mixtral and olmoe (attribute_map), qwen2_moe reads only num_experts.
 int64_t read_num_experts(const Fields& f, ModelFamily family, int64_t fallback) {
+  if (family == ModelFamily::kDeepseekV2 || family == ModelFamily::kDeepseekV3) {
+    // n_routed_experts, aliased as num_experts (V2) and num_local_experts (V3).
+    const char* alias = family == ModelFamily::kDeepseekV2 ? "num_experts" : "num_local_experts";
+    if (f.has(alias) && f.has("n_routed_experts") &&
+        f.integer(alias) != f.integer("n_routed_experts"))
+      f.fail(alias, "is ", f.integer(alias), " but n_routed_experts is ",
+             f.integer("n_routed_experts"), "; they must agree");
+    if (f.has(alias)) return f.size(alias, kMaxExperts);
+    return f.size("n_routed_experts", fallback, kMaxExperts);
+  }
   const bool aliased = family != ModelFamily::kQwen2Moe;
   const bool has_experts = f.has("num_experts");
   const bool has_local = aliased && f.has("num_local_experts");
@@ -392,12 +439,127 @@ RopeConfig read_rope(const Fields& top, const FamilyDefaults& defaults,
   return rope;
 }
 
+// DeepSeek-V2 / V3: MLA sizes, shared experts, dense first layers and the routing method. The
+// router follows transformers' modeling code: V2 scores with softmax (greedy or
+// group_limited_greedy top-k, scaled by routed_scaling_factor, never renormalised); V3 always
+// uses sigmoid scores with e_score_correction_bias and top-2-sum groups (noaux_tc). A config that
+// asks for another combination would be run differently by the reference, so it is refused.
+void read_deepseek(const Fields& f, const FamilyDefaults& defaults, ModelConfig* cfg) {
+  const bool v3 = cfg->family == ModelFamily::kDeepseekV3;
+  MlaConfig mla;
+  const json* q_lora = f.find("q_lora_rank");
+  if (f.contains_key("q_lora_rank") && !q_lora) {
+    mla.q_lora_rank = 0;  // explicit null: no query bottleneck (V2-Lite)
+  } else {
+    mla.q_lora_rank = f.size("q_lora_rank", 1536, kMaxDim);
+  }
+  mla.kv_lora_rank = f.size("kv_lora_rank", 512, kMaxDim);
+  mla.qk_nope_head_dim = f.size("qk_nope_head_dim", 128, kMaxHeads);
+  mla.qk_rope_head_dim = f.size("qk_rope_head_dim", 64, kMaxHeads);
+  mla.v_head_dim = f.size("v_head_dim", 128, kMaxHeads);
+  mla.rope_interleave = v3 ? f.boolean("rope_interleave", true) : true;
+  if (mla.qk_rope_head_dim % 2 != 0)
+    f.fail("qk_rope_head_dim", "RoPE needs an even size, found ", mla.qk_rope_head_dim);
+  cfg->mla = mla;
+  if (cfg->num_kv_heads != cfg->num_heads)
+    f.fail("num_key_value_heads", "MLA attention needs as many key/value heads as query heads (",
+           cfg->num_heads, "), found ", cfg->num_kv_heads);
+  if (f.boolean("mlp_bias", false)) f.fail("mlp_bias", "MLP biases are not supported");
+  cfg->attention_bias = f.boolean("attention_bias", false);
+  if (cfg->attention_bias)
+    f.fail("attention_bias", "attention biases are not supported for MLA checkpoints");
+
+  cfg->moe_intermediate_size =
+      f.size("moe_intermediate_size", defaults.moe_intermediate_size, kMaxDim);
+  const int64_t num_shared = f.integer("n_shared_experts", v3 ? 1 : 2);
+  if (num_shared < 0) f.fail("n_shared_experts", "must not be negative, found ", num_shared);
+  cfg->shared_expert_intermediate_size = num_shared * cfg->moe_intermediate_size;
+  cfg->routed_scaling_factor = f.number("routed_scaling_factor", v3 ? 2.5 : 1.0);
+  f.positive_number("routed_scaling_factor", cfg->routed_scaling_factor);
+
+  const int64_t first_dense = f.integer("first_k_dense_replace", v3 ? 3 : 0);
+  if (first_dense < 0 || first_dense > cfg->num_layers)
+    f.fail("first_k_dense_replace", first_dense, " is outside [0, ", cfg->num_layers, "]");
+  cfg->layer_is_moe.assign(static_cast<size_t>(cfg->num_layers), true);
+  for (int64_t i = 0; i < first_dense; ++i) cfg->layer_is_moe[i] = false;
+  if (f.integer("moe_layer_freq", 1) != 1)
+    f.fail("moe_layer_freq", "only 1 is supported (every layer from first_k_dense_replace on)");
+
+  const std::string scoring = f.opt_string("scoring_func").value_or(v3 ? "sigmoid" : "softmax");
+  const std::string method = f.opt_string("topk_method").value_or(v3 ? "noaux_tc" : "greedy");
+  if (v3) {
+    if (method != "noaux_tc")
+      f.fail("topk_method", "deepseek_v3 routing is noaux_tc, found '", method, "'");
+    if (scoring != "sigmoid")
+      f.fail("scoring_func", "deepseek_v3 routing scores with sigmoid, found '", scoring, "'");
+    cfg->topk_method = TopkMethod::kNoauxTc;
+    cfg->sigmoid_scores = true;
+    cfg->norm_topk_prob = f.boolean("norm_topk_prob", true);
+  } else {
+    if (method == "greedy") {
+      cfg->topk_method = TopkMethod::kGreedy;
+    } else if (method == "group_limited_greedy") {
+      cfg->topk_method = TopkMethod::kGroupLimitedGreedy;
+    } else {
+      f.fail("topk_method", "deepseek_v2 supports greedy and group_limited_greedy, found '", method,
+             "'");
+    }
+    if (scoring != "softmax")
+      f.fail("scoring_func", "deepseek_v2 routing scores with softmax, found '", scoring, "'");
+    if (f.boolean("norm_topk_prob", false))
+      f.fail("norm_topk_prob",
+             "renormalised deepseek_v2 routing is not supported (the reference "
+             "implementation does not renormalise)");
+  }
+  if (cfg->topk_method != TopkMethod::kGreedy) {
+    cfg->num_groups = f.size("n_group", v3 ? 8 : 1, kMaxExperts);
+    cfg->topk_groups = f.size("topk_group", v3 ? 4 : 1, kMaxExperts);
+    if (cfg->num_experts % cfg->num_groups != 0)
+      f.fail("n_group", cfg->num_groups, " does not divide the ", cfg->num_experts, " experts");
+    if (cfg->topk_groups > cfg->num_groups)
+      f.fail("topk_group", cfg->topk_groups, " exceeds n_group (", cfg->num_groups, ")");
+    if (cfg->topk_groups * (cfg->num_experts / cfg->num_groups) < cfg->num_experts_per_tok)
+      f.fail("topk_group", cfg->topk_groups, " groups of ", cfg->num_experts / cfg->num_groups,
+             " experts cannot supply num_experts_per_tok=", cfg->num_experts_per_tok);
+    if (cfg->topk_method == TopkMethod::kNoauxTc && cfg->num_experts / cfg->num_groups < 2)
+      f.fail("n_group", "noaux_tc needs at least 2 experts per group");
+  }
+}
+
+// quantization_config: only DeepSeek-V3's block-scaled fp8 (e4m3) format is read.
+void read_quantization(const Fields& f, ModelConfig* cfg) {
+  const json* q = f.find("quantization_config");
+  if (!q) return;
+  if (!q->is_object()) f.fail("quantization_config", "must be an object, found ", q->type_name());
+  const Fields p(*q, f.source(), "quantization_config.");
+  const std::string method = p.string("quant_method");
+  if (method != "fp8")
+    p.fail("quant_method", "unsupported quantization '", method, "'; supported: fp8");
+  const std::string fmt = p.opt_string("fmt").value_or("e4m3");
+  if (fmt != "e4m3") p.fail("fmt", "unsupported fp8 format '", fmt, "'; supported: e4m3");
+  Fp8Quantization fp8;
+  if (const json* block = p.find("weight_block_size")) {
+    if (!block->is_array() || block->size() != 2)
+      p.fail("weight_block_size", "must be a list of two integers");
+    fp8.block_rows =
+        p.check_size("weight_block_size", p.to_int("weight_block_size", (*block)[0]), kMaxDim);
+    fp8.block_cols =
+        p.check_size("weight_block_size", p.to_int("weight_block_size", (*block)[1]), kMaxDim);
+  } else {
+    p.fail("weight_block_size", "is missing; only block-scaled fp8 is supported");
+  }
+  cfg->fp8 = fp8;
+}
+
 }  // namespace
 
 ModelConfig parse_model_config(std::string_view json_text, const std::string& source) {
-  const json root = json::parse(json_text.begin(), json_text.end(), nullptr,
-                                /*allow_exceptions=*/false);
-  MOE_CHECK(!root.is_discarded(), source, ": not valid JSON");
+  json root;
+  try {
+    root = json::parse(json_text.begin(), json_text.end());
+  } catch (const json::exception& e) {
+    MOE_FAIL(source, ": not valid JSON: ", e.what());
+  }
   MOE_CHECK(root.is_object(), source, ": must be a JSON object, found ", root.type_name());
   const Fields f(root, source);
 
@@ -426,7 +588,12 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& so
   if (cfg.num_heads % cfg.num_kv_heads != 0)
     f.fail("num_key_value_heads", cfg.num_kv_heads, " does not divide num_attention_heads (",
            cfg.num_heads, ")");
-  if (f.has("head_dim")) {
+  const bool is_deepseek =
+      cfg.family == ModelFamily::kDeepseekV2 || cfg.family == ModelFamily::kDeepseekV3;
+  if (is_deepseek) {
+    // transformers sets head_dim = qk_rope_head_dim for both DeepSeek families; it sizes RoPE.
+    cfg.head_dim = f.size("qk_rope_head_dim", 64, kMaxHeads);
+  } else if (f.has("head_dim")) {
     cfg.head_dim = f.size("head_dim", kMaxHeads);
   } else {
     cfg.head_dim = cfg.hidden_size / cfg.num_heads;
@@ -439,7 +606,9 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& so
   cfg.intermediate_size = f.size("intermediate_size", defaults.intermediate_size, kMaxDim);
   cfg.num_experts = read_num_experts(f, cfg.family, defaults.num_experts);
   cfg.num_experts_per_tok =
-      f.size("num_experts_per_tok", defaults.num_experts_per_tok, kMaxExperts);
+      defaults.num_experts_per_tok > 0
+          ? f.size("num_experts_per_tok", defaults.num_experts_per_tok, kMaxExperts)
+          : f.size("num_experts_per_tok", kMaxExperts);
   if (cfg.num_experts_per_tok > cfg.num_experts)
     f.fail("num_experts_per_tok", cfg.num_experts_per_tok, " exceeds the number of experts (",
            cfg.num_experts, ")");
@@ -512,6 +681,7 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& so
       cfg.norm_topk_prob = f.boolean("norm_topk_prob", false);
       cfg.attention_bias = f.boolean("qkv_bias", true);  // q/k/v only; o_proj never has a bias
       cfg.attention_out_bias = false;
+      cfg.shared_expert_gated = true;
       cfg.layer_is_moe = qwen_sparse_layers(f, cfg.num_layers);
       if (f.boolean("use_sliding_window", false))
         f.fail("use_sliding_window",
@@ -527,7 +697,12 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& so
       }
       break;
     }
+    case ModelFamily::kDeepseekV2:
+    case ModelFamily::kDeepseekV3:
+      read_deepseek(f, defaults, &cfg);
+      break;
   }
+  read_quantization(f, &cfg);
   return cfg;
 }
 

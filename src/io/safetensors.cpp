@@ -120,8 +120,12 @@ std::vector<TensorEntry> parse_safetensors_header(const uint8_t* bytes, size_t s
   const uint64_t data_size = size - 8 - header_len;
 
   const char* text = reinterpret_cast<const char*>(bytes + 8);
-  json root = json::parse(text, text + header_len, /*cb=*/nullptr, /*allow_exceptions=*/false);
-  MOE_CHECK(!root.is_discarded(), source, ": header is not valid JSON");
+  json root;
+  try {
+    root = json::parse(text, text + header_len);
+  } catch (const json::exception& e) {
+    MOE_FAIL(source, ": header is not valid JSON: ", e.what());
+  }
   MOE_CHECK(root.is_object(), source, ": header must be a JSON object, found ", root.type_name());
 
   std::vector<TensorEntry> entries;
@@ -248,8 +252,12 @@ std::map<std::string, std::string> read_index(const std::filesystem::path& index
   MOE_CHECK(in, source, ": cannot open: ", std::strerror(errno));
   std::stringstream buffer;
   buffer << in.rdbuf();
-  const json root = json::parse(buffer.str(), nullptr, /*allow_exceptions=*/false);
-  MOE_CHECK(!root.is_discarded(), source, ": not valid JSON");
+  json root;
+  try {
+    root = json::parse(buffer.str());
+  } catch (const json::exception& e) {
+    MOE_FAIL(source, ": not valid JSON: ", e.what());
+  }
   MOE_CHECK(root.is_object(), source, ": must be a JSON object, found ", root.type_name());
   const auto map_it = root.find("weight_map");
   MOE_CHECK(map_it != root.end(), source, ": missing field 'weight_map'");
