@@ -22,6 +22,7 @@ Run where torch and transformers are installed:  python3 tools/make_fixtures.py
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 
@@ -72,6 +73,93 @@ FIXTURES = [
 ]
 
 
+DEEPSEEK_MLA = dict(kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16)
+
+FIXTURES += [
+    # V2-Lite layout: no query bottleneck, greedy softmax routing, one dense first layer.
+    dict(name="deepseek_v2_lite_f32", cls="DeepseekV2", dtype="float32", tokenizer="qwen",
+         legacy_rope=True,
+         config=dict(COMMON, num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=3,
+                     intermediate_size=64, moe_intermediate_size=24, n_routed_experts=8,
+                     num_experts_per_tok=2, n_shared_experts=2, first_k_dense_replace=1,
+                     q_lora_rank=None, topk_method="greedy", routed_scaling_factor=1.0,
+                     rope_theta=10000.0, **DEEPSEEK_MLA)),
+    # V2 layout: query bottleneck, group-limited routing, YaRN with its attention-scale fix.
+    dict(name="deepseek_v2_f32", cls="DeepseekV2", dtype="float32", tokenizer="qwen",
+         legacy_rope=True,
+         config=dict(COMMON, num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=3,
+                     intermediate_size=64, moe_intermediate_size=24, n_routed_experts=12,
+                     num_experts_per_tok=3, n_shared_experts=1, first_k_dense_replace=1,
+                     q_lora_rank=24, topk_method="group_limited_greedy", n_group=4, topk_group=2,
+                     routed_scaling_factor=2.0, rope_theta=10000.0,
+                     rope_scaling=dict(rope_type="yarn", factor=8.0,
+                                       original_max_position_embeddings=32, beta_fast=32,
+                                       beta_slow=1, mscale=0.707, mscale_all_dim=0.707),
+                     **DEEPSEEK_MLA)),
+    # V3 layout: sigmoid + correction bias (non-zero), top-2-sum groups, YaRN, dense first layer.
+    dict(name="deepseek_v3_f32", cls="DeepseekV3", dtype="float32", tokenizer="qwen",
+         legacy_rope=False, correction_bias=0.15,
+         config=dict(COMMON, num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=3,
+                     intermediate_size=64, moe_intermediate_size=24, n_routed_experts=16,
+                     num_experts_per_tok=4, n_shared_experts=1, first_k_dense_replace=1,
+                     q_lora_rank=24, n_group=4, topk_group=2, norm_topk_prob=True,
+                     routed_scaling_factor=2.5, rope_theta=10000.0,
+                     rope_scaling=dict(rope_type="yarn", factor=4.0,
+                                       original_max_position_embeddings=64, beta_fast=32,
+                                       beta_slow=1, mscale=1.0, mscale_all_dim=1.0),
+                     **DEEPSEEK_MLA)),
+    # V3's published fp8 format: e4m3 weights with per-block float32 scale_inv.
+    dict(name="deepseek_v3_fp8", cls="DeepseekV3", dtype="bfloat16", tokenizer="qwen",
+         legacy_rope=True, correction_bias=0.15, fp8_block=[8, 8],
+         config=dict(COMMON, num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=3,
+                     intermediate_size=64, moe_intermediate_size=24, n_routed_experts=8,
+                     num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
+                     q_lora_rank=24, n_group=2, topk_group=1, norm_topk_prob=True,
+                     routed_scaling_factor=2.5, rope_theta=10000.0, **DEEPSEEK_MLA)),
+]
+
+# Linear weights that DeepSeek-V3's published checkpoint stores in fp8; the router, norms,
+# embeddings and LM head stay in higher precision.
+FP8_PATTERN = re.compile(r"\.(self_attn\.(q_a_proj|q_b_proj|q_proj|kv_a_proj_with_mqa|kv_b_proj|o_proj)"
+                         r"|mlp\.(experts\.\d+\.|shared_experts\.)?(gate_proj|up_proj|down_proj))"
+                         r"\.weight$")
+
+
+def quantize_fp8_checkpoint(out_dir, block):
+    """Rewrites model.safetensors with block-scaled e4m3 weights (the DeepSeek-V3 recipe: one
+    scale per block, amax / 448, stored as weight_scale_inv) and adds quantization_config."""
+    from safetensors.torch import load_file, save_file
+    path = os.path.join(out_dir, "model.safetensors")
+    tensors = load_file(path)
+    out = {}
+    for name, w in tensors.items():
+        if not FP8_PATTERN.search(name):
+            out[name] = w
+            continue
+        rows, cols = w.shape
+        br, bc = block
+        nr, nc = -(-rows // br), -(-cols // bc)
+        w32 = w.float()
+        scale = torch.empty(nr, nc)
+        q = torch.empty(rows, cols, dtype=torch.float8_e4m3fn)
+        for i in range(nr):
+            for j in range(nc):
+                tile = w32[i * br:(i + 1) * br, j * bc:(j + 1) * bc]
+                s_ = tile.abs().max().clamp(min=1e-12) / 448.0
+                scale[i, j] = s_
+                q[i * br:(i + 1) * br, j * bc:(j + 1) * bc] = (tile / s_).to(torch.float8_e4m3fn)
+        out[name] = q
+        out[name + "_scale_inv"] = scale
+    save_file(out, path, metadata={"format": "pt"})
+    config_path = os.path.join(out_dir, "config.json")
+    with open(config_path) as f:
+        cfg = json.load(f)
+    cfg["quantization_config"] = dict(quant_method="fp8", fmt="e4m3", activation_scheme="dynamic",
+                                      weight_block_size=list(block))
+    with open(config_path, "w") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)
+
+
 def build_config(spec):
     cfg_cls = getattr(transformers, spec["cls"] + "Config")
     kwargs = dict(spec["config"])
@@ -95,6 +183,8 @@ def rewrite_legacy_rope(config_path):
         cfg["rope_scaling"] = None
     if "num_local_experts" in cfg and cfg["model_type"] in ("qwen3_moe", "qwen2_moe", "olmoe"):
         cfg["num_experts"] = cfg.pop("num_local_experts")
+    if "num_local_experts" in cfg and cfg["model_type"].startswith("deepseek"):
+        cfg["n_routed_experts"] = cfg.pop("num_local_experts")
     if "dtype" in cfg:
         cfg["torch_dtype"] = cfg.pop("dtype")
     with open(config_path, "w") as f:
@@ -124,6 +214,12 @@ def make_fixture(spec, root, seed, with_tokenizer):
     config = build_config(spec)
     model_cls = getattr(transformers, spec["cls"] + "ForCausalLM")
     model = model_cls(config).eval()
+    if spec.get("correction_bias"):
+        with torch.no_grad():
+            for layer in model.model.layers:
+                gate = getattr(layer.mlp, "gate", None)
+                if gate is not None and hasattr(gate, "e_score_correction_bias"):
+                    gate.e_score_correction_bias.normal_(0.0, spec["correction_bias"])
     if spec["dtype"] == "bfloat16":
         model = model.to(torch.bfloat16)
     model.save_pretrained(out_dir, max_shard_size=spec.get("max_shard_size", "50GB"))
@@ -132,6 +228,8 @@ def make_fixture(spec, root, seed, with_tokenizer):
         os.remove(gen_cfg)
     if spec["legacy_rope"]:
         rewrite_legacy_rope(os.path.join(out_dir, "config.json"))
+    if spec.get("fp8_block"):
+        quantize_fp8_checkpoint(out_dir, spec["fp8_block"])
     if with_tokenizer:
         make_tokenizer(spec["tokenizer"], out_dir)
 
@@ -144,7 +242,8 @@ def make_fixture(spec, root, seed, with_tokenizer):
         prompt = torch.randint(0, VOCAB, (1, NUM_PROMPT), generator=generator)
         with torch.no_grad():
             logits = reference(prompt).logits[0]
-            out = reference.generate(prompt, max_new_tokens=NUM_GREEDY, do_sample=False,
+            out = reference.generate(prompt, attention_mask=torch.ones_like(prompt),
+                                     max_new_tokens=NUM_GREEDY, do_sample=False,
                                      eos_token_id=None, pad_token_id=0, use_cache=True)
             full = reference(out).logits[0, NUM_PROMPT - 1:-1]
         margin = top2_margin(full)

@@ -63,7 +63,8 @@ void add_info_command(CLI::App& app) {
     const auto dir = resolve_model_dir(*model);
     const ModelConfig config = load_model_config(dir / "config.json");
     const WeightStore store = WeightStore::open(dir);
-    const DecoderWeights weights = bind_weights(config, store);
+    WeightSource source(store, config);
+    const DecoderWeights weights = bind_weights(config, source);
     const ModelFacts facts =
         model_facts(config, weights, static_cast<int64_t>(store.total_bytes()));
     if (*as_json) {

@@ -12,7 +12,7 @@
 
 namespace moeinfer {
 
-enum class ModelFamily { kQwen3Moe, kMixtral, kOlmoe, kQwen2Moe };
+enum class ModelFamily { kQwen3Moe, kMixtral, kOlmoe, kQwen2Moe, kDeepseekV2, kDeepseekV3 };
 
 std::string_view family_name(ModelFamily family);
 
@@ -31,6 +31,33 @@ struct RopeConfig {
   bool truncate = true;          // yarn
   double low_freq_factor = 1.0;   // llama3
   double high_freq_factor = 4.0;  // llama3
+};
+
+// Multi-head Latent Attention (DeepSeek): queries optionally through a low-rank bottleneck,
+// keys and values from one compressed latent per token plus a shared RoPE key.
+struct MlaConfig {
+  int64_t q_lora_rank = 0;        // 0: q_proj straight from the hidden state
+  int64_t kv_lora_rank = 0;       // latent width cached per token
+  int64_t qk_nope_head_dim = 0;   // per-head query/key dims without position
+  int64_t qk_rope_head_dim = 0;   // per-head rotary dims (the key part is shared by all heads)
+  int64_t v_head_dim = 0;
+  bool rope_interleave = true;    // rotate pairs (2i, 2i+1) rather than (i, i + D/2)
+  int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
+  int64_t cache_width() const { return kv_lora_rank + qk_rope_head_dim; }
+};
+
+// How the router picks experts beyond plain softmax top-k.
+enum class TopkMethod {
+  kGreedy,              // softmax (or sigmoid) top-k
+  kGroupLimitedGreedy,  // DeepSeek-V2: keep the topk_group groups with the best expert score
+  kNoauxTc,             // DeepSeek-V3: sigmoid + e_score_correction_bias, groups by top-2 sum
+};
+
+// Block-scaled fp8 weights (DeepSeek-V3's published format): float8_e4m3fn matrices, each with a
+// float32 `<name>_scale_inv` of one scale per block_rows x block_cols block.
+struct Fp8Quantization {
+  int64_t block_rows = 128;
+  int64_t block_cols = 128;
 };
 
 struct ModelConfig {
@@ -64,6 +91,16 @@ struct ModelConfig {
   std::optional<int64_t> bos_token_id;
   std::vector<int64_t> eos_token_ids;
   std::string dtype;  // "float32", "bfloat16", ... as declared; informational
+
+  // DeepSeek family.
+  std::optional<MlaConfig> mla;           // set for deepseek_v2 / deepseek_v3
+  TopkMethod topk_method = TopkMethod::kGreedy;
+  bool sigmoid_scores = false;            // router scores: sigmoid instead of softmax
+  int64_t num_groups = 1;                 // n_group
+  int64_t topk_groups = 1;                // topk_group
+  double routed_scaling_factor = 1.0;
+  bool shared_expert_gated = false;       // qwen2_moe: sigmoid gate on the shared expert
+  std::optional<Fp8Quantization> fp8;     // quantization_config with quant_method fp8
 
   int64_t q_dim() const { return num_heads * head_dim; }
   int64_t kv_dim() const { return num_kv_heads * head_dim; }

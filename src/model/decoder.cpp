@@ -41,12 +41,30 @@ void add_into(float* x, const float* y, int64_t n) {
 
 const float* data_or_null(const std::vector<float>& v) { return v.empty() ? nullptr : v.data(); }
 
+// The softmax scale: 1/sqrt(query-key dim), and for MLA under yarn the squared mscale of
+// mscale_all_dim (the DeepSeek recipe).
+float attention_scale(const ModelConfig& config) {
+  const int64_t qk_dim = config.mla ? config.mla->qk_head_dim() : config.head_dim;
+  double scale = 1.0 / std::sqrt(static_cast<double>(qk_dim));
+  const RopeConfig& rope = config.rope;
+  if (config.mla && rope.type != "default" && rope.mscale_all_dim != 0.0 && rope.factor > 1.0) {
+    const double mscale = 0.1 * rope.mscale_all_dim * std::log(rope.factor) + 1.0;
+    scale *= mscale * mscale;
+  }
+  return static_cast<float>(scale);
+}
+
+// Norms inside MLA use the RMSNorm default epsilon, not the config's.
+constexpr float kMlaNormEps = 1e-6f;
+
 }  // namespace
 
 Decoder::Decoder(const ModelConfig& config, DecoderWeights weights)
     : config_(config),
       weights_(std::move(weights)),
-      rope_(config.rope, config.head_dim, config.max_position_embeddings) {
+      rope_(config.rope, config.mla ? config.mla->qk_rope_head_dim : config.head_dim,
+            config.max_position_embeddings),
+      attention_scale_(attention_scale(config)) {
   params_.resize(config_.num_layers);
   for (int64_t l = 0; l < config_.num_layers; ++l) {
     const LayerWeights& lw = weights_.layers[l];
@@ -59,6 +77,9 @@ Decoder::Decoder(const ModelConfig& config, DecoderWeights weights)
     p.o_bias = to_f32(lw.attention.o_bias);
     p.q_norm = to_f32(lw.attention.q_norm);
     p.k_norm = to_f32(lw.attention.k_norm);
+    p.q_a_norm = to_f32(lw.mla.q_a_norm);
+    p.kv_a_norm = to_f32(lw.mla.kv_a_norm);
+    p.selection_bias = to_f32(lw.moe.selection_bias);
   }
   final_norm_ = to_f32(weights_.final_norm);
   moe_options_ = moe::MoeLayerOptions{.router = router_options(config_),
@@ -70,7 +91,8 @@ KvCache Decoder::make_cache(int64_t max_tokens) const {
   const int64_t limit = config_.max_position_embeddings > 0
                             ? std::min(max_tokens, config_.max_position_embeddings)
                             : max_tokens;
-  return KvCache(config_.num_layers, config_.kv_dim(), limit);
+  if (config_.mla) return KvCache(config_.num_layers, config_.mla->cache_width(), 0, limit);
+  return KvCache(config_.num_layers, config_.kv_dim(), config_.kv_dim(), limit);
 }
 
 void Decoder::forward(std::span<const int32_t> tokens, KvCache& cache, std::span<float> logits,
@@ -99,7 +121,11 @@ void Decoder::forward(std::span<const int32_t> tokens, KvCache& cache, std::span
   for (int64_t l = 0; l < config_.num_layers; ++l) {
     const float eps = static_cast<float>(config_.rms_norm_eps);
     rms_norm(ws_.x.data(), T, H, params_[l].input_norm.data(), eps, ws_.normed.data());
-    attention(l, T, start, cache);
+    if (config_.mla) {
+      mla_attention(l, T, start, cache);
+    } else {
+      attention(l, T, start, cache);
+    }
     add_into(ws_.x.data(), ws_.block_out.data(), T * H);
     rms_norm(ws_.x.data(), T, H, params_[l].post_attention_norm.data(), eps, ws_.normed.data());
     feed_forward(l, T);
@@ -155,7 +181,7 @@ void Decoder::attention(int64_t layer, int64_t T, int64_t start, KvCache& cache)
   }
 
   const int64_t group = Nq / Nkv;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const float scale = attention_scale_;
   const int64_t window = config_.sliding_window.value_or(0);
   // One task per (token, query head): scores over the visible keys, softmax, weighted values.
   parallel_for(T * Nq, [&](int64_t begin, int64_t end) {
@@ -191,6 +217,105 @@ void Decoder::attention(int64_t layer, int64_t T, int64_t start, KvCache& cache)
   cpu::linear(ws_.attn.data(), T, w.o_proj, data_or_null(p.o_bias), ws_.block_out.data());
 }
 
+void Decoder::mla_attention(int64_t layer, int64_t T, int64_t start, KvCache& cache) {
+  const MlaWeights& w = weights_.layers[layer].mla;
+  const LayerParams& p = params_[layer];
+  const MlaConfig& m = *config_.mla;
+  const int64_t Nh = config_.num_heads;
+  const int64_t nope = m.qk_nope_head_dim, rope_dim = m.qk_rope_head_dim, vd = m.v_head_dim;
+  const int64_t L = m.kv_lora_rank;
+  const int64_t qk = m.qk_head_dim();
+  const int64_t width = m.cache_width();  // [latent L | rope key]
+  ws_.q.resize(T * Nh * qk);
+  ws_.latent.resize(T * width);
+  ws_.q_latent.resize(T * Nh * L);
+  ws_.o_latent.resize(Nh * T * L);
+  ws_.head_out.resize(T * vd);
+  ws_.attn.resize(T * Nh * vd);
+
+  // Queries [T, Nh, nope + rope].
+  if (m.q_lora_rank > 0) {
+    ws_.q_lora.resize(T * m.q_lora_rank);
+    cpu::linear(ws_.normed.data(), T, w.q_a_proj, nullptr, ws_.q_lora.data());
+    rms_norm(ws_.q_lora.data(), T, m.q_lora_rank, p.q_a_norm.data(), kMlaNormEps,
+             ws_.q_lora.data());
+    cpu::linear(ws_.q_lora.data(), T, w.q_b_proj, nullptr, ws_.q.data());
+  } else {
+    cpu::linear(ws_.normed.data(), T, w.q_proj, nullptr, ws_.q.data());
+  }
+  // Latent and shared rope key [T, L + rope]; the latent is normalised, the key rotated.
+  cpu::linear(ws_.normed.data(), T, w.kv_a_proj, nullptr, ws_.latent.data());
+  float* cache_rows = cache.keys(layer);  // [tokens, L + rope]
+  for (int64_t t = 0; t < T; ++t) {
+    float* row = ws_.latent.data() + t * width;
+    rms_norm(row, 1, L, p.kv_a_norm.data(), kMlaNormEps, row);
+    rope_.apply(row + L, 1, rope_dim, start + t, m.rope_interleave);
+    rope_.apply(ws_.q.data() + t * Nh * qk + nope, Nh, qk, start + t, m.rope_interleave);
+    std::copy_n(row, width, cache_rows + (start + t) * width);
+  }
+
+  // Absorb the key up-projection into the query: q_latent[t, h] = W_uk[h]^T q_nope[t, h], where
+  // W_uk[h] is rows [h*(nope+v), h*(nope+v) + nope) of kv_b_proj.
+  const TensorView& kv_b = w.kv_b_proj;
+  std::fill(ws_.q_latent.begin(), ws_.q_latent.end(), 0.0f);
+  parallel_for(Nh, [&](int64_t h_begin, int64_t h_end) {
+    std::vector<float> w_row(L);
+    for (int64_t h = h_begin; h < h_end; ++h) {
+      for (int64_t d = 0; d < nope; ++d) {
+        convert_to_f32(kv_b.dtype, kv_b.row(h * (nope + vd) + d), w_row.data(), L);
+        for (int64_t t = 0; t < T; ++t) {
+          const float q = ws_.q[(t * Nh + h) * qk + d];
+          float* dst = ws_.q_latent.data() + (t * Nh + h) * L;
+          for (int64_t c = 0; c < L; ++c) dst[c] += q * w_row[c];
+        }
+      }
+    }
+  });
+
+  // Attention over the cached rows: score = q_latent . latent_j + q_rope . key_j.
+  const float scale = attention_scale_;
+  parallel_for(T * Nh, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores;
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t t = task / Nh;
+      const int64_t h = task % Nh;
+      const int64_t count = start + t + 1;
+      const float* q_lat = ws_.q_latent.data() + (t * Nh + h) * L;
+      const float* q_rope = ws_.q.data() + (t * Nh + h) * qk + nope;
+      scores.resize(count);
+      float max_score = -INFINITY;
+      for (int64_t j = 0; j < count; ++j) {
+        const float* row = cache_rows + j * width;
+        float dot = 0.0f;
+        for (int64_t c = 0; c < L; ++c) dot += q_lat[c] * row[c];
+        for (int64_t r = 0; r < rope_dim; ++r) dot += q_rope[r] * row[L + r];
+        scores[j] = dot * scale;
+        max_score = std::max(max_score, scores[j]);
+      }
+      float sum = 0.0f;
+      for (int64_t j = 0; j < count; ++j) sum += scores[j] = std::exp(scores[j] - max_score);
+      float* out = ws_.o_latent.data() + (h * T + t) * L;  // [Nh, T, L]
+      std::fill_n(out, L, 0.0f);
+      for (int64_t j = 0; j < count; ++j) {
+        const float weight = scores[j] / sum;
+        const float* row = cache_rows + j * width;
+        for (int64_t c = 0; c < L; ++c) out[c] += weight * row[c];
+      }
+    }
+  });
+
+  // Lift each head's latent output through its value rows W_uv[h] ([v, L]) of kv_b_proj.
+  for (int64_t h = 0; h < Nh; ++h) {
+    const TensorView w_uv{.dtype = kv_b.dtype, .shape = {vd, L},
+                          .data = kv_b.row(h * (nope + vd) + nope)};
+    cpu::linear(ws_.o_latent.data() + h * T * L, T, w_uv, nullptr, ws_.head_out.data());
+    for (int64_t t = 0; t < T; ++t) {
+      std::copy_n(ws_.head_out.data() + t * vd, vd, ws_.attn.data() + (t * Nh + h) * vd);
+    }
+  }
+  cpu::linear(ws_.attn.data(), T, w.o_proj, nullptr, ws_.block_out.data());
+}
+
 void Decoder::dense_mlp(const MlpWeights& mlp, int64_t T, const float* in, float* out) {
   const int64_t width = mlp.gate_proj.shape[0];
   ws_.gate.resize(T * width);
@@ -222,7 +347,9 @@ void Decoder::feed_forward(int64_t layer, int64_t T) {
     }
     shared = ws_.shared.data();
   }
-  moe::moe_layer_forward(ws_.normed.data(), T, lw.moe.routed, moe_options_, shared,
+  moe::MoeLayerOptions options = moe_options_;
+  options.router.selection_bias = data_or_null(params_[layer].selection_bias);
+  moe::moe_layer_forward(ws_.normed.data(), T, lw.moe.routed, options, shared,
                          ws_.block_out.data(), &ws_.moe);
   if (routing_observer_) routing_observer_(layer, ws_.moe.routing);
 }

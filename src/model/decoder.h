@@ -41,20 +41,28 @@ class Decoder {
   struct LayerParams {
     std::vector<float> input_norm, post_attention_norm;
     std::vector<float> q_bias, k_bias, v_bias, o_bias, q_norm, k_norm;
+    std::vector<float> q_a_norm, kv_a_norm;  // MLA
+    std::vector<float> selection_bias;       // [E] DeepSeek-V3 router bias
   };
   // Buffers reused across steps.
   struct Workspace {
     std::vector<float> x, normed, q, k, v, attn, block_out, shared, gate, up;
+    std::vector<float> q_lora, latent, q_latent, o_latent, head_out;  // MLA
     moe::MoeWorkspace moe;
   };
 
   void attention(int64_t layer, int64_t num_tokens, int64_t start, KvCache& cache);
+  // MLA in the absorbed form: the cache holds [latent | rope key] per token, the query is
+  // projected into the latent space and attention output is lifted back per head, so no full
+  // per-head key or value is ever built.
+  void mla_attention(int64_t layer, int64_t num_tokens, int64_t start, KvCache& cache);
   void feed_forward(int64_t layer, int64_t num_tokens);
   void dense_mlp(const MlpWeights& mlp, int64_t num_tokens, const float* in, float* out);
 
   ModelConfig config_;
   DecoderWeights weights_;
   Rope rope_;
+  float attention_scale_;
   std::vector<LayerParams> params_;
   std::vector<float> final_norm_;
   moe::MoeLayerOptions moe_options_;

@@ -5,21 +5,23 @@
 #include <string>
 
 #include "io/model_config.h"
-#include "io/safetensors.h"
+#include "model/weight_source.h"
 #include "model/weights.h"
 #include "moe/stages.h"
 
 namespace moeinfer {
 
 // Binds every tensor the config calls for, checking name, shape and dtype.
-DecoderWeights bind_weights(const ModelConfig& config, const WeightStore& store);
+DecoderWeights bind_weights(const ModelConfig& config, WeightSource& src);
+// The router's options from the config; a per-layer selection bias is set by the caller.
 moe::RouterOptions router_options(const ModelConfig& config);
 
 // Per-family binders (model/<family>.cpp).
-DecoderWeights bind_qwen3_moe(const ModelConfig& config, const WeightStore& store);
-DecoderWeights bind_mixtral(const ModelConfig& config, const WeightStore& store);
-DecoderWeights bind_olmoe(const ModelConfig& config, const WeightStore& store);
-DecoderWeights bind_qwen2_moe(const ModelConfig& config, const WeightStore& store);
+DecoderWeights bind_qwen3_moe(const ModelConfig& config, WeightSource& src);
+DecoderWeights bind_mixtral(const ModelConfig& config, WeightSource& src);
+DecoderWeights bind_olmoe(const ModelConfig& config, WeightSource& src);
+DecoderWeights bind_qwen2_moe(const ModelConfig& config, WeightSource& src);
+DecoderWeights bind_deepseek(const ModelConfig& config, WeightSource& src);  // V2 and V3
 
 // Building blocks shared by the binders (model/family.cpp).
 namespace binding {
@@ -29,17 +31,17 @@ struct ExpertNames {
 };
 
 // Attention of the common layout under "<prefix>self_attn.".
-AttentionWeights attention(const ModelConfig& config, const WeightStore& store,
+AttentionWeights attention(const ModelConfig& config, WeightSource& src,
                            const std::string& layer_prefix);
-MlpWeights mlp(const WeightStore& store, const std::string& prefix, int64_t hidden_size,
+MlpWeights mlp(WeightSource& src, const std::string& prefix, int64_t hidden_size,
                int64_t width);
 // Routed experts under "<prefix>": "<prefix>gate.weight" and "<prefix>experts.<e>.<name>", or
 // the stacked layout "<prefix>experts.gate_up_proj" [E, 2I, H] / "experts.down_proj" [E, H, I].
-moe::RoutedExperts routed_experts(const ModelConfig& config, const WeightStore& store,
+moe::RoutedExperts routed_experts(const ModelConfig& config, WeightSource& src,
                                   const std::string& prefix, const std::string& router_name,
                                   const ExpertNames& names);
 // Embedding, final norm and LM head (tied or not), and each layer's two norms.
-DecoderWeights skeleton(const ModelConfig& config, const WeightStore& store);
+DecoderWeights skeleton(const ModelConfig& config, WeightSource& src);
 
 }  // namespace binding
 }  // namespace moeinfer

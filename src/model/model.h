@@ -8,6 +8,7 @@
 #include "io/model_config.h"
 #include "io/safetensors.h"
 #include "model/decoder.h"
+#include "model/weight_source.h"
 
 namespace moeinfer {
 
@@ -29,6 +30,7 @@ class Model {
 
   std::filesystem::path dir_;
   WeightStore store_;
+  std::unique_ptr<WeightSource> source_;  // owns dequantised fp8 matrices
   std::unique_ptr<Decoder> decoder_;
 };
 

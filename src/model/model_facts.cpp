@@ -8,6 +8,15 @@ namespace {
 int64_t mlp_params(int64_t hidden, int64_t width) { return 3 * hidden * width; }
 
 int64_t attention_params(const ModelConfig& c) {
+  if (c.mla) {
+    const MlaConfig& m = *c.mla;
+    const int64_t H = c.hidden_size, Nh = c.num_heads;
+    const int64_t q = m.q_lora_rank > 0
+                          ? H * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * Nh * m.qk_head_dim()
+                          : H * Nh * m.qk_head_dim();
+    return q + H * m.cache_width() + m.kv_lora_rank +
+           m.kv_lora_rank * Nh * (m.qk_nope_head_dim + m.v_head_dim) + Nh * m.v_head_dim * H;
+  }
   int64_t n = c.hidden_size * c.q_dim() + 2 * c.hidden_size * c.kv_dim() + c.q_dim() * c.hidden_size;
   if (c.attention_bias) n += c.q_dim() + 2 * c.kv_dim();
   if (c.attention_out_bias) n += c.hidden_size;
@@ -26,6 +35,11 @@ struct Counter {
 
 }  // namespace
 
+int64_t kv_values_per_token(const ModelConfig& config) {
+  const int64_t per_layer = config.mla ? config.mla->cache_width() : 2 * config.kv_dim();
+  return config.num_layers * per_layer;
+}
+
 PartCounts count_params(const ModelConfig& c, bool active_only) {
   PartCounts p;
   const int64_t H = c.hidden_size;
@@ -39,10 +53,12 @@ PartCounts count_params(const ModelConfig& c, bool active_only) {
       continue;
     }
     p.other += c.num_experts * H;  // router
+    if (c.topk_method == TopkMethod::kNoauxTc) p.other += c.num_experts;  // its selection bias
     const int64_t experts = active_only ? c.num_experts_per_tok : c.num_experts;
     p.routed_experts += experts * mlp_params(H, c.moe_intermediate_size);
     if (c.shared_expert_intermediate_size > 0) {
-      p.shared_experts += mlp_params(H, c.shared_expert_intermediate_size) + H;  // + its gate
+      p.shared_experts += mlp_params(H, c.shared_expert_intermediate_size) +
+                          (c.shared_expert_gated ? H : 0);
     }
   }
   return p;
@@ -76,6 +92,11 @@ ModelFacts model_facts(const ModelConfig& config, const DecoderWeights& w,
                                 &a.v_bias, &a.o_bias, &a.q_norm, &a.k_norm}) {
       count(attention, *v);
     }
+    const MlaWeights& m = layer.mla;
+    for (const TensorView* v : {&m.q_proj, &m.q_a_proj, &m.q_a_norm, &m.q_b_proj, &m.kv_a_proj,
+                                &m.kv_a_norm, &m.kv_b_proj, &m.o_proj}) {
+      count(attention, *v);
+    }
     if (!layer.is_moe) {
       for (const TensorView* v : {&layer.mlp.gate_proj, &layer.mlp.up_proj, &layer.mlp.down_proj}) {
         count(other, *v);
@@ -83,6 +104,7 @@ ModelFacts model_facts(const ModelConfig& config, const DecoderWeights& w,
       continue;
     }
     count(other, layer.moe.routed.router);
+    count(other, layer.moe.selection_bias);
     for (const moe::ExpertWeights& e : layer.moe.routed.experts) {
       count(routed, e.gate);
       count(routed, e.up);
@@ -96,8 +118,8 @@ ModelFacts model_facts(const ModelConfig& config, const DecoderWeights& w,
   }
   MOE_CHECK(bound_params == facts.total_params.total(), config.source, ": the config implies ",
             facts.total_params.total(), " parameters but the bound tensors hold ", bound_params);
-  facts.kv_bytes_per_token_f32 = 2 * config.num_layers * config.kv_dim() * 4;
-  facts.kv_bytes_per_token_bf16 = 2 * config.num_layers * config.kv_dim() * 2;
+  facts.kv_bytes_per_token_f32 = kv_values_per_token(config) * 4;
+  facts.kv_bytes_per_token_bf16 = kv_values_per_token(config) * 2;
   return facts;
 }
 

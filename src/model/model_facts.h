@@ -30,6 +30,9 @@ struct ModelFacts {
   int64_t checkpoint_tensor_bytes = 0;  // every tensor in the files, bound or not
 };
 
+// Values the KV cache holds per token over all layers: the latent row for MLA, keys and
+// values otherwise.
+int64_t kv_values_per_token(const ModelConfig& config);
 // Parameter counts from the config alone.
 PartCounts count_params(const ModelConfig& config, bool active_only);
 // Counts from the config, bytes from the weights; throws if the bound tensors do not add up to

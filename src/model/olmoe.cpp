@@ -4,12 +4,12 @@
 
 namespace moeinfer {
 
-DecoderWeights bind_olmoe(const ModelConfig& config, const WeightStore& store) {
-  DecoderWeights w = binding::skeleton(config, store);
+DecoderWeights bind_olmoe(const ModelConfig& config, WeightSource& src) {
+  DecoderWeights w = binding::skeleton(config, src);
   for (int64_t l = 0; l < config.num_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".mlp.";
     w.layers[l].moe.routed = binding::routed_experts(
-        config, store, p, "gate.weight", {"gate_proj.weight", "up_proj.weight", "down_proj.weight"});
+        config, src, p, "gate.weight", {"gate_proj.weight", "up_proj.weight", "down_proj.weight"});
   }
   return w;
 }

@@ -4,15 +4,15 @@
 
 namespace moeinfer {
 
-DecoderWeights bind_qwen3_moe(const ModelConfig& config, const WeightStore& store) {
-  DecoderWeights w = binding::skeleton(config, store);
+DecoderWeights bind_qwen3_moe(const ModelConfig& config, WeightSource& src) {
+  DecoderWeights w = binding::skeleton(config, src);
   for (int64_t l = 0; l < config.num_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".mlp.";
     if (w.layers[l].is_moe) {
       w.layers[l].moe.routed = binding::routed_experts(
-          config, store, p, "gate.weight", {"gate_proj.weight", "up_proj.weight", "down_proj.weight"});
+          config, src, p, "gate.weight", {"gate_proj.weight", "up_proj.weight", "down_proj.weight"});
     } else {
-      w.layers[l].mlp = binding::mlp(store, p, config.hidden_size, config.intermediate_size);
+      w.layers[l].mlp = binding::mlp(src, p, config.hidden_size, config.intermediate_size);
     }
   }
   return w;

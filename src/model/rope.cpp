@@ -106,7 +106,8 @@ Rope::Rope(const RopeConfig& config, int64_t rotary_dim, int64_t max_position_em
   }
 }
 
-void Rope::apply(float* x, int64_t num_heads, int64_t head_dim, int64_t position) const {
+void Rope::apply(float* x, int64_t num_heads, int64_t stride, int64_t position,
+                 bool interleaved) const {
   const int64_t half = rotary_dim_ / 2;
   float cos_table[512];
   float sin_table[512];
@@ -117,7 +118,16 @@ void Rope::apply(float* x, int64_t num_heads, int64_t head_dim, int64_t position
     sin_table[i] = std::sin(angle) * attention_scaling_;
   }
   for (int64_t h = 0; h < num_heads; ++h) {
-    float* head = x + h * head_dim;
+    float* head = x + h * stride;
+    if (interleaved) {
+      for (int64_t i = 0; i < half; ++i) {
+        const float x1 = head[2 * i];
+        const float x2 = head[2 * i + 1];
+        head[2 * i] = x1 * cos_table[i] - x2 * sin_table[i];
+        head[2 * i + 1] = x2 * cos_table[i] + x1 * sin_table[i];
+      }
+      continue;
+    }
     for (int64_t i = 0; i < half; ++i) {
       const float x1 = head[i];
       const float x2 = head[i + half];

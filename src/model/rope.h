@@ -19,8 +19,11 @@ class Rope {
   float attention_scaling() const { return attention_scaling_; }
   const std::vector<float>& inv_freq() const { return inv_freq_; }
 
-  // Rotates the first rotary_dim dims of each of num_heads heads at x ([num_heads, head_dim]).
-  void apply(float* x, int64_t num_heads, int64_t head_dim, int64_t position) const;
+  // Rotates the first rotary_dim dims of each of num_heads heads at x ([num_heads, head_dim]),
+  // head rows `stride` floats apart (head_dim when packed). Rotate-half pairs (i, i + D/2), or
+  // with `interleaved` adjacent pairs (2i, 2i + 1) as DeepSeek lays them out.
+  void apply(float* x, int64_t num_heads, int64_t stride, int64_t position,
+             bool interleaved = false) const;
 
  private:
   int64_t rotary_dim_;

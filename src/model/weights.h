@@ -16,6 +16,18 @@ struct AttentionWeights {
   TensorView q_norm, k_norm;                  // optional: [D] per head, or [Nq*D] / [Nkv*D]
 };
 
+// Multi-head Latent Attention (DeepSeek).
+struct MlaWeights {
+  TensorView q_proj;             // [Nh*(nope+rope), H] when there is no query bottleneck
+  TensorView q_a_proj;           // [q_lora, H]
+  TensorView q_a_norm;           // [q_lora]
+  TensorView q_b_proj;           // [Nh*(nope+rope), q_lora]
+  TensorView kv_a_proj;          // [kv_lora + rope, H]: the latent and the shared RoPE key
+  TensorView kv_a_norm;          // [kv_lora]
+  TensorView kv_b_proj;          // [Nh*(nope+v), kv_lora]: per head, key rows then value rows
+  TensorView o_proj;             // [H, Nh*v]
+};
+
 struct MlpWeights {
   TensorView gate_proj, up_proj, down_proj;  // [I, H], [I, H], [H, I]
 };
@@ -24,12 +36,14 @@ struct MoeWeights {
   moe::RoutedExperts routed;
   MlpWeights shared_expert;                   // optional
   TensorView shared_expert_gate;              // optional: [1, H], sigmoid gate
+  TensorView selection_bias;                  // optional: [E] e_score_correction_bias (f32)
 };
 
 struct LayerWeights {
   TensorView input_norm;           // [H]
   TensorView post_attention_norm;  // [H]
-  AttentionWeights attention;
+  AttentionWeights attention;  // standard attention
+  MlaWeights mla;              // DeepSeek attention
   bool is_moe = false;
   MlpWeights mlp;  // dense layers
   MoeWeights moe;  // sparse layers

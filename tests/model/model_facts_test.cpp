@@ -18,10 +18,16 @@ TEST(ModelFacts, EveryFixtureAddsUpToItsFiles) {
   for (const auto& entry : std::filesystem::directory_iterator(kModels)) {
     const ModelConfig config = load_model_config(entry.path() / "config.json");
     const WeightStore store = WeightStore::open(entry.path());
-    const ModelFacts facts =
-        model_facts(config, bind_weights(config, store), static_cast<int64_t>(store.total_bytes()));
-    // Tied embeddings are stored once; every stored tensor is bound.
-    EXPECT_EQ(facts.resident_bytes.total(), facts.checkpoint_tensor_bytes) << entry.path();
+    WeightSource source(store, config);
+    const ModelFacts facts = model_facts(config, bind_weights(config, source),
+                                         static_cast<int64_t>(store.total_bytes()));
+    if (config.fp8) {
+      // fp8 matrices are resident as their bf16 dequantisation: twice their stored bytes.
+      EXPECT_GT(facts.resident_bytes.total(), facts.checkpoint_tensor_bytes) << entry.path();
+    } else {
+      // Tied embeddings are stored once; every stored tensor is bound.
+      EXPECT_EQ(facts.resident_bytes.total(), facts.checkpoint_tensor_bytes) << entry.path();
+    }
     EXPECT_LT(facts.active_params.total(), facts.total_params.total());
     EXPECT_EQ(facts.active_params.attention, facts.total_params.attention);
     ++checked;
@@ -47,6 +53,32 @@ TEST(ModelFacts, Qwen3_30B_A3B_Shape) {
   EXPECT_EQ(total.routed_experts, 48LL * 128 * 3 * 2048 * 768);
   EXPECT_EQ(active.routed_experts, 48LL * 8 * 3 * 2048 * 768);
   EXPECT_EQ(total.embeddings, 2LL * 151936 * 2048);
+}
+
+TEST(ModelFacts, DeepseekV3ShapeCachesTheLatentOnly) {
+  // DeepSeek-V3 as published: 671B total, 37B active; KV per token is the 512 latent + 64
+  // rope dims per layer, not 128 heads x (192 + 128).
+  const char* json = R"({
+    "model_type": "deepseek_v3", "vocab_size": 129280, "hidden_size": 7168,
+    "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_hidden_layers": 61,
+    "num_attention_heads": 128, "num_key_value_heads": 128, "n_shared_experts": 1,
+    "n_routed_experts": 256, "routed_scaling_factor": 2.5, "kv_lora_rank": 512,
+    "q_lora_rank": 1536, "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128,
+    "n_group": 8, "topk_group": 4, "num_experts_per_tok": 8, "first_k_dense_replace": 3,
+    "norm_topk_prob": true, "topk_method": "noaux_tc", "scoring_func": "sigmoid",
+    "max_position_embeddings": 163840, "rope_theta": 10000,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
+                     "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
+                     "type": "yarn"},
+    "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3",
+                            "quant_method": "fp8", "weight_block_size": [128, 128]}})";
+  const ModelConfig config = parse_model_config(json, "deepseek-v3/config.json");
+  const PartCounts total = count_params(config, false);
+  const PartCounts active = count_params(config, true);
+  EXPECT_NEAR(total.total() / 1e9, 671.0, 1.0);
+  EXPECT_NEAR(active.total() / 1e9, 37.5, 1.0);
+  EXPECT_EQ(kv_values_per_token(config), 61LL * (512 + 64));
+  EXPECT_LT(kv_values_per_token(config) * 50, 61LL * 128 * (192 + 128) * 2);
 }
 
 }  // namespace

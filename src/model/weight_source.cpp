@@ -1,0 +1,56 @@
+#include "model/weight_source.h"
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+
+namespace moeinfer {
+
+TensorView WeightSource::tensor(const std::string& name, const Shape& shape) const {
+  return store_.require(name, shape);
+}
+
+TensorView WeightSource::matrix(const std::string& name, const Shape& shape) {
+  const TensorEntry& entry = store_.entry(name);
+  if (entry.dtype != DType::kF8E4M3) return store_.require(name, shape);
+  MOE_CHECK(fp8_.has_value(), store_.file_of(name), ": tensor '", name,
+            "' is F8_E4M3 but config.json has no fp8 quantization_config");
+  static constexpr DType kFp8[] = {DType::kF8E4M3};
+  const TensorView q = store_.require(name, shape, kFp8);
+  const int64_t rows = shape[0], cols = shape[1];
+  const int64_t scale_rows = (rows + fp8_->block_rows - 1) / fp8_->block_rows;
+  const int64_t scale_cols = (cols + fp8_->block_cols - 1) / fp8_->block_cols;
+  static constexpr DType kF32[] = {DType::kF32};
+  const std::string scale_name = name + "_scale_inv";
+  MOE_CHECK(store_.has(scale_name), store_.dir().string(), ": fp8 tensor '", name,
+            "' has no scale tensor '", scale_name, "'");
+  const TensorView scale = store_.require(scale_name, {scale_rows, scale_cols}, kF32);
+  std::vector<uint16_t>& out = dequantized_.emplace_back(static_cast<size_t>(rows * cols));
+  dequantize_fp8_blocks(static_cast<const uint8_t*>(q.data), static_cast<const float*>(scale.data),
+                        rows, cols, fp8_->block_rows, fp8_->block_cols, out.data());
+  return TensorView{.dtype = DType::kBF16, .shape = shape, .data = out.data()};
+}
+
+size_t WeightSource::dequantized_bytes() const {
+  size_t bytes = 0;
+  for (const auto& buffer : dequantized_) bytes += buffer.size() * sizeof(uint16_t);
+  return bytes;
+}
+
+void dequantize_fp8_blocks(const uint8_t* q, const float* scale_inv, int64_t num_rows,
+                           int64_t num_cols, int64_t block_rows, int64_t block_cols,
+                           uint16_t* out_bf16) {
+  const int64_t scale_cols = (num_cols + block_cols - 1) / block_cols;
+  // Each e4m3 byte has 256 values: decode through a table.
+  float table[256];
+  for (int i = 0; i < 256; ++i) table[i] = f8e4m3_to_f32(static_cast<uint8_t>(i));
+  parallel_for(num_rows, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* scales = scale_inv + (r / block_rows) * scale_cols;
+      for (int64_t c = 0; c < num_cols; ++c) {
+        out_bf16[r * num_cols + c] = f32_to_bf16(table[q[r * num_cols + c]] * scales[c / block_cols]);
+      }
+    }
+  }, 16);
+}
+
+}  // namespace moeinfer

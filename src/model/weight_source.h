@@ -1,0 +1,41 @@
+// Hands checkpoint tensors to the family binders. Tensors are views into the memory map, except
+// block-scaled fp8 matrices (DeepSeek-V3's format), which are dequantised once at load into bf16
+// buffers owned here: the CPU matrix products take f32, bf16 or f16 weights.
+#pragma once
+
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "io/model_config.h"
+#include "io/safetensors.h"
+
+namespace moeinfer {
+
+class WeightSource {
+ public:
+  WeightSource(const WeightStore& store, const ModelConfig& config)
+      : store_(store), fp8_(config.fp8) {}
+  WeightSource(const WeightSource&) = delete;
+  WeightSource& operator=(const WeightSource&) = delete;
+
+  bool has(const std::string& name) const { return store_.has(name); }
+  // A tensor used as stored (norm weights, biases, embeddings, routers).
+  TensorView tensor(const std::string& name, const Shape& shape) const;
+  // A linear layer's [N, K] weight. With fp8 quantization a F8_E4M3 weight and its
+  // `<name>_scale_inv` [ceil(N/rows), ceil(K/cols)] are dequantised to bf16.
+  TensorView matrix(const std::string& name, const Shape& shape);
+  size_t dequantized_bytes() const;
+
+ private:
+  const WeightStore& store_;
+  std::optional<Fp8Quantization> fp8_;
+  std::deque<std::vector<uint16_t>> dequantized_;  // stable addresses for the views
+};
+
+// w[r, c] = q[r, c] * scale_inv[r / rows, c / cols], rounded to bf16. Exposed for tests.
+void dequantize_fp8_blocks(const uint8_t* q, const float* scale_inv, int64_t num_rows,
+                           int64_t num_cols, int64_t block_rows, int64_t block_cols,
+                           uint16_t* out_bf16);
+
+}  // namespace moeinfer
