@@ -6,7 +6,8 @@
 // the unfused pair (a bf16 residual add, then a norm of the stored bf16 stream) would.
 //
 // Why this shape: the row is read once and kept in registers (kVecs 16-byte vectors of 8 bf16
-// per thread, a compile-time count so the array is not spilled to local memory), the sum of
+// per thread, a compile-time count so the array is not spilled to local memory), all of a
+// thread's loads (x, residual, weight) are issued before the first use, the sum of
 // squares is one warp reduction plus one across warps through shared memory, and the row is
 // written once. Each thread reads and writes only its own elements, so out may alias x and
 // residual_out may alias residual.
@@ -28,33 +29,44 @@ __global__ void __launch_bounds__(1024)
   const uint4* residual =
       p.residual ? reinterpret_cast<const uint4*>(p.residual) + row * vecs : nullptr;
 
+  // Every load first (x, residual and the weight, which is needed only after the reduction):
+  // all of a thread's loads are in flight together, and none waits behind a residual_out store
+  // that the compiler must assume could alias it. At 4 vectors per thread (H > 16384) the
+  // early weight would not fit the 64 registers that 1024 threads leave each, so there it is
+  // loaded after the reduction.
+  constexpr bool kEarlyWeight = kVecs <= 2;
+  uint4 x_raw[kVecs], residual_raw[kVecs], weight_raw[kVecs];
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    const int v = threadIdx.x + j * blockDim.x;
+    if (v < vecs) {
+      x_raw[j] = x[v];
+      if (residual) residual_raw[j] = residual[v];
+      if constexpr (kEarlyWeight)
+        weight_raw[j] = __ldg(reinterpret_cast<const uint4*>(p.weight) + v);
+    }
+  }
+
   float s[kVecs][8];
   float sum_sq = 0.0f;
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) {
     const int v = threadIdx.x + j * blockDim.x;
     if (v < vecs) {
-      device::bf16x8_to_float(x[v], s[j]);
+      device::bf16x8_to_float(x_raw[j], s[j]);
       if (residual) {
         float r[8];
-        device::bf16x8_to_float(residual[v], r);
+        device::bf16x8_to_float(residual_raw[j], r);
 #pragma unroll
         for (int i = 0; i < 8; ++i) s[j][i] = device::round_bf16(s[j][i] + r[i]);
-        if (p.residual_out) {
-          reinterpret_cast<uint4*>(p.residual_out)[row * vecs + v] = device::float_to_bf16x8(s[j]);
-        }
+      }
+      // residual_out always holds the normalised stream (s = x without a residual).
+      if (p.residual_out) {
+        reinterpret_cast<uint4*>(p.residual_out)[row * vecs + v] =
+            residual ? device::float_to_bf16x8(s[j]) : x_raw[j];
       }
 #pragma unroll
       for (int i = 0; i < 8; ++i) sum_sq = fmaf(s[j][i], s[j][i], sum_sq);
-    }
-  }
-  if (!residual && p.residual_out) {
-    // s = x: copy it through so residual_out always holds the normalised stream.
-#pragma unroll
-    for (int j = 0; j < kVecs; ++j) {
-      const int v = threadIdx.x + j * blockDim.x;
-      if (v < vecs)
-        reinterpret_cast<uint4*>(p.residual_out)[row * vecs + v] = device::float_to_bf16x8(s[j]);
     }
   }
 
@@ -72,14 +84,15 @@ __global__ void __launch_bounds__(1024)
   __syncthreads();
   const float inv_rms = 1.0f / sqrtf(warp_partials[0] / static_cast<float>(p.hidden_size) + p.eps);
 
-  const uint4* weight = reinterpret_cast<const uint4*>(p.weight);
   uint4* out = reinterpret_cast<uint4*>(p.out) + row * vecs;
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) {
     const int v = threadIdx.x + j * blockDim.x;
     if (v < vecs) {
       float w[8];
-      device::bf16x8_to_float(__ldg(weight + v), w);
+      if constexpr (!kEarlyWeight)
+        weight_raw[j] = __ldg(reinterpret_cast<const uint4*>(p.weight) + v);
+      device::bf16x8_to_float(weight_raw[j], w);
 #pragma unroll
       for (int i = 0; i < 8; ++i) s[j][i] = w[i] * (s[j][i] * inv_rms);
       out[v] = device::float_to_bf16x8(s[j]);
