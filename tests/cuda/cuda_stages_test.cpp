@@ -652,7 +652,9 @@ void rms_norm_in_place() {
 
 // The four GPU stages chained (route -> plan -> permute -> unpermute with the expert as the
 // identity) against the CPU stages chained: ids and plan exact, output within bf16 bounds.
-void pipeline(int64_t T) {
+// in_graph: the chain is captured into a CUDA graph in global capture mode, which fails on any
+// call that would synchronise with the host, then replayed: the stages need no host round trip.
+void pipeline(int64_t T, bool in_graph) {
   std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(T * 49979687));
   for (int64_t E : {int64_t{60}, int64_t{128}, int64_t{256}}) {
     const int64_t K = 8, H = 2048;
@@ -685,6 +687,7 @@ void pipeline(int64_t T) {
     d_out.poison();
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    if (in_graph) CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
     fused_router(RouterParams{.logits = d_logits.get(),
                               .topk_ids = d_ids.get(),
                               .topk_weights = d_weights.get(),
@@ -709,6 +712,16 @@ void pipeline(int64_t T) {
                               .top_k = K,
                               .hidden_size = H},
               stream);
+    if (in_graph) {
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+      CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      CUDA_CHECK(cudaGraphLaunch(exec, stream));
+      CUDA_CHECK(cudaStreamSynchronize(stream));
+      CUDA_CHECK(cudaGraphExecDestroy(exec));
+      CUDA_CHECK(cudaGraphDestroy(graph));
+    }
     CUDA_CHECK(cudaStreamSynchronize(stream));
     CUDA_CHECK(cudaStreamDestroy(stream));
     expect_equal_ints(d_ids.download(), routing.topk_ids, "topk_ids");
@@ -763,9 +776,12 @@ void register_kernel_test(const char* suite, const std::string& name, std::funct
   }
   register_kernel_test("CudaRouter", "TiesGoToLowerId", [] { router_ties(); });
   register_kernel_test("CudaRmsNorm", "InPlaceMatchesOutOfPlace", [] { rms_norm_in_place(); });
-  for (int64_t T : {int64_t{19}, int64_t{989}})
+  for (int64_t T : {int64_t{19}, int64_t{989}}) {
     register_kernel_test("CudaPipeline", "RouteToUnpermute_T" + std::to_string(T),
-                         [T] { pipeline(T); });
+                         [T] { pipeline(T, false); });
+    register_kernel_test("CudaPipeline", "CapturedInGraph_T" + std::to_string(T),
+                         [T] { pipeline(T, true); });
+  }
   return true;
 }();
 
