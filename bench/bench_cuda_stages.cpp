@@ -15,7 +15,7 @@
 // as they do in a real step where the previous kernel just wrote them.
 //
 // Usage: bench_cuda_stages [--quick]   (--quick: fewer replays)
-#if MOE_HAVE_CUDA
+#if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
 
 #include <cuda_runtime_api.h>
 

@@ -23,7 +23,7 @@
 // device and registers every kernel test, so ctest runs them there (scripts/gpu-check.sh).
 #include <gtest/gtest.h>
 
-#if MOE_HAVE_CUDA
+#if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
 
 #include <cuda_runtime_api.h>
 
