@@ -68,7 +68,7 @@ void build_layer(Layer* layer, const std::vector<float>& common) {
   // Experts whose router row leans towards the common direction of the hidden states are
   // picked more often: the skew real routers show.
   std::mt19937 rng(5);
-  std::normal_distribution<float> lean(0.0f, 0.001f);  // logit spread about 1
+  std::normal_distribution<float> lean(0.0f, 0.0005f);  // logit spread about 0.5
   for (int64_t e = 0; e < kExperts; ++e) {
     const float a = lean(rng);
     for (int64_t h = 0; h < kHidden; ++h) {

@@ -136,9 +136,9 @@ struct PeakFlops {
 inline PeakFlops measure_peak_flops(int num_threads) {
   PeakFlops out;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  const int64_t iters = 2'000'000;
+  const int64_t iters = 1'000'000;
   std::vector<float> sink(num_threads);
-  for (int rep = 0; rep < 3; ++rep) {
+  for (int rep = 0; rep < 10; ++rep) {
     if (gemm_detail::cpu_has_avx512_bf16()) {
       const double t = run_on_threads(num_threads, [&](int i) { sink[i] = bf16_chain(iters); });
       out.bf16_gflops = std::max(out.bf16_gflops, num_threads * iters * 12.0 * 64 / t / 1e9);
