@@ -26,8 +26,9 @@ void add_model_option(CLI::App* cmd, std::string* model) {
 std::filesystem::path resolve_model_dir(const std::string& model) {
   if (!model.empty()) return model;
   if (const char* env = std::getenv("MOEINFER_MODEL"); env && *env) return env;
-  // The built-in default until the trained demo model lands: the smallest parity fixture.
-  const std::filesystem::path relative = "tests/fixtures/models/qwen3_moe_bf16";
+  // The built-in default: the small fortune-cookie Qwen3-MoE model trained by
+  // tools/train_demo.py and shipped in the repository (models/demo/README.md).
+  const std::filesystem::path relative = "models/demo";
   for (auto dir = executable_dir(); !dir.empty(); dir = dir.parent_path()) {
     if (std::filesystem::exists(dir / relative / "config.json")) return dir / relative;
     if (dir == dir.parent_path()) break;
