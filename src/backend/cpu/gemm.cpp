@@ -150,9 +150,12 @@ int64_t gemv_max_rows(DType dtype) {
   // the GEMV kernel reads W once and beats oneDNN's runtime-M GEMM by 1.5-2x at 4 to 16 rows, ties
   // at 24 to 32 and loses from 48 rows on.
   switch (dtype) {
-    case DType::kBF16: return 32;
-    case DType::kF16: return 32;
-    default: return 0;
+    case DType::kBF16:
+      return 32;
+    case DType::kF16:
+      return 32;
+    default:
+      return 0;
   }
 }
 
@@ -172,26 +175,35 @@ Path choose_path(DType dtype, int64_t num_rows, int64_t in_features, int64_t out
 // ---------------------------------------------------------------------------------------------
 // F32: OpenBLAS, one slice of N per worker.
 
+namespace {
+
+// Columns [n0, n1) of y, F32 weights, on the calling thread.
+void sgemm_range(const float* x, const Dims& d, const TensorView& weight, const float* bias,
+                 float* y, int64_t n0, int64_t n1) {
+  const auto* w = static_cast<const float*>(weight.data);
+  if (d.m == 1) {
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(n1 - n0), static_cast<int>(d.k), 1.0f,
+                w + n0 * d.k, static_cast<int>(d.k), x, 1, 0.0f, y + n0, 1);
+  } else {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(d.m),
+                static_cast<int>(n1 - n0), static_cast<int>(d.k), 1.0f, x, static_cast<int>(d.k),
+                w + n0 * d.k, static_cast<int>(d.k), 0.0f, y + n0, static_cast<int>(d.n));
+  }
+  add_bias(bias, d.m, n0, n1, y, d.n);
+}
+
+}  // namespace
+
 void linear_sgemm(const float* x, int64_t num_rows, const TensorView& weight, const float* bias,
                   float* y) {
   const Dims d = check_args(x, num_rows, weight, y);
   MOE_CHECK(weight.dtype == DType::kF32, "linear_sgemm: weight dtype ", dtype_name(weight.dtype));
   if (d.m == 0) return;
   init_libraries();
-  const auto* w = static_cast<const float*>(weight.data);
   // Split N only when each slice still has enough work to pay for the hand-off.
   const int64_t grain = std::max<int64_t>(kRowGrain, (int64_t{1} << 16) / (d.m * d.k + 1));
-  gemm_parallel_for(d.n, grain, [&](int64_t n0, int64_t n1) {
-    if (d.m == 1) {
-      cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(n1 - n0), static_cast<int>(d.k),
-                  1.0f, w + n0 * d.k, static_cast<int>(d.k), x, 1, 0.0f, y + n0, 1);
-    } else {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(d.m),
-                  static_cast<int>(n1 - n0), static_cast<int>(d.k), 1.0f, x, static_cast<int>(d.k),
-                  w + n0 * d.k, static_cast<int>(d.k), 0.0f, y + n0, static_cast<int>(d.n));
-    }
-    add_bias(bias, d.m, n0, n1, y, d.n);
-  });
+  gemm_parallel_for(d.n, grain,
+                    [&](int64_t n0, int64_t n1) { sgemm_range(x, d, weight, bias, y, n0, n1); });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -234,30 +246,40 @@ void linear_blocked_f32(const float* x, int64_t num_rows, const TensorView& weig
 // ---------------------------------------------------------------------------------------------
 // GEMV for a few rows.
 
+namespace {
+
+// Columns [n0, n1) of y by the portable GEMV, on the calling thread.
+void gemv_scalar_range(const float* x, const Dims& d, const TensorView& weight, const float* bias,
+                       float* y, int64_t n0, int64_t n1) {
+  const size_t elem = dtype_size(weight.dtype);
+  const auto* w = static_cast<const char*>(weight.data);
+  thread_local std::vector<float> scratch;
+  float* wrow = thread_scratch(scratch, static_cast<size_t>(d.k));
+  for (int64_t n = n0; n < n1; ++n) {
+    widen_to_f32(weight.dtype, w + n * d.k * elem, wrow, d.k);
+    for (int64_t m = 0; m < d.m; ++m) {
+      const float* xr = x + m * d.k;
+      // Eight partial sums: shorter dependency chains, and the compiler can vectorise.
+      float acc[8] = {};
+      int64_t k = 0;
+      for (; k + 8 <= d.k; k += 8)
+        for (int j = 0; j < 8; ++j) acc[j] += xr[k + j] * wrow[k + j];
+      for (; k < d.k; ++k) acc[0] += xr[k] * wrow[k];
+      const float sum =
+          ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+      y[m * d.n + n] = sum + (bias ? bias[n] : 0.0f);
+    }
+  }
+}
+
+}  // namespace
+
 void linear_gemv_scalar(const float* x, int64_t num_rows, const TensorView& weight,
                         const float* bias, float* y) {
   const Dims d = check_args(x, num_rows, weight, y);
   if (d.m == 0) return;
-  const size_t elem = dtype_size(weight.dtype);
-  const auto* w = static_cast<const char*>(weight.data);
   gemm_parallel_for(d.n, kRowGrain, [&](int64_t n0, int64_t n1) {
-    thread_local std::vector<float> scratch;
-    float* wrow = thread_scratch(scratch, static_cast<size_t>(d.k));
-    for (int64_t n = n0; n < n1; ++n) {
-      widen_to_f32(weight.dtype, w + n * d.k * elem, wrow, d.k);
-      for (int64_t m = 0; m < d.m; ++m) {
-        const float* xr = x + m * d.k;
-        // Eight partial sums: shorter dependency chains, and the compiler can vectorise.
-        float acc[8] = {};
-        int64_t k = 0;
-        for (; k + 8 <= d.k; k += 8)
-          for (int j = 0; j < 8; ++j) acc[j] += xr[k + j] * wrow[k + j];
-        for (; k < d.k; ++k) acc[0] += xr[k] * wrow[k];
-        float sum =
-            ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-        y[m * d.n + n] = sum + (bias ? bias[n] : 0.0f);
-      }
-    }
+    gemv_scalar_range(x, d, weight, bias, y, n0, n1);
   });
 }
 
@@ -445,6 +467,13 @@ bool linear_dnnl_openmp(const float* x, int64_t num_rows, const TensorView& weig
 
 #else  // !MOE_HAVE_DNNL
 
+namespace {
+void dnnl_range(const float* x, const uint16_t*, const Dims& d, const TensorView& weight,
+                const float* bias, float* y, int64_t n0, int64_t n1, int) {
+  blocked_range(x, d, weight, bias, y, n0, n1);
+}
+}  // namespace
+
 bool dnnl_available(DType) { return false; }
 bool linear_dnnl(const float* x, int64_t num_rows, const TensorView& weight, const float*,
                  float* y) {
@@ -482,6 +511,147 @@ void linear(const float* x, int64_t num_rows, const TensorView& weight, const fl
       break;
   }
   linear_blocked_f32(x, num_rows, weight, bias, y);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Groups of products: one parallel region, items (problem, slice of N) taken from a shared counter.
+
+void linear_grouped(std::span<const LinearProblem> problems) {
+  using namespace gemm_detail;
+  struct Prepared {
+    Dims d;
+    Path path;
+    int64_t x16_offset = -1;        // where x rounded to 16 bits sits in the scratch, if needed
+    const uint16_t* x16 = nullptr;  // x rounded to the weight's 16-bit type (GEMV bf16, oneDNN)
+  };
+  struct Item {
+    int32_t problem;
+    int64_t n0, n1;
+  };
+  struct Conversion {
+    const float* src;
+    int64_t count;
+    DType dtype;
+    size_t offset;  // into x16_storage
+  };
+  // Plain locals: the workers read these through the lambdas' references (a thread_local here
+  // would name each worker's own, empty, instance).
+  std::vector<Prepared> prepared;
+  std::vector<Item> items;
+  std::vector<Conversion> conversions;
+  thread_local std::vector<uint16_t> x16_storage;
+  prepared.reserve(problems.size());
+
+  // Validate everything before any work, pick each problem's path and plan the rounding of the
+  // activations (once per distinct x: the gate and up projections of an expert share theirs).
+  size_t x16_size = 0;
+  for (size_t i = 0; i < problems.size(); ++i) {
+    const LinearProblem& p = problems[i];
+    Prepared prep{.d = check_args(p.x, p.num_rows, p.weight, p.y)};
+    prep.path = choose_path(p.weight.dtype, prep.d.m, prep.d.k, prep.d.n, p.bias != nullptr);
+    if (prep.path == Path::kGemv && !gemv_avx512_available(p.weight.dtype)) {
+      prep.path = Path::kGemvScalar;
+    }
+    const bool needs_x16 =
+        prep.d.m > 0 &&
+        (prep.path == Path::kDnnl || (prep.path == Path::kGemv && p.weight.dtype == DType::kBF16));
+    if (needs_x16) {
+      const int64_t count = prep.d.m * prep.d.k;
+      const DType dtype = p.weight.dtype;
+      size_t offset = x16_size;
+      bool shared = false;
+      for (const Conversion& c : conversions) {
+        if (c.src == p.x && c.count == count && c.dtype == dtype) {
+          offset = c.offset;
+          shared = true;
+          break;
+        }
+      }
+      if (!shared) {
+        conversions.push_back({p.x, count, dtype, offset});
+        x16_size += static_cast<size_t>(count);
+      }
+      prep.x16_offset = static_cast<int64_t>(offset);
+    }
+    prepared.push_back(prep);
+  }
+  if (prepared.empty()) return;
+  init_libraries();
+  uint16_t* x16_base = thread_scratch(x16_storage, std::max<size_t>(1, x16_size));
+  for (Prepared& prep : prepared) {
+    if (prep.x16_offset >= 0) prep.x16 = x16_base + prep.x16_offset;
+  }
+
+  // Slices of N: small enough that a group of experts spreads evenly over the workers, large
+  // enough that each oneDNN or BLAS call has work to amortise its set-up.
+  for (size_t i = 0; i < prepared.size(); ++i) {
+    const Prepared& prep = prepared[i];
+    if (prep.d.m == 0) continue;
+    int64_t slice = 256;
+    if (prep.path == Path::kGemv || prep.path == Path::kGemvScalar) slice = 64;
+    if (prep.path == Path::kBlockedF32) {
+      slice = std::max<int64_t>(1, kBlockBytes / (prep.d.k * 4));
+    }
+    for (int64_t n0 = 0; n0 < prep.d.n; n0 += slice) {
+      items.push_back({static_cast<int32_t>(i), n0, std::min(prep.d.n, n0 + slice)});
+    }
+  }
+
+  // Round the activations, in pieces spread over the workers.
+  constexpr int64_t kPiece = 1 << 16;
+  std::vector<std::pair<int32_t, int64_t>> pieces;  // (conversion, start)
+  for (size_t c = 0; c < conversions.size(); ++c) {
+    for (int64_t start = 0; start < conversions[c].count; start += kPiece) {
+      pieces.push_back({static_cast<int32_t>(c), start});
+    }
+  }
+  gemm_parallel_for(static_cast<int64_t>(pieces.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const Conversion& c = conversions[pieces[i].first];
+      const int64_t start = pieces[i].second;
+      const int64_t count = std::min(kPiece, c.count - start);
+      uint16_t* dst = x16_base + c.offset + start;
+      if (c.dtype == DType::kBF16) {
+        round_to_bf16(c.src + start, dst, count);
+      } else {
+        round_to_f16(c.src + start, dst, count);
+      }
+    }
+  });
+
+  std::atomic<int64_t> next{0};
+  const int64_t num_items = static_cast<int64_t>(items.size());
+  gemm_parallel_for(gemm_num_threads(), 1, [&](int64_t, int64_t) {
+    for (int64_t i = next.fetch_add(1); i < num_items; i = next.fetch_add(1)) {
+      const Item& item = items[i];
+      const LinearProblem& p = problems[item.problem];
+      const Prepared& prep = prepared[item.problem];
+      const Dims& d = prep.d;
+      switch (prep.path) {
+        case Path::kSgemm:
+          sgemm_range(p.x, d, p.weight, p.bias, p.y, item.n0, item.n1);
+          break;
+        case Path::kGemv:
+          if (p.weight.dtype == DType::kBF16) {
+            gemv_bf16_avx512(prep.x16, d.k, d.m, static_cast<const uint16_t*>(p.weight.data), d.k,
+                             d.k, item.n0, item.n1, p.bias, p.y, d.n);
+          } else {
+            gemv_f16_avx512(p.x, d.k, d.m, static_cast<const uint16_t*>(p.weight.data), d.k, d.k,
+                            item.n0, item.n1, p.bias, p.y, d.n);
+          }
+          break;
+        case Path::kDnnl:
+          dnnl_range(p.x, prep.x16, d, p.weight, p.bias, p.y, item.n0, item.n1, 1);
+          break;
+        case Path::kGemvScalar:
+          gemv_scalar_range(p.x, d, p.weight, p.bias, p.y, item.n0, item.n1);
+          break;
+        case Path::kBlockedF32:
+          blocked_range(p.x, d, p.weight, p.bias, p.y, item.n0, item.n1);
+          break;
+      }
+    }
+  });
 }
 
 }  // namespace moeinfer::cpu

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "core/tensor.h"
 
@@ -15,5 +16,20 @@ namespace moeinfer::cpu {
 // at once. Paths, threading and measured speed: gemm.cpp and bench/RESULTS.md.
 void linear(const float* x, int64_t num_rows, const TensorView& weight, const float* bias,
             float* y);
+
+// One product of a group: y[T, N] = x[T, K] . W[N, K]^T (+ bias[N]).
+struct LinearProblem {
+  const float* x = nullptr;     // [T, K]
+  int64_t num_rows = 0;         // T; zero rows are allowed and cost nothing
+  TensorView weight;            // [N, K], F32 / BF16 / F16
+  const float* bias = nullptr;  // [N] or null
+  float* y = nullptr;           // [T, N]
+};
+
+// Runs every product of the group in one parallel region: the workers take (product, slice of
+// N) items from a shared counter, so many small products (the selected experts of an MoE layer)
+// keep every core streaming, with no barrier after each product. Each result is what linear()
+// gives for that product. Products must not write to each other's y or read another's y as x.
+void linear_grouped(std::span<const LinearProblem> problems);
 
 }  // namespace moeinfer::cpu
