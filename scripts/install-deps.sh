@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs what moeinfer needs to build and test on Debian 12: the compiler and build tools,
+# the C++ libraries (Debian packages), and the Python packages the tests compare against.
+set -euo pipefail
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+$SUDO apt-get install -y -q --no-install-recommends \
+  build-essential cmake ninja-build pkg-config git python3 python3-pip \
+  clang libclang-rt-14-dev \
+  nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev \
+  libopenblas-dev libdnnl-dev libpcre2-dev libutf8proc-dev
+# Reference libraries for the differential tests (tokenizers, jinja2) and the fixture reader.
+PIP_FLAGS="--quiet --disable-pip-version-check"
+if python3 -m pip install $PIP_FLAGS --help 2>/dev/null | grep -q -- --break-system-packages; then
+  PIP_FLAGS="$PIP_FLAGS --break-system-packages"
+fi
+python3 -m pip install $PIP_FLAGS "tokenizers>=0.20" "jinja2>=3.1" numpy
