@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (fuzz/) with clang + ASan/UBSan and runs each for a bounded time.
 # Fails if any target crashes, leaks, hits a sanitizer report or an uncaught non-moeinfer
-# exception; the reproducer lands in <build>/fuzz-artifacts/.
+# exception; the reproducer lands in <build>/fuzz-artifacts/. Inputs in fuzz/regressions/<target>/
+# (past findings) are replayed first.
 #
 # Usage: scripts/run-fuzzers.sh [seconds-per-target=60] [target ...]
 #   env: BUILD_DIR (default build-fuzz), JOBS (default: all cores), CC/CXX (default clang).
@@ -38,6 +39,16 @@ for target in "${targets[@]}"; do
   mkdir -p "$work"
   dict=()
   [ "$target" != safetensors ] && dict=(-dict="$root/fuzz/json.dict")
+  regressions="$root/fuzz/regressions/$target"
+  if compgen -G "$regressions/*" >/dev/null; then
+    echo "== fuzz_$target: replaying $(ls "$regressions" | wc -l) regression inputs"
+    if ! "$bin" "$regressions"/* >"$build/fuzz-$target-regressions.log" 2>&1; then
+      echo "fuzz_$target FAILED on a regression input; log: $build/fuzz-$target-regressions.log" >&2
+      grep -E 'Running:|runtime error|ERROR|SUMMARY|what\(\)' "$build/fuzz-$target-regressions.log" >&2 || true
+      failed+=("$target")
+      continue
+    fi
+  fi
   echo "== fuzz_$target for ${seconds}s"
   if "$bin" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -max_len=65536 \
       -print_final_stats=1 "${dict[@]}" \
