@@ -10,5 +10,6 @@ void add_logits_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
 void add_info_command(CLI::App& app);
 void add_template_command(CLI::App& app);
+void add_expert_load_command(CLI::App& app);
 
 }  // namespace moeinfer::cli

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   moeinfer::cli::add_generate_command(app);
   moeinfer::cli::add_info_command(app);
   moeinfer::cli::add_template_command(app);
+  moeinfer::cli::add_expert_load_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
