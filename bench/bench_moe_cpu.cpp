@@ -88,6 +88,64 @@ void build_layer(Layer* layer, const std::vector<float>& common) {
   }
 }
 
+// The same layer with the experts stage written against gemm.h's grouped call: gate and up of
+// every used expert in one parallel region, SiLU(gate) * up spread over the workers, then every
+// down projection in a second region. The other stages are the engine's.
+struct GroupedBuffers {
+  std::vector<float> logits, rows, gate, up, expert_out;
+  moe::Routing routing;
+  moe::DispatchPlan plan;
+  std::vector<cpu::LinearProblem> problems;
+};
+
+void grouped_forward(const float* hidden, int64_t num_tokens, const moe::RoutedExperts& layer,
+                     const moe::MoeLayerOptions& options, float* out, GroupedBuffers* b) {
+  const int64_t assignments = num_tokens * kTopK;
+  b->logits.resize(static_cast<size_t>(num_tokens * kExperts));
+  b->rows.resize(static_cast<size_t>(assignments * kHidden));
+  b->gate.resize(static_cast<size_t>(assignments * kWidth));
+  b->up.resize(b->gate.size());
+  b->expert_out.resize(b->rows.size());
+  cpu::linear(hidden, num_tokens, layer.router, nullptr, b->logits.data());
+  moe::route(b->logits.data(), num_tokens, options.router, &b->routing);
+  moe::plan(b->routing, kExperts, &b->plan);
+  moe::dispatch(hidden, kHidden, b->routing, b->plan, b->rows.data());
+  b->problems.clear();
+  for (int64_t e = 0; e < kExperts; ++e) {
+    const int64_t n = b->plan.expert_counts[e];
+    if (n == 0) continue;
+    const int64_t first = b->plan.expert_offsets[e];
+    const float* x = b->rows.data() + first * kHidden;
+    b->problems.push_back({.x = x,
+                           .num_rows = n,
+                           .weight = layer.experts[e].gate,
+                           .y = b->gate.data() + first * kWidth});
+    b->problems.push_back(
+        {.x = x, .num_rows = n, .weight = layer.experts[e].up, .y = b->up.data() + first * kWidth});
+  }
+  cpu::linear_grouped(b->problems);
+  float* gate = b->gate.data();
+  const float* up = b->up.data();
+  cpu::gemm_parallel_for(assignments * kWidth, 4096, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float g = gate[i];
+      gate[i] = g / (1.0f + std::exp(-g)) * up[i];
+    }
+  });
+  b->problems.clear();
+  for (int64_t e = 0; e < kExperts; ++e) {
+    const int64_t n = b->plan.expert_counts[e];
+    if (n == 0) continue;
+    const int64_t first = b->plan.expert_offsets[e];
+    b->problems.push_back({.x = b->gate.data() + first * kWidth,
+                           .num_rows = n,
+                           .weight = layer.experts[e].down,
+                           .y = b->expert_out.data() + first * kHidden});
+  }
+  cpu::linear_grouped(b->problems);
+  moe::unpermute(moe::combine(b->expert_out.data()), kHidden, b->routing, b->plan, nullptr, out);
+}
+
 struct Stats {
   double seconds = 0;
   double experts_touched = 0;  // mean over calls
@@ -141,13 +199,22 @@ int main() {
     std::vector<float> out(static_cast<size_t>(num_tokens * kHidden));
     moe::MoeWorkspace ws;
 
-    for (bool fallback : {false, true}) {
+    GroupedBuffers grouped;
+    for (int variant = 0; variant < 3; ++variant) {
+      const bool fallback = variant == 1;
+      const bool use_grouped = variant == 2;
       if (fallback && num_tokens > 1) continue;  // the blocked fallback at T=512 takes minutes
       cpu::gemm_detail::set_force_fallback(fallback);
       auto call = [&](int i) {
-        moe::moe_layer_forward(batches[i % num_batches].data(), num_tokens, layer.views, options,
-                               nullptr, out.data(), &ws);
+        if (use_grouped) {
+          grouped_forward(batches[i % num_batches].data(), num_tokens, layer.views, options,
+                          out.data(), &grouped);
+        } else {
+          moe::moe_layer_forward(batches[i % num_batches].data(), num_tokens, layer.views, options,
+                                 nullptr, out.data(), &ws);
+        }
       };
+      const moe::DispatchPlan& used_plan = use_grouped ? grouped.plan : ws.plan;
       call(0);
       call(1);
       Stats best{.seconds = 1e30};
@@ -159,7 +226,7 @@ int main() {
         do {
           call(calls++);
           int used = 0;
-          for (int32_t count : ws.plan.expert_counts) {
+          for (int32_t count : used_plan.expert_counts) {
             used += count > 0;
             s.max_rows = std::max<int>(s.max_rows, count);
           }
@@ -174,7 +241,9 @@ int main() {
           2.0 * num_tokens * kTopK * 3 * kHidden * kWidth + 2.0 * num_tokens * kExperts * kHidden;
       const double gbs = bytes / best.seconds / 1e9;
       const double gflops = flops / best.seconds / 1e9;
-      const std::string name = fallback ? "moe_layer (fallback)" : "moe_layer_forward";
+      const std::string name = fallback      ? "moe_layer (fallback)"
+                               : use_grouped ? "grouped experts"
+                                             : "moe_layer_forward";
       std::printf("%-5lld %-22s %10.1f %8.1f %8d %8.1f %9.1f %5.1f%% %6.2f\n",
                   static_cast<long long>(num_tokens), name.c_str(), best.seconds * 1e6,
                   best.experts_touched, best.max_rows, gbs, gflops,
@@ -182,6 +251,20 @@ int main() {
                   gbs / bw.triad_gbs);
     }
     cpu::gemm_detail::set_force_fallback(false);
+    {
+      // The grouped variant must compute the same layer.
+      std::vector<float> reference(out.size());
+      moe::moe_layer_forward(batches[0].data(), num_tokens, layer.views, options, nullptr,
+                             reference.data(), &ws);
+      grouped_forward(batches[0].data(), num_tokens, layer.views, options, out.data(), &grouped);
+      double max_diff = 0, max_ref = 0;
+      for (size_t i = 0; i < out.size(); ++i) {
+        max_diff = std::max(max_diff, static_cast<double>(std::fabs(out[i] - reference[i])));
+        max_ref = std::max(max_ref, static_cast<double>(std::fabs(reference[i])));
+      }
+      std::printf("#   T=%lld grouped vs moe_layer_forward: max |diff| %.3g of max |out| %.3g\n",
+                  static_cast<long long>(num_tokens), max_diff, max_ref);
+    }
 
     // Where the time goes: each stage timed on its own over the last batch.
     {
