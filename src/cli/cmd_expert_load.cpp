@@ -14,13 +14,12 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "cli/model_arg.h"
@@ -55,7 +54,8 @@ LoadStats load_stats(const std::vector<int64_t>& counts) {
   double var = 0.0;
   for (int64_t c : counts) var += (c - mean) * (c - mean);
   const auto [lo, hi] = std::minmax_element(counts.begin(), counts.end());
-  return {.max_over_mean = *hi / mean, .min_over_mean = *lo / mean, .cv = std::sqrt(var / n) / mean};
+  return {
+      .max_over_mean = *hi / mean, .min_over_mean = *lo / mean, .cv = std::sqrt(var / n) / mean};
 }
 
 // Mean, standard deviation and largest value of a sample.
@@ -198,25 +198,25 @@ void run_expert_load(const ExpertLoadArgs& args) {
     return;
   }
 
-  std::printf("expert load of %s on %s\n", dir.filename().string().c_str(),
-              args.text_file.c_str());
-  std::printf("%lld tokens in %lld chunk(s) of <= %lld; top-%lld of %lld experts; mean load "
-              "%.1f assignments per expert per layer; random router: %lld seeded draws\n\n",
-              static_cast<long long>(T), static_cast<long long>(num_chunks),
-              static_cast<long long>(chunk), static_cast<long long>(K),
-              static_cast<long long>(E), static_cast<double>(T * K) / E,
-              static_cast<long long>(args.draws));
+  std::printf("expert load of %s on %s\n", dir.filename().string().c_str(), args.text_file.c_str());
+  std::printf(
+      "%lld tokens in %lld chunk(s) of <= %lld; top-%lld of %lld experts; mean load "
+      "%.1f assignments per expert per layer; random router: %lld seeded draws\n\n",
+      static_cast<long long>(T), static_cast<long long>(num_chunks), static_cast<long long>(chunk),
+      static_cast<long long>(K), static_cast<long long>(E), static_cast<double>(T * K) / E,
+      static_cast<long long>(args.draws));
   std::printf("%5s  %8s %8s %6s | %17s %8s %6s | %7s\n", "layer", "max/mean", "min/mean", "cv",
               "random max/mean", "min/mean", "cv", "ratio");
   for (const Row& r : rows) {
     std::printf("%5lld  %8.2f %8.2f %6.2f | %9.2f +- %4.2f %8.2f %6.2f | %6.2fx\n",
                 static_cast<long long>(r.layer), r.model.max_over_mean, r.model.min_over_mean,
-                r.model.cv, r.random_max.mean, r.random_max.sd, r.random_min.mean,
-                r.random_cv.mean, r.model.max_over_mean / r.random_max.mean);
+                r.model.cv, r.random_max.mean, r.random_max.sd, r.random_min.mean, r.random_cv.mean,
+                r.model.max_over_mean / r.random_max.mean);
   }
   std::printf("%5s  %8.2f %8s %6s | %9.2f %6s %8s %6s | %6.2fx\n", "mean", model_mean, "", "",
               random_mean, "", "", "", model_mean / random_mean);
-  std::printf("\nassignments per expert (layer: expert 0 .. %lld)\n", static_cast<long long>(E - 1));
+  std::printf("\nassignments per expert (layer: expert 0 .. %lld)\n",
+              static_cast<long long>(E - 1));
   for (const Row& r : rows) {
     std::printf("%5lld:", static_cast<long long>(r.layer));
     for (int64_t c : counts.at(r.layer)) std::printf(" %lld", static_cast<long long>(c));
