@@ -166,7 +166,7 @@ int main(int argc, char** argv) {
                  }});
           }
         } else {
-          if (gemm_detail::gemv_avx512_available(dtype) && t <= 64) {
+          if (gemm_detail::gemv_avx512_available(dtype) && t <= 128) {
             candidates.push_back({"gemv-avx512", [&](int c) {
                                     gemm_detail::linear_gemv_avx512(x.data(), t, weight(c), nullptr,
                                                                     y.data());

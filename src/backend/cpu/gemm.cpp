@@ -146,16 +146,13 @@ bool force_fallback() {
 void set_force_fallback(bool on) { g_force_fallback.store(on ? 1 : 0); }
 
 int64_t gemv_max_rows(DType dtype) {
-  // Measured on the 2-core Zen 5 (bench_gemm_cpu --rows 1,8,16,24,32,48,64, bench/RESULTS.md):
-  // the GEMV kernel reads W once and beats oneDNN's runtime-M GEMM by 1.5-2x at 4 to 16 rows, ties
-  // at 24 to 32 and loses from 48 rows on.
+  // Measured on the 2-core Zen 5 (bench_gemm_cpu --rows ..., bench/RESULTS.md): the GEMV kernel
+  // reads W once and beats oneDNN's runtime-M GEMM by 1.5-2x at 4 to 16 rows and by 1.1-1.4x at
+  // 32 to 64; the two tie at 96 to 128 rows.
   switch (dtype) {
-    case DType::kBF16:
-      return 32;
-    case DType::kF16:
-      return 32;
-    default:
-      return 0;
+    case DType::kBF16: return 96;
+    case DType::kF16: return 96;
+    default: return 0;
   }
 }
 
