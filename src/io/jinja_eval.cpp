@@ -456,10 +456,14 @@ class Renderer {
     }
   }
 
+  // A macro keeps its defining frame alive through pinned_, not through its own closure: the frame
+  // holds the macro, so a closure owning the frame would be a reference cycle.
   Value make_macro(const Stmt& s, const FramePtr& defining, const std::string& name) {
-    return Value::callable(name, [this, &s, defining, name](CallArgs& call) {
+    size_t slot = pinned_.size();
+    pinned_.push_back(defining);
+    return Value::callable(name, [this, &s, slot, name](CallArgs& call) {
       if (++depth_ > kMaxCallDepth) fail("maximum recursion depth exceeded");
-      auto f = child_frame(defining);
+      auto f = child_frame(pinned_[slot]);
       size_t n = s.params.size();
       std::vector<bool> bound(n, false);
       ValueList varargs;
@@ -925,6 +929,7 @@ class Renderer {
  private:
   FramePtr globals_;
   FramePtr root_;
+  std::vector<FramePtr> pinned_;  // frames that defined macros, kept for the whole render
   int depth_ = 0;
 };
 
@@ -1421,13 +1426,7 @@ const std::map<std::string, TestFn, std::less<>>& test_table() {
     t["ge"] = with_arg([](const Value& v, const Value& o) { return compare(v, o) >= 0; });
     t[">="] = t["ge"];
     t["in"] = with_arg([](const Value& v, const Value& seq) { return contains(seq, v); });
-    t["sameas"] = with_arg([](const Value& v, const Value& o) {
-      if (v.kind() != o.kind()) return false;
-      if (v.is_none() || v.is_undefined()) return true;
-      if (v.is_bool()) return v.as_bool() == o.as_bool();
-      if (v.is_int()) return v.as_int() == o.as_int();
-      return false;
-    });
+    t["sameas"] = with_arg([](const Value& v, const Value& o) { return identical(v, o); });
     t["filter"] = simple([](const Value& v) {
       return v.is_string() && filter_table().count(v.as_string()) > 0;
     });

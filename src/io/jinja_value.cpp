@@ -249,6 +249,31 @@ const Value* Value::find(std::string_view key) const {
   return nullptr;
 }
 
+const void* Value::object_id() const {
+  if (is_list()) return list_.get();
+  if (is_dict() || is_namespace()) return dict_.get();
+  if (is_callable()) return fn_.get();
+  return nullptr;
+}
+
+bool identical(const Value& a, const Value& b) {
+  if (a.kind() != b.kind()) return false;
+  switch (a.kind()) {
+    case Value::Kind::kNone:
+    case Value::Kind::kUndefined:
+      return true;
+    case Value::Kind::kBool:
+      return a.as_bool() == b.as_bool();
+    case Value::Kind::kInt:
+      return a.as_int() == b.as_int();  // small ints are cached in CPython
+    case Value::Kind::kFloat:
+    case Value::Kind::kString:
+      return false;
+    default:
+      return a.object_id() == b.object_id();
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Formatting
 

@@ -103,6 +103,8 @@ class Value {
   // Dict lookup; nullptr when absent.
   const Value* find(const Value& key) const;
   const Value* find(std::string_view key) const;
+  // The shared object behind a list, dict or namespace (nullptr for scalars): Python identity.
+  const void* object_id() const;
 
  private:
   Kind kind_ = Kind::kUndefined;
@@ -116,6 +118,7 @@ class Value {
 };
 
 bool equals(const Value& a, const Value& b);         // Python ==
+bool identical(const Value& a, const Value& b);      // Python `is` (the sameas test)
 int compare(const Value& a, const Value& b);         // Python <, fails on unordered types
 bool contains(const Value& container, const Value& item);  // Python `in`
 
