@@ -59,8 +59,20 @@ def make_environment():
             if isinstance(name, str) and name.startswith("_"):
                 raise jinja2.exceptions.SecurityError(f"underscore-prefixed namespace attribute {name!r}")
 
+    class GenerationTag(jinja2.ext.Extension):
+        # transformers' {% generation %} ... {% endgeneration %} marks assistant text; it renders its body.
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
+
+        def _render(self, caller):
+            return caller()
+
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[jinja2.ext.loopcontrols])
+                                        extensions=[GenerationTag, jinja2.ext.loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
@@ -343,6 +355,56 @@ FEATURES["whitespace_blocks_in_lines"] = ("""\
 
 """, [{"system": "Be nice.", "messages": CONVO[1:], "add_generation_prompt": True},
       {"system": "", "messages": CONVO, "add_generation_prompt": False}])
+
+FEATURES["blocks_and_formatting"] = ("""\
+{% filter upper %}shout {{ name }}{% endfilter %} {% filter trim | replace('a', 'o') %}   banana   {% endfilter %}
+{% with greeting = 'hi', n = 2 %}{{ greeting * n }}{% endwith %} [{{ greeting is defined }}]
+{% generation %}generated {{ name }}{% endgeneration %}
+
+{{ '%s has %d items (%.1f%%)' % (name, 3, 42.25) }} {{ '%5s|%-5s|%05d|%x|%o|%e' % ('r', 'l', 42, 255, 8, 12345.678) }} {{ '%(a)s-%(b)r' % {'a': 1, 'b': 'q'} }}
+{{ '{} + {} = {}'.format(1, 2, 3) }} {{ '{0}{0}{name}'.format('x', name='y') }} {{ '{{literal}}'.format() }}
+{% set pieces %}{% for i in range(3) %}<{{ i }}>{% endfor %}{% endset %}{{ pieces }} {{ pieces | length }}
+""", [{"name": "Ann"}])
+
+FEATURES["macros_advanced"] = ("""\
+{%- macro visible(content) -%}
+    {%- if content is string -%}
+        {{ content }}
+    {%- elif content is iterable and content is not mapping -%}
+        {%- for part in content -%}
+            {%- if part is mapping and part.type == 'text' -%}{{ part.text }}{%- elif part is string -%}{{ part }}{%- endif -%}
+        {%- endfor -%}
+    {%- elif content is none -%}
+    {%- else -%}
+        {{ content }}
+    {%- endif -%}
+{%- endmacro -%}
+{%- macro ts_type(spec, nullable=false) -%}
+    {%- if spec.type == 'array' -%}
+        {{ ts_type(spec['items']) if spec['items'] is defined else 'any' }}[]
+    {%- elif spec.type == 'object' -%}
+        {{ '{' }}{% for key, sub in (spec.properties or {}).items() %}{{ key }}{{ '' if key in (spec.required or []) else '?' }}: {{ ts_type(sub) }}{{ ', ' if not loop.last }}{% endfor %}{{ '}' }}
+    {%- elif spec.enum is defined -%}
+        {{ spec.enum | map('tojson') | join(' | ') }}
+    {%- elif spec.type is string -%}
+        {{ {'integer': 'number', 'string': 'string', 'boolean': 'boolean', 'number': 'number'}.get(spec.type, 'any') }}
+    {%- elif spec.type is iterable -%}
+        {{ spec.type | join(' | ') }}
+    {%- else -%}
+        any
+    {%- endif -%}
+    {{- ' | null' if nullable }}
+{%- endmacro -%}
+[{{ visible('plain') }}][{{ visible([{'type': 'text', 'text': 'a'}, 'b', {'type': 'image'}]) }}][{{ visible(none) }}][{{ visible(7) }}]
+{% for t in tools %}
+type {{ t.function.name }} = ({{ ts_type(t.function.parameters) }}) => {{ ts_type(t.function.returns | default({}), nullable=true) }};
+{% endfor %}
+""", [{"tools": [
+    {"type": "function", "function": {"name": "search", "parameters": {"type": "object", "properties": {
+        "q": {"type": "string"}, "limit": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}},
+        "mode": {"enum": ["fast", "deep"]}, "filters": {"type": "object", "properties": {"lang": {"type": ["string", "null"]}}}},
+        "required": ["q"]}, "returns": {"type": "array", "items": {"type": "object", "properties": {"url": {"type": "string"}}}}}},
+    {"type": "function", "function": {"name": "noop", "parameters": {"type": "object"}}}]}])
 
 # ----------------------------------------------------------------------------------------------
 # Error cases: jinja2 raises while parsing or rendering; moeinfer must raise too.
@@ -635,6 +697,65 @@ CHAT_OLMOE_STYLE = """\
 {% endif %}
 {% endfor %}"""
 
+CHAT_HARMONY_STYLE = """\
+{#- Channel-tagged turns; tool schemas rendered as TypeScript by a recursive macro #}
+{%- macro ts(spec) -%}
+    {%- if spec.type == 'array' -%}{{ ts(spec['items'] | default({})) }}[]
+    {%- elif spec.type == 'object' and spec.properties is defined -%}
+        {{- '{ ' }}{% for k, v in spec.properties.items() %}{{ k ~ ('' if k in (spec.required or []) else '?') ~ ': ' ~ ts(v) }}{{ '; ' if not loop.last }}{% endfor %}{{ ' }' }}
+    {%- elif spec.enum is defined -%}{{ spec.enum | map('tojson') | join(' | ') }}
+    {%- elif spec.type in ['integer', 'number'] -%}number
+    {%- elif spec.type is defined -%}{{ spec.type }}
+    {%- else -%}any
+    {%- endif -%}
+{%- endmacro -%}
+{%- set effort = reasoning_effort | default('medium') %}
+{%- set today = current_date if current_date is defined else strftime_now('%Y-%m-%d') %}
+{{- '<|start|>system<|message|>Knowledge cutoff: 2024-06\nCurrent date: ' ~ today ~ '\n\nReasoning: ' ~ effort ~ '<|end|>' }}
+{%- set first = messages[0] if messages else {} %}
+{%- set turns = messages[1:] if first.role in ['system', 'developer'] else messages %}
+{%- if first.role in ['system', 'developer'] or tools %}
+    {{- '<|start|>developer<|message|>' }}
+    {%- if first.role in ['system', 'developer'] %}{{- '# Instructions\n\n' ~ first.content ~ '\n\n' }}{% endif %}
+    {%- if tools %}
+        {{- '# Tools\n\nnamespace functions {\n' }}
+        {%- for t in tools %}
+            {%- set f = t.function if t.function is defined else t %}
+            {{- '\n// ' ~ f.description | default('') ~ '\ntype ' ~ f.name ~ ' = (_: ' ~ ts(f.parameters | default({})) ~ ') => any;\n' }}
+        {%- endfor %}
+        {{- '\n} // namespace functions' }}
+    {%- endif %}
+    {{- '<|end|>' }}
+{%- endif %}
+{%- set last = namespace(tool=none, final_seen=false) %}
+{%- for m in turns %}
+    {%- if m.role == 'assistant' %}
+        {%- set later = turns[loop.index0 + 1:] | selectattr('role', 'equalto', 'user') | list %}
+        {%- if m.thinking is defined and m.thinking and not later %}
+            {{- '<|start|>assistant<|channel|>analysis<|message|>' ~ m.thinking ~ '<|end|>' }}
+        {%- endif %}
+        {%- if m.tool_calls is defined and m.tool_calls %}
+            {%- set call = m.tool_calls[0].function %}
+            {{- '<|start|>assistant to=functions.' ~ call.name ~ '<|channel|>commentary json<|message|>' }}
+            {{- call.arguments if call.arguments is string else call.arguments | tojson }}
+            {{- '<|call|>' }}
+            {%- set last.tool = call.name %}
+        {%- else %}
+            {{- '<|start|>assistant<|channel|>final<|message|>' ~ (m.content | default('')) ~ ('<|return|>' if loop.last else '<|end|>') }}
+            {%- set last.final_seen = true %}
+        {%- endif %}
+    {%- elif m.role == 'tool' %}
+        {%- if last.tool is none %}
+            {{- raise_exception('a tool result needs an earlier tool call') }}
+        {%- endif %}
+        {{- '<|start|>functions.' ~ last.tool ~ ' to=assistant<|channel|>commentary<|message|>' ~ m.content | default('') | tojson ~ '<|end|>' }}
+    {%- elif m.role == 'user' %}
+        {{- '<|start|>user<|message|>' ~ m.content | default('') ~ '<|end|>' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|start|>assistant' }}{% endif %}
+"""
+
 WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city — °C",
     "parameters": {"type": "object", "properties": {
@@ -710,6 +831,11 @@ CHATS = {
         {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": " Describe. "}]}]])),
     "chat_phi_style": (CHAT_PHI_STYLE, chat_contexts([WITH_SYSTEM, [{"role": "system", "content": ""}] + ALTERNATING])),
     "chat_olmoe_style": (CHAT_OLMOE_STYLE, chat_contexts([WITH_SYSTEM, ALTERNATING])),
+    "chat_harmony_style": (CHAT_HARMONY_STYLE,
+                           chat_contexts([WITH_SYSTEM, TOOL_CONVO, THINK_CONVO], (None, [WEATHER_TOOL, SEARCH_TOOL]),
+                                         {"current_date": "2025-08-05"})
+                           + chat_contexts([[{"role": "developer", "content": "Be brief."}] + ALTERNATING],
+                                           extra={"current_date": "2025-08-06", "reasoning_effort": "high"})),
 }
 
 
