@@ -13,6 +13,8 @@ The layouts are the ones published checkpoints use:
                       single_word/normalized flags
   mixtral_legacy      SentencePiece-style BPE with byte fallback, normaliser Prepend + Replace
   mixtral_metaspace   the same model with a Metaspace(prepend_scheme="first") pre-tokenizer
+  misc_suffix_bpe     subword prefix/suffix BPE behind the other normalisers and pre-tokenizers
+  t5_metaspace        older SentencePiece conversion: Nmt, Metaspace split, Roberta processing
 
 Training is deterministic: the corpus is the licence texts every Debian machine ships under
 /usr/share/common-licenses plus generated lines from a fixed seed.
@@ -211,6 +213,78 @@ def build_mixtral_style(vocab_size: int, layout: str = "legacy") -> Tokenizer:
     return _check_size(tok, vocab_size)
 
 
+def _alphabet(lines: list[str], num_chars: int, transform=lambda line: line) -> list[str]:
+    """The num_chars most frequent characters, ties broken by code point (deterministic)."""
+    counts: dict[str, int] = {}
+    for line in lines:
+        for ch in transform(line):
+            counts[ch] = counts.get(ch, 0) + 1
+    return sorted(counts, key=lambda ch: (-counts[ch], ch))[:num_chars]
+
+
+def build_misc_suffix_style() -> Tokenizer:
+    """A hand-written BPE with continuing_subword_prefix "##", end_of_word_suffix "</w>" and a
+    non-fused unk (the trainer orders such vocabularies by hash, so it is not trained), behind
+    the normalisers and pre-tokenizers the other fixtures do not use (NFKC, Lowercase, Strip,
+    regex Replace, NFD, StripAccents; WhitespaceSplit, Digits, Punctuation, string and inverted
+    Splits with every behaviour), with BertProcessing and a BPEDecoder."""
+    vocab: dict[str, int] = {}
+    for token in ["<unk>", "[CLS]", "[SEP]"]:
+        vocab[token] = len(vocab)
+    for ch in "abcdefghijklmnopqrstuvwxyz0123456789-.,!?'":
+        for token in (ch, "##" + ch, ch + "</w>", "##" + ch + "</w>"):
+            vocab[token] = len(vocab)
+    merges = [("t", "##h"), ("th", "##e</w>"), ("##e", "##r"), ("##er", "##s</w>"),
+              ("i", "##n"), ("in", "##g</w>"), ("##i", "##n"), ("##in", "##g</w>"),
+              ("a", "##n"), ("an", "##d</w>"), ("q", "##u"), ("##o", "##u"), ("##ou", "##s</w>"),
+              ("e", "##x"), ("ex", "##-</w>"), ("##e", "##d</w>"), ("##a", "##t"),
+              ("##at", "##i"), ("##ati", "##o"), ("##atio", "##n</w>"), ("s", "##t")]
+    for a, b in merges:
+        vocab.setdefault(a + b[2:], len(vocab))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", fuse_unk=False,
+                               continuing_subword_prefix="##", end_of_word_suffix="</w>"))
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for t in ["<unk>", "[CLS]", "[SEP]"]])
+    tok.normalizer = normalizers.Sequence([
+        normalizers.NFKC(), normalizers.Lowercase(), normalizers.Strip(),
+        normalizers.Replace(Regex(" {2,}"), " "), normalizers.NFD(), normalizers.StripAccents(),
+        normalizers.NFC()])
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.WhitespaceSplit(),
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.Punctuation(behavior="contiguous"),
+        pre_tokenizers.Split("-", behavior="merged_with_previous"),
+        pre_tokenizers.Split(Regex(r"(?<=[aeiou])(?=[^aeiou])"), behavior="removed"),
+        pre_tokenizers.Split(Regex(r"qu"), behavior="merged_with_next"),
+        pre_tokenizers.Split(Regex(r"[^x]+"), behavior="contiguous", invert=True),
+    ])
+    tok.post_processor = processors.BertProcessing(("[SEP]", vocab["[SEP]"]),
+                                                   ("[CLS]", vocab["[CLS]"]))
+    tok.decoder = decoders.BPEDecoder(suffix="</w>")
+    return tok
+
+
+def build_t5_metaspace_style(vocab_size: int) -> Tokenizer:
+    """Older SentencePiece conversions: Nmt + NFKC normalisers, Metaspace(prepend "always",
+    split=True) with its decoder, fused unk without byte fallback, RobertaProcessing."""
+    specials = ["<unk>", "<s>", "</s>"]
+    tok = Tokenizer(models.BPE(unk_token="<unk>", fuse_unk=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Nmt(), normalizers.NFKC()])
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=METASPACE, prepend_scheme="always",
+                                                 split=True)
+    lines = corpus_lines()
+    alphabet = _alphabet(lines, 100, lambda line: METASPACE + line.replace(" ", METASPACE))
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size - 1, special_tokens=specials,
+                                  initial_alphabet=alphabet, limit_alphabet=len(alphabet),
+                                  show_progress=False)
+    tok.train_from_iterator(lines, trainer)
+    tok.add_tokens([AddedToken("<extra_id_0>", special=True, normalized=False)])
+    tok.post_processor = processors.RobertaProcessing(("</s>", tok.token_to_id("</s>")),
+                                                      ("<s>", tok.token_to_id("<s>")))
+    tok.decoder = decoders.Metaspace(replacement=METASPACE, prepend_scheme="always", split=True)
+    return _check_size(tok, vocab_size)
+
+
 # Inputs every fixture is checked on; specials of every fixture appear so each sees foreign ones.
 COMMON_CASES = [
     "",
@@ -301,6 +375,48 @@ def unicode_additions() -> list[tuple[int, int, str]]:
     return [tuple(r) for r in ranges]
 
 
+MISC_CASES = [
+    "Quick-quiet QUEUE, ex-post: x-ray xx 12-34!!",
+    "ÉCOLE Ærø ﬁnance ＦＵＬＬ width and   many    spaces  ",
+    "\u200bzero\u200dwidth\ufeffjoiners\x07bell",
+    "<extra_id_0> sentinel <extra_id_0>",
+]
+
+
+def marks_kept_by_strip_accents() -> list[tuple[int, int]]:
+    """Marks (Unicode 14 general category M*) that `tokenizers`' StripAccents keeps, because its
+    table predates them, as (first, last) ranges."""
+    import unicodedata
+    marks = "".join(chr(cp) for cp in range(0x110000) if not 0xD800 <= cp <= 0xDFFF
+                    and unicodedata.category(chr(cp)) in ("Mn", "Mc", "Me"))
+    ranges: list[list[int]] = []
+    for ch in normalizers.StripAccents().normalize_str(marks):
+        cp = ord(ch)
+        if ranges and ranges[-1][1] == cp - 1:
+            ranges[-1][1] = cp
+        else:
+            ranges.append([cp, cp])
+    return [tuple(r) for r in ranges]
+
+
+def punctuation_unknown_to_punctuation() -> list[tuple[int, int]]:
+    """Punctuation (Unicode 14 general category P*) that `tokenizers`' Punctuation pre-tokenizer
+    does not split on, because its table predates them, as (first, last) ranges."""
+    import unicodedata
+    probe = pre_tokenizers.Punctuation(behavior="removed")
+    ranges: list[list[int]] = []
+    for cp in range(0x80, 0x110000):
+        ch = chr(cp)
+        if 0xD800 <= cp <= 0xDFFF or not unicodedata.category(ch).startswith("P"):
+            continue
+        if probe.pre_tokenize_str("a" + ch + "b") != [("a", (0, 1)), ("b", (2, 3))]:
+            if ranges and ranges[-1][1] == cp - 1:
+                ranges[-1][1] = cp
+            else:
+                ranges.append([cp, cp])
+    return [tuple(r) for r in ranges]
+
+
 def write_fixture(out_dir: pathlib.Path, name: str, tok: Tokenizer, inputs: list[str]) -> None:
     target = out_dir / name
     target.mkdir(parents=True, exist_ok=True)
@@ -327,11 +443,18 @@ def main() -> None:
     root = pathlib.Path(__file__).resolve().parent.parent
     parser.add_argument("--out", type=pathlib.Path, default=root / "tests/fixtures/tokenizers")
     parser.add_argument("--print-unicode-table", action="store_true",
-                        help="print the post-Unicode-14 ranges table for src/io/unicode.cpp")
+                        help="print the Unicode tables of src/io/unicode.cpp")
     args = parser.parse_args()
     if args.print_unicode_table:
+        print("// kNewerAssignments")
         for first, last, cat in unicode_additions():
             print(f"    {{0x{first:05X}, 0x{last:05X}, \"{cat}\"}},")
+        print("// kPunctuationUnknownToPunctuation")
+        for first, last in punctuation_unknown_to_punctuation():
+            print(f"    {{0x{first:05X}, 0x{last:05X}}},")
+        print("// kMarksKeptByStripAccents")
+        for first, last in marks_kept_by_strip_accents():
+            print(f"    {{0x{first:05X}, 0x{last:05X}}},")
         return
     write_fixture(args.out, "qwen2_bytelevel", build_qwen_style(1000), COMMON_CASES)
     write_fixture(args.out, "gpt2_bytelevel", build_gpt2_style(800), COMMON_CASES + GPT2_CASES)
@@ -339,6 +462,10 @@ def main() -> None:
                   COMMON_CASES + MIXTRAL_CASES)
     write_fixture(args.out, "mixtral_metaspace", build_mixtral_style(900, "metaspace"),
                   COMMON_CASES + MIXTRAL_CASES)
+    write_fixture(args.out, "misc_suffix_bpe", build_misc_suffix_style(),
+                  COMMON_CASES + MISC_CASES)
+    write_fixture(args.out, "t5_metaspace", build_t5_metaspace_style(700),
+                  COMMON_CASES + MISC_CASES)
 
 
 if __name__ == "__main__":

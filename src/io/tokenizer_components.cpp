@@ -159,7 +159,7 @@ class StripNormalizer final : public Normalizer {
 class StripAccentsNormalizer final : public Normalizer {
  public:
   void normalize(std::string& text) const override {
-    text = filter_chars(text, [](char32_t cp) { return !unicode::is_mark(cp); });
+    text = filter_chars(text, [](char32_t cp) { return !unicode::is_stripped_accent(cp); });
   }
 };
 
@@ -372,7 +372,7 @@ std::unique_ptr<PreTokenizer> make_whitespace_pre_tokenizer() {
 bool is_bert_punctuation(char32_t cp) {
   const bool ascii_punct = (cp >= 0x21 && cp <= 0x2F) || (cp >= 0x3A && cp <= 0x40) ||
                            (cp >= 0x5B && cp <= 0x60) || (cp >= 0x7B && cp <= 0x7E);
-  return ascii_punct || unicode::is_punctuation(cp);
+  return ascii_punct || unicode::is_split_punctuation(cp);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -218,6 +218,50 @@ constexpr AssignedRange kNewerAssignments[] = {
     {0x2B739, 0x2B739, "Lo"}, {0x2EBF0, 0x2EE5D, "Lo"}, {0x31350, 0x323AF, "Lo"},
 };
 
+// Marks that `tokenizers`' StripAccents keeps: its mark table predates them (same generator).
+struct CodeRange {
+  char32_t first;
+  char32_t last;
+};
+constexpr CodeRange kMarksKeptByStripAccents[] = {
+    {0x007FD, 0x007FD}, {0x00898, 0x0089F}, {0x008CA, 0x008D3}, {0x009FE, 0x009FE},
+    {0x00AFA, 0x00AFF}, {0x00B55, 0x00B55}, {0x00C04, 0x00C04}, {0x00C3C, 0x00C3C},
+    {0x00D00, 0x00D00}, {0x00D3B, 0x00D3C}, {0x00D81, 0x00D81}, {0x00EBA, 0x00EBA},
+    {0x01715, 0x01715}, {0x0180F, 0x0180F}, {0x01ABF, 0x01ACE}, {0x01CF7, 0x01CF7},
+    {0x01DF6, 0x01DFA}, {0x0A82C, 0x0A82C}, {0x0A8FF, 0x0A8FF}, {0x10D24, 0x10D27},
+    {0x10EAB, 0x10EAC}, {0x10F46, 0x10F50}, {0x10F82, 0x10F85}, {0x11070, 0x11070},
+    {0x11073, 0x11074}, {0x110C2, 0x110C2}, {0x11145, 0x11146}, {0x111C9, 0x111C9},
+    {0x111CE, 0x111CF}, {0x1133B, 0x1133B}, {0x1145E, 0x1145E}, {0x1182C, 0x1183A},
+    {0x11930, 0x11935}, {0x11937, 0x11938}, {0x1193B, 0x1193E}, {0x11940, 0x11940},
+    {0x11942, 0x11943}, {0x119D1, 0x119D7}, {0x119DA, 0x119E0}, {0x119E4, 0x119E4},
+    {0x11A01, 0x11A0A}, {0x11A33, 0x11A39}, {0x11A3B, 0x11A3E}, {0x11A47, 0x11A47},
+    {0x11A51, 0x11A5B}, {0x11A8A, 0x11A99}, {0x11D31, 0x11D36}, {0x11D3A, 0x11D3A},
+    {0x11D3C, 0x11D3D}, {0x11D3F, 0x11D45}, {0x11D47, 0x11D47}, {0x11D8A, 0x11D8E},
+    {0x11D90, 0x11D91}, {0x11D93, 0x11D97}, {0x11EF3, 0x11EF6}, {0x16F4F, 0x16F4F},
+    {0x16F7F, 0x16F87}, {0x16FE4, 0x16FE4}, {0x16FF0, 0x16FF1}, {0x1CF00, 0x1CF2D},
+    {0x1CF30, 0x1CF46}, {0x1E130, 0x1E136}, {0x1E2AE, 0x1E2AE}, {0x1E2EC, 0x1E2EF},
+};
+
+// Punctuation that `tokenizers`' Punctuation pre-tokenizer does not know (same generator).
+constexpr CodeRange kPunctuationUnknownToPunctuation[] = {
+    {0x0061D, 0x0061D}, {0x009FD, 0x009FD}, {0x00A76, 0x00A76}, {0x00C77, 0x00C77},
+    {0x00C84, 0x00C84}, {0x01B7D, 0x01B7E}, {0x02E43, 0x02E4F}, {0x02E52, 0x02E5D},
+    {0x10EAD, 0x10EAD}, {0x10F55, 0x10F59}, {0x10F86, 0x10F89}, {0x1144B, 0x1144F},
+    {0x1145A, 0x1145B}, {0x1145D, 0x1145D}, {0x11660, 0x1166C}, {0x116B9, 0x116B9},
+    {0x1183B, 0x1183B}, {0x11944, 0x11946}, {0x119E2, 0x119E2}, {0x11A3F, 0x11A46},
+    {0x11A9A, 0x11A9C}, {0x11A9E, 0x11AA2}, {0x11C41, 0x11C45}, {0x11C70, 0x11C71},
+    {0x11EF7, 0x11EF8}, {0x11FFF, 0x11FFF}, {0x12FF1, 0x12FF2}, {0x16E97, 0x16E9A},
+    {0x16FE2, 0x16FE2}, {0x1E95E, 0x1E95F},
+};
+
+template <typename Range>
+const Range* find_range(std::span<const Range> ranges, char32_t cp) {
+  auto it = std::upper_bound(ranges.begin(), ranges.end(), cp,
+                             [](char32_t c, const Range& r) { return c < r.first; });
+  if (it != ranges.begin() && cp <= (it - 1)->last) return &*(it - 1);
+  return nullptr;
+}
+
 }  // namespace
 
 std::span<const AssignedRange> newer_assignments() { return kNewerAssignments; }
@@ -225,11 +269,8 @@ std::span<const AssignedRange> newer_assignments() { return kNewerAssignments; }
 std::string_view general_category(char32_t cp) {
   const std::string_view known = utf8proc_category_string(static_cast<utf8proc_int32_t>(cp));
   if (known != "Cn") return known;
-  const auto* end = std::end(kNewerAssignments);
-  const auto* it = std::upper_bound(std::begin(kNewerAssignments), end, cp,
-                                    [](char32_t c, const AssignedRange& r) { return c < r.first; });
-  if (it != std::begin(kNewerAssignments) && cp <= (it - 1)->last) return (it - 1)->category;
-  return known;
+  const AssignedRange* range = find_range(std::span<const AssignedRange>(kNewerAssignments), cp);
+  return range != nullptr ? std::string_view(range->category) : known;
 }
 
 std::string newer_class_items(std::initializer_list<std::string_view> prefixes) {
@@ -256,6 +297,24 @@ bool is_numeric(char32_t cp) { return general_category(cp).starts_with('N'); }
 bool is_punctuation(char32_t cp) { return general_category(cp).starts_with('P'); }
 
 bool is_mark(char32_t cp) { return general_category(cp).starts_with('M'); }
+
+bool is_stripped_accent(char32_t cp) {
+  if (!std::string_view(utf8proc_category_string(static_cast<utf8proc_int32_t>(cp)))
+           .starts_with('M')) {
+    return false;
+  }
+  return find_range(std::span<const AssignedRange>(kNewerAssignments), cp) == nullptr &&
+         find_range(std::span<const CodeRange>(kMarksKeptByStripAccents), cp) == nullptr;
+}
+
+bool is_split_punctuation(char32_t cp) {
+  if (!std::string_view(utf8proc_category_string(static_cast<utf8proc_int32_t>(cp)))
+           .starts_with('P')) {
+    return false;
+  }
+  return find_range(std::span<const AssignedRange>(kNewerAssignments), cp) == nullptr &&
+         find_range(std::span<const CodeRange>(kPunctuationUnknownToPunctuation), cp) == nullptr;
+}
 
 bool is_control(char32_t cp) { return general_category(cp) == "Cc"; }
 

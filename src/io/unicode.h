@@ -48,6 +48,10 @@ bool is_numeric(char32_t cp);      // general category Nd, Nl or No
 bool is_punctuation(char32_t cp);  // general category P*
 bool is_mark(char32_t cp);         // general category M*
 bool is_control(char32_t cp);      // general category Cc
+// Punctuation that `tokenizers`' Punctuation and BertPreTokenizer split on (older Unicode).
+bool is_split_punctuation(char32_t cp);
+// A mark that `tokenizers`' StripAccents removes (its table covers the marks of older Unicode).
+bool is_stripped_accent(char32_t cp);
 
 // Code points assigned after Unicode 14.0 (the data of PCRE2 10.42) up to the Unicode version of
 // the regex engines inside `tokenizers` (16.0), with their general category. Made by
