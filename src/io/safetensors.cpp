@@ -413,9 +413,8 @@ double WeightStore::prefault() const {
         for (size_t i = 0; i < len; i += page) acc ^= chunk[i];
         sink = sink ^ acc;
       }
-      const size_t counted =
-          std::min(last, offset + len) - std::max(offset, static_cast<size_t>(file->data_offset()));
-      done += offset + len > file->data_offset() ? counted : 0;
+      const size_t data_begin = std::max(offset, static_cast<size_t>(file->data_offset()));
+      if (offset + len > data_begin) done += offset + len - data_begin;
       bar.update(done);
     }
   }
