@@ -417,6 +417,29 @@ def punctuation_unknown_to_punctuation() -> list[tuple[int, int]]:
     return [tuple(r) for r in ranges]
 
 
+def unknown_to_normalizers() -> list[tuple[int, int]]:
+    """Code points with a decomposition or a combining class in Unicode 14 that `tokenizers`'
+    NFC/NFD/NFKC/NFKD leave alone as if unassigned (its tables are older), as (first, last)."""
+    import unicodedata
+    nfkd, nfd = normalizers.NFKD(), normalizers.NFD()
+    ranges: list[list[int]] = []
+    for cp in range(0x80, 0x110000):
+        ch = chr(cp)
+        if 0xD800 <= cp <= 0xDFFF or unicodedata.category(ch) == "Cn":
+            continue
+        if unicodedata.normalize("NFKD", ch) == ch and unicodedata.combining(ch) == 0:
+            continue
+        starter = (nfkd.normalize_str(ch) == ch
+                   and nfd.normalize_str("a" + ch + "\u0334") == "a" + ch + "\u0334"
+                   and nfd.normalize_str("a\u0301" + ch) == "a\u0301" + ch)
+        if starter:
+            if ranges and ranges[-1][1] == cp - 1:
+                ranges[-1][1] = cp
+            else:
+                ranges.append([cp, cp])
+    return [tuple(r) for r in ranges]
+
+
 def write_fixture(out_dir: pathlib.Path, name: str, tok: Tokenizer, inputs: list[str]) -> None:
     target = out_dir / name
     target.mkdir(parents=True, exist_ok=True)
@@ -451,6 +474,9 @@ def main() -> None:
             print(f"    {{0x{first:05X}, 0x{last:05X}, \"{cat}\"}},")
         print("// kPunctuationUnknownToPunctuation")
         for first, last in punctuation_unknown_to_punctuation():
+            print(f"    {{0x{first:05X}, 0x{last:05X}}},")
+        print("// kUnknownToNormalizers")
+        for first, last in unknown_to_normalizers():
             print(f"    {{0x{first:05X}, 0x{last:05X}}},")
         print("// kMarksKeptByStripAccents")
         for first, last in marks_kept_by_strip_accents():

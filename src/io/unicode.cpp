@@ -254,6 +254,21 @@ constexpr CodeRange kPunctuationUnknownToPunctuation[] = {
     {0x16FE2, 0x16FE2}, {0x1E95E, 0x1E95F},
 };
 
+// Code points `tokenizers`' NFC/NFD/NFKC/NFKD treat as unassigned (same generator).
+constexpr CodeRange kUnknownToNormalizers[] = {
+    {0x007FD, 0x007FD}, {0x00898, 0x0089F}, {0x008CA, 0x008D3}, {0x009FE, 0x009FE},
+    {0x00C3C, 0x00C3C}, {0x00D3B, 0x00D3C}, {0x00EBA, 0x00EBA}, {0x01715, 0x01715},
+    {0x01ABF, 0x01ACE}, {0x01DF6, 0x01DFA}, {0x032FF, 0x032FF}, {0x0A7F2, 0x0A7F4},
+    {0x0A82C, 0x0A82C}, {0x0AB69, 0x0AB69}, {0x10781, 0x10785}, {0x10787, 0x107B0},
+    {0x107B2, 0x107BA}, {0x10D24, 0x10D27}, {0x10EAB, 0x10EAC}, {0x10F46, 0x10F50},
+    {0x10F82, 0x10F85}, {0x11070, 0x11070}, {0x1133B, 0x1133B}, {0x1145E, 0x1145E},
+    {0x11839, 0x1183A}, {0x11938, 0x11938}, {0x1193D, 0x1193E}, {0x11943, 0x11943},
+    {0x119E0, 0x119E0}, {0x11A34, 0x11A34}, {0x11A47, 0x11A47}, {0x11A99, 0x11A99},
+    {0x11D42, 0x11D42}, {0x11D44, 0x11D45}, {0x11D97, 0x11D97}, {0x16FF0, 0x16FF1},
+    {0x1E130, 0x1E136}, {0x1E2AE, 0x1E2AE}, {0x1E2EC, 0x1E2EF}, {0x1F16C, 0x1F16C},
+    {0x1FBF0, 0x1FBF9},
+};
+
 template <typename Range>
 const Range* find_range(std::span<const Range> ranges, char32_t cp) {
   auto it = std::upper_bound(ranges.begin(), ranges.end(), cp,
@@ -318,8 +333,30 @@ bool is_split_punctuation(char32_t cp) {
 
 bool is_control(char32_t cp) { return general_category(cp) == "Cc"; }
 
-std::string normalize(std::string_view text, NormalForm form) {
+namespace {
+
+std::string utf8proc_normalize(std::string_view text, int options) {
   if (text.empty()) return {};
+  utf8proc_uint8_t* result = nullptr;
+  const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
+                                          static_cast<utf8proc_ssize_t>(text.size()), &result,
+                                          static_cast<utf8proc_option_t>(options));
+  std::unique_ptr<utf8proc_uint8_t, void (*)(void*)> owned(result, std::free);
+  MOE_CHECK(n >= 0, "unicode normalisation failed: ", utf8proc_errmsg(n));
+  return std::string(reinterpret_cast<const char*>(result), static_cast<size_t>(n));
+}
+
+// Characters `tokenizers` normalises as unassigned starters: they stay as they are and nothing
+// composes or reorders across them.
+bool is_normalization_barrier(char32_t cp) {
+  if (cp < 0x7FD) return false;
+  return find_range(std::span<const CodeRange>(kUnknownToNormalizers), cp) != nullptr ||
+         find_range(std::span<const AssignedRange>(kNewerAssignments), cp) != nullptr;
+}
+
+}  // namespace
+
+std::string normalize(std::string_view text, NormalForm form) {
   int options = UTF8PROC_STABLE;
   switch (form) {
     case NormalForm::kNFC:
@@ -335,13 +372,19 @@ std::string normalize(std::string_view text, NormalForm form) {
       options |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
       break;
   }
-  utf8proc_uint8_t* result = nullptr;
-  const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
-                                          static_cast<utf8proc_ssize_t>(text.size()), &result,
-                                          static_cast<utf8proc_option_t>(options));
-  std::unique_ptr<utf8proc_uint8_t, void (*)(void*)> owned(result, std::free);
-  MOE_CHECK(n >= 0, "unicode normalisation failed: ", utf8proc_errmsg(n));
-  return std::string(reinterpret_cast<const char*>(result), static_cast<size_t>(n));
+  std::string out;
+  out.reserve(text.size());
+  size_t run_start = 0;
+  for (size_t pos = 0; pos < text.size();) {
+    const size_t start = pos;
+    const char32_t cp = next_code_point(text, pos);
+    if (!is_normalization_barrier(cp)) continue;
+    out += utf8proc_normalize(text.substr(run_start, start - run_start), options);
+    out.append(text.substr(start, pos - start));
+    run_start = pos;
+  }
+  out += utf8proc_normalize(text.substr(run_start), options);
+  return out;
 }
 
 std::string to_lower(std::string_view text) {
