@@ -3,12 +3,15 @@
 // Why it is built this way:
 // - One threading layer. Every path splits the columns of y (rows of W) over our own workers
 //   (gemm_parallel.h) and runs its library single-threaded inside them: OpenBLAS is pinned to one
-//   thread and oneDNN is called with an OpenMP thread count of one. Two libraries each running
-//   their own team on two cores, with spinning idle threads, cost up to 100x at T = 1 when the
-//   machine is shared (bench/RESULTS.md); one pool that sleeps when idle does not.
-// - F32 weights: OpenBLAS sgemm (sgemv at one row) per slice.
-// - BF16 weights at a few rows (decode, small expert groups) are a GEMV that only has to stream
-//   W once: a hand-written AVX-512 kernel (vdpbf16ps) reaches the memory bandwidth.
+//   thread and oneDNN is called with an OpenMP thread count of one. oneDNN's own OpenMP team
+//   took 18 to 26 ms for a 70 us product when the machine was shared (bench/RESULTS.md): its
+//   barriers spin, then sleep, and every wake-up waits for a time slice. One pool that sleeps
+//   when idle and yields while joining degrades only in proportion to the load.
+// - F32 weights: OpenBLAS sgemm (sgemv at one row) per slice; 2x OpenBLAS's own threading at
+//   T = 1.
+// - BF16 weights at up to 96 rows (decode, an expert's share of a batch): a hand-written AVX-512
+//   kernel (vdpbf16ps) that streams W once and reaches the memory bandwidth at one row; it beats
+//   oneDNN up to about 96 rows (gemv_max_rows).
 // - BF16 weights at more rows (prefill, busy experts): oneDNN matmul, bf16 x bf16 -> f32, with W
 //   described in place by strides (no reorder, no copy); one primitive per (K, N slice, dtype,
 //   bias) with the row count and y's row stride as runtime values, so one primitive serves every
@@ -17,7 +20,10 @@
 //   F16C GEMV at a few rows, and the blocked float32 fallback otherwise.
 // - The fallback for every 16-bit case (no oneDNN at build time, no primitive at run time, or
 //   MOE_GEMM_FALLBACK=1) widens W to float32 a cache-sized block of rows at a time into a
-//   thread-local scratch and runs sgemm per block, blocks split over the workers.
+//   thread-local scratch and runs sgemm per block, blocks split over the workers; with few rows
+//   it uses a portable GEMV instead.
+// - linear_grouped() runs many products (an MoE layer's experts) as one queue of (product, slice
+//   of N) items, so small products need no barrier each.
 #include "backend/cpu/gemm.h"
 
 #include <cblas.h>
