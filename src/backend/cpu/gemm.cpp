@@ -156,9 +156,12 @@ int64_t gemv_max_rows(DType dtype) {
   // reads W once and beats oneDNN's runtime-M GEMM by 1.5-2x at 4 to 16 rows and by 1.1-1.4x at
   // 32 to 64; the two tie at 96 to 128 rows.
   switch (dtype) {
-    case DType::kBF16: return 96;
-    case DType::kF16: return 96;
-    default: return 0;
+    case DType::kBF16:
+      return 96;
+    case DType::kF16:
+      return 96;
+    default:
+      return 0;
   }
 }
 
