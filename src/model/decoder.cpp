@@ -97,51 +97,121 @@ KvCache Decoder::make_cache(int64_t max_tokens) const {
 
 void Decoder::forward(std::span<const int32_t> tokens, KvCache& cache, std::span<float> logits,
                       bool all_positions) {
-  const int64_t T = static_cast<int64_t>(tokens.size());
+  MOE_CHECK(!tokens.empty(), "forward needs at least one token");
+  cache.reserve_append(static_cast<int64_t>(tokens.size()));
+  ForwardBatch batch{.sequences = {SequenceBatch{.tokens = tokens,
+                                                 .position = cache.length(),
+                                                 .block_table = cache.block_table(),
+                                                 .want_logits = true}},
+                     .all_positions = all_positions};
+  forward(batch, cache.pool(), logits);
+  cache.advance(static_cast<int64_t>(tokens.size()));
+}
+
+int64_t Decoder::num_logit_rows(const ForwardBatch& batch) {
+  int64_t rows = 0;
+  for (const SequenceBatch& s : batch.sequences) {
+    if (s.want_logits) rows += batch.all_positions ? static_cast<int64_t>(s.tokens.size()) : 1;
+  }
+  return rows;
+}
+
+float* Decoder::key_row(KvBlockPool& pool, int64_t layer, const SequenceBatch& s,
+                        int64_t position) {
+  const int64_t bs = pool.block_size();
+  return pool.key_row(layer, s.block_table[position / bs], position % bs);
+}
+
+float* Decoder::value_row(KvBlockPool& pool, int64_t layer, const SequenceBatch& s,
+                          int64_t position) {
+  const int64_t bs = pool.block_size();
+  return pool.value_row(layer, s.block_table[position / bs], position % bs);
+}
+
+void Decoder::forward(const ForwardBatch& batch, KvBlockPool& pool, std::span<float> logits) {
   const int64_t H = config_.hidden_size;
   const int64_t V = config_.vocab_size;
+  const int64_t key_width = config_.mla ? config_.mla->cache_width() : config_.kv_dim();
+  MOE_CHECK(pool.num_layers() == config_.num_layers && pool.key_width() == key_width,
+            "KV pool shape (", pool.num_layers(), " layers, width ", pool.key_width(),
+            ") does not fit the model (", config_.num_layers, " layers, width ", key_width, ")");
+
+  // Lay the step's tokens out as rows and check every sequence's blocks cover them.
+  slots_.sequence.clear();
+  slots_.position.clear();
+  for (size_t i = 0; i < batch.sequences.size(); ++i) {
+    const SequenceBatch& s = batch.sequences[i];
+    MOE_CHECK(!s.tokens.empty(), "sequence ", i, " of the batch has no tokens");
+    const int64_t end = s.position + static_cast<int64_t>(s.tokens.size());
+    MOE_CHECK(config_.max_position_embeddings <= 0 || end <= config_.max_position_embeddings,
+              "sequence ", i, " reaches position ", end, " past max_position_embeddings ",
+              config_.max_position_embeddings);
+    MOE_CHECK(static_cast<int64_t>(s.block_table.size()) * pool.block_size() >= end, "sequence ",
+              i, " needs ", end, " cache slots but its block table holds ",
+              s.block_table.size() * pool.block_size());
+    for (int32_t block : s.block_table) {
+      MOE_CHECK(block >= 0 && block < pool.num_blocks(), "block ", block, " outside the pool");
+    }
+    for (size_t t = 0; t < s.tokens.size(); ++t) {
+      MOE_CHECK(s.tokens[t] >= 0 && s.tokens[t] < V, "token id ", s.tokens[t],
+                " out of range [0, ", V, ")");
+      slots_.sequence.push_back(static_cast<int32_t>(i));
+      slots_.position.push_back(s.position + static_cast<int64_t>(t));
+    }
+  }
+  const int64_t T = static_cast<int64_t>(slots_.sequence.size());
   MOE_CHECK(T > 0, "forward needs at least one token");
-  const int64_t out_rows = all_positions ? T : 1;
+  const int64_t out_rows = num_logit_rows(batch);
   MOE_CHECK(static_cast<int64_t>(logits.size()) == out_rows * V, "logits buffer holds ",
             logits.size(), " floats, needs ", out_rows * V);
-  for (int32_t id : tokens) {
-    MOE_CHECK(id >= 0 && id < V, "token id ", id, " out of range [0, ", V, ")");
-  }
-  const int64_t start = cache.length();
-  cache.reserve_append(T);
 
   ws_.x.resize(T * H);
   ws_.normed.resize(T * H);
   ws_.block_out.resize(T * H);
   const TensorView& embed = weights_.embed_tokens;
-  for (int64_t t = 0; t < T; ++t) {
-    convert_to_f32(embed.dtype, embed.row(tokens[t]), ws_.x.data() + t * H, H);
+  {
+    int64_t row = 0;
+    for (const SequenceBatch& s : batch.sequences) {
+      for (int32_t id : s.tokens) {
+        convert_to_f32(embed.dtype, embed.row(id), ws_.x.data() + row++ * H, H);
+      }
+    }
   }
 
   for (int64_t l = 0; l < config_.num_layers; ++l) {
     const float eps = static_cast<float>(config_.rms_norm_eps);
     rms_norm(ws_.x.data(), T, H, params_[l].input_norm.data(), eps, ws_.normed.data());
     if (config_.mla) {
-      mla_attention(l, T, start, cache);
+      mla_attention(l, batch, pool);
     } else {
-      attention(l, T, start, cache);
+      attention(l, batch, pool);
     }
     add_into(ws_.x.data(), ws_.block_out.data(), T * H);
     rms_norm(ws_.x.data(), T, H, params_[l].post_attention_norm.data(), eps, ws_.normed.data());
     feed_forward(l, T);
     add_into(ws_.x.data(), ws_.block_out.data(), T * H);
   }
-  cache.advance(T);
 
-  const int64_t first = all_positions ? 0 : T - 1;
-  rms_norm(ws_.x.data() + first * H, out_rows, H, final_norm_.data(),
-           static_cast<float>(config_.rms_norm_eps), ws_.normed.data());
+  // Final norm and LM head over the rows that want logits only.
+  int64_t out = 0, row = 0;
+  for (const SequenceBatch& s : batch.sequences) {
+    const int64_t n = static_cast<int64_t>(s.tokens.size());
+    if (s.want_logits) {
+      const int64_t first = batch.all_positions ? row : row + n - 1;
+      const int64_t count = batch.all_positions ? n : 1;
+      rms_norm(ws_.x.data() + first * H, count, H, final_norm_.data(),
+               static_cast<float>(config_.rms_norm_eps), ws_.normed.data() + out * H);
+      out += count;
+    }
+    row += n;
+  }
   cpu::linear(ws_.normed.data(), out_rows, weights_.lm_head, nullptr, logits.data());
 }
 
-void Decoder::attention(int64_t layer, int64_t T, int64_t start, KvCache& cache) {
+void Decoder::attention(int64_t layer, const ForwardBatch& batch, KvBlockPool& pool) {
   const AttentionWeights& w = weights_.layers[layer].attention;
   const LayerParams& p = params_[layer];
+  const int64_t T = static_cast<int64_t>(slots_.sequence.size());
   const int64_t D = config_.head_dim;
   const int64_t Nq = config_.num_heads;
   const int64_t Nkv = config_.num_kv_heads;
@@ -171,13 +241,13 @@ void Decoder::attention(int64_t layer, int64_t T, int64_t start, KvCache& cache)
     }
   }
 
-  float* keys = cache.keys(layer);      // [max_tokens, Nkv, D]
-  float* values = cache.values(layer);  // [max_tokens, Nkv, D]
   for (int64_t t = 0; t < T; ++t) {
-    rope_.apply(ws_.q.data() + t * q_dim, Nq, D, start + t);
-    rope_.apply(ws_.k.data() + t * kv_dim, Nkv, D, start + t);
-    std::copy_n(ws_.k.data() + t * kv_dim, kv_dim, keys + (start + t) * kv_dim);
-    std::copy_n(ws_.v.data() + t * kv_dim, kv_dim, values + (start + t) * kv_dim);
+    const SequenceBatch& s = batch.sequences[slots_.sequence[t]];
+    const int64_t position = slots_.position[t];
+    rope_.apply(ws_.q.data() + t * q_dim, Nq, D, position);
+    rope_.apply(ws_.k.data() + t * kv_dim, Nkv, D, position);
+    std::copy_n(ws_.k.data() + t * kv_dim, kv_dim, key_row(pool, layer, s, position));
+    std::copy_n(ws_.v.data() + t * kv_dim, kv_dim, value_row(pool, layer, s, position));
   }
 
   const int64_t group = Nq / Nkv;
@@ -190,14 +260,15 @@ void Decoder::attention(int64_t layer, int64_t T, int64_t start, KvCache& cache)
       const int64_t t = task / Nq;
       const int64_t h = task % Nq;
       const int64_t kv_head = h / group;
-      const int64_t position = start + t;
+      const SequenceBatch& s = batch.sequences[slots_.sequence[t]];
+      const int64_t position = slots_.position[t];
       const int64_t first = window > 0 ? std::max<int64_t>(0, position - window + 1) : 0;
       const int64_t count = position - first + 1;
       const float* q = ws_.q.data() + t * q_dim + h * D;
       scores.resize(count);
       float max_score = -INFINITY;
       for (int64_t j = 0; j < count; ++j) {
-        const float* k = keys + (first + j) * kv_dim + kv_head * D;
+        const float* k = key_row(pool, layer, s, first + j) + kv_head * D;
         float dot = 0.0f;
         for (int64_t d = 0; d < D; ++d) dot += q[d] * k[d];
         scores[j] = dot * scale;
@@ -209,7 +280,7 @@ void Decoder::attention(int64_t layer, int64_t T, int64_t start, KvCache& cache)
       std::fill_n(out, D, 0.0f);
       for (int64_t j = 0; j < count; ++j) {
         const float weight = scores[j] / sum;
-        const float* v = values + (first + j) * kv_dim + kv_head * D;
+        const float* v = value_row(pool, layer, s, first + j) + kv_head * D;
         for (int64_t d = 0; d < D; ++d) out[d] += weight * v[d];
       }
     }
@@ -217,10 +288,11 @@ void Decoder::attention(int64_t layer, int64_t T, int64_t start, KvCache& cache)
   cpu::linear(ws_.attn.data(), T, w.o_proj, data_or_null(p.o_bias), ws_.block_out.data());
 }
 
-void Decoder::mla_attention(int64_t layer, int64_t T, int64_t start, KvCache& cache) {
+void Decoder::mla_attention(int64_t layer, const ForwardBatch& batch, KvBlockPool& pool) {
   const MlaWeights& w = weights_.layers[layer].mla;
   const LayerParams& p = params_[layer];
   const MlaConfig& m = *config_.mla;
+  const int64_t T = static_cast<int64_t>(slots_.sequence.size());
   const int64_t Nh = config_.num_heads;
   const int64_t nope = m.qk_nope_head_dim, rope_dim = m.qk_rope_head_dim, vd = m.v_head_dim;
   const int64_t L = m.kv_lora_rank;
@@ -245,13 +317,14 @@ void Decoder::mla_attention(int64_t layer, int64_t T, int64_t start, KvCache& ca
   }
   // Latent and shared rope key [T, L + rope]; the latent is normalised, the key rotated.
   cpu::linear(ws_.normed.data(), T, w.kv_a_proj, nullptr, ws_.latent.data());
-  float* cache_rows = cache.keys(layer);  // [tokens, L + rope]
   for (int64_t t = 0; t < T; ++t) {
+    const SequenceBatch& s = batch.sequences[slots_.sequence[t]];
+    const int64_t position = slots_.position[t];
     float* row = ws_.latent.data() + t * width;
     rms_norm(row, 1, L, p.kv_a_norm.data(), kMlaNormEps, row);
-    rope_.apply(row + L, 1, rope_dim, start + t, m.rope_interleave);
-    rope_.apply(ws_.q.data() + t * Nh * qk + nope, Nh, qk, start + t, m.rope_interleave);
-    std::copy_n(row, width, cache_rows + (start + t) * width);
+    rope_.apply(row + L, 1, rope_dim, position, m.rope_interleave);
+    rope_.apply(ws_.q.data() + t * Nh * qk + nope, Nh, qk, position, m.rope_interleave);
+    std::copy_n(row, width, key_row(pool, layer, s, position));
   }
 
   // Absorb the key up-projection into the query: q_latent[t, h] = W_uk[h]^T q_nope[t, h], where
@@ -279,13 +352,14 @@ void Decoder::mla_attention(int64_t layer, int64_t T, int64_t start, KvCache& ca
     for (int64_t task = begin; task < end; ++task) {
       const int64_t t = task / Nh;
       const int64_t h = task % Nh;
-      const int64_t count = start + t + 1;
+      const SequenceBatch& s = batch.sequences[slots_.sequence[t]];
+      const int64_t count = slots_.position[t] + 1;
       const float* q_lat = ws_.q_latent.data() + (t * Nh + h) * L;
       const float* q_rope = ws_.q.data() + (t * Nh + h) * qk + nope;
       scores.resize(count);
       float max_score = -INFINITY;
       for (int64_t j = 0; j < count; ++j) {
-        const float* row = cache_rows + j * width;
+        const float* row = key_row(pool, layer, s, j);
         float dot = 0.0f;
         for (int64_t c = 0; c < L; ++c) dot += q_lat[c] * row[c];
         for (int64_t r = 0; r < rope_dim; ++r) dot += q_rope[r] * row[L + r];
@@ -298,7 +372,7 @@ void Decoder::mla_attention(int64_t layer, int64_t T, int64_t start, KvCache& ca
       std::fill_n(out, L, 0.0f);
       for (int64_t j = 0; j < count; ++j) {
         const float weight = scores[j] / sum;
-        const float* row = cache_rows + j * width;
+        const float* row = key_row(pool, layer, s, j);
         for (int64_t c = 0; c < L; ++c) out[c] += weight * row[c];
       }
     }

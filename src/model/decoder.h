@@ -36,6 +36,14 @@ class Decoder {
   void forward(std::span<const int32_t> tokens, KvCache& cache, std::span<float> logits,
                bool all_positions);
 
+  // One step for several sequences at once: every sequence's new tokens run through the layers
+  // together (so each expert sees the rows of all sequences), each attending over its own blocks
+  // in `pool`. logits: one row per sequence that wants logits (its last token), or with
+  // batch.all_positions one row per new token of those sequences, in batch order.
+  void forward(const ForwardBatch& batch, KvBlockPool& pool, std::span<float> logits);
+  // Rows of logits that forward(batch, ...) writes.
+  static int64_t num_logit_rows(const ForwardBatch& batch);
+
  private:
   // Small per-layer parameters (norm weights, biases) converted once to float32.
   struct LayerParams {
@@ -51,11 +59,20 @@ class Decoder {
     moe::MoeWorkspace moe;
   };
 
-  void attention(int64_t layer, int64_t num_tokens, int64_t start, KvCache& cache);
+  // Where each of the step's token rows belongs.
+  struct TokenSlots {
+    std::vector<int32_t> sequence;  // [T] index into the batch
+    std::vector<int64_t> position;  // [T] absolute position in its sequence
+  };
+  // Cache row of `position` in sequence `s` of the batch.
+  float* key_row(KvBlockPool& pool, int64_t layer, const SequenceBatch& s, int64_t position);
+  float* value_row(KvBlockPool& pool, int64_t layer, const SequenceBatch& s, int64_t position);
+
+  void attention(int64_t layer, const ForwardBatch& batch, KvBlockPool& pool);
   // MLA in the absorbed form: the cache holds [latent | rope key] per token, the query is
   // projected into the latent space and attention output is lifted back per head, so no full
   // per-head key or value is ever built.
-  void mla_attention(int64_t layer, int64_t num_tokens, int64_t start, KvCache& cache);
+  void mla_attention(int64_t layer, const ForwardBatch& batch, KvBlockPool& pool);
   void feed_forward(int64_t layer, int64_t num_tokens);
   void dense_mlp(const MlpWeights& mlp, int64_t num_tokens, const float* in, float* out);
 
@@ -67,6 +84,7 @@ class Decoder {
   std::vector<float> final_norm_;
   moe::MoeLayerOptions moe_options_;
   Workspace ws_;
+  TokenSlots slots_;
   RoutingObserver routing_observer_;
 };
 
