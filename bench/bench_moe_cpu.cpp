@@ -13,11 +13,14 @@
 // triad (read + write bytes counted) and the peak vdpbf16ps rate. The last column is weight GB/s
 // over triad GB/s; at T = 512 the layer is compute-bound and %peak is the column to read.
 //
-// Usage: bench_moe_cpu
+// Usage: bench_moe_cpu [--hugepages]   (expert weights in 2 MiB pages instead of 4 KiB ones)
 // Threads: MOE_NUM_THREADS (engine and GEMM workers), OMP_NUM_THREADS (oneDNN).
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -53,15 +56,32 @@ void fill_bf16(uint16_t* dst, size_t n, uint64_t seed, float scale) {
   }
 }
 
+// Expert weights in 4 KiB pages (as a checkpoint's memory map gives them) or, with
+// --hugepages, in 2 MiB-aligned memory the kernel is asked to back with transparent huge pages.
+struct WeightBuffer {
+  uint16_t* ptr = nullptr;
+  size_t count = 0;
+  ~WeightBuffer() { std::free(ptr); }
+  void allocate(size_t n, bool huge) {
+    constexpr size_t kAlign = size_t{2} << 20;
+    const size_t bytes = (n * sizeof(uint16_t) + kAlign - 1) / kAlign * kAlign;
+    ptr = static_cast<uint16_t*>(std::aligned_alloc(huge ? kAlign : 4096, bytes));
+    count = n;
+    if (huge) madvise(ptr, bytes, MADV_HUGEPAGE);
+  }
+  uint16_t* data() { return ptr; }
+  size_t size() const { return count; }
+};
+
 struct Layer {
-  std::vector<uint16_t> router;   // [E, H]
-  std::vector<uint16_t> weights;  // per expert: gate [I, H], up [I, H], down [H, I]
+  std::vector<uint16_t> router;  // [E, H]
+  WeightBuffer weights;          // per expert: gate [I, H], up [I, H], down [H, I]
   moe::RoutedExperts views;
 };
 
-void build_layer(Layer* layer, const std::vector<float>& common) {
+void build_layer(Layer* layer, const std::vector<float>& common, bool huge_pages) {
   const size_t per_matrix = static_cast<size_t>(kWidth * kHidden);
-  layer->weights.resize(per_matrix * 3 * kExperts);
+  layer->weights.allocate(per_matrix * 3 * kExperts, huge_pages);
   layer->router.resize(static_cast<size_t>(kExperts * kHidden));
   fill_bf16(layer->weights.data(), layer->weights.size(), 7, 0.03f);
   fill_bf16(layer->router.data(), layer->router.size(), 11, 0.05f);
@@ -146,6 +166,22 @@ void grouped_forward(const float* hidden, int64_t num_tokens, const moe::RoutedE
   moe::unpermute(moe::combine(b->expert_out.data()), kHidden, b->routing, b->plan, nullptr, out);
 }
 
+std::string anon_huge_pages() {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (f == nullptr) return "?";
+  char line[256];
+  std::string out = "?";
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    if (std::strncmp(line, "AnonHugePages:", 14) == 0) {
+      out = line + 14;
+      out.erase(0, out.find_first_not_of(' '));
+      out.erase(out.find_last_not_of("\n") + 1);
+    }
+  }
+  std::fclose(f);
+  return out;
+}
+
 struct Stats {
   double seconds = 0;
   double experts_touched = 0;  // mean over calls
@@ -154,7 +190,8 @@ struct Stats {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  const bool huge_pages = argc > 1 && std::strcmp(argv[1], "--hugepages") == 0;
   const int threads = cpu::gemm_num_threads();
   std::printf(
       "# bench_moe_cpu: Qwen3-30B-A3B MoE layer, H=%lld E=%lld top-%lld I=%lld, bf16, "
@@ -175,7 +212,11 @@ int main() {
   std::vector<float> common(kHidden);
   for (float& v : common) v = normal(rng);
   Layer layer;
-  build_layer(&layer, common);
+  build_layer(&layer, common, huge_pages);
+  if (huge_pages) {
+    std::printf("# expert weights in transparent huge pages (madvise): AnonHugePages now %s\n",
+                anon_huge_pages().c_str());
+  }
 
   const moe::MoeLayerOptions options{
       .router = {.num_experts = kExperts, .top_k = kTopK, .renormalize = true},
