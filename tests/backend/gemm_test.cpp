@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "backend/cpu/gemm_internal.h"
+#include "backend/cpu/gemm_parallel.h"
 #include "core/dtype.h"
 #include "core/error.h"
 
@@ -263,6 +265,30 @@ TEST(GemmTest, ForcedFallbackMatchesReference) {
   run_dtype(DType::kBF16);
   run_dtype(DType::kF16);
   gemm_detail::set_force_fallback(false);
+}
+
+// Nested and concurrent use of the GEMM workers: every index covered exactly once, no deadlock.
+TEST(GemmTest, ParallelForNestsAndCovers) {
+  std::vector<std::atomic<int>> hits(1000);
+  gemm_parallel_for(10, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      gemm_parallel_for(100, 7, [&](int64_t b, int64_t e) {
+        for (int64_t j = b; j < e; ++j) hits[i * 100 + j].fetch_add(1);
+      });
+    }
+  });
+  for (const auto& h : hits) ASSERT_EQ(h.load(), 1);
+  std::vector<std::thread> threads;
+  std::vector<std::atomic<int>> hits2(4 * 5000);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      gemm_parallel_for(5000, 3, [&](int64_t b, int64_t e) {
+        for (int64_t j = b; j < e; ++j) hits2[t * 5000 + j].fetch_add(1);
+      });
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (const auto& h : hits2) ASSERT_EQ(h.load(), 1);
 }
 
 TEST(GemmTest, ZeroRowsWritesNothing) {

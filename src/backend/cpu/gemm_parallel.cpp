@@ -48,8 +48,14 @@ class GemmPool {
     grain = std::max<int64_t>(1, grain);
     const int64_t num_grains = (n + grain - 1) / grain;
     const int chunks = static_cast<int>(std::min<int64_t>(num_threads_, num_grains));
+    // A call made from inside a job (by a worker, or by the caller while it runs its own chunk)
+    // runs inline; checked before try_lock, which the mutex's owner must not call.
+    if (chunks <= 1 || in_job_) {
+      fn(0, n);
+      return;
+    }
     std::unique_lock busy(busy_, std::try_to_lock);
-    if (chunks <= 1 || !busy.owns_lock() || in_worker_) {
+    if (!busy.owns_lock()) {
       fn(0, n);
       return;
     }
@@ -67,11 +73,13 @@ class GemmPool {
     }
     wake_.notify_all();
     std::exception_ptr error;
+    in_job_ = true;
     try {
       run_chunk(0);
     } catch (...) {
       error = std::current_exception();
     }
+    in_job_ = false;
     // Poll briefly, then yield: on a machine shared with other work a worker may be waiting for
     // a core, and spinning on ours would keep it from running.
     const auto spin_until = std::chrono::steady_clock::now() + kJoinSpinTime;
@@ -96,7 +104,7 @@ class GemmPool {
   }
 
   void worker_loop(int index) {
-    in_worker_ = true;
+    in_job_ = true;
     uint64_t seen = 0;
     while (true) {
       // Poll for a while, then sleep until the next job.
@@ -138,10 +146,10 @@ class GemmPool {
   int job_chunks_ = 0;
   std::exception_ptr error_;
   bool stopping_ = false;
-  static thread_local bool in_worker_;
+  static thread_local bool in_job_;  // a worker, or a caller inside its chunk
 };
 
-thread_local bool GemmPool::in_worker_ = false;
+thread_local bool GemmPool::in_job_ = false;
 
 GemmPool& pool() {
   static GemmPool instance(gemm_num_threads());
