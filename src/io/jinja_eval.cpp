@@ -119,7 +119,8 @@ int64_t floor_mod(int64_t a, int64_t b) {
 }
 double float_mod(double a, double b) {
   double m = std::fmod(a, b);
-  if (m != 0 && ((m < 0) != (b < 0))) m += b;
+  if (m == 0) return std::copysign(0.0, b);
+  if ((m < 0) != (b < 0)) m += b;
   return m;
 }
 
@@ -150,7 +151,7 @@ Value binary_op(const std::string& op, const Value& a, const Value& b) {
     if (ints) return Value::integer(a.as_int() + b.as_int());
     if (nums) return Value::number(a.as_double() + b.as_double());
     if (a.is_string() && b.is_string()) return Value::string(a.as_string() + b.as_string());
-    if (a.is_list() && b.is_list() && a.kind() == b.kind()) {
+    if (a.is_sequence() && b.is_sequence() && a.kind() == b.kind()) {
       ValueList out = a.items();
       out.insert(out.end(), b.items().begin(), b.items().end());
       return a.kind() == Value::Kind::kTuple ? Value::tuple(std::move(out))
@@ -166,8 +167,8 @@ Value binary_op(const std::string& op, const Value& a, const Value& b) {
   if (op == "*") {
     if (ints) return Value::integer(a.as_int() * b.as_int());
     if (nums) return Value::number(a.as_double() * b.as_double());
-    if ((a.is_string() || a.is_list()) && (b.is_int() || b.is_bool())) return repeat(a, b.as_int());
-    if ((b.is_string() || b.is_list()) && (a.is_int() || a.is_bool())) return repeat(b, a.as_int());
+    if ((a.is_string() || a.is_sequence()) && (b.is_int() || b.is_bool())) return repeat(a, b.as_int());
+    if ((b.is_string() || b.is_sequence()) && (a.is_int() || a.is_bool())) return repeat(b, a.as_int());
     fail_operands("*", a, b);
   }
   if (op == "/") {
@@ -195,6 +196,7 @@ Value binary_op(const std::string& op, const Value& a, const Value& b) {
       for (int64_t e = b.as_int(); e > 0; --e) result *= base;
       return Value::integer(result);
     }
+    if (a.as_double() == 0 && b.as_double() < 0) fail("0.0 cannot be raised to a negative power");
     return Value::number(std::pow(a.as_double(), b.as_double()));
   }
   fail("unknown operator " + op);
@@ -214,11 +216,14 @@ Value slice_value(const Value& v, const Value& start_v, const Value& stop_v, con
   if (is_str) {
     chars = utf8_decode(v.as_string());
     n = static_cast<int64_t>(chars.size());
-  } else if (v.is_list()) {
+  } else if (v.is_sequence()) {
     n = static_cast<int64_t>(v.items().size());
   } else {
+    // Slices bypass jinja2's forgiving getitem: a TypeError surfaces.
     if (v.is_undefined()) fail(v.undefined_message());
-    fail(std::string("'") + v.type_name() + "' object is not subscriptable");
+    if (v.is_dict()) fail("unhashable type: 'slice'");
+    fail(std::string("'") + (v.is_list() ? "generator" : v.type_name()) +
+         "' object is not subscriptable");
   }
   auto clamp = [&](std::optional<int64_t> x, int64_t dflt) {
     if (!x) return dflt;
@@ -700,6 +705,7 @@ class Renderer {
         return Value::undefined(name, "str object");
       case Value::Kind::kList:
       case Value::Kind::kTuple:
+        if (!obj.is_sequence()) return Value::undefined(name, "iterator");
         if (auto m = list_method(obj, name)) return *m;
         return Value::undefined(name, std::string(obj.type_name()) + " object");
       case Value::Kind::kNone:
@@ -718,6 +724,7 @@ class Renderer {
         break;
       case Value::Kind::kList:
       case Value::Kind::kTuple:
+        if (!obj.is_sequence()) break;
         if (key.is_int() || key.is_bool()) {
           int64_t n = static_cast<int64_t>(obj.items().size());
           int64_t i = key.as_int();
@@ -774,13 +781,13 @@ class Renderer {
         Params p(a, {}, "items");
         ValueList out;
         for (const auto& [k, v] : obj.entries()) out.push_back(Value::tuple({k, v}));
-        return Value::list(std::move(out));
+        return Value::dict_view(std::move(out), Value::Flavor::kDictItems);
       });
     }
     if (name == "keys") {
       return Value::callable("keys", [obj](CallArgs& a) {
         Params p(a, {}, "keys");
-        return Value::list(obj.iterate());
+        return Value::dict_view(obj.iterate(), Value::Flavor::kDictKeys);
       });
     }
     if (name == "values") {
@@ -788,7 +795,7 @@ class Renderer {
         Params p(a, {}, "values");
         ValueList out;
         for (const auto& [k, v] : obj.entries()) out.push_back(v);
-        return Value::list(std::move(out));
+        return Value::dict_view(std::move(out), Value::Flavor::kDictValues);
       });
     }
     if (name == "copy") {
@@ -1029,7 +1036,7 @@ const std::map<std::string, FilterFn, std::less<>>& filter_table() {
         }
         out.push_back(Value::list(std::move(cur)));
       }
-      return Value::list(std::move(out));
+      return Value::iterator(std::move(out));
     };
     t["capitalize"] = [](Renderer&, const Value& v, const CallArgs& a) {
       Params p(a, {}, "capitalize");
@@ -1079,6 +1086,7 @@ const std::map<std::string, FilterFn, std::less<>>& filter_table() {
     };
     t["last"] = [](Renderer&, const Value& v, const CallArgs& a) {
       Params p(a, {}, "last");
+      if (v.flavor() == Value::Flavor::kIterator) fail("'generator' object is not reversible");
       ValueList items = seq_of(v);
       return items.empty() ? Value::undefined("last", "sequence") : items.back();
     };
@@ -1126,7 +1134,7 @@ const std::map<std::string, FilterFn, std::less<>>& filter_table() {
       std::string pad = p.has(0) && p.get(0).is_string()
                             ? p.get(0).as_string()
                             : std::string(static_cast<size_t>(std::max<int64_t>(p.integer(0, 4), 0)), ' ');
-      std::string s = v.str() + "\n";
+      std::string s = need_string(v, "indent") + "\n";
       std::vector<std::string> lines = py_str_splitlines(s);
       std::string out;
       if (p.flag(2, false)) {
@@ -1147,11 +1155,11 @@ const std::map<std::string, FilterFn, std::less<>>& filter_table() {
     };
     t["items"] = [](Renderer&, const Value& v, const CallArgs& a) {
       Params p(a, {}, "items");
-      if (v.is_undefined()) return Value::list({});
+      if (v.is_undefined()) return Value::iterator({});
       if (!v.is_dict()) fail(std::string("can only get item pairs from a mapping, not ") + v.type_name());
       ValueList out;
       for (const auto& [k, e] : v.entries()) out.push_back(Value::tuple({k, e}));
-      return Value::list(std::move(out));
+      return Value::iterator(std::move(out));
     };
     t["join"] = [](Renderer& r, const Value& v, const CallArgs& a) {
       Params p(a, {"d", "attribute"}, "join");
@@ -1199,7 +1207,7 @@ const std::map<std::string, FilterFn, std::less<>>& filter_table() {
           if (x.is_undefined() && dflt) x = *dflt;
           out.push_back(x);
         }
-        return Value::list(std::move(out));
+        return Value::iterator(std::move(out));
       }
       if (a.args.empty()) fail("map requires a filter name or attribute=");
       std::string name = need_string(a.args[0], "map filter name");
@@ -1207,7 +1215,7 @@ const std::map<std::string, FilterFn, std::less<>>& filter_table() {
       fargs.args.assign(a.args.begin() + 1, a.args.end());
       fargs.kwargs = a.kwargs;
       for (const auto& item : items) out.push_back(r.run_filter(name, item, fargs));
-      return Value::list(std::move(out));
+      return Value::iterator(std::move(out));
     };
     auto minmax = [](bool want_max) {
       return [want_max](Renderer& r, const Value& v, const CallArgs& a) {
@@ -1234,16 +1242,16 @@ const std::map<std::string, FilterFn, std::less<>>& filter_table() {
     t["max"] = minmax(true);
     t["min"] = minmax(false);
     t["reject"] = [](Renderer& r, const Value& v, const CallArgs& a) {
-      return Value::list(select_items(r, v, a, false, false));
+      return Value::iterator(select_items(r, v, a, false, false));
     };
     t["select"] = [](Renderer& r, const Value& v, const CallArgs& a) {
-      return Value::list(select_items(r, v, a, false, true));
+      return Value::iterator(select_items(r, v, a, false, true));
     };
     t["rejectattr"] = [](Renderer& r, const Value& v, const CallArgs& a) {
-      return Value::list(select_items(r, v, a, true, false));
+      return Value::iterator(select_items(r, v, a, true, false));
     };
     t["selectattr"] = [](Renderer& r, const Value& v, const CallArgs& a) {
-      return Value::list(select_items(r, v, a, true, true));
+      return Value::iterator(select_items(r, v, a, true, true));
     };
     t["replace"] = [](Renderer&, const Value& v, const CallArgs& a) {
       Params p(a, {"old", "new", "count"}, "replace");
@@ -1259,7 +1267,7 @@ const std::map<std::string, FilterFn, std::less<>>& filter_table() {
       }
       ValueList items = seq_of(v);
       std::reverse(items.begin(), items.end());
-      return Value::list(std::move(items));
+      return Value::iterator(std::move(items));
     };
     t["round"] = [](Renderer&, const Value& v, const CallArgs& a) {
       Params p(a, {"precision", "method"}, "round");
@@ -1323,6 +1331,10 @@ const std::map<std::string, FilterFn, std::less<>>& filter_table() {
       Params p(a, {"length", "killwords", "end", "leeway"}, "truncate");
       int64_t length = p.integer(0, 255), leeway = p.integer(3, 5);
       std::string end = p.str(2, "...");
+      if (!v.is_string()) {
+        if (static_cast<int64_t>(v.length()) <= length + leeway) return v;
+        fail(std::string("truncate expects a string, got ") + v.type_name());
+      }
       std::u32string s = utf8_decode(v.str());
       int64_t end_len = static_cast<int64_t>(utf8_decode(end).size());
       if (length < end_len) fail("expected length >= " + std::to_string(end_len));
@@ -1346,7 +1358,7 @@ const std::map<std::string, FilterFn, std::less<>>& filter_table() {
           out.push_back(item);
         }
       }
-      return Value::list(std::move(out));
+      return Value::iterator(std::move(out));
     };
     t["wordcount"] = [](Renderer&, const Value& v, const CallArgs& a) {
       Params p(a, {}, "wordcount");
@@ -1397,19 +1409,21 @@ const std::map<std::string, TestFn, std::less<>>& test_table() {
       return v.is_string() || v.is_list() || v.is_dict() || v.is_undefined();
     });
     t["sequence"] = simple([](const Value& v) {
-      return v.is_string() || v.is_list() || v.is_dict() || v.is_undefined();
+      return v.is_string() || v.is_sequence() || v.is_dict() || v.is_undefined();
     });
-    t["callable"] = simple([](const Value& v) { return v.is_callable(); });
+    // Undefined has __call__ (it raises), so Python's callable() says True.
+    t["callable"] = simple([](const Value& v) { return v.is_callable() || v.is_undefined(); });
     t["escaped"] = simple([](const Value&) { return false; });
     t["lower"] = simple([](const Value& v) { return v.is_string() && py_str_is(v.as_string(), 'l'); });
     t["upper"] = simple([](const Value& v) { return v.is_string() && py_str_is(v.as_string(), 'u'); });
-    t["odd"] = simple([](const Value& v) { return floor_mod(need_int(v, "odd"), 2) == 1; });
-    t["even"] = simple([](const Value& v) { return floor_mod(need_int(v, "even"), 2) == 0; });
-    t["divisibleby"] = with_arg([](const Value& v, const Value& n) {
-      int64_t d = need_int(n, "divisibleby");
-      if (d == 0) fail("integer division or modulo by zero");
-      return floor_mod(need_int(v, "divisibleby"), d) == 0;
-    });
+    // value % 2 == 1, with Python's % (floats allowed, strings are %-formatting and fail).
+    auto mod_is = [](const Value& v, const Value& d, int64_t want) {
+      if (v.is_string()) fail("not all arguments converted during string formatting");
+      return equals(binary_op("%", v, d), Value::integer(want));
+    };
+    t["odd"] = simple([mod_is](const Value& v) { return mod_is(v, Value::integer(2), 1); });
+    t["even"] = simple([mod_is](const Value& v) { return mod_is(v, Value::integer(2), 0); });
+    t["divisibleby"] = with_arg([mod_is](const Value& v, const Value& n) { return mod_is(v, n, 0); });
     t["eq"] = with_arg([](const Value& v, const Value& o) { return equals(v, o); });
     t["equalto"] = t["eq"];
     t["=="] = t["eq"];

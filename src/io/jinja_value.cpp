@@ -64,6 +64,16 @@ Value Value::tuple(ValueList items) {
   v.kind_ = Kind::kTuple;
   return v;
 }
+Value Value::iterator(ValueList items) {
+  Value v = list(std::move(items));
+  v.flavor_ = Flavor::kIterator;
+  return v;
+}
+Value Value::dict_view(ValueList items, Flavor flavor) {
+  Value v = list(std::move(items));
+  v.flavor_ = flavor;
+  return v;
+}
 Value Value::dict(ValueDict items) {
   Value v;
   v.kind_ = Kind::kDict;
@@ -149,7 +159,7 @@ bool Value::truthy() const {
       return !s_->empty();
     case Kind::kList:
     case Kind::kTuple:
-      return !list_->empty();
+      return flavor_ == Flavor::kIterator || !list_->empty();
     case Kind::kDict:
       return !dict_->empty();
     default:
@@ -196,6 +206,7 @@ int64_t Value::length() const {
     }
     case Kind::kList:
     case Kind::kTuple:
+      if (flavor_ == Flavor::kIterator) fail("object of type 'generator' has no len()");
       return static_cast<int64_t>(list_->size());
     case Kind::kDict:
       return static_cast<int64_t>(dict_->size());
@@ -392,6 +403,14 @@ std::string Value::repr() const {
       return py_str_repr(*s_);
     case Kind::kList:
     case Kind::kTuple: {
+      if (flavor_ == Flavor::kIterator) return "<generator object>";
+      if (flavor_ != Flavor::kPlain) {
+        const char* name = flavor_ == Flavor::kDictItems ? "dict_items("
+                           : flavor_ == Flavor::kDictKeys ? "dict_keys("
+                                                           : "dict_values(";
+        Value plain = Value::list(*list_);
+        return name + plain.repr() + ")";
+      }
       bool tuple = kind_ == Kind::kTuple;
       std::string out = tuple ? "(" : "[";
       for (size_t i = 0; i < list_->size(); ++i) {
@@ -428,9 +447,9 @@ bool equals(const Value& a, const Value& b) {
     if (a.is_float() || b.is_float()) return a.as_double() == b.as_double();
     return a.as_int() == b.as_int();
   }
-  if (a.kind() != b.kind()) {
-    if (a.is_list() && b.is_list()) return false;  // [1] != (1,)
-    return false;
+  if (a.kind() != b.kind()) return false;  // [1] != (1,)
+  if (a.is_list() && (a.flavor() != b.flavor() || a.flavor() == Value::Flavor::kIterator)) {
+    return a.flavor() == b.flavor() && a.object_id() == b.object_id();
   }
   switch (a.kind()) {
     case Value::Kind::kUndefined:
@@ -478,7 +497,7 @@ int compare(const Value& a, const Value& b) {
     int c = a.as_string().compare(b.as_string());  // UTF-8 byte order is code point order
     return c < 0 ? -1 : (c > 0 ? 1 : 0);
   }
-  if (a.is_list() && b.is_list() && a.kind() == b.kind()) {
+  if (a.is_sequence() && b.is_sequence() && a.kind() == b.kind()) {
     const auto& x = a.items();
     const auto& y = b.items();
     for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
@@ -612,6 +631,11 @@ static void json_value(std::string& out, const Value& v, const JsonOptions& o, i
       return;
     case Value::Kind::kList:
     case Value::Kind::kTuple: {
+      if (!v.is_sequence()) {
+        fail(std::string("Object of type ") +
+             (v.flavor() == Value::Flavor::kIterator ? "generator" : "dict view") +
+             " is not JSON serializable");
+      }
       const auto& items = v.items();
       if (items.empty()) {
         out += "[]";

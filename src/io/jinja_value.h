@@ -53,6 +53,11 @@ class Value {
   enum class Kind { kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kTuple, kDict,
                     kNamespace, kCallable };
 
+  // What Python object a list-like value stands for, where jinja2 hands out something other than a
+  // list: generators (select, map, unique, ... are lazy: always truthy, no len(), no indexing) and
+  // dict views (d.items(): printed as dict_items([...]), not indexable).
+  enum class Flavor : uint8_t { kPlain, kIterator, kDictItems, kDictKeys, kDictValues };
+
   Value() = default;  // undefined
   static Value undefined(std::string name = {}, std::string hint = {});
   static Value none();
@@ -62,6 +67,8 @@ class Value {
   static Value string(std::string s);
   static Value list(ValueList items);
   static Value tuple(ValueList items);
+  static Value iterator(ValueList items);
+  static Value dict_view(ValueList items, Flavor flavor);
   static Value dict(ValueDict items);
   static Value make_namespace(ValueDict items);
   static Value callable(std::string name, NativeFunction fn);
@@ -76,6 +83,9 @@ class Value {
   bool is_number() const { return is_int() || is_float() || is_bool(); }
   bool is_string() const { return kind_ == Kind::kString; }
   bool is_list() const { return kind_ == Kind::kList || kind_ == Kind::kTuple; }
+  // A real list or tuple (indexable, has len), not a generator or a dict view.
+  bool is_sequence() const { return is_list() && flavor_ == Flavor::kPlain; }
+  Flavor flavor() const { return flavor_; }
   bool is_dict() const { return kind_ == Kind::kDict; }
   bool is_namespace() const { return kind_ == Kind::kNamespace; }
   bool is_callable() const { return kind_ == Kind::kCallable; }
@@ -108,6 +118,7 @@ class Value {
 
  private:
   Kind kind_ = Kind::kUndefined;
+  Flavor flavor_ = Flavor::kPlain;
   bool b_ = false;
   int64_t i_ = 0;
   double f_ = 0;
