@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes the seed corpora in fuzz/corpus/<target>/ from valid inputs made by the reference
 writers: safetensors files saved by `safetensors`, config.json files from tests/fixtures/configs
-(written by transformers), and small BPE tokenizer.json files built with `tokenizers`.
+and tests/fixtures/models (written by transformers), and small BPE tokenizer.json files built
+with `tokenizers`.
 
 Usage: python3 fuzz/make_corpus.py   (run from anywhere; overwrites the seeds)
 """
@@ -53,6 +54,11 @@ def config_seeds():
     for name in sorted(os.listdir(fixtures)):
         if name.endswith(".json") and name != "expected.json":
             shutil.copy(os.path.join(fixtures, name), os.path.join(CORPUS, "config", name))
+    models = os.path.join(HERE, "..", "tests", "fixtures", "models")
+    for name in sorted(os.listdir(models)) if os.path.isdir(models) else []:
+        path = os.path.join(models, name, "config.json")
+        if os.path.exists(path):
+            shutil.copy(path, os.path.join(CORPUS, "config", "model_" + name + ".json"))
     write("config", "minimal_mixtral.json", json.dumps({"model_type": "mixtral"}))
 
 
