@@ -1,0 +1,253 @@
+#include "runtime/engine.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/error.h"
+
+namespace moeinfer {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+int64_t context_limit(const ModelConfig& model, const EngineConfig& config) {
+  const int64_t native = model.max_position_embeddings > 0 ? model.max_position_embeddings : 4096;
+  return config.max_model_len > 0 ? std::min(config.max_model_len, native) : native;
+}
+
+size_t bytes_per_token(const ModelConfig& model) {
+  const int64_t width = model.mla ? model.mla->cache_width() : 2 * model.kv_dim();
+  return static_cast<size_t>(model.num_layers * width) * sizeof(float);
+}
+
+int64_t pool_blocks(const ModelConfig& model, const EngineConfig& config, int64_t max_model_len) {
+  if (config.num_kv_blocks > 0) return config.num_kv_blocks;
+  const size_t block_bytes = bytes_per_token(model) * static_cast<size_t>(config.block_size);
+  size_t bytes = static_cast<size_t>(config.kv_cache_mb) << 20;
+  if (config.kv_cache_mb == 0) {
+    bytes = std::min(static_cast<size_t>(config.max_num_seqs * max_model_len) *
+                         bytes_per_token(model),
+                     size_t{4} << 30);
+  }
+  return std::max<int64_t>(1, static_cast<int64_t>(bytes / block_bytes));
+}
+
+}  // namespace
+
+const char* finish_reason_name(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kAbort: return "abort";
+    case FinishReason::kNone: break;
+  }
+  return "";
+}
+
+void EngineConfig::validate() const {
+  MOE_CHECK(max_num_seqs >= 1, "max_num_seqs must be >= 1, got ", max_num_seqs);
+  MOE_CHECK(max_num_batched_tokens >= 1, "max_num_batched_tokens must be >= 1, got ",
+            max_num_batched_tokens);
+  MOE_CHECK(block_size >= 1, "block_size must be >= 1, got ", block_size);
+  MOE_CHECK(num_kv_blocks >= 0, "num_kv_blocks must be >= 0, got ", num_kv_blocks);
+  MOE_CHECK(kv_cache_mb >= 0, "kv_cache_mb must be >= 0, got ", kv_cache_mb);
+  MOE_CHECK(max_model_len >= 0, "max_model_len must be >= 0, got ", max_model_len);
+}
+
+std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const EngineConfig& config,
+                                     const LoadOptions& options) {
+  config.validate();
+  auto model = Model::load(dir, options);
+  Tokenizer tokenizer = Tokenizer::from_file(dir / "tokenizer.json");
+  return std::make_unique<Engine>(std::move(model), std::move(tokenizer), config);
+}
+
+Engine::Engine(std::unique_ptr<Model> model, Tokenizer tokenizer, const EngineConfig& config)
+    : model_(std::move(model)),
+      tokenizer_(std::move(tokenizer)),
+      config_((config.validate(), config)),
+      max_model_len_(context_limit(model_->config(), config)),
+      pool_(model_->config().num_layers,
+            model_->config().mla ? model_->config().mla->cache_width() : model_->config().kv_dim(),
+            model_->config().mla ? 0 : model_->config().kv_dim(), config.block_size,
+            pool_blocks(model_->config(), config, max_model_len_)),
+      blocks_(pool_.num_blocks(), config.block_size, config.enable_prefix_caching),
+      scheduler_({.max_num_seqs = config.max_num_seqs,
+                  .max_num_batched_tokens = config.max_num_batched_tokens},
+                 blocks_),
+      seed_source_(std::random_device{}()) {
+  for (int64_t id : model_->config().eos_token_ids) eos_ids_.insert(static_cast<int32_t>(id));
+}
+
+RequestId Engine::add_request(std::vector<int32_t> prompt, const GenerationParams& params) {
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  MOE_CHECK(n > 0, "the prompt has no tokens");
+  MOE_CHECK(n < max_model_len_, "the prompt has ", n, " tokens but the context holds ",
+            max_model_len_, " (prompt and at least one generated token)");
+  const int64_t V = model_config().vocab_size;
+  for (int32_t id : prompt) {
+    MOE_CHECK(id >= 0 && id < V, "token id ", id, " outside the vocabulary of ", V);
+  }
+  MOE_CHECK(params.max_tokens >= 1, "max_tokens must be >= 1, got ", params.max_tokens);
+  MOE_CHECK(params.logprobs <= 20, "logprobs must be <= 20, got ", params.logprobs);
+  for (const std::string& s : params.stop) MOE_CHECK(!s.empty(), "stop strings must not be empty");
+  Sampler::validate(params.sampling);
+  const int64_t longest = std::min(n + params.max_tokens, max_model_len_);
+  MOE_CHECK(blocks_.blocks_for(longest) <= blocks_.num_blocks(), "a request of ", longest,
+            " tokens needs ", blocks_.blocks_for(longest), " KV blocks but the pool has ",
+            blocks_.num_blocks());
+
+  auto r = std::make_unique<Request>();
+  r->id = next_id_++;
+  r->arrival = next_arrival_++;
+  r->params = params;
+  if (!params.has_seed) r->params.sampling.seed = seed_source_();
+  r->tokens = std::move(prompt);
+  r->num_prompt_tokens = n;
+  r->sampler = std::make_unique<Sampler>(r->params.sampling);
+  r->detokenizer = std::make_unique<StreamDecoder>(tokenizer_, params.skip_special_tokens);
+  scheduler_.add(r.get());
+  totals_.prompt_tokens += n;
+  const RequestId id = r->id;
+  requests_.emplace(id, std::move(r));
+  return id;
+}
+
+void Engine::abort_request(RequestId id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  RequestOutput out{.id = id};
+  finish(*it->second, FinishReason::kAbort, out);
+  aborted_.push_back(std::move(out));
+}
+
+EngineStats Engine::stats() const {
+  EngineStats s = totals_;
+  s.num_running = scheduler_.num_running();
+  s.num_waiting = scheduler_.num_waiting();
+  s.kv = blocks_.stats();
+  s.num_preemptions = scheduler_.num_preemptions();
+  return s;
+}
+
+std::vector<RequestOutput> Engine::step() {
+  std::vector<RequestOutput> outputs = std::move(aborted_);
+  aborted_.clear();
+  auto start = Clock::now();
+  const SchedulerOutput scheduled = scheduler_.schedule();
+  totals_.schedule_seconds += seconds_since(start);
+  if (scheduled.empty()) return outputs;
+  start = Clock::now();
+  run_model(scheduled);
+  totals_.forward_seconds += seconds_since(start);
+  scheduler_.commit(scheduled);
+  start = Clock::now();
+  sample(scheduled, outputs);
+  totals_.sample_seconds += seconds_since(start);
+  totals_.computed_tokens += scheduled.num_tokens;
+  ++totals_.num_steps;
+  return outputs;
+}
+
+void Engine::run_model(const SchedulerOutput& scheduled) {
+  ForwardBatch batch;
+  for (const ScheduledChunk& c : scheduled.chunks) {
+    const Request& r = *c.request;
+    batch.sequences.push_back(
+        {.tokens = std::span<const int32_t>(r.tokens).subspan(r.num_computed, c.num_tokens),
+         .position = r.num_computed,
+         .block_table = r.blocks.table,
+         .want_logits = c.samples()});
+  }
+  const int64_t rows = Decoder::num_logit_rows(batch);
+  logits_.resize(static_cast<size_t>(rows * model_config().vocab_size));
+  model_->decoder().forward(batch, pool_, logits_);
+}
+
+void Engine::sample(const SchedulerOutput& scheduled, std::vector<RequestOutput>& outputs) {
+  const int64_t V = model_config().vocab_size;
+  int64_t row = 0;
+  for (const ScheduledChunk& c : scheduled.chunks) {
+    Request& r = *c.request;
+    // After commit, a request that samples has every token computed.
+    if (r.num_uncomputed() != 0) continue;
+    const std::span<const float> logits(logits_.data() + row++ * V, V);
+    const std::span<const int32_t> all(r.tokens);
+    const int32_t token = r.sampler->sample(
+        logits, {.prompt = all.first(r.num_prompt_tokens), .output = all.subspan(r.num_prompt_tokens)});
+    r.tokens.push_back(token);
+    ++totals_.generation_tokens;
+
+    RequestOutput out{.id = r.id, .token_ids = {token}};
+    if (r.params.logprobs >= 0) out.logprobs.push_back(Sampler::logprobs(logits, token, r.params.logprobs));
+    const bool stop_token =
+        (!r.params.ignore_eos && eos_ids_.count(token)) ||
+        std::find(r.params.stop_token_ids.begin(), r.params.stop_token_ids.end(), token) !=
+            r.params.stop_token_ids.end();
+    if (stop_token) {
+      r.held_text += r.detokenizer->flush();
+      release_text(r, /*final=*/true, out.text);
+      finish(r, FinishReason::kStop, out);
+    } else {
+      r.held_text += r.detokenizer->push(token);
+      if (release_text(r, /*final=*/false, out.text)) {
+        finish(r, FinishReason::kStop, out);
+      } else if (r.num_output_tokens() >= r.params.max_tokens ||
+                 static_cast<int64_t>(r.tokens.size()) >= max_model_len_) {
+        r.held_text += r.detokenizer->flush();
+        const bool stopped = release_text(r, /*final=*/true, out.text);
+        finish(r, stopped ? FinishReason::kStop : FinishReason::kLength, out);
+      }
+    }
+    if (!out.finished()) {
+      out.num_prompt_tokens = r.num_prompt_tokens;
+      out.num_output_tokens = r.num_output_tokens();
+      out.num_cached_tokens = r.num_cached_tokens;
+    }
+    outputs.push_back(std::move(out));
+  }
+}
+
+bool Engine::release_text(Request& r, bool final, std::string& out) const {
+  std::string& held = r.held_text;
+  size_t best = std::string::npos, best_len = 0;
+  for (const std::string& s : r.params.stop) {
+    const size_t at = held.find(s);
+    if (at < best) best = at, best_len = s.size();
+  }
+  if (best != std::string::npos) {
+    out += held.substr(0, best + (r.params.include_stop_str_in_output ? best_len : 0));
+    held.clear();
+    return true;
+  }
+  size_t hold = 0;  // the longest end of `held` that begins some stop string
+  if (!final) {
+    for (const std::string& s : r.params.stop) {
+      for (size_t k = std::min(s.size() - 1, held.size()); k > hold; --k) {
+        if (held.compare(held.size() - k, k, s, 0, k) == 0) {
+          hold = k;
+          break;
+        }
+      }
+    }
+  }
+  out += held.substr(0, held.size() - hold);
+  held.erase(0, held.size() - hold);
+  return false;
+}
+
+void Engine::finish(Request& r, FinishReason reason, RequestOutput& out) {
+  scheduler_.remove(&r);
+  r.finish = reason;
+  out.finish = reason;
+  out.num_prompt_tokens = r.num_prompt_tokens;
+  out.num_output_tokens = r.num_output_tokens();
+  out.num_cached_tokens = r.num_cached_tokens;
+  requests_.erase(r.id);  // destroys r
+}
+
+}  // namespace moeinfer

@@ -1,0 +1,105 @@
+// The engine: owns the model, the tokenizer, the paged KV pool, the block manager and the
+// scheduler, and advances every live request by one step() at a time. Requests join and leave
+// the running batch between steps. Not thread-safe: one thread drives it (the server's engine
+// thread, or a benchmark loop); see server/server.h for how HTTP threads talk to it.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <span>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "io/tokenizer.h"
+#include "kv/block_manager.h"
+#include "kv/kv_cache.h"
+#include "model/model.h"
+#include "runtime/request.h"
+#include "runtime/scheduler.h"
+
+namespace moeinfer {
+
+struct EngineConfig {
+  int64_t max_num_seqs = 64;             // requests in the running batch at most
+  int64_t max_num_batched_tokens = 512;  // per-step token budget (prefill chunks + decodes)
+  int64_t block_size = 16;               // tokens per KV block
+  int64_t num_kv_blocks = 0;             // 0: from kv_cache_mb
+  int64_t kv_cache_mb = 0;  // 0: room for max_num_seqs requests of max_model_len, at most 4 GiB
+  int64_t max_model_len = 0;  // 0: the model's max_position_embeddings
+  bool enable_prefix_caching = true;
+
+  void validate() const;  // throws moeinfer::Error naming the bad field
+};
+
+struct EngineStats {
+  int64_t num_running = 0;
+  int64_t num_waiting = 0;
+  BlockManagerStats kv;
+  int64_t num_preemptions = 0;
+  int64_t prompt_tokens = 0;      // prompt tokens of every added request
+  int64_t computed_tokens = 0;    // tokens run through the model (prefill, recompute, decode)
+  int64_t generation_tokens = 0;  // tokens sampled
+  int64_t num_steps = 0;
+  double schedule_seconds = 0.0;  // time in the scheduler, over all steps
+  double forward_seconds = 0.0;   // time in Decoder::forward
+  double sample_seconds = 0.0;    // sampling, detokenising, stop checks
+};
+
+class Engine {
+ public:
+  Engine(std::unique_ptr<Model> model, Tokenizer tokenizer, const EngineConfig& config);
+  // Loads the checkpoint folder (config.json, safetensors, tokenizer.json).
+  static std::unique_ptr<Engine> load(const std::filesystem::path& dir, const EngineConfig& config,
+                                      const LoadOptions& options = {});
+
+  const ModelConfig& model_config() const { return model_->config(); }
+  const Model& model() const { return *model_; }
+  const Tokenizer& tokenizer() const { return tokenizer_; }
+  const EngineConfig& config() const { return config_; }
+  int64_t max_model_len() const { return max_model_len_; }
+  int64_t num_kv_blocks() const { return blocks_.num_blocks(); }
+
+  // Queues a request. Throws moeinfer::Error for an empty prompt, ids outside the vocabulary, a
+  // prompt that leaves no room in the context, bad sampling parameters, or a request that could
+  // not fit the KV pool even alone. Generation stops at max_tokens or at the context's end.
+  RequestId add_request(std::vector<int32_t> prompt, const GenerationParams& params);
+  // Ends a request; its last output (finish reason abort) comes from the next step(). Unknown or
+  // finished ids are ignored.
+  void abort_request(RequestId id);
+  // One scheduling decision, one batched forward pass, one sampled token per request that
+  // finished its prefill. Outputs only for requests that produced something or finished.
+  std::vector<RequestOutput> step();
+
+  bool has_unfinished() const { return !requests_.empty() || !aborted_.empty(); }
+  int64_t num_unfinished() const { return static_cast<int64_t>(requests_.size()); }
+  EngineStats stats() const;
+
+ private:
+  void run_model(const SchedulerOutput& scheduled);
+  void sample(const SchedulerOutput& scheduled, std::vector<RequestOutput>& outputs);
+  // Moves decoded text that can no longer be part of a stop string into `out`; true when a stop
+  // string was found.
+  bool release_text(Request& r, bool final, std::string& out) const;
+  void finish(Request& r, FinishReason reason, RequestOutput& out);
+
+  std::unique_ptr<Model> model_;
+  Tokenizer tokenizer_;
+  EngineConfig config_;
+  int64_t max_model_len_;
+  KvBlockPool pool_;
+  BlockManager blocks_;
+  Scheduler scheduler_;
+  std::unordered_set<int32_t> eos_ids_;
+  std::unordered_map<RequestId, std::unique_ptr<Request>> requests_;
+  std::vector<RequestOutput> aborted_;  // reported by the next step()
+  RequestId next_id_ = 1;
+  uint64_t next_arrival_ = 0;
+  std::mt19937_64 seed_source_;
+  std::vector<float> logits_;  // [rows, V]
+  EngineStats totals_;
+};
+
+}  // namespace moeinfer

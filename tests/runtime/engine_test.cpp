@@ -1,0 +1,224 @@
+// The engine on the demo model: batching, chunking, paging, preemption and the prefix cache change
+// where and when tokens are computed, never which tokens greedy decoding picks.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "runtime/engine.h"
+
+namespace moeinfer {
+namespace {
+
+const std::filesystem::path kDemo =
+    std::filesystem::path(MOE_FIXTURES_DIR) / ".." / ".." / "models" / "demo";
+
+struct Finished {
+  std::vector<int32_t> tokens;
+  std::string text;
+  FinishReason finish = FinishReason::kNone;
+};
+
+// Runs the engine until every request is done; results by request id.
+std::map<RequestId, Finished> run_all(Engine& engine) {
+  std::map<RequestId, Finished> done;
+  while (engine.has_unfinished()) {
+    for (const RequestOutput& out : engine.step()) {
+      Finished& f = done[out.id];
+      f.tokens.insert(f.tokens.end(), out.token_ids.begin(), out.token_ids.end());
+      f.text += out.text;
+      if (out.finished()) f.finish = out.finish;
+    }
+  }
+  return done;
+}
+
+class EngineTest : public testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::from_file(kDemo / "tokenizer.json"));
+  }
+  std::unique_ptr<Engine> make(EngineConfig config) {
+    return std::make_unique<Engine>(Model::load(kDemo, LoadOptions{.prefault = false}),
+                                    Tokenizer::from_file(kDemo / "tokenizer.json"), config);
+  }
+  std::vector<int32_t> encode(const std::string& text) { return tokenizer_->encode(text, true); }
+  static GenerationParams greedy(int64_t max_tokens) {
+    return {.max_tokens = max_tokens, .ignore_eos = true};
+  }
+  const std::vector<std::string> prompts_ = {
+      "The meaning of life is", "Q: What is a computer?\nA:", "Once upon a time there was",
+      "A fortune cookie says:", "Never trust"};
+  static std::unique_ptr<Tokenizer> tokenizer_;
+};
+std::unique_ptr<Tokenizer> EngineTest::tokenizer_;
+
+TEST_F(EngineTest, BatchedGreedyEqualsOneAtATime) {
+  std::vector<Finished> alone;
+  {
+    auto engine = make({});
+    for (const auto& p : prompts_) {
+      engine->add_request(encode(p), greedy(24));
+      alone.push_back(run_all(*engine).begin()->second);
+    }
+  }
+  // All at once, with a small token budget so prompts are prefilled in chunks beside decodes.
+  auto engine = make({.max_num_batched_tokens = 7});
+  std::vector<RequestId> ids;
+  for (const auto& p : prompts_) ids.push_back(engine->add_request(encode(p), greedy(24)));
+  auto batched = run_all(*engine);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_EQ(batched[ids[i]].tokens, alone[i].tokens) << prompts_[i];
+    EXPECT_EQ(batched[ids[i]].text, alone[i].text) << prompts_[i];
+    EXPECT_EQ(batched[ids[i]].finish, FinishReason::kLength);
+    EXPECT_EQ(batched[ids[i]].tokens.size(), 24u);
+  }
+  EXPECT_EQ(engine->stats().kv.num_used, 0);
+}
+
+TEST_F(EngineTest, PreemptionUnderATinyPoolGivesTheSameText) {
+  auto reference = make({});
+  std::vector<Finished> alone;
+  for (const auto& p : prompts_) {
+    reference->add_request(encode(p), greedy(40));
+    alone.push_back(run_all(*reference).begin()->second);
+  }
+  // Blocks of 4 tokens, 14 blocks: about one and a half requests fit at a time.
+  auto engine = make({.block_size = 4, .num_kv_blocks = 14});
+  std::vector<RequestId> ids;
+  for (const auto& p : prompts_) ids.push_back(engine->add_request(encode(p), greedy(40)));
+  auto batched = run_all(*engine);
+  EXPECT_GT(engine->stats().num_preemptions, 0);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_EQ(batched[ids[i]].tokens, alone[i].tokens) << prompts_[i];
+  }
+  EXPECT_EQ(engine->stats().kv.num_used, 0);
+}
+
+TEST_F(EngineTest, RepeatedSystemPromptHitsThePrefixCache) {
+  auto engine = make({.block_size = 4});
+  const std::string system = "You are a helpful assistant who answers with fortune cookies. ";
+  engine->add_request(encode(system + "Hello"), greedy(4));
+  run_all(*engine);
+  const int64_t hits_before = engine->stats().kv.prefix_hits;
+  const RequestId id = engine->add_request(encode(system + "Goodbye"), greedy(4));
+  int64_t cached = 0;
+  while (engine->has_unfinished()) {
+    for (const RequestOutput& out : engine->step()) {
+      if (out.id == id) cached = out.num_cached_tokens;
+    }
+  }
+  EXPECT_GE(cached, 8);
+  EXPECT_EQ(engine->stats().kv.prefix_hits - hits_before, cached);
+  EXPECT_EQ(engine->stats().kv.num_used, 0);
+}
+
+TEST_F(EngineTest, AbortFreesEveryBlock) {
+  auto engine = make({});
+  const RequestId a = engine->add_request(encode(prompts_[0]), greedy(100));
+  const RequestId b = engine->add_request(encode(prompts_[1]), greedy(100));
+  engine->step();
+  engine->step();
+  EXPECT_GT(engine->stats().kv.num_used, 0);
+  engine->abort_request(a);
+  engine->abort_request(b);
+  engine->abort_request(12345);  // unknown: ignored
+  const auto outputs = engine->step();
+  ASSERT_EQ(outputs.size(), 2u);
+  for (const auto& out : outputs) EXPECT_EQ(out.finish, FinishReason::kAbort);
+  EXPECT_FALSE(engine->has_unfinished());
+  EXPECT_EQ(engine->stats().kv.num_used, 0);
+  EXPECT_EQ(engine->stats().num_running, 0);
+}
+
+TEST_F(EngineTest, SameSeedSameText) {
+  auto engine = make({});
+  GenerationParams params{.sampling = {.temperature = 1.0f, .top_p = 0.9f, .seed = 1234},
+                          .has_seed = true, .max_tokens = 30, .ignore_eos = true};
+  const RequestId a = engine->add_request(encode(prompts_[2]), params);
+  const RequestId b = engine->add_request(encode(prompts_[2]), params);
+  params.sampling.seed = 99;
+  const RequestId c = engine->add_request(encode(prompts_[2]), params);
+  auto done = run_all(*engine);
+  EXPECT_EQ(done[a].tokens, done[b].tokens);
+  EXPECT_NE(done[a].tokens, done[c].tokens);
+}
+
+TEST_F(EngineTest, StopStringEndsTheTextBeforeIt) {
+  auto engine = make({});
+  const RequestId free_run = engine->add_request(encode(prompts_[3]), greedy(40));
+  const std::string full = run_all(*engine)[free_run].text;
+  ASSERT_GE(full.size(), 6u);
+  // Stop at a piece from the middle of the greedy text.
+  const std::string stop = full.substr(full.size() / 2, 3);
+  GenerationParams params = greedy(40);
+  params.stop = {stop};
+  const RequestId id = engine->add_request(encode(prompts_[3]), params);
+  const Finished f = run_all(*engine)[id];
+  EXPECT_EQ(f.finish, FinishReason::kStop);
+  EXPECT_EQ(f.text, full.substr(0, full.find(stop)));
+}
+
+TEST_F(EngineTest, StopTokenIdEndsGeneration) {
+  auto engine = make({});
+  const RequestId free_run = engine->add_request(encode(prompts_[4]), greedy(10));
+  const auto tokens = run_all(*engine)[free_run].tokens;
+  GenerationParams params = greedy(10);
+  params.stop_token_ids = {tokens[3]};
+  const RequestId id = engine->add_request(encode(prompts_[4]), params);
+  const Finished f = run_all(*engine)[id];
+  EXPECT_EQ(f.finish, FinishReason::kStop);
+  const auto first = std::find(tokens.begin(), tokens.end(), tokens[3]) - tokens.begin();
+  EXPECT_EQ(f.tokens.size(), static_cast<size_t>(first + 1));
+}
+
+TEST_F(EngineTest, LogprobsComeWithEveryToken) {
+  auto engine = make({});
+  GenerationParams params = greedy(5);
+  params.logprobs = 3;
+  const RequestId id = engine->add_request(encode(prompts_[0]), params);
+  int count = 0;
+  while (engine->has_unfinished()) {
+    for (const RequestOutput& out : engine->step()) {
+      ASSERT_EQ(out.id, id);
+      ASSERT_EQ(out.logprobs.size(), out.token_ids.size());
+      for (const auto& lp : out.logprobs) {
+        ++count;
+        ASSERT_EQ(lp.top.size(), 3u);
+        EXPECT_EQ(lp.top[0].first, lp.token);  // greedy picks the most likely token
+        EXPECT_LE(lp.logprob, 0.0f);
+        EXPECT_GE(lp.top[0].second, lp.top[1].second);
+      }
+    }
+  }
+  EXPECT_EQ(count, 5);
+}
+
+TEST_F(EngineTest, RejectsRequestsThatCannotRun) {
+  auto engine = make({});
+  EXPECT_THROW(engine->add_request({}, greedy(4)), Error);
+  EXPECT_THROW(engine->add_request(std::vector<int32_t>(engine->max_model_len(), 1), greedy(4)),
+               Error);
+  EXPECT_THROW(engine->add_request({1, 2}, greedy(0)), Error);
+  EXPECT_THROW(engine->add_request({1, 1 << 30}, greedy(4)), Error);
+  GenerationParams bad = greedy(4);
+  bad.sampling.top_p = 0.0f;
+  EXPECT_THROW(engine->add_request({1, 2}, bad), Error);
+  EXPECT_FALSE(engine->has_unfinished());
+}
+
+TEST_F(EngineTest, ContextEndFinishesWithLength) {
+  auto engine = make({});
+  const int64_t n = engine->max_model_len() - 3;
+  const RequestId id = engine->add_request(std::vector<int32_t>(n, 42), greedy(100));
+  const Finished f = run_all(*engine)[id];
+  EXPECT_EQ(f.finish, FinishReason::kLength);
+  EXPECT_EQ(f.tokens.size(), 3u);
+  EXPECT_EQ(engine->stats().kv.num_used, 0);
+}
+
+}  // namespace
+}  // namespace moeinfer
