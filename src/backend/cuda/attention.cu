@@ -1,0 +1,151 @@
+// Launchers of paged decode attention and causal prefill attention (attention_kernel.cuh):
+// argument checks, the split plan for decode, instantiations for the head dims in use.
+#include <algorithm>
+
+#include "backend/cuda/attention.h"
+#include "backend/cuda/attention_kernel.cuh"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/launch_checks.h"
+
+namespace moeinfer::cuda {
+
+namespace {
+
+// Enough blocks to cover every SM twice at batch 1 with a handful of KV heads.
+constexpr int64_t kDecodeTargetBlocks = 264;
+constexpr int64_t kDecodeMaxChunk = 512;
+
+void check_decode(const PagedDecodeParams& p) {
+  detail::check_int32_range(p.num_seqs, "num_seqs");
+  MOE_CHECK(p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256, "head_dim = ", p.head_dim,
+            " must be 64, 128 or 256");
+  MOE_CHECK(p.num_kv_heads >= 1 && p.num_q_heads >= p.num_kv_heads &&
+                p.num_q_heads % p.num_kv_heads == 0,
+            "num_q_heads = ", p.num_q_heads, " must be a positive multiple of num_kv_heads = ",
+            p.num_kv_heads);
+  MOE_CHECK(p.num_q_heads / p.num_kv_heads <= kAttentionMaxGroup, "GQA group ",
+            p.num_q_heads / p.num_kv_heads, " exceeds ", kAttentionMaxGroup);
+  MOE_CHECK(p.block_size >= 1, "block_size = ", p.block_size, " must be at least 1");
+  MOE_CHECK(p.num_blocks >= 1, "num_blocks = ", p.num_blocks, " must be at least 1");
+  MOE_CHECK(p.max_seq_len >= 0 && p.max_seq_len <= p.max_blocks_per_seq * p.block_size,
+            "max_seq_len = ", p.max_seq_len, " does not fit max_blocks_per_seq = ",
+            p.max_blocks_per_seq, " blocks of ", p.block_size);
+  detail::check_int32_range(p.max_seq_len, "max_seq_len");
+  detail::check_int32_range(p.num_blocks * p.block_size, "num_blocks * block_size");
+  MOE_CHECK(p.scale > 0.0f, "scale = ", p.scale, " must be positive");
+}
+
+template <int D>
+void launch_decode(const PagedDecodeParams& p, const DecodeSplit& split, cudaStream_t stream) {
+  const int group = static_cast<int>(p.num_q_heads / p.num_kv_heads);
+  const int smem = attn::decode_smem_bytes<D>(group, static_cast<int>(split.chunk));
+  static const bool attribute_set = [] {
+    CUDA_CHECK(cudaFuncSetAttribute(
+        paged_decode_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        attn::decode_smem_bytes<D>(static_cast<int>(kAttentionMaxGroup),
+                                   static_cast<int>(kDecodeMaxChunk))));
+    return true;
+  }();
+  (void)attribute_set;
+  const dim3 grid(static_cast<unsigned>(split.num_splits), static_cast<unsigned>(p.num_kv_heads),
+                  static_cast<unsigned>(p.num_seqs));
+  paged_decode_kernel<D><<<grid, attn::kDecodeThreads, smem, stream>>>(
+      p, static_cast<int>(split.chunk), static_cast<int>(split.num_splits));
+  MOE_CUDA_CHECK_LAUNCH();
+  if (split.num_splits > 1) {
+    paged_decode_combine_kernel<D>
+        <<<dim3(static_cast<unsigned>(p.num_q_heads), static_cast<unsigned>(p.num_seqs)), D, 0,
+           stream>>>(p, static_cast<int>(split.chunk), static_cast<int>(split.num_splits));
+    MOE_CUDA_CHECK_LAUNCH();
+  }
+}
+
+template <int D>
+void launch_prefill(const PrefillParams& p, cudaStream_t stream) {
+  constexpr int smem = attn::prefill_smem_bytes<D>();
+  static const bool attribute_set = [] {
+    CUDA_CHECK(cudaFuncSetAttribute(prefill_attention_kernel<D>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    return true;
+  }();
+  (void)attribute_set;
+  const dim3 grid(static_cast<unsigned>((p.max_seq_len + attn::kPrefillTile - 1) /
+                                        attn::kPrefillTile),
+                  static_cast<unsigned>(p.num_q_heads), static_cast<unsigned>(p.num_seqs));
+  prefill_attention_kernel<D><<<grid, attn::kPrefillThreads, smem, stream>>>(p);
+  MOE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+DecodeSplit paged_decode_split(const PagedDecodeParams& p) {
+  const int64_t units = std::max<int64_t>(1, p.num_seqs * p.num_kv_heads);
+  const int64_t want_splits = std::max<int64_t>(1, (kDecodeTargetBlocks + units - 1) / units);
+  const int64_t len = std::max<int64_t>(1, p.max_seq_len);
+  int64_t chunk = (len + want_splits - 1) / want_splits;
+  chunk = std::clamp<int64_t>((chunk + 63) / 64 * 64, 64, kDecodeMaxChunk);
+  return DecodeSplit{.chunk = chunk, .num_splits = (len + chunk - 1) / chunk};
+}
+
+int64_t paged_decode_workspace_size(const PagedDecodeParams& p) {
+  const DecodeSplit split = paged_decode_split(p);
+  if (split.num_splits <= 1) return 0;
+  return p.num_seqs * p.num_q_heads * split.num_splits * (p.head_dim + 2);
+}
+
+void paged_decode_attention(const PagedDecodeParams& p, cudaStream_t stream) {
+  NvtxRange range("attention_decode");
+  check_decode(p);
+  if (p.num_seqs == 0) return;
+  detail::check_pointer(p.q, "q");
+  detail::check_pointer(p.k_cache, "k_cache");
+  detail::check_pointer(p.v_cache, "v_cache");
+  detail::check_pointer(p.block_tables, "block_tables");
+  detail::check_pointer(p.seq_lens, "seq_lens");
+  detail::check_pointer(p.out, "out");
+  detail::check_aligned16(p.k_cache, "k_cache");
+  detail::check_aligned16(p.v_cache, "v_cache");
+  const DecodeSplit split = paged_decode_split(p);
+  MOE_CHECK(split.num_splits <= 65535, "max_seq_len = ", p.max_seq_len, " needs ",
+            split.num_splits, " splits");
+  if (split.num_splits > 1) detail::check_pointer(p.workspace, "workspace");
+  switch (p.head_dim) {
+    case 64:
+      return launch_decode<64>(p, split, stream);
+    case 128:
+      return launch_decode<128>(p, split, stream);
+    default:
+      return launch_decode<256>(p, split, stream);
+  }
+}
+
+void prefill_attention(const PrefillParams& p, cudaStream_t stream) {
+  NvtxRange range("attention_prefill");
+  detail::check_int32_range(p.num_tokens, "num_tokens");
+  MOE_CHECK(p.head_dim == 64 || p.head_dim == 128, "head_dim = ", p.head_dim,
+            " must be 64 or 128");
+  MOE_CHECK(p.num_kv_heads >= 1 && p.num_q_heads >= p.num_kv_heads &&
+                p.num_q_heads % p.num_kv_heads == 0,
+            "num_q_heads = ", p.num_q_heads, " must be a positive multiple of num_kv_heads = ",
+            p.num_kv_heads);
+  MOE_CHECK(p.num_seqs >= 1 && p.num_seqs <= 65535, "num_seqs = ", p.num_seqs,
+            " must be in [1, 65535]");
+  MOE_CHECK(p.max_seq_len >= 1 && p.max_seq_len <= p.num_tokens, "max_seq_len = ",
+            p.max_seq_len, " must be in [1, num_tokens = ", p.num_tokens, "]");
+  detail::check_int32_range(p.num_tokens * p.num_q_heads * p.head_dim,
+                            "num_tokens * num_q_heads * head_dim");
+  MOE_CHECK(p.scale > 0.0f, "scale = ", p.scale, " must be positive");
+  if (p.num_tokens == 0) return;
+  detail::check_pointer(p.q, "q");
+  detail::check_pointer(p.k, "k");
+  detail::check_pointer(p.v, "v");
+  detail::check_pointer(p.cu_seqlens, "cu_seqlens");
+  detail::check_pointer(p.out, "out");
+  if (p.head_dim == 64) {
+    launch_prefill<64>(p, stream);
+  } else {
+    launch_prefill<128>(p, stream);
+  }
+}
+
+}  // namespace moeinfer::cuda

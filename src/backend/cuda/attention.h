@@ -1,0 +1,116 @@
+// Host interface of the CUDA attention-side kernels: embedding gather, rotary position
+// embeddings, decode attention over the paged KV cache and causal prefill attention.
+//
+// As in moe_stages.h, every launcher takes a params struct of raw device pointers and a
+// stream, checks sizes, pointers and alignment on the host (naming the offending value), and
+// enqueues without reading device memory back, so all of them can be captured in a graph.
+//
+// Glossary: T tokens, B sequences, Nq query heads, Nkv key/value heads (GQA group G = Nq/Nkv),
+// D head dim, V vocabulary, H hidden.
+//
+// Paged KV layout (the serving layer's block manager owns the blocks; the kernels only read):
+//   k_cache, v_cache  [num_blocks, block_size, Nkv, D]  bf16
+//   block_tables      [B, max_blocks_per_seq]           int32 block ids, position p of sequence
+//                                                       b lives in block_tables[b, p / block_size]
+//                                                       at slot p % block_size
+//   seq_lens          [B]                                int32 cached tokens (the current one
+//                                                       included), each in [0, max_seq_len]
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace moeinfer::cuda {
+
+struct EmbeddingParams {
+  const int32_t* token_ids = nullptr;  // [T], each in [0, V) (a device check traps otherwise)
+  const __nv_bfloat16* table = nullptr;  // [V, H]
+  __nv_bfloat16* out = nullptr;          // [T, H]
+  int64_t num_tokens = 0;                // T
+  int64_t vocab_size = 0;                // V
+  int64_t hidden_size = 0;               // H, a multiple of 8
+};
+
+// out[t] = table[token_ids[t]].
+void embedding(const EmbeddingParams& params, cudaStream_t stream);
+
+struct RopeParams {
+  __nv_bfloat16* q = nullptr;          // [T, q_stride], heads [Nq, D] at the start of each row
+  __nv_bfloat16* k = nullptr;          // [T, k_stride], heads [Nkv, D]; null: rotate q only
+  const int32_t* positions = nullptr;  // [T]
+  const float* inv_freq = nullptr;     // [rotary_dim / 2], from the host's rope (yarn, linear,
+                                       // llama3 all precomputed there)
+  int64_t num_tokens = 0;              // T
+  int64_t num_q_heads = 0;             // Nq
+  int64_t num_kv_heads = 0;            // Nkv
+  int64_t head_dim = 0;                // D (the head-to-head stride)
+  int64_t rotary_dim = 0;              // leading dims of each head that rotate, even, <= D
+  int64_t q_stride = 0;                // elements from one token's q row to the next
+  int64_t k_stride = 0;                // same for k
+  float attention_scaling = 1.0f;      // multiplies cos and sin (yarn's mscale)
+  bool interleaved = false;            // pairs (2i, 2i+1) instead of (i, i + rotary_dim/2)
+};
+
+// In place: each pair turns by angle = float(position) * inv_freq[i] (float32 math, one bf16
+// rounding), as moeinfer::Rope::apply does on the CPU.
+void rope(const RopeParams& params, cudaStream_t stream);
+
+// Largest GQA group one decode block packs, and the head dims compiled.
+inline constexpr int64_t kAttentionMaxGroup = 16;
+
+struct PagedDecodeParams {
+  const __nv_bfloat16* q = nullptr;        // [B, Nq, D]
+  const __nv_bfloat16* k_cache = nullptr;  // [num_blocks, block_size, Nkv, D]
+  const __nv_bfloat16* v_cache = nullptr;  // [num_blocks, block_size, Nkv, D]
+  const int32_t* block_tables = nullptr;   // [B, max_blocks_per_seq]
+  const int32_t* seq_lens = nullptr;       // [B]
+  __nv_bfloat16* out = nullptr;            // [B, Nq, D]
+  float* workspace = nullptr;  // [paged_decode_workspace_size(...)] floats, when splits > 1
+  int64_t num_seqs = 0;        // B
+  int64_t num_q_heads = 0;     // Nq
+  int64_t num_kv_heads = 0;    // Nkv, divides Nq, Nq/Nkv <= 16
+  int64_t head_dim = 0;        // D: 64, 128 or 256
+  int64_t block_size = 0;      // tokens per KV block
+  int64_t num_blocks = 0;      // blocks in the pool (for the device range check)
+  int64_t max_blocks_per_seq = 0;
+  int64_t max_seq_len = 0;     // host-known bound on seq_lens: sizes the split grid
+  float scale = 0.0f;          // softmax scale, usually 1/sqrt(D)
+};
+
+// Tokens per split the launcher will use (a multiple of 64, at most 512) and the split count.
+struct DecodeSplit {
+  int64_t chunk = 0;
+  int64_t num_splits = 0;
+};
+DecodeSplit paged_decode_split(const PagedDecodeParams& params);
+// Floats of workspace paged_decode_attention() needs (0 when one split covers max_seq_len).
+int64_t paged_decode_workspace_size(const PagedDecodeParams& params);
+
+// out[b, h] = softmax(scale * q[b,h] . K[b, 0..len)) V, with K/V of KV head h / G read through
+// the block table. One block per (sequence, KV head, split) packs the G query heads, so each
+// K/V byte is read once; splits over long contexts are combined by a second kernel. A sequence
+// of length 0 gets zeros.
+void paged_decode_attention(const PagedDecodeParams& params, cudaStream_t stream);
+
+struct PrefillParams {
+  const __nv_bfloat16* q = nullptr;  // [T, Nq, D] all sequences' new tokens, concatenated
+  const __nv_bfloat16* k = nullptr;  // [T, Nkv, D]
+  const __nv_bfloat16* v = nullptr;  // [T, Nkv, D]
+  const int32_t* cu_seqlens = nullptr;  // [B + 1] device, token offsets of the sequences
+  __nv_bfloat16* out = nullptr;         // [T, Nq, D]
+  int64_t num_tokens = 0;               // T
+  int64_t num_seqs = 0;                 // B
+  int64_t max_seq_len = 0;              // host-known bound: sizes the grid
+  int64_t num_q_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;  // 64 or 128
+  float scale = 0.0f;
+};
+
+// Causal self-attention of each sequence's tokens among themselves (no cached prefix):
+// flash-style tiles of 32 queries x 32 keys in shared memory, online softmax in float32.
+void prefill_attention(const PrefillParams& params, cudaStream_t stream);
+
+}  // namespace moeinfer::cuda

@@ -1,0 +1,340 @@
+// Decode attention over the paged KV cache, and causal prefill attention. Why built this way:
+//
+// Decode (paged_decode_kernel): memory-bound on the K/V bytes. One block per (split, KV head,
+// sequence) holds the G query heads that share the KV head (GQA packing), so every K/V byte is
+// read from memory once per KV head. A block covers `chunk` tokens (a multiple of 64, at most
+// 512): the host picks the chunk so that B * Nkv * splits fills the 132 SMs even at batch 1, and
+// the combine kernel merges the splits' partial softmaxes (max, sum, unnormalised output) in
+// float32. Inside a block:
+//   1. scores: D/8 lanes share a key row, each loading one 16-byte slice (coalesced through the
+//      page), dotting it with the G query slices from shared memory and reducing with shuffles;
+//      scores for the whole chunk stay in shared memory ([G, chunk] float32);
+//   2. softmax over the chunk, one warp per head;
+//   3. values: 64-token tiles of V are staged in shared memory with 16-byte loads, then each
+//      thread accumulates its dims for its heads in registers.
+// Prefill (prefill_attention_kernel): flash-style, one block per (32-query tile, head,
+// sequence), 32-key tiles of K and V staged in shared memory as float32, the online softmax
+// (running max, running sum, rescaled accumulator) kept per query row in float32, tiles past
+// the causal diagonal never loaded. CUDA-core FMAs, not tensor cores: correct first; the
+// mma.sync version is the next step (docs/cuda-kernels.md).
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cfloat>
+
+#include "backend/cuda/attention.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_utils.cuh"
+
+namespace moeinfer::cuda {
+
+namespace attn {
+
+inline constexpr int kDecodeThreads = 128;
+inline constexpr int kDecodeVTile = 64;  // V rows staged per step
+inline constexpr int kMaxG = static_cast<int>(kAttentionMaxGroup);
+
+template <int D>
+constexpr int decode_smem_bytes(int group, int chunk) {
+  return group * chunk * 4 + group * D * 4 + kDecodeVTile * D * 2;
+}
+
+__device__ __forceinline__ int64_t kv_row(const PagedDecodeParams& p, int b, int token, int kvh) {
+  const int block = __ldg(p.block_tables + static_cast<int64_t>(b) * p.max_blocks_per_seq +
+                          token / static_cast<int>(p.block_size));
+  MOE_DEVICE_CHECK(block >= 0 && block < p.num_blocks);
+  const int slot = token % static_cast<int>(p.block_size);
+  return ((static_cast<int64_t>(block) * p.block_size + slot) * p.num_kv_heads + kvh) *
+         p.head_dim;
+}
+
+}  // namespace attn
+
+// grid (num_splits, Nkv, B), kDecodeThreads threads, dynamic shared memory
+// decode_smem_bytes<D>(G, chunk).
+template <int D>
+__global__ void __launch_bounds__(attn::kDecodeThreads)
+    paged_decode_kernel(const __grid_constant__ PagedDecodeParams p, int chunk, int num_splits) {
+  using namespace attn;
+  constexpr int kLanes = D / 8;                        // lanes per key row
+  constexpr int kRowsPerPass = kDecodeThreads / kLanes;
+  constexpr int kDimThreads = D < kDecodeThreads ? D : kDecodeThreads;
+  constexpr int kDimsPerThread = D / kDimThreads;       // 1 or 2
+  constexpr int kHeadStride = kDecodeThreads / kDimThreads;  // heads apart per thread: 1 or 2
+  constexpr int kHeadsPerThread = (kMaxG + kHeadStride - 1) / kHeadStride;
+
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int G = static_cast<int>(p.num_q_heads / p.num_kv_heads);
+  float* s_score = reinterpret_cast<float*>(smem);  // [G, chunk]
+  float* s_q = s_score + G * chunk;                 // [G, D], pre-scaled
+  __nv_bfloat16* s_v = reinterpret_cast<__nv_bfloat16*>(s_q + G * D);  // [kDecodeVTile, D]
+  __shared__ float s_max[kMaxG], s_sum[kMaxG];
+
+  const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  const int len = __ldg(p.seq_lens + b);
+  MOE_DEVICE_CHECK(len >= 0 && len <= p.max_seq_len);
+  const int start = split * chunk;
+  const int end = min(len, start + chunk);
+  const int tid = threadIdx.x;
+  const int q_head0 = kvh * G;
+  if (start >= end) {
+    // Only a direct (unsplit) launch writes here: zeros for an empty sequence.
+    if (num_splits == 1) {
+      for (int i = tid; i < G * D; i += kDecodeThreads)
+        p.out[(static_cast<int64_t>(b) * p.num_q_heads + q_head0) * D + i] = __float2bfloat16(0.f);
+    }
+    return;
+  }
+  const int n = end - start;
+
+  for (int i = tid; i < G * D; i += kDecodeThreads)
+    s_q[i] = __bfloat162float(p.q[(static_cast<int64_t>(b) * p.num_q_heads + q_head0) * D + i]) *
+             p.scale;
+  __syncthreads();
+
+  // 1. scores.
+  {
+    const int lane_in_row = tid % kLanes;
+    const int row = tid / kLanes;
+    constexpr int kBatch = 4;
+    // The loop bound is warp-uniform (a warp may hold several rows): the shuffles below need
+    // every lane.
+    for (int base = 0; base < n; base += kRowsPerPass * kBatch) {
+      const int t0 = base + row;
+      uint4 k_vec[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int t = t0 + u * kRowsPerPass;
+        k_vec[u] = make_uint4(0, 0, 0, 0);
+        if (t < n) {
+          const int64_t base = attn::kv_row(p, b, start + t, kvh);
+          k_vec[u] = __ldg(reinterpret_cast<const uint4*>(p.k_cache + base) + lane_in_row);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int t = t0 + u * kRowsPerPass;
+        float k[8];
+        device::bf16x8_to_float(k_vec[u], k);
+        for (int g = 0; g < G; ++g) {
+          const float* q = s_q + g * D + lane_in_row * 8;
+          float dot = 0.f;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) dot = fmaf(q[i], k[i], dot);
+#pragma unroll
+          for (int offset = kLanes / 2; offset > 0; offset >>= 1)
+            dot += __shfl_xor_sync(device::kFullMask, dot, offset);
+          if (lane_in_row == 0 && t < n) s_score[g * chunk + t] = dot;
+        }
+      }
+    }
+  }
+  __syncthreads();
+
+  // 2. softmax over the chunk, one warp per head.
+  {
+    const int warp = tid / 32, lane = tid % 32;
+    for (int g = warp; g < G; g += kDecodeThreads / 32) {
+      float m = -FLT_MAX;
+      for (int t = lane; t < n; t += 32) m = fmaxf(m, s_score[g * chunk + t]);
+      m = device::warp_max(m);
+      float sum = 0.f;
+      for (int t = lane; t < n; t += 32) {
+        const float e = __expf(s_score[g * chunk + t] - m);
+        s_score[g * chunk + t] = e;
+        sum += e;
+      }
+      sum = device::warp_sum(sum);
+      if (lane == 0) {
+        s_max[g] = m;
+        s_sum[g] = sum;
+      }
+    }
+  }
+  __syncthreads();
+
+  // 3. values.
+  const int dim0 = tid % kDimThreads;
+  const int head0 = tid / kDimThreads;
+  float acc[kDimsPerThread][kHeadsPerThread];
+#pragma unroll
+  for (int j = 0; j < kDimsPerThread; ++j)
+#pragma unroll
+    for (int i = 0; i < kHeadsPerThread; ++i) acc[j][i] = 0.f;
+  for (int v0 = 0; v0 < n; v0 += kDecodeVTile) {
+    const int rows = min(kDecodeVTile, n - v0);
+    for (int c = tid; c < rows * kLanes; c += kDecodeThreads) {
+      const int r = c / kLanes, ch = c % kLanes;
+      const int64_t base = attn::kv_row(p, b, start + v0 + r, kvh);
+      reinterpret_cast<uint4*>(s_v + r * D)[ch] =
+          __ldg(reinterpret_cast<const uint4*>(p.v_cache + base) + ch);
+    }
+    __syncthreads();
+    for (int r = 0; r < rows; ++r) {
+#pragma unroll
+      for (int j = 0; j < kDimsPerThread; ++j) {
+        const float v = __bfloat162float(s_v[r * D + dim0 + j * kDimThreads]);
+#pragma unroll
+        for (int i = 0; i < kHeadsPerThread; ++i) {
+          const int g = head0 + i * kHeadStride;
+          if (g < G) acc[j][i] = fmaf(s_score[g * chunk + v0 + r], v, acc[j][i]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+
+#pragma unroll
+  for (int i = 0; i < kHeadsPerThread; ++i) {
+    const int g = head0 + i * kHeadStride;
+    if (g >= G) continue;
+    const int64_t bh = static_cast<int64_t>(b) * p.num_q_heads + q_head0 + g;
+#pragma unroll
+    for (int j = 0; j < kDimsPerThread; ++j) {
+      const int d = dim0 + j * kDimThreads;
+      if (num_splits == 1) {
+        p.out[bh * D + d] = __float2bfloat16_rn(acc[j][i] / s_sum[g]);
+      } else {
+        p.workspace[(bh * num_splits + split) * D + d] = acc[j][i];
+      }
+    }
+    if (num_splits > 1 && tid % kDimThreads == 0) {
+      float* ml = p.workspace + p.num_seqs * p.num_q_heads * num_splits * D;
+      ml[(bh * num_splits + split) * 2] = s_max[g];
+      ml[(bh * num_splits + split) * 2 + 1] = s_sum[g];
+    }
+  }
+}
+
+// grid (Nq, B), D threads: merges the splits of one (sequence, head).
+template <int D>
+__global__ void __launch_bounds__(D)
+    paged_decode_combine_kernel(const __grid_constant__ PagedDecodeParams p, int chunk,
+                                int num_splits) {
+  const int h = blockIdx.x, b = blockIdx.y, d = threadIdx.x;
+  const int len = __ldg(p.seq_lens + b);
+  const int splits = (len + chunk - 1) / chunk;
+  const int64_t bh = static_cast<int64_t>(b) * p.num_q_heads + h;
+  const float* ml = p.workspace + p.num_seqs * p.num_q_heads * num_splits * D;
+  float m = -FLT_MAX;
+  for (int s = 0; s < splits; ++s) m = fmaxf(m, ml[(bh * num_splits + s) * 2]);
+  float num = 0.f, den = 0.f;
+  for (int s = 0; s < splits; ++s) {
+    const float w = __expf(ml[(bh * num_splits + s) * 2] - m);
+    den = fmaf(w, ml[(bh * num_splits + s) * 2 + 1], den);
+    num = fmaf(w, p.workspace[(bh * num_splits + s) * D + d], num);
+  }
+  p.out[bh * D + d] = __float2bfloat16_rn(splits > 0 ? num / den : 0.f);
+}
+
+namespace attn {
+inline constexpr int kPrefillThreads = 128;
+inline constexpr int kPrefillTile = 32;
+template <int D>
+constexpr int prefill_smem_bytes() {
+  return (2 * kPrefillTile * (D + 1) + kPrefillTile * D + kPrefillTile * (kPrefillTile + 1)) * 4;
+}
+}  // namespace attn
+
+// grid (ceil(max_seq_len / 32), Nq, B), 128 threads: thread t owns query row t/4 of the tile,
+// score columns t%4 + 4j and output dims t%4 + 4j.
+template <int D>
+__global__ void __launch_bounds__(attn::kPrefillThreads)
+    prefill_attention_kernel(const __grid_constant__ PrefillParams p) {
+  using namespace attn;
+  constexpr int kT = kPrefillTile;
+  constexpr int kCols = kT / 4;
+  constexpr int kDims = D / 4;
+  extern __shared__ __align__(16) uint8_t smem[];
+  float* s_q = reinterpret_cast<float*>(smem);  // [kT, D + 1], pre-scaled
+  float* s_k = s_q + kT * (D + 1);              // [kT, D + 1]
+  float* s_v = s_k + kT * (D + 1);              // [kT, D]
+  float* s_p = s_v + kT * D;                    // [kT, kT + 1]
+
+  const int b = blockIdx.z, h = blockIdx.y;
+  const int seq0 = __ldg(p.cu_seqlens + b);
+  const int len = __ldg(p.cu_seqlens + b + 1) - seq0;
+  const int q0 = blockIdx.x * kT;
+  if (q0 >= len) return;
+  const int G = static_cast<int>(p.num_q_heads / p.num_kv_heads);
+  const int kvh = h / G;
+  const int tid = threadIdx.x;
+  const int r = tid / 4, sub = tid % 4;
+  const int64_t q_stride = p.num_q_heads * D, kv_stride = p.num_kv_heads * D;
+
+  for (int i = tid; i < kT * D; i += kPrefillThreads) {
+    const int row = i / D, d = i % D;
+    const int t = q0 + row;
+    s_q[row * (D + 1) + d] =
+        t < len ? __bfloat162float(p.q[(seq0 + t) * q_stride + h * D + d]) * p.scale : 0.f;
+  }
+
+  float acc[kDims];
+#pragma unroll
+  for (int j = 0; j < kDims; ++j) acc[j] = 0.f;
+  float m = -FLT_MAX, l = 0.f;
+  const int qi = q0 + r;
+  const int kv_end = min(len, q0 + kT);
+  for (int kv0 = 0; kv0 < kv_end; kv0 += kT) {
+    __syncthreads();  // the previous tile's s_k, s_v, s_p are consumed (and s_q written)
+    for (int i = tid; i < kT * D; i += kPrefillThreads) {
+      const int row = i / D, d = i % D;
+      const int t = kv0 + row;
+      float kx = 0.f, vx = 0.f;
+      if (t < len) {
+        kx = __bfloat162float(p.k[(seq0 + t) * kv_stride + kvh * D + d]);
+        vx = __bfloat162float(p.v[(seq0 + t) * kv_stride + kvh * D + d]);
+      }
+      s_k[row * (D + 1) + d] = kx;
+      s_v[row * D + d] = vx;
+    }
+    __syncthreads();
+    float s[kCols];
+#pragma unroll
+    for (int j = 0; j < kCols; ++j) s[j] = 0.f;
+    for (int d = 0; d < D; ++d) {
+      const float q = s_q[r * (D + 1) + d];
+#pragma unroll
+      for (int j = 0; j < kCols; ++j) s[j] = fmaf(q, s_k[(sub + 4 * j) * (D + 1) + d], s[j]);
+    }
+    float tile_max = -FLT_MAX;
+#pragma unroll
+    for (int j = 0; j < kCols; ++j) {
+      const int kj = kv0 + sub + 4 * j;
+      if (kj > qi || kj >= len) s[j] = -FLT_MAX;
+      tile_max = fmaxf(tile_max, s[j]);
+    }
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(device::kFullMask, tile_max, 1));
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(device::kFullMask, tile_max, 2));
+    const float m_new = fmaxf(m, tile_max);
+    const float alpha = __expf(m - m_new);
+    float row_sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < kCols; ++j) {
+      const float e = s[j] == -FLT_MAX ? 0.f : __expf(s[j] - m_new);
+      s_p[r * (kT + 1) + sub + 4 * j] = e;
+      row_sum += e;
+    }
+    row_sum += __shfl_xor_sync(device::kFullMask, row_sum, 1);
+    row_sum += __shfl_xor_sync(device::kFullMask, row_sum, 2);
+    l = l * alpha + row_sum;
+    m = m_new;
+#pragma unroll
+    for (int j = 0; j < kDims; ++j) acc[j] *= alpha;
+    __syncthreads();
+    for (int c = 0; c < kT; ++c) {
+      const float pc = s_p[r * (kT + 1) + c];
+#pragma unroll
+      for (int j = 0; j < kDims; ++j) acc[j] = fmaf(pc, s_v[c * D + sub + 4 * j], acc[j]);
+    }
+  }
+  if (qi < len) {
+    __nv_bfloat16* out = p.out + (seq0 + qi) * q_stride + h * D;
+    const float inv = 1.f / l;
+#pragma unroll
+    for (int j = 0; j < kDims; ++j) out[sub + 4 * j] = __float2bfloat16_rn(acc[j] * inv);
+  }
+}
+
+}  // namespace moeinfer::cuda

@@ -1,0 +1,123 @@
+// Launcher of the grouped expert GEMM (grouped_gemm_kernel.cuh): checks shapes and alignment,
+// picks the tile from host-known sizes, sizes the grid for the worst case and launches once.
+// The instantiations are the six used: three tiles, each plain and with SiLU(gate)*up fused.
+#include <algorithm>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/grouped_gemm.h"
+#include "backend/cuda/grouped_gemm_kernel.cuh"
+#include "backend/cuda/launch_checks.h"
+
+namespace moeinfer::cuda {
+
+namespace {
+
+// 16 rows x 32 columns, 4 warps side by side: decode, where blocks must be many and narrow.
+template <bool G>
+using Rows16 = gemm::TileConfig<16, 32, 1, 4, 4, G>;
+// 64 x 64, 2 x 2 warps.
+template <bool G>
+using Rows64 = gemm::TileConfig<64, 64, 2, 2, 4, G>;
+// 128 x 128 (64 output columns, 128 weight rows with gate/up), 2 x 4 warps, 3 stages.
+template <bool G>
+using Rows128 = gemm::TileConfig<128, G ? 64 : 128, 2, 4, 3, G>;
+
+template <class Cfg>
+void launch(const GroupedGemmParams& p, cudaStream_t stream) {
+  MOE_CHECK(p.n % Cfg::BN == 0, "n = ", p.n, " must be a multiple of ", Cfg::BN,
+            " for the ", Cfg::BM, "-row tile");
+  static const bool attribute_set = [] {
+    CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_kernel<Cfg>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+    return true;
+  }();
+  (void)attribute_set;
+  const int64_t touched = std::min(p.num_experts, p.num_rows);
+  const int64_t slots = (p.num_rows + touched * (Cfg::BM - 1)) / Cfg::BM;
+  MOE_CHECK(slots <= 65535, "num_rows = ", p.num_rows, " needs ", slots,
+            " row-tile slots, over the grid's 65535");
+  const dim3 grid(static_cast<unsigned>(p.n / Cfg::BN), static_cast<unsigned>(slots));
+  grouped_gemm_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  MOE_CUDA_CHECK_LAUNCH();
+}
+
+template <bool G>
+void dispatch_tile(GemmTile tile, const GroupedGemmParams& p, cudaStream_t stream) {
+  switch (tile) {
+    case GemmTile::kRows16:
+      return launch<Rows16<G>>(p, stream);
+    case GemmTile::kRows64:
+      return launch<Rows64<G>>(p, stream);
+    case GemmTile::kRows128:
+      return launch<Rows128<G>>(p, stream);
+    case GemmTile::kAuto:
+      break;
+  }
+  MOE_CHECK(false, "unresolved tile ", static_cast<int>(tile));
+}
+
+}  // namespace
+
+GemmTile grouped_gemm_auto_tile(int64_t num_rows, int64_t num_experts, int64_t n) {
+  const int64_t touched = std::max<int64_t>(1, std::min(num_experts, num_rows));
+  const int64_t mean_rows = num_rows / touched;
+  if (mean_rows <= 24 || n % 64 != 0) return GemmTile::kRows16;
+  if (mean_rows <= 160 || n % 128 != 0) return GemmTile::kRows64;
+  return GemmTile::kRows128;
+}
+
+void grouped_gemm(const GroupedGemmParams& p, cudaStream_t stream) {
+  NvtxRange range("experts");
+  MOE_CHECK(p.num_experts >= 1 && p.num_experts <= 65536, "num_experts = ", p.num_experts,
+            " must be in [1, 65536]");
+  detail::check_int32_range(p.num_rows, "num_rows");
+  MOE_CHECK(p.k > 0 && p.k % gemm::kBK == 0, "k = ", p.k, " must be a positive multiple of ",
+            gemm::kBK);
+  MOE_CHECK(p.n > 0 && p.n % 32 == 0, "n = ", p.n, " must be a positive multiple of 32");
+  MOE_CHECK(p.epilogue == GemmEpilogue::kNone || p.epilogue == GemmEpilogue::kSiluMul,
+            "epilogue ", static_cast<int>(p.epilogue), " is not kNone or kSiluMul");
+  const int64_t weight_rows = p.epilogue == GemmEpilogue::kSiluMul ? 2 * p.n : p.n;
+  detail::check_int32_range(p.num_rows * std::max(p.k, p.n), "num_rows * max(k, n)");
+  detail::check_int32_range(weight_rows * p.k, "weight rows * k of one expert");
+  if (p.num_rows == 0) return;
+  detail::check_pointer(p.rows, "rows");
+  detail::check_pointer(p.weights, "weights");
+  detail::check_pointer(p.expert_offsets, "expert_offsets");
+  detail::check_pointer(p.out, "out");
+  detail::check_aligned16(p.rows, "rows");
+  detail::check_aligned16(p.weights, "weights");
+  detail::check_aligned16(p.out, "out");
+  const GemmTile tile =
+      p.tile == GemmTile::kAuto ? grouped_gemm_auto_tile(p.num_rows, p.num_experts, p.n) : p.tile;
+  if (p.epilogue == GemmEpilogue::kSiluMul) {
+    dispatch_tile<true>(tile, p, stream);
+  } else {
+    dispatch_tile<false>(tile, p, stream);
+  }
+}
+
+void moe_experts(const MoeExpertsParams& p, cudaStream_t stream) {
+  NvtxRange range("experts");
+  grouped_gemm(GroupedGemmParams{.rows = p.rows,
+                                 .weights = p.gate_up,
+                                 .expert_offsets = p.expert_offsets,
+                                 .out = p.activation,
+                                 .num_rows = p.num_rows,
+                                 .num_experts = p.num_experts,
+                                 .n = p.expert_width,
+                                 .k = p.hidden_size,
+                                 .epilogue = GemmEpilogue::kSiluMul},
+               stream);
+  grouped_gemm(GroupedGemmParams{.rows = p.activation,
+                                 .weights = p.down,
+                                 .expert_offsets = p.expert_offsets,
+                                 .out = p.out,
+                                 .num_rows = p.num_rows,
+                                 .num_experts = p.num_experts,
+                                 .n = p.hidden_size,
+                                 .k = p.expert_width,
+                                 .epilogue = GemmEpilogue::kNone},
+               stream);
+}
+
+}  // namespace moeinfer::cuda

@@ -1,0 +1,79 @@
+// Host interface of the grouped expert GEMM: the `experts` stage of the MoE layer on the GPU.
+//
+// The rows arrive in expert order (the output of `permute`), and the per-expert row ranges are
+// the plan's expert_offsets, which stay in device memory: the kernel reads them, so nothing here
+// synchronises with the host and the launch can sit in a CUDA graph. One launch serves all
+// experts; the grid is sized from host-known worst cases (T*K rows, E experts) and blocks whose
+// tile slot no expert claims exit at once, so an empty expert costs nothing but a scan of E
+// offsets in one block.
+//
+// Layouts (glossary letters: T tokens, K experts per token, E experts, H hidden, I expert width;
+// M = T*K rows; y = x W^T with W row-major):
+//   rows            [M, Kd]     bf16, expert-ordered, Kd the reduction dim (H for gate/up, I for
+//                               down)
+//   weights         [E, Nw, Kd] bf16 per expert; plain: Nw = N; kSiluMul: Nw = 2N, gate rows
+//                               [0, N) then up rows [N, 2N) (the fused `gate_up_proj` layout;
+//                               a checkpoint with separate gate and up tensors is concatenated
+//                               at load time)
+//   expert_offsets  [E + 1]     int32 on the device, offsets[0] = 0, offsets[E] <= M
+//   out             [M, N]      bf16; rows past offsets[E] are not written
+//
+// Epilogues: kNone writes bf16(acc); kSiluMul writes bf16(silu(gate) * up) with gate and up the
+// float32 accumulators of the same output column (SiLU(x) = x / (1 + exp(-x))).
+//
+// Requirements (the launcher names the offending value): Kd a positive multiple of 64, N a
+// positive multiple of 32 (64 for the tiles used past 16 rows per expert), all three matrices
+// 16-byte aligned (cp.async moves 16-byte chunks), M < 2^31.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace moeinfer::cuda {
+
+enum class GemmEpilogue : int32_t { kNone, kSiluMul };
+
+// Tile shapes. kAuto picks from the mean rows per touched expert, M / min(E, M), which the host
+// knows without reading the device: up to 24 rows the 16-row tile (decode: weights streamed by
+// many narrow blocks), up to 160 the 64-row tile, above that the 128-row tile.
+enum class GemmTile : int32_t { kAuto, kRows16, kRows64, kRows128 };
+
+struct GroupedGemmParams {
+  const __nv_bfloat16* rows = nullptr;     // [M, Kd]
+  const __nv_bfloat16* weights = nullptr;  // [E, Nw, Kd]
+  const int32_t* expert_offsets = nullptr; // [E + 1] device
+  __nv_bfloat16* out = nullptr;            // [M, N]
+  int64_t num_rows = 0;                    // M = T*K, the grid's worst case
+  int64_t num_experts = 0;                 // E
+  int64_t n = 0;                           // N output columns
+  int64_t k = 0;                           // Kd
+  GemmEpilogue epilogue = GemmEpilogue::kNone;
+  GemmTile tile = GemmTile::kAuto;
+};
+
+// Validates and enqueues one grouped GEMM.
+void grouped_gemm(const GroupedGemmParams& params, cudaStream_t stream);
+
+// The tile kAuto resolves to for these sizes (for benchmarks and tests).
+GemmTile grouped_gemm_auto_tile(int64_t num_rows, int64_t num_experts, int64_t n);
+
+struct MoeExpertsParams {
+  const __nv_bfloat16* rows = nullptr;     // [M, H] expert-ordered
+  const __nv_bfloat16* gate_up = nullptr;  // [E, 2I, H]
+  const __nv_bfloat16* down = nullptr;     // [E, H, I]
+  const int32_t* expert_offsets = nullptr; // [E + 1] device
+  __nv_bfloat16* activation = nullptr;     // [M, I] workspace
+  __nv_bfloat16* out = nullptr;            // [M, H]
+  int64_t num_rows = 0;                    // M
+  int64_t num_experts = 0;                 // E
+  int64_t hidden_size = 0;                 // H
+  int64_t expert_width = 0;                // I
+};
+
+// The experts stage: activation = SiLU(rows . gate^T) * (rows . up^T), out = activation . down^T,
+// two launches.
+void moe_experts(const MoeExpertsParams& params, cudaStream_t stream);
+
+}  // namespace moeinfer::cuda

@@ -1,0 +1,290 @@
+// Grouped expert GEMM on tensor cores (mma.sync m16n8k16, bf16 in, float32 accumulators),
+// with cp.async multi-stage pipelining. Why it is built this way:
+//
+// - One launch for all experts, no host read. The grid is (N / BN) x (worst-case number of
+//   row tiles), the worst case being sum_e ceil(count_e / BM) <= (M + min(E, M) * (BM - 1)) / BM.
+//   Each block first scans the E row counts from expert_offsets (device memory) to learn which
+//   (expert, row tile) its y index names; blocks past the last tile exit before loading
+//   anything. blockIdx.x (the column tile) varies fastest, so consecutive blocks stream
+//   different slices of the same expert's weights and every SM has weights to read even at one
+//   token (8 experts x 24 column tiles for the gate/up projection of Qwen3-30B-A3B).
+// - Decode is memory-bound: a 16-row tile keeps the tensor cores busy on rows that are mostly
+//   zero-filled (cp.async with a source size of 0 reads no memory), and the weight slice of a
+//   block is read exactly once. Prefill uses 64- and 128-row tiles so each weight tile is
+//   reused across many rows.
+// - Shared memory rows are 64 bf16 (128 bytes, the k-tile) with their 16-byte chunks XOR-
+//   swizzled by (row & 7), so both the cp.async stores and the ldmatrix reads of 8 rows at one
+//   chunk touch 8 different bank groups.
+// - SiLU(gate) * up is fused: the weight tile holds BN gate rows and the BN matching up rows, a
+//   warp's gate and up accumulators have identical fragment layouts, and the epilogue combines
+//   them in registers, so the [M, 2I] intermediate never exists.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "backend/cuda/grouped_gemm.h"
+
+namespace moeinfer::cuda {
+
+namespace gemm {
+
+inline constexpr int kBK = 64;  // k-tile: one 128-byte shared-memory row
+
+template <int BM_, int BN_, int WarpsM_, int WarpsN_, int Stages_, bool GateUp_>
+struct TileConfig {
+  static constexpr int BM = BM_;  // rows per tile
+  static constexpr int BN = BN_;  // output columns per tile
+  static constexpr int kWarpsM = WarpsM_;
+  static constexpr int kWarpsN = WarpsN_;
+  static constexpr int kStages = Stages_;
+  static constexpr bool kGateUp = GateUp_;
+  static constexpr int kThreads = kWarpsM * kWarpsN * 32;
+  static constexpr int kWM = BM / kWarpsM;  // rows per warp
+  static constexpr int kWN = BN / kWarpsN;  // output columns per warp
+  static constexpr int kMTiles = kWM / 16;
+  static constexpr int kNTiles = kWN / 8;  // per operand (gate or up)
+  static constexpr int kOps = kGateUp ? 2 : 1;
+  static constexpr int kBRows = BN * kOps;  // weight rows per tile
+  static constexpr int kStageBytes = (BM + kBRows) * kBK * 2;
+  static constexpr int kSmemBytes = kStages * kStageBytes;
+  static_assert(kWM % 16 == 0 && kWN % 8 == 0, "warp tile must be whole mma tiles");
+  static_assert(kNTiles == 1 || kNTiles % 2 == 0, "B fragments load in pairs");
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* pointer) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
+}
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled [rows][64] bf16 tile.
+__device__ __forceinline__ uint32_t swizzle(int row, int chunk) {
+  return static_cast<uint32_t>((row * 8 + (chunk ^ (row & 7))) * 16);
+}
+
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  const int bytes = valid ? 16 : 0;  // 0: zero-fill, no global read
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(bytes));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+
+__device__ __forceinline__ void ldmatrix_x2(uint32_t& r0, uint32_t& r1, uint32_t address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r0), "=r"(r1)
+               : "r"(address));
+}
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Inclusive block-wide sum of one int per thread; *total gets the block's sum.
+template <int kThreads>
+__device__ __forceinline__ int block_inclusive_scan(int value, int* s_warp, int* total) {
+  constexpr int kWarps = kThreads / 32;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const int other = __shfl_up_sync(0xffffffffu, value, offset);
+    if (lane >= offset) value += other;
+  }
+  if (lane == 31) s_warp[warp] = value;
+  __syncthreads();
+  int prefix = 0, sum = 0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    const int x = s_warp[w];
+    if (w < warp) prefix += x;
+    sum += x;
+  }
+  __syncthreads();  // s_warp is reused by the next call
+  *total = sum;
+  return value + prefix;
+}
+
+}  // namespace gemm
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads)
+    grouped_gemm_kernel(const __grid_constant__ GroupedGemmParams p) {
+  using namespace gemm;
+  constexpr int BM = Cfg::BM, BN = Cfg::BN, kThreads = Cfg::kThreads;
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ int s_warp[kThreads / 32];
+  __shared__ int s_tile[3];  // expert's first row of this tile, rows in this tile, expert
+
+  // Which (expert, row tile) does blockIdx.y name? Scan the per-expert tile counts.
+  const int slot = static_cast<int>(blockIdx.y);
+  const int num_experts = static_cast<int>(p.num_experts);
+  if (threadIdx.x == 0) s_tile[2] = -1;
+  int tiles_before = 0;
+  for (int e0 = 0; e0 < num_experts; e0 += kThreads) {
+    const int e = e0 + static_cast<int>(threadIdx.x);
+    int row0 = 0, count = 0, tiles = 0;
+    if (e < num_experts) {
+      row0 = __ldg(p.expert_offsets + e);
+      count = __ldg(p.expert_offsets + e + 1) - row0;
+      tiles = (count + BM - 1) / BM;
+    }
+    int chunk_total;
+    const int inclusive = block_inclusive_scan<kThreads>(tiles, s_warp, &chunk_total);
+    const int first = tiles_before + inclusive - tiles;
+    if (tiles > 0 && slot >= first && slot < first + tiles) {
+      const int m_tile = slot - first;
+      s_tile[0] = row0 + m_tile * BM;
+      s_tile[1] = min(BM, count - m_tile * BM);
+      s_tile[2] = e;
+    }
+    tiles_before += chunk_total;
+    if (tiles_before > slot) break;  // uniform: every thread has the same tiles_before
+  }
+  __syncthreads();
+  const int expert = s_tile[2];
+  if (expert < 0) return;  // a slot past the last tile: nothing to do
+  const int row_begin = s_tile[0];
+  const int rows_valid = s_tile[1];
+
+  const int K = static_cast<int>(p.k);
+  const int N = static_cast<int>(p.n);
+  const int n0 = static_cast<int>(blockIdx.x) * BN;
+  const __nv_bfloat16* a_base = p.rows + static_cast<int64_t>(row_begin) * K;
+  const __nv_bfloat16* b_base =
+      p.weights + static_cast<int64_t>(expert) * (Cfg::kOps * static_cast<int64_t>(N)) * K;
+
+  const uint32_t smem_base = smem_u32(smem);
+  auto stage_a = [&](int stage) { return smem_base + stage * Cfg::kStageBytes; };
+  auto stage_b = [&](int stage) { return smem_base + stage * Cfg::kStageBytes + BM * kBK * 2; };
+
+  const int num_k_tiles = K / kBK;
+  auto load_stage = [&](int stage, int k_tile) {
+    const int k0 = k_tile * kBK;
+    const uint32_t sa = stage_a(stage);
+#pragma unroll
+    for (int c = threadIdx.x; c < BM * 8; c += kThreads) {
+      const int r = c >> 3, ch = c & 7;
+      const bool valid = r < rows_valid;
+      const __nv_bfloat16* src = a_base + static_cast<int64_t>(valid ? r : 0) * K + k0 + ch * 8;
+      cp_async_16(sa + swizzle(r, ch), src, valid);
+    }
+    const uint32_t sb = stage_b(stage);
+#pragma unroll
+    for (int c = threadIdx.x; c < Cfg::kBRows * 8; c += kThreads) {
+      const int r = c >> 3, ch = c & 7;
+      // Gate rows n0.. then (fused) up rows N + n0..
+      const int w_row = (Cfg::kGateUp && r >= BN) ? N + n0 + (r - BN) : n0 + r;
+      const __nv_bfloat16* src = b_base + static_cast<int64_t>(w_row) * K + k0 + ch * 8;
+      cp_async_16(sb + swizzle(r, ch), src, true);
+    }
+  };
+
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int warp_m = warp / Cfg::kWarpsN;
+  const int warp_n = warp % Cfg::kWarpsN;
+
+  float acc[Cfg::kOps][Cfg::kMTiles][Cfg::kNTiles][4];
+#pragma unroll
+  for (int o = 0; o < Cfg::kOps; ++o)
+#pragma unroll
+    for (int i = 0; i < Cfg::kMTiles; ++i)
+#pragma unroll
+      for (int j = 0; j < Cfg::kNTiles; ++j)
+#pragma unroll
+        for (int v = 0; v < 4; ++v) acc[o][i][j][v] = 0.0f;
+
+#pragma unroll
+  for (int s = 0; s < Cfg::kStages - 1; ++s) {
+    if (s < num_k_tiles) load_stage(s, s);
+    cp_async_commit();
+  }
+
+  for (int kt = 0; kt < num_k_tiles; ++kt) {
+    cp_async_wait<Cfg::kStages - 2>();
+    __syncthreads();  // stage kt landed for every thread; stage kt-1 is free to overwrite
+    const int next = kt + Cfg::kStages - 1;
+    if (next < num_k_tiles) load_stage(next % Cfg::kStages, next);
+    cp_async_commit();
+
+    const int stage = kt % Cfg::kStages;
+    const uint32_t sa = stage_a(stage);
+    const uint32_t sb = stage_b(stage);
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk) {
+      uint32_t a[Cfg::kMTiles][4];
+#pragma unroll
+      for (int i = 0; i < Cfg::kMTiles; ++i) {
+        const int r = warp_m * Cfg::kWM + i * 16 + (lane & 15);
+        ldmatrix_x4(a[i], sa + swizzle(r, kk * 2 + (lane >> 4)));
+      }
+#pragma unroll
+      for (int o = 0; o < Cfg::kOps; ++o) {
+        uint32_t b[Cfg::kNTiles][2];
+        if constexpr (Cfg::kNTiles == 1) {
+          const int r = o * BN + warp_n * Cfg::kWN + (lane & 7);
+          ldmatrix_x2(b[0][0], b[0][1], sb + swizzle(r, kk * 2 + ((lane >> 3) & 1)));
+        } else {
+#pragma unroll
+          for (int j = 0; j < Cfg::kNTiles; j += 2) {
+            const int r = o * BN + warp_n * Cfg::kWN + j * 8 + ((lane >> 4) << 3) + (lane & 7);
+            uint32_t t[4];
+            ldmatrix_x4(t, sb + swizzle(r, kk * 2 + ((lane >> 3) & 1)));
+            b[j][0] = t[0];
+            b[j][1] = t[1];
+            b[j + 1][0] = t[2];
+            b[j + 1][1] = t[3];
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < Cfg::kMTiles; ++i)
+#pragma unroll
+          for (int j = 0; j < Cfg::kNTiles; ++j) mma_bf16(acc[o][i][j], a[i], b[j][0], b[j][1]);
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  // Epilogue: c0,c1 at (lane/4, 2*(lane%4) + {0,1}), c2,c3 eight rows further down.
+#pragma unroll
+  for (int i = 0; i < Cfg::kMTiles; ++i) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = warp_m * Cfg::kWM + i * 16 + (lane >> 2) + half * 8;
+      if (r >= rows_valid) continue;
+      __nv_bfloat16* out_row = p.out + static_cast<int64_t>(row_begin + r) * N;
+#pragma unroll
+      for (int j = 0; j < Cfg::kNTiles; ++j) {
+        const int col = n0 + warp_n * Cfg::kWN + j * 8 + (lane & 3) * 2;
+        float v0 = acc[0][i][j][half * 2];
+        float v1 = acc[0][i][j][half * 2 + 1];
+        if constexpr (Cfg::kGateUp) {
+          const float u0 = acc[Cfg::kOps - 1][i][j][half * 2];
+          const float u1 = acc[Cfg::kOps - 1][i][j][half * 2 + 1];
+          v0 = v0 / (1.0f + __expf(-v0)) * u0;
+          v1 = v1 / (1.0f + __expf(-v1)) * u1;
+        }
+        *reinterpret_cast<__nv_bfloat162*>(out_row + col) = __floats2bfloat162_rn(v0, v1);
+      }
+    }
+  }
+}
+
+}  // namespace moeinfer::cuda

@@ -1,0 +1,53 @@
+// Launchers of the embedding gather and RoPE (rope_embedding_kernel.cuh).
+#include "backend/cuda/attention.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/launch_checks.h"
+#include "backend/cuda/rope_embedding_kernel.cuh"
+
+namespace moeinfer::cuda {
+
+void embedding(const EmbeddingParams& p, cudaStream_t stream) {
+  NvtxRange range("embedding");
+  detail::check_int32_range(p.num_tokens, "num_tokens");
+  detail::check_hidden_size(p.hidden_size);
+  MOE_CHECK(p.vocab_size >= 1, "vocab_size = ", p.vocab_size, " must be at least 1");
+  if (p.num_tokens == 0) return;
+  detail::check_pointer(p.token_ids, "token_ids");
+  detail::check_pointer(p.table, "table");
+  detail::check_pointer(p.out, "out");
+  detail::check_aligned16(p.table, "table");
+  detail::check_aligned16(p.out, "out");
+  const int64_t threads = p.num_tokens * (p.hidden_size / device::kBf16PerVec);
+  embedding_kernel<<<static_cast<unsigned>((threads + kEmbeddingThreads - 1) / kEmbeddingThreads),
+                     kEmbeddingThreads, 0, stream>>>(p);
+  MOE_CUDA_CHECK_LAUNCH();
+}
+
+void rope(const RopeParams& p, cudaStream_t stream) {
+  NvtxRange range("rope");
+  detail::check_int32_range(p.num_tokens, "num_tokens");
+  MOE_CHECK(p.head_dim > 0, "head_dim = ", p.head_dim, " must be positive");
+  MOE_CHECK(p.rotary_dim >= 2 && p.rotary_dim % 2 == 0 && p.rotary_dim <= p.head_dim,
+            "rotary_dim = ", p.rotary_dim, " must be even and in [2, head_dim = ", p.head_dim,
+            "]");
+  MOE_CHECK(p.num_q_heads >= 1, "num_q_heads = ", p.num_q_heads, " must be at least 1");
+  MOE_CHECK(p.q_stride >= p.num_q_heads * p.head_dim, "q_stride = ", p.q_stride,
+            " is shorter than num_q_heads * head_dim = ", p.num_q_heads * p.head_dim);
+  if (p.k) {
+    MOE_CHECK(p.num_kv_heads >= 1, "num_kv_heads = ", p.num_kv_heads, " must be at least 1");
+    MOE_CHECK(p.k_stride >= p.num_kv_heads * p.head_dim, "k_stride = ", p.k_stride,
+              " is shorter than num_kv_heads * head_dim = ", p.num_kv_heads * p.head_dim);
+  }
+  const int64_t heads = p.num_q_heads + (p.k ? p.num_kv_heads : 0);
+  const int64_t threads = p.num_tokens * heads * (p.rotary_dim / 2);
+  MOE_CHECK(threads < (int64_t{1} << 40), "rope of ", threads, " pairs is too large");
+  if (p.num_tokens == 0) return;
+  detail::check_pointer(p.q, "q");
+  detail::check_pointer(p.positions, "positions");
+  detail::check_pointer(p.inv_freq, "inv_freq");
+  rope_kernel<<<static_cast<unsigned>((threads + kRopeThreads - 1) / kRopeThreads), kRopeThreads, 0,
+                stream>>>(p);
+  MOE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace moeinfer::cuda

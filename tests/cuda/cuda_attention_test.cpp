@@ -1,0 +1,291 @@
+// Embedding gather, RoPE, paged decode attention and causal prefill attention
+// (backend/cuda/attention.h) against CPU references on fresh random inputs, outputs poisoned
+// first. RoPE is held to moeinfer::Rope (the CPU decoder's own, default and yarn inverse
+// frequencies, rotate-half and interleaved, partial rotary dims); attention to a float64
+// softmax. Awkward sizes: sequence lengths 0, 1, 17, 1000, 3000 (several splits), shuffled
+// block tables, GQA groups 1, 4 and 8, head dims 64, 128, 256. bf16 tolerance 1e-2 of the
+// output's natural scale.
+#include <gtest/gtest.h>
+
+#if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "backend/cuda/attention.h"
+#include "cuda_test_util.h"
+#include "model/rope.h"
+
+namespace moeinfer::cuda {
+namespace {
+
+using namespace testing_util;
+
+TEST(CudaAttentionChecks, RefuseBadShapes) {
+  alignas(16) uint16_t buf[64] = {};
+  int32_t ids[4] = {};
+  auto* b = reinterpret_cast<__nv_bfloat16*>(buf);
+  expect_error_naming(
+      [&] {
+        embedding(EmbeddingParams{.token_ids = ids, .table = b, .out = b, .num_tokens = 1,
+                                  .vocab_size = 4, .hidden_size = 12},
+                  nullptr);
+      },
+      "hidden_size = 12");
+  float inv_freq[4] = {};
+  RopeParams rp{.q = b, .positions = ids, .inv_freq = inv_freq, .num_tokens = 1,
+                .num_q_heads = 1, .head_dim = 8, .rotary_dim = 9, .q_stride = 8};
+  expect_error_naming([&] { rope(rp, nullptr); }, "rotary_dim = 9");
+  PagedDecodeParams dp{.q = b, .k_cache = b, .v_cache = b, .block_tables = ids, .seq_lens = ids,
+                       .out = b, .num_seqs = 1, .num_q_heads = 6, .num_kv_heads = 4,
+                       .head_dim = 128, .block_size = 16, .num_blocks = 1,
+                       .max_blocks_per_seq = 1, .max_seq_len = 16, .scale = 0.1f};
+  expect_error_naming([&] { paged_decode_attention(dp, nullptr); }, "num_q_heads = 6");
+  dp.num_q_heads = 8;
+  dp.head_dim = 96;
+  expect_error_naming([&] { paged_decode_attention(dp, nullptr); }, "head_dim = 96");
+  dp.head_dim = 128;
+  dp.max_seq_len = 17;
+  expect_error_naming([&] { paged_decode_attention(dp, nullptr); }, "max_seq_len = 17");
+  PrefillParams pp{.q = b, .k = b, .v = b, .cu_seqlens = ids, .out = b, .num_tokens = 4,
+                   .num_seqs = 1, .max_seq_len = 4, .num_q_heads = 2, .num_kv_heads = 1,
+                   .head_dim = 256, .scale = 0.1f};
+  expect_error_naming([&] { prefill_attention(pp, nullptr); }, "head_dim = 256");
+}
+
+void embedding_random(int64_t T) {
+  std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(T));
+  const int64_t V = 1003, H = 264;
+  const auto table = random_bf16(V * H, rng);
+  std::vector<int32_t> ids(T);
+  for (auto& id : ids) id = std::uniform_int_distribution<int32_t>(0, V - 1)(rng);
+  DeviceBuffer<uint16_t> d_table(table), d_out(T * H);
+  DeviceBuffer<int32_t> d_ids(ids);
+  d_out.poison();
+  embedding(EmbeddingParams{.token_ids = d_ids.get(), .table = d_table.as_bf16(),
+                            .out = d_out.as_bf16(), .num_tokens = T, .vocab_size = V,
+                            .hidden_size = H},
+            nullptr);
+  synchronize();
+  const auto got = d_out.download();
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < H; ++h)
+      ASSERT_EQ(got[t * H + h], table[ids[t] * H + h]) << "token " << t << " dim " << h;
+}
+
+void rope_random(int64_t T, bool yarn, bool interleaved, int64_t rotary_dim) {
+  std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(T * 3 + yarn + 7 * interleaved));
+  const int64_t Nq = 5, Nkv = 2, D = 128;
+  const int64_t q_stride = (Nq + 2 * Nkv) * D;  // q, k, v of one token in one fused row
+  RopeConfig config;
+  config.theta = 1e6;
+  if (yarn) {
+    config.type = "yarn";
+    config.factor = 4.0;
+    config.original_max_position_embeddings = 4096;
+  }
+  const Rope reference(config, rotary_dim, 32768);
+  auto qkv = random_bf16(T * q_stride, rng);
+  std::vector<int32_t> positions(T);
+  for (auto& p : positions) p = std::uniform_int_distribution<int32_t>(0, 32767)(rng);
+  DeviceBuffer<uint16_t> d_qkv(qkv);
+  DeviceBuffer<int32_t> d_pos(positions);
+  DeviceBuffer<float> d_inv(reference.inv_freq());
+  rope(RopeParams{.q = d_qkv.as_bf16(), .k = d_qkv.as_bf16() + Nq * D, .positions = d_pos.get(),
+                  .inv_freq = d_inv.get(), .num_tokens = T, .num_q_heads = Nq,
+                  .num_kv_heads = Nkv, .head_dim = D, .rotary_dim = rotary_dim,
+                  .q_stride = q_stride, .k_stride = q_stride,
+                  .attention_scaling = reference.attention_scaling(),
+                  .interleaved = interleaved},
+       nullptr);
+  synchronize();
+  const auto got = d_qkv.download();
+  std::vector<double> want(T * (Nq + Nkv) * D), scale(want.size());
+  std::vector<uint16_t> got_qk(want.size());
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<float> row = to_float(std::vector<uint16_t>(
+        qkv.begin() + t * q_stride, qkv.begin() + t * q_stride + (Nq + Nkv) * D));
+    std::vector<float> before = row;
+    reference.apply(row.data(), Nq + Nkv, D, positions[t], interleaved);
+    for (int64_t i = 0; i < (Nq + Nkv) * D; ++i) {
+      want[t * (Nq + Nkv) * D + i] = row[i];
+      scale[t * (Nq + Nkv) * D + i] = 2.0 * reference.attention_scaling() * (std::fabs(before[i]) + 1e-3);
+      got_qk[t * (Nq + Nkv) * D + i] = got[t * q_stride + i];
+      if (i % D >= rotary_dim)
+        ASSERT_EQ(got[t * q_stride + i], qkv[t * q_stride + i]) << "unrotated dim changed";
+    }
+    for (int64_t i = (Nq + Nkv) * D; i < q_stride; ++i)
+      ASSERT_EQ(got[t * q_stride + i], qkv[t * q_stride + i]) << "v changed";
+  }
+  // The pair's other element enters with the same weight: bound by both magnitudes.
+  for (size_t i = 0; i < scale.size(); ++i) scale[i] = std::max(scale[i], 1e-2);
+  expect_bf16_near(got_qk, want, scale, "rotated q and k");
+}
+
+struct DecodeCase {
+  std::vector<int32_t> seq_lens;
+  int64_t Nq, Nkv, D, block_size;
+};
+
+void decode_random(const DecodeCase& c) {
+  std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(c.D * 13 + c.Nq + c.seq_lens.size()));
+  const int64_t B = static_cast<int64_t>(c.seq_lens.size());
+  const int64_t max_len = std::max<int64_t>(1, *std::max_element(c.seq_lens.begin(), c.seq_lens.end()));
+  const int64_t max_blocks = (max_len + c.block_size - 1) / c.block_size;
+  const int64_t num_blocks = B * max_blocks + 3;
+  // Shuffled block ids: sequences' blocks are scattered over the pool.
+  std::vector<int32_t> pool(num_blocks);
+  std::iota(pool.begin(), pool.end(), 0);
+  std::shuffle(pool.begin(), pool.end(), rng);
+  std::vector<int32_t> tables(B * max_blocks);
+  for (int64_t i = 0; i < B * max_blocks; ++i) tables[i] = pool[i];
+  const int64_t row = c.Nkv * c.D;
+  const auto k = random_bf16(num_blocks * c.block_size * row, rng);
+  const auto v = random_bf16(num_blocks * c.block_size * row, rng);
+  const auto q = random_bf16(B * c.Nq * c.D, rng);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.D));
+  PagedDecodeParams p{.num_seqs = B, .num_q_heads = c.Nq, .num_kv_heads = c.Nkv, .head_dim = c.D,
+                      .block_size = c.block_size, .num_blocks = num_blocks,
+                      .max_blocks_per_seq = max_blocks, .max_seq_len = max_len, .scale = scale};
+  DeviceBuffer<uint16_t> d_q(q), d_k(k), d_v(v), d_out(B * c.Nq * c.D);
+  DeviceBuffer<int32_t> d_tables(tables), d_lens(c.seq_lens);
+  DeviceBuffer<float> d_ws(std::max<int64_t>(1, paged_decode_workspace_size(p)));
+  d_out.poison();
+  d_ws.poison();
+  p.q = d_q.as_bf16();
+  p.k_cache = d_k.as_bf16();
+  p.v_cache = d_v.as_bf16();
+  p.block_tables = d_tables.get();
+  p.seq_lens = d_lens.get();
+  p.out = d_out.as_bf16();
+  p.workspace = d_ws.get();
+  paged_decode_attention(p, nullptr);
+  synchronize();
+  const auto kf = to_float(k), vf = to_float(v), qf = to_float(q);
+  const int64_t G = c.Nq / c.Nkv;
+  std::vector<double> want(B * c.Nq * c.D, 0.0), bound(want.size(), 1e-3);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t len = c.seq_lens[b];
+    for (int64_t h = 0; h < c.Nq; ++h) {
+      const int64_t kvh = h / G;
+      std::vector<double> s(len);
+      double m = -1e300;
+      for (int64_t t = 0; t < len; ++t) {
+        const int64_t base =
+            ((tables[b * max_blocks + t / c.block_size] * c.block_size + t % c.block_size) * c.Nkv +
+             kvh) * c.D;
+        double dot = 0;
+        for (int64_t d = 0; d < c.D; ++d) dot += static_cast<double>(qf[(b * c.Nq + h) * c.D + d]) * kf[base + d];
+        s[t] = dot * scale;
+        m = std::max(m, s[t]);
+      }
+      double z = 0;
+      for (auto& x : s) z += (x = std::exp(x - m));
+      for (int64_t t = 0; t < len; ++t) {
+        const int64_t base =
+            ((tables[b * max_blocks + t / c.block_size] * c.block_size + t % c.block_size) * c.Nkv +
+             kvh) * c.D;
+        for (int64_t d = 0; d < c.D; ++d) {
+          want[(b * c.Nq + h) * c.D + d] += s[t] / z * vf[base + d];
+        }
+      }
+      // The output is a convex mix of values of size ~1: its natural scale is the spread of
+      // the mixed values, at least ~1/sqrt(effective tokens); take 1/sqrt(len) + |want|.
+      for (int64_t d = 0; d < c.D; ++d)
+        bound[(b * c.Nq + h) * c.D + d] = len > 0 ? 1.0 / std::sqrt(static_cast<double>(len)) : 1e-6;
+    }
+  }
+  expect_bf16_near(d_out.download(), want, bound, "decode out");
+}
+
+void prefill_random(std::vector<int32_t> lens, int64_t Nq, int64_t Nkv, int64_t D) {
+  std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(D * 17 + Nq + lens.size()));
+  const int64_t B = static_cast<int64_t>(lens.size());
+  std::vector<int32_t> cu(B + 1, 0);
+  for (int64_t b = 0; b < B; ++b) cu[b + 1] = cu[b] + lens[b];
+  const int64_t T = cu[B];
+  const int64_t max_len = *std::max_element(lens.begin(), lens.end());
+  const auto q = random_bf16(T * Nq * D, rng), k = random_bf16(T * Nkv * D, rng),
+             v = random_bf16(T * Nkv * D, rng);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  DeviceBuffer<uint16_t> d_q(q), d_k(k), d_v(v), d_out(T * Nq * D);
+  DeviceBuffer<int32_t> d_cu(cu);
+  d_out.poison();
+  prefill_attention(PrefillParams{.q = d_q.as_bf16(), .k = d_k.as_bf16(), .v = d_v.as_bf16(),
+                                  .cu_seqlens = d_cu.get(), .out = d_out.as_bf16(),
+                                  .num_tokens = T, .num_seqs = B, .max_seq_len = max_len,
+                                  .num_q_heads = Nq, .num_kv_heads = Nkv, .head_dim = D,
+                                  .scale = scale},
+                    nullptr);
+  synchronize();
+  const auto qf = to_float(q), kf = to_float(k), vf = to_float(v);
+  const int64_t G = Nq / Nkv;
+  std::vector<double> want(T * Nq * D, 0.0), bound(want.size());
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t i = 0; i < lens[b]; ++i) {
+      const int64_t ti = cu[b] + i;
+      for (int64_t h = 0; h < Nq; ++h) {
+        std::vector<double> s(i + 1);
+        double m = -1e300;
+        for (int64_t j = 0; j <= i; ++j) {
+          double dot = 0;
+          for (int64_t d = 0; d < D; ++d)
+            dot += static_cast<double>(qf[(ti * Nq + h) * D + d]) * kf[((cu[b] + j) * Nkv + h / G) * D + d];
+          s[j] = dot * scale;
+          m = std::max(m, s[j]);
+        }
+        double z = 0;
+        for (auto& x : s) z += (x = std::exp(x - m));
+        for (int64_t j = 0; j <= i; ++j)
+          for (int64_t d = 0; d < D; ++d)
+            want[(ti * Nq + h) * D + d] += s[j] / z * vf[((cu[b] + j) * Nkv + h / G) * D + d];
+        for (int64_t d = 0; d < D; ++d)
+          bound[(ti * Nq + h) * D + d] = 1.0 / std::sqrt(static_cast<double>(i + 1));
+      }
+    }
+  }
+  expect_bf16_near(d_out.download(), want, bound, "prefill out");
+}
+
+[[maybe_unused]] const bool kRegistered = [] {
+  if (!cuda_device_present("attention")) return false;
+  auto reg = [](const char* suite, const std::string& name, std::function<void()> body) {
+    register_kernel_test(suite, name, std::move(body), __FILE__, __LINE__);
+  };
+  for (int64_t T : {int64_t{1}, int64_t{19}, int64_t{989}})
+    reg("CudaEmbedding", "Gather_T" + std::to_string(T), [T] { embedding_random(T); });
+  for (bool yarn : {false, true})
+    for (bool interleaved : {false, true})
+      for (int64_t rd : {int64_t{128}, int64_t{64}})
+        for (int64_t T : {int64_t{1}, int64_t{99}}) {
+          const std::string name = std::string(yarn ? "Yarn" : "Default") +
+                                   (interleaved ? "Interleaved" : "RotateHalf") + "_Rotary" +
+                                   std::to_string(rd) + "_T" + std::to_string(T);
+          reg("CudaRope", name, [=] { rope_random(T, yarn, interleaved, rd); });
+        }
+  struct Dc {
+    const char* name;
+    DecodeCase c;
+  };
+  const Dc decode_cases[] = {
+      {"B1_Len1_G8_D128", {{1}, 32, 4, 128, 16}},
+      {"B1_Len1000_G8_D128", {{1000}, 32, 4, 128, 16}},
+      {"B3_Mixed_G4_D64", {{17, 0, 300}, 8, 2, 64, 32}},
+      {"B2_Len3000_G1_D128", {{3000, 1234}, 4, 4, 128, 16}},
+      {"B5_Mixed_G8_D256", {{1, 64, 65, 511, 700}, 16, 2, 256, 8}},
+      {"B64_Len1024_G8_D128", {std::vector<int32_t>(64, 1024), 32, 4, 128, 16}},
+  };
+  for (const Dc& d : decode_cases)
+    reg("CudaPagedDecode", d.name, [c = d.c] { decode_random(c); });
+  reg("CudaPrefill", "OneSeq_T1_D128", [] { prefill_random({1}, 4, 2, 128); });
+  reg("CudaPrefill", "OneSeq_T99_G8_D128", [] { prefill_random({99}, 16, 2, 128); });
+  reg("CudaPrefill", "Varlen_D64", [] { prefill_random({17, 1, 64, 33}, 6, 3, 64); });
+  reg("CudaPrefill", "OneSeq_T700_G4_D128", [] { prefill_random({700}, 8, 2, 128); });
+  return true;
+}();
+
+}  // namespace
+}  // namespace moeinfer::cuda
+
+#endif  // MOE_HAVE_CUDA
