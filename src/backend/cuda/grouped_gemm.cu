@@ -13,8 +13,10 @@ namespace moeinfer::cuda {
 namespace {
 
 // 16 rows x 32 columns, 4 warps side by side: decode, where blocks must be many and narrow.
+// Six stages: the tile is small (10 KB a stage with gate/up), and a memory-bound block needs
+// many bytes in flight, since there are only 1-4 blocks per SM at decode sizes.
 template <bool G>
-using Rows16 = gemm::TileConfig<16, 32, 1, 4, 4, G>;
+using Rows16 = gemm::TileConfig<16, 32, 1, 4, 6, G>;
 // 64 x 64, 2 x 2 warps.
 template <bool G>
 using Rows64 = gemm::TileConfig<64, 64, 2, 2, 4, G>;

@@ -1,0 +1,372 @@
+// How close is the grouped expert GEMM (backend/cuda/grouped_gemm.h) to its floors?
+//
+// Shape: the Qwen3-30B-A3B experts (H 2048, I 768, E 128, K 8), T = 1, 8, 64, 256, 4096 tokens
+// routed with a zipf(1.0) preference over a shuffled expert order (trained routers are skewed;
+// uniform routing would overstate the distinct experts at small T). For each T, the gate/up
+// projection with SiLU*up fused, the down projection, and both (moe_experts) are timed.
+//
+// Floors, measured in the same run:
+// - bytes: distinct experts touched x expert bytes (+ the rows read and written), over the
+//   device-to-device copy bandwidth (bytes read + written, 1 GiB, median of 10). "vs floor" is
+//   floor time / measured time (1.0 = at the copy bandwidth).
+// - FLOPs: 2 * M * H * 3I over cuBLAS's bf16 GEMM rate at 8192^3 (median of 10); and for the
+//   prefill sizes the same FLOPs as one dense cuBLAS GEMM pair ([M, H] x [2I, H]^T and
+//   [M, I] x [H, I]^T), the rate a grouped GEMM could hope for if routing were free.
+//
+// Method: random bf16 inputs, never zeros. Three copies of the expert weights (3.6 GB) are
+// rotated over successive launches so decode-size launches do not find their experts in the
+// 60 MB L2 from the previous launch. 30 launches are captured in a CUDA graph; the median of
+// 10 replays (after 2 warm-ups) over 30 is the time of one launch. The expert offsets live on
+// the device; nothing is read back between launches.
+//
+// Usage: bench_cuda_moe [--quick]
+#if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/grouped_gemm.h"
+#include "core/dtype.h"
+#include "core/error.h"
+
+namespace moeinfer::cuda {
+namespace {
+
+constexpr int64_t kH = 2048, kI = 768, kE = 128, kK = 8;
+constexpr int kWeightSets = 3;
+constexpr int kLaunchesPerGraph = 30;
+int g_replays = 10;
+
+using bf16 = __nv_bfloat16;
+
+template <typename T>
+T* device_alloc(size_t count) {
+  T* p = nullptr;
+  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), count * sizeof(T)));
+  return p;
+}
+
+// Fills with random bf16 (normal, std `scale`) by tiling a 16M-element random host block.
+void fill_random(bf16* dst, size_t count, float scale, std::mt19937& rng) {
+  const size_t block = std::min<size_t>(count, size_t{1} << 24);
+  std::vector<uint16_t> host(block);
+  std::normal_distribution<float> dist(0.0f, scale);
+  for (auto& v : host) v = f32_to_bf16(dist(rng));
+  for (size_t off = 0; off < count; off += block) {
+    const size_t n = std::min(block, count - off);
+    CUDA_CHECK(cudaMemcpy(dst + off, host.data(), n * 2, cudaMemcpyHostToDevice));
+  }
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Median milliseconds of one call of `body` (called with the launch index).
+double time_graph(cudaStream_t stream, const std::function<void(int)>& body) {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < kLaunchesPerGraph; ++i) body(i);
+  CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t start, stop;
+  CUDA_CHECK(cudaEventCreate(&start));
+  CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<double> times;
+  for (int r = 0; r < g_replays + 2; ++r) {
+    CUDA_CHECK(cudaEventRecord(start, stream));
+    CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    CUDA_CHECK(cudaEventRecord(stop, stream));
+    CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (r >= 2) times.push_back(ms / kLaunchesPerGraph);
+  }
+  CUDA_CHECK(cudaEventDestroy(start));
+  CUDA_CHECK(cudaEventDestroy(stop));
+  CUDA_CHECK(cudaGraphExecDestroy(exec));
+  CUDA_CHECK(cudaGraphDestroy(graph));
+  return median(times);
+}
+
+double copy_bandwidth(cudaStream_t stream) {
+  const size_t bytes = size_t{1} << 30;
+  char* a = device_alloc<char>(bytes);
+  char* b = device_alloc<char>(bytes);
+  CUDA_CHECK(cudaMemset(a, 1, bytes));
+  cudaEvent_t start, stop;
+  CUDA_CHECK(cudaEventCreate(&start));
+  CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<double> times;
+  for (int r = 0; r < 13; ++r) {
+    CUDA_CHECK(cudaEventRecord(start, stream));
+    CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream));
+    CUDA_CHECK(cudaEventRecord(stop, stream));
+    CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (r >= 3) times.push_back(ms);
+  }
+  CUDA_CHECK(cudaEventDestroy(start));
+  CUDA_CHECK(cudaEventDestroy(stop));
+  CUDA_CHECK(cudaFree(a));
+  CUDA_CHECK(cudaFree(b));
+  return 2.0 * bytes / (median(times) * 1e-3);
+}
+
+// y[M, N] = x[M, Kd] . w[N, Kd]^T through cuBLAS (row-major in column-major terms).
+void cublas_gemm(cublasHandle_t handle, const bf16* x, const bf16* w, bf16* y, int64_t M,
+                 int64_t N, int64_t Kd) {
+  const float alpha = 1.0f, beta = 0.0f;
+  CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N),
+                            static_cast<int>(M), static_cast<int>(Kd), &alpha, w, CUDA_R_16BF,
+                            static_cast<int>(Kd), x, CUDA_R_16BF, static_cast<int>(Kd), &beta, y,
+                            CUDA_R_16BF, static_cast<int>(N), CUBLAS_COMPUTE_32F,
+                            CUBLAS_GEMM_DEFAULT));
+}
+
+double cublas_peak(cublasHandle_t handle, cudaStream_t stream, std::mt19937& rng) {
+  const int64_t n = 8192;
+  bf16* a = device_alloc<bf16>(n * n);
+  bf16* b = device_alloc<bf16>(n * n);
+  bf16* c = device_alloc<bf16>(n * n);
+  fill_random(a, n * n, 1.0f, rng);
+  fill_random(b, n * n, 1.0f, rng);
+  cudaEvent_t start, stop;
+  CUDA_CHECK(cudaEventCreate(&start));
+  CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<double> times;
+  for (int r = 0; r < 13; ++r) {
+    CUDA_CHECK(cudaEventRecord(start, stream));
+    cublas_gemm(handle, a, b, c, n, n, n);
+    CUDA_CHECK(cudaEventRecord(stop, stream));
+    CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (r >= 3) times.push_back(ms);
+  }
+  CUDA_CHECK(cudaFree(a));
+  CUDA_CHECK(cudaFree(b));
+  CUDA_CHECK(cudaFree(c));
+  return 2.0 * n * n * n / (median(times) * 1e-3);
+}
+
+// Zipf(1.0) routing over a shuffled expert order, K distinct experts per token; returns the
+// expert offsets [E + 1] of the sorted assignments.
+std::vector<int32_t> zipf_offsets(int64_t T, std::mt19937& rng, int64_t* touched) {
+  std::vector<int> order(kE);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  std::vector<double> weight(kE);
+  for (int64_t i = 0; i < kE; ++i) weight[order[i]] = 1.0 / (i + 1.0);
+  std::vector<int32_t> counts(kE, 0);
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<double> w = weight;
+    for (int64_t k = 0; k < kK; ++k) {
+      std::discrete_distribution<int> pick(w.begin(), w.end());
+      const int e = pick(rng);
+      ++counts[e];
+      w[e] = 0.0;
+    }
+  }
+  std::vector<int32_t> offsets(kE + 1, 0);
+  *touched = 0;
+  for (int64_t e = 0; e < kE; ++e) {
+    offsets[e + 1] = offsets[e] + counts[e];
+    *touched += counts[e] > 0;
+  }
+  return offsets;
+}
+
+struct Row {
+  int64_t T;
+  std::string what;
+  double us, floor_us, ratio, tflops, flop_ratio;
+};
+std::vector<Row> g_rows;
+
+const char* tile_name(GemmTile t) {
+  switch (t) {
+    case GemmTile::kRows16:
+      return "16";
+    case GemmTile::kRows64:
+      return "64";
+    case GemmTile::kRows128:
+      return "128";
+    default:
+      return "auto";
+  }
+}
+
+void bench_t(int64_t T, bf16* const* gate_up, bf16* const* down, double copy_bw, double peak,
+             cublasHandle_t handle, cudaStream_t stream, std::mt19937& rng) {
+  int64_t touched = 0;
+  const auto offsets = zipf_offsets(T, rng, &touched);
+  const int64_t M = T * kK;
+  int32_t* d_offsets = device_alloc<int32_t>(kE + 1);
+  CUDA_CHECK(cudaMemcpy(d_offsets, offsets.data(), (kE + 1) * 4, cudaMemcpyHostToDevice));
+  bf16* rows = device_alloc<bf16>(M * kH);
+  bf16* act = device_alloc<bf16>(M * kI);
+  bf16* out = device_alloc<bf16>(M * kH);
+  fill_random(rows, M * kH, 1.0f, rng);
+  fill_random(act, M * kI, 1.0f, rng);
+  const double gu_bytes = touched * 2.0 * kI * kH * 2 + M * kH * 2.0 + M * kI * 2.0;
+  const double dn_bytes = touched * 1.0 * kH * kI * 2 + M * kI * 2.0 + M * kH * 2.0;
+  const double gu_flops = 2.0 * M * kH * 2 * kI, dn_flops = 2.0 * M * kI * kH;
+
+  auto gu_params = [&](int i) {
+    return GroupedGemmParams{.rows = rows, .weights = gate_up[i % kWeightSets],
+                             .expert_offsets = d_offsets, .out = act, .num_rows = M,
+                             .num_experts = kE, .n = kI, .k = kH,
+                             .epilogue = GemmEpilogue::kSiluMul};
+  };
+  auto dn_params = [&](int i) {
+    return GroupedGemmParams{.rows = act, .weights = down[i % kWeightSets],
+                             .expert_offsets = d_offsets, .out = out, .num_rows = M,
+                             .num_experts = kE, .n = kH, .k = kI};
+  };
+  const double gu_ms = time_graph(stream, [&](int i) { grouped_gemm(gu_params(i), stream); });
+  const double dn_ms = time_graph(stream, [&](int i) { grouped_gemm(dn_params(i), stream); });
+  const double both_ms = time_graph(stream, [&](int i) {
+    moe_experts(MoeExpertsParams{.rows = rows, .gate_up = gate_up[i % kWeightSets],
+                                 .down = down[i % kWeightSets], .expert_offsets = d_offsets,
+                                 .activation = act, .out = out, .num_rows = M,
+                                 .num_experts = kE, .hidden_size = kH, .expert_width = kI},
+                stream);
+  });
+  auto add = [&](const std::string& what, double ms, double bytes, double flops) {
+    const double floor_ms = bytes / copy_bw * 1e3;
+    const double tflops = flops / (ms * 1e-3) / 1e12;
+    g_rows.push_back({T, what, ms * 1e3, floor_ms * 1e3, floor_ms / ms, tflops, tflops * 1e12 / peak});
+    const Row& r = g_rows.back();
+    std::printf("%5lld %5lld %4lld  %-22s %10.1f %10.1f %7.3f %9.1f %7.3f\n",
+                static_cast<long long>(T), static_cast<long long>(M),
+                static_cast<long long>(touched), what.c_str(), r.us, r.floor_us, r.ratio,
+                r.tflops, r.flop_ratio);
+  };
+  const GemmTile gu_tile = grouped_gemm_auto_tile(M, kE, kI);
+  const GemmTile dn_tile = grouped_gemm_auto_tile(M, kE, kH);
+  add(std::string("gate_up+silu tile ") + tile_name(gu_tile), gu_ms, gu_bytes, gu_flops);
+  add(std::string("down tile ") + tile_name(dn_tile), dn_ms, dn_bytes, dn_flops);
+  add("experts (both)", both_ms, gu_bytes + dn_bytes, gu_flops + dn_flops);
+  if (T >= 64) {
+    // The neighbouring tile for both projections, to see where the automatic choice stands.
+    const GemmTile alt = gu_tile == GemmTile::kRows16 ? GemmTile::kRows64
+                         : gu_tile == GemmTile::kRows64 ? GemmTile::kRows128
+                                                         : GemmTile::kRows64;
+    const double alt_ms = time_graph(stream, [&](int i) {
+      GroupedGemmParams g = gu_params(i), d = dn_params(i);
+      g.tile = alt;
+      d.tile = alt;
+      grouped_gemm(g, stream);
+      grouped_gemm(d, stream);
+    });
+    add(std::string("experts, tile ") + tile_name(alt), alt_ms, gu_bytes + dn_bytes,
+        gu_flops + dn_flops);
+  }
+  if (T >= 256) {
+    // The same FLOPs as dense cuBLAS GEMMs over all M rows, one expert's weights for all.
+    bf16* wide = device_alloc<bf16>(M * 2 * kI);
+    const double dense_ms = time_graph(stream, [&](int i) {
+      cublas_gemm(handle, rows, gate_up[i % kWeightSets], wide, M, 2 * kI, kH);
+      cublas_gemm(handle, act, down[i % kWeightSets], out, M, kH, kI);
+    });
+    add("cuBLAS dense same FLOPs", dense_ms, 3.0 * kI * kH * 2 + M * kH * 4.0, gu_flops + dn_flops);
+    std::printf("%27s grouped / dense cuBLAS time: %.2f\n", "", both_ms / dense_ms);
+    CUDA_CHECK(cudaFree(wide));
+  }
+  CUDA_CHECK(cudaFree(d_offsets));
+  CUDA_CHECK(cudaFree(rows));
+  CUDA_CHECK(cudaFree(act));
+  CUDA_CHECK(cudaFree(out));
+}
+
+int run(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], "--quick") == 0) g_replays = 3;
+  cudaDeviceProp prop;
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  cudaStream_t stream;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cublasHandle_t handle;
+  CUBLAS_CHECK(cublasCreate(&handle));
+  CUBLAS_CHECK(cublasSetStream(handle, stream));
+  std::mt19937 rng(12345);
+  std::printf("bench_cuda_moe on %s (%d SMs, %.0f MB L2)\n", prop.name, prop.multiProcessorCount,
+              prop.l2CacheSize / 1e6);
+  const double copy_bw = copy_bandwidth(stream);
+  const double peak = cublas_peak(handle, stream, rng);
+  std::printf("device-to-device copy 1 GiB: %.1f GB/s (read + write); cuBLAS bf16 8192^3: %.1f "
+              "TFLOP/s\n",
+              copy_bw / 1e9, peak / 1e12);
+  std::printf("Qwen3-30B-A3B experts: H %lld, I %lld, E %lld, K %lld, zipf(1.0) routing\n\n",
+              static_cast<long long>(kH), static_cast<long long>(kI), static_cast<long long>(kE),
+              static_cast<long long>(kK));
+  bf16* gate_up[kWeightSets];
+  bf16* down[kWeightSets];
+  for (int s = 0; s < kWeightSets; ++s) {
+    gate_up[s] = device_alloc<bf16>(kE * 2 * kI * kH);
+    down[s] = device_alloc<bf16>(kE * kH * kI);
+    fill_random(gate_up[s], kE * 2 * kI * kH, 1.0f / std::sqrt(static_cast<float>(kH)), rng);
+    fill_random(down[s], kE * kH * kI, 1.0f / std::sqrt(static_cast<float>(kI)), rng);
+  }
+  std::printf("%5s %5s %4s  %-22s %10s %10s %7s %9s %7s\n", "T", "M", "exp", "kernel", "time us",
+              "floor us", "vs flr", "TFLOP/s", "vs cuB");
+  for (int64_t T : {1, 8, 64, 256, 4096})
+    bench_t(T, gate_up, down, copy_bw, peak, handle, stream, rng);
+  std::string line = "bench_cuda_moe: copy " + std::to_string(static_cast<int>(copy_bw / 1e9)) +
+                     " GB/s, cuBLAS " + std::to_string(static_cast<int>(peak / 1e12)) +
+                     " TFLOP/s; experts:";
+  for (const Row& r : g_rows) {
+    if (r.what != "experts (both)") continue;
+    char part[96];
+    std::snprintf(part, sizeof(part), " T=%lld %.1fus (%.2f floor, %.2f peak);",
+                  static_cast<long long>(r.T), r.us, r.ratio, r.flop_ratio);
+    line += part;
+  }
+  for (int s = 0; s < kWeightSets; ++s) {
+    CUDA_CHECK(cudaFree(gate_up[s]));
+    CUDA_CHECK(cudaFree(down[s]));
+  }
+  CUBLAS_CHECK(cublasDestroy(handle));
+  CUDA_CHECK(cudaStreamDestroy(stream));
+  std::printf("\n%s\n", line.c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace moeinfer::cuda
+
+int main(int argc, char** argv) {
+  try {
+    return moeinfer::cuda::run(argc, argv);
+  } catch (const moeinfer::Error& error) {
+    std::fprintf(stderr, "bench_cuda_moe: %s\n", error.what());
+    return 1;
+  }
+}
+
+#else  // !MOE_HAVE_CUDA
+
+#include <cstdio>
+
+int main() {
+  std::printf("bench_cuda_moe: built without CUDA; nothing to measure\n");
+  return 0;
+}
+
+#endif
