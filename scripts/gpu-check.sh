@@ -6,7 +6,8 @@
 # one-line summary last.
 #
 # Knobs (environment): MOE_GPU_TARGETS="test_cuda bench_cuda_stages bench_cuda_moe" builds only
-# those targets; MOE_GPU_SKIP_CTEST=1 skips the full ctest pass (the CUDA tests still run). If
+# those targets; MOE_GPU_SKIP_CTEST=1 skips the full ctest pass (the CUDA tests still run);
+# MOE_GPU_TEST_REPEAT=N runs test_cuda N times (default 2). If
 # the CMake build cannot produce test_cuda (a dependency missing there), the CUDA kernels, their
 # tests and benchmarks that need no more than core/ and model/rope are built directly with nvcc
 # and g++ (build_cuda_standalone) so the kernel results are not lost.
@@ -105,10 +106,11 @@ if [ "${MOE_GPU_SKIP_CTEST:-0}" != 1 ] && [ -f "$BUILD/CTestTestfile.cmake" ]; t
 fi
 
 step "CUDA tests, directly, twice with fresh inputs"
-timeout 240 "$BUILD/tests/test_cuda" --gtest_repeat=2 --gtest_brief=1 >"$OUT/test_cuda.log" 2>&1
+repeat="${MOE_GPU_TEST_REPEAT:-2}"
+timeout 240 "$BUILD/tests/test_cuda" --gtest_repeat="$repeat" --gtest_brief=1 >"$OUT/test_cuda.log" 2>&1
 cuda_rc=$?
 tail -15 "$OUT/test_cuda.log"
-summary+=("test_cuda x2 rc=$cuda_rc: $(grep -E '^\[  PASSED  \]|FAILED TEST' "$OUT/test_cuda.log" | tail -2 | tr '\n' ' ')")
+summary+=("test_cuda x$repeat rc=$cuda_rc: $(grep -E '^\[  PASSED  \]|FAILED TEST' "$OUT/test_cuda.log" | tail -2 | tr '\n' ' ')")
 
 step "compute-sanitizer (small sizes)"
 if command -v compute-sanitizer >/dev/null; then
