@@ -87,10 +87,19 @@ struct Stmt {
   std::vector<MacroParam> params;
   std::vector<std::pair<ExprPtr, ExprPtr>> assignments;  // {% with %}
   bool recursive = false;
+  // Names that start out undefined in the scope this statement opens (a loop iteration, a macro
+  // call, a block): see Template::undefined_names.
+  std::vector<std::string> undefined_names;
+  std::vector<std::string> else_undefined_names;  // for the else block of a loop
 };
 
 struct Template {
   Body body;
+  // jinja2 decides per scope, at compile time, where each name comes from. A name whose first use
+  // in a scope is an assignment (and that no enclosing scope uses) is a fresh local that is
+  // undefined until assigned, even if the context has a value for it; nested scopes see that local.
+  // These are such names for the template's top level.
+  std::vector<std::string> undefined_names;
 };
 
 // Names the renderer implements; the parser rejects others outside `if` blocks, as jinja2 does.

@@ -40,6 +40,13 @@ FramePtr child_frame(const FramePtr& parent) {
   return f;
 }
 
+// A frame for a scope whose analysis found names that start out undefined (see jinja_ast.h).
+FramePtr scope_frame(const FramePtr& parent, const std::vector<std::string>& undefined_names) {
+  auto f = child_frame(parent);
+  for (const auto& name : undefined_names) f->vars[name] = Value::undefined(name);
+  return f;
+}
+
 enum class Flow { kNormal, kBreak, kContinue };
 
 constexpr int64_t kMaxRange = 100000;  // jinja2's sandbox limit on range()
@@ -293,6 +300,7 @@ class Renderer {
   }
 
   std::string render(const Template& tmpl) {
+    for (const auto& name : tmpl.undefined_names) root_->vars[name] = Value::undefined(name);
     std::string out;
     render_body(tmpl.body, root_, out);
     return out;
@@ -336,7 +344,9 @@ class Renderer {
         return Flow::kNormal;
       case Stmt::Type::kSetBlock: {
         std::string captured;
-        render_body(s.body, frame, captured);
+        // A break or continue inside the block leaves the loop before the assignment.
+        Flow flow = render_body(s.body, scope_frame(frame, s.undefined_names), captured);
+        if (flow != Flow::kNormal) return flow;
         Value v = Value::string(std::move(captured));
         if (s.expr) v = eval_filter_chain(*s.expr, v, frame);
         assign(*s.target, v, frame);
@@ -356,12 +366,13 @@ class Renderer {
       }
       case Stmt::Type::kFilterBlock: {
         std::string captured;
-        render_body(s.body, frame, captured);
+        Flow flow = render_body(s.body, scope_frame(frame, s.undefined_names), captured);
+        if (flow != Flow::kNormal) return flow;
         out += eval_filter_chain(*s.expr, Value::string(std::move(captured)), frame).str();
         return Flow::kNormal;
       }
       case Stmt::Type::kWith: {
-        auto inner = child_frame(frame);
+        auto inner = scope_frame(frame, s.undefined_names);
         for (const auto& [target, value] : s.assignments) assign(*target, eval(*value, frame), inner);
         return render_body(s.body, inner, out);
       }
@@ -370,7 +381,7 @@ class Renderer {
       case Stmt::Type::kContinue:
         return Flow::kContinue;
       case Stmt::Type::kScope:
-        return render_body(s.body, frame, out);
+        return render_body(s.body, scope_frame(frame, s.undefined_names), out);
     }
     return Flow::kNormal;
   }
@@ -383,19 +394,18 @@ class Renderer {
     if (s.cond) {
       ValueList kept;
       for (const auto& item : items) {
-        auto f = child_frame(frame);
+        auto f = scope_frame(frame, s.undefined_names);
         assign(*s.target, item, f);
         if (eval(*s.cond, f).truthy()) kept.push_back(item);
       }
       items = std::move(kept);
     }
-    if (items.empty()) {
-      render_body(s.else_body, frame, out);
-      return Flow::kNormal;
-    }
+    // jinja2 runs the else block unless some iteration ran to the end of the body (a break or a
+    // continue does not count).
+    bool completed_any = false;
     int64_t n = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < n; ++i) {
-      auto f = child_frame(frame);
+      auto f = scope_frame(frame, s.undefined_names);
       assign(*s.target, items[static_cast<size_t>(i)], f);
       ValueDict loop;
       loop.emplace_back(Value::string("index"), Value::integer(i + 1));
@@ -416,7 +426,9 @@ class Renderer {
       f->vars["loop"] = Value::dict(std::move(loop));
       Flow flow = render_body(s.body, f, out);
       if (flow == Flow::kBreak) break;
+      if (flow == Flow::kNormal) completed_any = true;
     }
+    if (!completed_any) render_body(s.else_body, scope_frame(frame, s.else_undefined_names), out);
     return Flow::kNormal;
   }
 
@@ -468,7 +480,7 @@ class Renderer {
     pinned_.push_back(defining);
     return Value::callable(name, [this, &s, slot, name](CallArgs& call) {
       if (++depth_ > kMaxCallDepth) fail("maximum recursion depth exceeded");
-      auto f = child_frame(pinned_[slot]);
+      auto f = scope_frame(pinned_[slot], s.undefined_names);
       size_t n = s.params.size();
       std::vector<bool> bound(n, false);
       ValueList varargs;

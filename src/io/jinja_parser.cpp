@@ -5,6 +5,7 @@
 // so whitespace comes out byte-identical. The parser mirrors jinja2's parse_* functions one for one.
 #include <algorithm>
 #include <cstdlib>
+#include <map>
 #include <set>
 
 #include "core/error.h"
@@ -1224,6 +1225,209 @@ void check_names(const Body& body, bool soft) {
   }
 }
 
+// Scope analysis after jinja2's idtracking: in each scope (template, loop body, macro, block), a
+// name is a parameter, an alias of an enclosing scope's variable, resolved from the context, or
+// undefined until assigned. Only the last kind needs the renderer's attention.
+class ScopeAnalysis {
+ public:
+  enum class Kind { kParam, kAlias, kResolve, kUndefined };
+
+  // A nested body, analysed once its enclosing scope is complete (jinja2 analyses a frame fully
+  // before it looks inside the frames it opens).
+  struct Pending {
+    const Body* body;
+    std::vector<std::string>* out;
+    std::vector<std::string> params;
+    const Expr* target;
+    std::vector<const Expr*> first_loads;
+  };
+
+  struct Scope {
+    const Scope* parent = nullptr;
+    std::map<std::string, Kind> refs;
+    std::set<std::string> stores;
+    std::shared_ptr<std::vector<Pending>> pending = std::make_shared<std::vector<Pending>>();
+
+    bool has_ref(const std::string& name) const {
+      for (const Scope* s = this; s; s = s->parent) {
+        if (s->refs.count(name)) return true;
+      }
+      return false;
+    }
+    std::vector<std::string> undefined() const {
+      std::vector<std::string> out;
+      for (const auto& [name, kind] : refs) {
+        if (kind == Kind::kUndefined) out.push_back(name);
+      }
+      return out;
+    }
+  };
+
+  static void load(Scope& scope, const std::string& name) {
+    if (!scope.has_ref(name)) scope.refs[name] = Kind::kResolve;
+  }
+  static void store(Scope& scope, const std::string& name) {
+    scope.stores.insert(name);
+    if (scope.refs.count(name)) return;
+    bool outer = scope.parent && scope.parent->has_ref(name);
+    scope.refs[name] = outer ? Kind::kAlias : Kind::kUndefined;
+  }
+
+  static void loads(Scope& scope, const Expr* e) {
+    if (!e) return;
+    if (e->type == Expr::Type::kName) load(scope, e->name);
+    for (const auto& a : e->args) loads(scope, a.get());
+    for (const auto& [k, a] : e->kwargs) loads(scope, a.get());
+    loads(scope, e->star.get());
+    loads(scope, e->star_star.get());
+  }
+
+  static void stores(Scope& scope, const Expr* target) {
+    if (target->type == Expr::Type::kName) {
+      store(scope, target->name);
+    } else if (target->type == Expr::Type::kTuple) {
+      for (const auto& t : target->args) stores(scope, t.get());
+    } else if (target->type == Expr::Type::kGetAttr) {
+      load(scope, target->args[0]->name);  // {% set ns.attr = ... %} reads ns
+    }
+  }
+
+  static void params(Scope& scope, const Expr* target) {
+    if (target->type == Expr::Type::kName) {
+      scope.refs[target->name] = Kind::kParam;
+    } else if (target->type == Expr::Type::kTuple) {
+      for (const auto& t : target->args) params(scope, t.get());
+    }
+  }
+
+  // A nested body; its undefined names land in `out` once the enclosing scope is complete.
+  static void child(Scope& parent, const Body& body, std::vector<std::string>& out,
+                    const std::vector<std::string>& param_names = {}, const Expr* target = nullptr,
+                    const std::vector<const Expr*>& first_loads = {}) {
+    parent.pending->push_back(Pending{&body, &out, param_names, target, first_loads});
+  }
+
+  // Analyses a scope's own level, then the scopes it opens.
+  static void run(Scope& scope, const Body& body) {
+    visit(scope, body);
+    std::vector<Pending> pending = std::move(*scope.pending);
+    scope.pending->clear();
+    for (const auto& p : pending) {
+      Scope inner;
+      inner.parent = &scope;
+      for (const auto& name : p.params) inner.refs[name] = Kind::kParam;
+      if (p.target) params(inner, p.target);
+      for (const Expr* e : p.first_loads) loads(inner, e);
+      run(inner, *p.body);
+      *p.out = inner.undefined();
+    }
+  }
+
+  // Branches of an `if` are visited on copies of the scope and merged the way jinja2 merges them:
+  // a name assigned in only some branches comes from outside (alias or context).
+  static void merge_branches(Scope& scope, const std::vector<Scope>& branches) {
+    std::map<std::string, size_t> counts;
+    for (const auto& b : branches) {
+      for (const auto& name : b.stores) {
+        if (!scope.stores.count(name)) ++counts[name];
+      }
+    }
+    for (const auto& b : branches) {
+      for (const auto& [name, kind] : b.refs) scope.refs[name] = kind;
+      scope.stores.insert(b.stores.begin(), b.stores.end());
+    }
+    for (const auto& [name, count] : counts) {
+      if (count == branches.size()) continue;
+      bool outer = scope.parent && scope.parent->has_ref(name);
+      scope.refs[name] = outer ? Kind::kAlias : Kind::kResolve;
+    }
+  }
+
+  static void visit_if(Scope& scope, const Stmt& s, size_t branch) {
+    loads(scope, s.branches[branch].first.get());
+    std::vector<Scope> copies(3, scope);
+    visit(copies[0], s.branches[branch].second);
+    if (branch + 1 < s.branches.size()) visit_elif(copies[1], s, branch + 1);
+    if (branch == 0) visit(copies[2], s.else_body);
+    merge_branches(scope, copies);
+  }
+
+  // jinja2 keeps `elif`s as If nodes without an else inside the first If's elif branch.
+  static void visit_elif(Scope& scope, const Stmt& s, size_t branch) {
+    for (size_t i = branch; i < s.branches.size(); ++i) {
+      loads(scope, s.branches[i].first.get());
+      std::vector<Scope> copies(3, scope);
+      visit(copies[0], s.branches[i].second);
+      merge_branches(scope, copies);
+    }
+  }
+
+  static void visit(Scope& scope, const Body& body) {
+    for (const auto& sp : body) {
+      Stmt& s = *sp;
+      switch (s.type) {
+        case Stmt::Type::kText:
+        case Stmt::Type::kBreak:
+        case Stmt::Type::kContinue:
+          break;
+        case Stmt::Type::kOutput:
+          loads(scope, s.expr.get());
+          break;
+        case Stmt::Type::kIf:
+          visit_if(scope, s, 0);
+          break;
+        case Stmt::Type::kFor:
+          loads(scope, s.expr.get());
+          child(scope, s.body, s.undefined_names, {"loop"}, s.target.get(), {s.cond.get()});
+          child(scope, s.else_body, s.else_undefined_names);
+          break;
+        case Stmt::Type::kSet:
+          loads(scope, s.expr.get());
+          stores(scope, s.target.get());
+          break;
+        case Stmt::Type::kSetBlock:
+          child(scope, s.body, s.undefined_names);
+          loads(scope, s.expr.get());
+          stores(scope, s.target.get());
+          break;
+        case Stmt::Type::kMacro:
+        case Stmt::Type::kCallBlock: {
+          if (s.type == Stmt::Type::kMacro) {
+            store(scope, s.name);
+          } else {
+            loads(scope, s.expr.get());
+          }
+          // Defaults are evaluated inside the macro's own scope, after its parameters.
+          std::vector<std::string> names = {"varargs", "kwargs", "caller"};
+          std::vector<const Expr*> defaults;
+          for (const auto& p : s.params) {
+            names.push_back(p.name);
+            defaults.push_back(p.default_value.get());
+          }
+          child(scope, s.body, s.undefined_names, names, nullptr, defaults);
+          break;
+        }
+        case Stmt::Type::kFilterBlock:
+          loads(scope, s.expr.get());
+          child(scope, s.body, s.undefined_names);
+          break;
+        case Stmt::Type::kWith: {
+          std::vector<std::string> names;
+          for (const auto& [target, value] : s.assignments) {
+            loads(scope, value.get());
+            if (target->type == Expr::Type::kName) names.push_back(target->name);
+          }
+          child(scope, s.body, s.undefined_names, names);
+          break;
+        }
+        case Stmt::Type::kScope:
+          child(scope, s.body, s.undefined_names);
+          break;
+      }
+    }
+  }
+};
+
 }  // namespace
 
 std::shared_ptr<const Template> parse_template(std::string_view source) {
@@ -1232,6 +1436,9 @@ std::shared_ptr<const Template> parse_template(std::string_view source) {
   auto tmpl = std::make_shared<Template>();
   tmpl->body = parser.parse_all();
   check_names(tmpl->body, false);
+  ScopeAnalysis::Scope root;
+  ScopeAnalysis::run(root, tmpl->body);
+  tmpl->undefined_names = root.undefined();
   return tmpl;
 }
 
