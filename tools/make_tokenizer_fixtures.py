@@ -8,10 +8,11 @@ moeinfer against these.
 
 The layouts are the ones published checkpoints use:
   qwen2_bytelevel     NFC, Split on the Qwen2 regex, ByteLevel without its own regex, chat specials
-  gpt2_bytelevel      ByteLevel with the GPT-2 regex and add_prefix_space, EOS appended by a
+  gpt2_bytelevel      ByteLevel with the GPT-2 regex and add_prefix_space, ignore_merges, EOS by a
                       TemplateProcessing inside a Sequence, added tokens with lstrip/rstrip/
                       single_word/normalized flags
-  mixtral_legacy      SentencePiece-style BPE with byte fallback, normaliser Prepend + Replace
+  mixtral_legacy      SentencePiece-style BPE with byte fallback, normaliser Prepend + Replace,
+                      merges written as "a b" strings
   mixtral_metaspace   the same model with a Metaspace(prepend_scheme="first") pre-tokenizer
   misc_suffix_bpe     subword prefix/suffix BPE behind the other normalisers and pre-tokenizers
   t5_metaspace        older SentencePiece conversion: Nmt, Metaspace split, Roberta processing
@@ -134,7 +135,7 @@ def build_gpt2_style(vocab_size: int) -> Tokenizer:
         AddedToken("[NEW]", special=False, single_word=True, normalized=False),
         AddedToken("moeinfer", special=False, normalized=True),
     ]
-    tok = Tokenizer(models.BPE())
+    tok = Tokenizer(models.BPE(ignore_merges=True))  # as Llama-3
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(added), show_progress=False,
@@ -383,15 +384,9 @@ MISC_CASES = [
 ]
 
 
-def marks_kept_by_strip_accents() -> list[tuple[int, int]]:
-    """Marks (Unicode 14 general category M*) that `tokenizers`' StripAccents keeps, because its
-    table predates them, as (first, last) ranges."""
-    import unicodedata
-    marks = "".join(chr(cp) for cp in range(0x110000) if not 0xD800 <= cp <= 0xDFFF
-                    and unicodedata.category(chr(cp)) in ("Mn", "Mc", "Me"))
+def _ranges(code_points) -> list[tuple[int, int]]:
     ranges: list[list[int]] = []
-    for ch in normalizers.StripAccents().normalize_str(marks):
-        cp = ord(ch)
+    for cp in code_points:
         if ranges and ranges[-1][1] == cp - 1:
             ranges[-1][1] = cp
         else:
@@ -399,22 +394,24 @@ def marks_kept_by_strip_accents() -> list[tuple[int, int]]:
     return [tuple(r) for r in ranges]
 
 
-def punctuation_unknown_to_punctuation() -> list[tuple[int, int]]:
-    """Punctuation (Unicode 14 general category P*) that `tokenizers`' Punctuation pre-tokenizer
-    does not split on, because its table predates them, as (first, last) ranges."""
+def _assigned_non_ascii() -> list[str]:
     import unicodedata
+    return [chr(cp) for cp in range(0x80, 0x110000)
+            if not 0xD800 <= cp <= 0xDFFF and unicodedata.category(chr(cp)) != "Cn"]
+
+
+def tokenizers_punctuation() -> list[tuple[int, int]]:
+    """Non-ASCII code points `tokenizers`' Punctuation pre-tokenizer splits on (its table is
+    older than utf8proc's, and categories moved in between), as (first, last) ranges."""
     probe = pre_tokenizers.Punctuation(behavior="removed")
-    ranges: list[list[int]] = []
-    for cp in range(0x80, 0x110000):
-        ch = chr(cp)
-        if 0xD800 <= cp <= 0xDFFF or not unicodedata.category(ch).startswith("P"):
-            continue
-        if probe.pre_tokenize_str("a" + ch + "b") != [("a", (0, 1)), ("b", (2, 3))]:
-            if ranges and ranges[-1][1] == cp - 1:
-                ranges[-1][1] = cp
-            else:
-                ranges.append([cp, cp])
-    return [tuple(r) for r in ranges]
+    return _ranges(ord(ch) for ch in _assigned_non_ascii()
+                   if probe.pre_tokenize_str("a" + ch + "b") == [("a", (0, 1)), ("b", (2, 3))])
+
+
+def tokenizers_accents() -> list[tuple[int, int]]:
+    """Code points `tokenizers`' StripAccents removes, as (first, last) ranges."""
+    strip = normalizers.StripAccents()
+    return _ranges(ord(ch) for ch in _assigned_non_ascii() if strip.normalize_str(ch) == "")
 
 
 def unknown_to_normalizers() -> list[tuple[int, int]]:
@@ -440,10 +437,21 @@ def unknown_to_normalizers() -> list[tuple[int, int]]:
     return [tuple(r) for r in ranges]
 
 
-def write_fixture(out_dir: pathlib.Path, name: str, tok: Tokenizer, inputs: list[str]) -> None:
+def write_fixture(out_dir: pathlib.Path, name: str, tok: Tokenizer, inputs: list[str],
+                  legacy_merges: bool = False) -> None:
+    """Saves the tokenizer and the cases. legacy_merges writes merges as "a b" strings, the
+    older layout many published files (Mixtral's among them) still use."""
     target = out_dir / name
     target.mkdir(parents=True, exist_ok=True)
     tok.save(str(target / "tokenizer.json"), pretty=False)
+    if legacy_merges:
+        data = json.loads((target / "tokenizer.json").read_text(encoding="utf-8"))
+        merges = data["model"]["merges"]
+        if any(" " in part for pair in merges for part in pair):
+            raise ValueError("a merge contains a space; it cannot be written as 'a b'")
+        data["model"]["merges"] = [" ".join(pair) for pair in merges]
+        (target / "tokenizer.json").write_text(json.dumps(data, ensure_ascii=False),
+                                               encoding="utf-8")
     # Reload so the cases come from exactly the file we ship.
     tok = Tokenizer.from_file(str(target / "tokenizer.json"))
     cases = []
@@ -472,20 +480,20 @@ def main() -> None:
         print("// kNewerAssignments")
         for first, last, cat in unicode_additions():
             print(f"    {{0x{first:05X}, 0x{last:05X}, \"{cat}\"}},")
-        print("// kPunctuationUnknownToPunctuation")
-        for first, last in punctuation_unknown_to_punctuation():
-            print(f"    {{0x{first:05X}, 0x{last:05X}}},")
         print("// kUnknownToNormalizers")
         for first, last in unknown_to_normalizers():
             print(f"    {{0x{first:05X}, 0x{last:05X}}},")
-        print("// kMarksKeptByStripAccents")
-        for first, last in marks_kept_by_strip_accents():
+        print("// kTokenizersPunctuation")
+        for first, last in tokenizers_punctuation():
+            print(f"    {{0x{first:05X}, 0x{last:05X}}},")
+        print("// kTokenizersAccents")
+        for first, last in tokenizers_accents():
             print(f"    {{0x{first:05X}, 0x{last:05X}}},")
         return
     write_fixture(args.out, "qwen2_bytelevel", build_qwen_style(1000), COMMON_CASES)
     write_fixture(args.out, "gpt2_bytelevel", build_gpt2_style(800), COMMON_CASES + GPT2_CASES)
     write_fixture(args.out, "mixtral_legacy", build_mixtral_style(900, "legacy"),
-                  COMMON_CASES + MIXTRAL_CASES)
+                  COMMON_CASES + MIXTRAL_CASES, legacy_merges=True)
     write_fixture(args.out, "mixtral_metaspace", build_mixtral_style(900, "metaspace"),
                   COMMON_CASES + MIXTRAL_CASES)
     write_fixture(args.out, "misc_suffix_bpe", build_misc_suffix_style(),

@@ -48,7 +48,7 @@ BpeModel::BpeModel(const Json& j) {
   vocab_.reserve(j["vocab"].size());
   for (const auto& [token, id_json] : j["vocab"].items()) {
     const int64_t id = id_json.get<int64_t>();
-    MOE_CHECK(id >= 0 && id < (int64_t{1} << 26), "BPE vocab id ", id, " of token '", token,
+    MOE_CHECK(id >= 0 && id < (int64_t{1} << 22), "BPE vocab id ", id, " of token '", token,
               "' is out of range");
     vocab_[token] = static_cast<int32_t>(id);
     max_id = std::max(max_id, id);

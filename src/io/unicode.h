@@ -48,9 +48,12 @@ bool is_numeric(char32_t cp);      // general category Nd, Nl or No
 bool is_punctuation(char32_t cp);  // general category P*
 bool is_mark(char32_t cp);         // general category M*
 bool is_control(char32_t cp);      // general category Cc
-// Punctuation that `tokenizers`' Punctuation and BertPreTokenizer split on (older Unicode).
+// Several `tokenizers` components carry Unicode tables older than utf8proc's; these follow them
+// (tables made by `tools/make_tokenizer_fixtures.py --print-unicode-table`, which asks
+// `tokenizers` itself):
+// non-ASCII punctuation that the Punctuation and BertPreTokenizer pre-tokenizers split on,
 bool is_split_punctuation(char32_t cp);
-// A mark that `tokenizers`' StripAccents removes (its table covers the marks of older Unicode).
+// what the StripAccents normaliser removes.
 bool is_stripped_accent(char32_t cp);
 
 // Code points assigned after Unicode 14.0 (the data of PCRE2 10.42) up to the Unicode version of
@@ -72,6 +75,8 @@ std::string_view general_category(char32_t cp);
 std::string newer_class_items(std::initializer_list<std::string_view> prefixes);
 
 enum class NormalForm { kNFC, kNFD, kNFKC, kNFKD };
+// utf8proc's normalisation, except that code points the `tokenizers` normalisers do not know are
+// left alone and act as barriers (nothing composes or reorders across them), as there.
 std::string normalize(std::string_view text, NormalForm form);
 
 // Per-character full lowercase mapping, as Rust's `char::to_lowercase`.
