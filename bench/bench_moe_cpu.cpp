@@ -1,6 +1,6 @@
 // Question: how close does one CPU MoE layer (moe/moe_layer.h, the six stages over cpu::linear)
-// come to the memory bandwidth at the Qwen3-30B-A3B shape, at decode (T = 1) and prefill
-// (T = 512)?
+// come to the memory bandwidth at the Qwen3-30B-A3B shape, at decode (T = 1), batched decode
+// (T = 64: nearly every expert is read, about 4 rows each) and prefill (T = 512)?
 //
 // Shape: H = 2048, E = 128 experts, top-8 (softmax, renormalised), expert width I = 768, bf16
 // weights (128 x 9.4 MiB = 1.2 GiB, far beyond the 32 MiB L3) and a bf16 router [E, H].
@@ -227,9 +227,9 @@ int main(int argc, char** argv) {
 
   std::printf("%-5s %-22s %10s %8s %8s %8s %9s %6s %6s\n", "T", "variant", "us/call", "experts",
               "maxrows", "GB/s", "GFLOP/s", "%peak", "ratio");
-  for (int64_t num_tokens : {int64_t{1}, int64_t{512}}) {
+  for (int64_t num_tokens : {int64_t{1}, int64_t{64}, int64_t{512}}) {
     // 64 batches of hidden states (decode) or 2 (prefill), each common direction + noise.
-    const int num_batches = num_tokens == 1 ? 64 : 2;
+    const int num_batches = num_tokens == 1 ? 64 : num_tokens == 64 ? 8 : 2;
     std::vector<std::vector<float>> batches(num_batches);
     for (auto& batch : batches) {
       batch.resize(static_cast<size_t>(num_tokens * kHidden));
@@ -322,7 +322,7 @@ int main(int argc, char** argv) {
         fn();
         *best = std::min(*best, cpu::roofline::now_seconds() - start);
       };
-      for (int rep = 0; rep < (num_tokens == 1 ? 50 : 4); ++rep) {
+      for (int rep = 0; rep < (num_tokens == 1 ? 50 : num_tokens == 64 ? 8 : 4); ++rep) {
         hidden = batches[rep % num_batches].data();
         timed(&t_router,
               [&] { cpu::linear(hidden, num_tokens, layer.views.router, nullptr, logits.data()); });
