@@ -13,6 +13,7 @@
 #include "io/chat_template.h"
 #include "io/tokenizer.h"
 #include "model/model.h"
+#include "profile/routing_trace.h"
 #include "runtime/sampler.h"
 
 namespace moeinfer::cli {
@@ -26,6 +27,7 @@ struct GenerateArgs {
   SamplingParams sampling;
   bool chat = false;
   bool ignore_eos = false;
+  std::string trace_routing;  // routing trace file, empty = off
 };
 
 std::vector<int32_t> prompt_ids(const GenerateArgs& args, const std::filesystem::path& dir,
@@ -62,6 +64,13 @@ void run_generate(const GenerateArgs& args) {
     MOE_CHECK(id < config.vocab_size, "the tokenizer gave id ", id,
               " but the model's vocabulary has ", config.vocab_size, " entries");
   }
+  std::unique_ptr<RoutingTraceWriter> trace;
+  if (!args.trace_routing.empty()) {
+    trace = std::make_unique<RoutingTraceWriter>(args.trace_routing, config.num_layers,
+                                                 config.num_experts, config.num_experts_per_tok);
+    decoder.set_routing_observer(
+        [&trace](int64_t layer, const moe::Routing& routing) { trace->record(layer, routing); });
+  }
   KvCache cache = decoder.make_cache(static_cast<int64_t>(prompt.size()) + args.max_tokens);
   Sampler sampler(args.sampling);
   StreamDecoder stream(tokenizer, /*skip_special_tokens=*/true);
@@ -70,6 +79,7 @@ void run_generate(const GenerateArgs& args) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   decoder.forward(prompt, cache, logits, /*all_positions=*/false);
+  if (trace) trace->next_step();
   const auto prefilled = Clock::now();
   int64_t generated = 0;
   while (generated < args.max_tokens) {
@@ -82,6 +92,7 @@ void run_generate(const GenerateArgs& args) {
     if (generated == args.max_tokens || cache.length() >= cache.max_tokens()) break;
     const int32_t token[1] = {next};
     decoder.forward(token, cache, logits, /*all_positions=*/false);
+    if (trace) trace->next_step();
   }
   const std::string rest = stream.flush();
   std::fwrite(rest.data(), 1, rest.size(), stdout);
@@ -110,6 +121,8 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--seed", args->sampling.seed, "Random seed")->capture_default_str();
   cmd->add_flag("--chat", args->chat, "Apply the checkpoint's chat template");
   cmd->add_flag("--ignore-eos", args->ignore_eos, "Keep going past end-of-sequence tokens");
+  cmd->add_option("--trace-routing", args->trace_routing,
+                  "Record every routing decision to FILE (see `moeinfer trace summarize`)");
   cmd->callback([args] { run_generate(*args); });
 }
 

@@ -11,5 +11,9 @@ void add_generate_command(CLI::App& app);
 void add_info_command(CLI::App& app);
 void add_template_command(CLI::App& app);
 void add_expert_load_command(CLI::App& app);
+void add_serve_command(CLI::App& app);
+void add_bench_serve_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
+void add_trace_command(CLI::App& app);
 
 }  // namespace moeinfer::cli

@@ -14,6 +14,10 @@ int main(int argc, char** argv) {
   moeinfer::cli::add_info_command(app);
   moeinfer::cli::add_template_command(app);
   moeinfer::cli::add_expert_load_command(app);
+  moeinfer::cli::add_serve_command(app);
+  moeinfer::cli::add_bench_serve_command(app);
+  moeinfer::cli::add_bench_command(app);
+  moeinfer::cli::add_trace_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
