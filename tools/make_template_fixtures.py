@@ -406,6 +406,31 @@ type {{ t.function.name }} = ({{ ts_type(t.function.parameters) }}) => {{ ts_typ
         "required": ["q"]}, "returns": {"type": "array", "items": {"type": "object", "properties": {"url": {"type": "string"}}}}}},
     {"type": "function", "function": {"name": "noop", "parameters": {"type": "object"}}}]}])
 
+FEATURES["scoping"] = ("""\
+{#- jinja2 resolves names per scope at compile time: a name first assigned at the top level is a
+    template variable that is undefined until assigned, even inside loops that run earlier #}
+{% for i in [1, 2] %}[{{ late }}:{{ early }}]{% endfor %}
+{% set late = 'set late' %}{% set early = early ~ '+' %}[{{ late }}:{{ early }}]
+{% for i in [1, 2] %}{% if i == 2 %}{{ carried }}{% endif %}{% set carried = i %}{% endfor %}[{{ carried }}]
+{% set x = 'outer' %}{% for i in [1] %}{% if flag %}{% set x = 'inner' %}{% endif %}({{ x }}){% endfor %}({{ x }})
+{% set blk %}{% set leaked = 1 %}{% endset %}{% filter upper %}{% set leaked2 = 1 %}f{% endfilter %} [{{ leaked is defined }}{{ leaked2 is defined }}]
+{% macro show(v=fallback) %}{{ v }}{% endmacro %}{% set fallback = 'default from later set' %}{{ show() }}
+{% for i in range(3) %}{% if i == 0 %}{% continue %}{% endif %}{{ i }}{% else %}else-after-continue-only{% endfor %}
+{% for i in range(3) %}{% if i == 0 %}{% break %}{% endif %}{{ i }}{% else %}else-after-break{% endfor %}
+{% for i in range(3) %}{% if i == 2 %}{% break %}{% endif %}{{ i }}{% else %}not-shown{% endfor %}
+{% for i in range(3) %}{% set acc %}{{ i }}{% if i == 1 %}{% break %}{% endif %}{% endset %}{{ acc }}{% endfor %}
+{% for m in messages %}{% set content = m.content %}{% if m.role == 'assistant' %}{% set content = content | upper %}{% endif %}{{ content }};{% endfor %}
+""", [{"early": "ctx", "late": "ctx-late", "flag": False, "messages": CONVO},
+      {"early": "e", "flag": True, "messages": []}])
+
+FEATURES["generators_and_views"] = ("""\
+{{ 'yes' if messages | selectattr('role', 'equalto', 'nobody') else 'no' }} {{ 'yes' if messages | selectattr('role', 'equalto', 'nobody') | list else 'no' }}
+{{ d.items() }} {{ d.keys() }} {{ d.values() }} {{ d.items() | list }} {{ (d.keys() | list)[0] }} {{ d.items() | length }}
+{{ messages | map(attribute='role') | list }} {{ messages | map(attribute='role') | first }} {{ messages | map(attribute='role') | join('/') }}
+{{ [3, 1, 3] | unique | list }} {{ [1, 2] | reverse | list }} {{ 'abc' | reverse }} {{ d | reverse | list }}
+{{ 'user' in messages | map(attribute='role') }} {% for r in messages | map(attribute='role') | unique %}{{ loop.index }}:{{ r }}/{{ loop.length }} {% endfor %}
+""", [{"messages": CONVO, "d": {"a": 1, "b": [2]}}])
+
 # ----------------------------------------------------------------------------------------------
 # Error cases: jinja2 raises while parsing or rendering; moeinfer must raise too.
 
@@ -436,6 +461,9 @@ ERRORS = {
     "error_namespace_underscore": ("{% set ns = namespace() %}{% set ns._x = 1 %}\n", [{}]),
     "error_tojson_undefined": ("{{ nope | tojson }}\n", [{}]),
     "error_compare_types": ("{{ 1 < 'a' }}\n", [{}]),
+    "error_generator_length": ("{{ messages | selectattr('role', 'equalto', 'user') | length }}\n",
+                               [{"messages": CONVO}]),
+    "error_slice_dict": ("{{ d[1:] }}\n", [{"d": {"a": 1}}]),
 }
 
 # ----------------------------------------------------------------------------------------------

@@ -7,9 +7,12 @@ randomly generated conversations (random role order, unicode, tool calls, empty 
 content, with or without a system message, with or without tools). Outputs must be identical;
 when jinja2 raises, moeinfer must exit non-zero. The chat_* templates are also rendered through a
 throw-away checkpoint folder (`moeinfer template --model DIR --messages M`) and compared with
-transformers' apply_chat_template preprocessing done here in Python.
+transformers' apply_chat_template preprocessing done here in Python. Last, randomly generated
+templates (whitespace control around nested tags; assignments, loops, macros and blocks that test
+jinja2's scoping) are compared the same way.
 
-Usage: test_chat_template_diff.py --moeinfer BIN --fixtures DIR [--random N] [--seed S]
+Usage: test_chat_template_diff.py --moeinfer BIN --fixtures DIR [--random N] [--random-templates N]
+                                  [--seed S]
 Exit status is non-zero on any mismatch; the last line reads "N passed, M failed".
 """
 
@@ -115,6 +118,82 @@ def random_context(rng):
     return ctx
 
 
+def random_whitespace_template(rng):
+    """Text with spaces, tabs and newlines around tags carrying random -/+ markers."""
+    pieces = [" ", "  ", "\t", "\n", "\n\n", "a", "b c", " x \n", "\n  ", "  \n", "\r\n", "}", "{", "-"]
+
+    def mark(plus=True):
+        return rng.choice(["", "", "-", "+"] if plus else ["", "", "-"])
+
+    def text():
+        return "".join(rng.choice(pieces) for _ in range(rng.randint(0, 4)))
+
+    def block(depth):
+        out = []
+        for _ in range(rng.randint(1, 4)):
+            out.append(text())
+            r = rng.random()
+            if r < 0.25 and depth < 3:
+                out.append("{%" + mark() + " if c " + mark() + "%}" + block(depth + 1))
+                if rng.random() < 0.5:
+                    out.append("{%" + mark() + " else " + mark() + "%}" + block(depth + 1))
+                out.append("{%" + mark() + " endif " + mark() + "%}")
+            elif r < 0.4 and depth < 3:
+                out.append("{%" + mark() + " for i in [1, 2] " + mark() + "%}" + block(depth + 1)
+                           + "{%" + mark() + " endfor " + mark() + "%}")
+            elif r < 0.55:
+                out.append("{{" + mark(False) + " v " + mark(False) + "}}")
+            elif r < 0.7:
+                out.append("{#" + mark() + " note " + mark() + "#}")
+            elif r < 0.8:
+                out.append("{%" + mark() + " set s = 1 " + mark() + "%}")
+            elif r < 0.85:
+                out.append("{%" + mark() + " raw " + mark(False) + "%} r {{ x }} {%" + mark() + " endraw "
+                           + mark() + "%}")
+        out.append(text())
+        return "".join(out)
+
+    return block(0), {"c": rng.random() < 0.5, "v": "V"}
+
+
+def random_scoping_template(rng):
+    """Assignments, loops, macros, namespaces and block sets nested at random."""
+    names = ["a", "b", "c"]
+    values = ["1", "'s'", "a", "b ~ 'x'", "ns.n + 1", "loop.index if loop is defined else 0", "[a, b]",
+              "c | default(5)", "m(a)"]
+
+    def stmts(depth):
+        out = []
+        for _ in range(rng.randint(1, 4)):
+            r = rng.random()
+            if r < 0.25:
+                out.append("{% set " + rng.choice(names) + " = " + rng.choice(values) + " %}")
+            elif r < 0.4:
+                out.append("[{{ " + rng.choice(names + ["ns.n", "loop.index0 if loop is defined else '-'"]) + " }}]")
+            elif r < 0.5:
+                out.append("{% set ns.n = " + rng.choice(values) + " %}")
+            elif r < 0.62 and depth < 3:
+                out.append("{% for i in range(" + str(rng.randint(0, 3)) + ") %}" + stmts(depth + 1)
+                           + ("{% else %}E" if rng.random() < 0.3 else "") + "{% endfor %}")
+            elif r < 0.75 and depth < 3:
+                out.append("{% if " + rng.choice(["a", "b == 1", "c is defined", "not a"]) + " %}" + stmts(depth + 1)
+                           + "{% else %}" + stmts(depth + 1) + "{% endif %}")
+            elif r < 0.82 and depth < 3:
+                out.append("{% macro m(x, y=a) %}<{{ x }}{{ y }}" + stmts(depth + 1) + ">{% endmacro %}")
+            elif r < 0.88:
+                out.append("{{ m(" + rng.choice(values) + ") }}")
+            elif r < 0.93 and depth < 3:
+                out.append("{% set c %}" + stmts(depth + 1) + "{% endset %}")
+            elif r < 0.97 and depth > 0:
+                out.append("{% if b %}{% break %}{% endif %}")
+            else:
+                out.append("{% set a, b = b, a %}")
+        return "".join(out)
+
+    source = "{% set ns = namespace(n=0) %}{% macro m(x) %}({{ x }}){% endmacro %}" + stmts(0)
+    return source, {"a": rng.choice([0, 1, "q"]), "b": rng.choice([1, None, ""])}
+
+
 def transformers_view(messages):
     """What transformers hands the template: None-valued keys dropped, reasoning aliased."""
     out = []
@@ -170,6 +249,8 @@ def main():
     ap.add_argument("--moeinfer", required=True)
     ap.add_argument("--fixtures", required=True)
     ap.add_argument("--random", type=int, default=12, help="random conversations per template")
+    ap.add_argument("--random-templates", type=int, default=150,
+                    help="random whitespace and scoping templates, of each kind")
     ap.add_argument("--seed", type=int, default=None)
     args = ap.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
@@ -225,6 +306,19 @@ def main():
                 flags = ["--add-generation-prompt"] if agp else []
                 rc, out, err = runner.run(["--model", model_dir, "--messages", msg_path, *flags])
                 runner.check(f"{name}[model {i}]", expected, rc, out, err, {"messages": messages, "agp": agp})
+        # Random templates.
+        for i in range(args.random_templates):
+            for kind, make in (("whitespace", random_whitespace_template), ("scoping", random_scoping_template)):
+                source, ctx = make(rng)
+                expected = render(env, source, ctx)
+                if "error" in expected and "break" in expected["error"]:
+                    continue  # jinja2 compiles loop controls in macros into invalid Python; not our concern
+                with open(tmpl_path, "w", encoding="utf-8", newline="") as f:
+                    f.write(source)
+                with open(ctx_path, "w", encoding="utf-8") as f:
+                    json.dump(ctx, f, ensure_ascii=False)
+                rc, out, err = runner.run(["--template", tmpl_path, "--context", ctx_path])
+                runner.check(f"random {kind} template {i}", expected, rc, out, err, {"template": source, **ctx})
     print(f"{runner.passed} passed, {runner.failed} failed")
     return 1 if runner.failed else 0
 
