@@ -207,6 +207,8 @@ const char* tile_name(GemmTile t) {
       return "64";
     case GemmTile::kRows128:
       return "128";
+    case GemmTile::kRows128Wide:
+      return "128w";
     default:
       return "auto";
   }
@@ -263,20 +265,24 @@ void bench_t(int64_t T, bf16* const* gate_up, bf16* const* down, double copy_bw,
   add(std::string("gate_up+silu tile ") + tile_name(gu_tile), gu_ms, gu_bytes, gu_flops);
   add(std::string("down tile ") + tile_name(dn_tile), dn_ms, dn_bytes, dn_flops);
   add("experts (both)", both_ms, gu_bytes + dn_bytes, gu_flops + dn_flops);
-  if (T >= 64) {
-    // The neighbouring tile for both projections, to see where the automatic choice stands.
-    const GemmTile alt = gu_tile == GemmTile::kRows16 ? GemmTile::kRows64
-                         : gu_tile == GemmTile::kRows64 ? GemmTile::kRows128
-                                                         : GemmTile::kRows64;
-    const double alt_ms = time_graph(stream, [&](int i) {
-      GroupedGemmParams g = gu_params(i), d = dn_params(i);
-      g.tile = alt;
-      d.tile = alt;
-      grouped_gemm(g, stream);
-      grouped_gemm(d, stream);
-    });
-    add(std::string("experts, tile ") + tile_name(alt), alt_ms, gu_bytes + dn_bytes,
-        gu_flops + dn_flops);
+  if (T >= 8) {
+    // The other tiles for both projections, to see where the automatic choice stands.
+    for (GemmTile alt : {GemmTile::kRows16, GemmTile::kRows64, GemmTile::kRows128,
+                         GemmTile::kRows128Wide}) {
+      if (alt == gu_tile && alt == dn_tile) continue;
+      if ((alt == GemmTile::kRows128 || alt == GemmTile::kRows128Wide) && T < 256) continue;
+      if (alt == GemmTile::kRows16 && T >= 1024) continue;
+      const double alt_ms = time_graph(stream, [&](int i) {
+        GroupedGemmParams g = gu_params(i), d = dn_params(i);
+        g.tile = alt;
+        d.tile = alt;
+        d.overlap_previous = true;
+        grouped_gemm(g, stream);
+        grouped_gemm(d, stream);
+      });
+      add(std::string("experts, tile ") + tile_name(alt), alt_ms, gu_bytes + dn_bytes,
+          gu_flops + dn_flops);
+    }
   }
   if (T >= 256) {
     // The same FLOPs as dense cuBLAS GEMMs over all M rows, one expert's weights for all.

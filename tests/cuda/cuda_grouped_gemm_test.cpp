@@ -113,11 +113,14 @@ void run_case(const GemmCase& c, bool gate_up) {
                       .n = N,
                       .k = Kd,
                       .epilogue = gate_up ? GemmEpilogue::kSiluMul : GemmEpilogue::kNone,
-                      .tile = c.tile};
+                      .tile = c.tile,
+                      // Forced tiles also go through the programmatic-dependent launch.
+                      .overlap_previous = c.tile != GemmTile::kAuto};
   const int width = c.tile == GemmTile::kRows16 ? 32
                     : c.tile == GemmTile::kRows64 ? 64
                     : c.tile == GemmTile::kRows128 ? (gate_up ? 64 : 128)
-                                                   : 32;
+                    : c.tile == GemmTile::kRows128Wide ? (gate_up ? 128 : 256)
+                                                       : 32;
   if (N % width != 0) {
     expect_error_naming([&] { grouped_gemm(p, nullptr); }, "n = " + std::to_string(N));
     return;
@@ -220,8 +223,8 @@ void run_experts(int64_t T, int64_t K, int64_t E, int64_t H, int64_t I) {
 [[maybe_unused]] const bool kRegistered = [] {
   if (!cuda_device_present("grouped GEMM")) return false;
   const GemmTile tiles[] = {GemmTile::kAuto, GemmTile::kRows16, GemmTile::kRows64,
-                            GemmTile::kRows128};
-  const char* tile_names[] = {"Auto", "Rows16", "Rows64", "Rows128"};
+                            GemmTile::kRows128, GemmTile::kRows128Wide};
+  const char* tile_names[] = {"Auto", "Rows16", "Rows64", "Rows128", "Rows128Wide"};
   const Routing routings[] = {Routing::kUniform, Routing::kZipf, Routing::kOneExpert};
   const char* routing_names[] = {"Uniform", "Zipf", "OneExpert"};
   struct Shape {
@@ -229,9 +232,9 @@ void run_experts(int64_t T, int64_t K, int64_t E, int64_t H, int64_t I) {
   };
   const Shape shapes[] = {{1, 8, 128, 256, 192},  {3, 8, 128, 256, 192}, {19, 2, 8, 192, 320},
                           {99, 8, 60, 320, 128},  {989, 8, 128, 256, 128},
-                          {4096, 2, 60, 128, 192}};
+                          {4096, 2, 60, 128, 192},  {300, 8, 16, 256, 256}};
   for (const Shape& s : shapes) {
-    for (int t = 0; t < 4; ++t) {
+    for (int t = 0; t < 5; ++t) {
       for (int r = 0; r < 3; ++r) {
         // The one-expert and uniform routings only with the automatic tile, to bound run time.
         if (r != 1 && t != 0) continue;

@@ -1,6 +1,6 @@
 // Launcher of the grouped expert GEMM (grouped_gemm_kernel.cuh): checks shapes and alignment,
 // picks the tile from host-known sizes, sizes the grid for the worst case and launches once.
-// The instantiations are the six used: three tiles, each plain and with SiLU(gate)*up fused.
+// The instantiations are the eight used: four tiles, each plain and with SiLU(gate)*up fused.
 #include <algorithm>
 
 #include "backend/cuda/cuda_check.h"
@@ -13,16 +13,19 @@ namespace moeinfer::cuda {
 namespace {
 
 // 16 rows x 32 columns, 4 warps side by side: decode, where blocks must be many and narrow.
-// Six stages: the tile is small (10 KB a stage with gate/up), and a memory-bound block needs
+// Eight stages: the tile is small (10 KB a stage with gate/up), and a memory-bound block needs
 // many bytes in flight, since there are only 1-4 blocks per SM at decode sizes.
 template <bool G>
-using Rows16 = gemm::TileConfig<16, 32, 1, 4, 6, G>;
+using Rows16 = gemm::TileConfig<16, 32, 1, 4, 8, G>;
 // 64 x 64, 2 x 2 warps.
 template <bool G>
 using Rows64 = gemm::TileConfig<64, 64, 2, 2, 4, G>;
 // 128 x 128 (64 output columns, 128 weight rows with gate/up), 2 x 4 warps, 3 stages.
 template <bool G>
 using Rows128 = gemm::TileConfig<128, G ? 64 : 128, 2, 4, 3, G>;
+// 128 x 256 (128 output columns with gate/up), 2 x 4 warps of 64 x 64, 3 stages of 48 KB.
+template <bool G>
+using Rows128Wide = gemm::TileConfig<128, G ? 128 : 256, 2, 4, 3, G>;
 
 template <class Cfg>
 void launch(const GroupedGemmParams& p, cudaStream_t stream) {
@@ -39,8 +42,22 @@ void launch(const GroupedGemmParams& p, cudaStream_t stream) {
   MOE_CHECK(slots <= 65535, "num_rows = ", p.num_rows, " needs ", slots,
             " row-tile slots, over the grid's 65535");
   const dim3 grid(static_cast<unsigned>(p.n / Cfg::BN), static_cast<unsigned>(slots));
-  grouped_gemm_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-  MOE_CUDA_CHECK_LAUNCH();
+  if (!p.overlap_previous) {
+    grouped_gemm_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+    MOE_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(Cfg::kThreads);
+  config.dynamicSmemBytes = Cfg::kSmemBytes;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  CUDA_CHECK(cudaLaunchKernelEx(&config, grouped_gemm_kernel<Cfg>, p));
 }
 
 template <bool G>
@@ -52,6 +69,8 @@ void dispatch_tile(GemmTile tile, const GroupedGemmParams& p, cudaStream_t strea
       return launch<Rows64<G>>(p, stream);
     case GemmTile::kRows128:
       return launch<Rows128<G>>(p, stream);
+    case GemmTile::kRows128Wide:
+      return launch<Rows128Wide<G>>(p, stream);
     case GemmTile::kAuto:
       break;
   }
@@ -63,7 +82,7 @@ void dispatch_tile(GemmTile tile, const GroupedGemmParams& p, cudaStream_t strea
 GemmTile grouped_gemm_auto_tile(int64_t num_rows, int64_t num_experts, int64_t n) {
   const int64_t touched = std::max<int64_t>(1, std::min(num_experts, num_rows));
   const int64_t mean_rows = num_rows / touched;
-  if (mean_rows <= 24 || n % 64 != 0) return GemmTile::kRows16;
+  if (mean_rows <= 8 || n % 64 != 0) return GemmTile::kRows16;
   if (mean_rows <= 160 || n % 128 != 0) return GemmTile::kRows64;
   return GemmTile::kRows128;
 }
@@ -118,7 +137,8 @@ void moe_experts(const MoeExpertsParams& p, cudaStream_t stream) {
                                  .num_experts = p.num_experts,
                                  .n = p.hidden_size,
                                  .k = p.expert_width,
-                                 .epilogue = GemmEpilogue::kNone},
+                                 .epilogue = GemmEpilogue::kNone,
+                                 .overlap_previous = true},
                stream);
 }
 

@@ -22,7 +22,7 @@
 // float32 accumulators of the same output column (SiLU(x) = x / (1 + exp(-x))).
 //
 // Requirements (the launcher names the offending value): Kd a positive multiple of 64, N a
-// positive multiple of 32 (64 for the tiles used past 16 rows per expert), all three matrices
+// positive multiple of 32 (64 and 128 for the larger tiles, see grouped_gemm.cu), all three matrices
 // 16-byte aligned (cp.async moves 16-byte chunks), M < 2^31.
 #pragma once
 
@@ -35,10 +35,11 @@ namespace moeinfer::cuda {
 
 enum class GemmEpilogue : int32_t { kNone, kSiluMul };
 
-// Tile shapes. kAuto picks from the mean rows per touched expert, M / min(E, M), which the host
-// knows without reading the device: up to 24 rows the 16-row tile (decode: weights streamed by
-// many narrow blocks), up to 160 the 64-row tile, above that the 128-row tile.
-enum class GemmTile : int32_t { kAuto, kRows16, kRows64, kRows128 };
+// Tile shapes. kAuto picks from the mean rows per expert, M / min(E, M), which the host knows
+// without reading the device: up to 8 rows the 16-row tile (decode: weights streamed by many
+// narrow blocks), up to 160 the 64-row tile, above that a 128-row tile. kRows128Wide is 128 x 256
+// (128 x 128 outputs with gate/up) with 64 x 64 warp tiles.
+enum class GemmTile : int32_t { kAuto, kRows16, kRows64, kRows128, kRows128Wide };
 
 struct GroupedGemmParams {
   const __nv_bfloat16* rows = nullptr;     // [M, Kd]
@@ -51,6 +52,10 @@ struct GroupedGemmParams {
   int64_t k = 0;                           // Kd
   GemmEpilogue epilogue = GemmEpilogue::kNone;
   GemmTile tile = GemmTile::kAuto;
+  // Launch as a programmatic dependent of the previous kernel on the stream: the tile scan and
+  // the first weight tiles overlap that kernel's tail; the rows are read only after it has
+  // finished. Only for a previous kernel that does not write the weights or expert_offsets.
+  bool overlap_previous = false;
 };
 
 // Validates and enqueues one grouped GEMM.
@@ -73,7 +78,7 @@ struct MoeExpertsParams {
 };
 
 // The experts stage: activation = SiLU(rows . gate^T) * (rows . up^T), out = activation . down^T,
-// two launches.
+// two launches, the second a programmatic dependent of the first.
 void moe_experts(const MoeExpertsParams& params, cudaStream_t stream);
 
 }  // namespace moeinfer::cuda

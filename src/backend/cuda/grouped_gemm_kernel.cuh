@@ -18,6 +18,11 @@
 // - SiLU(gate) * up is fused: the weight tile holds BN gate rows and the BN matching up rows, a
 //   warp's gate and up accumulators have identical fragment layouts, and the epilogue combines
 //   them in registers, so the [M, 2I] intermediate never exists.
+// - Programmatic dependent launch: every block signals griddepcontrol.launch_dependents at once,
+//   and waits (griddepcontrol.wait) only after requesting its first weight tiles, so in
+//   moe_experts the down projection's tile scan and weight prefetch overlap the tail of the
+//   gate/up projection (at decode the kernels are a few microseconds each and the tail is a
+//   large part of that).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -132,6 +137,11 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   __shared__ int s_warp[kThreads / 32];
   __shared__ int s_tile[3];  // expert's first row of this tile, rows in this tile, expert
 
+  // A kernel launched after this one as a programmatic dependent may start its own prologue
+  // once every block of this grid has started; it still waits for this grid to finish before
+  // reading anything this grid writes.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+
   // Which (expert, row tile) does blockIdx.y name? Scan the per-expert tile counts.
   const int slot = static_cast<int>(blockIdx.y);
   const int num_experts = static_cast<int>(p.num_experts);
@@ -175,7 +185,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   auto stage_b = [&](int stage) { return smem_base + stage * Cfg::kStageBytes + BM * kBK * 2; };
 
   const int num_k_tiles = K / kBK;
-  auto load_stage = [&](int stage, int k_tile) {
+  auto load_a = [&](int stage, int k_tile) {
     const int k0 = k_tile * kBK;
     const uint32_t sa = stage_a(stage);
 #pragma unroll
@@ -185,6 +195,9 @@ __global__ void __launch_bounds__(Cfg::kThreads)
       const __nv_bfloat16* src = a_base + static_cast<int64_t>(valid ? r : 0) * K + k0 + ch * 8;
       cp_async_16(sa + swizzle(r, ch), src, valid);
     }
+  };
+  auto load_b = [&](int stage, int k_tile) {
+    const int k0 = k_tile * kBK;
     const uint32_t sb = stage_b(stage);
 #pragma unroll
     for (int c = threadIdx.x; c < Cfg::kBRows * 8; c += kThreads) {
@@ -211,9 +224,18 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 #pragma unroll
         for (int v = 0; v < 4; ++v) acc[o][i][j][v] = 0.0f;
 
+  // Prologue. The weights and offsets were written long before this kernel, so the first
+  // stages of weights are requested before waiting for the previous kernel on the stream (a
+  // no-op unless launched as a programmatic dependent, see overlap_previous); the rows, which
+  // the previous kernel may have written, only after. The weight loads all land in the first
+  // commit group, which only makes the first wait a little stricter.
+#pragma unroll
+  for (int s = 0; s < Cfg::kStages - 1; ++s)
+    if (s < num_k_tiles) load_b(s, s);
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #pragma unroll
   for (int s = 0; s < Cfg::kStages - 1; ++s) {
-    if (s < num_k_tiles) load_stage(s, s);
+    if (s < num_k_tiles) load_a(s, s);
     cp_async_commit();
   }
 
@@ -221,7 +243,10 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     cp_async_wait<Cfg::kStages - 2>();
     __syncthreads();  // stage kt landed for every thread; stage kt-1 is free to overwrite
     const int next = kt + Cfg::kStages - 1;
-    if (next < num_k_tiles) load_stage(next % Cfg::kStages, next);
+    if (next < num_k_tiles) {
+      load_a(next % Cfg::kStages, next);
+      load_b(next % Cfg::kStages, next);
+    }
     cp_async_commit();
 
     const int stage = kt % Cfg::kStages;
