@@ -1,0 +1,108 @@
+// `moeinfer serve [--model DIR] [--host 127.0.0.1] [--port 8000] [--api-key KEY]
+// [--max-num-seqs N] [--max-queue N] [--kv-cache-mb M]`: the OpenAI-compatible HTTP server
+// (server/server.h). Loopback only unless --host says otherwise. SIGTERM or SIGINT: stop taking
+// requests, finish the ones in flight (abort them after --shutdown-grace seconds), exit 0.
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <string>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/model_arg.h"
+#include "core/error.h"
+#include "io/chat_template.h"
+#include "runtime/engine.h"
+#include "server/server.h"
+
+namespace moeinfer::cli {
+namespace {
+
+std::atomic<int> g_signal{0};  // the last SIGTERM / SIGINT received
+
+struct ServeArgs {
+  std::string model;
+  std::string served_name;
+  server::ServerConfig server;
+  EngineConfig engine;
+};
+
+void run_serve(ServeArgs args) {
+  args.engine.validate();
+  MOE_CHECK(args.server.port >= 0 && args.server.port <= 65535, "--port must be in [0, 65535], got ",
+            args.server.port);
+  const std::filesystem::path dir = resolve_model_dir(args.model);
+  args.server.model_name =
+      !args.served_name.empty() ? args.served_name : dir.lexically_normal().filename().string();
+  if (args.server.model_name.empty()) args.server.model_name = dir.parent_path().filename().string();
+
+  // SIGTERM / SIGINT only set a flag (threads started before this one, such as the compute
+  // pool's, may be the ones the kernel picks); a watcher thread turns it into a shutdown.
+  struct sigaction action {};
+  action.sa_handler = [](int sig) { g_signal.store(sig); };
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);  // a client that hangs up is a failed write, not a crash
+
+  auto engine = Engine::load(dir, args.engine, LoadOptions{});
+  server::Server server(std::move(engine), load_chat_config(dir), args.server);
+  server.bind();
+
+  std::atomic<bool> done{false};
+  std::thread signal_thread([&] {
+    while (!done) {
+      if (const int sig = g_signal.load(); sig != 0) {
+        std::fprintf(stderr, "moeinfer serve: %s, finishing requests in flight\n",
+                     sig == SIGTERM ? "SIGTERM" : "SIGINT");
+        server.shutdown();
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
+  server.run();
+  done = true;
+  signal_thread.join();
+  std::fprintf(stderr, "moeinfer serve: stopped\n");
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("serve", "Serve the model over an OpenAI-compatible HTTP API");
+  auto args = std::make_shared<ServeArgs>();
+  add_model_option(cmd, &args->model);
+  cmd->add_option("--host", args->server.host, "Address to bind (loopback by default)")
+      ->capture_default_str();
+  cmd->add_option("--port", args->server.port, "Port to bind (0: any free port)")
+      ->capture_default_str();
+  cmd->add_option("--api-key", args->server.api_key,
+                  "Require 'Authorization: Bearer KEY' on every endpoint but /health");
+  cmd->add_option("--served-model-name", args->served_name,
+                  "Model id in the API (default: the model folder's name)");
+  cmd->add_option("--max-num-seqs", args->engine.max_num_seqs, "Requests in the running batch at most")
+      ->capture_default_str();
+  cmd->add_option("--max-num-batched-tokens", args->engine.max_num_batched_tokens,
+                  "Tokens per engine step (prefill chunks and decodes)")
+      ->capture_default_str();
+  cmd->add_option("--max-queue", args->server.max_queue,
+                  "Requests waiting beyond the running batch; more get 429")
+      ->capture_default_str();
+  cmd->add_option("--kv-cache-mb", args->engine.kv_cache_mb,
+                  "KV cache size in MiB (0: room for max-num-seqs full-length requests, <= 4 GiB)")
+      ->capture_default_str();
+  cmd->add_option("--block-size", args->engine.block_size, "Tokens per KV block")->capture_default_str();
+  cmd->add_option("--max-model-len", args->engine.max_model_len,
+                  "Context length (0: the model's own)")
+      ->capture_default_str();
+  cmd->add_flag("!--no-prefix-caching", args->engine.enable_prefix_caching,
+                "Do not reuse KV blocks of repeated prompt prefixes");
+  cmd->add_option("--shutdown-grace", args->server.shutdown_grace_seconds,
+                  "Seconds to let requests in flight finish after SIGTERM")
+      ->capture_default_str();
+  cmd->callback([args] { run_serve(*args); });
+}
+
+}  // namespace moeinfer::cli

@@ -1,0 +1,350 @@
+#include "server/openai_api.h"
+
+#include <cmath>
+
+namespace moeinfer::server {
+namespace {
+
+using json = nlohmann::json;
+
+[[noreturn]] void bad(const std::string& param, const std::string& message) {
+  throw ApiError(400, message, "invalid_request_error", param);
+}
+
+// Optional field readers: absent or null leaves `out` alone; a wrong type is a 400 naming it.
+bool read_bool(const json& body, const char* key, bool& out) {
+  const auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return false;
+  if (!it->is_boolean()) bad(key, std::string("'") + key + "' must be a boolean");
+  out = it->get<bool>();
+  return true;
+}
+
+bool read_int(const json& body, const char* key, int64_t& out) {
+  const auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return false;
+  if (it->is_number_integer() || it->is_number_unsigned()) {
+    if (it->is_number_unsigned() && it->get<uint64_t>() > uint64_t{INT64_MAX}) {
+      bad(key, std::string("'") + key + "' is out of range");
+    }
+    out = it->get<int64_t>();
+    return true;
+  }
+  if (it->is_number_float()) {
+    const double v = it->get<double>();
+    if (std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 9e15) {
+      out = static_cast<int64_t>(v);
+      return true;
+    }
+  }
+  bad(key, std::string("'") + key + "' must be an integer");
+}
+
+bool read_float(const json& body, const char* key, float& out, double lo, double hi) {
+  const auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return false;
+  if (!it->is_number()) bad(key, std::string("'") + key + "' must be a number");
+  const double v = it->get<double>();
+  if (!(v >= lo && v <= hi)) {
+    bad(key, std::string("'") + key + "' must be in [" + std::to_string(lo) + ", " +
+                 std::to_string(hi) + "], got " + it->dump());
+  }
+  out = static_cast<float>(v);
+  return true;
+}
+
+std::string message_text(const json& content, size_t index) {
+  const std::string param = "messages[" + std::to_string(index) + "].content";
+  if (content.is_string()) return content.get<std::string>();
+  if (content.is_null()) return "";
+  if (!content.is_array()) bad(param, "'content' must be a string or an array of text parts");
+  std::string text;
+  for (const json& part : content) {
+    if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+        !part["text"].is_string()) {
+      bad(param, "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported");
+    }
+    text += part["text"].get<std::string>();
+  }
+  return text;
+}
+
+void parse_sampling(const json& body, ApiRequest& r) {
+  GenerationParams& g = r.params;
+  SamplingParams& s = g.sampling;
+  s.temperature = 1.0f;  // the OpenAI default
+  read_float(body, "temperature", s.temperature, 0.0, 2.0);
+  read_float(body, "top_p", s.top_p, 0.0, 1.0);
+  if (s.top_p <= 0.0f) bad("top_p", "'top_p' must be in (0, 1]");
+  int64_t top_k = 0;
+  if (read_int(body, "top_k", top_k)) {
+    if (top_k < -1) bad("top_k", "'top_k' must be -1 (no limit) or >= 0");
+    s.top_k = top_k < 0 ? 0 : top_k;
+  }
+  read_float(body, "min_p", s.min_p, 0.0, 1.0);
+  read_float(body, "repetition_penalty", s.repetition_penalty, 1e-6, 100.0);
+  read_float(body, "presence_penalty", s.presence_penalty, -2.0, 2.0);
+  read_float(body, "frequency_penalty", s.frequency_penalty, -2.0, 2.0);
+  int64_t seed = 0;
+  if (read_int(body, "seed", seed)) {
+    s.seed = static_cast<uint64_t>(seed);
+    g.has_seed = true;
+  }
+  int64_t n = 1;
+  if (read_int(body, "n", n) && n != 1) bad("n", "only n = 1 is supported");
+  int64_t best_of = 1;
+  if (read_int(body, "best_of", best_of) && best_of != 1) bad("best_of", "only best_of = 1 is supported");
+
+  // max_tokens (chat also takes max_completion_tokens); range against the context is checked
+  // once the prompt length is known.
+  int64_t max_tokens = 0;
+  const bool given = read_int(body, "max_tokens", max_tokens) ||
+                     (r.endpoint == Endpoint::kChat &&
+                      read_int(body, "max_completion_tokens", max_tokens));
+  if (given) {
+    if (max_tokens < 1) bad("max_tokens", "'max_tokens' must be >= 1, got " + std::to_string(max_tokens));
+    g.max_tokens = max_tokens;
+    r.max_tokens_given = true;
+  }
+
+  if (const auto it = body.find("stop"); it != body.end() && !it->is_null()) {
+    if (it->is_string()) {
+      g.stop.push_back(it->get<std::string>());
+    } else if (it->is_array()) {
+      for (const json& s : *it) {
+        if (!s.is_string()) bad("stop", "'stop' must be a string or an array of strings");
+        g.stop.push_back(s.get<std::string>());
+      }
+    } else {
+      bad("stop", "'stop' must be a string or an array of strings");
+    }
+    if (g.stop.size() > 16) bad("stop", "at most 16 stop strings");
+    for (const std::string& s : g.stop) {
+      if (s.empty()) bad("stop", "stop strings must not be empty");
+    }
+  }
+  if (const auto it = body.find("stop_token_ids"); it != body.end() && !it->is_null()) {
+    if (!it->is_array()) bad("stop_token_ids", "'stop_token_ids' must be an array of integers");
+    for (const json& id : *it) {
+      if (!id.is_number_integer()) bad("stop_token_ids", "'stop_token_ids' must be an array of integers");
+      g.stop_token_ids.push_back(id.get<int32_t>());
+    }
+  }
+  read_bool(body, "ignore_eos", g.ignore_eos);
+  read_bool(body, "include_stop_str_in_output", g.include_stop_str_in_output);
+  read_bool(body, "skip_special_tokens", g.skip_special_tokens);
+
+  // Log probabilities: completions take an integer, chat a boolean plus top_logprobs.
+  if (r.endpoint == Endpoint::kCompletions) {
+    int64_t lp = -1;
+    if (read_int(body, "logprobs", lp)) {
+      if (lp < 0 || lp > 20) bad("logprobs", "'logprobs' must be in [0, 20]");
+      g.logprobs = lp;
+    }
+  } else {
+    read_bool(body, "logprobs", r.chat_logprobs);
+    int64_t top = 0;
+    if (read_int(body, "top_logprobs", top)) {
+      if (top < 0 || top > 20) bad("top_logprobs", "'top_logprobs' must be in [0, 20]");
+      if (!r.chat_logprobs) bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    }
+    if (r.chat_logprobs) g.logprobs = top;
+  }
+}
+
+}  // namespace
+
+json error_body(const std::string& message, const std::string& type, const std::string& param,
+                const std::string& code) {
+  return {{"error",
+           {{"message", message},
+            {"type", type},
+            {"param", param.empty() ? json(nullptr) : json(param)},
+            {"code", code.empty() ? json(nullptr) : json(code)}}}};
+}
+
+ApiRequest parse_request(const std::string& text, Endpoint endpoint) {
+  json body;
+  try {
+    body = json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw ApiError(400, std::string("the request body is not valid JSON: ") + e.what());
+  }
+  if (!body.is_object()) bad("", "the request body must be a JSON object");
+  ApiRequest r;
+  r.endpoint = endpoint;
+  if (const auto it = body.find("model"); it != body.end() && !it->is_null()) {
+    if (!it->is_string()) bad("model", "'model' must be a string");
+    r.model = it->get<std::string>();
+  }
+  read_bool(body, "stream", r.stream);
+  if (const auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
+    if (!it->is_object()) bad("stream_options", "'stream_options' must be an object");
+    read_bool(*it, "include_usage", r.include_usage);
+  }
+
+  if (endpoint == Endpoint::kCompletions) {
+    const auto it = body.find("prompt");
+    if (it == body.end() || it->is_null()) bad("prompt", "'prompt' is required");
+    const json* prompt = &*it;
+    // A list holding one prompt is taken as that prompt.
+    if (prompt->is_array() && prompt->size() == 1 && ((*prompt)[0].is_string() || (*prompt)[0].is_array())) {
+      prompt = &(*prompt)[0];
+    }
+    if (prompt->is_string()) {
+      r.prompt_text = prompt->get<std::string>();
+    } else if (prompt->is_array() && !prompt->empty()) {
+      for (const json& id : *prompt) {
+        if (!id.is_number_integer()) {
+          bad("prompt", "'prompt' must be a string, a list of token ids, or a list of one of those "
+                        "(several prompts per request are not supported)");
+        }
+        const int64_t v = id.get<int64_t>();
+        if (v < 0 || v > INT32_MAX) bad("prompt", "token id " + std::to_string(v) + " is out of range");
+        r.prompt_ids.push_back(static_cast<int32_t>(v));
+      }
+      r.prompt_is_ids = true;
+    } else {
+      bad("prompt", "'prompt' must be a non-empty string or list of token ids");
+    }
+    read_bool(body, "echo", r.echo);
+    if (const auto s = body.find("suffix"); s != body.end() && !s->is_null()) {
+      bad("suffix", "'suffix' is not supported");
+    }
+  } else {
+    const auto it = body.find("messages");
+    if (it == body.end() || !it->is_array() || it->empty()) {
+      bad("messages", "'messages' must be a non-empty array");
+    }
+    r.messages = nlohmann::ordered_json::array();
+    for (size_t i = 0; i < it->size(); ++i) {
+      const json& m = (*it)[i];
+      if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
+        bad("messages[" + std::to_string(i) + "]", "each message needs a string 'role'");
+      }
+      r.messages.push_back({{"role", m["role"].get<std::string>()},
+                            {"content", message_text(m.value("content", json(nullptr)), i)}});
+    }
+  }
+  parse_sampling(body, r);
+  return r;
+}
+
+json logprobs_json(Endpoint endpoint, const Tokenizer& tokenizer,
+                   const std::vector<TokenLogprob>& logprobs, int64_t text_offset) {
+  const auto piece = [&](int32_t id) {
+    const int32_t ids[1] = {id};
+    return tokenizer.decode(ids, /*skip_special_tokens=*/false);
+  };
+  const auto bytes = [](const std::string& s) {
+    json b = json::array();
+    for (unsigned char c : s) b.push_back(c);
+    return b;
+  };
+  // Token text may be a partial UTF-8 sequence; JSON needs valid text, so replace those bytes.
+  const auto safe = [](const std::string& s) {
+    return json(s).dump(-1, ' ', false, json::error_handler_t::replace);
+  };
+  if (endpoint == Endpoint::kChat) {
+    json content = json::array();
+    for (const TokenLogprob& lp : logprobs) {
+      const std::string text = piece(lp.token);
+      json top = json::array();
+      for (const auto& [id, value] : lp.top) {
+        const std::string t = piece(id);
+        top.push_back({{"token", json::parse(safe(t))}, {"logprob", value}, {"bytes", bytes(t)}});
+      }
+      content.push_back({{"token", json::parse(safe(text))},
+                         {"logprob", lp.logprob},
+                         {"bytes", bytes(text)},
+                         {"top_logprobs", top}});
+    }
+    return {{"content", content}};
+  }
+  json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(),
+       offsets = json::array();
+  int64_t offset = text_offset;
+  for (const TokenLogprob& lp : logprobs) {
+    const std::string text = json::parse(safe(piece(lp.token))).get<std::string>();
+    tokens.push_back(text);
+    token_logprobs.push_back(lp.logprob);
+    json top = json::object();
+    for (const auto& [id, value] : lp.top) {
+      top[json::parse(safe(piece(id))).get<std::string>()] = value;
+    }
+    top_logprobs.push_back(top);
+    offsets.push_back(offset);
+    offset += static_cast<int64_t>(text.size());
+  }
+  return {{"tokens", tokens},
+          {"token_logprobs", token_logprobs},
+          {"top_logprobs", top_logprobs},
+          {"text_offset", offsets}};
+}
+
+json usage_json(int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens) {
+  return {{"prompt_tokens", prompt_tokens},
+          {"completion_tokens", completion_tokens},
+          {"total_tokens", prompt_tokens + completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
+}
+
+namespace {
+json finish_json(const char* reason) { return reason ? json(reason) : json(nullptr); }
+json header_json(const ResponseInfo& info, const char* object) {
+  return {{"id", info.id}, {"object", object}, {"created", info.created}, {"model", info.model}};
+}
+}  // namespace
+
+json response_json(const ResponseInfo& info, const std::string& text, const json& logprobs,
+                   const char* finish_reason, const json& usage) {
+  json out;
+  if (info.endpoint == Endpoint::kChat) {
+    out = header_json(info, "chat.completion");
+    out["choices"] = json::array({{{"index", 0},
+                                   {"message", {{"role", "assistant"}, {"content", text}}},
+                                   {"logprobs", logprobs},
+                                   {"finish_reason", finish_json(finish_reason)}}});
+  } else {
+    out = header_json(info, "text_completion");
+    out["choices"] = json::array({{{"index", 0},
+                                   {"text", text},
+                                   {"logprobs", logprobs},
+                                   {"finish_reason", finish_json(finish_reason)}}});
+  }
+  out["usage"] = usage;
+  return out;
+}
+
+json chunk_json(const ResponseInfo& info, const std::string& text, const json& logprobs,
+                const char* finish_reason, bool first, bool include_usage) {
+  json out;
+  if (info.endpoint == Endpoint::kChat) {
+    out = header_json(info, "chat.completion.chunk");
+    json delta = json::object();
+    if (first) delta["role"] = "assistant";
+    if (!text.empty() || first) delta["content"] = text;
+    out["choices"] = json::array({{{"index", 0},
+                                   {"delta", delta},
+                                   {"logprobs", logprobs},
+                                   {"finish_reason", finish_json(finish_reason)}}});
+  } else {
+    out = header_json(info, "text_completion");
+    out["choices"] = json::array({{{"index", 0},
+                                   {"text", text},
+                                   {"logprobs", logprobs},
+                                   {"finish_reason", finish_json(finish_reason)}}});
+  }
+  if (include_usage) out["usage"] = nullptr;
+  return out;
+}
+
+json usage_chunk_json(const ResponseInfo& info, const json& usage) {
+  json out = header_json(info, info.endpoint == Endpoint::kChat ? "chat.completion.chunk"
+                                                                : "text_completion");
+  out["choices"] = json::array();
+  out["usage"] = usage;
+  return out;
+}
+
+}  // namespace moeinfer::server

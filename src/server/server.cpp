@@ -1,0 +1,570 @@
+#include "server/server.h"
+
+#include <httplib.h>
+
+#include <cstdio>
+#include <ctime>
+#include <optional>
+#include <unordered_map>
+
+#include "core/error.h"
+
+namespace moeinfer::server {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+// One request's mailbox between the engine thread (writer) and its HTTP thread (reader).
+struct Channel {
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::deque<RequestOutput> outputs;  // guarded by mutex
+  bool finished = false;              // guarded by mutex
+  std::optional<ApiError> error;      // guarded by mutex: the engine refused or failed it
+  std::atomic<bool> cancel{false};    // set by the HTTP side when the client went away
+
+  // Engine thread only.
+  Clock::time_point arrival = Clock::now();
+  Clock::time_point first_token, last_token;
+  bool has_first = false;
+  bool abort_sent = false;
+
+  void push(RequestOutput out) {
+    {
+      std::lock_guard lock(mutex);
+      if (out.finished()) finished = true;
+      outputs.push_back(std::move(out));
+    }
+    cv.notify_all();
+  }
+  void fail(ApiError e) {
+    {
+      std::lock_guard lock(mutex);
+      error = std::move(e);
+      finished = true;
+    }
+    cv.notify_all();
+  }
+};
+
+namespace {
+
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+void send_json(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+}
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  send_json(res, e.status, error_body(e.what(), e.type, e.param, e.code));
+}
+
+bool same_secret(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+std::string sse(const json& body) {
+  return "data: " + body.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+}
+
+// Decrements the in-flight count once, however the request ends.
+struct InFlight {
+  explicit InFlight(std::atomic<int64_t>& count) : count_(&count) {}
+  InFlight(const InFlight&) = delete;
+  ~InFlight() { count_->fetch_sub(1); }
+  std::atomic<int64_t>* count_;
+};
+
+}  // namespace
+
+Server::Server(std::unique_ptr<Engine> engine, ChatConfig chat, const ServerConfig& config)
+    : engine_(std::move(engine)),
+      chat_(std::move(chat)),
+      config_(config),
+      http_(std::make_unique<httplib::Server>()),
+      created_(static_cast<int64_t>(std::time(nullptr))) {
+  MOE_CHECK(config.max_queue >= 0, "--max-queue must be >= 0, got ", config.max_queue);
+  MOE_CHECK(!config.model_name.empty(), "the served model needs a name");
+  if (chat_.chat_template) template_ = std::make_unique<ChatTemplate>(ChatTemplate::parse(*chat_.chat_template));
+  const int64_t threads = config.num_http_threads > 0
+                              ? config.num_http_threads
+                              : engine_->config().max_num_seqs + config.max_queue + 16;
+  http_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  http_->set_keep_alive_max_count(1000);
+  http_->set_payload_max_length(size_t{16} << 20);
+  install_routes();
+}
+
+Server::~Server() {
+  shutdown();
+  if (shutdown_thread_.joinable()) shutdown_thread_.join();
+  if (engine_thread_.joinable()) {
+    {
+      std::lock_guard lock(inbox_mutex_);
+      stop_engine_ = true;
+    }
+    inbox_cv_.notify_all();
+    engine_thread_.join();
+  }
+}
+
+int Server::bind() {
+  int port = config_.port;
+  if (port == 0) {
+    port = http_->bind_to_any_port(config_.host);
+    MOE_CHECK(port > 0, "cannot bind to ", config_.host, " (any port)");
+  } else {
+    MOE_CHECK(http_->bind_to_port(config_.host, port), "cannot bind to ", config_.host, ":", port,
+              " (in use, or not an address of this host)");
+  }
+  config_.port = port;
+  return port;
+}
+
+void Server::install_routes() {
+  http_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (config_.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+    const std::string auth = req.get_header_value("Authorization");
+    if (!same_secret(auth, "Bearer " + config_.api_key)) {
+      metrics_.count_rejected(401);
+      send_json(res, 401,
+                error_body("missing or wrong API key: send 'Authorization: Bearer <key>'",
+                           "invalid_request_error", "", "invalid_api_key"));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+  http_->set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    if (res.status == 404) {
+      send_json(res, 404, error_body("no route for " + req.method + " " + req.path,
+                                     "invalid_request_error", "", "not_found"));
+    } else if (res.status == 413) {
+      send_json(res, 413, error_body("the request body is too large", "invalid_request_error", "",
+                                     "payload_too_large"));
+    } else {
+      send_json(res, res.status, error_body("HTTP error " + std::to_string(res.status),
+                                            "invalid_request_error", "", ""));
+    }
+  });
+  http_->set_exception_handler(
+      [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+        std::string message = "internal error";
+        try {
+          std::rethrow_exception(ep);
+        } catch (const std::exception& e) {
+          message = e.what();
+        } catch (...) {
+        }
+        send_json(res, 500, error_body(message, "internal_error", "", ""));
+      });
+
+  http_->Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    if (draining_) {
+      send_json(res, 503, error_body("shutting down", "unavailable", "", "shutting_down"));
+    } else {
+      res.status = 200;
+      res.set_content("", "text/plain");
+    }
+  });
+  http_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics_.render(config_.model_name), "text/plain; version=0.0.4");
+  });
+  const auto model_card = [this] {
+    return json{{"id", config_.model_name},
+                {"object", "model"},
+                {"created", created_},
+                {"owned_by", "moeinfer"},
+                {"root", engine_->model().dir().string()},
+                {"max_model_len", engine_->max_model_len()}};
+  };
+  http_->Get("/v1/models", [model_card](const httplib::Request&, httplib::Response& res) {
+    send_json(res, 200, {{"object", "list"}, {"data", json::array({model_card()})}});
+  });
+  http_->Get("/v1/models/(.+)", [this, model_card](const httplib::Request& req, httplib::Response& res) {
+    if (req.matches[1] != config_.model_name) {
+      send_error(res, ApiError(404, "the model '" + std::string(req.matches[1]) + "' does not exist",
+                               "invalid_request_error", "model", "model_not_found"));
+      return;
+    }
+    send_json(res, 200, model_card());
+  });
+  http_->Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    handle_completion(req.body, Endpoint::kCompletions, res);
+  });
+  http_->Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    handle_completion(req.body, Endpoint::kChat, res);
+  });
+}
+
+std::vector<int32_t> Server::prompt_ids(const ApiRequest& request, GenerationParams& params) {
+  const Tokenizer& tokenizer = engine_->tokenizer();
+  std::vector<int32_t> ids;
+  if (request.endpoint == Endpoint::kChat) {
+    if (!template_) throw ApiError(400, "the model has no chat template; use /v1/completions");
+    std::string text;
+    try {
+      std::lock_guard lock(template_mutex_);
+      text = apply_chat_template(*template_, request.messages, /*add_generation_prompt=*/true, chat_);
+    } catch (const Error& e) {
+      throw ApiError(400, std::string("the chat template failed: ") + e.what(),
+                     "invalid_request_error", "messages");
+    }
+    // The template writes any BOS itself, as transformers' apply_chat_template assumes.
+    ids = tokenizer.encode(text, /*add_special_tokens=*/false);
+    if (auto eos = tokenizer.token_to_id(chat_.eos_token); eos && !chat_.eos_token.empty()) {
+      params.stop_token_ids.push_back(*eos);
+    }
+  } else if (request.prompt_is_ids) {
+    ids = request.prompt_ids;
+  } else {
+    try {
+      ids = tokenizer.encode(request.prompt_text, /*add_special_tokens=*/true);
+    } catch (const Error& e) {
+      throw ApiError(400, std::string("the prompt cannot be tokenized: ") + e.what(),
+                     "invalid_request_error", "prompt");
+    }
+  }
+  if (ids.empty()) throw ApiError(400, "the prompt is empty", "invalid_request_error", "prompt");
+  const int64_t vocab = engine_->model_config().vocab_size;
+  for (int32_t id : ids) {
+    if (id < 0 || id >= vocab) {
+      throw ApiError(400, "token id " + std::to_string(id) + " is outside the vocabulary of " +
+                              std::to_string(vocab), "invalid_request_error", "prompt");
+    }
+  }
+  return ids;
+}
+
+std::shared_ptr<Channel> Server::submit(std::vector<int32_t> prompt, const GenerationParams& params) {
+  if (draining_) throw ApiError(503, "the server is shutting down", "unavailable", "", "shutting_down");
+  const int64_t limit = engine_->config().max_num_seqs + config_.max_queue;
+  int64_t current = in_flight_.load();
+  do {
+    if (current >= limit) {
+      throw ApiError(429, "too many requests in flight (" + std::to_string(limit) +
+                              "); retry later", "rate_limit_error", "", "queue_full");
+    }
+  } while (!in_flight_.compare_exchange_weak(current, current + 1));
+  auto channel = std::make_shared<Channel>();
+  {
+    std::lock_guard lock(inbox_mutex_);
+    inbox_.push_back({std::move(prompt), params, channel});
+  }
+  inbox_cv_.notify_one();
+  return channel;
+}
+
+void Server::handle_completion(const std::string& body, Endpoint endpoint, httplib::Response& res) {
+  ApiRequest request;
+  std::vector<int32_t> prompt;
+  std::shared_ptr<Channel> channel;
+  try {
+    request = parse_request(body, endpoint);
+    if (!request.model.empty() && request.model != config_.model_name) {
+      throw ApiError(404, "the model '" + request.model + "' does not exist (this server has '" +
+                              config_.model_name + "')",
+                     "invalid_request_error", "model", "model_not_found");
+    }
+    GenerationParams& params = request.params;
+    prompt = prompt_ids(request, params);
+    const int64_t n = static_cast<int64_t>(prompt.size());
+    const int64_t context = engine_->max_model_len();
+    if (n >= context) {
+      throw ApiError(413, "this model's maximum context length is " + std::to_string(context) +
+                              " tokens, but the prompt has " + std::to_string(n) + " tokens",
+                     "invalid_request_error", endpoint == Endpoint::kChat ? "messages" : "prompt",
+                     "context_length_exceeded");
+    }
+    if (request.max_tokens_given) {
+      if (n + params.max_tokens > context) {
+        throw ApiError(400, "max_tokens is " + std::to_string(params.max_tokens) + " but the prompt has " +
+                                std::to_string(n) + " tokens and the context holds " +
+                                std::to_string(context),
+                       "invalid_request_error", "max_tokens", "context_length_exceeded");
+      }
+    } else {
+      params.max_tokens = endpoint == Endpoint::kChat
+                              ? context - n
+                              : std::min(config_.default_max_tokens, context - n);
+    }
+    const int64_t block = engine_->config().block_size;
+    if ((n + params.max_tokens + block - 1) / block > engine_->num_kv_blocks()) {
+      throw ApiError(413, "the request needs more KV cache than the server has (--kv-cache-mb)",
+                     "invalid_request_error", "max_tokens", "context_length_exceeded");
+    }
+    try {
+      Sampler::validate(params.sampling);
+    } catch (const Error& e) {
+      throw ApiError(400, e.what());
+    }
+    channel = submit(std::move(prompt), params);
+  } catch (const ApiError& e) {
+    metrics_.count_rejected(e.status);
+    send_error(res, e);
+    return;
+  }
+
+  ResponseInfo info{.endpoint = endpoint,
+                    .id = std::string(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-") +
+                          std::to_string(created_) + "-" + std::to_string(next_response_id_++),
+                    .created = static_cast<int64_t>(std::time(nullptr)),
+                    .model = config_.model_name};
+  const bool want_logprobs = request.params.logprobs >= 0;
+  const std::string echo =
+      request.echo && !request.prompt_is_ids ? request.prompt_text : std::string();
+
+  if (!request.stream) {
+    InFlight guard(in_flight_);
+    std::string text = echo;
+    std::vector<TokenLogprob> logprobs;
+    RequestOutput last;
+    for (bool finished = false; !finished;) {
+      std::deque<RequestOutput> outputs;
+      {
+        std::unique_lock lock(channel->mutex);
+        channel->cv.wait(lock, [&] { return !channel->outputs.empty() || channel->finished; });
+        if (channel->error) {
+          send_error(res, *channel->error);
+          return;
+        }
+        outputs.swap(channel->outputs);
+        finished = channel->finished && channel->outputs.empty();
+      }
+      for (RequestOutput& out : outputs) {
+        text += out.text;
+        logprobs.insert(logprobs.end(), out.logprobs.begin(), out.logprobs.end());
+        last = std::move(out);
+      }
+    }
+    const json lp = want_logprobs ? logprobs_json(endpoint, engine_->tokenizer(), logprobs,
+                                                  static_cast<int64_t>(echo.size()))
+                                  : json(nullptr);
+    send_json(res, 200,
+              response_json(info, text, lp, finish_reason_name(last.finish),
+                            usage_json(last.num_prompt_tokens, last.num_output_tokens,
+                                       last.num_cached_tokens)));
+    return;
+  }
+
+  struct StreamState {
+    std::shared_ptr<Channel> channel;
+    ResponseInfo info;
+    bool include_usage = false;
+    bool want_logprobs = false;
+    bool first = true;
+    bool done = false;
+    std::string echo;
+    int64_t text_offset = 0;
+  };
+  auto state = std::make_shared<StreamState>();
+  state->channel = channel;
+  state->info = info;
+  state->include_usage = request.include_usage;
+  state->want_logprobs = want_logprobs;
+  state->echo = echo;
+  auto guard = std::make_shared<InFlight>(in_flight_);
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, state](size_t, httplib::DataSink& sink) {
+        Channel& ch = *state->channel;
+        std::deque<RequestOutput> outputs;
+        std::optional<ApiError> error;
+        bool finished = false;
+        {
+          std::unique_lock lock(ch.mutex);
+          ch.cv.wait_for(lock, std::chrono::seconds(1),
+                         [&] { return !ch.outputs.empty() || ch.finished; });
+          outputs.swap(ch.outputs);
+          finished = ch.finished;
+          error = ch.error;
+        }
+        std::string data;
+        if (state->first && !state->echo.empty()) {
+          data += sse(chunk_json(state->info, state->echo, nullptr, nullptr, true, state->include_usage));
+          state->text_offset = static_cast<int64_t>(state->echo.size());
+          state->first = false;
+        }
+        RequestOutput last;
+        for (RequestOutput& out : outputs) {
+          const bool finish = out.finished();
+          if (state->first || !out.text.empty() || finish || !out.logprobs.empty()) {
+            const json lp = state->want_logprobs && !out.logprobs.empty()
+                                ? logprobs_json(state->info.endpoint, engine_->tokenizer(),
+                                                out.logprobs, state->text_offset)
+                                : json(nullptr);
+            data += sse(chunk_json(state->info, out.text, lp,
+                                   finish ? finish_reason_name(out.finish) : nullptr, state->first,
+                                   state->include_usage));
+            state->first = false;
+            state->text_offset += static_cast<int64_t>(out.text.size());
+          }
+          last = std::move(out);
+        }
+        if (error) {
+          data += sse(error_body(error->what(), error->type, error->param, error->code));
+        }
+        if (finished) {
+          if (state->include_usage && !error) {
+            data += sse(usage_chunk_json(state->info,
+                                         usage_json(last.num_prompt_tokens, last.num_output_tokens,
+                                                    last.num_cached_tokens)));
+          }
+          data += "data: [DONE]\n\n";
+        }
+        // A comment line keeps idle streams probing the connection, so a client that left is
+        // noticed even while its request waits in the queue.
+        if (data.empty()) data = ": waiting\n\n";
+        if (!sink.write(data.data(), data.size())) return false;
+        if (finished) {
+          state->done = true;
+          sink.done();
+        }
+        return true;
+      },
+      [this, state, guard](bool) {
+        if (!state->done) {
+          state->channel->cancel = true;
+          cancel_pending_ = true;
+          inbox_cv_.notify_one();
+        }
+      });
+}
+
+void Server::engine_loop() {
+  std::unordered_map<RequestId, std::shared_ptr<Channel>> live;
+  while (true) {
+    std::deque<Pending> incoming;
+    bool stopping = false;
+    {
+      std::unique_lock lock(inbox_mutex_);
+      inbox_cv_.wait(lock, [&] {
+        return stop_engine_ || !inbox_.empty() || engine_->has_unfinished() || cancel_pending_ ||
+               abort_all_;
+      });
+      stopping = stop_engine_;
+      if (stopping && inbox_.empty() && !engine_->has_unfinished()) break;
+      incoming.swap(inbox_);
+    }
+    for (Pending& p : incoming) {
+      if (p.channel->cancel || stopping) {
+        p.channel->fail(ApiError(503, "cancelled before it started", "unavailable"));
+        continue;
+      }
+      try {
+        const RequestId id = engine_->add_request(std::move(p.prompt), p.params);
+        live.emplace(id, p.channel);
+      } catch (const std::exception& e) {
+        p.channel->fail(ApiError(400, e.what()));
+      }
+    }
+    const bool abort_all = abort_all_ || stopping;
+    if (cancel_pending_.exchange(false) || abort_all) {
+      for (auto& [id, ch] : live) {
+        if ((ch->cancel || abort_all) && !ch->abort_sent) {
+          engine_->abort_request(id);
+          ch->abort_sent = true;
+        }
+      }
+    }
+    if (engine_->has_unfinished()) {
+      std::vector<RequestOutput> outputs;
+      try {
+        outputs = engine_->step();
+      } catch (const std::exception& e) {
+        // A failed step must not take the server down: end every live request and free its
+        // blocks, then carry on with the next requests.
+        std::fprintf(stderr, "moeinfer serve: engine step failed: %s\n", e.what());
+        for (auto& [id, ch] : live) engine_->abort_request(id);
+        outputs = engine_->step();
+        for (auto& [id, ch] : live) ch->fail(ApiError(500, std::string("engine failure: ") + e.what(), "internal_error"));
+        live.clear();
+      }
+      const auto now = Clock::now();
+      for (RequestOutput& out : outputs) {
+        const auto it = live.find(out.id);
+        if (it == live.end()) continue;
+        Channel& ch = *it->second;
+        if (!out.token_ids.empty()) {
+          if (!ch.has_first) {
+            metrics_.observe_ttft(seconds(now - ch.arrival));
+            ch.first_token = now;
+            ch.has_first = true;
+          } else {
+            metrics_.observe_itl(seconds(now - ch.last_token));
+          }
+          ch.last_token = now;
+        }
+        const bool finished = out.finished();
+        if (finished) {
+          metrics_.observe_e2e(seconds(now - ch.arrival));
+          if (ch.has_first && out.num_output_tokens > 1) {
+            metrics_.observe_tpot(seconds(now - ch.first_token) / (out.num_output_tokens - 1));
+          }
+          metrics_.count_finished(finish_reason_name(out.finish));
+        }
+        ch.push(std::move(out));
+        if (finished) live.erase(it);
+      }
+    }
+    metrics_.set_engine_stats(engine_->stats());
+  }
+}
+
+void Server::shutdown() {
+  {
+    std::lock_guard lock(shutdown_mutex_);
+    shutdown_requested_ = true;
+  }
+  shutdown_cv_.notify_all();
+}
+
+void Server::shutdown_loop() {
+  {
+    std::unique_lock lock(shutdown_mutex_);
+    shutdown_cv_.wait(lock, [&] { return shutdown_requested_; });
+  }
+  draining_ = true;
+  const auto wait_idle = [this](double limit_seconds) {
+    const auto deadline = Clock::now() + std::chrono::duration<double>(limit_seconds);
+    while (in_flight_ > 0 && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return in_flight_ == 0;
+  };
+  if (!wait_idle(config_.shutdown_grace_seconds)) {
+    std::fprintf(stderr, "moeinfer serve: aborting %lld requests still in flight\n",
+                 static_cast<long long>(in_flight_.load()));
+    abort_all_ = true;
+    inbox_cv_.notify_all();
+    wait_idle(10.0);
+  }
+  http_->stop();
+}
+
+void Server::run() {
+  engine_thread_ = std::thread([this] { engine_loop(); });
+  shutdown_thread_ = std::thread([this] { shutdown_loop(); });
+  std::fprintf(stderr, "moeinfer serve: model %s on http://%s:%d (max context %lld, %lld KV blocks of %lld)\n",
+               config_.model_name.c_str(), config_.host.c_str(), config_.port,
+               static_cast<long long>(engine_->max_model_len()),
+               static_cast<long long>(engine_->num_kv_blocks()),
+               static_cast<long long>(engine_->config().block_size));
+  const bool ok = http_->listen_after_bind();
+  shutdown();  // when listen ended on its own, let the shutdown thread finish too
+  if (shutdown_thread_.joinable()) shutdown_thread_.join();
+  {
+    std::lock_guard lock(inbox_mutex_);
+    stop_engine_ = true;
+  }
+  inbox_cv_.notify_all();
+  engine_thread_.join();
+  MOE_CHECK(ok || draining_, "the HTTP listener stopped unexpectedly");
+}
+
+}  // namespace moeinfer::server

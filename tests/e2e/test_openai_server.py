@@ -1,0 +1,442 @@
+#!/usr/bin/env python3
+"""End-to-end: `moeinfer serve` on the demo model, driven by the official `openai` client.
+
+Starts the real server (no --model: the built-in demo model) on a free loopback port (--port 0,
+the bound port read from its log) and checks, one line per check:
+
+  models               GET /v1/models lists the served model
+  completion           a greedy completion: text, usage, finish reason; the same again gives the
+                       same text, and it equals `moeinfer generate` on the same prompt
+  seed                 temperature 1 with a seed: the same seed gives the same text
+  streaming            streamed completion and chat concatenate to the non-streamed text, end
+                       with a finish reason, and carry usage with stream_options.include_usage
+  chat                 chat completion with the chat template applied
+  stop                 a stop string cuts the text before it (finish_reason "stop")
+  logprobs             completions logprobs=N and chat logprobs/top_logprobs
+  errors               malformed JSON, wrong types, out-of-range values, unknown model (404),
+                       a prompt longer than the context (413), max_tokens out of range, unknown
+                       route: OpenAI error objects, and the server keeps serving
+  disconnect           a client that leaves mid-stream cancels its request (abort counted,
+                       blocks freed)
+  load                 64 concurrent streams, 320 short requests (completions and chat, half
+                       sharing a system prompt) all succeed; then /metrics shows zero running
+                       and waiting requests, zero used KV blocks, prefix-cache hits, latency
+                       histograms
+  auth_and_queue       a second server with --api-key and a one-request queue: 401 without or
+                       with a wrong key, /health open, 429 when the queue is full
+  sigterm              SIGTERM while a stream is in flight: the stream finishes, new requests
+                       are refused, exit code 0
+
+Prints one line per check and a last line "N passed, M failed"; exits non-zero on any failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import pathlib
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import urllib.error
+import urllib.request
+
+import openai
+from openai import OpenAI
+
+START_TIMEOUT = 180.0
+WAIT_TIMEOUT = 60.0
+
+
+class ServerProcess:
+    """`moeinfer serve` on port 0; the port comes from its log line."""
+
+    def __init__(self, moeinfer: str, extra: list[str]):
+        self.proc = subprocess.Popen([moeinfer, "serve", "--port", "0", *extra],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.log: list[str] = []
+        threading.Thread(target=self._drain, daemon=True).start()
+        deadline = time.monotonic() + START_TIMEOUT
+        self.port = None
+        while self.port is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self.proc.poll() is not None:
+                raise AssertionError(f"server did not start: {''.join(self.log)}")
+            try:
+                line = self.lines.get(timeout=min(remaining, 1.0))
+            except queue.Empty:
+                continue
+            m = re.search(r"on http://127\.0\.0\.1:(\d+)", line)
+            if m:
+                self.port = int(m.group(1))
+        self.base = f"http://127.0.0.1:{self.port}"
+
+    def _drain(self) -> None:
+        for line in self.proc.stderr:
+            self.log.append(line)
+            self.lines.put(line)
+
+    def client(self, api_key: str = "none") -> OpenAI:
+        return OpenAI(base_url=self.base + "/v1", api_key=api_key, max_retries=0, timeout=300)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=120)
+
+
+def http(base: str, method: str, path: str, body: bytes | None = None,
+         headers: dict | None = None) -> tuple[int, str]:
+    req = urllib.request.Request(base + path, data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as res:
+            return res.status, res.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def metrics(base: str, headers: dict | None = None) -> dict[str, float]:
+    status, text = http(base, "GET", "/metrics", headers=headers)
+    assert status == 200, f"/metrics answered {status}"
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            values[name] = float(value)
+    return values
+
+
+def wait_for(condition, what: str) -> None:
+    """Polls a condition the server reaches on its own (bounded; not a timing assertion)."""
+    deadline = time.monotonic() + WAIT_TIMEOUT
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def idle(base: str, headers: dict | None = None) -> bool:
+    m = metrics(base, headers)
+    return (m["moeinfer:num_requests_running"] == 0 and m["moeinfer:num_requests_waiting"] == 0
+            and m["moeinfer:kv_cache_used_blocks"] == 0)
+
+
+def expect_status(error_class, status: int, fn) -> openai.APIStatusError:
+    try:
+        fn()
+    except error_class as e:
+        assert e.status_code == status, f"status {e.status_code}, wanted {status}"
+        body = e.body if isinstance(e.body, dict) else {}
+        assert "message" in body and "type" in body, f"not an OpenAI error object: {e.body}"
+        return e
+    raise AssertionError(f"no {error_class.__name__} ({status})")
+
+
+PROMPT = "Once upon a time"
+
+
+def check_models(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
+    models = c.models.list().data
+    assert len(models) == 1, models
+    ctx["model"] = models[0].id
+    assert ctx["model"] == "demo", ctx["model"]
+
+
+def check_completion(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
+    r = c.completions.create(model=ctx["model"], prompt=PROMPT, max_tokens=24, temperature=0)
+    text = r.choices[0].text
+    assert text, "empty completion"
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert 1 <= r.usage.completion_tokens <= 24 and r.usage.prompt_tokens >= 3, r.usage
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    again = c.completions.create(model=ctx["model"], prompt=PROMPT, max_tokens=24, temperature=0)
+    assert again.choices[0].text == text, (again.choices[0].text, text)
+    gen = subprocess.run([ctx["moeinfer"], "generate", "--prompt", PROMPT, "--max-tokens", "24"],
+                         capture_output=True, text=True, timeout=300)
+    assert gen.returncode == 0, gen.stderr
+    assert gen.stdout[:-1] == text, (gen.stdout, text)
+    ctx["greedy"] = text
+
+
+def check_seed(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
+    def run(seed):
+        return c.completions.create(model=ctx["model"], prompt=PROMPT, max_tokens=24,
+                                    temperature=1.0, seed=seed,
+                                    extra_body={"ignore_eos": True}).choices[0].text
+    a, b = run(11), run(11)
+    assert a == b, (a, b)
+    others = {run(seed) for seed in (12, 13, 14)}
+    assert others != {a}, "different seeds never changed the text"
+
+
+def check_streaming(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
+    stream = c.completions.create(model=ctx["model"], prompt=PROMPT, max_tokens=24, temperature=0,
+                                  stream=True, stream_options={"include_usage": True})
+    text, finish, usage = "", None, None
+    for chunk in stream:
+        if chunk.choices:
+            text += chunk.choices[0].text
+            finish = chunk.choices[0].finish_reason or finish
+        if chunk.usage:
+            usage = chunk.usage
+    assert text == ctx["greedy"], (text, ctx["greedy"])
+    assert finish in ("stop", "length"), finish
+    assert usage and usage.completion_tokens >= 1, usage
+
+    messages = [{"role": "system", "content": "You are a fortune cookie."},
+                {"role": "user", "content": "What will happen to me?"}]
+    whole = c.chat.completions.create(model=ctx["model"], messages=messages, max_tokens=32,
+                                      temperature=0)
+    stream = c.chat.completions.create(model=ctx["model"], messages=messages, max_tokens=32,
+                                       temperature=0, stream=True)
+    text, roles, finish = "", [], None
+    for chunk in stream:
+        delta = chunk.choices[0].delta
+        if delta.role:
+            roles.append(delta.role)
+        text += delta.content or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert roles == ["assistant"], roles
+    assert text == whole.choices[0].message.content, (text, whole.choices[0].message.content)
+    assert finish == whole.choices[0].finish_reason, finish
+
+
+def check_chat(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
+    r = c.chat.completions.create(model=ctx["model"], max_tokens=40, temperature=0,
+                                  messages=[{"role": "user", "content": "Tell me a fortune."}])
+    m = r.choices[0].message
+    assert m.role == "assistant" and isinstance(m.content, str) and m.content, m
+    assert "<|im_start|>" not in m.content and "<|im_end|>" not in m.content, m.content
+    # The prompt went through the template: more tokens than the bare text.
+    assert r.usage.prompt_tokens > 6, r.usage
+    parts = c.chat.completions.create(
+        model=ctx["model"], max_tokens=40, temperature=0,
+        messages=[{"role": "user", "content": [{"type": "text", "text": "Tell me a fortune."}]}])
+    assert parts.choices[0].message.content == m.content
+
+
+def check_stop(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
+    full = c.completions.create(model=ctx["model"], prompt=PROMPT, max_tokens=40, temperature=0,
+                                extra_body={"ignore_eos": True}).choices[0].text
+    assert len(full) >= 8, full
+    stop = full[len(full) // 2: len(full) // 2 + 3]
+    r = c.completions.create(model=ctx["model"], prompt=PROMPT, max_tokens=40, temperature=0,
+                             stop=[stop], extra_body={"ignore_eos": True})
+    assert r.choices[0].finish_reason == "stop", r.choices[0].finish_reason
+    assert r.choices[0].text == full[: full.index(stop)], (r.choices[0].text, stop, full)
+    # Streamed, the held-back text never leaks the stop string.
+    streamed = "".join(ch.choices[0].text for ch in c.completions.create(
+        model=ctx["model"], prompt=PROMPT, max_tokens=40, temperature=0, stop=stop, stream=True,
+        extra_body={"ignore_eos": True}))
+    assert streamed == r.choices[0].text, (streamed, r.choices[0].text)
+
+
+def check_logprobs(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
+    r = c.completions.create(model=ctx["model"], prompt=PROMPT, max_tokens=6, temperature=0,
+                             logprobs=3, extra_body={"ignore_eos": True})
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == 6 == len(lp.token_logprobs) == len(lp.top_logprobs), lp
+    assert all(x <= 0 for x in lp.token_logprobs), lp.token_logprobs
+    assert all(len(t) <= 3 for t in lp.top_logprobs)
+    assert abs(max(lp.top_logprobs[0].values()) - lp.token_logprobs[0]) < 1e-5  # greedy
+    r = c.chat.completions.create(model=ctx["model"], max_tokens=5, temperature=0, logprobs=True,
+                                  top_logprobs=2, messages=[{"role": "user", "content": "Hi"}])
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens, (len(content), r.usage)
+    assert all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in content)
+
+
+def check_errors(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
+    model = ctx["model"]
+    json_headers = {"Content-Type": "application/json"}
+    for body in (b"{not json", b"[1, 2]", b'{"prompt": 5}', b'{"prompt": "x", "max_tokens": "ten"}',
+                 b'{"messages": "hi"}', b""):
+        path = "/v1/chat/completions" if b"messages" in body else "/v1/completions"
+        status, text = http(s.base, "POST", path, body, json_headers)
+        assert status == 400, (body, status, text)
+        error = json.loads(text)["error"]
+        assert error["message"] and error["type"], error
+    expect_status(openai.BadRequestError, 400, lambda: c.completions.create(
+        model=model, prompt=PROMPT, max_tokens="ten"))
+    expect_status(openai.BadRequestError, 400, lambda: c.completions.create(
+        model=model, prompt=PROMPT, temperature=5))
+    expect_status(openai.BadRequestError, 400, lambda: c.completions.create(
+        model=model, prompt=PROMPT, max_tokens=0))
+    e = expect_status(openai.BadRequestError, 400, lambda: c.completions.create(
+        model=model, prompt=PROMPT, max_tokens=100000))
+    assert e.body.get("param") == "max_tokens", e.body
+    expect_status(openai.BadRequestError, 400, lambda: c.completions.create(
+        model=model, prompt=PROMPT, n=2))
+    expect_status(openai.BadRequestError, 400, lambda: c.chat.completions.create(
+        model=model, messages=[]))
+    e = expect_status(openai.NotFoundError, 404, lambda: c.completions.create(
+        model="no-such-model", prompt=PROMPT))
+    assert e.body.get("code") == "model_not_found", e.body
+    e = expect_status(openai.APIStatusError, 413, lambda: c.completions.create(
+        model=model, prompt="hello " * 3000, max_tokens=4))
+    assert e.body.get("code") == "context_length_exceeded", e.body
+    status, text = http(s.base, "GET", "/v1/nothing-here")
+    assert status == 404 and "error" in json.loads(text), (status, text)
+    assert http(s.base, "GET", "/health")[0] == 200
+    r = c.completions.create(model=model, prompt=PROMPT, max_tokens=24, temperature=0)
+    assert r.choices[0].text == ctx["greedy"]
+
+
+def check_disconnect(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
+    aborted = metrics(s.base)['moeinfer:request_success_total{finished_reason="abort"}']
+    stream = c.completions.create(model=ctx["model"], prompt=PROMPT, max_tokens=400,
+                                  temperature=0, stream=True, extra_body={"ignore_eos": True})
+    it = iter(stream)
+    for _ in range(3):
+        next(it)
+    stream.close()  # hang up mid-stream
+    wait_for(lambda: metrics(s.base)['moeinfer:request_success_total{finished_reason="abort"}']
+             > aborted, "the abandoned request to be aborted")
+    wait_for(lambda: idle(s.base), "the server to go idle")
+
+
+def check_load(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
+    system = ("You are the oracle of the fortune cookie factory. You answer every question with "
+              "a short fortune, kind and a little mysterious. ")
+
+    def one(i: int) -> str | None:
+        try:
+            if i % 2 == 0:
+                stream = c.chat.completions.create(
+                    model=ctx["model"], max_tokens=4 + i % 9, temperature=0.8, seed=i, stream=True,
+                    messages=[{"role": "system", "content": system},
+                              {"role": "user", "content": f"Question number {i}?"}])
+                finish = None
+                for chunk in stream:
+                    finish = chunk.choices[0].finish_reason or finish
+            else:
+                stream = c.completions.create(
+                    model=ctx["model"], prompt=f"Fortune {i}: you will", max_tokens=4 + i % 9,
+                    temperature=0.7, seed=i, stream=True, stream_options={"include_usage": True})
+                finish, usage = None, None
+                for chunk in stream:
+                    if chunk.choices:
+                        finish = chunk.choices[0].finish_reason or finish
+                    usage = chunk.usage or usage
+                if usage is None or usage.completion_tokens > 4 + i % 9:
+                    return f"request {i}: usage {usage}"
+            if finish not in ("stop", "length"):
+                return f"request {i}: finish_reason {finish}"
+            return None
+        except Exception as e:  # noqa: BLE001 - every failure counts
+            return f"request {i}: {type(e).__name__}: {e}"
+
+    num = 320
+    start = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=64) as pool:
+        failures = [f for f in pool.map(one, range(num)) if f]
+    elapsed = time.monotonic() - start
+    assert not failures, f"{len(failures)} of {num} failed, e.g. {failures[:3]}"
+    wait_for(lambda: idle(s.base), "the server to go idle after the load")
+    m = metrics(s.base)
+    assert m["moeinfer:kv_cache_used_blocks"] == 0
+    assert m["moeinfer:num_requests_running"] == 0
+    assert m["moeinfer:prefix_cache_hits_total"] > 0, "the shared system prompt never hit the cache"
+    assert m["moeinfer:time_to_first_token_seconds_count"] >= num
+    assert m["moeinfer:e2e_request_latency_seconds_count"] >= num
+    assert m["moeinfer:generation_tokens_total"] >= num * 4
+    print(f"  load: {num} requests, 64 concurrent, {elapsed:.1f} s", flush=True)
+
+
+def check_auth_and_queue(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
+    key = "test-key-123"
+    s2 = ServerProcess(ctx["moeinfer"], ["--api-key", key, "--max-num-seqs", "1",
+                                         "--max-queue", "0"])
+    try:
+        expect_status(openai.AuthenticationError, 401,
+                      lambda: s2.client("wrong-key").models.list())
+        status, text = http(s2.base, "GET", "/v1/models")
+        assert status == 401 and json.loads(text)["error"]["code"] == "invalid_api_key", text
+        assert http(s2.base, "GET", "/metrics")[0] == 401
+        assert http(s2.base, "GET", "/health")[0] == 200
+        good = s2.client(key)
+        assert good.models.list().data[0].id == "demo"
+        # One request may be in flight; a second while the first streams gets 429.
+        stream = good.completions.create(model="demo", prompt=PROMPT, max_tokens=480,
+                                         temperature=0, stream=True,
+                                         extra_body={"ignore_eos": True})
+        it = iter(stream)
+        next(it)
+        expect_status(openai.RateLimitError, 429, lambda: good.completions.create(
+            model="demo", prompt=PROMPT, max_tokens=4))
+        stream.close()
+        auth = {"Authorization": f"Bearer {key}"}
+        wait_for(lambda: idle(s2.base, auth), "the second server to go idle")
+        r = good.completions.create(model="demo", prompt=PROMPT, max_tokens=24, temperature=0)
+        assert r.choices[0].text == ctx["greedy"]
+    finally:
+        code = s2.stop()
+    assert code == 0, f"second server exited {code}"
+
+
+def check_sigterm(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
+    stream = c.completions.create(model=ctx["model"], prompt=PROMPT, max_tokens=200,
+                                  temperature=0, stream=True, extra_body={"ignore_eos": True})
+    it = iter(stream)
+    text = next(it).choices[0].text
+    s.proc.send_signal(signal.SIGTERM)
+    s.lines_seen = None
+    wait_for(lambda: any("SIGTERM" in line for line in s.log), "the server to see SIGTERM")
+    # New work is refused (503 while draining, or no connection once the listener closed).
+    try:
+        c.completions.create(model=ctx["model"], prompt=PROMPT, max_tokens=4)
+        raise AssertionError("a request after SIGTERM was served")
+    except (openai.APIStatusError, openai.APIConnectionError) as e:
+        if isinstance(e, openai.APIStatusError):
+            assert e.status_code == 503, e.status_code
+    finish = None
+    for chunk in it:
+        text += chunk.choices[0].text
+        finish = chunk.choices[0].finish_reason or finish
+    assert finish == "length", f"the in-flight stream ended with {finish}"
+    code = s.proc.wait(timeout=120)
+    assert code == 0, f"exit code {code}"
+
+
+CHECKS = [check_models, check_completion, check_seed, check_streaming, check_chat, check_stop,
+          check_logprobs, check_errors, check_disconnect, check_load, check_auth_and_queue,
+          check_sigterm]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--moeinfer", required=True)
+    parser.add_argument("--fixtures", required=True)
+    args = parser.parse_args()
+    ctx = {"moeinfer": args.moeinfer, "model": "demo", "greedy": ""}
+    passed = failed = 0
+    server = ServerProcess(args.moeinfer, [])
+    try:
+        client = server.client()
+        for check in CHECKS:
+            name = check.__name__.removeprefix("check_")
+            try:
+                check(server, client, ctx)
+                print(f"PASS {name}", flush=True)
+                passed += 1
+            except Exception as e:  # noqa: BLE001 - report and go on
+                print(f"FAIL {name}: {type(e).__name__}: {e}", flush=True)
+                traceback.print_exc()
+                failed += 1
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+            server.proc.wait()
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
