@@ -19,6 +19,12 @@
 // 10 replays (after 2 warm-ups) over 30 is the time of one launch. The expert offsets live on
 // the device; nothing is read back between launches.
 //
+// The same layer's attention is timed after the experts, as a second table: paged decode
+// attention at context 1024 (Nq 32, Nkv 4, D 128, blocks of 16 tokens in a shuffled pool, table
+// sets rotated so K/V do not come from L2) against its K/V bytes over the copy bandwidth, and
+// causal prefill of 4096 tokens (tensor-core and CUDA-core kernels) against the cuBLAS rate,
+// counting the causal half of the QK^T and PV FLOPs.
+//
 // Usage: bench_cuda_moe [--quick]
 #if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
 
@@ -36,6 +42,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/attention.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/grouped_gemm.h"
 #include "core/dtype.h"
@@ -301,6 +308,103 @@ void bench_t(int64_t T, bf16* const* gate_up, bf16* const* down, double copy_bw,
   CUDA_CHECK(cudaFree(out));
 }
 
+std::string g_attention_line;
+
+void bench_attention(double copy_bw, double peak, cudaStream_t stream, std::mt19937& rng) {
+  constexpr int64_t kNq = 32, kNkv = 4, kD = 128, kBlock = 16, kCtx = 1024;
+  const int64_t row_bytes = kNkv * kD * 2;
+  const int64_t pool_tokens = (int64_t{1} << 30) / row_bytes;  // 1 GiB of K, 1 GiB of V
+  const int64_t num_blocks = pool_tokens / kBlock;
+  bf16* k_cache = device_alloc<bf16>(pool_tokens * kNkv * kD);
+  bf16* v_cache = device_alloc<bf16>(pool_tokens * kNkv * kD);
+  fill_random(k_cache, pool_tokens * kNkv * kD, 1.0f, rng);
+  fill_random(v_cache, pool_tokens * kNkv * kD, 1.0f, rng);
+  std::printf("\n%-34s %10s %10s %7s %9s %7s\n", "attention (Nq 32, Nkv 4, D 128)", "time us",
+              "floor us", "vs flr", "TFLOP/s", "vs cuB");
+  std::vector<int32_t> pool(num_blocks);
+  std::iota(pool.begin(), pool.end(), 0);
+  std::shuffle(pool.begin(), pool.end(), rng);
+  char part[128];
+  for (int64_t B : {1, 8, 64, 256}) {
+    const int64_t blocks_per_seq = kCtx / kBlock;
+    const int64_t sets = std::min<int64_t>(kLaunchesPerGraph, num_blocks / (B * blocks_per_seq));
+    std::vector<int32_t> tables(sets * B * blocks_per_seq);
+    for (size_t i = 0; i < tables.size(); ++i) tables[i] = pool[i];
+    int32_t* d_tables = device_alloc<int32_t>(tables.size());
+    CUDA_CHECK(cudaMemcpy(d_tables, tables.data(), tables.size() * 4, cudaMemcpyHostToDevice));
+    std::vector<int32_t> lens(B, static_cast<int32_t>(kCtx));
+    int32_t* d_lens = device_alloc<int32_t>(B);
+    CUDA_CHECK(cudaMemcpy(d_lens, lens.data(), B * 4, cudaMemcpyHostToDevice));
+    bf16* q = device_alloc<bf16>(B * kNq * kD);
+    bf16* out = device_alloc<bf16>(B * kNq * kD);
+    fill_random(q, B * kNq * kD, 1.0f, rng);
+    PagedDecodeParams p{.q = q, .k_cache = k_cache, .v_cache = v_cache, .out = out,
+                        .num_seqs = B, .num_q_heads = kNq, .num_kv_heads = kNkv,
+                        .head_dim = kD, .block_size = kBlock, .num_blocks = num_blocks,
+                        .max_blocks_per_seq = blocks_per_seq, .max_seq_len = kCtx,
+                        .scale = 1.0f / std::sqrt(static_cast<float>(kD))};
+    float* ws = device_alloc<float>(std::max<int64_t>(1, paged_decode_workspace_size(p)));
+    p.workspace = ws;
+    p.seq_lens = d_lens;
+    const double ms = time_graph(stream, [&](int i) {
+      PagedDecodeParams pi = p;
+      pi.block_tables = d_tables + (i % sets) * B * blocks_per_seq;
+      paged_decode_attention(pi, stream);
+    });
+    const double bytes = B * kCtx * 2.0 * row_bytes;
+    const double floor_ms = bytes / copy_bw * 1e3;
+    const DecodeSplit split = paged_decode_split(p);
+    char what[64];
+    std::snprintf(what, sizeof(what), "decode B=%lld ctx %lld (%lld splits)",
+                  static_cast<long long>(B), static_cast<long long>(kCtx),
+                  static_cast<long long>(split.num_splits));
+    std::printf("%-34s %10.1f %10.1f %7.3f\n", what, ms * 1e3, floor_ms * 1e3, floor_ms / ms);
+    std::snprintf(part, sizeof(part), " decode B=%lld %.1fus (%.2f floor);",
+                  static_cast<long long>(B), ms * 1e3, floor_ms / ms);
+    g_attention_line += part;
+    CUDA_CHECK(cudaFree(d_tables));
+    CUDA_CHECK(cudaFree(d_lens));
+    CUDA_CHECK(cudaFree(q));
+    CUDA_CHECK(cudaFree(out));
+    CUDA_CHECK(cudaFree(ws));
+  }
+  CUDA_CHECK(cudaFree(k_cache));
+  CUDA_CHECK(cudaFree(v_cache));
+
+  const int64_t T = 4096;
+  bf16* q = device_alloc<bf16>(T * kNq * kD);
+  bf16* k = device_alloc<bf16>(T * kNkv * kD);
+  bf16* v = device_alloc<bf16>(T * kNkv * kD);
+  bf16* out = device_alloc<bf16>(T * kNq * kD);
+  fill_random(q, T * kNq * kD, 1.0f, rng);
+  fill_random(k, T * kNkv * kD, 1.0f, rng);
+  fill_random(v, T * kNkv * kD, 1.0f, rng);
+  int32_t* cu = device_alloc<int32_t>(2);
+  const int32_t cu_host[2] = {0, static_cast<int32_t>(T)};
+  CUDA_CHECK(cudaMemcpy(cu, cu_host, 8, cudaMemcpyHostToDevice));
+  const double flops = 4.0 * (T * (T + 1) / 2.0) * kD * kNq;
+  for (bool tc : {true, false}) {
+    const PrefillParams p{.q = q, .k = k, .v = v, .cu_seqlens = cu, .out = out, .num_tokens = T,
+                          .num_seqs = 1, .max_seq_len = T, .num_q_heads = kNq,
+                          .num_kv_heads = kNkv, .head_dim = kD,
+                          .scale = 1.0f / std::sqrt(static_cast<float>(kD)),
+                          .tensor_cores = tc};
+    const double ms = time_graph(stream, [&](int) { prefill_attention(p, stream); });
+    const double tflops = flops / (ms * 1e-3) / 1e12;
+    std::printf("%-34s %10.1f %10s %7s %9.1f %7.3f\n",
+                tc ? "prefill T=4096 causal, mma.sync" : "prefill T=4096 causal, CUDA cores",
+                ms * 1e3, "", "", tflops, tflops * 1e12 / peak);
+    std::snprintf(part, sizeof(part), " prefill %s %.0f TFLOP/s (%.2f peak);",
+                  tc ? "mma" : "simt", tflops, tflops * 1e12 / peak);
+    g_attention_line += part;
+  }
+  CUDA_CHECK(cudaFree(q));
+  CUDA_CHECK(cudaFree(k));
+  CUDA_CHECK(cudaFree(v));
+  CUDA_CHECK(cudaFree(out));
+  CUDA_CHECK(cudaFree(cu));
+}
+
 int run(int argc, char** argv) {
   for (int i = 1; i < argc; ++i)
     if (std::strcmp(argv[i], "--quick") == 0) g_replays = 3;
@@ -348,9 +452,10 @@ int run(int argc, char** argv) {
     CUDA_CHECK(cudaFree(gate_up[s]));
     CUDA_CHECK(cudaFree(down[s]));
   }
+  bench_attention(copy_bw, peak, stream, rng);
   CUBLAS_CHECK(cublasDestroy(handle));
   CUDA_CHECK(cudaStreamDestroy(stream));
-  std::printf("\n%s\n", line.c_str());
+  std::printf("\n%s attention:%s\n", line.c_str(), g_attention_line.c_str());
   return 0;
 }
 

@@ -199,7 +199,8 @@ void decode_random(const DecodeCase& c) {
   expect_bf16_near(d_out.download(), want, bound, "decode out");
 }
 
-void prefill_random(std::vector<int32_t> lens, int64_t Nq, int64_t Nkv, int64_t D) {
+void prefill_random(std::vector<int32_t> lens, int64_t Nq, int64_t Nkv, int64_t D,
+                    bool tensor_cores) {
   std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(D * 17 + Nq + lens.size()));
   const int64_t B = static_cast<int64_t>(lens.size());
   std::vector<int32_t> cu(B + 1, 0);
@@ -216,7 +217,7 @@ void prefill_random(std::vector<int32_t> lens, int64_t Nq, int64_t Nkv, int64_t 
                                   .cu_seqlens = d_cu.get(), .out = d_out.as_bf16(),
                                   .num_tokens = T, .num_seqs = B, .max_seq_len = max_len,
                                   .num_q_heads = Nq, .num_kv_heads = Nkv, .head_dim = D,
-                                  .scale = scale},
+                                  .scale = scale, .tensor_cores = tensor_cores},
                     nullptr);
   synchronize();
   const auto qf = to_float(q), kf = to_float(k), vf = to_float(v);
@@ -278,10 +279,16 @@ void prefill_random(std::vector<int32_t> lens, int64_t Nq, int64_t Nkv, int64_t 
   };
   for (const Dc& d : decode_cases)
     reg("CudaPagedDecode", d.name, [c = d.c] { decode_random(c); });
-  reg("CudaPrefill", "OneSeq_T1_D128", [] { prefill_random({1}, 4, 2, 128); });
-  reg("CudaPrefill", "OneSeq_T99_G8_D128", [] { prefill_random({99}, 16, 2, 128); });
-  reg("CudaPrefill", "Varlen_D64", [] { prefill_random({17, 1, 64, 33}, 6, 3, 64); });
-  reg("CudaPrefill", "OneSeq_T700_G4_D128", [] { prefill_random({700}, 8, 2, 128); });
+  for (bool tc : {true, false}) {
+    const std::string kind = tc ? "Mma_" : "Simt_";
+    reg("CudaPrefill", kind + "OneSeq_T1_D128", [tc] { prefill_random({1}, 4, 2, 128, tc); });
+    reg("CudaPrefill", kind + "OneSeq_T99_G8_D128",
+        [tc] { prefill_random({99}, 16, 2, 128, tc); });
+    reg("CudaPrefill", kind + "Varlen_D64",
+        [tc] { prefill_random({17, 1, 64, 33, 130}, 6, 3, 64, tc); });
+    reg("CudaPrefill", kind + "OneSeq_T700_G4_D128",
+        [tc] { prefill_random({700}, 8, 2, 128, tc); });
+  }
   return true;
 }();
 

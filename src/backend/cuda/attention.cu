@@ -4,6 +4,7 @@
 
 #include "backend/cuda/attention.h"
 #include "backend/cuda/attention_kernel.cuh"
+#include "backend/cuda/attention_prefill_mma_kernel.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/launch_checks.h"
 
@@ -62,6 +63,21 @@ void launch_decode(const PagedDecodeParams& p, const DecodeSplit& split, cudaStr
 
 template <int D>
 void launch_prefill(const PrefillParams& p, cudaStream_t stream) {
+  if (p.tensor_cores) {
+    constexpr int smem = attn::prefill_mma_smem_bytes<D>();
+    static const bool attribute_set = [] {
+      CUDA_CHECK(cudaFuncSetAttribute(prefill_attention_mma_kernel<D>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      return true;
+    }();
+    (void)attribute_set;
+    const dim3 grid(
+        static_cast<unsigned>((p.max_seq_len + attn::kMmaQ - 1) / attn::kMmaQ),
+        static_cast<unsigned>(p.num_q_heads), static_cast<unsigned>(p.num_seqs));
+    prefill_attention_mma_kernel<D><<<grid, attn::kMmaThreads, smem, stream>>>(p);
+    MOE_CUDA_CHECK_LAUNCH();
+    return;
+  }
   constexpr int smem = attn::prefill_smem_bytes<D>();
   static const bool attribute_set = [] {
     CUDA_CHECK(cudaFuncSetAttribute(prefill_attention_kernel<D>,
@@ -141,6 +157,12 @@ void prefill_attention(const PrefillParams& p, cudaStream_t stream) {
   detail::check_pointer(p.v, "v");
   detail::check_pointer(p.cu_seqlens, "cu_seqlens");
   detail::check_pointer(p.out, "out");
+  if (p.tensor_cores) {
+    detail::check_aligned16(p.q, "q");
+    detail::check_aligned16(p.k, "k");
+    detail::check_aligned16(p.v, "v");
+    detail::check_aligned16(p.out, "out");
+  }
   if (p.head_dim == 64) {
     launch_prefill<64>(p, stream);
   } else {

@@ -107,10 +107,14 @@ struct PrefillParams {
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;  // 64 or 128
   float scale = 0.0f;
+  // Tensor cores (mma.sync, 64-query x 64-key tiles); false: the float32 CUDA-core kernel
+  // (32 x 32 tiles), kept as a second implementation to test against.
+  bool tensor_cores = true;
 };
 
 // Causal self-attention of each sequence's tokens among themselves (no cached prefix):
-// flash-style tiles of 32 queries x 32 keys in shared memory, online softmax in float32.
+// flash-style, K/V tiles in shared memory, online softmax in float32; P is rounded to bf16 for
+// the P.V product on the tensor-core path.
 void prefill_attention(const PrefillParams& params, cudaStream_t stream);
 
 }  // namespace moeinfer::cuda

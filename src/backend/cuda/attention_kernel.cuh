@@ -15,8 +15,8 @@
 // Prefill (prefill_attention_kernel): flash-style, one block per (32-query tile, head,
 // sequence), 32-key tiles of K and V staged in shared memory as float32, the online softmax
 // (running max, running sum, rescaled accumulator) kept per query row in float32, tiles past
-// the causal diagonal never loaded. CUDA-core FMAs, not tensor cores: correct first; the
-// mma.sync version is the next step (docs/cuda-kernels.md).
+// the causal diagonal never loaded. CUDA-core FMAs: the reference the tensor-core version
+// (attention_prefill_mma_kernel.cuh) is tested beside.
 #pragma once
 
 #include <cuda_bf16.h>

@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     grouped_gemm_kernel(const __grid_constant__ GroupedGemmParams p) {
   using namespace gemm;
   constexpr int BM = Cfg::BM, BN = Cfg::BN, kThreads = Cfg::kThreads;
-  extern __shared__ __align__(128) uint8_t smem[];
+  extern __shared__ __align__(128) uint8_t gemm_smem[];
   __shared__ int s_warp[kThreads / 32];
   __shared__ int s_tile[3];  // expert's first row of this tile, rows in this tile, expert
 
@@ -180,7 +180,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const __nv_bfloat16* b_base =
       p.weights + static_cast<int64_t>(expert) * (Cfg::kOps * static_cast<int64_t>(N)) * K;
 
-  const uint32_t smem_base = smem_u32(smem);
+  const uint32_t smem_base = smem_u32(gemm_smem);
   auto stage_a = [&](int stage) { return smem_base + stage * Cfg::kStageBytes; };
   auto stage_b = [&](int stage) { return smem_base + stage * Cfg::kStageBytes + BM * kBK * 2; };
 
