@@ -257,6 +257,21 @@ void bench_t(int64_t T, bf16* const* gate_up, bf16* const* down, double copy_bw,
                                  .num_experts = kE, .hidden_size = kH, .expert_width = kI},
                 stream);
   });
+  // Dispatch fused into the A load: rows gathered from [T, H] through a shuffled src_row.
+  std::vector<int32_t> src_row(M);
+  std::iota(src_row.begin(), src_row.end(), 0);
+  std::shuffle(src_row.begin(), src_row.end(), rng);
+  int32_t* d_src_row = device_alloc<int32_t>(M);
+  CUDA_CHECK(cudaMemcpy(d_src_row, src_row.data(), M * 4, cudaMemcpyHostToDevice));
+  const double gather_ms = time_graph(stream, [&](int i) {
+    moe_experts(MoeExpertsParams{.rows = rows, .gate_up = gate_up[i % kWeightSets],
+                                 .down = down[i % kWeightSets], .expert_offsets = d_offsets,
+                                 .activation = act, .out = out, .num_rows = M,
+                                 .num_experts = kE, .hidden_size = kH, .expert_width = kI,
+                                 .src_row = d_src_row, .top_k = kK},
+                stream);
+  });
+  CUDA_CHECK(cudaFree(d_src_row));
   auto add = [&](const std::string& what, double ms, double bytes, double flops) {
     const double floor_ms = bytes / copy_bw * 1e3;
     const double tflops = flops / (ms * 1e-3) / 1e12;
@@ -272,6 +287,7 @@ void bench_t(int64_t T, bf16* const* gate_up, bf16* const* down, double copy_bw,
   add(std::string("gate_up+silu tile ") + tile_name(gu_tile), gu_ms, gu_bytes, gu_flops);
   add(std::string("down tile ") + tile_name(dn_tile), dn_ms, dn_bytes, dn_flops);
   add("experts (both)", both_ms, gu_bytes + dn_bytes, gu_flops + dn_flops);
+  add("experts, rows gathered", gather_ms, gu_bytes + dn_bytes, gu_flops + dn_flops);
   if (T >= 8) {
     // The other tiles for both projections, to see where the automatic choice stands.
     for (GemmTile alt : {GemmTile::kRows16, GemmTile::kRows64, GemmTile::kRows128,

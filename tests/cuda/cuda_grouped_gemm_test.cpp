@@ -84,6 +84,7 @@ struct GemmCase {
   Routing routing;
   GemmTile tile;
   int64_t spare_rows = 0;  // rows past offsets[E] that must stay untouched
+  bool gather = false;     // A rows gathered from [T, Kd] through a random src_row
 };
 
 // One grouped GEMM of either kind; returns false when the launcher refused the forced tile
@@ -96,13 +97,18 @@ void run_case(const GemmCase& c, bool gate_up) {
   const int64_t N = gate_up ? c.I : c.H;
   const int64_t Nw = gate_up ? 2 * N : N;
   const auto offsets = make_offsets(used, c.E, c.routing, rng);
-  const auto x_bits = random_bf16(M * Kd, rng, 1.0f);
+  // With a gather the operand is [T, Kd] and row r reads token src_row[r] / K.
+  const int64_t x_rows = c.gather ? c.T : M;
+  std::vector<int32_t> src_row(M);
+  for (auto& v : src_row) v = std::uniform_int_distribution<int32_t>(0, c.T * c.K - 1)(rng);
+  auto x_row = [&](int64_t r) { return c.gather ? src_row[r] / c.K : r; };
+  const auto x_bits = random_bf16(x_rows * Kd, rng, 1.0f);
   const auto w_bits = random_bf16(c.E * Nw * Kd, rng, 1.0f / std::sqrt(static_cast<float>(Kd)));
   const auto x = to_float(x_bits);
   const auto w = to_float(w_bits);
 
   DeviceBuffer<uint16_t> d_x(x_bits), d_w(w_bits), d_out(M * N);
-  DeviceBuffer<int32_t> d_offsets(offsets);
+  DeviceBuffer<int32_t> d_offsets(offsets), d_src_row(src_row);
   d_out.poison();
   GroupedGemmParams p{.rows = d_x.as_bf16(),
                       .weights = d_w.as_bf16(),
@@ -114,6 +120,8 @@ void run_case(const GemmCase& c, bool gate_up) {
                       .k = Kd,
                       .epilogue = gate_up ? GemmEpilogue::kSiluMul : GemmEpilogue::kNone,
                       .tile = c.tile,
+                      .src_row = c.gather ? d_src_row.get() : nullptr,
+                      .top_k = c.K,
                       // Forced tiles also go through the programmatic-dependent launch.
                       .overlap_previous = c.tile != GemmTile::kAuto};
   const int width = c.tile == GemmTile::kRows16 ? 32
@@ -133,7 +141,7 @@ void run_case(const GemmCase& c, bool gate_up) {
   for (int64_t e = 0; e < c.E; ++e) {
     const float* we = w.data() + e * Nw * Kd;
     for (int64_t r = offsets[e]; r < offsets[e + 1]; ++r) {
-      const float* xr = x.data() + r * Kd;
+      const float* xr = x.data() + x_row(r) * Kd;
       for (int64_t n = 0; n < N; ++n) {
         double g = 0, g2 = 0, u = 0, u2 = 0;
         const float* wg = we + n * Kd;
@@ -169,16 +177,20 @@ void run_case(const GemmCase& c, bool gate_up) {
 }
 
 // moe_experts: both projections through the [M, I] activation workspace.
-void run_experts(int64_t T, int64_t K, int64_t E, int64_t H, int64_t I) {
-  std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(T * 104729 + E));
+void run_experts(int64_t T, int64_t K, int64_t E, int64_t H, int64_t I, bool gather) {
+  std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(T * 104729 + E + gather));
   const int64_t M = T * K;
   const auto offsets = make_offsets(M, E, Routing::kZipf, rng);
-  const auto x_bits = random_bf16(M * H, rng, 1.0f);
+  std::vector<int32_t> src_row(M);
+  std::iota(src_row.begin(), src_row.end(), 0);
+  std::shuffle(src_row.begin(), src_row.end(), rng);
+  auto x_row = [&](int64_t r) { return gather ? src_row[r] / K : r; };
+  const auto x_bits = random_bf16((gather ? T : M) * H, rng, 1.0f);
   const auto gu_bits = random_bf16(E * 2 * I * H, rng, 1.0f / std::sqrt(static_cast<float>(H)));
   const auto dn_bits = random_bf16(E * H * I, rng, 1.0f / std::sqrt(static_cast<float>(I)));
   const auto x = to_float(x_bits), gu = to_float(gu_bits), dn = to_float(dn_bits);
   DeviceBuffer<uint16_t> d_x(x_bits), d_gu(gu_bits), d_dn(dn_bits), d_act(M * I), d_out(M * H);
-  DeviceBuffer<int32_t> d_offsets(offsets);
+  DeviceBuffer<int32_t> d_offsets(offsets), d_src_row(src_row);
   d_act.poison();
   d_out.poison();
   moe_experts(MoeExpertsParams{.rows = d_x.as_bf16(),
@@ -190,7 +202,9 @@ void run_experts(int64_t T, int64_t K, int64_t E, int64_t H, int64_t I) {
                                .num_rows = M,
                                .num_experts = E,
                                .hidden_size = H,
-                               .expert_width = I},
+                               .expert_width = I,
+                               .src_row = gather ? d_src_row.get() : nullptr,
+                               .top_k = K},
               nullptr);
   synchronize();
   std::vector<double> want(M * H), scale(M * H);
@@ -200,8 +214,8 @@ void run_experts(int64_t T, int64_t K, int64_t E, int64_t H, int64_t I) {
       for (int64_t i = 0; i < I; ++i) {
         double g = 0, u = 0;
         for (int64_t k = 0; k < H; ++k) {
-          g += static_cast<double>(x[r * H + k]) * gu[(e * 2 * I + i) * H + k];
-          u += static_cast<double>(x[r * H + k]) * gu[(e * 2 * I + I + i) * H + k];
+          g += static_cast<double>(x[x_row(r) * H + k]) * gu[(e * 2 * I + i) * H + k];
+          u += static_cast<double>(x[x_row(r) * H + k]) * gu[(e * 2 * I + I + i) * H + k];
         }
         act[i] = bf16_to_f32(f32_to_bf16(static_cast<float>(silu(g) * u)));
       }
@@ -252,9 +266,22 @@ void run_experts(int64_t T, int64_t K, int64_t E, int64_t H, int64_t I) {
       }
     }
   }
+  for (const Shape& s : {Shape{1, 8, 128, 256, 192}, Shape{99, 8, 60, 320, 128},
+                         Shape{989, 8, 128, 256, 128}}) {
+    for (GemmTile tile : {GemmTile::kAuto, GemmTile::kRows64, GemmTile::kRows128}) {
+      const GemmCase c{.T = s.T, .K = s.K, .E = s.E, .H = s.H, .I = s.I,
+                       .routing = Routing::kZipf, .tile = tile, .gather = true};
+      const std::string name = "Gather_T" + std::to_string(s.T) + "_" +
+                               tile_names[static_cast<int>(tile)];
+      register_kernel_test("CudaGroupedGemm", name, [c] { run_case(c, true); }, __FILE__,
+                           __LINE__);
+    }
+  }
   for (int64_t T : {int64_t{1}, int64_t{19}, int64_t{256}}) {
     register_kernel_test("CudaMoeExperts", "GateUpThenDown_T" + std::to_string(T),
-                         [T] { run_experts(T, 8, 64, 256, 192); }, __FILE__, __LINE__);
+                         [T] { run_experts(T, 8, 64, 256, 192, false); }, __FILE__, __LINE__);
+    register_kernel_test("CudaMoeExperts", "GatherGateUpThenDown_T" + std::to_string(T),
+                         [T] { run_experts(T, 8, 64, 256, 192, true); }, __FILE__, __LINE__);
   }
   return true;
 }();

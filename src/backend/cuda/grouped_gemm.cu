@@ -108,6 +108,10 @@ void grouped_gemm(const GroupedGemmParams& p, cudaStream_t stream) {
   detail::check_aligned16(p.rows, "rows");
   detail::check_aligned16(p.weights, "weights");
   detail::check_aligned16(p.out, "out");
+  if (p.src_row) {
+    MOE_CHECK(p.top_k >= 1 && p.num_rows % p.top_k == 0, "top_k = ", p.top_k,
+              " must be positive and divide num_rows = ", p.num_rows, " when gathering");
+  }
   const GemmTile tile =
       p.tile == GemmTile::kAuto ? grouped_gemm_auto_tile(p.num_rows, p.num_experts, p.n) : p.tile;
   if (p.epilogue == GemmEpilogue::kSiluMul) {
@@ -127,7 +131,9 @@ void moe_experts(const MoeExpertsParams& p, cudaStream_t stream) {
                                  .num_experts = p.num_experts,
                                  .n = p.expert_width,
                                  .k = p.hidden_size,
-                                 .epilogue = GemmEpilogue::kSiluMul},
+                                 .epilogue = GemmEpilogue::kSiluMul,
+                                 .src_row = p.src_row,
+                                 .top_k = p.top_k},
                stream);
   grouped_gemm(GroupedGemmParams{.rows = p.activation,
                                  .weights = p.down,

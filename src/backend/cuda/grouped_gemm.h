@@ -52,9 +52,15 @@ struct GroupedGemmParams {
   int64_t k = 0;                           // Kd
   GemmEpilogue epilogue = GemmEpilogue::kNone;
   GemmTile tile = GemmTile::kAuto;
+  // Optional gather (dispatch fused into the A-tile load): row r of the operand is
+  // rows[src_row[r] / top_k], so `rows` is the un-permuted hidden state [T, Kd] and the
+  // permuted copy is never written. src_row is the plan's [M] array.
+  const int32_t* src_row = nullptr;
+  int64_t top_k = 1;  // K, with src_row
   // Launch as a programmatic dependent of the previous kernel on the stream: the tile scan and
-  // the first weight tiles overlap that kernel's tail; the rows are read only after it has
-  // finished. Only for a previous kernel that does not write the weights or expert_offsets.
+  // the first weight tiles overlap that kernel's tail; rows and src_row are read only after it
+  // has finished. Only for a previous kernel that writes neither the weights nor
+  // expert_offsets.
   bool overlap_previous = false;
 };
 
@@ -65,7 +71,7 @@ void grouped_gemm(const GroupedGemmParams& params, cudaStream_t stream);
 GemmTile grouped_gemm_auto_tile(int64_t num_rows, int64_t num_experts, int64_t n);
 
 struct MoeExpertsParams {
-  const __nv_bfloat16* rows = nullptr;     // [M, H] expert-ordered
+  const __nv_bfloat16* rows = nullptr;     // [M, H] expert-ordered, or [T, H] with src_row
   const __nv_bfloat16* gate_up = nullptr;  // [E, 2I, H]
   const __nv_bfloat16* down = nullptr;     // [E, H, I]
   const int32_t* expert_offsets = nullptr; // [E + 1] device
@@ -75,6 +81,8 @@ struct MoeExpertsParams {
   int64_t num_experts = 0;                 // E
   int64_t hidden_size = 0;                 // H
   int64_t expert_width = 0;                // I
+  const int32_t* src_row = nullptr;        // [M] optional: gather rows[src_row[r] / top_k]
+  int64_t top_k = 1;                       // K, with src_row
 };
 
 // The experts stage: activation = SiLU(rows . gate^T) * (rows . up^T), out = activation . down^T,

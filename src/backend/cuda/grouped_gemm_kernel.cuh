@@ -29,6 +29,7 @@
 
 #include <cstdint>
 
+#include "backend/cuda/cuda_check.h"
 #include "backend/cuda/grouped_gemm.h"
 
 namespace moeinfer::cuda {
@@ -136,6 +137,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   extern __shared__ __align__(128) uint8_t gemm_smem[];
   __shared__ int s_warp[kThreads / 32];
   __shared__ int s_tile[3];  // expert's first row of this tile, rows in this tile, expert
+  __shared__ int s_arow[BM];  // source row of each tile row in `rows`
 
   // A kernel launched after this one as a programmatic dependent may start its own prologue
   // once every block of this grid has started; it still waits for this grid to finish before
@@ -176,7 +178,6 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const int K = static_cast<int>(p.k);
   const int N = static_cast<int>(p.n);
   const int n0 = static_cast<int>(blockIdx.x) * BN;
-  const __nv_bfloat16* a_base = p.rows + static_cast<int64_t>(row_begin) * K;
   const __nv_bfloat16* b_base =
       p.weights + static_cast<int64_t>(expert) * (Cfg::kOps * static_cast<int64_t>(N)) * K;
 
@@ -192,7 +193,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     for (int c = threadIdx.x; c < BM * 8; c += kThreads) {
       const int r = c >> 3, ch = c & 7;
       const bool valid = r < rows_valid;
-      const __nv_bfloat16* src = a_base + static_cast<int64_t>(valid ? r : 0) * K + k0 + ch * 8;
+      const __nv_bfloat16* src = p.rows + static_cast<int64_t>(s_arow[r]) * K + k0 + ch * 8;
       cp_async_16(sa + swizzle(r, ch), src, valid);
     }
   };
@@ -233,6 +234,19 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   for (int s = 0; s < Cfg::kStages - 1; ++s)
     if (s < num_k_tiles) load_b(s, s);
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  // Source rows: the expert-ordered row itself, or the gathered token's row.
+  for (int r = threadIdx.x; r < BM; r += kThreads) {
+    int source = 0;  // rows past the count load nothing, but need a valid address
+    if (r < rows_valid) {
+      source = row_begin + r;
+      if (p.src_row) {
+        source = __ldg(p.src_row + row_begin + r) / static_cast<int>(p.top_k);
+        MOE_DEVICE_CHECK(source >= 0 && source < p.num_rows / p.top_k);
+      }
+    }
+    s_arow[r] = source;
+  }
+  __syncthreads();
 #pragma unroll
   for (int s = 0; s < Cfg::kStages - 1; ++s) {
     if (s < num_k_tiles) load_a(s, s);
