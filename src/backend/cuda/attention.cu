@@ -99,7 +99,7 @@ DecodeSplit paged_decode_split(const PagedDecodeParams& p) {
   const int64_t want_splits = std::max<int64_t>(1, (kDecodeTargetBlocks + units - 1) / units);
   const int64_t len = std::max<int64_t>(1, p.max_seq_len);
   int64_t chunk = (len + want_splits - 1) / want_splits;
-  chunk = std::clamp<int64_t>((chunk + 63) / 64 * 64, 64, kDecodeMaxChunk);
+  chunk = std::clamp<int64_t>((chunk + 31) / 32 * 32, 32, kDecodeMaxChunk);
   return DecodeSplit{.chunk = chunk, .num_splits = (len + chunk - 1) / chunk};
 }
 

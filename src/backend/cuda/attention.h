@@ -79,7 +79,7 @@ struct PagedDecodeParams {
   float scale = 0.0f;          // softmax scale, usually 1/sqrt(D)
 };
 
-// Tokens per split the launcher will use (a multiple of 64, at most 512) and the split count.
+// Tokens per split the launcher will use (a multiple of 32, at most 512) and the split count.
 struct DecodeSplit {
   int64_t chunk = 0;
   int64_t num_splits = 0;

@@ -2,7 +2,7 @@
 //
 // Decode (paged_decode_kernel): memory-bound on the K/V bytes. One block per (split, KV head,
 // sequence) holds the G query heads that share the KV head (GQA packing), so every K/V byte is
-// read from memory once per KV head. A block covers `chunk` tokens (a multiple of 64, at most
+// read from memory once per KV head. A block covers `chunk` tokens (a multiple of 32, at most
 // 512): the host picks the chunk so that B * Nkv * splits fills the 132 SMs even at batch 1, and
 // the combine kernel merges the splits' partial softmaxes (max, sum, unnormalised output) in
 // float32. Inside a block:
