@@ -9,13 +9,15 @@
 //   when idle and yields while joining degrades only in proportion to the load.
 // - F32 weights: OpenBLAS sgemm (sgemv at one row) per slice; 2x OpenBLAS's own threading at
 //   T = 1.
-// - BF16 weights at up to 96 rows (decode, an expert's share of a batch): a hand-written AVX-512
+// - BF16 weights at up to 32 rows (decode, an expert's share of a batch): a hand-written AVX-512
 //   kernel (vdpbf16ps) that streams W once and reaches the memory bandwidth at one row; it beats
-//   oneDNN up to about 96 rows (gemv_max_rows).
+//   oneDNN up to about 32 rows (gemv_max_rows).
 // - BF16 weights at more rows (prefill, busy experts): oneDNN matmul, bf16 x bf16 -> f32, with W
-//   described in place by strides (no reorder, no copy); one primitive per (K, N slice, dtype,
-//   bias) with the row count and y's row stride as runtime values, so one primitive serves every
-//   M. x is rounded to bf16 once, in a thread-local buffer, and shared by the slices.
+//   described in place by strides (no reorder, no copy). Up to 256 rows one primitive per exact
+//   row count (oneDNN then uses its brgemm kernels, 1.1-1.2x faster; creation costs ~0.1 ms),
+//   writing a dense slice that we copy into y; above, one primitive per (K, N slice, dtype, bias)
+//   with the row count and y's row stride as runtime values. x is rounded to bf16 once, in a
+//   thread-local buffer, and shared by the slices.
 // - F16 weights: oneDNN when it has an f16 primitive on this CPU (it needs AVX512-FP16), the
 //   F16C GEMV at a few rows, and the blocked float32 fallback otherwise.
 // - The fallback for every 16-bit case (no oneDNN at build time, no primitive at run time, or
@@ -153,13 +155,13 @@ void set_force_fallback(bool on) { g_force_fallback.store(on ? 1 : 0); }
 
 int64_t gemv_max_rows(DType dtype) {
   // Measured on the 2-core Zen 5 (bench_gemm_cpu --rows ..., bench/RESULTS.md): the GEMV kernel
-  // reads W once and beats oneDNN's runtime-M GEMM by 1.5-2x at 4 to 16 rows and by 1.1-1.4x at
-  // 32 to 64; the two tie at 96 to 128 rows.
+  // reads W once and beats oneDNN (exact-M brgemm) by 1.1-1.5x at up to 16 rows; the two tie at
+  // 24 to 32 rows and oneDNN wins by 1.1-1.5x from 48 rows on.
   switch (dtype) {
     case DType::kBF16:
-      return 96;
+      return 32;
     case DType::kF16:
-      return 96;
+      return 32;
     default:
       return 0;
   }
@@ -337,20 +339,26 @@ struct DnnlPrimitive {
   size_t scratchpad_bytes = 0;
 };
 
-using DnnlKey = std::tuple<int64_t, int64_t, DType, bool>;  // K, N (of the slice), dtype, bias
+// K, N (of the slice), dtype, bias, and the row count for a fixed-M primitive (0: runtime M).
+using DnnlKey = std::tuple<int64_t, int64_t, DType, bool, int64_t>;
+
+// Row counts up to which a primitive is made for the exact M (oneDNN then picks its brgemm
+// kernels, 1.1-1.4x its runtime-M GEMM at 32 to 256 rows; creating one costs about 0.1 ms).
+constexpr int64_t kFixedMaxRows = 256;
 
 // The primitive for [M, K] x [K, N] -> [M, N] with W stored as [N, K] (the [K, N] matrix with
-// strides (1, K)), the row count M and the row stride of y given at run time (so that one
-// primitive serves every M, and a slice of y's columns). Null when oneDNN has no implementation
-// for this dtype on this CPU.
+// strides (1, K)). With fixed_m == 0 the row count M and the row stride of y are runtime values
+// (one primitive serves every M and a slice of y's columns); with fixed_m > 0 both are fixed and
+// y is dense [M, N]. Null when oneDNN has no implementation for this dtype on this CPU.
 std::shared_ptr<const DnnlPrimitive> make_dnnl_primitive(int64_t k, int64_t n, DType dtype,
-                                                         bool has_bias) {
+                                                         bool has_bias, int64_t fixed_m) {
   using dt = dnnl::memory::data_type;
   const dt wdt = dtype == DType::kBF16 ? dt::bf16 : dt::f16;
   const dnnl::memory::dim runtime = DNNL_RUNTIME_DIM_VAL;
-  const dnnl::memory::desc src({runtime, k}, wdt, {k, 1});
+  const dnnl::memory::dim m = fixed_m > 0 ? fixed_m : runtime;
+  const dnnl::memory::desc src({m, k}, wdt, {k, 1});
   const dnnl::memory::desc wei({k, n}, wdt, {1, k});
-  const dnnl::memory::desc dst({runtime, n}, dt::f32, {runtime, 1});
+  const dnnl::memory::desc dst({m, n}, dt::f32, {fixed_m > 0 ? n : runtime, 1});
   const dnnl::memory::desc bia({1, n}, dt::f32, {n, 1});
   dnnl::primitive_attr attr;
   // Our own scratchpad per calling thread, so that concurrent calls are safe.
@@ -369,16 +377,20 @@ std::shared_ptr<const DnnlPrimitive> make_dnnl_primitive(int64_t k, int64_t n, D
 }
 
 std::shared_ptr<const DnnlPrimitive> dnnl_primitive(int64_t k, int64_t n, DType dtype,
-                                                    bool has_bias) {
+                                                    bool has_bias, int64_t fixed_m = 0) {
   static std::mutex mutex;
   static std::map<DnnlKey, std::shared_ptr<const DnnlPrimitive>> cache;
-  const DnnlKey key{k, n, dtype, has_bias};
+  const DnnlKey key{k, n, dtype, has_bias, fixed_m};
   {
     std::lock_guard lock(mutex);
     if (auto it = cache.find(key); it != cache.end()) return it->second;
   }
-  auto prim = make_dnnl_primitive(k, n, dtype, has_bias);  // slow: outside the lock
+  auto prim = make_dnnl_primitive(k, n, dtype, has_bias, fixed_m);  // slow: outside the lock
   std::lock_guard lock(mutex);
+  // Exact-M primitives are bounded by kFixedMaxRows per shape; still, never let the cache grow
+  // without limit (callers hold their own references, so clearing is safe).
+  constexpr size_t kMaxCached = 8192;
+  if (cache.size() >= kMaxCached) cache.clear();
   return cache.emplace(key, std::move(prim)).first->second;
 }
 
@@ -402,22 +414,32 @@ void set_openmp_threads(int count) {
 // blocked path when oneDNN has no primitive for this slice.
 void dnnl_range(const float* x, const uint16_t* xh, const Dims& d, const TensorView& weight,
                 const float* bias, float* y, int64_t n0, int64_t n1, int team) {
-  const auto prim = dnnl_primitive(d.k, n1 - n0, weight.dtype, bias != nullptr);
+  const int64_t ns = n1 - n0;
+  // Exact-M primitive (brgemm) for moderate row counts on one thread; it needs a dense y, so a
+  // slice of y's columns goes through a thread-local buffer.
+  std::shared_ptr<const DnnlPrimitive> prim;
+  const bool fixed = team == 1 && d.m <= kFixedMaxRows;
+  if (fixed) prim = dnnl_primitive(d.k, ns, weight.dtype, bias != nullptr, d.m);
+  const bool use_fixed = prim != nullptr;
+  if (!use_fixed) prim = dnnl_primitive(d.k, ns, weight.dtype, bias != nullptr);
   if (prim == nullptr) return blocked_range(x, d, weight, bias, y, n0, n1);
   set_openmp_threads(team);
   using dt = dnnl::memory::data_type;
   const dt wdt = weight.dtype == DType::kBF16 ? dt::bf16 : dt::f16;
-  const int64_t ns = n1 - n0;
   thread_local std::vector<char> pad_scratch;
+  thread_local std::vector<float> y_scratch;
   thread_local dnnl::stream stream(dnnl_engine());
   char* pad = thread_scratch(pad_scratch, std::max<size_t>(1, prim->scratchpad_bytes));
+  const bool via_scratch = use_fixed && ns != d.n;
+  float* dst_ptr = via_scratch ? thread_scratch(y_scratch, static_cast<size_t>(d.m * ns)) : y + n0;
+  const int64_t ldd = use_fixed ? ns : d.n;
   auto& engine = dnnl_engine();
   const auto* w = static_cast<const uint16_t*>(weight.data) + n0 * d.k;
   std::unordered_map<int, dnnl::memory> args{
       {DNNL_ARG_SRC, dnnl::memory({{d.m, d.k}, wdt, {d.k, 1}}, engine, const_cast<uint16_t*>(xh))},
       {DNNL_ARG_WEIGHTS,
        dnnl::memory({{d.k, ns}, wdt, {1, d.k}}, engine, const_cast<uint16_t*>(w))},
-      {DNNL_ARG_DST, dnnl::memory({{d.m, ns}, dt::f32, {d.n, 1}}, engine, y + n0)},
+      {DNNL_ARG_DST, dnnl::memory({{d.m, ns}, dt::f32, {ldd, 1}}, engine, dst_ptr)},
       {DNNL_ARG_SCRATCHPAD,
        dnnl::memory({{static_cast<dnnl::memory::dim>(prim->scratchpad_bytes)}, dt::u8, {1}}, engine,
                     pad)}};
@@ -427,6 +449,11 @@ void dnnl_range(const float* x, const uint16_t* xh, const Dims& d, const TensorV
   }
   prim->matmul.execute(stream, args);
   stream.wait();
+  if (via_scratch) {
+    for (int64_t m = 0; m < d.m; ++m) {
+      std::memcpy(y + m * d.n + n0, dst_ptr + m * ns, static_cast<size_t>(ns) * sizeof(float));
+    }
+  }
 }
 
 bool linear_dnnl_impl(const float* x, int64_t num_rows, const TensorView& weight, const float* bias,
