@@ -414,6 +414,22 @@ def tokenizers_accents() -> list[tuple[int, int]]:
     return _ranges(ord(ch) for ch in _assigned_non_ascii() if strip.normalize_str(ch) == "")
 
 
+def tokenizers_lowercase_additions() -> list[tuple[int, int]]:
+    """(code point, lowercase) pairs where `tokenizers`' Lowercase (Rust, newer Unicode) differs
+    from Unicode 14's mapping."""
+    lower = normalizers.Lowercase()
+    pairs = []
+    for cp in range(0x80, 0x110000):
+        if 0xD800 <= cp <= 0xDFFF:
+            continue
+        mapped = lower.normalize_str(chr(cp))
+        if mapped != chr(cp).lower():
+            if len(mapped) != 1:
+                raise RuntimeError(f"U+{cp:04X} lowercases to {len(mapped)} characters")
+            pairs.append((cp, ord(mapped)))
+    return pairs
+
+
 def unknown_to_normalizers() -> list[tuple[int, int]]:
     """Code points with a decomposition or a combining class in Unicode 14 that `tokenizers`'
     NFC/NFD/NFKC/NFKD leave alone as if unassigned (its tables are older), as (first, last)."""
@@ -483,6 +499,9 @@ def main() -> None:
         print("// kUnknownToNormalizers")
         for first, last in unknown_to_normalizers():
             print(f"    {{0x{first:05X}, 0x{last:05X}}},")
+        print("// kLowercaseAdditions")
+        for cp, mapped in tokenizers_lowercase_additions():
+            print(f"    {{0x{cp:05X}, 0x{mapped:05X}}},")
         print("// kTokenizersPunctuation")
         for first, last in tokenizers_punctuation():
             print(f"    {{0x{first:05X}, 0x{last:05X}}},")

@@ -346,6 +346,25 @@ constexpr CodeRange kUnknownToNormalizers[] = {
     {0x1FBF0, 0x1FBF9},
 };
 
+// Lowercase mappings `tokenizers` (Rust, newer Unicode) has beyond Unicode 14 (same generator).
+constexpr CodeRange kLowercaseAdditions[] = {
+    // {code point, its lowercase}
+    {0x01C89, 0x01C8A}, {0x0A7CB, 0x00264}, {0x0A7CC, 0x0A7CD}, {0x0A7CE, 0x0A7CF},
+    {0x0A7D2, 0x0A7D3}, {0x0A7D4, 0x0A7D5}, {0x0A7DA, 0x0A7DB}, {0x0A7DC, 0x0019B},
+    {0x10D50, 0x10D70}, {0x10D51, 0x10D71}, {0x10D52, 0x10D72}, {0x10D53, 0x10D73},
+    {0x10D54, 0x10D74}, {0x10D55, 0x10D75}, {0x10D56, 0x10D76}, {0x10D57, 0x10D77},
+    {0x10D58, 0x10D78}, {0x10D59, 0x10D79}, {0x10D5A, 0x10D7A}, {0x10D5B, 0x10D7B},
+    {0x10D5C, 0x10D7C}, {0x10D5D, 0x10D7D}, {0x10D5E, 0x10D7E}, {0x10D5F, 0x10D7F},
+    {0x10D60, 0x10D80}, {0x10D61, 0x10D81}, {0x10D62, 0x10D82}, {0x10D63, 0x10D83},
+    {0x10D64, 0x10D84}, {0x10D65, 0x10D85}, {0x16EA0, 0x16EBB}, {0x16EA1, 0x16EBC},
+    {0x16EA2, 0x16EBD}, {0x16EA3, 0x16EBE}, {0x16EA4, 0x16EBF}, {0x16EA5, 0x16EC0},
+    {0x16EA6, 0x16EC1}, {0x16EA7, 0x16EC2}, {0x16EA8, 0x16EC3}, {0x16EA9, 0x16EC4},
+    {0x16EAA, 0x16EC5}, {0x16EAB, 0x16EC6}, {0x16EAC, 0x16EC7}, {0x16EAD, 0x16EC8},
+    {0x16EAE, 0x16EC9}, {0x16EAF, 0x16ECA}, {0x16EB0, 0x16ECB}, {0x16EB1, 0x16ECC},
+    {0x16EB2, 0x16ECD}, {0x16EB3, 0x16ECE}, {0x16EB4, 0x16ECF}, {0x16EB5, 0x16ED0},
+    {0x16EB6, 0x16ED1}, {0x16EB7, 0x16ED2}, {0x16EB8, 0x16ED3},
+};
+
 template <typename Range>
 const Range* find_range(std::span<const Range> ranges, char32_t cp) {
   auto it = std::upper_bound(ranges.begin(), ranges.end(), cp,
@@ -462,6 +481,12 @@ std::string to_lower(std::string_view text) {
     const char32_t cp = next_code_point(text, pos);
     if (cp == 0x130) {  // the one unconditional multi-character lowercase mapping
       out += "i\xCC\x87";
+      continue;
+    }
+    auto it = std::lower_bound(std::begin(kLowercaseAdditions), std::end(kLowercaseAdditions), cp,
+                               [](const CodeRange& r, char32_t c) { return r.first < c; });
+    if (it != std::end(kLowercaseAdditions) && it->first == cp) {
+      append_utf8(out, it->last);
       continue;
     }
     append_utf8(out, static_cast<char32_t>(utf8proc_tolower(static_cast<utf8proc_int32_t>(cp))));
