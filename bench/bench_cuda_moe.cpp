@@ -282,8 +282,8 @@ void bench_t(int64_t T, bf16* const* gate_up, bf16* const* down, double copy_bw,
                 static_cast<long long>(touched), what.c_str(), r.us, r.floor_us, r.ratio,
                 r.tflops, r.flop_ratio);
   };
-  const GemmTile gu_tile = grouped_gemm_auto_tile(M, kE, kI);
-  const GemmTile dn_tile = grouped_gemm_auto_tile(M, kE, kH);
+  const GemmTile gu_tile = grouped_gemm_auto_tile(M, kE, kI, GemmEpilogue::kSiluMul);
+  const GemmTile dn_tile = grouped_gemm_auto_tile(M, kE, kH, GemmEpilogue::kNone);
   add(std::string("gate_up+silu tile ") + tile_name(gu_tile), gu_ms, gu_bytes, gu_flops);
   add(std::string("down tile ") + tile_name(dn_tile), dn_ms, dn_bytes, dn_flops);
   add("experts (both)", both_ms, gu_bytes + dn_bytes, gu_flops + dn_flops);

@@ -112,8 +112,9 @@ void rope_random(int64_t T, bool yarn, bool interleaved, int64_t rotary_dim) {
       want[t * (Nq + Nkv) * D + i] = row[i];
       scale[t * (Nq + Nkv) * D + i] = 2.0 * reference.attention_scaling() * (std::fabs(before[i]) + 1e-3);
       got_qk[t * (Nq + Nkv) * D + i] = got[t * q_stride + i];
-      if (i % D >= rotary_dim)
+      if (i % D >= rotary_dim) {
         ASSERT_EQ(got[t * q_stride + i], qkv[t * q_stride + i]) << "unrotated dim changed";
+      }
     }
     for (int64_t i = (Nq + Nkv) * D; i < q_stride; ++i)
       ASSERT_EQ(got[t * q_stride + i], qkv[t * q_stride + i]) << "v changed";
@@ -238,11 +239,19 @@ void prefill_random(std::vector<int32_t> lens, int64_t Nq, int64_t Nkv, int64_t 
         }
         double z = 0;
         for (auto& x : s) z += (x = std::exp(x - m));
+        // Natural scale: at least 1/sqrt(i + 1) (a spread softmax of unit values), and the sum
+        // of the terms' magnitudes sum_j p_j |v_j|, which bounds the tensor-core path's
+        // rounding of P to bf16 (2^-9 of each term) when the softmax is peaked.
+        for (int64_t d = 0; d < D; ++d) bound[(ti * Nq + h) * D + d] = 0.0;
         for (int64_t j = 0; j <= i; ++j)
-          for (int64_t d = 0; d < D; ++d)
-            want[(ti * Nq + h) * D + d] += s[j] / z * vf[((cu[b] + j) * Nkv + h / G) * D + d];
+          for (int64_t d = 0; d < D; ++d) {
+            const double term = s[j] / z * vf[((cu[b] + j) * Nkv + h / G) * D + d];
+            want[(ti * Nq + h) * D + d] += term;
+            bound[(ti * Nq + h) * D + d] += std::fabs(term);
+          }
         for (int64_t d = 0; d < D; ++d)
-          bound[(ti * Nq + h) * D + d] = 1.0 / std::sqrt(static_cast<double>(i + 1));
+          bound[(ti * Nq + h) * D + d] = std::max(bound[(ti * Nq + h) * D + d],
+                                                  1.0 / std::sqrt(static_cast<double>(i + 1)));
       }
     }
   }

@@ -13,10 +13,12 @@ namespace moeinfer::cuda {
 namespace {
 
 // 16 rows x 32 columns, 4 warps side by side: decode, where blocks must be many and narrow.
-// Eight stages: the tile is small (10 KB a stage with gate/up), and a memory-bound block needs
-// many bytes in flight, since there are only 1-4 blocks per SM at decode sizes.
+// Six stages: the tile is small (10 KB a stage with gate/up) and a memory-bound block needs
+// bytes in flight, but more stages cost resident blocks: eight measured 8-25% slower than six
+// at T = 8 and 64 (bench/RESULTS.md, 2026-11-30), where each block's start-up (the offsets
+// scan) is hidden only by other resident blocks.
 template <bool G>
-using Rows16 = gemm::TileConfig<16, 32, 1, 4, 8, G>;
+using Rows16 = gemm::TileConfig<16, 32, 1, 4, 6, G>;
 // 64 x 64, 2 x 2 warps.
 template <bool G>
 using Rows64 = gemm::TileConfig<64, 64, 2, 2, 4, G>;
@@ -79,12 +81,17 @@ void dispatch_tile(GemmTile tile, const GroupedGemmParams& p, cudaStream_t strea
 
 }  // namespace
 
-GemmTile grouped_gemm_auto_tile(int64_t num_rows, int64_t num_experts, int64_t n) {
+// Measured on an H200 (bench/RESULTS.md, 2026-11-30, Qwen3-30B-A3B experts): the 16-row tile
+// wins at 1 to 8 mean rows per expert (T = 1 to 64 with top-8 of 128), the 64-row tile at 16
+// (T = 256), the 128 x 256 tile at 256 (T = 4096, 8% ahead of 128 x 128).
+GemmTile grouped_gemm_auto_tile(int64_t num_rows, int64_t num_experts, int64_t n,
+                                GemmEpilogue epilogue) {
   const int64_t touched = std::max<int64_t>(1, std::min(num_experts, num_rows));
   const int64_t mean_rows = num_rows / touched;
   if (mean_rows <= 8 || n % 64 != 0) return GemmTile::kRows16;
   if (mean_rows <= 160 || n % 128 != 0) return GemmTile::kRows64;
-  return GemmTile::kRows128;
+  const int64_t wide_n = epilogue == GemmEpilogue::kSiluMul ? 128 : 256;
+  return n % wide_n == 0 ? GemmTile::kRows128Wide : GemmTile::kRows128;
 }
 
 void grouped_gemm(const GroupedGemmParams& p, cudaStream_t stream) {
@@ -113,7 +120,8 @@ void grouped_gemm(const GroupedGemmParams& p, cudaStream_t stream) {
               " must be positive and divide num_rows = ", p.num_rows, " when gathering");
   }
   const GemmTile tile =
-      p.tile == GemmTile::kAuto ? grouped_gemm_auto_tile(p.num_rows, p.num_experts, p.n) : p.tile;
+      p.tile == GemmTile::kAuto ? grouped_gemm_auto_tile(p.num_rows, p.num_experts, p.n, p.epilogue)
+                                : p.tile;
   if (p.epilogue == GemmEpilogue::kSiluMul) {
     dispatch_tile<true>(tile, p, stream);
   } else {

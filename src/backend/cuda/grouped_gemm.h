@@ -37,8 +37,8 @@ enum class GemmEpilogue : int32_t { kNone, kSiluMul };
 
 // Tile shapes. kAuto picks from the mean rows per expert, M / min(E, M), which the host knows
 // without reading the device: up to 8 rows the 16-row tile (decode: weights streamed by many
-// narrow blocks), up to 160 the 64-row tile, above that a 128-row tile. kRows128Wide is 128 x 256
-// (128 x 128 outputs with gate/up) with 64 x 64 warp tiles.
+// narrow blocks), up to 160 the 64-row tile, above that the 128 x 256 tile (kRows128Wide:
+// 128 x 128 outputs with gate/up, 64 x 64 warp tiles) where N allows it, else 128 x 128.
 enum class GemmTile : int32_t { kAuto, kRows16, kRows64, kRows128, kRows128Wide };
 
 struct GroupedGemmParams {
@@ -68,7 +68,8 @@ struct GroupedGemmParams {
 void grouped_gemm(const GroupedGemmParams& params, cudaStream_t stream);
 
 // The tile kAuto resolves to for these sizes (for benchmarks and tests).
-GemmTile grouped_gemm_auto_tile(int64_t num_rows, int64_t num_experts, int64_t n);
+GemmTile grouped_gemm_auto_tile(int64_t num_rows, int64_t num_experts, int64_t n,
+                                GemmEpilogue epilogue);
 
 struct MoeExpertsParams {
   const __nv_bfloat16* rows = nullptr;     // [M, H] expert-ordered, or [T, H] with src_row
