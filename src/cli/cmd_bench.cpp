@@ -6,10 +6,9 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
-
-#include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "cli/model_arg.h"
@@ -31,7 +30,8 @@ struct BenchArgs {
 
 void run_bench(const BenchArgs& args) {
   MOE_CHECK(args.batch >= 1, "--batch must be >= 1");
-  MOE_CHECK(args.input_len >= 1 && args.output_len >= 1, "--input-len and --output-len must be >= 1");
+  MOE_CHECK(args.input_len >= 1 && args.output_len >= 1,
+            "--input-len and --output-len must be >= 1");
   const std::filesystem::path dir = resolve_model_dir(args.model);
   const EngineConfig config{
       .max_num_seqs = args.batch,
@@ -40,8 +40,9 @@ void run_bench(const BenchArgs& args) {
                                     : std::max<int64_t>(args.batch * args.input_len, 512),
       .enable_prefix_caching = false};
   auto engine = Engine::load(dir, config, LoadOptions{});
-  MOE_CHECK(args.input_len + args.output_len <= engine->max_model_len(), "--input-len + --output-len (",
-            args.input_len + args.output_len, ") exceeds the context of ", engine->max_model_len());
+  MOE_CHECK(args.input_len + args.output_len <= engine->max_model_len(),
+            "--input-len + --output-len (", args.input_len + args.output_len,
+            ") exceeds the context of ", engine->max_model_len());
 
   std::mt19937_64 rng(args.seed);
   const int64_t vocab = engine->model_config().vocab_size;
@@ -73,16 +74,19 @@ void run_bench(const BenchArgs& args) {
   const double decode_tps = (generated - args.batch) / std::max(decode_s, 1e-9);
   const double output_tps = generated / std::max(total_s, 1e-9);
 
-  std::printf("bench: %s, batch %lld, input %lld, output %lld, %lld steps\n", dir.filename().c_str(),
-              static_cast<long long>(args.batch), static_cast<long long>(args.input_len),
-              static_cast<long long>(args.output_len), static_cast<long long>(stats.num_steps));
+  std::printf("bench: %s, batch %lld, input %lld, output %lld, %lld steps\n",
+              dir.filename().c_str(), static_cast<long long>(args.batch),
+              static_cast<long long>(args.input_len), static_cast<long long>(args.output_len),
+              static_cast<long long>(stats.num_steps));
   std::printf("%-34s %12.2f\n", "Prefill time (s):", prefill_s);
   std::printf("%-34s %12.1f\n", "Prefill throughput (tok/s):", prefill_tps);
   std::printf("%-34s %12.2f\n", "Decode time (s):", decode_s);
   std::printf("%-34s %12.1f\n", "Decode throughput (tok/s):", decode_tps);
   std::printf("%-34s %12.1f\n", "Output token throughput (tok/s):", output_tps);
-  std::printf("%-34s %12.4f\n", "Scheduler share of step time:", stats.schedule_seconds / std::max(step_s, 1e-12));
-  std::printf("%-34s %12.4f\n", "Sampling share of step time:", stats.sample_seconds / std::max(step_s, 1e-12));
+  std::printf("%-34s %12.4f\n",
+              "Scheduler share of step time:", stats.schedule_seconds / std::max(step_s, 1e-12));
+  std::printf("%-34s %12.4f\n",
+              "Sampling share of step time:", stats.sample_seconds / std::max(step_s, 1e-12));
   if (!args.json_file.empty()) {
     std::ofstream out(args.json_file);
     MOE_CHECK(out.good(), "cannot write ", args.json_file);
@@ -98,7 +102,7 @@ void run_bench(const BenchArgs& args) {
                           {"schedule_seconds", stats.schedule_seconds},
                           {"forward_seconds", stats.forward_seconds},
                           {"sample_seconds", stats.sample_seconds}}
-                .dump(2)
+               .dump(2)
         << "\n";
   }
 }
@@ -106,12 +110,15 @@ void run_bench(const BenchArgs& args) {
 }  // namespace
 
 void add_bench_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("bench", "Offline engine throughput (prefill and decode), no HTTP");
+  auto* cmd =
+      app.add_subcommand("bench", "Offline engine throughput (prefill and decode), no HTTP");
   auto args = std::make_shared<BenchArgs>();
   add_model_option(cmd, &args->model);
   cmd->add_option("--batch", args->batch, "Requests run together")->capture_default_str();
-  cmd->add_option("--input-len", args->input_len, "Prompt tokens per request")->capture_default_str();
-  cmd->add_option("--output-len", args->output_len, "Tokens generated per request")->capture_default_str();
+  cmd->add_option("--input-len", args->input_len, "Prompt tokens per request")
+      ->capture_default_str();
+  cmd->add_option("--output-len", args->output_len, "Tokens generated per request")
+      ->capture_default_str();
   cmd->add_option("--max-num-batched-tokens", args->max_num_batched_tokens,
                   "Per-step token budget (0: every prompt in one step)")
       ->capture_default_str();

@@ -15,12 +15,11 @@
 #include <fstream>
 #include <limits>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "core/error.h"
@@ -164,7 +163,8 @@ RequestResult run_one(httplib::Client& client, const BenchServeArgs& args, const
 void run_bench_serve(const BenchServeArgs& args) {
   MOE_CHECK(args.concurrency >= 1, "--concurrency must be >= 1");
   MOE_CHECK(args.num_prompts >= 1, "--num-prompts must be >= 1");
-  MOE_CHECK(args.input_len >= 1 && args.output_len >= 1, "--input-len and --output-len must be >= 1");
+  MOE_CHECK(args.input_len >= 1 && args.output_len >= 1,
+            "--input-len and --output-len must be >= 1");
   MOE_CHECK(args.request_rate > 0.0, "--request-rate must be > 0");
   MOE_CHECK(args.token_range >= 2, "--token-range must be >= 2");
   httplib::Client probe(args.url);
@@ -189,11 +189,13 @@ void run_bench_serve(const BenchServeArgs& args) {
     }
   }
 
-  std::printf("bench-serve: %lld requests to %s (model %s), concurrency %lld, input %lld, output %lld, rate %s\n",
-              static_cast<long long>(args.num_prompts), args.url.c_str(), model.c_str(),
-              static_cast<long long>(args.concurrency), static_cast<long long>(args.input_len),
-              static_cast<long long>(args.output_len),
-              std::isfinite(args.request_rate) ? std::to_string(args.request_rate).c_str() : "inf");
+  std::printf(
+      "bench-serve: %lld requests to %s (model %s), concurrency %lld, input %lld, output %lld, "
+      "rate %s\n",
+      static_cast<long long>(args.num_prompts), args.url.c_str(), model.c_str(),
+      static_cast<long long>(args.concurrency), static_cast<long long>(args.input_len),
+      static_cast<long long>(args.output_len),
+      std::isfinite(args.request_rate) ? std::to_string(args.request_rate).c_str() : "inf");
   std::vector<RequestResult> results(args.num_prompts);
   std::atomic<int64_t> next{0};
   const auto start = Clock::now();
@@ -230,19 +232,20 @@ void run_bench_serve(const BenchServeArgs& args) {
     for (double x : r.itl) itl.push_back(x * 1e3);
   }
   const int64_t failed = args.num_prompts - completed;
-  json report = {{"duration", duration},
-                 {"completed", completed},
-                 {"failed", failed},
-                 {"num_prompts", args.num_prompts},
-                 {"concurrency", args.concurrency},
-                 {"request_rate", std::isfinite(args.request_rate) ? json(args.request_rate) : json("inf")},
-                 {"input_len", args.input_len},
-                 {"output_len", args.output_len},
-                 {"total_input_tokens", input_tokens},
-                 {"total_output_tokens", output_tokens},
-                 {"request_throughput", completed / duration},
-                 {"output_throughput", output_tokens / duration},
-                 {"total_token_throughput", (input_tokens + output_tokens) / duration}};
+  json report = {
+      {"duration", duration},
+      {"completed", completed},
+      {"failed", failed},
+      {"num_prompts", args.num_prompts},
+      {"concurrency", args.concurrency},
+      {"request_rate", std::isfinite(args.request_rate) ? json(args.request_rate) : json("inf")},
+      {"input_len", args.input_len},
+      {"output_len", args.output_len},
+      {"total_input_tokens", input_tokens},
+      {"total_output_tokens", output_tokens},
+      {"request_throughput", completed / duration},
+      {"output_throughput", output_tokens / duration},
+      {"total_token_throughput", (input_tokens + output_tokens) / duration}};
   std::printf("%-34s %12lld\n", "Successful requests:", static_cast<long long>(completed));
   std::printf("%-34s %12lld\n", "Failed requests:", static_cast<long long>(failed));
   std::printf("%-34s %12.2f\n", "Benchmark duration (s):", duration);
@@ -250,7 +253,8 @@ void run_bench_serve(const BenchServeArgs& args) {
   std::printf("%-34s %12lld\n", "Total generated tokens:", static_cast<long long>(output_tokens));
   std::printf("%-34s %12.2f\n", "Request throughput (req/s):", completed / duration);
   std::printf("%-34s %12.2f\n", "Output token throughput (tok/s):", output_tokens / duration);
-  std::printf("%-34s %12.2f\n", "Total token throughput (tok/s):", (input_tokens + output_tokens) / duration);
+  std::printf("%-34s %12.2f\n",
+              "Total token throughput (tok/s):", (input_tokens + output_tokens) / duration);
   const auto section = [&](const char* key, const char* title, const std::vector<double>& v) {
     std::printf("---------------%s---------------\n", title);
     std::printf("%-34s %12.2f\n", (std::string("Mean ") + key + " (ms):").c_str(), mean(v));
@@ -258,10 +262,12 @@ void run_bench_serve(const BenchServeArgs& args) {
     for (double p : {50.0, 90.0, 95.0, 99.0}) {
       const std::string name = p == 50.0 ? "median" : "p" + std::to_string(static_cast<int>(p));
       const double value = percentile(v, p);
-      std::printf("%-34s %12.2f\n",
-                  ((p == 50.0 ? std::string("Median ") : "P" + std::to_string(static_cast<int>(p)) + " ") +
-                   key + " (ms):").c_str(),
-                  value);
+      std::printf(
+          "%-34s %12.2f\n",
+          ((p == 50.0 ? std::string("Median ") : "P" + std::to_string(static_cast<int>(p)) + " ") +
+           key + " (ms):")
+              .c_str(),
+          value);
       report[name + "_" + key + "_ms"] = value;
     }
   };
@@ -281,19 +287,25 @@ void run_bench_serve(const BenchServeArgs& args) {
 }  // namespace
 
 void add_bench_serve_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("bench-serve", "Load-test an OpenAI-compatible server (vLLM-style report)");
+  auto* cmd = app.add_subcommand("bench-serve",
+                                 "Load-test an OpenAI-compatible server (vLLM-style report)");
   auto args = std::make_shared<BenchServeArgs>();
   cmd->add_option("--url", args->url, "Server base URL")->capture_default_str();
   cmd->add_option("--model", args->model, "Model id (default: the server's first model)");
   cmd->add_option("--api-key", args->api_key, "Bearer token");
-  cmd->add_option("--concurrency", args->concurrency, "Requests in flight at most")->capture_default_str();
+  cmd->add_option("--concurrency", args->concurrency, "Requests in flight at most")
+      ->capture_default_str();
   cmd->add_option("--num-prompts", args->num_prompts, "Requests to send")->capture_default_str();
-  cmd->add_option("--input-len", args->input_len, "Prompt tokens per request")->capture_default_str();
-  cmd->add_option("--output-len", args->output_len, "Tokens generated per request")->capture_default_str();
-  cmd->add_option("--request-rate", args->request_rate, "Poisson arrival rate, requests/s (default inf)");
+  cmd->add_option("--input-len", args->input_len, "Prompt tokens per request")
+      ->capture_default_str();
+  cmd->add_option("--output-len", args->output_len, "Tokens generated per request")
+      ->capture_default_str();
+  cmd->add_option("--request-rate", args->request_rate,
+                  "Poisson arrival rate, requests/s (default inf)");
   cmd->add_option("--token-range", args->token_range, "Prompt token ids are drawn from [1, N)")
       ->capture_default_str();
-  cmd->add_option("--seed", args->seed, "Random seed for prompts and arrivals")->capture_default_str();
+  cmd->add_option("--seed", args->seed, "Random seed for prompts and arrivals")
+      ->capture_default_str();
   cmd->add_option("--json", args->json_file, "Write the results as JSON to FILE");
   cmd->callback([args] { run_bench_serve(*args); });
 }

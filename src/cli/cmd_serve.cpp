@@ -30,12 +30,13 @@ struct ServeArgs {
 
 void run_serve(ServeArgs args) {
   args.engine.validate();
-  MOE_CHECK(args.server.port >= 0 && args.server.port <= 65535, "--port must be in [0, 65535], got ",
-            args.server.port);
+  MOE_CHECK(args.server.port >= 0 && args.server.port <= 65535,
+            "--port must be in [0, 65535], got ", args.server.port);
   const std::filesystem::path dir = resolve_model_dir(args.model);
   args.server.model_name =
       !args.served_name.empty() ? args.served_name : dir.lexically_normal().filename().string();
-  if (args.server.model_name.empty()) args.server.model_name = dir.parent_path().filename().string();
+  if (args.server.model_name.empty())
+    args.server.model_name = dir.parent_path().filename().string();
 
   // SIGTERM / SIGINT only set a flag (threads started before this one, such as the compute
   // pool's, may be the ones the kernel picks); a watcher thread turns it into a shutdown.
@@ -82,7 +83,8 @@ void add_serve_command(CLI::App& app) {
                   "Require 'Authorization: Bearer KEY' on every endpoint but /health");
   cmd->add_option("--served-model-name", args->served_name,
                   "Model id in the API (default: the model folder's name)");
-  cmd->add_option("--max-num-seqs", args->engine.max_num_seqs, "Requests in the running batch at most")
+  cmd->add_option("--max-num-seqs", args->engine.max_num_seqs,
+                  "Requests in the running batch at most")
       ->capture_default_str();
   cmd->add_option("--max-num-batched-tokens", args->engine.max_num_batched_tokens,
                   "Tokens per engine step (prefill chunks and decodes)")
@@ -93,7 +95,8 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--kv-cache-mb", args->engine.kv_cache_mb,
                   "KV cache size in MiB (0: room for max-num-seqs full-length requests, <= 4 GiB)")
       ->capture_default_str();
-  cmd->add_option("--block-size", args->engine.block_size, "Tokens per KV block")->capture_default_str();
+  cmd->add_option("--block-size", args->engine.block_size, "Tokens per KV block")
+      ->capture_default_str();
   cmd->add_option("--max-model-len", args->engine.max_model_len,
                   "Context length (0: the model's own)")
       ->capture_default_str();

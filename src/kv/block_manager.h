@@ -18,15 +18,15 @@ namespace moeinfer {
 
 // One sequence's blocks, kept by the sequence and changed only through the BlockManager.
 struct SequenceBlocks {
-  std::vector<int32_t> table;   // block ids for positions [0, table.size() * block_size)
-  int64_t num_registered = 0;   // leading blocks of `table` whose hash is known (full, computed)
-  uint64_t last_hash = 0;       // hash of table[num_registered - 1]
+  std::vector<int32_t> table;  // block ids for positions [0, table.size() * block_size)
+  int64_t num_registered = 0;  // leading blocks of `table` whose hash is known (full, computed)
+  uint64_t last_hash = 0;      // hash of table[num_registered - 1]
 };
 
 struct BlockManagerStats {
   int64_t num_blocks = 0;
-  int64_t num_used = 0;    // held by at least one sequence
-  int64_t num_cached = 0;  // free, but still holding a prefix that can be found by hash
+  int64_t num_used = 0;        // held by at least one sequence
+  int64_t num_cached = 0;      // free, but still holding a prefix that can be found by hash
   int64_t prefix_queries = 0;  // prompt tokens looked up in the prefix cache
   int64_t prefix_hits = 0;     // of which found
 };
@@ -42,7 +42,9 @@ class BlockManager {
   BlockManagerStats stats() const;
 
   // Blocks needed to hold `num_tokens` positions.
-  int64_t blocks_for(int64_t num_tokens) const { return (num_tokens + block_size_ - 1) / block_size_; }
+  int64_t blocks_for(int64_t num_tokens) const {
+    return (num_tokens + block_size_ - 1) / block_size_;
+  }
 
   // For a sequence that holds no blocks yet: takes the cached blocks that match the leading full
   // blocks of `tokens`, never all of them (the last token must run to give logits). Returns the
@@ -70,12 +72,12 @@ class BlockManager {
 
   int64_t block_size_;
   bool prefix_caching_;
-  std::vector<int32_t> ref_counts_;                         // [num_blocks]
-  std::vector<uint64_t> block_hash_;                        // [num_blocks], valid when has_hash_
-  std::vector<bool> has_hash_;                              // [num_blocks]
-  std::vector<std::vector<int32_t>> block_tokens_;          // [num_blocks] tokens of hashed blocks
-  std::list<int32_t> free_list_;                            // ref 0; front is taken first
-  std::vector<std::list<int32_t>::iterator> free_pos_;      // [num_blocks] position in free_list_
+  std::vector<int32_t> ref_counts_;                     // [num_blocks]
+  std::vector<uint64_t> block_hash_;                    // [num_blocks], valid when has_hash_
+  std::vector<bool> has_hash_;                          // [num_blocks]
+  std::vector<std::vector<int32_t>> block_tokens_;      // [num_blocks] tokens of hashed blocks
+  std::list<int32_t> free_list_;                        // ref 0; front is taken first
+  std::vector<std::list<int32_t>::iterator> free_pos_;  // [num_blocks] position in free_list_
   std::unordered_map<uint64_t, int32_t> hash_to_block_;
   int64_t prefix_queries_ = 0;
   int64_t prefix_hits_ = 0;

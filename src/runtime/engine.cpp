@@ -29,9 +29,9 @@ int64_t pool_blocks(const ModelConfig& model, const EngineConfig& config, int64_
   const size_t block_bytes = bytes_per_token(model) * static_cast<size_t>(config.block_size);
   size_t bytes = static_cast<size_t>(config.kv_cache_mb) << 20;
   if (config.kv_cache_mb == 0) {
-    bytes = std::min(static_cast<size_t>(config.max_num_seqs * max_model_len) *
-                         bytes_per_token(model),
-                     size_t{4} << 30);
+    bytes =
+        std::min(static_cast<size_t>(config.max_num_seqs * max_model_len) * bytes_per_token(model),
+                 size_t{4} << 30);
   }
   return std::max<int64_t>(1, static_cast<int64_t>(bytes / block_bytes));
 }
@@ -40,10 +40,14 @@ int64_t pool_blocks(const ModelConfig& model, const EngineConfig& config, int64_
 
 const char* finish_reason_name(FinishReason reason) {
   switch (reason) {
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kAbort: return "abort";
-    case FinishReason::kNone: break;
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kAbort:
+      return "abort";
+    case FinishReason::kNone:
+      break;
   }
   return "";
 }
@@ -177,13 +181,14 @@ void Engine::sample(const SchedulerOutput& scheduled, std::vector<RequestOutput>
     if (r.num_uncomputed() != 0) continue;
     const std::span<const float> logits(logits_.data() + row++ * V, V);
     const std::span<const int32_t> all(r.tokens);
-    const int32_t token = r.sampler->sample(
-        logits, {.prompt = all.first(r.num_prompt_tokens), .output = all.subspan(r.num_prompt_tokens)});
+    const int32_t token = r.sampler->sample(logits, {.prompt = all.first(r.num_prompt_tokens),
+                                                     .output = all.subspan(r.num_prompt_tokens)});
     r.tokens.push_back(token);
     ++totals_.generation_tokens;
 
     RequestOutput out{.id = r.id, .token_ids = {token}};
-    if (r.params.logprobs >= 0) out.logprobs.push_back(Sampler::logprobs(logits, token, r.params.logprobs));
+    if (r.params.logprobs >= 0)
+      out.logprobs.push_back(Sampler::logprobs(logits, token, r.params.logprobs));
     const bool stop_token =
         (!r.params.ignore_eos && eos_ids_.count(token)) ||
         std::find(r.params.stop_token_ids.begin(), r.params.stop_token_ids.end(), token) !=

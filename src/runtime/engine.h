@@ -27,7 +27,7 @@ struct EngineConfig {
   int64_t max_num_batched_tokens = 512;  // per-step token budget (prefill chunks + decodes)
   int64_t block_size = 16;               // tokens per KV block
   int64_t num_kv_blocks = 0;             // 0: from kv_cache_mb
-  int64_t kv_cache_mb = 0;  // 0: room for max_num_seqs requests of max_model_len, at most 4 GiB
+  int64_t kv_cache_mb = 0;    // 0: room for max_num_seqs requests of max_model_len, at most 4 GiB
   int64_t max_model_len = 0;  // 0: the model's max_position_embeddings
   bool enable_prefix_caching = true;
 

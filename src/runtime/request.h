@@ -21,8 +21,8 @@ struct GenerationParams {
   SamplingParams sampling;
   bool has_seed = false;  // false: the engine draws a seed
   int64_t max_tokens = 16;
-  std::vector<std::string> stop;         // stop strings; the text ends before the first match
-  std::vector<int32_t> stop_token_ids;   // besides the model's end-of-sequence ids
+  std::vector<std::string> stop;        // stop strings; the text ends before the first match
+  std::vector<int32_t> stop_token_ids;  // besides the model's end-of-sequence ids
   bool ignore_eos = false;
   bool include_stop_str_in_output = false;
   bool skip_special_tokens = true;
@@ -35,13 +35,13 @@ const char* finish_reason_name(FinishReason reason);  // "stop", "length", "abor
 // What one step produced for one request.
 struct RequestOutput {
   RequestId id = 0;
-  std::vector<int32_t> token_ids;       // tokens sampled this step (zero or one)
-  std::string text;                     // text that became final this step
-  std::vector<TokenLogprob> logprobs;   // one per token, when asked for
+  std::vector<int32_t> token_ids;      // tokens sampled this step (zero or one)
+  std::string text;                    // text that became final this step
+  std::vector<TokenLogprob> logprobs;  // one per token, when asked for
   FinishReason finish = FinishReason::kNone;
   int64_t num_prompt_tokens = 0;
-  int64_t num_output_tokens = 0;        // so far
-  int64_t num_cached_tokens = 0;        // prompt tokens found in the prefix cache (last admission)
+  int64_t num_output_tokens = 0;  // so far
+  int64_t num_cached_tokens = 0;  // prompt tokens found in the prefix cache (last admission)
   bool finished() const { return finish != FinishReason::kNone; }
 };
 

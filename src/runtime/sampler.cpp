@@ -142,9 +142,10 @@ TokenLogprob Sampler::logprobs(std::span<const float> logits, int32_t token, int
   if (num_top > 0) {
     std::vector<int32_t> order(n);
     std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + num_top, order.end(), [&](int32_t a, int32_t b) {
-      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-    });
+    std::partial_sort(order.begin(), order.begin() + num_top, order.end(),
+                      [&](int32_t a, int32_t b) {
+                        return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+                      });
     for (int64_t i = 0; i < num_top; ++i) {
       out.top.emplace_back(order[i], static_cast<float>(logits[order[i]] - log_total));
     }

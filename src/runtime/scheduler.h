@@ -19,14 +19,16 @@
 namespace moeinfer {
 
 struct SchedulerConfig {
-  int64_t max_num_seqs = 64;              // requests in the running batch at most
-  int64_t max_num_batched_tokens = 512;   // tokens per step (prefill chunks + decodes)
+  int64_t max_num_seqs = 64;             // requests in the running batch at most
+  int64_t max_num_batched_tokens = 512;  // tokens per step (prefill chunks + decodes)
 };
 
 struct ScheduledChunk {
   Request* request = nullptr;
   int64_t num_tokens = 0;  // tokens [num_computed, num_computed + num_tokens) run this step
-  bool samples() const { return request->num_computed + num_tokens == static_cast<int64_t>(request->tokens.size()); }
+  bool samples() const {
+    return request->num_computed + num_tokens == static_cast<int64_t>(request->tokens.size());
+  }
 };
 
 struct SchedulerOutput {
@@ -40,8 +42,8 @@ class Scheduler {
  public:
   Scheduler(const SchedulerConfig& config, BlockManager& blocks);
 
-  void add(Request* request);              // to the back of the queue
-  void remove(Request* request);           // finished or aborted: frees its blocks
+  void add(Request* request);     // to the back of the queue
+  void remove(Request* request);  // finished or aborted: frees its blocks
   SchedulerOutput schedule();
   // After the forward pass: the chunks' tokens are in the cache.
   void commit(const SchedulerOutput& out);

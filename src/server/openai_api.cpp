@@ -93,16 +93,18 @@ void parse_sampling(const json& body, ApiRequest& r) {
   int64_t n = 1;
   if (read_int(body, "n", n) && n != 1) bad("n", "only n = 1 is supported");
   int64_t best_of = 1;
-  if (read_int(body, "best_of", best_of) && best_of != 1) bad("best_of", "only best_of = 1 is supported");
+  if (read_int(body, "best_of", best_of) && best_of != 1)
+    bad("best_of", "only best_of = 1 is supported");
 
   // max_tokens (chat also takes max_completion_tokens); range against the context is checked
   // once the prompt length is known.
   int64_t max_tokens = 0;
-  const bool given = read_int(body, "max_tokens", max_tokens) ||
-                     (r.endpoint == Endpoint::kChat &&
-                      read_int(body, "max_completion_tokens", max_tokens));
+  const bool given =
+      read_int(body, "max_tokens", max_tokens) ||
+      (r.endpoint == Endpoint::kChat && read_int(body, "max_completion_tokens", max_tokens));
   if (given) {
-    if (max_tokens < 1) bad("max_tokens", "'max_tokens' must be >= 1, got " + std::to_string(max_tokens));
+    if (max_tokens < 1)
+      bad("max_tokens", "'max_tokens' must be >= 1, got " + std::to_string(max_tokens));
     g.max_tokens = max_tokens;
     r.max_tokens_given = true;
   }
@@ -126,7 +128,8 @@ void parse_sampling(const json& body, ApiRequest& r) {
   if (const auto it = body.find("stop_token_ids"); it != body.end() && !it->is_null()) {
     if (!it->is_array()) bad("stop_token_ids", "'stop_token_ids' must be an array of integers");
     for (const json& id : *it) {
-      if (!id.is_number_integer()) bad("stop_token_ids", "'stop_token_ids' must be an array of integers");
+      if (!id.is_number_integer())
+        bad("stop_token_ids", "'stop_token_ids' must be an array of integers");
       g.stop_token_ids.push_back(id.get<int32_t>());
     }
   }
@@ -188,7 +191,8 @@ ApiRequest parse_request(const std::string& text, Endpoint endpoint) {
     if (it == body.end() || it->is_null()) bad("prompt", "'prompt' is required");
     const json* prompt = &*it;
     // A list holding one prompt is taken as that prompt.
-    if (prompt->is_array() && prompt->size() == 1 && ((*prompt)[0].is_string() || (*prompt)[0].is_array())) {
+    if (prompt->is_array() && prompt->size() == 1 &&
+        ((*prompt)[0].is_string() || (*prompt)[0].is_array())) {
       prompt = &(*prompt)[0];
     }
     if (prompt->is_string()) {
@@ -196,11 +200,13 @@ ApiRequest parse_request(const std::string& text, Endpoint endpoint) {
     } else if (prompt->is_array() && !prompt->empty()) {
       for (const json& id : *prompt) {
         if (!id.is_number_integer()) {
-          bad("prompt", "'prompt' must be a string, a list of token ids, or a list of one of those "
-                        "(several prompts per request are not supported)");
+          bad("prompt",
+              "'prompt' must be a string, a list of token ids, or a list of one of those "
+              "(several prompts per request are not supported)");
         }
         const int64_t v = id.get<int64_t>();
-        if (v < 0 || v > INT32_MAX) bad("prompt", "token id " + std::to_string(v) + " is out of range");
+        if (v < 0 || v > INT32_MAX)
+          bad("prompt", "token id " + std::to_string(v) + " is out of range");
         r.prompt_ids.push_back(static_cast<int32_t>(v));
       }
       r.prompt_is_ids = true;
@@ -340,8 +346,8 @@ json chunk_json(const ResponseInfo& info, const std::string& text, const json& l
 }
 
 json usage_chunk_json(const ResponseInfo& info, const json& usage) {
-  json out = header_json(info, info.endpoint == Endpoint::kChat ? "chat.completion.chunk"
-                                                                : "text_completion");
+  json out = header_json(
+      info, info.endpoint == Endpoint::kChat ? "chat.completion.chunk" : "text_completion");
   out["choices"] = json::array();
   out["usage"] = usage;
   return out;

@@ -4,11 +4,10 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "io/tokenizer.h"
 #include "runtime/request.h"
@@ -37,17 +36,17 @@ enum class Endpoint { kCompletions, kChat };
 
 struct ApiRequest {
   Endpoint endpoint = Endpoint::kCompletions;
-  std::string model;                      // empty when not given
-  std::string prompt_text;                // completions: a text prompt
-  std::vector<int32_t> prompt_ids;        // completions: a prompt given as token ids
+  std::string model;                // empty when not given
+  std::string prompt_text;          // completions: a text prompt
+  std::vector<int32_t> prompt_ids;  // completions: a prompt given as token ids
   bool prompt_is_ids = false;
-  nlohmann::ordered_json messages;        // chat: [{role, content}] with text content
-  GenerationParams params;                // max_tokens filled in by the server when not given
+  nlohmann::ordered_json messages;  // chat: [{role, content}] with text content
+  GenerationParams params;          // max_tokens filled in by the server when not given
   bool max_tokens_given = false;
   bool stream = false;
-  bool include_usage = false;             // stream_options.include_usage
-  bool echo = false;                      // completions: prompt text before the completion
-  bool chat_logprobs = false;             // chat: logprobs true
+  bool include_usage = false;  // stream_options.include_usage
+  bool echo = false;           // completions: prompt text before the completion
+  bool chat_logprobs = false;  // chat: logprobs true
 };
 
 // Throws ApiError (400, naming the parameter) for wrong types and values out of range.

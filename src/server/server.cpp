@@ -89,11 +89,14 @@ Server::Server(std::unique_ptr<Engine> engine, ChatConfig chat, const ServerConf
       created_(static_cast<int64_t>(std::time(nullptr))) {
   MOE_CHECK(config.max_queue >= 0, "--max-queue must be >= 0, got ", config.max_queue);
   MOE_CHECK(!config.model_name.empty(), "the served model needs a name");
-  if (chat_.chat_template) template_ = std::make_unique<ChatTemplate>(ChatTemplate::parse(*chat_.chat_template));
+  if (chat_.chat_template)
+    template_ = std::make_unique<ChatTemplate>(ChatTemplate::parse(*chat_.chat_template));
   const int64_t threads = config.num_http_threads > 0
                               ? config.num_http_threads
                               : engine_->config().max_num_seqs + config.max_queue + 16;
-  http_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  http_->new_task_queue = [threads] {
+    return new httplib::ThreadPool(static_cast<size_t>(threads));
+  };
   http_->set_keep_alive_max_count(1000);
   http_->set_payload_max_length(size_t{16} << 20);
   install_routes();
@@ -127,7 +130,8 @@ int Server::bind() {
 
 void Server::install_routes() {
   http_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (config_.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+    if (config_.api_key.empty() || req.path == "/health")
+      return httplib::Server::HandlerResponse::Unhandled;
     const std::string auth = req.get_header_value("Authorization");
     if (!same_secret(auth, "Bearer " + config_.api_key)) {
       metrics_.count_rejected(401);
@@ -141,14 +145,17 @@ void Server::install_routes() {
   http_->set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
     if (res.status == 404) {
-      send_json(res, 404, error_body("no route for " + req.method + " " + req.path,
-                                     "invalid_request_error", "", "not_found"));
+      send_json(res, 404,
+                error_body("no route for " + req.method + " " + req.path, "invalid_request_error",
+                           "", "not_found"));
     } else if (res.status == 413) {
-      send_json(res, 413, error_body("the request body is too large", "invalid_request_error", "",
-                                     "payload_too_large"));
+      send_json(res, 413,
+                error_body("the request body is too large", "invalid_request_error", "",
+                           "payload_too_large"));
     } else {
-      send_json(res, res.status, error_body("HTTP error " + std::to_string(res.status),
-                                            "invalid_request_error", "", ""));
+      send_json(
+          res, res.status,
+          error_body("HTTP error " + std::to_string(res.status), "invalid_request_error", "", ""));
     }
   });
   http_->set_exception_handler(
@@ -185,14 +192,16 @@ void Server::install_routes() {
   http_->Get("/v1/models", [model_card](const httplib::Request&, httplib::Response& res) {
     send_json(res, 200, {{"object", "list"}, {"data", json::array({model_card()})}});
   });
-  http_->Get("/v1/models/(.+)", [this, model_card](const httplib::Request& req, httplib::Response& res) {
-    if (req.matches[1] != config_.model_name) {
-      send_error(res, ApiError(404, "the model '" + std::string(req.matches[1]) + "' does not exist",
-                               "invalid_request_error", "model", "model_not_found"));
-      return;
-    }
-    send_json(res, 200, model_card());
-  });
+  http_->Get(
+      "/v1/models/(.+)", [this, model_card](const httplib::Request& req, httplib::Response& res) {
+        if (req.matches[1] != config_.model_name) {
+          send_error(res,
+                     ApiError(404, "the model '" + std::string(req.matches[1]) + "' does not exist",
+                              "invalid_request_error", "model", "model_not_found"));
+          return;
+        }
+        send_json(res, 200, model_card());
+      });
   http_->Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     handle_completion(req.body, Endpoint::kCompletions, res);
   });
@@ -209,7 +218,8 @@ std::vector<int32_t> Server::prompt_ids(const ApiRequest& request, GenerationPar
     std::string text;
     try {
       std::lock_guard lock(template_mutex_);
-      text = apply_chat_template(*template_, request.messages, /*add_generation_prompt=*/true, chat_);
+      text =
+          apply_chat_template(*template_, request.messages, /*add_generation_prompt=*/true, chat_);
     } catch (const Error& e) {
       throw ApiError(400, std::string("the chat template failed: ") + e.what(),
                      "invalid_request_error", "messages");
@@ -233,21 +243,26 @@ std::vector<int32_t> Server::prompt_ids(const ApiRequest& request, GenerationPar
   const int64_t vocab = engine_->model_config().vocab_size;
   for (int32_t id : ids) {
     if (id < 0 || id >= vocab) {
-      throw ApiError(400, "token id " + std::to_string(id) + " is outside the vocabulary of " +
-                              std::to_string(vocab), "invalid_request_error", "prompt");
+      throw ApiError(400,
+                     "token id " + std::to_string(id) + " is outside the vocabulary of " +
+                         std::to_string(vocab),
+                     "invalid_request_error", "prompt");
     }
   }
   return ids;
 }
 
-std::shared_ptr<Channel> Server::submit(std::vector<int32_t> prompt, const GenerationParams& params) {
-  if (draining_) throw ApiError(503, "the server is shutting down", "unavailable", "", "shutting_down");
+std::shared_ptr<Channel> Server::submit(std::vector<int32_t> prompt,
+                                        const GenerationParams& params) {
+  if (draining_)
+    throw ApiError(503, "the server is shutting down", "unavailable", "", "shutting_down");
   const int64_t limit = engine_->config().max_num_seqs + config_.max_queue;
   int64_t current = in_flight_.load();
   do {
     if (current >= limit) {
-      throw ApiError(429, "too many requests in flight (" + std::to_string(limit) +
-                              "); retry later", "rate_limit_error", "", "queue_full");
+      throw ApiError(429,
+                     "too many requests in flight (" + std::to_string(limit) + "); retry later",
+                     "rate_limit_error", "", "queue_full");
     }
   } while (!in_flight_.compare_exchange_weak(current, current + 1));
   auto channel = std::make_shared<Channel>();
@@ -266,8 +281,9 @@ void Server::handle_completion(const std::string& body, Endpoint endpoint, httpl
   try {
     request = parse_request(body, endpoint);
     if (!request.model.empty() && request.model != config_.model_name) {
-      throw ApiError(404, "the model '" + request.model + "' does not exist (this server has '" +
-                              config_.model_name + "')",
+      throw ApiError(404,
+                     "the model '" + request.model + "' does not exist (this server has '" +
+                         config_.model_name + "')",
                      "invalid_request_error", "model", "model_not_found");
     }
     GenerationParams& params = request.params;
@@ -275,16 +291,18 @@ void Server::handle_completion(const std::string& body, Endpoint endpoint, httpl
     const int64_t n = static_cast<int64_t>(prompt.size());
     const int64_t context = engine_->max_model_len();
     if (n >= context) {
-      throw ApiError(413, "this model's maximum context length is " + std::to_string(context) +
-                              " tokens, but the prompt has " + std::to_string(n) + " tokens",
+      throw ApiError(413,
+                     "this model's maximum context length is " + std::to_string(context) +
+                         " tokens, but the prompt has " + std::to_string(n) + " tokens",
                      "invalid_request_error", endpoint == Endpoint::kChat ? "messages" : "prompt",
                      "context_length_exceeded");
     }
     if (request.max_tokens_given) {
       if (n + params.max_tokens > context) {
-        throw ApiError(400, "max_tokens is " + std::to_string(params.max_tokens) + " but the prompt has " +
-                                std::to_string(n) + " tokens and the context holds " +
-                                std::to_string(context),
+        throw ApiError(400,
+                       "max_tokens is " + std::to_string(params.max_tokens) +
+                           " but the prompt has " + std::to_string(n) +
+                           " tokens and the context holds " + std::to_string(context),
                        "invalid_request_error", "max_tokens", "context_length_exceeded");
       }
     } else {
@@ -386,7 +404,8 @@ void Server::handle_completion(const std::string& body, Endpoint endpoint, httpl
         }
         std::string data;
         if (state->first && !state->echo.empty()) {
-          data += sse(chunk_json(state->info, state->echo, nullptr, nullptr, true, state->include_usage));
+          data += sse(
+              chunk_json(state->info, state->echo, nullptr, nullptr, true, state->include_usage));
           state->text_offset = static_cast<int64_t>(state->echo.size());
           state->first = false;
         }
@@ -430,7 +449,10 @@ void Server::handle_completion(const std::string& body, Endpoint endpoint, httpl
       [this, state, guard](bool) {
         if (!state->done) {
           state->channel->cancel = true;
-          cancel_pending_ = true;
+          {
+            std::lock_guard lock(inbox_mutex_);  // no lost wake-up between test and wait
+            cancel_pending_ = true;
+          }
           inbox_cv_.notify_one();
         }
       });
@@ -481,8 +503,9 @@ void Server::engine_loop() {
         // blocks, then carry on with the next requests.
         std::fprintf(stderr, "moeinfer serve: engine step failed: %s\n", e.what());
         for (auto& [id, ch] : live) engine_->abort_request(id);
-        outputs = engine_->step();
-        for (auto& [id, ch] : live) ch->fail(ApiError(500, std::string("engine failure: ") + e.what(), "internal_error"));
+        outputs = engine_->step();  // only the aborts: nothing is left to schedule
+        for (auto& [id, ch] : live)
+          ch->fail(ApiError(500, std::string("engine failure: ") + e.what(), "internal_error"));
         live.clear();
       }
       const auto now = Clock::now();
@@ -540,7 +563,10 @@ void Server::shutdown_loop() {
   if (!wait_idle(config_.shutdown_grace_seconds)) {
     std::fprintf(stderr, "moeinfer serve: aborting %lld requests still in flight\n",
                  static_cast<long long>(in_flight_.load()));
-    abort_all_ = true;
+    {
+      std::lock_guard lock(inbox_mutex_);
+      abort_all_ = true;
+    }
     inbox_cv_.notify_all();
     wait_idle(10.0);
   }
@@ -550,11 +576,13 @@ void Server::shutdown_loop() {
 void Server::run() {
   engine_thread_ = std::thread([this] { engine_loop(); });
   shutdown_thread_ = std::thread([this] { shutdown_loop(); });
-  std::fprintf(stderr, "moeinfer serve: model %s on http://%s:%d (max context %lld, %lld KV blocks of %lld)\n",
-               config_.model_name.c_str(), config_.host.c_str(), config_.port,
-               static_cast<long long>(engine_->max_model_len()),
-               static_cast<long long>(engine_->num_kv_blocks()),
-               static_cast<long long>(engine_->config().block_size));
+  std::fprintf(
+      stderr,
+      "moeinfer serve: model %s on http://%s:%d (max context %lld, %lld KV blocks of %lld)\n",
+      config_.model_name.c_str(), config_.host.c_str(), config_.port,
+      static_cast<long long>(engine_->max_model_len()),
+      static_cast<long long>(engine_->num_kv_blocks()),
+      static_cast<long long>(engine_->config().block_size));
   const bool ok = http_->listen_after_bind();
   shutdown();  // when listen ended on its own, let the shutdown thread finish too
   if (shutdown_thread_.joinable()) shutdown_thread_.join();

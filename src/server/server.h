@@ -29,16 +29,16 @@
 namespace httplib {
 class Server;
 struct Response;
-}
+}  // namespace httplib
 
 namespace moeinfer::server {
 
 struct ServerConfig {
   std::string host = "127.0.0.1";
-  int port = 8000;            // 0: any free port (see Server::port())
-  std::string api_key;        // empty: no authentication
-  std::string model_name;     // the id clients use in "model"
-  int64_t max_queue = 256;    // requests waiting beyond the running batch
+  int port = 8000;               // 0: any free port (see Server::port())
+  std::string api_key;           // empty: no authentication
+  std::string model_name;        // the id clients use in "model"
+  int64_t max_queue = 256;       // requests waiting beyond the running batch
   int64_t num_http_threads = 0;  // 0: enough for every request in flight plus a few
   double shutdown_grace_seconds = 30.0;
   int64_t default_max_tokens = 16;  // completions without max_tokens (OpenAI's default)

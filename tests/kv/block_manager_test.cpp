@@ -1,10 +1,10 @@
+#include "kv/block_manager.h"
+
 #include <gtest/gtest.h>
 
 #include <numeric>
 #include <set>
 #include <vector>
-
-#include "kv/block_manager.h"
 
 namespace moeinfer {
 namespace {

@@ -1,5 +1,7 @@
 // The engine on the demo model: batching, chunking, paging, preemption and the prefix cache change
 // where and when tokens are computed, never which tokens greedy decoding picks.
+#include "runtime/engine.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -8,7 +10,6 @@
 #include <vector>
 
 #include "core/error.h"
-#include "runtime/engine.h"
 
 namespace moeinfer {
 namespace {
@@ -137,7 +138,9 @@ TEST_F(EngineTest, AbortFreesEveryBlock) {
 TEST_F(EngineTest, SameSeedSameText) {
   auto engine = make({});
   GenerationParams params{.sampling = {.temperature = 1.0f, .top_p = 0.9f, .seed = 1234},
-                          .has_seed = true, .max_tokens = 30, .ignore_eos = true};
+                          .has_seed = true,
+                          .max_tokens = 30,
+                          .ignore_eos = true};
   const RequestId a = engine->add_request(encode(prompts_[2]), params);
   const RequestId b = engine->add_request(encode(prompts_[2]), params);
   params.sampling.seed = 99;
