@@ -22,6 +22,9 @@ the bound port read from its log) and checks, one line per check:
                        sharing a system prompt) all succeed; then /metrics shows zero running
                        and waiting requests, zero used KV blocks, prefix-cache hits, latency
                        histograms
+  preemption           a server with a KV cache too small for its batch (--kv-cache-mb 2: 25
+                       blocks of 16 tokens) runs 8 concurrent 100-token greedy requests: requests
+                       are preempted and recomputed, and every text equals the main server's
   auth_and_queue       a second server with --api-key and a one-request queue: 401 without or
                        with a wrong key, /health open, 429 when the queue is full
   sigterm              SIGTERM while a stream is in flight: the stream finishes, new requests
@@ -350,6 +353,33 @@ def check_load(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
     print(f"  load: {num} requests, 64 concurrent, {elapsed:.1f} s", flush=True)
 
 
+def check_preemption(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
+    prompts = [f"Fortune number {i} says that" for i in range(8)]
+
+    def texts(client: OpenAI) -> list[str]:
+        def one(prompt: str) -> str:
+            r = client.completions.create(model="demo", prompt=prompt, max_tokens=100,
+                                          temperature=0, extra_body={"ignore_eos": True})
+            assert r.usage.completion_tokens == 100, r.usage
+            return r.choices[0].text
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+            return list(pool.map(one, prompts))
+
+    expected = texts(c)
+    s3 = ServerProcess(ctx["moeinfer"], ["--kv-cache-mb", "2", "--max-num-seqs", "16"])
+    try:
+        assert "25 KV blocks" in "".join(s3.log), "".join(s3.log)
+        got = texts(s3.client())
+        for prompt, a, b in zip(prompts, got, expected):
+            assert a == b, (prompt, a, b)
+        wait_for(lambda: idle(s3.base), "the small server to go idle")
+        m = metrics(s3.base)
+        assert m["moeinfer:num_preemptions_total"] > 0, "no request was preempted"
+    finally:
+        code = s3.stop()
+    assert code == 0, f"small server exited {code}"
+
+
 def check_auth_and_queue(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
     key = "test-key-123"
     s2 = ServerProcess(ctx["moeinfer"], ["--api-key", key, "--max-num-seqs", "1",
@@ -406,8 +436,8 @@ def check_sigterm(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
 
 
 CHECKS = [check_models, check_completion, check_seed, check_streaming, check_chat, check_stop,
-          check_logprobs, check_errors, check_disconnect, check_load, check_auth_and_queue,
-          check_sigterm]
+          check_logprobs, check_errors, check_disconnect, check_load, check_preemption,
+          check_auth_and_queue, check_sigterm]
 
 
 def main() -> int:
