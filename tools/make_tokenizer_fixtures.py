@@ -430,6 +430,18 @@ def tokenizers_lowercase_additions() -> list[tuple[int, int]]:
     return pairs
 
 
+def tokenizers_numeric_additions() -> list[tuple[int, int]]:
+    """Code points the Digits pre-tokenizer (Rust's char::is_numeric, newest Unicode) treats as
+    numeric that are not numbers in Unicode 14 nor in unicode_additions()."""
+    import unicodedata
+    newer = {cp for first, last, _ in unicode_additions() for cp in range(first, last + 1)}
+    digits = pre_tokenizers.Digits(individual_digits=True)
+    return _ranges(cp for cp in range(0x80, 0x110000)
+                   if not 0xD800 <= cp <= 0xDFFF and cp not in newer
+                   and not unicodedata.category(chr(cp)).startswith("N")
+                   and len(digits.pre_tokenize_str("a" + chr(cp) + "b")) == 3)
+
+
 def unknown_to_normalizers() -> list[tuple[int, int]]:
     """Code points with a decomposition or a combining class in Unicode 14 that `tokenizers`'
     NFC/NFD/NFKC/NFKD leave alone as if unassigned (its tables are older), as (first, last)."""
@@ -502,6 +514,9 @@ def main() -> None:
         print("// kLowercaseAdditions")
         for cp, mapped in tokenizers_lowercase_additions():
             print(f"    {{0x{cp:05X}, 0x{mapped:05X}}},")
+        print("// kNumericAdditions")
+        for first, last in tokenizers_numeric_additions():
+            print(f"    {{0x{first:05X}, 0x{last:05X}}},")
         print("// kTokenizersPunctuation")
         for first, last in tokenizers_punctuation():
             print(f"    {{0x{first:05X}, 0x{last:05X}}},")

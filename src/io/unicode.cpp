@@ -365,6 +365,12 @@ constexpr CodeRange kLowercaseAdditions[] = {
     {0x16EB6, 0x16ED1}, {0x16EB7, 0x16ED2}, {0x16EB8, 0x16ED3},
 };
 
+// Numbers Rust's char::is_numeric knows beyond the tables above (same generator).
+constexpr CodeRange kNumericAdditions[] = {
+    {0x11DE0, 0x11DE9},
+    {0x16FF4, 0x16FF6},
+};
+
 template <typename Range>
 const Range* find_range(std::span<const Range> ranges, char32_t cp) {
   auto it = std::upper_bound(ranges.begin(), ranges.end(), cp,
@@ -403,7 +409,10 @@ std::string newer_class_items(std::initializer_list<std::string_view> prefixes) 
   return items;
 }
 
-bool is_numeric(char32_t cp) { return general_category(cp).starts_with('N'); }
+bool is_numeric(char32_t cp) {
+  return general_category(cp).starts_with('N') ||
+         find_range(std::span<const CodeRange>(kNumericAdditions), cp) != nullptr;
+}
 
 bool is_punctuation(char32_t cp) { return general_category(cp).starts_with('P'); }
 
