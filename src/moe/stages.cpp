@@ -151,23 +151,39 @@ void run_experts(const float* rows, int64_t hidden_size, int64_t expert_width,
   const int64_t num_experts = static_cast<int64_t>(plan.expert_counts.size());
   MOE_CHECK(static_cast<int64_t>(experts.size()) == num_experts, "plan has ", num_experts,
             " experts but ", experts.size(), " weight sets were given");
-  int64_t max_rows = 0;
-  for (int32_t count : plan.expert_counts) max_rows = std::max<int64_t>(max_rows, count);
-  std::vector<float> gate(max_rows * expert_width);  // [n, I]
-  std::vector<float> up(max_rows * expert_width);    // [n, I]
+  const int64_t num_rows = plan.expert_offsets[num_experts];
+  std::vector<float> gate(num_rows * expert_width);  // [T*K, I] in plan order
+  std::vector<float> up(num_rows * expert_width);    // [T*K, I]
+  // Every expert's products run in one grouped call: the workers stream all selected experts'
+  // weights with no barrier between experts, and empty experts cost nothing.
+  std::vector<cpu::LinearProblem> problems;
+  problems.reserve(2 * num_experts);
   for (int64_t e = 0; e < num_experts; ++e) {
     const int64_t n = plan.expert_counts[e];
-    if (n == 0) continue;  // empty experts cost nothing
+    if (n == 0) continue;
     const int64_t first = plan.expert_offsets[e];
     const float* x = rows + first * hidden_size;
-    cpu::linear(x, n, experts[e].gate, nullptr, gate.data());
-    cpu::linear(x, n, experts[e].up, nullptr, up.data());
-    for (int64_t i = 0; i < n * expert_width; ++i) {
+    problems.push_back({.x = x, .num_rows = n, .weight = experts[e].gate,
+                        .y = gate.data() + first * expert_width});
+    problems.push_back({.x = x, .num_rows = n, .weight = experts[e].up,
+                        .y = up.data() + first * expert_width});
+  }
+  cpu::linear_grouped(problems);
+  parallel_for(num_rows * expert_width, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
       const float g = gate[i];
       gate[i] = g / (1.0f + std::exp(-g)) * up[i];
     }
-    cpu::linear(gate.data(), n, experts[e].down, nullptr, out + first * hidden_size);
+  }, 4096);
+  problems.clear();
+  for (int64_t e = 0; e < num_experts; ++e) {
+    const int64_t n = plan.expert_counts[e];
+    if (n == 0) continue;
+    const int64_t first = plan.expert_offsets[e];
+    problems.push_back({.x = gate.data() + first * expert_width, .num_rows = n,
+                        .weight = experts[e].down, .y = out + first * hidden_size});
   }
+  cpu::linear_grouped(problems);
 }
 
 void unpermute(const float* expert_out, int64_t hidden_size, const Routing& routing,

@@ -1,0 +1,115 @@
+// `moeinfer plan --model DIR|synthetic:NAME --gpus N --gpu-mem GiB [--dtype bf16|fp8]
+// [--kv-dtype bf16|fp8|f32] [--max-seq-len L] [--json]`: weights by part, KV bytes per token,
+// how much KV fits, and the layout to run, with the arithmetic shown.
+#include <cstdio>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/model_arg.h"
+#include "core/error.h"
+#include "model/capacity_plan.h"
+#include "model/synthetic.h"
+
+namespace moeinfer::cli {
+namespace {
+
+struct PlanArgs {
+  std::string model;
+  PlanOptions options;
+  std::string dtype;     // empty: the checkpoint's own
+  std::string kv_dtype = "bf16";
+  bool json = false;
+};
+
+ModelConfig plan_config(const std::string& model) {
+  if (is_synthetic_model(model)) return synthetic_model_config(model.substr(10));
+  return load_model_config(resolve_model_dir(model) / "config.json");
+}
+
+void run_plan(PlanArgs args) {
+  const ModelConfig config = plan_config(args.model);
+  const std::string dtype = !args.dtype.empty() ? args.dtype : config.fp8 ? "fp8" : "bf16";
+  MOE_CHECK(dtype == "bf16" || dtype == "fp8", "--dtype must be bf16 or fp8, got '", dtype, "'");
+  args.options.weight_dtype = dtype == "fp8" ? WeightDType::kFP8 : WeightDType::kBF16;
+  if (args.kv_dtype == "bf16") {
+    args.options.kv_dtype = KvDType::kBF16;
+  } else if (args.kv_dtype == "fp8") {
+    args.options.kv_dtype = KvDType::kFP8;
+  } else if (args.kv_dtype == "f32") {
+    args.options.kv_dtype = KvDType::kF32;
+  } else {
+    MOE_FAIL("--kv-dtype must be bf16, fp8 or f32, got '", args.kv_dtype, "'");
+  }
+  const CapacityPlan plan = plan_capacity(config, args.options);
+  const PartCounts& w = plan.weight_bytes;
+  if (args.json) {
+    nlohmann::ordered_json out = {
+        {"model_type", config.model_type},
+        {"weight_dtype", dtype},
+        {"kv_dtype", args.kv_dtype},
+        {"weight_bytes", {{"total", w.total()}, {"attention", w.attention},
+                          {"routed_experts", w.routed_experts},
+                          {"shared_experts", w.shared_experts}, {"embeddings", w.embeddings},
+                          {"other", w.other}}},
+        {"kv_bytes_per_token", plan.kv_bytes_per_token},
+        {"max_seq_len", plan.max_seq_len},
+        {"layout", layout_name(plan.layout)},
+        {"gpus_used", plan.gpus_used},
+        {"weight_bytes_per_gpu", plan.weight_bytes_per_gpu},
+        {"kv_tokens_fit", plan.kv_tokens_fit},
+        {"full_length_sequences", plan.full_length_sequences},
+        {"gpu_experts_per_layer", plan.gpu_experts_per_layer},
+        {"arithmetic", plan.arithmetic}};
+    std::printf("%s\n", out.dump(2).c_str());
+    return;
+  }
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  std::printf("%s, weights in %s, KV in %s\n", config.model_type.c_str(), dtype.c_str(),
+              args.kv_dtype.c_str());
+  std::printf("  %-16s %10.2f GiB\n", "attention", w.attention / gib);
+  std::printf("  %-16s %10.2f GiB\n", "routed experts", w.routed_experts / gib);
+  std::printf("  %-16s %10.2f GiB\n", "shared experts", w.shared_experts / gib);
+  std::printf("  %-16s %10.2f GiB\n", "embeddings", w.embeddings / gib);
+  std::printf("  %-16s %10.2f GiB\n", "other", w.other / gib);
+  std::printf("  %-16s %10.2f GiB\n", "total", w.total() / gib);
+  std::printf("KV cache: %lld bytes per token%s\n", static_cast<long long>(plan.kv_bytes_per_token),
+              config.mla ? " (MLA: latent + rope key only)" : "");
+  for (const std::string& step : plan.arithmetic) std::printf("  %s\n", step.c_str());
+  std::printf("recommended: %s", layout_name(plan.layout).c_str());
+  if (plan.layout == Layout::kExpertParallel) {
+    std::printf(" over %lld GPUs", static_cast<long long>(plan.gpus_used));
+  } else if (plan.layout == Layout::kOffload) {
+    std::printf(" with %lld of %lld experts per layer on the GPU",
+                static_cast<long long>(plan.gpu_experts_per_layer),
+                static_cast<long long>(config.num_experts));
+  }
+  std::printf("; %lld tokens of KV fit (%lld sequences of %lld)\n",
+              static_cast<long long>(plan.kv_tokens_fit),
+              static_cast<long long>(plan.full_length_sequences),
+              static_cast<long long>(plan.max_seq_len));
+}
+
+}  // namespace
+
+void add_plan_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("plan", "Capacity planner: memory by part, KV that fits, layout");
+  auto args = std::make_shared<PlanArgs>();
+  cmd->add_option("--model", args->model, "Checkpoint folder or synthetic:NAME (default: built-in)");
+  cmd->add_option("--gpus", args->options.num_gpus, "GPUs")->capture_default_str();
+  cmd->add_option("--gpu-mem", args->options.gpu_mem_gib, "Memory per GPU in GiB")
+      ->capture_default_str();
+  cmd->add_option("--dtype", args->dtype, "Weight dtype: bf16 or fp8 (default: the checkpoint's)");
+  cmd->add_option("--kv-dtype", args->kv_dtype, "KV cache dtype: bf16, fp8 or f32")
+      ->capture_default_str();
+  cmd->add_option("--max-seq-len", args->options.max_seq_len,
+                  "Longest sequence to plan for (default: the model's context)");
+  cmd->add_option("--gpu-memory-fraction", args->options.memory_fraction,
+                  "Share of each GPU the engine may use")
+      ->capture_default_str();
+  cmd->add_flag("--json", args->json, "Print JSON");
+  cmd->callback([args] { run_plan(*args); });
+}
+
+}  // namespace moeinfer::cli

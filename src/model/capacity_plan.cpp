@@ -1,0 +1,157 @@
+#include "model/capacity_plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "core/error.h"
+
+namespace moeinfer {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+double kv_value_bytes(KvDType dtype) {
+  switch (dtype) {
+    case KvDType::kF32: return 4.0;
+    case KvDType::kBF16: return 2.0;
+    case KvDType::kFP8: return 1.0;
+  }
+  return 2.0;
+}
+
+std::string gib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / kGiB);
+  return buf;
+}
+
+template <typename... Args>
+std::string line(const char* format, Args... args) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf, format, args...);
+  return buf;
+}
+
+}  // namespace
+
+std::string layout_name(Layout layout) {
+  switch (layout) {
+    case Layout::kSingleGpu: return "one GPU";
+    case Layout::kExpertParallel: return "expert parallel";
+    case Layout::kOffload: return "offload";
+  }
+  return "?";
+}
+
+PartCounts weight_bytes_by_part(const ModelConfig& config, WeightDType dtype) {
+  const PartCounts params = count_params(config, /*active_only=*/false);
+  // fp8 stores the large matrices in one byte plus one float32 scale per 128x128 block;
+  // embeddings, norms and routers stay in bf16.
+  const double matrix_bytes = dtype == WeightDType::kFP8 ? 1.0 + 4.0 / (128.0 * 128.0) : 2.0;
+  PartCounts bytes;
+  bytes.attention = static_cast<int64_t>(std::ceil(params.attention * matrix_bytes));
+  bytes.routed_experts = static_cast<int64_t>(std::ceil(params.routed_experts * matrix_bytes));
+  bytes.shared_experts = static_cast<int64_t>(std::ceil(params.shared_experts * matrix_bytes));
+  bytes.embeddings = params.embeddings * 2;
+  bytes.other = params.other * 2;
+  return bytes;
+}
+
+CapacityPlan plan_capacity(const ModelConfig& config, const PlanOptions& o) {
+  MOE_CHECK(o.num_gpus >= 1, "--gpus must be >= 1, got ", o.num_gpus);
+  MOE_CHECK(o.gpu_mem_gib > 0, "--gpu-mem must be positive, got ", o.gpu_mem_gib);
+  MOE_CHECK(o.memory_fraction > 0 && o.memory_fraction <= 1, "memory fraction must be in (0, 1]");
+  CapacityPlan plan;
+  plan.weight_bytes = weight_bytes_by_part(config, o.weight_dtype);
+  plan.kv_bytes_per_token =
+      static_cast<int64_t>(kv_values_per_token(config) * kv_value_bytes(o.kv_dtype));
+  plan.max_seq_len = o.max_seq_len > 0 ? o.max_seq_len : config.max_position_embeddings;
+  auto& a = plan.arithmetic;
+
+  const double usable = o.gpu_mem_gib * kGiB * o.memory_fraction - o.workspace_gib * kGiB;
+  const double weights = static_cast<double>(plan.weight_bytes.total());
+  const double routed = static_cast<double>(plan.weight_bytes.routed_experts);
+  const double replicated = weights - routed;
+  const double one_sequence_kv = static_cast<double>(plan.kv_bytes_per_token) * plan.max_seq_len;
+  a.push_back(line("weights: %s (routed experts %s, the rest %s)", gib(weights).c_str(),
+                   gib(routed).c_str(), gib(replicated).c_str()));
+  a.push_back(line("KV per token: %lld values x %.0f B = %lld B; one %lld-token sequence: %s",
+                   static_cast<long long>(kv_values_per_token(config)),
+                   kv_value_bytes(o.kv_dtype), static_cast<long long>(plan.kv_bytes_per_token),
+                   static_cast<long long>(plan.max_seq_len), gib(one_sequence_kv).c_str()));
+  a.push_back(line("usable per GPU: %.1f GiB x %.2f - %.1f GiB workspace = %s", o.gpu_mem_gib,
+                   o.memory_fraction, o.workspace_gib, gib(usable).c_str()));
+  MOE_CHECK(usable > 0, "--gpu-mem ", o.gpu_mem_gib, " GiB leaves nothing after the workspace");
+
+  const auto fill_kv = [&](double free_per_gpu, int64_t gpus) {
+    plan.gpus_used = gpus;
+    plan.kv_tokens_fit = static_cast<int64_t>(free_per_gpu / plan.kv_bytes_per_token) * gpus;
+    plan.full_length_sequences = plan.kv_tokens_fit / std::max<int64_t>(1, plan.max_seq_len);
+    a.push_back(line("KV: (%s free per GPU / %lld B) x %lld GPUs = %lld tokens = %lld "
+                     "sequences of %lld tokens",
+                     gib(free_per_gpu).c_str(), static_cast<long long>(plan.kv_bytes_per_token),
+                     static_cast<long long>(gpus), static_cast<long long>(plan.kv_tokens_fit),
+                     static_cast<long long>(plan.full_length_sequences),
+                     static_cast<long long>(plan.max_seq_len)));
+  };
+
+  // 1. Everything on one GPU, with room for at least one full-length sequence.
+  if (weights + one_sequence_kv <= usable) {
+    plan.layout = Layout::kSingleGpu;
+    plan.weight_bytes_per_gpu = weights;
+    a.push_back(line("one GPU: %s weights + %s KV <= %s", gib(weights).c_str(),
+                     gib(one_sequence_kv).c_str(), gib(usable).c_str()));
+    fill_kv(usable - weights, 1);
+    return plan;
+  }
+  a.push_back(line("one GPU: %s weights + %s KV > %s: does not fit", gib(weights).c_str(),
+                   gib(one_sequence_kv).c_str(), gib(usable).c_str()));
+
+  // 2. Expert parallel: routed experts split over the GPUs, everything else replicated.
+  const int64_t n = o.num_gpus;
+  const double per_gpu = replicated + routed / static_cast<double>(n);
+  if (n > 1 && per_gpu + one_sequence_kv <= usable) {
+    plan.layout = Layout::kExpertParallel;
+    plan.weight_bytes_per_gpu = per_gpu;
+    a.push_back(line("expert parallel over %lld: %s replicated + %s / %lld = %s per GPU",
+                     static_cast<long long>(n), gib(replicated).c_str(), gib(routed).c_str(),
+                     static_cast<long long>(n), gib(per_gpu).c_str()));
+    fill_kv(usable - per_gpu, n);
+    return plan;
+  }
+  if (n > 1) {
+    a.push_back(line("expert parallel over %lld: %s per GPU + %s KV > %s: does not fit",
+                     static_cast<long long>(n), gib(per_gpu).c_str(),
+                     gib(one_sequence_kv).c_str(), gib(usable).c_str()));
+  }
+
+  // 3. Offload: keep the replicated weights and one sequence's KV on each GPU, give the rest to
+  //    a cache of routed experts; the others live in pinned host memory.
+  int64_t moe_layers = 0;
+  for (bool is_moe : config.layer_is_moe) moe_layers += is_moe;
+  const double expert_bytes =
+      moe_layers > 0 ? routed / static_cast<double>(moe_layers * config.num_experts) : 0.0;
+  const double for_experts = usable - replicated - one_sequence_kv;
+  MOE_CHECK(for_experts > 0, "even without routed experts the model needs ",
+            gib(replicated + one_sequence_kv), " per GPU; ", gib(usable), " is usable");
+  const int64_t total_slots = static_cast<int64_t>(for_experts / expert_bytes) * n;
+  plan.layout = Layout::kOffload;
+  plan.gpu_experts_per_layer = std::min(config.num_experts, total_slots / moe_layers);
+  plan.weight_bytes_per_gpu =
+      replicated + plan.gpu_experts_per_layer * moe_layers * expert_bytes / static_cast<double>(n);
+  a.push_back(line("offload: (%s usable - %s replicated - %s KV) / %.1f MiB per expert = %lld "
+                   "expert slots per GPU",
+                   gib(usable).c_str(), gib(replicated).c_str(), gib(one_sequence_kv).c_str(),
+                   expert_bytes / (1024.0 * 1024.0),
+                   static_cast<long long>(for_experts / expert_bytes)));
+  a.push_back(line("expert budget: %lld of %lld experts per MoE layer on the GPUs (top-%lld "
+                   "needed per token); the rest in host memory",
+                   static_cast<long long>(plan.gpu_experts_per_layer),
+                   static_cast<long long>(config.num_experts),
+                   static_cast<long long>(config.num_experts_per_tok)));
+  fill_kv(usable - plan.weight_bytes_per_gpu, n);
+  return plan;
+}
+
+}  // namespace moeinfer

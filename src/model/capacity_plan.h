@@ -1,0 +1,50 @@
+// The capacity planner: from a config alone, how many bytes the weights take by part at a given
+// dtype, how many bytes one token of KV cache takes (MLA-aware), how many tokens of KV fit in
+// the GPUs' memory, and which layout to run (one GPU, expert parallel over N, or offloading with
+// an expert budget), with the arithmetic shown.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "io/model_config.h"
+#include "model/model_facts.h"
+
+namespace moeinfer {
+
+enum class WeightDType { kBF16, kFP8 };
+enum class KvDType { kF32, kBF16, kFP8 };
+
+struct PlanOptions {
+  int64_t num_gpus = 1;
+  double gpu_mem_gib = 80.0;
+  WeightDType weight_dtype = WeightDType::kBF16;
+  KvDType kv_dtype = KvDType::kBF16;
+  int64_t max_seq_len = 0;          // 0: the model's max_position_embeddings
+  double memory_fraction = 0.9;     // of each GPU the engine may use
+  double workspace_gib = 2.0;       // activations and scratch per GPU
+};
+
+enum class Layout { kSingleGpu, kExpertParallel, kOffload };
+
+struct CapacityPlan {
+  PartCounts weight_bytes;            // resident bytes by part at the weight dtype
+  int64_t kv_bytes_per_token = 0;     // all layers
+  int64_t max_seq_len = 0;
+  Layout layout = Layout::kSingleGpu;
+  int64_t gpus_used = 1;
+  double weight_bytes_per_gpu = 0.0;
+  int64_t kv_tokens_fit = 0;          // over all GPUs used
+  int64_t full_length_sequences = 0;  // sequences of max_seq_len that fit at once
+  // Offload: routed experts per MoE layer that stay on the GPUs (the rest live in host memory).
+  int64_t gpu_experts_per_layer = 0;
+  std::vector<std::string> arithmetic;  // the steps, one line each
+};
+
+CapacityPlan plan_capacity(const ModelConfig& config, const PlanOptions& options);
+std::string layout_name(Layout layout);
+// Bytes per parameter of each part at a weight dtype (fp8 includes its block scales).
+PartCounts weight_bytes_by_part(const ModelConfig& config, WeightDType dtype);
+
+}  // namespace moeinfer

@@ -1,0 +1,116 @@
+#include "model/synthetic.h"
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace moeinfer {
+namespace {
+
+struct Published {
+  const char* name;
+  const char* config;  // the fields of the published config.json that the engine reads
+};
+
+constexpr Published kPublished[] = {
+    {"qwen3-30b-a3b", R"({"model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048,
+      "intermediate_size": 6144, "moe_intermediate_size": 768, "num_hidden_layers": 48,
+      "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128,
+      "num_experts_per_tok": 8, "norm_topk_prob": true, "decoder_sparse_step": 1,
+      "mlp_only_layers": [], "max_position_embeddings": 40960, "rms_norm_eps": 1e-06,
+      "rope_theta": 1000000.0, "rope_scaling": null, "tie_word_embeddings": false,
+      "hidden_act": "silu", "attention_bias": false, "torch_dtype": "bfloat16",
+      "bos_token_id": 151643, "eos_token_id": 151645})"},
+    {"qwen3-235b-a22b", R"({"model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 4096,
+      "intermediate_size": 12288, "moe_intermediate_size": 1536, "num_hidden_layers": 94,
+      "num_attention_heads": 64, "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128,
+      "num_experts_per_tok": 8, "norm_topk_prob": true, "decoder_sparse_step": 1,
+      "mlp_only_layers": [], "max_position_embeddings": 40960, "rms_norm_eps": 1e-06,
+      "rope_theta": 1000000.0, "rope_scaling": null, "tie_word_embeddings": false,
+      "hidden_act": "silu", "attention_bias": false, "torch_dtype": "bfloat16",
+      "bos_token_id": 151643, "eos_token_id": 151645})"},
+    {"mixtral-8x7b", R"({"model_type": "mixtral", "vocab_size": 32000, "hidden_size": 4096,
+      "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+      "num_key_value_heads": 8, "num_local_experts": 8, "num_experts_per_tok": 2,
+      "max_position_embeddings": 32768, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
+      "sliding_window": null, "tie_word_embeddings": false, "hidden_act": "silu",
+      "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2})"},
+    {"olmoe-1b-7b", R"({"model_type": "olmoe", "vocab_size": 50304, "hidden_size": 2048,
+      "intermediate_size": 1024, "num_hidden_layers": 16, "num_attention_heads": 16,
+      "num_key_value_heads": 16, "num_experts": 64, "num_experts_per_tok": 8,
+      "norm_topk_prob": false, "clip_qkv": null, "max_position_embeddings": 4096,
+      "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "rope_scaling": null,
+      "tie_word_embeddings": false, "hidden_act": "silu", "attention_bias": false,
+      "torch_dtype": "bfloat16", "bos_token_id": null, "eos_token_id": 50279})"},
+    {"deepseek-v2-lite", R"({"model_type": "deepseek_v2", "vocab_size": 102400,
+      "hidden_size": 2048, "intermediate_size": 10944, "moe_intermediate_size": 1408,
+      "num_hidden_layers": 27, "num_attention_heads": 16, "num_key_value_heads": 16,
+      "n_routed_experts": 64, "num_experts_per_tok": 6, "n_shared_experts": 2,
+      "first_k_dense_replace": 1, "moe_layer_freq": 1, "kv_lora_rank": 512,
+      "q_lora_rank": null, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+      "topk_method": "greedy", "n_group": 1, "topk_group": 1, "routed_scaling_factor": 1.0,
+      "scoring_func": "softmax", "norm_topk_prob": false, "max_position_embeddings": 163840,
+      "rms_norm_eps": 1e-06, "rope_theta": 10000,
+      "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+                       "beta_fast": 32, "beta_slow": 1, "mscale": 0.707,
+                       "mscale_all_dim": 0.707},
+      "tie_word_embeddings": false, "hidden_act": "silu", "torch_dtype": "bfloat16",
+      "bos_token_id": 100000, "eos_token_id": 100001})"},
+    {"deepseek-v3", R"({"model_type": "deepseek_v3", "vocab_size": 129280, "hidden_size": 7168,
+      "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_hidden_layers": 61,
+      "num_attention_heads": 128, "num_key_value_heads": 128, "n_shared_experts": 1,
+      "n_routed_experts": 256, "routed_scaling_factor": 2.5, "kv_lora_rank": 512,
+      "q_lora_rank": 1536, "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128,
+      "n_group": 8, "topk_group": 4, "num_experts_per_tok": 8, "first_k_dense_replace": 3,
+      "moe_layer_freq": 1, "norm_topk_prob": true, "topk_method": "noaux_tc",
+      "scoring_func": "sigmoid", "max_position_embeddings": 163840, "rms_norm_eps": 1e-06,
+      "rope_theta": 10000,
+      "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+                       "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
+      "tie_word_embeddings": false, "hidden_act": "silu", "torch_dtype": "bfloat16",
+      "bos_token_id": 0, "eos_token_id": 1,
+      "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3",
+                              "quant_method": "fp8", "weight_block_size": [128, 128]}})"},
+};
+
+const Published* find_published(std::string_view name) {
+  for (const Published& p : kPublished) {
+    if (name == p.name) return &p;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+std::vector<std::string> synthetic_model_names() {
+  std::vector<std::string> names;
+  for (const Published& p : kPublished) names.emplace_back(p.name);
+  return names;
+}
+
+std::string synthetic_config_json(std::string_view name) {
+  const Published* p = find_published(name);
+  if (!p) {
+    std::string known;
+    for (const Published& q : kPublished) known += std::string(known.empty() ? "" : ", ") + q.name;
+    MOE_FAIL("unknown synthetic model '", name, "'; known: ", known);
+  }
+  return p->config;
+}
+
+ModelConfig synthetic_model_config(std::string_view name, int64_t num_layers) {
+  nlohmann::json config = nlohmann::json::parse(synthetic_config_json(name));
+  if (num_layers > 0) {
+    const int64_t full = config["num_hidden_layers"].get<int64_t>();
+    MOE_CHECK(num_layers <= full, "--layers ", num_layers, " exceeds ", name, "'s ", full,
+              " layers");
+    config["num_hidden_layers"] = num_layers;
+  }
+  return parse_model_config(config.dump(), "synthetic:" + std::string(name));
+}
+
+bool is_synthetic_model(std::string_view model_arg) {
+  return model_arg.starts_with("synthetic:");
+}
+
+}  // namespace moeinfer

@@ -1,0 +1,60 @@
+// The capacity planner against what the engine really allocates for real checkpoints (weights
+// as stored, KV bytes per token of the cache it builds), and its layouts on published shapes.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "model/capacity_plan.h"
+#include "model/model.h"
+#include "model/synthetic.h"
+
+namespace moeinfer {
+namespace {
+
+const std::filesystem::path kRepo = std::filesystem::path(MOE_FIXTURES_DIR) / ".." / "..";
+
+void expect_within(double planned, double actual, double fraction, const std::string& what) {
+  EXPECT_LE(std::fabs(planned - actual), fraction * actual)
+      << what << ": planned " << planned << ", actual " << actual;
+}
+
+TEST(CapacityPlan, MatchesWhatTheEngineAllocatesForBf16Checkpoints) {
+  for (const auto& dir : {kRepo / "models" / "demo",
+                          kRepo / "tests" / "fixtures" / "models" / "qwen3_moe_bf16",
+                          kRepo / "tests" / "fixtures" / "models" / "mixtral_bf16"}) {
+    auto model = Model::load(dir, LoadOptions{.prefault = false});
+    const ModelConfig& config = model->config();
+    const CapacityPlan plan = plan_capacity(config, PlanOptions{.kv_dtype = KvDType::kF32});
+    expect_within(static_cast<double>(plan.weight_bytes.total()),
+                  static_cast<double>(model->store().total_bytes()), 0.05, dir.string());
+    const KvCache cache = model->decoder().make_cache(8);
+    EXPECT_EQ(static_cast<size_t>(plan.kv_bytes_per_token), cache.bytes_per_token()) << dir;
+  }
+}
+
+TEST(CapacityPlan, PublishedShapesPickTheExpectedLayout) {
+  // Qwen3-30B-A3B in bf16 (61 GB) fits one 141 GB H200.
+  const CapacityPlan small =
+      plan_capacity(synthetic_model_config("qwen3-30b-a3b"), PlanOptions{.gpu_mem_gib = 139});
+  EXPECT_EQ(small.layout, Layout::kSingleGpu);
+  EXPECT_NEAR(small.weight_bytes.total() / 1e9, 61.1, 0.5);
+  // Qwen3-235B-A22B (470 GB) over 8 GPUs is expert parallel; on one GPU it must offload.
+  const ModelConfig big = synthetic_model_config("qwen3-235b-a22b");
+  EXPECT_EQ(plan_capacity(big, PlanOptions{.num_gpus = 8, .gpu_mem_gib = 139}).layout,
+            Layout::kExpertParallel);
+  const CapacityPlan offload = plan_capacity(big, PlanOptions{.gpu_mem_gib = 139,
+                                                              .max_seq_len = 8192});
+  EXPECT_EQ(offload.layout, Layout::kOffload);
+  EXPECT_GT(offload.gpu_experts_per_layer, big.num_experts_per_tok);
+  EXPECT_LT(offload.gpu_experts_per_layer, big.num_experts);
+  // DeepSeek-V3's KV per token is its latent: 61 layers x 576 values x 2 bytes.
+  const CapacityPlan v3 = plan_capacity(synthetic_model_config("deepseek-v3"),
+                                        PlanOptions{.num_gpus = 8, .gpu_mem_gib = 139,
+                                                    .weight_dtype = WeightDType::kFP8});
+  EXPECT_EQ(v3.kv_bytes_per_token, 61 * 576 * 2);
+  EXPECT_NEAR(v3.weight_bytes.total() / 1e9, 690.0, 30.0);
+}
+
+}  // namespace
+}  // namespace moeinfer
