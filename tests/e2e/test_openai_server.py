@@ -24,7 +24,8 @@ the bound port read from its log) and checks, one line per check:
                        histograms
   preemption           a server with a KV cache too small for its batch (--kv-cache-mb 2: 25
                        blocks of 16 tokens) runs 8 concurrent 100-token greedy requests: requests
-                       are preempted and recomputed, and every text equals the main server's
+                       are preempted and recomputed, and every token sequence equals the main
+                       server's up to a near-tie of the two most likely tokens (rounding)
   auth_and_queue       a second server with --api-key and a one-request queue: 401 without or
                        with a wrong key, /health open, 429 when the queue is full
   sigterm              SIGTERM while a stream is in flight: the stream finishes, new requests
@@ -356,22 +357,32 @@ def check_load(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
 def check_preemption(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
     prompts = [f"Fortune number {i} says that" for i in range(8)]
 
-    def texts(client: OpenAI) -> list[str]:
-        def one(prompt: str) -> str:
+    def runs(client: OpenAI) -> list:
+        def one(prompt: str):
             r = client.completions.create(model="demo", prompt=prompt, max_tokens=100,
-                                          temperature=0, extra_body={"ignore_eos": True})
+                                          temperature=0, logprobs=2,
+                                          extra_body={"ignore_eos": True})
             assert r.usage.completion_tokens == 100, r.usage
-            return r.choices[0].text
+            return r.choices[0].logprobs
         with concurrent.futures.ThreadPoolExecutor(max_workers=len(prompts)) as pool:
             return list(pool.map(one, prompts))
 
-    expected = texts(c)
+    expected = runs(c)
     s3 = ServerProcess(ctx["moeinfer"], ["--kv-cache-mb", "2", "--max-num-seqs", "16"])
     try:
         assert "25 KV blocks" in "".join(s3.log), "".join(s3.log)
-        got = texts(s3.client())
+        got = runs(s3.client())
+        # Recompute runs a request's tokens as a prefill instead of one decode at a time, and
+        # the CPU kernels round differently at different row counts, so greedy decoding may
+        # part ways where the two most likely tokens are tied to rounding. It must agree up to
+        # such a tie, and the tie must be real in the reference run.
         for prompt, a, b in zip(prompts, got, expected):
-            assert a == b, (prompt, a, b)
+            diverged = next((i for i, (x, y) in enumerate(zip(a.tokens, b.tokens)) if x != y), None)
+            if diverged is None:
+                continue
+            top = sorted(b.top_logprobs[diverged].values(), reverse=True)
+            assert len(top) == 2 and top[0] - top[1] < 0.01, \
+                (prompt, diverged, a.tokens[diverged], b.tokens[diverged], top)
         wait_for(lambda: idle(s3.base), "the small server to go idle")
         m = metrics(s3.base)
         assert m["moeinfer:num_preemptions_total"] > 0, "no request was preempted"
