@@ -136,8 +136,8 @@ double copy_bandwidth(cudaStream_t stream) {
 }
 
 // y[M, N] = x[M, Kd] . w[N, Kd]^T through cuBLAS (row-major in column-major terms).
-void cublas_gemm(cublasHandle_t handle, const bf16* x, const bf16* w, bf16* y, int64_t M,
-                 int64_t N, int64_t Kd) {
+void cublas_gemm(cublasHandle_t handle, const bf16* x, const bf16* w, bf16* y, int64_t M, int64_t N,
+                 int64_t Kd) {
   const float alpha = 1.0f, beta = 0.0f;
   CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N),
                             static_cast<int>(M), static_cast<int>(Kd), &alpha, w, CUDA_R_16BF,
@@ -238,23 +238,39 @@ void bench_t(int64_t T, bf16* const* gate_up, bf16* const* down, double copy_bw,
   const double gu_flops = 2.0 * M * kH * 2 * kI, dn_flops = 2.0 * M * kI * kH;
 
   auto gu_params = [&](int i) {
-    return GroupedGemmParams{.rows = rows, .weights = gate_up[i % kWeightSets],
-                             .expert_offsets = d_offsets, .out = act, .num_rows = M,
-                             .num_experts = kE, .n = kI, .k = kH,
+    return GroupedGemmParams{.rows = rows,
+                             .weights = gate_up[i % kWeightSets],
+                             .expert_offsets = d_offsets,
+                             .out = act,
+                             .num_rows = M,
+                             .num_experts = kE,
+                             .n = kI,
+                             .k = kH,
                              .epilogue = GemmEpilogue::kSiluMul};
   };
   auto dn_params = [&](int i) {
-    return GroupedGemmParams{.rows = act, .weights = down[i % kWeightSets],
-                             .expert_offsets = d_offsets, .out = out, .num_rows = M,
-                             .num_experts = kE, .n = kH, .k = kI};
+    return GroupedGemmParams{.rows = act,
+                             .weights = down[i % kWeightSets],
+                             .expert_offsets = d_offsets,
+                             .out = out,
+                             .num_rows = M,
+                             .num_experts = kE,
+                             .n = kH,
+                             .k = kI};
   };
   const double gu_ms = time_graph(stream, [&](int i) { grouped_gemm(gu_params(i), stream); });
   const double dn_ms = time_graph(stream, [&](int i) { grouped_gemm(dn_params(i), stream); });
   const double both_ms = time_graph(stream, [&](int i) {
-    moe_experts(MoeExpertsParams{.rows = rows, .gate_up = gate_up[i % kWeightSets],
-                                 .down = down[i % kWeightSets], .expert_offsets = d_offsets,
-                                 .activation = act, .out = out, .num_rows = M,
-                                 .num_experts = kE, .hidden_size = kH, .expert_width = kI},
+    moe_experts(MoeExpertsParams{.rows = rows,
+                                 .gate_up = gate_up[i % kWeightSets],
+                                 .down = down[i % kWeightSets],
+                                 .expert_offsets = d_offsets,
+                                 .activation = act,
+                                 .out = out,
+                                 .num_rows = M,
+                                 .num_experts = kE,
+                                 .hidden_size = kH,
+                                 .expert_width = kI},
                 stream);
   });
   // Dispatch fused into the A load: rows gathered from [T, H] through a shuffled src_row.
@@ -264,23 +280,31 @@ void bench_t(int64_t T, bf16* const* gate_up, bf16* const* down, double copy_bw,
   int32_t* d_src_row = device_alloc<int32_t>(M);
   CUDA_CHECK(cudaMemcpy(d_src_row, src_row.data(), M * 4, cudaMemcpyHostToDevice));
   const double gather_ms = time_graph(stream, [&](int i) {
-    moe_experts(MoeExpertsParams{.rows = rows, .gate_up = gate_up[i % kWeightSets],
-                                 .down = down[i % kWeightSets], .expert_offsets = d_offsets,
-                                 .activation = act, .out = out, .num_rows = M,
-                                 .num_experts = kE, .hidden_size = kH, .expert_width = kI,
-                                 .src_row = d_src_row, .top_k = kK},
+    moe_experts(MoeExpertsParams{.rows = rows,
+                                 .gate_up = gate_up[i % kWeightSets],
+                                 .down = down[i % kWeightSets],
+                                 .expert_offsets = d_offsets,
+                                 .activation = act,
+                                 .out = out,
+                                 .num_rows = M,
+                                 .num_experts = kE,
+                                 .hidden_size = kH,
+                                 .expert_width = kI,
+                                 .src_row = d_src_row,
+                                 .top_k = kK},
                 stream);
   });
   CUDA_CHECK(cudaFree(d_src_row));
   auto add = [&](const std::string& what, double ms, double bytes, double flops) {
     const double floor_ms = bytes / copy_bw * 1e3;
     const double tflops = flops / (ms * 1e-3) / 1e12;
-    g_rows.push_back({T, what, ms * 1e3, floor_ms * 1e3, floor_ms / ms, tflops, tflops * 1e12 / peak});
+    g_rows.push_back(
+        {T, what, ms * 1e3, floor_ms * 1e3, floor_ms / ms, tflops, tflops * 1e12 / peak});
     const Row& r = g_rows.back();
     std::printf("%5lld %5lld %4lld  %-22s %10.1f %10.1f %7.3f %9.1f %7.3f\n",
                 static_cast<long long>(T), static_cast<long long>(M),
-                static_cast<long long>(touched), what.c_str(), r.us, r.floor_us, r.ratio,
-                r.tflops, r.flop_ratio);
+                static_cast<long long>(touched), what.c_str(), r.us, r.floor_us, r.ratio, r.tflops,
+                r.flop_ratio);
   };
   const GemmTile gu_tile = grouped_gemm_auto_tile(M, kE, kI, GemmEpilogue::kSiluMul);
   const GemmTile dn_tile = grouped_gemm_auto_tile(M, kE, kH, GemmEpilogue::kNone);
@@ -290,8 +314,8 @@ void bench_t(int64_t T, bf16* const* gate_up, bf16* const* down, double copy_bw,
   add("experts, rows gathered", gather_ms, gu_bytes + dn_bytes, gu_flops + dn_flops);
   if (T >= 8) {
     // The other tiles for both projections, to see where the automatic choice stands.
-    for (GemmTile alt : {GemmTile::kRows16, GemmTile::kRows64, GemmTile::kRows128,
-                         GemmTile::kRows128Wide}) {
+    for (GemmTile alt :
+         {GemmTile::kRows16, GemmTile::kRows64, GemmTile::kRows128, GemmTile::kRows128Wide}) {
       if (alt == gu_tile && alt == dn_tile) continue;
       if ((alt == GemmTile::kRows128 || alt == GemmTile::kRows128Wide) && T < 256) continue;
       if (alt == GemmTile::kRows16 && T >= 1024) continue;
@@ -341,49 +365,59 @@ void bench_attention(double copy_bw, double peak, cudaStream_t stream, std::mt19
   std::iota(pool.begin(), pool.end(), 0);
   std::shuffle(pool.begin(), pool.end(), rng);
   char part[128];
-  for (int64_t B : {1, 8, 64, 256}) {
-    const int64_t blocks_per_seq = kCtx / kBlock;
-    const int64_t sets = std::min<int64_t>(kLaunchesPerGraph, num_blocks / (B * blocks_per_seq));
-    std::vector<int32_t> tables(sets * B * blocks_per_seq);
-    for (size_t i = 0; i < tables.size(); ++i) tables[i] = pool[i];
-    int32_t* d_tables = device_alloc<int32_t>(tables.size());
-    CUDA_CHECK(cudaMemcpy(d_tables, tables.data(), tables.size() * 4, cudaMemcpyHostToDevice));
-    std::vector<int32_t> lens(B, static_cast<int32_t>(kCtx));
-    int32_t* d_lens = device_alloc<int32_t>(B);
-    CUDA_CHECK(cudaMemcpy(d_lens, lens.data(), B * 4, cudaMemcpyHostToDevice));
-    bf16* q = device_alloc<bf16>(B * kNq * kD);
-    bf16* out = device_alloc<bf16>(B * kNq * kD);
-    fill_random(q, B * kNq * kD, 1.0f, rng);
-    PagedDecodeParams p{.q = q, .k_cache = k_cache, .v_cache = v_cache, .out = out,
-                        .num_seqs = B, .num_q_heads = kNq, .num_kv_heads = kNkv,
-                        .head_dim = kD, .block_size = kBlock, .num_blocks = num_blocks,
-                        .max_blocks_per_seq = blocks_per_seq, .max_seq_len = kCtx,
-                        .scale = 1.0f / std::sqrt(static_cast<float>(kD))};
-    float* ws = device_alloc<float>(std::max<int64_t>(1, paged_decode_workspace_size(p)));
-    p.workspace = ws;
-    p.seq_lens = d_lens;
-    const double ms = time_graph(stream, [&](int i) {
-      PagedDecodeParams pi = p;
-      pi.block_tables = d_tables + (i % sets) * B * blocks_per_seq;
-      paged_decode_attention(pi, stream);
-    });
-    const double bytes = B * kCtx * 2.0 * row_bytes;
-    const double floor_ms = bytes / copy_bw * 1e3;
-    const DecodeSplit split = paged_decode_split(p);
-    char what[64];
-    std::snprintf(what, sizeof(what), "decode B=%lld ctx %lld (%lld splits)",
-                  static_cast<long long>(B), static_cast<long long>(kCtx),
-                  static_cast<long long>(split.num_splits));
-    std::printf("%-34s %10.1f %10.1f %7.3f\n", what, ms * 1e3, floor_ms * 1e3, floor_ms / ms);
-    std::snprintf(part, sizeof(part), " decode B=%lld %.1fus (%.2f floor);",
-                  static_cast<long long>(B), ms * 1e3, floor_ms / ms);
-    g_attention_line += part;
-    CUDA_CHECK(cudaFree(d_tables));
-    CUDA_CHECK(cudaFree(d_lens));
-    CUDA_CHECK(cudaFree(q));
-    CUDA_CHECK(cudaFree(out));
-    CUDA_CHECK(cudaFree(ws));
-  }
+  for (int64_t B : {1, 8, 64, 256})
+    for (bool tc : {false, true}) {
+      const int64_t blocks_per_seq = kCtx / kBlock;
+      const int64_t sets = std::min<int64_t>(kLaunchesPerGraph, num_blocks / (B * blocks_per_seq));
+      std::vector<int32_t> tables(sets * B * blocks_per_seq);
+      for (size_t i = 0; i < tables.size(); ++i) tables[i] = pool[i];
+      int32_t* d_tables = device_alloc<int32_t>(tables.size());
+      CUDA_CHECK(cudaMemcpy(d_tables, tables.data(), tables.size() * 4, cudaMemcpyHostToDevice));
+      std::vector<int32_t> lens(B, static_cast<int32_t>(kCtx));
+      int32_t* d_lens = device_alloc<int32_t>(B);
+      CUDA_CHECK(cudaMemcpy(d_lens, lens.data(), B * 4, cudaMemcpyHostToDevice));
+      bf16* q = device_alloc<bf16>(B * kNq * kD);
+      bf16* out = device_alloc<bf16>(B * kNq * kD);
+      fill_random(q, B * kNq * kD, 1.0f, rng);
+      PagedDecodeParams p{.q = q,
+                          .k_cache = k_cache,
+                          .v_cache = v_cache,
+                          .out = out,
+                          .num_seqs = B,
+                          .num_q_heads = kNq,
+                          .num_kv_heads = kNkv,
+                          .head_dim = kD,
+                          .block_size = kBlock,
+                          .num_blocks = num_blocks,
+                          .max_blocks_per_seq = blocks_per_seq,
+                          .max_seq_len = kCtx,
+                          .scale = 1.0f / std::sqrt(static_cast<float>(kD)),
+                          .tensor_cores = tc};
+      float* ws = device_alloc<float>(std::max<int64_t>(1, paged_decode_workspace_size(p)));
+      p.workspace = ws;
+      p.seq_lens = d_lens;
+      const double ms = time_graph(stream, [&](int i) {
+        PagedDecodeParams pi = p;
+        pi.block_tables = d_tables + (i % sets) * B * blocks_per_seq;
+        paged_decode_attention(pi, stream);
+      });
+      const double bytes = B * kCtx * 2.0 * row_bytes;
+      const double floor_ms = bytes / copy_bw * 1e3;
+      const DecodeSplit split = paged_decode_split(p);
+      char what[64];
+      std::snprintf(what, sizeof(what), "decode %s B=%lld ctx %lld (%lld splits)",
+                    tc ? "mma" : "simt", static_cast<long long>(B), static_cast<long long>(kCtx),
+                    static_cast<long long>(split.num_splits));
+      std::printf("%-34s %10.1f %10.1f %7.3f\n", what, ms * 1e3, floor_ms * 1e3, floor_ms / ms);
+      std::snprintf(part, sizeof(part), " decode %s B=%lld %.1fus (%.2f floor);",
+                    tc ? "mma" : "simt", static_cast<long long>(B), ms * 1e3, floor_ms / ms);
+      g_attention_line += part;
+      CUDA_CHECK(cudaFree(d_tables));
+      CUDA_CHECK(cudaFree(d_lens));
+      CUDA_CHECK(cudaFree(q));
+      CUDA_CHECK(cudaFree(out));
+      CUDA_CHECK(cudaFree(ws));
+    }
   CUDA_CHECK(cudaFree(k_cache));
   CUDA_CHECK(cudaFree(v_cache));
 
@@ -400,9 +434,17 @@ void bench_attention(double copy_bw, double peak, cudaStream_t stream, std::mt19
   CUDA_CHECK(cudaMemcpy(cu, cu_host, 8, cudaMemcpyHostToDevice));
   const double flops = 4.0 * (T * (T + 1) / 2.0) * kD * kNq;
   for (bool tc : {true, false}) {
-    const PrefillParams p{.q = q, .k = k, .v = v, .cu_seqlens = cu, .out = out, .num_tokens = T,
-                          .num_seqs = 1, .max_seq_len = T, .num_q_heads = kNq,
-                          .num_kv_heads = kNkv, .head_dim = kD,
+    const PrefillParams p{.q = q,
+                          .k = k,
+                          .v = v,
+                          .cu_seqlens = cu,
+                          .out = out,
+                          .num_tokens = T,
+                          .num_seqs = 1,
+                          .max_seq_len = T,
+                          .num_q_heads = kNq,
+                          .num_kv_heads = kNkv,
+                          .head_dim = kD,
                           .scale = 1.0f / std::sqrt(static_cast<float>(kD)),
                           .tensor_cores = tc};
     const double ms = time_graph(stream, [&](int) { prefill_attention(p, stream); });
@@ -410,8 +452,8 @@ void bench_attention(double copy_bw, double peak, cudaStream_t stream, std::mt19
     std::printf("%-34s %10.1f %10s %7s %9.1f %7.3f\n",
                 tc ? "prefill T=4096 causal, mma.sync" : "prefill T=4096 causal, CUDA cores",
                 ms * 1e3, "", "", tflops, tflops * 1e12 / peak);
-    std::snprintf(part, sizeof(part), " prefill %s %.0f TFLOP/s (%.2f peak);",
-                  tc ? "mma" : "simt", tflops, tflops * 1e12 / peak);
+    std::snprintf(part, sizeof(part), " prefill %s %.0f TFLOP/s (%.2f peak);", tc ? "mma" : "simt",
+                  tflops, tflops * 1e12 / peak);
     g_attention_line += part;
   }
   CUDA_CHECK(cudaFree(q));
@@ -436,9 +478,10 @@ int run(int argc, char** argv) {
               prop.l2CacheSize / 1e6);
   const double copy_bw = copy_bandwidth(stream);
   const double peak = cublas_peak(handle, stream, rng);
-  std::printf("device-to-device copy 1 GiB: %.1f GB/s (read + write); cuBLAS bf16 8192^3: %.1f "
-              "TFLOP/s\n",
-              copy_bw / 1e9, peak / 1e12);
+  std::printf(
+      "device-to-device copy 1 GiB: %.1f GB/s (read + write); cuBLAS bf16 8192^3: %.1f "
+      "TFLOP/s\n",
+      copy_bw / 1e9, peak / 1e12);
   std::printf("Qwen3-30B-A3B experts: H %lld, I %lld, E %lld, K %lld, zipf(1.0) routing\n\n",
               static_cast<long long>(kH), static_cast<long long>(kI), static_cast<long long>(kE),
               static_cast<long long>(kK));

@@ -124,9 +124,9 @@ void run_case(const GemmCase& c, bool gate_up) {
                       .top_k = c.K,
                       // Forced tiles also go through the programmatic-dependent launch.
                       .overlap_previous = c.tile != GemmTile::kAuto};
-  const int width = c.tile == GemmTile::kRows16 ? 32
-                    : c.tile == GemmTile::kRows64 ? 64
-                    : c.tile == GemmTile::kRows128 ? (gate_up ? 64 : 128)
+  const int width = c.tile == GemmTile::kRows16        ? 32
+                    : c.tile == GemmTile::kRows64      ? 64
+                    : c.tile == GemmTile::kRows128     ? (gate_up ? 64 : 128)
                     : c.tile == GemmTile::kRows128Wide ? (gate_up ? 128 : 256)
                                                        : 32;
   if (N % width != 0) {
@@ -158,7 +158,8 @@ void run_case(const GemmCase& c, bool gate_up) {
         }
         if (gate_up) {
           want[r * N + n] = silu(g) * u;
-          scale[r * N + n] = 1.1 * std::sqrt(g2) * std::fabs(u) + std::fabs(silu(g)) * std::sqrt(u2);
+          scale[r * N + n] =
+              1.1 * std::sqrt(g2) * std::fabs(u) + std::fabs(silu(g)) * std::sqrt(u2);
         } else {
           want[r * N + n] = g;
           scale[r * N + n] = std::sqrt(g2);
@@ -244,44 +245,57 @@ void run_experts(int64_t T, int64_t K, int64_t E, int64_t H, int64_t I, bool gat
   struct Shape {
     int64_t T, K, E, H, I;
   };
-  const Shape shapes[] = {{1, 8, 128, 256, 192},  {3, 8, 128, 256, 192}, {19, 2, 8, 192, 320},
-                          {99, 8, 60, 320, 128},  {989, 8, 128, 256, 128},
-                          {4096, 2, 60, 128, 192},  {300, 8, 16, 256, 256}};
+  const Shape shapes[] = {{1, 8, 128, 256, 192}, {3, 8, 128, 256, 192},   {19, 2, 8, 192, 320},
+                          {99, 8, 60, 320, 128}, {989, 8, 128, 256, 128}, {4096, 2, 60, 128, 192},
+                          {300, 8, 16, 256, 256}};
   for (const Shape& s : shapes) {
     for (int t = 0; t < 5; ++t) {
       for (int r = 0; r < 3; ++r) {
         // The one-expert and uniform routings only with the automatic tile, to bound run time.
         if (r != 1 && t != 0) continue;
         for (bool gate_up : {true, false}) {
-          const GemmCase c{.T = s.T, .K = s.K, .E = s.E, .H = s.H, .I = s.I,
-                           .routing = routings[r], .tile = tiles[t], .spare_rows = s.T % 5};
-          const std::string name = std::string(gate_up ? "SiluMul" : "Plain") + "_T" +
-                                   std::to_string(s.T) + "_K" + std::to_string(s.K) + "_E" +
-                                   std::to_string(s.E) + "_H" + std::to_string(s.H) + "_I" +
-                                   std::to_string(s.I) + "_" + routing_names[r] + "_" +
-                                   tile_names[t];
-          register_kernel_test("CudaGroupedGemm", name, [c, gate_up] { run_case(c, gate_up); },
-                               __FILE__, __LINE__);
+          const GemmCase c{.T = s.T,
+                           .K = s.K,
+                           .E = s.E,
+                           .H = s.H,
+                           .I = s.I,
+                           .routing = routings[r],
+                           .tile = tiles[t],
+                           .spare_rows = s.T % 5};
+          const std::string name =
+              std::string(gate_up ? "SiluMul" : "Plain") + "_T" + std::to_string(s.T) + "_K" +
+              std::to_string(s.K) + "_E" + std::to_string(s.E) + "_H" + std::to_string(s.H) + "_I" +
+              std::to_string(s.I) + "_" + routing_names[r] + "_" + tile_names[t];
+          register_kernel_test(
+              "CudaGroupedGemm", name, [c, gate_up] { run_case(c, gate_up); }, __FILE__, __LINE__);
         }
       }
     }
   }
-  for (const Shape& s : {Shape{1, 8, 128, 256, 192}, Shape{99, 8, 60, 320, 128},
-                         Shape{989, 8, 128, 256, 128}}) {
+  for (const Shape& s :
+       {Shape{1, 8, 128, 256, 192}, Shape{99, 8, 60, 320, 128}, Shape{989, 8, 128, 256, 128}}) {
     for (GemmTile tile : {GemmTile::kAuto, GemmTile::kRows64, GemmTile::kRows128}) {
-      const GemmCase c{.T = s.T, .K = s.K, .E = s.E, .H = s.H, .I = s.I,
-                       .routing = Routing::kZipf, .tile = tile, .gather = true};
-      const std::string name = "Gather_T" + std::to_string(s.T) + "_" +
-                               tile_names[static_cast<int>(tile)];
-      register_kernel_test("CudaGroupedGemm", name, [c] { run_case(c, true); }, __FILE__,
-                           __LINE__);
+      const GemmCase c{.T = s.T,
+                       .K = s.K,
+                       .E = s.E,
+                       .H = s.H,
+                       .I = s.I,
+                       .routing = Routing::kZipf,
+                       .tile = tile,
+                       .gather = true};
+      const std::string name =
+          "Gather_T" + std::to_string(s.T) + "_" + tile_names[static_cast<int>(tile)];
+      register_kernel_test(
+          "CudaGroupedGemm", name, [c] { run_case(c, true); }, __FILE__, __LINE__);
     }
   }
   for (int64_t T : {int64_t{1}, int64_t{19}, int64_t{256}}) {
-    register_kernel_test("CudaMoeExperts", "GateUpThenDown_T" + std::to_string(T),
-                         [T] { run_experts(T, 8, 64, 256, 192, false); }, __FILE__, __LINE__);
-    register_kernel_test("CudaMoeExperts", "GatherGateUpThenDown_T" + std::to_string(T),
-                         [T] { run_experts(T, 8, 64, 256, 192, true); }, __FILE__, __LINE__);
+    register_kernel_test(
+        "CudaMoeExperts", "GateUpThenDown_T" + std::to_string(T),
+        [T] { run_experts(T, 8, 64, 256, 192, false); }, __FILE__, __LINE__);
+    register_kernel_test(
+        "CudaMoeExperts", "GatherGateUpThenDown_T" + std::to_string(T),
+        [T] { run_experts(T, 8, 64, 256, 192, true); }, __FILE__, __LINE__);
   }
   return true;
 }();

@@ -26,15 +26,18 @@ TEST(CudaSamplingChecks, RefusesBadShapes) {
   float temperature[1] = {1.0f};
   expect_error_naming(
       [&] {
-        sample_tokens(SamplingParams{.logits = logits, .tokens = tokens, .num_rows = 1,
-                                     .vocab_size = 0},
-                      nullptr);
+        sample_tokens(
+            SamplingParams{.logits = logits, .tokens = tokens, .num_rows = 1, .vocab_size = 0},
+            nullptr);
       },
       "vocab_size = 0");
   expect_error_naming(
       [&] {
-        sample_tokens(SamplingParams{.logits = logits, .temperature = temperature,
-                                     .tokens = tokens, .num_rows = 1, .vocab_size = 4},
+        sample_tokens(SamplingParams{.logits = logits,
+                                     .temperature = temperature,
+                                     .tokens = tokens,
+                                     .num_rows = 1,
+                                     .vocab_size = 4},
                       nullptr);
       },
       "seeds is null");
@@ -84,15 +87,20 @@ std::vector<int32_t> run(const std::vector<float>& logits, int64_t B, int64_t V,
                          const std::vector<float>& temperature, const std::vector<int32_t>& top_k,
                          const std::vector<float>& top_p, const std::vector<uint64_t>& seeds,
                          const std::vector<uint64_t>& steps) {
-  Batch d{DeviceBuffer<float>(logits), DeviceBuffer<float>(temperature),
-          DeviceBuffer<float>(top_p),  DeviceBuffer<int32_t>(top_k),
-          DeviceBuffer<int32_t>(B),    DeviceBuffer<uint64_t>(seeds),
+  Batch d{DeviceBuffer<float>(logits),  DeviceBuffer<float>(temperature),
+          DeviceBuffer<float>(top_p),   DeviceBuffer<int32_t>(top_k),
+          DeviceBuffer<int32_t>(B),     DeviceBuffer<uint64_t>(seeds),
           DeviceBuffer<uint64_t>(steps)};
   d.tokens.poison();
-  sample_tokens(SamplingParams{.logits = d.logits.get(), .temperature = d.temperature.get(),
-                               .top_k = d.top_k.get(), .top_p = d.top_p.get(),
-                               .seeds = d.seeds.get(), .steps = d.steps.get(),
-                               .tokens = d.tokens.get(), .num_rows = B, .vocab_size = V},
+  sample_tokens(SamplingParams{.logits = d.logits.get(),
+                               .temperature = d.temperature.get(),
+                               .top_k = d.top_k.get(),
+                               .top_p = d.top_p.get(),
+                               .seeds = d.seeds.get(),
+                               .steps = d.steps.get(),
+                               .tokens = d.tokens.get(),
+                               .num_rows = B,
+                               .vocab_size = V},
                 nullptr);
   synchronize();
   return d.tokens.download();
@@ -107,9 +115,10 @@ void greedy_random(int64_t B, int64_t V) {
   DeviceBuffer<float> d_logits(logits);
   DeviceBuffer<int32_t> d_tokens(B);
   d_tokens.poison();
-  sample_tokens(SamplingParams{.logits = d_logits.get(), .tokens = d_tokens.get(), .num_rows = B,
-                               .vocab_size = V},
-                nullptr);
+  sample_tokens(
+      SamplingParams{
+          .logits = d_logits.get(), .tokens = d_tokens.get(), .num_rows = B, .vocab_size = V},
+      nullptr);
   synchronize();
   const auto got = d_tokens.download();
   for (int64_t b = 0; b < B; ++b) {
@@ -131,8 +140,8 @@ void sampled_in_kept_set(int64_t B, int64_t V) {
     temperature[b] = std::uniform_real_distribution<float>(0.3f, 1.5f)(rng);
     const int mode = b % 4;  // plain, top-k, top-p, both
     top_k[b] = (mode == 1 || mode == 3) ? std::uniform_int_distribution<int>(1, 50)(rng) : 0;
-    top_p[b] = (mode == 2 || mode == 3) ? std::uniform_real_distribution<float>(0.1f, 0.95f)(rng)
-                                        : 1.0f;
+    top_p[b] =
+        (mode == 2 || mode == 3) ? std::uniform_real_distribution<float>(0.1f, 0.95f)(rng) : 1.0f;
     seeds[b] = rng();
     steps[b] = rng() % 1000;
   }
@@ -144,9 +153,8 @@ void sampled_in_kept_set(int64_t B, int64_t V) {
     ASSERT_LT(got[b], V) << "row " << b;
     const std::vector<float> row(logits.begin() + b * V, logits.begin() + (b + 1) * V);
     const auto keep = kept_set(row, temperature[b], top_k[b], top_p[b], 1e-4);
-    EXPECT_TRUE(keep[got[b]]) << "row " << b << " drew token " << got[b] << " (T "
-                              << temperature[b] << ", top_k " << top_k[b] << ", top_p "
-                              << top_p[b] << ")";
+    EXPECT_TRUE(keep[got[b]]) << "row " << b << " drew token " << got[b] << " (T " << temperature[b]
+                              << ", top_k " << top_k[b] << ", top_p " << top_p[b] << ")";
     if (top_k[b] == 1) {
       EXPECT_EQ(got[b], std::max_element(row.begin(), row.end()) - row.begin());
     }

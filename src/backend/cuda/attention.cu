@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "backend/cuda/attention.h"
+#include "backend/cuda/attention_decode_mma_kernel.cuh"
 #include "backend/cuda/attention_kernel.cuh"
 #include "backend/cuda/attention_prefill_mma_kernel.cuh"
 #include "backend/cuda/cuda_check.h"
@@ -20,31 +21,58 @@ void check_decode(const PagedDecodeParams& p) {
   detail::check_int32_range(p.num_seqs, "num_seqs");
   MOE_CHECK(p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256, "head_dim = ", p.head_dim,
             " must be 64, 128 or 256");
-  MOE_CHECK(p.num_kv_heads >= 1 && p.num_q_heads >= p.num_kv_heads &&
-                p.num_q_heads % p.num_kv_heads == 0,
-            "num_q_heads = ", p.num_q_heads, " must be a positive multiple of num_kv_heads = ",
-            p.num_kv_heads);
+  MOE_CHECK(
+      p.num_kv_heads >= 1 && p.num_q_heads >= p.num_kv_heads && p.num_q_heads % p.num_kv_heads == 0,
+      "num_q_heads = ", p.num_q_heads,
+      " must be a positive multiple of num_kv_heads = ", p.num_kv_heads);
   MOE_CHECK(p.num_q_heads / p.num_kv_heads <= kAttentionMaxGroup, "GQA group ",
             p.num_q_heads / p.num_kv_heads, " exceeds ", kAttentionMaxGroup);
   MOE_CHECK(p.block_size >= 1, "block_size = ", p.block_size, " must be at least 1");
   MOE_CHECK(p.num_blocks >= 1, "num_blocks = ", p.num_blocks, " must be at least 1");
   MOE_CHECK(p.max_seq_len >= 0 && p.max_seq_len <= p.max_blocks_per_seq * p.block_size,
-            "max_seq_len = ", p.max_seq_len, " does not fit max_blocks_per_seq = ",
-            p.max_blocks_per_seq, " blocks of ", p.block_size);
+            "max_seq_len = ", p.max_seq_len,
+            " does not fit max_blocks_per_seq = ", p.max_blocks_per_seq, " blocks of ",
+            p.block_size);
   detail::check_int32_range(p.max_seq_len, "max_seq_len");
   detail::check_int32_range(p.num_blocks * p.block_size, "num_blocks * block_size");
   MOE_CHECK(p.scale > 0.0f, "scale = ", p.scale, " must be positive");
 }
 
 template <int D>
+void launch_decode_mma(const PagedDecodeParams& p, const DecodeSplit& split, cudaStream_t stream) {
+  constexpr int smem = attn::decode_mma_smem_bytes<D>();
+  static const bool attribute_set = [] {
+    CUDA_CHECK(cudaFuncSetAttribute(paged_decode_mma_kernel<D>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    return true;
+  }();
+  (void)attribute_set;
+  const dim3 grid(static_cast<unsigned>(split.num_splits), static_cast<unsigned>(p.num_kv_heads),
+                  static_cast<unsigned>(p.num_seqs));
+  paged_decode_mma_kernel<D><<<grid, attn::kDecodeMmaThreads, smem, stream>>>(
+      p, static_cast<int>(split.chunk), static_cast<int>(split.num_splits));
+  MOE_CUDA_CHECK_LAUNCH();
+}
+
+template <int D>
 void launch_decode(const PagedDecodeParams& p, const DecodeSplit& split, cudaStream_t stream) {
+  if (p.tensor_cores) {
+    launch_decode_mma<D>(p, split, stream);
+    if (split.num_splits > 1) {
+      paged_decode_combine_kernel<D>
+          <<<dim3(static_cast<unsigned>(p.num_q_heads), static_cast<unsigned>(p.num_seqs)), D, 0,
+             stream>>>(p, static_cast<int>(split.chunk), static_cast<int>(split.num_splits));
+      MOE_CUDA_CHECK_LAUNCH();
+    }
+    return;
+  }
   const int group = static_cast<int>(p.num_q_heads / p.num_kv_heads);
   const int smem = attn::decode_smem_bytes<D>(group, static_cast<int>(split.chunk));
   static const bool attribute_set = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(
-        paged_decode_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-        attn::decode_smem_bytes<D>(static_cast<int>(kAttentionMaxGroup),
-                                   static_cast<int>(kDecodeMaxChunk))));
+    CUDA_CHECK(cudaFuncSetAttribute(paged_decode_kernel<D>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    attn::decode_smem_bytes<D>(static_cast<int>(kAttentionMaxGroup),
+                                                               static_cast<int>(kDecodeMaxChunk))));
     return true;
   }();
   (void)attribute_set;
@@ -71,9 +99,8 @@ void launch_prefill(const PrefillParams& p, cudaStream_t stream) {
       return true;
     }();
     (void)attribute_set;
-    const dim3 grid(
-        static_cast<unsigned>((p.max_seq_len + attn::kMmaQ - 1) / attn::kMmaQ),
-        static_cast<unsigned>(p.num_q_heads), static_cast<unsigned>(p.num_seqs));
+    const dim3 grid(static_cast<unsigned>((p.max_seq_len + attn::kMmaQ - 1) / attn::kMmaQ),
+                    static_cast<unsigned>(p.num_q_heads), static_cast<unsigned>(p.num_seqs));
     prefill_attention_mma_kernel<D><<<grid, attn::kMmaThreads, smem, stream>>>(p);
     MOE_CUDA_CHECK_LAUNCH();
     return;
@@ -85,9 +112,9 @@ void launch_prefill(const PrefillParams& p, cudaStream_t stream) {
     return true;
   }();
   (void)attribute_set;
-  const dim3 grid(static_cast<unsigned>((p.max_seq_len + attn::kPrefillTile - 1) /
-                                        attn::kPrefillTile),
-                  static_cast<unsigned>(p.num_q_heads), static_cast<unsigned>(p.num_seqs));
+  const dim3 grid(
+      static_cast<unsigned>((p.max_seq_len + attn::kPrefillTile - 1) / attn::kPrefillTile),
+      static_cast<unsigned>(p.num_q_heads), static_cast<unsigned>(p.num_seqs));
   prefill_attention_kernel<D><<<grid, attn::kPrefillThreads, smem, stream>>>(p);
   MOE_CUDA_CHECK_LAUNCH();
 }
@@ -121,9 +148,10 @@ void paged_decode_attention(const PagedDecodeParams& p, cudaStream_t stream) {
   detail::check_pointer(p.out, "out");
   detail::check_aligned16(p.k_cache, "k_cache");
   detail::check_aligned16(p.v_cache, "v_cache");
+  if (p.tensor_cores) detail::check_aligned16(p.q, "q");
   const DecodeSplit split = paged_decode_split(p);
-  MOE_CHECK(split.num_splits <= 65535, "max_seq_len = ", p.max_seq_len, " needs ",
-            split.num_splits, " splits");
+  MOE_CHECK(split.num_splits <= 65535, "max_seq_len = ", p.max_seq_len, " needs ", split.num_splits,
+            " splits");
   if (split.num_splits > 1) detail::check_pointer(p.workspace, "workspace");
   switch (p.head_dim) {
     case 64:
@@ -138,16 +166,15 @@ void paged_decode_attention(const PagedDecodeParams& p, cudaStream_t stream) {
 void prefill_attention(const PrefillParams& p, cudaStream_t stream) {
   NvtxRange range("attention_prefill");
   detail::check_int32_range(p.num_tokens, "num_tokens");
-  MOE_CHECK(p.head_dim == 64 || p.head_dim == 128, "head_dim = ", p.head_dim,
-            " must be 64 or 128");
-  MOE_CHECK(p.num_kv_heads >= 1 && p.num_q_heads >= p.num_kv_heads &&
-                p.num_q_heads % p.num_kv_heads == 0,
-            "num_q_heads = ", p.num_q_heads, " must be a positive multiple of num_kv_heads = ",
-            p.num_kv_heads);
+  MOE_CHECK(p.head_dim == 64 || p.head_dim == 128, "head_dim = ", p.head_dim, " must be 64 or 128");
+  MOE_CHECK(
+      p.num_kv_heads >= 1 && p.num_q_heads >= p.num_kv_heads && p.num_q_heads % p.num_kv_heads == 0,
+      "num_q_heads = ", p.num_q_heads,
+      " must be a positive multiple of num_kv_heads = ", p.num_kv_heads);
   MOE_CHECK(p.num_seqs >= 1 && p.num_seqs <= 65535, "num_seqs = ", p.num_seqs,
             " must be in [1, 65535]");
-  MOE_CHECK(p.max_seq_len >= 1 && p.max_seq_len <= p.num_tokens, "max_seq_len = ",
-            p.max_seq_len, " must be in [1, num_tokens = ", p.num_tokens, "]");
+  MOE_CHECK(p.max_seq_len >= 1 && p.max_seq_len <= p.num_tokens, "max_seq_len = ", p.max_seq_len,
+            " must be in [1, num_tokens = ", p.num_tokens, "]");
   detail::check_int32_range(p.num_tokens * p.num_q_heads * p.head_dim,
                             "num_tokens * num_q_heads * head_dim");
   MOE_CHECK(p.scale > 0.0f, "scale = ", p.scale, " must be positive");

@@ -25,7 +25,7 @@
 namespace moeinfer::cuda {
 
 struct EmbeddingParams {
-  const int32_t* token_ids = nullptr;  // [T], each in [0, V) (a device check traps otherwise)
+  const int32_t* token_ids = nullptr;    // [T], each in [0, V) (a device check traps otherwise)
   const __nv_bfloat16* table = nullptr;  // [V, H]
   __nv_bfloat16* out = nullptr;          // [T, H]
   int64_t num_tokens = 0;                // T
@@ -75,8 +75,12 @@ struct PagedDecodeParams {
   int64_t block_size = 0;      // tokens per KV block
   int64_t num_blocks = 0;      // blocks in the pool (for the device range check)
   int64_t max_blocks_per_seq = 0;
-  int64_t max_seq_len = 0;     // host-known bound on seq_lens: sizes the split grid
-  float scale = 0.0f;          // softmax scale, usually 1/sqrt(D)
+  int64_t max_seq_len = 0;  // host-known bound on seq_lens: sizes the split grid
+  float scale = 0.0f;       // softmax scale, usually 1/sqrt(D)
+  // Tensor cores (attention_decode_mma_kernel.cuh: the G query heads as 16 mma rows, P rounded
+  // to bf16 for the P.V product). Off by default until it has been measured on a GPU; the
+  // CUDA-core kernel measured at 0.02 to 0.08 of its bytes floor (bench/RESULTS.md).
+  bool tensor_cores = false;
 };
 
 // Tokens per split the launcher will use (a multiple of 32, at most 512) and the split count.
@@ -95,9 +99,9 @@ int64_t paged_decode_workspace_size(const PagedDecodeParams& params);
 void paged_decode_attention(const PagedDecodeParams& params, cudaStream_t stream);
 
 struct PrefillParams {
-  const __nv_bfloat16* q = nullptr;  // [T, Nq, D] all sequences' new tokens, concatenated
-  const __nv_bfloat16* k = nullptr;  // [T, Nkv, D]
-  const __nv_bfloat16* v = nullptr;  // [T, Nkv, D]
+  const __nv_bfloat16* q = nullptr;     // [T, Nq, D] all sequences' new tokens, concatenated
+  const __nv_bfloat16* k = nullptr;     // [T, Nkv, D]
+  const __nv_bfloat16* v = nullptr;     // [T, Nkv, D]
   const int32_t* cu_seqlens = nullptr;  // [B + 1] device, token offsets of the sequences
   __nv_bfloat16* out = nullptr;         // [T, Nq, D]
   int64_t num_tokens = 0;               // T

@@ -45,8 +45,7 @@ __device__ __forceinline__ int64_t kv_row(const PagedDecodeParams& p, int b, int
                           token / static_cast<int>(p.block_size));
   MOE_DEVICE_CHECK(block >= 0 && block < p.num_blocks);
   const int slot = token % static_cast<int>(p.block_size);
-  return ((static_cast<int64_t>(block) * p.block_size + slot) * p.num_kv_heads + kvh) *
-         p.head_dim;
+  return ((static_cast<int64_t>(block) * p.block_size + slot) * p.num_kv_heads + kvh) * p.head_dim;
 }
 
 }  // namespace attn
@@ -57,17 +56,17 @@ template <int D>
 __global__ void __launch_bounds__(attn::kDecodeThreads)
     paged_decode_kernel(const __grid_constant__ PagedDecodeParams p, int chunk, int num_splits) {
   using namespace attn;
-  constexpr int kLanes = D / 8;                        // lanes per key row
+  constexpr int kLanes = D / 8;  // lanes per key row
   constexpr int kRowsPerPass = kDecodeThreads / kLanes;
   constexpr int kDimThreads = D < kDecodeThreads ? D : kDecodeThreads;
-  constexpr int kDimsPerThread = D / kDimThreads;       // 1 or 2
+  constexpr int kDimsPerThread = D / kDimThreads;            // 1 or 2
   constexpr int kHeadStride = kDecodeThreads / kDimThreads;  // heads apart per thread: 1 or 2
   constexpr int kHeadsPerThread = (kMaxG + kHeadStride - 1) / kHeadStride;
 
   extern __shared__ __align__(16) uint8_t smem[];
   const int G = static_cast<int>(p.num_q_heads / p.num_kv_heads);
-  float* s_score = reinterpret_cast<float*>(smem);  // [G, chunk]
-  float* s_q = s_score + G * chunk;                 // [G, D], pre-scaled
+  float* s_score = reinterpret_cast<float*>(smem);                     // [G, chunk]
+  float* s_q = s_score + G * chunk;                                    // [G, D], pre-scaled
   __nv_bfloat16* s_v = reinterpret_cast<__nv_bfloat16*>(s_q + G * D);  // [kDecodeVTile, D]
   __shared__ float s_max[kMaxG], s_sum[kMaxG];
 

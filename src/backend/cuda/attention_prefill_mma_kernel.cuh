@@ -134,8 +134,8 @@ __global__ void __launch_bounds__(attn::kMmaThreads)
 #pragma unroll
       for (int j = 0; j < kNT; j += 2) {
         uint32_t bk[4];
-        ldmatrix_x4(bk, sk + offset(j * 8 + ((lane >> 4) << 3) + (lane & 7),
-                                    kk * 2 + ((lane >> 3) & 1)));
+        ldmatrix_x4(
+            bk, sk + offset(j * 8 + ((lane >> 4) << 3) + (lane & 7), kk * 2 + ((lane >> 3) & 1)));
         mma_bf16(s[j], qf[kk], bk[0], bk[1]);
         mma_bf16(s[j + 1], qf[kk], bk[2], bk[3]);
       }
@@ -195,8 +195,8 @@ __global__ void __launch_bounds__(attn::kMmaThreads)
 #pragma unroll
       for (int j = 0; j < kDT; j += 2) {
         uint32_t bv[4];
-        ldmatrix_x4_trans(bv, sv + offset(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
-                                          j + (lane >> 4)));
+        ldmatrix_x4_trans(
+            bv, sv + offset(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, j + (lane >> 4)));
         mma_bf16(o[j], a, bv[0], bv[1]);
         mma_bf16(o[j + 1], a, bv[2], bv[3]);
       }

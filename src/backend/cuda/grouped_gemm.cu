@@ -31,8 +31,8 @@ using Rows128Wide = gemm::TileConfig<128, G ? 128 : 256, 2, 4, 3, G>;
 
 template <class Cfg>
 void launch(const GroupedGemmParams& p, cudaStream_t stream) {
-  MOE_CHECK(p.n % Cfg::BN == 0, "n = ", p.n, " must be a multiple of ", Cfg::BN,
-            " for the ", Cfg::BM, "-row tile");
+  MOE_CHECK(p.n % Cfg::BN == 0, "n = ", p.n, " must be a multiple of ", Cfg::BN, " for the ",
+            Cfg::BM, "-row tile");
   static const bool attribute_set = [] {
     CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_kernel<Cfg>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
@@ -102,8 +102,8 @@ void grouped_gemm(const GroupedGemmParams& p, cudaStream_t stream) {
   MOE_CHECK(p.k > 0 && p.k % gemm::kBK == 0, "k = ", p.k, " must be a positive multiple of ",
             gemm::kBK);
   MOE_CHECK(p.n > 0 && p.n % 32 == 0, "n = ", p.n, " must be a positive multiple of 32");
-  MOE_CHECK(p.epilogue == GemmEpilogue::kNone || p.epilogue == GemmEpilogue::kSiluMul,
-            "epilogue ", static_cast<int>(p.epilogue), " is not kNone or kSiluMul");
+  MOE_CHECK(p.epilogue == GemmEpilogue::kNone || p.epilogue == GemmEpilogue::kSiluMul, "epilogue ",
+            static_cast<int>(p.epilogue), " is not kNone or kSiluMul");
   const int64_t weight_rows = p.epilogue == GemmEpilogue::kSiluMul ? 2 * p.n : p.n;
   detail::check_int32_range(p.num_rows * std::max(p.k, p.n), "num_rows * max(k, n)");
   detail::check_int32_range(weight_rows * p.k, "weight rows * k of one expert");
@@ -119,9 +119,9 @@ void grouped_gemm(const GroupedGemmParams& p, cudaStream_t stream) {
     MOE_CHECK(p.top_k >= 1 && p.num_rows % p.top_k == 0, "top_k = ", p.top_k,
               " must be positive and divide num_rows = ", p.num_rows, " when gathering");
   }
-  const GemmTile tile =
-      p.tile == GemmTile::kAuto ? grouped_gemm_auto_tile(p.num_rows, p.num_experts, p.n, p.epilogue)
-                                : p.tile;
+  const GemmTile tile = p.tile == GemmTile::kAuto
+                            ? grouped_gemm_auto_tile(p.num_rows, p.num_experts, p.n, p.epilogue)
+                            : p.tile;
   if (p.epilogue == GemmEpilogue::kSiluMul) {
     dispatch_tile<true>(tile, p, stream);
   } else {

@@ -22,8 +22,8 @@
 // float32 accumulators of the same output column (SiLU(x) = x / (1 + exp(-x))).
 //
 // Requirements (the launcher names the offending value): Kd a positive multiple of 64, N a
-// positive multiple of 32 (64 and 128 for the larger tiles, see grouped_gemm.cu), all three matrices
-// 16-byte aligned (cp.async moves 16-byte chunks), M < 2^31.
+// positive multiple of 32 (64 and 128 for the larger tiles, see grouped_gemm.cu), all three
+// matrices 16-byte aligned (cp.async moves 16-byte chunks), M < 2^31.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -42,14 +42,14 @@ enum class GemmEpilogue : int32_t { kNone, kSiluMul };
 enum class GemmTile : int32_t { kAuto, kRows16, kRows64, kRows128, kRows128Wide };
 
 struct GroupedGemmParams {
-  const __nv_bfloat16* rows = nullptr;     // [M, Kd]
-  const __nv_bfloat16* weights = nullptr;  // [E, Nw, Kd]
-  const int32_t* expert_offsets = nullptr; // [E + 1] device
-  __nv_bfloat16* out = nullptr;            // [M, N]
-  int64_t num_rows = 0;                    // M = T*K, the grid's worst case
-  int64_t num_experts = 0;                 // E
-  int64_t n = 0;                           // N output columns
-  int64_t k = 0;                           // Kd
+  const __nv_bfloat16* rows = nullptr;      // [M, Kd]
+  const __nv_bfloat16* weights = nullptr;   // [E, Nw, Kd]
+  const int32_t* expert_offsets = nullptr;  // [E + 1] device
+  __nv_bfloat16* out = nullptr;             // [M, N]
+  int64_t num_rows = 0;                     // M = T*K, the grid's worst case
+  int64_t num_experts = 0;                  // E
+  int64_t n = 0;                            // N output columns
+  int64_t k = 0;                            // Kd
   GemmEpilogue epilogue = GemmEpilogue::kNone;
   GemmTile tile = GemmTile::kAuto;
   // Optional gather (dispatch fused into the A-tile load): row r of the operand is
@@ -72,18 +72,18 @@ GemmTile grouped_gemm_auto_tile(int64_t num_rows, int64_t num_experts, int64_t n
                                 GemmEpilogue epilogue);
 
 struct MoeExpertsParams {
-  const __nv_bfloat16* rows = nullptr;     // [M, H] expert-ordered, or [T, H] with src_row
-  const __nv_bfloat16* gate_up = nullptr;  // [E, 2I, H]
-  const __nv_bfloat16* down = nullptr;     // [E, H, I]
-  const int32_t* expert_offsets = nullptr; // [E + 1] device
-  __nv_bfloat16* activation = nullptr;     // [M, I] workspace
-  __nv_bfloat16* out = nullptr;            // [M, H]
-  int64_t num_rows = 0;                    // M
-  int64_t num_experts = 0;                 // E
-  int64_t hidden_size = 0;                 // H
-  int64_t expert_width = 0;                // I
-  const int32_t* src_row = nullptr;        // [M] optional: gather rows[src_row[r] / top_k]
-  int64_t top_k = 1;                       // K, with src_row
+  const __nv_bfloat16* rows = nullptr;      // [M, H] expert-ordered, or [T, H] with src_row
+  const __nv_bfloat16* gate_up = nullptr;   // [E, 2I, H]
+  const __nv_bfloat16* down = nullptr;      // [E, H, I]
+  const int32_t* expert_offsets = nullptr;  // [E + 1] device
+  __nv_bfloat16* activation = nullptr;      // [M, I] workspace
+  __nv_bfloat16* out = nullptr;             // [M, H]
+  int64_t num_rows = 0;                     // M
+  int64_t num_experts = 0;                  // E
+  int64_t hidden_size = 0;                  // H
+  int64_t expert_width = 0;                 // I
+  const int32_t* src_row = nullptr;         // [M] optional: gather rows[src_row[r] / top_k]
+  int64_t top_k = 1;                        // K, with src_row
 };
 
 // The experts stage: activation = SiLU(rows . gate^T) * (rows . up^T), out = activation . down^T,

@@ -70,8 +70,7 @@ __device__ __forceinline__ uint32_t swizzle(int row, int chunk) {
 
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
   const int bytes = valid ? 16 : 0;  // 0: zero-fill, no global read
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(bytes));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
 }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
@@ -136,7 +135,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   constexpr int BM = Cfg::BM, BN = Cfg::BN, kThreads = Cfg::kThreads;
   extern __shared__ __align__(128) uint8_t gemm_smem[];
   __shared__ int s_warp[kThreads / 32];
-  __shared__ int s_tile[3];  // expert's first row of this tile, rows in this tile, expert
+  __shared__ int s_tile[3];   // expert's first row of this tile, rows in this tile, expert
   __shared__ int s_arow[BM];  // source row of each tile row in `rows`
 
   // A kernel launched after this one as a programmatic dependent may start its own prologue
@@ -217,13 +216,16 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 
   float acc[Cfg::kOps][Cfg::kMTiles][Cfg::kNTiles][4];
 #pragma unroll
-  for (int o = 0; o < Cfg::kOps; ++o)
+  for (int o = 0; o < Cfg::kOps; ++o) {
 #pragma unroll
-    for (int i = 0; i < Cfg::kMTiles; ++i)
+    for (int i = 0; i < Cfg::kMTiles; ++i) {
 #pragma unroll
-      for (int j = 0; j < Cfg::kNTiles; ++j)
+      for (int j = 0; j < Cfg::kNTiles; ++j) {
 #pragma unroll
         for (int v = 0; v < 4; ++v) acc[o][i][j][v] = 0.0f;
+      }
+    }
+  }
 
   // Prologue. The weights and offsets were written long before this kernel, so the first
   // stages of weights are requested before waiting for the previous kernel on the stream (a

@@ -28,8 +28,7 @@ void rope(const RopeParams& p, cudaStream_t stream) {
   detail::check_int32_range(p.num_tokens, "num_tokens");
   MOE_CHECK(p.head_dim > 0, "head_dim = ", p.head_dim, " must be positive");
   MOE_CHECK(p.rotary_dim >= 2 && p.rotary_dim % 2 == 0 && p.rotary_dim <= p.head_dim,
-            "rotary_dim = ", p.rotary_dim, " must be even and in [2, head_dim = ", p.head_dim,
-            "]");
+            "rotary_dim = ", p.rotary_dim, " must be even and in [2, head_dim = ", p.head_dim, "]");
   MOE_CHECK(p.num_q_heads >= 1, "num_q_heads = ", p.num_q_heads, " must be at least 1");
   MOE_CHECK(p.q_stride >= p.num_q_heads * p.head_dim, "q_stride = ", p.q_stride,
             " is shorter than num_q_heads * head_dim = ", p.num_q_heads * p.head_dim);

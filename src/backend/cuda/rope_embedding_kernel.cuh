@@ -29,7 +29,8 @@ __global__ void __launch_bounds__(kEmbeddingThreads)
   const int v = static_cast<int>(idx - token * vecs);
   const int32_t id = __ldg(p.token_ids + token);
   MOE_DEVICE_CHECK(id >= 0 && id < p.vocab_size);
-  const uint4 value = __ldg(reinterpret_cast<const uint4*>(p.table) + static_cast<int64_t>(id) * vecs + v);
+  const uint4 value =
+      __ldg(reinterpret_cast<const uint4*>(p.table) + static_cast<int64_t>(id) * vecs + v);
   reinterpret_cast<uint4*>(p.out)[idx] = value;
 }
 
@@ -42,9 +43,8 @@ __global__ void __launch_bounds__(kRopeThreads) rope_kernel(const __grid_constan
   const int64_t th = idx / half;
   const int h = static_cast<int>(th % heads);
   const int64_t t = th / heads;
-  __nv_bfloat16* head = h < p.num_q_heads
-                            ? p.q + t * p.q_stride + h * p.head_dim
-                            : p.k + t * p.k_stride + (h - p.num_q_heads) * p.head_dim;
+  __nv_bfloat16* head = h < p.num_q_heads ? p.q + t * p.q_stride + h * p.head_dim
+                                          : p.k + t * p.k_stride + (h - p.num_q_heads) * p.head_dim;
   const float angle = static_cast<float>(__ldg(p.positions + t)) * __ldg(p.inv_freq + i);
   float s, c;
   sincosf(angle, &s, &c);

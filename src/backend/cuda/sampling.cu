@@ -10,8 +10,8 @@ void sample_tokens(const SamplingParams& p, cudaStream_t stream) {
   NvtxRange range("sample");
   MOE_CHECK(p.num_rows >= 0 && p.num_rows <= 65535 * 32768LL, "num_rows = ", p.num_rows,
             " is out of range");
-  MOE_CHECK(p.vocab_size >= 1 && p.vocab_size <= (int64_t{1} << 30), "vocab_size = ",
-            p.vocab_size, " must be in [1, 2^30]");
+  MOE_CHECK(p.vocab_size >= 1 && p.vocab_size <= (int64_t{1} << 30), "vocab_size = ", p.vocab_size,
+            " must be in [1, 2^30]");
   if (p.num_rows == 0) return;
   detail::check_pointer(p.logits, "logits");
   detail::check_pointer(p.tokens, "tokens");
