@@ -115,11 +115,11 @@ summary+=("test_cuda x$repeat rc=$cuda_rc: $(grep -E '^\[  PASSED  \]|FAILED TES
 step "compute-sanitizer (small sizes)"
 if command -v compute-sanitizer >/dev/null; then
   timeout 150 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/tests/test_cuda" \
-    --gtest_filter='*T1:*T19:*T99:*Ties*:*InPlace*:CudaPipeline.*T19:CudaGroupedGemm.*T3_*:CudaPagedDecode.B3*:CudaPrefill.*Varlen*:CudaSampling.KeptSet_B99*' --gtest_brief=1 \
+    --gtest_filter='*T1:*T19:*T99:*Ties*:*InPlace*:CudaPipeline.*T19:CudaGroupedGemm.*T3_*:CudaPagedDecode.*B3*:CudaPrefill.*Varlen*:CudaSampling.KeptSet_B99*' --gtest_brief=1 \
     >"$OUT/sanitizer.log" 2>&1
   memcheck_rc=$?
   timeout 120 compute-sanitizer --tool racecheck --error-exitcode 3 "$BUILD/tests/test_cuda" \
-    --gtest_filter='CudaPlan.*T99:CudaPlan.*T989:CudaRmsNorm.*T19:CudaGroupedGemm.SiluMul_T19_*_Zipf_Rows64:CudaPagedDecode.B3*:CudaPrefill.*Varlen*:CudaSampling.KeptSet_B99*' --gtest_brief=1 >>"$OUT/sanitizer.log" 2>&1
+    --gtest_filter='CudaPlan.*T99:CudaPlan.*T989:CudaRmsNorm.*T19:CudaGroupedGemm.SiluMul_T19_*_Zipf_Rows64:CudaPagedDecode.*B3*:CudaPrefill.*Varlen*:CudaSampling.KeptSet_B99*' --gtest_brief=1 >>"$OUT/sanitizer.log" 2>&1
   racecheck_rc=$?
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Error|Hazard" "$OUT/sanitizer.log" | head -12
   summary+=("memcheck rc=$memcheck_rc racecheck rc=$racecheck_rc")
