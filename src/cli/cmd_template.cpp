@@ -44,7 +44,8 @@ void run_template(const TemplateOptions& o) {
     ChatTemplate tmpl = ChatTemplate::parse(read_text(o.template_path));
     out = tmpl.render(read_json(o.context_path));
   } else {
-    MOE_CHECK(!o.model_dir.empty(), "give --template FILE --context FILE or --model DIR --messages FILE");
+    MOE_CHECK(!o.model_dir.empty(),
+              "give --template FILE --context FILE or --model DIR --messages FILE");
     MOE_CHECK(!o.messages_path.empty(), "--model needs --messages");
     ChatConfig config = load_chat_config(o.model_dir);
     MOE_CHECK(config.chat_template.has_value(), o.model_dir, " has no chat template");

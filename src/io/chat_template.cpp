@@ -75,7 +75,8 @@ ChatConfig load_chat_config(const std::filesystem::path& model_dir) {
         for (const auto& entry : *it) {
           MOE_CHECK(entry.is_object() && entry.contains("name") && entry.contains("template"),
                     path.string(), ": chat_template list entries need name and template");
-          if (entry["name"] == "default") config.chat_template = entry["template"].get<std::string>();
+          if (entry["name"] == "default")
+            config.chat_template = entry["template"].get<std::string>();
         }
       } else {
         MOE_FAIL(path.string(), ": chat_template must be a string or a list of {name, template}");

@@ -9,11 +9,10 @@
 
 #include <filesystem>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 namespace moeinfer {
 
@@ -43,7 +42,8 @@ struct ChatConfig {
   std::string bos_token;
   std::string eos_token;
 };
-ChatConfig load_chat_config(const std::filesystem::path& model_dir);  // missing files -> empty fields
+ChatConfig load_chat_config(
+    const std::filesystem::path& model_dir);  // missing files -> empty fields
 
 // Renders messages (a JSON array of {role, content, ...}) the way transformers' apply_chat_template
 // does: keys whose value is null are dropped, reasoning fields are aliased, and the template sees

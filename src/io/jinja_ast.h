@@ -1,4 +1,5 @@
-// Syntax tree of the Jinja-subset renderer, the parser that builds it and the renderer that walks it.
+// Syntax tree of the Jinja-subset renderer, the parser that builds it and the renderer that walks
+// it.
 //
 // The parser follows jinja2's grammar and operator precedence (including its quirks: `**` is left
 // associative, `is` tests bind tighter than `not` and comparisons, `x if c` without `else` is

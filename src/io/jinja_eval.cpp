@@ -2,9 +2,9 @@
 //
 // Scopes: each loop iteration, macro call and `with` block gets a fresh frame whose parent is the
 // enclosing one, so a `set` inside a loop is gone at the next iteration (hence namespace()), while
-// `if` blocks share their parent's frame. Lookups go frame -> ... -> template -> context -> globals.
-// Errors raised without a line (JinjaError) are given the line of the expression or statement
-// being evaluated and become moeinfer::Error.
+// `if` blocks share their parent's frame. Lookups go frame -> ... -> template -> context ->
+// globals. Errors raised without a line (JinjaError) are given the line of the expression or
+// statement being evaluated and become moeinfer::Error.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -174,8 +174,10 @@ Value binary_op(const std::string& op, const Value& a, const Value& b) {
   if (op == "*") {
     if (ints) return Value::integer(a.as_int() * b.as_int());
     if (nums) return Value::number(a.as_double() * b.as_double());
-    if ((a.is_string() || a.is_sequence()) && (b.is_int() || b.is_bool())) return repeat(a, b.as_int());
-    if ((b.is_string() || b.is_sequence()) && (a.is_int() || a.is_bool())) return repeat(b, a.as_int());
+    if ((a.is_string() || a.is_sequence()) && (b.is_int() || b.is_bool()))
+      return repeat(a, b.as_int());
+    if ((b.is_string() || b.is_sequence()) && (a.is_int() || a.is_bool()))
+      return repeat(b, a.as_int());
     fail_operands("*", a, b);
   }
   if (op == "/") {
@@ -373,7 +375,8 @@ class Renderer {
       }
       case Stmt::Type::kWith: {
         auto inner = scope_frame(frame, s.undefined_names);
-        for (const auto& [target, value] : s.assignments) assign(*target, eval(*value, frame), inner);
+        for (const auto& [target, value] : s.assignments)
+          assign(*target, eval(*value, frame), inner);
         return render_body(s.body, inner, out);
       }
       case Stmt::Type::kBreak:
@@ -418,7 +421,8 @@ class Renderer {
       loop.emplace_back(Value::string("depth"), Value::integer(1));
       loop.emplace_back(Value::string("depth0"), Value::integer(0));
       if (i > 0) loop.emplace_back(Value::string("previtem"), items[static_cast<size_t>(i - 1)]);
-      if (i < n - 1) loop.emplace_back(Value::string("nextitem"), items[static_cast<size_t>(i + 1)]);
+      if (i < n - 1)
+        loop.emplace_back(Value::string("nextitem"), items[static_cast<size_t>(i + 1)]);
       loop.emplace_back(Value::string("cycle"), Value::callable("cycle", [i](CallArgs& a) {
                           if (a.args.empty()) fail("no items for cycling given");
                           return a.args[static_cast<size_t>(i) % a.args.size()];
@@ -438,8 +442,8 @@ class Renderer {
         frame->vars[target.name] = v;
         return;
       case Expr::Type::kTuple: {
-        if (v.is_none() || v.is_number()) fail(std::string("cannot unpack non-iterable ") +
-                                               v.type_name() + " object");
+        if (v.is_none() || v.is_number())
+          fail(std::string("cannot unpack non-iterable ") + v.type_name() + " object");
         ValueList items = v.iterate();
         if (items.size() < target.args.size()) {
           fail("not enough values to unpack (expected " + std::to_string(target.args.size()) +
@@ -455,8 +459,10 @@ class Renderer {
         const Value* ns = frame->lookup(target.args[0]->name);
         if (!ns || !ns->is_namespace()) fail("cannot assign attribute on non-namespace object");
         if (!target.name.empty() && target.name[0] == '_') {
-          fail("chat templates cannot store underscore-prefixed attributes on a namespace, but got '" +
-               target.name + "'");
+          fail(
+              "chat templates cannot store underscore-prefixed attributes on a namespace, but got "
+              "'" +
+              target.name + "'");
         }
         ValueDict& entries = ns->namespace_entries();
         for (auto& [k, old] : entries) {
@@ -497,7 +503,8 @@ class Renderer {
         bool matched = false;
         for (size_t i = 0; i < n; ++i) {
           if (s.params[i].name == key) {
-            if (bound[i]) fail("macro '" + name + "' got multiple values for argument '" + key + "'");
+            if (bound[i])
+              fail("macro '" + name + "' got multiple values for argument '" + key + "'");
             f->vars[key] = v;
             bound[i] = true;
             matched = true;
@@ -751,7 +758,8 @@ class Renderer {
           int64_t n = static_cast<int64_t>(chars.size());
           int64_t i = key.as_int();
           if (i < 0) i += n;
-          if (i >= 0 && i < n) return Value::string(utf8_encode(chars.substr(static_cast<size_t>(i), 1)));
+          if (i >= 0 && i < n)
+            return Value::string(utf8_encode(chars.substr(static_cast<size_t>(i), 1)));
           return Value::undefined(key.str(), "str object");
         }
         break;
@@ -770,10 +778,12 @@ class Renderer {
     size_t start = 0;
     while (true) {
       size_t dot = p.find('.', start);
-      std::string part = p.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+      std::string part =
+          p.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
       bool digits = !part.empty() && std::all_of(part.begin(), part.end(),
                                                  [](char c) { return c >= '0' && c <= '9'; });
-      cur = digits ? getitem(cur, Value::integer(std::stoll(part))) : getitem(cur, Value::string(part));
+      cur = digits ? getitem(cur, Value::integer(std::stoll(part)))
+                   : getitem(cur, Value::string(part));
       if (dot == std::string::npos) break;
       start = dot + 1;
     }
@@ -813,9 +823,11 @@ class Renderer {
     if (name == "copy") {
       return Value::callable("copy", [obj](CallArgs&) { return Value::dict(obj.entries()); });
     }
+    // The immutable sandbox hides mutating methods behind an undefined value that fails when
+    // called (and prints as '').
     if (name == "clear" || name == "pop" || name == "popitem" || name == "setdefault" ||
         name == "update") {
-      fail("access to attribute '" + name + "' of 'dict' object is unsafe.");
+      return Value::undefined(name, "dict object (unsafe attribute)");
     }
     return std::nullopt;
   }
@@ -842,17 +854,17 @@ class Renderer {
     if (name == "append" || name == "clear" || name == "extend" || name == "insert" ||
         name == "pop" || name == "remove" || name == "reverse" || name == "sort" ||
         name == "copy") {
-      if (name == "copy") return Value::callable("copy", [obj](CallArgs&) { return Value::list(obj.items()); });
-      fail("access to attribute '" + name + "' of '" + obj.type_name() + "' object is unsafe.");
+      if (name == "copy")
+        return Value::callable("copy", [obj](CallArgs&) { return Value::list(obj.items()); });
+      return Value::undefined(name, std::string(obj.type_name()) + " object (unsafe attribute)");
     }
     return std::nullopt;
   }
 
   std::optional<Value> string_method(const Value& obj, const std::string& name) {
     if (!is_string_method(name)) return std::nullopt;
-    return Value::callable(name, [obj, name](CallArgs& a) {
-      return call_string_method(obj.as_string(), name, a);
-    });
+    return Value::callable(
+        name, [obj, name](CallArgs& a) { return call_string_method(obj.as_string(), name, a); });
   }
 
   void install_globals() {
@@ -887,8 +899,10 @@ class Renderer {
       auto put = [&](const Value& k, const Value& v) {
         std::string key = k.str();
         if (!key.empty() && key[0] == '_') {
-          fail("chat templates cannot store underscore-prefixed attributes on a namespace, but "
-               "got '" + key + "'");
+          fail(
+              "chat templates cannot store underscore-prefixed attributes on a namespace, but "
+              "got '" +
+              key + "'");
         }
         for (auto& [ek, ev] : entries) {
           if (ek.as_string() == key) {
@@ -1143,9 +1157,10 @@ const std::map<std::string, FilterFn, std::less<>>& filter_table() {
     };
     t["indent"] = [](Renderer&, const Value& v, const CallArgs& a) {
       Params p(a, {"width", "first", "blank"}, "indent");
-      std::string pad = p.has(0) && p.get(0).is_string()
-                            ? p.get(0).as_string()
-                            : std::string(static_cast<size_t>(std::max<int64_t>(p.integer(0, 4), 0)), ' ');
+      std::string pad =
+          p.has(0) && p.get(0).is_string()
+              ? p.get(0).as_string()
+              : std::string(static_cast<size_t>(std::max<int64_t>(p.integer(0, 4), 0)), ' ');
       std::string s = need_string(v, "indent") + "\n";
       std::vector<std::string> lines = py_str_splitlines(s);
       std::string out;
@@ -1168,7 +1183,8 @@ const std::map<std::string, FilterFn, std::less<>>& filter_table() {
     t["items"] = [](Renderer&, const Value& v, const CallArgs& a) {
       Params p(a, {}, "items");
       if (v.is_undefined()) return Value::iterator({});
-      if (!v.is_dict()) fail(std::string("can only get item pairs from a mapping, not ") + v.type_name());
+      if (!v.is_dict())
+        fail(std::string("can only get item pairs from a mapping, not ") + v.type_name());
       ValueList out;
       for (const auto& [k, e] : v.entries()) out.push_back(Value::tuple({k, e}));
       return Value::iterator(std::move(out));
@@ -1363,8 +1379,10 @@ const std::map<std::string, FilterFn, std::less<>>& filter_table() {
       bool cs = p.flag(0, false);
       ValueList out, seen;
       for (const auto& item : seq_of(v)) {
-        Value k = fold_case(p.has(1) && !p.get(1).is_none() ? r.get_path(item, p.get(1)) : item, cs);
-        bool dup = std::any_of(seen.begin(), seen.end(), [&](const Value& s) { return equals(s, k); });
+        Value k =
+            fold_case(p.has(1) && !p.get(1).is_none() ? r.get_path(item, p.get(1)) : item, cs);
+        bool dup =
+            std::any_of(seen.begin(), seen.end(), [&](const Value& s) { return equals(s, k); });
         if (!dup) {
           seen.push_back(k);
           out.push_back(item);
@@ -1426,8 +1444,10 @@ const std::map<std::string, TestFn, std::less<>>& test_table() {
     // Undefined has __call__ (it raises), so Python's callable() says True.
     t["callable"] = simple([](const Value& v) { return v.is_callable() || v.is_undefined(); });
     t["escaped"] = simple([](const Value&) { return false; });
-    t["lower"] = simple([](const Value& v) { return v.is_string() && py_str_is(v.as_string(), 'l'); });
-    t["upper"] = simple([](const Value& v) { return v.is_string() && py_str_is(v.as_string(), 'u'); });
+    t["lower"] =
+        simple([](const Value& v) { return v.is_string() && py_str_is(v.as_string(), 'l'); });
+    t["upper"] =
+        simple([](const Value& v) { return v.is_string() && py_str_is(v.as_string(), 'u'); });
     // value % 2 == 1, with Python's % (floats allowed, strings are %-formatting and fail).
     auto mod_is = [](const Value& v, const Value& d, int64_t want) {
       if (v.is_string()) fail("not all arguments converted during string formatting");
@@ -1435,7 +1455,8 @@ const std::map<std::string, TestFn, std::less<>>& test_table() {
     };
     t["odd"] = simple([mod_is](const Value& v) { return mod_is(v, Value::integer(2), 1); });
     t["even"] = simple([mod_is](const Value& v) { return mod_is(v, Value::integer(2), 0); });
-    t["divisibleby"] = with_arg([mod_is](const Value& v, const Value& n) { return mod_is(v, n, 0); });
+    t["divisibleby"] =
+        with_arg([mod_is](const Value& v, const Value& n) { return mod_is(v, n, 0); });
     t["eq"] = with_arg([](const Value& v, const Value& o) { return equals(v, o); });
     t["equalto"] = t["eq"];
     t["=="] = t["eq"];
@@ -1453,12 +1474,10 @@ const std::map<std::string, TestFn, std::less<>>& test_table() {
     t[">="] = t["ge"];
     t["in"] = with_arg([](const Value& v, const Value& seq) { return contains(seq, v); });
     t["sameas"] = with_arg([](const Value& v, const Value& o) { return identical(v, o); });
-    t["filter"] = simple([](const Value& v) {
-      return v.is_string() && filter_table().count(v.as_string()) > 0;
-    });
-    t["test"] = simple([](const Value& v) {
-      return v.is_string() && test_table().count(v.as_string()) > 0;
-    });
+    t["filter"] = simple(
+        [](const Value& v) { return v.is_string() && filter_table().count(v.as_string()) > 0; });
+    t["test"] = simple(
+        [](const Value& v) { return v.is_string() && test_table().count(v.as_string()) > 0; });
     return t;
   }();
   return table;

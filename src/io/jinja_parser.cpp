@@ -2,7 +2,8 @@
 //
 // The lexer cuts the source into data and tag tokens the way jinja2's lexer does with
 // trim_blocks=True and lstrip_blocks=True (the settings transformers renders chat templates with),
-// so whitespace comes out byte-identical. The parser mirrors jinja2's parse_* functions one for one.
+// so whitespace comes out byte-identical. The parser mirrors jinja2's parse_* functions one for
+// one.
 #include <algorithm>
 #include <cstdlib>
 #include <map>
@@ -15,8 +16,19 @@ namespace moeinfer::jinja {
 namespace {
 
 struct Token {
-  enum class Type { kData, kVarBegin, kVarEnd, kBlockBegin, kBlockEnd, kName, kString, kInt,
-                    kFloat, kOp, kEof };
+  enum class Type {
+    kData,
+    kVarBegin,
+    kVarEnd,
+    kBlockBegin,
+    kBlockEnd,
+    kName,
+    kString,
+    kInt,
+    kFloat,
+    kOp,
+    kEof
+  };
   Type type;
   std::string text;
   int64_t ival = 0;
@@ -59,8 +71,8 @@ class Lexer {
         break;
       }
       char kind = src_[t + 1];
-      char sign = (t + 2 < src_.size() && (src_[t + 2] == '-' || src_[t + 2] == '+')) ? src_[t + 2]
-                                                                                      : 0;
+      char sign =
+          (t + 2 < src_.size() && (src_[t + 2] == '-' || src_[t + 2] == '+')) ? src_[t + 2] : 0;
       std::string text = src_.substr(pos_, t - pos_);
       int text_line = line_at(pos_);
       if (sign == '-') {
@@ -217,8 +229,8 @@ class Lexer {
 
   bool lex_tag(char kind, size_t t, size_t p) {
     int line = line_at(t);
-    tokens_.push_back(Token{kind == '{' ? Token::Type::kVarBegin : Token::Type::kBlockBegin, "",
-                            0, 0, line});
+    tokens_.push_back(
+        Token{kind == '{' ? Token::Type::kVarBegin : Token::Type::kBlockBegin, "", 0, 0, line});
     std::vector<char> brackets;  // an end delimiter inside open brackets is not the tag's end
     while (true) {
       while (p < src_.size() && is_ws(src_[p])) ++p;
@@ -226,8 +238,8 @@ class Lexer {
       if (brackets.empty() && at_end(p, kind)) {
         int end_line = line_at(p);
         bool ls = consume_end(p, kind, true);
-        tokens_.push_back(Token{kind == '{' ? Token::Type::kVarEnd : Token::Type::kBlockEnd, "",
-                                0, 0, end_line});
+        tokens_.push_back(
+            Token{kind == '{' ? Token::Type::kVarEnd : Token::Type::kBlockEnd, "", 0, 0, end_line});
         pos_ = p;
         return ls;
       }
@@ -275,8 +287,8 @@ class Lexer {
         int base = base_c == 'x' ? 16 : (base_c == 'o' ? 8 : 2);
         size_t q = p + 2;
         std::string digits;
-        while (q < src_.size() && (std::isxdigit(static_cast<unsigned char>(src_[q])) ||
-                                   src_[q] == '_')) {
+        while (q < src_.size() &&
+               (std::isxdigit(static_cast<unsigned char>(src_[q])) || src_[q] == '_')) {
           if (src_[q] != '_') digits += src_[q];
           ++q;
         }
@@ -332,14 +344,14 @@ class Lexer {
         ++q;
       }
       if (q >= src_.size()) syntax_error(line, "unterminated string");
-      tokens_.push_back(Token{Token::Type::kString, unescape(src_.substr(p + 1, q - p - 1)), 0, 0,
-                              line});
+      tokens_.push_back(
+          Token{Token::Type::kString, unescape(src_.substr(p + 1, q - p - 1)), 0, 0, line});
       p = q + 1;
       return;
     }
-    static const char* kOps[] = {"//", "**", "==", "!=", ">=", "<=", "+", "-", "/", "*", "%",
-                                 "~",  "[",  "]",  "(",  ")",  "{",  "}", ">", "<", "=", ".",
-                                 ":",  "|",  ",",  ";"};
+    static const char* kOps[] = {"//", "**", "==", "!=", ">=", "<=", "+", "-", "/",
+                                 "*",  "%",  "~",  "[",  "]",  "(",  ")", "{", "}",
+                                 ">",  "<",  "=",  ".",  ":",  "|",  ",", ";"};
     for (const char* op : kOps) {
       size_t n = std::char_traits<char>::length(op);
       if (src_.compare(p, n, op) == 0) {
@@ -452,9 +464,7 @@ class Parser {
   const Token& cur() const { return toks_[pos_]; }
   const Token& peek(size_t n = 1) const { return toks_[std::min(pos_ + n, toks_.size() - 1)]; }
   Token next() { return toks_[pos_ < toks_.size() - 1 ? pos_++ : pos_]; }
-  bool is_op(const char* op) const {
-    return cur().type == Token::Type::kOp && cur().text == op;
-  }
+  bool is_op(const char* op) const { return cur().type == Token::Type::kOp && cur().text == op; }
   bool is_name(const char* name) const {
     return cur().type == Token::Type::kName && cur().text == name;
   }
@@ -486,8 +496,8 @@ class Parser {
   }
   [[noreturn]] void unexpected() { syntax_error(cur().line, "unexpected " + describe(cur())); }
   void expect_op(const char* op) {
-    if (!skip_op(op)) syntax_error(cur().line, std::string("expected '") + op + "', got " +
-                                                   describe(cur()));
+    if (!skip_op(op))
+      syntax_error(cur().line, std::string("expected '") + op + "', got " + describe(cur()));
   }
   std::string expect_name() {
     if (cur().type != Token::Type::kName) {
@@ -794,8 +804,8 @@ class Parser {
     if (t.type == Token::Type::kOp && (t.text == ")" || t.text == "]" || t.text == "}")) {
       return true;
     }
-    return t.type == Token::Type::kName && (t.text == "in" || t.text == "if" ||
-                                            t.text == "recursive");
+    return t.type == Token::Type::kName &&
+           (t.text == "in" || t.text == "if" || t.text == "recursive");
   }
 
   ExprPtr parse_expression(bool with_condexpr) {
@@ -858,9 +868,8 @@ class Parser {
     while (true) {
       std::string op;
       const Token& t = cur();
-      if (t.type == Token::Type::kOp &&
-          (t.text == "==" || t.text == "!=" || t.text == "<" || t.text == ">" || t.text == "<=" ||
-           t.text == ">=")) {
+      if (t.type == Token::Type::kOp && (t.text == "==" || t.text == "!=" || t.text == "<" ||
+                                         t.text == ">" || t.text == "<=" || t.text == ">=")) {
         op = t.text;
         ++pos_;
       } else if (is_name("in")) {
@@ -1195,8 +1204,9 @@ void check_names(const Body& body, bool soft);
 void check_names(const Expr* e, bool soft) {
   if (!e) return;
   if (e->unknown && !soft) {
-    syntax_error(e->line, std::string("no ") + (e->type == Expr::Type::kFilter ? "filter" : "test") +
-                              " named '" + e->name + "'");
+    syntax_error(e->line, std::string("no ") +
+                              (e->type == Expr::Type::kFilter ? "filter" : "test") + " named '" +
+                              e->name + "'");
   }
   bool inner_soft = soft || e->type == Expr::Type::kCond;
   for (const auto& a : e->args) check_names(a.get(), inner_soft);

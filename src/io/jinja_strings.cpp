@@ -68,7 +68,8 @@ std::vector<std::string> split_sep(const std::string& s, const std::string& sep,
   return out;
 }
 
-std::vector<std::string> rsplit_sep(const std::string& s, const std::string& sep, int64_t maxsplit) {
+std::vector<std::string> rsplit_sep(const std::string& s, const std::string& sep,
+                                    int64_t maxsplit) {
   if (sep.empty()) fail("empty separator");
   std::vector<std::string> out;
   size_t end = s.size();
@@ -120,7 +121,8 @@ const std::string& str_arg(const Value& v, const char* method) {
 }
 
 std::optional<std::string> opt_chars(const CallArgs& a, const char* method) {
-  if (a.args.size() > 1 || !a.kwargs.empty()) fail(std::string(method) + "() takes at most 1 argument");
+  if (a.args.size() > 1 || !a.kwargs.empty())
+    fail(std::string(method) + "() takes at most 1 argument");
   if (a.args.empty() || a.args[0].is_none()) return std::nullopt;
   return str_arg(a.args[0], method);
 }
@@ -162,7 +164,8 @@ std::string py_str_format(const std::string& fmt, const CallArgs& a) {
       if (field.empty()) {
         if (auto_index >= a.args.size()) fail("Replacement index out of range for positional args");
         v = a.args[auto_index++];
-      } else if (std::all_of(field.begin(), field.end(), [](char d) { return d >= '0' && d <= '9'; })) {
+      } else if (std::all_of(field.begin(), field.end(),
+                             [](char d) { return d >= '0' && d <= '9'; })) {
         size_t idx = std::stoul(field);
         if (idx >= a.args.size()) fail("Replacement index out of range for positional args");
         v = a.args[idx];
@@ -449,14 +452,16 @@ std::string percent_format(const std::string& fmt, const Value& args) {
       i = close + 1;
     }
     std::string flags;
-    while (i < fmt.size() && std::string("-+ #0").find(fmt[i]) != std::string::npos) flags += fmt[i++];
+    while (i < fmt.size() && std::string("-+ #0").find(fmt[i]) != std::string::npos)
+      flags += fmt[i++];
     std::string width;
     while (i < fmt.size() && std::isdigit(static_cast<unsigned char>(fmt[i]))) width += fmt[i++];
     std::string precision;
     if (i < fmt.size() && fmt[i] == '.') {
       precision = ".";
       ++i;
-      while (i < fmt.size() && std::isdigit(static_cast<unsigned char>(fmt[i]))) precision += fmt[i++];
+      while (i < fmt.size() && std::isdigit(static_cast<unsigned char>(fmt[i])))
+        precision += fmt[i++];
     }
     if (i >= fmt.size()) fail("incomplete format");
     char type = fmt[i];
@@ -487,7 +492,8 @@ std::string percent_format(const std::string& fmt, const Value& args) {
       case 'd':
       case 'i':
       case 'u': {
-        if (!v.is_number()) fail(std::string("%d format: a real number is required, not ") + v.type_name());
+        if (!v.is_number())
+          fail(std::string("%d format: a real number is required, not ") + v.type_name());
         long long n = v.is_float() ? static_cast<long long>(std::trunc(v.as_double())) : v.as_int();
         std::snprintf(buf, sizeof(buf), (spec + "lld").c_str(), n);
         piece = buf;
@@ -515,7 +521,8 @@ std::string percent_format(const std::string& fmt, const Value& args) {
         break;
       }
       case 'c':
-        piece = v.is_int() ? utf8_encode(std::u32string(1, static_cast<char32_t>(v.as_int()))) : v.str();
+        piece = v.is_int() ? utf8_encode(std::u32string(1, static_cast<char32_t>(v.as_int())))
+                           : v.str();
         break;
       default:
         fail(std::string("unsupported format character '") + type + "'");
@@ -530,11 +537,13 @@ std::string percent_format(const std::string& fmt, const Value& args) {
 
 bool is_string_method(const std::string& name) {
   static const char* kNames[] = {
-      "strip", "lstrip", "rstrip", "split", "rsplit", "splitlines", "startswith", "endswith",
-      "upper", "lower", "title", "capitalize", "swapcase", "casefold", "replace", "find", "rfind",
-      "index", "rindex", "count", "join", "isdigit", "isdecimal", "isnumeric", "isalpha",
-      "isalnum", "isspace", "islower", "isupper", "istitle", "center", "ljust", "rjust", "zfill",
-      "partition", "rpartition", "removeprefix", "removesuffix", "format"};
+      "strip",        "lstrip",       "rstrip",  "split",   "rsplit",    "splitlines",
+      "startswith",   "endswith",     "upper",   "lower",   "title",     "capitalize",
+      "swapcase",     "casefold",     "replace", "find",    "rfind",     "index",
+      "rindex",       "count",        "join",    "isdigit", "isdecimal", "isnumeric",
+      "isalpha",      "isalnum",      "isspace", "islower", "isupper",   "istitle",
+      "center",       "ljust",        "rjust",   "zfill",   "partition", "rpartition",
+      "removeprefix", "removesuffix", "format"};
   return std::any_of(std::begin(kNames), std::end(kNames),
                      [&](const char* n) { return name == n; });
 }
@@ -579,9 +588,9 @@ Value call_string_method(const std::string& s, const std::string& name, CallArgs
     ValueList options = a.args[0].is_list() ? a.args[0].items() : ValueList{a.args[0]};
     for (const auto& o : options) {
       const std::string& p = str_arg(o, name.c_str());
-      bool hit = name == "startswith"
-                     ? sub.compare(0, p.size(), p) == 0 && sub.size() >= p.size()
-                     : sub.size() >= p.size() && sub.compare(sub.size() - p.size(), p.size(), p) == 0;
+      bool hit = name == "startswith" ? sub.compare(0, p.size(), p) == 0 && sub.size() >= p.size()
+                                      : sub.size() >= p.size() &&
+                                            sub.compare(sub.size() - p.size(), p.size(), p) == 0;
       if (hit) return Value::boolean(true);
     }
     return Value::boolean(false);
@@ -612,20 +621,26 @@ Value call_string_method(const std::string& s, const std::string& name, CallArgs
     if (a.args.size() < 2) fail("replace() takes at least 2 arguments");
     int64_t count = a.args.size() > 2 ? int_arg(a.args[2], "replace") : -1;
     if (const Value* c = arg(99, "count")) count = int_arg(*c, "replace");
-    return Value::string(py_str_replace(s, str_arg(a.args[0], "replace"),
-                                        str_arg(a.args[1], "replace"), count));
+    return Value::string(
+        py_str_replace(s, str_arg(a.args[0], "replace"), str_arg(a.args[1], "replace"), count));
   }
   if (name == "find" || name == "rfind" || name == "index" || name == "rindex" || name == "count") {
     if (a.args.empty()) fail(name + "() takes at least 1 argument");
     const std::string& sub = str_arg(a.args[0], name.c_str());
-    size_t b = a.args.size() > 1 && !a.args[1].is_none() ? byte_offset(s, int_arg(a.args[1], name.c_str())) : 0;
-    size_t e = a.args.size() > 2 && !a.args[2].is_none() ? byte_offset(s, int_arg(a.args[2], name.c_str())) : s.size();
+    size_t b = a.args.size() > 1 && !a.args[1].is_none()
+                   ? byte_offset(s, int_arg(a.args[1], name.c_str()))
+                   : 0;
+    size_t e = a.args.size() > 2 && !a.args[2].is_none()
+                   ? byte_offset(s, int_arg(a.args[2], name.c_str()))
+                   : s.size();
     if (e < b) e = b;
     std::string window = s.substr(b, e - b);
     if (name == "count") {
       if (sub.empty()) return Value::integer(static_cast<int64_t>(u32(window).size()) + 1);
       int64_t n = 0;
-      for (size_t p = window.find(sub); p != std::string::npos; p = window.find(sub, p + sub.size())) ++n;
+      for (size_t p = window.find(sub); p != std::string::npos;
+           p = window.find(sub, p + sub.size()))
+        ++n;
       return Value::integer(n);
     }
     bool reverse = name[0] == 'r';
@@ -696,7 +711,8 @@ Value call_string_method(const std::string& s, const std::string& name, CallArgs
     if (a.args.size() != 1) fail(name + "() takes exactly one argument");
     const std::string& x = str_arg(a.args[0], name.c_str());
     if (name == "removeprefix") {
-      return Value::string(s.compare(0, x.size(), x) == 0 && s.size() >= x.size() ? s.substr(x.size()) : s);
+      return Value::string(
+          s.compare(0, x.size(), x) == 0 && s.size() >= x.size() ? s.substr(x.size()) : s);
     }
     bool ends = s.size() >= x.size() && s.compare(s.size() - x.size(), x.size(), x) == 0;
     return Value::string(ends && !x.empty() ? s.substr(0, s.size() - x.size()) : s);

@@ -17,7 +17,8 @@ std::string py_str_lower(std::string_view s);
 std::string py_str_upper(std::string_view s);
 std::string py_str_capitalize(std::string_view s);
 std::string py_str_title(std::string_view s);
-std::string jinja_title(std::string_view s);  // jinja2's `title` filter, which differs from str.title
+std::string jinja_title(
+    std::string_view s);  // jinja2's `title` filter, which differs from str.title
 // chars: nullopt strips whitespace.
 std::string py_str_strip(std::string_view s, const std::optional<std::string>& chars, bool left,
                          bool right);

@@ -1,12 +1,12 @@
 // Python-compatible behaviour of template values: truthiness, str/repr, comparison, json.dumps.
 #include "io/jinja_value.h"
 
+#include <utf8proc.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
-
-#include <utf8proc.h>
 
 namespace moeinfer::jinja {
 
@@ -138,7 +138,13 @@ std::string Value::undefined_message() const {
   static const std::string kEmpty;
   const std::string& name = s_ ? *s_ : kEmpty;
   if (list_ && !list_->empty()) {
-    return "'" + (*list_)[0].as_string() + "' has no attribute '" + name + "'";
+    const std::string& owner = (*list_)[0].as_string();
+    const std::string kUnsafe = " object (unsafe attribute)";
+    if (owner.size() > kUnsafe.size() && owner.ends_with(kUnsafe)) {
+      return "access to attribute '" + name + "' of '" +
+             owner.substr(0, owner.size() - kUnsafe.size()) + "' object is unsafe.";
+    }
+    return "'" + owner + "' has no attribute '" + name + "'";
   }
   if (name.empty()) return "value is undefined";
   return "'" + name + "' is undefined";
@@ -405,9 +411,9 @@ std::string Value::repr() const {
     case Kind::kTuple: {
       if (flavor_ == Flavor::kIterator) return "<generator object>";
       if (flavor_ != Flavor::kPlain) {
-        const char* name = flavor_ == Flavor::kDictItems ? "dict_items("
+        const char* name = flavor_ == Flavor::kDictItems  ? "dict_items("
                            : flavor_ == Flavor::kDictKeys ? "dict_keys("
-                                                           : "dict_values(";
+                                                          : "dict_values(";
         Value plain = Value::list(*list_);
         return name + plain.repr() + ")";
       }
@@ -568,7 +574,8 @@ static void json_string(std::string& out, std::string_view s, bool ensure_ascii)
         if (c < 0x20 || (ensure_ascii && c >= 0x7f)) {
           if (c >= 0x10000) {
             char32_t v = c - 0x10000;
-            std::snprintf(buf, sizeof(buf), "\\u%04x\\u%04x", 0xD800 + static_cast<unsigned>(v >> 10),
+            std::snprintf(buf, sizeof(buf), "\\u%04x\\u%04x",
+                          0xD800 + static_cast<unsigned>(v >> 10),
                           0xDC00 + static_cast<unsigned>(v & 0x3ff));
           } else {
             std::snprintf(buf, sizeof(buf), "\\u%04x", static_cast<unsigned>(c));
@@ -757,9 +764,24 @@ bool is_ascii(std::string_view s) {
 
 bool py_isspace(char32_t c) {
   switch (c) {
-    case ' ': case '\t': case '\n': case '\v': case '\f': case '\r':
-    case 0x1c: case 0x1d: case 0x1e: case 0x1f: case 0x85: case 0xa0: case 0x1680:
-    case 0x2028: case 0x2029: case 0x202f: case 0x205f: case 0x3000:
+    case ' ':
+    case '\t':
+    case '\n':
+    case '\v':
+    case '\f':
+    case '\r':
+    case 0x1c:
+    case 0x1d:
+    case 0x1e:
+    case 0x1f:
+    case 0x85:
+    case 0xa0:
+    case 0x1680:
+    case 0x2028:
+    case 0x2029:
+    case 0x202f:
+    case 0x205f:
+    case 0x3000:
       return true;
     default:
       return c >= 0x2000 && c <= 0x200a;

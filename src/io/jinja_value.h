@@ -1,24 +1,23 @@
 // Values of the Jinja-subset renderer behind ChatTemplate.
 //
-// Chat templates are written against Python's jinja2, so a value here behaves like the Python object
-// jinja2 would hold: ints are Python ints (int64 here), `/` always gives a float, strings are indexed
-// by code point, printing a list or dict gives Python's repr, and an undefined name behaves like
-// jinja2's default `Undefined` (prints as '', iterates as empty, fails on arithmetic and on attribute
-// access). Lists and dicts are immutable once built (transformers renders in an immutable sandbox),
-// so they are shared by pointer; a namespace() is the one mutable object.
+// Chat templates are written against Python's jinja2, so a value here behaves like the Python
+// object jinja2 would hold: ints are Python ints (int64 here), `/` always gives a float, strings
+// are indexed by code point, printing a list or dict gives Python's repr, and an undefined name
+// behaves like jinja2's default `Undefined` (prints as '', iterates as empty, fails on arithmetic
+// and on attribute access). Lists and dicts are immutable once built (transformers renders in an
+// immutable sandbox), so they are shared by pointer; a namespace() is the one mutable object.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace moeinfer::jinja {
 
@@ -50,8 +49,19 @@ struct Callable {
 
 class Value {
  public:
-  enum class Kind { kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kTuple, kDict,
-                    kNamespace, kCallable };
+  enum class Kind {
+    kUndefined,
+    kNone,
+    kBool,
+    kInt,
+    kFloat,
+    kString,
+    kList,
+    kTuple,
+    kDict,
+    kNamespace,
+    kCallable
+  };
 
   // What Python object a list-like value stands for, where jinja2 hands out something other than a
   // list: generators (select, map, unique, ... are lazy: always truthy, no len(), no indexing) and
@@ -107,7 +117,7 @@ class Value {
   std::string str() const;   // str(x); '' for undefined
   std::string repr() const;  // repr(x)
   const char* type_name() const;
-  int64_t length() const;  // len(x); fails when the type has none
+  int64_t length() const;     // len(x); fails when the type has none
   ValueList iterate() const;  // list(x): chars of a string, keys of a dict; fails when not iterable
 
   // Dict lookup; nullptr when absent.
@@ -128,9 +138,9 @@ class Value {
   std::shared_ptr<const Callable> fn_;
 };
 
-bool equals(const Value& a, const Value& b);         // Python ==
-bool identical(const Value& a, const Value& b);      // Python `is` (the sameas test)
-int compare(const Value& a, const Value& b);         // Python <, fails on unordered types
+bool equals(const Value& a, const Value& b);               // Python ==
+bool identical(const Value& a, const Value& b);            // Python `is` (the sameas test)
+int compare(const Value& a, const Value& b);               // Python <, fails on unordered types
 bool contains(const Value& container, const Value& item);  // Python `in`
 
 // json.dumps as transformers' tojson calls it.

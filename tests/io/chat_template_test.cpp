@@ -92,8 +92,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, JinjaParity, ::testing::ValuesIn(fixture_name
 TEST(ChatTemplate, FixturesArePresent) {
   auto names = fixture_names();
   EXPECT_GE(names.size(), 30u);
-  for (const char* family : {"chat_qwen3_style", "chat_llama3_style", "chat_mistral_style",
-                             "chat_deepseek_style"}) {
+  for (const char* family :
+       {"chat_qwen3_style", "chat_llama3_style", "chat_mistral_style", "chat_deepseek_style"}) {
     EXPECT_NE(std::find(names.begin(), names.end(), family), names.end()) << family;
   }
 }
@@ -225,11 +225,12 @@ TEST_F(ChatConfigTest, ApplyDropsNullKeysAndAliasesReasoning) {
   auto tmpl = ChatTemplate::parse(
       "{% for m in messages %}{{ m | tojson }}{{ tools is none }}{{ documents is none }}"
       "{{ bos_token is defined }}\n{% endfor %}");
-  ordered_json messages = ordered_json::parse(
-      R"([{"role": "assistant", "content": null, "reasoning": "why"}])");
-  EXPECT_EQ(apply_chat_template(tmpl, messages, false, config),
-            R"({"thinking": "why", "role": "assistant", "reasoning": "why", "reasoning_content": "why"})"
-            "TrueTrueFalse\n");
+  ordered_json messages =
+      ordered_json::parse(R"([{"role": "assistant", "content": null, "reasoning": "why"}])");
+  EXPECT_EQ(
+      apply_chat_template(tmpl, messages, false, config),
+      R"({"thinking": "why", "role": "assistant", "reasoning": "why", "reasoning_content": "why"})"
+      "TrueTrueFalse\n");
   error_of([&] { apply_chat_template(tmpl, ordered_json::array(), false, config); });
 }
 
