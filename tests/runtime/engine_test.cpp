@@ -21,7 +21,25 @@ struct Finished {
   std::vector<int32_t> tokens;
   std::string text;
   FinishReason finish = FinishReason::kNone;
+  std::vector<TokenLogprob> logprobs;
 };
+
+// Greedy runs that computed the same tokens in different batches agree token for token, except
+// where the two most likely tokens are tied to rounding: the CPU kernels sum in a different
+// order at different row counts. So: equal, or parted at a near-tie in the reference run.
+void expect_same_up_to_ties(const Finished& got, const Finished& want, const std::string& what) {
+  ASSERT_EQ(got.tokens.size(), want.tokens.size()) << what;
+  for (size_t i = 0; i < want.tokens.size(); ++i) {
+    if (got.tokens[i] == want.tokens[i]) continue;
+    ASSERT_EQ(want.logprobs.size(), want.tokens.size()) << what;
+    const auto& top = want.logprobs[i].top;
+    ASSERT_GE(top.size(), 2u);
+    EXPECT_LT(top[0].second - top[1].second, 1e-2f)
+        << what << ": greedy parted at token " << i << " without a near-tie";
+    return;
+  }
+  EXPECT_EQ(got.text, want.text) << what;
+}
 
 // Runs the engine until every request is done; results by request id.
 std::map<RequestId, Finished> run_all(Engine& engine) {
@@ -31,6 +49,7 @@ std::map<RequestId, Finished> run_all(Engine& engine) {
       Finished& f = done[out.id];
       f.tokens.insert(f.tokens.end(), out.token_ids.begin(), out.token_ids.end());
       f.text += out.text;
+      f.logprobs.insert(f.logprobs.end(), out.logprobs.begin(), out.logprobs.end());
       if (out.finished()) f.finish = out.finish;
     }
   }
@@ -48,7 +67,7 @@ class EngineTest : public testing::Test {
   }
   std::vector<int32_t> encode(const std::string& text) { return tokenizer_->encode(text, true); }
   static GenerationParams greedy(int64_t max_tokens) {
-    return {.max_tokens = max_tokens, .ignore_eos = true};
+    return {.max_tokens = max_tokens, .ignore_eos = true, .logprobs = 2};
   }
   const std::vector<std::string> prompts_ = {
       "The meaning of life is", "Q: What is a computer?\nA:", "Once upon a time there was",
@@ -72,8 +91,7 @@ TEST_F(EngineTest, BatchedGreedyEqualsOneAtATime) {
   for (const auto& p : prompts_) ids.push_back(engine->add_request(encode(p), greedy(24)));
   auto batched = run_all(*engine);
   for (size_t i = 0; i < ids.size(); ++i) {
-    EXPECT_EQ(batched[ids[i]].tokens, alone[i].tokens) << prompts_[i];
-    EXPECT_EQ(batched[ids[i]].text, alone[i].text) << prompts_[i];
+    expect_same_up_to_ties(batched[ids[i]], alone[i], prompts_[i]);
     EXPECT_EQ(batched[ids[i]].finish, FinishReason::kLength);
     EXPECT_EQ(batched[ids[i]].tokens.size(), 24u);
   }
@@ -94,7 +112,7 @@ TEST_F(EngineTest, PreemptionUnderATinyPoolGivesTheSameText) {
   auto batched = run_all(*engine);
   EXPECT_GT(engine->stats().num_preemptions, 0);
   for (size_t i = 0; i < ids.size(); ++i) {
-    EXPECT_EQ(batched[ids[i]].tokens, alone[i].tokens) << prompts_[i];
+    expect_same_up_to_ties(batched[ids[i]], alone[i], prompts_[i]);
   }
   EXPECT_EQ(engine->stats().kv.num_used, 0);
 }
