@@ -172,6 +172,16 @@ TEST(ChatTemplate, TrimAndLstripBlocksAsTransformersSetsThem) {
   EXPECT_EQ(render("x  {%- if true -%}  y  {%- endif %}", ordered_json::object()), "xy");
 }
 
+TEST(ChatTemplate, TransformersGlobals) {
+  // strftime_now reads the clock, so only its shape is checked here.
+  EXPECT_EQ(render("{{ strftime_now('%Y-%m-%d') | length }}", ordered_json::object()), "10");
+  EXPECT_EQ(render("{% set ns = namespace(n=1) %}{% set ns.n = ns.n + 1 %}{{ ns.n }}"
+                   "{{ dict(a=1) }}{% generation %}g{% endgeneration %}",
+                   ordered_json::object()),
+            "2{'a': 1}g");
+  error_of([] { render("{% set ns = namespace(_hidden=1) %}", ordered_json::object()); });
+}
+
 class ChatConfigTest : public ::testing::Test {
  protected:
   void SetUp() override {
