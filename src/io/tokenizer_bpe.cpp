@@ -47,6 +47,8 @@ BpeModel::BpeModel(const Json& j) {
   int64_t max_id = -1;
   vocab_.reserve(j["vocab"].size());
   for (const auto& [token, id_json] : j["vocab"].items()) {
+    MOE_CHECK(id_json.is_number_integer(), "BPE vocab id of token '", token,
+              "' is not an integer");
     const int64_t id = id_json.get<int64_t>();
     MOE_CHECK(id >= 0 && id < (int64_t{1} << 22), "BPE vocab id ", id, " of token '", token,
               "' is out of range");

@@ -612,8 +612,14 @@ std::unique_ptr<PostProcessor> parse_template(const Json& j) {
   std::unordered_map<std::string, std::vector<int32_t>> special_ids;
   if (auto it = j.find("special_tokens"); it != j.end() && it->is_object()) {
     for (const auto& [name, entry] : it->items()) {
-      special_ids[name] = required(entry, "ids", "TemplateProcessing special token '" + name + "'")
-                              .get<std::vector<int32_t>>();
+      const Json& ids = required(entry, "ids", "TemplateProcessing special token '" + name + "'");
+      MOE_CHECK(ids.is_array(), "TemplateProcessing special token '", name, "' ids must be a list");
+      for (const Json& id : ids) {
+        MOE_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0 &&
+                      id.get<int64_t>() <= INT32_MAX,
+                  "TemplateProcessing special token '", name, "' has an id that is not a token id");
+        special_ids[name].push_back(static_cast<int32_t>(id.get<int64_t>()));
+      }
     }
   }
   // The template is a list of pieces ({"Sequence": {...}} / {"SpecialToken": {...}}), a list of
@@ -672,7 +678,10 @@ std::unique_ptr<PostProcessor> parse_template(const Json& j) {
 
 int32_t token_pair_id(const Json& j, const std::string& what) {
   MOE_CHECK(j.is_array() && j.size() == 2, what, " must be [token, id]");
-  return j[1].get<int32_t>();
+  MOE_CHECK(j[1].is_number_integer() && j[1].get<int64_t>() >= 0 &&
+                j[1].get<int64_t>() <= INT32_MAX,
+            what, ": the id must be a non-negative integer");
+  return static_cast<int32_t>(j[1].get<int64_t>());
 }
 
 }  // namespace
