@@ -39,6 +39,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_test_util.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/moe_stages.h"
 #include "core/dtype.h"
@@ -145,65 +146,11 @@ TEST(CudaLauncherChecks, RowKernelsRefuseBadShapes) {
 // ---------------------------------------------------------------------------------------------
 // Kernel tests: registered only when a device is present (see the file comment).
 
-uint32_t fresh_seed() {
-  static const uint32_t seed = [] {
-    if (const char* env = std::getenv("MOE_TEST_SEED"))
-      return static_cast<uint32_t>(std::strtoul(env, nullptr, 10));
-    return std::random_device{}();
-  }();
-  return seed;
-}
-
-template <typename T>
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(size_t count) : count_(count) {
-    if (count_ > 0) CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&data_), count_ * sizeof(T)));
-  }
-  explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) {
-    if (count_ > 0)
-      CUDA_CHECK(cudaMemcpy(data_, host.data(), count_ * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  ~DeviceBuffer() {
-    if (data_) cudaFree(data_);
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-
-  T* get() const { return data_; }
-  bf16* as_bf16() const { return reinterpret_cast<bf16*>(data_); }
-  void poison() {
-    if (count_ > 0) CUDA_CHECK(cudaMemset(data_, 0xFF, count_ * sizeof(T)));
-  }
-  std::vector<T> download() const {
-    std::vector<T> host(count_);
-    if (count_ > 0)
-      CUDA_CHECK(cudaMemcpy(host.data(), data_, count_ * sizeof(T), cudaMemcpyDeviceToHost));
-    return host;
-  }
-
- private:
-  size_t count_ = 0;
-  T* data_ = nullptr;
-};
-
-void synchronize() {
-  CUDA_CHECK(cudaGetLastError());
-  CUDA_CHECK(cudaDeviceSynchronize());
-}
-
-std::vector<uint16_t> random_bf16(size_t n, std::mt19937& rng, float scale = 1.0f) {
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<uint16_t> out(n);
-  for (auto& v : out) v = f32_to_bf16(dist(rng));
-  return out;
-}
-
-std::vector<float> to_float(const std::vector<uint16_t>& bits) {
-  std::vector<float> out(bits.size());
-  for (size_t i = 0; i < bits.size(); ++i) out[i] = bf16_to_f32(bits[i]);
-  return out;
-}
+using testing_util::DeviceBuffer;
+using testing_util::fresh_seed;
+using testing_util::random_bf16;
+using testing_util::synchronize;
+using testing_util::to_float;
 
 // Exact comparison of integer arrays, reporting the first mismatches.
 void expect_equal_ints(const std::vector<int32_t>& got, const std::vector<int32_t>& want,
