@@ -255,26 +255,24 @@ void run_bench_serve(const BenchServeArgs& args) {
   std::printf("%-34s %12.2f\n", "Output token throughput (tok/s):", output_tokens / duration);
   std::printf("%-34s %12.2f\n",
               "Total token throughput (tok/s):", (input_tokens + output_tokens) / duration);
-  const auto section = [&](const char* key, const char* title, const std::vector<double>& v) {
+  // Labels as vLLM's benchmark_serving prints them ("Median TTFT (ms):"), keys as its JSON.
+  const auto section = [&](const std::string& key, const std::string& label, const char* title,
+                           const std::vector<double>& v) {
     std::printf("---------------%s---------------\n", title);
-    std::printf("%-34s %12.2f\n", (std::string("Mean ") + key + " (ms):").c_str(), mean(v));
-    report[std::string("mean_") + key + "_ms"] = mean(v);
-    for (double p : {50.0, 90.0, 95.0, 99.0}) {
-      const std::string name = p == 50.0 ? "median" : "p" + std::to_string(static_cast<int>(p));
+    std::printf("%-34s %12.2f\n", ("Mean " + label + " (ms):").c_str(), mean(v));
+    report["mean_" + key + "_ms"] = mean(v);
+    for (int p : {50, 90, 95, 99}) {
       const double value = percentile(v, p);
-      std::printf(
-          "%-34s %12.2f\n",
-          ((p == 50.0 ? std::string("Median ") : "P" + std::to_string(static_cast<int>(p)) + " ") +
-           key + " (ms):")
-              .c_str(),
-          value);
-      report[name + "_" + key + "_ms"] = value;
+      const std::string prefix = p == 50 ? "Median " : "P" + std::to_string(p) + " ";
+      std::printf("%-34s %12.2f\n", (prefix + label + " (ms):").c_str(), value);
+      report[(p == 50 ? std::string("median") : "p" + std::to_string(p)) + "_" + key + "_ms"] =
+          value;
     }
   };
-  section("ttft", "Time to First Token", ttft);
-  section("tpot", "Time per Output Token (excl. 1st token)", tpot);
-  section("itl", "Inter-token Latency", itl);
-  section("e2el", "End-to-end Latency", e2el);
+  section("ttft", "TTFT", "Time to First Token", ttft);
+  section("tpot", "TPOT", "Time per Output Token (excl. 1st token)", tpot);
+  section("itl", "ITL", "Inter-token Latency", itl);
+  section("e2el", "E2EL", "End-to-end Latency", e2el);
   if (!first_error.empty()) std::printf("first error: %s\n", first_error.c_str());
   if (!args.json_file.empty()) {
     std::ofstream out(args.json_file);

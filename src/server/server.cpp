@@ -1,6 +1,7 @@
 #include "server/server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <cstdio>
 #include <ctime>
@@ -49,6 +50,14 @@ struct Channel {
 
 namespace {
 
+// cpp-httplib listens with a backlog of 5, a compile-time constant of the packaged library; a
+// burst of clients (64 connecting at once) overflows it and the kernel drops their handshakes.
+// Linux takes a second listen() on the bound socket as the new backlog.
+class HttpServer : public httplib::Server {
+ public:
+  bool widen_backlog(int backlog) { return ::listen(svr_sock_, backlog) == 0; }
+};
+
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 void send_json(httplib::Response& res, int status, const json& body) {
@@ -85,7 +94,7 @@ Server::Server(std::unique_ptr<Engine> engine, ChatConfig chat, const ServerConf
     : engine_(std::move(engine)),
       chat_(std::move(chat)),
       config_(config),
-      http_(std::make_unique<httplib::Server>()),
+      http_(std::make_unique<HttpServer>()),
       created_(static_cast<int64_t>(std::time(nullptr))) {
   MOE_CHECK(config.max_queue >= 0, "--max-queue must be >= 0, got ", config.max_queue);
   MOE_CHECK(!config.model_name.empty(), "the served model needs a name");
@@ -124,6 +133,8 @@ int Server::bind() {
     MOE_CHECK(http_->bind_to_port(config_.host, port), "cannot bind to ", config_.host, ":", port,
               " (in use, or not an address of this host)");
   }
+  MOE_CHECK(static_cast<HttpServer&>(*http_).widen_backlog(1024), "listen() on ", config_.host, ":",
+            port, " failed");
   config_.port = port;
   return port;
 }

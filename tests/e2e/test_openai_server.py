@@ -22,6 +22,9 @@ the bound port read from its log) and checks, one line per check:
                        sharing a system prompt) all succeed; then /metrics shows zero running
                        and waiting requests, zero used KV blocks, prefix-cache hits, latency
                        histograms
+  bench_commands       `moeinfer bench-serve` (64 concurrent streams, 128 requests) against the
+                       server reports every request done and the vLLM-style percentiles;
+                       `moeinfer bench` reports prefill and decode throughput
   preemption           a server with a KV cache too small for its batch (--kv-cache-mb 2: 25
                        blocks of 16 tokens) runs 8 concurrent 100-token greedy requests: requests
                        are preempted and recomputed, and every token sequence equals the main
@@ -354,6 +357,37 @@ def check_load(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
     print(f"  load: {num} requests, 64 concurrent, {elapsed:.1f} s", flush=True)
 
 
+def check_bench_commands(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        out = pathlib.Path(tmp) / "serve.json"
+        proc = subprocess.run([ctx["moeinfer"], "bench-serve", "--url", s.base, "--concurrency",
+                               "64", "--num-prompts", "128", "--input-len", "32", "--output-len",
+                               "8", "--json", str(out)], capture_output=True, text=True,
+                              timeout=600)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        report = json.loads(out.read_text())
+        assert report["completed"] == 128 and report["failed"] == 0, report
+        assert report["total_output_tokens"] == 128 * 8, report
+        assert report["total_input_tokens"] == 128 * 32, report
+        for key in ("ttft", "tpot", "itl", "e2el"):
+            for stat in ("mean", "median", "p90", "p95", "p99"):
+                assert report[f"{stat}_{key}_ms"] >= 0, (stat, key)
+        assert report["p99_ttft_ms"] >= report["median_ttft_ms"] > 0, report
+        assert report["output_throughput"] > 0 and report["request_throughput"] > 0
+        for label in ("Median TTFT (ms):", "P99 TPOT (ms):", "P95 ITL (ms):", "P90 E2EL (ms):"):
+            assert label in proc.stdout, proc.stdout
+        wait_for(lambda: idle(s.base), "the server to go idle after bench-serve")
+
+        out = pathlib.Path(tmp) / "bench.json"
+        proc = subprocess.run([ctx["moeinfer"], "bench", "--batch", "4", "--input-len", "16",
+                               "--output-len", "8", "--json", str(out)], capture_output=True,
+                              text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        report = json.loads(out.read_text())
+        assert report["prefill_throughput"] > 0 and report["decode_throughput"] > 0, report
+
+
 def check_preemption(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
     prompts = [f"Fortune number {i} says that" for i in range(8)]
 
@@ -447,8 +481,8 @@ def check_sigterm(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
 
 
 CHECKS = [check_models, check_completion, check_seed, check_streaming, check_chat, check_stop,
-          check_logprobs, check_errors, check_disconnect, check_load, check_preemption,
-          check_auth_and_queue, check_sigterm]
+          check_logprobs, check_errors, check_disconnect, check_load, check_bench_commands,
+          check_preemption, check_auth_and_queue, check_sigterm]
 
 
 def main() -> int:
