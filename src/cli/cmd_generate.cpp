@@ -13,6 +13,7 @@
 #include "io/chat_template.h"
 #include "io/tokenizer.h"
 #include "model/model.h"
+#include "profile/profiler.h"
 #include "profile/routing_trace.h"
 #include "runtime/sampler.h"
 
@@ -83,7 +84,10 @@ void run_generate(const GenerateArgs& args) {
   const auto prefilled = Clock::now();
   int64_t generated = 0;
   while (generated < args.max_tokens) {
-    const int32_t next = sampler.sample(logits);
+    const int32_t next = [&] {
+      MOE_PROFILE_SCOPE(profile::Stage::kSample);
+      return sampler.sample(logits);
+    }();
     ++generated;
     if (!args.ignore_eos && stop_ids.count(next)) break;
     const std::string piece = stream.push(next);

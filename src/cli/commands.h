@@ -16,5 +16,6 @@ void add_bench_serve_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_trace_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
+void add_profile_command(CLI::App& app);
 
 }  // namespace moeinfer::cli

@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   moeinfer::cli::add_bench_command(app);
   moeinfer::cli::add_trace_command(app);
   moeinfer::cli::add_plan_command(app);
+  moeinfer::cli::add_profile_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

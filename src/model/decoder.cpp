@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "model/family.h"
+#include "profile/profiler.h"
 
 namespace moeinfer {
 namespace {
@@ -179,12 +180,16 @@ void Decoder::forward(const ForwardBatch& batch, KvBlockPool& pool, std::span<fl
   }
 
   for (int64_t l = 0; l < config_.num_layers; ++l) {
+    MOE_PROFILE_LAYER(l);
     const float eps = static_cast<float>(config_.rms_norm_eps);
     rms_norm(ws_.x.data(), T, H, params_[l].input_norm.data(), eps, ws_.normed.data());
-    if (config_.mla) {
-      mla_attention(l, batch, pool);
-    } else {
-      attention(l, batch, pool);
+    {
+      MOE_PROFILE_SCOPE(profile::Stage::kAttention);
+      if (config_.mla) {
+        mla_attention(l, batch, pool);
+      } else {
+        attention(l, batch, pool);
+      }
     }
     add_into(ws_.x.data(), ws_.block_out.data(), T * H);
     rms_norm(ws_.x.data(), T, H, params_[l].post_attention_norm.data(), eps, ws_.normed.data());
@@ -193,6 +198,7 @@ void Decoder::forward(const ForwardBatch& batch, KvBlockPool& pool, std::span<fl
   }
 
   // Final norm and LM head over the rows that want logits only.
+  MOE_PROFILE_SCOPE(profile::Stage::kLmHead);
   int64_t out = 0, row = 0;
   for (const SequenceBatch& s : batch.sequences) {
     const int64_t n = static_cast<int64_t>(s.tokens.size());
@@ -404,11 +410,13 @@ void Decoder::feed_forward(int64_t layer, int64_t T) {
   const LayerWeights& lw = weights_.layers[layer];
   const int64_t H = config_.hidden_size;
   if (!lw.is_moe) {
+    MOE_PROFILE_SCOPE(profile::Stage::kDenseMlp);
     dense_mlp(lw.mlp, T, ws_.normed.data(), ws_.block_out.data());
     return;
   }
   const float* shared = nullptr;
   if (!lw.moe.shared_expert.gate_proj.empty()) {
+    MOE_PROFILE_SCOPE(profile::Stage::kSharedExperts);
     ws_.shared.resize(T * H);
     dense_mlp(lw.moe.shared_expert, T, ws_.normed.data(), ws_.shared.data());
     if (!lw.moe.shared_expert_gate.empty()) {
@@ -426,6 +434,7 @@ void Decoder::feed_forward(int64_t layer, int64_t T) {
   moe::moe_layer_forward(ws_.normed.data(), T, lw.moe.routed, options, shared,
                          ws_.block_out.data(), &ws_.moe);
   if (routing_observer_) routing_observer_(layer, ws_.moe.routing);
+  if (profile::Profiler* p = profile::active()) p->record_routing(layer, ws_.moe.routing.topk_ids);
 }
 
 }  // namespace moeinfer

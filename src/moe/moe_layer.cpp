@@ -2,6 +2,7 @@
 
 #include "backend/cpu/gemm.h"
 #include "core/error.h"
+#include "profile/profiler.h"
 
 namespace moeinfer::moe {
 
@@ -17,13 +18,30 @@ void moe_layer_forward(const float* hidden, int64_t num_tokens, const RoutedExpe
   ws->rows.resize(num_tokens * K * H);
   ws->expert_out.resize(num_tokens * K * H);
 
-  cpu::linear(hidden, num_tokens, weights.router, nullptr, ws->logits.data());
-  route(ws->logits.data(), num_tokens, options.router, &ws->routing);
-  plan(ws->routing, E, &ws->plan);
-  dispatch(hidden, H, ws->routing, ws->plan, ws->rows.data());
-  run_experts(ws->rows.data(), H, options.expert_width, ws->plan, weights.experts,
-              ws->expert_out.data());
-  const float* combined = combine(ws->expert_out.data());
+  {
+    MOE_PROFILE_SCOPE(profile::Stage::kRoute);
+    cpu::linear(hidden, num_tokens, weights.router, nullptr, ws->logits.data());
+    route(ws->logits.data(), num_tokens, options.router, &ws->routing);
+  }
+  {
+    MOE_PROFILE_SCOPE(profile::Stage::kPlan);
+    plan(ws->routing, E, &ws->plan);
+  }
+  {
+    MOE_PROFILE_SCOPE(profile::Stage::kDispatch);
+    dispatch(hidden, H, ws->routing, ws->plan, ws->rows.data());
+  }
+  {
+    MOE_PROFILE_SCOPE(profile::Stage::kExperts);
+    run_experts(ws->rows.data(), H, options.expert_width, ws->plan, weights.experts,
+                ws->expert_out.data());
+  }
+  const float* combined = nullptr;
+  {
+    MOE_PROFILE_SCOPE(profile::Stage::kCombine);
+    combined = combine(ws->expert_out.data());
+  }
+  MOE_PROFILE_SCOPE(profile::Stage::kUnpermute);
   unpermute(combined, H, ws->routing, ws->plan, shared, out);
 }
 

@@ -1,0 +1,341 @@
+// `moeinfer profile [--model DIR] [--batch B] [--input-len I] [--output-len O] --out DIR
+// [--seed S] [--text-file FILE] [--repeats R]`: runs a fixed workload with the stage profiler on
+// and writes DIR/report.txt, DIR/report.json and DIR/report.html (see docs/profiling.md).
+//
+// The workload: B sequences of I tokens (seeded random ids, or windows of a text file) are
+// prefilled together in one batched step, then O decode steps each advance all B sequences by
+// one sampled token. Every step goes through Decoder::forward(ForwardBatch, KvBlockPool) with
+// blocks from a BlockManager, as the engine does; the block bookkeeping and batch assembly are
+// the "schedule" stage, sampling the "sample" stage.
+//
+// Before the profiled run the same workload runs R times with the profiler off and R times on,
+// interleaved, after one warm-up; the median times give the profiler's measured overhead. The
+// cost of one scope (on and off) is measured in a loop and, times the scopes per step, gives an
+// estimate that does not depend on how noisy the machine is.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "cli/model_arg.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "io/tokenizer.h"
+#include "kv/block_manager.h"
+#include "kv/kv_cache.h"
+#include "model/model.h"
+#include "profile/profiler.h"
+#include "profile/report.h"
+#include "profile/routing_trace.h"
+#include "runtime/sampler.h"
+
+namespace moeinfer::cli {
+namespace {
+
+struct ProfileArgs {
+  std::string model;
+  int64_t batch = 4;
+  int64_t input_len = 64;
+  int64_t output_len = 32;
+  std::string out;
+  uint64_t seed = 0;
+  std::string text_file;  // empty: random token ids
+  int64_t repeats = 3;    // off/on pairs for the overhead measurement; 0 skips it
+};
+
+// Bytes of one routed expert's weights (gate, up, down) in each layer; 0 for dense layers.
+std::vector<int64_t> expert_bytes(const Decoder& decoder) {
+  std::vector<int64_t> bytes;
+  for (const LayerWeights& lw : decoder.weights().layers) {
+    const auto& experts = lw.moe.routed.experts;
+    if (!lw.is_moe || experts.empty()) {
+      bytes.push_back(0);
+      continue;
+    }
+    const moe::ExpertWeights& e = experts.front();
+    bytes.push_back(static_cast<int64_t>(e.gate.nbytes() + e.up.nbytes() + e.down.nbytes()));
+  }
+  return bytes;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  MOE_CHECK(in.good(), "cannot open --text-file ", path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// [B][I] prompt ids.
+std::vector<std::vector<int32_t>> make_prompts(const ProfileArgs& args,
+                                               const std::filesystem::path& dir,
+                                               const ModelConfig& config) {
+  std::vector<std::vector<int32_t>> prompts(args.batch);
+  if (args.text_file.empty()) {
+    std::mt19937_64 rng(args.seed);
+    std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(config.vocab_size - 1));
+    for (auto& p : prompts) {
+      p.resize(args.input_len);
+      for (int32_t& t : p) t = id(rng);
+    }
+    return prompts;
+  }
+  const Tokenizer tokenizer = Tokenizer::from_file(dir / "tokenizer.json");
+  const std::vector<int32_t> ids =
+      tokenizer.encode(read_text(args.text_file), /*add_special_tokens=*/false);
+  const int64_t n = static_cast<int64_t>(ids.size());
+  MOE_CHECK(n >= args.input_len, args.text_file, " encodes to ", n,
+            " tokens, fewer than --input-len ", args.input_len);
+  // Sequence b starts b * (n - I) / B tokens in: spread over the text, overlapping when short.
+  for (int64_t b = 0; b < args.batch; ++b) {
+    const int64_t start = args.batch > 1 ? b * (n - args.input_len) / (args.batch - 1) : 0;
+    prompts[b].assign(ids.begin() + start, ids.begin() + start + args.input_len);
+    for (int32_t id : prompts[b]) {
+      MOE_CHECK(id >= 0 && id < config.vocab_size, "the tokenizer gave id ", id,
+                " but the model's vocabulary has ", config.vocab_size, " entries");
+    }
+  }
+  return prompts;
+}
+
+class Workload {
+ public:
+  Workload(Decoder& decoder, const ProfileArgs& args, std::vector<std::vector<int32_t>> prompts)
+      : decoder_(decoder), args_(args), prompts_(std::move(prompts)) {
+    const ModelConfig& config = decoder.config();
+    const int64_t key_width = config.mla ? config.mla->cache_width() : config.kv_dim();
+    const int64_t value_width = config.mla ? 0 : config.kv_dim();
+    const int64_t per_seq = (args.input_len + args.output_len + kBlockSize - 1) / kBlockSize;
+    num_blocks_ = per_seq * args.batch;
+    pool_ = std::make_unique<KvBlockPool>(config.num_layers, key_width, value_width, kBlockSize,
+                                          num_blocks_);
+    logits_.resize(args.batch * config.vocab_size);
+  }
+
+  // Runs prefill and the decode steps; returns the wall time in seconds. With a profiler, each
+  // forward pass is one profiler step.
+  double run(profile::Profiler* profiler) {
+    const int64_t B = args_.batch;
+    const int64_t V = decoder_.config().vocab_size;
+    profile::ActiveProfiler guard(profiler);
+    BlockManager blocks(num_blocks_, kBlockSize, /*enable_prefix_caching=*/false);
+    std::vector<SequenceBlocks> seqs(B);
+    std::vector<int64_t> length(B, 0);
+    std::vector<int32_t> next(B, 0);
+    std::vector<Sampler> samplers;
+    for (int64_t b = 0; b < B; ++b) {
+      samplers.emplace_back(SamplingParams{
+          .temperature = 0.8f, .top_p = 0.95f, .seed = args_.seed + static_cast<uint64_t>(b)});
+    }
+    const auto start = std::chrono::steady_clock::now();
+    for (int64_t step = 0; step <= args_.output_len; ++step) {
+      const bool prefill = step == 0;
+      if (profiler) profiler->begin_step(prefill ? B * args_.input_len : B);
+      ForwardBatch batch;
+      {
+        MOE_PROFILE_SCOPE(profile::Stage::kSchedule);
+        batch.sequences.reserve(B);
+        for (int64_t b = 0; b < B; ++b) {
+          const int64_t count = prefill ? args_.input_len : 1;
+          MOE_CHECK(blocks.allocate(seqs[b], length[b] + count), "profile: the KV pool of ",
+                    num_blocks_, " blocks ran out at step ", step);
+          batch.sequences.push_back(
+              SequenceBatch{.tokens = prefill ? std::span<const int32_t>(prompts_[b])
+                                              : std::span<const int32_t>(&next[b], 1),
+                            .position = length[b],
+                            .block_table = seqs[b].table,
+                            .want_logits = true});
+        }
+      }
+      decoder_.forward(batch, *pool_, logits_);
+      {
+        MOE_PROFILE_SCOPE(profile::Stage::kSample);
+        for (int64_t b = 0; b < B; ++b) {
+          length[b] += static_cast<int64_t>(batch.sequences[b].tokens.size());
+          next[b] = samplers[b].sample(std::span<const float>(logits_.data() + b * V, V));
+        }
+      }
+      if (profiler) profiler->end_step();
+    }
+    for (SequenceBlocks& s : seqs) blocks.free(s);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+
+ private:
+  static constexpr int64_t kBlockSize = 16;
+  Decoder& decoder_;
+  const ProfileArgs& args_;
+  std::vector<std::vector<int32_t>> prompts_;
+  int64_t num_blocks_ = 0;
+  std::unique_ptr<KvBlockPool> pool_;
+  std::vector<float> logits_;  // [B, V]
+};
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+// Nanoseconds per scope, on (a profiler installed) and off, over many scopes in a loop. The
+// compiler barrier makes each iteration reload the thread's profiler pointer, as real code does.
+void measure_scope_cost(int64_t num_layers, double* on_ns, double* off_ns) {
+  constexpr int kIterations = 200000;
+  auto loop = [] {
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < kIterations; ++i) {
+      MOE_PROFILE_SCOPE(profile::Stage::kPlan);
+      asm volatile("" ::: "memory");
+    }
+    return std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start)
+               .count() /
+           kIterations;
+  };
+  profile::Profiler scratch(profile::ProfilerOptions{.num_layers = num_layers});
+  std::vector<double> on, off;
+  for (int r = 0; r < 5; ++r) {
+    {
+      profile::ActiveProfiler guard(&scratch);
+      scratch.begin_step(0);
+      on.push_back(loop());
+    }
+    off.push_back(loop());
+  }
+  *on_ns = *std::min_element(on.begin(), on.end());
+  *off_ns = *std::min_element(off.begin(), off.end());
+}
+
+void write_file(const std::filesystem::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  MOE_CHECK(out.good(), "cannot write ", path.string());
+  out << text;
+  MOE_CHECK(out.good(), "failed writing ", path.string());
+}
+
+void run_profile(const ProfileArgs& args) {
+  MOE_CHECK(args.batch >= 1, "--batch must be >= 1, got ", args.batch);
+  MOE_CHECK(args.input_len >= 1, "--input-len must be >= 1, got ", args.input_len);
+  MOE_CHECK(args.output_len >= 0, "--output-len must be >= 0, got ", args.output_len);
+  MOE_CHECK(args.repeats >= 0, "--repeats must be >= 0, got ", args.repeats);
+  const std::filesystem::path dir = resolve_model_dir(args.model);
+  auto model = Model::load(dir, LoadOptions{});
+  Decoder& decoder = model->decoder();
+  const ModelConfig& config = decoder.config();
+  const int64_t L = config.num_layers;
+  const int64_t E = config.num_experts;
+  MOE_CHECK(config.max_position_embeddings <= 0 ||
+                args.input_len + args.output_len <= config.max_position_embeddings,
+            "--input-len ", args.input_len, " + --output-len ", args.output_len,
+            " exceeds the model's context of ", config.max_position_embeddings, " tokens");
+  std::filesystem::create_directories(args.out);
+
+  Workload workload(decoder, args, make_prompts(args, dir, config));
+  const profile::ProfilerOptions options{
+      .num_layers = L, .num_experts = E, .expert_bytes = expert_bytes(decoder)};
+
+  // Overhead: one warm-up, then off/on pairs in alternating order.
+  profile::OverheadInfo overhead;
+  workload.run(nullptr);
+  if (args.repeats > 0) {
+    std::vector<double> off, on;
+    for (int64_t r = 0; r < args.repeats; ++r) {
+      profile::Profiler scratch(options);
+      if (r % 2 == 0) {
+        off.push_back(workload.run(nullptr));
+        on.push_back(workload.run(&scratch));
+      } else {
+        on.push_back(workload.run(&scratch));
+        off.push_back(workload.run(nullptr));
+      }
+    }
+    overhead.repeats = args.repeats;
+    overhead.off_ms = median(off) * 1e3;
+    overhead.on_ms = median(on) * 1e3;
+    overhead.measured = overhead.on_ms / overhead.off_ms - 1.0;
+  }
+  measure_scope_cost(L, &overhead.scope_on_ns, &overhead.scope_off_ns);
+
+  // The profiled run, with the routing of every (step, layer) kept for the routing summary.
+  profile::Profiler profiler(options);
+  RoutingTrace trace{.num_layers = static_cast<uint32_t>(L),
+                     .num_experts = static_cast<uint32_t>(E),
+                     .top_k = static_cast<uint32_t>(config.num_experts_per_tok)};
+  decoder.set_routing_observer([&](int64_t layer, const moe::Routing& routing) {
+    trace.records.push_back(TraceRecord{
+        .step = static_cast<uint32_t>(profiler.steps().size()),
+        .layer = static_cast<uint32_t>(layer),
+        .num_tokens = static_cast<uint32_t>(routing.num_tokens),
+        .expert_ids = std::vector<uint16_t>(routing.topk_ids.begin(), routing.topk_ids.end())});
+  });
+  workload.run(&profiler);
+  decoder.set_routing_observer(nullptr);
+
+  int64_t scopes = 0, wall_ns = 0;
+  for (const profile::StepRecord& r : profiler.steps()) {
+    for (int32_t c : r.stage_calls) scopes += c;
+    wall_ns += r.wall_ns;
+  }
+  const double num_steps = static_cast<double>(profiler.steps().size());
+  overhead.scopes_per_step = scopes / num_steps;
+  overhead.estimated = overhead.scopes_per_step * overhead.scope_on_ns / (wall_ns / num_steps);
+
+  const std::vector<LayerSummary> routing =
+      E > 0 ? summarize_routing_trace(trace, /*top_pairs=*/3) : std::vector<LayerSummary>{};
+  profile::RunInfo run{
+      .model = dir.filename().string(),
+      .model_type = config.model_type,
+      .batch = args.batch,
+      .input_len = args.input_len,
+      .output_len = args.output_len,
+      .seed = args.seed,
+      .token_source = args.text_file.empty()
+                          ? std::string("random")
+                          : std::filesystem::path(args.text_file).filename().string(),
+      .num_threads = ThreadPool::global().num_threads(),
+      .top_k = config.num_experts_per_tok,
+      .hidden_size = config.hidden_size,
+      .layer_is_moe = config.layer_is_moe,
+      .prefill_steps = 1};
+  const nlohmann::ordered_json report = profile::build_report(run, profiler, routing, overhead);
+  const std::filesystem::path out(args.out);
+  const std::string text = profile::render_text_report(report);
+  write_file(out / "report.txt", text);
+  write_file(out / "report.json", report.dump(1) + "\n");
+  write_file(out / "report.html", profile::render_html_report(report));
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::printf("\nwrote %s, %s and %s\n", (out / "report.txt").string().c_str(),
+              (out / "report.json").string().c_str(), (out / "report.html").string().c_str());
+}
+
+}  // namespace
+
+void add_profile_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "profile", "Run a batched workload with the stage profiler on and write a report");
+  auto args = std::make_shared<ProfileArgs>();
+  add_model_option(cmd, &args->model);
+  cmd->add_option("--batch", args->batch, "Sequences run together (B)")->capture_default_str();
+  cmd->add_option("--input-len", args->input_len, "Prompt tokens per sequence (I)")
+      ->capture_default_str();
+  cmd->add_option("--output-len", args->output_len, "Decode steps after the prefill (O)")
+      ->capture_default_str();
+  cmd->add_option("--out", args->out, "Folder for report.txt, report.json, report.html")
+      ->required();
+  cmd->add_option("--seed", args->seed, "Seed for the random prompts and the sampler")
+      ->capture_default_str();
+  cmd->add_option("--text-file", args->text_file,
+                  "Take the prompts from this text instead of random ids")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--repeats", args->repeats, "Off/on runs for the overhead measurement (0 = skip)")
+      ->capture_default_str();
+  cmd->callback([args] { run_profile(*args); });
+}
+
+}  // namespace moeinfer::cli

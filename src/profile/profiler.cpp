@@ -1,0 +1,80 @@
+#include "profile/profiler.h"
+
+#include <algorithm>
+#include <array>
+
+#include "core/error.h"
+
+namespace moeinfer::profile {
+
+std::string_view stage_name(Stage stage) {
+  static constexpr std::array<std::string_view, kNumStages> kNames = {
+      "attention", "route",          "plan",      "dispatch", "experts", "combine",
+      "unpermute", "shared_experts", "dense_mlp", "lm_head",  "sample",  "schedule"};
+  const int index = static_cast<int>(stage);
+  return index >= 0 && index < kNumStages ? kNames[index] : "unknown";
+}
+
+void ProfilerOptions::validate() const {
+  MOE_CHECK(num_layers >= 1, "profiler: num_layers must be >= 1, got ", num_layers);
+  MOE_CHECK(num_experts >= 0, "profiler: num_experts must be >= 0, got ", num_experts);
+  MOE_CHECK(expert_bytes.empty() || static_cast<int64_t>(expert_bytes.size()) == num_layers,
+            "profiler: expert_bytes has ", expert_bytes.size(), " entries for ", num_layers,
+            " layers");
+  for (int64_t bytes : expert_bytes) {
+    MOE_CHECK(bytes >= 0, "profiler: expert_bytes holds a negative entry ", bytes);
+  }
+}
+
+Profiler::Profiler(ProfilerOptions options) : options_(std::move(options)) {
+  options_.validate();
+  if (options_.expert_bytes.empty()) options_.expert_bytes.assign(options_.num_layers, 0);
+  current_.stage_ns.assign((options_.num_layers + 1) * kNumStages, 0);
+  current_.stage_calls.assign((options_.num_layers + 1) * kNumStages, 0);
+  current_.expert_rows.assign(options_.num_layers * options_.num_experts, 0);
+  row_ = options_.num_layers;
+}
+
+void Profiler::begin_step(int64_t num_tokens) {
+  std::fill(current_.stage_ns.begin(), current_.stage_ns.end(), 0);
+  std::fill(current_.stage_calls.begin(), current_.stage_calls.end(), 0);
+  std::fill(current_.expert_rows.begin(), current_.expert_rows.end(), 0);
+  current_.num_tokens = num_tokens;
+  current_.expert_bytes_read = 0;
+  current_.cache_hits = 0;
+  current_.cache_misses = 0;
+  row_ = options_.num_layers;
+  step_start_ns_ = now_ns();
+}
+
+void Profiler::end_step() {
+  current_.wall_ns = now_ns() - step_start_ns_;
+  const int64_t E = options_.num_experts;
+  int64_t bytes = 0;
+  for (int64_t l = 0; l < options_.num_layers; ++l) {
+    const int32_t* rows = current_.expert_rows.data() + l * E;
+    const int64_t touched = std::count_if(rows, rows + E, [](int32_t n) { return n > 0; });
+    bytes += touched * options_.expert_bytes[l];
+  }
+  current_.expert_bytes_read = bytes;
+  steps_.push_back(current_);
+}
+
+void Profiler::record_routing(int64_t layer, std::span<const int32_t> topk_ids) {
+  const int64_t E = options_.num_experts;
+  MOE_CHECK(layer >= 0 && layer < options_.num_layers, "profiler: layer ", layer, " outside [0, ",
+            options_.num_layers, ")");
+  int32_t* rows = current_.expert_rows.data() + layer * E;
+  for (int32_t e : topk_ids) {
+    MOE_CHECK(e >= 0 && e < E, "profiler: expert id ", e, " outside [0, ", E, ") in layer ", layer);
+    ++rows[e];
+  }
+}
+
+void Profiler::set_current_layer(int64_t layer) {
+  MOE_CHECK(layer >= -1 && layer < options_.num_layers, "profiler: layer ", layer, " outside [-1, ",
+            options_.num_layers, ")");
+  row_ = layer < 0 ? options_.num_layers : layer;
+}
+
+}  // namespace moeinfer::profile

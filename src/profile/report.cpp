@@ -1,0 +1,367 @@
+#include "profile/report.h"
+
+#include <algorithm>
+#include <cstdarg>
+#include <cstdio>
+#include <numeric>
+
+#include "core/error.h"
+
+namespace moeinfer::profile {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+double to_ms(int64_t ns) { return static_cast<double>(ns) * 1e-6; }
+double to_us(int64_t ns) { return static_cast<double>(ns) * 1e-3; }
+
+// max / mean of one layer's rows per expert; null when the layer received nothing.
+Json imbalance(const int32_t* rows, int64_t num_experts) {
+  const int64_t total = std::accumulate(rows, rows + num_experts, int64_t{0});
+  if (total == 0 || num_experts == 0) return nullptr;
+  const double mean = static_cast<double>(total) / static_cast<double>(num_experts);
+  return *std::max_element(rows, rows + num_experts) / mean;
+}
+
+std::string format(const char* fmt, ...) {
+  char buffer[512];
+  va_list args;
+  va_start(args, fmt);
+  std::vsnprintf(buffer, sizeof(buffer), fmt, args);
+  va_end(args);
+  return buffer;
+}
+
+std::string human_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024.0 && u < 4) {
+    bytes /= 1024.0;
+    ++u;
+  }
+  return format(u == 0 ? "%.0f %s" : "%.2f %s", bytes, units[u]);
+}
+
+}  // namespace
+
+Json build_report(const RunInfo& run, const Profiler& profiler,
+                  std::span<const LayerSummary> routing, const OverheadInfo& overhead) {
+  const int64_t L = profiler.num_layers();
+  const int64_t E = profiler.num_experts();
+  const int64_t S = kNumStages;
+  const std::vector<StepRecord>& steps = profiler.steps();
+  MOE_CHECK(!steps.empty(), "profile report: the profiler recorded no steps");
+  MOE_CHECK(static_cast<int64_t>(run.layer_is_moe.size()) == L,
+            "profile report: ", run.layer_is_moe.size(), " layer flags for ", L, " layers");
+  MOE_CHECK(routing.empty() || static_cast<int64_t>(routing.size()) == L,
+            "profile report: ", routing.size(), " routing summaries for ", L, " layers");
+
+  Json report;
+  report["version"] = 1;
+  const std::vector<int64_t>& expert_bytes = profiler.options().expert_bytes;
+  report["run"] = {{"model", run.model},
+                   {"model_type", run.model_type},
+                   {"batch", run.batch},
+                   {"input_len", run.input_len},
+                   {"output_len", run.output_len},
+                   {"seed", run.seed},
+                   {"tokens", run.token_source},
+                   {"threads", run.num_threads},
+                   {"num_layers", L},
+                   {"num_experts", E},
+                   {"top_k", run.top_k},
+                   {"hidden_size", run.hidden_size},
+                   {"moe_layers", run.layer_is_moe},
+                   {"expert_bytes", expert_bytes}};
+  Json stages = Json::array();
+  for (int64_t s = 0; s < S; ++s) {
+    const Stage stage = static_cast<Stage>(s);
+    stages.push_back(
+        {{"name", stage_name(stage)}, {"scope", is_layer_stage(stage) ? "layer" : "step"}});
+  }
+  report["stages"] = stages;
+
+  // Totals over the run.
+  std::vector<int64_t> stage_total(S, 0);            // [S]
+  std::vector<int64_t> stage_calls(S, 0);            // [S]
+  std::vector<int64_t> layer_stage_total(L * S, 0);  // [L, S]
+  std::vector<int64_t> load(L * E, 0);               // [L, E]
+  int64_t wall_total = 0, prefill_wall = 0, decode_wall = 0;
+  int64_t prefill_tokens = 0, decode_tokens = 0, bytes_total = 0, decode_bytes = 0;
+  int64_t hits = 0, misses = 0;
+  Json step_list = Json::array();
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const StepRecord& r = steps[i];
+    const bool prefill = static_cast<int64_t>(i) < run.prefill_steps;
+    wall_total += r.wall_ns;
+    (prefill ? prefill_wall : decode_wall) += r.wall_ns;
+    (prefill ? prefill_tokens : decode_tokens) += r.num_tokens;
+    bytes_total += r.expert_bytes_read;
+    if (!prefill) decode_bytes += r.expert_bytes_read;
+    hits += r.cache_hits;
+    misses += r.cache_misses;
+
+    Json stage_us = Json::object();
+    std::vector<int64_t> per_stage(S, 0);
+    Json layer_stage_us = Json::array();
+    for (int64_t row = 0; row <= L; ++row) {
+      Json row_us = Json::array();
+      for (int64_t s = 0; s < S; ++s) {
+        const int64_t ns = r.stage_ns[row * S + s];
+        per_stage[s] += ns;
+        stage_calls[s] += r.stage_calls[row * S + s];
+        if (row < L) layer_stage_total[row * S + s] += ns;
+        row_us.push_back(to_us(ns));
+      }
+      layer_stage_us.push_back(row_us);
+    }
+    for (int64_t s = 0; s < S; ++s) {
+      stage_total[s] += per_stage[s];
+      stage_us[std::string(stage_name(static_cast<Stage>(s)))] = to_us(per_stage[s]);
+    }
+    Json rows = Json::array(), layer_imbalance = Json::array();
+    double imbalance_sum = 0.0, imbalance_max = 0.0;
+    int64_t imbalance_layers = 0;
+    for (int64_t l = 0; l < L; ++l) {
+      const int32_t* begin = r.expert_rows.data() + l * E;
+      rows.push_back(std::vector<int32_t>(begin, begin + E));
+      for (int64_t e = 0; e < E; ++e) load[l * E + e] += begin[e];
+      Json x = run.layer_is_moe[l] ? imbalance(begin, E) : Json(nullptr);
+      if (x.is_number()) {
+        imbalance_sum += x.get<double>();
+        imbalance_max = std::max(imbalance_max, x.get<double>());
+        ++imbalance_layers;
+      }
+      layer_imbalance.push_back(x);
+    }
+    step_list.push_back(
+        {{"step", i},
+         {"phase", prefill ? "prefill" : "decode"},
+         {"tokens", r.num_tokens},
+         {"wall_us", to_us(r.wall_ns)},
+         {"stage_us", stage_us},
+         {"layer_stage_us", layer_stage_us},
+         {"expert_rows", rows},
+         {"expert_bytes_read", r.expert_bytes_read},
+         {"cache_hits", r.cache_hits},
+         {"cache_misses", r.cache_misses},
+         {"imbalance", layer_imbalance},
+         {"imbalance_mean",
+          imbalance_layers ? Json(imbalance_sum / imbalance_layers) : Json(nullptr)},
+         {"imbalance_max", imbalance_layers ? Json(imbalance_max) : Json(nullptr)}});
+  }
+
+  const int64_t num_steps = static_cast<int64_t>(steps.size());
+  const int64_t decode_steps = std::max<int64_t>(0, num_steps - run.prefill_steps);
+  const int64_t staged = std::accumulate(stage_total.begin(), stage_total.end(), int64_t{0});
+  report["summary"] = {
+      {"steps", num_steps},
+      {"prefill_steps", std::min(num_steps, run.prefill_steps)},
+      {"decode_steps", decode_steps},
+      {"total_ms", to_ms(wall_total)},
+      {"prefill_ms", to_ms(prefill_wall)},
+      {"decode_ms", to_ms(decode_wall)},
+      {"decode_step_mean_ms", decode_steps ? to_ms(decode_wall) / decode_steps : 0.0},
+      {"prefill_tokens", prefill_tokens},
+      {"decode_tokens", decode_tokens},
+      {"prefill_tokens_per_s", prefill_wall ? prefill_tokens / (prefill_wall * 1e-9) : 0.0},
+      {"decode_tokens_per_s", decode_wall ? decode_tokens / (decode_wall * 1e-9) : 0.0},
+      {"other_ms", to_ms(wall_total - staged)},
+      {"expert_bytes_read", bytes_total},
+      {"expert_bytes_read_per_decode_step",
+       decode_steps ? static_cast<double>(decode_bytes) / decode_steps : 0.0},
+      {"cache_hits", hits},
+      {"cache_misses", misses}};
+
+  Json totals = Json::array();
+  for (int64_t s = 0; s < S; ++s) {
+    totals.push_back(
+        {{"stage", stage_name(static_cast<Stage>(s))},
+         {"total_ms", to_ms(stage_total[s])},
+         {"calls", stage_calls[s]},
+         {"mean_us_per_step", to_us(stage_total[s]) / num_steps},
+         {"share", wall_total ? static_cast<double>(stage_total[s]) / wall_total : 0.0}});
+  }
+  // Time inside a step that no stage claims: norms, residual adds, the embedding lookup, the
+  // driver's own bookkeeping.
+  totals.push_back(
+      {{"stage", "other"},
+       {"total_ms", to_ms(wall_total - staged)},
+       {"calls", 0},
+       {"mean_us_per_step", to_us(wall_total - staged) / num_steps},
+       {"share", wall_total ? static_cast<double>(wall_total - staged) / wall_total : 0.0}});
+  report["totals"] = totals;
+
+  Json layers = Json::array();
+  for (int64_t l = 0; l < L; ++l) {
+    Json stage_ms = Json::object();
+    int64_t layer_total = 0;
+    for (int64_t s = 0; s < kNumLayerStages; ++s) {
+      stage_ms[std::string(stage_name(static_cast<Stage>(s)))] =
+          to_ms(layer_stage_total[l * S + s]);
+      layer_total += layer_stage_total[l * S + s];
+    }
+    const std::vector<int64_t> layer_load(load.begin() + l * E, load.begin() + (l + 1) * E);
+    const int64_t assigned = std::accumulate(layer_load.begin(), layer_load.end(), int64_t{0});
+    const double mean = E ? static_cast<double>(assigned) / E : 0.0;
+    Json entry = {{"layer", l},
+                  {"moe", static_cast<bool>(run.layer_is_moe[l])},
+                  {"total_ms", to_ms(layer_total)},
+                  {"stage_ms", stage_ms},
+                  {"load", layer_load},
+                  {"assignments", assigned}};
+    if (run.layer_is_moe[l] && mean > 0.0) {
+      const auto [lo, hi] = std::minmax_element(layer_load.begin(), layer_load.end());
+      entry["max_over_mean"] = *hi / mean;
+      entry["min_over_mean"] = *lo / mean;
+      entry["unused_experts"] = std::count(layer_load.begin(), layer_load.end(), 0);
+    }
+    if (!routing.empty() && run.layer_is_moe[l]) {
+      const LayerSummary& r = routing[l];
+      Json pairs = Json::array();
+      for (const auto& [a, b, count] : r.top_pairs) pairs.push_back({a, b, count});
+      entry["top_pairs"] = pairs;
+      entry["mean_reuse_distance"] = r.mean_reuse_distance;
+      entry["reuse_within_1_step"] =
+          r.reuse_samples ? static_cast<double>(r.reuse_within_1_step) / r.reuse_samples : 0.0;
+    }
+    layers.push_back(entry);
+  }
+  report["layers"] = layers;
+  report["steps"] = step_list;
+  report["overhead"] = {{"repeats", overhead.repeats},
+                        {"off_ms", overhead.off_ms},
+                        {"on_ms", overhead.on_ms},
+                        {"measured", overhead.measured},
+                        {"scope_on_ns", overhead.scope_on_ns},
+                        {"scope_off_ns", overhead.scope_off_ns},
+                        {"scopes_per_step", overhead.scopes_per_step},
+                        {"estimated", overhead.estimated}};
+  return report;
+}
+
+std::string render_text_report(const Json& report) {
+  const Json& run = report["run"];
+  const Json& summary = report["summary"];
+  std::string out;
+  out += format("moeinfer profile: %s (%s), %lld layers, %lld experts, top-%lld\n",
+                run["model"].get<std::string>().c_str(),
+                run["model_type"].get<std::string>().c_str(), run["num_layers"].get<long long>(),
+                run["num_experts"].get<long long>(), run["top_k"].get<long long>());
+  out +=
+      format("workload: batch %lld, %lld %s input tokens each, %lld decode steps, %lld threads\n",
+             run["batch"].get<long long>(), run["input_len"].get<long long>(),
+             run["tokens"].get<std::string>().c_str(), run["output_len"].get<long long>(),
+             run["threads"].get<long long>());
+  out += format(
+      "time: %.2f ms in %lld steps; prefill %.2f ms (%.0f tok/s); decode %.3f ms per step "
+      "(%.0f tok/s)\n",
+      summary["total_ms"].get<double>(), summary["steps"].get<long long>(),
+      summary["prefill_ms"].get<double>(), summary["prefill_tokens_per_s"].get<double>(),
+      summary["decode_step_mean_ms"].get<double>(), summary["decode_tokens_per_s"].get<double>());
+  out +=
+      format("expert weights read: %s in all, %s per decode step; cache hits %lld, misses %lld\n",
+             human_bytes(summary["expert_bytes_read"].get<double>()).c_str(),
+             human_bytes(summary["expert_bytes_read_per_decode_step"].get<double>()).c_str(),
+             summary["cache_hits"].get<long long>(), summary["cache_misses"].get<long long>());
+  const Json& overhead = report["overhead"];
+  if (overhead["repeats"].get<int64_t>() > 0) {
+    out += format(
+        "profiler overhead: %+.2f%% measured (median of %lld off/on pairs: %.2f vs %.2f ms); "
+        "%.2f%% estimated (%.0f scopes per step x %.1f ns; %.1f ns when off)\n",
+        100.0 * overhead["measured"].get<double>(), overhead["repeats"].get<long long>(),
+        overhead["off_ms"].get<double>(), overhead["on_ms"].get<double>(),
+        100.0 * overhead["estimated"].get<double>(), overhead["scopes_per_step"].get<double>(),
+        overhead["scope_on_ns"].get<double>(), overhead["scope_off_ns"].get<double>());
+  }
+
+  out += "\nstages (all steps)\n";
+  out += format("%-16s %12s %14s %8s\n", "stage", "total ms", "mean us/step", "share");
+  std::vector<std::string> not_run;
+  for (const Json& t : report["totals"]) {
+    const std::string name = t["stage"].get<std::string>();
+    if (t["total_ms"].get<double>() <= 0.0 && name != "other") {
+      not_run.push_back(name);
+      continue;
+    }
+    out += format("%-16s %12.3f %14.2f %7.1f%%\n", name.c_str(), t["total_ms"].get<double>(),
+                  t["mean_us_per_step"].get<double>(), 100.0 * t["share"].get<double>());
+  }
+  if (!not_run.empty()) {
+    std::string list;
+    for (const std::string& n : not_run) list += (list.empty() ? "" : ", ") + n;
+    out += "not run by this model: " + list + "\n";
+  }
+
+  // Per layer: mean microseconds per step of each layer stage that ran.
+  const int64_t steps = summary["steps"].get<int64_t>();
+  std::vector<std::string> columns;
+  for (const Json& s : report["stages"]) {
+    if (s["scope"] != "layer") continue;
+    const std::string name = s["name"].get<std::string>();
+    for (const Json& l : report["layers"]) {
+      if (l["stage_ms"][name].get<double>() > 0.0) {
+        columns.push_back(name);
+        break;
+      }
+    }
+  }
+  out += "\nper layer, mean us per step\n";
+  out += format("%5s", "layer");
+  for (const std::string& c : columns) out += format(" %10.10s", c.c_str());
+  out += format(" %10s %9s %7s\n", "total", "max/mean", "unused");
+  for (const Json& l : report["layers"]) {
+    out += format("%5lld", l["layer"].get<long long>());
+    for (const std::string& c : columns) {
+      out += format(" %10.2f", l["stage_ms"][c].get<double>() * 1e3 / steps);
+    }
+    out += format(" %10.2f", l["total_ms"].get<double>() * 1e3 / steps);
+    if (l.contains("max_over_mean")) {
+      out += format(" %9.2f %7lld\n", l["max_over_mean"].get<double>(),
+                    l["unused_experts"].get<long long>());
+    } else {
+      out += format(" %9s %7s\n", "-", "-");
+    }
+  }
+
+  out += "\nexpert load, assignments over all steps (layer: expert 0 ..)\n";
+  for (const Json& l : report["layers"]) {
+    if (!l["moe"].get<bool>()) continue;
+    out += format("%5lld:", l["layer"].get<long long>());
+    for (const Json& c : l["load"]) out += format(" %lld", c.get<long long>());
+    out += "\n";
+  }
+  bool any_reuse = false;
+  for (const Json& l : report["layers"]) any_reuse |= l.contains("mean_reuse_distance");
+  if (any_reuse) {
+    out += "\nrouting: most frequent expert pairs, reuse distance in steps\n";
+    for (const Json& l : report["layers"]) {
+      if (!l.contains("mean_reuse_distance")) continue;
+      std::string pairs;
+      for (const Json& p : l["top_pairs"]) {
+        pairs += format("%s(%d,%d)x%lld", pairs.empty() ? "" : " ", p[0].get<int>(),
+                        p[1].get<int>(), p[2].get<long long>());
+      }
+      out += format("%5lld: reuse %.2f steps, %.0f%% within 1 step; pairs %s\n",
+                    l["layer"].get<long long>(), l["mean_reuse_distance"].get<double>(),
+                    100.0 * l["reuse_within_1_step"].get<double>(), pairs.c_str());
+    }
+  }
+
+  out += "\nper step\n";
+  out += format("%5s %8s %7s %10s %10s %10s %12s\n", "step", "phase", "tokens", "wall us",
+                "imb mean", "imb max", "expert bytes");
+  for (const Json& s : report["steps"]) {
+    auto number = [](const Json& x) {
+      return x.is_number() ? format("%.2f", x.get<double>()) : "-";
+    };
+    out += format("%5lld %8s %7lld %10.1f %10s %10s %12s\n", s["step"].get<long long>(),
+                  s["phase"].get<std::string>().c_str(), s["tokens"].get<long long>(),
+                  s["wall_us"].get<double>(), number(s["imbalance_mean"]).c_str(),
+                  number(s["imbalance_max"]).c_str(),
+                  human_bytes(s["expert_bytes_read"].get<double>()).c_str());
+  }
+  return out;
+}
+
+}  // namespace moeinfer::profile
