@@ -10,7 +10,8 @@ $SUDO apt-get install -y -q --no-install-recommends \
   build-essential cmake ninja-build pkg-config git python3 python3-pip \
   clang libclang-rt-14-dev \
   nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev \
-  libopenblas-dev libdnnl-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev
+  libopenblas-dev libdnnl-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev \
+  chromium
 # Reference libraries for the differential tests (tokenizers, jinja2) and the fixture reader.
 PIP_FLAGS="--quiet --disable-pip-version-check"
 if python3 -m pip install $PIP_FLAGS --help 2>/dev/null | grep -q -- --break-system-packages; then
