@@ -5,7 +5,9 @@
 // Prompts are random token ids (so no prefix is shared) sent to /v1/completions with
 // ignore_eos, streamed, with usage; arrivals are Poisson at --request-rate (all at once when
 // infinite), at most --concurrency in flight.
+#if MOE_HAVE_HTTPLIB
 #include <httplib.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -44,6 +46,7 @@ struct BenchServeArgs {
   std::string json_file;
 };
 
+#if MOE_HAVE_HTTPLIB
 struct RequestResult {
   bool ok = false;
   std::string error;
@@ -281,6 +284,14 @@ void run_bench_serve(const BenchServeArgs& args) {
   }
   MOE_CHECK(failed == 0, failed, " of ", args.num_prompts, " requests failed");
 }
+
+#else
+void run_bench_serve(const BenchServeArgs&) {
+  MOE_FAIL(
+      "this moeinfer was built without cpp-httplib; install libcpp-httplib-dev "
+      "(scripts/install-deps.sh) and rebuild");
+}
+#endif
 
 }  // namespace
 

@@ -19,7 +19,9 @@
 namespace moeinfer::cli {
 namespace {
 
+#if MOE_HAVE_HTTPLIB
 std::atomic<int> g_signal{0};  // the last SIGTERM / SIGINT received
+#endif
 
 struct ServeArgs {
   std::string model;
@@ -28,6 +30,7 @@ struct ServeArgs {
   EngineConfig engine;
 };
 
+#if MOE_HAVE_HTTPLIB
 void run_serve(ServeArgs args) {
   args.engine.validate();
   MOE_CHECK(args.server.port >= 0 && args.server.port <= 65535,
@@ -68,6 +71,14 @@ void run_serve(ServeArgs args) {
   signal_thread.join();
   std::fprintf(stderr, "moeinfer serve: stopped\n");
 }
+
+#else
+void run_serve(ServeArgs) {
+  MOE_FAIL(
+      "this moeinfer was built without cpp-httplib; install libcpp-httplib-dev "
+      "(scripts/install-deps.sh) and rebuild");
+}
+#endif
 
 }  // namespace
 

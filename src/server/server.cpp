@@ -1,5 +1,7 @@
 #include "server/server.h"
 
+#if MOE_HAVE_HTTPLIB  // without cpp-httplib the server is left out (see src/CMakeLists.txt)
+
 #include <httplib.h>
 #include <sys/socket.h>
 
@@ -607,3 +609,5 @@ void Server::run() {
 }
 
 }  // namespace moeinfer::server
+
+#endif  // MOE_HAVE_HTTPLIB
