@@ -1,0 +1,266 @@
+// The stage profiler: scopes add their time to the right (layer, stage) slot and nowhere else,
+// nothing is recorded while no profiler is installed, routing counts and bytes read match a
+// hand-built routing, the MoE layer's six stages and the decoder's stages all report, and
+// switching the profiler on leaves the model's logits bit for bit unchanged.
+#include "profile/profiler.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "core/error.h"
+#include "model/model.h"
+#include "moe/moe_layer.h"
+
+namespace moeinfer::profile {
+namespace {
+
+const std::filesystem::path kDemo =
+    std::filesystem::path(MOE_FIXTURES_DIR) / ".." / ".." / "models" / "demo";
+
+// Work the compiler cannot drop, so that a scope spans more than zero nanoseconds of real work.
+float busy_work(int n) {
+  volatile float acc = 0.0f;
+  for (int i = 0; i < n; ++i) acc = acc + static_cast<float>(i) * 0.5f;
+  return acc;
+}
+
+int64_t sum_row(const StepRecord& step, int64_t row) {
+  int64_t total = 0;
+  for (int s = 0; s < kNumStages; ++s) total += step.ns(row, static_cast<Stage>(s));
+  return total;
+}
+
+TEST(Profiler, StageNamesAreDistinct) {
+  std::vector<std::string_view> names;
+  for (int s = 0; s < kNumStages; ++s) names.push_back(stage_name(static_cast<Stage>(s)));
+  for (size_t i = 0; i < names.size(); ++i) {
+    for (size_t j = i + 1; j < names.size(); ++j) EXPECT_NE(names[i], names[j]);
+  }
+  EXPECT_EQ(stage_name(Stage::kRoute), "route");
+  EXPECT_TRUE(is_layer_stage(Stage::kDenseMlp));
+  EXPECT_FALSE(is_layer_stage(Stage::kLmHead));
+}
+
+TEST(Profiler, OffByDefaultRecordsNothing) {
+  ASSERT_EQ(active(), nullptr);
+  Profiler profiler(ProfilerOptions{.num_layers = 2, .num_experts = 4});
+  profiler.begin_step(3);
+  {
+    MOE_PROFILE_LAYER(1);
+    MOE_PROFILE_SCOPE(Stage::kExperts);
+    busy_work(1000);
+  }
+  {
+    MOE_PROFILE_SCOPE(Stage::kSample);
+    busy_work(1000);
+  }
+  profiler.end_step();
+  ASSERT_EQ(profiler.steps().size(), 1u);
+  const StepRecord& step = profiler.steps()[0];
+  for (int64_t row = 0; row <= 2; ++row) EXPECT_EQ(sum_row(step, row), 0) << "row " << row;
+  EXPECT_EQ(profiler.current_layer(), -1);
+}
+
+TEST(Profiler, ScopesAccumulateInTheirLayerAndStage) {
+  Profiler profiler(ProfilerOptions{.num_layers = 3, .num_experts = 4});
+  ActiveProfiler on(&profiler);
+  ASSERT_EQ(active(), &profiler);
+  profiler.begin_step(5);
+  for (int repeat = 0; repeat < 3; ++repeat) {
+    MOE_PROFILE_LAYER(1);
+    EXPECT_EQ(profiler.current_layer(), 1);
+    MOE_PROFILE_SCOPE(Stage::kPlan);
+    busy_work(2000);
+  }
+  EXPECT_EQ(profiler.current_layer(), -1);
+  {
+    MOE_PROFILE_SCOPE(Stage::kLmHead);
+    busy_work(2000);
+  }
+  profiler.end_step();
+  profiler.begin_step(1);
+  profiler.end_step();
+
+  ASSERT_EQ(profiler.steps().size(), 2u);
+  const StepRecord& first = profiler.steps()[0];
+  EXPECT_EQ(first.num_tokens, 5);
+  EXPECT_GT(first.ns(1, Stage::kPlan), 0);
+  EXPECT_EQ(first.calls(1, Stage::kPlan), 3);
+  EXPECT_EQ(first.calls(3, Stage::kLmHead), 1);
+  EXPECT_EQ(first.calls(0, Stage::kPlan), 0);
+  EXPECT_EQ(sum_row(first, 1), first.ns(1, Stage::kPlan)) << "only the plan stage ran";
+  EXPECT_EQ(sum_row(first, 0), 0);
+  EXPECT_EQ(sum_row(first, 2), 0);
+  EXPECT_GT(first.ns(3, Stage::kLmHead), 0) << "outside a layer: the step-level row";
+  EXPECT_EQ(sum_row(first, 3), first.ns(3, Stage::kLmHead));
+  EXPECT_GE(first.wall_ns, sum_row(first, 1) + sum_row(first, 3));
+  // A new step starts from zero.
+  const StepRecord& second = profiler.steps()[1];
+  EXPECT_EQ(second.num_tokens, 1);
+  for (int64_t row = 0; row <= 3; ++row) EXPECT_EQ(sum_row(second, row), 0);
+}
+
+TEST(Profiler, GuardsNestAndRestore) {
+  Profiler outer(ProfilerOptions{.num_layers = 4, .num_experts = 2});
+  Profiler inner(ProfilerOptions{.num_layers = 4, .num_experts = 2});
+  {
+    ActiveProfiler a(&outer);
+    {
+      MOE_PROFILE_LAYER(2);
+      {
+        MOE_PROFILE_LAYER(3);
+        EXPECT_EQ(outer.current_layer(), 3);
+      }
+      EXPECT_EQ(outer.current_layer(), 2);
+      ActiveProfiler b(&inner);
+      EXPECT_EQ(active(), &inner);
+      {
+        ActiveProfiler off(nullptr);
+        EXPECT_EQ(active(), nullptr);
+      }
+      EXPECT_EQ(active(), &inner);
+    }
+    EXPECT_EQ(active(), &outer);
+    EXPECT_EQ(outer.current_layer(), -1);
+  }
+  EXPECT_EQ(active(), nullptr);
+}
+
+TEST(Profiler, RoutingCountsAndBytesMatchAHandBuiltRouting) {
+  // Layer 0: 3 tokens, top-2 of 4 experts; layer 1 has no experts (dense); layer 2: 2 tokens.
+  Profiler profiler(
+      ProfilerOptions{.num_layers = 3, .num_experts = 4, .expert_bytes = {100, 0, 1000}});
+  profiler.begin_step(3);
+  const std::vector<int32_t> layer0 = {0, 3, 3, 1, 0, 3};  // [T=3, K=2]
+  const std::vector<int32_t> layer2 = {2, 2, 2, 2};        // [T=2, K=2] (ids may repeat)
+  profiler.record_routing(0, layer0);
+  profiler.record_routing(2, layer2);
+  profiler.count_cache(5, 2);
+  profiler.count_cache(1, 0);
+  profiler.end_step();
+
+  const StepRecord& step = profiler.steps().at(0);
+  EXPECT_EQ(step.expert_rows, (std::vector<int32_t>{2, 1, 0, 3,  // layer 0
+                                                    0, 0, 0, 0,  // layer 1
+                                                    0, 0, 4, 0}));
+  // Layer 0 touches experts {0, 1, 3}: 3 x 100; layer 2 touches {2}: 1 x 1000.
+  EXPECT_EQ(step.expert_bytes_read, 3 * 100 + 1000);
+  EXPECT_EQ(step.cache_hits, 6);
+  EXPECT_EQ(step.cache_misses, 2);
+  const std::vector<int32_t> bad = {4};
+  EXPECT_THROW(profiler.record_routing(0, bad), Error);
+  EXPECT_THROW(profiler.record_routing(3, layer0), Error);
+}
+
+TEST(Profiler, OptionsAreValidated) {
+  EXPECT_THROW(Profiler(ProfilerOptions{.num_layers = 0}), Error);
+  EXPECT_THROW(Profiler(ProfilerOptions{.num_layers = 2, .num_experts = 4, .expert_bytes = {1}}),
+               Error);
+  EXPECT_THROW(Profiler(ProfilerOptions{.num_layers = 1, .num_experts = -1}), Error);
+}
+
+// A random float32 MoE layer: T=19 tokens, H=8, I=4, E=5, K=2.
+TEST(Profiler, MoeLayerReportsEveryStage) {
+  constexpr int64_t T = 19, H = 8, I = 4, E = 5, K = 2;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  auto random = [&](int64_t n) {
+    std::vector<float> v(n);
+    for (float& x : v) x = normal(rng);
+    return v;
+  };
+  std::vector<std::vector<float>> storage;
+  auto view = [&](int64_t rows, int64_t cols) {
+    storage.push_back(random(rows * cols));
+    return TensorView{.dtype = DType::kF32, .shape = {rows, cols}, .data = storage.back().data()};
+  };
+  storage.reserve(1 + 3 * E);
+  moe::RoutedExperts weights{.router = view(E, H)};
+  for (int64_t e = 0; e < E; ++e) {
+    weights.experts.push_back({.gate = view(I, H), .up = view(I, H), .down = view(H, I)});
+  }
+  const moe::MoeLayerOptions options{.router = {.num_experts = E, .top_k = K, .renormalize = true},
+                                     .hidden_size = H,
+                                     .expert_width = I};
+  const std::vector<float> hidden = random(T * H);
+  std::vector<float> off(T * H), on(T * H);
+  moe::MoeWorkspace ws;
+  moe::moe_layer_forward(hidden.data(), T, weights, options, nullptr, off.data(), &ws);
+
+  Profiler profiler(ProfilerOptions{.num_layers = 2, .num_experts = E});
+  {
+    ActiveProfiler guard(&profiler);
+    profiler.begin_step(T);
+    MOE_PROFILE_LAYER(1);
+    moe::moe_layer_forward(hidden.data(), T, weights, options, nullptr, on.data(), &ws);
+    profiler.end_step();
+  }
+  EXPECT_EQ(on, off);
+  const StepRecord& step = profiler.steps().at(0);
+  for (Stage s :
+       {Stage::kRoute, Stage::kPlan, Stage::kDispatch, Stage::kExperts, Stage::kUnpermute}) {
+    EXPECT_GT(step.ns(1, s), 0) << stage_name(s);
+  }
+  EXPECT_GE(step.ns(1, Stage::kCombine), 0);
+  for (int s = static_cast<int>(Stage::kRoute); s <= static_cast<int>(Stage::kUnpermute); ++s) {
+    EXPECT_EQ(step.calls(1, static_cast<Stage>(s)), 1) << stage_name(static_cast<Stage>(s));
+  }
+  EXPECT_EQ(step.ns(1, Stage::kAttention), 0);
+  EXPECT_EQ(sum_row(step, 0), 0);
+  EXPECT_EQ(sum_row(step, 2), 0);
+}
+
+// The demo model (5 MoE layers, 16 experts, top-2) through the batched forward: every layer
+// reports attention and the routed stages, the LM head reports, each layer's counts add up to
+// tokens x K, and the logits are the same bits with the profiler on and off.
+TEST(Profiler, DecoderStepOnTheDemoModel) {
+  auto model = Model::load(kDemo, LoadOptions{.prefault = false});
+  Decoder& decoder = model->decoder();
+  const ModelConfig& config = decoder.config();
+  const int64_t L = config.num_layers, E = config.num_experts, K = config.num_experts_per_tok;
+  const std::vector<int32_t> a = {4093, 17, 230, 99, 1000, 5, 42};
+  const std::vector<int32_t> b = {4093, 300, 12};
+  // Two sequences in one batch over one pool, one block each.
+  const std::vector<int32_t> table_a = {0}, table_b = {1};
+  auto run = [&](std::vector<float>* logits) {
+    KvBlockPool pool(L, config.kv_dim(), config.kv_dim(), /*block_size=*/16, /*num_blocks=*/2);
+    const ForwardBatch batch{.sequences = {{.tokens = a, .block_table = table_a},
+                                           {.tokens = b, .block_table = table_b}}};
+    logits->assign(Decoder::num_logit_rows(batch) * config.vocab_size, 0.0f);
+    decoder.forward(batch, pool, *logits);
+  };
+  std::vector<float> off, on;
+  run(&off);
+
+  std::vector<int64_t> bytes(L, 1);
+  Profiler profiler(ProfilerOptions{.num_layers = L, .num_experts = E, .expert_bytes = bytes});
+  {
+    ActiveProfiler guard(&profiler);
+    profiler.begin_step(static_cast<int64_t>(a.size() + b.size()));
+    run(&on);
+    profiler.end_step();
+  }
+  EXPECT_EQ(on, off) << "the profiler changed the numerics";
+
+  const StepRecord& step = profiler.steps().at(0);
+  const int64_t tokens = static_cast<int64_t>(a.size() + b.size());
+  int64_t touched = 0;
+  for (int64_t l = 0; l < L; ++l) {
+    EXPECT_GT(step.ns(l, Stage::kAttention), 0) << "layer " << l;
+    EXPECT_GT(step.ns(l, Stage::kRoute), 0) << "layer " << l;
+    EXPECT_GT(step.ns(l, Stage::kExperts), 0) << "layer " << l;
+    EXPECT_EQ(step.ns(l, Stage::kDenseMlp), 0) << "layer " << l;
+    const auto begin = step.expert_rows.begin() + l * E;
+    EXPECT_EQ(std::accumulate(begin, begin + E, int64_t{0}), tokens * K) << "layer " << l;
+    touched += std::count_if(begin, begin + E, [](int32_t n) { return n > 0; });
+  }
+  EXPECT_GT(step.ns(L, Stage::kLmHead), 0);
+  EXPECT_EQ(step.expert_bytes_read, touched);
+}
+
+}  // namespace
+}  // namespace moeinfer::profile
