@@ -1,0 +1,121 @@
+// The scheduler alone, on hand-made requests: token budget, decode-first order, admission
+// limits, and preemption of the youngest request when blocks run out.
+#include "runtime/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <vector>
+
+namespace moeinfer {
+namespace {
+
+struct Fixture {
+  Fixture(int64_t num_blocks, int64_t block_size, SchedulerConfig config)
+      : blocks(num_blocks, block_size), scheduler(config, blocks) {}
+
+  Request* add(int64_t prompt_len) {
+    auto r = std::make_unique<Request>();
+    r->id = requests.size() + 1;
+    r->arrival = requests.size();
+    r->tokens.assign(prompt_len, static_cast<int32_t>(requests.size() + 1));
+    r->num_prompt_tokens = prompt_len;
+    scheduler.add(r.get());
+    requests.push_back(std::move(r));
+    return requests.back().get();
+  }
+  // One step as the engine runs it: schedule, "forward", then one new token per request that
+  // finished its prompt.
+  SchedulerOutput step() {
+    SchedulerOutput out = scheduler.schedule();
+    std::vector<Request*> sampling;
+    for (const ScheduledChunk& c : out.chunks) {
+      if (c.samples()) sampling.push_back(c.request);
+    }
+    scheduler.commit(out);
+    for (Request* r : sampling) r->tokens.push_back(7);
+    return out;
+  }
+  int64_t tokens_of(const SchedulerOutput& out, const Request* r) {
+    for (const ScheduledChunk& c : out.chunks) {
+      if (c.request == r) return c.num_tokens;
+    }
+    return 0;
+  }
+
+  BlockManager blocks;
+  Scheduler scheduler;
+  std::vector<std::unique_ptr<Request>> requests;
+};
+
+TEST(Scheduler, ChunksPrefillUnderTheTokenBudget) {
+  Fixture f(64, 4, {.max_num_seqs = 8, .max_num_batched_tokens = 8});
+  Request* a = f.add(10);
+  Request* b = f.add(10);
+  SchedulerOutput out = f.step();
+  EXPECT_EQ(out.num_tokens, 8);
+  EXPECT_EQ(f.tokens_of(out, a), 8);
+  EXPECT_EQ(f.tokens_of(out, b), 0);
+  out = f.step();  // a finishes its prompt (2), b starts (6)
+  EXPECT_EQ(f.tokens_of(out, a), 2);
+  EXPECT_EQ(f.tokens_of(out, b), 6);
+  EXPECT_EQ(a->num_output_tokens(), 1);
+  out = f.step();  // a decodes first (1), b finishes its prompt (4)
+  ASSERT_EQ(out.chunks.size(), 2u);
+  EXPECT_EQ(out.chunks[0].request, a);
+  EXPECT_EQ(f.tokens_of(out, a), 1);
+  EXPECT_EQ(f.tokens_of(out, b), 4);
+  EXPECT_EQ(f.scheduler.num_running(), 2);
+}
+
+TEST(Scheduler, AdmitsNoMoreThanMaxNumSeqs) {
+  Fixture f(64, 4, {.max_num_seqs = 2, .max_num_batched_tokens = 100});
+  for (int i = 0; i < 5; ++i) f.add(3);
+  const SchedulerOutput out = f.step();
+  EXPECT_EQ(out.chunks.size(), 2u);
+  EXPECT_EQ(f.scheduler.num_running(), 2);
+  EXPECT_EQ(f.scheduler.num_waiting(), 3);
+}
+
+TEST(Scheduler, PreemptsTheYoungestWhenBlocksRunOut) {
+  // 4 blocks of 2 tokens: two requests of 3 prompt tokens take 2 blocks each; the first decode
+  // that crosses into a third block (position 4) must take one from the youngest.
+  Fixture f(4, 2, {.max_num_seqs = 4, .max_num_batched_tokens = 100});
+  Request* old = f.add(3);
+  Request* young = f.add(3);
+  f.step();  // both prefilled: 3 computed + 1 sampled
+  f.step();  // position 3 still fits the second block
+  EXPECT_EQ(f.blocks.num_free_blocks(), 0);
+  const SchedulerOutput out = f.step();  // old needs a 3rd block for position 4
+  ASSERT_EQ(out.preempted.size(), 1u);
+  EXPECT_EQ(out.preempted[0], young);
+  EXPECT_EQ(young->status, RequestStatus::kWaiting);
+  EXPECT_EQ(young->num_computed, 0);
+  EXPECT_TRUE(young->blocks.table.empty());
+  EXPECT_EQ(f.tokens_of(out, old), 1);
+  EXPECT_EQ(f.tokens_of(out, young), 0);
+  // When the old one finishes, the young one is recomputed, prompt and sampled tokens alike,
+  // except its first block: still in the prefix cache (the old one took the other, evicting it).
+  f.scheduler.remove(old);
+  const SchedulerOutput again = f.step();
+  EXPECT_EQ(young->num_cached_tokens, 2);
+  EXPECT_EQ(f.tokens_of(again, young), 3);
+  f.scheduler.remove(young);
+  EXPECT_EQ(f.blocks.num_used_blocks(), 0);
+}
+
+TEST(Scheduler, WaitingRequestRunsOnceBlocksAreFree) {
+  Fixture f(2, 2, {.max_num_seqs = 4, .max_num_batched_tokens = 100});
+  Request* r = f.add(3);
+  Request* other = f.add(1);
+  f.step();
+  EXPECT_EQ(f.scheduler.num_running(), 1);  // `other` did not fit beside r
+  f.scheduler.remove(r);
+  const SchedulerOutput out = f.step();
+  EXPECT_EQ(f.tokens_of(out, other), 1);
+  f.scheduler.remove(other);
+  EXPECT_EQ(f.blocks.num_used_blocks(), 0);
+}
+
+}  // namespace
+}  // namespace moeinfer
