@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -105,6 +106,17 @@ std::vector<std::vector<int32_t>> make_prompts(const ProfileArgs& args,
   return prompts;
 }
 
+struct RunTime {
+  double wall_s = 0.0;
+  double cpu_s = 0.0;  // CPU time of the thread that drives the steps
+};
+
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
 class Workload {
  public:
   Workload(Decoder& decoder, const ProfileArgs& args, std::vector<std::vector<int32_t>> prompts)
@@ -119,9 +131,9 @@ class Workload {
     logits_.resize(args.batch * config.vocab_size);
   }
 
-  // Runs prefill and the decode steps; returns the wall time in seconds. With a profiler, each
-  // forward pass is one profiler step.
-  double run(profile::Profiler* profiler) {
+  // Runs prefill and the decode steps; returns the wall time and the calling thread's CPU time.
+  // With a profiler, each forward pass is one profiler step.
+  RunTime run(profile::Profiler* profiler) {
     const int64_t B = args_.batch;
     const int64_t V = decoder_.config().vocab_size;
     profile::ActiveProfiler guard(profiler);
@@ -134,6 +146,7 @@ class Workload {
       samplers.emplace_back(SamplingParams{
           .temperature = 0.8f, .top_p = 0.95f, .seed = args_.seed + static_cast<uint64_t>(b)});
     }
+    const double cpu_start = thread_cpu_seconds();
     const auto start = std::chrono::steady_clock::now();
     for (int64_t step = 0; step <= args_.output_len; ++step) {
       const bool prefill = step == 0;
@@ -164,8 +177,11 @@ class Workload {
       }
       if (profiler) profiler->end_step();
     }
+    const double wall =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double cpu = thread_cpu_seconds() - cpu_start;
     for (SequenceBlocks& s : seqs) blocks.free(s);
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return {wall, cpu};
   }
 
  private:
@@ -178,10 +194,8 @@ class Workload {
   std::vector<float> logits_;  // [B, V]
 };
 
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+double best(const std::vector<double>& values) {
+  return *std::min_element(values.begin(), values.end());
 }
 
 // Nanoseconds per scope, on (a profiler installed) and off, over many scopes in a loop. The
@@ -240,25 +254,33 @@ void run_profile(const ProfileArgs& args) {
   const profile::ProfilerOptions options{
       .num_layers = L, .num_experts = E, .expert_bytes = expert_bytes(decoder)};
 
-  // Overhead: one warm-up, then off/on pairs in alternating order.
+  // Overhead: one warm-up, then off/on pairs in alternating order. Noise from other processes
+  // only ever adds time, so the best run of each side is compared.
   profile::OverheadInfo overhead;
   workload.run(nullptr);
   if (args.repeats > 0) {
-    std::vector<double> off, on;
+    std::vector<double> off_wall, on_wall, off_cpu, on_cpu;
+    auto record = [](const RunTime& t, std::vector<double>& wall, std::vector<double>& cpu) {
+      wall.push_back(t.wall_s);
+      cpu.push_back(t.cpu_s);
+    };
     for (int64_t r = 0; r < args.repeats; ++r) {
       profile::Profiler scratch(options);
       if (r % 2 == 0) {
-        off.push_back(workload.run(nullptr));
-        on.push_back(workload.run(&scratch));
+        record(workload.run(nullptr), off_wall, off_cpu);
+        record(workload.run(&scratch), on_wall, on_cpu);
       } else {
-        on.push_back(workload.run(&scratch));
-        off.push_back(workload.run(nullptr));
+        record(workload.run(&scratch), on_wall, on_cpu);
+        record(workload.run(nullptr), off_wall, off_cpu);
       }
     }
     overhead.repeats = args.repeats;
-    overhead.off_ms = median(off) * 1e3;
-    overhead.on_ms = median(on) * 1e3;
+    overhead.off_ms = best(off_wall) * 1e3;
+    overhead.on_ms = best(on_wall) * 1e3;
     overhead.measured = overhead.on_ms / overhead.off_ms - 1.0;
+    overhead.off_cpu_ms = best(off_cpu) * 1e3;
+    overhead.on_cpu_ms = best(on_cpu) * 1e3;
+    overhead.measured_cpu = overhead.on_cpu_ms / overhead.off_cpu_ms - 1.0;
   }
   measure_scope_cost(L, &overhead.scope_on_ns, &overhead.scope_off_ns);
 

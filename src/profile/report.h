@@ -33,9 +33,12 @@ struct RunInfo {
 // The profiler's cost, measured by running the same workload with it off and on.
 struct OverheadInfo {
   int64_t repeats = 0;           // off/on pairs, interleaved
-  double off_ms = 0.0;           // median workload time with the profiler off
+  double off_ms = 0.0;           // best wall time of the workload with the profiler off
   double on_ms = 0.0;            // ... and on
   double measured = 0.0;         // on / off - 1
+  double off_cpu_ms = 0.0;       // best CPU time of the driving thread, profiler off
+  double on_cpu_ms = 0.0;        // ... and on
+  double measured_cpu = 0.0;     // on_cpu / off_cpu - 1
   double scope_on_ns = 0.0;      // cost of one scope (two clock reads and an add) when on
   double scope_off_ns = 0.0;     // ... when off (a thread-local load and a branch)
   double scopes_per_step = 0.0;  // scopes the workload opened per step

@@ -446,7 +446,7 @@ body { margin:0; background:var(--bg); color:var(--ink);
 header { background:linear-gradient(120deg,#1e3a5f,#4e79a7); color:#fff; padding:26px 40px 22px; }
 header h1 { margin:0 0 4px; font-size:24px; font-weight:650; letter-spacing:.2px; }
 header p { margin:0; opacity:.88; }
-main { max-width:1040px; margin:0 auto; padding:22px 24px 40px; }
+main { max-width:1100px; margin:0 auto; padding:22px 24px 40px; }
 .cards { display:grid; grid-template-columns:repeat(auto-fill,minmax(185px,1fr)); gap:12px;
          margin-bottom:18px; }
 .card { background:var(--card); border:1px solid var(--line); border-radius:10px;
@@ -458,7 +458,7 @@ section { background:var(--card); border:1px solid var(--line); border-radius:12
           padding:18px 22px 14px; margin:16px 0; box-shadow:0 1px 2px rgba(15,23,42,.04); }
 section h2 { margin:0 0 2px; font-size:17px; }
 section .sub { margin:0 0 10px; color:var(--muted); font-size:13px; }
-svg.chart { display:block; max-width:100%; height:auto; }
+svg.chart { display:block; max-width:100%; height:auto; margin:0 auto; }
 svg text { font-family:inherit; }
 .tick { font-size:11.5px; fill:#4b5563; }
 .axis-title { font-size:12.5px; fill:#374151; font-weight:600; }
@@ -484,7 +484,9 @@ th { color:var(--muted); font-weight:600; font-size:12px; text-transform:upperca
                       border-radius:2px; z-index:0; }
 .bar-cell span.num { position:relative; z-index:1; }
 footer { color:var(--muted); font-size:12px; text-align:center; margin-top:22px; }
-table.layers th, table.layers td { padding:6px 7px; }
+table.layers { font-size:12.5px; }
+table.layers th, table.layers td { padding:6px 5px; white-space:nowrap; }
+.scroll { overflow-x:auto; }
 table.layers th { text-transform:none; letter-spacing:0; white-space:nowrap; }
 code { background:#eef2f7; padding:1px 5px; border-radius:4px; font-size:12.5px; }
 )css";
@@ -541,12 +543,13 @@ std::string render_html_report(const Json& report) {
                "busiest expert / mean, mean over layers");
   // The estimate (scopes per step x the measured cost of one scope) is steady; the off/on A/B
   // of the whole workload carries the machine's noise, so it is the sub-line.
-  html += card(
-      "profiler overhead", format("%.2f%%", 100.0 * overhead["estimated"].get<double>()),
-      overhead["repeats"].get<int64_t>() > 0
-          ? format("of step time; A/B off/on %+.1f%% (median of %lld)",
-                   100.0 * overhead["measured"].get<double>(), overhead["repeats"].get<long long>())
-          : std::string("of step time, from the cost of one scope"));
+  html += card("profiler overhead", format("%.2f%%", 100.0 * overhead["estimated"].get<double>()),
+               overhead["repeats"].get<int64_t>() > 0
+                   ? format("of step time; off/on runs: wall %+.1f%%, CPU %+.1f%% (best of %lld)",
+                            100.0 * overhead["measured"].get<double>(),
+                            100.0 * overhead["measured_cpu"].get<double>(),
+                            overhead["repeats"].get<long long>())
+                   : std::string("of step time, from the cost of one scope"));
   html += "</div>";
 
   html +=
@@ -603,14 +606,15 @@ std::string render_html_report(const Json& report) {
   html +=
       "<section><h2>Layers</h2><p class=\"sub\">Mean time per step of each stage, the layer's "
       "expert load over the run, how many steps pass before an expert is picked again, and the "
-      "pair of experts most often chosen together.</p><table class=\"layers\"><thead><tr>"
+      "pair of experts most often chosen together.</p><div class=\"scroll\"><table "
+      "class=\"layers\"><thead><tr>"
       "<th>layer</th>";
   for (const std::string& name : stage_columns) {
     html += format("<th><span class=\"swatch\" style=\"background:%s\"></span>%s</th>",
                    stage_colour(name), name.c_str());
   }
   html +=
-      "<th>total</th><th>max / mean</th><th>unused</th><th>reuse</th><th>top pair</th>"
+      "<th>total</th><th>max / mean</th><th>unused</th><th>reuse (steps)</th><th>top pair</th>"
       "</tr></thead><tbody>";
   const double steps = summary["steps"].get<double>();
   for (const Json& l : report["layers"]) {
@@ -628,19 +632,19 @@ std::string render_html_report(const Json& report) {
            (l.contains("unused_experts") ? format("%lld", l["unused_experts"].get<long long>())
                                          : std::string("-")) +
            "</td>";
-    row += "<td>" +
-           (l.contains("mean_reuse_distance")
-                ? format("%.2f steps", l["mean_reuse_distance"].get<double>())
-                : std::string("-")) +
-           "</td>";
+    row +=
+        "<td>" +
+        (l.contains("mean_reuse_distance") ? format("%.2f", l["mean_reuse_distance"].get<double>())
+                                           : std::string("-")) +
+        "</td>";
     std::string pair = "-";
     if (l.contains("top_pairs") && !l["top_pairs"].empty()) {
       const Json& p = l["top_pairs"][0];
-      pair = format("%d + %d (%lld×)", p[0].get<int>(), p[1].get<int>(), p[2].get<long long>());
+      pair = format("%d+%d ×%lld", p[0].get<int>(), p[1].get<int>(), p[2].get<long long>());
     }
     html += row + "<td>" + pair + "</td></tr>";
   }
-  html += "</tbody></table></section>";
+  html += "</tbody></table></div></section>";
 
   html += format(
       "<footer>Written by <code>moeinfer profile</code>. Times from a steady clock on the CPU; "
