@@ -113,6 +113,9 @@ void add_serve_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("!--no-prefix-caching", args->engine.enable_prefix_caching,
                 "Do not reuse KV blocks of repeated prompt prefixes");
+  args->engine.profile_stages = true;
+  cmd->add_flag("!--no-stage-metrics", args->engine.profile_stages,
+                "Do not time the MoE stages or count expert rows for /metrics");
   cmd->add_option("--shutdown-grace", args->server.shutdown_grace_seconds,
                   "Seconds to let requests in flight finish after SIGTERM")
       ->capture_default_str();

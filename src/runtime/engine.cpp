@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "core/error.h"
 
@@ -85,6 +86,15 @@ Engine::Engine(std::unique_ptr<Model> model, Tokenizer tokenizer, const EngineCo
                  blocks_),
       seed_source_(std::random_device{}()) {
   for (int64_t id : model_->config().eos_token_ids) eos_ids_.insert(static_cast<int32_t>(id));
+  if (config.profile_stages) {
+    const ModelConfig& m = model_->config();
+    profiler_ = std::make_unique<profile::Profiler>(
+        profile::ProfilerOptions{.num_layers = m.num_layers, .num_experts = m.num_experts});
+    totals_.stage_seconds.assign(profile::kNumStages, 0.0);
+    totals_.expert_rows.assign(static_cast<size_t>(m.num_layers * m.num_experts), 0);
+    totals_.num_layers = m.num_layers;
+    totals_.num_experts = m.num_experts;
+  }
 }
 
 RequestId Engine::add_request(std::vector<int32_t> prompt, const GenerationParams& params) {
@@ -141,19 +151,43 @@ EngineStats Engine::stats() const {
 std::vector<RequestOutput> Engine::step() {
   std::vector<RequestOutput> outputs = std::move(aborted_);
   aborted_.clear();
+  // The profiler, when on, watches this thread for the step (the stages below report to it).
+  std::optional<profile::ActiveProfiler> watch;
+  if (profiler_) watch.emplace(profiler_.get());
   auto start = Clock::now();
   const SchedulerOutput scheduled = scheduler_.schedule();
-  totals_.schedule_seconds += seconds_since(start);
+  const double schedule_seconds = seconds_since(start);
+  totals_.schedule_seconds += schedule_seconds;
   if (scheduled.empty()) return outputs;
+  if (profiler_) {
+    profiler_->begin_step(scheduled.num_tokens);
+    profiler_->add_time(profile::Stage::kSchedule, static_cast<int64_t>(schedule_seconds * 1e9));
+  }
   start = Clock::now();
   run_model(scheduled);
   totals_.forward_seconds += seconds_since(start);
   scheduler_.commit(scheduled);
   start = Clock::now();
-  sample(scheduled, outputs);
+  {
+    MOE_PROFILE_SCOPE(profile::Stage::kSample);
+    sample(scheduled, outputs);
+  }
   totals_.sample_seconds += seconds_since(start);
   totals_.computed_tokens += scheduled.num_tokens;
   ++totals_.num_steps;
+  if (profiler_) {
+    profiler_->end_step();
+    const profile::StepRecord& step = profiler_->steps().back();
+    for (int64_t row = 0; row <= totals_.num_layers; ++row) {
+      for (int stage = 0; stage < profile::kNumStages; ++stage) {
+        totals_.stage_seconds[stage] += step.stage_ns[row * profile::kNumStages + stage] * 1e-9;
+      }
+    }
+    for (size_t i = 0; i < step.expert_rows.size() && i < totals_.expert_rows.size(); ++i) {
+      totals_.expert_rows[i] += step.expert_rows[i];
+    }
+    profiler_->clear();  // the totals above are all a long-running engine keeps
+  }
   return outputs;
 }
 

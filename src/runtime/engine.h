@@ -17,6 +17,7 @@
 #include "kv/block_manager.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
+#include "profile/profiler.h"
 #include "runtime/request.h"
 #include "runtime/scheduler.h"
 
@@ -30,6 +31,9 @@ struct EngineConfig {
   int64_t kv_cache_mb = 0;    // 0: room for max_num_seqs requests of max_model_len, at most 4 GiB
   int64_t max_model_len = 0;  // 0: the model's max_position_embeddings
   bool enable_prefix_caching = true;
+  // Times every MoE stage of every step and counts each expert's rows (profile/profiler.h),
+  // summed into EngineStats; costs a few clock reads per layer.
+  bool profile_stages = false;
 
   void validate() const;  // throws moeinfer::Error naming the bad field
 };
@@ -46,6 +50,12 @@ struct EngineStats {
   double schedule_seconds = 0.0;  // time in the scheduler, over all steps
   double forward_seconds = 0.0;   // time in Decoder::forward
   double sample_seconds = 0.0;    // sampling, detokenising, stop checks
+  // With EngineConfig::profile_stages: time per profiler stage summed over layers and steps
+  // ([profile::kNumStages], by profile::Stage), and rows each expert received ([L, E]).
+  std::vector<double> stage_seconds;
+  std::vector<int64_t> expert_rows;
+  int64_t num_layers = 0;
+  int64_t num_experts = 0;
 };
 
 class Engine {
@@ -98,7 +108,8 @@ class Engine {
   RequestId next_id_ = 1;
   uint64_t next_arrival_ = 0;
   std::mt19937_64 seed_source_;
-  std::vector<float> logits_;  // [rows, V]
+  std::vector<float> logits_;                    // [rows, V]
+  std::unique_ptr<profile::Profiler> profiler_;  // with config.profile_stages
   EngineStats totals_;
 };
 

@@ -1,6 +1,9 @@
 #include "server/metrics.h"
 
+#include <algorithm>
 #include <cstdio>
+
+#include "profile/profiler.h"
 
 namespace moeinfer::server {
 namespace {
@@ -130,6 +133,38 @@ std::string Metrics::render(const std::string& model_name) const {
   header(out, p + "request_rejected_total", "counter", "Requests refused, by HTTP status.");
   for (const auto& [status, count] : rejected_) {
     line(out, p + "request_rejected_total", "status=\"" + std::to_string(status) + "\"", count);
+  }
+  if (!stats_.stage_seconds.empty()) {
+    header(out, p + "stage_seconds_total", "counter",
+           "Time per MoE-path stage, summed over layers and steps (the stage profiler).");
+    for (int stage = 0; stage < profile::kNumStages; ++stage) {
+      line(out, p + "stage_seconds_total",
+           "stage=\"" + std::string(profile::stage_name(static_cast<profile::Stage>(stage))) + "\"",
+           stats_.stage_seconds[stage]);
+    }
+  }
+  if (stats_.num_experts > 0 && !stats_.expert_rows.empty()) {
+    const int64_t E = stats_.num_experts;
+    header(out, p + "expert_rows_total", "counter",
+           "Token rows routed to each expert of each layer.");
+    for (int64_t l = 0; l < stats_.num_layers; ++l) {
+      for (int64_t e = 0; e < E; ++e) {
+        line(out, p + "expert_rows_total",
+             "layer=\"" + std::to_string(l) + "\",expert=\"" + std::to_string(e) + "\"",
+             static_cast<double>(stats_.expert_rows[l * E + e]));
+      }
+    }
+    header(out, p + "expert_load_max_over_mean", "gauge",
+           "Per layer: the busiest expert's rows over the mean (1 = balanced).");
+    for (int64_t l = 0; l < stats_.num_layers; ++l) {
+      int64_t total = 0, most = 0;
+      for (int64_t e = 0; e < E; ++e) {
+        total += stats_.expert_rows[l * E + e];
+        most = std::max(most, stats_.expert_rows[l * E + e]);
+      }
+      line(out, p + "expert_load_max_over_mean", "layer=\"" + std::to_string(l) + "\"",
+           total > 0 ? static_cast<double>(most) * E / total : 0.0);
+    }
   }
   ttft_.render(p + "time_to_first_token_seconds", "Time to first token.", out);
   tpot_.render(p + "time_per_output_token_seconds", "Mean time per output token after the first.",

@@ -21,7 +21,7 @@ the bound port read from its log) and checks, one line per check:
   load                 64 concurrent streams, 320 short requests (completions and chat, half
                        sharing a system prompt) all succeed; then /metrics shows zero running
                        and waiting requests, zero used KV blocks, prefix-cache hits, latency
-                       histograms
+                       histograms, MoE stage times and every expert row counted
   bench_commands       `moeinfer bench-serve` (64 concurrent streams, 128 requests) against the
                        server reports every request done and the vLLM-style percentiles;
                        `moeinfer bench` reports prefill and decode throughput
@@ -354,6 +354,12 @@ def check_load(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
     assert m["moeinfer:time_to_first_token_seconds_count"] >= num
     assert m["moeinfer:e2e_request_latency_seconds_count"] >= num
     assert m["moeinfer:generation_tokens_total"] >= num * 4
+    # The MoE stage times and per-expert load: every computed token picked K=2 experts in each
+    # of the demo model's 5 layers.
+    assert m['moeinfer:stage_seconds_total{stage="experts"}'] > 0
+    rows = sum(v for k, v in m.items() if k.startswith("moeinfer:expert_rows_total{"))
+    assert rows == m["moeinfer:computed_tokens_total"] * 5 * 2, (rows, m["moeinfer:computed_tokens_total"])
+    assert all(m[f'moeinfer:expert_load_max_over_mean{{layer="{layer}"}}'] >= 1 for layer in range(5))
     print(f"  load: {num} requests, 64 concurrent, {elapsed:.1f} s", flush=True)
 
 

@@ -231,6 +231,25 @@ TEST_F(EngineTest, RejectsRequestsThatCannotRun) {
   EXPECT_FALSE(engine->has_unfinished());
 }
 
+TEST_F(EngineTest, StageProfileCountsEveryExpertRow) {
+  auto engine = make({.max_num_batched_tokens = 5, .profile_stages = true});
+  for (const auto& p : prompts_) engine->add_request(encode(p), greedy(6));
+  run_all(*engine);
+  const EngineStats stats = engine->stats();
+  const ModelConfig& config = engine->model_config();
+  ASSERT_EQ(stats.num_layers, config.num_layers);
+  ASSERT_EQ(stats.num_experts, config.num_experts);
+  int64_t rows = 0;
+  for (int64_t r : stats.expert_rows) rows += r;
+  // Every token computed went through every (MoE) layer and picked K experts there.
+  EXPECT_EQ(rows, stats.computed_tokens * config.num_layers * config.num_experts_per_tok);
+  ASSERT_EQ(stats.stage_seconds.size(), static_cast<size_t>(profile::kNumStages));
+  EXPECT_GT(stats.stage_seconds[static_cast<int>(profile::Stage::kExperts)], 0.0);
+  EXPECT_GT(stats.stage_seconds[static_cast<int>(profile::Stage::kAttention)], 0.0);
+  // Off by default: nothing is counted.
+  EXPECT_TRUE(make({})->stats().expert_rows.empty());
+}
+
 TEST_F(EngineTest, ContextEndFinishesWithLength) {
   auto engine = make({});
   const int64_t n = engine->max_model_len() - 3;
