@@ -40,6 +40,9 @@
 namespace moeinfer::cli {
 namespace {
 
+// Decode steps per side in the paired A/B of the overhead measurement.
+constexpr int64_t kPairedSteps = 200;
+
 struct ProfileArgs {
   std::string model;
   int64_t batch = 4;
@@ -104,6 +107,16 @@ std::vector<std::vector<int32_t>> make_prompts(const ProfileArgs& args,
     }
   }
   return prompts;
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+double best(const std::vector<double>& values) {
+  return *std::min_element(values.begin(), values.end());
 }
 
 struct RunTime {
@@ -184,6 +197,48 @@ class Workload {
     return {wall, cpu};
   }
 
+  // Paired A/B of one decode step: after a prefill, the same decode batch (same tokens, same
+  // positions, so every run does the same work) runs 2 * num_pairs times, alternating profiler
+  // off and on in the order off-on, on-off, ... so that drifts in machine load fall on both.
+  // Returns the median step times in microseconds; the on side includes begin_step/end_step.
+  std::pair<double, double> paired_decode_steps(int64_t num_pairs,
+                                                const profile::ProfilerOptions& options) {
+    const int64_t B = args_.batch;
+    BlockManager blocks(num_blocks_, kBlockSize, /*enable_prefix_caching=*/false);
+    std::vector<SequenceBlocks> seqs(B);
+    ForwardBatch prefill, decode;
+    std::vector<int32_t> next(B);
+    for (int64_t b = 0; b < B; ++b) {
+      MOE_CHECK(blocks.allocate(seqs[b], args_.input_len + 1), "profile: the KV pool ran out");
+      next[b] = prompts_[b].back();
+    }
+    for (int64_t b = 0; b < B; ++b) {
+      prefill.sequences.push_back(
+          SequenceBatch{.tokens = prompts_[b], .position = 0, .block_table = seqs[b].table});
+      decode.sequences.push_back(SequenceBatch{.tokens = std::span<const int32_t>(&next[b], 1),
+                                               .position = args_.input_len,
+                                               .block_table = seqs[b].table});
+    }
+    decoder_.forward(prefill, *pool_, logits_);
+    decoder_.forward(decode, *pool_, logits_);  // warm
+    profile::Profiler profiler(options);
+    std::vector<double> off, on;
+    for (int64_t i = 0; i < 2 * num_pairs; ++i) {
+      const bool profiled = (i % 4 == 1) || (i % 4 == 2);
+      profile::ActiveProfiler guard(profiled ? &profiler : nullptr);
+      const auto start = std::chrono::steady_clock::now();
+      if (profiled) profiler.begin_step(B);
+      decoder_.forward(decode, *pool_, logits_);
+      if (profiled) profiler.end_step();
+      const double us =
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+              .count();
+      (profiled ? on : off).push_back(us);
+    }
+    for (SequenceBlocks& s : seqs) blocks.free(s);
+    return {median(off), median(on)};
+  }
+
  private:
   static constexpr int64_t kBlockSize = 16;
   Decoder& decoder_;
@@ -193,10 +248,6 @@ class Workload {
   std::unique_ptr<KvBlockPool> pool_;
   std::vector<float> logits_;  // [B, V]
 };
-
-double best(const std::vector<double>& values) {
-  return *std::min_element(values.begin(), values.end());
-}
 
 // Nanoseconds per scope, on (a profiler installed) and off, over many scopes in a loop. The
 // compiler barrier makes each iteration reload the thread's profiler pointer, as real code does.
@@ -281,6 +332,11 @@ void run_profile(const ProfileArgs& args) {
     overhead.off_cpu_ms = best(off_cpu) * 1e3;
     overhead.on_cpu_ms = best(on_cpu) * 1e3;
     overhead.measured_cpu = overhead.on_cpu_ms / overhead.off_cpu_ms - 1.0;
+    const auto [off_us, on_us] = workload.paired_decode_steps(kPairedSteps, options);
+    overhead.paired_steps = kPairedSteps;
+    overhead.step_off_us = off_us;
+    overhead.step_on_us = on_us;
+    overhead.measured_step = on_us / off_us - 1.0;
   }
   measure_scope_cost(L, &overhead.scope_on_ns, &overhead.scope_off_ns);
 

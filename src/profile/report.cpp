@@ -236,6 +236,10 @@ Json build_report(const RunInfo& run, const Profiler& profiler,
                         {"off_cpu_ms", overhead.off_cpu_ms},
                         {"on_cpu_ms", overhead.on_cpu_ms},
                         {"measured_cpu", overhead.measured_cpu},
+                        {"paired_steps", overhead.paired_steps},
+                        {"step_off_us", overhead.step_off_us},
+                        {"step_on_us", overhead.step_on_us},
+                        {"measured_step", overhead.measured_step},
                         {"scope_on_ns", overhead.scope_on_ns},
                         {"scope_off_ns", overhead.scope_off_ns},
                         {"scopes_per_step", overhead.scopes_per_step},
@@ -281,6 +285,11 @@ std::string render_text_report(const Json& report) {
         overhead["off_ms"].get<double>(), overhead["on_ms"].get<double>(),
         100.0 * overhead["measured_cpu"].get<double>(), overhead["off_cpu_ms"].get<double>(),
         overhead["on_cpu_ms"].get<double>());
+    out += format(
+        "  measured, one decode step repeated %lld times each side, off and on alternating: "
+        "%+.2f%% (median %.1f vs %.1f us)\n",
+        overhead["paired_steps"].get<long long>(), 100.0 * overhead["measured_step"].get<double>(),
+        overhead["step_off_us"].get<double>(), overhead["step_on_us"].get<double>());
   }
 
   out += "\nstages (all steps)\n";

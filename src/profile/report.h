@@ -39,6 +39,10 @@ struct OverheadInfo {
   double off_cpu_ms = 0.0;       // best CPU time of the driving thread, profiler off
   double on_cpu_ms = 0.0;        // ... and on
   double measured_cpu = 0.0;     // on_cpu / off_cpu - 1
+  int64_t paired_steps = 0;      // decode steps per side in the paired step A/B
+  double step_off_us = 0.0;      // median decode step, profiler off
+  double step_on_us = 0.0;       // ... on, alternating with the off steps
+  double measured_step = 0.0;    // step_on / step_off - 1
   double scope_on_ns = 0.0;      // cost of one scope (two clock reads and an add) when on
   double scope_off_ns = 0.0;     // ... when off (a thread-local load and a branch)
   double scopes_per_step = 0.0;  // scopes the workload opened per step
