@@ -26,6 +26,7 @@ struct BenchArgs {
   int64_t max_num_batched_tokens = 0;  // 0: the whole batch's prompts in one step
   uint64_t seed = 0;
   std::string json_file;
+  bool profile = false;
 };
 
 void run_bench(const BenchArgs& args) {
@@ -38,7 +39,8 @@ void run_bench(const BenchArgs& args) {
       .max_num_batched_tokens = args.max_num_batched_tokens > 0
                                     ? args.max_num_batched_tokens
                                     : std::max<int64_t>(args.batch * args.input_len, 512),
-      .enable_prefix_caching = false};
+      .enable_prefix_caching = false,
+      .profile_stages = args.profile};
   auto engine = Engine::load(dir, config, LoadOptions{});
   MOE_CHECK(args.input_len + args.output_len <= engine->max_model_len(),
             "--input-len + --output-len (", args.input_len + args.output_len,
@@ -87,6 +89,19 @@ void run_bench(const BenchArgs& args) {
               "Scheduler share of step time:", stats.schedule_seconds / std::max(step_s, 1e-12));
   std::printf("%-34s %12.4f\n",
               "Sampling share of step time:", stats.sample_seconds / std::max(step_s, 1e-12));
+  nlohmann::json stages = nlohmann::json::object();
+  if (args.profile) {
+    // The stage profiler's view: each stage's share of the summed step time.
+    std::printf("%-16s %12s %10s\n", "stage", "seconds", "share");
+    for (int stage = 0; stage < profile::kNumStages; ++stage) {
+      const double seconds = stats.stage_seconds[stage];
+      if (seconds == 0.0) continue;
+      const std::string name(profile::stage_name(static_cast<profile::Stage>(stage)));
+      std::printf("%-16s %12.4f %10.4f\n", name.c_str(), seconds,
+                  seconds / std::max(step_s, 1e-12));
+      stages[name] = seconds;
+    }
+  }
   if (!args.json_file.empty()) {
     std::ofstream out(args.json_file);
     MOE_CHECK(out.good(), "cannot write ", args.json_file);
@@ -101,7 +116,8 @@ void run_bench(const BenchArgs& args) {
                           {"steps", stats.num_steps},
                           {"schedule_seconds", stats.schedule_seconds},
                           {"forward_seconds", stats.forward_seconds},
-                          {"sample_seconds", stats.sample_seconds}}
+                          {"sample_seconds", stats.sample_seconds},
+                          {"stage_seconds", stages}}
                .dump(2)
         << "\n";
   }
@@ -124,6 +140,8 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--seed", args->seed, "Random seed for the prompts")->capture_default_str();
   cmd->add_option("--json", args->json_file, "Write the results as JSON to FILE");
+  cmd->add_flag("--profile", args->profile,
+                "Time every stage with the stage profiler and print each one's share");
   cmd->callback([args] { run_bench(*args); });
 }
 

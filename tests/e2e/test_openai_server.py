@@ -24,7 +24,8 @@ the bound port read from its log) and checks, one line per check:
                        histograms, MoE stage times and every expert row counted
   bench_commands       `moeinfer bench-serve` (64 concurrent streams, 128 requests) against the
                        server reports every request done and the vLLM-style percentiles;
-                       `moeinfer bench` reports prefill and decode throughput
+                       `moeinfer bench --profile` reports prefill and decode throughput and the
+                       stage profiler's times
   preemption           a server with a KV cache too small for its batch (--kv-cache-mb 2: 25
                        blocks of 16 tokens) runs 8 concurrent 100-token greedy requests: requests
                        are preempted and recomputed, and every token sequence equals the main
@@ -387,11 +388,12 @@ def check_bench_commands(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
 
         out = pathlib.Path(tmp) / "bench.json"
         proc = subprocess.run([ctx["moeinfer"], "bench", "--batch", "4", "--input-len", "16",
-                               "--output-len", "8", "--json", str(out)], capture_output=True,
-                              text=True, timeout=600)
+                               "--output-len", "8", "--profile", "--json", str(out)],
+                              capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         report = json.loads(out.read_text())
         assert report["prefill_throughput"] > 0 and report["decode_throughput"] > 0, report
+        assert report["stage_seconds"]["experts"] > 0, report
 
 
 def check_preemption(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
