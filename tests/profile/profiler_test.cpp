@@ -9,11 +9,14 @@
 #include <filesystem>
 #include <numeric>
 #include <random>
+#include <regex>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
 #include "model/model.h"
 #include "moe/moe_layer.h"
+#include "profile/report.h"
 
 namespace moeinfer::profile {
 namespace {
@@ -260,6 +263,86 @@ TEST(Profiler, DecoderStepOnTheDemoModel) {
   }
   EXPECT_GT(step.ns(L, Stage::kLmHead), 0);
   EXPECT_EQ(step.expert_bytes_read, touched);
+}
+
+int count(const std::string& text, const std::string& needle) {
+  int n = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
+// The report built from a hand-made profile: 3 layers (layer 1 dense), 4 experts, top-2, one
+// prefill step of 3 tokens and two decode steps of 1 token.
+TEST(ProfileReport, BuiltFromAHandMadeProfile) {
+  Profiler profiler(
+      ProfilerOptions{.num_layers = 3, .num_experts = 4, .expert_bytes = {10, 0, 10}});
+  const std::vector<std::vector<int32_t>> routing = {{0, 1, 0, 2, 0, 3}, {1, 2}, {3, 0}};
+  for (int step = 0; step < 3; ++step) {
+    const int64_t tokens = step == 0 ? 3 : 1;
+    profiler.begin_step(tokens);
+    for (int64_t l = 0; l < 3; ++l) {
+      profiler.set_current_layer(l);
+      profiler.add_time(Stage::kAttention, 1000);
+      if (l == 1) {
+        profiler.add_time(Stage::kDenseMlp, 500);
+        continue;
+      }
+      profiler.add_time(Stage::kExperts, 2000);
+      profiler.record_routing(l, routing[step]);
+    }
+    profiler.set_current_layer(-1);
+    profiler.add_time(Stage::kSample, 100);
+    profiler.end_step();
+  }
+  const RunInfo run{.model = "hand",
+                    .model_type = "test",
+                    .batch = 1,
+                    .input_len = 3,
+                    .output_len = 2,
+                    .token_source = "random",
+                    .num_threads = 1,
+                    .top_k = 2,
+                    .hidden_size = 8,
+                    .layer_is_moe = {true, false, true}};
+  const nlohmann::ordered_json report = build_report(run, profiler, {}, OverheadInfo{});
+
+  ASSERT_EQ(report["steps"].size(), 3u);
+  EXPECT_EQ(report["steps"][0]["phase"], "prefill");
+  EXPECT_EQ(report["steps"][1]["phase"], "decode");
+  EXPECT_EQ(report["layers"][0]["load"], (std::vector<int64_t>{4, 2, 2, 2}));
+  EXPECT_EQ(report["layers"][2]["load"], (std::vector<int64_t>{4, 2, 2, 2}));
+  EXPECT_EQ(report["layers"][1]["load"], (std::vector<int64_t>{0, 0, 0, 0}));
+  EXPECT_TRUE(report["steps"][0]["imbalance"][1].is_null());
+  // Step 0, layer 0: rows {3, 1, 1, 1}, mean 1.5 -> 2.0. Step 1: {0, 1, 1, 0} -> 2.0.
+  EXPECT_DOUBLE_EQ(report["steps"][0]["imbalance"][0].get<double>(), 2.0);
+  EXPECT_DOUBLE_EQ(report["steps"][1]["imbalance_max"].get<double>(), 2.0);
+  EXPECT_EQ(report["steps"][0]["expert_bytes_read"], 2 * 4 * 10);
+  EXPECT_EQ(report["steps"][1]["expert_bytes_read"], 2 * 2 * 10);
+  EXPECT_DOUBLE_EQ(report["layers"][1]["stage_ms"]["dense_mlp"].get<double>(), 3 * 500e-6);
+  double shares = 0.0;
+  for (const auto& t : report["totals"]) shares += t["share"].get<double>();
+  EXPECT_NEAR(shares, 1.0, 1e-9);
+  const auto& experts = report["totals"][static_cast<int>(Stage::kExperts)];
+  EXPECT_EQ(experts["stage"], "experts");
+  EXPECT_EQ(experts["calls"], 6);
+
+  const std::string text = render_text_report(report);
+  EXPECT_NE(text.find("experts"), std::string::npos);
+  EXPECT_NE(text.find("dense_mlp"), std::string::npos);
+  EXPECT_NE(text.find("not run by this model: route"), std::string::npos) << text;
+
+  const std::string html = render_html_report(report);
+  EXPECT_EQ(count(html, "<script"), 0);
+  EXPECT_EQ(count(html, "http://") + count(html, "https://"), 0);
+  EXPECT_EQ(count(html, "class=\"layer-bar\""), 3);
+  EXPECT_EQ(count(html, "class=\"cell\""), 2 * 4) << "one cell per MoE layer and expert";
+  EXPECT_EQ(count(html, "class=\"series\""), 2);
+  const std::regex points_attr("class=\"series\"[^>]*points=\"([^\"]*)\"");
+  for (auto it = std::sregex_iterator(html.begin(), html.end(), points_attr);
+       it != std::sregex_iterator(); ++it) {
+    const std::string points = (*it)[1];
+    EXPECT_EQ(count(points, ","), 3) << "one point per step: " << points;
+  }
 }
 
 }  // namespace
