@@ -59,7 +59,7 @@ const char* stage_colour(const std::string& name) {
   static const Entry kColours[] = {
       {"attention", "#4e79a7"}, {"route", "#f28e2b"},          {"plan", "#edc948"},
       {"dispatch", "#76b7b2"},  {"experts", "#59a14f"},        {"combine", "#b07aa1"},
-      {"unpermute", "#9c755f"}, {"shared_experts", "#86bcb6"}, {"dense_mlp", "#8cd17d"},
+      {"unpermute", "#9c755f"}, {"shared_experts", "#1b9e77"}, {"dense_mlp", "#8cd17d"},
       {"lm_head", "#e15759"},   {"sample", "#ff9da7"},         {"schedule", "#d4a6c8"},
       {"other", "#bab0ac"}};
   for (const Entry& e : kColours) {
@@ -487,6 +487,7 @@ footer { color:var(--muted); font-size:12px; text-align:center; margin-top:22px;
 table.layers { font-size:12.5px; }
 table.layers th, table.layers td { padding:6px 5px; white-space:nowrap; }
 .scroll { overflow-x:auto; }
+.muted { color:var(--muted); }
 table.layers th { text-transform:none; letter-spacing:0; white-space:nowrap; }
 code { background:#eef2f7; padding:1px 5px; border-radius:4px; font-size:12.5px; }
 )css";
@@ -600,21 +601,16 @@ std::string render_html_report(const Json& report) {
   }
   html += "</tbody></table></section>";
 
-  // Layer table: mean time per step of every stage that ran, then the routing figures.
+  // Layer table: mean time per step of every stage that ran.
   const std::vector<std::string> stage_columns = active_layer_stages(report);
   html +=
-      "<section><h2>Layers</h2><p class=\"sub\">Mean time per step of each stage, the layer's "
-      "expert load over the run, how many steps pass before an expert is picked again, and the "
-      "pair of experts most often chosen together.</p><div class=\"scroll\"><table "
-      "class=\"layers\"><thead><tr>"
-      "<th>layer</th>";
+      "<section><h2>Layers</h2><p class=\"sub\">Mean time per step of each stage in each "
+      "layer.</p><div class=\"scroll\"><table class=\"layers\"><thead><tr><th>layer</th>";
   for (const std::string& name : stage_columns) {
     html += format("<th><span class=\"swatch\" style=\"background:%s\"></span>%s</th>",
                    stage_colour(name), name.c_str());
   }
-  html +=
-      "<th>total</th><th>max / mean</th><th>unused</th><th>reuse (steps)</th><th>top pair</th>"
-      "</tr></thead><tbody>";
+  html += "<th>total</th></tr></thead><tbody>";
   const double steps = summary["steps"].get<double>();
   for (const Json& l : report["layers"]) {
     std::string row = format("<tr><td>%lld%s</td>", l["layer"].get<long long>(),
@@ -622,26 +618,39 @@ std::string render_html_report(const Json& report) {
     for (const std::string& name : stage_columns) {
       row += "<td>" + human_us(l["stage_ms"][name].get<double>() * 1e3 / steps) + "</td>";
     }
-    row += "<td><b>" + human_us(l["total_ms"].get<double>() * 1e3 / steps) + "</b></td>";
-    row += "<td>" +
-           (l.contains("max_over_mean") ? format("%.2f×", l["max_over_mean"].get<double>())
-                                        : std::string("-")) +
-           "</td>";
-    row += "<td>" +
-           (l.contains("unused_experts") ? format("%lld", l["unused_experts"].get<long long>())
-                                         : std::string("-")) +
-           "</td>";
-    row +=
-        "<td>" +
-        (l.contains("mean_reuse_distance") ? format("%.2f", l["mean_reuse_distance"].get<double>())
-                                           : std::string("-")) +
-        "</td>";
-    std::string pair = "-";
-    if (l.contains("top_pairs") && !l["top_pairs"].empty()) {
-      const Json& p = l["top_pairs"][0];
-      pair = format("%d+%d ×%lld", p[0].get<int>(), p[1].get<int>(), p[2].get<long long>());
+    html +=
+        row + "<td><b>" + human_us(l["total_ms"].get<double>() * 1e3 / steps) + "</b></td></tr>";
+  }
+  html += "</tbody></table></div></section>";
+
+  // Routing table: load skew, reuse and co-selection of the MoE layers.
+  html +=
+      "<section><h2>Routing</h2><p class=\"sub\">Per MoE layer over the run: the busiest and "
+      "idlest expert against the mean, experts never picked, how many steps pass on average "
+      "before an expert is picked again (and how often it is picked in the very next step), and "
+      "the pairs of experts most often chosen by the same token.</p><div class=\"scroll\">"
+      "<table class=\"layers\"><thead><tr><th>layer</th><th>max / mean</th><th>min / mean</th>"
+      "<th>unused experts</th><th>reuse distance</th><th>reused next step</th>"
+      "<th>top expert pairs</th></tr></thead><tbody>";
+  for (const Json& l : report["layers"]) {
+    if (!l["moe"].get<bool>() || !l.contains("max_over_mean")) continue;
+    std::string row =
+        format("<tr><td>%lld</td><td>%.2f×</td><td>%.2f×</td><td>%lld</td>",
+               l["layer"].get<long long>(), l["max_over_mean"].get<double>(),
+               l["min_over_mean"].get<double>(), l["unused_experts"].get<long long>());
+    if (l.contains("mean_reuse_distance")) {
+      row += format("<td>%.2f steps</td><td>%.0f%%</td>", l["mean_reuse_distance"].get<double>(),
+                    100.0 * l["reuse_within_1_step"].get<double>());
+      std::string pairs;
+      for (const Json& p : l["top_pairs"]) {
+        pairs += format("%s%d+%d <span class=\"muted\">×%lld</span>", pairs.empty() ? "" : ", ",
+                        p[0].get<int>(), p[1].get<int>(), p[2].get<long long>());
+      }
+      row += "<td>" + (pairs.empty() ? std::string("-") : pairs) + "</td>";
+    } else {
+      row += "<td>-</td><td>-</td><td>-</td>";
     }
-    html += row + "<td>" + pair + "</td></tr>";
+    html += row + "</tr>";
   }
   html += "</tbody></table></div></section>";
 
