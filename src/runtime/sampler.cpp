@@ -76,14 +76,39 @@ int32_t Sampler::sample(std::span<const float> raw_logits, const SamplingHistory
     // Greedy; the first maximum wins, as argmax does.
     return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   }
-  // Candidates sorted by logit (ties to the lower id), cut to top_k.
-  order_.resize(n);
-  std::iota(order_.begin(), order_.end(), 0);
-  const int64_t keep = params_.top_k > 0 ? std::min(params_.top_k, n) : n;
   const auto by_logit = [&](int32_t a, int32_t b) {
     return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
   };
-  std::partial_sort(order_.begin(), order_.begin() + keep, order_.end(), by_logit);
+  order_.resize(n);
+  std::iota(order_.begin(), order_.end(), 0);
+  // How many candidates to sort. With top_k, exactly those. Without it, the nucleus (top-p) or
+  // the min-p set is usually a few tokens of a large vocabulary: sort a growing prefix until it
+  // holds the cut, instead of sorting every token for every sample.
+  int64_t keep = params_.top_k > 0 ? std::min(params_.top_k, n) : n;
+  // Normaliser of the probabilities over all tokens, when no top_k cut applies.
+  double full_total = 0.0;
+  if (params_.top_k == 0 && (params_.top_p < 1.0f || params_.min_p > 0.0f)) {
+    const float max_logit = *std::max_element(logits.begin(), logits.end());
+    for (float l : logits) full_total += std::exp((l - max_logit) / params_.temperature);
+    for (int64_t k = std::min<int64_t>(64, n);; k = std::min(n, 4 * k)) {
+      std::partial_sort(order_.begin(), order_.begin() + k, order_.end(), by_logit);
+      double prefix = 0.0;
+      for (int64_t i = 0; i < k; ++i) {
+        prefix += std::exp((logits[order_[i]] - max_logit) / params_.temperature);
+      }
+      const double last = std::exp((logits[order_[k - 1]] - max_logit) / params_.temperature);
+      // min-p is applied first and renormalises, so its whole set must be in the prefix;
+      // otherwise the prefix must reach top_p of the total mass.
+      const bool done = params_.min_p > 0.0f ? last < params_.min_p
+                                             : prefix >= params_.top_p * full_total;
+      if (done || k == n) {
+        keep = k;
+        break;
+      }
+    }
+  } else {
+    std::partial_sort(order_.begin(), order_.begin() + keep, order_.end(), by_logit);
+  }
   order_.resize(keep);
 
   // Softmax at the temperature over the kept candidates, in double for a stable sum.
@@ -95,6 +120,8 @@ int32_t Sampler::sample(std::span<const float> raw_logits, const SamplingHistory
     probs_[i] = static_cast<float>(p);
     total += p;
   }
+  // The probabilities are shares of every token's mass unless top_k cut the candidates.
+  if (full_total > 0.0) total = full_total;
   int64_t cut = keep;
   // min-p: keep tokens whose probability is at least min_p times the largest (probs_[0] = 1).
   if (params_.min_p > 0.0f) {
