@@ -680,22 +680,8 @@ void pipeline(int64_t T, bool in_graph) {
   }
 }
 
-class KernelTest : public ::testing::Test {
- public:
-  explicit KernelTest(std::function<void()> body) : body_(std::move(body)) {}
-  void TestBody() override {
-    SCOPED_TRACE(::testing::Message()
-                 << "seed " << fresh_seed() << " (set MOE_TEST_SEED to replay)");
-    body_();
-  }
-
- private:
-  std::function<void()> body_;
-};
-
 void register_kernel_test(const char* suite, const std::string& name, std::function<void()> body) {
-  ::testing::RegisterTest(suite, name.c_str(), nullptr, nullptr, __FILE__, __LINE__,
-                          [body]() -> ::testing::Test* { return new KernelTest(body); });
+  testing_util::register_kernel_test(suite, name, std::move(body), __FILE__, __LINE__);
 }
 
 // Runs before gtest_main's main(): registers the kernel tests when, and only when, a CUDA
