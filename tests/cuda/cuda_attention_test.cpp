@@ -3,9 +3,14 @@
 // first. RoPE is held to moeinfer::Rope (the CPU decoder's own, default and yarn inverse
 // frequencies, rotate-half and interleaved, partial rotary dims); attention to a float64
 // softmax. Awkward sizes: sequence lengths 0, 1, 17, 1000, 3000 (several splits), shuffled
-// block tables, GQA groups 1, 4 and 8, head dims 64, 128, 256. bf16 tolerance 1e-2 of the
-// output's natural scale. The tensor-core decode kernel (CudaPagedDecode.Mma_*, opt-in) was
-// added after the last GPU run of 2026-11-30 and has not run on a GPU yet.
+// block tables, GQA groups 1, 4, 6 and 8, head dims 64, 128, 256. bf16 tolerance 1e-2 of the
+// output's natural scale. Both decode kernels (the tensor-core default, CudaPagedDecode.Mma_*,
+// and the CUDA-core one) and both prefill kernels are held to the same reference, with and
+// without a sliding window (Win*: windows of 1, below, at and above the lengths, starting
+// mid-block, split and unsplit); in the decode cases the cached keys before each window are
+// NaN, so a kernel that reads them fails. Window cases first run on an H200 when added: all
+// pass, memcheck and racecheck clean on the small ones, and kernels with the window start or
+// the window mask removed fail them.
 #include <gtest/gtest.h>
 
 #if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
@@ -70,6 +75,12 @@ TEST(CudaAttentionChecks, RefuseBadShapes) {
   dp.head_dim = 128;
   dp.max_seq_len = 17;
   expect_error_naming([&] { paged_decode_attention(dp, nullptr); }, "max_seq_len = 17");
+  dp.max_seq_len = 16;
+  dp.sliding_window = -1;
+  expect_error_naming([&] { paged_decode_attention(dp, nullptr); }, "sliding_window = -1");
+  dp.sliding_window = 0;
+  dp.q = b + 1;  // 2 bytes off: the tensor-core default refuses it and names the way out
+  expect_error_naming([&] { paged_decode_attention(dp, nullptr); }, "tensor_cores = false");
   PrefillParams pp{.q = b,
                    .k = b,
                    .v = b,
@@ -83,6 +94,9 @@ TEST(CudaAttentionChecks, RefuseBadShapes) {
                    .head_dim = 256,
                    .scale = 0.1f};
   expect_error_naming([&] { prefill_attention(pp, nullptr); }, "head_dim = 256");
+  pp.head_dim = 128;
+  pp.sliding_window = -1;
+  expect_error_naming([&] { prefill_attention(pp, nullptr); }, "sliding_window = -1");
 }
 
 void embedding_random(int64_t T) {
@@ -169,10 +183,17 @@ void rope_random(int64_t T, bool yarn, bool interleaved, int64_t rotary_dim) {
 struct DecodeCase {
   std::vector<int32_t> seq_lens;
   int64_t Nq, Nkv, D, block_size;
+  int64_t window = 0;  // PagedDecodeParams::sliding_window
 };
 
+// First key the decode query (position len - 1) sees under a window of W keys (0: none).
+int64_t window_first(int64_t len, int64_t window) {
+  return window > 0 ? std::max<int64_t>(0, len - window) : 0;
+}
+
 void decode_random(const DecodeCase& c, bool tensor_cores) {
-  std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(c.D * 13 + c.Nq + c.seq_lens.size()));
+  std::mt19937 rng(fresh_seed() ^
+                   static_cast<uint32_t>(c.D * 13 + c.Nq + c.seq_lens.size() + c.window * 7919));
   const int64_t B = static_cast<int64_t>(c.seq_lens.size());
   const int64_t max_len =
       std::max<int64_t>(1, *std::max_element(c.seq_lens.begin(), c.seq_lens.end()));
@@ -185,9 +206,17 @@ void decode_random(const DecodeCase& c, bool tensor_cores) {
   std::vector<int32_t> tables(B * max_blocks);
   for (int64_t i = 0; i < B * max_blocks; ++i) tables[i] = pool[i];
   const int64_t row = c.Nkv * c.D;
-  const auto k = random_bf16(num_blocks * c.block_size * row, rng);
-  const auto v = random_bf16(num_blocks * c.block_size * row, rng);
+  auto k = random_bf16(num_blocks * c.block_size * row, rng);
+  auto v = random_bf16(num_blocks * c.block_size * row, rng);
   const auto q = random_bf16(B * c.Nq * c.D, rng);
+  // Keys and values before each sequence's window are NaN (bf16 0x7fc0): reading one, even
+  // under a zero weight, would make the output NaN.
+  auto slot = [&](int64_t b, int64_t t) {
+    return (tables[b * max_blocks + t / c.block_size] * c.block_size + t % c.block_size) * row;
+  };
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < window_first(c.seq_lens[b], c.window); ++t)
+      for (int64_t i = 0; i < row; ++i) k[slot(b, t) + i] = v[slot(b, t) + i] = 0x7fc0;
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.D));
   PagedDecodeParams p{.num_seqs = B,
                       .num_q_heads = c.Nq,
@@ -198,6 +227,7 @@ void decode_random(const DecodeCase& c, bool tensor_cores) {
                       .max_blocks_per_seq = max_blocks,
                       .max_seq_len = max_len,
                       .scale = scale,
+                      .sliding_window = c.window,
                       .tensor_cores = tensor_cores};
   DeviceBuffer<uint16_t> d_q(q), d_k(k), d_v(v), d_out(B * c.Nq * c.D);
   DeviceBuffer<int32_t> d_tables(tables), d_lens(c.seq_lens);
@@ -218,39 +248,35 @@ void decode_random(const DecodeCase& c, bool tensor_cores) {
   std::vector<double> want(B * c.Nq * c.D, 0.0), bound(want.size(), 1e-3);
   for (int64_t b = 0; b < B; ++b) {
     const int64_t len = c.seq_lens[b];
+    const int64_t first = window_first(len, c.window);
+    const int64_t count = len - first;  // keys the query sees: [first, len)
     for (int64_t h = 0; h < c.Nq; ++h) {
       const int64_t kvh = h / G;
-      std::vector<double> s(len);
+      std::vector<double> s(count);
       double m = -1e300;
-      for (int64_t t = 0; t < len; ++t) {
-        const int64_t base =
-            ((tables[b * max_blocks + t / c.block_size] * c.block_size + t % c.block_size) * c.Nkv +
-             kvh) *
-            c.D;
+      for (int64_t i = 0; i < count; ++i) {
+        const int64_t base = slot(b, first + i) + kvh * c.D;
         double dot = 0;
         for (int64_t d = 0; d < c.D; ++d)
           dot += static_cast<double>(qf[(b * c.Nq + h) * c.D + d]) * kf[base + d];
-        s[t] = dot * scale;
-        m = std::max(m, s[t]);
+        s[i] = dot * scale;
+        m = std::max(m, s[i]);
       }
       double z = 0;
       for (auto& x : s) z += (x = std::exp(x - m));
       std::vector<double> magnitude(c.D, 0.0);  // sum_t p_t |v_t|
-      for (int64_t t = 0; t < len; ++t) {
-        const int64_t base =
-            ((tables[b * max_blocks + t / c.block_size] * c.block_size + t % c.block_size) * c.Nkv +
-             kvh) *
-            c.D;
+      for (int64_t i = 0; i < count; ++i) {
+        const int64_t base = slot(b, first + i) + kvh * c.D;
         for (int64_t d = 0; d < c.D; ++d) {
-          want[(b * c.Nq + h) * c.D + d] += s[t] / z * vf[base + d];
-          magnitude[d] += std::fabs(s[t] / z * vf[base + d]);
+          want[(b * c.Nq + h) * c.D + d] += s[i] / z * vf[base + d];
+          magnitude[d] += std::fabs(s[i] / z * vf[base + d]);
         }
       }
       // The output is a convex mix of values of size ~1: its natural scale is at least
-      // 1/sqrt(len) (a spread softmax); with P rounded to bf16 (the tensor-core path) the
+      // 1/sqrt(keys seen) (a spread softmax); with P rounded to bf16 (the tensor-core path) the
       // error is bounded by 2^-9 of sum_t p_t |v_t|, so the scale is the larger of the two.
       for (int64_t d = 0; d < c.D; ++d) {
-        const double spread = len > 0 ? 1.0 / std::sqrt(static_cast<double>(len)) : 1e-6;
+        const double spread = count > 0 ? 1.0 / std::sqrt(static_cast<double>(count)) : 1e-6;
         bound[(b * c.Nq + h) * c.D + d] = tensor_cores ? std::max(spread, magnitude[d]) : spread;
       }
     }
@@ -259,8 +285,8 @@ void decode_random(const DecodeCase& c, bool tensor_cores) {
 }
 
 void prefill_random(std::vector<int32_t> lens, int64_t Nq, int64_t Nkv, int64_t D,
-                    bool tensor_cores) {
-  std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(D * 17 + Nq + lens.size()));
+                    bool tensor_cores, int64_t window = 0) {
+  std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(D * 17 + Nq + lens.size() + window * 7919));
   const int64_t B = static_cast<int64_t>(lens.size());
   std::vector<int32_t> cu(B + 1, 0);
   for (int64_t b = 0; b < B; ++b) cu[b + 1] = cu[b] + lens[b];
@@ -284,6 +310,7 @@ void prefill_random(std::vector<int32_t> lens, int64_t Nq, int64_t Nkv, int64_t 
                                   .num_kv_heads = Nkv,
                                   .head_dim = D,
                                   .scale = scale,
+                                  .sliding_window = window,
                                   .tensor_cores = tensor_cores},
                     nullptr);
   synchronize();
@@ -293,32 +320,35 @@ void prefill_random(std::vector<int32_t> lens, int64_t Nq, int64_t Nkv, int64_t 
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t i = 0; i < lens[b]; ++i) {
       const int64_t ti = cu[b] + i;
+      // Keys [first, i] of the sequence: the causal prefix, cut to the last W under a window.
+      const int64_t first = window > 0 ? std::max<int64_t>(0, i - window + 1) : 0;
+      const int64_t count = i - first + 1;
       for (int64_t h = 0; h < Nq; ++h) {
-        std::vector<double> s(i + 1);
+        std::vector<double> s(count);
         double m = -1e300;
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = 0; j < count; ++j) {
           double dot = 0;
           for (int64_t d = 0; d < D; ++d)
             dot += static_cast<double>(qf[(ti * Nq + h) * D + d]) *
-                   kf[((cu[b] + j) * Nkv + h / G) * D + d];
+                   kf[((cu[b] + first + j) * Nkv + h / G) * D + d];
           s[j] = dot * scale;
           m = std::max(m, s[j]);
         }
         double z = 0;
         for (auto& x : s) z += (x = std::exp(x - m));
-        // Natural scale: at least 1/sqrt(i + 1) (a spread softmax of unit values), and the sum
-        // of the terms' magnitudes sum_j p_j |v_j|, which bounds the tensor-core path's
+        // Natural scale: at least 1/sqrt(keys seen) (a spread softmax of unit values), and the
+        // sum of the terms' magnitudes sum_j p_j |v_j|, which bounds the tensor-core path's
         // rounding of P to bf16 (2^-9 of each term) when the softmax is peaked.
         for (int64_t d = 0; d < D; ++d) bound[(ti * Nq + h) * D + d] = 0.0;
-        for (int64_t j = 0; j <= i; ++j)
+        for (int64_t j = 0; j < count; ++j)
           for (int64_t d = 0; d < D; ++d) {
-            const double term = s[j] / z * vf[((cu[b] + j) * Nkv + h / G) * D + d];
+            const double term = s[j] / z * vf[((cu[b] + first + j) * Nkv + h / G) * D + d];
             want[(ti * Nq + h) * D + d] += term;
             bound[(ti * Nq + h) * D + d] += std::fabs(term);
           }
         for (int64_t d = 0; d < D; ++d)
           bound[(ti * Nq + h) * D + d] =
-              std::max(bound[(ti * Nq + h) * D + d], 1.0 / std::sqrt(static_cast<double>(i + 1)));
+              std::max(bound[(ti * Nq + h) * D + d], 1.0 / std::sqrt(static_cast<double>(count)));
       }
     }
   }
@@ -352,6 +382,33 @@ void prefill_random(std::vector<int32_t> lens, int64_t Nq, int64_t Nkv, int64_t 
       {"B2_Len3000_G1_D128", {{3000, 1234}, 4, 4, 128, 16}},
       {"B5_Mixed_G8_D256", {{1, 64, 65, 511, 700}, 16, 2, 256, 8}},
       {"B64_Len1024_G8_D128", {std::vector<int32_t>(64, 1024), 32, 4, 128, 16}},
+      // Sliding windows. Split counts as paged_decode_split plans them over min(max_len, W)
+      // keys; "first" is each sequence's first visible key.
+      // W 20 < len: 1 split, keys 980..999 cross the block boundary at 992.
+      {"Win20_B1_Len1000_G8_D128", {{1000}, 32, 4, 128, 16, 20}},
+      // 4 splits of 32 from key 900 (mid-block), the last holding 4 keys.
+      {"Win100_B1_Len1000_G8_D128", {{1000}, 32, 4, 128, 16, 100}},
+      // W 1: each head's output is the last value row; the empty sequence gets zeros.
+      {"Win1_B3_Mixed_G4_D64", {{17, 0, 300}, 8, 2, 64, 32, 1}},
+      // Lengths just below, at and above W, and far above it (first 800, block-aligned); 7
+      // splits, of which a length-17 sequence uses 1.
+      {"Win200_B5_AroundWindow_G4_D64", {{199, 200, 201, 17, 1000}, 8, 2, 64, 16, 200}},
+      // 2 splits (32 + 5 keys), firsts 0, 27, 28, 474, 663 in 8-token blocks.
+      {"Win37_B5_Mixed_G8_D256", {{1, 64, 65, 511, 700}, 16, 2, 256, 8, 37}},
+      // 32 splits of 32 keys from 1976 and from 210.
+      {"Win1024_B2_Len3000_G1_D128", {{3000, 1234}, 4, 4, 128, 16, 1024}},
+      // W above every length: the same as no window (10 splits).
+      {"Win4096_B3_Mixed_G4_D64", {{17, 0, 300}, 8, 2, 64, 32, 4096}},
+      // G 6 (odd rows of the 16-row mma tile): 2 splits, firsts 27 and 80.
+      {"Win50_B2_G6_D128", {{77, 130}, 12, 2, 128, 16, 50}},
+      // 66 x 4 blocks fill the grid: 1 split of up to 300 keys, lengths on both sides of W.
+      {"Win300_B66_Mixed_G8_D128",
+       {[] {
+          std::vector<int32_t> lens(66);
+          for (int i = 0; i < 66; ++i) lens[i] = 1 + (37 * i) % 1000;
+          return lens;
+        }(),
+        32, 4, 128, 16, 300}},
   };
   for (const Dc& d : decode_cases) {
     reg("CudaPagedDecode", d.name, [c = d.c] { decode_random(c, false); });
@@ -366,6 +423,28 @@ void prefill_random(std::vector<int32_t> lens, int64_t Nq, int64_t Nkv, int64_t 
     });
     reg("CudaPrefill", kind + "OneSeq_T700_G4_D128",
         [tc] { prefill_random({700}, 8, 2, 128, tc); });
+    // Sliding windows (query tiles of 32 on CUDA cores, 64 on tensor cores; key tiles the same).
+    // W 5, below a tile: later rows of a query tile are wholly masked in its first key tile.
+    reg("CudaPrefill", kind + "Win5_OneSeq_T99_G8_D128",
+        [tc] { prefill_random({99}, 16, 2, 128, tc, 5); });
+    // W 1: each output row is its own value row.
+    reg("CudaPrefill", kind + "Win1_Varlen_D128", [tc] {
+      prefill_random({3, 1, 70}, 4, 2, 128, tc, 1);
+    });
+    // W 33 crosses the 32-key tile edge; lengths above and below it.
+    reg("CudaPrefill", kind + "Win33_Varlen_D64", [tc] {
+      prefill_random({200, 65, 32}, 4, 4, 64, tc, 33);
+    });
+    // W 64, one tile: the 130-token sequence is windowed, the others are not.
+    reg("CudaPrefill", kind + "Win64_Varlen_D64", [tc] {
+      prefill_random({17, 1, 64, 33, 130}, 6, 3, 64, tc, 64);
+    });
+    // W 100 over 700 tokens: tiles wholly before each query tile's window are skipped.
+    reg("CudaPrefill", kind + "Win100_OneSeq_T700_G4_D128",
+        [tc] { prefill_random({700}, 8, 2, 128, tc, 100); });
+    // W above the length: the same as causal.
+    reg("CudaPrefill", kind + "Win1000_OneSeq_T300_G4_D128",
+        [tc] { prefill_random({300}, 8, 2, 128, tc, 1000); });
   }
   return true;
 }();

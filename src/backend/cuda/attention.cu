@@ -1,5 +1,11 @@
-// Launchers of paged decode attention and causal prefill attention (attention_kernel.cuh):
-// argument checks, the split plan for decode, instantiations for the head dims in use.
+// Launchers of paged decode attention and causal prefill attention (attention_kernel.cuh and
+// the tensor-core kernels beside it): argument checks, the split plan for decode,
+// instantiations for the head dims in use.
+//
+// Decode runs on tensor cores by default. The tensor-core kernel covers every shape
+// check_decode accepts (D 64, 128, 256; any G from 1 to 16, padded to 16 mma rows), so there
+// is no shape to fall back on the CUDA-core kernel for; its one extra need, q 16-byte aligned,
+// is refused with a message rather than taken silently down the slower path.
 #include <algorithm>
 
 #include "backend/cuda/attention.h"
@@ -36,6 +42,8 @@ void check_decode(const PagedDecodeParams& p) {
   detail::check_int32_range(p.max_seq_len, "max_seq_len");
   detail::check_int32_range(p.num_blocks * p.block_size, "num_blocks * block_size");
   MOE_CHECK(p.scale > 0.0f, "scale = ", p.scale, " must be positive");
+  MOE_CHECK(p.sliding_window >= 0, "sliding_window = ", p.sliding_window,
+            " must be 0 (none) or positive");
 }
 
 template <int D>
@@ -55,17 +63,7 @@ void launch_decode_mma(const PagedDecodeParams& p, const DecodeSplit& split, cud
 }
 
 template <int D>
-void launch_decode(const PagedDecodeParams& p, const DecodeSplit& split, cudaStream_t stream) {
-  if (p.tensor_cores) {
-    launch_decode_mma<D>(p, split, stream);
-    if (split.num_splits > 1) {
-      paged_decode_combine_kernel<D>
-          <<<dim3(static_cast<unsigned>(p.num_q_heads), static_cast<unsigned>(p.num_seqs)), D, 0,
-             stream>>>(p, static_cast<int>(split.chunk), static_cast<int>(split.num_splits));
-      MOE_CUDA_CHECK_LAUNCH();
-    }
-    return;
-  }
+void launch_decode_simt(const PagedDecodeParams& p, const DecodeSplit& split, cudaStream_t stream) {
   const int group = static_cast<int>(p.num_q_heads / p.num_kv_heads);
   const int smem = attn::decode_smem_bytes<D>(group, static_cast<int>(split.chunk));
   static const bool attribute_set = [] {
@@ -81,6 +79,15 @@ void launch_decode(const PagedDecodeParams& p, const DecodeSplit& split, cudaStr
   paged_decode_kernel<D><<<grid, attn::kDecodeThreads, smem, stream>>>(
       p, static_cast<int>(split.chunk), static_cast<int>(split.num_splits));
   MOE_CUDA_CHECK_LAUNCH();
+}
+
+template <int D>
+void launch_decode(const PagedDecodeParams& p, const DecodeSplit& split, cudaStream_t stream) {
+  if (p.tensor_cores) {
+    launch_decode_mma<D>(p, split, stream);
+  } else {
+    launch_decode_simt<D>(p, split, stream);
+  }
   if (split.num_splits > 1) {
     paged_decode_combine_kernel<D>
         <<<dim3(static_cast<unsigned>(p.num_q_heads), static_cast<unsigned>(p.num_seqs)), D, 0,
@@ -124,7 +131,10 @@ void launch_prefill(const PrefillParams& p, cudaStream_t stream) {
 DecodeSplit paged_decode_split(const PagedDecodeParams& p) {
   const int64_t units = std::max<int64_t>(1, p.num_seqs * p.num_kv_heads);
   const int64_t want_splits = std::max<int64_t>(1, (kDecodeTargetBlocks + units - 1) / units);
-  const int64_t len = std::max<int64_t>(1, p.max_seq_len);
+  // Keys one sequence's query sees at most: its splits start at the window's first key.
+  const int64_t keys =
+      p.sliding_window > 0 ? std::min(p.max_seq_len, p.sliding_window) : p.max_seq_len;
+  const int64_t len = std::max<int64_t>(1, keys);
   int64_t chunk = (len + want_splits - 1) / want_splits;
   chunk = std::clamp<int64_t>((chunk + 31) / 32 * 32, 32, kDecodeMaxChunk);
   return DecodeSplit{.chunk = chunk, .num_splits = (len + chunk - 1) / chunk};
@@ -148,7 +158,10 @@ void paged_decode_attention(const PagedDecodeParams& p, cudaStream_t stream) {
   detail::check_pointer(p.out, "out");
   detail::check_aligned16(p.k_cache, "k_cache");
   detail::check_aligned16(p.v_cache, "v_cache");
-  if (p.tensor_cores) detail::check_aligned16(p.q, "q");
+  MOE_CHECK(!p.tensor_cores || reinterpret_cast<uintptr_t>(p.q) % 16 == 0, "q (",
+            static_cast<const void*>(p.q),
+            ") is not 16-byte aligned, which the tensor-core decode kernel needs (tensor_cores "
+            "= false takes any alignment)");
   const DecodeSplit split = paged_decode_split(p);
   MOE_CHECK(split.num_splits <= 65535, "max_seq_len = ", p.max_seq_len, " needs ", split.num_splits,
             " splits");
@@ -178,6 +191,8 @@ void prefill_attention(const PrefillParams& p, cudaStream_t stream) {
   detail::check_int32_range(p.num_tokens * p.num_q_heads * p.head_dim,
                             "num_tokens * num_q_heads * head_dim");
   MOE_CHECK(p.scale > 0.0f, "scale = ", p.scale, " must be positive");
+  MOE_CHECK(p.sliding_window >= 0, "sliding_window = ", p.sliding_window,
+            " must be 0 (none) or positive");
   if (p.num_tokens == 0) return;
   detail::check_pointer(p.q, "q");
   detail::check_pointer(p.k, "k");

@@ -77,25 +77,34 @@ struct PagedDecodeParams {
   int64_t max_blocks_per_seq = 0;
   int64_t max_seq_len = 0;  // host-known bound on seq_lens: sizes the split grid
   float scale = 0.0f;       // softmax scale, usually 1/sqrt(D)
+  // W: the query (position seq_lens[b] - 1) sees keys [max(0, seq_lens[b] - W), seq_lens[b]),
+  // as Mistral / Qwen2 sliding-window layers; 0: every cached key. Keys before the window are
+  // not read, and the split plan (hence the workspace size) covers min(max_seq_len, W) keys.
+  int64_t sliding_window = 0;
   // Tensor cores (attention_decode_mma_kernel.cuh: the G query heads as 16 mma rows, P rounded
-  // to bf16 for the P.V product). Off by default until it has been measured on a GPU; the
-  // CUDA-core kernel measured at 0.02 to 0.08 of its bytes floor (bench/RESULTS.md).
-  bool tensor_cores = false;
+  // to bf16 for the P.V product), needing q 16-byte aligned; it covers every D and G the
+  // launcher accepts, and measured 2.4x to 9x faster than the CUDA-core kernel on an H200
+  // (bench/RESULTS.md, 2026-11-30). false: the float32 CUDA-core kernel, kept as a second
+  // implementation to test against.
+  bool tensor_cores = true;
 };
 
-// Tokens per split the launcher will use (a multiple of 32, at most 512) and the split count.
+// Tokens per split the launcher will use (a multiple of 32, at most 512) and the split count,
+// planned over min(max_seq_len, sliding_window) keys; each sequence's splits start at the
+// first key of its window.
 struct DecodeSplit {
   int64_t chunk = 0;
   int64_t num_splits = 0;
 };
 DecodeSplit paged_decode_split(const PagedDecodeParams& params);
-// Floats of workspace paged_decode_attention() needs (0 when one split covers max_seq_len).
+// Floats of workspace paged_decode_attention() needs (0 when one split covers the planned keys);
+// it depends on sliding_window as on max_seq_len.
 int64_t paged_decode_workspace_size(const PagedDecodeParams& params);
 
-// out[b, h] = softmax(scale * q[b,h] . K[b, 0..len)) V, with K/V of KV head h / G read through
-// the block table. One block per (sequence, KV head, split) packs the G query heads, so each
-// K/V byte is read once; splits over long contexts are combined by a second kernel. A sequence
-// of length 0 gets zeros.
+// out[b, h] = softmax(scale * q[b,h] . K[b, first..len)) V, with K/V of KV head h / G read
+// through the block table, first = max(0, len - W) under a sliding window, else 0. One block per
+// (sequence, KV head, split) packs the G query heads, so each K/V byte is read once; splits over
+// long contexts are combined by a second kernel. A sequence of length 0 gets zeros.
 void paged_decode_attention(const PagedDecodeParams& params, cudaStream_t stream);
 
 struct PrefillParams {
@@ -111,14 +120,17 @@ struct PrefillParams {
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;  // 64 or 128
   float scale = 0.0f;
+  // W: query i of a sequence (0-based within it) sees keys [max(0, i - W + 1), i]; 0: every
+  // key up to i. Key tiles wholly before a query tile's window are not loaded.
+  int64_t sliding_window = 0;
   // Tensor cores (mma.sync, 64-query x 64-key tiles); false: the float32 CUDA-core kernel
   // (32 x 32 tiles), kept as a second implementation to test against.
   bool tensor_cores = true;
 };
 
-// Causal self-attention of each sequence's tokens among themselves (no cached prefix):
-// flash-style, K/V tiles in shared memory, online softmax in float32; P is rounded to bf16 for
-// the P.V product on the tensor-core path.
+// Causal (optionally sliding-window) self-attention of each sequence's tokens among themselves
+// (no cached prefix): flash-style, K/V tiles in shared memory, online softmax in float32; P is
+// rounded to bf16 for the P.V product on the tensor-core path.
 void prefill_attention(const PrefillParams& params, cudaStream_t stream);
 
 }  // namespace moeinfer::cuda

@@ -1,7 +1,7 @@
-// Paged decode attention on tensor cores (mma.sync m16n8k16), the form meant to replace the
-// CUDA-core decode kernel, whose measured time is bound by instruction latency (per key, G
-// dependent dot products ending in shuffle reductions), not by the K/V bytes. Why built this
-// way:
+// Paged decode attention on tensor cores (mma.sync m16n8k16), the default decode kernel since
+// it measured 2.4x to 9x faster than the CUDA-core one (bench/RESULTS.md), whose time is bound
+// by instruction latency (per key, G dependent dot products ending in shuffle reductions), not
+// by the K/V bytes. Why built this way:
 //
 // - The G query heads that share a KV head are the 16 rows of one mma tile (rows G..15 are
 //   zero), so one block per (split, KV head, sequence) reads each K/V byte once and a 16-key
@@ -12,6 +12,9 @@
 //   fragments' quads, and the 4 warps' (max, sum, output) are merged through shared memory at
 //   the end; the merged result is written directly or, with several splits, to the workspace
 //   for paged_decode_combine_kernel.
+// - A sliding window moves the start of the split range to the window's first key
+//   (attn::decode_first_key), so every key a block loads is visible: no per-key window mask,
+//   and blocks whose split lies past the window's keys exit at once.
 // - Scores are in the log2 domain (the scale folded with log2(e)); the workspace takes the max
 //   back in natural units, as the CUDA-core kernel writes it.
 #pragma once
@@ -68,11 +71,13 @@ __global__ void __launch_bounds__(attn::kDecodeMmaThreads)
   const int G = static_cast<int>(p.num_q_heads / p.num_kv_heads);
   const int len = __ldg(p.seq_lens + b);
   MOE_DEVICE_CHECK(len >= 0 && len <= p.max_seq_len);
-  const int start = split * chunk;
+  const int start = attn::decode_first_key(p, len) + split * chunk;
   const int end = min(len, start + chunk);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int64_t head0 = static_cast<int64_t>(b) * p.num_q_heads + kvh * G;
   if (start >= end) {
+    // A split past this sequence's keys (the combine kernel does not read it), or, unsplit, an
+    // empty sequence: zeros.
     if (num_splits == 1) {
       for (int i = tid; i < G * D; i += kDecodeMmaThreads)
         p.out[head0 * D + i] = __float2bfloat16(0.f);

@@ -5,7 +5,9 @@
 // read from memory once per KV head. A block covers `chunk` tokens (a multiple of 32, at most
 // 512): the host picks the chunk so that B * Nkv * splits fills the 132 SMs even at batch 1, and
 // the combine kernel merges the splits' partial softmaxes (max, sum, unnormalised output) in
-// float32. Inside a block:
+// float32. Under a sliding window of W keys the splits start at the window's first key
+// (decode_first_key), so keys before it are never read and the host plans the splits over at
+// most W keys. Inside a block:
 //   1. scores: D/8 lanes share a key row, each loading one 16-byte slice (coalesced through the
 //      page), dotting it with the G query slices from shared memory and reducing with shuffles;
 //      scores for the whole chunk stay in shared memory ([G, chunk] float32);
@@ -15,7 +17,8 @@
 // Prefill (prefill_attention_kernel): flash-style, one block per (32-query tile, head,
 // sequence), 32-key tiles of K and V staged in shared memory as float32, the online softmax
 // (running max, running sum, rescaled accumulator) kept per query row in float32, tiles past
-// the causal diagonal never loaded. CUDA-core FMAs: the reference the tensor-core version
+// the causal diagonal and, under a sliding window, tiles wholly before the query tile's first
+// window never loaded. CUDA-core FMAs: the reference the tensor-core version
 // (attention_prefill_mma_kernel.cuh) is tested beside.
 #pragma once
 
@@ -48,6 +51,20 @@ __device__ __forceinline__ int64_t kv_row(const PagedDecodeParams& p, int b, int
   return ((static_cast<int64_t>(block) * p.block_size + slot) * p.num_kv_heads + kvh) * p.head_dim;
 }
 
+// First key the decode query (position len - 1) sees: max(0, len - W) under a sliding window
+// of W keys, else 0. Splits of a sequence cover [first + s * chunk, ...) up to len; the decode
+// kernels and the combine kernel derive the same split count from it.
+__device__ __forceinline__ int decode_first_key(const PagedDecodeParams& p, int len) {
+  return p.sliding_window > 0 && p.sliding_window < len ? len - static_cast<int>(p.sliding_window)
+                                                        : 0;
+}
+
+// Sliding window of a prefill sequence of len tokens as an int, 0 when it hides nothing
+// (W >= len: every query i < len sees all of [0, i] anyway).
+__device__ __forceinline__ int prefill_window(const PrefillParams& p, int len) {
+  return p.sliding_window > 0 && p.sliding_window < len ? static_cast<int>(p.sliding_window) : 0;
+}
+
 }  // namespace attn
 
 // grid (num_splits, Nkv, B), kDecodeThreads threads, dynamic shared memory
@@ -73,12 +90,13 @@ __global__ void __launch_bounds__(attn::kDecodeThreads)
   const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
   const int len = __ldg(p.seq_lens + b);
   MOE_DEVICE_CHECK(len >= 0 && len <= p.max_seq_len);
-  const int start = split * chunk;
+  const int start = attn::decode_first_key(p, len) + split * chunk;
   const int end = min(len, start + chunk);
   const int tid = threadIdx.x;
   const int q_head0 = kvh * G;
   if (start >= end) {
-    // Only a direct (unsplit) launch writes here: zeros for an empty sequence.
+    // A split past this sequence's keys: the combine kernel does not read it. Only a direct
+    // (unsplit) launch writes here: zeros for an empty sequence.
     if (num_splits == 1) {
       for (int i = tid; i < G * D; i += kDecodeThreads)
         p.out[(static_cast<int64_t>(b) * p.num_q_heads + q_head0) * D + i] = __float2bfloat16(0.f);
@@ -213,7 +231,7 @@ __global__ void __launch_bounds__(D)
                                 int num_splits) {
   const int h = blockIdx.x, b = blockIdx.y, d = threadIdx.x;
   const int len = __ldg(p.seq_lens + b);
-  const int splits = (len + chunk - 1) / chunk;
+  const int splits = (len - attn::decode_first_key(p, len) + chunk - 1) / chunk;
   const int64_t bh = static_cast<int64_t>(b) * p.num_q_heads + h;
   const float* ml = p.workspace + p.num_seqs * p.num_q_heads * num_splits * D;
   float m = -FLT_MAX;
@@ -275,7 +293,10 @@ __global__ void __launch_bounds__(attn::kPrefillThreads)
   float m = -FLT_MAX, l = 0.f;
   const int qi = q0 + r;
   const int kv_end = min(len, q0 + kT);
-  for (int kv0 = 0; kv0 < kv_end; kv0 += kT) {
+  // Under a window W, query q0 (the tile's earliest window) sees keys from q0 - W + 1 on.
+  const int window = prefill_window(p, len);
+  const int kv_begin = window > 0 ? max(0, q0 - window + 1) / kT * kT : 0;
+  for (int kv0 = kv_begin; kv0 < kv_end; kv0 += kT) {
     __syncthreads();  // the previous tile's s_k, s_v, s_p are consumed (and s_q written)
     for (int i = tid; i < kT * D; i += kPrefillThreads) {
       const int row = i / D, d = i % D;
@@ -301,7 +322,9 @@ __global__ void __launch_bounds__(attn::kPrefillThreads)
 #pragma unroll
     for (int j = 0; j < kCols; ++j) {
       const int kj = kv0 + sub + 4 * j;
-      if (kj > qi || kj >= len) s[j] = -FLT_MAX;
+      // A row may be wholly masked in a tile (before its window): its max stays -FLT_MAX,
+      // alpha = exp(0) = 1 on a zero accumulator and every e is 0 below, so no NaN.
+      if (kj > qi || kj >= len || (window > 0 && qi - kj >= window)) s[j] = -FLT_MAX;
       tile_max = fmaxf(tile_max, s[j]);
     }
     tile_max = fmaxf(tile_max, __shfl_xor_sync(device::kFullMask, tile_max, 1));

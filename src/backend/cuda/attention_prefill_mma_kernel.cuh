@@ -10,16 +10,21 @@
 // - S = Q K^T takes K as the col-major B operand straight from its [key, D] rows (ldmatrix);
 //   P V takes V through ldmatrix.trans; P never touches shared memory: the S accumulator
 //   fragment of two adjacent 8-key tiles is exactly the A fragment of one 16-key step.
-// - exp2 with the scale folded into log2(e); -inf masking only on the diagonal and tail tiles;
-//   tiles past the diagonal are never loaded. Rows past the sequence are computed as fully
-//   masked (no NaN: the max falls back to 0) and not written.
+// - exp2 with the scale folded into log2(e); -inf masking only on the diagonal, tail and
+//   window-edge tiles; tiles past the diagonal, and under a sliding window W the tiles wholly
+//   before the first query's window (key q0 - W + 1), are never loaded. A row wholly masked in
+//   a tile (past the sequence, or a later row of the query tile whose window starts further on)
+//   keeps max -inf, sum 0 and a zero accumulator (no NaN: the max used falls back to 0, so
+//   alpha = exp2(-inf) = 0 and every p = 0); rows past the sequence are not written.
 #pragma once
 
 #include <cuda_bf16.h>
 
+#include <climits>
 #include <cmath>
 
 #include "backend/cuda/attention.h"
+#include "backend/cuda/attention_kernel.cuh"  // attn::prefill_window
 #include "backend/cuda/grouped_gemm_kernel.cuh"
 
 namespace moeinfer::cuda {
@@ -97,8 +102,12 @@ __global__ void __launch_bounds__(attn::kMmaThreads)
     }
   };
   const int kv_end = min(len, q0 + kMmaQ);
-  const int num_tiles = (kv_end + kMmaKV - 1) / kMmaKV;
-  load_kv(0, 0);
+  // Keys at or beyond `reach` behind a row are masked: W, or never (INT_MAX) without a window.
+  const int window = prefill_window(p, len);
+  const int reach = window > 0 ? window : INT_MAX;
+  const int kv_begin = window > 0 ? max(0, q0 - window + 1) / kMmaKV * kMmaKV : 0;
+  const int num_tiles = (kv_end - kv_begin + kMmaKV - 1) / kMmaKV;
+  load_kv(0, kv_begin);
   gemm::cp_async_commit();
 
   uint32_t qf[D / 16][4];
@@ -112,7 +121,7 @@ __global__ void __launch_bounds__(attn::kMmaThreads)
   const int row_a = q0 + warp * 16 + (lane >> 2);  // this thread's rows: row_a, row_a + 8
 
   for (int t = 0; t < num_tiles; ++t) {
-    if (t + 1 < num_tiles) load_kv((t + 1) & 1, (t + 1) * kMmaKV);
+    if (t + 1 < num_tiles) load_kv((t + 1) & 1, kv_begin + (t + 1) * kMmaKV);
     gemm::cp_async_commit();
     gemm::cp_async_wait<1>();
     __syncthreads();
@@ -142,8 +151,10 @@ __global__ void __launch_bounds__(attn::kMmaThreads)
     }
 
     // Scale, mask, online softmax.
-    const int kv0 = t * kMmaKV;
-    const bool masked_tile = kv0 + kMmaKV > q0 || kv0 + kMmaKV > len;
+    const int kv0 = kv_begin + t * kMmaKV;
+    // Diagonal, tail, or window edge (the latest row minus the earliest key reaches W).
+    const bool masked_tile =
+        kv0 + kMmaKV > q0 || kv0 + kMmaKV > len || q0 + kMmaQ - 1 - kv0 >= reach;
 #pragma unroll
     for (int j = 0; j < kNT; ++j) {
 #pragma unroll
@@ -152,7 +163,7 @@ __global__ void __launch_bounds__(attn::kMmaThreads)
         if (masked_tile) {
           const int col = kv0 + j * 8 + (lane & 3) * 2 + (e & 1);
           const int row = row_a + (e >> 1) * 8;
-          if (col > row || col >= len) v = -INFINITY;
+          if (col > row || col >= len || row - col >= reach) v = -INFINITY;
         }
         s[j][e] = v;
       }
