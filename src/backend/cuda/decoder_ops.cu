@@ -1,0 +1,180 @@
+// Launchers of the decoder's glue kernels (decoder_ops_kernel.cuh): argument checks that name the
+// offending value, then the 16-byte-vector instantiation when widths, strides and pointers allow
+// it and the element-wise one otherwise. No launcher reads anything back from the device.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/decoder_ops.h"
+#include "backend/cuda/decoder_ops_kernel.cuh"
+#include "backend/cuda/launch_checks.h"
+
+namespace moeinfer::cuda {
+
+namespace {
+
+bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
+
+// The element-wise kernels index their threads with a 32-bit int.
+void check_work_items(int64_t rows, int64_t width, const char* name) {
+  MOE_CHECK(rows <= std::numeric_limits<int32_t>::max() / std::max<int64_t>(width, 1), name, " = ",
+            rows, " * ", width, " does not fit in 32 bits");
+}
+
+unsigned flat_blocks(int64_t threads) {
+  return static_cast<unsigned>((threads + kDecoderOpsThreads - 1) / kDecoderOpsThreads);
+}
+
+}  // namespace
+
+void kv_cache_write(const KvWriteParams& p, cudaStream_t stream) {
+  NvtxRange range("kv_cache_write");
+  detail::check_int32_range(p.num_tokens, "num_tokens");
+  MOE_CHECK(p.width > 0 && p.width % device::kBf16PerVec == 0, "width = ", p.width,
+            " must be a positive multiple of 8 (rows move as 16-byte vectors)");
+  MOE_CHECK(p.src_stride >= p.width && p.src_stride % device::kBf16PerVec == 0,
+            "src_stride = ", p.src_stride,
+            " must be a multiple of 8 and at least width = ", p.width);
+  MOE_CHECK(p.num_slots >= 0, "num_slots = ", p.num_slots, " is negative");
+  check_work_items(p.num_tokens, p.width / device::kBf16PerVec, "num_tokens * width / 8");
+  if (p.num_tokens == 0) return;
+  detail::check_pointer(p.src, "src");
+  detail::check_pointer(p.cache, "cache");
+  detail::check_pointer(p.slots, "slots");
+  detail::check_aligned16(p.src, "src");
+  detail::check_aligned16(p.cache, "cache");
+  const int64_t threads = p.num_tokens * (p.width / device::kBf16PerVec);
+  kv_cache_write_kernel<<<flat_blocks(threads), kDecoderOpsThreads, 0, stream>>>(p);
+  MOE_CUDA_CHECK_LAUNCH();
+}
+
+void bias_clip(const BiasClipParams& p, cudaStream_t stream) {
+  NvtxRange range("bias_clip");
+  detail::check_int32_range(p.rows, "rows");
+  MOE_CHECK(p.width >= 1 && p.width <= std::numeric_limits<int32_t>::max(), "width = ", p.width,
+            " is outside [1, 2^31)");
+  MOE_CHECK(p.stride >= p.width, "stride = ", p.stride, " is shorter than width = ", p.width);
+  MOE_CHECK(!std::isnan(p.clip), "clip is NaN");
+  check_work_items(p.rows, p.width, "rows * width");
+  if (p.rows == 0) return;
+  detail::check_pointer(p.x, "x");
+  if (!p.bias && !(p.clip > 0.0f)) return;  // nothing to add, nothing to clip
+  const bool vec =
+      p.width % 8 == 0 && p.stride % 8 == 0 && aligned16(p.x) && (!p.bias || aligned16(p.bias));
+  if (vec) {
+    bias_clip_kernel<8><<<flat_blocks(p.rows * (p.width / 8)), kDecoderOpsThreads, 0, stream>>>(p);
+  } else {
+    bias_clip_kernel<1><<<flat_blocks(p.rows * p.width), kDecoderOpsThreads, 0, stream>>>(p);
+  }
+  MOE_CUDA_CHECK_LAUNCH();
+}
+
+void strided_rms_norm(const StridedRmsNormParams& params, cudaStream_t stream) {
+  NvtxRange range("strided_rms_norm");
+  StridedRmsNormParams p = params;
+  detail::check_int32_range(p.rows, "rows");
+  MOE_CHECK(p.width >= 1 && p.width <= std::numeric_limits<int32_t>::max(), "width = ", p.width,
+            " is outside [1, 2^31)");
+  MOE_CHECK(p.stride >= p.width, "stride = ", p.stride, " is shorter than width = ", p.width);
+  MOE_CHECK(p.eps >= 0.0f, "eps = ", p.eps, " must not be negative");
+  MOE_CHECK(p.rows_per_token >= 1, "rows_per_token = ", p.rows_per_token, " must be at least 1");
+  MOE_CHECK(p.rows % p.rows_per_token == 0, "rows = ", p.rows,
+            " is not a multiple of rows_per_token = ", p.rows_per_token);
+  if (p.token_stride == 0) p.token_stride = p.rows_per_token * p.stride;
+  MOE_CHECK(p.token_stride >= (p.rows_per_token - 1) * p.stride + p.width,
+            "token_stride = ", p.token_stride,
+            " makes token groups overlap (rows_per_token = ", p.rows_per_token,
+            ", stride = ", p.stride, ", width = ", p.width, ")");
+  if (p.mean_width == 0) p.mean_width = p.width;
+  MOE_CHECK(p.mean_width >= 1 && p.mean_width <= p.width, "mean_width = ", p.mean_width,
+            " is outside [1, width = ", p.width, "]");
+  if (p.rows == 0) return;
+  detail::check_pointer(p.x, "x");
+  detail::check_pointer(p.weight, "weight");
+  const bool vec = p.width % 8 == 0 && p.stride % 8 == 0 && p.token_stride % 8 == 0 &&
+                   aligned16(p.x) && aligned16(p.weight);
+  if (p.width <= kRmsNormWarpMaxWidth) {
+    const unsigned blocks =
+        static_cast<unsigned>((p.rows + kRmsNormRowsPerBlock - 1) / kRmsNormRowsPerBlock);
+    if (vec) {
+      strided_rms_norm_warp_kernel<8><<<blocks, kDecoderOpsThreads, 0, stream>>>(p);
+    } else {
+      strided_rms_norm_warp_kernel<1><<<blocks, kDecoderOpsThreads, 0, stream>>>(p);
+    }
+  } else {
+    // As many threads as vectors in the row (one pass each), up to 1024, whole warps.
+    const int64_t vecs = vec ? p.width / 8 : p.width;
+    const int64_t threads =
+        std::min<int64_t>(kRmsNormBlockMaxThreads,
+                          (vecs + device::kWarpSize - 1) / device::kWarpSize * device::kWarpSize);
+    const unsigned blocks = static_cast<unsigned>(p.rows);
+    if (vec) {
+      strided_rms_norm_block_kernel<8><<<blocks, static_cast<unsigned>(threads), 0, stream>>>(p);
+    } else {
+      strided_rms_norm_block_kernel<1><<<blocks, static_cast<unsigned>(threads), 0, stream>>>(p);
+    }
+  }
+  MOE_CUDA_CHECK_LAUNCH();
+}
+
+void silu_mul(const SiluMulParams& p, cudaStream_t stream) {
+  NvtxRange range("silu_mul");
+  detail::check_int32_range(p.num_tokens, "num_tokens");
+  MOE_CHECK(p.width >= 1 && p.width <= std::numeric_limits<int32_t>::max() / 2, "width = ", p.width,
+            " is outside [1, 2^30)");
+  check_work_items(p.num_tokens, p.width, "num_tokens * width");
+  if (p.num_tokens == 0) return;
+  detail::check_pointer(p.gate_up, "gate_up");
+  detail::check_pointer(p.out, "out");
+  const bool vec = p.width % 8 == 0 && aligned16(p.gate_up) && aligned16(p.out);
+  if (vec) {
+    silu_mul_kernel<8>
+        <<<flat_blocks(p.num_tokens * (p.width / 8)), kDecoderOpsThreads, 0, stream>>>(p);
+  } else {
+    silu_mul_kernel<1><<<flat_blocks(p.num_tokens * p.width), kDecoderOpsThreads, 0, stream>>>(p);
+  }
+  MOE_CUDA_CHECK_LAUNCH();
+}
+
+void sigmoid_scale_rows(const SigmoidScaleParams& p, cudaStream_t stream) {
+  NvtxRange range("sigmoid_scale_rows");
+  detail::check_int32_range(p.num_tokens, "num_tokens");
+  MOE_CHECK(p.hidden_size >= 1 && p.hidden_size <= std::numeric_limits<int32_t>::max(),
+            "hidden_size = ", p.hidden_size, " is outside [1, 2^31)");
+  check_work_items(p.num_tokens, p.hidden_size, "num_tokens * hidden_size");
+  if (p.num_tokens == 0) return;
+  detail::check_pointer(p.x, "x");
+  detail::check_pointer(p.logits, "logits");
+  const bool vec = p.hidden_size % 8 == 0 && aligned16(p.x);
+  if (vec) {
+    sigmoid_scale_rows_kernel<8>
+        <<<flat_blocks(p.num_tokens * (p.hidden_size / 8)), kDecoderOpsThreads, 0, stream>>>(p);
+  } else {
+    sigmoid_scale_rows_kernel<1>
+        <<<flat_blocks(p.num_tokens * p.hidden_size), kDecoderOpsThreads, 0, stream>>>(p);
+  }
+  MOE_CUDA_CHECK_LAUNCH();
+}
+
+void random_fill(const RandomFillParams& p, cudaStream_t stream) {
+  NvtxRange range("random_fill");
+  MOE_CHECK(p.count >= 0, "count = ", p.count, " is negative");
+  MOE_CHECK(std::isfinite(p.scale) && p.scale >= 0.0f, "scale = ", p.scale,
+            " must be finite and not negative");
+  MOE_CHECK(std::isfinite(p.offset), "offset = ", p.offset, " is not finite");
+  if (p.count == 0) return;
+  detail::check_pointer(p.out, "out");
+  MOE_CHECK(reinterpret_cast<uintptr_t>(p.out) % 2 == 0, "out (", static_cast<void*>(p.out),
+            ") is not 2-byte aligned");
+  // One thread per 16-byte vector up to kRandomFillMaxBlocks blocks, grid-stride beyond; at
+  // least one block for the unaligned head and the tail (under 8 elements each).
+  const int64_t vecs = p.count / 8 + 1;
+  const int64_t blocks =
+      std::min<int64_t>(kRandomFillMaxBlocks, (vecs + kDecoderOpsThreads - 1) / kDecoderOpsThreads);
+  random_fill_kernel<<<static_cast<unsigned>(blocks), kDecoderOpsThreads, 0, stream>>>(p);
+  MOE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace moeinfer::cuda

@@ -1,0 +1,105 @@
+// Host interface of the small kernels that glue the decoder's big stages together on the GPU:
+// writing new key/value rows into the paged cache, bias add and clipping of projections, RMSNorm
+// over strided sub-rows (per-head q/k norms, MLA's latent norm), SiLU(gate) * up for dense MLPs,
+// the sigmoid gate of a shared expert, and random weights for synthetic models.
+//
+// Same contract as moe_stages.h: params structs of raw device pointers, host-side checks that
+// name the offending value, no host synchronisation, so every launcher can be captured in a
+// CUDA graph. bf16 storage, float32 math, one rounding per output.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace moeinfer::cuda {
+
+struct KvWriteParams {
+  const __nv_bfloat16* src = nullptr;  // row t at src + t * src_stride, `width` elements;
+                                       // 16-byte aligned
+  __nv_bfloat16* cache = nullptr;      // [num_slots, width]: slot s at cache + s * width;
+                                       // 16-byte aligned
+  const int32_t* slots = nullptr;      // [T] destination slot (block * block_size + offset);
+                                       // a negative slot skips the row (padding)
+  int64_t num_tokens = 0;              // T
+  int64_t width = 0;                   // elements per row, a multiple of 8
+  int64_t src_stride = 0;              // elements, a multiple of 8
+  int64_t num_slots = 0;               // for the device range check: a slot >= num_slots
+                                       // traps (MOE_DEVICE_CHECK)
+};
+
+// cache[slots[t]] = src[t] for every t.
+void kv_cache_write(const KvWriteParams& params, cudaStream_t stream);
+
+// Any width, stride and alignment; 16-byte vectors where width, stride and pointers allow.
+struct BiasClipParams {
+  __nv_bfloat16* x = nullptr;           // [rows, width] in place, row stride `stride`
+  const __nv_bfloat16* bias = nullptr;  // [width] or null
+  int64_t rows = 0;
+  int64_t width = 0;
+  int64_t stride = 0;  // elements from one row to the next, >= width
+  float clip = 0.0f;   // > 0: clamp to [-clip, clip] after the bias
+};
+
+// x[r, c] = clamp(x[r, c] + bias[c], -clip, clip) (in float32, one bf16 rounding).
+void bias_clip(const BiasClipParams& params, cudaStream_t stream);
+
+struct StridedRmsNormParams {
+  __nv_bfloat16* x = nullptr;             // rows in place: row r at x + (r / rows_per_token) *
+                                          // token_stride + (r % rows_per_token) * stride
+  const __nv_bfloat16* weight = nullptr;  // [width]
+  int64_t rows = 0;                       // a multiple of rows_per_token
+  int64_t width = 0;   // elements normalised per row (>= 1; up to 1024 a warp per row, above a
+                       // block per row)
+  int64_t stride = 0;  // >= width: from one row of a token to the next
+  float eps = 1e-6f;   // >= 0
+  int64_t rows_per_token = 1;  // rows in one token's group (heads), >= 1
+  int64_t token_stride = 0;    // from one token's group to the next; 0: rows_per_token * stride.
+                               // >= (rows_per_token - 1) * stride + width (groups do not overlap)
+  int64_t mean_width = 0;      // divisor of the mean, in [1, width]; 0: width. The sum of squares
+                               // runs over all `width` elements, so columns past mean_width
+                               // (head padding) must be zero to leave it unchanged.
+};
+
+// Each row's first `width` elements: x = weight * (x / sqrt(sum(x^2) / mean_width + eps)),
+// rounded as fused_add_rms_norm does: bf16(weight * (x * inv_rms)). Per-head q/k norms (rows =
+// T * heads, stride = head stride, rows_per_token = heads, token_stride = the projection's row
+// width), the whole-projection q/k norm over padded heads (mean_width = heads * head_dim), MLA's
+// latent norm (stride = cache width).
+void strided_rms_norm(const StridedRmsNormParams& params, cudaStream_t stream);
+
+struct SiluMulParams {
+  const __nv_bfloat16* gate_up = nullptr;  // [T, 2I]: gate columns [0, I), up columns [I, 2I)
+  __nv_bfloat16* out = nullptr;            // [T, I]
+  int64_t num_tokens = 0;
+  int64_t width = 0;  // I
+};
+
+// out[t, i] = silu(gate[t, i]) * up[t, i], SiLU(x) = x / (1 + exp(-x)).
+void silu_mul(const SiluMulParams& params, cudaStream_t stream);
+
+struct SigmoidScaleParams {
+  __nv_bfloat16* x = nullptr;     // [T, H] in place
+  const float* logits = nullptr;  // [T]
+  int64_t num_tokens = 0;
+  int64_t hidden_size = 0;
+};
+
+// x[t] *= sigmoid(logits[t]): Qwen2-MoE's gate on the shared expert's output.
+void sigmoid_scale_rows(const SigmoidScaleParams& params, cudaStream_t stream);
+
+struct RandomFillParams {
+  __nv_bfloat16* out = nullptr;  // [count], any alignment
+  int64_t count = 0;
+  uint64_t seed = 0;
+  float scale = 1.0f;   // values uniform in [-scale, scale)
+  float offset = 0.0f;  // added after scaling (1.0 for norm weights)
+};
+
+// Deterministic (seed, index) -> value, for synthetic weights built on the device: out[i] depends
+// only on (seed, i, scale, offset), not on the launch or the pointer's alignment. The formula
+// (splitmix64, two 32-bit halves per hash) is written out in decoder_ops_kernel.cuh.
+void random_fill(const RandomFillParams& params, cudaStream_t stream);
+
+}  // namespace moeinfer::cuda
