@@ -34,6 +34,15 @@ using bf16 = __nv_bfloat16;
 
 enum class RouterScore : int32_t { kSoftmax, kSigmoid };
 
+// Group-limited routing (DeepSeek), as moe::GroupScore: the E experts form num_groups equal
+// groups of consecutive ids, each group gets a score from its biased expert scores, and only the
+// topk_groups best groups (ties to the lower group id) stay eligible for the top-k.
+enum class RouterGroupScore : int32_t {
+  kNone,     // no grouping; num_groups and topk_groups are ignored
+  kMax,      // DeepSeek-V2 group_limited_greedy: the group's best expert score
+  kTop2Sum,  // DeepSeek-V3 noaux_tc: the sum of the group's two best expert scores
+};
+
 // Limits of the one-warp-per-token router.
 inline constexpr int64_t kRouterMaxExperts = 256;
 inline constexpr int64_t kRouterMaxTopK = 16;
@@ -55,10 +64,24 @@ struct RouterParams {
   RouterScore score = RouterScore::kSoftmax;
   bool renormalize = false;  // divide the K weights by their sum
   float routed_scaling_factor = 1.0f;
+  // [E] added to the logits before the score function, or null (the synthetic models' routing
+  // skew; no checkpoint has one).
+  const float* logit_bias = nullptr;
+  // [E] DeepSeek-V3 e_score_correction_bias, or null: added to the scores that choose the groups
+  // and the experts; the weights come from the unbiased scores.
+  const float* selection_bias = nullptr;
+  RouterGroupScore group_score = RouterGroupScore::kNone;
+  int64_t num_groups = 1;   // divides E
+  int64_t topk_groups = 1;  // 1..num_groups, and topk_groups * E / num_groups >= K
 };
 
-// route: softmax or sigmoid of the logits, top-k by score (ties to the lower expert id), then
-// weight = score * (renormalize ? 1 / sum of the K scores : 1) * routed_scaling_factor.
+// route, as moe::route(): score = softmax or sigmoid of (logits + logit_bias);
+// choice = score + selection_bias; with grouping, the experts outside the topk_groups best
+// groups by group score of `choice` get choice -inf; top-k by choice (ties to the lower expert
+// id); weight = score * ((renormalize ? 1 / (sum of the K picked scores + 1e-20) : 1) *
+// routed_scaling_factor), the sum taken in pick order.
+// The plain case (no selection_bias, no grouping) runs a kernel without the shared-memory group
+// step; anything else runs the general one.
 void fused_router(const RouterParams& params, cudaStream_t stream);
 
 struct PlanParams {

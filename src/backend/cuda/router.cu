@@ -1,5 +1,7 @@
-// Launcher of the fused router (router_kernel.cuh): checks the arguments, picks the
-// instantiation whose per-lane register array covers E, and launches one warp per token.
+// Launcher of the fused router (router_kernel.cuh): checks the arguments (the grouping ones as
+// moe::validate() does), picks the plain kernel when there is neither a selection bias nor
+// grouping and the general one otherwise, with the instantiation whose per-lane register array
+// covers E, and launches one warp per token.
 #include <cmath>
 
 #include "backend/cuda/cuda_check.h"
@@ -10,12 +12,37 @@
 namespace moeinfer::cuda {
 
 template <int kPerLane>
-static void launch_router(const RouterParams& params, cudaStream_t stream) {
+static void launch_router(const RouterParams& params, bool plain, cudaStream_t stream) {
   const int64_t blocks = (params.num_tokens + kRouterWarpsPerBlock - 1) / kRouterWarpsPerBlock;
-  fused_router_kernel<kPerLane>
-      <<<static_cast<unsigned>(blocks), kRouterWarpsPerBlock * device::kWarpSize, 0, stream>>>(
-          params);
+  const unsigned threads = kRouterWarpsPerBlock * device::kWarpSize;
+  if (plain) {
+    fused_router_kernel<kPerLane><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(params);
+  } else {
+    fused_router_general_kernel<kPerLane>
+        <<<static_cast<unsigned>(blocks), threads, 0, stream>>>(params);
+  }
   MOE_CUDA_CHECK_LAUNCH();
+}
+
+// The grouping invariants of moe::validate(), naming the RouterParams field.
+static void check_groups(const RouterParams& params) {
+  const int64_t E = params.num_experts;
+  const int64_t K = params.top_k;
+  MOE_CHECK(params.group_score == RouterGroupScore::kNone ||
+                params.group_score == RouterGroupScore::kMax ||
+                params.group_score == RouterGroupScore::kTop2Sum,
+            "group_score = ", static_cast<int>(params.group_score),
+            " is not kNone, kMax or kTop2Sum");
+  if (params.group_score == RouterGroupScore::kNone) return;  // the group sizes are unused
+  const int64_t G = params.num_groups;
+  MOE_CHECK(G >= 1 && G <= E && E % G == 0, "num_groups = ", G, " must divide num_experts = ", E);
+  MOE_CHECK(params.topk_groups >= 1 && params.topk_groups <= G,
+            "topk_groups = ", params.topk_groups, " must be in [1, num_groups = ", G, "]");
+  MOE_CHECK(params.topk_groups * (E / G) >= K, "topk_groups = ", params.topk_groups, " groups of ",
+            E / G, " experts cannot supply top_k = ", K, " experts");
+  MOE_CHECK(params.group_score != RouterGroupScore::kTop2Sum || E / G >= 2,
+            "group_score kTop2Sum needs at least 2 experts per group; num_groups = ", G, " leaves ",
+            E / G, " of num_experts = ", E);
 }
 
 void fused_router(const RouterParams& params, cudaStream_t stream) {
@@ -32,18 +59,21 @@ void fused_router(const RouterParams& params, cudaStream_t stream) {
             "score function ", static_cast<int>(params.score), " is not softmax or sigmoid");
   MOE_CHECK(std::isfinite(params.routed_scaling_factor),
             "routed_scaling_factor = ", params.routed_scaling_factor, " is not finite");
+  check_groups(params);
   if (params.num_tokens == 0) return;
   detail::check_pointer(params.logits, "logits");
   detail::check_pointer(params.topk_ids, "topk_ids");
   detail::check_pointer(params.topk_weights, "topk_weights");
+  const bool plain =
+      params.selection_bias == nullptr && params.group_score == RouterGroupScore::kNone;
   if (E <= 32) {
-    launch_router<1>(params, stream);
+    launch_router<1>(params, plain, stream);
   } else if (E <= 64) {
-    launch_router<2>(params, stream);
+    launch_router<2>(params, plain, stream);
   } else if (E <= 128) {
-    launch_router<4>(params, stream);
+    launch_router<4>(params, plain, stream);
   } else {
-    launch_router<8>(params, stream);
+    launch_router<8>(params, plain, stream);
   }
 }
 

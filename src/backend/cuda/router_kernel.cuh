@@ -1,5 +1,6 @@
-// Fused router: softmax or sigmoid over a token's E logits, top-k, renormalisation and the
-// routed scaling factor, in one kernel with one warp per token.
+// Fused router: softmax or sigmoid over a token's E logits, DeepSeek's group-limited selection
+// with a selection-only score bias, top-k, renormalisation and the routed scaling factor, in one
+// kernel with one warp per token.
 //
 // Why this shape: a token's E <= 256 logits fit in one warp's registers (kPerLane = E/32
 // rounded up, a compile-time count so the array stays in registers), the softmax needs only two
@@ -10,12 +11,32 @@
 // exactly like the reference: logits far below the maximum whose softmax underflows to 0 tie,
 // and go to the lower id there too.
 //
+// Two kernels. The plain one (no selection bias, no groups) marks picked experts with -inf,
+// which can never win again because scores are >= 0. The general one chooses by
+// choice = score + selection_bias, which may be negative, and masks the experts of dropped
+// groups with -inf exactly as the reference does, so it tracks the picked experts in a
+// per-lane bit mask instead: every unpicked expert stays a candidate, -inf ones included, and
+// the order is the reference's total order even in degenerate cases. The weight of a pick is
+// its unbiased score, fetched from the lane that owns the winner with one shuffle.
+//
+// Group scores need a group's experts together, but lane l holds experts l, l + 32, ..., which
+// for an arbitrary group size (E = 160 in 8 groups of 20) cuts groups across lanes and slots.
+// So the general kernel writes the warp's E choices to shared memory, and L lanes per group
+// (the largest power of two with L * num_groups <= 32; 1 past 32 groups) each scan every L-th
+// expert of their group and merge with shuffles inside their L-lane segment. Max and top-2 are
+// exact whatever the scan order (the top-2 multiset does not depend on it, and a + b == b + a),
+// so the group scores are bit-identical to the reference's sequential scan of the same choices.
+// A group is kept when fewer than topk_groups groups beat it in (score desc, id asc), the set
+// the reference's partial_sort keeps; each lane ranks groups lane, lane + 32, ... against all
+// of them (num_groups is 8 in the DeepSeek models: 8 comparisons).
+//
 // Loads: lane l reads experts l, l + 32, ... so each round of loads is one coalesced 128-byte
 // segment per warp; any E works, including ones whose rows are not 16-byte aligned (E = 60).
 #pragma once
 
 #include <climits>
 #include <cmath>
+#include <cstdint>
 
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/moe_stages.h"
@@ -24,6 +45,78 @@ namespace moeinfer::cuda {
 
 inline constexpr int kRouterWarpsPerBlock = 4;
 
+namespace device {
+
+// A token's scores: softmax or sigmoid of logits (+ logit_bias). Lane l holds experts l, l + 32,
+// ...; slots past E hold -inf.
+template <int kPerLane>
+__device__ __forceinline__ void router_scores(const RouterParams& p, int64_t token, int lane,
+                                              float (&score)[kPerLane]) {
+  const int num_experts = static_cast<int>(p.num_experts);
+  const float* row = p.logits + token * p.num_experts;  // [E]
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int e = j * kWarpSize + lane;
+    score[j] = e < num_experts ? __ldg(row + e) : -INFINITY;
+  }
+  if (p.logit_bias != nullptr) {
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      const int e = j * kWarpSize + lane;
+      if (e < num_experts) score[j] += __ldg(p.logit_bias + e);
+    }
+  }
+
+  if (p.score == RouterScore::kSoftmax) {
+    float local_max = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) local_max = fmaxf(local_max, score[j]);
+    const float max_logit = warp_max(local_max);
+    float local_sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      const int e = j * kWarpSize + lane;
+      if (e < num_experts) {
+        score[j] = expf(score[j] - max_logit);
+        local_sum += score[j];
+      }
+    }
+    const float sum = warp_sum(local_sum);
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      const int e = j * kWarpSize + lane;
+      if (e < num_experts) score[j] = score[j] / sum;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      const int e = j * kWarpSize + lane;
+      if (e < num_experts) score[j] = 1.0f / (1.0f + expf(-score[j]));
+    }
+  }
+}
+
+// Warp arg-max step: keeps (other, other_id) when it comes first in (value desc, id asc).
+__device__ __forceinline__ void router_argmax_merge(float& best, int32_t& best_id) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float other = __shfl_xor_sync(kFullMask, best, offset);
+    const int32_t other_id = __shfl_xor_sync(kFullMask, best_id, offset);
+    if (other > best || (other == best && other_id < best_id)) {
+      best = other;
+      best_id = other_id;
+    }
+  }
+}
+
+// The reference's scale, same operations in the same order.
+__device__ __forceinline__ float router_scale(const RouterParams& p, float picked_sum) {
+  return (p.renormalize ? 1.0f / (picked_sum + 1e-20f) : 1.0f) * p.routed_scaling_factor;
+}
+
+}  // namespace device
+
+// Plain routing: no selection bias, no groups.
 template <int kPerLane>
 __global__ void __launch_bounds__(kRouterWarpsPerBlock* device::kWarpSize)
     fused_router_kernel(const __grid_constant__ RouterParams p) {
@@ -31,45 +124,11 @@ __global__ void __launch_bounds__(kRouterWarpsPerBlock* device::kWarpSize)
   const int64_t token =
       static_cast<int64_t>(blockIdx.x) * kRouterWarpsPerBlock + threadIdx.x / device::kWarpSize;
   if (token >= p.num_tokens) return;  // whole warps leave together
-  const int num_experts = static_cast<int>(p.num_experts);
   const int top_k = static_cast<int>(p.top_k);
-  const float* row = p.logits + token * p.num_experts;  // [E]
 
   // Slots past E, and experts already picked, hold -inf: never chosen since scores are >= 0.
   float score[kPerLane];
-#pragma unroll
-  for (int j = 0; j < kPerLane; ++j) {
-    const int e = j * device::kWarpSize + lane;
-    score[j] = e < num_experts ? __ldg(row + e) : -INFINITY;
-  }
-
-  if (p.score == RouterScore::kSoftmax) {
-    float local_max = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < kPerLane; ++j) local_max = fmaxf(local_max, score[j]);
-    const float max_logit = device::warp_max(local_max);
-    float local_sum = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kPerLane; ++j) {
-      const int e = j * device::kWarpSize + lane;
-      if (e < num_experts) {
-        score[j] = expf(score[j] - max_logit);
-        local_sum += score[j];
-      }
-    }
-    const float sum = device::warp_sum(local_sum);
-#pragma unroll
-    for (int j = 0; j < kPerLane; ++j) {
-      const int e = j * device::kWarpSize + lane;
-      if (e < num_experts) score[j] = score[j] / sum;
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < kPerLane; ++j) {
-      const int e = j * device::kWarpSize + lane;
-      if (e < num_experts) score[j] = 1.0f / (1.0f + expf(-score[j]));
-    }
-  }
+  device::router_scores<kPerLane>(p, token, lane, score);
 
   float my_score = 0.0f;  // lane k: the k-th pick
   int32_t my_id = 0;
@@ -85,15 +144,7 @@ __global__ void __launch_bounds__(kRouterWarpsPerBlock* device::kWarpSize)
         best_id = j * device::kWarpSize + lane;
       }
     }
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) {
-      const float other = __shfl_xor_sync(device::kFullMask, best, offset);
-      const int32_t other_id = __shfl_xor_sync(device::kFullMask, best_id, offset);
-      if (other > best || (other == best && other_id < best_id)) {
-        best = other;
-        best_id = other_id;
-      }
-    }
+    device::router_argmax_merge(best, best_id);
     if (lane == k) {
       my_score = best;
       my_id = best_id;
@@ -105,7 +156,147 @@ __global__ void __launch_bounds__(kRouterWarpsPerBlock* device::kWarpSize)
     }
   }
 
-  const float scale = (p.renormalize ? 1.0f / picked_sum : 1.0f) * p.routed_scaling_factor;
+  const float scale = device::router_scale(p, picked_sum);
+  if (lane < top_k) {
+    p.topk_ids[token * p.top_k + lane] = my_id;
+    p.topk_weights[token * p.top_k + lane] = my_score * scale;
+  }
+}
+
+// General routing: selection bias and/or group-limited selection (see the file comment).
+template <int kPerLane>
+__global__ void __launch_bounds__(kRouterWarpsPerBlock* device::kWarpSize)
+    fused_router_general_kernel(const __grid_constant__ RouterParams p) {
+  constexpr int kSlots = kPerLane * device::kWarpSize;           // >= E
+  __shared__ float s_choice[kRouterWarpsPerBlock][kSlots];       // [E] per warp
+  __shared__ float s_group_score[kRouterWarpsPerBlock][kSlots];  // [num_groups] per warp
+  __shared__ bool s_kept[kRouterWarpsPerBlock][kSlots];          // [num_groups] per warp
+
+  const int lane = threadIdx.x % device::kWarpSize;
+  const int warp = threadIdx.x / device::kWarpSize;
+  const int64_t token = static_cast<int64_t>(blockIdx.x) * kRouterWarpsPerBlock + warp;
+  if (token >= p.num_tokens) return;  // whole warps leave together; only __syncwarp below
+  const int num_experts = static_cast<int>(p.num_experts);
+  const int top_k = static_cast<int>(p.top_k);
+
+  float score[kPerLane];  // unbiased: the weights
+  device::router_scores<kPerLane>(p, token, lane, score);
+  float choice[kPerLane];  // score + selection_bias: the selection
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int e = j * device::kWarpSize + lane;
+    choice[j] = e < num_experts
+                    ? score[j] + (p.selection_bias != nullptr ? __ldg(p.selection_bias + e) : 0.0f)
+                    : -INFINITY;
+  }
+
+  if (p.group_score != RouterGroupScore::kNone) {
+    const int num_groups = static_cast<int>(p.num_groups);
+    const int group_size = num_experts / num_groups;
+    float* const warp_choice = s_choice[warp];
+    float* const group_score = s_group_score[warp];
+    bool* const kept = s_kept[warp];
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      const int e = j * device::kWarpSize + lane;
+      if (e < num_experts) warp_choice[e] = choice[j];
+    }
+    __syncwarp();
+
+    // L lanes per group, groups_per_pass groups per pass; all values warp-uniform, so every
+    // lane runs every shuffle below.
+    int lanes_per_group = device::kWarpSize;
+    while (lanes_per_group > 1 && lanes_per_group * num_groups > device::kWarpSize) {
+      lanes_per_group >>= 1;
+    }
+    const int groups_per_pass = device::kWarpSize / lanes_per_group;
+    const int sub = lane % lanes_per_group;
+    const bool top2 = p.group_score == RouterGroupScore::kTop2Sum;
+    for (int first_group = 0; first_group < num_groups; first_group += groups_per_pass) {
+      const int g = first_group + lane / lanes_per_group;
+      // This lane's two best of its share, with multiplicity (the reference's scan).
+      float first = -INFINITY, second = -INFINITY;
+      if (g < num_groups) {
+        const float* s = warp_choice + g * group_size;
+        for (int i = sub; i < group_size; i += lanes_per_group) {
+          const float v = s[i];
+          if (v > first) {
+            second = first;
+            first = v;
+          } else if (v > second) {
+            second = v;
+          }
+        }
+      }
+      // Merge two top-2 lists {a1 >= a2}, {b1 >= b2}: max(a1, b1), then
+      // max(min(a1, b1), max(a2, b2)). Offsets below L stay inside the L-lane segment.
+      for (int offset = lanes_per_group / 2; offset > 0; offset >>= 1) {
+        const float other_first = __shfl_xor_sync(device::kFullMask, first, offset);
+        const float other_second = __shfl_xor_sync(device::kFullMask, second, offset);
+        second = fmaxf(fminf(first, other_first), fmaxf(second, other_second));
+        first = fmaxf(first, other_first);
+      }
+      if (sub == 0 && g < num_groups) group_score[g] = top2 ? first + second : first;
+    }
+    __syncwarp();
+
+    // Kept: fewer than topk_groups groups come before g in (score desc, id asc).
+    const int topk_groups = static_cast<int>(p.topk_groups);
+    for (int g = lane; g < num_groups; g += device::kWarpSize) {
+      const float v = group_score[g];
+      int rank = 0;
+      for (int h = 0; h < num_groups; ++h) {
+        const float w = group_score[h];
+        rank += (w > v || (w == v && h < g)) ? 1 : 0;
+      }
+      kept[g] = rank < topk_groups;
+    }
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      const int e = j * device::kWarpSize + lane;
+      if (e < num_experts && !kept[e / group_size]) choice[j] = -INFINITY;
+    }
+  }
+
+  uint32_t available = 0;  // bit j: expert j * 32 + lane exists and is not picked yet
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    if (j * device::kWarpSize + lane < num_experts) available |= 1u << j;
+  }
+  float my_score = 0.0f;  // lane k: the unbiased score of the k-th pick
+  int32_t my_id = 0;
+  float picked_sum = 0.0f;  // unbiased scores summed in pick order, as the reference does
+  for (int k = 0; k < top_k; ++k) {
+    // Best of this lane: slots are in ascending id order, so the first available slot, then
+    // '>', keeps the lower id on ties (-inf ones included).
+    float best = -INFINITY;
+    int32_t best_id = INT_MAX;
+    float best_score = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      if (((available >> j) & 1u) != 0 && (best_id == INT_MAX || choice[j] > best)) {
+        best = choice[j];
+        best_id = j * device::kWarpSize + lane;
+        best_score = score[j];
+      }
+    }
+    device::router_argmax_merge(best, best_id);
+    // K <= E leaves a candidate in every round, so best_id is an expert, held by lane
+    // best_id % 32 as that lane's own best: its best_score is the winner's score.
+    const float picked = __shfl_sync(device::kFullMask, best_score, best_id % device::kWarpSize);
+    if (lane == k) {
+      my_score = picked;
+      my_id = best_id;
+    }
+    picked_sum += picked;
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      if (j * device::kWarpSize + lane == best_id) available &= ~(1u << j);
+    }
+  }
+
+  const float scale = device::router_scale(p, picked_sum);
   if (lane < top_k) {
     p.topk_ids[token * p.top_k + lane] = my_id;
     p.topk_weights[token * p.top_k + lane] = my_score * scale;

@@ -1,0 +1,450 @@
+// The CUDA fused router's DeepSeek routing (backend/cuda/moe_stages.h: selection_bias,
+// group_score, num_groups, topk_groups) against moe::route(), the CPU reference: fresh random
+// logits and biases every run (the seed is printed on failure; MOE_TEST_SEED replays one),
+// outputs poisoned with 0xFF bytes first (NaN weights, -1 ids) so an unwritten element fails.
+//
+// Cases: DeepSeek-V2-like (softmax, group max, no bias, scale 16), DeepSeek-V3-like (sigmoid,
+// top-2 group sums, random bias, renormalised, scale 2.5), and shapes that stress the kernel's
+// group step: groups that straddle lanes (E = 160 in 8 groups of 20), a group count that is not
+// a power of two (E = 60 in 5), more than 32 groups (64 and 256), one group of all experts, kept
+// groups that hold exactly K experts, and a bias without groups. Ties on purpose: all-equal
+// logits, groups that are copies or permutations of each other (equal group scores go to the
+// lower group), duplicated maxima (the top-2 sum counts a value twice), and a negative bias that
+// makes every choice negative; and a -inf bias, where the last picks come from a dropped group
+// as in the reference. One case runs captured in a CUDA graph.
+//
+// Tolerances: ids exact; weights 1e-5 relative (float32, CONVENTIONS.md). The GPU's expf and its
+// reduction order differ from the CPU's by a few float32 units, so a token whose choice is
+// decided by a margin that small could legitimately go either way. Before use, every token is
+// checked in float64: each comparison route() makes (which experts count towards a group's
+// score, kept against dropped groups, picked experts against each other and against the rest)
+// must be between bit-identical inputs or a gap above 1e-5 relative; a token that fails is drawn
+// again (a few in a hundred with random biases). The tie tests' constructed tokens are drawn the
+// same way; most pass as they are.
+//
+// Host-side checks (the launcher refusing bad grouping arguments, naming the field) need no
+// device and always run; the kernel tests are registered only when a device is present
+// (cuda_test_util.h).
+#include <gtest/gtest.h>
+
+#if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/cuda/moe_stages.h"
+#include "cuda_test_util.h"
+#include "moe/stages.h"
+
+namespace moeinfer::cuda {
+namespace {
+
+using namespace testing_util;
+
+// ---------------------------------------------------------------------------------------------
+// Host-side checks: always registered, need no device.
+
+RouterParams grouped_params(int64_t E, int64_t K, RouterGroupScore group, int64_t num_groups,
+                            int64_t topk_groups, int64_t T = 1) {
+  static float logits = 0.0f;
+  static int32_t ids = 0;
+  static float weights = 0.0f;
+  return RouterParams{.logits = &logits,
+                      .topk_ids = &ids,
+                      .topk_weights = &weights,
+                      .num_tokens = T,
+                      .num_experts = E,
+                      .top_k = K,
+                      .group_score = group,
+                      .num_groups = num_groups,
+                      .topk_groups = topk_groups};
+}
+
+TEST(CudaRouterChecks, RefusesBadGroups) {
+  using G = RouterGroupScore;
+  expect_error_naming([] { fused_router(grouped_params(64, 6, G::kMax, 7, 3), nullptr); },
+                      "num_groups = 7");
+  expect_error_naming([] { fused_router(grouped_params(64, 6, G::kMax, 0, 1), nullptr); },
+                      "num_groups = 0");
+  expect_error_naming([] { fused_router(grouped_params(64, 6, G::kTop2Sum, 128, 1), nullptr); },
+                      "num_groups = 128");
+  expect_error_naming([] { fused_router(grouped_params(64, 6, G::kMax, 8, 0), nullptr); },
+                      "topk_groups = 0");
+  expect_error_naming([] { fused_router(grouped_params(64, 6, G::kMax, 8, 9), nullptr); },
+                      "topk_groups = 9");
+  // One kept group of 8 experts cannot supply 9.
+  expect_error_naming([] { fused_router(grouped_params(64, 9, G::kMax, 8, 1), nullptr); },
+                      "top_k = 9");
+  // The top-2 sum needs two experts per group; the group max does not.
+  expect_error_naming([] { fused_router(grouped_params(64, 6, G::kTop2Sum, 64, 8), nullptr); },
+                      "kTop2Sum");
+  expect_error_naming([] { fused_router(grouped_params(64, 6, static_cast<G>(7), 8, 3), nullptr); },
+                      "group_score = 7");
+  // Refused before the empty-batch early return: the answer does not depend on T.
+  expect_error_naming([] { fused_router(grouped_params(64, 6, G::kMax, 7, 3, 0), nullptr); },
+                      "num_groups = 7");
+  // Accepted without a device when there is nothing to do: exactly K experts in the kept
+  // groups, one expert per group under the group max, and no grouping with unused group sizes
+  // that would be invalid (as moe::validate ignores them).
+  fused_router(grouped_params(64, 8, G::kMax, 8, 1, 0), nullptr);
+  fused_router(grouped_params(64, 6, G::kMax, 64, 6, 0), nullptr);
+  fused_router(grouped_params(64, 6, G::kNone, 7, 0, 0), nullptr);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernel tests: registered only when a device is present.
+
+struct RouterCase {
+  const char* name;
+  int64_t num_experts;  // E
+  int64_t top_k;        // K
+  moe::ScoreFunction score;
+  moe::GroupScore group_score;
+  int64_t num_groups;
+  int64_t topk_groups;
+  bool bias;  // random tests: draw a selection bias
+  bool renormalize;
+  float scaling;
+};
+
+using SF = moe::ScoreFunction;
+using GS = moe::GroupScore;
+
+const RouterCase kDeepSeekV2{"DeepSeekV2", 160,   6,    SF::kSoftmax, GS::kMax, 8, 3,
+                             false,        false, 16.0f};
+const RouterCase kDeepSeekV2Small{
+    "DeepSeekV2_E64", 64, 6, SF::kSoftmax, GS::kMax, 8, 3, false, false, 1.0f};
+const RouterCase kDeepSeekV3{"DeepSeekV3", 256,  8,   SF::kSigmoid, GS::kTop2Sum, 8, 4,
+                             true,         true, 2.5f};
+const RouterCase kShapes[] = {
+    {"E60_G5_Top2Sum_Softmax", 60, 5, SF::kSoftmax, GS::kTop2Sum, 5, 2, true, true, 1.0f},
+    {"E160_G8_Top2Sum_Sigmoid", 160, 6, SF::kSigmoid, GS::kTop2Sum, 8, 3, true, false, 1.0f},
+    {"E256_G64_Max_K16", 256, 16, SF::kSoftmax, GS::kMax, 64, 7, true, true, 1.0f},
+    {"E256_G256_Max_K16", 256, 16, SF::kSigmoid, GS::kMax, 256, 16, true, false, 3.0f},
+    {"E96_G3_Top1Group", 96, 8, SF::kSoftmax, GS::kTop2Sum, 3, 1, false, false, 1.0f},
+    {"E64_G8_ExactPool", 64, 8, SF::kSigmoid, GS::kMax, 8, 1, true, true, 1.0f},
+    {"E32_G1", 32, 4, SF::kSigmoid, GS::kTop2Sum, 1, 1, true, true, 2.5f},
+    {"E8_G4_Top2Sum", 8, 2, SF::kSigmoid, GS::kTop2Sum, 4, 2, true, true, 1.0f},
+    {"E128_BiasOnly", 128, 8, SF::kSigmoid, GS::kNone, 1, 1, true, true, 2.5f},
+};
+
+RouterGroupScore to_cuda(GS group) {
+  switch (group) {
+    case GS::kMax:
+      return RouterGroupScore::kMax;
+    case GS::kTop2Sum:
+      return RouterGroupScore::kTop2Sum;
+    default:
+      return RouterGroupScore::kNone;
+  }
+}
+
+moe::RouterOptions options_of(const RouterCase& c, const float* bias) {
+  return moe::RouterOptions{.num_experts = c.num_experts,
+                            .top_k = c.top_k,
+                            .score = c.score,
+                            .renormalize = c.renormalize,
+                            .routed_scaling_factor = c.scaling,
+                            .group_score = c.group_score,
+                            .num_groups = c.num_groups,
+                            .topk_groups = c.topk_groups,
+                            .selection_bias = bias};
+}
+
+// Higher value first; equal values keep the lower index first (route()'s order).
+template <typename V>
+std::vector<int64_t> order_desc(const std::vector<V>& values) {
+  std::vector<int64_t> order(values.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return values[a] > values[b]; });
+  return order;
+}
+
+// Within what float32 rounding in two implementations could flip (an exact tie included).
+bool close(double a, double b) {
+  return std::fabs(a - b) <= 1e-5 * (std::fabs(a) + std::fabs(b)) + 1e-6;
+}
+
+// route()'s decisions on one token, redone in float64: true when each comparison it makes is
+// either far apart or between bit-identical inputs, which both implementations see as an exact
+// tie. Close values from different inputs are fragile even when float64 finds them equal:
+// sigmoid(1) + sigmoid(-1) and sigmoid(0.5) + sigmoid(-0.5) are both 1, but not in float32.
+// An expert's input is its (logit, bias); a group score's is the multiset of its best one or
+// two experts' inputs.
+bool decisions_are_robust(const float* row, const float* bias, const RouterCase& c) {
+  using Key = std::vector<std::pair<float, float>>;
+  const int64_t E = c.num_experts;
+  std::vector<double> choice(E);
+  if (c.score == SF::kSoftmax) {
+    const double max_logit = *std::max_element(row, row + E);
+    double sum = 0.0;
+    for (int64_t e = 0; e < E; ++e) sum += choice[e] = std::exp(row[e] - max_logit);
+    for (int64_t e = 0; e < E; ++e) choice[e] /= sum;
+  } else {
+    for (int64_t e = 0; e < E; ++e) choice[e] = 1.0 / (1.0 + std::exp(-double{row[e]}));
+  }
+  std::vector<Key> key(E);
+  for (int64_t e = 0; e < E; ++e) {
+    const float b = bias != nullptr ? bias[e] : 0.0f;
+    choice[e] += b;
+    key[e] = {{row[e], b}};
+  }
+  const auto fragile = [](double a, double b, const Key& ka, const Key& kb) {
+    return close(a, b) && ka != kb;
+  };
+
+  std::vector<bool> eligible(E, true);
+  if (c.group_score != GS::kNone) {
+    const int64_t per_group = E / c.num_groups;
+    const int64_t counted = c.group_score == GS::kMax ? 1 : 2;
+    std::vector<double> group_score(c.num_groups, 0.0);
+    std::vector<Key> group_key(c.num_groups);
+    for (int64_t g = 0; g < c.num_groups; ++g) {
+      const std::vector<double> members(choice.begin() + g * per_group,
+                                        choice.begin() + (g + 1) * per_group);
+      const std::vector<int64_t> order = order_desc(members);
+      for (int64_t i = 0; i < counted; ++i) {
+        const int64_t e = g * per_group + order[i];
+        group_score[g] += choice[e];
+        group_key[g].push_back(key[e][0]);
+      }
+      std::sort(group_key[g].begin(), group_key[g].end());
+      // Which experts count must not be in doubt either.
+      if (per_group > counted) {
+        const int64_t a = g * per_group + order[counted - 1], b = g * per_group + order[counted];
+        if (fragile(choice[a], choice[b], key[a], key[b])) return false;
+      }
+    }
+    const std::vector<int64_t> groups = order_desc(group_score);
+    for (int64_t i = 0; i < c.topk_groups; ++i) {
+      for (int64_t j = c.topk_groups; j < c.num_groups; ++j) {
+        const int64_t a = groups[i], b = groups[j];
+        if (fragile(group_score[a], group_score[b], group_key[a], group_key[b])) return false;
+      }
+    }
+    for (int64_t j = c.topk_groups; j < c.num_groups; ++j)
+      for (int64_t i = 0; i < per_group; ++i) eligible[groups[j] * per_group + i] = false;
+  }
+  for (int64_t e = 0; e < E; ++e)
+    if (!eligible[e]) choice[e] = -INFINITY;
+  const std::vector<int64_t> experts = order_desc(choice);
+  for (int64_t i = 0; i < c.top_k; ++i) {
+    for (int64_t j = i + 1; j < E; ++j) {
+      const int64_t a = experts[i], b = experts[j];
+      if (eligible[b] && fragile(choice[a], choice[b], key[a], key[b])) return false;
+    }
+  }
+  return true;
+}
+
+// Runs the GPU router on [T, E] logits (and bias, empty for none) and holds it to route():
+// ids exact, weights within 1e-5 relative. in_graph: captured into a CUDA graph in global
+// capture mode (which fails on any host synchronisation) and replayed.
+void expect_matches_reference(const std::vector<float>& logits, const std::vector<float>& bias,
+                              int64_t T, const RouterCase& c, bool in_graph = false) {
+  const int64_t K = c.top_k;
+  SCOPED_TRACE(::testing::Message() << c.name << " T=" << T << " E=" << c.num_experts << " K=" << K
+                                    << " bias=" << !bias.empty() << (in_graph ? " in graph" : ""));
+  moe::Routing want;
+  moe::route(logits.data(), T, options_of(c, bias.empty() ? nullptr : bias.data()), &want);
+
+  DeviceBuffer<float> d_logits(logits);
+  DeviceBuffer<float> d_bias(bias);
+  DeviceBuffer<int32_t> d_ids(T * K);
+  DeviceBuffer<float> d_weights(T * K);
+  d_ids.poison();
+  d_weights.poison();
+  const RouterParams params{
+      .logits = d_logits.get(),
+      .topk_ids = d_ids.get(),
+      .topk_weights = d_weights.get(),
+      .num_tokens = T,
+      .num_experts = c.num_experts,
+      .top_k = K,
+      .score = c.score == SF::kSoftmax ? RouterScore::kSoftmax : RouterScore::kSigmoid,
+      .renormalize = c.renormalize,
+      .routed_scaling_factor = c.scaling,
+      .selection_bias = bias.empty() ? nullptr : d_bias.get(),
+      .group_score = to_cuda(c.group_score),
+      .num_groups = c.num_groups,
+      .topk_groups = c.topk_groups};
+  if (in_graph) {
+    cudaStream_t stream;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    fused_router(params, stream);
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    CUDA_CHECK(cudaGraphExecDestroy(exec));
+    CUDA_CHECK(cudaGraphDestroy(graph));
+    CUDA_CHECK(cudaStreamDestroy(stream));
+  } else {
+    fused_router(params, nullptr);
+  }
+  synchronize();
+
+  const std::vector<int32_t> ids = d_ids.download();
+  const std::vector<float> weights = d_weights.download();
+  size_t id_mismatches = 0, weight_mismatches = 0;
+  for (int64_t i = 0; i < T * K; ++i) {
+    if (ids[i] != want.topk_ids[i] && id_mismatches++ < 5)
+      ADD_FAILURE() << "token " << i / K << ": topk_ids[" << i % K << "] = " << ids[i] << ", want "
+                    << want.topk_ids[i];
+    const float w = want.topk_weights[i];
+    if (!(std::fabs(weights[i] - w) <= 1e-5f * std::fabs(w) + 1e-30f) &&
+        weight_mismatches++ < 5)  // NaN fails
+      ADD_FAILURE() << "token " << i / K << ": topk_weights[" << i % K << "] = " << weights[i]
+                    << ", want " << w;
+  }
+  EXPECT_EQ(id_mismatches, 0u) << "topk_ids";
+  EXPECT_EQ(weight_mismatches, 0u) << "topk_weights";
+}
+
+std::vector<float> random_bias(const RouterCase& c, std::mt19937& rng) {
+  if (!c.bias) return {};
+  std::uniform_real_distribution<float> dist(-0.25f, 0.25f);
+  std::vector<float> bias(c.num_experts);
+  for (float& b : bias) b = dist(rng);
+  return bias;
+}
+
+// T tokens of N(0, 1.5) logits, each drawn again until its decisions are robust.
+std::vector<float> random_logits(int64_t T, const RouterCase& c, const std::vector<float>& bias,
+                                 std::mt19937& rng) {
+  const int64_t E = c.num_experts;
+  std::normal_distribution<float> dist(0.0f, 1.5f);
+  std::vector<float> logits(T * E);
+  int64_t redraws = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    float* row = logits.data() + t * E;
+    do {
+      for (int64_t e = 0; e < E; ++e) row[e] = dist(rng);
+    } while (!decisions_are_robust(row, bias.empty() ? nullptr : bias.data(), c) &&
+             ++redraws < 100 + T);
+  }
+  EXPECT_LT(redraws, 100 + T) << c.name << ": too many tokens with fragile decisions";
+  return logits;
+}
+
+void router_random(const RouterCase& c, int64_t T, bool in_graph = false) {
+  std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(T * 7919 + c.num_experts * 31 + c.top_k));
+  for (int round = 0; round < 2; ++round) {  // two biases per case
+    const std::vector<float> bias = random_bias(c, rng);
+    expect_matches_reference(random_logits(T, c, bias, rng), bias, T, c, in_graph);
+  }
+}
+
+// Constructed tokens full of exact ties, under three biases: zero, a bias that repeats with
+// the group (bias[e] depends on e % group size only, on a grid of 1/8), and -3 everywhere (every
+// choice negative; only the dropped groups' -inf is lower).
+void router_ties(const RouterCase& c) {
+  std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(c.num_experts * 131 + c.top_k));
+  const int64_t E = c.num_experts;
+  const int64_t per_group = c.group_score == GS::kNone ? E : E / c.num_groups;
+  const int64_t num_groups = E / per_group;
+  std::uniform_int_distribution<int> coarse(-2, 2);  // logits in {-1, -0.5, 0, 0.5, 1}
+  std::uniform_int_distribution<int> bias_grid(-4, 4);
+  for (int bias_kind = 0; bias_kind < 3; ++bias_kind) {
+    std::vector<float> bias(E, 0.0f);
+    if (bias_kind == 1) {
+      std::vector<float> pattern(per_group);
+      for (float& b : pattern) b = static_cast<float>(bias_grid(rng)) / 8.0f;
+      for (int64_t e = 0; e < E; ++e) bias[e] = pattern[e % per_group];
+    } else if (bias_kind == 2) {
+      std::fill(bias.begin(), bias.end(), -3.0f);
+    }
+    // Each maker fills one token; random ones are drawn again until robust.
+    std::vector<std::function<void(float*)>> makers;
+    makers.push_back([&](float* row) { std::fill(row, row + E, 0.0f); });  // all equal
+    makers.push_back([&](float* row) {  // every group a copy of group 0
+      for (int64_t i = 0; i < per_group; ++i) row[i] = 0.5f * static_cast<float>(coarse(rng));
+      for (int64_t e = per_group; e < E; ++e) row[e] = row[e % per_group];
+    });
+    if (bias_kind != 1) {
+      makers.push_back([&](float* row) {  // every group a permutation of group 0
+        for (int64_t i = 0; i < per_group; ++i) row[i] = 0.5f * static_cast<float>(coarse(rng));
+        for (int64_t g = 1; g < num_groups; ++g) {
+          std::copy(row, row + per_group, row + g * per_group);
+          std::shuffle(row + g * per_group, row + (g + 1) * per_group, rng);
+        }
+      });
+      makers.push_back([&](float* row) {  // duplicated maxima against one higher maximum
+        std::fill(row, row + E, -4.0f);
+        const int64_t last = num_groups - 1;
+        row[last * per_group] = 2.0f;  // the highest group holds the duplicates
+        if (per_group > 1) row[last * per_group + per_group - 1] = 2.0f;
+        if (num_groups > 1) row[0] = 2.5f;  // group 0 the single higher one
+      });
+    }
+    makers.push_back([&](float* row) {  // coarse logits: many exact ties everywhere
+      for (int64_t e = 0; e < E; ++e) row[e] = 0.5f * static_cast<float>(coarse(rng));
+    });
+    const int64_t T = static_cast<int64_t>(makers.size());
+    std::vector<float> logits(T * E);
+    for (int64_t t = 0; t < T; ++t) {
+      float* row = logits.data() + t * E;
+      int tries = 0;
+      do {
+        makers[t](row);
+      } while (!decisions_are_robust(row, bias.data(), c) && ++tries < 1000);
+      ASSERT_LT(tries, 1000) << c.name << ": tie token " << t << " (bias kind " << bias_kind
+                             << ") is never robust";
+    }
+    expect_matches_reference(logits, bias, T, c);
+  }
+}
+
+// A -inf bias, which no checkpoint has: route() then orders the -inf choices of kept and dropped
+// experts alike by id, and so must the kernel. One kept group of 8 (group 1, logits 3) with
+// experts 10 and 12 at -inf leaves 6 finite choices for K = 8: the last two picks are experts 0
+// and 1 of dropped group 0, weighted by their unbiased scores.
+void router_infinite_bias() {
+  const RouterCase& c = kShapes[5];  // E64_G8_ExactPool: E = 64, K = 8, 8 groups, keep 1
+  ASSERT_EQ(c.num_experts, 64);
+  ASSERT_EQ(c.top_k, 8);
+  std::vector<float> logits(64, 0.0f), bias(64, 0.0f);
+  for (int e = 8; e < 16; ++e) logits[e] = 3.0f;
+  bias[10] = bias[12] = -INFINITY;
+  moe::Routing want;
+  moe::route(logits.data(), 1, options_of(c, bias.data()), &want);
+  EXPECT_EQ(want.topk_ids, (std::vector<int32_t>{8, 9, 11, 13, 14, 15, 0, 1}));
+  expect_matches_reference(logits, bias, 1, c);
+}
+
+[[maybe_unused]] const bool kRegistered = [] {
+  if (!cuda_device_present("router")) return false;
+  auto reg = [](const std::string& name, std::function<void()> body) {
+    register_kernel_test("CudaRouterGrouped", name, std::move(body), __FILE__, __LINE__);
+  };
+  for (int64_t T : {int64_t{1}, int64_t{19}, int64_t{989}, int64_t{4096}}) {
+    const std::string suffix = "_T" + std::to_string(T);
+    reg(std::string(kDeepSeekV2.name) + suffix, [T] { router_random(kDeepSeekV2, T); });
+    reg(std::string(kDeepSeekV3.name) + suffix, [T] { router_random(kDeepSeekV3, T); });
+  }
+  reg(std::string(kDeepSeekV2Small.name) + "_T99", [] { router_random(kDeepSeekV2Small, 99); });
+  for (const RouterCase& c : kShapes)
+    reg(std::string(c.name) + "_T99", [&c] { router_random(c, 99); });
+  reg("DeepSeekV3_CapturedInGraph_T989", [] { router_random(kDeepSeekV3, 989, true); });
+  reg("Ties_DeepSeekV2", [] { router_ties(kDeepSeekV2); });
+  reg("Ties_DeepSeekV3", [] { router_ties(kDeepSeekV3); });
+  for (const RouterCase& c : kShapes) reg(std::string("Ties_") + c.name, [&c] { router_ties(c); });
+  reg("InfiniteBiasOrdersByIdLikeTheReference", [] { router_infinite_bias(); });
+  return true;
+}();
+
+}  // namespace
+}  // namespace moeinfer::cuda
+
+#endif  // MOE_HAVE_CUDA
