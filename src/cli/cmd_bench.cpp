@@ -1,8 +1,15 @@
-// `moeinfer bench [--model DIR] [--batch B] [--input-len I] [--output-len O]`: the engine's
-// ceiling without HTTP. B requests of I random prompt tokens each are added at once and run to O
-// generated tokens each (ignoring end-of-sequence), through the same Engine::step() the server
-// drives. Reports prefill throughput (until every request has its first token), decode
-// throughput (the rest), and the scheduler's share of the step time.
+// `moeinfer bench [--model DIR|synthetic:NAME] [--batch B] [--input-len I] [--output-len O]
+// [--device cuda]`: the engine's ceiling without HTTP. B requests of I random prompt tokens each
+// are added at once and run to O generated tokens each (ignoring end-of-sequence), through the
+// same Engine::step() the server drives. Reports prefill throughput (until every request has its
+// first token), decode throughput (the rest), and the scheduler's share of the step time.
+//
+// On the GPU it first runs the same workload briefly (module loading, cuBLAS heuristics, graph
+// capture happen there), then measures the two floors in the same run and reports each phase as
+// a ratio to its floor: decode as (bytes the step must read / copy bandwidth) / step time, the
+// bytes being every non-expert weight, the distinct experts the step's routing touched (read
+// back from the device), the LM head and the KV rows; prefill as (matrix FLOPs / GEMM peak) /
+// prefill time.
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -11,8 +18,11 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/device_arg.h"
 #include "cli/model_arg.h"
 #include "core/error.h"
+#include "model/model_facts.h"
+#include "model/synthetic.h"
 #include "runtime/engine.h"
 
 namespace moeinfer::cli {
@@ -27,57 +37,196 @@ struct BenchArgs {
   uint64_t seed = 0;
   std::string json_file;
   bool profile = false;
+  DeviceArgs device;
+  int64_t layers = 0;            // synthetic: cut to this many layers
+  std::string routing_skew;      // synthetic: "zipf:A"
+  bool no_cuda_graphs = false;
 };
+
+double parse_zipf(const std::string& text) {
+  if (text.empty()) return 0.0;
+  MOE_CHECK(text.starts_with("zipf:"), "--routing-skew '", text, "': expected zipf:A");
+  size_t used = 0;
+  double value = 0.0;
+  try {
+    value = std::stod(text.substr(5), &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  MOE_CHECK(used > 0 && used == text.size() - 5 && value > 0.0 && value <= 10.0,
+            "--routing-skew '", text, "': A must be a number in (0, 10]");
+  return value;
+}
+
+std::unique_ptr<Engine> load_engine(const BenchArgs& args, const EngineConfig& config) {
+  if (is_synthetic_model(args.model)) {
+    return Engine::load_synthetic(args.model.substr(std::string("synthetic:").size()), args.layers,
+                                  {.seed = args.seed, .zipf_exponent = parse_zipf(args.routing_skew)},
+                                  config);
+  }
+  MOE_CHECK(args.layers == 0 && args.routing_skew.empty(),
+            "--layers and --routing-skew apply to synthetic:NAME models only");
+  return Engine::load(resolve_model_dir(args.model), config, LoadOptions{});
+}
+
+// Adds B random prompts and runs them to the end; the observer sees each step's outputs.
+struct RunTimes {
+  double prefill_s = 0.0, decode_s = 0.0, total_s = 0.0;
+  int64_t generated = 0, decode_steps = 0;
+  std::vector<int32_t> expert_counts;  // GPU: [L, E] of a mid-run decode step
+};
+
+RunTimes run_workload(Engine& engine, const BenchArgs& args, int64_t output_len, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const int64_t vocab = engine.model_config().vocab_size;
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(vocab - 1));
+  for (int64_t b = 0; b < args.batch; ++b) {
+    std::vector<int32_t> prompt(args.input_len);
+    for (auto& id : prompt) id = token(rng);
+    engine.add_request(std::move(prompt), {.max_tokens = output_len, .ignore_eos = true});
+  }
+  using Clock = std::chrono::steady_clock;
+  RunTimes times;
+  const auto start = Clock::now();
+  auto prefilled = start;
+  int64_t first_tokens = 0;
+  bool counted = false;
+  while (engine.has_unfinished()) {
+    for (const RequestOutput& out : engine.step()) {
+      times.generated += static_cast<int64_t>(out.token_ids.size());
+      if (out.num_output_tokens == 1 && !out.token_ids.empty()) ++first_tokens;
+    }
+    if (prefilled != start) ++times.decode_steps;
+    if (first_tokens == args.batch && prefilled == start) prefilled = Clock::now();
+    if (!counted && engine.gpu() && times.decode_steps == std::max<int64_t>(1, output_len / 2)) {
+      times.expert_counts = engine.gpu_decoder()->expert_counts();
+      counted = true;
+    }
+  }
+  const auto done = Clock::now();
+  times.prefill_s = std::chrono::duration<double>(prefilled - start).count();
+  times.decode_s = std::chrono::duration<double>(done - prefilled).count();
+  times.total_s = std::chrono::duration<double>(done - start).count();
+  return times;
+}
+
+// Distinct experts a step touched, summed over layers, from [L, E] row counts.
+int64_t distinct_experts(const std::vector<int32_t>& counts) {
+  return std::count_if(counts.begin(), counts.end(), [](int32_t c) { return c > 0; });
+}
+
+void print_gpu_figures(Engine& engine, const BenchArgs& args, const RunTimes& t,
+                       nlohmann::json& json) {
+  const ModelConfig& c = engine.model_config();
+  const GpuMemoryReport& mem = engine.gpu()->memory();
+  const DeviceFloors floors = measure_device_floors();
+  const double GiB = 1024.0 * 1024.0 * 1024.0;
+  std::printf("GPU: %s, budget %.1f GiB of %.1f: weights %.2f GiB, workspace %.2f GiB, "
+              "KV %.2f GiB (%lld blocks of %lld tokens)\n",
+              mem.device_name.c_str(), mem.budget_bytes / GiB, mem.device_bytes / GiB,
+              mem.weight_bytes / GiB, mem.workspace_bytes / GiB, mem.kv_bytes / GiB,
+              static_cast<long long>(mem.num_kv_blocks), static_cast<long long>(mem.block_size));
+  std::printf("%-34s %12.1f\n", "Copy bandwidth floor (GB/s):", floors.copy_bytes_per_s / 1e9);
+  std::printf("%-34s %12.1f\n", "bf16 GEMM peak (TFLOP/s):", floors.gemm_flops / 1e12);
+
+  // Decode: what one step must read.
+  const PartCounts active = count_params(c, /*active_only=*/true);
+  const int64_t expert_params = 3 * c.hidden_size * c.moe_intermediate_size;
+  const int64_t touched = distinct_experts(t.expert_counts);
+  const double non_expert = static_cast<double>(active.attention + active.shared_experts +
+                                                active.other) +
+                            static_cast<double>(c.vocab_size * c.hidden_size);  // LM head
+  const double mean_context = args.input_len + args.output_len / 2.0;
+  const double step_bytes = 2.0 * (non_expert + static_cast<double>(touched * expert_params)) +
+                            args.batch * mean_context * mem.kv_bytes_per_token;
+  const double step_s = t.decode_s / std::max<int64_t>(t.decode_steps, 1);
+  const double decode_floor_s = step_bytes / floors.copy_bytes_per_s;
+  std::printf("%-34s %12.3f\n", "Decode step (ms):", step_s * 1e3);
+  std::printf("%-34s %12.3f\n", "Decode bytes per step (GB):", step_bytes / 1e9);
+  std::printf("%-34s %12.1f\n", "Distinct experts per layer:",
+              static_cast<double>(touched) / std::max<int64_t>(1, c.num_layers));
+  std::printf("%-34s %12.3f\n", "Decode floor (ms):", decode_floor_s * 1e3);
+  std::printf("%-34s %12.3f\n", "Decode: floor / step time:", decode_floor_s / step_s);
+
+  // Prefill: matrix FLOPs of the prompts (every token through attention projections, K experts,
+  // shared experts and routers; causal attention scores and values; the LM head once per
+  // request) over the GEMM peak.
+  const double T = static_cast<double>(args.input_len);
+  const double per_token = 2.0 * static_cast<double>(active.attention + active.routed_experts +
+                                                     active.shared_experts + active.other);
+  const int64_t qk = c.mla ? c.mla->qk_head_dim() : c.head_dim;
+  const int64_t vd = c.mla ? c.mla->v_head_dim : c.head_dim;
+  const double attention = 2.0 * c.num_heads * (qk + vd) * (T * (T + 1) / 2.0) * c.num_layers;
+  const double flops = args.batch * (T * per_token + attention +
+                                     2.0 * static_cast<double>(c.vocab_size * c.hidden_size));
+  const double prefill_floor_s = flops / floors.gemm_flops;
+  std::printf("%-34s %12.3f\n", "Prefill (ms):", t.prefill_s * 1e3);
+  std::printf("%-34s %12.1f\n", "Prefill TFLOP/s:", flops / t.prefill_s / 1e12);
+  std::printf("%-34s %12.3f\n", "Prefill: FLOP/s / GEMM peak:", prefill_floor_s / t.prefill_s);
+  json["gpu"] = {{"device", mem.device_name},
+                 {"weight_bytes", mem.weight_bytes},
+                 {"workspace_bytes", mem.workspace_bytes},
+                 {"kv_bytes", mem.kv_bytes},
+                 {"copy_bytes_per_s", floors.copy_bytes_per_s},
+                 {"gemm_flops", floors.gemm_flops},
+                 {"decode_step_seconds", step_s},
+                 {"decode_bytes_per_step", step_bytes},
+                 {"decode_floor_ratio", decode_floor_s / step_s},
+                 {"prefill_flops", flops},
+                 {"prefill_peak_ratio", prefill_floor_s / t.prefill_s}};
+}
 
 void run_bench(const BenchArgs& args) {
   MOE_CHECK(args.batch >= 1, "--batch must be >= 1");
   MOE_CHECK(args.input_len >= 1 && args.output_len >= 1,
             "--input-len and --output-len must be >= 1");
-  const std::filesystem::path dir = resolve_model_dir(args.model);
+  const bool synthetic = is_synthetic_model(args.model);
   const EngineConfig config{
       .max_num_seqs = args.batch,
-      .max_num_batched_tokens = args.max_num_batched_tokens > 0
-                                    ? args.max_num_batched_tokens
-                                    : std::max<int64_t>(args.batch * args.input_len, 512),
+      // Every prompt in one step, except that a GPU step carries at most 8192 tokens (the
+      // workspace is sized for the largest step).
+      .max_num_batched_tokens =
+          args.max_num_batched_tokens > 0
+              ? args.max_num_batched_tokens
+              : std::max<int64_t>(args.device.is_cuda()
+                                      ? std::min<int64_t>(args.batch * args.input_len, 8192)
+                                      : args.batch * args.input_len,
+                                  512),
+      .max_model_len = synthetic ? args.input_len + args.output_len : 0,
       .enable_prefix_caching = false,
-      .profile_stages = args.profile};
-  auto engine = Engine::load(dir, config, LoadOptions{});
+      .profile_stages = args.profile,
+      .device = args.device.device,
+      .gpu_memory_fraction = args.device.gpu_memory_fraction,
+      .cuda_graphs = !args.no_cuda_graphs};
+  auto engine = load_engine(args, config);
   MOE_CHECK(args.input_len + args.output_len <= engine->max_model_len(),
             "--input-len + --output-len (", args.input_len + args.output_len,
             ") exceeds the context of ", engine->max_model_len());
+  const std::string name =
+      synthetic ? args.model : engine->model_dir().filename().string();
 
-  std::mt19937_64 rng(args.seed);
-  const int64_t vocab = engine->model_config().vocab_size;
-  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(vocab - 1));
-  for (int64_t b = 0; b < args.batch; ++b) {
-    std::vector<int32_t> prompt(args.input_len);
-    for (auto& id : prompt) id = token(rng);
-    engine->add_request(std::move(prompt), {.max_tokens = args.output_len, .ignore_eos = true});
+  if (engine->gpu()) {  // warm-up: the same shapes, a few steps
+    run_workload(*engine, args, std::min<int64_t>(args.output_len, 3), args.seed + 1);
   }
-
-  using Clock = std::chrono::steady_clock;
-  const auto start = Clock::now();
-  auto prefilled = start;
-  int64_t first_tokens = 0, generated = 0;
-  while (engine->has_unfinished()) {
-    for (const RequestOutput& out : engine->step()) {
-      generated += static_cast<int64_t>(out.token_ids.size());
-      if (out.num_output_tokens == 1 && !out.token_ids.empty()) ++first_tokens;
-    }
-    if (first_tokens == args.batch && prefilled == start) prefilled = Clock::now();
+  const EngineStats before = engine->stats();
+  const RunTimes times = run_workload(*engine, args, args.output_len, args.seed);
+  EngineStats stats = engine->stats();
+  stats.num_steps -= before.num_steps;
+  stats.schedule_seconds -= before.schedule_seconds;
+  stats.forward_seconds -= before.forward_seconds;
+  stats.sample_seconds -= before.sample_seconds;
+  for (size_t i = 0; i < stats.stage_seconds.size() && i < before.stage_seconds.size(); ++i) {
+    stats.stage_seconds[i] -= before.stage_seconds[i];
   }
-  const auto done = Clock::now();
-  const double prefill_s = std::chrono::duration<double>(prefilled - start).count();
-  const double decode_s = std::chrono::duration<double>(done - prefilled).count();
-  const double total_s = std::chrono::duration<double>(done - start).count();
-  const EngineStats stats = engine->stats();
+  const double prefill_s = times.prefill_s, decode_s = times.decode_s, total_s = times.total_s;
+  const int64_t generated = times.generated;
   const double step_s = stats.schedule_seconds + stats.forward_seconds + stats.sample_seconds;
   const double prefill_tps = args.batch * args.input_len / std::max(prefill_s, 1e-9);
   const double decode_tps = (generated - args.batch) / std::max(decode_s, 1e-9);
   const double output_tps = generated / std::max(total_s, 1e-9);
 
-  std::printf("bench: %s, batch %lld, input %lld, output %lld, %lld steps\n",
-              dir.filename().c_str(), static_cast<long long>(args.batch),
+  std::printf("bench: %s on %s, batch %lld, input %lld, output %lld, %lld steps\n", name.c_str(),
+              args.device.device.c_str(), static_cast<long long>(args.batch),
               static_cast<long long>(args.input_len), static_cast<long long>(args.output_len),
               static_cast<long long>(stats.num_steps));
   std::printf("%-34s %12.2f\n", "Prefill time (s):", prefill_s);
@@ -102,10 +251,15 @@ void run_bench(const BenchArgs& args) {
       stages[name] = seconds;
     }
   }
+  nlohmann::json gpu_json = nlohmann::json::object();
+  if (engine->gpu()) print_gpu_figures(*engine, args, times, gpu_json);
   if (!args.json_file.empty()) {
     std::ofstream out(args.json_file);
     MOE_CHECK(out.good(), "cannot write ", args.json_file);
-    out << nlohmann::json{{"batch", args.batch},
+    out << nlohmann::json{{"model", name},
+                          {"device", args.device.device},
+                          {"gpu", gpu_json.value("gpu", nlohmann::json())},
+                          {"batch", args.batch},
                           {"input_len", args.input_len},
                           {"output_len", args.output_len},
                           {"prefill_seconds", prefill_s},
@@ -142,6 +296,12 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--json", args->json_file, "Write the results as JSON to FILE");
   cmd->add_flag("--profile", args->profile,
                 "Time every stage with the stage profiler and print each one's share");
+  add_device_options(cmd, &args->device);
+  cmd->add_option("--layers", args->layers, "synthetic:NAME: keep only the first N layers");
+  cmd->add_option("--routing-skew", args->routing_skew,
+                  "synthetic:NAME: zipf:A makes each router prefer experts by a Zipf law");
+  cmd->add_flag("--no-cuda-graphs", args->no_cuda_graphs,
+                "cuda: launch every decode step's kernels instead of replaying graphs");
   cmd->callback([args] { run_bench(*args); });
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/device_arg.h"
 #include "cli/model_arg.h"
 #include "core/error.h"
 #include "io/chat_template.h"
@@ -29,6 +30,7 @@ struct GenerateArgs {
   bool chat = false;
   bool ignore_eos = false;
   std::string trace_routing;  // routing trace file, empty = off
+  DeviceArgs device;
 };
 
 std::vector<int32_t> prompt_ids(const GenerateArgs& args, const std::filesystem::path& dir,
@@ -53,10 +55,12 @@ void run_generate(const GenerateArgs& args) {
   Sampler::validate(args.sampling);
   MOE_CHECK(args.max_tokens >= 1, "--max-tokens must be >= 1, got ", args.max_tokens);
   const std::filesystem::path dir = resolve_model_dir(args.model);
-  auto model = Model::load(dir, LoadOptions{});
+  auto model = load_model_for(dir, args.device);
   const Tokenizer tokenizer = Tokenizer::from_file(dir / "tokenizer.json");
   Decoder& decoder = model->decoder();
   const ModelConfig& config = decoder.config();
+  MOE_CHECK(args.trace_routing.empty() || !args.device.is_cuda(),
+            "--trace-routing records on the CPU path only; drop --device cuda to trace");
 
   std::set<int32_t> stop_ids(config.eos_token_ids.begin(), config.eos_token_ids.end());
   const std::vector<int32_t> prompt = prompt_ids(args, dir, tokenizer, &stop_ids);
@@ -72,14 +76,15 @@ void run_generate(const GenerateArgs& args) {
     decoder.set_routing_observer(
         [&trace](int64_t layer, const moe::Routing& routing) { trace->record(layer, routing); });
   }
-  KvCache cache = decoder.make_cache(static_cast<int64_t>(prompt.size()) + args.max_tokens);
+  SequenceRunner runner(*model, args.device, static_cast<int64_t>(prompt.size()) + args.max_tokens,
+                       static_cast<int64_t>(prompt.size()));
   Sampler sampler(args.sampling);
   StreamDecoder stream(tokenizer, /*skip_special_tokens=*/true);
   std::vector<float> logits(config.vocab_size);
 
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
-  decoder.forward(prompt, cache, logits, /*all_positions=*/false);
+  runner.forward(prompt, logits, /*all_positions=*/false);
   if (trace) trace->next_step();
   const auto prefilled = Clock::now();
   int64_t generated = 0;
@@ -93,9 +98,9 @@ void run_generate(const GenerateArgs& args) {
     const std::string piece = stream.push(next);
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
-    if (generated == args.max_tokens || cache.length() >= cache.max_tokens()) break;
+    if (generated == args.max_tokens || runner.length() >= runner.capacity()) break;
     const int32_t token[1] = {next};
-    decoder.forward(token, cache, logits, /*all_positions=*/false);
+    runner.forward(token, logits, /*all_positions=*/false);
     if (trace) trace->next_step();
   }
   const std::string rest = stream.flush();
@@ -125,6 +130,7 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--seed", args->sampling.seed, "Random seed")->capture_default_str();
   cmd->add_flag("--chat", args->chat, "Apply the checkpoint's chat template");
   cmd->add_flag("--ignore-eos", args->ignore_eos, "Keep going past end-of-sequence tokens");
+  add_device_options(cmd, &args->device);
   cmd->add_option("--trace-routing", args->trace_routing,
                   "Record every routing decision to FILE (see `moeinfer trace summarize`)");
   cmd->callback([args] { run_generate(*args); });

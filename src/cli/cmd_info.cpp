@@ -1,9 +1,13 @@
-// `moeinfer info --model DIR [--json]`: total, active-per-token and resident sizes by part.
+// `moeinfer info --model DIR [--json] [--device cuda]`: total, active-per-token and resident
+// sizes by part; with --device cuda also the GPU memory the model takes there (weights as
+// uploaded, workspace, and the KV pool that the rest of --gpu-memory-fraction holds).
 #include <cstdio>
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/device_arg.h"
 #include "cli/model_arg.h"
+#include "model/gpu_decoder.h"
 #include "model/family.h"
 #include "model/model_facts.h"
 
@@ -51,14 +55,38 @@ void print_table(const ModelConfig& config, const ModelFacts& f) {
               human(f.kv_bytes_per_token_bf16, "B").c_str());
 }
 
+nlohmann::ordered_json gpu_memory_json(const GpuMemoryReport& m) {
+  return {{"device", m.device_name},          {"device_bytes", m.device_bytes},
+          {"budget_bytes", m.budget_bytes},   {"weight_bytes", m.weight_bytes},
+          {"workspace_bytes", m.workspace_bytes}, {"kv_bytes", m.kv_bytes},
+          {"kv_bytes_per_token", m.kv_bytes_per_token}, {"num_kv_blocks", m.num_kv_blocks},
+          {"block_size", m.block_size},
+          {"kv_tokens", m.num_kv_blocks * m.block_size}};
+}
+
+void print_gpu_memory(const GpuMemoryReport& m) {
+  const double GiB = 1024.0 * 1024.0 * 1024.0;
+  std::printf("GPU %s: %.2f GiB, budget %.2f GiB\n", m.device_name.c_str(), m.device_bytes / GiB,
+              m.budget_bytes / GiB);
+  std::printf("  weights    %10.3f GiB\n", m.weight_bytes / GiB);
+  std::printf("  workspace  %10.3f GiB\n", m.workspace_bytes / GiB);
+  std::printf("  KV pool    %10.3f GiB  (%lld blocks x %lld tokens = %lld tokens, %lld B/token)\n",
+              m.kv_bytes / GiB, static_cast<long long>(m.num_kv_blocks),
+              static_cast<long long>(m.block_size),
+              static_cast<long long>(m.num_kv_blocks * m.block_size),
+              static_cast<long long>(m.kv_bytes_per_token));
+}
+
 }  // namespace
 
 void add_info_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("info", "Parameters (total, active per token) and resident bytes");
   auto model = std::make_shared<std::string>();
   auto as_json = std::make_shared<bool>(false);
+  auto device = std::make_shared<DeviceArgs>();
   add_model_option(cmd, model.get());
   cmd->add_flag("--json", *as_json, "Print JSON");
+  add_device_options(cmd, device.get());
   cmd->callback([=] {
     const auto dir = resolve_model_dir(*model);
     const ModelConfig config = load_model_config(dir / "config.json");
@@ -67,10 +95,18 @@ void add_info_command(CLI::App& app) {
     const DecoderWeights weights = bind_weights(config, source);
     const ModelFacts facts =
         model_facts(config, weights, static_cast<int64_t>(store.total_bytes()));
+    std::unique_ptr<GpuDecoder> gpu;
+    if (device->is_cuda()) {
+      gpu = GpuDecoder::create(config, weights,
+                               GpuOptions{.gpu_memory_fraction = device->gpu_memory_fraction});
+    }
     if (*as_json) {
-      std::printf("%s\n", facts_to_json(config, facts).dump(2).c_str());
+      nlohmann::ordered_json out = facts_to_json(config, facts);
+      if (gpu) out["gpu_memory"] = gpu_memory_json(gpu->memory());
+      std::printf("%s\n", out.dump(2).c_str());
     } else {
       print_table(config, facts);
+      if (gpu) print_gpu_memory(gpu->memory());
     }
   });
 }

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/device_arg.h"
 #include "core/error.h"
 #include "io/npy.h"
 #include "model/model.h"
@@ -39,17 +40,19 @@ void add_logits_command(CLI::App& app) {
   auto model_dir = std::make_shared<std::string>();
   auto ids_text = std::make_shared<std::string>();
   auto out_path = std::make_shared<std::string>();
+  auto device = std::make_shared<DeviceArgs>();
   cmd->add_option("--model", *model_dir, "Checkpoint folder")->required();
   cmd->add_option("--ids", *ids_text, "Comma-separated token ids")->required();
   cmd->add_option("--out", *out_path, "Output .npy file")->required();
+  add_device_options(cmd, device.get());
   cmd->callback([=] {
     const std::vector<int32_t> ids = parse_ids(*ids_text);
-    auto model = Model::load(*model_dir, LoadOptions{});
-    Decoder& decoder = model->decoder();
-    const int64_t vocab = decoder.config().vocab_size;
-    KvCache cache = decoder.make_cache(static_cast<int64_t>(ids.size()));
+    auto model = load_model_for(*model_dir, *device);
+    const int64_t n = static_cast<int64_t>(ids.size());
+    SequenceRunner runner(*model, *device, n, n);
+    const int64_t vocab = runner.config().vocab_size;
     std::vector<float> logits(ids.size() * vocab);
-    decoder.forward(ids, cache, logits, /*all_positions=*/true);
+    runner.forward(ids, logits, /*all_positions=*/true);
     const int64_t shape[2] = {static_cast<int64_t>(ids.size()), vocab};
     write_npy_f32(*out_path, logits, shape);
   });

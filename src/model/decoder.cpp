@@ -42,9 +42,12 @@ void add_into(float* x, const float* y, int64_t n) {
 
 const float* data_or_null(const std::vector<float>& v) { return v.empty() ? nullptr : v.data(); }
 
-// The softmax scale: 1/sqrt(query-key dim), and for MLA under yarn the squared mscale of
-// mscale_all_dim (the DeepSeek recipe).
-float attention_scale(const ModelConfig& config) {
+// Norms inside MLA use the RMSNorm default epsilon, not the config's.
+constexpr float kMlaNormEps = 1e-6f;
+
+}  // namespace
+
+float attention_softmax_scale(const ModelConfig& config) {
   const int64_t qk_dim = config.mla ? config.mla->qk_head_dim() : config.head_dim;
   double scale = 1.0 / std::sqrt(static_cast<double>(qk_dim));
   const RopeConfig& rope = config.rope;
@@ -55,17 +58,12 @@ float attention_scale(const ModelConfig& config) {
   return static_cast<float>(scale);
 }
 
-// Norms inside MLA use the RMSNorm default epsilon, not the config's.
-constexpr float kMlaNormEps = 1e-6f;
-
-}  // namespace
-
 Decoder::Decoder(const ModelConfig& config, DecoderWeights weights)
     : config_(config),
       weights_(std::move(weights)),
       rope_(config.rope, config.mla ? config.mla->qk_rope_head_dim : config.head_dim,
             config.max_position_embeddings),
-      attention_scale_(attention_scale(config)) {
+      attention_scale_(attention_softmax_scale(config)) {
   params_.resize(config_.num_layers);
   for (int64_t l = 0; l < config_.num_layers; ++l) {
     const LayerWeights& lw = weights_.layers[l];

@@ -17,6 +17,10 @@
 
 namespace moeinfer {
 
+// The attention softmax scale: 1/sqrt(query-key dim), and for MLA under yarn the squared mscale
+// of mscale_all_dim (the DeepSeek recipe).
+float attention_softmax_scale(const ModelConfig& config);
+
 class Decoder {
  public:
   Decoder(const ModelConfig& config, DecoderWeights weights);

@@ -109,6 +109,37 @@ ModelConfig synthetic_model_config(std::string_view name, int64_t num_layers) {
   return parse_model_config(config.dump(), "synthetic:" + std::string(name));
 }
 
+std::string synthetic_tokenizer_json(int64_t vocab_size) {
+  MOE_CHECK(vocab_size >= 256, "a synthetic tokenizer needs at least 256 ids, not ", vocab_size);
+  // The byte-level alphabet: printable bytes stand for themselves, the rest map to U+0100 on.
+  nlohmann::json vocab = nlohmann::json::object();
+  int next_codepoint = 256;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174);
+    const int cp = printable ? b : next_codepoint++;
+    std::string utf8;
+    if (cp < 0x80) {
+      utf8 += static_cast<char>(cp);
+    } else {
+      utf8 += static_cast<char>(0xC0 | (cp >> 6));
+      utf8 += static_cast<char>(0x80 | (cp & 0x3F));
+    }
+    vocab[utf8] = b;
+  }
+  for (int64_t id = 256; id < vocab_size; ++id) vocab["<t" + std::to_string(id) + ">"] = id;
+  const nlohmann::json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false},
+                                     {"trim_offsets", false}, {"use_regex", false}};
+  const nlohmann::json tokenizer = {
+      {"version", "1.0"},
+      {"added_tokens", nlohmann::json::array()},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", byte_level},
+      {"post_processor", nullptr},
+      {"decoder", byte_level},
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}}};
+  return tokenizer.dump();
+}
+
 bool is_synthetic_model(std::string_view model_arg) {
   return model_arg.starts_with("synthetic:");
 }

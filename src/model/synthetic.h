@@ -16,6 +16,9 @@ std::vector<std::string> synthetic_model_names();
 std::string synthetic_config_json(std::string_view name);
 // Parsed and validated; `num_layers` > 0 cuts the model to its first layers.
 ModelConfig synthetic_model_config(std::string_view name, int64_t num_layers = 0);
+// A byte-level BPE tokenizer.json of `vocab_size` tokens for synthetic models: the 256 byte
+// tokens, then "<tN>" for every other id, no merges (text encodes to bytes, every id decodes).
+std::string synthetic_tokenizer_json(int64_t vocab_size);
 // True for "synthetic:NAME" model arguments.
 bool is_synthetic_model(std::string_view model_arg);
 

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "core/error.h"
+#include "model/synthetic.h"
 
 namespace moeinfer {
 namespace {
@@ -61,33 +62,80 @@ void EngineConfig::validate() const {
   MOE_CHECK(num_kv_blocks >= 0, "num_kv_blocks must be >= 0, got ", num_kv_blocks);
   MOE_CHECK(kv_cache_mb >= 0, "kv_cache_mb must be >= 0, got ", kv_cache_mb);
   MOE_CHECK(max_model_len >= 0, "max_model_len must be >= 0, got ", max_model_len);
+  MOE_CHECK(device == "cpu" || device == "cuda", "device must be cpu or cuda, got '", device,
+            "'");
+  MOE_CHECK(gpu_memory_fraction > 0.0 && gpu_memory_fraction <= 1.0,
+            "gpu_memory_fraction must be in (0, 1], got ", gpu_memory_fraction);
 }
+
+namespace {
+
+GpuOptions gpu_options(const EngineConfig& config) {
+  return GpuOptions{.gpu_memory_fraction = config.gpu_memory_fraction,
+                    .max_batch_tokens = config.max_num_batched_tokens,
+                    .max_num_seqs = config.max_num_seqs,
+                    .max_model_len = config.max_model_len,
+                    .block_size = config.block_size,
+                    .num_kv_blocks = config.num_kv_blocks,
+                    .cuda_graphs = config.cuda_graphs};
+}
+
+}  // namespace
 
 std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const EngineConfig& config,
                                      const LoadOptions& options) {
   config.validate();
+  if (config.device == "cuda") {
+    // The GPU reads the map once while uploading; prefaulting it first would read it twice.
+    auto model = Model::load(dir, LoadOptions{.prefault = false});
+    Tokenizer tokenizer = Tokenizer::from_file(dir / "tokenizer.json");
+    auto gpu = GpuDecoder::create(model->config(), model->decoder().weights(), gpu_options(config));
+    return std::make_unique<Engine>(std::move(model), std::move(gpu), std::move(tokenizer),
+                                    config);
+  }
   auto model = Model::load(dir, options);
   Tokenizer tokenizer = Tokenizer::from_file(dir / "tokenizer.json");
   return std::make_unique<Engine>(std::move(model), std::move(tokenizer), config);
 }
 
+std::unique_ptr<Engine> Engine::load_synthetic(const std::string& name, int64_t num_layers,
+                                               const SyntheticGpuOptions& synthetic,
+                                               const EngineConfig& config) {
+  config.validate();
+  MOE_CHECK(config.device == "cuda", "synthetic models are built on the GPU: use --device cuda");
+  const ModelConfig model_config = synthetic_model_config(name, num_layers);
+  Tokenizer tokenizer = Tokenizer::from_json(synthetic_tokenizer_json(model_config.vocab_size),
+                                             "synthetic:" + name);
+  auto gpu = GpuDecoder::create_synthetic(model_config, gpu_options(config), synthetic);
+  return std::make_unique<Engine>(nullptr, std::move(gpu), std::move(tokenizer), config);
+}
+
 Engine::Engine(std::unique_ptr<Model> model, Tokenizer tokenizer, const EngineConfig& config)
+    : Engine(std::move(model), nullptr, std::move(tokenizer), config) {}
+
+Engine::Engine(std::unique_ptr<Model> model, std::unique_ptr<GpuDecoder> gpu, Tokenizer tokenizer,
+               const EngineConfig& config)
     : model_(std::move(model)),
+      gpu_(std::move(gpu)),
+      model_config_(gpu_ ? gpu_->config() : model_->config()),
       tokenizer_(std::move(tokenizer)),
       config_((config.validate(), config)),
-      max_model_len_(context_limit(model_->config(), config)),
-      pool_(model_->config().num_layers,
-            model_->config().mla ? model_->config().mla->cache_width() : model_->config().kv_dim(),
-            model_->config().mla ? 0 : model_->config().kv_dim(), config.block_size,
-            pool_blocks(model_->config(), config, max_model_len_)),
-      blocks_(pool_.num_blocks(), config.block_size, config.enable_prefix_caching),
+      max_model_len_(gpu_ ? gpu_->max_model_len() : context_limit(model_config_, config)),
+      // On the GPU the pool lives on the device; the host pool is a placeholder of one block.
+      pool_(model_config_.num_layers,
+            model_config_.mla ? model_config_.mla->cache_width() : model_config_.kv_dim(),
+            model_config_.mla ? 0 : model_config_.kv_dim(), config.block_size,
+            gpu_ ? 1 : pool_blocks(model_config_, config, max_model_len_)),
+      blocks_(gpu_ ? gpu_->num_kv_blocks() : pool_.num_blocks(),
+              gpu_ ? gpu_->block_size() : config.block_size, config.enable_prefix_caching),
       scheduler_({.max_num_seqs = config.max_num_seqs,
                   .max_num_batched_tokens = config.max_num_batched_tokens},
                  blocks_),
       seed_source_(std::random_device{}()) {
-  for (int64_t id : model_->config().eos_token_ids) eos_ids_.insert(static_cast<int32_t>(id));
+  MOE_CHECK(model_ || gpu_, "an engine needs a model");
+  for (int64_t id : model_config_.eos_token_ids) eos_ids_.insert(static_cast<int32_t>(id));
   if (config.profile_stages) {
-    const ModelConfig& m = model_->config();
+    const ModelConfig& m = model_config_;
     profiler_ = std::make_unique<profile::Profiler>(
         profile::ProfilerOptions{.num_layers = m.num_layers, .num_experts = m.num_experts});
     totals_.stage_seconds.assign(profile::kNumStages, 0.0);
@@ -202,8 +250,39 @@ void Engine::run_model(const SchedulerOutput& scheduled) {
          .want_logits = c.samples()});
   }
   const int64_t rows = Decoder::num_logit_rows(batch);
+  sampled_on_gpu_ = false;
+  if (gpu_) {
+    gpu_rows_.clear();
+    bool all_on_gpu = true;
+    for (const ScheduledChunk& c : scheduled.chunks) {
+      if (!c.samples()) continue;
+      const Request& r = *c.request;
+      all_on_gpu = all_on_gpu && samples_on_gpu(r);
+      const SamplingParams& sp = r.params.sampling;
+      gpu_rows_.push_back({.temperature = sp.temperature,
+                           .top_k = static_cast<int32_t>(sp.top_k),
+                           .top_p = sp.top_p,
+                           .seed = sp.seed,
+                           .step = static_cast<uint64_t>(r.num_output_tokens())});
+    }
+    if (all_on_gpu) {
+      gpu_tokens_.resize(static_cast<size_t>(rows));
+      gpu_->forward_sample(batch, gpu_rows_, gpu_tokens_);
+      sampled_on_gpu_ = true;
+      return;
+    }
+    logits_.resize(static_cast<size_t>(rows * model_config().vocab_size));
+    gpu_->forward(batch, logits_);
+    return;
+  }
   logits_.resize(static_cast<size_t>(rows * model_config().vocab_size));
   model_->decoder().forward(batch, pool_, logits_);
+}
+
+bool Engine::samples_on_gpu(const Request& r) {
+  const SamplingParams& sp = r.params.sampling;
+  return r.params.logprobs < 0 && sp.min_p <= 0.0f && sp.repetition_penalty == 1.0f &&
+         sp.presence_penalty == 0.0f && sp.frequency_penalty == 0.0f;
 }
 
 void Engine::sample(const SchedulerOutput& scheduled, std::vector<RequestOutput>& outputs) {
@@ -213,9 +292,15 @@ void Engine::sample(const SchedulerOutput& scheduled, std::vector<RequestOutput>
     Request& r = *c.request;
     // After commit, a request that samples has every token computed.
     if (r.num_uncomputed() != 0) continue;
-    const std::span<const float> logits(logits_.data() + row++ * V, V);
+    const int64_t this_row = row++;
+    // Rows the GPU sampled bring no logits back (their requests want no logprobs).
+    const std::span<const float> logits =
+        sampled_on_gpu_ ? std::span<const float>()
+                        : std::span<const float>(logits_.data() + this_row * V, V);
     const std::span<const int32_t> all(r.tokens);
-    const int32_t token = r.sampler->sample(logits, {.prompt = all.first(r.num_prompt_tokens),
+    const int32_t token =
+        sampled_on_gpu_ ? gpu_tokens_[this_row]
+                        : r.sampler->sample(logits, {.prompt = all.first(r.num_prompt_tokens),
                                                      .output = all.subspan(r.num_prompt_tokens)});
     r.tokens.push_back(token);
     ++totals_.generation_tokens;

@@ -16,6 +16,7 @@
 #include "io/tokenizer.h"
 #include "kv/block_manager.h"
 #include "kv/kv_cache.h"
+#include "model/gpu_decoder.h"
 #include "model/model.h"
 #include "profile/profiler.h"
 #include "runtime/request.h"
@@ -34,6 +35,11 @@ struct EngineConfig {
   // Times every MoE stage of every step and counts each expert's rows (profile/profiler.h),
   // summed into EngineStats; costs a few clock reads per layer.
   bool profile_stages = false;
+  // "cpu", or "cuda": the forward pass, the KV pool and sampling (for requests without
+  // penalties, min-p or logprobs) on the GPU.
+  std::string device = "cpu";
+  double gpu_memory_fraction = 0.9;  // cuda: weights + workspace + KV pool within this share
+  bool cuda_graphs = true;           // cuda: decode steps replay captured graphs
 
   void validate() const;  // throws moeinfer::Error naming the bad field
 };
@@ -61,12 +67,25 @@ struct EngineStats {
 class Engine {
  public:
   Engine(std::unique_ptr<Model> model, Tokenizer tokenizer, const EngineConfig& config);
-  // Loads the checkpoint folder (config.json, safetensors, tokenizer.json).
+  // A GPU engine: `model` (the host checkpoint, may be null for synthetic weights) stays for
+  // its metadata, `gpu` runs every step.
+  Engine(std::unique_ptr<Model> model, std::unique_ptr<GpuDecoder> gpu, Tokenizer tokenizer,
+         const EngineConfig& config);
+  // Loads the checkpoint folder (config.json, safetensors, tokenizer.json), onto config.device.
   static std::unique_ptr<Engine> load(const std::filesystem::path& dir, const EngineConfig& config,
                                       const LoadOptions& options = {});
+  // A synthetic model ("qwen3-30b-a3b", ...) with random weights built on the GPU, cut to
+  // `num_layers` when > 0, and a generated tokenizer of the model's vocabulary size.
+  static std::unique_ptr<Engine> load_synthetic(const std::string& name, int64_t num_layers,
+                                                const SyntheticGpuOptions& synthetic,
+                                                const EngineConfig& config);
 
-  const ModelConfig& model_config() const { return model_->config(); }
-  const Model& model() const { return *model_; }
+  const ModelConfig& model_config() const { return model_config_; }
+  // The checkpoint's folder; empty for synthetic models.
+  std::filesystem::path model_dir() const { return model_ ? model_->dir() : std::filesystem::path(); }
+  // The GPU decoder, or null on the CPU.
+  const GpuDecoder* gpu() const { return gpu_.get(); }
+  GpuDecoder* gpu_decoder() { return gpu_.get(); }
   const Tokenizer& tokenizer() const { return tokenizer_; }
   const EngineConfig& config() const { return config_; }
   int64_t max_model_len() const { return max_model_len_; }
@@ -95,7 +114,12 @@ class Engine {
   bool release_text(Request& r, bool final, std::string& out) const;
   void finish(Request& r, FinishReason reason, RequestOutput& out);
 
+  // Whether a request's sampling can run on the GPU sampler.
+  static bool samples_on_gpu(const Request& r);
+
   std::unique_ptr<Model> model_;
+  std::unique_ptr<GpuDecoder> gpu_;
+  ModelConfig model_config_;
   Tokenizer tokenizer_;
   EngineConfig config_;
   int64_t max_model_len_;
@@ -109,6 +133,9 @@ class Engine {
   uint64_t next_arrival_ = 0;
   std::mt19937_64 seed_source_;
   std::vector<float> logits_;                    // [rows, V]
+  std::vector<int32_t> gpu_tokens_;              // sampled on the GPU this step, by row
+  std::vector<GpuSamplingRow> gpu_rows_;
+  bool sampled_on_gpu_ = false;
   std::unique_ptr<profile::Profiler> profiler_;  // with config.profile_stages
   EngineStats totals_;
 };

@@ -199,7 +199,7 @@ void Server::install_routes() {
                 {"object", "model"},
                 {"created", created_},
                 {"owned_by", "moeinfer"},
-                {"root", engine_->model().dir().string()},
+                {"root", engine_->model_dir().string()},
                 {"max_model_len", engine_->max_model_len()}};
   };
   http_->Get("/v1/models", [model_card](const httplib::Request&, httplib::Response& res) {

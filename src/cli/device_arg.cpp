@@ -1,0 +1,64 @@
+#include "cli/device_arg.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace moeinfer::cli {
+
+void add_device_options(CLI::App* cmd, DeviceArgs* args) {
+  cmd->add_option("--device", args->device, "Where the model runs: cpu or cuda")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  cmd->add_option("--gpu-memory-fraction", args->gpu_memory_fraction,
+                  "cuda: share of the GPU's memory for weights, workspace and KV cache")
+      ->check(CLI::Range(0.01, 1.0))
+      ->capture_default_str();
+}
+
+std::unique_ptr<Model> load_model_for(const std::filesystem::path& dir, const DeviceArgs& device) {
+  return Model::load(dir, LoadOptions{.prefault = !device.is_cuda()});
+}
+
+SequenceRunner::SequenceRunner(Model& model, const DeviceArgs& device, int64_t max_tokens,
+                               int64_t max_step_tokens)
+    : model_(model) {
+  const ModelConfig& config = model.config();
+  const int64_t native = config.max_position_embeddings > 0 ? config.max_position_embeddings
+                                                            : max_tokens;
+  capacity_ = std::min(max_tokens, native);
+  if (!device.is_cuda()) {
+    cache_.emplace(model.decoder().make_cache(capacity_));
+    capacity_ = cache_->max_tokens();
+    return;
+  }
+  GpuOptions options;
+  options.gpu_memory_fraction = device.gpu_memory_fraction;
+  options.max_batch_tokens = std::max<int64_t>(max_step_tokens, 1);
+  options.max_num_seqs = 1;
+  options.max_model_len = capacity_;
+  options.num_kv_blocks = (capacity_ + options.block_size - 1) / options.block_size;
+  gpu_ = GpuDecoder::create(config, model.decoder().weights(), options);
+  for (int32_t b = 0; b < options.num_kv_blocks; ++b) block_table_.push_back(b);
+}
+
+void SequenceRunner::forward(std::span<const int32_t> tokens, std::span<float> logits,
+                             bool all_positions) {
+  if (cache_) {
+    model_.decoder().forward(tokens, *cache_, logits, all_positions);
+    length_ = cache_->length();
+    return;
+  }
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  MOE_CHECK(length_ + n <= capacity_, "sequence of ", length_ + n,
+            " tokens exceeds the context limit of ", capacity_);
+  ForwardBatch batch{.sequences = {SequenceBatch{.tokens = tokens,
+                                                 .position = length_,
+                                                 .block_table = block_table_,
+                                                 .want_logits = true}},
+                     .all_positions = all_positions};
+  gpu_->forward(batch, logits);
+  length_ += n;
+}
+
+}  // namespace moeinfer::cli

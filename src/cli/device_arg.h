@@ -1,0 +1,53 @@
+// --device and its GPU options, shared by the subcommands that run the model, and a runner for
+// one sequence on either device (what `generate` and `logits` need).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "model/gpu_decoder.h"
+#include "model/model.h"
+
+namespace moeinfer::cli {
+
+struct DeviceArgs {
+  std::string device = "cpu";
+  double gpu_memory_fraction = 0.9;
+  bool is_cuda() const { return device == "cuda"; }
+};
+
+// Adds --device cpu|cuda and --gpu-memory-fraction.
+void add_device_options(CLI::App* cmd, DeviceArgs* args);
+
+// One sequence's forward passes over its own KV cache, on the CPU or the GPU.
+class SequenceRunner {
+ public:
+  // max_tokens: the sequence's length limit; max_step_tokens: most tokens one forward carries.
+  SequenceRunner(Model& model, const DeviceArgs& device, int64_t max_tokens,
+                 int64_t max_step_tokens);
+
+  const ModelConfig& config() const { return model_.config(); }
+  int64_t length() const { return length_; }
+  int64_t capacity() const { return capacity_; }
+  // Runs `tokens` after the cached ones; logits for the last token, or every token.
+  void forward(std::span<const int32_t> tokens, std::span<float> logits, bool all_positions);
+
+ private:
+  Model& model_;
+  int64_t capacity_ = 0;
+  int64_t length_ = 0;
+  std::optional<KvCache> cache_;      // CPU
+  std::unique_ptr<GpuDecoder> gpu_;   // GPU
+  std::vector<int32_t> block_table_;  // GPU: blocks 0..n-1 of its pool
+};
+
+// Loads a checkpoint for `device`: the GPU path streams the map once instead of prefaulting it.
+std::unique_ptr<Model> load_model_for(const std::filesystem::path& dir, const DeviceArgs& device);
+
+}  // namespace moeinfer::cli

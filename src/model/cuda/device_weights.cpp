@@ -1,0 +1,447 @@
+#include "model/cuda/device_weights.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <numeric>
+#include <random>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/decoder_ops.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/progress.h"
+#include "core/thread_pool.h"
+
+namespace moeinfer::gpu {
+namespace {
+
+constexpr size_t kAlignment = 256;
+constexpr size_t kStagingBytes = size_t{64} << 20;
+
+// A rectangle of a checkpoint tensor placed into a device matrix.
+struct Piece {
+  TensorView src;  // 1-D views count as one row
+  int64_t src_row0 = 0, src_col0 = 0;
+  int64_t rows = 0, cols = 0;
+  int64_t dst_row0 = 0, dst_col0 = 0;
+};
+
+// One device matrix: where it lives, its shape, and what fills it.
+struct Job {
+  size_t offset = 0;
+  int64_t rows = 0, cols = 0;
+  bool f32 = false;          // stored as float32 (router biases), else bf16
+  std::vector<Piece> pieces;  // checkpoint upload
+  bool padded = false;        // the pieces leave zeros
+  float fill_scale = 0.0f;    // synthetic: uniform in [-scale, scale) + offset
+  float fill_offset = 0.0f;
+  const void** target = nullptr;
+  size_t bytes() const { return static_cast<size_t>(rows * cols) * (f32 ? 4 : 2); }
+};
+
+int64_t view_rows(const TensorView& v) { return v.shape.rank() >= 2 ? v.shape[0] : 1; }
+int64_t view_cols(const TensorView& v) {
+  return v.shape.rank() >= 2 ? v.numel() / v.shape[0] : v.numel();
+}
+
+int64_t round_up(int64_t value, int64_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+
+// Collects the jobs in upload order and hands out offsets in one allocation.
+class Layout {
+ public:
+  template <typename T>
+  Job& add(const T** target, int64_t rows, int64_t cols, bool f32 = false) {
+    Job job;
+    job.offset = end_;
+    job.rows = rows;
+    job.cols = cols;
+    job.f32 = f32;
+    job.fill_scale = 1.0f / std::sqrt(static_cast<float>(cols));
+    job.target = reinterpret_cast<const void**>(target);
+    end_ += round_up(static_cast<int64_t>(job.bytes()), kAlignment);
+    jobs_.push_back(std::move(job));
+    return jobs_.back();
+  }
+  // A whole tensor as stored; synthetic only needs the shape (rows, cols).
+  template <typename T>
+  Job& whole(const T** target, const TensorView& v, int64_t rows, int64_t cols) {
+    Job& job = add(target, rows, cols);
+    if (!v.empty()) {
+      MOE_CHECK(view_rows(v) == rows && view_cols(v) == cols, "tensor of shape ",
+                view_rows(v), "x", view_cols(v), " where ", rows, "x", cols, " was expected");
+      job.pieces.push_back({.src = v, .rows = rows, .cols = cols});
+    }
+    return job;
+  }
+  template <typename T>
+  Job& norm(const T** target, const TensorView& v, int64_t width) {
+    Job& job = whole(target, v, 1, width);
+    job.fill_scale = 0.0f;
+    job.fill_offset = 1.0f;
+    return job;
+  }
+
+  std::deque<Job>& jobs() { return jobs_; }
+  size_t bytes() const { return end_; }
+
+ private:
+  std::deque<Job> jobs_;  // references stay valid as jobs are added
+  size_t end_ = 0;
+};
+
+// Places head h of `src` (rows [h*D, (h+1)*D) or, with by_columns, columns) at h*Dp.
+void add_heads(Job& job, const TensorView& src, int64_t heads, int64_t D, int64_t Dp,
+               int64_t dst_head0, bool by_columns) {
+  if (src.empty()) return;
+  if (D != Dp) job.padded = true;
+  const int64_t other = by_columns ? view_rows(src) : view_cols(src);
+  for (int64_t h = 0; h < heads; ++h) {
+    Piece piece{.src = src};
+    if (by_columns) {
+      piece.src_col0 = h * D;
+      piece.rows = other;
+      piece.cols = D;
+      piece.dst_col0 = (dst_head0 + h) * Dp;
+    } else {
+      piece.src_row0 = h * D;
+      piece.rows = D;
+      piece.cols = other;
+      piece.dst_row0 = (dst_head0 + h) * Dp;
+    }
+    job.pieces.push_back(piece);
+  }
+}
+
+// The whole model's layout; `w` may be null (synthetic: shapes from the config only).
+void build_layout(const ModelConfig& c, const DecoderWeights* w, DeviceWeights& out,
+                  Layout& layout) {
+  const int64_t H = c.hidden_size, V = c.vocab_size;
+  const int64_t D = c.head_dim, Dp = out.padded_head_dim;
+  const int64_t Nq = c.num_heads, Nkv = c.num_kv_heads;
+  const int64_t E = c.num_experts, I = c.moe_intermediate_size, Ip = out.padded_expert_width;
+  static const TensorView kNone{};
+
+  layout.whole(&out.embed, w ? w->embed_tokens : kNone, V, H).fill_scale = 1.0f;
+  layout.norm(&out.final_norm, w ? w->final_norm : kNone, H);
+  const bool tied = w ? w->lm_head.data == w->embed_tokens.data : c.tie_word_embeddings;
+  if (!tied) layout.whole(&out.lm_head, w ? w->lm_head : kNone, V, H);
+
+  out.layers.resize(c.num_layers);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    DeviceLayer& d = out.layers[l];
+    const LayerWeights* lw = w ? &w->layers[l] : nullptr;
+    layout.norm(&d.input_norm, lw ? lw->input_norm : kNone, H);
+    layout.norm(&d.post_norm, lw ? lw->post_attention_norm : kNone, H);
+
+    if (c.mla) {
+      const MlaConfig& m = *c.mla;
+      const int64_t qk = m.qk_head_dim(), L = m.kv_lora_rank, R = m.qk_rope_head_dim;
+      if (m.q_lora_rank > 0) {
+        layout.whole(&d.q_a, lw ? lw->mla.q_a_proj : kNone, m.q_lora_rank, H);
+        layout.norm(&d.q_a_norm, lw ? lw->mla.q_a_norm : kNone, m.q_lora_rank);
+        layout.whole(&d.q_b, lw ? lw->mla.q_b_proj : kNone, c.num_heads * qk, m.q_lora_rank);
+      } else {
+        layout.whole(&d.q_proj, lw ? lw->mla.q_proj : kNone, c.num_heads * qk, H);
+      }
+      layout.whole(&d.kv_a, lw ? lw->mla.kv_a_proj : kNone, L + R, H);
+      layout.norm(&d.kv_a_norm, lw ? lw->mla.kv_a_norm : kNone, L);
+      layout.whole(&d.kv_b, lw ? lw->mla.kv_b_proj : kNone,
+                   c.num_heads * (m.qk_nope_head_dim + m.v_head_dim), L);
+      layout.whole(&d.mla_o, lw ? lw->mla.o_proj : kNone, H, c.num_heads * m.v_head_dim);
+    } else {
+      const int64_t Nqkv = (Nq + 2 * Nkv) * Dp;
+      Job& qkv = layout.add(&d.qkv, Nqkv, H);
+      if (lw) {
+        add_heads(qkv, lw->attention.q_proj, Nq, D, Dp, 0, false);
+        add_heads(qkv, lw->attention.k_proj, Nkv, D, Dp, Nq, false);
+        add_heads(qkv, lw->attention.v_proj, Nkv, D, Dp, Nq + Nkv, false);
+      }
+      if (c.attention_bias) {
+        Job& bias = layout.add(&d.qkv_bias, 1, Nqkv);
+        bias.fill_scale = 0.02f;
+        if (lw) {
+          add_heads(bias, lw->attention.q_bias, Nq, D, Dp, 0, true);
+          add_heads(bias, lw->attention.k_bias, Nkv, D, Dp, Nq, true);
+          add_heads(bias, lw->attention.v_bias, Nkv, D, Dp, Nq + Nkv, true);
+        }
+      }
+      if (c.qk_norm_per_head) {
+        layout.norm(&d.q_norm, lw ? lw->attention.q_norm : kNone, D);
+        layout.norm(&d.k_norm, lw ? lw->attention.k_norm : kNone, D);
+      } else if (c.qk_norm_full) {
+        Job& qn = layout.add(&d.q_norm, 1, Nq * Dp);
+        Job& kn = layout.add(&d.k_norm, 1, Nkv * Dp);
+        qn.fill_scale = kn.fill_scale = 0.0f;
+        qn.fill_offset = kn.fill_offset = 1.0f;
+        if (lw) {
+          add_heads(qn, lw->attention.q_norm, Nq, D, Dp, 0, true);
+          add_heads(kn, lw->attention.k_norm, Nkv, D, Dp, 0, true);
+        }
+      }
+      Job& o = layout.add(&d.o_proj, H, Nq * Dp);
+      if (lw) add_heads(o, lw->attention.o_proj, Nq, D, Dp, 0, true);
+      if (c.attention_out_bias) {
+        layout.whole(&d.o_bias, lw ? lw->attention.o_bias : kNone, 1, H).fill_scale =
+            0.02f;
+      }
+    }
+
+    d.is_moe = c.layer_is_moe[l];
+    auto add_mlp = [&](const bf16** gate_up, const bf16** down, const MlpWeights* mlp,
+                       int64_t width) {
+      Job& gu = layout.add(gate_up, 2 * width, H);
+      if (mlp) {
+        gu.pieces.push_back({.src = mlp->gate_proj, .rows = width, .cols = H});
+        gu.pieces.push_back({.src = mlp->up_proj, .rows = width, .cols = H, .dst_row0 = width});
+      }
+      layout.whole(down, mlp ? mlp->down_proj : kNone, H, width);
+    };
+    if (!d.is_moe) {
+      d.mlp_width = lw ? lw->mlp.gate_proj.shape[0] : c.intermediate_size;
+      add_mlp(&d.mlp_gate_up, &d.mlp_down, lw ? &lw->mlp : nullptr, d.mlp_width);
+      continue;
+    }
+    const MoeWeights* mw = lw ? &lw->moe : nullptr;
+    layout.whole(&d.router, mw ? mw->routed.router : kNone, E, H);
+    if (c.topk_method == TopkMethod::kNoauxTc) {
+      Job& bias = layout.add(&d.selection_bias, 1, E, /*f32=*/true);
+      bias.fill_scale = 0.0f;
+      if (mw) bias.pieces.push_back({.src = mw->selection_bias, .rows = 1, .cols = E});
+    }
+    Job& gu = layout.add(&d.experts_gate_up, E * 2 * Ip, H);
+    Job& down = layout.add(&d.experts_down, E * H, Ip);
+    gu.padded = down.padded = I != Ip;
+    down.fill_scale = 1.0f / std::sqrt(static_cast<float>(I));
+    if (mw) {
+      MOE_CHECK(static_cast<int64_t>(mw->routed.experts.size()) == E, "layer ", l, " has ",
+                mw->routed.experts.size(), " experts bound, the config says ", E);
+      for (int64_t e = 0; e < E; ++e) {
+        const moe::ExpertWeights& ex = mw->routed.experts[e];
+        gu.pieces.push_back({.src = ex.gate, .rows = I, .cols = H, .dst_row0 = e * 2 * Ip});
+        gu.pieces.push_back({.src = ex.up, .rows = I, .cols = H, .dst_row0 = e * 2 * Ip + Ip});
+        down.pieces.push_back({.src = ex.down, .rows = H, .cols = I, .dst_row0 = e * H});
+      }
+    }
+    const bool has_shared = mw ? !mw->shared_expert.gate_proj.empty()
+                               : c.shared_expert_intermediate_size > 0;
+    if (has_shared) {
+      d.shared_width =
+          mw ? mw->shared_expert.gate_proj.shape[0] : c.shared_expert_intermediate_size;
+      add_mlp(&d.shared_gate_up, &d.shared_down, mw ? &mw->shared_expert : nullptr,
+              d.shared_width);
+      if (c.shared_expert_gated) {
+        layout.whole(&d.shared_gate, mw ? mw->shared_expert_gate : kNone, 1, H);
+      }
+    }
+  }
+}
+
+// Converts n stored values to bf16 (or float32) at dst.
+void convert_row(DType dtype, const void* src, size_t n, bool to_f32, void* dst,
+                 std::vector<float>& scratch) {
+  if (to_f32) {
+    convert_to_f32(dtype, src, static_cast<float*>(dst), n);
+    return;
+  }
+  auto* out = static_cast<uint16_t*>(dst);
+  if (dtype == DType::kBF16) {
+    std::memcpy(out, src, n * 2);
+    return;
+  }
+  scratch.resize(n);
+  convert_to_f32(dtype, src, scratch.data(), n);
+  for (size_t i = 0; i < n; ++i) out[i] = f32_to_bf16(scratch[i]);
+}
+
+// Fills rows [row_begin, row_end) of `job` into `staging` (row_begin at its start).
+void stage_rows(const Job& job, int64_t row_begin, int64_t row_end, char* staging) {
+  const size_t elem = job.f32 ? 4 : 2;
+  const size_t row_bytes = static_cast<size_t>(job.cols) * elem;
+  if (job.padded) std::memset(staging, 0, static_cast<size_t>(row_end - row_begin) * row_bytes);
+  for (const Piece& p : job.pieces) {
+    const int64_t begin = std::max(row_begin, p.dst_row0);
+    const int64_t end = std::min(row_end, p.dst_row0 + p.rows);
+    if (begin >= end) continue;
+    const int64_t src_cols = view_cols(p.src);
+    const size_t src_elem = dtype_size(p.src.dtype);
+    parallel_for(end - begin, [&](int64_t a, int64_t b) {
+      std::vector<float> scratch;
+      for (int64_t r = begin + a; r < begin + b; ++r) {
+        const int64_t src_row = p.src_row0 + (r - p.dst_row0);
+        const char* src = static_cast<const char*>(p.src.data) +
+                          (src_row * src_cols + p.src_col0) * static_cast<int64_t>(src_elem);
+        char* dst = staging + static_cast<size_t>(r - row_begin) * row_bytes +
+                    static_cast<size_t>(p.dst_col0) * elem;
+        convert_row(p.src.dtype, src, static_cast<size_t>(p.cols), job.f32, dst, scratch);
+      }
+    }, /*min_chunk=*/64);
+  }
+}
+
+void* allocate(size_t bytes) {
+  void* base = nullptr;
+  size_t free_bytes = 0, total_bytes = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  MOE_CHECK(bytes <= free_bytes, "the weights need ", bytes >> 20, " MiB of device memory, ",
+            free_bytes >> 20, " MiB are free (use --layers to cut a synthetic model)");
+  CUDA_CHECK(cudaMalloc(&base, bytes));
+  return base;
+}
+
+void resolve_targets(Layout& layout, void* base) {
+  for (Job& job : layout.jobs()) *job.target = static_cast<char*>(base) + job.offset;
+}
+
+void check_shapes(const ModelConfig& c) {
+  MOE_CHECK(c.hidden_size % 64 == 0, "hidden_size ", c.hidden_size,
+            ": the CUDA backend needs a multiple of 64");
+  MOE_CHECK(!c.mla || c.mla->cache_width() % 8 == 0, "kv_lora_rank + qk_rope_head_dim = ",
+            c.mla ? c.mla->cache_width() : 0, ": the CUDA backend needs a multiple of 8");
+}
+
+}  // namespace
+
+int64_t padded_head_dim(const ModelConfig& config) {
+  if (config.mla) return 0;
+  const int64_t D = config.head_dim;
+  MOE_CHECK(D > 0 && D <= 256, "head_dim ", D, ": the CUDA attention kernels support up to 256");
+  return D <= 64 ? 64 : D <= 128 ? 128 : 256;
+}
+
+int64_t padded_expert_width(const ModelConfig& config) {
+  return round_up(config.moe_intermediate_size, 64);
+}
+
+int64_t device_weight_bytes(const ModelConfig& config) {
+  DeviceWeights shapes;
+  shapes.padded_head_dim = padded_head_dim(config);
+  shapes.padded_expert_width = padded_expert_width(config);
+  Layout layout;
+  build_layout(config, nullptr, shapes, layout);
+  return static_cast<int64_t>(layout.bytes());
+}
+
+DeviceWeights upload_weights(const ModelConfig& config, const DecoderWeights& weights,
+                             bool show_progress) {
+  check_shapes(config);
+  DeviceWeights out;
+  out.padded_head_dim = padded_head_dim(config);
+  out.padded_expert_width = padded_expert_width(config);
+  Layout layout;
+  build_layout(config, &weights, out, layout);
+  out.bytes = static_cast<int64_t>(layout.bytes());
+  out.allocation = allocate(layout.bytes());
+  resolve_targets(layout, out.allocation);
+  if (out.lm_head == nullptr) out.lm_head = out.embed;  // tied
+
+  const auto start = std::chrono::steady_clock::now();
+  cudaStream_t stream = nullptr;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  char* staging[2] = {nullptr, nullptr};
+  cudaEvent_t done[2] = {nullptr, nullptr};
+  for (int i = 0; i < 2; ++i) {
+    CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&staging[i]), kStagingBytes,
+                             cudaHostAllocDefault));
+    CUDA_CHECK(cudaEventCreateWithFlags(&done[i], cudaEventDisableTiming));
+  }
+  size_t total = 0;
+  for (const Job& job : layout.jobs()) total += job.bytes();
+  ProgressBar progress("upload to GPU", total,
+                       {.force = false, .delay_s = show_progress ? 1.0 : 1e30, .unit = "B"});
+  int which = 0;
+  for (const Job& job : layout.jobs()) {
+    const size_t row_bytes = job.bytes() / static_cast<size_t>(job.rows);
+    MOE_CHECK(row_bytes <= kStagingBytes, "a row of ", row_bytes, " bytes exceeds the staging buffer");
+    const int64_t chunk_rows = static_cast<int64_t>(kStagingBytes / row_bytes);
+    for (int64_t row = 0; row < job.rows; row += chunk_rows) {
+      const int64_t end = std::min(job.rows, row + chunk_rows);
+      CUDA_CHECK(cudaEventSynchronize(done[which]));  // the copy out of this buffer finished
+      stage_rows(job, row, end, staging[which]);
+      char* dst = static_cast<char*>(out.allocation) + job.offset + row * row_bytes;
+      const size_t bytes = static_cast<size_t>(end - row) * row_bytes;
+      CUDA_CHECK(cudaMemcpyAsync(dst, staging[which], bytes, cudaMemcpyHostToDevice, stream));
+      CUDA_CHECK(cudaEventRecord(done[which], stream));
+      progress.advance(bytes);
+      which ^= 1;
+    }
+  }
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  progress.finish();
+  for (int i = 0; i < 2; ++i) {
+    cudaEventDestroy(done[i]);
+    cudaFreeHost(staging[i]);
+  }
+  cudaStreamDestroy(stream);
+  out.upload_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return out;
+}
+
+DeviceWeights synthetic_weights(const ModelConfig& config, uint64_t seed, double zipf_exponent) {
+  check_shapes(config);
+  DeviceWeights out;
+  out.padded_head_dim = padded_head_dim(config);
+  out.padded_expert_width = padded_expert_width(config);
+  MOE_CHECK(out.padded_head_dim == 0 || out.padded_head_dim == config.head_dim,
+            "synthetic models need head_dim 64, 128 or 256, not ", config.head_dim);
+  MOE_CHECK(out.padded_expert_width == config.moe_intermediate_size,
+            "synthetic models need moe_intermediate_size a multiple of 64, not ",
+            config.moe_intermediate_size);
+  Layout layout;
+  build_layout(config, nullptr, out, layout);
+  // The skew is a logit bias per MoE layer.
+  std::vector<size_t> skew_jobs;
+  if (zipf_exponent > 0.0) {
+    for (DeviceLayer& d : out.layers) {
+      if (!d.is_moe) continue;
+      layout.add(&d.logit_bias, 1, config.num_experts, /*f32=*/true);
+      skew_jobs.push_back(layout.jobs().size() - 1);
+    }
+  }
+  out.bytes = static_cast<int64_t>(layout.bytes());
+  out.allocation = allocate(layout.bytes());
+  resolve_targets(layout, out.allocation);
+  if (out.lm_head == nullptr) out.lm_head = out.embed;
+
+  std::mt19937_64 rng(seed);
+  for (size_t j = 0; j < layout.jobs().size(); ++j) {
+    const Job& job = layout.jobs()[j];
+    void* dst = static_cast<char*>(out.allocation) + job.offset;
+    if (job.f32) {
+      std::vector<float> values(static_cast<size_t>(job.rows * job.cols), 0.0f);
+      if (std::find(skew_jobs.begin(), skew_jobs.end(), j) != skew_jobs.end()) {
+        std::vector<int64_t> rank(values.size());
+        std::iota(rank.begin(), rank.end(), 0);
+        std::shuffle(rank.begin(), rank.end(), rng);
+        for (size_t e = 0; e < values.size(); ++e) {
+          values[e] = static_cast<float>(-zipf_exponent * std::log(static_cast<double>(rank[e] + 1)));
+        }
+      }
+      CUDA_CHECK(cudaMemcpy(dst, values.data(), values.size() * 4, cudaMemcpyHostToDevice));
+      continue;
+    }
+    cuda::random_fill({.out = static_cast<bf16*>(dst),
+                       .count = job.rows * job.cols,
+                       .seed = seed * 1000003 + j,
+                       .scale = job.fill_scale,
+                       .offset = job.fill_offset},
+                      nullptr);
+  }
+  CUDA_CHECK(cudaDeviceSynchronize());
+  return out;
+}
+
+void free_device_weights(DeviceWeights& weights) {
+  if (weights.allocation) cudaFree(weights.allocation);
+  weights.allocation = nullptr;
+}
+
+}  // namespace moeinfer::gpu

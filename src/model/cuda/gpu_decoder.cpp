@@ -1,0 +1,900 @@
+// The CUDA forward pass (model/gpu_decoder.h). One stream carries everything; the host prepares
+// each step's metadata (token ids, positions, cache slots, block tables) in pinned memory, copies
+// it up, and enqueues the layers. Decode steps replay a CUDA graph captured per (batch bucket,
+// context bucket), so a step costs a handful of copies and one graph launch.
+//
+// Attention per step takes one of three routes:
+//   decode    every sequence brings one token: paged decode attention over the block tables
+//   prefill   every sequence starts at position 0: flash-style causal attention over the new
+//             tokens (the cache is written for later steps)
+//   per-query anything else (chunked prefill after a cached prefix, mixed steps, MLA prefill):
+//             each new token is its own query row over its sequence's blocks, with length
+//             position + 1, through the paged decode kernel
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <map>
+
+#include "backend/cuda/attention.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/decoder_ops.h"
+#include "backend/cuda/device_floors.h"
+#include "backend/cuda/grouped_gemm.h"
+#include "backend/cuda/mla_attention.h"
+#include "backend/cuda/moe_stages.h"
+#include "backend/cuda/sampling.h"
+#include "core/error.h"
+#include "model/cuda/device_weights.h"
+#include "model/family.h"
+#include "model/gpu_decoder.h"
+#include "model/rope.h"
+
+namespace moeinfer {
+namespace gpu {
+namespace {
+
+constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+constexpr int64_t kMaxWorkspaceBytes = int64_t{2} << 30;
+constexpr int64_t kMinContextBucket = 256;
+constexpr float kMlaNormEps = 1e-6f;
+
+int64_t next_pow2(int64_t v) {
+  int64_t p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+enum class Route { kDecode, kPrefill, kPerQuery };
+
+// Carves one device allocation into typed arrays; run once to size, once to assign.
+class Carver {
+ public:
+  explicit Carver(char* base) : base_(base) {}
+  template <typename T>
+  T* take(int64_t count) {
+    const size_t bytes = (static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(T) + 255) / 256 * 256;
+    T* out = base_ ? reinterpret_cast<T*>(base_ + used_) : nullptr;
+    used_ += bytes;
+    return out;
+  }
+  size_t used() const { return used_; }
+
+ private:
+  char* base_;
+  size_t used_ = 0;
+};
+
+// Step metadata, the same layout on the host (pinned) and the device.
+struct Meta {
+  int32_t* ids = nullptr;          // [Tcap]
+  int32_t* positions = nullptr;    // [Tcap]
+  int32_t* slots = nullptr;        // [Tcap]
+  int32_t* seq_lens = nullptr;     // [Tcap] per attention row
+  int32_t* cu_seqlens = nullptr;   // [Tcap + 1]
+  int32_t* logit_rows = nullptr;   // [Tcap]
+  int32_t* block_tables = nullptr;  // [Tcap, max_blocks]
+  float* temperature = nullptr;    // [Rcap]
+  int32_t* top_k = nullptr;
+  float* top_p = nullptr;
+  uint64_t* seeds = nullptr;
+  uint64_t* steps = nullptr;
+  int32_t* tokens = nullptr;  // [Rcap] sampled
+
+  void carve(Carver& c, int64_t tcap, int64_t rcap, int64_t max_blocks) {
+    ids = c.take<int32_t>(tcap);
+    positions = c.take<int32_t>(tcap);
+    slots = c.take<int32_t>(tcap);
+    seq_lens = c.take<int32_t>(tcap);
+    cu_seqlens = c.take<int32_t>(tcap + 1);
+    logit_rows = c.take<int32_t>(tcap);
+    block_tables = c.take<int32_t>(tcap * max_blocks);
+    temperature = c.take<float>(rcap);
+    top_k = c.take<int32_t>(rcap);
+    top_p = c.take<float>(rcap);
+    seeds = c.take<uint64_t>(rcap);
+    steps = c.take<uint64_t>(rcap);
+    tokens = c.take<int32_t>(rcap);
+  }
+};
+
+// What one forward() runs, decided on the host.
+struct Step {
+  Route route = Route::kDecode;
+  int64_t num_tokens = 0;   // T, rows through the layers (padded for graphs)
+  int64_t num_rows = 0;     // attention rows (T, or sequences for prefill)
+  int64_t num_seqs = 0;
+  int64_t max_seq_len = 0;  // bound for the attention grids
+  int64_t table_stride = 0;  // block table row width this step
+  int64_t logit_rows = 0;   // rows that want logits
+  bool logits_are_all_rows = false;  // rows 0..logit_rows-1 of the final hidden state
+  bool graph = false;
+  int64_t context_bucket = 0;
+};
+
+class CudaDecoder final : public GpuDecoder {
+ public:
+  CudaDecoder(const ModelConfig& config, DeviceWeights weights, const GpuOptions& options);
+  ~CudaDecoder() override;
+
+  const ModelConfig& config() const override { return config_; }
+  const GpuMemoryReport& memory() const override { return report_; }
+  int64_t num_kv_blocks() const override { return num_blocks_; }
+  int64_t block_size() const override { return block_size_; }
+  int64_t max_model_len() const override { return max_model_len_; }
+
+  void forward(const ForwardBatch& batch, std::span<float> logits) override;
+  void forward_sample(const ForwardBatch& batch, std::span<const GpuSamplingRow> rows,
+                      std::span<int32_t> tokens) override;
+  void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  std::vector<int32_t> expert_counts() override;
+
+ private:
+  void allocate_workspace();
+  void allocate_kv_pool();
+  Step prepare(const ForwardBatch& batch);
+  // Everything from the embedding to the logits of rows [0, step.logit_rows) of the first
+  // chunk: enqueued directly or replayed from a graph.
+  void run(const Step& step);
+  void enqueue_layers(const Step& step);
+  void enqueue_lm_head(const Step& step, int64_t first_row, int64_t rows);
+  void attention(int64_t layer, const Step& step);
+  void mla_attention(int64_t layer, const Step& step);
+  void feed_forward(int64_t layer, int64_t num_tokens);
+  void dense_mlp(const bf16* gate_up, const bf16* down, int64_t width, int64_t num_tokens,
+                 bf16* out);
+  void upload_meta(const Step& step);
+
+  // y[rows, n] = x[rows, k] . W[n, k]^T (row strides in elements).
+  void linear(const bf16* x, int64_t rows, int64_t x_stride, const bf16* w, int64_t n, int64_t k,
+              void* y, int64_t y_stride, bool f32_out);
+
+  ModelConfig config_;
+  DeviceWeights w_;
+  GpuOptions options_;
+  GpuMemoryReport report_;
+  moe::RouterOptions router_;
+  float attention_scale_ = 1.0f;
+  int64_t rotary_dim_ = 0;
+  float rope_scaling_ = 1.0f;
+  int64_t max_model_len_ = 0;
+  int64_t block_size_ = 16;
+  int64_t num_blocks_ = 0;
+  int64_t max_blocks_per_seq_ = 0;
+  int64_t tcap_ = 0;  // rows one step may carry
+  int64_t rcap_ = 0;  // logits rows computed at once
+
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+
+  // Device workspace.
+  char* workspace_ = nullptr;
+  char* host_meta_base_ = nullptr;  // pinned mirror of meta_
+  Meta meta_, host_meta_;
+  size_t meta_bytes_ = 0;
+  float* inv_freq_ = nullptr;
+  bf16 *hidden_ = nullptr, *normed_ = nullptr, *block_out_ = nullptr, *normed_gathered_ = nullptr;
+  bf16 *qkv_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *attn_ = nullptr;
+  bf16 *mla_q_ = nullptr, *mla_q_lora_ = nullptr, *mla_latent_ = nullptr, *mla_q_full_ = nullptr,
+       *mla_out_latent_ = nullptr;
+  float* attn_workspace_ = nullptr;
+  float *router_logits_ = nullptr, *shared_gate_logits_ = nullptr, *topk_weights_ = nullptr;
+  int32_t *topk_ids_ = nullptr, *expert_counts_ = nullptr, *expert_offsets_ = nullptr,
+          *src_row_ = nullptr, *inverse_ = nullptr, *plan_workspace_ = nullptr;
+  bf16 *expert_act_ = nullptr, *expert_out_ = nullptr, *mlp_gate_up_ = nullptr,
+       *mlp_act_ = nullptr, *shared_out_ = nullptr;
+  float* logits_ = nullptr;  // [rcap, V]
+  void* cublas_workspace_ = nullptr;
+
+  // KV pool: per layer, keys and values (standard) or latent rows (MLA).
+  char* kv_pool_ = nullptr;
+  std::vector<bf16*> k_cache_, v_cache_;
+  int64_t kv_width_ = 0;  // elements per cache row (Nkv * Dp, or L + R)
+
+  std::map<std::pair<int64_t, int64_t>, cudaGraphExec_t> graphs_;
+};
+
+CudaDecoder::CudaDecoder(const ModelConfig& config, DeviceWeights weights,
+                         const GpuOptions& options)
+    : config_(config), w_(std::move(weights)), options_(options) {
+  MOE_CHECK(options.gpu_memory_fraction > 0.0 && options.gpu_memory_fraction <= 1.0,
+            "--gpu-memory-fraction ", options.gpu_memory_fraction, " must be in (0, 1]");
+  MOE_CHECK(options.block_size >= 8 && options.block_size <= 128,
+            "block size ", options.block_size, " must be in [8, 128]");
+  MOE_CHECK(options.max_batch_tokens >= 1, "max batch tokens must be >= 1");
+  router_ = router_options(config_);
+  attention_scale_ = attention_softmax_scale(config_);
+  const Rope rope(config.rope, config.mla ? config.mla->qk_rope_head_dim : config.head_dim,
+                  config.max_position_embeddings);
+  rotary_dim_ = rope.rotary_dim();
+  rope_scaling_ = rope.attention_scaling();
+  const int64_t native = config.max_position_embeddings > 0 ? config.max_position_embeddings : 4096;
+  max_model_len_ = options.max_model_len > 0 ? std::min(options.max_model_len, native) : native;
+  block_size_ = options.block_size;
+  max_blocks_per_seq_ = ceil_div(max_model_len_, block_size_);
+  rcap_ = std::max<int64_t>(64, next_pow2(std::max<int64_t>(options.max_num_seqs, 1)));
+  tcap_ = std::max(options.max_batch_tokens, rcap_);
+
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  CUBLAS_CHECK(cublasCreate(&cublas_));
+  CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+  CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
+
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, options.device));
+  report_.device_name = prop.name;
+  report_.device_bytes = static_cast<int64_t>(prop.totalGlobalMem);
+  report_.budget_bytes =
+      static_cast<int64_t>(options.gpu_memory_fraction * static_cast<double>(prop.totalGlobalMem));
+  report_.weight_bytes = w_.bytes;
+  report_.load_seconds = w_.upload_seconds;
+  report_.load_gb_per_s =
+      w_.upload_seconds > 0 ? static_cast<double>(w_.bytes) / w_.upload_seconds / 1e9 : 0.0;
+  allocate_workspace();
+  std::vector<float> inv_freq = rope.inv_freq();
+  CUDA_CHECK(cudaMemcpy(inv_freq_, inv_freq.data(), inv_freq.size() * sizeof(float),
+                        cudaMemcpyHostToDevice));
+  allocate_kv_pool();
+  if (!options.quiet && w_.upload_seconds > 0) {
+    std::fprintf(stderr, "moeinfer: %.2f GiB of weights streamed to %s in %.2f s (%.2f GB/s)\n",
+                 static_cast<double>(w_.bytes) / (1024.0 * 1024.0 * 1024.0),
+                 report_.device_name.c_str(), w_.upload_seconds, report_.load_gb_per_s);
+  }
+}
+
+CudaDecoder::~CudaDecoder() {
+  for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+  if (cublas_) cublasDestroy(cublas_);
+  if (stream_) cudaStreamDestroy(stream_);
+  cudaFree(kv_pool_);
+  cudaFree(workspace_);
+  cudaFreeHost(host_meta_base_);
+  free_device_weights(w_);
+}
+
+void CudaDecoder::allocate_workspace() {
+  const ModelConfig& c = config_;
+  const int64_t T = tcap_, H = c.hidden_size, V = c.vocab_size;
+  const int64_t E = std::max<int64_t>(c.num_experts, 1), K = std::max<int64_t>(c.num_experts_per_tok, 1);
+  const int64_t Dp = w_.padded_head_dim, Ip = w_.padded_expert_width;
+  int64_t mlp_width = 0;
+  for (const DeviceLayer& d : w_.layers) mlp_width = std::max({mlp_width, d.mlp_width, d.shared_width});
+
+  // Split-K scratch of the attention kernels at their worst shape.
+  int64_t attn_ws = 0;
+  for (int64_t rows = 1; rows <= next_pow2(T); rows *= 2) {
+    const int64_t b = std::min(rows, T);
+    if (c.mla) {
+      cuda::MlaDecodeParams p{.num_seqs = b, .num_heads = c.num_heads,
+                              .latent_dim = c.mla->kv_lora_rank, .rope_dim = c.mla->qk_rope_head_dim,
+                              .block_size = block_size_, .max_blocks_per_seq = max_blocks_per_seq_,
+                              .max_seq_len = max_model_len_};
+      attn_ws = std::max(attn_ws, cuda::mla_decode_workspace_size(p));
+    } else {
+      cuda::PagedDecodeParams p{.num_seqs = b, .num_q_heads = c.num_heads,
+                                .num_kv_heads = c.num_kv_heads, .head_dim = Dp,
+                                .block_size = block_size_,
+                                .max_blocks_per_seq = max_blocks_per_seq_,
+                                .max_seq_len = max_model_len_};
+      attn_ws = std::max(attn_ws, cuda::paged_decode_workspace_size(p));
+    }
+  }
+
+  auto carve = [&](Carver& cv) {
+    inv_freq_ = cv.take<float>(std::max<int64_t>(rotary_dim_ / 2, 1));
+    hidden_ = cv.take<bf16>(T * H);
+    normed_ = cv.take<bf16>(T * H);
+    block_out_ = cv.take<bf16>(T * H);
+    normed_gathered_ = cv.take<bf16>(T * H);
+    if (c.mla) {
+      const MlaConfig& m = *c.mla;
+      const int64_t Nh = c.num_heads, W = m.cache_width();
+      mla_q_ = cv.take<bf16>(T * Nh * m.qk_head_dim());
+      if (m.q_lora_rank > 0) mla_q_lora_ = cv.take<bf16>(T * m.q_lora_rank);
+      mla_latent_ = cv.take<bf16>(T * W);
+      mla_q_full_ = cv.take<bf16>(T * Nh * W);
+      mla_out_latent_ = cv.take<bf16>(T * Nh * m.kv_lora_rank);
+      attn_ = cv.take<bf16>(T * Nh * m.v_head_dim);
+    } else {
+      const int64_t Nq = c.num_heads, Nkv = c.num_kv_heads;
+      qkv_ = cv.take<bf16>(T * (Nq + 2 * Nkv) * Dp);
+      q_ = cv.take<bf16>(T * Nq * Dp);
+      k_ = cv.take<bf16>(T * Nkv * Dp);
+      v_ = cv.take<bf16>(T * Nkv * Dp);
+      attn_ = cv.take<bf16>(T * Nq * Dp);
+    }
+    attn_workspace_ = cv.take<float>(attn_ws);
+    if (c.num_experts > 0) {
+      router_logits_ = cv.take<float>(T * E);
+      topk_ids_ = cv.take<int32_t>(T * K);
+      topk_weights_ = cv.take<float>(T * K);
+      expert_counts_ = cv.take<int32_t>(c.num_layers * E);  // a row per layer, kept for reports
+      expert_offsets_ = cv.take<int32_t>(E + 1);
+      src_row_ = cv.take<int32_t>(T * K);
+      inverse_ = cv.take<int32_t>(T * K);
+      plan_workspace_ = cv.take<int32_t>(cuda::plan_workspace_size(T * K, E));
+      expert_act_ = cv.take<bf16>(T * K * Ip);
+      expert_out_ = cv.take<bf16>(T * K * H);
+      shared_gate_logits_ = cv.take<float>(T);
+      shared_out_ = cv.take<bf16>(T * H);
+    }
+    if (mlp_width > 0) {
+      mlp_gate_up_ = cv.take<bf16>(T * 2 * mlp_width);
+      mlp_act_ = cv.take<bf16>(T * mlp_width);
+    }
+    logits_ = cv.take<float>(rcap_ * V);
+    cublas_workspace_ = cv.take<char>(static_cast<int64_t>(kCublasWorkspaceBytes));
+    meta_.carve(cv, T, rcap_, max_blocks_per_seq_);
+  };
+  Carver sizing(nullptr);
+  carve(sizing);
+  const int64_t bytes = static_cast<int64_t>(sizing.used());
+  MOE_CHECK(bytes <= kMaxWorkspaceBytes, "the GPU workspace for ", T,
+            " tokens per step would take ", bytes >> 20,
+            " MiB, more than the 2 GiB allowed; lower the tokens per step (--max-batch-tokens)");
+  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&workspace_), static_cast<size_t>(bytes)));
+  Carver assign(workspace_);
+  carve(assign);
+  report_.workspace_bytes = bytes;
+  CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_workspace_, kCublasWorkspaceBytes));
+
+  // The pinned host mirror of the metadata, at the same offsets.
+  Carver meta_size(nullptr);
+  Meta probe;
+  probe.carve(meta_size, T, rcap_, max_blocks_per_seq_);
+  meta_bytes_ = meta_size.used();
+  CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_meta_base_), meta_bytes_,
+                           cudaHostAllocDefault));
+  Carver host(host_meta_base_);
+  host_meta_.carve(host, T, rcap_, max_blocks_per_seq_);
+}
+
+void CudaDecoder::allocate_kv_pool() {
+  const ModelConfig& c = config_;
+  kv_width_ = c.mla ? c.mla->cache_width() : c.num_kv_heads * w_.padded_head_dim;
+  const int64_t planes = c.mla ? 1 : 2;
+  const int64_t bytes_per_token = c.num_layers * planes * kv_width_ * 2;
+  const int64_t block_bytes = bytes_per_token * block_size_;
+  size_t free_bytes = 0, total_bytes = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  const int64_t in_use = static_cast<int64_t>(total_bytes - free_bytes);
+  const int64_t room = std::min<int64_t>(report_.budget_bytes - in_use,
+                                         static_cast<int64_t>(free_bytes) - (int64_t{256} << 20));
+  int64_t blocks = room > 0 ? room / block_bytes : 0;
+  if (options_.num_kv_blocks > 0) {
+    MOE_CHECK(options_.num_kv_blocks <= blocks, options_.num_kv_blocks,
+              " KV blocks need ", (options_.num_kv_blocks * block_bytes) >> 20, " MiB; only ",
+              std::max<int64_t>(room, 0) >> 20, " MiB are left within --gpu-memory-fraction");
+    blocks = options_.num_kv_blocks;
+  }
+  MOE_CHECK(blocks >= ceil_div(std::min<int64_t>(max_model_len_, 256), block_size_),
+            "no room for the KV cache on ", report_.device_name, ": weights ",
+            report_.weight_bytes >> 20, " MiB + workspace ", report_.workspace_bytes >> 20,
+            " MiB leave ", std::max<int64_t>(room, 0) >> 20, " MiB of the ",
+            report_.budget_bytes >> 20, " MiB budget (raise --gpu-memory-fraction or cut layers)");
+  num_blocks_ = blocks;
+  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&kv_pool_), static_cast<size_t>(blocks * block_bytes)));
+  const int64_t plane_elems = blocks * block_size_ * kv_width_;
+  auto* base = reinterpret_cast<bf16*>(kv_pool_);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    k_cache_.push_back(base + (l * planes) * plane_elems);
+    v_cache_.push_back(c.mla ? nullptr : base + (l * planes + 1) * plane_elems);
+  }
+  report_.kv_bytes = blocks * block_bytes;
+  report_.kv_bytes_per_token = bytes_per_token;
+  report_.num_kv_blocks = blocks;
+  report_.block_size = block_size_;
+}
+
+void CudaDecoder::linear(const bf16* x, int64_t rows, int64_t x_stride, const bf16* w, int64_t n,
+                         int64_t k, void* y, int64_t y_stride, bool f32_out) {
+  const float one = 1.0f, zero = 0.0f;
+  CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n),
+                            static_cast<int>(rows), static_cast<int>(k), &one, w, CUDA_R_16BF,
+                            static_cast<int>(k), x, CUDA_R_16BF, static_cast<int>(x_stride), &zero,
+                            y, f32_out ? CUDA_R_32F : CUDA_R_16BF, static_cast<int>(y_stride),
+                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+Step CudaDecoder::prepare(const ForwardBatch& batch) {
+  const ModelConfig& c = config_;
+  Meta& h = host_meta_;
+  Step step;
+  step.num_seqs = static_cast<int64_t>(batch.sequences.size());
+  MOE_CHECK(step.num_seqs > 0, "forward needs at least one sequence");
+  bool all_single = !batch.all_positions, all_fresh = true, all_want = true;
+  int64_t T = 0, max_len = 0, table_stride = 1;
+  for (size_t i = 0; i < batch.sequences.size(); ++i) {
+    const SequenceBatch& s = batch.sequences[i];
+    const int64_t n = static_cast<int64_t>(s.tokens.size());
+    MOE_CHECK(n > 0, "sequence ", i, " of the batch has no tokens");
+    const int64_t end = s.position + n;
+    MOE_CHECK(end <= max_model_len_, "sequence ", i, " reaches position ", end,
+              " past the context limit of ", max_model_len_);
+    MOE_CHECK(static_cast<int64_t>(s.block_table.size()) * block_size_ >= end, "sequence ", i,
+              " needs ", end, " cache slots but its block table holds ",
+              s.block_table.size() * block_size_);
+    for (int32_t block : s.block_table) {
+      MOE_CHECK(block >= 0 && block < num_blocks_, "block ", block, " outside the pool of ",
+                num_blocks_);
+    }
+    for (int32_t id : s.tokens) {
+      MOE_CHECK(id >= 0 && id < c.vocab_size, "token id ", id, " out of range [0, ",
+                c.vocab_size, ")");
+    }
+    all_single = all_single && n == 1;
+    all_fresh = all_fresh && s.position == 0;
+    all_want = all_want && s.want_logits;
+    T += n;
+    max_len = std::max(max_len, end);
+    table_stride = std::max(table_stride, ceil_div(end, block_size_));
+  }
+  MOE_CHECK(T <= tcap_, "a step of ", T, " tokens exceeds the ", tcap_,
+            " the GPU workspace was sized for");
+
+  const bool prefill_kernel = !c.mla && (w_.padded_head_dim == 64 || w_.padded_head_dim == 128);
+  step.route = all_single ? Route::kDecode
+               : (all_fresh && prefill_kernel) ? Route::kPrefill
+                                                : Route::kPerQuery;
+  step.num_tokens = T;
+  step.max_seq_len = max_len;
+  step.table_stride = table_stride;
+  if (step.route == Route::kDecode && options_.cuda_graphs && all_want &&
+      step.num_seqs <= rcap_) {
+    step.graph = true;
+    step.num_tokens = next_pow2(step.num_seqs);
+    step.context_bucket = std::min(std::max(next_pow2(max_len), kMinContextBucket),
+                                   max_blocks_per_seq_ * block_size_);
+    step.max_seq_len = step.context_bucket;
+    step.table_stride = ceil_div(step.context_bucket, block_size_);
+  }
+  const int64_t stride = step.table_stride;
+
+  // Token rows, their cache slots, and one attention row per token (per sequence for prefill).
+  int64_t row = 0, logit_rows = 0;
+  h.cu_seqlens[0] = 0;
+  for (int64_t i = 0; i < step.num_seqs; ++i) {
+    const SequenceBatch& s = batch.sequences[i];
+    const int64_t n = static_cast<int64_t>(s.tokens.size());
+    for (int64_t t = 0; t < n; ++t, ++row) {
+      const int64_t pos = s.position + t;
+      h.ids[row] = s.tokens[t];
+      h.positions[row] = static_cast<int32_t>(pos);
+      h.slots[row] = static_cast<int32_t>(s.block_table[pos / block_size_] * block_size_ +
+                                          pos % block_size_);
+      if (step.route != Route::kPrefill) {
+        h.seq_lens[row] = static_cast<int32_t>(pos + 1);
+        const int64_t used = std::min<int64_t>(static_cast<int64_t>(s.block_table.size()), stride);
+        std::memcpy(h.block_tables + row * stride, s.block_table.data(), used * sizeof(int32_t));
+        std::fill(h.block_tables + row * stride + used, h.block_tables + (row + 1) * stride, 0);
+      }
+      if (s.want_logits && (batch.all_positions || t == n - 1)) {
+        h.logit_rows[logit_rows++] = static_cast<int32_t>(row);
+      }
+    }
+    h.cu_seqlens[i + 1] = static_cast<int32_t>(row);
+  }
+  for (; row < step.num_tokens; ++row) {  // graph padding: rows that attend to nothing
+    h.ids[row] = 0;
+    h.positions[row] = 0;
+    h.slots[row] = -1;
+    h.seq_lens[row] = 0;
+    std::fill(h.block_tables + row * stride, h.block_tables + (row + 1) * stride, 0);
+  }
+  step.num_rows = step.route == Route::kPrefill ? step.num_seqs : step.num_tokens;
+  step.logit_rows = logit_rows;
+  step.logits_are_all_rows = logit_rows == T;
+  upload_meta(step);
+  return step;
+}
+
+void CudaDecoder::upload_meta(const Step& step) {
+  const int64_t T = step.num_tokens;
+  auto up = [&](auto* dst, const auto* src, int64_t count) {
+    if (count <= 0) return;
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(count) * sizeof(*src),
+                               cudaMemcpyHostToDevice, stream_));
+  };
+  up(meta_.ids, host_meta_.ids, T);
+  up(meta_.positions, host_meta_.positions, T);
+  up(meta_.slots, host_meta_.slots, T);
+  up(meta_.logit_rows, host_meta_.logit_rows, step.logit_rows);
+  if (step.route == Route::kPrefill) {
+    up(meta_.cu_seqlens, host_meta_.cu_seqlens, step.num_seqs + 1);
+  } else {
+    up(meta_.seq_lens, host_meta_.seq_lens, T);
+    up(meta_.block_tables, host_meta_.block_tables, T * step.table_stride);
+  }
+}
+
+void CudaDecoder::enqueue_layers(const Step& step) {
+  const ModelConfig& c = config_;
+  const int64_t T = step.num_tokens, H = c.hidden_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  cuda::embedding({.token_ids = meta_.ids, .table = w_.embed, .out = hidden_, .num_tokens = T,
+                   .vocab_size = c.vocab_size, .hidden_size = H},
+                  stream_);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const DeviceLayer& d = w_.layers[l];
+    // normed = norm(hidden + previous block output); the residual stream stays in hidden.
+    cuda::fused_add_rms_norm({.x = l == 0 ? hidden_ : block_out_,
+                              .residual = l == 0 ? nullptr : hidden_,
+                              .residual_out = l == 0 ? nullptr : hidden_,
+                              .weight = d.input_norm, .out = normed_, .num_rows = T,
+                              .hidden_size = H, .eps = eps},
+                             stream_);
+    if (c.mla) {
+      mla_attention(l, step);
+    } else {
+      attention(l, step);
+    }
+    cuda::fused_add_rms_norm({.x = block_out_, .residual = hidden_, .residual_out = hidden_,
+                              .weight = d.post_norm, .out = normed_, .num_rows = T,
+                              .hidden_size = H, .eps = eps},
+                             stream_);
+    feed_forward(l, T);
+  }
+  cuda::fused_add_rms_norm({.x = block_out_, .residual = hidden_, .residual_out = nullptr,
+                            .weight = w_.final_norm, .out = normed_, .num_rows = T,
+                            .hidden_size = H, .eps = eps},
+                           stream_);
+  // The rows that want logits, gathered to the front unless they are all rows.
+  if (!step.logits_are_all_rows && step.logit_rows > 0) {
+    cuda::embedding({.token_ids = meta_.logit_rows, .table = normed_, .out = normed_gathered_,
+                     .num_tokens = step.logit_rows, .vocab_size = T, .hidden_size = H},
+                    stream_);
+  }
+}
+
+void CudaDecoder::enqueue_lm_head(const Step& step, int64_t first_row, int64_t rows) {
+  const int64_t H = config_.hidden_size;
+  const bf16* source = step.logits_are_all_rows ? normed_ : normed_gathered_;
+  linear(source + first_row * H, rows, H, w_.lm_head, config_.vocab_size, H, logits_,
+         config_.vocab_size, /*f32_out=*/true);
+}
+
+void CudaDecoder::attention(int64_t layer, const Step& step) {
+  const ModelConfig& c = config_;
+  const DeviceLayer& d = w_.layers[layer];
+  const int64_t T = step.num_tokens, H = c.hidden_size;
+  const int64_t Nq = c.num_heads, Nkv = c.num_kv_heads, D = c.head_dim, Dp = w_.padded_head_dim;
+  const int64_t Nqkv = (Nq + 2 * Nkv) * Dp;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  linear(normed_, T, H, d.qkv, Nqkv, H, qkv_, Nqkv, false);
+  if (d.qkv_bias) {
+    cuda::bias_clip({.x = qkv_, .bias = d.qkv_bias, .rows = T, .width = Nqkv, .stride = Nqkv},
+                    stream_);
+  }
+  if (c.qk_norm_per_head) {
+    cuda::strided_rms_norm({.x = qkv_, .weight = d.q_norm, .rows = T * Nq, .width = D,
+                            .stride = Dp, .eps = eps, .rows_per_token = Nq,
+                            .token_stride = Nqkv},
+                           stream_);
+    cuda::strided_rms_norm({.x = qkv_ + Nq * Dp, .weight = d.k_norm, .rows = T * Nkv, .width = D,
+                            .stride = Dp, .eps = eps, .rows_per_token = Nkv,
+                            .token_stride = Nqkv},
+                           stream_);
+  } else if (c.qk_norm_full) {
+    cuda::strided_rms_norm({.x = qkv_, .weight = d.q_norm, .rows = T, .width = Nq * Dp,
+                            .stride = Nqkv, .eps = eps, .mean_width = Nq * D},
+                           stream_);
+    cuda::strided_rms_norm({.x = qkv_ + Nq * Dp, .weight = d.k_norm, .rows = T,
+                            .width = Nkv * Dp, .stride = Nqkv, .eps = eps,
+                            .mean_width = Nkv * D},
+                           stream_);
+  }
+  if (c.clip_qkv) {
+    cuda::bias_clip({.x = qkv_, .rows = T, .width = Nqkv, .stride = Nqkv,
+                     .clip = static_cast<float>(*c.clip_qkv)},
+                    stream_);
+  }
+  cuda::rope({.q = qkv_, .k = qkv_ + Nq * Dp, .positions = meta_.positions, .inv_freq = inv_freq_,
+              .num_tokens = T, .num_q_heads = Nq, .num_kv_heads = Nkv, .head_dim = Dp,
+              .rotary_dim = rotary_dim_, .q_stride = Nqkv, .k_stride = Nqkv,
+              .attention_scaling = rope_scaling_},
+             stream_);
+  const int64_t slots = num_blocks_ * block_size_;
+  cuda::kv_cache_write({.src = qkv_ + Nq * Dp, .cache = k_cache_[layer], .slots = meta_.slots,
+                        .num_tokens = T, .width = Nkv * Dp, .src_stride = Nqkv,
+                        .num_slots = slots},
+                       stream_);
+  cuda::kv_cache_write({.src = qkv_ + (Nq + Nkv) * Dp, .cache = v_cache_[layer],
+                        .slots = meta_.slots, .num_tokens = T, .width = Nkv * Dp,
+                        .src_stride = Nqkv, .num_slots = slots},
+                       stream_);
+  auto copy_heads = [&](bf16* dst, int64_t offset, int64_t width) {
+    CUDA_CHECK(cudaMemcpy2DAsync(dst, width * sizeof(bf16), qkv_ + offset, Nqkv * sizeof(bf16),
+                                 width * sizeof(bf16), T, cudaMemcpyDeviceToDevice, stream_));
+  };
+  copy_heads(q_, 0, Nq * Dp);
+  const int64_t window = c.sliding_window.value_or(0);
+  if (step.route == Route::kPrefill) {
+    copy_heads(k_, Nq * Dp, Nkv * Dp);
+    copy_heads(v_, (Nq + Nkv) * Dp, Nkv * Dp);
+    cuda::prefill_attention({.q = q_, .k = k_, .v = v_, .cu_seqlens = meta_.cu_seqlens,
+                             .out = attn_, .num_tokens = T, .num_seqs = step.num_seqs,
+                             .max_seq_len = step.max_seq_len, .num_q_heads = Nq,
+                             .num_kv_heads = Nkv, .head_dim = Dp, .scale = attention_scale_,
+                             .sliding_window = window},
+                            stream_);
+  } else {
+    cuda::paged_decode_attention(
+        {.q = q_, .k_cache = k_cache_[layer], .v_cache = v_cache_[layer],
+         .block_tables = meta_.block_tables, .seq_lens = meta_.seq_lens, .out = attn_,
+         .workspace = attn_workspace_, .num_seqs = T, .num_q_heads = Nq, .num_kv_heads = Nkv,
+         .head_dim = Dp, .block_size = block_size_, .num_blocks = num_blocks_,
+         .max_blocks_per_seq = step.table_stride, .max_seq_len = step.max_seq_len,
+         .scale = attention_scale_, .sliding_window = window},
+        stream_);
+  }
+  linear(attn_, T, Nq * Dp, d.o_proj, H, Nq * Dp, block_out_, H, false);
+  if (d.o_bias) {
+    cuda::bias_clip({.x = block_out_, .bias = d.o_bias, .rows = T, .width = H, .stride = H},
+                    stream_);
+  }
+}
+
+void CudaDecoder::mla_attention(int64_t layer, const Step& step) {
+  const ModelConfig& c = config_;
+  const MlaConfig& m = *c.mla;
+  const DeviceLayer& d = w_.layers[layer];
+  const int64_t T = step.num_tokens, H = c.hidden_size, Nh = c.num_heads;
+  const int64_t nope = m.qk_nope_head_dim, R = m.qk_rope_head_dim, vd = m.v_head_dim;
+  const int64_t L = m.kv_lora_rank, W = m.cache_width(), qk = m.qk_head_dim();
+  if (m.q_lora_rank > 0) {
+    linear(normed_, T, H, d.q_a, m.q_lora_rank, H, mla_q_lora_, m.q_lora_rank, false);
+    cuda::strided_rms_norm({.x = mla_q_lora_, .weight = d.q_a_norm, .rows = T,
+                            .width = m.q_lora_rank, .stride = m.q_lora_rank, .eps = kMlaNormEps},
+                           stream_);
+    linear(mla_q_lora_, T, m.q_lora_rank, d.q_b, Nh * qk, m.q_lora_rank, mla_q_, Nh * qk, false);
+  } else {
+    linear(normed_, T, H, d.q_proj, Nh * qk, H, mla_q_, Nh * qk, false);
+  }
+  linear(normed_, T, H, d.kv_a, W, H, mla_latent_, W, false);
+  cuda::strided_rms_norm({.x = mla_latent_, .weight = d.kv_a_norm, .rows = T, .width = L,
+                          .stride = W, .eps = kMlaNormEps},
+                         stream_);
+  cuda::rope({.q = mla_q_ + nope, .k = mla_latent_ + L, .positions = meta_.positions,
+              .inv_freq = inv_freq_, .num_tokens = T, .num_q_heads = Nh, .num_kv_heads = 1,
+              .head_dim = qk, .rotary_dim = R, .q_stride = Nh * qk, .k_stride = W,
+              .attention_scaling = rope_scaling_, .interleaved = m.rope_interleave},
+             stream_);
+  cuda::kv_cache_write({.src = mla_latent_, .cache = k_cache_[layer], .slots = meta_.slots,
+                        .num_tokens = T, .width = W, .src_stride = W,
+                        .num_slots = num_blocks_ * block_size_},
+                       stream_);
+  // Queries into the latent space, head by head: q_full[t, h, 0:L] = W_uk[h]^T q_nope[t, h].
+  const float one = 1.0f, zero = 0.0f;
+  CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      cublas_, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(L), static_cast<int>(T),
+      static_cast<int>(nope), &one, d.kv_b, CUDA_R_16BF, static_cast<int>(L), (nope + vd) * L,
+      mla_q_, CUDA_R_16BF, static_cast<int>(Nh * qk), qk, &zero, mla_q_full_, CUDA_R_16BF,
+      static_cast<int>(Nh * W), W, static_cast<int>(Nh), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  CUDA_CHECK(cudaMemcpy2DAsync(mla_q_full_ + L, W * sizeof(bf16), mla_q_ + nope,
+                               qk * sizeof(bf16), R * sizeof(bf16), T * Nh,
+                               cudaMemcpyDeviceToDevice, stream_));
+  cuda::mla_decode_attention({.q = mla_q_full_, .cache = k_cache_[layer],
+                              .block_tables = meta_.block_tables, .seq_lens = meta_.seq_lens,
+                              .out = mla_out_latent_, .workspace = attn_workspace_,
+                              .num_seqs = T, .num_heads = Nh, .latent_dim = L, .rope_dim = R,
+                              .block_size = block_size_, .num_blocks = num_blocks_,
+                              .max_blocks_per_seq = step.table_stride,
+                              .max_seq_len = step.max_seq_len, .scale = attention_scale_},
+                             stream_);
+  // Each head's latent output lifted through its value rows W_uv[h] = kv_b rows after W_uk[h].
+  CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(vd), static_cast<int>(T),
+      static_cast<int>(L), &one, d.kv_b + nope * L, CUDA_R_16BF, static_cast<int>(L),
+      (nope + vd) * L, mla_out_latent_, CUDA_R_16BF, static_cast<int>(Nh * L), L, &zero, attn_,
+      CUDA_R_16BF, static_cast<int>(Nh * vd), vd, static_cast<int>(Nh), CUBLAS_COMPUTE_32F,
+      CUBLAS_GEMM_DEFAULT));
+  linear(attn_, T, Nh * vd, d.mla_o, H, Nh * vd, block_out_, H, false);
+}
+
+void CudaDecoder::dense_mlp(const bf16* gate_up, const bf16* down, int64_t width,
+                            int64_t num_tokens, bf16* out) {
+  const int64_t H = config_.hidden_size;
+  linear(normed_, num_tokens, H, gate_up, 2 * width, H, mlp_gate_up_, 2 * width, false);
+  cuda::silu_mul({.gate_up = mlp_gate_up_, .out = mlp_act_, .num_tokens = num_tokens,
+                  .width = width},
+                 stream_);
+  linear(mlp_act_, num_tokens, width, down, H, width, out, H, false);
+}
+
+void CudaDecoder::feed_forward(int64_t layer, int64_t T) {
+  const ModelConfig& c = config_;
+  const DeviceLayer& d = w_.layers[layer];
+  const int64_t H = c.hidden_size, E = c.num_experts, K = c.num_experts_per_tok;
+  if (!d.is_moe) {
+    dense_mlp(d.mlp_gate_up, d.mlp_down, d.mlp_width, T, block_out_);
+    return;
+  }
+  linear(normed_, T, H, d.router, E, H, router_logits_, E, /*f32_out=*/true);
+  cuda::RouterParams route{.logits = router_logits_, .topk_ids = topk_ids_,
+                           .topk_weights = topk_weights_, .num_tokens = T, .num_experts = E,
+                           .top_k = K,
+                           .score = router_.score == moe::ScoreFunction::kSigmoid
+                                        ? cuda::RouterScore::kSigmoid
+                                        : cuda::RouterScore::kSoftmax,
+                           .renormalize = router_.renormalize,
+                           .routed_scaling_factor = router_.routed_scaling_factor};
+  route.selection_bias = d.selection_bias;
+  route.logit_bias = d.logit_bias;
+  route.group_score = router_.group_score == moe::GroupScore::kMax ? cuda::RouterGroupScore::kMax
+                      : router_.group_score == moe::GroupScore::kTop2Sum
+                          ? cuda::RouterGroupScore::kTop2Sum
+                          : cuda::RouterGroupScore::kNone;
+  route.num_groups = router_.num_groups;
+  route.topk_groups = router_.topk_groups;
+  cuda::fused_router(route, stream_);
+  cuda::moe_plan({.topk_ids = topk_ids_, .expert_counts = expert_counts_ + layer * E,
+                  .expert_offsets = expert_offsets_, .src_row = src_row_, .inverse = inverse_,
+                  .workspace = plan_workspace_, .num_assignments = T * K, .num_experts = E},
+                 stream_);
+  cuda::moe_experts({.rows = normed_, .gate_up = d.experts_gate_up, .down = d.experts_down,
+                     .expert_offsets = expert_offsets_, .activation = expert_act_,
+                     .out = expert_out_, .num_rows = T * K, .num_experts = E, .hidden_size = H,
+                     .expert_width = w_.padded_expert_width, .src_row = src_row_, .top_k = K},
+                    stream_);
+  const bf16* shared = nullptr;
+  if (d.shared_gate_up) {
+    dense_mlp(d.shared_gate_up, d.shared_down, d.shared_width, T, shared_out_);
+    if (d.shared_gate) {
+      linear(normed_, T, H, d.shared_gate, 1, H, shared_gate_logits_, 1, /*f32_out=*/true);
+      cuda::sigmoid_scale_rows({.x = shared_out_, .logits = shared_gate_logits_,
+                                .num_tokens = T, .hidden_size = H},
+                               stream_);
+    }
+    shared = shared_out_;
+  }
+  cuda::unpermute({.expert_out = expert_out_, .topk_weights = topk_weights_, .inverse = inverse_,
+                   .shared = shared, .out = block_out_, .num_tokens = T, .top_k = K,
+                   .hidden_size = H},
+                  stream_);
+}
+
+void CudaDecoder::run(const Step& step) {
+  if (!step.graph) {
+    enqueue_layers(step);
+    return;
+  }
+  const auto key = std::make_pair(step.num_tokens, step.context_bucket);
+  auto it = graphs_.find(key);
+  if (it == graphs_.end()) {
+    cudaGraph_t graph = nullptr;
+    CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    try {
+      enqueue_layers(step);
+      enqueue_lm_head(step, 0, step.num_tokens);
+    } catch (...) {
+      cudaStreamEndCapture(stream_, &graph);
+      if (graph) cudaGraphDestroy(graph);
+      throw;
+    }
+    CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    CUDA_CHECK(status);
+    it = graphs_.emplace(key, exec).first;
+  }
+  CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
+}
+
+void CudaDecoder::forward(const ForwardBatch& batch, std::span<float> logits) {
+  const int64_t V = config_.vocab_size;
+  const Step step = prepare(batch);
+  MOE_CHECK(static_cast<int64_t>(logits.size()) == step.logit_rows * V, "logits buffer holds ",
+            logits.size(), " floats, needs ", step.logit_rows * V);
+  run(step);
+  for (int64_t first = 0; first < step.logit_rows; first += rcap_) {
+    const int64_t rows = std::min(rcap_, step.logit_rows - first);
+    // A graph already computed the first chunk (all its rows, padding included).
+    if (!(step.graph && first == 0)) enqueue_lm_head(step, first, rows);
+    CUDA_CHECK(cudaMemcpyAsync(logits.data() + first * V, logits_,
+                               static_cast<size_t>(rows * V) * sizeof(float),
+                               cudaMemcpyDeviceToHost, stream_));
+  }
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaDecoder::forward_sample(const ForwardBatch& batch, std::span<const GpuSamplingRow> rows,
+                                 std::span<int32_t> tokens) {
+  MOE_CHECK(!batch.all_positions, "forward_sample samples the last token of each sequence only");
+  const Step step = prepare(batch);
+  MOE_CHECK(static_cast<int64_t>(rows.size()) == step.logit_rows &&
+                static_cast<int64_t>(tokens.size()) == step.logit_rows,
+            "forward_sample got ", rows.size(), " sampling rows and room for ", tokens.size(),
+            " tokens; the batch has ", step.logit_rows, " rows that want logits");
+  MOE_CHECK(step.logit_rows <= rcap_, step.logit_rows, " sampled rows exceed ", rcap_);
+  run(step);
+  if (step.logit_rows == 0) {
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return;
+  }
+  if (!step.graph) enqueue_lm_head(step, 0, step.logit_rows);
+  const int64_t R = step.logit_rows;
+  for (int64_t r = 0; r < R; ++r) {
+    host_meta_.temperature[r] = rows[r].temperature;
+    host_meta_.top_k[r] = rows[r].top_k;
+    host_meta_.top_p[r] = rows[r].top_p;
+    host_meta_.seeds[r] = rows[r].seed;
+    host_meta_.steps[r] = rows[r].step;
+  }
+  auto up = [&](auto* dst, const auto* src) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(R) * sizeof(*src),
+                               cudaMemcpyHostToDevice, stream_));
+  };
+  up(meta_.temperature, host_meta_.temperature);
+  up(meta_.top_k, host_meta_.top_k);
+  up(meta_.top_p, host_meta_.top_p);
+  up(meta_.seeds, host_meta_.seeds);
+  up(meta_.steps, host_meta_.steps);
+  cuda::sample_tokens({.logits = logits_, .temperature = meta_.temperature, .top_k = meta_.top_k,
+                       .top_p = meta_.top_p, .seeds = meta_.seeds, .steps = meta_.steps,
+                       .tokens = meta_.tokens, .num_rows = R, .vocab_size = config_.vocab_size},
+                      stream_);
+  CUDA_CHECK(cudaMemcpyAsync(host_meta_.tokens, meta_.tokens, static_cast<size_t>(R) * sizeof(int32_t),
+                             cudaMemcpyDeviceToHost, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  std::copy_n(host_meta_.tokens, R, tokens.data());
+}
+
+std::vector<int32_t> CudaDecoder::expert_counts() {
+  const int64_t E = config_.num_experts;
+  std::vector<int32_t> counts(static_cast<size_t>(config_.num_layers * E), 0);
+  if (E == 0) return counts;
+  CUDA_CHECK(cudaMemcpyAsync(counts.data(), expert_counts_, counts.size() * sizeof(int32_t),
+                             cudaMemcpyDeviceToHost, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  for (int64_t l = 0; l < config_.num_layers; ++l) {
+    if (!w_.layers[l].is_moe) std::fill_n(counts.begin() + l * E, E, 0);
+  }
+  return counts;
+}
+
+void select_device(int device) {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  MOE_CHECK(status == cudaSuccess && count > 0, "--device cuda: no CUDA device is visible (",
+            cudaGetErrorString(status), ")");
+  MOE_CHECK(device >= 0 && device < count, "CUDA device ", device, " does not exist (", count,
+            " visible)");
+  CUDA_CHECK(cudaSetDevice(device));
+}
+
+}  // namespace
+}  // namespace gpu
+
+std::unique_ptr<GpuDecoder> GpuDecoder::create(const ModelConfig& config,
+                                               const DecoderWeights& weights,
+                                               const GpuOptions& options) {
+  gpu::select_device(options.device);
+  gpu::DeviceWeights device_weights = gpu::upload_weights(config, weights, !options.quiet);
+  return std::make_unique<gpu::CudaDecoder>(config, std::move(device_weights), options);
+}
+
+std::unique_ptr<GpuDecoder> GpuDecoder::create_synthetic(const ModelConfig& config,
+                                                         const GpuOptions& options,
+                                                         const SyntheticGpuOptions& synthetic) {
+  gpu::select_device(options.device);
+  gpu::DeviceWeights device_weights =
+      gpu::synthetic_weights(config, synthetic.seed, synthetic.zipf_exponent);
+  return std::make_unique<gpu::CudaDecoder>(config, std::move(device_weights), options);
+}
+
+DeviceFloors measure_device_floors() {
+  return DeviceFloors{.copy_bytes_per_s = cuda::measure_copy_bandwidth(),
+                      .gemm_flops = cuda::measure_gemm_flops()};
+}
+
+bool cuda_device_available() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+}  // namespace moeinfer

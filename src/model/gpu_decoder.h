@@ -1,0 +1,112 @@
+// The forward pass on one NVIDIA GPU: the same model as Decoder (model/decoder.h), every stage
+// on the device in bf16 with float32 accumulation, the KV cache paged in device memory, decode
+// steps captured in CUDA graphs per batch-size bucket.
+//
+// Weights are streamed from the memory-mapped checkpoint through two pinned staging buffers
+// (converted to bf16 on the way, no second full copy in host memory), or, for synthetic models,
+// filled with random values directly on the device. Device memory is weights + a workspace
+// sized for the largest step (at most 2 GiB) + the KV pool, which takes what is left of
+// gpu_memory_fraction of the card.
+//
+// Without CUDA support compiled in (or without a device) create() throws moeinfer::Error
+// saying so. The header itself needs no CUDA.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "io/model_config.h"
+#include "kv/kv_cache.h"
+#include "model/decoder.h"
+
+namespace moeinfer {
+
+struct GpuOptions {
+  int device = 0;
+  double gpu_memory_fraction = 0.9;  // of the card's memory, for weights + workspace + KV
+  int64_t max_batch_tokens = 512;    // tokens one forward() may carry (sizes the workspace)
+  int64_t max_num_seqs = 256;        // sequences one decode step may carry
+  int64_t max_model_len = 0;         // 0: the model's max_position_embeddings
+  int64_t block_size = 16;           // tokens per KV block
+  int64_t num_kv_blocks = 0;         // 0: all that the memory fraction leaves
+  bool cuda_graphs = true;           // capture decode steps
+  bool quiet = false;                // no progress bar or load summary on stderr
+};
+
+// Synthetic weights built on the device (`--model synthetic:NAME`).
+struct SyntheticGpuOptions {
+  uint64_t seed = 0;
+  // > 0: each MoE layer's router prefers its experts by a Zipf law of this exponent (the expert
+  // of rank r gets a logit bias of -zipf_exponent * ln(r + 1), ranks shuffled per layer).
+  double zipf_exponent = 0.0;
+};
+
+struct GpuMemoryReport {
+  std::string device_name;
+  int64_t device_bytes = 0;     // the card's memory
+  int64_t budget_bytes = 0;     // gpu_memory_fraction of it
+  int64_t weight_bytes = 0;
+  int64_t workspace_bytes = 0;  // activations, metadata, cuBLAS workspace
+  int64_t kv_bytes = 0;
+  int64_t kv_bytes_per_token = 0;
+  int64_t num_kv_blocks = 0;
+  int64_t block_size = 0;
+  double load_seconds = 0.0;    // weight upload (0 for synthetic)
+  double load_gb_per_s = 0.0;
+};
+
+// Per-row sampling parameters for forward_sample (the GPU sampler's subset: no penalties).
+struct GpuSamplingRow {
+  float temperature = 0.0f;  // <= 0: greedy
+  int32_t top_k = 0;
+  float top_p = 1.0f;
+  uint64_t seed = 0;
+  uint64_t step = 0;  // tokens this request sampled before
+};
+
+class GpuDecoder {
+ public:
+  // Uploads a bound checkpoint (the host Decoder's weight views).
+  static std::unique_ptr<GpuDecoder> create(const ModelConfig& config,
+                                            const DecoderWeights& weights,
+                                            const GpuOptions& options);
+  // Random weights of the config's exact shapes, built on the device.
+  static std::unique_ptr<GpuDecoder> create_synthetic(const ModelConfig& config,
+                                                      const GpuOptions& options,
+                                                      const SyntheticGpuOptions& synthetic);
+  virtual ~GpuDecoder() = default;
+
+  virtual const ModelConfig& config() const = 0;
+  virtual const GpuMemoryReport& memory() const = 0;
+  virtual int64_t num_kv_blocks() const = 0;
+  virtual int64_t block_size() const = 0;
+  virtual int64_t max_model_len() const = 0;
+
+  // The contract of Decoder::forward(batch, pool, logits), with block ids naming blocks of the
+  // device pool. logits: Decoder::num_logit_rows(batch) rows of V floats, copied to the host.
+  virtual void forward(const ForwardBatch& batch, std::span<float> logits) = 0;
+  // The same forward, then one token per logits row sampled on the device; only the tokens
+  // travel back. Needs batch.all_positions false.
+  virtual void forward_sample(const ForwardBatch& batch, std::span<const GpuSamplingRow> rows,
+                              std::span<int32_t> tokens) = 0;
+  // Waits for the device and reports an asynchronous failure, if any.
+  virtual void synchronize() = 0;
+  // Rows each expert received in the last forward, [num_layers, E] (zeros for dense layers);
+  // waits for the device.
+  virtual std::vector<int32_t> expert_counts() = 0;
+};
+
+// The floors GPU figures are ratios to, measured now on the current device.
+struct DeviceFloors {
+  double copy_bytes_per_s = 0.0;  // device-to-device copy, read + write
+  double gemm_flops = 0.0;        // cuBLAS bf16 GEMM at 8192^3
+};
+DeviceFloors measure_device_floors();
+
+// True when this build has CUDA and a device is visible.
+bool cuda_device_available();
+
+}  // namespace moeinfer
