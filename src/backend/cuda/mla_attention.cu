@@ -1,0 +1,123 @@
+// Launcher of MLA decode attention (mla_attention_kernel.cuh): argument checks, the split plan,
+// the split kernel and, when the plan has several splits, the combine kernel. One kernel
+// instantiation covers every accepted shape (L and R are runtime values inside compile-time
+// register maxima), so there is no shape to fall back on a slower path for.
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/launch_checks.h"
+#include "backend/cuda/mla_attention.h"
+#include "backend/cuda/mla_attention_kernel.cuh"
+
+namespace moeinfer::cuda {
+
+namespace {
+
+// Two blocks of the split kernel fit an SM: enough blocks for two per SM of an H200 (132).
+// The plan never has more splits than this, which the combine kernel relies on.
+constexpr int64_t kMlaTargetBlocks = 264;
+static_assert(kMlaTargetBlocks <= mla::kMaxSplits);
+// Combine blocks resident at once on an H200: 132 SMs x 8 blocks of 256 threads.
+constexpr int64_t kCombineTargetBlocks = 1056;
+// Keys per split come in multiples of two tiles: a split's fixed cost (Q, the workspace row of
+// 16 heads x (L + 2) floats) stays below its share of cache bytes.
+constexpr int64_t kMlaChunkQuantum = 64;
+
+int64_t head_tiles(const MlaDecodeParams& p) {
+  return (std::max<int64_t>(p.num_heads, 0) + mla::kHeads - 1) / mla::kHeads;
+}
+
+void check_mla(const MlaDecodeParams& p) {
+  MOE_CHECK(p.num_seqs >= 0 && p.num_seqs <= 65535, "num_seqs = ", p.num_seqs,
+            " must be in [0, 65535]");
+  MOE_CHECK(p.num_heads >= 1 && p.num_heads <= 65535, "num_heads = ", p.num_heads,
+            " must be in [1, 65535]");
+  MOE_CHECK(p.latent_dim > 0 && p.latent_dim % 8 == 0 && p.latent_dim <= kMlaMaxLatentDim,
+            "latent_dim = ", p.latent_dim, " must be a positive multiple of 8, at most ",
+            kMlaMaxLatentDim);
+  MOE_CHECK(p.rope_dim > 0 && p.rope_dim % 8 == 0 && p.rope_dim <= kMlaMaxRopeDim,
+            "rope_dim = ", p.rope_dim, " must be a positive multiple of 8, at most ",
+            kMlaMaxRopeDim);
+  MOE_CHECK(p.block_size >= 1, "block_size = ", p.block_size, " must be at least 1");
+  MOE_CHECK(p.num_blocks >= 1, "num_blocks = ", p.num_blocks, " must be at least 1");
+  detail::check_int32_range(p.num_blocks, "num_blocks");
+  MOE_CHECK(p.max_blocks_per_seq >= 0, "max_blocks_per_seq = ", p.max_blocks_per_seq,
+            " must not be negative");
+  MOE_CHECK(p.max_seq_len >= 0 && p.max_seq_len <= p.max_blocks_per_seq * p.block_size,
+            "max_seq_len = ", p.max_seq_len,
+            " does not fit max_blocks_per_seq = ", p.max_blocks_per_seq, " blocks of ",
+            p.block_size);
+  // Key positions and split bounds (start + chunk <= 2 * max_seq_len + 64) are ints.
+  MOE_CHECK(p.max_seq_len <= (int64_t{1} << 30), "max_seq_len = ", p.max_seq_len, " exceeds 2^30");
+  MOE_CHECK(p.scale > 0.0f && std::isfinite(p.scale), "scale = ", p.scale,
+            " must be positive and finite");
+}
+
+}  // namespace
+
+MlaDecodeSplit mla_decode_split(const MlaDecodeParams& p) {
+  const int64_t units = std::max<int64_t>(1, std::max<int64_t>(p.num_seqs, 0) * head_tiles(p));
+  const int64_t want_splits = std::max<int64_t>(1, (kMlaTargetBlocks + units - 1) / units);
+  const int64_t len = std::max<int64_t>(1, p.max_seq_len);
+  int64_t chunk = (len + want_splits - 1) / want_splits;
+  chunk = std::max<int64_t>(kMlaChunkQuantum,
+                            (chunk + kMlaChunkQuantum - 1) / kMlaChunkQuantum * kMlaChunkQuantum);
+  return MlaDecodeSplit{.chunk = chunk, .num_splits = (len + chunk - 1) / chunk};
+}
+
+int64_t mla_decode_workspace_size(const MlaDecodeParams& p) {
+  const MlaDecodeSplit split = mla_decode_split(p);
+  if (split.num_splits <= 1) return 0;
+  return p.num_seqs * p.num_heads * split.num_splits * (p.latent_dim + 2);
+}
+
+void mla_decode_attention(const MlaDecodeParams& p, cudaStream_t stream) {
+  NvtxRange range("mla_decode_attention");
+  check_mla(p);
+  if (p.num_seqs == 0) return;
+  detail::check_pointer(p.q, "q");
+  detail::check_pointer(p.cache, "cache");
+  detail::check_pointer(p.block_tables, "block_tables");
+  detail::check_pointer(p.seq_lens, "seq_lens");
+  detail::check_pointer(p.out, "out");
+  detail::check_aligned16(p.q, "q");
+  detail::check_aligned16(p.cache, "cache");
+  detail::check_aligned16(p.out, "out");
+  const MlaDecodeSplit split = mla_decode_split(p);
+  // chunk <= max_seq_len rounded up to 64 and splits <= 264 both fit an int.
+  MOE_CHECK(split.num_splits <= mla::kMaxSplits, "max_seq_len = ", p.max_seq_len, " needs ",
+            split.num_splits, " splits");
+  if (split.num_splits > 1) {
+    detail::check_pointer(p.workspace, "workspace");
+    detail::check_aligned16(p.workspace, "workspace");
+  }
+
+  const int width = static_cast<int>(p.latent_dim + p.rope_dim);
+  static const bool attribute_set = [] {
+    CUDA_CHECK(cudaFuncSetAttribute(mla_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    mla::smem_bytes(mla::kMaxWidth)));
+    return true;
+  }();
+  (void)attribute_set;
+  const dim3 grid(static_cast<unsigned>(split.num_splits), static_cast<unsigned>(head_tiles(p)),
+                  static_cast<unsigned>(p.num_seqs));
+  mla_decode_kernel<<<grid, mla::kThreads, mla::smem_bytes(width), stream>>>(
+      p, static_cast<int>(split.chunk), static_cast<int>(split.num_splits));
+  MOE_CUDA_CHECK_LAUNCH();
+  if (split.num_splits > 1) {
+    // Slices of 64 latent dims per combine block: all of them for many (row, head) pairs, so a
+    // block's fixed cost (the weights) is paid once; spread over blocks for few pairs.
+    const int64_t slices = (p.latent_dim + 2 * mla::kCombinePairs - 1) / (2 * mla::kCombinePairs);
+    const int64_t pairs = p.num_seqs * p.num_heads;
+    const int64_t dim_blocks =
+        std::clamp<int64_t>((kCombineTargetBlocks + pairs - 1) / pairs, 1, slices);
+    const dim3 combine_grid(static_cast<unsigned>(dim_blocks), static_cast<unsigned>(p.num_heads),
+                            static_cast<unsigned>(p.num_seqs));
+    mla_decode_combine_kernel<<<combine_grid, mla::kCombineThreads, 0, stream>>>(
+        p, static_cast<int>(split.chunk), static_cast<int>(split.num_splits));
+    MOE_CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace moeinfer::cuda
