@@ -7,7 +7,9 @@
 #
 # Knobs (environment): MOE_GPU_TARGETS="test_cuda bench_cuda_stages bench_cuda_moe" builds only
 # those targets; MOE_GPU_SKIP_CTEST=1 skips the full ctest pass (the CUDA tests still run);
-# MOE_GPU_TEST_REPEAT=N runs test_cuda N times (default 2). If
+# MOE_GPU_TEST_REPEAT=N runs test_cuda N times (default 2); MOE_GPU_SKIP_SANITIZER=1 skips
+# compute-sanitizer. The GPU parity test (tests/cuda/cuda_parity_test.cpp) runs inside test_cuda
+# and its per-fixture table and top-1 line are copied into the summary. If
 # the CMake build cannot produce test_cuda (a dependency missing there), the CUDA kernels, their
 # tests and benchmarks that need no more than core/ and model/rope are built directly with nvcc
 # and g++ (build_cuda_standalone) so the kernel results are not lost.
@@ -111,9 +113,13 @@ timeout 240 "$BUILD/tests/test_cuda" --gtest_repeat="$repeat" --gtest_brief=1 >"
 cuda_rc=$?
 tail -15 "$OUT/test_cuda.log"
 summary+=("test_cuda x$repeat rc=$cuda_rc: $(grep -E '^\[  PASSED  \]|FAILED TEST' "$OUT/test_cuda.log" | tail -2 | tr '\n' ' ')")
+grep -E "rel error: prefill|top-1 agreement over all" "$OUT/test_cuda.log" | head -12
+summary+=("parity: $(grep -E 'top-1 agreement over all' "$OUT/test_cuda.log" | tail -1)")
 
 step "compute-sanitizer (small sizes)"
-if command -v compute-sanitizer >/dev/null; then
+if [ "${MOE_GPU_SKIP_SANITIZER:-0}" = 1 ]; then
+  summary+=("sanitizer skipped")
+elif command -v compute-sanitizer >/dev/null; then
   timeout 150 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/tests/test_cuda" \
     --gtest_filter='*T1:*T19:*T99:*Ties*:*InPlace*:CudaPipeline.*T19:CudaGroupedGemm.*T3_*:CudaPagedDecode.*B3*:CudaPrefill.*Varlen*:CudaSampling.KeptSet_B99*' --gtest_brief=1 \
     >"$OUT/sanitizer.log" 2>&1

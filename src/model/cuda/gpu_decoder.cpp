@@ -765,6 +765,10 @@ void CudaDecoder::run(const Step& step) {
   const auto key = std::make_pair(step.num_tokens, step.context_bucket);
   auto it = graphs_.find(key);
   if (it == graphs_.end()) {
+    // The first step of a bucket runs eagerly (its results are this step's), so every kernel and
+    // cuBLAS heuristic is loaded before the capture records the same work for later steps.
+    enqueue_layers(step);
+    enqueue_lm_head(step, 0, step.num_tokens);
     cudaGraph_t graph = nullptr;
     CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     try {
@@ -780,7 +784,8 @@ void CudaDecoder::run(const Step& step) {
     const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);
     CUDA_CHECK(status);
-    it = graphs_.emplace(key, exec).first;
+    graphs_.emplace(key, exec);
+    return;
   }
   CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
 }
