@@ -89,6 +89,38 @@ struct SigmoidScaleParams {
 // x[t] *= sigmoid(logits[t]): Qwen2-MoE's gate on the shared expert's output.
 void sigmoid_scale_rows(const SigmoidScaleParams& params, cudaStream_t stream);
 
+// Everything between the q/k/v projection and attention, for standard (GQA) attention, in one
+// launch: per-head RMSNorm of q and k (when the model has it), RoPE on q and k, the new key and
+// value rows written to the paged cache, and q (and, for prefill, k and v) copied out as the
+// contiguous [T, heads, Dp] arrays the attention kernels read.
+struct AttentionInputsParams {
+  const __nv_bfloat16* qkv = nullptr;  // [T, qkv_stride]: q heads, k heads, v heads, Dp apart
+  int64_t qkv_stride = 0;              // >= (Nq + 2 Nkv) * Dp
+  const int32_t* positions = nullptr;  // [T]
+  const float* inv_freq = nullptr;     // [rotary_dim / 2]
+  const __nv_bfloat16* q_norm = nullptr;  // [D] per-head weight, or null: no q/k norm
+  const __nv_bfloat16* k_norm = nullptr;  // [D], with q_norm
+  float eps = 1e-6f;
+  const int32_t* slots = nullptr;      // [T] cache slot, negative: skip the cache write
+  __nv_bfloat16* k_cache = nullptr;    // [num_slots, Nkv * Dp]
+  __nv_bfloat16* v_cache = nullptr;    // [num_slots, Nkv * Dp]
+  int64_t num_slots = 0;
+  __nv_bfloat16* q_out = nullptr;      // [T, Nq * Dp]
+  __nv_bfloat16* k_out = nullptr;      // [T, Nkv * Dp] or null
+  __nv_bfloat16* v_out = nullptr;      // [T, Nkv * Dp] or null
+  int64_t num_tokens = 0;
+  int64_t num_q_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;         // D: the norm's width
+  int64_t padded_head_dim = 0;  // Dp >= D, at most 256: the head stride (padding stays zero)
+  int64_t rotary_dim = 0;       // even, <= D
+  float attention_scaling = 1.0f;
+  bool interleaved = false;
+};
+
+// Rounds as the separate kernels do: the normed head to bf16, then the rotated pair to bf16.
+void attention_inputs(const AttentionInputsParams& params, cudaStream_t stream);
+
 struct RandomFillParams {
   __nv_bfloat16* out = nullptr;  // [count], any alignment
   int64_t count = 0;

@@ -144,6 +144,7 @@ class CudaDecoder final : public GpuDecoder {
   void enqueue_lm_head(const Step& step, int64_t first_row, int64_t rows);
   void attention(int64_t layer, const Step& step);
   void mla_attention(int64_t layer, const Step& step);
+  void qk_norm_clip_rope_write(int64_t layer, const Step& step);
   void feed_forward(int64_t layer, int64_t num_tokens);
   void dense_mlp(const bf16* gate_up, const bf16* down, int64_t width, int64_t num_tokens,
                  bf16* out);
@@ -569,6 +570,58 @@ void CudaDecoder::attention(int64_t layer, const Step& step) {
     cuda::bias_clip({.x = qkv_, .bias = d.qkv_bias, .rows = T, .width = Nqkv, .stride = Nqkv},
                     stream_);
   }
+  const int64_t slots = num_blocks_ * block_size_;
+  const bool prefill = step.route == Route::kPrefill;
+  if (!c.qk_norm_full && !c.clip_qkv) {
+    // One launch from the projection to the attention inputs.
+    cuda::attention_inputs({.qkv = qkv_, .qkv_stride = Nqkv, .positions = meta_.positions,
+                            .inv_freq = inv_freq_,
+                            .q_norm = c.qk_norm_per_head ? d.q_norm : nullptr,
+                            .k_norm = c.qk_norm_per_head ? d.k_norm : nullptr, .eps = eps,
+                            .slots = meta_.slots, .k_cache = k_cache_[layer],
+                            .v_cache = v_cache_[layer], .num_slots = slots, .q_out = q_,
+                            .k_out = prefill ? k_ : nullptr, .v_out = prefill ? v_ : nullptr,
+                            .num_tokens = T, .num_q_heads = Nq, .num_kv_heads = Nkv,
+                            .head_dim = D, .padded_head_dim = Dp, .rotary_dim = rotary_dim_,
+                            .attention_scaling = rope_scaling_},
+                           stream_);
+  } else {
+    qk_norm_clip_rope_write(layer, step);
+  }
+  const int64_t window = c.sliding_window.value_or(0);
+  if (prefill) {
+    cuda::prefill_attention({.q = q_, .k = k_, .v = v_, .cu_seqlens = meta_.cu_seqlens,
+                             .out = attn_, .num_tokens = T, .num_seqs = step.num_seqs,
+                             .max_seq_len = step.max_seq_len, .num_q_heads = Nq,
+                             .num_kv_heads = Nkv, .head_dim = Dp, .scale = attention_scale_,
+                             .sliding_window = window},
+                            stream_);
+  } else {
+    cuda::paged_decode_attention(
+        {.q = q_, .k_cache = k_cache_[layer], .v_cache = v_cache_[layer],
+         .block_tables = meta_.block_tables, .seq_lens = meta_.seq_lens, .out = attn_,
+         .workspace = attn_workspace_, .num_seqs = T, .num_q_heads = Nq, .num_kv_heads = Nkv,
+         .head_dim = Dp, .block_size = block_size_, .num_blocks = num_blocks_,
+         .max_blocks_per_seq = step.table_stride, .max_seq_len = step.max_seq_len,
+         .scale = attention_scale_, .sliding_window = window},
+        stream_);
+  }
+  linear(attn_, T, Nq * Dp, d.o_proj, H, Nq * Dp, block_out_, H, false);
+  if (d.o_bias) {
+    cuda::bias_clip({.x = block_out_, .bias = d.o_bias, .rows = T, .width = H, .stride = H},
+                    stream_);
+  }
+}
+
+// The unfused path for what attention_inputs does not cover: OLMoE's norm over the whole
+// projection and clip_qkv (norm, clip, then rope, in the reference's order).
+void CudaDecoder::qk_norm_clip_rope_write(int64_t layer, const Step& step) {
+  const ModelConfig& c = config_;
+  const DeviceLayer& d = w_.layers[layer];
+  const int64_t T = step.num_tokens;
+  const int64_t Nq = c.num_heads, Nkv = c.num_kv_heads, D = c.head_dim, Dp = w_.padded_head_dim;
+  const int64_t Nqkv = (Nq + 2 * Nkv) * Dp;
+  const float eps = static_cast<float>(c.rms_norm_eps);
   if (c.qk_norm_per_head) {
     cuda::strided_rms_norm({.x = qkv_, .weight = d.q_norm, .rows = T * Nq, .width = D,
                             .stride = Dp, .eps = eps, .rows_per_token = Nq,
@@ -611,30 +664,9 @@ void CudaDecoder::attention(int64_t layer, const Step& step) {
                                  width * sizeof(bf16), T, cudaMemcpyDeviceToDevice, stream_));
   };
   copy_heads(q_, 0, Nq * Dp);
-  const int64_t window = c.sliding_window.value_or(0);
   if (step.route == Route::kPrefill) {
     copy_heads(k_, Nq * Dp, Nkv * Dp);
     copy_heads(v_, (Nq + Nkv) * Dp, Nkv * Dp);
-    cuda::prefill_attention({.q = q_, .k = k_, .v = v_, .cu_seqlens = meta_.cu_seqlens,
-                             .out = attn_, .num_tokens = T, .num_seqs = step.num_seqs,
-                             .max_seq_len = step.max_seq_len, .num_q_heads = Nq,
-                             .num_kv_heads = Nkv, .head_dim = Dp, .scale = attention_scale_,
-                             .sliding_window = window},
-                            stream_);
-  } else {
-    cuda::paged_decode_attention(
-        {.q = q_, .k_cache = k_cache_[layer], .v_cache = v_cache_[layer],
-         .block_tables = meta_.block_tables, .seq_lens = meta_.seq_lens, .out = attn_,
-         .workspace = attn_workspace_, .num_seqs = T, .num_q_heads = Nq, .num_kv_heads = Nkv,
-         .head_dim = Dp, .block_size = block_size_, .num_blocks = num_blocks_,
-         .max_blocks_per_seq = step.table_stride, .max_seq_len = step.max_seq_len,
-         .scale = attention_scale_, .sliding_window = window},
-        stream_);
-  }
-  linear(attn_, T, Nq * Dp, d.o_proj, H, Nq * Dp, block_out_, H, false);
-  if (d.o_bias) {
-    cuda::bias_clip({.x = block_out_, .bias = d.o_bias, .rows = T, .width = H, .stride = H},
-                    stream_);
   }
 }
 

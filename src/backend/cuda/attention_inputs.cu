@@ -1,0 +1,114 @@
+// The fused attention-input pass (decoder_ops.h, attention_inputs): one block per token, one
+// warp per head at a time. A head is staged in shared memory as float so the rotation can pair
+// any two of its elements whatever the head dim, then written once to each destination.
+#include <cuda_bf16.h>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/decoder_ops.h"
+#include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/launch_checks.h"
+
+namespace moeinfer::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kMaxHeadDim = 256;
+
+__global__ void __launch_bounds__(kWarps* device::kWarpSize)
+    attention_inputs_kernel(const __grid_constant__ AttentionInputsParams p) {
+  __shared__ float staged[kWarps][kMaxHeadDim];
+  const int warp = threadIdx.x / device::kWarpSize;
+  const int lane = threadIdx.x % device::kWarpSize;
+  const int64_t t = blockIdx.x;
+  const int Nq = static_cast<int>(p.num_q_heads), Nkv = static_cast<int>(p.num_kv_heads);
+  const int D = static_cast<int>(p.head_dim), Dp = static_cast<int>(p.padded_head_dim);
+  const int half = static_cast<int>(p.rotary_dim / 2);
+  const int32_t slot = __ldg(p.slots + t);
+  if (slot >= 0) MOE_DEVICE_CHECK(slot < p.num_slots);
+  const float position = static_cast<float>(__ldg(p.positions + t));
+  const __nv_bfloat16* row = p.qkv + t * p.qkv_stride;
+  float* s = staged[warp];
+
+  for (int h = warp; h < Nq + 2 * Nkv; h += kWarps) {
+    const __nv_bfloat16* in = row + static_cast<int64_t>(h) * Dp;
+    const bool is_q = h < Nq, is_v = h >= Nq + Nkv;
+    for (int d = lane; d < Dp; d += device::kWarpSize) s[d] = __bfloat162float(in[d]);
+    __syncwarp();
+    if (!is_v && p.q_norm) {
+      float sum_sq = 0.0f;
+      for (int d = lane; d < D; d += device::kWarpSize) sum_sq = fmaf(s[d], s[d], sum_sq);
+      sum_sq = device::warp_sum(sum_sq);
+      const float inv_rms = 1.0f / sqrtf(sum_sq / static_cast<float>(D) + p.eps);
+      const __nv_bfloat16* weight = is_q ? p.q_norm : p.k_norm;
+      for (int d = lane; d < D; d += device::kWarpSize) {
+        s[d] = __bfloat162float(
+            __float2bfloat16_rn(__bfloat162float(__ldg(weight + d)) * (s[d] * inv_rms)));
+      }
+      __syncwarp();
+    }
+    if (!is_v) {
+      for (int i = lane; i < half; i += device::kWarpSize) {
+        const float angle = position * __ldg(p.inv_freq + i);
+        float sn, cs;
+        sincosf(angle, &sn, &cs);
+        cs *= p.attention_scaling;
+        sn *= p.attention_scaling;
+        const int i1 = p.interleaved ? 2 * i : i;
+        const int i2 = p.interleaved ? 2 * i + 1 : i + half;
+        const float x1 = s[i1], x2 = s[i2];
+        s[i1] = x1 * cs - x2 * sn;
+        s[i2] = x2 * cs + x1 * sn;
+      }
+      __syncwarp();
+    }
+    // Destinations: q -> q_out; k -> cache (and k_out); v -> cache (and v_out).
+    __nv_bfloat16* out0 = nullptr;
+    __nv_bfloat16* out1 = nullptr;
+    if (is_q) {
+      out0 = p.q_out + t * Nq * Dp + static_cast<int64_t>(h) * Dp;
+    } else {
+      const int kv = is_v ? h - Nq - Nkv : h - Nq;
+      __nv_bfloat16* cache = is_v ? p.v_cache : p.k_cache;
+      __nv_bfloat16* copy = is_v ? p.v_out : p.k_out;
+      if (slot >= 0) out0 = cache + static_cast<int64_t>(slot) * Nkv * Dp + kv * Dp;
+      if (copy) out1 = copy + t * Nkv * Dp + kv * Dp;
+    }
+    for (int d = lane; d < Dp; d += device::kWarpSize) {
+      const __nv_bfloat16 value = __float2bfloat16_rn(d < D ? s[d] : 0.0f);
+      if (out0) out0[d] = value;
+      if (out1) out1[d] = value;
+    }
+    __syncwarp();  // s is reused by this warp's next head
+  }
+}
+
+}  // namespace
+
+void attention_inputs(const AttentionInputsParams& p, cudaStream_t stream) {
+  NvtxRange range("attention_inputs");
+  detail::check_int32_range(p.num_tokens, "num_tokens");
+  MOE_CHECK(p.num_q_heads >= 1 && p.num_kv_heads >= 1, "num_q_heads = ", p.num_q_heads,
+            " and num_kv_heads = ", p.num_kv_heads, " must be at least 1");
+  MOE_CHECK(p.head_dim >= 2 && p.head_dim <= p.padded_head_dim && p.padded_head_dim <= kMaxHeadDim,
+            "head_dim = ", p.head_dim, " and padded_head_dim = ", p.padded_head_dim,
+            " must satisfy 2 <= D <= Dp <= ", kMaxHeadDim);
+  MOE_CHECK(p.rotary_dim >= 2 && p.rotary_dim % 2 == 0 && p.rotary_dim <= p.head_dim,
+            "rotary_dim = ", p.rotary_dim, " must be even and in [2, head_dim]");
+  MOE_CHECK(p.qkv_stride >= (p.num_q_heads + 2 * p.num_kv_heads) * p.padded_head_dim,
+            "qkv_stride = ", p.qkv_stride, " is shorter than the q, k and v heads");
+  MOE_CHECK((p.q_norm == nullptr) == (p.k_norm == nullptr), "q_norm and k_norm come together");
+  MOE_CHECK(p.num_slots >= 0, "num_slots = ", p.num_slots, " is negative");
+  if (p.num_tokens == 0) return;
+  detail::check_pointer(p.qkv, "qkv");
+  detail::check_pointer(p.positions, "positions");
+  detail::check_pointer(p.inv_freq, "inv_freq");
+  detail::check_pointer(p.slots, "slots");
+  detail::check_pointer(p.k_cache, "k_cache");
+  detail::check_pointer(p.v_cache, "v_cache");
+  detail::check_pointer(p.q_out, "q_out");
+  attention_inputs_kernel<<<static_cast<unsigned>(p.num_tokens), kWarps * device::kWarpSize, 0,
+                            stream>>>(p);
+  MOE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace moeinfer::cuda
