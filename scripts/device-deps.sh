@@ -20,6 +20,12 @@ PACKAGES=(
   libutf8proc-dev libutf8proc2
 )
 ROOT="${MOE_DEPS_ROOT:-/opt/deps}"
+# cpp-httplib for `moeinfer serve` / `bench-serve` there, kept in a root of its own (.deps/http,
+# unpacked to $ROOT-http) so that the main build does not depend on it working: its pkg-config
+# file names OpenSSL, zlib and Brotli as private requirements, which the GPU machine has as
+# runtime libraries only, so `unpack` drops that line (the shared library links them itself);
+# their headers travel (the header is compiled with SSL, zlib and Brotli support).
+HTTP_PACKAGES=(libcpp-httplib-dev libcpp-httplib0.11 libbrotli1 libbrotli-dev libssl-dev zlib1g-dev)
 
 case "${1:-}" in
   download)
@@ -30,7 +36,10 @@ case "${1:-}" in
     grep -qxF '/.deps/' "$exclude" 2>/dev/null || echo '/.deps/' >>"$exclude"
     rm -f .deps/*.deb
     (cd .deps && apt-get download "${PACKAGES[@]}")
-    ls -l .deps
+    mkdir -p .deps/http
+    rm -f .deps/http/*.deb
+    (cd .deps/http && apt-get download "${HTTP_PACKAGES[@]}")
+    ls -l .deps .deps/http
     ;;
   unpack)
     shopt -s nullglob
@@ -46,6 +55,15 @@ case "${1:-}" in
       [ -f "$pc" ] && sed -i "s|^prefix=/usr\$|prefix=$ROOT/usr|" "$pc"
     done
     echo "device-deps: unpacked ${#debs[@]} packages into $ROOT"
+    http_debs=(.deps/http/*.deb)
+    if [ ${#http_debs[@]} -gt 0 ]; then
+      mkdir -p "$ROOT-http"
+      for deb in "${http_debs[@]}"; do dpkg -x "$deb" "$ROOT-http"; done
+      for pc in "$ROOT-http"/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc; do
+        [ -f "$pc" ] && sed -i -e "s|^prefix=/usr\$|prefix=$ROOT-http/usr|" -e '/^Requires.private:/d' "$pc"
+      done
+      echo "device-deps: unpacked ${#http_debs[@]} HTTP packages into $ROOT-http"
+    fi
     ;;
   *)
     echo "usage: $0 download|unpack" >&2

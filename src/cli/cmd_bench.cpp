@@ -43,25 +43,10 @@ struct BenchArgs {
   bool no_cuda_graphs = false;
 };
 
-double parse_zipf(const std::string& text) {
-  if (text.empty()) return 0.0;
-  MOE_CHECK(text.starts_with("zipf:"), "--routing-skew '", text, "': expected zipf:A");
-  size_t used = 0;
-  double value = 0.0;
-  try {
-    value = std::stod(text.substr(5), &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  MOE_CHECK(used > 0 && used == text.size() - 5 && value > 0.0 && value <= 10.0,
-            "--routing-skew '", text, "': A must be a number in (0, 10]");
-  return value;
-}
-
 std::unique_ptr<Engine> load_engine(const BenchArgs& args, const EngineConfig& config) {
   if (is_synthetic_model(args.model)) {
     return Engine::load_synthetic(args.model.substr(std::string("synthetic:").size()), args.layers,
-                                  {.seed = args.seed, .zipf_exponent = parse_zipf(args.routing_skew)},
+                                  {.seed = args.seed, .zipf_exponent = parse_routing_skew(args.routing_skew)},
                                   config);
   }
   MOE_CHECK(args.layers == 0 && args.routing_skew.empty(),

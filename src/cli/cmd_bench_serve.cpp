@@ -19,6 +19,8 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -163,6 +165,35 @@ RequestResult run_one(httplib::Client& client, const BenchServeArgs& args, const
   return result;
 }
 
+// The engine's own time counters from /metrics (seconds in the scheduler, the forward pass and
+// sampling), or nothing when the server does not publish them.
+struct EngineTimes {
+  double schedule = 0.0, forward = 0.0, sample = 0.0;
+  bool found = false;
+};
+
+EngineTimes scrape_engine_times(httplib::Client& client, const BenchServeArgs& args) {
+  httplib::Headers headers;
+  if (!args.api_key.empty()) headers.emplace("Authorization", "Bearer " + args.api_key);
+  EngineTimes times;
+  const auto res = client.Get("/metrics", headers);
+  if (!res || res->status != 200) return times;
+  std::istringstream lines(res->body);
+  for (std::string line; std::getline(lines, line);) {
+    const auto read = [&](const char* name, double* value) {
+      if (line.rfind(name, 0) == 0 && line.size() > std::strlen(name) &&
+          line[std::strlen(name)] == ' ') {
+        *value = std::strtod(line.c_str() + std::strlen(name) + 1, nullptr);
+        times.found = true;
+      }
+    };
+    read("moeinfer:engine_schedule_seconds_total", &times.schedule);
+    read("moeinfer:engine_forward_seconds_total", &times.forward);
+    read("moeinfer:engine_sample_seconds_total", &times.sample);
+  }
+  return times;
+}
+
 void run_bench_serve(const BenchServeArgs& args) {
   MOE_CHECK(args.concurrency >= 1, "--concurrency must be >= 1");
   MOE_CHECK(args.num_prompts >= 1, "--num-prompts must be >= 1");
@@ -201,6 +232,7 @@ void run_bench_serve(const BenchServeArgs& args) {
       std::isfinite(args.request_rate) ? std::to_string(args.request_rate).c_str() : "inf");
   std::vector<RequestResult> results(args.num_prompts);
   std::atomic<int64_t> next{0};
+  const EngineTimes engine_before = scrape_engine_times(probe, args);
   const auto start = Clock::now();
   std::vector<std::thread> workers;
   for (int64_t w = 0; w < std::min(args.concurrency, args.num_prompts); ++w) {
@@ -217,6 +249,7 @@ void run_bench_serve(const BenchServeArgs& args) {
   }
   for (auto& w : workers) w.join();
   const double duration = seconds(Clock::now() - start);
+  const EngineTimes engine_after = scrape_engine_times(probe, args);
 
   int64_t completed = 0, input_tokens = 0, output_tokens = 0;
   std::vector<double> ttft, tpot, itl, e2el;
@@ -272,6 +305,17 @@ void run_bench_serve(const BenchServeArgs& args) {
           value;
     }
   };
+  if (engine_before.found && engine_after.found) {
+    // The server's own split of its step time over the run: how much the scheduler costs.
+    const double schedule = engine_after.schedule - engine_before.schedule;
+    const double step = schedule + (engine_after.forward - engine_before.forward) +
+                        (engine_after.sample - engine_before.sample);
+    const double share = step > 0 ? schedule / step : 0.0;
+    std::printf("%-34s %12.4f\n", "Server scheduler share of step:", share);
+    report["server_schedule_seconds"] = schedule;
+    report["server_step_seconds"] = step;
+    report["server_schedule_share"] = share;
+  }
   section("ttft", "TTFT", "Time to First Token", ttft);
   section("tpot", "TPOT", "Time per Output Token (excl. 1st token)", tpot);
   section("itl", "ITL", "Inter-token Latency", itl);

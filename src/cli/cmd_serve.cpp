@@ -10,9 +10,11 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/device_arg.h"
 #include "cli/model_arg.h"
 #include "core/error.h"
 #include "io/chat_template.h"
+#include "model/synthetic.h"
 #include "runtime/engine.h"
 #include "server/server.h"
 
@@ -25,6 +27,9 @@ std::atomic<int> g_signal{0};  // the last SIGTERM / SIGINT received
 
 struct ServeArgs {
   std::string model;
+  DeviceArgs device;
+  int64_t layers = 0;        // synthetic: first N layers
+  std::string routing_skew;  // synthetic: zipf:A
   std::string served_name;
   server::ServerConfig server;
   EngineConfig engine;
@@ -35,9 +40,16 @@ void run_serve(ServeArgs args) {
   args.engine.validate();
   MOE_CHECK(args.server.port >= 0 && args.server.port <= 65535,
             "--port must be in [0, 65535], got ", args.server.port);
-  const std::filesystem::path dir = resolve_model_dir(args.model);
-  args.server.model_name =
-      !args.served_name.empty() ? args.served_name : dir.lexically_normal().filename().string();
+  args.engine.device = args.device.device;
+  args.engine.gpu_memory_fraction = args.device.gpu_memory_fraction;
+  const bool synthetic = is_synthetic_model(args.model);
+  MOE_CHECK(synthetic || (args.layers == 0 && args.routing_skew.empty()),
+            "--layers and --routing-skew apply to synthetic:NAME models only");
+  const std::filesystem::path dir = synthetic ? std::filesystem::path() : resolve_model_dir(args.model);
+  const std::string synthetic_name = synthetic ? args.model.substr(std::string("synthetic:").size()) : "";
+  args.server.model_name = !args.served_name.empty() ? args.served_name
+                           : synthetic               ? synthetic_name
+                                                     : dir.lexically_normal().filename().string();
   if (args.server.model_name.empty())
     args.server.model_name = dir.parent_path().filename().string();
 
@@ -50,8 +62,13 @@ void run_serve(ServeArgs args) {
   sigaction(SIGINT, &action, nullptr);
   std::signal(SIGPIPE, SIG_IGN);  // a client that hangs up is a failed write, not a crash
 
-  auto engine = Engine::load(dir, args.engine, LoadOptions{});
-  server::Server server(std::move(engine), load_chat_config(dir), args.server);
+  auto engine =
+      synthetic ? Engine::load_synthetic(synthetic_name, args.layers,
+                                         {.zipf_exponent = parse_routing_skew(args.routing_skew)},
+                                         args.engine)
+                : Engine::load(dir, args.engine, LoadOptions{});
+  server::Server server(std::move(engine), synthetic ? ChatConfig{} : load_chat_config(dir),
+                        args.server);
   server.bind();
 
   std::atomic<bool> done{false};
@@ -116,6 +133,10 @@ void add_serve_command(CLI::App& app) {
   args->engine.profile_stages = true;
   cmd->add_flag("!--no-stage-metrics", args->engine.profile_stages,
                 "Do not time the MoE stages or count expert rows for /metrics");
+  add_device_options(cmd, &args->device);
+  cmd->add_option("--layers", args->layers, "synthetic:NAME: keep only the first N layers");
+  cmd->add_option("--routing-skew", args->routing_skew,
+                  "synthetic:NAME: zipf:A makes each router prefer experts by a Zipf law");
   cmd->add_option("--shutdown-grace", args->server.shutdown_grace_seconds,
                   "Seconds to let requests in flight finish after SIGTERM")
       ->capture_default_str();

@@ -16,6 +16,21 @@ void add_device_options(CLI::App* cmd, DeviceArgs* args) {
       ->capture_default_str();
 }
 
+double parse_routing_skew(const std::string& text) {
+  if (text.empty()) return 0.0;
+  MOE_CHECK(text.starts_with("zipf:"), "--routing-skew '", text, "': expected zipf:A");
+  size_t used = 0;
+  double value = 0.0;
+  try {
+    value = std::stod(text.substr(5), &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  MOE_CHECK(used > 0 && used == text.size() - 5 && value > 0.0 && value <= 10.0,
+            "--routing-skew '", text, "': A must be a number in (0, 10]");
+  return value;
+}
+
 std::unique_ptr<Model> load_model_for(const std::filesystem::path& dir, const DeviceArgs& device) {
   return Model::load(dir, LoadOptions{.prefault = !device.is_cuda()});
 }

@@ -47,6 +47,9 @@ class SequenceRunner {
   std::vector<int32_t> block_table_;  // GPU: blocks 0..n-1 of its pool
 };
 
+// The exponent of --routing-skew zipf:A (0 for an empty string); throws on anything else.
+double parse_routing_skew(const std::string& text);
+
 // Loads a checkpoint for `device`: the GPU path streams the map once instead of prefaulting it.
 std::unique_ptr<Model> load_model_for(const std::filesystem::path& dir, const DeviceArgs& device);
 
