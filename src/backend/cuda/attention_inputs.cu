@@ -1,5 +1,6 @@
-// The fused attention-input pass (decoder_ops.h, attention_inputs): one block per token, one
-// warp per head at a time. A head is staged in shared memory as float so the rotation can pair
+// The fused attention-input pass (decoder_ops.h, attention_inputs): a grid of (token, group of
+// kWarps heads), one warp per head, so even a single decode token spreads over
+// (Nq + 2 Nkv) / kWarps blocks. A head is staged in shared memory as float so the rotation can pair
 // any two of its elements whatever the head dim, then written once to each destination.
 #include <cuda_bf16.h>
 
@@ -29,7 +30,7 @@ __global__ void __launch_bounds__(kWarps* device::kWarpSize)
   const __nv_bfloat16* row = p.qkv + t * p.qkv_stride;
   float* s = staged[warp];
 
-  for (int h = warp; h < Nq + 2 * Nkv; h += kWarps) {
+  for (int h = blockIdx.y * kWarps + warp; h < Nq + 2 * Nkv; h += kWarps * gridDim.y) {
     const __nv_bfloat16* in = row + static_cast<int64_t>(h) * Dp;
     const bool is_q = h < Nq, is_v = h >= Nq + Nkv;
     for (int d = lane; d < Dp; d += device::kWarpSize) s[d] = __bfloat162float(in[d]);
@@ -106,8 +107,11 @@ void attention_inputs(const AttentionInputsParams& p, cudaStream_t stream) {
   detail::check_pointer(p.k_cache, "k_cache");
   detail::check_pointer(p.v_cache, "v_cache");
   detail::check_pointer(p.q_out, "q_out");
-  attention_inputs_kernel<<<static_cast<unsigned>(p.num_tokens), kWarps * device::kWarpSize, 0,
-                            stream>>>(p);
+  const int64_t heads = p.num_q_heads + 2 * p.num_kv_heads;
+  MOE_CHECK(heads <= 65535 * kWarps, "too many heads: ", heads);
+  const dim3 grid(static_cast<unsigned>(p.num_tokens),
+                  static_cast<unsigned>((heads + kWarps - 1) / kWarps));
+  attention_inputs_kernel<<<grid, kWarps * device::kWarpSize, 0, stream>>>(p);
   MOE_CUDA_CHECK_LAUNCH();
 }
 
