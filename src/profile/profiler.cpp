@@ -1,5 +1,7 @@
 #include "profile/profiler.h"
 
+#include <iterator>
+
 #include <algorithm>
 #include <array>
 
@@ -43,6 +45,7 @@ void Profiler::begin_step(int64_t num_tokens) {
   current_.expert_bytes_read = 0;
   current_.cache_hits = 0;
   current_.cache_misses = 0;
+  std::fill(std::begin(current_.link_bytes), std::end(current_.link_bytes), 0);
   row_ = options_.num_layers;
   step_start_ns_ = now_ns();
 }
@@ -69,6 +72,30 @@ void Profiler::record_routing(int64_t layer, std::span<const int32_t> topk_ids) 
     MOE_CHECK(e >= 0 && e < E, "profiler: expert id ", e, " outside [0, ", E, ") in layer ", layer);
     ++rows[e];
   }
+}
+
+void Profiler::record_expert_counts(int64_t layer, std::span<const int32_t> counts) {
+  const int64_t E = options_.num_experts;
+  MOE_CHECK(layer >= 0 && layer < options_.num_layers, "profiler: layer ", layer, " outside [0, ",
+            options_.num_layers, ")");
+  MOE_CHECK(static_cast<int64_t>(counts.size()) == E, "profiler: ", counts.size(),
+            " expert counts for ", E, " experts");
+  int32_t* rows = current_.expert_rows.data() + layer * E;
+  for (int64_t e = 0; e < E; ++e) rows[e] += counts[e];
+}
+
+std::string_view link_name(Link link) {
+  switch (link) {
+    case Link::kOnDevice:
+      return "on_device";
+    case Link::kPeerGpu:
+      return "peer_gpu";
+    case Link::kHostDevice:
+      return "host_device";
+    case Link::kNetwork:
+      return "network";
+  }
+  return "";
 }
 
 void Profiler::set_current_layer(int64_t layer) {

@@ -45,6 +45,12 @@ enum class Stage : int {
   kSchedule,       // choosing the step's work and its KV blocks
 };
 inline constexpr int kNumStages = 12;
+
+// Where bytes moved: within one device (weights and KV read by the kernels), between GPUs of a
+// host, between host and device (step metadata up, logits or tokens down), over the network.
+enum class Link : int { kOnDevice, kPeerGpu, kHostDevice, kNetwork };
+inline constexpr int kNumLinks = 4;
+std::string_view link_name(Link link);
 inline constexpr int kNumLayerStages = 9;
 
 std::string_view stage_name(Stage stage);
@@ -72,6 +78,7 @@ struct StepRecord {
   int64_t expert_bytes_read = 0;     // sum over layers of distinct experts x expert bytes
   int64_t cache_hits = 0;
   int64_t cache_misses = 0;
+  int64_t link_bytes[kNumLinks] = {};  // by Link
 
   int64_t ns(int64_t row, Stage stage) const {
     return stage_ns[row * kNumStages + static_cast<int>(stage)];
@@ -104,6 +111,9 @@ class Profiler {
   }
   // Counts a layer's routing decisions: topk_ids [T, K] expert ids.
   void record_routing(int64_t layer, std::span<const int32_t> topk_ids);
+  // Adds a layer's rows per expert as counted elsewhere (the GPU's plan): counts [E].
+  void record_expert_counts(int64_t layer, std::span<const int32_t> counts);
+  void add_link_bytes(Link link, int64_t bytes) { current_.link_bytes[static_cast<int>(link)] += bytes; }
   void count_cache(int64_t hits, int64_t misses) {
     current_.cache_hits += hits;
     current_.cache_misses += misses;

@@ -89,6 +89,7 @@ Json build_report(const RunInfo& run, const Profiler& profiler,
   int64_t wall_total = 0, prefill_wall = 0, decode_wall = 0;
   int64_t prefill_tokens = 0, decode_tokens = 0, bytes_total = 0, decode_bytes = 0;
   int64_t hits = 0, misses = 0;
+  int64_t link_total[kNumLinks] = {};
   Json step_list = Json::array();
   for (size_t i = 0; i < steps.size(); ++i) {
     const StepRecord& r = steps[i];
@@ -100,6 +101,11 @@ Json build_report(const RunInfo& run, const Profiler& profiler,
     if (!prefill) decode_bytes += r.expert_bytes_read;
     hits += r.cache_hits;
     misses += r.cache_misses;
+    Json link_bytes = Json::object();
+    for (int k = 0; k < kNumLinks; ++k) {
+      link_total[k] += r.link_bytes[k];
+      link_bytes[std::string(link_name(static_cast<Link>(k)))] = r.link_bytes[k];
+    }
 
     Json stage_us = Json::object();
     std::vector<int64_t> per_stage(S, 0);
@@ -145,6 +151,7 @@ Json build_report(const RunInfo& run, const Profiler& profiler,
          {"expert_bytes_read", r.expert_bytes_read},
          {"cache_hits", r.cache_hits},
          {"cache_misses", r.cache_misses},
+         {"link_bytes", link_bytes},
          {"imbalance", layer_imbalance},
          {"imbalance_mean",
           imbalance_layers ? Json(imbalance_sum / imbalance_layers) : Json(nullptr)},
@@ -172,6 +179,9 @@ Json build_report(const RunInfo& run, const Profiler& profiler,
        decode_steps ? static_cast<double>(decode_bytes) / decode_steps : 0.0},
       {"cache_hits", hits},
       {"cache_misses", misses}};
+  for (int k = 0; k < kNumLinks; ++k) {
+    report["summary"]["link_bytes"][std::string(link_name(static_cast<Link>(k)))] = link_total[k];
+  }
 
   Json totals = Json::array();
   for (int64_t s = 0; s < S; ++s) {

@@ -159,6 +159,31 @@ TEST(Profiler, RoutingCountsAndBytesMatchAHandBuiltRouting) {
   EXPECT_THROW(profiler.record_routing(3, layer0), Error);
 }
 
+TEST(Profiler, DeviceCountsAndLinkBytesAddUpPerStep) {
+  Profiler profiler(ProfilerOptions{.num_layers = 2, .num_experts = 3});
+  profiler.begin_step(4);
+  const std::vector<int32_t> counts = {5, 0, 3};
+  profiler.record_expert_counts(1, counts);
+  profiler.record_expert_counts(1, counts);
+  profiler.add_link_bytes(Link::kHostDevice, 64);
+  profiler.add_link_bytes(Link::kOnDevice, 1000);
+  profiler.add_link_bytes(Link::kHostDevice, 16);
+  profiler.end_step();
+  const StepRecord& step = profiler.steps().at(0);
+  EXPECT_EQ(step.expert_rows, (std::vector<int32_t>{0, 0, 0, 10, 0, 6}));
+  EXPECT_EQ(step.link_bytes[static_cast<int>(Link::kHostDevice)], 80);
+  EXPECT_EQ(step.link_bytes[static_cast<int>(Link::kOnDevice)], 1000);
+  EXPECT_EQ(step.link_bytes[static_cast<int>(Link::kPeerGpu)], 0);
+  EXPECT_EQ(link_name(Link::kNetwork), "network");
+  const std::vector<int32_t> short_counts = {1, 2};
+  EXPECT_THROW(profiler.record_expert_counts(0, short_counts), Error);
+  EXPECT_THROW(profiler.record_expert_counts(2, counts), Error);
+  // A new step starts from zero.
+  profiler.begin_step(1);
+  profiler.end_step();
+  EXPECT_EQ(profiler.steps().at(1).link_bytes[static_cast<int>(Link::kHostDevice)], 0);
+}
+
 TEST(Profiler, OptionsAreValidated) {
   EXPECT_THROW(Profiler(ProfilerOptions{.num_layers = 0}), Error);
   EXPECT_THROW(Profiler(ProfilerOptions{.num_layers = 2, .num_experts = 4, .expert_bytes = {1}}),

@@ -31,6 +31,7 @@
 #include "model/family.h"
 #include "model/gpu_decoder.h"
 #include "model/rope.h"
+#include "profile/profiler.h"
 
 namespace moeinfer {
 namespace gpu {
@@ -196,7 +197,32 @@ class CudaDecoder final : public GpuDecoder {
   std::vector<bf16*> k_cache_, v_cache_;
   int64_t kv_width_ = 0;  // elements per cache row (Nkv * Dp, or L + R)
 
-  std::map<std::pair<int64_t, int64_t>, cudaGraphExec_t> graphs_;
+  // Stage timing with CUDA events, when a profiler is installed on the calling thread (see
+  // profile/profiler.h): an event after each stage of each layer, recorded into the graph of a
+  // profiled bucket too, read back once the step is done. Each event closes the stage named by
+  // its Mark (norms count with the attention before them; the final norm with the LM head).
+  struct Mark {
+    profile::Stage stage;
+    int64_t layer;  // -1: step level
+  };
+  struct Timeline {
+    std::vector<cudaEvent_t> events;  // events[0] opens the step, events[i + 1] closes marks[i]
+    std::vector<Mark> marks;
+  };
+  void begin_timeline(Timeline* timeline);
+  void mark(profile::Stage stage, int64_t layer);
+  // Stage times, expert rows and bytes moved of the finished step, into the profiler.
+  void report_step(profile::Profiler& profiler, const Step& step);
+
+  struct Graph {
+    cudaGraphExec_t exec = nullptr;
+    Timeline timeline;  // profiled graphs only
+  };
+  std::map<std::tuple<int64_t, int64_t, bool>, Graph> graphs_;
+  bool profiling_ = false;
+  Timeline eager_timeline_;
+  Timeline* timeline_ = nullptr;  // where mark() records, while profiling
+  int64_t host_device_bytes_ = 0;  // this step's copies between host and device
 };
 
 CudaDecoder::CudaDecoder(const ModelConfig& config, DeviceWeights weights,
@@ -248,7 +274,11 @@ CudaDecoder::CudaDecoder(const ModelConfig& config, DeviceWeights weights,
 }
 
 CudaDecoder::~CudaDecoder() {
-  for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+  for (auto& [key, graph] : graphs_) {
+    cudaGraphExecDestroy(graph.exec);
+    for (cudaEvent_t e : graph.timeline.events) cudaEventDestroy(e);
+  }
+  for (cudaEvent_t e : eager_timeline_.events) cudaEventDestroy(e);
   if (cublas_) cublasDestroy(cublas_);
   if (stream_) cudaStreamDestroy(stream_);
   cudaFree(kv_pool_);
@@ -405,6 +435,8 @@ Step CudaDecoder::prepare(const ForwardBatch& batch) {
   const ModelConfig& c = config_;
   Meta& h = host_meta_;
   Step step;
+  host_device_bytes_ = 0;
+  profiling_ = profile::active() != nullptr;
   step.num_seqs = static_cast<int64_t>(batch.sequences.size());
   MOE_CHECK(step.num_seqs > 0, "forward needs at least one sequence");
   bool all_single = !batch.all_positions, all_fresh = true, all_want = true;
@@ -497,6 +529,7 @@ void CudaDecoder::upload_meta(const Step& step) {
   const int64_t T = step.num_tokens;
   auto up = [&](auto* dst, const auto* src, int64_t count) {
     if (count <= 0) return;
+    host_device_bytes_ += count * static_cast<int64_t>(sizeof(*src));
     CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(count) * sizeof(*src),
                                cudaMemcpyHostToDevice, stream_));
   };
@@ -537,6 +570,7 @@ void CudaDecoder::enqueue_layers(const Step& step) {
                               .weight = d.post_norm, .out = normed_, .num_rows = T,
                               .hidden_size = H, .eps = eps},
                              stream_);
+    mark(profile::Stage::kAttention, l);
     feed_forward(l, T);
   }
   cuda::fused_add_rms_norm({.x = block_out_, .residual = hidden_, .residual_out = nullptr,
@@ -556,6 +590,7 @@ void CudaDecoder::enqueue_lm_head(const Step& step, int64_t first_row, int64_t r
   const bf16* source = step.logits_are_all_rows ? normed_ : normed_gathered_;
   linear(source + first_row * H, rows, H, w_.lm_head, config_.vocab_size, H, logits_,
          config_.vocab_size, /*f32_out=*/true);
+  mark(profile::Stage::kLmHead, -1);
 }
 
 void CudaDecoder::attention(int64_t layer, const Step& step) {
@@ -743,6 +778,7 @@ void CudaDecoder::feed_forward(int64_t layer, int64_t T) {
   const int64_t H = c.hidden_size, E = c.num_experts, K = c.num_experts_per_tok;
   if (!d.is_moe) {
     dense_mlp(d.mlp_gate_up, d.mlp_down, d.mlp_width, T, block_out_);
+    mark(profile::Stage::kDenseMlp, layer);
     return;
   }
   linear(normed_, T, H, d.router, E, H, router_logits_, E, /*f32_out=*/true);
@@ -763,15 +799,18 @@ void CudaDecoder::feed_forward(int64_t layer, int64_t T) {
   route.num_groups = router_.num_groups;
   route.topk_groups = router_.topk_groups;
   cuda::fused_router(route, stream_);
+  mark(profile::Stage::kRoute, layer);
   cuda::moe_plan({.topk_ids = topk_ids_, .expert_counts = expert_counts_ + layer * E,
                   .expert_offsets = expert_offsets_, .src_row = src_row_, .inverse = inverse_,
                   .workspace = plan_workspace_, .num_assignments = T * K, .num_experts = E},
                  stream_);
+  mark(profile::Stage::kPlan, layer);
   cuda::moe_experts({.rows = normed_, .gate_up = d.experts_gate_up, .down = d.experts_down,
                      .expert_offsets = expert_offsets_, .activation = expert_act_,
                      .out = expert_out_, .num_rows = T * K, .num_experts = E, .hidden_size = H,
                      .expert_width = w_.padded_expert_width, .src_row = src_row_, .top_k = K},
                     stream_);
+  mark(profile::Stage::kExperts, layer);
   const bf16* shared = nullptr;
   if (d.shared_gate_up) {
     dense_mlp(d.shared_gate_up, d.shared_down, d.shared_width, T, shared_out_);
@@ -782,28 +821,34 @@ void CudaDecoder::feed_forward(int64_t layer, int64_t T) {
                                stream_);
     }
     shared = shared_out_;
+    mark(profile::Stage::kSharedExperts, layer);
   }
   cuda::unpermute({.expert_out = expert_out_, .topk_weights = topk_weights_, .inverse = inverse_,
                    .shared = shared, .out = block_out_, .num_tokens = T, .top_k = K,
                    .hidden_size = H},
                   stream_);
+  mark(profile::Stage::kUnpermute, layer);
 }
 
 void CudaDecoder::run(const Step& step) {
   if (!step.graph) {
+    begin_timeline(&eager_timeline_);
     enqueue_layers(step);
     return;
   }
-  const auto key = std::make_pair(step.num_tokens, step.context_bucket);
+  const auto key = std::make_tuple(step.num_tokens, step.context_bucket, profiling_);
   auto it = graphs_.find(key);
   if (it == graphs_.end()) {
+    Graph entry;
     // The first step of a bucket runs eagerly (its results are this step's), so every kernel and
     // cuBLAS heuristic is loaded before the capture records the same work for later steps.
+    begin_timeline(&entry.timeline);
     enqueue_layers(step);
     enqueue_lm_head(step, 0, step.num_tokens);
     cudaGraph_t graph = nullptr;
     CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     try {
+      begin_timeline(&entry.timeline);  // the same events, recorded by the graph from now on
       enqueue_layers(step);
       enqueue_lm_head(step, 0, step.num_tokens);
     } catch (...) {
@@ -812,14 +857,69 @@ void CudaDecoder::run(const Step& step) {
       throw;
     }
     CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
-    cudaGraphExec_t exec = nullptr;
-    const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
+    const cudaError_t status = cudaGraphInstantiate(&entry.exec, graph, 0);
     cudaGraphDestroy(graph);
     CUDA_CHECK(status);
-    graphs_.emplace(key, exec);
+    it = graphs_.emplace(key, std::move(entry)).first;
+    timeline_ = profiling_ ? &it->second.timeline : nullptr;
     return;
   }
-  CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
+  timeline_ = profiling_ ? &it->second.timeline : nullptr;
+  CUDA_CHECK(cudaGraphLaunch(it->second.exec, stream_));
+}
+
+void CudaDecoder::begin_timeline(Timeline* timeline) {
+  timeline_ = profiling_ ? timeline : nullptr;
+  if (!timeline_) return;
+  timeline_->marks.clear();
+  if (timeline_->events.empty()) {
+    timeline_->events.emplace_back();
+    CUDA_CHECK(cudaEventCreate(&timeline_->events.back()));
+  }
+  CUDA_CHECK(cudaEventRecord(timeline_->events[0], stream_));
+}
+
+void CudaDecoder::mark(profile::Stage stage, int64_t layer) {
+  if (!timeline_) return;
+  Timeline& t = *timeline_;
+  if (t.events.size() < t.marks.size() + 2) {
+    t.events.emplace_back();
+    CUDA_CHECK(cudaEventCreate(&t.events.back()));
+  }
+  t.marks.push_back({stage, layer});
+  CUDA_CHECK(cudaEventRecord(t.events[t.marks.size()], stream_));
+}
+
+void CudaDecoder::report_step(profile::Profiler& profiler, const Step& step) {
+  const int64_t previous_layer = profiler.current_layer();
+  if (timeline_) {
+    const Timeline& t = *timeline_;
+    for (size_t i = 0; i < t.marks.size(); ++i) {
+      float ms = 0.0f;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, t.events[i], t.events[i + 1]));
+      profiler.set_current_layer(t.marks[i].layer);
+      profiler.add_time(t.marks[i].stage, static_cast<int64_t>(static_cast<double>(ms) * 1e6));
+    }
+  }
+  profiler.set_current_layer(previous_layer);
+  // Rows per expert from the plan's counts, and the weight bytes the step read: every
+  // non-expert weight and the experts some row reached.
+  const std::vector<int32_t> counts = expert_counts();
+  const int64_t E = config_.num_experts;
+  const int64_t expert_bytes = 3 * config_.hidden_size * w_.padded_expert_width * 2;
+  int64_t expert_total = 0, touched = 0;
+  for (int64_t l = 0; l < config_.num_layers; ++l) {
+    if (!w_.layers[l].is_moe) continue;
+    expert_total += E * expert_bytes;
+    const std::span<const int32_t> row(counts.data() + l * E, static_cast<size_t>(E));
+    if (profiler.num_experts() == E) profiler.record_expert_counts(l, row);
+    touched += std::count_if(row.begin(), row.end(), [](int32_t c) { return c > 0; });
+  }
+  const int64_t kv_read = static_cast<int64_t>(step.num_rows) * step.max_seq_len *
+                          report_.kv_bytes_per_token;  // an upper bound: padded to the bucket
+  profiler.add_link_bytes(profile::Link::kOnDevice,
+                          w_.bytes - expert_total + touched * expert_bytes + kv_read);
+  profiler.add_link_bytes(profile::Link::kHostDevice, host_device_bytes_);
 }
 
 void CudaDecoder::forward(const ForwardBatch& batch, std::span<float> logits) {
@@ -835,8 +935,10 @@ void CudaDecoder::forward(const ForwardBatch& batch, std::span<float> logits) {
     CUDA_CHECK(cudaMemcpyAsync(logits.data() + first * V, logits_,
                                static_cast<size_t>(rows * V) * sizeof(float),
                                cudaMemcpyDeviceToHost, stream_));
+    host_device_bytes_ += rows * V * static_cast<int64_t>(sizeof(float));
   }
   CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (profile::Profiler* profiler = profile::active()) report_step(*profiler, step);
 }
 
 void CudaDecoder::forward_sample(const ForwardBatch& batch, std::span<const GpuSamplingRow> rows,
@@ -851,6 +953,7 @@ void CudaDecoder::forward_sample(const ForwardBatch& batch, std::span<const GpuS
   run(step);
   if (step.logit_rows == 0) {
     CUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (profile::Profiler* profiler = profile::active()) report_step(*profiler, step);
     return;
   }
   if (!step.graph) enqueue_lm_head(step, 0, step.logit_rows);
@@ -865,6 +968,7 @@ void CudaDecoder::forward_sample(const ForwardBatch& batch, std::span<const GpuS
   auto up = [&](auto* dst, const auto* src) {
     CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(R) * sizeof(*src),
                                cudaMemcpyHostToDevice, stream_));
+    host_device_bytes_ += R * static_cast<int64_t>(sizeof(*src));
   };
   up(meta_.temperature, host_meta_.temperature);
   up(meta_.top_k, host_meta_.top_k);
@@ -877,8 +981,10 @@ void CudaDecoder::forward_sample(const ForwardBatch& batch, std::span<const GpuS
                       stream_);
   CUDA_CHECK(cudaMemcpyAsync(host_meta_.tokens, meta_.tokens, static_cast<size_t>(R) * sizeof(int32_t),
                              cudaMemcpyDeviceToHost, stream_));
+  host_device_bytes_ += R * static_cast<int64_t>(sizeof(int32_t));
   CUDA_CHECK(cudaStreamSynchronize(stream_));
   std::copy_n(host_meta_.tokens, R, tokens.data());
+  if (profile::Profiler* profiler = profile::active()) report_step(*profiler, step);
 }
 
 std::vector<int32_t> CudaDecoder::expert_counts() {

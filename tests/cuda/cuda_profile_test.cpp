@@ -1,0 +1,77 @@
+// The stage profiler on the GPU decoder: with a profiler installed, a decode step (graph path,
+// captured with its events) and a prefill step (eager) report a positive time for every stage of
+// every layer, the plan's rows per expert (T * K per MoE layer), and the bytes moved on the device
+// and between host and device; the logits are the same as without the profiler.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <numeric>
+#include <vector>
+
+#include "cuda_test_util.h"
+#include "model/gpu_decoder.h"
+#include "model/model.h"
+#include "profile/profiler.h"
+
+namespace moeinfer {
+namespace {
+
+using profile::Stage;
+
+void profiled_steps_report_every_stage() {
+  const auto dir = std::filesystem::path(MOE_FIXTURES_DIR) / "models" / "qwen2_moe_f32";
+  auto model = Model::load(dir, LoadOptions{.prefault = false});
+  const ModelConfig& c = model->config();
+  auto gpu = GpuDecoder::create(c, model->decoder().weights(),
+                                GpuOptions{.max_batch_tokens = 64, .max_num_seqs = 4,
+                                           .max_model_len = 64, .num_kv_blocks = 8, .quiet = true});
+  const std::vector<int32_t> prompt = {3, 14, 15, 92, 65, 35, 89, 79};
+  const std::vector<int32_t> table = {0, 1, 2, 3};
+  const int64_t V = c.vocab_size, L = c.num_layers, E = c.num_experts, K = c.num_experts_per_tok;
+
+  auto run = [&](profile::Profiler* profiler, int64_t length, std::vector<float>& logits) {
+    profile::ActiveProfiler on(profiler);
+    if (profiler) profiler->begin_step(length);
+    const std::span<const int32_t> tokens(prompt.data(), static_cast<size_t>(length));
+    gpu->forward({.sequences = {{.tokens = length == 1 ? tokens.subspan(0, 1) : tokens,
+                                 .position = 0, .block_table = table}}},
+                 logits);
+    if (profiler) profiler->end_step();
+  };
+  profile::Profiler profiler({.num_layers = L, .num_experts = E});
+  for (int64_t length : {int64_t{1}, int64_t{1}, static_cast<int64_t>(prompt.size())}) {
+    std::vector<float> plain(V), profiled(V);
+    run(nullptr, length, plain);
+    run(&profiler, length, profiled);
+    EXPECT_EQ(plain, profiled) << "the profiler changed the logits at length " << length;
+    const profile::StepRecord& r = profiler.steps().back();
+    for (int64_t l = 0; l < L; ++l) {
+      EXPECT_GT(r.ns(l, Stage::kAttention), 0) << "layer " << l;
+      if (!c.layer_is_moe[l]) {
+        EXPECT_GT(r.ns(l, Stage::kDenseMlp), 0) << "layer " << l;
+        continue;
+      }
+      for (Stage s : {Stage::kRoute, Stage::kPlan, Stage::kExperts, Stage::kSharedExperts,
+                      Stage::kUnpermute}) {
+        EXPECT_GT(r.ns(l, s), 0) << "layer " << l << " stage " << profile::stage_name(s);
+      }
+      const int64_t rows = std::accumulate(r.expert_rows.begin() + l * E,
+                                           r.expert_rows.begin() + (l + 1) * E, int64_t{0});
+      EXPECT_EQ(rows, length * K) << "layer " << l;
+    }
+    EXPECT_GT(r.ns(L, Stage::kLmHead), 0);
+    EXPECT_GT(r.link_bytes[static_cast<int>(profile::Link::kOnDevice)], 0);
+    EXPECT_GE(r.link_bytes[static_cast<int>(profile::Link::kHostDevice)], V * 4);
+  }
+}
+
+[[maybe_unused]] const bool kRegistered = [] {
+  if (!cuda::testing_util::cuda_device_present("profile")) return false;
+  cuda::testing_util::register_kernel_test("CudaProfile", "ProfiledStepsReportEveryStage",
+                                           profiled_steps_report_every_stage, __FILE__, __LINE__);
+  return true;
+}();
+
+}  // namespace
+}  // namespace moeinfer
