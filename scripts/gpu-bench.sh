@@ -6,7 +6,8 @@
 # torch._grouped_mm layer (bench/torch_moe_reference.py). Prints a table last.
 #
 # Knobs: MOE_BENCH_MODEL (default synthetic:qwen3-30b-a3b), MOE_BENCH_EXTRA (more bench flags,
-# e.g. "--routing-skew zipf:1.0"), MOE_BENCH_SKIP_TORCH=1.
+# e.g. "--routing-skew zipf:1.0"), MOE_BENCH_SKIP_TORCH=1, MOE_BENCH_PROFILE=1 (also runs decode
+# at batch 1, 8 and 64 with the stage profiler on: its stage table and its overhead on the step).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/gpu-bench}"
@@ -28,6 +29,12 @@ run decode_b8 --batch 8 --input-len 1024 --output-len 64
 run decode_b64 --batch 64 --input-len 1024 --output-len 64
 run decode_b256 --batch 256 --input-len 1024 --output-len 32
 run prefill_4096 --batch 1 --input-len 4096 --output-len 2
+
+if [ "${MOE_BENCH_PROFILE:-0}" = 1 ]; then
+  run profiled_b1 --batch 1 --input-len 1024 --output-len 64 --profile
+  run profiled_b8 --batch 8 --input-len 1024 --output-len 64 --profile
+  run profiled_b64 --batch 64 --input-len 1024 --output-len 64 --profile
+fi
 
 if [ "${MOE_BENCH_SKIP_TORCH:-0}" != 1 ] && [ -x "$BUILD/bench/bench_cuda_moe_layer" ]; then
   echo "== MoE layer vs torch._grouped_mm"
@@ -53,4 +60,10 @@ for name, key, target in [("decode_b1", "decode_floor_ratio", 0.70),
     shown = f"{t:9.3f} ms" if t is not None else f"{json.load(open(path))['prefill_seconds']*1e3:9.1f} ms"
     r = g.get(key, 0)
     print(f"{name:<27} {shown:>12}   {r:11.3f}   >= {target:.2f} {'ok' if r >= target else 'MISS'}")
+for b in (1, 8, 64):
+    off, on = os.path.join(out, f"decode_b{b}.json"), os.path.join(out, f"profiled_b{b}.json")
+    if os.path.exists(off) and os.path.exists(on):
+        t0 = json.load(open(off))["gpu"]["decode_step_seconds"]
+        t1 = json.load(open(on))["gpu"]["decode_step_seconds"]
+        print(f"profiler overhead, decode B {b}: {t0*1e3:.3f} -> {t1*1e3:.3f} ms/step = {t1/t0 - 1:+.2%} (budget 3%)")
 PY
