@@ -1,11 +1,12 @@
 // `moeinfer profile [--model DIR] [--batch B] [--input-len I] [--output-len O] --out DIR
-// [--seed S] [--text-file FILE] [--repeats R]`: runs a fixed workload with the stage profiler on
+// [--seed S] [--text-file FILE] [--repeats R] [--device cuda]`: runs a fixed workload with the stage profiler on
 // and writes DIR/report.txt, DIR/report.json and DIR/report.html (see docs/profiling.md).
 //
 // The workload: B sequences of I tokens (seeded random ids, or windows of a text file) are
 // prefilled together in one batched step, then O decode steps each advance all B sequences by
-// one sampled token. Every step goes through Decoder::forward(ForwardBatch, KvBlockPool) with
-// blocks from a BlockManager, as the engine does; the block bookkeeping and batch assembly are
+// one sampled token. Every step goes through Decoder::forward(ForwardBatch, KvBlockPool) (or the
+// GPU decoder's forward, whose stages are timed with CUDA events) with blocks from a
+// BlockManager, as the engine does; the block bookkeeping and batch assembly are
 // the "schedule" stage, sampling the "sample" stage.
 //
 // Before the profiled run the same workload runs R times with the profiler off and R times on,
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/device_arg.h"
 #include "cli/model_arg.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -52,6 +54,7 @@ struct ProfileArgs {
   uint64_t seed = 0;
   std::string text_file;  // empty: random token ids
   int64_t repeats = 3;    // off/on pairs for the overhead measurement; 0 skips it
+  DeviceArgs device;
 };
 
 // Bytes of one routed expert's weights (gate, up, down) in each layer; 0 for dense layers.
@@ -139,9 +142,30 @@ class Workload {
     const int64_t value_width = config.mla ? 0 : config.kv_dim();
     const int64_t per_seq = (args.input_len + args.output_len + kBlockSize - 1) / kBlockSize;
     num_blocks_ = per_seq * args.batch;
-    pool_ = std::make_unique<KvBlockPool>(config.num_layers, key_width, value_width, kBlockSize,
-                                          num_blocks_);
+    if (args.device.is_cuda()) {
+      // The same workload on the GPU decoder: its own device pool of the same blocks.
+      gpu_ = GpuDecoder::create(config, decoder.weights(),
+                                GpuOptions{.gpu_memory_fraction = args.device.gpu_memory_fraction,
+                                           .max_batch_tokens = args.batch * args.input_len,
+                                           .max_num_seqs = args.batch,
+                                           .max_model_len = args.input_len + args.output_len,
+                                           .block_size = kBlockSize,
+                                           .num_kv_blocks = num_blocks_});
+    } else {
+      pool_ = std::make_unique<KvBlockPool>(config.num_layers, key_width, value_width,
+                                            kBlockSize, num_blocks_);
+    }
     logits_.resize(args.batch * config.vocab_size);
+  }
+
+  // One forward pass on the chosen device (stages time themselves when a profiler is active:
+  // steady clock on the CPU, CUDA events on the GPU).
+  void forward(const ForwardBatch& batch) {
+    if (gpu_) {
+      gpu_->forward(batch, logits_);
+    } else {
+      decoder_.forward(batch, *pool_, logits_);
+    }
   }
 
   // Runs prefill and the decode steps; returns the wall time and the calling thread's CPU time.
@@ -180,7 +204,7 @@ class Workload {
                             .want_logits = true});
         }
       }
-      decoder_.forward(batch, *pool_, logits_);
+      forward(batch);
       {
         MOE_PROFILE_SCOPE(profile::Stage::kSample);
         for (int64_t b = 0; b < B; ++b) {
@@ -219,8 +243,8 @@ class Workload {
                                                .position = args_.input_len,
                                                .block_table = seqs[b].table});
     }
-    decoder_.forward(prefill, *pool_, logits_);
-    decoder_.forward(decode, *pool_, logits_);  // warm
+    forward(prefill);
+    forward(decode);  // warm
     profile::Profiler profiler(options);
     std::vector<double> off, on;
     for (int64_t i = 0; i < 2 * num_pairs; ++i) {
@@ -228,7 +252,7 @@ class Workload {
       profile::ActiveProfiler guard(profiled ? &profiler : nullptr);
       const auto start = std::chrono::steady_clock::now();
       if (profiled) profiler.begin_step(B);
-      decoder_.forward(decode, *pool_, logits_);
+      forward(decode);
       if (profiled) profiler.end_step();
       const double us =
           std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
@@ -245,7 +269,8 @@ class Workload {
   const ProfileArgs& args_;
   std::vector<std::vector<int32_t>> prompts_;
   int64_t num_blocks_ = 0;
-  std::unique_ptr<KvBlockPool> pool_;
+  std::unique_ptr<KvBlockPool> pool_;  // CPU
+  std::unique_ptr<GpuDecoder> gpu_;    // --device cuda
   std::vector<float> logits_;  // [B, V]
 };
 
@@ -290,7 +315,7 @@ void run_profile(const ProfileArgs& args) {
   MOE_CHECK(args.output_len >= 0, "--output-len must be >= 0, got ", args.output_len);
   MOE_CHECK(args.repeats >= 0, "--repeats must be >= 0, got ", args.repeats);
   const std::filesystem::path dir = resolve_model_dir(args.model);
-  auto model = Model::load(dir, LoadOptions{});
+  auto model = load_model_for(dir, args.device);
   Decoder& decoder = model->decoder();
   const ModelConfig& config = decoder.config();
   const int64_t L = config.num_layers;
@@ -413,6 +438,7 @@ void add_profile_command(CLI::App& app) {
       ->check(CLI::ExistingFile);
   cmd->add_option("--repeats", args->repeats, "Off/on runs for the overhead measurement (0 = skip)")
       ->capture_default_str();
+  add_device_options(cmd, &args->device);
   cmd->callback([args] { run_profile(*args); });
 }
 
