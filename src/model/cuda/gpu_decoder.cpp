@@ -220,6 +220,7 @@ class CudaDecoder final : public GpuDecoder {
   };
   std::map<std::tuple<int64_t, int64_t, bool>, Graph> graphs_;
   bool profiling_ = false;
+  bool graph_events_time_ = true;  // cleared if events recorded by a graph cannot be timed
   Timeline eager_timeline_;
   Timeline* timeline_ = nullptr;  // where mark() records, while profiling
   int64_t host_device_bytes_ = 0;  // this step's copies between host and device
@@ -831,7 +832,9 @@ void CudaDecoder::feed_forward(int64_t layer, int64_t T) {
 }
 
 void CudaDecoder::run(const Step& step) {
-  if (!step.graph) {
+  // A profiled step replays a graph with its events only where the device times events that
+  // a graph recorded; elsewhere profiled steps run eagerly.
+  if (!step.graph || (profiling_ && !graph_events_time_)) {
     begin_timeline(&eager_timeline_);
     enqueue_layers(step);
     return;
@@ -842,7 +845,7 @@ void CudaDecoder::run(const Step& step) {
     Graph entry;
     // The first step of a bucket runs eagerly (its results are this step's), so every kernel and
     // cuBLAS heuristic is loaded before the capture records the same work for later steps.
-    begin_timeline(&entry.timeline);
+    begin_timeline(&eager_timeline_);
     enqueue_layers(step);
     enqueue_lm_head(step, 0, step.num_tokens);
     cudaGraph_t graph = nullptr;
@@ -860,8 +863,8 @@ void CudaDecoder::run(const Step& step) {
     const cudaError_t status = cudaGraphInstantiate(&entry.exec, graph, 0);
     cudaGraphDestroy(graph);
     CUDA_CHECK(status);
-    it = graphs_.emplace(key, std::move(entry)).first;
-    timeline_ = profiling_ ? &it->second.timeline : nullptr;
+    graphs_.emplace(key, std::move(entry));
+    timeline_ = profiling_ ? &eager_timeline_ : nullptr;  // this step ran eagerly
     return;
   }
   timeline_ = profiling_ ? &it->second.timeline : nullptr;
@@ -894,11 +897,22 @@ void CudaDecoder::report_step(profile::Profiler& profiler, const Step& step) {
   const int64_t previous_layer = profiler.current_layer();
   if (timeline_) {
     const Timeline& t = *timeline_;
+    std::vector<float> ms(t.marks.size(), 0.0f);
     for (size_t i = 0; i < t.marks.size(); ++i) {
-      float ms = 0.0f;
-      CUDA_CHECK(cudaEventElapsedTime(&ms, t.events[i], t.events[i + 1]));
+      const cudaError_t status = cudaEventElapsedTime(&ms[i], t.events[i], t.events[i + 1]);
+      if (status == cudaSuccess) continue;
+      cudaGetLastError();  // not sticky: clear it so later launch checks do not see it
+      MOE_CHECK(timeline_ != &eager_timeline_, "profiler: ", cudaGetErrorString(status),
+                " timing stage events");
+      // Events a graph recorded cannot be timed here: this step's stage times are lost, and
+      // later profiled steps run eagerly.
+      graph_events_time_ = false;
+      ms.clear();
+      break;
+    }
+    for (size_t i = 0; i < ms.size(); ++i) {
       profiler.set_current_layer(t.marks[i].layer);
-      profiler.add_time(t.marks[i].stage, static_cast<int64_t>(static_cast<double>(ms) * 1e6));
+      profiler.add_time(t.marks[i].stage, static_cast<int64_t>(static_cast<double>(ms[i]) * 1e6));
     }
   }
   profiler.set_current_layer(previous_layer);
