@@ -41,6 +41,9 @@ constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 constexpr int64_t kMaxWorkspaceBytes = int64_t{2} << 30;
 constexpr int64_t kMinContextBucket = 256;
 constexpr float kMlaNormEps = 1e-6f;
+// Under stream capture a plain cudaEventRecord only orders streams inside the graph; this flag
+// makes it an event-record node that fires on every replay, so stage events can be timed.
+constexpr unsigned kRecordAsNode = cudaEventRecordExternal;
 
 int64_t next_pow2(int64_t v) {
   int64_t p = 1;
@@ -834,9 +837,15 @@ void CudaDecoder::feed_forward(int64_t layer, int64_t T) {
 void CudaDecoder::run(const Step& step) {
   // A profiled step replays a graph with its events only where the device times events that
   // a graph recorded; elsewhere profiled steps run eagerly.
-  if (!step.graph || (profiling_ && !graph_events_time_)) {
+  if (!step.graph) {
     begin_timeline(&eager_timeline_);
     enqueue_layers(step);
+    return;
+  }
+  if (profiling_ && !graph_events_time_) {  // a graph step run eagerly, LM head included
+    begin_timeline(&eager_timeline_);
+    enqueue_layers(step);
+    enqueue_lm_head(step, 0, step.num_tokens);
     return;
   }
   const auto key = std::make_tuple(step.num_tokens, step.context_bucket, profiling_);
@@ -879,7 +888,7 @@ void CudaDecoder::begin_timeline(Timeline* timeline) {
     timeline_->events.emplace_back();
     CUDA_CHECK(cudaEventCreate(&timeline_->events.back()));
   }
-  CUDA_CHECK(cudaEventRecord(timeline_->events[0], stream_));
+  CUDA_CHECK(cudaEventRecordWithFlags(timeline_->events[0], stream_, kRecordAsNode));
 }
 
 void CudaDecoder::mark(profile::Stage stage, int64_t layer) {
@@ -890,7 +899,7 @@ void CudaDecoder::mark(profile::Stage stage, int64_t layer) {
     CUDA_CHECK(cudaEventCreate(&t.events.back()));
   }
   t.marks.push_back({stage, layer});
-  CUDA_CHECK(cudaEventRecord(t.events[t.marks.size()], stream_));
+  CUDA_CHECK(cudaEventRecordWithFlags(t.events[t.marks.size()], stream_, kRecordAsNode));
 }
 
 void CudaDecoder::report_step(profile::Profiler& profiler, const Step& step) {
