@@ -66,4 +66,11 @@ std::string render_text_report(const nlohmann::ordered_json& report);
 //                        per step)
 std::string render_html_report(const nlohmann::ordered_json& report);
 
+// The report page's look, shared with the server's live dashboard (server/dashboard.cpp) so the
+// two pages read alike: a colour per stage name ("other" included), the heat map's sequential
+// ramp (t in [0, 1], near-white to deep blue-violet) and the stylesheet.
+const char* chart_stage_colour(const std::string& stage);
+std::string chart_load_ramp(double t);
+const char* chart_css();
+
 }  // namespace moeinfer::profile

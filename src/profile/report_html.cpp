@@ -664,4 +664,8 @@ std::string render_html_report(const Json& report) {
   return html;
 }
 
+const char* chart_stage_colour(const std::string& stage) { return stage_colour(stage); }
+std::string chart_load_ramp(double t) { return ramp(t); }
+const char* chart_css() { return kStyle; }
+
 }  // namespace moeinfer::profile

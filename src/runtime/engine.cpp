@@ -139,6 +139,7 @@ Engine::Engine(std::unique_ptr<Model> model, std::unique_ptr<GpuDecoder> gpu, To
     profiler_ = std::make_unique<profile::Profiler>(
         profile::ProfilerOptions{.num_layers = m.num_layers, .num_experts = m.num_experts});
     totals_.stage_seconds.assign(profile::kNumStages, 0.0);
+    totals_.last_step_stage_seconds.assign(profile::kNumStages, 0.0);
     totals_.expert_rows.assign(static_cast<size_t>(m.num_layers * m.num_experts), 0);
     totals_.num_layers = m.num_layers;
     totals_.num_experts = m.num_experts;
@@ -226,10 +227,15 @@ std::vector<RequestOutput> Engine::step() {
   if (profiler_) {
     profiler_->end_step();
     const profile::StepRecord& step = profiler_->steps().back();
+    std::vector<double>& last = totals_.last_step_stage_seconds;
+    std::fill(last.begin(), last.end(), 0.0);
     for (int64_t row = 0; row <= totals_.num_layers; ++row) {
       for (int stage = 0; stage < profile::kNumStages; ++stage) {
-        totals_.stage_seconds[stage] += step.stage_ns[row * profile::kNumStages + stage] * 1e-9;
+        last[stage] += step.stage_ns[row * profile::kNumStages + stage] * 1e-9;
       }
+    }
+    for (int stage = 0; stage < profile::kNumStages; ++stage) {
+      totals_.stage_seconds[stage] += last[stage];
     }
     for (size_t i = 0; i < step.expert_rows.size() && i < totals_.expert_rows.size(); ++i) {
       totals_.expert_rows[i] += step.expert_rows[i];

@@ -60,6 +60,9 @@ struct EngineStats {
   // ([profile::kNumStages], by profile::Stage), and rows each expert received ([L, E]).
   std::vector<double> stage_seconds;
   std::vector<int64_t> expert_rows;
+  // With profile_stages: the latest step's time per stage ([profile::kNumStages], summed over
+  // layers), for per-step histograms; a change in num_steps says it is a new step.
+  std::vector<double> last_step_stage_seconds;
   int64_t num_layers = 0;
   int64_t num_experts = 0;
 };

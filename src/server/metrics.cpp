@@ -1,7 +1,9 @@
 #include "server/metrics.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <ctime>
 
 #include "profile/profiler.h"
 
@@ -29,6 +31,15 @@ const std::vector<double> kLatencyBounds = {0.001, 0.0025, 0.005, 0.01, 0.02, 0.
                                             5.0,   7.5,    10.0,  20.0, 40.0, 80.0};
 const std::vector<double> kE2eBounds = {0.01, 0.025, 0.05, 0.1,  0.25, 0.5,  1.0,   2.5,
                                         5.0,  10.0,  15.0, 20.0, 30.0, 60.0, 120.0, 300.0};
+// One stage of one engine step: from a microsecond (plan, schedule at batch 1) to seconds (the
+// experts of a long prefill).
+const std::vector<double> kStageBounds = {1e-6,   2.5e-6, 5e-6, 1e-5,   2.5e-5, 5e-5, 1e-4,
+                                          2.5e-4, 5e-4,   1e-3, 2.5e-3, 5e-3,   0.01, 0.025,
+                                          0.05,   0.1,    0.25, 0.5,    1.0,    2.5,  5.0};
+
+std::string stage_label(int stage) {
+  return std::string(profile::stage_name(static_cast<profile::Stage>(stage)));
+}
 
 }  // namespace
 
@@ -45,38 +56,97 @@ void Histogram::observe(double value) {
 
 void Histogram::render(const std::string& name, const std::string& help, std::string& out) const {
   header(out, name, "histogram", help);
+  render_series(name, "", out);
+}
+
+void Histogram::render_series(const std::string& name, const std::string& labels,
+                              std::string& out) const {
+  const std::string prefix = labels.empty() ? "" : labels + ",";
   int64_t cumulative = 0;
   for (size_t i = 0; i < bounds_.size(); ++i) {
     cumulative += counts_[i];
-    line(out, name + "_bucket", "le=\"" + number(bounds_[i]) + "\"", cumulative);
+    line(out, name + "_bucket", prefix + "le=\"" + number(bounds_[i]) + "\"", cumulative);
   }
-  line(out, name + "_bucket", "le=\"+Inf\"", count_);
-  line(out, name + "_sum", "", sum_);
-  line(out, name + "_count", "", count_);
+  line(out, name + "_bucket", prefix + "le=\"+Inf\"", count_);
+  line(out, name + "_sum", labels, sum_);
+  line(out, name + "_count", labels, count_);
+}
+
+double Histogram::quantile(double q) const {
+  if (count_ == 0) return 0.0;
+  const double rank = q * static_cast<double>(count_);
+  int64_t cumulative = 0;
+  for (size_t i = 0; i < bounds_.size(); ++i) {
+    if (cumulative + counts_[i] >= rank && counts_[i] > 0) {
+      const double lower = i == 0 ? 0.0 : bounds_[i - 1];
+      const double within = (rank - static_cast<double>(cumulative)) / counts_[i];
+      return lower + (bounds_[i] - lower) * std::clamp(within, 0.0, 1.0);
+    }
+    cumulative += counts_[i];
+  }
+  return bounds_.empty() ? 0.0 : bounds_.back();
+}
+
+void Metrics::Window::add(double v) {
+  if (values.size() < kLatencyWindow) {
+    values.push_back(v);
+  } else {
+    values[next] = v;
+    next = (next + 1) % kLatencyWindow;
+  }
 }
 
 Metrics::Metrics()
-    : ttft_(kLatencyBounds), tpot_(kLatencyBounds), itl_(kLatencyBounds), e2e_(kE2eBounds) {}
+    : ttft_(kLatencyBounds),
+      tpot_(kLatencyBounds),
+      itl_(kLatencyBounds),
+      e2e_(kE2eBounds),
+      stage_step_(profile::kNumStages, Histogram(kStageBounds)) {}
 
 void Metrics::set_engine_stats(const EngineStats& stats) {
   std::lock_guard lock(mutex_);
+  // The server sets the stats after each step, so a new step count means one new step, whose
+  // stage times the histograms take (stages that did not run in it are left out).
+  if (stats.num_steps != stats_.num_steps &&
+      stats.last_step_stage_seconds.size() == static_cast<size_t>(profile::kNumStages)) {
+    for (int stage = 0; stage < profile::kNumStages; ++stage) {
+      const double s = stats.last_step_stage_seconds[stage];
+      if (s > 0.0) stage_step_[stage].observe(s);
+    }
+  }
   stats_ = stats;
+  // History: one sample per kHistoryPeriod holding the peaks within it, so a burst shorter
+  // than the period still shows.
+  const double t = std::chrono::duration<double>(Clock::now() - start_).count();
+  if (history_.empty() || t - history_.back().t >= kHistoryPeriod) {
+    history_.push_back({t, stats.kv.num_used, stats.num_running, stats.num_waiting});
+    if (history_.size() > kHistoryLength) history_.pop_front();
+  } else {
+    Sample& s = history_.back();
+    s.kv_used = std::max(s.kv_used, stats.kv.num_used);
+    s.running = std::max(s.running, stats.num_running);
+    s.waiting = std::max(s.waiting, stats.num_waiting);
+  }
 }
 void Metrics::observe_ttft(double s) {
   std::lock_guard lock(mutex_);
   ttft_.observe(s);
+  ttft_window_.add(s);
 }
 void Metrics::observe_tpot(double s) {
   std::lock_guard lock(mutex_);
   tpot_.observe(s);
+  tpot_window_.add(s);
 }
 void Metrics::observe_itl(double s) {
   std::lock_guard lock(mutex_);
   itl_.observe(s);
+  itl_window_.add(s);
 }
 void Metrics::observe_e2e(double s) {
   std::lock_guard lock(mutex_);
   e2e_.observe(s);
+  e2e_window_.add(s);
 }
 void Metrics::count_finished(const std::string& reason) {
   std::lock_guard lock(mutex_);
@@ -142,6 +212,13 @@ std::string Metrics::render(const std::string& model_name) const {
            "stage=\"" + std::string(profile::stage_name(static_cast<profile::Stage>(stage))) + "\"",
            stats_.stage_seconds[stage]);
     }
+    const std::string name = p + "stage_step_seconds";
+    header(out, name, "histogram",
+           "Time of each MoE-path stage in one engine step, summed over layers; steps in which "
+           "the stage ran.");
+    for (int stage = 0; stage < profile::kNumStages; ++stage) {
+      stage_step_[stage].render_series(name, "stage=\"" + stage_label(stage) + "\"", out);
+    }
   }
   if (stats_.num_experts > 0 && !stats_.expert_rows.empty()) {
     const int64_t E = stats_.num_experts;
@@ -172,6 +249,129 @@ std::string Metrics::render(const std::string& model_name) const {
   itl_.render(p + "inter_token_latency_seconds", "Time between consecutive output tokens.", out);
   e2e_.render(p + "e2e_request_latency_seconds", "End-to-end request latency.", out);
   return out;
+}
+
+nlohmann::json Metrics::dashboard(const std::string& model_name) const {
+  using json = nlohmann::json;
+  std::lock_guard lock(mutex_);
+  const double now = std::chrono::duration<double>(Clock::now() - start_).count();
+  json d;
+  d["model"] = model_name;
+  d["time"] = static_cast<int64_t>(std::time(nullptr));
+  d["uptime_s"] = now;
+
+  json finished = json::object();
+  int64_t num_finished = 0;
+  for (const char* reason : {"stop", "length", "abort"}) {
+    const auto it = finished_.find(reason);
+    finished[reason] = it == finished_.end() ? 0 : it->second;
+    num_finished += finished[reason].get<int64_t>();
+  }
+  json rejected = json::object();
+  for (const auto& [status, count] : rejected_) rejected[std::to_string(status)] = count;
+  d["requests"] = {{"running", stats_.num_running},
+                   {"waiting", stats_.num_waiting},
+                   {"finished", finished},
+                   {"finished_total", num_finished},
+                   {"rejected", rejected}};
+  d["tokens"] = {{"prompt", stats_.prompt_tokens},
+                 {"generation", stats_.generation_tokens},
+                 {"computed", stats_.computed_tokens}};
+  d["engine"] = {{"steps", stats_.num_steps},
+                 {"preemptions", stats_.num_preemptions},
+                 {"schedule_s", stats_.schedule_seconds},
+                 {"forward_s", stats_.forward_seconds},
+                 {"sample_s", stats_.sample_seconds}};
+
+  // KV: now, and the samples taken after steps (t in seconds since start; the last point is
+  // now, so an idle server's line runs on to the present).
+  json history = json::array();
+  for (const Sample& s : history_) {
+    history.push_back(
+        {{"t", s.t}, {"kv_used", s.kv_used}, {"running", s.running}, {"waiting", s.waiting}});
+  }
+  history.push_back({{"t", now},
+                     {"kv_used", stats_.kv.num_used},
+                     {"running", stats_.num_running},
+                     {"waiting", stats_.num_waiting}});
+  d["kv"] = {
+      {"used", stats_.kv.num_used},
+      {"total", stats_.kv.num_blocks},
+      {"cached", stats_.kv.num_cached},
+      {"usage",
+       stats_.kv.num_blocks ? double(stats_.kv.num_used) / double(stats_.kv.num_blocks) : 0.0},
+      {"prefix_queries", stats_.kv.prefix_queries},
+      {"prefix_hits", stats_.kv.prefix_hits},
+      {"history", history}};
+
+  // Stages: totals (stage_seconds_total) and per-step statistics (stage_step_seconds).
+  json stages = json::array();
+  const bool profiled = stats_.stage_seconds.size() == static_cast<size_t>(profile::kNumStages);
+  if (profiled) {
+    double total = 0.0;
+    for (double s : stats_.stage_seconds) total += s;
+    for (int stage = 0; stage < profile::kNumStages; ++stage) {
+      const Histogram& h = stage_step_[stage];
+      const double seconds = stats_.stage_seconds[stage];
+      stages.push_back(
+          {{"stage", stage_label(stage)},
+           {"layer_stage", profile::is_layer_stage(static_cast<profile::Stage>(stage))},
+           {"seconds_total", seconds},
+           {"share", total > 0.0 ? seconds / total : 0.0},
+           {"steps", h.count()},
+           {"step_sum_s", h.sum()},
+           {"step_mean_s", h.count() ? h.sum() / h.count() : 0.0},
+           {"step_p50_s", h.quantile(0.5)},
+           {"step_p90_s", h.quantile(0.9)}});
+    }
+  }
+  d["stage_metrics"] = profiled;
+  d["stages"] = stages;
+
+  // Experts: rows per layer and expert, and each layer's busiest expert over the mean.
+  json experts = nullptr;
+  const int64_t L = stats_.num_layers, E = stats_.num_experts;
+  if (E > 0 && stats_.expert_rows.size() == static_cast<size_t>(L * E)) {
+    json rows = json::array(), imbalance = json::array();
+    for (int64_t l = 0; l < L; ++l) {
+      json row = json::array();
+      int64_t total = 0, most = 0;
+      for (int64_t e = 0; e < E; ++e) {
+        const int64_t v = stats_.expert_rows[l * E + e];
+        row.push_back(v);
+        total += v;
+        most = std::max(most, v);
+      }
+      rows.push_back(std::move(row));
+      imbalance.push_back(total > 0 ? static_cast<double>(most) * E / total : 0.0);
+    }
+    experts = {{"num_layers", L}, {"num_experts", E}, {"rows", rows}, {"max_over_mean", imbalance}};
+  }
+  d["experts"] = experts;
+
+  // Latencies: count and sum as the histograms hold them; percentiles of the latest window.
+  const auto latency = [](const Histogram& h, const Window& w) {
+    std::vector<double> v = w.values;
+    std::sort(v.begin(), v.end());
+    const auto pct = [&](double q) {
+      if (v.empty()) return 0.0;
+      const size_t i = static_cast<size_t>(std::ceil(q * static_cast<double>(v.size()))) - 1;
+      return v[std::min(i, v.size() - 1)];
+    };
+    return json{{"count", h.count()},
+                {"sum_s", h.sum()},
+                {"mean_s", h.count() ? h.sum() / h.count() : 0.0},
+                {"window", v.size()},
+                {"p50_s", pct(0.5)},
+                {"p90_s", pct(0.9)},
+                {"p99_s", pct(0.99)},
+                {"max_s", v.empty() ? 0.0 : v.back()}};
+  };
+  d["latency"] = {{"ttft", latency(ttft_, ttft_window_)},
+                  {"tpot", latency(tpot_, tpot_window_)},
+                  {"itl", latency(itl_, itl_window_)},
+                  {"e2e", latency(e2e_, e2e_window_)}};
+  return d;
 }
 
 }  // namespace moeinfer::server

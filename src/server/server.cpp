@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "server/dashboard.h"
 
 namespace moeinfer::server {
 
@@ -143,7 +144,8 @@ int Server::bind() {
 
 void Server::install_routes() {
   http_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (config_.api_key.empty() || req.path == "/health")
+    // /health and the dashboard's page (static, no figures: its data needs the key) are open.
+    if (config_.api_key.empty() || req.path == "/health" || req.path == "/dashboard")
       return httplib::Server::HandlerResponse::Unhandled;
     const std::string auth = req.get_header_value("Authorization");
     if (!same_secret(auth, "Bearer " + config_.api_key)) {
@@ -193,6 +195,18 @@ void Server::install_routes() {
   });
   http_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics_.render(config_.model_name), "text/plain; version=0.0.4");
+  });
+  http_->Get("/dashboard", [](const httplib::Request&, httplib::Response& res) {
+    // The page may run its own inline script and talk to this server, nothing else.
+    res.set_header("Content-Security-Policy",
+                   "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+                   "connect-src 'self'; img-src data:; form-action 'none'; base-uri 'none'");
+    res.set_header("Cache-Control", "no-cache");
+    res.set_content(dashboard_page(), "text/html; charset=utf-8");
+  });
+  http_->Get("/dashboard/data", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_header("Cache-Control", "no-store");
+    send_json(res, 200, metrics_.dashboard(config_.model_name));
   });
   const auto model_card = [this] {
     return json{{"id", config_.model_name},
