@@ -41,9 +41,18 @@ constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 constexpr int64_t kMaxWorkspaceBytes = int64_t{2} << 30;
 constexpr int64_t kMinContextBucket = 256;
 constexpr float kMlaNormEps = 1e-6f;
-// Under stream capture a plain cudaEventRecord only orders streams inside the graph; this flag
-// makes it an event-record node that fires on every replay, so stage events can be timed.
-constexpr unsigned kRecordAsNode = cudaEventRecordExternal;
+// Records a stage event. Under stream capture a plain cudaEventRecord only orders streams inside
+// the graph; cudaEventRecordExternal makes it an event-record node that fires on every replay,
+// so the events of a profiled graph can be timed (the flag is refused outside a capture).
+void record_event(cudaEvent_t event, cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture == cudaStreamCaptureStatusActive) {
+    CUDA_CHECK(cudaEventRecordWithFlags(event, stream, cudaEventRecordExternal));
+  } else {
+    CUDA_CHECK(cudaEventRecord(event, stream));
+  }
+}
 
 int64_t next_pow2(int64_t v) {
   int64_t p = 1;
@@ -888,7 +897,7 @@ void CudaDecoder::begin_timeline(Timeline* timeline) {
     timeline_->events.emplace_back();
     CUDA_CHECK(cudaEventCreate(&timeline_->events.back()));
   }
-  CUDA_CHECK(cudaEventRecordWithFlags(timeline_->events[0], stream_, kRecordAsNode));
+  record_event(timeline_->events[0], stream_);
 }
 
 void CudaDecoder::mark(profile::Stage stage, int64_t layer) {
@@ -899,7 +908,7 @@ void CudaDecoder::mark(profile::Stage stage, int64_t layer) {
     CUDA_CHECK(cudaEventCreate(&t.events.back()));
   }
   t.marks.push_back({stage, layer});
-  CUDA_CHECK(cudaEventRecordWithFlags(t.events[t.marks.size()], stream_, kRecordAsNode));
+  record_event(t.events[t.marks.size()], stream_);
 }
 
 void CudaDecoder::report_step(profile::Profiler& profiler, const Step& step) {
