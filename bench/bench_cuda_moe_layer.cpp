@@ -53,9 +53,15 @@
 #include "backend/cuda/moe_stages.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "cuda_bench_util.h"
 
 namespace moeinfer::cuda {
 namespace {
+
+using bench_util::copy_bandwidth;
+using bench_util::device_alloc;
+using bench_util::fill_random;
+using bench_util::median;
 
 constexpr int64_t kH = 2048, kI = 768, kE = 128, kK = 8;
 constexpr int kWeightSets = 3;
@@ -65,84 +71,14 @@ constexpr int kWarmupReplays = 2;
 constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 int g_replays = 10;
 
-template <typename T>
-T* device_alloc(size_t count) {
-  T* p = nullptr;
-  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(count, 1) * sizeof(T)));
-  return p;
-}
 
-// Fills with random bf16 (normal, std `scale`) by tiling a 16M-element random host block.
-void fill_random(bf16* dst, size_t count, float scale, std::mt19937& rng) {
-  const size_t block = std::min<size_t>(count, size_t{1} << 24);
-  std::vector<uint16_t> host(block);
-  std::normal_distribution<float> dist(0.0f, scale);
-  for (auto& v : host) v = f32_to_bf16(dist(rng));
-  for (size_t off = 0; off < count; off += block) {
-    const size_t n = std::min(block, count - off);
-    CUDA_CHECK(cudaMemcpy(dst + off, host.data(), n * 2, cudaMemcpyHostToDevice));
-  }
-}
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // Median milliseconds of one call of `body` (called with the call index within the graph).
 double time_graph(cudaStream_t stream, const std::function<void(int)>& body) {
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < kLaunchesPerGraph; ++i) body(i);
-  CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t start, stop;
-  CUDA_CHECK(cudaEventCreate(&start));
-  CUDA_CHECK(cudaEventCreate(&stop));
-  for (int r = 0; r < kWarmupReplays; ++r) CUDA_CHECK(cudaGraphLaunch(exec, stream));
-  std::vector<double> times;
-  for (int r = 0; r < g_replays; ++r) {
-    CUDA_CHECK(cudaEventRecord(start, stream));
-    CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    CUDA_CHECK(cudaEventRecord(stop, stream));
-    CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    times.push_back(ms / kLaunchesPerGraph);
-  }
-  CUDA_CHECK(cudaEventDestroy(start));
-  CUDA_CHECK(cudaEventDestroy(stop));
-  CUDA_CHECK(cudaGraphExecDestroy(exec));
-  CUDA_CHECK(cudaGraphDestroy(graph));
-  return median(times);
+  return bench_util::time_graph(stream, kLaunchesPerGraph, g_replays, kWarmupReplays, body);
 }
 
-// Bytes read + written per second by a 1 GiB device-to-device copy, median of 10.
-double copy_bandwidth(cudaStream_t stream) {
-  const size_t bytes = size_t{1} << 30;
-  char* a = device_alloc<char>(bytes);
-  char* b = device_alloc<char>(bytes);
-  CUDA_CHECK(cudaMemset(a, 1, bytes));
-  cudaEvent_t start, stop;
-  CUDA_CHECK(cudaEventCreate(&start));
-  CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<double> times;
-  for (int r = 0; r < 13; ++r) {
-    CUDA_CHECK(cudaEventRecord(start, stream));
-    CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream));
-    CUDA_CHECK(cudaEventRecord(stop, stream));
-    CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    if (r >= 3) times.push_back(ms);
-  }
-  CUDA_CHECK(cudaEventDestroy(start));
-  CUDA_CHECK(cudaEventDestroy(stop));
-  CUDA_CHECK(cudaFree(a));
-  CUDA_CHECK(cudaFree(b));
-  return 2.0 * bytes / (median(times) * 1e-3);
-}
 
 // One copy of the layer's weights.
 struct LayerWeights {
