@@ -30,6 +30,8 @@ struct ServeArgs {
   DeviceArgs device;
   int64_t layers = 0;        // synthetic: first N layers
   std::string routing_skew;  // synthetic: zipf:A
+  bool stage_metrics = false;     // --stage-metrics
+  bool no_stage_metrics = false;  // --no-stage-metrics; neither: the device's default
   std::string served_name;
   server::ServerConfig server;
   EngineConfig engine;
@@ -41,6 +43,10 @@ void run_serve(ServeArgs args) {
   MOE_CHECK(args.server.port >= 0 && args.server.port <= 65535,
             "--port must be in [0, 65535], got ", args.server.port);
   args.engine.device = args.device.device;
+  MOE_CHECK(!(args.stage_metrics && args.no_stage_metrics),
+            "--stage-metrics and --no-stage-metrics contradict each other");
+  args.engine.profile_stages =
+      args.stage_metrics || (!args.no_stage_metrics && !args.device.is_cuda());
   args.engine.gpu_memory_fraction = args.device.gpu_memory_fraction;
   const bool synthetic = is_synthetic_model(args.model);
   MOE_CHECK(synthetic || (args.layers == 0 && args.routing_skew.empty()),
@@ -130,9 +136,13 @@ void add_serve_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("!--no-prefix-caching", args->engine.enable_prefix_caching,
                 "Do not reuse KV blocks of repeated prompt prefixes");
-  args->engine.profile_stages = true;
-  cmd->add_flag("!--no-stage-metrics", args->engine.profile_stages,
-                "Do not time the MoE stages or count expert rows for /metrics");
+  // Stage metrics: on by default on the CPU (a few clock reads per layer); on the GPU the CUDA
+  // events cost ~9% of a decode step (bench/RESULTS.md), so they are asked for there.
+  cmd->add_flag("--stage-metrics", args->stage_metrics,
+                "Time the MoE stages and count expert rows for /metrics and /dashboard "
+                "(default: on for --device cpu, off for --device cuda)");
+  cmd->add_flag("--no-stage-metrics", args->no_stage_metrics,
+                "Do not time the MoE stages or count expert rows");
   add_device_options(cmd, &args->device);
   cmd->add_option("--layers", args->layers, "synthetic:NAME: keep only the first N layers");
   cmd->add_option("--routing-skew", args->routing_skew,
