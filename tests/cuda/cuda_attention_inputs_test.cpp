@@ -2,6 +2,8 @@
 // replaces in the decoder (strided_rms_norm on q and k heads, rope, kv_cache_write for k and v,
 // copies of q, k, v): same inputs, outputs within a bf16 rounding (the two sum the norm in a
 // different order), the padding of each head zero, and cache rows of skipped slots untouched.
+#if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -142,3 +144,5 @@ void fused_matches_chain(const Shape& s) {
 
 }  // namespace
 }  // namespace moeinfer::cuda
+
+#endif  // MOE_HAVE_CUDA

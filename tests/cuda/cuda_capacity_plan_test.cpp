@@ -22,6 +22,8 @@
 // to 5%. The three models run one after another in one registered test, so they never hold the
 // card at the same time. While one holds 0.9 of the card (from sizing its pool until it is
 // freed, a moment), a GpuDecoder made by another process finds little of its own 0.9 left.
+#if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
+
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -170,3 +172,5 @@ void plan_matches_the_decoder() {
 
 }  // namespace
 }  // namespace moeinfer
+
+#endif  // MOE_HAVE_CUDA

@@ -2,6 +2,8 @@
 // captured with its events) and a prefill step (eager) report a positive time for every stage of
 // every layer, the plan's rows per expert (T * K per MoE layer), and the bytes moved on the device
 // and between host and device; the logits are the same as without the profiler.
+#if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -86,3 +88,5 @@ void profiled_steps_report_every_stage() {
 
 }  // namespace
 }  // namespace moeinfer
+
+#endif  // MOE_HAVE_CUDA
