@@ -26,6 +26,17 @@ void ProfilerOptions::validate() const {
   for (int64_t bytes : expert_bytes) {
     MOE_CHECK(bytes >= 0, "profiler: expert_bytes holds a negative entry ", bytes);
   }
+  MOE_CHECK(expert_rank.empty() || static_cast<int64_t>(expert_rank.size()) == num_experts,
+            "profiler: expert_rank has ", expert_rank.size(), " entries for ", num_experts,
+            " experts");
+  for (int32_t rank : expert_rank) {
+    MOE_CHECK(rank >= 0, "profiler: expert_rank holds a negative rank ", rank);
+  }
+}
+
+int64_t ProfilerOptions::num_ranks() const {
+  if (expert_rank.empty()) return 1;
+  return *std::max_element(expert_rank.begin(), expert_rank.end()) + 1;
 }
 
 Profiler::Profiler(ProfilerOptions options) : options_(std::move(options)) {
@@ -34,6 +45,7 @@ Profiler::Profiler(ProfilerOptions options) : options_(std::move(options)) {
   current_.stage_ns.assign((options_.num_layers + 1) * kNumStages, 0);
   current_.stage_calls.assign((options_.num_layers + 1) * kNumStages, 0);
   current_.expert_rows.assign(options_.num_layers * options_.num_experts, 0);
+  current_.rank_rows.assign(options_.num_ranks(), 0);
   row_ = options_.num_layers;
 }
 
@@ -60,6 +72,13 @@ void Profiler::end_step() {
     bytes += touched * options_.expert_bytes[l];
   }
   current_.expert_bytes_read = bytes;
+  std::fill(current_.rank_rows.begin(), current_.rank_rows.end(), 0);
+  for (int64_t l = 0; l < options_.num_layers; ++l) {
+    for (int64_t e = 0; e < E; ++e) {
+      const int32_t rank = options_.expert_rank.empty() ? 0 : options_.expert_rank[e];
+      current_.rank_rows[rank] += current_.expert_rows[l * E + e];
+    }
+  }
   steps_.push_back(current_);
 }
 

@@ -62,7 +62,11 @@ struct ProfilerOptions {
   // [L] bytes of one routed expert's weights in each layer (0 for a dense layer), for the bytes
   // of expert weights read per step: distinct experts touched x these bytes.
   std::vector<int64_t> expert_bytes;
+  // Which rank holds each expert ([E], the same in every layer) for the rows-per-rank counter;
+  // empty: one rank holds them all.
+  std::vector<int32_t> expert_rank;
 
+  int64_t num_ranks() const;
   void validate() const;  // throws moeinfer::Error naming the bad field
 };
 
@@ -75,6 +79,7 @@ struct StepRecord {
   std::vector<int64_t> stage_ns;
   std::vector<int32_t> stage_calls;  // [L + 1, kNumStages] scopes closed, same layout
   std::vector<int32_t> expert_rows;  // [L, E] assignments each expert received
+  std::vector<int64_t> rank_rows;    // [ranks] assignments each rank's experts received
   int64_t expert_bytes_read = 0;     // sum over layers of distinct experts x expert bytes
   int64_t cache_hits = 0;
   int64_t cache_misses = 0;

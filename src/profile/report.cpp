@@ -90,6 +90,7 @@ Json build_report(const RunInfo& run, const Profiler& profiler,
   int64_t prefill_tokens = 0, decode_tokens = 0, bytes_total = 0, decode_bytes = 0;
   int64_t hits = 0, misses = 0;
   int64_t link_total[kNumLinks] = {};
+  std::vector<int64_t> rank_total;
   Json step_list = Json::array();
   for (size_t i = 0; i < steps.size(); ++i) {
     const StepRecord& r = steps[i];
@@ -101,6 +102,8 @@ Json build_report(const RunInfo& run, const Profiler& profiler,
     if (!prefill) decode_bytes += r.expert_bytes_read;
     hits += r.cache_hits;
     misses += r.cache_misses;
+    if (rank_total.size() < r.rank_rows.size()) rank_total.resize(r.rank_rows.size(), 0);
+    for (size_t k = 0; k < r.rank_rows.size(); ++k) rank_total[k] += r.rank_rows[k];
     Json link_bytes = Json::object();
     for (int k = 0; k < kNumLinks; ++k) {
       link_total[k] += r.link_bytes[k];
@@ -152,6 +155,7 @@ Json build_report(const RunInfo& run, const Profiler& profiler,
          {"cache_hits", r.cache_hits},
          {"cache_misses", r.cache_misses},
          {"link_bytes", link_bytes},
+         {"rank_rows", r.rank_rows},
          {"imbalance", layer_imbalance},
          {"imbalance_mean",
           imbalance_layers ? Json(imbalance_sum / imbalance_layers) : Json(nullptr)},
@@ -182,6 +186,7 @@ Json build_report(const RunInfo& run, const Profiler& profiler,
   for (int k = 0; k < kNumLinks; ++k) {
     report["summary"]["link_bytes"][std::string(link_name(static_cast<Link>(k)))] = link_total[k];
   }
+  report["summary"]["rank_rows"] = rank_total;
 
   Json totals = Json::array();
   for (int64_t s = 0; s < S; ++s) {

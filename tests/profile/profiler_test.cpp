@@ -184,6 +184,26 @@ TEST(Profiler, DeviceCountsAndLinkBytesAddUpPerStep) {
   EXPECT_EQ(profiler.steps().at(1).link_bytes[static_cast<int>(Link::kHostDevice)], 0);
 }
 
+TEST(Profiler, RowsPerRankFollowTheExpertPlacement) {
+  // Experts 0 and 2 on rank 0, experts 1 and 3 on rank 1; two layers.
+  Profiler profiler(ProfilerOptions{.num_layers = 2, .num_experts = 4, .expert_rank = {0, 1, 0, 1}});
+  profiler.begin_step(3);
+  const std::vector<int32_t> layer0 = {0, 1, 3, 3, 2, 0};  // rank rows: 0:3, 1:3
+  const std::vector<int32_t> layer1 = {1, 1, 1, 1, 2, 2};  // rank rows: 0:2, 1:4
+  profiler.record_routing(0, layer0);
+  profiler.record_routing(1, layer1);
+  profiler.end_step();
+  EXPECT_EQ(profiler.steps().at(0).rank_rows, (std::vector<int64_t>{5, 7}));
+  // Without a placement one rank holds everything.
+  Profiler single(ProfilerOptions{.num_layers = 1, .num_experts = 4});
+  single.begin_step(3);
+  single.record_routing(0, layer0);
+  single.end_step();
+  EXPECT_EQ(single.steps().at(0).rank_rows, (std::vector<int64_t>{6}));
+  EXPECT_THROW(Profiler(ProfilerOptions{.num_layers = 1, .num_experts = 2, .expert_rank = {0}}),
+               Error);
+}
+
 TEST(Profiler, OptionsAreValidated) {
   EXPECT_THROW(Profiler(ProfilerOptions{.num_layers = 0}), Error);
   EXPECT_THROW(Profiler(ProfilerOptions{.num_layers = 2, .num_experts = 4, .expert_bytes = {1}}),
