@@ -248,16 +248,25 @@ bool decisions_are_robust(const float* row, const float* bias, const RouterCase&
 // Runs the GPU router on [T, E] logits (and bias, empty for none) and holds it to route():
 // ids exact, weights within 1e-5 relative. in_graph: captured into a CUDA graph in global
 // capture mode (which fails on any host synchronisation) and replayed.
+// logit_bias (the synthetic models' routing skew) is added to every token's logits before the
+// score function; the reference routes the biased logits.
 void expect_matches_reference(const std::vector<float>& logits, const std::vector<float>& bias,
-                              int64_t T, const RouterCase& c, bool in_graph = false) {
+                              int64_t T, const RouterCase& c, bool in_graph = false,
+                              const std::vector<float>& logit_bias = {}) {
   const int64_t K = c.top_k;
   SCOPED_TRACE(::testing::Message() << c.name << " T=" << T << " E=" << c.num_experts << " K=" << K
-                                    << " bias=" << !bias.empty() << (in_graph ? " in graph" : ""));
+                                    << " bias=" << !bias.empty() << (in_graph ? " in graph" : "")
+                                    << " logit_bias=" << !logit_bias.empty());
+  std::vector<float> biased = logits;
+  for (size_t i = 0; i < biased.size() && !logit_bias.empty(); ++i) {
+    biased[i] += logit_bias[i % logit_bias.size()];
+  }
   moe::Routing want;
-  moe::route(logits.data(), T, options_of(c, bias.empty() ? nullptr : bias.data()), &want);
+  moe::route(biased.data(), T, options_of(c, bias.empty() ? nullptr : bias.data()), &want);
 
   DeviceBuffer<float> d_logits(logits);
   DeviceBuffer<float> d_bias(bias);
+  DeviceBuffer<float> d_logit_bias(logit_bias);
   DeviceBuffer<int32_t> d_ids(T * K);
   DeviceBuffer<float> d_weights(T * K);
   d_ids.poison();
@@ -272,6 +281,7 @@ void expect_matches_reference(const std::vector<float>& logits, const std::vecto
       .score = c.score == SF::kSoftmax ? RouterScore::kSoftmax : RouterScore::kSigmoid,
       .renormalize = c.renormalize,
       .routed_scaling_factor = c.scaling,
+      .logit_bias = logit_bias.empty() ? nullptr : d_logit_bias.get(),
       .selection_bias = bias.empty() ? nullptr : d_bias.get(),
       .group_score = to_cuda(c.group_score),
       .num_groups = c.num_groups,
@@ -344,6 +354,22 @@ void router_random(const RouterCase& c, int64_t T, bool in_graph = false) {
     const std::vector<float> bias = random_bias(c, rng);
     expect_matches_reference(random_logits(T, c, bias, rng), bias, T, c, in_graph);
   }
+}
+
+// A Zipf-shaped logit bias (-A ln(rank + 1) over shuffled ranks, as synthetic models use it)
+// on random logits, with and without a selection bias and groups.
+void router_logit_bias(const RouterCase& c, int64_t T) {
+  std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(T * 104729 + c.num_experts));
+  std::vector<int64_t> rank(c.num_experts);
+  std::iota(rank.begin(), rank.end(), 0);
+  std::shuffle(rank.begin(), rank.end(), rng);
+  std::vector<float> logit_bias(c.num_experts);
+  for (int64_t e = 0; e < c.num_experts; ++e) {
+    logit_bias[e] = static_cast<float>(-1.2 * std::log(static_cast<double>(rank[e] + 1)));
+  }
+  const std::vector<float> bias = random_bias(c, rng);
+  expect_matches_reference(random_logits(T, c, bias, rng), bias, T, c, /*in_graph=*/false,
+                           logit_bias);
 }
 
 // Constructed tokens full of exact ties, under three biases: zero, a bias that repeats with
@@ -438,6 +464,10 @@ void router_infinite_bias() {
     reg(std::string(c.name) + "_T99", [&c] { router_random(c, 99); });
   reg("DeepSeekV3_CapturedInGraph_T989", [] { router_random(kDeepSeekV3, 989, true); });
   reg("Ties_DeepSeekV2", [] { router_ties(kDeepSeekV2); });
+  reg("LogitBias_Qwen3Like_T64", [] {
+    router_logit_bias({"Qwen3Like", 128, 8, SF::kSoftmax, GS::kNone, 1, 1, false, true, 1.0f}, 64);
+  });
+  reg("LogitBias_DeepSeekV3_T33", [] { router_logit_bias(kDeepSeekV3, 33); });
   reg("Ties_DeepSeekV3", [] { router_ties(kDeepSeekV3); });
   for (const RouterCase& c : kShapes) reg(std::string("Ties_") + c.name, [&c] { router_ties(c); });
   reg("InfiniteBiasOrdersByIdLikeTheReference", [] { router_infinite_bias(); });
