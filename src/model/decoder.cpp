@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "backend/cpu/gemm.h"
 #include "core/error.h"
@@ -56,6 +57,29 @@ float attention_softmax_scale(const ModelConfig& config) {
     scale *= mscale * mscale;
   }
   return static_cast<float>(scale);
+}
+
+void check_forward_batch(const ForwardBatch& batch, int64_t vocab_size, int64_t max_len,
+                         int64_t num_blocks, int64_t block_size) {
+  MOE_CHECK(!batch.sequences.empty(), "forward needs at least one sequence");
+  for (size_t i = 0; i < batch.sequences.size(); ++i) {
+    const SequenceBatch& s = batch.sequences[i];
+    MOE_CHECK(!s.tokens.empty(), "sequence ", i, " of the batch has no tokens");
+    const int64_t end = s.position + static_cast<int64_t>(s.tokens.size());
+    MOE_CHECK(end <= max_len, "sequence ", i, " reaches position ", end,
+              " past the context limit of ", max_len);
+    MOE_CHECK(static_cast<int64_t>(s.block_table.size()) * block_size >= end, "sequence ", i,
+              " needs ", end, " cache slots but its block table holds ",
+              s.block_table.size() * block_size);
+    for (int32_t block : s.block_table) {
+      MOE_CHECK(block >= 0 && block < num_blocks, "block ", block, " outside the pool of ",
+                num_blocks);
+    }
+    for (int32_t id : s.tokens) {
+      MOE_CHECK(id >= 0 && id < vocab_size, "token id ", id, " out of range [0, ", vocab_size,
+                ")");
+    }
+  }
 }
 
 Decoder::Decoder(const ModelConfig& config, DecoderWeights weights)
@@ -135,25 +159,16 @@ void Decoder::forward(const ForwardBatch& batch, KvBlockPool& pool, std::span<fl
             "KV pool shape (", pool.num_layers(), " layers, width ", pool.key_width(),
             ") does not fit the model (", config_.num_layers, " layers, width ", key_width, ")");
 
-  // Lay the step's tokens out as rows and check every sequence's blocks cover them.
+  check_forward_batch(batch, V,
+                      config_.max_position_embeddings > 0 ? config_.max_position_embeddings
+                                                          : INT64_MAX,
+                      pool.num_blocks(), pool.block_size());
+  // Lay the step's tokens out as rows.
   slots_.sequence.clear();
   slots_.position.clear();
   for (size_t i = 0; i < batch.sequences.size(); ++i) {
     const SequenceBatch& s = batch.sequences[i];
-    MOE_CHECK(!s.tokens.empty(), "sequence ", i, " of the batch has no tokens");
-    const int64_t end = s.position + static_cast<int64_t>(s.tokens.size());
-    MOE_CHECK(config_.max_position_embeddings <= 0 || end <= config_.max_position_embeddings,
-              "sequence ", i, " reaches position ", end, " past max_position_embeddings ",
-              config_.max_position_embeddings);
-    MOE_CHECK(static_cast<int64_t>(s.block_table.size()) * pool.block_size() >= end, "sequence ",
-              i, " needs ", end, " cache slots but its block table holds ",
-              s.block_table.size() * pool.block_size());
-    for (int32_t block : s.block_table) {
-      MOE_CHECK(block >= 0 && block < pool.num_blocks(), "block ", block, " outside the pool");
-    }
     for (size_t t = 0; t < s.tokens.size(); ++t) {
-      MOE_CHECK(s.tokens[t] >= 0 && s.tokens[t] < V, "token id ", s.tokens[t],
-                " out of range [0, ", V, ")");
       slots_.sequence.push_back(static_cast<int32_t>(i));
       slots_.position.push_back(s.position + static_cast<int64_t>(t));
     }

@@ -21,6 +21,13 @@ namespace moeinfer {
 // of mscale_all_dim (the DeepSeek recipe).
 float attention_softmax_scale(const ModelConfig& config);
 
+// The checks every forward pass makes of a batch, on any device: each sequence has tokens, ids
+// in the vocabulary, positions within `max_len`, and a block table that covers them with block
+// ids inside a pool of `num_blocks` blocks of `block_size`. Throws moeinfer::Error naming the
+// sequence and the value.
+void check_forward_batch(const ForwardBatch& batch, int64_t vocab_size, int64_t max_len,
+                         int64_t num_blocks, int64_t block_size);
+
 class Decoder {
  public:
   Decoder(const ModelConfig& config, DecoderWeights weights);

@@ -18,8 +18,6 @@ std::unique_ptr<GpuDecoder> GpuDecoder::create_synthetic(const ModelConfig& conf
   return create(config, DecoderWeights{}, options);
 }
 
-bool cuda_device_available() { return false; }
-
 DeviceFloors measure_device_floors() {
   MOE_FAIL("this build of moeinfer has no CUDA support");
 }

@@ -92,8 +92,6 @@ class GpuDecoder {
   // travel back. Needs batch.all_positions false.
   virtual void forward_sample(const ForwardBatch& batch, std::span<const GpuSamplingRow> rows,
                               std::span<int32_t> tokens) = 0;
-  // Waits for the device and reports an asynchronous failure, if any.
-  virtual void synchronize() = 0;
   // Rows each expert received in the last forward, [num_layers, E] (zeros for dense layers);
   // waits for the device.
   virtual std::vector<int32_t> expert_counts() = 0;
@@ -105,8 +103,5 @@ struct DeviceFloors {
   double gemm_flops = 0.0;        // cuBLAS bf16 GEMM at 8192^3
 };
 DeviceFloors measure_device_floors();
-
-// True when this build has CUDA and a device is visible.
-bool cuda_device_available();
 
 }  // namespace moeinfer

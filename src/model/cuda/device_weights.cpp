@@ -300,6 +300,14 @@ void resolve_targets(Layout& layout, void* base) {
   for (Job& job : layout.jobs()) *job.target = static_cast<char*>(base) + job.offset;
 }
 
+// The padded dims and the layout of every matrix (`weights` null: shapes only, synthetic).
+void plan_layout(const ModelConfig& config, const DecoderWeights* weights, DeviceWeights& out,
+                 Layout& layout) {
+  out.padded_head_dim = padded_head_dim(config);
+  out.padded_expert_width = padded_expert_width(config);
+  build_layout(config, weights, out, layout);
+}
+
 void check_shapes(const ModelConfig& c) {
   MOE_CHECK(c.hidden_size % 64 == 0, "hidden_size ", c.hidden_size,
             ": the CUDA backend needs a multiple of 64");
@@ -322,10 +330,8 @@ int64_t padded_expert_width(const ModelConfig& config) {
 
 int64_t device_weight_bytes(const ModelConfig& config) {
   DeviceWeights shapes;
-  shapes.padded_head_dim = padded_head_dim(config);
-  shapes.padded_expert_width = padded_expert_width(config);
   Layout layout;
-  build_layout(config, nullptr, shapes, layout);
+  plan_layout(config, nullptr, shapes, layout);
   return static_cast<int64_t>(layout.bytes());
 }
 
@@ -333,10 +339,8 @@ DeviceWeights upload_weights(const ModelConfig& config, const DecoderWeights& we
                              bool show_progress) {
   check_shapes(config);
   DeviceWeights out;
-  out.padded_head_dim = padded_head_dim(config);
-  out.padded_expert_width = padded_expert_width(config);
   Layout layout;
-  build_layout(config, &weights, out, layout);
+  plan_layout(config, &weights, out, layout);
   out.bytes = static_cast<int64_t>(layout.bytes());
   out.allocation = allocate(layout.bytes());
   resolve_targets(layout, out.allocation);
@@ -388,15 +392,13 @@ DeviceWeights upload_weights(const ModelConfig& config, const DecoderWeights& we
 DeviceWeights synthetic_weights(const ModelConfig& config, uint64_t seed, double zipf_exponent) {
   check_shapes(config);
   DeviceWeights out;
-  out.padded_head_dim = padded_head_dim(config);
-  out.padded_expert_width = padded_expert_width(config);
+  Layout layout;
+  plan_layout(config, nullptr, out, layout);
   MOE_CHECK(out.padded_head_dim == 0 || out.padded_head_dim == config.head_dim,
             "synthetic models need head_dim 64, 128 or 256, not ", config.head_dim);
   MOE_CHECK(out.padded_expert_width == config.moe_intermediate_size,
             "synthetic models need moe_intermediate_size a multiple of 64, not ",
             config.moe_intermediate_size);
-  Layout layout;
-  build_layout(config, nullptr, out, layout);
   // The skew is a logit bias per MoE layer.
   std::vector<size_t> skew_jobs;
   if (zipf_exponent > 0.0) {

@@ -143,7 +143,6 @@ class CudaDecoder final : public GpuDecoder {
   void forward(const ForwardBatch& batch, std::span<float> logits) override;
   void forward_sample(const ForwardBatch& batch, std::span<const GpuSamplingRow> rows,
                       std::span<int32_t> tokens) override;
-  void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
   std::vector<int32_t> expert_counts() override;
 
  private:
@@ -450,28 +449,13 @@ Step CudaDecoder::prepare(const ForwardBatch& batch) {
   Step step;
   host_device_bytes_ = 0;
   profiling_ = profile::active() != nullptr;
+  check_forward_batch(batch, c.vocab_size, max_model_len_, num_blocks_, block_size_);
   step.num_seqs = static_cast<int64_t>(batch.sequences.size());
-  MOE_CHECK(step.num_seqs > 0, "forward needs at least one sequence");
   bool all_single = !batch.all_positions, all_fresh = true, all_want = true;
   int64_t T = 0, max_len = 0, table_stride = 1;
-  for (size_t i = 0; i < batch.sequences.size(); ++i) {
-    const SequenceBatch& s = batch.sequences[i];
+  for (const SequenceBatch& s : batch.sequences) {
     const int64_t n = static_cast<int64_t>(s.tokens.size());
-    MOE_CHECK(n > 0, "sequence ", i, " of the batch has no tokens");
     const int64_t end = s.position + n;
-    MOE_CHECK(end <= max_model_len_, "sequence ", i, " reaches position ", end,
-              " past the context limit of ", max_model_len_);
-    MOE_CHECK(static_cast<int64_t>(s.block_table.size()) * block_size_ >= end, "sequence ", i,
-              " needs ", end, " cache slots but its block table holds ",
-              s.block_table.size() * block_size_);
-    for (int32_t block : s.block_table) {
-      MOE_CHECK(block >= 0 && block < num_blocks_, "block ", block, " outside the pool of ",
-                num_blocks_);
-    }
-    for (int32_t id : s.tokens) {
-      MOE_CHECK(id >= 0 && id < c.vocab_size, "token id ", id, " out of range [0, ",
-                c.vocab_size, ")");
-    }
     all_single = all_single && n == 1;
     all_fresh = all_fresh && s.position == 0;
     all_want = all_want && s.want_logits;
@@ -1067,9 +1051,5 @@ DeviceFloors measure_device_floors() {
                       .gemm_flops = cuda::measure_gemm_flops()};
 }
 
-bool cuda_device_available() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-}
 
 }  // namespace moeinfer
