@@ -1,6 +1,8 @@
-// `moeinfer profile [--model DIR] [--batch B] [--input-len I] [--output-len O] --out DIR
-// [--seed S] [--text-file FILE] [--repeats R] [--device cuda]`: runs a fixed workload with the stage profiler on
-// and writes DIR/report.txt, DIR/report.json and DIR/report.html (see docs/profiling.md).
+// `moeinfer profile [--model DIR|synthetic:NAME] [--batch B] [--input-len I] [--output-len O]
+// --out DIR [--seed S] [--text-file FILE] [--repeats R] [--time-every N] [--device cuda]`: runs a
+// fixed workload with the stage profiler on and writes DIR/report.txt, DIR/report.json and
+// DIR/report.html (see docs/profiling.md). Synthetic models (random weights of a published
+// shape, built on the GPU) need --device cuda.
 //
 // The workload: B sequences of I tokens (seeded random ids, or windows of a text file) are
 // prefilled together in one batched step, then O decode steps each advance all B sequences by
@@ -10,7 +12,8 @@
 // the "schedule" stage, sampling the "sample" stage.
 //
 // Before the profiled run the same workload runs R times with the profiler off and R times on,
-// interleaved, after one warm-up; the median times give the profiler's measured overhead. The
+// interleaved, after one warm-up; the best times give the profiler's measured overhead, and so
+// do blocks of one decode step repeated with the profiler off and on alternating. The
 // cost of one scope (on and off) is measured in a loop and, times the scopes per step, gives an
 // estimate that does not depend on how noisy the machine is.
 #include <algorithm>
@@ -34,6 +37,7 @@
 #include "kv/block_manager.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
+#include "model/synthetic.h"
 #include "profile/profiler.h"
 #include "profile/report.h"
 #include "profile/routing_trace.h"
@@ -54,11 +58,14 @@ struct ProfileArgs {
   uint64_t seed = 0;
   std::string text_file;  // empty: random token ids
   int64_t repeats = 3;    // off/on pairs for the overhead measurement; 0 skips it
+  int64_t time_every = 0;  // stages timed on one step in N; 0: 1 on the CPU, 16 on the GPU
   DeviceArgs device;
+  int64_t layers = 0;        // synthetic: first N layers
+  std::string routing_skew;  // synthetic: zipf:A
 };
 
 // Bytes of one routed expert's weights (gate, up, down) in each layer; 0 for dense layers.
-std::vector<int64_t> expert_bytes(const Decoder& decoder) {
+std::vector<int64_t> checkpoint_expert_bytes(const Decoder& decoder) {
   std::vector<int64_t> bytes;
   for (const LayerWeights& lw : decoder.weights().layers) {
     const auto& experts = lw.moe.routed.experts;
@@ -72,6 +79,16 @@ std::vector<int64_t> expert_bytes(const Decoder& decoder) {
   return bytes;
 }
 
+// The same for a synthetic model, whose weights are bf16 on the device.
+std::vector<int64_t> synthetic_expert_bytes(const ModelConfig& config) {
+  std::vector<int64_t> bytes;
+  for (int64_t l = 0; l < config.num_layers; ++l) {
+    const bool moe = config.layer_is_moe[l] && config.num_experts > 0;
+    bytes.push_back(moe ? 3 * config.hidden_size * config.moe_intermediate_size * 2 : 0);
+  }
+  return bytes;
+}
+
 std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   MOE_CHECK(in.good(), "cannot open --text-file ", path);
@@ -81,6 +98,7 @@ std::string read_text(const std::string& path) {
 }
 
 // [B][I] prompt ids.
+// Random ids need no tokenizer, which is how synthetic models (dir empty) get their prompts.
 std::vector<std::vector<int32_t>> make_prompts(const ProfileArgs& args,
                                                const std::filesystem::path& dir,
                                                const ModelConfig& config) {
@@ -135,23 +153,30 @@ double thread_cpu_seconds() {
 
 class Workload {
  public:
-  Workload(Decoder& decoder, const ProfileArgs& args, std::vector<std::vector<int32_t>> prompts)
-      : decoder_(decoder), args_(args), prompts_(std::move(prompts)) {
-    const ModelConfig& config = decoder.config();
+  // `decoder`: the checkpoint's CPU decoder (its weights go to the GPU under --device cuda), or
+  // null for a synthetic model, which is built on the GPU.
+  Workload(const ModelConfig& config, Decoder* decoder, const ProfileArgs& args,
+           std::vector<std::vector<int32_t>> prompts)
+      : config_(config), decoder_(decoder), args_(args), prompts_(std::move(prompts)) {
     const int64_t key_width = config.mla ? config.mla->cache_width() : config.kv_dim();
     const int64_t value_width = config.mla ? 0 : config.kv_dim();
     const int64_t per_seq = (args.input_len + args.output_len + kBlockSize - 1) / kBlockSize;
     num_blocks_ = per_seq * args.batch;
     if (args.device.is_cuda()) {
       // The same workload on the GPU decoder: its own device pool of the same blocks.
-      gpu_ = GpuDecoder::create(config, decoder.weights(),
-                                GpuOptions{.gpu_memory_fraction = args.device.gpu_memory_fraction,
-                                           .max_batch_tokens = args.batch * args.input_len,
-                                           .max_num_seqs = args.batch,
-                                           .max_model_len = args.input_len + args.output_len,
-                                           .block_size = kBlockSize,
-                                           .num_kv_blocks = num_blocks_});
+      const GpuOptions options{.gpu_memory_fraction = args.device.gpu_memory_fraction,
+                               .max_batch_tokens = args.batch * args.input_len,
+                               .max_num_seqs = args.batch,
+                               .max_model_len = args.input_len + args.output_len,
+                               .block_size = kBlockSize,
+                               .num_kv_blocks = num_blocks_};
+      gpu_ = decoder ? GpuDecoder::create(config, decoder->weights(), options)
+                     : GpuDecoder::create_synthetic(
+                           config, options,
+                           {.seed = args.seed,
+                            .zipf_exponent = parse_routing_skew(args.routing_skew)});
     } else {
+      MOE_CHECK(decoder != nullptr, "synthetic models run on the GPU: use --device cuda");
       pool_ = std::make_unique<KvBlockPool>(config.num_layers, key_width, value_width,
                                             kBlockSize, num_blocks_);
     }
@@ -164,7 +189,7 @@ class Workload {
     if (gpu_) {
       gpu_->forward(batch, logits_);
     } else {
-      decoder_.forward(batch, *pool_, logits_);
+      decoder_->forward(batch, *pool_, logits_);
     }
   }
 
@@ -172,7 +197,7 @@ class Workload {
   // With a profiler, each forward pass is one profiler step.
   RunTime run(profile::Profiler* profiler) {
     const int64_t B = args_.batch;
-    const int64_t V = decoder_.config().vocab_size;
+    const int64_t V = config_.vocab_size;
     profile::ActiveProfiler guard(profiler);
     BlockManager blocks(num_blocks_, kBlockSize, /*enable_prefix_caching=*/false);
     std::vector<SequenceBlocks> seqs(B);
@@ -222,11 +247,17 @@ class Workload {
   }
 
   // Paired A/B of one decode step: after a prefill, the same decode batch (same tokens, same
-  // positions, so every run does the same work) runs 2 * num_pairs times, alternating profiler
-  // off and on in the order off-on, on-off, ... so that drifts in machine load fall on both.
-  // Returns the median step times in microseconds; the on side includes begin_step/end_step.
-  std::pair<double, double> paired_decode_steps(int64_t num_pairs,
-                                                const profile::ProfilerOptions& options) {
+  // positions, so every run does the same work) runs in blocks of time_every steps, alternating
+  // profiler off and on in the order off-on, on-off, ... so that drifts in machine load fall on
+  // both. An on block holds exactly one step whose stages are timed, so its mean is what the
+  // profiler costs per step when it samples. Returns the median block means in microseconds
+  // (the on side includes begin_step/end_step) and the steps each side ran.
+  struct PairedSteps {
+    double off_us = 0.0, on_us = 0.0;
+    int64_t steps_per_side = 0;
+  };
+  PairedSteps paired_decode_steps(int64_t min_steps_per_side,
+                                  const profile::ProfilerOptions& options) {
     const int64_t B = args_.batch;
     BlockManager blocks(num_blocks_, kBlockSize, /*enable_prefix_caching=*/false);
     std::vector<SequenceBlocks> seqs(B);
@@ -243,29 +274,38 @@ class Workload {
                                                .position = args_.input_len,
                                                .block_table = seqs[b].table});
     }
-    forward(prefill);
-    forward(decode);  // warm
     profile::Profiler profiler(options);
-    std::vector<double> off, on;
-    for (int64_t i = 0; i < 2 * num_pairs; ++i) {
-      const bool profiled = (i % 4 == 1) || (i % 4 == 2);
+    const int64_t block = options.time_every;
+    auto run_block = [&](bool profiled) {
       profile::ActiveProfiler guard(profiled ? &profiler : nullptr);
       const auto start = std::chrono::steady_clock::now();
-      if (profiled) profiler.begin_step(B);
-      forward(decode);
-      if (profiled) profiler.end_step();
-      const double us =
-          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
-              .count();
-      (profiled ? on : off).push_back(us);
+      for (int64_t i = 0; i < block; ++i) {
+        if (profiled) profiler.begin_step(B);
+        forward(decode);
+        if (profiled) profiler.end_step();
+      }
+      return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+                 .count() /
+             static_cast<double>(block);
+    };
+    forward(prefill);
+    run_block(false);  // warm: the GPU captures the step's graph, with and without events
+    run_block(true);
+    profiler.clear();
+    const int64_t num_blocks = std::max<int64_t>(2, (min_steps_per_side + block - 1) / block);
+    std::vector<double> off, on;
+    for (int64_t i = 0; i < 2 * num_blocks; ++i) {
+      const bool profiled = (i % 4 == 1) || (i % 4 == 2);
+      (profiled ? on : off).push_back(run_block(profiled));
     }
     for (SequenceBlocks& s : seqs) blocks.free(s);
-    return {median(off), median(on)};
+    return {median(off), median(on), num_blocks * block};
   }
 
  private:
   static constexpr int64_t kBlockSize = 16;
-  Decoder& decoder_;
+  const ModelConfig& config_;
+  Decoder* decoder_;  // CPU decoder of a checkpoint; null for a synthetic model
   const ProfileArgs& args_;
   std::vector<std::vector<int32_t>> prompts_;
   int64_t num_blocks_ = 0;
@@ -314,10 +354,21 @@ void run_profile(const ProfileArgs& args) {
   MOE_CHECK(args.input_len >= 1, "--input-len must be >= 1, got ", args.input_len);
   MOE_CHECK(args.output_len >= 0, "--output-len must be >= 0, got ", args.output_len);
   MOE_CHECK(args.repeats >= 0, "--repeats must be >= 0, got ", args.repeats);
-  const std::filesystem::path dir = resolve_model_dir(args.model);
-  auto model = load_model_for(dir, args.device);
-  Decoder& decoder = model->decoder();
-  const ModelConfig& config = decoder.config();
+  const bool synthetic = is_synthetic_model(args.model);
+  MOE_CHECK(synthetic || (args.layers == 0 && args.routing_skew.empty()),
+            "--layers and --routing-skew apply to synthetic:NAME models only");
+  MOE_CHECK(!synthetic || args.device.is_cuda(),
+            "synthetic models are built on the GPU: use --device cuda");
+  MOE_CHECK(!synthetic || args.text_file.empty(),
+            "--text-file needs a checkpoint's tokenizer; synthetic models take random ids");
+  const std::string synthetic_name =
+      synthetic ? args.model.substr(std::string("synthetic:").size()) : std::string();
+  const std::filesystem::path dir = synthetic ? std::filesystem::path()
+                                              : resolve_model_dir(args.model);
+  std::unique_ptr<Model> model = synthetic ? nullptr : load_model_for(dir, args.device);
+  Decoder* decoder = model ? &model->decoder() : nullptr;
+  const ModelConfig config =
+      synthetic ? synthetic_model_config(synthetic_name, args.layers) : decoder->config();
   const int64_t L = config.num_layers;
   const int64_t E = config.num_experts;
   MOE_CHECK(config.max_position_embeddings <= 0 ||
@@ -326,9 +377,14 @@ void run_profile(const ProfileArgs& args) {
             " exceeds the model's context of ", config.max_position_embeddings, " tokens");
   std::filesystem::create_directories(args.out);
 
-  Workload workload(decoder, args, make_prompts(args, dir, config));
+  Workload workload(config, decoder, args, make_prompts(args, dir, config));
+  const int64_t time_every =
+      args.time_every > 0 ? args.time_every : args.device.is_cuda() ? kGpuProfileTimeEvery : 1;
   const profile::ProfilerOptions options{
-      .num_layers = L, .num_experts = E, .expert_bytes = expert_bytes(decoder)};
+      .num_layers = L,
+      .num_experts = E,
+      .expert_bytes = decoder ? checkpoint_expert_bytes(*decoder) : synthetic_expert_bytes(config),
+      .time_every = time_every};
 
   // Overhead: one warm-up, then off/on pairs in alternating order. Noise from other processes
   // only ever adds time, so the best run of each side is compared.
@@ -357,8 +413,9 @@ void run_profile(const ProfileArgs& args) {
     overhead.off_cpu_ms = best(off_cpu) * 1e3;
     overhead.on_cpu_ms = best(on_cpu) * 1e3;
     overhead.measured_cpu = overhead.on_cpu_ms / overhead.off_cpu_ms - 1.0;
-    const auto [off_us, on_us] = workload.paired_decode_steps(kPairedSteps, options);
-    overhead.paired_steps = kPairedSteps;
+    const auto [off_us, on_us, paired_steps] = workload.paired_decode_steps(kPairedSteps, options);
+    overhead.paired_steps = paired_steps;
+    overhead.paired_block = options.time_every;
     overhead.step_off_us = off_us;
     overhead.step_on_us = on_us;
     overhead.measured_step = on_us / off_us - 1.0;
@@ -370,15 +427,17 @@ void run_profile(const ProfileArgs& args) {
   RoutingTrace trace{.num_layers = static_cast<uint32_t>(L),
                      .num_experts = static_cast<uint32_t>(E),
                      .top_k = static_cast<uint32_t>(config.num_experts_per_tok)};
-  decoder.set_routing_observer([&](int64_t layer, const moe::Routing& routing) {
-    trace.records.push_back(TraceRecord{
-        .step = static_cast<uint32_t>(profiler.steps().size()),
-        .layer = static_cast<uint32_t>(layer),
-        .num_tokens = static_cast<uint32_t>(routing.num_tokens),
-        .expert_ids = std::vector<uint16_t>(routing.topk_ids.begin(), routing.topk_ids.end())});
-  });
+  if (decoder) {
+    decoder->set_routing_observer([&](int64_t layer, const moe::Routing& routing) {
+      trace.records.push_back(TraceRecord{
+          .step = static_cast<uint32_t>(profiler.steps().size()),
+          .layer = static_cast<uint32_t>(layer),
+          .num_tokens = static_cast<uint32_t>(routing.num_tokens),
+          .expert_ids = std::vector<uint16_t>(routing.topk_ids.begin(), routing.topk_ids.end())});
+    });
+  }
   workload.run(&profiler);
-  decoder.set_routing_observer(nullptr);
+  if (decoder) decoder->set_routing_observer(nullptr);
 
   int64_t scopes = 0, wall_ns = 0;
   for (const profile::StepRecord& r : profiler.steps()) {
@@ -390,9 +449,11 @@ void run_profile(const ProfileArgs& args) {
   overhead.estimated = overhead.scopes_per_step * overhead.scope_on_ns / (wall_ns / num_steps);
 
   const std::vector<LayerSummary> routing =
-      E > 0 ? summarize_routing_trace(trace, /*top_pairs=*/3) : std::vector<LayerSummary>{};
+      // The GPU decoder does not report routing decisions, only rows per expert.
+      E > 0 && !trace.records.empty() ? summarize_routing_trace(trace, /*top_pairs=*/3)
+                                      : std::vector<LayerSummary>{};
   profile::RunInfo run{
-      .model = dir.filename().string(),
+      .model = synthetic ? args.model : dir.filename().string(),
       .model_type = config.model_type,
       .batch = args.batch,
       .input_len = args.input_len,
@@ -438,7 +499,14 @@ void add_profile_command(CLI::App& app) {
       ->check(CLI::ExistingFile);
   cmd->add_option("--repeats", args->repeats, "Off/on runs for the overhead measurement (0 = skip)")
       ->capture_default_str();
+  cmd->add_option("--time-every", args->time_every,
+                  "Time the stages of one step in N, count rows on every step (default: 1 on "
+                  "the CPU, 16 on the GPU)")
+      ->check(CLI::Range(1, 1 << 30));
   add_device_options(cmd, &args->device);
+  cmd->add_option("--layers", args->layers, "synthetic:NAME: keep only the first N layers");
+  cmd->add_option("--routing-skew", args->routing_skew,
+                  "synthetic:NAME: zipf:A makes each router prefer experts by a Zipf law");
   cmd->callback([args] { run_profile(*args); });
 }
 

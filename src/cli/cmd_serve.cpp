@@ -143,6 +143,10 @@ void add_serve_command(CLI::App& app) {
                 "(default: on for --device cpu, off for --device cuda)");
   cmd->add_flag("--no-stage-metrics", args->no_stage_metrics,
                 "Do not time the MoE stages or count expert rows");
+  cmd->add_option("--time-every", args->engine.profile_time_every,
+                  "With stage metrics: time the stages of one step in N, count rows on every "
+                  "step (default: 1 on the CPU, 16 on the GPU)")
+      ->check(CLI::Range(1, 1 << 30));
   add_device_options(cmd, &args->device);
   cmd->add_option("--layers", args->layers, "synthetic:NAME: keep only the first N layers");
   cmd->add_option("--routing-skew", args->routing_skew,

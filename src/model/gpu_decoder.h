@@ -24,6 +24,12 @@
 
 namespace moeinfer {
 
+// ProfilerOptions::time_every when the GPU decoder runs the steps. A timed step records a CUDA
+// event after every stage of every layer (about 6 per layer), which costs 9-21% of a decode step
+// (bench/RESULTS.md); timing one step in 16, and only counting rows and bytes on the others,
+// keeps the profiler within 3% of step time.
+inline constexpr int64_t kGpuProfileTimeEvery = 16;
+
 struct GpuOptions {
   int device = 0;
   double gpu_memory_fraction = 0.9;  // of the card's memory, for weights + workspace + KV

@@ -32,6 +32,7 @@ void ProfilerOptions::validate() const {
   for (int32_t rank : expert_rank) {
     MOE_CHECK(rank >= 0, "profiler: expert_rank holds a negative rank ", rank);
   }
+  MOE_CHECK(time_every >= 1, "profiler: time_every must be >= 1, got ", time_every);
 }
 
 int64_t ProfilerOptions::num_ranks() const {
@@ -59,6 +60,8 @@ void Profiler::begin_step(int64_t num_tokens) {
   current_.cache_misses = 0;
   std::fill(std::begin(current_.link_bytes), std::end(current_.link_bytes), 0);
   row_ = options_.num_layers;
+  current_.timed = steps_begun_ % options_.time_every == 0;
+  ++steps_begun_;
   step_start_ns_ = now_ns();
 }
 

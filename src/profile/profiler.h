@@ -8,6 +8,11 @@
 // to its stage in the profiler's current layer (set by LayerScope) or, outside any layer, to the
 // step-level row (lm_head, sampling, scheduling).
 //
+// Stage times can be sampled: with ProfilerOptions::time_every = N only one step in N (the first,
+// then every N-th begun) times its stages; the others count rows, bytes and cache hits only and
+// their scopes cost what they cost when the profiler is off. On the GPU a timed step costs an
+// event per stage, so sampling is what keeps the profiler within its overhead budget there.
+//
 // Usage, in the code that drives the steps:
 //   profile::Profiler profiler(ProfilerOptions{.num_layers = L, .num_experts = E, ...});
 //   profile::ActiveProfiler on(&profiler);
@@ -65,6 +70,8 @@ struct ProfilerOptions {
   // Which rank holds each expert ([E], the same in every layer) for the rows-per-rank counter;
   // empty: one rank holds them all.
   std::vector<int32_t> expert_rank;
+  // Stage times on one step in this many (1: every step); counters on every step.
+  int64_t time_every = 1;
 
   int64_t num_ranks() const;
   void validate() const;  // throws moeinfer::Error naming the bad field
@@ -74,6 +81,7 @@ struct ProfilerOptions {
 struct StepRecord {
   int64_t num_tokens = 0;  // rows run through the layers
   int64_t wall_ns = 0;     // begin_step .. end_step
+  bool timed = true;       // its stages were timed (see ProfilerOptions::time_every)
   // [L + 1, kNumStages] time per stage; rows 0..L-1 are the layers, row L the step-level stages
   // that ran outside any layer.
   std::vector<int64_t> stage_ns;
@@ -101,15 +109,20 @@ class Profiler {
   int64_t num_layers() const { return options_.num_layers; }
   int64_t num_experts() const { return options_.num_experts; }
 
-  // Starts a step: clears the step's counters and reads the clock.
+  // Starts a step: clears the step's counters, decides whether its stages are timed and reads
+  // the clock.
   void begin_step(int64_t num_tokens);
+  // Whether the current step times its stages; scopes and the GPU's events skip them when not.
+  bool timing() const { return current_.timed; }
   // Ends it: computes the bytes read and appends the step's record to steps().
   void end_step();
   const std::vector<StepRecord>& steps() const { return steps_; }
   void clear() { steps_.clear(); }
 
-  // Adds `ns` to `stage` in the current layer (or the step-level row outside any layer).
+  // Adds `ns` to `stage` in the current layer (or the step-level row outside any layer); a
+  // step that does not time its stages keeps none.
   void add_time(Stage stage, int64_t ns) {
+    if (!current_.timed) return;
     const int64_t index = row_ * kNumStages + static_cast<int>(stage);
     current_.stage_ns[index] += ns;
     ++current_.stage_calls[index];
@@ -139,6 +152,7 @@ class Profiler {
   StepRecord current_;
   int64_t row_;  // index into current_.stage_ns rows
   int64_t step_start_ns_ = 0;
+  int64_t steps_begun_ = 0;  // not reset by clear(), so sampling holds across an engine's steps
   std::vector<StepRecord> steps_;
 };
 
@@ -165,12 +179,17 @@ class ActiveProfiler {
   Profiler* previous_;
 };
 
-// Times its own lifetime under `stage`.
+// Times its own lifetime under `stage` (in steps that time their stages).
 class Scope {
  public:
   explicit Scope(Stage stage) : profiler_(active()), stage_(stage) {
-    if (profiler_ != nullptr) [[unlikely]]
-      start_ns_ = Profiler::now_ns();
+    if (profiler_ != nullptr) [[unlikely]] {
+      if (profiler_->timing()) {
+        start_ns_ = Profiler::now_ns();
+      } else {
+        profiler_ = nullptr;
+      }
+    }
   }
   ~Scope() {
     if (profiler_ != nullptr) [[unlikely]]

@@ -86,7 +86,9 @@ Json build_report(const RunInfo& run, const Profiler& profiler,
   std::vector<int64_t> stage_calls(S, 0);            // [S]
   std::vector<int64_t> layer_stage_total(L * S, 0);  // [L, S]
   std::vector<int64_t> load(L * E, 0);               // [L, E]
-  int64_t wall_total = 0, prefill_wall = 0, decode_wall = 0;
+  // Stage figures come from the steps that timed their stages (all of them unless the profiler
+  // sampled, see ProfilerOptions::time_every), and shares are of those steps' wall time.
+  int64_t wall_total = 0, prefill_wall = 0, decode_wall = 0, timed_wall = 0, timed_steps = 0;
   int64_t prefill_tokens = 0, decode_tokens = 0, bytes_total = 0, decode_bytes = 0;
   int64_t hits = 0, misses = 0;
   int64_t link_total[kNumLinks] = {};
@@ -98,6 +100,10 @@ Json build_report(const RunInfo& run, const Profiler& profiler,
     wall_total += r.wall_ns;
     (prefill ? prefill_wall : decode_wall) += r.wall_ns;
     (prefill ? prefill_tokens : decode_tokens) += r.num_tokens;
+    if (r.timed) {
+      timed_wall += r.wall_ns;
+      ++timed_steps;
+    }
     bytes_total += r.expert_bytes_read;
     if (!prefill) decode_bytes += r.expert_bytes_read;
     hits += r.cache_hits;
@@ -113,7 +119,7 @@ Json build_report(const RunInfo& run, const Profiler& profiler,
     Json stage_us = Json::object();
     std::vector<int64_t> per_stage(S, 0);
     Json layer_stage_us = Json::array();
-    for (int64_t row = 0; row <= L; ++row) {
+    for (int64_t row = 0; r.timed && row <= L; ++row) {
       Json row_us = Json::array();
       for (int64_t s = 0; s < S; ++s) {
         const int64_t ns = r.stage_ns[row * S + s];
@@ -124,7 +130,7 @@ Json build_report(const RunInfo& run, const Profiler& profiler,
       }
       layer_stage_us.push_back(row_us);
     }
-    for (int64_t s = 0; s < S; ++s) {
+    for (int64_t s = 0; r.timed && s < S; ++s) {
       stage_total[s] += per_stage[s];
       stage_us[std::string(stage_name(static_cast<Stage>(s)))] = to_us(per_stage[s]);
     }
@@ -148,8 +154,9 @@ Json build_report(const RunInfo& run, const Profiler& profiler,
          {"phase", prefill ? "prefill" : "decode"},
          {"tokens", r.num_tokens},
          {"wall_us", to_us(r.wall_ns)},
-         {"stage_us", stage_us},
-         {"layer_stage_us", layer_stage_us},
+         {"timed", r.timed},
+         {"stage_us", r.timed ? stage_us : Json(nullptr)},
+         {"layer_stage_us", r.timed ? layer_stage_us : Json(nullptr)},
          {"expert_rows", rows},
          {"expert_bytes_read", r.expert_bytes_read},
          {"cache_hits", r.cache_hits},
@@ -167,6 +174,8 @@ Json build_report(const RunInfo& run, const Profiler& profiler,
   const int64_t staged = std::accumulate(stage_total.begin(), stage_total.end(), int64_t{0});
   report["summary"] = {
       {"steps", num_steps},
+      {"timed_steps", timed_steps},
+      {"time_every", profiler.options().time_every},
       {"prefill_steps", std::min(num_steps, run.prefill_steps)},
       {"decode_steps", decode_steps},
       {"total_ms", to_ms(wall_total)},
@@ -177,7 +186,8 @@ Json build_report(const RunInfo& run, const Profiler& profiler,
       {"decode_tokens", decode_tokens},
       {"prefill_tokens_per_s", prefill_wall ? prefill_tokens / (prefill_wall * 1e-9) : 0.0},
       {"decode_tokens_per_s", decode_wall ? decode_tokens / (decode_wall * 1e-9) : 0.0},
-      {"other_ms", to_ms(wall_total - staged)},
+      {"timed_ms", to_ms(timed_wall)},
+      {"other_ms", to_ms(timed_wall - staged)},
       {"expert_bytes_read", bytes_total},
       {"expert_bytes_read_per_decode_step",
        decode_steps ? static_cast<double>(decode_bytes) / decode_steps : 0.0},
@@ -194,17 +204,17 @@ Json build_report(const RunInfo& run, const Profiler& profiler,
         {{"stage", stage_name(static_cast<Stage>(s))},
          {"total_ms", to_ms(stage_total[s])},
          {"calls", stage_calls[s]},
-         {"mean_us_per_step", to_us(stage_total[s]) / num_steps},
-         {"share", wall_total ? static_cast<double>(stage_total[s]) / wall_total : 0.0}});
+         {"mean_us_per_step", timed_steps ? to_us(stage_total[s]) / timed_steps : 0.0},
+         {"share", timed_wall ? static_cast<double>(stage_total[s]) / timed_wall : 0.0}});
   }
   // Time inside a step that no stage claims: norms, residual adds, the embedding lookup, the
   // driver's own bookkeeping.
   totals.push_back(
       {{"stage", "other"},
-       {"total_ms", to_ms(wall_total - staged)},
+       {"total_ms", to_ms(timed_wall - staged)},
        {"calls", 0},
-       {"mean_us_per_step", to_us(wall_total - staged) / num_steps},
-       {"share", wall_total ? static_cast<double>(wall_total - staged) / wall_total : 0.0}});
+       {"mean_us_per_step", timed_steps ? to_us(timed_wall - staged) / timed_steps : 0.0},
+       {"share", timed_wall ? static_cast<double>(timed_wall - staged) / timed_wall : 0.0}});
   report["totals"] = totals;
 
   Json layers = Json::array();
@@ -252,6 +262,7 @@ Json build_report(const RunInfo& run, const Profiler& profiler,
                         {"on_cpu_ms", overhead.on_cpu_ms},
                         {"measured_cpu", overhead.measured_cpu},
                         {"paired_steps", overhead.paired_steps},
+                        {"paired_block", overhead.paired_block},
                         {"step_off_us", overhead.step_off_us},
                         {"step_on_us", overhead.step_on_us},
                         {"measured_step", overhead.measured_step},
@@ -301,13 +312,21 @@ std::string render_text_report(const Json& report) {
         100.0 * overhead["measured_cpu"].get<double>(), overhead["off_cpu_ms"].get<double>(),
         overhead["on_cpu_ms"].get<double>());
     out += format(
-        "  measured, one decode step repeated %lld times each side, off and on alternating: "
-        "%+.2f%% (median %.1f vs %.1f us)\n",
-        overhead["paired_steps"].get<long long>(), 100.0 * overhead["measured_step"].get<double>(),
-        overhead["step_off_us"].get<double>(), overhead["step_on_us"].get<double>());
+        "  measured, one decode step repeated %lld times each side in blocks of %lld, off and on "
+        "alternating: %+.2f%% (median %.1f vs %.1f us)\n",
+        overhead["paired_steps"].get<long long>(), overhead["paired_block"].get<long long>(),
+        100.0 * overhead["measured_step"].get<double>(), overhead["step_off_us"].get<double>(),
+        overhead["step_on_us"].get<double>());
   }
 
-  out += "\nstages (all steps)\n";
+  const int64_t timed_steps = summary["timed_steps"].get<int64_t>();
+  if (timed_steps == summary["steps"].get<int64_t>()) {
+    out += "\nstages (all steps)\n";
+  } else {
+    out += format("\nstages (timed on %lld of %lld steps: one in %lld)\n",
+                  static_cast<long long>(timed_steps), summary["steps"].get<long long>(),
+                  summary["time_every"].get<long long>());
+  }
   out += format("%-16s %12s %14s %8s\n", "stage", "total ms", "mean us/step", "share");
   std::vector<std::string> not_run;
   for (const Json& t : report["totals"]) {
@@ -326,7 +345,7 @@ std::string render_text_report(const Json& report) {
   }
 
   // Per layer: mean microseconds per step of each layer stage that ran.
-  const int64_t steps = summary["steps"].get<int64_t>();
+  const double steps = static_cast<double>(std::max<int64_t>(timed_steps, 1));
   std::vector<std::string> columns;
   for (const Json& s : report["stages"]) {
     if (s["scope"] != "layer") continue;
@@ -338,7 +357,7 @@ std::string render_text_report(const Json& report) {
       }
     }
   }
-  out += "\nper layer, mean us per step\n";
+  out += "\nper layer, mean us per timed step\n";
   out += format("%5s", "layer");
   for (const std::string& c : columns) out += format(" %10.10s", c.c_str());
   out += format(" %10s %9s %7s\n", "total", "max/mean", "unused");

@@ -40,8 +40,9 @@ struct OverheadInfo {
   double on_cpu_ms = 0.0;        // ... and on
   double measured_cpu = 0.0;     // on_cpu / off_cpu - 1
   int64_t paired_steps = 0;      // decode steps per side in the paired step A/B
-  double step_off_us = 0.0;      // median decode step, profiler off
-  double step_on_us = 0.0;       // ... on, alternating with the off steps
+  int64_t paired_block = 1;      // ... run in blocks of this many (the profiler's time_every)
+  double step_off_us = 0.0;      // median over blocks of the mean decode step, profiler off
+  double step_on_us = 0.0;       // ... on, alternating with the off blocks
   double measured_step = 0.0;    // step_on / step_off - 1
   double scope_on_ns = 0.0;      // cost of one scope (two clock reads and an add) when on
   double scope_off_ns = 0.0;     // ... when off (a thread-local load and a branch)

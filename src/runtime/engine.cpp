@@ -66,6 +66,8 @@ void EngineConfig::validate() const {
             "'");
   MOE_CHECK(gpu_memory_fraction > 0.0 && gpu_memory_fraction <= 1.0,
             "gpu_memory_fraction must be in (0, 1], got ", gpu_memory_fraction);
+  MOE_CHECK(profile_time_every >= 0, "profile_time_every must be >= 0, got ",
+            profile_time_every);
 }
 
 namespace {
@@ -136,8 +138,11 @@ Engine::Engine(std::unique_ptr<Model> model, std::unique_ptr<GpuDecoder> gpu, To
   for (int64_t id : model_config_.eos_token_ids) eos_ids_.insert(static_cast<int32_t>(id));
   if (config.profile_stages) {
     const ModelConfig& m = model_config_;
-    profiler_ = std::make_unique<profile::Profiler>(
-        profile::ProfilerOptions{.num_layers = m.num_layers, .num_experts = m.num_experts});
+    const int64_t time_every = config.profile_time_every > 0 ? config.profile_time_every
+                               : gpu_                         ? kGpuProfileTimeEvery
+                                                              : 1;
+    profiler_ = std::make_unique<profile::Profiler>(profile::ProfilerOptions{
+        .num_layers = m.num_layers, .num_experts = m.num_experts, .time_every = time_every});
     totals_.stage_seconds.assign(profile::kNumStages, 0.0);
     totals_.last_step_stage_seconds.assign(profile::kNumStages, 0.0);
     totals_.expert_rows.assign(static_cast<size_t>(m.num_layers * m.num_experts), 0);
@@ -214,31 +219,37 @@ std::vector<RequestOutput> Engine::step() {
   }
   start = Clock::now();
   run_model(scheduled);
-  totals_.forward_seconds += seconds_since(start);
+  const double forward_seconds = seconds_since(start);
+  totals_.forward_seconds += forward_seconds;
   scheduler_.commit(scheduled);
   start = Clock::now();
   {
     MOE_PROFILE_SCOPE(profile::Stage::kSample);
     sample(scheduled, outputs);
   }
-  totals_.sample_seconds += seconds_since(start);
+  const double sample_seconds = seconds_since(start);
+  totals_.sample_seconds += sample_seconds;
   totals_.computed_tokens += scheduled.num_tokens;
   ++totals_.num_steps;
   if (profiler_) {
     profiler_->end_step();
     const profile::StepRecord& step = profiler_->steps().back();
-    std::vector<double>& last = totals_.last_step_stage_seconds;
-    std::fill(last.begin(), last.end(), 0.0);
-    for (int64_t row = 0; row <= totals_.num_layers; ++row) {
-      for (int stage = 0; stage < profile::kNumStages; ++stage) {
-        last[stage] += step.stage_ns[row * profile::kNumStages + stage] * 1e-9;
-      }
-    }
-    for (int stage = 0; stage < profile::kNumStages; ++stage) {
-      totals_.stage_seconds[stage] += last[stage];
-    }
     for (size_t i = 0; i < step.expert_rows.size() && i < totals_.expert_rows.size(); ++i) {
       totals_.expert_rows[i] += step.expert_rows[i];
+    }
+    if (step.timed) {
+      ++totals_.timed_steps;
+      totals_.timed_step_seconds += schedule_seconds + forward_seconds + sample_seconds;
+      std::vector<double>& last = totals_.last_step_stage_seconds;
+      std::fill(last.begin(), last.end(), 0.0);
+      for (int64_t row = 0; row <= totals_.num_layers; ++row) {
+        for (int stage = 0; stage < profile::kNumStages; ++stage) {
+          last[stage] += step.stage_ns[row * profile::kNumStages + stage] * 1e-9;
+        }
+      }
+      for (int stage = 0; stage < profile::kNumStages; ++stage) {
+        totals_.stage_seconds[stage] += last[stage];
+      }
     }
     profiler_->clear();  // the totals above are all a long-running engine keeps
   }

@@ -32,9 +32,12 @@ struct EngineConfig {
   int64_t kv_cache_mb = 0;    // 0: room for max_num_seqs requests of max_model_len, at most 4 GiB
   int64_t max_model_len = 0;  // 0: the model's max_position_embeddings
   bool enable_prefix_caching = true;
-  // Times every MoE stage of every step and counts each expert's rows (profile/profiler.h),
-  // summed into EngineStats; costs a few clock reads per layer.
+  // Times every MoE stage and counts each expert's rows (profile/profiler.h), summed into
+  // EngineStats; costs a few clock reads per layer on the CPU, an event per stage on the GPU.
   bool profile_stages = false;
+  // With profile_stages: stages are timed on one step in this many (rows are counted on every
+  // step); 0: every step on the CPU, one in kGpuProfileTimeEvery on the GPU.
+  int64_t profile_time_every = 0;
   // "cpu", or "cuda": the forward pass, the KV pool and sampling (for requests without
   // penalties, min-p or logprobs) on the GPU.
   std::string device = "cpu";
@@ -60,8 +63,12 @@ struct EngineStats {
   // ([profile::kNumStages], by profile::Stage), and rows each expert received ([L, E]).
   std::vector<double> stage_seconds;
   std::vector<int64_t> expert_rows;
-  // With profile_stages: the latest step's time per stage ([profile::kNumStages], summed over
-  // layers), for per-step histograms; a change in num_steps says it is a new step.
+  // With profile_stages: the steps whose stages were timed, and their time (schedule + forward
+  // + sample), the denominator of the stage shares.
+  int64_t timed_steps = 0;
+  double timed_step_seconds = 0.0;
+  // With profile_stages: the latest timed step's time per stage ([profile::kNumStages], summed
+  // over layers), for per-step histograms; a change in timed_steps says it is a new one.
   std::vector<double> last_step_stage_seconds;
   int64_t num_layers = 0;
   int64_t num_experts = 0;

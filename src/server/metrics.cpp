@@ -105,9 +105,10 @@ Metrics::Metrics()
 
 void Metrics::set_engine_stats(const EngineStats& stats) {
   std::lock_guard lock(mutex_);
-  // The server sets the stats after each step, so a new step count means one new step, whose
-  // stage times the histograms take (stages that did not run in it are left out).
-  if (stats.num_steps != stats_.num_steps &&
+  // The server sets the stats after each step, so a new count of timed steps means one new
+  // timed step, whose stage times the histograms take (stages that did not run in it are left
+  // out).
+  if (stats.timed_steps != stats_.timed_steps &&
       stats.last_step_stage_seconds.size() == static_cast<size_t>(profile::kNumStages)) {
     for (int stage = 0; stage < profile::kNumStages; ++stage) {
       const double s = stats.last_step_stage_seconds[stage];
@@ -214,8 +215,8 @@ std::string Metrics::render(const std::string& model_name) const {
     }
     const std::string name = p + "stage_step_seconds";
     header(out, name, "histogram",
-           "Time of each MoE-path stage in one engine step, summed over layers; steps in which "
-           "the stage ran.");
+           "Time of each MoE-path stage in one engine step, summed over layers; timed steps in "
+           "which the stage ran.");
     for (int stage = 0; stage < profile::kNumStages; ++stage) {
       stage_step_[stage].render_series(name, "stage=\"" + stage_label(stage) + "\"", out);
     }

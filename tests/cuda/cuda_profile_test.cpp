@@ -1,7 +1,9 @@
 // The stage profiler on the GPU decoder: with a profiler installed, a decode step (graph path,
 // captured with its events) and a prefill step (eager) report a positive time for every stage of
 // every layer, the plan's rows per expert (T * K per MoE layer), and the bytes moved on the device
-// and between host and device; the logits are the same as without the profiler.
+// and between host and device; the logits are the same as without the profiler. With sampled
+// timing (time_every 3) only every third step carries stage times, every step its rows and
+// bytes.
 #if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
 
 #include <gtest/gtest.h>
@@ -79,10 +81,53 @@ void profiled_steps_report_every_stage() {
   }
 }
 
+void sampled_timing_counts_every_step() {
+  const auto dir = std::filesystem::path(MOE_FIXTURES_DIR) / "models" / "qwen2_moe_f32";
+  auto model = Model::load(dir, LoadOptions{.prefault = false});
+  const ModelConfig& c = model->config();
+  auto gpu = GpuDecoder::create(c, model->decoder().weights(),
+                                GpuOptions{.max_batch_tokens = 64, .max_num_seqs = 4,
+                                           .max_model_len = 64, .num_kv_blocks = 8, .quiet = true});
+  const std::vector<int32_t> token = {92};
+  const std::vector<int32_t> table = {0};
+  const int64_t V = c.vocab_size, L = c.num_layers, E = c.num_experts, K = c.num_experts_per_tok;
+  const ForwardBatch batch{.sequences = {{.tokens = token, .position = 0, .block_table = table}}};
+  std::vector<float> plain(V);
+  gpu->forward(batch, plain);
+
+  profile::Profiler profiler({.num_layers = L, .num_experts = E, .time_every = 3});
+  profile::ActiveProfiler on(&profiler);
+  for (int step = 0; step < 7; ++step) {
+    std::vector<float> logits(V);
+    profiler.begin_step(1);
+    gpu->forward(batch, logits);
+    profiler.end_step();
+    EXPECT_EQ(logits, plain) << "step " << step;
+    const profile::StepRecord& r = profiler.steps().back();
+    EXPECT_EQ(r.timed, step % 3 == 0) << "step " << step;
+    const int64_t staged = std::accumulate(r.stage_ns.begin(), r.stage_ns.end(), int64_t{0});
+    if (r.timed) {
+      EXPECT_GT(r.ns(L, Stage::kLmHead), 0) << "step " << step;
+      for (int64_t l = 0; l < L; ++l) EXPECT_GT(r.ns(l, Stage::kAttention), 0) << "layer " << l;
+    } else {
+      EXPECT_EQ(staged, 0) << "step " << step << " was not to be timed";
+    }
+    for (int64_t l = 0; l < L; ++l) {
+      if (!c.layer_is_moe[l]) continue;
+      const int64_t rows = std::accumulate(r.expert_rows.begin() + l * E,
+                                           r.expert_rows.begin() + (l + 1) * E, int64_t{0});
+      EXPECT_EQ(rows, K) << "step " << step << " layer " << l;
+    }
+    EXPECT_GE(r.link_bytes[static_cast<int>(profile::Link::kHostDevice)], V * 4);
+  }
+}
+
 [[maybe_unused]] const bool kRegistered = [] {
   if (!cuda::testing_util::cuda_device_present("profile")) return false;
   cuda::testing_util::register_kernel_test("CudaProfile", "ProfiledStepsReportEveryStage",
                                            profiled_steps_report_every_stage, __FILE__, __LINE__);
+  cuda::testing_util::register_kernel_test("CudaProfile", "SampledTimingCountsEveryStep",
+                                           sampled_timing_counts_every_step, __FILE__, __LINE__);
   return true;
 }();
 

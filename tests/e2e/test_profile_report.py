@@ -113,6 +113,8 @@ def check_json(report: dict) -> None:
     stages = [s["name"] for s in report["stages"]]
     assert (run["batch"], run["input_len"], run["output_len"]) == (BATCH, INPUT_LEN, OUTPUT_LEN)
     assert len(steps) == 1 + OUTPUT_LEN == summary["steps"], f"{len(steps)} steps"
+    # On the CPU every step times its stages unless --time-every says otherwise.
+    assert summary["timed_steps"] == summary["steps"] and all(s["timed"] for s in steps)
     assert len(moe) == L and any(moe), f"moe_layers {moe}"
     total_tokens = 0
     for s in steps:

@@ -204,6 +204,41 @@ TEST(Profiler, RowsPerRankFollowTheExpertPlacement) {
                Error);
 }
 
+// time_every 3: steps 0, 3, 6, ... time their stages (scopes and add_time), the others record
+// nothing but their counters; clear() does not restart the count (the engine clears each step).
+TEST(Profiler, SampledTimingTimesOneStepInN) {
+  Profiler profiler(ProfilerOptions{.num_layers = 2, .num_experts = 4, .time_every = 3});
+  ActiveProfiler on(&profiler);
+  const std::vector<int32_t> routing = {0, 3};
+  for (int step = 0; step < 7; ++step) {
+    profiler.begin_step(1);
+    EXPECT_EQ(profiler.timing(), step % 3 == 0) << "step " << step;
+    {
+      MOE_PROFILE_LAYER(1);
+      MOE_PROFILE_SCOPE(Stage::kExperts);
+      busy_work(2000);
+    }
+    profiler.add_time(Stage::kSample, 500);
+    profiler.record_routing(1, routing);
+    profiler.add_link_bytes(Link::kOnDevice, 10);
+    profiler.end_step();
+    const StepRecord& r = profiler.steps().back();
+    EXPECT_EQ(r.timed, step % 3 == 0) << "step " << step;
+    if (r.timed) {
+      EXPECT_GT(r.ns(1, Stage::kExperts), 0) << "step " << step;
+      EXPECT_EQ(r.ns(2, Stage::kSample), 500) << "step " << step;
+    } else {
+      for (int64_t row = 0; row <= 2; ++row) EXPECT_EQ(sum_row(r, row), 0) << "step " << step;
+      EXPECT_EQ(r.calls(1, Stage::kExperts), 0);
+    }
+    EXPECT_EQ(r.expert_rows[1 * 4 + 0], 1) << "step " << step;
+    EXPECT_EQ(r.expert_rows[1 * 4 + 3], 1) << "step " << step;
+    EXPECT_EQ(r.link_bytes[static_cast<int>(Link::kOnDevice)], 10) << "step " << step;
+    if (step == 4) profiler.clear();
+  }
+  EXPECT_THROW(Profiler(ProfilerOptions{.num_layers = 1, .time_every = 0}), Error);
+}
+
 TEST(Profiler, OptionsAreValidated) {
   EXPECT_THROW(Profiler(ProfilerOptions{.num_layers = 0}), Error);
   EXPECT_THROW(Profiler(ProfilerOptions{.num_layers = 2, .num_experts = 4, .expert_bytes = {1}}),
@@ -388,6 +423,56 @@ TEST(ProfileReport, BuiltFromAHandMadeProfile) {
     const std::string points = (*it)[1];
     EXPECT_EQ(count(points, ","), 3) << "one point per step: " << points;
   }
+}
+
+// A sampled profile (time_every 2, four steps): stage figures come from steps 0 and 2 only,
+// shares are of those steps' wall time, and the untimed steps carry no stage figures but
+// their rows.
+TEST(ProfileReport, SampledTimingUsesTheTimedSteps) {
+  Profiler profiler(ProfilerOptions{.num_layers = 1, .num_experts = 2, .time_every = 2});
+  const std::vector<int32_t> routing = {0, 1};
+  for (int step = 0; step < 4; ++step) {
+    profiler.begin_step(1);
+    profiler.set_current_layer(0);
+    profiler.add_time(Stage::kExperts, 1000);
+    profiler.record_routing(0, routing);
+    profiler.set_current_layer(-1);
+    busy_work(20000);  // wall time > the stage times
+    profiler.end_step();
+  }
+  const RunInfo run{.model = "hand",
+                    .model_type = "test",
+                    .batch = 1,
+                    .input_len = 1,
+                    .output_len = 3,
+                    .token_source = "random",
+                    .num_threads = 1,
+                    .top_k = 2,
+                    .hidden_size = 8,
+                    .layer_is_moe = {true}};
+  const nlohmann::ordered_json report = build_report(run, profiler, {}, OverheadInfo{});
+  EXPECT_EQ(report["summary"]["steps"], 4);
+  EXPECT_EQ(report["summary"]["timed_steps"], 2);
+  EXPECT_EQ(report["summary"]["time_every"], 2);
+  for (int step = 0; step < 4; ++step) {
+    const auto& s = report["steps"][step];
+    EXPECT_EQ(s["timed"], step % 2 == 0);
+    EXPECT_EQ(s["stage_us"].is_null(), step % 2 == 1);
+    EXPECT_EQ(s["expert_rows"][0], (std::vector<int32_t>{1, 1}));
+  }
+  const auto& experts = report["totals"][static_cast<int>(Stage::kExperts)];
+  EXPECT_DOUBLE_EQ(experts["total_ms"].get<double>(), 2 * 1000e-6);
+  EXPECT_DOUBLE_EQ(experts["mean_us_per_step"].get<double>(), 1.0);
+  EXPECT_EQ(experts["calls"], 2);
+  const double timed_ms = report["summary"]["timed_ms"].get<double>();
+  EXPECT_NEAR(experts["share"].get<double>(), 2 * 1000e-6 / timed_ms, 1e-12);
+  double shares = 0.0;
+  for (const auto& t : report["totals"]) shares += t["share"].get<double>();
+  EXPECT_NEAR(shares, 1.0, 1e-9);
+  EXPECT_EQ(report["layers"][0]["load"], (std::vector<int64_t>{4, 4}));
+  const std::string text = render_text_report(report);
+  EXPECT_NE(text.find("timed on 2 of 4 steps"), std::string::npos) << text;
+  EXPECT_NE(render_html_report(report).find("timed on 2 of the 4 steps"), std::string::npos);
 }
 
 }  // namespace

@@ -31,9 +31,11 @@ int stage(profile::Stage s) { return static_cast<int>(s); }
 
 // Stats of an engine with profiling on after `steps` steps, the latest taking `last` seconds in
 // attention and 0.5 ms in the experts (route did not run).
-EngineStats profiled(int64_t steps, double last) {
+// `steps` engine steps, of which `timed` timed their stages (all of them unless given).
+EngineStats profiled(int64_t steps, double last, int64_t timed = -1) {
   EngineStats s;
   s.num_steps = steps;
+  s.timed_steps = timed < 0 ? steps : timed;
   s.num_layers = 2;
   s.num_experts = 3;
   s.stage_seconds.assign(profile::kNumStages, 0.0);
@@ -84,6 +86,9 @@ TEST(Metrics, ObservesEachNewStepOnceAndOnlyStagesThatRan) {
   EXPECT_EQ(v.at("moeinfer:stage_step_seconds_count{stage=\"route\"}"), 0);
   EXPECT_EQ(v.at("moeinfer:stage_step_seconds_bucket{stage=\"attention\",le=\"0.0025\"}"), 1);
   EXPECT_EQ(v.at("moeinfer:stage_step_seconds_bucket{stage=\"attention\",le=\"+Inf\"}"), 2);
+  // A step whose stages were not timed (sampled timing) adds nothing to the histograms.
+  m.set_engine_stats(profiled(3, 0.004, /*timed=*/2));
+  EXPECT_EQ(parse(m.render("demo")).at(a), 2);
   // The counters stay.
   EXPECT_TRUE(v.count("moeinfer:stage_seconds_total{stage=\"attention\"}"));
   EXPECT_TRUE(v.count("moeinfer:expert_rows_total{layer=\"1\",expert=\"2\"}"));

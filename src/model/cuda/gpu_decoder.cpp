@@ -187,6 +187,7 @@ class CudaDecoder final : public GpuDecoder {
   // Device workspace.
   char* workspace_ = nullptr;
   char* host_meta_base_ = nullptr;  // pinned mirror of meta_
+  int32_t* host_expert_counts_ = nullptr;  // pinned [L, E]: the plan's counts, for the profiler
   Meta meta_, host_meta_;
   size_t meta_bytes_ = 0;
   float* inv_freq_ = nullptr;
@@ -222,7 +223,11 @@ class CudaDecoder final : public GpuDecoder {
   };
   void begin_timeline(Timeline* timeline);
   void mark(profile::Stage stage, int64_t layer);
-  // Stage times, expert rows and bytes moved of the finished step, into the profiler.
+  // With a profiler installed: the plan's counts to pinned memory, ahead of the step's
+  // synchronisation, so that counting rows costs no round trip of its own.
+  void enqueue_profile_readback();
+  // Stage times (of a timed step), expert rows and bytes moved of the finished step, into the
+  // profiler.
   void report_step(profile::Profiler& profiler, const Step& step);
 
   struct Graph {
@@ -296,6 +301,7 @@ CudaDecoder::~CudaDecoder() {
   cudaFree(kv_pool_);
   cudaFree(workspace_);
   cudaFreeHost(host_meta_base_);
+  cudaFreeHost(host_expert_counts_);
   free_device_weights(w_);
 }
 
@@ -394,6 +400,11 @@ void CudaDecoder::allocate_workspace() {
                            cudaHostAllocDefault));
   Carver host(host_meta_base_);
   host_meta_.carve(host, T, rcap_, max_blocks_per_seq_);
+  if (c.num_experts > 0) {
+    CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_expert_counts_),
+                             static_cast<size_t>(c.num_layers * c.num_experts) * sizeof(int32_t),
+                             cudaHostAllocDefault));
+  }
 }
 
 void CudaDecoder::allocate_kv_pool() {
@@ -448,7 +459,9 @@ Step CudaDecoder::prepare(const ForwardBatch& batch) {
   Meta& h = host_meta_;
   Step step;
   host_device_bytes_ = 0;
-  profiling_ = profile::active() != nullptr;
+  // Events only in the steps whose stages the profiler times; the others replay the plain graph.
+  const profile::Profiler* profiler = profile::active();
+  profiling_ = profiler != nullptr && profiler->timing();
   check_forward_batch(batch, c.vocab_size, max_model_len_, num_blocks_, block_size_);
   step.num_seqs = static_cast<int64_t>(batch.sequences.size());
   bool all_single = !batch.all_positions, all_fresh = true, all_want = true;
@@ -895,6 +908,14 @@ void CudaDecoder::mark(profile::Stage stage, int64_t layer) {
   record_event(t.events[t.marks.size()], stream_);
 }
 
+void CudaDecoder::enqueue_profile_readback() {
+  const int64_t E = config_.num_experts;
+  if (E == 0 || profile::active() == nullptr) return;
+  CUDA_CHECK(cudaMemcpyAsync(host_expert_counts_, expert_counts_,
+                             static_cast<size_t>(config_.num_layers * E) * sizeof(int32_t),
+                             cudaMemcpyDeviceToHost, stream_));
+}
+
 void CudaDecoder::report_step(profile::Profiler& profiler, const Step& step) {
   const int64_t previous_layer = profiler.current_layer();
   if (timeline_) {
@@ -918,16 +939,16 @@ void CudaDecoder::report_step(profile::Profiler& profiler, const Step& step) {
     }
   }
   profiler.set_current_layer(previous_layer);
-  // Rows per expert from the plan's counts, and the weight bytes the step read: every
-  // non-expert weight and the experts some row reached.
-  const std::vector<int32_t> counts = expert_counts();
+  // Rows per expert from the plan's counts (copied by enqueue_profile_readback), and the weight
+  // bytes the step read: every non-expert weight and the experts some row reached.
+  const int32_t* counts = host_expert_counts_;
   const int64_t E = config_.num_experts;
   const int64_t expert_bytes = 3 * config_.hidden_size * w_.padded_expert_width * 2;
   int64_t expert_total = 0, touched = 0;
   for (int64_t l = 0; l < config_.num_layers; ++l) {
     if (!w_.layers[l].is_moe) continue;
     expert_total += E * expert_bytes;
-    const std::span<const int32_t> row(counts.data() + l * E, static_cast<size_t>(E));
+    const std::span<const int32_t> row(counts + l * E, static_cast<size_t>(E));
     if (profiler.num_experts() == E) profiler.record_expert_counts(l, row);
     touched += std::count_if(row.begin(), row.end(), [](int32_t c) { return c > 0; });
   }
@@ -953,6 +974,7 @@ void CudaDecoder::forward(const ForwardBatch& batch, std::span<float> logits) {
                                cudaMemcpyDeviceToHost, stream_));
     host_device_bytes_ += rows * V * static_cast<int64_t>(sizeof(float));
   }
+  enqueue_profile_readback();
   CUDA_CHECK(cudaStreamSynchronize(stream_));
   if (profile::Profiler* profiler = profile::active()) report_step(*profiler, step);
 }
@@ -968,6 +990,7 @@ void CudaDecoder::forward_sample(const ForwardBatch& batch, std::span<const GpuS
   MOE_CHECK(step.logit_rows <= rcap_, step.logit_rows, " sampled rows exceed ", rcap_);
   run(step);
   if (step.logit_rows == 0) {
+    enqueue_profile_readback();
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     if (profile::Profiler* profiler = profile::active()) report_step(*profiler, step);
     return;
@@ -998,6 +1021,7 @@ void CudaDecoder::forward_sample(const ForwardBatch& batch, std::span<const GpuS
   CUDA_CHECK(cudaMemcpyAsync(host_meta_.tokens, meta_.tokens, static_cast<size_t>(R) * sizeof(int32_t),
                              cudaMemcpyDeviceToHost, stream_));
   host_device_bytes_ += R * static_cast<int64_t>(sizeof(int32_t));
+  enqueue_profile_readback();
   CUDA_CHECK(cudaStreamSynchronize(stream_));
   std::copy_n(host_meta_.tokens, R, tokens.data());
   if (profile::Profiler* profiler = profile::active()) report_step(*profiler, step);
