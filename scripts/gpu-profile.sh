@@ -13,6 +13,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/gpu-profile}"
 mkdir -p "$OUT"
+exec > >(tee "$OUT/gpu-profile.log") 2>&1  # kept even if the call is cut short
 WORK=/tmp/gpu-profile-reports
 mkdir -p "$WORK"
 BUILD="${MOE_GPU_BUILD_DIR:-build-gpu}"
@@ -23,12 +24,13 @@ MODEL="${MOE_PROFILE_MODEL:-synthetic:qwen3-30b-a3b}"
 profile() {  # name, then profile flags
   local name=$1
   shift
-  echo "== $name: moeinfer profile --device cuda --model $MODEL $*"
-  timeout 300 "$M" profile --device cuda --model "$MODEL" --output-len 64 --repeats 3 \
+  echo "== $(date +%T) $name: moeinfer profile --device cuda --model $MODEL $*"
+  timeout 150 "$M" profile --device cuda --model "$MODEL" --output-len 64 --repeats 3 \
     --out "$WORK/$name" "$@" >"$WORK/$name.log" 2>&1
   echo "rc=$?"
-  grep -E "^(time|profiler overhead|  measured|stages)" "$WORK/$name.log"
+  grep -E "^(time|profiler overhead|  measured|stages|moeinfer: error)" "$WORK/$name.log"
 }
+profile smoke --batch 2 --input-len 64 --layers 2
 profile b1 --batch 1 --input-len 1024
 profile b8 --batch 8 --input-len 1024
 profile b32 --batch 32 --input-len 256
@@ -39,9 +41,10 @@ cp "$WORK/b8/report.txt" "$OUT/profile_b8_report.txt" 2>/dev/null
 bench() {  # name, then bench flags
   local name=$1
   shift
-  timeout 300 "$M" bench --device cuda --model "$MODEL" --batch 1 --input-len 1024 \
+  echo "== $(date +%T) bench $name"
+  timeout 120 "$M" bench --device cuda --model "$MODEL" --batch 1 --input-len 1024 \
     --output-len 256 --json "$WORK/$name.json" "$@" >"$WORK/$name.log" 2>&1
-  echo "== bench $name rc=$?"
+  echo "rc=$?"
 }
 bench off1
 bench on1 --profile
