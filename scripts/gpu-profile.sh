@@ -30,7 +30,6 @@ profile() {  # name, then profile flags
   echo "rc=$?"
   grep -E "^(time|profiler overhead|  measured|stages|moeinfer: error)" "$WORK/$name.log"
 }
-profile smoke --batch 2 --input-len 64 --layers 2
 profile b1 --batch 1 --input-len 1024
 profile b8 --batch 8 --input-len 1024
 profile b32 --batch 32 --input-len 256

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <tuple>
 
 #include "core/error.h"
 
@@ -76,39 +77,18 @@ int32_t Sampler::sample(std::span<const float> raw_logits, const SamplingHistory
     // Greedy; the first maximum wins, as argmax does.
     return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   }
-  const auto by_logit = [&](int32_t a, int32_t b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  };
+  return params_.top_k > 0 ? sample_top_k(logits) : sample_without_top_k(logits);
+}
+
+// top_k: sort the k best (ties to the lower id), then min-p and top-p over them.
+int32_t Sampler::sample_top_k(std::span<const float> logits) {
+  const int64_t n = static_cast<int64_t>(logits.size());
+  const int64_t keep = std::min(params_.top_k, n);
   order_.resize(n);
   std::iota(order_.begin(), order_.end(), 0);
-  // How many candidates to sort. With top_k, exactly those. Without it, the nucleus (top-p) or
-  // the min-p set is usually a few tokens of a large vocabulary: sort a growing prefix until it
-  // holds the cut, instead of sorting every token for every sample.
-  int64_t keep = params_.top_k > 0 ? std::min(params_.top_k, n) : n;
-  // Normaliser of the probabilities over all tokens, when no top_k cut applies.
-  double full_total = 0.0;
-  if (params_.top_k == 0 && (params_.top_p < 1.0f || params_.min_p > 0.0f)) {
-    const float max_logit = *std::max_element(logits.begin(), logits.end());
-    for (float l : logits) full_total += std::exp((l - max_logit) / params_.temperature);
-    for (int64_t k = std::min<int64_t>(64, n);; k = std::min(n, 4 * k)) {
-      std::partial_sort(order_.begin(), order_.begin() + k, order_.end(), by_logit);
-      double prefix = 0.0;
-      for (int64_t i = 0; i < k; ++i) {
-        prefix += std::exp((logits[order_[i]] - max_logit) / params_.temperature);
-      }
-      const double last = std::exp((logits[order_[k - 1]] - max_logit) / params_.temperature);
-      // min-p is applied first and renormalises, so its whole set must be in the prefix;
-      // otherwise the prefix must reach top_p of the total mass.
-      const bool done = params_.min_p > 0.0f ? last < params_.min_p
-                                             : prefix >= params_.top_p * full_total;
-      if (done || k == n) {
-        keep = k;
-        break;
-      }
-    }
-  } else {
-    std::partial_sort(order_.begin(), order_.begin() + keep, order_.end(), by_logit);
-  }
+  std::partial_sort(order_.begin(), order_.begin() + keep, order_.end(), [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
   order_.resize(keep);
 
   // Softmax at the temperature over the kept candidates, in double for a stable sum.
@@ -120,8 +100,6 @@ int32_t Sampler::sample(std::span<const float> raw_logits, const SamplingHistory
     probs_[i] = static_cast<float>(p);
     total += p;
   }
-  // The probabilities are shares of every token's mass unless top_k cut the candidates.
-  if (full_total > 0.0) total = full_total;
   int64_t cut = keep;
   // min-p: keep tokens whose probability is at least min_p times the largest (probs_[0] = 1).
   if (params_.min_p > 0.0f) {
@@ -155,6 +133,90 @@ int32_t Sampler::sample(std::span<const float> raw_logits, const SamplingHistory
     if (target < cumulative) return order_[i];
   }
   return order_[cut - 1];
+}
+
+// No top_k: the same distribution in time linear in the vocabulary, without sorting it. The
+// kept set is every token heavier than a threshold plus the tokens at the threshold up to an id;
+// the threshold comes from min-p directly and from top-p by selection (quickselect on
+// probability mass), and the draw walks the vocabulary in id order.
+int32_t Sampler::sample_without_top_k(std::span<const float> logits) {
+  const int64_t n = static_cast<int64_t>(logits.size());
+  const float max_logit = *std::max_element(logits.begin(), logits.end());
+  // Weights relative to the most likely token (which weighs 1).
+  probs_.resize(n);
+  for (int64_t i = 0; i < n; ++i) probs_[i] = std::exp((logits[i] - max_logit) / params_.temperature);
+  const std::span<const float> w = probs_;
+
+  // min-p: the candidates weigh at least min_p (min-p renormalises over them before top-p).
+  float threshold = params_.min_p;
+  int64_t last_tie = n - 1;  // tokens at the threshold are kept up to this id
+  if (params_.top_p < 1.0f) {
+    order_.clear();
+    double candidate_mass = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      if (w[i] >= params_.min_p) {
+        order_.push_back(static_cast<int32_t>(i));
+        candidate_mass += w[i];
+      }
+    }
+    std::tie(threshold, last_tie) = nucleus_threshold(w, params_.top_p * candidate_mass);
+  }
+  const auto kept = [&](int64_t i) {
+    return w[i] > threshold || (w[i] == threshold && i <= last_tie);
+  };
+  double kept_total = 0.0;
+  int64_t last = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (kept(i)) {
+      kept_total += w[i];
+      last = i;
+    }
+  }
+  std::uniform_real_distribution<double> uniform(0.0, kept_total);
+  const double target = uniform(rng_);
+  double cumulative = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!kept(i)) continue;
+    cumulative += w[i];
+    if (target < cumulative) return static_cast<int32_t>(i);
+  }
+  return static_cast<int32_t>(last);
+}
+
+// Among the candidates in order_ (token ids, any order), the smallest set of the heaviest ones,
+// ties going to the lower id, whose weight reaches `target`: returned as the weight of its
+// lightest member and the highest id it takes among the candidates of that weight. Three-way
+// partitions around a pivot, keeping whole groups that fall short of the target and descending
+// into the one that reaches it: expected linear time.
+std::pair<float, int64_t> Sampler::nucleus_threshold(std::span<const float> w, double target) {
+  const int64_t all = static_cast<int64_t>(w.size()) - 1;
+  auto begin = order_.begin(), end = order_.end();
+  double taken = 0.0;  // weight of the candidates already in the set
+  float lightest = w[*begin];
+  while (begin != end) {
+    const float a = w[*begin], b = w[*(begin + (end - begin) / 2)], c = w[*(end - 1)];
+    const float pivot = std::max(std::min(a, b), std::min(std::max(a, b), c));  // median of 3
+    // [begin, heavy_end): heavier than the pivot; [heavy_end, equal_end): equal; then lighter.
+    const auto heavy_end = std::partition(begin, end, [&](int32_t t) { return w[t] > pivot; });
+    const auto equal_end = std::partition(heavy_end, end, [&](int32_t t) { return w[t] == pivot; });
+    double heavy = 0.0;
+    for (auto it = begin; it != heavy_end; ++it) heavy += w[*it];
+    if (taken + heavy >= target && heavy_end != begin) {
+      end = heavy_end;  // the set ends among the heavier ones
+      continue;
+    }
+    taken += heavy;
+    // The pivot's group, lowest ids first: the set ends inside it, or takes it whole.
+    std::sort(heavy_end, equal_end);
+    for (auto it = heavy_end; it != equal_end; ++it) {
+      taken += pivot;
+      if (taken >= target) return {pivot, *it};
+    }
+    lightest = pivot;
+    begin = equal_end;
+  }
+  // Rounding left the target just out of reach: every candidate is in.
+  return {lightest, all};
 }
 
 TokenLogprob Sampler::logprobs(std::span<const float> logits, int32_t token, int64_t num_top) {

@@ -50,6 +50,9 @@ class Sampler {
 
  private:
   bool has_penalties() const;
+  int32_t sample_top_k(std::span<const float> logits);
+  int32_t sample_without_top_k(std::span<const float> logits);
+  std::pair<float, int64_t> nucleus_threshold(std::span<const float> weights, double target);
   void apply_penalties(std::span<float> logits, const SamplingHistory& history);
 
   SamplingParams params_;
