@@ -137,7 +137,8 @@ void add_serve_command(CLI::App& app) {
   cmd->add_flag("!--no-prefix-caching", args->engine.enable_prefix_caching,
                 "Do not reuse KV blocks of repeated prompt prefixes");
   // Stage metrics: on by default on the CPU (a few clock reads per layer); on the GPU the CUDA
-  // events cost ~9% of a decode step (bench/RESULTS.md), so they are asked for there.
+  // events cost 8-17% of a timed step, ~2% of decode steps when one in 16 is timed
+  // (bench/RESULTS.md), so they are asked for there.
   cmd->add_flag("--stage-metrics", args->stage_metrics,
                 "Time the MoE stages and count expert rows for /metrics and /dashboard "
                 "(default: on for --device cpu, off for --device cuda)");

@@ -81,14 +81,22 @@ Json build_report(const RunInfo& run, const Profiler& profiler,
   }
   report["stages"] = stages;
 
-  // Totals over the run.
-  std::vector<int64_t> stage_total(S, 0);            // [S]
-  std::vector<int64_t> stage_calls(S, 0);            // [S]
-  std::vector<int64_t> layer_stage_total(L * S, 0);  // [L, S]
-  std::vector<int64_t> load(L * E, 0);               // [L, E]
-  // Stage figures come from the steps that timed their stages (all of them unless the profiler
-  // sampled, see ProfilerOptions::time_every), and shares are of those steps' wall time.
-  int64_t wall_total = 0, prefill_wall = 0, decode_wall = 0, timed_wall = 0, timed_steps = 0;
+  // Totals over the run. Stage figures come from the steps that timed their stages: all of them
+  // unless the profiler sampled (ProfilerOptions::time_every). When it did, each phase's timed
+  // steps stand for all of that phase's steps (prefill and decode steps differ too much for
+  // one to stand for the other), so the totals estimate the whole run's.
+  std::vector<int64_t> stage_calls(S, 0);  // [S]
+  std::vector<int64_t> load(L * E, 0);     // [L, E]
+  struct Phase {
+    int64_t steps = 0, timed = 0, timed_wall = 0;
+    std::vector<int64_t> stage, layer_stage;  // [S], [L, S] summed over the timed steps
+  };
+  Phase phases[2];  // prefill, decode
+  for (Phase& p : phases) {
+    p.stage.assign(S, 0);
+    p.layer_stage.assign(L * S, 0);
+  }
+  int64_t wall_total = 0, prefill_wall = 0, decode_wall = 0, timed_steps = 0;
   int64_t prefill_tokens = 0, decode_tokens = 0, bytes_total = 0, decode_bytes = 0;
   int64_t hits = 0, misses = 0;
   int64_t link_total[kNumLinks] = {};
@@ -100,8 +108,11 @@ Json build_report(const RunInfo& run, const Profiler& profiler,
     wall_total += r.wall_ns;
     (prefill ? prefill_wall : decode_wall) += r.wall_ns;
     (prefill ? prefill_tokens : decode_tokens) += r.num_tokens;
+    Phase& phase = phases[prefill ? 0 : 1];
+    ++phase.steps;
     if (r.timed) {
-      timed_wall += r.wall_ns;
+      phase.timed_wall += r.wall_ns;
+      ++phase.timed;
       ++timed_steps;
     }
     bytes_total += r.expert_bytes_read;
@@ -125,13 +136,13 @@ Json build_report(const RunInfo& run, const Profiler& profiler,
         const int64_t ns = r.stage_ns[row * S + s];
         per_stage[s] += ns;
         stage_calls[s] += r.stage_calls[row * S + s];
-        if (row < L) layer_stage_total[row * S + s] += ns;
+        if (row < L) phase.layer_stage[row * S + s] += ns;
         row_us.push_back(to_us(ns));
       }
       layer_stage_us.push_back(row_us);
     }
     for (int64_t s = 0; r.timed && s < S; ++s) {
-      stage_total[s] += per_stage[s];
+      phase.stage[s] += per_stage[s];
       stage_us[std::string(stage_name(static_cast<Stage>(s)))] = to_us(per_stage[s]);
     }
     Json rows = Json::array(), layer_imbalance = Json::array();
@@ -171,11 +182,31 @@ Json build_report(const RunInfo& run, const Profiler& profiler,
 
   const int64_t num_steps = static_cast<int64_t>(steps.size());
   const int64_t decode_steps = std::max<int64_t>(0, num_steps - run.prefill_steps);
-  const int64_t staged = std::accumulate(stage_total.begin(), stage_total.end(), int64_t{0});
+  // Scaled stage totals (ns) over the steps of the phases that had a timed step.
+  std::vector<double> stage_total(S, 0.0), layer_stage_total(L * S, 0.0);
+  double stage_wall = 0.0;
+  int64_t stage_steps = 0;
+  for (const Phase& p : phases) {
+    if (p.timed == 0) continue;
+    const double scale = static_cast<double>(p.steps) / static_cast<double>(p.timed);
+    for (int64_t s = 0; s < S; ++s) stage_total[s] += scale * static_cast<double>(p.stage[s]);
+    for (int64_t i = 0; i < L * S; ++i) {
+      layer_stage_total[i] += scale * static_cast<double>(p.layer_stage[i]);
+    }
+    stage_wall += scale * static_cast<double>(p.timed_wall);
+    stage_steps += p.steps;
+  }
+  const double staged = std::accumulate(stage_total.begin(), stage_total.end(), 0.0);
+  const char* stage_basis = timed_steps == num_steps ? "measured on every step"
+                            : stage_steps == num_steps
+                                ? "scaled from the timed steps of each phase"
+                                : "scaled from the timed steps; a phase without one is left out";
   report["summary"] = {
       {"steps", num_steps},
       {"timed_steps", timed_steps},
       {"time_every", profiler.options().time_every},
+      {"stage_basis", stage_basis},
+      {"stage_steps", stage_steps},
       {"prefill_steps", std::min(num_steps, run.prefill_steps)},
       {"decode_steps", decode_steps},
       {"total_ms", to_ms(wall_total)},
@@ -186,8 +217,8 @@ Json build_report(const RunInfo& run, const Profiler& profiler,
       {"decode_tokens", decode_tokens},
       {"prefill_tokens_per_s", prefill_wall ? prefill_tokens / (prefill_wall * 1e-9) : 0.0},
       {"decode_tokens_per_s", decode_wall ? decode_tokens / (decode_wall * 1e-9) : 0.0},
-      {"timed_ms", to_ms(timed_wall)},
-      {"other_ms", to_ms(timed_wall - staged)},
+      {"stage_wall_ms", stage_wall * 1e-6},
+      {"other_ms", (stage_wall - staged) * 1e-6},
       {"expert_bytes_read", bytes_total},
       {"expert_bytes_read_per_decode_step",
        decode_steps ? static_cast<double>(decode_bytes) / decode_steps : 0.0},
@@ -202,28 +233,27 @@ Json build_report(const RunInfo& run, const Profiler& profiler,
   for (int64_t s = 0; s < S; ++s) {
     totals.push_back(
         {{"stage", stage_name(static_cast<Stage>(s))},
-         {"total_ms", to_ms(stage_total[s])},
+         {"total_ms", stage_total[s] * 1e-6},
          {"calls", stage_calls[s]},
-         {"mean_us_per_step", timed_steps ? to_us(stage_total[s]) / timed_steps : 0.0},
-         {"share", timed_wall ? static_cast<double>(stage_total[s]) / timed_wall : 0.0}});
+         {"mean_us_per_step", stage_steps ? stage_total[s] * 1e-3 / stage_steps : 0.0},
+         {"share", stage_wall > 0 ? stage_total[s] / stage_wall : 0.0}});
   }
   // Time inside a step that no stage claims: norms, residual adds, the embedding lookup, the
   // driver's own bookkeeping.
   totals.push_back(
       {{"stage", "other"},
-       {"total_ms", to_ms(timed_wall - staged)},
+       {"total_ms", (stage_wall - staged) * 1e-6},
        {"calls", 0},
-       {"mean_us_per_step", timed_steps ? to_us(timed_wall - staged) / timed_steps : 0.0},
-       {"share", timed_wall ? static_cast<double>(timed_wall - staged) / timed_wall : 0.0}});
+       {"mean_us_per_step", stage_steps ? (stage_wall - staged) * 1e-3 / stage_steps : 0.0},
+       {"share", stage_wall > 0 ? (stage_wall - staged) / stage_wall : 0.0}});
   report["totals"] = totals;
 
   Json layers = Json::array();
   for (int64_t l = 0; l < L; ++l) {
     Json stage_ms = Json::object();
-    int64_t layer_total = 0;
+    double layer_total = 0.0;
     for (int64_t s = 0; s < kNumLayerStages; ++s) {
-      stage_ms[std::string(stage_name(static_cast<Stage>(s)))] =
-          to_ms(layer_stage_total[l * S + s]);
+      stage_ms[std::string(stage_name(static_cast<Stage>(s)))] = layer_stage_total[l * S + s] * 1e-6;
       layer_total += layer_stage_total[l * S + s];
     }
     const std::vector<int64_t> layer_load(load.begin() + l * E, load.begin() + (l + 1) * E);
@@ -231,7 +261,7 @@ Json build_report(const RunInfo& run, const Profiler& profiler,
     const double mean = E ? static_cast<double>(assigned) / E : 0.0;
     Json entry = {{"layer", l},
                   {"moe", static_cast<bool>(run.layer_is_moe[l])},
-                  {"total_ms", to_ms(layer_total)},
+                  {"total_ms", layer_total * 1e-6},
                   {"stage_ms", stage_ms},
                   {"load", layer_load},
                   {"assignments", assigned}};
@@ -323,9 +353,10 @@ std::string render_text_report(const Json& report) {
   if (timed_steps == summary["steps"].get<int64_t>()) {
     out += "\nstages (all steps)\n";
   } else {
-    out += format("\nstages (timed on %lld of %lld steps: one in %lld)\n",
+    out += format("\nstages (timed on %lld of %lld steps, one in %lld; %s)\n",
                   static_cast<long long>(timed_steps), summary["steps"].get<long long>(),
-                  summary["time_every"].get<long long>());
+                  summary["time_every"].get<long long>(),
+                  summary["stage_basis"].get<std::string>().c_str());
   }
   out += format("%-16s %12s %14s %8s\n", "stage", "total ms", "mean us/step", "share");
   std::vector<std::string> not_run;
@@ -345,7 +376,7 @@ std::string render_text_report(const Json& report) {
   }
 
   // Per layer: mean microseconds per step of each layer stage that ran.
-  const double steps = static_cast<double>(std::max<int64_t>(timed_steps, 1));
+  const double steps = static_cast<double>(std::max<int64_t>(summary["stage_steps"].get<int64_t>(), 1));
   std::vector<std::string> columns;
   for (const Json& s : report["stages"]) {
     if (s["scope"] != "layer") continue;

@@ -163,7 +163,7 @@ std::string legend(const std::vector<std::pair<std::string, std::string>>& items
 std::string stage_layer_chart(const Json& report) {
   const std::vector<std::string> stages = active_layer_stages(report);
   const Json& layers = report["layers"];
-  const double steps = std::max(report["summary"]["timed_steps"].get<double>(), 1.0);
+  const double steps = std::max(report["summary"]["stage_steps"].get<double>(), 1.0);
   const int64_t L = static_cast<int64_t>(layers.size());
   double max_total = 0.0;
   for (const Json& l : layers) {
@@ -557,12 +557,13 @@ std::string render_html_report(const Json& report) {
   const std::string timed_note =
       timed_steps == summary["steps"].get<int64_t>()
           ? std::string()
-          : format(" Stages were timed on %lld of the %lld steps (one in %lld); the other steps "
-                   "counted rows and bytes only.",
+          : format(" Stages were timed on %lld of the %lld steps (one in %lld; the other steps "
+                   "counted rows and bytes only): the figures are %s.",
                    static_cast<long long>(timed_steps), summary["steps"].get<long long>(),
-                   summary["time_every"].get<long long>());
+                   summary["time_every"].get<long long>(),
+                   summary["stage_basis"].get<std::string>().c_str());
   html +=
-      "<section><h2>Where a step's time goes</h2><p class=\"sub\">Share of the timed steps' wall "
+      "<section><h2>Where a step's time goes</h2><p class=\"sub\">Share of the steps' wall "
       "time by stage; <i>other</i> is time no stage claims (norms, residual adds, embedding, "
       "bookkeeping)." + timed_note + "</p>";
   html += step_breakdown(report);
@@ -620,7 +621,7 @@ std::string render_html_report(const Json& report) {
                    stage_colour(name), name.c_str());
   }
   html += "<th>total</th></tr></thead><tbody>";
-  const double steps = std::max(summary["timed_steps"].get<double>(), 1.0);
+  const double steps = std::max(summary["stage_steps"].get<double>(), 1.0);
   for (const Json& l : report["layers"]) {
     std::string row = format("<tr><td>%lld%s</td>", l["layer"].get<long long>(),
                              l["moe"].get<bool>() ? "" : " (dense)");

@@ -425,21 +425,27 @@ TEST(ProfileReport, BuiltFromAHandMadeProfile) {
   }
 }
 
-// A sampled profile (time_every 2, four steps): stage figures come from steps 0 and 2 only,
-// shares are of those steps' wall time, and the untimed steps carry no stage figures but
-// their rows.
-TEST(ProfileReport, SampledTimingUsesTheTimedSteps) {
-  Profiler profiler(ProfilerOptions{.num_layers = 1, .num_experts = 2, .time_every = 2});
+// A sampled profile (time_every 2, four steps: one prefill, three decode): stage figures come
+// from steps 0 and 2, each phase's timed steps standing for all of its steps (the decode step
+// counts three times), shares are of the wall time so estimated, and the untimed steps carry no
+// stage figures but their rows. With time_every 8 no decode step is timed and the decode phase
+// is left out of the stage figures.
+Profiler sampled_profile(int64_t time_every) {
+  Profiler profiler(ProfilerOptions{.num_layers = 1, .num_experts = 2, .time_every = time_every});
   const std::vector<int32_t> routing = {0, 1};
   for (int step = 0; step < 4; ++step) {
     profiler.begin_step(1);
     profiler.set_current_layer(0);
-    profiler.add_time(Stage::kExperts, 1000);
+    profiler.add_time(Stage::kExperts, step == 0 ? 5000 : 1000);
     profiler.record_routing(0, routing);
     profiler.set_current_layer(-1);
     busy_work(20000);  // wall time > the stage times
     profiler.end_step();
   }
+  return profiler;
+}
+
+TEST(ProfileReport, SampledTimingScalesEachPhaseFromItsTimedSteps) {
   const RunInfo run{.model = "hand",
                     .model_type = "test",
                     .batch = 1,
@@ -450,29 +456,45 @@ TEST(ProfileReport, SampledTimingUsesTheTimedSteps) {
                     .top_k = 2,
                     .hidden_size = 8,
                     .layer_is_moe = {true}};
+  const Profiler profiler = sampled_profile(2);
   const nlohmann::ordered_json report = build_report(run, profiler, {}, OverheadInfo{});
-  EXPECT_EQ(report["summary"]["steps"], 4);
-  EXPECT_EQ(report["summary"]["timed_steps"], 2);
-  EXPECT_EQ(report["summary"]["time_every"], 2);
+  const auto& summary = report["summary"];
+  EXPECT_EQ(summary["steps"], 4);
+  EXPECT_EQ(summary["timed_steps"], 2);
+  EXPECT_EQ(summary["time_every"], 2);
+  EXPECT_EQ(summary["stage_steps"], 4);
+  EXPECT_EQ(summary["stage_basis"], "scaled from the timed steps of each phase");
   for (int step = 0; step < 4; ++step) {
     const auto& s = report["steps"][step];
     EXPECT_EQ(s["timed"], step % 2 == 0);
     EXPECT_EQ(s["stage_us"].is_null(), step % 2 == 1);
     EXPECT_EQ(s["expert_rows"][0], (std::vector<int32_t>{1, 1}));
   }
+  const auto& steps = profiler.steps();
+  const double wall_ms = (steps[0].wall_ns + 3.0 * steps[2].wall_ns) * 1e-6;
+  EXPECT_NEAR(summary["stage_wall_ms"].get<double>(), wall_ms, 1e-9);
   const auto& experts = report["totals"][static_cast<int>(Stage::kExperts)];
-  EXPECT_DOUBLE_EQ(experts["total_ms"].get<double>(), 2 * 1000e-6);
-  EXPECT_DOUBLE_EQ(experts["mean_us_per_step"].get<double>(), 1.0);
+  EXPECT_NEAR(experts["total_ms"].get<double>(), (5000 + 3 * 1000) * 1e-6, 1e-12);
+  EXPECT_NEAR(experts["mean_us_per_step"].get<double>(), 2.0, 1e-9);
   EXPECT_EQ(experts["calls"], 2);
-  const double timed_ms = report["summary"]["timed_ms"].get<double>();
-  EXPECT_NEAR(experts["share"].get<double>(), 2 * 1000e-6 / timed_ms, 1e-12);
+  EXPECT_NEAR(experts["share"].get<double>(), 8000e-6 / wall_ms, 1e-9);
   double shares = 0.0;
   for (const auto& t : report["totals"]) shares += t["share"].get<double>();
   EXPECT_NEAR(shares, 1.0, 1e-9);
+  EXPECT_NEAR(report["layers"][0]["stage_ms"]["experts"].get<double>(), 8000e-6, 1e-12);
   EXPECT_EQ(report["layers"][0]["load"], (std::vector<int64_t>{4, 4}));
   const std::string text = render_text_report(report);
   EXPECT_NE(text.find("timed on 2 of 4 steps"), std::string::npos) << text;
   EXPECT_NE(render_html_report(report).find("timed on 2 of the 4 steps"), std::string::npos);
+
+  const Profiler prefill_only = sampled_profile(8);
+  const nlohmann::ordered_json partial = build_report(run, prefill_only, {}, OverheadInfo{});
+  EXPECT_EQ(partial["summary"]["timed_steps"], 1);
+  EXPECT_EQ(partial["summary"]["stage_steps"], 1);
+  EXPECT_EQ(partial["summary"]["stage_basis"],
+            "scaled from the timed steps; a phase without one is left out");
+  EXPECT_NEAR(partial["totals"][static_cast<int>(Stage::kExperts)]["total_ms"].get<double>(),
+              5000e-6, 1e-12);
 }
 
 }  // namespace
