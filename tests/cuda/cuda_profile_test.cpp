@@ -3,7 +3,7 @@
 // every layer, the plan's rows per expert (T * K per MoE layer), and the bytes moved on the device
 // and between host and device; the logits are the same as without the profiler. With sampled
 // timing (time_every 3) only every third step carries stage times, every step its rows and
-// bytes.
+// bytes; a timed forward_sample times the sampling kernel.
 #if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
 
 #include <gtest/gtest.h>
@@ -120,6 +120,20 @@ void sampled_timing_counts_every_step() {
     }
     EXPECT_GE(r.link_bytes[static_cast<int>(profile::Link::kHostDevice)], V * 4);
   }
+
+  // Sampling on the device: a timed step times the sampling kernel too (step level).
+  profile::Profiler every({.num_layers = L, .num_experts = E});
+  profile::ActiveProfiler sampling(&every);
+  const GpuSamplingRow row{.temperature = 0.7f, .top_k = 20, .top_p = 0.9f, .seed = 3};
+  int32_t sampled = -1;
+  every.begin_step(1);
+  gpu->forward_sample(batch, std::span<const GpuSamplingRow>(&row, 1),
+                      std::span<int32_t>(&sampled, 1));
+  every.end_step();
+  EXPECT_GE(sampled, 0);
+  EXPECT_LT(sampled, V);
+  EXPECT_GT(every.steps().back().ns(L, Stage::kSample), 0);
+  EXPECT_GT(every.steps().back().ns(L, Stage::kLmHead), 0);
 }
 
 [[maybe_unused]] const bool kRegistered = [] {

@@ -239,6 +239,9 @@ class CudaDecoder final : public GpuDecoder {
   bool graph_events_time_ = true;  // cleared if events recorded by a graph cannot be timed
   Timeline eager_timeline_;
   Timeline* timeline_ = nullptr;  // where mark() records, while profiling
+  // Around the sampling kernel of a timed forward_sample, which runs after the step's graph.
+  cudaEvent_t sample_events_[2] = {nullptr, nullptr};
+  bool sample_timed_ = false;
   int64_t host_device_bytes_ = 0;  // this step's copies between host and device
 };
 
@@ -296,6 +299,9 @@ CudaDecoder::~CudaDecoder() {
     for (cudaEvent_t e : graph.timeline.events) cudaEventDestroy(e);
   }
   for (cudaEvent_t e : eager_timeline_.events) cudaEventDestroy(e);
+  for (cudaEvent_t e : sample_events_) {
+    if (e) cudaEventDestroy(e);
+  }
   if (cublas_) cublasDestroy(cublas_);
   if (stream_) cudaStreamDestroy(stream_);
   cudaFree(kv_pool_);
@@ -459,6 +465,7 @@ Step CudaDecoder::prepare(const ForwardBatch& batch) {
   Meta& h = host_meta_;
   Step step;
   host_device_bytes_ = 0;
+  sample_timed_ = false;
   // Events only in the steps whose stages the profiler times; the others replay the plain graph.
   const profile::Profiler* profiler = profile::active();
   profiling_ = profiler != nullptr && profiler->timing();
@@ -938,6 +945,12 @@ void CudaDecoder::report_step(profile::Profiler& profiler, const Step& step) {
       profiler.add_time(t.marks[i].stage, static_cast<int64_t>(static_cast<double>(ms[i]) * 1e6));
     }
   }
+  profiler.set_current_layer(-1);
+  if (sample_timed_) {
+    float ms = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, sample_events_[0], sample_events_[1]));
+    profiler.add_time(profile::Stage::kSample, static_cast<int64_t>(static_cast<double>(ms) * 1e6));
+  }
   profiler.set_current_layer(previous_layer);
   // Rows per expert from the plan's counts (copied by enqueue_profile_readback), and the weight
   // bytes the step read: every non-expert weight and the experts some row reached.
@@ -1014,10 +1027,20 @@ void CudaDecoder::forward_sample(const ForwardBatch& batch, std::span<const GpuS
   up(meta_.top_p, host_meta_.top_p);
   up(meta_.seeds, host_meta_.seeds);
   up(meta_.steps, host_meta_.steps);
+  if (profiling_) {
+    for (cudaEvent_t& e : sample_events_) {
+      if (!e) CUDA_CHECK(cudaEventCreate(&e));
+    }
+    CUDA_CHECK(cudaEventRecord(sample_events_[0], stream_));
+  }
   cuda::sample_tokens({.logits = logits_, .temperature = meta_.temperature, .top_k = meta_.top_k,
                        .top_p = meta_.top_p, .seeds = meta_.seeds, .steps = meta_.steps,
                        .tokens = meta_.tokens, .num_rows = R, .vocab_size = config_.vocab_size},
                       stream_);
+  if (profiling_) {
+    CUDA_CHECK(cudaEventRecord(sample_events_[1], stream_));
+    sample_timed_ = true;
+  }
   CUDA_CHECK(cudaMemcpyAsync(host_meta_.tokens, meta_.tokens, static_cast<size_t>(R) * sizeof(int32_t),
                              cudaMemcpyDeviceToHost, stream_));
   host_device_bytes_ += R * static_cast<int64_t>(sizeof(int32_t));
