@@ -3,7 +3,8 @@
 // every layer, the plan's rows per expert (T * K per MoE layer), and the bytes moved on the device
 // and between host and device; the logits are the same as without the profiler. With sampled
 // timing (time_every 3) only every third step carries stage times, every step its rows and
-// bytes; a timed forward_sample times the sampling kernel.
+// bytes; a timed forward_sample times the sampling kernel; the padding rows of a graph bucket
+// count for no expert.
 #if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
 
 #include <gtest/gtest.h>
@@ -136,12 +137,54 @@ void sampled_timing_counts_every_step() {
   EXPECT_GT(every.steps().back().ns(L, Stage::kLmHead), 0);
 }
 
+// Three sequences decode in a graph bucket of four rows: the padding row routes to no expert, so
+// each MoE layer counts 3 * K rows, on the eager first step and on the graph's replay.
+void padded_bucket_counts_real_rows_only() {
+  const auto dir = std::filesystem::path(MOE_FIXTURES_DIR) / "models" / "qwen2_moe_f32";
+  auto model = Model::load(dir, LoadOptions{.prefault = false});
+  const ModelConfig& c = model->config();
+  auto gpu = GpuDecoder::create(c, model->decoder().weights(),
+                                GpuOptions{.max_batch_tokens = 64, .max_num_seqs = 4,
+                                           .max_model_len = 64, .num_kv_blocks = 8, .quiet = true});
+  const std::vector<int32_t> a = {5}, b = {17}, d = {230};
+  const std::vector<int32_t> ta = {0}, tb = {1}, td = {2};
+  const ForwardBatch batch{.sequences = {{.tokens = a, .position = 0, .block_table = ta},
+                                         {.tokens = b, .position = 0, .block_table = tb},
+                                         {.tokens = d, .position = 0, .block_table = td}}};
+  const int64_t V = c.vocab_size, L = c.num_layers, E = c.num_experts, K = c.num_experts_per_tok;
+  profile::Profiler profiler({.num_layers = L, .num_experts = E});
+  profile::ActiveProfiler on(&profiler);
+  for (int step = 0; step < 2; ++step) {
+    std::vector<float> logits(3 * V);
+    profiler.begin_step(3);
+    gpu->forward(batch, logits);
+    profiler.end_step();
+    const profile::StepRecord& r = profiler.steps().back();
+    for (int64_t l = 0; l < L; ++l) {
+      if (!c.layer_is_moe[l]) continue;
+      const int64_t rows = std::accumulate(r.expert_rows.begin() + l * E,
+                                           r.expert_rows.begin() + (l + 1) * E, int64_t{0});
+      EXPECT_EQ(rows, 3 * K) << "step " << step << " layer " << l;
+    }
+    const std::vector<int32_t> counts = gpu->expert_counts();
+    for (int64_t l = 0; l < L; ++l) {
+      if (!c.layer_is_moe[l]) continue;
+      EXPECT_EQ(std::accumulate(counts.begin() + l * E, counts.begin() + (l + 1) * E, int64_t{0}),
+                3 * K)
+          << "expert_counts(), step " << step << " layer " << l;
+    }
+  }
+}
+
 [[maybe_unused]] const bool kRegistered = [] {
   if (!cuda::testing_util::cuda_device_present("profile")) return false;
   cuda::testing_util::register_kernel_test("CudaProfile", "ProfiledStepsReportEveryStage",
                                            profiled_steps_report_every_stage, __FILE__, __LINE__);
   cuda::testing_util::register_kernel_test("CudaProfile", "SampledTimingCountsEveryStep",
                                            sampled_timing_counts_every_step, __FILE__, __LINE__);
+  cuda::testing_util::register_kernel_test("CudaProfile", "PaddedBucketCountsRealRowsOnly",
+                                           padded_bucket_counts_real_rows_only, __FILE__,
+                                           __LINE__);
   return true;
 }();
 

@@ -249,10 +249,11 @@ bool decisions_are_robust(const float* row, const float* bias, const RouterCase&
 // ids exact, weights within 1e-5 relative. in_graph: captured into a CUDA graph in global
 // capture mode (which fails on any host synchronisation) and replayed.
 // logit_bias (the synthetic models' routing skew) is added to every token's logits before the
-// score function; the reference routes the biased logits.
+// score function; the reference routes the biased logits. num_valid >= 0: tokens from it on
+// pad a graph bucket and must get the null expert E at weight 0.
 void expect_matches_reference(const std::vector<float>& logits, const std::vector<float>& bias,
                               int64_t T, const RouterCase& c, bool in_graph = false,
-                              const std::vector<float>& logit_bias = {}) {
+                              const std::vector<float>& logit_bias = {}, int64_t num_valid = -1) {
   const int64_t K = c.top_k;
   SCOPED_TRACE(::testing::Message() << c.name << " T=" << T << " E=" << c.num_experts << " K=" << K
                                     << " bias=" << !bias.empty() << (in_graph ? " in graph" : "")
@@ -267,6 +268,7 @@ void expect_matches_reference(const std::vector<float>& logits, const std::vecto
   DeviceBuffer<float> d_logits(logits);
   DeviceBuffer<float> d_bias(bias);
   DeviceBuffer<float> d_logit_bias(logit_bias);
+  DeviceBuffer<int32_t> d_num_valid(std::vector<int32_t>{static_cast<int32_t>(num_valid)});
   DeviceBuffer<int32_t> d_ids(T * K);
   DeviceBuffer<float> d_weights(T * K);
   d_ids.poison();
@@ -285,7 +287,8 @@ void expect_matches_reference(const std::vector<float>& logits, const std::vecto
       .selection_bias = bias.empty() ? nullptr : d_bias.get(),
       .group_score = to_cuda(c.group_score),
       .num_groups = c.num_groups,
-      .topk_groups = c.topk_groups};
+      .topk_groups = c.topk_groups,
+      .num_valid_tokens = num_valid >= 0 ? d_num_valid.get() : nullptr};
   if (in_graph) {
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -309,6 +312,10 @@ void expect_matches_reference(const std::vector<float>& logits, const std::vecto
   const std::vector<float> weights = d_weights.download();
   size_t id_mismatches = 0, weight_mismatches = 0;
   for (int64_t i = 0; i < T * K; ++i) {
+    if (num_valid >= 0 && i / K >= num_valid) {  // padding
+      want.topk_ids[i] = static_cast<int32_t>(c.num_experts);
+      want.topk_weights[i] = 0.0f;
+    }
     if (ids[i] != want.topk_ids[i] && id_mismatches++ < 5)
       ADD_FAILURE() << "token " << i / K << ": topk_ids[" << i % K << "] = " << ids[i] << ", want "
                     << want.topk_ids[i];
@@ -370,6 +377,15 @@ void router_logit_bias(const RouterCase& c, int64_t T) {
   const std::vector<float> bias = random_bias(c, rng);
   expect_matches_reference(random_logits(T, c, bias, rng), bias, T, c, /*in_graph=*/false,
                            logit_bias);
+}
+
+// A graph bucket of T rows of which the first num_valid are tokens: those route as the
+// reference does, the rest get the null expert at weight 0 (plain and general kernels, and
+// captured in a graph).
+void router_padding(const RouterCase& c, int64_t T, int64_t num_valid, bool in_graph) {
+  std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(T * 613 + num_valid + c.num_experts));
+  const std::vector<float> bias = random_bias(c, rng);
+  expect_matches_reference(random_logits(T, c, bias, rng), bias, T, c, in_graph, {}, num_valid);
 }
 
 // Constructed tokens full of exact ties, under three biases: zero, a bias that repeats with
@@ -468,6 +484,12 @@ void router_infinite_bias() {
     router_logit_bias({"Qwen3Like", 128, 8, SF::kSoftmax, GS::kNone, 1, 1, false, true, 1.0f}, 64);
   });
   reg("LogitBias_DeepSeekV3_T33", [] { router_logit_bias(kDeepSeekV3, 33); });
+  reg("Padding_Qwen3Like_T64_Valid37", [] {
+    router_padding({"Qwen3Like", 128, 8, SF::kSoftmax, GS::kNone, 1, 1, false, true, 1.0f}, 64,
+                   37, /*in_graph=*/true);
+  });
+  reg("Padding_DeepSeekV3_T8_Valid3", [] { router_padding(kDeepSeekV3, 8, 3, false); });
+  reg("Padding_DeepSeekV3_T4_Valid4", [] { router_padding(kDeepSeekV3, 4, 4, false); });
   reg("Ties_DeepSeekV3", [] { router_ties(kDeepSeekV3); });
   for (const RouterCase& c : kShapes) reg(std::string("Ties_") + c.name, [&c] { router_ties(c); });
   reg("InfiniteBiasOrdersByIdLikeTheReference", [] { router_infinite_bias(); });

@@ -448,9 +448,16 @@ void unpermute_random(int64_t T) {
                                         << with_shared << " residual=" << with_residual);
       moe::Routing routing = routing_of(random_ids(T, E, K, 0, rng), T, K);
       for (auto& w : routing.topk_weights) w = weight_dist(rng);
+      // Every seventh assignment weighs 0, as the padding rows of a graph bucket do: its row
+      // must not be read, so on the device it holds NaN (the reference sees the clean row).
+      for (size_t i = 3; i < routing.topk_weights.size(); i += 7) routing.topk_weights[i] = 0.0f;
       moe::DispatchPlan plan;
       moe::plan(routing, E, &plan);
       const std::vector<uint16_t> expert_out = random_bf16(T * K * H, rng);
+      std::vector<uint16_t> expert_out_on_device = expert_out;
+      for (size_t i = 3; i < routing.topk_weights.size(); i += 7) {
+        std::fill_n(expert_out_on_device.begin() + plan.inverse[i] * H, H, uint16_t{0xFFFF});
+      }
       const std::vector<uint16_t> shared =
           with_shared ? random_bf16(T * H, rng, 0.5f) : std::vector<uint16_t>{};
       const std::vector<uint16_t> residual =
@@ -476,7 +483,7 @@ void unpermute_random(int64_t T) {
           scale[t * H + h] = s;
         }
 
-      DeviceBuffer<uint16_t> d_expert_out(expert_out);
+      DeviceBuffer<uint16_t> d_expert_out(expert_out_on_device);
       DeviceBuffer<float> d_weights(routing.topk_weights);
       DeviceBuffer<int32_t> d_inverse(plan.inverse);
       DeviceBuffer<uint16_t> d_shared(shared);

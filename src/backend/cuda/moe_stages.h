@@ -73,6 +73,10 @@ struct RouterParams {
   RouterGroupScore group_score = RouterGroupScore::kNone;
   int64_t num_groups = 1;   // divides E
   int64_t topk_groups = 1;  // 1..num_groups, and topk_groups * E / num_groups >= K
+  // Device scalar, or null: tokens at or past it pad a CUDA-graph bucket and get expert id E (a
+  // null expert, which a plan over E + 1 experts sorts last and the expert GEMMs never read)
+  // and weight 0, so they add no rows to any expert.
+  const int32_t* num_valid_tokens = nullptr;
 };
 
 // route, as moe::route(): score = softmax or sigmoid of (logits + logit_bias);
@@ -134,7 +138,8 @@ struct UnpermuteParams {
 };
 
 // unpermute: out[t] = (shared[t] + sum_k w[t,k] * expert_out[inverse[t*K+k]]) + residual[t],
-// accumulated in float32 in that order and rounded to bf16 once.
+// accumulated in float32 in that order and rounded to bf16 once. An assignment of weight 0
+// adds nothing and its row is not read (the padding tokens' rows are never computed).
 void unpermute(const UnpermuteParams& params, cudaStream_t stream);
 
 struct RmsNormParams {

@@ -72,14 +72,14 @@ __global__ void __launch_bounds__(kRowKernelThreads)
     float w[kUnpermuteBatch];
 #pragma unroll
     for (int u = 0; u < kUnpermuteBatch; ++u) {
-      if (k0 + u < top_k) {
-        w[u] = __ldg(weights + k0 + u);
+      w[u] = k0 + u < top_k ? __ldg(weights + k0 + u) : 0.0f;
+      if (w[u] != 0.0f) {
         x[u] = __ldg(expert_out + static_cast<int64_t>(__ldg(inverse + k0 + u)) * vecs + v);
       }
     }
 #pragma unroll
     for (int u = 0; u < kUnpermuteBatch; ++u) {
-      if (k0 + u < top_k) {
+      if (w[u] != 0.0f) {
         float f[8];
         device::bf16x8_to_float(x[u], f);
 #pragma unroll

@@ -114,6 +114,17 @@ __device__ __forceinline__ float router_scale(const RouterParams& p, float picke
   return (p.renormalize ? 1.0f / (picked_sum + 1e-20f) : 1.0f) * p.routed_scaling_factor;
 }
 
+// A token past *num_valid_tokens pads a graph bucket: the null expert E at weight 0 in every
+// slot. Returns whether it was one (the whole warp sees the same answer).
+__device__ inline bool router_padding_token(const RouterParams& p, int64_t token, int lane) {
+  if (p.num_valid_tokens == nullptr || token < __ldg(p.num_valid_tokens)) return false;
+  if (lane < p.top_k) {
+    p.topk_ids[token * p.top_k + lane] = static_cast<int32_t>(p.num_experts);
+    p.topk_weights[token * p.top_k + lane] = 0.0f;
+  }
+  return true;
+}
+
 }  // namespace device
 
 // Plain routing: no selection bias, no groups.
@@ -125,6 +136,7 @@ __global__ void __launch_bounds__(kRouterWarpsPerBlock* device::kWarpSize)
       static_cast<int64_t>(blockIdx.x) * kRouterWarpsPerBlock + threadIdx.x / device::kWarpSize;
   if (token >= p.num_tokens) return;  // whole warps leave together
   const int top_k = static_cast<int>(p.top_k);
+  if (device::router_padding_token(p, token, lane)) return;
 
   // Slots past E, and experts already picked, hold -inf: never chosen since scores are >= 0.
   float score[kPerLane];
@@ -178,6 +190,7 @@ __global__ void __launch_bounds__(kRouterWarpsPerBlock* device::kWarpSize)
   if (token >= p.num_tokens) return;  // whole warps leave together; only __syncwarp below
   const int num_experts = static_cast<int>(p.num_experts);
   const int top_k = static_cast<int>(p.top_k);
+  if (device::router_padding_token(p, token, lane)) return;
 
   float score[kPerLane];  // unbiased: the weights
   device::router_scores<kPerLane>(p, token, lane, score);

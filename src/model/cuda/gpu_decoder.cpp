@@ -97,6 +97,7 @@ struct Meta {
   uint64_t* seeds = nullptr;
   uint64_t* steps = nullptr;
   int32_t* tokens = nullptr;  // [Rcap] sampled
+  int32_t* num_valid = nullptr;  // [1] the step's real token rows; the rest pad a graph bucket
 
   void carve(Carver& c, int64_t tcap, int64_t rcap, int64_t max_blocks) {
     ids = c.take<int32_t>(tcap);
@@ -112,6 +113,7 @@ struct Meta {
     seeds = c.take<uint64_t>(rcap);
     steps = c.take<uint64_t>(rcap);
     tokens = c.take<int32_t>(rcap);
+    num_valid = c.take<int32_t>(1);
   }
 };
 
@@ -119,6 +121,7 @@ struct Meta {
 struct Step {
   Route route = Route::kDecode;
   int64_t num_tokens = 0;   // T, rows through the layers (padded for graphs)
+  int64_t num_valid = 0;    // the real ones among them, rows [0, num_valid)
   int64_t num_rows = 0;     // attention rows (T, or sequences for prefill)
   int64_t num_seqs = 0;
   int64_t max_seq_len = 0;  // bound for the attention grids
@@ -187,7 +190,7 @@ class CudaDecoder final : public GpuDecoder {
   // Device workspace.
   char* workspace_ = nullptr;
   char* host_meta_base_ = nullptr;  // pinned mirror of meta_
-  int32_t* host_expert_counts_ = nullptr;  // pinned [L, E]: the plan's counts, for the profiler
+  int32_t* host_expert_counts_ = nullptr;  // pinned [L, E + 1]: the plan's counts, for the profiler
   Meta meta_, host_meta_;
   size_t meta_bytes_ = 0;
   float* inv_freq_ = nullptr;
@@ -367,11 +370,13 @@ void CudaDecoder::allocate_workspace() {
       router_logits_ = cv.take<float>(T * E);
       topk_ids_ = cv.take<int32_t>(T * K);
       topk_weights_ = cv.take<float>(T * K);
-      expert_counts_ = cv.take<int32_t>(c.num_layers * E);  // a row per layer, kept for reports
-      expert_offsets_ = cv.take<int32_t>(E + 1);
+      // The plan sorts over E + 1 experts: the last, a null expert, takes the padding rows of a
+      // graph bucket (RouterParams::num_valid_tokens). A row of counts per layer, for reports.
+      expert_counts_ = cv.take<int32_t>(c.num_layers * (E + 1));
+      expert_offsets_ = cv.take<int32_t>(E + 2);
       src_row_ = cv.take<int32_t>(T * K);
       inverse_ = cv.take<int32_t>(T * K);
-      plan_workspace_ = cv.take<int32_t>(cuda::plan_workspace_size(T * K, E));
+      plan_workspace_ = cv.take<int32_t>(cuda::plan_workspace_size(T * K, E + 1));
       expert_act_ = cv.take<bf16>(T * K * Ip);
       expert_out_ = cv.take<bf16>(T * K * H);
       shared_gate_logits_ = cv.take<float>(T);
@@ -408,7 +413,7 @@ void CudaDecoder::allocate_workspace() {
   host_meta_.carve(host, T, rcap_, max_blocks_per_seq_);
   if (c.num_experts > 0) {
     CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_expert_counts_),
-                             static_cast<size_t>(c.num_layers * c.num_experts) * sizeof(int32_t),
+                             static_cast<size_t>(c.num_layers * (c.num_experts + 1)) * sizeof(int32_t),
                              cudaHostAllocDefault));
   }
 }
@@ -491,6 +496,7 @@ Step CudaDecoder::prepare(const ForwardBatch& batch) {
                : (all_fresh && prefill_kernel) ? Route::kPrefill
                                                 : Route::kPerQuery;
   step.num_tokens = T;
+  step.num_valid = T;
   step.max_seq_len = max_len;
   step.table_stride = table_stride;
   if (step.route == Route::kDecode && options_.cuda_graphs && all_want &&
@@ -554,6 +560,8 @@ void CudaDecoder::upload_meta(const Step& step) {
   up(meta_.positions, host_meta_.positions, T);
   up(meta_.slots, host_meta_.slots, T);
   up(meta_.logit_rows, host_meta_.logit_rows, step.logit_rows);
+  host_meta_.num_valid[0] = static_cast<int32_t>(step.num_valid);
+  up(meta_.num_valid, host_meta_.num_valid, 1);
   if (step.route == Route::kPrefill) {
     up(meta_.cu_seqlens, host_meta_.cu_seqlens, step.num_seqs + 1);
   } else {
@@ -815,11 +823,12 @@ void CudaDecoder::feed_forward(int64_t layer, int64_t T) {
                           : cuda::RouterGroupScore::kNone;
   route.num_groups = router_.num_groups;
   route.topk_groups = router_.topk_groups;
+  route.num_valid_tokens = meta_.num_valid;
   cuda::fused_router(route, stream_);
   mark(profile::Stage::kRoute, layer);
-  cuda::moe_plan({.topk_ids = topk_ids_, .expert_counts = expert_counts_ + layer * E,
+  cuda::moe_plan({.topk_ids = topk_ids_, .expert_counts = expert_counts_ + layer * (E + 1),
                   .expert_offsets = expert_offsets_, .src_row = src_row_, .inverse = inverse_,
-                  .workspace = plan_workspace_, .num_assignments = T * K, .num_experts = E},
+                  .workspace = plan_workspace_, .num_assignments = T * K, .num_experts = E + 1},
                  stream_);
   mark(profile::Stage::kPlan, layer);
   cuda::moe_experts({.rows = normed_, .gate_up = d.experts_gate_up, .down = d.experts_down,
@@ -919,7 +928,7 @@ void CudaDecoder::enqueue_profile_readback() {
   const int64_t E = config_.num_experts;
   if (E == 0 || profile::active() == nullptr) return;
   CUDA_CHECK(cudaMemcpyAsync(host_expert_counts_, expert_counts_,
-                             static_cast<size_t>(config_.num_layers * E) * sizeof(int32_t),
+                             static_cast<size_t>(config_.num_layers * (E + 1)) * sizeof(int32_t),
                              cudaMemcpyDeviceToHost, stream_));
 }
 
@@ -961,7 +970,7 @@ void CudaDecoder::report_step(profile::Profiler& profiler, const Step& step) {
   for (int64_t l = 0; l < config_.num_layers; ++l) {
     if (!w_.layers[l].is_moe) continue;
     expert_total += E * expert_bytes;
-    const std::span<const int32_t> row(counts + l * E, static_cast<size_t>(E));
+    const std::span<const int32_t> row(counts + l * (E + 1), static_cast<size_t>(E));
     if (profiler.num_experts() == E) profiler.record_expert_counts(l, row);
     touched += std::count_if(row.begin(), row.end(), [](int32_t c) { return c > 0; });
   }
@@ -1054,11 +1063,12 @@ std::vector<int32_t> CudaDecoder::expert_counts() {
   const int64_t E = config_.num_experts;
   std::vector<int32_t> counts(static_cast<size_t>(config_.num_layers * E), 0);
   if (E == 0) return counts;
-  CUDA_CHECK(cudaMemcpyAsync(counts.data(), expert_counts_, counts.size() * sizeof(int32_t),
+  std::vector<int32_t> rows(static_cast<size_t>(config_.num_layers * (E + 1)));
+  CUDA_CHECK(cudaMemcpyAsync(rows.data(), expert_counts_, rows.size() * sizeof(int32_t),
                              cudaMemcpyDeviceToHost, stream_));
   CUDA_CHECK(cudaStreamSynchronize(stream_));
   for (int64_t l = 0; l < config_.num_layers; ++l) {
-    if (!w_.layers[l].is_moe) std::fill_n(counts.begin() + l * E, E, 0);
+    if (w_.layers[l].is_moe) std::copy_n(rows.begin() + l * (E + 1), E, counts.begin() + l * E);
   }
   return counts;
 }
