@@ -8,7 +8,8 @@
 # against plain `bench` (the engine's path: sampling on the GPU), off-on-on-off at batch 1.
 # Prints a table last.
 #
-# Knobs: MOE_PROFILE_MODEL (default synthetic:qwen3-30b-a3b).
+# Knobs: MOE_PROFILE_MODEL (default synthetic:qwen3-30b-a3b); MOE_PROFILE_RUNS, the runs to make
+# (default "b1 b8 b32 b1_every b8_every bench").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/gpu-profile}"
@@ -21,9 +22,11 @@ export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 M="$BUILD/moeinfer"
 MODEL="${MOE_PROFILE_MODEL:-synthetic:qwen3-30b-a3b}"
 
+RUNS=" ${MOE_PROFILE_RUNS:-b1 b8 b32 b1_every b8_every bench} "
 profile() {  # name, then profile flags
   local name=$1
   shift
+  [[ "$RUNS" == *" $name "* ]] || return 0
   echo "== $(date +%T) $name: moeinfer profile --device cuda --model $MODEL $*"
   timeout 150 "$M" profile --device cuda --model "$MODEL" --output-len 64 --repeats 3 \
     --out "$WORK/$name" "$@" >"$WORK/$name.log" 2>&1
@@ -45,10 +48,12 @@ bench() {  # name, then bench flags
     --output-len 256 --json "$WORK/$name.json" "$@" >"$WORK/$name.log" 2>&1
   echo "rc=$?"
 }
-bench off1
-bench on1 --profile
-bench on2 --profile
-bench off2
+if [[ "$RUNS" == *" bench "* ]]; then
+  bench off1
+  bench on1 --profile
+  bench on2 --profile
+  bench off2
+fi
 
 python3 - "$WORK" <<'PY' | tee "$OUT/profile-summary.txt"
 import json, os, sys
