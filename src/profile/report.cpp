@@ -388,7 +388,7 @@ std::string render_text_report(const Json& report) {
       }
     }
   }
-  out += "\nper layer, mean us per timed step\n";
+  out += "\nper layer, mean us per step\n";
   out += format("%5s", "layer");
   for (const std::string& c : columns) out += format(" %10.10s", c.c_str());
   out += format(" %10s %9s %7s\n", "total", "max/mean", "unused");
