@@ -59,8 +59,6 @@ void run_generate(const GenerateArgs& args) {
   const Tokenizer tokenizer = Tokenizer::from_file(dir / "tokenizer.json");
   Decoder& decoder = model->decoder();
   const ModelConfig& config = decoder.config();
-  MOE_CHECK(args.trace_routing.empty() || !args.device.is_cuda(),
-            "--trace-routing records on the CPU path only; drop --device cuda to trace");
 
   std::set<int32_t> stop_ids(config.eos_token_ids.begin(), config.eos_token_ids.end());
   const std::vector<int32_t> prompt = prompt_ids(args, dir, tokenizer, &stop_ids);
@@ -69,15 +67,15 @@ void run_generate(const GenerateArgs& args) {
     MOE_CHECK(id < config.vocab_size, "the tokenizer gave id ", id,
               " but the model's vocabulary has ", config.vocab_size, " entries");
   }
+  SequenceRunner runner(*model, args.device, static_cast<int64_t>(prompt.size()) + args.max_tokens,
+                       static_cast<int64_t>(prompt.size()));
   std::unique_ptr<RoutingTraceWriter> trace;
   if (!args.trace_routing.empty()) {
     trace = std::make_unique<RoutingTraceWriter>(args.trace_routing, config.num_layers,
                                                  config.num_experts, config.num_experts_per_tok);
-    decoder.set_routing_observer(
+    runner.set_routing_observer(
         [&trace](int64_t layer, const moe::Routing& routing) { trace->record(layer, routing); });
   }
-  SequenceRunner runner(*model, args.device, static_cast<int64_t>(prompt.size()) + args.max_tokens,
-                       static_cast<int64_t>(prompt.size()));
   Sampler sampler(args.sampling);
   StreamDecoder stream(tokenizer, /*skip_special_tokens=*/true);
   std::vector<float> logits(config.vocab_size);

@@ -183,6 +183,15 @@ class Workload {
     logits_.resize(args.batch * config.vocab_size);
   }
 
+  // Every MoE layer's routing of each forward pass, on either device (null: off).
+  void set_routing_observer(Decoder::RoutingObserver observer) {
+    if (gpu_) {
+      gpu_->set_routing_observer(std::move(observer));
+    } else {
+      decoder_->set_routing_observer(std::move(observer));
+    }
+  }
+
   // One forward pass on the chosen device (stages time themselves when a profiler is active:
   // steady clock on the CPU, CUDA events on the GPU).
   void forward(const ForwardBatch& batch) {
@@ -427,17 +436,15 @@ void run_profile(const ProfileArgs& args) {
   RoutingTrace trace{.num_layers = static_cast<uint32_t>(L),
                      .num_experts = static_cast<uint32_t>(E),
                      .top_k = static_cast<uint32_t>(config.num_experts_per_tok)};
-  if (decoder) {
-    decoder->set_routing_observer([&](int64_t layer, const moe::Routing& routing) {
-      trace.records.push_back(TraceRecord{
-          .step = static_cast<uint32_t>(profiler.steps().size()),
-          .layer = static_cast<uint32_t>(layer),
-          .num_tokens = static_cast<uint32_t>(routing.num_tokens),
-          .expert_ids = std::vector<uint16_t>(routing.topk_ids.begin(), routing.topk_ids.end())});
-    });
-  }
+  workload.set_routing_observer([&](int64_t layer, const moe::Routing& routing) {
+    trace.records.push_back(TraceRecord{
+        .step = static_cast<uint32_t>(profiler.steps().size()),
+        .layer = static_cast<uint32_t>(layer),
+        .num_tokens = static_cast<uint32_t>(routing.num_tokens),
+        .expert_ids = std::vector<uint16_t>(routing.topk_ids.begin(), routing.topk_ids.end())});
+  });
   workload.run(&profiler);
-  if (decoder) decoder->set_routing_observer(nullptr);
+  workload.set_routing_observer(nullptr);
 
   int64_t scopes = 0, wall_ns = 0;
   for (const profile::StepRecord& r : profiler.steps()) {
@@ -449,9 +456,7 @@ void run_profile(const ProfileArgs& args) {
   overhead.estimated = overhead.scopes_per_step * overhead.scope_on_ns / (wall_ns / num_steps);
 
   const std::vector<LayerSummary> routing =
-      // The GPU decoder does not report routing decisions, only rows per expert.
-      E > 0 && !trace.records.empty() ? summarize_routing_trace(trace, /*top_pairs=*/3)
-                                      : std::vector<LayerSummary>{};
+      E > 0 ? summarize_routing_trace(trace, /*top_pairs=*/3) : std::vector<LayerSummary>{};
   profile::RunInfo run{
       .model = synthetic ? args.model : dir.filename().string(),
       .model_type = config.model_type,

@@ -57,6 +57,14 @@ SequenceRunner::SequenceRunner(Model& model, const DeviceArgs& device, int64_t m
   for (int32_t b = 0; b < options.num_kv_blocks; ++b) block_table_.push_back(b);
 }
 
+void SequenceRunner::set_routing_observer(Decoder::RoutingObserver observer) {
+  if (gpu_) {
+    gpu_->set_routing_observer(std::move(observer));
+  } else {
+    model_.decoder().set_routing_observer(std::move(observer));
+  }
+}
+
 void SequenceRunner::forward(std::span<const int32_t> tokens, std::span<float> logits,
                              bool all_positions) {
   if (cache_) {

@@ -37,6 +37,8 @@ class SequenceRunner {
   int64_t capacity() const { return capacity_; }
   // Runs `tokens` after the cached ones; logits for the last token, or every token.
   void forward(std::span<const int32_t> tokens, std::span<float> logits, bool all_positions);
+  // Every MoE layer's routing of each forward, on either device (null: off).
+  void set_routing_observer(Decoder::RoutingObserver observer);
 
  private:
   Model& model_;

@@ -101,6 +101,11 @@ class GpuDecoder {
   // Rows each expert received in the last forward, [num_layers, E] (zeros for dense layers);
   // waits for the device.
   virtual std::vector<int32_t> expert_counts() = 0;
+  // As Decoder::set_routing_observer: after each forward, the observer sees every MoE layer's
+  // routing of the step's tokens (in batch order), copied back from the device. While set, the
+  // router writes each layer's output to a buffer of its own (graphs of their own, the same
+  // logits) and one copy per step brings them back; null turns it off.
+  virtual void set_routing_observer(Decoder::RoutingObserver observer) = 0;
 };
 
 // The floors GPU figures are ratios to, measured now on the current device.

@@ -4,11 +4,12 @@
 // and between host and device; the logits are the same as without the profiler. With sampled
 // timing (time_every 3) only every third step carries stage times, every step its rows and
 // bytes; a timed forward_sample times the sampling kernel; the padding rows of a graph bucket
-// count for no expert.
+// count for no expert; the routing observer reports every MoE layer's choices.
 #if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "cuda_test_util.h"
+#include "kv/kv_cache.h"
 #include "model/gpu_decoder.h"
 #include "model/model.h"
 #include "profile/profiler.h"
@@ -176,12 +178,93 @@ void padded_bucket_counts_real_rows_only() {
   }
 }
 
+// The routing observer on the GPU: a prefill and a padded decode bucket report every MoE
+// layer's routing of the real tokens only; each layer's ids add up to the plan's counts, the
+// weights are finite and positive, the logits are those of a run without the observer, and the
+// prefill's choices agree with the CPU decoder's (bf16 may flip near-ties, so 90% of them).
+void routing_observer_reports_every_layer() {
+  const auto dir = std::filesystem::path(MOE_FIXTURES_DIR) / "models" / "qwen2_moe_f32";
+  auto model = Model::load(dir, LoadOptions{.prefault = false});
+  const ModelConfig& c = model->config();
+  const int64_t V = c.vocab_size, L = c.num_layers, E = c.num_experts, K = c.num_experts_per_tok;
+  const std::vector<int32_t> prompt = {3, 14, 15, 92, 65, 35, 89, 79};
+  const std::vector<int32_t> t0 = {0}, t1 = {1}, t2 = {2};
+  const ForwardBatch prefill{.sequences = {{.tokens = prompt, .position = 0, .block_table = t0}}};
+  const std::vector<int32_t> a = {5}, b = {17}, d = {230};
+  const ForwardBatch decode{.sequences = {{.tokens = a, .position = 0, .block_table = t1},
+                                          {.tokens = b, .position = 0, .block_table = t2},
+                                          {.tokens = d, .position = 8, .block_table = t0}}};
+  auto make = [&] {
+    return GpuDecoder::create(c, model->decoder().weights(),
+                              GpuOptions{.max_batch_tokens = 64, .max_num_seqs = 4,
+                                         .max_model_len = 64, .num_kv_blocks = 8, .quiet = true});
+  };
+  auto plain = make(), traced = make();
+  std::vector<std::vector<int32_t>> ids(L);
+  std::vector<int64_t> tokens(L, -1);
+  traced->set_routing_observer([&](int64_t layer, const moe::Routing& routing) {
+    tokens[layer] = routing.num_tokens;
+    ids[layer] = routing.topk_ids;
+    EXPECT_EQ(routing.top_k, K);
+    for (float w : routing.topk_weights) EXPECT_TRUE(std::isfinite(w) && w > 0.0f) << w;
+  });
+
+  std::vector<int32_t> cpu_ids;  // the CPU decoder's prefill choices, layer by layer
+  model->decoder().set_routing_observer([&](int64_t, const moe::Routing& routing) {
+    cpu_ids.insert(cpu_ids.end(), routing.topk_ids.begin(), routing.topk_ids.end());
+  });
+  KvCache cache = model->decoder().make_cache(64);
+  std::vector<float> cpu_logits(V);
+  model->decoder().forward(prompt, cache, cpu_logits, /*all_positions=*/false);
+  model->decoder().set_routing_observer(nullptr);
+
+  int64_t agree = 0, total = 0;
+  size_t cpu_at = 0;
+  for (const ForwardBatch* batch : {&prefill, &decode, &decode}) {
+    const int64_t n = batch == &prefill ? static_cast<int64_t>(prompt.size()) : 3;
+    std::vector<float> want(batch == &prefill ? V : 3 * V), got(want.size());
+    plain->forward(*batch, want);
+    std::fill(tokens.begin(), tokens.end(), -1);
+    traced->forward(*batch, got);
+    EXPECT_EQ(got, want) << "the routing observer changed the logits";
+    const std::vector<int32_t> counts = traced->expert_counts();
+    for (int64_t l = 0; l < L; ++l) {
+      if (!c.layer_is_moe[l]) {
+        EXPECT_EQ(tokens[l], -1) << "dense layer " << l << " reported";
+        continue;
+      }
+      ASSERT_EQ(tokens[l], n) << "layer " << l;
+      ASSERT_EQ(static_cast<int64_t>(ids[l].size()), n * K);
+      std::vector<int32_t> histogram(E, 0);
+      for (int32_t e : ids[l]) {
+        ASSERT_TRUE(e >= 0 && e < E) << e;
+        ++histogram[e];
+      }
+      EXPECT_TRUE(std::equal(histogram.begin(), histogram.end(), counts.begin() + l * E))
+          << "layer " << l;
+      if (batch != &prefill) continue;
+      for (int64_t t = 0; t < n; ++t) {
+        for (int64_t k = 0; k < K; ++k, ++total) {
+          const auto cpu_row = cpu_ids.begin() + cpu_at + t * K;
+          agree += std::count(cpu_row, cpu_row + K, ids[l][t * K + k]) > 0;
+        }
+      }
+      cpu_at += n * K;
+    }
+  }
+  EXPECT_GE(static_cast<double>(agree), 0.9 * static_cast<double>(total))
+      << agree << " of " << total << " choices agree with the CPU decoder";
+}
+
 [[maybe_unused]] const bool kRegistered = [] {
   if (!cuda::testing_util::cuda_device_present("profile")) return false;
   cuda::testing_util::register_kernel_test("CudaProfile", "ProfiledStepsReportEveryStage",
                                            profiled_steps_report_every_stage, __FILE__, __LINE__);
   cuda::testing_util::register_kernel_test("CudaProfile", "SampledTimingCountsEveryStep",
                                            sampled_timing_counts_every_step, __FILE__, __LINE__);
+  cuda::testing_util::register_kernel_test("CudaProfile", "RoutingObserverReportsEveryLayer",
+                                           routing_observer_reports_every_layer, __FILE__,
+                                           __LINE__);
   cuda::testing_util::register_kernel_test("CudaProfile", "PaddedBucketCountsRealRowsOnly",
                                            padded_bucket_counts_real_rows_only, __FILE__,
                                            __LINE__);

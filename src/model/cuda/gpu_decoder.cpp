@@ -147,6 +147,7 @@ class CudaDecoder final : public GpuDecoder {
   void forward_sample(const ForwardBatch& batch, std::span<const GpuSamplingRow> rows,
                       std::span<int32_t> tokens) override;
   std::vector<int32_t> expert_counts() override;
+  void set_routing_observer(Decoder::RoutingObserver observer) override;
 
  private:
   void allocate_workspace();
@@ -237,8 +238,17 @@ class CudaDecoder final : public GpuDecoder {
     cudaGraphExec_t exec = nullptr;
     Timeline timeline;  // profiled graphs only
   };
-  std::map<std::tuple<int64_t, int64_t, bool>, Graph> graphs_;
+  std::map<std::tuple<int64_t, int64_t, bool, bool>, Graph> graphs_;  // (T, ctx, events, routing)
   bool profiling_ = false;
+  // Routing capture (set_routing_observer): the router's output of every layer, [L, Tcap, K]
+  // ids and weights on the device (where the router writes while capturing) and in pinned
+  // memory.
+  Decoder::RoutingObserver routing_observer_;
+  bool tracing_ = false;  // this step copies the router's output (routing_observer_ set)
+  int32_t *routing_ids_ = nullptr, *host_routing_ids_ = nullptr;
+  float *routing_weights_ = nullptr, *host_routing_weights_ = nullptr;
+  void enqueue_routing_readback(const Step& step);
+  void report_routing(const Step& step);
   bool graph_events_time_ = true;  // cleared if events recorded by a graph cannot be timed
   Timeline eager_timeline_;
   Timeline* timeline_ = nullptr;  // where mark() records, while profiling
@@ -311,6 +321,10 @@ CudaDecoder::~CudaDecoder() {
   cudaFree(workspace_);
   cudaFreeHost(host_meta_base_);
   cudaFreeHost(host_expert_counts_);
+  cudaFree(routing_ids_);
+  cudaFree(routing_weights_);
+  cudaFreeHost(host_routing_ids_);
+  cudaFreeHost(host_routing_weights_);
   free_device_weights(w_);
 }
 
@@ -474,6 +488,7 @@ Step CudaDecoder::prepare(const ForwardBatch& batch) {
   // Events only in the steps whose stages the profiler times; the others replay the plain graph.
   const profile::Profiler* profiler = profile::active();
   profiling_ = profiler != nullptr && profiler->timing();
+  tracing_ = static_cast<bool>(routing_observer_);
   check_forward_batch(batch, c.vocab_size, max_model_len_, num_blocks_, block_size_);
   step.num_seqs = static_cast<int64_t>(batch.sequences.size());
   bool all_single = !batch.all_positions, all_fresh = true, all_want = true;
@@ -807,8 +822,12 @@ void CudaDecoder::feed_forward(int64_t layer, int64_t T) {
     return;
   }
   linear(normed_, T, H, d.router, E, H, router_logits_, E, /*f32_out=*/true);
-  cuda::RouterParams route{.logits = router_logits_, .topk_ids = topk_ids_,
-                           .topk_weights = topk_weights_, .num_tokens = T, .num_experts = E,
+  // While routing is captured, each layer's router writes into its own rows of the capture
+  // buffers, which the layer's plan and unpermute then read: no copy, no extra kernel.
+  int32_t* const topk_ids = tracing_ ? routing_ids_ + layer * tcap_ * K : topk_ids_;
+  float* const topk_weights = tracing_ ? routing_weights_ + layer * tcap_ * K : topk_weights_;
+  cuda::RouterParams route{.logits = router_logits_, .topk_ids = topk_ids,
+                           .topk_weights = topk_weights, .num_tokens = T, .num_experts = E,
                            .top_k = K,
                            .score = router_.score == moe::ScoreFunction::kSigmoid
                                         ? cuda::RouterScore::kSigmoid
@@ -826,7 +845,7 @@ void CudaDecoder::feed_forward(int64_t layer, int64_t T) {
   route.num_valid_tokens = meta_.num_valid;
   cuda::fused_router(route, stream_);
   mark(profile::Stage::kRoute, layer);
-  cuda::moe_plan({.topk_ids = topk_ids_, .expert_counts = expert_counts_ + layer * (E + 1),
+  cuda::moe_plan({.topk_ids = topk_ids, .expert_counts = expert_counts_ + layer * (E + 1),
                   .expert_offsets = expert_offsets_, .src_row = src_row_, .inverse = inverse_,
                   .workspace = plan_workspace_, .num_assignments = T * K, .num_experts = E + 1},
                  stream_);
@@ -849,7 +868,7 @@ void CudaDecoder::feed_forward(int64_t layer, int64_t T) {
     shared = shared_out_;
     mark(profile::Stage::kSharedExperts, layer);
   }
-  cuda::unpermute({.expert_out = expert_out_, .topk_weights = topk_weights_, .inverse = inverse_,
+  cuda::unpermute({.expert_out = expert_out_, .topk_weights = topk_weights, .inverse = inverse_,
                    .shared = shared, .out = block_out_, .num_tokens = T, .top_k = K,
                    .hidden_size = H},
                   stream_);
@@ -870,7 +889,7 @@ void CudaDecoder::run(const Step& step) {
     enqueue_lm_head(step, 0, step.num_tokens);
     return;
   }
-  const auto key = std::make_tuple(step.num_tokens, step.context_bucket, profiling_);
+  const auto key = std::make_tuple(step.num_tokens, step.context_bucket, profiling_, tracing_);
   auto it = graphs_.find(key);
   if (it == graphs_.end()) {
     Graph entry;
@@ -997,8 +1016,10 @@ void CudaDecoder::forward(const ForwardBatch& batch, std::span<float> logits) {
     host_device_bytes_ += rows * V * static_cast<int64_t>(sizeof(float));
   }
   enqueue_profile_readback();
+  enqueue_routing_readback(step);
   CUDA_CHECK(cudaStreamSynchronize(stream_));
   if (profile::Profiler* profiler = profile::active()) report_step(*profiler, step);
+  report_routing(step);
 }
 
 void CudaDecoder::forward_sample(const ForwardBatch& batch, std::span<const GpuSamplingRow> rows,
@@ -1013,8 +1034,10 @@ void CudaDecoder::forward_sample(const ForwardBatch& batch, std::span<const GpuS
   run(step);
   if (step.logit_rows == 0) {
     enqueue_profile_readback();
+    enqueue_routing_readback(step);
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     if (profile::Profiler* profiler = profile::active()) report_step(*profiler, step);
+    report_routing(step);
     return;
   }
   if (!step.graph) enqueue_lm_head(step, 0, step.logit_rows);
@@ -1054,9 +1077,54 @@ void CudaDecoder::forward_sample(const ForwardBatch& batch, std::span<const GpuS
                              cudaMemcpyDeviceToHost, stream_));
   host_device_bytes_ += R * static_cast<int64_t>(sizeof(int32_t));
   enqueue_profile_readback();
+  enqueue_routing_readback(step);
   CUDA_CHECK(cudaStreamSynchronize(stream_));
   std::copy_n(host_meta_.tokens, R, tokens.data());
   if (profile::Profiler* profiler = profile::active()) report_step(*profiler, step);
+  report_routing(step);
+}
+
+void CudaDecoder::set_routing_observer(Decoder::RoutingObserver observer) {
+  routing_observer_ = std::move(observer);
+  const int64_t K = config_.num_experts_per_tok;
+  if (!routing_observer_ || routing_ids_ != nullptr || config_.num_experts == 0) return;
+  const size_t count = static_cast<size_t>(config_.num_layers * tcap_ * K);
+  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&routing_ids_), count * sizeof(int32_t)));
+  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&routing_weights_), count * sizeof(float)));
+  CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_routing_ids_), count * sizeof(int32_t),
+                           cudaHostAllocDefault));
+  CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_routing_weights_),
+                           count * sizeof(float), cudaHostAllocDefault));
+}
+
+// The real rows of every layer's routing, [L][num_valid, K] out of [L][Tcap, K], ahead of the
+// step's synchronisation.
+void CudaDecoder::enqueue_routing_readback(const Step& step) {
+  if (!tracing_ || config_.num_experts == 0) return;
+  const size_t K = static_cast<size_t>(config_.num_experts_per_tok);
+  const size_t pitch = static_cast<size_t>(tcap_) * K;
+  const size_t width = static_cast<size_t>(step.num_valid) * K;
+  const size_t layers = static_cast<size_t>(config_.num_layers);
+  CUDA_CHECK(cudaMemcpy2DAsync(host_routing_ids_, pitch * sizeof(int32_t), routing_ids_,
+                               pitch * sizeof(int32_t), width * sizeof(int32_t), layers,
+                               cudaMemcpyDeviceToHost, stream_));
+  CUDA_CHECK(cudaMemcpy2DAsync(host_routing_weights_, pitch * sizeof(float), routing_weights_,
+                               pitch * sizeof(float), width * sizeof(float), layers,
+                               cudaMemcpyDeviceToHost, stream_));
+}
+
+void CudaDecoder::report_routing(const Step& step) {
+  if (!tracing_ || config_.num_experts == 0) return;
+  const int64_t K = config_.num_experts_per_tok;
+  moe::Routing routing{.num_tokens = step.num_valid, .top_k = K};
+  for (int64_t l = 0; l < config_.num_layers; ++l) {
+    if (!w_.layers[l].is_moe) continue;
+    const int32_t* ids = host_routing_ids_ + l * tcap_ * K;
+    const float* weights = host_routing_weights_ + l * tcap_ * K;
+    routing.topk_ids.assign(ids, ids + step.num_valid * K);
+    routing.topk_weights.assign(weights, weights + step.num_valid * K);
+    routing_observer_(l, routing);
+  }
 }
 
 std::vector<int32_t> CudaDecoder::expert_counts() {
