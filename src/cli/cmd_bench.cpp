@@ -203,7 +203,16 @@ void run_bench(const BenchArgs& args) {
   stats.forward_seconds -= before.forward_seconds;
   stats.sample_seconds -= before.sample_seconds;
   stats.timed_steps -= before.timed_steps;
-  stats.timed_step_seconds -= before.timed_step_seconds;
+  for (int kind = 0; kind < 2; ++kind) {  // the measured run's samples only
+    EngineStats::StageSample& s = stats.stage_samples[kind];
+    const EngineStats::StageSample& b = before.stage_samples[kind];
+    s.steps -= b.steps;
+    s.timed_steps -= b.timed_steps;
+    s.timed_step_seconds -= b.timed_step_seconds;
+    for (size_t i = 0; i < s.timed_stage_seconds.size() && i < b.timed_stage_seconds.size(); ++i) {
+      s.timed_stage_seconds[i] -= b.timed_stage_seconds[i];
+    }
+  }
   for (size_t i = 0; i < stats.stage_seconds.size() && i < before.stage_seconds.size(); ++i) {
     stats.stage_seconds[i] -= before.stage_seconds[i];
   }
@@ -229,16 +238,20 @@ void run_bench(const BenchArgs& args) {
               "Sampling share of step time:", stats.sample_seconds / std::max(step_s, 1e-12));
   nlohmann::json stages = nlohmann::json::object();
   if (args.profile) {
-    // The stage profiler's view: each stage's share of the time of the steps it timed.
-    std::printf("stages timed on %lld of %lld steps\n", static_cast<long long>(stats.timed_steps),
-                static_cast<long long>(stats.num_steps));
+    // The stage profiler's view: each stage's share of the step time, from the timed steps of
+    // each kind (prompt, decode) scaled to all steps of that kind.
+    std::printf("stages timed on %lld of %lld steps (scaled to all steps per kind: prompt, "
+                "decode)\n",
+                static_cast<long long>(stats.timed_steps), static_cast<long long>(stats.num_steps));
     std::printf("%-16s %12s %10s\n", "stage", "seconds", "share");
+    const std::vector<double> estimated = stats.estimated_stage_seconds();
+    const double estimated_step = stats.estimated_step_seconds();
     for (int stage = 0; stage < profile::kNumStages; ++stage) {
-      const double seconds = stats.stage_seconds[stage];
+      const double seconds = estimated[stage];
       if (seconds == 0.0) continue;
       const std::string name(profile::stage_name(static_cast<profile::Stage>(stage)));
       std::printf("%-16s %12.4f %10.4f\n", name.c_str(), seconds,
-                  seconds / std::max(stats.timed_step_seconds, 1e-12));
+                  seconds / std::max(estimated_step, 1e-12));
       stages[name] = seconds;
     }
   }
@@ -263,8 +276,7 @@ void run_bench(const BenchArgs& args) {
                           {"forward_seconds", stats.forward_seconds},
                           {"sample_seconds", stats.sample_seconds},
                           {"stage_seconds", stages},
-                          {"timed_steps", stats.timed_steps},
-                          {"timed_step_seconds", stats.timed_step_seconds}}
+                          {"timed_steps", stats.timed_steps}}
                .dump(2)
         << "\n";
   }

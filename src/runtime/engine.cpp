@@ -54,6 +54,28 @@ const char* finish_reason_name(FinishReason reason) {
   return "";
 }
 
+std::vector<double> EngineStats::estimated_stage_seconds() const {
+  std::vector<double> total(profile::kNumStages, 0.0);
+  for (const StageSample& s : stage_samples) {
+    if (s.timed_steps == 0) continue;
+    const double scale = static_cast<double>(s.steps) / static_cast<double>(s.timed_steps);
+    for (size_t i = 0; i < total.size() && i < s.timed_stage_seconds.size(); ++i) {
+      total[i] += scale * s.timed_stage_seconds[i];
+    }
+  }
+  return total;
+}
+
+double EngineStats::estimated_step_seconds() const {
+  double total = 0.0;
+  for (const StageSample& s : stage_samples) {
+    if (s.timed_steps == 0) continue;
+    total += static_cast<double>(s.steps) / static_cast<double>(s.timed_steps) *
+             s.timed_step_seconds;
+  }
+  return total;
+}
+
 void EngineConfig::validate() const {
   MOE_CHECK(max_num_seqs >= 1, "max_num_seqs must be >= 1, got ", max_num_seqs);
   MOE_CHECK(max_num_batched_tokens >= 1, "max_num_batched_tokens must be >= 1, got ",
@@ -144,6 +166,9 @@ Engine::Engine(std::unique_ptr<Model> model, std::unique_ptr<GpuDecoder> gpu, To
     profiler_ = std::make_unique<profile::Profiler>(profile::ProfilerOptions{
         .num_layers = m.num_layers, .num_experts = m.num_experts, .time_every = time_every});
     totals_.stage_seconds.assign(profile::kNumStages, 0.0);
+    for (EngineStats::StageSample& s : totals_.stage_samples) {
+      s.timed_stage_seconds.assign(profile::kNumStages, 0.0);
+    }
     totals_.last_step_stage_seconds.assign(profile::kNumStages, 0.0);
     totals_.expert_rows.assign(static_cast<size_t>(m.num_layers * m.num_experts), 0);
     totals_.num_layers = m.num_layers;
@@ -237,9 +262,14 @@ std::vector<RequestOutput> Engine::step() {
     for (size_t i = 0; i < step.expert_rows.size() && i < totals_.expert_rows.size(); ++i) {
       totals_.expert_rows[i] += step.expert_rows[i];
     }
+    const bool prompt_step = scheduled.num_tokens > static_cast<int64_t>(scheduled.chunks.size());
+    EngineStats::StageSample& sample =
+        totals_.stage_samples[prompt_step ? EngineStats::kPromptStep : EngineStats::kDecodeStep];
+    ++sample.steps;
     if (step.timed) {
       ++totals_.timed_steps;
-      totals_.timed_step_seconds += schedule_seconds + forward_seconds + sample_seconds;
+      ++sample.timed_steps;
+      sample.timed_step_seconds += schedule_seconds + forward_seconds + sample_seconds;
       std::vector<double>& last = totals_.last_step_stage_seconds;
       std::fill(last.begin(), last.end(), 0.0);
       for (int64_t row = 0; row <= totals_.num_layers; ++row) {
@@ -249,6 +279,7 @@ std::vector<RequestOutput> Engine::step() {
       }
       for (int stage = 0; stage < profile::kNumStages; ++stage) {
         totals_.stage_seconds[stage] += last[stage];
+        sample.timed_stage_seconds[stage] += last[stage];
       }
     }
     profiler_->clear();  // the totals above are all a long-running engine keeps

@@ -63,10 +63,24 @@ struct EngineStats {
   // ([profile::kNumStages], by profile::Stage), and rows each expert received ([L, E]).
   std::vector<double> stage_seconds;
   std::vector<int64_t> expert_rows;
-  // With profile_stages: the steps whose stages were timed, and their time (schedule + forward
-  // + sample), the denominator of the stage shares.
+  // With profile_stages: the steps whose stages were timed (EngineConfig::profile_time_every).
   int64_t timed_steps = 0;
-  double timed_step_seconds = 0.0;
+  // With profile_stages, per kind of step (kPromptStep: it ran prompt tokens; kDecodeStep: one
+  // new token per request): the steps, the timed ones, and their step time (schedule + forward
+  // + sample) and stage times. The estimates scale each kind's timed steps to all of its steps,
+  // so that under sampled timing one timed prefill does not stand for many decode steps.
+  struct StageSample {
+    int64_t steps = 0;
+    int64_t timed_steps = 0;
+    double timed_step_seconds = 0.0;
+    std::vector<double> timed_stage_seconds;  // [profile::kNumStages]
+  };
+  static constexpr int kPromptStep = 0, kDecodeStep = 1;
+  StageSample stage_samples[2];
+  // Stage seconds ([profile::kNumStages]) and step seconds over the steps of the kinds that had
+  // a timed step, estimated from the timed ones.
+  std::vector<double> estimated_stage_seconds() const;
+  double estimated_step_seconds() const;
   // With profile_stages: the latest timed step's time per stage ([profile::kNumStages], summed
   // over layers), for per-step histograms; a change in timed_steps says it is a new one.
   std::vector<double> last_step_stage_seconds;

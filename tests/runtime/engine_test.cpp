@@ -250,6 +250,47 @@ TEST_F(EngineTest, StageProfileCountsEveryExpertRow) {
   EXPECT_TRUE(make({})->stats().expert_rows.empty());
 }
 
+// Sampled stage timing (one step in 3): rows are still counted on every step, the timed steps
+// are one in three, every step is sorted into prompt or decode steps, and the estimates scale
+// each kind's timed steps to all of its steps; timing every step makes them exact.
+TEST_F(EngineTest, SampledStageTimingEstimatesPerKindOfStep) {
+  auto engine = make({.max_num_batched_tokens = 5, .profile_stages = true, .profile_time_every = 3});
+  for (const auto& p : prompts_) engine->add_request(encode(p), greedy(6));
+  run_all(*engine);
+  const EngineStats stats = engine->stats();
+  const ModelConfig& config = engine->model_config();
+  int64_t rows = 0;
+  for (int64_t r : stats.expert_rows) rows += r;
+  EXPECT_EQ(rows, stats.computed_tokens * config.num_layers * config.num_experts_per_tok);
+  EXPECT_EQ(stats.timed_steps, (stats.num_steps + 2) / 3);
+  const auto& prompt = stats.stage_samples[EngineStats::kPromptStep];
+  const auto& decode = stats.stage_samples[EngineStats::kDecodeStep];
+  EXPECT_EQ(prompt.steps + decode.steps, stats.num_steps);
+  EXPECT_EQ(prompt.timed_steps + decode.timed_steps, stats.timed_steps);
+  EXPECT_GT(prompt.steps, 0);
+  EXPECT_GT(decode.steps, 0);
+  const std::vector<double> estimated = stats.estimated_stage_seconds();
+  const int experts = static_cast<int>(profile::Stage::kExperts);
+  double want = 0.0;
+  for (const auto* s : {&prompt, &decode}) {
+    if (s->timed_steps > 0) {
+      want += static_cast<double>(s->steps) / s->timed_steps * s->timed_stage_seconds[experts];
+    }
+  }
+  EXPECT_NEAR(estimated[experts], want, 1e-12);
+  EXPECT_GE(estimated[experts], stats.stage_seconds[experts]);
+
+  auto every = make({.max_num_batched_tokens = 5, .profile_stages = true});
+  for (const auto& p : prompts_) every->add_request(encode(p), greedy(6));
+  run_all(*every);
+  const EngineStats all = every->stats();
+  EXPECT_EQ(all.timed_steps, all.num_steps);
+  const std::vector<double> exact = all.estimated_stage_seconds();
+  for (int stage = 0; stage < profile::kNumStages; ++stage) {
+    EXPECT_NEAR(exact[stage], all.stage_seconds[stage], 1e-12) << stage;
+  }
+}
+
 TEST_F(EngineTest, ContextEndFinishesWithLength) {
   auto engine = make({});
   const int64_t n = engine->max_model_len() - 3;
