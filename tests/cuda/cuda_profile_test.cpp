@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <numeric>
 #include <vector>
 
@@ -27,13 +28,23 @@ namespace {
 
 using profile::Stage;
 
-void profiled_steps_report_every_stage() {
+// The Qwen2-MoE fixture (shared experts with a sigmoid gate beside the routed ones).
+std::unique_ptr<Model> load_fixture() {
   const auto dir = std::filesystem::path(MOE_FIXTURES_DIR) / "models" / "qwen2_moe_f32";
-  auto model = Model::load(dir, LoadOptions{.prefault = false});
+  return Model::load(dir, LoadOptions{.prefault = false});
+}
+
+// A GPU decoder over it: 4 sequences, 64 tokens, 8 KV blocks.
+std::unique_ptr<GpuDecoder> small_decoder(Model& model) {
+  return GpuDecoder::create(model.config(), model.decoder().weights(),
+                            GpuOptions{.max_batch_tokens = 64, .max_num_seqs = 4,
+                                       .max_model_len = 64, .num_kv_blocks = 8, .quiet = true});
+}
+
+void profiled_steps_report_every_stage() {
+  auto model = load_fixture();
   const ModelConfig& c = model->config();
-  auto gpu = GpuDecoder::create(c, model->decoder().weights(),
-                                GpuOptions{.max_batch_tokens = 64, .max_num_seqs = 4,
-                                           .max_model_len = 64, .num_kv_blocks = 8, .quiet = true});
+  auto gpu = small_decoder(*model);
   const std::vector<int32_t> prompt = {3, 14, 15, 92, 65, 35, 89, 79};
   const std::vector<int32_t> table = {0, 1, 2, 3};
   const int64_t V = c.vocab_size, L = c.num_layers, E = c.num_experts, K = c.num_experts_per_tok;
@@ -85,12 +96,9 @@ void profiled_steps_report_every_stage() {
 }
 
 void sampled_timing_counts_every_step() {
-  const auto dir = std::filesystem::path(MOE_FIXTURES_DIR) / "models" / "qwen2_moe_f32";
-  auto model = Model::load(dir, LoadOptions{.prefault = false});
+  auto model = load_fixture();
   const ModelConfig& c = model->config();
-  auto gpu = GpuDecoder::create(c, model->decoder().weights(),
-                                GpuOptions{.max_batch_tokens = 64, .max_num_seqs = 4,
-                                           .max_model_len = 64, .num_kv_blocks = 8, .quiet = true});
+  auto gpu = small_decoder(*model);
   const std::vector<int32_t> token = {92};
   const std::vector<int32_t> table = {0};
   const int64_t V = c.vocab_size, L = c.num_layers, E = c.num_experts, K = c.num_experts_per_tok;
@@ -142,12 +150,9 @@ void sampled_timing_counts_every_step() {
 // Three sequences decode in a graph bucket of four rows: the padding row routes to no expert, so
 // each MoE layer counts 3 * K rows, on the eager first step and on the graph's replay.
 void padded_bucket_counts_real_rows_only() {
-  const auto dir = std::filesystem::path(MOE_FIXTURES_DIR) / "models" / "qwen2_moe_f32";
-  auto model = Model::load(dir, LoadOptions{.prefault = false});
+  auto model = load_fixture();
   const ModelConfig& c = model->config();
-  auto gpu = GpuDecoder::create(c, model->decoder().weights(),
-                                GpuOptions{.max_batch_tokens = 64, .max_num_seqs = 4,
-                                           .max_model_len = 64, .num_kv_blocks = 8, .quiet = true});
+  auto gpu = small_decoder(*model);
   const std::vector<int32_t> a = {5}, b = {17}, d = {230};
   const std::vector<int32_t> ta = {0}, tb = {1}, td = {2};
   const ForwardBatch batch{.sequences = {{.tokens = a, .position = 0, .block_table = ta},
@@ -183,8 +188,7 @@ void padded_bucket_counts_real_rows_only() {
 // weights are finite and positive, the logits are those of a run without the observer, and the
 // prefill's choices agree with the CPU decoder's (bf16 may flip near-ties, so 90% of them).
 void routing_observer_reports_every_layer() {
-  const auto dir = std::filesystem::path(MOE_FIXTURES_DIR) / "models" / "qwen2_moe_f32";
-  auto model = Model::load(dir, LoadOptions{.prefault = false});
+  auto model = load_fixture();
   const ModelConfig& c = model->config();
   const int64_t V = c.vocab_size, L = c.num_layers, E = c.num_experts, K = c.num_experts_per_tok;
   const std::vector<int32_t> prompt = {3, 14, 15, 92, 65, 35, 89, 79};
@@ -194,12 +198,7 @@ void routing_observer_reports_every_layer() {
   const ForwardBatch decode{.sequences = {{.tokens = a, .position = 0, .block_table = t1},
                                           {.tokens = b, .position = 0, .block_table = t2},
                                           {.tokens = d, .position = 8, .block_table = t0}}};
-  auto make = [&] {
-    return GpuDecoder::create(c, model->decoder().weights(),
-                              GpuOptions{.max_batch_tokens = 64, .max_num_seqs = 4,
-                                         .max_model_len = 64, .num_kv_blocks = 8, .quiet = true});
-  };
-  auto plain = make(), traced = make();
+  auto plain = small_decoder(*model), traced = small_decoder(*model);
   std::vector<std::vector<int32_t>> ids(L);
   std::vector<int64_t> tokens(L, -1);
   traced->set_routing_observer([&](int64_t layer, const moe::Routing& routing) {

@@ -11,6 +11,7 @@
 #include <random>
 #include <regex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -351,6 +352,20 @@ int count(const std::string& text, const std::string& needle) {
   return n;
 }
 
+// What a hand-made profile ran: one sequence, top-2, H 8, one prefill step.
+RunInfo hand_run(int64_t input_len, int64_t output_len, std::vector<bool> layer_is_moe) {
+  return RunInfo{.model = "hand",
+                 .model_type = "test",
+                 .batch = 1,
+                 .input_len = input_len,
+                 .output_len = output_len,
+                 .token_source = "random",
+                 .num_threads = 1,
+                 .top_k = 2,
+                 .hidden_size = 8,
+                 .layer_is_moe = std::move(layer_is_moe)};
+}
+
 // The report built from a hand-made profile: 3 layers (layer 1 dense), 4 experts, top-2, one
 // prefill step of 3 tokens and two decode steps of 1 token.
 TEST(ProfileReport, BuiltFromAHandMadeProfile) {
@@ -374,16 +389,7 @@ TEST(ProfileReport, BuiltFromAHandMadeProfile) {
     profiler.add_time(Stage::kSample, 100);
     profiler.end_step();
   }
-  const RunInfo run{.model = "hand",
-                    .model_type = "test",
-                    .batch = 1,
-                    .input_len = 3,
-                    .output_len = 2,
-                    .token_source = "random",
-                    .num_threads = 1,
-                    .top_k = 2,
-                    .hidden_size = 8,
-                    .layer_is_moe = {true, false, true}};
+  const RunInfo run = hand_run(/*input_len=*/3, /*output_len=*/2, {true, false, true});
   const nlohmann::ordered_json report = build_report(run, profiler, {}, OverheadInfo{});
 
   ASSERT_EQ(report["steps"].size(), 3u);
@@ -446,16 +452,7 @@ Profiler sampled_profile(int64_t time_every) {
 }
 
 TEST(ProfileReport, SampledTimingScalesEachPhaseFromItsTimedSteps) {
-  const RunInfo run{.model = "hand",
-                    .model_type = "test",
-                    .batch = 1,
-                    .input_len = 1,
-                    .output_len = 3,
-                    .token_source = "random",
-                    .num_threads = 1,
-                    .top_k = 2,
-                    .hidden_size = 8,
-                    .layer_is_moe = {true}};
+  const RunInfo run = hand_run(/*input_len=*/1, /*output_len=*/3, {true});
   const Profiler profiler = sampled_profile(2);
   const nlohmann::ordered_json report = build_report(run, profiler, {}, OverheadInfo{});
   const auto& summary = report["summary"];

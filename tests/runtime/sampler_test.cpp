@@ -5,7 +5,6 @@
 #include <map>
 #include <numeric>
 #include <random>
-#include <set>
 #include <vector>
 
 #include "core/error.h"
@@ -59,6 +58,31 @@ TEST(Sampler, RejectsBadParameters) {
 namespace moeinfer {
 namespace {
 
+// Token ids by (logit descending, id ascending): the order the nucleus is defined over.
+std::vector<int32_t> sorted_ids(const std::vector<float>& logits) {
+  std::vector<int32_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  return order;
+}
+
+// The top-p nucleus at temperature 1 computed over the full sort: in_nucleus[id].
+std::vector<bool> full_sort_nucleus(const std::vector<float>& logits, double top_p) {
+  const std::vector<int32_t> order = sorted_ids(logits);
+  double total = 0.0;
+  for (float l : logits) total += std::exp(l - logits[order[0]]);
+  std::vector<bool> in_nucleus(logits.size(), false);
+  double cumulative = 0.0;
+  for (int32_t id : order) {
+    in_nucleus[id] = true;
+    cumulative += std::exp(logits[id] - logits[order[0]]) / total;
+    if (cumulative >= top_p) break;
+  }
+  return in_nucleus;
+}
+
 // Without top_k the sampler sorts only a growing prefix of a large vocabulary; the tokens it can
 // return must be exactly the nucleus (top-p) and the min-p set computed over every token.
 TEST(Sampler, LargeVocabularyNucleusAndMinPMatchTheFullSort) {
@@ -66,23 +90,10 @@ TEST(Sampler, LargeVocabularyNucleusAndMinPMatchTheFullSort) {
   std::normal_distribution<float> normal(0.0f, 3.0f);
   std::vector<float> logits(20000);
   for (float& l : logits) l = normal(rng);
-  std::vector<int32_t> order(logits.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  });
-  double total = 0.0;
-  for (float l : logits) total += std::exp(l - logits[order[0]]);
-  // The nucleus of top_p = 0.5, computed over the full sort.
-  std::set<int32_t> nucleus;
-  double cumulative = 0.0;
-  for (int32_t id : order) {
-    nucleus.insert(id);
-    cumulative += std::exp(logits[id] - logits[order[0]]) / total;
-    if (cumulative >= 0.5) break;
-  }
+  const std::vector<int32_t> order = sorted_ids(logits);
+  const std::vector<bool> nucleus = full_sort_nucleus(logits, 0.5);
   Sampler top_p({.temperature = 1.0f, .top_p = 0.5f, .seed = 3});
-  for (int i = 0; i < 300; ++i) EXPECT_EQ(nucleus.count(top_p.sample(logits)), 1u);
+  for (int i = 0; i < 300; ++i) EXPECT_TRUE(nucleus[top_p.sample(logits)]);
   // min_p = 0.2: tokens within ln(5) of the best logit.
   Sampler min_p({.temperature = 1.0f, .min_p = 0.2f, .seed = 4});
   for (int i = 0; i < 300; ++i) {
@@ -109,11 +120,7 @@ TEST(Sampler, DrawsFollowTheKeptProbabilities) {
   const std::vector<float> logits = {0.0f, 2.0f, -3.0f, 1.0f, 1.0f, -0.5f, 2.0f, -4.0f};
   const SamplingParams params{.temperature = 0.9f, .top_p = 0.8f, .min_p = 0.1f, .seed = 5};
   // Expected set by the definition: sort by (logit desc, id), min-p, then the top-p prefix.
-  std::vector<int32_t> order(logits.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  });
+  const std::vector<int32_t> order = sorted_ids(logits);
   std::vector<double> weight;
   for (int32_t id : order) weight.push_back(std::exp((logits[id] - logits[order[0]]) / 0.9));
   size_t cut = 0;
@@ -148,20 +155,7 @@ TEST(Sampler, FlatLargeVocabularyNucleus) {
   std::vector<float> logits(50000);
   for (float& l : logits) l = near_flat(rng);
   logits[123] = logits[456];  // a tie somewhere
-  std::vector<int32_t> order(logits.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  });
-  double total = 0.0;
-  for (float l : logits) total += std::exp(l - logits[order[0]]);
-  std::vector<bool> in_nucleus(logits.size(), false);
-  double cumulative = 0.0;
-  for (int32_t id : order) {
-    in_nucleus[id] = true;
-    cumulative += std::exp(logits[id] - logits[order[0]]) / total;
-    if (cumulative >= 0.95) break;
-  }
+  const std::vector<bool> in_nucleus = full_sort_nucleus(logits, 0.95);
   Sampler sampler({.temperature = 1.0f, .top_p = 0.95f, .seed = 8});
   for (int i = 0; i < 2000; ++i) EXPECT_TRUE(in_nucleus[sampler.sample(logits)]);
 }
