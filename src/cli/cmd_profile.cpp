@@ -7,7 +7,8 @@
 // The workload: B sequences of I tokens (seeded random ids, or windows of a text file) are
 // prefilled together in one batched step, then O decode steps each advance all B sequences by
 // one sampled token. Every step goes through Decoder::forward(ForwardBatch, KvBlockPool) (or the
-// GPU decoder's forward, whose stages are timed with CUDA events) with blocks from a
+// GPU decoder's forward_sample, whose stages are timed with CUDA events and which samples on the
+// device as the engine does) with blocks from a
 // BlockManager, as the engine does; the block bookkeeping and batch assembly are
 // the "schedule" stage, sampling the "sample" stage.
 //
@@ -238,12 +239,22 @@ class Workload {
                             .want_logits = true});
         }
       }
-      forward(batch);
+      if (gpu_) {
+        // As the engine does on the GPU: the same sampling on the device, only the tokens back.
+        std::vector<GpuSamplingRow> rows(B);
+        for (int64_t b = 0; b < B; ++b) {
+          rows[b] = {.temperature = 0.8f, .top_p = 0.95f,
+                     .seed = args_.seed + static_cast<uint64_t>(b), .step = static_cast<uint64_t>(step)};
+        }
+        gpu_->forward_sample(batch, rows, next);
+      } else {
+        forward(batch);
+      }
       {
         MOE_PROFILE_SCOPE(profile::Stage::kSample);
         for (int64_t b = 0; b < B; ++b) {
           length[b] += static_cast<int64_t>(batch.sequences[b].tokens.size());
-          next[b] = samplers[b].sample(std::span<const float>(logits_.data() + b * V, V));
+          if (!gpu_) next[b] = samplers[b].sample(std::span<const float>(logits_.data() + b * V, V));
         }
       }
       if (profiler) profiler->end_step();
