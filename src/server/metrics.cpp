@@ -207,7 +207,8 @@ std::string Metrics::render(const std::string& model_name) const {
   }
   if (!stats_.stage_seconds.empty()) {
     header(out, p + "stage_seconds_total", "counter",
-           "Time per MoE-path stage, summed over layers and steps (the stage profiler).");
+           "Time per MoE-path stage, summed over layers and the timed steps (the stage "
+           "profiler; every step on the CPU, one in --time-every on the GPU).");
     for (int stage = 0; stage < profile::kNumStages; ++stage) {
       line(out, p + "stage_seconds_total",
            "stage=\"" + std::string(profile::stage_name(static_cast<profile::Stage>(stage))) + "\"",
