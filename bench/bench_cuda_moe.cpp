@@ -44,6 +44,7 @@
 
 #include "backend/cuda/attention.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_floors.h"
 #include "backend/cuda/grouped_gemm.h"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -52,7 +53,6 @@
 namespace moeinfer::cuda {
 namespace {
 
-using bench_util::copy_bandwidth;
 using bench_util::device_alloc;
 using bench_util::fill_random;
 using bench_util::median;
@@ -84,31 +84,6 @@ void cublas_gemm(cublasHandle_t handle, const bf16* x, const bf16* w, bf16* y, i
                             CUBLAS_GEMM_DEFAULT));
 }
 
-double cublas_peak(cublasHandle_t handle, cudaStream_t stream, std::mt19937& rng) {
-  const int64_t n = 8192;
-  bf16* a = device_alloc<bf16>(n * n);
-  bf16* b = device_alloc<bf16>(n * n);
-  bf16* c = device_alloc<bf16>(n * n);
-  fill_random(a, n * n, 1.0f, rng);
-  fill_random(b, n * n, 1.0f, rng);
-  cudaEvent_t start, stop;
-  CUDA_CHECK(cudaEventCreate(&start));
-  CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<double> times;
-  for (int r = 0; r < 13; ++r) {
-    CUDA_CHECK(cudaEventRecord(start, stream));
-    cublas_gemm(handle, a, b, c, n, n, n);
-    CUDA_CHECK(cudaEventRecord(stop, stream));
-    CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    if (r >= 3) times.push_back(ms);
-  }
-  CUDA_CHECK(cudaFree(a));
-  CUDA_CHECK(cudaFree(b));
-  CUDA_CHECK(cudaFree(c));
-  return 2.0 * n * n * n / (median(times) * 1e-3);
-}
 
 // Zipf(1.0) routing over a shuffled expert order, K distinct experts per token; returns the
 // expert offsets [E + 1] of the sorted assignments.
@@ -414,8 +389,9 @@ int run(int argc, char** argv) {
   std::mt19937 rng(12345);
   std::printf("bench_cuda_moe on %s (%d SMs, %.0f MB L2)\n", prop.name, prop.multiProcessorCount,
               prop.l2CacheSize / 1e6);
-  const double copy_bw = copy_bandwidth(stream);
-  const double peak = cublas_peak(handle, stream, rng);
+  // The floors `moeinfer bench` uses, measured the same way (backend/cuda/device_floors.h).
+  const double copy_bw = measure_copy_bandwidth();
+  const double peak = measure_gemm_flops();
   std::printf(
       "device-to-device copy 1 GiB: %.1f GB/s (read + write); cuBLAS bf16 8192^3: %.1f "
       "TFLOP/s\n",

@@ -49,6 +49,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_floors.h"
 #include "backend/cuda/grouped_gemm.h"
 #include "backend/cuda/moe_stages.h"
 #include "core/dtype.h"
@@ -58,7 +59,6 @@
 namespace moeinfer::cuda {
 namespace {
 
-using bench_util::copy_bandwidth;
 using bench_util::device_alloc;
 using bench_util::fill_random;
 using bench_util::median;
@@ -270,7 +270,7 @@ int run(int argc, char** argv) {
 
   std::printf("bench_cuda_moe_layer on %s (%d SMs, %.0f MB L2)\n", prop.name,
               prop.multiProcessorCount, prop.l2CacheSize / 1e6);
-  const double copy_bw = copy_bandwidth(stream);
+  const double copy_bw = measure_copy_bandwidth();  // backend/cuda/device_floors.h
   std::printf("device-to-device copy 1 GiB: %.1f GB/s (read + write)\n", copy_bw / 1e9);
   std::printf(
       "Qwen3-30B-A3B MoE layer: H %lld, I %lld, E %lld, K %lld, softmax top-k renormalised, bf16; "

@@ -72,30 +72,5 @@ inline double time_graph(cudaStream_t stream, int launches, int replays, int war
   return median(times);
 }
 
-// Bytes read + written per second by a 1 GiB device-to-device copy, median of 10 after 3.
-inline double copy_bandwidth(cudaStream_t stream) {
-  const size_t bytes = size_t{1} << 30;
-  char* a = device_alloc<char>(bytes);
-  char* b = device_alloc<char>(bytes);
-  CUDA_CHECK(cudaMemset(a, 1, bytes));
-  cudaEvent_t start, stop;
-  CUDA_CHECK(cudaEventCreate(&start));
-  CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<double> times;
-  for (int r = 0; r < 13; ++r) {
-    CUDA_CHECK(cudaEventRecord(start, stream));
-    CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream));
-    CUDA_CHECK(cudaEventRecord(stop, stream));
-    CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    if (r >= 3) times.push_back(ms);
-  }
-  CUDA_CHECK(cudaEventDestroy(start));
-  CUDA_CHECK(cudaEventDestroy(stop));
-  CUDA_CHECK(cudaFree(a));
-  CUDA_CHECK(cudaFree(b));
-  return 2.0 * bytes / (median(times) * 1e-3);
-}
 
 }  // namespace moeinfer::cuda::bench_util

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
+#include "../model/capacity_plan_checks.h"
 #include "cuda_test_util.h"
 #include "model/capacity_plan.h"
 #include "model/cuda/device_weights.h"
@@ -48,20 +49,13 @@ namespace {
 
 const std::filesystem::path kDemo =
     std::filesystem::path(MOE_FIXTURES_DIR) / ".." / ".." / "models" / "demo";
-constexpr double kTolerance = 0.05;
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 constexpr double kMemoryFraction = 0.9;
 // In use before the decoder, up to which the device counts as idle (a CUDA context is ~0.5 GiB).
 constexpr int64_t kIdleDeviceBytes = int64_t{1} << 30;
 
-void expect_within(double planned, double actual, const std::string& what) {
-  EXPECT_LE(std::fabs(planned - actual), kTolerance * actual)
-      << what << ": planned " << planned << ", allocated " << actual;
-}
-
-double rel_diff(double planned, double actual) {
-  return actual != 0 ? (planned - actual) / actual : 0.0;
-}
+using testing_util::expect_within;
+using testing_util::kGiB;
+using testing_util::rel_diff;
 
 // No device needed: the bytes upload_weights / synthetic_weights allocate, from the config.
 TEST(CudaCapacityPlan, DeviceWeightBytesMatchThePlan) {

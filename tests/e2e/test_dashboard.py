@@ -48,70 +48,23 @@ import argparse
 import concurrent.futures
 import json
 import pathlib
-import queue
 import re
 import shutil
-import signal
-import struct
-import subprocess
 import sys
 import tempfile
-import threading
-import time
 import traceback
 import urllib.error
 import urllib.request
-import zlib
 from html.parser import HTMLParser
 
-START_TIMEOUT = 180.0
-WAIT_TIMEOUT = 60.0
+from e2e_util import ServerProcess, chromium, parse_metrics, png_info, wait_for
+
 WINDOW = (1400, 1900)
 KEY = "dash-secret-3141"
 PANELS = ("dash-stages", "dash-heatmap", "dash-kv", "dash-latency")
 ALWAYS_RUN = ("attention", "route", "experts", "lm_head", "sample")  # every step, every model
 PROMPTS = ["The capital of France is", "Once upon a time", "1, 2, 3, 4,", "Mixture of experts",
            "Hello, my name is", "The quick brown fox"]
-
-
-class ServerProcess:
-    """`moeinfer serve` on port 0; the port comes from its log line."""
-
-    def __init__(self, moeinfer: str, extra: list[str]):
-        self.proc = subprocess.Popen([moeinfer, "serve", "--port", "0", *extra],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.log: list[str] = []
-        threading.Thread(target=self._drain, daemon=True).start()
-        deadline = time.monotonic() + START_TIMEOUT
-        self.port = None
-        while self.port is None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or self.proc.poll() is not None:
-                self.stop()
-                raise AssertionError(f"server did not start: {''.join(self.log)}")
-            try:
-                line = self.lines.get(timeout=min(remaining, 1.0))
-            except queue.Empty:
-                continue
-            m = re.search(r"on http://127\.0\.0\.1:(\d+)", line)
-            if m:
-                self.port = int(m.group(1))
-        self.base = f"http://127.0.0.1:{self.port}"
-
-    def _drain(self) -> None:
-        for line in self.proc.stderr:
-            self.log.append(line)
-            self.lines.put(line)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 def http(base: str, method: str, path: str, body: dict | None = None,
@@ -133,28 +86,10 @@ def get_json(base: str, path: str, headers: dict | None = None) -> dict:
     return json.loads(text)
 
 
-def parse_metrics(text: str) -> dict[str, float]:
-    values = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            values[name] = float(value)
-    return values
-
-
 def get_metrics(base: str, headers: dict | None = None) -> tuple[str, dict[str, float]]:
     status, _, text = http(base, "GET", "/metrics", headers=headers)
     assert status == 200, f"/metrics answered {status}"
     return text, parse_metrics(text)
-
-
-def wait_for(condition, what: str) -> None:
-    """Polls a state the server reaches on its own (bounded; not a timing assertion)."""
-    deadline = time.monotonic() + WAIT_TIMEOUT
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def close(a: float, b: float, rel: float = 1e-6) -> bool:
@@ -163,25 +98,6 @@ def close(a: float, b: float, rel: float = 1e-6) -> bool:
 
 # ---------------------------------------------------------------------------------------------
 # Chromium and the dumped DOM
-
-
-def find_chromium() -> str:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        path = shutil.which(name)
-        if path:
-            return path
-    raise AssertionError("headless Chromium is required for this test but was not found on PATH "
-                         "(install Debian's `chromium`: scripts/install-deps.sh does)")
-
-
-def chromium(args: list[str], profile_dir: pathlib.Path) -> subprocess.CompletedProcess:
-    cmd = [find_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-           "--no-first-run", f"--user-data-dir={profile_dir}",
-           f"--window-size={WINDOW[0]},{WINDOW[1]}", *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
-    if proc.returncode != 0:
-        raise AssertionError(f"chromium exited {proc.returncode}: {proc.stderr[-2000:]}")
-    return proc
 
 
 VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source",
@@ -256,27 +172,10 @@ def number(node: Node, attr: str) -> float:
 
 
 def render_dom(url: str, work: pathlib.Path, budget_ms: int = 6000) -> Node:
-    dom = chromium([f"--virtual-time-budget={budget_ms}", "--dump-dom", url],
+    dom = chromium([f"--virtual-time-budget={budget_ms}", "--dump-dom", url], WINDOW,
                    work / "chromium-profile").stdout
     assert "<body" in dom, f"no DOM came back: {dom[:300]}"
     return Tree(dom).root
-
-
-def png_info(path: pathlib.Path) -> tuple[int, int, int]:
-    """Width, height and the number of distinct byte values in a sample of the pixel data."""
-    data = path.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
-    pos, idat, width, height = 8, b"", 0, 0
-    while pos < len(data):
-        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        body = data[pos + 8:pos + 8 + length]
-        if kind == b"IHDR":
-            width, height = struct.unpack(">II", body[:8])
-        elif kind == b"IDAT":
-            idat += body
-        pos += 12 + length
-    pixels = zlib.decompress(idat)
-    return width, height, len(set(pixels[::101]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -473,7 +372,7 @@ def check_page_renders(ctx: dict) -> None:
 def check_screenshot(ctx: dict) -> None:
     png = ctx["work"] / "dashboard.png"
     chromium(["--virtual-time-budget=4000", f"--screenshot={png}", ctx["base"] + "/dashboard"],
-             ctx["work"] / "chromium-profile")
+             WINDOW, ctx["work"] / "chromium-profile")
     assert png.is_file(), "no screenshot written"
     width, height, distinct = png_info(png)
     assert (width, height) == WINDOW, f"screenshot {width}x{height}"

@@ -44,12 +44,9 @@ import argparse
 import concurrent.futures
 import json
 import pathlib
-import queue
-import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 import traceback
 import urllib.error
@@ -58,46 +55,14 @@ import urllib.request
 import openai
 from openai import OpenAI
 
-START_TIMEOUT = 180.0
-WAIT_TIMEOUT = 60.0
+import e2e_util
+from e2e_util import parse_metrics, wait_for
 
 
-class ServerProcess:
-    """`moeinfer serve` on port 0; the port comes from its log line."""
 
-    def __init__(self, moeinfer: str, extra: list[str]):
-        self.proc = subprocess.Popen([moeinfer, "serve", "--port", "0", *extra],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.log: list[str] = []
-        threading.Thread(target=self._drain, daemon=True).start()
-        deadline = time.monotonic() + START_TIMEOUT
-        self.port = None
-        while self.port is None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or self.proc.poll() is not None:
-                raise AssertionError(f"server did not start: {''.join(self.log)}")
-            try:
-                line = self.lines.get(timeout=min(remaining, 1.0))
-            except queue.Empty:
-                continue
-            m = re.search(r"on http://127\.0\.0\.1:(\d+)", line)
-            if m:
-                self.port = int(m.group(1))
-        self.base = f"http://127.0.0.1:{self.port}"
-
-    def _drain(self) -> None:
-        for line in self.proc.stderr:
-            self.log.append(line)
-            self.lines.put(line)
-
+class ServerProcess(e2e_util.ServerProcess):
     def client(self, api_key: str = "none") -> OpenAI:
         return OpenAI(base_url=self.base + "/v1", api_key=api_key, max_retries=0, timeout=300)
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=120)
 
 
 def http(base: str, method: str, path: str, body: bytes | None = None,
@@ -113,21 +78,7 @@ def http(base: str, method: str, path: str, body: bytes | None = None,
 def metrics(base: str, headers: dict | None = None) -> dict[str, float]:
     status, text = http(base, "GET", "/metrics", headers=headers)
     assert status == 200, f"/metrics answered {status}"
-    values = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            values[name] = float(value)
-    return values
-
-
-def wait_for(condition, what: str) -> None:
-    """Polls a condition the server reaches on its own (bounded; not a timing assertion)."""
-    deadline = time.monotonic() + WAIT_TIMEOUT
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+    return parse_metrics(text)
 
 
 def idle(base: str, headers: dict | None = None) -> bool:

@@ -39,12 +39,12 @@ import json
 import pathlib
 import re
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
-import zlib
 from html.parser import HTMLParser
+
+from e2e_util import chromium, png_info
 
 BATCH, INPUT_LEN, OUTPUT_LEN = 3, 19, 7
 WINDOW = (1400, 2800)
@@ -79,24 +79,6 @@ PROBE = """
 })();
 </script>
 """
-
-
-def find_chromium() -> str:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        path = shutil.which(name)
-        if path:
-            return path
-    raise AssertionError("headless Chromium is required for this test but was not found on PATH "
-                         "(install Debian's `chromium`: scripts/install-deps.sh does)")
-
-
-def chromium(args: list[str]) -> subprocess.CompletedProcess:
-    cmd = [find_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-           f"--window-size={WINDOW[0]},{WINDOW[1]}", *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
-    if proc.returncode != 0:
-        raise AssertionError(f"chromium exited {proc.returncode}: {proc.stderr[-2000:]}")
-    return proc
 
 
 def check_files(out: pathlib.Path) -> None:
@@ -215,7 +197,7 @@ def check_render(html_path: pathlib.Path, report: dict, work: pathlib.Path) -> N
     html = html_path.read_text(encoding="utf-8")
     assert "</body>" in html
     probe_page.write_text(html.replace("</body>", PROBE + "</body>"), encoding="utf-8")
-    dom = chromium(["--dump-dom", probe_page.as_uri()]).stdout
+    dom = chromium(["--dump-dom", probe_page.as_uri()], WINDOW).stdout
     match = re.search(r'<pre id="probe">(.*?)</pre>', dom, re.S)
     assert match and match.group(1).strip(), "the probe wrote nothing: page did not load/run"
     probe = json.loads(html_lib.unescape(match.group(1)))
@@ -248,26 +230,9 @@ def check_render(html_path: pathlib.Path, report: dict, work: pathlib.Path) -> N
           f"{len(line['polylines'])} polylines x {num_steps} points")
 
 
-def png_info(path: pathlib.Path) -> tuple[int, int, int]:
-    """Width, height and the number of distinct byte values in a sample of the pixel data."""
-    data = path.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
-    pos, idat, width, height = 8, b"", 0, 0
-    while pos < len(data):
-        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        body = data[pos + 8:pos + 8 + length]
-        if kind == b"IHDR":
-            width, height = struct.unpack(">II", body[:8])
-        elif kind == b"IDAT":
-            idat += body
-        pos += 12 + length
-    pixels = zlib.decompress(idat)
-    return width, height, len(set(pixels[::101]))
-
-
 def check_screenshot(html_path: pathlib.Path, work: pathlib.Path) -> None:
     png = work / "report.png"
-    chromium([f"--screenshot={png}", html_path.as_uri()])
+    chromium([f"--screenshot={png}", html_path.as_uri()], WINDOW)
     assert png.is_file(), "no screenshot written"
     width, height, distinct = png_info(png)
     assert (width, height) == WINDOW, f"screenshot {width}x{height}"

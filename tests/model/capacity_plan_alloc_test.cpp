@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <string>
 
+#include "capacity_plan_checks.h"
 #include "model/capacity_plan.h"
 #include "model/model.h"
 #include "model/model_facts.h"
@@ -25,18 +26,11 @@ namespace {
 
 const std::filesystem::path kFixtures = MOE_FIXTURES_DIR;
 const std::filesystem::path kDemo = kFixtures / ".." / ".." / "models" / "demo";
-constexpr double kTolerance = 0.05;
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 constexpr int64_t kKvCacheMb = 64;
 
-void expect_within(double planned, double actual, const std::string& what) {
-  EXPECT_LE(std::fabs(planned - actual), kTolerance * actual)
-      << what << ": planned " << planned << ", allocated " << actual;
-}
-
-double rel_diff(double planned, double actual) {
-  return actual != 0 ? (planned - actual) / actual : 0.0;
-}
+using testing_util::expect_within;
+using testing_util::kGiB;
+using testing_util::rel_diff;
 
 TEST(CapacityPlanAlloc, DemoWeightBytesByPartMatchTheBoundTensors) {
   auto model = Model::load(kDemo, LoadOptions{.prefault = false});

@@ -84,6 +84,9 @@ class Carver {
 
 // Step metadata, the same layout on the host (pinned) and the device.
 struct Meta {
+  // [1] the step's real token rows (the rest pad a graph bucket), right before ids so that one
+  // copy uploads both.
+  int32_t* num_valid = nullptr;
   int32_t* ids = nullptr;          // [Tcap]
   int32_t* positions = nullptr;    // [Tcap]
   int32_t* slots = nullptr;        // [Tcap]
@@ -97,10 +100,10 @@ struct Meta {
   uint64_t* seeds = nullptr;
   uint64_t* steps = nullptr;
   int32_t* tokens = nullptr;  // [Rcap] sampled
-  int32_t* num_valid = nullptr;  // [1] the step's real token rows; the rest pad a graph bucket
 
   void carve(Carver& c, int64_t tcap, int64_t rcap, int64_t max_blocks) {
-    ids = c.take<int32_t>(tcap);
+    num_valid = c.take<int32_t>(tcap + 1);
+    ids = num_valid ? num_valid + 1 : nullptr;
     positions = c.take<int32_t>(tcap);
     slots = c.take<int32_t>(tcap);
     seq_lens = c.take<int32_t>(tcap);
@@ -113,7 +116,6 @@ struct Meta {
     seeds = c.take<uint64_t>(rcap);
     steps = c.take<uint64_t>(rcap);
     tokens = c.take<int32_t>(rcap);
-    num_valid = c.take<int32_t>(1);
   }
 };
 
@@ -571,12 +573,11 @@ void CudaDecoder::upload_meta(const Step& step) {
     CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(count) * sizeof(*src),
                                cudaMemcpyHostToDevice, stream_));
   };
-  up(meta_.ids, host_meta_.ids, T);
+  host_meta_.num_valid[0] = static_cast<int32_t>(step.num_valid);
+  up(meta_.num_valid, host_meta_.num_valid, T + 1);  // and the ids after it
   up(meta_.positions, host_meta_.positions, T);
   up(meta_.slots, host_meta_.slots, T);
   up(meta_.logit_rows, host_meta_.logit_rows, step.logit_rows);
-  host_meta_.num_valid[0] = static_cast<int32_t>(step.num_valid);
-  up(meta_.num_valid, host_meta_.num_valid, 1);
   if (step.route == Route::kPrefill) {
     up(meta_.cu_seqlens, host_meta_.cu_seqlens, step.num_seqs + 1);
   } else {

@@ -1,0 +1,116 @@
+"""Helpers the end-to-end tests share: a `moeinfer serve` process, polling, the Prometheus text
+format, headless Chromium and a PNG reader. Not a test itself (CMake runs test_*.py only)."""
+from __future__ import annotations
+
+import pathlib
+import queue
+import re
+import shutil
+import signal
+import struct
+import subprocess
+import threading
+import time
+import zlib
+
+START_TIMEOUT = 180.0
+WAIT_TIMEOUT = 60.0
+
+
+class ServerProcess:
+    """`moeinfer serve` on port 0; the port comes from its log line."""
+
+    def __init__(self, moeinfer: str, extra: list[str]):
+        self.proc = subprocess.Popen([moeinfer, "serve", "--port", "0", *extra],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.log: list[str] = []
+        threading.Thread(target=self._drain, daemon=True).start()
+        deadline = time.monotonic() + START_TIMEOUT
+        self.port = None
+        while self.port is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self.proc.poll() is not None:
+                self.stop()
+                raise AssertionError(f"server did not start: {''.join(self.log)}")
+            try:
+                line = self.lines.get(timeout=min(remaining, 1.0))
+            except queue.Empty:
+                continue
+            m = re.search(r"on http://127\.0\.0\.1:(\d+)", line)
+            if m:
+                self.port = int(m.group(1))
+        self.base = f"http://127.0.0.1:{self.port}"
+
+    def _drain(self) -> None:
+        for line in self.proc.stderr:
+            self.log.append(line)
+            self.lines.put(line)
+
+    def stop(self) -> int:
+        """SIGTERM, then the exit status; killed if it has not drained in two minutes."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+
+def wait_for(condition, what: str) -> None:
+    """Polls a state the server reaches on its own (bounded; not a timing assertion)."""
+    deadline = time.monotonic() + WAIT_TIMEOUT
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text format: series name (with labels) -> value."""
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            values[name] = float(value)
+    return values
+
+
+def find_chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    raise AssertionError("headless Chromium is required for this test but was not found on PATH "
+                         "(install Debian's `chromium`: scripts/install-deps.sh does)")
+
+
+def chromium(args: list[str], window: tuple[int, int],
+             profile_dir: pathlib.Path | None = None) -> subprocess.CompletedProcess:
+    """Headless Chromium with a window of `window` pixels; raises on a non-zero exit."""
+    cmd = [find_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+           "--no-first-run", f"--window-size={window[0]},{window[1]}"]
+    if profile_dir is not None:
+        cmd.append(f"--user-data-dir={profile_dir}")
+    proc = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=180)
+    if proc.returncode != 0:
+        raise AssertionError(f"chromium exited {proc.returncode}: {proc.stderr[-2000:]}")
+    return proc
+
+
+def png_info(path: pathlib.Path) -> tuple[int, int, int]:
+    """Width, height and the number of distinct byte values in a sample of the pixel data."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    pos, idat, width, height = 8, b"", 0, 0
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + length]
+        if kind == b"IHDR":
+            width, height = struct.unpack(">II", body[:8])
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + length
+    pixels = zlib.decompress(idat)
+    return width, height, len(set(pixels[::101]))
