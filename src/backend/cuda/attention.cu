@@ -136,7 +136,11 @@ DecodeSplit paged_decode_split(const PagedDecodeParams& p) {
       p.sliding_window > 0 ? std::min(p.max_seq_len, p.sliding_window) : p.max_seq_len;
   const int64_t len = std::max<int64_t>(1, keys);
   int64_t chunk = (len + want_splits - 1) / want_splits;
-  chunk = std::clamp<int64_t>((chunk + 31) / 32 * 32, 32, kDecodeMaxChunk);
+  // The tensor-core kernel streams any chunk through its tile loop, so it splits only to fill
+  // the GPU: at most want_splits splits, and a workspace that does not grow with the context.
+  // The CUDA-core kernel keeps a chunk's scores in shared memory, which caps the chunk.
+  chunk = std::clamp<int64_t>((chunk + 31) / 32 * 32, 32,
+                              p.tensor_cores ? std::max<int64_t>(32, len) : kDecodeMaxChunk);
   return DecodeSplit{.chunk = chunk, .num_splits = (len + chunk - 1) / chunk};
 }
 

@@ -151,10 +151,15 @@ struct RmsNormParams {
   int64_t num_rows = 0;            // T
   int64_t hidden_size = 0;         // H, a multiple of 8, at most 32768
   float eps = 1e-6f;
+  // Divisor of the mean, in [1, hidden_size]; 0: hidden_size. The sum of squares runs over all
+  // hidden_size columns, so columns past mean_width (a hidden state padded to the GEMM tiles)
+  // must be zero in x and residual to leave it unchanged; zero weights keep them zero in out.
+  int64_t mean_width = 0;
 };
 
 // RMSNorm fused with the residual add: s = bf16(x + residual) (s = x without a residual),
-// residual_out = s, out = bf16(weight * (s / sqrt(mean(s^2) + eps))), all math in float32.
+// residual_out = s, out = bf16(weight * (s / sqrt(sum(s^2) / mean_width + eps))), all math in
+// float32.
 void fused_add_rms_norm(const RmsNormParams& params, cudaStream_t stream);
 
 }  // namespace moeinfer::cuda

@@ -21,13 +21,17 @@ static void launch_rms_norm(const RmsNormParams& params, int64_t vecs, cudaStrea
   MOE_CUDA_CHECK_LAUNCH();
 }
 
-void fused_add_rms_norm(const RmsNormParams& params, cudaStream_t stream) {
+void fused_add_rms_norm(const RmsNormParams& args, cudaStream_t stream) {
   NvtxRange range("rms_norm");
-  detail::check_int32_range(params.num_rows, "num_rows");
-  detail::check_hidden_size(params.hidden_size);
-  MOE_CHECK(params.hidden_size <= kRmsNormMaxHidden, "hidden_size = ", params.hidden_size,
+  detail::check_int32_range(args.num_rows, "num_rows");
+  detail::check_hidden_size(args.hidden_size);
+  MOE_CHECK(args.hidden_size <= kRmsNormMaxHidden, "hidden_size = ", args.hidden_size,
             " exceeds the RMSNorm kernel's ", kRmsNormMaxHidden);
-  MOE_CHECK(params.eps >= 0.0f, "eps = ", params.eps, " must not be negative");
+  MOE_CHECK(args.eps >= 0.0f, "eps = ", args.eps, " must not be negative");
+  MOE_CHECK(args.mean_width >= 0 && args.mean_width <= args.hidden_size, "mean_width = ",
+            args.mean_width, " must be in [0, hidden_size = ", args.hidden_size, "]");
+  RmsNormParams params = args;
+  if (params.mean_width == 0) params.mean_width = params.hidden_size;
   if (params.num_rows == 0) return;
   detail::check_pointer(params.x, "x");
   detail::check_pointer(params.weight, "weight");

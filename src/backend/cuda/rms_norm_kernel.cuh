@@ -1,7 +1,7 @@
 // RMSNorm fused with the residual add, one block per row:
 //   s = bf16(x + residual)            (s = x when there is no residual)
 //   residual_out = s
-//   out = bf16(weight * (s / sqrt(mean(s^2) + eps)))
+//   out = bf16(weight * (s / sqrt(sum(s^2) / mean_width + eps)))
 // The sum is rounded to bf16 before it is normalised, so the fused kernel computes exactly what
 // the unfused pair (a bf16 residual add, then a norm of the stored bf16 stream) would.
 //
@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(1024)
     if (lane == 0) warp_partials[0] = total;
   }
   __syncthreads();
-  const float inv_rms = 1.0f / sqrtf(warp_partials[0] / static_cast<float>(p.hidden_size) + p.eps);
+  const float inv_rms = 1.0f / sqrtf(warp_partials[0] / static_cast<float>(p.mean_width) + p.eps);
 
   uint4* out = reinterpret_cast<uint4*>(p.out) + row * vecs;
 #pragma unroll

@@ -81,9 +81,24 @@ class Layout {
     }
     return job;
   }
+  // A tensor of rows x cols at the top left of a zero padded_rows x padded_cols matrix.
   template <typename T>
-  Job& norm(const T** target, const TensorView& v, int64_t width) {
-    Job& job = whole(target, v, 1, width);
+  Job& padded(const T** target, const TensorView& v, int64_t rows, int64_t cols,
+              int64_t padded_rows, int64_t padded_cols) {
+    if (rows == padded_rows && cols == padded_cols) return whole(target, v, rows, cols);
+    Job& job = add(target, padded_rows, padded_cols);
+    job.padded = true;
+    if (!v.empty()) {
+      MOE_CHECK(view_rows(v) == rows && view_cols(v) == cols, "tensor of shape ",
+                view_rows(v), "x", view_cols(v), " where ", rows, "x", cols, " was expected");
+      job.pieces.push_back({.src = v, .rows = rows, .cols = cols});
+    }
+    return job;
+  }
+  // Norm weights of `width`, zero up to `padded_width` (padded columns stay zero).
+  template <typename T>
+  Job& norm(const T** target, const TensorView& v, int64_t width, int64_t padded_width = 0) {
+    Job& job = padded(target, v, 1, width, 1, std::max(width, padded_width));
     job.fill_scale = 0.0f;
     job.fill_offset = 1.0f;
     return job;
@@ -120,45 +135,55 @@ void add_heads(Job& job, const TensorView& src, int64_t heads, int64_t D, int64_
   }
 }
 
-// The whole model's layout; `w` may be null (synthetic: shapes from the config only).
+// The whole model's layout; `w` may be null (synthetic: shapes from the config only). Every
+// matrix that reads or writes the hidden state is Hp wide (zero columns or rows past H), so the
+// padded columns of the residual stream stay zero through every layer.
 void build_layout(const ModelConfig& c, const DecoderWeights* w, DeviceWeights& out,
                   Layout& layout) {
-  const int64_t H = c.hidden_size, V = c.vocab_size;
+  const int64_t H = c.hidden_size, Hp = out.padded_hidden_size, V = c.vocab_size;
   const int64_t D = c.head_dim, Dp = out.padded_head_dim;
   const int64_t Nq = c.num_heads, Nkv = c.num_kv_heads;
   const int64_t E = c.num_experts, I = c.moe_intermediate_size, Ip = out.padded_expert_width;
   static const TensorView kNone{};
+  // [rows, H] -> [rows, Hp] (reads the hidden state) and [H, cols] -> [Hp, cols] (writes it).
+  auto reads_hidden = [&](auto** target, const TensorView& v, int64_t rows) -> Job& {
+    return layout.padded(target, v, rows, H, rows, Hp);
+  };
+  auto writes_hidden = [&](auto** target, const TensorView& v, int64_t cols) -> Job& {
+    return layout.padded(target, v, H, cols, Hp, cols);
+  };
 
-  layout.whole(&out.embed, w ? w->embed_tokens : kNone, V, H).fill_scale = 1.0f;
-  layout.norm(&out.final_norm, w ? w->final_norm : kNone, H);
+  reads_hidden(&out.embed, w ? w->embed_tokens : kNone, V).fill_scale = 1.0f;
+  layout.norm(&out.final_norm, w ? w->final_norm : kNone, H, Hp);
   const bool tied = w ? w->lm_head.data == w->embed_tokens.data : c.tie_word_embeddings;
-  if (!tied) layout.whole(&out.lm_head, w ? w->lm_head : kNone, V, H);
+  if (!tied) reads_hidden(&out.lm_head, w ? w->lm_head : kNone, V);
 
   out.layers.resize(c.num_layers);
   for (int64_t l = 0; l < c.num_layers; ++l) {
     DeviceLayer& d = out.layers[l];
     const LayerWeights* lw = w ? &w->layers[l] : nullptr;
-    layout.norm(&d.input_norm, lw ? lw->input_norm : kNone, H);
-    layout.norm(&d.post_norm, lw ? lw->post_attention_norm : kNone, H);
+    layout.norm(&d.input_norm, lw ? lw->input_norm : kNone, H, Hp);
+    layout.norm(&d.post_norm, lw ? lw->post_attention_norm : kNone, H, Hp);
 
     if (c.mla) {
       const MlaConfig& m = *c.mla;
       const int64_t qk = m.qk_head_dim(), L = m.kv_lora_rank, R = m.qk_rope_head_dim;
       if (m.q_lora_rank > 0) {
-        layout.whole(&d.q_a, lw ? lw->mla.q_a_proj : kNone, m.q_lora_rank, H);
+        reads_hidden(&d.q_a, lw ? lw->mla.q_a_proj : kNone, m.q_lora_rank);
         layout.norm(&d.q_a_norm, lw ? lw->mla.q_a_norm : kNone, m.q_lora_rank);
         layout.whole(&d.q_b, lw ? lw->mla.q_b_proj : kNone, c.num_heads * qk, m.q_lora_rank);
       } else {
-        layout.whole(&d.q_proj, lw ? lw->mla.q_proj : kNone, c.num_heads * qk, H);
+        reads_hidden(&d.q_proj, lw ? lw->mla.q_proj : kNone, c.num_heads * qk);
       }
-      layout.whole(&d.kv_a, lw ? lw->mla.kv_a_proj : kNone, L + R, H);
+      reads_hidden(&d.kv_a, lw ? lw->mla.kv_a_proj : kNone, L + R);
       layout.norm(&d.kv_a_norm, lw ? lw->mla.kv_a_norm : kNone, L);
       layout.whole(&d.kv_b, lw ? lw->mla.kv_b_proj : kNone,
                    c.num_heads * (m.qk_nope_head_dim + m.v_head_dim), L);
-      layout.whole(&d.mla_o, lw ? lw->mla.o_proj : kNone, H, c.num_heads * m.v_head_dim);
+      writes_hidden(&d.mla_o, lw ? lw->mla.o_proj : kNone, c.num_heads * m.v_head_dim);
     } else {
       const int64_t Nqkv = (Nq + 2 * Nkv) * Dp;
-      Job& qkv = layout.add(&d.qkv, Nqkv, H);
+      Job& qkv = layout.add(&d.qkv, Nqkv, Hp);
+      qkv.padded = H != Hp;
       if (lw) {
         add_heads(qkv, lw->attention.q_proj, Nq, D, Dp, 0, false);
         add_heads(qkv, lw->attention.k_proj, Nkv, D, Dp, Nq, false);
@@ -186,10 +211,11 @@ void build_layout(const ModelConfig& c, const DecoderWeights* w, DeviceWeights& 
           add_heads(kn, lw->attention.k_norm, Nkv, D, Dp, 0, true);
         }
       }
-      Job& o = layout.add(&d.o_proj, H, Nq * Dp);
+      Job& o = layout.add(&d.o_proj, Hp, Nq * Dp);
+      o.padded = H != Hp;
       if (lw) add_heads(o, lw->attention.o_proj, Nq, D, Dp, 0, true);
       if (c.attention_out_bias) {
-        layout.whole(&d.o_bias, lw ? lw->attention.o_bias : kNone, 1, H).fill_scale =
+        layout.padded(&d.o_bias, lw ? lw->attention.o_bias : kNone, 1, H, 1, Hp).fill_scale =
             0.02f;
       }
     }
@@ -197,12 +223,13 @@ void build_layout(const ModelConfig& c, const DecoderWeights* w, DeviceWeights& 
     d.is_moe = c.layer_is_moe[l];
     auto add_mlp = [&](const bf16** gate_up, const bf16** down, const MlpWeights* mlp,
                        int64_t width) {
-      Job& gu = layout.add(gate_up, 2 * width, H);
+      Job& gu = layout.add(gate_up, 2 * width, Hp);
+      gu.padded = H != Hp;
       if (mlp) {
         gu.pieces.push_back({.src = mlp->gate_proj, .rows = width, .cols = H});
         gu.pieces.push_back({.src = mlp->up_proj, .rows = width, .cols = H, .dst_row0 = width});
       }
-      layout.whole(down, mlp ? mlp->down_proj : kNone, H, width);
+      writes_hidden(down, mlp ? mlp->down_proj : kNone, width);
     };
     if (!d.is_moe) {
       d.mlp_width = lw ? lw->mlp.gate_proj.shape[0] : c.intermediate_size;
@@ -210,15 +237,15 @@ void build_layout(const ModelConfig& c, const DecoderWeights* w, DeviceWeights& 
       continue;
     }
     const MoeWeights* mw = lw ? &lw->moe : nullptr;
-    layout.whole(&d.router, mw ? mw->routed.router : kNone, E, H);
+    reads_hidden(&d.router, mw ? mw->routed.router : kNone, E);
     if (c.topk_method == TopkMethod::kNoauxTc) {
       Job& bias = layout.add(&d.selection_bias, 1, E, /*f32=*/true);
       bias.fill_scale = 0.0f;
       if (mw) bias.pieces.push_back({.src = mw->selection_bias, .rows = 1, .cols = E});
     }
-    Job& gu = layout.add(&d.experts_gate_up, E * 2 * Ip, H);
-    Job& down = layout.add(&d.experts_down, E * H, Ip);
-    gu.padded = down.padded = I != Ip;
+    Job& gu = layout.add(&d.experts_gate_up, E * 2 * Ip, Hp);
+    Job& down = layout.add(&d.experts_down, E * Hp, Ip);
+    gu.padded = down.padded = I != Ip || H != Hp;
     down.fill_scale = 1.0f / std::sqrt(static_cast<float>(I));
     if (mw) {
       MOE_CHECK(static_cast<int64_t>(mw->routed.experts.size()) == E, "layer ", l, " has ",
@@ -227,7 +254,7 @@ void build_layout(const ModelConfig& c, const DecoderWeights* w, DeviceWeights& 
         const moe::ExpertWeights& ex = mw->routed.experts[e];
         gu.pieces.push_back({.src = ex.gate, .rows = I, .cols = H, .dst_row0 = e * 2 * Ip});
         gu.pieces.push_back({.src = ex.up, .rows = I, .cols = H, .dst_row0 = e * 2 * Ip + Ip});
-        down.pieces.push_back({.src = ex.down, .rows = H, .cols = I, .dst_row0 = e * H});
+        down.pieces.push_back({.src = ex.down, .rows = H, .cols = I, .dst_row0 = e * Hp});
       }
     }
     const bool has_shared = mw ? !mw->shared_expert.gate_proj.empty()
@@ -238,7 +265,7 @@ void build_layout(const ModelConfig& c, const DecoderWeights* w, DeviceWeights& 
       add_mlp(&d.shared_gate_up, &d.shared_down, mw ? &mw->shared_expert : nullptr,
               d.shared_width);
       if (c.shared_expert_gated) {
-        layout.whole(&d.shared_gate, mw ? mw->shared_expert_gate : kNone, 1, H);
+        reads_hidden(&d.shared_gate, mw ? mw->shared_expert_gate : kNone, 1);
       }
     }
   }
@@ -303,19 +330,15 @@ void resolve_targets(Layout& layout, void* base) {
 // The padded dims and the layout of every matrix (`weights` null: shapes only, synthetic).
 void plan_layout(const ModelConfig& config, const DecoderWeights* weights, DeviceWeights& out,
                  Layout& layout) {
+  out.padded_hidden_size = padded_hidden_size(config);
   out.padded_head_dim = padded_head_dim(config);
   out.padded_expert_width = padded_expert_width(config);
   build_layout(config, weights, out, layout);
 }
 
-void check_shapes(const ModelConfig& c) {
-  MOE_CHECK(c.hidden_size % 64 == 0, "hidden_size ", c.hidden_size,
-            ": the CUDA backend needs a multiple of 64");
-  MOE_CHECK(!c.mla || c.mla->cache_width() % 8 == 0, "kv_lora_rank + qk_rope_head_dim = ",
-            c.mla ? c.mla->cache_width() : 0, ": the CUDA backend needs a multiple of 8");
-}
-
 }  // namespace
+
+int64_t padded_hidden_size(const ModelConfig& config) { return round_up(config.hidden_size, 64); }
 
 int64_t padded_head_dim(const ModelConfig& config) {
   if (config.mla) return 0;
@@ -337,7 +360,6 @@ int64_t device_weight_bytes(const ModelConfig& config) {
 
 DeviceWeights upload_weights(const ModelConfig& config, const DecoderWeights& weights,
                              bool show_progress) {
-  check_shapes(config);
   DeviceWeights out;
   Layout layout;
   plan_layout(config, &weights, out, layout);
@@ -390,10 +412,12 @@ DeviceWeights upload_weights(const ModelConfig& config, const DecoderWeights& we
 }
 
 DeviceWeights synthetic_weights(const ModelConfig& config, uint64_t seed, double zipf_exponent) {
-  check_shapes(config);
   DeviceWeights out;
   Layout layout;
   plan_layout(config, nullptr, out, layout);
+  // Random fills cover whole matrices, padding included, so synthetic shapes must need none.
+  MOE_CHECK(out.padded_hidden_size == config.hidden_size,
+            "synthetic models need hidden_size a multiple of 64, not ", config.hidden_size);
   MOE_CHECK(out.padded_head_dim == 0 || out.padded_head_dim == config.head_dim,
             "synthetic models need head_dim 64, 128 or 256, not ", config.head_dim);
   MOE_CHECK(out.padded_expert_width == config.moe_intermediate_size,

@@ -4,14 +4,17 @@
 // converts) or with random values on the device (synthetic models).
 //
 // Layout changes made at upload, each so that one kernel call covers what the checkpoint splits:
-//   qkv        [(Nq + 2 Nkv) * Dp, H]  q, k and v projections stacked; heads padded to Dp
-//   o_proj     [H, Nq * Dp]            zero columns for the padding
-//   gate_up    [E, 2 Ip, H]            each expert's gate rows then up rows, padded to Ip
-//   down       [E, H, Ip]
-//   mlp / shared gate_up [2 I, H]      dense MLPs stacked the same way (no padding: cuBLAS)
-// Dp: the head dim rounded up to what the attention kernels compile (64, 128, 256); Ip: the
-// expert width rounded up to a multiple of 64 (the grouped GEMM's tile). Padded rows and columns
-// are zero, so they add nothing to any product.
+//   qkv        [(Nq + 2 Nkv) * Dp, Hp]  q, k and v projections stacked; heads padded to Dp
+//   o_proj     [Hp, Nq * Dp]            zero columns for the padding
+//   gate_up    [E, 2 Ip, Hp]            each expert's gate rows then up rows, padded to Ip
+//   down       [E, Hp, Ip]
+//   mlp / shared gate_up [2 I, Hp]      dense MLPs stacked the same way (no width padding: cuBLAS)
+// Hp: the hidden size rounded up to a multiple of 64 (the grouped GEMM's reduction tile); every
+// matrix that reads the hidden state has zero columns past H, every one that writes it zero rows,
+// and the norm weights are zero there, so the padded columns of the residual stream stay zero
+// and the norms divide by H. Dp: the head dim rounded up to what the attention kernels compile
+// (64, 128, 256); Ip: the expert width rounded up to a multiple of 64 (the grouped GEMM's tile).
+// Padded rows and columns are zero, so they add nothing to any product.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -27,45 +30,46 @@ namespace moeinfer::gpu {
 using bf16 = __nv_bfloat16;
 
 struct DeviceLayer {
-  const bf16* input_norm = nullptr;  // [H]
-  const bf16* post_norm = nullptr;   // [H]
+  const bf16* input_norm = nullptr;  // [Hp]
+  const bf16* post_norm = nullptr;   // [Hp]
   // Standard attention.
-  const bf16* qkv = nullptr;       // [(Nq + 2 Nkv) Dp, H]
+  const bf16* qkv = nullptr;       // [(Nq + 2 Nkv) Dp, Hp]
   const bf16* qkv_bias = nullptr;  // [(Nq + 2 Nkv) Dp] or null
   const bf16* q_norm = nullptr;    // [D] per head, or [Nq Dp] over the whole projection
   const bf16* k_norm = nullptr;
-  const bf16* o_proj = nullptr;  // [H, Nq Dp]
-  const bf16* o_bias = nullptr;  // [H] or null
+  const bf16* o_proj = nullptr;  // [Hp, Nq Dp]
+  const bf16* o_bias = nullptr;  // [Hp] or null
   // MLA.
-  const bf16* q_proj = nullptr;     // [Nh qk, H] without a query bottleneck
-  const bf16* q_a = nullptr;        // [q_lora, H]
+  const bf16* q_proj = nullptr;     // [Nh qk, Hp] without a query bottleneck
+  const bf16* q_a = nullptr;        // [q_lora, Hp]
   const bf16* q_a_norm = nullptr;   // [q_lora]
   const bf16* q_b = nullptr;        // [Nh qk, q_lora]
-  const bf16* kv_a = nullptr;       // [L + R, H]
+  const bf16* kv_a = nullptr;       // [L + R, Hp]
   const bf16* kv_a_norm = nullptr;  // [L]
   const bf16* kv_b = nullptr;       // [Nh (nope + v), L]
-  const bf16* mla_o = nullptr;      // [H, Nh v]
+  const bf16* mla_o = nullptr;      // [Hp, Nh v]
   // Feed-forward.
   bool is_moe = false;
-  const bf16* mlp_gate_up = nullptr;  // dense layer [2 I, H]
-  const bf16* mlp_down = nullptr;     // [H, I]
+  const bf16* mlp_gate_up = nullptr;  // dense layer [2 I, Hp]
+  const bf16* mlp_down = nullptr;     // [Hp, I]
   int64_t mlp_width = 0;
-  const bf16* router = nullptr;          // [E, H]
+  const bf16* router = nullptr;          // [E, Hp]
   const float* selection_bias = nullptr;  // [E] chooses experts, not weights (DeepSeek-V3)
   const float* logit_bias = nullptr;      // [E] added to the logits (synthetic routing skew)
-  const bf16* experts_gate_up = nullptr;  // [E, 2 Ip, H]
-  const bf16* experts_down = nullptr;     // [E, H, Ip]
-  const bf16* shared_gate_up = nullptr;   // [2 Is, H] or null
-  const bf16* shared_down = nullptr;      // [H, Is]
+  const bf16* experts_gate_up = nullptr;  // [E, 2 Ip, Hp]
+  const bf16* experts_down = nullptr;     // [E, Hp, Ip]
+  const bf16* shared_gate_up = nullptr;   // [2 Is, Hp] or null
+  const bf16* shared_down = nullptr;      // [Hp, Is]
   int64_t shared_width = 0;
-  const bf16* shared_gate = nullptr;  // [1, H] sigmoid gate of the shared expert, or null
+  const bf16* shared_gate = nullptr;  // [1, Hp] sigmoid gate of the shared expert, or null
 };
 
 struct DeviceWeights {
-  const bf16* embed = nullptr;       // [V, H]
-  const bf16* final_norm = nullptr;  // [H]
-  const bf16* lm_head = nullptr;     // [V, H]; the embedding when tied
+  const bf16* embed = nullptr;       // [V, Hp]
+  const bf16* final_norm = nullptr;  // [Hp]
+  const bf16* lm_head = nullptr;     // [V, Hp]; the embedding when tied
   std::vector<DeviceLayer> layers;
+  int64_t padded_hidden_size = 0;   // Hp
   int64_t padded_head_dim = 0;      // Dp
   int64_t padded_expert_width = 0;  // Ip
   int64_t bytes = 0;                // device bytes of all weights
@@ -73,7 +77,8 @@ struct DeviceWeights {
   void* allocation = nullptr;  // owned; freed by free_device_weights
 };
 
-// Dp and Ip for a config (and the checks that the kernels can run it).
+// Hp, Dp and Ip for a config (and the checks that the kernels can run it).
+int64_t padded_hidden_size(const ModelConfig& config);
 int64_t padded_head_dim(const ModelConfig& config);
 int64_t padded_expert_width(const ModelConfig& config);
 

@@ -332,7 +332,7 @@ CudaDecoder::~CudaDecoder() {
 
 void CudaDecoder::allocate_workspace() {
   const ModelConfig& c = config_;
-  const int64_t T = tcap_, H = c.hidden_size, V = c.vocab_size;
+  const int64_t T = tcap_, H = w_.padded_hidden_size, V = c.vocab_size;
   const int64_t E = std::max<int64_t>(c.num_experts, 1), K = std::max<int64_t>(c.num_experts_per_tok, 1);
   const int64_t Dp = w_.padded_head_dim, Ip = w_.padded_expert_width;
   int64_t mlp_width = 0;
@@ -411,7 +411,7 @@ void CudaDecoder::allocate_workspace() {
   const int64_t bytes = static_cast<int64_t>(sizing.used());
   MOE_CHECK(bytes <= kMaxWorkspaceBytes, "the GPU workspace for ", T,
             " tokens per step would take ", bytes >> 20,
-            " MiB, more than the 2 GiB allowed; lower the tokens per step (--max-batch-tokens)");
+            " MiB, more than the 2 GiB allowed; lower the tokens per step (--max-num-batched-tokens)");
   CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&workspace_), static_cast<size_t>(bytes)));
   Carver assign(workspace_);
   carve(assign);
@@ -588,7 +588,7 @@ void CudaDecoder::upload_meta(const Step& step) {
 
 void CudaDecoder::enqueue_layers(const Step& step) {
   const ModelConfig& c = config_;
-  const int64_t T = step.num_tokens, H = c.hidden_size;
+  const int64_t T = step.num_tokens, H = w_.padded_hidden_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
   cuda::embedding({.token_ids = meta_.ids, .table = w_.embed, .out = hidden_, .num_tokens = T,
                    .vocab_size = c.vocab_size, .hidden_size = H},
@@ -600,7 +600,7 @@ void CudaDecoder::enqueue_layers(const Step& step) {
                               .residual = l == 0 ? nullptr : hidden_,
                               .residual_out = l == 0 ? nullptr : hidden_,
                               .weight = d.input_norm, .out = normed_, .num_rows = T,
-                              .hidden_size = H, .eps = eps},
+                              .hidden_size = H, .eps = eps, .mean_width = c.hidden_size},
                              stream_);
     if (c.mla) {
       mla_attention(l, step);
@@ -609,14 +609,14 @@ void CudaDecoder::enqueue_layers(const Step& step) {
     }
     cuda::fused_add_rms_norm({.x = block_out_, .residual = hidden_, .residual_out = hidden_,
                               .weight = d.post_norm, .out = normed_, .num_rows = T,
-                              .hidden_size = H, .eps = eps},
+                              .hidden_size = H, .eps = eps, .mean_width = c.hidden_size},
                              stream_);
     mark(profile::Stage::kAttention, l);
     feed_forward(l, T);
   }
   cuda::fused_add_rms_norm({.x = block_out_, .residual = hidden_, .residual_out = nullptr,
                             .weight = w_.final_norm, .out = normed_, .num_rows = T,
-                            .hidden_size = H, .eps = eps},
+                            .hidden_size = H, .eps = eps, .mean_width = c.hidden_size},
                            stream_);
   // The rows that want logits, gathered to the front unless they are all rows.
   if (!step.logits_are_all_rows && step.logit_rows > 0) {
@@ -627,7 +627,7 @@ void CudaDecoder::enqueue_layers(const Step& step) {
 }
 
 void CudaDecoder::enqueue_lm_head(const Step& step, int64_t first_row, int64_t rows) {
-  const int64_t H = config_.hidden_size;
+  const int64_t H = w_.padded_hidden_size;
   const bf16* source = step.logits_are_all_rows ? normed_ : normed_gathered_;
   linear(source + first_row * H, rows, H, w_.lm_head, config_.vocab_size, H, logits_,
          config_.vocab_size, /*f32_out=*/true);
@@ -637,7 +637,7 @@ void CudaDecoder::enqueue_lm_head(const Step& step, int64_t first_row, int64_t r
 void CudaDecoder::attention(int64_t layer, const Step& step) {
   const ModelConfig& c = config_;
   const DeviceLayer& d = w_.layers[layer];
-  const int64_t T = step.num_tokens, H = c.hidden_size;
+  const int64_t T = step.num_tokens, H = w_.padded_hidden_size;
   const int64_t Nq = c.num_heads, Nkv = c.num_kv_heads, D = c.head_dim, Dp = w_.padded_head_dim;
   const int64_t Nqkv = (Nq + 2 * Nkv) * Dp;
   const float eps = static_cast<float>(c.rms_norm_eps);
@@ -750,7 +750,7 @@ void CudaDecoder::mla_attention(int64_t layer, const Step& step) {
   const ModelConfig& c = config_;
   const MlaConfig& m = *c.mla;
   const DeviceLayer& d = w_.layers[layer];
-  const int64_t T = step.num_tokens, H = c.hidden_size, Nh = c.num_heads;
+  const int64_t T = step.num_tokens, H = w_.padded_hidden_size, Nh = c.num_heads;
   const int64_t nope = m.qk_nope_head_dim, R = m.qk_rope_head_dim, vd = m.v_head_dim;
   const int64_t L = m.kv_lora_rank, W = m.cache_width(), qk = m.qk_head_dim();
   if (m.q_lora_rank > 0) {
@@ -805,7 +805,7 @@ void CudaDecoder::mla_attention(int64_t layer, const Step& step) {
 
 void CudaDecoder::dense_mlp(const bf16* gate_up, const bf16* down, int64_t width,
                             int64_t num_tokens, bf16* out) {
-  const int64_t H = config_.hidden_size;
+  const int64_t H = w_.padded_hidden_size;
   linear(normed_, num_tokens, H, gate_up, 2 * width, H, mlp_gate_up_, 2 * width, false);
   cuda::silu_mul({.gate_up = mlp_gate_up_, .out = mlp_act_, .num_tokens = num_tokens,
                   .width = width},
@@ -816,7 +816,7 @@ void CudaDecoder::dense_mlp(const bf16* gate_up, const bf16* down, int64_t width
 void CudaDecoder::feed_forward(int64_t layer, int64_t T) {
   const ModelConfig& c = config_;
   const DeviceLayer& d = w_.layers[layer];
-  const int64_t H = c.hidden_size, E = c.num_experts, K = c.num_experts_per_tok;
+  const int64_t H = w_.padded_hidden_size, E = c.num_experts, K = c.num_experts_per_tok;
   if (!d.is_moe) {
     dense_mlp(d.mlp_gate_up, d.mlp_down, d.mlp_width, T, block_out_);
     mark(profile::Stage::kDenseMlp, layer);
@@ -985,7 +985,7 @@ void CudaDecoder::report_step(profile::Profiler& profiler, const Step& step) {
   // bytes the step read: every non-expert weight and the experts some row reached.
   const int32_t* counts = host_expert_counts_;
   const int64_t E = config_.num_experts;
-  const int64_t expert_bytes = 3 * config_.hidden_size * w_.padded_expert_width * 2;
+  const int64_t expert_bytes = 3 * w_.padded_hidden_size * w_.padded_expert_width * 2;
   int64_t expert_total = 0, touched = 0;
   for (int64_t l = 0; l < config_.num_layers; ++l) {
     if (!w_.layers[l].is_moe) continue;
