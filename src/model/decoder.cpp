@@ -444,8 +444,14 @@ void Decoder::feed_forward(int64_t layer, int64_t T) {
   }
   moe::MoeLayerOptions options = moe_options_;
   options.router.selection_bias = data_or_null(params_[layer].selection_bias);
+  moe::RouteAdjust adjust;
+  if (routing_override_) {
+    adjust = [&](const float* logits, const moe::RouterOptions& router, moe::Routing& routing) {
+      routing_override_(layer, logits, router, routing);
+    };
+  }
   moe::moe_layer_forward(ws_.normed.data(), T, lw.moe.routed, options, shared,
-                         ws_.block_out.data(), &ws_.moe);
+                         ws_.block_out.data(), &ws_.moe, adjust);
   if (routing_observer_) routing_observer_(layer, ws_.moe.routing);
   if (profile::Profiler* p = profile::active()) p->record_routing(layer, ws_.moe.routing.topk_ids);
 }

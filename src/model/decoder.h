@@ -41,6 +41,14 @@ class Decoder {
   // expert-load reports and routing traces. Off (empty) by default.
   using RoutingObserver = std::function<void(int64_t layer, const moe::Routing& routing)>;
   void set_routing_observer(RoutingObserver observer) { routing_observer_ = std::move(observer); }
+  // Called in every MoE layer between route and plan with the router logits [T, E]; it may
+  // change the routing (a test replaying another device's choices). Off (empty) by default.
+  using RoutingOverride = std::function<void(int64_t layer, const float* logits,
+                                             const moe::RouterOptions& options,
+                                             moe::Routing& routing)>;
+  void set_routing_override(RoutingOverride override_fn) {
+    routing_override_ = std::move(override_fn);
+  }
 
   // Runs tokens [T] at positions cache.length() .. + T - 1 and appends them to the cache.
   // logits: [T, V] when all_positions, else [1, V] for the last token.
@@ -97,6 +105,7 @@ class Decoder {
   Workspace ws_;
   TokenSlots slots_;
   RoutingObserver routing_observer_;
+  RoutingOverride routing_override_;
 };
 
 }  // namespace moeinfer

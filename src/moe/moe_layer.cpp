@@ -8,7 +8,7 @@ namespace moeinfer::moe {
 
 void moe_layer_forward(const float* hidden, int64_t num_tokens, const RoutedExperts& weights,
                        const MoeLayerOptions& options, const float* shared, float* out,
-                       MoeWorkspace* ws) {
+                       MoeWorkspace* ws, const RouteAdjust& adjust) {
   const int64_t E = options.router.num_experts;
   const int64_t K = options.router.top_k;
   const int64_t H = options.hidden_size;
@@ -22,6 +22,7 @@ void moe_layer_forward(const float* hidden, int64_t num_tokens, const RoutedExpe
     MOE_PROFILE_SCOPE(profile::Stage::kRoute);
     cpu::linear(hidden, num_tokens, weights.router, nullptr, ws->logits.data());
     route(ws->logits.data(), num_tokens, options.router, &ws->routing);
+    if (adjust) adjust(ws->logits.data(), options.router, ws->routing);
   }
   {
     MOE_PROFILE_SCOPE(profile::Stage::kPlan);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "moe/stages.h"
@@ -29,9 +30,14 @@ struct MoeWorkspace {
   DispatchPlan plan;
 };
 
+// Called between route and plan with the router logits [T, E]; it may change the routing, as a
+// test does that replays another device's choices (moe::route_weights gives their weights).
+using RouteAdjust =
+    std::function<void(const float* logits, const RouterOptions& options, Routing& routing)>;
+
 // out[T, H] = sum over each token's K experts of weight * expert(hidden) (+ shared[T, H]).
 void moe_layer_forward(const float* hidden, int64_t num_tokens, const RoutedExperts& weights,
                        const MoeLayerOptions& options, const float* shared, float* out,
-                       MoeWorkspace* workspace);
+                       MoeWorkspace* workspace, const RouteAdjust& adjust = {});
 
 }  // namespace moeinfer::moe

@@ -71,6 +71,33 @@ void mask_groups(const RouterOptions& o, float* choice, std::vector<float>& grou
 
 }  // namespace
 
+namespace {
+
+// scores[E] of one token's logits: softmax or sigmoid.
+void expert_scores(const float* row, int64_t E, ScoreFunction score, float* scores) {
+  if (score == ScoreFunction::kSoftmax) {
+    const float max_logit = *std::max_element(row, row + E);
+    float sum = 0.0f;
+    for (int64_t e = 0; e < E; ++e) sum += scores[e] = std::exp(row[e] - max_logit);
+    for (int64_t e = 0; e < E; ++e) scores[e] /= sum;
+  } else {
+    for (int64_t e = 0; e < E; ++e) scores[e] = 1.0f / (1.0f + std::exp(-row[e]));
+  }
+}
+
+// The K weights of the picked experts: their scores, renormalised (summed in pick order) and
+// scaled as the options say.
+void pick_weights(const float* scores, const int32_t* ids, int64_t K, const RouterOptions& options,
+                  float* weights) {
+  float picked_sum = 0.0f;
+  for (int64_t k = 0; k < K; ++k) picked_sum += scores[ids[k]];
+  const float scale =
+      (options.renormalize ? 1.0f / (picked_sum + 1e-20f) : 1.0f) * options.routed_scaling_factor;
+  for (int64_t k = 0; k < K; ++k) weights[k] = scores[ids[k]] * scale;
+}
+
+}  // namespace
+
 void route(const float* logits, int64_t num_tokens, const RouterOptions& options, Routing* out) {
   validate(options);
   const int64_t E = options.num_experts;
@@ -83,15 +110,7 @@ void route(const float* logits, int64_t num_tokens, const RouterOptions& options
     std::vector<float> scores(E), choice(E), group_scores;
     std::vector<int32_t> order(E), group_order;
     for (int64_t t = begin; t < end; ++t) {
-      const float* row = logits + t * E;
-      if (options.score == ScoreFunction::kSoftmax) {
-        const float max_logit = *std::max_element(row, row + E);
-        float sum = 0.0f;
-        for (int64_t e = 0; e < E; ++e) sum += scores[e] = std::exp(row[e] - max_logit);
-        for (int64_t e = 0; e < E; ++e) scores[e] /= sum;
-      } else {
-        for (int64_t e = 0; e < E; ++e) scores[e] = 1.0f / (1.0f + std::exp(-row[e]));
-      }
+      expert_scores(logits + t * E, E, options.score, scores.data());
       for (int64_t e = 0; e < E; ++e) {
         choice[e] = scores[e] + (options.selection_bias ? options.selection_bias[e] : 0.0f);
       }
@@ -100,16 +119,30 @@ void route(const float* logits, int64_t num_tokens, const RouterOptions& options
       }
       std::iota(order.begin(), order.end(), 0);
       std::partial_sort(order.begin(), order.begin() + K, order.end(), ByScoreDesc{choice.data()});
-      float picked_sum = 0.0f;
-      for (int64_t k = 0; k < K; ++k) picked_sum += scores[order[k]];
-      const float scale =
-          (options.renormalize ? 1.0f / (picked_sum + 1e-20f) : 1.0f) * options.routed_scaling_factor;
-      for (int64_t k = 0; k < K; ++k) {
-        out->topk_ids[t * K + k] = order[k];
-        out->topk_weights[t * K + k] = scores[order[k]] * scale;
-      }
+      for (int64_t k = 0; k < K; ++k) out->topk_ids[t * K + k] = order[k];
+      pick_weights(scores.data(), &out->topk_ids[t * K], K, options, &out->topk_weights[t * K]);
     }
   }, 16);
+}
+
+void route_weights(const float* logits, const RouterOptions& options, Routing* routing) {
+  validate(options);
+  const int64_t E = options.num_experts, K = options.top_k;
+  MOE_CHECK(routing->top_k == K && static_cast<int64_t>(routing->topk_ids.size()) ==
+                                       routing->num_tokens * K,
+            "routing of ", routing->num_tokens, " tokens x ", routing->top_k,
+            " does not match top_k = ", K);
+  routing->topk_weights.resize(routing->topk_ids.size());
+  std::vector<float> scores(E);
+  for (int64_t t = 0; t < routing->num_tokens; ++t) {
+    for (int64_t k = 0; k < K; ++k) {
+      const int32_t e = routing->topk_ids[t * K + k];
+      MOE_CHECK(e >= 0 && e < E, "expert id ", e, " out of range [0, ", E, ")");
+    }
+    expert_scores(logits + t * E, E, options.score, scores.data());
+    pick_weights(scores.data(), &routing->topk_ids[t * K], K, options,
+                 &routing->topk_weights[t * K]);
+  }
 }
 
 void plan(const Routing& routing, int64_t num_experts, DispatchPlan* out) {

@@ -63,6 +63,10 @@ struct ExpertWeights {
 // route: router logits [T, E] -> top-k experts and weights. Ties go to the lower expert id.
 void route(const float* logits, int64_t num_tokens, const RouterOptions& options, Routing* out);
 
+// The weights route() gives the experts already in routing->topk_ids (chosen elsewhere: another
+// device's router replayed on this one), from the same logits [T, E] and options.
+void route_weights(const float* logits, const RouterOptions& options, Routing* routing);
+
 // plan: counting sort of the T*K assignments by expert id (stable in assignment order).
 void plan(const Routing& routing, int64_t num_experts, DispatchPlan* out);
 

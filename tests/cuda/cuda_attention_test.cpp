@@ -122,6 +122,54 @@ void embedding_random(int64_t T) {
       ASSERT_EQ(got[t * H + h], table[ids[t] * H + h]) << "token " << t << " dim " << h;
 }
 
+// MLA's layout: query heads of qk = nope + rope dims, rotated from offset nope, and one shared
+// rope key at the end of each latent row of width L + rope, which can be narrower than qk (the
+// launcher once refused k_stride < head_dim, so kv_lora_rank < qk_nope_head_dim never ran).
+void rope_mla_shared_key() {
+  std::mt19937 rng(fresh_seed());
+  const int64_t T = 7, Nh = 3, nope = 64, R = 16, L = 24, qk = nope + R, W = L + R;
+  RopeConfig config;
+  const Rope reference(config, R, 4096);
+  auto q = random_bf16(T * Nh * qk, rng);
+  auto latent = random_bf16(T * W, rng);
+  std::vector<int32_t> positions(T);
+  for (auto& p : positions) p = std::uniform_int_distribution<int32_t>(0, 4095)(rng);
+  DeviceBuffer<uint16_t> d_q(q), d_latent(latent);
+  DeviceBuffer<int32_t> d_pos(positions);
+  DeviceBuffer<float> d_inv(reference.inv_freq());
+  rope(RopeParams{.q = d_q.as_bf16() + nope, .k = d_latent.as_bf16() + L,
+                  .positions = d_pos.get(), .inv_freq = d_inv.get(), .num_tokens = T,
+                  .num_q_heads = Nh, .num_kv_heads = 1, .head_dim = qk, .rotary_dim = R,
+                  .q_stride = Nh * qk, .k_stride = W, .interleaved = true},
+       nullptr);
+  synchronize();
+  const auto got_q = d_q.download(), got_latent = d_latent.download();
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<float> key = to_float(std::vector<uint16_t>(latent.begin() + t * W + L,
+                                                            latent.begin() + (t + 1) * W));
+    const std::vector<float> before = key;
+    reference.apply(key.data(), 1, R, positions[t], /*interleaved=*/true);
+    for (int64_t i = 0; i < L; ++i) ASSERT_EQ(got_latent[t * W + i], latent[t * W + i]);
+    for (int64_t i = 0; i < R; ++i) {
+      EXPECT_NEAR(bf16_to_f32(got_latent[t * W + L + i]), key[i],
+                  1e-2 * (std::fabs(before[i]) + std::fabs(key[i]) + 1e-2))
+          << "token " << t << " dim " << i;
+    }
+    for (int64_t h = 0; h < Nh; ++h) {
+      std::vector<float> head = to_float(std::vector<uint16_t>(
+          q.begin() + (t * Nh + h) * qk + nope, q.begin() + (t * Nh + h + 1) * qk));
+      const std::vector<float> head_before = head;
+      reference.apply(head.data(), 1, R, positions[t], /*interleaved=*/true);
+      for (int64_t i = 0; i < nope; ++i)
+        ASSERT_EQ(got_q[(t * Nh + h) * qk + i], q[(t * Nh + h) * qk + i]) << "nope dim changed";
+      for (int64_t i = 0; i < R; ++i) {
+        EXPECT_NEAR(bf16_to_f32(got_q[(t * Nh + h) * qk + nope + i]), head[i],
+                    1e-2 * (std::fabs(head_before[i]) + std::fabs(head[i]) + 1e-2));
+      }
+    }
+  }
+}
+
 void rope_random(int64_t T, bool yarn, bool interleaved, int64_t rotary_dim) {
   std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(T * 3 + yarn + 7 * interleaved));
   const int64_t Nq = 5, Nkv = 2, D = 128;
@@ -371,6 +419,7 @@ void prefill_random(std::vector<int32_t> lens, int64_t Nq, int64_t Nkv, int64_t 
                                    std::to_string(rd) + "_T" + std::to_string(T);
           reg("CudaRope", name, [=] { rope_random(T, yarn, interleaved, rd); });
         }
+  reg("CudaRope", "MlaSharedKeyNarrowerThanQueryHeads", rope_mla_shared_key);
   struct Dc {
     const char* name;
     DecodeCase c;

@@ -45,6 +45,25 @@ TEST(Route, SigmoidScoresAndScalingFactor) {
   EXPECT_NEAR(r.topk_weights[0], 2.5f / (1.0f + std::exp(-2.0f)), 1e-6);
 }
 
+TEST(Route, WeightsOfExpertsChosenElsewhereAreRoutesOwn) {
+  // Experts 0 and 2 (not route's choice, 3 and 2): their sigmoid scores, renormalised, scaled.
+  const float logits[4] = {0.5f, -1.0f, 1.0f, 2.0f};
+  const RouterOptions options{.num_experts = 4, .top_k = 2, .score = ScoreFunction::kSigmoid,
+                              .renormalize = true, .routed_scaling_factor = 2.5f};
+  Routing r;
+  route(logits, 1, options, &r);
+  const std::vector<float> chosen_by_route = r.topk_weights;
+  route_weights(logits, options, &r);
+  EXPECT_EQ(r.topk_weights, chosen_by_route);
+  r.topk_ids = {0, 2};
+  route_weights(logits, options, &r);
+  const float s0 = 1.0f / (1.0f + std::exp(-0.5f)), s2 = 1.0f / (1.0f + std::exp(-1.0f));
+  EXPECT_NEAR(r.topk_weights[0], 2.5f * s0 / (s0 + s2), 1e-6);
+  EXPECT_NEAR(r.topk_weights[1], 2.5f * s2 / (s0 + s2), 1e-6);
+  r.topk_ids = {0, 4};
+  EXPECT_THROW(route_weights(logits, options, &r), Error);
+}
+
 TEST(Route, RejectsTopKLargerThanExperts) {
   const float logits[2] = {0.0f, 1.0f};
   Routing r;

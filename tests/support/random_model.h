@@ -264,7 +264,7 @@ class WeightMaker {
       for (int64_t i = 0; i < cols; ++i)
         values[r * cols + i] = row_scale * draw_.uniform(half_width);
     }
-    return store(values, rows == 1 ? Shape{cols} : Shape{rows, cols}, bf16_);
+    return store(values, Shape{rows, cols}, bf16_);
   }
   TensorView linear(int64_t out, int64_t in, float gain = 1.0f) {
     return matrix(out, in, gain / std::sqrt(static_cast<float>(in)));

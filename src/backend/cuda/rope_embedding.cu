@@ -30,12 +30,18 @@ void rope(const RopeParams& p, cudaStream_t stream) {
   MOE_CHECK(p.rotary_dim >= 2 && p.rotary_dim % 2 == 0 && p.rotary_dim <= p.head_dim,
             "rotary_dim = ", p.rotary_dim, " must be even and in [2, head_dim = ", p.head_dim, "]");
   MOE_CHECK(p.num_q_heads >= 1, "num_q_heads = ", p.num_q_heads, " must be at least 1");
-  MOE_CHECK(p.q_stride >= p.num_q_heads * p.head_dim, "q_stride = ", p.q_stride,
-            " is shorter than num_q_heads * head_dim = ", p.num_q_heads * p.head_dim);
+  // A token's heads sit head_dim apart and only the first rotary_dim of each is touched, so a
+  // row must reach the last head's rotary part (MLA's shared rope key is one head of rotary_dim
+  // at the end of the latent row, narrower than the query heads' head_dim).
+  const auto row_extent = [&](int64_t heads) { return (heads - 1) * p.head_dim + p.rotary_dim; };
+  MOE_CHECK(p.q_stride >= row_extent(p.num_q_heads), "q_stride = ", p.q_stride,
+            " is shorter than (num_q_heads - 1) * head_dim + rotary_dim = ",
+            row_extent(p.num_q_heads));
   if (p.k) {
     MOE_CHECK(p.num_kv_heads >= 1, "num_kv_heads = ", p.num_kv_heads, " must be at least 1");
-    MOE_CHECK(p.k_stride >= p.num_kv_heads * p.head_dim, "k_stride = ", p.k_stride,
-              " is shorter than num_kv_heads * head_dim = ", p.num_kv_heads * p.head_dim);
+    MOE_CHECK(p.k_stride >= row_extent(p.num_kv_heads), "k_stride = ", p.k_stride,
+              " is shorter than (num_kv_heads - 1) * head_dim + rotary_dim = ",
+              row_extent(p.num_kv_heads));
   }
   const int64_t heads = p.num_q_heads + (p.k ? p.num_kv_heads : 0);
   const int64_t threads = p.num_tokens * heads * (p.rotary_dim / 2);
