@@ -169,15 +169,10 @@ void run_bench(const BenchArgs& args) {
   const bool synthetic = is_synthetic_model(args.model);
   const EngineConfig config{
       .max_num_seqs = args.batch,
-      // Every prompt in one step, except that a GPU step carries at most 8192 tokens (the
-      // workspace is sized for the largest step).
-      .max_num_batched_tokens =
-          args.max_num_batched_tokens > 0
-              ? args.max_num_batched_tokens
-              : std::max<int64_t>(args.device.is_cuda()
-                                      ? std::min<int64_t>(args.batch * args.input_len, 8192)
-                                      : args.batch * args.input_len,
-                                  512),
+      // Every prompt in one step (on the GPU the workspace is sized for it).
+      .max_num_batched_tokens = args.max_num_batched_tokens > 0
+                                    ? args.max_num_batched_tokens
+                                    : std::max<int64_t>(args.batch * args.input_len, 512),
       .max_model_len = synthetic ? args.input_len + args.output_len : 0,
       .enable_prefix_caching = false,
       .profile_stages = args.profile,

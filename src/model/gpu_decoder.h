@@ -5,8 +5,8 @@
 // Weights are streamed from the memory-mapped checkpoint through two pinned staging buffers
 // (converted to bf16 on the way, no second full copy in host memory), or, for synthetic models,
 // filled with random values directly on the device. Device memory is weights + a workspace
-// sized for the largest step (at most 2 GiB) + the KV pool, which takes what is left of
-// gpu_memory_fraction of the card.
+// sized for the largest step (at most half of what the budget leaves after the weights) + the KV
+// pool, which takes what is left of gpu_memory_fraction of the card.
 //
 // Without CUDA support compiled in (or without a device) create() throws moeinfer::Error
 // saying so. The header itself needs no CUDA.

@@ -90,13 +90,17 @@ void replay_gpu_routing(const moe::Routing& gpu, const float* logits,
     const auto ours = sorted_ids(&gpu.topk_ids[t * K], K);
     const auto theirs = sorted_ids(&cpu.topk_ids[t * K], K);
     if (ours == theirs) continue;
-    std::copy_n(logits + t * E, E, row.begin());
-    for (int32_t e : ours)
-      if (!std::binary_search(theirs.begin(), theirs.end(), e)) row[e] += kRoutingTieLogits;
-    for (int32_t e : theirs)
-      if (!std::binary_search(ours.begin(), ours.end(), e)) row[e] -= kRoutingTieLogits;
-    moe::route(row.data(), 1, options, &nudged);
-    if (sorted_ids(nudged.topk_ids.data(), K) == ours) {
+    // Whether the CPU picks the GPU's experts once the differing ones are nudged by `by`.
+    auto agrees_when_nudged = [&](float by) {
+      std::copy_n(logits + t * E, E, row.begin());
+      for (int32_t e : ours)
+        if (!std::binary_search(theirs.begin(), theirs.end(), e)) row[e] += by;
+      for (int32_t e : theirs)
+        if (!std::binary_search(ours.begin(), ours.end(), e)) row[e] -= by;
+      moe::route(row.data(), 1, options, &nudged);
+      return sorted_ids(nudged.topk_ids.data(), K) == ours;
+    };
+    if (agrees_when_nudged(kRoutingTieLogits)) {
       ++result.near_ties;
       std::copy_n(&gpu.topk_ids[t * K], K, &cpu.topk_ids[t * K]);
     } else if (result.routing_mismatches++ == 0) {
@@ -105,6 +109,14 @@ void replay_gpu_routing(const moe::Routing& gpu, const float* logits,
       for (int32_t e : ours) what << " " << e;
       what << ", CPU experts";
       for (int32_t e : theirs) what << " " << e;
+      what << "; the CPU agrees at a nudge of";
+      const float larger[] = {0.1f, 0.2f, 0.5f, 1.0f, 4.0f};
+      const float* at = std::find_if(std::begin(larger), std::end(larger), agrees_when_nudged);
+      if (at == std::end(larger)) {
+        what << " none up to 4";
+      } else {
+        what << " " << *at;
+      }
       result.first_mismatch = what.str();
     }
   }

@@ -38,7 +38,9 @@ namespace gpu {
 namespace {
 
 constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
-constexpr int64_t kMaxWorkspaceBytes = int64_t{2} << 30;
+// The workspace (activations of the largest step) may take up to this share of what the memory
+// budget leaves after the weights; the KV pool takes the rest.
+constexpr double kMaxWorkspaceShare = 0.5;
 constexpr int64_t kMinContextBucket = 256;
 constexpr float kMlaNormEps = 1e-6f;
 // Records a stage event. Under stream capture a plain cudaEventRecord only orders streams inside
@@ -409,9 +411,12 @@ void CudaDecoder::allocate_workspace() {
   Carver sizing(nullptr);
   carve(sizing);
   const int64_t bytes = static_cast<int64_t>(sizing.used());
-  MOE_CHECK(bytes <= kMaxWorkspaceBytes, "the GPU workspace for ", T,
-            " tokens per step would take ", bytes >> 20,
-            " MiB, more than the 2 GiB allowed; lower the tokens per step (--max-num-batched-tokens)");
+  const int64_t allowed = static_cast<int64_t>(
+      kMaxWorkspaceShare * static_cast<double>(report_.budget_bytes - report_.weight_bytes));
+  MOE_CHECK(bytes <= allowed, "the GPU workspace for ", T, " tokens per step would take ",
+            bytes >> 20, " MiB, more than the ", std::max<int64_t>(allowed, 0) >> 20,
+            " MiB (half of what --gpu-memory-fraction leaves after the weights) it may take; "
+            "lower the tokens per step (--max-num-batched-tokens)");
   CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&workspace_), static_cast<size_t>(bytes)));
   Carver assign(workspace_);
   carve(assign);
