@@ -169,10 +169,19 @@ void run_bench(const BenchArgs& args) {
   const bool synthetic = is_synthetic_model(args.model);
   const EngineConfig config{
       .max_num_seqs = args.batch,
-      // Every prompt in one step (on the GPU the workspace is sized for it).
-      .max_num_batched_tokens = args.max_num_batched_tokens > 0
-                                    ? args.max_num_batched_tokens
-                                    : std::max<int64_t>(args.batch * args.input_len, 512),
+      // Every prompt in one step, except that a GPU step carries at most 8192 tokens or one
+      // whole prompt (the workspace is sized for the largest step): a prompt that starts a
+      // step attends through the prefill kernel, a chunk after a cached prefix through the
+      // per-query path, which reads the prefix once per query row.
+      .max_num_batched_tokens =
+          args.max_num_batched_tokens > 0
+              ? args.max_num_batched_tokens
+              : std::max<int64_t>(
+                    args.device.is_cuda()
+                        ? std::min(args.batch * args.input_len,
+                                   std::max<int64_t>(8192, args.input_len))
+                        : args.batch * args.input_len,
+                    512),
       .max_model_len = synthetic ? args.input_len + args.output_len : 0,
       .enable_prefix_caching = false,
       .profile_stages = args.profile,
