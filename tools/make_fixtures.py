@@ -118,6 +118,61 @@ FIXTURES += [
                      routed_scaling_factor=2.5, rope_theta=10000.0, **DEEPSEEK_MLA)),
 ]
 
+# Shapes the first fixtures never covered (issue 12): widths off the GPU's 64-multiples, odd
+# vocabularies, expert counts that are not a power of two, head dims of 20, 24 and 80, top-8
+# routing. Two layers in bfloat16 keep each near 400 KB (the Mixtral one, whose six 112-wide
+# experts alone take 258 KB a layer, near 750 KB). Appended after the others: a fixture's seed is
+# its index in FIXTURES, so inserting above would regenerate the existing fixtures differently.
+FIXTURES += [
+    # Shared expert of width 96 beside routed experts of width 40; 6 experts; tied embeddings.
+    dict(name="qwen2_moe_shared96_bf16", cls="Qwen2Moe", dtype="bfloat16", tokenizer="qwen",
+         legacy_rope=False,
+         config=dict(COMMON, num_hidden_layers=2, intermediate_size=64, moe_intermediate_size=40,
+                     shared_expert_intermediate_size=96, num_experts=6, num_experts_per_tok=2,
+                     norm_topk_prob=False, mlp_only_layers=[], decoder_sparse_step=1,
+                     tie_word_embeddings=True, rope_theta=10000.0)),
+    # 6 experts of width 112, vocabulary 500 (a Mixtral-style tokenizer of 500 entries).
+    dict(name="mixtral_e6_i112_v500_bf16", cls="Mixtral", dtype="bfloat16", tokenizer="mixtral",
+         legacy_rope=True,
+         config=dict(COMMON, vocab_size=500, num_hidden_layers=2, intermediate_size=112,
+                     num_local_experts=6, num_experts_per_tok=2, rope_theta=1000000.0,
+                     sliding_window=None)),
+    # q_lora_rank 48, 12 experts in 4 groups, noaux_tc with a non-zero correction bias, YaRN
+    # (factor 4, mscale 1.0), routed_scaling_factor 2.5, vocabulary 560.
+    dict(name="deepseek_v3_q48_v560_bf16", cls="DeepseekV3", dtype="bfloat16", tokenizer="qwen",
+         legacy_rope=True, correction_bias=0.15,
+         config=dict(COMMON, vocab_size=560, num_attention_heads=4, num_key_value_heads=4,
+                     num_hidden_layers=2, intermediate_size=64, moe_intermediate_size=24,
+                     n_routed_experts=12, num_experts_per_tok=3, n_shared_experts=1,
+                     first_k_dense_replace=1, q_lora_rank=48, n_group=4, topk_group=2,
+                     norm_topk_prob=True, routed_scaling_factor=2.5, rope_theta=10000.0,
+                     rope_scaling=dict(rope_type="yarn", factor=4.0,
+                                       original_max_position_embeddings=64, beta_fast=32,
+                                       beta_slow=1, mscale=1.0, mscale_all_dim=1.0),
+                     **DEEPSEEK_MLA)),
+    # Hidden size 80 (head_dim 20), 10 experts.
+    dict(name="olmoe_h80_bf16", cls="Olmoe", dtype="bfloat16", tokenizer="qwen", legacy_rope=True,
+         config=dict(COMMON, hidden_size=80, num_attention_heads=4, num_key_value_heads=2,
+                     num_hidden_layers=2, intermediate_size=16, num_experts=10,
+                     num_experts_per_tok=3, norm_topk_prob=False, clip_qkv=None,
+                     rope_theta=10000.0)),
+    # Hidden size 96, head_dim 24, 6 experts.
+    dict(name="qwen3_moe_h96_bf16", cls="Qwen3Moe", dtype="bfloat16", tokenizer="qwen",
+         legacy_rope=False,
+         config=dict(COMMON, hidden_size=96, head_dim=24, num_hidden_layers=2,
+                     intermediate_size=64, moe_intermediate_size=24, num_experts=6,
+                     num_experts_per_tok=2, norm_topk_prob=True, mlp_only_layers=[],
+                     decoder_sparse_step=1, tie_word_embeddings=True, rope_theta=10000.0)),
+    # head_dim 80 (q_dim 160 > hidden 64), top-8 of 12 experts.
+    dict(name="qwen3_moe_d80_k8_bf16", cls="Qwen3Moe", dtype="bfloat16", tokenizer="qwen",
+         legacy_rope=True,
+         config=dict(COMMON, num_attention_heads=2, num_key_value_heads=1, head_dim=80,
+                     num_hidden_layers=2, intermediate_size=64, moe_intermediate_size=16,
+                     num_experts=12, num_experts_per_tok=8, norm_topk_prob=True,
+                     mlp_only_layers=[], decoder_sparse_step=1, tie_word_embeddings=True,
+                     rope_theta=1000000.0)),
+]
+
 # Linear weights that DeepSeek-V3's published checkpoint stores in fp8; the router, norms,
 # embeddings and LM head stay in higher precision.
 FP8_PATTERN = re.compile(r"\.(self_attn\.(q_a_proj|q_b_proj|q_proj|kv_a_proj_with_mqa|kv_b_proj|o_proj)"
@@ -191,13 +246,14 @@ def rewrite_legacy_rope(config_path):
         json.dump(cfg, f, indent=2, sort_keys=True)
 
 
-def make_tokenizer(kind, out_dir):
+def make_tokenizer(kind, out_dir, vocab_size):
+    """A tokenizer of at most vocab_size entries (the fixture's vocabulary)."""
     import make_tokenizer_fixtures as tok
     if kind == "qwen":
-        tokenizer = tok.build_qwen_style(VOCAB)
+        tokenizer = tok.build_qwen_style(vocab_size)
     else:
-        tokenizer = tok.build_mixtral_style(VOCAB)
-    assert tokenizer.get_vocab_size(with_added_tokens=True) <= VOCAB
+        tokenizer = tok.build_mixtral_style(vocab_size)
+    assert tokenizer.get_vocab_size(with_added_tokens=True) <= vocab_size
     tokenizer.save(os.path.join(out_dir, "tokenizer.json"))
 
 
@@ -208,6 +264,7 @@ def top2_margin(logits):
 
 def make_fixture(spec, root, seed, with_tokenizer):
     out_dir = os.path.join(root, spec["name"])
+    vocab = spec["config"]["vocab_size"]
     shutil.rmtree(out_dir, ignore_errors=True)
     os.makedirs(out_dir)
     torch.manual_seed(seed)
@@ -231,7 +288,7 @@ def make_fixture(spec, root, seed, with_tokenizer):
     if spec.get("fp8_block"):
         quantize_fp8_checkpoint(out_dir, spec["fp8_block"])
     if with_tokenizer:
-        make_tokenizer(spec["tokenizer"], out_dir)
+        make_tokenizer(spec["tokenizer"], out_dir, vocab)
 
     reference = model_cls.from_pretrained(out_dir, dtype=torch.float32).eval()
     generator = torch.Generator().manual_seed(seed + 1)
@@ -239,7 +296,7 @@ def make_fixture(spec, root, seed, with_tokenizer):
     # engine cannot flip a token on rounding alone.
     needed = 1e-3 if spec["dtype"] == "float32" else 2e-2
     for attempt in range(50):
-        prompt = torch.randint(0, VOCAB, (1, NUM_PROMPT), generator=generator)
+        prompt = torch.randint(0, vocab, (1, NUM_PROMPT), generator=generator)
         with torch.no_grad():
             logits = reference(prompt).logits[0]
             out = reference.generate(prompt, attention_mask=torch.ones_like(prompt),
