@@ -73,21 +73,14 @@ class Layout {
   // A whole tensor as stored; synthetic only needs the shape (rows, cols).
   template <typename T>
   Job& whole(const T** target, const TensorView& v, int64_t rows, int64_t cols) {
-    Job& job = add(target, rows, cols);
-    if (!v.empty()) {
-      MOE_CHECK(view_rows(v) == rows && view_cols(v) == cols, "tensor of shape ",
-                view_rows(v), "x", view_cols(v), " where ", rows, "x", cols, " was expected");
-      job.pieces.push_back({.src = v, .rows = rows, .cols = cols});
-    }
-    return job;
+    return padded(target, v, rows, cols, rows, cols);
   }
   // A tensor of rows x cols at the top left of a zero padded_rows x padded_cols matrix.
   template <typename T>
   Job& padded(const T** target, const TensorView& v, int64_t rows, int64_t cols,
               int64_t padded_rows, int64_t padded_cols) {
-    if (rows == padded_rows && cols == padded_cols) return whole(target, v, rows, cols);
     Job& job = add(target, padded_rows, padded_cols);
-    job.padded = true;
+    job.padded = rows != padded_rows || cols != padded_cols;
     if (!v.empty()) {
       MOE_CHECK(view_rows(v) == rows && view_cols(v) == cols, "tensor of shape ",
                 view_rows(v), "x", view_cols(v), " where ", rows, "x", cols, " was expected");
