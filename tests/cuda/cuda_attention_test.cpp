@@ -431,8 +431,10 @@ void prefill_random(std::vector<int32_t> lens, int64_t Nq, int64_t Nkv, int64_t 
       {"B2_Len3000_G1_D128", {{3000, 1234}, 4, 4, 128, 16}},
       {"B5_Mixed_G8_D256", {{1, 64, 65, 511, 700}, 16, 2, 256, 8}},
       {"B64_Len1024_G8_D128", {std::vector<int32_t>(64, 1024), 32, 4, 128, 16}},
-      // Sliding windows. Split counts as paged_decode_split plans them over min(max_len, W)
-      // keys; "first" is each sequence's first visible key.
+      // Sliding windows. Split counts as paged_decode_split plans them for the CUDA-core kernel
+      // (chunks of at most 512 keys) over min(max_len, W) keys; the tensor-core kernel's splits
+      // only fill the GPU, so its Mma_ twins split less. "first" is each sequence's first
+      // visible key.
       // W 20 < len: 1 split, keys 980..999 cross the block boundary at 992.
       {"Win20_B1_Len1000_G8_D128", {{1000}, 32, 4, 128, 16, 20}},
       // 4 splits of 32 from key 900 (mid-block), the last holding 4 keys.
