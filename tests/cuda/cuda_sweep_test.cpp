@@ -62,9 +62,22 @@ struct ConfigResult {
   }
 };
 
-// How far (in logits) the CPU's router may be from choosing what the GPU chose, for the two to
-// count as a near-tie: bf16 rounding upstream moves router logits by about 1e-2 here.
+// How far the CPU's router may be from choosing what the GPU chose, for the two to count as a
+// near-tie: softmax routers by this much in each differing expert's logit (bf16 rounding
+// upstream moves router logits by about 1e-2 here), sigmoid routers by this much in its score,
+// whose sums rank DeepSeek-V3's groups (a logit nudge moves a saturated score too little: a
+// group tie of 0.0037 between two groups of summed scores near 1.3 was missed so).
 constexpr float kRoutingTieLogits = 0.05f;
+constexpr float kRoutingTieScore = 0.01f;
+constexpr float kRoutingMaxNudgeLogits = 4.0f;
+
+// The logit change that moves expert e's choice by the tie tolerance (times `scale`).
+float tie_nudge(float logit, const moe::RouterOptions& options, float scale) {
+  if (options.score != moe::ScoreFunction::kSigmoid) return scale * kRoutingTieLogits;
+  const float s = 1.0f / (1.0f + std::exp(-logit));
+  return std::min(scale * kRoutingTieScore / std::max(s * (1.0f - s), 1e-6f),
+                  scale * kRoutingMaxNudgeLogits);
+}
 
 std::vector<int32_t> sorted_ids(const int32_t* ids, int64_t K) {
   std::vector<int32_t> out(ids, ids + K);
@@ -72,12 +85,12 @@ std::vector<int32_t> sorted_ids(const int32_t* ids, int64_t K) {
   return out;
 }
 
-// A routing decision is discrete: a near-tie between two experts can go either way on two
-// devices, and the token's output then differs by a whole expert. So the CPU replays the GPU's
-// choice of experts (with its own weights, moe::route_weights) wherever the two differ only by
-// a near-tie: the CPU's own router, with the logits of the experts only the GPU picked raised by
-// kRoutingTieLogits and those only it picked lowered as much, picks what the GPU picked. Any
-// other difference is a routing mismatch and fails the configuration.
+// A routing decision is discrete: a near-tie between two experts (or groups) can go either way
+// on two devices, and the token's output then differs by a whole expert. So the CPU replays the
+// GPU's choice of experts (with its own weights, moe::route_weights) wherever the two differ
+// only by a near-tie: the CPU's own router, with the experts only the GPU picked raised by the
+// tie tolerance (tie_nudge) and those only it picked lowered as much, picks what the GPU picked.
+// Any other difference is a routing mismatch and fails the configuration.
 void replay_gpu_routing(const moe::Routing& gpu, const float* logits,
                         const moe::RouterOptions& options, moe::Routing& cpu,
                         ConfigResult& result, int64_t layer) {
@@ -91,16 +104,21 @@ void replay_gpu_routing(const moe::Routing& gpu, const float* logits,
     const auto theirs = sorted_ids(&cpu.topk_ids[t * K], K);
     if (ours == theirs) continue;
     // Whether the CPU picks the GPU's experts once the differing ones are nudged by `by`.
-    auto agrees_when_nudged = [&](float by) {
-      std::copy_n(logits + t * E, E, row.begin());
+    // Whether the CPU picks the GPU's experts once the differing ones are nudged by `scale`
+    // tie tolerances.
+    auto agrees_when_nudged = [&](float scale) {
+      const float* own = logits + t * E;
+      std::copy_n(own, E, row.begin());
       for (int32_t e : ours)
-        if (!std::binary_search(theirs.begin(), theirs.end(), e)) row[e] += by;
+        if (!std::binary_search(theirs.begin(), theirs.end(), e))
+          row[e] += tie_nudge(own[e], options, scale);
       for (int32_t e : theirs)
-        if (!std::binary_search(ours.begin(), ours.end(), e)) row[e] -= by;
+        if (!std::binary_search(ours.begin(), ours.end(), e))
+          row[e] -= tie_nudge(own[e], options, scale);
       moe::route(row.data(), 1, options, &nudged);
       return sorted_ids(nudged.topk_ids.data(), K) == ours;
     };
-    if (agrees_when_nudged(kRoutingTieLogits)) {
+    if (agrees_when_nudged(1.0f)) {
       ++result.near_ties;
       std::copy_n(&gpu.topk_ids[t * K], K, &cpu.topk_ids[t * K]);
     } else if (result.routing_mismatches++ == 0) {
@@ -109,13 +127,13 @@ void replay_gpu_routing(const moe::Routing& gpu, const float* logits,
       for (int32_t e : ours) what << " " << e;
       what << ", CPU experts";
       for (int32_t e : theirs) what << " " << e;
-      what << "; the CPU agrees at a nudge of";
-      const float larger[] = {0.1f, 0.2f, 0.5f, 1.0f, 4.0f};
+      what << "; the CPU agrees at";
+      const float larger[] = {2.0f, 4.0f, 10.0f, 100.0f};
       const float* at = std::find_if(std::begin(larger), std::end(larger), agrees_when_nudged);
       if (at == std::end(larger)) {
-        what << " none up to 4";
+        what << " no nudge up to 100 tie tolerances";
       } else {
-        what << " " << *at;
+        what << " " << *at << " tie tolerances";
       }
       result.first_mismatch = what.str();
     }
