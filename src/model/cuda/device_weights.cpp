@@ -11,8 +11,11 @@
 #include <numeric>
 #include <random>
 
+#include "backend/cuda/attention.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/decoder_ops.h"
+#include "backend/cuda/mla_attention.h"
+#include "backend/cuda/moe_stages.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/progress.h"
@@ -320,9 +323,36 @@ void resolve_targets(Layout& layout, void* base) {
   for (Job& job : layout.jobs()) *job.target = static_cast<char*>(base) + job.offset;
 }
 
+// Refuses, naming the config field and the limit, the shapes the CUDA kernels cannot take even
+// padded (everything else the CPU runs is padded to what they need at upload).
+void check_supported(const ModelConfig& c) {
+  if (c.mla) {
+    const MlaConfig& m = *c.mla;
+    MOE_CHECK(m.kv_lora_rank % 8 == 0 && m.kv_lora_rank <= cuda::kMlaMaxLatentDim,
+              "kv_lora_rank ", m.kv_lora_rank, ": the CUDA MLA attention kernel takes a multiple "
+              "of 8 up to ", cuda::kMlaMaxLatentDim, " (the latent is held in registers)");
+    MOE_CHECK(m.qk_rope_head_dim % 8 == 0 && m.qk_rope_head_dim <= cuda::kMlaMaxRopeDim,
+              "qk_rope_head_dim ", m.qk_rope_head_dim, ": the CUDA MLA attention kernel takes a "
+              "multiple of 8 up to ", cuda::kMlaMaxRopeDim);
+  } else {
+    const int64_t group = c.num_heads / c.num_kv_heads;
+    MOE_CHECK(group <= cuda::kAttentionMaxGroup, "num_attention_heads / num_key_value_heads = ",
+              group, ": the CUDA attention kernels hold a KV head's query heads in one ",
+              cuda::kAttentionMaxGroup, "-row tensor-core tile, so at most ",
+              cuda::kAttentionMaxGroup);
+  }
+  if (c.num_experts > 0) {
+    MOE_CHECK(c.num_experts <= cuda::kRouterMaxExperts, "num_experts ", c.num_experts,
+              ": the CUDA router (one warp per token) takes up to ", cuda::kRouterMaxExperts);
+    MOE_CHECK(c.num_experts_per_tok <= cuda::kRouterMaxTopK, "num_experts_per_tok ",
+              c.num_experts_per_tok, ": the CUDA router takes up to ", cuda::kRouterMaxTopK);
+  }
+}
+
 // The padded dims and the layout of every matrix (`weights` null: shapes only, synthetic).
 void plan_layout(const ModelConfig& config, const DecoderWeights* weights, DeviceWeights& out,
                  Layout& layout) {
+  check_supported(config);
   out.padded_hidden_size = padded_hidden_size(config);
   out.padded_head_dim = padded_head_dim(config);
   out.padded_expert_width = padded_expert_width(config);

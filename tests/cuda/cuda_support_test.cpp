@@ -1,0 +1,84 @@
+// What the GPU decoder takes: every shape the CPU runs is padded to the kernels' needs at upload
+// (hidden sizes to 64, head dims to 64/128/256, expert widths to 64), and the few the kernels
+// cannot take even padded are refused when the weights are laid out, before any device memory
+// is touched, with the config field and the limit named. Host code only: runs without a GPU.
+#if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "core/error.h"
+#include "io/model_config.h"
+#include "model/cuda/device_weights.h"
+
+namespace moeinfer {
+namespace {
+
+nlohmann::json qwen3(int64_t hidden) {
+  return {{"model_type", "qwen3_moe"}, {"vocab_size", 101},        {"hidden_size", hidden},
+          {"num_hidden_layers", 2},    {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+          {"head_dim", 20},            {"intermediate_size", 40},  {"moe_intermediate_size", 24},
+          {"num_experts", 6},          {"num_experts_per_tok", 2}, {"max_position_embeddings", 64}};
+}
+
+nlohmann::json deepseek_v3() {
+  return {{"model_type", "deepseek_v3"}, {"vocab_size", 77},        {"hidden_size", 48},
+          {"num_hidden_layers", 1},      {"num_attention_heads", 2}, {"num_key_value_heads", 2},
+          {"q_lora_rank", nullptr},      {"kv_lora_rank", 24},       {"qk_nope_head_dim", 16},
+          {"qk_rope_head_dim", 8},       {"v_head_dim", 16},         {"n_routed_experts", 8},
+          {"num_experts_per_tok", 2},    {"n_group", 2},             {"topk_group", 1},
+          {"moe_intermediate_size", 16}, {"intermediate_size", 32},  {"first_k_dense_replace", 0},
+          {"max_position_embeddings", 64}};
+}
+
+ModelConfig parse(const nlohmann::json& j) { return parse_model_config(j.dump(), "test config"); }
+
+void expect_refusal(const nlohmann::json& config, const std::string& field) {
+  try {
+    gpu::device_weight_bytes(parse(config));
+    ADD_FAILURE() << "accepted: " << config.dump();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+  }
+}
+
+TEST(CudaSupport, OddHiddenSizesHeadDimsAndWidthsArePadded) {
+  for (int64_t hidden : {16, 80, 96, 200}) {
+    const ModelConfig c = parse(qwen3(hidden));
+    EXPECT_EQ(gpu::padded_hidden_size(c), (hidden + 63) / 64 * 64) << hidden;
+    EXPECT_EQ(gpu::padded_head_dim(c), 64);
+    EXPECT_EQ(gpu::padded_expert_width(c), 64);
+    EXPECT_GT(gpu::device_weight_bytes(c), 0);
+  }
+  EXPECT_GT(gpu::device_weight_bytes(parse(deepseek_v3())), 0);
+}
+
+TEST(CudaSupport, ShapesTheKernelsCannotTakeAreRefusedByName) {
+  nlohmann::json c = deepseek_v3();
+  c["kv_lora_rank"] = 20;
+  expect_refusal(c, "kv_lora_rank 20");
+  c = deepseek_v3();
+  c["kv_lora_rank"] = 520;
+  expect_refusal(c, "kv_lora_rank 520");
+  c = deepseek_v3();
+  c["qk_rope_head_dim"] = 6;
+  expect_refusal(c, "qk_rope_head_dim 6");
+  c = qwen3(64);
+  c["num_attention_heads"] = 34;
+  c["num_key_value_heads"] = 1;
+  expect_refusal(c, "num_attention_heads / num_key_value_heads = 34");
+  c = qwen3(64);
+  c["num_experts"] = 300;
+  expect_refusal(c, "num_experts 300");
+  c = qwen3(64);
+  c["num_experts"] = 40;
+  c["num_experts_per_tok"] = 17;
+  expect_refusal(c, "num_experts_per_tok 17");
+}
+
+}  // namespace
+}  // namespace moeinfer
+
+#endif  // MOE_HAVE_CUDA
