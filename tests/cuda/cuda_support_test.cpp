@@ -17,19 +17,39 @@ namespace moeinfer {
 namespace {
 
 nlohmann::json qwen3(int64_t hidden) {
-  return {{"model_type", "qwen3_moe"}, {"vocab_size", 101},        {"hidden_size", hidden},
-          {"num_hidden_layers", 2},    {"num_attention_heads", 4}, {"num_key_value_heads", 2},
-          {"head_dim", 20},            {"intermediate_size", 40},  {"moe_intermediate_size", 24},
-          {"num_experts", 6},          {"num_experts_per_tok", 2}, {"max_position_embeddings", 64}};
+  return {{"model_type", "qwen3_moe"},
+          {"vocab_size", 101},
+          {"hidden_size", hidden},
+          {"num_hidden_layers", 2},
+          {"num_attention_heads", 4},
+          {"num_key_value_heads", 2},
+          {"head_dim", 20},
+          {"intermediate_size", 40},
+          {"moe_intermediate_size", 24},
+          {"num_experts", 6},
+          {"num_experts_per_tok", 2},
+          {"max_position_embeddings", 64}};
 }
 
 nlohmann::json deepseek_v3() {
-  return {{"model_type", "deepseek_v3"}, {"vocab_size", 77},        {"hidden_size", 48},
-          {"num_hidden_layers", 1},      {"num_attention_heads", 2}, {"num_key_value_heads", 2},
-          {"q_lora_rank", nullptr},      {"kv_lora_rank", 24},       {"qk_nope_head_dim", 16},
-          {"qk_rope_head_dim", 8},       {"v_head_dim", 16},         {"n_routed_experts", 8},
-          {"num_experts_per_tok", 2},    {"n_group", 2},             {"topk_group", 1},
-          {"moe_intermediate_size", 16}, {"intermediate_size", 32},  {"first_k_dense_replace", 0},
+  return {{"model_type", "deepseek_v3"},
+          {"vocab_size", 77},
+          {"hidden_size", 48},
+          {"num_hidden_layers", 1},
+          {"num_attention_heads", 2},
+          {"num_key_value_heads", 2},
+          {"q_lora_rank", nullptr},
+          {"kv_lora_rank", 24},
+          {"qk_nope_head_dim", 16},
+          {"qk_rope_head_dim", 8},
+          {"v_head_dim", 16},
+          {"n_routed_experts", 8},
+          {"num_experts_per_tok", 2},
+          {"n_group", 2},
+          {"topk_group", 1},
+          {"moe_intermediate_size", 16},
+          {"intermediate_size", 32},
+          {"first_k_dense_replace", 0},
           {"max_position_embeddings", 64}};
 }
 

@@ -57,9 +57,7 @@ struct ConfigResult {
   int64_t positions = 0, same_top1 = 0;
   int64_t routed = 0, near_ties = 0, routing_mismatches = 0;  // token-layer routings
   std::string first_mismatch;
-  double worst() const {
-    return std::max({routes[0].rel(), routes[1].rel(), routes[2].rel()});
-  }
+  double worst() const { return std::max({routes[0].rel(), routes[1].rel(), routes[2].rel()}); }
 };
 
 // How far the CPU's router may be from choosing what the GPU chose, for the two to count as a
@@ -92,8 +90,8 @@ std::vector<int32_t> sorted_ids(const int32_t* ids, int64_t K) {
 // tie tolerance (tie_nudge) and those only it picked lowered as much, picks what the GPU picked.
 // Any other difference is a routing mismatch and fails the configuration.
 void replay_gpu_routing(const moe::Routing& gpu, const float* logits,
-                        const moe::RouterOptions& options, moe::Routing& cpu,
-                        ConfigResult& result, int64_t layer) {
+                        const moe::RouterOptions& options, moe::Routing& cpu, ConfigResult& result,
+                        int64_t layer) {
   const int64_t T = cpu.num_tokens, K = cpu.top_k, E = options.num_experts;
   ASSERT_EQ(gpu.num_tokens, T) << "layer " << layer;
   std::vector<float> row(E);
@@ -240,12 +238,12 @@ void every_family_on_random_configs() {
                       << "\n  config " << config_json;
     } catch (const std::exception& e) {
       ++f.failures;
-      ADD_FAILURE() << family_name(family) << " seed " << seed << ": " << e.what()
-                    << "\n  config " << config_json;
+      ADD_FAILURE() << family_name(family) << " seed " << seed << ": " << e.what() << "\n  config "
+                    << config_json;
     }
   }
-  std::printf("%-12s %7s %8s %12s %20s %13s %15s\n", "family", "configs", "failures",
-              "worst rel", "worst seed", "top-1", "near-tie routes");
+  std::printf("%-12s %7s %8s %12s %20s %13s %15s\n", "family", "configs", "failures", "worst rel",
+              "worst seed", "top-1", "near-tie routes");
   for (const auto& [name, f] : families) {
     std::printf("%-12s %7lld %8lld %12.3e %20llu %6lld/%-6lld %6lld/%-8lld\n", name.c_str(),
                 static_cast<long long>(f.configs), static_cast<long long>(f.failures), f.worst,

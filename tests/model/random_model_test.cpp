@@ -3,12 +3,13 @@
 // of the scripted batched steps (prefill, chunked in a mixed step, batched decode over a shared
 // pool) the logits that the same tokens get when the sequence runs alone, token by token, over
 // its own cache: batching, chunking and paging change where rows live, never the numbers.
+#include "../support/random_model.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <random>
 
-#include "../support/random_model.h"
 #include "../support/random_schedule.h"
 #include "model/decoder.h"
 
@@ -67,8 +68,7 @@ TEST(RandomModels, CpuBatchedStepsMatchEachSequenceAlone) {
         for (int64_t t = first; t < n; ++t, ++row) {
           const int64_t position = sb.position + t;
           EXPECT_LE(max_rel_diff(&logits[row * V], &alone[q][position * V], V), bound)
-              << testing::route_name(step.route) << " sequence " << q << " position "
-              << position;
+              << testing::route_name(step.route) << " sequence " << q << " position " << position;
         }
       }
     }

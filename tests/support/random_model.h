@@ -27,9 +27,9 @@
 
 namespace moeinfer::testing {
 
-inline constexpr ModelFamily kAllFamilies[] = {
-    ModelFamily::kQwen3Moe,   ModelFamily::kMixtral,    ModelFamily::kOlmoe,
-    ModelFamily::kQwen2Moe,   ModelFamily::kDeepseekV2, ModelFamily::kDeepseekV3};
+inline constexpr ModelFamily kAllFamilies[] = {ModelFamily::kQwen3Moe,   ModelFamily::kMixtral,
+                                               ModelFamily::kOlmoe,      ModelFamily::kQwen2Moe,
+                                               ModelFamily::kDeepseekV2, ModelFamily::kDeepseekV3};
 
 struct RandomModel {
   uint64_t seed = 0;
@@ -147,7 +147,8 @@ inline json random_config(ModelFamily family, Draw& d) {
   c["eos_token_id"] = nullptr;
   c["hidden_act"] = "silu";
   const bool deepseek = family == ModelFamily::kDeepseekV2 || family == ModelFamily::kDeepseekV3;
-  if (json rope = random_rope(d, max_positions, deepseek); !rope.is_null()) c["rope_scaling"] = rope;
+  if (json rope = random_rope(d, max_positions, deepseek); !rope.is_null())
+    c["rope_scaling"] = rope;
   int64_t E = 0, K = 0;
   random_experts(d, &E, &K);
   c["num_experts_per_tok"] = K;
@@ -290,8 +291,8 @@ class WeightMaker {
     } else {
       std::copy(values.begin(), values.end(), reinterpret_cast<float*>(bytes.get()));
     }
-    TensorView view{.dtype = bf16 ? DType::kBF16 : DType::kF32, .shape = shape,
-                    .data = bytes.get()};
+    TensorView view{
+        .dtype = bf16 ? DType::kBF16 : DType::kF32, .shape = shape, .data = bytes.get()};
     model_.storage.push_back(std::move(bytes));
     return view;
   }
@@ -302,7 +303,8 @@ class WeightMaker {
 };
 
 inline MlpWeights random_mlp(WeightMaker& w, int64_t H, int64_t width) {
-  return {.gate_proj = w.linear(width, H), .up_proj = w.linear(width, H),
+  return {.gate_proj = w.linear(width, H),
+          .up_proj = w.linear(width, H),
           .down_proj = w.linear(H, width)};
 }
 
@@ -313,8 +315,8 @@ inline void random_weights(RandomModel& m, Draw& d) {
   DecoderWeights& out = m.weights;
   out.embed_tokens = w.matrix(V, H, 1.0f, c.tie_word_embeddings ? 0.5f : 0.0f);
   out.final_norm = w.norm(H);
-  out.lm_head = c.tie_word_embeddings ? out.embed_tokens
-                                      : w.matrix(V, H, 3.0f / std::sqrt(float(H)), 0.7f);
+  out.lm_head =
+      c.tie_word_embeddings ? out.embed_tokens : w.matrix(V, H, 3.0f / std::sqrt(float(H)), 0.7f);
   out.layers.resize(static_cast<size_t>(c.num_layers));
   for (int64_t l = 0; l < c.num_layers; ++l) {
     LayerWeights& lw = out.layers[l];
@@ -363,8 +365,8 @@ inline void random_weights(RandomModel& m, Draw& d) {
     moe.routed.router = w.linear(c.num_experts, H, 1.5f);
     for (int64_t e = 0; e < c.num_experts; ++e) {
       const MlpWeights mlp = random_mlp(w, H, c.moe_intermediate_size);
-      moe.routed.experts.push_back({.gate = mlp.gate_proj, .up = mlp.up_proj,
-                                    .down = mlp.down_proj});
+      moe.routed.experts.push_back(
+          {.gate = mlp.gate_proj, .up = mlp.up_proj, .down = mlp.down_proj});
     }
     if (c.shared_expert_intermediate_size > 0) {
       moe.shared_expert = random_mlp(w, H, c.shared_expert_intermediate_size);

@@ -40,7 +40,7 @@ struct ScheduledStep {
 struct Schedule {
   int64_t block_size = 16;
   int64_t num_blocks = 0;
-  int64_t max_len = 0;  // the longest sequence
+  int64_t max_len = 0;                       // the longest sequence
   std::vector<std::vector<int32_t>> tokens;  // [3] every token each sequence will see
   std::vector<std::vector<int32_t>> tables;  // [3] its blocks, shuffled over the pool
   std::vector<ScheduledStep> steps;
@@ -83,10 +83,10 @@ inline Schedule make_schedule(int64_t vocab, uint64_t seed, int64_t block_size) 
                          .block_table = s.tables[i]};
   };
   // Prefill: the first two prompts together.
-  s.steps.push_back({ScheduleRoute::kPrefill,
-                     {.sequences = {piece(0, 0, prompt[0]), piece(1, 0, prompt[1])},
-                      .all_positions = true},
-                     {0, 1}});
+  s.steps.push_back(
+      {ScheduleRoute::kPrefill,
+       {.sequences = {piece(0, 0, prompt[0]), piece(1, 0, prompt[1])}, .all_positions = true},
+       {0, 1}});
   // The third prompt in two chunks, the second beside the first two's next tokens.
   const int64_t first_chunk = prompt[2] / 2;
   s.steps.push_back({ScheduleRoute::kChunked,
