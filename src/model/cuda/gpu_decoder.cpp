@@ -416,7 +416,8 @@ void CudaDecoder::allocate_workspace() {
   MOE_CHECK(bytes <= allowed, "the GPU workspace for ", T, " tokens per step would take ",
             bytes >> 20, " MiB, more than the ", std::max<int64_t>(allowed, 0) >> 20,
             " MiB (half of what --gpu-memory-fraction leaves after the weights) it may take; "
-            "lower the tokens per step (--max-num-batched-tokens)");
+            "raise --gpu-memory-fraction or lower the tokens per step (--max-num-batched-tokens "
+            "of bench and serve; generate and logits take a prompt in one step)");
   CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&workspace_), static_cast<size_t>(bytes)));
   Carver assign(workspace_);
   carve(assign);
