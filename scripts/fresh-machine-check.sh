@@ -7,8 +7,8 @@
 # that the build or the tests use and install-deps.sh does not install fails here, whatever
 # this machine already has installed.
 #
-# The tests: the whole CPU suite, since it is the fast subset today (277 tests, about 90 s
-# with -j2 on 2 cores, the slowest 57 s) and only its e2e tests use what install-deps.sh
+# The tests: the whole CPU suite, since it is the fast subset today (292 tests, about 100 s
+# with -j2 on 2 cores, the slowest 62 s) and only its e2e tests use what install-deps.sh
 # installs beyond the build (tokenizers, jinja2, numpy and openai from PyPI, Chromium).
 # Each test is cut off at 300 s; MOE_FRESH_CTEST_ARGS narrows the set should it grow slow.
 #
