@@ -1,6 +1,8 @@
 #include "server/openai_api.h"
 
 #include <cmath>
+#include <set>
+#include <string>
 
 namespace moeinfer::server {
 namespace {
@@ -60,8 +62,10 @@ std::string message_text(const json& content, size_t index) {
   if (!content.is_array()) bad(param, "'content' must be a string or an array of text parts");
   std::string text;
   for (const json& part : content) {
-    if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
-        !part["text"].is_string()) {
+    const bool text_part = part.is_object() && part.contains("type") && part["type"].is_string() &&
+                           part["type"].get<std::string>() == "text" && part.contains("text") &&
+                           part["text"].is_string();
+    if (!text_part) {
       bad(param, "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported");
     }
     text += part["text"].get<std::string>();
@@ -155,6 +159,29 @@ void parse_sampling(const json& body, ApiRequest& r) {
   }
 }
 
+// The request fields this server honours, per endpoint; anything else a client sends is refused
+// with a 400 naming it rather than ignored. `user` (an end-user id for the caller's own abuse
+// monitoring) is accepted and has no effect here, as with OpenAI's own servers.
+const std::set<std::string, std::less<>> kCommonFields = {
+    "model", "stream", "stream_options", "temperature", "top_p", "top_k", "min_p",
+    "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "n", "best_of",
+    "max_tokens", "stop", "stop_token_ids", "ignore_eos", "include_stop_str_in_output",
+    "skip_special_tokens", "logprobs", "user"};
+const std::set<std::string, std::less<>> kCompletionFields = {"prompt", "echo", "suffix"};
+const std::set<std::string, std::less<>> kChatFields = {"messages", "max_completion_tokens",
+                                                        "top_logprobs"};
+const std::set<std::string, std::less<>> kMessageFields = {"role", "content"};
+
+void refuse_unknown_fields(const json& object, const std::set<std::string, std::less<>>& a,
+                           const std::set<std::string, std::less<>>& b, const std::string& where) {
+  for (const auto& [key, value] : object.items()) {
+    if (a.count(key) || b.count(key)) continue;
+    const std::string param = where.empty() ? key : where + "." + key;
+    bad(param, "'" + param + "' is not supported by this server (the fields it honours are " +
+                   "listed in docs/serving.md)");
+  }
+}
+
 }  // namespace
 
 json error_body(const std::string& message, const std::string& type, const std::string& param,
@@ -170,10 +197,12 @@ ApiRequest parse_request(const std::string& text, Endpoint endpoint) {
   json body;
   try {
     body = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // syntax errors and numbers out of range (1e400)
     throw ApiError(400, std::string("the request body is not valid JSON: ") + e.what());
   }
   if (!body.is_object()) bad("", "the request body must be a JSON object");
+  refuse_unknown_fields(body, kCommonFields,
+                        endpoint == Endpoint::kCompletions ? kCompletionFields : kChatFields, "");
   ApiRequest r;
   r.endpoint = endpoint;
   if (const auto it = body.find("model"); it != body.end() && !it->is_null()) {
@@ -197,6 +226,7 @@ ApiRequest parse_request(const std::string& text, Endpoint endpoint) {
     }
     if (prompt->is_string()) {
       r.prompt_text = prompt->get<std::string>();
+      if (r.prompt_text.empty()) bad("prompt", "'prompt' must not be empty");
     } else if (prompt->is_array() && !prompt->empty()) {
       for (const json& id : *prompt) {
         if (!id.is_number_integer()) {
@@ -228,6 +258,7 @@ ApiRequest parse_request(const std::string& text, Endpoint endpoint) {
       if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
         bad("messages[" + std::to_string(i) + "]", "each message needs a string 'role'");
       }
+      refuse_unknown_fields(m, kMessageFields, {}, "messages[" + std::to_string(i) + "]");
       r.messages.push_back({{"role", m["role"].get<std::string>()},
                             {"content", message_text(m.value("content", json(nullptr)), i)}});
     }

@@ -3,6 +3,7 @@
 #if MOE_HAVE_HTTPLIB  // without cpp-httplib the server is left out (see src/CMakeLists.txt)
 
 #include <httplib.h>
+#include <strings.h>
 #include <sys/socket.h>
 
 #include <cstdio>
@@ -109,6 +110,13 @@ Server::Server(std::unique_ptr<Engine> engine, ChatConfig chat, const ServerConf
   http_->new_task_queue = [threads] {
     return new httplib::ThreadPool(static_cast<size_t>(threads));
   };
+  // Exclusive bind: cpp-httplib's default sets SO_REUSEPORT too, with which a second server on
+  // the same port starts without error and the kernel splits connections between the two.
+  // SO_REUSEADDR alone lets a restart bind over connections in TIME_WAIT.
+  http_->set_socket_options([](socket_t sock) {
+    const int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
   http_->set_keep_alive_max_count(1000);
   http_->set_payload_max_length(size_t{16} << 20);
   install_routes();
@@ -134,7 +142,7 @@ int Server::bind() {
     MOE_CHECK(port > 0, "cannot bind to ", config_.host, " (any port)");
   } else {
     MOE_CHECK(http_->bind_to_port(config_.host, port), "cannot bind to ", config_.host, ":", port,
-              " (in use, or not an address of this host)");
+              ": address in use, or not an address of this host");
   }
   MOE_CHECK(static_cast<HttpServer&>(*http_).widen_backlog(1024), "listen() on ", config_.host, ":",
             port, " failed");
@@ -147,8 +155,10 @@ void Server::install_routes() {
     // /health and the dashboard's page (static, no figures: its data needs the key) are open.
     if (config_.api_key.empty() || req.path == "/health" || req.path == "/dashboard")
       return httplib::Server::HandlerResponse::Unhandled;
+    // The scheme is case-insensitive (RFC 9110), the key is not.
     const std::string auth = req.get_header_value("Authorization");
-    if (!same_secret(auth, "Bearer " + config_.api_key)) {
+    const bool bearer = auth.size() > 7 && strncasecmp(auth.c_str(), "Bearer ", 7) == 0;
+    if (!bearer || !same_secret(auth.substr(7), config_.api_key)) {
       metrics_.count_rejected(401);
       send_json(res, 401,
                 error_body("missing or wrong API key: send 'Authorization: Bearer <key>'",
@@ -325,7 +335,7 @@ void Server::handle_completion(const std::string& body, Endpoint endpoint, httpl
                      "context_length_exceeded");
     }
     if (request.max_tokens_given) {
-      if (n + params.max_tokens > context) {
+      if (params.max_tokens > context - n) {  // not n + max_tokens: max_tokens may be 2^63 - 1
         throw ApiError(400,
                        "max_tokens is " + std::to_string(params.max_tokens) +
                            " but the prompt has " + std::to_string(n) +
@@ -338,7 +348,7 @@ void Server::handle_completion(const std::string& body, Endpoint endpoint, httpl
                               : std::min(config_.default_max_tokens, context - n);
     }
     const int64_t block = engine_->config().block_size;
-    if ((n + params.max_tokens + block - 1) / block > engine_->num_kv_blocks()) {
+    if (params.max_tokens > engine_->num_kv_blocks() * block - n) {
       throw ApiError(413, "the request needs more KV cache than the server has (--kv-cache-mb)",
                      "invalid_request_error", "max_tokens", "context_length_exceeded");
     }

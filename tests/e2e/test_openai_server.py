@@ -13,9 +13,11 @@ the bound port read from its log) and checks, one line per check:
   chat                 chat completion with the chat template applied
   stop                 a stop string cuts the text before it (finish_reason "stop")
   logprobs             completions logprobs=N and chat logprobs/top_logprobs
-  errors               malformed JSON, wrong types, out-of-range values, unknown model (404),
-                       a prompt longer than the context (413), max_tokens out of range, unknown
-                       route: OpenAI error objects, and the server keeps serving
+  errors               malformed JSON (1e400 too), wrong types, out-of-range values (max_tokens
+                       2^63-1), an empty prompt, unknown model (404), a prompt longer than the
+                       context (413), unknown route, fields the server does not honour (tools,
+                       response_format, logit_bias, ...: 400 naming them): OpenAI error objects,
+                       and the server keeps serving
   disconnect           a client that leaves mid-stream cancels its request (abort counted,
                        blocks freed)
   load                 64 concurrent streams, 320 short requests (completions and chat, half
@@ -31,7 +33,9 @@ the bound port read from its log) and checks, one line per check:
                        are preempted and recomputed, and every token sequence equals the main
                        server's up to a near-tie of the two most likely tokens (rounding)
   auth_and_queue       a second server with --api-key and a one-request queue: 401 without or
-                       with a wrong key, /health open, 429 when the queue is full
+                       with a wrong key, "bearer" in any case, /health open, 429 when the queue
+                       is full
+  exclusive_bind       a server started on the port in use stops with "address in use"
   sigterm              SIGTERM while a stream is in flight: the stream finishes, new requests
                        are refused, exit code 0
 
@@ -216,12 +220,38 @@ def check_errors(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
     model = ctx["model"]
     json_headers = {"Content-Type": "application/json"}
     for body in (b"{not json", b"[1, 2]", b'{"prompt": 5}', b'{"prompt": "x", "max_tokens": "ten"}',
-                 b'{"messages": "hi"}', b""):
+                 b'{"messages": "hi"}', b"", b'{"prompt": "x", "temperature": 1e400}',
+                 b'{"prompt": ""}',
+                 b'{"messages": [{"role": "user", "content": [{"type": 5, "text": "hi"}]}]}'):
         path = "/v1/chat/completions" if b"messages" in body else "/v1/completions"
         status, text = http(s.base, "POST", path, body, json_headers)
         assert status == 400, (body, status, text)
         error = json.loads(text)["error"]
         assert error["message"] and error["type"], error
+    # Fields the server does not honour are refused by name, never ignored.
+    unhonoured = [
+        ("tools", lambda: c.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "hi"}],
+            tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}])),
+        ("response_format", lambda: c.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "hi"}],
+            response_format={"type": "json_object"})),
+        ("logit_bias", lambda: c.completions.create(
+            model=model, prompt=PROMPT, max_tokens=4, logit_bias={"5": -100})),
+        ("chat_template_kwargs", lambda: c.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "hi"}],
+            extra_body={"chat_template_kwargs": {"enable_thinking": False}})),
+        ("messages[0].name", lambda: c.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "hi", "name": "ann"}])),
+        ("no_such_field", lambda: c.completions.create(
+            model=model, prompt=PROMPT, max_tokens=4, extra_body={"no_such_field": 1})),
+    ]
+    for param, call in unhonoured:
+        e = expect_status(openai.BadRequestError, 400, call)
+        assert e.body.get("param") == param, (param, e.body)
+    e = expect_status(openai.BadRequestError, 400, lambda: c.completions.create(
+        model=model, prompt=PROMPT, max_tokens=2**63 - 1))
+    assert e.body.get("param") == "max_tokens", e.body
     expect_status(openai.BadRequestError, 400, lambda: c.completions.create(
         model=model, prompt=PROMPT, max_tokens="ten"))
     expect_status(openai.BadRequestError, 400, lambda: c.completions.create(
@@ -400,6 +430,10 @@ def check_auth_and_queue(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
         assert http(s2.base, "GET", "/health")[0] == 200
         good = s2.client(key)
         assert good.models.list().data[0].id == "demo"
+        # The scheme is case-insensitive, the key is not.
+        assert http(s2.base, "GET", "/v1/models", None, {"Authorization": f"bearer {key}"})[0] == 200
+        assert http(s2.base, "GET", "/v1/models", None,
+                    {"Authorization": f"Bearer {key.upper()}"})[0] == 401
         # One request may be in flight; a second while the first streams gets 429.
         stream = good.completions.create(model="demo", prompt=PROMPT, max_tokens=480,
                                          temperature=0, stream=True,
@@ -416,6 +450,16 @@ def check_auth_and_queue(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
     finally:
         code = s2.stop()
     assert code == 0, f"second server exited {code}"
+
+
+def check_exclusive_bind(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
+    # A second server on the port in use stops at once; the first keeps every connection.
+    second = subprocess.run([ctx["moeinfer"], "serve", "--port", str(s.port)],
+                            capture_output=True, text=True, timeout=120)
+    assert second.returncode != 0, "a second server bound the port in use"
+    assert "address in use" in second.stderr, second.stderr
+    for _ in range(8):
+        assert c.models.list().data[0].id == ctx["model"]
 
 
 def check_sigterm(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
@@ -444,7 +488,7 @@ def check_sigterm(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
 
 CHECKS = [check_models, check_completion, check_seed, check_streaming, check_chat, check_stop,
           check_logprobs, check_errors, check_disconnect, check_load, check_bench_commands,
-          check_preemption, check_auth_and_queue, check_sigterm]
+          check_preemption, check_auth_and_queue, check_exclusive_bind, check_sigterm]
 
 
 def main() -> int:
