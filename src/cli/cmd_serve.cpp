@@ -1,11 +1,13 @@
 // `moeinfer serve [--model DIR] [--host 127.0.0.1] [--port 8000] [--api-key KEY]
 // [--max-num-seqs N] [--max-queue N] [--kv-cache-mb M]`: the OpenAI-compatible HTTP server
 // (server/server.h). Loopback only unless --host says otherwise. SIGTERM or SIGINT: stop taking
-// requests, finish the ones in flight (abort them after --shutdown-grace seconds), exit 0.
+// requests, finish the ones in flight (abort them after --shutdown-grace seconds), exit 0; a
+// second signal exits at once (128 + the signal).
 #include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <thread>
 
@@ -78,13 +80,20 @@ void run_serve(ServeArgs args) {
   server.bind();
 
   std::atomic<bool> done{false};
+  // The first signal drains (requests in flight finish within --shutdown-grace); a second one
+  // exits at once, as an operator who presses Ctrl-C twice means.
   std::thread signal_thread([&] {
+    bool draining = false;
     while (!done) {
-      if (const int sig = g_signal.load(); sig != 0) {
-        std::fprintf(stderr, "moeinfer serve: %s, finishing requests in flight\n",
-                     sig == SIGTERM ? "SIGTERM" : "SIGINT");
+      if (const int sig = g_signal.exchange(0); sig != 0) {
+        const char* name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
+        if (draining) {
+          std::fprintf(stderr, "moeinfer serve: second %s, exiting now\n", name);
+          std::_Exit(128 + sig);
+        }
+        std::fprintf(stderr, "moeinfer serve: %s, finishing requests in flight\n", name);
+        draining = true;
         server.shutdown();
-        return;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }

@@ -171,6 +171,8 @@ const std::set<std::string, std::less<>> kCompletionFields = {"prompt", "echo", 
 const std::set<std::string, std::less<>> kChatFields = {"messages", "max_completion_tokens",
                                                         "top_logprobs"};
 const std::set<std::string, std::less<>> kMessageFields = {"role", "content"};
+const std::set<std::string, std::less<>> kPromptField = {"prompt"};
+const std::set<std::string, std::less<>> kChatMessageField = {"messages"};
 
 void refuse_unknown_fields(const json& object, const std::set<std::string, std::less<>>& a,
                            const std::set<std::string, std::less<>>& b, const std::string& where) {
@@ -193,7 +195,9 @@ json error_body(const std::string& message, const std::string& type, const std::
             {"code", code.empty() ? json(nullptr) : json(code)}}}};
 }
 
-ApiRequest parse_request(const std::string& text, Endpoint endpoint) {
+namespace {
+
+json parse_object(const std::string& text) {
   json body;
   try {
     body = json::parse(text);
@@ -201,14 +205,57 @@ ApiRequest parse_request(const std::string& text, Endpoint endpoint) {
     throw ApiError(400, std::string("the request body is not valid JSON: ") + e.what());
   }
   if (!body.is_object()) bad("", "the request body must be a JSON object");
+  return body;
+}
+
+std::string read_model(const json& body) {
+  const auto it = body.find("model");
+  if (it == body.end() || it->is_null()) return "";
+  if (!it->is_string()) bad("model", "'model' must be a string");
+  return it->get<std::string>();
+}
+
+}  // namespace
+
+TokenizeRequest parse_tokenize_request(const std::string& text) {
+  const json body = parse_object(text);
+  const bool chat = body.contains("messages");
+  refuse_unknown_fields(body, {"model", "add_special_tokens", "add_generation_prompt"},
+                        chat ? kChatMessageField : kPromptField, "");
+  TokenizeRequest t;
+  read_bool(body, "add_special_tokens", t.add_special_tokens);
+  read_bool(body, "add_generation_prompt", t.add_generation_prompt);
+  json inner = json::object();
+  for (const char* key : {"model", "prompt", "messages"}) {
+    if (body.contains(key)) inner[key] = body[key];
+  }
+  if (!chat && !inner.contains("prompt")) bad("prompt", "'prompt' or 'messages' is required");
+  t.request = parse_request(inner.dump(), chat ? Endpoint::kChat : Endpoint::kCompletions);
+  return t;
+}
+
+std::vector<int32_t> parse_detokenize_request(const std::string& text, std::string* model) {
+  const json body = parse_object(text);
+  refuse_unknown_fields(body, {"model", "tokens"}, {}, "");
+  *model = read_model(body);
+  const auto it = body.find("tokens");
+  if (it == body.end() || !it->is_array()) bad("tokens", "'tokens' must be an array of token ids");
+  std::vector<int32_t> ids;
+  for (const json& id : *it) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
+      bad("tokens", "'tokens' must be an array of token ids");
+    ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
+  }
+  return ids;
+}
+
+ApiRequest parse_request(const std::string& text, Endpoint endpoint) {
+  const json body = parse_object(text);
   refuse_unknown_fields(body, kCommonFields,
                         endpoint == Endpoint::kCompletions ? kCompletionFields : kChatFields, "");
   ApiRequest r;
   r.endpoint = endpoint;
-  if (const auto it = body.find("model"); it != body.end() && !it->is_null()) {
-    if (!it->is_string()) bad("model", "'model' must be a string");
-    r.model = it->get<std::string>();
-  }
+  r.model = read_model(body);
   read_bool(body, "stream", r.stream);
   if (const auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
     if (!it->is_object()) bad("stream_options", "'stream_options' must be an object");

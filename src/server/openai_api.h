@@ -52,6 +52,19 @@ struct ApiRequest {
 // Throws ApiError (400, naming the parameter) for wrong types and values out of range.
 ApiRequest parse_request(const std::string& body, Endpoint endpoint);
 
+// vLLM's POST /tokenize: {"prompt": text, "add_special_tokens": true} or {"messages": [...],
+// "add_generation_prompt": true}; the request comes back as the completions or chat
+// ApiRequest whose prompt would be tokenized so.
+struct TokenizeRequest {
+  ApiRequest request;
+  bool add_special_tokens = true;  // prompt: the tokenizer's BOS/EOS template
+  bool add_generation_prompt = true;  // messages
+};
+TokenizeRequest parse_tokenize_request(const std::string& body);
+// vLLM's POST /detokenize: {"tokens": [ids]}; returns the ids (range against the vocabulary is
+// the caller's).
+std::vector<int32_t> parse_detokenize_request(const std::string& body, std::string* model);
+
 // Per-response identity shared by every chunk of one response.
 struct ResponseInfo {
   Endpoint endpoint = Endpoint::kCompletions;

@@ -223,7 +223,7 @@ void Server::install_routes() {
                 {"object", "model"},
                 {"created", created_},
                 {"owned_by", "moeinfer"},
-                {"root", engine_->model_dir().string()},
+                {"root", config_.model_name},  // not the checkpoint's path on this host
                 {"max_model_len", engine_->max_model_len()}};
   };
   http_->Get("/v1/models", [model_card](const httplib::Request&, httplib::Response& res) {
@@ -239,6 +239,39 @@ void Server::install_routes() {
         }
         send_json(res, 200, model_card());
       });
+  // vLLM's tokenizer endpoints.
+  http_->Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    answer(res, [&] {
+      TokenizeRequest t = parse_tokenize_request(req.body);
+      check_model(t.request.model);
+      const std::vector<int32_t> ids =
+          prompt_ids(t.request, t.request.params,
+                     {.add_special_tokens = t.add_special_tokens,
+                      .add_generation_prompt = t.add_generation_prompt});
+      send_json(res, 200,
+                {{"count", ids.size()},
+                 {"max_model_len", engine_->max_model_len()},
+                 {"tokens", ids},
+                 {"token_strs", nullptr}});
+    });
+  });
+  http_->Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    answer(res, [&] {
+      std::string model;
+      const std::vector<int32_t> ids = parse_detokenize_request(req.body, &model);
+      check_model(model);
+      const int64_t vocab = engine_->model_config().vocab_size;
+      for (int32_t id : ids) {
+        if (id >= vocab) {
+          throw ApiError(400,
+                         "token id " + std::to_string(id) + " is outside the vocabulary of " +
+                             std::to_string(vocab),
+                         "invalid_request_error", "tokens");
+        }
+      }
+      send_json(res, 200, {{"prompt", engine_->tokenizer().decode(ids)}});
+    });
+  });
   http_->Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     handle_completion(req.body, Endpoint::kCompletions, res);
   });
@@ -247,7 +280,26 @@ void Server::install_routes() {
   });
 }
 
-std::vector<int32_t> Server::prompt_ids(const ApiRequest& request, GenerationParams& params) {
+void Server::check_model(const std::string& model) const {
+  if (!model.empty() && model != config_.model_name) {
+    throw ApiError(404,
+                   "the model '" + model + "' does not exist (this server has '" +
+                       config_.model_name + "')",
+                   "invalid_request_error", "model", "model_not_found");
+  }
+}
+
+void Server::answer(httplib::Response& res, const std::function<void()>& handler) {
+  try {
+    handler();
+  } catch (const ApiError& e) {
+    metrics_.count_rejected(e.status);
+    send_error(res, e);
+  }
+}
+
+std::vector<int32_t> Server::prompt_ids(const ApiRequest& request, GenerationParams& params,
+                                        const PromptOptions& options) {
   const Tokenizer& tokenizer = engine_->tokenizer();
   std::vector<int32_t> ids;
   if (request.endpoint == Endpoint::kChat) {
@@ -255,8 +307,8 @@ std::vector<int32_t> Server::prompt_ids(const ApiRequest& request, GenerationPar
     std::string text;
     try {
       std::lock_guard lock(template_mutex_);
-      text =
-          apply_chat_template(*template_, request.messages, /*add_generation_prompt=*/true, chat_);
+      text = apply_chat_template(*template_, request.messages, options.add_generation_prompt,
+                                 chat_);
     } catch (const Error& e) {
       throw ApiError(400, std::string("the chat template failed: ") + e.what(),
                      "invalid_request_error", "messages");
@@ -270,7 +322,7 @@ std::vector<int32_t> Server::prompt_ids(const ApiRequest& request, GenerationPar
     ids = request.prompt_ids;
   } else {
     try {
-      ids = tokenizer.encode(request.prompt_text, /*add_special_tokens=*/true);
+      ids = tokenizer.encode(request.prompt_text, options.add_special_tokens);
     } catch (const Error& e) {
       throw ApiError(400, std::string("the prompt cannot be tokenized: ") + e.what(),
                      "invalid_request_error", "prompt");
@@ -317,14 +369,9 @@ void Server::handle_completion(const std::string& body, Endpoint endpoint, httpl
   std::shared_ptr<Channel> channel;
   try {
     request = parse_request(body, endpoint);
-    if (!request.model.empty() && request.model != config_.model_name) {
-      throw ApiError(404,
-                     "the model '" + request.model + "' does not exist (this server has '" +
-                         config_.model_name + "')",
-                     "invalid_request_error", "model", "model_not_found");
-    }
+    check_model(request.model);
     GenerationParams& params = request.params;
-    prompt = prompt_ids(request, params);
+    prompt = prompt_ids(request, params, {});
     const int64_t n = static_cast<int64_t>(prompt.size());
     const int64_t context = engine_->max_model_len();
     if (n >= context) {
@@ -620,6 +667,14 @@ void Server::run() {
       static_cast<long long>(engine_->max_model_len()),
       static_cast<long long>(engine_->num_kv_blocks()),
       static_cast<long long>(engine_->config().block_size));
+  const bool loopback = config_.host == "localhost" || config_.host == "::1" ||
+                        config_.host.rfind("127.", 0) == 0;
+  if (!loopback && config_.api_key.empty()) {
+    std::fprintf(stderr,
+                 "moeinfer serve: warning: listening on %s beyond loopback without --api-key: "
+                 "anyone who reaches this host can use the model\n",
+                 config_.host.c_str());
+  }
   const bool ok = http_->listen_after_bind();
   shutdown();  // when listen ended on its own, let the shutdown thread finish too
   if (shutdown_thread_.joinable()) shutdown_thread_.join();

@@ -15,6 +15,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -63,7 +64,19 @@ class Server {
   void install_routes();
   void handle_completion(const std::string& body, Endpoint endpoint, httplib::Response& res);
   // The prompt's token ids, with the chat template applied for chat; throws ApiError.
-  std::vector<int32_t> prompt_ids(const ApiRequest& request, GenerationParams& params);
+  // How a request's prompt becomes token ids: completions prompts get the tokenizer's special
+  // tokens, chat messages the template's generation prompt (vLLM's /tokenize can turn either
+  // off).
+  struct PromptOptions {
+    bool add_special_tokens = true;
+    bool add_generation_prompt = true;
+  };
+  std::vector<int32_t> prompt_ids(const ApiRequest& request, GenerationParams& params,
+                                  const PromptOptions& options);
+  // 404 unless `model` is empty or the served model's name.
+  void check_model(const std::string& model) const;
+  // Runs `handler`, answering an ApiError it throws as an OpenAI error object (and counting it).
+  void answer(httplib::Response& res, const std::function<void()>& handler);
   std::shared_ptr<Channel> submit(std::vector<int32_t> prompt, const GenerationParams& params);
   void engine_loop();
   void shutdown_loop();

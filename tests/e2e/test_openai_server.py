@@ -35,7 +35,11 @@ the bound port read from its log) and checks, one line per check:
   auth_and_queue       a second server with --api-key and a one-request queue: 401 without or
                        with a wrong key, "bearer" in any case, /health open, 429 when the queue
                        is full
+  tokenize             POST /tokenize (prompt or messages) gives the prompt tokens a completion
+                       counts, /detokenize gives the text back; unknown fields 400, other
+                       models 404; the model card's root is its name, not a path
   exclusive_bind       a server started on the port in use stops with "address in use"
+  second_sigterm       a second SIGTERM while draining exits at once (128 + SIGTERM)
   sigterm              SIGTERM while a stream is in flight: the stream finishes, new requests
                        are refused, exit code 0
 
@@ -452,6 +456,35 @@ def check_auth_and_queue(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
     assert code == 0, f"second server exited {code}"
 
 
+def check_tokenize(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
+    def post(path: str, body: dict) -> tuple[int, dict]:
+        status, text = http(s.base, "POST", path, json.dumps(body).encode(),
+                            {"Content-Type": "application/json"})
+        return status, json.loads(text)
+    status, t = post("/tokenize", {"model": ctx["model"], "prompt": PROMPT,
+                                   "add_special_tokens": False})
+    assert status == 200 and t["count"] == len(t["tokens"]) > 0, t
+    assert t["max_model_len"] == c.models.list().data[0].model_extra["max_model_len"], t
+    status, d = post("/detokenize", {"model": ctx["model"], "tokens": t["tokens"]})
+    assert status == 200 and d["prompt"] == PROMPT, d
+    # The completion's prompt is the tokenized prompt.
+    r = c.completions.create(model=ctx["model"], prompt=PROMPT, max_tokens=1, temperature=0)
+    status, with_special = post("/tokenize", {"prompt": PROMPT})
+    assert r.usage.prompt_tokens == with_special["count"], (r.usage, with_special)
+    messages = [{"role": "user", "content": "Tell me a fortune."}]
+    status, t = post("/tokenize", {"messages": messages})
+    r = c.chat.completions.create(model=ctx["model"], messages=messages, max_tokens=1)
+    assert status == 200 and t["count"] == r.usage.prompt_tokens, (t, r.usage)
+    status, e = post("/tokenize", {"prompt": PROMPT, "no_such_field": 1})
+    assert status == 400 and e["error"]["param"] == "no_such_field", e
+    status, e = post("/detokenize", {"tokens": [10**9]})
+    assert status == 400 and e["error"]["param"] == "tokens", e
+    status, e = post("/tokenize", {"model": "other", "prompt": PROMPT})
+    assert status == 404, e
+    # The model card names the model, not where its files are.
+    assert c.models.list().data[0].model_extra["root"] == ctx["model"]
+
+
 def check_exclusive_bind(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
     # A second server on the port in use stops at once; the first keeps every connection.
     second = subprocess.run([ctx["moeinfer"], "serve", "--port", str(s.port)],
@@ -460,6 +493,23 @@ def check_exclusive_bind(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
     assert "address in use" in second.stderr, second.stderr
     for _ in range(8):
         assert c.models.list().data[0].id == ctx["model"]
+
+
+def check_second_sigterm(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
+    s5 = ServerProcess(ctx["moeinfer"], ["--shutdown-grace", "600"])
+    try:
+        stream = s5.client().completions.create(
+            model=ctx["model"], prompt=PROMPT, max_tokens=480, temperature=0, stream=True,
+            extra_body={"ignore_eos": True})
+        next(iter(stream))
+        s5.proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: any("SIGTERM" in line for line in s5.log), "the server to see SIGTERM")
+        s5.proc.send_signal(signal.SIGTERM)
+        code = s5.proc.wait(timeout=60)  # a bound, not a timing check: the drain would take 600 s
+        assert code == 128 + signal.SIGTERM, code
+        wait_for(lambda: any("exiting now" in line for line in s5.log), "the exit line")
+    finally:
+        s5.stop()
 
 
 def check_sigterm(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
@@ -488,7 +538,8 @@ def check_sigterm(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
 
 CHECKS = [check_models, check_completion, check_seed, check_streaming, check_chat, check_stop,
           check_logprobs, check_errors, check_disconnect, check_load, check_bench_commands,
-          check_preemption, check_auth_and_queue, check_exclusive_bind, check_sigterm]
+          check_preemption, check_auth_and_queue, check_tokenize, check_exclusive_bind,
+          check_second_sigterm, check_sigterm]
 
 
 def main() -> int:
