@@ -313,8 +313,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--layers", args->layers, "synthetic:NAME: keep only the first N layers");
   cmd->add_option("--routing-skew", args->routing_skew,
                   "synthetic:NAME: zipf:A makes each router prefer experts by a Zipf law");
-  cmd->add_flag("--no-cuda-graphs", args->no_cuda_graphs,
-                "cuda: launch every decode step's kernels instead of replaying graphs");
+  cmd->add_flag("--no-cuda-graphs,--enforce-eager", args->no_cuda_graphs,
+                "cuda: launch every decode step's kernels instead of replaying graphs (vLLM's "
+                "--enforce-eager)");
   cmd->callback([args] { run_bench(*args); });
 }
 

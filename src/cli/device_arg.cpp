@@ -10,8 +10,9 @@ void add_device_options(CLI::App* cmd, DeviceArgs* args) {
   cmd->add_option("--device", args->device, "Where the model runs: cpu or cuda")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
-  cmd->add_option("--gpu-memory-fraction", args->gpu_memory_fraction,
-                  "cuda: share of the GPU's memory for weights, workspace and KV cache")
+  cmd->add_option("--gpu-memory-fraction,--gpu-memory-utilization", args->gpu_memory_fraction,
+                  "cuda: share of the GPU's memory for weights, workspace and KV cache (vLLM's "
+                  "--gpu-memory-utilization)")
       ->check(CLI::Range(0.01, 1.0))
       ->capture_default_str();
 }

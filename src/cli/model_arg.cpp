@@ -18,7 +18,8 @@ std::filesystem::path executable_dir() {
 }  // namespace
 
 void add_model_option(CLI::App* cmd, std::string* model) {
-  cmd->add_option("--model", *model,
+  // Also positional, as `vllm serve MODEL` takes it.
+  cmd->add_option("model,--model", *model,
                   "Checkpoint folder (config.json, *.safetensors, tokenizer.json); default: the "
                   "built-in model, or $MOEINFER_MODEL");
 }

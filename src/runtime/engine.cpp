@@ -18,7 +18,11 @@ double seconds_since(Clock::time_point start) {
 
 int64_t context_limit(const ModelConfig& model, const EngineConfig& config) {
   const int64_t native = model.max_position_embeddings > 0 ? model.max_position_embeddings : 4096;
-  return config.max_model_len > 0 ? std::min(config.max_model_len, native) : native;
+  // Longer than the model was trained for is refused, not clamped: a user who asks for it
+  // should learn that they do not get it.
+  MOE_CHECK(config.max_model_len <= native, "--max-model-len ", config.max_model_len,
+            " exceeds the model's context of ", native, " (max_position_embeddings)");
+  return config.max_model_len > 0 ? config.max_model_len : native;
 }
 
 size_t bytes_per_token(const ModelConfig& model) {
@@ -94,11 +98,11 @@ void EngineConfig::validate() const {
 
 namespace {
 
-GpuOptions gpu_options(const EngineConfig& config) {
+GpuOptions gpu_options(const ModelConfig& model, const EngineConfig& config) {
   return GpuOptions{.gpu_memory_fraction = config.gpu_memory_fraction,
                     .max_batch_tokens = config.max_num_batched_tokens,
                     .max_num_seqs = config.max_num_seqs,
-                    .max_model_len = config.max_model_len,
+                    .max_model_len = context_limit(model, config),
                     .block_size = config.block_size,
                     .num_kv_blocks = config.num_kv_blocks,
                     .cuda_graphs = config.cuda_graphs};
@@ -113,7 +117,8 @@ std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const Eng
     // The GPU reads the map once while uploading; prefaulting it first would read it twice.
     auto model = Model::load(dir, LoadOptions{.prefault = false});
     Tokenizer tokenizer = Tokenizer::from_file(dir / "tokenizer.json");
-    auto gpu = GpuDecoder::create(model->config(), model->decoder().weights(), gpu_options(config));
+    auto gpu = GpuDecoder::create(model->config(), model->decoder().weights(),
+                                  gpu_options(model->config(), config));
     return std::make_unique<Engine>(std::move(model), std::move(gpu), std::move(tokenizer),
                                     config);
   }
@@ -130,7 +135,8 @@ std::unique_ptr<Engine> Engine::load_synthetic(const std::string& name, int64_t 
   const ModelConfig model_config = synthetic_model_config(name, num_layers);
   Tokenizer tokenizer = Tokenizer::from_json(synthetic_tokenizer_json(model_config.vocab_size),
                                              "synthetic:" + name);
-  auto gpu = GpuDecoder::create_synthetic(model_config, gpu_options(config), synthetic);
+  auto gpu = GpuDecoder::create_synthetic(model_config, gpu_options(model_config, config),
+                                          synthetic);
   return std::make_unique<Engine>(nullptr, std::move(gpu), std::move(tokenizer), config);
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "io/model_config.h"
 
 namespace moeinfer {
 namespace {
@@ -229,6 +230,22 @@ TEST_F(EngineTest, RejectsRequestsThatCannotRun) {
   bad.sampling.top_p = 0.0f;
   EXPECT_THROW(engine->add_request({1, 2}, bad), Error);
   EXPECT_FALSE(engine->has_unfinished());
+}
+
+TEST_F(EngineTest, AContextLongerThanTheModelsIsRefusedNotClamped) {
+  const int64_t native = load_model_config(kDemo).max_position_embeddings;
+  EXPECT_EQ(make({.max_model_len = native})->max_model_len(), native);
+  EXPECT_EQ(make({.max_model_len = native / 2})->max_model_len(), native / 2);
+  try {
+    make({.max_model_len = native + 1});
+    ADD_FAILURE() << "a context of " << native + 1 << " was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--max-model-len " + std::to_string(native + 1) +
+                                         " exceeds the model's context of " +
+                                         std::to_string(native)),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST_F(EngineTest, StageProfileCountsEveryExpertRow) {
