@@ -1,9 +1,72 @@
 // `moeinfer`: the command a user types. Each subcommand lives in its own cmd_*.cpp.
+#include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "cli/commands.h"
 #include "core/error.h"
+
+namespace {
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+// The closest of `names` to `word`, if it is close enough to be a slip of the keyboard.
+std::string closest(std::string_view word, const std::vector<std::string>& names) {
+  std::string best;
+  size_t best_distance = std::max<size_t>(2, word.size() / 3) + 1;
+  for (const std::string& name : names) {
+    const size_t d = edit_distance(word, name);
+    if (d < best_distance) {
+      best = name;
+      best_distance = d;
+    }
+  }
+  return best;
+}
+
+// After a parse error: "did you mean" for a misspelt subcommand or --flag of the command line.
+void suggest(const CLI::App& app, int argc, char** argv) {
+  if (argc < 2 || argv[1][0] == '-') return;
+  std::vector<std::string> commands;
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; }))
+    commands.push_back(sub->get_name());
+  const std::string command = argv[1];
+  if (std::find(commands.begin(), commands.end(), command) == commands.end()) {
+    if (const std::string near = closest(command, commands); !near.empty())
+      std::fprintf(stderr, "moeinfer: did you mean '%s'?\n", near.c_str());
+    return;
+  }
+  const CLI::App* sub = app.get_subcommand(command);
+  std::vector<std::string> flags;
+  for (const CLI::Option* option : sub->get_options())
+    for (const std::string& name : option->get_lnames()) flags.push_back("--" + name);
+  for (int i = 2; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (!arg.starts_with("--")) continue;
+    const std::string flag(arg.substr(0, arg.find('=')));
+    if (std::find(flags.begin(), flags.end(), flag) != flags.end()) continue;
+    if (const std::string near = closest(flag, flags); !near.empty())
+      std::fprintf(stderr, "moeinfer: %s: did you mean %s?\n", flag.c_str(), near.c_str());
+  }
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"moeinfer: Mixture-of-Experts inference engine"};
@@ -23,7 +86,9 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    const int status = app.exit(e);
+    if (status != 0) suggest(app, argc, argv);
+    return status;
   } catch (const moeinfer::Error& e) {
     std::fprintf(stderr, "moeinfer: error: %s\n", e.what());
     return 1;

@@ -25,7 +25,9 @@ How it works:
      entry that no longer matches anything fails too, so the lists cannot go stale.
 
 Any other flag fails the test with `FILE:LINE: --flag ...` for each, naming the subcommand(s)
-it was checked against. Prints one line per check and a last line "N passed, M failed".
+it was checked against. Beside it, did_you_mean checks that a misspelt subcommand or flag fails
+with the name it was probably meant to be. Prints one line per check and a last line
+"N passed, M failed".
 """
 
 from __future__ import annotations
@@ -267,6 +269,16 @@ def main() -> int:
             failed += 1
             return None
 
+    def check_did_you_mean() -> None:
+        # A misspelt subcommand or flag fails with the name it was probably meant to be.
+        for argv, hint in ((["genrate", "--prompt", "x"], "did you mean 'generate'?"),
+                           (["generate", "--prmpt", "x"], "--prmpt: did you mean --prompt?"),
+                           (["bench", "--batchh", "2"], "--batchh: did you mean --batch?")):
+            run = subprocess.run([args.moeinfer, *argv], capture_output=True, text=True,
+                                 timeout=60)
+            assert run.returncode != 0 and hint in run.stderr, (argv, run.returncode, run.stderr)
+
+    report("did_you_mean", check_did_you_mean)
     report("lexer_self_check", check_lexer)
     subcommands = report("cli_flags_from_help", lambda: cli_flags(args.moeinfer))
     named = report("string_literals_scanned", lambda: named_flags(src))
