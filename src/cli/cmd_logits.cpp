@@ -6,6 +6,7 @@
 
 #include "cli/commands.h"
 #include "cli/device_arg.h"
+#include "cli/model_arg.h"
 #include "core/error.h"
 #include "io/npy.h"
 #include "model/model.h"
@@ -41,13 +42,13 @@ void add_logits_command(CLI::App& app) {
   auto ids_text = std::make_shared<std::string>();
   auto out_path = std::make_shared<std::string>();
   auto device = std::make_shared<DeviceArgs>();
-  cmd->add_option("--model", *model_dir, "Checkpoint folder")->required();
+  add_model_option(cmd, model_dir.get());
   cmd->add_option("--ids", *ids_text, "Comma-separated token ids")->required();
   cmd->add_option("--out", *out_path, "Output .npy file")->required();
   add_device_options(cmd, device.get());
   cmd->callback([=] {
     const std::vector<int32_t> ids = parse_ids(*ids_text);
-    auto model = load_model_for(*model_dir, *device);
+    auto model = load_model_for(resolve_model_dir(*model_dir), *device);
     const int64_t n = static_cast<int64_t>(ids.size());
     SequenceRunner runner(*model, *device, n, n);
     const int64_t vocab = runner.config().vocab_size;

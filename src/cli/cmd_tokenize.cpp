@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/model_arg.h"
 #include "core/error.h"
 #include "io/tokenizer.h"
 
@@ -64,7 +65,8 @@ std::vector<int32_t> parse_ids(const std::string& list) {
 }
 
 void run_tokenize(const TokenizeOptions& opts) {
-  const Tokenizer tokenizer = Tokenizer::from_file(tokenizer_path(opts.model));
+  const Tokenizer tokenizer =
+      Tokenizer::from_file(tokenizer_path(resolve_model_dir(opts.model).string()));
   const bool add_special = !opts.no_special;
   std::string out;
   if (!opts.decode_ids.empty()) {
@@ -99,8 +101,9 @@ void run_tokenize(const TokenizeOptions& opts) {
 void add_tokenize_command(CLI::App& app) {
   auto opts = std::make_shared<TokenizeOptions>();
   CLI::App* cmd = app.add_subcommand("tokenize", "Print the token ids of a text");
-  cmd->add_option("--model", opts->model, "Model directory holding tokenizer.json, or the file")
-      ->required();
+  cmd->add_option("model,--model", opts->model,
+                  "Model directory holding tokenizer.json, or the file; default: the built-in "
+                  "model, or $MOEINFER_MODEL");
   auto* text = cmd->add_option("--text", opts->text, "Text to encode");
   auto* jsonl = cmd->add_option("--input-jsonl", opts->input_jsonl,
                                 "File with one JSON string per line; prints one line per input");
