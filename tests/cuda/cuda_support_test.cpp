@@ -76,26 +76,26 @@ TEST(CudaSupport, OddHiddenSizesHeadDimsAndWidthsArePadded) {
 }
 
 TEST(CudaSupport, ShapesTheKernelsCannotTakeAreRefusedByName) {
-  nlohmann::json c = deepseek_v3();
-  c["kv_lora_rank"] = 20;
-  expect_refusal(c, "kv_lora_rank 20");
-  c = deepseek_v3();
-  c["kv_lora_rank"] = 520;
-  expect_refusal(c, "kv_lora_rank 520");
-  c = deepseek_v3();
-  c["qk_rope_head_dim"] = 6;
-  expect_refusal(c, "qk_rope_head_dim 6");
-  c = qwen3(64);
-  c["num_attention_heads"] = 34;
-  c["num_key_value_heads"] = 1;
-  expect_refusal(c, "num_attention_heads / num_key_value_heads = 34");
-  c = qwen3(64);
-  c["num_experts"] = 300;
-  expect_refusal(c, "num_experts 300");
-  c = qwen3(64);
-  c["num_experts"] = 40;
-  c["num_experts_per_tok"] = 17;
-  expect_refusal(c, "num_experts_per_tok 17");
+  struct Case {
+    nlohmann::json config;
+    nlohmann::json changes;
+    const char* message;
+  };
+  const Case cases[] = {
+      {deepseek_v3(), {{"kv_lora_rank", 20}}, "kv_lora_rank 20"},
+      {deepseek_v3(), {{"kv_lora_rank", 520}}, "kv_lora_rank 520"},
+      {deepseek_v3(), {{"qk_rope_head_dim", 6}}, "qk_rope_head_dim 6"},
+      {qwen3(64),
+       {{"num_attention_heads", 34}, {"num_key_value_heads", 1}},
+       "num_attention_heads / num_key_value_heads = 34"},
+      {qwen3(64), {{"num_experts", 300}}, "num_experts 300"},
+      {qwen3(64), {{"num_experts", 40}, {"num_experts_per_tok", 17}}, "num_experts_per_tok 17"},
+  };
+  for (const Case& c : cases) {
+    nlohmann::json config = c.config;
+    config.update(c.changes);
+    expect_refusal(config, c.message);
+  }
 }
 
 }  // namespace
