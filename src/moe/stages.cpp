@@ -69,10 +69,6 @@ void mask_groups(const RouterOptions& o, float* choice, std::vector<float>& grou
   }
 }
 
-}  // namespace
-
-namespace {
-
 // scores[E] of one token's logits: softmax or sigmoid.
 void expert_scores(const float* row, int64_t E, ScoreFunction score, float* scores) {
   if (score == ScoreFunction::kSoftmax) {
