@@ -161,23 +161,25 @@ void parse_sampling(const json& body, ApiRequest& r) {
 
 // The request fields this server honours, per endpoint; anything else a client sends is refused
 // with a 400 naming it rather than ignored. `user` (an end-user id for the caller's own abuse
-// monitoring) is accepted and has no effect here, as with OpenAI's own servers.
-const std::set<std::string, std::less<>> kCommonFields = {
+// monitoring) is accepted and has no effect here.
+using FieldSet = std::set<std::string, std::less<>>;
+
+const FieldSet kCommonFields = {
     "model", "stream", "stream_options", "temperature", "top_p", "top_k", "min_p",
     "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "n", "best_of",
     "max_tokens", "stop", "stop_token_ids", "ignore_eos", "include_stop_str_in_output",
     "skip_special_tokens", "logprobs", "user"};
-const std::set<std::string, std::less<>> kCompletionFields = {"prompt", "echo", "suffix"};
-const std::set<std::string, std::less<>> kChatFields = {"messages", "max_completion_tokens",
-                                                        "top_logprobs"};
-const std::set<std::string, std::less<>> kMessageFields = {"role", "content"};
-const std::set<std::string, std::less<>> kPromptField = {"prompt"};
-const std::set<std::string, std::less<>> kChatMessageField = {"messages"};
+const FieldSet kCompletionFields = {"prompt", "echo", "suffix"};
+const FieldSet kChatFields = {"messages", "max_completion_tokens", "top_logprobs"};
+const FieldSet kMessageFields = {"role", "content"};
+const FieldSet kPromptField = {"prompt"};
+const FieldSet kChatMessageField = {"messages"};
 
-void refuse_unknown_fields(const json& object, const std::set<std::string, std::less<>>& a,
-                           const std::set<std::string, std::less<>>& b, const std::string& where) {
+// A 400 for the first key of `object` in neither set; `where` prefixes the param it names.
+void refuse_unknown_fields(const json& object, const FieldSet& fields, const FieldSet& more_fields,
+                           const std::string& where) {
   for (const auto& [key, value] : object.items()) {
-    if (a.count(key) || b.count(key)) continue;
+    if (fields.count(key) || more_fields.count(key)) continue;
     const std::string param = where.empty() ? key : where + "." + key;
     bad(param, "'" + param + "' is not supported by this server (the fields it honours are " +
                    "listed in docs/serving.md)");
