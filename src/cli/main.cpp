@@ -8,6 +8,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/version.h"
 
 namespace {
 
@@ -70,6 +71,7 @@ void suggest(const CLI::App& app, int argc, char** argv) {
 
 int main(int argc, char** argv) {
   CLI::App app{"moeinfer: Mixture-of-Experts inference engine"};
+  app.set_version_flag("--version", std::string("moeinfer ") + moeinfer::kVersion);
   app.require_subcommand(1);
   moeinfer::cli::add_tokenize_command(app);
   moeinfer::cli::add_logits_command(app);

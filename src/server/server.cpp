@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "core/version.h"
 #include "server/dashboard.h"
 
 namespace moeinfer::server {
@@ -239,6 +240,9 @@ void Server::install_routes() {
         }
         send_json(res, 200, model_card());
       });
+  http_->Get("/version", [](const httplib::Request&, httplib::Response& res) {
+    send_json(res, 200, {{"version", kVersion}});
+  });
   // vLLM's tokenizer endpoints.
   http_->Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
     answer(res, [&] {

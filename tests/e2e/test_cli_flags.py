@@ -196,13 +196,22 @@ def help_sections(moeinfer: str, path: list[str]) -> dict[str, list[str]]:
     return sections
 
 
+def option_flags(sections: dict[str, list[str]]) -> set[str]:
+    """The --flags of an "Options:" section: `-h,--help`, `--port`, `--no-prefix-caching{false}`."""
+    return {m.group(0) for entry in sections.get("Options", []) for name in entry.split(",")
+            if (m := re.match(r"--[A-Za-z0-9][A-Za-z0-9_-]*", name))}
+
+
+def root_flags(moeinfer: str) -> set[str]:
+    """The flags of `moeinfer` itself (--help, --version)."""
+    return option_flags(help_sections(moeinfer, []))
+
+
 def cli_flags(moeinfer: str) -> dict[str, set[str]]:
     """Each top-level subcommand's flags, its nested subcommands' included, from --help."""
     def collect(path: list[str]) -> set[str]:
         sections = help_sections(moeinfer, path)
-        # An entry's first word: `-h,--help`, `--port`, `--no-prefix-caching{false}`.
-        flags = {m.group(0) for entry in sections.get("Options", []) for name in entry.split(",")
-                 if (m := re.match(r"--[A-Za-z0-9][A-Za-z0-9_-]*", name))}
+        flags = option_flags(sections)
         for sub in sections.get("Subcommands", []):
             flags |= collect([*path, sub])
         return flags
@@ -285,7 +294,8 @@ def main() -> int:
     if subcommands is None or named is None:
         print(f"{passed} passed, {failed + 1} failed")
         return 1
-    every_flag = set().union(*subcommands.values())
+    # A message outside cmd_*.cpp may name the command's own flags too (main.cpp: --version).
+    every_flag = set().union(root_flags(args.moeinfer), *subcommands.values())
     print(f"  {len(subcommands)} subcommands, {len(every_flag)} distinct flags; "
           f"{len(named)} flags named in string literals of src/")
 

@@ -37,7 +37,8 @@ the bound port read from its log) and checks, one line per check:
                        is full
   tokenize             POST /tokenize (prompt or messages) gives the prompt tokens a completion
                        counts, /detokenize gives the text back; unknown fields 400, other
-                       models 404; the model card's root is its name, not a path
+                       models 404; GET /version is `moeinfer --version`'s; the model card's
+                       root is its name, not a path
   exclusive_bind       a server started on the port in use stops with "address in use"
   second_sigterm       a second SIGTERM while draining exits at once (128 + SIGTERM)
   sigterm              SIGTERM while a stream is in flight: the stream finishes, new requests
@@ -481,6 +482,11 @@ def check_tokenize(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
     assert status == 400 and e["error"]["param"] == "tokens", e
     status, e = post("/tokenize", {"model": "other", "prompt": PROMPT})
     assert status == 404, e
+    # /version is the command's own.
+    status, text = http(s.base, "GET", "/version")
+    version = subprocess.run([ctx["moeinfer"], "--version"], capture_output=True, text=True,
+                             timeout=60).stdout.split()[-1]
+    assert status == 200 and json.loads(text)["version"] == version, (text, version)
     # The model card names the model, not where its files are.
     assert c.models.list().data[0].model_extra["root"] == ctx["model"]
 
