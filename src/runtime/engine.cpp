@@ -94,6 +94,8 @@ void EngineConfig::validate() const {
             "gpu_memory_fraction must be in (0, 1], got ", gpu_memory_fraction);
   MOE_CHECK(profile_time_every >= 0, "profile_time_every must be >= 0, got ",
             profile_time_every);
+  MOE_CHECK(!generation_config.empty(),
+            "generation_config must be auto, vllm or a folder holding generation_config.json");
 }
 
 namespace {
@@ -163,6 +165,14 @@ Engine::Engine(std::unique_ptr<Model> model, std::unique_ptr<GpuDecoder> gpu, To
                  blocks_),
       seed_source_(std::random_device{}()) {
   MOE_CHECK(model_ || gpu_, "an engine needs a model");
+  if (config.generation_config == "auto") {
+    generation_defaults_ = GenerationDefaults::load(model_dir());
+  } else if (config.generation_config != "vllm") {
+    const std::filesystem::path dir = config.generation_config;
+    MOE_CHECK(std::filesystem::exists(dir / "generation_config.json"), "--generation-config ",
+              dir.string(), ": no generation_config.json there (auto, vllm or a folder)");
+    generation_defaults_ = GenerationDefaults::load(dir);
+  }
   for (int64_t id : model_config_.eos_token_ids) eos_ids_.insert(static_cast<int32_t>(id));
   if (config.profile_stages) {
     const ModelConfig& m = model_config_;
@@ -191,37 +201,63 @@ RequestId Engine::add_request(std::vector<int32_t> prompt, const GenerationParam
   for (int32_t id : prompt) {
     MOE_CHECK(id >= 0 && id < V, "token id ", id, " outside the vocabulary of ", V);
   }
-  MOE_CHECK(params.max_tokens >= 1, "max_tokens must be >= 1, got ", params.max_tokens);
+  MOE_CHECK(params.max_tokens >= 0, "max_tokens must be >= 0, got ", params.max_tokens);
   MOE_CHECK(params.logprobs <= 20, "logprobs must be <= 20, got ", params.logprobs);
+  MOE_CHECK(params.prompt_logprobs <= 20, "prompt_logprobs must be <= 20, got ",
+            params.prompt_logprobs);
+  MOE_CHECK(params.num_sequences >= 1 && params.num_sequences <= kMaxSequencesPerRequest,
+            "a request takes 1 to ", kMaxSequencesPerRequest, " sequences, got ",
+            params.num_sequences);
   for (const std::string& s : params.stop) MOE_CHECK(!s.empty(), "stop strings must not be empty");
   Sampler::validate(params.sampling);
+  for (const auto& [token, bias] : params.sampling.logit_bias) {
+    MOE_CHECK(token < V, "logit_bias token id ", token, " outside the vocabulary of ", V);
+  }
   const int64_t longest = std::min(n + params.max_tokens, max_model_len_);
   MOE_CHECK(blocks_.blocks_for(longest) <= blocks_.num_blocks(), "a request of ", longest,
             " tokens needs ", blocks_.blocks_for(longest), " KV blocks but the pool has ",
             blocks_.num_blocks());
 
-  auto r = std::make_unique<Request>();
-  r->id = next_id_++;
-  r->arrival = next_arrival_++;
-  r->params = params;
-  if (!params.has_seed) r->params.sampling.seed = seed_source_();
-  r->tokens = std::move(prompt);
-  r->num_prompt_tokens = n;
-  r->sampler = std::make_unique<Sampler>(r->params.sampling);
-  r->detokenizer = std::make_unique<StreamDecoder>(tokenizer_, params.skip_special_tokens);
-  scheduler_.add(r.get());
+  const RequestId group = next_id_;
+  Group& g = groups_[group];
+  for (int64_t i = 0; i < params.num_sequences; ++i) {
+    auto r = std::make_unique<Request>();
+    r->id = next_id_++;
+    r->group = group;
+    r->index = i;
+    r->arrival = next_arrival_++;
+    r->params = params;
+    r->params.sampling.seed =
+        params.has_seed ? params.sampling.seed + static_cast<uint64_t>(i) : seed_source_();
+    // Only the first sequence scores the prompt; the others reuse its KV blocks.
+    if (i > 0) r->params.prompt_logprobs = -1;
+    r->tokens = prompt;
+    r->num_prompt_tokens = n;
+    r->sampler = std::make_unique<Sampler>(r->params.sampling);
+    r->detokenizer = std::make_unique<StreamDecoder>(tokenizer_, params.skip_special_tokens);
+    // Later sequences wait for the first one's prefill, then find its blocks in the prefix
+    // cache; without the cache there is nothing to wait for.
+    if (i == 0 || !config_.enable_prefix_caching) {
+      scheduler_.add(r.get());
+    } else {
+      g.deferred.push_back(r->id);
+    }
+    g.live.push_back(r->id);
+    requests_.emplace(r->id, std::move(r));
+  }
   totals_.prompt_tokens += n;
-  const RequestId id = r->id;
-  requests_.emplace(id, std::move(r));
-  return id;
+  return group;
 }
 
 void Engine::abort_request(RequestId id) {
-  auto it = requests_.find(id);
-  if (it == requests_.end()) return;
-  RequestOutput out{.id = id};
-  finish(*it->second, FinishReason::kAbort, out);
-  aborted_.push_back(std::move(out));
+  const auto g = groups_.find(id);
+  if (g == groups_.end()) return;
+  const std::vector<RequestId> live = g->second.live;  // finish() edits the group
+  for (RequestId key : live) {
+    RequestOutput out;
+    finish(*requests_.at(key), FinishReason::kAbort, out);
+    aborted_.push_back(std::move(out));
+  }
 }
 
 EngineStats Engine::stats() const {
@@ -295,19 +331,31 @@ std::vector<RequestOutput> Engine::step() {
 
 void Engine::run_model(const SchedulerOutput& scheduled) {
   ForwardBatch batch;
+  // A request that scores its prompt needs the logits of every position its chunk runs; the
+  // batch then gives every chunk that wants logits all its rows, and sample() takes the last.
+  for (const ScheduledChunk& c : scheduled.chunks) {
+    batch.all_positions = batch.all_positions || c.request->wants_prompt_logits();
+  }
+  logit_row_start_.clear();
+  int64_t rows = 0;
   for (const ScheduledChunk& c : scheduled.chunks) {
     const Request& r = *c.request;
+    const bool want = c.samples() || r.wants_prompt_logits();
     batch.sequences.push_back(
         {.tokens = std::span<const int32_t>(r.tokens).subspan(r.num_computed, c.num_tokens),
          .position = r.num_computed,
          .block_table = r.blocks.table,
-         .want_logits = c.samples()});
+         .want_logits = want});
+    logit_row_start_.push_back(rows);
+    if (want) rows += batch.all_positions ? c.num_tokens : 1;
   }
-  const int64_t rows = Decoder::num_logit_rows(batch);
+  logit_row_start_.push_back(rows);
+  MOE_CHECK(rows == Decoder::num_logit_rows(batch), "logits rows: ", rows, " counted, ",
+            Decoder::num_logit_rows(batch), " by the decoder");
   sampled_on_gpu_ = false;
   if (gpu_) {
     gpu_rows_.clear();
-    bool all_on_gpu = true;
+    bool all_on_gpu = !batch.all_positions;
     for (const ScheduledChunk& c : scheduled.chunks) {
       if (!c.samples()) continue;
       const Request& r = *c.request;
@@ -334,20 +382,68 @@ void Engine::run_model(const SchedulerOutput& scheduled) {
 }
 
 bool Engine::samples_on_gpu(const Request& r) {
+  // The GPU sampler has no penalties, min-p, logit bias or logprobs: such rows bring their logits
+  // back and are sampled here, by the same Sampler as on the CPU.
   const SamplingParams& sp = r.params.sampling;
-  return r.params.logprobs < 0 && sp.min_p <= 0.0f && sp.repetition_penalty == 1.0f &&
-         sp.presence_penalty == 0.0f && sp.frequency_penalty == 0.0f;
+  return r.params.logprobs < 0 && !r.params.score_sequences && sp.min_p <= 0.0f &&
+         sp.repetition_penalty == 1.0f && sp.presence_penalty == 0.0f &&
+         sp.frequency_penalty == 0.0f && sp.logit_bias.empty();
+}
+
+void Engine::gather_prompt_logprobs(Request& r, int64_t first_position,
+                                    std::span<const float> rows) {
+  const int64_t V = model_config().vocab_size;
+  const int64_t num_rows = static_cast<int64_t>(rows.size()) / V;
+  for (int64_t j = 0; j < num_rows; ++j) {
+    // The row of position p predicts token p + 1; entries already gathered (before a
+    // preemption) are not taken twice.
+    const int64_t target = first_position + j + 1;
+    if (target >= r.num_prompt_tokens) break;
+    if (target != static_cast<int64_t>(r.prompt_logprobs.size()) + 1) continue;
+    r.prompt_logprobs.push_back(Sampler::logprobs(rows.subspan(j * V, V), r.tokens[target],
+                                                  r.params.prompt_logprobs));
+  }
+}
+
+void Engine::release_siblings(const Request& r) {
+  const auto g = groups_.find(r.group);
+  if (g == groups_.end()) return;
+  for (RequestId key : g->second.deferred) scheduler_.add(requests_.at(key).get());
+  g->second.deferred.clear();
 }
 
 void Engine::sample(const SchedulerOutput& scheduled, std::vector<RequestOutput>& outputs) {
   const int64_t V = model_config().vocab_size;
-  int64_t row = 0;
-  for (const ScheduledChunk& c : scheduled.chunks) {
+  for (size_t chunk = 0; chunk < scheduled.chunks.size(); ++chunk) {
+    const ScheduledChunk& c = scheduled.chunks[chunk];
     Request& r = *c.request;
-    // After commit, a request that samples has every token computed.
+    // After commit, num_computed counts this chunk's tokens.
+    const int64_t first_position = r.num_computed - c.num_tokens;
+    const int64_t row_start = logit_row_start_[chunk];
+    const int64_t num_rows = logit_row_start_[chunk + 1] - row_start;
+    // Rows for every position of the chunk: run_model asked for them because the request still
+    // scores its prompt.
+    if (r.params.prompt_logprobs >= 0 && num_rows == c.num_tokens && num_rows > 0 &&
+        !sampled_on_gpu_ && r.wants_prompt_logits()) {
+      gather_prompt_logprobs(
+          r, first_position, std::span<const float>(logits_.data() + row_start * V, num_rows * V));
+    }
+    // A request that samples has every token computed.
     if (r.num_uncomputed() != 0) continue;
-    const int64_t this_row = row++;
-    // Rows the GPU sampled bring no logits back (their requests want no logprobs).
+    if (r.num_output_tokens() == 0) release_siblings(r);
+    RequestOutput out{.id = r.group, .index = r.index};
+    if (r.params.prompt_logprobs >= 0 && !r.prompt_logprobs_sent) {
+      out.prompt_logprobs = r.prompt_logprobs;
+      r.prompt_logprobs_sent = true;
+    }
+    if (r.params.max_tokens == 0) {  // the prompt only was asked for: nothing is sampled
+      finish(r, FinishReason::kLength, out);
+      outputs.push_back(std::move(out));
+      continue;
+    }
+    // The chunk's last logits row is the one to sample from (all its rows when the batch
+    // wanted every position). Rows the GPU sampled bring no logits back.
+    const int64_t this_row = row_start + num_rows - 1;
     const std::span<const float> logits =
         sampled_on_gpu_ ? std::span<const float>()
                         : std::span<const float>(logits_.data() + this_row * V, V);
@@ -359,9 +455,13 @@ void Engine::sample(const SchedulerOutput& scheduled, std::vector<RequestOutput>
     r.tokens.push_back(token);
     ++totals_.generation_tokens;
 
-    RequestOutput out{.id = r.id, .token_ids = {token}};
-    if (r.params.logprobs >= 0)
-      out.logprobs.push_back(Sampler::logprobs(logits, token, r.params.logprobs));
+    out.token_ids = {token};
+    if (r.params.logprobs >= 0 || r.params.score_sequences) {
+      TokenLogprob lp = Sampler::logprobs(logits, token, std::max<int64_t>(r.params.logprobs, 0));
+      r.cumulative_logprob += lp.logprob;
+      if (r.params.logprobs >= 0) out.logprobs.push_back(std::move(lp));
+    }
+    out.cumulative_logprob = r.cumulative_logprob;
     const bool stop_token =
         (!r.params.ignore_eos && eos_ids_.count(token)) ||
         std::find(r.params.stop_token_ids.begin(), r.params.stop_token_ids.end(), token) !=
@@ -381,7 +481,7 @@ void Engine::sample(const SchedulerOutput& scheduled, std::vector<RequestOutput>
         finish(r, stopped ? FinishReason::kStop : FinishReason::kLength, out);
       }
     }
-    if (!out.finished()) {
+    if (out.finish == FinishReason::kNone) {
       out.num_prompt_tokens = r.num_prompt_tokens;
       out.num_output_tokens = r.num_output_tokens();
       out.num_cached_tokens = r.num_cached_tokens;
@@ -421,10 +521,22 @@ bool Engine::release_text(Request& r, bool final, std::string& out) const {
 void Engine::finish(Request& r, FinishReason reason, RequestOutput& out) {
   scheduler_.remove(&r);
   r.finish = reason;
+  out.id = r.group;
+  out.index = r.index;
   out.finish = reason;
+  out.cumulative_logprob = r.cumulative_logprob;
   out.num_prompt_tokens = r.num_prompt_tokens;
   out.num_output_tokens = r.num_output_tokens();
   out.num_cached_tokens = r.num_cached_tokens;
+  const auto g = groups_.find(r.group);
+  if (g != groups_.end()) {
+    std::erase(g->second.live, r.id);
+    std::erase(g->second.deferred, r.id);
+    if (g->second.live.empty()) {
+      out.last = true;
+      groups_.erase(g);
+    }
+  }
   requests_.erase(r.id);  // destroys r
 }
 

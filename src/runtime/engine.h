@@ -13,6 +13,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "io/generation_config.h"
 #include "io/tokenizer.h"
 #include "kv/block_manager.h"
 #include "kv/kv_cache.h"
@@ -43,6 +44,9 @@ struct EngineConfig {
   std::string device = "cpu";
   double gpu_memory_fraction = 0.9;  // cuda: weights + workspace + KV pool within this share
   bool cuda_graphs = true;           // cuda: decode steps replay captured graphs
+  // Sampling defaults for requests that leave a field out (vLLM's --generation-config): "auto",
+  // the checkpoint's generation_config.json; "vllm", none; or a folder holding one.
+  std::string generation_config = "auto";
 
   void validate() const;  // throws moeinfer::Error naming the bad field
 };
@@ -114,25 +118,34 @@ class Engine {
   const EngineConfig& config() const { return config_; }
   int64_t max_model_len() const { return max_model_len_; }
   int64_t num_kv_blocks() const { return blocks_.num_blocks(); }
+  // From config.generation_config (io/generation_config.h); empty when there is none.
+  const GenerationDefaults& generation_defaults() const { return generation_defaults_; }
 
-  // Queues a request. Throws moeinfer::Error for an empty prompt, ids outside the vocabulary, a
-  // prompt that leaves no room in the context, bad sampling parameters, or a request that could
-  // not fit the KV pool even alone. Generation stops at max_tokens or at the context's end.
+  // Queues a request of params.num_sequences sequences. Throws moeinfer::Error for an empty
+  // prompt, ids outside the vocabulary (prompt or logit_bias), a prompt that leaves no room in
+  // the context, bad sampling parameters, or a sequence that could not fit the KV pool even
+  // alone. Generation stops at max_tokens or at the context's end.
   RequestId add_request(std::vector<int32_t> prompt, const GenerationParams& params);
-  // Ends a request; its last output (finish reason abort) comes from the next step(). Unknown or
-  // finished ids are ignored.
+  // Ends every sequence of a request; their last outputs (finish reason abort) come from the
+  // next step(). Unknown or finished ids are ignored.
   void abort_request(RequestId id);
-  // One scheduling decision, one batched forward pass, one sampled token per request that
-  // finished its prefill. Outputs only for requests that produced something or finished.
+  // One scheduling decision, one batched forward pass, one sampled token per sequence that
+  // finished its prefill. Outputs only for sequences that produced something or finished; the
+  // output with `last` set is the request's final one.
   std::vector<RequestOutput> step();
 
   bool has_unfinished() const { return !requests_.empty() || !aborted_.empty(); }
-  int64_t num_unfinished() const { return static_cast<int64_t>(requests_.size()); }
+  int64_t num_unfinished() const { return static_cast<int64_t>(groups_.size()); }
   EngineStats stats() const;
 
  private:
   void run_model(const SchedulerOutput& scheduled);
   void sample(const SchedulerOutput& scheduled, std::vector<RequestOutput>& outputs);
+  // Logprobs of the prompt tokens that the chunk's logits rows ([num_tokens, V], one per
+  // position the chunk ran) predict.
+  void gather_prompt_logprobs(Request& r, int64_t first_position, std::span<const float> rows);
+  // The sequences of r's request that waited for its prompt's prefill join the queue.
+  void release_siblings(const Request& r);
   // Moves decoded text that can no longer be part of a stop string into `out`; true when a stop
   // string was found.
   bool release_text(Request& r, bool final, std::string& out) const;
@@ -146,17 +159,26 @@ class Engine {
   ModelConfig model_config_;
   Tokenizer tokenizer_;
   EngineConfig config_;
+  GenerationDefaults generation_defaults_;
   int64_t max_model_len_;
   KvBlockPool pool_;
   BlockManager blocks_;
   Scheduler scheduler_;
   std::unordered_set<int32_t> eos_ids_;
-  std::unordered_map<RequestId, std::unique_ptr<Request>> requests_;
+  std::unordered_map<RequestId, std::unique_ptr<Request>> requests_;  // by Request::id
+  // A request's sequences by its id: those not finished, and of them those that wait for the
+  // first one's prefill before they join the scheduler's queue.
+  struct Group {
+    std::vector<RequestId> live;
+    std::vector<RequestId> deferred;
+  };
+  std::unordered_map<RequestId, Group> groups_;
   std::vector<RequestOutput> aborted_;  // reported by the next step()
   RequestId next_id_ = 1;
   uint64_t next_arrival_ = 0;
   std::mt19937_64 seed_source_;
   std::vector<float> logits_;                    // [rows, V]
+  std::vector<int64_t> logit_row_start_;         // [chunks] first logits row of each chunk
   std::vector<int32_t> gpu_tokens_;              // sampled on the GPU this step, by row
   std::vector<GpuSamplingRow> gpu_rows_;
   bool sampled_on_gpu_ = false;

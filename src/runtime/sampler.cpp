@@ -28,6 +28,19 @@ void Sampler::validate(const SamplingParams& params) {
             "presence_penalty must be in [-2, 2], got ", params.presence_penalty);
   MOE_CHECK(params.frequency_penalty >= -2.0f && params.frequency_penalty <= 2.0f,
             "frequency_penalty must be in [-2, 2], got ", params.frequency_penalty);
+  for (const auto& [token, bias] : params.logit_bias) {
+    MOE_CHECK(token >= 0, "logit_bias token id must be >= 0, got ", token);
+    MOE_CHECK(bias >= -100.0f && bias <= 100.0f, "logit_bias of token ", token,
+              " must be in [-100, 100], got ", bias);
+  }
+}
+
+void Sampler::apply_logit_bias(std::span<float> logits) const {
+  const int64_t n = static_cast<int64_t>(logits.size());
+  for (const auto& [token, bias] : params_.logit_bias) {
+    MOE_CHECK(token < n, "logit_bias token id ", token, " is outside the vocabulary of ", n);
+    logits[token] += bias;
+  }
 }
 
 bool Sampler::has_penalties() const {
@@ -68,9 +81,10 @@ int32_t Sampler::sample(std::span<const float> raw_logits, const SamplingHistory
   const int64_t n = static_cast<int64_t>(raw_logits.size());
   MOE_CHECK(n > 0, "cannot sample from empty logits");
   std::span<const float> logits = raw_logits;
-  if (has_penalties()) {
+  if (has_penalties() || !params_.logit_bias.empty()) {
     penalised_.assign(raw_logits.begin(), raw_logits.end());
-    apply_penalties(penalised_, history);
+    apply_logit_bias(penalised_);
+    if (has_penalties()) apply_penalties(penalised_, history);
     logits = penalised_;
   }
   if (params_.temperature == 0.0f) {
@@ -227,6 +241,8 @@ TokenLogprob Sampler::logprobs(std::span<const float> logits, int32_t token, int
   for (float l : logits) total += std::exp(static_cast<double>(l) - max_logit);
   const double log_total = std::log(total) + max_logit;
   TokenLogprob out{.token = token, .logprob = static_cast<float>(logits[token] - log_total)};
+  out.rank = 1 + std::count_if(logits.begin(), logits.end(),
+                               [&](float l) { return l > logits[token]; });
   num_top = std::clamp<int64_t>(num_top, 0, n);
   if (num_top > 0) {
     std::vector<int32_t> order(n);

@@ -1,8 +1,9 @@
-// Picks the next token from a row of logits. In order: repetition / presence / frequency
-// penalties on the raw logits, then greedy (temperature 0) or temperature with top-k, min-p and
-// top-p filtering, drawn from a seeded generator so the same seed gives the same text. Log
-// probabilities, when asked for, are those of the model's own distribution (log-softmax of the
-// raw logits, before penalties and temperature), as vLLM reports them.
+// Picks the next token from a row of logits. In order: the request's logit bias added to the raw
+// logits, then repetition / presence / frequency penalties (vLLM's order), then greedy
+// (temperature 0) or temperature with top-k, min-p and top-p filtering, drawn from a seeded
+// generator so the same seed gives the same text. Log probabilities, when asked for, are those
+// of the model's own distribution (log-softmax of the raw logits, before bias, penalties and
+// temperature), as vLLM reports them.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +22,10 @@ struct SamplingParams {
   float repetition_penalty = 1.0f;  // > 1 discourages tokens seen in the prompt or the output
   float presence_penalty = 0.0f;    // subtracted once from tokens in the output
   float frequency_penalty = 0.0f;   // subtracted per occurrence in the output
+  // [num_biased] (token, bias in [-100, 100]) added to the logits before everything else, as
+  // OpenAI's logit_bias: -100 bans a token in practice, +100 forces it. A token listed twice
+  // gets both biases.
+  std::vector<std::pair<int32_t, float>> logit_bias;
   uint64_t seed = 0;
 };
 
@@ -28,6 +33,7 @@ struct SamplingParams {
 struct TokenLogprob {
   int32_t token = 0;
   float logprob = 0.0f;
+  int64_t rank = 1;  // 1 + the tokens strictly more likely (vLLM's rank)
   std::vector<std::pair<int32_t, float>> top;  // [num_top] (token, logprob), most likely first
 };
 
@@ -50,6 +56,7 @@ class Sampler {
 
  private:
   bool has_penalties() const;
+  void apply_logit_bias(std::span<float> logits) const;
   int32_t sample_top_k(std::span<const float> logits);
   int32_t sample_without_top_k(std::span<const float> logits);
   std::pair<float, int64_t> nucleus_threshold(std::span<const float> weights, double target);

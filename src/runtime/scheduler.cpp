@@ -89,7 +89,8 @@ SchedulerOutput Scheduler::schedule() {
   while (out.preempted.empty() && budget > 0 && !waiting_.empty() &&
          static_cast<int64_t>(running_.size()) < config_.max_num_seqs) {
     Request* r = waiting_.front();
-    if (r->blocks.table.empty()) {
+    // A request that scores its prompt must see the logits of every prompt position.
+    if (r->blocks.table.empty() && !r->wants_prompt_logits()) {
       r->num_cached_tokens = blocks_.match_prefix(r->tokens, r->blocks);
       r->num_computed = r->num_cached_tokens;
     }

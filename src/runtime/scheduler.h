@@ -2,7 +2,8 @@
 //   1. every running request that is decoding gets its one token (oldest first);
 //   2. running requests still in prefill get chunks of what is left of the budget;
 //   3. waiting requests are admitted in arrival order while the budget, the sequence limit and
-//      the free blocks allow, each first taking whatever prefix the cache already holds.
+//      the free blocks allow, each first taking whatever prefix the cache already holds (but a
+//      request that still needs its prompt's logits, for prompt logprobs).
 // When a running request needs a block and none is free, the youngest running request is
 // preempted: its blocks are freed and it goes back to the front of the queue, to be recomputed
 // (its full blocks usually still sit in the prefix cache, so recompute is cheap).

@@ -1,5 +1,6 @@
 #include "server/openai_api.h"
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <string>
@@ -73,10 +74,37 @@ std::string message_text(const json& content, size_t index) {
   return text;
 }
 
-void parse_sampling(const json& body, ApiRequest& r) {
+// logit_bias: {"token id": bias}; biases are clamped to [-100, 100] as vLLM does, token ids
+// checked against the vocabulary by the engine.
+void parse_logit_bias(const json& body, SamplingParams& s) {
+  const auto it = body.find("logit_bias");
+  if (it == body.end() || it->is_null()) return;
+  if (!it->is_object()) bad("logit_bias", "'logit_bias' must be an object of token id -> bias");
+  if (it->size() > 1024) bad("logit_bias", "'logit_bias' takes at most 1024 tokens");
+  for (const auto& [key, value] : it->items()) {
+    int64_t id = -1;
+    const bool digits = !key.empty() && key.size() <= 10 &&
+                        key.find_first_not_of("0123456789") == std::string::npos;
+    if (digits) id = std::stoll(key);
+    if (!digits || id > INT32_MAX)
+      bad("logit_bias", "'logit_bias' keys must be token ids, got '" + key + "'");
+    if (!value.is_number() || !std::isfinite(value.get<double>()))
+      bad("logit_bias", "'logit_bias' values must be numbers, got " + value.dump());
+    const double bias = std::clamp(value.get<double>(), -100.0, 100.0);
+    s.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(bias));
+  }
+}
+
+void parse_sampling(const json& body, ApiRequest& r, const GenerationDefaults& defaults) {
   GenerationParams& g = r.params;
   SamplingParams& s = g.sampling;
-  s.temperature = 1.0f;  // the OpenAI default
+  // What the request leaves out: the checkpoint's generation_config.json, else OpenAI's.
+  s.temperature = defaults.temperature.value_or(1.0f);
+  s.top_p = defaults.top_p.value_or(1.0f);
+  s.top_k = defaults.top_k.value_or(0);
+  s.min_p = defaults.min_p.value_or(0.0f);
+  s.repetition_penalty = defaults.repetition_penalty.value_or(1.0f);
+  r.max_tokens_cap = defaults.max_tokens;
   read_float(body, "temperature", s.temperature, 0.0, 2.0);
   read_float(body, "top_p", s.top_p, 0.0, 1.0);
   if (s.top_p <= 0.0f) bad("top_p", "'top_p' must be in (0, 1]");
@@ -89,26 +117,37 @@ void parse_sampling(const json& body, ApiRequest& r) {
   read_float(body, "repetition_penalty", s.repetition_penalty, 1e-6, 100.0);
   read_float(body, "presence_penalty", s.presence_penalty, -2.0, 2.0);
   read_float(body, "frequency_penalty", s.frequency_penalty, -2.0, 2.0);
+  parse_logit_bias(body, s);
   int64_t seed = 0;
   if (read_int(body, "seed", seed)) {
     s.seed = static_cast<uint64_t>(seed);
     g.has_seed = true;
   }
-  int64_t n = 1;
-  if (read_int(body, "n", n) && n != 1) bad("n", "only n = 1 is supported");
-  int64_t best_of = 1;
-  if (read_int(body, "best_of", best_of) && best_of != 1)
-    bad("best_of", "only best_of = 1 is supported");
+  if (read_int(body, "n", r.n) && (r.n < 1 || r.n > kMaxSequencesPerRequest))
+    bad("n", "'n' must be in [1, " + std::to_string(kMaxSequencesPerRequest) + "]");
+  r.best_of = r.n;
+  if (read_int(body, "best_of", r.best_of) &&
+      (r.best_of < r.n || r.best_of > kMaxSequencesPerRequest)) {
+    bad("best_of", "'best_of' must be in [n, " + std::to_string(kMaxSequencesPerRequest) +
+                       "], got " + std::to_string(r.best_of) + " with n = " + std::to_string(r.n));
+  }
+  if (r.stream && r.best_of > r.n) bad("best_of", "'best_of' > 'n' cannot be streamed");
+  g.num_sequences = r.best_of;
+  g.score_sequences = r.best_of > r.n;
 
   // max_tokens (chat also takes max_completion_tokens); range against the context is checked
-  // once the prompt length is known.
+  // once the prompt length is known (resolve_max_tokens). 0 is for scoring a prompt: echo.
   int64_t max_tokens = 0;
   const bool given =
       read_int(body, "max_tokens", max_tokens) ||
       (r.endpoint == Endpoint::kChat && read_int(body, "max_completion_tokens", max_tokens));
   if (given) {
-    if (max_tokens < 1)
-      bad("max_tokens", "'max_tokens' must be >= 1, got " + std::to_string(max_tokens));
+    const int64_t least = r.echo ? 0 : 1;
+    if (max_tokens < least) {
+      bad("max_tokens", "'max_tokens' must be >= " + std::to_string(least) +
+                            (r.echo ? "" : " (0 only with echo)") + ", got " +
+                            std::to_string(max_tokens));
+    }
     g.max_tokens = max_tokens;
     r.max_tokens_given = true;
   }
@@ -157,6 +196,15 @@ void parse_sampling(const json& body, ApiRequest& r) {
     }
     if (r.chat_logprobs) g.logprobs = top;
   }
+  // vLLM's prompt_logprobs; echo with logprobs scores the prompt at the same depth.
+  if (read_int(body, "prompt_logprobs", r.prompt_logprobs)) {
+    if (r.prompt_logprobs < 0 || r.prompt_logprobs > 20)
+      bad("prompt_logprobs", "'prompt_logprobs' must be in [0, 20]");
+    if (r.stream && r.prompt_logprobs > 0)
+      bad("prompt_logprobs", "'prompt_logprobs' are not available when 'stream' is true");
+  }
+  g.prompt_logprobs = r.prompt_logprobs;
+  if (r.echo && g.logprobs >= 0) g.prompt_logprobs = std::max(g.prompt_logprobs, g.logprobs);
 }
 
 // The request fields this server honours, per endpoint; anything else a client sends is refused
@@ -166,9 +214,9 @@ using FieldSet = std::set<std::string, std::less<>>;
 
 const FieldSet kCommonFields = {
     "model", "stream", "stream_options", "temperature", "top_p", "top_k", "min_p",
-    "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "n", "best_of",
-    "max_tokens", "stop", "stop_token_ids", "ignore_eos", "include_stop_str_in_output",
-    "skip_special_tokens", "logprobs", "user"};
+    "repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias", "seed", "n",
+    "best_of", "max_tokens", "stop", "stop_token_ids", "ignore_eos", "include_stop_str_in_output",
+    "skip_special_tokens", "logprobs", "prompt_logprobs", "user"};
 const FieldSet kCompletionFields = {"prompt", "echo", "suffix"};
 const FieldSet kChatFields = {"messages", "max_completion_tokens", "top_logprobs"};
 const FieldSet kMessageFields = {"role", "content"};
@@ -251,7 +299,8 @@ std::vector<int32_t> parse_detokenize_request(const std::string& text, std::stri
   return ids;
 }
 
-ApiRequest parse_request(const std::string& text, Endpoint endpoint) {
+ApiRequest parse_request(const std::string& text, Endpoint endpoint,
+                         const GenerationDefaults& defaults) {
   const json body = parse_object(text);
   refuse_unknown_fields(body, kCommonFields,
                         endpoint == Endpoint::kCompletions ? kCompletionFields : kChatFields, "");
@@ -292,7 +341,6 @@ ApiRequest parse_request(const std::string& text, Endpoint endpoint) {
     } else {
       bad("prompt", "'prompt' must be a non-empty string or list of token ids");
     }
-    read_bool(body, "echo", r.echo);
     if (const auto s = body.find("suffix"); s != body.end() && !s->is_null()) {
       bad("suffix", "'suffix' is not supported");
     }
@@ -312,8 +360,38 @@ ApiRequest parse_request(const std::string& text, Endpoint endpoint) {
                             {"content", message_text(m.value("content", json(nullptr)), i)}});
     }
   }
-  parse_sampling(body, r);
+  if (endpoint == Endpoint::kCompletions) read_bool(body, "echo", r.echo);
+  parse_sampling(body, r, defaults);
   return r;
+}
+
+void resolve_max_tokens(ApiRequest& request, int64_t n, int64_t context,
+                        int64_t default_completion_tokens) {
+  GenerationParams& params = request.params;
+  if (n >= context) {
+    throw ApiError(413,
+                   "this model's maximum context length is " + std::to_string(context) +
+                       " tokens, but the prompt has " + std::to_string(n) + " tokens",
+                   "invalid_request_error",
+                   request.endpoint == Endpoint::kChat ? "messages" : "prompt",
+                   "context_length_exceeded");
+  }
+  if (request.max_tokens_given) {
+    if (params.max_tokens > context - n) {  // not n + max_tokens: max_tokens may be 2^63 - 1
+      throw ApiError(400,
+                     "max_tokens is " + std::to_string(params.max_tokens) +
+                         " but the prompt has " + std::to_string(n) +
+                         " tokens and the context holds " + std::to_string(context),
+                     "invalid_request_error", "max_tokens", "context_length_exceeded");
+    }
+  } else {
+    params.max_tokens = request.endpoint == Endpoint::kChat
+                            ? context - n
+                            : std::min(default_completion_tokens, context - n);
+  }
+  if (request.max_tokens_cap) {
+    params.max_tokens = std::min(params.max_tokens, *request.max_tokens_cap);
+  }
 }
 
 json logprobs_json(Endpoint endpoint, const Tokenizer& tokenizer,
@@ -402,27 +480,44 @@ json response_json(const ResponseInfo& info, const std::string& text, const json
   return out;
 }
 
-json chunk_json(const ResponseInfo& info, const std::string& text, const json& logprobs,
-                const char* finish_reason, bool first, bool include_usage) {
+namespace {
+
+json chunk_at(const ResponseInfo& info, int64_t index, const std::string& text,
+              const json& logprobs, const char* finish_reason, bool first, bool include_usage) {
   json out;
   if (info.endpoint == Endpoint::kChat) {
     out = header_json(info, "chat.completion.chunk");
     json delta = json::object();
     if (first) delta["role"] = "assistant";
     if (!text.empty() || first) delta["content"] = text;
-    out["choices"] = json::array({{{"index", 0},
+    out["choices"] = json::array({{{"index", index},
                                    {"delta", delta},
                                    {"logprobs", logprobs},
                                    {"finish_reason", finish_json(finish_reason)}}});
   } else {
     out = header_json(info, "text_completion");
-    out["choices"] = json::array({{{"index", 0},
+    out["choices"] = json::array({{{"index", index},
                                    {"text", text},
                                    {"logprobs", logprobs},
                                    {"finish_reason", finish_json(finish_reason)}}});
   }
   if (include_usage) out["usage"] = nullptr;
   return out;
+}
+
+// A token's text as valid UTF-8 (a token may hold part of a character).
+std::string token_text(const Tokenizer& tokenizer, int32_t id) {
+  const int32_t ids[1] = {id};
+  const std::string raw = tokenizer.decode(ids, /*skip_special_tokens=*/false);
+  return json::parse(json(raw).dump(-1, ' ', false, json::error_handler_t::replace))
+      .get<std::string>();
+}
+
+}  // namespace
+
+json chunk_json(const ResponseInfo& info, const std::string& text, const json& logprobs,
+                const char* finish_reason, bool first, bool include_usage) {
+  return chunk_at(info, 0, text, logprobs, finish_reason, first, include_usage);
 }
 
 json usage_chunk_json(const ResponseInfo& info, const json& usage) {
@@ -432,5 +527,158 @@ json usage_chunk_json(const ResponseInfo& info, const json& usage) {
   out["usage"] = usage;
   return out;
 }
+
+ChoiceSet::ChoiceSet(const ApiRequest& request, ResponseInfo info, const Tokenizer& tokenizer,
+                     std::vector<int32_t> prompt)
+    : endpoint_(request.endpoint),
+      info_(std::move(info)),
+      tokenizer_(tokenizer),
+      prompt_(std::move(prompt)),
+      n_(request.n),
+      want_logprobs_(request.params.logprobs >= 0),
+      prompt_logprobs_(request.prompt_logprobs),
+      include_usage_(request.include_usage),
+      choices_(static_cast<size_t>(std::max(request.best_of, request.n))),
+      num_prompt_tokens_(static_cast<int64_t>(prompt_.size())) {
+  if (request.echo) {
+    echo_ = request.prompt_is_ids ? tokenizer.decode(prompt_, request.params.skip_special_tokens)
+                                  : request.prompt_text;
+    echo_logprobs_ = want_logprobs_;
+  }
+}
+
+void ChoiceSet::add(const RequestOutput& out) {
+  if (out.index < 0 || out.index >= static_cast<int64_t>(choices_.size())) return;
+  Choice& c = choices_[out.index];
+  c.text += out.text;
+  c.logprobs.insert(c.logprobs.end(), out.logprobs.begin(), out.logprobs.end());
+  if (!out.prompt_logprobs.empty()) prompt_entries_ = out.prompt_logprobs;
+  c.cumulative_logprob = out.cumulative_logprob;
+  if (out.finish != FinishReason::kNone) c.finish = out.finish;
+  c.num_output_tokens = std::max(c.num_output_tokens, out.num_output_tokens);
+  num_prompt_tokens_ = out.num_prompt_tokens > 0 ? out.num_prompt_tokens : num_prompt_tokens_;
+  if (out.index == 0) num_cached_tokens_ = std::max(num_cached_tokens_, out.num_cached_tokens);
+}
+
+json ChoiceSet::prompt_logprobs_json() const {
+  json list = json::array({nullptr});  // the first token has nothing before it
+  for (const TokenLogprob& lp : prompt_entries_) {
+    json entry = json::object();
+    entry[std::to_string(lp.token)] = {{"logprob", lp.logprob},
+                                       {"rank", lp.rank},
+                                       {"decoded_token", token_text(tokenizer_, lp.token)}};
+    for (size_t i = 0; i < lp.top.size(); ++i) {
+      const auto& [id, value] = lp.top[i];
+      entry[std::to_string(id)] = {{"logprob", value},
+                                   {"rank", static_cast<int64_t>(i) + 1},
+                                   {"decoded_token", token_text(tokenizer_, id)}};
+    }
+    list.push_back(entry);
+  }
+  return list;
+}
+
+json ChoiceSet::echo_logprobs_json() const {
+  // The prompt's tokens: the first with a null logprob, then what the engine scored.
+  json prompt = logprobs_json(Endpoint::kCompletions, tokenizer_, prompt_entries_, 0);
+  const std::string first = prompt_.empty() ? std::string() : token_text(tokenizer_, prompt_[0]);
+  const auto offset = static_cast<int64_t>(first.size());
+  for (json& o : prompt["text_offset"]) o = o.get<int64_t>() + offset;
+  prompt["tokens"].insert(prompt["tokens"].begin(), first);
+  prompt["token_logprobs"].insert(prompt["token_logprobs"].begin(), nullptr);
+  prompt["top_logprobs"].insert(prompt["top_logprobs"].begin(), nullptr);
+  prompt["text_offset"].insert(prompt["text_offset"].begin(), 0);
+  return prompt;
+}
+
+json ChoiceSet::choice_logprobs(const Choice& c, bool with_echo, int64_t text_offset) const {
+  if (!want_logprobs_) return nullptr;
+  json generated = logprobs_json(endpoint_, tokenizer_, c.logprobs, text_offset);
+  if (!with_echo || !echo_logprobs_) return generated;
+  json all = echo_logprobs_json();
+  for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
+    for (json& v : generated[key]) all[key].push_back(std::move(v));
+  }
+  return all;
+}
+
+std::vector<int64_t> ChoiceSet::returned() const {
+  std::vector<int64_t> order(choices_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
+  if (static_cast<int64_t>(order.size()) > n_) {
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+      return choices_[a].cumulative_logprob > choices_[b].cumulative_logprob;
+    });
+    order.resize(static_cast<size_t>(n_));
+  }
+  return order;
+}
+
+json ChoiceSet::usage() const {
+  int64_t completion = 0;
+  for (int64_t i : returned()) completion += choices_[i].num_output_tokens;
+  return usage_json(num_prompt_tokens_, completion, num_cached_tokens_);
+}
+
+json ChoiceSet::response() const {
+  const bool chat = endpoint_ == Endpoint::kChat;
+  json out = header_json(info_, chat ? "chat.completion" : "text_completion");
+  json choices = json::array();
+  int64_t index = 0;
+  for (int64_t i : returned()) {
+    const Choice& c = choices_[i];
+    json choice = {{"index", index++}};
+    if (chat) {
+      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+    } else {
+      choice["text"] = echo_ + c.text;
+    }
+    choice["logprobs"] = choice_logprobs(c, true, static_cast<int64_t>(echo_.size()));
+    choice["finish_reason"] = finish_json(c.finish == FinishReason::kNone
+                                              ? nullptr
+                                              : finish_reason_name(c.finish));
+    if (!chat && prompt_logprobs_ >= 0) choice["prompt_logprobs"] = prompt_logprobs_json();
+    choices.push_back(std::move(choice));
+  }
+  out["choices"] = std::move(choices);
+  if (chat && prompt_logprobs_ >= 0) out["prompt_logprobs"] = prompt_logprobs_json();
+  out["usage"] = usage();
+  return out;
+}
+
+std::vector<json> ChoiceSet::stream(const RequestOutput& out) {
+  std::vector<json> chunks;
+  if (out.index < 0 || out.index >= static_cast<int64_t>(choices_.size())) return chunks;
+  if (!out.prompt_logprobs.empty()) prompt_entries_ = out.prompt_logprobs;
+  Choice& c = choices_[out.index];
+  const bool first = !c.started;
+  c.started = true;
+  if (first && !echo_.empty()) {
+    const json lp = echo_logprobs_ ? echo_logprobs_json() : json(nullptr);
+    chunks.push_back(chunk_at(info_, out.index, echo_, lp, nullptr, false, include_usage_));
+    c.stream_offset = static_cast<int64_t>(echo_.size());
+  }
+  const bool finish = out.finish != FinishReason::kNone;
+  if ((first && echo_.empty()) || !out.text.empty() || finish || !out.logprobs.empty()) {
+    const json lp = want_logprobs_ && !out.logprobs.empty()
+                        ? logprobs_json(endpoint_, tokenizer_, out.logprobs, c.stream_offset)
+                        : json(nullptr);
+    chunks.push_back(chunk_at(info_, out.index, out.text, lp,
+                              finish ? finish_reason_name(out.finish) : nullptr, first,
+                              include_usage_));
+    c.stream_offset += static_cast<int64_t>(out.text.size());
+  }
+  if (first && prompt_logprobs_ >= 0 && !chunks.empty()) {
+    if (endpoint_ == Endpoint::kChat) {
+      chunks.front()["prompt_logprobs"] = prompt_logprobs_json();
+    } else {
+      chunks.front()["choices"][0]["prompt_logprobs"] = prompt_logprobs_json();
+    }
+  }
+  add(out);
+  return chunks;
+}
+
+json ChoiceSet::usage_chunk() const { return usage_chunk_json(info_, usage()); }
 
 }  // namespace moeinfer::server

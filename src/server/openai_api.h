@@ -5,10 +5,12 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "io/generation_config.h"
 #include "io/tokenizer.h"
 #include "runtime/request.h"
 
@@ -41,16 +43,35 @@ struct ApiRequest {
   std::vector<int32_t> prompt_ids;  // completions: a prompt given as token ids
   bool prompt_is_ids = false;
   nlohmann::ordered_json messages;  // chat: [{role, content}] with text content
-  GenerationParams params;          // max_tokens filled in by the server when not given
+  GenerationParams params;          // max_tokens filled in by resolve_max_tokens
   bool max_tokens_given = false;
+  // generation_config.json's max_new_tokens: max_tokens is at most this, given or not (vLLM).
+  std::optional<int64_t> max_tokens_cap;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
-  bool echo = false;           // completions: prompt text before the completion
+  // completions: the prompt (text, or the ids decoded) before the completion; with logprobs the
+  // prompt tokens carry theirs (the first one's null), and max_tokens may be 0.
+  bool echo = false;
   bool chat_logprobs = false;  // chat: logprobs true
+  int64_t n = 1;               // choices returned
+  int64_t best_of = 1;         // sequences generated, the n of highest cumulative logprob kept
+  // vLLM's prompt_logprobs extra field: -1 none; else per prompt token {id: {logprob, rank,
+  // decoded_token}} with this many alternatives, the first token's entry null.
+  int64_t prompt_logprobs = -1;
 };
 
-// Throws ApiError (400, naming the parameter) for wrong types and values out of range.
-ApiRequest parse_request(const std::string& body, Endpoint endpoint);
+// Throws ApiError (400, naming the parameter) for wrong types and values out of range. Fields
+// the request leaves out take `defaults` (the checkpoint's generation_config.json) where it has
+// them, else the OpenAI defaults.
+ApiRequest parse_request(const std::string& body, Endpoint endpoint,
+                         const GenerationDefaults& defaults = {});
+
+// Sets request.params.max_tokens once the prompt's length is known: the given value, checked
+// against the context, or the default (completions: min(default_completion_tokens, room),
+// chat: the rest of the context), capped by max_tokens_cap. Throws ApiError: 413 for a prompt
+// that fills the context, 400 for a max_tokens past it.
+void resolve_max_tokens(ApiRequest& request, int64_t num_prompt_tokens, int64_t context,
+                        int64_t default_completion_tokens);
 
 // vLLM's POST /tokenize: {"prompt": text, "add_special_tokens": true} or {"messages": [...],
 // "add_generation_prompt": true}; the request comes back as the completions or chat
@@ -83,12 +104,64 @@ nlohmann::json usage_json(int64_t prompt_tokens, int64_t completion_tokens, int6
 nlohmann::json response_json(const ResponseInfo& info, const std::string& text,
                              const nlohmann::json& logprobs, const char* finish_reason,
                              const nlohmann::json& usage);
-// One streamed chunk; `finish_reason` null until the last. For chat the first chunk carries the
-// assistant role (`first`).
+// One streamed chunk of choice 0; `finish_reason` null until the last. For chat the first chunk
+// carries the assistant role (`first`).
 nlohmann::json chunk_json(const ResponseInfo& info, const std::string& text,
                           const nlohmann::json& logprobs, const char* finish_reason, bool first,
                           bool include_usage);
 // The final usage-only chunk of a stream (stream_options.include_usage).
 nlohmann::json usage_chunk_json(const ResponseInfo& info, const nlohmann::json& usage);
+
+// A request's choices built from the engine's outputs for it (RequestOutput::index is the
+// choice): n of them, or with best_of > n the n sequences of highest cumulative logprob,
+// renumbered 0..n-1 in that order. The echoed prompt, with its logprobs, comes first in each
+// choice; `prompt` is the request's token ids.
+class ChoiceSet {
+ public:
+  ChoiceSet(const ApiRequest& request, ResponseInfo info, const Tokenizer& tokenizer,
+            std::vector<int32_t> prompt);
+
+  // Non-streamed: every output of the request, in the order the engine gave them.
+  void add(const RequestOutput& out);
+  // The whole response, once the output with `last` was added.
+  nlohmann::json response() const;
+
+  // Streamed (best_of = n): the chunks one output makes; a choice's first output brings the
+  // assistant role (chat) or the echoed prompt (completions) first.
+  std::vector<nlohmann::json> stream(const RequestOutput& out);
+  // The final usage-only chunk (stream_options.include_usage).
+  nlohmann::json usage_chunk() const;
+  nlohmann::json usage() const;
+
+ private:
+  struct Choice {
+    std::string text;
+    std::vector<TokenLogprob> logprobs;
+    double cumulative_logprob = 0.0;
+    FinishReason finish = FinishReason::kNone;
+    int64_t num_output_tokens = 0;
+    bool started = false;       // streamed: its first chunk was made
+    int64_t stream_offset = 0;  // streamed: text_offset of its next token
+  };
+  // The choices returned, by sequence: all, or the n best of best_of.
+  std::vector<int64_t> returned() const;
+  nlohmann::json choice_logprobs(const Choice& c, bool with_echo, int64_t text_offset) const;
+  nlohmann::json echo_logprobs_json() const;    // completions logprobs of the prompt's tokens
+  nlohmann::json prompt_logprobs_json() const;  // vLLM's prompt_logprobs list
+
+  Endpoint endpoint_;
+  ResponseInfo info_;
+  const Tokenizer& tokenizer_;
+  std::vector<int32_t> prompt_;
+  std::string echo_;  // the prompt's text when echoed
+  int64_t n_ = 1;
+  bool want_logprobs_ = false;
+  bool echo_logprobs_ = false;  // echo with logprobs: the prompt tokens' too
+  int64_t prompt_logprobs_ = -1;
+  bool include_usage_ = false;
+  std::vector<Choice> choices_;             // [best_of]
+  std::vector<TokenLogprob> prompt_entries_;  // [prompt tokens - 1] from the engine
+  int64_t num_prompt_tokens_ = 0, num_cached_tokens_ = 0;
+};
 
 }  // namespace moeinfer::server

@@ -16,7 +16,7 @@ the bound port read from its log) and checks, one line per check:
   errors               malformed JSON (1e400 too), wrong types, out-of-range values (max_tokens
                        2^63-1), an empty prompt, unknown model (404), a prompt longer than the
                        context (413), unknown route, fields the server does not honour (tools,
-                       response_format, logit_bias, ...: 400 naming them): OpenAI error objects,
+                       response_format, ...: 400 naming them): OpenAI error objects,
                        and the server keeps serving
   disconnect           a client that leaves mid-stream cancels its request (abort counted,
                        blocks freed)
@@ -241,8 +241,6 @@ def check_errors(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
         ("response_format", lambda: c.chat.completions.create(
             model=model, messages=[{"role": "user", "content": "hi"}],
             response_format={"type": "json_object"})),
-        ("logit_bias", lambda: c.completions.create(
-            model=model, prompt=PROMPT, max_tokens=4, logit_bias={"5": -100})),
         ("chat_template_kwargs", lambda: c.chat.completions.create(
             model=model, messages=[{"role": "user", "content": "hi"}],
             extra_body={"chat_template_kwargs": {"enable_thinking": False}})),

@@ -1,0 +1,254 @@
+// The OpenAI wire format of logit_bias, n / best_of, echo with prompt logprobs, prompt_logprobs
+// and generation_config defaults: what parse_request makes of a body, and what ChoiceSet makes
+// of the engine's outputs (choices by index, the best n of best_of, the echoed prompt's
+// logprobs with the first one null).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+
+#include "server/openai_api.h"
+
+namespace moeinfer::server {
+namespace {
+
+using json = nlohmann::json;
+
+const std::filesystem::path kDemo =
+    std::filesystem::path(MOE_FIXTURES_DIR) / ".." / ".." / "models" / "demo";
+
+int status_of(const std::string& body, Endpoint endpoint, std::string* param = nullptr) {
+  try {
+    parse_request(body, endpoint);
+  } catch (const ApiError& e) {
+    if (param) *param = e.param;
+    return e.status;
+  }
+  return 200;
+}
+
+TEST(OpenAiSampling, LogitBiasIsParsedAndClamped) {
+  const ApiRequest r =
+      parse_request(R"({"prompt": "hi", "logit_bias": {"5": -100, "17": 3.5, "9": 250}})",
+                    Endpoint::kCompletions);
+  const auto& bias = r.params.sampling.logit_bias;
+  ASSERT_EQ(bias.size(), 3u);
+  std::map<int32_t, float> by_id(bias.begin(), bias.end());
+  EXPECT_FLOAT_EQ(by_id[5], -100.0f);
+  EXPECT_FLOAT_EQ(by_id[17], 3.5f);
+  EXPECT_FLOAT_EQ(by_id[9], 100.0f);  // clamped, as vLLM does
+  std::string param;
+  for (const char* body : {R"({"prompt": "hi", "logit_bias": {"x": 1}})",
+                           R"({"prompt": "hi", "logit_bias": {"-3": 1}})",
+                           R"({"prompt": "hi", "logit_bias": {"3": "a"}})",
+                           R"({"prompt": "hi", "logit_bias": [1, 2]})",
+                           R"({"prompt": "hi", "logit_bias": {"99999999999": 1}})"}) {
+    EXPECT_EQ(status_of(body, Endpoint::kCompletions, &param), 400) << body;
+    EXPECT_EQ(param, "logit_bias") << body;
+  }
+  const ApiRequest chat =
+      parse_request(R"({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"3": 2}})",
+                    Endpoint::kChat);
+  EXPECT_EQ(chat.params.sampling.logit_bias.size(), 1u);
+}
+
+TEST(OpenAiSampling, NAndBestOf) {
+  ApiRequest r = parse_request(R"({"prompt": "hi", "n": 3})", Endpoint::kCompletions);
+  EXPECT_EQ(r.n, 3);
+  EXPECT_EQ(r.best_of, 3);
+  EXPECT_EQ(r.params.num_sequences, 3);
+  EXPECT_FALSE(r.params.score_sequences);
+  r = parse_request(R"({"prompt": "hi", "n": 2, "best_of": 5})", Endpoint::kCompletions);
+  EXPECT_EQ(r.params.num_sequences, 5);
+  EXPECT_TRUE(r.params.score_sequences);
+  std::string param;
+  EXPECT_EQ(status_of(R"({"prompt": "hi", "n": 0})", Endpoint::kCompletions, &param), 400);
+  EXPECT_EQ(param, "n");
+  EXPECT_EQ(status_of(R"({"prompt": "hi", "n": 129})", Endpoint::kCompletions, &param), 400);
+  EXPECT_EQ(status_of(R"({"prompt": "hi", "n": 3, "best_of": 2})", Endpoint::kCompletions, &param),
+            400);
+  EXPECT_EQ(param, "best_of");
+  EXPECT_EQ(status_of(R"({"prompt": "hi", "n": 1, "best_of": 2, "stream": true})",
+                      Endpoint::kCompletions, &param),
+            400);
+  EXPECT_EQ(param, "best_of");
+  EXPECT_EQ(status_of(R"({"prompt": "hi", "n": 2, "stream": true})", Endpoint::kCompletions), 200);
+}
+
+TEST(OpenAiSampling, EchoScoresThePrompt) {
+  ApiRequest r = parse_request(R"({"prompt": "hi", "echo": true, "logprobs": 2, "max_tokens": 0})",
+                               Endpoint::kCompletions);
+  EXPECT_TRUE(r.echo);
+  EXPECT_EQ(r.params.max_tokens, 0);
+  EXPECT_EQ(r.params.prompt_logprobs, 2);
+  r = parse_request(R"({"prompt": "hi", "echo": true})", Endpoint::kCompletions);
+  EXPECT_EQ(r.params.prompt_logprobs, -1) << "echo without logprobs scores nothing";
+  std::string param;
+  EXPECT_EQ(status_of(R"({"prompt": "hi", "max_tokens": 0})", Endpoint::kCompletions, &param), 400);
+  EXPECT_EQ(param, "max_tokens");
+  r = parse_request(R"({"prompt": "hi", "prompt_logprobs": 3})", Endpoint::kCompletions);
+  EXPECT_EQ(r.params.prompt_logprobs, 3);
+  EXPECT_EQ(status_of(R"({"prompt": "hi", "prompt_logprobs": 21})", Endpoint::kCompletions), 400);
+  EXPECT_EQ(status_of(R"({"prompt": "hi", "prompt_logprobs": 2, "stream": true})",
+                      Endpoint::kCompletions, &param),
+            400);
+  EXPECT_EQ(param, "prompt_logprobs");
+  // echo belongs to completions only.
+  EXPECT_EQ(status_of(R"({"messages": [{"role": "user", "content": "x"}], "echo": true})",
+                      Endpoint::kChat, &param),
+            400);
+  EXPECT_EQ(param, "echo");
+}
+
+TEST(OpenAiSampling, GenerationDefaultsFillWhatTheRequestLeavesOut) {
+  const GenerationDefaults defaults{
+      .temperature = 0.6f, .top_p = 0.9f, .top_k = 20, .repetition_penalty = 1.2f, .max_tokens = 8};
+  ApiRequest r = parse_request(R"({"prompt": "hi"})", Endpoint::kCompletions, defaults);
+  EXPECT_FLOAT_EQ(r.params.sampling.temperature, 0.6f);
+  EXPECT_FLOAT_EQ(r.params.sampling.top_p, 0.9f);
+  EXPECT_EQ(r.params.sampling.top_k, 20);
+  EXPECT_FLOAT_EQ(r.params.sampling.repetition_penalty, 1.2f);
+  EXPECT_FLOAT_EQ(r.params.sampling.min_p, 0.0f);
+  resolve_max_tokens(r, 5, 100, 16);
+  EXPECT_EQ(r.params.max_tokens, 8) << "max_new_tokens caps the default";
+  r = parse_request(R"({"prompt": "hi", "temperature": 0, "top_k": -1, "max_tokens": 50})",
+                    Endpoint::kCompletions, defaults);
+  EXPECT_FLOAT_EQ(r.params.sampling.temperature, 0.0f);
+  EXPECT_EQ(r.params.sampling.top_k, 0);
+  resolve_max_tokens(r, 5, 100, 16);
+  EXPECT_EQ(r.params.max_tokens, 8) << "and a given max_tokens, as vLLM";
+  // Without defaults: OpenAI's.
+  r = parse_request(R"({"messages": [{"role": "user", "content": "x"}]})", Endpoint::kChat);
+  EXPECT_FLOAT_EQ(r.params.sampling.temperature, 1.0f);
+  resolve_max_tokens(r, 5, 100, 16);
+  EXPECT_EQ(r.params.max_tokens, 95);
+}
+
+TEST(OpenAiSampling, ResolveMaxTokensKeepsTheContextChecks) {
+  ApiRequest r = parse_request(R"({"prompt": "hi", "max_tokens": 96})", Endpoint::kCompletions);
+  try {
+    resolve_max_tokens(r, 5, 100, 16);
+    FAIL();
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 400);
+    EXPECT_EQ(e.param, "max_tokens");
+  }
+  r = parse_request(R"({"prompt": "hi"})", Endpoint::kCompletions);
+  try {
+    resolve_max_tokens(r, 100, 100, 16);
+    FAIL();
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 413);
+    EXPECT_EQ(e.code, "context_length_exceeded");
+  }
+  resolve_max_tokens(r, 90, 100, 16);
+  EXPECT_EQ(r.params.max_tokens, 10);
+}
+
+class ChoiceSetTest : public testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::from_file(kDemo / "tokenizer.json"));
+  }
+  static ResponseInfo info(Endpoint e) {
+    return {.endpoint = e, .id = "cmpl-1", .created = 1, .model = "demo"};
+  }
+  static RequestOutput output(int64_t index, const std::string& text, double cumulative,
+                              bool finish, bool last) {
+    RequestOutput out{.id = 1, .index = index, .token_ids = {42}, .text = text};
+    out.cumulative_logprob = cumulative;
+    out.finish = finish ? FinishReason::kLength : FinishReason::kNone;
+    out.last = last;
+    out.num_prompt_tokens = 3;
+    out.num_output_tokens = 1;
+    return out;
+  }
+  static std::unique_ptr<Tokenizer> tokenizer_;
+};
+std::unique_ptr<Tokenizer> ChoiceSetTest::tokenizer_;
+
+TEST_F(ChoiceSetTest, BestOfKeepsTheHighestCumulativeLogprobs) {
+  ApiRequest r = parse_request(R"({"prompt": "hi", "n": 2, "best_of": 4})", Endpoint::kCompletions);
+  ChoiceSet set(r, info(Endpoint::kCompletions), *tokenizer_, {1, 2, 3});
+  const double scores[4] = {-5.0, -1.0, -3.0, -0.5};
+  for (int64_t i = 0; i < 4; ++i) {
+    set.add(output(i, "s" + std::to_string(i), scores[i], true, i == 3));
+  }
+  const json res = set.response();
+  ASSERT_EQ(res["choices"].size(), 2u);
+  EXPECT_EQ(res["choices"][0]["text"], "s3");
+  EXPECT_EQ(res["choices"][0]["index"], 0);
+  EXPECT_EQ(res["choices"][1]["text"], "s1");
+  EXPECT_EQ(res["choices"][1]["index"], 1);
+  EXPECT_EQ(res["usage"]["completion_tokens"], 2);
+  EXPECT_EQ(res["usage"]["prompt_tokens"], 3);
+}
+
+TEST_F(ChoiceSetTest, StreamedChoicesCarryTheirIndex) {
+  ApiRequest r = parse_request(R"({"messages": [{"role": "user", "content": "x"}], "n": 2,
+                                   "stream": true})",
+                               Endpoint::kChat);
+  ChoiceSet set(r, info(Endpoint::kChat), *tokenizer_, {1, 2, 3});
+  std::vector<json> chunks;
+  for (const RequestOutput& out : {output(0, "a", 0, false, false), output(1, "b", 0, false, false),
+                                   output(1, "c", 0, true, false), output(0, "d", 0, true, true)}) {
+    for (json& c : set.stream(out)) chunks.push_back(std::move(c));
+  }
+  ASSERT_EQ(chunks.size(), 4u);
+  EXPECT_EQ(chunks[0]["choices"][0]["index"], 0);
+  EXPECT_EQ(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(chunks[1]["choices"][0]["index"], 1);
+  EXPECT_EQ(chunks[1]["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_FALSE(chunks[2]["choices"][0]["delta"].contains("role"));
+  EXPECT_EQ(chunks[2]["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(chunks[3]["choices"][0]["index"], 0);
+  EXPECT_EQ(set.usage()["completion_tokens"], 2);
+}
+
+TEST_F(ChoiceSetTest, EchoedPromptLogprobsStartWithNull) {
+  ApiRequest r = parse_request(R"({"prompt": [5, 6, 7], "echo": true, "logprobs": 1,
+                                   "max_tokens": 0})",
+                               Endpoint::kCompletions);
+  const std::vector<int32_t> prompt = {5, 6, 7};
+  ChoiceSet set(r, info(Endpoint::kCompletions), *tokenizer_, prompt);
+  RequestOutput out = output(0, "", 0, true, true);
+  out.token_ids.clear();
+  out.num_output_tokens = 0;
+  out.prompt_logprobs = {{.token = 6, .logprob = -2.5f, .rank = 3, .top = {{9, -0.5f}}},
+                         {.token = 7, .logprob = -0.25f, .rank = 1, .top = {{7, -0.25f}}}};
+  set.add(out);
+  const json res = set.response();
+  const json& choice = res["choices"][0];
+  EXPECT_EQ(choice["text"], tokenizer_->decode(prompt, true));
+  const json& lp = choice["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), 3u);
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  EXPECT_FLOAT_EQ(lp["token_logprobs"][1].get<float>(), -2.5f);
+  EXPECT_FLOAT_EQ(lp["token_logprobs"][2].get<float>(), -0.25f);
+  EXPECT_EQ(lp["text_offset"][0], 0);
+  EXPECT_EQ(res["usage"]["completion_tokens"], 0);
+  EXPECT_FALSE(choice.contains("prompt_logprobs"));
+}
+
+TEST_F(ChoiceSetTest, PromptLogprobsInVllmsFormat) {
+  ApiRequest r =
+      parse_request(R"({"prompt": [5, 6, 7], "prompt_logprobs": 1})", Endpoint::kCompletions);
+  ChoiceSet set(r, info(Endpoint::kCompletions), *tokenizer_, {5, 6, 7});
+  RequestOutput out = output(0, "x", 0, true, true);
+  out.prompt_logprobs = {{.token = 6, .logprob = -2.5f, .rank = 3, .top = {{9, -0.5f}}},
+                         {.token = 7, .logprob = -0.25f, .rank = 1, .top = {{7, -0.25f}}}};
+  set.add(out);
+  const json pl = set.response()["choices"][0]["prompt_logprobs"];
+  ASSERT_EQ(pl.size(), 3u);
+  EXPECT_TRUE(pl[0].is_null());
+  EXPECT_EQ(pl[1].size(), 2u);
+  EXPECT_EQ(pl[1]["6"]["rank"], 3);
+  EXPECT_EQ(pl[1]["9"]["rank"], 1);
+  EXPECT_EQ(pl[2].size(), 1u) << "the prompt token is its own top entry";
+  EXPECT_TRUE(pl[2]["7"].contains("decoded_token"));
+}
+
+}  // namespace
+}  // namespace moeinfer::server
