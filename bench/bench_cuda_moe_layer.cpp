@@ -100,7 +100,7 @@ struct LayerBuffers {
   int32_t* plan_workspace = nullptr;  // [plan_workspace_size(T*K, E)] or null
   bf16* activation = nullptr;         // [T*K, I]
   bf16* expert_out = nullptr;         // [T*K, H]
-  bf16* out = nullptr;                // [T, H]
+  float* out = nullptr;               // [T, H], float32 as the decoder's block output
 };
 
 // y[T, E] float32 = x[T, H] . w[E, H]^T, as the decoder's linear(..., f32_out = true).
@@ -185,7 +185,7 @@ void write_raw(const std::string& path, const T* device, size_t count) {
 // needs to recompute it (see the header comment).
 void dump_layer(const std::string& dir, int64_t T, const LayerBuffers& b, const LayerWeights& w,
                 cublasHandle_t handle, cudaStream_t stream) {
-  CUDA_CHECK(cudaMemsetAsync(b.out, 0xff, T * kH * 2, stream));  // poison: NaN if not written
+  CUDA_CHECK(cudaMemsetAsync(b.out, 0xff, T * kH * 4, stream));  // poison: NaN if not written
   moe_layer(b, w, T, handle, stream);
   CUDA_CHECK(cudaStreamSynchronize(stream));
   write_raw(dir + "/x.bin", b.x, T * kH);
@@ -304,7 +304,7 @@ int run(int argc, char** argv) {
   int32_t* plan_ws = device_alloc<int32_t>(max_ws);
   b.activation = device_alloc<bf16>(max_m * kI);
   b.expert_out = device_alloc<bf16>(max_m * kH);
-  b.out = device_alloc<bf16>(max_t * kH);
+  b.out = device_alloc<float>(max_t * kH);
   fill_random(b.x, max_t * kH, 1.0f, rng);
 
   std::printf("\n%6s %5s %10s %10s %7s", "T", "exp", "layer us", "floor us", "vs flr");
@@ -326,7 +326,7 @@ int run(int argc, char** argv) {
     const double layer_ms = time_graph(
         stream, [&](int i) { moe_layer(b, weights[i % kWeightSets], T, handle, stream); });
     const double floor_bytes =
-        touched * 3.0 * kI * kH * 2 + kE * kH * 2.0 + 2.0 * T * kH * 2;  // experts, Wr, x, out
+        touched * 3.0 * kI * kH * 2 + kE * kH * 2.0 + T * kH * (2.0 + 4.0);  // experts, Wr, x, out
     const double floor_ms = floor_bytes / copy_bw * 1e3;
     std::printf("%6lld %5lld %10.1f %10.1f %7.3f", static_cast<long long>(T),
                 static_cast<long long>(touched), layer_ms * 1e3, floor_ms * 1e3,

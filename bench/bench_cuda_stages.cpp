@@ -170,7 +170,7 @@ void report(const std::string& stage, const Shape& s, double ms, double bytes, d
 void bench_shape(const Shape& s, double copy_bw, cudaStream_t stream, std::mt19937& rng) {
   const int64_t T = s.T, E = s.E, K = s.K, H = s.H, N = T * K;
   // One buffer set per rotation slot; decode sizes get the full 20, prefill sizes fewer.
-  const size_t set_bytes = T * E * 4 + N * 8 + N * H * 2 + 4 * T * H * 2;
+  const size_t set_bytes = T * E * 4 + N * 8 + N * H * 2 + 3 * T * H * 2 + 2 * T * H * 4;
   const int sets = static_cast<int>(
       std::clamp<size_t>(kRotateBytes / std::max<size_t>(set_bytes, 1), 1, kLaunchesPerGraph));
   struct Set {
@@ -189,14 +189,14 @@ void bench_shape(const Shape& s, double copy_bw, cudaStream_t stream, std::mt199
     b.inverse = std::make_unique<DeviceMemory>(N * 4);
     b.hidden = std::make_unique<DeviceMemory>(T * H * 2);
     b.rows = std::make_unique<DeviceMemory>(N * H * 2);
-    b.out = std::make_unique<DeviceMemory>(T * H * 2);
-    b.residual = std::make_unique<DeviceMemory>(T * H * 2);
+    b.out = std::make_unique<DeviceMemory>(T * H * 4);       // float32 block output
+    b.residual = std::make_unique<DeviceMemory>(T * H * 4);  // float32 residual stream
     b.shared = std::make_unique<DeviceMemory>(T * H * 2);
     b.norm_out = std::make_unique<DeviceMemory>(T * H * 2);
     fill_random_f32(b.logits->data, T * E, rng);
     fill_random_bf16(b.hidden->data, T * H, rng);
     fill_random_bf16(b.rows->data, N * H, rng);
-    fill_random_bf16(b.residual->data, T * H, rng);
+    fill_random_f32(b.residual->data, T * H, rng);
     fill_random_bf16(b.shared->data, T * H, rng);
   }
   DeviceMemory norm_weight(H * 2);
@@ -256,28 +256,30 @@ void bench_shape(const Shape& s, double copy_bw, cudaStream_t stream, std::mt199
                                            .topk_weights = b.weights->as<float>(),
                                            .inverse = b.inverse->as<int32_t>(),
                                            .shared = s.shared ? b.shared->as<bf16>() : nullptr,
-                                           .residual = b.residual->as<bf16>(),
-                                           .out = b.out->as<bf16>(),
+                                           .residual = b.residual->as<float>(),
+                                           .out = b.out->as<float>(),
                                            .num_tokens = T,
                                            .top_k = K,
                                            .hidden_size = H},
                            stream);
                      }),
-         static_cast<double>(N * H * 2 + N * 8 + T * H * 2 * (s.shared ? 3 : 2)), copy_bw);
+         static_cast<double>(N * H * 2 + N * 8 + T * H * (s.shared ? 2 : 0) + T * H * 4 * 2),
+         copy_bw);
   report("rms_norm", s,
          time_launch(stream,
                      [&](int i) {
                        const Set& b = set[i % sets];
-                       fused_add_rms_norm(RmsNormParams{.x = b.out->as<bf16>(),
-                                                        .residual = b.residual->as<bf16>(),
-                                                        .residual_out = b.shared->as<bf16>(),
+                       // In place, as the decoder: the stream read and written back.
+                       fused_add_rms_norm(RmsNormParams{.x = b.out->as<float>(),
+                                                        .residual = b.residual->as<float>(),
+                                                        .residual_out = b.residual->as<float>(),
                                                         .weight = norm_weight.as<bf16>(),
                                                         .out = b.norm_out->as<bf16>(),
                                                         .num_rows = T,
                                                         .hidden_size = H},
                                           stream);
                      }),
-         static_cast<double>(4 * T * H * 2 + H * 2), copy_bw);
+         static_cast<double>(3 * T * H * 4 + T * H * 2 + H * 2), copy_bw);
 }
 
 int run(int argc, char** argv) {

@@ -125,10 +125,11 @@ TEST(CudaLauncherChecks, RowKernelsRefuseBadShapes) {
   permute_params.hidden_size = 8;
   permute_params.rows = reinterpret_cast<bf16*>(rows + 1);
   expect_error_naming([&] { permute(permute_params, nullptr); }, "rows (");
+  alignas(16) float wide[64] = {};
   UnpermuteParams unpermute_params{.expert_out = in,
                                    .topk_weights = weights,
                                    .inverse = index,
-                                   .out = out,
+                                   .out = wide,
                                    .num_tokens = 1,
                                    .top_k = 33,
                                    .hidden_size = 8};
@@ -136,11 +137,15 @@ TEST(CudaLauncherChecks, RowKernelsRefuseBadShapes) {
   unpermute_params.top_k = 2;
   unpermute_params.inverse = nullptr;
   expect_error_naming([&] { unpermute(unpermute_params, nullptr); }, "inverse is null");
-  RmsNormParams norm_params{.x = in, .weight = in, .out = out, .num_rows = 1, .hidden_size = 40000};
+  RmsNormParams norm_params{
+      .x = wide, .weight = in, .out = out, .num_rows = 1, .hidden_size = 40000};
   expect_error_naming([&] { fused_add_rms_norm(norm_params, nullptr); }, "hidden_size = 40000");
   norm_params.hidden_size = 8;
-  norm_params.residual = reinterpret_cast<const bf16*>(rows + 3);
+  norm_params.residual = wide + 1;
   expect_error_naming([&] { fused_add_rms_norm(norm_params, nullptr); }, "residual (");
+  norm_params.x = nullptr;
+  norm_params.residual = nullptr;
+  expect_error_naming([&] { fused_add_rms_norm(norm_params, nullptr); }, "both null");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -168,23 +173,38 @@ void expect_equal_ints(const std::vector<int32_t>& got, const std::vector<int32_
   EXPECT_EQ(mismatches, 0u) << what;
 }
 
-// bf16 results against a float reference: |got - want| <= 2^-8 |want| + 1e-5 scale[i].
-void expect_bf16_close(const std::vector<uint16_t>& got, const std::vector<float>& want,
-                       const std::vector<float>& scale, const char* what) {
+// |got[i] - want[i]| <= bound(i) for every element (NaN fails).
+template <typename Bound>
+void expect_within(const std::vector<float>& got, const std::vector<float>& want, Bound bound,
+                   const char* what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   int reported = 0;
   size_t mismatches = 0;
   for (size_t i = 0; i < got.size(); ++i) {
-    const float g = bf16_to_f32(got[i]);
-    const float bound = std::ldexp(std::fabs(want[i]), -8) + 1e-5f * scale[i] + 1e-30f;
-    if (!(std::fabs(g - want[i]) <= bound)) {  // NaN fails
+    if (!(std::fabs(got[i] - want[i]) <= bound(i))) {
       ++mismatches;
       if (reported++ < 5)
-        ADD_FAILURE() << what << "[" << i << "] = " << g << ", want " << want[i] << " (bound "
-                      << bound << ")";
+        ADD_FAILURE() << what << "[" << i << "] = " << got[i] << ", want " << want[i] << " (bound "
+                      << bound(i) << ")";
     }
   }
   EXPECT_EQ(mismatches, 0u) << what << ": " << mismatches << " of " << got.size();
+}
+
+// bf16 results against a float reference: |got - want| <= 2^-8 |want| + 1e-5 scale[i].
+void expect_bf16_close(const std::vector<uint16_t>& got, const std::vector<float>& want,
+                       const std::vector<float>& scale, const char* what) {
+  expect_within(
+      to_float(got), want,
+      [&](size_t i) { return std::ldexp(std::fabs(want[i]), -8) + 1e-5f * scale[i] + 1e-30f; },
+      what);
+}
+
+// float32 outputs summed in float32 in the reference's order: within a few ulps of the sum of
+// magnitudes (fmaf against a separate multiply and add).
+void expect_float_close(const std::vector<float>& got, const std::vector<float>& want,
+                        const std::vector<float>& scale, const char* what) {
+  expect_within(got, want, [&](size_t i) { return 1e-6f * scale[i] + 1e-30f; }, what);
 }
 
 // Router logits on a grid of 1/64 in [-4, 4]: exact ties are common (E = 256 draws from 513
@@ -460,8 +480,8 @@ void unpermute_random(int64_t T) {
       }
       const std::vector<uint16_t> shared =
           with_shared ? random_bf16(T * H, rng, 0.5f) : std::vector<uint16_t>{};
-      const std::vector<uint16_t> residual =
-          with_residual ? random_bf16(T * H, rng, 2.0f) : std::vector<uint16_t>{};
+      const std::vector<float> residual =
+          with_residual ? to_float(random_bf16(T * H, rng, 2.0f)) : std::vector<float>{};
 
       const std::vector<float> expert_out_f = to_float(expert_out);
       const std::vector<float> shared_f = to_float(shared);
@@ -476,7 +496,7 @@ void unpermute_random(int64_t T) {
             s += std::fabs(routing.topk_weights[t * K + k] *
                            expert_out_f[plan.inverse[t * K + k] * H + h]);
           if (with_residual) {
-            const float r = bf16_to_f32(residual[t * H + h]);
+            const float r = residual[t * H + h];
             want[t * H + h] += r;
             s += std::fabs(r);
           }
@@ -487,75 +507,85 @@ void unpermute_random(int64_t T) {
       DeviceBuffer<float> d_weights(routing.topk_weights);
       DeviceBuffer<int32_t> d_inverse(plan.inverse);
       DeviceBuffer<uint16_t> d_shared(shared);
-      DeviceBuffer<uint16_t> d_residual(residual);
-      DeviceBuffer<uint16_t> d_out(T * H);
+      DeviceBuffer<float> d_residual(residual);
+      DeviceBuffer<float> d_out(T * H);
       d_out.poison();
       unpermute(UnpermuteParams{.expert_out = d_expert_out.as_bf16(),
                                 .topk_weights = d_weights.get(),
                                 .inverse = d_inverse.get(),
                                 .shared = with_shared ? d_shared.as_bf16() : nullptr,
-                                .residual = with_residual ? d_residual.as_bf16() : nullptr,
-                                .out = d_out.as_bf16(),
+                                .residual = with_residual ? d_residual.get() : nullptr,
+                                .out = d_out.get(),
                                 .num_tokens = T,
                                 .top_k = K,
                                 .hidden_size = H},
                 nullptr);
       synchronize();
-      expect_bf16_close(d_out.download(), want, scale, "out");
+      expect_float_close(d_out.download(), want, scale, "out");
     }
 }
 
-// float64 reference of the fused norm, from the same bf16-rounded sum the kernel normalises.
-void rms_norm_case(int64_t T, int64_t H, bool with_residual, bool with_residual_out,
-                   std::mt19937& rng) {
-  SCOPED_TRACE(::testing::Message() << "T=" << T << " H=" << H << " residual=" << with_residual
-                                    << " residual_out=" << with_residual_out);
+// Which optional inputs of the fused norm a case gives.
+struct NormInputs {
+  bool x = true, residual = true, residual_out = true, bias = false;
+};
+
+// float64 reference of the fused norm, from the float32 sum the kernel forms in the same order
+// (x, then the residual, then the bias), which residual_out must hold exactly.
+void rms_norm_case(int64_t T, int64_t H, NormInputs in, std::mt19937& rng) {
+  SCOPED_TRACE(::testing::Message() << "T=" << T << " H=" << H << " x=" << in.x << " residual="
+                                    << in.residual << " residual_out=" << in.residual_out
+                                    << " bias=" << in.bias);
   const float eps = 1e-6f;
-  const std::vector<uint16_t> x = random_bf16(T * H, rng, 3.0f);
-  const std::vector<uint16_t> residual =
-      with_residual ? random_bf16(T * H, rng, 3.0f) : std::vector<uint16_t>{};
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  auto random_floats = [&](bool given, int64_t n) {
+    std::vector<float> v(given ? n : 0);
+    for (float& f : v) f = normal(rng);
+    return v;
+  };
+  const std::vector<float> x = random_floats(in.x, T * H);
+  const std::vector<float> residual = random_floats(in.residual, T * H);
+  const std::vector<uint16_t> bias = in.bias ? random_bf16(H, rng, 0.5f) : std::vector<uint16_t>{};
   const std::vector<uint16_t> weight = random_bf16(H, rng, 1.0f);
-  std::vector<uint16_t> want_sum(T * H);
-  std::vector<float> want(T * H), scale(T * H);
+  std::vector<float> want_sum(T * H), want(T * H), scale(T * H);
   for (int64_t t = 0; t < T; ++t) {
     double sum_sq = 0.0;
     for (int64_t h = 0; h < H; ++h) {
-      float s = bf16_to_f32(x[t * H + h]);
-      if (with_residual) s = bf16_to_f32(f32_to_bf16(s + bf16_to_f32(residual[t * H + h])));
-      want_sum[t * H + h] = f32_to_bf16(s);
+      float s = in.x ? x[t * H + h] : 0.0f;
+      if (in.residual) s += residual[t * H + h];
+      if (in.bias) s += bf16_to_f32(bias[h]);
+      want_sum[t * H + h] = s;
       sum_sq += static_cast<double>(s) * s;
     }
     const double inv_rms = 1.0 / std::sqrt(sum_sq / static_cast<double>(H) + eps);
     for (int64_t h = 0; h < H; ++h) {
-      const double v =
-          static_cast<double>(bf16_to_f32(weight[h])) * bf16_to_f32(want_sum[t * H + h]) * inv_rms;
+      const double v = static_cast<double>(bf16_to_f32(weight[h])) * want_sum[t * H + h] * inv_rms;
       want[t * H + h] = static_cast<float>(v);
       scale[t * H + h] = static_cast<float>(std::fabs(v));
     }
   }
-  DeviceBuffer<uint16_t> d_x(x), d_residual(residual), d_weight(weight);
-  DeviceBuffer<uint16_t> d_out(T * H), d_residual_out(T * H);
+  DeviceBuffer<float> d_x(x), d_residual(residual), d_residual_out(T * H);
+  DeviceBuffer<uint16_t> d_bias(bias), d_weight(weight), d_out(T * H);
   d_out.poison();
   d_residual_out.poison();
-  fused_add_rms_norm(
-      RmsNormParams{.x = d_x.as_bf16(),
-                    .residual = with_residual ? d_residual.as_bf16() : nullptr,
-                    .residual_out = with_residual_out ? d_residual_out.as_bf16() : nullptr,
-                    .weight = d_weight.as_bf16(),
-                    .out = d_out.as_bf16(),
-                    .num_rows = T,
-                    .hidden_size = H,
-                    .eps = eps},
-      nullptr);
+  fused_add_rms_norm(RmsNormParams{.x = in.x ? d_x.get() : nullptr,
+                                   .x_bias = in.bias ? d_bias.as_bf16() : nullptr,
+                                   .residual = in.residual ? d_residual.get() : nullptr,
+                                   .residual_out = in.residual_out ? d_residual_out.get() : nullptr,
+                                   .weight = d_weight.as_bf16(),
+                                   .out = d_out.as_bf16(),
+                                   .num_rows = T,
+                                   .hidden_size = H,
+                                   .eps = eps},
+                     nullptr);
   synchronize();
   expect_bf16_close(d_out.download(), want, scale, "out");
-  if (with_residual_out) {
-    const std::vector<uint16_t> got_sum = d_residual_out.download();
+  if (in.residual_out) {
+    const std::vector<float> got_sum = d_residual_out.download();
     size_t mismatches = 0;
     for (size_t i = 0; i < got_sum.size(); ++i)
       if (got_sum[i] != want_sum[i] && mismatches++ < 5)
-        ADD_FAILURE() << "residual_out[" << i << "] = " << bf16_to_f32(got_sum[i]) << ", want "
-                      << bf16_to_f32(want_sum[i]);
+        ADD_FAILURE() << "residual_out[" << i << "] = " << got_sum[i] << ", want " << want_sum[i];
     EXPECT_EQ(mismatches, 0u) << "residual_out";
   }
 }
@@ -565,42 +595,46 @@ void rms_norm_random(int64_t T) {
   const std::vector<int64_t> sizes =
       T <= 99 ? std::vector<int64_t>{8, 136, 2048, 7168, 8200, 16384, 32768}
               : std::vector<int64_t>{136, 2048, 4096};
+  // Cycle through the decoder's uses and the corners: an attention output with its bias joining
+  // the stream, a block output without residual_out (the final norm), the first layer's norm of
+  // the embedded stream alone, a block output alone.
+  const NormInputs variants[] = {
+      {.bias = true},
+      {.residual_out = false},
+      {.x = false, .residual_out = false},
+      {.residual = false},
+  };
   int variant = 0;
-  for (int64_t H : sizes) {
-    // Cycle through (residual, residual_out): both, residual only, neither, residual_out only.
-    const int v = variant % 4;
-    rms_norm_case(T, H, v <= 1, v == 0 || v == 3, rng);
-    ++variant;
-  }
+  for (int64_t H : sizes) rms_norm_case(T, H, variants[variant++ % 4], rng);
 }
 
-// In-place use, as the decoder will call it: residual_out == residual and out == x.
+// In-place use, as the decoder calls it: residual_out == residual.
 void rms_norm_in_place() {
   std::mt19937 rng(fresh_seed());
   const int64_t T = 19, H = 2048;
-  const std::vector<uint16_t> x = random_bf16(T * H, rng, 3.0f);
-  const std::vector<uint16_t> residual = random_bf16(T * H, rng, 3.0f);
+  const std::vector<float> x = to_float(random_bf16(T * H, rng, 3.0f));
+  const std::vector<float> residual = to_float(random_bf16(T * H, rng, 3.0f));
   const std::vector<uint16_t> weight = random_bf16(H, rng, 1.0f);
-  DeviceBuffer<uint16_t> d_x(x), d_residual(residual), d_weight(weight);
-  DeviceBuffer<uint16_t> d_out(T * H), d_sum(T * H);
-  fused_add_rms_norm(RmsNormParams{.x = d_x.as_bf16(),
-                                   .residual = d_residual.as_bf16(),
-                                   .residual_out = d_sum.as_bf16(),
+  DeviceBuffer<float> d_x(x), d_residual(residual), d_sum(T * H);
+  DeviceBuffer<uint16_t> d_weight(weight), d_out(T * H), d_out_in_place(T * H);
+  fused_add_rms_norm(RmsNormParams{.x = d_x.get(),
+                                   .residual = d_residual.get(),
+                                   .residual_out = d_sum.get(),
                                    .weight = d_weight.as_bf16(),
                                    .out = d_out.as_bf16(),
                                    .num_rows = T,
                                    .hidden_size = H},
                      nullptr);
-  fused_add_rms_norm(RmsNormParams{.x = d_x.as_bf16(),
-                                   .residual = d_residual.as_bf16(),
-                                   .residual_out = d_residual.as_bf16(),
+  fused_add_rms_norm(RmsNormParams{.x = d_x.get(),
+                                   .residual = d_residual.get(),
+                                   .residual_out = d_residual.get(),
                                    .weight = d_weight.as_bf16(),
-                                   .out = d_x.as_bf16(),
+                                   .out = d_out_in_place.as_bf16(),
                                    .num_rows = T,
                                    .hidden_size = H},
                      nullptr);
   synchronize();
-  EXPECT_EQ(d_x.download(), d_out.download());
+  EXPECT_EQ(d_out.download(), d_out_in_place.download());
   EXPECT_EQ(d_residual.download(), d_sum.download());
 }
 
@@ -633,7 +667,8 @@ void pipeline(int64_t T, bool in_graph) {
     DeviceBuffer<int32_t> d_ids(T * K);
     DeviceBuffer<float> d_weights(T * K);
     DevicePlan d_plan(T * K, E);
-    DeviceBuffer<uint16_t> d_rows(T * K * H), d_out(T * H);
+    DeviceBuffer<uint16_t> d_rows(T * K * H);
+    DeviceBuffer<float> d_out(T * H);
     d_ids.poison();
     d_weights.poison();
     d_plan.poison();
@@ -661,7 +696,7 @@ void pipeline(int64_t T, bool in_graph) {
     unpermute(UnpermuteParams{.expert_out = d_rows.as_bf16(),
                               .topk_weights = d_weights.get(),
                               .inverse = d_plan.inverse.get(),
-                              .out = d_out.as_bf16(),
+                              .out = d_out.get(),
                               .num_tokens = T,
                               .top_k = K,
                               .hidden_size = H},
@@ -683,7 +718,7 @@ void pipeline(int64_t T, bool in_graph) {
     expect_equal_ints(d_plan.offsets.download(), plan.expert_offsets, "expert_offsets");
     expect_equal_ints(d_plan.src_row.download(), plan.src_row, "src_row");
     expect_equal_ints(d_plan.inverse.download(), plan.inverse, "inverse");
-    expect_bf16_close(d_out.download(), want, scale, "out");
+    expect_float_close(d_out.download(), want, scale, "out");
   }
 }
 

@@ -27,13 +27,14 @@ namespace moeinfer::cuda {
 struct EmbeddingParams {
   const int32_t* token_ids = nullptr;    // [T], each in [0, V) (a device check traps otherwise)
   const __nv_bfloat16* table = nullptr;  // [V, H]
-  __nv_bfloat16* out = nullptr;          // [T, H]
+  __nv_bfloat16* out = nullptr;          // [T, H], or null
+  float* out_f32 = nullptr;              // [T, H] the rows widened to float32, or null
   int64_t num_tokens = 0;                // T
   int64_t vocab_size = 0;                // V
   int64_t hidden_size = 0;               // H, a multiple of 8
 };
 
-// out[t] = table[token_ids[t]].
+// out[t] = table[token_ids[t]] (into out or out_f32, exactly one of them).
 void embedding(const EmbeddingParams& params, cudaStream_t stream);
 
 struct RopeParams {

@@ -44,6 +44,20 @@ __device__ __forceinline__ uint4 float_to_bf16x8(const float (&in)[8]) {
   return packed;
 }
 
+// Eight floats at vector index v (32 bytes at a 16-byte aligned base): two 16-byte accesses.
+__device__ __forceinline__ void load_float8(const float* base, int64_t v, float (&out)[8]) {
+  const float4* p = reinterpret_cast<const float4*>(base) + 2 * v;
+  const float4 a = p[0], b = p[1];
+  out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
+  out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+}
+
+__device__ __forceinline__ void store_float8(float* base, int64_t v, const float (&in)[8]) {
+  float4* p = reinterpret_cast<float4*>(base) + 2 * v;
+  p[0] = make_float4(in[0], in[1], in[2], in[3]);
+  p[1] = make_float4(in[4], in[5], in[6], in[7]);
+}
+
 // Rounds to bf16 and back, as a bf16 store followed by a load would.
 __device__ __forceinline__ float round_bf16(float value) {
   return __bfloat162float(__float2bfloat16_rn(value));

@@ -130,36 +130,41 @@ struct UnpermuteParams {
   const float* topk_weights = nullptr;  // [T, K]
   const int32_t* inverse = nullptr;     // [T*K]
   const bf16* shared = nullptr;         // [T, H] shared experts' output, or null
-  const bf16* residual = nullptr;       // [T, H] added last, or null
-  bf16* out = nullptr;                  // [T, H]; may alias residual or shared
+  const float* residual = nullptr;      // [T, H] added last, or null
+  float* out = nullptr;                 // [T, H]; may alias residual
   int64_t num_tokens = 0;               // T
   int64_t top_k = 0;                    // K, 1..32
   int64_t hidden_size = 0;              // H, a multiple of 8
 };
 
 // unpermute: out[t] = (shared[t] + sum_k w[t,k] * expert_out[inverse[t*K+k]]) + residual[t],
-// accumulated in float32 in that order and rounded to bf16 once. An assignment of weight 0
-// adds nothing and its row is not read (the padding tokens' rows are never computed).
+// accumulated in float32 in that order and written in float32 (the block output joins the
+// float32 residual stream unrounded). An assignment of weight 0 adds nothing and its row is not
+// read (the padding tokens' rows are never computed).
 void unpermute(const UnpermuteParams& params, cudaStream_t stream);
 
+// The residual stream and the block outputs that join it are float32: rounding the stream to
+// bf16 after every add was the largest single source of the GPU's distance from the float32
+// reference on deep or sharply routed models (bench/RESULTS.md, 2026-12-02).
 struct RmsNormParams {
-  const bf16* x = nullptr;         // [T, H]
-  const bf16* residual = nullptr;  // [T, H] or null
-  bf16* residual_out = nullptr;    // [T, H] or null; may alias residual (or x)
-  const bf16* weight = nullptr;    // [H]
-  bf16* out = nullptr;             // [T, H]; may alias x
-  int64_t num_rows = 0;            // T
-  int64_t hidden_size = 0;         // H, a multiple of 8, at most 32768
+  const float* x = nullptr;         // [T, H] a block's output, or null
+  const bf16* x_bias = nullptr;     // [H] added to x (the block's output bias), or null
+  const float* residual = nullptr;  // [T, H] or null; x or residual must be given
+  float* residual_out = nullptr;    // [T, H] or null; may alias residual or x
+  const bf16* weight = nullptr;     // [H]
+  bf16* out = nullptr;              // [T, H]
+  int64_t num_rows = 0;             // T
+  int64_t hidden_size = 0;          // H, a multiple of 8, at most 32768
   float eps = 1e-6f;
   // Divisor of the mean, in [1, hidden_size]; 0: hidden_size. The sum of squares runs over all
   // hidden_size columns, so columns past mean_width (a hidden state padded to the GEMM tiles)
-  // must be zero in x and residual to leave it unchanged; zero weights keep them zero in out.
+  // must be zero in x, x_bias and residual to leave it unchanged; zero weights keep them zero
+  // in out.
   int64_t mean_width = 0;
 };
 
-// RMSNorm fused with the residual add: s = bf16(x + residual) (s = x without a residual),
-// residual_out = s, out = bf16(weight * (s / sqrt(sum(s^2) / mean_width + eps))), all math in
-// float32.
+// RMSNorm fused with the residual add, in float32: s = x + x_bias + residual (the terms given),
+// residual_out = s, out = bf16(weight * (s / sqrt(sum(s^2) / mean_width + eps))).
 void fused_add_rms_norm(const RmsNormParams& params, cudaStream_t stream);
 
 }  // namespace moeinfer::cuda

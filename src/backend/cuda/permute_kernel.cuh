@@ -9,7 +9,7 @@
 //   written) even when hidden is larger than L2, where an expert-major gather would read each
 //   token's row K times in a scattered order.
 // unpermute: out[t] = (shared[t] + sum_k w[t,k] * expert_out[inverse[t*K+k]]) + residual[t],
-//   float32 accumulation in that order (the CPU reference's order), one bf16 rounding. The K
+//   float32 accumulation in that order (the CPU reference's order), written in float32. The K
 //   source vectors are loaded in batches of kUnpermuteBatch before the first multiply.
 //
 // Per-token metadata (K row indices, K weights) is read by every thread of the token; those
@@ -89,11 +89,11 @@ __global__ void __launch_bounds__(kRowKernelThreads)
   }
   if (p.residual) {
     float r[8];
-    device::bf16x8_to_float(reinterpret_cast<const uint4*>(p.residual)[idx], r);
+    device::load_float8(p.residual, idx, r);
 #pragma unroll
     for (int i = 0; i < 8; ++i) acc[i] += r[i];
   }
-  reinterpret_cast<uint4*>(p.out)[idx] = device::float_to_bf16x8(acc);
+  device::store_float8(p.out, idx, acc);
 }
 
 }  // namespace moeinfer::cuda

@@ -1,5 +1,5 @@
 // Launcher of the residual-fused RMSNorm (rms_norm_kernel.cuh): one block per row, sized so
-// that each thread holds at most 1, 2 or 4 vectors of 8 bf16 in registers.
+// that each thread holds at most 1, 2 or 4 groups of 8 floats in registers.
 #include <algorithm>
 
 #include "backend/cuda/cuda_check.h"
@@ -33,10 +33,11 @@ void fused_add_rms_norm(const RmsNormParams& args, cudaStream_t stream) {
   RmsNormParams params = args;
   if (params.mean_width == 0) params.mean_width = params.hidden_size;
   if (params.num_rows == 0) return;
-  detail::check_pointer(params.x, "x");
+  MOE_CHECK(params.x || params.residual, "rms_norm: x and residual are both null");
   detail::check_pointer(params.weight, "weight");
   detail::check_pointer(params.out, "out");
-  detail::check_aligned16(params.x, "x");
+  if (params.x) detail::check_aligned16(params.x, "x");
+  if (params.x_bias) detail::check_aligned16(params.x_bias, "x_bias");
   detail::check_aligned16(params.weight, "weight");
   detail::check_aligned16(params.out, "out");
   if (params.residual) detail::check_aligned16(params.residual, "residual");

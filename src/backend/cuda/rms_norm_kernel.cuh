@@ -1,16 +1,16 @@
-// RMSNorm fused with the residual add, one block per row:
-//   s = bf16(x + residual)            (s = x when there is no residual)
+// RMSNorm fused with the residual add, one block per row, in float32:
+//   s = x + x_bias + residual         (the terms that are given)
 //   residual_out = s
 //   out = bf16(weight * (s / sqrt(sum(s^2) / mean_width + eps)))
-// The sum is rounded to bf16 before it is normalised, so the fused kernel computes exactly what
-// the unfused pair (a bf16 residual add, then a norm of the stored bf16 stream) would.
+// The residual stream is float32 and is normalised unrounded, as the float32 reference does; only
+// the normalised row, the next GEMM's input, is rounded to bf16.
 //
-// Why this shape: the row is read once and kept in registers (kVecs 16-byte vectors of 8 bf16
-// per thread, a compile-time count so the array is not spilled to local memory), all of a
-// thread's loads (x, residual, weight) are issued before the first use, the sum of
-// squares is one warp reduction plus one across warps through shared memory, and the row is
-// written once. Each thread reads and writes only its own elements, so out may alias x and
-// residual_out may alias residual.
+// Why this shape: the row is read once and kept in registers (kVecs groups of 8 floats per
+// thread, a compile-time count so the array is not spilled to local memory), all of a thread's
+// loads are issued in one loop before the first store (none waits behind a residual_out store
+// that the compiler must assume could alias it), the sum of squares is one warp reduction plus
+// one across warps through shared memory, and the row is written once. Each thread reads and
+// writes only its own elements, so residual_out may alias residual or x.
 #pragma once
 
 #include "backend/cuda/device_utils.cuh"
@@ -25,46 +25,47 @@ __global__ void __launch_bounds__(1024)
   const int64_t row = blockIdx.x;
   if (row >= p.num_rows) return;
   const int vecs = static_cast<int>(p.hidden_size / device::kBf16PerVec);
-  const uint4* x = reinterpret_cast<const uint4*>(p.x) + row * vecs;
-  const uint4* residual =
-      p.residual ? reinterpret_cast<const uint4*>(p.residual) + row * vecs : nullptr;
+  const float* x = p.x ? p.x + row * p.hidden_size : nullptr;
+  const float* residual = p.residual ? p.residual + row * p.hidden_size : nullptr;
 
-  // Every load first (x, residual and the weight, which is needed only after the reduction):
-  // all of a thread's loads are in flight together, and none waits behind a residual_out store
-  // that the compiler must assume could alias it. At 4 vectors per thread (H > 16384) the
-  // early weight would not fit the 64 registers that 1024 threads leave each, so there it is
-  // loaded after the reduction.
+  // At 4 groups per thread (H > 16384) an early weight would not fit the 64 registers that 1024
+  // threads leave each, so there it is loaded after the reduction.
   constexpr bool kEarlyWeight = kVecs <= 2;
-  uint4 x_raw[kVecs], residual_raw[kVecs], weight_raw[kVecs];
+  uint4 weight_raw[kVecs];
+  float s[kVecs][8];
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) {
     const int v = threadIdx.x + j * blockDim.x;
     if (v < vecs) {
-      x_raw[j] = x[v];
-      if (residual) residual_raw[j] = residual[v];
+      if (x) {
+        device::load_float8(x, v, s[j]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) s[j][i] = 0.0f;
+      }
+      if (residual) {
+        float r[8];
+        device::load_float8(residual, v, r);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) s[j][i] += r[i];
+      }
+      if (p.x_bias) {
+        float b[8];
+        device::bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(p.x_bias) + v), b);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) s[j][i] += b[i];
+      }
       if constexpr (kEarlyWeight)
         weight_raw[j] = __ldg(reinterpret_cast<const uint4*>(p.weight) + v);
     }
   }
 
-  float s[kVecs][8];
   float sum_sq = 0.0f;
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) {
     const int v = threadIdx.x + j * blockDim.x;
     if (v < vecs) {
-      device::bf16x8_to_float(x_raw[j], s[j]);
-      if (residual) {
-        float r[8];
-        device::bf16x8_to_float(residual_raw[j], r);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) s[j][i] = device::round_bf16(s[j][i] + r[i]);
-      }
-      // residual_out always holds the normalised stream (s = x without a residual).
-      if (p.residual_out) {
-        reinterpret_cast<uint4*>(p.residual_out)[row * vecs + v] =
-            residual ? device::float_to_bf16x8(s[j]) : x_raw[j];
-      }
+      if (p.residual_out) device::store_float8(p.residual_out + row * p.hidden_size, v, s[j]);
 #pragma unroll
       for (int i = 0; i < 8; ++i) sum_sq = fmaf(s[j][i], s[j][i], sum_sq);
     }

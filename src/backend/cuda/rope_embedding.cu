@@ -14,9 +14,11 @@ void embedding(const EmbeddingParams& p, cudaStream_t stream) {
   if (p.num_tokens == 0) return;
   detail::check_pointer(p.token_ids, "token_ids");
   detail::check_pointer(p.table, "table");
-  detail::check_pointer(p.out, "out");
+  MOE_CHECK((p.out != nullptr) != (p.out_f32 != nullptr),
+            "embedding: exactly one of out and out_f32 must be given");
   detail::check_aligned16(p.table, "table");
-  detail::check_aligned16(p.out, "out");
+  if (p.out) detail::check_aligned16(p.out, "out");
+  if (p.out_f32) detail::check_aligned16(p.out_f32, "out_f32");
   const int64_t threads = p.num_tokens * (p.hidden_size / device::kBf16PerVec);
   embedding_kernel<<<static_cast<unsigned>((threads + kEmbeddingThreads - 1) / kEmbeddingThreads),
                      kEmbeddingThreads, 0, stream>>>(p);

@@ -31,7 +31,13 @@ __global__ void __launch_bounds__(kEmbeddingThreads)
   MOE_DEVICE_CHECK(id >= 0 && id < p.vocab_size);
   const uint4 value =
       __ldg(reinterpret_cast<const uint4*>(p.table) + static_cast<int64_t>(id) * vecs + v);
-  reinterpret_cast<uint4*>(p.out)[idx] = value;
+  if (p.out_f32) {
+    float wide[8];
+    device::bf16x8_to_float(value, wide);
+    device::store_float8(p.out_f32, idx, wide);
+  } else {
+    reinterpret_cast<uint4*>(p.out)[idx] = value;
+  }
 }
 
 __global__ void __launch_bounds__(kRopeThreads) rope_kernel(const __grid_constant__ RopeParams p) {

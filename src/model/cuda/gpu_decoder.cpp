@@ -166,8 +166,9 @@ class CudaDecoder final : public GpuDecoder {
   void mla_attention(int64_t layer, const Step& step);
   void qk_norm_clip_rope_write(int64_t layer, const Step& step);
   void feed_forward(int64_t layer, int64_t num_tokens);
+  // out[num_tokens, Hp] = down(silu(gate) * up) of normed_, in bf16 or float32.
   void dense_mlp(const bf16* gate_up, const bf16* down, int64_t width, int64_t num_tokens,
-                 bf16* out);
+                 void* out, bool f32_out);
   void upload_meta(const Step& step);
 
   // y[rows, n] = x[rows, k] . W[n, k]^T (row strides in elements).
@@ -199,7 +200,9 @@ class CudaDecoder final : public GpuDecoder {
   Meta meta_, host_meta_;
   size_t meta_bytes_ = 0;
   float* inv_freq_ = nullptr;
-  bf16 *hidden_ = nullptr, *normed_ = nullptr, *block_out_ = nullptr, *normed_gathered_ = nullptr;
+  // The residual stream and the block outputs that join it are float32 (see RmsNormParams).
+  float *hidden_ = nullptr, *block_out_ = nullptr;  // [T, Hp]
+  bf16 *normed_ = nullptr, *normed_gathered_ = nullptr;
   bf16 *qkv_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *attn_ = nullptr;
   bf16 *mla_q_ = nullptr, *mla_q_lora_ = nullptr, *mla_latent_ = nullptr, *mla_q_full_ = nullptr,
        *mla_out_latent_ = nullptr;
@@ -362,9 +365,9 @@ void CudaDecoder::allocate_workspace() {
 
   auto carve = [&](Carver& cv) {
     inv_freq_ = cv.take<float>(std::max<int64_t>(rotary_dim_ / 2, 1));
-    hidden_ = cv.take<bf16>(T * H);
+    hidden_ = cv.take<float>(T * H);
     normed_ = cv.take<bf16>(T * H);
-    block_out_ = cv.take<bf16>(T * H);
+    block_out_ = cv.take<float>(T * H);
     normed_gathered_ = cv.take<bf16>(T * H);
     if (c.mla) {
       const MlaConfig& m = *c.mla;
@@ -596,14 +599,13 @@ void CudaDecoder::enqueue_layers(const Step& step) {
   const ModelConfig& c = config_;
   const int64_t T = step.num_tokens, H = w_.padded_hidden_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  cuda::embedding({.token_ids = meta_.ids, .table = w_.embed, .out = hidden_, .num_tokens = T,
-                   .vocab_size = c.vocab_size, .hidden_size = H},
+  cuda::embedding({.token_ids = meta_.ids, .table = w_.embed, .out_f32 = hidden_,
+                   .num_tokens = T, .vocab_size = c.vocab_size, .hidden_size = H},
                   stream_);
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const DeviceLayer& d = w_.layers[l];
     // normed = norm(hidden + previous block output); the residual stream stays in hidden.
-    cuda::fused_add_rms_norm({.x = l == 0 ? hidden_ : block_out_,
-                              .residual = l == 0 ? nullptr : hidden_,
+    cuda::fused_add_rms_norm({.x = l == 0 ? nullptr : block_out_, .residual = hidden_,
                               .residual_out = l == 0 ? nullptr : hidden_,
                               .weight = d.input_norm, .out = normed_, .num_rows = T,
                               .hidden_size = H, .eps = eps, .mean_width = c.hidden_size},
@@ -613,8 +615,9 @@ void CudaDecoder::enqueue_layers(const Step& step) {
     } else {
       attention(l, step);
     }
-    cuda::fused_add_rms_norm({.x = block_out_, .residual = hidden_, .residual_out = hidden_,
-                              .weight = d.post_norm, .out = normed_, .num_rows = T,
+    cuda::fused_add_rms_norm({.x = block_out_, .x_bias = d.o_bias, .residual = hidden_,
+                              .residual_out = hidden_, .weight = d.post_norm, .out = normed_,
+                              .num_rows = T,
                               .hidden_size = H, .eps = eps, .mean_width = c.hidden_size},
                              stream_);
     mark(profile::Stage::kAttention, l);
@@ -688,11 +691,8 @@ void CudaDecoder::attention(int64_t layer, const Step& step) {
          .scale = attention_scale_, .sliding_window = window},
         stream_);
   }
-  linear(attn_, T, Nq * Dp, d.o_proj, H, Nq * Dp, block_out_, H, false);
-  if (d.o_bias) {
-    cuda::bias_clip({.x = block_out_, .bias = d.o_bias, .rows = T, .width = H, .stride = H},
-                    stream_);
-  }
+  // o_proj's bias joins in the norm that adds this output to the residual stream.
+  linear(attn_, T, Nq * Dp, d.o_proj, H, Nq * Dp, block_out_, H, /*f32_out=*/true);
 }
 
 // The unfused path for what attention_inputs does not cover: OLMoE's norm over the whole
@@ -806,17 +806,17 @@ void CudaDecoder::mla_attention(int64_t layer, const Step& step) {
       (nope + vd) * L, mla_out_latent_, CUDA_R_16BF, static_cast<int>(Nh * L), L, &zero, attn_,
       CUDA_R_16BF, static_cast<int>(Nh * vd), vd, static_cast<int>(Nh), CUBLAS_COMPUTE_32F,
       CUBLAS_GEMM_DEFAULT));
-  linear(attn_, T, Nh * vd, d.mla_o, H, Nh * vd, block_out_, H, false);
+  linear(attn_, T, Nh * vd, d.mla_o, H, Nh * vd, block_out_, H, /*f32_out=*/true);
 }
 
 void CudaDecoder::dense_mlp(const bf16* gate_up, const bf16* down, int64_t width,
-                            int64_t num_tokens, bf16* out) {
+                            int64_t num_tokens, void* out, bool f32_out) {
   const int64_t H = w_.padded_hidden_size;
   linear(normed_, num_tokens, H, gate_up, 2 * width, H, mlp_gate_up_, 2 * width, false);
   cuda::silu_mul({.gate_up = mlp_gate_up_, .out = mlp_act_, .num_tokens = num_tokens,
                   .width = width},
                  stream_);
-  linear(mlp_act_, num_tokens, width, down, H, width, out, H, false);
+  linear(mlp_act_, num_tokens, width, down, H, width, out, H, f32_out);
 }
 
 void CudaDecoder::feed_forward(int64_t layer, int64_t T) {
@@ -824,7 +824,7 @@ void CudaDecoder::feed_forward(int64_t layer, int64_t T) {
   const DeviceLayer& d = w_.layers[layer];
   const int64_t H = w_.padded_hidden_size, E = c.num_experts, K = c.num_experts_per_tok;
   if (!d.is_moe) {
-    dense_mlp(d.mlp_gate_up, d.mlp_down, d.mlp_width, T, block_out_);
+    dense_mlp(d.mlp_gate_up, d.mlp_down, d.mlp_width, T, block_out_, /*f32_out=*/true);
     mark(profile::Stage::kDenseMlp, layer);
     return;
   }
@@ -865,7 +865,7 @@ void CudaDecoder::feed_forward(int64_t layer, int64_t T) {
   mark(profile::Stage::kExperts, layer);
   const bf16* shared = nullptr;
   if (d.shared_gate_up) {
-    dense_mlp(d.shared_gate_up, d.shared_down, d.shared_width, T, shared_out_);
+    dense_mlp(d.shared_gate_up, d.shared_down, d.shared_width, T, shared_out_, /*f32_out=*/false);
     if (d.shared_gate) {
       linear(normed_, T, H, d.shared_gate, 1, H, shared_gate_logits_, 1, /*f32_out=*/true);
       cuda::sigmoid_scale_rows({.x = shared_out_, .logits = shared_gate_logits_,
