@@ -201,7 +201,8 @@ RequestId Engine::add_request(std::vector<int32_t> prompt, const GenerationParam
   for (int32_t id : prompt) {
     MOE_CHECK(id >= 0 && id < V, "token id ", id, " outside the vocabulary of ", V);
   }
-  MOE_CHECK(params.max_tokens >= 0, "max_tokens must be >= 0, got ", params.max_tokens);
+  MOE_CHECK(params.max_tokens >= 1 || (params.max_tokens == 0 && params.prompt_logprobs >= 0),
+            "max_tokens must be >= 1 (0 only to score the prompt), got ", params.max_tokens);
   MOE_CHECK(params.logprobs <= 20, "logprobs must be <= 20, got ", params.logprobs);
   MOE_CHECK(params.prompt_logprobs <= 20, "prompt_logprobs must be <= 20, got ",
             params.prompt_logprobs);

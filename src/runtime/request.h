@@ -24,7 +24,7 @@ inline constexpr int64_t kMaxSequencesPerRequest = 128;
 struct GenerationParams {
   SamplingParams sampling;
   bool has_seed = false;  // false: the engine draws a seed
-  // 0: the prompt is run (and scored, with prompt_logprobs) and nothing is generated.
+  // 0 only with prompt_logprobs: the prompt is scored and nothing is generated.
   int64_t max_tokens = 16;
   std::vector<std::string> stop;        // stop strings; the text ends before the first match
   std::vector<int32_t> stop_token_ids;  // besides the model's end-of-sequence ids

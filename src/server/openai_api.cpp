@@ -205,6 +205,10 @@ void parse_sampling(const json& body, ApiRequest& r, const GenerationDefaults& d
   }
   g.prompt_logprobs = r.prompt_logprobs;
   if (r.echo && g.logprobs >= 0) g.prompt_logprobs = std::max(g.prompt_logprobs, g.logprobs);
+  // echo with max_tokens 0 asks for the prompt only: the engine runs it as a scored prompt.
+  if (r.echo && r.max_tokens_given && g.max_tokens == 0) {
+    g.prompt_logprobs = std::max<int64_t>(g.prompt_logprobs, 0);
+  }
 }
 
 // The request fields this server honours, per endpoint; anything else a client sends is refused

@@ -84,6 +84,9 @@ TEST(OpenAiSampling, EchoScoresThePrompt) {
   EXPECT_EQ(r.params.prompt_logprobs, 2);
   r = parse_request(R"({"prompt": "hi", "echo": true})", Endpoint::kCompletions);
   EXPECT_EQ(r.params.prompt_logprobs, -1) << "echo without logprobs scores nothing";
+  r = parse_request(R"({"prompt": "hi", "echo": true, "max_tokens": 0})", Endpoint::kCompletions);
+  EXPECT_EQ(r.params.prompt_logprobs, 0) << "the prompt alone runs as a scored prompt";
+  EXPECT_EQ(r.prompt_logprobs, -1) << "and the response shows no prompt_logprobs";
   std::string param;
   EXPECT_EQ(status_of(R"({"prompt": "hi", "max_tokens": 0})", Endpoint::kCompletions, &param), 400);
   EXPECT_EQ(param, "max_tokens");
