@@ -164,6 +164,16 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--shutdown-grace", args->server.shutdown_grace_seconds,
                   "Seconds to let requests in flight finish after SIGTERM")
       ->capture_default_str();
+  cmd->add_option("--header-timeout", args->server.header_timeout_seconds,
+                  "Seconds a request line and its headers may take to arrive (slow senders "
+                  "are answered 408)")
+      ->capture_default_str();
+  cmd->add_option("--body-timeout", args->server.body_timeout_seconds,
+                  "Seconds a request body may take to arrive after its headers")
+      ->capture_default_str();
+  cmd->add_option("--allowed-hosts", args->server.allowed_hosts,
+                  "Host header names to answer, comma-separated (others get 421; default: any)")
+      ->delimiter(',');
   cmd->callback([args] { run_serve(*args); });
 }
 

@@ -6,7 +6,10 @@
 #include <strings.h>
 #include <sys/socket.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <optional>
 #include <unordered_map>
@@ -14,6 +17,7 @@
 #include "core/error.h"
 #include "core/version.h"
 #include "server/dashboard.h"
+#include "server/http_connection.h"
 
 namespace moeinfer::server {
 
@@ -34,6 +38,7 @@ struct Channel {
   Clock::time_point first_token, last_token;
   bool has_first = false;
   bool abort_sent = false;
+  bool shutdown_abort = false;  // aborted because the grace period ended
 
   void push(RequestOutput out) {
     {
@@ -55,13 +60,7 @@ struct Channel {
 
 namespace {
 
-// cpp-httplib listens with a backlog of 5, a compile-time constant of the packaged library; a
-// burst of clients (64 connecting at once) overflows it and the kernel drops their handshakes.
-// Linux takes a second listen() on the bound socket as the new backlog.
-class HttpServer : public httplib::Server {
- public:
-  bool widen_backlog(int backlog) { return ::listen(svr_sock_, backlog) == 0; }
-};
+constexpr size_t kMaxBodyBytes = size_t{16} << 20;
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
@@ -85,6 +84,52 @@ std::string sse(const json& body) {
   return "data: " + body.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
 }
 
+std::chrono::milliseconds milliseconds_of(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
+}
+
+std::string seconds_text(std::chrono::milliseconds ms) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g s", static_cast<double>(ms.count()) / 1000.0);
+  return text;
+}
+
+// The name of a Host header value or an --allowed-hosts entry: no port, no IPv6 brackets, lower
+// case (RFC 9110 4.2.3). An entry may give an IPv6 address without brackets.
+std::string host_name(const std::string& host) {
+  std::string name;
+  if (!host.empty() && host[0] == '[') {
+    name = host.substr(1, host.find(']') - 1);
+  } else if (std::count(host.begin(), host.end(), ':') > 1) {
+    name = host;
+  } else {
+    name = host.substr(0, host.find(':'));
+  }
+  std::transform(name.begin(), name.end(), name.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return name;
+}
+
+// The most bytes of text one token stands for: its longest decoded token. A token covers at
+// most that many bytes of normalised text, and normalisation (NFC, NFKC) shrinks text at most
+// threefold, so four times that per token bounds a prompt that fits the context.
+int64_t prompt_bytes_per_token(const Tokenizer& tokenizer) {
+  size_t longest = 1;
+  for (int64_t id = 0; id < tokenizer.vocab_size(); ++id) {
+    const int32_t ids[] = {static_cast<int32_t>(id)};
+    try {
+      longest = std::max(longest, tokenizer.decode(ids).size());
+    } catch (const Error&) {  // a hole in the id range
+    }
+  }
+  return 4 * static_cast<int64_t>(longest);
+}
+
+// A request whose body may still be unread on the connection when it is answered.
+bool has_body(const httplib::Request& req) {
+  return req.has_header("Content-Length") || req.has_header("Transfer-Encoding");
+}
+
 // Decrements the in-flight count once, however the request ends.
 struct InFlight {
   explicit InFlight(std::atomic<int64_t>& count) : count_(&count) {}
@@ -99,10 +144,21 @@ Server::Server(std::unique_ptr<Engine> engine, ChatConfig chat, const ServerConf
     : engine_(std::move(engine)),
       chat_(std::move(chat)),
       config_(config),
-      http_(std::make_unique<HttpServer>()),
       created_(static_cast<int64_t>(std::time(nullptr))) {
   MOE_CHECK(config.max_queue >= 0, "--max-queue must be >= 0, got ", config.max_queue);
   MOE_CHECK(!config.model_name.empty(), "the served model needs a name");
+  MOE_CHECK(config.header_timeout_seconds > 0 && config.body_timeout_seconds > 0,
+            "--header-timeout and --body-timeout must be > 0, got ", config.header_timeout_seconds,
+            " and ", config.body_timeout_seconds);
+  for (std::string& host : config_.allowed_hosts) {
+    host = host_name(host);
+    MOE_CHECK(!host.empty(), "--allowed-hosts has an empty name");
+  }
+  http_ = std::make_unique<HttpServer>(
+      HttpLimits{.header_timeout = milliseconds_of(config.header_timeout_seconds),
+                 .body_timeout = milliseconds_of(config.body_timeout_seconds),
+                 .max_body_bytes = kMaxBodyBytes});
+  max_prompt_bytes_ = engine_->max_model_len() * prompt_bytes_per_token(engine_->tokenizer());
   if (chat_.chat_template)
     template_ = std::make_unique<ChatTemplate>(ChatTemplate::parse(*chat_.chat_template));
   const int64_t threads = config.num_http_threads > 0
@@ -119,7 +175,8 @@ Server::Server(std::unique_ptr<Engine> engine, ChatConfig chat, const ServerConf
     ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
   });
   http_->set_keep_alive_max_count(1000);
-  http_->set_payload_max_length(size_t{16} << 20);
+  // read_body bounds the bodies of our routes; this bounds cpp-httplib's own reads of the others.
+  http_->set_payload_max_length(kMaxBodyBytes);
   install_routes();
 }
 
@@ -145,44 +202,112 @@ int Server::bind() {
     MOE_CHECK(http_->bind_to_port(config_.host, port), "cannot bind to ", config_.host, ":", port,
               ": address in use, or not an address of this host");
   }
-  MOE_CHECK(static_cast<HttpServer&>(*http_).widen_backlog(1024), "listen() on ", config_.host, ":",
-            port, " failed");
+  MOE_CHECK(http_->widen_backlog(1024), "listen() on ", config_.host, ":", port, " failed");
   config_.port = port;
   return port;
 }
 
-void Server::install_routes() {
-  http_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    // /health and the dashboard's page (static, no figures: its data needs the key) are open.
-    if (config_.api_key.empty() || req.path == "/health" || req.path == "/dashboard")
-      return httplib::Server::HandlerResponse::Unhandled;
+bool Server::refuse_before_routing(const httplib::Request& req, httplib::Response& res) {
+  std::optional<ApiError> error;
+  // /health (probes use the address as the host) and the dashboard's page (static, no figures:
+  // its data needs the key) are open.
+  const bool open = req.path == "/health" || req.path == "/dashboard";
+  if (!config_.allowed_hosts.empty() && req.path != "/health") {
+    const std::string host = host_name(req.get_header_value("Host"));
+    if (std::find(config_.allowed_hosts.begin(), config_.allowed_hosts.end(), host) ==
+        config_.allowed_hosts.end()) {
+      error = ApiError(421, "this server does not answer for the host '" + host + "'",
+                       "invalid_request_error", "", "host_not_allowed");
+    }
+  }
+  if (!error && !config_.api_key.empty() && !open) {
     // The scheme is case-insensitive (RFC 9110), the key is not.
     const std::string auth = req.get_header_value("Authorization");
     const bool bearer = auth.size() > 7 && strncasecmp(auth.c_str(), "Bearer ", 7) == 0;
     if (!bearer || !same_secret(auth.substr(7), config_.api_key)) {
-      metrics_.count_rejected(401);
-      send_json(res, 401,
-                error_body("missing or wrong API key: send 'Authorization: Bearer <key>'",
-                           "invalid_request_error", "", "invalid_api_key"));
-      return httplib::Server::HandlerResponse::Handled;
+      error = ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                       "invalid_request_error", "", "invalid_api_key");
     }
-    return httplib::Server::HandlerResponse::Unhandled;
+  }
+  if (!error) return false;
+  metrics_.count_rejected(error->status);
+  send_error(res, *error);
+  // Answered before the body was read: what follows on the connection is that body.
+  ConnectionState* connection = ConnectionState::current();
+  if (connection && has_body(req)) connection->close_after(res);
+  return true;
+}
+
+void Server::answer_http_error(const httplib::Request& req, httplib::Response& res) {
+  if (!res.body.empty()) return;  // one of ours: an error object already, and counted
+  ConnectionState* connection = ConnectionState::current();
+  const auto& limits = http_->limits();
+  const bool in_headers = connection && connection->phase() == ReadPhase::kHeaders;
+  const ReadFailure failure = connection ? connection->read_failure() : ReadFailure::kNone;
+  std::string message = "a malformed HTTP request";
+  std::string code;
+  if (in_headers && failure == ReadFailure::kTimeout) {
+    res.status = 408;
+    message = "the request headers did not arrive within " + seconds_text(limits.header_timeout);
+  } else if (in_headers && failure == ReadFailure::kTooLarge) {
+    res.status = 431;
+    message = "the request headers are larger than " +
+              std::to_string(limits.max_header_bytes >> 10) + " KiB";
+  } else if (res.status == 404) {
+    message = "no route for " + req.method + " " + req.path;
+    code = "not_found";
+  } else if (res.status == 413) {
+    message = "the request body is larger than " + std::to_string(kMaxBodyBytes >> 20) + " MiB";
+    code = "payload_too_large";
+  } else if (res.status == 414) {
+    message = "the request target is too long";
+  }
+  // cpp-httplib refused it before or while framing it: the rest of the request may still be on
+  // the connection, unread. Only a 404 for a request without a body leaves it clean.
+  if (connection && (res.status != 404 || has_body(req))) connection->close_after(res);
+  metrics_.count_rejected(res.status);
+  send_json(res, res.status, error_body(message, "invalid_request_error", "", code));
+}
+
+bool Server::read_request_body(const httplib::Request& req, httplib::Response& res,
+                               const httplib::ContentReader& reader, std::string* body) {
+  const BodyRead read = read_body(req, res, reader, http_->limits(), body);
+  if (read.ok) return true;
+  metrics_.count_rejected(read.status);
+  send_json(res, read.status,
+            error_body(read.message, "invalid_request_error", "",
+                       read.status == 413 ? "payload_too_large" : ""));
+  return false;
+}
+
+void Server::post(const std::string& pattern, BodyHandler handler) {
+  http_->Post(pattern, [this, handler = std::move(handler)](const httplib::Request& req,
+                                                            httplib::Response& res,
+                                                            const httplib::ContentReader& reader) {
+    std::string body;
+    if (read_request_body(req, res, reader, &body)) handler(body, res);
   });
-  http_->set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;
-    if (res.status == 404) {
-      send_json(res, 404,
-                error_body("no route for " + req.method + " " + req.path, "invalid_request_error",
-                           "", "not_found"));
-    } else if (res.status == 413) {
-      send_json(res, 413,
-                error_body("the request body is too large", "invalid_request_error", "",
-                           "payload_too_large"));
-    } else {
-      send_json(
-          res, res.status,
-          error_body("HTTP error " + std::to_string(res.status), "invalid_request_error", "", ""));
-    }
+}
+
+void Server::install_routes() {
+  http_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    return refuse_before_routing(req, res) ? httplib::Server::HandlerResponse::Handled
+                                           : httplib::Server::HandlerResponse::Unhandled;
+  });
+  http_->set_error_handler(
+      [this](const httplib::Request& req, httplib::Response& res) { answer_http_error(req, res); });
+  // A client that waits for 100 Continue before sending a body over the limit gets its 413
+  // instead (cpp-httplib would say 100 and then refuse the body).
+  http_->set_expect_100_continue_handler([](const httplib::Request& req, httplib::Response& res) {
+    const std::string length = req.get_header_value("Content-Length");
+    if (std::strtoull(length.c_str(), nullptr, 10) <= kMaxBodyBytes) return 100;
+    res.status = 413;  // what cpp-httplib answers; the return value only picks the branch
+    return 413;
+  });
+  // cpp-httplib adds Keep-Alive to every answer but the last of a connection; not to one that
+  // closes it.
+  http_->set_post_routing_handler([](const httplib::Request&, httplib::Response& res) {
+    if (res.get_header_value("Connection") == "close") res.headers.erase("Keep-Alive");
   });
   http_->set_exception_handler(
       [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
@@ -244,9 +369,9 @@ void Server::install_routes() {
     send_json(res, 200, {{"version", kVersion}});
   });
   // vLLM's tokenizer endpoints.
-  http_->Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+  post("/tokenize", [this](const std::string& body, httplib::Response& res) {
     answer(res, [&] {
-      TokenizeRequest t = parse_tokenize_request(req.body);
+      TokenizeRequest t = parse_tokenize_request(body);
       check_model(t.request.model);
       const std::vector<int32_t> ids =
           prompt_ids(t.request, t.request.params,
@@ -259,10 +384,10 @@ void Server::install_routes() {
                  {"token_strs", nullptr}});
     });
   });
-  http_->Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+  post("/detokenize", [this](const std::string& body, httplib::Response& res) {
     answer(res, [&] {
       std::string model;
-      const std::vector<int32_t> ids = parse_detokenize_request(req.body, &model);
+      const std::vector<int32_t> ids = parse_detokenize_request(body, &model);
       check_model(model);
       const int64_t vocab = engine_->model_config().vocab_size;
       for (int32_t id : ids) {
@@ -276,12 +401,34 @@ void Server::install_routes() {
       send_json(res, 200, {{"prompt", engine_->tokenizer().decode(ids)}});
     });
   });
-  http_->Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    handle_completion(req.body, Endpoint::kCompletions, res);
+  post("/v1/completions", [this](const std::string& body, httplib::Response& res) {
+    handle_completion(body, Endpoint::kCompletions, res);
   });
-  http_->Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    handle_completion(req.body, Endpoint::kChat, res);
+  post("/v1/chat/completions", [this](const std::string& body, httplib::Response& res) {
+    handle_completion(body, Endpoint::kChat, res);
   });
+  // Every other request with a body is read through read_body too (cpp-httplib's own reading
+  // bounds no chunked body), then answered 404 by the error handler.
+  const auto no_route = [this](const httplib::Request& req, httplib::Response& res,
+                               const httplib::ContentReader& reader) {
+    std::string body;
+    if (read_request_body(req, res, reader, &body)) res.status = 404;
+  };
+  http_->Post(".*", no_route);
+  http_->Put(".*", no_route);
+  http_->Patch(".*", no_route);
+  http_->Delete(".*", no_route);
+}
+
+void Server::check_prompt_bytes(size_t bytes, Endpoint endpoint) const {
+  if (static_cast<int64_t>(bytes) <= max_prompt_bytes_) return;
+  throw ApiError(400,
+                 "the prompt is " + std::to_string(bytes) + " bytes, more than this model's " +
+                     "maximum context length of " + std::to_string(engine_->max_model_len()) +
+                     " tokens could hold (at most " + std::to_string(max_prompt_bytes_) +
+                     " bytes); it was not tokenized",
+                 "invalid_request_error", endpoint == Endpoint::kChat ? "messages" : "prompt",
+                 "context_length_exceeded");
 }
 
 void Server::check_model(const std::string& model) const {
@@ -317,6 +464,7 @@ std::vector<int32_t> Server::prompt_ids(const ApiRequest& request, GenerationPar
       throw ApiError(400, std::string("the chat template failed: ") + e.what(),
                      "invalid_request_error", "messages");
     }
+    check_prompt_bytes(text.size(), request.endpoint);
     // The template writes any BOS itself, as transformers' apply_chat_template assumes.
     ids = tokenizer.encode(text, /*add_special_tokens=*/false);
     if (auto eos = tokenizer.token_to_id(chat_.eos_token); eos && !chat_.eos_token.empty()) {
@@ -325,6 +473,7 @@ std::vector<int32_t> Server::prompt_ids(const ApiRequest& request, GenerationPar
   } else if (request.prompt_is_ids) {
     ids = request.prompt_ids;
   } else {
+    check_prompt_bytes(request.prompt_text.size(), request.endpoint);
     try {
       ids = tokenizer.encode(request.prompt_text, options.add_special_tokens);
     } catch (const Error& e) {
@@ -579,6 +728,7 @@ void Server::engine_loop() {
         if ((ch->cancel || abort_all) && !ch->abort_sent) {
           engine_->abort_request(id);
           ch->abort_sent = true;
+          ch->shutdown_abort = !ch->cancel;
         }
       }
     }
@@ -618,6 +768,16 @@ void Server::engine_loop() {
             metrics_.observe_tpot(seconds(now - ch.first_token) / (out.num_output_tokens - 1));
           }
           metrics_.count_finished(finish_reason_name(out.finish));
+        }
+        if (finished && ch.shutdown_abort && out.finish == FinishReason::kAbort) {
+          // Cut short by the server, not finished: an error, not finish_reason "abort".
+          ch.fail(ApiError(503,
+                           "the server shut down before the request finished (--shutdown-grace " +
+                               seconds_text(milliseconds_of(config_.shutdown_grace_seconds)) +
+                               ")",
+                           "unavailable", "", "shutting_down"));
+          live.erase(it);
+          continue;
         }
         ch.push(std::move(out));
         if (finished) live.erase(it);

@@ -6,8 +6,9 @@
 //
 // Limits: at most max_num_seqs + max_queue requests are in flight; more get 429. A client that
 // goes away mid-stream cancels its request, which frees its KV blocks at the next step.
-// Shutdown (SIGTERM): new requests get 503, requests in flight finish (or are aborted after the
-// grace period), then the listener closes and run() returns.
+// Shutdown (SIGTERM): new requests get 503, requests in flight finish (or end with a 503 error
+// after the grace period), then the listener closes and run() returns. How connections are read
+// (deadlines, body limits, pipelining) is http_connection.h's.
 #pragma once
 
 #include <atomic>
@@ -28,11 +29,14 @@
 #include "server/openai_api.h"
 
 namespace httplib {
-class Server;
+struct Request;
 struct Response;
+class ContentReader;
 }  // namespace httplib
 
 namespace moeinfer::server {
+
+class HttpServer;  // http_connection.h
 
 struct ServerConfig {
   std::string host = "127.0.0.1";
@@ -43,6 +47,12 @@ struct ServerConfig {
   int64_t num_http_threads = 0;  // 0: enough for every request in flight plus a few
   double shutdown_grace_seconds = 30.0;
   int64_t default_max_tokens = 16;  // completions without max_tokens (OpenAI's default)
+  // Slow senders: the request line and headers must arrive within header_timeout of their first
+  // byte, the body within body_timeout of the headers' end (per request, not per recv()).
+  double header_timeout_seconds = 10.0;
+  double body_timeout_seconds = 60.0;
+  // Host header names (port ignored) the server answers; empty: any. Others get 421.
+  std::vector<std::string> allowed_hosts;
 };
 
 struct Channel;
@@ -62,6 +72,18 @@ class Server {
 
  private:
   void install_routes();
+  // A POST route whose handler gets the body, read by http_connection.h's read_body (bounded
+  // while it is read, chunked or not); a body that cannot be read is answered here.
+  using BodyHandler = std::function<void(const std::string& body, httplib::Response& res)>;
+  void post(const std::string& pattern, BodyHandler handler);
+  // False after answering a body that could not be read (too large, too slow, malformed).
+  bool read_request_body(const httplib::Request& req, httplib::Response& res,
+                         const httplib::ContentReader& reader, std::string* body);
+  // The error object for the HTTP layer's own refusals (cpp-httplib's, or the connection's
+  // deadlines and limits), counted as rejected.
+  void answer_http_error(const httplib::Request& req, httplib::Response& res);
+  // 401 / 421 before routing; true when the request was answered.
+  bool refuse_before_routing(const httplib::Request& req, httplib::Response& res);
   void handle_completion(const std::string& body, Endpoint endpoint, httplib::Response& res);
   // The prompt's token ids, with the chat template applied for chat; throws ApiError.
   // How a request's prompt becomes token ids: completions prompts get the tokenizer's special
@@ -73,6 +95,9 @@ class Server {
   };
   std::vector<int32_t> prompt_ids(const ApiRequest& request, GenerationParams& params,
                                   const PromptOptions& options);
+  // 400 when a prompt's text is longer than max-model-len tokens could be, before it is
+  // tokenised (a 16 MiB prompt would otherwise be tokenised in full only to be refused).
+  void check_prompt_bytes(size_t bytes, Endpoint endpoint) const;
   // 404 unless `model` is empty or the served model's name.
   void check_model(const std::string& model) const;
   // Runs `handler`, answering an ApiError it throws as an OpenAI error object (and counting it).
@@ -86,9 +111,10 @@ class Server {
   std::unique_ptr<ChatTemplate> template_;
   std::mutex template_mutex_;
   ServerConfig config_;
-  std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<HttpServer> http_;
   Metrics metrics_;
   int64_t created_ = 0;
+  int64_t max_prompt_bytes_ = 0;  // see check_prompt_bytes
 
   // Inbox: requests for the engine thread.
   struct Pending {

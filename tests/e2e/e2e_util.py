@@ -11,6 +11,7 @@ import struct
 import subprocess
 import threading
 import time
+import traceback
 import zlib
 
 START_TIMEOUT = 180.0
@@ -56,6 +57,22 @@ class ServerProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             return self.proc.wait()
+
+
+def run_checks(checks, run) -> tuple[int, int]:
+    """Runs each check through `run(check)`, one PASS / FAIL line each; (passed, failed)."""
+    passed = failed = 0
+    for check in checks:
+        name = check.__name__.removeprefix("check_")
+        try:
+            run(check)
+            print(f"PASS {name}", flush=True)
+            passed += 1
+        except Exception as e:  # noqa: BLE001 - report and go on
+            print(f"FAIL {name}: {type(e).__name__}: {e}", flush=True)
+            traceback.print_exc()
+            failed += 1
+    return passed, failed
 
 
 def wait_for(condition, what: str) -> None:

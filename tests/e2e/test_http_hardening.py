@@ -1,0 +1,499 @@
+#!/usr/bin/env python3
+"""End-to-end: `moeinfer serve` against hostile and broken HTTP clients, over raw sockets.
+
+Starts the real server on the demo model (port 0) and checks, one line per check:
+
+  chunked_body_limit   a chunked body is held to the 16 MiB limit while it is read: 17 MiB
+                       without the terminating chunk gets its 413 (an OpenAI error object,
+                       `Connection: close`) without the end of the body; a whole 40 MiB chunked
+                       prompt is 413 without a token counted; a Content-Length over the limit is
+                       413 before any body is sent (with `Expect: 100-continue` too); a small
+                       chunked body is served
+  prompt_bytes         a prompt (completions, chat, /tokenize) longer in bytes than the context
+                       could hold is a 400 naming the limit, before tokenizing; a shorter one that
+                       still has too many tokens is the tokenized 413
+  slow_senders         a server with a 20-thread pool and 2 s read deadlines, 30 clients sending
+                       their headers or body a byte a second: each is answered 408 (or closed)
+                       long before it would have finished, and a normal request made meanwhile
+                       completes
+  pipelining           several requests written back to back on one connection before reading
+                       are all answered, in order; after a bad-JSON 400 the connection goes on;
+                       after a 401 or a refused body the connection closes cleanly instead of
+                       reading the body as a request
+  malformed            broken request lines, headers, framings and bodies: each a 4xx with an
+                       OpenAI error object, each counted in request_rejected_total, and the
+                       server keeps serving
+  allowed_hosts        --allowed-hosts: listed names (any case, any port) are served, others
+                       421 (host_not_allowed), /health stays open; without the flag any host
+  shutdown_abort       SIGTERM with --shutdown-grace 0: requests still running end with an error
+                       (an SSE error event, or a 503 error object), never finish_reason "abort"
+
+Prints one line per check and a last line "N passed, M failed"; exits non-zero on any failure.
+No check depends on a tight wall-clock figure: deadlines of 2 s are checked against bounds of a
+minute or more.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import socket
+import sys
+import threading
+import time
+
+import e2e_util
+from e2e_util import parse_metrics
+
+MIB = 1 << 20
+COMPLETION = json.dumps({"prompt": "Once upon a time", "max_tokens": 4,
+                         "temperature": 0}).encode()
+
+
+class Response:
+    def __init__(self, status: int, headers: dict[str, str], body: bytes):
+        self.status, self.headers, self.body = status, headers, body
+
+    def json(self) -> dict:
+        return json.loads(self.body)
+
+    def error(self) -> dict:
+        """The OpenAI error object of an error answer (asserted to be one)."""
+        e = self.json()
+        assert set(e) == {"error"}, e
+        assert {"message", "type", "param", "code"} <= set(e["error"]), e
+        assert e["error"]["message"], e
+        return e["error"]
+
+
+class Conn:
+    """One raw HTTP/1.1 connection: write bytes, read answers one at a time."""
+
+    def __init__(self, port: int, timeout: float = 60.0):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        self.buf = b""
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def _fill(self) -> bool:
+        data = self.sock.recv(65536)
+        self.buf += data
+        return bool(data)
+
+    def read_response(self) -> Response | None:
+        """The next answer, or None when the server closed the connection first."""
+        while b"\r\n\r\n" not in self.buf:
+            if not self._fill():
+                assert not self.buf, f"connection closed mid-answer: {self.buf[:200]!r}"
+                return None
+        head, self.buf = self.buf.split(b"\r\n\r\n", 1)
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1])
+        headers = {}
+        for line in lines[1:]:
+            k, v = line.split(":", 1)
+            headers[k.strip().lower()] = v.strip()
+        if headers.get("transfer-encoding") == "chunked":
+            body = b""
+            while True:
+                while b"\r\n" not in self.buf:
+                    assert self._fill(), "closed inside a chunked answer"
+                size_line, self.buf = self.buf.split(b"\r\n", 1)
+                size = int(size_line.split(b";")[0], 16)
+                while len(self.buf) < size + 2:
+                    assert self._fill(), "closed inside a chunk"
+                body, self.buf = body + self.buf[:size], self.buf[size + 2:]
+                if size == 0:
+                    break
+        else:
+            length = int(headers.get("content-length", "0"))
+            while len(self.buf) < length:
+                assert self._fill(), "closed inside an answer"
+            body, self.buf = self.buf[:length], self.buf[length:]
+        return Response(status, headers, body)
+
+    def closed_by_server(self) -> bool:
+        """True when the server closes (EOF or reset) with nothing more to read."""
+        try:
+            return not self.buf and not self._fill()
+        except ConnectionResetError:
+            return True
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def request(method: str, path: str, body: bytes = b"", headers: dict | None = None) -> bytes:
+    head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    for k, v in (headers or {}).items():
+        head += f"{k}: {v}\r\n"
+    if body or method == "POST":
+        head += f"Content-Length: {len(body)}\r\n"
+    return head.encode() + b"\r\n" + body
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def one(port: int, raw: bytes) -> Response | None:
+    c = Conn(port)
+    try:
+        c.send(raw)
+        return c.read_response()
+    finally:
+        c.close()
+
+
+def metrics(port: int) -> dict[str, float]:
+    r = one(port, request("GET", "/metrics"))
+    assert r and r.status == 200, r and r.status
+    return parse_metrics(r.body.decode())
+
+
+def rejected(m: dict[str, float]) -> float:
+    return sum(v for k, v in m.items() if k.startswith("moeinfer:request_rejected_total"))
+
+
+def check_chunked_body_limit(s: e2e_util.ServerProcess, ctx: dict) -> None:
+    before = metrics(s.port)
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+    piece = b"a " * (MIB // 2)
+    # 17 MiB and no terminating chunk: only a limit enforced while reading can answer this.
+    c = Conn(s.port)
+    c.send(head + chunk(b'{"prompt": "'))
+    for _ in range(17):
+        c.send(chunk(piece))
+    r = c.read_response()
+    assert r and r.status == 413, r and (r.status, r.body)
+    e = r.error()
+    assert e["code"] == "payload_too_large" and "16 MiB" in e["message"], e
+    assert r.headers.get("connection") == "close", r.headers
+    assert "keep-alive" not in r.headers, r.headers
+    c.close()
+
+    # 40 MiB, whole: refused before it is parsed or tokenized.
+    c = Conn(s.port)
+    sender_error = []
+
+    def send_all():
+        try:
+            c.send(head + chunk(b'{"prompt": "'))
+            for _ in range(40):
+                c.send(chunk(piece))
+            c.send(chunk(b'", "max_tokens": 1}') + b"0\r\n\r\n")
+        except OSError as ex:  # the server may close before all of it is sent
+            sender_error.append(ex)
+
+    sender = threading.Thread(target=send_all)
+    sender.start()
+    r = c.read_response()
+    sender.join()
+    c.close()
+    assert r and r.status == 413 and r.error()["code"] == "payload_too_large", r and r.body
+
+    # A Content-Length over the limit: no need to send the body at all.
+    r = one(s.port, b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                    b"Content-Length: %d\r\n\r\n" % (17 * MIB))
+    assert r and r.status == 413 and r.error()["code"] == "payload_too_large", r and r.body
+    r = one(s.port, b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                    b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n" % (17 * MIB))
+    assert r and r.status == 413, r and (r.status, r.body)
+
+    after = metrics(s.port)
+    assert after["moeinfer:prompt_tokens_total"] == before["moeinfer:prompt_tokens_total"], \
+        "a refused body was tokenized"
+    got = (after.get('moeinfer:request_rejected_total{status="413"}', 0)
+           - before.get('moeinfer:request_rejected_total{status="413"}', 0))
+    assert got == 4, f"{got} 413s counted, wanted 4"
+
+    # A small chunked body is an ordinary request, in several chunks.
+    r = one(s.port, head + chunk(COMPLETION[:10]) + chunk(COMPLETION[10:]) + b"0\r\n\r\n")
+    assert r and r.status == 200 and r.json()["choices"][0]["text"], r and r.body
+
+
+def check_prompt_bytes(s: e2e_util.ServerProcess, ctx: dict) -> None:
+    def post(path: str, body: dict) -> Response:
+        r = one(s.port, request("POST", path, json.dumps(body).encode(),
+                                {"Content-Type": "application/json"}))
+        assert r is not None
+        return r
+
+    # Find the limit from the message of a prompt that is surely over it (12 MiB, under the
+    # body limit), then check just over and just under it.
+    r = post("/v1/completions", {"prompt": "a" * (12 * MIB), "max_tokens": 1})
+    assert r.status == 400, (r.status, r.body)
+    e = r.error()
+    assert e["param"] == "prompt" and e["code"] == "context_length_exceeded", e
+    assert "512 tokens" in e["message"] and "not tokenized" in e["message"], e
+    limit = int(e["message"].split("at most ")[1].split(" bytes")[0])
+    assert 512 <= limit < 12 * MIB, limit
+    before = metrics(s.port)
+    r = post("/v1/completions", {"prompt": "a" * (limit + 1), "max_tokens": 1})
+    assert r.status == 400 and r.error()["param"] == "prompt", (r.status, r.body)
+    assert f"at most {limit} bytes" in r.error()["message"], r.body
+    # Under the byte bound but far over the context in tokens: tokenized, then the usual 413.
+    r = post("/v1/completions", {"prompt": "a b " * (limit // 8), "max_tokens": 1})
+    assert r.status == 413 and r.error()["code"] == "context_length_exceeded", (r.status, r.body)
+    r = post("/v1/chat/completions",
+             {"messages": [{"role": "user", "content": "a" * (limit + 1)}], "max_tokens": 1})
+    assert r.status == 400 and r.error()["param"] == "messages", (r.status, r.body)
+    r = post("/tokenize", {"prompt": "a" * (limit + 1)})
+    assert r.status == 400 and r.error()["param"] == "prompt", (r.status, r.body)
+    after = metrics(s.port)
+    assert rejected(after) - rejected(before) == 4, (rejected(after), rejected(before))
+
+
+def check_slow_senders(s: e2e_util.ServerProcess, ctx: dict) -> None:
+    # 2 + 2 + 16 = 20 pool threads (docs/serving.md), fewer than the slow clients.
+    slow = e2e_util.ServerProcess(ctx["moeinfer"], ["--max-num-seqs", "2", "--max-queue", "2",
+                                                    "--header-timeout", "2",
+                                                    "--body-timeout", "2"])
+    give_up = 90.0  # a slow client stops here; its deadline is 2 s
+    results: dict[int, tuple[str, float]] = {}
+
+    def slow_client(i: int) -> None:
+        c = Conn(slow.port, timeout=0.5)
+        start = time.monotonic()
+        if i % 2 == 0:  # the headers a byte at a time
+            c.send(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            trickle = b"X-Slow: " + b"a" * 4000
+        else:  # the body a byte at a time
+            c.send(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                   b"Content-Length: 4000\r\n\r\n")
+            trickle = b"a" * 4000
+        try:
+            for byte in trickle:
+                if time.monotonic() - start > give_up:
+                    results[i] = ("gave up", give_up)
+                    return
+                c.send(bytes([byte]))
+                try:
+                    r = c.read_response()
+                except socket.timeout:
+                    continue
+                results[i] = (str(r.status if r else "closed"), time.monotonic() - start)
+                if r:
+                    r.error()
+                return
+        except OSError:
+            results[i] = ("closed", time.monotonic() - start)
+        finally:
+            c.close()
+
+    try:
+        threads = [threading.Thread(target=slow_client, args=(i,)) for i in range(30)]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)  # let them take the pool (not a timing check)
+        c = Conn(slow.port, timeout=give_up - 30)
+        c.send(request("POST", "/v1/completions", COMPLETION))
+        r = c.read_response()
+        c.close()
+        assert r and r.status == 200 and r.json()["choices"][0]["text"], r and r.body
+        for t in threads:
+            t.join()
+        assert len(results) == 30, results
+        outcomes = {outcome for outcome, _ in results.values()}
+        assert outcomes <= {"408", "closed"}, results
+        assert "408" in outcomes, results
+        slowest = max(elapsed for _, elapsed in results.values())
+        assert slowest < give_up / 2, f"a slow sender held its connection {slowest:.0f} s"
+    finally:
+        slow.stop()
+
+
+def check_pipelining(s: e2e_util.ServerProcess, ctx: dict) -> None:
+    c = Conn(s.port)
+    c.send(request("GET", "/health") + request("POST", "/v1/completions", COMPLETION)
+           + request("POST", "/v1/completions", b"{not json") + request("GET", "/v1/models")
+           + request("POST", "/tokenize", b'{"prompt": "hello"}'))
+    answers = [c.read_response() for _ in range(5)]
+    assert all(answers), answers
+    assert [a.status for a in answers] == [200, 200, 400, 200, 200], [a.status for a in answers]
+    assert answers[1].json()["object"] == "text_completion", answers[1].body
+    answers[2].error()
+    assert answers[3].json()["object"] == "list", answers[3].body
+    assert answers[4].json()["count"] >= 1, answers[4].body
+    # Still open: one more on the same connection.
+    c.send(request("GET", "/health"))
+    assert c.read_response().status == 200
+    c.close()
+
+    # Answered before its body was read (401): the body must not be taken for a request, so
+    # the connection closes after the answer; what was pipelined behind is not answered.
+    keyed = e2e_util.ServerProcess(ctx["moeinfer"], ["--api-key", "k"])
+    try:
+        sneaky = request("GET", "/v1/models", headers={"Authorization": "Bearer k"})
+        c = Conn(keyed.port)
+        c.send(request("POST", "/v1/completions", sneaky) + request("GET", "/health"))
+        r = c.read_response()
+        assert r.status == 401 and r.headers.get("connection") == "close", (r.status, r.headers)
+        assert c.closed_by_server(), "the server read on after the refused request"
+        c.close()
+        # A GET without a body keeps its connection after a 401.
+        c = Conn(keyed.port)
+        c.send(request("GET", "/v1/models") + request("GET", "/health"))
+        assert [c.read_response().status for _ in range(2)] == [401, 200]
+        c.close()
+    finally:
+        keyed.stop()
+
+
+MALFORMED = [
+    # (name, raw request, expected status)
+    ("garbage request line", b"HELLO\r\n\r\n", 400),
+    ("unknown method", b"BREW /v1/models HTTP/1.1\r\nHost: x\r\n\r\n", 400),
+    ("request target over 8 KiB", b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414),
+    ("headers over 64 KiB",
+     b"GET /health HTTP/1.1\r\n" + b"".join(b"X-%d: %s\r\n" % (i, b"v" * 1000)
+                                              for i in range(80)) + b"\r\n", 431),
+    ("Content-Length not a number",
+     b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n", 400),
+    ("negative Content-Length",
+     b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n", 400),
+    ("two Content-Lengths",
+     b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n"
+     b"\r\n{}", 400),
+    ("Content-Length and chunked",
+     b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 7\r\n"
+     b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n", 400),
+    ("unknown Transfer-Encoding",
+     b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n{}", 400),
+    ("bad chunk size",
+     b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+     b"zz\r\n{}\r\n0\r\n\r\n", 400),
+    ("chunk of 2^64 - 1 bytes",
+     b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+     b"ffffffffffffffff\r\n{}\r\n0\r\n\r\n", 400),
+    ("gzip body that is not gzip",
+     b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\n"
+     b"Content-Length: 9\r\n\r\nnot gzip!", 400),
+    ("body not JSON", request("POST", "/v1/completions", b"\x00\xff{"), 400),
+    ("prompt not UTF-8", request("POST", "/v1/completions", b'{"prompt": "\xff\xfe"}'), 400),
+    ("body a JSON list", request("POST", "/v1/chat/completions", b"[1, 2]"), 400),
+    ("unknown route with a body", request("POST", "/v1/embeddings", b'{"input": "x"}'), 404),
+    ("PUT", request("PUT", "/v1/completions", b"{}"), 404),
+]
+
+
+def check_malformed(s: e2e_util.ServerProcess, ctx: dict) -> None:
+    before = rejected(metrics(s.port))
+    failures = []
+    for name, raw, status in MALFORMED:
+        r = one(s.port, raw)
+        if r is None or r.status != status:
+            failures.append(f"{name}: {r and r.status}, wanted {status}")
+            continue
+        try:
+            r.error()
+        except (AssertionError, ValueError) as ex:
+            failures.append(f"{name}: not an OpenAI error object: {ex}")
+    assert not failures, failures
+    after = rejected(metrics(s.port))
+    assert after - before == len(MALFORMED), f"{after - before} rejections counted for " \
+                                             f"{len(MALFORMED)} malformed requests"
+    r = one(s.port, request("POST", "/v1/completions", COMPLETION))
+    assert r and r.status == 200, r and r.body
+
+
+def check_allowed_hosts(s: e2e_util.ServerProcess, ctx: dict) -> None:
+    def get(port: int, path: str, host: str | None) -> Response:
+        head = f"GET {path} HTTP/1.1\r\n" + (f"Host: {host}\r\n" if host is not None else "")
+        r = one(port, head.encode() + b"\r\n")
+        assert r is not None
+        return r
+
+    assert get(s.port, "/v1/models", "evil.example").status == 200  # default: off
+    h = e2e_util.ServerProcess(ctx["moeinfer"], ["--allowed-hosts", "localhost,api.example,::1"])
+    try:
+        for host in ("localhost", "LOCALHOST:8000", "api.example", "[::1]:80"):
+            r = get(h.port, "/v1/models", host)
+            assert r.status == 200, (host, r.status, r.body)
+        for host in ("evil.example", "api.example.evil", "127.0.0.1", "", None):
+            r = get(h.port, "/v1/models", host)
+            assert r.status == 421 and r.error()["code"] == "host_not_allowed", (host, r.status)
+        assert get(h.port, "/health", "evil.example").status == 200
+        m = parse_metrics(get(h.port, "/metrics", "localhost").body.decode())
+        assert m['moeinfer:request_rejected_total{status="421"}'] == 5, m
+    finally:
+        h.stop()
+
+
+def check_shutdown_abort(s: e2e_util.ServerProcess, ctx: dict) -> None:
+    # One running request at a time: the ones behind it cannot have finished when SIGTERM comes.
+    d = e2e_util.ServerProcess(ctx["moeinfer"], ["--shutdown-grace", "0", "--max-num-seqs", "1"])
+    long = {"prompt": "Once upon a time", "max_tokens": 480, "temperature": 0,
+            "ignore_eos": True}
+    try:
+        streams = []
+        for _ in range(3):
+            c = Conn(d.port)
+            c.send(request("POST", "/v1/completions", json.dumps({**long, "stream": True}).encode()))
+            streams.append(c)
+        plain = Conn(d.port)
+        plain.send(request("POST", "/v1/completions", json.dumps(long).encode()))
+        # The first stream's answer head: the engine is running (not a timing check).
+        first = streams[0]
+        while b"\r\n\r\n" not in first.buf:
+            assert first._fill(), "no answer"
+        d.proc.send_signal(signal.SIGTERM)
+        endings = []
+        for c in streams:
+            r = c.read_response()
+            assert r and r.status == 200, r and r.status
+            events = [line[len("data: "):] for line in r.body.decode().split("\n")
+                      if line.startswith("data: ")]
+            assert events and events[-1] == "[DONE]", events[-3:]
+            payloads = [json.loads(e) for e in events[:-1]]
+            finishes = [ch["finish_reason"] for p in payloads for ch in p.get("choices", [])
+                        if ch.get("finish_reason")]
+            assert "abort" not in finishes, finishes
+            errors = [p["error"] for p in payloads if "error" in p]
+            if errors:
+                assert errors[0]["code"] == "shutting_down", errors
+                endings.append("error")
+            else:
+                assert finishes == ["length"], finishes
+                endings.append("length")
+            c.close()
+        assert "error" in endings, endings
+        r = plain.read_response()
+        assert r and r.status == 503 and r.error()["code"] == "shutting_down", r and r.body
+        plain.close()
+        assert d.proc.wait(timeout=120) == 0
+    finally:
+        d.stop()
+
+
+CHECKS = [check_chunked_body_limit, check_prompt_bytes, check_slow_senders, check_pipelining,
+          check_malformed, check_allowed_hosts, check_shutdown_abort]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--moeinfer", required=True)
+    parser.add_argument("--fixtures", required=True)
+    parser.add_argument("--only", help="run the checks whose names contain this")
+    args = parser.parse_args()
+    ctx = {"moeinfer": args.moeinfer}
+    try:
+        server = e2e_util.ServerProcess(args.moeinfer, [])
+    except Exception as e:  # noqa: BLE001 - e.g. a build without cpp-httplib
+        print(f"FAIL start: {type(e).__name__}: {e}")
+        print("0 passed, 1 failed")
+        return 1
+    checks = [c for c in CHECKS if not args.only or args.only in c.__name__]
+    try:
+        passed, failed = e2e_util.run_checks(checks, lambda check: check(server, ctx))
+    finally:
+        server.stop()
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
