@@ -241,7 +241,8 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
   const size_t body_budget = 2 * limits_.max_body_bytes;
   bool ok = false;
   for (size_t served = 0; served < keep_alive_max_count_; ++served) {
-    if (!connection.wait_for_request(limits_.keep_alive_timeout)) break;
+    // Idle between requests: cpp-httplib's keep-alive timeout, as its Keep-Alive header says.
+    if (!connection.wait_for_request(std::chrono::seconds(keep_alive_timeout_sec_))) break;
     connection.begin_phase(ReadPhase::kHeaders, limits_.header_timeout, limits_.max_header_bytes);
     bool client_closes = false;
     ok = process_request(

@@ -23,8 +23,6 @@ struct HttpLimits {
   std::chrono::milliseconds header_timeout{10'000};
   // The whole body, from the end of the headers.
   std::chrono::milliseconds body_timeout{60'000};
-  // Idle between two requests of a connection (and before the first).
-  std::chrono::milliseconds keep_alive_timeout{5'000};
   size_t max_header_bytes = size_t{64} << 10;  // request line and headers together
   size_t max_body_bytes = size_t{16} << 20;    // decoded body (chunk framing not counted)
 };

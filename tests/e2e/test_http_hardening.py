@@ -434,12 +434,13 @@ def check_shutdown_abort(s: e2e_util.ServerProcess, ctx: dict) -> None:
             c = Conn(d.port)
             c.send(request("POST", "/v1/completions", json.dumps({**long, "stream": True}).encode()))
             streams.append(c)
-        plain = Conn(d.port)
-        plain.send(request("POST", "/v1/completions", json.dumps(long).encode()))
         # The first stream's answer head: the engine is running (not a timing check).
         first = streams[0]
         while b"\r\n\r\n" not in first.buf:
             assert first._fill(), "no answer"
+        # Behind the streams: it has not started (or is refused, 503 too) when SIGTERM comes.
+        plain = Conn(d.port)
+        plain.send(request("POST", "/v1/completions", json.dumps(long).encode()))
         d.proc.send_signal(signal.SIGTERM)
         endings = []
         for c in streams:
