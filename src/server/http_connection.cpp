@@ -77,9 +77,12 @@ class Connection final : public httplib::Stream, public ConnectionState {
     return false;
   }
 
+  void mark_closing() { closing_ = true; }
+
   // Reads from now on must be done within `timeout` and take at most `max_bytes`.
   void begin_phase(ReadPhase phase, milliseconds timeout, size_t max_bytes) {
     phase_ = phase;
+    if (phase == ReadPhase::kHeaders) answered_ = false;
     deadline_ = Clock::now() + timeout;
     budget_ = max_bytes;
     read_failure_ = ReadFailure::kNone;
@@ -137,8 +140,12 @@ class Connection final : public httplib::Stream, public ConnectionState {
     do {
       n = ::send(sock_, ptr, size, MSG_NOSIGNAL);
     } while (n < 0 && errno == EINTR);
+    if (n > 0) answered_ = true;
     return n;
   }
+
+  // Something of an answer to the current request was written.
+  bool answered() const { return answered_; }
 
   void get_remote_ip_and_port(std::string& ip, int& port) const override {
     sockaddr_storage addr{};
@@ -196,6 +203,7 @@ class Connection final : public httplib::Stream, public ConnectionState {
   milliseconds write_timeout_;
   Clock::time_point deadline_ = Clock::now();
   size_t budget_ = 0;  // bytes the current phase may still read
+  bool answered_ = false;
   std::vector<char> buffer_ = std::vector<char>(4096);
   size_t pos_ = 0;  // [pos_, end_): received, not yet read
   size_t end_ = 0;
@@ -219,6 +227,29 @@ std::string seconds_text(milliseconds ms) {
   char text[32];
   std::snprintf(text, sizeof(text), "%g s", static_cast<double>(ms.count()) / 1000.0);
   return text;
+}
+
+// cpp-httplib closes without a word when the request line does not arrive whole; a slow or
+// endless request line gets its 408 / 431 here instead.
+void refuse_request_line(Connection& connection, const HttpLimits& limits,
+                         const HttpServer::ErrorBody& error_body) {
+  const bool slow = connection.read_failure() == ReadFailure::kTimeout;
+  const int status = slow ? 408 : 431;
+  const std::string message =
+      slow ? "the request line did not arrive within " + seconds_text(limits.header_timeout)
+           : "the request line is longer than " + std::to_string(limits.max_header_bytes >> 10) +
+                 " KiB";
+  const std::string body = error_body ? error_body(status, message) : message;
+  const std::string answer =
+      "HTTP/1.1 " + std::to_string(status) +
+      (slow ? " Request Timeout" : " Request Header Fields Too Large") +
+      "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+      "\r\nConnection: close\r\n\r\n" + body;
+  for (size_t sent = 0; sent < answer.size();) {
+    const ssize_t n = connection.write(answer.data() + sent, answer.size() - sent);
+    if (n <= 0) return;
+    sent += static_cast<size_t>(n);
+  }
 }
 
 }  // namespace
@@ -249,6 +280,13 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
         connection, served + 1 == keep_alive_max_count_, client_closes, [&](httplib::Request&) {
           connection.begin_phase(ReadPhase::kBody, limits_.body_timeout, body_budget);
         });
+    const bool refused = connection.phase() == ReadPhase::kHeaders &&
+                         (connection.read_failure() == ReadFailure::kTimeout ||
+                          connection.read_failure() == ReadFailure::kTooLarge);
+    if (!ok && refused && !connection.answered()) {
+      refuse_request_line(connection, limits_, error_body_);
+      connection.mark_closing();
+    }
     if (!ok || client_closes || connection.closing()) break;
   }
   connection.close();

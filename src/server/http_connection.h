@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <string>
 
 namespace moeinfer::server {
@@ -59,11 +60,16 @@ class HttpServer : public httplib::Server {
   // burst of clients (64 connecting at once) overflows it. Linux takes a second listen() on the
   // bound socket as the new backlog.
   bool widen_backlog(int backlog);
+  // The body of the answer to a request refused before cpp-httplib got its request line (too
+  // slow, or too long): (status, message) -> body, and the place to count it.
+  using ErrorBody = std::function<std::string(int status, const std::string& message)>;
+  void set_error_body(ErrorBody error_body) { error_body_ = std::move(error_body); }
 
  private:
   bool process_and_close_socket(socket_t sock) override;
 
   HttpLimits limits_;
+  ErrorBody error_body_;
 };
 
 // A request body read to its end, or why not.

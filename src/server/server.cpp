@@ -177,6 +177,10 @@ Server::Server(std::unique_ptr<Engine> engine, ChatConfig chat, const ServerConf
   http_->set_keep_alive_max_count(1000);
   // read_body bounds the bodies of our routes; this bounds cpp-httplib's own reads of the others.
   http_->set_payload_max_length(kMaxBodyBytes);
+  http_->set_error_body([this](int status, const std::string& message) {
+    metrics_.count_rejected(status);
+    return error_body(message, "invalid_request_error", "", "").dump();
+  });
   install_routes();
 }
 

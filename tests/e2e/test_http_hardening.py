@@ -13,7 +13,8 @@ Starts the real server on the demo model (port 0) and checks, one line per check
                        could hold is a 400 naming the limit, before tokenizing; a shorter one that
                        still has too many tokens is the tokenized 413
   slow_senders         a server with a 20-thread pool and 2 s read deadlines, 30 clients sending
-                       their headers or body a byte a second: each is answered 408 (or closed)
+                       their request line, headers or body a byte a second: each is answered 408
+                       (or closed)
                        long before it would have finished, and a normal request made meanwhile
                        completes
   pipelining           several requests written back to back on one connection before reading
@@ -258,7 +259,9 @@ def check_slow_senders(s: e2e_util.ServerProcess, ctx: dict) -> None:
     def slow_client(i: int) -> None:
         c = Conn(slow.port, timeout=0.5)
         start = time.monotonic()
-        if i % 2 == 0:  # the headers a byte at a time
+        if i % 3 == 0:  # the request line a byte at a time
+            trickle = b"GET /" + b"a" * 4000
+        elif i % 3 == 1:  # the headers a byte at a time
             c.send(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
             trickle = b"X-Slow: " + b"a" * 4000
         else:  # the body a byte at a time
@@ -348,6 +351,7 @@ MALFORMED = [
     ("garbage request line", b"HELLO\r\n\r\n", 400),
     ("unknown method", b"BREW /v1/models HTTP/1.1\r\nHost: x\r\n\r\n", 400),
     ("request target over 8 KiB", b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414),
+    ("request line over 64 KiB, unended", b"GET /" + b"a" * 70000, 431),
     ("headers over 64 KiB",
      b"GET /health HTTP/1.1\r\n" + b"".join(b"X-%d: %s\r\n" % (i, b"v" * 1000)
                                               for i in range(80)) + b"\r\n", 431),
