@@ -3,8 +3,8 @@
 // first. RoPE is held to moeinfer::Rope (the CPU decoder's own, default and yarn inverse
 // frequencies, rotate-half and interleaved, partial rotary dims); attention to a float64
 // softmax. Awkward sizes: sequence lengths 0, 1, 17, 1000, 3000 (several splits), shuffled
-// block tables, GQA groups 1, 4, 6 and 8, head dims 64, 128, 256. bf16 tolerance 1e-2 of the
-// output's natural scale. Both decode kernels (the tensor-core default, CudaPagedDecode.Mma_*,
+// block tables, GQA groups 1, 4, 6, 8 and, past one decode block's 16 heads, 24, 32 and 40; head
+// dims 64, 128, 256. bf16 tolerance 1e-2 of the output's natural scale. Both decode kernels (the tensor-core default, CudaPagedDecode.Mma_*,
 // and the CUDA-core one) and both prefill kernels are held to the same reference, with and
 // without a sliding window (Win*: windows of 1, below, at and above the lengths, starting
 // mid-block, split and unsplit); in the decode cases the cached keys before each window are
@@ -431,6 +431,11 @@ void prefill_random(std::vector<int32_t> lens, int64_t Nq, int64_t Nkv, int64_t 
       {"B2_Len3000_G1_D128", {{3000, 1234}, 4, 4, 128, 16}},
       {"B5_Mixed_G8_D256", {{1, 64, 65, 511, 700}, 16, 2, 256, 8}},
       {"B64_Len1024_G8_D128", {std::vector<int32_t>(64, 1024), 32, 4, 128, 16}},
+      // Groups past one block's 16 heads: two and three head tiles per KV head, the last one
+      // partial (MQA with 40 query heads; 32 heads over 1 KV head at D 64).
+      {"B3_Mixed_G40_D128", {{1, 300, 1000}, 80, 2, 128, 16}},
+      {"B2_Len700_G32_D64", {{700, 33}, 32, 1, 64, 16}},
+      {"Win50_B2_G24_D256", {{77, 130}, 48, 2, 256, 8, 50}},
       // Sliding windows. Split counts as paged_decode_split plans them for the CUDA-core kernel
       // (chunks of at most 512 keys) over min(max_len, W) keys; the tensor-core kernel's splits
       // only fill the GPU, so its Mma_ twins split less. "first" is each sequence's first

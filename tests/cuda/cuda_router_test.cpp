@@ -133,6 +133,11 @@ const RouterCase kShapes[] = {
     {"E32_G1", 32, 4, SF::kSigmoid, GS::kTop2Sum, 1, 1, true, true, 2.5f},
     {"E8_G4_Top2Sum", 8, 2, SF::kSigmoid, GS::kTop2Sum, 4, 2, true, true, 1.0f},
     {"E128_BiasOnly", 128, 8, SF::kSigmoid, GS::kNone, 1, 1, true, true, 2.5f},
+    // Kimi K2's router (384 experts, one group, noaux_tc), Qwen3-Next's (512, top-10, plain
+    // softmax) and the largest E the kernel takes, grouped.
+    {"E384_G1_Top2Sum_Sigmoid", 384, 8, SF::kSigmoid, GS::kTop2Sum, 1, 1, true, true, 2.827f},
+    {"E512_Softmax_K10", 512, 10, SF::kSoftmax, GS::kNone, 1, 1, false, true, 1.0f},
+    {"E1024_G16_Max_K16", 1024, 16, SF::kSoftmax, GS::kMax, 16, 5, true, false, 1.0f},
 };
 
 RouterGroupScore to_cuda(GS group) {

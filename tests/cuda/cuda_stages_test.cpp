@@ -71,9 +71,9 @@ TEST(CudaLauncherChecks, RouterRefusesBadSizes) {
                  .topk_ids = &ids,
                  .topk_weights = &weights,
                  .num_tokens = 1,
-                 .num_experts = 257,
+                 .num_experts = 1025,
                  .top_k = 8};
-  expect_error_naming([&] { fused_router(p, nullptr); }, "num_experts = 257");
+  expect_error_naming([&] { fused_router(p, nullptr); }, "num_experts = 1025");
   p.num_experts = 64;
   p.top_k = 17;
   expect_error_naming([&] { fused_router(p, nullptr); }, "top_k = 17");

@@ -118,11 +118,12 @@ inline void random_experts(Draw& d, int64_t* num_experts, int64_t* top_k) {
   *top_k = d.between(1, std::min<int64_t>(8, *num_experts));
 }
 
-// Attention heads for standard attention: Nkv | Nq, GQA groups up to 8, head dims 8 to 256
+// Attention heads for standard attention: Nkv | Nq, GQA groups up to 32 (past the 16 heads one
+// decode block packs), head dims 8 to 256
 // (mostly multiples of 8, sometimes any even size).
 inline void random_heads(Draw& d, json& c) {
   const int64_t kv = d.between(1, 4);
-  const int64_t group = d.pick<int64_t>({1, 1, 2, 3, 4, 8});
+  const int64_t group = d.pick<int64_t>({1, 1, 2, 3, 4, 8, 8, 20, 32});
   int64_t head_dim = d.chance(0.75) ? d.multiple_of(8, 8, 256) : d.multiple_of(2, 8, 256);
   while ((kv * group) * head_dim > 2048) head_dim = std::max<int64_t>(8, head_dim / 2 / 2 * 2);
   c["num_attention_heads"] = kv * group;

@@ -31,8 +31,6 @@ void check_decode(const PagedDecodeParams& p) {
       p.num_kv_heads >= 1 && p.num_q_heads >= p.num_kv_heads && p.num_q_heads % p.num_kv_heads == 0,
       "num_q_heads = ", p.num_q_heads,
       " must be a positive multiple of num_kv_heads = ", p.num_kv_heads);
-  MOE_CHECK(p.num_q_heads / p.num_kv_heads <= kAttentionMaxGroup, "GQA group ",
-            p.num_q_heads / p.num_kv_heads, " exceeds ", kAttentionMaxGroup);
   MOE_CHECK(p.block_size >= 1, "block_size = ", p.block_size, " must be at least 1");
   MOE_CHECK(p.num_blocks >= 1, "num_blocks = ", p.num_blocks, " must be at least 1");
   MOE_CHECK(p.max_seq_len >= 0 && p.max_seq_len <= p.max_blocks_per_seq * p.block_size,
@@ -55,7 +53,8 @@ void launch_decode_mma(const PagedDecodeParams& p, const DecodeSplit& split, cud
     return true;
   }();
   (void)attribute_set;
-  const dim3 grid(static_cast<unsigned>(split.num_splits), static_cast<unsigned>(p.num_kv_heads),
+  const dim3 grid(static_cast<unsigned>(split.num_splits),
+                  static_cast<unsigned>(p.num_kv_heads * attn::decode_head_tiles(p)),
                   static_cast<unsigned>(p.num_seqs));
   paged_decode_mma_kernel<D><<<grid, attn::kDecodeMmaThreads, smem, stream>>>(
       p, static_cast<int>(split.chunk), static_cast<int>(split.num_splits));
@@ -64,7 +63,7 @@ void launch_decode_mma(const PagedDecodeParams& p, const DecodeSplit& split, cud
 
 template <int D>
 void launch_decode_simt(const PagedDecodeParams& p, const DecodeSplit& split, cudaStream_t stream) {
-  const int group = static_cast<int>(p.num_q_heads / p.num_kv_heads);
+  const int group = static_cast<int>(std::min(p.num_q_heads / p.num_kv_heads, kAttentionMaxGroup));
   const int smem = attn::decode_smem_bytes<D>(group, static_cast<int>(split.chunk));
   static const bool attribute_set = [] {
     CUDA_CHECK(cudaFuncSetAttribute(paged_decode_kernel<D>,
@@ -74,7 +73,8 @@ void launch_decode_simt(const PagedDecodeParams& p, const DecodeSplit& split, cu
     return true;
   }();
   (void)attribute_set;
-  const dim3 grid(static_cast<unsigned>(split.num_splits), static_cast<unsigned>(p.num_kv_heads),
+  const dim3 grid(static_cast<unsigned>(split.num_splits),
+                  static_cast<unsigned>(p.num_kv_heads * attn::decode_head_tiles(p)),
                   static_cast<unsigned>(p.num_seqs));
   paged_decode_kernel<D><<<grid, attn::kDecodeThreads, smem, stream>>>(
       p, static_cast<int>(split.chunk), static_cast<int>(split.num_splits));
@@ -129,7 +129,8 @@ void launch_prefill(const PrefillParams& p, cudaStream_t stream) {
 }  // namespace
 
 DecodeSplit paged_decode_split(const PagedDecodeParams& p) {
-  const int64_t units = std::max<int64_t>(1, p.num_seqs * p.num_kv_heads);
+  const int64_t units =
+      std::max<int64_t>(1, p.num_seqs * p.num_kv_heads * attn::decode_head_tiles(p));
   const int64_t want_splits = std::max<int64_t>(1, (kDecodeTargetBlocks + units - 1) / units);
   // Keys one sequence's query sees at most: its splits start at the window's first key.
   const int64_t keys =

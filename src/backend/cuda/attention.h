@@ -58,7 +58,8 @@ struct RopeParams {
 // rounding), as moeinfer::Rope::apply does on the CPU.
 void rope(const RopeParams& params, cudaStream_t stream);
 
-// Largest GQA group one decode block packs, and the head dims compiled.
+// Largest GQA group one decode block packs (larger groups take several blocks per KV head),
+// and the head dims compiled.
 inline constexpr int64_t kAttentionMaxGroup = 16;
 
 struct PagedDecodeParams {

@@ -67,14 +67,15 @@ __global__ void __launch_bounds__(attn::kDecodeMmaThreads)
     return static_cast<uint32_t>((row * kChunks + (c ^ (row & 7))) * 16);
   };
 
-  const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
-  const int G = static_cast<int>(p.num_q_heads / p.num_kv_heads);
+  const DecodeHeads heads = decode_heads(p, blockIdx.y);
+  const int split = blockIdx.x, kvh = heads.kvh, b = blockIdx.z;
+  const int G = heads.count;  // query heads of this block: rows of the mma tile
   const int len = __ldg(p.seq_lens + b);
   MOE_DEVICE_CHECK(len >= 0 && len <= p.max_seq_len);
   const int start = attn::decode_first_key(p, len) + split * chunk;
   const int end = min(len, start + chunk);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int64_t head0 = static_cast<int64_t>(b) * p.num_q_heads + kvh * G;
+  const int64_t head0 = static_cast<int64_t>(b) * p.num_q_heads + heads.first;
   if (start >= end) {
     // A split past this sequence's keys (the combine kernel does not read it), or, unsplit, an
     // empty sequence: zeros.

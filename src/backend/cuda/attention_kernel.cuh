@@ -43,6 +43,28 @@ constexpr int decode_smem_bytes(int group, int chunk) {
   return group * chunk * 4 + group * D * 4 + kDecodeVTile * D * 2;
 }
 
+// The query heads one decode block serves: a KV head's group, cut into tiles of at most kMaxG
+// heads when it is larger (grid.y = Nkv * decode_head_tiles); each tile reads the KV head's keys.
+struct DecodeHeads {
+  int kvh;                // the KV head
+  int count;              // query heads in this tile, 1..kMaxG
+  int first;              // the first one's index within the sequence's Nq heads
+};
+
+__host__ __device__ inline int64_t decode_head_tiles(const PagedDecodeParams& p) {
+  const int64_t group = p.num_kv_heads > 0 ? p.num_q_heads / p.num_kv_heads : 1;
+  return group > kMaxG ? (group + kMaxG - 1) / kMaxG : 1;
+}
+
+__device__ __forceinline__ DecodeHeads decode_heads(const PagedDecodeParams& p, int tile) {
+  const int group = static_cast<int>(p.num_q_heads / p.num_kv_heads);
+  const int tiles = static_cast<int>(decode_head_tiles(p));
+  const int kvh = tile / tiles, sub = tile % tiles;
+  return DecodeHeads{.kvh = kvh,
+                     .count = min(kMaxG, group - sub * kMaxG),
+                     .first = kvh * group + sub * kMaxG};
+}
+
 __device__ __forceinline__ int64_t kv_row(const PagedDecodeParams& p, int b, int token, int kvh) {
   const int block = __ldg(p.block_tables + static_cast<int64_t>(b) * p.max_blocks_per_seq +
                           token / static_cast<int>(p.block_size));
@@ -67,8 +89,8 @@ __device__ __forceinline__ int prefill_window(const PrefillParams& p, int len) {
 
 }  // namespace attn
 
-// grid (num_splits, Nkv, B), kDecodeThreads threads, dynamic shared memory
-// decode_smem_bytes<D>(G, chunk).
+// grid (num_splits, Nkv * decode_head_tiles, B), kDecodeThreads threads, dynamic shared memory
+// decode_smem_bytes<D>(min(group, kMaxG), chunk).
 template <int D>
 __global__ void __launch_bounds__(attn::kDecodeThreads)
     paged_decode_kernel(const __grid_constant__ PagedDecodeParams p, int chunk, int num_splits) {
@@ -81,19 +103,20 @@ __global__ void __launch_bounds__(attn::kDecodeThreads)
   constexpr int kHeadsPerThread = (kMaxG + kHeadStride - 1) / kHeadStride;
 
   extern __shared__ __align__(16) uint8_t smem[];
-  const int G = static_cast<int>(p.num_q_heads / p.num_kv_heads);
+  const DecodeHeads heads = decode_heads(p, blockIdx.y);
+  const int G = heads.count, kvh = heads.kvh;
   float* s_score = reinterpret_cast<float*>(smem);                     // [G, chunk]
   float* s_q = s_score + G * chunk;                                    // [G, D], pre-scaled
   __nv_bfloat16* s_v = reinterpret_cast<__nv_bfloat16*>(s_q + G * D);  // [kDecodeVTile, D]
   __shared__ float s_max[kMaxG], s_sum[kMaxG];
 
-  const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  const int split = blockIdx.x, b = blockIdx.z;
   const int len = __ldg(p.seq_lens + b);
   MOE_DEVICE_CHECK(len >= 0 && len <= p.max_seq_len);
   const int start = attn::decode_first_key(p, len) + split * chunk;
   const int end = min(len, start + chunk);
   const int tid = threadIdx.x;
-  const int q_head0 = kvh * G;
+  const int q_head0 = heads.first;
   if (start >= end) {
     // A split past this sequence's keys: the combine kernel does not read it. Only a direct
     // (unsplit) launch writes here: zeros for an empty sequence.

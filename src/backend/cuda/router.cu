@@ -72,8 +72,12 @@ void fused_router(const RouterParams& params, cudaStream_t stream) {
     launch_router<2>(params, plain, stream);
   } else if (E <= 128) {
     launch_router<4>(params, plain, stream);
-  } else {
+  } else if (E <= 256) {
     launch_router<8>(params, plain, stream);
+  } else if (E <= 512) {
+    launch_router<16>(params, plain, stream);
+  } else {
+    launch_router<32>(params, plain, stream);
   }
 }
 

@@ -2,8 +2,9 @@
 // with a selection-only score bias, top-k, renormalisation and the routed scaling factor, in one
 // kernel with one warp per token.
 //
-// Why this shape: a token's E <= 256 logits fit in one warp's registers (kPerLane = E/32
-// rounded up, a compile-time count so the array stays in registers), the softmax needs only two
+// Why this shape: a token's E <= 1024 logits fit in one warp's registers (kPerLane = E/32
+// rounded up to 1, 2, 4, 8, 16 or 32, a compile-time count so the array stays in registers; 16
+// and 32 serve Kimi K2's 384 and Qwen3-Next's 512 experts), the softmax needs only two
 // warp reductions, and top-k is K rounds of a warp arg-max over (score, id) pairs ordered by
 // score descending then id ascending, a strict total order, so every lane agrees on the winner
 // and ties go to the lower expert id as the CPU reference's partial_sort does. Lane k keeps the

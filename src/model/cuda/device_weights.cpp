@@ -334,12 +334,6 @@ void check_supported(const ModelConfig& c) {
     MOE_CHECK(m.qk_rope_head_dim % 8 == 0 && m.qk_rope_head_dim <= cuda::kMlaMaxRopeDim,
               "qk_rope_head_dim ", m.qk_rope_head_dim, ": the CUDA MLA attention kernel takes a "
               "multiple of 8 up to ", cuda::kMlaMaxRopeDim);
-  } else {
-    const int64_t group = c.num_heads / c.num_kv_heads;
-    MOE_CHECK(group <= cuda::kAttentionMaxGroup, "num_attention_heads / num_key_value_heads = ",
-              group, ": the CUDA attention kernels hold a KV head's query heads in one ",
-              cuda::kAttentionMaxGroup, "-row tensor-core tile, so at most ",
-              cuda::kAttentionMaxGroup);
   }
   if (c.num_experts > 0) {
     MOE_CHECK(c.num_experts <= cuda::kRouterMaxExperts, "num_experts ", c.num_experts,
