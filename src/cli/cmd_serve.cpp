@@ -143,6 +143,10 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--max-model-len", args->engine.max_model_len,
                   "Context length (0: the model's own)")
       ->capture_default_str();
+  cmd->add_option("--generation-config", args->engine.generation_config,
+                  "Sampling defaults for fields a request leaves out: auto (the checkpoint's "
+                  "generation_config.json), vllm (none) or a folder holding one")
+      ->capture_default_str();
   cmd->add_flag("!--no-prefix-caching", args->engine.enable_prefix_caching,
                 "Do not reuse KV blocks of repeated prompt prefixes");
   // Stage metrics: on by default on the CPU (a few clock reads per layer); on the GPU the CUDA

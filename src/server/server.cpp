@@ -525,32 +525,12 @@ void Server::handle_completion(const std::string& body, Endpoint endpoint, httpl
   std::vector<int32_t> prompt;
   std::shared_ptr<Channel> channel;
   try {
-    request = parse_request(body, endpoint);
+    request = parse_request(body, endpoint, engine_->generation_defaults());
     check_model(request.model);
     GenerationParams& params = request.params;
     prompt = prompt_ids(request, params, {});
     const int64_t n = static_cast<int64_t>(prompt.size());
-    const int64_t context = engine_->max_model_len();
-    if (n >= context) {
-      throw ApiError(413,
-                     "this model's maximum context length is " + std::to_string(context) +
-                         " tokens, but the prompt has " + std::to_string(n) + " tokens",
-                     "invalid_request_error", endpoint == Endpoint::kChat ? "messages" : "prompt",
-                     "context_length_exceeded");
-    }
-    if (request.max_tokens_given) {
-      if (params.max_tokens > context - n) {  // not n + max_tokens: max_tokens may be 2^63 - 1
-        throw ApiError(400,
-                       "max_tokens is " + std::to_string(params.max_tokens) +
-                           " but the prompt has " + std::to_string(n) +
-                           " tokens and the context holds " + std::to_string(context),
-                       "invalid_request_error", "max_tokens", "context_length_exceeded");
-      }
-    } else {
-      params.max_tokens = endpoint == Endpoint::kChat
-                              ? context - n
-                              : std::min(config_.default_max_tokens, context - n);
-    }
+    resolve_max_tokens(request, n, engine_->max_model_len(), config_.default_max_tokens);
     const int64_t block = engine_->config().block_size;
     if (params.max_tokens > engine_->num_kv_blocks() * block - n) {
       throw ApiError(413, "the request needs more KV cache than the server has (--kv-cache-mb)",
@@ -561,7 +541,7 @@ void Server::handle_completion(const std::string& body, Endpoint endpoint, httpl
     } catch (const Error& e) {
       throw ApiError(400, e.what());
     }
-    channel = submit(std::move(prompt), params);
+    channel = submit(prompt, params);
   } catch (const ApiError& e) {
     metrics_.count_rejected(e.status);
     send_error(res, e);
@@ -573,15 +553,10 @@ void Server::handle_completion(const std::string& body, Endpoint endpoint, httpl
                           std::to_string(created_) + "-" + std::to_string(next_response_id_++),
                     .created = static_cast<int64_t>(std::time(nullptr)),
                     .model = config_.model_name};
-  const bool want_logprobs = request.params.logprobs >= 0;
-  const std::string echo =
-      request.echo && !request.prompt_is_ids ? request.prompt_text : std::string();
+  auto choices = std::make_shared<ChoiceSet>(request, info, engine_->tokenizer(), std::move(prompt));
 
   if (!request.stream) {
     InFlight guard(in_flight_);
-    std::string text = echo;
-    std::vector<TokenLogprob> logprobs;
-    RequestOutput last;
     for (bool finished = false; !finished;) {
       std::deque<RequestOutput> outputs;
       {
@@ -594,43 +569,27 @@ void Server::handle_completion(const std::string& body, Endpoint endpoint, httpl
         outputs.swap(channel->outputs);
         finished = channel->finished && channel->outputs.empty();
       }
-      for (RequestOutput& out : outputs) {
-        text += out.text;
-        logprobs.insert(logprobs.end(), out.logprobs.begin(), out.logprobs.end());
-        last = std::move(out);
-      }
+      for (const RequestOutput& out : outputs) choices->add(out);
     }
-    const json lp = want_logprobs ? logprobs_json(endpoint, engine_->tokenizer(), logprobs,
-                                                  static_cast<int64_t>(echo.size()))
-                                  : json(nullptr);
-    send_json(res, 200,
-              response_json(info, text, lp, finish_reason_name(last.finish),
-                            usage_json(last.num_prompt_tokens, last.num_output_tokens,
-                                       last.num_cached_tokens)));
+    send_json(res, 200, choices->response());
     return;
   }
 
   struct StreamState {
     std::shared_ptr<Channel> channel;
-    ResponseInfo info;
+    std::shared_ptr<ChoiceSet> choices;
     bool include_usage = false;
-    bool want_logprobs = false;
-    bool first = true;
     bool done = false;
-    std::string echo;
-    int64_t text_offset = 0;
   };
   auto state = std::make_shared<StreamState>();
   state->channel = channel;
-  state->info = info;
+  state->choices = choices;
   state->include_usage = request.include_usage;
-  state->want_logprobs = want_logprobs;
-  state->echo = echo;
   auto guard = std::make_shared<InFlight>(in_flight_);
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [this, state](size_t, httplib::DataSink& sink) {
+      [state](size_t, httplib::DataSink& sink) {
         Channel& ch = *state->channel;
         std::deque<RequestOutput> outputs;
         std::optional<ApiError> error;
@@ -644,37 +603,14 @@ void Server::handle_completion(const std::string& body, Endpoint endpoint, httpl
           error = ch.error;
         }
         std::string data;
-        if (state->first && !state->echo.empty()) {
-          data += sse(
-              chunk_json(state->info, state->echo, nullptr, nullptr, true, state->include_usage));
-          state->text_offset = static_cast<int64_t>(state->echo.size());
-          state->first = false;
-        }
-        RequestOutput last;
-        for (RequestOutput& out : outputs) {
-          const bool finish = out.finished();
-          if (state->first || !out.text.empty() || finish || !out.logprobs.empty()) {
-            const json lp = state->want_logprobs && !out.logprobs.empty()
-                                ? logprobs_json(state->info.endpoint, engine_->tokenizer(),
-                                                out.logprobs, state->text_offset)
-                                : json(nullptr);
-            data += sse(chunk_json(state->info, out.text, lp,
-                                   finish ? finish_reason_name(out.finish) : nullptr, state->first,
-                                   state->include_usage));
-            state->first = false;
-            state->text_offset += static_cast<int64_t>(out.text.size());
-          }
-          last = std::move(out);
+        for (const RequestOutput& out : outputs) {
+          for (const json& chunk : state->choices->stream(out)) data += sse(chunk);
         }
         if (error) {
           data += sse(error_body(error->what(), error->type, error->param, error->code));
         }
         if (finished) {
-          if (state->include_usage && !error) {
-            data += sse(usage_chunk_json(state->info,
-                                         usage_json(last.num_prompt_tokens, last.num_output_tokens,
-                                                    last.num_cached_tokens)));
-          }
+          if (state->include_usage && !error) data += sse(state->choices->usage_chunk());
           data += "data: [DONE]\n\n";
         }
         // A comment line keeps idle streams probing the connection, so a client that left is
@@ -835,6 +771,8 @@ void Server::run() {
       static_cast<long long>(engine_->max_model_len()),
       static_cast<long long>(engine_->num_kv_blocks()),
       static_cast<long long>(engine_->config().block_size));
+  std::fprintf(stderr, "moeinfer serve: request defaults from generation_config: %s\n",
+               engine_->generation_defaults().describe().c_str());
   const bool loopback = config_.host == "localhost" || config_.host == "::1" ||
                         config_.host.rfind("127.", 0) == 0;
   if (!loopback && config_.api_key.empty()) {

@@ -265,7 +265,7 @@ def check_errors(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
         model=model, prompt=PROMPT, max_tokens=100000))
     assert e.body.get("param") == "max_tokens", e.body
     expect_status(openai.BadRequestError, 400, lambda: c.completions.create(
-        model=model, prompt=PROMPT, n=2))
+        model=model, prompt=PROMPT, n=0))
     expect_status(openai.BadRequestError, 400, lambda: c.chat.completions.create(
         model=model, messages=[]))
     e = expect_status(openai.NotFoundError, 404, lambda: c.completions.create(
