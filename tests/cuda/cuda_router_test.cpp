@@ -138,6 +138,9 @@ const RouterCase kShapes[] = {
     {"E384_G1_Top2Sum_Sigmoid", 384, 8, SF::kSigmoid, GS::kTop2Sum, 1, 1, true, true, 2.827f},
     {"E512_Softmax_K10", 512, 10, SF::kSoftmax, GS::kNone, 1, 1, false, true, 1.0f},
     {"E1024_G16_Max_K16", 1024, 16, SF::kSoftmax, GS::kMax, 16, 5, true, false, 1.0f},
+    // Top-k past 16, up to a pick per lane.
+    {"E64_Softmax_K32", 64, 32, SF::kSoftmax, GS::kNone, 1, 1, false, true, 1.0f},
+    {"E96_G4_Top2Sum_K32", 96, 32, SF::kSigmoid, GS::kTop2Sum, 4, 2, true, true, 1.0f},
 };
 
 RouterGroupScore to_cuda(GS group) {

@@ -75,8 +75,8 @@ TEST(CudaLauncherChecks, RouterRefusesBadSizes) {
                  .top_k = 8};
   expect_error_naming([&] { fused_router(p, nullptr); }, "num_experts = 1025");
   p.num_experts = 64;
-  p.top_k = 17;
-  expect_error_naming([&] { fused_router(p, nullptr); }, "top_k = 17");
+  p.top_k = 33;
+  expect_error_naming([&] { fused_router(p, nullptr); }, "top_k = 33");
   p.num_experts = 4;
   p.top_k = 8;
   expect_error_naming([&] { fused_router(p, nullptr); }, "top_k = 8");

@@ -45,7 +45,7 @@ enum class RouterGroupScore : int32_t {
 
 // Limits of the one-warp-per-token router.
 inline constexpr int64_t kRouterMaxExperts = 1024;  // 32 per lane: the pick mask is 32 bits
-inline constexpr int64_t kRouterMaxTopK = 16;
+inline constexpr int64_t kRouterMaxTopK = 32;  // lane k keeps the k-th pick
 // The plan keeps one histogram row per warp in shared memory; more experts than this would
 // leave too few warps.
 inline constexpr int64_t kPlanMaxExperts = 8192;
