@@ -42,6 +42,7 @@ struct BenchArgs {
   int64_t layers = 0;            // synthetic: cut to this many layers
   std::string routing_skew;      // synthetic: "zipf:A"
   bool no_cuda_graphs = false;
+  bool deterministic = false;
 };
 
 std::unique_ptr<Engine> load_engine(const BenchArgs& args, const EngineConfig& config) {
@@ -188,7 +189,8 @@ void run_bench(const BenchArgs& args) {
       .profile_time_every = args.time_every,
       .device = args.device.device,
       .gpu_memory_fraction = args.device.gpu_memory_fraction,
-      .cuda_graphs = !args.no_cuda_graphs};
+      .cuda_graphs = !args.no_cuda_graphs,
+      .deterministic = args.deterministic};
   auto engine = load_engine(args, config);
   MOE_CHECK(args.input_len + args.output_len <= engine->max_model_len(),
             "--input-len + --output-len (", args.input_len + args.output_len,
@@ -313,6 +315,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--layers", args->layers, "synthetic:NAME: keep only the first N layers");
   cmd->add_option("--routing-skew", args->routing_skew,
                   "synthetic:NAME: zipf:A makes each router prefer experts by a Zipf law");
+  cmd->add_flag("--deterministic", args->deterministic,
+                "Batch-invariant kernels, as serve --deterministic (--device cpu), to measure "
+                "their cost");
   cmd->add_flag("--no-cuda-graphs,--enforce-eager", args->no_cuda_graphs,
                 "cuda: launch every decode step's kernels instead of replaying graphs (vLLM's "
                 "--enforce-eager)");

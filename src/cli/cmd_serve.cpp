@@ -147,6 +147,9 @@ void add_serve_command(CLI::App& app) {
                   "Sampling defaults for fields a request leaves out: auto (the checkpoint's "
                   "generation_config.json), vllm (none) or a folder holding one")
       ->capture_default_str();
+  cmd->add_flag("--deterministic", args->engine.deterministic,
+                "Batch-invariant kernels: a seeded request's text does not depend on what else "
+                "runs (--device cpu; slower prefill, see docs/serving.md)");
   cmd->add_flag("!--no-prefix-caching", args->engine.enable_prefix_caching,
                 "Do not reuse KV blocks of repeated prompt prefixes");
   // Stage metrics: on by default on the CPU (a few clock reads per layer); on the GPU the CUDA

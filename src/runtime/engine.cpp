@@ -4,6 +4,7 @@
 #include <chrono>
 #include <optional>
 
+#include "backend/cpu/gemm.h"
 #include "core/error.h"
 #include "model/synthetic.h"
 
@@ -96,6 +97,9 @@ void EngineConfig::validate() const {
             profile_time_every);
   MOE_CHECK(!generation_config.empty(),
             "generation_config must be auto, vllm or a folder holding generation_config.json");
+  MOE_CHECK(!deterministic || device == "cpu",
+            "--deterministic runs on --device cpu only: the GPU's kernels choose their tiles and "
+            "attention splits by the step's shape, so a token's logits there depend on the batch");
 }
 
 namespace {
@@ -165,6 +169,7 @@ Engine::Engine(std::unique_ptr<Model> model, std::unique_ptr<GpuDecoder> gpu, To
                  blocks_),
       seed_source_(std::random_device{}()) {
   MOE_CHECK(model_ || gpu_, "an engine needs a model");
+  if (config.deterministic) cpu::set_batch_invariant(true);
   if (config.generation_config == "auto") {
     generation_defaults_ = GenerationDefaults::load(model_dir());
   } else if (config.generation_config != "vllm") {

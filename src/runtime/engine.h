@@ -47,6 +47,10 @@ struct EngineConfig {
   // Sampling defaults for requests that leave a field out (vLLM's --generation-config): "auto",
   // the checkpoint's generation_config.json; "vllm", none; or a folder holding one.
   std::string generation_config = "auto";
+  // Batch-invariant kernels (cpu::set_batch_invariant): a token's logits do not depend on the
+  // step's row count, chunking or preemption, so a seeded request's text never depends on what
+  // else runs. CPU only for now (the GPU's kernels pick tiles and attention splits by shape).
+  bool deterministic = false;
 
   void validate() const;  // throws moeinfer::Error naming the bad field
 };

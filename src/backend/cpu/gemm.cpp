@@ -113,6 +113,7 @@ void add_bias(const float* bias, int64_t num_rows, int64_t n_begin, int64_t n_en
 }
 
 std::atomic<int> g_force_fallback{-1};  // -1: not read from the environment yet
+std::atomic<bool> g_batch_invariant{false};
 
 // A thread-local buffer that only grows.
 template <typename T>
@@ -172,6 +173,11 @@ Path choose_path(DType dtype, int64_t num_rows, int64_t in_features, int64_t out
   (void)in_features;
   (void)out_features;
   (void)has_bias;
+  if (g_batch_invariant.load(std::memory_order_relaxed)) {
+    return dtype != DType::kF32 && !force_fallback() && gemv_avx512_available(dtype)
+               ? Path::kGemv
+               : Path::kGemvScalar;
+  }
   if (dtype == DType::kF32) return Path::kSgemm;
   const bool few_rows = num_rows <= gemv_max_rows(dtype);
   if (force_fallback()) return few_rows ? Path::kGemvScalar : Path::kBlockedF32;
@@ -686,5 +692,11 @@ void linear_grouped(std::span<const LinearProblem> problems) {
     }
   });
 }
+
+void set_batch_invariant(bool on) {
+  gemm_detail::g_batch_invariant.store(on, std::memory_order_relaxed);
+}
+
+bool batch_invariant() { return gemm_detail::g_batch_invariant.load(std::memory_order_relaxed); }
 
 }  // namespace moeinfer::cpu

@@ -32,4 +32,13 @@ struct LinearProblem {
 // gives for that product. Products must not write to each other's y or read another's y as x.
 void linear_grouped(std::span<const LinearProblem> problems);
 
+// Batch-invariant products (`--deterministic`): every product takes the per-row GEMV path,
+// whatever its row count (AVX-512 for bf16/f16 where the CPU has it, the portable one
+// otherwise, float32 included), so a row's result never depends on which other rows share the
+// call: a token's logits are the same alone, batched, chunked or recomputed after preemption.
+// Slower for many rows (the weights are read once per 4 rows instead of once per call).
+// Process-wide, set once before the first product.
+void set_batch_invariant(bool on);
+bool batch_invariant();
+
 }  // namespace moeinfer::cpu
