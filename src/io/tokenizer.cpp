@@ -3,6 +3,7 @@
 #include "io/tokenizer.h"
 
 #include <algorithm>
+#include <cctype>
 #include <fstream>
 #include <sstream>
 #include <unordered_set>
@@ -119,7 +120,9 @@ struct Tokenizer::Impl {
   std::vector<Match> find_matches(std::string_view text, const Trie& trie) const;
   bool is_word_char_at(std::string_view text, size_t pos) const;
   std::vector<int32_t> encode(std::string_view text, bool add_special_tokens) const;
-  std::string decode(std::span<const int32_t> ids, bool skip_special_tokens) const;
+  // repair: invalid UTF-8 becomes U+FFFD, as `tokenizers` gives it; else the bytes as they are.
+  std::string decode(std::span<const int32_t> ids, bool skip_special_tokens,
+                     bool repair = true) const;
   const std::string* token_for_decode(int32_t id) const;
 };
 
@@ -311,7 +314,8 @@ const std::string* Tokenizer::Impl::token_for_decode(int32_t id) const {
   return model->id_to_token(id);
 }
 
-std::string Tokenizer::Impl::decode(std::span<const int32_t> ids, bool skip_special_tokens) const {
+std::string Tokenizer::Impl::decode(std::span<const int32_t> ids, bool skip_special_tokens,
+                                    bool repair) const {
   std::vector<std::string> tokens;
   tokens.reserve(ids.size());
   for (const int32_t id : ids) {
@@ -322,7 +326,11 @@ std::string Tokenizer::Impl::decode(std::span<const int32_t> ids, bool skip_spec
   }
   std::string text;
   if (decoder) {
-    decoder->decode_chain(tokens);
+    if (repair) {
+      decoder->decode_chain(tokens);
+    } else {
+      decoder->decode_chain_bytes(tokens);
+    }
     for (const std::string& t : tokens) text += t;
   } else {
     for (size_t i = 0; i < tokens.size(); ++i) {
@@ -369,6 +377,46 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
 
 std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_tokens) const {
   return impl_->decode(ids, skip_special_tokens);
+}
+
+std::vector<std::string> Tokenizer::token_bytes() const {
+  const int64_t n = vocab_size();
+  std::vector<std::string> out(static_cast<size_t>(n));
+  // A token's bytes in the middle of a text: decoded after an anchor token (a lone ASCII
+  // letter, so decoders that treat the first token apart, Metaspace's prefix space or Strip,
+  // act on the anchor), less the anchor's own bytes.
+  std::optional<int32_t> anchor;
+  for (const char* letter : {"a", "x", "e"}) {
+    if (auto id = token_to_id(letter); id && !is_special(*id)) {
+      anchor = id;
+      break;
+    }
+  }
+  for (int32_t id = 0; !anchor && id < n; ++id) {
+    if (impl_->token_for_decode(id) == nullptr || is_special(id)) continue;
+    const int32_t one[] = {id};
+    const std::string text = impl_->decode(one, true, false);
+    if (text.size() == 1 && std::isalpha(static_cast<unsigned char>(text[0]))) anchor = id;
+  }
+  std::string prefix;
+  if (anchor) {
+    const int32_t one[] = {*anchor};
+    prefix = impl_->decode(one, true, false);
+  }
+  for (int32_t id = 0; id < n; ++id) {
+    if (impl_->token_for_decode(id) == nullptr || is_special(id)) continue;
+    if (anchor) {
+      const int32_t two[] = {*anchor, id};
+      std::string text = impl_->decode(two, true, false);
+      if (text.starts_with(prefix)) {
+        out[id] = text.substr(prefix.size());
+        continue;
+      }
+    }
+    const int32_t one[] = {id};
+    out[id] = impl_->decode(one, true, false);
+  }
+  return out;
 }
 
 int64_t Tokenizer::vocab_size() const { return impl_->vocab_size; }

@@ -51,6 +51,11 @@ class Tokenizer {
   // Unknown ids are skipped, as `tokenizers` does.
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = false) const;
 
+  // [vocab_size()] the bytes each token adds to a text in its middle, as decode() gives them but
+  // before invalid UTF-8 is replaced (a token may hold part of a character); empty for special
+  // tokens and unused ids. For constrained decoding (runtime/json_schema_grammar.h).
+  std::vector<std::string> token_bytes() const;
+
   int64_t vocab_size() const;  // highest id + 1 over model vocab and added tokens
   std::optional<int32_t> token_to_id(std::string_view token) const;
   std::string id_to_token(int32_t id) const;  // throws for an id that is not in the vocabulary

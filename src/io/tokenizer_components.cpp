@@ -381,6 +381,10 @@ bool is_bert_punctuation(char32_t cp) {
 class ByteLevelDecoder final : public Decoder {
  public:
   void decode_chain(std::vector<std::string>& tokens) const override {
+    decode_chain_bytes(tokens);
+    tokens[0] = unicode::from_bytes_lossy(tokens[0]);
+  }
+  void decode_chain_bytes(std::vector<std::string>& tokens) const override {
     std::string bytes;
     for (const std::string& token : tokens) {
       const size_t mark = bytes.size();
@@ -398,7 +402,7 @@ class ByteLevelDecoder final : public Decoder {
         bytes += token;
       }
     }
-    tokens.assign(1, unicode::from_bytes_lossy(bytes));
+    tokens.assign(1, std::move(bytes));
   }
 };
 
@@ -444,13 +448,19 @@ class ReplaceDecoder final : public Decoder {
 
 class ByteFallbackDecoder final : public Decoder {
  public:
-  void decode_chain(std::vector<std::string>& tokens) const override {
+  void decode_chain(std::vector<std::string>& tokens) const override { run(tokens, true); }
+  void decode_chain_bytes(std::vector<std::string>& tokens) const override {
+    run(tokens, false);
+  }
+
+ private:
+  static void run(std::vector<std::string>& tokens, bool repair) {
     std::vector<std::string> out;
     out.reserve(tokens.size());
     std::string pending;
     auto flush = [&] {
       if (pending.empty()) return;
-      if (unicode::is_valid_utf8(pending)) {
+      if (!repair || unicode::is_valid_utf8(pending)) {
         out.push_back(pending);
       } else {
         for (size_t i = 0; i < pending.size(); ++i) out.emplace_back("\xEF\xBF\xBD");
@@ -469,7 +479,6 @@ class ByteFallbackDecoder final : public Decoder {
     tokens = std::move(out);
   }
 
- private:
   // "<0xNN>" -> NN, parsed as Rust's u8::from_str_radix(.., 16) would parse the two characters.
   static std::optional<int> parse_byte_token(const std::string& t) {
     if (t.size() != 6 || !t.starts_with("<0x") || t.back() != '>') return std::nullopt;
@@ -565,6 +574,9 @@ class SequenceDecoder final : public Decoder {
       : steps_(std::move(steps)) {}
   void decode_chain(std::vector<std::string>& tokens) const override {
     for (const auto& step : steps_) step->decode_chain(tokens);
+  }
+  void decode_chain_bytes(std::vector<std::string>& tokens) const override {
+    for (const auto& step : steps_) step->decode_chain_bytes(tokens);
   }
 
  private:

@@ -100,6 +100,9 @@ class Decoder {
  public:
   virtual ~Decoder() = default;
   virtual void decode_chain(std::vector<std::string>& tokens) const = 0;
+  // The same without repairing invalid UTF-8 (for the bytes of single tokens, which may hold
+  // part of a character).
+  virtual void decode_chain_bytes(std::vector<std::string>& tokens) const { decode_chain(tokens); }
 };
 
 class PostProcessor {

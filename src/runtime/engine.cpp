@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <optional>
 
 #include "backend/cpu/gemm.h"
@@ -219,6 +220,9 @@ RequestId Engine::add_request(std::vector<int32_t> prompt, const GenerationParam
   for (const auto& [token, bias] : params.sampling.logit_bias) {
     MOE_CHECK(token < V, "logit_bias token id ", token, " outside the vocabulary of ", V);
   }
+  if (params.grammar && !token_trie_) {
+    token_trie_ = std::make_unique<TokenTrie>(TokenTrie::from_tokenizer(tokenizer_));
+  }
   const int64_t longest = std::min(n + params.max_tokens, max_model_len_);
   MOE_CHECK(blocks_.blocks_for(longest) <= blocks_.num_blocks(), "a request of ", longest,
             " tokens needs ", blocks_.blocks_for(longest), " KV blocks but the pool has ",
@@ -241,6 +245,7 @@ RequestId Engine::add_request(std::vector<int32_t> prompt, const GenerationParam
     r->num_prompt_tokens = n;
     r->sampler = std::make_unique<Sampler>(r->params.sampling);
     r->detokenizer = std::make_unique<StreamDecoder>(tokenizer_, params.skip_special_tokens);
+    if (params.grammar) r->matcher = std::make_unique<JsonMatcher>(params.grammar);
     // Later sequences wait for the first one's prefill, then find its blocks in the prefix
     // cache; without the cache there is nothing to wait for.
     if (i == 0 || !config_.enable_prefix_caching) {
@@ -393,7 +398,28 @@ bool Engine::samples_on_gpu(const Request& r) {
   const SamplingParams& sp = r.params.sampling;
   return r.params.logprobs < 0 && !r.params.score_sequences && sp.min_p <= 0.0f &&
          sp.repetition_penalty == 1.0f && sp.presence_penalty == 0.0f &&
-         sp.frequency_penalty == 0.0f && sp.logit_bias.empty();
+         sp.frequency_penalty == 0.0f && sp.logit_bias.empty() && !r.params.grammar;
+}
+
+bool Engine::mask_logits(Request& r, std::span<const float> logits) {
+  const int64_t V = static_cast<int64_t>(logits.size());
+  token_mask_.resize(static_cast<size_t>(std::max(V, token_trie_->vocab_size())));
+  r.matcher->allowed_tokens(*token_trie_, token_mask_);
+  if (r.matcher->can_finish()) {
+    for (int32_t id : eos_ids_) {
+      if (id < static_cast<int64_t>(token_mask_.size())) token_mask_[id] = 1;
+    }
+  }
+  masked_logits_.assign(logits.begin(), logits.end());
+  bool any = false;
+  for (int64_t t = 0; t < V; ++t) {
+    if (token_mask_[t]) {
+      any = true;
+    } else {
+      masked_logits_[t] = -std::numeric_limits<float>::infinity();
+    }
+  }
+  return any;
 }
 
 void Engine::gather_prompt_logprobs(Request& r, int64_t first_position,
@@ -454,10 +480,24 @@ void Engine::sample(const SchedulerOutput& scheduled, std::vector<RequestOutput>
         sampled_on_gpu_ ? std::span<const float>()
                         : std::span<const float>(logits_.data() + this_row * V, V);
     const std::span<const int32_t> all(r.tokens);
+    // A constrained request draws from its masked row (the logprobs stay the raw row's); with
+    // no token left (a vocabulary without the bytes the grammar needs) it stops.
+    std::span<const float> candidates = logits;
+    if (r.matcher) {
+      if (!mask_logits(r, logits)) {
+        r.held_text += r.detokenizer->flush();
+        release_text(r, /*final=*/true, out.text);
+        finish(r, FinishReason::kStop, out);
+        outputs.push_back(std::move(out));
+        continue;
+      }
+      candidates = masked_logits_;
+    }
     const int32_t token =
         sampled_on_gpu_ ? gpu_tokens_[this_row]
-                        : r.sampler->sample(logits, {.prompt = all.first(r.num_prompt_tokens),
-                                                     .output = all.subspan(r.num_prompt_tokens)});
+                        : r.sampler->sample(candidates,
+                                            {.prompt = all.first(r.num_prompt_tokens),
+                                             .output = all.subspan(r.num_prompt_tokens)});
     r.tokens.push_back(token);
     ++totals_.generation_tokens;
 
@@ -468,10 +508,18 @@ void Engine::sample(const SchedulerOutput& scheduled, std::vector<RequestOutput>
       if (r.params.logprobs >= 0) out.logprobs.push_back(std::move(lp));
     }
     out.cumulative_logprob = r.cumulative_logprob;
+    // A constrained request's end-of-sequence token came because the value is complete: it
+    // stops even with ignore_eos.
     const bool stop_token =
-        (!r.params.ignore_eos && eos_ids_.count(token)) ||
+        ((!r.params.ignore_eos || r.matcher) && eos_ids_.count(token)) ||
         std::find(r.params.stop_token_ids.begin(), r.params.stop_token_ids.end(), token) !=
             r.params.stop_token_ids.end();
+    bool grammar_closed = false;
+    if (r.matcher && !eos_ids_.count(token)) {
+      MOE_CHECK(r.matcher->advance(token_trie_->bytes(token)), "token ", token,
+                " was allowed by the grammar but does not advance it");
+      grammar_closed = r.matcher->closed();
+    }
     if (stop_token) {
       r.held_text += r.detokenizer->flush();
       release_text(r, /*final=*/true, out.text);
@@ -479,6 +527,10 @@ void Engine::sample(const SchedulerOutput& scheduled, std::vector<RequestOutput>
     } else {
       r.held_text += r.detokenizer->push(token);
       if (release_text(r, /*final=*/false, out.text)) {
+        finish(r, FinishReason::kStop, out);
+      } else if (grammar_closed) {  // the value is complete and nothing can follow it
+        r.held_text += r.detokenizer->flush();
+        release_text(r, /*final=*/true, out.text);
         finish(r, FinishReason::kStop, out);
       } else if (r.num_output_tokens() >= r.params.max_tokens ||
                  static_cast<int64_t>(r.tokens.size()) >= max_model_len_) {

@@ -154,6 +154,9 @@ class Engine {
   // string was found.
   bool release_text(Request& r, bool final, std::string& out) const;
   void finish(Request& r, FinishReason reason, RequestOutput& out);
+  // The logits row with every token the request's grammar cannot take next at -inf (end of
+  // sequence only when the value is complete); false when no token is left.
+  bool mask_logits(Request& r, std::span<const float> logits);
 
   // Whether a request's sampling can run on the GPU sampler.
   static bool samples_on_gpu(const Request& r);
@@ -185,6 +188,11 @@ class Engine {
   std::vector<int64_t> logit_row_start_;         // [chunks] first logits row of each chunk
   std::vector<int32_t> gpu_tokens_;              // sampled on the GPU this step, by row
   std::vector<GpuSamplingRow> gpu_rows_;
+  // Constrained decoding: the vocabulary's bytes, built at the first constrained request; the
+  // step's masked logits row and token mask ([V]).
+  std::unique_ptr<TokenTrie> token_trie_;
+  std::vector<float> masked_logits_;
+  std::vector<uint8_t> token_mask_;
   bool sampled_on_gpu_ = false;
   std::unique_ptr<profile::Profiler> profiler_;  // with config.profile_stages
   EngineStats totals_;

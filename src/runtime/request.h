@@ -11,6 +11,7 @@
 
 #include "io/tokenizer.h"
 #include "kv/block_manager.h"
+#include "runtime/json_schema_grammar.h"
 #include "runtime/sampler.h"
 
 namespace moeinfer {
@@ -44,6 +45,10 @@ struct GenerationParams {
   // Keep RequestOutput::cumulative_logprob, to rank the sequences (best_of); like logprobs, it
   // needs the logits on the host.
   bool score_sequences = false;
+  // Constrained decoding (response_format json_object / json_schema): each step only tokens the
+  // grammar can take next are candidates, the end-of-sequence token only once the value is
+  // complete, and the sequence stops when nothing can follow. Null: unconstrained.
+  std::shared_ptr<const JsonGrammar> grammar;
 };
 
 enum class FinishReason { kNone, kStop, kLength, kAbort };
@@ -91,6 +96,7 @@ struct Request {
 
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<StreamDecoder> detokenizer;
+  std::unique_ptr<JsonMatcher> matcher;  // with params.grammar: where the output stands in it
   std::string held_text;  // decoded text held back while it could start a stop string
   std::vector<TokenLogprob> prompt_logprobs;  // gathered so far (params.prompt_logprobs >= 0)
   bool prompt_logprobs_sent = false;

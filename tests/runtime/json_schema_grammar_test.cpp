@@ -1,0 +1,699 @@
+// The JSON-schema grammar of constrained decoding (runtime/json_schema_grammar.h), against a
+// validator written here from the JSON Schema rules and not from the grammar:
+// - random schemas (a generator below) and hand-written ones: random valid instances, written
+//   compact and pretty-printed, are accepted byte by byte and complete; one-byte mutations that
+//   the matcher accepts to completion parse and validate;
+// - random token choices under the mask over a vocabulary of JSON-ish pieces and every single
+//   byte: the trie walk's mask equals trying every token's bytes one by one, and every text that
+//   ends (end-of-sequence allowed, or nothing can follow) parses and validates;
+// - unsupported keywords and overlapping oneOf alternatives are refused, naming the keyword;
+// - Tokenizer::token_bytes concatenates to the decoded text on the fixture tokenizers;
+// - the per-step mask cost on a 150k-token vocabulary, printed (no timing assertion).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "io/tokenizer.h"
+#include "runtime/json_schema_grammar.h"
+
+namespace moeinfer {
+namespace {
+
+using json = nlohmann::json;
+
+// ---------------------------------------------------------------------------------------------
+// The reference validator: JSON Schema's meaning of the keywords the grammar takes (an absent
+// additionalProperties allows anything, as the standard says; the grammar is stricter).
+
+int64_t code_points(const std::string& s) {
+  int64_t n = 0;
+  for (const char c : s) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+  return n;
+}
+
+bool is_integer(const json& v) {
+  if (v.is_number_integer() || v.is_number_unsigned()) return true;
+  return v.is_number_float() && std::isfinite(v.get<double>()) &&
+         v.get<double>() == std::floor(v.get<double>());
+}
+
+bool has_type(const json& v, const std::string& type) {
+  if (type == "null") return v.is_null();
+  if (type == "boolean") return v.is_boolean();
+  if (type == "integer") return is_integer(v);
+  if (type == "number") return v.is_number();
+  if (type == "string") return v.is_string();
+  if (type == "array") return v.is_array();
+  if (type == "object") return v.is_object();
+  return false;
+}
+
+bool valid(const json& v, const json& s, const json& root);
+
+const json& resolve(const std::string& ref, const json& root) {
+  if (ref == "#") return root;
+  const std::string defs = ref.starts_with("#/$defs/") ? "$defs" : "definitions";
+  return root[defs][ref.substr(defs.size() + 3)];
+}
+
+bool valid(const json& v, const json& s, const json& root) {
+  if (s.is_boolean()) return s.get<bool>();
+  if (s.contains("$ref")) return valid(v, resolve(s["$ref"], root), root);
+  if (s.contains("allOf")) {
+    for (const json& sub : s["allOf"]) {
+      if (!valid(v, sub, root)) return false;
+    }
+  }
+  if (s.contains("anyOf")) {
+    bool any = false;
+    for (const json& sub : s["anyOf"]) any = any || valid(v, sub, root);
+    if (!any) return false;
+  }
+  if (s.contains("oneOf")) {
+    int matches = 0;
+    for (const json& sub : s["oneOf"]) matches += valid(v, sub, root);
+    if (matches != 1) return false;
+  }
+  if (s.contains("type")) {
+    bool ok = false;
+    if (s["type"].is_string()) {
+      ok = has_type(v, s["type"]);
+    } else {
+      for (const json& t : s["type"]) ok = ok || has_type(v, t);
+    }
+    if (!ok) return false;
+  }
+  if (s.contains("const") && !(v == s["const"])) return false;
+  if (s.contains("enum")) {
+    bool found = false;
+    for (const json& e : s["enum"]) found = found || (v == e && v.is_boolean() == e.is_boolean());
+    if (!found) return false;
+  }
+  if (v.is_string()) {
+    const int64_t n = code_points(v.get<std::string>());
+    if (s.contains("minLength") && n < s["minLength"].get<int64_t>()) return false;
+    if (s.contains("maxLength") && n > s["maxLength"].get<int64_t>()) return false;
+  }
+  if (v.is_number()) {
+    const double x = v.get<double>();
+    if (s.contains("minimum") && x < s["minimum"].get<double>()) return false;
+    if (s.contains("maximum") && x > s["maximum"].get<double>()) return false;
+    if (s.contains("exclusiveMinimum") && x <= s["exclusiveMinimum"].get<double>()) return false;
+    if (s.contains("exclusiveMaximum") && x >= s["exclusiveMaximum"].get<double>()) return false;
+  }
+  if (v.is_array()) {
+    const auto n = static_cast<int64_t>(v.size());
+    if (s.contains("minItems") && n < s["minItems"].get<int64_t>()) return false;
+    if (s.contains("maxItems") && n > s["maxItems"].get<int64_t>()) return false;
+    if (s.contains("items")) {
+      for (const json& item : v) {
+        if (!valid(item, s["items"], root)) return false;
+      }
+    }
+  }
+  if (v.is_object()) {
+    const json props = s.value("properties", json::object());
+    if (s.contains("required")) {
+      for (const json& name : s["required"]) {
+        if (!v.contains(name.get<std::string>())) return false;
+      }
+    }
+    for (const auto& [key, value] : v.items()) {
+      if (props.contains(key)) {
+        if (!valid(value, props[key], root)) return false;
+      } else if (s.contains("additionalProperties")) {
+        if (!valid(value, s["additionalProperties"], root)) return false;
+      }
+    }
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Random schemas and random instances of them.
+
+class SchemaGen {
+ public:
+  explicit SchemaGen(uint64_t seed) : rng_(seed) {}
+
+  json schema() {
+    defs_ = json::object();
+    json s = node(0);
+    if (!defs_.empty()) s["$defs"] = defs_;
+    return s;
+  }
+
+ private:
+  int pick(int n) { return std::uniform_int_distribution<int>(0, n - 1)(rng_); }
+  bool coin(double p = 0.5) { return std::bernoulli_distribution(p)(rng_); }
+
+  json scalar(int kind) {
+    switch (kind) {
+      case 0: {
+        json s = {{"type", "string"}};
+        if (coin(0.3)) s["maxLength"] = pick(12);
+        if (coin(0.2)) s["minLength"] = std::min<int>(pick(4), s.value("maxLength", 99));
+        return s;
+      }
+      case 1: {
+        json s = {{"type", "integer"}};
+        if (coin(0.4)) s["minimum"] = pick(200) - 100;
+        if (coin(0.4)) s["maximum"] = s.value("minimum", -100) + pick(1000);
+        if (coin(0.1)) s["exclusiveMaximum"] = s.value("maximum", 5000) + 1;
+        return s;
+      }
+      case 2:
+        return {{"type", "number"}};
+      case 3:
+        return {{"type", "boolean"}};
+      case 4:
+        return {{"type", "null"}};
+      case 5: {
+        const json pool = {"red", "green", "blue \"x\"", 3, -1.5, true, nullptr, "é中", 12, 1};
+        json e = json::array();
+        for (int i = 0, n = 1 + pick(4); i < n; ++i) e.push_back(pool[pick(pool.size())]);
+        json s = {{"enum", e}};
+        return s;
+      }
+      default: {
+        const json pool = {"fixed", 7, json::array({1, 2}), json{{"k", "v"}}, false};
+        return {{"const", pool[pick(pool.size())]}};
+      }
+    }
+  }
+
+  json node(int depth) {
+    const int choice = depth >= 3 ? pick(7) : pick(13);
+    if (choice < 7) return scalar(choice);
+    switch (choice) {
+      case 7:
+      case 8: {  // object
+        json s = {{"type", "object"}, {"properties", json::object()}};
+        const char* names[] = {"name", "age", "tags", "a", "ab", "nested", "x y", "quote\"d",
+                               "ü"};
+        json required = json::array();
+        for (int i = 0, n = 1 + pick(5); i < n; ++i) {
+          const std::string name = names[pick(9)];
+          if (s["properties"].contains(name)) continue;
+          s["properties"][name] = node(depth + 1);
+          if (coin(0.6)) required.push_back(name);
+        }
+        if (!required.empty()) s["required"] = required;
+        switch (pick(4)) {
+          case 0:
+            s["additionalProperties"] = false;
+            break;
+          case 1:
+            s["additionalProperties"] = true;
+            break;
+          case 2:
+            s["additionalProperties"] = scalar(pick(5));
+            break;
+          default:
+            break;
+        }
+        return s;
+      }
+      case 9: {  // array
+        json s = {{"type", "array"}, {"items", node(depth + 1)}};
+        if (coin(0.4)) s["minItems"] = pick(3);
+        if (coin(0.4)) s["maxItems"] = s.value("minItems", 0) + pick(4);
+        return s;
+      }
+      case 10: {  // anyOf
+        json alts = json::array();
+        for (int i = 0, n = 2 + pick(2); i < n; ++i) alts.push_back(node(depth + 1));
+        return {{"anyOf", alts}};
+      }
+      case 11: {  // oneOf of different types
+        std::vector<int> kinds = {0, 1, 3, 4};
+        std::shuffle(kinds.begin(), kinds.end(), rng_);
+        json alts = json::array();
+        for (int i = 0, n = 2 + pick(2); i < n; ++i) alts.push_back(scalar(kinds[i]));
+        if (coin(0.5)) alts.push_back({{"type", "array"}, {"items", node(depth + 1)}});
+        return {{"oneOf", alts}};
+      }
+      default: {  // a $ref to a definition
+        const std::string name = "d" + std::to_string(defs_.size());
+        defs_[name] = nullptr;  // the name is taken before its body draws more definitions
+        defs_[name] = node(depth + 1);
+        return {{"$ref", "#/$defs/" + name}};
+      }
+    }
+  }
+
+  std::mt19937_64 rng_;
+  json defs_;
+};
+
+class InstanceGen {
+ public:
+  InstanceGen(const json& root, uint64_t seed) : root_(root), rng_(seed) {}
+
+  json value(const json& s, int depth = 0) {
+    if (s.is_boolean() || s.empty() || (s.size() == 1 && s.contains("$defs"))) {
+      return any(depth);
+    }
+    if (s.contains("$ref")) return value(resolve(s["$ref"], root_), depth);
+    if (s.contains("anyOf")) return value(s["anyOf"][pick(s["anyOf"].size())], depth);
+    if (s.contains("oneOf")) return value(s["oneOf"][pick(s["oneOf"].size())], depth);
+    if (s.contains("const")) return s["const"];
+    if (s.contains("enum")) return s["enum"][pick(s["enum"].size())];
+    const std::string type = s["type"].is_string() ? s["type"].get<std::string>()
+                                                   : s["type"][pick(s["type"].size())].get<std::string>();
+    if (type == "null") return nullptr;
+    if (type == "boolean") return coin();
+    if (type == "integer") {
+      int64_t lo = s.value("minimum", int64_t{-100000});
+      int64_t hi = s.value("maximum", int64_t{100000});
+      if (s.contains("exclusiveMaximum")) hi = std::min(hi, s["exclusiveMaximum"].get<int64_t>() - 1);
+      return std::uniform_int_distribution<int64_t>(lo, hi)(rng_);
+    }
+    if (type == "number") {
+      switch (pick(3)) {
+        case 0:
+          return pick(2000) - 1000;
+        case 1:
+          return (pick(20000) - 10000) / 8.0;
+        default:
+          return 1.5e10 * (coin() ? 1 : -1);
+      }
+    }
+    if (type == "string") {
+      const int64_t lo = s.value("minLength", 0);
+      const int64_t hi = std::min<int64_t>(s.value("maxLength", 20), lo + 20);
+      return text(std::uniform_int_distribution<int64_t>(lo, hi)(rng_));
+    }
+    if (type == "array") {
+      const int64_t lo = s.value("minItems", 0);
+      const int64_t hi = std::min<int64_t>(s.value("maxItems", 4), lo + 4);
+      json a = json::array();
+      for (int64_t i = 0, n = std::uniform_int_distribution<int64_t>(lo, hi)(rng_); i < n; ++i) {
+        a.push_back(value(s.value("items", json::object()), depth + 1));
+      }
+      return a;
+    }
+    json o = json::object();
+    const json props = s.value("properties", json::object());
+    std::set<std::string> required;
+    for (const json& r : s.value("required", json::array())) required.insert(r.get<std::string>());
+    for (const auto& [key, sub] : props.items()) {
+      if (required.count(key) || coin()) o[key] = value(sub, depth + 1);
+    }
+    const auto extra = s.find("additionalProperties");
+    if (extra != s.end() && !(extra->is_boolean() && !extra->get<bool>())) {
+      for (int i = 0, n = pick(3); i < n; ++i) {
+        const std::string key = "extra" + std::to_string(pick(100));
+        if (props.contains(key)) continue;
+        o[key] = extra->is_boolean() ? any(depth + 1) : value(*extra, depth + 1);
+      }
+    }
+    return o;
+  }
+
+ private:
+  int pick(size_t n) { return std::uniform_int_distribution<int>(0, static_cast<int>(n) - 1)(rng_); }
+  bool coin() { return std::bernoulli_distribution(0.5)(rng_); }
+
+  std::string text(int64_t n) {
+    static const char* const kPieces[] = {"a", "b", "Z", " ", "\"", "\\", "\n", "\t", "/", "é",
+                                          "中", "😀", "\x01", "{", "}", ":", ","};
+    std::string s;
+    for (int64_t i = 0; i < n; ++i) s += kPieces[pick(std::size(kPieces))];
+    return s;
+  }
+
+  json any(int depth) {
+    switch (depth > 2 ? pick(4) : pick(6)) {
+      case 0:
+        return text(pick(6));
+      case 1:
+        return pick(100);
+      case 2:
+        return coin();
+      case 3:
+        return nullptr;
+      case 4: {
+        json a = json::array();
+        for (int i = 0, n = pick(3); i < n; ++i) a.push_back(any(depth + 1));
+        return a;
+      }
+      default: {
+        json o = json::object();
+        for (int i = 0, n = pick(3); i < n; ++i) o["k" + std::to_string(i)] = any(depth + 1);
+        return o;
+      }
+    }
+  }
+
+  const json& root_;
+  std::mt19937_64 rng_;
+};
+
+// Feeds `text` to a fresh matcher; whether it took every byte and ends complete.
+bool accepts(const std::shared_ptr<const JsonGrammar>& g, const std::string& text) {
+  JsonMatcher m(g);
+  return m.advance(text) && m.can_finish();
+}
+
+std::string describe(const json& schema, const std::string& text) {
+  return "schema " + schema.dump() + "\ntext " + text;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+TEST(JsonSchemaGrammar, HandWrittenSchemasTakeTheirInstances) {
+  const json person = json::parse(R"({
+    "type": "object",
+    "properties": {
+      "name": {"type": "string", "maxLength": 20},
+      "age": {"type": "integer", "minimum": 0, "maximum": 150},
+      "email": {"type": ["string", "null"]},
+      "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "minItems": 1, "maxItems": 3},
+      "address": {"$ref": "#/$defs/address"}
+    },
+    "required": ["name", "age", "tags"],
+    "additionalProperties": false,
+    "$defs": {"address": {"type": "object", "properties": {"city": {"type": "string"},
+              "zip": {"type": "string", "minLength": 5, "maxLength": 5}}, "required": ["city"]}}
+  })");
+  const auto g = JsonGrammar::from_schema(person);
+  EXPECT_TRUE(accepts(g, R"({"name":"Ann","age":41,"tags":["a"]})"));
+  EXPECT_TRUE(accepts(g, R"({ "tags": ["b", "c"], "age": 0, "name": "", "email": null })"));
+  EXPECT_TRUE(accepts(g, R"({"name":"B","age":150,"tags":["a","a","a"],"address":{"city":"X","zip":"12345"}})"));
+  EXPECT_FALSE(accepts(g, R"({"name":"Ann","age":41})"));                 // tags required
+  EXPECT_FALSE(accepts(g, R"({"name":"Ann","age":151,"tags":["a"]})"));   // maximum
+  EXPECT_FALSE(accepts(g, R"({"name":"Ann","age":-1,"tags":["a"]})"));    // minimum
+  EXPECT_FALSE(accepts(g, R"({"name":"Ann","age":4.5,"tags":["a"]})"));   // integer
+  EXPECT_FALSE(accepts(g, R"({"name":"Ann","age":1,"tags":[]})"));        // minItems
+  EXPECT_FALSE(accepts(g, R"({"name":"Ann","age":1,"tags":["a","b","c","a"]})"));  // maxItems
+  EXPECT_FALSE(accepts(g, R"({"name":"Ann","age":1,"tags":["d"]})"));     // enum
+  EXPECT_FALSE(accepts(g, R"({"name":"Ann","age":1,"tags":["a"],"x":1})"));  // additional
+  EXPECT_FALSE(accepts(g, R"({"name":"Ann","name":"B","age":1,"tags":["a"]})"));  // repeated
+  EXPECT_FALSE(accepts(g, R"({"name":"Ann","age":01,"tags":["a"]})"));    // leading zero
+  EXPECT_FALSE(accepts(g, R"({"name":"B","age":1,"tags":["a"],"address":{"city":"X","zip":"123"}})"));
+  EXPECT_FALSE(accepts(g, R"({"name":"B","age":1,"tags":["a"],"address":{}})"));
+  EXPECT_FALSE(accepts(g, "{\"name\":\"a\x01\",\"age\":1,\"tags\":[\"a\"]}"));  // control
+  EXPECT_FALSE(accepts(g, std::string(R"({"name":"abcdefghijklmnopqrstu","age":1,"tags":["a"]})")));
+
+  // Strings: escapes, UTF-8 checked byte by byte, no surrogate escapes.
+  const auto s = JsonGrammar::from_schema({{"type", "string"}, {"maxLength", 3}});
+  EXPECT_TRUE(accepts(s, R"("\n\u00e9\"")"));
+  EXPECT_TRUE(accepts(s, "\"中😀é\""));
+  EXPECT_FALSE(accepts(s, "\"中😀éa\""));
+  EXPECT_FALSE(accepts(s, R"("\ud83d")"));
+  EXPECT_FALSE(accepts(s, "\"\xC0\xAF\""));  // overlong
+  EXPECT_FALSE(accepts(s, "\"\xED\xA0\x80\""));  // a surrogate in UTF-8
+  EXPECT_FALSE(accepts(s, R"("\x")"));
+
+  // Numbers: the JSON grammar.
+  const auto num = JsonGrammar::from_schema({{"type", "number"}});
+  for (const char* ok : {"0", "-0", "1.5", "-12.25e+3", "3E7", "0.001"}) {
+    EXPECT_TRUE(accepts(num, ok)) << ok;
+  }
+  for (const char* bad : {"01", "1.", ".5", "-", "1e", "+1", "1.5.2", "NaN"}) {
+    EXPECT_FALSE(accepts(num, bad)) << bad;
+  }
+
+  // anyOf of objects that share a prefix of keys; oneOf told apart by a const discriminator.
+  const auto any_of = JsonGrammar::from_schema(json::parse(R"({"anyOf": [
+    {"type": "object", "properties": {"kind": {"const": "a"}, "x": {"type": "integer"}},
+     "required": ["kind", "x"]},
+    {"type": "object", "properties": {"kind": {"const": "b"}, "y": {"type": "string"}},
+     "required": ["kind"]}]})"));
+  EXPECT_TRUE(accepts(any_of, R"({"kind":"a","x":3})"));
+  EXPECT_TRUE(accepts(any_of, R"({"kind":"b"})"));
+  EXPECT_FALSE(accepts(any_of, R"({"kind":"a"})"));
+  EXPECT_FALSE(accepts(any_of, R"({"kind":"b","x":3})"));
+  const auto one_of = JsonGrammar::from_schema(json::parse(R"({"oneOf": [
+    {"type": "object", "properties": {"kind": {"const": "a"}}, "required": ["kind"],
+     "additionalProperties": true},
+    {"type": "object", "properties": {"kind": {"const": "b"}}, "required": ["kind"]}]})"));
+  EXPECT_TRUE(accepts(one_of, R"({"kind":"a","z":[1,{}]})"));
+
+  // A recursive schema: a tree through $ref.
+  const auto tree = JsonGrammar::from_schema(json::parse(R"({"$ref": "#/$defs/node", "$defs":
+    {"node": {"type": "object", "properties": {"v": {"type": "integer"}, "children":
+     {"type": "array", "items": {"$ref": "#/$defs/node"}}}, "required": ["v"]}}})"));
+  EXPECT_TRUE(accepts(tree, R"({"v":1,"children":[{"v":2},{"v":3,"children":[{"v":4}]}]})"));
+  EXPECT_FALSE(accepts(tree, R"({"v":1,"children":[{}]})"));
+
+  // json_object: any object, nothing after it, whitespace runs bounded.
+  const auto obj = JsonGrammar::any_object();
+  EXPECT_TRUE(accepts(obj, R"( {"a": [1, {"b": null}], "c": "d", "e": -1.5e3, "f": true})"));
+  EXPECT_FALSE(accepts(obj, "[1]"));
+  EXPECT_FALSE(accepts(obj, "{} "));
+  EXPECT_FALSE(accepts(obj, "{" + std::string(json_grammar::kMaxWhitespaceRun + 1, ' ') + "}"));
+  EXPECT_TRUE(accepts(obj, "{" + std::string(json_grammar::kMaxWhitespaceRun, ' ') + "}"));
+  JsonMatcher m(obj);
+  ASSERT_TRUE(m.advance("{}"));
+  EXPECT_TRUE(m.closed());
+  JsonMatcher n(num);
+  ASSERT_TRUE(n.advance("12"));
+  EXPECT_TRUE(n.can_finish());
+  EXPECT_FALSE(n.closed());  // more digits may follow
+}
+
+TEST(JsonSchemaGrammar, RefusesWhatItCannotFollow) {
+  const std::vector<std::pair<const char*, const char*>> cases = {
+      {R"({"type": "string", "pattern": "^a"})", "pattern"},
+      {R"({"type": "string", "format": "email"})", "format"},
+      {R"({"type": "number", "minimum": 0})", "minimum"},
+      {R"({"type": "integer", "multipleOf": 2})", "multipleOf"},
+      {R"({"type": "object", "patternProperties": {}})", "patternProperties"},
+      {R"({"type": "array", "prefixItems": []})", "prefixItems"},
+      {R"({"type": "array", "uniqueItems": true})", "uniqueItems"},
+      {R"({"allOf": [{"type": "string"}, {"maxLength": 2}]})", "allOf"},
+      {R"({"not": {"type": "string"}})", "not"},
+      {R"({"oneOf": [{"type": "string"}, {"type": "string", "maxLength": 2}]})", "oneOf"},
+      {R"({"oneOf": [{"type": "integer"}, {"type": "number"}]})", "oneOf"},
+      {R"({"$ref": "#/$defs/missing"})", "missing"},
+      {R"({"$ref": "https://example.com/s.json"})", "$ref"},
+      {R"({"type": "strange"})", "strange"},
+      {R"({"enum": ["a"], "maxLength": 3})", "maxLength"},
+      {R"({"type": "object", "required": ["a"]})", "'a'"},
+      {R"({"type": "string", "minLength": 3, "maxLength": 2})", "minLength"},
+      {"false", "false"},
+  };
+  for (const auto& [schema, word] : cases) {
+    try {
+      JsonGrammar::from_schema(json::parse(schema));
+      ADD_FAILURE() << "accepted " << schema;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(word), std::string::npos) << schema << ": " << e.what();
+    }
+  }
+  // Annotations and uniqueItems false are fine.
+  EXPECT_NO_THROW(JsonGrammar::from_schema(json::parse(
+      R"({"title": "t", "description": "d", "type": "array", "uniqueItems": false,
+          "items": {"type": "string", "default": "x", "examples": ["y"]}})")));
+}
+
+TEST(JsonSchemaGrammar, RandomSchemasTakeRandomInstancesAndRefuseBrokenOnes) {
+  int checked = 0, mutants_accepted = 0;
+  for (uint64_t seed = 0; seed < 400; ++seed) {
+    SchemaGen gen(seed);
+    const json schema = gen.schema();
+    std::shared_ptr<const JsonGrammar> g;
+    try {
+      g = JsonGrammar::from_schema(schema);
+    } catch (const Error& e) {
+      FAIL() << "seed " << seed << ": " << e.what() << "\n" << schema.dump();
+    }
+    InstanceGen instances(schema, seed * 7919 + 1);
+    std::mt19937_64 rng(seed);
+    for (int i = 0; i < 8; ++i) {
+      const json v = instances.value(schema);
+      ASSERT_TRUE(valid(v, schema, schema)) << "generator bug: " << describe(schema, v.dump());
+      for (const std::string& text : {v.dump(), v.dump(2)}) {
+        EXPECT_TRUE(accepts(g, text)) << "seed " << seed << ": " << describe(schema, text);
+        ++checked;
+        // A one-byte change the matcher takes to completion must still be valid.
+        std::string mutant = text;
+        const size_t at = std::uniform_int_distribution<size_t>(0, text.size() - 1)(rng);
+        const char pool[] = "{}[]\",:0123456789-.eE tfn\\a\x01";
+        mutant[at] = pool[std::uniform_int_distribution<size_t>(0, sizeof(pool) - 2)(rng)];
+        if (accepts(g, mutant)) {
+          ++mutants_accepted;
+          json parsed;
+          ASSERT_NO_THROW(parsed = json::parse(mutant)) << describe(schema, mutant);
+          EXPECT_TRUE(valid(parsed, schema, schema)) << "seed " << seed << ": "
+                                                     << describe(schema, mutant);
+        }
+      }
+    }
+  }
+  std::printf("instances accepted: %d, valid mutants accepted: %d\n", checked, mutants_accepted);
+}
+
+// A vocabulary of every single byte and JSON-ish pieces, token 0 being end-of-sequence.
+std::vector<std::string> test_vocabulary(uint64_t seed) {
+  std::vector<std::string> v = {""};
+  for (int b = 1; b < 256; ++b) v.emplace_back(1, static_cast<char>(b));
+  const std::vector<std::string> pieces = {
+      "{\"", "\"}", "\":", "\",", "\", \"", "\": \"", "\": ", ", \"", "true", "false", "null",
+      "tr", "ue", "12", "-3", ".5", "e+", "00", "  ", "\n  ", "\n", "[]", "{}", "[{", "}]",
+      "\"name\"", "\"name\":", "name", "age", "tags", "nested", "\"a\"", "ab", "x y", "quote",
+      "\\\"", "\\n", "\\u00", "\\u", "é", "中文", "\xE4\xB8", "\xAD", "😀", " the", "red", "green",
+      "blue", "fixed", "\"red\"", "\"fixed\"", "1,", "],", "},", "\"]", "7", "\"k\":\"v\""};
+  v.insert(v.end(), pieces.begin(), pieces.end());
+  std::mt19937_64 rng(seed);
+  const std::string alphabet = "abcxyz \"{}[]:,0123456789.-\\";
+  for (int i = 0; i < 300; ++i) {
+    std::string t;
+    for (int k = 0, n = 2 + static_cast<int>(rng() % 5); k < n; ++k) t += alphabet[rng() % alphabet.size()];
+    v.push_back(t);
+  }
+  return v;
+}
+
+bool closes_something(const std::string& bytes) {
+  return bytes.find_first_of("\"]}") != std::string::npos;
+}
+
+TEST(JsonSchemaGrammar, RandomTokensUnderTheMaskGiveValidJson) {
+  const std::vector<std::string> vocab = test_vocabulary(1);
+  const TokenTrie trie(vocab);
+  const int64_t V = trie.vocab_size();
+  int finished = 0, cut = 0;
+  for (uint64_t seed = 0; seed < 300; ++seed) {
+    SchemaGen gen(seed + 1000);
+    const json schema = seed % 10 == 0 ? json::object() : gen.schema();
+    const auto g = seed % 10 == 0 ? JsonGrammar::any_object() : JsonGrammar::from_schema(schema);
+    JsonMatcher m(g);
+    std::mt19937_64 rng(seed);
+    std::vector<uint8_t> allowed(V);
+    std::string text;
+    bool done = false;
+    for (int step = 0; step < 300 && !done; ++step) {
+      m.allowed_tokens(trie, allowed);
+      if (seed < 25) {  // the trie walk against every token tried alone
+        for (int64_t t = 1; t < V; ++t) {
+          JsonMatcher copy = m;
+          ASSERT_EQ(allowed[t] != 0, copy.advance(vocab[t]))
+              << "seed " << seed << " token '" << vocab[t] << "' after " << describe(schema, text);
+        }
+      }
+      std::vector<int32_t> candidates, closers;
+      for (int64_t t = 1; t < V; ++t) {
+        if (!allowed[t]) continue;
+        candidates.push_back(static_cast<int32_t>(t));
+        if (closes_something(vocab[t])) closers.push_back(static_cast<int32_t>(t));
+      }
+      const bool late = text.size() > 80;
+      if (m.can_finish() && (candidates.empty() || std::bernoulli_distribution(late ? 0.9 : 0.3)(rng))) {
+        done = true;
+        break;
+      }
+      ASSERT_FALSE(candidates.empty()) << "dead end: " << describe(schema, text);
+      const std::vector<int32_t>& from =
+          late && !closers.empty() && std::bernoulli_distribution(0.8)(rng) ? closers : candidates;
+      const int32_t token = from[rng() % from.size()];
+      ASSERT_TRUE(m.advance(vocab[token]));
+      text += vocab[token];
+      done = m.closed();
+    }
+    if (!done) {
+      ++cut;
+      continue;
+    }
+    ++finished;
+    json parsed;
+    ASSERT_NO_THROW(parsed = json::parse(text)) << "seed " << seed << ": " << describe(schema, text);
+    if (seed % 10 == 0) {
+      EXPECT_TRUE(parsed.is_object()) << text;
+    } else {
+      EXPECT_TRUE(valid(parsed, schema, schema)) << "seed " << seed << ": " << describe(schema, text);
+    }
+  }
+  std::printf("finished %d, cut at the step limit %d\n", finished, cut);
+  EXPECT_GT(finished, 250);
+}
+
+TEST(JsonSchemaGrammar, TokenBytesConcatenateToTheDecodedText) {
+  const std::filesystem::path dir = std::filesystem::path(MOE_FIXTURES_DIR) / "tokenizers";
+  const std::vector<std::string> texts = {"{\"name\": \"Ann\", \"age\": 41}", "  x = [1, 2.5e3]",
+                                          "héllo 中文 😀 \"q\"\n\ttab", "a"};
+  for (const char* name : {"gpt2_bytelevel", "qwen2_bytelevel", "mixtral_metaspace",
+                           "mixtral_legacy", "t5_metaspace"}) {
+    const Tokenizer tok = Tokenizer::from_file(dir / name / "tokenizer.json");
+    const std::vector<std::string> bytes = tok.token_bytes();
+    ASSERT_EQ(static_cast<int64_t>(bytes.size()), tok.vocab_size());
+    for (const std::string& text : texts) {
+      const std::vector<int32_t> ids = tok.encode(text, false);
+      std::string joined;
+      for (int32_t id : ids) joined += bytes[id];
+      const std::string decoded = tok.decode(ids, true);
+      // At the start of a text a decoder may drop the first token's leading space.
+      EXPECT_TRUE(joined == decoded || joined == " " + decoded)
+          << name << ": '" << joined << "' vs '" << decoded << "'";
+    }
+  }
+}
+
+TEST(JsonSchemaGrammar, MaskCostOnALargeVocabulary) {
+  // 150k tokens shaped like a BPE vocabulary: words with and without a leading space, digits,
+  // punctuation runs, CJK, every single byte.
+  std::mt19937_64 rng(5);
+  std::vector<std::string> vocab = {""};
+  for (int b = 1; b < 256; ++b) vocab.emplace_back(1, static_cast<char>(b));
+  const std::string letters = "etaoinshrdlucmfwypvbgkjqxz";
+  const std::vector<std::string> punct = {"\"", "\":", "\",", "{\"", "\"}", ",", ".", ":", "(",
+                                          ")", "[", "]", "{", "}", "\n", "  ", "\n\n", "'", "-"};
+  while (vocab.size() < 150000) {
+    std::string t;
+    switch (rng() % 6) {
+      case 0:
+        t = std::to_string(rng() % 1000);
+        break;
+      case 1:
+        t = punct[rng() % punct.size()] + punct[rng() % punct.size()];
+        break;
+      case 2:
+        t = "\xE4" + std::string(1, static_cast<char>(0xB8 + rng() % 8)) +
+            std::string(1, static_cast<char>(0x80 + rng() % 64));
+        break;
+      default: {
+        if (rng() % 2) t = " ";
+        for (int k = 0, n = 1 + static_cast<int>(rng() % 9); k < n; ++k) {
+          t += letters[std::min<size_t>(rng() % letters.size(), rng() % letters.size())];
+        }
+      }
+    }
+    vocab.push_back(t);
+  }
+  const TokenTrie trie(vocab);
+  const json schema = json::parse(R"({"type": "object", "properties": {
+    "name": {"type": "string"}, "age": {"type": "integer", "minimum": 0},
+    "tags": {"type": "array", "items": {"type": "string", "maxLength": 10}}},
+    "required": ["name", "age", "tags"], "additionalProperties": false})");
+  const auto g = JsonGrammar::from_schema(schema);
+  std::vector<uint8_t> allowed(vocab.size());
+  std::printf("vocabulary %zu tokens\n", vocab.size());
+  for (const char* prefix : {"", "{", "{\"na", "{\"name\": \"hello wor", "{\"name\": \"x\", \"age\": 4",
+                             "{\"name\": \"x\", \"age\": 4, \"tags\": [\"ab"}) {
+    JsonMatcher m(g);
+    ASSERT_TRUE(m.advance(prefix)) << prefix;
+    constexpr int kRepeats = 20;
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < kRepeats; ++i) m.allowed_tokens(trie, allowed);
+    const double us = std::chrono::duration<double, std::micro>(
+                          std::chrono::steady_clock::now() - start).count() / kRepeats;
+    int64_t count = 0;
+    for (uint8_t a : allowed) count += a;
+    std::printf("  after %-45s %7.1f us per mask, %6lld tokens allowed\n",
+                ("'" + std::string(prefix) + "'").c_str(), us, static_cast<long long>(count));
+  }
+}
+
+}  // namespace
+}  // namespace moeinfer
