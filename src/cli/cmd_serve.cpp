@@ -178,6 +178,13 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--body-timeout", args->server.body_timeout_seconds,
                   "Seconds a request body may take to arrive after its headers")
       ->capture_default_str();
+  cmd->add_flag("!--disable-log-requests", args->server.log_requests,
+                "Do not write an access-log line per request to stderr");
+  cmd->add_option("--log-interval", args->server.log_interval_seconds,
+                  "Seconds between engine log lines (throughput, running, waiting, KV use) "
+                  "while there is work; 0: none")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--allowed-hosts", args->server.allowed_hosts,
                   "Host header names to answer, comma-separated (others get 421; default: any)")
       ->delimiter(',');

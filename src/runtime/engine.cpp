@@ -271,6 +271,15 @@ void Engine::abort_request(RequestId id) {
   }
 }
 
+bool Engine::has_started(RequestId id) const {
+  const auto g = groups_.find(id);
+  if (g == groups_.end()) return false;
+  return std::any_of(g->second.live.begin(), g->second.live.end(), [&](RequestId key) {
+    const Request& r = *requests_.at(key);
+    return r.status == RequestStatus::kRunning || r.num_computed > 0;
+  });
+}
+
 EngineStats Engine::stats() const {
   EngineStats s = totals_;
   s.num_running = scheduler_.num_running();

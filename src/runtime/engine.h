@@ -138,6 +138,9 @@ class Engine {
   // output with `last` set is the request's final one.
   std::vector<RequestOutput> step();
 
+  // Whether a sequence of request `id` has been scheduled at least once (it left the waiting
+  // queue: vLLM's end of queue time); false for unknown and finished ids.
+  bool has_started(RequestId id) const;
   bool has_unfinished() const { return !requests_.empty() || !aborted_.empty(); }
   int64_t num_unfinished() const { return static_cast<int64_t>(groups_.size()); }
   EngineStats stats() const;

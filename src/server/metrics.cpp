@@ -37,6 +37,45 @@ const std::vector<double> kStageBounds = {1e-6,   2.5e-6, 5e-6, 1e-5,   2.5e-5, 
                                           2.5e-4, 5e-4,   1e-3, 2.5e-3, 5e-3,   0.01, 0.025,
                                           0.05,   0.1,    0.25, 0.5,    1.0,    2.5,  5.0};
 
+// vLLM's buckets (vllm/v1/metrics/loggers.py), so that its dashboards' quantiles read the same.
+const std::vector<double> kVllmTtftBounds = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,
+                                             0.25,  0.5,   0.75, 1.0,  2.5,  5.0,  7.5,  10.0,
+                                             20.0,  40.0,  80.0, 160.0, 640.0, 2560.0};
+const std::vector<double> kVllmTpotBounds = {0.01, 0.025, 0.05, 0.075, 0.1,  0.15, 0.2,
+                                             0.3,  0.4,   0.5,  0.75,  1.0,  2.5,  5.0,
+                                             7.5,  10.0,  20.0, 40.0,  80.0};
+const std::vector<double> kVllmRequestBounds = {0.3,  0.5,  0.8,  1.0,   1.5,   2.0,   2.5,
+                                                5.0,  10.0, 15.0, 20.0,  30.0,  40.0,  50.0,
+                                                60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+const std::vector<double> kVllmIterationBounds = {1,    8,    16,   32,   64,    128,  256,
+                                                  512,  1024, 2048, 4096, 8192, 16384};
+const std::vector<double> kVllmParamsNBounds = {1, 2, 5, 10, 20};
+
+// 1, 2, 5, 10, 20, 50, ... up to `max_value` (vLLM's build_1_2_5_buckets).
+std::vector<double> one_two_five(int64_t max_value) {
+  std::vector<double> bounds;
+  for (int64_t scale = 1;; scale *= 10) {
+    for (int64_t m : {1, 2, 5}) {
+      if (m * scale > max_value) return bounds;
+      bounds.push_back(static_cast<double>(m * scale));
+    }
+  }
+}
+
+// A Prometheus label value: backslash, double quote and newline escaped.
+std::string label_value(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
 std::string stage_label(int stage) {
   return std::string(profile::stage_name(static_cast<profile::Stage>(stage)));
 }
@@ -96,11 +135,26 @@ void Metrics::Window::add(double v) {
   }
 }
 
-Metrics::Metrics()
+Metrics::Metrics(const MetricsOptions& options)
     : ttft_(kLatencyBounds),
       tpot_(kLatencyBounds),
       itl_(kLatencyBounds),
       e2e_(kE2eBounds),
+      queue_(kE2eBounds),
+      request_tpot_(kLatencyBounds),
+      vllm_{.ttft = Histogram(kVllmTtftBounds),
+            .tpot = Histogram(kVllmTpotBounds),
+            .request_tpot = Histogram(kVllmTpotBounds),
+            .e2e = Histogram(kVllmRequestBounds),
+            .queue = Histogram(kVllmRequestBounds),
+            .inference = Histogram(kVllmRequestBounds),
+            .prefill = Histogram(kVllmRequestBounds),
+            .decode = Histogram(kVllmRequestBounds),
+            .prompt_tokens = Histogram(one_two_five(options.max_model_len)),
+            .generation_tokens = Histogram(one_two_five(options.max_model_len)),
+            .iteration_tokens = Histogram(kVllmIterationBounds),
+            .params_n = Histogram(kVllmParamsNBounds),
+            .params_max_tokens = Histogram(one_two_five(options.max_model_len))},
       stage_step_(profile::kNumStages, Histogram(kStageBounds)) {}
 
 void Metrics::set_engine_stats(const EngineStats& stats) {
@@ -114,6 +168,10 @@ void Metrics::set_engine_stats(const EngineStats& stats) {
       const double s = stats.last_step_stage_seconds[stage];
       if (s > 0.0) stage_step_[stage].observe(s);
     }
+  }
+  // Tokens run by each new step (vLLM's iteration_tokens_total).
+  if (stats.num_steps > stats_.num_steps) {
+    vllm_.iteration_tokens.observe(static_cast<double>(stats.computed_tokens - stats_.computed_tokens));
   }
   stats_ = stats;
   // History: one sample per kHistoryPeriod holding the peaks within it, so a burst shorter
@@ -133,29 +191,54 @@ void Metrics::observe_ttft(double s) {
   std::lock_guard lock(mutex_);
   ttft_.observe(s);
   ttft_window_.add(s);
+  vllm_.ttft.observe(s);
 }
-void Metrics::observe_tpot(double s) {
+void Metrics::observe_token_interval(double s) {
   std::lock_guard lock(mutex_);
   tpot_.observe(s);
   tpot_window_.add(s);
-}
-void Metrics::observe_itl(double s) {
-  std::lock_guard lock(mutex_);
   itl_.observe(s);
   itl_window_.add(s);
+  vllm_.tpot.observe(s);
 }
-void Metrics::observe_e2e(double s) {
+void Metrics::observe_finished(const FinishedRequest& r) {
   std::lock_guard lock(mutex_);
-  e2e_.observe(s);
-  e2e_window_.add(s);
-}
-void Metrics::count_finished(const std::string& reason) {
-  std::lock_guard lock(mutex_);
-  ++finished_[reason];
+  ++finished_[r.finish_reason];
+  e2e_.observe(r.e2e_seconds);
+  e2e_window_.add(r.e2e_seconds);
+  queue_.observe(r.queue_seconds);
+  vllm_.e2e.observe(r.e2e_seconds);
+  vllm_.queue.observe(r.queue_seconds);
+  vllm_.inference.observe(r.inference_seconds);
+  vllm_.prefill.observe(r.prefill_seconds);
+  vllm_.decode.observe(r.decode_seconds);
+  vllm_.prompt_tokens.observe(static_cast<double>(r.num_prompt_tokens));
+  vllm_.generation_tokens.observe(static_cast<double>(r.num_generation_tokens));
+  vllm_.params_n.observe(static_cast<double>(r.num_sequences));
+  vllm_.params_max_tokens.observe(static_cast<double>(r.max_tokens));
+  if (r.has_first_token && r.max_sequence_tokens > 1) {
+    const double mean = r.decode_seconds / static_cast<double>(r.max_sequence_tokens - 1);
+    request_tpot_.observe(mean);
+    vllm_.request_tpot.observe(mean);
+  }
 }
 void Metrics::count_rejected(int status) {
   std::lock_guard lock(mutex_);
   ++rejected_[status];
+}
+
+EngineSnapshot Metrics::snapshot() const {
+  std::lock_guard lock(mutex_);
+  return {.uptime_seconds = std::chrono::duration<double>(Clock::now() - start_).count(),
+          .prompt_tokens = stats_.prompt_tokens,
+          .generation_tokens = stats_.generation_tokens,
+          .num_running = stats_.num_running,
+          .num_waiting = stats_.num_waiting,
+          .kv_usage = stats_.kv.num_blocks
+                          ? static_cast<double>(stats_.kv.num_used) / stats_.kv.num_blocks
+                          : 0.0,
+          .prefix_queries = stats_.kv.prefix_queries,
+          .prefix_hits = stats_.kv.prefix_hits};
 }
 
 std::string Metrics::render(const std::string& model_name) const {
@@ -246,11 +329,83 @@ std::string Metrics::render(const std::string& model_name) const {
     }
   }
   ttft_.render(p + "time_to_first_token_seconds", "Time to first token.", out);
-  tpot_.render(p + "time_per_output_token_seconds", "Mean time per output token after the first.",
-               out);
+  tpot_.render(p + "time_per_output_token_seconds",
+               "Time per output token after the first: one sample per token.", out);
   itl_.render(p + "inter_token_latency_seconds", "Time between consecutive output tokens.", out);
+  request_tpot_.render(p + "request_time_per_output_token_seconds",
+                       "Per request: the mean time per output token after the first.", out);
   e2e_.render(p + "e2e_request_latency_seconds", "End-to-end request latency.", out);
+  queue_.render(p + "request_queue_time_seconds",
+                "Time a request waited before it was first scheduled.", out);
+  render_vllm(model_name, out);
   return out;
+}
+
+// vLLM's names and labels for what has a vLLM counterpart, and vLLM's request histograms.
+void Metrics::render_vllm(const std::string& model_name, std::string& out) const {
+  const std::string labels = "model_name=\"" + label_value(model_name) + "\",engine=\"0\"";
+  const auto sample = [&](const std::string& name, const char* type, const std::string& help,
+                          double v) {
+    header(out, "vllm:" + name, type, help);
+    line(out, "vllm:" + name, labels, v);
+  };
+  const auto histogram = [&](const std::string& name, const std::string& help,
+                             const Histogram& h) {
+    header(out, "vllm:" + name, "histogram", help);
+    h.render_series("vllm:" + name, labels, out);
+  };
+  const double kv_usage =
+      stats_.kv.num_blocks ? static_cast<double>(stats_.kv.num_used) / stats_.kv.num_blocks : 0.0;
+  sample("num_requests_running", "gauge", "Requests in the running batch.",
+         stats_.num_running);
+  sample("num_requests_waiting", "gauge", "Requests waiting to be scheduled.",
+         stats_.num_waiting);
+  sample("kv_cache_usage_perc", "gauge", "Fraction of KV-cache blocks held by requests (0 to 1).", kv_usage);
+  sample("gpu_cache_usage_perc", "gauge",
+         "kv_cache_usage_perc under vLLM's older name.",
+         kv_usage);
+  sample("prefix_cache_queries_total", "counter",
+         "Prompt tokens looked up in the prefix cache.", stats_.kv.prefix_queries);
+  sample("prefix_cache_hits_total", "counter",
+         "Prompt tokens found in the prefix cache.", stats_.kv.prefix_hits);
+  sample("num_preemptions_total", "counter", "Requests preempted (recomputed later) for lack of blocks.",
+         stats_.num_preemptions);
+  sample("prompt_tokens_total", "counter", "Prompt tokens of admitted requests.",
+         stats_.prompt_tokens);
+  sample("generation_tokens_total", "counter", "Tokens generated.",
+         stats_.generation_tokens);
+  header(out, "vllm:request_success_total", "counter", "Finished requests by finish reason.");
+  for (const char* reason : {"stop", "length", "abort"}) {
+    const auto it = finished_.find(reason);
+    line(out, "vllm:request_success_total",
+         labels + ",finished_reason=\"" + reason + "\"", it == finished_.end() ? 0 : it->second);
+  }
+  histogram("time_to_first_token_seconds", "Time to first token.",
+            vllm_.ttft);
+  histogram("time_per_output_token_seconds",
+            "Time per output token after the first: one sample per token.", vllm_.tpot);
+  histogram("inter_token_latency_seconds", "Time between consecutive output tokens.",
+            vllm_.tpot);
+  histogram("request_time_per_output_token_seconds",
+            "Per request: the mean time per output token after the first.", vllm_.request_tpot);
+  histogram("e2e_request_latency_seconds", "End-to-end request latency.",
+            vllm_.e2e);
+  histogram("request_queue_time_seconds", "Time a request waited before it was first scheduled.",
+            vllm_.queue);
+  histogram("request_inference_time_seconds",
+            "Time from first scheduled to finished.", vllm_.inference);
+  histogram("request_prefill_time_seconds",
+            "Time from first scheduled to the first token.", vllm_.prefill);
+  histogram("request_decode_time_seconds", "Time from the first token to the last.",
+            vllm_.decode);
+  histogram("request_prompt_tokens", "Prompt tokens per finished request.", vllm_.prompt_tokens);
+  histogram("request_generation_tokens", "Generated tokens per finished request.",
+            vllm_.generation_tokens);
+  histogram("iteration_tokens_total", "Tokens run through the model per engine step.",
+            vllm_.iteration_tokens);
+  histogram("request_params_n", "The n of finished requests.", vllm_.params_n);
+  histogram("request_params_max_tokens", "The max_tokens of finished requests.",
+            vllm_.params_max_tokens);
 }
 
 nlohmann::json Metrics::dashboard(const std::string& model_name) const {

@@ -32,10 +32,20 @@ struct Channel {
   bool finished = false;              // guarded by mutex
   std::optional<ApiError> error;      // guarded by mutex: the engine refused or failed it
   std::atomic<bool> cancel{false};    // set by the HTTP side when the client went away
+  // Guarded by mutex, for the access log: the figures known so far.
+  int64_t num_prompt_tokens = -1, num_cached_tokens = -1, num_output_tokens = 0;
+  double queue_seconds = -1.0, ttft_seconds = -1.0;
+  std::optional<FinishedRequest> summary;  // set before the last output or the error
 
+  // Set by submit() before the engine thread sees it.
+  int64_t max_tokens = 0;
+  int64_t num_sequences = 1;
   // Engine thread only.
   Clock::time_point arrival = Clock::now();
-  Clock::time_point first_token, last_token;
+  Clock::time_point scheduled, first_token, last_token;
+  std::vector<Clock::time_point> last_token_of;  // [num_sequences] each sequence's latest
+  std::vector<int64_t> tokens_of;                // [num_sequences] tokens so far
+  bool started = false;                          // scheduled at least once
   bool has_first = false;
   bool abort_sent = false;
   bool shutdown_abort = false;  // aborted because the grace period ended
@@ -63,6 +73,60 @@ namespace {
 constexpr size_t kMaxBodyBytes = size_t{16} << 20;
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// The engine step that first scheduled the request began at `at`.
+void note_started(Channel& ch, Clock::time_point at) {
+  ch.started = true;
+  ch.scheduled = at;
+  std::lock_guard lock(ch.mutex);
+  ch.queue_seconds = seconds(at - ch.arrival);
+}
+
+// A token of sequence out.index: the request's first gives TTFT, every later token of a
+// sequence one token interval (so a sequence of N tokens gives N - 1 of them).
+void note_token(Metrics& metrics, Channel& ch, const RequestOutput& out, Clock::time_point now) {
+  const size_t seq = static_cast<size_t>(out.index);
+  if (ch.tokens_of.size() <= seq) {
+    ch.tokens_of.resize(seq + 1, 0);
+    ch.last_token_of.resize(seq + 1);
+  }
+  if (!ch.has_first) {
+    metrics.observe_ttft(seconds(now - ch.arrival));
+    ch.first_token = now;
+    ch.has_first = true;
+  }
+  if (ch.tokens_of[seq] > 0) metrics.observe_token_interval(seconds(now - ch.last_token_of[seq]));
+  const auto num_tokens = static_cast<int64_t>(out.token_ids.size());
+  ch.tokens_of[seq] += num_tokens;
+  ch.last_token_of[seq] = now;
+  ch.last_token = now;
+  std::lock_guard lock(ch.mutex);
+  ch.num_prompt_tokens = out.num_prompt_tokens;
+  ch.num_cached_tokens = out.num_cached_tokens;
+  ch.num_output_tokens += num_tokens;
+  ch.ttft_seconds = seconds(ch.first_token - ch.arrival);
+}
+
+FinishedRequest finished_request(const Channel& ch, const RequestOutput& out,
+                                 Clock::time_point now) {
+  FinishedRequest r{.finish_reason = finish_reason_name(out.finish),
+                    .num_prompt_tokens = out.num_prompt_tokens,
+                    .max_tokens = ch.max_tokens,
+                    .num_sequences = ch.num_sequences,
+                    .has_first_token = ch.has_first,
+                    .queue_seconds = seconds(ch.scheduled - ch.arrival),
+                    .inference_seconds = seconds(now - ch.scheduled),
+                    .e2e_seconds = seconds(now - ch.arrival)};
+  for (int64_t tokens : ch.tokens_of) {
+    r.num_generation_tokens += tokens;
+    r.max_sequence_tokens = std::max(r.max_sequence_tokens, tokens);
+  }
+  if (ch.has_first) {
+    r.prefill_seconds = seconds(ch.first_token - ch.scheduled);
+    r.decode_seconds = seconds(ch.last_token - ch.first_token);
+  }
+  return r;
+}
 
 void send_json(httplib::Response& res, int status, const json& body) {
   res.status = status;
@@ -144,6 +208,8 @@ Server::Server(std::unique_ptr<Engine> engine, ChatConfig chat, const ServerConf
     : engine_(std::move(engine)),
       chat_(std::move(chat)),
       config_(config),
+      metrics_(MetricsOptions{.max_model_len = engine_->max_model_len()}),
+      access_log_(config.log_requests),
       created_(static_cast<int64_t>(std::time(nullptr))) {
   MOE_CHECK(config.max_queue >= 0, "--max-queue must be >= 0, got ", config.max_queue);
   MOE_CHECK(!config.model_name.empty(), "the served model needs a name");
@@ -179,6 +245,7 @@ Server::Server(std::unique_ptr<Engine> engine, ChatConfig chat, const ServerConf
   http_->set_payload_max_length(kMaxBodyBytes);
   http_->set_error_body([this](int status, const std::string& message) {
     metrics_.count_rejected(status);
+    access_log_.refused(status);
     return error_body(message, "invalid_request_error", "", "").dump();
   });
   install_routes();
@@ -294,7 +361,11 @@ void Server::post(const std::string& pattern, BodyHandler handler) {
 }
 
 void Server::install_routes() {
+  http_->set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    access_log_.end(req, res);
+  });
   http_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    access_log_.begin();
     return refuse_before_routing(req, res) ? httplib::Server::HandlerResponse::Handled
                                            : httplib::Server::HandlerResponse::Unhandled;
   });
@@ -512,6 +583,8 @@ std::shared_ptr<Channel> Server::submit(std::vector<int32_t> prompt,
     }
   } while (!in_flight_.compare_exchange_weak(current, current + 1));
   auto channel = std::make_shared<Channel>();
+  channel->max_tokens = params.max_tokens;
+  channel->num_sequences = params.num_sequences;
   {
     std::lock_guard lock(inbox_mutex_);
     inbox_.push_back({std::move(prompt), params, channel});
@@ -554,6 +627,22 @@ void Server::handle_completion(const std::string& body, Endpoint endpoint, httpl
                     .created = static_cast<int64_t>(std::time(nullptr)),
                     .model = config_.model_name};
   auto choices = std::make_shared<ChoiceSet>(request, info, engine_->tokenizer(), std::move(prompt));
+  access_log_.describe([channel, id = info.id](AccessEntry& e) {
+    std::lock_guard lock(channel->mutex);
+    e.id = id;
+    e.prompt_tokens = channel->num_prompt_tokens;
+    e.cached_tokens = channel->num_cached_tokens;
+    e.output_tokens = channel->num_output_tokens;
+    e.queue_seconds = channel->queue_seconds;
+    e.ttft_seconds = channel->ttft_seconds;
+    if (channel->summary) {
+      e.finish = channel->summary->finish_reason;
+    } else if (channel->error) {
+      e.finish = "error";
+    } else if (!channel->finished) {
+      e.finish = "disconnected";  // a stream whose client left before its end
+    }
+  });
 
   if (!request.stream) {
     InFlight guard(in_flight_);
@@ -674,6 +763,7 @@ void Server::engine_loop() {
     }
     if (engine_->has_unfinished()) {
       std::vector<RequestOutput> outputs;
+      const auto step_start = Clock::now();
       try {
         outputs = engine_->step();
       } catch (const std::exception& e) {
@@ -687,27 +777,27 @@ void Server::engine_loop() {
         live.clear();
       }
       const auto now = Clock::now();
+      // Queue time ends with the step that first scheduled a request (vLLM's WAITING phase).
+      for (auto& [id, ch] : live) {
+        if (!ch->started && engine_->has_started(id)) note_started(*ch, step_start);
+      }
       for (RequestOutput& out : outputs) {
         const auto it = live.find(out.id);
         if (it == live.end()) continue;
         Channel& ch = *it->second;
-        if (!out.token_ids.empty()) {
-          if (!ch.has_first) {
-            metrics_.observe_ttft(seconds(now - ch.arrival));
-            ch.first_token = now;
-            ch.has_first = true;
-          } else {
-            metrics_.observe_itl(seconds(now - ch.last_token));
-          }
-          ch.last_token = now;
-        }
         const bool finished = out.finished();
+        if (!out.token_ids.empty()) {
+          // Finished in the step that first scheduled it: has_started no longer knows it.
+          if (!ch.started) note_started(ch, step_start);
+          note_token(metrics_, ch, out, now);
+        }
         if (finished) {
-          metrics_.observe_e2e(seconds(now - ch.arrival));
-          if (ch.has_first && out.num_output_tokens > 1) {
-            metrics_.observe_tpot(seconds(now - ch.first_token) / (out.num_output_tokens - 1));
-          }
-          metrics_.count_finished(finish_reason_name(out.finish));
+          if (!ch.started) note_started(ch, now);  // aborted while it waited
+          FinishedRequest summary = finished_request(ch, out, now);
+          metrics_.observe_finished(summary);
+          std::lock_guard lock(ch.mutex);
+          if (ch.num_prompt_tokens < 0) ch.num_prompt_tokens = out.num_prompt_tokens;
+          ch.summary = std::move(summary);
         }
         if (finished && ch.shutdown_abort && out.finish == FinishReason::kAbort) {
           // Cut short by the server, not finished: an error, not finish_reason "abort".
@@ -781,7 +871,10 @@ void Server::run() {
                  "anyone who reaches this host can use the model\n",
                  config_.host.c_str());
   }
+  std::optional<EngineLogger> engine_logger;
+  engine_logger.emplace(metrics_, config_.log_interval_seconds);
   const bool ok = http_->listen_after_bind();
+  engine_logger.reset();
   shutdown();  // when listen ended on its own, let the shutdown thread finish too
   if (shutdown_thread_.joinable()) shutdown_thread_.join();
   {

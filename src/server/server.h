@@ -27,6 +27,7 @@
 #include "runtime/engine.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
+#include "server/serving_log.h"
 
 namespace httplib {
 struct Request;
@@ -53,6 +54,8 @@ struct ServerConfig {
   double body_timeout_seconds = 60.0;
   // Host header names (port ignored) the server answers; empty: any. Others get 421.
   std::vector<std::string> allowed_hosts;
+  bool log_requests = true;           // one access-log line per request (serving_log.h)
+  double log_interval_seconds = 10.0;  // the periodic engine line; 0: none
 };
 
 struct Channel;
@@ -113,6 +116,7 @@ class Server {
   ServerConfig config_;
   std::unique_ptr<HttpServer> http_;
   Metrics metrics_;
+  AccessLog access_log_;
   int64_t created_ = 0;
   int64_t max_prompt_bytes_ = 0;  // see check_prompt_bytes
 

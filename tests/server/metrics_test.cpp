@@ -109,15 +109,16 @@ TEST(Metrics, WithoutStageProfilingThereIsNoStageHistogram) {
 TEST(Metrics, DashboardCarriesTheFiguresOfMetrics) {
   Metrics m;
   m.set_engine_stats(profiled(1, 0.002));
-  for (double s : {0.01, 0.02, 0.03, 0.04}) m.observe_e2e(s);
+  for (double s : {0.01, 0.02, 0.03, 0.04}) {
+    m.observe_finished({.finish_reason = "stop", .e2e_seconds = s});
+  }
   m.observe_ttft(0.005);
-  m.count_finished("stop");
   const auto v = parse(m.render("demo"));
   const nlohmann::json d = m.dashboard("demo");
   EXPECT_EQ(d["model"], "demo");
   EXPECT_EQ(d["kv"]["used"].get<int64_t>(), v.at("moeinfer:kv_cache_used_blocks"));
   EXPECT_EQ(d["kv"]["total"].get<int64_t>(), v.at("moeinfer:kv_cache_total_blocks"));
-  EXPECT_EQ(d["requests"]["finished_total"].get<int64_t>(), 1);
+  EXPECT_EQ(d["requests"]["finished_total"].get<int64_t>(), 4);
   ASSERT_EQ(d["stages"].size(), static_cast<size_t>(profile::kNumStages));
   for (const auto& s : d["stages"]) {
     const std::string label = "{stage=\"" + s["stage"].get<std::string>() + "\"}";
@@ -159,6 +160,160 @@ TEST(Metrics, HistoryKeepsThePeakOfEachPeriod) {
   for (const auto& p : h) peak = std::max(peak, p["kv_used"].get<int64_t>());
   EXPECT_EQ(peak, 7);
   EXPECT_EQ(h.back()["kv_used"].get<int64_t>(), 0);
+}
+
+// Every `# TYPE vllm:...` family of the text, by name.
+std::map<std::string, std::string> vllm_types(const std::string& text) {
+  std::map<std::string, std::string> types;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("# TYPE vllm:", 0) != 0) continue;
+    const size_t space = line.rfind(' ');
+    types[line.substr(7, space - 7)] = line.substr(space + 1);
+  }
+  return types;
+}
+
+TEST(Metrics, VllmNamesMirrorOursWithTheModelNameLabel) {
+  Metrics m;
+  EngineStats s = profiled(1, 0.002);
+  s.num_running = 2;
+  s.num_waiting = 5;
+  s.prompt_tokens = 40;
+  s.generation_tokens = 9;
+  s.kv.prefix_queries = 40;
+  s.kv.prefix_hits = 16;
+  s.num_preemptions = 1;
+  m.set_engine_stats(s);
+  m.observe_finished({.finish_reason = "length", .e2e_seconds = 0.5});
+  const std::string text = m.render("org/model");
+  const auto v = parse(text);
+  const std::string l = "{model_name=\"org/model\",engine=\"0\"}";
+  for (const auto& [vllm, ours] : std::map<std::string, std::string>{
+           {"num_requests_running", "num_requests_running"},
+           {"num_requests_waiting", "num_requests_waiting"},
+           {"kv_cache_usage_perc", "kv_cache_usage_perc"},
+           {"gpu_cache_usage_perc", "kv_cache_usage_perc"},
+           {"prompt_tokens_total", "prompt_tokens_total"},
+           {"generation_tokens_total", "generation_tokens_total"},
+           {"prefix_cache_queries_total", "prefix_cache_queries_total"},
+           {"prefix_cache_hits_total", "prefix_cache_hits_total"},
+           {"num_preemptions_total", "num_preemptions_total"},
+           {"e2e_request_latency_seconds_count", "e2e_request_latency_seconds_count"}}) {
+    ASSERT_TRUE(v.count("vllm:" + vllm + l)) << vllm;
+    EXPECT_EQ(v.at("vllm:" + vllm + l), v.at("moeinfer:" + ours)) << vllm;
+  }
+  EXPECT_EQ(v.at("vllm:request_success_total{model_name=\"org/model\",engine=\"0\","
+                 "finished_reason=\"length\"}"),
+            1);
+  const auto types = vllm_types(text);
+  EXPECT_EQ(types.at("vllm:num_requests_running"), "gauge");
+  EXPECT_EQ(types.at("vllm:prompt_tokens_total"), "counter");
+  for (const char* h : {"time_to_first_token_seconds", "time_per_output_token_seconds",
+                        "inter_token_latency_seconds", "request_time_per_output_token_seconds",
+                        "e2e_request_latency_seconds", "request_queue_time_seconds",
+                        "request_inference_time_seconds", "request_prefill_time_seconds",
+                        "request_decode_time_seconds", "request_prompt_tokens",
+                        "request_generation_tokens", "iteration_tokens_total",
+                        "request_params_n", "request_params_max_tokens"}) {
+    EXPECT_EQ(types.at(std::string("vllm:") + h), "histogram") << h;
+  }
+  // Every vllm: sample carries the labels.
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("vllm:", 0) == 0) {
+      EXPECT_NE(line.find("model_name=\"org/model\""), std::string::npos) << line;
+    }
+  }
+  // vLLM's TTFT buckets, not ours.
+  EXPECT_TRUE(v.count("vllm:time_to_first_token_seconds_bucket{model_name=\"org/model\","
+                      "engine=\"0\",le=\"2560\"}"));
+}
+
+TEST(Metrics, ModelNameLabelIsEscaped) {
+  Metrics m;
+  const std::string text = m.render("a\"b\\c");
+  EXPECT_NE(text.find("vllm:num_requests_running{model_name=\"a\\\"b\\\\c\",engine=\"0\"} 0"),
+            std::string::npos);
+}
+
+TEST(Metrics, TimePerOutputTokenIsOneSamplePerTokenInterval) {
+  Metrics m;
+  // A request of 4 tokens: 3 intervals; one of 1 token: none.
+  for (double s : {0.001, 0.002, 0.003}) m.observe_token_interval(s);
+  m.observe_finished({.finish_reason = "length",
+                      .num_generation_tokens = 4,
+                      .max_sequence_tokens = 4,
+                      .has_first_token = true,
+                      .decode_seconds = 0.006});
+  m.observe_finished({.finish_reason = "length",
+                      .num_generation_tokens = 1,
+                      .max_sequence_tokens = 1,
+                      .has_first_token = true});
+  const auto v = parse(m.render("demo"));
+  const std::string l = "{model_name=\"demo\",engine=\"0\"}";
+  EXPECT_EQ(v.at("moeinfer:time_per_output_token_seconds_count"), 3);
+  EXPECT_EQ(v.at("moeinfer:inter_token_latency_seconds_count"), 3);
+  EXPECT_NEAR(v.at("moeinfer:time_per_output_token_seconds_sum"), 0.006, 1e-12);
+  EXPECT_EQ(v.at("vllm:time_per_output_token_seconds_count" + l), 3);
+  EXPECT_EQ(v.at("vllm:inter_token_latency_seconds_count" + l), 3);
+  // The per-request mean: one sample, for the request with more than one token.
+  EXPECT_EQ(v.at("moeinfer:request_time_per_output_token_seconds_count"), 1);
+  EXPECT_NEAR(v.at("vllm:request_time_per_output_token_seconds_sum" + l), 0.002, 1e-12);
+}
+
+TEST(Metrics, RequestHistogramsTakeEachFinishedRequest) {
+  Metrics m(MetricsOptions{.max_model_len = 100});
+  m.observe_finished({.finish_reason = "stop",
+                      .num_prompt_tokens = 7,
+                      .num_generation_tokens = 30,
+                      .max_sequence_tokens = 15,
+                      .max_tokens = 16,
+                      .num_sequences = 2,
+                      .has_first_token = true,
+                      .queue_seconds = 0.25,
+                      .prefill_seconds = 0.5,
+                      .decode_seconds = 1.0,
+                      .inference_seconds = 1.5,
+                      .e2e_seconds = 1.75});
+  const std::string text = m.render("demo");
+  const auto v = parse(text);
+  const std::string l = "model_name=\"demo\",engine=\"0\"";
+  EXPECT_EQ(v.at("vllm:request_queue_time_seconds_sum{" + l + "}"), 0.25);
+  EXPECT_EQ(v.at("moeinfer:request_queue_time_seconds_sum"), 0.25);
+  EXPECT_EQ(v.at("vllm:request_prefill_time_seconds_sum{" + l + "}"), 0.5);
+  EXPECT_EQ(v.at("vllm:request_decode_time_seconds_sum{" + l + "}"), 1.0);
+  EXPECT_EQ(v.at("vllm:request_inference_time_seconds_sum{" + l + "}"), 1.5);
+  EXPECT_EQ(v.at("vllm:e2e_request_latency_seconds_sum{" + l + "}"), 1.75);
+  EXPECT_EQ(v.at("vllm:request_prompt_tokens_sum{" + l + "}"), 7);
+  EXPECT_EQ(v.at("vllm:request_generation_tokens_sum{" + l + "}"), 30);
+  EXPECT_EQ(v.at("vllm:request_params_n_sum{" + l + "}"), 2);
+  EXPECT_EQ(v.at("vllm:request_params_max_tokens_sum{" + l + "}"), 16);
+  // Token counts: vLLM's 1-2-5 buckets up to max_model_len.
+  EXPECT_EQ(v.at("vllm:request_prompt_tokens_bucket{" + l + ",le=\"5\"}"), 0);
+  EXPECT_EQ(v.at("vllm:request_prompt_tokens_bucket{" + l + ",le=\"10\"}"), 1);
+  EXPECT_TRUE(v.count("vllm:request_prompt_tokens_bucket{" + l + ",le=\"100\"}"));
+  EXPECT_FALSE(v.count("vllm:request_prompt_tokens_bucket{" + l + ",le=\"200\"}"));
+}
+
+TEST(Metrics, IterationTokensAreTheTokensOfEachNewStep) {
+  Metrics m;
+  EngineStats s;
+  s.num_steps = 1;
+  s.computed_tokens = 20;  // a prefill
+  m.set_engine_stats(s);
+  m.set_engine_stats(s);  // no new step: nothing observed
+  s.num_steps = 2;
+  s.computed_tokens = 22;  // two decodes
+  m.set_engine_stats(s);
+  const auto v = parse(m.render("demo"));
+  const std::string l = "model_name=\"demo\",engine=\"0\"";
+  EXPECT_EQ(v.at("vllm:iteration_tokens_total_count{" + l + "}"), 2);
+  EXPECT_EQ(v.at("vllm:iteration_tokens_total_sum{" + l + "}"), 22);
+  EXPECT_EQ(v.at("vllm:iteration_tokens_total_bucket{" + l + ",le=\"1\"}"), 0);
+  EXPECT_EQ(v.at("vllm:iteration_tokens_total_bucket{" + l + ",le=\"8\"}"), 1);
 }
 
 }  // namespace
