@@ -126,6 +126,9 @@ void add_serve_command(CLI::App& app) {
                   "Require 'Authorization: Bearer KEY' on every endpoint but /health");
   cmd->add_option("--served-model-name", args->served_name,
                   "Model id in the API (default: the model folder's name)");
+  cmd->add_option("--tool-call-parser", args->server.tool_call_parser,
+                  "How chat outputs are parsed for tool calls (vLLM's names): hermes, mistral, "
+                  "deepseek_v3 or none (default: the model family's format; docs/serving.md)");
   cmd->add_option("--max-num-seqs", args->engine.max_num_seqs,
                   "Requests in the running batch at most")
       ->capture_default_str();

@@ -97,7 +97,8 @@ ChatConfig load_chat_config(const std::filesystem::path& model_dir) {
 }
 
 std::string apply_chat_template(const ChatTemplate& tmpl, const nlohmann::ordered_json& messages,
-                                bool add_generation_prompt, const ChatConfig& config) {
+                                bool add_generation_prompt, const ChatConfig& config,
+                                const ChatTemplateExtras& extras) {
   MOE_CHECK(messages.is_array(), "messages must be a JSON array, got ", messages.type_name());
   MOE_CHECK(!messages.empty(), "cannot apply a chat template to an empty conversation");
   nlohmann::ordered_json chat = nlohmann::ordered_json::array();
@@ -132,9 +133,15 @@ std::string apply_chat_template(const ChatTemplate& tmpl, const nlohmann::ordere
   if (!config.bos_token.empty()) context["bos_token"] = config.bos_token;
   if (!config.eos_token.empty()) context["eos_token"] = config.eos_token;
   context["messages"] = std::move(chat);
-  context["tools"] = nullptr;
+  MOE_CHECK(extras.tools.is_null() || extras.tools.is_array(), "tools must be a JSON array, got ",
+            extras.tools.type_name());
+  MOE_CHECK(extras.variables.is_object(), "extra template variables must be a JSON object");
+  MOE_CHECK(!extras.variables.contains("messages"),
+            "extra template variables cannot replace the messages");
+  context["tools"] = extras.tools;
   context["documents"] = nullptr;
   context["add_generation_prompt"] = add_generation_prompt;
+  for (const auto& [key, value] : extras.variables.items()) context[key] = value;
   return tmpl.render(context);
 }
 

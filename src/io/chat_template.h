@@ -45,10 +45,21 @@ struct ChatConfig {
 ChatConfig load_chat_config(
     const std::filesystem::path& model_dir);  // missing files -> empty fields
 
+// What a request adds to the template's variables: the tools it offers (a JSON array; null: the
+// template sees None) and further variables (an API request's chat_template_kwargs, such as
+// enable_thinking), which override the others as transformers' **kwargs do. Neither may name
+// `messages`; that is the caller's to refuse.
+struct ChatTemplateExtras {
+  nlohmann::ordered_json tools = nullptr;
+  nlohmann::ordered_json variables = nlohmann::ordered_json::object();
+};
+
 // Renders messages (a JSON array of {role, content, ...}) the way transformers' apply_chat_template
 // does: keys whose value is null are dropped, reasoning fields are aliased, and the template sees
-// messages, tools=None, documents=None, add_generation_prompt, bos_token and eos_token.
+// messages, tools (None unless given), documents=None, add_generation_prompt, bos_token and
+// eos_token, then the extra variables.
 std::string apply_chat_template(const ChatTemplate& tmpl, const nlohmann::ordered_json& messages,
-                                bool add_generation_prompt, const ChatConfig& config);
+                                bool add_generation_prompt, const ChatConfig& config,
+                                const ChatTemplateExtras& extras = {});
 
 }  // namespace moeinfer

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <set>
 #include <string>
 
@@ -222,10 +223,12 @@ const FieldSet kCommonFields = {
     "best_of", "max_tokens", "stop", "stop_token_ids", "ignore_eos", "include_stop_str_in_output",
     "skip_special_tokens", "logprobs", "prompt_logprobs", "user"};
 const FieldSet kCompletionFields = {"prompt", "echo", "suffix"};
-const FieldSet kChatFields = {"messages", "max_completion_tokens", "top_logprobs"};
-const FieldSet kMessageFields = {"role", "content"};
+const FieldSet kChatFields = {"messages",    "max_completion_tokens", "top_logprobs",
+                              "tools",       "tool_choice",           "parallel_tool_calls",
+                              "chat_template_kwargs"};
+const FieldSet kMessageFields = {"role", "content", "name", "tool_calls", "tool_call_id"};
 const FieldSet kPromptField = {"prompt"};
-const FieldSet kChatMessageField = {"messages"};
+const FieldSet kChatTokenizeFields = {"messages", "tools", "chat_template_kwargs"};
 
 // A 400 for the first key of `object` in neither set; `where` prefixes the param it names.
 void refuse_unknown_fields(const json& object, const FieldSet& fields, const FieldSet& more_fields,
@@ -236,6 +239,71 @@ void refuse_unknown_fields(const json& object, const FieldSet& fields, const Fie
     bad(param, "'" + param + "' is not supported by this server (the fields it honours are " +
                    "listed in docs/serving.md)");
   }
+}
+
+using ordered_json = nlohmann::ordered_json;
+
+// An assistant message's tool_calls as the chat template wants them (vLLM's
+// _postprocess_messages): {id, type, function: {name, arguments}} with the arguments a JSON value,
+// parsed from the string the API carries ("" or absent: {}). An empty list is dropped.
+ordered_json message_tool_calls(const ordered_json& calls, const std::string& where) {
+  if (!calls.is_array()) bad(where, "'" + where + "' must be an array of tool calls");
+  ordered_json out = ordered_json::array();
+  for (size_t j = 0; j < calls.size(); ++j) {
+    const std::string at = where + "[" + std::to_string(j) + "]";
+    const ordered_json& call = calls[j];
+    if (!call.is_object() || !call.contains("function") || !call["function"].is_object())
+      bad(at, "'" + at + "' must be {\"id\", \"type\": \"function\", \"function\": {...}}");
+    const ordered_json& fn = call["function"];
+    if (!fn.contains("name") || !fn["name"].is_string())
+      bad(at + ".function.name", "'" + at + ".function.name' must be a string");
+    ordered_json arguments = ordered_json::object();
+    if (const auto a = fn.find("arguments"); a != fn.end() && !a->is_null()) {
+      if (a->is_string()) {
+        if (!a->get<std::string>().empty()) {
+          arguments = ordered_json::parse(a->get<std::string>(), nullptr, false);
+          if (arguments.is_discarded())
+            bad(at + ".function.arguments",
+                "'" + at + ".function.arguments' must be a JSON text (the call's arguments)");
+        }
+      } else if (a->is_object()) {
+        arguments = *a;
+      } else {
+        bad(at + ".function.arguments", "'" + at + ".function.arguments' must be a string");
+      }
+    }
+    ordered_json entry = ordered_json::object();
+    if (const auto id = call.find("id"); id != call.end() && !id->is_null()) {
+      if (!id->is_string()) bad(at + ".id", "'" + at + ".id' must be a string");
+      entry["id"] = *id;
+    }
+    if (const auto type = call.find("type"); type != call.end() && !type->is_null() &&
+                                             *type != "function") {
+      bad(at + ".type", "'" + at + ".type' must be \"function\"");
+    }
+    entry["type"] = "function";
+    entry["function"] = {{"name", fn["name"]}, {"arguments", std::move(arguments)}};
+    out.push_back(std::move(entry));
+  }
+  return out;
+}
+
+// chat_template_kwargs: an object of extra template variables; `messages` and `tools` are the
+// request's own fields and cannot be replaced through it.
+ordered_json template_kwargs(const ordered_json& value) {
+  if (value.is_null()) return ordered_json::object();
+  if (!value.is_object())
+    bad("chat_template_kwargs",
+        "'chat_template_kwargs' must be an object of template variables, got " +
+            std::string(value.type_name()));
+  for (const char* reserved : {"messages", "tools"}) {
+    if (value.contains(reserved)) {
+      bad(std::string("chat_template_kwargs.") + reserved,
+          std::string("'chat_template_kwargs' cannot set '") + reserved +
+              "'; use the request's own field");
+    }
+  }
+  return value;
 }
 
 }  // namespace
@@ -275,13 +343,15 @@ TokenizeRequest parse_tokenize_request(const std::string& text) {
   const json body = parse_object(text);
   const bool chat = body.contains("messages");
   refuse_unknown_fields(body, {"model", "add_special_tokens", "add_generation_prompt"},
-                        chat ? kChatMessageField : kPromptField, "");
+                        chat ? kChatTokenizeFields : kPromptField, "");
   TokenizeRequest t;
   read_bool(body, "add_special_tokens", t.add_special_tokens);
   read_bool(body, "add_generation_prompt", t.add_generation_prompt);
-  json inner = json::object();
-  for (const char* key : {"model", "prompt", "messages"}) {
-    if (body.contains(key)) inner[key] = body[key];
+  // Key order kept: the tools' schemas reach the template as the client wrote them.
+  const ordered_json ordered = ordered_json::parse(text);
+  ordered_json inner = ordered_json::object();
+  for (const char* key : {"model", "prompt", "messages", "tools", "chat_template_kwargs"}) {
+    if (ordered.contains(key)) inner[key] = ordered[key];
   }
   if (!chat && !inner.contains("prompt")) bad("prompt", "'prompt' or 'messages' is required");
   t.request = parse_request(inner.dump(), chat ? Endpoint::kChat : Endpoint::kCompletions);
@@ -353,20 +423,90 @@ ApiRequest parse_request(const std::string& text, Endpoint endpoint,
     if (it == body.end() || !it->is_array() || it->empty()) {
       bad("messages", "'messages' must be a non-empty array");
     }
+    // Tools, template variables and the arguments of earlier tool calls keep the client's key
+    // order (a tool's schema reaches the model as written): they come from an order-keeping
+    // parse of the body, made only when the request has any of them.
+    bool ordered_needed = body.contains("tools") || body.contains("chat_template_kwargs");
+    for (const json& m : *it) ordered_needed |= m.is_object() && m.contains("tool_calls");
+    const ordered_json ordered = ordered_needed ? ordered_json::parse(text) : ordered_json();
     r.messages = nlohmann::ordered_json::array();
     for (size_t i = 0; i < it->size(); ++i) {
       const json& m = (*it)[i];
+      const std::string where = "messages[" + std::to_string(i) + "]";
       if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
-        bad("messages[" + std::to_string(i) + "]", "each message needs a string 'role'");
+        bad(where, "each message needs a string 'role'");
       }
-      refuse_unknown_fields(m, kMessageFields, {}, "messages[" + std::to_string(i) + "]");
-      r.messages.push_back({{"role", m["role"].get<std::string>()},
-                            {"content", message_text(m.value("content", json(nullptr)), i)}});
+      refuse_unknown_fields(m, kMessageFields, {}, where);
+      const std::string role = m["role"].get<std::string>();
+      ordered_json message = {{"role", role},
+                              {"content", message_text(m.value("content", json(nullptr)), i)}};
+      if (const auto name = m.find("name"); name != m.end() && !name->is_null()) {
+        if (!name->is_string()) bad(where + ".name", "'" + where + ".name' must be a string");
+        message["name"] = name->get<std::string>();
+      }
+      if (const auto calls = m.find("tool_calls"); calls != m.end() && !calls->is_null()) {
+        if (role != "assistant")
+          bad(where + ".tool_calls", "only assistant messages carry 'tool_calls'");
+        ordered_json list = message_tool_calls(ordered["messages"][i]["tool_calls"],
+                                               where + ".tool_calls");
+        if (!list.empty()) message["tool_calls"] = std::move(list);
+      }
+      if (const auto id = m.find("tool_call_id"); id != m.end() && !id->is_null()) {
+        if (role != "tool") bad(where + ".tool_call_id", "only tool messages carry 'tool_call_id'");
+        if (!id->is_string())
+          bad(where + ".tool_call_id", "'" + where + ".tool_call_id' must be a string");
+        message["tool_call_id"] = id->get<std::string>();
+      }
+      r.messages.push_back(std::move(message));
     }
+    if (ordered_needed) {
+      r.tools = normalize_tools(ordered.value("tools", ordered_json()));
+      r.chat_template_kwargs =
+          template_kwargs(ordered.value("chat_template_kwargs", ordered_json()));
+    }
+    r.tool_choice = parse_tool_choice(
+        body.contains("tool_choice") ? ordered_json::parse(body["tool_choice"].dump())
+                                     : ordered_json(),
+        r.tools);
+    read_bool(body, "parallel_tool_calls", r.parallel_tool_calls);
   }
   if (endpoint == Endpoint::kCompletions) read_bool(body, "echo", r.echo);
   parse_sampling(body, r, defaults);
   return r;
+}
+
+void resolve_tool_parser(ApiRequest& request, ToolCallFormat server_format) {
+  request.tool_parser = ToolCallFormat::kNone;
+  if (request.endpoint != Endpoint::kChat) return;
+  switch (request.tool_choice.mode) {
+    case ToolChoice::Mode::kNone:
+      return;  // tools (if any) are still shown to the template, the output is never parsed
+    case ToolChoice::Mode::kRequired:
+    case ToolChoice::Mode::kNamed:
+      // Hook: vLLM forces these by guided decoding. Once the sampler takes a JSON-schema
+      // constraint, constrain the output to tool_choice_json_schema(request.tool_choice,
+      // request.tools) and build the message from tool_calls_from_forced_output().
+      throw ApiError(400,
+                     (request.tool_choice.mode == ToolChoice::Mode::kRequired
+                          ? std::string("tool_choice \"required\"")
+                          : "a named tool_choice (function '" + request.tool_choice.name + "')") +
+                         " needs constrained decoding, which this server does not have yet; the "
+                         "supported values are \"none\" and \"auto\"",
+                     "invalid_request_error", "tool_choice");
+    case ToolChoice::Mode::kAuto:
+      break;
+  }
+  if (server_format == ToolCallFormat::kNone) {
+    throw ApiError(400,
+                   "tool_choice \"auto\" needs a tool-call parser, and this model's family has "
+                   "none: start the server with --tool-call-parser NAME (" +
+                       tool_call_format_names() + "), or send tool_choice \"none\"",
+                   "invalid_request_error", "tool_choice");
+  }
+  request.tool_parser = server_format;
+  if (tool_call_format_needs_special_tokens(server_format)) {
+    request.params.skip_special_tokens = false;  // the markers must survive decoding
+  }
 }
 
 void resolve_max_tokens(ApiRequest& request, int64_t n, int64_t context,
@@ -486,14 +626,17 @@ json response_json(const ResponseInfo& info, const std::string& text, const json
 
 namespace {
 
+// `tool_calls`: null, or the delta's tool_calls list (chat).
 json chunk_at(const ResponseInfo& info, int64_t index, const std::string& text,
-              const json& logprobs, const char* finish_reason, bool first, bool include_usage) {
+              const json& logprobs, const char* finish_reason, bool first, bool include_usage,
+              const json& tool_calls = nullptr) {
   json out;
   if (info.endpoint == Endpoint::kChat) {
     out = header_json(info, "chat.completion.chunk");
     json delta = json::object();
     if (first) delta["role"] = "assistant";
     if (!text.empty() || first) delta["content"] = text;
+    if (!tool_calls.is_null()) delta["tool_calls"] = tool_calls;
     out["choices"] = json::array({{{"index", index},
                                    {"delta", delta},
                                    {"logprobs", logprobs},
@@ -543,7 +686,14 @@ ChoiceSet::ChoiceSet(const ApiRequest& request, ResponseInfo info, const Tokeniz
       prompt_logprobs_(request.prompt_logprobs),
       include_usage_(request.include_usage),
       choices_(static_cast<size_t>(std::max(request.best_of, request.n))),
-      num_prompt_tokens_(static_cast<int64_t>(prompt_.size())) {
+      num_prompt_tokens_(static_cast<int64_t>(prompt_.size())),
+      tool_parser_(request.endpoint == Endpoint::kChat ? request.tool_parser
+                                                       : ToolCallFormat::kNone),
+      max_tool_calls_(request.parallel_tool_calls ? INT64_MAX : 1),
+      tool_call_ids_(std::make_unique<ToolCallIds>()) {
+  if (tool_parser_ != ToolCallFormat::kNone) {
+    for (Choice& c : choices_) c.tool_stream.emplace(tool_parser_, tool_call_ids_.get());
+  }
   if (request.echo) {
     echo_ = request.prompt_is_ids ? tokenizer.decode(prompt_, request.params.skip_special_tokens)
                                   : request.prompt_text;
@@ -624,6 +774,22 @@ json ChoiceSet::usage() const {
   return usage_json(num_prompt_tokens_, completion, num_cached_tokens_);
 }
 
+json ChoiceSet::message_json(const Choice& c, bool* called) const {
+  *called = false;
+  if (tool_parser_ == ToolCallFormat::kNone) return {{"role", "assistant"}, {"content", c.text}};
+  ParsedToolCalls parsed = parse_tool_calls(tool_parser_, c.text, *tool_call_ids_);
+  if (static_cast<int64_t>(parsed.calls.size()) > max_tool_calls_) parsed.calls.resize(1);
+  json message = {{"role", "assistant"},
+                  {"content", parsed.content ? json(*parsed.content) : json(nullptr)}};
+  if (!parsed.calls.empty()) {
+    json calls = json::array();
+    for (const ToolCall& call : parsed.calls) calls.push_back(tool_call_json(call));
+    message["tool_calls"] = std::move(calls);
+    *called = true;
+  }
+  return message;
+}
+
 json ChoiceSet::response() const {
   const bool chat = endpoint_ == Endpoint::kChat;
   json out = header_json(info_, chat ? "chat.completion" : "text_completion");
@@ -632,15 +798,17 @@ json ChoiceSet::response() const {
   for (int64_t i : returned()) {
     const Choice& c = choices_[i];
     json choice = {{"index", index++}};
+    bool called = false;
     if (chat) {
-      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+      choice["message"] = message_json(c, &called);
     } else {
       choice["text"] = echo_ + c.text;
     }
     choice["logprobs"] = choice_logprobs(c, true, static_cast<int64_t>(echo_.size()));
-    choice["finish_reason"] = finish_json(c.finish == FinishReason::kNone
-                                              ? nullptr
-                                              : finish_reason_name(c.finish));
+    // A choice that called tools ends with "tool_calls", whatever ended its text (vLLM's rule).
+    choice["finish_reason"] = finish_json(c.finish == FinishReason::kNone ? nullptr
+                                          : called                        ? "tool_calls"
+                                                   : finish_reason_name(c.finish));
     if (!chat && prompt_logprobs_ >= 0) choice["prompt_logprobs"] = prompt_logprobs_json();
     choices.push_back(std::move(choice));
   }
@@ -663,13 +831,35 @@ std::vector<json> ChoiceSet::stream(const RequestOutput& out) {
     c.stream_offset = static_cast<int64_t>(echo_.size());
   }
   const bool finish = out.finish != FinishReason::kNone;
-  if ((first && echo_.empty()) || !out.text.empty() || finish || !out.logprobs.empty()) {
+  // With a tool parser the text goes through the choice's stream: content as it comes, held
+  // back where it could be the start of a call, and each call in one piece once complete.
+  std::string text = out.text;
+  json tool_calls = nullptr;
+  const char* finish_reason = finish ? finish_reason_name(out.finish) : nullptr;
+  if (c.tool_stream) {
+    ToolCallStream::Delta delta = c.tool_stream->push(out.text);
+    if (finish) {
+      ToolCallStream::Delta last = c.tool_stream->finish();
+      delta.content += last.content;
+      if (delta.calls.empty()) delta.first_index = last.first_index;
+      for (ToolCall& call : last.calls) delta.calls.push_back(std::move(call));
+    }
+    text = std::move(delta.content);
+    for (size_t i = 0; i < delta.calls.size(); ++i) {
+      const int64_t at = delta.first_index + static_cast<int64_t>(i);
+      if (at >= max_tool_calls_) break;
+      if (tool_calls.is_null()) tool_calls = json::array();
+      tool_calls.push_back(tool_call_delta_json(delta.calls[i], at));
+    }
+    if (finish && c.tool_stream->num_calls() > 0) finish_reason = "tool_calls";
+  }
+  if ((first && echo_.empty()) || !text.empty() || !tool_calls.is_null() || finish ||
+      !out.logprobs.empty()) {
     const json lp = want_logprobs_ && !out.logprobs.empty()
                         ? logprobs_json(endpoint_, tokenizer_, out.logprobs, c.stream_offset)
                         : json(nullptr);
-    chunks.push_back(chunk_at(info_, out.index, out.text, lp,
-                              finish ? finish_reason_name(out.finish) : nullptr, first,
-                              include_usage_));
+    chunks.push_back(chunk_at(info_, out.index, text, lp, finish_reason, first, include_usage_,
+                              tool_calls));
     c.stream_offset += static_cast<int64_t>(out.text.size());
   }
   if (first && prompt_logprobs_ >= 0 && !chunks.empty()) {

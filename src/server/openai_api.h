@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <stdexcept>
@@ -13,6 +14,7 @@
 #include "io/generation_config.h"
 #include "io/tokenizer.h"
 #include "runtime/request.h"
+#include "server/tool_calls.h"
 
 namespace moeinfer::server {
 
@@ -58,6 +60,15 @@ struct ApiRequest {
   // vLLM's prompt_logprobs extra field: -1 none; else per prompt token {id: {logprob, rank,
   // decoded_token}} with this many alternatives, the first token's entry null.
   int64_t prompt_logprobs = -1;
+  // chat: the tools offered (normalize_tools' form; null when none), tool_choice (vLLM's default:
+  // auto with tools, none without), parallel_tool_calls (false: at most the first call is
+  // returned), and chat_template_kwargs, extra variables for the chat template.
+  nlohmann::ordered_json tools;
+  ToolChoice tool_choice;
+  bool parallel_tool_calls = true;
+  nlohmann::ordered_json chat_template_kwargs = nlohmann::ordered_json::object();
+  // The parser run over the output (resolve_tool_parser): kNone leaves the text as the content.
+  ToolCallFormat tool_parser = ToolCallFormat::kNone;
 };
 
 // Throws ApiError (400, naming the parameter) for wrong types and values out of range. Fields
@@ -73,9 +84,16 @@ ApiRequest parse_request(const std::string& body, Endpoint endpoint,
 void resolve_max_tokens(ApiRequest& request, int64_t num_prompt_tokens, int64_t context,
                         int64_t default_completion_tokens);
 
+// Chooses the tool-call parser of a chat request once the server's format is known (the model
+// family's, or --tool-call-parser): with tools and tool_choice "auto" the output is parsed for
+// calls (and special tokens are kept where the format's markers are special tokens). Throws
+// ApiError (400, param tool_choice): "auto" when the server has no parser (as vLLM without
+// --tool-call-parser), and "required" or a named function, which need constrained decoding.
+void resolve_tool_parser(ApiRequest& request, ToolCallFormat server_format);
+
 // vLLM's POST /tokenize: {"prompt": text, "add_special_tokens": true} or {"messages": [...],
-// "add_generation_prompt": true}; the request comes back as the completions or chat
-// ApiRequest whose prompt would be tokenized so.
+// "add_generation_prompt": true, "tools": [...], "chat_template_kwargs": {...}}; the request
+// comes back as the completions or chat ApiRequest whose prompt would be tokenized so.
 struct TokenizeRequest {
   ApiRequest request;
   bool add_special_tokens = true;  // prompt: the tokenizer's BOS/EOS template
@@ -136,6 +154,7 @@ class ChoiceSet {
  private:
   struct Choice {
     std::string text;
+    std::optional<ToolCallStream> tool_stream;  // streamed with a tool parser
     std::vector<TokenLogprob> logprobs;
     double cumulative_logprob = 0.0;
     FinishReason finish = FinishReason::kNone;
@@ -148,6 +167,9 @@ class ChoiceSet {
   nlohmann::json choice_logprobs(const Choice& c, bool with_echo, int64_t text_offset) const;
   nlohmann::json echo_logprobs_json() const;    // completions logprobs of the prompt's tokens
   nlohmann::json prompt_logprobs_json() const;  // vLLM's prompt_logprobs list
+  // chat: the message of a whole choice, its tool calls parsed out with a tool parser; sets
+  // `called` when it has some.
+  nlohmann::json message_json(const Choice& c, bool* called) const;
 
   Endpoint endpoint_;
   ResponseInfo info_;
@@ -162,6 +184,9 @@ class ChoiceSet {
   std::vector<Choice> choices_;             // [best_of]
   std::vector<TokenLogprob> prompt_entries_;  // [prompt tokens - 1] from the engine
   int64_t num_prompt_tokens_ = 0, num_cached_tokens_ = 0;
+  ToolCallFormat tool_parser_ = ToolCallFormat::kNone;
+  int64_t max_tool_calls_ = INT64_MAX;          // 1 without parallel_tool_calls
+  std::unique_ptr<ToolCallIds> tool_call_ids_;  // behind a pointer: the streams hold it
 };
 
 }  // namespace moeinfer::server

@@ -227,6 +227,15 @@ Server::Server(std::unique_ptr<Engine> engine, ChatConfig chat, const ServerConf
   max_prompt_bytes_ = engine_->max_model_len() * prompt_bytes_per_token(engine_->tokenizer());
   if (chat_.chat_template)
     template_ = std::make_unique<ChatTemplate>(ChatTemplate::parse(*chat_.chat_template));
+  // The tool-call format: --tool-call-parser, else the one the model family's template writes.
+  if (config.tool_call_parser.empty()) {
+    tool_format_ = default_tool_call_format(engine_->model_config().model_type);
+  } else {
+    const auto format = tool_call_format_from_name(config.tool_call_parser);
+    MOE_CHECK(format.has_value(), "--tool-call-parser '", config.tool_call_parser,
+              "' is not one of none, ", tool_call_format_names());
+    tool_format_ = *format;
+  }
   const int64_t threads = config.num_http_threads > 0
                               ? config.num_http_threads
                               : engine_->config().max_num_seqs + config.max_queue + 16;
@@ -534,7 +543,8 @@ std::vector<int32_t> Server::prompt_ids(const ApiRequest& request, GenerationPar
     try {
       std::lock_guard lock(template_mutex_);
       text = apply_chat_template(*template_, request.messages, options.add_generation_prompt,
-                                 chat_);
+                                 chat_,
+                                 {.tools = request.tools, .variables = request.chat_template_kwargs});
     } catch (const Error& e) {
       throw ApiError(400, std::string("the chat template failed: ") + e.what(),
                      "invalid_request_error", "messages");
@@ -599,6 +609,7 @@ void Server::handle_completion(const std::string& body, Endpoint endpoint, httpl
   std::shared_ptr<Channel> channel;
   try {
     request = parse_request(body, endpoint, engine_->generation_defaults());
+    resolve_tool_parser(request, tool_format_);
     check_model(request.model);
     GenerationParams& params = request.params;
     prompt = prompt_ids(request, params, {});

@@ -44,6 +44,9 @@ struct ServerConfig {
   int port = 8000;               // 0: any free port (see Server::port())
   std::string api_key;           // empty: no authentication
   std::string model_name;        // the id clients use in "model"
+  // --tool-call-parser: a format of server/tool_calls.h by vLLM's name ("none" included); empty:
+  // the model family's (default_tool_call_format).
+  std::string tool_call_parser;
   int64_t max_queue = 256;       // requests waiting beyond the running batch
   int64_t num_http_threads = 0;  // 0: enough for every request in flight plus a few
   double shutdown_grace_seconds = 30.0;
@@ -136,6 +139,7 @@ class Server {
   std::atomic<int64_t> in_flight_{0};
   std::atomic<bool> draining_{false};
   std::atomic<uint64_t> next_response_id_{1};
+  ToolCallFormat tool_format_ = ToolCallFormat::kNone;  // what chat outputs are parsed for
   std::thread engine_thread_;
   std::thread shutdown_thread_;
   std::mutex shutdown_mutex_;

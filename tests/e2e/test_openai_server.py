@@ -15,7 +15,7 @@ the bound port read from its log) and checks, one line per check:
   logprobs             completions logprobs=N and chat logprobs/top_logprobs
   errors               malformed JSON (1e400 too), wrong types, out-of-range values (max_tokens
                        2^63-1), an empty prompt, unknown model (404), a prompt longer than the
-                       context (413), unknown route, fields the server does not honour (tools,
+                       context (413), unknown route, fields the server does not honour (functions,
                        response_format, ...: 400 naming them): OpenAI error objects,
                        and the server keeps serving
   disconnect           a client that leaves mid-stream cancels its request (abort counted,
@@ -235,17 +235,14 @@ def check_errors(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
         assert error["message"] and error["type"], error
     # Fields the server does not honour are refused by name, never ignored.
     unhonoured = [
-        ("tools", lambda: c.chat.completions.create(
+        ("functions", lambda: c.chat.completions.create(
             model=model, messages=[{"role": "user", "content": "hi"}],
-            tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}])),
+            functions=[{"name": "f", "parameters": {}}])),
         ("response_format", lambda: c.chat.completions.create(
             model=model, messages=[{"role": "user", "content": "hi"}],
             response_format={"type": "json_object"})),
-        ("chat_template_kwargs", lambda: c.chat.completions.create(
-            model=model, messages=[{"role": "user", "content": "hi"}],
-            extra_body={"chat_template_kwargs": {"enable_thinking": False}})),
-        ("messages[0].name", lambda: c.chat.completions.create(
-            model=model, messages=[{"role": "user", "content": "hi", "name": "ann"}])),
+        ("messages[0].audio", lambda: c.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "hi", "audio": {"id": "a"}}])),
         ("no_such_field", lambda: c.completions.create(
             model=model, prompt=PROMPT, max_tokens=4, extra_body={"no_such_field": 1})),
     ]
