@@ -20,4 +20,4 @@ PIP_FLAGS="--quiet --disable-pip-version-check"
 if python3 -m pip install $PIP_FLAGS --help 2>/dev/null | grep -q -- --break-system-packages; then
   PIP_FLAGS="$PIP_FLAGS --break-system-packages"
 fi
-python3 -m pip install $PIP_FLAGS "tokenizers>=0.20" "jinja2>=3.1" numpy openai
+python3 -m pip install $PIP_FLAGS "tokenizers>=0.20" "jinja2>=3.1" numpy openai jsonschema

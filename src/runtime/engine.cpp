@@ -418,6 +418,9 @@ bool Engine::mask_logits(Request& r, std::span<const float> logits) {
     for (int32_t id : eos_ids_) {
       if (id < static_cast<int64_t>(token_mask_.size())) token_mask_[id] = 1;
     }
+    for (int32_t id : r.params.stop_token_ids) {
+      if (id >= 0 && id < static_cast<int64_t>(token_mask_.size())) token_mask_[id] = 1;
+    }
   }
   masked_logits_.assign(logits.begin(), logits.end());
   bool any = false;
@@ -524,7 +527,7 @@ void Engine::sample(const SchedulerOutput& scheduled, std::vector<RequestOutput>
         std::find(r.params.stop_token_ids.begin(), r.params.stop_token_ids.end(), token) !=
             r.params.stop_token_ids.end();
     bool grammar_closed = false;
-    if (r.matcher && !eos_ids_.count(token)) {
+    if (r.matcher && !stop_token) {
       MOE_CHECK(r.matcher->advance(token_trie_->bytes(token)), "token ", token,
                 " was allowed by the grammar but does not advance it");
       grammar_closed = r.matcher->closed();

@@ -158,7 +158,7 @@ class Engine {
   bool release_text(Request& r, bool final, std::string& out) const;
   void finish(Request& r, FinishReason reason, RequestOutput& out);
   // The logits row with every token the request's grammar cannot take next at -inf (end of
-  // sequence only when the value is complete); false when no token is left.
+  // sequence and stop tokens only when the value is complete); false when no token is left.
   bool mask_logits(Request& r, std::span<const float> logits);
 
   // Whether a request's sampling can run on the GPU sampler.

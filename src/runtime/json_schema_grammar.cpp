@@ -17,18 +17,44 @@ namespace {
 
 using json = nlohmann::json;
 
-enum class Kind : uint8_t { kRoot, kAny, kAnyOf, kObject, kArray, kString, kNumber, kInteger,
-                            kLiterals };
+enum class Kind : uint8_t {
+  kRoot,
+  kAny,
+  kAnyOf,
+  kObject,
+  kArray,
+  kString,
+  kNumber,
+  kInteger,
+  kLiterals
+};
 
 // Phases of each kind's frame.
 enum : uint8_t {
-  kRootBefore = 0, kRootDone = 1,
-  kArrOpen = 0, kArrFirst = 1, kArrAfterItem = 2, kArrBeforeItem = 3,
-  kObjOpen = 0, kObjFirst = 1, kObjKey = 2, kObjAfterKey = 3, kObjBeforeValue = 4,
-  kObjAfterValue = 5, kObjBeforeKey = 6,
-  kStrOpen = 0, kStrBody = 1,
-  kNumStart = 0, kNumMinus = 1, kNumZero = 2, kNumInt = 3, kNumFracStart = 4, kNumFrac = 5,
-  kNumExpStart = 6, kNumExpSign = 7, kNumExp = 8,
+  kRootBefore = 0,
+  kRootDone = 1,
+  kArrOpen = 0,
+  kArrFirst = 1,
+  kArrAfterItem = 2,
+  kArrBeforeItem = 3,
+  kObjOpen = 0,
+  kObjFirst = 1,
+  kObjKey = 2,
+  kObjAfterKey = 3,
+  kObjBeforeValue = 4,
+  kObjAfterValue = 5,
+  kObjBeforeKey = 6,
+  kStrOpen = 0,
+  kStrBody = 1,
+  kNumStart = 0,
+  kNumMinus = 1,
+  kNumZero = 2,
+  kNumInt = 3,
+  kNumFracStart = 4,
+  kNumFrac = 5,
+  kNumExpStart = 6,
+  kNumExpSign = 7,
+  kNumExp = 8,
 };
 // Lexer states inside a string (Frame::sub).
 enum : uint8_t { kLexBody = 0, kLexEscape = 1, kLexHex0 = 2, kLexHex3 = 5, kLexUtf8 = 6 };
@@ -88,11 +114,18 @@ struct Node {
   int32_t literals = -1;  // index in literal tries
   std::vector<int32_t> alternatives = {};
   std::vector<int32_t> tuple = {};  // array of a fixed length (a const): item i's node
-  uint8_t types = 0;  // JSON types the node's values can have (kType*)
+  uint8_t types = 0;                // JSON types the node's values can have (kType*)
 };
 
-enum : uint8_t { kTypeNull = 1, kTypeBool = 2, kTypeInt = 4, kTypeFrac = 8, kTypeString = 16,
-                 kTypeArray = 32, kTypeObject = 64 };
+enum : uint8_t {
+  kTypeNull = 1,
+  kTypeBool = 2,
+  kTypeInt = 4,
+  kTypeFrac = 8,
+  kTypeString = 16,
+  kTypeArray = 32,
+  kTypeObject = 64
+};
 constexpr uint8_t kTypeAll = 127;
 
 bool is_ws(uint8_t b) { return b == ' ' || b == '\t' || b == '\n' || b == '\r'; }
@@ -184,8 +217,8 @@ bool integer_viable(bool negative, uint64_t magnitude, int digits, int64_t lo, i
 }
 
 bool integer_in_range(const Frame& f, int64_t lo, int64_t hi) {
-  const __int128 v = (f.flags & kNegative) ? -static_cast<__int128>(f.used)
-                                           : static_cast<__int128>(f.used);
+  const __int128 v =
+      (f.flags & kNegative) ? -static_cast<__int128>(f.used) : static_cast<__int128>(f.used);
   return v >= lo && v <= hi;
 }
 
@@ -350,8 +383,8 @@ class Compiler {
         types.push_back("array");
       } else if (s.contains("minLength") || s.contains("maxLength")) {
         types.push_back("string");
-      } else if (s.contains("minimum") || s.contains("maximum") ||
-                 s.contains("exclusiveMinimum") || s.contains("exclusiveMaximum")) {
+      } else if (s.contains("minimum") || s.contains("maximum") || s.contains("exclusiveMinimum") ||
+                 s.contains("exclusiveMaximum")) {
         types.push_back("integer");
       } else {
         return any_node();
@@ -422,8 +455,8 @@ class Compiler {
 
   static bool is_annotation(const std::string& key) {
     static const std::set<std::string> kAnnotations = {
-        "title", "description", "default", "examples", "$schema", "$id", "$comment",
-        "deprecated", "readOnly", "writeOnly", "$defs", "definitions"};
+        "title",    "description", "default",  "examples",  "$schema", "$id",
+        "$comment", "deprecated",  "readOnly", "writeOnly", "$defs",   "definitions"};
     return kAnnotations.count(key) > 0;
   }
 
@@ -435,16 +468,26 @@ class Compiler {
           keys.end()) {
         continue;
       }
-      MOE_FAIL("JSON schema ", path, ": '", key, "' beside '", *keys.begin(),
-               "' is not supported");
+      MOE_FAIL("JSON schema ", path, ": '", key, "' beside '", *keys.begin(), "' is not supported");
     }
   }
 
   static void check_keywords(const json& s, const std::string& path) {
-    static const std::set<std::string> kSupported = {
-        "type", "enum", "const", "properties", "required", "additionalProperties", "items",
-        "minItems", "maxItems", "minLength", "maxLength", "minimum", "maximum",
-        "exclusiveMinimum", "exclusiveMaximum"};
+    static const std::set<std::string> kSupported = {"type",
+                                                     "enum",
+                                                     "const",
+                                                     "properties",
+                                                     "required",
+                                                     "additionalProperties",
+                                                     "items",
+                                                     "minItems",
+                                                     "maxItems",
+                                                     "minLength",
+                                                     "maxLength",
+                                                     "minimum",
+                                                     "maximum",
+                                                     "exclusiveMinimum",
+                                                     "exclusiveMaximum"};
     for (const auto& [key, value] : s.items()) {
       if (is_annotation(key) || kSupported.count(key)) continue;
       if (key == "uniqueItems" && value == json(false)) continue;
@@ -478,8 +521,7 @@ class Compiler {
       Node n{.kind = Kind::kString, .types = kTypeString};
       n.min_count = read_count(s, "minLength", path, 0);
       n.max_count = read_count(s, "maxLength", path, std::numeric_limits<int64_t>::max());
-      MOE_CHECK(n.min_count <= n.max_count, "JSON schema ", path,
-                ": minLength is above maxLength");
+      MOE_CHECK(n.min_count <= n.max_count, "JSON schema ", path, ": minLength is above maxLength");
       n.bounded = s.contains("minLength") || s.contains("maxLength");
       return g_.add(std::move(n));
     }
@@ -555,8 +597,8 @@ class Compiler {
       for (const json& name : *req) {
         MOE_CHECK(name.is_string(), "JSON schema ", path, "/required: must list names");
         const auto it = std::find(names.begin(), names.end(), name.get<std::string>());
-        MOE_CHECK(it != names.end(), "JSON schema ", path, "/required: '",
-                  name.get<std::string>(), "' is not among the properties");
+        MOE_CHECK(it != names.end(), "JSON schema ", path, "/required: '", name.get<std::string>(),
+                  "' is not among the properties");
         spec.required |= uint64_t{1} << (it - names.begin());
       }
     }
@@ -760,9 +802,20 @@ bool JsonGrammar::Impl::key_viable(const ObjectSpec& o, const Frame& f) const {
 JsonGrammar::Impl::Step JsonGrammar::Impl::step(std::vector<Frame>& t, uint8_t b) const {
   Frame& f = t.back();
   const Node& n = nodes[f.node];
-  // Whitespace where a container allows it, up to the run limit.
+  // Whitespace where a container allows it. A run is one space or tab, or a newline (after at
+  // most one of those) and an indent of at most kMaxIndent spaces or tabs: enough for compact
+  // and pretty-printed JSON, never a loop. Frame::ws: bit 7 a newline seen, the rest the spaces
+  // and tabs of the run or its indent.
   const auto whitespace = [&]() {
-    if (f.ws >= kMaxWhitespaceRun) return Step::kReject;
+    constexpr uint8_t kNewline = 0x80;
+    if (b == '\n') {
+      if (f.ws & kNewline) return Step::kReject;
+      f.ws = kNewline;
+      return Step::kAccept;
+    }
+    if (b == '\r') return Step::kReject;
+    const int spaces = f.ws & 0x7F;
+    if (spaces >= ((f.ws & kNewline) ? kMaxIndent : 1)) return Step::kReject;
     ++f.ws;
     return Step::kAccept;
   };
@@ -1079,7 +1132,8 @@ std::shared_ptr<const JsonGrammar> JsonGrammar::from_schema(const nlohmann::json
       todo.pop_back();
       if (n.kind != Kind::kAnyOf) continue;
       for (const int32_t alt : n.alternatives) {
-        MOE_CHECK(alt != static_cast<int32_t>(start), "JSON schema: a $ref refers to itself "
+        MOE_CHECK(alt != static_cast<int32_t>(start),
+                  "JSON schema: a $ref refers to itself "
                   "without a value in between (it would match nothing)");
         if (seen.insert(alt).second) todo.push_back(alt);
       }

@@ -10,9 +10,10 @@
 // Token masks: the vocabulary's byte strings sit in a trie (TokenTrie, built once per
 // tokenizer). Each step walks the trie depth-first with the matcher state, advancing one byte per
 // edge and cutting a subtree at the first rejected byte, so a step costs the trie nodes the
-// state can reach, not V times the token length. Inside a string the changes over plain characters only by their count, so those tokens are taken from a
-// precomputed list sorted by length, and only the tokens that leave the plain alphabet are
-// walked (from their first quote, backslash, control or partial UTF-8 byte).
+// state can reach, not V times the token length. Inside a string the state changes over plain
+// characters only by their count, so the tokens made of them are taken from a list sorted by
+// length, and only the tokens that leave the plain alphabet are walked (from their first quote,
+// backslash, control or partial UTF-8 byte).
 //
 // What the compiler takes (anything else is refused with an Error naming the keyword and where
 // it is): type (one or a list), enum, const, anyOf, oneOf (alternatives must be provably
@@ -22,7 +23,8 @@
 // items / minItems / maxItems, string minLength / maxLength, integer minimum / maximum /
 // exclusiveMinimum / exclusiveMaximum; annotations (title, description, default, examples, ...)
 // are ignored. The output's form is limited so that it cannot run on forever where the schema
-// does not ask for it: whitespace runs of at most kMaxWhitespaceRun bytes, numbers of at most 19
+// does not ask for it: whitespace runs of one space or tab, or of a newline and an indent of at
+// most kMaxIndent spaces or tabs (no carriage returns), numbers of at most 19
 // integer, 16 fraction and 2 exponent digits, at most 64 declared properties per object,
 // nesting at most kMaxDepth values deep, and object keys outside the declared properties (where
 // additionalProperties allows them) written without escapes.
@@ -43,7 +45,7 @@ class Tokenizer;
 
 namespace json_grammar {
 
-inline constexpr int kMaxWhitespaceRun = 24;
+inline constexpr int kMaxIndent = 8;  // spaces or tabs after a newline, at most
 inline constexpr int kMaxDepth = 64;
 inline constexpr int kMaxThreads = 64;  // live stacks at most (anyOf alternatives)
 

@@ -6,6 +6,8 @@
 #include <set>
 #include <string>
 
+#include "server/response_format.h"
+
 namespace moeinfer::server {
 namespace {
 
@@ -221,7 +223,8 @@ const FieldSet kCommonFields = {
     "model", "stream", "stream_options", "temperature", "top_p", "top_k", "min_p",
     "repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias", "seed", "n",
     "best_of", "max_tokens", "stop", "stop_token_ids", "ignore_eos", "include_stop_str_in_output",
-    "skip_special_tokens", "logprobs", "prompt_logprobs", "user"};
+    "skip_special_tokens", "logprobs", "prompt_logprobs", "user", "response_format",
+    "guided_json"};
 const FieldSet kCompletionFields = {"prompt", "echo", "suffix"};
 const FieldSet kChatFields = {"messages",    "max_completion_tokens", "top_logprobs",
                               "tools",       "tool_choice",           "parallel_tool_calls",
@@ -472,6 +475,7 @@ ApiRequest parse_request(const std::string& text, Endpoint endpoint,
   }
   if (endpoint == Endpoint::kCompletions) read_bool(body, "echo", r.echo);
   parse_sampling(body, r, defaults);
+  r.params.grammar = parse_response_format(body);
   return r;
 }
 

@@ -16,7 +16,7 @@ the bound port read from its log) and checks, one line per check:
   errors               malformed JSON (1e400 too), wrong types, out-of-range values (max_tokens
                        2^63-1), an empty prompt, unknown model (404), a prompt longer than the
                        context (413), unknown route, fields the server does not honour (functions,
-                       response_format, ...: 400 naming them): OpenAI error objects,
+                       web_search_options, ...: 400 naming them): OpenAI error objects,
                        and the server keeps serving
   disconnect           a client that leaves mid-stream cancels its request (abort counted,
                        blocks freed)
@@ -238,9 +238,9 @@ def check_errors(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
         ("functions", lambda: c.chat.completions.create(
             model=model, messages=[{"role": "user", "content": "hi"}],
             functions=[{"name": "f", "parameters": {}}])),
-        ("response_format", lambda: c.chat.completions.create(
+        ("web_search_options", lambda: c.chat.completions.create(
             model=model, messages=[{"role": "user", "content": "hi"}],
-            response_format={"type": "json_object"})),
+            extra_body={"web_search_options": {}})),
         ("messages[0].audio", lambda: c.chat.completions.create(
             model=model, messages=[{"role": "user", "content": "hi", "audio": {"id": "a"}}])),
         ("no_such_field", lambda: c.completions.create(

@@ -42,9 +42,9 @@ std::map<std::pair<RequestId, int64_t>, Sequence> run_all(Engine& engine) {
 class EngineJsonTest : public testing::Test {
  protected:
   static void SetUpTestSuite() {
-    engine_ = std::make_unique<Engine>(Model::load(kDemo, LoadOptions{.prefault = false}),
-                                       Tokenizer::from_file(kDemo / "tokenizer.json"),
-                                       EngineConfig{});
+    engine_ =
+        std::make_unique<Engine>(Model::load(kDemo, LoadOptions{.prefault = false}),
+                                 Tokenizer::from_file(kDemo / "tokenizer.json"), EngineConfig{});
   }
   static void TearDownTestSuite() { engine_.reset(); }
   static std::vector<int32_t> prompt() {
