@@ -476,6 +476,15 @@ ApiRequest parse_request(const std::string& text, Endpoint endpoint,
   if (endpoint == Endpoint::kCompletions) read_bool(body, "echo", r.echo);
   parse_sampling(body, r, defaults);
   r.params.grammar = parse_response_format(body);
+  if (endpoint == Endpoint::kChat && tool_choice_is_forced(r.tool_choice)) {
+    // One grammar per sequence: a forced tool call and a JSON response_format cannot both hold.
+    if (r.params.grammar) {
+      bad("tool_choice",
+          "'tool_choice' \"required\" or a named function cannot be combined with a JSON "
+          "'response_format' or 'guided_json'");
+    }
+    r.params.grammar = tool_choice_grammar(r.tool_choice, r.tools);
+  }
   return r;
 }
 
@@ -487,16 +496,9 @@ void resolve_tool_parser(ApiRequest& request, ToolCallFormat server_format) {
       return;  // tools (if any) are still shown to the template, the output is never parsed
     case ToolChoice::Mode::kRequired:
     case ToolChoice::Mode::kNamed:
-      // Hook: vLLM forces these by guided decoding. Once the sampler takes a JSON-schema
-      // constraint, constrain the output to tool_choice_json_schema(request.tool_choice,
-      // request.tools) and build the message from tool_calls_from_forced_output().
-      throw ApiError(400,
-                     (request.tool_choice.mode == ToolChoice::Mode::kRequired
-                          ? std::string("tool_choice \"required\"")
-                          : "a named tool_choice (function '" + request.tool_choice.name + "')") +
-                         " needs constrained decoding, which this server does not have yet; the "
-                         "supported values are \"none\" and \"auto\"",
-                     "invalid_request_error", "tool_choice");
+      // The output is forced JSON (parse_request set the grammar), read by
+      // tool_calls_from_forced_output, not by a format's parser: any family will do.
+      return;
     case ToolChoice::Mode::kAuto:
       break;
   }
@@ -694,6 +696,10 @@ ChoiceSet::ChoiceSet(const ApiRequest& request, ResponseInfo info, const Tokeniz
       tool_parser_(request.endpoint == Endpoint::kChat ? request.tool_parser
                                                        : ToolCallFormat::kNone),
       max_tool_calls_(request.parallel_tool_calls ? INT64_MAX : 1),
+      forced_tool_choice_(request.endpoint == Endpoint::kChat &&
+                                  tool_choice_is_forced(request.tool_choice)
+                              ? request.tool_choice
+                              : ToolChoice{}),
       tool_call_ids_(std::make_unique<ToolCallIds>()) {
   if (tool_parser_ != ToolCallFormat::kNone) {
     for (Choice& c : choices_) c.tool_stream.emplace(tool_parser_, tool_call_ids_.get());
@@ -778,8 +784,36 @@ json ChoiceSet::usage() const {
   return usage_json(num_prompt_tokens_, completion, num_cached_tokens_);
 }
 
+json ChoiceSet::forced_message_json(const std::string& text, bool* called) const {
+  std::vector<ToolCall> calls =
+      tool_calls_from_forced_output(forced_tool_choice_, text, *tool_call_ids_);
+  if (calls.empty()) return {{"role", "assistant"}, {"content", text}};  // cut off: the text
+  if (static_cast<int64_t>(calls.size()) > max_tool_calls_) calls.resize(1);
+  json list = json::array();
+  for (const ToolCall& call : calls) list.push_back(tool_call_json(call));
+  *called = true;
+  return {{"role", "assistant"}, {"content", nullptr}, {"tool_calls", std::move(list)}};
+}
+
+const char* ChoiceSet::tool_finish_reason(FinishReason finish, bool called) const {
+  if (finish == FinishReason::kNone) return nullptr;
+  if (!called) return finish_reason_name(finish);
+  // vLLM's (and OpenAI's) rule: "tool_calls" for auto, and for "required" when the output
+  // ended by itself; a named function keeps the reason its output ended with.
+  switch (forced_tool_choice_.mode) {
+    case ToolChoice::Mode::kRequired:
+      return finish == FinishReason::kStop ? "tool_calls" : finish_reason_name(finish);
+    case ToolChoice::Mode::kNamed:
+      return finish_reason_name(finish);
+    default:
+      return "tool_calls";
+  }
+}
+
 json ChoiceSet::message_json(const Choice& c, bool* called) const {
   *called = false;
+  if (forced_tool_choice_.mode != ToolChoice::Mode::kNone)
+    return forced_message_json(c.text, called);
   if (tool_parser_ == ToolCallFormat::kNone) return {{"role", "assistant"}, {"content", c.text}};
   ParsedToolCalls parsed = parse_tool_calls(tool_parser_, c.text, *tool_call_ids_);
   if (static_cast<int64_t>(parsed.calls.size()) > max_tool_calls_) parsed.calls.resize(1);
@@ -809,10 +843,7 @@ json ChoiceSet::response() const {
       choice["text"] = echo_ + c.text;
     }
     choice["logprobs"] = choice_logprobs(c, true, static_cast<int64_t>(echo_.size()));
-    // A choice that called tools ends with "tool_calls", whatever ended its text (vLLM's rule).
-    choice["finish_reason"] = finish_json(c.finish == FinishReason::kNone ? nullptr
-                                          : called                        ? "tool_calls"
-                                                   : finish_reason_name(c.finish));
+    choice["finish_reason"] = finish_json(tool_finish_reason(c.finish, called));
     if (!chat && prompt_logprobs_ >= 0) choice["prompt_logprobs"] = prompt_logprobs_json();
     choices.push_back(std::move(choice));
   }
@@ -856,6 +887,26 @@ std::vector<json> ChoiceSet::stream(const RequestOutput& out) {
       tool_calls.push_back(tool_call_delta_json(delta.calls[i], at));
     }
     if (finish && c.tool_stream->num_calls() > 0) finish_reason = "tool_calls";
+  } else if (forced_tool_choice_.mode != ToolChoice::Mode::kNone) {
+    // Forced JSON: nothing until the output is complete, then its calls in one piece (or, cut
+    // off before it parses, the whole text as content), as the parsed formats send each call.
+    text.clear();
+    if (finish) {
+      const std::string whole = c.text + out.text;
+      bool called = false;
+      const json message = forced_message_json(whole, &called);
+      if (called) {
+        tool_calls = json::array();
+        for (size_t i = 0; i < message["tool_calls"].size(); ++i) {
+          json call = message["tool_calls"][i];
+          call["index"] = static_cast<int64_t>(i);
+          tool_calls.push_back(std::move(call));
+        }
+      } else {
+        text = whole;
+      }
+      finish_reason = tool_finish_reason(out.finish, called);
+    }
   }
   if ((first && echo_.empty()) || !text.empty() || !tool_calls.is_null() || finish ||
       !out.logprobs.empty()) {

@@ -86,9 +86,10 @@ void resolve_max_tokens(ApiRequest& request, int64_t num_prompt_tokens, int64_t 
 
 // Chooses the tool-call parser of a chat request once the server's format is known (the model
 // family's, or --tool-call-parser): with tools and tool_choice "auto" the output is parsed for
-// calls (and special tokens are kept where the format's markers are special tokens). Throws
-// ApiError (400, param tool_choice): "auto" when the server has no parser (as vLLM without
-// --tool-call-parser), and "required" or a named function, which need constrained decoding.
+// calls (and special tokens are kept where the format's markers are special tokens);
+// "required" and a named function need no parser (parse_request set their grammar, the
+// output is forced JSON). Throws ApiError (400, param tool_choice) for "auto" when the server
+// has no parser (as vLLM without --tool-call-parser).
 void resolve_tool_parser(ApiRequest& request, ToolCallFormat server_format);
 
 // vLLM's POST /tokenize: {"prompt": text, "add_special_tokens": true} or {"messages": [...],
@@ -170,6 +171,10 @@ class ChoiceSet {
   // chat: the message of a whole choice, its tool calls parsed out with a tool parser; sets
   // `called` when it has some.
   nlohmann::json message_json(const Choice& c, bool* called) const;
+  // The same for a forced tool_choice: the calls its JSON stands for, content null.
+  nlohmann::json forced_message_json(const std::string& text, bool* called) const;
+  // A choice's finish_reason given whether it called tools (null while it runs).
+  const char* tool_finish_reason(FinishReason finish, bool called) const;
 
   Endpoint endpoint_;
   ResponseInfo info_;
@@ -186,6 +191,7 @@ class ChoiceSet {
   int64_t num_prompt_tokens_ = 0, num_cached_tokens_ = 0;
   ToolCallFormat tool_parser_ = ToolCallFormat::kNone;
   int64_t max_tool_calls_ = INT64_MAX;          // 1 without parallel_tool_calls
+  ToolChoice forced_tool_choice_;               // chat, "required" or a named function; else kNone
   std::unique_ptr<ToolCallIds> tool_call_ids_;  // behind a pointer: the streams hold it
 };
 

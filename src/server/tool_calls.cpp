@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "core/error.h"
 #include "io/jinja_value.h"
 #include "server/openai_api.h"
 
@@ -531,6 +532,32 @@ ordered_json tool_choice_json_schema(const ToolChoice& choice, const ordered_jso
                          {"items", {{"type", "object"}, {"anyOf", std::move(any_of)}}}};
   if (!defs.empty()) schema["$defs"] = std::move(defs);
   return schema;
+}
+
+std::shared_ptr<const JsonGrammar> tool_choice_grammar(const ToolChoice& choice,
+                                                       const ordered_json& tools) {
+  if (!tool_choice_is_forced(choice)) return nullptr;
+  ordered_json schema = tool_choice_json_schema(choice, tools);
+  if (choice.mode == ToolChoice::Mode::kRequired) {
+    // The grammar takes no 'type' beside 'anyOf'; the same items with the type moved into each
+    // alternative accept the same values.
+    ordered_json& items = schema["items"];
+    for (ordered_json& alternative : items["anyOf"]) alternative["type"] = "object";
+    items.erase("type");
+  }
+  const std::string what = choice.mode == ToolChoice::Mode::kRequired
+                               ? std::string("tool_choice \"required\"")
+                               : "tool_choice function '" + choice.name + "'";
+  try {
+    return JsonGrammar::from_schema(json::parse(schema.dump()));
+  } catch (const Error& e) {
+    // The schema is the tools' parameters (or vLLM's array around them): name the request field
+    // that asked for the constraint, and the grammar's keyword and place.
+    bad("tool_choice",
+        "'tool_choice': the parameters of the tools cannot be followed by "
+        "constrained decoding for " +
+            what + ": " + e.what());
+  }
 }
 
 std::vector<ToolCall> tool_calls_from_forced_output(const ToolChoice& choice,

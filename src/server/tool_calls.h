@@ -23,12 +23,15 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "runtime/json_schema_grammar.h"
 
 namespace moeinfer::server {
 
@@ -124,14 +127,24 @@ nlohmann::ordered_json normalize_tools(const nlohmann::ordered_json& tools);
 ToolChoice parse_tool_choice(const nlohmann::ordered_json& value,
                              const nlohmann::ordered_json& tools);
 
-// Hook for constrained decoding (tool_choice "required" or a named function; vLLM forces them
-// with guided decoding). The JSON schema the output must follow: a named function's `parameters`
-// (the output is its arguments), or for "required" an array of at least one
+// tool_choice "required" or a named function: the output is forced by constrained decoding,
+// as vLLM forces it with guided decoding, instead of being parsed for a format's markers.
+inline bool tool_choice_is_forced(const ToolChoice& choice) {
+  return choice.mode == ToolChoice::Mode::kRequired || choice.mode == ToolChoice::Mode::kNamed;
+}
+// The JSON schema the forced output must follow: a named function's `parameters` (the output is
+// its arguments), or for "required" an array of at least one
 // {"name": one of the tools, "parameters": that tool's parameters} (vLLM's schema).
 nlohmann::ordered_json tool_choice_json_schema(const ToolChoice& choice,
                                                const nlohmann::ordered_json& tools);
+// That schema compiled for the sampler (null unless forced). Throws ApiError (400, param
+// tool_choice) when a tool's parameters use what the grammar cannot follow; the message names
+// the keyword and its place.
+std::shared_ptr<const JsonGrammar> tool_choice_grammar(const ToolChoice& choice,
+                                                       const nlohmann::ordered_json& tools);
 // The calls a constrained output stands for: for a named function one call with the output as
-// its arguments; for "required" one per array element. Empty when the output does not parse.
+// its arguments; for "required" one per array element. Empty when the output does not parse
+// (cut off by max_tokens).
 std::vector<ToolCall> tool_calls_from_forced_output(const ToolChoice& choice,
                                                     std::string_view output, ToolCallIds& ids);
 

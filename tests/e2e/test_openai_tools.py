@@ -17,13 +17,22 @@ with the official `openai` client. One line per check:
                   concatenate to the non-streamed content, no tool-call markup, one role chunk
   conversation    a conversation with an assistant tool_calls message and a tool result
                   (arguments as a JSON string, as the client sends them) is answered
-  refusals        tool_choice "required" and a named function (need constrained decoding),
-                  tool_choice without tools, a malformed tool, chat_template_kwargs that is not
-                  an object, tool_calls with invalid arguments: each a 400 naming its field
+  forced          tool_choice "required" and a named function (constrained decoding): greedy
+                  and sampled (n=3), streamed and not, every choice has tool_calls whose
+                  arguments parse and validate (jsonschema) against the tool's parameters
+                  (a sampled choice may instead end at max_tokens with its text as content),
+                  content null, finish_reason tool_calls ("required") or stop (named); the
+                  greedy stream's calls equal the non-streamed ones
+  forced_no_parser  the same on the server started with --tool-call-parser none
+  refusals        a forced tool_choice with a JSON response_format, tools whose parameters use
+                  a keyword the grammar cannot follow (named in the message), tool_choice
+                  without tools, a malformed tool, chat_template_kwargs that is not an object,
+                  tool_calls with invalid arguments: each a 400 naming its field
 
-What e2e does not cover: the demo model never writes a tool call, so the parsers and the
-tool-call responses and stream deltas are covered by tests/server/tool_calls_test.cpp (every
-format, every split of a stream, ChoiceSet's responses and chunks).
+What e2e does not cover: the demo model never writes a tool call unforced, so the parsers and
+the tool-call responses and stream deltas of "auto" are covered by
+tests/server/tool_calls_test.cpp (every format, every split of a stream, ChoiceSet's responses
+and chunks).
 
 Prints one line per check and a last line "N passed, M failed"; exits non-zero on any failure.
 """
@@ -39,6 +48,7 @@ import tempfile
 import urllib.error
 import urllib.request
 
+import jsonschema
 import openai
 from openai import OpenAI
 
@@ -204,13 +214,102 @@ def check_conversation(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
     assert status == 200 and t["count"] == r.usage.prompt_tokens, (t, r.usage)
 
 
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+# What the arguments of each tool must validate against: its parameters, or for a tool without
+# them an object of no properties (the schema vLLM forces for it).
+PARAMETERS = {t["function"]["name"]: t["function"].get("parameters") or
+              {"type": "object", "properties": {}, "additionalProperties": False} for t in TOOLS}
+FORCED_MAX_TOKENS = 200
+
+
+def forced_calls(c: OpenAI, tool_choice, stream: bool, **kwargs) -> list[tuple[list, str]]:
+    """(calls as (name, arguments), finish_reason) per choice; streamed: the deltas gathered."""
+    r = c.chat.completions.create(model=c.models.list().data[0].id, messages=USER, tools=TOOLS,
+                                  tool_choice=tool_choice, max_tokens=FORCED_MAX_TOKENS,
+                                  stream=stream, **kwargs)
+    if not stream:
+        out = []
+        for choice in r.choices:
+            # Cut off by max_tokens before the JSON closes: no call, the text as content.
+            if choice.finish_reason == "length" and not choice.message.tool_calls:
+                out.append(([], "length"))
+                continue
+            assert choice.message.content is None, choice.message
+            out.append(([(t.function.name, t.function.arguments, t.id, t.type)
+                         for t in choice.message.tool_calls or []], choice.finish_reason))
+        return out
+    calls: dict = {}
+    finish: dict = {}
+    for chunk in r:
+        for choice in chunk.choices:
+            # No JSON in delta.content, but for an output cut off before it closes.
+            assert not choice.delta.content or choice.finish_reason == "length", choice.delta
+            for t in choice.delta.tool_calls or []:
+                assert (choice.index, t.index) not in calls, t  # each call in one piece
+                calls[(choice.index, t.index)] = (t.function.name, t.function.arguments, t.id,
+                                                  t.type)
+            if choice.finish_reason:
+                finish[choice.index] = choice.finish_reason
+    return [([calls[k] for k in sorted(calls) if k[0] == i], finish[i]) for i in sorted(finish)]
+
+
+def validate_calls(choices: list, named: str | None, cut_off_ok: bool = False) -> int:
+    """The number of calls validated; every choice must have some unless cut_off_ok (sampled
+    outputs may meet max_tokens before the JSON closes; at least one must still call)."""
+    num = 0
+    for calls, finish in choices:
+        if cut_off_ok and finish == "length" and not calls:
+            continue
+        assert calls, (calls, finish)
+        assert finish == ("stop" if named else "tool_calls"), finish
+        for name, arguments, call_id, call_type in calls:
+            assert call_type == "function" and call_id.startswith("chatcmpl-tool-"), call_id
+            assert name in PARAMETERS and (named is None or name == named), name
+            jsonschema.validate(json.loads(arguments), PARAMETERS[name])
+            num += 1
+    assert num > 0, choices
+    return num
+
+
+def check_forced(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
+    """tool_choice "required" and a named function, constrained: greedy and sampled (n=3),
+    streamed and not; every call's arguments parse and validate against its tool's schema."""
+    for tool_choice, named in (("required", None), (NAMED, "get_weather")):
+        greedy = forced_calls(c, tool_choice, False, temperature=0)
+        validate_calls(greedy, named)
+        streamed = forced_calls(c, tool_choice, True, temperature=0)
+        validate_calls(streamed, named)
+        # Greedy: the stream carries the same calls (ids aside).
+        assert [[t[:2] for t in calls] for calls, _ in streamed] == \
+            [[t[:2] for t in calls] for calls, _ in greedy], (streamed, greedy)
+        for stream in (False, True):
+            sampled = forced_calls(c, tool_choice, stream, n=3, temperature=0.7, seed=7)
+            assert len(sampled) == 3, sampled
+            validate_calls(sampled, named, cut_off_ok=True)
+
+
+def check_forced_no_parser(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
+    """Forced calls need no parser: the server without one answers them."""
+    validate_calls(forced_calls(c, "required", False, temperature=0), None)
+    validate_calls(forced_calls(c, NAMED, True, temperature=0), "get_weather")
+
+
 def check_refusals(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
     make = c.chat.completions.create
-    expect_400("tool_choice", lambda: make(model="demo", messages=USER, tools=TOOLS,
-                                           tool_choice="required", max_tokens=4))
-    expect_400("tool_choice", lambda: make(
-        model="demo", messages=USER, tools=TOOLS, max_tokens=4,
-        tool_choice={"type": "function", "function": {"name": "get_weather"}}))
+    # A forced call is one constraint; a JSON response_format would be a second.
+    for tool_choice in ("required", NAMED):
+        expect_400("tool_choice", lambda: make(
+            model="demo", messages=USER, tools=TOOLS, tool_choice=tool_choice, max_tokens=4,
+            response_format={"type": "json_object"}))
+    # Parameters the grammar cannot follow are named in the refusal.
+    pattern_tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"s": {"type": "string", "pattern": "^a+$"}}}}}]
+    try:
+        make(model="demo", messages=USER, tools=pattern_tools, tool_choice="required",
+             max_tokens=4)
+        raise AssertionError("no 400 for a pattern keyword")
+    except openai.BadRequestError as e:
+        assert e.body.get("param") == "tool_choice" and "pattern" in e.body["message"], e.body
     expect_400("tool_choice", lambda: make(model="demo", messages=USER, tool_choice="auto",
                                            max_tokens=4))
     expect_400("tools[0].function.name", lambda: make(
@@ -224,8 +323,8 @@ def check_refusals(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
         model="demo", messages=USER + bad_call, max_tokens=4))
 
 
-CHECKS = [check_response, check_stream, check_conversation, check_refusals]
-TOOL_SERVER_CHECKS = [check_rendered, check_no_parser]
+CHECKS = [check_response, check_stream, check_conversation, check_forced, check_refusals]
+TOOL_SERVER_CHECKS = [check_rendered, check_no_parser, check_forced_no_parser]
 
 
 def main() -> int:

@@ -494,13 +494,90 @@ TEST(ToolRequests, ResolveToolParser) {
   // "auto" on a family without a format (OLMoE) and no --tool-call-parser: vLLM's 400.
   std::string message = refusal(parse_request(base + "}", Endpoint::kChat), ToolCallFormat::kNone);
   EXPECT_NE(message.find("--tool-call-parser"), std::string::npos) << message;
-  // "required" and a named function need constrained decoding: refused, saying what works.
+  // "required" and a named function are forced JSON: no parser, on any family.
   for (const char* choice :
        {R"("required")", R"({"type": "function", "function": {"name": "get_weather"}})"}) {
-    message = refusal(parse_request(base + R"(, "tool_choice": )" + choice + "}", Endpoint::kChat),
-                      kHermes);
-    EXPECT_NE(message.find("\"none\" and \"auto\""), std::string::npos) << message;
+    for (const ToolCallFormat format : {kHermes, kMistral, ToolCallFormat::kNone}) {
+      r = parse_request(base + R"(, "tool_choice": )" + choice + "}", Endpoint::kChat);
+      resolve_tool_parser(r, format);
+      EXPECT_EQ(r.tool_parser, ToolCallFormat::kNone) << choice;
+      EXPECT_TRUE(r.params.grammar) << choice;
+    }
   }
+}
+
+// What a grammar accepts as a whole output.
+bool accepts(const std::shared_ptr<const JsonGrammar>& grammar, std::string_view text) {
+  JsonMatcher m(grammar);
+  return m.advance(text) && m.can_finish();
+}
+
+TEST(ToolRequests, ForcedToolChoiceSetsTheGrammar) {
+  const std::string base = std::string(R"({"messages": [{"role": "user", "content": "x"}],
+                                           "tools": [)") +
+                           kWeatherTool + R"(, {"function": {"name": "now"}}])";
+  // A named function: its parameters are the output.
+  ApiRequest r = parse_request(
+      base + R"(, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})",
+      Endpoint::kChat);
+  ASSERT_TRUE(r.params.grammar);
+  EXPECT_TRUE(accepts(r.params.grammar, R"({"city": "Bern"})"));
+  EXPECT_TRUE(accepts(r.params.grammar, R"({"zip": "3000", "city": "Bern"})"));
+  EXPECT_FALSE(accepts(r.params.grammar, R"({"zip": "3000"})"));  // city is required
+  EXPECT_FALSE(accepts(r.params.grammar, R"([{"name": "now", "parameters": {}}])"));
+  // "required": vLLM's array of {name, parameters}, at least one.
+  r = parse_request(base + R"(, "tool_choice": "required"})", Endpoint::kChat);
+  ASSERT_TRUE(r.params.grammar);
+  EXPECT_TRUE(accepts(r.params.grammar, R"([{"name": "now", "parameters": {}}])"));
+  EXPECT_TRUE(accepts(r.params.grammar, R"([{"name": "get_weather", "parameters": {"city": "B"}},)"
+                                        R"( {"name": "now", "parameters": {}}])"));
+  EXPECT_FALSE(accepts(r.params.grammar, "[]"));
+  EXPECT_FALSE(accepts(r.params.grammar, R"([{"name": "get_weather", "parameters": {}}])"));
+  EXPECT_FALSE(accepts(r.params.grammar, R"([{"name": "later", "parameters": {}}])"));
+  EXPECT_FALSE(accepts(r.params.grammar, R"({"city": "Bern"})"));
+  // "auto" and "none" leave the output free.
+  EXPECT_FALSE(parse_request(base + "}", Endpoint::kChat).params.grammar);
+  EXPECT_FALSE(parse_request(base + R"(, "tool_choice": "none"})", Endpoint::kChat).params.grammar);
+  // response_format text is no constraint, so it combines.
+  EXPECT_TRUE(parse_request(base + R"(, "tool_choice": "required",
+                                        "response_format": {"type": "text"}})",
+                            Endpoint::kChat)
+                  .params.grammar);
+}
+
+TEST(ToolRequests, ForcedToolChoiceRefusals) {
+  const std::string user = R"({"messages": [{"role": "user", "content": "x"}], "tools": [)";
+  const auto refusal = [](const std::string& body) {
+    try {
+      parse_request(body, Endpoint::kChat);
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400) << body;
+      EXPECT_EQ(e.param, "tool_choice") << body;
+      return std::string(e.what());
+    }
+    ADD_FAILURE() << "no refusal: " << body;
+    return std::string();
+  };
+  // One constraint per output: a JSON response_format or guided_json beside a forced call.
+  for (const char* other :
+       {R"("response_format": {"type": "json_object"})", R"("guided_json": {"type": "object"})"}) {
+    for (const char* choice :
+         {R"("required")", R"({"type": "function", "function": {"name": "get_weather"}})"}) {
+      refusal(user + kWeatherTool + R"(], "tool_choice": )" + choice + ", " + other + "}");
+    }
+  }
+  // A parameters keyword the grammar does not follow: named in the message, for either mode.
+  const std::string pattern_tool = R"({"type": "function", "function": {"name": "f",
+      "parameters": {"type": "object", "properties": {"s": {"type": "string",
+      "pattern": "^a+$"}}}}})";
+  for (const char* choice :
+       {R"("required")", R"({"type": "function", "function": {"name": "f"}})"}) {
+    const std::string message =
+        refusal(user + pattern_tool + R"(], "tool_choice": )" + choice + "}");
+    EXPECT_NE(message.find("pattern"), std::string::npos) << message;
+  }
+  // "auto" with the same tool is not constrained, so not refused.
+  EXPECT_NO_THROW(parse_request(user + pattern_tool + "]}", Endpoint::kChat));
 }
 
 TEST(ToolRequests, TokenizeTakesToolsAndTemplateKwargs) {
@@ -700,6 +777,90 @@ TEST_F(ToolChoiceSetTest, ParallelToolCallsFalseKeepsTheFirst) {
   ASSERT_EQ(res["choices"][0]["message"]["tool_calls"].size(), 1u);
   EXPECT_EQ(res["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"],
             R"({"city": "Bern"})");
+}
+
+const char* kNamedChoice =
+    R"(, "tool_choice": {"type": "function", "function": {"name": "get_weather"}})";
+const std::string kForcedTwo = R"([{"name": "get_weather", "parameters": {"city": "Bern"}},)"
+                               R"( {"name": "get_weather", "parameters": {"city":"Oslo"}}])";
+
+TEST_F(ToolChoiceSetTest, ForcedOutputBecomesToolCalls) {
+  // "required": one call per element, content null, finish_reason tool_calls (vLLM's).
+  ChoiceSet required(request(R"(, "tool_choice": "required")", kHermes), info(), *tokenizer_, {1});
+  required.add(output(0, kForcedTwo, true));
+  json res = required.response();
+  const json& choice = res["choices"][0];
+  EXPECT_EQ(choice["finish_reason"], "tool_calls");
+  EXPECT_TRUE(choice["message"]["content"].is_null());
+  ASSERT_EQ(choice["message"]["tool_calls"].size(), 2u);
+  EXPECT_EQ(choice["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(choice["message"]["tool_calls"][1]["function"]["arguments"], R"({"city": "Oslo"})");
+  EXPECT_EQ(choice["message"]["tool_calls"][1]["id"].get<std::string>().substr(0, 14),
+            "chatcmpl-tool-");
+
+  // A named function: the output is the arguments, as written; finish_reason stays "stop".
+  ChoiceSet named(request(kNamedChoice, kHermes), info(), *tokenizer_, {1});
+  named.add(output(0, R"({"city":"Bern"})", true));
+  res = named.response();
+  EXPECT_EQ(res["choices"][0]["finish_reason"], "stop");
+  EXPECT_TRUE(res["choices"][0]["message"]["content"].is_null());
+  ASSERT_EQ(res["choices"][0]["message"]["tool_calls"].size(), 1u);
+  EXPECT_EQ(res["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(res["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"],
+            R"({"city":"Bern"})");
+
+  // parallel_tool_calls false keeps the first.
+  ChoiceSet one(request(R"(, "tool_choice": "required", "parallel_tool_calls": false)", kHermes),
+                info(), *tokenizer_, {1});
+  one.add(output(0, kForcedTwo, true));
+  EXPECT_EQ(one.response()["choices"][0]["message"]["tool_calls"].size(), 1u);
+
+  // Cut off by max_tokens before the JSON is complete: no call, the text, "length".
+  ChoiceSet cut(request(R"(, "tool_choice": "required")", kHermes), info(), *tokenizer_, {1});
+  RequestOutput partial = output(0, R"([{"name": "get_we)", true);
+  partial.finish = FinishReason::kLength;
+  cut.add(partial);
+  res = cut.response();
+  EXPECT_EQ(res["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(res["choices"][0]["message"]["content"], R"([{"name": "get_we)");
+  EXPECT_FALSE(res["choices"][0]["message"].contains("tool_calls"));
+}
+
+TEST_F(ToolChoiceSetTest, ForcedOutputIsStreamedAsCallsOnceComplete) {
+  for (const bool is_named : {false, true}) {
+    const std::string text = is_named ? R"({"city": "Bern"})" : kForcedTwo;
+    ChoiceSet set(request(std::string(is_named ? kNamedChoice : R"(, "tool_choice": "required")") +
+                              R"(, "stream": true)",
+                          kHermes),
+                  info(), *tokenizer_, {1});
+    std::vector<json> chunks;
+    for (size_t i = 0; i < text.size(); i += 4) {
+      for (json& c : set.stream(output(0, text.substr(i, 4), i + 4 >= text.size())))
+        chunks.push_back(c);
+    }
+    std::string content;
+    std::vector<json> calls;
+    json finish;
+    for (const json& chunk : chunks) {
+      const json& choice = chunk["choices"][0];
+      if (choice["delta"].contains("content") && choice["delta"]["content"].is_string())
+        content += choice["delta"]["content"].get<std::string>();
+      if (choice["delta"].contains("tool_calls")) {
+        EXPECT_FALSE(choice["finish_reason"].is_null());  // sent with the last output
+        for (const json& call : choice["delta"]["tool_calls"]) calls.push_back(call);
+      }
+      if (!choice["finish_reason"].is_null()) finish = choice["finish_reason"];
+    }
+    EXPECT_EQ(content, "") << is_named;  // no JSON ever reaches delta.content
+    ASSERT_EQ(calls.size(), is_named ? 1u : 2u);
+    for (size_t i = 0; i < calls.size(); ++i) {
+      EXPECT_EQ(calls[i]["index"], static_cast<int64_t>(i));
+      EXPECT_EQ(calls[i]["type"], "function");
+      EXPECT_EQ(calls[i]["function"]["name"], "get_weather");
+    }
+    EXPECT_EQ(calls[0]["function"]["arguments"], R"({"city": "Bern"})");
+    EXPECT_EQ(finish, is_named ? "stop" : "tool_calls");
+  }
 }
 
 TEST_F(ToolChoiceSetTest, StreamedCallsAreDeltasWithTheirIndex) {
