@@ -32,7 +32,6 @@ import math
 import pathlib
 import sys
 import tempfile
-import traceback
 import subprocess
 import urllib.request
 
@@ -275,7 +274,7 @@ def main() -> int:
     parser.add_argument("--fixtures", required=True)
     args = parser.parse_args()
     ctx = {"moeinfer": args.moeinfer, "fixtures": args.fixtures}
-    passed = failed = 0
+
     try:
         server = ServerProcess(args.moeinfer, [])
     except Exception as e:  # noqa: BLE001 - e.g. a build without cpp-httplib
@@ -284,16 +283,7 @@ def main() -> int:
         return 1
     try:
         client = server.client()
-        for check in CHECKS:
-            name = check.__name__.removeprefix("check_")
-            try:
-                check(server, client, ctx)
-                print(f"PASS {name}", flush=True)
-                passed += 1
-            except Exception as e:  # noqa: BLE001 - report and go on
-                print(f"FAIL {name}: {type(e).__name__}: {e}", flush=True)
-                traceback.print_exc()
-                failed += 1
+        passed, failed = e2e_util.run_checks(CHECKS, lambda check: check(server, client, ctx))
     finally:
         server.stop()
     print(f"{passed} passed, {failed} failed")
