@@ -171,6 +171,16 @@ FIXTURES += [
                      num_experts=12, num_experts_per_tok=8, norm_topk_prob=True,
                      mlp_only_layers=[], decoder_sparse_step=1, tie_word_embeddings=True,
                      rope_theta=1000000.0)),
+    # MLA ranks off the kernels' 8-multiples (the GPU pads them): kv_lora_rank 36, rope key 12,
+    # nope 20, v 12; q_lora_rank 40; group-limited routing, routed scaling 16 as V2 ships.
+    dict(name="deepseek_v2_l36_r12_bf16", cls="DeepseekV2", dtype="bfloat16", tokenizer="qwen",
+         legacy_rope=True,
+         config=dict(COMMON, num_attention_heads=2, num_key_value_heads=2, num_hidden_layers=2,
+                     intermediate_size=64, moe_intermediate_size=24, n_routed_experts=6,
+                     num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
+                     q_lora_rank=40, topk_method="group_limited_greedy", n_group=3,
+                     topk_group=2, routed_scaling_factor=16.0, rope_theta=10000.0,
+                     kv_lora_rank=36, qk_nope_head_dim=20, qk_rope_head_dim=12, v_head_dim=12)),
 ]
 
 # Linear weights that DeepSeek-V3's published checkpoint stores in fp8; the router, norms,

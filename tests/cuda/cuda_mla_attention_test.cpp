@@ -59,7 +59,13 @@ TEST(CudaMlaChecks, RefuseBadArguments) {
   refuse([](MlaDecodeParams& p) { p.latent_dim = 520; }, "latent_dim = 520");
   refuse([](MlaDecodeParams& p) { p.rope_dim = 4; }, "rope_dim = 4");
   refuse([](MlaDecodeParams& p) { p.rope_dim = 0; }, "rope_dim = 0");
-  refuse([](MlaDecodeParams& p) { p.rope_dim = 72; }, "rope_dim = 72");
+  refuse([](MlaDecodeParams& p) { p.rope_dim = 548; }, "rope_dim = 548");  // 32 + 548 > 576
+  refuse(
+      [](MlaDecodeParams& p) {
+        p.latent_dim = 512;
+        p.rope_dim = 72;
+      },
+      "rope_dim = 72");
   refuse([](MlaDecodeParams& p) { p.block_size = 0; }, "block_size = 0");
   refuse([](MlaDecodeParams& p) { p.num_blocks = 0; }, "num_blocks = 0");
   refuse([](MlaDecodeParams& p) { p.max_seq_len = 17; }, "max_seq_len = 17");
@@ -295,6 +301,11 @@ std::vector<int32_t> positions_plus_one(int64_t count) {
       {"L512_R64_H128_Block128", {awkward, 512, 64, 128, 128, true}},
       // L / 16 not whole (the last 16-dim group half rope), W = 56, heads 16..19 a partial tile.
       {"L40_R16_H20_Block24", {{1, 17, 300, 777, 0}, 40, 16, 20, 24, true}},
+      // A rope key wider than DeepSeek's 64 where the latent leaves room in the 576-wide row
+      // (and a latent of 8, one 16-dim group half rope).
+      {"L256_R128_H16_Split", {awkward, 256, 128, 16, 16, true}},
+      {"L448_R128_H8_Unsplit", {lengths(awkward, 264, 65), 448, 128, 8, 16, false}},
+      {"L8_R64_H4_Block24", {{1, 17, 300, 777, 0}, 8, 64, 4, 24, true}},
       // Only empty rows, and a single row of one key.
       {"L512_R64_H16_AllEmpty", {{0, 0, 0}, 512, 64, 16, 16, false}},
       {"L512_R64_H128_Len1", {{1}, 512, 64, 128, 16, false}},

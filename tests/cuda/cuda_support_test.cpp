@@ -1,5 +1,6 @@
 // What the GPU decoder takes: every shape the CPU runs is padded to the kernels' needs at upload
-// (hidden sizes to 64, head dims to 64/128/256, expert widths to 64), and the few the kernels
+// (hidden sizes to 64, head dims to 64/128/256, expert widths to 64, MLA's latent and rope key
+// to 8), and the few the kernels
 // cannot take even padded are refused when the weights are laid out, before any device memory
 // is touched, with the config field and the limit named. Host code only: runs without a GPU.
 #if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
@@ -75,6 +76,21 @@ TEST(CudaSupport, OddHiddenSizesHeadDimsAndWidthsArePadded) {
   EXPECT_GT(gpu::device_weight_bytes(parse(deepseek_v3())), 0);
 }
 
+TEST(CudaSupport, MlaLatentAndRopeKeyArePaddedToEight) {
+  nlohmann::json config = deepseek_v3();
+  config.update({{"kv_lora_rank", 20}, {"qk_rope_head_dim", 6}});
+  const ModelConfig c = parse(config);
+  const gpu::MlaPaddedDims dims = gpu::padded_mla_dims(c);
+  EXPECT_EQ(dims.latent, 24);
+  EXPECT_EQ(dims.rope, 8);
+  EXPECT_EQ(dims.cache_width(), 32);
+  EXPECT_GT(gpu::device_weight_bytes(c), 0);
+  // A rope key wider than 64 fits where the latent leaves room in the kernel's 576-wide row.
+  config.update({{"kv_lora_rank", 256}, {"qk_rope_head_dim", 128}});
+  EXPECT_GT(gpu::device_weight_bytes(parse(config)), 0);
+  EXPECT_EQ(gpu::padded_mla_dims(parse(qwen3(64))).cache_width(), 0);
+}
+
 TEST(CudaSupport, ShapesTheKernelsCannotTakeAreRefusedByName) {
   struct Case {
     nlohmann::json config;
@@ -82,9 +98,8 @@ TEST(CudaSupport, ShapesTheKernelsCannotTakeAreRefusedByName) {
     const char* message;
   };
   const Case cases[] = {
-      {deepseek_v3(), {{"kv_lora_rank", 20}}, "kv_lora_rank 20"},
       {deepseek_v3(), {{"kv_lora_rank", 520}}, "kv_lora_rank 520"},
-      {deepseek_v3(), {{"qk_rope_head_dim", 6}}, "qk_rope_head_dim 6"},
+      {deepseek_v3(), {{"kv_lora_rank", 512}, {"qk_rope_head_dim", 72}}, "qk_rope_head_dim 72"},
       {qwen3(64), {{"num_experts", 1100}}, "num_experts 1100"},
       {qwen3(64), {{"num_experts", 40}, {"num_experts_per_tok", 33}}, "num_experts_per_tok 33"},
   };

@@ -214,10 +214,14 @@ inline json random_config(ModelFamily family, Draw& d) {
       c["num_attention_heads"] = heads;
       c["num_key_value_heads"] = heads;
       c["q_lora_rank"] = d.chance(0.3) ? json(nullptr) : json(d.multiple_of(8, 8, 256));
-      c["kv_lora_rank"] = d.multiple_of(8, 8, 256);
-      c["qk_nope_head_dim"] = d.multiple_of(8, 8, 128);
-      c["qk_rope_head_dim"] = d.multiple_of(8, 8, 64);
-      c["v_head_dim"] = d.multiple_of(8, 8, 128);
+      // Mostly multiples of 8 as published; the rest any size (the GPU pads the latent and the
+      // rope key), and now and then a rope key wider than DeepSeek's 64.
+      c["kv_lora_rank"] = d.chance(0.7) ? d.multiple_of(8, 8, 256) : d.between(1, 256);
+      c["qk_nope_head_dim"] = d.chance(0.7) ? d.multiple_of(8, 8, 128) : d.between(1, 128);
+      c["qk_rope_head_dim"] = d.chance(0.6)    ? d.multiple_of(8, 8, 64)
+                              : d.chance(0.6) ? d.multiple_of(2, 2, 64)
+                                              : d.multiple_of(8, 72, 128);
+      c["v_head_dim"] = d.chance(0.7) ? d.multiple_of(8, 8, 128) : d.between(1, 128);
       c["n_routed_experts"] = E;
       c["moe_intermediate_size"] = expert_width;
       c["intermediate_size"] = dense_width;

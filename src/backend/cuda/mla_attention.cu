@@ -36,9 +36,10 @@ void check_mla(const MlaDecodeParams& p) {
   MOE_CHECK(p.latent_dim > 0 && p.latent_dim % 8 == 0 && p.latent_dim <= kMlaMaxLatentDim,
             "latent_dim = ", p.latent_dim, " must be a positive multiple of 8, at most ",
             kMlaMaxLatentDim);
-  MOE_CHECK(p.rope_dim > 0 && p.rope_dim % 8 == 0 && p.rope_dim <= kMlaMaxRopeDim,
-            "rope_dim = ", p.rope_dim, " must be a positive multiple of 8, at most ",
-            kMlaMaxRopeDim);
+  MOE_CHECK(p.rope_dim > 0 && p.rope_dim % 8 == 0 &&
+                p.latent_dim + p.rope_dim <= kMlaMaxCacheWidth,
+            "rope_dim = ", p.rope_dim, " must be a positive multiple of 8 with latent_dim + "
+            "rope_dim at most ", kMlaMaxCacheWidth);
   MOE_CHECK(p.block_size >= 1, "block_size = ", p.block_size, " must be at least 1");
   MOE_CHECK(p.num_blocks >= 1, "num_blocks = ", p.num_blocks, " must be at least 1");
   detail::check_int32_range(p.num_blocks, "num_blocks");

@@ -34,9 +34,10 @@
 
 namespace moeinfer::cuda {
 
-// Largest latent and rope dims compiled in (DeepSeek-V2/V3: 512 and 64).
+// Largest latent dim and cache row compiled in (DeepSeek-V2/V3: 512 + 64; a smaller latent
+// leaves room for a wider rope key).
 inline constexpr int64_t kMlaMaxLatentDim = 512;
-inline constexpr int64_t kMlaMaxRopeDim = 64;
+inline constexpr int64_t kMlaMaxCacheWidth = 576;
 
 struct MlaDecodeParams {
   const __nv_bfloat16* q = nullptr;       // [B, Nh, W], 16-byte aligned
@@ -49,7 +50,7 @@ struct MlaDecodeParams {
   int64_t num_seqs = 0;        // B, at most 65535
   int64_t num_heads = 0;       // Nh >= 1
   int64_t latent_dim = 0;      // L, a positive multiple of 8, at most 512
-  int64_t rope_dim = 0;        // R, a positive multiple of 8, at most 64
+  int64_t rope_dim = 0;        // R, a positive multiple of 8, L + R at most 576
   int64_t block_size = 0;      // tokens per cache block
   int64_t num_blocks = 0;      // blocks in the pool (for the device range check)
   int64_t max_blocks_per_seq = 0;

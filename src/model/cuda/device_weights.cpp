@@ -164,6 +164,7 @@ void build_layout(const ModelConfig& c, const DecoderWeights* w, DeviceWeights& 
     if (c.mla) {
       const MlaConfig& m = *c.mla;
       const int64_t qk = m.qk_head_dim(), L = m.kv_lora_rank, R = m.qk_rope_head_dim;
+      const int64_t Lp = out.mla.latent, Rp = out.mla.rope;
       if (m.q_lora_rank > 0) {
         reads_hidden(&d.q_a, lw ? lw->mla.q_a_proj : kNone, m.q_lora_rank);
         layout.norm(&d.q_a_norm, lw ? lw->mla.q_a_norm : kNone, m.q_lora_rank);
@@ -171,10 +172,19 @@ void build_layout(const ModelConfig& c, const DecoderWeights* w, DeviceWeights& 
       } else {
         reads_hidden(&d.q_proj, lw ? lw->mla.q_proj : kNone, c.num_heads * qk);
       }
-      reads_hidden(&d.kv_a, lw ? lw->mla.kv_a_proj : kNone, L + R);
-      layout.norm(&d.kv_a_norm, lw ? lw->mla.kv_a_norm : kNone, L);
-      layout.whole(&d.kv_b, lw ? lw->mla.kv_b_proj : kNone,
-                   c.num_heads * (m.qk_nope_head_dim + m.v_head_dim), L);
+      // kv_a's latent rows at [0, L) and its rope rows at [Lp, Lp + R).
+      Job& kv_a = layout.add(&d.kv_a, Lp + Rp, Hp);
+      kv_a.padded = H != Hp || L != Lp || R != Rp;
+      if (lw) {
+        const TensorView& v = lw->mla.kv_a_proj;
+        MOE_CHECK(view_rows(v) == L + R && view_cols(v) == H, "kv_a_proj of shape ",
+                  view_rows(v), "x", view_cols(v), " where ", L + R, "x", H, " was expected");
+        kv_a.pieces.push_back({.src = v, .rows = L, .cols = H});
+        kv_a.pieces.push_back({.src = v, .src_row0 = L, .rows = R, .cols = H, .dst_row0 = Lp});
+      }
+      layout.norm(&d.kv_a_norm, lw ? lw->mla.kv_a_norm : kNone, L, Lp);
+      const int64_t kv_b_rows = c.num_heads * (m.qk_nope_head_dim + m.v_head_dim);
+      layout.padded(&d.kv_b, lw ? lw->mla.kv_b_proj : kNone, kv_b_rows, L, kv_b_rows, Lp);
       writes_hidden(&d.mla_o, lw ? lw->mla.o_proj : kNone, c.num_heads * m.v_head_dim);
     } else {
       const int64_t Nqkv = (Nq + 2 * Nkv) * Dp;
@@ -328,12 +338,14 @@ void resolve_targets(Layout& layout, void* base) {
 void check_supported(const ModelConfig& c) {
   if (c.mla) {
     const MlaConfig& m = *c.mla;
-    MOE_CHECK(m.kv_lora_rank % 8 == 0 && m.kv_lora_rank <= cuda::kMlaMaxLatentDim,
-              "kv_lora_rank ", m.kv_lora_rank, ": the CUDA MLA attention kernel takes a multiple "
-              "of 8 up to ", cuda::kMlaMaxLatentDim, " (the latent is held in registers)");
-    MOE_CHECK(m.qk_rope_head_dim % 8 == 0 && m.qk_rope_head_dim <= cuda::kMlaMaxRopeDim,
-              "qk_rope_head_dim ", m.qk_rope_head_dim, ": the CUDA MLA attention kernel takes a "
-              "multiple of 8 up to ", cuda::kMlaMaxRopeDim);
+    const MlaPaddedDims p = padded_mla_dims(c);
+    MOE_CHECK(p.latent <= cuda::kMlaMaxLatentDim, "kv_lora_rank ", m.kv_lora_rank,
+              ": the CUDA MLA attention kernel takes up to ", cuda::kMlaMaxLatentDim,
+              " (each block holds its heads' latent outputs in registers)");
+    MOE_CHECK(p.cache_width() <= cuda::kMlaMaxCacheWidth, "kv_lora_rank ", m.kv_lora_rank,
+              " + qk_rope_head_dim ", m.qk_rope_head_dim, ": the CUDA MLA attention kernel takes "
+              "a cache row of up to ", cuda::kMlaMaxCacheWidth, " values (padded to ",
+              p.cache_width(), ")");
   }
   if (c.num_experts > 0) {
     MOE_CHECK(c.num_experts <= cuda::kRouterMaxExperts, "num_experts ", c.num_experts,
@@ -350,6 +362,7 @@ void plan_layout(const ModelConfig& config, const DecoderWeights* weights, Devic
   out.padded_hidden_size = padded_hidden_size(config);
   out.padded_head_dim = padded_head_dim(config);
   out.padded_expert_width = padded_expert_width(config);
+  out.mla = padded_mla_dims(config);
   build_layout(config, weights, out, layout);
 }
 
@@ -366,6 +379,12 @@ int64_t padded_head_dim(const ModelConfig& config) {
 
 int64_t padded_expert_width(const ModelConfig& config) {
   return round_up(config.moe_intermediate_size, 64);
+}
+
+MlaPaddedDims padded_mla_dims(const ModelConfig& config) {
+  if (!config.mla) return {};
+  return {.latent = round_up(config.mla->kv_lora_rank, 8),
+          .rope = round_up(config.mla->qk_rope_head_dim, 8)};
 }
 
 int64_t device_weight_bytes(const ModelConfig& config) {

@@ -64,6 +64,16 @@ struct DeviceLayer {
   const bf16* shared_gate = nullptr;  // [1, Hp] sigmoid gate of the shared expert, or null
 };
 
+// MLA's latent (kv_lora_rank L) and rope key (qk_rope_head_dim R) padded to the 16-byte vectors
+// of the attention kernel and the cache writes: a cache row is [latent, zeros to Lp, rope key,
+// zeros to Lp + Rp]. The padding is zero in kv_a_proj's rows, kv_a_norm and kv_b_proj's
+// columns, so the padded dims add nothing to any score or output.
+struct MlaPaddedDims {
+  int64_t latent = 0;  // Lp
+  int64_t rope = 0;    // Rp
+  int64_t cache_width() const { return latent + rope; }
+};
+
 struct DeviceWeights {
   const bf16* embed = nullptr;       // [V, Hp]
   const bf16* final_norm = nullptr;  // [Hp]
@@ -72,6 +82,7 @@ struct DeviceWeights {
   int64_t padded_hidden_size = 0;   // Hp
   int64_t padded_head_dim = 0;      // Dp
   int64_t padded_expert_width = 0;  // Ip
+  MlaPaddedDims mla;                // MLA models only
   int64_t bytes = 0;                // device bytes of all weights
   double upload_seconds = 0.0;
   void* allocation = nullptr;  // owned; freed by free_device_weights
@@ -81,6 +92,7 @@ struct DeviceWeights {
 int64_t padded_hidden_size(const ModelConfig& config);
 int64_t padded_head_dim(const ModelConfig& config);
 int64_t padded_expert_width(const ModelConfig& config);
+MlaPaddedDims padded_mla_dims(const ModelConfig& config);  // zeros without MLA
 
 // Device bytes upload_weights / synthetic_weights will allocate.
 int64_t device_weight_bytes(const ModelConfig& config);

@@ -349,7 +349,7 @@ void CudaDecoder::allocate_workspace() {
     const int64_t b = std::min(rows, T);
     if (c.mla) {
       cuda::MlaDecodeParams p{.num_seqs = b, .num_heads = c.num_heads,
-                              .latent_dim = c.mla->kv_lora_rank, .rope_dim = c.mla->qk_rope_head_dim,
+                              .latent_dim = w_.mla.latent, .rope_dim = w_.mla.rope,
                               .block_size = block_size_, .max_blocks_per_seq = max_blocks_per_seq_,
                               .max_seq_len = max_model_len_};
       attn_ws = std::max(attn_ws, cuda::mla_decode_workspace_size(p));
@@ -371,12 +371,12 @@ void CudaDecoder::allocate_workspace() {
     normed_gathered_ = cv.take<bf16>(T * H);
     if (c.mla) {
       const MlaConfig& m = *c.mla;
-      const int64_t Nh = c.num_heads, W = m.cache_width();
+      const int64_t Nh = c.num_heads, W = w_.mla.cache_width();
       mla_q_ = cv.take<bf16>(T * Nh * m.qk_head_dim());
       if (m.q_lora_rank > 0) mla_q_lora_ = cv.take<bf16>(T * m.q_lora_rank);
       mla_latent_ = cv.take<bf16>(T * W);
       mla_q_full_ = cv.take<bf16>(T * Nh * W);
-      mla_out_latent_ = cv.take<bf16>(T * Nh * m.kv_lora_rank);
+      mla_out_latent_ = cv.take<bf16>(T * Nh * w_.mla.latent);
       attn_ = cv.take<bf16>(T * Nh * m.v_head_dim);
     } else {
       const int64_t Nq = c.num_heads, Nkv = c.num_kv_heads;
@@ -425,6 +425,12 @@ void CudaDecoder::allocate_workspace() {
   Carver assign(workspace_);
   carve(assign);
   report_.workspace_bytes = bytes;
+  if (c.mla) {  // q_full's rope padding [Lp + R, W) is never written: zero once
+    CUDA_CHECK(cudaMemsetAsync(mla_q_full_, 0,
+                               static_cast<size_t>(T * c.num_heads * w_.mla.cache_width()) *
+                                   sizeof(bf16),
+                               stream_));
+  }
   CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_workspace_, kCublasWorkspaceBytes));
 
   // The pinned host mirror of the metadata, at the same offsets.
@@ -445,7 +451,7 @@ void CudaDecoder::allocate_workspace() {
 
 void CudaDecoder::allocate_kv_pool() {
   const ModelConfig& c = config_;
-  kv_width_ = c.mla ? c.mla->cache_width() : c.num_kv_heads * w_.padded_head_dim;
+  kv_width_ = c.mla ? w_.mla.cache_width() : c.num_kv_heads * w_.padded_head_dim;
   const int64_t planes = c.mla ? 1 : 2;
   const int64_t bytes_per_token = c.num_layers * planes * kv_width_ * 2;
   const int64_t block_bytes = bytes_per_token * block_size_;
@@ -758,7 +764,10 @@ void CudaDecoder::mla_attention(int64_t layer, const Step& step) {
   const DeviceLayer& d = w_.layers[layer];
   const int64_t T = step.num_tokens, H = w_.padded_hidden_size, Nh = c.num_heads;
   const int64_t nope = m.qk_nope_head_dim, R = m.qk_rope_head_dim, vd = m.v_head_dim;
-  const int64_t L = m.kv_lora_rank, W = m.cache_width(), qk = m.qk_head_dim();
+  const int64_t qk = m.qk_head_dim(), L = m.kv_lora_rank;
+  // Padded (w_.mla): the latent's columns [L, Lp) and the rope key's [Lp + R, W) are zero in the
+  // cache rows and in q_full.
+  const int64_t Lp = w_.mla.latent, Rp = w_.mla.rope, W = w_.mla.cache_width();
   if (m.q_lora_rank > 0) {
     linear(normed_, T, H, d.q_a, m.q_lora_rank, H, mla_q_lora_, m.q_lora_rank, false);
     cuda::strided_rms_norm({.x = mla_q_lora_, .weight = d.q_a_norm, .rows = T,
@@ -772,7 +781,7 @@ void CudaDecoder::mla_attention(int64_t layer, const Step& step) {
   cuda::strided_rms_norm({.x = mla_latent_, .weight = d.kv_a_norm, .rows = T, .width = L,
                           .stride = W, .eps = kMlaNormEps},
                          stream_);
-  cuda::rope({.q = mla_q_ + nope, .k = mla_latent_ + L, .positions = meta_.positions,
+  cuda::rope({.q = mla_q_ + nope, .k = mla_latent_ + Lp, .positions = meta_.positions,
               .inv_freq = inv_freq_, .num_tokens = T, .num_q_heads = Nh, .num_kv_heads = 1,
               .head_dim = qk, .rotary_dim = R, .q_stride = Nh * qk, .k_stride = W,
               .attention_scaling = rope_scaling_, .interleaved = m.rope_interleave},
@@ -784,17 +793,17 @@ void CudaDecoder::mla_attention(int64_t layer, const Step& step) {
   // Queries into the latent space, head by head: q_full[t, h, 0:L] = W_uk[h]^T q_nope[t, h].
   const float one = 1.0f, zero = 0.0f;
   CUBLAS_CHECK(cublasGemmStridedBatchedEx(
-      cublas_, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(L), static_cast<int>(T),
-      static_cast<int>(nope), &one, d.kv_b, CUDA_R_16BF, static_cast<int>(L), (nope + vd) * L,
+      cublas_, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(Lp), static_cast<int>(T),
+      static_cast<int>(nope), &one, d.kv_b, CUDA_R_16BF, static_cast<int>(Lp), (nope + vd) * Lp,
       mla_q_, CUDA_R_16BF, static_cast<int>(Nh * qk), qk, &zero, mla_q_full_, CUDA_R_16BF,
       static_cast<int>(Nh * W), W, static_cast<int>(Nh), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  CUDA_CHECK(cudaMemcpy2DAsync(mla_q_full_ + L, W * sizeof(bf16), mla_q_ + nope,
+  CUDA_CHECK(cudaMemcpy2DAsync(mla_q_full_ + Lp, W * sizeof(bf16), mla_q_ + nope,
                                qk * sizeof(bf16), R * sizeof(bf16), T * Nh,
                                cudaMemcpyDeviceToDevice, stream_));
   cuda::mla_decode_attention({.q = mla_q_full_, .cache = k_cache_[layer],
                               .block_tables = meta_.block_tables, .seq_lens = meta_.seq_lens,
                               .out = mla_out_latent_, .workspace = attn_workspace_,
-                              .num_seqs = T, .num_heads = Nh, .latent_dim = L, .rope_dim = R,
+                              .num_seqs = T, .num_heads = Nh, .latent_dim = Lp, .rope_dim = Rp,
                               .block_size = block_size_, .num_blocks = num_blocks_,
                               .max_blocks_per_seq = step.table_stride,
                               .max_seq_len = step.max_seq_len, .scale = attention_scale_},
@@ -802,8 +811,8 @@ void CudaDecoder::mla_attention(int64_t layer, const Step& step) {
   // Each head's latent output lifted through its value rows W_uv[h] = kv_b rows after W_uk[h].
   CUBLAS_CHECK(cublasGemmStridedBatchedEx(
       cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(vd), static_cast<int>(T),
-      static_cast<int>(L), &one, d.kv_b + nope * L, CUDA_R_16BF, static_cast<int>(L),
-      (nope + vd) * L, mla_out_latent_, CUDA_R_16BF, static_cast<int>(Nh * L), L, &zero, attn_,
+      static_cast<int>(Lp), &one, d.kv_b + nope * Lp, CUDA_R_16BF, static_cast<int>(Lp),
+      (nope + vd) * Lp, mla_out_latent_, CUDA_R_16BF, static_cast<int>(Nh * Lp), Lp, &zero, attn_,
       CUDA_R_16BF, static_cast<int>(Nh * vd), vd, static_cast<int>(Nh), CUBLAS_COMPUTE_32F,
       CUBLAS_GEMM_DEFAULT));
   linear(attn_, T, Nh * vd, d.mla_o, H, Nh * vd, block_out_, H, /*f32_out=*/true);
