@@ -1,4 +1,4 @@
-// Question: how close does one CPU MoE layer (moe/moe_layer.h, the six stages over cpu::linear)
+// Question: how close does one CPU MoE layer (moe/moe_block.h, the six stages over cpu::linear)
 // come to the memory bandwidth at the Qwen3-30B-A3B shape, at decode (T = 1), batched decode
 // (T = 64: nearly every expert is read, about 4 rows each) and prefill (T = 512)?
 //
@@ -32,7 +32,7 @@
 #include "backend/cpu/gemm_parallel.h"
 #include "backend/cpu/gemm_roofline.h"
 #include "core/dtype.h"
-#include "moe/moe_layer.h"
+#include "moe/moe_block.h"
 #include "moe/stages.h"
 
 namespace {
@@ -119,7 +119,7 @@ struct GroupedBuffers {
 };
 
 void grouped_forward(const float* hidden, int64_t num_tokens, const moe::RoutedExperts& layer,
-                     const moe::MoeLayerOptions& options, float* out, GroupedBuffers* b) {
+                     const moe::MoeBlockOptions& options, float* out, GroupedBuffers* b) {
   const int64_t assignments = num_tokens * kTopK;
   b->logits.resize(static_cast<size_t>(num_tokens * kExperts));
   b->rows.resize(static_cast<size_t>(assignments * kHidden));
@@ -163,7 +163,7 @@ void grouped_forward(const float* hidden, int64_t num_tokens, const moe::RoutedE
                            .y = b->expert_out.data() + first * kHidden});
   }
   cpu::linear_grouped(b->problems);
-  moe::unpermute(moe::combine(b->expert_out.data()), kHidden, b->routing, b->plan, nullptr, out);
+  moe::unpermute(b->expert_out.data(), kHidden, b->routing, b->plan, nullptr, out);
 }
 
 std::string anon_huge_pages() {
@@ -218,7 +218,7 @@ int main(int argc, char** argv) {
                 anon_huge_pages().c_str());
   }
 
-  const moe::MoeLayerOptions options{
+  const moe::MoeBlockOptions options{
       .router = {.num_experts = kExperts, .top_k = kTopK, .renormalize = true},
       .hidden_size = kHidden,
       .expert_width = kWidth};
@@ -238,7 +238,7 @@ int main(int argc, char** argv) {
           batch[t * kHidden + h] = 0.5f * common[h] + normal(rng);
     }
     std::vector<float> out(static_cast<size_t>(num_tokens * kHidden));
-    moe::MoeWorkspace ws;
+    moe::MoeBlock block = moe::single_layer_block(options, layer.views);
 
     GroupedBuffers grouped;
     for (int variant = 0; variant < 3; ++variant) {
@@ -251,11 +251,11 @@ int main(int argc, char** argv) {
           grouped_forward(batches[i % num_batches].data(), num_tokens, layer.views, options,
                           out.data(), &grouped);
         } else {
-          moe::moe_layer_forward(batches[i % num_batches].data(), num_tokens, layer.views, options,
-                                 nullptr, out.data(), &ws);
+          block.forward(0, batches[i % num_batches].data(), num_tokens, layer.views.router,
+                        nullptr, nullptr, out.data());
         }
       };
-      const moe::DispatchPlan& used_plan = use_grouped ? grouped.plan : ws.plan;
+      const moe::DispatchPlan& used_plan = use_grouped ? grouped.plan : block.plan();
       call(0);
       call(1);
       Stats best{.seconds = 1e30};
@@ -282,9 +282,9 @@ int main(int argc, char** argv) {
           2.0 * num_tokens * kTopK * 3 * kHidden * kWidth + 2.0 * num_tokens * kExperts * kHidden;
       const double gbs = bytes / best.seconds / 1e9;
       const double gflops = flops / best.seconds / 1e9;
-      const std::string name = fallback      ? "moe_layer (fallback)"
+      const std::string name = fallback      ? "moe_block (fallback)"
                                : use_grouped ? "grouped experts"
-                                             : "moe_layer_forward";
+                                             : "MoeBlock::forward";
       std::printf("%-5lld %-22s %10.1f %8.1f %8d %8.1f %9.1f %5.1f%% %6.2f\n",
                   static_cast<long long>(num_tokens), name.c_str(), best.seconds * 1e6,
                   best.experts_touched, best.max_rows, gbs, gflops,
@@ -295,15 +295,15 @@ int main(int argc, char** argv) {
     {
       // The grouped variant must compute the same layer.
       std::vector<float> reference(out.size());
-      moe::moe_layer_forward(batches[0].data(), num_tokens, layer.views, options, nullptr,
-                             reference.data(), &ws);
+      block.forward(0, batches[0].data(), num_tokens, layer.views.router, nullptr, nullptr,
+                    reference.data());
       grouped_forward(batches[0].data(), num_tokens, layer.views, options, out.data(), &grouped);
       double max_diff = 0, max_ref = 0;
       for (size_t i = 0; i < out.size(); ++i) {
         max_diff = std::max(max_diff, static_cast<double>(std::fabs(out[i] - reference[i])));
         max_ref = std::max(max_ref, static_cast<double>(std::fabs(reference[i])));
       }
-      std::printf("#   T=%lld grouped vs moe_layer_forward: max |diff| %.3g of max |out| %.3g\n",
+      std::printf("#   T=%lld grouped vs MoeBlock::forward: max |diff| %.3g of max |out| %.3g\n",
                   static_cast<long long>(num_tokens), max_diff, max_ref);
     }
 
@@ -330,7 +330,7 @@ int main(int argc, char** argv) {
         timed(&t_plan, [&] { moe::plan(routing, kExperts, &plan); });
         timed(&t_dispatch, [&] { moe::dispatch(hidden, kHidden, routing, plan, rows.data()); });
         timed(&t_experts, [&] {
-          moe::run_experts(rows.data(), kHidden, kWidth, plan, layer.views.experts,
+          moe::run_experts(rows.data(), kHidden, kWidth, plan.expert_offsets, layer.views.experts,
                            expert_out.data());
         });
         timed(&t_unpermute, [&] {

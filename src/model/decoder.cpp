@@ -43,6 +43,16 @@ void add_into(float* x, const float* y, int64_t n) {
 
 const float* data_or_null(const std::vector<float>& v) { return v.empty() ? nullptr : v.data(); }
 
+bool interleaved(RopePairing pairing) {
+  switch (pairing) {
+    case RopePairing::kHalves:
+      return false;
+    case RopePairing::kInterleaved:
+      return true;
+  }
+  return false;  // unreachable: every enumerator returns above
+}
+
 // Norms inside MLA use the RMSNorm default epsilon, not the config's.
 constexpr float kMlaNormEps = 1e-6f;
 
@@ -105,9 +115,17 @@ Decoder::Decoder(const ModelConfig& config, DecoderWeights weights)
     p.selection_bias = to_f32(lw.moe.selection_bias);
   }
   final_norm_ = to_f32(weights_.final_norm);
-  moe_options_ = moe::MoeLayerOptions{.router = router_options(config_),
-                                      .hidden_size = config_.hidden_size,
-                                      .expert_width = config_.moe_intermediate_size};
+  plans_ = plan_layers(config_);
+  if (config_.num_experts > 0) {
+    std::vector<std::span<const moe::ExpertWeights>> experts(config_.num_layers);
+    for (int64_t l = 0; l < config_.num_layers; ++l) experts[l] = weights_.layers[l].moe.routed.experts;
+    const int64_t H = config_.hidden_size, I = config_.moe_intermediate_size;
+    moe_block_ = std::make_unique<moe::MoeBlock>(
+        moe::MoeBlockOptions{.router = router_options(config_), .hidden_size = H,
+                             .expert_width = I},
+        std::make_unique<moe::LocalDispatcher>(H),
+        std::make_unique<moe::ResidentExperts>(std::move(experts), H, I));
+  }
 }
 
 KvCache Decoder::make_cache(int64_t max_tokens) const {
@@ -198,10 +216,13 @@ void Decoder::forward(const ForwardBatch& batch, KvBlockPool& pool, std::span<fl
     rms_norm(ws_.x.data(), T, H, params_[l].input_norm.data(), eps, ws_.normed.data());
     {
       MOE_PROFILE_SCOPE(profile::Stage::kAttention);
-      if (config_.mla) {
-        mla_attention(l, batch, pool);
-      } else {
-        attention(l, batch, pool);
+      switch (plans_[l].attention) {
+        case AttentionKind::kGqa:
+          attention(l, batch, pool);
+          break;
+        case AttentionKind::kMla:
+          mla_attention(l, batch, pool);
+          break;
       }
     }
     add_into(ws_.x.data(), ws_.block_out.data(), T * H);
@@ -246,14 +267,20 @@ void Decoder::attention(int64_t layer, const ForwardBatch& batch, KvBlockPool& p
   cpu::linear(ws_.normed.data(), T, w.k_proj, data_or_null(p.k_bias), ws_.k.data());
   cpu::linear(ws_.normed.data(), T, w.v_proj, data_or_null(p.v_bias), ws_.v.data());
 
-  if (config_.qk_norm_per_head) {
-    rms_norm(ws_.q.data(), T * Nq, D, p.q_norm.data(), eps, ws_.q.data());
-    rms_norm(ws_.k.data(), T * Nkv, D, p.k_norm.data(), eps, ws_.k.data());
-  } else if (config_.qk_norm_full) {
-    rms_norm(ws_.q.data(), T, q_dim, p.q_norm.data(), eps, ws_.q.data());
-    rms_norm(ws_.k.data(), T, kv_dim, p.k_norm.data(), eps, ws_.k.data());
+  const LayerPlan& plan = plans_[layer];
+  switch (plan.qk_norm) {
+    case QkNormKind::kNone:
+      break;
+    case QkNormKind::kPerHead:
+      rms_norm(ws_.q.data(), T * Nq, D, p.q_norm.data(), eps, ws_.q.data());
+      rms_norm(ws_.k.data(), T * Nkv, D, p.k_norm.data(), eps, ws_.k.data());
+      break;
+    case QkNormKind::kWholeProjection:
+      rms_norm(ws_.q.data(), T, q_dim, p.q_norm.data(), eps, ws_.q.data());
+      rms_norm(ws_.k.data(), T, kv_dim, p.k_norm.data(), eps, ws_.k.data());
+      break;
   }
-  if (config_.clip_qkv) {
+  if (plan.clip_qkv) {
     const float c = static_cast<float>(*config_.clip_qkv);
     for (auto* buf : {&ws_.q, &ws_.k, &ws_.v}) {
       for (float& value : *buf) value = std::clamp(value, -c, c);
@@ -263,8 +290,8 @@ void Decoder::attention(int64_t layer, const ForwardBatch& batch, KvBlockPool& p
   for (int64_t t = 0; t < T; ++t) {
     const SequenceBatch& s = batch.sequences[slots_.sequence[t]];
     const int64_t position = slots_.position[t];
-    rope_.apply(ws_.q.data() + t * q_dim, Nq, D, position);
-    rope_.apply(ws_.k.data() + t * kv_dim, Nkv, D, position);
+    rope_.apply(ws_.q.data() + t * q_dim, Nq, D, position, interleaved(plan.rope));
+    rope_.apply(ws_.k.data() + t * kv_dim, Nkv, D, position, interleaved(plan.rope));
     std::copy_n(ws_.k.data() + t * kv_dim, kv_dim, key_row(pool, layer, s, position));
     std::copy_n(ws_.v.data() + t * kv_dim, kv_dim, value_row(pool, layer, s, position));
   }
@@ -341,8 +368,9 @@ void Decoder::mla_attention(int64_t layer, const ForwardBatch& batch, KvBlockPoo
     const int64_t position = slots_.position[t];
     float* row = ws_.latent.data() + t * width;
     rms_norm(row, 1, L, p.kv_a_norm.data(), kMlaNormEps, row);
-    rope_.apply(row + L, 1, rope_dim, position, m.rope_interleave);
-    rope_.apply(ws_.q.data() + t * Nh * qk + nope, Nh, qk, position, m.rope_interleave);
+    rope_.apply(row + L, 1, rope_dim, position, interleaved(plans_[layer].rope));
+    rope_.apply(ws_.q.data() + t * Nh * qk + nope, Nh, qk, position,
+                interleaved(plans_[layer].rope));
     std::copy_n(row, width, key_row(pool, layer, s, position));
   }
 
@@ -421,39 +449,54 @@ void Decoder::dense_mlp(const MlpWeights& mlp, int64_t T, const float* in, float
 
 void Decoder::feed_forward(int64_t layer, int64_t T) {
   const LayerWeights& lw = weights_.layers[layer];
+  const LayerPlan& plan = plans_[layer];
   const int64_t H = config_.hidden_size;
-  if (!lw.is_moe) {
-    MOE_PROFILE_SCOPE(profile::Stage::kDenseMlp);
-    dense_mlp(lw.mlp, T, ws_.normed.data(), ws_.block_out.data());
-    return;
+  switch (plan.feed_forward) {
+    case FeedForwardKind::kDenseMlp: {
+      MOE_PROFILE_SCOPE(profile::Stage::kDenseMlp);
+      dense_mlp(lw.mlp, T, ws_.normed.data(), ws_.block_out.data());
+      return;
+    }
+    case FeedForwardKind::kMoe:
+      break;
   }
   const float* shared = nullptr;
-  if (!lw.moe.shared_expert.gate_proj.empty()) {
-    MOE_PROFILE_SCOPE(profile::Stage::kSharedExperts);
-    ws_.shared.resize(T * H);
-    dense_mlp(lw.moe.shared_expert, T, ws_.normed.data(), ws_.shared.data());
-    if (!lw.moe.shared_expert_gate.empty()) {
+  switch (plan.shared_expert) {
+    case SharedExpertKind::kNone:
+      break;
+    case SharedExpertKind::kUngated: {
+      MOE_PROFILE_SCOPE(profile::Stage::kSharedExperts);
+      ws_.shared.resize(T * H);
+      dense_mlp(lw.moe.shared_expert, T, ws_.normed.data(), ws_.shared.data());
+      shared = ws_.shared.data();
+      break;
+    }
+    case SharedExpertKind::kSigmoidGated: {
+      MOE_PROFILE_SCOPE(profile::Stage::kSharedExperts);
+      ws_.shared.resize(T * H);
+      dense_mlp(lw.moe.shared_expert, T, ws_.normed.data(), ws_.shared.data());
       std::vector<float> gate_logit(T);
       cpu::linear(ws_.normed.data(), T, lw.moe.shared_expert_gate, nullptr, gate_logit.data());
       for (int64_t t = 0; t < T; ++t) {
         const float g = 1.0f / (1.0f + std::exp(-gate_logit[t]));
         for (int64_t h = 0; h < H; ++h) ws_.shared[t * H + h] *= g;
       }
+      shared = ws_.shared.data();
+      break;
     }
-    shared = ws_.shared.data();
   }
-  moe::MoeLayerOptions options = moe_options_;
-  options.router.selection_bias = data_or_null(params_[layer].selection_bias);
   moe::RouteAdjust adjust;
   if (routing_override_) {
     adjust = [&](const float* logits, const moe::RouterOptions& router, moe::Routing& routing) {
       routing_override_(layer, logits, router, routing);
     };
   }
-  moe::moe_layer_forward(ws_.normed.data(), T, lw.moe.routed, options, shared,
-                         ws_.block_out.data(), &ws_.moe, adjust);
-  if (routing_observer_) routing_observer_(layer, ws_.moe.routing);
-  if (profile::Profiler* p = profile::active()) p->record_routing(layer, ws_.moe.routing.topk_ids);
+  moe_block_->forward(layer, ws_.normed.data(), T, lw.moe.routed.router,
+                      data_or_null(params_[layer].selection_bias), shared, ws_.block_out.data(),
+                      adjust);
+  const moe::Routing& routing = moe_block_->routing();
+  if (routing_observer_) routing_observer_(layer, routing);
+  if (profile::Profiler* p = profile::active()) p->record_routing(layer, routing.topk_ids);
 }
 
 }  // namespace moeinfer

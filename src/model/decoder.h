@@ -6,14 +6,16 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <vector>
 
 #include "io/model_config.h"
 #include "kv/kv_cache.h"
+#include "model/layer_plan.h"
 #include "model/rope.h"
 #include "model/weights.h"
-#include "moe/moe_layer.h"
+#include "moe/moe_block.h"
 
 namespace moeinfer {
 
@@ -75,7 +77,6 @@ class Decoder {
   struct Workspace {
     std::vector<float> x, normed, q, k, v, attn, block_out, shared, gate, up;
     std::vector<float> q_lora, latent, q_latent, o_latent, head_out;  // MLA
-    moe::MoeWorkspace moe;
   };
 
   // Where each of the step's token rows belongs.
@@ -101,7 +102,8 @@ class Decoder {
   float attention_scale_;
   std::vector<LayerParams> params_;
   std::vector<float> final_norm_;
-  moe::MoeLayerOptions moe_options_;
+  std::vector<LayerPlan> plans_;
+  std::unique_ptr<moe::MoeBlock> moe_block_;  // null without MoE layers
   Workspace ws_;
   TokenSlots slots_;
   RoutingObserver routing_observer_;

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "moe/moe_layer.h"
+#include "moe/stages.h"
 
 namespace moeinfer {
 

@@ -176,11 +176,13 @@ void dispatch(const float* hidden, int64_t hidden_size, const Routing& routing,
 }
 
 void run_experts(const float* rows, int64_t hidden_size, int64_t expert_width,
-                 const DispatchPlan& plan, std::span<const ExpertWeights> experts, float* out) {
-  const int64_t num_experts = static_cast<int64_t>(plan.expert_counts.size());
-  MOE_CHECK(static_cast<int64_t>(experts.size()) == num_experts, "plan has ", num_experts,
-            " experts but ", experts.size(), " weight sets were given");
-  const int64_t num_rows = plan.expert_offsets[num_experts];
+                 std::span<const int32_t> expert_offsets, std::span<const ExpertWeights> experts,
+                 float* out) {
+  const int64_t num_experts = static_cast<int64_t>(experts.size());
+  MOE_CHECK(static_cast<int64_t>(expert_offsets.size()) == num_experts + 1, "the rows hold ",
+            static_cast<int64_t>(expert_offsets.size()) - 1, " experts but ", num_experts,
+            " weight sets were given");
+  const int64_t num_rows = expert_offsets[num_experts];
   std::vector<float> gate(num_rows * expert_width);  // [T*K, I] in plan order
   std::vector<float> up(num_rows * expert_width);    // [T*K, I]
   // Every expert's products run in one grouped call: the workers stream all selected experts'
@@ -188,9 +190,9 @@ void run_experts(const float* rows, int64_t hidden_size, int64_t expert_width,
   std::vector<cpu::LinearProblem> problems;
   problems.reserve(2 * num_experts);
   for (int64_t e = 0; e < num_experts; ++e) {
-    const int64_t n = plan.expert_counts[e];
+    const int64_t first = expert_offsets[e];
+    const int64_t n = expert_offsets[e + 1] - first;
     if (n == 0) continue;
-    const int64_t first = plan.expert_offsets[e];
     const float* x = rows + first * hidden_size;
     problems.push_back({.x = x, .num_rows = n, .weight = experts[e].gate,
                         .y = gate.data() + first * expert_width});
@@ -206,9 +208,9 @@ void run_experts(const float* rows, int64_t hidden_size, int64_t expert_width,
   }, 4096);
   problems.clear();
   for (int64_t e = 0; e < num_experts; ++e) {
-    const int64_t n = plan.expert_counts[e];
+    const int64_t first = expert_offsets[e];
+    const int64_t n = expert_offsets[e + 1] - first;
     if (n == 0) continue;
-    const int64_t first = plan.expert_offsets[e];
     problems.push_back({.x = gate.data() + first * expert_width, .num_rows = n,
                         .weight = experts[e].down, .y = out + first * hidden_size});
   }

@@ -60,6 +60,12 @@ struct ExpertWeights {
   TensorView down;  // [H, I]
 };
 
+// One layer's routed experts as the checkpoint holds them.
+struct RoutedExperts {
+  TensorView router;                   // [E, H]
+  std::vector<ExpertWeights> experts;  // [E]
+};
+
 // route: router logits [T, E] -> top-k experts and weights. Ties go to the lower expert id.
 void route(const float* logits, int64_t num_tokens, const RouterOptions& options, Routing* out);
 
@@ -74,13 +80,14 @@ void plan(const Routing& routing, int64_t num_experts, DispatchPlan* out);
 void dispatch(const float* hidden, int64_t hidden_size, const Routing& routing,
               const DispatchPlan& plan, float* rows);
 
-// experts: expert-ordered rows [T*K, H] -> expert outputs [T*K, H], one grouped pass.
+// experts: expert-ordered rows [M, H] -> expert outputs [M, H], one grouped pass; expert e
+// (experts[e]) owns rows [expert_offsets[e], expert_offsets[e + 1]), M = expert_offsets.back().
 void run_experts(const float* rows, int64_t hidden_size, int64_t expert_width,
-                 const DispatchPlan& plan, std::span<const ExpertWeights> experts, float* out);
+                 std::span<const int32_t> expert_offsets, std::span<const ExpertWeights> experts,
+                 float* out);
 
-// combine: brings expert outputs back to their source; a no-op on one device, where the
-// outputs already sit in this process's memory in plan order.
-inline const float* combine(const float* expert_out) { return expert_out; }
+// combine: brings expert outputs back to their source (TokenDispatcher::combine, moe_block.h);
+// on one device the outputs already sit in this process in plan order and unpermute follows.
 
 // unpermute: out[t] = sum_k weight[t,k] * expert_out[inverse[t*K+k]] (+ shared[t]).
 void unpermute(const float* expert_out, int64_t hidden_size, const Routing& routing,

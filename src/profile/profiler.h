@@ -21,7 +21,7 @@
 //   { MOE_PROFILE_SCOPE(profile::Stage::kPlan); plan(...); }
 //
 // The profiler is an observer installed per thread rather than an argument because the stages
-// it times sit below interfaces (Decoder::forward, moe_layer_forward) that have no business
+// it times sit below interfaces (Decoder::forward, MoeBlock::forward) that have no business
 // carrying it; only the thread that drives a forward pass records (parallel_for workers run
 // inside the caller's scopes).
 #pragma once

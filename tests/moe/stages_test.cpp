@@ -6,7 +6,7 @@
 #include <random>
 
 #include "backend/cpu/gemm.h"
-#include "moe/moe_layer.h"
+#include "moe/moe_block.h"
 #include "moe/stages.h"
 
 namespace moeinfer::moe {
@@ -172,14 +172,14 @@ TEST(MoeLayer, MatchesPerTokenLoopAtAwkwardSizes) {
     weights.experts.push_back({.gate = random_view(I, H), .up = random_view(I, H),
                                .down = random_view(H, I)});
   }
-  const MoeLayerOptions options{.router = {.num_experts = E, .top_k = K, .renormalize = true},
+  const MoeBlockOptions options{.router = {.num_experts = E, .top_k = K, .renormalize = true},
                                 .hidden_size = H, .expert_width = I};
   for (int64_t T : {1, 2, 19}) {
     std::vector<float> hidden(T * H);
     for (float& v : hidden) v = normal(rng);
     std::vector<float> out(T * H, NAN);
-    MoeWorkspace ws;
-    moe_layer_forward(hidden.data(), T, weights, options, nullptr, out.data(), &ws);
+    MoeBlock block = single_layer_block(options, weights);
+    block.forward(0, hidden.data(), T, weights.router, nullptr, nullptr, out.data());
 
     std::vector<float> logits(T * E);
     cpu::linear(hidden.data(), T, weights.router, nullptr, logits.data());

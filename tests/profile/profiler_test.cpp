@@ -16,7 +16,7 @@
 
 #include "core/error.h"
 #include "model/model.h"
-#include "moe/moe_layer.h"
+#include "moe/moe_block.h"
 #include "profile/report.h"
 
 namespace moeinfer::profile {
@@ -267,20 +267,20 @@ TEST(Profiler, MoeLayerReportsEveryStage) {
   for (int64_t e = 0; e < E; ++e) {
     weights.experts.push_back({.gate = view(I, H), .up = view(I, H), .down = view(H, I)});
   }
-  const moe::MoeLayerOptions options{.router = {.num_experts = E, .top_k = K, .renormalize = true},
+  const moe::MoeBlockOptions options{.router = {.num_experts = E, .top_k = K, .renormalize = true},
                                      .hidden_size = H,
                                      .expert_width = I};
   const std::vector<float> hidden = random(T * H);
   std::vector<float> off(T * H), on(T * H);
-  moe::MoeWorkspace ws;
-  moe::moe_layer_forward(hidden.data(), T, weights, options, nullptr, off.data(), &ws);
+  moe::MoeBlock block = moe::single_layer_block(options, weights);
+  block.forward(0, hidden.data(), T, weights.router, nullptr, nullptr, off.data());
 
   Profiler profiler(ProfilerOptions{.num_layers = 2, .num_experts = E});
   {
     ActiveProfiler guard(&profiler);
     profiler.begin_step(T);
     MOE_PROFILE_LAYER(1);
-    moe::moe_layer_forward(hidden.data(), T, weights, options, nullptr, on.data(), &ws);
+    block.forward(0, hidden.data(), T, weights.router, nullptr, nullptr, on.data());
     profiler.end_step();
   }
   EXPECT_EQ(on, off);

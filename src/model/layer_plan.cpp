@@ -1,0 +1,33 @@
+#include "model/layer_plan.h"
+
+#include "core/error.h"
+
+namespace moeinfer {
+
+std::vector<LayerPlan> plan_layers(const ModelConfig& config) {
+  MOE_CHECK(static_cast<int64_t>(config.layer_is_moe.size()) == config.num_layers, "the config marks ",
+            config.layer_is_moe.size(), " layers dense or MoE, it has ", config.num_layers);
+  MOE_CHECK(!(config.qk_norm_per_head && config.qk_norm_full),
+            "a config cannot norm q and k both per head and over the whole projection");
+  LayerPlan base;
+  base.attention = config.mla ? AttentionKind::kMla : AttentionKind::kGqa;
+  base.qk_norm = config.qk_norm_per_head ? QkNormKind::kPerHead
+                 : config.qk_norm_full   ? QkNormKind::kWholeProjection
+                                         : QkNormKind::kNone;
+  base.clip_qkv = config.clip_qkv.has_value();
+  base.rope = config.mla && config.mla->rope_interleave ? RopePairing::kInterleaved
+                                                        : RopePairing::kHalves;
+  const SharedExpertKind shared = config.shared_expert_intermediate_size <= 0
+                                      ? SharedExpertKind::kNone
+                                  : config.shared_expert_gated ? SharedExpertKind::kSigmoidGated
+                                                               : SharedExpertKind::kUngated;
+  std::vector<LayerPlan> plans(static_cast<size_t>(config.num_layers), base);
+  for (int64_t l = 0; l < config.num_layers; ++l) {
+    if (!config.layer_is_moe[l]) continue;
+    plans[l].feed_forward = FeedForwardKind::kMoe;
+    plans[l].shared_expert = shared;
+  }
+  return plans;
+}
+
+}  // namespace moeinfer

@@ -1,0 +1,52 @@
+// The per-layer decisions of a config, made once: which attention, which q/k norm, dense or MoE,
+// which shared expert, which RoPE pairing. Both decoders switch on these enums without a
+// `default`, so a family quirk added here does not compile until every device handles it.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "io/model_config.h"
+
+namespace moeinfer {
+
+enum class AttentionKind {
+  kGqa,  // grouped-query attention over per-head keys and values (MHA and MQA included)
+  kMla,  // DeepSeek's multi-head latent attention over a [latent | rope key] cache
+};
+
+enum class QkNormKind {
+  kNone,
+  kPerHead,          // Qwen3-MoE: RMSNorm over each head's D values
+  kWholeProjection,  // OLMoE: RMSNorm over the whole q and k projections
+};
+
+enum class FeedForwardKind {
+  kDenseMlp,
+  kMoe,  // routed experts (with the shared expert below, if any)
+};
+
+enum class SharedExpertKind {
+  kNone,
+  kUngated,       // DeepSeek: added as it is
+  kSigmoidGated,  // Qwen2-MoE: scaled by sigmoid(x . shared_expert_gate)
+};
+
+enum class RopePairing {
+  kHalves,       // (i, i + D/2), transformers' rotate_half
+  kInterleaved,  // (2i, 2i + 1), DeepSeek's rope_interleave
+};
+
+struct LayerPlan {
+  AttentionKind attention = AttentionKind::kGqa;
+  QkNormKind qk_norm = QkNormKind::kNone;
+  bool clip_qkv = false;  // OLMoE: clamp q, k and v to +-clip_qkv
+  RopePairing rope = RopePairing::kHalves;
+  FeedForwardKind feed_forward = FeedForwardKind::kDenseMlp;
+  SharedExpertKind shared_expert = SharedExpertKind::kNone;  // kNone in dense layers
+};
+
+// One plan per layer, in layer order.
+std::vector<LayerPlan> plan_layers(const ModelConfig& config);
+
+}  // namespace moeinfer

@@ -1,0 +1,95 @@
+#include "moe/moe_block.h"
+
+#include "backend/cpu/gemm.h"
+#include "core/error.h"
+#include "profile/profiler.h"
+
+namespace moeinfer::moe {
+
+ExpertRows LocalDispatcher::dispatch(int64_t /*layer*/, const RoutedTokens& tokens) {
+  const DispatchPlan& plan = *tokens.plan;
+  rows_.resize(plan.src_row.size() * static_cast<size_t>(hidden_size_));
+  moe::dispatch(tokens.hidden, hidden_size_, *tokens.routing, plan, rows_.data());
+  return {.rows = rows_.data(), .expert_offsets = plan.expert_offsets, .first_expert = 0};
+}
+
+void LocalDispatcher::combine(int64_t /*layer*/, const float* expert_out,
+                              const RoutedTokens& tokens, const float* shared, float* out) {
+  {
+    // Nothing crosses a wire: the outputs are already in this process, in plan order.
+    MOE_PROFILE_SCOPE(profile::Stage::kCombine);
+  }
+  MOE_PROFILE_SCOPE(profile::Stage::kUnpermute);
+  unpermute(expert_out, hidden_size_, *tokens.routing, *tokens.plan, shared, out);
+}
+
+ResidentExperts::ResidentExperts(std::vector<std::span<const ExpertWeights>> experts,
+                                 int64_t hidden_size, int64_t expert_width)
+    : experts_(std::move(experts)), hidden_size_(hidden_size), expert_width_(expert_width) {}
+
+void ResidentExperts::run(int64_t layer, const ExpertRows& rows, float* out) {
+  MOE_CHECK(layer >= 0 && layer < static_cast<int64_t>(experts_.size()), "layer ", layer,
+            " outside the ", experts_.size(), " layers of resident experts");
+  const std::span<const ExpertWeights> all = experts_[layer];
+  const int64_t count = static_cast<int64_t>(rows.expert_offsets.size()) - 1;
+  MOE_CHECK(count >= 0 && rows.first_expert >= 0 &&
+                rows.first_expert + count <= static_cast<int64_t>(all.size()),
+            "experts [", rows.first_expert, ", ", rows.first_expert + count, ") outside layer ",
+            layer, "'s ", all.size());
+  run_experts(rows.rows, hidden_size_, expert_width_, rows.expert_offsets,
+              all.subspan(static_cast<size_t>(rows.first_expert), static_cast<size_t>(count)),
+              out);
+}
+
+MoeBlock::MoeBlock(MoeBlockOptions options, std::unique_ptr<TokenDispatcher> dispatcher,
+                   std::unique_ptr<ExpertRunner> runner)
+    : options_(options), dispatcher_(std::move(dispatcher)), runner_(std::move(runner)) {
+  MOE_CHECK(dispatcher_ && runner_, "an MoE block needs a dispatcher and an expert runner");
+  validate(options_.router);
+}
+
+void MoeBlock::forward(int64_t layer, const float* hidden, int64_t num_tokens,
+                       const TensorView& router, const float* selection_bias,
+                       const float* shared, float* out, const RouteAdjust& adjust) {
+  const int64_t E = options_.router.num_experts;
+  const int64_t H = options_.hidden_size;
+  MOE_CHECK(router.shape.rank() == 2 && router.shape[0] == E && router.shape[1] == H,
+            "layer ", layer, "'s router is not [", E, ", ", H, "]");
+  RouterOptions router_options = options_.router;
+  router_options.selection_bias = selection_bias;
+  {
+    MOE_PROFILE_SCOPE(profile::Stage::kRoute);
+    logits_.resize(num_tokens * E);
+    cpu::linear(hidden, num_tokens, router, nullptr, logits_.data());
+    route(logits_.data(), num_tokens, router_options, &routing_);
+    if (adjust) adjust(logits_.data(), router_options, routing_);
+  }
+  {
+    MOE_PROFILE_SCOPE(profile::Stage::kPlan);
+    moe::plan(routing_, E, &plan_);
+  }
+  const RoutedTokens tokens{
+      .hidden = hidden, .num_tokens = num_tokens, .routing = &routing_, .plan = &plan_};
+  runner_->on_routed(layer, tokens);
+  ExpertRows rows;
+  {
+    MOE_PROFILE_SCOPE(profile::Stage::kDispatch);
+    rows = dispatcher_->dispatch(layer, tokens);
+  }
+  const int64_t M = rows.expert_offsets.empty() ? 0 : rows.expert_offsets.back();
+  expert_out_.resize(M * H);
+  {
+    MOE_PROFILE_SCOPE(profile::Stage::kExperts);
+    runner_->run(layer, rows, expert_out_.data());
+  }
+  dispatcher_->combine(layer, expert_out_.data(), tokens, shared, out);
+}
+
+MoeBlock single_layer_block(const MoeBlockOptions& options, const RoutedExperts& weights) {
+  return MoeBlock(options, std::make_unique<LocalDispatcher>(options.hidden_size),
+                  std::make_unique<ResidentExperts>(
+                      std::vector<std::span<const ExpertWeights>>{weights.experts},
+                      options.hidden_size, options.expert_width));
+}
+
+}  // namespace moeinfer::moe

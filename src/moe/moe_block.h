@@ -1,0 +1,123 @@
+// The MoE layer as one unit (../shared/DESIGN.md, "The MoE block"), on the CPU: the block owns
+// route and plan and delegates the two things that vary to strategies,
+//   route -> plan -> dispatcher.dispatch -> runner.run -> dispatcher.combine,
+// a TokenDispatcher (where the rows go: here, on this process; the all-to-all of expert
+// parallelism later) and an ExpertRunner (where the experts live: resident here; a cache over
+// host memory with offloading). The stage hand-offs are the typed structs below.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "moe/stages.h"
+
+namespace moeinfer::moe {
+
+struct MoeBlockOptions {
+  RouterOptions router;      // selection_bias is per layer: see MoeBlock::forward
+  int64_t hidden_size = 0;   // H
+  int64_t expert_width = 0;  // I
+};
+
+// route + plan: what the strategies read.
+struct RoutedTokens {
+  const float* hidden = nullptr;  // [T, H]
+  int64_t num_tokens = 0;         // T
+  const Routing* routing = nullptr;
+  const DispatchPlan* plan = nullptr;
+};
+
+// What the experts stage reads: rows in expert order, expert first_expert + e owning rows
+// [expert_offsets[e], expert_offsets[e + 1]).
+struct ExpertRows {
+  const float* rows = nullptr;  // [expert_offsets.back(), H]
+  std::span<const int32_t> expert_offsets;
+  int64_t first_expert = 0;
+};
+
+// Where the rows go and how the outputs come back.
+class TokenDispatcher {
+ public:
+  virtual ~TokenDispatcher() = default;
+  virtual ExpertRows dispatch(int64_t layer, const RoutedTokens& tokens) = 0;
+  // out[T, H] = shared[t] (when given) + sum_k weight[t, k] * expert_out[row of (t, k)].
+  virtual void combine(int64_t layer, const float* expert_out, const RoutedTokens& tokens,
+                       const float* shared, float* out) = 0;
+};
+
+// Where the experts live and how they run.
+class ExpertRunner {
+ public:
+  virtual ~ExpertRunner() = default;
+  // The layer's routing, before dispatch: where a cache starts its copies.
+  virtual void on_routed(int64_t /*layer*/, const RoutedTokens& /*tokens*/) {}
+  // out[r] = expert(rows[r]) for every row, in the order of `rows`.
+  virtual void run(int64_t layer, const ExpertRows& rows, float* out) = 0;
+};
+
+// Every row stays in this process: dispatch copies each token's hidden row to its K expert-order
+// rows, combine is the weighted sum back (unpermute).
+class LocalDispatcher final : public TokenDispatcher {
+ public:
+  explicit LocalDispatcher(int64_t hidden_size) : hidden_size_(hidden_size) {}
+  ExpertRows dispatch(int64_t layer, const RoutedTokens& tokens) override;
+  void combine(int64_t layer, const float* expert_out, const RoutedTokens& tokens,
+               const float* shared, float* out) override;
+
+ private:
+  int64_t hidden_size_;
+  std::vector<float> rows_;  // [T*K, H]
+};
+
+// Every expert of every layer resident in the checkpoint's memory.
+class ResidentExperts final : public ExpertRunner {
+ public:
+  // experts[l]: layer l's experts (empty for a dense layer); the views must outlive this.
+  ResidentExperts(std::vector<std::span<const ExpertWeights>> experts, int64_t hidden_size,
+                  int64_t expert_width);
+  void run(int64_t layer, const ExpertRows& rows, float* out) override;
+
+ private:
+  std::vector<std::span<const ExpertWeights>> experts_;
+  int64_t hidden_size_, expert_width_;
+};
+
+// Called between route and plan with the router logits [T, E]; it may change the routing, as a
+// test does that replays another device's choices (moe::route_weights gives their weights).
+using RouteAdjust =
+    std::function<void(const float* logits, const RouterOptions& options, Routing& routing)>;
+
+class MoeBlock {
+ public:
+  MoeBlock(MoeBlockOptions options, std::unique_ptr<TokenDispatcher> dispatcher,
+           std::unique_ptr<ExpertRunner> runner);
+
+  // out[T, H] = sum over each token's K experts of weight * expert(hidden) (+ shared[T, H]),
+  // routed by `router` ([E, H]) with the layer's selection bias ([E] or null).
+  void forward(int64_t layer, const float* hidden, int64_t num_tokens, const TensorView& router,
+               const float* selection_bias, const float* shared, float* out,
+               const RouteAdjust& adjust = {});
+
+  // The last forward's routing and plan.
+  const Routing& routing() const { return routing_; }
+  const DispatchPlan& plan() const { return plan_; }
+
+ private:
+  MoeBlockOptions options_;
+  std::unique_ptr<TokenDispatcher> dispatcher_;
+  std::unique_ptr<ExpertRunner> runner_;
+  // Reused across calls so that a decode step allocates nothing once warm.
+  std::vector<float> logits_;      // [T, E]
+  std::vector<float> expert_out_;  // [T*K, H]
+  Routing routing_;
+  DispatchPlan plan_;
+};
+
+// A block with the local dispatcher and resident experts over one layer's experts, at layer 0
+// (tests and benchmarks of a single layer).
+MoeBlock single_layer_block(const MoeBlockOptions& options, const RoutedExperts& weights);
+
+}  // namespace moeinfer::moe
