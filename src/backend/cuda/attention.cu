@@ -42,6 +42,12 @@ void check_decode(const PagedDecodeParams& p) {
   MOE_CHECK(p.scale > 0.0f, "scale = ", p.scale, " must be positive");
   MOE_CHECK(p.sliding_window >= 0, "sliding_window = ", p.sliding_window,
             " must be 0 (none) or positive");
+  MOE_CHECK(p.fixed_chunk >= 0 && p.fixed_chunk % 32 == 0, "fixed_chunk = ", p.fixed_chunk,
+            " must be 0 or a positive multiple of 32");
+  MOE_CHECK(p.fixed_chunk == 0 || p.tensor_cores, "fixed_chunk = ", p.fixed_chunk,
+            " needs the tensor-core kernel (the CUDA-core one holds at most ", kDecodeMaxChunk,
+            " scores of a split)");
+  detail::check_int32_range(p.fixed_chunk, "fixed_chunk");
 }
 
 template <int D>
@@ -129,6 +135,14 @@ void launch_prefill(const PrefillParams& p, cudaStream_t stream) {
 }  // namespace
 
 DecodeSplit paged_decode_split(const PagedDecodeParams& p) {
+  if (p.fixed_chunk > 0) {
+    // Planned over the bound for the grid; each sequence uses the splits its own keys need.
+    const int64_t keys =
+        p.sliding_window > 0 ? std::min(p.max_seq_len, p.sliding_window) : p.max_seq_len;
+    return DecodeSplit{
+        .chunk = p.fixed_chunk,
+        .num_splits = std::max<int64_t>(2, (keys + p.fixed_chunk - 1) / p.fixed_chunk)};
+  }
   const int64_t units =
       std::max<int64_t>(1, p.num_seqs * p.num_kv_heads * attn::decode_head_tiles(p));
   const int64_t want_splits = std::max<int64_t>(1, (kDecodeTargetBlocks + units - 1) / units);

@@ -89,11 +89,27 @@ struct PagedDecodeParams {
   // (bench/RESULTS.md, 2026-11-30). false: the float32 CUDA-core kernel, kept as a second
   // implementation to test against.
   bool tensor_cores = true;
+  // > 0 (--deterministic): every sequence's keys are cut into splits of this many (a multiple
+  // of 32, tensor cores only) whatever the batch, and the splits always go through the
+  // workspace and the combine kernel, even a sequence that needs one: a query's reduction order
+  // then depends on its own length alone (batch_invariant_chunk). 0: splits sized to fill the
+  // GPU for this batch, a single split written directly.
+  int64_t fixed_chunk = 0;
 };
 
-// Tokens per split the launcher will use (a multiple of 32, at most 512) and the split count,
-// planned over min(max_seq_len, sliding_window) keys; each sequence's splits start at the
-// first key of its window.
+// The keys per split of --deterministic for a context of max_seq_len: at least 256, and few
+// enough splits (at most kBatchInvariantMaxSplits) that the workspace stays bounded; a multiple
+// of 64, so that it serves the GQA and the MLA decode kernels alike.
+inline constexpr int64_t kBatchInvariantMaxSplits = 16;
+inline int64_t batch_invariant_chunk(int64_t max_seq_len) {
+  const int64_t spread = (max_seq_len + kBatchInvariantMaxSplits - 1) / kBatchInvariantMaxSplits;
+  const int64_t chunk = spread > 256 ? spread : 256;
+  return (chunk + 63) / 64 * 64;
+}
+
+// Tokens per split the launcher will use (a multiple of 32, at most 512 on CUDA cores) and the
+// split count, planned over min(max_seq_len, sliding_window) keys; each sequence's splits start
+// at the first key of its window. With fixed_chunk: that chunk, and at least two splits.
 struct DecodeSplit {
   int64_t chunk = 0;
   int64_t num_splits = 0;

@@ -53,11 +53,21 @@ void check_mla(const MlaDecodeParams& p) {
   MOE_CHECK(p.max_seq_len <= (int64_t{1} << 30), "max_seq_len = ", p.max_seq_len, " exceeds 2^30");
   MOE_CHECK(p.scale > 0.0f && std::isfinite(p.scale), "scale = ", p.scale,
             " must be positive and finite");
+  MOE_CHECK(p.fixed_chunk >= 0 && p.fixed_chunk % kMlaChunkQuantum == 0 &&
+                p.fixed_chunk <= (int64_t{1} << 30),
+            "fixed_chunk = ", p.fixed_chunk, " must be 0 or a positive multiple of ",
+            kMlaChunkQuantum, " up to 2^30");
 }
 
 }  // namespace
 
 MlaDecodeSplit mla_decode_split(const MlaDecodeParams& p) {
+  if (p.fixed_chunk > 0) {
+    const int64_t len = std::max<int64_t>(1, p.max_seq_len);
+    return MlaDecodeSplit{
+        .chunk = p.fixed_chunk,
+        .num_splits = std::max<int64_t>(2, (len + p.fixed_chunk - 1) / p.fixed_chunk)};
+  }
   const int64_t units = std::max<int64_t>(1, std::max<int64_t>(p.num_seqs, 0) * head_tiles(p));
   const int64_t want_splits = std::max<int64_t>(1, (kMlaTargetBlocks + units - 1) / units);
   const int64_t len = std::max<int64_t>(1, p.max_seq_len);

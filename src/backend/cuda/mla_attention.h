@@ -56,11 +56,16 @@ struct MlaDecodeParams {
   int64_t max_blocks_per_seq = 0;
   int64_t max_seq_len = 0;  // host-known bound on seq_lens: sizes the split grid
   float scale = 0.0f;       // softmax scale (DeepSeek: mscale^2 / sqrt(qk_head_dim))
+  // > 0 (--deterministic): splits of this many keys (a multiple of 64) for every row whatever
+  // the batch, always through the workspace and the combine kernel, so that a row's reduction
+  // order depends on its own length alone (batch_invariant_chunk in attention.h). 0: splits
+  // sized to fill the GPU for this batch.
+  int64_t fixed_chunk = 0;
 };
 
 // Keys per split (a multiple of 64) and the split count, planned over max_seq_len so that
 // B x ceil(Nh / 16) x splits fills the GPU; one split (no workspace) once B x ceil(Nh / 16)
-// alone does.
+// alone does. With fixed_chunk: that chunk, and at least two splits.
 struct MlaDecodeSplit {
   int64_t chunk = 0;
   int64_t num_splits = 0;
