@@ -12,47 +12,21 @@
 #include <map>
 #include <vector>
 
+#include "../support/engine_runs.h"
 #include "cuda_test_util.h"
 #include "runtime/engine.h"
 
 namespace moeinfer {
 namespace {
 
-const std::filesystem::path kDemo =
-    std::filesystem::path(MOE_FIXTURES_DIR) / ".." / ".." / "models" / "demo";
-
-struct Sequence {
-  std::vector<int32_t> tokens;
-  std::vector<TokenLogprob> prompt_logprobs;
-};
-
-std::map<std::pair<RequestId, int64_t>, Sequence> run_all(Engine& engine) {
-  std::map<std::pair<RequestId, int64_t>, Sequence> done;
-  while (engine.has_unfinished()) {
-    for (const RequestOutput& out : engine.step()) {
-      Sequence& s = done[{out.id, out.index}];
-      s.tokens.insert(s.tokens.end(), out.token_ids.begin(), out.token_ids.end());
-      if (!out.prompt_logprobs.empty()) s.prompt_logprobs = out.prompt_logprobs;
-    }
-  }
-  return done;
-}
-
 std::unique_ptr<Engine> engine_on(const std::string& device) {
-  return Engine::load(kDemo, EngineConfig{.max_num_seqs = 8,
-                                          .max_num_batched_tokens = 64,
-                                          .block_size = 16,
-                                          .num_kv_blocks = 64,
-                                          .max_model_len = 256,
-                                          .device = device,
-                                          .gpu_memory_fraction = 0.5});
-}
-
-GenerationParams sampled(int64_t max_tokens, uint64_t seed) {
-  return {.sampling = {.temperature = 1.0f, .seed = seed},
-          .has_seed = true,
-          .max_tokens = max_tokens,
-          .ignore_eos = true};
+  return Engine::load(testing::kDemoModel, EngineConfig{.max_num_seqs = 8,
+                                                        .max_num_batched_tokens = 64,
+                                                        .block_size = 16,
+                                                        .num_kv_blocks = 64,
+                                                        .max_model_len = 256,
+                                                        .device = device,
+                                                        .gpu_memory_fraction = 0.5});
 }
 
 void logit_bias_holds_on_the_gpu() {
@@ -60,20 +34,20 @@ void logit_bias_holds_on_the_gpu() {
   const std::vector<int32_t> prompt = gpu->tokenizer().encode("Once upon a time there was", true);
   const GenerationParams greedy{.max_tokens = 8, .ignore_eos = true};
   const RequestId plain = gpu->add_request(prompt, greedy);
-  const Sequence first = run_all(*gpu).at({plain, 0});
+  const testing::SequenceRun first = testing::run_sequences(*gpu).at({plain, 0});
   ASSERT_EQ(first.tokens.size(), 8u);
   GenerationParams banned = greedy;
   banned.sampling.logit_bias = {{first.tokens[0], -100.0f}};
   const RequestId b = gpu->add_request(prompt, banned);
   // A request the GPU sampler takes in the same batch is not disturbed.
   const RequestId beside = gpu->add_request(prompt, greedy);
-  const auto done = run_all(*gpu);
+  const auto done = testing::run_sequences(*gpu);
   for (int32_t t : done.at({b, 0}).tokens) EXPECT_NE(t, first.tokens[0]);
   EXPECT_EQ(done.at({beside, 0}).tokens, first.tokens);
-  GenerationParams forced = sampled(8, 11);
+  GenerationParams forced = testing::seeded_sampling(8, 11);
   forced.sampling.logit_bias = {{1234, 100.0f}};
   const RequestId f = gpu->add_request(prompt, forced);
-  EXPECT_EQ(run_all(*gpu).at({f, 0}).tokens, std::vector<int32_t>(8, 1234));
+  EXPECT_EQ(testing::run_sequences(*gpu).at({f, 0}).tokens, std::vector<int32_t>(8, 1234));
   EXPECT_EQ(gpu->stats().kv.num_used, 0);
 }
 
@@ -85,7 +59,8 @@ void prompt_logprobs_match_the_cpu() {
     auto engine = engine_on(device);
     const std::vector<int32_t> prompt = engine->tokenizer().encode(text, true);
     const RequestId id = engine->add_request(prompt, params);
-    (std::string(device) == "cpu" ? want : got) = run_all(*engine).at({id, 0}).prompt_logprobs;
+    (std::string(device) == "cpu" ? want : got) =
+        testing::run_sequences(*engine).at({id, 0}).prompt_logprobs;
     EXPECT_EQ(engine->stats().kv.num_used, 0);
   }
   ASSERT_EQ(got.size(), want.size());
@@ -103,13 +78,13 @@ void n_sequences_equal_single_requests() {
   const std::vector<int32_t> prompt = gpu->tokenizer().encode("A fortune cookie says:", true);
   std::vector<std::vector<int32_t>> singles;
   for (uint64_t i = 0; i < 3; ++i) {
-    const RequestId id = gpu->add_request(prompt, sampled(16, 77 + i));
-    singles.push_back(run_all(*gpu).at({id, 0}).tokens);
+    const RequestId id = gpu->add_request(prompt, testing::seeded_sampling(16, 77 + i));
+    singles.push_back(testing::run_sequences(*gpu).at({id, 0}).tokens);
   }
-  GenerationParams params = sampled(16, 77);
+  GenerationParams params = testing::seeded_sampling(16, 77);
   params.num_sequences = 3;
   const RequestId id = gpu->add_request(prompt, params);
-  const auto done = run_all(*gpu);
+  const auto done = testing::run_sequences(*gpu);
   for (int64_t i = 0; i < 3; ++i)
     EXPECT_EQ(done.at({id, i}).tokens, singles[i]) << "sequence " << i;
   // An abort mid-decode frees every sequence's blocks.

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "../support/engine_runs.h"
 #include "runtime/engine.h"
 
 namespace moeinfer {
@@ -17,34 +18,12 @@ namespace {
 
 using json = nlohmann::json;
 
-const std::filesystem::path kDemo =
-    std::filesystem::path(MOE_FIXTURES_DIR) / ".." / ".." / "models" / "demo";
-
-struct Sequence {
-  std::string text;
-  FinishReason finish = FinishReason::kNone;
-  int64_t num_tokens = 0;
-};
-
-std::map<std::pair<RequestId, int64_t>, Sequence> run_all(Engine& engine) {
-  std::map<std::pair<RequestId, int64_t>, Sequence> done;
-  while (engine.has_unfinished()) {
-    for (const RequestOutput& out : engine.step()) {
-      Sequence& s = done[{out.id, out.index}];
-      s.text += out.text;
-      s.num_tokens += static_cast<int64_t>(out.token_ids.size());
-      if (out.finish != FinishReason::kNone) s.finish = out.finish;
-    }
-  }
-  return done;
-}
-
-class EngineJsonTest : public testing::Test {
+class EngineJsonTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    engine_ =
-        std::make_unique<Engine>(Model::load(kDemo, LoadOptions{.prefault = false}),
-                                 Tokenizer::from_file(kDemo / "tokenizer.json"), EngineConfig{});
+    engine_ = std::make_unique<Engine>(
+        Model::load(testing::kDemoModel, LoadOptions{.prefault = false}),
+        Tokenizer::from_file(testing::kDemoModel / "tokenizer.json"), EngineConfig{});
   }
   static void TearDownTestSuite() { engine_.reset(); }
   static std::vector<int32_t> prompt() {
@@ -72,12 +51,12 @@ TEST_F(EngineJsonTest, OutputsFollowTheGrammar) {
                          .grammar = grammar};
       ids.push_back(engine_->add_request(prompt(), p));
     }
-    for (const auto& [key, s] : run_all(*engine_)) {
+    for (const auto& [key, s] : testing::run_sequences(*engine_)) {
       ASSERT_TRUE(s.finish == FinishReason::kStop || s.finish == FinishReason::kLength);
       JsonMatcher m(grammar);
       ASSERT_TRUE(m.advance(s.text)) << s.text;
       if (s.finish == FinishReason::kLength) {
-        EXPECT_EQ(s.num_tokens, 160) << s.text;
+        EXPECT_EQ(s.tokens.size(), 160u) << s.text;
         continue;
       }
       ++stopped;
@@ -99,11 +78,11 @@ TEST_F(EngineJsonTest, OutputsFollowTheGrammar) {
 TEST_F(EngineJsonTest, MaxTokensCutsTheValue) {
   GenerationParams p{.max_tokens = 3, .grammar = JsonGrammar::any_object()};
   engine_->add_request(prompt(), p);
-  const auto done = run_all(*engine_);
+  const auto done = testing::run_sequences(*engine_);
   ASSERT_EQ(done.size(), 1u);
-  const Sequence& s = done.begin()->second;
+  const testing::SequenceRun& s = done.begin()->second;
   EXPECT_EQ(s.finish, FinishReason::kLength);
-  EXPECT_EQ(s.num_tokens, 3);
+  EXPECT_EQ(s.tokens.size(), 3u);
   EXPECT_FALSE(json::accept(s.text)) << s.text;
 }
 

@@ -12,58 +12,26 @@
 #include <string>
 #include <vector>
 
+#include "../support/engine_runs.h"
 #include "core/error.h"
 #include "runtime/engine.h"
 
 namespace moeinfer {
 namespace {
 
-const std::filesystem::path kDemo =
-    std::filesystem::path(MOE_FIXTURES_DIR) / ".." / ".." / "models" / "demo";
-
-struct Sequence {
-  std::vector<int32_t> tokens;
-  std::string text;
-  std::vector<TokenLogprob> prompt_logprobs;
-  double cumulative_logprob = 0.0;
-  FinishReason finish = FinishReason::kNone;
-  int num_last = 0;
-};
-
-// Every output by (request id, sequence index) until the engine is idle.
-std::map<std::pair<RequestId, int64_t>, Sequence> run_all(Engine& engine) {
-  std::map<std::pair<RequestId, int64_t>, Sequence> done;
-  while (engine.has_unfinished()) {
-    for (const RequestOutput& out : engine.step()) {
-      Sequence& s = done[{out.id, out.index}];
-      s.tokens.insert(s.tokens.end(), out.token_ids.begin(), out.token_ids.end());
-      s.text += out.text;
-      if (!out.prompt_logprobs.empty()) s.prompt_logprobs = out.prompt_logprobs;
-      s.cumulative_logprob = out.cumulative_logprob;
-      if (out.finish != FinishReason::kNone) s.finish = out.finish;
-      s.num_last += out.last ? 1 : 0;
-    }
-  }
-  return done;
-}
-
-class EngineSamplingTest : public testing::Test {
+class EngineSamplingTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::from_file(kDemo / "tokenizer.json"));
+    tokenizer_ =
+        std::make_unique<Tokenizer>(Tokenizer::from_file(testing::kDemoModel / "tokenizer.json"));
   }
   std::unique_ptr<Engine> make(EngineConfig config = {}) {
-    return std::make_unique<Engine>(Model::load(kDemo, LoadOptions{.prefault = false}),
-                                    Tokenizer::from_file(kDemo / "tokenizer.json"), config);
+    return std::make_unique<Engine>(
+        Model::load(testing::kDemoModel, LoadOptions{.prefault = false}),
+        Tokenizer::from_file(testing::kDemoModel / "tokenizer.json"), config);
   }
   static std::vector<int32_t> encode(const std::string& text) {
     return tokenizer_->encode(text, true);
-  }
-  static GenerationParams sampled(int64_t max_tokens, uint64_t seed) {
-    return {.sampling = {.temperature = 1.0f, .seed = seed},
-            .has_seed = true,
-            .max_tokens = max_tokens,
-            .ignore_eos = true};
   }
   static std::unique_ptr<Tokenizer> tokenizer_;
 };
@@ -74,20 +42,20 @@ const char* const kPrompt =
 
 TEST_F(EngineSamplingTest, NSequencesEqualSingleRequestsWithSeedPlusIndex) {
   auto engine = make({.block_size = 4});
-  std::vector<Sequence> alone;
+  std::vector<testing::SequenceRun> alone;
   for (uint64_t i = 0; i < 3; ++i) {
-    engine->add_request(encode(kPrompt), sampled(20, 42 + i));
-    alone.push_back(run_all(*engine).begin()->second);
+    engine->add_request(encode(kPrompt), testing::seeded_sampling(20, 42 + i));
+    alone.push_back(testing::run_sequences(*engine).begin()->second);
   }
   auto fresh = make({.block_size = 4});
-  GenerationParams params = sampled(20, 42);
+  GenerationParams params = testing::seeded_sampling(20, 42);
   params.num_sequences = 3;
   const RequestId id = fresh->add_request(encode(kPrompt), params);
-  const auto done = run_all(*fresh);
+  const auto done = testing::run_sequences(*fresh);
   ASSERT_EQ(done.size(), 3u);
   int num_last = 0;
   for (int64_t i = 0; i < 3; ++i) {
-    const Sequence& s = done.at({id, i});
+    const testing::SequenceRun& s = done.at({id, i});
     EXPECT_EQ(s.tokens, alone[i].tokens) << "sequence " << i;
     EXPECT_EQ(s.text, alone[i].text) << "sequence " << i;
     EXPECT_EQ(s.finish, FinishReason::kLength);
@@ -104,7 +72,7 @@ TEST_F(EngineSamplingTest, NSequencesEqualSingleRequestsWithSeedPlusIndex) {
 
 TEST_F(EngineSamplingTest, AbortEndsEverySequenceAndFreesTheBlocks) {
   auto engine = make({.block_size = 4});
-  GenerationParams params = sampled(200, 1);
+  GenerationParams params = testing::seeded_sampling(200, 1);
   params.num_sequences = 4;
   const RequestId id = engine->add_request(encode(kPrompt), params);
   // Run until at least two sequences are decoding, then abort.
@@ -128,7 +96,7 @@ TEST_F(EngineSamplingTest, AbortEndsEverySequenceAndFreesTheBlocks) {
 
 TEST_F(EngineSamplingTest, AbortBeforeTheSiblingsStarted) {
   auto engine = make({.block_size = 4});
-  GenerationParams params = sampled(8, 1);
+  GenerationParams params = testing::seeded_sampling(8, 1);
   params.num_sequences = 3;
   const RequestId id = engine->add_request(encode(kPrompt), params);
   engine->abort_request(id);
@@ -140,7 +108,7 @@ TEST_F(EngineSamplingTest, AbortBeforeTheSiblingsStarted) {
 
 TEST_F(EngineSamplingTest, CumulativeLogprobIsTheSumOfTheTokensLogprobs) {
   auto engine = make();
-  GenerationParams params = sampled(12, 5);
+  GenerationParams params = testing::seeded_sampling(12, 5);
   params.logprobs = 0;
   const RequestId id = engine->add_request(encode(kPrompt), params);
   double sum = 0.0, reported = 0.0;
@@ -158,7 +126,7 @@ TEST_F(EngineSamplingTest, CumulativeLogprobIsTheSumOfTheTokensLogprobs) {
 // The reference: one forward pass over the prompt with every position's logits, as
 // `moeinfer logits` computes them.
 std::vector<float> prompt_logits(const std::vector<int32_t>& ids, int64_t vocab) {
-  auto model = Model::load(kDemo, LoadOptions{.prefault = false});
+  auto model = Model::load(testing::kDemoModel, LoadOptions{.prefault = false});
   KvCache cache = model->decoder().make_cache(static_cast<int64_t>(ids.size()));
   std::vector<float> logits(ids.size() * static_cast<size_t>(vocab));
   model->decoder().forward(ids, cache, logits, /*all_positions=*/true);
@@ -179,14 +147,14 @@ TEST_F(EngineSamplingTest, PromptLogprobsEqualTheModelsLogits) {
   // Chunked prefill (5 tokens a step) beside another request, with the prompt's blocks already
   // in the prefix cache: the scored request must still run every position.
   auto engine = make({.max_num_batched_tokens = 5, .block_size = 4});
-  engine->add_request(ids, sampled(2, 1));
-  run_all(*engine);
-  engine->add_request(encode("Never trust a fortune cookie"), sampled(6, 2));
-  GenerationParams params = sampled(0, 3);
+  engine->add_request(ids, testing::seeded_sampling(2, 1));
+  testing::run_sequences(*engine);
+  engine->add_request(encode("Never trust a fortune cookie"), testing::seeded_sampling(6, 2));
+  GenerationParams params = testing::seeded_sampling(0, 3);
   params.prompt_logprobs = 2;
   const RequestId id = engine->add_request(ids, params);
-  const auto done = run_all(*engine);
-  const Sequence& s = done.at({id, 0});
+  const auto done = testing::run_sequences(*engine);
+  const testing::SequenceRun& s = done.at({id, 0});
   EXPECT_TRUE(s.tokens.empty()) << "max_tokens 0 generates nothing";
   EXPECT_EQ(s.finish, FinishReason::kLength);
   ASSERT_EQ(s.prompt_logprobs.size(), ids.size() - 1);
@@ -205,18 +173,18 @@ TEST_F(EngineSamplingTest, PromptLogprobsEqualTheModelsLogits) {
 TEST_F(EngineSamplingTest, PromptLogprobsSurvivePreemption) {
   const std::vector<int32_t> ids = encode(kPrompt);
   auto reference_engine = make();
-  GenerationParams params = sampled(30, 3);
+  GenerationParams params = testing::seeded_sampling(30, 3);
   params.prompt_logprobs = 0;
   const RequestId ref = reference_engine->add_request(ids, params);
-  const auto want = run_all(*reference_engine).at({ref, 0});
+  const auto want = testing::run_sequences(*reference_engine).at({ref, 0});
   // A pool too small for three such requests: some are preempted and recomputed.
   auto engine = make({.max_num_batched_tokens = 6, .block_size = 4, .num_kv_blocks = 16});
   std::vector<RequestId> id_list;
   for (int i = 0; i < 3; ++i) id_list.push_back(engine->add_request(ids, params));
-  const auto done = run_all(*engine);
+  const auto done = testing::run_sequences(*engine);
   EXPECT_GT(engine->stats().num_preemptions, 0);
   for (RequestId id : id_list) {
-    const Sequence& s = done.at({id, 0});
+    const testing::SequenceRun& s = done.at({id, 0});
     ASSERT_EQ(s.prompt_logprobs.size(), want.prompt_logprobs.size());
     for (size_t j = 0; j < s.prompt_logprobs.size(); ++j) {
       EXPECT_EQ(s.prompt_logprobs[j].token, want.prompt_logprobs[j].token);
@@ -231,20 +199,20 @@ TEST_F(EngineSamplingTest, LogitBiasBansAndForcesTokens) {
   const std::vector<int32_t> ids = encode(kPrompt);
   GenerationParams greedy{.max_tokens = 6, .ignore_eos = true};
   const RequestId plain = engine->add_request(ids, greedy);
-  const auto first = run_all(*engine).at({plain, 0});
+  const auto first = testing::run_sequences(*engine).at({plain, 0});
   ASSERT_EQ(first.tokens.size(), 6u);
   // Banning the greedy first token changes the first token.
   GenerationParams banned = greedy;
   banned.sampling.logit_bias = {{first.tokens[0], -100.0f}};
   const RequestId b = engine->add_request(ids, banned);
-  const auto got = run_all(*engine).at({b, 0});
+  const auto got = testing::run_sequences(*engine).at({b, 0});
   EXPECT_NE(got.tokens[0], first.tokens[0]);
   for (int32_t t : got.tokens) EXPECT_NE(t, first.tokens[0]);
   // +100 on one token makes every token that token, sampled at temperature 1 too.
-  GenerationParams forced = sampled(6, 9);
+  GenerationParams forced = testing::seeded_sampling(6, 9);
   forced.sampling.logit_bias = {{1234, 100.0f}};
   const RequestId f = engine->add_request(ids, forced);
-  EXPECT_EQ(run_all(*engine).at({f, 0}).tokens, std::vector<int32_t>(6, 1234));
+  EXPECT_EQ(testing::run_sequences(*engine).at({f, 0}).tokens, std::vector<int32_t>(6, 1234));
   // Ids outside the vocabulary are refused when the request is added.
   GenerationParams bad = greedy;
   bad.sampling.logit_bias = {{static_cast<int32_t>(engine->model_config().vocab_size), 1.0f}};
@@ -253,7 +221,7 @@ TEST_F(EngineSamplingTest, LogitBiasBansAndForcesTokens) {
 
 TEST_F(EngineSamplingTest, RefusesBadSequenceCounts) {
   auto engine = make();
-  GenerationParams params = sampled(4, 1);
+  GenerationParams params = testing::seeded_sampling(4, 1);
   params.num_sequences = 0;
   EXPECT_THROW(engine->add_request(encode(kPrompt), params), Error);
   params.num_sequences = kMaxSequencesPerRequest + 1;

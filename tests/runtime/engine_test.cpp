@@ -9,26 +9,18 @@
 #include <string>
 #include <vector>
 
+#include "../support/engine_runs.h"
 #include "core/error.h"
 #include "io/model_config.h"
 
 namespace moeinfer {
 namespace {
 
-const std::filesystem::path kDemo =
-    std::filesystem::path(MOE_FIXTURES_DIR) / ".." / ".." / "models" / "demo";
-
-struct Finished {
-  std::vector<int32_t> tokens;
-  std::string text;
-  FinishReason finish = FinishReason::kNone;
-  std::vector<TokenLogprob> logprobs;
-};
-
 // Greedy runs that computed the same tokens in different batches agree token for token, except
 // where the two most likely tokens are tied to rounding: the CPU kernels sum in a different
 // order at different row counts. So: equal, or parted at a near-tie in the reference run.
-void expect_same_up_to_ties(const Finished& got, const Finished& want, const std::string& what) {
+void expect_same_up_to_ties(const testing::SequenceRun& got, const testing::SequenceRun& want,
+                            const std::string& what) {
   ASSERT_EQ(got.tokens.size(), want.tokens.size()) << what;
   for (size_t i = 0; i < want.tokens.size(); ++i) {
     if (got.tokens[i] == want.tokens[i]) continue;
@@ -42,29 +34,16 @@ void expect_same_up_to_ties(const Finished& got, const Finished& want, const std
   EXPECT_EQ(got.text, want.text) << what;
 }
 
-// Runs the engine until every request is done; results by request id.
-std::map<RequestId, Finished> run_all(Engine& engine) {
-  std::map<RequestId, Finished> done;
-  while (engine.has_unfinished()) {
-    for (const RequestOutput& out : engine.step()) {
-      Finished& f = done[out.id];
-      f.tokens.insert(f.tokens.end(), out.token_ids.begin(), out.token_ids.end());
-      f.text += out.text;
-      f.logprobs.insert(f.logprobs.end(), out.logprobs.begin(), out.logprobs.end());
-      if (out.finished()) f.finish = out.finish;
-    }
-  }
-  return done;
-}
-
-class EngineTest : public testing::Test {
+class EngineTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::from_file(kDemo / "tokenizer.json"));
+    tokenizer_ =
+        std::make_unique<Tokenizer>(Tokenizer::from_file(testing::kDemoModel / "tokenizer.json"));
   }
   std::unique_ptr<Engine> make(EngineConfig config) {
-    return std::make_unique<Engine>(Model::load(kDemo, LoadOptions{.prefault = false}),
-                                    Tokenizer::from_file(kDemo / "tokenizer.json"), config);
+    return std::make_unique<Engine>(
+        Model::load(testing::kDemoModel, LoadOptions{.prefault = false}),
+        Tokenizer::from_file(testing::kDemoModel / "tokenizer.json"), config);
   }
   std::vector<int32_t> encode(const std::string& text) { return tokenizer_->encode(text, true); }
   static GenerationParams greedy(int64_t max_tokens) {
@@ -78,19 +57,19 @@ class EngineTest : public testing::Test {
 std::unique_ptr<Tokenizer> EngineTest::tokenizer_;
 
 TEST_F(EngineTest, BatchedGreedyEqualsOneAtATime) {
-  std::vector<Finished> alone;
+  std::vector<testing::SequenceRun> alone;
   {
     auto engine = make({});
     for (const auto& p : prompts_) {
       engine->add_request(encode(p), greedy(24));
-      alone.push_back(run_all(*engine).begin()->second);
+      alone.push_back(testing::run_requests(*engine).begin()->second);
     }
   }
   // All at once, with a small token budget so prompts are prefilled in chunks beside decodes.
   auto engine = make({.max_num_batched_tokens = 7});
   std::vector<RequestId> ids;
   for (const auto& p : prompts_) ids.push_back(engine->add_request(encode(p), greedy(24)));
-  auto batched = run_all(*engine);
+  auto batched = testing::run_requests(*engine);
   for (size_t i = 0; i < ids.size(); ++i) {
     expect_same_up_to_ties(batched[ids[i]], alone[i], prompts_[i]);
     EXPECT_EQ(batched[ids[i]].finish, FinishReason::kLength);
@@ -101,16 +80,16 @@ TEST_F(EngineTest, BatchedGreedyEqualsOneAtATime) {
 
 TEST_F(EngineTest, PreemptionUnderATinyPoolGivesTheSameText) {
   auto reference = make({});
-  std::vector<Finished> alone;
+  std::vector<testing::SequenceRun> alone;
   for (const auto& p : prompts_) {
     reference->add_request(encode(p), greedy(40));
-    alone.push_back(run_all(*reference).begin()->second);
+    alone.push_back(testing::run_requests(*reference).begin()->second);
   }
   // Blocks of 4 tokens, 14 blocks: about one and a half requests fit at a time.
   auto engine = make({.block_size = 4, .num_kv_blocks = 14});
   std::vector<RequestId> ids;
   for (const auto& p : prompts_) ids.push_back(engine->add_request(encode(p), greedy(40)));
-  auto batched = run_all(*engine);
+  auto batched = testing::run_requests(*engine);
   EXPECT_GT(engine->stats().num_preemptions, 0);
   for (size_t i = 0; i < ids.size(); ++i) {
     expect_same_up_to_ties(batched[ids[i]], alone[i], prompts_[i]);
@@ -122,7 +101,7 @@ TEST_F(EngineTest, RepeatedSystemPromptHitsThePrefixCache) {
   auto engine = make({.block_size = 4});
   const std::string system = "You are a helpful assistant who answers with fortune cookies. ";
   engine->add_request(encode(system + "Hello"), greedy(4));
-  run_all(*engine);
+  testing::run_requests(*engine);
   const int64_t hits_before = engine->stats().kv.prefix_hits;
   const RequestId id = engine->add_request(encode(system + "Goodbye"), greedy(4));
   int64_t cached = 0;
@@ -164,7 +143,7 @@ TEST_F(EngineTest, SameSeedSameText) {
   const RequestId b = engine->add_request(encode(prompts_[2]), params);
   params.sampling.seed = 99;
   const RequestId c = engine->add_request(encode(prompts_[2]), params);
-  auto done = run_all(*engine);
+  auto done = testing::run_requests(*engine);
   EXPECT_EQ(done[a].tokens, done[b].tokens);
   EXPECT_NE(done[a].tokens, done[c].tokens);
 }
@@ -172,14 +151,14 @@ TEST_F(EngineTest, SameSeedSameText) {
 TEST_F(EngineTest, StopStringEndsTheTextBeforeIt) {
   auto engine = make({});
   const RequestId free_run = engine->add_request(encode(prompts_[3]), greedy(40));
-  const std::string full = run_all(*engine)[free_run].text;
+  const std::string full = testing::run_requests(*engine)[free_run].text;
   ASSERT_GE(full.size(), 6u);
   // Stop at a piece from the middle of the greedy text.
   const std::string stop = full.substr(full.size() / 2, 3);
   GenerationParams params = greedy(40);
   params.stop = {stop};
   const RequestId id = engine->add_request(encode(prompts_[3]), params);
-  const Finished f = run_all(*engine)[id];
+  const testing::SequenceRun f = testing::run_requests(*engine)[id];
   EXPECT_EQ(f.finish, FinishReason::kStop);
   EXPECT_EQ(f.text, full.substr(0, full.find(stop)));
 }
@@ -187,11 +166,11 @@ TEST_F(EngineTest, StopStringEndsTheTextBeforeIt) {
 TEST_F(EngineTest, StopTokenIdEndsGeneration) {
   auto engine = make({});
   const RequestId free_run = engine->add_request(encode(prompts_[4]), greedy(10));
-  const auto tokens = run_all(*engine)[free_run].tokens;
+  const auto tokens = testing::run_requests(*engine)[free_run].tokens;
   GenerationParams params = greedy(10);
   params.stop_token_ids = {tokens[3]};
   const RequestId id = engine->add_request(encode(prompts_[4]), params);
-  const Finished f = run_all(*engine)[id];
+  const testing::SequenceRun f = testing::run_requests(*engine)[id];
   EXPECT_EQ(f.finish, FinishReason::kStop);
   const auto first = std::find(tokens.begin(), tokens.end(), tokens[3]) - tokens.begin();
   EXPECT_EQ(f.tokens.size(), static_cast<size_t>(first + 1));
@@ -233,7 +212,7 @@ TEST_F(EngineTest, RejectsRequestsThatCannotRun) {
 }
 
 TEST_F(EngineTest, AContextLongerThanTheModelsIsRefusedNotClamped) {
-  const int64_t native = load_model_config(kDemo).max_position_embeddings;
+  const int64_t native = load_model_config(testing::kDemoModel).max_position_embeddings;
   EXPECT_EQ(make({.max_model_len = native})->max_model_len(), native);
   EXPECT_EQ(make({.max_model_len = native / 2})->max_model_len(), native / 2);
   try {
@@ -251,7 +230,7 @@ TEST_F(EngineTest, AContextLongerThanTheModelsIsRefusedNotClamped) {
 TEST_F(EngineTest, StageProfileCountsEveryExpertRow) {
   auto engine = make({.max_num_batched_tokens = 5, .profile_stages = true});
   for (const auto& p : prompts_) engine->add_request(encode(p), greedy(6));
-  run_all(*engine);
+  testing::run_requests(*engine);
   const EngineStats stats = engine->stats();
   const ModelConfig& config = engine->model_config();
   ASSERT_EQ(stats.num_layers, config.num_layers);
@@ -273,7 +252,7 @@ TEST_F(EngineTest, StageProfileCountsEveryExpertRow) {
 TEST_F(EngineTest, SampledStageTimingEstimatesPerKindOfStep) {
   auto engine = make({.max_num_batched_tokens = 5, .profile_stages = true, .profile_time_every = 3});
   for (const auto& p : prompts_) engine->add_request(encode(p), greedy(6));
-  run_all(*engine);
+  testing::run_requests(*engine);
   const EngineStats stats = engine->stats();
   const ModelConfig& config = engine->model_config();
   int64_t rows = 0;
@@ -299,7 +278,7 @@ TEST_F(EngineTest, SampledStageTimingEstimatesPerKindOfStep) {
 
   auto every = make({.max_num_batched_tokens = 5, .profile_stages = true});
   for (const auto& p : prompts_) every->add_request(encode(p), greedy(6));
-  run_all(*every);
+  testing::run_requests(*every);
   const EngineStats all = every->stats();
   EXPECT_EQ(all.timed_steps, all.num_steps);
   const std::vector<double> exact = all.estimated_stage_seconds();
@@ -312,7 +291,7 @@ TEST_F(EngineTest, ContextEndFinishesWithLength) {
   auto engine = make({});
   const int64_t n = engine->max_model_len() - 3;
   const RequestId id = engine->add_request(std::vector<int32_t>(n, 42), greedy(100));
-  const Finished f = run_all(*engine)[id];
+  const testing::SequenceRun f = testing::run_requests(*engine)[id];
   EXPECT_EQ(f.finish, FinishReason::kLength);
   EXPECT_EQ(f.tokens.size(), 3u);
   EXPECT_EQ(engine->stats().kv.num_used, 0);
