@@ -109,6 +109,15 @@ void grouped_gemm_rows_are_batch_invariant() {
 
 // ---- paged decode attention ----
 
+// max_blocks distinct blocks of a pool of num_blocks, shuffled.
+std::vector<int32_t> shuffled_table(int64_t num_blocks, int64_t max_blocks, std::mt19937& rng) {
+  std::vector<int32_t> t(static_cast<size_t>(num_blocks));
+  std::iota(t.begin(), t.end(), 0);
+  std::shuffle(t.begin(), t.end(), rng);
+  t.resize(static_cast<size_t>(max_blocks));
+  return t;
+}
+
 struct Pool {
   int64_t block_size = 16, num_blocks = 0;
   DeviceBuffer<uint16_t> k, v;  // [num_blocks, block_size, width]
@@ -162,13 +171,7 @@ void paged_decode_rows_are_batch_invariant() {
   for (const int64_t d : {64, 128}) {
     const int64_t nq = 12, nkv = 3, width = nkv * d;
     const Pool pool(kMaxBlocks * 4, width, rng);
-    auto table = [&] {  // a shuffled table of distinct blocks
-      std::vector<int32_t> t(static_cast<size_t>(pool.num_blocks));
-      std::iota(t.begin(), t.end(), 0);
-      std::shuffle(t.begin(), t.end(), rng);
-      t.resize(kMaxBlocks);
-      return t;
-    };
+    auto table = [&] { return shuffled_table(pool.num_blocks, kMaxBlocks, rng); };
     for (const int64_t window : {int64_t{0}, int64_t{300}}) {
       for (const int32_t len :
            {1, 37, static_cast<int32_t>(chunk), static_cast<int32_t>(chunk + 1), 700}) {
@@ -212,13 +215,7 @@ void mla_rows_are_batch_invariant() {
   const int64_t num_blocks = kMaxBlocks * 4;
   const DeviceBuffer<uint16_t> cache(
       random_bf16(static_cast<size_t>(num_blocks * kBlock * W), rng));
-  auto table = [&] {
-    std::vector<int32_t> t(static_cast<size_t>(num_blocks));
-    std::iota(t.begin(), t.end(), 0);
-    std::shuffle(t.begin(), t.end(), rng);
-    t.resize(kMaxBlocks);
-    return t;
-  };
+  auto table = [&] { return shuffled_table(num_blocks, kMaxBlocks, rng); };
   auto run = [&](const std::vector<uint16_t>& q, const std::vector<int32_t>& tables,
                  const std::vector<int32_t>& lens) {
     const int64_t B = static_cast<int64_t>(lens.size());
