@@ -316,7 +316,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--routing-skew", args->routing_skew,
                   "synthetic:NAME: zipf:A makes each router prefer experts by a Zipf law");
   cmd->add_flag("--deterministic", args->deterministic,
-                "Batch-invariant kernels, as serve --deterministic (--device cpu), to measure "
+                "Batch-invariant kernels, as serve --deterministic (cpu and cuda), to measure "
                 "their cost");
   cmd->add_flag("--no-cuda-graphs,--enforce-eager", args->no_cuda_graphs,
                 "cuda: launch every decode step's kernels instead of replaying graphs (vLLM's "

@@ -139,7 +139,8 @@ void add_serve_command(CLI::App& app) {
                   "Requests waiting beyond the running batch; more get 429")
       ->capture_default_str();
   cmd->add_option("--kv-cache-mb", args->engine.kv_cache_mb,
-                  "KV cache size in MiB (0: room for max-num-seqs full-length requests, <= 4 GiB)")
+                  "KV cache size in MiB (0: cpu, room for max-num-seqs full-length requests, "
+                  "<= 4 GiB; cuda, what --gpu-memory-fraction leaves)")
       ->capture_default_str();
   cmd->add_option("--block-size", args->engine.block_size, "Tokens per KV block")
       ->capture_default_str();
@@ -152,7 +153,7 @@ void add_serve_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--deterministic", args->engine.deterministic,
                 "Batch-invariant kernels: a seeded request's text does not depend on what else "
-                "runs (--device cpu; slower prefill, see docs/serving.md)");
+                "runs (cpu and cuda; slower, see docs/serving.md)");
   cmd->add_flag("!--no-prefix-caching", args->engine.enable_prefix_caching,
                 "Do not reuse KV blocks of repeated prompt prefixes");
   // Stage metrics: on by default on the CPU (a few clock reads per layer); on the GPU the CUDA

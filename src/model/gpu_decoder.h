@@ -40,6 +40,13 @@ struct GpuOptions {
   int64_t num_kv_blocks = 0;         // 0: all that the memory fraction leaves
   bool cuda_graphs = true;           // capture decode steps
   bool quiet = false;                // no progress bar or load summary on stderr
+  int64_t kv_cache_bytes = 0;        // > 0: the KV pool takes at most this (0: all that is left)
+  // Batch-invariant kernels (--deterministic): a token's logits do not depend on the step's row
+  // count, the other sequences, chunking or recompute. Every product runs the fixed-order
+  // dense GEMM (backend/cuda/dense_gemm.h) instead of cuBLAS, every attention row (prefill
+  // rows too) the paged decode kernel with splits of a length fixed at start-up
+  // (cuda::batch_invariant_chunk), combined in one order.
+  bool deterministic = false;
 };
 
 // Synthetic weights built on the device (`--model synthetic:NAME`).

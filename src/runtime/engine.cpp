@@ -98,9 +98,6 @@ void EngineConfig::validate() const {
             profile_time_every);
   MOE_CHECK(!generation_config.empty(),
             "generation_config must be auto, vllm or a folder holding generation_config.json");
-  MOE_CHECK(!deterministic || device == "cpu",
-            "--deterministic runs on --device cpu only: the GPU's kernels choose their tiles and "
-            "attention splits by the step's shape, so a token's logits there depend on the batch");
 }
 
 namespace {
@@ -112,7 +109,9 @@ GpuOptions gpu_options(const ModelConfig& model, const EngineConfig& config) {
                     .max_model_len = context_limit(model, config),
                     .block_size = config.block_size,
                     .num_kv_blocks = config.num_kv_blocks,
-                    .cuda_graphs = config.cuda_graphs};
+                    .cuda_graphs = config.cuda_graphs,
+                    .kv_cache_bytes = config.kv_cache_mb << 20,
+                    .deterministic = config.deterministic};
 }
 
 }  // namespace
@@ -170,7 +169,8 @@ Engine::Engine(std::unique_ptr<Model> model, std::unique_ptr<GpuDecoder> gpu, To
                  blocks_),
       seed_source_(std::random_device{}()) {
   MOE_CHECK(model_ || gpu_, "an engine needs a model");
-  if (config.deterministic) cpu::set_batch_invariant(true);
+  // On cuda the GPU decoder has its own deterministic path (GpuOptions::deterministic).
+  if (config.deterministic && !gpu_) cpu::set_batch_invariant(true);
   if (config.generation_config == "auto") {
     generation_defaults_ = GenerationDefaults::load(model_dir());
   } else if (config.generation_config != "vllm") {
@@ -375,7 +375,9 @@ void Engine::run_model(const SchedulerOutput& scheduled) {
   sampled_on_gpu_ = false;
   if (gpu_) {
     gpu_rows_.clear();
-    bool all_on_gpu = !batch.all_positions;
+    // --deterministic samples every row here: which sampler a request meets (the GPU's draws
+    // differ from the host's) must not depend on its batch mates' fields.
+    bool all_on_gpu = !batch.all_positions && !config_.deterministic;
     for (const ScheduledChunk& c : scheduled.chunks) {
       if (!c.samples()) continue;
       const Request& r = *c.request;

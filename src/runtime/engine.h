@@ -30,7 +30,9 @@ struct EngineConfig {
   int64_t max_num_batched_tokens = 512;  // per-step token budget (prefill chunks + decodes)
   int64_t block_size = 16;               // tokens per KV block
   int64_t num_kv_blocks = 0;             // 0: from kv_cache_mb
-  int64_t kv_cache_mb = 0;    // 0: room for max_num_seqs requests of max_model_len, at most 4 GiB
+  // 0: room for max_num_seqs requests of max_model_len, at most 4 GiB (cpu), or what the weights
+  // and workspace leave of gpu_memory_fraction (cuda; bf16 rows there).
+  int64_t kv_cache_mb = 0;
   int64_t max_model_len = 0;  // 0: the model's max_position_embeddings
   bool enable_prefix_caching = true;
   // Times every MoE stage and counts each expert's rows (profile/profiler.h), summed into
@@ -47,9 +49,10 @@ struct EngineConfig {
   // Sampling defaults for requests that leave a field out (vLLM's --generation-config): "auto",
   // the checkpoint's generation_config.json; "vllm", none; or a folder holding one.
   std::string generation_config = "auto";
-  // Batch-invariant kernels (cpu::set_batch_invariant): a token's logits do not depend on the
-  // step's row count, chunking or preemption, so a seeded request's text never depends on what
-  // else runs. CPU only for now (the GPU's kernels pick tiles and attention splits by shape).
+  // Batch-invariant kernels (cpu::set_batch_invariant; GpuOptions::deterministic on cuda): a
+  // token's logits do not depend on the step's row count, chunking or preemption, so a seeded
+  // request's text never depends on what else runs. On cuda every row is then sampled on the
+  // host, so that the sampler a request meets does not depend on its batch mates either.
   bool deterministic = false;
 
   void validate() const;  // throws moeinfer::Error naming the bad field

@@ -1,7 +1,8 @@
 // The sampling fields on the GPU engine (--device cuda) on the demo model: logit_bias bans and
 // forces tokens (such rows bring their logits back and the host sampler applies the bias),
 // prompt logprobs equal the CPU engine's within bf16 rounding, n sequences with a seed give
-// what single requests with seed + i give, and an abort frees every block. Registered only
+// what single requests with seed + i give, an abort frees every block, and with --deterministic
+// a seeded request's tokens do not depend on batching, chunking or preemption. Registered only
 // where a CUDA device is present; run with scripts/gpu-check.sh.
 #include <gtest/gtest.h>
 
@@ -10,6 +11,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <string>
 #include <vector>
 
 #include "../support/engine_runs.h"
@@ -97,6 +99,53 @@ void n_sequences_equal_single_requests() {
   EXPECT_EQ(gpu->stats().kv.num_used, 0);
 }
 
+// --deterministic on the GPU engine: seeded requests (top-p, one with logprobs, one greedy) give
+// the same tokens alone, all together, and together with prompts chunked by 7 tokens in a KV
+// pool too small for them (preempted and recomputed).
+void deterministic_text_ignores_batching_and_preemption() {
+  auto make = [](int64_t tokens_per_step, int64_t blocks) {
+    return Engine::load(testing::kDemoModel, EngineConfig{.max_num_seqs = 8,
+                                                          .max_num_batched_tokens = tokens_per_step,
+                                                          .block_size = 16,
+                                                          .num_kv_blocks = blocks,
+                                                          .max_model_len = 128,
+                                                          .device = "cuda",
+                                                          .gpu_memory_fraction = 0.5,
+                                                          .deterministic = true});
+  };
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<GenerationParams> params;
+  auto big = make(64, 64);
+  for (int i = 0; i < 6; ++i) {
+    prompts.push_back(
+        big->tokenizer().encode(std::string(i % 2 ? "A fortune cookie" : "Never trust") +
+                                    " number " + std::to_string(i) + " says that",
+                                true));
+    GenerationParams p = testing::seeded_sampling(40, 500 + i);
+    p.sampling.top_p = 0.9f;
+    if (i == 4) p.logprobs = 1;
+    if (i == 5) p.sampling.temperature = 0.0f;
+    params.push_back(p);
+  }
+  std::vector<std::vector<int32_t>> alone;
+  for (int i = 0; i < 6; ++i) {
+    const RequestId id = big->add_request(prompts[i], params[i]);
+    alone.push_back(testing::run_sequences(*big).at({id, 0}).tokens);
+  }
+  auto together = [&](Engine& engine, const char* what) {
+    std::vector<RequestId> ids;
+    for (int i = 0; i < 6; ++i) ids.push_back(engine.add_request(prompts[i], params[i]));
+    const auto done = testing::run_sequences(engine);
+    for (int i = 0; i < 6; ++i)
+      EXPECT_EQ(done.at({ids[i], 0}).tokens, alone[i]) << what << ": request " << i;
+    EXPECT_EQ(engine.stats().kv.num_used, 0) << what;
+  };
+  together(*big, "batched");
+  auto small = make(7, 12);
+  together(*small, "chunked by 7 and preempted");
+  EXPECT_GT(small->stats().num_preemptions, 0) << "the small pool preempted nothing";
+}
+
 [[maybe_unused]] const bool kRegistered = [] {
   if (!cuda::testing_util::cuda_device_present("engine sampling")) return false;
   using cuda::testing_util::register_kernel_test;
@@ -106,6 +155,8 @@ void n_sequences_equal_single_requests() {
                        prompt_logprobs_match_the_cpu, __FILE__, __LINE__);
   register_kernel_test("CudaEngineSampling", "NSequencesEqualSingleRequests",
                        n_sequences_equal_single_requests, __FILE__, __LINE__);
+  register_kernel_test("CudaEngineSampling", "DeterministicTextIgnoresBatchingAndPreemption",
+                       deterministic_text_ignores_batching_and_preemption, __FILE__, __LINE__);
   return true;
 }();
 

@@ -14,8 +14,10 @@
 // mismatch, and the same top-1 token at >= 99% of all positions over all configurations. The
 // seed of each failing
 // configuration and its config.json are printed; MOE_SWEEP_SEED=S reruns a sweep,
-// MOE_SWEEP_CONFIGS=N sets its size (default 330, 55 per family). Registered only where a CUDA
-// device is visible.
+// MOE_SWEEP_CONFIGS=N sets its size (default 330, 55 per family). A second sweep holds the
+// decoder in --deterministic mode (GpuOptions::deterministic: the fixed-order dense GEMM, every
+// prompt on the per-query route, fixed attention splits) to the same bounds, 10 configurations
+// per family by default. Registered only where a CUDA device is visible.
 #if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
 
 #include <gtest/gtest.h>
@@ -41,6 +43,7 @@ namespace {
 constexpr double kMaxRelError = 2e-2;
 constexpr double kMinTop1Agreement = 0.99;
 constexpr int64_t kConfigsPerFamily = 55;
+constexpr int64_t kDeterministicConfigsPerFamily = 10;
 
 int64_t env_int(const char* name, int64_t fallback) {
   const char* value = std::getenv(name);
@@ -140,7 +143,7 @@ void replay_gpu_routing(const moe::Routing& gpu, const float* logits,
 }
 
 // Runs the schedule on both decoders and compares every logits row.
-ConfigResult compare(const testing::RandomModel& m, uint64_t schedule_seed) {
+ConfigResult compare(const testing::RandomModel& m, uint64_t schedule_seed, bool deterministic) {
   const ModelConfig& c = m.config;
   const int64_t V = c.vocab_size;
   std::mt19937_64 rng(schedule_seed);
@@ -157,7 +160,8 @@ ConfigResult compare(const testing::RandomModel& m, uint64_t schedule_seed) {
                                            .max_model_len = 64,
                                            .block_size = block_size,
                                            .num_kv_blocks = schedule.num_blocks,
-                                           .quiet = true});
+                                           .quiet = true,
+                                           .deterministic = deterministic});
   ConfigResult result;
   std::map<int64_t, moe::Routing> gpu_routing;  // this step's, by layer
   gpu->set_routing_observer(
@@ -199,13 +203,15 @@ struct FamilyWorst {
   uint64_t worst_seed = 0;
 };
 
-void every_family_on_random_configs() {
+void every_family_on_random_configs(bool deterministic) {
   const uint64_t base = static_cast<uint64_t>(
       env_int("MOE_SWEEP_SEED", static_cast<int64_t>(cuda::testing_util::fresh_seed())));
-  const int64_t count = env_int("MOE_SWEEP_CONFIGS", kConfigsPerFamily * 6);
-  std::printf("sweep: %lld configurations from seed %llu (MOE_SWEEP_SEED=%llu reruns them)\n",
-              static_cast<long long>(count), static_cast<unsigned long long>(base),
-              static_cast<unsigned long long>(base));
+  const int64_t count =
+      env_int("MOE_SWEEP_CONFIGS",
+              (deterministic ? kDeterministicConfigsPerFamily : kConfigsPerFamily) * 6);
+  std::printf("sweep%s: %lld configurations from seed %llu (MOE_SWEEP_SEED=%llu reruns them)\n",
+              deterministic ? " (--deterministic)" : "", static_cast<long long>(count),
+              static_cast<unsigned long long>(base), static_cast<unsigned long long>(base));
   std::map<std::string, FamilyWorst> families;
   int64_t positions = 0, same_top1 = 0;
   for (int64_t i = 0; i < count; ++i) {
@@ -217,7 +223,7 @@ void every_family_on_random_configs() {
     try {
       const testing::RandomModel model = testing::make_random_model(family, seed);
       config_json = model.config_json;
-      const ConfigResult r = compare(model, seed ^ 0x5eed);
+      const ConfigResult r = compare(model, seed ^ 0x5eed, deterministic);
       positions += r.positions;
       same_top1 += r.same_top1;
       f.positions += r.positions;
@@ -260,8 +266,12 @@ void every_family_on_random_configs() {
 
 [[maybe_unused]] const bool kRegistered = [] {
   if (!cuda::testing_util::cuda_device_present("sweep")) return false;
-  cuda::testing_util::register_kernel_test("CudaSweep", "RandomConfigsOfEveryFamilyMatchTheCpu",
-                                           every_family_on_random_configs, __FILE__, __LINE__);
+  cuda::testing_util::register_kernel_test(
+      "CudaSweep", "RandomConfigsOfEveryFamilyMatchTheCpu",
+      [] { every_family_on_random_configs(false); }, __FILE__, __LINE__);
+  cuda::testing_util::register_kernel_test(
+      "CudaSweep", "DeterministicRandomConfigsOfEveryFamilyMatchTheCpu",
+      [] { every_family_on_random_configs(true); }, __FILE__, __LINE__);
   return true;
 }();
 

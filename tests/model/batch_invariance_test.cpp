@@ -52,16 +52,10 @@ int64_t rows_differing_from_alone(const testing::RandomModel& m, uint64_t seed) 
   for (const testing::ScheduledStep& step : s.steps) {
     logits.assign(testing::schedule_logit_rows(step.batch) * V, NAN);
     decoder.forward(step.batch, pool, logits);
-    int64_t row = 0;
-    for (size_t b = 0; b < step.batch.sequences.size(); ++b) {
-      const SequenceBatch& sb = step.batch.sequences[b];
-      const int64_t n = static_cast<int64_t>(sb.tokens.size());
-      const int64_t first = step.batch.all_positions ? 0 : n - 1;
-      for (int64_t t = first; t < n; ++t, ++row) {
-        const float* want = &alone[step.sequence[b]][(sb.position + t) * V];
-        differing += std::memcmp(&logits[row * V], want, V * sizeof(float)) != 0;
-      }
-    }
+    testing::for_each_logit_row(step, [&](int64_t row, int sequence, int64_t position) {
+      const float* want = &alone[sequence][position * V];
+      differing += std::memcmp(&logits[row * V], want, V * sizeof(float)) != 0;
+    });
   }
   return differing;
 }

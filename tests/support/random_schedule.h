@@ -111,6 +111,19 @@ inline Schedule make_schedule(int64_t vocab, uint64_t seed, int64_t block_size) 
   return s;
 }
 
+// Calls fn(row, sequence, position) for each logits row of a step, in the order the decoders
+// write them: every new token of every sequence (all positions), or each sequence's last.
+template <typename Fn>
+void for_each_logit_row(const ScheduledStep& step, Fn&& fn) {
+  int64_t row = 0;
+  for (size_t b = 0; b < step.batch.sequences.size(); ++b) {
+    const SequenceBatch& sb = step.batch.sequences[b];
+    const int64_t n = static_cast<int64_t>(sb.tokens.size());
+    for (int64_t t = step.batch.all_positions ? 0 : n - 1; t < n; ++t, ++row)
+      fn(row, step.sequence[b], sb.position + t);
+  }
+}
+
 // Rows of logits a step produces (every new token: the steps ask for all positions, or one
 // per sequence in decode steps).
 inline int64_t schedule_logit_rows(const ForwardBatch& batch) {

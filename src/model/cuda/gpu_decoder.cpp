@@ -10,6 +10,13 @@
 //   per-query anything else (chunked prefill after a cached prefix, mixed steps, MLA prefill):
 //             each new token is its own query row over its sequence's blocks, with length
 //             position + 1, through the paged decode kernel
+//
+// --deterministic (GpuOptions::deterministic) changes three things, each so that a token's
+// logits depend on nothing but its sequence: products run the fixed-order dense GEMM instead
+// of cuBLAS (linear(), absorbed()), prompts take the per-query route (never the flash prefill
+// kernel, whose reduction order differs from a decode row's), and attention splits keys in
+// chunks fixed at start-up (attention_chunk_) instead of by the batch. The grouped expert GEMM
+// needs nothing: every tile reduces an element in the same order (cuda-kernels.md).
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -21,6 +28,7 @@
 #include "backend/cuda/attention.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/decoder_ops.h"
+#include "backend/cuda/dense_gemm.h"
 #include "backend/cuda/device_floors.h"
 #include "backend/cuda/grouped_gemm.h"
 #include "backend/cuda/mla_attention.h"
@@ -174,6 +182,8 @@ class CudaDecoder final : public GpuDecoder {
   // y[rows, n] = x[rows, k] . W[n, k]^T (row strides in elements).
   void linear(const bf16* x, int64_t rows, int64_t x_stride, const bf16* w, int64_t n, int64_t k,
               void* y, int64_t y_stride, bool f32_out);
+  // MLA's per-head products, one batch entry per head (cuBLAS, or the fixed-order GEMM).
+  void absorbed(const cuda::DenseGemmParams& product);
 
   ModelConfig config_;
   DeviceWeights w_;
@@ -189,6 +199,8 @@ class CudaDecoder final : public GpuDecoder {
   int64_t max_blocks_per_seq_ = 0;
   int64_t tcap_ = 0;  // rows one step may carry
   int64_t rcap_ = 0;  // logits rows computed at once
+  // --deterministic: keys per attention split, the same for every step (0: by the batch).
+  int64_t attention_chunk_ = 0;
 
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
@@ -285,6 +297,7 @@ CudaDecoder::CudaDecoder(const ModelConfig& config, DeviceWeights weights,
   max_blocks_per_seq_ = ceil_div(max_model_len_, block_size_);
   rcap_ = std::max<int64_t>(64, next_pow2(std::max<int64_t>(options.max_num_seqs, 1)));
   tcap_ = std::max(options.max_batch_tokens, rcap_);
+  attention_chunk_ = options.deterministic ? cuda::batch_invariant_chunk(max_model_len_) : 0;
 
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   CUBLAS_CHECK(cublasCreate(&cublas_));
@@ -351,14 +364,15 @@ void CudaDecoder::allocate_workspace() {
       cuda::MlaDecodeParams p{.num_seqs = b, .num_heads = c.num_heads,
                               .latent_dim = w_.mla.latent, .rope_dim = w_.mla.rope,
                               .block_size = block_size_, .max_blocks_per_seq = max_blocks_per_seq_,
-                              .max_seq_len = max_model_len_};
+                              .max_seq_len = max_model_len_, .fixed_chunk = attention_chunk_};
       attn_ws = std::max(attn_ws, cuda::mla_decode_workspace_size(p));
     } else {
       cuda::PagedDecodeParams p{.num_seqs = b, .num_q_heads = c.num_heads,
                                 .num_kv_heads = c.num_kv_heads, .head_dim = Dp,
                                 .block_size = block_size_,
                                 .max_blocks_per_seq = max_blocks_per_seq_,
-                                .max_seq_len = max_model_len_};
+                                .max_seq_len = max_model_len_,
+                                .fixed_chunk = attention_chunk_};
       attn_ws = std::max(attn_ws, cuda::paged_decode_workspace_size(p));
     }
   }
@@ -461,6 +475,12 @@ void CudaDecoder::allocate_kv_pool() {
   const int64_t room = std::min<int64_t>(report_.budget_bytes - in_use,
                                          static_cast<int64_t>(free_bytes) - (int64_t{256} << 20));
   int64_t blocks = room > 0 ? room / block_bytes : 0;
+  if (options_.kv_cache_bytes > 0) {
+    MOE_CHECK(options_.kv_cache_bytes <= room, "--kv-cache-mb ", options_.kv_cache_bytes >> 20,
+              " is more than the ", std::max<int64_t>(room, 0) >> 20,
+              " MiB left within --gpu-memory-fraction");
+    blocks = options_.kv_cache_bytes / block_bytes;
+  }
   if (options_.num_kv_blocks > 0) {
     MOE_CHECK(options_.num_kv_blocks <= blocks, options_.num_kv_blocks,
               " KV blocks need ", (options_.num_kv_blocks * block_bytes) >> 20, " MiB; only ",
@@ -488,6 +508,12 @@ void CudaDecoder::allocate_kv_pool() {
 
 void CudaDecoder::linear(const bf16* x, int64_t rows, int64_t x_stride, const bf16* w, int64_t n,
                          int64_t k, void* y, int64_t y_stride, bool f32_out) {
+  if (options_.deterministic) {
+    cuda::dense_gemm({.a = x, .b = w, .c = y, .m = rows, .n = n, .k = k, .lda = x_stride,
+                      .ldb = k, .ldc = y_stride, .c_f32 = f32_out},
+                     stream_);
+    return;
+  }
   const float one = 1.0f, zero = 0.0f;
   CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n),
                             static_cast<int>(rows), static_cast<int>(k), &one, w, CUDA_R_16BF,
@@ -523,7 +549,8 @@ Step CudaDecoder::prepare(const ForwardBatch& batch) {
   MOE_CHECK(T <= tcap_, "a step of ", T, " tokens exceeds the ", tcap_,
             " the GPU workspace was sized for");
 
-  const bool prefill_kernel = !c.mla && (w_.padded_head_dim == 64 || w_.padded_head_dim == 128);
+  const bool prefill_kernel = !c.mla && !options_.deterministic &&
+                              (w_.padded_head_dim == 64 || w_.padded_head_dim == 128);
   step.route = all_single ? Route::kDecode
                : (all_fresh && prefill_kernel) ? Route::kPrefill
                                                 : Route::kPerQuery;
@@ -694,7 +721,7 @@ void CudaDecoder::attention(int64_t layer, const Step& step) {
          .workspace = attn_workspace_, .num_seqs = T, .num_q_heads = Nq, .num_kv_heads = Nkv,
          .head_dim = Dp, .block_size = block_size_, .num_blocks = num_blocks_,
          .max_blocks_per_seq = step.table_stride, .max_seq_len = step.max_seq_len,
-         .scale = attention_scale_, .sliding_window = window},
+         .scale = attention_scale_, .sliding_window = window, .fixed_chunk = attention_chunk_},
         stream_);
   }
   // o_proj's bias joins in the norm that adds this output to the residual stream.
@@ -790,13 +817,12 @@ void CudaDecoder::mla_attention(int64_t layer, const Step& step) {
                         .num_tokens = T, .width = W, .src_stride = W,
                         .num_slots = num_blocks_ * block_size_},
                        stream_);
-  // Queries into the latent space, head by head: q_full[t, h, 0:L] = W_uk[h]^T q_nope[t, h].
-  const float one = 1.0f, zero = 0.0f;
-  CUBLAS_CHECK(cublasGemmStridedBatchedEx(
-      cublas_, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(Lp), static_cast<int>(T),
-      static_cast<int>(nope), &one, d.kv_b, CUDA_R_16BF, static_cast<int>(Lp), (nope + vd) * Lp,
-      mla_q_, CUDA_R_16BF, static_cast<int>(Nh * qk), qk, &zero, mla_q_full_, CUDA_R_16BF,
-      static_cast<int>(Nh * W), W, static_cast<int>(Nh), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  // Queries into the latent space, head by head: q_full[t, h, 0:Lp] = W_uk[h]^T q_nope[t, h]
+  // (kv_b[h] rows [0, nope) are W_uk[h], [nope, Lp) each).
+  absorbed({.a = mla_q_, .b = d.kv_b, .c = mla_q_full_, .m = T, .n = Lp, .k = nope,
+            .lda = Nh * qk, .ldb = Lp, .ldc = Nh * W, .b_layout = cuda::DenseLayout::kKN,
+            .batch = Nh, .batch_stride_a = qk, .batch_stride_b = (nope + vd) * Lp,
+            .batch_stride_c = W});
   CUDA_CHECK(cudaMemcpy2DAsync(mla_q_full_ + Lp, W * sizeof(bf16), mla_q_ + nope,
                                qk * sizeof(bf16), R * sizeof(bf16), T * Nh,
                                cudaMemcpyDeviceToDevice, stream_));
@@ -806,16 +832,30 @@ void CudaDecoder::mla_attention(int64_t layer, const Step& step) {
                               .num_seqs = T, .num_heads = Nh, .latent_dim = Lp, .rope_dim = Rp,
                               .block_size = block_size_, .num_blocks = num_blocks_,
                               .max_blocks_per_seq = step.table_stride,
-                              .max_seq_len = step.max_seq_len, .scale = attention_scale_},
+                              .max_seq_len = step.max_seq_len, .scale = attention_scale_,
+                              .fixed_chunk = attention_chunk_},
                              stream_);
   // Each head's latent output lifted through its value rows W_uv[h] = kv_b rows after W_uk[h].
-  CUBLAS_CHECK(cublasGemmStridedBatchedEx(
-      cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(vd), static_cast<int>(T),
-      static_cast<int>(Lp), &one, d.kv_b + nope * Lp, CUDA_R_16BF, static_cast<int>(Lp),
-      (nope + vd) * Lp, mla_out_latent_, CUDA_R_16BF, static_cast<int>(Nh * Lp), Lp, &zero, attn_,
-      CUDA_R_16BF, static_cast<int>(Nh * vd), vd, static_cast<int>(Nh), CUBLAS_COMPUTE_32F,
-      CUBLAS_GEMM_DEFAULT));
+  absorbed({.a = mla_out_latent_, .b = d.kv_b + nope * Lp, .c = attn_, .m = T, .n = vd, .k = Lp,
+            .lda = Nh * Lp, .ldb = Lp, .ldc = Nh * vd, .batch = Nh, .batch_stride_a = Lp,
+            .batch_stride_b = (nope + vd) * Lp, .batch_stride_c = vd});
   linear(attn_, T, Nh * vd, d.mla_o, H, Nh * vd, block_out_, H, /*f32_out=*/true);
+}
+
+void CudaDecoder::absorbed(const cuda::DenseGemmParams& g) {
+  if (options_.deterministic) {
+    cuda::dense_gemm(g, stream_);
+    return;
+  }
+  // cuBLAS is column-major: C^T[n, m] = op(B)[n, k] . A^T[k, m] per batch entry.
+  const float one = 1.0f, zero = 0.0f;
+  const bool kn = g.b_layout == cuda::DenseLayout::kKN;
+  CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      cublas_, kn ? CUBLAS_OP_N : CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(g.n),
+      static_cast<int>(g.m), static_cast<int>(g.k), &one, g.b, CUDA_R_16BF,
+      static_cast<int>(g.ldb), g.batch_stride_b, g.a, CUDA_R_16BF, static_cast<int>(g.lda),
+      g.batch_stride_a, &zero, g.c, CUDA_R_16BF, static_cast<int>(g.ldc), g.batch_stride_c,
+      static_cast<int>(g.batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 void CudaDecoder::dense_mlp(const bf16* gate_up, const bf16* down, int64_t width,
