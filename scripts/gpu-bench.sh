@@ -7,7 +7,9 @@
 #
 # Knobs: MOE_BENCH_MODEL (default synthetic:qwen3-30b-a3b), MOE_BENCH_EXTRA (more bench flags,
 # e.g. "--routing-skew zipf:1.0"), MOE_BENCH_SKIP_TORCH=1, MOE_BENCH_PROFILE=1 (also runs decode
-# at batch 1, 8 and 64 with the stage profiler on: its stage table and its overhead on the step).
+# at batch 1, 8 and 64 with the stage profiler on: its stage table and its overhead on the step),
+# MOE_BENCH_DETERMINISTIC=1 (also runs decode at batch 1, 8 and 64 and the prefill with
+# --deterministic: the cost of batch-invariant kernels against the default mode).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/gpu-bench}"
@@ -34,6 +36,13 @@ if [ "${MOE_BENCH_PROFILE:-0}" = 1 ]; then
   run profiled_b1 --batch 1 --input-len 1024 --output-len 64 --profile
   run profiled_b8 --batch 8 --input-len 1024 --output-len 64 --profile
   run profiled_b64 --batch 64 --input-len 1024 --output-len 64 --profile
+fi
+
+if [ "${MOE_BENCH_DETERMINISTIC:-0}" = 1 ]; then
+  run deterministic_b1 --batch 1 --input-len 1024 --output-len 64 --deterministic
+  run deterministic_b8 --batch 8 --input-len 1024 --output-len 64 --deterministic
+  run deterministic_b64 --batch 64 --input-len 1024 --output-len 64 --deterministic
+  run deterministic_prefill_4096 --batch 1 --input-len 4096 --output-len 2 --deterministic
 fi
 
 if [ "${MOE_BENCH_SKIP_TORCH:-0}" != 1 ] && [ -x "$BUILD/bench/bench_cuda_moe_layer" ]; then
@@ -66,4 +75,14 @@ for b in (1, 8, 64):
         t0 = json.load(open(off))["gpu"]["decode_step_seconds"]
         t1 = json.load(open(on))["gpu"]["decode_step_seconds"]
         print(f"profiler overhead, decode B {b}: {t0*1e3:.3f} -> {t1*1e3:.3f} ms/step = {t1/t0 - 1:+.2%} (budget 3%)")
+for plain, det in [("decode_b1", "deterministic_b1"), ("decode_b8", "deterministic_b8"),
+                   ("decode_b64", "deterministic_b64"), ("prefill_4096", "deterministic_prefill_4096")]:
+    off, on = os.path.join(out, plain + ".json"), os.path.join(out, det + ".json")
+    if not (os.path.exists(off) and os.path.exists(on)):
+        continue
+    key = "prefill_seconds" if plain.startswith("prefill") else None
+    pick = (lambda j: j["prefill_seconds"]) if key else (lambda j: j["gpu"]["decode_step_seconds"])
+    t0, t1 = pick(json.load(open(off))), pick(json.load(open(on)))
+    what = "prefill" if key else "ms/step"
+    print(f"--deterministic, {plain}: {t0*1e3:.3f} -> {t1*1e3:.3f} ms ({what}) = x{t1/t0:.2f}")
 PY
