@@ -170,8 +170,11 @@ void rows_are_batch_invariant() {
     const std::vector<float> alone = product(a, probe, 1, w, n, k, DenseTile::kAuto);
     for (const int64_t m : {2, 7, 16, 17, 64, 200}) {
       for (const DenseTile tile : {DenseTile::kAuto, DenseTile::kRows16, DenseTile::kRows64}) {
-        const std::vector<float> batch = product(a, 0, m, w, n, k, tile);
-        expect_same_bits(&batch[probe * n], alone.data(), n,
+        // Rows [first, first + m) with row 5 in them: from row 0, or ending at row 5 when m is
+        // too short to reach it.
+        const int64_t first = m > probe ? 0 : probe - m + 1;
+        const std::vector<float> batch = product(a, first, m, w, n, k, tile);
+        expect_same_bits(&batch[(probe - first) * n], alone.data(), n,
                          "k " + std::to_string(k) + ": row 5 of a batch of " + std::to_string(m) +
                              " rows, tile " + std::to_string(static_cast<int>(tile)));
       }

@@ -104,20 +104,29 @@ void replay_gpu_routing(const moe::Routing& gpu, const float* logits,
     const auto ours = sorted_ids(&gpu.topk_ids[t * K], K);
     const auto theirs = sorted_ids(&cpu.topk_ids[t * K], K);
     if (ours == theirs) continue;
-    // Whether the CPU picks the GPU's experts once the differing ones are nudged by `by`.
     // Whether the CPU picks the GPU's experts once the differing ones are nudged by `scale`
-    // tie tolerances.
-    auto agrees_when_nudged = [&](float scale) {
+    // tie tolerances: the GPU-only experts raised and the CPU-only ones lowered, or either
+    // alone (under group-limited routing, lowering a CPU-only expert can drop its whole group
+    // and so hide a tie that raising the GPU-only one alone resolves).
+    auto nudged_agrees = [&](float scale, bool raise, bool lower) {
       const float* own = logits + t * E;
       std::copy_n(own, E, row.begin());
-      for (int32_t e : ours)
-        if (!std::binary_search(theirs.begin(), theirs.end(), e))
-          row[e] += tie_nudge(own[e], options, scale);
-      for (int32_t e : theirs)
-        if (!std::binary_search(ours.begin(), ours.end(), e))
-          row[e] -= tie_nudge(own[e], options, scale);
+      if (raise) {
+        for (int32_t e : ours)
+          if (!std::binary_search(theirs.begin(), theirs.end(), e))
+            row[e] += tie_nudge(own[e], options, scale);
+      }
+      if (lower) {
+        for (int32_t e : theirs)
+          if (!std::binary_search(ours.begin(), ours.end(), e))
+            row[e] -= tie_nudge(own[e], options, scale);
+      }
       moe::route(row.data(), 1, options, &nudged);
       return sorted_ids(nudged.topk_ids.data(), K) == ours;
+    };
+    auto agrees_when_nudged = [&](float scale) {
+      return nudged_agrees(scale, true, true) || nudged_agrees(scale, true, false) ||
+             nudged_agrees(scale, false, true);
     };
     if (agrees_when_nudged(1.0f)) {
       ++result.near_ties;
