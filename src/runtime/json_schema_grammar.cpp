@@ -1,15 +1,18 @@
 #include "runtime/json_schema_grammar.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <unordered_map>
 
 #include "core/error.h"
 #include "io/tokenizer.h"
+#include "runtime/regex_automaton.h"
 
 namespace moeinfer {
 namespace json_grammar {
@@ -115,6 +118,53 @@ struct Node {
   std::vector<int32_t> alternatives = {};
   std::vector<int32_t> tuple = {};  // array of a fixed length (a const): item i's node
   uint8_t types = 0;                // JSON types the node's values can have (kType*)
+  int32_t pattern = -1;             // string: index in patterns (pattern, format); -1: none
+  int32_t range = -1;               // number: index in number_ranges; -1: unbounded
+};
+
+// A string's pattern and format as one automaton over its code points, and for strings with a
+// length bound the lengths at which each state can still end (so the count and the automaton
+// never part ways). Frame::used holds the state (low 32 bits) and the code point being read
+// (high 32 bits).
+struct StringPattern {
+  CodePointDfa dfa;
+  bool counted = false;  // minLength / maxLength apply
+  int64_t min_count = 0, max_count = std::numeric_limits<int64_t>::max();
+  int64_t horizon = 0;         // counted: lengths 0..horizon in `ends`
+  std::vector<uint64_t> ends;  // [states, words]: bit k set when k more code points can end it
+  size_t words = 0;
+
+  // The string can still end validly from `state` after `count` code points.
+  bool viable(int32_t state, int64_t count) const {
+    if (!counted) return true;  // every state of a trimmed automaton can reach an end
+    if (count > max_count) return false;
+    const int64_t a = std::max<int64_t>(0, min_count - count);
+    int64_t b = max_count == std::numeric_limits<int64_t>::max() ? horizon : max_count - count;
+    b = std::min({b, a + dfa.num_states() + 1, horizon});
+    if (a > b) return false;
+    const uint64_t* row = ends.data() + static_cast<size_t>(state) * words;
+    for (int64_t w = a >> 6; w <= b >> 6; ++w) {
+      uint64_t bits = row[w];
+      if (w == a >> 6) bits &= ~uint64_t{0} << (a & 63);
+      if (w == b >> 6 && (b & 63) != 63) bits &= (uint64_t{1} << ((b & 63) + 1)) - 1;
+      if (bits != 0) return true;
+    }
+    return false;
+  }
+  // Some code point in [lo, hi] takes `state` somewhere it can still end at `count`.
+  bool viable_in(int32_t state, uint32_t lo, uint32_t hi, int64_t count) const {
+    for (const auto* e = dfa.edges_begin(state); e != dfa.edges_end(state); ++e) {
+      if (e->hi < lo) continue;
+      if (e->lo > hi) break;
+      if (viable(e->to, count)) return true;
+    }
+    return false;
+  }
+};
+
+// A bounded number's range, in units of 1e-16 (the finest fraction the grammar writes).
+struct NumberRange {
+  __int128 lo = 0, hi = 0;
 };
 
 enum : uint8_t {
@@ -222,6 +272,111 @@ bool integer_in_range(const Frame& f, int64_t lo, int64_t hi) {
   return v >= lo && v <= hi;
 }
 
+// Bounded numbers (a `number` with minimum / maximum ...) are written without an exponent, with
+// at most kMaxBoundedDigits digits in all and kMaxFracDigits after the point, so that a prefix's
+// value is exact in 64 bits: Frame::used the digits so far as one integer, count the integer
+// digits, aux the fraction digits.
+constexpr int kMaxBoundedDigits = 19;
+constexpr int kUnitDigits = kMaxFracDigits;  // NumberRange's unit: 1e-16
+
+__int128 pow10_128(int k) {
+  __int128 v = 1;
+  for (int i = 0; i < k; ++i) v *= 10;
+  return v;
+}
+
+// Some multiple of `step` above `a` (a itself included) lies in [a, b] and in [lo, hi].
+bool grid_hit(__int128 a, __int128 b, __int128 step, __int128 lo, __int128 hi) {
+  const __int128 from = std::max(a, lo), to = std::min(b, hi);
+  if (from > to) return false;
+  const __int128 first = a + (from - a + step - 1) / step * step;
+  return first <= to;
+}
+
+bool in_int_part(uint8_t phase) {
+  return phase == kNumStart || phase == kNumMinus || phase == kNumZero || phase == kNumInt;
+}
+
+// Whether the bounded number begun in `f` can still end inside `r`.
+bool number_viable(const Frame& f, const NumberRange& r) {
+  const bool negative = f.flags & kNegative;
+  // The magnitudes that do: [mlo, mhi].
+  const __int128 mlo = std::max<__int128>(0, negative ? -r.hi : r.lo);
+  const __int128 mhi = negative ? -r.lo : r.hi;
+  if (mlo > mhi) return false;
+  const __int128 unit = pow10_128(kUnitDigits);
+  const int digits = f.count, fraction = f.aux;
+  const __int128 v = static_cast<__int128>(f.used);
+  if (in_int_part(f.phase)) {
+    // k more integer digits, then as many fraction digits as still fit (the finest grid holds
+    // every coarser one).
+    for (int k = 0; digits + k <= kMaxBoundedDigits; ++k) {
+      if (digits == 0 && k == 0) continue;
+      if (f.phase == kNumZero && k > 0) break;
+      const __int128 scale = pow10_128(k);
+      const __int128 first = digits == 0 && k > 1 ? scale / 10 : 0;  // no leading zeros
+      const __int128 j_lo = v * scale + first, j_hi = v * scale + scale - 1;
+      const int frac_max = std::min(kMaxFracDigits, kMaxBoundedDigits - digits - k);
+      const __int128 step = pow10_128(kUnitDigits - frac_max);
+      if (grid_hit(j_lo * unit, j_hi * unit + unit - step, step, mlo, mhi)) return true;
+    }
+    return false;
+  }
+  const int frac_max = std::min(kMaxFracDigits, kMaxBoundedDigits - digits);
+  if (frac_max - fraction < (fraction == 0 ? 1 : 0)) return false;
+  const __int128 place = pow10_128(kUnitDigits - fraction);
+  const __int128 step = pow10_128(kUnitDigits - frac_max);
+  const __int128 base = v * place;
+  return grid_hit(base, base + place - step, step, mlo, mhi);
+}
+
+bool number_in_range(const Frame& f, const NumberRange& r) {
+  const int fraction = in_int_part(f.phase) ? 0 : f.aux;
+  const __int128 magnitude = static_cast<__int128>(f.used) * pow10_128(kUnitDigits - fraction);
+  const __int128 v = (f.flags & kNegative) ? -magnitude : magnitude;
+  return v >= r.lo && v <= r.hi;
+}
+
+// ceil (up) or floor of D * 1e16, exactly, where D is the shortest decimal that reads back as x
+// (what the schema's author wrote, "0.1" rather than the double's 0.1000000000000000055...): a
+// written number on the right side of D is on the right side of x after any correct rounding,
+// since rounding is monotonic and D rounds to x. |x| < 1e19.
+__int128 scaled_bound(double x, bool up) {
+  char text[64];
+  const auto [end, ec] = std::to_chars(text, text + sizeof(text), x, std::chars_format::scientific);
+  MOE_CHECK(ec == std::errc(), "cannot write the bound ", x);
+  const std::string_view t(text, static_cast<size_t>(end - text));  // -d.ddde+XX
+  const bool negative = t.front() == '-';
+  __int128 mantissa = 0;
+  int decimals = 0;
+  bool after_point = false;
+  size_t i = negative ? 1 : 0;
+  for (; i < t.size() && t[i] != 'e'; ++i) {
+    if (t[i] == '.') {
+      after_point = true;
+      continue;
+    }
+    mantissa = mantissa * 10 + (t[i] - '0');
+    decimals += after_point;
+  }
+  const int exponent = std::stoi(std::string(t.substr(i + 1)));
+  const int shift = exponent - decimals + kUnitDigits;  // D * 1e16 = mantissa * 10^shift
+  __int128 q = 0;
+  bool inexact = false;
+  if (shift >= 0) {
+    q = mantissa * pow10_128(shift);
+  } else if (-shift <= 38) {
+    const __int128 div = pow10_128(-shift);
+    q = mantissa / div;
+    inexact = mantissa % div != 0;
+  } else {
+    inexact = mantissa != 0;
+  }
+  // Round the magnitude away from zero where that is the asked direction.
+  if (inexact && up != negative) q += 1;
+  return negative ? -q : q;
+}
+
 }  // namespace
 }  // namespace json_grammar
 
@@ -233,6 +388,8 @@ struct JsonGrammar::Impl {
   std::vector<Node> nodes;
   std::vector<ObjectSpec> objects;
   std::vector<ByteTrie> literals;
+  std::vector<StringPattern> patterns;
+  std::vector<NumberRange> number_ranges;
   int32_t root = 0;
   // The alternatives of a value of any type, by its first byte.
   int32_t any_object = -1, any_array = -1, any_string = -1, any_number = -1, any_literal = -1;
@@ -249,6 +406,8 @@ struct JsonGrammar::Impl {
   bool can_end(const Frame& f) const;
   void offer(std::vector<Frame>& t, uint8_t b, State& out) const;
   bool key_viable(const ObjectSpec& o, const Frame& f) const;
+  Step step_pattern_string(Frame& f, const Node& n, uint8_t b) const;
+  Step step_bounded_number(Frame& f, const Node& n, uint8_t b) const;
   bool more_keys(const ObjectSpec& o, const Frame& f) const {
     return o.additional >= 0 || (o.all & ~f.used) != 0;
   }
@@ -306,6 +465,65 @@ void JsonGrammar::Impl::add_any_nodes() {
 }
 
 namespace {
+
+// The formats followed, each as a pattern of the subset runtime/regex_automaton.h takes. Each is
+// the strict side of its RFC (what every validator takes), written here from the RFCs:
+// - date (RFC 3339 full-date): years 0001-9999, the days each month has, 02-29 in leap years;
+// - time (full-time): hh:mm:ss, a fraction of 1-9 digits, then Z or an offset; no leap second;
+// - date-time: a date, T, a time (t and z lower-case too);
+// - uuid (RFC 4122 text form), hex digits of either case;
+// - ipv4: dotted quad without leading zeros; ipv6 (RFC 4291 text forms, '::' once, no embedded
+//   IPv4 and no zone);
+// - hostname (RFC 1123): labels of letters, digits and inner hyphens, 1-63 long, at most 253 in
+//   all; email: a dot-atom local part (RFC 5322), '@', a host name;
+// - uri: a loose form: a scheme (RFC 3986), ':', and one or more characters of RFC 3986's
+//   unreserved and reserved sets (no brackets) or %HH escapes.
+struct FormatSpec {
+  const char* name;
+  std::string regex;
+  int64_t max_length = std::numeric_limits<int64_t>::max();
+};
+
+const FormatSpec* find_format(const std::string& name) {
+  static const std::vector<FormatSpec> kFormats = [] {
+    const std::string d31 = "(0[1-9]|[12][0-9]|3[01])", d30 = "(0[1-9]|[12][0-9]|30)",
+                      d28 = "(0[1-9]|1[0-9]|2[0-8])";
+    const std::string year = "([0-9]{3}[1-9]|[0-9]{2}[1-9][0-9]|[0-9][1-9][0-9]{2}|[1-9][0-9]{3})";
+    const std::string leap =
+        "([0-9]{2}(0[48]|[2468][048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00)";
+    const std::string date = "(" + year + "-((0[13578]|1[02])-" + d31 + "|(0[469]|11)-" + d30 +
+                             "|02-" + d28 + ")|" + leap + "-02-29)";
+    const std::string time =
+        "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5]"
+        "[0-9])";
+    const std::string hex = "[0-9A-Fa-f]";
+    const std::string h = hex + "{1,4}";
+    const std::string octet = "(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])";
+    const std::string ipv6 = "((" + h + ":){7}" + h + "|(" + h + ":){1,7}:|(" + h + ":){1,6}:" + h +
+                             "|(" + h + ":){1,5}(:" + h + "){1,2}|(" + h + ":){1,4}(:" + h +
+                             "){1,3}|(" + h + ":){1,3}(:" + h + "){1,4}|(" + h + ":){1,2}(:" + h +
+                             "){1,5}|" + h + ":(:" + h + "){1,6}|:((:" + h + "){1,7}|:))";
+    const std::string label = "[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?";
+    const std::string host = label + "(\\." + label + ")*";
+    const std::string atext = "[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]";
+    return std::vector<FormatSpec>{
+        {.name = "date", .regex = "^" + date + "$"},
+        {.name = "time", .regex = "^" + time + "$"},
+        {.name = "date-time", .regex = "^" + date + "[Tt]" + time + "$"},
+        {.name = "uuid", .regex = "^" + hex + "{8}-(" + hex + "{4}-){3}" + hex + "{12}$"},
+        {.name = "ipv4", .regex = "^" + octet + "(\\." + octet + "){3}$"},
+        {.name = "ipv6", .regex = "^" + ipv6 + "$"},
+        {.name = "hostname", .regex = "^" + host + "$", .max_length = 253},
+        {.name = "email", .regex = "^" + atext + "+(\\." + atext + "+)*@" + host + "$"},
+        {.name = "uri",
+         .regex = "^[A-Za-z][A-Za-z0-9+.-]*:([A-Za-z0-9._~:/?#@!$&'()*+,;=-]|%" + hex + "{2})+$"},
+    };
+  }();
+  for (const FormatSpec& f : kFormats) {
+    if (name == f.name) return &f;
+  }
+  return nullptr;
+}
 
 // Schema -> nodes.
 class Compiler {
@@ -381,7 +599,8 @@ class Compiler {
         types.push_back("object");
       } else if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) {
         types.push_back("array");
-      } else if (s.contains("minLength") || s.contains("maxLength")) {
+      } else if (s.contains("minLength") || s.contains("maxLength") || s.contains("pattern") ||
+                 s.contains("format")) {
         types.push_back("string");
       } else if (s.contains("minimum") || s.contains("maximum") || s.contains("exclusiveMinimum") ||
                  s.contains("exclusiveMaximum")) {
@@ -487,7 +706,9 @@ class Compiler {
                                                      "minimum",
                                                      "maximum",
                                                      "exclusiveMinimum",
-                                                     "exclusiveMaximum"};
+                                                     "exclusiveMaximum",
+                                                     "pattern",
+                                                     "format"};
     for (const auto& [key, value] : s.items()) {
       if (is_annotation(key) || kSupported.count(key)) continue;
       if (key == "uniqueItems" && value == json(false)) continue;
@@ -523,6 +744,7 @@ class Compiler {
       n.max_count = read_count(s, "maxLength", path, std::numeric_limits<int64_t>::max());
       MOE_CHECK(n.min_count <= n.max_count, "JSON schema ", path, ": minLength is above maxLength");
       n.bounded = s.contains("minLength") || s.contains("maxLength");
+      compile_pattern(s, path, n);
       return g_.add(std::move(n));
     }
     if (type == "integer") {
@@ -535,9 +757,9 @@ class Compiler {
       return g_.add(std::move(n));
     }
     if (type == "number") {
-      // Bounds on non-integer numbers would need decimal arithmetic over every prefix.
-      refuse_for({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"});
-      return g_.add({.kind = Kind::kNumber, .types = kTypeInt | kTypeFrac});
+      Node n{.kind = Kind::kNumber, .types = kTypeInt | kTypeFrac};
+      compile_number_range(s, path, n);
+      return g_.add(std::move(n));
     }
     if (type == "array") {
       Node n{.kind = Kind::kArray, .types = kTypeArray};
@@ -552,6 +774,124 @@ class Compiler {
     }
     if (type == "object") return compile_object(s, path);
     MOE_FAIL("JSON schema ", path, "/type: unknown type '", type, "'");
+  }
+
+  // pattern and format into one automaton (format: the ones of kFormats; any other format is an
+  // annotation, as JSON Schema 2020-12 and vLLM's xgrammar take it), with its length table.
+  void compile_pattern(const json& s, const std::string& path, Node& n) {
+    std::optional<CodePointDfa> dfa;
+    const auto build = [&](const std::string& where, const std::string& regex) {
+      try {
+        return CodePointDfa::from_pattern(regex);
+      } catch (const Error& e) {
+        MOE_FAIL("JSON schema ", path, "/", where, ": ", e.what());
+      }
+    };
+    if (const auto p = s.find("pattern"); p != s.end()) {
+      MOE_CHECK(p->is_string(), "JSON schema ", path, "/pattern: must be a string");
+      dfa = build("pattern", p->get<std::string>());
+    }
+    if (const auto f = s.find("format"); f != s.end()) {
+      MOE_CHECK(f->is_string(), "JSON schema ", path, "/format: must be a string");
+      if (const FormatSpec* spec = find_format(f->get<std::string>())) {
+        CodePointDfa format = build("format", spec->regex);
+        if (dfa) {
+          try {
+            format = CodePointDfa::intersect(*dfa, format);
+          } catch (const Error& e) {
+            MOE_FAIL("JSON schema ", path, ": pattern and format together: ", e.what());
+          }
+        }
+        dfa = std::move(format);
+        if (spec->max_length < n.max_count) {
+          n.max_count = spec->max_length;
+          n.bounded = true;
+          MOE_CHECK(n.min_count <= n.max_count, "JSON schema ", path, ": minLength is above the ",
+                    spec->max_length, " code points of format '", spec->name, "'");
+        }
+      }
+    }
+    if (!dfa) return;
+    StringPattern pattern{.dfa = std::move(*dfa),
+                          .counted = n.bounded,
+                          .min_count = n.min_count,
+                          .max_count = n.max_count};
+    if (pattern.counted) {
+      // ends[q] bit k: k more code points can take q to an accepting state. A window of lengths
+      // longer than states + 1 holds the shortest way as well as any longer one (a longer path
+      // repeats a state, and the loop can go), so min + states + 2 lengths are enough.
+      const int64_t states = pattern.dfa.num_states();
+      pattern.horizon = std::min<int64_t>(n.max_count, n.min_count + states + 2);
+      pattern.words = static_cast<size_t>(pattern.horizon / 64 + 1);
+      MOE_CHECK(static_cast<double>(states) * static_cast<double>(pattern.horizon) <= 1 << 24,
+                "JSON schema ", path,
+                ": a pattern or format with minLength / maxLength this large "
+                "is not supported (",
+                states, " automaton states times ", pattern.horizon, " lengths)");
+      pattern.ends.assign(static_cast<size_t>(states) * pattern.words, 0);
+      std::vector<uint8_t> now(states), next(states);
+      for (int32_t q = 0; q < states; ++q) now[q] = pattern.dfa.accepting(q);
+      for (int64_t k = 0; k <= pattern.horizon; ++k) {
+        for (int32_t q = 0; q < states; ++q) {
+          if (now[q]) pattern.ends[q * pattern.words + (k >> 6)] |= uint64_t{1} << (k & 63);
+        }
+        for (int32_t q = 0; q < states; ++q) {
+          next[q] = 0;
+          for (const auto* e = pattern.dfa.edges_begin(q); e != pattern.dfa.edges_end(q); ++e) {
+            if (now[e->to]) {
+              next[q] = 1;
+              break;
+            }
+          }
+        }
+        std::swap(now, next);
+      }
+    }
+    MOE_CHECK(pattern.viable(pattern.dfa.start(), 0), "JSON schema ", path,
+              ": no string of the allowed length matches the pattern or format");
+    g_.patterns.push_back(std::move(pattern));
+    n.pattern = static_cast<int32_t>(g_.patterns.size()) - 1;
+  }
+
+  // minimum / maximum / exclusiveMinimum / exclusiveMaximum of a number, exactly: a value the
+  // grammar lets through compares to the bound as written after any correct rounding to a
+  // double (an exclusive bound is held from the next double beyond it).
+  void compile_number_range(const json& s, const std::string& path, Node& n) {
+    const __int128 limit = pow10_128(kMaxBoundedDigits + kUnitDigits);  // beyond any written
+    NumberRange r{.lo = -limit, .hi = limit};
+    bool bounded = false;
+    for (const char* key : {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"}) {
+      const auto it = s.find(key);
+      if (it == s.end()) continue;
+      MOE_CHECK(it->is_number(), "JSON schema ", path, "/", key, ": must be a number");
+      bounded = true;
+      const std::string name = key;
+      const bool lower = name == "minimum" || name == "exclusiveMinimum";
+      double v = it->get<double>();
+      if (name.starts_with("exclusive")) {
+        v = std::nextafter(v, lower ? std::numeric_limits<double>::infinity()
+                                    : -std::numeric_limits<double>::infinity());
+      }
+      if (std::fabs(v) >= 1e19) {
+        // Beyond every number of 19 digits: no bound, or nothing left.
+        MOE_CHECK(lower ? v < 0 : v > 0, "JSON schema ", path, ": no number of at most ",
+                  kMaxBoundedDigits, " digits is within '", key, "'");
+        continue;
+      }
+      if (lower) {
+        r.lo = std::max(r.lo, scaled_bound(v, /*up=*/true));
+      } else {
+        r.hi = std::min(r.hi, scaled_bound(v, /*up=*/false));
+      }
+    }
+    if (!bounded) return;
+    MOE_CHECK(r.lo <= r.hi, "JSON schema ", path, ": no number between the bounds");
+    g_.number_ranges.push_back(r);
+    n.range = static_cast<int32_t>(g_.number_ranges.size()) - 1;
+    MOE_CHECK(number_viable(Frame{}, r) ||
+                  number_viable(Frame{.phase = kNumMinus, .flags = kNegative}, r),
+              "JSON schema ", path, ": no number of at most ", kMaxFracDigits,
+              " fraction digits is between the bounds");
   }
 
   static void read_bound(const json& s, const char* key, const std::string& path, bool lower,
@@ -684,6 +1024,14 @@ class Compiler {
       const ByteTrie& q = g_.literals[y.literals];
       return !shares_word(p, 0, q, 0);
     }
+    if (x.kind == Kind::kString && y.kind == Kind::kString && x.pattern >= 0 && y.pattern >= 0) {
+      try {
+        CodePointDfa::intersect(g_.patterns[x.pattern].dfa, g_.patterns[y.pattern].dfa);
+      } catch (const Error&) {
+        return true;  // no string matches both
+      }
+      return false;
+    }
     if (x.kind == Kind::kObject && y.kind == Kind::kObject) {
       const ObjectSpec& p = g_.objects[x.object];
       const ObjectSpec& q = g_.objects[y.object];
@@ -767,6 +1115,7 @@ bool JsonGrammar::Impl::can_end(const Frame& f) const {
             f.phase == kNumExp)) {
         return false;
       }
+      if (n.range >= 0) return number_in_range(f, number_ranges[n.range]);
       return n.kind != Kind::kInteger || !n.bounded || integer_in_range(f, n.lo, n.hi);
     case Kind::kLiterals:
       return literals[n.literals].nodes[f.count].value >= 0;
@@ -866,6 +1215,7 @@ JsonGrammar::Impl::Step JsonGrammar::Impl::step(std::vector<Frame>& t, uint8_t b
         f.phase = kStrBody;
         return Step::kAccept;
       }
+      if (n.pattern >= 0) return step_pattern_string(f, n, b);
       const Lex lex = lex_string(f, b);
       if (lex == Lex::kReject) return Step::kReject;
       if (lex == Lex::kQuote) return f.count >= n.min_count ? Step::kClose : Step::kReject;
@@ -878,6 +1228,7 @@ JsonGrammar::Impl::Step JsonGrammar::Impl::step(std::vector<Frame>& t, uint8_t b
 
     case Kind::kNumber:
     case Kind::kInteger: {
+      if (n.range >= 0) return step_bounded_number(f, n, b);
       const bool integer = n.kind == Kind::kInteger;
       const bool digit = b >= '0' && b <= '9';
       const auto int_digit = [&]() {
@@ -1058,6 +1409,152 @@ JsonGrammar::Impl::Step JsonGrammar::Impl::step(std::vector<Frame>& t, uint8_t b
   return Step::kReject;
 }
 
+// A string with a pattern or format: the JSON lexer as for any string, and each character's
+// code point through the automaton. A byte is taken only when some character it can be part of
+// leaves the automaton where the string can still end (at an allowed length): an escape's
+// backslash stands for any code point up to U+FFFF, a UTF-8 lead byte or a partial \u escape for
+// the range its completions cover.
+JsonGrammar::Impl::Step JsonGrammar::Impl::step_pattern_string(Frame& f, const Node& n,
+                                                               uint8_t b) const {
+  const StringPattern& p = patterns[n.pattern];
+  Frame next = f;
+  const uint8_t sub = f.sub;
+  const Lex lex = lex_string(next, b);
+  if (lex == Lex::kReject) return Step::kReject;
+  auto state = static_cast<int32_t>(f.used & 0xFFFFFFFF);
+  auto partial = static_cast<uint32_t>(f.used >> 32);
+  if (lex == Lex::kQuote) {
+    return p.dfa.accepting(state) && f.count >= n.min_count ? Step::kClose : Step::kReject;
+  }
+  if (lex == Lex::kStart && n.bounded) {
+    if (next.count >= n.max_count) return Step::kReject;
+    ++next.count;
+  }
+  const int64_t count = next.count;
+  // The code point, once it is whole; else the range of those it can still become.
+  bool whole = false;
+  uint32_t cp = 0, lo = 0, hi = 0xFFFF;
+  if (sub == kLexBody) {
+    if (b == '\\') {
+      lo = 0, hi = 0xFFFF;
+    } else if (b < 0x80) {
+      whole = true, cp = b;
+    } else {
+      const int left = next.aux & 0xFF;
+      const uint32_t lead = b & (left == 1 ? 0x1F : left == 2 ? 0x0F : 0x07);
+      const int shift = 6 * (left - 1);
+      const uint32_t c_lo = ((next.aux >> 8) & 0xFF) - 0x80,
+                     c_hi = ((next.aux >> 16) & 0xFF) - 0x80;
+      partial = lead;
+      lo = (lead << (6 * left)) + (c_lo << shift);
+      hi = (lead << (6 * left)) + (c_hi << shift) + ((1u << shift) - 1);
+    }
+  } else if (sub == kLexEscape) {
+    if (b == 'u') {
+      partial = 0, lo = 0, hi = 0xFFFF;
+    } else {
+      whole = true;
+      switch (b) {
+        case 'b':
+          cp = '\b';
+          break;
+        case 'f':
+          cp = '\f';
+          break;
+        case 'n':
+          cp = '\n';
+          break;
+        case 'r':
+          cp = '\r';
+          break;
+        case 't':
+          cp = '\t';
+          break;
+        default:
+          cp = b;  // " \\ /
+      }
+    }
+  } else if (sub == kLexUtf8) {
+    partial = partial << 6 | (b & 0x3F);
+    if (next.sub == kLexBody) {
+      whole = true, cp = partial;
+    } else {
+      const int shift = 6 * (next.aux & 0xFF);
+      lo = partial << shift, hi = (partial << shift) + ((1u << shift) - 1);
+    }
+  } else {  // \u digits
+    partial = partial * 16 + static_cast<uint32_t>(hex_value(b));
+    const int done = sub - kLexHex0 + 1;
+    if (done == 4) {
+      whole = true, cp = partial;
+    } else {
+      const int shift = 4 * (4 - done);
+      lo = partial << shift, hi = (partial << shift) + ((1u << shift) - 1);
+    }
+  }
+  if (whole) {
+    state = p.dfa.next(state, cp);
+    if (state < 0 || !p.viable(state, count)) return Step::kReject;
+    partial = 0;
+  } else if (!p.viable_in(state, lo, hi, count)) {
+    return Step::kReject;
+  }
+  next.used = static_cast<uint64_t>(partial) << 32 | static_cast<uint32_t>(state);
+  f = next;
+  return Step::kAccept;
+}
+
+// A number with bounds: the JSON grammar without an exponent, each digit taken only while some
+// ending of the number stays inside the range (number_viable).
+JsonGrammar::Impl::Step JsonGrammar::Impl::step_bounded_number(Frame& f, const Node& n,
+                                                               uint8_t b) const {
+  const NumberRange& r = number_ranges[n.range];
+  const bool digit = b >= '0' && b <= '9';
+  Frame next = f;
+  switch (f.phase) {
+    case kNumStart:
+      if (b == '-') {
+        next.flags |= kNegative;
+        next.phase = kNumMinus;
+        break;
+      }
+      [[fallthrough]];
+    case kNumMinus:
+    case kNumInt:
+      if (!digit) {
+        if (f.phase == kNumInt && b == '.') {
+          next.phase = kNumFracStart;
+          break;
+        }
+        return f.phase == kNumInt && can_end(f) ? Step::kEnd : Step::kReject;
+      }
+      if (f.count >= kMaxBoundedDigits) return Step::kReject;
+      next.used = f.used * 10 + (b - '0');
+      ++next.count;
+      next.phase = next.used == 0 ? kNumZero : kNumInt;
+      break;
+    case kNumZero:
+      if (b == '.') {
+        next.phase = kNumFracStart;
+        break;
+      }
+      return can_end(f) ? Step::kEnd : Step::kReject;
+    case kNumFracStart:
+    case kNumFrac:
+      if (!digit) return f.phase == kNumFrac && can_end(f) ? Step::kEnd : Step::kReject;
+      if (f.aux >= kMaxFracDigits || f.count + f.aux >= kMaxBoundedDigits) return Step::kReject;
+      next.used = f.used * 10 + (b - '0');
+      ++next.aux;
+      next.phase = kNumFrac;
+      break;
+    default:
+      return Step::kReject;
+  }
+  if (!number_viable(next, r)) return Step::kReject;
+  f = next;
+  return Step::kAccept;
+}
+
 void JsonGrammar::Impl::offer(std::vector<Frame>& t, uint8_t b, State& out) const {
   for (;;) {
     const Frame& top = t.back();
@@ -1186,6 +1683,7 @@ bool JsonGrammar::in_string_body(const State& s, int64_t& room) const {
   const Frame& top = s.frames.back();
   const Node& n = impl_->nodes[top.node];
   if (n.kind != Kind::kString || top.phase != kStrBody || top.sub != kLexBody) return false;
+  if (n.pattern >= 0) return false;  // every character moves its automaton
   room = n.bounded ? n.max_count - top.count : std::numeric_limits<int64_t>::max();
   return true;
 }

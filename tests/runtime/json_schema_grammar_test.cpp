@@ -12,6 +12,7 @@
 //   assertion).
 #include "runtime/json_schema_grammar.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -20,6 +21,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <regex>
 #include <set>
 #include <string>
 #include <vector>
@@ -57,6 +59,146 @@ bool has_type(const json& v, const std::string& type) {
   if (type == "array") return v.is_array();
   if (type == "object") return v.is_object();
   return false;
+}
+
+// `pattern`: ECMA-262 as the C++ library implements it (std::regex's ECMAScript grammar), over
+// the string's code points, matched anywhere in it. The random patterns below keep to what it
+// and ECMA-262 agree on (no \\s, \\w outside ASCII, or '.'); the hand-written cases cover those.
+std::wstring wide(const std::string& s) {
+  std::wstring out;
+  for (size_t i = 0; i < s.size();) {
+    const auto b = static_cast<unsigned char>(s[i]);
+    const int n = b < 0x80 ? 0 : b < 0xE0 ? 1 : b < 0xF0 ? 2 : 3;
+    uint32_t cp = n == 0 ? b : b & (0x3F >> n);
+    for (int k = 1; k <= n; ++k) cp = cp << 6 | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+    out.push_back(static_cast<wchar_t>(cp));
+    i += n + 1;
+  }
+  return out;
+}
+
+bool matches_pattern(const std::string& pattern, const std::string& text) {
+  const std::wregex re(wide(pattern), std::regex::ECMAScript);
+  return std::regex_search(wide(text), re);
+}
+
+bool all_of_chars(const std::string& s, const char* set) {
+  return !s.empty() && s.find_first_not_of(set) == std::string::npos;
+}
+
+constexpr const char* kDigits = "0123456789";
+constexpr const char* kHex = "0123456789abcdefABCDEF";
+
+bool two_digits(const std::string& s, size_t at, int max) {
+  if (at + 2 > s.size() || !all_of_chars(s.substr(at, 2), kDigits)) return false;
+  return std::stoi(s.substr(at, 2)) <= max;
+}
+
+// RFC 3339 full-date: a real day.
+bool valid_date(const std::string& s) {
+  if (s.size() != 10 || s[4] != '-' || s[7] != '-' || !all_of_chars(s.substr(0, 4), kDigits) ||
+      !two_digits(s, 5, 12) || !two_digits(s, 8, 31)) {
+    return false;
+  }
+  const int year = std::stoi(s.substr(0, 4)), month = std::stoi(s.substr(5, 2)),
+            day = std::stoi(s.substr(8, 2));
+  const bool leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
+  const int days[] = {31, leap ? 29 : 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+  return year >= 1 && month >= 1 && day >= 1 && day <= days[month - 1];
+}
+
+// RFC 3339 full-time without leap seconds.
+bool valid_time(const std::string& s) {
+  if (s.size() < 9 || s[2] != ':' || s[5] != ':' || !two_digits(s, 0, 23) ||
+      !two_digits(s, 3, 59) || !two_digits(s, 6, 59)) {
+    return false;
+  }
+  size_t at = 8;
+  if (at < s.size() && s[at] == '.') {
+    const size_t end = s.find_first_not_of(kDigits, at + 1);
+    if (end == at + 1) return false;
+    at = end == std::string::npos ? s.size() : end;
+  }
+  const std::string zone = s.substr(at);
+  if (zone == "Z" || zone == "z") return true;
+  return zone.size() == 6 && (zone[0] == '+' || zone[0] == '-') && zone[3] == ':' &&
+         two_digits(zone, 1, 23) && two_digits(zone, 4, 59);
+}
+
+bool valid_hostname(const std::string& s) {
+  if (s.empty() || s.size() > 253) return false;
+  size_t start = 0;
+  while (true) {
+    const size_t dot = s.find('.', start);
+    const std::string label =
+        s.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    if (label.empty() || label.size() > 63 || label.front() == '-' || label.back() == '-' ||
+        !all_of_chars(label, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-")) {
+      return false;
+    }
+    if (dot == std::string::npos) return true;
+    start = dot + 1;
+  }
+}
+
+bool valid_format(const std::string& format, const std::string& s) {
+  if (format == "date") return valid_date(s);
+  if (format == "time") return valid_time(s);
+  if (format == "date-time") {
+    return s.size() > 11 && (s[10] == 'T' || s[10] == 't') && valid_date(s.substr(0, 10)) &&
+           valid_time(s.substr(11));
+  }
+  if (format == "uuid") {
+    if (s.size() != 36) return false;
+    for (size_t i = 0; i < s.size(); ++i) {
+      const bool dash = i == 8 || i == 13 || i == 18 || i == 23;
+      if (dash ? s[i] != '-' : std::string(kHex).find(s[i]) == std::string::npos) return false;
+    }
+    return true;
+  }
+  if (format == "ipv4" || format == "ipv6") {
+    unsigned char buf[16];
+    return inet_pton(format == "ipv4" ? AF_INET : AF_INET6, s.c_str(), buf) == 1;
+  }
+  if (format == "hostname") return valid_hostname(s);
+  if (format == "email") {
+    const size_t at = s.rfind('@');
+    if (at == std::string::npos || !valid_hostname(s.substr(at + 1))) return false;
+    const std::string local = s.substr(0, at);
+    if (local.empty() || local.front() == '.' || local.back() == '.' ||
+        local.find("..") != std::string::npos) {
+      return false;
+    }
+    return all_of_chars(local,
+                        "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+                        "!#$%&'*+/=?^_`{|}~-.");
+  }
+  if (format == "uri") {
+    const size_t colon = s.find(':');
+    if (colon == std::string::npos || colon == 0 || !std::isalpha(static_cast<unsigned char>(s[0])))
+      return false;
+    for (size_t i = 1; i < colon; ++i) {
+      if (!std::isalnum(static_cast<unsigned char>(s[i])) && s[i] != '+' && s[i] != '-' &&
+          s[i] != '.') {
+        return false;
+      }
+    }
+    const std::string rest = s.substr(colon + 1);
+    if (rest.empty()) return false;
+    for (size_t i = 0; i < rest.size(); ++i) {
+      if (rest[i] == '%') {
+        if (i + 2 >= rest.size() || !all_of_chars(rest.substr(i + 1, 2), kHex)) return false;
+        i += 2;
+        continue;
+      }
+      if (!std::isalnum(static_cast<unsigned char>(rest[i])) &&
+          std::string("-._~:/?#@!$&'()*+,;=").find(rest[i]) == std::string::npos) {
+        return false;
+      }
+    }
+    return true;
+  }
+  return true;  // an unknown format is an annotation
 }
 
 bool valid(const json& v, const json& s, const json& root);
@@ -104,6 +246,8 @@ bool valid(const json& v, const json& s, const json& root) {
     const int64_t n = code_points(v.get<std::string>());
     if (s.contains("minLength") && n < s["minLength"].get<int64_t>()) return false;
     if (s.contains("maxLength") && n > s["maxLength"].get<int64_t>()) return false;
+    if (s.contains("pattern") && !matches_pattern(s["pattern"], v)) return false;
+    if (s.contains("format") && !valid_format(s["format"], v)) return false;
   }
   if (v.is_number()) {
     const double x = v.get<double>();
@@ -143,6 +287,48 @@ bool valid(const json& v, const json& s, const json& root) {
 // ---------------------------------------------------------------------------------------------
 // Random schemas and random instances of them.
 
+// Patterns with strings that match them (the instance generator's, checked by the validator).
+struct PatternCase {
+  const char* pattern;
+  std::vector<const char*> examples;
+};
+const std::vector<PatternCase>& pattern_cases() {
+  static const std::vector<PatternCase> cases = {
+      {"^[a-z]+[0-9]{2,3}$", {"abc12", "z999"}},
+      {"^(cat|dog)s?$", {"cat", "dogs"}},
+      {"[0-9]", {"a1b", "7"}},  // unanchored: a digit anywhere
+      {"^\\d{3}-\\d{4}$", {"555-1234"}},
+      {"^(?:[A-Z][a-z]*)( [A-Z][a-z]*)*$", {"Ann", "New York"}},
+      {"^[^\"\\\\]{0,5}x$", {"x", "ab cx"}},
+      {"^a|b$", {"ab", "xb", "a"}},
+      {"^(\u00e9|\u4e2d)+\\.?$", {"\u00e9\u4e2d.", "\u4e2d"}},
+      {"^[a-z_]+@[a-z]+\\.com$", {"a_b@cd.com"}},
+      {"^$", {""}},
+      {"^[\\u0041-\\u0043]{2}$", {"AB"}},
+      {"^x{2,}y??$", {"xx", "xxxy"}},
+      {"ab+c", {"zabbbcz"}},
+      {"^\\$[1-9][0-9]*(\\.[0-9]{2})?$", {"$5", "$120.50"}},
+  };
+  return cases;
+}
+
+// Formats with strings of them.
+const std::vector<std::pair<const char*, std::vector<const char*>>>& format_cases() {
+  static const std::vector<std::pair<const char*, std::vector<const char*>>> cases = {
+      {"date", {"2024-02-29", "1999-12-31", "0400-02-29", "2023-04-30"}},
+      {"time", {"12:34:56Z", "23:59:59.5-01:00", "00:00:00.123456789+14:00"}},
+      {"date-time", {"2024-01-01T00:00:00Z", "1970-06-30t23:59:59.123456+05:30"}},
+      {"uuid", {"123e4567-e89b-12d3-a456-426614174000", "AAAAAAAA-BBBB-CCCC-DDDD-EEEEEEEEEEEE"}},
+      {"ipv4", {"192.168.0.1", "0.0.0.0", "255.255.255.255"}},
+      {"ipv6", {"::1", "2001:db8::ff00:42:8329", "::", "fe80::", "1:2:3:4:5:6:7:8"}},
+      {"hostname", {"example.com", "a-b.c0", "localhost"}},
+      {"email", {"john.doe+x@example.org", "a@b"}},
+      {"uri", {"https://example.com/a?b=c#d", "urn:isbn:0451450523", "x:%20"}},
+      {"color", {"red", "anything at all"}},  // unknown: an annotation
+  };
+  return cases;
+}
+
 class SchemaGen {
  public:
   explicit SchemaGen(uint64_t seed) : rng_(seed) {}
@@ -162,6 +348,14 @@ class SchemaGen {
     switch (kind) {
       case 0: {
         json s = {{"type", "string"}};
+        if (coin(0.2)) {
+          s["pattern"] = pattern_cases()[pick(pattern_cases().size())].pattern;
+          return s;
+        }
+        if (coin(0.2)) {
+          s["format"] = format_cases()[pick(format_cases().size())].first;
+          return s;
+        }
         if (coin(0.3)) s["maxLength"] = pick(12);
         if (coin(0.2)) s["minLength"] = std::min<int>(pick(4), s.value("maxLength", 99));
         return s;
@@ -173,8 +367,20 @@ class SchemaGen {
         if (coin(0.1)) s["exclusiveMaximum"] = s.value("maximum", 5000) + 1;
         return s;
       }
-      case 2:
-        return {{"type", "number"}};
+      case 2: {
+        json s = {{"type", "number"}};
+        if (coin(0.5)) {
+          // Bounds on a grid of 1/4; instances on a grid of 1/8 (InstanceGen).
+          const double lo = (pick(400) - 200) / 4.0, hi = lo + (1 + pick(400)) / 4.0;
+          if (coin(0.7)) s[coin() ? "minimum" : "exclusiveMinimum"] = lo;
+          if (coin(0.7)) s[coin() ? "maximum" : "exclusiveMaximum"] = hi;
+        }
+        if (coin(0.1)) {  // bounds off the binary grid
+          s = {{"type", "number"}, {"minimum", coin() ? 0.1 : 0.001}};
+          if (coin()) s["exclusiveMaximum"] = 2.3;
+        }
+        return s;
+      }
       case 3:
         return {{"type", "boolean"}};
       case 4:
@@ -280,6 +486,31 @@ class InstanceGen {
       if (s.contains("exclusiveMaximum"))
         hi = std::min(hi, s["exclusiveMaximum"].get<int64_t>() - 1);
       return std::uniform_int_distribution<int64_t>(lo, hi)(rng_);
+    }
+    if (type == "number" && (s.contains("minimum") || s.contains("maximum") ||
+                             s.contains("exclusiveMinimum") || s.contains("exclusiveMaximum"))) {
+      double lo = -1000, hi = 1000;
+      if (s.contains("minimum")) lo = std::max(lo, s["minimum"].get<double>());
+      if (s.contains("exclusiveMinimum"))
+        lo = std::max(lo, s["exclusiveMinimum"].get<double>() + 0.125);
+      if (s.contains("maximum")) hi = std::min(hi, s["maximum"].get<double>());
+      if (s.contains("exclusiveMaximum"))
+        hi = std::min(hi, s["exclusiveMaximum"].get<double>() - 0.125);
+      if (s.contains("minimum") && coin()) return s["minimum"];  // the bound itself
+      if (s.contains("maximum") && coin()) return s["maximum"];
+      const int64_t first = static_cast<int64_t>(std::ceil(lo * 8)),
+                    last = static_cast<int64_t>(std::floor(hi * 8));
+      return std::uniform_int_distribution<int64_t>(first, last)(rng_) / 8.0;
+    }
+    if (type == "string" && s.contains("pattern")) {
+      for (const PatternCase& c : pattern_cases()) {
+        if (c.pattern == s["pattern"]) return c.examples[pick(c.examples.size())];
+      }
+    }
+    if (type == "string" && s.contains("format")) {
+      for (const auto& [name, examples] : format_cases()) {
+        if (name == s["format"]) return examples[pick(examples.size())];
+      }
     }
     if (type == "number") {
       switch (pick(3)) {
@@ -477,23 +708,46 @@ TEST(JsonSchemaGrammar, HandWrittenSchemasTakeTheirInstances) {
 
 TEST(JsonSchemaGrammar, RefusesWhatItCannotFollow) {
   const std::vector<std::pair<const char*, const char*>> cases = {
-      {R"({"type": "string", "pattern": "^a"})", "pattern"},
-      {R"({"type": "string", "format": "email"})", "format"},
-      {R"({"type": "number", "minimum": 0})", "minimum"},
-      {R"({"type": "integer", "multipleOf": 2})", "multipleOf"},
-      {R"({"type": "object", "patternProperties": {}})", "patternProperties"},
-      {R"({"type": "array", "prefixItems": []})", "prefixItems"},
-      {R"({"type": "array", "uniqueItems": true})", "uniqueItems"},
-      {R"({"allOf": [{"type": "string"}, {"maxLength": 2}]})", "allOf"},
-      {R"({"not": {"type": "string"}})", "not"},
-      {R"({"oneOf": [{"type": "string"}, {"type": "string", "maxLength": 2}]})", "oneOf"},
-      {R"({"oneOf": [{"type": "integer"}, {"type": "number"}]})", "oneOf"},
-      {R"({"$ref": "#/$defs/missing"})", "missing"},
-      {R"({"$ref": "https://example.com/s.json"})", "$ref"},
-      {R"({"type": "strange"})", "strange"},
-      {R"({"enum": ["a"], "maxLength": 3})", "maxLength"},
-      {R"({"type": "object", "required": ["a"]})", "'a'"},
-      {R"({"type": "string", "minLength": 3, "maxLength": 2})", "minLength"},
+      {R"j({"type": "string", "pattern": "(a)\\1"})j", "backreferences"},
+      {R"j({"type": "string", "pattern": "(?<n>a)\\k<n>"})j", "backreferences"},
+      {R"j({"type": "string", "pattern": "a(?=b)"})j", "lookahead"},
+      {R"j({"type": "string", "pattern": "(?!b)a"})j", "lookahead"},
+      {R"j({"type": "string", "pattern": "(?<=b)a"})j", "lookbehind"},
+      {R"j({"type": "string", "pattern": "\\bword"})j", "word boundary"},
+      {R"j({"type": "string", "pattern": "\\p{L}"})j", "Unicode property"},
+      {R"j({"type": "string", "pattern": "a^b"})j", "'^'"},
+      {R"j({"type": "string", "pattern": "(a$)"})j", "'$'"},
+      {R"j({"type": "string", "pattern": "a{2000}"})j", "1000"},
+      {R"j({"type": "string", "pattern": "[a-z"})j", "unclosed"},
+      {R"j({"type": "string", "pattern": "(a"})j", "unclosed"},
+      {R"j({"type": "string", "pattern": "a)"})j", "unmatched"},
+      {R"j({"type": "string", "pattern": "*a"})j", "nothing to repeat"},
+      {R"j({"type": "string", "pattern": "[z-a]"})j", "out of order"},
+      {R"j({"type": "string", "pattern": "[^\\s\\S]"})j", "matches no string"},
+      {R"j({"type": "string", "pattern": "^[]$"})j", "matches no string"},
+      {R"j({"type": "string", "pattern": "^(a|b)*a(a|b){12}$"})j", "states"},
+      {R"j({"type": "string", "pattern": 7})j", "pattern"},
+      {R"j({"type": "string", "pattern": "^[0-9]{4}$", "maxLength": 3})j", "allowed length"},
+      {R"j({"type": "string", "pattern": "^[a-z]+$", "format": "date"})j", "pattern and format"},
+      {R"j({"type": "string", "format": "date", "minLength": 11})j", "allowed length"},
+      {R"j({"type": "number", "minimum": 5, "maximum": 4})j", "no number between"},
+      {R"j({"type": "number", "exclusiveMinimum": 1, "exclusiveMaximum": 1})j", "no number"},
+      {R"j({"type": "number", "minimum": 1e20})j", "minimum"},
+      {R"j({"type": "number", "maximum": "3"})j", "maximum"},
+      {R"j({"type": "integer", "multipleOf": 2})j", "multipleOf"},
+      {R"j({"type": "object", "patternProperties": {}})j", "patternProperties"},
+      {R"j({"type": "array", "prefixItems": []})j", "prefixItems"},
+      {R"j({"type": "array", "uniqueItems": true})j", "uniqueItems"},
+      {R"j({"allOf": [{"type": "string"}, {"maxLength": 2}]})j", "allOf"},
+      {R"j({"not": {"type": "string"}})j", "not"},
+      {R"j({"oneOf": [{"type": "string"}, {"type": "string", "maxLength": 2}]})j", "oneOf"},
+      {R"j({"oneOf": [{"type": "integer"}, {"type": "number"}]})j", "oneOf"},
+      {R"j({"$ref": "#/$defs/missing"})j", "missing"},
+      {R"j({"$ref": "https://example.com/s.json"})j", "$ref"},
+      {R"j({"type": "strange"})j", "strange"},
+      {R"j({"enum": ["a"], "maxLength": 3})j", "maxLength"},
+      {R"j({"type": "object", "required": ["a"]})j", "'a'"},
+      {R"j({"type": "string", "minLength": 3, "maxLength": 2})j", "minLength"},
       {"false", "false"},
   };
   for (const auto& [schema, word] : cases) {
@@ -508,6 +762,223 @@ TEST(JsonSchemaGrammar, RefusesWhatItCannotFollow) {
   EXPECT_NO_THROW(JsonGrammar::from_schema(json::parse(
       R"({"title": "t", "description": "d", "type": "array", "uniqueItems": false,
           "items": {"type": "string", "default": "x", "examples": ["y"]}})")));
+}
+
+std::vector<std::string> test_vocabulary(uint64_t seed);
+
+TEST(JsonSchemaGrammar, PatternsFollowEcmaScriptAsJsonSchemaMeansIt) {
+  const auto str = [](const std::string& pattern) {
+    return JsonGrammar::from_schema({{"type", "string"}, {"pattern", pattern}});
+  };
+  const auto quoted = [](const std::string& text) { return json(text).dump(); };
+  // Each text is a JSON string's body, escapes and all; it is fed as written and as
+  // nlohmann::json writes the decoded string (raw UTF-8, its own escapes).
+  struct Case {
+    const char* pattern;
+    std::vector<std::string> yes, no;
+  };
+  const std::vector<Case> cases = {
+      {"abc", {"abc", "xxabcyy"}, {"ab", "acb"}},  // anywhere, unless anchored
+      {"^abc$", {"abc"}, {"xabc", "abcx"}},
+      {"^a|b$", {"a", "ax", "xb"}, {"xa", "bx"}},
+      {"^(a|b)$", {"a", "b"}, {"ab", "xb"}},
+      {"^[^a-c]$", {"d", "\\n", "\\u00e9"}, {"a", "c", ""}},
+      {"^.$", {"a", "\\u00e9", "\\t"}, {"\\n", "\\r", "\\u2028", ""}},
+      {"^\\s+$", {" ", "\\t\\n", "\\u00a0\\ufeff", "\\u3000"}, {"a", ""}},
+      {"^\\S$", {"a"}, {" ", "\\u00a0"}},
+      {"^\\w\\W\\d\\D$", {"a-1x", "_ 9-"}, {"\\u00e9-1x", "a-\\u0661x"}},
+      {"^a{2,3}$", {"aa", "aaa"}, {"a", "aaaa"}},
+      {"^a{2}$", {"aa"}, {"aaa"}},
+      {"^a{2,}$", {"aa", "aaaaaaa"}, {"a"}},
+      {"^(ab)+?c*?$", {"ab", "ababcc"}, {"abb", "c"}},
+      {"^x{1,2}{$", {"x{"}, {"x"}},  // a '{' that is no quantifier is a literal
+      {"^\\x41\\u0042\\.\\t\\cJ$", {"AB.\\t\\n"}, {"AB,\\t\\n"}},
+      {"^[\\d.-]+$", {"1.5", "-2"}, {"a"}},
+      {"^(?<year>[0-9]{4})-[0-9]{2}$", {"2024-07"}, {"24-07"}},  // a named group
+      {"^[^]$", {"a", "\\n"}, {""}},
+      {"^\\ud83d\\ude00$", {"\xF0\x9F\x98\x80"}, {"a"}},  // a surrogate pair: one code point
+      {"^[\\u4e00-\\u9fff]{2}$", {"\\u4e2d\\u6587", "\xE4\xB8\xAD\\u6587"}, {"\\u4e2d"}},
+  };
+  for (const Case& c : cases) {
+    std::shared_ptr<const JsonGrammar> g;
+    ASSERT_NO_THROW(g = str(c.pattern)) << c.pattern;
+    for (const std::string& text : c.yes) {
+      const std::string decoded = json::parse("\"" + text + "\"").get<std::string>();
+      EXPECT_TRUE(accepts(g, "\"" + text + "\"")) << c.pattern << " should take " << text;
+      EXPECT_TRUE(accepts(g, quoted(decoded))) << c.pattern << " should take " << text;
+    }
+    for (const std::string& text : c.no) {
+      const std::string decoded = json::parse("\"" + text + "\"").get<std::string>();
+      EXPECT_FALSE(accepts(g, "\"" + text + "\"")) << c.pattern << " should refuse " << text;
+      EXPECT_FALSE(accepts(g, quoted(decoded))) << c.pattern << " should refuse " << text;
+    }
+  }
+  // With a length bound: the automaton and the count together, never a dead end.
+  const auto both = JsonGrammar::from_schema(
+      {{"type", "string"}, {"pattern", "^(ab)+$"}, {"minLength", 3}, {"maxLength", 6}});
+  EXPECT_TRUE(accepts(both, "\"abab\""));
+  EXPECT_TRUE(accepts(both, "\"ababab\""));
+  EXPECT_FALSE(accepts(both, "\"ab\""));
+  EXPECT_FALSE(accepts(both, "\"abababab\""));
+  JsonMatcher m(both);
+  ASSERT_TRUE(m.advance("\"ababa"));
+  EXPECT_FALSE(m.advance("\""));
+  EXPECT_TRUE(m.advance("b\""));
+}
+
+TEST(JsonSchemaGrammar, FormatsTakeTheirStringsOnly) {
+  const std::vector<std::pair<const char*, std::vector<const char*>>> refused = {
+      {"date", {"2023-02-29", "1900-02-29", "0000-01-01", "2024-13-01", "2024-04-31", "24-01-01"}},
+      {"time", {"24:00:00Z", "12:60:00Z", "12:00:60Z", "12:00:00", "12:00:00+1:00", "12:00:00.Z"}},
+      {"date-time", {"2024-01-01 00:00:00Z", "2024-01-01T00:00Z"}},
+      {"uuid", {"123e4567e89b12d3a456426614174000", "123e4567-e89b-12d3-a456-42661417400g"}},
+      {"ipv4", {"256.1.1.1", "01.2.3.4", "1.2.3", "1.2.3.4.5"}},
+      {"ipv6", {"1:2:3:4:5:6:7:8:9", "1::2::3", ":1", "12345::", "g::"}},
+      {"hostname", {"-a.com", "a-.com", "a..b", "", "a_b"}},
+      {"email", {"@example.com", "a@", "a..b@c", "a b@c"}},
+      {"uri", {"example.com", "1http://x", "http:", "http://a b", "x:%2"}},
+  };
+  for (const auto& [format, examples] : format_cases()) {
+    const auto g = JsonGrammar::from_schema({{"type", "string"}, {"format", format}});
+    for (const char* e : examples) {
+      EXPECT_TRUE(valid_format(format, e)) << "test bug: " << format << " " << e;
+      EXPECT_TRUE(accepts(g, json(e).dump())) << format << " should take " << e;
+    }
+  }
+  for (const auto& [format, examples] : refused) {
+    const auto g = JsonGrammar::from_schema({{"type", "string"}, {"format", format}});
+    for (const char* e : examples) {
+      EXPECT_FALSE(valid_format(format, e)) << "test bug: " << format << " " << e;
+      EXPECT_FALSE(accepts(g, json(e).dump())) << format << " should refuse " << e;
+    }
+  }
+  // A host name of 253 characters at most; format and pattern together; format on a
+  // non-string type is an annotation (JSON Schema applies it to strings only).
+  const auto host = JsonGrammar::from_schema({{"type", "string"}, {"format", "hostname"}});
+  std::string long_name;  // five labels of 49 letters and their dots: 250 characters
+  while (long_name.size() < 250) long_name += std::string(49, 'a') + ".";
+  EXPECT_TRUE(accepts(host, "\"" + long_name + "abc\""));  // 253
+  EXPECT_FALSE(accepts(host, "\"" + long_name + "abcd\""));
+  const auto ymd =
+      JsonGrammar::from_schema({{"type", "string"}, {"format", "date"}, {"pattern", "^2024-"}});
+  EXPECT_TRUE(accepts(ymd, "\"2024-05-06\""));
+  EXPECT_FALSE(accepts(ymd, "\"2023-05-06\""));
+  EXPECT_TRUE(accepts(JsonGrammar::from_schema({{"type", "integer"}, {"format", "int32"}}), "12"));
+}
+
+TEST(JsonSchemaGrammar, NumberBoundsAreExact) {
+  const auto range = JsonGrammar::from_schema(
+      json::parse(R"({"type": "number", "minimum": -1.5, "exclusiveMaximum": 2.25})"));
+  // 2.2499999999999996 is the double below 2.25; 2.2499999999999999 reads back as 2.25.
+  for (const char* ok : {"-1.5", "-1.25", "0", "-0", "2.2499999999999996", "2.24", "1"}) {
+    EXPECT_TRUE(accepts(range, ok)) << ok;
+  }
+  for (const char* bad :
+       {"-1.50001", "2.25", "2.250", "2.2499999999999999", "3", "-2", "1e0", "0.1e1", "-"}) {
+    EXPECT_FALSE(accepts(range, bad)) << bad;
+  }
+  // The bound as written: minimum 0.1 takes "0.1" (which reads back as the bound itself).
+  const auto tenth = JsonGrammar::from_schema(json::parse(R"({"type": "number", "minimum": 0.1,
+                                                               "maximum": 0.3})"));
+  EXPECT_TRUE(accepts(tenth, "0.1"));
+  EXPECT_TRUE(accepts(tenth, "0.3"));
+  EXPECT_TRUE(accepts(tenth, "0.2999999999999999"));
+  EXPECT_FALSE(accepts(tenth, "0.0999999999999999"));
+  EXPECT_FALSE(accepts(tenth, "0.30000000000000001"));  // 17 fraction digits: too many anyway
+  EXPECT_FALSE(accepts(tenth, "0.3000000000000001"));
+  // exclusiveMinimum 0: the smallest number written is 1e-16.
+  const auto positive =
+      JsonGrammar::from_schema(json::parse(R"({"type": "number", "exclusiveMinimum": 0})"));
+  EXPECT_TRUE(accepts(positive, "0.0000000000000001"));
+  EXPECT_TRUE(accepts(positive, "123456789012345678.9"));
+  EXPECT_FALSE(accepts(positive, "0"));
+  EXPECT_FALSE(accepts(positive, "0.0"));
+  EXPECT_FALSE(accepts(positive, "-0.5"));
+  EXPECT_FALSE(accepts(positive, "1234567890123456789.5"));  // 20 digits
+  // A prefix is taken only while some ending stays in the range: after "1" with maximum 1.5
+  // the digits 6-9 are gone but "1.4" and "1" are not.
+  const auto narrow = JsonGrammar::from_schema(
+      json::parse(R"({"type": "number", "minimum": 1.25, "maximum": 1.5})"));
+  JsonMatcher m(narrow);
+  ASSERT_TRUE(m.advance("1."));
+  EXPECT_FALSE(m.can_finish());
+  JsonMatcher copy = m;
+  EXPECT_FALSE(copy.advance("6"));
+  EXPECT_FALSE(copy.advance("1"));
+  EXPECT_TRUE(copy.advance("2"));
+  EXPECT_FALSE(copy.can_finish());  // 1.2 < 1.25
+  EXPECT_TRUE(copy.advance("5"));
+  EXPECT_TRUE(copy.can_finish());
+  EXPECT_FALSE(JsonMatcher(narrow).advance("2"));
+  EXPECT_FALSE(JsonMatcher(narrow).advance("-"));
+}
+
+// Random token choices under the mask inside strings with a pattern or a format (and a length
+// bound): never a dead end, and every finished string validates.
+TEST(JsonSchemaGrammar, PatternStringsUnderTheMaskEndValid) {
+  const std::vector<std::string> vocab = test_vocabulary(7);
+  const TokenTrie trie(vocab);
+  std::vector<json> schemas;
+  for (const PatternCase& c : pattern_cases()) {
+    schemas.push_back({{"type", "string"}, {"pattern", c.pattern}});
+  }
+  for (const auto& [format, examples] : format_cases()) {
+    schemas.push_back({{"type", "string"}, {"format", format}});
+  }
+  schemas.push_back(
+      {{"type", "string"}, {"pattern", "^[a-c]*x?$"}, {"minLength", 2}, {"maxLength", 5}});
+  schemas.push_back({{"type", "string"}, {"format", "email"}, {"maxLength", 12}});
+  schemas.push_back({{"type", "string"}, {"pattern", "[0-9]"}, {"maxLength", 3}});
+  int finished = 0;
+  for (size_t k = 0; k < schemas.size(); ++k) {
+    const auto g = JsonGrammar::from_schema(schemas[k]);
+    for (uint64_t seed = 0; seed < 40; ++seed) {
+      std::mt19937_64 rng(seed * 131 + k);
+      JsonMatcher m(g);
+      std::vector<uint8_t> allowed(trie.vocab_size());
+      std::string text;
+      for (int step = 0; step < 400 && !m.closed(); ++step) {
+        m.allowed_tokens(trie, allowed);
+        if (seed < 3) {
+          for (int64_t t = 1; t < trie.vocab_size(); ++t) {
+            JsonMatcher copy = m;
+            ASSERT_EQ(allowed[t] != 0, copy.advance(vocab[t]))
+                << "token '" << vocab[t] << "' after " << describe(schemas[k], text);
+          }
+        }
+        std::vector<int32_t> candidates;
+        for (int64_t t = 1; t < trie.vocab_size(); ++t) {
+          if (allowed[t]) candidates.push_back(static_cast<int32_t>(t));
+        }
+        ASSERT_FALSE(candidates.empty()) << "dead end: " << describe(schemas[k], text);
+        int32_t token = candidates[rng() % candidates.size()];
+        if (text.size() > 20 || std::bernoulli_distribution(0.1)(rng)) {
+          // Towards the end: the closing quote when it can come, else a token after which it can.
+          constexpr int32_t kQuote = '"';
+          if (allowed[kQuote]) {
+            token = kQuote;
+          } else {
+            std::shuffle(candidates.begin(), candidates.end(), rng);
+            for (size_t i = 0; i < candidates.size() && i < 64; ++i) {
+              JsonMatcher copy = m;
+              if (copy.advance(vocab[candidates[i]]) && copy.advance("\"")) {
+                token = candidates[i];
+                break;
+              }
+            }
+          }
+        }
+        ASSERT_TRUE(m.advance(vocab[token]));
+        text += vocab[token];
+      }
+      ASSERT_TRUE(m.closed()) << "not closed in 400 steps: " << describe(schemas[k], text);
+      ++finished;
+      json parsed;
+      ASSERT_NO_THROW(parsed = json::parse(text)) << describe(schemas[k], text);
+      EXPECT_TRUE(valid(parsed, schemas[k], schemas[k])) << describe(schemas[k], text);
+    }
+  }
+  std::printf("%d strings finished under the mask, all validated\n", finished);
 }
 
 TEST(JsonSchemaGrammar, RandomSchemasTakeRandomInstancesAndRefuseBrokenOnes) {
