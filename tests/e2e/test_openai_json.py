@@ -6,13 +6,17 @@ validated with the `jsonschema` package. One line per check:
   json_object          chat and completions, greedy and seeded at temperature 1, streamed too:
                        every text that ends with finish_reason "stop" parses as a JSON object
   json_schema          several schemas (nested objects, arrays with bounds, enum, const, anyOf,
-                       $ref to $defs, integer bounds, oneOf with a discriminator): every "stop"
-                       output parses and validates; with n=4 each choice does
+                       $ref to $defs, integer bounds, oneOf with a discriminator, string
+                       formats and patterns, number bounds): every "stop" output parses and
+                       validates (formats too, with jsonschema's 2020-12 format checker); with n=4
+                       each choice does
   guided_json          vLLM's extra field (an object, or its JSON text) constrains the same way
   length               a small max_tokens cuts the value: finish_reason "length", and the text is
                        a prefix the schema still allows (not necessarily complete)
-  refusals             unsupported keywords (pattern, format, ...), a bad type, a schema that is
-                       not an object, both fields at once: 400 naming the field
+  refusals             unsupported keywords and pattern constructs (backreferences, lookahead,
+                       ...), bounds no number meets, a bad type, a schema that is not an
+                       object, both fields at once: 400 naming the field; an unknown format is
+                       an annotation (200)
   idle                 after all of it: no running or waiting request, no used KV block
 
 Prints one line per check and a last line "N passed, M failed"; exits non-zero on any failure.
@@ -84,7 +88,41 @@ SCHEMAS = {
         ]
     },
     "enum_only": {"enum": ["yes", "no", 42, None, {"a": [1, 2]}]},
+    "formats": {
+        "type": "object",
+        "properties": {
+            "day": {"type": "string", "format": "date"},
+            "id": {"type": "string", "format": "uuid"},
+            "ip": {"type": "string", "format": "ipv4"},
+            "at": {"type": "string", "format": "time"},
+        },
+        "required": ["day", "id", "ip", "at"],
+        "additionalProperties": False,
+    },
+    "patterns": {
+        "type": "object",
+        "properties": {
+            "code": {"type": "string", "pattern": "^[A-Z]{2}-\\d{3}$"},
+            "word": {"type": "string", "pattern": "^(yes|no|maybe)!*$", "maxLength": 7},
+            "mail": {"type": "string", "format": "email", "maxLength": 16},
+            "host": {"type": "string", "format": "hostname", "maxLength": 12},
+        },
+        "required": ["code", "word", "mail", "host"],
+        "additionalProperties": False,
+    },
+    "numbers": {
+        "type": "object",
+        "properties": {
+            "price": {"type": "number", "minimum": 0.5, "exclusiveMaximum": 100},
+            "ratio": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+            "cold": {"type": "number", "minimum": -40.5, "maximum": -10.25},
+            "count": {"type": "integer", "exclusiveMinimum": 3, "maximum": 7},
+        },
+        "required": ["price", "ratio", "cold", "count"],
+        "additionalProperties": False,
+    },
 }
+FORMATS = jsonschema.Draft202012Validator.FORMAT_CHECKER  # the time format of RFC 3339
 
 
 class ServerProcess(e2e_util.ServerProcess):
@@ -113,7 +151,7 @@ def check_output(text: str, finish: str, schema: dict | None, stats: dict) -> No
     if schema is None:
         assert isinstance(value, dict), text
     else:
-        jsonschema.validate(value, schema)
+        jsonschema.validate(value, schema, format_checker=FORMATS)
 
 
 def chat(c: OpenAI, model: str, **kw):
@@ -218,9 +256,11 @@ def expect_400(call, param: str, word: str | None = None) -> None:
 def check_refusals(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
     model = ctx["model"]
     schema_param = "response_format.json_schema.schema"
-    for schema, word in (({"type": "string", "pattern": "^a"}, "pattern"),
-                         ({"type": "string", "format": "date-time"}, "format"),
-                         ({"type": "number", "minimum": 0}, "minimum"),
+    for schema, word in (({"type": "string", "pattern": "(a)\\1"}, "backreferences"),
+                         ({"type": "string", "pattern": "a(?=b)"}, "lookahead"),
+                         ({"type": "string", "pattern": "a^b"}, "'^'"),
+                         ({"type": "number", "minimum": 5, "maximum": 1}, "no number between"),
+                         ({"type": "number", "multipleOf": 0.5}, "multipleOf"),
                          ({"not": {"type": "null"}}, "not"),
                          ({"oneOf": [{"type": "string"}, {"type": "string"}]}, "oneOf")):
         expect_400(lambda: chat(c, model, response_format=json_format("x", schema)),
@@ -239,6 +279,11 @@ def check_refusals(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
     expect_400(lambda: c.completions.create(model=model, prompt=PROMPT, max_tokens=4,
                                             extra_body={"guided_json": "{not json"}),
                "guided_json")
+    # An unknown format is an annotation (JSON Schema 2020-12, vLLM's xgrammar): a plain string.
+    r = chat(c, model, response_format=json_format("x", {"type": "string", "format": "color"}),
+             temperature=0, max_tokens=MAX_TOKENS)
+    check_output(r.choices[0].message.content, r.choices[0].finish_reason,
+                 {"type": "string"}, {})
     # {"type": "text"} is no constraint at all.
     r = chat(c, model, response_format={"type": "text"}, temperature=0, max_tokens=4)
     assert r.choices[0].finish_reason in ("stop", "length")
