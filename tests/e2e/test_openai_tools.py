@@ -302,14 +302,15 @@ def check_refusals(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
             model="demo", messages=USER, tools=TOOLS, tool_choice=tool_choice, max_tokens=4,
             response_format={"type": "json_object"}))
     # Parameters the grammar cannot follow are named in the refusal.
-    pattern_tools = [{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"s": {"type": "string", "pattern": "^a+$"}}}}}]
+    refused_tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"s": {"type": "string", "pattern": "(a)\\1"}}}}}]
     try:
-        make(model="demo", messages=USER, tools=pattern_tools, tool_choice="required",
+        make(model="demo", messages=USER, tools=refused_tools, tool_choice="required",
              max_tokens=4)
-        raise AssertionError("no 400 for a pattern keyword")
+        raise AssertionError("no 400 for a backreference in a pattern")
     except openai.BadRequestError as e:
-        assert e.body.get("param") == "tool_choice" and "pattern" in e.body["message"], e.body
+        assert e.body.get("param") == "tool_choice" and "backreferences" in e.body["message"], \
+            e.body
     expect_400("tool_choice", lambda: make(model="demo", messages=USER, tool_choice="auto",
                                            max_tokens=4))
     expect_400("tools[0].function.name", lambda: make(
