@@ -23,6 +23,8 @@ using ordered_json = nlohmann::ordered_json;
 constexpr std::string_view kHermesOpen = "<tool_call>";
 constexpr std::string_view kHermesClose = "</tool_call>";
 constexpr std::string_view kMistralStart = "[TOOL_CALLS]";
+constexpr std::string_view kMistralArgs = "[ARGS]";  // tokenizer v11+
+constexpr std::string_view kMistralCallId = "[CALL_ID]";
 constexpr std::string_view kDeepSeekStart = "<｜tool▁calls▁begin｜>";
 constexpr std::string_view kDeepSeekEnd = "<｜tool▁calls▁end｜>";
 constexpr std::string_view kDeepSeekOpen = "<｜tool▁call▁begin｜>";
@@ -156,10 +158,107 @@ size_t json_value_end(std::string_view s, size_t pos, bool at_end, bool* error) 
   return std::string_view::npos;
 }
 
+bool is_name_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+         c == '-';
+}
+
+// `marker` at pos: 1 when it is there, 0 while what there is could still become it (not at the
+// end), -1 when it is not.
+int marker_at(std::string_view part, size_t pos, std::string_view marker, bool at_end) {
+  const std::string_view rest = part.substr(pos);
+  if (rest.starts_with(marker)) return 1;
+  return !at_end && marker.starts_with(rest) ? 0 : -1;
+}
+
+// Tokenizer v11 and later (Mistral-Small-3.2, Magistral, Devstral):
+// [TOOL_CALLS]NAME[ARGS]{...}[TOOL_CALLS]NAME[ARGS]{...}, one marker per call, the name as
+// vLLM's parser takes it ([A-Za-z0-9_-]+), an optional [CALL_ID]ID between the name and [ARGS],
+// and [ARGS] itself optional (mistral-common's decoding drops it: NAME{...}, which vLLM parses).
+// The arguments must be a JSON object; text after the last call is dropped.
+Scan scan_mistral_named(std::string_view part, size_t from, bool at_end) {
+  Scan scan;
+  size_t pos = from;
+  while (true) {
+    pos = skip_space(part, pos);
+    if (pos == part.size()) {
+      scan.malformed = at_end && from == 0 && scan.calls.empty();
+      return scan;
+    }
+    const int start = marker_at(part, pos, kMistralStart, at_end);
+    if (start == 0) return scan;  // maybe the next marker
+    if (start < 0) {
+      scan.malformed = from == 0 && scan.calls.empty();  // text after the calls is dropped
+      return scan;
+    }
+    size_t at = skip_space(part, pos + kMistralStart.size());
+    const size_t name_at = at;
+    while (at < part.size() && is_name_char(part[at])) ++at;
+    if (at == part.size()) {
+      scan.malformed = at_end;  // the name is still coming, or cut off
+      return scan;
+    }
+    if (at == name_at) {
+      scan.malformed = true;
+      return scan;
+    }
+    const std::string name(part.substr(name_at, at - name_at));
+    for (const std::string_view optional : {kMistralCallId, kMistralArgs}) {
+      const int found = marker_at(part, at, optional, at_end);
+      if (found == 0) {
+        scan.malformed = at_end;
+        return scan;
+      }
+      if (found < 0) continue;
+      at += optional.size();
+      if (optional == kMistralCallId) {
+        while (at < part.size() && is_name_char(part[at])) ++at;
+      }
+    }
+    at = skip_space(part, at);
+    if (at == part.size()) {
+      scan.malformed = at_end;
+      return scan;
+    }
+    if (part[at] != '{') {
+      scan.malformed = true;
+      return scan;
+    }
+    bool error = false;
+    const size_t end = json_value_end(part, at, at_end, &error);
+    if (end == std::string_view::npos) {
+      scan.malformed = error || at_end;
+      return scan;
+    }
+    const auto arguments = parse_json(part.substr(at, end - at));
+    if (!arguments || !arguments->is_object()) {
+      scan.malformed = true;
+      return scan;
+    }
+    scan.calls.push_back(RawCall{name, python_json(*arguments), end});
+    pos = end;
+  }
+}
+
 // [TOOL_CALLS] [{"name": ..., "arguments": ...}, ...]: the array may follow the marker directly
 // or, as vLLM's fallback regex finds it, start at the first "[{" after it; text after the array
-// is dropped. Each element is a call as soon as it is complete.
+// is dropped. Each element is a call as soon as it is complete. A name right after the marker is
+// the newer format (scan_mistral_named).
 Scan scan_mistral(std::string_view part, size_t from, bool at_end) {
+  // The newer format when a name right after the marker runs into [ARGS], [CALL_ID] or the
+  // arguments' '{'; anything else after a name is text before an array (vLLM's fallback).
+  size_t name_end = skip_space(part, kMistralStart.size());
+  const size_t name_at = name_end;
+  while (name_end < part.size() && is_name_char(part[name_end])) ++name_end;
+  if (name_end > name_at) {
+    if (name_end == part.size() && !at_end) return {};  // not decided yet
+    const int args = marker_at(part, name_end, kMistralArgs, at_end);
+    const int call_id = marker_at(part, name_end, kMistralCallId, at_end);
+    if (args == 0 || call_id == 0) return {};
+    if (args > 0 || call_id > 0 || name_end == part.size() || part[name_end] == '{') {
+      return scan_mistral_named(part, from, at_end);
+    }
+  }
   Scan scan;
   size_t pos = from;
   if (from == 0) {

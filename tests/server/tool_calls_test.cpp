@@ -192,6 +192,45 @@ TEST(MistralToolCalls, CallsContentAndFallbacks) {
   }
 }
 
+// Tokenizer v11+ (Mistral-Small-3.2): [TOOL_CALLS]NAME[ARGS]{...} per call.
+TEST(MistralToolCalls, NamedFormatOfTokenizerV11) {
+  auto p = parse(kMistral, R"([TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "days": 3})");
+  EXPECT_FALSE(p.content.has_value());
+  EXPECT_EQ(calls_of(p.calls),
+            (std::vector<Call>{{"get_weather", R"({"city": "Paris", "days": 3})"}}));
+  ASSERT_EQ(p.calls[0].id.size(), 9u);
+
+  p = parse(kMistral, R"(Let me check.[TOOL_CALLS]a[ARGS]{"x":1}[TOOL_CALLS]b_2-c[ARGS])"
+                      R"({"y": [1, {"z": "}[TOOL_CALLS]"}]})");
+  EXPECT_EQ(p.content, "Let me check.");
+  EXPECT_EQ(calls_of(p.calls),
+            (std::vector<Call>{{"a", R"({"x": 1})"},
+                               {"b_2-c", R"({"y": [1, {"z": "}[TOOL_CALLS]"}]})"}}));
+  // As mistral-common decodes it ([ARGS] dropped), which vLLM parses; an optional [CALL_ID];
+  // whitespace between calls; text after the last call dropped.
+  p = parse(kMistral, R"([TOOL_CALLS]add{"a": 3.5, "b": 4})");
+  EXPECT_EQ(calls_of(p.calls), (std::vector<Call>{{"add", R"({"a": 3.5, "b": 4})"}}));
+  p = parse(kMistral, R"([TOOL_CALLS]f[CALL_ID]a1b2c3d4e[ARGS]{} [TOOL_CALLS]g[ARGS]{"k": null})"
+                      "\n done");
+  EXPECT_EQ(calls_of(p.calls), (std::vector<Call>{{"f", "{}"}, {"g", R"({"k": null})"}}));
+
+  for (const char* text : {
+           "[TOOL_CALLS]f",
+           "[TOOL_CALLS]f[ARGS]",
+           R"([TOOL_CALLS]f[ARGS]{"a":)",
+           "[TOOL_CALLS]f[ARGS][1]",
+           "[TOOL_CALLS]f[ARGS]{x}",
+           "[TOOL_CALLS]f[ARG]{}",
+           "[TOOL_CALLS]f[ARGS]{}[TOOL_CALLS]g[ARGS]{",  // the second call cut off
+           "[TOOL_CALLS]f[ARGS]{}[TOOL_CALLS][ARGS]{}",  // the second without a name
+           "[TOOL_CALLS]f g[ARGS]{}",
+       }) {
+    const ParsedToolCalls q = parse(kMistral, text);
+    EXPECT_TRUE(q.calls.empty()) << text;
+    EXPECT_EQ(q.content, std::string(text)) << text;
+  }
+}
+
 const std::string kDsCall1 =
     "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"location\": "
     "\"Beijing\"}\n```<｜tool▁call▁end｜>";
@@ -263,6 +302,11 @@ std::vector<StreamCase> stream_cases() {
       {kMistral, R"([TOOL_CALLS] text first [{"name": "f", "arguments": {"q": "\"]"}}] tail)"},
       {kMistral, R"([TOOL_CALLS] [{"name": "f", "arguments": {"a": 1}} oops])"},
       {kMistral, R"(plain [TOOL text)"},
+      {kMistral, R"(Checking.[TOOL_CALLS]get_weather[ARGS]{"city": "Z\u00fcrich", "n": [1, 2]})"
+                 R"([TOOL_CALLS]b[ARGS]{"s": "[TOOL_CALLS]x[ARGS]{"})"},
+      {kMistral, R"([TOOL_CALLS]add{"a": 3.5} [TOOL_CALLS]f[CALL_ID]abcdefghi[ARGS]{} tail)"},
+      {kMistral, R"([TOOL_CALLS]f[ARGS]{"a": 1}[TOOL_CALLS]g[ARGS]{"b": )"},
+      {kMistral, "[TOOL_CALLS]f[ARG]{}"},
       {kDeepSeek,
        "Sure<｜tool▁calls▁begin｜>" + kDsCall1 + "\n" + kDsCall2 + "<｜tool▁calls▁end｜>"},
       {kDeepSeek, "<｜tool▁calls▁begin｜>" + kDsCall2},
@@ -567,17 +611,17 @@ TEST(ToolRequests, ForcedToolChoiceRefusals) {
     }
   }
   // A parameters keyword the grammar does not follow: named in the message, for either mode.
-  const std::string pattern_tool = R"({"type": "function", "function": {"name": "f",
-      "parameters": {"type": "object", "properties": {"s": {"type": "string",
-      "pattern": "^a+$"}}}}})";
+  const std::string refused_tool = R"({"type": "function", "function": {"name": "f",
+      "parameters": {"type": "object", "properties": {"n": {"type": "integer",
+      "multipleOf": 2}}}}})";
   for (const char* choice :
        {R"("required")", R"({"type": "function", "function": {"name": "f"}})"}) {
     const std::string message =
-        refusal(user + pattern_tool + R"(], "tool_choice": )" + choice + "}");
-    EXPECT_NE(message.find("pattern"), std::string::npos) << message;
+        refusal(user + refused_tool + R"(], "tool_choice": )" + choice + "}");
+    EXPECT_NE(message.find("multipleOf"), std::string::npos) << message;
   }
   // "auto" with the same tool is not constrained, so not refused.
-  EXPECT_NO_THROW(parse_request(user + pattern_tool + "]}", Endpoint::kChat));
+  EXPECT_NO_THROW(parse_request(user + refused_tool + "]}", Endpoint::kChat));
 }
 
 TEST(ToolRequests, TokenizeTakesToolsAndTemplateKwargs) {
