@@ -182,6 +182,20 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--body-timeout", args->server.body_timeout_seconds,
                   "Seconds a request body may take to arrive after its headers")
       ->capture_default_str();
+  cmd->add_option("--min-request-rate", args->server.min_request_rate,
+                  "Bytes a second a request's headers and body must average after the grace "
+                  "period, else 408 (Apache mod_reqtimeout's MinRate; 0: no minimum)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--min-request-rate-grace", args->server.min_request_rate_grace_seconds,
+                  "Seconds of headers or body before --min-request-rate applies")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--send-timeout", args->server.send_timeout_seconds,
+                  "Seconds the client may leave written bytes untaken; a stream to a slower "
+                  "reader is aborted and its connection closed (0: no bound)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_flag("!--disable-log-requests", args->server.log_requests,
                 "Do not write an access-log line per request to stderr");
   cmd->add_option("--log-interval", args->server.log_interval_seconds,

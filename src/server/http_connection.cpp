@@ -2,9 +2,11 @@
 
 #include "server/http_connection.h"
 
+#include <linux/sockios.h>
 #include <netdb.h>
 #include <poll.h>
 #include <strings.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -13,6 +15,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <vector>
 
 namespace moeinfer::server {
@@ -55,8 +58,9 @@ void numeric_address(const sockaddr_storage& addr, socklen_t len, std::string& i
 // next pipelined request stay in its buffer), with a deadline and a byte budget per read phase.
 class Connection final : public httplib::Stream, public ConnectionState {
  public:
-  Connection(socket_t sock, const std::atomic<socket_t>& listener, milliseconds write_timeout)
-      : sock_(sock), listener_(listener), write_timeout_(write_timeout) {
+  Connection(socket_t sock, const std::atomic<socket_t>& listener, milliseconds write_timeout,
+             const HttpLimits& limits)
+      : sock_(sock), listener_(listener), write_timeout_(write_timeout), limits_(limits) {
     t_current = this;
   }
   ~Connection() override { t_current = nullptr; }
@@ -83,8 +87,12 @@ class Connection final : public httplib::Stream, public ConnectionState {
   void begin_phase(ReadPhase phase, milliseconds timeout, size_t max_bytes) {
     phase_ = phase;
     if (phase == ReadPhase::kHeaders) answered_ = false;
-    deadline_ = Clock::now() + timeout;
+    phase_start_ = Clock::now();
+    deadline_ = phase_start_ + timeout;
     budget_ = max_bytes;
+    phase_budget_ = max_bytes;
+    phase_bytes_ = 0;
+    phase_seconds_ = 0.0;
     read_failure_ = ReadFailure::kNone;
   }
 
@@ -92,6 +100,14 @@ class Connection final : public httplib::Stream, public ConnectionState {
   // sending it and a plain close() would answer that with a reset, which on most stacks discards
   // our answer before the client reads it. So stop writing, and drain for a while first.
   void close() {
+    if (write_failure_ == WriteFailure::kSendTimeout) {
+      // A client too slow to take what was written: drop the rest of the send queue and reset
+      // the connection, rather than leave the kernel trickling it out after the close.
+      const struct ::linger reset{.l_onoff = 1, .l_linger = 0};
+      ::setsockopt(sock_, SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
+      ::close(sock_);
+      return;
+    }
     if (closing_) linger();
     ::shutdown(sock_, SHUT_RDWR);
     ::close(sock_);
@@ -102,7 +118,7 @@ class Connection final : public httplib::Stream, public ConnectionState {
   }
 
   bool is_writable() const override {
-    if (poll_one(sock_, POLLOUT, write_timeout_) <= 0) return false;
+    if (!wait_writable()) return false;
     // A client that has left reads as readable with nothing to peek (or an error).
     if (poll_one(sock_, POLLIN, milliseconds(0)) <= 0) return true;
     char byte = 0;
@@ -131,21 +147,37 @@ class Connection final : public httplib::Stream, public ConnectionState {
     std::memcpy(ptr, buffer_.data() + pos_, n);
     pos_ += n;
     budget_ -= n;
+    phase_bytes_ = phase_budget_ - budget_;
     return static_cast<ssize_t>(n);
   }
 
   ssize_t write(const char* ptr, size_t size) override {
-    if (!is_writable()) return -1;
-    ssize_t n = 0;
-    do {
-      n = ::send(sock_, ptr, size, MSG_NOSIGNAL);
-    } while (n < 0 && errno == EINTR);
-    if (n > 0) answered_ = true;
-    return n;
+    while (true) {
+      if (!wait_writable()) return -1;
+      ssize_t n = 0;
+      do {
+        n = ::send(sock_, ptr, size, MSG_NOSIGNAL | MSG_DONTWAIT);
+      } while (n < 0 && errno == EINTR);
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) continue;  // room went meanwhile
+      if (n <= 0) {
+        write_failure_ = WriteFailure::kClosed;
+        return n;
+      }
+      answered_ = true;
+      note_written(static_cast<size_t>(n));
+      return n;
+    }
   }
 
   // Something of an answer to the current request was written.
   bool answered() const { return answered_; }
+
+  std::string client() const {
+    std::string ip;
+    int port = 0;
+    get_remote_ip_and_port(ip, port);
+    return ip + ":" + std::to_string(port);
+  }
 
   void get_remote_ip_and_port(std::string& ip, int& port) const override {
     sockaddr_storage addr{};
@@ -164,12 +196,23 @@ class Connection final : public httplib::Stream, public ConnectionState {
  private:
   bool stopping() const { return listener_ == INVALID_SOCKET; }
 
+  // The phase's bytes must have come at min_rate since the grace period: the moment the next
+  // byte is due (mod_reqtimeout's rule: grace + bytes / rate).
+  Clock::time_point rate_deadline() const {
+    if (limits_.min_rate <= 0) return Clock::time_point::max();
+    const auto allowance = std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double>(static_cast<double>(phase_bytes_) / limits_.min_rate));
+    return phase_start_ + limits_.rate_grace + allowance;
+  }
+
   // Until the phase's deadline, not per recv(): a byte a second does not keep a read alive.
   bool wait_readable() {
     while (true) {
-      const milliseconds left = until(deadline_);
+      const Clock::time_point due = rate_deadline();
+      const milliseconds left = until(std::min(deadline_, due));
       if (left.count() <= 0) {
-        read_failure_ = ReadFailure::kTimeout;
+        read_failure_ = due < deadline_ ? ReadFailure::kTooSlow : ReadFailure::kTimeout;
+        phase_seconds_ = std::chrono::duration<double>(Clock::now() - phase_start_).count();
         return false;
       }
       if (stopping()) {
@@ -182,6 +225,45 @@ class Connection final : public httplib::Stream, public ConnectionState {
         read_failure_ = ReadFailure::kClosed;
         return false;
       }
+    }
+  }
+
+  // Bytes handed to the kernel, with when: the client has taken those the socket's send queue
+  // no longer holds (SIOCOUTQ: written and not yet acknowledged).
+  void note_written(size_t n) {
+    written_ += n;
+    const Clock::time_point now = Clock::now();
+    // Writes within one poll slice share a mark (the earliest time: a little strict, never lax).
+    if (!unacked_.empty() && now - unacked_.back().at < kPollSlice) {
+      unacked_.back().end = written_;
+    } else {
+      unacked_.push_back({.end = written_, .at = now});
+    }
+  }
+
+  // The oldest byte the client has not taken was written more than send_timeout ago.
+  bool taken_too_late() const {
+    if (limits_.send_timeout.count() <= 0 || unacked_.empty()) return false;
+    int queued = 0;
+    if (::ioctl(sock_, SIOCOUTQ, &queued) != 0) return false;
+    const uint64_t taken = written_ - static_cast<uint64_t>(std::max(queued, 0));
+    while (!unacked_.empty() && unacked_.front().end <= taken) unacked_.pop_front();
+    return !unacked_.empty() && Clock::now() - unacked_.front().at > limits_.send_timeout;
+  }
+
+  // Room to write within write_timeout_, while the client keeps taking what was written.
+  bool wait_writable() const {
+    const auto give_up = Clock::now() + write_timeout_;
+    while (true) {
+      if (taken_too_late()) {
+        write_failure_ = WriteFailure::kSendTimeout;
+        return false;
+      }
+      const milliseconds left = until(give_up);
+      if (left.count() <= 0 || stopping()) return false;
+      const int r = poll_one(sock_, POLLOUT, std::min(left, kPollSlice));
+      if (r > 0) return true;
+      if (r < 0) return false;
     }
   }
 
@@ -198,11 +280,21 @@ class Connection final : public httplib::Stream, public ConnectionState {
     }
   }
 
+  struct Written {
+    uint64_t end;  // bytes written up to the end of this mark
+    Clock::time_point at;
+  };
+
   socket_t sock_;
   const std::atomic<socket_t>& listener_;  // INVALID_SOCKET once the server stops
   milliseconds write_timeout_;
+  const HttpLimits& limits_;
+  Clock::time_point phase_start_ = Clock::now();
   Clock::time_point deadline_ = Clock::now();
-  size_t budget_ = 0;  // bytes the current phase may still read
+  size_t budget_ = 0;                    // bytes the current phase may still read
+  size_t phase_budget_ = 0;              // ... and could at its start
+  uint64_t written_ = 0;                 // bytes handed to send() on this connection
+  mutable std::deque<Written> unacked_;  // marks of bytes the client may not have taken yet
   bool answered_ = false;
   std::vector<char> buffer_ = std::vector<char>(4096);
   size_t pos_ = 0;  // [pos_, end_): received, not yet read
@@ -233,12 +325,12 @@ std::string seconds_text(milliseconds ms) {
 // endless request line gets its 408 / 431 here instead.
 void refuse_request_line(Connection& connection, const HttpLimits& limits,
                          const HttpServer::ErrorBody& error_body) {
-  const bool slow = connection.read_failure() == ReadFailure::kTimeout;
+  const bool slow = connection.read_failure() == ReadFailure::kTimeout ||
+                    connection.read_failure() == ReadFailure::kTooSlow;
   const int status = slow ? 408 : 431;
-  const std::string message =
-      slow ? "the request line did not arrive within " + seconds_text(limits.header_timeout)
-           : "the request line is longer than " + std::to_string(limits.max_header_bytes >> 10) +
-                 " KiB";
+  const std::string message = slow ? read_timeout_message(connection, limits)
+                                   : "the request line is longer than " +
+                                         std::to_string(limits.max_header_bytes >> 10) + " KiB";
   const std::string body = error_body ? error_body(status, message) : message;
   const std::string answer =
       "HTTP/1.1 " + std::to_string(status) +
@@ -256,6 +348,22 @@ void refuse_request_line(Connection& connection, const HttpLimits& limits,
 
 ConnectionState* ConnectionState::current() { return t_current; }
 
+std::string read_timeout_message(const ConnectionState& connection, const HttpLimits& limits) {
+  const bool body = connection.phase() == ReadPhase::kBody;
+  const std::string what = body ? "the request body" : "the request line and headers";
+  if (connection.read_failure() == ReadFailure::kTooSlow) {
+    char figures[96];
+    std::snprintf(figures, sizeof(figures), " (%zu bytes in %.1f s)", connection.phase_bytes(),
+                  connection.phase_seconds());
+    char rate[32];
+    std::snprintf(rate, sizeof(rate), "%g", limits.min_rate);
+    return what + " arrived slower than " + rate + " bytes/s after a " +
+           seconds_text(limits.rate_grace) + " grace" + figures;
+  }
+  return what + " did not arrive within " +
+         seconds_text(body ? limits.body_timeout : limits.header_timeout);
+}
+
 void ConnectionState::close_after(httplib::Response& res) {
   if (!closing_) res.set_header("Connection", "close");
   closing_ = true;
@@ -266,7 +374,7 @@ bool HttpServer::widen_backlog(int backlog) { return ::listen(svr_sock_, backlog
 bool HttpServer::process_and_close_socket(socket_t sock) {
   const milliseconds write_timeout = std::chrono::duration_cast<milliseconds>(
       std::chrono::seconds(write_timeout_sec_) + std::chrono::microseconds(write_timeout_usec_));
-  Connection connection(sock, svr_sock_, write_timeout);
+  Connection connection(sock, svr_sock_, write_timeout, limits_);
   // Chunk framing comes on top of the body: let through as much again (1-byte chunks, 5 bytes of
   // framing each, are refused early; nobody sends those). read_body counts the body itself.
   const size_t body_budget = 2 * limits_.max_body_bytes;
@@ -282,10 +390,17 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
         });
     const bool refused = connection.phase() == ReadPhase::kHeaders &&
                          (connection.read_failure() == ReadFailure::kTimeout ||
+                          connection.read_failure() == ReadFailure::kTooSlow ||
                           connection.read_failure() == ReadFailure::kTooLarge);
     if (!ok && refused && !connection.answered()) {
       refuse_request_line(connection, limits_, error_body_);
       connection.mark_closing();
+      if (connection.read_failure() == ReadFailure::kTooSlow && slow_client_)
+        slow_client_("header_rate", connection.client());
+    }
+    if (connection.write_failure() == WriteFailure::kSendTimeout) {
+      if (slow_client_) slow_client_("send_timeout", connection.client());
+      break;
     }
     if (!ok || client_closes || connection.closing()) break;
   }
@@ -332,9 +447,10 @@ BodyRead read_body(const httplib::Request& req, httplib::Response& res,
   if (complete) return {};
   const ReadFailure failure = connection ? connection->read_failure() : ReadFailure::kNone;
   if (over || failure == ReadFailure::kTooLarge) return refuse(413, too_large);
-  if (failure == ReadFailure::kTimeout) {
-    return refuse(408,
-                  "the request body did not arrive within " + seconds_text(limits.body_timeout));
+  if (failure == ReadFailure::kTimeout || failure == ReadFailure::kTooSlow) {
+    BodyRead slow = refuse(408, read_timeout_message(*connection, limits));
+    slow.too_slow = failure == ReadFailure::kTooSlow;
+    return slow;
   }
   if (res.status == 415) return refuse(415, "the request body's Content-Encoding is not supported");
   return refuse(400, "the request body ended early or its chunked framing is malformed");

@@ -226,6 +226,10 @@ void Metrics::count_rejected(int status) {
   std::lock_guard lock(mutex_);
   ++rejected_[status];
 }
+void Metrics::count_slow_client(const std::string& reason) {
+  std::lock_guard lock(mutex_);
+  ++slow_clients_[reason];
+}
 
 EngineSnapshot Metrics::snapshot() const {
   std::lock_guard lock(mutex_);
@@ -287,6 +291,14 @@ std::string Metrics::render(const std::string& model_name) const {
   header(out, p + "request_rejected_total", "counter", "Requests refused, by HTTP status.");
   for (const auto& [status, count] : rejected_) {
     line(out, p + "request_rejected_total", "status=\"" + std::to_string(status) + "\"", count);
+  }
+  header(out, p + "slow_clients_total", "counter",
+         "Connections closed for a slow client: header_rate, body_rate (sent under "
+         "--min-request-rate), send_timeout (took no answer bytes for --send-timeout).");
+  for (const char* reason : {"header_rate", "body_rate", "send_timeout"}) {
+    const auto it = slow_clients_.find(reason);
+    line(out, p + "slow_clients_total", std::string("reason=\"") + reason + "\"",
+         it == slow_clients_.end() ? 0 : it->second);
   }
   if (!stats_.stage_seconds.empty()) {
     header(out, p + "stage_seconds_total", "counter",

@@ -87,6 +87,8 @@ class Metrics {
   // End-to-end latency, finish reason and vLLM's request-level histograms.
   void observe_finished(const FinishedRequest& request);
   void count_rejected(int status);
+  // A connection closed for a slow client (header_rate, body_rate, send_timeout).
+  void count_slow_client(const std::string& reason);
   EngineSnapshot snapshot() const;
 
   std::string render(const std::string& model_name) const;
@@ -130,9 +132,10 @@ class Metrics {
   VllmHistograms vllm_;
   // [profile::kNumStages] time per engine step of each stage, over the steps the stage ran in.
   std::vector<Histogram> stage_step_;
-  std::map<std::string, int64_t> finished_;  // by finish reason
-  std::map<int, int64_t> rejected_;          // by HTTP status
-  std::deque<Sample> history_;               // one at most every kHistoryPeriod
+  std::map<std::string, int64_t> finished_;      // by finish reason
+  std::map<int, int64_t> rejected_;              // by HTTP status
+  std::map<std::string, int64_t> slow_clients_;  // by reason
+  std::deque<Sample> history_;                   // one at most every kHistoryPeriod
 };
 
 }  // namespace moeinfer::server

@@ -216,6 +216,11 @@ Server::Server(std::unique_ptr<Engine> engine, ChatConfig chat, const ServerConf
   MOE_CHECK(config.header_timeout_seconds > 0 && config.body_timeout_seconds > 0,
             "--header-timeout and --body-timeout must be > 0, got ", config.header_timeout_seconds,
             " and ", config.body_timeout_seconds);
+  MOE_CHECK(config.min_request_rate >= 0 && config.min_request_rate_grace_seconds >= 0,
+            "--min-request-rate and --min-request-rate-grace must be >= 0, got ",
+            config.min_request_rate, " and ", config.min_request_rate_grace_seconds);
+  MOE_CHECK(config.send_timeout_seconds >= 0, "--send-timeout must be >= 0, got ",
+            config.send_timeout_seconds);
   for (std::string& host : config_.allowed_hosts) {
     host = host_name(host);
     MOE_CHECK(!host.empty(), "--allowed-hosts has an empty name");
@@ -223,7 +228,10 @@ Server::Server(std::unique_ptr<Engine> engine, ChatConfig chat, const ServerConf
   http_ = std::make_unique<HttpServer>(
       HttpLimits{.header_timeout = milliseconds_of(config.header_timeout_seconds),
                  .body_timeout = milliseconds_of(config.body_timeout_seconds),
-                 .max_body_bytes = kMaxBodyBytes});
+                 .max_body_bytes = kMaxBodyBytes,
+                 .min_rate = config.min_request_rate,
+                 .rate_grace = milliseconds_of(config.min_request_rate_grace_seconds),
+                 .send_timeout = milliseconds_of(config.send_timeout_seconds)});
   max_prompt_bytes_ = engine_->max_model_len() * prompt_bytes_per_token(engine_->tokenizer());
   if (chat_.chat_template)
     template_ = std::make_unique<ChatTemplate>(ChatTemplate::parse(*chat_.chat_template));
@@ -252,6 +260,15 @@ Server::Server(std::unique_ptr<Engine> engine, ChatConfig chat, const ServerConf
   http_->set_keep_alive_max_count(1000);
   // read_body bounds the bodies of our routes; this bounds cpp-httplib's own reads of the others.
   http_->set_payload_max_length(kMaxBodyBytes);
+  http_->set_slow_client([this](const char* reason, const std::string& client) {
+    metrics_.count_slow_client(reason);
+    if (std::string(reason) == "send_timeout") {
+      std::fprintf(stderr,
+                   "moeinfer serve: %s took none of the answer's latest bytes for %s "
+                   "(--send-timeout): connection closed, its request aborted\n",
+                   client.c_str(), seconds_text(http_->limits().send_timeout).c_str());
+    }
+  });
   http_->set_error_body([this](int status, const std::string& message) {
     metrics_.count_rejected(status);
     access_log_.refused(status);
@@ -326,9 +343,10 @@ void Server::answer_http_error(const httplib::Request& req, httplib::Response& r
   const ReadFailure failure = connection ? connection->read_failure() : ReadFailure::kNone;
   std::string message = "a malformed HTTP request";
   std::string code;
-  if (in_headers && failure == ReadFailure::kTimeout) {
+  if (in_headers && (failure == ReadFailure::kTimeout || failure == ReadFailure::kTooSlow)) {
     res.status = 408;
-    message = "the request headers did not arrive within " + seconds_text(limits.header_timeout);
+    message = read_timeout_message(*connection, limits);
+    if (failure == ReadFailure::kTooSlow) metrics_.count_slow_client("header_rate");
   } else if (in_headers && failure == ReadFailure::kTooLarge) {
     res.status = 431;
     message = "the request headers are larger than " +
@@ -354,6 +372,7 @@ bool Server::read_request_body(const httplib::Request& req, httplib::Response& r
   const BodyRead read = read_body(req, res, reader, http_->limits(), body);
   if (read.ok) return true;
   metrics_.count_rejected(read.status);
+  if (read.too_slow) metrics_.count_slow_client("body_rate");
   send_json(res, read.status,
             error_body(read.message, "invalid_request_error", "",
                        read.status == 413 ? "payload_too_large" : ""));
@@ -646,7 +665,10 @@ void Server::handle_completion(const std::string& body, Endpoint endpoint, httpl
     e.output_tokens = channel->num_output_tokens;
     e.queue_seconds = channel->queue_seconds;
     e.ttft_seconds = channel->ttft_seconds;
-    if (channel->summary) {
+    const ConnectionState* connection = ConnectionState::current();
+    if (connection && connection->write_failure() == WriteFailure::kSendTimeout) {
+      e.finish = "send_timeout";  // the client took its answer too slowly: cut, and aborted
+    } else if (channel->summary) {
       e.finish = channel->summary->finish_reason;
     } else if (channel->error) {
       e.finish = "error";

@@ -41,9 +41,9 @@ class HttpServer;  // http_connection.h
 
 struct ServerConfig {
   std::string host = "127.0.0.1";
-  int port = 8000;               // 0: any free port (see Server::port())
-  std::string api_key;           // empty: no authentication
-  std::string model_name;        // the id clients use in "model"
+  int port = 8000;         // 0: any free port (see Server::port())
+  std::string api_key;     // empty: no authentication
+  std::string model_name;  // the id clients use in "model"
   // --tool-call-parser: a format of server/tool_calls.h by vLLM's name ("none" included); empty:
   // the model family's (default_tool_call_format).
   std::string tool_call_parser;
@@ -55,9 +55,14 @@ struct ServerConfig {
   // byte, the body within body_timeout of the headers' end (per request, not per recv()).
   double header_timeout_seconds = 10.0;
   double body_timeout_seconds = 60.0;
+  // ... and after a grace period at min_request_rate bytes a second on average (0: no minimum).
+  double min_request_rate = 500.0;
+  double min_request_rate_grace_seconds = 5.0;
+  // Slow readers: what is written must be taken by the client within this (0: no bound).
+  double send_timeout_seconds = 30.0;
   // Host header names (port ignored) the server answers; empty: any. Others get 421.
   std::vector<std::string> allowed_hosts;
-  bool log_requests = true;           // one access-log line per request (serving_log.h)
+  bool log_requests = true;            // one access-log line per request (serving_log.h)
   double log_interval_seconds = 10.0;  // the periodic engine line; 0: none
 };
 

@@ -1,7 +1,9 @@
-"""Helpers the end-to-end tests share: a `moeinfer serve` process, polling, the Prometheus text
-format, headless Chromium and a PNG reader. Not a test itself (CMake runs test_*.py only)."""
+"""Helpers the end-to-end tests share: their command line and main loop, a `moeinfer serve`
+process, polling, the Prometheus text format, headless Chromium and a PNG reader. Not a test
+itself (CMake runs test_*.py only)."""
 from __future__ import annotations
 
+import argparse
 import pathlib
 import queue
 import re
@@ -48,6 +50,11 @@ class ServerProcess:
             self.log.append(line)
             self.lines.put(line)
 
+    def client(self, api_key: str = "none"):
+        """The official `openai` client on this server (no retries: every answer counts)."""
+        from openai import OpenAI  # only the tests that use it need the package
+        return OpenAI(base_url=self.base + "/v1", api_key=api_key, max_retries=0, timeout=300)
+
     def stop(self) -> int:
         """SIGTERM, then the exit status; killed if it has not drained in two minutes."""
         if self.proc.poll() is None:
@@ -59,13 +66,42 @@ class ServerProcess:
             return self.proc.wait()
 
 
-def run_checks(checks, run) -> tuple[int, int]:
-    """Runs each check through `run(check)`, one PASS / FAIL line each; (passed, failed)."""
+def parse_args(description: str | None = None, extra=None) -> argparse.Namespace:
+    """What ctest passes to every e2e script (--moeinfer, --fixtures), --only NAME to run the
+    checks whose names hold NAME, and what `extra(parser)` adds."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--moeinfer", required=True, help="the moeinfer binary")
+    parser.add_argument("--fixtures", required=True, type=pathlib.Path,
+                        help="the fixtures folder (tests/fixtures)")
+    parser.add_argument("--only", help="run the checks whose names contain this")
+    if extra is not None:
+        extra(parser)
+    return parser.parse_args()
+
+
+def demo_model(fixtures: pathlib.Path) -> pathlib.Path:
+    """The built-in demo model's folder (models/demo beside tests/fixtures' tests/)."""
+    return pathlib.Path(fixtures).resolve().parent.parent / "models" / "demo"
+
+
+def check_name(check) -> str:
+    return check[0] if isinstance(check, tuple) else check.__name__.removeprefix("check_")
+
+
+def selected(checks, only: str | None) -> list:
+    return [c for c in checks if not only or only in check_name(c)]
+
+
+def run_checks(checks, run=None) -> tuple[int, int]:
+    """Runs each check (a function, or a (name, function) pair) through `run(check)`, or
+    calls it when `run` is None; one PASS / FAIL line each; (passed, failed)."""
     passed = failed = 0
     for check in checks:
-        name = check.__name__.removeprefix("check_")
+        name = check_name(check)
+        if isinstance(check, tuple):
+            check = check[1]
         try:
-            run(check)
+            run(check) if run is not None else check()
             print(f"PASS {name}", flush=True)
             passed += 1
         except Exception as e:  # noqa: BLE001 - report and go on
@@ -73,6 +109,39 @@ def run_checks(checks, run) -> tuple[int, int]:
             traceback.print_exc()
             failed += 1
     return passed, failed
+
+
+def skip_checks(checks, why: str) -> int:
+    """One SKIP line for each check that cannot run; the number of them (each a failure)."""
+    for check in checks:
+        print(f"SKIP {check_name(check)}: {why}", flush=True)
+    return len(checks)
+
+
+def serve_and_run(moeinfer: str, flags: list[str], checks, run,
+                  server_class=ServerProcess, clean_exit: bool = False) -> tuple[int, int]:
+    """`moeinfer serve FLAGS`, then each check through `run(server, check)`, then SIGTERM:
+    (passed, failed). A server that does not start (a build without cpp-httplib, say) is one
+    failure; with `clean_exit`, so is an exit status other than 0."""
+    try:
+        server = server_class(moeinfer, flags)
+    except Exception as e:  # noqa: BLE001 - reported as a failure
+        print(f"FAIL start: {type(e).__name__}: {e}", flush=True)
+        return 0, 1
+    try:
+        passed, failed = run_checks(checks, lambda check: run(server, check))
+    finally:
+        code = server.stop()
+    if clean_exit and code != 0:
+        print(f"FAIL exit: the server exited {code}", flush=True)
+        failed += 1
+    return passed, failed
+
+
+def summary(passed: int, failed: int) -> int:
+    """The last line every e2e script prints, and its exit status."""
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
 
 
 def wait_for(condition, what: str) -> None:

@@ -17,6 +17,16 @@ Starts the real server on the demo model (port 0) and checks, one line per check
                        (or closed)
                        long before it would have finished, and a normal request made meanwhile
                        completes
+  min_rate             --min-request-rate: a body or headers trickled under the minimum rate
+                       after the grace period get a 408 naming the rate (not the 60 s deadline)
+                       and the connection closes; counted in slow_clients_total and
+                       request_rejected_total; a body sent in pieces above the rate is served;
+                       with --min-request-rate 0 only the body deadline cuts a trickle
+  slow_reader          --send-timeout: a client with a tiny receive buffer that reads a byte now
+                       and then gets its stream cut before [DONE]: the request is aborted (its KV
+                       blocks back in the pool), counted (slow_clients_total, finished_reason
+                       abort) and logged (a server line, and finish=send_timeout in the access
+                       line), and the connection reset (the unsent rest dropped)
   pipelining           several requests written back to back on one connection before reading
                        are all answered, in order; after a bad-JSON 400 the connection goes on;
                        after a 401 or a refused body the connection closes cleanly instead of
@@ -36,7 +46,6 @@ minute or more.
 
 from __future__ import annotations
 
-import argparse
 import json
 import signal
 import socket
@@ -309,6 +318,157 @@ def check_slow_senders(s: e2e_util.ServerProcess, ctx: dict) -> None:
         slow.stop()
 
 
+def trickle(c: Conn, data: bytes, pause: float, give_up: float = 60.0) -> Response | None:
+    """Sends `data` a byte every `pause` s until the server answers or closes; its answer."""
+    start = time.monotonic()
+    c.sock.settimeout(pause)
+    try:
+        for byte in data:
+            assert time.monotonic() - start < give_up, "no answer to a trickle"
+            c.send(bytes([byte]))
+            try:
+                return c.read_response()
+            except socket.timeout:
+                continue
+    except OSError:
+        return None
+    c.sock.settimeout(60)
+    return c.read_response()
+
+
+def check_min_rate(s: e2e_util.ServerProcess, ctx: dict) -> None:
+    flags = ["--min-request-rate", "1000", "--min-request-rate-grace", "1",
+             "--header-timeout", "60", "--body-timeout", "60"]
+    rated = e2e_util.ServerProcess(ctx["moeinfer"], flags)
+    try:
+        before = metrics(rated.port)
+        # A body at 20 bytes/s: far under 1000 bytes/s once the second of grace is over.
+        c = Conn(rated.port)
+        c.send(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+               b"Content-Type: application/json\r\nContent-Length: 4000\r\n\r\n")
+        r = trickle(c, b"a" * 4000, 0.05)
+        assert r and r.status == 408, r and (r.status, r.body)
+        e = r.error()
+        assert "request body arrived slower than 1000 bytes/s" in e["message"], e
+        assert r.headers.get("connection") == "close", r.headers
+        assert c.closed_by_server(), "the connection stayed open after the 408"
+        c.close()
+        # Headers at 20 bytes/s, the request line first and then a header.
+        c = Conn(rated.port)
+        c.send(b"GET /v1/models HTTP/1.1\r\n")
+        r = trickle(c, b"X-Slow: " + b"a" * 4000, 0.05)
+        assert r and r.status == 408, r and (r.status, r.body)
+        assert "line and headers arrived slower than 1000 bytes/s" in r.error()["message"], r.body
+        c.close()
+        # A request line at 20 bytes/s: answered before cpp-httplib has it.
+        c = Conn(rated.port)
+        r = trickle(c, b"GET /" + b"a" * 4000, 0.05)
+        assert r and r.status == 408, r and (r.status, r.body)
+        assert "slower than 1000 bytes/s" in r.error()["message"], r.body
+        c.close()
+        # A body in pieces of 400 bytes every 0.1 s (4000 bytes/s) keeps above the rate.
+        prompt = json.dumps({"prompt": "Once upon a time", "max_tokens": 2, "temperature": 0,
+                             "user": "x" * 3000}).encode()
+        c = Conn(rated.port)
+        c.send(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+               b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(prompt))
+        for i in range(0, len(prompt), 400):
+            c.send(prompt[i:i + 400])
+            time.sleep(0.1)  # pacing the sender, not a timing check
+        r = c.read_response()
+        assert r and r.status == 200, r and (r.status, r.body)
+        c.close()
+        after = metrics(rated.port)
+        for reason, want in (("body_rate", 1), ("header_rate", 2), ("send_timeout", 0)):
+            key = f'moeinfer:slow_clients_total{{reason="{reason}"}}'
+            assert after[key] - before[key] == want, (reason, after[key], before[key])
+        key = 'moeinfer:request_rejected_total{status="408"}'
+        assert after.get(key, 0) - before.get(key, 0) == 3, (after.get(key), before.get(key))
+    finally:
+        rated.stop()
+    # --min-request-rate 0: no minimum, only the (here 3 s) body deadline.
+    unrated = e2e_util.ServerProcess(ctx["moeinfer"], ["--min-request-rate", "0",
+                                                       "--min-request-rate-grace", "0",
+                                                       "--body-timeout", "3"])
+    try:
+        c = Conn(unrated.port)
+        c.send(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 4000\r\n\r\n")
+        r = trickle(c, b"a" * 4000, 0.05)
+        assert r and r.status == 408, r and (r.status, r.body)
+        assert "did not arrive within 3 s" in r.error()["message"], r.body
+        c.close()
+    finally:
+        unrated.stop()
+
+
+def check_slow_reader(s: e2e_util.ServerProcess, ctx: dict) -> None:
+    slow = e2e_util.ServerProcess(ctx["moeinfer"], ["--send-timeout", "1"])
+    try:
+        before = metrics(slow.port)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)  # before connect: the window
+        sock.connect(("127.0.0.1", slow.port))
+        # Eight sequences of 480 tokens: the engine is still at it when the client falls behind.
+        body = json.dumps({"prompt": "Once upon a time", "max_tokens": 480, "n": 8,
+                           "temperature": 0, "ignore_eos": True, "stream": True}).encode()
+        sock.sendall(request("POST", "/v1/completions", body,
+                             {"Content-Type": "application/json"}))
+        sock.settimeout(60)
+        got = b""
+        start = time.monotonic()
+        reset = False
+
+        def cut_off() -> bool:
+            return any("(--send-timeout)" in line for line in slow.log)
+
+        # A byte now and then (about 50 bytes/s) until the server gives up on the client; then
+        # what the client's own buffer still holds, at full speed, up to the reset.
+        while not cut_off():
+            assert time.monotonic() - start < 120, f"still streaming after {len(got)} bytes"
+            try:
+                byte = sock.recv(1)
+            except ConnectionResetError:
+                reset = True
+                break
+            if not byte:
+                break
+            got += byte
+            time.sleep(0.02)
+        while not reset:
+            try:
+                data = sock.recv(65536)
+            except ConnectionResetError:
+                reset = True
+                break
+            if not data:
+                break
+            got += data
+        sock.close()
+        assert reset, "the connection of a client too slow to read was closed, not reset"
+        assert got.startswith(b"HTTP/1.1 200"), got[:100]
+        assert b"data: [DONE]" not in got, "the stream was not cut"
+        e2e_util.wait_for(lambda: idle_kv(slow.port), "the aborted request's KV blocks")
+        after = metrics(slow.port)
+        key = 'moeinfer:slow_clients_total{reason="send_timeout"}'
+        assert after[key] - before[key] == 1, (after[key], before[key])
+        key = 'moeinfer:request_success_total{finished_reason="abort"}'
+        assert after[key] - before[key] == 1, (after[key], before[key])
+        e2e_util.wait_for(lambda: any("finish=send_timeout" in line for line in slow.log),
+                          "the access line")
+        log = "".join(slow.log)
+        assert "(--send-timeout): connection closed, its request aborted" in log, log[-2000:]
+        # The server goes on serving.
+        r = one(slow.port, request("POST", "/v1/completions", COMPLETION))
+        assert r and r.status == 200, r and r.body
+    finally:
+        slow.stop()
+
+
+def idle_kv(port: int) -> bool:
+    m = metrics(port)
+    return m["moeinfer:kv_cache_used_blocks"] == 0 and m["moeinfer:num_requests_running"] == 0
+
+
 def check_pipelining(s: e2e_util.ServerProcess, ctx: dict) -> None:
     c = Conn(s.port)
     c.send(request("GET", "/health") + request("POST", "/v1/completions", COMPLETION)
@@ -474,31 +634,17 @@ def check_shutdown_abort(s: e2e_util.ServerProcess, ctx: dict) -> None:
         d.stop()
 
 
-CHECKS = [check_chunked_body_limit, check_prompt_bytes, check_slow_senders, check_pipelining,
-          check_malformed, check_allowed_hosts, check_shutdown_abort]
+CHECKS = [check_chunked_body_limit, check_prompt_bytes, check_slow_senders, check_min_rate,
+          check_slow_reader, check_pipelining, check_malformed, check_allowed_hosts,
+          check_shutdown_abort]
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--moeinfer", required=True)
-    parser.add_argument("--fixtures", required=True)
-    parser.add_argument("--only", help="run the checks whose names contain this")
-    args = parser.parse_args()
+    args = e2e_util.parse_args()
     ctx = {"moeinfer": args.moeinfer}
-    try:
-        server = e2e_util.ServerProcess(args.moeinfer, [])
-    except Exception as e:  # noqa: BLE001 - e.g. a build without cpp-httplib
-        print(f"FAIL start: {type(e).__name__}: {e}")
-        print("0 passed, 1 failed")
-        return 1
-    checks = [c for c in CHECKS if not args.only or args.only in c.__name__]
-    try:
-        passed, failed = e2e_util.run_checks(checks, lambda check: check(server, ctx))
-    finally:
-        server.stop()
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
-
+    return e2e_util.summary(*e2e_util.serve_and_run(
+        args.moeinfer, [], e2e_util.selected(CHECKS, args.only),
+        lambda server, check: check(server, ctx)))
 
 if __name__ == "__main__":
     sys.exit(main())
