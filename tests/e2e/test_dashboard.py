@@ -44,7 +44,6 @@ Prints one line per check and a last line "N passed, M failed"; exits non-zero o
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import json
 import pathlib
@@ -52,11 +51,11 @@ import re
 import shutil
 import sys
 import tempfile
-import traceback
 import urllib.error
 import urllib.request
 from html.parser import HTMLParser
 
+import e2e_util
 from e2e_util import ServerProcess, chromium, parse_metrics, png_info, wait_for
 
 WINDOW = (1400, 1900)
@@ -445,49 +444,34 @@ def send_completions(base: str) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--moeinfer", required=True)
-    parser.add_argument("--fixtures", required=True)
-    parser.add_argument("--keep", help="copy the screenshot here for a look")
-    args = parser.parse_args()
-    demo = pathlib.Path(args.fixtures).resolve().parent.parent / "models" / "demo"
+    args = e2e_util.parse_args(
+        __doc__.split("\n")[0],
+        lambda p: p.add_argument("--keep", help="copy the screenshot here for a look"))
+    demo = e2e_util.demo_model(args.fixtures)
     config = json.loads((demo / "config.json").read_text())
-
-    passed = failed = 0
+    checks = e2e_util.selected(CHECKS, args.only)
     with tempfile.TemporaryDirectory(prefix="moeinfer-dashboard-") as tmp:
         ctx = {"moeinfer": args.moeinfer, "demo": demo, "work": pathlib.Path(tmp),
                "num_layers": config["num_hidden_layers"],
                "num_experts": config["num_local_experts"],
                "top_k": config["num_experts_per_tok"]}
-        try:
-            server = ServerProcess(args.moeinfer, ["--model", str(demo)])
-        except Exception as e:  # noqa: BLE001 - e.g. a build without cpp-httplib
-            print(f"FAIL start: {type(e).__name__}: {e}")
-            print("0 passed, 1 failed")
-            return 1
-        try:
-            ctx["base"] = server.base
-            send_completions(server.base)
-            for name, check in CHECKS:
+
+        def run(server: ServerProcess, check) -> None:
+            if "base" not in ctx:  # the set-up, once: when it fails, every check fails
+                ctx["base"] = server.base
                 try:
-                    check(ctx)
-                    print(f"PASS {name}", flush=True)
-                    passed += 1
-                except Exception as e:  # noqa: BLE001 - each check reports its own failure
-                    print(f"FAIL {name}: {type(e).__name__}: {e}", flush=True)
-                    traceback.print_exc()
-                    failed += 1
-        except Exception as e:  # noqa: BLE001 - the set-up failed: every check fails
-            print(f"FAIL setup: {type(e).__name__}: {e}", flush=True)
-            traceback.print_exc()
-            failed += 1
-        finally:
-            server.stop()
+                    send_completions(server.base)
+                except Exception as e:  # noqa: BLE001 - reported by each check
+                    ctx["setup"] = f"{type(e).__name__}: {e}"
+            if "setup" in ctx:
+                raise AssertionError(f"the set-up failed: {ctx['setup']}")
+            check(ctx)
+
+        passed, failed = e2e_util.serve_and_run(args.moeinfer, ["--model", str(demo)], checks,
+                                                run)
         if args.keep and (ctx["work"] / "dashboard.png").is_file():
             shutil.copy(ctx["work"] / "dashboard.png", args.keep)
-    print(f"{passed} passed, {failed} failed")
-    return 0 if failed == 0 else 1
-
+    return e2e_util.summary(passed, failed)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -16,20 +16,13 @@ Prints one line per check and a last line "N passed, M failed"; exits non-zero o
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import subprocess
 import sys
 import urllib.request
 
 import e2e_util
-from e2e_util import parse_metrics, run_checks, wait_for
-from openai import OpenAI
-
-class ServerProcess(e2e_util.ServerProcess):
-    def client(self) -> OpenAI:
-        return OpenAI(base_url=self.base + "/v1", api_key="none", max_retries=0, timeout=300)
-
+from e2e_util import ServerProcess, parse_metrics, run_checks, wait_for
 
 PROMPTS = [f"Fortune number {i} says that" for i in range(8)]
 
@@ -96,17 +89,12 @@ def check_seeded_text_survives_batching_and_preemption_on_cuda(ctx: dict) -> Non
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--moeinfer", required=True)
-    parser.add_argument("--fixtures", required=True)
-    args = parser.parse_args()
+    args = e2e_util.parse_args()
     ctx = {"moeinfer": args.moeinfer}
-    passed, failed = run_checks(
-        [check_seeded_text_survives_batching_and_preemption,
-         check_seeded_text_survives_batching_and_preemption_on_cuda],
-        lambda check: check(ctx))
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    checks = [check_seeded_text_survives_batching_and_preemption,
+              check_seeded_text_survives_batching_and_preemption_on_cuda]
+    return e2e_util.summary(*run_checks(e2e_util.selected(checks, args.only),
+                                        lambda check: check(ctx)))
 
 
 if __name__ == "__main__":

@@ -23,11 +23,11 @@ Prints one line per check and a last line "N passed, M failed"; exits non-zero o
 
 from __future__ import annotations
 
-import argparse
 import json
-import pathlib
 import subprocess
 import sys
+
+import e2e_util
 
 DRAWS = 20
 SEED = 0
@@ -87,42 +87,23 @@ def check_table(text: str, num_layers: int) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--moeinfer", required=True)
-    parser.add_argument("--fixtures", required=True)
-    args = parser.parse_args()
-    demo = pathlib.Path(args.fixtures).resolve().parent.parent / "models" / "demo"
+    args = e2e_util.parse_args(__doc__.split("\n")[0])
+    demo = e2e_util.demo_model(args.fixtures)
     common = ["--model", str(demo), "--text-file", str(demo / "heldout.txt"),
               "--draws", str(DRAWS), "--seed", str(SEED)]
-
-    passed = failed = 0
-    report = None
+    report: dict = {}
+    checks = e2e_util.selected(
+        [("report_is_consistent", lambda: check_report(report)),
+         ("random_baseline_sane", lambda: check_random(report)),
+         ("learned_routing_differs", lambda: check_learned(report)),
+         ("table_output", lambda: check_table(run(args.moeinfer, common), len(report["layers"])))],
+        args.only)
     try:
-        report = json.loads(run(args.moeinfer, [*common, "--json"]))
-    except Exception as error:  # noqa: BLE001 - reported as a failure below
+        report.update(json.loads(run(args.moeinfer, [*common, "--json"])))
+    except Exception as error:  # noqa: BLE001 - every check fails with it
         print(f"FAIL run --json: {error}")
-        failed += 1
-
-    checks = [("report_is_consistent", lambda: check_report(report)),
-              ("random_baseline_sane", lambda: check_random(report)),
-              ("learned_routing_differs", lambda: check_learned(report)),
-              ("table_output", lambda: check_table(run(args.moeinfer, common),
-                                                   len(report["layers"])))]
-    for name, check in checks:
-        if report is None:
-            print(f"SKIP {name}: no report")
-            failed += 1
-            continue
-        try:
-            check()
-            print(f"ok   {name}")
-            passed += 1
-        except Exception as error:  # noqa: BLE001 - each check reports its own failure
-            print(f"FAIL {name}: {error}")
-            failed += 1
-    print(f"{passed} passed, {failed} failed")
-    return 0 if failed == 0 else 1
-
+        return e2e_util.summary(0, 1 + e2e_util.skip_checks(checks, "no report"))
+    return e2e_util.summary(*e2e_util.run_checks(checks))
 
 if __name__ == "__main__":
     sys.exit(main())

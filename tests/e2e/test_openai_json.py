@@ -24,7 +24,6 @@ Prints one line per check and a last line "N passed, M failed"; exits non-zero o
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import urllib.request
@@ -34,7 +33,7 @@ import openai
 from openai import OpenAI
 
 import e2e_util
-from e2e_util import parse_metrics, wait_for
+from e2e_util import ServerProcess, parse_metrics, wait_for
 
 PROMPT = "Q: Describe a fortune cookie as JSON.\nA:"
 MAX_TOKENS = 200
@@ -123,11 +122,6 @@ SCHEMAS = {
     },
 }
 FORMATS = jsonschema.Draft202012Validator.FORMAT_CHECKER  # the time format of RFC 3339
-
-
-class ServerProcess(e2e_util.ServerProcess):
-    def client(self) -> OpenAI:
-        return OpenAI(base_url=self.base + "/v1", api_key="none", max_retries=0, timeout=300)
 
 
 def idle(base: str) -> bool:
@@ -298,25 +292,17 @@ CHECKS = [check_json_object, check_json_schema, check_guided_json, check_length,
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--moeinfer", required=True)
-    parser.add_argument("--fixtures", required=True)
-    args = parser.parse_args()
-    try:
-        server = ServerProcess(args.moeinfer, [])
-    except Exception as e:  # noqa: BLE001 - e.g. a build without cpp-httplib
-        print(f"FAIL start: {type(e).__name__}: {e}")
-        print("0 passed, 1 failed")
-        return 1
-    try:
-        client = server.client()
-        ctx = {"model": client.models.list().data[0].id}
-        passed, failed = e2e_util.run_checks(CHECKS, lambda check: check(server, client, ctx))
-    finally:
-        server.stop()
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    args = e2e_util.parse_args()
+    ctx: dict = {}
 
+    def run(server: ServerProcess, check) -> None:
+        client = server.client()
+        if "model" not in ctx:
+            ctx["model"] = client.models.list().data[0].id
+        check(server, client, ctx)
+
+    return e2e_util.summary(*e2e_util.serve_and_run(
+        args.moeinfer, [], e2e_util.selected(CHECKS, args.only), run))
 
 if __name__ == "__main__":
     sys.exit(main())

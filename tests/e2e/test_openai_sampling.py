@@ -26,7 +26,6 @@ Prints one line per check and a last line "N passed, M failed"; exits non-zero o
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import pathlib
@@ -40,14 +39,9 @@ from openai import OpenAI
 import openai
 
 import e2e_util
-from e2e_util import parse_metrics, wait_for
+from e2e_util import ServerProcess, parse_metrics, wait_for
 
 PROMPT = "Q: What is the difference between a fortune cookie and a computer?\nA:"
-
-
-class ServerProcess(e2e_util.ServerProcess):
-    def client(self) -> OpenAI:
-        return OpenAI(base_url=self.base + "/v1", api_key="none", max_retries=0, timeout=300)
 
 
 def post(base: str, path: str, body: dict) -> dict:
@@ -269,26 +263,11 @@ CHECKS = [check_logit_bias, check_n, check_best_of, check_abort, check_echo,
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--moeinfer", required=True)
-    parser.add_argument("--fixtures", required=True)
-    args = parser.parse_args()
-    ctx = {"moeinfer": args.moeinfer, "fixtures": args.fixtures}
-
-    try:
-        server = ServerProcess(args.moeinfer, [])
-    except Exception as e:  # noqa: BLE001 - e.g. a build without cpp-httplib
-        print(f"FAIL start: {type(e).__name__}: {e}")
-        print("0 passed, 1 failed")
-        return 1
-    try:
-        client = server.client()
-        passed, failed = e2e_util.run_checks(CHECKS, lambda check: check(server, client, ctx))
-    finally:
-        server.stop()
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
-
+    args = e2e_util.parse_args()
+    ctx = {"moeinfer": args.moeinfer, "fixtures": str(args.fixtures)}
+    return e2e_util.summary(*e2e_util.serve_and_run(
+        args.moeinfer, [], e2e_util.selected(CHECKS, args.only),
+        lambda server, check: check(server, server.client(), ctx)))
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -49,7 +49,6 @@ Prints one line per check and a last line "N passed, M failed"; exits non-zero o
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import json
 import pathlib
@@ -57,7 +56,6 @@ import signal
 import subprocess
 import sys
 import time
-import traceback
 import urllib.error
 import urllib.request
 
@@ -65,13 +63,8 @@ import openai
 from openai import OpenAI
 
 import e2e_util
-from e2e_util import parse_metrics, wait_for
+from e2e_util import ServerProcess, parse_metrics, wait_for
 
-
-
-class ServerProcess(e2e_util.ServerProcess):
-    def client(self, api_key: str = "none") -> OpenAI:
-        return OpenAI(base_url=self.base + "/v1", api_key=api_key, max_retries=0, timeout=300)
 
 
 def http(base: str, method: str, path: str, body: bytes | None = None,
@@ -544,37 +537,11 @@ CHECKS = [check_models, check_completion, check_seed, check_streaming, check_cha
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--moeinfer", required=True)
-    parser.add_argument("--fixtures", required=True)
-    args = parser.parse_args()
+    args = e2e_util.parse_args()
     ctx = {"moeinfer": args.moeinfer, "model": "demo", "greedy": ""}
-    passed = failed = 0
-    try:
-        server = ServerProcess(args.moeinfer, [])
-    except Exception as e:  # noqa: BLE001 - e.g. a build without cpp-httplib
-        print(f"FAIL start: {type(e).__name__}: {e}")
-        print("0 passed, 1 failed")
-        return 1
-    try:
-        client = server.client()
-        for check in CHECKS:
-            name = check.__name__.removeprefix("check_")
-            try:
-                check(server, client, ctx)
-                print(f"PASS {name}", flush=True)
-                passed += 1
-            except Exception as e:  # noqa: BLE001 - report and go on
-                print(f"FAIL {name}: {type(e).__name__}: {e}", flush=True)
-                traceback.print_exc()
-                failed += 1
-    finally:
-        if server.proc.poll() is None:
-            server.proc.kill()
-            server.proc.wait()
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
-
+    return e2e_util.summary(*e2e_util.serve_and_run(
+        args.moeinfer, [], e2e_util.selected(CHECKS, args.only),
+        lambda server, check: check(server, server.client(), ctx)))
 
 if __name__ == "__main__":
     sys.exit(main())

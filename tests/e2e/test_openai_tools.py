@@ -39,7 +39,6 @@ Prints one line per check and a last line "N passed, M failed"; exits non-zero o
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import pathlib
@@ -53,6 +52,7 @@ import openai
 from openai import OpenAI
 
 import e2e_util
+from e2e_util import ServerProcess
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent / "tools"))
@@ -83,11 +83,6 @@ CONVERSATION = [
     {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21"},
     {"role": "user", "content": "Tell me a fortune about it."},
 ]
-
-
-class ServerProcess(e2e_util.ServerProcess):
-    def client(self) -> OpenAI:
-        return OpenAI(base_url=self.base + "/v1", api_key="none", max_retries=0, timeout=300)
 
 
 def post(base: str, path: str, body: dict) -> tuple[int, dict]:
@@ -329,32 +324,19 @@ TOOL_SERVER_CHECKS = [check_rendered, check_no_parser, check_forced_no_parser]
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--moeinfer", required=True)
-    parser.add_argument("--fixtures", required=True)
-    args = parser.parse_args()
+    args = e2e_util.parse_args()
     ctx: dict = {}
     passed = failed = 0
     with tempfile.TemporaryDirectory() as tmp:
-        for extra, checks in (([], CHECKS),
+        for flags, checks in (([], CHECKS),
                               ([str(tool_model_dir(pathlib.Path(tmp))), "--tool-call-parser",
                                 "none"], TOOL_SERVER_CHECKS)):
-            try:
-                server = ServerProcess(args.moeinfer, extra)
-            except Exception as e:  # noqa: BLE001 - e.g. a build without cpp-httplib
-                print(f"FAIL start: {type(e).__name__}: {e}")
-                failed += 1
-                continue
-            try:
-                client = server.client()
-                p, f = e2e_util.run_checks(checks, lambda check: check(server, client, ctx))
-                passed += p
-                failed += f
-            finally:
-                server.stop()
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
-
+            p, f = e2e_util.serve_and_run(args.moeinfer, flags,
+                                          e2e_util.selected(checks, args.only),
+                                          lambda server, check: check(server, server.client(), ctx))
+            passed += p
+            failed += f
+    return e2e_util.summary(passed, failed)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -33,7 +33,6 @@ Prints one line per check and a last line "N passed, M failed"; exits non-zero o
 
 from __future__ import annotations
 
-import argparse
 import html as html_lib
 import json
 import pathlib
@@ -44,6 +43,7 @@ import sys
 import tempfile
 from html.parser import HTMLParser
 
+import e2e_util
 from e2e_util import chromium, png_info
 
 BATCH, INPUT_LEN, OUTPUT_LEN = 3, 19, 7
@@ -241,31 +241,15 @@ def check_screenshot(html_path: pathlib.Path, work: pathlib.Path) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--moeinfer", required=True)
-    parser.add_argument("--fixtures", required=True)
-    parser.add_argument("--keep", help="copy the report folder here for a look")
-    args = parser.parse_args()
-    demo = pathlib.Path(args.fixtures).resolve().parent.parent / "models" / "demo"
-
-    passed = failed = 0
+    args = e2e_util.parse_args(
+        __doc__.split("\n")[0],
+        lambda p: p.add_argument("--keep", help="copy the report folder here for a look"))
+    demo = e2e_util.demo_model(args.fixtures)
     with tempfile.TemporaryDirectory(prefix="moeinfer-profile-") as tmp:
         work = pathlib.Path(tmp)
         out = work / "report"
-        report = None
-        try:
-            proc = subprocess.run(
-                [args.moeinfer, "profile", "--model", str(demo), "--batch", str(BATCH),
-                 "--input-len", str(INPUT_LEN), "--output-len", str(OUTPUT_LEN), "--repeats", "1",
-                 "--seed", "5", "--out", str(out)], capture_output=True, text=True, timeout=600)
-            if proc.returncode != 0:
-                raise AssertionError(f"moeinfer profile exited {proc.returncode}: {proc.stderr}")
-            report = json.loads((out / "report.json").read_text())
-        except Exception as error:  # noqa: BLE001 - reported as a failure below
-            print(f"FAIL run: {error}")
-            failed += 1
-
-        checks = [
+        report: dict = {}
+        checks = e2e_util.selected([
             ("files_written", lambda: check_files(out)),
             ("json_consistent", lambda: check_json(report)),
             ("text_table", lambda: check_text((out / "report.txt").read_text(), report)),
@@ -273,26 +257,24 @@ def main() -> int:
              lambda: check_self_contained((out / "report.html").read_text(encoding="utf-8"))),
             ("html_renders", lambda: check_render(out / "report.html", report, work)),
             ("screenshot", lambda: check_screenshot(out / "report.html", work)),
-        ]
-        for name, check in checks:
-            if report is None:
-                print(f"SKIP {name}: no report")
-                failed += 1
-                continue
-            try:
-                check()
-                print(f"ok   {name}")
-                passed += 1
-            except Exception as error:  # noqa: BLE001 - each check reports its own failure
-                print(f"FAIL {name}: {error}")
-                failed += 1
+        ], args.only)
+        try:
+            proc = subprocess.run(
+                [args.moeinfer, "profile", "--model", str(demo), "--batch", str(BATCH),
+                 "--input-len", str(INPUT_LEN), "--output-len", str(OUTPUT_LEN), "--repeats", "1",
+                 "--seed", "5", "--out", str(out)], capture_output=True, text=True, timeout=600)
+            if proc.returncode != 0:
+                raise AssertionError(f"moeinfer profile exited {proc.returncode}: {proc.stderr}")
+            report.update(json.loads((out / "report.json").read_text()))
+        except Exception as error:  # noqa: BLE001 - every check fails with it
+            print(f"FAIL run: {error}")
+            return e2e_util.summary(0, 1 + e2e_util.skip_checks(checks, "no report"))
+        passed, failed = e2e_util.run_checks(checks)
         if args.keep and out.is_dir():
             shutil.copytree(out, args.keep, dirs_exist_ok=True)
             if (work / "report.png").is_file():
                 shutil.copy(work / "report.png", args.keep)
-    print(f"{passed} passed, {failed} failed")
-    return 0 if failed == 0 else 1
-
+    return e2e_util.summary(passed, failed)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -22,7 +22,6 @@ one line per check and a last line "N passed, M failed"; exits non-zero on any f
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import http.client
 import json
@@ -31,7 +30,6 @@ import re
 import socket
 import sys
 import threading
-import traceback
 
 import e2e_util
 from e2e_util import parse_metrics, wait_for
@@ -325,30 +323,15 @@ CHECKS = [check_baseline, check_mixed_load, check_idle_after]
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--moeinfer", required=True)
-    parser.add_argument("--fixtures", required=True)
-    args = parser.parse_args()
+    args = e2e_util.parse_args()
     ctx = Ctx(args.moeinfer)
-    try:
-        ctx.server = e2e_util.ServerProcess(args.moeinfer, [])
-    except Exception as e:  # noqa: BLE001 - e.g. a build without cpp-httplib
-        print(f"FAIL start: {type(e).__name__}: {e}")
-        print("0 passed, 1 failed")
-        return 1
-    try:
-        passed, failed = e2e_util.run_checks(CHECKS, lambda check: check(ctx))
-        code = ctx.server.stop()
-        if code != 0:
-            print(f"FAIL exit: the server exited {code}")
-            failed += 1
-    finally:
-        if ctx.server.proc.poll() is None:
-            ctx.server.proc.kill()
-            ctx.server.proc.wait()
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
 
+    def run(server: e2e_util.ServerProcess, check) -> None:
+        ctx.server = server
+        check(ctx)
+
+    return e2e_util.summary(*e2e_util.serve_and_run(
+        args.moeinfer, [], e2e_util.selected(CHECKS, args.only), run, clean_exit=True))
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -26,7 +26,6 @@ Prints one line per check and a last line "N passed, M failed"; exits non-zero o
 
 from __future__ import annotations
 
-import argparse
 import http.client
 import json
 import re
@@ -235,28 +234,16 @@ CHECKS = [check_vllm_names, check_tpot_per_token, check_access_log, check_engine
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--moeinfer", required=True)
-    parser.add_argument("--fixtures", required=True)
-    args = parser.parse_args()
-    try:
-        server = e2e_util.ServerProcess(args.moeinfer, ["--served-model-name", NAME,
-                                                        "--log-interval", "0.25"])
-    except Exception as e:  # noqa: BLE001 - e.g. a build without cpp-httplib
-        print(f"FAIL start: {type(e).__name__}: {e}")
-        print("0 passed, 1 failed")
-        return 1
-    ctx = {"moeinfer": args.moeinfer, "server": server}
-    try:
-        passed, failed = e2e_util.run_checks(CHECKS, lambda check: check(ctx))
-    finally:
-        code = server.stop()
-    if code != 0:
-        print(f"FAIL exit: the server exited {code}")
-        failed += 1
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    args = e2e_util.parse_args()
+    ctx: dict = {"moeinfer": args.moeinfer}
 
+    def run(server: e2e_util.ServerProcess, check) -> None:
+        ctx["server"] = server
+        check(ctx)
+
+    return e2e_util.summary(*e2e_util.serve_and_run(
+        args.moeinfer, ["--served-model-name", NAME, "--log-interval", "0.25"],
+        e2e_util.selected(CHECKS, args.only), run, clean_exit=True))
 
 if __name__ == "__main__":
     sys.exit(main())
