@@ -1688,6 +1688,36 @@ bool JsonGrammar::in_string_body(const State& s, int64_t& room) const {
   return true;
 }
 
+bool JsonGrammar::in_pattern_string(const State& s, int64_t max_chars, Frame* frame,
+                                    uint64_t* key) const {
+  if (s.ends.size() != 1) return false;
+  const Frame& top = s.frames.back();
+  const Node& n = impl_->nodes[top.node];
+  if (n.kind != Kind::kString || n.pattern < 0 || top.phase != kStrBody || top.sub != kLexBody)
+    return false;
+  const StringPattern& p = impl_->patterns[n.pattern];
+  // Past minLength, and farther from maxLength than any token reaches plus what the automaton
+  // needs to end (viable's window), every length a token can leave is as good as another.
+  int64_t count = top.count;
+  if (p.counted && count >= p.min_count &&
+      (p.max_count == std::numeric_limits<int64_t>::max() ||
+       p.max_count - count - max_chars > p.dfa.num_states() + 1)) {
+    count = -1;
+  }
+  if (!p.counted) count = -1;
+  const auto state = static_cast<uint32_t>(top.used & 0xFFFFFFFF);
+  // node (24 bits), automaton state (12 bits: at most kMaxStates), count + 1 (28 bits).
+  if (count + 1 >= (int64_t{1} << 28) || top.node >= (1 << 24)) return false;
+  *frame = top;
+  *key = static_cast<uint64_t>(top.node) << 40 | static_cast<uint64_t>(state) << 28 |
+         static_cast<uint64_t>(count + 1);
+  return true;
+}
+
+bool JsonGrammar::step_pattern_frame(Frame& f, uint8_t b) const {
+  return impl_->step_pattern_string(f, impl_->nodes[f.node], b) == Impl::Step::kAccept;
+}
+
 void JsonGrammar::count_chars(State& s, int64_t k) const {
   Frame& top = s.frames.back();
   if (impl_->nodes[top.node].bounded) top.count += static_cast<int32_t>(k);
@@ -1780,6 +1810,15 @@ TokenTrie::TokenTrie(std::vector<std::string> token_bytes) : bytes_(std::move(to
   }
   std::sort(plain_string_tokens_.begin(), plain_string_tokens_.end());
   all_.build(all);
+  std::vector<std::pair<std::string_view, int32_t>> quote_free, with_quote;
+  for (const auto& [b, id] : all) {
+    (b.find('"') == std::string_view::npos ? quote_free : with_quote).emplace_back(b, id);
+    int64_t chars = 0;
+    for (const char c : b) chars += (static_cast<uint8_t>(c) & 0xC0) != 0x80;
+    max_token_chars_ = std::max(max_token_chars_, chars);
+  }
+  quote_free_.build(quote_free);
+  with_quote_.build(with_quote);
   string_suffix_.resize(suffixes.size());
   for (size_t k = 0; k < suffixes.size(); ++k) string_suffix_[k].build(suffixes[k]);
 }
@@ -1821,6 +1860,19 @@ void JsonMatcher::walk(const TokenTrie::Trie& trie, int32_t node, size_t depth,
   }
 }
 
+void JsonMatcher::walk_frame(const TokenTrie::Trie& trie, int32_t node, const Frame& f,
+                             std::vector<int32_t>& out) {
+  for (uint32_t c = trie.child_begin[node]; c < trie.child_begin[node + 1]; ++c) {
+    const int32_t child = trie.child_node[c];
+    Frame next = f;
+    if (!grammar_->step_pattern_frame(next, trie.child_byte[c])) continue;
+    for (uint32_t k = trie.token_begin[child]; k < trie.token_begin[child + 1]; ++k) {
+      out.push_back(trie.token_id[k]);
+    }
+    if (trie.child_begin[child] != trie.child_begin[child + 1]) walk_frame(trie, child, next, out);
+  }
+}
+
 void JsonMatcher::allowed_tokens(const TokenTrie& trie, std::span<uint8_t> allowed) {
   MOE_CHECK(static_cast<int64_t>(allowed.size()) >= trie.vocab_size(), "token mask of ",
             allowed.size(), " entries for a vocabulary of ", trie.vocab_size());
@@ -1841,6 +1893,22 @@ void JsonMatcher::allowed_tokens(const TokenTrie& trie, std::span<uint8_t> allow
       grammar_->count_chars(depth_states_[0], static_cast<int64_t>(k));
       walk(trie.string_suffix_[k], 0, 0, allowed);
     }
+    return;
+  }
+  Frame frame;
+  uint64_t key = 0;
+  if (grammar_->in_pattern_string(state_, trie.max_token_chars_, &frame, &key)) {
+    // Tokens without a quote stay in the string: the frame alone decides them, and a string
+    // looping in its automaton asks the same again. The others are walked as usual.
+    auto it = pattern_masks_.find(key);
+    if (it == pattern_masks_.end()) {
+      if (pattern_masks_.size() >= 256) pattern_masks_.clear();
+      std::vector<int32_t> tokens;
+      walk_frame(trie.quote_free_, 0, frame, tokens);
+      it = pattern_masks_.emplace(key, std::move(tokens)).first;
+    }
+    for (const int32_t t : it->second) allowed[t] = 1;
+    walk(trie.with_quote_, 0, 0, allowed);
     return;
   }
   walk(trie.all_, 0, 0, allowed);

@@ -36,6 +36,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -101,6 +102,14 @@ class JsonGrammar {
   bool in_string_body(const json_grammar::State& s, int64_t& room) const;
   // Counts k more code points in that string.
   void count_chars(json_grammar::State& s, int64_t k) const;
+  // The state is one stack inside a string with a pattern or format, between characters: its
+  // frame, and a key for what tokens without a quote byte can follow (they cannot leave the
+  // string, so the frame alone decides them). The key leaves out the count where no token of
+  // up to `max_chars` code points can reach a length bound from here.
+  bool in_pattern_string(const json_grammar::State& s, int64_t max_chars,
+                         json_grammar::Frame* frame, uint64_t* key) const;
+  // That frame after byte b; false when the string cannot take it.
+  bool step_pattern_frame(json_grammar::Frame& f, uint8_t b) const;
 
   struct Impl;
 
@@ -135,6 +144,10 @@ class TokenTrie {
   // one trie per number of code points in that start.
   std::vector<std::pair<int64_t, int32_t>> plain_string_tokens_;
   std::vector<Trie> string_suffix_;
+  // For states inside a string with a pattern: the tokens without a '"' byte (they stay inside
+  // it), the others, and the most code points a token has.
+  Trie quote_free_, with_quote_;
+  int64_t max_token_chars_ = 0;
 };
 
 // One sequence's matcher: the grammar, where the text stands in it, and scratch for masks.
@@ -152,11 +165,17 @@ class JsonMatcher {
 
  private:
   void walk(const TokenTrie::Trie& trie, int32_t node, size_t depth, std::span<uint8_t> allowed);
+  // The walk inside a pattern string: only its frame moves.
+  void walk_frame(const TokenTrie::Trie& trie, int32_t node, const json_grammar::Frame& f,
+                  std::vector<int32_t>& out);
 
   std::shared_ptr<const JsonGrammar> grammar_;
   json_grammar::State state_;
   std::vector<json_grammar::State> depth_states_;  // [max token length + 1] during a walk
   std::vector<json_grammar::Frame> scratch_;
+  // Pattern strings: the quote-free tokens allowed from a frame, by in_pattern_string's key
+  // (a string in a loop of its automaton asks for the same set step after step).
+  std::unordered_map<uint64_t, std::vector<int32_t>> pattern_masks_;
 };
 
 }  // namespace moeinfer
