@@ -158,6 +158,28 @@ size_t json_value_end(std::string_view s, size_t pos, bool at_end, bool* error) 
   return std::string_view::npos;
 }
 
+// The JSON object that must start at `at`, with where it ends; nullopt, and scan.malformed set
+// (for one still coming, only at the end of the output), when there is none.
+std::optional<std::pair<ordered_json, size_t>> object_at(std::string_view part, size_t at,
+                                                         bool at_end, Scan& scan) {
+  if (at == part.size()) {
+    scan.malformed = at_end;
+    return std::nullopt;
+  }
+  bool error = false;
+  const size_t end = part[at] == '{' ? json_value_end(part, at, at_end, &error) : at;
+  if (part[at] != '{' || end == std::string_view::npos) {
+    scan.malformed = part[at] != '{' || error || at_end;
+    return std::nullopt;
+  }
+  auto value = parse_json(part.substr(at, end - at));
+  if (!value) {
+    scan.malformed = true;
+    return std::nullopt;
+  }
+  return std::make_pair(std::move(*value), end);
+}
+
 bool is_name_char(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
          c == '-';
@@ -215,28 +237,10 @@ Scan scan_mistral_named(std::string_view part, size_t from, bool at_end) {
         while (at < part.size() && is_name_char(part[at])) ++at;
       }
     }
-    at = skip_space(part, at);
-    if (at == part.size()) {
-      scan.malformed = at_end;
-      return scan;
-    }
-    if (part[at] != '{') {
-      scan.malformed = true;
-      return scan;
-    }
-    bool error = false;
-    const size_t end = json_value_end(part, at, at_end, &error);
-    if (end == std::string_view::npos) {
-      scan.malformed = error || at_end;
-      return scan;
-    }
-    const auto arguments = parse_json(part.substr(at, end - at));
-    if (!arguments || !arguments->is_object()) {
-      scan.malformed = true;
-      return scan;
-    }
-    scan.calls.push_back(RawCall{name, python_json(*arguments), end});
-    pos = end;
+    const auto arguments = object_at(part, skip_space(part, at), at_end, scan);
+    if (!arguments) return scan;
+    scan.calls.push_back(RawCall{name, python_json(arguments->first), arguments->second});
+    pos = arguments->second;
   }
 }
 
@@ -286,23 +290,11 @@ Scan scan_mistral(std::string_view part, size_t from, bool at_end) {
   }
   ++pos;  // past '[' or ','
   while (true) {
-    pos = skip_space(part, pos);
-    if (pos == part.size()) {
-      scan.malformed = at_end;  // cut off before the element
-      return scan;
-    }
-    if (part[pos] != '{') {
-      scan.malformed = true;  // not a call (an empty array included)
-      return scan;
-    }
-    bool error = false;
-    const size_t end = json_value_end(part, pos, at_end, &error);
-    if (end == std::string_view::npos) {
-      scan.malformed = error || at_end;
-      return scan;
-    }
-    const auto value = parse_json(part.substr(pos, end - pos));
-    std::optional<RawCall> call = value ? call_from_object(*value, end) : std::nullopt;
+    // An element: a {"name", "arguments"} object (not an empty array, not cut off).
+    const auto value = object_at(part, skip_space(part, pos), at_end, scan);
+    if (!value) return scan;
+    const size_t end = value->second;
+    std::optional<RawCall> call = call_from_object(value->first, end);
     if (!call) {
       scan.malformed = true;
       return scan;
