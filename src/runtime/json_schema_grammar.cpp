@@ -525,6 +525,22 @@ const FormatSpec* find_format(const std::string& name) {
   return nullptr;
 }
 
+// A format's automaton, compiled once for the process.
+const CodePointDfa& format_automaton(const FormatSpec& format) {
+  static const std::map<std::string, CodePointDfa> kAutomata = [] {
+    std::map<std::string, CodePointDfa> m;
+    for (const char* name :
+         {"date", "time", "date-time", "uuid", "ipv4", "ipv6", "hostname", "email", "uri"}) {
+      m.emplace(name, CodePointDfa::from_pattern(find_format(name)->regex));
+    }
+    return m;
+  }();
+  return kAutomata.at(format.name);
+}
+
+// The NFA state visits all of one schema's patterns may take to compile (about a second).
+constexpr int64_t kSchemaPatternWork = 3 * CodePointDfa::kMaxWork;
+
 // Schema -> nodes.
 class Compiler {
  public:
@@ -780,21 +796,18 @@ class Compiler {
   // annotation, as JSON Schema 2020-12 and vLLM's xgrammar take it), with its length table.
   void compile_pattern(const json& s, const std::string& path, Node& n) {
     std::optional<CodePointDfa> dfa;
-    const auto build = [&](const std::string& where, const std::string& regex) {
-      try {
-        return CodePointDfa::from_pattern(regex);
-      } catch (const Error& e) {
-        MOE_FAIL("JSON schema ", path, "/", where, ": ", e.what());
-      }
-    };
     if (const auto p = s.find("pattern"); p != s.end()) {
       MOE_CHECK(p->is_string(), "JSON schema ", path, "/pattern: must be a string");
-      dfa = build("pattern", p->get<std::string>());
+      try {
+        dfa = CodePointDfa::from_pattern(p->get<std::string>(), &pattern_work_);
+      } catch (const Error& e) {
+        MOE_FAIL("JSON schema ", path, "/pattern: ", e.what());
+      }
     }
     if (const auto f = s.find("format"); f != s.end()) {
       MOE_CHECK(f->is_string(), "JSON schema ", path, "/format: must be a string");
       if (const FormatSpec* spec = find_format(f->get<std::string>())) {
-        CodePointDfa format = build("format", spec->regex);
+        CodePointDfa format = format_automaton(*spec);
         if (dfa) {
           try {
             format = CodePointDfa::intersect(*dfa, format);
@@ -1093,6 +1106,7 @@ class Compiler {
   Impl& g_;
   const json& root_;
   std::map<std::string, int32_t> refs_;
+  int64_t pattern_work_ = kSchemaPatternWork;  // what the schema's patterns may still take
 };
 
 }  // namespace

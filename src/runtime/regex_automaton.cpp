@@ -18,6 +18,8 @@ constexpr uint32_t kSurrogateLo = 0xD800, kSurrogateHi = 0xDFFF;
 // Repetition counts above this are refused: {n,m} copies its operand.
 constexpr int kMaxRepeat = 1000;
 constexpr size_t kMaxNfaStates = 200'000;
+// Groups nest at most this deep (the parser and the NFA builder recurse through them).
+constexpr int kMaxGroupDepth = 64;
 
 Ranges normalized(Ranges r) {
   std::sort(r.begin(), r.end());
@@ -256,6 +258,8 @@ class Parser {
     const uint32_t c = p_[i_];
     switch (c) {
       case '(': {
+        MOE_CHECK(depth < kMaxGroupDepth, "the pattern nests groups more than ", kMaxGroupDepth,
+                  " deep (", where(), ")");
         ++i_;
         if (peek('?')) {
           if (peek(':', 1)) {
@@ -445,6 +449,9 @@ struct Nfa {
   };
   std::vector<State> states;
   std::vector<Ranges> sets;
+  std::vector<uint32_t> seen;  // closure(): the generation that last visited each state
+  uint32_t generation = 0;
+  int64_t work = 0;  // states visited by closure() so far
 
   int32_t add() {
     MOE_CHECK(states.size() < kMaxNfaStates,
@@ -514,14 +521,16 @@ struct Nfa {
   }
 
   // The states reachable through epsilon moves, those that matter: with a move, or `final`.
-  std::vector<int32_t> closure(std::vector<int32_t> seeds, int32_t final_state) const {
-    std::vector<uint8_t> seen(states.size(), 0);
+  std::vector<int32_t> closure(std::vector<int32_t> seeds, int32_t final_state) {
+    if (seen.size() < states.size()) seen.resize(states.size(), 0);
+    ++generation;
     std::vector<int32_t> out;
     while (!seeds.empty()) {
       const int32_t s = seeds.back();
       seeds.pop_back();
-      if (seen[s]) continue;
-      seen[s] = 1;
+      if (seen[s] == generation) continue;
+      seen[s] = generation;
+      ++work;
       if (states[s].ranges >= 0 || s == final_state) out.push_back(s);
       for (const int32_t t : states[s].eps) seeds.push_back(t);
     }
@@ -594,11 +603,16 @@ CodePointDfa CodePointDfa::trimmed(std::vector<std::vector<Edge>> edges,
   return dfa;
 }
 
-CodePointDfa CodePointDfa::from_pattern(std::string_view pattern) {
+CodePointDfa CodePointDfa::from_pattern(std::string_view pattern, int64_t* budget) {
   Parser parser(pattern);
   const int32_t root = parser.parse();
   Nfa nfa;
   const auto [entry, final_state] = nfa.build(parser.nodes, root);
+  const int64_t limit = budget ? std::min(kMaxWork, *budget) : kMaxWork;
+  const auto check_work = [&] {
+    MOE_CHECK(nfa.work <= limit, "the pattern takes more than ", limit, " steps to compile",
+              budget && *budget < kMaxWork ? " (with the schema's others)" : "", "; simplify it");
+  };
 
   std::map<std::vector<int32_t>, int32_t> ids;
   std::vector<std::vector<int32_t>> sets;
@@ -640,6 +654,7 @@ CodePointDfa CodePointDfa::from_pattern(std::string_view pattern) {
       }
       if (targets.empty()) continue;
       const int32_t to = intern(nfa.closure(std::move(targets), final_state));
+      check_work();
       if (!out.empty() && out.back().to == to && out.back().hi + 1 == lo) {
         out.back().hi = hi;
       } else {
@@ -648,6 +663,7 @@ CodePointDfa CodePointDfa::from_pattern(std::string_view pattern) {
     }
     edges[d] = std::move(out);
   }
+  if (budget) *budget -= nfa.work;
   return trimmed(std::move(edges), std::move(accepting), 0);
 }
 

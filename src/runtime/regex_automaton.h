@@ -13,7 +13,8 @@
 // same), and the anchors ^ and $ at the start and the end of the pattern or of one of its
 // top-level alternatives. Refused, with an Error naming the construct: backreferences,
 // lookahead and lookbehind, word boundaries \b \B, Unicode property escapes \p \P, anchors
-// elsewhere, and automata of more than kMaxStates states.
+// elsewhere, automata of more than kMaxStates states, and patterns that take more than kMaxWork
+// steps to compile.
 #pragma once
 
 #include <cstdint>
@@ -32,8 +33,12 @@ class CodePointDfa {
     int32_t to = 0;
   };
 
+  // Compiling visits NFA states; more than this (about 0.4 s) is refused.
+  static constexpr int64_t kMaxWork = 10'000'000;
+
   // Throws moeinfer::Error naming what it cannot take, or when the pattern matches no string.
-  static CodePointDfa from_pattern(std::string_view pattern);
+  // `budget`: NFA state visits left for a whole schema's patterns, taken from as it compiles.
+  static CodePointDfa from_pattern(std::string_view pattern, int64_t* budget = nullptr);
   // Strings both take; throws when there are none.
   static CodePointDfa intersect(const CodePointDfa& a, const CodePointDfa& b);
 

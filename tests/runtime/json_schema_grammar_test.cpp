@@ -718,6 +718,7 @@ TEST(JsonSchemaGrammar, RefusesWhatItCannotFollow) {
       {R"j({"type": "string", "pattern": "a^b"})j", "'^'"},
       {R"j({"type": "string", "pattern": "(a$)"})j", "'$'"},
       {R"j({"type": "string", "pattern": "a{2000}"})j", "1000"},
+      {R"j({"type": "string", "pattern": "(a{1000}){1000}"})j", "too large"},
       {R"j({"type": "string", "pattern": "[a-z"})j", "unclosed"},
       {R"j({"type": "string", "pattern": "(a"})j", "unclosed"},
       {R"j({"type": "string", "pattern": "a)"})j", "unmatched"},
@@ -750,6 +751,29 @@ TEST(JsonSchemaGrammar, RefusesWhatItCannotFollow) {
       {R"j({"type": "string", "minLength": 3, "maxLength": 2})j", "minLength"},
       {"false", "false"},
   };
+  // Patterns that take too long to compile, alone or together in one schema.
+  const json heavy = {{"type", "string"}, {"pattern", "^(.{1,100}){1,10}$"}};
+  EXPECT_NO_THROW(JsonGrammar::from_schema(heavy));
+  try {
+    json props = json::object();
+    for (int i = 0; i < 8; ++i) props["p" + std::to_string(i)] = heavy;
+    JsonGrammar::from_schema({{"type", "object"}, {"properties", props}});
+    ADD_FAILURE() << "eight heavy patterns compiled";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("with the schema's others"), std::string::npos)
+        << e.what();
+  }
+  try {
+    JsonGrammar::from_schema({{"type", "string"}, {"pattern", "(a?){1000}a{1000}"}});
+    ADD_FAILURE() << "a pattern of a billion steps compiled";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("steps to compile"), std::string::npos) << e.what();
+  }
+  // Deeply nested groups are refused before the parser's recursion gets deep.
+  EXPECT_THROW(JsonGrammar::from_schema(
+                   {{"type", "string"},
+                    {"pattern", std::string(100000, '(') + "a" + std::string(100000, ')')}}),
+               Error);
   for (const auto& [schema, word] : cases) {
     try {
       JsonGrammar::from_schema(json::parse(schema));
