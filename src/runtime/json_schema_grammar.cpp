@@ -841,6 +841,10 @@ class Compiler {
                 ": a pattern or format with minLength / maxLength this large "
                 "is not supported (",
                 states, " automaton states times ", pattern.horizon, " lengths)");
+      pattern_work_ -= states * pattern.horizon;  // the table's cost, from the same budget
+      MOE_CHECK(pattern_work_ >= 0, "JSON schema ", path,
+                ": the schema's patterns and formats with minLength / maxLength take too many "
+                "steps to compile together; simplify them");
       pattern.ends.assign(static_cast<size_t>(states) * pattern.words, 0);
       std::vector<uint8_t> now(states), next(states);
       for (int32_t q = 0; q < states; ++q) now[q] = pattern.dfa.accepting(q);
