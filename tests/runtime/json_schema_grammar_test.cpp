@@ -769,6 +769,17 @@ TEST(JsonSchemaGrammar, RefusesWhatItCannotFollow) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("steps to compile"), std::string::npos) << e.what();
   }
+  try {  // length tables come out of the same budget: 4001 states x 4001 lengths each
+    json props = json::object();
+    for (int i = 0; i < 8; ++i) {
+      props["p" + std::to_string(i)] = {
+          {"type", "string"}, {"pattern", "^([ab]{1000}){4}$"}, {"maxLength", 4095}};
+    }
+    JsonGrammar::from_schema({{"type", "object"}, {"properties", props}});
+    ADD_FAILURE() << "eight large length tables built";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("too many steps"), std::string::npos) << e.what();
+  }
   // Deeply nested groups are refused before the parser's recursion gets deep.
   EXPECT_THROW(JsonGrammar::from_schema(
                    {{"type", "string"},
