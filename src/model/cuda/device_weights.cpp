@@ -319,14 +319,12 @@ void stage_rows(const Job& job, int64_t row_begin, int64_t row_end, char* stagin
   }
 }
 
-void* allocate(size_t bytes) {
-  void* base = nullptr;
+DeviceArray<char> allocate(size_t bytes) {
   size_t free_bytes = 0, total_bytes = 0;
   CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   MOE_CHECK(bytes <= free_bytes, "the weights need ", bytes >> 20, " MiB of device memory, ",
             free_bytes >> 20, " MiB are free (use --layers to cut a synthetic model)");
-  CUDA_CHECK(cudaMalloc(&base, bytes));
-  return base;
+  return device_array<char>(bytes);
 }
 
 void resolve_targets(Layout& layout, void* base) {
@@ -401,7 +399,7 @@ DeviceWeights upload_weights(const ModelConfig& config, const DecoderWeights& we
   plan_layout(config, &weights, out, layout);
   out.bytes = static_cast<int64_t>(layout.bytes());
   out.allocation = allocate(layout.bytes());
-  resolve_targets(layout, out.allocation);
+  resolve_targets(layout, out.allocation.get());
   if (out.lm_head == nullptr) out.lm_head = out.embed;  // tied
 
   const auto start = std::chrono::steady_clock::now();
@@ -427,7 +425,7 @@ DeviceWeights upload_weights(const ModelConfig& config, const DecoderWeights& we
       const int64_t end = std::min(job.rows, row + chunk_rows);
       CUDA_CHECK(cudaEventSynchronize(done[which]));  // the copy out of this buffer finished
       stage_rows(job, row, end, staging[which]);
-      char* dst = static_cast<char*>(out.allocation) + job.offset + row * row_bytes;
+      char* dst = out.allocation.get() + job.offset + row * row_bytes;
       const size_t bytes = static_cast<size_t>(end - row) * row_bytes;
       CUDA_CHECK(cudaMemcpyAsync(dst, staging[which], bytes, cudaMemcpyHostToDevice, stream));
       CUDA_CHECK(cudaEventRecord(done[which], stream));
@@ -470,13 +468,13 @@ DeviceWeights synthetic_weights(const ModelConfig& config, uint64_t seed, double
   }
   out.bytes = static_cast<int64_t>(layout.bytes());
   out.allocation = allocate(layout.bytes());
-  resolve_targets(layout, out.allocation);
+  resolve_targets(layout, out.allocation.get());
   if (out.lm_head == nullptr) out.lm_head = out.embed;
 
   std::mt19937_64 rng(seed);
   for (size_t j = 0; j < layout.jobs().size(); ++j) {
     const Job& job = layout.jobs()[j];
-    void* dst = static_cast<char*>(out.allocation) + job.offset;
+    void* dst = out.allocation.get() + job.offset;
     if (job.f32) {
       std::vector<float> values(static_cast<size_t>(job.rows * job.cols), 0.0f);
       if (std::find(skew_jobs.begin(), skew_jobs.end(), j) != skew_jobs.end()) {
@@ -499,11 +497,6 @@ DeviceWeights synthetic_weights(const ModelConfig& config, uint64_t seed, double
   }
   CUDA_CHECK(cudaDeviceSynchronize());
   return out;
-}
-
-void free_device_weights(DeviceWeights& weights) {
-  if (weights.allocation) cudaFree(weights.allocation);
-  weights.allocation = nullptr;
 }
 
 }  // namespace moeinfer::gpu

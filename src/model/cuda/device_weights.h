@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "io/model_config.h"
+#include "model/cuda/device_memory.h"
 #include "model/weights.h"
 
 namespace moeinfer::gpu {
@@ -85,7 +86,7 @@ struct DeviceWeights {
   MlaPaddedDims mla;                // MLA models only
   int64_t bytes = 0;                // device bytes of all weights
   double upload_seconds = 0.0;
-  void* allocation = nullptr;  // owned; freed by free_device_weights
+  DeviceArray<char> allocation;  // every matrix above lives in it
 };
 
 // Hp, Dp and Ip for a config (and the checks that the kernels can run it).
@@ -103,6 +104,5 @@ DeviceWeights upload_weights(const ModelConfig& config, const DecoderWeights& we
 // each MoE layer a router bias that prefers experts by a Zipf law.
 DeviceWeights synthetic_weights(const ModelConfig& config, uint64_t seed, double zipf_exponent);
 
-void free_device_weights(DeviceWeights& weights);
 
 }  // namespace moeinfer::gpu

@@ -202,13 +202,15 @@ class CudaDecoder final : public GpuDecoder {
   // --deterministic: keys per attention split, the same for every step (0: by the batch).
   int64_t attention_chunk_ = 0;
 
+  StreamHandle owned_stream_;  // owners; stream_ and cublas_ are what every call passes
+  CublasHandle owned_cublas_;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
 
   // Device workspace.
-  char* workspace_ = nullptr;
-  char* host_meta_base_ = nullptr;  // pinned mirror of meta_
-  int32_t* host_expert_counts_ = nullptr;  // pinned [L, E + 1]: the plan's counts, for the profiler
+  DeviceArray<char> workspace_;
+  PinnedArray<char> host_meta_base_;  // pinned mirror of meta_
+  PinnedArray<int32_t> host_expert_counts_;  // [L, E + 1]: the plan's counts, for the profiler
   Meta meta_, host_meta_;
   size_t meta_bytes_ = 0;
   float* inv_freq_ = nullptr;
@@ -228,7 +230,7 @@ class CudaDecoder final : public GpuDecoder {
   void* cublas_workspace_ = nullptr;
 
   // KV pool: per layer, keys and values (standard) or latent rows (MLA).
-  char* kv_pool_ = nullptr;
+  DeviceArray<char> kv_pool_;
   std::vector<bf16*> k_cache_, v_cache_;
   int64_t kv_width_ = 0;  // elements per cache row (Nkv * Dp, or L + R)
 
@@ -264,8 +266,10 @@ class CudaDecoder final : public GpuDecoder {
   // memory.
   Decoder::RoutingObserver routing_observer_;
   bool tracing_ = false;  // this step copies the router's output (routing_observer_ set)
-  int32_t *routing_ids_ = nullptr, *host_routing_ids_ = nullptr;
-  float *routing_weights_ = nullptr, *host_routing_weights_ = nullptr;
+  DeviceArray<int32_t> routing_ids_;
+  PinnedArray<int32_t> host_routing_ids_;
+  DeviceArray<float> routing_weights_;
+  PinnedArray<float> host_routing_weights_;
   void enqueue_routing_readback(const Step& step);
   void report_routing(const Step& step);
   bool graph_events_time_ = true;  // cleared if events recorded by a graph cannot be timed
@@ -300,7 +304,9 @@ CudaDecoder::CudaDecoder(const ModelConfig& config, DeviceWeights weights,
   attention_chunk_ = options.deterministic ? cuda::batch_invariant_chunk(max_model_len_) : 0;
 
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  owned_stream_.reset(stream_);
   CUBLAS_CHECK(cublasCreate(&cublas_));
+  owned_cublas_.reset(cublas_);
   CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
   CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
 
@@ -335,17 +341,7 @@ CudaDecoder::~CudaDecoder() {
   for (cudaEvent_t e : sample_events_) {
     if (e) cudaEventDestroy(e);
   }
-  if (cublas_) cublasDestroy(cublas_);
-  if (stream_) cudaStreamDestroy(stream_);
-  cudaFree(kv_pool_);
-  cudaFree(workspace_);
-  cudaFreeHost(host_meta_base_);
-  cudaFreeHost(host_expert_counts_);
-  cudaFree(routing_ids_);
-  cudaFree(routing_weights_);
-  cudaFreeHost(host_routing_ids_);
-  cudaFreeHost(host_routing_weights_);
-  free_device_weights(w_);
+  // The memory, the stream and the cuBLAS handle go with their owners.
 }
 
 void CudaDecoder::allocate_workspace() {
@@ -435,8 +431,8 @@ void CudaDecoder::allocate_workspace() {
             " MiB (half of what --gpu-memory-fraction leaves after the weights) it may take; "
             "raise --gpu-memory-fraction or lower the tokens per step (--max-num-batched-tokens "
             "of bench and serve; generate and logits take a prompt in one step)");
-  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&workspace_), static_cast<size_t>(bytes)));
-  Carver assign(workspace_);
+  workspace_ = device_array<char>(static_cast<size_t>(bytes));
+  Carver assign(workspace_.get());
   carve(assign);
   report_.workspace_bytes = bytes;
   if (c.mla) {  // q_full's rope padding [Lp + R, W) is never written: zero once
@@ -452,14 +448,12 @@ void CudaDecoder::allocate_workspace() {
   Meta probe;
   probe.carve(meta_size, T, rcap_, max_blocks_per_seq_);
   meta_bytes_ = meta_size.used();
-  CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_meta_base_), meta_bytes_,
-                           cudaHostAllocDefault));
-  Carver host(host_meta_base_);
+  host_meta_base_ = pinned_array<char>(meta_bytes_);
+  Carver host(host_meta_base_.get());
   host_meta_.carve(host, T, rcap_, max_blocks_per_seq_);
   if (c.num_experts > 0) {
-    CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_expert_counts_),
-                             static_cast<size_t>(c.num_layers * (c.num_experts + 1)) * sizeof(int32_t),
-                             cudaHostAllocDefault));
+    host_expert_counts_ =
+        pinned_array<int32_t>(static_cast<size_t>(c.num_layers * (c.num_experts + 1)));
   }
 }
 
@@ -493,9 +487,9 @@ void CudaDecoder::allocate_kv_pool() {
             " MiB leave ", std::max<int64_t>(room, 0) >> 20, " MiB of the ",
             report_.budget_bytes >> 20, " MiB budget (raise --gpu-memory-fraction or cut layers)");
   num_blocks_ = blocks;
-  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&kv_pool_), static_cast<size_t>(blocks * block_bytes)));
+  kv_pool_ = device_array<char>(static_cast<size_t>(blocks * block_bytes));
   const int64_t plane_elems = blocks * block_size_ * kv_width_;
-  auto* base = reinterpret_cast<bf16*>(kv_pool_);
+  auto* base = reinterpret_cast<bf16*>(kv_pool_.get());
   for (int64_t l = 0; l < c.num_layers; ++l) {
     k_cache_.push_back(base + (l * planes) * plane_elems);
     v_cache_.push_back(c.mla ? nullptr : base + (l * planes + 1) * plane_elems);
@@ -880,8 +874,9 @@ void CudaDecoder::feed_forward(int64_t layer, int64_t T) {
   linear(normed_, T, H, d.router, E, H, router_logits_, E, /*f32_out=*/true);
   // While routing is captured, each layer's router writes into its own rows of the capture
   // buffers, which the layer's plan and unpermute then read: no copy, no extra kernel.
-  int32_t* const topk_ids = tracing_ ? routing_ids_ + layer * tcap_ * K : topk_ids_;
-  float* const topk_weights = tracing_ ? routing_weights_ + layer * tcap_ * K : topk_weights_;
+  int32_t* const topk_ids = tracing_ ? routing_ids_.get() + layer * tcap_ * K : topk_ids_;
+  float* const topk_weights =
+      tracing_ ? routing_weights_.get() + layer * tcap_ * K : topk_weights_;
   cuda::RouterParams route{.logits = router_logits_, .topk_ids = topk_ids,
                            .topk_weights = topk_weights, .num_tokens = T, .num_experts = E,
                            .top_k = K,
@@ -1002,7 +997,7 @@ void CudaDecoder::mark(profile::Stage stage, int64_t layer) {
 void CudaDecoder::enqueue_profile_readback() {
   const int64_t E = config_.num_experts;
   if (E == 0 || profile::active() == nullptr) return;
-  CUDA_CHECK(cudaMemcpyAsync(host_expert_counts_, expert_counts_,
+  CUDA_CHECK(cudaMemcpyAsync(host_expert_counts_.get(), expert_counts_,
                              static_cast<size_t>(config_.num_layers * (E + 1)) * sizeof(int32_t),
                              cudaMemcpyDeviceToHost, stream_));
 }
@@ -1038,7 +1033,7 @@ void CudaDecoder::report_step(profile::Profiler& profiler, const Step& step) {
   profiler.set_current_layer(previous_layer);
   // Rows per expert from the plan's counts (copied by enqueue_profile_readback), and the weight
   // bytes the step read: every non-expert weight and the experts some row reached.
-  const int32_t* counts = host_expert_counts_;
+  const int32_t* counts = host_expert_counts_.get();
   const int64_t E = config_.num_experts;
   const int64_t expert_bytes = 3 * w_.padded_hidden_size * w_.padded_expert_width * 2;
   int64_t expert_total = 0, touched = 0;
@@ -1145,12 +1140,10 @@ void CudaDecoder::set_routing_observer(Decoder::RoutingObserver observer) {
   const int64_t K = config_.num_experts_per_tok;
   if (!routing_observer_ || routing_ids_ != nullptr || config_.num_experts == 0) return;
   const size_t count = static_cast<size_t>(config_.num_layers * tcap_ * K);
-  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&routing_ids_), count * sizeof(int32_t)));
-  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&routing_weights_), count * sizeof(float)));
-  CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_routing_ids_), count * sizeof(int32_t),
-                           cudaHostAllocDefault));
-  CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_routing_weights_),
-                           count * sizeof(float), cudaHostAllocDefault));
+  routing_ids_ = device_array<int32_t>(count);
+  routing_weights_ = device_array<float>(count);
+  host_routing_ids_ = pinned_array<int32_t>(count);
+  host_routing_weights_ = pinned_array<float>(count);
 }
 
 // The real rows of every layer's routing, [L][num_valid, K] out of [L][Tcap, K], ahead of the
@@ -1161,10 +1154,10 @@ void CudaDecoder::enqueue_routing_readback(const Step& step) {
   const size_t pitch = static_cast<size_t>(tcap_) * K;
   const size_t width = static_cast<size_t>(step.num_valid) * K;
   const size_t layers = static_cast<size_t>(config_.num_layers);
-  CUDA_CHECK(cudaMemcpy2DAsync(host_routing_ids_, pitch * sizeof(int32_t), routing_ids_,
+  CUDA_CHECK(cudaMemcpy2DAsync(host_routing_ids_.get(), pitch * sizeof(int32_t), routing_ids_.get(),
                                pitch * sizeof(int32_t), width * sizeof(int32_t), layers,
                                cudaMemcpyDeviceToHost, stream_));
-  CUDA_CHECK(cudaMemcpy2DAsync(host_routing_weights_, pitch * sizeof(float), routing_weights_,
+  CUDA_CHECK(cudaMemcpy2DAsync(host_routing_weights_.get(), pitch * sizeof(float), routing_weights_.get(),
                                pitch * sizeof(float), width * sizeof(float), layers,
                                cudaMemcpyDeviceToHost, stream_));
 }
@@ -1175,8 +1168,8 @@ void CudaDecoder::report_routing(const Step& step) {
   moe::Routing routing{.num_tokens = step.num_valid, .top_k = K};
   for (int64_t l = 0; l < config_.num_layers; ++l) {
     if (!w_.layers[l].is_moe) continue;
-    const int32_t* ids = host_routing_ids_ + l * tcap_ * K;
-    const float* weights = host_routing_weights_ + l * tcap_ * K;
+    const int32_t* ids = host_routing_ids_.get() + l * tcap_ * K;
+    const float* weights = host_routing_weights_.get() + l * tcap_ * K;
     routing.topk_ids.assign(ids, ids + step.num_valid * K);
     routing.topk_weights.assign(weights, weights + step.num_valid * K);
     routing_observer_(l, routing);

@@ -1,0 +1,53 @@
+// Owning handles of CUDA resources. The decoder and its weights hold device memory, pinned host
+// memory, the stream and the cuBLAS handle through these, so a constructor that throws half way
+// (a KV pool or a workspace that does not fit) frees what it had already taken.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <memory>
+#include <type_traits>
+
+#include "backend/cuda/cuda_check.h"
+
+namespace moeinfer::gpu {
+
+struct DeviceFree {
+  void operator()(void* p) const noexcept { cudaFree(p); }
+};
+struct PinnedFree {
+  void operator()(void* p) const noexcept { cudaFreeHost(p); }
+};
+struct StreamDestroy {
+  void operator()(cudaStream_t s) const noexcept { cudaStreamDestroy(s); }
+};
+struct CublasDestroy {
+  void operator()(cublasHandle_t h) const noexcept { cublasDestroy(h); }
+};
+
+template <typename T>
+using DeviceArray = std::unique_ptr<T[], DeviceFree>;
+template <typename T>
+using PinnedArray = std::unique_ptr<T[], PinnedFree>;
+using StreamHandle = std::unique_ptr<std::remove_pointer_t<cudaStream_t>, StreamDestroy>;
+using CublasHandle = std::unique_ptr<std::remove_pointer_t<cublasHandle_t>, CublasDestroy>;
+
+// `count` elements of device memory (cudaMalloc).
+template <typename T>
+DeviceArray<T> device_array(size_t count) {
+  void* p = nullptr;
+  CUDA_CHECK(cudaMalloc(&p, count * sizeof(T)));
+  return DeviceArray<T>(static_cast<T*>(p));
+}
+
+// `count` elements of pinned host memory (cudaHostAlloc).
+template <typename T>
+PinnedArray<T> pinned_array(size_t count) {
+  void* p = nullptr;
+  CUDA_CHECK(cudaHostAlloc(&p, count * sizeof(T), cudaHostAllocDefault));
+  return PinnedArray<T>(static_cast<T*>(p));
+}
+
+}  // namespace moeinfer::gpu
