@@ -21,6 +21,7 @@
 #include "io/model_config.h"
 #include "kv/kv_cache.h"
 #include "model/decoder.h"
+#include "offload/offload_options.h"
 
 namespace moeinfer {
 
@@ -47,6 +48,9 @@ struct GpuOptions {
   // rows too) the paged decode kernel with splits of a length fixed at start-up
   // (cuda::batch_invariant_chunk), combined in one order.
   bool deterministic = false;
+  // --expert-budget / --expert-cache: routed experts live in pinned host memory and a device
+  // cache of slots holds what the budget allows (disabled: every expert resident).
+  offload::OffloadOptions offload;
 };
 
 // Synthetic weights built on the device (`--model synthetic:NAME`).

@@ -1,0 +1,158 @@
+// The expert cache's decisions: which of a layer's experts are resident, which slot a missing one
+// takes, which expert leaves. Plain functions over plain arrays, compiled for the host and for
+// the device, so that one piece of code decides on both: on the host for the CPU backend's
+// simulated budget (offload/cpu_cached_experts.h) and the tests, inside the GPU's admission
+// kernel (offload/cuda/expert_cache.cu) where the tables live in device memory and decode stays
+// graph-captured.
+//
+// Experts are numbered globally, g = layer * E + e; a slot holds one expert's weights. Every
+// admission (a layer's demand, or a prefetch of a predicted layer) takes a new tick, and a slot's
+// last_use is the tick of the last admission that wanted its expert. Slots used at or after an
+// admission's protect_from are never evicted by it: a demand protects the experts it has just
+// placed or found; a prefetch for layer l+1, which runs while layer l computes, protects layer
+// l's experts too (protect_from = layer l's tick).
+//
+// An admission first touches the needed experts that are resident (in expert order), then
+// places the missing ones (in expert order), each in the slot of the lowest eviction key (ties
+// to the lower slot): a free slot first, then by policy. A missing expert that finds no evictable
+// slot is "unplaced": the experts stage reads its weights from host memory where they live.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define MOE_HOST_DEVICE __host__ __device__ inline
+#else
+#define MOE_HOST_DEVICE inline
+#endif
+
+namespace moeinfer::offload {
+
+enum class CachePolicy : int32_t {
+  kLru,     // evict the least recently used
+  kLfu,     // evict the least often demanded (ties: least recently used)
+  kStatic,  // a hot set that is never evicted; the other slots stream the rest, LRU
+};
+
+// Per-layer counters an admission adds to ([L, kNumCacheCounters] int64).
+enum CacheCounter : int32_t {
+  kCacheHits,          // demanded experts found resident
+  kCacheMisses,        // demanded experts copied into a slot
+  kCacheUnplaced,      // demanded experts read from host memory (no evictable slot)
+  kCachePrefetched,    // experts a prefetch copied into a slot
+  kCachePrefetchUsed,  // demands that hit a slot a prefetch filled (and no demand had used)
+  kNumCacheCounters,
+};
+
+inline constexpr int64_t kNotEvictable = INT64_MAX;
+inline constexpr int64_t kFreeSlot = INT64_MIN;
+
+// The cache's state. The arrays are host or device memory, as the caller runs.
+struct CacheTables {
+  int32_t* slot_of = nullptr;     // [L*E] slot holding expert g, or -1
+  int32_t* owner = nullptr;       // [S] expert in slot s, or -1
+  int64_t* last_use = nullptr;    // [S] tick of the last admission that wanted its expert
+  int64_t* uses = nullptr;        // [L*E] demands that needed expert g (kept across evictions)
+  uint8_t* prefetched = nullptr;  // [S] 1 while a prefetch's expert waits for its first demand
+  const uint8_t* hot = nullptr;   // [L*E] the static policy's hot set, or null
+  int64_t num_slots = 0;          // S
+  CachePolicy policy = CachePolicy::kLru;
+};
+
+struct Admission {
+  int64_t layer = 0;
+  int64_t num_experts = 0;   // E
+  int64_t tick = 0;          // this admission's, greater than every earlier one
+  int64_t protect_from = 0;  // <= tick: slots used at or after it stay
+  bool prefetch = false;     // a prediction: counts as prefetched, not as a demand
+};
+
+// Lower keys are evicted first; kFreeSlot for an empty slot, kNotEvictable for one in use.
+MOE_HOST_DEVICE int64_t eviction_key(const CacheTables& t, int64_t slot, int64_t protect_from) {
+  const int32_t g = t.owner[slot];
+  if (g < 0) return kFreeSlot;
+  const int64_t last = t.last_use[slot];
+  if (last >= protect_from) return kNotEvictable;
+  switch (t.policy) {
+    case CachePolicy::kLru:
+      return last;
+    case CachePolicy::kLfu: {
+      const int64_t uses = t.uses[g] < (int64_t{1} << 30) ? t.uses[g] : (int64_t{1} << 30);
+      return (uses << 32) | (last & 0xffffffff);
+    }
+    case CachePolicy::kStatic:
+      return t.hot != nullptr && t.hot[g] ? kNotEvictable : last;
+  }
+  return last;
+}
+
+// A needed expert found resident. Resident experts are stamped before any miss is placed, so
+// that no miss evicts an expert its own layer needs.
+MOE_HOST_DEVICE void touch_resident(const CacheTables& t, const Admission& a, int32_t slot,
+                                    int64_t* counters) {
+  t.last_use[slot] = a.tick;
+  if (a.prefetch) return;
+  counters[kCacheHits] += 1;
+  if (t.prefetched[slot]) {
+    t.prefetched[slot] = 0;
+    counters[kCachePrefetchUsed] += 1;
+  }
+}
+
+// Puts expert g in `slot` (evicting its owner), stamped with the admission's tick.
+MOE_HOST_DEVICE void place(const CacheTables& t, const Admission& a, int32_t g, int32_t slot,
+                           int64_t* counters) {
+  const int32_t old = t.owner[slot];
+  if (old >= 0) t.slot_of[old] = -1;
+  t.owner[slot] = g;
+  t.slot_of[g] = slot;
+  t.last_use[slot] = a.tick;
+  t.prefetched[slot] = a.prefetch ? 1 : 0;
+  counters[a.prefetch ? kCachePrefetched : kCacheMisses] += 1;
+}
+
+// The slot a miss goes to, or -1 when every slot is in use (sequential scan; the GPU kernel
+// reduces the same keys over a block, with the same tie rule).
+MOE_HOST_DEVICE int32_t choose_slot(const CacheTables& t, int64_t protect_from) {
+  int32_t best = -1;
+  int64_t best_key = kNotEvictable;
+  for (int64_t s = 0; s < t.num_slots; ++s) {
+    const int64_t key = eviction_key(t, s, protect_from);
+    if (key < best_key) {
+      best_key = key;
+      best = static_cast<int32_t>(s);
+    }
+  }
+  return best;
+}
+
+// One whole admission on the host. needed[e] != 0 for the layer's experts some row uses.
+// Writes the copies to start (global expert, slot) to copy_experts / copy_slots, returning
+// their number (at most E); counters is the layer's [kNumCacheCounters].
+MOE_HOST_DEVICE int64_t admit(const CacheTables& t, const Admission& a, const uint8_t* needed,
+                              int32_t* copy_experts, int32_t* copy_slots, int64_t* counters) {
+  const int32_t base = static_cast<int32_t>(a.layer * a.num_experts);
+  for (int64_t e = 0; e < a.num_experts; ++e) {
+    if (!needed[e]) continue;
+    const int32_t g = base + static_cast<int32_t>(e);
+    if (!a.prefetch) t.uses[g] += 1;
+    if (t.slot_of[g] >= 0) touch_resident(t, a, t.slot_of[g], counters);
+  }
+  int64_t num_copies = 0;
+  for (int64_t e = 0; e < a.num_experts; ++e) {
+    const int32_t g = base + static_cast<int32_t>(e);
+    if (!needed[e] || t.slot_of[g] >= 0) continue;
+    const int32_t slot = choose_slot(t, a.protect_from);
+    if (slot < 0) {
+      if (!a.prefetch) counters[kCacheUnplaced] += 1;
+      continue;
+    }
+    place(t, a, g, slot, counters);
+    copy_experts[num_copies] = g;
+    copy_slots[num_copies] = slot;
+    ++num_copies;
+  }
+  return num_copies;
+}
+
+}  // namespace moeinfer::offload
