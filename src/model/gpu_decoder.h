@@ -51,6 +51,9 @@ struct GpuOptions {
   // --expert-budget / --expert-cache: routed experts live in pinned host memory and a device
   // cache of slots holds what the budget allows (disabled: every expert resident).
   offload::OffloadOptions offload;
+  // Global expert ids (layer * E + e), most wanted first: loaded into the cache before traffic,
+  // and the static policy's hot set (from the routing trace of --expert-cache static:FILE).
+  std::vector<int32_t> expert_ranking;
 };
 
 // Synthetic weights built on the device (`--model synthetic:NAME`).
@@ -71,6 +74,10 @@ struct GpuMemoryReport {
   int64_t kv_bytes_per_token = 0;
   int64_t num_kv_blocks = 0;
   int64_t block_size = 0;
+  // Offloaded experts: their pinned host home, and the device cache (included in weight_bytes).
+  int64_t expert_home_bytes = 0;
+  int64_t expert_cache_bytes = 0;
+  int64_t expert_cache_slots = 0;
   double load_seconds = 0.0;    // weight upload (0 for synthetic)
   double load_gb_per_s = 0.0;
 };
@@ -112,6 +119,9 @@ class GpuDecoder {
   // Rows each expert received in the last forward, [num_layers, E] (zeros for dense layers);
   // waits for the device.
   virtual std::vector<int32_t> expert_counts() = 0;
+  // The expert cache's cumulative counters, [num_layers, offload::kNumCacheCounters] (empty
+  // without --expert-budget); waits for the device.
+  virtual std::vector<int64_t> expert_cache_counters() = 0;
   // As Decoder::set_routing_observer: after each forward, the observer sees every MoE layer's
   // routing of the step's tokens (in batch order), copied back from the device. While set, the
   // router writes each layer's output to a buffer of its own (graphs of their own, the same

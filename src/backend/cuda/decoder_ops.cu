@@ -164,6 +164,7 @@ void random_fill(const RandomFillParams& p, cudaStream_t stream) {
   MOE_CHECK(std::isfinite(p.scale) && p.scale >= 0.0f, "scale = ", p.scale,
             " must be finite and not negative");
   MOE_CHECK(std::isfinite(p.offset), "offset = ", p.offset, " is not finite");
+  MOE_CHECK(p.first_index >= 0, "first_index = ", p.first_index, " is negative");
   if (p.count == 0) return;
   detail::check_pointer(p.out, "out");
   MOE_CHECK(reinterpret_cast<uintptr_t>(p.out) % 2 == 0, "out (", static_cast<void*>(p.out),

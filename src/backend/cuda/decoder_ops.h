@@ -127,6 +127,9 @@ struct RandomFillParams {
   uint64_t seed = 0;
   float scale = 1.0f;   // values uniform in [-scale, scale)
   float offset = 0.0f;  // added after scaling (1.0 for norm weights)
+  // out[i] takes the value of index first_index + i: a matrix filled in pieces (a staging
+  // buffer at a time) gets the values of one fill of the whole.
+  int64_t first_index = 0;
 };
 
 // Deterministic (seed, index) -> value, for synthetic weights built on the device: out[i] depends

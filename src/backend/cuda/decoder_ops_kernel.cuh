@@ -278,8 +278,9 @@ __device__ __forceinline__ float random_fill_value(uint64_t key, int64_t i, floa
   return decoder_ops::uniform_value(bits, scale, offset);
 }
 
-// The 16-byte vectors of random_fill: elements first + 8 v .. first + 8 v + 7. kOdd says that
-// `first` is odd, so a vector straddles five hashes rather than four; it is the same for every
+// The 16-byte vectors of random_fill: elements first + 8 v .. first + 8 v + 7 (of index
+// first_index + first + 8 v ..). kOdd says that first_index + first is odd, so a vector
+// straddles five hashes rather than four; it is the same for every
 // vector of a launch, so the branch between the two instantiations is uniform.
 template <bool kOdd>
 __device__ __forceinline__ void random_fill_vectors(const RandomFillParams& p, uint64_t key,
@@ -288,7 +289,7 @@ __device__ __forceinline__ void random_fill_vectors(const RandomFillParams& p, u
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < vecs;
        v += step) {
-    const int64_t i0 = first + v * 8;
+    const int64_t i0 = p.first_index + first + v * 8;
     const uint64_t pair0 = static_cast<uint64_t>(i0 >> 1);  // i0 = 2 pair0 + kOdd
     constexpr int kPairs = kOdd ? 5 : 4;
     uint32_t bits[2 * kPairs];
@@ -317,14 +318,16 @@ __global__ void __launch_bounds__(kDecoderOpsThreads)
   const int64_t vecs = (p.count - head) / 8;
   const int64_t tail_start = head + vecs * 8;
   const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t base = p.first_index;
   if (thread < head) {
-    p.out[thread] = __float2bfloat16_rn(random_fill_value(key, thread, p.scale, p.offset));
+    p.out[thread] =
+        __float2bfloat16_rn(random_fill_value(key, base + thread, p.scale, p.offset));
   }
   if (thread < p.count - tail_start) {
     const int64_t i = tail_start + thread;
-    p.out[i] = __float2bfloat16_rn(random_fill_value(key, i, p.scale, p.offset));
+    p.out[i] = __float2bfloat16_rn(random_fill_value(key, base + i, p.scale, p.offset));
   }
-  if (head & 1) {
+  if ((base + head) & 1) {
     random_fill_vectors<true>(p, key, head, vecs);
   } else {
     random_fill_vectors<false>(p, key, head, vecs);

@@ -109,11 +109,12 @@ void grouped_gemm(const GroupedGemmParams& p, cudaStream_t stream) {
   detail::check_int32_range(weight_rows * p.k, "weight rows * k of one expert");
   if (p.num_rows == 0) return;
   detail::check_pointer(p.rows, "rows");
-  detail::check_pointer(p.weights, "weights");
+  MOE_CHECK((p.weights != nullptr) != (p.expert_weights != nullptr),
+            "give exactly one of weights and expert_weights");
   detail::check_pointer(p.expert_offsets, "expert_offsets");
   detail::check_pointer(p.out, "out");
   detail::check_aligned16(p.rows, "rows");
-  detail::check_aligned16(p.weights, "weights");
+  if (p.weights) detail::check_aligned16(p.weights, "weights");
   detail::check_aligned16(p.out, "out");
   if (p.src_row) {
     MOE_CHECK(p.top_k >= 1 && p.num_rows % p.top_k == 0, "top_k = ", p.top_k,
@@ -133,6 +134,7 @@ void moe_experts(const MoeExpertsParams& p, cudaStream_t stream) {
   NvtxRange range("experts");
   grouped_gemm(GroupedGemmParams{.rows = p.rows,
                                  .weights = p.gate_up,
+                                 .expert_weights = p.gate_up_table,
                                  .expert_offsets = p.expert_offsets,
                                  .out = p.activation,
                                  .num_rows = p.num_rows,
@@ -145,6 +147,7 @@ void moe_experts(const MoeExpertsParams& p, cudaStream_t stream) {
                stream);
   grouped_gemm(GroupedGemmParams{.rows = p.activation,
                                  .weights = p.down,
+                                 .expert_weights = p.down_table,
                                  .expert_offsets = p.expert_offsets,
                                  .out = p.out,
                                  .num_rows = p.num_rows,

@@ -43,7 +43,10 @@ enum class GemmTile : int32_t { kAuto, kRows16, kRows64, kRows128, kRows128Wide 
 
 struct GroupedGemmParams {
   const __nv_bfloat16* rows = nullptr;      // [M, Kd]
-  const __nv_bfloat16* weights = nullptr;   // [E, Nw, Kd]
+  const __nv_bfloat16* weights = nullptr;   // [E, Nw, Kd], or null with expert_weights
+  // Or [E] device pointers, one [Nw, Kd] matrix per expert (the expert cache's slot table:
+  // device slots or pinned host memory, rewritten between launches without a new graph).
+  const __nv_bfloat16* const* expert_weights = nullptr;
   const int32_t* expert_offsets = nullptr;  // [E + 1] device
   __nv_bfloat16* out = nullptr;             // [M, N]
   int64_t num_rows = 0;                     // M = T*K, the grid's worst case
@@ -73,8 +76,10 @@ GemmTile grouped_gemm_auto_tile(int64_t num_rows, int64_t num_experts, int64_t n
 
 struct MoeExpertsParams {
   const __nv_bfloat16* rows = nullptr;      // [M, H] expert-ordered, or [T, H] with src_row
-  const __nv_bfloat16* gate_up = nullptr;   // [E, 2I, H]
+  const __nv_bfloat16* gate_up = nullptr;   // [E, 2I, H], or null with the tables
   const __nv_bfloat16* down = nullptr;      // [E, H, I]
+  const __nv_bfloat16* const* gate_up_table = nullptr;  // [E] -> [2I, H] (expert_weights)
+  const __nv_bfloat16* const* down_table = nullptr;     // [E] -> [H, I]
   const int32_t* expert_offsets = nullptr;  // [E + 1] device
   __nv_bfloat16* activation = nullptr;      // [M, I] workspace
   __nv_bfloat16* out = nullptr;             // [M, H]

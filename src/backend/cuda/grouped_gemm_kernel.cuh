@@ -178,7 +178,9 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const int N = static_cast<int>(p.n);
   const int n0 = static_cast<int>(blockIdx.x) * BN;
   const __nv_bfloat16* b_base =
-      p.weights + static_cast<int64_t>(expert) * (Cfg::kOps * static_cast<int64_t>(N)) * K;
+      p.expert_weights != nullptr
+          ? p.expert_weights[expert]
+          : p.weights + static_cast<int64_t>(expert) * (Cfg::kOps * static_cast<int64_t>(N)) * K;
 
   const uint32_t smem_base = smem_u32(gemm_smem);
   auto stage_a = [&](int stage) { return smem_base + stage * Cfg::kStageBytes; };

@@ -50,4 +50,13 @@ PinnedArray<T> pinned_array(size_t count) {
   return PinnedArray<T>(static_cast<T*>(p));
 }
 
+// `count` elements of pinned host memory that kernels read in place (mapped into the device's
+// address space; with unified addressing the host pointer is the device pointer).
+template <typename T>
+PinnedArray<T> mapped_pinned_array(size_t count) {
+  void* p = nullptr;
+  CUDA_CHECK(cudaHostAlloc(&p, count * sizeof(T), cudaHostAllocMapped | cudaHostAllocPortable));
+  return PinnedArray<T>(static_cast<T*>(p));
+}
+
 }  // namespace moeinfer::gpu

@@ -45,6 +45,7 @@ struct Job {
   float fill_scale = 0.0f;    // synthetic: uniform in [-scale, scale) + offset
   float fill_offset = 0.0f;
   const void** target = nullptr;
+  bool home = false;  // an offloaded expert matrix: lives in the pinned host home
   size_t bytes() const { return static_cast<size_t>(rows * cols) * (f32 ? 4 : 2); }
 };
 
@@ -63,13 +64,15 @@ class Layout {
   template <typename T>
   Job& add(const T** target, int64_t rows, int64_t cols, bool f32 = false) {
     Job job;
-    job.offset = end_;
+    job.home = home_mode_;
+    size_t& end = home_mode_ ? home_end_ : end_;
+    job.offset = end;
     job.rows = rows;
     job.cols = cols;
     job.f32 = f32;
     job.fill_scale = 1.0f / std::sqrt(static_cast<float>(cols));
     job.target = reinterpret_cast<const void**>(target);
-    end_ += round_up(static_cast<int64_t>(job.bytes()), kAlignment);
+    end += round_up(static_cast<int64_t>(job.bytes()), kAlignment);
     jobs_.push_back(std::move(job));
     return jobs_.back();
   }
@@ -100,12 +103,18 @@ class Layout {
     return job;
   }
 
+  // While on, added jobs are placed in the host home instead of device memory.
+  void set_home(bool on) { home_mode_ = on; }
+
   std::deque<Job>& jobs() { return jobs_; }
   size_t bytes() const { return end_; }
+  size_t home_bytes() const { return home_end_; }
 
  private:
   std::deque<Job> jobs_;  // references stay valid as jobs are added
   size_t end_ = 0;
+  size_t home_end_ = 0;
+  bool home_mode_ = false;
 };
 
 // Places head h of `src` (rows [h*D, (h+1)*D) or, with by_columns, columns) at h*Dp.
@@ -134,8 +143,8 @@ void add_heads(Job& job, const TensorView& src, int64_t heads, int64_t D, int64_
 // The whole model's layout; `w` may be null (synthetic: shapes from the config only). Every
 // matrix that reads or writes the hidden state is Hp wide (zero columns or rows past H), so the
 // padded columns of the residual stream stay zero through every layer.
-void build_layout(const ModelConfig& c, const DecoderWeights* w, DeviceWeights& out,
-                  Layout& layout) {
+void build_layout(const ModelConfig& c, const DecoderWeights* w, bool offload_experts,
+                  DeviceWeights& out, Layout& layout) {
   const int64_t H = c.hidden_size, Hp = out.padded_hidden_size, V = c.vocab_size;
   const int64_t D = c.head_dim, Dp = out.padded_head_dim;
   const int64_t Nq = c.num_heads, Nkv = c.num_kv_heads;
@@ -249,8 +258,10 @@ void build_layout(const ModelConfig& c, const DecoderWeights* w, DeviceWeights& 
       bias.fill_scale = 0.0f;
       if (mw) bias.pieces.push_back({.src = mw->selection_bias, .rows = 1, .cols = E});
     }
+    layout.set_home(offload_experts);
     Job& gu = layout.add(&d.experts_gate_up, E * 2 * Ip, Hp);
     Job& down = layout.add(&d.experts_down, E * Hp, Ip);
+    layout.set_home(false);
     gu.padded = down.padded = I != Ip || H != Hp;
     down.fill_scale = 1.0f / std::sqrt(static_cast<float>(I));
     if (mw) {
@@ -327,8 +338,22 @@ DeviceArray<char> allocate(size_t bytes) {
   return device_array<char>(bytes);
 }
 
-void resolve_targets(Layout& layout, void* base) {
-  for (Job& job : layout.jobs()) *job.target = static_cast<char*>(base) + job.offset;
+void resolve_targets(Layout& layout, void* base, void* home) {
+  for (Job& job : layout.jobs()) {
+    *job.target = static_cast<char*>(job.home ? home : base) + job.offset;
+  }
+}
+
+// The pinned home of offloaded experts.
+PinnedArray<char> allocate_home(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  try {
+    return mapped_pinned_array<char>(bytes);
+  } catch (const Error& e) {
+    MOE_CHECK(false, "the offloaded experts need ", bytes >> 20,
+              " MiB of pinned host memory, which could not be allocated: ", e.what());
+  }
+  return nullptr;
 }
 
 // Refuses, naming the config field and the limit, the shapes the CUDA kernels cannot take even
@@ -354,14 +379,18 @@ void check_supported(const ModelConfig& c) {
 }
 
 // The padded dims and the layout of every matrix (`weights` null: shapes only, synthetic).
-void plan_layout(const ModelConfig& config, const DecoderWeights* weights, DeviceWeights& out,
-                 Layout& layout) {
+void plan_layout(const ModelConfig& config, const DecoderWeights* weights, bool offload_experts,
+                 DeviceWeights& out, Layout& layout) {
   check_supported(config);
   out.padded_hidden_size = padded_hidden_size(config);
   out.padded_head_dim = padded_head_dim(config);
   out.padded_expert_width = padded_expert_width(config);
   out.mla = padded_mla_dims(config);
-  build_layout(config, weights, out, layout);
+  out.experts_offloaded =
+      offload_experts && config.num_experts > 0 &&
+      std::find(config.layer_is_moe.begin(), config.layer_is_moe.end(), true) !=
+          config.layer_is_moe.end();
+  build_layout(config, weights, out.experts_offloaded, out, layout);
 }
 
 }  // namespace
@@ -385,21 +414,35 @@ MlaPaddedDims padded_mla_dims(const ModelConfig& config) {
           .rope = round_up(config.mla->qk_rope_head_dim, 8)};
 }
 
-int64_t device_weight_bytes(const ModelConfig& config) {
+int64_t device_weight_bytes(const ModelConfig& config, bool offload_experts) {
   DeviceWeights shapes;
   Layout layout;
-  plan_layout(config, nullptr, shapes, layout);
+  plan_layout(config, nullptr, offload_experts, shapes, layout);
   return static_cast<int64_t>(layout.bytes());
 }
 
+int64_t expert_home_bytes(const ModelConfig& config) {
+  DeviceWeights shapes;
+  Layout layout;
+  plan_layout(config, nullptr, /*offload_experts=*/true, shapes, layout);
+  return static_cast<int64_t>(layout.home_bytes());
+}
+
+int64_t device_expert_bytes(const ModelConfig& config) {
+  return 3 * padded_hidden_size(config) * padded_expert_width(config) *
+         static_cast<int64_t>(sizeof(bf16));
+}
+
 DeviceWeights upload_weights(const ModelConfig& config, const DecoderWeights& weights,
-                             bool show_progress) {
+                             bool show_progress, bool offload_experts) {
   DeviceWeights out;
   Layout layout;
-  plan_layout(config, &weights, out, layout);
+  plan_layout(config, &weights, offload_experts, out, layout);
   out.bytes = static_cast<int64_t>(layout.bytes());
   out.allocation = allocate(layout.bytes());
-  resolve_targets(layout, out.allocation.get());
+  out.expert_home_bytes = static_cast<int64_t>(layout.home_bytes());
+  out.expert_home = allocate_home(layout.home_bytes());
+  resolve_targets(layout, out.allocation.get(), out.expert_home.get());
   if (out.lm_head == nullptr) out.lm_head = out.embed;  // tied
 
   const auto start = std::chrono::steady_clock::now();
@@ -423,6 +466,11 @@ DeviceWeights upload_weights(const ModelConfig& config, const DecoderWeights& we
     const int64_t chunk_rows = static_cast<int64_t>(kStagingBytes / row_bytes);
     for (int64_t row = 0; row < job.rows; row += chunk_rows) {
       const int64_t end = std::min(job.rows, row + chunk_rows);
+      if (job.home) {  // converted straight into the home: no staging, no copy
+        stage_rows(job, row, end, out.expert_home.get() + job.offset + row * row_bytes);
+        progress.advance(static_cast<size_t>(end - row) * row_bytes);
+        continue;
+      }
       CUDA_CHECK(cudaEventSynchronize(done[which]));  // the copy out of this buffer finished
       stage_rows(job, row, end, staging[which]);
       char* dst = out.allocation.get() + job.offset + row * row_bytes;
@@ -445,10 +493,11 @@ DeviceWeights upload_weights(const ModelConfig& config, const DecoderWeights& we
   return out;
 }
 
-DeviceWeights synthetic_weights(const ModelConfig& config, uint64_t seed, double zipf_exponent) {
+DeviceWeights synthetic_weights(const ModelConfig& config, uint64_t seed, double zipf_exponent,
+                                bool offload_experts) {
   DeviceWeights out;
   Layout layout;
-  plan_layout(config, nullptr, out, layout);
+  plan_layout(config, nullptr, offload_experts, out, layout);
   // Random fills cover whole matrices, padding included, so synthetic shapes must need none.
   MOE_CHECK(out.padded_hidden_size == config.hidden_size,
             "synthetic models need hidden_size a multiple of 64, not ", config.hidden_size);
@@ -468,8 +517,13 @@ DeviceWeights synthetic_weights(const ModelConfig& config, uint64_t seed, double
   }
   out.bytes = static_cast<int64_t>(layout.bytes());
   out.allocation = allocate(layout.bytes());
-  resolve_targets(layout, out.allocation.get());
+  out.expert_home_bytes = static_cast<int64_t>(layout.home_bytes());
+  out.expert_home = allocate_home(layout.home_bytes());
+  resolve_targets(layout, out.allocation.get(), out.expert_home.get());
   if (out.lm_head == nullptr) out.lm_head = out.embed;
+  // Home matrices are filled a device staging buffer at a time and copied down.
+  DeviceArray<bf16> staging;
+  if (out.expert_home) staging = device_array<bf16>(kStagingBytes / sizeof(bf16));
 
   std::mt19937_64 rng(seed);
   for (size_t j = 0; j < layout.jobs().size(); ++j) {
@@ -486,6 +540,20 @@ DeviceWeights synthetic_weights(const ModelConfig& config, uint64_t seed, double
         }
       }
       CUDA_CHECK(cudaMemcpy(dst, values.data(), values.size() * 4, cudaMemcpyHostToDevice));
+      continue;
+    }
+    if (job.home) {
+      const int64_t count = job.rows * job.cols;
+      const int64_t chunk = static_cast<int64_t>(kStagingBytes / sizeof(bf16));
+      for (int64_t first = 0; first < count; first += chunk) {
+        const int64_t n = std::min(chunk, count - first);
+        cuda::random_fill({.out = staging.get(), .count = n, .seed = seed * 1000003 + j,
+                           .scale = job.fill_scale, .offset = job.fill_offset,
+                           .first_index = first},
+                          nullptr);
+        CUDA_CHECK(cudaMemcpy(static_cast<bf16*>(dst) + first, staging.get(),
+                              static_cast<size_t>(n) * sizeof(bf16), cudaMemcpyDeviceToHost));
+      }
       continue;
     }
     cuda::random_fill({.out = static_cast<bf16*>(dst),

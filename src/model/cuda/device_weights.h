@@ -57,8 +57,11 @@ struct DeviceLayer {
   const bf16* router = nullptr;          // [E, Hp]
   const float* selection_bias = nullptr;  // [E] chooses experts, not weights (DeepSeek-V3)
   const float* logit_bias = nullptr;      // [E] added to the logits (synthetic routing skew)
-  const bf16* experts_gate_up = nullptr;  // [E, 2 Ip, Hp]
-  const bf16* experts_down = nullptr;     // [E, Hp, Ip]
+  // [E, 2 Ip, Hp] and [E, Hp, Ip]: in device memory, or with offloaded experts in the mapped
+  // pinned host memory of DeviceWeights::expert_home (the experts' home, which the expert
+  // cache copies from).
+  const bf16* experts_gate_up = nullptr;
+  const bf16* experts_down = nullptr;
   const bf16* shared_gate_up = nullptr;   // [2 Is, Hp] or null
   const bf16* shared_down = nullptr;      // [Hp, Is]
   int64_t shared_width = 0;
@@ -86,7 +89,13 @@ struct DeviceWeights {
   MlaPaddedDims mla;                // MLA models only
   int64_t bytes = 0;                // device bytes of all weights
   double upload_seconds = 0.0;
-  DeviceArray<char> allocation;  // every matrix above lives in it
+  DeviceArray<char> allocation;  // every matrix above lives in it, but offloaded experts
+  // Offloaded experts (offload_experts at build): every routed expert's weights, in the device
+  // layout, in pinned host memory that kernels can read (filled in place from the checkpoint, or
+  // with the synthetic values, so no second full copy is made).
+  bool experts_offloaded = false;
+  int64_t expert_home_bytes = 0;
+  PinnedArray<char> expert_home;
 };
 
 // Hp, Dp and Ip for a config (and the checks that the kernels can run it).
@@ -95,14 +104,20 @@ int64_t padded_head_dim(const ModelConfig& config);
 int64_t padded_expert_width(const ModelConfig& config);
 MlaPaddedDims padded_mla_dims(const ModelConfig& config);  // zeros without MLA
 
-// Device bytes upload_weights / synthetic_weights will allocate.
-int64_t device_weight_bytes(const ModelConfig& config);
+// Device bytes upload_weights / synthetic_weights will allocate (without the routed experts
+// when they are offloaded), and the host bytes of the offloaded experts' home.
+int64_t device_weight_bytes(const ModelConfig& config, bool offload_experts = false);
+int64_t expert_home_bytes(const ModelConfig& config);
+// Bytes of one routed expert in the device layout: gate_up [2 Ip, Hp] and down [Hp, Ip], bf16.
+int64_t device_expert_bytes(const ModelConfig& config);
 
 DeviceWeights upload_weights(const ModelConfig& config, const DecoderWeights& weights,
-                             bool show_progress);
+                             bool show_progress, bool offload_experts = false);
 // Random weights (uniform, scaled by 1/sqrt(fan-in)); norms 1. A positive zipf_exponent gives
-// each MoE layer a router bias that prefers experts by a Zipf law.
-DeviceWeights synthetic_weights(const ModelConfig& config, uint64_t seed, double zipf_exponent);
+// each MoE layer a router bias that prefers experts by a Zipf law. The values do not depend on
+// offload_experts.
+DeviceWeights synthetic_weights(const ModelConfig& config, uint64_t seed, double zipf_exponent,
+                                bool offload_experts = false);
 
 
 }  // namespace moeinfer::gpu

@@ -35,6 +35,7 @@
 #include "backend/cuda/moe_stages.h"
 #include "backend/cuda/sampling.h"
 #include "core/error.h"
+#include "model/cuda/cached_experts.h"
 #include "model/cuda/device_weights.h"
 #include "model/family.h"
 #include "model/gpu_decoder.h"
@@ -159,6 +160,7 @@ class CudaDecoder final : public GpuDecoder {
   void forward_sample(const ForwardBatch& batch, std::span<const GpuSamplingRow> rows,
                       std::span<int32_t> tokens) override;
   std::vector<int32_t> expert_counts() override;
+  std::vector<int64_t> expert_cache_counters() override;
   void set_routing_observer(Decoder::RoutingObserver observer) override;
 
  private:
@@ -174,10 +176,16 @@ class CudaDecoder final : public GpuDecoder {
   void mla_attention(int64_t layer, const Step& step);
   void qk_norm_clip_rope_write(int64_t layer, const Step& step);
   void feed_forward(int64_t layer, int64_t num_tokens);
+  // With the expert cache: layer l's demand, then a prefetch of the next layer's experts as
+  // its router picks them from layer l's normed hidden state.
+  void admit_and_prefetch(int64_t layer, const int32_t* topk_ids, int64_t num_tokens);
   // out[num_tokens, Hp] = down(silu(gate) * up) of normed_, in bf16 or float32.
   void dense_mlp(const bf16* gate_up, const bf16* down, int64_t width, int64_t num_tokens,
                  void* out, bool f32_out);
   void upload_meta(const Step& step);
+  // Router GEMM of `layer` over normed_ and its top-k: logits [T, E], ids and weights [T, K].
+  void route(int64_t layer, int64_t num_tokens, float* logits, int32_t* topk_ids,
+             float* topk_weights);
 
   // y[rows, n] = x[rows, k] . W[n, k]^T (row strides in elements).
   void linear(const bf16* x, int64_t rows, int64_t x_stride, const bf16* w, int64_t n, int64_t k,
@@ -228,6 +236,10 @@ class CudaDecoder final : public GpuDecoder {
        *mlp_act_ = nullptr, *shared_out_ = nullptr;
   float* logits_ = nullptr;  // [rcap, V]
   void* cublas_workspace_ = nullptr;
+  // The next layer's predicted routing (expert cache prefetch): [T, E], [T, K], [T, K].
+  float *predict_logits_ = nullptr, *predict_weights_ = nullptr;
+  int32_t* predict_ids_ = nullptr;
+  std::unique_ptr<CachedExperts> cache_;  // --expert-budget; null: every expert resident
 
   // KV pool: per layer, keys and values (standard) or latent rows (MLA).
   DeviceArray<char> kv_pool_;
@@ -320,6 +332,15 @@ CudaDecoder::CudaDecoder(const ModelConfig& config, DeviceWeights weights,
   report_.load_seconds = w_.upload_seconds;
   report_.load_gb_per_s =
       w_.upload_seconds > 0 ? static_cast<double>(w_.bytes) / w_.upload_seconds / 1e9 : 0.0;
+  if (w_.experts_offloaded) {
+    cache_ = std::make_unique<CachedExperts>(config_, w_, options.offload,
+                                             tcap_ * config_.num_experts_per_tok,
+                                             options.expert_ranking);
+    report_.expert_home_bytes = w_.expert_home_bytes;
+    report_.expert_cache_bytes = cache_->device_bytes();
+    report_.expert_cache_slots = cache_->num_slots();
+    report_.weight_bytes += cache_->device_bytes();
+  }
   allocate_workspace();
   std::vector<float> inv_freq = rope.inv_freq();
   CUDA_CHECK(cudaMemcpy(inv_freq_, inv_freq.data(), inv_freq.size() * sizeof(float),
@@ -412,6 +433,11 @@ void CudaDecoder::allocate_workspace() {
       expert_out_ = cv.take<bf16>(T * K * H);
       shared_gate_logits_ = cv.take<float>(T);
       shared_out_ = cv.take<bf16>(T * H);
+      if (w_.experts_offloaded) {
+        predict_logits_ = cv.take<float>(T * E);
+        predict_ids_ = cv.take<int32_t>(T * K);
+        predict_weights_ = cv.take<float>(T * K);
+      }
     }
     if (mlp_width > 0) {
       mlp_gate_up_ = cv.take<bf16>(T * 2 * mlp_width);
@@ -871,37 +897,27 @@ void CudaDecoder::feed_forward(int64_t layer, int64_t T) {
     mark(profile::Stage::kDenseMlp, layer);
     return;
   }
-  linear(normed_, T, H, d.router, E, H, router_logits_, E, /*f32_out=*/true);
+  // The prefetch for this layer (issued at the previous one) reads predict_ids_, which this
+  // layer's prediction rewrites: it must be done first.
+  if (cache_) cache_->join(stream_);
   // While routing is captured, each layer's router writes into its own rows of the capture
   // buffers, which the layer's plan and unpermute then read: no copy, no extra kernel.
   int32_t* const topk_ids = tracing_ ? routing_ids_.get() + layer * tcap_ * K : topk_ids_;
   float* const topk_weights =
       tracing_ ? routing_weights_.get() + layer * tcap_ * K : topk_weights_;
-  cuda::RouterParams route{.logits = router_logits_, .topk_ids = topk_ids,
-                           .topk_weights = topk_weights, .num_tokens = T, .num_experts = E,
-                           .top_k = K,
-                           .score = router_.score == moe::ScoreFunction::kSigmoid
-                                        ? cuda::RouterScore::kSigmoid
-                                        : cuda::RouterScore::kSoftmax,
-                           .renormalize = router_.renormalize,
-                           .routed_scaling_factor = router_.routed_scaling_factor};
-  route.selection_bias = d.selection_bias;
-  route.logit_bias = d.logit_bias;
-  route.group_score = router_.group_score == moe::GroupScore::kMax ? cuda::RouterGroupScore::kMax
-                      : router_.group_score == moe::GroupScore::kTop2Sum
-                          ? cuda::RouterGroupScore::kTop2Sum
-                          : cuda::RouterGroupScore::kNone;
-  route.num_groups = router_.num_groups;
-  route.topk_groups = router_.topk_groups;
-  route.num_valid_tokens = meta_.num_valid;
-  cuda::fused_router(route, stream_);
+  route(layer, T, router_logits_, topk_ids, topk_weights);
   mark(profile::Stage::kRoute, layer);
+  if (cache_) admit_and_prefetch(layer, topk_ids, T);
   cuda::moe_plan({.topk_ids = topk_ids, .expert_counts = expert_counts_ + layer * (E + 1),
                   .expert_offsets = expert_offsets_, .src_row = src_row_, .inverse = inverse_,
                   .workspace = plan_workspace_, .num_assignments = T * K, .num_experts = E + 1},
                  stream_);
   mark(profile::Stage::kPlan, layer);
-  cuda::moe_experts({.rows = normed_, .gate_up = d.experts_gate_up, .down = d.experts_down,
+  cuda::moe_experts({.rows = normed_,
+                     .gate_up = cache_ ? nullptr : d.experts_gate_up,
+                     .down = cache_ ? nullptr : d.experts_down,
+                     .gate_up_table = cache_ ? cache_->gate_up_table(layer) : nullptr,
+                     .down_table = cache_ ? cache_->down_table(layer) : nullptr,
                      .expert_offsets = expert_offsets_, .activation = expert_act_,
                      .out = expert_out_, .num_rows = T * K, .num_experts = E, .hidden_size = H,
                      .expert_width = w_.padded_expert_width, .src_row = src_row_, .top_k = K},
@@ -924,6 +940,41 @@ void CudaDecoder::feed_forward(int64_t layer, int64_t T) {
                    .hidden_size = H},
                   stream_);
   mark(profile::Stage::kUnpermute, layer);
+}
+
+void CudaDecoder::route(int64_t layer, int64_t T, float* logits, int32_t* topk_ids,
+                        float* topk_weights) {
+  const DeviceLayer& d = w_.layers[layer];
+  const int64_t H = w_.padded_hidden_size, E = config_.num_experts;
+  linear(normed_, T, H, d.router, E, H, logits, E, /*f32_out=*/true);
+  cuda::RouterParams p{.logits = logits, .topk_ids = topk_ids, .topk_weights = topk_weights,
+                       .num_tokens = T, .num_experts = E, .top_k = config_.num_experts_per_tok,
+                       .score = router_.score == moe::ScoreFunction::kSigmoid
+                                    ? cuda::RouterScore::kSigmoid
+                                    : cuda::RouterScore::kSoftmax,
+                       .renormalize = router_.renormalize,
+                       .routed_scaling_factor = router_.routed_scaling_factor};
+  p.selection_bias = d.selection_bias;
+  p.logit_bias = d.logit_bias;
+  p.group_score = router_.group_score == moe::GroupScore::kMax ? cuda::RouterGroupScore::kMax
+                  : router_.group_score == moe::GroupScore::kTop2Sum
+                      ? cuda::RouterGroupScore::kTop2Sum
+                      : cuda::RouterGroupScore::kNone;
+  p.num_groups = router_.num_groups;
+  p.topk_groups = router_.topk_groups;
+  p.num_valid_tokens = meta_.num_valid;
+  cuda::fused_router(p, stream_);
+}
+
+void CudaDecoder::admit_and_prefetch(int64_t layer, const int32_t* topk_ids, int64_t T) {
+  const int64_t K = config_.num_experts_per_tok;
+  const int64_t next = layer + 1;
+  const bool predict = next < config_.num_layers && w_.layers[next].is_moe;
+  // The prediction runs before the demand's copies so that its router reads normed_ while it
+  // still holds this layer's input; the prefetch then starts as soon as the demand is placed.
+  if (predict) route(next, T, predict_logits_, predict_ids_, predict_weights_);
+  cache_->admit(layer, topk_ids, T * K, stream_);
+  if (predict) cache_->prefetch(next, predict_ids_, T * K, stream_);
 }
 
 void CudaDecoder::run(const Step& step) {
@@ -1036,10 +1087,10 @@ void CudaDecoder::report_step(profile::Profiler& profiler, const Step& step) {
   const int32_t* counts = host_expert_counts_.get();
   const int64_t E = config_.num_experts;
   const int64_t expert_bytes = 3 * w_.padded_hidden_size * w_.padded_expert_width * 2;
-  int64_t expert_total = 0, touched = 0;
+  int64_t expert_total = 0, touched = 0;  // expert_total: the routed experts in w_.bytes
   for (int64_t l = 0; l < config_.num_layers; ++l) {
     if (!w_.layers[l].is_moe) continue;
-    expert_total += E * expert_bytes;
+    if (!w_.experts_offloaded) expert_total += E * expert_bytes;
     const std::span<const int32_t> row(counts + l * (E + 1), static_cast<size_t>(E));
     if (profiler.num_experts() == E) profiler.record_expert_counts(l, row);
     touched += std::count_if(row.begin(), row.end(), [](int32_t c) { return c > 0; });
@@ -1176,6 +1227,14 @@ void CudaDecoder::report_routing(const Step& step) {
   }
 }
 
+std::vector<int64_t> CudaDecoder::expert_cache_counters() {
+  if (!cache_) return {};
+  cache_->enqueue_counter_readback(stream_);
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  const std::span<const int64_t> counters = cache_->counters();
+  return {counters.begin(), counters.end()};
+}
+
 std::vector<int32_t> CudaDecoder::expert_counts() {
   const int64_t E = config_.num_experts;
   std::vector<int32_t> counts(static_cast<size_t>(config_.num_layers * E), 0);
@@ -1200,6 +1259,15 @@ void select_device(int device) {
   CUDA_CHECK(cudaSetDevice(device));
 }
 
+void check_offload(const ModelConfig& config, const GpuOptions& options) {
+  if (!options.offload.enabled()) return;
+  const bool has_experts =
+      config.num_experts > 0 &&
+      std::find(config.layer_is_moe.begin(), config.layer_is_moe.end(), true) !=
+          config.layer_is_moe.end();
+  MOE_CHECK(has_experts, "--expert-budget: the model has no routed experts to offload");
+}
+
 }  // namespace
 }  // namespace gpu
 
@@ -1207,7 +1275,9 @@ std::unique_ptr<GpuDecoder> GpuDecoder::create(const ModelConfig& config,
                                                const DecoderWeights& weights,
                                                const GpuOptions& options) {
   gpu::select_device(options.device);
-  gpu::DeviceWeights device_weights = gpu::upload_weights(config, weights, !options.quiet);
+  gpu::check_offload(config, options);
+  gpu::DeviceWeights device_weights =
+      gpu::upload_weights(config, weights, !options.quiet, options.offload.enabled());
   return std::make_unique<gpu::CudaDecoder>(config, std::move(device_weights), options);
 }
 
@@ -1215,8 +1285,9 @@ std::unique_ptr<GpuDecoder> GpuDecoder::create_synthetic(const ModelConfig& conf
                                                          const GpuOptions& options,
                                                          const SyntheticGpuOptions& synthetic) {
   gpu::select_device(options.device);
-  gpu::DeviceWeights device_weights =
-      gpu::synthetic_weights(config, synthetic.seed, synthetic.zipf_exponent);
+  gpu::check_offload(config, options);
+  gpu::DeviceWeights device_weights = gpu::synthetic_weights(
+      config, synthetic.seed, synthetic.zipf_exponent, options.offload.enabled());
   return std::make_unique<gpu::CudaDecoder>(config, std::move(device_weights), options);
 }
 

@@ -1,0 +1,103 @@
+// The GPU's expert cache (--expert-budget): every routed expert lives in pinned host memory
+// (DeviceWeights::expert_home), S device slots hold what the budget allows, and the experts stage
+// reads each expert through a device slot table that points at its slot or, for an expert
+// without one, at its home. Admissions and copies are kernels (offload/cuda/expert_cache.h)
+// that decide from the routing in device memory, so a decode step stays one CUDA graph whose
+// replays admit and copy whatever that step's routing needs.
+//
+// Per MoE layer l the decoder calls, in stream order:
+//   join(stream)               the prefetch for l (issued at l - 1) has finished its copies
+//   admit(l, ids, stream)      demand: the layer's missing experts get slots, copied now
+//   prefetch(l + 1, ids', ...) the next layer's predicted experts, admitted and copied on a
+//                              copy stream while layer l computes
+// and the experts stage then reads gate_up_table(l) / down_table(l).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "io/model_config.h"
+#include "model/cuda/device_memory.h"
+#include "model/cuda/device_weights.h"
+#include "offload/cuda/expert_cache.h"
+#include "offload/offload_options.h"
+
+namespace moeinfer::gpu {
+
+class CachedExperts {
+ public:
+  // weights: built with offload_experts. max_assignments: T*K of the largest step.
+  // ranking: experts (global ids, most wanted first) to load before traffic and, for the static
+  // policy, the hot set; may be empty.
+  CachedExperts(const ModelConfig& config, const DeviceWeights& weights,
+                const offload::OffloadOptions& options, int64_t max_assignments,
+                std::span<const int32_t> ranking);
+  ~CachedExperts();
+  CachedExperts(const CachedExperts&) = delete;
+  CachedExperts& operator=(const CachedExperts&) = delete;
+
+  int64_t num_slots() const { return num_slots_; }
+  int64_t slot_bytes() const { return expert_bytes_; }
+  int64_t device_bytes() const { return device_bytes_; }
+
+  void join(cudaStream_t stream);
+  void admit(int64_t layer, const int32_t* topk_ids, int64_t num_assignments,
+             cudaStream_t stream);
+  void prefetch(int64_t layer, const int32_t* topk_ids, int64_t num_assignments,
+                cudaStream_t stream);
+
+  const bf16* const* gate_up_table(int64_t layer) const {
+    return gate_up_table_ + layer * num_experts_;
+  }
+  const bf16* const* down_table(int64_t layer) const { return down_table_ + layer * num_experts_; }
+
+  // The counters ([L, kNumCacheCounters], cumulative) copied to pinned memory on `stream`, and
+  // read after the stream has passed that point.
+  void enqueue_counter_readback(cudaStream_t stream);
+  std::span<const int64_t> counters() const {
+    return {host_counters_.get(), static_cast<size_t>(num_layers_ * offload::kNumCacheCounters)};
+  }
+
+  // The cache's state on the host (waits for the device): for the tests that hold the kernels
+  // to the host's admit().
+  struct Snapshot {
+    std::vector<int32_t> slot_of, owner;
+    std::vector<int64_t> last_use, uses;
+    std::vector<uint8_t> prefetched;
+    std::vector<int64_t> counters;
+  };
+  Snapshot snapshot() const;
+
+ private:
+  offload::cuda::AdmitParams admit_params(int64_t layer, const int32_t* ids, int64_t n,
+                                          bool prefetch) const;
+  void warm(std::span<const int32_t> ranking, bool hot);
+
+  int64_t num_layers_ = 0, num_experts_ = 0, num_slots_ = 0, expert_bytes_ = 0;
+  int64_t device_bytes_ = 0;
+  offload::CachePolicy policy_ = offload::CachePolicy::kLru;
+  int demand_blocks_ = 0, prefetch_blocks_ = 0;
+  DeviceArray<char> memory_;  // slots, tables, clock, counters, copy lists
+  bf16* slots_ = nullptr;
+  bf16** gate_up_table_ = nullptr;
+  bf16** down_table_ = nullptr;
+  bf16** home_gate_up_ = nullptr;
+  bf16** home_down_ = nullptr;
+  offload::CacheTables tables_;  // device pointers
+  uint8_t* hot_ = nullptr;
+  int64_t* clock_ = nullptr;
+  int64_t* counters_ = nullptr;
+  offload::cuda::CopyList demand_copies_, prefetch_copies_;
+  std::vector<bf16*> host_home_gate_up_, host_home_down_;  // [L]
+  int64_t gate_up_elems_ = 0, down_elems_ = 0;
+  PinnedArray<int64_t> host_counters_;
+  StreamHandle copy_stream_;
+  cudaEvent_t fork_ = nullptr, prefetch_done_ = nullptr;
+  bool prefetch_pending_ = false;
+};
+
+}  // namespace moeinfer::gpu

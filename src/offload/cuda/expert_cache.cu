@@ -1,0 +1,223 @@
+// Admission is sequential by nature (each miss's victim depends on the previous placements), and
+// a layer has few misses, so one block runs it: thread 0 walks the decisions of admit() in its
+// order, and the whole block finds each victim, a min-reduction of eviction_key over the S slots
+// (tens of thousands for a large budget) with ties to the lower slot, as choose_slot() does.
+//
+// The copy reads host memory through the SMs: four 16-byte loads in flight per thread before
+// their stores, a grid-stride over (expert, vector) pairs of the whole list, so that a few blocks
+// keep PCIe busy while the rest of the GPU computes the layer beside it.
+#include "offload/cuda/expert_cache.h"
+
+#include <cstdio>
+
+#include "backend/cuda/cuda_check.h"
+#include "core/error.h"
+
+namespace moeinfer::offload::cuda {
+namespace {
+
+constexpr int kAdmitThreads = 1024;
+constexpr int kCopyThreads = 256;
+constexpr int kCopyUnroll = 4;
+
+__device__ bf16* home_gate_up(const ExpertSlotsLayout& l, int32_t g) {
+  return l.home_gate_up[g / l.num_experts] + (g % l.num_experts) * l.gate_up_elems;
+}
+__device__ bf16* home_down(const ExpertSlotsLayout& l, int32_t g) {
+  return l.home_down[g / l.num_experts] + (g % l.num_experts) * l.down_elems;
+}
+__device__ bf16* slot_gate_up(const ExpertSlotsLayout& l, int32_t slot) {
+  return l.slots + static_cast<int64_t>(slot) * (l.gate_up_elems + l.down_elems);
+}
+
+// The block's lowest (key, slot) among evictable slots, or slot -1.
+__device__ int32_t block_choose_slot(const CacheTables& t, int64_t protect_from) {
+  __shared__ int64_t s_key[kAdmitThreads / 32];
+  __shared__ int32_t s_slot[kAdmitThreads / 32];
+  int64_t best_key = kNotEvictable;
+  int32_t best = -1;
+  for (int64_t s = threadIdx.x; s < t.num_slots; s += blockDim.x) {
+    const int64_t key = eviction_key(t, s, protect_from);
+    if (key < best_key) {  // s ascends within a thread: the first of equal keys stays
+      best_key = key;
+      best = static_cast<int32_t>(s);
+    }
+  }
+  auto better = [](int64_t ka, int32_t sa, int64_t kb, int32_t sb) {
+    if (sb < 0) return true;
+    if (sa < 0) return false;
+    return ka < kb || (ka == kb && sa < sb);
+  };
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const int64_t k = __shfl_down_sync(0xffffffffu, best_key, offset);
+    const int32_t s = __shfl_down_sync(0xffffffffu, best, offset);
+    if (!better(best_key, best, k, s)) {
+      best_key = k;
+      best = s;
+    }
+  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) {
+    s_key[warp] = best_key;
+    s_slot[warp] = best;
+  }
+  __syncthreads();
+  __shared__ int32_t s_best;
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w) {
+      if (!better(best_key, best, s_key[w], s_slot[w])) {
+        best_key = s_key[w];
+        best = s_slot[w];
+      }
+    }
+    s_best = best;
+  }
+  __syncthreads();
+  const int32_t result = s_best;
+  __syncthreads();  // s_key / s_slot / s_best are reused by the next call
+  return result;
+}
+
+__global__ void __launch_bounds__(kAdmitThreads)
+    admit_experts_kernel(const __grid_constant__ AdmitParams p) {
+  extern __shared__ int32_t s_misses[];  // [E] then the needed bytes [E]
+  const int64_t E = p.layout.num_experts;
+  uint8_t* needed = reinterpret_cast<uint8_t*>(s_misses + E);
+  __shared__ int32_t s_num_misses;
+  __shared__ int64_t s_tick, s_protect;
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) needed[e] = 0;
+  __syncthreads();
+  for (int64_t a = threadIdx.x; a < p.num_assignments; a += blockDim.x) {
+    const int32_t id = p.topk_ids[a];
+    if (id >= 0 && id < E) needed[id] = 1;
+  }
+  __syncthreads();
+  const CacheTables& t = p.tables;
+  int64_t* counters = p.counters + p.layer * kNumCacheCounters;
+  const int32_t base = static_cast<int32_t>(p.layer * E);
+  if (threadIdx.x == 0) {
+    const int64_t tick = ++p.clock[0];
+    const int64_t protect = p.prefetch ? p.clock[1] : tick;
+    if (!p.prefetch) p.clock[1] = tick;
+    const Admission a{.layer = p.layer, .num_experts = E, .tick = tick, .protect_from = protect,
+                      .prefetch = p.prefetch};
+    int32_t num_misses = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      if (!needed[e]) continue;
+      const int32_t g = base + static_cast<int32_t>(e);
+      if (!a.prefetch) t.uses[g] += 1;
+      const int32_t slot = t.slot_of[g];
+      if (slot >= 0) {
+        touch_resident(t, a, slot, counters);
+      } else {
+        s_misses[num_misses++] = g;
+      }
+    }
+    s_num_misses = num_misses;
+    s_tick = tick;
+    s_protect = protect;
+  }
+  __syncthreads();
+  const Admission a{.layer = p.layer, .num_experts = E, .tick = s_tick,
+                    .protect_from = s_protect, .prefetch = p.prefetch};
+  int32_t num_copies = 0;  // thread 0's
+  for (int32_t m = 0; m < s_num_misses; ++m) {
+    const int32_t slot = block_choose_slot(t, a.protect_from);
+    if (threadIdx.x == 0) {
+      const int32_t g = s_misses[m];
+      if (slot < 0) {
+        if (!a.prefetch) counters[kCacheUnplaced] += 1;
+      } else {
+        const int32_t old = t.owner[slot];
+        if (old >= 0) {
+          p.layout.gate_up_table[old] = home_gate_up(p.layout, old);
+          p.layout.down_table[old] = home_down(p.layout, old);
+        }
+        place(t, a, g, slot, counters);
+        bf16* gate_up = slot_gate_up(p.layout, slot);
+        p.layout.gate_up_table[g] = gate_up;
+        p.layout.down_table[g] = gate_up + p.layout.gate_up_elems;
+        p.copies.experts[num_copies] = g;
+        p.copies.slots[num_copies] = slot;
+        ++num_copies;
+      }
+    }
+    __syncthreads();  // the next reduction sees this placement
+  }
+  if (threadIdx.x == 0) *p.copies.count = num_copies;
+}
+
+__global__ void __launch_bounds__(kCopyThreads)
+    copy_experts_kernel(const __grid_constant__ CopyParams p) {
+  const int64_t count = *p.copies.count;
+  const int64_t gate_up_vecs = p.layout.gate_up_elems / 8;
+  const int64_t expert_vecs = gate_up_vecs + p.layout.down_elems / 8;
+  const int64_t total = count * expert_vecs;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kCopyThreads * kCopyUnroll;
+  for (int64_t first = (static_cast<int64_t>(blockIdx.x) * kCopyThreads * kCopyUnroll) +
+                       threadIdx.x;
+       first < total; first += stride) {
+    uint4 values[kCopyUnroll];
+    uint4* dst[kCopyUnroll];
+#pragma unroll
+    for (int u = 0; u < kCopyUnroll; ++u) {
+      const int64_t item = first + u * kCopyThreads;
+      dst[u] = nullptr;
+      if (item >= total) continue;
+      const int64_t c = item / expert_vecs, v = item % expert_vecs;
+      const int32_t g = p.copies.experts[c], slot = p.copies.slots[c];
+      const uint4* src =
+          v < gate_up_vecs
+              ? reinterpret_cast<const uint4*>(home_gate_up(p.layout, g)) + v
+              : reinterpret_cast<const uint4*>(home_down(p.layout, g)) + (v - gate_up_vecs);
+      values[u] = *src;
+      dst[u] = reinterpret_cast<uint4*>(slot_gate_up(p.layout, slot)) + v;
+    }
+#pragma unroll
+    for (int u = 0; u < kCopyUnroll; ++u) {
+      if (dst[u] != nullptr) *dst[u] = values[u];
+    }
+  }
+}
+
+void check_layout(const ExpertSlotsLayout& l) {
+  MOE_CHECK(l.num_experts >= 1 && l.num_experts <= kAdmitMaxExperts, "num_experts = ",
+            l.num_experts, " must be in [1, ", kAdmitMaxExperts, "]");
+  MOE_CHECK(l.gate_up_elems > 0 && l.gate_up_elems % 8 == 0 && l.down_elems > 0 &&
+                l.down_elems % 8 == 0,
+            "expert matrices of ", l.gate_up_elems, " and ", l.down_elems,
+            " elements: each must be a positive multiple of 8 (16-byte vectors)");
+  MOE_CHECK(l.gate_up_table && l.down_table && l.home_gate_up && l.home_down,
+            "the slot tables and the homes must be given");
+}
+
+}  // namespace
+
+void admit_experts(const AdmitParams& p, cudaStream_t stream) {
+  check_layout(p.layout);
+  MOE_CHECK(p.tables.num_slots == 0 || p.layout.slots != nullptr, "slots must be given");
+  MOE_CHECK(p.tables.slot_of && p.tables.uses &&
+                (p.tables.num_slots == 0 ||
+                 (p.tables.owner && p.tables.last_use && p.tables.prefetched)),
+            "the cache tables must be given");
+  MOE_CHECK(p.tables.policy != CachePolicy::kStatic || p.tables.hot != nullptr,
+            "the static policy needs its hot set");
+  MOE_CHECK(p.clock && p.counters && p.copies.experts && p.copies.slots && p.copies.count,
+            "the clock, counters and copy list must be given");
+  MOE_CHECK(p.num_assignments >= 0 && (p.num_assignments == 0 || p.topk_ids != nullptr),
+            "num_assignments = ", p.num_assignments, " without ids");
+  const size_t smem = static_cast<size_t>(p.layout.num_experts) * (sizeof(int32_t) + 1);
+  admit_experts_kernel<<<1, kAdmitThreads, smem, stream>>>(p);
+  MOE_CUDA_CHECK_LAUNCH();
+}
+
+void copy_experts(const CopyParams& p, cudaStream_t stream) {
+  check_layout(p.layout);
+  MOE_CHECK(p.num_blocks >= 1, "num_blocks = ", p.num_blocks, " must be positive");
+  MOE_CHECK(p.copies.experts && p.copies.slots && p.copies.count, "the copy list must be given");
+  if (p.max_copies == 0) return;
+  copy_experts_kernel<<<p.num_blocks, kCopyThreads, 0, stream>>>(p);
+  MOE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace moeinfer::offload::cuda

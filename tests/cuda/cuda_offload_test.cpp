@@ -1,0 +1,326 @@
+// The GPU expert cache (--expert-budget). Three things hold:
+//   admission  the admission kernel leaves exactly the tables, copy lists and counters that
+//              offload::admit() leaves on the host for the same sequence of demands and
+//              prefetches (random ids, slot counts from 0 to all experts, every policy);
+//   copy       the copy kernel moves every listed expert from mapped pinned memory into its slot;
+//   decoder    an offloaded decoder gives the logits of the all-resident one bit for bit
+//              (the grouped GEMM reads the same weights through the slot table, in the same
+//              order) at budgets of 100%, 50%, 25%, 10% and 0, under each policy, through the
+//              scripted prefill, chunked and batched decode steps (CUDA graphs included), for
+//              random models of every family.
+// MOE_TEST_SEED=S replays. Registered only where a CUDA device is visible.
+#if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../support/random_model.h"
+#include "../support/random_schedule.h"
+#include "cuda_test_util.h"
+#include "model/gpu_decoder.h"
+#include "offload/cache_policy.h"
+#include "offload/cuda/expert_cache.h"
+
+namespace moeinfer {
+namespace {
+
+using cuda::testing_util::DeviceBuffer;
+using offload::CachePolicy;
+using offload::CacheTables;
+using bf16 = __nv_bfloat16;
+
+constexpr CachePolicy kPolicies[] = {CachePolicy::kLru, CachePolicy::kLfu, CachePolicy::kStatic};
+
+const char* policy_name(CachePolicy p) {
+  return p == CachePolicy::kLru ? "lru" : p == CachePolicy::kLfu ? "lfu" : "static";
+}
+
+// The host's cache state, and the same on the device.
+struct HostCache {
+  std::vector<int32_t> slot_of, owner;
+  std::vector<int64_t> last_use, uses;
+  std::vector<uint8_t> prefetched, hot;
+  std::vector<int64_t> clock{0, 0}, counters;
+  CacheTables tables(int64_t S, CachePolicy policy) {
+    return {.slot_of = slot_of.data(), .owner = owner.data(), .last_use = last_use.data(),
+            .uses = uses.data(), .prefetched = prefetched.data(), .hot = hot.data(),
+            .num_slots = S, .policy = policy};
+  }
+};
+
+void admission_matches_host() {
+  std::mt19937 rng(cuda::testing_util::fresh_seed());
+  int64_t cases = 0;
+  for (const int64_t E : {2, 7, 64, 160}) {
+    const int64_t L = 3, LE = L * E;
+    for (const int64_t S : {int64_t{0}, int64_t{1}, int64_t{3}, E / 2 + 1, 2 * E, LE}) {
+      for (const CachePolicy policy : kPolicies) {
+        HostCache h;
+        h.slot_of.assign(LE, -1);
+        h.owner.assign(S, -1);
+        h.last_use.assign(S, 0);
+        h.uses.assign(LE, 0);
+        h.prefetched.assign(S, 0);
+        h.hot.assign(LE, 0);
+        for (int64_t g = 0; g < LE; ++g) h.hot[g] = rng() % 5 == 0;
+        h.counters.assign(L * offload::kNumCacheCounters, 0);
+        // A few hot experts resident from the start, as a warm-up leaves them.
+        for (int64_t s = 0; s < std::min<int64_t>(S, 2); ++s) {
+          const int32_t g = static_cast<int32_t>(s * 5 % LE);
+          if (h.slot_of[g] >= 0) continue;
+          h.owner[s] = g;
+          h.slot_of[g] = static_cast<int32_t>(s);
+        }
+        DeviceBuffer<int32_t> slot_of(h.slot_of), owner(h.owner);
+        DeviceBuffer<int64_t> last_use(h.last_use), uses(h.uses), clock(h.clock),
+            counters(h.counters);
+        DeviceBuffer<uint8_t> prefetched(h.prefetched), hot(h.hot);
+        // Fake homes and slots: the admission only computes their addresses.
+        const int64_t gate_up_elems = 16, down_elems = 8;
+        DeviceBuffer<bf16> slots(std::max<int64_t>(S, 1) * (gate_up_elems + down_elems));
+        DeviceBuffer<bf16> homes(LE * (gate_up_elems + down_elems));
+        std::vector<bf16*> home_gu(L), home_dn(L), gu_table(LE), dn_table(LE);
+        for (int64_t l = 0; l < L; ++l) {
+          home_gu[l] = homes.get() + l * E * gate_up_elems;
+          home_dn[l] = homes.get() + L * E * gate_up_elems + l * E * down_elems;
+        }
+        for (int64_t g = 0; g < LE; ++g) {
+          gu_table[g] = home_gu[g / E] + (g % E) * gate_up_elems;
+          dn_table[g] = home_dn[g / E] + (g % E) * down_elems;
+          if (h.slot_of[g] >= 0) {
+            gu_table[g] = slots.get() + h.slot_of[g] * (gate_up_elems + down_elems);
+            dn_table[g] = gu_table[g] + gate_up_elems;
+          }
+        }
+        DeviceBuffer<bf16*> d_home_gu(home_gu), d_home_dn(home_dn), d_gu(gu_table), d_dn(dn_table);
+        DeviceBuffer<int32_t> copy_experts(E), copy_slots(E), copy_count(1);
+        const CacheTables device_tables{.slot_of = slot_of.get(), .owner = owner.get(),
+                                        .last_use = last_use.get(), .uses = uses.get(),
+                                        .prefetched = prefetched.get(), .hot = hot.get(),
+                                        .num_slots = S, .policy = policy};
+        // Demand l, prefetch l + 1, demand l + 1, ... with ids of varied sizes and padding.
+        for (int step = 0; step < 12; ++step) {
+          const int64_t layer = step / 2 % L;
+          const bool prefetch = step % 2 == 1;
+          const int64_t n = 1 + rng() % std::min<int64_t>(3 * E, 64);
+          std::vector<int32_t> ids(n);
+          for (auto& id : ids) id = rng() % 9 == 0 ? static_cast<int32_t>(E) : rng() % E;
+          DeviceBuffer<int32_t> d_ids(ids);
+          offload::cuda::admit_experts(
+              {.tables = device_tables,
+               .layout = {.gate_up_table = d_gu.get(), .down_table = d_dn.get(),
+                          .home_gate_up = d_home_gu.get(), .home_down = d_home_dn.get(),
+                          .slots = slots.get(), .gate_up_elems = gate_up_elems,
+                          .down_elems = down_elems, .num_experts = E},
+               .clock = clock.get(), .counters = counters.get(), .topk_ids = d_ids.get(),
+               .num_assignments = n, .layer = layer, .prefetch = prefetch,
+               .copies = {.experts = copy_experts.get(), .slots = copy_slots.get(),
+                          .count = copy_count.get()}},
+              nullptr);
+          // The host: the same clock rule, then admit().
+          std::vector<uint8_t> needed(E, 0);
+          for (int32_t id : ids)
+            if (id < E) needed[id] = 1;
+          const int64_t tick = ++h.clock[0];
+          const int64_t protect = prefetch ? h.clock[1] : tick;
+          if (!prefetch) h.clock[1] = tick;
+          std::vector<int32_t> want_experts(E), want_slots(E);
+          const std::vector<int32_t> old_owner = h.owner;
+          const int64_t want_count = offload::admit(
+              h.tables(S, policy),
+              {.layer = layer, .num_experts = E, .tick = tick, .protect_from = protect,
+               .prefetch = prefetch},
+              needed.data(), want_experts.data(), want_slots.data(),
+              h.counters.data() + layer * offload::kNumCacheCounters);
+          for (int64_t c = 0; c < want_count; ++c) {
+            const int32_t g = want_experts[c], slot = want_slots[c];
+            const int32_t old = old_owner[slot];
+            if (old >= 0) {
+              gu_table[old] = home_gu[old / E] + (old % E) * gate_up_elems;
+              dn_table[old] = home_dn[old / E] + (old % E) * down_elems;
+            }
+            gu_table[g] = slots.get() + slot * (gate_up_elems + down_elems);
+            dn_table[g] = gu_table[g] + gate_up_elems;
+          }
+          cuda::testing_util::synchronize();
+          const std::string where = "E " + std::to_string(E) + " S " + std::to_string(S) + " " +
+                                    policy_name(policy) + " step " + std::to_string(step);
+          ASSERT_EQ(copy_count.download()[0], want_count) << where;
+          const std::vector<int32_t> got_experts = copy_experts.download(),
+                                     got_slots = copy_slots.download();
+          for (int64_t c = 0; c < want_count; ++c) {
+            ASSERT_EQ(got_experts[c], want_experts[c]) << where << " copy " << c;
+            ASSERT_EQ(got_slots[c], want_slots[c]) << where << " copy " << c;
+          }
+          ASSERT_EQ(slot_of.download(), h.slot_of) << where;
+          ASSERT_EQ(owner.download(), h.owner) << where;
+          ASSERT_EQ(last_use.download(), h.last_use) << where;
+          ASSERT_EQ(uses.download(), h.uses) << where;
+          ASSERT_EQ(prefetched.download(), h.prefetched) << where;
+          ASSERT_EQ(counters.download(), h.counters) << where;
+          ASSERT_EQ(clock.download(), h.clock) << where;
+          ASSERT_EQ(d_gu.download(), gu_table) << where;
+          ASSERT_EQ(d_dn.download(), dn_table) << where;
+          ++cases;
+        }
+      }
+    }
+  }
+  std::printf("expert cache admission: %lld admissions equal to the host's\n",
+              static_cast<long long>(cases));
+}
+
+void copy_moves_every_listed_expert() {
+  std::mt19937 rng(cuda::testing_util::fresh_seed());
+  const int64_t L = 2, E = 5, S = 4, gate_up_elems = 2 * 64 * 128, down_elems = 64 * 128;
+  const int64_t expert_elems = gate_up_elems + down_elems;
+  const size_t home_elems = static_cast<size_t>(L * E * expert_elems);
+  bf16* home = nullptr;
+  CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&home), home_elems * sizeof(bf16),
+                           cudaHostAllocMapped));
+  const std::vector<uint16_t> values = cuda::testing_util::random_bf16(home_elems, rng);
+  std::memcpy(home, values.data(), home_elems * sizeof(bf16));
+  bf16* home_device = nullptr;
+  CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&home_device), home, 0));
+  // Layer l: gate_up of its E experts, then their downs.
+  std::vector<bf16*> home_gu(L), home_dn(L);
+  for (int64_t l = 0; l < L; ++l) {
+    home_gu[l] = home_device + l * E * expert_elems;
+    home_dn[l] = home_gu[l] + E * gate_up_elems;
+  }
+  DeviceBuffer<bf16*> d_home_gu(home_gu), d_home_dn(home_dn);
+  DeviceBuffer<bf16*> tables(L * E);
+  DeviceBuffer<uint16_t> slots(S * expert_elems);
+  slots.poison();
+  const std::vector<int32_t> experts = {7, 0, 4}, slot_ids = {2, 0, 3};
+  DeviceBuffer<int32_t> d_experts(experts), d_slots(slot_ids),
+      count(std::vector<int32_t>{static_cast<int32_t>(experts.size())});
+  offload::cuda::copy_experts(
+      {.layout = {.gate_up_table = tables.get(), .down_table = tables.get(),
+                  .home_gate_up = d_home_gu.get(), .home_down = d_home_dn.get(),
+                  .slots = slots.as_bf16(), .gate_up_elems = gate_up_elems,
+                  .down_elems = down_elems, .num_experts = E},
+       .copies = {.experts = d_experts.get(), .slots = d_slots.get(), .count = count.get()},
+       .max_copies = E, .num_blocks = 3},
+      nullptr);
+  cuda::testing_util::synchronize();
+  const std::vector<uint16_t> got = slots.download();
+  for (size_t c = 0; c < experts.size(); ++c) {
+    const int64_t l = experts[c] / E, e = experts[c] % E;
+    const uint16_t* want_gu = values.data() + l * E * expert_elems + e * gate_up_elems;
+    const uint16_t* want_dn =
+        values.data() + l * E * expert_elems + E * gate_up_elems + e * down_elems;
+    const uint16_t* slot = got.data() + slot_ids[c] * expert_elems;
+    EXPECT_EQ(std::memcmp(slot, want_gu, gate_up_elems * 2), 0) << "gate_up of copy " << c;
+    EXPECT_EQ(std::memcmp(slot + gate_up_elems, want_dn, down_elems * 2), 0)
+        << "down of copy " << c;
+  }
+  // Slot 1 was not listed: still poisoned.
+  EXPECT_EQ(got[expert_elems], 0xFFFF);
+  cudaFreeHost(home);
+}
+
+std::vector<std::vector<float>> run_schedule(GpuDecoder& gpu, const testing::Schedule& s,
+                                             int64_t V) {
+  std::vector<std::vector<float>> out;
+  for (const testing::ScheduledStep& step : s.steps) {
+    std::vector<float> logits(static_cast<size_t>(Decoder::num_logit_rows(step.batch) * V));
+    gpu.forward(step.batch, logits);
+    out.push_back(std::move(logits));
+  }
+  return out;
+}
+
+void offloaded_logits_equal_resident() {
+  const uint32_t base = cuda::testing_util::fresh_seed();
+  int64_t runs = 0;
+  for (int i = 0; i < 6; ++i) {
+    const ModelFamily family = testing::kAllFamilies[i];
+    // A draw whose layers are all dense has nothing to offload: the next seed of the family.
+    uint64_t seed = base + static_cast<uint64_t>(i);
+    auto has_moe = [](const ModelConfig& config) {
+      return std::find(config.layer_is_moe.begin(), config.layer_is_moe.end(), true) !=
+             config.layer_is_moe.end();
+    };
+    while (!has_moe(testing::make_random_model(family, seed).config)) seed += 6;
+    const testing::RandomModel m = testing::make_random_model(family, seed);
+    const ModelConfig& c = m.config;
+    const testing::Schedule s = testing::make_schedule(c.vocab_size, seed, 16);
+    GpuOptions options{.max_batch_tokens = 64, .max_num_seqs = 4, .max_model_len = 64,
+                       .block_size = 16, .num_kv_blocks = s.num_blocks, .quiet = true};
+    const auto resident = GpuDecoder::create(c, m.weights, options);
+    const std::vector<std::vector<float>> want = run_schedule(*resident, s, c.vocab_size);
+    // A ranking of every routed expert, for warm-up and the static hot set.
+    std::vector<int32_t> ranking;
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      if (!c.layer_is_moe[l]) continue;
+      for (int64_t e = 0; e < c.num_experts; ++e)
+        ranking.push_back(static_cast<int32_t>(l * c.num_experts + e));
+    }
+    std::mt19937 rng(static_cast<uint32_t>(seed));
+    std::shuffle(ranking.begin(), ranking.end(), rng);
+    for (const double fraction : {1.0, 0.5, 0.25, 0.1, 0.0}) {
+      for (const CachePolicy policy : kPolicies) {
+        for (const bool warm : {false, true}) {
+          if (policy == CachePolicy::kStatic && !warm) continue;
+          GpuOptions o = options;
+          o.offload = {.budget_fraction = fraction, .policy = policy};
+          if (warm) o.expert_ranking = ranking;
+          const auto gpu = GpuDecoder::create(c, m.weights, o);
+          const std::vector<std::vector<float>> got = run_schedule(*gpu, s, c.vocab_size);
+          const std::string where = std::string(family_name(family)) + " seed " +
+                                    std::to_string(seed) + " budget " +
+                                    std::to_string(fraction) + " " + policy_name(policy) +
+                                    (warm ? " warm" : " cold") + "\n  config " + m.config_json;
+          for (size_t step = 0; step < want.size(); ++step) {
+            ASSERT_EQ(std::memcmp(got[step].data(), want[step].data(),
+                                  want[step].size() * sizeof(float)),
+                      0)
+                << where << ": the logits of step " << step << " ("
+                << testing::route_name(s.steps[step].route) << ") differ from all-resident";
+          }
+          const std::vector<int64_t> counters = gpu->expert_cache_counters();
+          int64_t sum[offload::kNumCacheCounters] = {};
+          for (size_t k = 0; k < counters.size(); ++k)
+            sum[k % offload::kNumCacheCounters] += counters[k];
+          EXPECT_GT(sum[offload::kCacheHits] + sum[offload::kCacheMisses] +
+                        sum[offload::kCacheUnplaced],
+                    0)
+              << where;
+          EXPECT_LE(sum[offload::kCachePrefetchUsed], sum[offload::kCachePrefetched]) << where;
+          if (fraction == 0.0) {
+            EXPECT_EQ(sum[offload::kCacheHits] + sum[offload::kCacheMisses], 0) << where;
+          }
+          if (fraction == 1.0) EXPECT_EQ(sum[offload::kCacheUnplaced], 0) << where;
+          if (fraction == 1.0 && warm) {
+            EXPECT_EQ(sum[offload::kCacheMisses] + sum[offload::kCachePrefetched], 0) << where;
+          }
+          ++runs;
+        }
+      }
+    }
+  }
+  std::printf("offload: %lld offloaded runs equal to all-resident\n", static_cast<long long>(runs));
+}
+
+[[maybe_unused]] const bool kRegistered = [] {
+  if (!cuda::testing_util::cuda_device_present("expert cache")) return false;
+  cuda::testing_util::register_kernel_test("CudaExpertCache", "AdmissionMatchesHost",
+                                           admission_matches_host, __FILE__, __LINE__);
+  cuda::testing_util::register_kernel_test("CudaExpertCache", "CopyMovesEveryListedExpert",
+                                           copy_moves_every_listed_expert, __FILE__, __LINE__);
+  cuda::testing_util::register_kernel_test("CudaOffload", "LogitsEqualResidentAtEveryBudget",
+                                           offloaded_logits_equal_resident, __FILE__, __LINE__);
+  return true;
+}();
+
+}  // namespace
+}  // namespace moeinfer
+
+#endif
