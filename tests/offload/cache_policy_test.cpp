@@ -1,0 +1,228 @@
+// The expert cache's shared decision code (offload/cache_policy.h) through the host tables:
+// eviction order of each policy, protection, unplaced demands, counters and tie rules.
+#include "offload/cache_policy.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "offload/host_cache.h"
+#include "offload/hot_set.h"
+
+namespace moeinfer::offload {
+namespace {
+
+constexpr int64_t kLayers = 2;
+constexpr int64_t kExperts = 8;
+
+// One admission of `experts` (layer-local ids) of `layer`: a demand protecting itself, or a
+// prefetch protecting from `protect_from`. Returns the (global expert, slot) copies.
+std::vector<SlotCopy> admit(HostCacheTables& cache, int64_t layer, std::vector<int> experts,
+                            bool prefetch = false, int64_t protect_from = -1) {
+  std::vector<uint8_t> needed(kExperts, 0);
+  for (int e : experts) needed[e] = 1;
+  const int64_t tick = cache.next_tick();
+  std::vector<SlotCopy> copies(kExperts);
+  const int64_t n = cache.admit({.layer = layer,
+                                 .num_experts = kExperts,
+                                 .tick = tick,
+                                 .protect_from = protect_from >= 0 ? protect_from : tick,
+                                 .prefetch = prefetch},
+                                needed.data(), copies);
+  copies.resize(n);
+  return copies;
+}
+
+int64_t count(const HostCacheTables& cache, int64_t layer, CacheCounter c) {
+  return cache.counters(layer)[c];
+}
+
+TEST(CachePolicy, LruEvictsTheLeastRecentlyUsed) {
+  HostCacheTables cache(kLayers, kExperts, 3, CachePolicy::kLru);
+  admit(cache, 0, {0});
+  admit(cache, 0, {1});
+  admit(cache, 0, {2});
+  admit(cache, 0, {0});  // 0 is now the most recent; 1 the least
+  const std::vector<SlotCopy> copies = admit(cache, 0, {3});
+  ASSERT_EQ(copies.size(), 1u);
+  EXPECT_EQ(copies[0].expert, 3);
+  EXPECT_EQ(copies[0].slot, 1);  // expert 1's slot
+  EXPECT_EQ(cache.slot_of(1), -1);
+  EXPECT_EQ(cache.slot_of(3), 1);
+  EXPECT_EQ(cache.owner(1), 3);
+  admit(cache, 0, {4});  // next: expert 2
+  EXPECT_EQ(cache.slot_of(2), -1);
+  EXPECT_EQ(cache.slot_of(4), 2);
+}
+
+TEST(CachePolicy, FreeSlotsFirstLowestSlotFirst) {
+  HostCacheTables cache(kLayers, kExperts, 4, CachePolicy::kLru);
+  const std::vector<SlotCopy> copies = admit(cache, 1, {5, 2, 7});
+  ASSERT_EQ(copies.size(), 3u);
+  // Misses are placed in expert order, each in the lowest free slot.
+  EXPECT_EQ(copies[0].expert, 1 * kExperts + 2);
+  EXPECT_EQ(copies[0].slot, 0);
+  EXPECT_EQ(copies[1].expert, 1 * kExperts + 5);
+  EXPECT_EQ(copies[1].slot, 1);
+  EXPECT_EQ(copies[2].expert, 1 * kExperts + 7);
+  EXPECT_EQ(copies[2].slot, 2);
+}
+
+TEST(CachePolicy, EqualKeysGoToTheLowerSlot) {
+  // Two slots stamped by the same admission have equal LRU keys.
+  HostCacheTables cache(kLayers, kExperts, 2, CachePolicy::kLru);
+  admit(cache, 0, {0, 1});  // slots 0 and 1 share a tick
+  const std::vector<SlotCopy> copies = admit(cache, 0, {2});
+  ASSERT_EQ(copies.size(), 1u);
+  EXPECT_EQ(copies[0].slot, 0);
+}
+
+TEST(CachePolicy, LfuEvictsTheLeastOftenUsedTiesByRecency) {
+  HostCacheTables cache(kLayers, kExperts, 3, CachePolicy::kLfu);
+  admit(cache, 0, {0});
+  admit(cache, 0, {0});
+  admit(cache, 0, {0});  // expert 0: 3 uses
+  admit(cache, 0, {1});
+  admit(cache, 0, {1});  // expert 1: 2 uses
+  admit(cache, 0, {2});  // expert 2: 1 use, the most recent
+  admit(cache, 0, {3});  // evicts 2 (fewest uses) although it is the most recent
+  EXPECT_EQ(cache.slot_of(2), -1);
+  EXPECT_EQ(cache.slot_of(3), 2);
+  EXPECT_EQ(cache.uses(2), 1);  // uses are kept across evictions
+  // 3 (1 use) and a returning 2 (2 uses): 3 goes.
+  admit(cache, 0, {2});
+  EXPECT_EQ(cache.slot_of(3), -1);
+  EXPECT_EQ(cache.slot_of(2), 2);
+  // A tie in uses goes to the least recently used: experts 4 and 5 once each, 4 first.
+  HostCacheTables tie(kLayers, kExperts, 2, CachePolicy::kLfu);
+  admit(tie, 0, {4});
+  admit(tie, 0, {5});
+  admit(tie, 0, {6});
+  EXPECT_EQ(tie.slot_of(4), -1);
+  EXPECT_EQ(tie.slot_of(5), 1);
+  EXPECT_EQ(tie.slot_of(6), 0);
+}
+
+TEST(CachePolicy, StaticNeverEvictsTheHotSet) {
+  HostCacheTables cache(kLayers, kExperts, 3, CachePolicy::kStatic);
+  const std::vector<int32_t> ranking = {3, 10, 1};
+  cache.set_hot_set(ranking, 2);  // 3 and 10 are hot
+  EXPECT_EQ(cache.num_hot(), 2);
+  const std::vector<SlotCopy> warm = cache.warm(ranking);
+  ASSERT_EQ(warm.size(), 3u);
+  for (int round = 0; round < 4; ++round) {
+    admit(cache, 0, {static_cast<int>(4 + round)});  // streams through the one cold slot
+    EXPECT_EQ(cache.slot_of(3), 0);
+    EXPECT_EQ(cache.slot_of(10), 1);
+    EXPECT_EQ(cache.owner(2), 4 + round);
+  }
+  // A demand larger than the cold slots leaves the rest unplaced, never evicting a hot one.
+  admit(cache, 0, {0, 1, 2});
+  EXPECT_EQ(count(cache, 0, kCacheUnplaced), 2);
+  EXPECT_EQ(cache.slot_of(3), 0);
+  EXPECT_EQ(cache.slot_of(10), 1);
+}
+
+TEST(CachePolicy, PrefetchNeverEvictsProtectedSlots) {
+  HostCacheTables cache(kLayers, kExperts, 3, CachePolicy::kLru);
+  admit(cache, 0, {0});                        // tick 1
+  const int64_t layer_tick = cache.tick() + 1;
+  admit(cache, 0, {1, 2});                     // tick 2: layer 0 computing
+  // The prefetch of layer 1 protects from layer 0's tick: slots 1 and 2 stay, slot 0 (tick 1)
+  // may go.
+  const std::vector<SlotCopy> copies = admit(cache, 1, {4, 5}, /*prefetch=*/true, layer_tick);
+  ASSERT_EQ(copies.size(), 1u);
+  EXPECT_EQ(copies[0].expert, kExperts + 4);
+  EXPECT_EQ(copies[0].slot, 0);
+  EXPECT_EQ(cache.slot_of(1), 1);
+  EXPECT_EQ(cache.slot_of(2), 2);
+  EXPECT_EQ(cache.slot_of(kExperts + 5), -1);
+  // A prefetch that finds nothing evictable counts nothing as unplaced (it is not a demand).
+  EXPECT_EQ(count(cache, 1, kCachePrefetched), 1);
+  EXPECT_EQ(count(cache, 1, kCacheUnplaced), 0);
+  EXPECT_TRUE(cache.prefetched(0));
+}
+
+TEST(CachePolicy, UnplacedWhenEverySlotIsProtected) {
+  HostCacheTables cache(kLayers, kExperts, 2, CachePolicy::kLru);
+  const std::vector<SlotCopy> copies = admit(cache, 0, {1, 3, 5, 6});
+  ASSERT_EQ(copies.size(), 2u);  // 1 and 3 placed, 5 and 6 find every slot in use
+  EXPECT_EQ(count(cache, 0, kCacheMisses), 2);
+  EXPECT_EQ(count(cache, 0, kCacheUnplaced), 2);
+  EXPECT_EQ(cache.slot_of(5), -1);
+  EXPECT_EQ(cache.slot_of(6), -1);
+  // No slots at all: every demand is unplaced.
+  HostCacheTables none(kLayers, kExperts, 0, CachePolicy::kLru);
+  EXPECT_TRUE(admit(none, 1, {0, 7}).empty());
+  EXPECT_EQ(count(none, 1, kCacheUnplaced), 2);
+}
+
+TEST(CachePolicy, AdmissionTouchesHitsBeforePlacingMisses) {
+  // Slots hold 0 (older) and 1; the admission needs 0 and 2. Expert 0 must be stamped before
+  // the miss looks for a slot, so 2 takes 1's slot; placed first, it would evict 0.
+  HostCacheTables cache(kLayers, kExperts, 2, CachePolicy::kLru);
+  admit(cache, 0, {0});
+  admit(cache, 0, {1});
+  const std::vector<SlotCopy> copies = admit(cache, 0, {0, 2});
+  ASSERT_EQ(copies.size(), 1u);
+  EXPECT_EQ(copies[0].slot, 1);
+  EXPECT_EQ(cache.slot_of(0), 0);
+  EXPECT_EQ(count(cache, 0, kCacheHits), 1);
+  EXPECT_EQ(count(cache, 0, kCacheUnplaced), 0);
+}
+
+TEST(CachePolicy, CountersOfDemandsAndPrefetches) {
+  HostCacheTables cache(kLayers, kExperts, 4, CachePolicy::kLru);
+  const int64_t t = cache.tick() + 1;
+  admit(cache, 0, {0, 1});                                // 2 misses
+  admit(cache, 1, {2, 3}, /*prefetch=*/true, t);          // 2 prefetched
+  admit(cache, 1, {2, 4});                                // hit (prefetch used), miss
+  admit(cache, 1, {2});                                   // hit, not a second prefetch use
+  EXPECT_EQ(count(cache, 0, kCacheMisses), 2);
+  EXPECT_EQ(count(cache, 1, kCachePrefetched), 2);
+  EXPECT_EQ(count(cache, 1, kCacheHits), 2);
+  EXPECT_EQ(count(cache, 1, kCachePrefetchUsed), 1);
+  EXPECT_EQ(count(cache, 1, kCacheMisses), 1);
+  EXPECT_EQ(cache.uses(kExperts + 2), 2);  // prefetches are not demands
+  EXPECT_EQ(cache.uses(kExperts + 3), 0);
+  const std::vector<int64_t> total = cache.total_counters();
+  EXPECT_EQ(total[kCacheMisses], 3);
+  EXPECT_EQ(total[kCacheHits], 2);
+}
+
+TEST(CachePolicy, WarmFillsFreeSlotsTopOfRankingMostRecent) {
+  HostCacheTables cache(kLayers, kExperts, 3, CachePolicy::kLru);
+  const std::vector<int32_t> ranking = {9, 2, 12, 5};
+  const std::vector<SlotCopy> copies = cache.warm(ranking);
+  ASSERT_EQ(copies.size(), 3u);  // 5 finds no free slot
+  EXPECT_EQ(cache.slot_of(9), 0);
+  EXPECT_EQ(cache.slot_of(2), 1);
+  EXPECT_EQ(cache.slot_of(12), 2);
+  EXPECT_EQ(cache.slot_of(5), -1);
+  EXPECT_GT(cache.last_use(0), cache.last_use(1));
+  EXPECT_GT(cache.last_use(1), cache.last_use(2));
+  for (int64_t c : cache.total_counters()) EXPECT_EQ(c, 0);  // a warm-up is not traffic
+  // An LRU eviction takes the bottom of the ranking first.
+  admit(cache, 0, {7});
+  EXPECT_EQ(cache.slot_of(12), -1);
+  EXPECT_EQ(cache.slot_of(7), 2);
+}
+
+TEST(HotSet, RankingByLoadTiesToTheLowerId) {
+  RoutingTrace trace{.num_layers = 2, .num_experts = 4, .top_k = 2};
+  trace.records.push_back({.step = 0, .layer = 0, .num_tokens = 2, .expert_ids = {1, 3, 3, 1}});
+  trace.records.push_back({.step = 0, .layer = 1, .num_tokens = 1, .expert_ids = {0, 2}});
+  trace.records.push_back({.step = 1, .layer = 0, .num_tokens = 1, .expert_ids = {3, 0}});
+  // Loads: g1 = 2, g3 = 3, g0 = 1, g4 = 1, g6 = 1.
+  EXPECT_EQ(rank_experts_by_load(trace), (std::vector<int32_t>{3, 1, 0, 4, 6}));
+}
+
+TEST(HotSet, StaticReserveSlots) {
+  EXPECT_EQ(static_reserve_slots(128, 8, 1000), 16);   // two layers of top-8
+  EXPECT_EQ(static_reserve_slots(8, 64, 1000), 16);    // at most E per layer
+  EXPECT_EQ(static_reserve_slots(128, 8, 10), 10);     // never more than the cache
+  EXPECT_EQ(static_reserve_slots(128, 8, 0), 0);
+}
+
+}  // namespace
+}  // namespace moeinfer::offload
