@@ -74,8 +74,7 @@ std::vector<int64_t> checkpoint_expert_bytes(const Decoder& decoder) {
       bytes.push_back(0);
       continue;
     }
-    const moe::ExpertWeights& e = experts.front();
-    bytes.push_back(static_cast<int64_t>(e.gate.nbytes() + e.up.nbytes() + e.down.nbytes()));
+    bytes.push_back(moe::expert_nbytes(experts.front()));
   }
   return bytes;
 }

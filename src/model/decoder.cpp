@@ -8,6 +8,8 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "model/family.h"
+#include "offload/hot_set.h"
+#include "offload/parse_options.h"
 #include "profile/profiler.h"
 
 namespace moeinfer {
@@ -117,15 +119,67 @@ Decoder::Decoder(const ModelConfig& config, DecoderWeights weights)
   final_norm_ = to_f32(weights_.final_norm);
   plans_ = plan_layers(config_);
   if (config_.num_experts > 0) {
-    std::vector<std::span<const moe::ExpertWeights>> experts(config_.num_layers);
-    for (int64_t l = 0; l < config_.num_layers; ++l) experts[l] = weights_.layers[l].moe.routed.experts;
-    const int64_t H = config_.hidden_size, I = config_.moe_intermediate_size;
-    moe_block_ = std::make_unique<moe::MoeBlock>(
-        moe::MoeBlockOptions{.router = router_options(config_), .hidden_size = H,
-                             .expert_width = I},
-        std::make_unique<moe::LocalDispatcher>(H),
-        std::make_unique<moe::ResidentExperts>(std::move(experts), H, I));
+    make_moe_block(std::make_unique<moe::ResidentExperts>(
+        routed_experts(), config_.hidden_size, config_.moe_intermediate_size));
   }
+}
+
+std::vector<std::span<const moe::ExpertWeights>> Decoder::routed_experts() const {
+  std::vector<std::span<const moe::ExpertWeights>> experts(config_.num_layers);
+  for (int64_t l = 0; l < config_.num_layers; ++l) {
+    if (weights_.layers[l].is_moe) experts[l] = weights_.layers[l].moe.routed.experts;
+  }
+  return experts;
+}
+
+void Decoder::make_moe_block(std::unique_ptr<moe::ExpertRunner> runner) {
+  const int64_t H = config_.hidden_size;
+  moe_block_ = std::make_unique<moe::MoeBlock>(
+      moe::MoeBlockOptions{.router = router_options(config_), .hidden_size = H,
+                           .expert_width = config_.moe_intermediate_size},
+      std::make_unique<moe::LocalDispatcher>(H), std::move(runner));
+}
+
+void Decoder::set_offload(const offload::OffloadOptions& options, int64_t max_step_tokens) {
+  offload::check_offload_model(options, config_.num_experts, "the " + config_.model_type + " model");
+  MOE_CHECK(max_step_tokens >= 1, "set_offload: max_step_tokens must be >= 1, got ",
+            max_step_tokens);
+  if (config_.num_experts == 0) return;
+  cached_experts_ = nullptr;
+  if (!options.enabled()) {
+    make_moe_block(std::make_unique<moe::ResidentExperts>(
+        routed_experts(), config_.hidden_size, config_.moe_intermediate_size));
+    return;
+  }
+  const int64_t L = config_.num_layers, E = config_.num_experts;
+  std::vector<std::span<const moe::ExpertWeights>> experts = routed_experts();
+  std::vector<moe::LayerRouter> routers(L);
+  int64_t num_routed = 0, expert_bytes = 0;
+  for (int64_t l = 0; l < L; ++l) {
+    if (experts[l].empty()) continue;
+    routers[l] = {.weight = weights_.layers[l].moe.routed.router,
+                  .selection_bias = data_or_null(params_[l].selection_bias)};
+    num_routed += static_cast<int64_t>(experts[l].size());
+    expert_bytes = moe::expert_nbytes(experts[l].front());
+  }
+  const int64_t num_slots = options.num_slots(expert_bytes, num_routed);
+  // Read the trace before building anything, so that a bad file leaves the decoder as it was.
+  std::vector<int32_t> ranking;
+  if (!options.hot_set_file.empty()) {
+    ranking = offload::load_expert_ranking(options.hot_set_file, L, E);
+  }
+  auto runner = std::make_unique<moe::CachedExperts>(
+      std::move(experts), std::move(routers),
+      moe::CachedExpertsOptions{.router = router_options(config_),
+                                .hidden_size = config_.hidden_size,
+                                .expert_width = config_.moe_intermediate_size,
+                                .num_slots = num_slots,
+                                .policy = options.policy});
+  const int64_t reserve = offload::static_reserve_slots(
+      E, max_step_tokens * config_.num_experts_per_tok, num_slots);
+  runner->warm(ranking, num_slots - reserve);
+  cached_experts_ = runner.get();
+  make_moe_block(std::move(runner));
 }
 
 KvCache Decoder::make_cache(int64_t max_tokens) const {

@@ -15,7 +15,9 @@
 #include "model/layer_plan.h"
 #include "model/rope.h"
 #include "model/weights.h"
+#include "moe/cached_experts.h"
 #include "moe/moe_block.h"
+#include "offload/offload_options.h"
 
 namespace moeinfer {
 
@@ -38,6 +40,17 @@ class Decoder {
   const DecoderWeights& weights() const { return weights_; }
 
   KvCache make_cache(int64_t max_tokens) const;
+
+  // Expert offloading (--expert-budget, --expert-cache) with a simulated budget: the MoE
+  // layers' experts run behind a cache of as many slots as the budget holds
+  // (moe/cached_experts.h), warmed up from options.hot_set_file when one is given (the static
+  // policy's hot set). max_step_tokens: the most tokens one decode step carries, which sizes
+  // the static policy's streaming slots (offload::static_reserve_slots). Disabled options put
+  // every expert back in place. Outputs are the same at every budget. Throws for a model
+  // without routed experts and for a trace that does not match the model.
+  void set_offload(const offload::OffloadOptions& options, int64_t max_step_tokens = 1);
+  // The cache and its counters, or null when every expert is resident.
+  const moe::CachedExperts* cached_experts() const { return cached_experts_; }
 
   // Called after every MoE layer's route stage with the layer index and its decisions; used by
   // expert-load reports and routing traces. Off (empty) by default.
@@ -103,7 +116,13 @@ class Decoder {
   std::vector<LayerParams> params_;
   std::vector<float> final_norm_;
   std::vector<LayerPlan> plans_;
+  // Builds moe_block_ over `runner`.
+  void make_moe_block(std::unique_ptr<moe::ExpertRunner> runner);
+  // Every layer's routed experts (empty spans for dense layers).
+  std::vector<std::span<const moe::ExpertWeights>> routed_experts() const;
+
   std::unique_ptr<moe::MoeBlock> moe_block_;  // null without MoE layers
+  moe::CachedExperts* cached_experts_ = nullptr;  // moe_block_'s runner when offloading
   Workspace ws_;
   TokenSlots slots_;
   RoutingObserver routing_observer_;

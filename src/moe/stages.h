@@ -60,6 +60,12 @@ struct ExpertWeights {
   TensorView down;  // [H, I]
 };
 
+// Bytes of one expert's three tensors as stored (the unit of the expert cache's budget and of
+// the profiler's bytes of expert weights read).
+inline int64_t expert_nbytes(const ExpertWeights& e) {
+  return static_cast<int64_t>(e.gate.nbytes() + e.up.nbytes() + e.down.nbytes());
+}
+
 // One layer's routed experts as the checkpoint holds them.
 struct RoutedExperts {
   TensorView router;                   // [E, H]

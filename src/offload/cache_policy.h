@@ -1,7 +1,7 @@
 // The expert cache's decisions: which of a layer's experts are resident, which slot a missing one
 // takes, which expert leaves. Plain functions over plain arrays, compiled for the host and for
 // the device, so that one piece of code decides on both: on the host for the CPU backend's
-// simulated budget (offload/cpu_cached_experts.h) and the tests, inside the GPU's admission
+// simulated budget (moe/cached_experts.h) and the tests, inside the GPU's admission
 // kernel (offload/cuda/expert_cache.cu) where the tables live in device memory and decode stays
 // graph-captured.
 //

@@ -47,6 +47,9 @@ Profiler::Profiler(ProfilerOptions options) : options_(std::move(options)) {
   current_.stage_calls.assign((options_.num_layers + 1) * kNumStages, 0);
   current_.expert_rows.assign(options_.num_layers * options_.num_experts, 0);
   current_.rank_rows.assign(options_.num_ranks(), 0);
+  current_.expert_cache.assign(options_.num_layers * offload::kNumCacheCounters, 0);
+  current_.expert_cache_bytes.assign(options_.num_layers, 0);
+  current_.expert_cache_stall_s.assign(options_.num_layers, 0.0);
   row_ = options_.num_layers;
 }
 
@@ -59,8 +62,11 @@ void Profiler::begin_step(int64_t num_tokens) {
   current_.cache_hits = 0;
   current_.cache_misses = 0;
   std::fill(std::begin(current_.link_bytes), std::end(current_.link_bytes), 0);
+  std::fill(current_.expert_cache.begin(), current_.expert_cache.end(), 0);
+  std::fill(current_.expert_cache_bytes.begin(), current_.expert_cache_bytes.end(), 0);
+  std::fill(current_.expert_cache_stall_s.begin(), current_.expert_cache_stall_s.end(), 0.0);
   row_ = options_.num_layers;
-  current_.timed = steps_begun_ % options_.time_every == 0;
+  current_.timed = options_.time_stages && steps_begun_ % options_.time_every == 0;
   ++steps_begun_;
   step_start_ns_ = now_ns();
 }
@@ -104,6 +110,24 @@ void Profiler::record_expert_counts(int64_t layer, std::span<const int32_t> coun
             " expert counts for ", E, " experts");
   int32_t* rows = current_.expert_rows.data() + layer * E;
   for (int64_t e = 0; e < E; ++e) rows[e] += counts[e];
+}
+
+void Profiler::record_expert_cache(int64_t layer, std::span<const int64_t> counters,
+                                   int64_t host_to_device_bytes, double stall_seconds) {
+  MOE_CHECK(layer >= 0 && layer < options_.num_layers, "profiler: layer ", layer, " outside [0, ",
+            options_.num_layers, ")");
+  MOE_CHECK(static_cast<int64_t>(counters.size()) == offload::kNumCacheCounters, "profiler: ",
+            counters.size(), " expert-cache counters, expected ", offload::kNumCacheCounters);
+  MOE_CHECK(host_to_device_bytes >= 0 && stall_seconds >= 0.0,
+            "profiler: negative expert-cache traffic (", host_to_device_bytes, " bytes, ",
+            stall_seconds, " s) in layer ", layer);
+  int64_t* row = current_.expert_cache.data() + layer * offload::kNumCacheCounters;
+  for (int k = 0; k < offload::kNumCacheCounters; ++k) row[k] += counters[k];
+  current_.expert_cache_bytes[layer] += host_to_device_bytes;
+  current_.expert_cache_stall_s[layer] += stall_seconds;
+  current_.link_bytes[static_cast<int>(Link::kHostDevice)] += host_to_device_bytes;
+  current_.cache_hits += counters[offload::kCacheHits];
+  current_.cache_misses += counters[offload::kCacheMisses] + counters[offload::kCacheUnplaced];
 }
 
 std::string_view link_name(Link link) {

@@ -32,6 +32,8 @@
 #include <string_view>
 #include <vector>
 
+#include "offload/cache_policy.h"
+
 namespace moeinfer::profile {
 
 // Stages in report order. The first kNumLayerStages happen inside a layer.
@@ -72,6 +74,9 @@ struct ProfilerOptions {
   std::vector<int32_t> expert_rank;
   // Stage times on one step in this many (1: every step); counters on every step.
   int64_t time_every = 1;
+  // false: no step times its stages (a profiler kept only for its counters, such as the expert
+  // cache's under offloading).
+  bool time_stages = true;
 
   int64_t num_ranks() const;
   void validate() const;  // throws moeinfer::Error naming the bad field
@@ -89,9 +94,19 @@ struct StepRecord {
   std::vector<int32_t> expert_rows;  // [L, E] assignments each expert received
   std::vector<int64_t> rank_rows;    // [ranks] assignments each rank's experts received
   int64_t expert_bytes_read = 0;     // sum over layers of distinct experts x expert bytes
-  int64_t cache_hits = 0;
-  int64_t cache_misses = 0;
+  int64_t cache_hits = 0;    // expert-cache demands found resident
+  int64_t cache_misses = 0;  // ... not found (copied in, or read from host memory)
   int64_t link_bytes[kNumLinks] = {};  // by Link
+  // The expert cache under offloading (record_expert_cache), per layer: the counts of
+  // offload::CacheCounter [L, offload::kNumCacheCounters], expert bytes host to device [L] and
+  // seconds waited for demand copies [L]. All zero without offloading.
+  std::vector<int64_t> expert_cache;
+  std::vector<int64_t> expert_cache_bytes;
+  std::vector<double> expert_cache_stall_s;
+
+  int64_t expert_cache_count(int64_t layer, offload::CacheCounter counter) const {
+    return expert_cache[layer * offload::kNumCacheCounters + counter];
+  }
 
   int64_t ns(int64_t row, Stage stage) const {
     return stage_ns[row * kNumStages + static_cast<int>(stage)];
@@ -136,6 +151,14 @@ class Profiler {
     current_.cache_hits += hits;
     current_.cache_misses += misses;
   }
+  // The expert cache's work for one layer in this step (both decoders call it, possibly several
+  // times per layer and step: the counts add): `counters` holds offload::kNumCacheCounters
+  // deltas (by offload::CacheCounter), host_to_device_bytes the expert bytes copied or read
+  // across (also added to Link::kHostDevice, so callers do not add them again), stall_seconds
+  // the time compute waited for demand copies. Hits and misses (+ unplaced) also go to
+  // cache_hits and cache_misses.
+  void record_expert_cache(int64_t layer, std::span<const int64_t> counters,
+                           int64_t host_to_device_bytes, double stall_seconds);
 
   // The layer the following scopes belong to; -1 for none.
   int64_t current_layer() const { return row_ == options_.num_layers ? -1 : row_; }

@@ -1,0 +1,185 @@
+#include "moe/cached_experts.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+
+#include "backend/cpu/gemm.h"
+#include "core/error.h"
+#include "profile/profiler.h"
+
+namespace moeinfer::moe {
+namespace {
+
+constexpr size_t kSlotAlign = 64;  // each tensor of a slot starts on a cache line
+
+size_t round_up(size_t n) { return (n + kSlotAlign - 1) / kSlotAlign * kSlotAlign; }
+
+bool same_layout(const TensorView& a, const TensorView& b) {
+  return a.dtype == b.dtype && a.shape == b.shape;
+}
+
+}  // namespace
+
+void CachedExperts::SlotFree::operator()(std::byte* p) const { std::free(p); }
+
+CachedExperts::CachedExperts(std::vector<std::span<const ExpertWeights>> experts,
+                             std::vector<LayerRouter> routers, const CachedExpertsOptions& options)
+    : experts_(std::move(experts)),
+      routers_(std::move(routers)),
+      options_(options),
+      cache_(static_cast<int64_t>(experts_.size()), options.router.num_experts, options.num_slots,
+             options.policy) {
+  const int64_t L = static_cast<int64_t>(experts_.size());
+  const int64_t E = options_.router.num_experts;
+  MOE_CHECK(static_cast<int64_t>(routers_.size()) == L, "cached experts: ", routers_.size(),
+            " routers for ", L, " layers");
+  MOE_CHECK(options_.router.selection_bias == nullptr,
+            "cached experts: the selection bias comes per layer (LayerRouter), not in the options");
+  const ExpertWeights* first = nullptr;
+  for (int64_t l = 0; l < L; ++l) {
+    if (experts_[l].empty()) continue;
+    MOE_CHECK(static_cast<int64_t>(experts_[l].size()) == E, "cached experts: layer ", l, " has ",
+              experts_[l].size(), " experts, the router ", E);
+    MOE_CHECK(!routers_[l].weight.empty(), "cached experts: MoE layer ", l, " has no router");
+    for (const ExpertWeights& w : experts_[l]) {
+      if (first == nullptr) first = &w;
+      MOE_CHECK(same_layout(w.gate, first->gate) && same_layout(w.up, first->up) &&
+                    same_layout(w.down, first->down),
+                "cached experts: an expert of layer ", l,
+                " differs in shape or dtype from the first; slots hold one layout");
+    }
+  }
+  MOE_CHECK(first != nullptr, "cached experts: the model has no routed experts");
+  expert_bytes_ = expert_nbytes(*first);
+  up_offset_ = round_up(first->gate.nbytes());
+  down_offset_ = up_offset_ + round_up(first->up.nbytes());
+  slot_stride_ = down_offset_ + round_up(first->down.nbytes());
+  const int64_t S = cache_.num_slots();
+  if (S > 0) {
+    void* memory = std::aligned_alloc(kSlotAlign, slot_stride_ * static_cast<size_t>(S));
+    MOE_CHECK(memory != nullptr, "cached experts: cannot allocate ", S, " slots of ",
+              slot_stride_, " bytes");
+    slots_.reset(static_cast<std::byte*>(memory));
+  }
+  slot_views_.resize(static_cast<size_t>(S));
+  for (int64_t s = 0; s < S; ++s) {
+    std::byte* base = slots_.get() + static_cast<size_t>(s) * slot_stride_;
+    ExpertWeights& v = slot_views_[s];
+    v = *first;
+    v.gate.data = base;
+    v.up.data = base + up_offset_;
+    v.down.data = base + down_offset_;
+  }
+  bytes_.assign(static_cast<size_t>(L), 0);
+  stall_.assign(static_cast<size_t>(L), 0.0);
+  needed_.resize(static_cast<size_t>(E));
+  copies_.resize(static_cast<size_t>(E));
+  views_.resize(static_cast<size_t>(E));
+}
+
+void CachedExperts::warm(std::span<const int32_t> ranking, int64_t num_hot) {
+  if (options_.policy == offload::CachePolicy::kStatic) cache_.set_hot_set(ranking, num_hot);
+  const int64_t E = options_.router.num_experts;
+  for (int32_t g : ranking) {
+    MOE_CHECK(g >= 0 && g < cache_.num_layers() * E && !experts_[g / E].empty(),
+              "cached experts: warm-up expert ", g, " is not a routed expert of an MoE layer");
+  }
+  for (const offload::SlotCopy& c : cache_.warm(ranking)) copy_to_slot(c);
+}
+
+void CachedExperts::copy_to_slot(const offload::SlotCopy& c) {
+  const int64_t E = options_.router.num_experts;
+  const ExpertWeights& home = experts_[c.expert / E][c.expert % E];
+  const ExpertWeights& slot = slot_views_[c.slot];
+  std::memcpy(const_cast<void*>(slot.gate.data), home.gate.data, home.gate.nbytes());
+  std::memcpy(const_cast<void*>(slot.up.data), home.up.data, home.up.nbytes());
+  std::memcpy(const_cast<void*>(slot.down.data), home.down.data, home.down.nbytes());
+}
+
+void CachedExperts::admit(const offload::Admission& a, LayerStep& step) {
+  const std::span<const int64_t> before = cache_.counters(a.layer);
+  int64_t start[offload::kNumCacheCounters];
+  std::copy(before.begin(), before.end(), start);
+  const int64_t n = cache_.admit(a, needed_.data(), copies_);
+  const auto copy_start = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < n; ++i) copy_to_slot(copies_[i]);
+  if (!a.prefetch) {
+    step.stall +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - copy_start).count();
+  }
+  const std::span<const int64_t> after = cache_.counters(a.layer);
+  for (int k = 0; k < offload::kNumCacheCounters; ++k) step.counters[k] += after[k] - start[k];
+  // Every copy crosses once; an unplaced expert's weights are read from home by its rows.
+  const int64_t unplaced = after[offload::kCacheUnplaced] - start[offload::kCacheUnplaced];
+  step.bytes += (n + unplaced) * expert_bytes_;
+}
+
+void CachedExperts::predict(int64_t layer, const RoutedTokens& tokens) {
+  const int64_t T = tokens.num_tokens;
+  const int64_t E = options_.router.num_experts;
+  RouterOptions router = options_.router;
+  router.selection_bias = routers_[layer].selection_bias;
+  logits_.resize(static_cast<size_t>(T * E));
+  cpu::linear(tokens.hidden, T, routers_[layer].weight, nullptr, logits_.data());
+  route(logits_.data(), T, router, &predicted_);
+  std::fill(needed_.begin(), needed_.end(), 0);
+  for (int32_t e : predicted_.topk_ids) needed_[e] = 1;
+}
+
+void CachedExperts::on_routed(int64_t layer, const RoutedTokens& tokens) {
+  const int64_t L = cache_.num_layers();
+  const int64_t E = options_.router.num_experts;
+  MOE_CHECK(layer >= 0 && layer < L && !experts_[layer].empty(), "cached experts: layer ", layer,
+            " is not an MoE layer of the ", L);
+  std::fill(needed_.begin(), needed_.end(), 0);
+  for (int32_t e : tokens.routing->topk_ids) {
+    MOE_CHECK(e >= 0 && e < E, "cached experts: expert id ", e, " outside [0, ", E, ")");
+    needed_[e] = 1;
+  }
+  const int64_t tick = cache_.next_tick();
+  LayerStep demand;
+  admit({.layer = layer, .num_experts = E, .tick = tick, .protect_from = tick}, demand);
+  bytes_[layer] += demand.bytes;
+  stall_[layer] += demand.stall;
+  report(layer, demand);
+
+  const int64_t next = layer + 1;
+  if (!options_.prefetch || next >= L || experts_[next].empty() || tokens.num_tokens == 0) return;
+  predict(next, tokens);
+  LayerStep prefetch;
+  admit({.layer = next,
+         .num_experts = E,
+         .tick = cache_.next_tick(),
+         .protect_from = tick,
+         .prefetch = true},
+        prefetch);
+  bytes_[next] += prefetch.bytes;
+  report(next, prefetch);
+}
+
+void CachedExperts::report(int64_t layer, const LayerStep& step) {
+  if (profile::Profiler* p = profile::active()) {
+    p->record_expert_cache(layer, step.counters, step.bytes, step.stall);
+  }
+}
+
+void CachedExperts::run(int64_t layer, const ExpertRows& rows, float* out) {
+  const int64_t E = options_.router.num_experts;
+  MOE_CHECK(layer >= 0 && layer < cache_.num_layers() && !experts_[layer].empty(),
+            "cached experts: layer ", layer, " is not an MoE layer");
+  const int64_t count = static_cast<int64_t>(rows.expert_offsets.size()) - 1;
+  MOE_CHECK(count >= 0 && rows.first_expert >= 0 && rows.first_expert + count <= E, "experts [",
+            rows.first_expert, ", ", rows.first_expert + count, ") outside layer ", layer, "'s ",
+            E);
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t e = rows.first_expert + i;
+    const int32_t slot = cache_.slot_of(static_cast<int32_t>(layer * E + e));
+    views_[i] = slot >= 0 ? slot_views_[slot] : experts_[layer][e];
+  }
+  run_experts(rows.rows, options_.hidden_size, options_.expert_width, rows.expert_offsets,
+              std::span<const ExpertWeights>(views_.data(), static_cast<size_t>(count)), out);
+}
+
+}  // namespace moeinfer::moe

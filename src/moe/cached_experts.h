@@ -1,0 +1,101 @@
+// The experts of every layer behind a cache of S slots: the CPU backend's simulated expert
+// budget (--expert-budget on the CPU, issue 14). It drives the same decision code as the GPU's
+// cache (offload/cache_policy.h: admission, eviction, protection, prefetch), and only the copies
+// differ: here a slot is host memory and a "host-to-device copy" is a memcpy from the expert's
+// home, the checkpoint's weights used in place.
+//
+// Per MoE layer l and step:
+//   on_routed(l): the layer's demand (the experts some row of this step uses) is admitted with
+//     a new tick that protects itself; the misses are copied home -> slot at once (the time
+//     they take is the stall), the unplaced ones (no evictable slot) stay at home. Then, when
+//     layer l+1 is an MoE layer, its experts are predicted from layer l's rows through layer
+//     l+1's router and admitted as a prefetch (protecting layer l's slots), and copied.
+//   run(l): each expert computes from its slot's copy when it has one, else from home, so a
+//     wrong slot table gives wrong outputs rather than hiding behind the home weights.
+// Counters per layer (cumulative here; each step's deltas to the active profiler through
+// Profiler::record_expert_cache): the CacheCounter counts, bytes host to device (every copy and
+// every unplaced read, one expert's bytes each) and the stall.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "moe/moe_block.h"
+#include "offload/host_cache.h"
+
+namespace moeinfer::moe {
+
+// One layer's router as the checkpoint holds it (inputs, not options).
+struct LayerRouter {
+  TensorView weight;                      // [E, H]; empty for a dense layer
+  const float* selection_bias = nullptr;  // [E] or null
+};
+
+struct CachedExpertsOptions {
+  RouterOptions router;      // the layers' shared options; selection_bias comes per layer
+  int64_t hidden_size = 0;   // H
+  int64_t expert_width = 0;  // I
+  int64_t num_slots = 0;     // S, at most the routed experts of all MoE layers
+  offload::CachePolicy policy = offload::CachePolicy::kLru;
+  bool prefetch = true;      // predict and prefetch layer l+1's experts at layer l
+};
+
+class CachedExperts final : public ExpertRunner {
+ public:
+  // experts[l]: layer l's experts (empty for a dense layer), routers[l] its router; the views
+  // must outlive this. Every expert must have the same shape and dtype.
+  CachedExperts(std::vector<std::span<const ExpertWeights>> experts,
+                std::vector<LayerRouter> routers, const CachedExpertsOptions& options);
+
+  // Warm-up before traffic: the static policy's hot set is the first num_hot of the ranking
+  // (global expert ids, most important first; ignored by LRU and LFU), then the free slots are
+  // filled in ranked order (HostCacheTables::warm). Not counted as traffic.
+  void warm(std::span<const int32_t> ranking, int64_t num_hot);
+
+  void on_routed(int64_t layer, const RoutedTokens& tokens) override;
+  void run(int64_t layer, const ExpertRows& rows, float* out) override;
+
+  int64_t expert_bytes() const { return expert_bytes_; }
+  const offload::HostCacheTables& cache() const { return cache_; }
+  // Since construction, per layer [L]: bytes host to device, seconds spent in demand copies.
+  std::span<const int64_t> host_to_device_bytes() const { return bytes_; }
+  std::span<const double> stall_seconds() const { return stall_; }
+
+ private:
+  struct LayerStep {  // one layer's deltas within on_routed
+    int64_t counters[offload::kNumCacheCounters] = {};
+    int64_t bytes = 0;
+    double stall = 0.0;
+  };
+  // Admits `needed_` for `layer` and makes its copies; adds to `step`.
+  void admit(const offload::Admission& a, LayerStep& step);
+  void copy_to_slot(const offload::SlotCopy& c);
+  void predict(int64_t layer, const RoutedTokens& tokens);  // fills needed_ for `layer`
+  void report(int64_t layer, const LayerStep& step);
+
+  struct SlotFree {
+    void operator()(std::byte* p) const;
+  };
+
+  std::vector<std::span<const ExpertWeights>> experts_;
+  std::vector<LayerRouter> routers_;
+  CachedExpertsOptions options_;
+  offload::HostCacheTables cache_;
+  int64_t expert_bytes_ = 0;
+  size_t up_offset_ = 0, down_offset_ = 0, slot_stride_ = 0;  // bytes within a slot
+  std::unique_ptr<std::byte, SlotFree> slots_;                // [S, slot_stride_]
+  std::vector<ExpertWeights> slot_views_;                     // [S]
+  std::vector<int64_t> bytes_;                                // [L]
+  std::vector<double> stall_;                                 // [L]
+  // Per call, reused.
+  std::vector<uint8_t> needed_;                 // [E]
+  std::vector<offload::SlotCopy> copies_;       // [E]
+  std::vector<float> logits_;                   // [T, E] the predicted layer's router logits
+  Routing predicted_;
+  std::vector<ExpertWeights> views_;            // [E] the experts run() reads
+};
+
+}  // namespace moeinfer::moe
