@@ -190,7 +190,8 @@ void run_bench(const BenchArgs& args) {
       .device = args.device.device,
       .gpu_memory_fraction = args.device.gpu_memory_fraction,
       .cuda_graphs = !args.no_cuda_graphs,
-      .deterministic = args.deterministic};
+      .deterministic = args.deterministic,
+      .offload = args.device.offload()};
   auto engine = load_engine(args, config);
   MOE_CHECK(args.input_len + args.output_len <= engine->max_model_len(),
             "--input-len + --output-len (", args.input_len + args.output_len,
@@ -312,6 +313,7 @@ void add_bench_command(CLI::App& app) {
                   "(default: 1 on the CPU, 16 on the GPU)")
       ->check(CLI::Range(1, 1 << 30));
   add_device_options(cmd, &args->device);
+  add_offload_options(cmd, &args->device);
   cmd->add_option("--layers", args->layers, "synthetic:NAME: keep only the first N layers");
   cmd->add_option("--routing-skew", args->routing_skew,
                   "synthetic:NAME: zipf:A makes each router prefer experts by a Zipf law");

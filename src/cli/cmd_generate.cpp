@@ -129,6 +129,7 @@ void add_generate_command(CLI::App& app) {
   cmd->add_flag("--chat", args->chat, "Apply the checkpoint's chat template");
   cmd->add_flag("--ignore-eos", args->ignore_eos, "Keep going past end-of-sequence tokens");
   add_device_options(cmd, &args->device);
+  add_offload_options(cmd, &args->device);
   cmd->add_option("--trace-routing", args->trace_routing,
                   "Record every routing decision to FILE (see `moeinfer trace summarize`)");
   cmd->callback([args] { run_generate(*args); });

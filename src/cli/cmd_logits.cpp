@@ -46,6 +46,7 @@ void add_logits_command(CLI::App& app) {
   cmd->add_option("--ids", *ids_text, "Comma-separated token ids")->required();
   cmd->add_option("--out", *out_path, "Output .npy file")->required();
   add_device_options(cmd, device.get());
+  add_offload_options(cmd, device.get());
   cmd->callback([=] {
     const std::vector<int32_t> ids = parse_ids(*ids_text);
     auto model = load_model_for(resolve_model_dir(*model_dir), *device);

@@ -39,6 +39,7 @@
 #include "kv/kv_cache.h"
 #include "model/model.h"
 #include "model/synthetic.h"
+#include "offload/parse_options.h"
 #include "profile/profiler.h"
 #include "profile/report.h"
 #include "profile/routing_trace.h"
@@ -169,7 +170,10 @@ class Workload {
                                .max_num_seqs = args.batch,
                                .max_model_len = args.input_len + args.output_len,
                                .block_size = kBlockSize,
-                               .num_kv_blocks = num_blocks_};
+                               .num_kv_blocks = num_blocks_,
+                               .offload = args.device.offload()};
+      offload::check_offload_model(options.offload, config.num_experts,
+                                   "the " + config.model_type + " model");
       gpu_ = decoder ? GpuDecoder::create(config, decoder->weights(), options)
                      : GpuDecoder::create_synthetic(
                            config, options,
@@ -177,6 +181,7 @@ class Workload {
                             .zipf_exponent = parse_routing_skew(args.routing_skew)});
     } else {
       MOE_CHECK(decoder != nullptr, "synthetic models run on the GPU: use --device cuda");
+      decoder->set_offload(args.device.offload(), /*max_step_tokens=*/args.batch);
       pool_ = std::make_unique<KvBlockPool>(config.num_layers, key_width, value_width,
                                             kBlockSize, num_blocks_);
     }
@@ -519,6 +524,7 @@ void add_profile_command(CLI::App& app) {
                   "the CPU, 16 on the GPU)")
       ->check(CLI::Range(1, 1 << 30));
   add_device_options(cmd, &args->device);
+  add_offload_options(cmd, &args->device);
   cmd->add_option("--layers", args->layers, "synthetic:NAME: keep only the first N layers");
   cmd->add_option("--routing-skew", args->routing_skew,
                   "synthetic:NAME: zipf:A makes each router prefer experts by a Zipf law");

@@ -50,6 +50,7 @@ void run_serve(ServeArgs args) {
   args.engine.profile_stages =
       args.stage_metrics || (!args.no_stage_metrics && !args.device.is_cuda());
   args.engine.gpu_memory_fraction = args.device.gpu_memory_fraction;
+  args.engine.offload = args.device.offload();
   const bool synthetic = is_synthetic_model(args.model);
   MOE_CHECK(synthetic || (args.layers == 0 && args.routing_skew.empty()),
             "--layers and --routing-skew apply to synthetic:NAME models only");
@@ -169,6 +170,7 @@ void add_serve_command(CLI::App& app) {
                   "step (default: 1 on the CPU, 16 on the GPU)")
       ->check(CLI::Range(1, 1 << 30));
   add_device_options(cmd, &args->device);
+  add_offload_options(cmd, &args->device);
   cmd->add_option("--layers", args->layers, "synthetic:NAME: keep only the first N layers");
   cmd->add_option("--routing-skew", args->routing_skew,
                   "synthetic:NAME: zipf:A makes each router prefer experts by a Zipf law");

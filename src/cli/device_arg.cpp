@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "offload/parse_options.h"
 
 namespace moeinfer::cli {
 
@@ -15,6 +16,22 @@ void add_device_options(CLI::App* cmd, DeviceArgs* args) {
                   "--gpu-memory-utilization)")
       ->check(CLI::Range(0.01, 1.0))
       ->capture_default_str();
+}
+
+offload::OffloadOptions DeviceArgs::offload() const {
+  return offload::parse_offload_flags(expert_budget, expert_cache);
+}
+
+void add_offload_options(CLI::App* cmd, DeviceArgs* args) {
+  cmd->add_option("--expert-budget", args->expert_budget,
+                  "Expert offloading: bytes of routed experts kept resident (24GiB, 800MB, "
+                  "1000000) or a share of them (25%); the rest live in host memory and are "
+                  "copied in on demand or prefetched. Outputs do not change. On the CPU the "
+                  "budget is simulated with the same cache (default: every expert resident)");
+  cmd->add_option("--expert-cache", args->expert_cache,
+                  "With --expert-budget: lru, lfu, or static:FILE (the busiest experts of the "
+                  "routing trace FILE, from --trace-routing, stay resident); lru:FILE and "
+                  "lfu:FILE warm the cache up from such a trace (default: lru, starting empty)");
 }
 
 double parse_routing_skew(const std::string& text) {
@@ -43,7 +60,9 @@ SequenceRunner::SequenceRunner(Model& model, const DeviceArgs& device, int64_t m
   const int64_t native = config.max_position_embeddings > 0 ? config.max_position_embeddings
                                                             : max_tokens;
   capacity_ = std::min(max_tokens, native);
+  const offload::OffloadOptions offload = device.offload();
   if (!device.is_cuda()) {
+    model.decoder().set_offload(offload, /*max_step_tokens=*/1);
     cache_.emplace(model.decoder().make_cache(capacity_));
     capacity_ = cache_->max_tokens();
     return;
@@ -54,6 +73,8 @@ SequenceRunner::SequenceRunner(Model& model, const DeviceArgs& device, int64_t m
   options.max_num_seqs = 1;
   options.max_model_len = capacity_;
   options.num_kv_blocks = (capacity_ + options.block_size - 1) / options.block_size;
+  offload::check_offload_model(offload, config.num_experts, "the " + config.model_type + " model");
+  options.offload = offload;
   gpu_ = GpuDecoder::create(config, model.decoder().weights(), options);
   for (int32_t b = 0; b < options.num_kv_blocks; ++b) block_table_.push_back(b);
 }

@@ -13,17 +13,24 @@
 
 #include "model/gpu_decoder.h"
 #include "model/model.h"
+#include "offload/offload_options.h"
 
 namespace moeinfer::cli {
 
 struct DeviceArgs {
   std::string device = "cpu";
   double gpu_memory_fraction = 0.9;
+  std::string expert_budget;  // --expert-budget; empty: every expert resident
+  std::string expert_cache;   // --expert-cache; empty: lru
   bool is_cuda() const { return device == "cuda"; }
+  // The offloading flags, parsed (offload/parse_options.h); disabled without a budget.
+  offload::OffloadOptions offload() const;
 };
 
 // Adds --device cpu|cuda and --gpu-memory-fraction.
 void add_device_options(CLI::App* cmd, DeviceArgs* args);
+// Adds --expert-budget and --expert-cache (the subcommands that run a model's experts).
+void add_offload_options(CLI::App* cmd, DeviceArgs* args);
 
 // One sequence's forward passes over its own KV cache, on the CPU or the GPU.
 class SequenceRunner {

@@ -99,6 +99,10 @@ Json build_report(const RunInfo& run, const Profiler& profiler,
   int64_t wall_total = 0, prefill_wall = 0, decode_wall = 0, timed_steps = 0;
   int64_t prefill_tokens = 0, decode_tokens = 0, bytes_total = 0, decode_bytes = 0;
   int64_t hits = 0, misses = 0;
+  // The expert cache under offloading: [L, kNumCacheCounters] counts, [L] bytes and stall.
+  constexpr int64_t C = offload::kNumCacheCounters;
+  std::vector<int64_t> cache_counts(L * C, 0), cache_bytes(L, 0);
+  std::vector<double> cache_stall(L, 0.0);
   int64_t link_total[kNumLinks] = {};
   std::vector<int64_t> rank_total;
   Json step_list = Json::array();
@@ -119,6 +123,11 @@ Json build_report(const RunInfo& run, const Profiler& profiler,
     if (!prefill) decode_bytes += r.expert_bytes_read;
     hits += r.cache_hits;
     misses += r.cache_misses;
+    for (int64_t i = 0; i < L * C; ++i) cache_counts[i] += r.expert_cache[i];
+    for (int64_t l = 0; l < L; ++l) {
+      cache_bytes[l] += r.expert_cache_bytes[l];
+      cache_stall[l] += r.expert_cache_stall_s[l];
+    }
     if (rank_total.size() < r.rank_rows.size()) rank_total.resize(r.rank_rows.size(), 0);
     for (size_t k = 0; k < r.rank_rows.size(); ++k) rank_total[k] += r.rank_rows[k];
     Json link_bytes = Json::object();
@@ -228,6 +237,30 @@ Json build_report(const RunInfo& run, const Profiler& profiler,
     report["summary"]["link_bytes"][std::string(link_name(static_cast<Link>(k)))] = link_total[k];
   }
   report["summary"]["rank_rows"] = rank_total;
+  const bool offloaded = std::any_of(cache_counts.begin(), cache_counts.end(),
+                                     [](int64_t c) { return c != 0; });
+  const auto cache_entry = [&](const int64_t* counts, int64_t bytes, double stall_s) {
+    const int64_t prefetched = counts[offload::kCachePrefetched];
+    return Json{{"hits", counts[offload::kCacheHits]},
+                {"misses", counts[offload::kCacheMisses]},
+                {"unplaced", counts[offload::kCacheUnplaced]},
+                {"prefetched", prefetched},
+                {"prefetch_used", counts[offload::kCachePrefetchUsed]},
+                {"prefetch_accuracy",
+                 prefetched ? static_cast<double>(counts[offload::kCachePrefetchUsed]) / prefetched
+                            : 0.0},
+                {"host_to_device_bytes", bytes},
+                {"stall_ms", stall_s * 1e3}};
+  };
+  if (offloaded) {
+    std::vector<int64_t> total(C, 0);
+    for (int64_t i = 0; i < L * C; ++i) total[i % C] += cache_counts[i];
+    report["summary"]["expert_cache"] =
+        cache_entry(total.data(), std::accumulate(cache_bytes.begin(), cache_bytes.end(), int64_t{0}),
+                    std::accumulate(cache_stall.begin(), cache_stall.end(), 0.0));
+  } else {
+    report["summary"]["expert_cache"] = nullptr;
+  }
 
   Json totals = Json::array();
   for (int64_t s = 0; s < S; ++s) {
@@ -280,6 +313,9 @@ Json build_report(const RunInfo& run, const Profiler& profiler,
       entry["reuse_within_1_step"] =
           r.reuse_samples ? static_cast<double>(r.reuse_within_1_step) / r.reuse_samples : 0.0;
     }
+    if (offloaded && run.layer_is_moe[l]) {
+      entry["expert_cache"] = cache_entry(cache_counts.data() + l * C, cache_bytes[l], cache_stall[l]);
+    }
     layers.push_back(entry);
   }
   report["layers"] = layers;
@@ -327,6 +363,17 @@ std::string render_text_report(const Json& report) {
              human_bytes(summary["expert_bytes_read"].get<double>()).c_str(),
              human_bytes(summary["expert_bytes_read_per_decode_step"].get<double>()).c_str(),
              summary["cache_hits"].get<long long>(), summary["cache_misses"].get<long long>());
+  const Json& cache = summary["expert_cache"];
+  if (!cache.is_null()) {
+    out += format(
+        "expert cache: %lld hits, %lld misses, %lld unplaced (read from host); prefetch %lld, "
+        "%.1f%% used; %s host to device, %.3f ms stalled\n",
+        cache["hits"].get<long long>(), cache["misses"].get<long long>(),
+        cache["unplaced"].get<long long>(), cache["prefetched"].get<long long>(),
+        100.0 * cache["prefetch_accuracy"].get<double>(),
+        human_bytes(cache["host_to_device_bytes"].get<double>()).c_str(),
+        cache["stall_ms"].get<double>());
+  }
   const Json& overhead = report["overhead"];
   out += format(
       "profiler overhead: %.3f%% of step time estimated (%.0f scopes per step x %.1f ns; %.2f ns "
@@ -412,6 +459,21 @@ std::string render_text_report(const Json& report) {
     out += format("%5lld:", l["layer"].get<long long>());
     for (const Json& c : l["load"]) out += format(" %lld", c.get<long long>());
     out += "\n";
+  }
+  if (!cache.is_null()) {
+    out += "\nexpert cache per layer\n";
+    out += format("%5s %8s %8s %8s %10s %9s %12s %10s\n", "layer", "hits", "misses", "unplaced",
+                  "prefetched", "pf used", "to device", "stall ms");
+    for (const Json& l : report["layers"]) {
+      if (!l.contains("expert_cache")) continue;
+      const Json& c = l["expert_cache"];
+      out += format("%5lld %8lld %8lld %8lld %10lld %8.1f%% %12s %10.3f\n",
+                    l["layer"].get<long long>(), c["hits"].get<long long>(),
+                    c["misses"].get<long long>(), c["unplaced"].get<long long>(),
+                    c["prefetched"].get<long long>(), 100.0 * c["prefetch_accuracy"].get<double>(),
+                    human_bytes(c["host_to_device_bytes"].get<double>()).c_str(),
+                    c["stall_ms"].get<double>());
+    }
   }
   bool any_reuse = false;
   for (const Json& l : report["layers"]) any_reuse |= l.contains("mean_reuse_distance");

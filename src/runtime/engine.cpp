@@ -8,6 +8,7 @@
 #include "backend/cpu/gemm.h"
 #include "core/error.h"
 #include "model/synthetic.h"
+#include "offload/parse_options.h"
 
 namespace moeinfer {
 namespace {
@@ -111,7 +112,8 @@ GpuOptions gpu_options(const ModelConfig& model, const EngineConfig& config) {
                     .num_kv_blocks = config.num_kv_blocks,
                     .cuda_graphs = config.cuda_graphs,
                     .kv_cache_bytes = config.kv_cache_mb << 20,
-                    .deterministic = config.deterministic};
+                    .deterministic = config.deterministic,
+                    .offload = config.offload};
 }
 
 }  // namespace
@@ -122,6 +124,8 @@ std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const Eng
   if (config.device == "cuda") {
     // The GPU reads the map once while uploading; prefaulting it first would read it twice.
     auto model = Model::load(dir, LoadOptions{.prefault = false});
+    offload::check_offload_model(config.offload, model->config().num_experts,
+                                 "the " + model->config().model_type + " model");
     Tokenizer tokenizer = Tokenizer::from_file(dir / "tokenizer.json");
     auto gpu = GpuDecoder::create(model->config(), model->decoder().weights(),
                                   gpu_options(model->config(), config));
@@ -129,6 +133,8 @@ std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const Eng
                                     config);
   }
   auto model = Model::load(dir, options);
+  // A decode step carries at most max_num_seqs tokens: the static policy's streaming slots.
+  model->decoder().set_offload(config.offload, config.max_num_seqs);
   Tokenizer tokenizer = Tokenizer::from_file(dir / "tokenizer.json");
   return std::make_unique<Engine>(std::move(model), std::move(tokenizer), config);
 }
@@ -180,21 +186,34 @@ Engine::Engine(std::unique_ptr<Model> model, std::unique_ptr<GpuDecoder> gpu, To
     generation_defaults_ = GenerationDefaults::load(dir);
   }
   for (int64_t id : model_config_.eos_token_ids) eos_ids_.insert(static_cast<int32_t>(id));
-  if (config.profile_stages) {
+  if (config.profile_stages || config.offload.enabled()) {
+    // Offloading alone keeps a profiler for the expert cache's counters, timing no stage.
     const ModelConfig& m = model_config_;
     const int64_t time_every = config.profile_time_every > 0 ? config.profile_time_every
                                : gpu_                         ? kGpuProfileTimeEvery
                                                               : 1;
-    profiler_ = std::make_unique<profile::Profiler>(profile::ProfilerOptions{
-        .num_layers = m.num_layers, .num_experts = m.num_experts, .time_every = time_every});
+    profiler_ = std::make_unique<profile::Profiler>(
+        profile::ProfilerOptions{.num_layers = m.num_layers,
+                                 .num_experts = m.num_experts,
+                                 .time_every = time_every,
+                                 .time_stages = config.profile_stages});
+    totals_.num_layers = m.num_layers;
+    totals_.num_experts = m.num_experts;
+  }
+  if (config.offload.enabled()) {
+    const int64_t L = model_config_.num_layers;
+    totals_.expert_cache.assign(static_cast<size_t>(L * offload::kNumCacheCounters), 0);
+    totals_.expert_cache_bytes.assign(static_cast<size_t>(L), 0);
+    totals_.expert_cache_stall_seconds.assign(static_cast<size_t>(L), 0.0);
+  }
+  if (config.profile_stages) {
+    const ModelConfig& m = model_config_;
     totals_.stage_seconds.assign(profile::kNumStages, 0.0);
     for (EngineStats::StageSample& s : totals_.stage_samples) {
       s.timed_stage_seconds.assign(profile::kNumStages, 0.0);
     }
     totals_.last_step_stage_seconds.assign(profile::kNumStages, 0.0);
     totals_.expert_rows.assign(static_cast<size_t>(m.num_layers * m.num_experts), 0);
-    totals_.num_layers = m.num_layers;
-    totals_.num_experts = m.num_experts;
   }
 }
 
@@ -321,6 +340,13 @@ std::vector<RequestOutput> Engine::step() {
   if (profiler_) {
     profiler_->end_step();
     const profile::StepRecord& step = profiler_->steps().back();
+    for (size_t i = 0; i < totals_.expert_cache.size(); ++i) {
+      totals_.expert_cache[i] += step.expert_cache[i];
+    }
+    for (size_t l = 0; l < totals_.expert_cache_bytes.size(); ++l) {
+      totals_.expert_cache_bytes[l] += step.expert_cache_bytes[l];
+      totals_.expert_cache_stall_seconds[l] += step.expert_cache_stall_s[l];
+    }
     for (size_t i = 0; i < step.expert_rows.size() && i < totals_.expert_rows.size(); ++i) {
       totals_.expert_rows[i] += step.expert_rows[i];
     }

@@ -19,6 +19,7 @@
 #include "kv/kv_cache.h"
 #include "model/gpu_decoder.h"
 #include "model/model.h"
+#include "offload/offload_options.h"
 #include "profile/profiler.h"
 #include "runtime/request.h"
 #include "runtime/scheduler.h"
@@ -54,6 +55,9 @@ struct EngineConfig {
   // request's text never depends on what else runs. On cuda every row is then sampled on the
   // host, so that the sampler a request meets does not depend on its batch mates either.
   bool deterministic = false;
+  // --expert-budget / --expert-cache: routed experts behind a cache of what the budget holds
+  // (a device cache on cuda, a simulated one on the CPU); their counters reach EngineStats.
+  offload::OffloadOptions offload;
 
   void validate() const;  // throws moeinfer::Error naming the bad field
 };
@@ -97,6 +101,13 @@ struct EngineStats {
   std::vector<double> last_step_stage_seconds;
   int64_t num_layers = 0;
   int64_t num_experts = 0;
+  // With EngineConfig::offload: the expert cache's counts per layer since the start
+  // ([L, offload::kNumCacheCounters], by offload::CacheCounter), expert bytes host to device
+  // ([L]) and seconds waited for demand copies ([L]); empty without offloading.
+  std::vector<int64_t> expert_cache;
+  std::vector<int64_t> expert_cache_bytes;
+  std::vector<double> expert_cache_stall_seconds;
+  bool expert_offload() const { return !expert_cache.empty(); }
 };
 
 class Engine {

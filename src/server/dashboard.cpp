@@ -177,6 +177,15 @@ function drawCards(d) {
     ["rejected", rejected,
      Object.entries(r.rejected).map(([s, n]) => `${n}× ${s}`).join(" · ") || "none"],
   ];
+  const xc = d.expert_cache;  // null without --expert-budget
+  if (xc) {
+    cards.push(["expert cache", pct(xc.hit_rate),
+                `${xc.hits} hits · ${xc.misses} misses · ${xc.unplaced} from host`]);
+    cards.push(["expert prefetch", pct(xc.prefetch_accuracy),
+                `${xc.prefetch_used} / ${xc.prefetched} used · ` +
+                `${(xc.host_to_device_bytes / 1048576).toFixed(1)} MiB to device · ` +
+                `${(xc.stall_seconds * 1e3).toFixed(1)} ms stalled`]);
+  }
   box.replaceChildren();
   for (const [k, v, s] of cards) {
     const card = document.createElement("div");

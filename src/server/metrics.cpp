@@ -5,10 +5,48 @@
 #include <cstdio>
 #include <ctime>
 
+#include "offload/cache_policy.h"
 #include "profile/profiler.h"
 
 namespace moeinfer::server {
 namespace {
+
+// The expert cache's counts (EngineStats::expert_cache) summed over layers, and its names in
+// /metrics and /dashboard/data, in offload::CacheCounter order.
+constexpr const char* kCacheCounterNames[offload::kNumCacheCounters] = {
+    "hits", "misses", "unplaced", "prefetched", "prefetch_used"};
+constexpr const char* kCacheCounterHelp[offload::kNumCacheCounters] = {
+    "Expert-cache demands found resident.",
+    "Expert-cache demands copied into a slot (host to device) before their layer ran.",
+    "Expert-cache demands with no evictable slot, read from host memory where they live.",
+    "Experts a prefetch (predicted from the previous layer) copied into a slot.",
+    "Demands that found an expert a prefetch had brought and no demand had used yet."};
+
+struct CacheTotals {
+  int64_t counts[offload::kNumCacheCounters] = {};
+  int64_t bytes = 0;
+  double stall_seconds = 0.0;
+  double prefetch_accuracy() const {
+    const int64_t prefetched = counts[offload::kCachePrefetched];
+    return prefetched ? static_cast<double>(counts[offload::kCachePrefetchUsed]) / prefetched : 0.0;
+  }
+  double hit_rate() const {
+    const int64_t demands =
+        counts[offload::kCacheHits] + counts[offload::kCacheMisses] + counts[offload::kCacheUnplaced];
+    return demands ? static_cast<double>(counts[offload::kCacheHits]) / demands : 0.0;
+  }
+};
+
+CacheTotals cache_totals(const EngineStats& stats) {
+  CacheTotals t;
+  for (size_t i = 0; i < stats.expert_cache.size(); ++i) {
+    t.counts[i % offload::kNumCacheCounters] += stats.expert_cache[i];
+  }
+  for (int64_t b : stats.expert_cache_bytes) t.bytes += b;
+  for (double s : stats.expert_cache_stall_seconds) t.stall_seconds += s;
+  return t;
+}
+
 
 std::string number(double v) {
   char buf[64];
@@ -317,6 +355,32 @@ std::string Metrics::render(const std::string& model_name) const {
       stage_step_[stage].render_series(name, "stage=\"" + stage_label(stage) + "\"", out);
     }
   }
+  if (stats_.expert_offload()) {
+    const CacheTotals totals = cache_totals(stats_);
+    for (int k = 0; k < offload::kNumCacheCounters; ++k) {
+      counter(std::string("expert_cache_") + kCacheCounterNames[k] + "_total", kCacheCounterHelp[k],
+              static_cast<double>(totals.counts[k]));
+    }
+    counter("expert_cache_host_to_device_bytes_total",
+            "Expert bytes that crossed host to device: every copy into a slot and every read of "
+            "an unplaced expert.",
+            static_cast<double>(totals.bytes));
+    counter("expert_cache_stall_seconds_total",
+            "Time compute waited for the expert cache's demand copies.", totals.stall_seconds);
+    gauge("expert_cache_prefetch_accuracy",
+          "Share of prefetched experts that a demand used (prefetch_used / prefetched).",
+          totals.prefetch_accuracy());
+    header(out, p + "expert_cache_layer_events_total", "counter",
+           "The expert cache's counts per layer (event: hits, misses, unplaced, prefetched, "
+           "prefetch_used).");
+    for (int64_t l = 0; l < stats_.num_layers; ++l) {
+      for (int k = 0; k < offload::kNumCacheCounters; ++k) {
+        line(out, p + "expert_cache_layer_events_total",
+             "layer=\"" + std::to_string(l) + "\",event=\"" + kCacheCounterNames[k] + "\"",
+             static_cast<double>(stats_.expert_cache[l * offload::kNumCacheCounters + k]));
+      }
+    }
+  }
   if (stats_.num_experts > 0 && !stats_.expert_rows.empty()) {
     const int64_t E = stats_.num_experts;
     header(out, p + "expert_rows_total", "counter",
@@ -517,6 +581,32 @@ nlohmann::json Metrics::dashboard(const std::string& model_name) const {
     experts = {{"num_layers", L}, {"num_experts", E}, {"rows", rows}, {"max_over_mean", imbalance}};
   }
   d["experts"] = experts;
+
+  // The expert cache under offloading: totals and per layer; null without a budget.
+  json cache = nullptr;
+  if (stats_.expert_offload()) {
+    const CacheTotals totals = cache_totals(stats_);
+    json layers = json::array();
+    for (int64_t l = 0; l < stats_.num_layers; ++l) {
+      json layer = {{"layer", l}};
+      for (int k = 0; k < offload::kNumCacheCounters; ++k) {
+        layer[kCacheCounterNames[k]] = stats_.expert_cache[l * offload::kNumCacheCounters + k];
+      }
+      layer["host_to_device_bytes"] = stats_.expert_cache_bytes[l];
+      layer["stall_seconds"] = stats_.expert_cache_stall_seconds[l];
+      layers.push_back(std::move(layer));
+    }
+    cache = json::object();
+    for (int k = 0; k < offload::kNumCacheCounters; ++k) {
+      cache[kCacheCounterNames[k]] = totals.counts[k];
+    }
+    cache["hit_rate"] = totals.hit_rate();
+    cache["prefetch_accuracy"] = totals.prefetch_accuracy();
+    cache["host_to_device_bytes"] = totals.bytes;
+    cache["stall_seconds"] = totals.stall_seconds;
+    cache["layers"] = std::move(layers);
+  }
+  d["expert_cache"] = cache;
 
   // Latencies: count and sum as the histograms hold them; percentiles of the latest window.
   const auto latency = [](const Histogram& h, const Window& w) {

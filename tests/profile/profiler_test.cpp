@@ -494,5 +494,52 @@ TEST(ProfileReport, SampledTimingScalesEachPhaseFromItsTimedSteps) {
               5000e-6, 1e-12);
 }
 
+// The expert cache's counts as either decoder reports them (record_expert_cache, several calls
+// per layer and step add up), in the step records, on the host-device link and in the report.
+TEST(ProfileReport, ExpertCacheCountersPerLayerAndInTotal) {
+  Profiler profiler(ProfilerOptions{.num_layers = 3, .num_experts = 4, .time_stages = false});
+  const int64_t a[offload::kNumCacheCounters] = {2, 1, 1, 0, 0};  // hits, misses, unplaced, ...
+  const int64_t b[offload::kNumCacheCounters] = {0, 0, 0, 3, 0};  // a prefetch of layer 2
+  const int64_t c[offload::kNumCacheCounters] = {1, 0, 0, 0, 1};
+  profiler.begin_step(4);
+  EXPECT_FALSE(profiler.timing());
+  profiler.record_expert_cache(0, a, 200, 0.001);
+  profiler.record_expert_cache(2, b, 300, 0.0);
+  profiler.record_expert_cache(2, c, 0, 0.0);
+  profiler.end_step();
+  profiler.begin_step(1);
+  profiler.record_expert_cache(0, a, 200, 0.002);
+  profiler.end_step();
+  const StepRecord& first = profiler.steps()[0];
+  EXPECT_EQ(first.expert_cache_count(0, offload::kCacheHits), 2);
+  EXPECT_EQ(first.expert_cache_count(2, offload::kCachePrefetched), 3);
+  EXPECT_EQ(first.expert_cache_count(2, offload::kCachePrefetchUsed), 1);
+  EXPECT_EQ(first.expert_cache_bytes[2], 300);
+  EXPECT_EQ(first.link_bytes[static_cast<int>(Link::kHostDevice)], 500);
+  EXPECT_EQ(first.cache_hits, 3);
+  EXPECT_EQ(first.cache_misses, 2);  // misses and unplaced: demands not found resident
+  EXPECT_EQ(profiler.steps()[1].expert_cache_count(2, offload::kCachePrefetched), 0);  // per step
+  EXPECT_THROW(profiler.record_expert_cache(3, a, 0, 0.0), Error);
+  EXPECT_THROW(profiler.record_expert_cache(0, std::span<const int64_t>(a, 2), 0, 0.0), Error);
+
+  const nlohmann::ordered_json report =
+      build_report(hand_run(/*input_len=*/4, /*output_len=*/1, {true, false, true}), profiler, {},
+                   OverheadInfo{});
+  const auto& total = report["summary"]["expert_cache"];
+  EXPECT_EQ(total["hits"], 5);
+  EXPECT_EQ(total["misses"], 2);
+  EXPECT_EQ(total["unplaced"], 2);
+  EXPECT_EQ(total["prefetched"], 3);
+  EXPECT_DOUBLE_EQ(total["prefetch_accuracy"].get<double>(), 1.0 / 3.0);
+  EXPECT_EQ(total["host_to_device_bytes"], 700);
+  EXPECT_NEAR(total["stall_ms"].get<double>(), 3.0, 1e-9);
+  EXPECT_EQ(report["layers"][0]["expert_cache"]["hits"], 4);
+  EXPECT_FALSE(report["layers"][1].contains("expert_cache"));  // dense
+  EXPECT_EQ(report["layers"][2]["expert_cache"]["host_to_device_bytes"], 300);
+  const std::string text = render_text_report(report);
+  EXPECT_NE(text.find("expert cache: 5 hits, 2 misses, 2 unplaced"), std::string::npos) << text;
+  EXPECT_NE(text.find("expert cache per layer"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace moeinfer::profile

@@ -316,5 +316,39 @@ TEST(Metrics, IterationTokensAreTheTokensOfEachNewStep) {
   EXPECT_EQ(v.at("vllm:iteration_tokens_total_bucket{" + l + ",le=\"8\"}"), 1);
 }
 
+// The expert cache's counters (EngineStats::expert_cache, under --expert-budget) as Prometheus
+// counters in total and per layer, and the same figures in the dashboard's data.
+TEST(Metrics, ExpertCacheCountersInMetricsAndDashboard) {
+  Metrics m;
+  EngineStats s;
+  s.num_layers = 2;
+  s.num_experts = 4;
+  m.set_engine_stats(s);
+  EXPECT_EQ(m.render("demo").find("expert_cache"), std::string::npos);  // no budget, no series
+  EXPECT_TRUE(m.dashboard("demo")["expert_cache"].is_null());
+  // Layer 0: 3 hits, 1 miss, 1 unplaced, 2 prefetched, 1 used; layer 1: 1 hit, 2 misses.
+  s.expert_cache = {3, 1, 1, 2, 1, 1, 2, 0, 0, 0};
+  s.expert_cache_bytes = {400, 200};
+  s.expert_cache_stall_seconds = {0.25, 0.5};
+  m.set_engine_stats(s);
+  const auto v = parse(m.render("demo"));
+  EXPECT_EQ(v.at("moeinfer:expert_cache_hits_total"), 4);
+  EXPECT_EQ(v.at("moeinfer:expert_cache_misses_total"), 3);
+  EXPECT_EQ(v.at("moeinfer:expert_cache_unplaced_total"), 1);
+  EXPECT_EQ(v.at("moeinfer:expert_cache_prefetched_total"), 2);
+  EXPECT_EQ(v.at("moeinfer:expert_cache_prefetch_used_total"), 1);
+  EXPECT_EQ(v.at("moeinfer:expert_cache_host_to_device_bytes_total"), 600);
+  EXPECT_DOUBLE_EQ(v.at("moeinfer:expert_cache_stall_seconds_total"), 0.75);
+  EXPECT_DOUBLE_EQ(v.at("moeinfer:expert_cache_prefetch_accuracy"), 0.5);
+  EXPECT_EQ(v.at("moeinfer:expert_cache_layer_events_total{layer=\"1\",event=\"misses\"}"), 2);
+  const nlohmann::json d = m.dashboard("demo")["expert_cache"];
+  EXPECT_EQ(d["hits"].get<int64_t>(), v.at("moeinfer:expert_cache_hits_total"));
+  EXPECT_EQ(d["host_to_device_bytes"].get<int64_t>(), 600);
+  EXPECT_DOUBLE_EQ(d["hit_rate"].get<double>(), 4.0 / 8.0);
+  ASSERT_EQ(d["layers"].size(), 2u);
+  EXPECT_EQ(d["layers"][0]["unplaced"].get<int64_t>(), 1);
+  EXPECT_DOUBLE_EQ(d["layers"][1]["stall_seconds"].get<double>(), 0.5);
+}
+
 }  // namespace
 }  // namespace moeinfer::server
