@@ -61,6 +61,8 @@ void run_plan(PlanArgs args) {
         {"kv_tokens_fit", plan.kv_tokens_fit},
         {"full_length_sequences", plan.full_length_sequences},
         {"gpu_experts_per_layer", plan.gpu_experts_per_layer},
+        {"expert_budget_bytes", plan.expert_budget_bytes},
+        {"expert_budget", plan.expert_budget_flag},
         {"arithmetic", plan.arithmetic}};
     std::printf("%s\n", out.dump(2).c_str());
     return;
@@ -89,6 +91,10 @@ void run_plan(PlanArgs args) {
               static_cast<long long>(plan.kv_tokens_fit),
               static_cast<long long>(plan.full_length_sequences),
               static_cast<long long>(plan.max_seq_len));
+  if (plan.layout == Layout::kOffload) {
+    std::printf("run with: --expert-budget %s (of %.2f GiB of routed experts)\n",
+                plan.expert_budget_flag.c_str(), w.routed_experts / gib);
+  }
 }
 
 }  // namespace

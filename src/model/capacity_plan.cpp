@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "core/error.h"
+#include "offload/parse_options.h"
 
 namespace moeinfer {
 namespace {
@@ -150,6 +151,19 @@ CapacityPlan plan_capacity(const ModelConfig& config, const PlanOptions& o) {
                    static_cast<long long>(plan.gpu_experts_per_layer),
                    static_cast<long long>(config.num_experts),
                    static_cast<long long>(config.num_experts_per_tok)));
+  // What one GPU's cache may hold: the experts counted in its weights above, in whole MiB so
+  // the flag reads plainly (the rest of the slots' room stays with the KV cache).
+  const double slots_per_gpu = std::floor(
+      static_cast<double>(plan.gpu_experts_per_layer * moe_layers) / static_cast<double>(n));
+  plan.expert_budget_bytes =
+      static_cast<int64_t>(slots_per_gpu * expert_bytes) / (int64_t{1} << 20) * (int64_t{1} << 20);
+  plan.expert_budget_flag = offload::format_expert_budget(plan.expert_budget_bytes);
+  a.push_back(line("expert budget per GPU: %.0f slots x %.1f MiB = %s (%.1f%% of the routed "
+                   "experts): --expert-budget %s",
+                   slots_per_gpu, expert_bytes / (1024.0 * 1024.0),
+                   gib(static_cast<double>(plan.expert_budget_bytes)).c_str(),
+                   100.0 * static_cast<double>(plan.expert_budget_bytes) / routed,
+                   plan.expert_budget_flag.c_str()));
   fill_kv(usable - plan.weight_bytes_per_gpu, n);
   return plan;
 }

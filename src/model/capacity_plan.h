@@ -39,6 +39,10 @@ struct CapacityPlan {
   int64_t full_length_sequences = 0;  // sequences of max_seq_len that fit at once
   // Offload: routed experts per MoE layer that stay on the GPUs (the rest live in host memory).
   int64_t gpu_experts_per_layer = 0;
+  // Offload: the bytes of routed experts each GPU's cache holds (whole experts, whole MiB), and
+  // the --expert-budget value that asks for them.
+  int64_t expert_budget_bytes = 0;
+  std::string expert_budget_flag;
   std::vector<std::string> arithmetic;  // the steps, one line each
 };
 

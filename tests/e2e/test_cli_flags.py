@@ -56,6 +56,7 @@ ALLOWED: dict[tuple[str, str], str] = {
 # (path relative to src/, token) -> the subcommand whose flag a cmd_*.cpp text names on purpose.
 CROSS_REFS: dict[tuple[str, str], str] = {
     ("cli/cmd_trace.cpp", "--trace-routing"): "generate",  # `trace`'s help: who writes the file
+    ("cli/cmd_plan.cpp", "--expert-budget"): "serve",  # `plan`'s advice: the budget to run with
 }
 
 

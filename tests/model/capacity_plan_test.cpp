@@ -8,6 +8,7 @@
 #include "model/capacity_plan.h"
 #include "model/model.h"
 #include "model/synthetic.h"
+#include "offload/parse_options.h"
 
 namespace moeinfer {
 namespace {
@@ -48,6 +49,19 @@ TEST(CapacityPlan, PublishedShapesPickTheExpectedLayout) {
   EXPECT_EQ(offload.layout, Layout::kOffload);
   EXPECT_GT(offload.gpu_experts_per_layer, big.num_experts_per_tok);
   EXPECT_LT(offload.gpu_experts_per_layer, big.num_experts);
+  // The budget to pass is the experts counted in the GPU's weights, in whole MiB, and parses
+  // back to the same bytes.
+  int64_t moe_layers = 0;
+  for (bool m : big.layer_is_moe) moe_layers += m;
+  const double expert_bytes = static_cast<double>(offload.weight_bytes.routed_experts) /
+                              static_cast<double>(moe_layers * big.num_experts);
+  EXPECT_NEAR(static_cast<double>(offload.expert_budget_bytes),
+              offload.gpu_experts_per_layer * moe_layers * expert_bytes, 1024.0 * 1024.0);
+  EXPECT_EQ(offload.expert_budget_bytes % (1 << 20), 0);
+  offload::OffloadOptions parsed;
+  offload::parse_expert_budget(offload.expert_budget_flag, &parsed);
+  EXPECT_EQ(parsed.budget_bytes, offload.expert_budget_bytes);
+  EXPECT_EQ(small.expert_budget_bytes, 0);  // nothing to offload when it fits
   // DeepSeek-V3's KV per token is its latent: 61 layers x 576 values x 2 bytes.
   const CapacityPlan v3 = plan_capacity(synthetic_model_config("deepseek-v3"),
                                         PlanOptions{.num_gpus = 8, .gpu_mem_gib = 139,
