@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""End-to-end: expert offloading (--expert-budget, --expert-cache) on the CPU's simulated budget.
+
+The built command on the demo model (issue 14, item 6: outputs equal the all-resident run at
+every budget):
+
+  generate_same_text  `moeinfer generate` with --expert-budget 25% (and 0, and 10% under lfu)
+                      prints the same greedy text as without a budget.
+  static_hot_set      a routing trace from `generate --trace-routing` as the static policy's
+                      hot set (--expert-cache static:FILE) gives the same text again.
+  logits_same_bytes   `moeinfer logits` writes the same .npy bytes at --expert-budget 10%.
+  bad_flags           a percentage over 100, an unknown unit, a policy without a budget and a
+                      trace of another shape fail with messages naming the value or the file.
+  serve_metrics       `moeinfer serve --expert-budget 25%` answers a greedy completion with the
+                      text of a server without a budget, and /metrics counts the cache: every
+                      moeinfer:expert_cache_*_total series is there, demands (hits + misses +
+                      unplaced) and bytes host to device are positive.
+  plan_budget         `moeinfer plan --gpu-mem 24` for synthetic:qwen3-30b-a3b recommends
+                      offload and prints the --expert-budget value to pass.
+
+Prints one line per check and a last line "N passed, M failed"; exits non-zero on any failure.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+import tempfile
+import urllib.request
+
+import e2e_util
+from e2e_util import ServerProcess, parse_metrics, run_checks
+
+PROMPT = "The capital of France is"
+
+
+def run(moeinfer: str, args: list[str], ok: bool = True) -> subprocess.CompletedProcess:
+    r = subprocess.run([moeinfer, *args], capture_output=True, text=True, timeout=300)
+    if ok:
+        assert r.returncode == 0, f"{args}: exit {r.returncode}: {r.stderr}"
+    return r
+
+
+def generate(moeinfer: str, extra: list[str]) -> str:
+    return run(moeinfer, ["generate", "--prompt", PROMPT, "--max-tokens", "24", "--temperature",
+                          "0", "--ignore-eos", *extra]).stdout
+
+
+def check_generate_same_text(ctx: dict) -> None:
+    m = ctx["moeinfer"]
+    resident = generate(m, [])
+    assert resident.strip(), "the resident run printed nothing"
+    for extra in (["--expert-budget", "25%"], ["--expert-budget", "0"],
+                  ["--expert-budget", "10%", "--expert-cache", "lfu"]):
+        assert generate(m, extra) == resident, f"{extra}: the text differs from the resident run"
+
+
+def check_static_hot_set(ctx: dict) -> None:
+    m = ctx["moeinfer"]
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = str(pathlib.Path(tmp) / "routing.trace")
+        resident = generate(m, ["--trace-routing", trace])
+        for cache in ("static:" + trace, "lru:" + trace):
+            got = generate(m, ["--expert-budget", "25%", "--expert-cache", cache])
+            assert got == resident, f"--expert-cache {cache}: the text differs"
+
+
+def check_logits_same_bytes(ctx: dict) -> None:
+    m = ctx["moeinfer"]
+    with tempfile.TemporaryDirectory() as tmp:
+        a, b = pathlib.Path(tmp) / "a.npy", pathlib.Path(tmp) / "b.npy"
+        run(m, ["logits", "--ids", "1,2,3,4,5,6,7", "--out", str(a)])
+        run(m, ["logits", "--ids", "1,2,3,4,5,6,7", "--out", str(b), "--expert-budget", "10%"])
+        assert a.read_bytes() == b.read_bytes(), "logits differ at --expert-budget 10%"
+
+
+def check_bad_flags(ctx: dict) -> None:
+    m = ctx["moeinfer"]
+    base = ["generate", "--prompt", "x", "--max-tokens", "1"]
+    for extra, fragment in ((["--expert-budget", "150%"], "150%"),
+                            (["--expert-budget", "12XB"], "unknown unit 'XB'"),
+                            (["--expert-cache", "lfu"], "needs --expert-budget"),
+                            (["--expert-budget", "5%", "--expert-cache", "fifo"], "fifo")):
+        r = run(m, base + extra, ok=False)
+        assert r.returncode != 0, f"{extra} was accepted"
+        assert fragment in r.stderr, f"{extra}: {r.stderr!r} does not name {fragment!r}"
+    with tempfile.TemporaryDirectory() as tmp:
+        bogus = pathlib.Path(tmp) / "bogus.trace"
+        bogus.write_bytes(b"not a trace at all")
+        r = run(m, base + ["--expert-budget", "5%", "--expert-cache", f"static:{bogus}"], ok=False)
+        assert r.returncode != 0 and str(bogus) in r.stderr, r.stderr
+
+
+def completion(server: ServerProcess) -> str:
+    r = server.client().completions.create(model="demo", prompt=PROMPT, max_tokens=24,
+                                           temperature=0, extra_body={"ignore_eos": True})
+    return r.choices[0].text
+
+
+def check_serve_metrics(ctx: dict) -> None:
+    m = ctx["moeinfer"]
+    plain = ServerProcess(m, [])
+    try:
+        resident = completion(plain)
+    finally:
+        assert plain.stop() == 0
+    server = ServerProcess(m, ["--expert-budget", "25%"])
+    try:
+        assert completion(server) == resident, "the text differs from the server without a budget"
+        with urllib.request.urlopen(server.base + "/metrics", timeout=30) as r:
+            v = parse_metrics(r.read().decode())
+    finally:
+        assert server.stop() == 0
+    for name in ("hits", "misses", "unplaced", "prefetched", "prefetch_used",
+                 "host_to_device_bytes", "stall_seconds"):
+        assert f"moeinfer:expert_cache_{name}_total" in v, f"/metrics has no expert_cache_{name}"
+    demands = sum(v[f"moeinfer:expert_cache_{n}_total"] for n in ("hits", "misses", "unplaced"))
+    assert demands > 0, "no expert demand was counted"
+    assert v["moeinfer:expert_cache_host_to_device_bytes_total"] > 0
+
+
+def check_plan_budget(ctx: dict) -> None:
+    r = run(ctx["moeinfer"], ["plan", "--model", "synthetic:qwen3-30b-a3b", "--gpu-mem", "24"])
+    assert "recommended: offload" in r.stdout, r.stdout
+    assert "run with: --expert-budget " in r.stdout, r.stdout
+
+
+def main() -> int:
+    args = e2e_util.parse_args()
+    ctx = {"moeinfer": args.moeinfer}
+    checks = [check_generate_same_text, check_static_hot_set, check_logits_same_bytes,
+              check_bad_flags, check_serve_metrics, check_plan_budget]
+    return e2e_util.summary(*run_checks(e2e_util.selected(checks, args.only),
+                                        lambda check: check(ctx)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
