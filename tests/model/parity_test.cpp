@@ -9,24 +9,15 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "../support/model_fixtures.h"
 #include "io/npy.h"
 #include "model/model.h"
 
 namespace moeinfer {
 namespace {
 
-const std::filesystem::path kModels = std::filesystem::path(MOE_FIXTURES_DIR) / "models";
-
-std::vector<std::string> fixture_names() {
-  std::vector<std::string> names;
-  for (const auto& entry : std::filesystem::directory_iterator(kModels)) {
-    if (std::filesystem::exists(entry.path() / "reference.json")) {
-      names.push_back(entry.path().filename().string());
-    }
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
+const std::filesystem::path& kModels = testing_support::kModelFixtures;
+using testing_support::model_fixture_names;
 
 nlohmann::json read_json(const std::filesystem::path& path) {
   std::ifstream in(path);
@@ -88,7 +79,7 @@ TEST_P(ParityTest, GreedyContinuationMatchesWithKvCache) {
   EXPECT_EQ(cache.length(), static_cast<int64_t>(prompt.size() + greedy.size()));
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, ParityTest, testing::ValuesIn(fixture_names()),
+INSTANTIATE_TEST_SUITE_P(Fixtures, ParityTest, testing::ValuesIn(model_fixture_names()),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

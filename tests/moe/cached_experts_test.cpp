@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "../support/model_fixtures.h"
 #include "core/error.h"
 #include "model/model.h"
 #include "offload/parse_options.h"
@@ -24,18 +25,8 @@
 namespace moeinfer {
 namespace {
 
-const std::filesystem::path kModels = std::filesystem::path(MOE_FIXTURES_DIR) / "models";
-
-std::vector<std::string> fixture_names() {
-  std::vector<std::string> names;
-  for (const auto& entry : std::filesystem::directory_iterator(kModels)) {
-    if (std::filesystem::exists(entry.path() / "reference.json")) {
-      names.push_back(entry.path().filename().string());
-    }
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
+const std::filesystem::path& kModels = testing_support::kModelFixtures;
+using testing_support::model_fixture_names;
 
 // What one run of the workload saw.
 struct WorkloadRun {
@@ -158,7 +149,7 @@ TEST_P(CachedExpertsTest, EveryBudgetAndPolicyMatchesResidentBitForBit) {
             0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, CachedExpertsTest, testing::ValuesIn(fixture_names()),
+INSTANTIATE_TEST_SUITE_P(Fixtures, CachedExpertsTest, testing::ValuesIn(model_fixture_names()),
                          [](const auto& info) { return info.param; });
 
 // A warm-up fills the cache before traffic: a static cache warmed from the trace of the same
