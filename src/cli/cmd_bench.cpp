@@ -23,6 +23,7 @@
 #include "core/error.h"
 #include "model/model_facts.h"
 #include "model/synthetic.h"
+#include "offload/cache_summary.h"
 #include "runtime/engine.h"
 
 namespace moeinfer::cli {
@@ -262,6 +263,36 @@ void run_bench(const BenchArgs& args) {
       stages[name] = seconds;
     }
   }
+  // --expert-budget: the expert cache over the measured run.
+  nlohmann::json cache_json = nullptr;
+  if (stats.expert_offload() && before.expert_cache.size() == stats.expert_cache.size()) {
+    std::vector<int64_t> counters = stats.expert_cache, bytes_by_layer = stats.expert_cache_bytes;
+    std::vector<double> stall_by_layer = stats.expert_cache_stall_seconds;
+    for (size_t i = 0; i < counters.size(); ++i) counters[i] -= before.expert_cache[i];
+    for (size_t l = 0; l < bytes_by_layer.size(); ++l) {
+      bytes_by_layer[l] -= before.expert_cache_bytes[l];
+      stall_by_layer[l] -= before.expert_cache_stall_seconds[l];
+    }
+    const offload::CacheSummary cache =
+        offload::summarize_cache(counters, bytes_by_layer, stall_by_layer);
+    const int64_t* counts = cache.counts;
+    const int64_t bytes = cache.host_to_device_bytes;
+    const double stall = cache.stall_seconds;
+    const int64_t prefetched = counts[offload::kCachePrefetched];
+    std::printf("%-34s %12.4f\n", "Expert cache hit rate:", cache.hit_rate());
+    std::printf("%-34s %12lld\n", "Expert demands read from host:",
+                static_cast<long long>(counts[offload::kCacheUnplaced]));
+    std::printf("%-34s %12.4f\n", "Expert prefetch accuracy:", cache.prefetch_accuracy());
+    std::printf("%-34s %12.1f\n", "Expert bytes host to device (MiB):", bytes / 1048576.0);
+    std::printf("%-34s %12.4f\n", "Expert copy stall (s):", stall);
+    cache_json = {{"hits", counts[offload::kCacheHits]},
+                  {"misses", counts[offload::kCacheMisses]},
+                  {"unplaced", counts[offload::kCacheUnplaced]},
+                  {"prefetched", prefetched},
+                  {"prefetch_used", counts[offload::kCachePrefetchUsed]},
+                  {"host_to_device_bytes", bytes},
+                  {"stall_seconds", stall}};
+  }
   nlohmann::json gpu_json = nlohmann::json::object();
   if (engine->gpu()) print_gpu_figures(*engine, args, times, gpu_json);
   if (!args.json_file.empty()) {
@@ -283,7 +314,8 @@ void run_bench(const BenchArgs& args) {
                           {"forward_seconds", stats.forward_seconds},
                           {"sample_seconds", stats.sample_seconds},
                           {"stage_seconds", stages},
-                          {"timed_steps", stats.timed_steps}}
+                          {"timed_steps", stats.timed_steps},
+                          {"expert_cache", cache_json}}
                .dump(2)
         << "\n";
   }

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "offload/cache_summary.h"
 
 namespace moeinfer::profile {
 namespace {
@@ -239,28 +240,19 @@ Json build_report(const RunInfo& run, const Profiler& profiler,
   report["summary"]["rank_rows"] = rank_total;
   const bool offloaded = std::any_of(cache_counts.begin(), cache_counts.end(),
                                      [](int64_t c) { return c != 0; });
-  const auto cache_entry = [&](const int64_t* counts, int64_t bytes, double stall_s) {
-    const int64_t prefetched = counts[offload::kCachePrefetched];
-    return Json{{"hits", counts[offload::kCacheHits]},
-                {"misses", counts[offload::kCacheMisses]},
-                {"unplaced", counts[offload::kCacheUnplaced]},
-                {"prefetched", prefetched},
-                {"prefetch_used", counts[offload::kCachePrefetchUsed]},
-                {"prefetch_accuracy",
-                 prefetched ? static_cast<double>(counts[offload::kCachePrefetchUsed]) / prefetched
-                            : 0.0},
-                {"host_to_device_bytes", bytes},
-                {"stall_ms", stall_s * 1e3}};
+  const auto cache_entry = [](const offload::CacheSummary& c) {
+    return Json{{"hits", c.counts[offload::kCacheHits]},
+                {"misses", c.counts[offload::kCacheMisses]},
+                {"unplaced", c.counts[offload::kCacheUnplaced]},
+                {"prefetched", c.counts[offload::kCachePrefetched]},
+                {"prefetch_used", c.counts[offload::kCachePrefetchUsed]},
+                {"prefetch_accuracy", c.prefetch_accuracy()},
+                {"host_to_device_bytes", c.host_to_device_bytes},
+                {"stall_ms", c.stall_seconds * 1e3}};
   };
-  if (offloaded) {
-    std::vector<int64_t> total(C, 0);
-    for (int64_t i = 0; i < L * C; ++i) total[i % C] += cache_counts[i];
-    report["summary"]["expert_cache"] =
-        cache_entry(total.data(), std::accumulate(cache_bytes.begin(), cache_bytes.end(), int64_t{0}),
-                    std::accumulate(cache_stall.begin(), cache_stall.end(), 0.0));
-  } else {
-    report["summary"]["expert_cache"] = nullptr;
-  }
+  report["summary"]["expert_cache"] =
+      offloaded ? cache_entry(offload::summarize_cache(cache_counts, cache_bytes, cache_stall))
+                : Json(nullptr);
 
   Json totals = Json::array();
   for (int64_t s = 0; s < S; ++s) {
@@ -314,7 +306,10 @@ Json build_report(const RunInfo& run, const Profiler& profiler,
           r.reuse_samples ? static_cast<double>(r.reuse_within_1_step) / r.reuse_samples : 0.0;
     }
     if (offloaded && run.layer_is_moe[l]) {
-      entry["expert_cache"] = cache_entry(cache_counts.data() + l * C, cache_bytes[l], cache_stall[l]);
+      entry["expert_cache"] = cache_entry(offload::summarize_cache(
+          std::span<const int64_t>(cache_counts).subspan(l * C, C),
+          std::span<const int64_t>(cache_bytes).subspan(l, 1),
+          std::span<const double>(cache_stall).subspan(l, 1)));
     }
     layers.push_back(entry);
   }

@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <ctime>
 
-#include "offload/cache_policy.h"
+#include "offload/cache_summary.h"
 #include "profile/profiler.h"
 
 namespace moeinfer::server {
@@ -22,29 +22,9 @@ constexpr const char* kCacheCounterHelp[offload::kNumCacheCounters] = {
     "Experts a prefetch (predicted from the previous layer) copied into a slot.",
     "Demands that found an expert a prefetch had brought and no demand had used yet."};
 
-struct CacheTotals {
-  int64_t counts[offload::kNumCacheCounters] = {};
-  int64_t bytes = 0;
-  double stall_seconds = 0.0;
-  double prefetch_accuracy() const {
-    const int64_t prefetched = counts[offload::kCachePrefetched];
-    return prefetched ? static_cast<double>(counts[offload::kCachePrefetchUsed]) / prefetched : 0.0;
-  }
-  double hit_rate() const {
-    const int64_t demands =
-        counts[offload::kCacheHits] + counts[offload::kCacheMisses] + counts[offload::kCacheUnplaced];
-    return demands ? static_cast<double>(counts[offload::kCacheHits]) / demands : 0.0;
-  }
-};
-
-CacheTotals cache_totals(const EngineStats& stats) {
-  CacheTotals t;
-  for (size_t i = 0; i < stats.expert_cache.size(); ++i) {
-    t.counts[i % offload::kNumCacheCounters] += stats.expert_cache[i];
-  }
-  for (int64_t b : stats.expert_cache_bytes) t.bytes += b;
-  for (double s : stats.expert_cache_stall_seconds) t.stall_seconds += s;
-  return t;
+offload::CacheSummary cache_totals(const EngineStats& stats) {
+  return offload::summarize_cache(stats.expert_cache, stats.expert_cache_bytes,
+                                  stats.expert_cache_stall_seconds);
 }
 
 
@@ -356,7 +336,7 @@ std::string Metrics::render(const std::string& model_name) const {
     }
   }
   if (stats_.expert_offload()) {
-    const CacheTotals totals = cache_totals(stats_);
+    const offload::CacheSummary totals = cache_totals(stats_);
     for (int k = 0; k < offload::kNumCacheCounters; ++k) {
       counter(std::string("expert_cache_") + kCacheCounterNames[k] + "_total", kCacheCounterHelp[k],
               static_cast<double>(totals.counts[k]));
@@ -364,7 +344,7 @@ std::string Metrics::render(const std::string& model_name) const {
     counter("expert_cache_host_to_device_bytes_total",
             "Expert bytes that crossed host to device: every copy into a slot and every read of "
             "an unplaced expert.",
-            static_cast<double>(totals.bytes));
+            static_cast<double>(totals.host_to_device_bytes));
     counter("expert_cache_stall_seconds_total",
             "Time compute waited for the expert cache's demand copies.", totals.stall_seconds);
     gauge("expert_cache_prefetch_accuracy",
@@ -585,7 +565,7 @@ nlohmann::json Metrics::dashboard(const std::string& model_name) const {
   // The expert cache under offloading: totals and per layer; null without a budget.
   json cache = nullptr;
   if (stats_.expert_offload()) {
-    const CacheTotals totals = cache_totals(stats_);
+    const offload::CacheSummary totals = cache_totals(stats_);
     json layers = json::array();
     for (int64_t l = 0; l < stats_.num_layers; ++l) {
       json layer = {{"layer", l}};
@@ -602,7 +582,7 @@ nlohmann::json Metrics::dashboard(const std::string& model_name) const {
     }
     cache["hit_rate"] = totals.hit_rate();
     cache["prefetch_accuracy"] = totals.prefetch_accuracy();
-    cache["host_to_device_bytes"] = totals.bytes;
+    cache["host_to_device_bytes"] = totals.host_to_device_bytes;
     cache["stall_seconds"] = totals.stall_seconds;
     cache["layers"] = std::move(layers);
   }
