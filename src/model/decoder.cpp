@@ -141,7 +141,8 @@ void Decoder::make_moe_block(std::unique_ptr<moe::ExpertRunner> runner) {
 }
 
 void Decoder::set_offload(const offload::OffloadOptions& options, int64_t max_step_tokens) {
-  offload::check_offload_model(options, config_.num_experts, "the " + config_.model_type + " model");
+  offload::check_offload_model(options, config_.num_experts,
+                               "the " + config_.model_type + " model");
   MOE_CHECK(max_step_tokens >= 1, "set_offload: max_step_tokens must be >= 1, got ",
             max_step_tokens);
   if (config_.num_experts == 0) return;

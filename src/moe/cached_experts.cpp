@@ -59,8 +59,8 @@ CachedExperts::CachedExperts(std::vector<std::span<const ExpertWeights>> experts
   const int64_t S = cache_.num_slots();
   if (S > 0) {
     void* memory = std::aligned_alloc(kSlotAlign, slot_stride_ * static_cast<size_t>(S));
-    MOE_CHECK(memory != nullptr, "cached experts: cannot allocate ", S, " slots of ",
-              slot_stride_, " bytes");
+    MOE_CHECK(memory != nullptr, "cached experts: cannot allocate ", S, " slots of ", slot_stride_,
+              " bytes");
     slots_.reset(static_cast<std::byte*>(memory));
   }
   slot_views_.resize(static_cast<size_t>(S));

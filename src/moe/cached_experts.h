@@ -40,7 +40,7 @@ struct CachedExpertsOptions {
   int64_t expert_width = 0;  // I
   int64_t num_slots = 0;     // S, at most the routed experts of all MoE layers
   offload::CachePolicy policy = offload::CachePolicy::kLru;
-  bool prefetch = true;      // predict and prefetch layer l+1's experts at layer l
+  bool prefetch = true;  // predict and prefetch layer l+1's experts at layer l
 };
 
 class CachedExperts final : public ExpertRunner {
@@ -91,11 +91,11 @@ class CachedExperts final : public ExpertRunner {
   std::vector<int64_t> bytes_;                                // [L]
   std::vector<double> stall_;                                 // [L]
   // Per call, reused.
-  std::vector<uint8_t> needed_;                 // [E]
-  std::vector<offload::SlotCopy> copies_;       // [E]
-  std::vector<float> logits_;                   // [T, E] the predicted layer's router logits
+  std::vector<uint8_t> needed_;            // [E]
+  std::vector<offload::SlotCopy> copies_;  // [E]
+  std::vector<float> logits_;              // [T, E] the predicted layer's router logits
   Routing predicted_;
-  std::vector<ExpertWeights> views_;            // [E] the experts run() reads
+  std::vector<ExpertWeights> views_;  // [E] the experts run() reads
 };
 
 }  // namespace moeinfer::moe

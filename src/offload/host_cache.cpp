@@ -74,8 +74,11 @@ std::vector<SlotCopy> HostCacheTables::warm(std::span<const int32_t> ranking) {
   const CacheTables t = tables();
   for (auto it = placed.rbegin(); it != placed.rend(); ++it) {
     const int32_t slot = slot_of_[*it];
-    place(t, Admission{.layer = *it / num_experts_, .num_experts = num_experts_,
-                       .tick = next_tick(), .protect_from = tick_},
+    place(t,
+          Admission{.layer = *it / num_experts_,
+                    .num_experts = num_experts_,
+                    .tick = next_tick(),
+                    .protect_from = tick_},
           *it, slot, scratch);
   }
   for (int32_t g : placed) copies.push_back({.expert = g, .slot = slot_of_[g]});

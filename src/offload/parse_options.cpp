@@ -43,8 +43,9 @@ bool leading_number(std::string_view text, double* value, std::string_view* rest
 
 void parse_expert_budget(std::string_view text, OffloadOptions* options) {
   const std::string quoted = "--expert-budget '" + std::string(text) + "'";
-  MOE_CHECK(!text.empty(), "--expert-budget: empty; give bytes (24GiB, 800MB, 1000000) or a "
-                           "percentage of the routed experts' bytes (50%)");
+  MOE_CHECK(!text.empty(),
+            "--expert-budget: empty; give bytes (24GiB, 800MB, 1000000) or a "
+            "percentage of the routed experts' bytes (50%)");
   MOE_CHECK(text.front() != '-', quoted, ": a budget cannot be negative");
   double value = 0.0;
   std::string_view rest;
@@ -84,7 +85,8 @@ void parse_expert_budget(std::string_view text, OffloadOptions* options) {
 void parse_expert_cache(std::string_view text, OffloadOptions* options) {
   const size_t colon = text.find(':');
   const std::string policy = lower(text.substr(0, colon));
-  const std::string file = colon == std::string_view::npos ? "" : std::string(text.substr(colon + 1));
+  const std::string file =
+      colon == std::string_view::npos ? "" : std::string(text.substr(colon + 1));
   MOE_CHECK(colon == std::string_view::npos || !file.empty(), "--expert-cache '", text,
             "': no file after the colon");
   if (policy == "lru") {
@@ -92,8 +94,9 @@ void parse_expert_cache(std::string_view text, OffloadOptions* options) {
   } else if (policy == "lfu") {
     options->policy = CachePolicy::kLfu;
   } else if (policy == "static") {
-    MOE_CHECK(!file.empty(), "--expert-cache static needs a routing trace: static:FILE (record "
-                             "one with --trace-routing FILE)");
+    MOE_CHECK(!file.empty(),
+              "--expert-cache static needs a routing trace: static:FILE (record "
+              "one with --trace-routing FILE)");
     options->policy = CachePolicy::kStatic;
   } else {
     MOE_FAIL("--expert-cache '", text, "': expected lru, lfu or static:FILE");

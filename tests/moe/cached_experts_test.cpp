@@ -30,20 +30,20 @@ using testing_support::model_fixture_names;
 
 // What one run of the workload saw.
 struct WorkloadRun {
-  std::vector<float> logits;  // every forward's logits, concatenated
+  std::vector<float> logits;     // every forward's logits, concatenated
   int64_t distinct_demands = 0;  // sum over (forward, MoE layer) of distinct experts routed
 };
 
 // A prefill of 6 tokens, a second chunk of 5, then 4 decode steps, on a fresh cache; with a
 // profiler installed (so that the counters reach it too) and a routing observer counting each
 // step's distinct experts per layer. `trace`, when given, records the routing.
-WorkloadRun run_workload(Decoder& decoder, const std::vector<int32_t>& tokens, profile::Profiler* profiler,
-                 RoutingTraceWriter* trace = nullptr) {
+WorkloadRun run_workload(Decoder& decoder, const std::vector<int32_t>& tokens,
+                         profile::Profiler* profiler, RoutingTraceWriter* trace = nullptr) {
   const int64_t V = decoder.config().vocab_size;
   WorkloadRun run;
   decoder.set_routing_observer([&](int64_t layer, const moe::Routing& routing) {
-    run.distinct_demands +=
-        static_cast<int64_t>(std::set<int32_t>(routing.topk_ids.begin(), routing.topk_ids.end()).size());
+    run.distinct_demands += static_cast<int64_t>(
+        std::set<int32_t>(routing.topk_ids.begin(), routing.topk_ids.end()).size());
     if (trace) trace->record(layer, routing);
   });
   profile::ActiveProfiler on(profiler);
@@ -98,9 +98,9 @@ TEST_P(CachedExpertsTest, EveryBudgetAndPolicyMatchesResidentBitForBit) {
       profile::Profiler profiler({.num_layers = L, .num_experts = E});
       const WorkloadRun run = run_workload(decoder, tokens, &profiler);
       ASSERT_EQ(run.logits.size(), resident.logits.size());
-      EXPECT_EQ(std::memcmp(run.logits.data(), resident.logits.data(),
-                            run.logits.size() * sizeof(float)),
-                0)
+      EXPECT_EQ(
+          std::memcmp(run.logits.data(), resident.logits.data(), run.logits.size() * sizeof(float)),
+          0)
           << "logits differ from the resident run";
 
       const std::vector<int64_t> total = cached->cache().total_counters();
@@ -144,9 +144,9 @@ TEST_P(CachedExpertsTest, EveryBudgetAndPolicyMatchesResidentBitForBit) {
   decoder.set_offload({});
   EXPECT_EQ(decoder.cached_experts(), nullptr);
   const WorkloadRun back = run_workload(decoder, tokens, nullptr);
-  EXPECT_EQ(std::memcmp(back.logits.data(), resident.logits.data(),
-                        back.logits.size() * sizeof(float)),
-            0);
+  EXPECT_EQ(
+      std::memcmp(back.logits.data(), resident.logits.data(), back.logits.size() * sizeof(float)),
+      0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CachedExpertsTest, testing::ValuesIn(model_fixture_names()),

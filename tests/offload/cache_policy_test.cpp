@@ -125,9 +125,9 @@ TEST(CachePolicy, StaticNeverEvictsTheHotSet) {
 
 TEST(CachePolicy, PrefetchNeverEvictsProtectedSlots) {
   HostCacheTables cache(kLayers, kExperts, 3, CachePolicy::kLru);
-  admit(cache, 0, {0});                        // tick 1
+  admit(cache, 0, {0});  // tick 1
   const int64_t layer_tick = cache.tick() + 1;
-  admit(cache, 0, {1, 2});                     // tick 2: layer 0 computing
+  admit(cache, 0, {1, 2});  // tick 2: layer 0 computing
   // The prefetch of layer 1 protects from layer 0's tick: slots 1 and 2 stay, slot 0 (tick 1)
   // may go.
   const std::vector<SlotCopy> copies = admit(cache, 1, {4, 5}, /*prefetch=*/true, layer_tick);
@@ -174,10 +174,10 @@ TEST(CachePolicy, AdmissionTouchesHitsBeforePlacingMisses) {
 TEST(CachePolicy, CountersOfDemandsAndPrefetches) {
   HostCacheTables cache(kLayers, kExperts, 4, CachePolicy::kLru);
   const int64_t t = cache.tick() + 1;
-  admit(cache, 0, {0, 1});                                // 2 misses
-  admit(cache, 1, {2, 3}, /*prefetch=*/true, t);          // 2 prefetched
-  admit(cache, 1, {2, 4});                                // hit (prefetch used), miss
-  admit(cache, 1, {2});                                   // hit, not a second prefetch use
+  admit(cache, 0, {0, 1});                        // 2 misses
+  admit(cache, 1, {2, 3}, /*prefetch=*/true, t);  // 2 prefetched
+  admit(cache, 1, {2, 4});                        // hit (prefetch used), miss
+  admit(cache, 1, {2});                           // hit, not a second prefetch use
   EXPECT_EQ(count(cache, 0, kCacheMisses), 2);
   EXPECT_EQ(count(cache, 1, kCachePrefetched), 2);
   EXPECT_EQ(count(cache, 1, kCacheHits), 2);
@@ -218,9 +218,9 @@ TEST(HotSet, RankingByLoadTiesToTheLowerId) {
 }
 
 TEST(HotSet, StaticReserveSlots) {
-  EXPECT_EQ(static_reserve_slots(128, 8, 1000), 16);   // two layers of top-8
-  EXPECT_EQ(static_reserve_slots(8, 64, 1000), 16);    // at most E per layer
-  EXPECT_EQ(static_reserve_slots(128, 8, 10), 10);     // never more than the cache
+  EXPECT_EQ(static_reserve_slots(128, 8, 1000), 16);  // two layers of top-8
+  EXPECT_EQ(static_reserve_slots(8, 64, 1000), 16);   // at most E per layer
+  EXPECT_EQ(static_reserve_slots(128, 8, 10), 10);    // never more than the cache
   EXPECT_EQ(static_reserve_slots(128, 8, 0), 0);
 }
 
