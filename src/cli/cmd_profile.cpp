@@ -39,7 +39,6 @@
 #include "kv/kv_cache.h"
 #include "model/model.h"
 #include "model/synthetic.h"
-#include "offload/parse_options.h"
 #include "profile/profiler.h"
 #include "profile/report.h"
 #include "profile/routing_trace.h"
@@ -172,8 +171,6 @@ class Workload {
                                .block_size = kBlockSize,
                                .num_kv_blocks = num_blocks_,
                                .offload = args.device.offload()};
-      offload::check_offload_model(options.offload, config.num_experts,
-                                   "the " + config.model_type + " model");
       gpu_ = decoder ? GpuDecoder::create(config, decoder->weights(), options)
                      : GpuDecoder::create_synthetic(
                            config, options,

@@ -73,7 +73,6 @@ SequenceRunner::SequenceRunner(Model& model, const DeviceArgs& device, int64_t m
   options.max_num_seqs = 1;
   options.max_model_len = capacity_;
   options.num_kv_blocks = (capacity_ + options.block_size - 1) / options.block_size;
-  offload::check_offload_model(offload, config.num_experts, "the " + config.model_type + " model");
   options.offload = offload;
   gpu_ = GpuDecoder::create(config, model.decoder().weights(), options);
   for (int32_t b = 0; b < options.num_kv_blocks; ++b) block_table_.push_back(b);

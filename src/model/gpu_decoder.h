@@ -51,9 +51,6 @@ struct GpuOptions {
   // --expert-budget / --expert-cache: routed experts live in pinned host memory and a device
   // cache of slots holds what the budget allows (disabled: every expert resident).
   offload::OffloadOptions offload;
-  // Global expert ids (layer * E + e), most wanted first: loaded into the cache before traffic,
-  // and the static policy's hot set (from the routing trace of --expert-cache static:FILE).
-  std::vector<int32_t> expert_ranking;
 };
 
 // Synthetic weights built on the device (`--model synthetic:NAME`).

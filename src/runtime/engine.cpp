@@ -8,7 +8,6 @@
 #include "backend/cpu/gemm.h"
 #include "core/error.h"
 #include "model/synthetic.h"
-#include "offload/parse_options.h"
 
 namespace moeinfer {
 namespace {
@@ -124,8 +123,6 @@ std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const Eng
   if (config.device == "cuda") {
     // The GPU reads the map once while uploading; prefaulting it first would read it twice.
     auto model = Model::load(dir, LoadOptions{.prefault = false});
-    offload::check_offload_model(config.offload, model->config().num_experts,
-                                 "the " + model->config().model_type + " model");
     Tokenizer tokenizer = Tokenizer::from_file(dir / "tokenizer.json");
     auto gpu = GpuDecoder::create(model->config(), model->decoder().weights(),
                                   gpu_options(model->config(), config));

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <numeric>
 #include <random>
 #include <string>
@@ -26,6 +27,7 @@
 #include "model/gpu_decoder.h"
 #include "offload/cache_policy.h"
 #include "offload/cuda/expert_cache.h"
+#include "profile/routing_trace.h"
 
 namespace moeinfer {
 namespace {
@@ -226,6 +228,32 @@ void copy_moves_every_listed_expert() {
   cudaFreeHost(home);
 }
 
+// A routing trace (the file --expert-cache static:FILE reads) in which every routed expert of
+// every MoE layer takes some tokens, with uneven loads: its ranking warms the cache and names the
+// static hot set.
+std::filesystem::path write_trace(const ModelConfig& c, uint64_t seed, const std::string& name) {
+  const std::filesystem::path path =
+      std::filesystem::path(::testing::TempDir()) / (name + "_offload.trace");
+  const int64_t E = c.num_experts, K = c.num_experts_per_tok;
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  RoutingTraceWriter writer(path, c.num_layers, E, K);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    if (!c.layer_is_moe[l]) continue;
+    for (const int64_t tokens : {E, 1 + static_cast<int64_t>(rng() % 8)}) {
+      moe::Routing routing{.num_tokens = tokens, .top_k = K};
+      const int64_t first = static_cast<int64_t>(rng() % E);
+      for (int64_t t = 0; t < tokens; ++t) {
+        for (int64_t k = 0; k < K; ++k) {
+          routing.topk_ids.push_back(static_cast<int32_t>((first + t + k) % E));
+          routing.topk_weights.push_back(1.0f / static_cast<float>(K));
+        }
+      }
+      writer.record(l, routing);
+    }
+  }
+  return path;
+}
+
 std::vector<std::vector<float>> run_schedule(GpuDecoder& gpu, const testing::Schedule& s,
                                              int64_t V) {
   std::vector<std::vector<float>> out;
@@ -256,22 +284,14 @@ void offloaded_logits_equal_resident() {
                        .block_size = 16, .num_kv_blocks = s.num_blocks, .quiet = true};
     const auto resident = GpuDecoder::create(c, m.weights, options);
     const std::vector<std::vector<float>> want = run_schedule(*resident, s, c.vocab_size);
-    // A ranking of every routed expert, for warm-up and the static hot set.
-    std::vector<int32_t> ranking;
-    for (int64_t l = 0; l < c.num_layers; ++l) {
-      if (!c.layer_is_moe[l]) continue;
-      for (int64_t e = 0; e < c.num_experts; ++e)
-        ranking.push_back(static_cast<int32_t>(l * c.num_experts + e));
-    }
-    std::mt19937 rng(static_cast<uint32_t>(seed));
-    std::shuffle(ranking.begin(), ranking.end(), rng);
+    const std::filesystem::path trace = write_trace(c, seed, std::string(family_name(family)));
     for (const double fraction : {1.0, 0.5, 0.25, 0.1, 0.0}) {
       for (const CachePolicy policy : kPolicies) {
         for (const bool warm : {false, true}) {
           if (policy == CachePolicy::kStatic && !warm) continue;
           GpuOptions o = options;
           o.offload = {.budget_fraction = fraction, .policy = policy};
-          if (warm) o.expert_ranking = ranking;
+          if (warm) o.offload.hot_set_file = trace.string();
           const auto gpu = GpuDecoder::create(c, m.weights, o);
           const std::vector<std::vector<float>> got = run_schedule(*gpu, s, c.vocab_size);
           const std::string where = std::string(family_name(family)) + " seed " +

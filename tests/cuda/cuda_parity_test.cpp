@@ -25,24 +25,14 @@
 #include "model/gpu_decoder.h"
 #include "model/model.h"
 #include "cuda_test_util.h"
+#include "../support/model_fixtures.h"
 
 namespace moeinfer {
 namespace {
 
-const std::filesystem::path kModels = std::filesystem::path(MOE_FIXTURES_DIR) / "models";
 constexpr double kMaxRelError = 2e-2;
 constexpr double kMinTop1Agreement = 0.99;
 
-std::vector<std::string> fixture_names() {
-  std::vector<std::string> names;
-  for (const auto& entry : std::filesystem::directory_iterator(kModels)) {
-    if (std::filesystem::exists(entry.path() / "reference.json")) {
-      names.push_back(entry.path().filename().string());
-    }
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
 
 int32_t argmax(const float* row, int64_t n) {
   return static_cast<int32_t>(std::max_element(row, row + n) - row);
@@ -74,7 +64,7 @@ std::vector<int32_t> blocks(int32_t first, int32_t count) {
 }
 
 void check_fixture(const std::string& name, Agreement& total) {
-  const auto dir = kModels / name;
+  const auto dir = testing_support::kModelFixtures / name;
   std::ifstream in(dir / "reference.json");
   const nlohmann::json ref = nlohmann::json::parse(in);
   const auto prompt = ref["prompt_ids"].get<std::vector<int32_t>>();
@@ -162,8 +152,8 @@ void check_fixture(const std::string& name, Agreement& total) {
 
 void every_fixture_on_every_route() {
   Agreement total;
-  const auto names = fixture_names();
-  ASSERT_GE(names.size(), 10u) << "fixtures missing under " << kModels;
+  const auto names = testing_support::model_fixture_names();
+  ASSERT_GE(names.size(), 10u) << "fixtures missing under " << testing_support::kModelFixtures;
   for (const std::string& name : names) {
     SCOPED_TRACE(name);
     check_fixture(name, total);

@@ -5,6 +5,8 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "core/error.h"
+#include "offload/host_cache.h"
+#include "offload/hot_set.h"
 
 namespace moeinfer::gpu {
 namespace {
@@ -14,42 +16,20 @@ namespace {
 constexpr int kDemandCopyBlocksPerSm = 2;
 constexpr int kPrefetchCopyBlocks = 16;
 
-size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
-// Hands out 256-byte aligned pieces of one allocation; a null base only sizes.
-class Pieces {
- public:
-  explicit Pieces(char* base) : base_(base) {}
-  template <typename T>
-  T* take(int64_t count) {
-    T* out = base_ ? reinterpret_cast<T*>(base_ + used_) : nullptr;
-    used_ += align256(static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(T));
-    return out;
-  }
-  size_t used() const { return used_; }
-
- private:
-  char* base_;
-  size_t used_ = 0;
-};
-
+template <typename T>
+void upload(T* dst, const T* src, int64_t count) {
+  CUDA_CHECK(cudaMemcpy(dst, src, static_cast<size_t>(count) * sizeof(T), cudaMemcpyHostToDevice));
+}
 template <typename T>
 void upload(T* dst, const std::vector<T>& src) {
-  CUDA_CHECK(cudaMemcpy(dst, src.data(), src.size() * sizeof(T), cudaMemcpyHostToDevice));
-}
-
-template <typename T>
-std::vector<T> download(const T* src, int64_t count) {
-  std::vector<T> out(static_cast<size_t>(count));
-  CUDA_CHECK(cudaMemcpy(out.data(), src, out.size() * sizeof(T), cudaMemcpyDeviceToHost));
-  return out;
+  upload(dst, src.data(), static_cast<int64_t>(src.size()));
 }
 
 }  // namespace
 
 CachedExperts::CachedExperts(const ModelConfig& config, const DeviceWeights& weights,
-                             const offload::OffloadOptions& options, int64_t max_assignments,
-                             std::span<const int32_t> ranking)
+                             const offload::OffloadOptions& options,
+                             int64_t max_assignments_per_layer)
     : num_layers_(config.num_layers), num_experts_(config.num_experts), policy_(options.policy) {
   MOE_CHECK(weights.experts_offloaded, "the expert cache needs offloaded expert weights");
   MOE_CHECK(num_experts_ <= offload::cuda::kAdmitMaxExperts, "num_experts ", num_experts_,
@@ -64,7 +44,7 @@ CachedExperts::CachedExperts(const ModelConfig& config, const DeviceWeights& wei
   num_slots_ = options.num_slots(expert_bytes_, moe_layers * num_experts_);
   const int64_t LE = num_layers_ * num_experts_, S = num_slots_, E = num_experts_;
 
-  auto carve = [&](Pieces& p) {
+  auto carve = [&](Carver& p) {
     slots_ = p.take<bf16>(S * (gate_up_elems_ + down_elems_));
     gate_up_table_ = p.take<bf16*>(LE);
     down_table_ = p.take<bf16*>(LE);
@@ -84,7 +64,7 @@ CachedExperts::CachedExperts(const ModelConfig& config, const DeviceWeights& wei
       list->count = p.take<int32_t>(1);
     }
   };
-  Pieces sizing(nullptr);
+  Carver sizing(nullptr);
   carve(sizing);
   device_bytes_ = static_cast<int64_t>(sizing.used());
   size_t free_bytes = 0, total_bytes = 0;
@@ -93,7 +73,7 @@ CachedExperts::CachedExperts(const ModelConfig& config, const DeviceWeights& wei
             " slots needs ", device_bytes_ >> 20, " MiB of device memory, ", free_bytes >> 20,
             " MiB are free (lower --expert-budget)");
   memory_ = device_array<char>(static_cast<size_t>(device_bytes_));
-  Pieces assign(memory_.get());
+  Carver assign(memory_.get());
   carve(assign);
   tables_.num_slots = S;
   tables_.policy = policy_;
@@ -130,32 +110,46 @@ CachedExperts::CachedExperts(const ModelConfig& config, const DeviceWeights& wei
   }
   upload(home_gate_up_, home_gu);
   upload(home_down_, home_dn);
-  upload(gate_up_table_, gu_table);
-  upload(down_table_, dn_table);
-  upload(tables_.slot_of, std::vector<int32_t>(static_cast<size_t>(LE), -1));
-  upload(tables_.owner, std::vector<int32_t>(static_cast<size_t>(S), -1));
-  upload(tables_.last_use, std::vector<int64_t>(static_cast<size_t>(S), 0));
-  upload(tables_.uses, std::vector<int64_t>(static_cast<size_t>(LE), 0));
-  upload(tables_.prefetched, std::vector<uint8_t>(static_cast<size_t>(S), 0));
-  upload(hot_, std::vector<uint8_t>(static_cast<size_t>(LE), 0));
-  upload(clock_, std::vector<int64_t>(offload::cuda::kClockWords, 0));
   upload(counters_, std::vector<int64_t>(static_cast<size_t>(num_layers_ *
                                                              offload::kNumCacheCounters), 0));
 
+  // The starting state is the host's (offload/host_cache.h, as the CPU's budget starts): the
+  // trace's ranking warms the slots, and for the static policy its top is the hot set.
+  std::vector<int32_t> ranking;
+  if (!options.hot_set_file.empty()) {
+    ranking = offload::load_expert_ranking(options.hot_set_file, num_layers_, E);
+  }
   for (int32_t g : ranking) {
-    MOE_CHECK(g >= 0 && g < LE && weights.layers[g / E].is_moe, "expert ", g,
-              " of the ranking is not a routed expert of this model");
+    MOE_CHECK(weights.layers[g / E].is_moe, "expert ", g, " of ", options.hot_set_file,
+              " is in a dense layer of this model");
   }
+  offload::HostCacheTables start(num_layers_, E, S, policy_);
   if (policy_ == offload::CachePolicy::kStatic) {
-    // The slots beyond the hot set stream the other experts: a layer's misses and a prefetch.
-    const int64_t reserve = std::min(S, 2 * std::min(E, max_assignments));
-    const int64_t hot = std::min<int64_t>(static_cast<int64_t>(ranking.size()), S - reserve);
-    warm(ranking.first(static_cast<size_t>(hot)), /*hot=*/true);
-    // The streaming slots start with the next experts of the ranking.
-    warm(ranking.subspan(static_cast<size_t>(hot)), /*hot=*/false);
-  } else {
-    warm(ranking, /*hot=*/false);
+    start.set_hot_set(ranking,
+                      S - offload::static_reserve_slots(E, max_assignments_per_layer, S));
   }
+  for (const offload::SlotCopy& c : start.warm(ranking)) {
+    bf16* gate_up = slots_ + c.slot * (gate_up_elems_ + down_elems_);
+    CUDA_CHECK(cudaMemcpy(gate_up, host_home_gate_up_[c.expert / E] + (c.expert % E) * gate_up_elems_,
+                          static_cast<size_t>(gate_up_elems_) * sizeof(bf16),
+                          cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(gate_up + gate_up_elems_,
+                          host_home_down_[c.expert / E] + (c.expert % E) * down_elems_,
+                          static_cast<size_t>(down_elems_) * sizeof(bf16),
+                          cudaMemcpyHostToDevice));
+    gu_table[c.expert] = gate_up;
+    dn_table[c.expert] = gate_up + gate_up_elems_;
+  }
+  upload(gate_up_table_, gu_table);
+  upload(down_table_, dn_table);
+  const offload::CacheTables t = start.tables();
+  upload(tables_.slot_of, t.slot_of, LE);
+  upload(tables_.uses, t.uses, LE);
+  upload(hot_, t.hot, LE);
+  upload(tables_.owner, t.owner, S);
+  upload(tables_.last_use, t.last_use, S);
+  upload(tables_.prefetched, t.prefetched, S);
+  upload(clock_, std::vector<int64_t>{start.tick(), start.tick()});
 
   cudaDeviceProp prop{};
   int device = 0;
@@ -177,51 +171,6 @@ CachedExperts::CachedExperts(const ModelConfig& config, const DeviceWeights& wei
 CachedExperts::~CachedExperts() {
   if (fork_) cudaEventDestroy(fork_);
   if (prefetch_done_) cudaEventDestroy(prefetch_done_);
-}
-
-// The free slots take the experts of the ranking in order (those not resident yet) before any
-// traffic, the top of the ranking the most recently used: every warm stamp is below the clock,
-// which starts past them.
-void CachedExperts::warm(std::span<const int32_t> ranking, bool hot) {
-  const int64_t LE = num_layers_ * num_experts_;
-  std::vector<int32_t> slot_of = download(tables_.slot_of, LE);
-  std::vector<int32_t> owner = download(tables_.owner, num_slots_);
-  std::vector<int64_t> last_use = download(tables_.last_use, num_slots_);
-  std::vector<uint8_t> hot_set = download(hot_, LE);
-  std::vector<bf16*> gu_table = download(gate_up_table_, LE);
-  std::vector<bf16*> dn_table = download(down_table_, LE);
-  std::vector<int64_t> clock = download(clock_, offload::cuda::kClockWords);
-  // Stamps count down from the clock's top: the first expert of this ranking is the newest.
-  const int64_t top = clock[0] + static_cast<int64_t>(ranking.size());
-  int32_t slot = 0;
-  int64_t rank = 0;
-  for (const int32_t g : ranking) {
-    ++rank;
-    if (slot_of[g] >= 0) continue;  // listed twice
-    while (slot < num_slots_ && owner[slot] >= 0) ++slot;
-    if (slot == num_slots_) break;
-    slot_of[g] = slot;
-    owner[slot] = g;
-    last_use[slot] = top - rank + 1;
-    if (hot) hot_set[g] = 1;
-    bf16* gate_up = slots_ + slot * (gate_up_elems_ + down_elems_);
-    const int64_t l = g / num_experts_, e = g % num_experts_;
-    CUDA_CHECK(cudaMemcpy(gate_up, host_home_gate_up_[l] + e * gate_up_elems_,
-                          static_cast<size_t>(gate_up_elems_) * sizeof(bf16),
-                          cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(gate_up + gate_up_elems_, host_home_down_[l] + e * down_elems_,
-                          static_cast<size_t>(down_elems_) * sizeof(bf16),
-                          cudaMemcpyHostToDevice));
-    gu_table[g] = gate_up;
-    dn_table[g] = gate_up + gate_up_elems_;
-  }
-  upload(tables_.slot_of, slot_of);
-  upload(tables_.owner, owner);
-  upload(tables_.last_use, last_use);
-  upload(hot_, hot_set);
-  upload(gate_up_table_, gu_table);
-  upload(down_table_, dn_table);
-  upload(clock_, std::vector<int64_t>{top, top});
 }
 
 offload::cuda::AdmitParams CachedExperts::admit_params(int64_t layer, const int32_t* ids,
@@ -252,7 +201,7 @@ void CachedExperts::join(cudaStream_t stream) {
 
 void CachedExperts::admit(int64_t layer, const int32_t* topk_ids, int64_t num_assignments,
                           cudaStream_t stream) {
-  join(stream);
+  MOE_CHECK(!prefetch_pending_, "expert cache: admit() before join() of the pending prefetch");
   const offload::cuda::AdmitParams p = admit_params(layer, topk_ids, num_assignments, false);
   offload::cuda::admit_experts(p, stream);
   offload::cuda::copy_experts({.layout = p.layout, .copies = p.copies, .max_copies = num_experts_,
@@ -262,7 +211,7 @@ void CachedExperts::admit(int64_t layer, const int32_t* topk_ids, int64_t num_as
 
 void CachedExperts::prefetch(int64_t layer, const int32_t* topk_ids, int64_t num_assignments,
                              cudaStream_t stream) {
-  join(stream);
+  MOE_CHECK(!prefetch_pending_, "expert cache: prefetch() before join() of the pending one");
   cudaStream_t copy = copy_stream_.get();
   CUDA_CHECK(cudaEventRecord(fork_, stream));
   CUDA_CHECK(cudaStreamWaitEvent(copy, fork_, 0));
@@ -280,17 +229,6 @@ void CachedExperts::enqueue_counter_readback(cudaStream_t stream) {
                              static_cast<size_t>(num_layers_ * offload::kNumCacheCounters) *
                                  sizeof(int64_t),
                              cudaMemcpyDeviceToHost, stream));
-}
-
-CachedExperts::Snapshot CachedExperts::snapshot() const {
-  CUDA_CHECK(cudaDeviceSynchronize());
-  const int64_t LE = num_layers_ * num_experts_;
-  return {.slot_of = download(tables_.slot_of, LE),
-          .owner = download(tables_.owner, num_slots_),
-          .last_use = download(tables_.last_use, num_slots_),
-          .uses = download(tables_.uses, LE),
-          .prefetched = download(tables_.prefetched, num_slots_),
-          .counters = download(counters_, num_layers_ * offload::kNumCacheCounters)};
 }
 
 }  // namespace moeinfer::gpu

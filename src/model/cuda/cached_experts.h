@@ -7,6 +7,8 @@
 //
 // Per MoE layer l the decoder calls, in stream order:
 //   join(stream)               the prefetch for l (issued at l - 1) has finished its copies
+//                              (before anything rewrites what it reads; admit and prefetch
+//                              refuse to run while one is pending)
 //   admit(l, ids, stream)      demand: the layer's missing experts get slots, copied now
 //   prefetch(l + 1, ids', ...) the next layer's predicted experts, admitted and copied on a
 //                              copy stream while layer l computes
@@ -30,12 +32,12 @@ namespace moeinfer::gpu {
 
 class CachedExperts {
  public:
-  // weights: built with offload_experts. max_assignments: T*K of the largest step.
-  // ranking: experts (global ids, most wanted first) to load before traffic and, for the static
-  // policy, the hot set; may be empty.
+  // weights: built with offload_experts. options.hot_set_file, when given, is a routing trace
+  // whose ranking warms the slots before traffic (and, for the static policy, names the hot
+  // set). max_assignments_per_layer: T*K of a decode step, which sizes the static policy's
+  // streaming slots (offload::static_reserve_slots, the CPU's rule).
   CachedExperts(const ModelConfig& config, const DeviceWeights& weights,
-                const offload::OffloadOptions& options, int64_t max_assignments,
-                std::span<const int32_t> ranking);
+                const offload::OffloadOptions& options, int64_t max_assignments_per_layer);
   ~CachedExperts();
   CachedExperts(const CachedExperts&) = delete;
   CachedExperts& operator=(const CachedExperts&) = delete;
@@ -62,20 +64,9 @@ class CachedExperts {
     return {host_counters_.get(), static_cast<size_t>(num_layers_ * offload::kNumCacheCounters)};
   }
 
-  // The cache's state on the host (waits for the device): for the tests that hold the kernels
-  // to the host's admit().
-  struct Snapshot {
-    std::vector<int32_t> slot_of, owner;
-    std::vector<int64_t> last_use, uses;
-    std::vector<uint8_t> prefetched;
-    std::vector<int64_t> counters;
-  };
-  Snapshot snapshot() const;
-
  private:
   offload::cuda::AdmitParams admit_params(int64_t layer, const int32_t* ids, int64_t n,
                                           bool prefetch) const;
-  void warm(std::span<const int32_t> ranking, bool hot);
 
   int64_t num_layers_ = 0, num_experts_ = 0, num_slots_ = 0, expert_bytes_ = 0;
   int64_t device_bytes_ = 0;

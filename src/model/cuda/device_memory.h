@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <type_traits>
 
@@ -58,5 +59,25 @@ PinnedArray<T> mapped_pinned_array(size_t count) {
   CUDA_CHECK(cudaHostAlloc(&p, count * sizeof(T), cudaHostAllocMapped | cudaHostAllocPortable));
   return PinnedArray<T>(static_cast<T*>(p));
 }
+
+// Carves one allocation into 256-byte aligned typed arrays; run once with a null base to size,
+// once over the allocation to assign.
+class Carver {
+ public:
+  explicit Carver(char* base) : base_(base) {}
+  template <typename T>
+  T* take(int64_t count) {
+    const size_t bytes =
+        (static_cast<size_t>(count > 1 ? count : 1) * sizeof(T) + 255) / 256 * 256;
+    T* out = base_ ? reinterpret_cast<T*>(base_ + used_) : nullptr;
+    used_ += bytes;
+    return out;
+  }
+  size_t used() const { return used_; }
+
+ private:
+  char* base_;
+  size_t used_ = 0;
+};
 
 }  // namespace moeinfer::gpu

@@ -414,23 +414,11 @@ MlaPaddedDims padded_mla_dims(const ModelConfig& config) {
           .rope = round_up(config.mla->qk_rope_head_dim, 8)};
 }
 
-int64_t device_weight_bytes(const ModelConfig& config, bool offload_experts) {
+int64_t device_weight_bytes(const ModelConfig& config) {
   DeviceWeights shapes;
   Layout layout;
-  plan_layout(config, nullptr, offload_experts, shapes, layout);
+  plan_layout(config, nullptr, /*offload_experts=*/false, shapes, layout);
   return static_cast<int64_t>(layout.bytes());
-}
-
-int64_t expert_home_bytes(const ModelConfig& config) {
-  DeviceWeights shapes;
-  Layout layout;
-  plan_layout(config, nullptr, /*offload_experts=*/true, shapes, layout);
-  return static_cast<int64_t>(layout.home_bytes());
-}
-
-int64_t device_expert_bytes(const ModelConfig& config) {
-  return 3 * padded_hidden_size(config) * padded_expert_width(config) *
-         static_cast<int64_t>(sizeof(bf16));
 }
 
 DeviceWeights upload_weights(const ModelConfig& config, const DecoderWeights& weights,

@@ -104,12 +104,8 @@ int64_t padded_head_dim(const ModelConfig& config);
 int64_t padded_expert_width(const ModelConfig& config);
 MlaPaddedDims padded_mla_dims(const ModelConfig& config);  // zeros without MLA
 
-// Device bytes upload_weights / synthetic_weights will allocate (without the routed experts
-// when they are offloaded), and the host bytes of the offloaded experts' home.
-int64_t device_weight_bytes(const ModelConfig& config, bool offload_experts = false);
-int64_t expert_home_bytes(const ModelConfig& config);
-// Bytes of one routed expert in the device layout: gate_up [2 Ip, Hp] and down [Hp, Ip], bf16.
-int64_t device_expert_bytes(const ModelConfig& config);
+// Device bytes upload_weights / synthetic_weights will allocate with every expert resident.
+int64_t device_weight_bytes(const ModelConfig& config);
 
 DeviceWeights upload_weights(const ModelConfig& config, const DecoderWeights& weights,
                              bool show_progress, bool offload_experts = false);

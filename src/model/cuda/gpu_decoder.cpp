@@ -40,6 +40,7 @@
 #include "model/family.h"
 #include "model/gpu_decoder.h"
 #include "model/rope.h"
+#include "offload/parse_options.h"
 #include "profile/profiler.h"
 
 namespace moeinfer {
@@ -74,24 +75,6 @@ int64_t next_pow2(int64_t v) {
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 enum class Route { kDecode, kPrefill, kPerQuery };
-
-// Carves one device allocation into typed arrays; run once to size, once to assign.
-class Carver {
- public:
-  explicit Carver(char* base) : base_(base) {}
-  template <typename T>
-  T* take(int64_t count) {
-    const size_t bytes = (static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(T) + 255) / 256 * 256;
-    T* out = base_ ? reinterpret_cast<T*>(base_ + used_) : nullptr;
-    used_ += bytes;
-    return out;
-  }
-  size_t used() const { return used_; }
-
- private:
-  char* base_;
-  size_t used_ = 0;
-};
 
 // Step metadata, the same layout on the host (pinned) and the device.
 struct Meta {
@@ -266,6 +249,9 @@ class CudaDecoder final : public GpuDecoder {
   // Stage times (of a timed step), expert rows and bytes moved of the finished step, into the
   // profiler.
   void report_step(profile::Profiler& profiler, const Step& step);
+  // The expert cache's counters since the last report (read back with the plan's counts).
+  void report_expert_cache(profile::Profiler& profiler);
+  std::vector<int64_t> reported_cache_counters_;  // [L, kNumCacheCounters] at the last report
 
   struct Graph {
     cudaGraphExec_t exec = nullptr;
@@ -334,8 +320,7 @@ CudaDecoder::CudaDecoder(const ModelConfig& config, DeviceWeights weights,
       w_.upload_seconds > 0 ? static_cast<double>(w_.bytes) / w_.upload_seconds / 1e9 : 0.0;
   if (w_.experts_offloaded) {
     cache_ = std::make_unique<CachedExperts>(config_, w_, options.offload,
-                                             tcap_ * config_.num_experts_per_tok,
-                                             options.expert_ranking);
+                                             options.max_num_seqs * config_.num_experts_per_tok);
     report_.expert_home_bytes = w_.expert_home_bytes;
     report_.expert_cache_bytes = cache_->device_bytes();
     report_.expert_cache_slots = cache_->num_slots();
@@ -1051,6 +1036,25 @@ void CudaDecoder::enqueue_profile_readback() {
   CUDA_CHECK(cudaMemcpyAsync(host_expert_counts_.get(), expert_counts_,
                              static_cast<size_t>(config_.num_layers * (E + 1)) * sizeof(int32_t),
                              cudaMemcpyDeviceToHost, stream_));
+  if (cache_) cache_->enqueue_counter_readback(stream_);
+}
+
+void CudaDecoder::report_expert_cache(profile::Profiler& profiler) {
+  const std::span<const int64_t> now = cache_->counters();
+  reported_cache_counters_.resize(now.size(), 0);
+  constexpr int64_t C = offload::kNumCacheCounters;
+  for (int64_t l = 0; l < config_.num_layers; ++l) {
+    if (!w_.layers[l].is_moe) continue;
+    int64_t delta[C];
+    for (int64_t k = 0; k < C; ++k) delta[k] = now[l * C + k] - reported_cache_counters_[l * C + k];
+    // Every copy and every unplaced expert's read crosses PCIe once.
+    const int64_t crossed =
+        delta[offload::kCacheMisses] + delta[offload::kCachePrefetched] +
+        delta[offload::kCacheUnplaced];
+    // The stall is not timed on the GPU: the demand copies are kernels of the stream.
+    profiler.record_expert_cache(l, delta, crossed * cache_->slot_bytes(), 0.0);
+  }
+  reported_cache_counters_.assign(now.begin(), now.end());
 }
 
 void CudaDecoder::report_step(profile::Profiler& profiler, const Step& step) {
@@ -1100,6 +1104,7 @@ void CudaDecoder::report_step(profile::Profiler& profiler, const Step& step) {
   profiler.add_link_bytes(profile::Link::kOnDevice,
                           w_.bytes - expert_total + touched * expert_bytes + kv_read);
   profiler.add_link_bytes(profile::Link::kHostDevice, host_device_bytes_);
+  if (cache_) report_expert_cache(profiler);
 }
 
 void CudaDecoder::forward(const ForwardBatch& batch, std::span<float> logits) {
@@ -1259,14 +1264,6 @@ void select_device(int device) {
   CUDA_CHECK(cudaSetDevice(device));
 }
 
-void check_offload(const ModelConfig& config, const GpuOptions& options) {
-  if (!options.offload.enabled()) return;
-  const bool has_experts =
-      config.num_experts > 0 &&
-      std::find(config.layer_is_moe.begin(), config.layer_is_moe.end(), true) !=
-          config.layer_is_moe.end();
-  MOE_CHECK(has_experts, "--expert-budget: the model has no routed experts to offload");
-}
 
 }  // namespace
 }  // namespace gpu
@@ -1275,7 +1272,8 @@ std::unique_ptr<GpuDecoder> GpuDecoder::create(const ModelConfig& config,
                                                const DecoderWeights& weights,
                                                const GpuOptions& options) {
   gpu::select_device(options.device);
-  gpu::check_offload(config, options);
+  offload::check_offload_model(options.offload, config.num_experts,
+                               "the " + config.model_type + " model");
   gpu::DeviceWeights device_weights =
       gpu::upload_weights(config, weights, !options.quiet, options.offload.enabled());
   return std::make_unique<gpu::CudaDecoder>(config, std::move(device_weights), options);
@@ -1285,7 +1283,8 @@ std::unique_ptr<GpuDecoder> GpuDecoder::create_synthetic(const ModelConfig& conf
                                                          const GpuOptions& options,
                                                          const SyntheticGpuOptions& synthetic) {
   gpu::select_device(options.device);
-  gpu::check_offload(config, options);
+  offload::check_offload_model(options.offload, config.num_experts,
+                               "the " + config.model_type + " model");
   gpu::DeviceWeights device_weights = gpu::synthetic_weights(
       config, synthetic.seed, synthetic.zipf_exponent, options.offload.enabled());
   return std::make_unique<gpu::CudaDecoder>(config, std::move(device_weights), options);
