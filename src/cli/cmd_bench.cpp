@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <string>
 
@@ -103,7 +104,10 @@ int64_t distinct_experts(const std::vector<int32_t>& counts) {
   return std::count_if(counts.begin(), counts.end(), [](int32_t c) { return c > 0; });
 }
 
+// cache: the expert cache over the measured run (--expert-budget), or null; num_steps: that
+// run's steps.
 void print_gpu_figures(Engine& engine, const BenchArgs& args, const RunTimes& t,
+                       const offload::CacheSummary* cache, int64_t num_steps,
                        nlohmann::json& json) {
   const ModelConfig& c = engine.model_config();
   const GpuMemoryReport& mem = engine.gpu()->memory();
@@ -135,6 +139,20 @@ void print_gpu_figures(Engine& engine, const BenchArgs& args, const RunTimes& t,
               static_cast<double>(touched) / std::max<int64_t>(1, c.num_layers));
   std::printf("%-34s %12.3f\n", "Decode floor (ms):", decode_floor_s * 1e3);
   std::printf("%-34s %12.3f\n", "Decode: floor / step time:", decode_floor_s / step_s);
+  double offload_floor_s = 0.0;
+  if (cache) {
+    // The floor of a budget: the experts that crossed PCIe (copies and reads from host, the
+    // run's mean per step: a short prompt makes the prefill one more step of the same shape) at
+    // the measured host-to-device rate, or the device reads as above, whichever is longer.
+    const double pcie_bytes = static_cast<double>(cache->host_to_device_bytes) /
+                              static_cast<double>(std::max<int64_t>(num_steps, 1));
+    offload_floor_s = std::max(pcie_bytes / floors.host_to_device_bytes_per_s, decode_floor_s);
+    std::printf("%-34s %12.1f\n", "Host-to-device bandwidth (GB/s):",
+                floors.host_to_device_bytes_per_s / 1e9);
+    std::printf("%-34s %12.3f\n", "Expert bytes over PCIe/step (GB):", pcie_bytes / 1e9);
+    std::printf("%-34s %12.3f\n", "Offload floor (ms):", offload_floor_s * 1e3);
+    std::printf("%-34s %12.3f\n", "Decode: offload floor / step:", offload_floor_s / step_s);
+  }
 
   // Prefill: matrix FLOPs of the prompts (every token through attention projections, K experts,
   // shared experts and routers; causal attention scores and values; the LM head once per
@@ -157,6 +175,8 @@ void print_gpu_figures(Engine& engine, const BenchArgs& args, const RunTimes& t,
                  {"kv_bytes", mem.kv_bytes},
                  {"copy_bytes_per_s", floors.copy_bytes_per_s},
                  {"gemm_flops", floors.gemm_flops},
+                 {"host_to_device_bytes_per_s", floors.host_to_device_bytes_per_s},
+                 {"offload_floor_ratio", cache ? offload_floor_s / step_s : 0.0},
                  {"decode_step_seconds", step_s},
                  {"decode_bytes_per_step", step_bytes},
                  {"decode_floor_ratio", decode_floor_s / step_s},
@@ -265,6 +285,7 @@ void run_bench(const BenchArgs& args) {
   }
   // --expert-budget: the expert cache over the measured run.
   nlohmann::json cache_json = nullptr;
+  std::optional<offload::CacheSummary> cache_summary;
   if (stats.expert_offload() && before.expert_cache.size() == stats.expert_cache.size()) {
     std::vector<int64_t> counters = stats.expert_cache, bytes_by_layer = stats.expert_cache_bytes;
     std::vector<double> stall_by_layer = stats.expert_cache_stall_seconds;
@@ -275,6 +296,7 @@ void run_bench(const BenchArgs& args) {
     }
     const offload::CacheSummary cache =
         offload::summarize_cache(counters, bytes_by_layer, stall_by_layer);
+    cache_summary = cache;
     const int64_t* counts = cache.counts;
     const int64_t bytes = cache.host_to_device_bytes;
     const double stall = cache.stall_seconds;
@@ -294,7 +316,10 @@ void run_bench(const BenchArgs& args) {
                   {"stall_seconds", stall}};
   }
   nlohmann::json gpu_json = nlohmann::json::object();
-  if (engine->gpu()) print_gpu_figures(*engine, args, times, gpu_json);
+  if (engine->gpu()) {
+    print_gpu_figures(*engine, args, times, cache_summary ? &*cache_summary : nullptr,
+                      stats.num_steps, gpu_json);
+  }
   if (!args.json_file.empty()) {
     std::ofstream out(args.json_file);
     MOE_CHECK(out.good(), "cannot write ", args.json_file);

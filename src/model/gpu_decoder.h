@@ -130,6 +130,7 @@ class GpuDecoder {
 struct DeviceFloors {
   double copy_bytes_per_s = 0.0;  // device-to-device copy, read + write
   double gemm_flops = 0.0;        // cuBLAS bf16 GEMM at 8192^3
+  double host_to_device_bytes_per_s = 0.0;  // pinned host to device copy (PCIe)
 };
 DeviceFloors measure_device_floors();
 

@@ -7,7 +7,7 @@
 //              (the grouped GEMM reads the same weights through the slot table, in the same
 //              order) at budgets of 100%, 50%, 25%, 10% and 0, under each policy, through the
 //              scripted prefill, chunked and batched decode steps (CUDA graphs included), for
-//              random models of every family.
+//              random models of every family, and for synthetic weights built into the home.
 // MOE_TEST_SEED=S replays. Registered only where a CUDA device is visible.
 #if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
 
@@ -25,6 +25,7 @@
 #include "../support/random_schedule.h"
 #include "cuda_test_util.h"
 #include "model/gpu_decoder.h"
+#include "model/synthetic.h"
 #include "offload/cache_policy.h"
 #include "offload/cuda/expert_cache.h"
 #include "profile/routing_trace.h"
@@ -329,12 +330,34 @@ void offloaded_logits_equal_resident() {
   std::printf("offload: %lld offloaded runs equal to all-resident\n", static_cast<long long>(runs));
 }
 
+// Synthetic weights built into the home (a device staging buffer at a time) hold the values
+// the resident build puts on the device: the same logits, 2 layers of a published shape.
+void synthetic_home_equals_resident() {
+  const ModelConfig c = synthetic_model_config("qwen3-30b-a3b", 2);
+  const testing::Schedule s = testing::make_schedule(c.vocab_size, 7, 16);
+  GpuOptions options{.max_batch_tokens = 64, .max_num_seqs = 4, .max_model_len = 64,
+                     .block_size = 16, .num_kv_blocks = s.num_blocks, .quiet = true};
+  const SyntheticGpuOptions synthetic{.seed = 3, .zipf_exponent = 1.0};
+  const auto resident = GpuDecoder::create_synthetic(c, options, synthetic);
+  const std::vector<std::vector<float>> want = run_schedule(*resident, s, c.vocab_size);
+  options.offload = {.budget_fraction = 0.25};
+  const auto gpu = GpuDecoder::create_synthetic(c, options, synthetic);
+  const std::vector<std::vector<float>> got = run_schedule(*gpu, s, c.vocab_size);
+  for (size_t step = 0; step < want.size(); ++step) {
+    ASSERT_EQ(std::memcmp(got[step].data(), want[step].data(), want[step].size() * sizeof(float)),
+              0)
+        << "synthetic qwen3-30b-a3b (2 layers) at 25%: step " << step << " differs";
+  }
+}
+
 [[maybe_unused]] const bool kRegistered = [] {
   if (!cuda::testing_util::cuda_device_present("expert cache")) return false;
   cuda::testing_util::register_kernel_test("CudaExpertCache", "AdmissionMatchesHost",
                                            admission_matches_host, __FILE__, __LINE__);
   cuda::testing_util::register_kernel_test("CudaExpertCache", "CopyMovesEveryListedExpert",
                                            copy_moves_every_listed_expert, __FILE__, __LINE__);
+  cuda::testing_util::register_kernel_test("CudaOffload", "SyntheticHomeEqualsResident",
+                                           synthetic_home_equals_resident, __FILE__, __LINE__);
   cuda::testing_util::register_kernel_test("CudaOffload", "LogitsEqualResidentAtEveryBudget",
                                            offloaded_logits_equal_resident, __FILE__, __LINE__);
   return true;

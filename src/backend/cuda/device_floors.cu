@@ -53,6 +53,20 @@ double measure_copy_bandwidth(int64_t bytes) {
   return 2.0 * static_cast<double>(bytes) / seconds;
 }
 
+double measure_host_to_device_bandwidth(int64_t bytes) {
+  void* src = nullptr;
+  void* dst = nullptr;
+  CUDA_CHECK(cudaHostAlloc(&src, static_cast<size_t>(bytes), cudaHostAllocDefault));
+  CUDA_CHECK(cudaMalloc(&dst, static_cast<size_t>(bytes)));
+  const double seconds = best_seconds(nullptr, [&] {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyHostToDevice,
+                               nullptr));
+  });
+  cudaFreeHost(src);
+  cudaFree(dst);
+  return static_cast<double>(bytes) / seconds;
+}
+
 double measure_gemm_flops(int64_t n) {
   const size_t elems = static_cast<size_t>(n * n);
   __nv_bfloat16 *a = nullptr, *b = nullptr, *c = nullptr;

@@ -15,4 +15,8 @@ double measure_copy_bandwidth(int64_t bytes = int64_t{1} << 30);
 // few timed repetitions after a warm-up.
 double measure_gemm_flops(int64_t n = 8192);
 
+// Bytes per second of cudaMemcpyAsync from pinned host memory to the device over `bytes`-sized
+// buffers (the PCIe ceiling of expert offloading), best of a few timed repetitions.
+double measure_host_to_device_bandwidth(int64_t bytes = int64_t{256} << 20);
+
 }  // namespace moeinfer::cuda

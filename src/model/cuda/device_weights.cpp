@@ -516,7 +516,7 @@ DeviceWeights synthetic_weights(const ModelConfig& config, uint64_t seed, double
   std::mt19937_64 rng(seed);
   for (size_t j = 0; j < layout.jobs().size(); ++j) {
     const Job& job = layout.jobs()[j];
-    void* dst = out.allocation.get() + job.offset;
+    void* dst = (job.home ? out.expert_home.get() : out.allocation.get()) + job.offset;
     if (job.f32) {
       std::vector<float> values(static_cast<size_t>(job.rows * job.cols), 0.0f);
       if (std::find(skew_jobs.begin(), skew_jobs.end(), j) != skew_jobs.end()) {

@@ -1292,7 +1292,8 @@ std::unique_ptr<GpuDecoder> GpuDecoder::create_synthetic(const ModelConfig& conf
 
 DeviceFloors measure_device_floors() {
   return DeviceFloors{.copy_bytes_per_s = cuda::measure_copy_bandwidth(),
-                      .gemm_flops = cuda::measure_gemm_flops()};
+                      .gemm_flops = cuda::measure_gemm_flops(),
+                      .host_to_device_bytes_per_s = cuda::measure_host_to_device_bandwidth()};
 }
 
 
