@@ -809,6 +809,9 @@ void Server::engine_loop() {
           ch->fail(ApiError(500, std::string("engine failure: ") + e.what(), "internal_error"));
         live.clear();
       }
+      // Before any output reaches its client: a client that has its response sees the
+      // counters of the step that made it.
+      metrics_.set_engine_stats(engine_->stats());
       const auto now = Clock::now();
       // Queue time ends with the step that first scheduled a request (vLLM's WAITING phase).
       for (auto& [id, ch] : live) {
@@ -845,8 +848,9 @@ void Server::engine_loop() {
         ch.push(std::move(out));
         if (finished) live.erase(it);
       }
+    } else {
+      metrics_.set_engine_stats(engine_->stats());
     }
-    metrics_.set_engine_stats(engine_->stats());
   }
 }
 
