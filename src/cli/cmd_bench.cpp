@@ -45,6 +45,7 @@ struct BenchArgs {
   std::string routing_skew;      // synthetic: "zipf:A"
   bool no_cuda_graphs = false;
   bool deterministic = false;
+  float temperature = 0.0f;  // of the generated tokens; 0: greedy
 };
 
 std::unique_ptr<Engine> load_engine(const BenchArgs& args, const EngineConfig& config) {
@@ -72,7 +73,11 @@ RunTimes run_workload(Engine& engine, const BenchArgs& args, int64_t output_len,
   for (int64_t b = 0; b < args.batch; ++b) {
     std::vector<int32_t> prompt(args.input_len);
     for (auto& id : prompt) id = token(rng);
-    engine.add_request(std::move(prompt), {.max_tokens = output_len, .ignore_eos = true});
+    GenerationParams params{.max_tokens = output_len, .ignore_eos = true};
+    params.sampling.temperature = args.temperature;
+    params.sampling.seed = seed + static_cast<uint64_t>(b);
+    params.has_seed = true;
+    engine.add_request(std::move(prompt), params);
   }
   using Clock = std::chrono::steady_clock;
   RunTimes times;
@@ -357,6 +362,12 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--input-len", args->input_len, "Prompt tokens per request")
       ->capture_default_str();
   cmd->add_option("--output-len", args->output_len, "Tokens generated per request")
+      ->capture_default_str();
+  cmd->add_option("--temperature", args->temperature,
+                  "Sampling temperature of the generated tokens (0: greedy). On a synthetic "
+                  "model 1 draws near-uniform tokens, so each step routes afresh instead of "
+                  "repeating a greedy loop's experts")
+      ->check(CLI::Range(0.0, 2.0))
       ->capture_default_str();
   cmd->add_option("--max-num-batched-tokens", args->max_num_batched_tokens,
                   "Per-step token budget (0: every prompt in one step)")

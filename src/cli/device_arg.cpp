@@ -19,7 +19,7 @@ void add_device_options(CLI::App* cmd, DeviceArgs* args) {
 }
 
 offload::OffloadOptions DeviceArgs::offload() const {
-  return offload::parse_offload_flags(expert_budget, expert_cache);
+  return offload::parse_offload_flags(expert_budget, expert_cache, cold_experts);
 }
 
 void add_offload_options(CLI::App* cmd, DeviceArgs* args) {
@@ -32,6 +32,11 @@ void add_offload_options(CLI::App* cmd, DeviceArgs* args) {
                   "With --expert-budget: lru, lfu, or static:FILE (the busiest experts of the "
                   "routing trace FILE, from --trace-routing, stay resident); lru:FILE and "
                   "lfu:FILE warm the cache up from such a trace (default: lru, starting empty)");
+  cmd->add_option("--cold-experts", args->cold_experts,
+                  "With --expert-budget, where a demanded expert that is not resident computes: "
+                  "gpu (copied in over PCIe), cpu (its rows computed on the host where its "
+                  "weights live; only rows and results cross PCIe) or auto (per miss, whichever "
+                  "the link and CPU rates measured at start-up say finishes first; default)");
 }
 
 double parse_routing_skew(const std::string& text) {

@@ -169,13 +169,23 @@ void Decoder::set_offload(const offload::OffloadOptions& options, int64_t max_st
   if (!options.hot_set_file.empty()) {
     ranking = offload::load_expert_ranking(options.hot_set_file, L, E);
   }
+  moe::ExpertWeights sample;
+  for (const auto& layer : experts) {
+    if (!layer.empty()) {
+      sample = layer.front();
+      break;
+    }
+  }
+  const offload::ColdCost cold = moe::simulated_cold_cost(
+      options.cold, sample, config_.hidden_size, config_.moe_intermediate_size);
   auto runner = std::make_unique<moe::CachedExperts>(
       std::move(experts), std::move(routers),
       moe::CachedExpertsOptions{.router = router_options(config_),
                                 .hidden_size = config_.hidden_size,
                                 .expert_width = config_.moe_intermediate_size,
                                 .num_slots = num_slots,
-                                .policy = options.policy});
+                                .policy = options.policy,
+                                .cold = cold});
   const int64_t reserve = offload::static_reserve_slots(
       E, max_step_tokens * config_.num_experts_per_tok, num_slots);
   runner->warm(ranking, num_slots - reserve);

@@ -74,8 +74,9 @@ CachedExperts::CachedExperts(std::vector<std::span<const ExpertWeights>> experts
   }
   bytes_.assign(static_cast<size_t>(L), 0);
   stall_.assign(static_cast<size_t>(L), 0.0);
-  needed_.resize(static_cast<size_t>(E));
+  rows_.resize(static_cast<size_t>(E));
   copies_.resize(static_cast<size_t>(E));
+  on_cpu_.resize(static_cast<size_t>(E));
   views_.resize(static_cast<size_t>(E));
 }
 
@@ -102,7 +103,8 @@ void CachedExperts::admit(const offload::Admission& a, LayerStep& step) {
   const std::span<const int64_t> before = cache_.counters(a.layer);
   int64_t start[offload::kNumCacheCounters];
   std::copy(before.begin(), before.end(), start);
-  const int64_t n = cache_.admit(a, needed_.data(), copies_);
+  const int64_t n =
+      cache_.admit(a, rows_.data(), options_.cold, copies_, on_cpu_).num_copies;
   const auto copy_start = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < n; ++i) copy_to_slot(copies_[i]);
   if (!a.prefetch) {
@@ -124,8 +126,8 @@ void CachedExperts::predict(int64_t layer, const RoutedTokens& tokens) {
   logits_.resize(static_cast<size_t>(T * E));
   cpu::linear(tokens.hidden, T, routers_[layer].weight, nullptr, logits_.data());
   route(logits_.data(), T, router, &predicted_);
-  std::fill(needed_.begin(), needed_.end(), 0);
-  for (int32_t e : predicted_.topk_ids) needed_[e] = 1;
+  std::fill(rows_.begin(), rows_.end(), 0);
+  for (int32_t e : predicted_.topk_ids) rows_[e] += 1;
 }
 
 void CachedExperts::on_routed(int64_t layer, const RoutedTokens& tokens) {
@@ -133,10 +135,10 @@ void CachedExperts::on_routed(int64_t layer, const RoutedTokens& tokens) {
   const int64_t E = options_.router.num_experts;
   MOE_CHECK(layer >= 0 && layer < L && !experts_[layer].empty(), "cached experts: layer ", layer,
             " is not an MoE layer of the ", L);
-  std::fill(needed_.begin(), needed_.end(), 0);
+  std::fill(rows_.begin(), rows_.end(), 0);
   for (int32_t e : tokens.routing->topk_ids) {
     MOE_CHECK(e >= 0 && e < E, "cached experts: expert id ", e, " outside [0, ", E, ")");
-    needed_[e] = 1;
+    rows_[e] += 1;
   }
   const int64_t tick = cache_.next_tick();
   LayerStep demand;
@@ -146,7 +148,8 @@ void CachedExperts::on_routed(int64_t layer, const RoutedTokens& tokens) {
   report(layer, demand);
 
   const int64_t next = layer + 1;
-  if (!options_.prefetch || next >= L || experts_[next].empty() || tokens.num_tokens == 0) return;
+  // Under kCpu no miss is ever copied, so a prefetch would only move bytes nobody reads.
+  if (!options_.prefetch || options_.cold.mode == offload::ColdExperts::kCpu || next >= L || experts_[next].empty() || tokens.num_tokens == 0) return;
   predict(next, tokens);
   LayerStep prefetch;
   admit({.layer = next,
@@ -180,6 +183,53 @@ void CachedExperts::run(int64_t layer, const ExpertRows& rows, float* out) {
   }
   run_experts(rows.rows, options_.hidden_size, options_.expert_width, rows.expert_offsets,
               std::span<const ExpertWeights>(views_.data(), static_cast<size_t>(count)), out);
+}
+
+HostExpertRate measure_host_expert_rate(const ExpertWeights& expert, int64_t hidden_size,
+                                        int64_t expert_width) {
+  constexpr int64_t kRows = 8;
+  constexpr int kRepeats = 3;
+  std::vector<float> rows(static_cast<size_t>(kRows * hidden_size), 0.5f);
+  std::vector<float> out(rows.size());
+  const auto best_ns = [&](int64_t n) {
+    const std::vector<int32_t> offsets = {0, static_cast<int32_t>(n)};
+    int64_t best = INT64_MAX;
+    for (int r = 0; r < kRepeats; ++r) {
+      const auto start = std::chrono::steady_clock::now();
+      run_experts(rows.data(), hidden_size, expert_width, offsets,
+                  std::span<const ExpertWeights>(&expert, 1), out.data());
+      best = std::min<int64_t>(
+          best, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                    std::chrono::steady_clock::now() - start)
+                    .count());
+    }
+    return best;
+  };
+  const int64_t one = best_ns(1), many = best_ns(kRows);
+  return {.first_row_ns = one, .row_ns = std::max<int64_t>(0, (many - one) / (kRows - 1))};
+}
+
+offload::ColdCost simulated_cold_cost(offload::ColdExperts mode, const ExpertWeights& expert,
+                                      int64_t hidden_size, int64_t expert_width) {
+  if (mode != offload::ColdExperts::kAuto) return {.mode = mode};
+  const HostExpertRate host = measure_host_expert_rate(expert, hidden_size, expert_width);
+  std::vector<std::byte> slot(static_cast<size_t>(expert_nbytes(expert)));
+  int64_t copy_ns = INT64_MAX;
+  for (int r = 0; r < 3; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    std::byte* at = slot.data();
+    for (const TensorView* t : {&expert.gate, &expert.up, &expert.down}) {
+      std::memcpy(at, t->data, t->nbytes());
+      at += t->nbytes();
+    }
+    copy_ns = std::min<int64_t>(copy_ns, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                             std::chrono::steady_clock::now() - start)
+                                             .count());
+  }
+  return {.mode = mode,
+          .copy_ns = copy_ns,
+          .host_ns = std::max<int64_t>(0, host.first_row_ns - host.row_ns),
+          .host_row_ns = host.row_ns};
 }
 
 }  // namespace moeinfer::moe

@@ -12,6 +12,9 @@
 //     l+1's router and admitted as a prefetch (protecting layer l's slots), and copied.
 //   run(l): each expert computes from its slot's copy when it has one, else from home, so a
 //     wrong slot table gives wrong outputs rather than hiding behind the home weights.
+// Under --cold-experts cpu|auto a demanded miss the cost model sends to the host is not copied:
+// it computes from home (on this backend that is where every expert computes) and is counted
+// as computed on the CPU, as the GPU's host path counts it.
 // Counters per layer (cumulative here; each step's deltas to the active profiler through
 // Profiler::record_expert_cache): the CacheCounter counts, bytes host to device (every copy and
 // every unplaced read, one expert's bytes each) and the stall.
@@ -41,7 +44,22 @@ struct CachedExpertsOptions {
   int64_t num_slots = 0;     // S, at most the routed experts of all MoE layers
   offload::CachePolicy policy = offload::CachePolicy::kLru;
   bool prefetch = true;  // predict and prefetch layer l+1's experts at layer l
+  offload::ColdCost cold;  // kGpu: every miss is copied
 };
+
+// What computing one expert on the host costs, measured with run_experts on its weights: the
+// time of one row and of each further row (best of a few runs).
+struct HostExpertRate {
+  int64_t first_row_ns = 0;
+  int64_t row_ns = 0;
+};
+HostExpertRate measure_host_expert_rate(const ExpertWeights& expert, int64_t hidden_size,
+                                        int64_t expert_width);
+
+// The cost model of this backend's simulated budget: a copy is a memcpy of the expert's bytes
+// (timed), the host work is measure_host_expert_rate's.
+offload::ColdCost simulated_cold_cost(offload::ColdExperts mode, const ExpertWeights& expert,
+                                      int64_t hidden_size, int64_t expert_width);
 
 class CachedExperts final : public ExpertRunner {
  public:
@@ -70,10 +88,10 @@ class CachedExperts final : public ExpertRunner {
     int64_t bytes = 0;
     double stall = 0.0;
   };
-  // Admits `needed_` for `layer` and makes its copies; adds to `step`.
+  // Admits `rows_` for `layer` and makes its copies; adds to `step`.
   void admit(const offload::Admission& a, LayerStep& step);
   void copy_to_slot(const offload::SlotCopy& c);
-  void predict(int64_t layer, const RoutedTokens& tokens);  // fills needed_ for `layer`
+  void predict(int64_t layer, const RoutedTokens& tokens);  // fills rows_ for `layer`
   void report(int64_t layer, const LayerStep& step);
 
   struct SlotFree {
@@ -91,8 +109,9 @@ class CachedExperts final : public ExpertRunner {
   std::vector<int64_t> bytes_;                                // [L]
   std::vector<double> stall_;                                 // [L]
   // Per call, reused.
-  std::vector<uint8_t> needed_;            // [E]
+  std::vector<int32_t> rows_;              // [E] rows of this step per expert
   std::vector<offload::SlotCopy> copies_;  // [E]
+  std::vector<int32_t> on_cpu_;            // [E]
   std::vector<float> logits_;              // [T, E] the predicted layer's router logits
   Routing predicted_;
   std::vector<ExpertWeights> views_;  // [E] the experts run() reads

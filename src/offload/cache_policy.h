@@ -41,7 +41,32 @@ enum CacheCounter : int32_t {
   kCacheUnplaced,      // demanded experts read from host memory (no evictable slot)
   kCachePrefetched,    // experts a prefetch copied into a slot
   kCachePrefetchUsed,  // demands that hit a slot a prefetch filled (and no demand had used)
+  kCacheOnCpu,         // demanded experts computed on the host (--cold-experts cpu|auto)
+  kCacheRowsOnCpu,     // the rows those experts computed there
   kNumCacheCounters,
+};
+
+// Where a demanded expert that is not resident computes (--cold-experts). kGpu: it is copied
+// into a slot (with no evictable slot its weights are read from home over PCIe). kCpu: its rows
+// are computed on the host where its weights live, and nothing is copied on demand. kAuto: per
+// miss, whichever of the two finishes first (ColdCost).
+enum class ColdExperts : int32_t { kGpu, kCpu, kAuto };
+
+// The cost model of kAuto, in integer nanoseconds so that the host and the device decide alike:
+// a copy takes copy_ns on the link; computing r rows on the host takes host_ns + r * host_row_ns
+// (the weights read once, then each row's arithmetic). Copies and host work of one admission
+// run side by side, each queue in expert order.
+struct ColdCost {
+  ColdExperts mode = ColdExperts::kGpu;
+  int64_t copy_ns = 0;
+  int64_t host_ns = 0;
+  int64_t host_row_ns = 0;
+};
+
+// The two queues' busy time within one admission.
+struct ColdQueues {
+  int64_t copy_ns = 0;
+  int64_t host_ns = 0;
 };
 
 inline constexpr int64_t kNotEvictable = INT64_MAX;
@@ -126,33 +151,70 @@ MOE_HOST_DEVICE int32_t choose_slot(const CacheTables& t, int64_t protect_from) 
   return best;
 }
 
-// One whole admission on the host. needed[e] != 0 for the layer's experts some row uses.
-// Writes the copies to start (global expert, slot) to copy_experts / copy_slots, returning
-// their number (at most E); counters is the layer's [kNumCacheCounters].
-MOE_HOST_DEVICE int64_t admit(const CacheTables& t, const Admission& a, const uint8_t* needed,
-                              int32_t* copy_experts, int32_t* copy_slots, int64_t* counters) {
+// Whether a miss of `rows` rows computes on the host (else it is copied), adding it to its
+// queue. A placement that finds no evictable slot moves to the host too (kCpu and kAuto).
+MOE_HOST_DEVICE bool miss_on_host(const ColdCost& c, int64_t rows, ColdQueues& q) {
+  if (c.mode == ColdExperts::kGpu) return false;
+  const int64_t host_done = q.host_ns + c.host_ns + rows * c.host_row_ns;
+  if (c.mode == ColdExperts::kCpu || host_done <= q.copy_ns + c.copy_ns) {
+    q.host_ns = host_done;
+    return true;
+  }
+  q.copy_ns += c.copy_ns;
+  return false;
+}
+
+MOE_HOST_DEVICE void count_on_host(int64_t rows, int64_t* counters) {
+  counters[kCacheOnCpu] += 1;
+  counters[kCacheRowsOnCpu] += rows;
+}
+
+// What an admission hands its caller: the copies to start (global expert, slot) and the
+// experts to compute on the host (global ids), each list with room for E.
+struct AdmissionLists {
+  int32_t* copy_experts = nullptr;
+  int32_t* copy_slots = nullptr;
+  int64_t num_copies = 0;
+  int32_t* host_experts = nullptr;  // may be null for ColdExperts::kGpu
+  int64_t num_host = 0;
+};
+
+// One whole admission on the host. rows[e] is the number of rows of this step that use expert
+// e of the layer (0: not needed); counters is the layer's [kNumCacheCounters]. A prefetch only
+// copies (it computes nothing), whatever the cold mode.
+MOE_HOST_DEVICE void admit(const CacheTables& t, const Admission& a, const int32_t* rows,
+                           const ColdCost& cold, AdmissionLists& out, int64_t* counters) {
   const int32_t base = static_cast<int32_t>(a.layer * a.num_experts);
   for (int64_t e = 0; e < a.num_experts; ++e) {
-    if (!needed[e]) continue;
+    if (rows[e] == 0) continue;
     const int32_t g = base + static_cast<int32_t>(e);
     if (!a.prefetch) t.uses[g] += 1;
     if (t.slot_of[g] >= 0) touch_resident(t, a, t.slot_of[g], counters);
   }
-  int64_t num_copies = 0;
+  out.num_copies = 0;
+  out.num_host = 0;
+  const bool host_allowed = !a.prefetch && cold.mode != ColdExperts::kGpu;
+  ColdQueues queues;
   for (int64_t e = 0; e < a.num_experts; ++e) {
     const int32_t g = base + static_cast<int32_t>(e);
-    if (!needed[e] || t.slot_of[g] >= 0) continue;
-    const int32_t slot = choose_slot(t, a.protect_from);
+    if (rows[e] == 0 || t.slot_of[g] >= 0) continue;
+    const int32_t slot = host_allowed && miss_on_host(cold, rows[e], queues)
+                             ? -1
+                             : choose_slot(t, a.protect_from);
     if (slot < 0) {
-      if (!a.prefetch) counters[kCacheUnplaced] += 1;
+      if (host_allowed) {
+        count_on_host(rows[e], counters);
+        out.host_experts[out.num_host++] = g;
+      } else if (!a.prefetch) {
+        counters[kCacheUnplaced] += 1;
+      }
       continue;
     }
     place(t, a, g, slot, counters);
-    copy_experts[num_copies] = g;
-    copy_slots[num_copies] = slot;
-    ++num_copies;
+    out.copy_experts[out.num_copies] = g;
+    out.copy_slots[out.num_copies] = slot;
+    ++out.num_copies;
   }
-  return num_copies;
 }
 
 }  // namespace moeinfer::offload

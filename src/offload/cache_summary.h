@@ -16,7 +16,8 @@ struct CacheSummary {
   double stall_seconds = 0.0;
 
   int64_t demands() const {
-    return counts[kCacheHits] + counts[kCacheMisses] + counts[kCacheUnplaced];
+    return counts[kCacheHits] + counts[kCacheMisses] + counts[kCacheUnplaced] +
+           counts[kCacheOnCpu];
   }
   // Demands found resident, of all demands; 0 without demands.
   double hit_rate() const {

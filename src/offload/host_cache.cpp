@@ -36,8 +36,10 @@ CacheTables HostCacheTables::tables() {
           .policy = policy_};
 }
 
-int64_t HostCacheTables::admit(const Admission& a, const uint8_t* needed,
-                               std::span<SlotCopy> copies) {
+HostCacheTables::Admitted HostCacheTables::admit(const Admission& a, const int32_t* rows,
+                                                  const ColdCost& cold,
+                                                  std::span<SlotCopy> copies,
+                                                  std::span<int32_t> on_cpu) {
   MOE_CHECK(a.layer >= 0 && a.layer < num_layers_, "expert cache: admission of layer ", a.layer,
             " outside [0, ", num_layers_, ")");
   MOE_CHECK(a.num_experts == num_experts_, "expert cache: admission of ", a.num_experts,
@@ -47,12 +49,18 @@ int64_t HostCacheTables::admit(const Admission& a, const uint8_t* needed,
             tick_);
   MOE_CHECK(static_cast<int64_t>(copies.size()) >= num_experts_, "expert cache: room for ",
             copies.size(), " copies, an admission may need ", num_experts_);
+  MOE_CHECK(cold.mode == ColdExperts::kGpu || static_cast<int64_t>(on_cpu.size()) >= num_experts_,
+            "expert cache: room for ", on_cpu.size(), " experts on the CPU, an admission may need ",
+            num_experts_);
   std::vector<int32_t> experts(static_cast<size_t>(num_experts_));
   std::vector<int32_t> slots(static_cast<size_t>(num_experts_));
-  const int64_t n = offload::admit(tables(), a, needed, experts.data(), slots.data(),
-                                   counters_.data() + a.layer * kNumCacheCounters);
-  for (int64_t i = 0; i < n; ++i) copies[i] = {.expert = experts[i], .slot = slots[i]};
-  return n;
+  AdmissionLists lists{.copy_experts = experts.data(), .copy_slots = slots.data(),
+                       .host_experts = on_cpu.data()};
+  offload::admit(tables(), a, rows, cold, lists, counters_.data() + a.layer * kNumCacheCounters);
+  for (int64_t i = 0; i < lists.num_copies; ++i) {
+    copies[i] = {.expert = experts[i], .slot = slots[i]};
+  }
+  return {.num_copies = lists.num_copies, .num_on_cpu = lists.num_host};
 }
 
 std::vector<SlotCopy> HostCacheTables::warm(std::span<const int32_t> ranking) {

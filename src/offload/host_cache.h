@@ -36,9 +36,16 @@ class HostCacheTables {
   int64_t next_tick() { return ++tick_; }
   int64_t tick() const { return tick_; }
 
-  // One admission of a.layer's experts (needed [E]); writes its copies to `copies` (room for E)
-  // and returns their number. Demand counters go to a.layer's row, as do a prefetch's.
-  int64_t admit(const Admission& a, const uint8_t* needed, std::span<SlotCopy> copies);
+  // One admission of a.layer's experts (rows [E]: the rows using each, 0 for none); writes its
+  // copies to `copies` and, under a cold mode other than kGpu, the experts its rows compute on
+  // the host to `on_cpu` (room for E each). Demand counters go to a.layer's row, as do a
+  // prefetch's.
+  struct Admitted {
+    int64_t num_copies = 0;
+    int64_t num_on_cpu = 0;
+  };
+  Admitted admit(const Admission& a, const int32_t* rows, const ColdCost& cold,
+                 std::span<SlotCopy> copies, std::span<int32_t> on_cpu = {});
 
   // Warm-up: puts the ranked experts (global ids, most important first) that are not resident
   // into the free slots, lowest slot first, until the free slots run out; stamps them with new

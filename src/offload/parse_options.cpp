@@ -104,15 +104,32 @@ void parse_expert_cache(std::string_view text, OffloadOptions* options) {
   options->hot_set_file = file;
 }
 
-OffloadOptions parse_offload_flags(std::string_view budget, std::string_view cache) {
+void parse_cold_experts(std::string_view text, OffloadOptions* options) {
+  const std::string mode = lower(text);
+  if (mode == "gpu") {
+    options->cold = ColdExperts::kGpu;
+  } else if (mode == "cpu") {
+    options->cold = ColdExperts::kCpu;
+  } else if (mode == "auto") {
+    options->cold = ColdExperts::kAuto;
+  } else {
+    MOE_FAIL("--cold-experts '", text, "': expected gpu, cpu or auto");
+  }
+}
+
+OffloadOptions parse_offload_flags(std::string_view budget, std::string_view cache,
+                                   std::string_view cold) {
   OffloadOptions options;
   if (budget.empty()) {
     MOE_CHECK(cache.empty() || cache == "lru", "--expert-cache ", cache,
               " needs --expert-budget (without a budget every expert is resident)");
+    MOE_CHECK(cold.empty(), "--cold-experts ", cold,
+              " needs --expert-budget (without a budget no expert is cold)");
     return options;
   }
   parse_expert_budget(budget, &options);
   if (!cache.empty()) parse_expert_cache(cache, &options);
+  if (!cold.empty()) parse_cold_experts(cold, &options);
   return options;
 }
 

@@ -22,9 +22,14 @@ void parse_expert_budget(std::string_view text, OffloadOptions* options);
 // and hot_set_file.
 void parse_expert_cache(std::string_view text, OffloadOptions* options);
 
-// Both flags at once; an empty budget leaves offloading off (then the cache must be the
-// default "lru", else it is an error: a policy without a budget means nothing).
-OffloadOptions parse_offload_flags(std::string_view budget, std::string_view cache);
+// --cold-experts: "gpu" (a miss is copied in), "cpu" (its rows are computed on the host) or
+// "auto" (per miss, by the measured cost of each). Sets cold.
+void parse_cold_experts(std::string_view text, OffloadOptions* options);
+
+// The three flags at once; an empty budget leaves offloading off (then the cache and the cold
+// mode must be left at their defaults, else it is an error: without a budget they mean nothing).
+OffloadOptions parse_offload_flags(std::string_view budget, std::string_view cache,
+                                   std::string_view cold = {});
 
 // The budget as --expert-budget spells it: whole MiB when it is a multiple, else bytes.
 std::string format_expert_budget(int64_t bytes);

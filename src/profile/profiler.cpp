@@ -127,7 +127,8 @@ void Profiler::record_expert_cache(int64_t layer, std::span<const int64_t> count
   current_.expert_cache_stall_s[layer] += stall_seconds;
   current_.link_bytes[static_cast<int>(Link::kHostDevice)] += host_to_device_bytes;
   current_.cache_hits += counters[offload::kCacheHits];
-  current_.cache_misses += counters[offload::kCacheMisses] + counters[offload::kCacheUnplaced];
+  current_.cache_misses += counters[offload::kCacheMisses] + counters[offload::kCacheUnplaced] +
+                          counters[offload::kCacheOnCpu];
 }
 
 std::string_view link_name(Link link) {

@@ -246,6 +246,8 @@ Json build_report(const RunInfo& run, const Profiler& profiler,
                 {"unplaced", c.counts[offload::kCacheUnplaced]},
                 {"prefetched", c.counts[offload::kCachePrefetched]},
                 {"prefetch_used", c.counts[offload::kCachePrefetchUsed]},
+                {"cpu_experts", c.counts[offload::kCacheOnCpu]},
+                {"cpu_rows", c.counts[offload::kCacheRowsOnCpu]},
                 {"prefetch_accuracy", c.prefetch_accuracy()},
                 {"host_to_device_bytes", c.host_to_device_bytes},
                 {"stall_ms", c.stall_seconds * 1e3}};
@@ -361,10 +363,11 @@ std::string render_text_report(const Json& report) {
   const Json& cache = summary["expert_cache"];
   if (!cache.is_null()) {
     out += format(
-        "expert cache: %lld hits, %lld misses, %lld unplaced (read from host); prefetch %lld, "
-        "%.1f%% used; %s host to device, %.3f ms stalled\n",
+        "expert cache: %lld hits, %lld misses, %lld unplaced (read from host), %lld on the CPU "
+        "(%lld rows); prefetch %lld, %.1f%% used; %s host to device, %.3f ms stalled\n",
         cache["hits"].get<long long>(), cache["misses"].get<long long>(),
-        cache["unplaced"].get<long long>(), cache["prefetched"].get<long long>(),
+        cache["unplaced"].get<long long>(), cache["cpu_experts"].get<long long>(),
+        cache["cpu_rows"].get<long long>(), cache["prefetched"].get<long long>(),
         100.0 * cache["prefetch_accuracy"].get<double>(),
         human_bytes(cache["host_to_device_bytes"].get<double>()).c_str(),
         cache["stall_ms"].get<double>());
@@ -457,14 +460,15 @@ std::string render_text_report(const Json& report) {
   }
   if (!cache.is_null()) {
     out += "\nexpert cache per layer\n";
-    out += format("%5s %8s %8s %8s %10s %9s %12s %10s\n", "layer", "hits", "misses", "unplaced",
-                  "prefetched", "pf used", "to device", "stall ms");
+    out += format("%5s %8s %8s %8s %8s %10s %9s %12s %10s\n", "layer", "hits", "misses",
+                  "unplaced", "on cpu", "prefetched", "pf used", "to device", "stall ms");
     for (const Json& l : report["layers"]) {
       if (!l.contains("expert_cache")) continue;
       const Json& c = l["expert_cache"];
-      out += format("%5lld %8lld %8lld %8lld %10lld %8.1f%% %12s %10.3f\n",
+      out += format("%5lld %8lld %8lld %8lld %8lld %10lld %8.1f%% %12s %10.3f\n",
                     l["layer"].get<long long>(), c["hits"].get<long long>(),
                     c["misses"].get<long long>(), c["unplaced"].get<long long>(),
+                    c["cpu_experts"].get<long long>(),
                     c["prefetched"].get<long long>(), 100.0 * c["prefetch_accuracy"].get<double>(),
                     human_bytes(c["host_to_device_bytes"].get<double>()).c_str(),
                     c["stall_ms"].get<double>());

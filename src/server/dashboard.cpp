@@ -180,7 +180,8 @@ function drawCards(d) {
   const xc = d.expert_cache;  // null without --expert-budget
   if (xc) {
     cards.push(["expert cache", pct(xc.hit_rate),
-                `${xc.hits} hits · ${xc.misses} misses · ${xc.unplaced} from host`]);
+                `${xc.hits} hits · ${xc.misses} misses · ${xc.unplaced} from host · ` +
+                `${xc.cpu_experts} on the CPU (${xc.cpu_rows} rows)`]);
     cards.push(["expert prefetch", pct(xc.prefetch_accuracy),
                 `${xc.prefetch_used} / ${xc.prefetched} used · ` +
                 `${(xc.host_to_device_bytes / 1048576).toFixed(1)} MiB to device · ` +

@@ -14,13 +14,15 @@ namespace {
 // The expert cache's counts (EngineStats::expert_cache) summed over layers, and its names in
 // /metrics and /dashboard/data, in offload::CacheCounter order.
 constexpr const char* kCacheCounterNames[offload::kNumCacheCounters] = {
-    "hits", "misses", "unplaced", "prefetched", "prefetch_used"};
+    "hits", "misses", "unplaced", "prefetched", "prefetch_used", "cpu_experts", "cpu_rows"};
 constexpr const char* kCacheCounterHelp[offload::kNumCacheCounters] = {
     "Expert-cache demands found resident.",
     "Expert-cache demands copied into a slot (host to device) before their layer ran.",
     "Expert-cache demands with no evictable slot, read from host memory where they live.",
     "Experts a prefetch (predicted from the previous layer) copied into a slot.",
-    "Demands that found an expert a prefetch had brought and no demand had used yet."};
+    "Demands that found an expert a prefetch had brought and no demand had used yet.",
+    "Expert-cache demands computed on the host where the expert lives (--cold-experts).",
+    "Rows the experts computed on the host ran."};
 
 offload::CacheSummary cache_totals(const EngineStats& stats) {
   return offload::summarize_cache(stats.expert_cache, stats.expert_cache_bytes,
@@ -352,7 +354,7 @@ std::string Metrics::render(const std::string& model_name) const {
           totals.prefetch_accuracy());
     header(out, p + "expert_cache_layer_events_total", "counter",
            "The expert cache's counts per layer (event: hits, misses, unplaced, prefetched, "
-           "prefetch_used).");
+           "prefetch_used, cpu_experts, cpu_rows).");
     for (int64_t l = 0; l < stats_.num_layers; ++l) {
       for (int k = 0; k < offload::kNumCacheCounters; ++k) {
         line(out, p + "expert_cache_layer_events_total",

@@ -91,54 +91,65 @@ TEST_P(CachedExpertsTest, EveryBudgetAndPolicyMatchesResidentBitForBit) {
                                            "lru:" + trace_path.string()};
   for (const std::string& budget : budgets) {
     for (const std::string& cache : caches) {
-      SCOPED_TRACE(GetParam() + " --expert-budget " + budget + " --expert-cache " + cache);
-      decoder.set_offload(offload::parse_offload_flags(budget, cache));
-      const moe::CachedExperts* cached = decoder.cached_experts();
-      ASSERT_NE(cached, nullptr);
-      profile::Profiler profiler({.num_layers = L, .num_experts = E});
-      const WorkloadRun run = run_workload(decoder, tokens, &profiler);
-      ASSERT_EQ(run.logits.size(), resident.logits.size());
-      EXPECT_EQ(
-          std::memcmp(run.logits.data(), resident.logits.data(), run.logits.size() * sizeof(float)),
-          0)
-          << "logits differ from the resident run";
+      for (const std::string cold : {"gpu", "cpu", "auto"}) {
+        SCOPED_TRACE(GetParam() + " --expert-budget " + budget + " --expert-cache " + cache +
+                     " --cold-experts " + cold);
+        decoder.set_offload(offload::parse_offload_flags(budget, cache, cold));
+        const moe::CachedExperts* cached = decoder.cached_experts();
+        ASSERT_NE(cached, nullptr);
+        profile::Profiler profiler({.num_layers = L, .num_experts = E});
+        const WorkloadRun run = run_workload(decoder, tokens, &profiler);
+        ASSERT_EQ(run.logits.size(), resident.logits.size());
+        EXPECT_EQ(std::memcmp(run.logits.data(), resident.logits.data(),
+                              run.logits.size() * sizeof(float)),
+                  0)
+            << "logits differ from the resident run";
 
-      const std::vector<int64_t> total = cached->cache().total_counters();
-      EXPECT_EQ(total[offload::kCacheHits] + total[offload::kCacheMisses] +
-                    total[offload::kCacheUnplaced],
-                run.distinct_demands);
-      EXPECT_LE(total[offload::kCachePrefetchUsed], total[offload::kCachePrefetched]);
-      int64_t bytes = 0;
-      for (int64_t b : cached->host_to_device_bytes()) bytes += b;
-      EXPECT_EQ(bytes, (total[offload::kCacheMisses] + total[offload::kCacheUnplaced] +
-                        total[offload::kCachePrefetched]) *
-                           cached->expert_bytes());
-      const int64_t S = cached->cache().num_slots();
-      if (budget == "0") {
-        EXPECT_EQ(S, 0);
-        EXPECT_EQ(total[offload::kCacheUnplaced], run.distinct_demands);
-      }
-      if (budget == "100%") EXPECT_EQ(total[offload::kCacheUnplaced], 0);
-
-      // The profiler saw the same counts, step by step, and the bytes on the host-device link.
-      std::vector<int64_t> seen(offload::kNumCacheCounters, 0);
-      int64_t seen_bytes = 0, link_bytes = 0, hits = 0, misses = 0;
-      for (const profile::StepRecord& r : profiler.steps()) {
-        for (int64_t l = 0; l < L; ++l) {
-          for (int k = 0; k < offload::kNumCacheCounters; ++k) {
-            seen[k] += r.expert_cache_count(l, static_cast<offload::CacheCounter>(k));
-          }
-          seen_bytes += r.expert_cache_bytes[l];
+        const std::vector<int64_t> total = cached->cache().total_counters();
+        EXPECT_EQ(total[offload::kCacheHits] + total[offload::kCacheMisses] +
+                      total[offload::kCacheUnplaced] + total[offload::kCacheOnCpu],
+                  run.distinct_demands);
+        EXPECT_GE(total[offload::kCacheRowsOnCpu], total[offload::kCacheOnCpu]);
+        if (cold == "gpu") EXPECT_EQ(total[offload::kCacheOnCpu], 0);
+        if (cold != "gpu") EXPECT_EQ(total[offload::kCacheUnplaced], 0);
+        if (cold == "cpu") {
+          EXPECT_EQ(total[offload::kCacheMisses] + total[offload::kCachePrefetched], 0);
         }
-        link_bytes += r.link_bytes[static_cast<int>(profile::Link::kHostDevice)];
-        hits += r.cache_hits;
-        misses += r.cache_misses;
+        EXPECT_LE(total[offload::kCachePrefetchUsed], total[offload::kCachePrefetched]);
+        int64_t bytes = 0;
+        for (int64_t b : cached->host_to_device_bytes()) bytes += b;
+        EXPECT_EQ(bytes, (total[offload::kCacheMisses] + total[offload::kCacheUnplaced] +
+                          total[offload::kCachePrefetched]) *
+                             cached->expert_bytes());
+        const int64_t S = cached->cache().num_slots();
+        if (budget == "0") {
+          EXPECT_EQ(S, 0);
+          EXPECT_EQ(total[cold == "gpu" ? offload::kCacheUnplaced : offload::kCacheOnCpu],
+                    run.distinct_demands);
+        }
+        if (budget == "100%") EXPECT_EQ(total[offload::kCacheUnplaced], 0);
+
+        // The profiler saw the same counts, step by step, and the bytes on the host-device link.
+        std::vector<int64_t> seen(offload::kNumCacheCounters, 0);
+        int64_t seen_bytes = 0, link_bytes = 0, hits = 0, misses = 0;
+        for (const profile::StepRecord& r : profiler.steps()) {
+          for (int64_t l = 0; l < L; ++l) {
+            for (int k = 0; k < offload::kNumCacheCounters; ++k) {
+              seen[k] += r.expert_cache_count(l, static_cast<offload::CacheCounter>(k));
+            }
+            seen_bytes += r.expert_cache_bytes[l];
+          }
+          link_bytes += r.link_bytes[static_cast<int>(profile::Link::kHostDevice)];
+          hits += r.cache_hits;
+          misses += r.cache_misses;
+        }
+        EXPECT_EQ(seen, total);
+        EXPECT_EQ(seen_bytes, bytes);
+        EXPECT_EQ(link_bytes, bytes);
+        EXPECT_EQ(hits, total[offload::kCacheHits]);
+        EXPECT_EQ(misses, total[offload::kCacheMisses] + total[offload::kCacheUnplaced] +
+                              total[offload::kCacheOnCpu]);
       }
-      EXPECT_EQ(seen, total);
-      EXPECT_EQ(seen_bytes, bytes);
-      EXPECT_EQ(link_bytes, bytes);
-      EXPECT_EQ(hits, total[offload::kCacheHits]);
-      EXPECT_EQ(misses, total[offload::kCacheMisses] + total[offload::kCacheUnplaced]);
     }
   }
   decoder.set_offload({});

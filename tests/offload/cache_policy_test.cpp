@@ -19,8 +19,8 @@ constexpr int64_t kExperts = 8;
 // prefetch protecting from `protect_from`. Returns the (global expert, slot) copies.
 std::vector<SlotCopy> admit(HostCacheTables& cache, int64_t layer, std::vector<int> experts,
                             bool prefetch = false, int64_t protect_from = -1) {
-  std::vector<uint8_t> needed(kExperts, 0);
-  for (int e : experts) needed[e] = 1;
+  std::vector<int32_t> rows(kExperts, 0);
+  for (int e : experts) rows[e] = 1;
   const int64_t tick = cache.next_tick();
   std::vector<SlotCopy> copies(kExperts);
   const int64_t n = cache.admit({.layer = layer,
@@ -28,7 +28,8 @@ std::vector<SlotCopy> admit(HostCacheTables& cache, int64_t layer, std::vector<i
                                  .tick = tick,
                                  .protect_from = protect_from >= 0 ? protect_from : tick,
                                  .prefetch = prefetch},
-                                needed.data(), copies);
+                                rows.data(), {}, copies)
+                        .num_copies;
   copies.resize(n);
   return copies;
 }

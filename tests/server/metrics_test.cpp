@@ -326,8 +326,9 @@ TEST(Metrics, ExpertCacheCountersInMetricsAndDashboard) {
   m.set_engine_stats(s);
   EXPECT_EQ(m.render("demo").find("expert_cache"), std::string::npos);  // no budget, no series
   EXPECT_TRUE(m.dashboard("demo")["expert_cache"].is_null());
-  // Layer 0: 3 hits, 1 miss, 1 unplaced, 2 prefetched, 1 used; layer 1: 1 hit, 2 misses.
-  s.expert_cache = {3, 1, 1, 2, 1, 1, 2, 0, 0, 0};
+  // Layer 0: 3 hits, 1 miss, 1 unplaced, 2 prefetched, 1 used; layer 1: 1 hit, 2 misses,
+  // 1 expert of 3 rows on the CPU.
+  s.expert_cache = {3, 1, 1, 2, 1, 0, 0, 1, 2, 0, 0, 0, 1, 3};
   s.expert_cache_bytes = {400, 200};
   s.expert_cache_stall_seconds = {0.25, 0.5};
   m.set_engine_stats(s);
@@ -344,7 +345,9 @@ TEST(Metrics, ExpertCacheCountersInMetricsAndDashboard) {
   const nlohmann::json d = m.dashboard("demo")["expert_cache"];
   EXPECT_EQ(d["hits"].get<int64_t>(), v.at("moeinfer:expert_cache_hits_total"));
   EXPECT_EQ(d["host_to_device_bytes"].get<int64_t>(), 600);
-  EXPECT_DOUBLE_EQ(d["hit_rate"].get<double>(), 4.0 / 8.0);
+  EXPECT_EQ(v.at("moeinfer:expert_cache_cpu_experts_total"), 1);
+  EXPECT_EQ(v.at("moeinfer:expert_cache_cpu_rows_total"), 3);
+  EXPECT_DOUBLE_EQ(d["hit_rate"].get<double>(), 4.0 / 9.0);
   ASSERT_EQ(d["layers"].size(), 2u);
   EXPECT_EQ(d["layers"][0]["unplaced"].get<int64_t>(), 1);
   EXPECT_DOUBLE_EQ(d["layers"][1]["stall_seconds"].get<double>(), 0.5);

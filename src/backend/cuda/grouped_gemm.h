@@ -45,7 +45,8 @@ struct GroupedGemmParams {
   const __nv_bfloat16* rows = nullptr;      // [M, Kd]
   const __nv_bfloat16* weights = nullptr;   // [E, Nw, Kd], or null with expert_weights
   // Or [E] device pointers, one [Nw, Kd] matrix per expert (the expert cache's slot table:
-  // device slots or pinned host memory, rewritten between launches without a new graph).
+  // device slots or pinned host memory, rewritten between launches without a new graph). A null
+  // entry skips its expert: its output rows are not written.
   const __nv_bfloat16* const* expert_weights = nullptr;
   const int32_t* expert_offsets = nullptr;  // [E + 1] device
   __nv_bfloat16* out = nullptr;             // [M, N]

@@ -181,6 +181,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
       p.expert_weights != nullptr
           ? p.expert_weights[expert]
           : p.weights + static_cast<int64_t>(expert) * (Cfg::kOps * static_cast<int64_t>(N)) * K;
+  // A null table entry: the expert computes elsewhere (the host) and its rows are left alone.
+  if (b_base == nullptr) return;
 
   const uint32_t smem_base = smem_u32(gemm_smem);
   auto stage_a = [&](int stage) { return smem_base + stage * Cfg::kStageBytes; };

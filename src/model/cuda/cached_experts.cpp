@@ -1,10 +1,13 @@
 #include "model/cuda/cached_experts.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 #include "backend/cuda/cuda_check.h"
+#include "core/dtype.h"
 #include "core/error.h"
+#include "moe/cached_experts.h"
 #include "offload/host_cache.h"
 #include "offload/hot_set.h"
 
@@ -29,13 +32,19 @@ void upload(T* dst, const std::vector<T>& src) {
 
 CachedExperts::CachedExperts(const ModelConfig& config, const DeviceWeights& weights,
                              const offload::OffloadOptions& options,
-                             int64_t max_assignments_per_layer)
-    : num_layers_(config.num_layers), num_experts_(config.num_experts), policy_(options.policy) {
+                             int64_t max_assignments_per_layer, int64_t max_step_tokens)
+    : num_layers_(config.num_layers),
+      num_experts_(config.num_experts),
+      policy_(options.policy),
+      cold_{.mode = options.cold},
+      top_k_(config.num_experts_per_tok) {
   MOE_CHECK(weights.experts_offloaded, "the expert cache needs offloaded expert weights");
   MOE_CHECK(num_experts_ <= offload::cuda::kAdmitMaxExperts, "num_experts ", num_experts_,
             ": the expert cache's admission kernel takes up to ",
             offload::cuda::kAdmitMaxExperts);
   const int64_t Hp = weights.padded_hidden_size, Ip = weights.padded_expert_width;
+  hidden_elems_ = Hp;
+  expert_width_ = Ip;
   gate_up_elems_ = 2 * Ip * Hp;
   down_elems_ = Hp * Ip;
   expert_bytes_ = (gate_up_elems_ + down_elems_) * static_cast<int64_t>(sizeof(bf16));
@@ -103,6 +112,7 @@ CachedExperts::CachedExperts(const ModelConfig& config, const DeviceWeights& wei
     host_home_down_[l] = const_cast<bf16*>(d.experts_down);
     home_gu[l] = to_device(d.experts_gate_up);
     home_dn[l] = to_device(d.experts_down);
+    if (cold_.mode != offload::ColdExperts::kGpu) continue;  // null: computed on the host
     for (int64_t e = 0; e < E; ++e) {
       gu_table[l * E + e] = home_gu[l] + e * gate_up_elems_;
       dn_table[l * E + e] = home_dn[l] + e * down_elems_;
@@ -143,6 +153,7 @@ CachedExperts::CachedExperts(const ModelConfig& config, const DeviceWeights& wei
   upload(gate_up_table_, gu_table);
   upload(down_table_, dn_table);
   const offload::CacheTables t = start.tables();
+  std::vector<int32_t> slot_owners(t.owner, t.owner + S);
   upload(tables_.slot_of, t.slot_of, LE);
   upload(tables_.uses, t.uses, LE);
   upload(hot_, t.hot, LE);
@@ -166,11 +177,92 @@ CachedExperts::CachedExperts(const ModelConfig& config, const DeviceWeights& wei
                                                              offload::kNumCacheCounters));
   std::memset(host_counters_.get(), 0,
               static_cast<size_t>(num_layers_ * offload::kNumCacheCounters) * sizeof(int64_t));
+
+  if (cold_.mode == offload::ColdExperts::kGpu) return;
+  const int64_t A = max_step_tokens * top_k_;
+  Carver staging_sizes(nullptr);
+  auto carve_staging = [&](Carver& p) {
+    staging_.experts = p.take<int32_t>(E);
+    staging_.count = p.take<int32_t>(2);
+    staging_.topk_ids = p.take<int32_t>(A);
+    staging_.rows = p.take<bf16>(max_step_tokens * Hp);
+    staging_.out = p.take<bf16>(A * Hp);
+  };
+  carve_staging(staging_sizes);
+  staging_memory_ = mapped_pinned_array<char>(staging_sizes.used());
+  Carver staging_assign(staging_memory_.get());
+  carve_staging(staging_assign);
+  staging_.row_elems = Hp;
+  staging_.count[0] = 0;
+  staging_.count[1] = 0;
+  cudaStream_t host_stream = nullptr;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&host_stream, cudaStreamNonBlocking));
+  host_stream_.reset(host_stream);
+  CUDA_CHECK(cudaEventCreateWithFlags(&host_fork_, cudaEventDisableTiming));
+  CUDA_CHECK(cudaEventCreateWithFlags(&host_done_, cudaEventDisableTiming));
+  host_calls_.resize(static_cast<size_t>(num_layers_));
+  for (int64_t l = 0; l < num_layers_; ++l) host_calls_[l] = {.self = this, .layer = l};
+  if (cold_.mode == offload::ColdExperts::kAuto) measure_cold_cost(slot_owners);
+}
+
+moe::ExpertWeights CachedExperts::host_view(int64_t layer, int64_t expert) const {
+  const bf16* gate_up = host_home_gate_up_[layer] + expert * gate_up_elems_;
+  const bf16* down = host_home_down_[layer] + expert * down_elems_;
+  const int64_t Hp = hidden_elems_, Ip = expert_width_;
+  return {.gate = {.dtype = DType::kBF16, .shape = {Ip, Hp}, .data = gate_up},
+          .up = {.dtype = DType::kBF16, .shape = {Ip, Hp}, .data = gate_up + Ip * Hp},
+          .down = {.dtype = DType::kBF16, .shape = {Hp, Ip}, .data = down}};
+}
+
+void CachedExperts::measure_cold_cost(std::span<const int32_t> slot_owners) {
+  int64_t first_moe = 0;
+  while (host_home_gate_up_[first_moe] == nullptr) ++first_moe;
+  const moe::HostExpertRate host =
+      moe::measure_host_expert_rate(host_view(first_moe, 0), hidden_elems_, expert_width_);
+  cold_.host_ns = std::max<int64_t>(0, host.first_row_ns - host.row_ns);
+  cold_.host_row_ns = host.row_ns;
+  // A copy: the demand copy kernel moving a few experts into the first slots, best of a few;
+  // a warmed slot gets its own expert again. Without slots no miss is ever copied.
+  const int64_t n = std::min<int64_t>(num_slots_, 4);
+  if (n == 0) return;
+  std::vector<int32_t> experts(static_cast<size_t>(n)), slots(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    experts[i] = slot_owners[i] >= 0
+                     ? slot_owners[i]
+                     : static_cast<int32_t>(first_moe * num_experts_ + i % num_experts_);
+    slots[i] = static_cast<int32_t>(i);
+  }
+  upload(demand_copies_.experts, experts);
+  upload(demand_copies_.slots, slots);
+  upload(demand_copies_.count, std::vector<int32_t>{static_cast<int32_t>(n)});
+  cudaEvent_t start = nullptr, stop = nullptr;
+  CUDA_CHECK(cudaEventCreate(&start));
+  CUDA_CHECK(cudaEventCreate(&stop));
+  const offload::cuda::AdmitParams p = admit_params(first_moe, nullptr, 0, false);
+  float best_ms = 1e30f;
+  for (int r = 0; r < 3; ++r) {
+    CUDA_CHECK(cudaEventRecord(start, nullptr));
+    offload::cuda::copy_experts({.layout = p.layout, .copies = p.copies,
+                                 .max_copies = num_experts_, .num_blocks = demand_blocks_},
+                                nullptr);
+    CUDA_CHECK(cudaEventRecord(stop, nullptr));
+    CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    best_ms = std::min(best_ms, ms);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  upload(demand_copies_.count, std::vector<int32_t>{0});
+  cold_.copy_ns = static_cast<int64_t>(static_cast<double>(best_ms) * 1e6 / n);
 }
 
 CachedExperts::~CachedExperts() {
+  if (host_stream_) cudaStreamSynchronize(host_stream_.get());
   if (fork_) cudaEventDestroy(fork_);
   if (prefetch_done_) cudaEventDestroy(prefetch_done_);
+  if (host_fork_) cudaEventDestroy(host_fork_);
+  if (host_done_) cudaEventDestroy(host_done_);
 }
 
 offload::cuda::AdmitParams CachedExperts::admit_params(int64_t layer, const int32_t* ids,
@@ -183,14 +275,17 @@ offload::cuda::AdmitParams CachedExperts::admit_params(int64_t layer, const int3
                      .slots = slots_,
                      .gate_up_elems = gate_up_elems_,
                      .down_elems = down_elems_,
-                     .num_experts = num_experts_},
+                     .num_experts = num_experts_,
+                     .null_without_slot = cold_.mode != offload::ColdExperts::kGpu},
           .clock = clock_,
           .counters = counters_,
           .topk_ids = ids,
           .num_assignments = n,
           .layer = layer,
           .prefetch = prefetch,
-          .copies = prefetch ? prefetch_copies_ : demand_copies_};
+          .copies = prefetch ? prefetch_copies_ : demand_copies_,
+          .cold = cold_,
+          .host = staging_};
 }
 
 void CachedExperts::join(cudaStream_t stream) {
@@ -200,10 +295,21 @@ void CachedExperts::join(cudaStream_t stream) {
 }
 
 void CachedExperts::admit(int64_t layer, const int32_t* topk_ids, int64_t num_assignments,
-                          cudaStream_t stream) {
+                          const bf16* rows, int64_t num_rows, cudaStream_t stream) {
   MOE_CHECK(!prefetch_pending_, "expert cache: admit() before join() of the pending prefetch");
-  const offload::cuda::AdmitParams p = admit_params(layer, topk_ids, num_assignments, false);
+  MOE_CHECK(!host_pending_, "expert cache: admit() before merge_host_rows() of the last layer");
+  offload::cuda::AdmitParams p = admit_params(layer, topk_ids, num_assignments, false);
+  p.rows = rows;
+  p.num_rows = num_rows;
   offload::cuda::admit_experts(p, stream);
+  if (cold_.mode != offload::ColdExperts::kGpu) {
+    // The host computes its misses beside the copies and the grouped GEMM below.
+    CUDA_CHECK(cudaEventRecord(host_fork_, stream));
+    CUDA_CHECK(cudaStreamWaitEvent(host_stream_.get(), host_fork_, 0));
+    CUDA_CHECK(cudaLaunchHostFunc(host_stream_.get(), run_host_call, &host_calls_[layer]));
+    CUDA_CHECK(cudaEventRecord(host_done_, host_stream_.get()));
+    host_pending_ = true;
+  }
   offload::cuda::copy_experts({.layout = p.layout, .copies = p.copies, .max_copies = num_experts_,
                                .num_blocks = demand_blocks_},
                               stream);
@@ -222,6 +328,68 @@ void CachedExperts::prefetch(int64_t layer, const int32_t* topk_ids, int64_t num
                               copy);
   CUDA_CHECK(cudaEventRecord(prefetch_done_, copy));
   prefetch_pending_ = true;
+}
+
+void CachedExperts::merge_host_rows(int64_t layer, const int32_t* topk_ids, const int32_t* inverse,
+                                    bf16* expert_out, int64_t num_assignments,
+                                    cudaStream_t stream) {
+  if (!host_pending_) return;
+  CUDA_CHECK(cudaStreamWaitEvent(stream, host_done_, 0));
+  host_pending_ = false;
+  offload::cuda::merge_host_rows({.host = staging_,
+                                  .topk_ids = topk_ids,
+                                  .inverse = inverse,
+                                  .expert_out = expert_out,
+                                  .num_assignments = num_assignments,
+                                  .layer = layer,
+                                  .num_experts = num_experts_},
+                                 stream);
+}
+
+void CUDART_CB CachedExperts::run_host_call(void* call) {
+  const HostCall& c = *static_cast<const HostCall*>(call);
+  c.self->compute_on_host(c.layer);
+}
+
+void CachedExperts::compute_on_host(int64_t layer) {
+  // A host function may not throw into the driver or call CUDA: a failure is reported and the
+  // rows are left as they are (zero), which the parity tests would see.
+  try {
+    const int32_t num_host = staging_.count[0];
+    if (num_host == 0) return;
+    const int64_t A = staging_.count[1], Hp = hidden_elems_, E = num_experts_;
+    host_assignments_.clear();
+    host_offsets_.assign(1, 0);
+    host_views_.clear();
+    for (int32_t i = 0; i < num_host; ++i) {
+      const int64_t e = staging_.experts[i] - layer * E;
+      for (int64_t a = 0; a < A; ++a) {
+        if (staging_.topk_ids[a] == e) host_assignments_.push_back(static_cast<int32_t>(a));
+      }
+      host_offsets_.push_back(static_cast<int32_t>(host_assignments_.size()));
+      host_views_.push_back(host_view(layer, e));
+    }
+    const size_t M = host_assignments_.size();
+    host_rows_.resize(M * static_cast<size_t>(Hp));
+    host_out_.resize(host_rows_.size());
+    const uint16_t* in = reinterpret_cast<const uint16_t*>(staging_.rows);
+    for (size_t r = 0; r < M; ++r) {
+      const uint16_t* src = in + (host_assignments_[r] / top_k_) * Hp;
+      float* dst = host_rows_.data() + r * Hp;
+      for (int64_t h = 0; h < Hp; ++h) dst[h] = bf16_to_f32(src[h]);
+    }
+    moe::run_experts(host_rows_.data(), Hp, expert_width_, host_offsets_, host_views_,
+                     host_out_.data());
+    uint16_t* out = reinterpret_cast<uint16_t*>(staging_.out);
+    for (size_t r = 0; r < M; ++r) {
+      const float* src = host_out_.data() + r * Hp;
+      uint16_t* dst = out + static_cast<int64_t>(host_assignments_[r]) * Hp;
+      for (int64_t h = 0; h < Hp; ++h) dst[h] = f32_to_bf16(src[h]);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "moeinfer: the host's expert compute of layer %lld failed: %s\n",
+                 static_cast<long long>(layer), e.what());
+  }
 }
 
 void CachedExperts::enqueue_counter_readback(cudaStream_t stream) {

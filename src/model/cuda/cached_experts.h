@@ -9,10 +9,18 @@
 //   join(stream)               the prefetch for l (issued at l - 1) has finished its copies
 //                              (before anything rewrites what it reads; admit and prefetch
 //                              refuse to run while one is pending)
-//   admit(l, ids, stream)      demand: the layer's missing experts get slots, copied now
+//   admit(l, ids, rows, ...)   demand: the layer's missing experts get slots, copied now; under
+//                              --cold-experts cpu|auto the misses the cost model sends to the
+//                              host are computed there instead, on a host stream, from the
+//                              rows the admission staged in pinned memory
 //   prefetch(l + 1, ids', ...) the next layer's predicted experts, admitted and copied on a
 //                              copy stream while layer l computes
-// and the experts stage then reads gate_up_table(l) / down_table(l).
+// and the experts stage then reads gate_up_table(l) / down_table(l), skipping the host's experts
+// (null entries), and merge_host_rows(l, ...) puts the host's results among its outputs.
+//
+// The host's compute is a host function on its own stream (a host node of the decode graph): it
+// runs moe::run_experts over the experts' weights where they live, beside the GPU's copies and
+// grouped GEMM of the same layer.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -25,6 +33,7 @@
 #include "io/model_config.h"
 #include "model/cuda/device_memory.h"
 #include "model/cuda/device_weights.h"
+#include "moe/stages.h"
 #include "offload/cuda/expert_cache.h"
 #include "offload/offload_options.h"
 
@@ -35,9 +44,11 @@ class CachedExperts {
   // weights: built with offload_experts. options.hot_set_file, when given, is a routing trace
   // whose ranking warms the slots before traffic (and, for the static policy, names the hot
   // set). max_assignments_per_layer: T*K of a decode step, which sizes the static policy's
-  // streaming slots (offload::static_reserve_slots, the CPU's rule).
+  // streaming slots (offload::static_reserve_slots, the CPU's rule); max_step_tokens: the most
+  // rows one step carries (the host staging's size).
   CachedExperts(const ModelConfig& config, const DeviceWeights& weights,
-                const offload::OffloadOptions& options, int64_t max_assignments_per_layer);
+                const offload::OffloadOptions& options, int64_t max_assignments_per_layer,
+                int64_t max_step_tokens);
   ~CachedExperts();
   CachedExperts(const CachedExperts&) = delete;
   CachedExperts& operator=(const CachedExperts&) = delete;
@@ -47,10 +58,19 @@ class CachedExperts {
   int64_t device_bytes() const { return device_bytes_; }
 
   void join(cudaStream_t stream);
-  void admit(int64_t layer, const int32_t* topk_ids, int64_t num_assignments,
-             cudaStream_t stream);
+  // rows: the layer's input [num_rows, Hp] on the device (what a host-computed expert reads).
+  void admit(int64_t layer, const int32_t* topk_ids, int64_t num_assignments, const bf16* rows,
+             int64_t num_rows, cudaStream_t stream);
   void prefetch(int64_t layer, const int32_t* topk_ids, int64_t num_assignments,
                 cudaStream_t stream);
+  // After the experts stage of the layer admit() last ran: waits for the host's compute and
+  // writes its results into expert_out's rows (inverse: the plan's). No-op under kGpu.
+  void merge_host_rows(int64_t layer, const int32_t* topk_ids, const int32_t* inverse,
+                       bf16* expert_out, int64_t num_assignments, cudaStream_t stream);
+  // Whether prefetches copy anything (not under kCpu, where no miss is copied).
+  bool prefetches() const { return cold_.mode != offload::ColdExperts::kCpu; }
+  // The cost model kAuto decides with (measured at construction), or the mode alone.
+  const offload::ColdCost& cold_cost() const { return cold_; }
 
   const bf16* const* gate_up_table(int64_t layer) const {
     return gate_up_table_ + layer * num_experts_;
@@ -67,6 +87,14 @@ class CachedExperts {
  private:
   offload::cuda::AdmitParams admit_params(int64_t layer, const int32_t* ids, int64_t n,
                                           bool prefetch) const;
+  moe::ExpertWeights host_view(int64_t layer, int64_t expert) const;
+  void measure_cold_cost(std::span<const int32_t> slot_owners);  // [S] after the warm-up
+  void compute_on_host(int64_t layer);  // on the host stream's callback thread
+  struct HostCall {
+    CachedExperts* self = nullptr;
+    int64_t layer = 0;
+  };
+  static void CUDART_CB run_host_call(void* call);
 
   int64_t num_layers_ = 0, num_experts_ = 0, num_slots_ = 0, expert_bytes_ = 0;
   int64_t device_bytes_ = 0;
@@ -89,6 +117,20 @@ class CachedExperts {
   StreamHandle copy_stream_;
   cudaEvent_t fork_ = nullptr, prefetch_done_ = nullptr;
   bool prefetch_pending_ = false;
+
+  // Cold experts on the host.
+  offload::ColdCost cold_;
+  int64_t top_k_ = 0, hidden_elems_ = 0, expert_width_ = 0;  // K, Hp, Ip
+  PinnedArray<char> staging_memory_;  // mapped
+  offload::cuda::HostStaging staging_;
+  StreamHandle host_stream_;
+  cudaEvent_t host_fork_ = nullptr, host_done_ = nullptr;
+  bool host_pending_ = false;
+  std::vector<HostCall> host_calls_;  // [L], the host functions' arguments
+  // The host function's buffers, reused.
+  std::vector<int32_t> host_assignments_, host_offsets_;
+  std::vector<float> host_rows_, host_out_;
+  std::vector<moe::ExpertWeights> host_views_;
 };
 
 }  // namespace moeinfer::gpu

@@ -320,7 +320,8 @@ CudaDecoder::CudaDecoder(const ModelConfig& config, DeviceWeights weights,
       w_.upload_seconds > 0 ? static_cast<double>(w_.bytes) / w_.upload_seconds / 1e9 : 0.0;
   if (w_.experts_offloaded) {
     cache_ = std::make_unique<CachedExperts>(config_, w_, options.offload,
-                                             options.max_num_seqs * config_.num_experts_per_tok);
+                                             options.max_num_seqs * config_.num_experts_per_tok,
+                                             tcap_);
     report_.expert_home_bytes = w_.expert_home_bytes;
     report_.expert_cache_bytes = cache_->device_bytes();
     report_.expert_cache_slots = cache_->num_slots();
@@ -335,6 +336,17 @@ CudaDecoder::CudaDecoder(const ModelConfig& config, DeviceWeights weights,
     std::fprintf(stderr, "moeinfer: %.2f GiB of weights streamed to %s in %.2f s (%.2f GB/s)\n",
                  static_cast<double>(w_.bytes) / (1024.0 * 1024.0 * 1024.0),
                  report_.device_name.c_str(), w_.upload_seconds, report_.load_gb_per_s);
+  }
+  if (!options.quiet && cache_) {
+    const offload::ColdCost& cold = cache_->cold_cost();
+    const char* mode = cold.mode == offload::ColdExperts::kGpu   ? "gpu"
+                       : cold.mode == offload::ColdExperts::kCpu ? "cpu"
+                                                                 : "auto";
+    std::fprintf(stderr,
+                 "moeinfer: expert cache of %lld slots; cold experts: %s (an expert: copy %.1f "
+                 "us, on the host %.1f us + %.1f us per row)\n",
+                 static_cast<long long>(cache_->num_slots()), mode, cold.copy_ns * 1e-3,
+                 cold.host_ns * 1e-3, cold.host_row_ns * 1e-3);
   }
 }
 
@@ -920,6 +932,7 @@ void CudaDecoder::feed_forward(int64_t layer, int64_t T) {
     shared = shared_out_;
     mark(profile::Stage::kSharedExperts, layer);
   }
+  if (cache_) cache_->merge_host_rows(layer, topk_ids, inverse_, expert_out_, T * K, stream_);
   cuda::unpermute({.expert_out = expert_out_, .topk_weights = topk_weights, .inverse = inverse_,
                    .shared = shared, .out = block_out_, .num_tokens = T, .top_k = K,
                    .hidden_size = H},
@@ -954,11 +967,12 @@ void CudaDecoder::route(int64_t layer, int64_t T, float* logits, int32_t* topk_i
 void CudaDecoder::admit_and_prefetch(int64_t layer, const int32_t* topk_ids, int64_t T) {
   const int64_t K = config_.num_experts_per_tok;
   const int64_t next = layer + 1;
-  const bool predict = next < config_.num_layers && w_.layers[next].is_moe;
+  const bool predict =
+      next < config_.num_layers && w_.layers[next].is_moe && cache_->prefetches();
   // The prediction runs before the demand's copies so that its router reads normed_ while it
   // still holds this layer's input; the prefetch then starts as soon as the demand is placed.
   if (predict) route(next, T, predict_logits_, predict_ids_, predict_weights_);
-  cache_->admit(layer, topk_ids, T * K, stream_);
+  cache_->admit(layer, topk_ids, T * K, normed_, T, stream_);
   if (predict) cache_->prefetch(next, predict_ids_, T * K, stream_);
 }
 

@@ -8,6 +8,7 @@
 // keep PCIe busy while the rest of the GPU computes the layer beside it.
 #include "offload/cuda/expert_cache.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "backend/cuda/cuda_check.h"
@@ -78,61 +79,122 @@ __device__ int32_t block_choose_slot(const CacheTables& t, int64_t protect_from)
   return result;
 }
 
+__device__ void point_at_home(const ExpertSlotsLayout& l, int32_t g) {
+  l.gate_up_table[g] = l.null_without_slot ? nullptr : home_gate_up(l, g);
+  l.down_table[g] = l.null_without_slot ? nullptr : home_down(l, g);
+}
+
+// The ids and input rows of a layer whose misses the host computes, into host memory.
+__device__ void stage_for_host(const AdmitParams& p, int32_t num_host) {
+  const HostStaging& h = p.host;
+  if (num_host > 0) {
+    for (int64_t a = threadIdx.x; a < p.num_assignments; a += blockDim.x) {
+      h.topk_ids[a] = p.topk_ids[a];
+    }
+    const int64_t vecs = p.num_rows * h.row_elems / 8;
+    const uint4* src = reinterpret_cast<const uint4*>(p.rows);
+    uint4* dst = reinterpret_cast<uint4*>(h.rows);
+    for (int64_t v = threadIdx.x; v < vecs; v += blockDim.x) dst[v] = src[v];
+  }
+  if (threadIdx.x == 0) {
+    h.count[0] = num_host;
+    h.count[1] = static_cast<int32_t>(p.num_assignments);
+  }
+  __threadfence_system();
+}
+
 __global__ void __launch_bounds__(kAdmitThreads)
     admit_experts_kernel(const __grid_constant__ AdmitParams p) {
-  extern __shared__ int32_t s_misses[];  // [E] then the needed bytes [E]
+  extern __shared__ int32_t s_misses[];  // [E] then the rows using each expert [E]
   const int64_t E = p.layout.num_experts;
-  uint8_t* needed = reinterpret_cast<uint8_t*>(s_misses + E);
-  __shared__ int32_t s_num_misses;
+  int32_t* rows_of = s_misses + E;
+  __shared__ int32_t s_num_misses, s_to_host;
   __shared__ int64_t s_tick, s_protect;
-  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) needed[e] = 0;
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) rows_of[e] = 0;
   __syncthreads();
   for (int64_t a = threadIdx.x; a < p.num_assignments; a += blockDim.x) {
     const int32_t id = p.topk_ids[a];
-    if (id >= 0 && id < E) needed[id] = 1;
+    if (id >= 0 && id < E) atomicAdd(&rows_of[id], 1);
   }
-  __syncthreads();
   const CacheTables& t = p.tables;
   int64_t* counters = p.counters + p.layer * kNumCacheCounters;
   const int32_t base = static_cast<int32_t>(p.layer * E);
+  __shared__ unsigned long long s_counters[kNumCacheCounters];
+  __shared__ int32_t s_warp_misses[kAdmitThreads / 32];
   if (threadIdx.x == 0) {
     const int64_t tick = ++p.clock[0];
-    const int64_t protect = p.prefetch ? p.clock[1] : tick;
-    if (!p.prefetch) p.clock[1] = tick;
-    const Admission a{.layer = p.layer, .num_experts = E, .tick = tick, .protect_from = protect,
-                      .prefetch = p.prefetch};
-    int32_t num_misses = 0;
-    for (int64_t e = 0; e < E; ++e) {
-      if (!needed[e]) continue;
-      const int32_t g = base + static_cast<int32_t>(e);
-      if (!a.prefetch) t.uses[g] += 1;
-      const int32_t slot = t.slot_of[g];
-      if (slot >= 0) {
-        touch_resident(t, a, slot, counters);
-      } else {
-        s_misses[num_misses++] = g;
-      }
-    }
-    s_num_misses = num_misses;
     s_tick = tick;
-    s_protect = protect;
+    s_protect = p.prefetch ? p.clock[1] : tick;
+    if (!p.prefetch) p.clock[1] = tick;
+    s_num_misses = 0;
   }
+  if (threadIdx.x < kNumCacheCounters) s_counters[threadIdx.x] = 0;
   __syncthreads();
   const Admission a{.layer = p.layer, .num_experts = E, .tick = s_tick,
                     .protect_from = s_protect, .prefetch = p.prefetch};
+  // The touches of resident experts are independent (distinct experts, distinct slots), so each
+  // thread takes its own; the misses are listed in expert order, as admit() walks them, by a
+  // block-wide prefix count of each round of blockDim.x experts.
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int num_warps = static_cast<int>(blockDim.x >> 5);
+  for (int64_t round = 0; round < E; round += blockDim.x) {
+    const int64_t e = round + threadIdx.x;
+    bool miss = false;
+    int32_t g = -1;
+    if (e < E && rows_of[e] > 0) {
+      g = base + static_cast<int32_t>(e);
+      if (!a.prefetch) t.uses[g] += 1;
+      const int32_t slot = t.slot_of[g];
+      if (slot >= 0) {
+        int64_t mine[kNumCacheCounters] = {};
+        touch_resident(t, a, slot, mine);
+        for (int c = 0; c < kNumCacheCounters; ++c) {
+          if (mine[c] != 0) atomicAdd(&s_counters[c], static_cast<unsigned long long>(mine[c]));
+        }
+      } else {
+        miss = true;
+      }
+    }
+    const unsigned ballot = __ballot_sync(0xffffffffu, miss);
+    if (lane == 0) s_warp_misses[warp] = __popc(ballot);
+    __syncthreads();
+    int32_t before = s_num_misses, total = 0;
+    for (int w = 0; w < num_warps; ++w) {
+      if (w < warp) before += s_warp_misses[w];
+      total += s_warp_misses[w];
+    }
+    if (miss) s_misses[before + __popc(ballot & ((1u << lane) - 1u))] = g;
+    __syncthreads();  // every thread has read s_num_misses and s_warp_misses
+    if (threadIdx.x == 0) s_num_misses += total;
+    __syncthreads();
+  }
+  if (threadIdx.x < kNumCacheCounters && s_counters[threadIdx.x] != 0) {
+    counters[threadIdx.x] += static_cast<int64_t>(s_counters[threadIdx.x]);
+  }
+  __syncthreads();
+  // The misses in order, as admit() places them: thread 0 decides, the block finds victims.
+  const bool host_allowed = !a.prefetch && p.cold.mode != ColdExperts::kGpu;
+  ColdQueues queues;       // thread 0's
   int32_t num_copies = 0;  // thread 0's
+  int32_t num_host = 0;    // thread 0's
   for (int32_t m = 0; m < s_num_misses; ++m) {
-    const int32_t slot = block_choose_slot(t, a.protect_from);
+    const int32_t g = s_misses[m];
     if (threadIdx.x == 0) {
-      const int32_t g = s_misses[m];
+      s_to_host = host_allowed && miss_on_host(p.cold, rows_of[g - base], queues) ? 1 : 0;
+    }
+    __syncthreads();
+    const int32_t slot = s_to_host ? -1 : block_choose_slot(t, a.protect_from);
+    if (threadIdx.x == 0) {
       if (slot < 0) {
-        if (!a.prefetch) counters[kCacheUnplaced] += 1;
+        if (host_allowed) {
+          count_on_host(rows_of[g - base], counters);
+          p.host.experts[num_host++] = g;
+        } else if (!a.prefetch) {
+          counters[kCacheUnplaced] += 1;
+        }
       } else {
         const int32_t old = t.owner[slot];
-        if (old >= 0) {
-          p.layout.gate_up_table[old] = home_gate_up(p.layout, old);
-          p.layout.down_table[old] = home_down(p.layout, old);
-        }
+        if (old >= 0) point_at_home(p.layout, old);
         place(t, a, g, slot, counters);
         bf16* gate_up = slot_gate_up(p.layout, slot);
         p.layout.gate_up_table[g] = gate_up;
@@ -144,7 +206,32 @@ __global__ void __launch_bounds__(kAdmitThreads)
     }
     __syncthreads();  // the next reduction sees this placement
   }
-  if (threadIdx.x == 0) *p.copies.count = num_copies;
+  if (threadIdx.x == 0) {
+    *p.copies.count = num_copies;
+    s_num_misses = num_host;  // every thread has left the loop above
+  }
+  __syncthreads();
+  if (host_allowed) stage_for_host(p, s_num_misses);
+}
+
+__global__ void merge_host_rows_kernel(const __grid_constant__ MergeHostParams p) {
+  extern __shared__ uint8_t s_on_host[];  // [E]
+  const int32_t num_host = __ldcv(p.host.count);
+  if (num_host == 0) return;
+  for (int64_t e = threadIdx.x; e < p.num_experts; e += blockDim.x) s_on_host[e] = 0;
+  __syncthreads();
+  for (int32_t i = threadIdx.x; i < num_host; i += blockDim.x) {
+    s_on_host[__ldcv(p.host.experts + i) - p.layer * p.num_experts] = 1;
+  }
+  __syncthreads();
+  const int64_t vecs = p.host.row_elems / 8;
+  for (int64_t a = blockIdx.x; a < p.num_assignments; a += gridDim.x) {
+    const int32_t id = p.topk_ids[a];
+    if (id < 0 || id >= p.num_experts || !s_on_host[id]) continue;
+    const uint4* src = reinterpret_cast<const uint4*>(p.host.out + a * p.host.row_elems);
+    uint4* dst = reinterpret_cast<uint4*>(p.expert_out + p.inverse[a] * p.host.row_elems);
+    for (int64_t v = threadIdx.x; v < vecs; v += blockDim.x) dst[v] = __ldcv(src + v);
+  }
 }
 
 __global__ void __launch_bounds__(kCopyThreads)
@@ -206,8 +293,30 @@ void admit_experts(const AdmitParams& p, cudaStream_t stream) {
             "the clock, counters and copy list must be given");
   MOE_CHECK(p.num_assignments >= 0 && (p.num_assignments == 0 || p.topk_ids != nullptr),
             "num_assignments = ", p.num_assignments, " without ids");
-  const size_t smem = static_cast<size_t>(p.layout.num_experts) * (sizeof(int32_t) + 1);
+  if (!p.prefetch && p.cold.mode != ColdExperts::kGpu) {
+    MOE_CHECK(p.host.experts && p.host.count && p.host.topk_ids && p.host.rows && p.rows &&
+                  p.host.row_elems > 0 && p.host.row_elems % 8 == 0 && p.num_rows >= 0,
+              "a demand with cold experts on the host needs the host staging and the rows");
+  }
+  const size_t smem = static_cast<size_t>(p.layout.num_experts) * 2 * sizeof(int32_t);
+  static const bool sized = [] {
+    CUDA_CHECK(cudaFuncSetAttribute(admit_experts_kernel,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(kAdmitMaxExperts * 2 * sizeof(int32_t))));
+    return true;
+  }();
+  (void)sized;
   admit_experts_kernel<<<1, kAdmitThreads, smem, stream>>>(p);
+  MOE_CUDA_CHECK_LAUNCH();
+}
+
+void merge_host_rows(const MergeHostParams& p, cudaStream_t stream) {
+  MOE_CHECK(p.host.experts && p.host.count && p.host.out && p.topk_ids && p.inverse &&
+                p.expert_out && p.host.row_elems > 0 && p.host.row_elems % 8 == 0,
+            "merge_host_rows: the staging, ids, inverse and output must be given");
+  if (p.num_assignments == 0) return;
+  const int blocks = static_cast<int>(std::min<int64_t>(p.num_assignments, 256));
+  merge_host_rows_kernel<<<blocks, 256, static_cast<size_t>(p.num_experts), stream>>>(p);
   MOE_CUDA_CHECK_LAUNCH();
 }
 

@@ -17,6 +17,10 @@
 //   home_down        [L]        the layer's [E, Hp, Ip]
 //   slots            [S, 3 Ip Hp]  bf16 device memory, slot s = gate_up then down
 //   copy list        [E] experts, [E] slots, [1] count: written by the admission, read by the copy
+//   host staging     pinned, mapped host memory the admission writes for the host's compute of
+//                    the misses it sends there (--cold-experts cpu|auto): [E] experts, [1]
+//                    count, the layer's [T*K] ids and [T, Hp] rows; the host writes [T*K, Hp]
+//                    results back, which merge_host_rows puts in the experts' output
 #pragma once
 
 #include <cuda_bf16.h>
@@ -46,12 +50,26 @@ struct ExpertSlotsLayout {
   int64_t gate_up_elems = 0;              // 2 Ip Hp
   int64_t down_elems = 0;                 // Hp Ip
   int64_t num_experts = 0;                // E
+  // Cold experts compute on the host: a table entry is null while its expert has no slot (an
+  // eviction writes null instead of the home), and the grouped GEMM skips null experts.
+  bool null_without_slot = false;
 };
 
 struct CopyList {
   int32_t* experts = nullptr;  // [E] global expert ids
   int32_t* slots = nullptr;    // [E]
   int32_t* count = nullptr;    // [1]
+};
+
+// Device addresses of pinned, mapped host memory, shared by the admission (which writes all but
+// `out`), the host's compute (offload_host.h) and merge_host_rows.
+struct HostStaging {
+  int32_t* experts = nullptr;    // [E] global ids of the misses computed on the host
+  int32_t* count = nullptr;      // [2] their number, and the assignments staged (T*K)
+  int32_t* topk_ids = nullptr;   // [max T*K] the layer's routing
+  bf16* rows = nullptr;          // [max T, Hp] the layer's input rows
+  bf16* out = nullptr;           // [max T*K, Hp] each host assignment's result
+  int64_t row_elems = 0;         // Hp
 };
 
 struct AdmitParams {
@@ -64,6 +82,12 @@ struct AdmitParams {
   int64_t layer = 0;
   bool prefetch = false;
   CopyList copies;
+  // A demand under --cold-experts cpu|auto: misses the cost model sends to the host (and those
+  // without an evictable slot) are listed in `host`, with the ids and `rows` staged there.
+  ColdCost cold;
+  HostStaging host;
+  const bf16* rows = nullptr;  // [T, Hp] device, the layer's input
+  int64_t num_rows = 0;        // T
 };
 
 // One block: marks the experts the ids want, then admit()s them exactly as the host function
@@ -77,6 +101,19 @@ struct CopyParams {
   int64_t max_copies = 0;   // the list's capacity (E)
   int num_blocks = 0;       // of the copy grid: fewer leaves SMs to the compute it overlaps
 };
+
+// After the host's compute of the staged misses: expert_out[inverse[a]] = host.out[a] for every
+// assignment a whose expert the host computed (nothing when it computed none).
+struct MergeHostParams {
+  HostStaging host;
+  const int32_t* topk_ids = nullptr;  // [T*K] device, the layer's
+  const int32_t* inverse = nullptr;   // [T*K] the plan's
+  bf16* expert_out = nullptr;         // [T*K, Hp]
+  int64_t num_assignments = 0;        // T*K
+  int64_t layer = 0;
+  int64_t num_experts = 0;            // E
+};
+void merge_host_rows(const MergeHostParams& params, cudaStream_t stream);
 
 // Copies every listed expert's weights from its home in host memory into its slot, read over
 // PCIe by the SMs in 16-byte vectors (a copy engine would need the list on the host).
