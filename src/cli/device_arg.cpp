@@ -36,7 +36,8 @@ void add_offload_options(CLI::App* cmd, DeviceArgs* args) {
                   "With --expert-budget, where a demanded expert that is not resident computes: "
                   "gpu (copied in over PCIe), cpu (its rows computed on the host where its "
                   "weights live; only rows and results cross PCIe) or auto (per miss, whichever "
-                  "the link and CPU rates measured at start-up say finishes first; default)");
+                  "the link and CPU rates measured at start-up say finishes first) "
+                  "(default: gpu)");
 }
 
 double parse_routing_skew(const std::string& text) {

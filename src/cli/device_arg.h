@@ -22,7 +22,7 @@ struct DeviceArgs {
   double gpu_memory_fraction = 0.9;
   std::string expert_budget;  // --expert-budget; empty: every expert resident
   std::string expert_cache;   // --expert-cache; empty: lru
-  std::string cold_experts;   // --cold-experts; empty: auto
+  std::string cold_experts;   // --cold-experts; empty: gpu
   bool is_cuda() const { return device == "cuda"; }
   // The offloading flags, parsed (offload/parse_options.h); disabled without a budget.
   offload::OffloadOptions offload() const;

@@ -16,7 +16,7 @@ struct OffloadOptions {
   double budget_fraction = -1.0;  // in [0, 1] when given as a percentage
   CachePolicy policy = CachePolicy::kLru;
   std::string hot_set_file;  // kStatic: a routing trace (--trace-routing) ranking the experts
-  ColdExperts cold = ColdExperts::kAuto;  // where a miss computes (--cold-experts)
+  ColdExperts cold = ColdExperts::kGpu;  // where a miss computes (--cold-experts)
 
   bool enabled() const { return budget_bytes >= 0 || budget_fraction >= 0.0; }
   // Slots of expert_bytes each that the budget holds, out of num_experts_total experts.

@@ -65,6 +65,9 @@ std::string render_text_report(const nlohmann::ordered_json& report);
 //   #chart-load-heatmap  layer x expert load (one <rect class="cell"> per MoE layer and expert)
 //   #chart-imbalance     max/mean expert load over steps (<polyline class="series">, a point
 //                        per step)
+//   #chart-expert-cache  under offloading: each MoE layer's demands by where they were served
+//                        (one <g class="cache-bar"> a layer), beside the cache's totals and
+//                        per-layer table
 std::string render_html_report(const nlohmann::ordered_json& report);
 
 // The report page's look, shared with the server's live dashboard (server/dashboard.cpp) so the

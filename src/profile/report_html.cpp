@@ -230,6 +230,133 @@ std::string stage_layer_chart(const Json& report) {
   return out + "</svg>";
 }
 
+// Chart 4 (under offloading): each MoE layer's demands by where they were served, stacked.
+struct CacheOutcome {
+  const char* key;  // the report's field
+  const char* label;
+  const char* colour;
+};
+constexpr CacheOutcome kCacheOutcomes[] = {{"hits", "hit (resident)", "#2a9d8f"},
+                                           {"misses", "copied in", "#e9c46a"},
+                                           {"unplaced", "read from host", "#e76f51"},
+                                           {"cpu_experts", "computed on the CPU", "#6a4c93"}};
+
+std::string expert_cache_chart(const Json& report) {
+  std::vector<const Json*> layers;
+  for (const Json& l : report["layers"]) {
+    if (l.contains("expert_cache")) layers.push_back(&l);
+  }
+  double max_total = 0.0;
+  for (const Json* l : layers) {
+    double total = 0.0;
+    for (const CacheOutcome& o : kCacheOutcomes) total += (*l)["expert_cache"][o.key].get<double>();
+    max_total = std::max(max_total, total);
+  }
+  const Axis axis = nice_axis(std::max(max_total, 1.0) * 1.08);
+  const double W = 960, left = 70, right = 20, top = 56, plot_h = 240, bottom = 48;
+  const double plot_w = W - left - right;
+  const double H = top + plot_h + bottom;
+  std::string out = format(
+      "<svg id=\"chart-expert-cache\" class=\"chart\" viewBox=\"0 0 %.0f %.0f\" "
+      "width=\"%.0f\" height=\"%.0f\" role=\"img\" aria-labelledby=\"t-expert-cache\">"
+      "<title id=\"t-expert-cache\">Expert demands per layer by where they were served</title>",
+      W, H, W, H);
+  std::vector<std::pair<std::string, std::string>> items;
+  for (const CacheOutcome& o : kCacheOutcomes) items.emplace_back(o.label, o.colour);
+  out += legend(items, left, 12, plot_w);
+  for (double v = 0.0; v <= axis.top + 1e-9; v += axis.step) {
+    const double y = top + plot_h - v / axis.top * plot_h;
+    out += format(
+        "<line class=\"grid\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\"/>"
+        "<text class=\"tick\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>",
+        left, left + plot_w, y, y, left - 8, y + 4, tick_label(v, axis.step).c_str());
+  }
+  out += format(
+      "<text class=\"axis-title\" transform=\"translate(18,%.1f) rotate(-90)\" "
+      "text-anchor=\"middle\">expert demands</text>",
+      top + plot_h / 2);
+  const double band = plot_w / std::max<size_t>(layers.size(), 1);
+  const double bar_w = std::min(band * 0.62, 90.0);
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const Json& l = *layers[i];
+    const long long layer = l["layer"].get<long long>();
+    const double x = left + band * static_cast<double>(i) + (band - bar_w) / 2;
+    double y = top + plot_h;
+    out += format("<g class=\"cache-bar\" data-layer=\"%lld\">", layer);
+    for (const CacheOutcome& o : kCacheOutcomes) {
+      const double n = l["expert_cache"][o.key].get<double>();
+      const double h = n / axis.top * plot_h;
+      y -= h;
+      out += format(
+          "<rect class=\"seg\" x=\"%.1f\" y=\"%.2f\" width=\"%.1f\" height=\"%.2f\" "
+          "fill=\"%s\"><title>layer %lld · %s: %.0f</title></rect>",
+          x, y, bar_w, std::max(h, 0.0), o.colour, layer, o.label, n);
+    }
+    out +=
+        format("<text class=\"tick\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%lld</text></g>",
+               x + bar_w / 2, top + plot_h + 18, layer);
+  }
+  out += format("<line class=\"axis\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\"/>", left,
+                left + plot_w, top + plot_h, top + plot_h);
+  out += format(
+      "<text class=\"axis-title\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">MoE "
+      "layer</text>",
+      left + plot_w / 2, H - 8);
+  return out + "</svg>";
+}
+
+// The expert cache's section: totals, the chart, and a table per layer.
+std::string card(const std::string& key, const std::string& value, const std::string& sub);
+
+std::string expert_cache_section(const Json& report) {
+  const Json& c = report["summary"]["expert_cache"];
+  std::string html =
+      "<section><h2>Expert cache</h2><p class=\"sub\">Under <code>--expert-budget</code>: "
+      "each MoE layer's demanded experts by where they were served (resident, copied in over "
+      "PCIe, read from host memory by the GPU, or computed on the CPU by "
+      "<code>--cold-experts</code>), with the prefetch's accuracy, the bytes that crossed host "
+      "to device and the time compute waited for copies.</p>";
+  html += format(
+      "<div class=\"cards\">%s%s%s%s</div>",
+      card("hit rate",
+           format("%.1f%%", 100.0 * c["hits"].get<double>() /
+                                std::max(1.0, c["hits"].get<double>() + c["misses"].get<double>() +
+                                                  c["unplaced"].get<double>() +
+                                                  c["cpu_experts"].get<double>())),
+           format("%lld hits, %lld copied, %lld from host, %lld on the CPU",
+                  c["hits"].get<long long>(), c["misses"].get<long long>(),
+                  c["unplaced"].get<long long>(), c["cpu_experts"].get<long long>()))
+          .c_str(),
+      card("prefetch accuracy", format("%.1f%%", 100.0 * c["prefetch_accuracy"].get<double>()),
+           format("%lld of %lld prefetched used", c["prefetch_used"].get<long long>(),
+                  c["prefetched"].get<long long>()))
+          .c_str(),
+      card("host to device", human_bytes(c["host_to_device_bytes"].get<double>()),
+           format("%.3f ms stalled", c["stall_ms"].get<double>()))
+          .c_str(),
+      card("rows on the CPU", format("%lld", c["cpu_rows"].get<long long>()),
+           "rows of the experts computed on the host")
+          .c_str());
+  html += expert_cache_chart(report);
+  html +=
+      "<div class=\"scroll\"><table class=\"layers\"><thead><tr><th>layer</th><th>hits</th>"
+      "<th>copied</th><th>from host</th><th>on CPU</th><th>CPU rows</th><th>prefetched</th>"
+      "<th>prefetch used</th><th>to device</th><th>stall</th></tr></thead><tbody>";
+  for (const Json& l : report["layers"]) {
+    if (!l.contains("expert_cache")) continue;
+    const Json& e = l["expert_cache"];
+    html += format(
+        "<tr><td>%lld</td><td>%lld</td><td>%lld</td><td>%lld</td><td>%lld</td><td>%lld</td>"
+        "<td>%lld</td><td>%.0f%%</td><td>%s</td><td>%.3f ms</td></tr>",
+        l["layer"].get<long long>(), e["hits"].get<long long>(), e["misses"].get<long long>(),
+        e["unplaced"].get<long long>(), e["cpu_experts"].get<long long>(),
+        e["cpu_rows"].get<long long>(), e["prefetched"].get<long long>(),
+        100.0 * e["prefetch_accuracy"].get<double>(),
+        human_bytes(e["host_to_device_bytes"].get<double>()).c_str(), e["stall_ms"].get<double>());
+  }
+  return html + "</tbody></table></div></section>";
+}
+
 // Chart 2: rows each expert received in each MoE layer over the whole run.
 std::string heatmap_chart(const Json& report) {
   const Json& layers = report["layers"];
@@ -557,15 +684,17 @@ std::string render_html_report(const Json& report) {
   const std::string timed_note =
       timed_steps == summary["steps"].get<int64_t>()
           ? std::string()
-          : format(" Stages were timed on %lld of the %lld steps (one in %lld; the other steps "
-                   "counted rows and bytes only): the figures are %s.",
-                   static_cast<long long>(timed_steps), summary["steps"].get<long long>(),
-                   summary["time_every"].get<long long>(),
-                   summary["stage_basis"].get<std::string>().c_str());
+          : format(
+                " Stages were timed on %lld of the %lld steps (one in %lld; the other steps "
+                "counted rows and bytes only): the figures are %s.",
+                static_cast<long long>(timed_steps), summary["steps"].get<long long>(),
+                summary["time_every"].get<long long>(),
+                summary["stage_basis"].get<std::string>().c_str());
   html +=
       "<section><h2>Where a step's time goes</h2><p class=\"sub\">Share of the steps' wall "
       "time by stage; <i>other</i> is time no stage claims (norms, residual adds, embedding, "
-      "bookkeeping)." + timed_note + "</p>";
+      "bookkeeping)." +
+      timed_note + "</p>";
   html += step_breakdown(report);
   html += "</section>";
 
@@ -590,6 +719,8 @@ std::string render_html_report(const Json& report) {
       "its layer. Small decode batches are imbalanced by nature (fewer rows than experts).</p>";
   html += imbalance_chart(report);
   html += "</section>";
+
+  if (!summary["expert_cache"].is_null()) html += expert_cache_section(report);
 
   // Stage table.
   double max_share = 0.0;

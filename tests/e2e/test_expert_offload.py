@@ -4,8 +4,9 @@
 The built command on the demo model (issue 14, item 6: outputs equal the all-resident run at
 every budget):
 
-  generate_same_text  `moeinfer generate` with --expert-budget 25% (and 0, and 10% under lfu)
-                      prints the same greedy text as without a budget.
+  generate_same_text  `moeinfer generate` with --expert-budget 25% (and 0, and 10% under lfu,
+                      and with --cold-experts cpu and auto) prints the same greedy text as
+                      without a budget.
   static_hot_set      a routing trace from `generate --trace-routing` as the static policy's
                       hot set (--expert-cache static:FILE) gives the same text again.
   logits_same_bytes   `moeinfer logits` writes the same .npy bytes at --expert-budget 10%.
@@ -15,6 +16,15 @@ every budget):
                       text of a server without a budget, and /metrics counts the cache: every
                       moeinfer:expert_cache_*_total series is there, demands (hits + misses +
                       unplaced) and bytes host to device are positive.
+  serve_concurrent    16 concurrent greedy completions of different prompts against a server
+                      with --expert-budget 25% --cold-experts cpu each get the text of the
+                      same request to a server without a budget (both --deterministic, so a
+                      text does not depend on which requests shared its steps), and /metrics
+                      counts the experts computed on the CPU.
+  profile_report      `moeinfer profile --expert-budget 25% --cold-experts cpu` writes the cache
+                      into report.json (totals and per MoE layer, experts and rows on the CPU),
+                      report.txt and report.html (#chart-expert-cache, one g.cache-bar per MoE
+                      layer).
   plan_budget         `moeinfer plan --gpu-mem 24` for synthetic:qwen3-30b-a3b recommends
                       offload and prints the --expert-budget value to pass.
 
@@ -23,7 +33,10 @@ Prints one line per check and a last line "N passed, M failed"; exits non-zero o
 
 from __future__ import annotations
 
+import concurrent.futures
+import json
 import pathlib
+import re
 import subprocess
 import sys
 import tempfile
@@ -52,7 +65,9 @@ def check_generate_same_text(ctx: dict) -> None:
     resident = generate(m, [])
     assert resident.strip(), "the resident run printed nothing"
     for extra in (["--expert-budget", "25%"], ["--expert-budget", "0"],
-                  ["--expert-budget", "10%", "--expert-cache", "lfu"]):
+                  ["--expert-budget", "10%", "--expert-cache", "lfu"],
+                  ["--expert-budget", "25%", "--cold-experts", "cpu"],
+                  ["--expert-budget", "10%", "--cold-experts", "auto"]):
         assert generate(m, extra) == resident, f"{extra}: the text differs from the resident run"
 
 
@@ -81,7 +96,9 @@ def check_bad_flags(ctx: dict) -> None:
     for extra, fragment in ((["--expert-budget", "150%"], "150%"),
                             (["--expert-budget", "12XB"], "unknown unit 'XB'"),
                             (["--expert-cache", "lfu"], "needs --expert-budget"),
-                            (["--expert-budget", "5%", "--expert-cache", "fifo"], "fifo")):
+                            (["--expert-budget", "5%", "--expert-cache", "fifo"], "fifo"),
+                            (["--cold-experts", "cpu"], "needs --expert-budget"),
+                            (["--expert-budget", "5%", "--cold-experts", "disk"], "'disk'")):
         r = run(m, base + extra, ok=False)
         assert r.returncode != 0, f"{extra} was accepted"
         assert fragment in r.stderr, f"{extra}: {r.stderr!r} does not name {fragment!r}"
@@ -112,12 +129,69 @@ def check_serve_metrics(ctx: dict) -> None:
             v = parse_metrics(r.read().decode())
     finally:
         assert server.stop() == 0
-    for name in ("hits", "misses", "unplaced", "prefetched", "prefetch_used",
-                 "host_to_device_bytes", "stall_seconds"):
+    for name in ("hits", "misses", "unplaced", "prefetched", "prefetch_used", "cpu_experts",
+                 "cpu_rows", "host_to_device_bytes", "stall_seconds"):
         assert f"moeinfer:expert_cache_{name}_total" in v, f"/metrics has no expert_cache_{name}"
     demands = sum(v[f"moeinfer:expert_cache_{n}_total"] for n in ("hits", "misses", "unplaced"))
     assert demands > 0, "no expert demand was counted"
     assert v["moeinfer:expert_cache_host_to_device_bytes_total"] > 0
+
+
+def concurrent_completions(server: ServerProcess, prompts: list[str]) -> list[str]:
+    client = server.client()
+
+    def one(prompt: str) -> str:
+        r = client.completions.create(model="demo", prompt=prompt, max_tokens=12, temperature=0,
+                                      extra_body={"ignore_eos": True})
+        return r.choices[0].text
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+        return list(pool.map(one, prompts))
+
+
+def check_serve_concurrent(ctx: dict) -> None:
+    m = ctx["moeinfer"]
+    prompts = [f"Story number {i} begins with" for i in range(16)]
+    plain = ServerProcess(m, ["--deterministic"])
+    try:
+        resident = concurrent_completions(plain, prompts)
+    finally:
+        assert plain.stop() == 0
+    server = ServerProcess(m, ["--deterministic", "--expert-budget", "25%", "--cold-experts",
+                               "cpu"])
+    try:
+        got = concurrent_completions(server, prompts)
+        with urllib.request.urlopen(server.base + "/metrics", timeout=30) as r:
+            v = parse_metrics(r.read().decode())
+    finally:
+        assert server.stop() == 0
+    for i, (a, b) in enumerate(zip(got, resident)):
+        assert a == b, f"request {i}: {a!r} differs from the resident server's {b!r}"
+    assert v["moeinfer:expert_cache_cpu_experts_total"] > 0, "no expert computed on the CPU"
+    assert v["moeinfer:expert_cache_cpu_rows_total"] >= v["moeinfer:expert_cache_cpu_experts_total"]
+
+
+def check_profile_report(ctx: dict) -> None:
+    m = ctx["moeinfer"]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = pathlib.Path(tmp) / "profile"
+        run(m, ["profile", "--model", str(e2e_util.demo_model(ctx["fixtures"])), "--batch", "2",
+                "--input-len", "8", "--output-len", "4", "--repeats", "1", "--expert-budget",
+                "25%", "--cold-experts", "cpu", "--out", str(out)])
+        report = json.loads((out / "report.json").read_text())
+        cache = report["summary"]["expert_cache"]
+        assert cache is not None, "report.json has no expert cache under a budget"
+        assert cache["cpu_experts"] > 0 and cache["cpu_rows"] >= cache["cpu_experts"], cache
+        assert cache["misses"] == 0, f"--cold-experts cpu copied {cache['misses']} experts"
+        moe_layers = [l for l in report["layers"] if l["moe"]]
+        per_layer = sum(l["expert_cache"]["cpu_experts"] for l in moe_layers)
+        assert per_layer == cache["cpu_experts"], (per_layer, cache["cpu_experts"])
+        assert "on the CPU" in (out / "report.txt").read_text()
+        html = (out / "report.html").read_text(encoding="utf-8")
+        chart = re.search(r'<svg id="chart-expert-cache".*?</svg>', html, re.S)
+        assert chart, "report.html has no #chart-expert-cache"
+        bars = chart.group(0).count('class="cache-bar"')
+        assert bars == len(moe_layers), f"{bars} bars for {len(moe_layers)} MoE layers"
 
 
 def check_plan_budget(ctx: dict) -> None:
@@ -128,9 +202,10 @@ def check_plan_budget(ctx: dict) -> None:
 
 def main() -> int:
     args = e2e_util.parse_args()
-    ctx = {"moeinfer": args.moeinfer}
+    ctx = {"moeinfer": args.moeinfer, "fixtures": args.fixtures}
     checks = [check_generate_same_text, check_static_hot_set, check_logits_same_bytes,
-              check_bad_flags, check_serve_metrics, check_plan_budget]
+              check_bad_flags, check_serve_metrics, check_serve_concurrent, check_profile_report,
+              check_plan_budget]
     return e2e_util.summary(*run_checks(e2e_util.selected(checks, args.only),
                                         lambda check: check(ctx)))
 

@@ -23,12 +23,13 @@ std::vector<SlotCopy> admit(HostCacheTables& cache, int64_t layer, std::vector<i
   for (int e : experts) rows[e] = 1;
   const int64_t tick = cache.next_tick();
   std::vector<SlotCopy> copies(kExperts);
-  const int64_t n = cache.admit({.layer = layer,
-                                 .num_experts = kExperts,
-                                 .tick = tick,
-                                 .protect_from = protect_from >= 0 ? protect_from : tick,
-                                 .prefetch = prefetch},
-                                rows.data(), {}, copies)
+  const int64_t n = cache
+                        .admit({.layer = layer,
+                                .num_experts = kExperts,
+                                .tick = tick,
+                                .protect_from = protect_from >= 0 ? protect_from : tick,
+                                .prefetch = prefetch},
+                               rows.data(), {}, copies)
                         .num_copies;
   copies.resize(n);
   return copies;
@@ -223,6 +224,85 @@ TEST(HotSet, StaticReserveSlots) {
   EXPECT_EQ(static_reserve_slots(8, 64, 1000), 16);   // at most E per layer
   EXPECT_EQ(static_reserve_slots(128, 8, 10), 10);    // never more than the cache
   EXPECT_EQ(static_reserve_slots(128, 8, 0), 0);
+}
+
+// One demand of `rows` (rows per layer-local expert) under a cold mode.
+struct ColdAdmission {
+  std::vector<SlotCopy> copies;
+  std::vector<int32_t> on_cpu;
+};
+ColdAdmission admit_cold(HostCacheTables& cache, int64_t layer, std::vector<int32_t> rows,
+                         const ColdCost& cold) {
+  rows.resize(kExperts, 0);
+  const int64_t tick = cache.next_tick();
+  ColdAdmission out{.copies = std::vector<SlotCopy>(kExperts),
+                    .on_cpu = std::vector<int32_t>(kExperts)};
+  const HostCacheTables::Admitted n =
+      cache.admit({.layer = layer, .num_experts = kExperts, .tick = tick, .protect_from = tick},
+                  rows.data(), cold, out.copies, out.on_cpu);
+  out.copies.resize(n.num_copies);
+  out.on_cpu.resize(n.num_on_cpu);
+  return out;
+}
+
+TEST(ColdExperts, CpuModeComputesEveryMissOnTheHost) {
+  HostCacheTables cache(kLayers, kExperts, 2, CachePolicy::kLru);
+  admit(cache, 0, {1});  // expert 1 resident
+  const ColdAdmission a = admit_cold(cache, 0, {2, 1, 0, 3}, {.mode = ColdExperts::kCpu});
+  EXPECT_TRUE(a.copies.empty());
+  EXPECT_EQ(a.on_cpu, (std::vector<int32_t>{0, 3}));
+  EXPECT_EQ(count(cache, 0, kCacheHits), 1);
+  EXPECT_EQ(count(cache, 0, kCacheOnCpu), 2);
+  EXPECT_EQ(count(cache, 0, kCacheRowsOnCpu), 5);
+  EXPECT_EQ(cache.slot_of(0), -1);  // nothing placed: the free slot stays free
+  EXPECT_EQ(cache.owner(1), -1);
+}
+
+TEST(ColdExperts, AutoBalancesTheCopyAndHostQueues) {
+  HostCacheTables cache(kLayers, kExperts, 8, CachePolicy::kLru);
+  // A copy takes 100; the host 60 + 20 per row. In expert order: 0 to the host (80 <= 100),
+  // 1 copied (160 > 100), 2 to the host (160 <= 200), 3 copied (240 > 200).
+  const ColdCost cold{.mode = ColdExperts::kAuto, .copy_ns = 100, .host_ns = 60, .host_row_ns = 20};
+  const ColdAdmission a = admit_cold(cache, 1, {1, 1, 1, 1}, cold);
+  EXPECT_EQ(a.on_cpu, (std::vector<int32_t>{kExperts + 0, kExperts + 2}));
+  ASSERT_EQ(a.copies.size(), 2u);
+  EXPECT_EQ(a.copies[0].expert, kExperts + 1);
+  EXPECT_EQ(a.copies[1].expert, kExperts + 3);
+  EXPECT_EQ(count(cache, 1, kCacheMisses), 2);
+  EXPECT_EQ(count(cache, 1, kCacheOnCpu), 2);
+  // Many rows make the host's arithmetic dear: every miss is copied.
+  const ColdAdmission b = admit_cold(cache, 0, {50, 50}, cold);
+  EXPECT_TRUE(b.on_cpu.empty());
+  EXPECT_EQ(b.copies.size(), 2u);
+}
+
+TEST(ColdExperts, AMissWithoutASlotGoesToTheHostUnlessGpu) {
+  HostCacheTables none(kLayers, kExperts, 0, CachePolicy::kLru);
+  const ColdCost cold{.mode = ColdExperts::kAuto, .copy_ns = 1, .host_ns = 1000};
+  const ColdAdmission a = admit_cold(none, 0, {1, 2}, cold);
+  EXPECT_EQ(a.on_cpu, (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(count(none, 0, kCacheUnplaced), 0);
+  EXPECT_EQ(count(none, 0, kCacheRowsOnCpu), 3);
+  HostCacheTables gpu(kLayers, kExperts, 0, CachePolicy::kLru);
+  const ColdAdmission b = admit_cold(gpu, 0, {1, 2}, {.mode = ColdExperts::kGpu});
+  EXPECT_TRUE(b.on_cpu.empty());
+  EXPECT_EQ(count(gpu, 0, kCacheUnplaced), 2);
+}
+
+TEST(ColdExperts, APrefetchOnlyCopies) {
+  HostCacheTables cache(kLayers, kExperts, 4, CachePolicy::kLru);
+  const std::vector<SlotCopy> copies = admit(cache, 1, {0, 1}, /*prefetch=*/true, 0);
+  EXPECT_EQ(copies.size(), 2u);  // admit() passes ColdCost{}: kGpu; under any mode alike
+  std::vector<int32_t> rows(kExperts, 0);
+  rows[2] = 1;
+  const int64_t tick = cache.next_tick();
+  std::vector<SlotCopy> out(kExperts);
+  std::vector<int32_t> on_cpu(kExperts);
+  const HostCacheTables::Admitted n = cache.admit(
+      {.layer = 1, .num_experts = kExperts, .tick = tick, .protect_from = tick, .prefetch = true},
+      rows.data(), {.mode = ColdExperts::kCpu}, out, on_cpu);
+  EXPECT_EQ(n.num_copies, 1);
+  EXPECT_EQ(n.num_on_cpu, 0);
 }
 
 }  // namespace

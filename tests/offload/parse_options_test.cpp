@@ -90,6 +90,21 @@ TEST(ParseOffloadFlags, BudgetAndCacheTogether) {
   EXPECT_DOUBLE_EQ(o.budget_fraction, 0.25);
 }
 
+TEST(ParseOffloadFlags, ColdExperts) {
+  EXPECT_EQ(parse_offload_flags("25%", "").cold, ColdExperts::kGpu);  // the default
+  EXPECT_EQ(parse_offload_flags("25%", "", "cpu").cold, ColdExperts::kCpu);
+  EXPECT_EQ(parse_offload_flags("25%", "lfu", "AUTO").cold, ColdExperts::kAuto);
+  EXPECT_EQ(parse_offload_flags("25%", "", "gpu").cold, ColdExperts::kGpu);
+  try {
+    parse_offload_flags("25%", "", "disk");
+    ADD_FAILURE() << "--cold-experts disk was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'disk'"), std::string::npos) << e.what();
+  }
+  // Without a budget no expert is cold: the flag alone means nothing.
+  EXPECT_THROW(parse_offload_flags("", "", "cpu"), Error);
+}
+
 TEST(ParseOffloadFlags, FormatRoundTrips) {
   EXPECT_EQ(format_expert_budget(int64_t{3} << 20), "3MiB");
   EXPECT_EQ(format_expert_budget(1000), "1000");

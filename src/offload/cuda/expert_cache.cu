@@ -108,7 +108,7 @@ __global__ void __launch_bounds__(kAdmitThreads)
   extern __shared__ int32_t s_misses[];  // [E] then the rows using each expert [E]
   const int64_t E = p.layout.num_experts;
   int32_t* rows_of = s_misses + E;
-  __shared__ int32_t s_num_misses, s_to_host;
+  __shared__ int32_t s_num_misses, s_to_host, s_num_host;
   __shared__ int64_t s_tick, s_protect;
   for (int64_t e = threadIdx.x; e < E; e += blockDim.x) rows_of[e] = 0;
   __syncthreads();
@@ -208,10 +208,10 @@ __global__ void __launch_bounds__(kAdmitThreads)
   }
   if (threadIdx.x == 0) {
     *p.copies.count = num_copies;
-    s_num_misses = num_host;  // every thread has left the loop above
+    s_num_host = num_host;
   }
   __syncthreads();
-  if (host_allowed) stage_for_host(p, s_num_misses);
+  if (host_allowed) stage_for_host(p, s_num_host);
 }
 
 __global__ void merge_host_rows_kernel(const __grid_constant__ MergeHostParams p) {
