@@ -1,0 +1,28 @@
+#include "parallel/communicator.h"
+
+#include <cstring>
+
+#include "core/error.h"
+
+namespace moeinfer::parallel {
+
+void SelfCommunicator::all_to_all(const void* send, void* recv, int64_t bytes_per_rank) {
+  MOE_CHECK(bytes_per_rank >= 0, "all_to_all: ", bytes_per_rank, " bytes per rank");
+  if (bytes_per_rank > 0) std::memcpy(recv, send, static_cast<size_t>(bytes_per_rank));
+}
+
+void SelfCommunicator::all_to_allv(const void* send, std::span<const int64_t> send_bytes,
+                                   void* recv, std::span<const int64_t> recv_bytes) {
+  MOE_CHECK(send_bytes.size() == 1 && recv_bytes.size() == 1, "all_to_allv: ",
+            send_bytes.size(), " send and ", recv_bytes.size(), " receive counts for 1 rank");
+  MOE_CHECK(send_bytes[0] == recv_bytes[0] && send_bytes[0] >= 0, "all_to_allv: sends ",
+            send_bytes[0], " bytes to itself but expects ", recv_bytes[0]);
+  if (send_bytes[0] > 0) std::memcpy(recv, send, static_cast<size_t>(send_bytes[0]));
+}
+
+void SelfCommunicator::all_gather(const void* send, void* recv, int64_t bytes) {
+  MOE_CHECK(bytes >= 0, "all_gather: ", bytes, " bytes");
+  if (bytes > 0) std::memcpy(recv, send, static_cast<size_t>(bytes));
+}
+
+}  // namespace moeinfer::parallel

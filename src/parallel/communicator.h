@@ -1,0 +1,67 @@
+// Collective operations among the ranks of one job: what expert parallelism moves rows with
+// (../shared/DESIGN.md, dispatch and combine as all-to-allv). Every rank calls the same
+// operations in the same order; each call returns when this rank's part is done (its receive
+// buffers filled, its send buffers reusable). Parts are bytes; a part may be empty.
+//
+// Implementations: SelfCommunicator (one rank, this file), MpiCommunicator (parallel/mpi/: CPU
+// ranks launched by mpirun, on one host or several). world() picks the one this process was
+// launched as.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+namespace moeinfer::parallel {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // What carries the bytes ("self", "mpi"), for messages and reports.
+  virtual std::string name() const = 0;
+
+  // Rank r's bytes [r * bytes_per_rank, (r + 1) * bytes_per_rank) of `send` arrive at rank r
+  // in the part of `recv` that belongs to this rank (at rank() * bytes_per_rank). send and recv
+  // hold size() * bytes_per_rank bytes and do not overlap.
+  virtual void all_to_all(const void* send, void* recv, int64_t bytes_per_rank) = 0;
+  // Ragged: send_bytes[r] bytes go to rank r, packed in rank order in `send`; recv_bytes[r]
+  // bytes come from rank r, packed in rank order in `recv` (the caller knows them, e.g. from an
+  // all_to_all of the counts). Both spans have size() entries; any entry may be 0.
+  virtual void all_to_allv(const void* send, std::span<const int64_t> send_bytes, void* recv,
+                           std::span<const int64_t> recv_bytes) = 0;
+  // recv[r * bytes, (r + 1) * bytes) = rank r's `send` of `bytes` bytes.
+  virtual void all_gather(const void* send, void* recv, int64_t bytes) = 0;
+  // values[i] = the sum over ranks of their values[i], on every rank.
+  virtual void all_reduce_sum(std::span<int64_t> values) = 0;
+  virtual void all_reduce_sum(std::span<double> values) = 0;
+  virtual void barrier() = 0;
+};
+
+// A job of one rank: every operation is a copy to itself.
+class SelfCommunicator final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::string name() const override { return "self"; }
+  void all_to_all(const void* send, void* recv, int64_t bytes_per_rank) override;
+  void all_to_allv(const void* send, std::span<const int64_t> send_bytes, void* recv,
+                   std::span<const int64_t> recv_bytes) override;
+  void all_gather(const void* send, void* recv, int64_t bytes) override;
+  void all_reduce_sum(std::span<int64_t>) override {}
+  void all_reduce_sum(std::span<double>) override {}
+  void barrier() override {}
+};
+
+// The job this process belongs to: MPI's world when it was launched by mpirun with more than one
+// rank (or MPI is built in and initialises), else a SelfCommunicator. Initialises MPI on first
+// use and finalises it at exit. A process launched as one of several ranks by a build without MPI
+// is refused with a message naming the missing package.
+Communicator& world();
+
+// Whether this build has the MPI communicator.
+bool have_mpi();
+
+}  // namespace moeinfer::parallel
