@@ -6,6 +6,8 @@
 //
 // Payload bytes are a hash of (source rank, destination rank, index): the receiver recomputes
 // each byte, so a part from the wrong rank, at the wrong offset or of the wrong length shows.
+#include "parallel/mpi/mpi_communicator.h"
+
 #include <gtest/gtest.h>
 
 #include <climits>
@@ -220,6 +222,33 @@ TEST(MpiCommunicator, RefusesMismatchedSpansAndBadCounts) {
   }
 
   job.barrier();  // all ranks are still in step
+}
+
+TEST(MpiCommunicator, AFailedMpiCallNamesTheOperationAndMpisText) {
+  char mpi_text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  ASSERT_EQ(MPI_Error_string(MPI_ERR_TRUNCATE, mpi_text, &length), MPI_SUCCESS);
+  const std::string message = error_text([] { check_mpi(MPI_ERR_TRUNCATE, "MPI_Alltoallv"); });
+  EXPECT_NE(message.find("MPI_Alltoallv"), std::string::npos) << message;
+  EXPECT_NE(message.find(std::string(mpi_text, length)), std::string::npos) << message;
+  EXPECT_NO_THROW(check_mpi(MPI_SUCCESS, "MPI_Barrier"));
+}
+
+TEST(MpiCommunicator, ATruncatedReceiveIsAnErrorNotAnAbort) {
+  // Every rank sends 8 bytes to each rank but expects 4: MPI calls the program erroneous, and
+  // Open MPI reports MPI_ERR_TRUNCATE on every receiver. Our duplicate communicator returns that
+  // code instead of aborting the job, and the job can go on afterwards.
+  Communicator& job = world();
+  const int n = job.size();
+  std::vector<uint8_t> send(8 * n, 1);
+  std::vector<uint8_t> recv(8 * n, 0);
+  const std::vector<int64_t> send_bytes(n, 8);
+  const std::vector<int64_t> recv_bytes(n, 4);
+  const std::string message =
+      error_text([&] { job.all_to_allv(send.data(), send_bytes, recv.data(), recv_bytes); });
+  EXPECT_NE(message.find("MPI_Alltoallv (all_to_allv) failed: MPI_ERR_TRUNCATE"), std::string::npos)
+      << message;
+  job.barrier();
 }
 
 // Run only by the CTest test that checks a failure on one rank makes mpirun exit non-zero.
