@@ -51,6 +51,16 @@ std::vector<int32_t> prompt_ids(const GenerateArgs& args, const std::filesystem:
   return tokenizer.encode(text, /*add_special_tokens=*/false);
 }
 
+// Under --ep every rank runs the sequence, so all must feed the same next token (rank 0's) and
+// stop together.
+int32_t agree_on_token(const DeviceArgs& device, int32_t token) {
+  parallel::Communicator* comm = device.expert_parallel();
+  if (comm == nullptr) return token;
+  std::vector<int32_t> all(static_cast<size_t>(comm->size()));
+  comm->all_gather(&token, all.data(), sizeof(int32_t));
+  return all[0];
+}
+
 void run_generate(const GenerateArgs& args) {
   Sampler::validate(args.sampling);
   MOE_CHECK(args.max_tokens >= 1, "--max-tokens must be >= 1, got ", args.max_tokens);
@@ -70,12 +80,14 @@ void run_generate(const GenerateArgs& args) {
   SequenceRunner runner(*model, args.device, static_cast<int64_t>(prompt.size()) + args.max_tokens,
                        static_cast<int64_t>(prompt.size()));
   std::unique_ptr<RoutingTraceWriter> trace;
-  if (!args.trace_routing.empty()) {
+  // Under --ep every rank routes the same tokens: rank 0 records them.
+  if (!args.trace_routing.empty() && args.device.is_output_rank()) {
     trace = std::make_unique<RoutingTraceWriter>(args.trace_routing, config.num_layers,
                                                  config.num_experts, config.num_experts_per_tok);
     runner.set_routing_observer(
         [&trace](int64_t layer, const moe::Routing& routing) { trace->record(layer, routing); });
   }
+  const bool output = args.device.is_output_rank();
   Sampler sampler(args.sampling);
   StreamDecoder stream(tokenizer, /*skip_special_tokens=*/true);
   std::vector<float> logits(config.vocab_size);
@@ -89,22 +101,25 @@ void run_generate(const GenerateArgs& args) {
   while (generated < args.max_tokens) {
     const int32_t next = [&] {
       MOE_PROFILE_SCOPE(profile::Stage::kSample);
-      return sampler.sample(logits);
+      return agree_on_token(args.device, sampler.sample(logits));
     }();
     ++generated;
     if (!args.ignore_eos && stop_ids.count(next)) break;
     const std::string piece = stream.push(next);
-    std::fwrite(piece.data(), 1, piece.size(), stdout);
-    std::fflush(stdout);
+    if (output) {
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+    }
     if (generated == args.max_tokens || runner.length() >= runner.capacity()) break;
     const int32_t token[1] = {next};
     runner.forward(token, logits, /*all_positions=*/false);
     if (trace) trace->next_step();
   }
   const std::string rest = stream.flush();
+  const auto done = Clock::now();
+  if (!output) return;
   std::fwrite(rest.data(), 1, rest.size(), stdout);
   std::fputc('\n', stdout);
-  const auto done = Clock::now();
   const double prefill_s = std::chrono::duration<double>(prefilled - start).count();
   const double decode_s = std::chrono::duration<double>(done - prefilled).count();
   std::fprintf(stderr, "[prompt %zu tokens, %.1f tok/s | generated %lld tokens, %.1f tok/s]\n",
@@ -130,6 +145,7 @@ void add_generate_command(CLI::App& app) {
   cmd->add_flag("--ignore-eos", args->ignore_eos, "Keep going past end-of-sequence tokens");
   add_device_options(cmd, &args->device);
   add_offload_options(cmd, &args->device);
+  add_expert_parallel_option(cmd, &args->device);
   cmd->add_option("--trace-routing", args->trace_routing,
                   "Record every routing decision to FILE (see `moeinfer trace summarize`)");
   cmd->callback([args] { run_generate(*args); });

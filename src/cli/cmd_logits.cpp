@@ -47,6 +47,7 @@ void add_logits_command(CLI::App& app) {
   cmd->add_option("--out", *out_path, "Output .npy file")->required();
   add_device_options(cmd, device.get());
   add_offload_options(cmd, device.get());
+  add_expert_parallel_option(cmd, device.get());
   cmd->callback([=] {
     const std::vector<int32_t> ids = parse_ids(*ids_text);
     auto model = load_model_for(resolve_model_dir(*model_dir), *device);
@@ -56,7 +57,7 @@ void add_logits_command(CLI::App& app) {
     std::vector<float> logits(ids.size() * vocab);
     runner.forward(ids, logits, /*all_positions=*/true);
     const int64_t shape[2] = {static_cast<int64_t>(ids.size()), vocab};
-    write_npy_f32(*out_path, logits, shape);
+    if (device->is_output_rank()) write_npy_f32(*out_path, logits, shape);
   });
 }
 

@@ -40,6 +40,29 @@ void add_offload_options(CLI::App* cmd, DeviceArgs* args) {
                   "(default: gpu)");
 }
 
+void add_expert_parallel_option(CLI::App* cmd, DeviceArgs* args) {
+  cmd->add_option("--ep", args->ep,
+                  "Expert parallelism: shard the routed experts over N ranks (CPU), launched as "
+                  "`mpirun -np N moeinfer ... --ep N`; every rank runs the sequence, rank 0 "
+                  "prints")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+}
+
+parallel::Communicator* DeviceArgs::expert_parallel() const {
+  if (ep == 1) return nullptr;
+  MOE_CHECK(!is_cuda(), "--ep ", ep, " on cuda is not built yet: expert parallelism runs on CPU "
+            "ranks (--device cpu)");
+  parallel::Communicator& world = parallel::world();
+  MOE_CHECK(world.size() == ep, "--ep ", ep, " but this job has ", world.size(),
+            " rank(s): launch it as `mpirun -np ", ep, " moeinfer ... --ep ", ep, "`");
+  return &world;
+}
+
+bool DeviceArgs::is_output_rank() const {
+  return ep == 1 || parallel::world().rank() == 0;
+}
+
 double parse_routing_skew(const std::string& text) {
   if (text.empty()) return 0.0;
   MOE_CHECK(text.starts_with("zipf:"), "--routing-skew '", text, "': expected zipf:A");
@@ -69,6 +92,7 @@ SequenceRunner::SequenceRunner(Model& model, const DeviceArgs& device, int64_t m
   const offload::OffloadOptions offload = device.offload();
   if (!device.is_cuda()) {
     model.decoder().set_offload(offload, /*max_step_tokens=*/1);
+    model.decoder().set_expert_parallel(device.expert_parallel());
     cache_.emplace(model.decoder().make_cache(capacity_));
     capacity_ = cache_->max_tokens();
     return;

@@ -14,6 +14,7 @@
 #include "model/gpu_decoder.h"
 #include "model/model.h"
 #include "offload/offload_options.h"
+#include "parallel/communicator.h"
 
 namespace moeinfer::cli {
 
@@ -23,7 +24,12 @@ struct DeviceArgs {
   std::string expert_budget;  // --expert-budget; empty: every expert resident
   std::string expert_cache;   // --expert-cache; empty: lru
   std::string cold_experts;   // --cold-experts; empty: gpu
+  int ep = 1;                 // --ep: ranks the routed experts are sharded over
   bool is_cuda() const { return device == "cuda"; }
+  // The job's communicator under --ep N (launched as N ranks by mpirun; checked), else null.
+  parallel::Communicator* expert_parallel() const;
+  // Whether this process prints and writes the command's results: rank 0 under --ep.
+  bool is_output_rank() const;
   // The offloading flags, parsed (offload/parse_options.h); disabled without a budget.
   offload::OffloadOptions offload() const;
 };
@@ -32,6 +38,8 @@ struct DeviceArgs {
 void add_device_options(CLI::App* cmd, DeviceArgs* args);
 // Adds --expert-budget and --expert-cache (the subcommands that run a model's experts).
 void add_offload_options(CLI::App* cmd, DeviceArgs* args);
+// Adds --ep N (the subcommands that run one sequence on every rank: generate, logits).
+void add_expert_parallel_option(CLI::App* cmd, DeviceArgs* args);
 
 // One sequence's forward passes over its own KV cache, on the CPU or the GPU.
 class SequenceRunner {

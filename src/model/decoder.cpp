@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "model/family.h"
+#include "moe/expert_parallel.h"
 #include "offload/hot_set.h"
 #include "offload/parse_options.h"
 #include "profile/profiler.h"
@@ -134,10 +135,28 @@ std::vector<std::span<const moe::ExpertWeights>> Decoder::routed_experts() const
 
 void Decoder::make_moe_block(std::unique_ptr<moe::ExpertRunner> runner) {
   const int64_t H = config_.hidden_size;
+  std::unique_ptr<moe::TokenDispatcher> dispatcher;
+  if (ep_ != nullptr) {
+    dispatcher = std::make_unique<moe::ExpertParallelDispatcher>(
+        *ep_, moe::ExpertPlacement(config_.num_experts, ep_->size()), H);
+  } else {
+    dispatcher = std::make_unique<moe::LocalDispatcher>(H);
+  }
   moe_block_ = std::make_unique<moe::MoeBlock>(
       moe::MoeBlockOptions{.router = router_options(config_), .hidden_size = H,
                            .expert_width = config_.moe_intermediate_size},
-      std::make_unique<moe::LocalDispatcher>(H), std::move(runner));
+      std::move(dispatcher), std::move(runner));
+}
+
+void Decoder::set_expert_parallel(parallel::Communicator* comm) {
+  MOE_CHECK(comm == nullptr || config_.num_experts > 0, "--ep: the ", config_.model_type,
+            " model has no routed experts to shard");
+  MOE_CHECK(comm == nullptr || cached_experts_ == nullptr,
+            "--ep with --expert-budget is not supported yet: offload or shard the experts");
+  if (config_.num_experts == 0) return;
+  ep_ = comm;
+  make_moe_block(std::make_unique<moe::ResidentExperts>(
+      routed_experts(), config_.hidden_size, config_.moe_intermediate_size));
 }
 
 void Decoder::set_offload(const offload::OffloadOptions& options, int64_t max_step_tokens) {
@@ -146,6 +165,8 @@ void Decoder::set_offload(const offload::OffloadOptions& options, int64_t max_st
   MOE_CHECK(max_step_tokens >= 1, "set_offload: max_step_tokens must be >= 1, got ",
             max_step_tokens);
   if (config_.num_experts == 0) return;
+  MOE_CHECK(!options.enabled() || ep_ == nullptr,
+            "--expert-budget with --ep is not supported yet: offload or shard the experts");
   cached_experts_ = nullptr;
   if (!options.enabled()) {
     make_moe_block(std::make_unique<moe::ResidentExperts>(

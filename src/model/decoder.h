@@ -16,6 +16,7 @@
 #include "model/rope.h"
 #include "model/weights.h"
 #include "moe/cached_experts.h"
+#include "parallel/communicator.h"
 #include "moe/moe_block.h"
 #include "offload/offload_options.h"
 
@@ -51,6 +52,14 @@ class Decoder {
   void set_offload(const offload::OffloadOptions& options, int64_t max_step_tokens = 1);
   // The cache and its counters, or null when every expert is resident.
   const moe::CachedExperts* cached_experts() const { return cached_experts_; }
+
+  // Expert parallelism (--ep N, moe/expert_parallel.h): the routed experts are sharded over the
+  // ranks of `comm` (contiguous ranges) and every MoE layer's rows travel to their expert's rank
+  // and back; each rank runs its own tokens through attention. Every rank must call forward()
+  // the same number of times. Null puts every expert back in this process. Not combined with
+  // offloading yet (refused).
+  void set_expert_parallel(parallel::Communicator* comm);
+  const parallel::Communicator* expert_parallel() const { return ep_; }
 
   // Called after every MoE layer's route stage with the layer index and its decisions; used by
   // expert-load reports and routing traces. Off (empty) by default.
@@ -123,6 +132,7 @@ class Decoder {
 
   std::unique_ptr<moe::MoeBlock> moe_block_;  // null without MoE layers
   moe::CachedExperts* cached_experts_ = nullptr;  // moe_block_'s runner when offloading
+  parallel::Communicator* ep_ = nullptr;          // moe_block_'s dispatcher's, under --ep
   Workspace ws_;
   TokenSlots slots_;
   RoutingObserver routing_observer_;

@@ -1,0 +1,80 @@
+// Expert parallelism's pieces that need no second rank: the placement's ranges and a dispatcher
+// over a one-rank job, which must give the local dispatcher's result bit for bit (the same rows
+// reach the same experts in the same order). Several ranks: tests/parallel (under mpirun) and
+// tests/e2e/test_expert_parallel.py.
+#include "moe/expert_parallel.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "core/error.h"
+
+namespace moeinfer::moe {
+namespace {
+
+TEST(ExpertPlacement, ContiguousRangesTheFirstRanksOneMore) {
+  const ExpertPlacement p(7, 3);
+  EXPECT_EQ(p.num_ranks(), 3);
+  EXPECT_EQ(p.first(0), 0);
+  EXPECT_EQ(p.count(0), 3);
+  EXPECT_EQ(p.first(1), 3);
+  EXPECT_EQ(p.count(1), 2);
+  EXPECT_EQ(p.first(2), 5);
+  EXPECT_EQ(p.count(2), 2);
+  for (int64_t e = 0; e < 7; ++e) {
+    const int r = p.rank_of(e);
+    EXPECT_TRUE(e >= p.first(r) && e < p.first(r) + p.count(r)) << "expert " << e;
+  }
+  EXPECT_THROW(p.rank_of(7), Error);
+  EXPECT_THROW(ExpertPlacement(2, 3), Error);  // a rank without experts
+  EXPECT_THROW(ExpertPlacement(4, 0), Error);
+}
+
+TEST(ExpertParallelDispatcher, OneRankGivesTheLocalResultBitForBit) {
+  std::mt19937 rng(std::random_device{}());
+  std::normal_distribution<float> normal(0.0f, 0.5f);
+  const int64_t H = 16, I = 8, E = 6, K = 2, T = 9;
+  std::vector<std::vector<float>> storage;
+  storage.reserve(1 + 3 * E);
+  auto view = [&](int64_t rows, int64_t cols) {
+    storage.emplace_back(rows * cols);
+    for (float& v : storage.back()) v = normal(rng);
+    return TensorView{.dtype = DType::kF32, .shape = {rows, cols}, .data = storage.back().data()};
+  };
+  RoutedExperts weights;
+  weights.router = view(E, H);
+  for (int64_t e = 0; e < E; ++e) {
+    weights.experts.push_back({.gate = view(I, H), .up = view(I, H), .down = view(H, I)});
+  }
+  const MoeBlockOptions options{.router = {.num_experts = E, .top_k = K, .renormalize = true},
+                                .hidden_size = H,
+                                .expert_width = I};
+  std::vector<float> hidden(T * H), shared(T * H);
+  for (float& v : hidden) v = normal(rng);
+  for (float& v : shared) v = normal(rng);
+  MoeBlock local = single_layer_block(options, weights);
+  std::vector<float> want(T * H);
+  local.forward(0, hidden.data(), T, weights.router, nullptr, shared.data(), want.data());
+
+  parallel::SelfCommunicator self;
+  MoeBlock ep(options, std::make_unique<ExpertParallelDispatcher>(self, ExpertPlacement(E, 1), H),
+              std::make_unique<ResidentExperts>(
+                  std::vector<std::span<const ExpertWeights>>{weights.experts}, H, I));
+  std::vector<float> got(T * H);
+  ep.forward(0, hidden.data(), T, weights.router, nullptr, shared.data(), got.data());
+  EXPECT_EQ(got, want);
+  // A step without tokens still passes through (every rank enters every layer).
+  std::vector<float> none;
+  ep.forward(0, hidden.data(), 0, weights.router, nullptr, nullptr, none.data());
+}
+
+TEST(ExpertParallelDispatcher, RefusesAPlacementOfAnotherJobSize) {
+  parallel::SelfCommunicator self;
+  EXPECT_THROW(ExpertParallelDispatcher(self, ExpertPlacement(4, 2), 8), Error);
+}
+
+}  // namespace
+}  // namespace moeinfer::moe
