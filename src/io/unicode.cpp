@@ -443,9 +443,12 @@ std::string utf8proc_normalize(std::string_view text, int options) {
 }
 
 // Characters `tokenizers` normalises as unassigned starters: they stay as they are and nothing
-// composes or reorders across them.
+// composes or reorders across them. U+11A7 (the Hangul trailing-consonant base, itself no
+// trailing consonant) is one too: Debian 12's utf8proc composes an LV syllable with it, while
+// Unicode (and `tokenizers`) leaves the pair apart; it has no decomposition to apply.
 bool is_normalization_barrier(char32_t cp) {
   if (cp < 0x7FD) return false;
+  if (cp == 0x11A7) return true;
   return find_range(std::span<const CodeRange>(kUnknownToNormalizers), cp) != nullptr ||
          find_range(std::span<const AssignedRange>(kNewerAssignments), cp) != nullptr;
 }
