@@ -47,6 +47,17 @@ void add_expert_parallel_option(CLI::App* cmd, DeviceArgs* args) {
                   "prints")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  cmd->add_option("--placement", args->placement,
+                  "Expert placement under --ep: which ranks hold which experts (replicas "
+                  "allowed), a file written by `moeinfer placement` (default: contiguous ranges)");
+}
+
+std::optional<parallel::ExpertPlacement> DeviceArgs::expert_placement(
+    const Decoder& decoder) const {
+  if (placement.empty()) return std::nullopt;
+  MOE_CHECK(ep > 1, "--placement ", placement, " needs --ep N with N > 1");
+  return parallel::read_placement(placement, decoder.config().num_experts, ep,
+                                  decoder.moe_layers());
 }
 
 parallel::Communicator* DeviceArgs::expert_parallel() const {
@@ -92,7 +103,8 @@ SequenceRunner::SequenceRunner(Model& model, const DeviceArgs& device, int64_t m
   const offload::OffloadOptions offload = device.offload();
   if (!device.is_cuda()) {
     model.decoder().set_offload(offload, /*max_step_tokens=*/1);
-    model.decoder().set_expert_parallel(device.expert_parallel());
+    model.decoder().set_expert_parallel(device.expert_parallel(),
+                                        device.expert_placement(model.decoder()));
     cache_.emplace(model.decoder().make_cache(capacity_));
     capacity_ = cache_->max_tokens();
     return;

@@ -15,6 +15,7 @@
 #include "model/model.h"
 #include "offload/offload_options.h"
 #include "parallel/communicator.h"
+#include "parallel/placement.h"
 
 namespace moeinfer::cli {
 
@@ -25,9 +26,12 @@ struct DeviceArgs {
   std::string expert_cache;   // --expert-cache; empty: lru
   std::string cold_experts;   // --cold-experts; empty: gpu
   int ep = 1;                 // --ep: ranks the routed experts are sharded over
+  std::string placement;      // --placement FILE; empty: contiguous ranges
   bool is_cuda() const { return device == "cuda"; }
   // The job's communicator under --ep N (launched as N ranks by mpirun; checked), else null.
   parallel::Communicator* expert_parallel() const;
+  // --placement FILE read for `decoder`'s MoE layers over --ep ranks; empty without the flag.
+  std::optional<parallel::ExpertPlacement> expert_placement(const Decoder& decoder) const;
   // Whether this process prints and writes the command's results: rank 0 under --ep.
   bool is_output_rank() const;
   // The offloading flags, parsed (offload/parse_options.h); disabled without a budget.
@@ -38,7 +42,8 @@ struct DeviceArgs {
 void add_device_options(CLI::App* cmd, DeviceArgs* args);
 // Adds --expert-budget and --expert-cache (the subcommands that run a model's experts).
 void add_offload_options(CLI::App* cmd, DeviceArgs* args);
-// Adds --ep N (the subcommands that run one sequence on every rank: generate, logits).
+// Adds --ep N and --placement FILE (the subcommands that run one sequence on every rank:
+// generate, logits).
 void add_expert_parallel_option(CLI::App* cmd, DeviceArgs* args);
 
 // One sequence's forward passes over its own KV cache, on the CPU or the GPU.

@@ -89,8 +89,7 @@ void check_forward_batch(const ForwardBatch& batch, int64_t vocab_size, int64_t 
                 num_blocks);
     }
     for (int32_t id : s.tokens) {
-      MOE_CHECK(id >= 0 && id < vocab_size, "token id ", id, " out of range [0, ", vocab_size,
-                ")");
+      MOE_CHECK(id >= 0 && id < vocab_size, "token id ", id, " out of range [0, ", vocab_size, ")");
     }
   }
 }
@@ -120,8 +119,8 @@ Decoder::Decoder(const ModelConfig& config, DecoderWeights weights)
   final_norm_ = to_f32(weights_.final_norm);
   plans_ = plan_layers(config_);
   if (config_.num_experts > 0) {
-    make_moe_block(std::make_unique<moe::ResidentExperts>(
-        routed_experts(), config_.hidden_size, config_.moe_intermediate_size));
+    make_moe_block(std::make_unique<moe::ResidentExperts>(routed_experts(), config_.hidden_size,
+                                                          config_.moe_intermediate_size));
   }
 }
 
@@ -138,25 +137,41 @@ void Decoder::make_moe_block(std::unique_ptr<moe::ExpertRunner> runner) {
   std::unique_ptr<moe::TokenDispatcher> dispatcher;
   if (ep_ != nullptr) {
     dispatcher = std::make_unique<moe::ExpertParallelDispatcher>(
-        *ep_, moe::ExpertPlacement(config_.num_experts, ep_->size()), H);
+        *ep_,
+        placement_ ? *placement_ : parallel::ExpertPlacement(config_.num_experts, ep_->size()), H);
   } else {
     dispatcher = std::make_unique<moe::LocalDispatcher>(H);
   }
   moe_block_ = std::make_unique<moe::MoeBlock>(
-      moe::MoeBlockOptions{.router = router_options(config_), .hidden_size = H,
+      moe::MoeBlockOptions{.router = router_options(config_),
+                           .hidden_size = H,
                            .expert_width = config_.moe_intermediate_size},
       std::move(dispatcher), std::move(runner));
 }
 
-void Decoder::set_expert_parallel(parallel::Communicator* comm) {
+std::vector<int64_t> Decoder::moe_layers() const {
+  std::vector<int64_t> layers;
+  for (int64_t l = 0; l < config_.num_layers; ++l) {
+    if (weights_.layers[l].is_moe) layers.push_back(l);
+  }
+  return layers;
+}
+
+void Decoder::set_expert_parallel(parallel::Communicator* comm,
+                                  std::optional<parallel::ExpertPlacement> placement) {
   MOE_CHECK(comm == nullptr || config_.num_experts > 0, "--ep: the ", config_.model_type,
             " model has no routed experts to shard");
+  MOE_CHECK(!placement || (comm != nullptr && placement->num_ranks() == comm->size() &&
+                           placement->num_experts() == config_.num_experts),
+            "an expert placement needs expert parallelism over its ranks and the model's ",
+            config_.num_experts, " experts");
   MOE_CHECK(comm == nullptr || cached_experts_ == nullptr,
             "--ep with --expert-budget is not supported yet: offload or shard the experts");
   if (config_.num_experts == 0) return;
   ep_ = comm;
-  make_moe_block(std::make_unique<moe::ResidentExperts>(
-      routed_experts(), config_.hidden_size, config_.moe_intermediate_size));
+  placement_ = std::move(placement);
+  make_moe_block(std::make_unique<moe::ResidentExperts>(routed_experts(), config_.hidden_size,
+                                                        config_.moe_intermediate_size));
 }
 
 void Decoder::set_offload(const offload::OffloadOptions& options, int64_t max_step_tokens) {
@@ -169,8 +184,8 @@ void Decoder::set_offload(const offload::OffloadOptions& options, int64_t max_st
             "--expert-budget with --ep is not supported yet: offload or shard the experts");
   cached_experts_ = nullptr;
   if (!options.enabled()) {
-    make_moe_block(std::make_unique<moe::ResidentExperts>(
-        routed_experts(), config_.hidden_size, config_.moe_intermediate_size));
+    make_moe_block(std::make_unique<moe::ResidentExperts>(routed_experts(), config_.hidden_size,
+                                                          config_.moe_intermediate_size));
     return;
   }
   const int64_t L = config_.num_layers, E = config_.num_experts;
@@ -197,8 +212,8 @@ void Decoder::set_offload(const offload::OffloadOptions& options, int64_t max_st
       break;
     }
   }
-  const offload::ColdCost cold = moe::simulated_cold_cost(
-      options.cold, sample, config_.hidden_size, config_.moe_intermediate_size);
+  const offload::ColdCost cold = moe::simulated_cold_cost(options.cold, sample, config_.hidden_size,
+                                                          config_.moe_intermediate_size);
   auto runner = std::make_unique<moe::CachedExperts>(
       std::move(experts), std::move(routers),
       moe::CachedExpertsOptions{.router = router_options(config_),
@@ -207,8 +222,8 @@ void Decoder::set_offload(const offload::OffloadOptions& options, int64_t max_st
                                 .num_slots = num_slots,
                                 .policy = options.policy,
                                 .cold = cold});
-  const int64_t reserve = offload::static_reserve_slots(
-      E, max_step_tokens * config_.num_experts_per_tok, num_slots);
+  const int64_t reserve =
+      offload::static_reserve_slots(E, max_step_tokens * config_.num_experts_per_tok, num_slots);
   runner->warm(ranking, num_slots - reserve);
   cached_experts_ = runner.get();
   make_moe_block(std::move(runner));
@@ -263,10 +278,9 @@ void Decoder::forward(const ForwardBatch& batch, KvBlockPool& pool, std::span<fl
             "KV pool shape (", pool.num_layers(), " layers, width ", pool.key_width(),
             ") does not fit the model (", config_.num_layers, " layers, width ", key_width, ")");
 
-  check_forward_batch(batch, V,
-                      config_.max_position_embeddings > 0 ? config_.max_position_embeddings
-                                                          : INT64_MAX,
-                      pool.num_blocks(), pool.block_size());
+  check_forward_batch(
+      batch, V, config_.max_position_embeddings > 0 ? config_.max_position_embeddings : INT64_MAX,
+      pool.num_blocks(), pool.block_size());
   // Lay the step's tokens out as rows.
   slots_.sequence.clear();
   slots_.position.clear();
@@ -513,8 +527,8 @@ void Decoder::mla_attention(int64_t layer, const ForwardBatch& batch, KvBlockPoo
 
   // Lift each head's latent output through its value rows W_uv[h] ([v, L]) of kv_b_proj.
   for (int64_t h = 0; h < Nh; ++h) {
-    const TensorView w_uv{.dtype = kv_b.dtype, .shape = {vd, L},
-                          .data = kv_b.row(h * (nope + vd) + nope)};
+    const TensorView w_uv{
+        .dtype = kv_b.dtype, .shape = {vd, L}, .data = kv_b.row(h * (nope + vd) + nope)};
     cpu::linear(ws_.o_latent.data() + h * T * L, T, w_uv, nullptr, ws_.head_out.data());
     for (int64_t t = 0; t < T; ++t) {
       std::copy_n(ws_.head_out.data() + t * vd, vd, ws_.attn.data() + (t * Nh + h) * vd);

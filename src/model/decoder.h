@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -16,9 +17,10 @@
 #include "model/rope.h"
 #include "model/weights.h"
 #include "moe/cached_experts.h"
-#include "parallel/communicator.h"
 #include "moe/moe_block.h"
 #include "offload/offload_options.h"
+#include "parallel/communicator.h"
+#include "parallel/placement.h"
 
 namespace moeinfer {
 
@@ -54,11 +56,14 @@ class Decoder {
   const moe::CachedExperts* cached_experts() const { return cached_experts_; }
 
   // Expert parallelism (--ep N, moe/expert_parallel.h): the routed experts are sharded over the
-  // ranks of `comm` (contiguous ranges) and every MoE layer's rows travel to their expert's rank
-  // and back; each rank runs its own tokens through attention. Every rank must call forward()
-  // the same number of times. Null puts every expert back in this process. Not combined with
-  // offloading yet (refused).
-  void set_expert_parallel(parallel::Communicator* comm);
+  // ranks of `comm` by `placement` (default: contiguous ranges, no replicas) and every MoE
+  // layer's rows travel to their expert's ranks and back; each rank runs its own tokens through
+  // attention. Every rank must call forward() the same number of times. Null puts every expert
+  // back in this process. Not combined with offloading yet (refused).
+  void set_expert_parallel(parallel::Communicator* comm,
+                           std::optional<parallel::ExpertPlacement> placement = std::nullopt);
+  // The decoder layers with routed experts, ascending.
+  std::vector<int64_t> moe_layers() const;
   const parallel::Communicator* expert_parallel() const { return ep_; }
 
   // Called after every MoE layer's route stage with the layer index and its decisions; used by
@@ -132,6 +137,7 @@ class Decoder {
 
   std::unique_ptr<moe::MoeBlock> moe_block_;  // null without MoE layers
   moe::CachedExperts* cached_experts_ = nullptr;  // moe_block_'s runner when offloading
+  std::optional<parallel::ExpertPlacement> placement_;  // ep_'s, when given
   parallel::Communicator* ep_ = nullptr;          // moe_block_'s dispatcher's, under --ep
   Workspace ws_;
   TokenSlots slots_;

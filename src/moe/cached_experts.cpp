@@ -172,12 +172,11 @@ void CachedExperts::run(int64_t layer, const ExpertRows& rows, float* out) {
   const int64_t E = options_.router.num_experts;
   MOE_CHECK(layer >= 0 && layer < cache_.num_layers() && !experts_[layer].empty(),
             "cached experts: layer ", layer, " is not an MoE layer");
-  const int64_t count = static_cast<int64_t>(rows.expert_offsets.size()) - 1;
-  MOE_CHECK(count >= 0 && rows.first_expert >= 0 && rows.first_expert + count <= E, "experts [",
-            rows.first_expert, ", ", rows.first_expert + count, ") outside layer ", layer, "'s ",
-            E);
+  const int64_t count = rows.num_experts();
+  MOE_CHECK(count >= 0 && count <= E, count, " experts' rows for layer ", layer, "'s ", E);
   for (int64_t i = 0; i < count; ++i) {
-    const int64_t e = rows.first_expert + i;
+    const int64_t e = rows.expert(i);
+    MOE_CHECK(e >= 0 && e < E, "expert ", e, " outside layer ", layer, "'s ", E);
     const int32_t slot = cache_.slot_of(static_cast<int32_t>(layer * E + e));
     views_[i] = slot >= 0 ? slot_views_[slot] : experts_[layer][e];
   }

@@ -4,64 +4,99 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
 #include "profile/profiler.h"
 
 namespace moeinfer::moe {
 
-ExpertPlacement::ExpertPlacement(int64_t num_experts, int num_ranks) {
-  MOE_CHECK(num_ranks >= 1, "expert placement over ", num_ranks, " ranks");
-  MOE_CHECK(num_experts >= num_ranks, "expert parallelism over ", num_ranks, " ranks needs at ",
-            "least one routed expert per rank; the model has ", num_experts);
-  starts_.resize(static_cast<size_t>(num_ranks) + 1, 0);
-  const int64_t base = num_experts / num_ranks, extra = num_experts % num_ranks;
-  for (int r = 0; r < num_ranks; ++r) starts_[r + 1] = starts_[r] + base + (r < extra ? 1 : 0);
-}
-
-int ExpertPlacement::rank_of(int64_t expert) const {
-  MOE_CHECK(expert >= 0 && expert < starts_.back(), "expert ", expert, " outside [0, ",
-            starts_.back(), ")");
-  return static_cast<int>(std::upper_bound(starts_.begin(), starts_.end(), expert) -
-                          starts_.begin()) -
-         1;
-}
-
 ExpertParallelDispatcher::ExpertParallelDispatcher(parallel::Communicator& comm,
-                                                   ExpertPlacement placement, int64_t hidden_size)
+                                                   parallel::ExpertPlacement placement,
+                                                   int64_t hidden_size)
     : comm_(comm), placement_(std::move(placement)), hidden_size_(hidden_size) {
   MOE_CHECK(placement_.num_ranks() == comm_.size(), "a placement over ", placement_.num_ranks(),
             " ranks for a job of ", comm_.size());
 }
 
-ExpertRows ExpertParallelDispatcher::dispatch(int64_t /*layer*/, const RoutedTokens& tokens) {
+ExpertRows ExpertParallelDispatcher::dispatch(int64_t layer, const RoutedTokens& tokens) {
   const DispatchPlan& plan = *tokens.plan;
+  const parallel::LayerPlacement& table = placement_.layer(layer);
   const int N = comm_.size(), me = comm_.rank();
-  const int64_t H = hidden_size_, mine = placement_.count(me);
+  const int64_t H = hidden_size_, E = table.num_experts();
   const int64_t row_bytes = H * static_cast<int64_t>(sizeof(float));
-  send_rows_.resize(plan.src_row.size() * static_cast<size_t>(H));
-  moe::dispatch(tokens.hidden, H, *tokens.routing, plan, send_rows_.data());
+  const int64_t num_rows = static_cast<int64_t>(plan.src_row.size());
+  MOE_CHECK(static_cast<int64_t>(plan.expert_offsets.size()) == E + 1, "layer ", layer,
+            " routes over ", plan.expert_offsets.size() - 1, " experts; its placement has ", E);
+  const int64_t mine = static_cast<int64_t>(table.slots(me).size());
 
-  // Counts: each rank gets this rank's row count of each of its experts.
-  std::vector<int32_t> send_counts(plan.expert_counts.begin(), plan.expert_counts.end());
-  std::vector<int64_t> count_send(N), count_recv(N, mine * static_cast<int64_t>(sizeof(int32_t)));
+  // (receiver, slot) pairs are numbered receiver by receiver; replica q of expert e is pair
+  // pair_of_replica[replica_start[e] + q].
+  std::vector<int32_t> slot_base(static_cast<size_t>(N) + 1, 0);
+  for (int d = 0; d < N; ++d) {
+    slot_base[d + 1] = slot_base[d] + static_cast<int32_t>(table.slots(d).size());
+  }
+  std::vector<int32_t> replica_start(static_cast<size_t>(E) + 1, 0);
+  for (int64_t e = 0; e < E; ++e) {
+    replica_start[e + 1] = replica_start[e] + static_cast<int32_t>(table.replicas(e).size());
+  }
+  std::vector<int32_t> pair_of_replica(static_cast<size_t>(replica_start[E]));
+  std::vector<int32_t> filled(static_cast<size_t>(E), 0);
+  for (int d = 0; d < N; ++d) {  // replicas(e) is in rank order, as this walk
+    const auto slots = table.slots(d);
+    for (size_t j = 0; j < slots.size(); ++j) {
+      const int32_t e = slots[j];
+      pair_of_replica[replica_start[e] + filled[e]++] = slot_base[d] + static_cast<int32_t>(j);
+    }
+  }
+
+  // Each plan row's pair, the rows per pair, and each row's place in the send buffer.
+  send_counts_.assign(static_cast<size_t>(slot_base[N]), 0);
+  send_pos_.resize(static_cast<size_t>(num_rows));
+  for (int64_t e = 0; e < E; ++e) {
+    const int32_t m = replica_start[e + 1] - replica_start[e];
+    for (int32_t r = plan.expert_offsets[e]; r < plan.expert_offsets[e + 1]; ++r) {
+      const int32_t q = (r - plan.expert_offsets[e] + me) % m;
+      const int32_t pair = pair_of_replica[replica_start[e] + q];
+      send_pos_[r] = pair;
+      ++send_counts_[pair];
+    }
+  }
+  std::vector<int32_t> next(send_counts_.size() + 1, 0);
+  for (size_t p = 0; p < send_counts_.size(); ++p) next[p + 1] = next[p] + send_counts_[p];
   send_bytes_.assign(N, 0);
-  for (int r = 0; r < N; ++r) {
-    count_send[r] = placement_.count(r) * static_cast<int64_t>(sizeof(int32_t));
-    const int64_t rows = plan.expert_offsets[placement_.first(r) + placement_.count(r)] -
-                         plan.expert_offsets[placement_.first(r)];
-    send_bytes_[r] = rows * row_bytes;
+  for (int d = 0; d < N; ++d) {
+    send_bytes_[d] = (next[slot_base[d + 1]] - next[slot_base[d]]) * row_bytes;
+  }
+  for (int64_t r = 0; r < num_rows; ++r) send_pos_[r] = next[send_pos_[r]]++;
+  send_rows_.resize(static_cast<size_t>(num_rows * H));
+  const int64_t K = tokens.routing->top_k;
+  parallel_for(
+      num_rows,
+      [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          const int64_t token = plan.src_row[r] / K;
+          std::memcpy(send_rows_.data() + static_cast<int64_t>(send_pos_[r]) * H,
+                      tokens.hidden + token * H, static_cast<size_t>(row_bytes));
+        }
+      },
+      64);
+
+  // Counts: each rank gets this rank's row count of each of its slots.
+  std::vector<int64_t> count_send(N), count_recv(N, mine * static_cast<int64_t>(sizeof(int32_t)));
+  for (int d = 0; d < N; ++d) {
+    count_send[d] = (slot_base[d + 1] - slot_base[d]) * static_cast<int64_t>(sizeof(int32_t));
   }
   recv_counts_.resize(static_cast<size_t>(N * mine));
-  comm_.all_to_allv(send_counts.data(), count_send, recv_counts_.data(), count_recv);
+  comm_.all_to_allv(send_counts_.data(), count_send, recv_counts_.data(), count_recv);
 
   // Rows.
   recv_bytes_.assign(N, 0);
   int64_t received = 0;
+  const auto my_slots = table.slots(me);
   for (int s = 0; s < N; ++s) {
     int64_t rows = 0;
     for (int64_t j = 0; j < mine; ++j) {
       const int32_t c = recv_counts_[s * mine + j];
-      MOE_CHECK(c >= 0, "rank ", s, " announced ", c, " rows for expert ",
-                placement_.first(me) + j);
+      MOE_CHECK(c >= 0, "rank ", s, " announced ", c, " rows for expert ", my_slots[j]);
       rows += c;
     }
     recv_bytes_[s] = rows * row_bytes;
@@ -75,29 +110,28 @@ ExpertRows ExpertParallelDispatcher::dispatch(int64_t /*layer*/, const RoutedTok
     p->add_link_bytes(profile::Link::kNetwork, remote);
   }
 
-  // Merge the sources' runs into expert order: expert j's rows from source 0, then 1, ...
+  // Merge the sources' runs into slot order: slot j's rows from source 0, then 1, ...
   expert_offsets_.assign(static_cast<size_t>(mine) + 1, 0);
   for (int s = 0; s < N; ++s) {
     for (int64_t j = 0; j < mine; ++j) expert_offsets_[j + 1] += recv_counts_[s * mine + j];
   }
   for (int64_t j = 0; j < mine; ++j) expert_offsets_[j + 1] += expert_offsets_[j];
-  std::vector<int32_t> next(expert_offsets_.begin(), expert_offsets_.end() - 1);
+  std::vector<int32_t> slot_next(expert_offsets_.begin(), expert_offsets_.end() - 1);
   expert_row_of_recv_.resize(static_cast<size_t>(received));
   expert_rows_.resize(recv_rows_.size());
   int64_t r = 0;
   for (int s = 0; s < N; ++s) {
     for (int64_t j = 0; j < mine; ++j) {
       for (int32_t i = 0; i < recv_counts_[s * mine + j]; ++i, ++r) {
-        const int32_t dst = next[j]++;
+        const int32_t dst = slot_next[j]++;
         expert_row_of_recv_[r] = dst;
         std::memcpy(expert_rows_.data() + dst * H, recv_rows_.data() + r * H,
                     static_cast<size_t>(row_bytes));
       }
     }
   }
-  return {.rows = expert_rows_.data(),
-          .expert_offsets = expert_offsets_,
-          .first_expert = placement_.first(me)};
+  slot_ids_.assign(my_slots.begin(), my_slots.end());
+  return {.rows = expert_rows_.data(), .expert_offsets = expert_offsets_, .expert_ids = slot_ids_};
 }
 
 void ExpertParallelDispatcher::combine(int64_t /*layer*/, const float* expert_out,
@@ -119,9 +153,13 @@ void ExpertParallelDispatcher::combine(int64_t /*layer*/, const float* expert_ou
       for (int s = 0; s < comm_.size(); ++s) remote += s == comm_.rank() ? 0 : recv_bytes_[s];
       p->add_link_bytes(profile::Link::kNetwork, remote);
     }
+    plan_out_.resize(returned_.size());
+    for (size_t r = 0; r < send_pos_.size(); ++r) {
+      std::memcpy(plan_out_.data() + r * H, returned_.data() + send_pos_[r] * H, row_bytes);
+    }
   }
   MOE_PROFILE_SCOPE(profile::Stage::kUnpermute);
-  unpermute(returned_.data(), H, *tokens.routing, *tokens.plan, shared, out);
+  unpermute(plan_out_.data(), H, *tokens.routing, *tokens.plan, shared, out);
 }
 
 }  // namespace moeinfer::moe

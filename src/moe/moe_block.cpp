@@ -31,14 +31,28 @@ void ResidentExperts::run(int64_t layer, const ExpertRows& rows, float* out) {
   MOE_CHECK(layer >= 0 && layer < static_cast<int64_t>(experts_.size()), "layer ", layer,
             " outside the ", experts_.size(), " layers of resident experts");
   const std::span<const ExpertWeights> all = experts_[layer];
-  const int64_t count = static_cast<int64_t>(rows.expert_offsets.size()) - 1;
-  MOE_CHECK(count >= 0 && rows.first_expert >= 0 &&
-                rows.first_expert + count <= static_cast<int64_t>(all.size()),
-            "experts [", rows.first_expert, ", ", rows.first_expert + count, ") outside layer ",
-            layer, "'s ", all.size());
-  run_experts(rows.rows, hidden_size_, expert_width_, rows.expert_offsets,
-              all.subspan(static_cast<size_t>(rows.first_expert), static_cast<size_t>(count)),
-              out);
+  const int64_t count = rows.num_experts();
+  const int64_t num_experts = static_cast<int64_t>(all.size());
+  MOE_CHECK(count >= 0, "expert rows without offsets");
+  if (rows.expert_ids.empty()) {
+    MOE_CHECK(rows.first_expert >= 0 && rows.first_expert + count <= num_experts, "experts [",
+              rows.first_expert, ", ", rows.first_expert + count, ") outside layer ", layer,
+              "'s ", num_experts);
+    run_experts(rows.rows, hidden_size_, expert_width_, rows.expert_offsets,
+                all.subspan(static_cast<size_t>(rows.first_expert), static_cast<size_t>(count)),
+                out);
+    return;
+  }
+  MOE_CHECK(static_cast<int64_t>(rows.expert_ids.size()) == count, rows.expert_ids.size(),
+            " expert ids for ", count, " experts' rows");
+  views_.resize(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t e = rows.expert(i);
+    MOE_CHECK(e >= 0 && e < num_experts, "expert ", e, " outside layer ", layer, "'s ",
+              num_experts);
+    views_[i] = all[static_cast<size_t>(e)];
+  }
+  run_experts(rows.rows, hidden_size_, expert_width_, rows.expert_offsets, views_, out);
 }
 
 MoeBlock::MoeBlock(MoeBlockOptions options, std::unique_ptr<TokenDispatcher> dispatcher,

@@ -30,12 +30,19 @@ struct RoutedTokens {
   const DispatchPlan* plan = nullptr;
 };
 
-// What the experts stage reads: rows in expert order, expert first_expert + e owning rows
-// [expert_offsets[e], expert_offsets[e + 1]).
+// What the experts stage reads: rows in expert order, the e-th expert owning rows
+// [expert_offsets[e], expert_offsets[e + 1]). The e-th expert is expert_ids[e] when expert_ids
+// is given (a placement table's slots: any experts, in the rank's order), else first_expert + e.
 struct ExpertRows {
   const float* rows = nullptr;  // [expert_offsets.back(), H]
   std::span<const int32_t> expert_offsets;
   int64_t first_expert = 0;
+  std::span<const int32_t> expert_ids;
+
+  int64_t num_experts() const { return static_cast<int64_t>(expert_offsets.size()) - 1; }
+  int64_t expert(int64_t e) const {
+    return expert_ids.empty() ? first_expert + e : expert_ids[static_cast<size_t>(e)];
+  }
 };
 
 // Where the rows go and how the outputs come back.
@@ -83,6 +90,7 @@ class ResidentExperts final : public ExpertRunner {
  private:
   std::vector<std::span<const ExpertWeights>> experts_;
   int64_t hidden_size_, expert_width_;
+  std::vector<ExpertWeights> views_;  // the experts of rows given by expert_ids
 };
 
 // Called between route and plan with the router logits [T, E]; it may change the routing, as a

@@ -7,18 +7,24 @@ sharded over the ranks, so each MoE layer's rows cross between ranks both ways:
   logits_match        `mpirun -np N moeinfer logits --ep N` (N = 2, 3) writes the logits of one
                       process within float rounding (relative 1e-5 of the largest logit) for every
                       fixture model.
+  placement_replicas  the same with --placement FILE: random tables where ranks hold replicas of
+                      other ranks' experts (one table for every layer, and per-layer tables), so
+                      a replicated expert's rows are split over its ranks; the logits stay those
+                      of one process.
   generate_same_text  `moeinfer generate --ep N` on the demo model prints the greedy text of one
-                      process, once (rank 0 prints).
+                      process, once (rank 0 prints), with and without a placement with replicas.
   bad_flags           --ep 2 outside mpirun names the launch command; --ep with --expert-budget
-                      is refused by name.
+                      is refused by name; bad placement files are refused naming the problem.
 
 Prints one line per check and a last line "N passed, M failed"; exits non-zero on any failure.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
+import random
 import shutil
 import subprocess
 import sys
@@ -55,6 +61,64 @@ def mpirun(n: int, args: list[str], ok: bool = True) -> subprocess.CompletedProc
     return run([launcher, "-np", str(n), *args], ok=ok, mpi=True)
 
 
+def model_info(moeinfer: str, model: pathlib.Path | None) -> dict:
+    r = run([moeinfer, "info", "--json", *([str(model)] if model else [])], mpi=True)
+    return json.loads(r.stdout)
+
+
+def random_table(rng: random.Random, experts: int, ranks: int) -> list[list[int]]:
+    """Every expert on one random rank, every rank one at least, then random replicas."""
+    order = list(range(experts))
+    rng.shuffle(order)
+    table = [[order[r]] for r in range(ranks)]
+    for e in order[ranks:]:
+        table[rng.randrange(ranks)].append(e)
+    for r in range(ranks):
+        others = [e for e in range(experts) if e not in table[r]]
+        table[r] += rng.sample(others, min(len(others), rng.randrange(1, 4)))
+        rng.shuffle(table[r])
+    return table
+
+
+def placement_file(path: pathlib.Path, experts: int, ranks: int, body: dict) -> pathlib.Path:
+    path.write_text(json.dumps({"format": "moeinfer-placement", "version": 1,
+                                "num_experts": experts, "num_ranks": ranks, **body}))
+    return path
+
+
+def max_relative_error(got: np.ndarray, want: np.ndarray) -> float:
+    assert got.shape == want.shape, (got.shape, want.shape)
+    return float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), 1e-30))
+
+
+def check_placement_replicas(ctx: dict) -> None:
+    m = ctx["moeinfer"]
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    models = sorted(p for p in (pathlib.Path(ctx["fixtures"]) / "models").iterdir() if p.is_dir())
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in models:
+            info = model_info(m, model)
+            experts, layers = info["experts"], info["layers"]
+            one = pathlib.Path(tmp) / f"{model.name}_1.npy"
+            run([m, "logits", "--model", str(model), "--ids", IDS, "--out", str(one)], mpi=True)
+            want = np.load(one)
+            for n in (2, 3):
+                if info["moe_layers"] == layers:  # every layer routed: per-layer tables
+                    body = {"layers": [{"layer": l, "ranks": random_table(rng, experts, n)}
+                                       for l in range(layers)]}
+                else:
+                    body = {"ranks": random_table(rng, experts, n)}
+                path = placement_file(pathlib.Path(tmp) / f"{model.name}_{n}.json", experts, n,
+                                      body)
+                out = pathlib.Path(tmp) / f"{model.name}_{n}.npy"
+                mpirun(n, [m, "logits", "--model", str(model), "--ids", IDS, "--out", str(out),
+                           "--ep", str(n), "--placement", str(path)])
+                err = max_relative_error(np.load(out), want)
+                assert err <= 1e-5, (f"{model.name} --ep {n} with {path.read_text()} (seed "
+                                     f"{seed}): relative error {err:.2e} > 1e-5")
+
+
 def check_logits_match(ctx: dict) -> None:
     m = ctx["moeinfer"]
     models = sorted(p for p in (pathlib.Path(ctx["fixtures"]) / "models").iterdir() if p.is_dir())
@@ -69,9 +133,7 @@ def check_logits_match(ctx: dict) -> None:
                 out = pathlib.Path(tmp) / f"{model.name}_{n}.npy"
                 mpirun(n, [m, "logits", "--model", str(model), "--ids", IDS, "--out", str(out),
                            "--ep", str(n)])
-                got = np.load(out)
-                assert got.shape == want.shape, (model.name, n, got.shape, want.shape)
-                err = float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), 1e-30))
+                err = max_relative_error(np.load(out), want)
                 assert err <= 1e-5, f"{model.name} --ep {n}: relative error {err:.2e} > 1e-5"
 
 
@@ -81,9 +143,16 @@ def check_generate_same_text(ctx: dict) -> None:
             "--ignore-eos"]
     want = run([m, *base], mpi=True).stdout
     assert want.strip(), "one process printed nothing"
-    for n in (2, 3):
-        got = mpirun(n, [m, *base, "--ep", str(n)]).stdout
-        assert got == want, f"--ep {n}: {got!r} differs from one process's {want!r}"
+    experts = model_info(m, None)["experts"]
+    rng = random.Random(7)
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in (2, 3):
+            got = mpirun(n, [m, *base, "--ep", str(n)]).stdout
+            assert got == want, f"--ep {n}: {got!r} differs from one process's {want!r}"
+            path = placement_file(pathlib.Path(tmp) / f"p{n}.json", experts, n,
+                                  {"ranks": random_table(rng, experts, n)})
+            got = mpirun(n, [m, *base, "--ep", str(n), "--placement", str(path)]).stdout
+            assert got == want, f"--ep {n} --placement: {got!r} differs from {want!r}"
 
 
 def check_bad_flags(ctx: dict) -> None:
@@ -93,12 +162,28 @@ def check_bad_flags(ctx: dict) -> None:
     assert r.returncode != 0 and "mpirun -np 2" in r.stderr, r.stderr
     r = mpirun(2, [m, *base, "--ep", "2", "--expert-budget", "25%"], ok=False)
     assert r.returncode != 0 and "--expert-budget" in r.stderr, r.stderr
+    experts = model_info(m, None)["experts"]
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = pathlib.Path(tmp)
+        cases = [
+            ({"ranks": [list(range(experts - 1)), [0]]}, 2, f"expert {experts - 1} is on no rank"),
+            ({"ranks": [list(range(experts)), [1, 1]]}, 2, "holds expert 1 twice"),
+            ({"ranks": [list(range(experts))]}, 2, "1 entries; the job has 2 ranks"),
+            ({"ranks": [list(range(experts)), [0]]}, 3, "is for 3 ranks; the job has 2"),
+        ]
+        for i, (body, ranks, message) in enumerate(cases):
+            path = placement_file(tmp / f"bad{i}.json", experts, ranks, body)
+            r = mpirun(2, [m, *base, "--ep", "2", "--placement", str(path)], ok=False)
+            assert r.returncode != 0 and message in r.stderr, (message, r.stderr[-1500:])
+        r = run([m, *base, "--placement", str(tmp / "bad0.json")], ok=False, mpi=True)
+        assert r.returncode != 0 and "needs --ep" in r.stderr, r.stderr
 
 
 def main() -> int:
     args = e2e_util.parse_args()
     ctx = {"moeinfer": args.moeinfer, "fixtures": args.fixtures}
-    checks = [check_logits_match, check_generate_same_text, check_bad_flags]
+    checks = [check_logits_match, check_placement_replicas, check_generate_same_text,
+              check_bad_flags]
     return e2e_util.summary(*run_checks(e2e_util.selected(checks, args.only),
                                         lambda check: check(ctx)))
 

@@ -1,4 +1,4 @@
-// Expert parallelism's pieces that need no second rank: the placement's ranges and a dispatcher
+// Expert parallelism's pieces that need no second rank: a dispatcher
 // over a one-rank job, which must give the local dispatcher's result bit for bit (the same rows
 // reach the same experts in the same order). Several ranks: tests/parallel (under mpirun) and
 // tests/e2e/test_expert_parallel.py.
@@ -14,24 +14,6 @@
 
 namespace moeinfer::moe {
 namespace {
-
-TEST(ExpertPlacement, ContiguousRangesTheFirstRanksOneMore) {
-  const ExpertPlacement p(7, 3);
-  EXPECT_EQ(p.num_ranks(), 3);
-  EXPECT_EQ(p.first(0), 0);
-  EXPECT_EQ(p.count(0), 3);
-  EXPECT_EQ(p.first(1), 3);
-  EXPECT_EQ(p.count(1), 2);
-  EXPECT_EQ(p.first(2), 5);
-  EXPECT_EQ(p.count(2), 2);
-  for (int64_t e = 0; e < 7; ++e) {
-    const int r = p.rank_of(e);
-    EXPECT_TRUE(e >= p.first(r) && e < p.first(r) + p.count(r)) << "expert " << e;
-  }
-  EXPECT_THROW(p.rank_of(7), Error);
-  EXPECT_THROW(ExpertPlacement(2, 3), Error);  // a rank without experts
-  EXPECT_THROW(ExpertPlacement(4, 0), Error);
-}
 
 TEST(ExpertParallelDispatcher, OneRankGivesTheLocalResultBitForBit) {
   std::mt19937 rng(std::random_device{}());
@@ -60,7 +42,8 @@ TEST(ExpertParallelDispatcher, OneRankGivesTheLocalResultBitForBit) {
   local.forward(0, hidden.data(), T, weights.router, nullptr, shared.data(), want.data());
 
   parallel::SelfCommunicator self;
-  MoeBlock ep(options, std::make_unique<ExpertParallelDispatcher>(self, ExpertPlacement(E, 1), H),
+  MoeBlock ep(options,
+              std::make_unique<ExpertParallelDispatcher>(self, parallel::ExpertPlacement(E, 1), H),
               std::make_unique<ResidentExperts>(
                   std::vector<std::span<const ExpertWeights>>{weights.experts}, H, I));
   std::vector<float> got(T * H);
@@ -73,7 +56,7 @@ TEST(ExpertParallelDispatcher, OneRankGivesTheLocalResultBitForBit) {
 
 TEST(ExpertParallelDispatcher, RefusesAPlacementOfAnotherJobSize) {
   parallel::SelfCommunicator self;
-  EXPECT_THROW(ExpertParallelDispatcher(self, ExpertPlacement(4, 2), 8), Error);
+  EXPECT_THROW(ExpertParallelDispatcher(self, parallel::ExpertPlacement(4, 2), 8), Error);
 }
 
 }  // namespace
