@@ -161,4 +161,13 @@ std::vector<LayerSummary> summarize_routing_trace(const RoutingTrace& trace, int
   return layers;
 }
 
+std::map<int64_t, std::vector<int64_t>> expert_load_per_layer(const RoutingTrace& trace) {
+  std::map<int64_t, std::vector<int64_t>> loads;
+  for (const TraceRecord& r : trace.records) {
+    auto& load = loads.try_emplace(r.layer, trace.num_experts, 0).first->second;
+    for (uint16_t e : r.expert_ids) ++load[e];  // [num_tokens, top_k]
+  }
+  return loads;
+}
+
 }  // namespace moeinfer

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -77,5 +78,9 @@ struct LayerSummary {
 };
 
 std::vector<LayerSummary> summarize_routing_trace(const RoutingTrace& trace, int64_t top_pairs);
+
+// Assignments per expert [E] of every layer that has records, by layer index: the load that
+// placement plans from (no pair counting, so it stays cheap on long traces).
+std::map<int64_t, std::vector<int64_t>> expert_load_per_layer(const RoutingTrace& trace);
 
 }  // namespace moeinfer
