@@ -17,5 +17,6 @@ void add_bench_command(CLI::App& app);
 void add_trace_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
 void add_profile_command(CLI::App& app);
+void add_placement_command(CLI::App& app);
 
 }  // namespace moeinfer::cli

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/usage_error.h"
 #include "core/error.h"
 #include "core/version.h"
 
@@ -85,12 +86,16 @@ int main(int argc, char** argv) {
   moeinfer::cli::add_trace_command(app);
   moeinfer::cli::add_plan_command(app);
   moeinfer::cli::add_profile_command(app);
+  moeinfer::cli::add_placement_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int status = app.exit(e);
     if (status != 0) suggest(app, argc, argv);
     return status;
+  } catch (const moeinfer::cli::UsageError& e) {
+    std::fprintf(stderr, "moeinfer: error: %s\n", e.what());
+    return 2;
   } catch (const moeinfer::Error& e) {
     std::fprintf(stderr, "moeinfer: error: %s\n", e.what());
     return 1;
