@@ -35,7 +35,8 @@ void add_offload_options(CLI::App* cmd, DeviceArgs* args) {
   cmd->add_option("--cold-experts", args->cold_experts,
                   "With --expert-budget, where a demanded expert that is not resident computes: "
                   "gpu (copied in over PCIe), cpu (its rows computed on the host where its "
-                  "weights live; only rows and results cross PCIe) or auto (per miss, whichever "
+                  "weights live, only rows and results crossing PCIe; the budget keeps the first "
+                  "experts touched and evicts nothing) or auto (per miss, whichever "
                   "the link and CPU rates measured at start-up say finishes first) "
                   "(default: gpu)");
 }

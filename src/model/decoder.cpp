@@ -205,15 +205,9 @@ void Decoder::set_offload(const offload::OffloadOptions& options, int64_t max_st
   if (!options.hot_set_file.empty()) {
     ranking = offload::load_expert_ranking(options.hot_set_file, L, E);
   }
-  moe::ExpertWeights sample;
-  for (const auto& layer : experts) {
-    if (!layer.empty()) {
-      sample = layer.front();
-      break;
-    }
-  }
-  const offload::ColdCost cold = moe::simulated_cold_cost(options.cold, sample, config_.hidden_size,
-                                                          config_.moe_intermediate_size);
+  const offload::ColdCost cold =
+      moe::simulated_cold_cost(options.cold, moe::experts_to_time(experts), config_.hidden_size,
+                               config_.moe_intermediate_size);
   auto runner = std::make_unique<moe::CachedExperts>(
       std::move(experts), std::move(routers),
       moe::CachedExpertsOptions{.router = router_options(config_),

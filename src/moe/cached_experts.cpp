@@ -103,8 +103,7 @@ void CachedExperts::admit(const offload::Admission& a, LayerStep& step) {
   const std::span<const int64_t> before = cache_.counters(a.layer);
   int64_t start[offload::kNumCacheCounters];
   std::copy(before.begin(), before.end(), start);
-  const int64_t n =
-      cache_.admit(a, rows_.data(), options_.cold, copies_, on_cpu_).num_copies;
+  const int64_t n = cache_.admit(a, rows_.data(), options_.cold, copies_, on_cpu_).num_copies;
   const auto copy_start = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < n; ++i) copy_to_slot(copies_[i]);
   if (!a.prefetch) {
@@ -149,7 +148,9 @@ void CachedExperts::on_routed(int64_t layer, const RoutedTokens& tokens) {
 
   const int64_t next = layer + 1;
   // Under kCpu no miss is ever copied, so a prefetch would only move bytes nobody reads.
-  if (!options_.prefetch || options_.cold.mode == offload::ColdExperts::kCpu || next >= L || experts_[next].empty() || tokens.num_tokens == 0) return;
+  if (!options_.prefetch || options_.cold.mode == offload::ColdExperts::kCpu || next >= L ||
+      experts_[next].empty() || tokens.num_tokens == 0)
+    return;
   predict(next, tokens);
   LayerStep prefetch;
   admit({.layer = next,
@@ -184,23 +185,28 @@ void CachedExperts::run(int64_t layer, const ExpertRows& rows, float* out) {
               std::span<const ExpertWeights>(views_.data(), static_cast<size_t>(count)), out);
 }
 
-HostExpertRate measure_host_expert_rate(const ExpertWeights& expert, int64_t hidden_size,
+HostExpertRate measure_host_expert_rate(std::span<const ExpertWeights> experts, int64_t hidden_size,
                                         int64_t expert_width) {
+  MOE_CHECK(!experts.empty(), "measure_host_expert_rate: no experts to time");
   constexpr int64_t kRows = 8;
   constexpr int kRepeats = 3;
   std::vector<float> rows(static_cast<size_t>(kRows * hidden_size), 0.5f);
   std::vector<float> out(rows.size());
+  size_t next = 0;
+  // Each timed run takes the next expert, so that with enough of them no run finds its weights
+  // in the host's caches: a cold expert comes from memory, and timing one expert again and again
+  // would price every miss at cache speed.
   const auto best_ns = [&](int64_t n) {
     const std::vector<int32_t> offsets = {0, static_cast<int32_t>(n)};
     int64_t best = INT64_MAX;
     for (int r = 0; r < kRepeats; ++r) {
+      const ExpertWeights& expert = experts[next++ % experts.size()];
       const auto start = std::chrono::steady_clock::now();
       run_experts(rows.data(), hidden_size, expert_width, offsets,
                   std::span<const ExpertWeights>(&expert, 1), out.data());
-      best = std::min<int64_t>(
-          best, std::chrono::duration_cast<std::chrono::nanoseconds>(
-                    std::chrono::steady_clock::now() - start)
-                    .count());
+      best = std::min<int64_t>(best, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                         std::chrono::steady_clock::now() - start)
+                                         .count());
     }
     return best;
   };
@@ -208,10 +214,25 @@ HostExpertRate measure_host_expert_rate(const ExpertWeights& expert, int64_t hid
   return {.first_row_ns = one, .row_ns = std::max<int64_t>(0, (many - one) / (kRows - 1))};
 }
 
-offload::ColdCost simulated_cold_cost(offload::ColdExperts mode, const ExpertWeights& expert,
-                                      int64_t hidden_size, int64_t expert_width) {
+std::vector<ExpertWeights> experts_to_time(std::span<const std::span<const ExpertWeights>> layers) {
+  constexpr size_t kWanted = 6;  // two timings of three runs each, each on its own expert
+  std::vector<ExpertWeights> picked;
+  for (size_t e = 0; picked.size() < kWanted; ++e) {
+    const size_t before = picked.size();
+    for (auto layer = layers.rbegin(); layer != layers.rend() && picked.size() < kWanted; ++layer) {
+      if (e < layer->size()) picked.push_back((*layer)[e]);
+    }
+    if (picked.size() == before) break;  // every layer's experts taken
+  }
+  return picked;
+}
+
+offload::ColdCost simulated_cold_cost(offload::ColdExperts mode,
+                                      std::span<const ExpertWeights> experts, int64_t hidden_size,
+                                      int64_t expert_width) {
   if (mode != offload::ColdExperts::kAuto) return {.mode = mode};
-  const HostExpertRate host = measure_host_expert_rate(expert, hidden_size, expert_width);
+  const HostExpertRate host = measure_host_expert_rate(experts, hidden_size, expert_width);
+  const ExpertWeights& expert = experts.front();
   std::vector<std::byte> slot(static_cast<size_t>(expert_nbytes(expert)));
   int64_t copy_ns = INT64_MAX;
   for (int r = 0; r < 3; ++r) {

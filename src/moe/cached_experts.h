@@ -43,23 +43,27 @@ struct CachedExpertsOptions {
   int64_t expert_width = 0;  // I
   int64_t num_slots = 0;     // S, at most the routed experts of all MoE layers
   offload::CachePolicy policy = offload::CachePolicy::kLru;
-  bool prefetch = true;  // predict and prefetch layer l+1's experts at layer l
+  bool prefetch = true;    // predict and prefetch layer l+1's experts at layer l
   offload::ColdCost cold;  // kGpu: every miss is copied
 };
 
-// What computing one expert on the host costs, measured with run_experts on its weights: the
-// time of one row and of each further row (best of a few runs).
+// What computing one cold expert on the host costs, measured with run_experts: the time of one
+// row and of each further row (best of a few runs, each on the next of `experts`, so that with
+// six or more no run reads weights an earlier one left in the caches).
 struct HostExpertRate {
   int64_t first_row_ns = 0;
   int64_t row_ns = 0;
 };
-HostExpertRate measure_host_expert_rate(const ExpertWeights& expert, int64_t hidden_size,
+HostExpertRate measure_host_expert_rate(std::span<const ExpertWeights> experts, int64_t hidden_size,
                                         int64_t expert_width);
+// Up to six experts to time, spread over the layers (expert 0 of the last layers first).
+std::vector<ExpertWeights> experts_to_time(std::span<const std::span<const ExpertWeights>> layers);
 
-// The cost model of this backend's simulated budget: a copy is a memcpy of the expert's bytes
-// (timed), the host work is measure_host_expert_rate's.
-offload::ColdCost simulated_cold_cost(offload::ColdExperts mode, const ExpertWeights& expert,
-                                      int64_t hidden_size, int64_t expert_width);
+// The cost model of this backend's simulated budget: a copy is a memcpy of the first expert's
+// bytes (timed), the host work is measure_host_expert_rate's over `experts`.
+offload::ColdCost simulated_cold_cost(offload::ColdExperts mode,
+                                      std::span<const ExpertWeights> experts, int64_t hidden_size,
+                                      int64_t expert_width);
 
 class CachedExperts final : public ExpertRunner {
  public:

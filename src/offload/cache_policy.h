@@ -48,7 +48,9 @@ enum CacheCounter : int32_t {
 
 // Where a demanded expert that is not resident computes (--cold-experts). kGpu: it is copied
 // into a slot (with no evictable slot its weights are read from home over PCIe). kCpu: its rows
-// are computed on the host where its weights live, and nothing is copied on demand. kAuto: per
+// are computed on the host where its weights live, and nothing is evicted on demand (a miss
+// still fills a free slot, so the budget holds the first experts touched, or a trace's warm or
+// static set). kAuto: per
 // miss, whichever of the two finishes first (ColdCost).
 enum class ColdExperts : int32_t { kGpu, kCpu, kAuto };
 
@@ -151,8 +153,15 @@ MOE_HOST_DEVICE int32_t choose_slot(const CacheTables& t, int64_t protect_from) 
   return best;
 }
 
+// kCpu evicts nothing on demand: a miss takes `slot` only while it is free (the budget's first
+// experts, filled by the first touches), else it computes on the host (-1).
+MOE_HOST_DEVICE int32_t free_slot_or_none(const CacheTables& t, int32_t slot) {
+  return slot >= 0 && t.owner[slot] < 0 ? slot : -1;
+}
+
 // Whether a miss of `rows` rows computes on the host (else it is copied), adding it to its
-// queue. A placement that finds no evictable slot moves to the host too (kCpu and kAuto).
+// queue. A placement that finds no evictable slot moves to the host too (kCpu and kAuto). Under
+// kCpu every miss is the host's; admit() first gives it a free slot if one is left.
 MOE_HOST_DEVICE bool miss_on_host(const ColdCost& c, int64_t rows, ColdQueues& q) {
   if (c.mode == ColdExperts::kGpu) return false;
   const int64_t host_done = q.host_ns + c.host_ns + rows * c.host_row_ns;
@@ -198,7 +207,9 @@ MOE_HOST_DEVICE void admit(const CacheTables& t, const Admission& a, const int32
   for (int64_t e = 0; e < a.num_experts; ++e) {
     const int32_t g = base + static_cast<int32_t>(e);
     if (rows[e] == 0 || t.slot_of[g] >= 0) continue;
-    const int32_t slot = host_allowed && miss_on_host(cold, rows[e], queues)
+    const int32_t slot = host_allowed && cold.mode == ColdExperts::kCpu
+                             ? free_slot_or_none(t, choose_slot(t, a.protect_from))
+                         : host_allowed && miss_on_host(cold, rows[e], queues)
                              ? -1
                              : choose_slot(t, a.protect_from);
     if (slot < 0) {

@@ -429,7 +429,7 @@ void synthetic_home_equals_resident() {
 // from the same bf16 weights in float32 (the GPU rounds the activation to bf16), so the logits
 // match all-resident within the GPU parity bound (relative L2 error 2e-2 per step), for random
 // models of every family at budgets 50%, 25% and 0 through the scripted steps (graphs
-// included); kCpu copies nothing on demand, and a budget of 0 sends every demand to the host.
+// included); kCpu copies only into free slots, and a budget of 0 sends every demand to the host.
 void cold_experts_on_host_match_resident() {
   constexpr double kMaxRelError = 2e-2;
   const uint32_t base = cuda::testing_util::fresh_seed();
@@ -479,7 +479,9 @@ void cold_experts_on_host_match_resident() {
         for (size_t k = 0; k < counters.size(); ++k)
           sum[k % offload::kNumCacheCounters] += counters[k];
         if (cold == offload::ColdExperts::kCpu || fraction == 0.0) {
-          EXPECT_EQ(sum[offload::kCacheMisses] + sum[offload::kCacheUnplaced], 0) << where;
+          // kCpu evicts nothing on demand: its copies only fill free slots, once each.
+          EXPECT_EQ(sum[offload::kCacheUnplaced], 0) << where;
+          EXPECT_LE(sum[offload::kCacheMisses], gpu->memory().expert_cache_slots) << where;
         }
         if (fraction == 0.0) EXPECT_GT(sum[offload::kCacheOnCpu], 0) << where;
         EXPECT_GE(sum[offload::kCacheRowsOnCpu], sum[offload::kCacheOnCpu]) << where;

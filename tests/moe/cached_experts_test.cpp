@@ -112,8 +112,9 @@ TEST_P(CachedExpertsTest, EveryBudgetAndPolicyMatchesResidentBitForBit) {
         EXPECT_GE(total[offload::kCacheRowsOnCpu], total[offload::kCacheOnCpu]);
         if (cold == "gpu") EXPECT_EQ(total[offload::kCacheOnCpu], 0);
         if (cold != "gpu") EXPECT_EQ(total[offload::kCacheUnplaced], 0);
-        if (cold == "cpu") {
-          EXPECT_EQ(total[offload::kCacheMisses] + total[offload::kCachePrefetched], 0);
+        if (cold == "cpu") {  // nothing evicted on demand: copies only fill free slots
+          EXPECT_EQ(total[offload::kCachePrefetched], 0);
+          EXPECT_LE(total[offload::kCacheMisses], cached->cache().num_slots());
         }
         EXPECT_LE(total[offload::kCachePrefetchUsed], total[offload::kCachePrefetched]);
         int64_t bytes = 0;

@@ -40,8 +40,7 @@ CachedExperts::CachedExperts(const ModelConfig& config, const DeviceWeights& wei
       top_k_(config.num_experts_per_tok) {
   MOE_CHECK(weights.experts_offloaded, "the expert cache needs offloaded expert weights");
   MOE_CHECK(num_experts_ <= offload::cuda::kAdmitMaxExperts, "num_experts ", num_experts_,
-            ": the expert cache's admission kernel takes up to ",
-            offload::cuda::kAdmitMaxExperts);
+            ": the expert cache's admission kernel takes up to ", offload::cuda::kAdmitMaxExperts);
   const int64_t Hp = weights.padded_hidden_size, Ip = weights.padded_expert_width;
   hidden_elems_ = Hp;
   expert_width_ = Ip;
@@ -93,9 +92,8 @@ CachedExperts::CachedExperts(const ModelConfig& config, const DeviceWeights& wei
   const cudaError_t mapped = cudaHostGetDevicePointer(reinterpret_cast<void**>(&home_device),
                                                       weights.expert_home.get(), 0);
   MOE_CHECK(mapped == cudaSuccess, "the offloaded experts' home (",
-            static_cast<const void*>(weights.expert_home.get()), ", ",
-            weights.expert_home_bytes, " bytes) is not mapped for the device: ",
-            cudaGetErrorString(mapped));
+            static_cast<const void*>(weights.expert_home.get()), ", ", weights.expert_home_bytes,
+            " bytes) is not mapped for the device: ", cudaGetErrorString(mapped));
   auto to_device = [&](const bf16* host) -> bf16* {
     if (host == nullptr) return nullptr;
     const char* h = reinterpret_cast<const char*>(host);
@@ -120,8 +118,8 @@ CachedExperts::CachedExperts(const ModelConfig& config, const DeviceWeights& wei
   }
   upload(home_gate_up_, home_gu);
   upload(home_down_, home_dn);
-  upload(counters_, std::vector<int64_t>(static_cast<size_t>(num_layers_ *
-                                                             offload::kNumCacheCounters), 0));
+  upload(counters_,
+         std::vector<int64_t>(static_cast<size_t>(num_layers_ * offload::kNumCacheCounters), 0));
 
   // The starting state is the host's (offload/host_cache.h, as the CPU's budget starts): the
   // trace's ranking warms the slots, and for the static policy its top is the hot set.
@@ -135,18 +133,16 @@ CachedExperts::CachedExperts(const ModelConfig& config, const DeviceWeights& wei
   }
   offload::HostCacheTables start(num_layers_, E, S, policy_);
   if (policy_ == offload::CachePolicy::kStatic) {
-    start.set_hot_set(ranking,
-                      S - offload::static_reserve_slots(E, max_assignments_per_layer, S));
+    start.set_hot_set(ranking, S - offload::static_reserve_slots(E, max_assignments_per_layer, S));
   }
   for (const offload::SlotCopy& c : start.warm(ranking)) {
     bf16* gate_up = slots_ + c.slot * (gate_up_elems_ + down_elems_);
-    CUDA_CHECK(cudaMemcpy(gate_up, host_home_gate_up_[c.expert / E] + (c.expert % E) * gate_up_elems_,
-                          static_cast<size_t>(gate_up_elems_) * sizeof(bf16),
-                          cudaMemcpyHostToDevice));
+    CUDA_CHECK(
+        cudaMemcpy(gate_up, host_home_gate_up_[c.expert / E] + (c.expert % E) * gate_up_elems_,
+                   static_cast<size_t>(gate_up_elems_) * sizeof(bf16), cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(gate_up + gate_up_elems_,
                           host_home_down_[c.expert / E] + (c.expert % E) * down_elems_,
-                          static_cast<size_t>(down_elems_) * sizeof(bf16),
-                          cudaMemcpyHostToDevice));
+                          static_cast<size_t>(down_elems_) * sizeof(bf16), cudaMemcpyHostToDevice));
     gu_table[c.expert] = gate_up;
     dn_table[c.expert] = gate_up + gate_up_elems_;
   }
@@ -173,8 +169,8 @@ CachedExperts::CachedExperts(const ModelConfig& config, const DeviceWeights& wei
   copy_stream_.reset(copy_stream);
   CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
   CUDA_CHECK(cudaEventCreateWithFlags(&prefetch_done_, cudaEventDisableTiming));
-  host_counters_ = pinned_array<int64_t>(static_cast<size_t>(num_layers_ *
-                                                             offload::kNumCacheCounters));
+  host_counters_ =
+      pinned_array<int64_t>(static_cast<size_t>(num_layers_ * offload::kNumCacheCounters));
   std::memset(host_counters_.get(), 0,
               static_cast<size_t>(num_layers_ * offload::kNumCacheCounters) * sizeof(int64_t));
 
@@ -217,8 +213,15 @@ moe::ExpertWeights CachedExperts::host_view(int64_t layer, int64_t expert) const
 void CachedExperts::measure_cold_cost(std::span<const int32_t> slot_owners) {
   int64_t first_moe = 0;
   while (host_home_gate_up_[first_moe] == nullptr) ++first_moe;
+  // Experts of the last MoE layers, which start-up has not touched, timed from host memory.
+  std::vector<moe::ExpertWeights> cold;
+  for (int64_t e = 0; e < num_experts_ && cold.size() < 6; ++e) {
+    for (int64_t l = num_layers_ - 1; l >= first_moe && cold.size() < 6; --l) {
+      if (host_home_gate_up_[l] != nullptr) cold.push_back(host_view(l, e));
+    }
+  }
   const moe::HostExpertRate host =
-      moe::measure_host_expert_rate(host_view(first_moe, 0), hidden_elems_, expert_width_);
+      moe::measure_host_expert_rate(cold, hidden_elems_, expert_width_);
   cold_.host_ns = std::max<int64_t>(0, host.first_row_ns - host.row_ns);
   cold_.host_row_ns = host.row_ns;
   // A copy: the demand copy kernel moving a few experts into the first slots, best of a few;
@@ -242,8 +245,10 @@ void CachedExperts::measure_cold_cost(std::span<const int32_t> slot_owners) {
   float best_ms = 1e30f;
   for (int r = 0; r < 3; ++r) {
     CUDA_CHECK(cudaEventRecord(start, nullptr));
-    offload::cuda::copy_experts({.layout = p.layout, .copies = p.copies,
-                                 .max_copies = num_experts_, .num_blocks = demand_blocks_},
+    offload::cuda::copy_experts({.layout = p.layout,
+                                 .copies = p.copies,
+                                 .max_copies = num_experts_,
+                                 .num_blocks = demand_blocks_},
                                 nullptr);
     CUDA_CHECK(cudaEventRecord(stop, nullptr));
     CUDA_CHECK(cudaEventSynchronize(stop));
@@ -265,8 +270,8 @@ CachedExperts::~CachedExperts() {
   if (host_done_) cudaEventDestroy(host_done_);
 }
 
-offload::cuda::AdmitParams CachedExperts::admit_params(int64_t layer, const int32_t* ids,
-                                                       int64_t n, bool prefetch) const {
+offload::cuda::AdmitParams CachedExperts::admit_params(int64_t layer, const int32_t* ids, int64_t n,
+                                                       bool prefetch) const {
   return {.tables = tables_,
           .layout = {.gate_up_table = gate_up_table_,
                      .down_table = down_table_,
@@ -310,7 +315,9 @@ void CachedExperts::admit(int64_t layer, const int32_t* topk_ids, int64_t num_as
     CUDA_CHECK(cudaEventRecord(host_done_, host_stream_.get()));
     host_pending_ = true;
   }
-  offload::cuda::copy_experts({.layout = p.layout, .copies = p.copies, .max_copies = num_experts_,
+  offload::cuda::copy_experts({.layout = p.layout,
+                               .copies = p.copies,
+                               .max_copies = num_experts_,
                                .num_blocks = demand_blocks_},
                               stream);
 }
@@ -323,7 +330,9 @@ void CachedExperts::prefetch(int64_t layer, const int32_t* topk_ids, int64_t num
   CUDA_CHECK(cudaStreamWaitEvent(copy, fork_, 0));
   const offload::cuda::AdmitParams p = admit_params(layer, topk_ids, num_assignments, true);
   offload::cuda::admit_experts(p, copy);
-  offload::cuda::copy_experts({.layout = p.layout, .copies = p.copies, .max_copies = num_experts_,
+  offload::cuda::copy_experts({.layout = p.layout,
+                               .copies = p.copies,
+                               .max_copies = num_experts_,
                                .num_blocks = prefetch_blocks_},
                               copy);
   CUDA_CHECK(cudaEventRecord(prefetch_done_, copy));
@@ -393,10 +402,10 @@ void CachedExperts::compute_on_host(int64_t layer) {
 }
 
 void CachedExperts::enqueue_counter_readback(cudaStream_t stream) {
-  CUDA_CHECK(cudaMemcpyAsync(host_counters_.get(), counters_,
-                             static_cast<size_t>(num_layers_ * offload::kNumCacheCounters) *
-                                 sizeof(int64_t),
-                             cudaMemcpyDeviceToHost, stream));
+  CUDA_CHECK(cudaMemcpyAsync(
+      host_counters_.get(), counters_,
+      static_cast<size_t>(num_layers_ * offload::kNumCacheCounters) * sizeof(int64_t),
+      cudaMemcpyDeviceToHost, stream));
 }
 
 }  // namespace moeinfer::gpu

@@ -174,17 +174,21 @@ __global__ void __launch_bounds__(kAdmitThreads)
   __syncthreads();
   // The misses in order, as admit() places them: thread 0 decides, the block finds victims.
   const bool host_allowed = !a.prefetch && p.cold.mode != ColdExperts::kGpu;
+  const bool cpu_only = host_allowed && p.cold.mode == ColdExperts::kCpu;
   ColdQueues queues;       // thread 0's
   int32_t num_copies = 0;  // thread 0's
   int32_t num_host = 0;    // thread 0's
   for (int32_t m = 0; m < s_num_misses; ++m) {
     const int32_t g = s_misses[m];
     if (threadIdx.x == 0) {
-      s_to_host = host_allowed && miss_on_host(p.cold, rows_of[g - base], queues) ? 1 : 0;
+      s_to_host = host_allowed && !cpu_only && miss_on_host(p.cold, rows_of[g - base], queues)
+                      ? 1
+                      : 0;
     }
     __syncthreads();
-    const int32_t slot = s_to_host ? -1 : block_choose_slot(t, a.protect_from);
+    int32_t slot = s_to_host ? -1 : block_choose_slot(t, a.protect_from);
     if (threadIdx.x == 0) {
+      if (cpu_only) slot = free_slot_or_none(t, slot);
       if (slot < 0) {
         if (host_allowed) {
           count_on_host(rows_of[g - base], counters);
