@@ -9,11 +9,30 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 
 namespace moeinfer::parallel {
+
+// An operation started without waiting for it (Communicator::start_all_to_allv): its buffers
+// belong to it until wait() returns, when this rank's part is done. Destroying one that was not
+// waited for waits (errors then go unreported: call wait()).
+class PendingOp {
+ public:
+  PendingOp() = default;  // nothing in flight
+  explicit PendingOp(std::function<void()> wait) : wait_(std::move(wait)) {}
+  PendingOp(PendingOp&& other) noexcept : wait_(std::exchange(other.wait_, nullptr)) {}
+  PendingOp& operator=(PendingOp&& other) noexcept;
+  ~PendingOp();
+  void wait();
+  bool pending() const { return static_cast<bool>(wait_); }
+
+ private:
+  std::function<void()> wait_;
+};
 
 class Communicator {
  public:
@@ -32,6 +51,10 @@ class Communicator {
   // all_to_all of the counts). Both spans have size() entries; any entry may be 0.
   virtual void all_to_allv(const void* send, std::span<const int64_t> send_bytes, void* recv,
                            std::span<const int64_t> recv_bytes) = 0;
+  // all_to_allv started: the caller computes while the rows travel, then waits. Without a
+  // non-blocking transport it completes before returning.
+  virtual PendingOp start_all_to_allv(const void* send, std::span<const int64_t> send_bytes,
+                                      void* recv, std::span<const int64_t> recv_bytes);
   // recv[r * bytes, (r + 1) * bytes) = rank r's `send` of `bytes` bytes.
   virtual void all_gather(const void* send, void* recv, int64_t bytes) = 0;
   // values[i] = the sum over ranks of their values[i], on every rank.

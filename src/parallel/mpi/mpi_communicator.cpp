@@ -1,7 +1,11 @@
 #include "parallel/mpi/mpi_communicator.h"
 
+#include <algorithm>
+#include <chrono>
 #include <climits>
+#include <memory>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "core/error.h"
@@ -50,6 +54,26 @@ MpiLayout to_mpi_layout(std::span<const int64_t> bytes, const char* side) {
 
 }  // namespace
 
+void wait_for(MPI_Request& request, const char* operation) {
+  // Spin while the other ranks are likely a moment away, then sleep between tests, a tenth of
+  // the time waited so far (at most 1 ms): MPI's blocking calls spin for ever, and a rank spinning
+  // on a core it shares (more ranks than cores, a CPU quota, the experts' threads) takes the time
+  // that the rank it waits for needs to arrive.
+  using Clock = std::chrono::steady_clock;
+  constexpr auto kSpin = std::chrono::microseconds(100);
+  constexpr auto kLongestSleep = std::chrono::microseconds(1000);
+  const Clock::time_point start = Clock::now();
+  for (;;) {
+    int done = 0;
+    check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), operation);
+    if (done) return;
+    const auto waited = Clock::now() - start;
+    if (waited > kSpin) {
+      std::this_thread::sleep_for(std::min<Clock::duration>(waited / 10, kLongestSleep));
+    }
+  }
+}
+
 MpiCommunicator::MpiCommunicator(MPI_Comm comm) {
   check_mpi(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup");
   check_mpi(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
@@ -66,45 +90,70 @@ MpiCommunicator::~MpiCommunicator() {
 
 void MpiCommunicator::all_to_all(const void* send, void* recv, int64_t bytes_per_rank) {
   const int count = to_mpi_count(bytes_per_rank, "all_to_all", "bytes_per_rank");
-  check_mpi(MPI_Alltoall(send, count, MPI_BYTE, recv, count, MPI_BYTE, comm_),
-            "MPI_Alltoall (all_to_all)");
+  MPI_Request request = MPI_REQUEST_NULL;
+  check_mpi(MPI_Ialltoall(send, count, MPI_BYTE, recv, count, MPI_BYTE, comm_, &request),
+            "MPI_Ialltoall (all_to_all)");
+  wait_for(request, "MPI_Ialltoall (all_to_all)");
 }
 
 void MpiCommunicator::all_to_allv(const void* send, std::span<const int64_t> send_bytes, void* recv,
                                   std::span<const int64_t> recv_bytes) {
+  start_all_to_allv(send, send_bytes, recv, recv_bytes).wait();
+}
+
+PendingOp MpiCommunicator::start_all_to_allv(const void* send, std::span<const int64_t> send_bytes,
+                                             void* recv, std::span<const int64_t> recv_bytes) {
   MOE_CHECK(send_bytes.size() == static_cast<size_t>(size_) &&
                 recv_bytes.size() == static_cast<size_t>(size_),
             "all_to_allv: ", send_bytes.size(), " send and ", recv_bytes.size(),
             " receive counts for ", size_, " ranks");
-  const MpiLayout sends = to_mpi_layout(send_bytes, "a send part");
-  const MpiLayout recvs = to_mpi_layout(recv_bytes, "a receive part");
-  check_mpi(MPI_Alltoallv(send, sends.counts.data(), sends.displacements.data(), MPI_BYTE, recv,
-                          recvs.counts.data(), recvs.displacements.data(), MPI_BYTE, comm_),
-            "MPI_Alltoallv (all_to_allv)");
+  // A non-blocking collective reads its count arrays until it completes: they live with it.
+  struct InFlight {
+    MpiLayout sends, recvs;
+    MPI_Request request = MPI_REQUEST_NULL;
+  };
+  auto op =
+      std::make_shared<InFlight>(InFlight{.sends = to_mpi_layout(send_bytes, "a send part"),
+                                          .recvs = to_mpi_layout(recv_bytes, "a receive part")});
+  check_mpi(MPI_Ialltoallv(send, op->sends.counts.data(), op->sends.displacements.data(), MPI_BYTE,
+                           recv, op->recvs.counts.data(), op->recvs.displacements.data(), MPI_BYTE,
+                           comm_, &op->request),
+            "MPI_Ialltoallv (all_to_allv)");
+  return PendingOp([op] { wait_for(op->request, "MPI_Ialltoallv (all_to_allv)"); });
 }
 
 void MpiCommunicator::all_gather(const void* send, void* recv, int64_t bytes) {
   const int count = to_mpi_count(bytes, "all_gather", "bytes");
-  check_mpi(MPI_Allgather(send, count, MPI_BYTE, recv, count, MPI_BYTE, comm_),
-            "MPI_Allgather (all_gather)");
+  MPI_Request request = MPI_REQUEST_NULL;
+  check_mpi(MPI_Iallgather(send, count, MPI_BYTE, recv, count, MPI_BYTE, comm_, &request),
+            "MPI_Iallgather (all_gather)");
+  wait_for(request, "MPI_Iallgather (all_gather)");
 }
 
 void MpiCommunicator::all_reduce_sum(std::span<int64_t> values) {
   MOE_CHECK(values.size() <= INT_MAX, "all_reduce_sum: ", values.size(),
             " values, above MPI's count limit of ", INT_MAX);
-  check_mpi(MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_INT64_T,
-                          MPI_SUM, comm_),
-            "MPI_Allreduce (all_reduce_sum of int64)");
+  MPI_Request request = MPI_REQUEST_NULL;
+  check_mpi(MPI_Iallreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()),
+                           MPI_INT64_T, MPI_SUM, comm_, &request),
+            "MPI_Iallreduce (all_reduce_sum of int64)");
+  wait_for(request, "MPI_Iallreduce (all_reduce_sum of int64)");
 }
 
 void MpiCommunicator::all_reduce_sum(std::span<double> values) {
   MOE_CHECK(values.size() <= INT_MAX, "all_reduce_sum: ", values.size(),
             " values, above MPI's count limit of ", INT_MAX);
-  check_mpi(MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_DOUBLE,
-                          MPI_SUM, comm_),
-            "MPI_Allreduce (all_reduce_sum of double)");
+  MPI_Request request = MPI_REQUEST_NULL;
+  check_mpi(MPI_Iallreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_DOUBLE,
+                           MPI_SUM, comm_, &request),
+            "MPI_Iallreduce (all_reduce_sum of double)");
+  wait_for(request, "MPI_Iallreduce (all_reduce_sum of double)");
 }
 
-void MpiCommunicator::barrier() { check_mpi(MPI_Barrier(comm_), "MPI_Barrier (barrier)"); }
+void MpiCommunicator::barrier() {
+  MPI_Request request = MPI_REQUEST_NULL;
+  check_mpi(MPI_Ibarrier(comm_, &request), "MPI_Ibarrier (barrier)");
+  wait_for(request, "MPI_Ibarrier (barrier)");
+}
 
 }  // namespace moeinfer::parallel

@@ -39,6 +39,8 @@ class MpiCommunicator final : public Communicator {
   void all_to_all(const void* send, void* recv, int64_t bytes_per_rank) override;
   void all_to_allv(const void* send, std::span<const int64_t> send_bytes, void* recv,
                    std::span<const int64_t> recv_bytes) override;
+  PendingOp start_all_to_allv(const void* send, std::span<const int64_t> send_bytes, void* recv,
+                              std::span<const int64_t> recv_bytes) override;
   void all_gather(const void* send, void* recv, int64_t bytes) override;
   void all_reduce_sum(std::span<int64_t> values) override;
   void all_reduce_sum(std::span<double> values) override;
@@ -49,6 +51,10 @@ class MpiCommunicator final : public Communicator {
   int rank_ = 0;
   int size_ = 1;
 };
+
+// Waits for `request` (a non-blocking operation's) without holding a core: every operation here
+// is started non-blocking and waited for by this, spinning briefly, then sleeping between tests.
+void wait_for(MPI_Request& request, const char* operation);
 
 // Throws moeinfer::Error naming `operation` and MPI's text for `code` unless it is MPI_SUCCESS.
 void check_mpi(int code, const char* operation,
