@@ -51,6 +51,15 @@ void add_expert_parallel_option(CLI::App* cmd, DeviceArgs* args) {
   cmd->add_option("--placement", args->placement,
                   "Expert placement under --ep: which ranks hold which experts (replicas "
                   "allowed), a file written by `moeinfer placement` (default: contiguous ranges)");
+  cmd->add_option("--overlap", args->overlap,
+                  "Under --ep: on computes the shared experts while the MoE layer's rows travel "
+                  "to their ranks (non-blocking MPI), off before they leave (default: on)")
+      ->check(CLI::IsMember({"on", "off"}));
+}
+
+bool DeviceArgs::overlap_shared_experts() const {
+  MOE_CHECK(overlap.empty() || ep > 1, "--overlap ", overlap, " needs --ep N with N > 1");
+  return overlap != "off";
 }
 
 std::optional<parallel::ExpertPlacement> DeviceArgs::expert_placement(
@@ -102,10 +111,13 @@ SequenceRunner::SequenceRunner(Model& model, const DeviceArgs& device, int64_t m
                                                             : max_tokens;
   capacity_ = std::min(max_tokens, native);
   const offload::OffloadOptions offload = device.offload();
+  // Checked on both devices, so that a flag the GPU path cannot take is refused, not ignored.
+  parallel::Communicator* const expert_parallel = device.expert_parallel();
+  const bool overlap = device.overlap_shared_experts();
   if (!device.is_cuda()) {
     model.decoder().set_offload(offload, /*max_step_tokens=*/1);
-    model.decoder().set_expert_parallel(device.expert_parallel(),
-                                        device.expert_placement(model.decoder()));
+    model.decoder().set_expert_parallel(expert_parallel, device.expert_placement(model.decoder()),
+                                        overlap);
     cache_.emplace(model.decoder().make_cache(capacity_));
     capacity_ = cache_->max_tokens();
     return;

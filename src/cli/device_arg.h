@@ -27,6 +27,9 @@ struct DeviceArgs {
   std::string cold_experts;   // --cold-experts; empty: gpu
   int ep = 1;                 // --ep: ranks the routed experts are sharded over
   std::string placement;      // --placement FILE; empty: contiguous ranges
+  std::string overlap;        // --overlap on|off; empty: on
+  // Under --ep: whether the shared experts run while the dispatch's rows are in flight.
+  bool overlap_shared_experts() const;
   bool is_cuda() const { return device == "cuda"; }
   // The job's communicator under --ep N (launched as N ranks by mpirun; checked), else null.
   parallel::Communicator* expert_parallel() const;

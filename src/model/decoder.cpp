@@ -158,7 +158,8 @@ std::vector<int64_t> Decoder::moe_layers() const {
 }
 
 void Decoder::set_expert_parallel(parallel::Communicator* comm,
-                                  std::optional<parallel::ExpertPlacement> placement) {
+                                  std::optional<parallel::ExpertPlacement> placement,
+                                  bool overlap) {
   MOE_CHECK(comm == nullptr || config_.num_experts > 0, "--ep: the ", config_.model_type,
             " model has no routed experts to shard");
   MOE_CHECK(!placement || (comm != nullptr && placement->num_ranks() == comm->size() &&
@@ -170,6 +171,8 @@ void Decoder::set_expert_parallel(parallel::Communicator* comm,
   if (config_.num_experts == 0) return;
   ep_ = comm;
   placement_ = std::move(placement);
+  shared_schedule_ = comm != nullptr && overlap ? moe::SharedSchedule::kWhileDispatching
+                                                : moe::SharedSchedule::kBeforeDispatch;
   make_moe_block(std::make_unique<moe::ResidentExperts>(routed_experts(), config_.hidden_size,
                                                         config_.moe_intermediate_size));
 }
@@ -544,7 +547,6 @@ void Decoder::dense_mlp(const MlpWeights& mlp, int64_t T, const float* in, float
 void Decoder::feed_forward(int64_t layer, int64_t T) {
   const LayerWeights& lw = weights_.layers[layer];
   const LayerPlan& plan = plans_[layer];
-  const int64_t H = config_.hidden_size;
   switch (plan.feed_forward) {
     case FeedForwardKind::kDenseMlp: {
       MOE_PROFILE_SCOPE(profile::Stage::kDenseMlp);
@@ -554,16 +556,32 @@ void Decoder::feed_forward(int64_t layer, int64_t T) {
     case FeedForwardKind::kMoe:
       break;
   }
-  const float* shared = nullptr;
-  switch (plan.shared_expert) {
+  moe::RouteAdjust adjust;
+  if (routing_override_) {
+    adjust = [&](const float* logits, const moe::RouterOptions& router, moe::Routing& routing) {
+      routing_override_(layer, logits, router, routing);
+    };
+  }
+  moe_block_->forward(
+      layer, ws_.normed.data(), T, lw.moe.routed.router,
+      data_or_null(params_[layer].selection_bias), [&] { return shared_experts(layer, T); },
+      shared_schedule_, ws_.block_out.data(), adjust);
+  const moe::Routing& routing = moe_block_->routing();
+  if (routing_observer_) routing_observer_(layer, routing);
+  if (profile::Profiler* p = profile::active()) p->record_routing(layer, routing.topk_ids);
+}
+
+const float* Decoder::shared_experts(int64_t layer, int64_t T) {
+  const LayerWeights& lw = weights_.layers[layer];
+  const int64_t H = config_.hidden_size;
+  switch (plans_[layer].shared_expert) {
     case SharedExpertKind::kNone:
-      break;
+      return nullptr;
     case SharedExpertKind::kUngated: {
       MOE_PROFILE_SCOPE(profile::Stage::kSharedExperts);
       ws_.shared.resize(T * H);
       dense_mlp(lw.moe.shared_expert, T, ws_.normed.data(), ws_.shared.data());
-      shared = ws_.shared.data();
-      break;
+      return ws_.shared.data();
     }
     case SharedExpertKind::kSigmoidGated: {
       MOE_PROFILE_SCOPE(profile::Stage::kSharedExperts);
@@ -575,22 +593,10 @@ void Decoder::feed_forward(int64_t layer, int64_t T) {
         const float g = 1.0f / (1.0f + std::exp(-gate_logit[t]));
         for (int64_t h = 0; h < H; ++h) ws_.shared[t * H + h] *= g;
       }
-      shared = ws_.shared.data();
-      break;
+      return ws_.shared.data();
     }
   }
-  moe::RouteAdjust adjust;
-  if (routing_override_) {
-    adjust = [&](const float* logits, const moe::RouterOptions& router, moe::Routing& routing) {
-      routing_override_(layer, logits, router, routing);
-    };
-  }
-  moe_block_->forward(layer, ws_.normed.data(), T, lw.moe.routed.router,
-                      data_or_null(params_[layer].selection_bias), shared, ws_.block_out.data(),
-                      adjust);
-  const moe::Routing& routing = moe_block_->routing();
-  if (routing_observer_) routing_observer_(layer, routing);
-  if (profile::Profiler* p = profile::active()) p->record_routing(layer, routing.topk_ids);
+  return nullptr;
 }
 
 }  // namespace moeinfer

@@ -59,9 +59,11 @@ class Decoder {
   // ranks of `comm` by `placement` (default: contiguous ranges, no replicas) and every MoE
   // layer's rows travel to their expert's ranks and back; each rank runs its own tokens through
   // attention. Every rank must call forward() the same number of times. Null puts every expert
-  // back in this process. Not combined with offloading yet (refused).
+  // back in this process. Not combined with offloading yet (refused). With `overlap` (--overlap
+  // on) the shared experts run while the dispatch's rows are in flight, else before dispatch.
   void set_expert_parallel(parallel::Communicator* comm,
-                           std::optional<parallel::ExpertPlacement> placement = std::nullopt);
+                           std::optional<parallel::ExpertPlacement> placement = std::nullopt,
+                           bool overlap = true);
   // The decoder layers with routed experts, ascending.
   std::vector<int64_t> moe_layers() const;
   const parallel::Communicator* expert_parallel() const { return ep_; }
@@ -121,6 +123,9 @@ class Decoder {
   // per-head key or value is ever built.
   void mla_attention(int64_t layer, const ForwardBatch& batch, KvBlockPool& pool);
   void feed_forward(int64_t layer, int64_t num_tokens);
+  // The layer's shared experts over ws_.normed into ws_.shared (gated where the model gates
+  // them); null when the layer has none.
+  const float* shared_experts(int64_t layer, int64_t num_tokens);
   void dense_mlp(const MlpWeights& mlp, int64_t num_tokens, const float* in, float* out);
 
   ModelConfig config_;
@@ -139,6 +144,7 @@ class Decoder {
   moe::CachedExperts* cached_experts_ = nullptr;  // moe_block_'s runner when offloading
   std::optional<parallel::ExpertPlacement> placement_;  // ep_'s, when given
   parallel::Communicator* ep_ = nullptr;          // moe_block_'s dispatcher's, under --ep
+  moe::SharedSchedule shared_schedule_ = moe::SharedSchedule::kBeforeDispatch;
   Workspace ws_;
   TokenSlots slots_;
   RoutingObserver routing_observer_;

@@ -17,7 +17,8 @@ ExpertParallelDispatcher::ExpertParallelDispatcher(parallel::Communicator& comm,
             " ranks for a job of ", comm_.size());
 }
 
-ExpertRows ExpertParallelDispatcher::dispatch(int64_t layer, const RoutedTokens& tokens) {
+ExpertRows ExpertParallelDispatcher::dispatch(int64_t layer, const RoutedTokens& tokens,
+                                              const InFlightWork& while_in_flight) {
   const DispatchPlan& plan = *tokens.plan;
   const parallel::LayerPlacement& table = placement_.layer(layer);
   const int N = comm_.size(), me = comm_.rank();
@@ -103,7 +104,10 @@ ExpertRows ExpertParallelDispatcher::dispatch(int64_t layer, const RoutedTokens&
     received += rows;
   }
   recv_rows_.resize(static_cast<size_t>(received * H));
-  comm_.all_to_allv(send_rows_.data(), send_bytes_, recv_rows_.data(), recv_bytes_);
+  parallel::PendingOp rows_in_flight =
+      comm_.start_all_to_allv(send_rows_.data(), send_bytes_, recv_rows_.data(), recv_bytes_);
+  if (while_in_flight) while_in_flight();
+  rows_in_flight.wait();
   if (profile::Profiler* p = profile::active()) {
     int64_t remote = 0;
     for (int r = 0; r < N; ++r) remote += r == me ? 0 : send_bytes_[r];

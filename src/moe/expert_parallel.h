@@ -33,7 +33,9 @@ class ExpertParallelDispatcher final : public TokenDispatcher {
   // comm must outlive this; placement.num_ranks() == comm.size().
   ExpertParallelDispatcher(parallel::Communicator& comm, parallel::ExpertPlacement placement,
                            int64_t hidden_size);
-  ExpertRows dispatch(int64_t layer, const RoutedTokens& tokens) override;
+  // The rows' all_to_allv is started, `while_in_flight` runs, then it is waited for.
+  ExpertRows dispatch(int64_t layer, const RoutedTokens& tokens,
+                      const InFlightWork& while_in_flight) override;
   void combine(int64_t layer, const float* expert_out, const RoutedTokens& tokens,
                const float* shared, float* out) override;
 

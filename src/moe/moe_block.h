@@ -45,11 +45,17 @@ struct ExpertRows {
   }
 };
 
+// Work the block runs while a dispatch's rows are in flight (the shared experts).
+using InFlightWork = std::function<void()>;
+
 // Where the rows go and how the outputs come back.
 class TokenDispatcher {
  public:
   virtual ~TokenDispatcher() = default;
-  virtual ExpertRows dispatch(int64_t layer, const RoutedTokens& tokens) = 0;
+  // Moves the rows to their experts. `while_in_flight` (may be empty) runs once, while the rows
+  // travel where the transport is non-blocking, else before the rows are returned.
+  virtual ExpertRows dispatch(int64_t layer, const RoutedTokens& tokens,
+                              const InFlightWork& while_in_flight) = 0;
   // out[T, H] = shared[t] (when given) + sum_k weight[t, k] * expert_out[row of (t, k)].
   virtual void combine(int64_t layer, const float* expert_out, const RoutedTokens& tokens,
                        const float* shared, float* out) = 0;
@@ -70,7 +76,8 @@ class ExpertRunner {
 class LocalDispatcher final : public TokenDispatcher {
  public:
   explicit LocalDispatcher(int64_t hidden_size) : hidden_size_(hidden_size) {}
-  ExpertRows dispatch(int64_t layer, const RoutedTokens& tokens) override;
+  ExpertRows dispatch(int64_t layer, const RoutedTokens& tokens,
+                      const InFlightWork& while_in_flight) override;
   void combine(int64_t layer, const float* expert_out, const RoutedTokens& tokens,
                const float* shared, float* out) override;
 
@@ -98,6 +105,13 @@ class ResidentExperts final : public ExpertRunner {
 using RouteAdjust =
     std::function<void(const float* logits, const RouterOptions& options, Routing& routing)>;
 
+// The shared experts' output [T, H] for combine, computed when the block asks (null: none).
+using SharedExpertsFn = std::function<const float*()>;
+
+// When the shared experts run: before dispatch, or while the dispatch's rows are in flight
+// (--overlap on: expert parallelism hides the transfer behind them).
+enum class SharedSchedule { kBeforeDispatch, kWhileDispatching };
+
 class MoeBlock {
  public:
   MoeBlock(MoeBlockOptions options, std::unique_ptr<TokenDispatcher> dispatcher,
@@ -108,6 +122,10 @@ class MoeBlock {
   void forward(int64_t layer, const float* hidden, int64_t num_tokens, const TensorView& router,
                const float* selection_bias, const float* shared, float* out,
                const RouteAdjust& adjust = {});
+  // The same with the shared experts computed by the block, at `schedule`.
+  void forward(int64_t layer, const float* hidden, int64_t num_tokens, const TensorView& router,
+               const float* selection_bias, const SharedExpertsFn& shared_experts,
+               SharedSchedule schedule, float* out, const RouteAdjust& adjust = {});
 
   // The last forward's routing and plan.
   const Routing& routing() const { return routing_; }

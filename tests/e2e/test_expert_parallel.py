@@ -6,7 +6,8 @@ sharded over the ranks, so each MoE layer's rows cross between ranks both ways:
 
   logits_match        `mpirun -np N moeinfer logits --ep N` writes the logits of one process within
                       float rounding (relative 1e-5 of the largest logit): every fixture model at
-                      N = 2, one of each family at N = 3.
+                      N = 2, one of each family at N = 3 and at N = 2 with --overlap off (the
+                      shared experts before dispatch instead of while its rows travel).
   placement_replicas  the same with --placement FILE at N = 2 and 3 on another fixture of each
                       family: random tables where ranks hold replicas of other ranks' experts
                       (one table for every layer, and per-layer tables), so a replicated
@@ -16,7 +17,7 @@ sharded over the ranks, so each MoE layer's rows cross between ranks both ways:
                       (rank 0 prints): the demo model at N = 2 and 3 with and without a placement
                       with replicas, and one fixture of each family at N = 2.
   bad_flags           --ep 2 outside mpirun names the launch command; --ep with --expert-budget
-                      is refused by name; bad placement files are refused naming the problem.
+                      and --overlap without --ep are refused by name; bad placement files are refused naming the problem.
 
 Prints one line per check and a last line "N passed, M failed"; exits non-zero on any failure.
 """
@@ -147,12 +148,14 @@ def check_logits_match(ctx: dict) -> None:
             run([m, "logits", "--model", str(model), "--ids", IDS, "--out", str(one)],
                 mpi=True)
             want = np.load(one)
-            for n in (2, 3) if model in three_ranks else (2,):
-                out = pathlib.Path(tmp) / f"{model.name}_{n}.npy"
+            runs = [(2, "on")] + ([(3, "on"), (2, "off")] if model in three_ranks else [])
+            for n, overlap in runs:
+                out = pathlib.Path(tmp) / f"{model.name}_{n}_{overlap}.npy"
                 mpirun(n, [m, "logits", "--model", str(model), "--ids", IDS, "--out", str(out),
-                           "--ep", str(n)])
+                           "--ep", str(n), "--overlap", overlap])
                 err = max_relative_error(np.load(out), want)
-                assert err <= 1e-5, f"{model.name} --ep {n}: relative error {err:.2e} > 1e-5"
+                assert err <= 1e-5, (f"{model.name} --ep {n} --overlap {overlap}: relative "
+                                     f"error {err:.2e} > 1e-5")
 
 
 def check_generate_same_text(ctx: dict) -> None:
@@ -203,6 +206,8 @@ def check_bad_flags(ctx: dict) -> None:
             assert r.returncode != 0 and message in r.stderr, (message, r.stderr[-1500:])
         r = run([m, *base, "--placement", str(tmp / "bad0.json")], ok=False, mpi=True)
         assert r.returncode != 0 and "needs --ep" in r.stderr, r.stderr
+    r = run([m, *base, "--overlap", "off"], ok=False, mpi=True)
+    assert r.returncode != 0 and "--overlap off needs --ep" in r.stderr, r.stderr
 
 
 def main() -> int:

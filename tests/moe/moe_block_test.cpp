@@ -109,6 +109,36 @@ TEST(MoeBlock, StrategiesSeeTheRoutingFirstAndPiecesGiveTheResidentResult) {
   EXPECT_EQ(got, want);
 }
 
+TEST(MoeBlock, SharedExpertsRunOnceAtEitherScheduleWithTheSameResult) {
+  std::mt19937 rng(std::random_device{}());
+  const int64_t H = 16, I = 8, E = 5, K = 2, T = 9;
+  const Layer layer = random_layer(E, H, I, rng);
+  const MoeBlockOptions options{
+      .router = {.num_experts = E, .top_k = K, .renormalize = true}, .hidden_size = H,
+      .expert_width = I};
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> hidden(T * H), shared(T * H);
+  for (float& v : hidden) v = normal(rng);
+  for (float& v : shared) v = normal(rng);
+  MoeBlock block = single_layer_block(options, layer.weights);
+  std::vector<float> want(T * H);
+  block.forward(0, hidden.data(), T, layer.weights.router, nullptr, shared.data(), want.data());
+  for (const SharedSchedule schedule :
+       {SharedSchedule::kBeforeDispatch, SharedSchedule::kWhileDispatching}) {
+    int calls = 0;
+    std::vector<float> got(T * H);
+    block.forward(
+        0, hidden.data(), T, layer.weights.router, nullptr,
+        [&] {
+          ++calls;
+          return shared.data();
+        },
+        schedule, got.data());
+    EXPECT_EQ(calls, 1);
+    EXPECT_EQ(got, want);
+  }
+}
+
 TEST(MoeBlock, RefusesARouterOfTheWrongShapeByLayer) {
   std::mt19937 rng(7);
   const Layer layer = random_layer(4, 8, 8, rng);

@@ -71,7 +71,9 @@ TEST(ExpertParallelDispatch, EveryRowReachesOneReplicaOfItsExpertAndComesBack) {
   }
   const RoutedTokens tokens{
       .hidden = hidden.data(), .num_tokens = T, .routing = &routing, .plan = &plan};
-  const ExpertRows rows = dispatcher.dispatch(0, tokens);
+  int in_flight_calls = 0;
+  const ExpertRows rows = dispatcher.dispatch(0, tokens, [&] { ++in_flight_calls; });
+  EXPECT_EQ(in_flight_calls, 1) << "the work beside the rows' transfer runs once";
 
   // Every received row is a token of its source that chose the slot's expert; count them.
   ASSERT_EQ(rows.num_experts(), static_cast<int64_t>(table.slots(me).size()));
