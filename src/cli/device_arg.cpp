@@ -43,8 +43,9 @@ void add_offload_options(CLI::App* cmd, DeviceArgs* args) {
 void add_expert_parallel_option(CLI::App* cmd, DeviceArgs* args) {
   cmd->add_option("--ep", args->ep,
                   "Expert parallelism: shard the routed experts over N ranks (CPU), launched as "
-                  "`mpirun -np N moeinfer ... --ep N`; every rank runs the sequence, rank 0 "
-                  "prints")
+                  "`mpirun -np N moeinfer ... --ep N`; generate and logits run the sequence on "
+                  "every rank, serve and bench give each rank its own requests (attention "
+                  "data-parallel); rank 0 prints and serves HTTP")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_option("--placement", args->placement,
@@ -68,6 +69,22 @@ parallel::Communicator* DeviceArgs::expert_parallel() const {
   MOE_CHECK(world.size() == ep, "--ep ", ep, " but this job has ", world.size(),
             " rank(s): launch it as `mpirun -np ", ep, " moeinfer ... --ep ", ep, "`");
   return &world;
+}
+
+std::unique_ptr<Engine> load_expert_parallel_engine(const std::filesystem::path& dir,
+                                                    const EngineConfig& config,
+                                                    const DeviceArgs& device) {
+  config.validate();
+  parallel::Communicator* comm = device.expert_parallel();
+  MOE_CHECK(comm != nullptr, "load_expert_parallel_engine without --ep N (N > 1)");
+  MOE_CHECK(config.device == "cpu", "--ep ", device.ep,
+            " on cuda is not built yet: expert parallelism runs on CPU ranks (--device cpu)");
+  auto model = Model::load(dir, LoadOptions{});
+  Decoder& decoder = model->decoder();
+  decoder.set_offload(config.offload, config.max_num_seqs);  // refuses a budget under --ep
+  decoder.set_expert_parallel(comm, device.expert_placement(decoder));
+  return std::make_unique<Engine>(std::move(model), Tokenizer::from_file(dir / "tokenizer.json"),
+                                  config);
 }
 
 bool DeviceArgs::is_output_rank() const {

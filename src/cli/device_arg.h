@@ -16,6 +16,7 @@
 #include "offload/offload_options.h"
 #include "parallel/communicator.h"
 #include "parallel/placement.h"
+#include "runtime/engine.h"
 
 namespace moeinfer::cli {
 
@@ -42,9 +43,15 @@ struct DeviceArgs {
 void add_device_options(CLI::App* cmd, DeviceArgs* args);
 // Adds --expert-budget and --expert-cache (the subcommands that run a model's experts).
 void add_offload_options(CLI::App* cmd, DeviceArgs* args);
-// Adds --ep N and --placement FILE (the subcommands that run one sequence on every rank:
-// generate, logits).
+// Adds --ep N and --placement FILE (generate and logits run one sequence on every rank; serve and
+// bench give each rank its own engine and requests).
 void add_expert_parallel_option(CLI::App* cmd, DeviceArgs* args);
+
+// A CPU engine over the checkpoint in `dir` whose decoder is expert-parallel over the job of
+// --ep ranks (DeviceArgs::expert_parallel(), checked), with --placement when given.
+std::unique_ptr<Engine> load_expert_parallel_engine(const std::filesystem::path& dir,
+                                                    const EngineConfig& config,
+                                                    const DeviceArgs& device);
 
 // One sequence's forward passes over its own KV cache, on the CPU or the GPU.
 class SequenceRunner {

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <numeric>
+#include <thread>
+#include <utility>
 
 #include "core/error.h"
 
@@ -23,6 +25,22 @@ uint8_t* no_data() {
 
 uint8_t* data_or_none(std::vector<uint8_t>& bytes) {
   return bytes.empty() ? no_data() : bytes.data();
+}
+
+// Step 4's first part: every rank's report size, and whether any rank still has work.
+std::pair<std::vector<int64_t>, bool> gather_sizes(parallel::Communicator& comm, int64_t size,
+                                                   bool has_work) {
+  const int N = comm.size();
+  const int64_t mine[2] = {size, has_work ? 1 : 0};
+  std::vector<int64_t> all(2 * static_cast<size_t>(N));
+  comm.all_gather(mine, all.data(), sizeof(mine));
+  std::vector<int64_t> sizes(N);
+  bool any_work = false;
+  for (int r = 0; r < N; ++r) {
+    sizes[r] = all[2 * r];
+    any_work = any_work || all[2 * r + 1] != 0;
+  }
+  return {sizes, any_work};
 }
 
 }  // namespace
@@ -172,9 +190,7 @@ std::vector<RequestOutput> EngineRanks::step() {
 
 std::vector<RequestOutput> EngineRanks::gather_reports(RankReport mine) {
   const int N = comm_->size();
-  std::vector<int64_t> sizes(N, 0);
-  const int64_t none = 0;
-  comm_->all_gather(&none, sizes.data(), sizeof(int64_t));
+  const std::vector<int64_t> sizes = gather_sizes(*comm_, 0, mine.load.has_unfinished).first;
   std::vector<int64_t> send_bytes(N, 0);
   std::vector<uint8_t> recv(static_cast<size_t>(std::accumulate(sizes.begin(), sizes.end(), int64_t{0})));
   comm_->all_to_allv(no_data(), send_bytes, data_or_none(recv), sizes);
@@ -239,7 +255,9 @@ void follow_rank_zero(Engine& engine, parallel::Communicator& comm) {
             "serving over several ranks needs an expert-parallel decoder on each");
   RankEngine rank(engine);
   const std::vector<int64_t> no_bytes(N, 0);
+  bool job_idle = false;  // no rank had work after the last round: rank 0 paces the next
   while (true) {
+    if (job_idle) std::this_thread::sleep_for(kIdleRoundPeriod);
     std::vector<int64_t> header(kOrderBytes + N, 0);
     header[kWant] = engine.has_unfinished();
     comm.all_reduce_sum(header);
@@ -251,11 +269,12 @@ void follow_rank_zero(Engine& engine, parallel::Communicator& comm) {
       if (!recv.empty()) rank.apply(decode_orders(recv));
     }
     if (header[kStop] > 0) return;
-    if (header[kWant] == 0) continue;
-    std::vector<uint8_t> report = encode_report(rank.step());
+    job_idle = header[kWant] == 0;
+    if (job_idle) continue;
+    const RankReport step = rank.step();
+    std::vector<uint8_t> report = encode_report(step);
     const int64_t size = static_cast<int64_t>(report.size());
-    std::vector<int64_t> sizes(N, 0);
-    comm.all_gather(&size, sizes.data(), sizeof(int64_t));
+    job_idle = !gather_sizes(comm, size, step.load.has_unfinished).second;
     std::vector<int64_t> send_bytes(N, 0);
     send_bytes[0] = size;
     comm.all_to_allv(data_or_none(report), send_bytes, no_data(), no_bytes);

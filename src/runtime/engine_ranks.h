@@ -8,14 +8,18 @@
 //   2. all_to_allv of rank 0's orders (new requests, aborts; rank_link.h) to their ranks;
 //   3. every rank's Engine::step(), one forward each (of zero tokens on a rank with nothing
 //      scheduled), so that every MoE layer's dispatch and combine meet on every rank;
-//   4. all_gather of the reports' sizes, all_to_allv of the reports (outputs, requests that
-//      started, refusals, load) to rank 0.
-// A rank with work never waits for one without: rank 0 starts the next round at once whenever a
-// report says that some rank still has work. Rank 0 sends a new request to the least-loaded rank
+//   4. all_gather of the reports' sizes and of whether each rank still has work, all_to_allv of
+//      the reports (outputs, requests that started, refusals, load) to rank 0.
+// A rank with work never waits for one without: the next round starts at once whenever some
+// rank still has work. An idle job runs a round of step 1 alone every kIdleRoundPeriod: the
+// Communicator's collectives block, and MPI busy-polls inside them, so a rank left waiting in
+// one for the next request would burn its core; instead every rank sleeps between idle rounds,
+// and a request arriving at an idle job waits at most that period for the others to join. Rank 0 sends a new request to the least-loaded rank
 // (rank_link.h); a constrained request (response_format) stays on rank 0, whose engine holds its
 // compiled grammar. Request ids are rank 0's; each rank maps them to its engine's.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <unordered_map>
@@ -27,6 +31,8 @@
 #include "runtime/rank_link.h"
 
 namespace moeinfer {
+
+inline constexpr std::chrono::milliseconds kIdleRoundPeriod{10};
 
 // One rank's engine under rank 0's request ids: takes orders, steps, reports.
 class RankEngine {
@@ -64,7 +70,8 @@ class EngineRanks {
   // least-loaded rank; it reaches that rank at the next step().
   RequestId add_request(std::vector<int32_t> prompt, const GenerationParams& params);
   void abort_request(RequestId id);
-  // One round (above); the outputs of every rank.
+  // One round (above); the outputs of every rank. When no rank has work, only step 1 runs: call
+  // it every kIdleRoundPeriod while idle, as the other ranks join one that often.
   std::vector<RequestOutput> step();
   // Requests a rank's engine refused when they arrived, since the last call.
   std::vector<RankRefusal> take_refused();
