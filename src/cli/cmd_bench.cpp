@@ -457,7 +457,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_flag("--no-cuda-graphs,--enforce-eager", args->no_cuda_graphs,
                 "cuda: launch every decode step's kernels instead of replaying graphs (vLLM's "
                 "--enforce-eager)");
-  cmd->callback([args] { run_bench(*args); });
+  cmd->callback([args] { end_job_on_error(args->device.ep > 1, [&] { run_bench(*args); }); });
 }
 
 }  // namespace moeinfer::cli

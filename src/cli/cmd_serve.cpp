@@ -95,6 +95,44 @@ void follow_as_rank(Engine& engine, parallel::Communicator& ranks) {
   std::fprintf(stderr, "moeinfer serve: rank %d stopped\n", ranks.rank());
 }
 
+// Loads the engine and serves (rank 0, or one process) or follows rank 0 (ranks > 0 of --ep).
+void serve_as_rank(const ServeArgs& args, const std::filesystem::path& dir, bool synthetic,
+                   parallel::Communicator* ranks) {
+  const std::string synthetic_name =
+      synthetic ? args.model.substr(std::string("synthetic:").size()) : "";
+  std::unique_ptr<Engine> engine;
+  if (ranks) {
+    engine = load_expert_parallel_engine(dir, args.engine, args.device);
+  } else if (synthetic) {
+    engine = Engine::load_synthetic(synthetic_name, args.layers,
+                                    {.zipf_exponent = parse_routing_skew(args.routing_skew)},
+                                    args.engine);
+  } else {
+    engine = Engine::load(dir, args.engine, LoadOptions{});
+  }
+  if (ranks && ranks->rank() != 0) {
+    follow_as_rank(*engine, *ranks);
+    return;
+  }
+  server::Server server(std::move(engine), synthetic ? ChatConfig{} : load_chat_config(dir),
+                        args.server, ranks);
+  server.bind();
+  if (ranks) {
+    std::fprintf(stderr,
+                 "moeinfer serve: rank 0 of %d (pid %d) serves HTTP and spreads the requests over "
+                 "the ranks; SIGTERM to it drains every rank\n",
+                 ranks->size(), static_cast<int>(::getpid()));
+  }
+  {
+    SignalWatcher watcher([&](const char* name) {
+      std::fprintf(stderr, "moeinfer serve: %s, finishing requests in flight\n", name);
+      server.shutdown();
+    });
+    server.run();
+  }
+  std::fprintf(stderr, "moeinfer serve: stopped\n");
+}
+
 void run_serve(ServeArgs args) {
   args.engine.validate();
   MOE_CHECK(args.server.port >= 0 && args.server.port <= 65535,
@@ -129,37 +167,7 @@ void run_serve(ServeArgs args) {
   parallel::Communicator* ranks = args.device.expert_parallel();  // null without --ep
   MOE_CHECK(!ranks || !synthetic, "--ep ", args.device.ep,
             ": synthetic models are built on the GPU, and expert parallelism runs on CPU ranks");
-  std::unique_ptr<Engine> engine;
-  if (ranks) {
-    engine = load_expert_parallel_engine(dir, args.engine, args.device);
-  } else if (synthetic) {
-    engine = Engine::load_synthetic(synthetic_name, args.layers,
-                                    {.zipf_exponent = parse_routing_skew(args.routing_skew)},
-                                    args.engine);
-  } else {
-    engine = Engine::load(dir, args.engine, LoadOptions{});
-  }
-  if (ranks && ranks->rank() != 0) {
-    follow_as_rank(*engine, *ranks);
-    return;
-  }
-  server::Server server(std::move(engine), synthetic ? ChatConfig{} : load_chat_config(dir),
-                        args.server, ranks);
-  server.bind();
-  if (ranks) {
-    std::fprintf(stderr,
-                 "moeinfer serve: rank 0 of %d (pid %d) serves HTTP and spreads the requests over "
-                 "the ranks; SIGTERM to it drains every rank\n",
-                 ranks->size(), static_cast<int>(::getpid()));
-  }
-  {
-    SignalWatcher watcher([&](const char* name) {
-      std::fprintf(stderr, "moeinfer serve: %s, finishing requests in flight\n", name);
-      server.shutdown();
-    });
-    server.run();
-  }
-  std::fprintf(stderr, "moeinfer serve: stopped\n");
+  end_job_on_error(ranks != nullptr, [&] { serve_as_rank(args, dir, synthetic, ranks); });
 }
 
 #else

@@ -1,6 +1,8 @@
 #include "cli/device_arg.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 
 #include "core/error.h"
 #include "offload/parse_options.h"
@@ -69,6 +71,17 @@ parallel::Communicator* DeviceArgs::expert_parallel() const {
   MOE_CHECK(world.size() == ep, "--ep ", ep, " but this job has ", world.size(),
             " rank(s): launch it as `mpirun -np ", ep, " moeinfer ... --ep ", ep, "`");
   return &world;
+}
+
+void end_job_on_error(bool expert_parallel, const std::function<void()>& body) {
+  if (!expert_parallel) return body();
+  try {
+    body();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "moeinfer: error: %s\n", e.what());
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
 }
 
 std::unique_ptr<Engine> load_expert_parallel_engine(const std::filesystem::path& dir,

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -46,6 +47,12 @@ void add_offload_options(CLI::App* cmd, DeviceArgs* args);
 // Adds --ep N and --placement FILE (generate and logits run one sequence on every rank; serve and
 // bench give each rank its own engine and requests).
 void add_expert_parallel_option(CLI::App* cmd, DeviceArgs* args);
+
+// Runs body; under --ep (expert_parallel) an error it throws ends the process at once with
+// status 1 after printing it as main does. The other ranks may be waiting for this one inside a
+// collective: returning to main would finalise MPI, which waits for them forever, while a rank
+// that exits without finalising makes mpirun end the whole job.
+void end_job_on_error(bool expert_parallel, const std::function<void()>& body);
 
 // A CPU engine over the checkpoint in `dir` whose decoder is expert-parallel over the job of
 // --ep ranks (DeviceArgs::expert_parallel(), checked), with --placement when given.

@@ -20,7 +20,8 @@ text does not depend on what else shares its step and must equal the one-process
   bench           `mpirun -np 2 moeinfer bench --ep 2` splits the batch over the ranks, prints
                   the job's throughput and writes it as JSON
   bad_flags       serve --ep 2 outside mpirun names the launch command; --ep with --device cuda
-                  and with --expert-budget are refused by name
+                  and with --expert-budget are refused by name; rank 0 failing alone (its port
+                  taken) ends the job instead of leaving rank 1 waiting
 
 Prints one line per check and a last line "N passed, M failed"; exits non-zero on any failure.
 """
@@ -34,6 +35,7 @@ import queue
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -300,6 +302,12 @@ def check_bad_flags(moeinfer: str) -> None:
         assert r.returncode != 0 and "--ep 2 on cuda" in r.stderr, (sub, r.stderr[-1000:])
     r = run([moeinfer, "serve", "--ep", "2", "--port", "0", "--expert-budget", "25%"], mpi=True)
     assert r.returncode != 0 and "--expert-budget" in r.stderr, r.stderr[-1500:]
+    # Rank 0 failing alone (its port is taken) ends the job while rank 1 waits for it.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        r = run([moeinfer, "serve", "--ep", "2", "--port", str(taken.getsockname()[1])], mpi=True)
+    assert r.returncode != 0 and "address in use" in r.stderr, r.stderr[-1500:]
 
 
 def main() -> int:
