@@ -319,9 +319,10 @@ void run_bench(const BenchArgs& args) {
       requests_per_rank.push_back(count);
       shares += (r ? " / " : "") + std::to_string(count);
     }
-    std::printf("expert parallel over %d ranks, requests per rank %s: throughput is the job's, "
-                "step shares are rank 0's\n",
-                ranks->size(), shares.c_str());
+    std::printf(
+        "expert parallel over %d ranks, requests per rank %s: throughput is the job's, "
+        "step shares are rank 0's\n",
+        ranks->size(), shares.c_str());
   }
   std::printf("%-34s %12.2f\n", "Prefill time (s):", prefill_s);
   std::printf("%-34s %12.1f\n", "Prefill throughput (tok/s):", prefill_tps);

@@ -9,6 +9,8 @@
 // requests over the ranks (runtime/engine_ranks.h), the others follow its steps until it stops.
 // mpirun hands a SIGTERM to every rank: rank 0 drains as above, the others keep stepping until
 // rank 0's last round.
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -17,8 +19,6 @@
 #include <functional>
 #include <string>
 #include <thread>
-
-#include <unistd.h>
 
 #include "cli/commands.h"
 #include "cli/device_arg.h"

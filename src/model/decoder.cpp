@@ -282,8 +282,7 @@ void Decoder::forward(const ForwardBatch& batch, KvBlockPool& pool, std::span<fl
   // through every layer, so that it joins each MoE layer's dispatch and combine.
   if (!batch.sequences.empty() || ep_ == nullptr) {
     check_forward_batch(
-        batch, V,
-        config_.max_position_embeddings > 0 ? config_.max_position_embeddings : INT64_MAX,
+        batch, V, config_.max_position_embeddings > 0 ? config_.max_position_embeddings : INT64_MAX,
         pool.num_blocks(), pool.block_size());
   }
   // Lay the step's tokens out as rows.

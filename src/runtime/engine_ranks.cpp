@@ -58,7 +58,8 @@ void RankEngine::apply(RankOrders orders) {
   }
   for (RequestId id : orders.aborts) {
     // Unknown ids finished (their last output is on its way) or were refused.
-    if (const auto it = local_of_.find(id); it != local_of_.end()) engine_.abort_request(it->second);
+    if (const auto it = local_of_.find(id); it != local_of_.end())
+      engine_.abort_request(it->second);
   }
 }
 
@@ -142,7 +143,8 @@ void EngineRanks::abort_request(RequestId id) {
 bool EngineRanks::has_unfinished() const {
   if (!comm_) return local_.has_unfinished();
   return local_.has_unfinished() ||
-         std::any_of(orders_.begin(), orders_.end(), [](const RankOrders& o) { return !o.empty(); }) ||
+         std::any_of(orders_.begin(), orders_.end(),
+                     [](const RankOrders& o) { return !o.empty(); }) ||
          std::any_of(status_.begin() + 1, status_.end(),
                      [](const RankStatus& s) { return s.load.has_unfinished; });
 }
@@ -175,7 +177,8 @@ bool EngineRanks::send_orders(bool stop) {
   header[kWant] = local_.has_unfinished() || any_orders;
   header[kStop] = stop;
   comm_->all_reduce_sum(header);
-  if (any_orders_in(header)) comm_->all_to_allv(data_or_none(send), send_bytes, no_data(), recv_bytes);
+  if (any_orders_in(header))
+    comm_->all_to_allv(data_or_none(send), send_bytes, no_data(), recv_bytes);
   rank_zero_->apply(std::move(orders_[0]));
   orders_[0] = {};
   return !stop && header[kWant] > 0;
@@ -192,7 +195,8 @@ std::vector<RequestOutput> EngineRanks::gather_reports(RankReport mine) {
   const int N = comm_->size();
   const std::vector<int64_t> sizes = gather_sizes(*comm_, 0, mine.load.has_unfinished).first;
   std::vector<int64_t> send_bytes(N, 0);
-  std::vector<uint8_t> recv(static_cast<size_t>(std::accumulate(sizes.begin(), sizes.end(), int64_t{0})));
+  std::vector<uint8_t> recv(
+      static_cast<size_t>(std::accumulate(sizes.begin(), sizes.end(), int64_t{0})));
   comm_->all_to_allv(no_data(), send_bytes, data_or_none(recv), sizes);
   std::vector<RequestOutput> outputs;
   take_report(0, std::move(mine), outputs);

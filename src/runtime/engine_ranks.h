@@ -14,9 +14,10 @@
 // rank still has work. An idle job runs a round of step 1 alone every kIdleRoundPeriod: the
 // Communicator's collectives block, and MPI busy-polls inside them, so a rank left waiting in
 // one for the next request would burn its core; instead every rank sleeps between idle rounds,
-// and a request arriving at an idle job waits at most that period for the others to join. Rank 0 sends a new request to the least-loaded rank
-// (rank_link.h); a constrained request (response_format) stays on rank 0, whose engine holds its
-// compiled grammar. Request ids are rank 0's; each rank maps them to its engine's.
+// and a request arriving at an idle job waits at most that period for the others to join. Rank 0
+// sends a new request to the least-loaded rank (rank_link.h); a constrained request
+// (response_format) stays on rank 0, whose engine holds its compiled grammar. Request ids are rank
+// 0's; each rank maps them to its engine's.
 #pragma once
 
 #include <chrono>
@@ -93,8 +94,8 @@ class EngineRanks {
   Engine& local_;
   parallel::Communicator* comm_;
   std::optional<RankEngine> rank_zero_;
-  std::vector<RankOrders> orders_;  // [N] for the next round
-  std::vector<RankStatus> status_;  // [N]
+  std::vector<RankOrders> orders_;              // [N] for the next round
+  std::vector<RankStatus> status_;              // [N]
   std::unordered_map<RequestId, int> rank_of_;  // live requests
   std::unordered_set<RequestId> started_;
   std::vector<RankRefusal> refused_;

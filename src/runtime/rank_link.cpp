@@ -23,7 +23,7 @@ namespace {
 class ByteWriter {
  public:
   template <typename T>
-    requires std::is_arithmetic_v<T>
+  requires std::is_arithmetic_v<T>
   void put(T value) {
     const size_t at = bytes_.size();
     bytes_.resize(at + sizeof(T));
@@ -34,7 +34,7 @@ class ByteWriter {
     bytes_.insert(bytes_.end(), text.begin(), text.end());
   }
   template <typename T>
-    requires std::is_arithmetic_v<T>
+  requires std::is_arithmetic_v<T>
   void put(const std::vector<T>& values) {
     put<uint64_t>(values.size());
     const size_t at = bytes_.size();
@@ -51,8 +51,7 @@ class ByteReader {
  public:
   explicit ByteReader(std::span<const uint8_t> bytes) : bytes_(bytes) {}
   template <typename T>
-    requires std::is_arithmetic_v<T>
-  T get() {
+  requires std::is_arithmetic_v<T> T get() {
     need(sizeof(T), "a value");
     T value;
     std::memcpy(&value, bytes_.data() + at_, sizeof(T));
@@ -223,10 +222,10 @@ RequestOutput get_output(ByteReader& r) {
 }
 
 void put_load(ByteWriter& w, const RankLoad& l) {
-  for (int64_t v : {l.num_running, l.num_waiting, l.num_queued_tokens,
-                    static_cast<int64_t>(l.has_unfinished), l.prompt_tokens, l.generation_tokens,
-                    l.num_preemptions, l.kv_blocks, l.kv_used, l.kv_cached, l.prefix_queries,
-                    l.prefix_hits}) {
+  for (int64_t v :
+       {l.num_running, l.num_waiting, l.num_queued_tokens, static_cast<int64_t>(l.has_unfinished),
+        l.prompt_tokens, l.generation_tokens, l.num_preemptions, l.kv_blocks, l.kv_used,
+        l.kv_cached, l.prefix_queries, l.prefix_hits}) {
     w.put(v);
   }
 }

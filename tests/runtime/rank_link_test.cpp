@@ -48,10 +48,18 @@ RankOrders sample_orders() {
 
 RankReport sample_report() {
   RankReport report;
-  report.load = {.num_running = 2, .num_waiting = 5, .num_queued_tokens = 77,
-                 .has_unfinished = true, .prompt_tokens = 100, .generation_tokens = 50,
-                 .num_preemptions = 1, .kv_blocks = 64, .kv_used = 12, .kv_cached = 3,
-                 .prefix_queries = 40, .prefix_hits = 16};
+  report.load = {.num_running = 2,
+                 .num_waiting = 5,
+                 .num_queued_tokens = 77,
+                 .has_unfinished = true,
+                 .prompt_tokens = 100,
+                 .generation_tokens = 50,
+                 .num_preemptions = 1,
+                 .kv_blocks = 64,
+                 .kv_used = 12,
+                 .kv_cached = 3,
+                 .prefix_queries = 40,
+                 .prefix_hits = 16};
   RequestOutput out;
   out.id = 42;
   out.index = 2;
@@ -71,8 +79,8 @@ RankReport sample_report() {
   return report;
 }
 
-void expect_same_logprobs(const std::vector<TokenLogprob>& got,
-                          const std::vector<TokenLogprob>& want) {
+void expect_same_logprobs(const std::vector<TokenLogprob> &got,
+                          const std::vector<TokenLogprob> &want) {
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) {
     EXPECT_EQ(got[i].token, want[i].token);
@@ -177,7 +185,7 @@ TEST(RankLinkTest, ShortOrCorruptBytesAreRefused) {
     bytes[rng() % bytes.size()] ^= static_cast<uint8_t>(1 + rng() % 255);
     try {
       decode_report(bytes);
-    } catch (const Error&) {
+    } catch (const Error &) {
     }
   }
 }
@@ -224,7 +232,7 @@ TEST(RankLinkTest, RankEngineReportsUnderRankZeroIds) {
   std::map<RequestId, int64_t> tokens;
   std::map<RequestId, FinishReason> finish;
   for (RankReport report = std::move(first);; report = rank.step()) {
-    for (const RequestOutput& out : report.outputs) {
+    for (const RequestOutput &out : report.outputs) {
       ASSERT_TRUE(out.id == 1000 || out.id == 2000) << out.id;
       tokens[out.id] += static_cast<int64_t>(out.token_ids.size());
       if (out.last) finish[out.id] = out.finish;
