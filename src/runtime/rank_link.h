@@ -19,11 +19,10 @@ namespace moeinfer {
 
 // One rank's engine as rank 0 sees it after a step.
 struct RankLoad {
-  int64_t num_running = 0;  // sequences in the running batch
-  int64_t num_waiting = 0;  // sequences waiting to be scheduled
-  int64_t num_queued_tokens =
-      0;                        // tokens of live sequences not yet run (Engine::num_queued_tokens)
-  bool has_unfinished = false;  // the engine has work for a next step
+  int64_t num_running = 0;        // sequences in the running batch
+  int64_t num_waiting = 0;        // sequences waiting to be scheduled
+  int64_t num_queued_tokens = 0;  // tokens not yet run (Engine::num_queued_tokens)
+  bool has_unfinished = false;    // the engine has work for a next step
   // Counters and KV figures, summed over ranks for the server's own gauges.
   int64_t prompt_tokens = 0, generation_tokens = 0, num_preemptions = 0;
   int64_t kv_blocks = 0, kv_used = 0, kv_cached = 0, prefix_queries = 0, prefix_hits = 0;
