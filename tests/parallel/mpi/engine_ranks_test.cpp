@@ -2,6 +2,8 @@
 // 3): rank 0 drives EngineRanks over every rank's engine, the others follow_rank_zero. The
 // engines are batch-invariant (--deterministic), so each request's greedy text is the one a
 // single engine gives, whichever rank ran it and whatever shared its steps.
+#include "runtime/engine_ranks.h"
+
 #include <gtest/gtest.h>
 
 #include <map>
@@ -11,7 +13,6 @@
 #include "../../support/engine_runs.h"
 #include "model/model.h"
 #include "parallel/communicator.h"
-#include "runtime/engine_ranks.h"
 
 namespace moeinfer {
 namespace {
@@ -65,7 +66,8 @@ TEST(EngineRanksTest, RequestsSpreadOverRanksAndTheirOutputsComeHome) {
   std::map<std::pair<RequestId, int64_t>, testing::SequenceRun> got;
   for (int step = 0; ranks.has_unfinished(); ++step) {
     if (step == 5) ranks.abort_request(long_one);
-    for (const RequestOutput& out : ranks.step()) testing::add_output(got[{out.id, out.index}], out);
+    for (const RequestOutput& out : ranks.step())
+      testing::add_output(got[{out.id, out.index}], out);
   }
   EXPECT_TRUE(ranks.take_refused().empty());
   for (const auto& [key, run] : got) {
