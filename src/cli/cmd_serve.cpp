@@ -7,8 +7,9 @@
 // `mpirun -np N moeinfer serve --ep N`: expert parallelism with attention data-parallel. Every
 // rank loads its engine over an expert-parallel decoder; rank 0 serves HTTP and spreads the
 // requests over the ranks (runtime/engine_ranks.h), the others follow its steps until it stops.
-// mpirun hands a SIGTERM to every rank: rank 0 drains as above, the others keep stepping until
-// rank 0's last round.
+// A SIGTERM to rank 0 drains the job as above; mpirun given one hands it to every rank (Open MPI
+// 4.1: odls_base_sigkill_timeout later, SIGKILL as long again after that): rank 0 drains, the
+// others keep stepping until rank 0's last round.
 #include <unistd.h>
 
 #include <atomic>
