@@ -10,6 +10,11 @@
 // bytes being every non-expert weight, the distinct experts the step's routing touched (read
 // back from the device), the LM head and the KV rows; prefill as (matrix FLOPs / GEMM peak) /
 // prefill time.
+//
+// `mpirun -np N moeinfer bench --ep N`: every rank has its own engine over an expert-parallel
+// decoder and runs its share of the B requests (B split as evenly as possible; the prompts are
+// one process's, dealt out in order), all ranks stepping together; rank 0 prints the combined
+// throughput (tokens of every rank over the slowest rank's times).
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -26,6 +31,7 @@
 #include "model/synthetic.h"
 #include "offload/cache_summary.h"
 #include "runtime/engine.h"
+#include "runtime/engine_ranks.h"
 
 namespace moeinfer::cli {
 namespace {
@@ -56,7 +62,20 @@ std::unique_ptr<Engine> load_engine(const BenchArgs& args, const EngineConfig& c
   }
   MOE_CHECK(args.layers == 0 && args.routing_skew.empty(),
             "--layers and --routing-skew apply to synthetic:NAME models only");
+  if (args.device.ep > 1) {
+    return load_expert_parallel_engine(resolve_model_dir(args.model), config, args.device);
+  }
   return Engine::load(resolve_model_dir(args.model), config, LoadOptions{});
+}
+
+// The requests rank r of N runs: [first, first + count) of the B, the first B % N ranks one more.
+struct RequestShare {
+  int64_t first = 0, count = 0;
+};
+
+RequestShare share_of(int64_t batch, int64_t rank, int64_t num_ranks) {
+  const int64_t base = batch / num_ranks, extra = batch % num_ranks;
+  return {rank * base + std::min(rank, extra), base + (rank < extra ? 1 : 0)};
 }
 
 // Adds B random prompts and runs them to the end; the observer sees each step's outputs.
@@ -66,13 +85,18 @@ struct RunTimes {
   std::vector<int32_t> expert_counts;  // GPU: [L, E] of a mid-run decode step
 };
 
-RunTimes run_workload(Engine& engine, const BenchArgs& args, int64_t output_len, uint64_t seed) {
+// comm: under --ep every rank runs its share and steps until every rank is done.
+RunTimes run_workload(Engine& engine, const BenchArgs& args, int64_t output_len, uint64_t seed,
+                      parallel::Communicator* comm = nullptr) {
   std::mt19937_64 rng(seed);
   const int64_t vocab = engine.model_config().vocab_size;
   std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(vocab - 1));
-  for (int64_t b = 0; b < args.batch; ++b) {
+  const RequestShare share =
+      comm ? share_of(args.batch, comm->rank(), comm->size()) : RequestShare{0, args.batch};
+  for (int64_t b = 0; b < share.first + share.count; ++b) {
     std::vector<int32_t> prompt(args.input_len);
     for (auto& id : prompt) id = token(rng);
+    if (b < share.first) continue;  // another rank's
     GenerationParams params{.max_tokens = output_len, .ignore_eos = true};
     params.sampling.temperature = args.temperature;
     params.sampling.seed = seed + static_cast<uint64_t>(b);
@@ -81,17 +105,21 @@ RunTimes run_workload(Engine& engine, const BenchArgs& args, int64_t output_len,
   }
   using Clock = std::chrono::steady_clock;
   RunTimes times;
+  if (comm) comm->barrier();  // one start for every rank's clock
   const auto start = Clock::now();
   auto prefilled = start;
   int64_t first_tokens = 0;
   bool counted = false;
-  while (engine.has_unfinished()) {
+  const auto more_steps = [&] {
+    return comm ? any_rank(*comm, engine.has_unfinished()) : engine.has_unfinished();
+  };
+  while (more_steps()) {
     for (const RequestOutput& out : engine.step()) {
       times.generated += static_cast<int64_t>(out.token_ids.size());
       if (out.num_output_tokens == 1 && !out.token_ids.empty()) ++first_tokens;
     }
     if (prefilled != start) ++times.decode_steps;
-    if (first_tokens == args.batch && prefilled == start) prefilled = Clock::now();
+    if (first_tokens == share.count && prefilled == start) prefilled = Clock::now();
     if (!counted && engine.gpu() && times.decode_steps == std::max<int64_t>(1, output_len / 2)) {
       times.expert_counts = engine.gpu_decoder()->expert_counts();
       counted = true;
@@ -102,6 +130,24 @@ RunTimes run_workload(Engine& engine, const BenchArgs& args, int64_t output_len,
   times.decode_s = std::chrono::duration<double>(done - prefilled).count();
   times.total_s = std::chrono::duration<double>(done - start).count();
   return times;
+}
+
+// Every rank's run as one: tokens summed, times the slowest rank's (the ranks step together, so
+// the job is done when its last rank is). Identity without --ep.
+RunTimes combine_ranks(const RunTimes& mine, parallel::Communicator* comm) {
+  if (comm == nullptr) return mine;
+  const double figures[3] = {mine.prefill_s, mine.total_s, static_cast<double>(mine.generated)};
+  std::vector<double> all(3 * static_cast<size_t>(comm->size()));
+  comm->all_gather(figures, all.data(), sizeof(figures));
+  RunTimes job = mine;
+  job.generated = 0;
+  for (int r = 0; r < comm->size(); ++r) {
+    job.prefill_s = std::max(job.prefill_s, all[3 * r]);
+    job.total_s = std::max(job.total_s, all[3 * r + 1]);
+    job.generated += static_cast<int64_t>(all[3 * r + 2]);
+  }
+  job.decode_s = job.total_s - job.prefill_s;
+  return job;
 }
 
 // Distinct experts a step touched, summed over layers, from [L, E] row counts.
@@ -218,6 +264,9 @@ void run_bench(const BenchArgs& args) {
       .cuda_graphs = !args.no_cuda_graphs,
       .deterministic = args.deterministic,
       .offload = args.device.offload()};
+  MOE_CHECK(args.device.ep == 1 || !synthetic, "--ep ", args.device.ep,
+            ": synthetic models are built on the GPU, and expert parallelism runs on CPU ranks");
+  parallel::Communicator* ranks = args.device.expert_parallel();  // null without --ep
   auto engine = load_engine(args, config);
   MOE_CHECK(args.input_len + args.output_len <= engine->max_model_len(),
             "--input-len + --output-len (", args.input_len + args.output_len,
@@ -229,7 +278,9 @@ void run_bench(const BenchArgs& args) {
     run_workload(*engine, args, std::min<int64_t>(args.output_len, 3), args.seed + 1);
   }
   const EngineStats before = engine->stats();
-  const RunTimes times = run_workload(*engine, args, args.output_len, args.seed);
+  const RunTimes times =
+      combine_ranks(run_workload(*engine, args, args.output_len, args.seed, ranks), ranks);
+  if (!args.device.is_output_rank()) return;
   EngineStats stats = engine->stats();
   stats.num_steps -= before.num_steps;
   stats.schedule_seconds -= before.schedule_seconds;
@@ -260,6 +311,19 @@ void run_bench(const BenchArgs& args) {
               args.device.device.c_str(), static_cast<long long>(args.batch),
               static_cast<long long>(args.input_len), static_cast<long long>(args.output_len),
               static_cast<long long>(stats.num_steps));
+  nlohmann::json requests_per_rank = nlohmann::json::array();
+  if (ranks) {
+    std::string shares;
+    for (int r = 0; r < ranks->size(); ++r) {
+      const int64_t count = share_of(args.batch, r, ranks->size()).count;
+      requests_per_rank.push_back(count);
+      shares += (r ? " / " : "") + std::to_string(count);
+    }
+    std::printf(
+        "expert parallel over %d ranks, requests per rank %s: throughput is the job's, "
+        "step shares are rank 0's\n",
+        ranks->size(), shares.c_str());
+  }
   std::printf("%-34s %12.2f\n", "Prefill time (s):", prefill_s);
   std::printf("%-34s %12.1f\n", "Prefill throughput (tok/s):", prefill_tps);
   std::printf("%-34s %12.2f\n", "Decode time (s):", decode_s);
@@ -332,6 +396,8 @@ void run_bench(const BenchArgs& args) {
                           {"device", args.device.device},
                           {"gpu", gpu_json.value("gpu", nlohmann::json())},
                           {"batch", args.batch},
+                          {"ep", args.device.ep},
+                          {"requests_per_rank", requests_per_rank},
                           {"input_len", args.input_len},
                           {"output_len", args.output_len},
                           {"prefill_seconds", prefill_s},
@@ -382,6 +448,7 @@ void add_bench_command(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 30));
   add_device_options(cmd, &args->device);
   add_offload_options(cmd, &args->device);
+  add_expert_parallel_option(cmd, &args->device);
   cmd->add_option("--layers", args->layers, "synthetic:NAME: keep only the first N layers");
   cmd->add_option("--routing-skew", args->routing_skew,
                   "synthetic:NAME: zipf:A makes each router prefer experts by a Zipf law");
@@ -391,7 +458,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_flag("--no-cuda-graphs,--enforce-eager", args->no_cuda_graphs,
                 "cuda: launch every decode step's kernels instead of replaying graphs (vLLM's "
                 "--enforce-eager)");
-  cmd->callback([args] { run_bench(*args); });
+  cmd->callback([args] { end_job_on_error(args->device.ep > 1, [&] { run_bench(*args); }); });
 }
 
 }  // namespace moeinfer::cli

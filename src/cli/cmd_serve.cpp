@@ -3,11 +3,21 @@
 // (server/server.h). Loopback only unless --host says otherwise. SIGTERM or SIGINT: stop taking
 // requests, finish the ones in flight (abort them after --shutdown-grace seconds), exit 0; a
 // second signal exits at once (128 + the signal).
+//
+// `mpirun -np N moeinfer serve --ep N`: expert parallelism with attention data-parallel. Every
+// rank loads its engine over an expert-parallel decoder; rank 0 serves HTTP and spreads the
+// requests over the ranks (runtime/engine_ranks.h), the others follow its steps until it stops.
+// A SIGTERM to rank 0 drains the job as above; mpirun given one hands it to every rank (Open MPI
+// 4.1: odls_base_sigkill_timeout later, SIGKILL as long again after that): rank 0 drains, the
+// others keep stepping until rank 0's last round.
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <thread>
 
@@ -18,6 +28,7 @@
 #include "io/chat_template.h"
 #include "model/synthetic.h"
 #include "runtime/engine.h"
+#include "runtime/engine_ranks.h"
 #include "server/server.h"
 
 namespace moeinfer::cli {
@@ -40,6 +51,89 @@ struct ServeArgs {
 };
 
 #if MOE_HAVE_HTTPLIB
+// Turns the first SIGTERM / SIGINT into on_first(signal name) and exits at once on the second
+// (128 + the signal), as an operator who presses Ctrl-C twice means; stops watching when it goes.
+class SignalWatcher {
+ public:
+  explicit SignalWatcher(std::function<void(const char*)> on_first)
+      : thread_([this, on_first = std::move(on_first)] {
+          bool first_seen = false;
+          while (!done_) {
+            if (const int sig = g_signal.exchange(0); sig != 0) {
+              const char* name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
+              if (first_seen) {
+                std::fprintf(stderr, "moeinfer serve: second %s, exiting now\n", name);
+                std::_Exit(128 + sig);
+              }
+              first_seen = true;
+              on_first(name);
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+          }
+        }) {}
+  ~SignalWatcher() {
+    done_ = true;
+    thread_.join();
+  }
+
+ private:
+  std::atomic<bool> done_{false};
+  std::thread thread_;
+};
+
+// A rank > 0 of serve --ep: steps with rank 0 until rank 0 stops (after its drain).
+void follow_as_rank(Engine& engine, parallel::Communicator& ranks) {
+  std::fprintf(stderr,
+               "moeinfer serve: rank %d of %d (pid %d), stepping with rank 0 (which serves HTTP)\n",
+               ranks.rank(), ranks.size(), static_cast<int>(::getpid()));
+  {
+    SignalWatcher watcher([&](const char* name) {
+      std::fprintf(stderr, "moeinfer serve: rank %d: %s, finishing with rank 0\n", ranks.rank(),
+                   name);
+    });
+    follow_rank_zero(engine, ranks);
+  }
+  std::fprintf(stderr, "moeinfer serve: rank %d stopped\n", ranks.rank());
+}
+
+// Loads the engine and serves (rank 0, or one process) or follows rank 0 (ranks > 0 of --ep).
+void serve_as_rank(const ServeArgs& args, const std::filesystem::path& dir, bool synthetic,
+                   parallel::Communicator* ranks) {
+  const std::string synthetic_name =
+      synthetic ? args.model.substr(std::string("synthetic:").size()) : "";
+  std::unique_ptr<Engine> engine;
+  if (ranks) {
+    engine = load_expert_parallel_engine(dir, args.engine, args.device);
+  } else if (synthetic) {
+    engine = Engine::load_synthetic(synthetic_name, args.layers,
+                                    {.zipf_exponent = parse_routing_skew(args.routing_skew)},
+                                    args.engine);
+  } else {
+    engine = Engine::load(dir, args.engine, LoadOptions{});
+  }
+  if (ranks && ranks->rank() != 0) {
+    follow_as_rank(*engine, *ranks);
+    return;
+  }
+  server::Server server(std::move(engine), synthetic ? ChatConfig{} : load_chat_config(dir),
+                        args.server, ranks);
+  server.bind();
+  if (ranks) {
+    std::fprintf(stderr,
+                 "moeinfer serve: rank 0 of %d (pid %d) serves HTTP and spreads the requests over "
+                 "the ranks; SIGTERM to it drains every rank\n",
+                 ranks->size(), static_cast<int>(::getpid()));
+  }
+  {
+    SignalWatcher watcher([&](const char* name) {
+      std::fprintf(stderr, "moeinfer serve: %s, finishing requests in flight\n", name);
+      server.shutdown();
+    });
+    server.run();
+  }
+  std::fprintf(stderr, "moeinfer serve: stopped\n");
+}
+
 void run_serve(ServeArgs args) {
   args.engine.validate();
   MOE_CHECK(args.server.port >= 0 && args.server.port <= 65535,
@@ -71,38 +165,10 @@ void run_serve(ServeArgs args) {
   sigaction(SIGINT, &action, nullptr);
   std::signal(SIGPIPE, SIG_IGN);  // a client that hangs up is a failed write, not a crash
 
-  auto engine =
-      synthetic ? Engine::load_synthetic(synthetic_name, args.layers,
-                                         {.zipf_exponent = parse_routing_skew(args.routing_skew)},
-                                         args.engine)
-                : Engine::load(dir, args.engine, LoadOptions{});
-  server::Server server(std::move(engine), synthetic ? ChatConfig{} : load_chat_config(dir),
-                        args.server);
-  server.bind();
-
-  std::atomic<bool> done{false};
-  // The first signal drains (requests in flight finish within --shutdown-grace); a second one
-  // exits at once, as an operator who presses Ctrl-C twice means.
-  std::thread signal_thread([&] {
-    bool draining = false;
-    while (!done) {
-      if (const int sig = g_signal.exchange(0); sig != 0) {
-        const char* name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
-        if (draining) {
-          std::fprintf(stderr, "moeinfer serve: second %s, exiting now\n", name);
-          std::_Exit(128 + sig);
-        }
-        std::fprintf(stderr, "moeinfer serve: %s, finishing requests in flight\n", name);
-        draining = true;
-        server.shutdown();
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-  });
-  server.run();
-  done = true;
-  signal_thread.join();
-  std::fprintf(stderr, "moeinfer serve: stopped\n");
+  parallel::Communicator* ranks = args.device.expert_parallel();  // null without --ep
+  MOE_CHECK(!ranks || !synthetic, "--ep ", args.device.ep,
+            ": synthetic models are built on the GPU, and expert parallelism runs on CPU ranks");
+  end_job_on_error(ranks != nullptr, [&] { serve_as_rank(args, dir, synthetic, ranks); });
 }
 
 #else
@@ -171,6 +237,7 @@ void add_serve_command(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 30));
   add_device_options(cmd, &args->device);
   add_offload_options(cmd, &args->device);
+  add_expert_parallel_option(cmd, &args->device);
   cmd->add_option("--layers", args->layers, "synthetic:NAME: keep only the first N layers");
   cmd->add_option("--routing-skew", args->routing_skew,
                   "synthetic:NAME: zipf:A makes each router prefer experts by a Zipf law");

@@ -1,6 +1,8 @@
 #include "cli/device_arg.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 
 #include "core/error.h"
 #include "offload/parse_options.h"
@@ -44,8 +46,9 @@ void add_offload_options(CLI::App* cmd, DeviceArgs* args) {
 void add_expert_parallel_option(CLI::App* cmd, DeviceArgs* args) {
   cmd->add_option("--ep", args->ep,
                   "Expert parallelism: shard the routed experts over N ranks (CPU), launched as "
-                  "`mpirun -np N moeinfer ... --ep N`; every rank runs the sequence, rank 0 "
-                  "prints")
+                  "`mpirun -np N moeinfer ... --ep N`; generate and logits run the sequence on "
+                  "every rank, serve and bench give each rank its own requests (attention "
+                  "data-parallel); rank 0 prints and serves HTTP")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_option("--placement", args->placement,
@@ -57,10 +60,7 @@ void add_expert_parallel_option(CLI::App* cmd, DeviceArgs* args) {
       ->check(CLI::IsMember({"on", "off"}));
 }
 
-bool DeviceArgs::overlap_shared_experts() const {
-  MOE_CHECK(overlap.empty() || ep > 1, "--overlap ", overlap, " needs --ep N with N > 1");
-  return overlap != "off";
-}
+bool DeviceArgs::overlap_shared_experts() const { return overlap != "off"; }
 
 std::optional<parallel::ExpertPlacement> DeviceArgs::expert_placement(
     const Decoder& decoder) const {
@@ -71,6 +71,7 @@ std::optional<parallel::ExpertPlacement> DeviceArgs::expert_placement(
 }
 
 parallel::Communicator* DeviceArgs::expert_parallel() const {
+  MOE_CHECK(overlap.empty() || ep > 1, "--overlap ", overlap, " needs --ep N with N > 1");
   if (ep == 1) return nullptr;
   MOE_CHECK(!is_cuda(), "--ep ", ep, " on cuda is not built yet: expert parallelism runs on CPU "
             "ranks (--device cpu)");
@@ -78,6 +79,34 @@ parallel::Communicator* DeviceArgs::expert_parallel() const {
   MOE_CHECK(world.size() == ep, "--ep ", ep, " but this job has ", world.size(),
             " rank(s): launch it as `mpirun -np ", ep, " moeinfer ... --ep ", ep, "`");
   return &world;
+}
+
+void end_job_on_error(bool expert_parallel, const std::function<void()>& body) {
+  if (!expert_parallel) return body();
+  try {
+    body();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "moeinfer: error: %s\n", e.what());
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
+}
+
+std::unique_ptr<Engine> load_expert_parallel_engine(const std::filesystem::path& dir,
+                                                    const EngineConfig& config,
+                                                    const DeviceArgs& device) {
+  config.validate();
+  parallel::Communicator* comm = device.expert_parallel();
+  MOE_CHECK(comm != nullptr, "load_expert_parallel_engine without --ep N (N > 1)");
+  MOE_CHECK(config.device == "cpu", "--ep ", device.ep,
+            " on cuda is not built yet: expert parallelism runs on CPU ranks (--device cpu)");
+  auto model = Model::load(dir, LoadOptions{});
+  Decoder& decoder = model->decoder();
+  decoder.set_offload(config.offload, config.max_num_seqs);  // refuses a budget under --ep
+  decoder.set_expert_parallel(comm, device.expert_placement(decoder),
+                              device.overlap_shared_experts());
+  return std::make_unique<Engine>(std::move(model), Tokenizer::from_file(dir / "tokenizer.json"),
+                                  config);
 }
 
 bool DeviceArgs::is_output_rank() const {
@@ -113,11 +142,10 @@ SequenceRunner::SequenceRunner(Model& model, const DeviceArgs& device, int64_t m
   const offload::OffloadOptions offload = device.offload();
   // Checked on both devices, so that a flag the GPU path cannot take is refused, not ignored.
   parallel::Communicator* const expert_parallel = device.expert_parallel();
-  const bool overlap = device.overlap_shared_experts();
   if (!device.is_cuda()) {
     model.decoder().set_offload(offload, /*max_step_tokens=*/1);
     model.decoder().set_expert_parallel(expert_parallel, device.expert_placement(model.decoder()),
-                                        overlap);
+                                        device.overlap_shared_experts());
     cache_.emplace(model.decoder().make_cache(capacity_));
     capacity_ = cache_->max_tokens();
     return;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -16,6 +17,7 @@
 #include "offload/offload_options.h"
 #include "parallel/communicator.h"
 #include "parallel/placement.h"
+#include "runtime/engine.h"
 
 namespace moeinfer::cli {
 
@@ -31,7 +33,8 @@ struct DeviceArgs {
   // Under --ep: whether the shared experts run while the dispatch's rows are in flight.
   bool overlap_shared_experts() const;
   bool is_cuda() const { return device == "cuda"; }
-  // The job's communicator under --ep N (launched as N ranks by mpirun; checked), else null.
+  // The job's communicator under --ep N (launched as N ranks by mpirun; checked, with the flags
+  // that need --ep), else null.
   parallel::Communicator* expert_parallel() const;
   // --placement FILE read for `decoder`'s MoE layers over --ep ranks; empty without the flag.
   std::optional<parallel::ExpertPlacement> expert_placement(const Decoder& decoder) const;
@@ -45,9 +48,21 @@ struct DeviceArgs {
 void add_device_options(CLI::App* cmd, DeviceArgs* args);
 // Adds --expert-budget and --expert-cache (the subcommands that run a model's experts).
 void add_offload_options(CLI::App* cmd, DeviceArgs* args);
-// Adds --ep N and --placement FILE (the subcommands that run one sequence on every rank:
-// generate, logits).
+// Adds --ep N and --placement FILE (generate and logits run one sequence on every rank; serve and
+// bench give each rank its own engine and requests).
 void add_expert_parallel_option(CLI::App* cmd, DeviceArgs* args);
+
+// Runs body; under --ep (expert_parallel) an error it throws ends the process at once with
+// status 1 after printing it as main does. The other ranks may be waiting for this one inside a
+// collective: returning to main would finalise MPI, which waits for them forever, while a rank
+// that exits without finalising makes mpirun end the whole job.
+void end_job_on_error(bool expert_parallel, const std::function<void()>& body);
+
+// A CPU engine over the checkpoint in `dir` whose decoder is expert-parallel over the job of
+// --ep ranks (DeviceArgs::expert_parallel(), checked), with --placement when given.
+std::unique_ptr<Engine> load_expert_parallel_engine(const std::filesystem::path& dir,
+                                                    const EngineConfig& config,
+                                                    const DeviceArgs& device);
 
 // One sequence's forward passes over its own KV cache, on the CPU or the GPU.
 class SequenceRunner {

@@ -275,9 +275,13 @@ void Decoder::forward(const ForwardBatch& batch, KvBlockPool& pool, std::span<fl
             "KV pool shape (", pool.num_layers(), " layers, width ", pool.key_width(),
             ") does not fit the model (", config_.num_layers, " layers, width ", key_width, ")");
 
-  check_forward_batch(
-      batch, V, config_.max_position_embeddings > 0 ? config_.max_position_embeddings : INT64_MAX,
-      pool.num_blocks(), pool.block_size());
+  // Under expert parallelism a rank with nothing scheduled still runs the step: zero rows go
+  // through every layer, so that it joins each MoE layer's dispatch and combine.
+  if (!batch.sequences.empty() || ep_ == nullptr) {
+    check_forward_batch(
+        batch, V, config_.max_position_embeddings > 0 ? config_.max_position_embeddings : INT64_MAX,
+        pool.num_blocks(), pool.block_size());
+  }
   // Lay the step's tokens out as rows.
   slots_.sequence.clear();
   slots_.position.clear();
@@ -289,7 +293,6 @@ void Decoder::forward(const ForwardBatch& batch, KvBlockPool& pool, std::span<fl
     }
   }
   const int64_t T = static_cast<int64_t>(slots_.sequence.size());
-  MOE_CHECK(T > 0, "forward needs at least one token");
   const int64_t out_rows = num_logit_rows(batch);
   MOE_CHECK(static_cast<int64_t>(logits.size()) == out_rows * V, "logits buffer holds ",
             logits.size(), " floats, needs ", out_rows * V);

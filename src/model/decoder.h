@@ -89,7 +89,9 @@ class Decoder {
   // One step for several sequences at once: every sequence's new tokens run through the layers
   // together (so each expert sees the rows of all sequences), each attending over its own blocks
   // in `pool`. logits: one row per sequence that wants logits (its last token), or with
-  // batch.all_positions one row per new token of those sequences, in batch order.
+  // batch.all_positions one row per new token of those sequences, in batch order. Under expert
+  // parallelism the batch may be empty (no sequences, no logits): the rank then only serves the
+  // other ranks' rows in every MoE layer.
   void forward(const ForwardBatch& batch, KvBlockPool& pool, std::span<float> logits);
   // Rows of logits that forward(batch, ...) writes.
   static int64_t num_logit_rows(const ForwardBatch& batch);

@@ -214,7 +214,7 @@ Engine::Engine(std::unique_ptr<Model> model, std::unique_ptr<GpuDecoder> gpu, To
   }
 }
 
-RequestId Engine::add_request(std::vector<int32_t> prompt, const GenerationParams& params) {
+void Engine::check_request(std::span<const int32_t> prompt, const GenerationParams& params) const {
   const int64_t n = static_cast<int64_t>(prompt.size());
   MOE_CHECK(n > 0, "the prompt has no tokens");
   MOE_CHECK(n < max_model_len_, "the prompt has ", n, " tokens but the context holds ",
@@ -236,13 +236,18 @@ RequestId Engine::add_request(std::vector<int32_t> prompt, const GenerationParam
   for (const auto& [token, bias] : params.sampling.logit_bias) {
     MOE_CHECK(token < V, "logit_bias token id ", token, " outside the vocabulary of ", V);
   }
-  if (params.grammar && !token_trie_) {
-    token_trie_ = std::make_unique<TokenTrie>(TokenTrie::from_tokenizer(tokenizer_));
-  }
   const int64_t longest = std::min(n + params.max_tokens, max_model_len_);
   MOE_CHECK(blocks_.blocks_for(longest) <= blocks_.num_blocks(), "a request of ", longest,
             " tokens needs ", blocks_.blocks_for(longest), " KV blocks but the pool has ",
             blocks_.num_blocks());
+}
+
+RequestId Engine::add_request(std::vector<int32_t> prompt, const GenerationParams& params) {
+  check_request(prompt, params);
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  if (params.grammar && !token_trie_) {
+    token_trie_ = std::make_unique<TokenTrie>(TokenTrie::from_tokenizer(tokenizer_));
+  }
 
   const RequestId group = next_id_;
   Group& g = groups_[group];
@@ -296,6 +301,16 @@ bool Engine::has_started(RequestId id) const {
   });
 }
 
+bool Engine::steps_collectively() const {
+  return model_ && !gpu_ && model_->decoder().expert_parallel() != nullptr;
+}
+
+int64_t Engine::num_queued_tokens() const {
+  int64_t tokens = 0;
+  for (const auto& [id, r] : requests_) tokens += r->num_uncomputed();
+  return tokens;
+}
+
 EngineStats Engine::stats() const {
   EngineStats s = totals_;
   s.num_running = scheduler_.num_running();
@@ -315,7 +330,11 @@ std::vector<RequestOutput> Engine::step() {
   const SchedulerOutput scheduled = scheduler_.schedule();
   const double schedule_seconds = seconds_since(start);
   totals_.schedule_seconds += schedule_seconds;
-  if (scheduled.empty()) return outputs;
+  if (scheduled.empty()) {
+    // The other ranks' tokens still pass through this rank's experts.
+    if (steps_collectively()) model_->decoder().forward(ForwardBatch{}, pool_, {});
+    return outputs;
+  }
   if (profiler_) {
     profiler_->begin_step(scheduled.num_tokens);
     profiler_->add_time(profile::Stage::kSchedule, static_cast<int64_t>(schedule_seconds * 1e9));

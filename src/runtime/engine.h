@@ -144,19 +144,28 @@ class Engine {
   // the context, bad sampling parameters, or a sequence that could not fit the KV pool even
   // alone. Generation stops at max_tokens or at the context's end.
   RequestId add_request(std::vector<int32_t> prompt, const GenerationParams& params);
+  // The checks add_request makes, without queueing anything: throws what it would throw.
+  void check_request(std::span<const int32_t> prompt, const GenerationParams& params) const;
   // Ends every sequence of a request; their last outputs (finish reason abort) come from the
   // next step(). Unknown or finished ids are ignored.
   void abort_request(RequestId id);
   // One scheduling decision, one batched forward pass, one sampled token per sequence that
   // finished its prefill. Outputs only for sequences that produced something or finished; the
-  // output with `last` set is the request's final one.
+  // output with `last` set is the request's final one. Under expert parallelism
+  // (steps_collectively()) every step runs one forward, of zero tokens when nothing is
+  // scheduled: each MoE layer's dispatch and combine need every rank.
   std::vector<RequestOutput> step();
+  // Whether the decoder's MoE layers are collective over ranks (Decoder::set_expert_parallel),
+  // so that every rank's engine must step whenever one does.
+  bool steps_collectively() const;
 
   // Whether a sequence of request `id` has been scheduled at least once (it left the waiting
   // queue: vLLM's end of queue time); false for unknown and finished ids.
   bool has_started(RequestId id) const;
   bool has_unfinished() const { return !requests_.empty() || !aborted_.empty(); }
   int64_t num_unfinished() const { return static_cast<int64_t>(groups_.size()); }
+  // Tokens of live sequences not yet run through the model (prompts waiting, chunks left).
+  int64_t num_queued_tokens() const;
   EngineStats stats() const;
 
  private:

@@ -187,6 +187,12 @@ function drawCards(d) {
                 `${(xc.host_to_device_bytes / 1048576).toFixed(1)} MiB to device · ` +
                 `${(xc.stall_seconds * 1e3).toFixed(1)} ms stalled`]);
   }
+  // serve --ep N: a card per rank, each running its own requests.
+  (d.ranks || []).forEach((rank, i) => {
+    cards.push([`rank ${i}`, rank.running,
+                `running · ${rank.waiting} waiting · ${rank.assigned} assigned · ` +
+                `${rank.kv_used} / ${rank.kv_blocks} KV blocks`]);
+  });
   box.replaceChildren();
   for (const [k, v, s] of cards) {
     const card = document.createElement("div");

@@ -265,6 +265,11 @@ EngineSnapshot Metrics::snapshot() const {
           .prefix_hits = stats_.kv.prefix_hits};
 }
 
+void Metrics::set_rank_figures(std::vector<RankFigures> ranks) {
+  std::lock_guard lock(mutex_);
+  ranks_ = std::move(ranks);
+}
+
 std::string Metrics::render(const std::string& model_name) const {
   std::lock_guard lock(mutex_);
   std::string out;
@@ -286,6 +291,25 @@ std::string Metrics::render(const std::string& model_name) const {
   gauge("kv_cache_total_blocks", "KV-cache blocks in the pool.", stats_.kv.num_blocks);
   gauge("kv_cache_cached_blocks", "Free KV-cache blocks still holding a reusable prefix.",
         stats_.kv.num_cached);
+  if (!ranks_.empty()) {
+    // Expert parallelism: each rank runs its own requests (the figures above are their sums).
+    const auto per_rank = [&](const std::string& name, const char* type, const std::string& help,
+                              int64_t RankFigures::*field) {
+      header(out, p + name, type, help);
+      for (size_t r = 0; r < ranks_.size(); ++r) {
+        line(out, p + name, "rank=\"" + std::to_string(r) + "\"",
+             static_cast<double>(ranks_[r].*field));
+      }
+    };
+    per_rank("rank_num_requests_running", "gauge", "Sequences in each rank's running batch.",
+             &RankFigures::num_running);
+    per_rank("rank_num_requests_waiting", "gauge", "Sequences waiting on each rank.",
+             &RankFigures::num_waiting);
+    per_rank("rank_requests_assigned_total", "counter", "Requests sent to each rank.",
+             &RankFigures::num_assigned);
+    per_rank("rank_kv_cache_used_blocks", "gauge", "KV-cache blocks held on each rank.",
+             &RankFigures::kv_used);
+  }
   counter("prompt_tokens_total", "Prompt tokens of admitted requests.", stats_.prompt_tokens);
   counter("generation_tokens_total", "Tokens generated.", stats_.generation_tokens);
   counter("computed_tokens_total", "Tokens run through the model (prefill, recompute, decode).",
@@ -489,6 +513,15 @@ nlohmann::json Metrics::dashboard(const std::string& model_name) const {
                    {"finished", finished},
                    {"finished_total", num_finished},
                    {"rejected", rejected}};
+  json ranks = json::array();
+  for (const RankFigures& r : ranks_) {
+    ranks.push_back({{"running", r.num_running},
+                     {"waiting", r.num_waiting},
+                     {"assigned", r.num_assigned},
+                     {"kv_used", r.kv_used},
+                     {"kv_blocks", r.kv_blocks}});
+  }
+  d["ranks"] = ranks;  // empty in one process
   d["tokens"] = {{"prompt", stats_.prompt_tokens},
                  {"generation", stats_.generation_tokens},
                  {"computed", stats_.computed_tokens}};

@@ -75,11 +75,20 @@ struct EngineSnapshot {
   int64_t prefix_queries = 0, prefix_hits = 0;
 };
 
+// One rank's engine under expert parallelism (serve --ep N), as rank 0 last heard of it.
+struct RankFigures {
+  int64_t num_running = 0, num_waiting = 0;  // sequences
+  int64_t num_assigned = 0;                  // requests sent to the rank since the start
+  int64_t kv_used = 0, kv_blocks = 0;
+};
+
 class Metrics {
  public:
   explicit Metrics(const MetricsOptions& options = {});
 
   void set_engine_stats(const EngineStats& stats);  // after every step
+  // Under expert parallelism, after every step: [N] by rank (none: one process, no series).
+  void set_rank_figures(std::vector<RankFigures> ranks);
   void observe_ttft(double seconds);
   // One interval between two consecutive tokens of a sequence: one sample per output token
   // after the first (time_per_output_token_seconds and inter_token_latency_seconds).
@@ -120,6 +129,7 @@ class Metrics {
   mutable std::mutex mutex_;
   Clock::time_point start_ = Clock::now();
   EngineStats stats_;
+  std::vector<RankFigures> ranks_;
   // tpot_ and itl_ take the same per-token samples: vLLM has both names for them.
   Histogram ttft_, tpot_, itl_, e2e_, queue_, request_tpot_;
   Window ttft_window_, tpot_window_, itl_window_, e2e_window_;

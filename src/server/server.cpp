@@ -204,8 +204,10 @@ struct InFlight {
 
 }  // namespace
 
-Server::Server(std::unique_ptr<Engine> engine, ChatConfig chat, const ServerConfig& config)
+Server::Server(std::unique_ptr<Engine> engine, ChatConfig chat, const ServerConfig& config,
+               parallel::Communicator* expert_parallel)
     : engine_(std::move(engine)),
+      ranks_(*engine_, expert_parallel),
       chat_(std::move(chat)),
       config_(config),
       metrics_(MetricsOptions{.max_model_len = engine_->max_model_len()}),
@@ -244,9 +246,8 @@ Server::Server(std::unique_ptr<Engine> engine, ChatConfig chat, const ServerConf
               "' is not one of none, ", tool_call_format_names());
     tool_format_ = *format;
   }
-  const int64_t threads = config.num_http_threads > 0
-                              ? config.num_http_threads
-                              : engine_->config().max_num_seqs + config.max_queue + 16;
+  const int64_t threads =
+      config.num_http_threads > 0 ? config.num_http_threads : max_in_flight() + 16;
   http_->new_task_queue = [threads] {
     return new httplib::ThreadPool(static_cast<size_t>(threads));
   };
@@ -288,6 +289,10 @@ Server::~Server() {
     inbox_cv_.notify_all();
     engine_thread_.join();
   }
+}
+
+int64_t Server::max_in_flight() const {
+  return engine_->config().max_num_seqs * ranks_.num_ranks() + config_.max_queue;
 }
 
 int Server::bind() {
@@ -602,7 +607,7 @@ std::shared_ptr<Channel> Server::submit(std::vector<int32_t> prompt,
                                         const GenerationParams& params) {
   if (draining_)
     throw ApiError(503, "the server is shutting down", "unavailable", "", "shutting_down");
-  const int64_t limit = engine_->config().max_num_seqs + config_.max_queue;
+  const int64_t limit = max_in_flight();
   int64_t current = in_flight_.load();
   do {
     if (current >= limit) {
@@ -764,12 +769,18 @@ void Server::engine_loop() {
     bool stopping = false;
     {
       std::unique_lock lock(inbox_mutex_);
-      inbox_cv_.wait(lock, [&] {
-        return stop_engine_ || !inbox_.empty() || engine_->has_unfinished() || cancel_pending_ ||
+      const auto ready = [&] {
+        return stop_engine_ || !inbox_.empty() || ranks_.has_unfinished() || cancel_pending_ ||
                abort_all_;
-      });
+      };
+      // Idle under expert parallelism: the other ranks join a round every kIdleRoundPeriod.
+      if (ranks_.distributed()) {
+        inbox_cv_.wait_for(lock, kIdleRoundPeriod, ready);
+      } else {
+        inbox_cv_.wait(lock, ready);
+      }
       stopping = stop_engine_;
-      if (stopping && inbox_.empty() && !engine_->has_unfinished()) break;
+      if (stopping && inbox_.empty() && !ranks_.has_unfinished()) break;
       incoming.swap(inbox_);
     }
     for (Pending& p : incoming) {
@@ -778,7 +789,7 @@ void Server::engine_loop() {
         continue;
       }
       try {
-        const RequestId id = engine_->add_request(std::move(p.prompt), p.params);
+        const RequestId id = ranks_.add_request(std::move(p.prompt), p.params);
         live.emplace(id, p.channel);
       } catch (const std::exception& e) {
         p.channel->fail(ApiError(400, e.what()));
@@ -788,18 +799,24 @@ void Server::engine_loop() {
     if (cancel_pending_.exchange(false) || abort_all) {
       for (auto& [id, ch] : live) {
         if ((ch->cancel || abort_all) && !ch->abort_sent) {
-          engine_->abort_request(id);
+          ranks_.abort_request(id);
           ch->abort_sent = true;
           ch->shutdown_abort = !ch->cancel;
         }
       }
     }
-    if (engine_->has_unfinished()) {
+    if (ranks_.has_unfinished() || ranks_.distributed()) {
       std::vector<RequestOutput> outputs;
       const auto step_start = Clock::now();
       try {
-        outputs = engine_->step();
+        outputs = ranks_.step();
       } catch (const std::exception& e) {
+        if (ranks_.distributed()) {
+          // The other ranks wait inside this step's collectives: only ending the job frees them
+          // (mpirun ends every rank when one exits without finalising MPI).
+          std::fprintf(stderr, "moeinfer serve: engine step failed on rank 0: %s\n", e.what());
+          std::_Exit(1);
+        }
         // A failed step must not take the server down: end every live request and free its
         // blocks, then carry on with the next requests.
         std::fprintf(stderr, "moeinfer serve: engine step failed: %s\n", e.what());
@@ -809,13 +826,20 @@ void Server::engine_loop() {
           ch->fail(ApiError(500, std::string("engine failure: ") + e.what(), "internal_error"));
         live.clear();
       }
+      // A rank's engine refused a request that rank 0's engine accepted.
+      for (RankRefusal& refusal : ranks_.take_refused()) {
+        if (const auto it = live.find(refusal.id); it != live.end()) {
+          it->second->fail(ApiError(400, refusal.message));
+          live.erase(it);
+        }
+      }
       // Before any output reaches its client: a client that has its response sees the
       // counters of the step that made it.
-      metrics_.set_engine_stats(engine_->stats());
+      publish_engine_stats();
       const auto now = Clock::now();
       // Queue time ends with the step that first scheduled a request (vLLM's WAITING phase).
       for (auto& [id, ch] : live) {
-        if (!ch->started && engine_->has_started(id)) note_started(*ch, step_start);
+        if (!ch->started && ranks_.has_started(id)) note_started(*ch, step_start);
       }
       for (RequestOutput& out : outputs) {
         const auto it = live.find(out.id);
@@ -849,9 +873,24 @@ void Server::engine_loop() {
         if (finished) live.erase(it);
       }
     } else {
-      metrics_.set_engine_stats(engine_->stats());
+      publish_engine_stats();
     }
   }
+  ranks_.stop();  // the other ranks leave follow_rank_zero() and exit
+}
+
+void Server::publish_engine_stats() {
+  metrics_.set_engine_stats(ranks_.stats());
+  if (!ranks_.distributed()) return;
+  std::vector<RankFigures> figures;
+  for (const RankStatus& status : ranks_.ranks()) {
+    figures.push_back({.num_running = status.load.num_running,
+                       .num_waiting = status.load.num_waiting,
+                       .num_assigned = status.num_assigned,
+                       .kv_used = status.load.kv_used,
+                       .kv_blocks = status.load.kv_blocks});
+  }
+  metrics_.set_rank_figures(std::move(figures));
 }
 
 void Server::shutdown() {

@@ -9,6 +9,10 @@
 // Shutdown (SIGTERM): new requests get 503, requests in flight finish (or end with a 503 error
 // after the grace period), then the listener closes and run() returns. How connections are read
 // (deadlines, body limits, pipelining) is http_connection.h's.
+//
+// Under expert parallelism (--ep N) this is rank 0: the engine thread drives every rank's engine
+// through runtime/engine_ranks.h (each request runs on one rank, each step is a round of all of
+// them) and the other ranks run follow_rank_zero(); everything above is unchanged.
 #pragma once
 
 #include <atomic>
@@ -24,7 +28,9 @@
 #include <vector>
 
 #include "io/chat_template.h"
+#include "parallel/communicator.h"
 #include "runtime/engine.h"
+#include "runtime/engine_ranks.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
 #include "server/serving_log.h"
@@ -70,7 +76,10 @@ struct Channel;
 
 class Server {
  public:
-  Server(std::unique_ptr<Engine> engine, ChatConfig chat, const ServerConfig& config);
+  // expert_parallel: the job whose rank 0 this is (each rank's engine expert-parallel over it),
+  // or null for one process.
+  Server(std::unique_ptr<Engine> engine, ChatConfig chat, const ServerConfig& config,
+         parallel::Communicator* expert_parallel = nullptr);
   ~Server();
 
   // Binds host:port; returns the bound port. Throws moeinfer::Error when the port is taken.
@@ -116,8 +125,13 @@ class Server {
   std::shared_ptr<Channel> submit(std::vector<int32_t> prompt, const GenerationParams& params);
   void engine_loop();
   void shutdown_loop();
+  // The engines' figures to the metrics (per rank under expert parallelism).
+  void publish_engine_stats();
+  // Requests in flight at most: the running batches of every rank plus the queue.
+  int64_t max_in_flight() const;
 
   std::unique_ptr<Engine> engine_;
+  EngineRanks ranks_;  // every rank's engine (only engine_ in one process); engine thread only
   ChatConfig chat_;
   std::unique_ptr<ChatTemplate> template_;
   std::mutex template_mutex_;
