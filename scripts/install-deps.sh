@@ -9,13 +9,14 @@ $SUDO apt-get update -q
 # ocl-icd-opencl-dev: Debian's oneDNN CMake config (dnnl-config.cmake) calls find_package(OpenCL),
 # and configuring stops without it. ca-certificates: pip's HTTPS to the package index.
 # libopenmpi-dev, openmpi-bin: the MPI communicator of expert parallelism (CPU ranks, several
-# hosts) and the mpirun its tests launch.
+# hosts) and the mpirun its tests launch. iproute2: `ip netns`, the two namespaces ("hosts") that
+# an expert-parallel test runs its ranks in.
 $SUDO apt-get install -y -q --no-install-recommends \
   build-essential cmake ninja-build pkg-config git ca-certificates python3 python3-pip \
   clang libclang-rt-14-dev \
   nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev \
   libopenblas-dev libdnnl-dev ocl-icd-opencl-dev libpcre2-dev libutf8proc-dev \
-  libcpp-httplib-dev libopenmpi-dev openmpi-bin \
+  libcpp-httplib-dev libopenmpi-dev openmpi-bin iproute2 \
   chromium
 # Reference libraries for the differential tests (tokenizers, jinja2) and the fixture reader.
 PIP_FLAGS="--quiet --disable-pip-version-check"
