@@ -15,12 +15,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <numeric>
 #include <random>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../support/random_model.h"
@@ -53,9 +56,14 @@ struct HostCache {
   std::vector<uint8_t> prefetched, hot;
   std::vector<int64_t> clock{0, 0}, counters;
   CacheTables tables(int64_t S, CachePolicy policy) {
-    return {.slot_of = slot_of.data(), .owner = owner.data(), .last_use = last_use.data(),
-            .uses = uses.data(), .prefetched = prefetched.data(), .hot = hot.data(),
-            .num_slots = S, .policy = policy};
+    return {.slot_of = slot_of.data(),
+            .owner = owner.data(),
+            .last_use = last_use.data(),
+            .uses = uses.data(),
+            .prefetched = prefetched.data(),
+            .hot = hot.data(),
+            .num_slots = S,
+            .policy = policy};
   }
 };
 
@@ -279,12 +287,17 @@ void copy_moves_every_listed_expert() {
   DeviceBuffer<int32_t> d_experts(experts), d_slots(slot_ids),
       count(std::vector<int32_t>{static_cast<int32_t>(experts.size())});
   offload::cuda::copy_experts(
-      {.layout = {.gate_up_table = tables.get(), .down_table = tables.get(),
-                  .home_gate_up = d_home_gu.get(), .home_down = d_home_dn.get(),
-                  .slots = slots.as_bf16(), .gate_up_elems = gate_up_elems,
-                  .down_elems = down_elems, .num_experts = E},
+      {.layout = {.gate_up_table = tables.get(),
+                  .down_table = tables.get(),
+                  .home_gate_up = d_home_gu.get(),
+                  .home_down = d_home_dn.get(),
+                  .slots = slots.as_bf16(),
+                  .gate_up_elems = gate_up_elems,
+                  .down_elems = down_elems,
+                  .num_experts = E},
        .copies = {.experts = d_experts.get(), .slots = d_slots.get(), .count = count.get()},
-       .max_copies = E, .num_blocks = 3},
+       .max_copies = E,
+       .num_blocks = 3},
       nullptr);
   cuda::testing_util::synchronize();
   const std::vector<uint16_t> got = slots.download();
@@ -340,6 +353,38 @@ std::vector<std::vector<float>> run_schedule(GpuDecoder& gpu, const testing::Sch
   return out;
 }
 
+// A scripted run's logits and, per step, every MoE layer's expert choices as reported.
+struct RoutedRun {
+  std::vector<std::vector<float>> logits;
+  std::vector<std::vector<int32_t>> routing;  // [step] the layers' topk ids, in report order
+};
+
+RoutedRun run_schedule_routed(GpuDecoder& gpu, const testing::Schedule& s, int64_t V) {
+  RoutedRun run;
+  std::vector<int32_t> step_routing;
+  gpu.set_routing_observer([&](int64_t /*layer*/, const moe::Routing& routing) {
+    step_routing.insert(step_routing.end(), routing.topk_ids.begin(), routing.topk_ids.end());
+  });
+  for (const testing::ScheduledStep& step : s.steps) {
+    std::vector<float> logits(static_cast<size_t>(Decoder::num_logit_rows(step.batch) * V));
+    gpu.forward(step.batch, logits);
+    run.logits.push_back(std::move(logits));
+    run.routing.push_back(std::exchange(step_routing, {}));
+  }
+  gpu.set_routing_observer({});
+  return run;
+}
+
+// Token-layer routings (groups of top_k ids) that differ between two reports of one step.
+int64_t differing_routings(std::span<const int32_t> a, std::span<const int32_t> b, int64_t top_k) {
+  if (a.size() != b.size()) return INT64_MAX;
+  int64_t differing = 0;
+  for (size_t i = 0; i < a.size(); i += static_cast<size_t>(top_k)) {
+    differing += !std::equal(a.begin() + i, a.begin() + i + top_k, b.begin() + i) ? 1 : 0;
+  }
+  return differing;
+}
+
 void offloaded_logits_equal_resident() {
   const uint32_t base = cuda::testing_util::fresh_seed();
   int64_t runs = 0;
@@ -355,8 +400,12 @@ void offloaded_logits_equal_resident() {
     const testing::RandomModel m = testing::make_random_model(family, seed);
     const ModelConfig& c = m.config;
     const testing::Schedule s = testing::make_schedule(c.vocab_size, seed, 16);
-    GpuOptions options{.max_batch_tokens = 64, .max_num_seqs = 4, .max_model_len = 64,
-                       .block_size = 16, .num_kv_blocks = s.num_blocks, .quiet = true};
+    GpuOptions options{.max_batch_tokens = 64,
+                       .max_num_seqs = 4,
+                       .max_model_len = 64,
+                       .block_size = 16,
+                       .num_kv_blocks = s.num_blocks,
+                       .quiet = true};
     const auto resident = GpuDecoder::create(c, m.weights, options);
     const std::vector<std::vector<float>> want = run_schedule(*resident, s, c.vocab_size);
     const std::filesystem::path trace = write_trace(c, seed, std::string(family_name(family)));
@@ -365,19 +414,19 @@ void offloaded_logits_equal_resident() {
         for (const bool warm : {false, true}) {
           if (policy == CachePolicy::kStatic && !warm) continue;
           GpuOptions o = options;
-          o.offload = {.budget_fraction = fraction, .policy = policy,
-                       .cold = offload::ColdExperts::kGpu};
+          o.offload = {
+              .budget_fraction = fraction, .policy = policy, .cold = offload::ColdExperts::kGpu};
           if (warm) o.offload.hot_set_file = trace.string();
           const auto gpu = GpuDecoder::create(c, m.weights, o);
           const std::vector<std::vector<float>> got = run_schedule(*gpu, s, c.vocab_size);
           const std::string where = std::string(family_name(family)) + " seed " +
-                                    std::to_string(seed) + " budget " +
-                                    std::to_string(fraction) + " " + policy_name(policy) +
-                                    (warm ? " warm" : " cold") + "\n  config " + m.config_json;
+                                    std::to_string(seed) + " budget " + std::to_string(fraction) +
+                                    " " + policy_name(policy) + (warm ? " warm" : " cold") +
+                                    "\n  config " + m.config_json;
           for (size_t step = 0; step < want.size(); ++step) {
-            ASSERT_EQ(std::memcmp(got[step].data(), want[step].data(),
-                                  want[step].size() * sizeof(float)),
-                      0)
+            ASSERT_EQ(
+                std::memcmp(got[step].data(), want[step].data(), want[step].size() * sizeof(float)),
+                0)
                 << where << ": the logits of step " << step << " ("
                 << testing::route_name(s.steps[step].route) << ") differ from all-resident";
           }
@@ -385,9 +434,9 @@ void offloaded_logits_equal_resident() {
           int64_t sum[offload::kNumCacheCounters] = {};
           for (size_t k = 0; k < counters.size(); ++k)
             sum[k % offload::kNumCacheCounters] += counters[k];
-          EXPECT_GT(sum[offload::kCacheHits] + sum[offload::kCacheMisses] +
-                        sum[offload::kCacheUnplaced],
-                    0)
+          EXPECT_GT(
+              sum[offload::kCacheHits] + sum[offload::kCacheMisses] + sum[offload::kCacheUnplaced],
+              0)
               << where;
           EXPECT_LE(sum[offload::kCachePrefetchUsed], sum[offload::kCachePrefetched]) << where;
           if (fraction == 0.0) {
@@ -410,8 +459,12 @@ void offloaded_logits_equal_resident() {
 void synthetic_home_equals_resident() {
   const ModelConfig c = synthetic_model_config("qwen3-30b-a3b", 2);
   const testing::Schedule s = testing::make_schedule(c.vocab_size, 7, 16);
-  GpuOptions options{.max_batch_tokens = 64, .max_num_seqs = 4, .max_model_len = 64,
-                     .block_size = 16, .num_kv_blocks = s.num_blocks, .quiet = true};
+  GpuOptions options{.max_batch_tokens = 64,
+                     .max_num_seqs = 4,
+                     .max_model_len = 64,
+                     .block_size = 16,
+                     .num_kv_blocks = s.num_blocks,
+                     .quiet = true};
   const SyntheticGpuOptions synthetic{.seed = 3, .zipf_exponent = 1.0};
   const auto resident = GpuDecoder::create_synthetic(c, options, synthetic);
   const std::vector<std::vector<float>> want = run_schedule(*resident, s, c.vocab_size);
@@ -430,10 +483,17 @@ void synthetic_home_equals_resident() {
 // match all-resident within the GPU parity bound (relative L2 error 2e-2 per step), for random
 // models of every family at budgets 50%, 25% and 0 through the scripted steps (graphs
 // included); kCpu copies only into free slots, and a budget of 0 sends every demand to the host.
+// The host's float32 results can tip a near-tie in a later layer's router (random routers score
+// experts alike; DeepSeek-V3's group choice flips several at once): a run whose routing departs
+// from all-resident at a step is compared up to that step only, the departure must be a near-tie
+// in size (a few token-layer routings, not the many a wrong result would move), and such runs
+// stay a small share.
 void cold_experts_on_host_match_resident() {
   constexpr double kMaxRelError = 2e-2;
+  constexpr int64_t kMostTippedRoutings = 3;
   const uint32_t base = cuda::testing_util::fresh_seed();
-  int64_t runs = 0, on_host = 0;
+  int64_t runs = 0, on_host = 0, tipped_runs = 0;
+  std::string tipped;
   double worst = 0.0;
   for (int i = 0; i < 6; ++i) {
     const ModelFamily family = testing::kAllFamilies[i];
@@ -446,33 +506,47 @@ void cold_experts_on_host_match_resident() {
     const testing::RandomModel m = testing::make_random_model(family, seed);
     const ModelConfig& c = m.config;
     const testing::Schedule s = testing::make_schedule(c.vocab_size, seed, 16);
-    GpuOptions options{.max_batch_tokens = 64, .max_num_seqs = 4, .max_model_len = 64,
-                       .block_size = 16, .num_kv_blocks = s.num_blocks, .quiet = true};
+    GpuOptions options{.max_batch_tokens = 64,
+                       .max_num_seqs = 4,
+                       .max_model_len = 64,
+                       .block_size = 16,
+                       .num_kv_blocks = s.num_blocks,
+                       .quiet = true};
     const auto resident = GpuDecoder::create(c, m.weights, options);
-    const std::vector<std::vector<float>> want = run_schedule(*resident, s, c.vocab_size);
+    const RoutedRun want = run_schedule_routed(*resident, s, c.vocab_size);
     for (const double fraction : {0.5, 0.25, 0.0}) {
-      for (const offload::ColdExperts cold : {offload::ColdExperts::kCpu,
-                                              offload::ColdExperts::kAuto}) {
+      for (const offload::ColdExperts cold :
+           {offload::ColdExperts::kCpu, offload::ColdExperts::kAuto}) {
         GpuOptions o = options;
         o.offload = {.budget_fraction = fraction, .cold = cold};
         const auto gpu = GpuDecoder::create(c, m.weights, o);
-        const std::vector<std::vector<float>> got = run_schedule(*gpu, s, c.vocab_size);
-        const std::string where =
-            std::string(family_name(family)) + " seed " + std::to_string(seed) + " budget " +
-            std::to_string(fraction) +
-            (cold == offload::ColdExperts::kCpu ? " cpu" : " auto") + "\n  config " +
-            m.config_json;
-        for (size_t step = 0; step < want.size(); ++step) {
+        const RoutedRun got = run_schedule_routed(*gpu, s, c.vocab_size);
+        const std::string where = std::string(family_name(family)) + " seed " +
+                                  std::to_string(seed) + " budget " + std::to_string(fraction) +
+                                  (cold == offload::ColdExperts::kCpu ? " cpu" : " auto") +
+                                  "\n  config " + m.config_json;
+        for (size_t step = 0; step < want.logits.size(); ++step) {
+          const int64_t tipped_here =
+              differing_routings(got.routing[step], want.routing[step], c.num_experts_per_tok);
+          if (tipped_here > 0) {
+            ASSERT_LE(tipped_here, kMostTippedRoutings)
+                << where << ": step " << step << " routes " << tipped_here
+                << " token-layers differently from all-resident, more than a near-tie moves";
+            ++tipped_runs;
+            tipped += " " + std::string(family_name(family)) + "@" + std::to_string(step);
+            break;  // later steps attend over a different history
+          }
+          const std::vector<float>& w = want.logits[step];
+          const std::vector<float>& g = got.logits[step];
           double diff = 0.0, norm = 0.0;
-          for (size_t j = 0; j < want[step].size(); ++j) {
-            diff += std::pow(double{got[step][j]} - want[step][j], 2);
-            norm += std::pow(double{want[step][j]}, 2);
+          for (size_t j = 0; j < w.size(); ++j) {
+            diff += std::pow(double{g[j]} - w[j], 2);
+            norm += std::pow(double{w[j]}, 2);
           }
           const double rel = std::sqrt(diff / std::max(norm, 1e-30));
           worst = std::max(worst, rel);
-          ASSERT_LE(rel, kMaxRelError)
-              << where << ": step " << step << " (" << testing::route_name(s.steps[step].route)
-              << ")";
+          ASSERT_LE(rel, kMaxRelError) << where << ": step " << step << " ("
+                                       << testing::route_name(s.steps[step].route) << ")";
         }
         const std::vector<int64_t> counters = gpu->expert_cache_counters();
         int64_t sum[offload::kNumCacheCounters] = {};
@@ -490,9 +564,12 @@ void cold_experts_on_host_match_resident() {
       }
     }
   }
-  std::printf("offload: %lld runs with cold experts on the host (%lld experts there) within "
-              "%.1e of all-resident, worst %.2e\n",
-              static_cast<long long>(runs), static_cast<long long>(on_host), kMaxRelError, worst);
+  std::printf(
+      "offload: %lld runs with cold experts on the host (%lld experts there) within "
+      "%.1e of all-resident, worst %.2e; %lld tipped a near-tie route (family@step:%s)\n",
+      static_cast<long long>(runs), static_cast<long long>(on_host), kMaxRelError, worst,
+      static_cast<long long>(tipped_runs), tipped.c_str());
+  EXPECT_LE(tipped_runs * 4, runs) << "more than a quarter of the runs left all-resident's routing";
 }
 
 [[maybe_unused]] const bool kRegistered = [] {
@@ -506,8 +583,7 @@ void cold_experts_on_host_match_resident() {
   cuda::testing_util::register_kernel_test("CudaOffload", "LogitsEqualResidentAtEveryBudget",
                                            offloaded_logits_equal_resident, __FILE__, __LINE__);
   cuda::testing_util::register_kernel_test("CudaOffload", "ColdExpertsOnHostMatchResident",
-                                           cold_experts_on_host_match_resident, __FILE__,
-                                           __LINE__);
+                                           cold_experts_on_host_match_resident, __FILE__, __LINE__);
   return true;
 }();
 
