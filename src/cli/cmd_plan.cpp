@@ -63,6 +63,7 @@ void run_plan(PlanArgs args) {
         {"gpu_experts_per_layer", plan.gpu_experts_per_layer},
         {"expert_budget_bytes", plan.expert_budget_bytes},
         {"expert_budget", plan.expert_budget_flag},
+        {"run_flags", plan.run_flags},
         {"arithmetic", plan.arithmetic}};
     std::printf("%s\n", out.dump(2).c_str());
     return;
@@ -91,9 +92,12 @@ void run_plan(PlanArgs args) {
               static_cast<long long>(plan.kv_tokens_fit),
               static_cast<long long>(plan.full_length_sequences),
               static_cast<long long>(plan.max_seq_len));
-  if (plan.layout == Layout::kOffload) {
-    std::printf("run with: --expert-budget %s (of %.2f GiB of routed experts)\n",
-                plan.expert_budget_flag.c_str(), w.routed_experts / gib);
+  std::printf("run with: moeinfer serve %s\n", plan.run_flags.c_str());
+  if (args.options.num_gpus > plan.gpus_used) {
+    std::printf("note: %lld of the %lld GPUs stay idle: GPU expert parallelism is not built; "
+                "CPU ranks shard experts with `mpirun -np N moeinfer serve --ep N`\n",
+                static_cast<long long>(args.options.num_gpus - plan.gpus_used),
+                static_cast<long long>(args.options.num_gpus));
   }
 }
 

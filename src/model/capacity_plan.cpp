@@ -59,6 +59,9 @@ PartCounts weight_bytes_by_part(const ModelConfig& config, WeightDType dtype) {
   return bytes;
 }
 
+// Whether the GPU decoder can shard experts over GPUs: not yet, so no plan recommends it.
+constexpr bool kGpuExpertParallelBuilt = false;
+
 CapacityPlan plan_capacity(const ModelConfig& config, const PlanOptions& o) {
   MOE_CHECK(o.num_gpus >= 1, "--gpus must be >= 1, got ", o.num_gpus);
   MOE_CHECK(o.gpu_mem_gib > 0, "--gpu-mem must be positive, got ", o.gpu_mem_gib);
@@ -104,14 +107,25 @@ CapacityPlan plan_capacity(const ModelConfig& config, const PlanOptions& o) {
     a.push_back(line("one GPU: %s weights + %s KV <= %s", gib(weights).c_str(),
                      gib(one_sequence_kv).c_str(), gib(usable).c_str()));
     fill_kv(usable - weights, 1);
+    plan.run_flags = "--device cuda";
     return plan;
   }
   a.push_back(line("one GPU: %s weights + %s KV > %s: does not fit", gib(weights).c_str(),
                    gib(one_sequence_kv).c_str(), gib(usable).c_str()));
 
-  // 2. Expert parallel: routed experts split over the GPUs, everything else replicated.
-  const int64_t n = o.num_gpus;
-  const double per_gpu = replicated + routed / static_cast<double>(n);
+  // 2. Expert parallel: routed experts split over the GPUs, everything else replicated. The GPU
+  //    path runs one GPU per job until its expert parallelism is built, so the layout is shown
+  //    and the plan goes on for one GPU.
+  const int64_t asked = o.num_gpus;
+  const double per_gpu = replicated + routed / static_cast<double>(asked);
+  if (asked > 1 && !kGpuExpertParallelBuilt) {
+    a.push_back(line("expert parallel over %lld GPUs: %s per GPU + %s KV %s %s, but the GPU path "
+                     "runs one GPU per job (--ep runs CPU ranks): planning for one GPU",
+                     static_cast<long long>(asked), gib(per_gpu).c_str(),
+                     gib(one_sequence_kv).c_str(),
+                     per_gpu + one_sequence_kv <= usable ? "<=" : ">", gib(usable).c_str()));
+  }
+  const int64_t n = kGpuExpertParallelBuilt ? asked : 1;
   if (n > 1 && per_gpu + one_sequence_kv <= usable) {
     plan.layout = Layout::kExpertParallel;
     plan.weight_bytes_per_gpu = per_gpu;
@@ -119,6 +133,7 @@ CapacityPlan plan_capacity(const ModelConfig& config, const PlanOptions& o) {
                      static_cast<long long>(n), gib(replicated).c_str(), gib(routed).c_str(),
                      static_cast<long long>(n), gib(per_gpu).c_str()));
     fill_kv(usable - per_gpu, n);
+    plan.run_flags = "--device cuda --ep " + std::to_string(n);
     return plan;
   }
   if (n > 1) {
@@ -165,6 +180,7 @@ CapacityPlan plan_capacity(const ModelConfig& config, const PlanOptions& o) {
                    100.0 * static_cast<double>(plan.expert_budget_bytes) / routed,
                    plan.expert_budget_flag.c_str()));
   fill_kv(usable - plan.weight_bytes_per_gpu, n);
+  plan.run_flags = "--device cuda --expert-budget " + plan.expert_budget_flag;
   return plan;
 }
 

@@ -1,7 +1,8 @@
 // The capacity planner: from a config alone, how many bytes the weights take by part at a given
 // dtype, how many bytes one token of KV cache takes (MLA-aware), how many tokens of KV fit in
-// the GPUs' memory, and which layout to run (one GPU, expert parallel over N, or offloading with
-// an expert budget), with the arithmetic shown.
+// the GPUs' memory, and which layout to run (one GPU, or offloading with an expert budget; expert
+// parallelism over GPUs is shown but not recommended until the GPU path has it), with the
+// arithmetic shown and the flags that run it.
 #pragma once
 
 #include <cstdint>
@@ -43,6 +44,8 @@ struct CapacityPlan {
   // the --expert-budget value that asks for them.
   int64_t expert_budget_bytes = 0;
   std::string expert_budget_flag;
+  // The flags that run this layout (`moeinfer serve|generate|bench ...`).
+  std::string run_flags;
   std::vector<std::string> arithmetic;  // the steps, one line each
 };
 

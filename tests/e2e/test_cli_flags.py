@@ -56,7 +56,7 @@ ALLOWED: dict[tuple[str, str], str] = {
 # (path relative to src/, token) -> the subcommand whose flag a cmd_*.cpp text names on purpose.
 CROSS_REFS: dict[tuple[str, str], str] = {
     ("cli/cmd_trace.cpp", "--trace-routing"): "generate",  # `trace`'s help: who writes the file
-    ("cli/cmd_plan.cpp", "--expert-budget"): "serve",  # `plan`'s advice: the budget to run with
+    ("cli/cmd_plan.cpp", "--ep"): "serve",  # `plan`'s note: CPU ranks shard experts
     ("cli/cmd_placement.cpp", "--trace-routing"): "generate",  # who writes the trace it reads
     ("cli/cmd_placement.cpp", "--placement"): "logits",  # who reads the file it writes
 }

@@ -197,7 +197,13 @@ def check_profile_report(ctx: dict) -> None:
 def check_plan_budget(ctx: dict) -> None:
     r = run(ctx["moeinfer"], ["plan", "--model", "synthetic:qwen3-30b-a3b", "--gpu-mem", "24"])
     assert "recommended: offload" in r.stdout, r.stdout
-    assert "run with: --expert-budget " in r.stdout, r.stdout
+    assert "run with: moeinfer serve --device cuda --expert-budget " in r.stdout, r.stdout
+    # Over several GPUs the plan stays on what runs: one GPU (no GPU expert parallelism yet).
+    r = run(ctx["moeinfer"], ["plan", "--model", "synthetic:qwen3-30b-a3b", "--gpu-mem", "24",
+                              "--gpus", "4"])
+    assert "recommended: offload" in r.stdout and "--ep" not in r.stdout.split("run with:")[1] \
+        .splitlines()[0], r.stdout
+    assert "note: 3 of the 4 GPUs stay idle" in r.stdout, r.stdout
 
 
 def main() -> int:

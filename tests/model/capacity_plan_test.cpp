@@ -2,6 +2,8 @@
 // as stored, KV bytes per token of the cache it builds), and its layouts on published shapes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <cmath>
 #include <filesystem>
 
@@ -39,11 +41,20 @@ TEST(CapacityPlan, PublishedShapesPickTheExpectedLayout) {
   const CapacityPlan small =
       plan_capacity(synthetic_model_config("qwen3-30b-a3b"), PlanOptions{.gpu_mem_gib = 139});
   EXPECT_EQ(small.layout, Layout::kSingleGpu);
+  EXPECT_EQ(small.run_flags, "--device cuda");
   EXPECT_NEAR(small.weight_bytes.total() / 1e9, 61.1, 0.5);
-  // Qwen3-235B-A22B (470 GB) over 8 GPUs is expert parallel; on one GPU it must offload.
+  // Qwen3-235B-A22B (470 GB) would be expert parallel over 8 GPUs, which the GPU path does not
+  // run yet: the plan shows that layout and recommends offloading on one GPU, as for one GPU.
   const ModelConfig big = synthetic_model_config("qwen3-235b-a22b");
-  EXPECT_EQ(plan_capacity(big, PlanOptions{.num_gpus = 8, .gpu_mem_gib = 139}).layout,
-            Layout::kExpertParallel);
+  const CapacityPlan eight = plan_capacity(big, PlanOptions{.num_gpus = 8, .gpu_mem_gib = 139});
+  EXPECT_EQ(eight.layout, Layout::kOffload);
+  EXPECT_EQ(eight.gpus_used, 1);
+  EXPECT_EQ(eight.run_flags, "--device cuda --expert-budget " + eight.expert_budget_flag);
+  EXPECT_TRUE(std::any_of(eight.arithmetic.begin(), eight.arithmetic.end(),
+                          [](const std::string& l) {
+                            return l.starts_with("expert parallel over 8 GPUs") &&
+                                   l.find("planning for one GPU") != std::string::npos;
+                          }));
   const CapacityPlan offload = plan_capacity(big, PlanOptions{.gpu_mem_gib = 139,
                                                               .max_seq_len = 8192});
   EXPECT_EQ(offload.layout, Layout::kOffload);
