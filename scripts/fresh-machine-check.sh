@@ -269,6 +269,11 @@ copy_settings() {
     if [ -f "$f" ]; then cp -p "$f" "$root$f"; fi
   done
   cp -L /etc/resolv.conf "$root/etc/resolv.conf"
+  # A Debian machine has /etc/hosts from its installer; debootstrap's tree has none. Without it
+  # the host's own name does not resolve, and Open MPI waits out a 5 s lookup at every start of
+  # three ranks (the MPI tests took 10 s instead of 0.5 s in the tree).
+  printf '127.0.0.1\tlocalhost\n127.0.1.1\t%s\n::1\tlocalhost ip6-localhost ip6-loopback\n' \
+    "$(hostname)" >"$root/etc/hosts"
   mkdir -p "$root/usr/local/share/ca-certificates"
   if [ -d /usr/local/share/ca-certificates ]; then
     cp -a /usr/local/share/ca-certificates/. "$root/usr/local/share/ca-certificates/"
