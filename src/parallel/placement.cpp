@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "parallel/json_file.h"
 
 namespace moeinfer::parallel {
 
@@ -117,14 +118,7 @@ int64_t integer_field(const nlohmann::json& j, const char* key, const std::strin
 ExpertPlacement read_placement(const std::filesystem::path& path, int64_t num_experts,
                                int num_ranks, std::span<const int64_t> moe_layers) {
   const std::string file = "placement file " + path.string();
-  std::ifstream in(path);
-  MOE_CHECK(in.good(), file, ": cannot be read");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    MOE_CHECK(false, file, ": not JSON (", e.what(), ")");
-  }
+  const nlohmann::json j = read_json_file(path, file);
   MOE_CHECK(j.is_object(), file, ": must be a JSON object");
   MOE_CHECK(j.contains("format") && j["format"] == kFormat, file, ": \"format\" must be \"",
             kFormat, "\"");

@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "core/error.h"
+#include "parallel/json_file.h"
 
 namespace moeinfer::parallel {
 
@@ -44,14 +45,7 @@ Topology Topology::contiguous_nodes(int num_ranks, int num_nodes) {
 
 Topology read_topology(const std::filesystem::path& path, int num_ranks) {
   const std::string file = "topology file " + path.string();
-  std::ifstream in(path);
-  MOE_CHECK(in.good(), file, ": cannot be read");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    MOE_FAIL(file, ": not JSON (", e.what(), ")");
-  }
+  const nlohmann::json j = read_json_file(path, file);
   MOE_CHECK(j.is_object() && j.contains("node_of_rank") && j["node_of_rank"].is_array(), file,
             ": needs {\"node_of_rank\": [node of rank 0, node of rank 1, ...]}");
   for (const auto& [key, value] : j.items()) {

@@ -4,6 +4,7 @@ itself (CMake runs test_*.py only)."""
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
 import queue
 import re
@@ -200,3 +201,31 @@ def png_info(path: pathlib.Path) -> tuple[int, int, int]:
         pos += 12 + length
     pixels = zlib.decompress(idat)
     return width, height, len(set(pixels[::101]))
+
+
+def mpi_env() -> dict:
+    """The environment for mpirun in tests: CI runs as root, and ranks share its two cores."""
+    env = dict(os.environ)
+    env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+                "OMPI_MCA_rmaps_base_oversubscribe": "1", "MOE_NUM_THREADS": "1"})
+    return env
+
+
+def mpirun_path() -> str:
+    launcher = shutil.which("mpirun")
+    assert launcher, "mpirun not found (scripts/install-deps.sh installs openmpi-bin)"
+    return launcher
+
+
+def run_command(cmd: list[str], ok: bool = True, mpi: bool = False) -> subprocess.CompletedProcess:
+    """Runs cmd (in mpi_env() with `mpi`); with `ok` a non-zero exit fails with its stderr."""
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                       env=mpi_env() if mpi else None)
+    if ok:
+        assert r.returncode == 0, f"{cmd}: exit {r.returncode}: {r.stderr[-2000:]}"
+    return r
+
+
+def mpirun(n: int, args: list[str], ok: bool = True) -> subprocess.CompletedProcess:
+    """`mpirun -np n ARGS` through run_command."""
+    return run_command([mpirun_path(), "-np", str(n), *args], ok=ok, mpi=True)

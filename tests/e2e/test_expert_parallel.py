@@ -25,43 +25,21 @@ Prints one line per check and a last line "N passed, M failed"; exits non-zero o
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import random
-import shutil
-import subprocess
 import sys
 import tempfile
 
 import numpy as np
 
 import e2e_util
-from e2e_util import run_checks
+from e2e_util import mpirun, run_checks
+from e2e_util import run_command as run
 
 IDS = "1,5,9,2,7,3,8,4,6,10,11,12"
 PROMPT = "The capital of France is"
 
 
-def mpi_env() -> dict:
-    env = dict(os.environ)
-    # CI runs as root; two ranks share its two cores.
-    env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-                "OMPI_MCA_rmaps_base_oversubscribe": "1", "MOE_NUM_THREADS": "1"})
-    return env
-
-
-def run(cmd: list[str], ok: bool = True, mpi: bool = False) -> subprocess.CompletedProcess:
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
-                       env=mpi_env() if mpi else None)
-    if ok:
-        assert r.returncode == 0, f"{cmd}: exit {r.returncode}: {r.stderr[-2000:]}"
-    return r
-
-
-def mpirun(n: int, args: list[str], ok: bool = True) -> subprocess.CompletedProcess:
-    launcher = shutil.which("mpirun")
-    assert launcher, "mpirun not found (scripts/install-deps.sh installs openmpi-bin)"
-    return run([launcher, "-np", str(n), *args], ok=ok, mpi=True)
 
 
 def model_info(moeinfer: str, model: pathlib.Path | None) -> dict:

@@ -34,7 +34,6 @@ import os
 import pathlib
 import queue
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -45,7 +44,7 @@ import time
 import urllib.request
 
 import e2e_util
-from e2e_util import ServerProcess, parse_metrics, run_checks, wait_for
+from e2e_util import ServerProcess, mpi_env, mpirun_path, parse_metrics, run_checks, wait_for
 
 PROMPTS = ["The capital of France is", "Once upon a time", "A fortune cookie says:",
            "Q: What is a computer?\nA:"]
@@ -53,18 +52,6 @@ SERVE_FLAGS = ["--deterministic", "--disable-log-requests", "--log-interval", "0
 START_TIMEOUT = 120.0
 
 
-def mpi_env() -> dict:
-    env = dict(os.environ)
-    # CI runs as root; two ranks share its two cores.
-    env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-                "OMPI_MCA_rmaps_base_oversubscribe": "1", "MOE_NUM_THREADS": "1"})
-    return env
-
-
-def mpirun_path() -> str:
-    launcher = shutil.which("mpirun")
-    assert launcher, "mpirun not found (scripts/install-deps.sh installs openmpi-bin)"
-    return launcher
 
 
 class MpiServer:
