@@ -156,7 +156,11 @@ ExpertPlacement read_placement(const std::filesystem::path& path, int64_t num_ex
   for (int64_t l : moe_layers) {
     MOE_CHECK(tables.contains(l), file, ": has no table for MoE layer ", l);
   }
-  return ExpertPlacement(LayerPlacement::contiguous(num_experts, num_ranks), std::move(tables));
+  MOE_CHECK(!tables.empty(), file, ": \"layers\" lists no layer");
+  // Every MoE layer has its table; the default serves no layer, and a contiguous one would
+  // need at least as many experts as ranks, which replicas do not.
+  LayerPlacement every_layer = tables.begin()->second;
+  return ExpertPlacement(std::move(every_layer), std::move(tables));
 }
 
 std::string placement_json(const std::map<int64_t, LayerPlacement>& layers) {

@@ -74,6 +74,18 @@ TEST_F(PlacementFile, RoundTripsPerLayerTables) {
   EXPECT_EQ(p.layer(3).slot_of(1, 3), 2);
 }
 
+TEST_F(PlacementFile, MoreRanksThanExpertsWithReplicas) {
+  // Two experts over three ranks: only replicas give every rank one; no contiguous table exists.
+  std::map<int64_t, LayerPlacement> tables;
+  tables.emplace(1, LayerPlacement(2, {{0}, {1}, {0}}));
+  tables.emplace(3, LayerPlacement(2, {{1}, {0}, {1}}));
+  write_placement(path_, tables);
+  const ExpertPlacement p = read_placement(path_, 2, 3, layers_);
+  EXPECT_EQ(p.num_ranks(), 3);
+  EXPECT_EQ(p.layer(1).replicas(0).size(), 2u);
+  EXPECT_EQ(p.layer(3).replicas(1).size(), 2u);
+}
+
 TEST_F(PlacementFile, OneTableForEveryLayer) {
   const ExpertPlacement p = read_placement(
       write(R"({"format":"moeinfer-placement","version":1,"num_experts":4,"num_ranks":2,)"
