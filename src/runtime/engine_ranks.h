@@ -11,10 +11,9 @@
 //   4. all_gather of the reports' sizes and of whether each rank still has work, all_to_allv of
 //      the reports (outputs, requests that started, refusals, load) to rank 0.
 // A rank with work never waits for one without: the next round starts at once whenever some
-// rank still has work. An idle job runs a round of step 1 alone every kIdleRoundPeriod: the
-// Communicator's collectives block, and MPI busy-polls inside them, so a rank left waiting in
-// one for the next request would burn its core; instead every rank sleeps between idle rounds,
-// and a request arriving at an idle job waits at most that period for the others to join. Rank 0
+// rank still has work. An idle job runs a round of step 1 alone every kIdleRoundPeriod rather
+// than back to back, every rank sleeping between idle rounds, so an idle server costs next to no
+// CPU; a request arriving at an idle job waits at most that period for the others to join. Rank 0
 // sends a new request to the least-loaded rank (rank_link.h); a constrained request
 // (response_format) stays on rank 0, whose engine holds its compiled grammar. Request ids are rank
 // 0's; each rank maps them to its engine's.
