@@ -10,8 +10,9 @@
 //             order) goes to replica (i + source rank) mod m of its m, so the rows of a replicated
 //             expert spread evenly. The rows are sent grouped by receiver, then by the receiver's
 //             slot; an all_to_allv of the per-slot row counts goes first, then the rows (float32,
-//             so that the outputs are those of one process); the receiver merges the sources'
-//             runs into its slots' order
+//             so that the outputs are those of one process), started non-blocking so that the
+//             block's in-flight work (the shared experts, --overlap on) runs while they travel;
+//             the receiver merges the sources' runs into its slots' order
 //   run       the ExpertRunner computes the rank's slots over those rows (ExpertRows::expert_ids)
 //   combine   the outputs travel back in the order they came, all_to_allv again, and return to
 //             plan order at their source, where unpermute sums them as one process does
