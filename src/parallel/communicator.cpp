@@ -1,10 +1,26 @@
 #include "parallel/communicator.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "core/error.h"
 
 namespace moeinfer::parallel {
+
+void poll_until(const std::function<bool()>& done) {
+  using Clock = std::chrono::steady_clock;
+  constexpr auto kSpin = std::chrono::microseconds(100);
+  constexpr auto kLongestSleep = std::chrono::microseconds(1000);
+  const Clock::time_point start = Clock::now();
+  while (!done()) {
+    const auto waited = Clock::now() - start;
+    if (waited > kSpin) {
+      std::this_thread::sleep_for(std::min<Clock::duration>(waited / 10, kLongestSleep));
+    }
+  }
+}
 
 PendingOp& PendingOp::operator=(PendingOp&& other) noexcept {
   if (this != &other) {

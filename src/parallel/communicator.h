@@ -34,6 +34,12 @@ class PendingOp {
   std::function<void()> wait_;
 };
 
+// Calls `done` until it returns true: spinning 100 us while the other ranks are likely a moment
+// away, then sleeping a tenth of the time waited so far (at most 1 ms) between calls. A rank that
+// spins for ever on a core it shares (more ranks than cores, a CPU quota, the experts' threads)
+// takes the time the rank it waits for needs; the communicators wait through this.
+void poll_until(const std::function<bool()>& done);
+
 class Communicator {
  public:
   virtual ~Communicator() = default;

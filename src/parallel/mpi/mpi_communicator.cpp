@@ -1,11 +1,8 @@
 #include "parallel/mpi/mpi_communicator.h"
 
-#include <algorithm>
-#include <chrono>
 #include <climits>
 #include <memory>
 #include <string_view>
-#include <thread>
 #include <vector>
 
 #include "core/error.h"
@@ -55,23 +52,11 @@ MpiLayout to_mpi_layout(std::span<const int64_t> bytes, const char* side) {
 }  // namespace
 
 void wait_for(MPI_Request& request, const char* operation) {
-  // Spin while the other ranks are likely a moment away, then sleep between tests, a tenth of
-  // the time waited so far (at most 1 ms): MPI's blocking calls spin for ever, and a rank spinning
-  // on a core it shares (more ranks than cores, a CPU quota, the experts' threads) takes the time
-  // that the rank it waits for needs to arrive.
-  using Clock = std::chrono::steady_clock;
-  constexpr auto kSpin = std::chrono::microseconds(100);
-  constexpr auto kLongestSleep = std::chrono::microseconds(1000);
-  const Clock::time_point start = Clock::now();
-  for (;;) {
+  poll_until([&] {
     int done = 0;
     check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), operation);
-    if (done) return;
-    const auto waited = Clock::now() - start;
-    if (waited > kSpin) {
-      std::this_thread::sleep_for(std::min<Clock::duration>(waited / 10, kLongestSleep));
-    }
-  }
+    return done != 0;
+  });
 }
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm) {

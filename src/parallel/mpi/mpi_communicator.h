@@ -53,7 +53,7 @@ class MpiCommunicator final : public Communicator {
 };
 
 // Waits for `request` (a non-blocking operation's) without holding a core: every operation here
-// is started non-blocking and waited for by this, spinning briefly, then sleeping between tests.
+// is started non-blocking and waited for by this (parallel::poll_until over MPI_Test).
 void wait_for(MPI_Request& request, const char* operation);
 
 // Throws moeinfer::Error naming `operation` and MPI's text for `code` unless it is MPI_SUCCESS.

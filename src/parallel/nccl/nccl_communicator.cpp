@@ -1,16 +1,13 @@
 #include "parallel/nccl/nccl_communicator.h"
 
-#include <nvtx3/nvToolsExt.h>
-
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "backend/cuda/cuda_check.h"
 #include "core/error.h"
 
 namespace moeinfer::parallel {
@@ -36,14 +33,6 @@ void check_cuda(cudaError_t status, const char* operation, std::source_location 
 }
 
 namespace {
-
-class NvtxRange {
- public:
-  explicit NvtxRange(const char* name) { nvtxRangePushA(name); }
-  ~NvtxRange() { nvtxRangePop(); }
-  NvtxRange(const NvtxRange&) = delete;
-  NvtxRange& operator=(const NvtxRange&) = delete;
-};
 
 // Makes `device` current for a scope and restores the caller's: a process that drives one GPU
 // through us may still touch others.
@@ -165,18 +154,13 @@ struct NcclCommunicator::Handles {
     if (switched) cudaSetDevice(previous);
   }
 
-  // Waits on the host until `event` has completed, watching for NCCL's asynchronous errors (a
-  // peer gone, a network failure) meanwhile, which would otherwise leave the event pending for
-  // ever. Spins 100 us, then sleeps a tenth of the time waited so far (at most 1 ms) between
-  // queries, as parallel::wait_for does for MPI, so a waiting rank leaves its core to others.
+  // Waits on the host until `event` has completed (parallel::poll_until), watching for NCCL's
+  // asynchronous errors (a peer gone, a network failure) meanwhile, which would otherwise leave
+  // the event pending for ever.
   void wait_for(cudaEvent_t event, const char* operation) {
-    using Clock = std::chrono::steady_clock;
-    constexpr auto kSpin = std::chrono::microseconds(100);
-    constexpr auto kLongestSleep = std::chrono::microseconds(1000);
-    const Clock::time_point start = Clock::now();
-    for (;;) {
+    poll_until([&] {
       const cudaError_t status = cudaEventQuery(event);
-      if (status == cudaSuccess) return;
+      if (status == cudaSuccess) return true;
       if (status != cudaErrorNotReady) check_cuda(status, operation);
       ncclResult_t async = ncclSuccess;
       check_nccl(ncclCommGetAsyncError(comm, &async), operation);
@@ -185,11 +169,8 @@ struct NcclCommunicator::Handles {
         MOE_FAIL(operation, " failed while in flight: ", ncclGetErrorString(async), " (NCCL error ",
                  static_cast<int>(async), "); this communicator cannot be used again");
       }
-      const auto waited = Clock::now() - start;
-      if (waited > kSpin) {
-        std::this_thread::sleep_for(std::min<Clock::duration>(waited / 10, kLongestSleep));
-      }
-    }
+      return false;
+    });
   }
 
   // What every communicator needs before its NCCL communicator: a stream unless the caller gave
@@ -301,7 +282,7 @@ void NcclCommunicator::enqueue_all_to_allv(const void* send, std::span<const int
 }
 
 void NcclCommunicator::all_to_all(const void* send, void* recv, int64_t bytes_per_rank) {
-  const NvtxRange range("nccl all_to_all");
+  const cuda::NvtxRange range("nccl all_to_all");
   MOE_CHECK(bytes_per_rank >= 0, "all_to_all: bytes_per_rank is ", bytes_per_rank,
             "; it must be >= 0");
   const DeviceGuard guard(device_, "all_to_all");
@@ -312,7 +293,7 @@ void NcclCommunicator::all_to_all(const void* send, void* recv, int64_t bytes_pe
 
 void NcclCommunicator::all_to_allv(const void* send, std::span<const int64_t> send_bytes,
                                    void* recv, std::span<const int64_t> recv_bytes) {
-  const NvtxRange range("nccl all_to_allv");
+  const cuda::NvtxRange range("nccl all_to_allv");
   const DeviceGuard guard(device_, "all_to_allv");
   enqueue_all_to_allv(send, send_bytes, recv, recv_bytes, "all_to_allv");
   wait_for_stream("all_to_allv");
@@ -320,7 +301,7 @@ void NcclCommunicator::all_to_allv(const void* send, std::span<const int64_t> se
 
 PendingOp NcclCommunicator::start_all_to_allv(const void* send, std::span<const int64_t> send_bytes,
                                               void* recv, std::span<const int64_t> recv_bytes) {
-  const NvtxRange range("nccl start_all_to_allv");
+  const cuda::NvtxRange range("nccl start_all_to_allv");
   const DeviceGuard guard(device_, "start_all_to_allv");
   // Its own event: several may be in flight, and the blocking operations keep theirs.
   auto done = std::make_shared<EventHandle>(make_event("start_all_to_allv"));
@@ -332,7 +313,7 @@ PendingOp NcclCommunicator::start_all_to_allv(const void* send, std::span<const 
 }
 
 void NcclCommunicator::all_gather(const void* send, void* recv, int64_t bytes) {
-  const NvtxRange range("nccl all_gather");
+  const cuda::NvtxRange range("nccl all_gather");
   MOE_CHECK(bytes >= 0, "all_gather: ", bytes, " bytes; it must be >= 0");
   if (bytes == 0) return;  // every rank passes the same size, so every rank skips
   const DeviceGuard guard(device_, "all_gather");
@@ -362,19 +343,19 @@ void NcclCommunicator::all_reduce_host(void* values, size_t count, size_t elemen
 }
 
 void NcclCommunicator::all_reduce_sum(std::span<int64_t> values) {
-  const NvtxRange range("nccl all_reduce_sum");
+  const cuda::NvtxRange range("nccl all_reduce_sum");
   all_reduce_host(values.data(), values.size(), sizeof(int64_t), ncclInt64,
                   "ncclAllReduce (all_reduce_sum of int64)");
 }
 
 void NcclCommunicator::all_reduce_sum(std::span<double> values) {
-  const NvtxRange range("nccl all_reduce_sum");
+  const cuda::NvtxRange range("nccl all_reduce_sum");
   all_reduce_host(values.data(), values.size(), sizeof(double), ncclFloat64,
                   "ncclAllReduce (all_reduce_sum of double)");
 }
 
 void NcclCommunicator::barrier() {
-  const NvtxRange range("nccl barrier");
+  const cuda::NvtxRange range("nccl barrier");
   // Each rank adds one: the sum is the number of ranks that reached the barrier.
   int64_t arrived = 1;
   all_reduce_host(&arrived, 1, sizeof(int64_t), ncclInt64, "ncclAllReduce (barrier)");
