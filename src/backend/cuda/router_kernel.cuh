@@ -128,14 +128,9 @@ __device__ inline bool router_padding_token(const RouterParams& p, int64_t token
 
 }  // namespace device
 
-// Plain routing: no selection bias, no groups.
+// Plain routing of one token by one warp: no selection bias, no groups.
 template <int kPerLane>
-__global__ void __launch_bounds__(kRouterWarpsPerBlock* device::kWarpSize)
-    fused_router_kernel(const __grid_constant__ RouterParams p) {
-  const int lane = threadIdx.x % device::kWarpSize;
-  const int64_t token =
-      static_cast<int64_t>(blockIdx.x) * kRouterWarpsPerBlock + threadIdx.x / device::kWarpSize;
-  if (token >= p.num_tokens) return;  // whole warps leave together
+__device__ inline void route_token_plain(const RouterParams& p, int64_t token, int lane) {
   const int top_k = static_cast<int>(p.top_k);
   if (device::router_padding_token(p, token, lane)) return;
 
@@ -176,19 +171,20 @@ __global__ void __launch_bounds__(kRouterWarpsPerBlock* device::kWarpSize)
   }
 }
 
-// General routing: selection bias and/or group-limited selection (see the file comment).
+// The shared memory one warp of the general routing needs: kPerLane * 32 >= E slots each.
 template <int kPerLane>
-__global__ void __launch_bounds__(kRouterWarpsPerBlock* device::kWarpSize)
-    fused_router_general_kernel(const __grid_constant__ RouterParams p) {
-  constexpr int kSlots = kPerLane * device::kWarpSize;           // >= E
-  __shared__ float s_choice[kRouterWarpsPerBlock][kSlots];       // [E] per warp
-  __shared__ float s_group_score[kRouterWarpsPerBlock][kSlots];  // [num_groups] per warp
-  __shared__ bool s_kept[kRouterWarpsPerBlock][kSlots];          // [num_groups] per warp
+struct RouterWarpScratch {
+  static constexpr int kSlots = kPerLane * device::kWarpSize;
+  float choice[kSlots];       // [E]
+  float group_score[kSlots];  // [num_groups]
+  bool kept[kSlots];          // [num_groups]
+};
 
-  const int lane = threadIdx.x % device::kWarpSize;
-  const int warp = threadIdx.x / device::kWarpSize;
-  const int64_t token = static_cast<int64_t>(blockIdx.x) * kRouterWarpsPerBlock + warp;
-  if (token >= p.num_tokens) return;  // whole warps leave together; only __syncwarp below
+// General routing of one token by one warp: selection bias and/or group-limited selection (see
+// the file comment). Only __syncwarp inside, so warps of a block may route different tokens.
+template <int kPerLane>
+__device__ inline void route_token_general(const RouterParams& p, int64_t token, int lane,
+                                           RouterWarpScratch<kPerLane>& scratch) {
   const int num_experts = static_cast<int>(p.num_experts);
   const int top_k = static_cast<int>(p.top_k);
   if (device::router_padding_token(p, token, lane)) return;
@@ -207,9 +203,9 @@ __global__ void __launch_bounds__(kRouterWarpsPerBlock* device::kWarpSize)
   if (p.group_score != RouterGroupScore::kNone) {
     const int num_groups = static_cast<int>(p.num_groups);
     const int group_size = num_experts / num_groups;
-    float* const warp_choice = s_choice[warp];
-    float* const group_score = s_group_score[warp];
-    bool* const kept = s_kept[warp];
+    float* const warp_choice = scratch.choice;
+    float* const group_score = scratch.group_score;
+    bool* const kept = scratch.kept;
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j) {
       const int e = j * device::kWarpSize + lane;
@@ -315,6 +311,28 @@ __global__ void __launch_bounds__(kRouterWarpsPerBlock* device::kWarpSize)
     p.topk_ids[token * p.top_k + lane] = my_id;
     p.topk_weights[token * p.top_k + lane] = my_score * scale;
   }
+}
+
+// One warp per token, kRouterWarpsPerBlock tokens per block.
+template <int kPerLane>
+__global__ void __launch_bounds__(kRouterWarpsPerBlock* device::kWarpSize)
+    fused_router_kernel(const __grid_constant__ RouterParams p) {
+  const int lane = threadIdx.x % device::kWarpSize;
+  const int64_t token =
+      static_cast<int64_t>(blockIdx.x) * kRouterWarpsPerBlock + threadIdx.x / device::kWarpSize;
+  if (token >= p.num_tokens) return;  // whole warps leave together
+  route_token_plain<kPerLane>(p, token, lane);
+}
+
+template <int kPerLane>
+__global__ void __launch_bounds__(kRouterWarpsPerBlock* device::kWarpSize)
+    fused_router_general_kernel(const __grid_constant__ RouterParams p) {
+  __shared__ RouterWarpScratch<kPerLane> scratch[kRouterWarpsPerBlock];
+  const int lane = threadIdx.x % device::kWarpSize;
+  const int warp = threadIdx.x / device::kWarpSize;
+  const int64_t token = static_cast<int64_t>(blockIdx.x) * kRouterWarpsPerBlock + warp;
+  if (token >= p.num_tokens) return;  // whole warps leave together; only __syncwarp inside
+  route_token_general<kPerLane>(p, token, lane, scratch[warp]);
 }
 
 }  // namespace moeinfer::cuda
