@@ -170,6 +170,7 @@ class Workload {
                                .max_model_len = args.input_len + args.output_len,
                                .block_size = kBlockSize,
                                .num_kv_blocks = num_blocks_,
+                               .small_batch_moe_rows = args.device.fused_moe_rows,
                                .offload = args.device.offload()};
       gpu_ = decoder ? GpuDecoder::create(config, decoder->weights(), options)
                      : GpuDecoder::create_synthetic(

@@ -18,6 +18,11 @@ void add_device_options(CLI::App* cmd, DeviceArgs* args) {
                   "--gpu-memory-utilization)")
       ->check(CLI::Range(0.01, 1.0))
       ->capture_default_str();
+  cmd->add_option("--fused-moe-rows", args->fused_moe_rows,
+                  "cuda: MoE layers of steps with at most N rows (tokens x experts per token, at "
+                  "most 512) run as two fused kernels instead of the stage-by-stage pipeline; 0 "
+                  "never (default: the decoder's threshold, 64)")
+      ->check(CLI::Range(-1, 512));
 }
 
 offload::OffloadOptions DeviceArgs::offload() const {
@@ -157,6 +162,7 @@ SequenceRunner::SequenceRunner(Model& model, const DeviceArgs& device, int64_t m
   options.max_model_len = capacity_;
   options.num_kv_blocks = (capacity_ + options.block_size - 1) / options.block_size;
   options.offload = offload;
+  options.small_batch_moe_rows = device.fused_moe_rows;
   gpu_ = GpuDecoder::create(config, model.decoder().weights(), options);
   for (int32_t b = 0; b < options.num_kv_blocks; ++b) block_table_.push_back(b);
 }

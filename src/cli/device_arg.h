@@ -24,6 +24,7 @@ namespace moeinfer::cli {
 struct DeviceArgs {
   std::string device = "cpu";
   double gpu_memory_fraction = 0.9;
+  int64_t fused_moe_rows = -1;  // --fused-moe-rows; -1: the decoder's own threshold
   std::string expert_budget;  // --expert-budget; empty: every expert resident
   std::string expert_cache;   // --expert-cache; empty: lru
   std::string cold_experts;   // --cold-experts; empty: gpu

@@ -48,6 +48,9 @@ struct GpuOptions {
   // rows too) the paged decode kernel with splits of a length fixed at start-up
   // (cuda::batch_invariant_chunk), combined in one order.
   bool deterministic = false;
+  // MoE layers whose step has at most this many rows (T*K) run the small-batch path
+  // (backend/cuda/small_batch_moe.h); 0: never; -1: the decoder's own threshold.
+  int64_t small_batch_moe_rows = -1;
   // --expert-budget / --expert-cache: routed experts live in pinned host memory and a device
   // cache of slots holds what the budget allows (disabled: every expert resident).
   offload::OffloadOptions offload;

@@ -112,6 +112,7 @@ GpuOptions gpu_options(const ModelConfig& model, const EngineConfig& config) {
                     .cuda_graphs = config.cuda_graphs,
                     .kv_cache_bytes = config.kv_cache_mb << 20,
                     .deterministic = config.deterministic,
+                    .small_batch_moe_rows = config.fused_moe_rows,
                     .offload = config.offload};
 }
 

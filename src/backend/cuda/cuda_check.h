@@ -24,14 +24,14 @@ namespace moeinfer::cuda {
 
 [[noreturn]] inline void throw_cuda_error(cudaError_t status, const char* expr,
                                           std::source_location where) {
-  detail::throw_error(where, cudaGetErrorName(status), ": ", cudaGetErrorString(status), " (in ",
-                      expr, ")");
+  ::moeinfer::detail::throw_error(where, cudaGetErrorName(status), ": ", cudaGetErrorString(status),
+                                  " (in ", expr, ")");
 }
 
 [[noreturn]] inline void throw_cublas_error(cublasStatus_t status, const char* expr,
                                             std::source_location where) {
-  detail::throw_error(where, cublasGetStatusName(status), ": ", cublasGetStatusString(status),
-                      " (in ", expr, ")");
+  ::moeinfer::detail::throw_error(where, cublasGetStatusName(status), ": ",
+                                  cublasGetStatusString(status), " (in ", expr, ")");
 }
 
 class NvtxRange {

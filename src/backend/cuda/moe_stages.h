@@ -88,6 +88,12 @@ struct RouterParams {
 // step; anything else runs the general one.
 void fused_router(const RouterParams& params, cudaStream_t stream);
 
+namespace detail {
+// fused_router's checks of the sizes and options (not the pointers), for the kernels that route
+// inside themselves.
+void check_router_params(const RouterParams& params);
+}  // namespace detail
+
 struct PlanParams {
   const int32_t* topk_ids = nullptr;  // [T*K], each in [0, E)
   int32_t* expert_counts = nullptr;   // [E]

@@ -45,8 +45,9 @@ static void check_groups(const RouterParams& params) {
             E / G, " of num_experts = ", E);
 }
 
-void fused_router(const RouterParams& params, cudaStream_t stream) {
-  NvtxRange range("route");
+namespace detail {
+
+void check_router_params(const RouterParams& params) {
   const int64_t E = params.num_experts;
   const int64_t K = params.top_k;
   MOE_CHECK(E >= 1 && E <= kRouterMaxExperts, "num_experts = ", E, " must be in [1, ",
@@ -60,6 +61,14 @@ void fused_router(const RouterParams& params, cudaStream_t stream) {
   MOE_CHECK(std::isfinite(params.routed_scaling_factor),
             "routed_scaling_factor = ", params.routed_scaling_factor, " is not finite");
   check_groups(params);
+}
+
+}  // namespace detail
+
+void fused_router(const RouterParams& params, cudaStream_t stream) {
+  NvtxRange range("route");
+  const int64_t E = params.num_experts;
+  detail::check_router_params(params);
   if (params.num_tokens == 0) return;
   detail::check_pointer(params.logits, "logits");
   detail::check_pointer(params.topk_ids, "topk_ids");

@@ -49,8 +49,9 @@ inline constexpr int kRouterWarpsPerBlock = 4;
 namespace device {
 
 // A token's scores: softmax or sigmoid of logits (+ logit_bias). Lane l holds experts l, l + 32,
-// ...; slots past E hold -inf.
-template <int kPerLane>
+// ...; slots past E hold -inf. kLogitsWrittenHere: the logits were written by other blocks of
+// the running kernel, so they are read through L2 (ld.global.cg), not the read-only path.
+template <int kPerLane, bool kLogitsWrittenHere>
 __device__ __forceinline__ void router_scores(const RouterParams& p, int64_t token, int lane,
                                               float (&score)[kPerLane]) {
   const int num_experts = static_cast<int>(p.num_experts);
@@ -58,7 +59,11 @@ __device__ __forceinline__ void router_scores(const RouterParams& p, int64_t tok
 #pragma unroll
   for (int j = 0; j < kPerLane; ++j) {
     const int e = j * kWarpSize + lane;
-    score[j] = e < num_experts ? __ldg(row + e) : -INFINITY;
+    if (e < num_experts) {
+      score[j] = kLogitsWrittenHere ? __ldcg(row + e) : __ldg(row + e);
+    } else {
+      score[j] = -INFINITY;
+    }
   }
   if (p.logit_bias != nullptr) {
 #pragma unroll
@@ -128,15 +133,16 @@ __device__ inline bool router_padding_token(const RouterParams& p, int64_t token
 
 }  // namespace device
 
-// Plain routing of one token by one warp: no selection bias, no groups.
-template <int kPerLane>
+// Plain routing of one token by one warp: no selection bias, no groups. kLogitsWrittenHere as
+// for router_scores.
+template <int kPerLane, bool kLogitsWrittenHere = false>
 __device__ inline void route_token_plain(const RouterParams& p, int64_t token, int lane) {
   const int top_k = static_cast<int>(p.top_k);
   if (device::router_padding_token(p, token, lane)) return;
 
   // Slots past E, and experts already picked, hold -inf: never chosen since scores are >= 0.
   float score[kPerLane];
-  device::router_scores<kPerLane>(p, token, lane, score);
+  device::router_scores<kPerLane, kLogitsWrittenHere>(p, token, lane, score);
 
   float my_score = 0.0f;  // lane k: the k-th pick
   int32_t my_id = 0;
@@ -182,7 +188,7 @@ struct RouterWarpScratch {
 
 // General routing of one token by one warp: selection bias and/or group-limited selection (see
 // the file comment). Only __syncwarp inside, so warps of a block may route different tokens.
-template <int kPerLane>
+template <int kPerLane, bool kLogitsWrittenHere = false>
 __device__ inline void route_token_general(const RouterParams& p, int64_t token, int lane,
                                            RouterWarpScratch<kPerLane>& scratch) {
   const int num_experts = static_cast<int>(p.num_experts);
@@ -190,7 +196,7 @@ __device__ inline void route_token_general(const RouterParams& p, int64_t token,
   if (device::router_padding_token(p, token, lane)) return;
 
   float score[kPerLane];  // unbiased: the weights
-  device::router_scores<kPerLane>(p, token, lane, score);
+  device::router_scores<kPerLane, kLogitsWrittenHere>(p, token, lane, score);
   float choice[kPerLane];  // score + selection_bias: the selection
 #pragma unroll
   for (int j = 0; j < kPerLane; ++j) {

@@ -34,6 +34,7 @@
 #include "backend/cuda/mla_attention.h"
 #include "backend/cuda/moe_stages.h"
 #include "backend/cuda/sampling.h"
+#include "backend/cuda/small_batch_moe.h"
 #include "core/error.h"
 #include "model/cuda/cached_experts.h"
 #include "model/cuda/device_weights.h"
@@ -51,6 +52,9 @@ constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 // The workspace (activations of the largest step) may take up to this share of what the memory
 // budget leaves after the weights; the KV pool takes the rest.
 constexpr double kMaxWorkspaceShare = 0.5;
+// T*K up to which MoE layers take the small-batch path unless GpuOptions says otherwise
+// (bench/RESULTS.md, 2026-12-04: where it stops beating the stage-by-stage path).
+constexpr int64_t kSmallMoeDefaultRows = 64;
 constexpr int64_t kMinContextBucket = 256;
 constexpr float kMlaNormEps = 1e-6f;
 // Records a stage event. Under stream capture a plain cudaEventRecord only orders streams inside
@@ -159,6 +163,11 @@ class CudaDecoder final : public GpuDecoder {
   void mla_attention(int64_t layer, const Step& step);
   void qk_norm_clip_rope_write(int64_t layer, const Step& step);
   void feed_forward(int64_t layer, int64_t num_tokens);
+  // Whether layer `layer`'s MoE block runs as the small-batch path at this T (see
+  // cuda/small_batch_moe.h): two launches instead of the stage-by-stage pipeline.
+  bool small_batch_moe_takes(int64_t layer, int64_t num_tokens) const;
+  void small_batch_moe(int64_t layer, int64_t num_tokens, int32_t* topk_ids,
+                       float* topk_weights);
   // With the expert cache: layer l's demand, then a prefetch of the next layer's experts as
   // its router picks them from layer l's normed hidden state.
   void admit_and_prefetch(int64_t layer, const int32_t* topk_ids, int64_t num_tokens);
@@ -169,6 +178,8 @@ class CudaDecoder final : public GpuDecoder {
   // Router GEMM of `layer` over normed_ and its top-k: logits [T, E], ids and weights [T, K].
   void route(int64_t layer, int64_t num_tokens, float* logits, int32_t* topk_ids,
              float* topk_weights);
+  cuda::RouterParams router_params(int64_t layer, int64_t num_tokens, float* logits,
+                                   int32_t* topk_ids, float* topk_weights) const;
 
   // y[rows, n] = x[rows, k] . W[n, k]^T (row strides in elements).
   void linear(const bf16* x, int64_t rows, int64_t x_stride, const bf16* w, int64_t n, int64_t k,
@@ -215,6 +226,8 @@ class CudaDecoder final : public GpuDecoder {
   float *router_logits_ = nullptr, *shared_gate_logits_ = nullptr, *topk_weights_ = nullptr;
   int32_t *topk_ids_ = nullptr, *expert_counts_ = nullptr, *expert_offsets_ = nullptr,
           *src_row_ = nullptr, *inverse_ = nullptr, *plan_workspace_ = nullptr;
+  void* small_moe_workspace_ = nullptr;  // null: the small-batch path is off
+  int64_t small_moe_rows_ = 0;            // T*K up to which it runs
   bf16 *expert_act_ = nullptr, *expert_out_ = nullptr, *mlp_gate_up_ = nullptr,
        *mlp_act_ = nullptr, *shared_out_ = nullptr;
   float* logits_ = nullptr;  // [rcap, V]
@@ -367,8 +380,20 @@ void CudaDecoder::allocate_workspace() {
   const int64_t T = tcap_, H = w_.padded_hidden_size, V = c.vocab_size;
   const int64_t E = std::max<int64_t>(c.num_experts, 1), K = std::max<int64_t>(c.num_experts_per_tok, 1);
   const int64_t Dp = w_.padded_head_dim, Ip = w_.padded_expert_width;
-  int64_t mlp_width = 0;
-  for (const DeviceLayer& d : w_.layers) mlp_width = std::max({mlp_width, d.mlp_width, d.shared_width});
+  int64_t mlp_width = 0, shared_width = 0;
+  for (const DeviceLayer& d : w_.layers) {
+    mlp_width = std::max({mlp_width, d.mlp_width, d.shared_width});
+    if (d.is_moe) shared_width = std::max(shared_width, d.shared_width);
+  }
+  // The small-batch MoE path: off with the expert cache (its runner reads experts through a
+  // slot table) and under --deterministic (its sums run in another order than the general
+  // path's, so a token's result would depend on the step's row count).
+  small_moe_rows_ = 0;
+  if (c.num_experts > 0 && !cache_ && !options_.deterministic) {
+    small_moe_rows_ = options_.small_batch_moe_rows >= 0 ? options_.small_batch_moe_rows
+                                                         : kSmallMoeDefaultRows;
+    small_moe_rows_ = std::min(small_moe_rows_, cuda::kSmallMoeMaxRows);
+  }
 
   // Split-K scratch of the attention kernels at their worst shape.
   int64_t attn_ws = 0;
@@ -430,6 +455,10 @@ void CudaDecoder::allocate_workspace() {
       expert_out_ = cv.take<bf16>(T * K * H);
       shared_gate_logits_ = cv.take<float>(T);
       shared_out_ = cv.take<bf16>(T * H);
+      if (small_moe_rows_ > 0) {
+        small_moe_workspace_ = cv.take<char>(cuda::small_moe_workspace_bytes(
+            std::min(T, cuda::kSmallMoeMaxTokens), E, K, H, Ip, shared_width));
+      }
       if (w_.experts_offloaded) {
         predict_logits_ = cv.take<float>(T * E);
         predict_ids_ = cv.take<int32_t>(T * K);
@@ -458,6 +487,13 @@ void CudaDecoder::allocate_workspace() {
   Carver assign(workspace_.get());
   carve(assign);
   report_.workspace_bytes = bytes;
+  if (small_moe_workspace_) {  // its counters start at zero; the kernels leave them so
+    CUDA_CHECK(cudaMemsetAsync(small_moe_workspace_, 0,
+                               static_cast<size_t>(cuda::small_moe_workspace_bytes(
+                                   std::min(T, cuda::kSmallMoeMaxTokens), E, K, H, Ip,
+                                   shared_width)),
+                               stream_));
+  }
   if (c.mla) {  // q_full's rope padding [Lp + R, W) is never written: zero once
     CUDA_CHECK(cudaMemsetAsync(mla_q_full_, 0,
                                static_cast<size_t>(T * c.num_heads * w_.mla.cache_width()) *
@@ -902,6 +938,10 @@ void CudaDecoder::feed_forward(int64_t layer, int64_t T) {
   int32_t* const topk_ids = tracing_ ? routing_ids_.get() + layer * tcap_ * K : topk_ids_;
   float* const topk_weights =
       tracing_ ? routing_weights_.get() + layer * tcap_ * K : topk_weights_;
+  if (small_batch_moe_takes(layer, T)) {
+    small_batch_moe(layer, T, topk_ids, topk_weights);
+    return;
+  }
   route(layer, T, router_logits_, topk_ids, topk_weights);
   mark(profile::Stage::kRoute, layer);
   if (cache_) admit_and_prefetch(layer, topk_ids, T);
@@ -940,11 +980,49 @@ void CudaDecoder::feed_forward(int64_t layer, int64_t T) {
   mark(profile::Stage::kUnpermute, layer);
 }
 
+bool CudaDecoder::small_batch_moe_takes(int64_t layer, int64_t T) const {
+  const DeviceLayer& d = w_.layers[layer];
+  const int64_t K = config_.num_experts_per_tok;
+  return small_moe_workspace_ != nullptr && T * K <= small_moe_rows_ &&
+         cuda::small_moe_supports(T, config_.num_experts, K, w_.padded_hidden_size,
+                                  w_.padded_expert_width, d.shared_gate_up ? d.shared_width : 0);
+}
+
+void CudaDecoder::small_batch_moe(int64_t layer, int64_t T, int32_t* topk_ids,
+                                  float* topk_weights) {
+  const DeviceLayer& d = w_.layers[layer];
+  const int64_t E = config_.num_experts;
+  cuda::SmallMoeParams p{.hidden = normed_, .router = d.router,
+                         .route = router_params(layer, T, router_logits_, topk_ids, topk_weights),
+                         .gate_up = d.experts_gate_up, .down = d.experts_down,
+                         .expert_width = w_.padded_expert_width,
+                         .shared_gate_up = d.shared_gate_up, .shared_down = d.shared_down,
+                         .shared_width = d.shared_gate_up ? d.shared_width : 0,
+                         .shared_gate = d.shared_gate,
+                         .expert_counts = expert_counts_ + layer * (E + 1), .out = block_out_,
+                         .workspace = small_moe_workspace_,
+                         .hidden_size = w_.padded_hidden_size};
+  // The profiler sees the two launches as route (router GEMV, top-k and plan) and experts
+  // (routed and shared experts and their weighted sum): small_batch_moe_route_plan and
+  // small_batch_moe_experts enqueue them separately for that.
+  cuda::small_batch_moe_route_plan(p, stream_);
+  mark(profile::Stage::kRoute, layer);
+  cuda::small_batch_moe_experts(p, stream_);
+  mark(profile::Stage::kExperts, layer);
+}
+
 void CudaDecoder::route(int64_t layer, int64_t T, float* logits, int32_t* topk_ids,
                         float* topk_weights) {
   const DeviceLayer& d = w_.layers[layer];
   const int64_t H = w_.padded_hidden_size, E = config_.num_experts;
   linear(normed_, T, H, d.router, E, H, logits, E, /*f32_out=*/true);
+  cuda::fused_router(router_params(layer, T, logits, topk_ids, topk_weights), stream_);
+}
+
+cuda::RouterParams CudaDecoder::router_params(int64_t layer, int64_t T, float* logits,
+                                              int32_t* topk_ids, float* topk_weights) const {
+  const DeviceLayer& d = w_.layers[layer];
+  const int64_t E = config_.num_experts;
   cuda::RouterParams p{.logits = logits, .topk_ids = topk_ids, .topk_weights = topk_weights,
                        .num_tokens = T, .num_experts = E, .top_k = config_.num_experts_per_tok,
                        .score = router_.score == moe::ScoreFunction::kSigmoid
@@ -961,7 +1039,7 @@ void CudaDecoder::route(int64_t layer, int64_t T, float* logits, int32_t* topk_i
   p.num_groups = router_.num_groups;
   p.topk_groups = router_.topk_groups;
   p.num_valid_tokens = meta_.num_valid;
-  cuda::fused_router(p, stream_);
+  return p;
 }
 
 void CudaDecoder::admit_and_prefetch(int64_t layer, const int32_t* topk_ids, int64_t T) {
