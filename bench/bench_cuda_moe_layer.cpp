@@ -22,6 +22,13 @@
 // calls. Each stage is then timed alone the same way (for the breakdown only: alone, a stage
 // loses the overlap with its predecessor that the experts' programmatic launch gives it).
 //
+// Fused columns (T*K <= 512 only): the same layer through cuda::small_batch_moe (router logits,
+// routing, plan, experts and weighted sum in two launches), timed the same way: "fused us", its
+// "vs flr", and "gen/fus", the general layer's time over the fused one. Its output is checked
+// against the general layer's on weight copy 0 (max |fused - general| over max |general| must
+// stay within 2e-2: the general path rounds the SiLU product and the expert outputs to bf16);
+// the program fails if it does not.
+//
 // Floor column: the bytes the layer must move at least (the distinct experts the routing of
 // weight copy 0 touched, column "exp", x 3*I*H*2 bytes; the router weights; x read once and
 // the output written once) over the device-to-device copy bandwidth measured in the same run;
@@ -52,6 +59,7 @@
 #include "backend/cuda/device_floors.h"
 #include "backend/cuda/grouped_gemm.h"
 #include "backend/cuda/moe_stages.h"
+#include "backend/cuda/small_batch_moe.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "cuda_bench_util.h"
@@ -158,6 +166,33 @@ UnpermuteParams unpermute_params(const LayerBuffers& b, int64_t T) {
                          .num_tokens = T,
                          .top_k = kK,
                          .hidden_size = kH};
+}
+
+SmallMoeParams small_moe_params(const LayerBuffers& b, const LayerWeights& w, int64_t T,
+                                int32_t* counts, float* out, void* workspace) {
+  return SmallMoeParams{.hidden = b.x,
+                        .router = w.router,
+                        .route = route_params(b, T),
+                        .gate_up = w.gate_up,
+                        .down = w.down,
+                        .expert_width = kI,
+                        .expert_counts = counts,
+                        .out = out,
+                        .workspace = workspace,
+                        .hidden_size = kH};
+}
+
+// max |a - b| / max |b| over n float32 device values.
+double relative_max_difference(const float* a, const float* b, int64_t n) {
+  std::vector<float> ha(n), hb(n);
+  CUDA_CHECK(cudaMemcpy(ha.data(), a, n * 4, cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(hb.data(), b, n * 4, cudaMemcpyDeviceToHost));
+  double diff = 0, scale = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    diff = std::max(diff, std::abs(static_cast<double>(ha[i]) - hb[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(hb[i])));
+  }
+  return scale > 0 ? diff / scale : diff;
 }
 
 // The whole layer: out[T, H] = MoE(x[T, H]) with the weights `w`.
@@ -306,8 +341,20 @@ int run(int argc, char** argv) {
   b.expert_out = device_alloc<bf16>(max_m * kH);
   b.out = device_alloc<float>(max_t * kH);
   fill_random(b.x, max_t * kH, 1.0f, rng);
+  // The fused path's buffers, for the T it takes.
+  int64_t max_fused_t = 0;
+  for (int64_t T : tokens)
+    if (small_moe_supports(T, kE, kK, kH, kI, 0)) max_fused_t = std::max(max_fused_t, T);
+  const int64_t fused_ws_bytes =
+      max_fused_t > 0 ? small_moe_workspace_bytes(max_fused_t, kE, kK, kH, kI, 0) : 0;
+  void* fused_ws = max_fused_t > 0 ? device_alloc<char>(fused_ws_bytes) : nullptr;
+  if (fused_ws) CUDA_CHECK(cudaMemset(fused_ws, 0, fused_ws_bytes));
+  int32_t* fused_counts = device_alloc<int32_t>(kE + 1);
+  float* fused_out = device_alloc<float>(std::max<int64_t>(max_fused_t, 1) * kH);
+  bool fused_ok = true;
 
-  std::printf("\n%6s %5s %10s %10s %7s", "T", "exp", "layer us", "floor us", "vs flr");
+  std::printf("\n%6s %5s %10s %10s %7s | %9s %7s %7s %8s", "T", "exp", "layer us", "floor us",
+              "vs flr", "fused us", "vs flr", "gen/fus", "fus err");
   if (stages)
     std::printf("   | %8s %8s %8s %8s %8s  (each stage alone, us)", "rt gemm", "route", "plan",
                 "experts", "unperm");
@@ -331,6 +378,25 @@ int run(int argc, char** argv) {
     std::printf("%6lld %5lld %10.1f %10.1f %7.3f", static_cast<long long>(T),
                 static_cast<long long>(touched), layer_ms * 1e3, floor_ms * 1e3,
                 floor_ms / layer_ms);
+    if (small_moe_supports(T, kE, kK, kH, kI, 0)) {
+      moe_layer(b, weights[0], T, handle, stream);
+      small_batch_moe(small_moe_params(b, weights[0], T, fused_counts, fused_out, fused_ws),
+                      stream);
+      CUDA_CHECK(cudaStreamSynchronize(stream));
+      const double err = relative_max_difference(fused_out, b.out, T * kH);
+      if (!(err <= 2e-2)) fused_ok = false;
+      const double fused_ms = time_graph(stream, [&](int i) {
+        small_batch_moe(small_moe_params(b, weights[i % kWeightSets], T, fused_counts, fused_out,
+                                         fused_ws),
+                        stream);
+      });
+      std::printf(" | %9.1f %7.3f %7.2f %8.1e%s", fused_ms * 1e3, floor_ms / fused_ms,
+                  layer_ms / fused_ms, err, err <= 2e-2 ? "" : " FAIL");
+      // The stage timings below want the general path's routing metadata back.
+      moe_layer(b, weights[0], T, handle, stream);
+    } else {
+      std::printf(" | %9s %7s %7s %8s", "-", "-", "-", "-");
+    }
     if (stages) {
       const double gemm_ms = time_graph(stream, [&](int i) {
         router_gemm(handle, b.x, weights[i % kWeightSets].router, b.logits, T);
@@ -376,6 +442,10 @@ int run(int argc, char** argv) {
     line += part;
   }
   std::printf("\n%s\n", line.c_str());
+  if (fused_ws) CUDA_CHECK(cudaFree(fused_ws));
+  CUDA_CHECK(cudaFree(fused_counts));
+  CUDA_CHECK(cudaFree(fused_out));
+  MOE_CHECK(fused_ok, "the fused layer's output differs from the general layer's by more than 2e-2");
 
   for (LayerWeights& w : weights) {
     CUDA_CHECK(cudaFree(w.router));
