@@ -54,7 +54,9 @@ constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 constexpr double kMaxWorkspaceShare = 0.5;
 // T*K up to which MoE layers take the small-batch path unless GpuOptions says otherwise
 // (bench/RESULTS.md, 2026-12-04: where it stops beating the stage-by-stage path).
-constexpr int64_t kSmallMoeDefaultRows = 64;
+// Off by default: measured 2026-12-04 on an H200 the fused path is slower than the general one
+// (bench/RESULTS.md); --fused-moe-rows N turns it on.
+constexpr int64_t kSmallMoeDefaultRows = 0;
 constexpr int64_t kMinContextBucket = 256;
 constexpr float kMlaNormEps = 1e-6f;
 // Records a stage event. Under stream capture a plain cudaEventRecord only orders streams inside
