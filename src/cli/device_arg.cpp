@@ -21,7 +21,7 @@ void add_device_options(CLI::App* cmd, DeviceArgs* args) {
   cmd->add_option("--fused-moe-rows", args->fused_moe_rows,
                   "cuda: MoE layers of steps with at most N rows (tokens x experts per token, at "
                   "most 512) run as two fused kernels instead of the stage-by-stage pipeline; 0 "
-                  "never (default: the decoder's threshold, 64)")
+                  "never (default: -1, the decoder's threshold, which is 0 for now: measured slower)")
       ->check(CLI::Range(-1, 512));
 }
 

@@ -458,24 +458,6 @@ std::vector<double> choice_values(const float* logits, const MoeCase& c,
   return choice;
 }
 
-// |got - want| <= bound(i) for every element (NaN fails), reporting the first mismatches.
-template <typename Bound>
-void expect_within(const std::vector<float>& got, const std::vector<double>& want, Bound bound,
-                   const char* what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  int reported = 0;
-  size_t mismatches = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (!(std::fabs(got[i] - want[i]) <= bound(i))) {
-      ++mismatches;
-      if (reported++ < 5)
-        ADD_FAILURE() << what << "[" << i << "] = " << got[i] << ", want " << want[i] << " (bound "
-                      << bound(i) << ")";
-    }
-  }
-  EXPECT_EQ(mismatches, 0u) << what << ": " << mismatches << " of " << got.size();
-}
-
 void check_step(const MoeCase& c, const HostLayer& L, const std::vector<uint16_t>& hidden,
                 const Step& s, const StepResult& got) {
   const int64_t T = s.T, E = c.E, K = c.K, Hp = c.Hp;

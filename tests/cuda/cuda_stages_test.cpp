@@ -154,6 +154,7 @@ TEST(CudaLauncherChecks, RowKernelsRefuseBadShapes) {
 using testing_util::DeviceBuffer;
 using testing_util::fresh_seed;
 using testing_util::random_bf16;
+using testing_util::expect_within;
 using testing_util::synchronize;
 using testing_util::to_float;
 
@@ -171,24 +172,6 @@ void expect_equal_ints(const std::vector<int32_t>& got, const std::vector<int32_
     }
   }
   EXPECT_EQ(mismatches, 0u) << what;
-}
-
-// |got[i] - want[i]| <= bound(i) for every element (NaN fails).
-template <typename Bound>
-void expect_within(const std::vector<float>& got, const std::vector<float>& want, Bound bound,
-                   const char* what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  int reported = 0;
-  size_t mismatches = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (!(std::fabs(got[i] - want[i]) <= bound(i))) {
-      ++mismatches;
-      if (reported++ < 5)
-        ADD_FAILURE() << what << "[" << i << "] = " << got[i] << ", want " << want[i] << " (bound "
-                      << bound(i) << ")";
-    }
-  }
-  EXPECT_EQ(mismatches, 0u) << what << ": " << mismatches << " of " << got.size();
 }
 
 // bf16 results against a float reference: |got - want| <= 2^-8 |want| + 1e-5 scale[i].

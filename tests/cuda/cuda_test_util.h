@@ -149,4 +149,22 @@ inline bool cuda_device_present(const char* what) {
   return true;
 }
 
+// |got[i] - want[i]| <= bound(i) for every element (NaN fails), reporting the first mismatches.
+template <typename Want, typename Bound>
+void expect_within(const std::vector<float>& got, const std::vector<Want>& want, Bound bound,
+                   const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  int reported = 0;
+  size_t mismatches = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!(std::fabs(got[i] - want[i]) <= bound(i))) {
+      ++mismatches;
+      if (reported++ < 5)
+        ADD_FAILURE() << what << "[" << i << "] = " << got[i] << ", want " << want[i] << " (bound "
+                      << bound(i) << ")";
+    }
+  }
+  EXPECT_EQ(mismatches, 0u) << what << ": " << mismatches << " of " << got.size();
+}
+
 }  // namespace moeinfer::cuda::testing_util

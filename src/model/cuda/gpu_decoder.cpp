@@ -52,10 +52,9 @@ constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 // The workspace (activations of the largest step) may take up to this share of what the memory
 // budget leaves after the weights; the KV pool takes the rest.
 constexpr double kMaxWorkspaceShare = 0.5;
-// T*K up to which MoE layers take the small-batch path unless GpuOptions says otherwise
-// (bench/RESULTS.md, 2026-12-04: where it stops beating the stage-by-stage path).
-// Off by default: measured 2026-12-04 on an H200 the fused path is slower than the general one
-// (bench/RESULTS.md); --fused-moe-rows N turns it on.
+// T*K up to which MoE layers take the small-batch path unless GpuOptions says otherwise. 0 (off):
+// on an H200 it is slower than the stage-by-stage path at every T (bench/RESULTS.md,
+// 2026-12-04); --fused-moe-rows N turns it on.
 constexpr int64_t kSmallMoeDefaultRows = 0;
 constexpr int64_t kMinContextBucket = 256;
 constexpr float kMlaNormEps = 1e-6f;
@@ -396,6 +395,10 @@ void CudaDecoder::allocate_workspace() {
                                                          : kSmallMoeDefaultRows;
     small_moe_rows_ = std::min(small_moe_rows_, cuda::kSmallMoeMaxRows);
   }
+  const int64_t small_moe_bytes =
+      small_moe_rows_ > 0 ? cuda::small_moe_workspace_bytes(std::min(T, cuda::kSmallMoeMaxTokens),
+                                                            E, K, H, Ip, shared_width)
+                          : 0;
 
   // Split-K scratch of the attention kernels at their worst shape.
   int64_t attn_ws = 0;
@@ -457,10 +460,7 @@ void CudaDecoder::allocate_workspace() {
       expert_out_ = cv.take<bf16>(T * K * H);
       shared_gate_logits_ = cv.take<float>(T);
       shared_out_ = cv.take<bf16>(T * H);
-      if (small_moe_rows_ > 0) {
-        small_moe_workspace_ = cv.take<char>(cuda::small_moe_workspace_bytes(
-            std::min(T, cuda::kSmallMoeMaxTokens), E, K, H, Ip, shared_width));
-      }
+      if (small_moe_bytes > 0) small_moe_workspace_ = cv.take<char>(small_moe_bytes);
       if (w_.experts_offloaded) {
         predict_logits_ = cv.take<float>(T * E);
         predict_ids_ = cv.take<int32_t>(T * K);
@@ -490,11 +490,8 @@ void CudaDecoder::allocate_workspace() {
   carve(assign);
   report_.workspace_bytes = bytes;
   if (small_moe_workspace_) {  // its counters start at zero; the kernels leave them so
-    CUDA_CHECK(cudaMemsetAsync(small_moe_workspace_, 0,
-                               static_cast<size_t>(cuda::small_moe_workspace_bytes(
-                                   std::min(T, cuda::kSmallMoeMaxTokens), E, K, H, Ip,
-                                   shared_width)),
-                               stream_));
+    CUDA_CHECK(
+        cudaMemsetAsync(small_moe_workspace_, 0, static_cast<size_t>(small_moe_bytes), stream_));
   }
   if (c.mla) {  // q_full's rope padding [Lp + R, W) is never written: zero once
     CUDA_CHECK(cudaMemsetAsync(mla_q_full_, 0,
