@@ -385,12 +385,16 @@ inline void random_weights(RandomModel& m, Draw& d) {
 
 }  // namespace random_model_detail
 
-// A random model of `family`, the same for the same seed.
-inline RandomModel make_random_model(ModelFamily family, uint64_t seed) {
+// A random model of `family`, the same for the same seed; `overrides` replace drawn config fields
+// (a shape past what the sweep draws, say), and the weights follow the resulting config.
+inline RandomModel make_random_model(ModelFamily family, uint64_t seed,
+                                     const nlohmann::json& overrides = nlohmann::json::object()) {
   random_model_detail::Draw draw(seed);
   RandomModel m;
   m.seed = seed;
-  m.config_json = random_model_detail::random_config(family, draw).dump();
+  nlohmann::json config = random_model_detail::random_config(family, draw);
+  config.update(overrides);
+  m.config_json = config.dump();
   m.config = parse_model_config(m.config_json, "random config (seed " + std::to_string(seed) + ")");
   random_model_detail::random_weights(m, draw);
   return m;
