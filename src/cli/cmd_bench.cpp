@@ -261,6 +261,7 @@ void run_bench(const BenchArgs& args) {
       .profile_time_every = args.time_every,
       .device = args.device.device,
       .fused_moe_rows = args.device.fused_moe_rows,
+      .weight_dtype = args.device.weight_dtype(),
       .gpu_memory_fraction = args.device.gpu_memory_fraction,
       .cuda_graphs = !args.no_cuda_graphs,
       .deterministic = args.deterministic,

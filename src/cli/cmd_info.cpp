@@ -98,7 +98,8 @@ void add_info_command(CLI::App& app) {
     std::unique_ptr<GpuDecoder> gpu;
     if (device->is_cuda()) {
       gpu = GpuDecoder::create(config, weights,
-                               GpuOptions{.gpu_memory_fraction = device->gpu_memory_fraction});
+                               GpuOptions{.weight_dtype = device->weight_dtype(),
+                                          .gpu_memory_fraction = device->gpu_memory_fraction});
     }
     if (*as_json) {
       nlohmann::ordered_json out = facts_to_json(config, facts);

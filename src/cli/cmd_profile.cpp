@@ -164,7 +164,8 @@ class Workload {
     num_blocks_ = per_seq * args.batch;
     if (args.device.is_cuda()) {
       // The same workload on the GPU decoder: its own device pool of the same blocks.
-      const GpuOptions options{.gpu_memory_fraction = args.device.gpu_memory_fraction,
+      const GpuOptions options{.weight_dtype = args.device.weight_dtype(),
+                               .gpu_memory_fraction = args.device.gpu_memory_fraction,
                                .max_batch_tokens = args.batch * args.input_len,
                                .max_num_seqs = args.batch,
                                .max_model_len = args.input_len + args.output_len,

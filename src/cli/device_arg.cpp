@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "cli/usage_error.h"
 #include "core/error.h"
 #include "offload/parse_options.h"
 
@@ -23,6 +24,26 @@ void add_device_options(CLI::App* cmd, DeviceArgs* args) {
                   "most 512) run as two fused kernels instead of the stage-by-stage pipeline; 0 "
                   "never (default: -1, the decoder's threshold, which is 0 for now: measured slower)")
       ->check(CLI::Range(-1, 512));
+  cmd->add_option("--dtype", args->dtype,
+                  "cuda: how a float32 or float16 checkpoint's weights are held: auto keeps "
+                  "them (each weight as two bf16 terms summed in float32, as the checkpoint "
+                  "computes: twice the weight bytes and time of bf16), bfloat16 rounds each to "
+                  "bf16 (what vLLM and SGLang run such a checkpoint as). A bf16 checkpoint is "
+                  "held as it is either way")
+      ->check(CLI::IsMember({"auto", "bfloat16", "bf16"}))
+      ->capture_default_str();
+  // GPU-only flags given for the CPU would change nothing there: refused, not ignored.
+  cmd->parse_complete_callback([cmd, args] {
+    if (args->is_cuda()) return;
+    for (const char* flag : {"--dtype", "--fused-moe-rows"}) {
+      USAGE_CHECK(cmd->count(flag) == 0, flag, " applies to --device cuda (the CPU computes with "
+                  "the checkpoint's weights as stored, stage by stage)");
+    }
+  });
+}
+
+GpuWeightDtype DeviceArgs::weight_dtype() const {
+  return dtype == "auto" ? GpuWeightDtype::kCheckpoint : GpuWeightDtype::kBf16;
 }
 
 offload::OffloadOptions DeviceArgs::offload() const {
@@ -163,6 +184,7 @@ SequenceRunner::SequenceRunner(Model& model, const DeviceArgs& device, int64_t m
   options.num_kv_blocks = (capacity_ + options.block_size - 1) / options.block_size;
   options.offload = offload;
   options.small_batch_moe_rows = device.fused_moe_rows;
+  options.weight_dtype = device.weight_dtype();
   gpu_ = GpuDecoder::create(config, model.decoder().weights(), options);
   for (int32_t b = 0; b < options.num_kv_blocks; ++b) block_table_.push_back(b);
 }

@@ -25,6 +25,7 @@ struct DeviceArgs {
   std::string device = "cpu";
   double gpu_memory_fraction = 0.9;
   int64_t fused_moe_rows = -1;  // --fused-moe-rows; -1: the decoder's own threshold
+  std::string dtype = "auto";   // --dtype auto|bfloat16: a float32 checkpoint's weights on cuda
   std::string expert_budget;  // --expert-budget; empty: every expert resident
   std::string expert_cache;   // --expert-cache; empty: lru
   std::string cold_experts;   // --cold-experts; empty: gpu
@@ -34,6 +35,8 @@ struct DeviceArgs {
   // Under --ep: whether the shared experts run while the dispatch's rows are in flight.
   bool overlap_shared_experts() const;
   bool is_cuda() const { return device == "cuda"; }
+  // --dtype as the GPU decoder's option (refused at parse time without --device cuda).
+  GpuWeightDtype weight_dtype() const;
   // The job's communicator under --ep N (launched as N ranks by mpirun; checked, with the flags
   // that need --ep), else null.
   parallel::Communicator* expert_parallel() const;
@@ -45,7 +48,8 @@ struct DeviceArgs {
   offload::OffloadOptions offload() const;
 };
 
-// Adds --device cpu|cuda and --gpu-memory-fraction.
+// Adds --device cpu|cuda, --gpu-memory-fraction, --fused-moe-rows and --dtype (the last two
+// refused without --device cuda).
 void add_device_options(CLI::App* cmd, DeviceArgs* args);
 // Adds --expert-budget and --expert-cache (the subcommands that run a model's experts).
 void add_offload_options(CLI::App* cmd, DeviceArgs* args);

@@ -1,6 +1,7 @@
 // The forward pass on one NVIDIA GPU: the same model as Decoder (model/decoder.h), every stage
-// on the device in bf16 with float32 accumulation, the KV cache paged in device memory, decode
-// steps captured in CUDA graphs per batch-size bucket.
+// on the device in bf16 with float32 accumulation (a float32 checkpoint's weights in two bf16
+// terms, GpuWeightDtype), the KV cache paged in device memory, decode steps captured in CUDA
+// graphs per batch-size bucket.
 //
 // Weights are streamed from the memory-mapped checkpoint through two pinned staging buffers
 // (converted to bf16 on the way, no second full copy in host memory), or, for synthetic models,
@@ -31,8 +32,17 @@ namespace moeinfer {
 // keeps the profiler within 3% of step time.
 inline constexpr int64_t kGpuProfileTimeEvery = 16;
 
+// How a float32 or float16 checkpoint's weights are held on the GPU (a bf16 one is held as it
+// is). kCheckpoint: each weight as two bf16 terms, hi = bf16(w) and lo = bf16(w - hi), summed in
+// every product in float32 (gpu/device_weights.h), so the GPU computes with the checkpoint's
+// weights rather than a rounding of them, as transformers does with its dtype "auto"; twice the
+// weight bytes and tensor-core work of kBf16. kBf16 (--dtype bfloat16): each weight rounded to
+// bf16 once, what vLLM and SGLang run a float32 checkpoint as by default.
+enum class GpuWeightDtype { kCheckpoint, kBf16 };
+
 struct GpuOptions {
   int device = 0;
+  GpuWeightDtype weight_dtype = GpuWeightDtype::kCheckpoint;
   double gpu_memory_fraction = 0.9;  // of the card's memory, for weights + workspace + KV
   int64_t max_batch_tokens = 512;    // tokens one forward() may carry (sizes the workspace)
   int64_t max_num_seqs = 256;        // sequences one decode step may carry

@@ -103,7 +103,8 @@ void EngineConfig::validate() const {
 namespace {
 
 GpuOptions gpu_options(const ModelConfig& model, const EngineConfig& config) {
-  return GpuOptions{.gpu_memory_fraction = config.gpu_memory_fraction,
+  return GpuOptions{.weight_dtype = config.weight_dtype,
+                    .gpu_memory_fraction = config.gpu_memory_fraction,
                     .max_batch_tokens = config.max_num_batched_tokens,
                     .max_num_seqs = config.max_num_seqs,
                     .max_model_len = context_limit(model, config),

@@ -122,6 +122,35 @@ void embedding_random(int64_t T) {
       ASSERT_EQ(got[t * H + h], table[ids[t] * H + h]) << "token " << t << " dim " << h;
 }
 
+// The float32 stream from a table in two bf16 terms: row = hi + lo, summed in float32.
+void embedding_two_terms(int64_t T) {
+  std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(T * 7));
+  const int64_t V = 1003, H = 264;
+  const auto hi = random_bf16(V * H, rng), lo = random_bf16(V * H, rng, 0.01f);
+  std::vector<int32_t> ids(T);
+  for (auto& id : ids) id = std::uniform_int_distribution<int32_t>(0, V - 1)(rng);
+  DeviceBuffer<uint16_t> d_hi(hi), d_lo(lo);
+  DeviceBuffer<float> d_out(T * H);
+  DeviceBuffer<int32_t> d_ids(ids);
+  d_out.poison();
+  embedding(EmbeddingParams{.token_ids = d_ids.get(),
+                            .table = d_hi.as_bf16(),
+                            .table_lo = d_lo.as_bf16(),
+                            .out_f32 = d_out.get(),
+                            .num_tokens = T,
+                            .vocab_size = V,
+                            .hidden_size = H},
+            nullptr);
+  synchronize();
+  const auto got = d_out.download();
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t at = ids[t] * H + h;
+      ASSERT_EQ(got[t * H + h], bf16_to_f32(hi[at]) + bf16_to_f32(lo[at]))
+          << "token " << t << " dim " << h;
+    }
+}
+
 // MLA's layout: query heads of qk = nope + rope dims, rotated from offset nope, and one shared
 // rope key at the end of each latent row of width L + rope, which can be narrower than qk (the
 // launcher once refused k_stride < head_dim, so kv_lora_rank < qk_nope_head_dim never ran).
@@ -408,8 +437,10 @@ void prefill_random(std::vector<int32_t> lens, int64_t Nq, int64_t Nkv, int64_t 
   auto reg = [](const char* suite, const std::string& name, std::function<void()> body) {
     register_kernel_test(suite, name, std::move(body), __FILE__, __LINE__);
   };
-  for (int64_t T : {int64_t{1}, int64_t{19}, int64_t{989}})
+  for (int64_t T : {int64_t{1}, int64_t{19}, int64_t{989}}) {
     reg("CudaEmbedding", "Gather_T" + std::to_string(T), [T] { embedding_random(T); });
+    reg("CudaEmbedding", "TwoTerms_T" + std::to_string(T), [T] { embedding_two_terms(T); });
+  }
   for (bool yarn : {false, true})
     for (bool interleaved : {false, true})
       for (int64_t rd : {int64_t{128}, int64_t{64}})

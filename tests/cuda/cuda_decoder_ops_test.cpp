@@ -383,6 +383,7 @@ struct NormCase {
   int64_t offset;        // elements from the buffer's (aligned) start to x
   int64_t head_dim = 0;  // > 0: padded heads of head_dim real columns per `pad_to`; the rest
   int64_t pad_to = 0;    //   zero and mean_width = (width / pad_to) * head_dim
+  bool weight_lo = false;  // a second weight term of its own random values (added to weight)
 };
 
 void strided_rms_norm_case(const NormCase& nc) {
@@ -390,7 +391,8 @@ void strided_rms_norm_case(const NormCase& nc) {
                << "tokens=" << nc.tokens << " rows_per_token=" << nc.rows_per_token
                << " width=" << nc.width << " stride=" << nc.stride
                << " token_stride=" << nc.token_stride << " offset=" << nc.offset
-               << " head_dim=" << nc.head_dim << " pad_to=" << nc.pad_to);
+               << " head_dim=" << nc.head_dim << " pad_to=" << nc.pad_to
+               << " weight_lo=" << nc.weight_lo);
   std::mt19937 rng(case_seed({nc.tokens, nc.rows_per_token, nc.width, nc.stride, nc.token_stride,
                               nc.offset, nc.head_dim}));
   const int64_t rows = nc.tokens * nc.rows_per_token;
@@ -403,6 +405,8 @@ void strided_rms_norm_case(const NormCase& nc) {
   const int64_t size = row_start(rows - 1) + nc.width + 8;
   std::vector<uint16_t> x = random_bf16(size, rng, 1.5f);
   const std::vector<uint16_t> weight_bits = random_bf16(nc.width + 1, rng, 0.5f);
+  const std::vector<uint16_t> lo_bits =
+      nc.weight_lo ? random_bf16(nc.width + 1, rng, 0.5f) : std::vector<uint16_t>{};
   const int64_t weight_offset = nc.offset % 2;  // misaligned x comes with a misaligned weight
   if (nc.head_dim) {
     for (int64_t r = 0; r < rows; ++r)
@@ -422,14 +426,17 @@ void strided_rms_norm_case(const NormCase& nc) {
     for (int64_t c = 0; c < nc.width; ++c) {
       ASSERT_FALSE(touched[s + c]) << "rows overlap at " << s + c;
       touched[s + c] = 1;
-      want[s + c] = static_cast<double>(bf16_to_f32(weight_bits[weight_offset + c])) *
-                    bf16_to_f32(x[s + c]) * inv_rms;
+      const double w =
+          static_cast<double>(bf16_to_f32(weight_bits[weight_offset + c])) +
+          (nc.weight_lo ? static_cast<double>(bf16_to_f32(lo_bits[weight_offset + c])) : 0.0);
+      want[s + c] = w * bf16_to_f32(x[s + c]) * inv_rms;
     }
   }
 
-  DeviceBuffer<uint16_t> d_x(x), d_weight(weight_bits);
+  DeviceBuffer<uint16_t> d_x(x), d_weight(weight_bits), d_lo(lo_bits);
   strided_rms_norm({.x = d_x.as_bf16() + nc.offset,
                     .weight = d_weight.as_bf16() + weight_offset,
+                    .weight_lo = nc.weight_lo ? d_lo.as_bf16() + weight_offset : nullptr,
                     .rows = rows,
                     .width = nc.width,
                     .stride = nc.stride,
@@ -487,6 +494,14 @@ void strided_rms_norm_short_rows() {
                          .stride = 576,
                          .token_stride = 0,
                          .offset = 0});
+  // Weights in two terms: per-head rows (vectors), a misaligned sub-row (elements), and a row
+  // long enough for a block.
+  strided_rms_norm_case({.tokens = 19, .rows_per_token = 4, .width = 128, .stride = 128,
+                         .token_stride = 1024, .offset = 0, .weight_lo = true});
+  strided_rms_norm_case({.tokens = 19, .rows_per_token = 3, .width = 100, .stride = 128,
+                         .token_stride = 512, .offset = 1, .weight_lo = true});
+  strided_rms_norm_case({.tokens = 7, .rows_per_token = 1, .width = 2056, .stride = 2056,
+                         .token_stride = 0, .offset = 0, .weight_lo = true});
   // A misaligned sub-row: element-wise path at a vector-friendly width.
   strided_rms_norm_case({.tokens = 19,
                          .rows_per_token = 3,

@@ -52,15 +52,18 @@ struct Case {
   int64_t m, n, k, lda_pad, batch;
   DenseLayout layout;
   bool f32;
+  bool two_terms = false;  // a b_lo of its own random values: c = a . op(b + b_lo)
 };
 
 // Element (r, col) of batch entry e of c = a . op(b), in float64.
-double reference(const std::vector<float>& a, const std::vector<float>& b, const Case& c,
-                 int64_t lda, int64_t ldb, int64_t e, int64_t r, int64_t col, double* scale) {
+double reference(const std::vector<float>& a, const std::vector<float>& b,
+                 const std::vector<float>& b_lo, const Case& c, int64_t lda, int64_t ldb,
+                 int64_t e, int64_t r, int64_t col, double* scale) {
   const int64_t a0 = e * c.m * lda, b0 = e * c.n * c.k;
   double sum = 0.0, squares = 0.0;
   for (int64_t i = 0; i < c.k; ++i) {
-    const double w = c.layout == DenseLayout::kNK ? b[b0 + col * ldb + i] : b[b0 + i * ldb + col];
+    const int64_t at = c.layout == DenseLayout::kNK ? b0 + col * ldb + i : b0 + i * ldb + col;
+    const double w = double{b[at]} + (c.two_terms ? double{b_lo[at]} : 0.0);
     const double term = double{a[a0 + r * lda + i]} * w;
     sum += term;
     squares += term * term;
@@ -77,17 +80,24 @@ void matches_the_reference() {
       {7, 1, 256, 0, 1, DenseLayout::kNK, true},    {64, 136, 5, 1, 1, DenseLayout::kNK, true},
       {17, 96, 64, 0, 3, DenseLayout::kNK, false},  {5, 512, 128, 0, 3, DenseLayout::kKN, false},
       {33, 72, 24, 2, 3, DenseLayout::kKN, false},  {2, 13, 40, 0, 1, DenseLayout::kKN, true},
+      {3, 200, 320, 0, 1, DenseLayout::kNK, true, true},
+      {19, 33, 100, 3, 3, DenseLayout::kNK, false, true},
+      {99, 130, 72, 0, 1, DenseLayout::kNK, true, true},
+      {5, 512, 128, 0, 3, DenseLayout::kKN, false, true},
+      {33, 72, 24, 2, 1, DenseLayout::kKN, true, true},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(::testing::Message() << "m " << c.m << " n " << c.n << " k " << c.k << " lda pad "
                                       << c.lda_pad << " batch " << c.batch << " kKN "
-                                      << (c.layout == DenseLayout::kKN) << " f32 " << c.f32);
+                                      << (c.layout == DenseLayout::kKN) << " f32 " << c.f32
+                                      << " two terms " << c.two_terms);
     const int64_t lda = c.k + c.lda_pad;
     const int64_t ldb = c.layout == DenseLayout::kNK ? c.k : c.n;
     const auto a_bits = random_bf16(static_cast<size_t>(c.batch * c.m * lda), rng);
     const auto b_bits = random_bf16(static_cast<size_t>(c.batch * c.n * c.k), rng);
-    const std::vector<float> a = to_float(a_bits), b = to_float(b_bits);
-    DeviceBuffer<uint16_t> da(a_bits), db(b_bits);
+    const auto b_lo_bits = random_bf16(c.two_terms ? b_bits.size() : 0, rng);
+    const std::vector<float> a = to_float(a_bits), b = to_float(b_bits), b_lo = to_float(b_lo_bits);
+    DeviceBuffer<uint16_t> da(a_bits), db(b_bits), db_lo(b_lo_bits);
     const size_t out_count = static_cast<size_t>(c.batch * c.m * c.n);
     DeviceBuffer<float> out32(c.f32 ? out_count : 0);
     DeviceBuffer<uint16_t> out16(c.f32 ? 0 : out_count);
@@ -95,6 +105,7 @@ void matches_the_reference() {
     out16.poison();
     dense_gemm({.a = da.as_bf16(),
                 .b = db.as_bf16(),
+                .b_lo = c.two_terms ? db_lo.as_bf16() : nullptr,
                 .c = c.f32 ? static_cast<void*>(out32.get()) : static_cast<void*>(out16.get()),
                 .m = c.m,
                 .n = c.n,
@@ -114,7 +125,7 @@ void matches_the_reference() {
       for (int64_t r = 0; r < c.m; ++r)
         for (int64_t col = 0; col < c.n; ++col) {
           const size_t i = static_cast<size_t>((e * c.m + r) * c.n + col);
-          want[i] = reference(a, b, c, lda, ldb, e, r, col, &scale[i]);
+          want[i] = reference(a, b, b_lo, c, lda, ldb, e, r, col, &scale[i]);
         }
     if (!c.f32) {
       expect_bf16_near(out16.download(), want, scale, "dense_gemm bf16");

@@ -85,6 +85,10 @@ struct GemmCase {
   GemmTile tile;
   int64_t spare_rows = 0;  // rows past offsets[E] that must stay untouched
   bool gather = false;     // A rows gathered from [T, Kd] through a random src_row
+  // 2: each expert's matrix is followed by a second term of its own random values ([E, 2, Nw,
+  // Kd]) and the product is x . (w0 + w1)^T; any term read at the wrong place is far off.
+  int64_t weight_terms = 1;
+  bool table = false;  // experts through a device table of per-expert pointers
 };
 
 // One grouped GEMM of either kind; returns false when the launcher refused the forced tile
@@ -103,21 +107,35 @@ void run_case(const GemmCase& c, bool gate_up) {
   for (auto& v : src_row) v = std::uniform_int_distribution<int32_t>(0, c.T * c.K - 1)(rng);
   auto x_row = [&](int64_t r) { return c.gather ? src_row[r] / c.K : r; };
   const auto x_bits = random_bf16(x_rows * Kd, rng, 1.0f);
-  const auto w_bits = random_bf16(c.E * Nw * Kd, rng, 1.0f / std::sqrt(static_cast<float>(Kd)));
+  const int64_t terms = c.weight_terms, term_elems = Nw * Kd;
+  const auto w_bits =
+      random_bf16(c.E * terms * term_elems, rng, 1.0f / std::sqrt(static_cast<float>(Kd)));
   const auto x = to_float(x_bits);
-  const auto w = to_float(w_bits);
+  const auto w_terms = to_float(w_bits);
+  std::vector<float> w(c.E * term_elems);  // the weights the terms add up to
+  for (int64_t e = 0; e < c.E; ++e) {
+    for (int64_t i = 0; i < term_elems; ++i) {
+      for (int64_t t = 0; t < terms; ++t)
+        w[e * term_elems + i] += w_terms[(e * terms + t) * term_elems + i];
+    }
+  }
 
   DeviceBuffer<uint16_t> d_x(x_bits), d_w(w_bits), d_out(M * N);
   DeviceBuffer<int32_t> d_offsets(offsets), d_src_row(src_row);
+  std::vector<const __nv_bfloat16*> table(c.E);
+  for (int64_t e = 0; e < c.E; ++e) table[e] = d_w.as_bf16() + e * terms * term_elems;
+  DeviceBuffer<const __nv_bfloat16*> d_table(table);
   d_out.poison();
   GroupedGemmParams p{.rows = d_x.as_bf16(),
-                      .weights = d_w.as_bf16(),
+                      .weights = c.table ? nullptr : d_w.as_bf16(),
+                      .expert_weights = c.table ? d_table.get() : nullptr,
                       .expert_offsets = d_offsets.get(),
                       .out = d_out.as_bf16(),
                       .num_rows = M,
                       .num_experts = c.E,
                       .n = N,
                       .k = Kd,
+                      .weight_terms = terms,
                       .epilogue = gate_up ? GemmEpilogue::kSiluMul : GemmEpilogue::kNone,
                       .tile = c.tile,
                       .src_row = c.gather ? d_src_row.get() : nullptr,
@@ -287,6 +305,22 @@ void run_experts(int64_t T, int64_t K, int64_t E, int64_t H, int64_t I, bool gat
           "Gather_T" + std::to_string(s.T) + "_" + tile_names[static_cast<int>(tile)];
       register_kernel_test(
           "CudaGroupedGemm", name, [c] { run_case(c, true); }, __FILE__, __LINE__);
+    }
+  }
+  // Two weight terms (float32 checkpoints held as hi + lo), under every tile, gathered and
+  // through an expert table.
+  for (int t = 0; t < 5; ++t) {
+    for (bool gate_up : {true, false}) {
+      for (const Shape& s : {Shape{3, 8, 60, 320, 256}, Shape{300, 8, 16, 256, 256}}) {
+        const GemmCase c{.T = s.T, .K = s.K, .E = s.E, .H = s.H, .I = s.I,
+                         .routing = Routing::kZipf, .tile = tiles[t], .spare_rows = 2,
+                         .gather = t == 0, .weight_terms = 2, .table = t == 1};
+        register_kernel_test(
+            "CudaGroupedGemm",
+            std::string("TwoTerms") + (gate_up ? "SiluMul" : "Plain") + "_T" +
+                std::to_string(s.T) + "_" + tile_names[t],
+            [c, gate_up] { run_case(c, gate_up); }, __FILE__, __LINE__);
+      }
     }
   }
   for (int64_t T : {int64_t{1}, int64_t{19}, int64_t{256}}) {

@@ -511,6 +511,7 @@ void unpermute_random(int64_t T) {
 // Which optional inputs of the fused norm a case gives.
 struct NormInputs {
   bool x = true, residual = true, residual_out = true, bias = false;
+  bool weight_lo = false;  // a second weight term of its own random values (added to weight)
 };
 
 // float64 reference of the fused norm, from the float32 sum the kernel forms in the same order
@@ -518,7 +519,7 @@ struct NormInputs {
 void rms_norm_case(int64_t T, int64_t H, NormInputs in, std::mt19937& rng) {
   SCOPED_TRACE(::testing::Message() << "T=" << T << " H=" << H << " x=" << in.x << " residual="
                                     << in.residual << " residual_out=" << in.residual_out
-                                    << " bias=" << in.bias);
+                                    << " bias=" << in.bias << " weight_lo=" << in.weight_lo);
   const float eps = 1e-6f;
   std::normal_distribution<float> normal(0.0f, 3.0f);
   auto random_floats = [&](bool given, int64_t n) {
@@ -530,6 +531,12 @@ void rms_norm_case(int64_t T, int64_t H, NormInputs in, std::mt19937& rng) {
   const std::vector<float> residual = random_floats(in.residual, T * H);
   const std::vector<uint16_t> bias = in.bias ? random_bf16(H, rng, 0.5f) : std::vector<uint16_t>{};
   const std::vector<uint16_t> weight = random_bf16(H, rng, 1.0f);
+  const std::vector<uint16_t> weight_lo =
+      in.weight_lo ? random_bf16(H, rng, 1.0f) : std::vector<uint16_t>{};
+  auto weight_at = [&](int64_t h) {
+    return static_cast<double>(bf16_to_f32(weight[h])) +
+           (in.weight_lo ? static_cast<double>(bf16_to_f32(weight_lo[h])) : 0.0);
+  };
   std::vector<float> want_sum(T * H), want(T * H), scale(T * H);
   for (int64_t t = 0; t < T; ++t) {
     double sum_sq = 0.0;
@@ -542,13 +549,13 @@ void rms_norm_case(int64_t T, int64_t H, NormInputs in, std::mt19937& rng) {
     }
     const double inv_rms = 1.0 / std::sqrt(sum_sq / static_cast<double>(H) + eps);
     for (int64_t h = 0; h < H; ++h) {
-      const double v = static_cast<double>(bf16_to_f32(weight[h])) * want_sum[t * H + h] * inv_rms;
+      const double v = weight_at(h) * want_sum[t * H + h] * inv_rms;
       want[t * H + h] = static_cast<float>(v);
       scale[t * H + h] = static_cast<float>(std::fabs(v));
     }
   }
   DeviceBuffer<float> d_x(x), d_residual(residual), d_residual_out(T * H);
-  DeviceBuffer<uint16_t> d_bias(bias), d_weight(weight), d_out(T * H);
+  DeviceBuffer<uint16_t> d_bias(bias), d_weight(weight), d_weight_lo(weight_lo), d_out(T * H);
   d_out.poison();
   d_residual_out.poison();
   fused_add_rms_norm(RmsNormParams{.x = in.x ? d_x.get() : nullptr,
@@ -556,6 +563,7 @@ void rms_norm_case(int64_t T, int64_t H, NormInputs in, std::mt19937& rng) {
                                    .residual = in.residual ? d_residual.get() : nullptr,
                                    .residual_out = in.residual_out ? d_residual_out.get() : nullptr,
                                    .weight = d_weight.as_bf16(),
+                                   .weight_lo = in.weight_lo ? d_weight_lo.as_bf16() : nullptr,
                                    .out = d_out.as_bf16(),
                                    .num_rows = T,
                                    .hidden_size = H,
@@ -581,14 +589,19 @@ void rms_norm_random(int64_t T) {
   // Cycle through the decoder's uses and the corners: an attention output with its bias joining
   // the stream, a block output without residual_out (the final norm), the first layer's norm of
   // the embedded stream alone, a block output alone.
+  // Each with and without a second weight term (a float32 checkpoint's norm as hi + lo).
   const NormInputs variants[] = {
       {.bias = true},
-      {.residual_out = false},
+      {.residual_out = false, .weight_lo = true},
       {.x = false, .residual_out = false},
+      {.residual = false, .weight_lo = true},
+      {.bias = true, .weight_lo = true},
+      {.residual_out = false},
+      {.x = false, .residual_out = false, .weight_lo = true},
       {.residual = false},
   };
   int variant = 0;
-  for (int64_t H : sizes) rms_norm_case(T, H, variants[variant++ % 4], rng);
+  for (int64_t H : sizes) rms_norm_case(T, H, variants[variant++ % 8], rng);
 }
 
 // In-place use, as the decoder calls it: residual_out == residual.

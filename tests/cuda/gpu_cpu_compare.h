@@ -130,7 +130,10 @@ inline void replay_gpu_routing(const moe::Routing& gpu, const float* logits,
 }
 
 // Runs the schedule on both decoders and compares every logits row.
-inline ConfigResult compare_gpu_with_cpu(const testing::RandomModel& m, uint64_t schedule_seed, bool deterministic) {
+// weight_dtype: how a float32 model's weights go to the GPU (GpuOptions::weight_dtype).
+inline ConfigResult compare_gpu_with_cpu(
+    const testing::RandomModel& m, uint64_t schedule_seed, bool deterministic,
+    GpuWeightDtype weight_dtype = GpuWeightDtype::kCheckpoint) {
   const ModelConfig& c = m.config;
   const int64_t V = c.vocab_size;
   std::mt19937_64 rng(schedule_seed);
@@ -142,7 +145,8 @@ inline ConfigResult compare_gpu_with_cpu(const testing::RandomModel& m, uint64_t
   const int64_t value_width = c.mla ? 0 : c.kv_dim();
   KvBlockPool pool(c.num_layers, key_width, value_width, block_size, schedule.num_blocks);
   auto gpu = GpuDecoder::create(c, m.weights,
-                                GpuOptions{.max_batch_tokens = 64,
+                                GpuOptions{.weight_dtype = weight_dtype,
+                                           .max_batch_tokens = 64,
                                            .max_num_seqs = 4,
                                            .max_model_len = 64,
                                            .block_size = block_size,

@@ -27,6 +27,9 @@ namespace moeinfer::cuda {
 struct EmbeddingParams {
   const int32_t* token_ids = nullptr;    // [T], each in [0, V) (a device check traps otherwise)
   const __nv_bfloat16* table = nullptr;  // [V, H]
+  // [V, H] the table's second bf16 term (a float32 checkpoint held as hi + lo), or null; only
+  // with out_f32, which gets table + table_lo summed in float32.
+  const __nv_bfloat16* table_lo = nullptr;
   __nv_bfloat16* out = nullptr;          // [T, H], or null
   float* out_f32 = nullptr;              // [T, H] the rows widened to float32, or null
   int64_t num_tokens = 0;                // T

@@ -94,7 +94,8 @@ void strided_rms_norm(const StridedRmsNormParams& params, cudaStream_t stream) {
   detail::check_pointer(p.x, "x");
   detail::check_pointer(p.weight, "weight");
   const bool vec = p.width % 8 == 0 && p.stride % 8 == 0 && p.token_stride % 8 == 0 &&
-                   aligned16(p.x) && aligned16(p.weight);
+                   aligned16(p.x) && aligned16(p.weight) &&
+                   (p.weight_lo == nullptr || aligned16(p.weight_lo));
   if (p.width <= kRmsNormWarpMaxWidth) {
     const unsigned blocks =
         static_cast<unsigned>((p.rows + kRmsNormRowsPerBlock - 1) / kRmsNormRowsPerBlock);
@@ -155,6 +156,23 @@ void sigmoid_scale_rows(const SigmoidScaleParams& p, cudaStream_t stream) {
     sigmoid_scale_rows_kernel<1>
         <<<flat_blocks(p.num_tokens * p.hidden_size), kDecoderOpsThreads, 0, stream>>>(p);
   }
+  MOE_CUDA_CHECK_LAUNCH();
+}
+
+void round_rows_to_bf16(const RoundRowsParams& p, cudaStream_t stream) {
+  NvtxRange range("round_rows_to_bf16");
+  detail::check_int32_range(p.rows, "rows");
+  MOE_CHECK(p.width >= 1 && p.width <= std::numeric_limits<int32_t>::max(), "width = ", p.width,
+            " is outside [1, 2^31)");
+  MOE_CHECK(p.src_stride >= p.width, "src_stride = ", p.src_stride, " is shorter than width = ",
+            p.width);
+  MOE_CHECK(p.dst_stride >= p.width, "dst_stride = ", p.dst_stride, " is shorter than width = ",
+            p.width);
+  check_work_items(p.rows, p.width, "rows * width");
+  if (p.rows == 0) return;
+  detail::check_pointer(p.src, "src");
+  detail::check_pointer(p.dst, "dst");
+  round_rows_to_bf16_kernel<<<flat_blocks(p.rows * p.width), kDecoderOpsThreads, 0, stream>>>(p);
   MOE_CUDA_CHECK_LAUNCH();
 }
 

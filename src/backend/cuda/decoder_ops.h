@@ -49,6 +49,8 @@ struct StridedRmsNormParams {
   __nv_bfloat16* x = nullptr;             // rows in place: row r at x + (r / rows_per_token) *
                                           // token_stride + (r % rows_per_token) * stride
   const __nv_bfloat16* weight = nullptr;  // [width]
+  const __nv_bfloat16* weight_lo = nullptr;  // [width] the weight's second bf16 term (float32
+                                             // checkpoints), or null
   int64_t rows = 0;                       // a multiple of rows_per_token
   int64_t width = 0;   // elements normalised per row (>= 1; up to 1024 a warp per row, above a
                        // block per row)
@@ -62,7 +64,8 @@ struct StridedRmsNormParams {
                                // (head padding) must be zero to leave it unchanged.
 };
 
-// Each row's first `width` elements: x = weight * (x / sqrt(sum(x^2) / mean_width + eps)),
+// Each row's first `width` elements: x = weight * (x / sqrt(sum(x^2) / mean_width + eps)) (weight
+// taken as weight + weight_lo in float32 when weight_lo is given),
 // rounded as fused_add_rms_norm does: bf16(weight * (x * inv_rms)). Per-head q/k norms (rows =
 // T * heads, stride = head stride, rows_per_token = heads, token_stride = the projection's row
 // width), the whole-projection q/k norm over padded heads (mean_width = heads * head_dim), MLA's
@@ -120,6 +123,19 @@ struct AttentionInputsParams {
 
 // Rounds as the separate kernels do: the normed head to bf16, then the rotated pair to bf16.
 void attention_inputs(const AttentionInputsParams& params, cudaStream_t stream);
+
+struct RoundRowsParams {
+  const float* src = nullptr;    // [rows, src_stride]
+  __nv_bfloat16* dst = nullptr;  // [rows, dst_stride]; only the first `width` of a row written
+  int64_t rows = 0;
+  int64_t width = 0;
+  int64_t src_stride = 0;  // >= width
+  int64_t dst_stride = 0;  // >= width
+};
+
+// dst[r, c] = bf16(src[r, c]), c < width: a product summed in float32 (a float32 checkpoint's two
+// weight terms) rounded once into the bf16 activation its consumer reads.
+void round_rows_to_bf16(const RoundRowsParams& params, cudaStream_t stream);
 
 struct RandomFillParams {
   __nv_bfloat16* out = nullptr;  // [count], any alignment

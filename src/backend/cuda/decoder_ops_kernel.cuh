@@ -97,6 +97,15 @@ __device__ __forceinline__ float uniform_value(uint32_t bits, float scale, float
 }
 
 // Start of row `row` of a strided norm: token groups of rows_per_token rows.
+// w += the weight's second bf16 term (a float32 checkpoint's weight is hi + lo).
+template <int kVec>
+__device__ __forceinline__ void add_weight_lo(const __nv_bfloat16* lo, float (&w)[kVec]) {
+  float l[kVec];
+  load_ro<kVec>(lo, l);
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) w[i] += l[i];
+}
+
 __device__ __forceinline__ int64_t norm_row_offset(const StridedRmsNormParams& p, int64_t row) {
   const int64_t token = row / p.rows_per_token;
   return token * p.token_stride + (row - token * p.rows_per_token) * p.stride;
@@ -164,6 +173,17 @@ __global__ void __launch_bounds__(kDecoderOpsThreads)
   decoder_ops::store<kVec>(p.out + token * p.width + col, g);
 }
 
+// dst[r, c] = bf16(src[r, c]): one thread per element of the rows' first `width` columns.
+__global__ void __launch_bounds__(kDecoderOpsThreads)
+    round_rows_to_bf16_kernel(const __grid_constant__ RoundRowsParams p) {
+  const int width = static_cast<int>(p.width);
+  const int idx = decoder_ops::flat_index(p.rows * p.width);  // row * width + c
+  if (idx < 0) return;
+  const int row = idx / width;
+  const int c = idx - row * width;
+  p.dst[row * p.dst_stride + c] = __float2bfloat16_rn(__ldg(p.src + row * p.src_stride + c));
+}
+
 // x[t, :] *= sigmoid(logits[t]) in place.
 template <int kVec>
 __global__ void __launch_bounds__(kDecoderOpsThreads)
@@ -202,6 +222,7 @@ __global__ void __launch_bounds__(kDecoderOpsThreads)
     if (c < vecs) {
       decoder_ops::load<kVec>(x + c * kVec, v[j]);
       decoder_ops::load_ro<kVec>(p.weight + c * kVec, w[j]);
+      if (p.weight_lo) decoder_ops::add_weight_lo<kVec>(p.weight_lo + c * kVec, w[j]);
     }
   }
   float sum_sq = 0.0f;
@@ -263,6 +284,7 @@ __global__ void __launch_bounds__(kRmsNormBlockMaxThreads)
     float f[kVec], w[kVec];
     decoder_ops::load<kVec>(x + col, f);
     decoder_ops::load_ro<kVec>(p.weight + col, w);
+    if (p.weight_lo) decoder_ops::add_weight_lo<kVec>(p.weight_lo + col, w);
 #pragma unroll
     for (int i = 0; i < kVec; ++i) f[i] = w[i] * (f[i] * inv_rms);
     decoder_ops::store<kVec>(x + col, f);

@@ -68,6 +68,7 @@ void dense_gemm(const DenseGemmParams& args, cudaStream_t stream) {
   if (p.m == 0) return;
   detail::check_pointer(p.a, "a");
   detail::check_pointer(p.b, "b");
+  MOE_CHECK(reinterpret_cast<uintptr_t>(p.b_lo) % 2 == 0, "b_lo must be 2-byte aligned (bf16)");
   detail::check_pointer(p.c, "c");
   MOE_CHECK(reinterpret_cast<uintptr_t>(p.a) % 2 == 0 && reinterpret_cast<uintptr_t>(p.b) % 2 == 0,
             "a and b must be 2-byte aligned (bf16)");

@@ -17,6 +17,9 @@
 //      kKN: [K, N] bf16, row stride ldb (y = a b)
 //   c  [M, N]   float32 or bf16, row stride ldc; only [M, N] is written
 // Batches (MLA's per-head products) add batch_stride_{a,b,c} elements per entry.
+//   b_lo        as b (same layout and strides), or null: a second weight term (a float32
+//               checkpoint held as hi + lo bf16); each element's chain runs on over the same K
+//               with b_lo after b, in the same order whatever M.
 //
 // Any M, N, K >= 1 and any strides and alignments: 16-byte loads where the rows allow them,
 // element loads elsewhere. Nothing is read back from the device, so a launch can be captured.
@@ -38,6 +41,7 @@ enum class DenseTile : int32_t { kAuto, kRows16, kRows64 };
 struct DenseGemmParams {
   const __nv_bfloat16* a = nullptr;  // [batch][M, K]
   const __nv_bfloat16* b = nullptr;  // [batch][N, K] (kNK) or [batch][K, N] (kKN)
+  const __nv_bfloat16* b_lo = nullptr;  // as b, or null
   void* c = nullptr;                 // [batch][M, N] float32 (c_f32) or bf16
   int64_t m = 0;
   int64_t n = 0;

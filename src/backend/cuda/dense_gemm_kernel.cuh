@@ -96,17 +96,25 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const int n0 = static_cast<int>(blockIdx.x) * BN;
   const int64_t batch = blockIdx.z;
   const __nv_bfloat16* a = p.a + batch * p.batch_stride_a;
-  const __nv_bfloat16* b = p.b + batch * p.batch_stride_b;
+  const __nv_bfloat16* b_hi = p.b + batch * p.batch_stride_b;
+  const __nv_bfloat16* b_lo = p.b_lo ? p.b_lo + batch * p.batch_stride_b : nullptr;
   const bool kn = p.b_layout == DenseLayout::kKN;
   const bool vec_a = rows_vectorizable(p.a, p.lda, p.batch_stride_a, K);
-  const bool vec_b = !kn && rows_vectorizable(p.b, p.ldb, p.batch_stride_b, K);
+  const bool vec_b = !kn && rows_vectorizable(p.b, p.ldb, p.batch_stride_b, K) &&
+                     (!p.b_lo || rows_vectorizable(p.b_lo, p.ldb, p.batch_stride_b, K));
   // kKN rows (one k each) hold N contiguous values: 8 of them move at once when aligned.
   const bool vec_kn = kn && N % 8 == 0 && p.ldb % 8 == 0 && p.batch_stride_b % 8 == 0 &&
-                      reinterpret_cast<uintptr_t>(p.b) % 16 == 0;
+                      reinterpret_cast<uintptr_t>(p.b) % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(p.b_lo) % 16 == 0;
+  // k-tiles [0, K_tiles) read b, [K_tiles, 2 K_tiles) read b_lo with the same a tiles.
+  const int term_k_tiles = (K + BK - 1) / BK;
   // The operands' rows from this block's first row on.
   const __nv_bfloat16* a_rows = a + static_cast<int64_t>(m0) * p.lda;
 
-  auto load_stage = [&](int stage, int k_tile) {
+  auto load_stage = [&](int stage, int tile) {
+    const bool lo = tile >= term_k_tiles;
+    const int k_tile = lo ? tile - term_k_tiles : tile;
+    const __nv_bfloat16* b = lo ? b_lo : b_hi;
     const int k0 = k_tile * BK;
     __nv_bfloat16* s_a = smem + stage * Cfg::kStageElems;  // [BM][kStride]
     __nv_bfloat16* s_b = s_a + BM * kStride;               // [BN][kStride], k contiguous
@@ -154,8 +162,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 #pragma unroll
       for (int v = 0; v < 4; ++v) acc[i][j][v] = 0.0f;
 
-  const int num_k_tiles = (K + BK - 1) / BK;
-  const int k_steps = (K + 15) / 16;  // the mma steps of every element's chain
+  const int num_k_tiles = term_k_tiles * (p.b_lo ? 2 : 1);
+  const int k_steps = (K + 15) / 16;  // the mma steps of every element's chain, per term
 #pragma unroll
   for (int s = 0; s < Cfg::kStages - 1; ++s) {
     if (s < num_k_tiles) load_stage(s, s);
@@ -171,7 +179,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 
     const __nv_bfloat16* s_a = smem + (kt % Cfg::kStages) * Cfg::kStageElems;
     const __nv_bfloat16* s_b = s_a + BM * kStride;
-    const int steps = min(BK / 16, k_steps - kt * (BK / 16));
+    const int steps = min(BK / 16, k_steps - (kt % term_k_tiles) * (BK / 16));
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk) {
       if (kk >= steps) break;  // uniform: past K in this tile

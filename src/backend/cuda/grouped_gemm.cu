@@ -104,9 +104,11 @@ void grouped_gemm(const GroupedGemmParams& p, cudaStream_t stream) {
   MOE_CHECK(p.n > 0 && p.n % 32 == 0, "n = ", p.n, " must be a positive multiple of 32");
   MOE_CHECK(p.epilogue == GemmEpilogue::kNone || p.epilogue == GemmEpilogue::kSiluMul, "epilogue ",
             static_cast<int>(p.epilogue), " is not kNone or kSiluMul");
+  MOE_CHECK(p.weight_terms == 1 || p.weight_terms == 2, "weight_terms = ", p.weight_terms,
+            " must be 1 or 2");
   const int64_t weight_rows = p.epilogue == GemmEpilogue::kSiluMul ? 2 * p.n : p.n;
   detail::check_int32_range(p.num_rows * std::max(p.k, p.n), "num_rows * max(k, n)");
-  detail::check_int32_range(weight_rows * p.k, "weight rows * k of one expert");
+  detail::check_int32_range(p.weight_terms * weight_rows * p.k, "weight rows * k of one expert");
   if (p.num_rows == 0) return;
   detail::check_pointer(p.rows, "rows");
   MOE_CHECK((p.weights != nullptr) != (p.expert_weights != nullptr),
@@ -141,6 +143,7 @@ void moe_experts(const MoeExpertsParams& p, cudaStream_t stream) {
                                  .num_experts = p.num_experts,
                                  .n = p.expert_width,
                                  .k = p.hidden_size,
+                                 .weight_terms = p.weight_terms,
                                  .epilogue = GemmEpilogue::kSiluMul,
                                  .src_row = p.src_row,
                                  .top_k = p.top_k},
@@ -154,6 +157,7 @@ void moe_experts(const MoeExpertsParams& p, cudaStream_t stream) {
                                  .num_experts = p.num_experts,
                                  .n = p.hidden_size,
                                  .k = p.expert_width,
+                                 .weight_terms = p.weight_terms,
                                  .epilogue = GemmEpilogue::kNone,
                                  .overlap_previous = true},
                stream);

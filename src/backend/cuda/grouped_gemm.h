@@ -15,6 +15,11 @@
 //                               [0, N) then up rows [N, 2N) (the fused `gate_up_proj` layout;
 //                               a checkpoint with separate gate and up tensors is concatenated
 //                               at load time)
+//                               With weight_terms = 2 each expert's matrix is followed by a
+//                               second one of the same shape (weights [E, 2, Nw, Kd]): a
+//                               float32 weight held as hi = bf16(w) and lo = bf16(w - hi), and
+//                               the product takes both terms' partial sums in the same float32
+//                               accumulators (gpu/device_weights.h)
 //   expert_offsets  [E + 1]     int32 on the device, offsets[0] = 0, offsets[E] <= M
 //   out             [M, N]      bf16; rows past offsets[E] are not written
 //
@@ -54,6 +59,7 @@ struct GroupedGemmParams {
   int64_t num_experts = 0;                  // E
   int64_t n = 0;                            // N output columns
   int64_t k = 0;                            // Kd
+  int64_t weight_terms = 1;                 // 1, or 2: a lo matrix after each expert's matrix
   GemmEpilogue epilogue = GemmEpilogue::kNone;
   GemmTile tile = GemmTile::kAuto;
   // Optional gather (dispatch fused into the A-tile load): row r of the operand is
@@ -77,10 +83,11 @@ GemmTile grouped_gemm_auto_tile(int64_t num_rows, int64_t num_experts, int64_t n
 
 struct MoeExpertsParams {
   const __nv_bfloat16* rows = nullptr;      // [M, H] expert-ordered, or [T, H] with src_row
-  const __nv_bfloat16* gate_up = nullptr;   // [E, 2I, H], or null with the tables
-  const __nv_bfloat16* down = nullptr;      // [E, H, I]
-  const __nv_bfloat16* const* gate_up_table = nullptr;  // [E] -> [2I, H] (expert_weights)
-  const __nv_bfloat16* const* down_table = nullptr;     // [E] -> [H, I]
+  const __nv_bfloat16* gate_up = nullptr;   // [E, terms, 2I, H], or null with the tables
+  const __nv_bfloat16* down = nullptr;      // [E, terms, H, I]
+  int64_t weight_terms = 1;                 // terms: 1, or 2 (hi and lo bf16 matrices)
+  const __nv_bfloat16* const* gate_up_table = nullptr;  // [E] -> [terms, 2I, H]
+  const __nv_bfloat16* const* down_table = nullptr;     // [E] -> [terms, H, I]
   const int32_t* expert_offsets = nullptr;  // [E + 1] device
   __nv_bfloat16* activation = nullptr;      // [M, I] workspace
   __nv_bfloat16* out = nullptr;             // [M, H]

@@ -23,6 +23,9 @@
 //   moe_experts the down projection's tile scan and weight prefetch overlap the tail of the
 //   gate/up projection (at decode the kernels are a few microseconds each and the tail is a
 //   large part of that).
+// - Two weight terms (weight_terms = 2, float32 checkpoints held as hi + lo bf16): the k-tile
+//   loop runs twice as long, the second half over the lo matrix with the same row tiles, so
+//   both terms land in the same accumulators before the epilogue (SiLU is not linear).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -177,10 +180,11 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const int K = static_cast<int>(p.k);
   const int N = static_cast<int>(p.n);
   const int n0 = static_cast<int>(blockIdx.x) * BN;
+  const int64_t term_elems = Cfg::kOps * static_cast<int64_t>(N) * K;  // one term's matrix
   const __nv_bfloat16* b_base =
       p.expert_weights != nullptr
           ? p.expert_weights[expert]
-          : p.weights + static_cast<int64_t>(expert) * (Cfg::kOps * static_cast<int64_t>(N)) * K;
+          : p.weights + static_cast<int64_t>(expert) * p.weight_terms * term_elems;
   // A null table entry: the expert computes elsewhere (the host) and its rows are left alone.
   if (b_base == nullptr) return;
 
@@ -188,9 +192,11 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   auto stage_a = [&](int stage) { return smem_base + stage * Cfg::kStageBytes; };
   auto stage_b = [&](int stage) { return smem_base + stage * Cfg::kStageBytes + BM * kBK * 2; };
 
-  const int num_k_tiles = K / kBK;
+  // k-tiles [0, K / kBK) read the hi matrix, [K / kBK, 2 K / kBK) the lo one with the same rows.
+  const int term_k_tiles = K / kBK;
+  const int num_k_tiles = term_k_tiles * static_cast<int>(p.weight_terms);
   auto load_a = [&](int stage, int k_tile) {
-    const int k0 = k_tile * kBK;
+    const int k0 = (k_tile >= term_k_tiles ? k_tile - term_k_tiles : k_tile) * kBK;
     const uint32_t sa = stage_a(stage);
 #pragma unroll
     for (int c = threadIdx.x; c < BM * 8; c += kThreads) {
@@ -201,14 +207,16 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     }
   };
   auto load_b = [&](int stage, int k_tile) {
-    const int k0 = k_tile * kBK;
+    const bool lo = k_tile >= term_k_tiles;
+    const int k0 = (lo ? k_tile - term_k_tiles : k_tile) * kBK;
+    const __nv_bfloat16* b_term = lo ? b_base + term_elems : b_base;
     const uint32_t sb = stage_b(stage);
 #pragma unroll
     for (int c = threadIdx.x; c < Cfg::kBRows * 8; c += kThreads) {
       const int r = c >> 3, ch = c & 7;
       // Gate rows n0.. then (fused) up rows N + n0..
       const int w_row = (Cfg::kGateUp && r >= BN) ? N + n0 + (r - BN) : n0 + r;
-      const __nv_bfloat16* src = b_base + static_cast<int64_t>(w_row) * K + k0 + ch * 8;
+      const __nv_bfloat16* src = b_term + static_cast<int64_t>(w_row) * K + k0 + ch * 8;
       cp_async_16(sb + swizzle(r, ch), src, true);
     }
   };

@@ -158,6 +158,8 @@ struct RmsNormParams {
   const float* residual = nullptr;  // [T, H] or null; x or residual must be given
   float* residual_out = nullptr;    // [T, H] or null; may alias residual or x
   const bf16* weight = nullptr;     // [H]
+  const bf16* weight_lo = nullptr;  // [H] the weight's second bf16 term (float32 checkpoints),
+                                    // or null
   bf16* out = nullptr;              // [T, H]
   int64_t num_rows = 0;             // T
   int64_t hidden_size = 0;          // H, a multiple of 8, at most 32768
@@ -170,7 +172,8 @@ struct RmsNormParams {
 };
 
 // RMSNorm fused with the residual add, in float32: s = x + x_bias + residual (the terms given),
-// residual_out = s, out = bf16(weight * (s / sqrt(sum(s^2) / mean_width + eps))).
+// residual_out = s, out = bf16(weight * (s / sqrt(sum(s^2) / mean_width + eps))), weight taken
+// as weight + weight_lo in float32 when weight_lo is given.
 void fused_add_rms_norm(const RmsNormParams& params, cudaStream_t stream);
 
 }  // namespace moeinfer::cuda

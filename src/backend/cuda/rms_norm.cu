@@ -39,6 +39,7 @@ void fused_add_rms_norm(const RmsNormParams& args, cudaStream_t stream) {
   if (params.x) detail::check_aligned16(params.x, "x");
   if (params.x_bias) detail::check_aligned16(params.x_bias, "x_bias");
   detail::check_aligned16(params.weight, "weight");
+  if (params.weight_lo) detail::check_aligned16(params.weight_lo, "weight_lo");
   detail::check_aligned16(params.out, "out");
   if (params.residual) detail::check_aligned16(params.residual, "residual");
   if (params.residual_out) detail::check_aligned16(params.residual_out, "residual_out");

@@ -1,7 +1,7 @@
 // RMSNorm fused with the residual add, one block per row, in float32:
 //   s = x + x_bias + residual         (the terms that are given)
 //   residual_out = s
-//   out = bf16(weight * (s / sqrt(sum(s^2) / mean_width + eps)))
+//   out = bf16((weight + weight_lo) * (s / sqrt(sum(s^2) / mean_width + eps)))
 // The residual stream is float32 and is normalised unrounded, as the float32 reference does; only
 // the normalised row, the next GEMM's input, is rounded to bf16.
 //
@@ -94,6 +94,12 @@ __global__ void __launch_bounds__(1024)
       if constexpr (!kEarlyWeight)
         weight_raw[j] = __ldg(reinterpret_cast<const uint4*>(p.weight) + v);
       device::bf16x8_to_float(weight_raw[j], w);
+      if (p.weight_lo) {  // a float32 checkpoint's weight: hi + lo, summed in float32
+        float lo[8];
+        device::bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(p.weight_lo) + v), lo);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) w[i] += lo[i];
+      }
 #pragma unroll
       for (int i = 0; i < 8; ++i) s[j][i] = w[i] * (s[j][i] * inv_rms);
       out[v] = device::float_to_bf16x8(s[j]);

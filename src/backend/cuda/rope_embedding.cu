@@ -17,6 +17,9 @@ void embedding(const EmbeddingParams& p, cudaStream_t stream) {
   MOE_CHECK((p.out != nullptr) != (p.out_f32 != nullptr),
             "embedding: exactly one of out and out_f32 must be given");
   detail::check_aligned16(p.table, "table");
+  MOE_CHECK(p.table_lo == nullptr || p.out_f32 != nullptr,
+            "embedding: table_lo needs out_f32 (a bf16 row cannot hold hi + lo)");
+  if (p.table_lo) detail::check_aligned16(p.table_lo, "table_lo");
   if (p.out) detail::check_aligned16(p.out, "out");
   if (p.out_f32) detail::check_aligned16(p.out_f32, "out_f32");
   const int64_t threads = p.num_tokens * (p.hidden_size / device::kBf16PerVec);

@@ -34,6 +34,14 @@ __global__ void __launch_bounds__(kEmbeddingThreads)
   if (p.out_f32) {
     float wide[8];
     device::bf16x8_to_float(value, wide);
+    if (p.table_lo) {  // a float32 checkpoint's row: hi + lo
+      float lo[8];
+      device::bf16x8_to_float(
+          __ldg(reinterpret_cast<const uint4*>(p.table_lo) + static_cast<int64_t>(id) * vecs + v),
+          lo);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) wide[i] += lo[i];
+    }
     device::store_float8(p.out_f32, idx, wide);
   } else {
     reinterpret_cast<uint4*>(p.out)[idx] = value;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 
 #include "backend/cuda/cuda_check.h"
 #include "core/dtype.h"
@@ -44,8 +45,10 @@ CachedExperts::CachedExperts(const ModelConfig& config, const DeviceWeights& wei
   const int64_t Hp = weights.padded_hidden_size, Ip = weights.padded_expert_width;
   hidden_elems_ = Hp;
   expert_width_ = Ip;
-  gate_up_elems_ = 2 * Ip * Hp;
-  down_elems_ = Hp * Ip;
+  weight_terms_ = weights.weight_terms;
+  // An expert's slab holds its terms (hi, then lo with two) of each matrix.
+  gate_up_elems_ = weight_terms_ * 2 * Ip * Hp;
+  down_elems_ = weight_terms_ * Hp * Ip;
   expert_bytes_ = (gate_up_elems_ + down_elems_) * static_cast<int64_t>(sizeof(bf16));
   int64_t moe_layers = 0;
   for (const DeviceLayer& d : weights.layers) moe_layers += d.is_moe ? 1 : 0;
@@ -201,13 +204,29 @@ CachedExperts::CachedExperts(const ModelConfig& config, const DeviceWeights& wei
   if (cold_.mode == offload::ColdExperts::kAuto) measure_cold_cost(slot_owners);
 }
 
-moe::ExpertWeights CachedExperts::host_view(int64_t layer, int64_t expert) const {
+moe::ExpertWeights CachedExperts::host_view(int64_t layer, int64_t expert,
+                                            std::vector<float>* wide) const {
   const bf16* gate_up = host_home_gate_up_[layer] + expert * gate_up_elems_;
   const bf16* down = host_home_down_[layer] + expert * down_elems_;
   const int64_t Hp = hidden_elems_, Ip = expert_width_;
-  return {.gate = {.dtype = DType::kBF16, .shape = {Ip, Hp}, .data = gate_up},
-          .up = {.dtype = DType::kBF16, .shape = {Ip, Hp}, .data = gate_up + Ip * Hp},
-          .down = {.dtype = DType::kBF16, .shape = {Hp, Ip}, .data = down}};
+  if (weight_terms_ == 1) {
+    return {.gate = {.dtype = DType::kBF16, .shape = {Ip, Hp}, .data = gate_up},
+            .up = {.dtype = DType::kBF16, .shape = {Ip, Hp}, .data = gate_up + Ip * Hp},
+            .down = {.dtype = DType::kBF16, .shape = {Hp, Ip}, .data = down}};
+  }
+  // Two terms: the float32 weight hi + lo, which the host multiplies as a float32 checkpoint.
+  const int64_t gu = 2 * Ip * Hp, dn = Hp * Ip;
+  wide->resize(static_cast<size_t>(gu + dn));
+  auto widen = [&](const bf16* hi, int64_t n, float* out) {
+    const auto* h = reinterpret_cast<const uint16_t*>(hi);
+    for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(h[i]) + bf16_to_f32(h[n + i]);
+  };
+  float* w = wide->data();
+  widen(gate_up, gu, w);
+  widen(down, dn, w + gu);
+  return {.gate = {.dtype = DType::kF32, .shape = {Ip, Hp}, .data = w},
+          .up = {.dtype = DType::kF32, .shape = {Ip, Hp}, .data = w + Ip * Hp},
+          .down = {.dtype = DType::kF32, .shape = {Hp, Ip}, .data = w + gu}};
 }
 
 void CachedExperts::measure_cold_cost(std::span<const int32_t> slot_owners) {
@@ -215,9 +234,10 @@ void CachedExperts::measure_cold_cost(std::span<const int32_t> slot_owners) {
   while (host_home_gate_up_[first_moe] == nullptr) ++first_moe;
   // Experts of the last MoE layers, which start-up has not touched, timed from host memory.
   std::vector<moe::ExpertWeights> cold;
+  std::deque<std::vector<float>> wide;  // two terms: the widened weights the views point into
   for (int64_t e = 0; e < num_experts_ && cold.size() < 6; ++e) {
     for (int64_t l = num_layers_ - 1; l >= first_moe && cold.size() < 6; --l) {
-      if (host_home_gate_up_[l] != nullptr) cold.push_back(host_view(l, e));
+      if (host_home_gate_up_[l] != nullptr) cold.push_back(host_view(l, e, &wide.emplace_back()));
     }
   }
   const moe::HostExpertRate host =
@@ -370,13 +390,14 @@ void CachedExperts::compute_on_host(int64_t layer) {
     host_assignments_.clear();
     host_offsets_.assign(1, 0);
     host_views_.clear();
+    if (host_wide_.size() < static_cast<size_t>(num_host)) host_wide_.resize(num_host);
     for (int32_t i = 0; i < num_host; ++i) {
       const int64_t e = staging_.experts[i] - layer * E;
       for (int64_t a = 0; a < A; ++a) {
         if (staging_.topk_ids[a] == e) host_assignments_.push_back(static_cast<int32_t>(a));
       }
       host_offsets_.push_back(static_cast<int32_t>(host_assignments_.size()));
-      host_views_.push_back(host_view(layer, e));
+      host_views_.push_back(host_view(layer, e, &host_wide_[i]));
     }
     const size_t M = host_assignments_.size();
     host_rows_.resize(M * static_cast<size_t>(Hp));

@@ -87,7 +87,9 @@ class CachedExperts {
  private:
   offload::cuda::AdmitParams admit_params(int64_t layer, const int32_t* ids, int64_t n,
                                           bool prefetch) const;
-  moe::ExpertWeights host_view(int64_t layer, int64_t expert) const;
+  // The expert's weights where the host reads them: its bf16 home, or with two weight terms
+  // their float32 sum widened into *wide (which the view points into).
+  moe::ExpertWeights host_view(int64_t layer, int64_t expert, std::vector<float>* wide) const;
   void measure_cold_cost(std::span<const int32_t> slot_owners);  // [S] after the warm-up
   void compute_on_host(int64_t layer);  // on the host stream's callback thread
   struct HostCall {
@@ -112,7 +114,8 @@ class CachedExperts {
   int64_t* counters_ = nullptr;
   offload::cuda::CopyList demand_copies_, prefetch_copies_;
   std::vector<bf16*> host_home_gate_up_, host_home_down_;  // [L]
-  int64_t gate_up_elems_ = 0, down_elems_ = 0;
+  int64_t gate_up_elems_ = 0, down_elems_ = 0;  // an expert's slab of each, all its terms
+  int64_t weight_terms_ = 1;
   PinnedArray<int64_t> host_counters_;
   StreamHandle copy_stream_;
   cudaEvent_t fork_ = nullptr, prefetch_done_ = nullptr;
@@ -131,6 +134,7 @@ class CachedExperts {
   std::vector<int32_t> host_assignments_, host_offsets_;
   std::vector<float> host_rows_, host_out_;
   std::vector<moe::ExpertWeights> host_views_;
+  std::vector<std::vector<float>> host_wide_;  // two weight terms: widened experts, per view
 };
 
 }  // namespace moeinfer::gpu

@@ -40,13 +40,24 @@ struct Job {
   size_t offset = 0;
   int64_t rows = 0, cols = 0;
   bool f32 = false;          // stored as float32 (router biases), else bf16
+  // 2: each block of block_rows rows is stored twice, hi = bf16(w) and then lo = bf16(w - hi)
+  // (DeviceWeights::weight_terms); a stack of experts has a block per expert.
+  int64_t terms = 1;
+  int64_t block_rows = 0;
   std::vector<Piece> pieces;  // checkpoint upload
   bool padded = false;        // the pieces leave zeros
   float fill_scale = 0.0f;    // synthetic: uniform in [-scale, scale) + offset
   float fill_offset = 0.0f;
   const void** target = nullptr;
   bool home = false;  // an offloaded expert matrix: lives in the pinned host home
-  size_t bytes() const { return static_cast<size_t>(rows * cols) * (f32 ? 4 : 2); }
+  size_t bytes() const { return static_cast<size_t>(terms * rows * cols) * (f32 ? 4 : 2); }
+  size_t row_bytes() const { return static_cast<size_t>(cols) * (f32 ? 4 : 2); }
+  // Where row `row` of term `term` lives, in bytes from the job's start.
+  size_t row_offset(int64_t row, int64_t term) const {
+    const int64_t block = row / block_rows;
+    return static_cast<size_t>((block * terms + term) * block_rows + row % block_rows) *
+           row_bytes();
+  }
 };
 
 int64_t view_rows(const TensorView& v) { return v.shape.rank() >= 2 ? v.shape[0] : 1; }
@@ -61,8 +72,14 @@ int64_t round_up(int64_t value, int64_t multiple) {
 // Collects the jobs in upload order and hands out offsets in one allocation.
 class Layout {
  public:
+  explicit Layout(int64_t terms) : terms_(terms) {}
+
+  // A matrix (or norm weight) of rows x cols; f32: stored as float32, one term; one_term: bf16
+  // in one term whatever the model's (biases, which the kernels add as bf16). block_rows: rows
+  // per term block (an expert of a stack); 0: the whole matrix.
   template <typename T>
-  Job& add(const T** target, int64_t rows, int64_t cols, bool f32 = false) {
+  Job& add(const T** target, int64_t rows, int64_t cols, bool f32 = false, bool one_term = false,
+           int64_t block_rows = 0) {
     Job job;
     job.home = home_mode_;
     size_t& end = home_mode_ ? home_end_ : end_;
@@ -70,6 +87,8 @@ class Layout {
     job.rows = rows;
     job.cols = cols;
     job.f32 = f32;
+    job.terms = f32 || one_term ? 1 : terms_;
+    job.block_rows = block_rows > 0 ? block_rows : std::max<int64_t>(rows, 1);
     job.fill_scale = 1.0f / std::sqrt(static_cast<float>(cols));
     job.target = reinterpret_cast<const void**>(target);
     end += round_up(static_cast<int64_t>(job.bytes()), kAlignment);
@@ -84,8 +103,8 @@ class Layout {
   // A tensor of rows x cols at the top left of a zero padded_rows x padded_cols matrix.
   template <typename T>
   Job& padded(const T** target, const TensorView& v, int64_t rows, int64_t cols,
-              int64_t padded_rows, int64_t padded_cols) {
-    Job& job = add(target, padded_rows, padded_cols);
+              int64_t padded_rows, int64_t padded_cols, bool one_term = false) {
+    Job& job = add(target, padded_rows, padded_cols, /*f32=*/false, one_term);
     job.padded = rows != padded_rows || cols != padded_cols;
     if (!v.empty()) {
       MOE_CHECK(view_rows(v) == rows && view_cols(v) == cols, "tensor of shape ",
@@ -107,11 +126,13 @@ class Layout {
   void set_home(bool on) { home_mode_ = on; }
 
   std::deque<Job>& jobs() { return jobs_; }
+  const std::deque<Job>& jobs() const { return jobs_; }
   size_t bytes() const { return end_; }
   size_t home_bytes() const { return home_end_; }
 
  private:
   std::deque<Job> jobs_;  // references stay valid as jobs are added
+  int64_t terms_ = 1;
   size_t end_ = 0;
   size_t home_end_ = 0;
   bool home_mode_ = false;
@@ -205,7 +226,7 @@ void build_layout(const ModelConfig& c, const DecoderWeights* w, bool offload_ex
         add_heads(qkv, lw->attention.v_proj, Nkv, D, Dp, Nq + Nkv, false);
       }
       if (c.attention_bias) {
-        Job& bias = layout.add(&d.qkv_bias, 1, Nqkv);
+        Job& bias = layout.add(&d.qkv_bias, 1, Nqkv, /*f32=*/false, /*one_term=*/true);
         bias.fill_scale = 0.02f;
         if (lw) {
           add_heads(bias, lw->attention.q_bias, Nq, D, Dp, 0, true);
@@ -230,8 +251,9 @@ void build_layout(const ModelConfig& c, const DecoderWeights* w, bool offload_ex
       o.padded = H != Hp;
       if (lw) add_heads(o, lw->attention.o_proj, Nq, D, Dp, 0, true);
       if (c.attention_out_bias) {
-        layout.padded(&d.o_bias, lw ? lw->attention.o_bias : kNone, 1, H, 1, Hp).fill_scale =
-            0.02f;
+        layout.padded(&d.o_bias, lw ? lw->attention.o_bias : kNone, 1, H, 1, Hp,
+                      /*one_term=*/true)
+            .fill_scale = 0.02f;
       }
     }
 
@@ -259,8 +281,8 @@ void build_layout(const ModelConfig& c, const DecoderWeights* w, bool offload_ex
       if (mw) bias.pieces.push_back({.src = mw->selection_bias, .rows = 1, .cols = E});
     }
     layout.set_home(offload_experts);
-    Job& gu = layout.add(&d.experts_gate_up, E * 2 * Ip, Hp);
-    Job& down = layout.add(&d.experts_down, E * Hp, Ip);
+    Job& gu = layout.add(&d.experts_gate_up, E * 2 * Ip, Hp, false, false, /*block_rows=*/2 * Ip);
+    Job& down = layout.add(&d.experts_down, E * Hp, Ip, false, false, /*block_rows=*/Hp);
     layout.set_home(false);
     gu.padded = down.padded = I != Ip || H != Hp;
     down.fill_scale = 1.0f / std::sqrt(static_cast<float>(I));
@@ -288,8 +310,9 @@ void build_layout(const ModelConfig& c, const DecoderWeights* w, bool offload_ex
   }
 }
 
-// Converts n stored values to bf16 (or float32) at dst.
-void convert_row(DType dtype, const void* src, size_t n, bool to_f32, void* dst,
+// Converts n stored values to bf16 (or float32) at dst: term 0 is bf16(w), term 1 the rest,
+// bf16(w - bf16(w)) (zero for a bf16 source).
+void convert_row(DType dtype, const void* src, size_t n, bool to_f32, int64_t term, void* dst,
                  std::vector<float>& scratch) {
   if (to_f32) {
     convert_to_f32(dtype, src, static_cast<float*>(dst), n);
@@ -297,18 +320,28 @@ void convert_row(DType dtype, const void* src, size_t n, bool to_f32, void* dst,
   }
   auto* out = static_cast<uint16_t*>(dst);
   if (dtype == DType::kBF16) {
-    std::memcpy(out, src, n * 2);
+    if (term == 0) {
+      std::memcpy(out, src, n * 2);
+    } else {
+      std::memset(out, 0, n * 2);
+    }
     return;
   }
   scratch.resize(n);
   convert_to_f32(dtype, src, scratch.data(), n);
-  for (size_t i = 0; i < n; ++i) out[i] = f32_to_bf16(scratch[i]);
+  if (term == 0) {
+    for (size_t i = 0; i < n; ++i) out[i] = f32_to_bf16(scratch[i]);
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      out[i] = f32_to_bf16(scratch[i] - bf16_to_f32(f32_to_bf16(scratch[i])));
+    }
+  }
 }
 
-// Fills rows [row_begin, row_end) of `job` into `staging` (row_begin at its start).
-void stage_rows(const Job& job, int64_t row_begin, int64_t row_end, char* staging) {
+// Fills term `term` of rows [row_begin, row_end) of `job` into `staging` (row_begin at its start).
+void stage_rows(const Job& job, int64_t row_begin, int64_t row_end, int64_t term, char* staging) {
   const size_t elem = job.f32 ? 4 : 2;
-  const size_t row_bytes = static_cast<size_t>(job.cols) * elem;
+  const size_t row_bytes = job.row_bytes();
   if (job.padded) std::memset(staging, 0, static_cast<size_t>(row_end - row_begin) * row_bytes);
   for (const Piece& p : job.pieces) {
     const int64_t begin = std::max(row_begin, p.dst_row0);
@@ -324,7 +357,7 @@ void stage_rows(const Job& job, int64_t row_begin, int64_t row_end, char* stagin
                           (src_row * src_cols + p.src_col0) * static_cast<int64_t>(src_elem);
         char* dst = staging + static_cast<size_t>(r - row_begin) * row_bytes +
                     static_cast<size_t>(p.dst_col0) * elem;
-        convert_row(p.src.dtype, src, static_cast<size_t>(p.cols), job.f32, dst, scratch);
+        convert_row(p.src.dtype, src, static_cast<size_t>(p.cols), job.f32, term, dst, scratch);
       }
     }, /*min_chunk=*/64);
   }
@@ -378,9 +411,10 @@ void check_supported(const ModelConfig& c) {
   }
 }
 
-// The padded dims and the layout of every matrix (`weights` null: shapes only, synthetic).
-void plan_layout(const ModelConfig& config, const DecoderWeights* weights, bool offload_experts,
-                 DeviceWeights& out, Layout& layout) {
+// The padded dims and the layout of every matrix (`weights` null: shapes only, synthetic), each
+// bf16 matrix in `terms` terms.
+Layout plan_layout(const ModelConfig& config, const DecoderWeights* weights, bool offload_experts,
+                   int64_t terms, DeviceWeights& out) {
   check_supported(config);
   out.padded_hidden_size = padded_hidden_size(config);
   out.padded_head_dim = padded_head_dim(config);
@@ -390,7 +424,27 @@ void plan_layout(const ModelConfig& config, const DecoderWeights* weights, bool 
       offload_experts && config.num_experts > 0 &&
       std::find(config.layer_is_moe.begin(), config.layer_is_moe.end(), true) !=
           config.layer_is_moe.end();
+  out.weight_terms = terms;
+  Layout layout(terms);
   build_layout(config, weights, out.experts_offloaded, out, layout);
+  return layout;
+}
+
+// 2 when most of the bf16 matrices' values come from float32 or float16 tensors (a float32
+// checkpoint: bf16 would round every weight), else 1.
+int64_t checkpoint_weight_terms(const ModelConfig& config, const DecoderWeights& weights) {
+  DeviceWeights shapes;
+  const Layout layout = plan_layout(config, &weights, /*offload_experts=*/false, 1, shapes);
+  int64_t wide = 0, all = 0;
+  for (const Job& job : layout.jobs()) {
+    if (job.f32) continue;
+    for (const Piece& piece : job.pieces) {
+      const int64_t values = piece.rows * piece.cols;
+      all += values;
+      if (piece.src.dtype == DType::kF32 || piece.src.dtype == DType::kF16) wide += values;
+    }
+  }
+  return 2 * wide > all ? 2 : 1;
 }
 
 }  // namespace
@@ -414,18 +468,18 @@ MlaPaddedDims padded_mla_dims(const ModelConfig& config) {
           .rope = round_up(config.mla->qk_rope_head_dim, 8)};
 }
 
-int64_t device_weight_bytes(const ModelConfig& config) {
+int64_t device_weight_bytes(const ModelConfig& config, int64_t weight_terms) {
   DeviceWeights shapes;
-  Layout layout;
-  plan_layout(config, nullptr, /*offload_experts=*/false, shapes, layout);
+  const Layout layout =
+      plan_layout(config, nullptr, /*offload_experts=*/false, weight_terms, shapes);
   return static_cast<int64_t>(layout.bytes());
 }
 
 DeviceWeights upload_weights(const ModelConfig& config, const DecoderWeights& weights,
-                             bool show_progress, bool offload_experts) {
+                             bool show_progress, bool offload_experts, bool round_to_bf16) {
   DeviceWeights out;
-  Layout layout;
-  plan_layout(config, &weights, offload_experts, out, layout);
+  const int64_t terms = round_to_bf16 ? 1 : checkpoint_weight_terms(config, weights);
+  Layout layout = plan_layout(config, &weights, offload_experts, terms, out);
   out.bytes = static_cast<int64_t>(layout.bytes());
   out.allocation = allocate(layout.bytes());
   out.expert_home_bytes = static_cast<int64_t>(layout.home_bytes());
@@ -449,24 +503,28 @@ DeviceWeights upload_weights(const ModelConfig& config, const DecoderWeights& we
                        {.force = false, .delay_s = show_progress ? 1.0 : 1e30, .unit = "B"});
   int which = 0;
   for (const Job& job : layout.jobs()) {
-    const size_t row_bytes = job.bytes() / static_cast<size_t>(job.rows);
+    const size_t row_bytes = job.row_bytes();
     MOE_CHECK(row_bytes <= kStagingBytes, "a row of ", row_bytes, " bytes exceeds the staging buffer");
     const int64_t chunk_rows = static_cast<int64_t>(kStagingBytes / row_bytes);
-    for (int64_t row = 0; row < job.rows; row += chunk_rows) {
-      const int64_t end = std::min(job.rows, row + chunk_rows);
-      if (job.home) {  // converted straight into the home: no staging, no copy
-        stage_rows(job, row, end, out.expert_home.get() + job.offset + row * row_bytes);
-        progress.advance(static_cast<size_t>(end - row) * row_bytes);
-        continue;
-      }
-      CUDA_CHECK(cudaEventSynchronize(done[which]));  // the copy out of this buffer finished
-      stage_rows(job, row, end, staging[which]);
-      char* dst = out.allocation.get() + job.offset + row * row_bytes;
+    for (int64_t row = 0, end = 0; row < job.rows; row = end) {
+      // A chunk stays inside one term block, whose terms are contiguous rows of their own.
+      end = std::min({job.rows, row + chunk_rows, (row / job.block_rows + 1) * job.block_rows});
       const size_t bytes = static_cast<size_t>(end - row) * row_bytes;
-      CUDA_CHECK(cudaMemcpyAsync(dst, staging[which], bytes, cudaMemcpyHostToDevice, stream));
-      CUDA_CHECK(cudaEventRecord(done[which], stream));
-      progress.advance(bytes);
-      which ^= 1;
+      for (int64_t term = 0; term < job.terms; ++term) {
+        const size_t dst_offset = job.offset + job.row_offset(row, term);
+        if (job.home) {  // converted straight into the home: no staging, no copy
+          stage_rows(job, row, end, term, out.expert_home.get() + dst_offset);
+          progress.advance(bytes);
+          continue;
+        }
+        CUDA_CHECK(cudaEventSynchronize(done[which]));  // the copy out of this buffer finished
+        stage_rows(job, row, end, term, staging[which]);
+        CUDA_CHECK(cudaMemcpyAsync(out.allocation.get() + dst_offset, staging[which], bytes,
+                                   cudaMemcpyHostToDevice, stream));
+        CUDA_CHECK(cudaEventRecord(done[which], stream));
+        progress.advance(bytes);
+        which ^= 1;
+      }
     }
   }
   CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -484,8 +542,7 @@ DeviceWeights upload_weights(const ModelConfig& config, const DecoderWeights& we
 DeviceWeights synthetic_weights(const ModelConfig& config, uint64_t seed, double zipf_exponent,
                                 bool offload_experts) {
   DeviceWeights out;
-  Layout layout;
-  plan_layout(config, nullptr, offload_experts, out, layout);
+  Layout layout = plan_layout(config, nullptr, offload_experts, /*terms=*/1, out);
   // Random fills cover whole matrices, padding included, so synthetic shapes must need none.
   MOE_CHECK(out.padded_hidden_size == config.hidden_size,
             "synthetic models need hidden_size a multiple of 64, not ", config.hidden_size);

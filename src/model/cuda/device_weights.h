@@ -15,6 +15,14 @@
 // and the norms divide by H. Dp: the head dim rounded up to what the attention kernels compile
 // (64, 128, 256); Ip: the expert width rounded up to a multiple of 64 (the grouped GEMM's tile).
 // Padded rows and columns are zero, so they add nothing to any product.
+//
+// Two weight terms (weight_terms = 2, a float32 or float16 checkpoint unless rounded on request):
+// bf16 keeps 8 significant bits, so each such weight w is held as hi = bf16(w) followed by
+// lo = bf16(w - hi), which together carry 16 (every float16 value exactly, a float32 one to
+// about 2^-17 of its size), and every product adds both terms' partial products in float32.
+// Each matrix above is then [2, rows, cols]: its hi matrix followed by its lo matrix of the same
+// shape (an expert stack [E, 2, ...]: each expert's hi then lo, so an expert stays one slab).
+// Norm weights have their two terms the same way ([2, width]); biases stay one bf16 term.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -87,6 +95,7 @@ struct DeviceWeights {
   int64_t padded_head_dim = 0;      // Dp
   int64_t padded_expert_width = 0;  // Ip
   MlaPaddedDims mla;                // MLA models only
+  int64_t weight_terms = 1;         // 1, or 2: every bf16 matrix and norm is [hi; lo] (above)
   int64_t bytes = 0;                // device bytes of all weights
   double upload_seconds = 0.0;
   DeviceArray<char> allocation;  // every matrix above lives in it, but offloaded experts
@@ -104,11 +113,15 @@ int64_t padded_head_dim(const ModelConfig& config);
 int64_t padded_expert_width(const ModelConfig& config);
 MlaPaddedDims padded_mla_dims(const ModelConfig& config);  // zeros without MLA
 
-// Device bytes upload_weights / synthetic_weights will allocate with every expert resident.
-int64_t device_weight_bytes(const ModelConfig& config);
+// Device bytes upload_weights / synthetic_weights will allocate with every expert resident, the
+// matrices in weight_terms terms.
+int64_t device_weight_bytes(const ModelConfig& config, int64_t weight_terms = 1);
 
+// round_to_bf16: every weight in one bf16 term, whatever the checkpoint's dtype (--dtype
+// bfloat16); otherwise a float32 or float16 checkpoint gets two terms.
 DeviceWeights upload_weights(const ModelConfig& config, const DecoderWeights& weights,
-                             bool show_progress, bool offload_experts = false);
+                             bool show_progress, bool offload_experts = false,
+                             bool round_to_bf16 = false);
 // Random weights (uniform, scaled by 1/sqrt(fan-in)); norms 1. A positive zipf_exponent gives
 // each MoE layer a router bias that prefers experts by a Zipf law. The values do not depend on
 // offload_experts.

@@ -182,11 +182,27 @@ class CudaDecoder final : public GpuDecoder {
   cuda::RouterParams router_params(int64_t layer, int64_t num_tokens, float* logits,
                                    int32_t* topk_ids, float* topk_weights) const;
 
-  // y[rows, n] = x[rows, k] . W[n, k]^T (row strides in elements).
-  void linear(const bf16* x, int64_t rows, int64_t x_stride, const bf16* w, int64_t n, int64_t k,
-              void* y, int64_t y_stride, bool f32_out);
-  // MLA's per-head products, one batch entry per head (cuBLAS, or the fixed-order GEMM).
+  // One Linear: y[rows, n] = x[rows, k] . W[n, k]^T, row strides in elements (0: n or k).
+  struct LinearArgs {
+    const bf16* x = nullptr;
+    int64_t rows = 0;
+    int64_t x_stride = 0;
+    const bf16* w = nullptr;  // [n, k], followed by its lo term [n, k] with two weight terms
+    int64_t n = 0;
+    int64_t k = 0;
+    void* y = nullptr;  // float32 (f32_out) or bf16
+    int64_t y_stride = 0;
+    bool f32_out = false;
+  };
+  void linear(const LinearArgs& args);
+  // MLA's per-head products, one batch entry per head (cuBLAS, or the fixed-order GEMM); b_lo set
+  // with two weight terms.
   void absorbed(const cuda::DenseGemmParams& product);
+  // The second bf16 term of the weight at w, a matrix or norm of `elems` values (its lo matrix
+  // follows it), or null when the weights have one term.
+  const bf16* lo_term(const bf16* w, int64_t elems) const {
+    return w_.weight_terms == 2 && w != nullptr ? w + elems : nullptr;
+  }
 
   ModelConfig config_;
   DeviceWeights w_;
@@ -227,6 +243,9 @@ class CudaDecoder final : public GpuDecoder {
   float *router_logits_ = nullptr, *shared_gate_logits_ = nullptr, *topk_weights_ = nullptr;
   int32_t *topk_ids_ = nullptr, *expert_counts_ = nullptr, *expert_offsets_ = nullptr,
           *src_row_ = nullptr, *inverse_ = nullptr, *plan_workspace_ = nullptr;
+  // Two weight terms: the float32 sums of a product whose output is bf16 (LinearArgs).
+  float* term_sum_ = nullptr;
+  int64_t term_sum_elems_ = 0;
   void* small_moe_workspace_ = nullptr;  // null: the small-batch path is off
   int64_t small_moe_rows_ = 0;            // T*K up to which it runs
   bf16 *expert_act_ = nullptr, *expert_out_ = nullptr, *mlp_gate_up_ = nullptr,
@@ -351,6 +370,11 @@ CudaDecoder::CudaDecoder(const ModelConfig& config, DeviceWeights weights,
                  static_cast<double>(w_.bytes) / (1024.0 * 1024.0 * 1024.0),
                  report_.device_name.c_str(), w_.upload_seconds, report_.load_gb_per_s);
   }
+  if (!options.quiet && w_.weight_terms == 2) {
+    std::fprintf(stderr,
+                 "moeinfer: float32/float16 weights held as two bf16 terms each (the checkpoint's "
+                 "values; twice the bytes and time of bf16: --dtype bfloat16 rounds them to one)\n");
+  }
   if (!options.quiet && cache_) {
     const offload::ColdCost& cold = cache_->cold_cost();
     const char* mode = cold.mode == offload::ColdExperts::kGpu   ? "gpu"
@@ -390,7 +414,8 @@ void CudaDecoder::allocate_workspace() {
   // slot table) and under --deterministic (its sums run in another order than the general
   // path's, so a token's result would depend on the step's row count).
   small_moe_rows_ = 0;
-  if (c.num_experts > 0 && !cache_ && !options_.deterministic) {
+  // It reads one weight term: off with two as well.
+  if (c.num_experts > 0 && !cache_ && !options_.deterministic && w_.weight_terms == 1) {
     small_moe_rows_ = options_.small_batch_moe_rows >= 0 ? options_.small_batch_moe_rows
                                                          : kSmallMoeDefaultRows;
     small_moe_rows_ = std::min(small_moe_rows_, cuda::kSmallMoeMaxRows);
@@ -421,8 +446,23 @@ void CudaDecoder::allocate_workspace() {
     }
   }
 
+  // Two weight terms: the widest product with a bf16 output, summed in float32 first.
+  term_sum_elems_ = 0;
+  if (w_.weight_terms == 2) {
+    int64_t widest = std::max(2 * mlp_width, H);  // dense / shared gate_up, shared down
+    if (c.mla) {
+      const MlaConfig& m = *c.mla;
+      widest = std::max({widest, c.num_heads * m.qk_head_dim(), m.q_lora_rank,
+                         w_.mla.cache_width() * c.num_heads, c.num_heads * m.v_head_dim});
+    } else {
+      widest = std::max(widest, (c.num_heads + 2 * c.num_kv_heads) * Dp);
+    }
+    term_sum_elems_ = T * widest;
+  }
+
   auto carve = [&](Carver& cv) {
     inv_freq_ = cv.take<float>(std::max<int64_t>(rotary_dim_ / 2, 1));
+    term_sum_ = cv.take<float>(term_sum_elems_);
     hidden_ = cv.take<float>(T * H);
     normed_ = cv.take<bf16>(T * H);
     block_out_ = cv.take<float>(T * H);
@@ -558,20 +598,42 @@ void CudaDecoder::allocate_kv_pool() {
   report_.block_size = block_size_;
 }
 
-void CudaDecoder::linear(const bf16* x, int64_t rows, int64_t x_stride, const bf16* w, int64_t n,
-                         int64_t k, void* y, int64_t y_stride, bool f32_out) {
+void CudaDecoder::linear(const LinearArgs& a) {
+  const int64_t x_stride = a.x_stride > 0 ? a.x_stride : a.k;
+  const int64_t y_stride = a.y_stride > 0 ? a.y_stride : a.n;
+  const bf16* w_lo = lo_term(a.w, a.n * a.k);
   if (options_.deterministic) {
-    cuda::dense_gemm({.a = x, .b = w, .c = y, .m = rows, .n = n, .k = k, .lda = x_stride,
-                      .ldb = k, .ldc = y_stride, .c_f32 = f32_out},
+    cuda::dense_gemm({.a = a.x, .b = a.w, .b_lo = w_lo, .c = a.y, .m = a.rows, .n = a.n,
+                      .k = a.k, .lda = x_stride, .ldb = a.k, .ldc = y_stride,
+                      .c_f32 = a.f32_out},
                      stream_);
     return;
   }
-  const float one = 1.0f, zero = 0.0f;
-  CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n),
-                            static_cast<int>(rows), static_cast<int>(k), &one, w, CUDA_R_16BF,
-                            static_cast<int>(k), x, CUDA_R_16BF, static_cast<int>(x_stride), &zero,
-                            y, f32_out ? CUDA_R_32F : CUDA_R_16BF, static_cast<int>(y_stride),
-                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  auto gemm = [&](const bf16* w, void* y, int64_t ldy, bool f32, float beta) {
+    const float one = 1.0f;
+    CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(a.n),
+                              static_cast<int>(a.rows), static_cast<int>(a.k), &one, w,
+                              CUDA_R_16BF, static_cast<int>(a.k), a.x, CUDA_R_16BF,
+                              static_cast<int>(x_stride), &beta, y,
+                              f32 ? CUDA_R_32F : CUDA_R_16BF, static_cast<int>(ldy),
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  };
+  if (w_lo == nullptr) {
+    gemm(a.w, a.y, y_stride, a.f32_out, 0.0f);
+    return;
+  }
+  // Two terms: both products summed in float32 (in y itself, or in the scratch), rounded once.
+  float* sum = a.f32_out ? static_cast<float*>(a.y) : term_sum_;
+  const int64_t sum_stride = a.f32_out ? y_stride : a.n;
+  MOE_CHECK(a.f32_out || a.rows * a.n <= term_sum_elems_, "a product of ", a.rows, " x ", a.n,
+            " exceeds the two-term scratch of ", term_sum_elems_, " values");
+  gemm(a.w, sum, sum_stride, true, 0.0f);
+  gemm(w_lo, sum, sum_stride, true, 1.0f);
+  if (!a.f32_out) {
+    cuda::round_rows_to_bf16({.src = sum, .dst = static_cast<bf16*>(a.y), .rows = a.rows,
+                              .width = a.n, .src_stride = a.n, .dst_stride = y_stride},
+                             stream_);
+  }
 }
 
 Step CudaDecoder::prepare(const ForwardBatch& batch) {
@@ -684,7 +746,8 @@ void CudaDecoder::enqueue_layers(const Step& step) {
   const ModelConfig& c = config_;
   const int64_t T = step.num_tokens, H = w_.padded_hidden_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  cuda::embedding({.token_ids = meta_.ids, .table = w_.embed, .out_f32 = hidden_,
+  cuda::embedding({.token_ids = meta_.ids, .table = w_.embed,
+                   .table_lo = lo_term(w_.embed, c.vocab_size * H), .out_f32 = hidden_,
                    .num_tokens = T, .vocab_size = c.vocab_size, .hidden_size = H},
                   stream_);
   for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -692,7 +755,8 @@ void CudaDecoder::enqueue_layers(const Step& step) {
     // normed = norm(hidden + previous block output); the residual stream stays in hidden.
     cuda::fused_add_rms_norm({.x = l == 0 ? nullptr : block_out_, .residual = hidden_,
                               .residual_out = l == 0 ? nullptr : hidden_,
-                              .weight = d.input_norm, .out = normed_, .num_rows = T,
+                              .weight = d.input_norm, .weight_lo = lo_term(d.input_norm, H),
+                              .out = normed_, .num_rows = T,
                               .hidden_size = H, .eps = eps, .mean_width = c.hidden_size},
                              stream_);
     if (c.mla) {
@@ -701,7 +765,8 @@ void CudaDecoder::enqueue_layers(const Step& step) {
       attention(l, step);
     }
     cuda::fused_add_rms_norm({.x = block_out_, .x_bias = d.o_bias, .residual = hidden_,
-                              .residual_out = hidden_, .weight = d.post_norm, .out = normed_,
+                              .residual_out = hidden_, .weight = d.post_norm,
+                              .weight_lo = lo_term(d.post_norm, H), .out = normed_,
                               .num_rows = T,
                               .hidden_size = H, .eps = eps, .mean_width = c.hidden_size},
                              stream_);
@@ -709,7 +774,8 @@ void CudaDecoder::enqueue_layers(const Step& step) {
     feed_forward(l, T);
   }
   cuda::fused_add_rms_norm({.x = block_out_, .residual = hidden_, .residual_out = nullptr,
-                            .weight = w_.final_norm, .out = normed_, .num_rows = T,
+                            .weight = w_.final_norm, .weight_lo = lo_term(w_.final_norm, H),
+                            .out = normed_, .num_rows = T,
                             .hidden_size = H, .eps = eps, .mean_width = c.hidden_size},
                            stream_);
   // The rows that want logits, gathered to the front unless they are all rows.
@@ -723,8 +789,8 @@ void CudaDecoder::enqueue_layers(const Step& step) {
 void CudaDecoder::enqueue_lm_head(const Step& step, int64_t first_row, int64_t rows) {
   const int64_t H = w_.padded_hidden_size;
   const bf16* source = step.logits_are_all_rows ? normed_ : normed_gathered_;
-  linear(source + first_row * H, rows, H, w_.lm_head, config_.vocab_size, H, logits_,
-         config_.vocab_size, /*f32_out=*/true);
+  linear({.x = source + first_row * H, .rows = rows, .w = w_.lm_head, .n = config_.vocab_size,
+          .k = H, .y = logits_, .f32_out = true});
   mark(profile::Stage::kLmHead, -1);
 }
 
@@ -735,14 +801,16 @@ void CudaDecoder::attention(int64_t layer, const Step& step) {
   const int64_t Nq = c.num_heads, Nkv = c.num_kv_heads, D = c.head_dim, Dp = w_.padded_head_dim;
   const int64_t Nqkv = (Nq + 2 * Nkv) * Dp;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  linear(normed_, T, H, d.qkv, Nqkv, H, qkv_, Nqkv, false);
+  linear({.x = normed_, .rows = T, .w = d.qkv, .n = Nqkv, .k = H, .y = qkv_});
   if (d.qkv_bias) {
     cuda::bias_clip({.x = qkv_, .bias = d.qkv_bias, .rows = T, .width = Nqkv, .stride = Nqkv},
                     stream_);
   }
   const int64_t slots = num_blocks_ * block_size_;
   const bool prefill = step.route == Route::kPrefill;
-  if (!c.qk_norm_full && !c.clip_qkv) {
+  // attention_inputs reads one term of the per-head norm weights; with two, the unfused path.
+  const bool two_term_norms = c.qk_norm_per_head && w_.weight_terms == 2;
+  if (!c.qk_norm_full && !c.clip_qkv && !two_term_norms) {
     // One launch from the projection to the attention inputs.
     cuda::attention_inputs({.qkv = qkv_, .qkv_stride = Nqkv, .positions = meta_.positions,
                             .inv_freq = inv_freq_,
@@ -777,11 +845,13 @@ void CudaDecoder::attention(int64_t layer, const Step& step) {
         stream_);
   }
   // o_proj's bias joins in the norm that adds this output to the residual stream.
-  linear(attn_, T, Nq * Dp, d.o_proj, H, Nq * Dp, block_out_, H, /*f32_out=*/true);
+  linear({.x = attn_, .rows = T, .w = d.o_proj, .n = H, .k = Nq * Dp, .y = block_out_,
+          .f32_out = true});
 }
 
 // The unfused path for what attention_inputs does not cover: OLMoE's norm over the whole
-// projection and clip_qkv (norm, clip, then rope, in the reference's order).
+// projection, clip_qkv (norm, clip, then rope, in the reference's order) and per-head norm
+// weights in two terms.
 void CudaDecoder::qk_norm_clip_rope_write(int64_t layer, const Step& step) {
   const ModelConfig& c = config_;
   const DeviceLayer& d = w_.layers[layer];
@@ -790,19 +860,22 @@ void CudaDecoder::qk_norm_clip_rope_write(int64_t layer, const Step& step) {
   const int64_t Nqkv = (Nq + 2 * Nkv) * Dp;
   const float eps = static_cast<float>(c.rms_norm_eps);
   if (c.qk_norm_per_head) {
-    cuda::strided_rms_norm({.x = qkv_, .weight = d.q_norm, .rows = T * Nq, .width = D,
-                            .stride = Dp, .eps = eps, .rows_per_token = Nq,
-                            .token_stride = Nqkv},
+    cuda::strided_rms_norm({.x = qkv_, .weight = d.q_norm, .weight_lo = lo_term(d.q_norm, D),
+                            .rows = T * Nq, .width = D, .stride = Dp, .eps = eps,
+                            .rows_per_token = Nq, .token_stride = Nqkv},
                            stream_);
-    cuda::strided_rms_norm({.x = qkv_ + Nq * Dp, .weight = d.k_norm, .rows = T * Nkv, .width = D,
+    cuda::strided_rms_norm({.x = qkv_ + Nq * Dp, .weight = d.k_norm,
+                            .weight_lo = lo_term(d.k_norm, D), .rows = T * Nkv, .width = D,
                             .stride = Dp, .eps = eps, .rows_per_token = Nkv,
                             .token_stride = Nqkv},
                            stream_);
   } else if (c.qk_norm_full) {
-    cuda::strided_rms_norm({.x = qkv_, .weight = d.q_norm, .rows = T, .width = Nq * Dp,
-                            .stride = Nqkv, .eps = eps, .mean_width = Nq * D},
+    cuda::strided_rms_norm({.x = qkv_, .weight = d.q_norm,
+                            .weight_lo = lo_term(d.q_norm, Nq * Dp), .rows = T,
+                            .width = Nq * Dp, .stride = Nqkv, .eps = eps, .mean_width = Nq * D},
                            stream_);
-    cuda::strided_rms_norm({.x = qkv_ + Nq * Dp, .weight = d.k_norm, .rows = T,
+    cuda::strided_rms_norm({.x = qkv_ + Nq * Dp, .weight = d.k_norm,
+                            .weight_lo = lo_term(d.k_norm, Nkv * Dp), .rows = T,
                             .width = Nkv * Dp, .stride = Nqkv, .eps = eps,
                             .mean_width = Nkv * D},
                            stream_);
@@ -848,16 +921,20 @@ void CudaDecoder::mla_attention(int64_t layer, const Step& step) {
   // cache rows and in q_full.
   const int64_t Lp = w_.mla.latent, Rp = w_.mla.rope, W = w_.mla.cache_width();
   if (m.q_lora_rank > 0) {
-    linear(normed_, T, H, d.q_a, m.q_lora_rank, H, mla_q_lora_, m.q_lora_rank, false);
-    cuda::strided_rms_norm({.x = mla_q_lora_, .weight = d.q_a_norm, .rows = T,
+    linear({.x = normed_, .rows = T, .w = d.q_a, .n = m.q_lora_rank, .k = H, .y = mla_q_lora_});
+    cuda::strided_rms_norm({.x = mla_q_lora_, .weight = d.q_a_norm,
+                            .weight_lo = lo_term(d.q_a_norm, m.q_lora_rank), .rows = T,
                             .width = m.q_lora_rank, .stride = m.q_lora_rank, .eps = kMlaNormEps},
                            stream_);
-    linear(mla_q_lora_, T, m.q_lora_rank, d.q_b, Nh * qk, m.q_lora_rank, mla_q_, Nh * qk, false);
+    linear({.x = mla_q_lora_, .rows = T, .w = d.q_b, .n = Nh * qk, .k = m.q_lora_rank,
+            .y = mla_q_});
   } else {
-    linear(normed_, T, H, d.q_proj, Nh * qk, H, mla_q_, Nh * qk, false);
+    linear({.x = normed_, .rows = T, .w = d.q_proj, .n = Nh * qk, .k = H, .y = mla_q_});
   }
-  linear(normed_, T, H, d.kv_a, W, H, mla_latent_, W, false);
-  cuda::strided_rms_norm({.x = mla_latent_, .weight = d.kv_a_norm, .rows = T, .width = L,
+  linear({.x = normed_, .rows = T, .w = d.kv_a, .n = W, .k = H, .y = mla_latent_});
+  // kv_a_norm is stored Lp wide (zeros past L): its lo term starts Lp after it.
+  cuda::strided_rms_norm({.x = mla_latent_, .weight = d.kv_a_norm,
+                          .weight_lo = lo_term(d.kv_a_norm, Lp), .rows = T, .width = L,
                           .stride = W, .eps = kMlaNormEps},
                          stream_);
   cuda::rope({.q = mla_q_ + nope, .k = mla_latent_ + Lp, .positions = meta_.positions,
@@ -871,7 +948,9 @@ void CudaDecoder::mla_attention(int64_t layer, const Step& step) {
                        stream_);
   // Queries into the latent space, head by head: q_full[t, h, 0:Lp] = W_uk[h]^T q_nope[t, h]
   // (kv_b[h] rows [0, nope) are W_uk[h], [nope, Lp) each).
-  absorbed({.a = mla_q_, .b = d.kv_b, .c = mla_q_full_, .m = T, .n = Lp, .k = nope,
+  const bf16* kv_b_lo = lo_term(d.kv_b, Nh * (nope + vd) * Lp);
+  absorbed({.a = mla_q_, .b = d.kv_b, .b_lo = kv_b_lo, .c = mla_q_full_, .m = T, .n = Lp,
+            .k = nope,
             .lda = Nh * qk, .ldb = Lp, .ldc = Nh * W, .b_layout = cuda::DenseLayout::kKN,
             .batch = Nh, .batch_stride_a = qk, .batch_stride_b = (nope + vd) * Lp,
             .batch_stride_c = W});
@@ -888,10 +967,12 @@ void CudaDecoder::mla_attention(int64_t layer, const Step& step) {
                               .fixed_chunk = attention_chunk_},
                              stream_);
   // Each head's latent output lifted through its value rows W_uv[h] = kv_b rows after W_uk[h].
-  absorbed({.a = mla_out_latent_, .b = d.kv_b + nope * Lp, .c = attn_, .m = T, .n = vd, .k = Lp,
+  absorbed({.a = mla_out_latent_, .b = d.kv_b + nope * Lp,
+            .b_lo = kv_b_lo ? kv_b_lo + nope * Lp : nullptr, .c = attn_, .m = T, .n = vd, .k = Lp,
             .lda = Nh * Lp, .ldb = Lp, .ldc = Nh * vd, .batch = Nh, .batch_stride_a = Lp,
             .batch_stride_b = (nope + vd) * Lp, .batch_stride_c = vd});
-  linear(attn_, T, Nh * vd, d.mla_o, H, Nh * vd, block_out_, H, /*f32_out=*/true);
+  linear({.x = attn_, .rows = T, .w = d.mla_o, .n = H, .k = Nh * vd, .y = block_out_,
+          .f32_out = true});
 }
 
 void CudaDecoder::absorbed(const cuda::DenseGemmParams& g) {
@@ -900,24 +981,41 @@ void CudaDecoder::absorbed(const cuda::DenseGemmParams& g) {
     return;
   }
   // cuBLAS is column-major: C^T[n, m] = op(B)[n, k] . A^T[k, m] per batch entry.
-  const float one = 1.0f, zero = 0.0f;
   const bool kn = g.b_layout == cuda::DenseLayout::kKN;
-  CUBLAS_CHECK(cublasGemmStridedBatchedEx(
-      cublas_, kn ? CUBLAS_OP_N : CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(g.n),
-      static_cast<int>(g.m), static_cast<int>(g.k), &one, g.b, CUDA_R_16BF,
-      static_cast<int>(g.ldb), g.batch_stride_b, g.a, CUDA_R_16BF, static_cast<int>(g.lda),
-      g.batch_stride_a, &zero, g.c, CUDA_R_16BF, static_cast<int>(g.ldc), g.batch_stride_c,
-      static_cast<int>(g.batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  auto gemm = [&](const bf16* b, void* c, bool f32, float beta) {
+    const float one = 1.0f;
+    CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+        cublas_, kn ? CUBLAS_OP_N : CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(g.n),
+        static_cast<int>(g.m), static_cast<int>(g.k), &one, b, CUDA_R_16BF,
+        static_cast<int>(g.ldb), g.batch_stride_b, g.a, CUDA_R_16BF, static_cast<int>(g.lda),
+        g.batch_stride_a, &beta, c, f32 ? CUDA_R_32F : CUDA_R_16BF, static_cast<int>(g.ldc),
+        g.batch_stride_c, static_cast<int>(g.batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  };
+  if (g.b_lo == nullptr) {
+    gemm(g.b, g.c, false, 0.0f);
+    return;
+  }
+  // Two terms: summed in the float32 scratch in c's layout, then each head's n values rounded.
+  MOE_CHECK(g.ldc == g.batch * g.batch_stride_c && g.m * g.ldc <= term_sum_elems_,
+            "absorbed product of ", g.m, " x ", g.ldc, " does not fit the two-term scratch");
+  gemm(g.b, term_sum_, true, 0.0f);
+  gemm(g.b_lo, term_sum_, true, 1.0f);
+  cuda::round_rows_to_bf16({.src = term_sum_, .dst = static_cast<bf16*>(g.c),
+                            .rows = g.m * g.batch, .width = g.n,
+                            .src_stride = g.batch_stride_c, .dst_stride = g.batch_stride_c},
+                           stream_);
 }
 
 void CudaDecoder::dense_mlp(const bf16* gate_up, const bf16* down, int64_t width,
                             int64_t num_tokens, void* out, bool f32_out) {
   const int64_t H = w_.padded_hidden_size;
-  linear(normed_, num_tokens, H, gate_up, 2 * width, H, mlp_gate_up_, 2 * width, false);
+  linear({.x = normed_, .rows = num_tokens, .w = gate_up, .n = 2 * width, .k = H,
+          .y = mlp_gate_up_});
   cuda::silu_mul({.gate_up = mlp_gate_up_, .out = mlp_act_, .num_tokens = num_tokens,
                   .width = width},
                  stream_);
-  linear(mlp_act_, num_tokens, width, down, H, width, out, H, f32_out);
+  linear({.x = mlp_act_, .rows = num_tokens, .w = down, .n = H, .k = width, .y = out,
+          .f32_out = f32_out});
 }
 
 void CudaDecoder::feed_forward(int64_t layer, int64_t T) {
@@ -952,6 +1050,7 @@ void CudaDecoder::feed_forward(int64_t layer, int64_t T) {
   cuda::moe_experts({.rows = normed_,
                      .gate_up = cache_ ? nullptr : d.experts_gate_up,
                      .down = cache_ ? nullptr : d.experts_down,
+                     .weight_terms = w_.weight_terms,
                      .gate_up_table = cache_ ? cache_->gate_up_table(layer) : nullptr,
                      .down_table = cache_ ? cache_->down_table(layer) : nullptr,
                      .expert_offsets = expert_offsets_, .activation = expert_act_,
@@ -963,7 +1062,8 @@ void CudaDecoder::feed_forward(int64_t layer, int64_t T) {
   if (d.shared_gate_up) {
     dense_mlp(d.shared_gate_up, d.shared_down, d.shared_width, T, shared_out_, /*f32_out=*/false);
     if (d.shared_gate) {
-      linear(normed_, T, H, d.shared_gate, 1, H, shared_gate_logits_, 1, /*f32_out=*/true);
+      linear({.x = normed_, .rows = T, .w = d.shared_gate, .n = 1, .k = H,
+              .y = shared_gate_logits_, .f32_out = true});
       cuda::sigmoid_scale_rows({.x = shared_out_, .logits = shared_gate_logits_,
                                 .num_tokens = T, .hidden_size = H},
                                stream_);
@@ -1014,7 +1114,7 @@ void CudaDecoder::route(int64_t layer, int64_t T, float* logits, int32_t* topk_i
                         float* topk_weights) {
   const DeviceLayer& d = w_.layers[layer];
   const int64_t H = w_.padded_hidden_size, E = config_.num_experts;
-  linear(normed_, T, H, d.router, E, H, logits, E, /*f32_out=*/true);
+  linear({.x = normed_, .rows = T, .w = d.router, .n = E, .k = H, .y = logits, .f32_out = true});
   cuda::fused_router(router_params(layer, T, logits, topk_ids, topk_weights), stream_);
 }
 
@@ -1366,7 +1466,8 @@ std::unique_ptr<GpuDecoder> GpuDecoder::create(const ModelConfig& config,
   offload::check_offload_model(options.offload, config.num_experts,
                                "the " + config.model_type + " model");
   gpu::DeviceWeights device_weights =
-      gpu::upload_weights(config, weights, !options.quiet, options.offload.enabled());
+      gpu::upload_weights(config, weights, !options.quiet, options.offload.enabled(),
+                          options.weight_dtype == GpuWeightDtype::kBf16);
   return std::make_unique<gpu::CudaDecoder>(config, std::move(device_weights), options);
 }
 
