@@ -7,7 +7,9 @@
 //   - paged decode attention with fixed_chunk: a query alone and the same query among sequences
 //     of other lengths (so other grid splits and max_seq_len), with and without a sliding
 //     window, at lengths on both sides of the chunk;
-//   - MLA decode attention with fixed_chunk, likewise.
+//   - MLA decode attention with fixed_chunk, likewise, with both kernels (a latent of 128, and
+//     latents of 1024 and 520 beside rope keys of 64 and 128, past the register-resident
+//     kernel's 512 + 64).
 // A failure names the case and the first differing element. Registered only with a device.
 #include <gtest/gtest.h>
 
@@ -207,10 +209,10 @@ void paged_decode_rows_are_batch_invariant() {
 
 // ---- MLA decode attention ----
 
-void mla_rows_are_batch_invariant() {
-  std::mt19937 rng(fresh_seed());
+void mla_rows_are_batch_invariant(int64_t L, int64_t R, int64_t Nh, bool wide) {
+  std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(L * 7 + R));
   constexpr int64_t kMaxLen = 1024, kBlock = 16, kMaxBlocks = kMaxLen / kBlock;
-  constexpr int64_t L = 128, R = 32, W = L + R, Nh = 20;
+  const int64_t W = L + R;
   const int64_t chunk = batch_invariant_chunk(kMaxLen);
   const int64_t num_blocks = kMaxBlocks * 4;
   const DeviceBuffer<uint16_t> cache(
@@ -238,6 +240,7 @@ void mla_rows_are_batch_invariant() {
                       .max_seq_len = *std::max_element(lens.begin(), lens.end()),
                       .scale = 0.07f,
                       .fixed_chunk = chunk};
+    EXPECT_EQ(mla_decode_is_wide(p), wide) << "the case does not test the kernel it claims";
     DeviceBuffer<float> workspace(
         static_cast<size_t>(std::max<int64_t>(mla_decode_workspace_size(p), 4)));
     p.workspace = workspace.get();
@@ -263,7 +266,8 @@ void mla_rows_are_batch_invariant() {
     }
     const std::vector<uint16_t> batch = run(qs, tables, lens);
     expect_same_row(&batch[2 * Nh * L], alone.data(), Nh * L,
-                    "MLA len " + std::to_string(len) + " (chunk " + std::to_string(chunk) +
+                    "MLA L " + std::to_string(L) + " R " + std::to_string(R) + " len " +
+                        std::to_string(len) + " (chunk " + std::to_string(chunk) +
                         "): row 2 of 5 vs alone");
   }
 }
@@ -297,8 +301,15 @@ TEST(CudaBatchInvariantChunk, DependsOnTheContextOnly) {
                        grouped_gemm_rows_are_batch_invariant, __FILE__, __LINE__);
   register_kernel_test("CudaBatchInvariance", "PagedDecodeRowsAreBatchInvariant",
                        paged_decode_rows_are_batch_invariant, __FILE__, __LINE__);
-  register_kernel_test("CudaBatchInvariance", "MlaRowsAreBatchInvariant",
-                       mla_rows_are_batch_invariant, __FILE__, __LINE__);
+  register_kernel_test(
+      "CudaBatchInvariance", "MlaRowsAreBatchInvariant",
+      [] { mla_rows_are_batch_invariant(128, 32, 20, false); }, __FILE__, __LINE__);
+  register_kernel_test(
+      "CudaBatchInvariance", "MlaWideRowsAreBatchInvariant",
+      [] { mla_rows_are_batch_invariant(1024, 64, 20, true); }, __FILE__, __LINE__);
+  register_kernel_test(
+      "CudaBatchInvariance", "MlaWideRowsOf128HeadsAreBatchInvariant",
+      [] { mla_rows_are_batch_invariant(520, 128, 128, true); }, __FILE__, __LINE__);
   return true;
 }();
 

@@ -7,9 +7,13 @@
 // (512, 64, 128) and an odd (40, 16, 20) (L / 16 not whole, a partial head tile, W = 56);
 // lengths 0, 1, 17, 300, 5000; shuffled block tables with block sizes 8, 16, 48 and 128; plans
 // with several splits (the combine kernel, up to the most the plan makes) and with one; the prefill
-// layout (every row reads one sequence's blocks, seq_len = position + 1). Each case asserts the
-// plan it claims to test. bf16 tolerance 1e-2 of the output's natural scale. The argument checks
-// run without a GPU.
+// layout (every row reads one sequence's blocks, seq_len = position + 1). The wide cases take the
+// streaming kernel (L > 512 or W > 576): latents 520, 768, 1000, 1024 and 1536 with rope keys 64
+// and 128, a 512-wide latent with a rope key past 64, a latent of 8 beside a rope key of 576;
+// 1, 16, 20 and 128 heads; lengths 1, 19, 99, 989 (and 0); block sizes 8, 16, 24, 48, 128;
+// split, unsplit and fixed-chunk (--deterministic) plans. Each case asserts the plan and the
+// kernel it claims to test. bf16 tolerance 1e-2 of the output's natural scale. The argument
+// checks run without a GPU.
 #include <gtest/gtest.h>
 
 #if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
@@ -56,16 +60,18 @@ TEST(CudaMlaChecks, RefuseBadArguments) {
   refuse([](MlaDecodeParams& p) { p.num_seqs = 70000; }, "num_seqs = 70000");
   refuse([](MlaDecodeParams& p) { p.num_heads = 0; }, "num_heads = 0");
   refuse([](MlaDecodeParams& p) { p.latent_dim = 36; }, "latent_dim = 36");
-  refuse([](MlaDecodeParams& p) { p.latent_dim = 520; }, "latent_dim = 520");
+  refuse([](MlaDecodeParams& p) { p.latent_dim = 0; }, "latent_dim = 0");
+  refuse([](MlaDecodeParams& p) { p.latent_dim = 1028; }, "latent_dim = 1028");
   refuse([](MlaDecodeParams& p) { p.rope_dim = 4; }, "rope_dim = 4");
   refuse([](MlaDecodeParams& p) { p.rope_dim = 0; }, "rope_dim = 0");
-  refuse([](MlaDecodeParams& p) { p.rope_dim = 548; }, "rope_dim = 548");  // 32 + 548 > 576
+  refuse([](MlaDecodeParams& p) { p.rope_dim = 68; }, "rope_dim = 68");
+  // Past the ints the kernels index a row with.
   refuse(
       [](MlaDecodeParams& p) {
-        p.latent_dim = 512;
-        p.rope_dim = 72;
+        p.latent_dim = kMlaMaxRowWidth;
+        p.rope_dim = 8;
       },
-      "rope_dim = 72");
+      "latent_dim + rope_dim = 1073741832");
   refuse([](MlaDecodeParams& p) { p.block_size = 0; }, "block_size = 0");
   refuse([](MlaDecodeParams& p) { p.num_blocks = 0; }, "num_blocks = 0");
   refuse([](MlaDecodeParams& p) { p.max_seq_len = 17; }, "max_seq_len = 17");
@@ -111,6 +117,56 @@ TEST(CudaMlaChecks, NoRowsIsANoOp) {
                     .max_seq_len = 16,
                     .scale = 0.1f};
   EXPECT_NO_THROW(mla_decode_attention(p, nullptr));  // null pointers are never looked at
+  // Latents and rows of any width pass the checks.
+  const std::pair<int64_t, int64_t> wide_shapes[] = {{520, 64},  {512, 72}, {1024, 128},
+                                                     {1536, 64}, {8, 4096}, {65536, 64}};
+  for (const auto& [L, R] : wide_shapes) {
+    p.latent_dim = L;
+    p.rope_dim = R;
+    EXPECT_NO_THROW(mla_decode_attention(p, nullptr)) << L << " + " << R;
+  }
+}
+
+// The register-resident kernel keeps every shape up to DeepSeek's 512 + 64 (and a wider rope key
+// beside a narrower latent up to the same 576-wide row); past either limit the streaming one.
+TEST(CudaMlaChecks, WideShapesTakeTheStreamingKernel) {
+  auto wide = [](int64_t L, int64_t R) {
+    return mla_decode_is_wide(MlaDecodeParams{.latent_dim = L, .rope_dim = R});
+  };
+  EXPECT_FALSE(wide(512, 64));
+  EXPECT_FALSE(wide(448, 128));
+  EXPECT_FALSE(wide(8, 568));
+  EXPECT_FALSE(wide(32, 8));
+  EXPECT_TRUE(wide(520, 8));  // the latent past 512, the row within 576
+  EXPECT_TRUE(wide(520, 64));
+  EXPECT_TRUE(wide(512, 72));  // the row past 576, the latent within 512
+  EXPECT_TRUE(wide(8, 576));
+  EXPECT_TRUE(wide(1024, 64));
+  EXPECT_TRUE(wide(1536, 128));
+}
+
+// The wide kernel uses the same plan and workspace layout: [B, Nh, splits, L] outputs and
+// [B, Nh, splits, 2] (max, sum) pairs, so GpuDecoder sizes its scratch through the same call.
+TEST(CudaMlaChecks, WideSplitPlanAndWorkspace) {
+  MlaDecodeParams p{.num_seqs = 1,
+                    .num_heads = 16,
+                    .latent_dim = 1024,
+                    .rope_dim = 64,
+                    .block_size = 16,
+                    .num_blocks = 1,
+                    .max_blocks_per_seq = 63,
+                    .max_seq_len = 1000,
+                    .scale = 0.1f};
+  EXPECT_EQ(mla_decode_split(p).chunk, 64);
+  EXPECT_EQ(mla_decode_split(p).num_splits, 16);
+  EXPECT_EQ(mla_decode_workspace_size(p), 1 * 16 * 16 * (1024 + 2));
+  p.fixed_chunk = 256;
+  EXPECT_EQ(mla_decode_split(p).num_splits, 4);
+  EXPECT_EQ(mla_decode_workspace_size(p), 1 * 16 * 4 * (1024 + 2));
+  p.num_heads = 128;
+  p.num_seqs = 33;
+  p.fixed_chunk = 0;
+  EXPECT_EQ(mla_decode_workspace_size(p), 0);
 }
 
 TEST(CudaMlaChecks, SplitPlanAndWorkspace) {
@@ -150,13 +206,16 @@ struct MlaCase {
   bool expect_split;
   // Prefill layout: every row reads the same sequence's blocks (one block table for all).
   bool shared_sequence = false;
+  int64_t fixed_chunk = 0;   // > 0: --deterministic's fixed splits
+  bool expect_wide = false;  // the streaming kernel (L > 512 or W > 576)
 };
 
 constexpr uint16_t kNanBf16 = 0x7fc0;
 
 void mla_random(const MlaCase& c) {
-  std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(c.L * 131 + c.Nh * 7 + c.block_size +
-                                                        c.seq_lens.size() * 1009));
+  std::mt19937 rng(fresh_seed() ^
+                   static_cast<uint32_t>(c.L * 131 + c.R * 17 + c.Nh * 7 + c.block_size +
+                                         c.seq_lens.size() * 1009 + c.fixed_chunk * 3));
   const int64_t B = static_cast<int64_t>(c.seq_lens.size());
   const int64_t W = c.L + c.R, bs = c.block_size;
   const int64_t max_len = *std::max_element(c.seq_lens.begin(), c.seq_lens.end());
@@ -205,10 +264,12 @@ void mla_random(const MlaCase& c) {
                     .num_blocks = num_blocks,
                     .max_blocks_per_seq = max_blocks,
                     .max_seq_len = max_len,
-                    .scale = scale};
+                    .scale = scale,
+                    .fixed_chunk = c.fixed_chunk};
   ASSERT_EQ(mla_decode_split(p).num_splits > 1, c.expect_split)
       << "the case does not test the plan it claims (" << mla_decode_split(p).num_splits
       << " splits)";
+  ASSERT_EQ(mla_decode_is_wide(p), c.expect_wide) << "the case does not test the kernel it claims";
   DeviceBuffer<uint16_t> d_q(q), d_cache(cache), d_out(B * c.Nh * c.L);
   DeviceBuffer<int32_t> d_tables(tables), d_lens(c.seq_lens);
   DeviceBuffer<float> d_ws(std::max<int64_t>(1, mla_decode_workspace_size(p)));
@@ -313,7 +374,63 @@ std::vector<int32_t> positions_plus_one(int64_t count) {
       {"Prefill_L32_R8_H4_T600", {positions_plus_one(600), 32, 8, 4, 16, false, true}},
       {"Prefill_L512_R64_H16_T100", {positions_plus_one(100), 512, 64, 16, 16, true, true}},
   };
+  // The streaming kernel: latents past 512 (one, two or three slices of 512 output dims, the
+  // last partial) or rows past 576. Split plans: 4 or 5 rows x 1 or 8 head tiles want many
+  // splits (989 keys: 16 splits of 64, or 8 of 128 with 128 heads).
+  const std::vector<int32_t> odd = {1, 19, 99, 989};
+  const std::vector<int32_t> odd_and_empty = {1, 19, 0, 99, 989};
+  auto wide = [](std::vector<int32_t> lens, int64_t L, int64_t R, int64_t Nh, int64_t block_size,
+                 bool split, int64_t fixed_chunk = 0) {
+    return MlaCase{.seq_lens = std::move(lens),
+                   .L = L,
+                   .R = R,
+                   .Nh = Nh,
+                   .block_size = block_size,
+                   .expect_split = split,
+                   .fixed_chunk = fixed_chunk,
+                   .expect_wide = true};
+  };
+  const Named wide_cases[] = {
+      {"Wide_L520_R64_H16_Split", wide(odd_and_empty, 520, 64, 16, 16, true)},
+      {"Wide_L520_R64_H1_Block8", wide(odd, 520, 64, 1, 8, true)},
+      {"Wide_L520_R128_H128_Block48", wide(odd, 520, 128, 128, 48, true)},
+      {"Wide_L520_R128_H16_Split", wide(odd_and_empty, 520, 128, 16, 16, true)},
+      {"Wide_L768_R64_H16_Block128", wide(odd_and_empty, 768, 64, 16, 128, true)},
+      {"Wide_L768_R128_H1_Split", wide(odd, 768, 128, 1, 16, true)},
+      {"Wide_L1024_R64_H128_Split", wide(odd, 1024, 64, 128, 16, true)},
+      {"Wide_L1024_R128_H16_Block24", wide(odd_and_empty, 1024, 128, 16, 24, true)},
+      {"Wide_L1024_R64_H1_Block48", wide(odd, 1024, 64, 1, 48, true)},
+      // L / 16 not whole (the last group of each slice half past L), W / 16 not whole (a
+      // half-empty k-step), a partial head tile; three slices; a rope key of 128 beside them.
+      {"Wide_L1000_R64_H20_Split", wide(odd_and_empty, 1000, 64, 20, 16, true)},
+      {"Wide_L1536_R128_H16_Split", wide(odd, 1536, 128, 16, 16, true)},
+      // Rows past 576 with a latent of at most 512: one slice, the rope key past 64.
+      {"Wide_L512_R72_H16_Split", wide(odd_and_empty, 512, 72, 16, 16, true)},
+      {"Wide_L512_R128_H128_Block8", wide(odd, 512, 128, 128, 8, true)},
+      {"Wide_L8_R576_H4_Block24", wide(odd, 8, 576, 4, 24, true)},
+      // One split: 264 rows x 1 tile, 33 rows x 8 tiles.
+      {"Wide_L1024_R64_H16_Unsplit", wide(lengths(odd, 264, 65), 1024, 64, 16, 16, false)},
+      {"Wide_L768_R128_H128_Unsplit", wide(lengths(odd, 33, 65), 768, 128, 128, 16, false)},
+      {"Wide_L520_R64_H16_AllEmpty", wide({0, 0, 0}, 520, 64, 16, 16, false)},
+      {"Wide_L1024_R64_H128_Len1", wide({1}, 1024, 64, 128, 16, false)},
+      // Fixed chunks (--deterministic): always through the workspace, whatever the batch; chunks
+      // of 64 (16 splits at 989 keys), 256, and 1024 (each row one chunk, the second split empty).
+      {"Wide_L1024_R64_H16_Fixed64", wide(odd_and_empty, 1024, 64, 16, 16, true, 64)},
+      {"Wide_L520_R64_H128_Fixed256", wide(odd, 520, 64, 128, 16, true, 256)},
+      {"Wide_L768_R128_H1_Fixed256_Block48", wide(odd, 768, 128, 1, 48, true, 256)},
+      {"Wide_L1024_R128_H128_Fixed256", wide(odd, 1024, 128, 128, 16, true, 256)},
+      {"Wide_L1000_R64_H20_Fixed1024", wide(odd_and_empty, 1000, 64, 20, 8, true, 1024)},
+      {"Wide_L512_R72_H16_Fixed64_EmptyRows", wide({0, 5, 0}, 512, 72, 16, 16, true, 64)},
+      // Prefill layout: row i is position i of one sequence (seq_len i + 1).
+      {"Wide_Prefill_L1024_R64_H16_T100",
+       {positions_plus_one(100), 1024, 64, 16, 16, true, true, 0, true}},
+      {"Wide_Prefill_L768_R64_H16_T99_Fixed64",
+       {positions_plus_one(99), 768, 64, 16, 16, true, true, 64, true}},
+  };
   for (const Named& n : cases)
+    register_kernel_test(
+        "CudaMlaDecode", n.name, [c = n.c] { mla_random(c); }, __FILE__, __LINE__);
+  for (const Named& n : wide_cases)
     register_kernel_test(
         "CudaMlaDecode", n.name, [c = n.c] { mla_random(c); }, __FILE__, __LINE__);
   return true;

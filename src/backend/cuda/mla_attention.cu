@@ -1,7 +1,9 @@
-// Launcher of MLA decode attention (mla_attention_kernel.cuh): argument checks, the split plan,
-// the split kernel and, when the plan has several splits, the combine kernel. One kernel
-// instantiation covers every accepted shape (L and R are runtime values inside compile-time
-// register maxima), so there is no shape to fall back on a slower path for.
+// Launcher of MLA decode attention: argument checks, the split plan, the split kernel and, when
+// the plan has several splits, the combine kernel. The split kernel is mla_decode_kernel
+// (mla_attention_kernel.cuh: L and R runtime values inside compile-time register maxima, which
+// DeepSeek's 512 + 64 fits) up to kMlaMaxLatentDim / kMlaMaxCacheWidth, and past them
+// mla_decode_wide_kernel (mla_attention_wide_kernel.cuh: rows streamed in panels, the output in
+// slices of 512 dims), which takes any width; both share the plan, workspace and combine kernel.
 #include <algorithm>
 #include <cmath>
 
@@ -9,6 +11,7 @@
 #include "backend/cuda/launch_checks.h"
 #include "backend/cuda/mla_attention.h"
 #include "backend/cuda/mla_attention_kernel.cuh"
+#include "backend/cuda/mla_attention_wide_kernel.cuh"
 
 namespace moeinfer::cuda {
 
@@ -33,13 +36,14 @@ void check_mla(const MlaDecodeParams& p) {
             " must be in [0, 65535]");
   MOE_CHECK(p.num_heads >= 1 && p.num_heads <= 65535, "num_heads = ", p.num_heads,
             " must be in [1, 65535]");
-  MOE_CHECK(p.latent_dim > 0 && p.latent_dim % 8 == 0 && p.latent_dim <= kMlaMaxLatentDim,
-            "latent_dim = ", p.latent_dim, " must be a positive multiple of 8, at most ",
-            kMlaMaxLatentDim);
-  MOE_CHECK(p.rope_dim > 0 && p.rope_dim % 8 == 0 &&
-                p.latent_dim + p.rope_dim <= kMlaMaxCacheWidth,
-            "rope_dim = ", p.rope_dim, " must be a positive multiple of 8 with latent_dim + "
-            "rope_dim at most ", kMlaMaxCacheWidth);
+  MOE_CHECK(p.latent_dim > 0 && p.latent_dim % 8 == 0, "latent_dim = ", p.latent_dim,
+            " must be a positive multiple of 8");
+  MOE_CHECK(p.rope_dim > 0 && p.rope_dim % 8 == 0, "rope_dim = ", p.rope_dim,
+            " must be a positive multiple of 8");
+  // The kernels hold L, W and offsets within a row in ints (a row of 2^30 values would take
+  // 2 GiB of cache per token and layer).
+  MOE_CHECK(p.latent_dim + p.rope_dim <= kMlaMaxRowWidth,
+            "latent_dim + rope_dim = ", p.latent_dim + p.rope_dim, " exceeds ", kMlaMaxRowWidth);
   MOE_CHECK(p.block_size >= 1, "block_size = ", p.block_size, " must be at least 1");
   MOE_CHECK(p.num_blocks >= 1, "num_blocks = ", p.num_blocks, " must be at least 1");
   detail::check_int32_range(p.num_blocks, "num_blocks");
@@ -60,6 +64,10 @@ void check_mla(const MlaDecodeParams& p) {
 }
 
 }  // namespace
+
+bool mla_decode_is_wide(const MlaDecodeParams& p) {
+  return p.latent_dim > kMlaMaxLatentDim || p.latent_dim + p.rope_dim > kMlaMaxCacheWidth;
+}
 
 MlaDecodeSplit mla_decode_split(const MlaDecodeParams& p) {
   if (p.fixed_chunk > 0) {
@@ -104,17 +112,29 @@ void mla_decode_attention(const MlaDecodeParams& p, cudaStream_t stream) {
     detail::check_aligned16(p.workspace, "workspace");
   }
 
-  const int width = static_cast<int>(p.latent_dim + p.rope_dim);
-  static const bool attribute_set = [] {
+  // Both kernels' shared memory past the default 48 KB, once, before any launch of either
+  // (so also before a CUDA graph captures one).
+  static const bool attributes_set = [] {
     CUDA_CHECK(cudaFuncSetAttribute(mla_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     mla::smem_bytes(mla::kMaxWidth)));
+    CUDA_CHECK(cudaFuncSetAttribute(
+        mla_decode_wide_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, mla::kWideSmemBytes));
     return true;
   }();
-  (void)attribute_set;
-  const dim3 grid(static_cast<unsigned>(split.num_splits), static_cast<unsigned>(head_tiles(p)),
-                  static_cast<unsigned>(p.num_seqs));
-  mla_decode_kernel<<<grid, mla::kThreads, mla::smem_bytes(width), stream>>>(
-      p, static_cast<int>(split.chunk), static_cast<int>(split.num_splits));
+  (void)attributes_set;
+  if (mla_decode_is_wide(p)) {
+    const int64_t slices = mla::wide_slices(static_cast<int>(p.latent_dim));
+    const dim3 grid(static_cast<unsigned>(split.num_splits * slices),
+                    static_cast<unsigned>(head_tiles(p)), static_cast<unsigned>(p.num_seqs));
+    mla_decode_wide_kernel<<<grid, mla::kThreads, mla::kWideSmemBytes, stream>>>(
+        p, static_cast<int>(split.chunk), static_cast<int>(split.num_splits));
+  } else {
+    const int width = static_cast<int>(p.latent_dim + p.rope_dim);
+    const dim3 grid(static_cast<unsigned>(split.num_splits), static_cast<unsigned>(head_tiles(p)),
+                    static_cast<unsigned>(p.num_seqs));
+    mla_decode_kernel<<<grid, mla::kThreads, mla::smem_bytes(width), stream>>>(
+        p, static_cast<int>(split.chunk), static_cast<int>(split.num_splits));
+  }
   MOE_CUDA_CHECK_LAUNCH();
   if (split.num_splits > 1) {
     // Slices of 64 latent dims per combine block: all of them for many (row, head) pairs, so a

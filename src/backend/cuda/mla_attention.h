@@ -34,10 +34,12 @@
 
 namespace moeinfer::cuda {
 
-// Largest latent dim and cache row compiled in (DeepSeek-V2/V3: 512 + 64; a smaller latent
-// leaves room for a wider rope key).
+// Largest latent dim and cache row of the register-resident kernel (DeepSeek-V2/V3: 512 + 64; a
+// smaller latent leaves room for a wider rope key). Wider ones take the streaming kernel
+// (mla_decode_is_wide), which has no limit but the ints it indexes a row with.
 inline constexpr int64_t kMlaMaxLatentDim = 512;
 inline constexpr int64_t kMlaMaxCacheWidth = 576;
+inline constexpr int64_t kMlaMaxRowWidth = int64_t{1} << 30;
 
 struct MlaDecodeParams {
   const __nv_bfloat16* q = nullptr;       // [B, Nh, W], 16-byte aligned
@@ -49,8 +51,8 @@ struct MlaDecodeParams {
                                // aligned; unused (may be null) when the plan has one split
   int64_t num_seqs = 0;        // B, at most 65535
   int64_t num_heads = 0;       // Nh >= 1
-  int64_t latent_dim = 0;      // L, a positive multiple of 8, at most 512
-  int64_t rope_dim = 0;        // R, a positive multiple of 8, L + R at most 576
+  int64_t latent_dim = 0;      // L, a positive multiple of 8
+  int64_t rope_dim = 0;        // R, a positive multiple of 8; L + R at most kMlaMaxRowWidth
   int64_t block_size = 0;      // tokens per cache block
   int64_t num_blocks = 0;      // blocks in the pool (for the device range check)
   int64_t max_blocks_per_seq = 0;
@@ -62,6 +64,11 @@ struct MlaDecodeParams {
   // sized to fill the GPU for this batch.
   int64_t fixed_chunk = 0;
 };
+
+// Whether the launch takes the streaming kernel: L > kMlaMaxLatentDim or L + R >
+// kMlaMaxCacheWidth. Same plan, workspace and results (to rounding); it recomputes the scores
+// once per 512 output dims, so it is slower per byte of cache.
+bool mla_decode_is_wide(const MlaDecodeParams& params);
 
 // Keys per split (a multiple of 64) and the split count, planned over max_seq_len so that
 // B x ceil(Nh / 16) x splits fills the GPU; one split (no workspace) once B x ceil(Nh / 16)
@@ -79,8 +86,9 @@ int64_t mla_decode_workspace_size(const MlaDecodeParams& params);
 // out[b, h] = sum_j softmax_j(scale * q[b, h] . row_j) row_j[0:L] over the rows j <
 // seq_lens[b] of sequence b, read through its block table. Float32 scores and online softmax
 // on tensor cores (P rounded to bf16 for the P.V product, as the GQA decode kernel does), bf16
-// out. One block per (split, tile of 16 heads, sequence) reads each cache row once; long
-// contexts are cut into splits that a second kernel combines.
+// out. One block per (split, tile of 16 heads, sequence) reads each cache row once (wide rows:
+// one block per 512 output dims as well); long contexts are cut into splits that a second
+// kernel combines.
 void mla_decode_attention(const MlaDecodeParams& params, cudaStream_t stream);
 
 }  // namespace moeinfer::cuda

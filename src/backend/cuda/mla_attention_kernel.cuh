@@ -26,6 +26,9 @@
 //   with several it writes its unnormalised output and (max, sum) to the workspace and
 //   mla_decode_combine_kernel merges them in float32, spreading each row's splits over
 //   threads (a long context at batch 1 has up to 264 splits).
+// - Its maxima (kMaxLatent output dims in registers, a 576-wide tile and Q slice) cover DeepSeek's
+//   512 + 64; wider latents and rows go to mla_decode_wide_kernel (mla_attention_wide_kernel.cuh),
+//   which shares the softmax step, the workspace and the combine kernel below.
 //
 // Measured on an H200 (a throwaway timing loop, not yet a bench/ program; L 512, R 64, block
 // size 64): with 16 heads, batch 128 to 256 at 2048 to 4096 keys reads the cache at 2.6 to 3.2
@@ -84,6 +87,46 @@ __host__ __device__ constexpr int red_bytes(int width) {
 // Two tiles, the partial scores (or Q), then P [kHeads, kPStride] bf16.
 __host__ __device__ constexpr int smem_bytes(int width) {
   return 2 * tile_bytes(width) + red_bytes(width) + kHeads * kPStride * 2;
+}
+
+// Step 2 of each 32-key tile, shared by the MLA decode kernels: thread (r_soft, c_soft) =
+// (tid / 16, 2 (tid % 16)) sums keys c_soft, c_soft + 1 of head r_soft over the partial scores of
+// warps [0, red_warps) ([kWarps, kHeads, kRedStride] float32), masks keys at or past n
+// (first_key: the tile's first key, below n), and runs the online softmax: P as bf16 into s_p
+// [kHeads, kPStride], the head's rescale factor into s_alpha, its running max m (log2 domain)
+// and sum l in registers, identical in the head's 16 threads (one half-warp, shuffles).
+__device__ __forceinline__ void online_softmax_tile(const float* s_red, int red_warps,
+                                                    int first_key, int n, float scale_log2,
+                                                    __nv_bfloat16* s_p, float* s_alpha, float& m,
+                                                    float& l) {
+  const int tid = threadIdx.x;
+  const int r_soft = tid >> 4, c_soft = (tid & 15) * 2;
+  float2 acc = make_float2(0.f, 0.f);
+  for (int w = 0; w < red_warps; ++w) {
+    const float2 v =
+        *reinterpret_cast<const float2*>(s_red + (w * kHeads + r_soft) * kRedStride + c_soft);
+    acc.x += v.x;
+    acc.y += v.y;
+  }
+  const int key = first_key + c_soft;
+  const float s0 = key < n ? acc.x * scale_log2 : -INFINITY;
+  const float s1 = key + 1 < n ? acc.y * scale_log2 : -INFINITY;
+  float mx = fmaxf(s0, s1);
+#pragma unroll
+  for (int off = 8; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  // Key first_key < n is in this tile, so m_new is finite and alpha = 0 on the first tile.
+  const float m_new = fmaxf(m, mx);
+  const float alpha = exp2f(m - m_new);
+  const __nv_bfloat162 pb = __floats2bfloat162_rn(exp2f(s0 - m_new), exp2f(s1 - m_new));
+  *reinterpret_cast<__nv_bfloat162*>(s_p + r_soft * kPStride + c_soft) = pb;
+  // The sum is of the rounded weights the value product uses.
+  const float2 pf = __bfloat1622float2(pb);
+  float sum = pf.x + pf.y;
+#pragma unroll
+  for (int off = 8; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  l = l * alpha + sum;
+  m = m_new;
+  if ((tid & 15) == 0) s_alpha[r_soft] = alpha;
 }
 
 }  // namespace mla
@@ -191,7 +234,7 @@ __global__ void __launch_bounds__(mla::kThreads, 2)
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[i][j][e] = 0.f;
   // Online softmax state of head row r_soft, held (identically) by its 16 threads.
-  const int r_soft = tid >> 4, c_soft = (tid & 15) * 2;
+  const int r_soft = tid >> 4;
   float m = -INFINITY, l = 0.f;
   const float scale_log2 = p.scale * 1.4426950408889634f;
   const int red_warps = min(kWarps, k_steps);  // warps that own at least one k-step
@@ -238,36 +281,8 @@ __global__ void __launch_bounds__(mla::kThreads, 2)
     }
     __syncthreads();
 
-    // 2. Online softmax: thread (r_soft, c_soft) sums keys c_soft, c_soft + 1 of head r_soft
-    // over the warps' partials; the head's 16 threads reduce with shuffles (one half-warp).
-    {
-      float2 acc = make_float2(0.f, 0.f);
-      for (int w = 0; w < red_warps; ++w) {
-        const float2 v =
-            *reinterpret_cast<const float2*>(s_red + (w * kHeads + r_soft) * kRedStride + c_soft);
-        acc.x += v.x;
-        acc.y += v.y;
-      }
-      const int key = t * kKeys + c_soft;
-      const float s0 = key < n ? acc.x * scale_log2 : -INFINITY;
-      const float s1 = key + 1 < n ? acc.y * scale_log2 : -INFINITY;
-      float mx = fmaxf(s0, s1);
-#pragma unroll
-      for (int off = 8; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-      // Key t * kKeys < n is in this tile, so m_new is finite and alpha = 0 on the first tile.
-      const float m_new = fmaxf(m, mx);
-      const float alpha = exp2f(m - m_new);
-      const __nv_bfloat162 pb = __floats2bfloat162_rn(exp2f(s0 - m_new), exp2f(s1 - m_new));
-      *reinterpret_cast<__nv_bfloat162*>(s_p + r_soft * kPStride + c_soft) = pb;
-      // The sum is of the rounded weights the value product uses.
-      const float2 pf = __bfloat1622float2(pb);
-      float sum = pf.x + pf.y;
-#pragma unroll
-      for (int off = 8; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-      l = l * alpha + sum;
-      m = m_new;
-      if ((tid & 15) == 0) s_alpha[r_soft] = alpha;
-    }
+    // 2. Online softmax over the warps' partials.
+    online_softmax_tile(s_red, red_warps, t * kKeys, n, scale_log2, s_p, s_alpha, m, l);
     __syncthreads();
 
     // 3. Values: rescale, then o += P V over this warp's groups of 16 latent dims.

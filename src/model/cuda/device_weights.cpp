@@ -392,17 +392,6 @@ PinnedArray<char> allocate_home(size_t bytes) {
 // Refuses, naming the config field and the limit, the shapes the CUDA kernels cannot take even
 // padded (everything else the CPU runs is padded to what they need at upload).
 void check_supported(const ModelConfig& c) {
-  if (c.mla) {
-    const MlaConfig& m = *c.mla;
-    const MlaPaddedDims p = padded_mla_dims(c);
-    MOE_CHECK(p.latent <= cuda::kMlaMaxLatentDim, "kv_lora_rank ", m.kv_lora_rank,
-              ": the CUDA MLA attention kernel takes up to ", cuda::kMlaMaxLatentDim,
-              " (each block holds its heads' latent outputs in registers)");
-    MOE_CHECK(p.cache_width() <= cuda::kMlaMaxCacheWidth, "kv_lora_rank ", m.kv_lora_rank,
-              " + qk_rope_head_dim ", m.qk_rope_head_dim, ": the CUDA MLA attention kernel takes "
-              "a cache row of up to ", cuda::kMlaMaxCacheWidth, " values (padded to ",
-              p.cache_width(), ")");
-  }
   if (c.num_experts > 0) {
     MOE_CHECK(c.num_experts <= cuda::kRouterMaxExperts, "num_experts ", c.num_experts,
               ": the CUDA router (one warp per token) takes up to ", cuda::kRouterMaxExperts);
