@@ -601,6 +601,8 @@ Step CudaDecoder::prepare(const ForwardBatch& batch) {
   MOE_CHECK(T <= tcap_, "a step of ", T, " tokens exceeds the ", tcap_,
             " the GPU workspace was sized for");
 
+  // The flash prefill kernel is compiled for head dims 64 and 128; prompts of wider heads (256,
+  // and the multiples of 64 above it) run through the paged decode kernel, a query at a time.
   const bool prefill_kernel = !c.mla && !options_.deterministic &&
                               (w_.padded_head_dim == 64 || w_.padded_head_dim == 128);
   step.route = all_single ? Route::kDecode
