@@ -142,6 +142,54 @@ TEST(CudaAttentionChecks, WideHeadDimsSplitOnlyToFillTheGpu) {
   EXPECT_EQ(paged_decode_split(p).num_splits, 16);
 }
 
+// The decoder sizes its split workspace once, by paged_decode_workspace_bound at its largest row
+// count and context; every launch it makes, with fewer rows or a shorter context, must fit. The
+// exact size is not monotone (with Nq = Nkv = 3 at context 64, 87 rows need more than 64 and
+// 128 rows do), so every (rows, context) up to the bound's is tried.
+TEST(CudaAttentionChecks, WorkspaceBoundCoversEveryLaunchUpToIt) {
+  struct Shape {
+    int64_t nq, nkv, d;
+    bool tensor_cores;
+    int64_t window, fixed_chunk;
+  };
+  const Shape shapes[] = {{3, 3, 128, true, 0, 0},   {32, 4, 128, true, 0, 0},
+                          {32, 4, 128, false, 0, 0}, {48, 2, 256, true, 100, 0},
+                          {8, 2, 320, true, 0, 0},   {24, 1, 1024, false, 0, 0},
+                          {16, 8, 640, true, 37, 0}, {12, 3, 64, true, 0, 256},
+                          {24, 1, 512, true, 300, 320}};
+  for (const Shape& s : shapes) {
+    for (const int64_t max_rows : {1, 7, 130}) {
+      for (const int64_t max_len : {64, 777, 4100}) {
+        PagedDecodeParams p{.num_seqs = max_rows,
+                            .num_q_heads = s.nq,
+                            .num_kv_heads = s.nkv,
+                            .head_dim = s.d,
+                            .block_size = 16,
+                            .max_blocks_per_seq = (max_len + 15) / 16,
+                            .max_seq_len = max_len,
+                            .scale = 0.1f,
+                            .sliding_window = s.window,
+                            .tensor_cores = s.tensor_cores,
+                            .fixed_chunk = s.fixed_chunk};
+        const int64_t bound = paged_decode_workspace_bound(p);
+        int64_t worst = 0;
+        for (int64_t rows = 1; rows <= max_rows; ++rows)
+          for (int64_t len = 1; len <= max_len; ++len) {
+            p.num_seqs = rows;
+            p.max_seq_len = len;
+            worst = std::max(worst, paged_decode_workspace_size(p));
+          }
+        EXPECT_LE(worst, bound) << "Nq " << s.nq << " Nkv " << s.nkv << " D " << s.d
+                                << (s.tensor_cores ? "" : " CUDA cores") << " window "
+                                << s.window << " fixed_chunk " << s.fixed_chunk << ": "
+                                << max_rows << " rows, context " << max_len;
+        // Not far above what some launch needs: at most twice, plus one row.
+        EXPECT_LE(bound, 2 * worst + s.nq * (s.d + 2) * 2) << "Nq " << s.nq << " D " << s.d;
+      }
+    }
+  }
+}
+
 void embedding_random(int64_t T) {
   std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(T));
   const int64_t V = 1003, H = 264;

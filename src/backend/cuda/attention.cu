@@ -163,6 +163,26 @@ void launch_prefill(const PrefillParams& p, cudaStream_t stream) {
   MOE_CUDA_CHECK_LAUNCH();
 }
 
+// The split plan's pieces (paged_decode_split and paged_decode_workspace_bound).
+// Splits wanted to fill the GPU: about kDecodeTargetBlocks blocks over the blocks of one split
+// (the wide kernel also has one per 512 output dims).
+int64_t want_splits(const PagedDecodeParams& p) {
+  const int64_t dim_tiles = wide_head_dim(p) ? attn::decode_dim_tiles(p.head_dim) : 1;
+  const int64_t units =
+      std::max<int64_t>(1, p.num_seqs * p.num_kv_heads * attn::decode_head_tiles(p) * dim_tiles);
+  return std::max<int64_t>(1, (kDecodeTargetBlocks + units - 1) / units);
+}
+
+// Keys one sequence's query sees at most (at least 1): its splits start at the window's first
+// key.
+int64_t planned_keys(const PagedDecodeParams& p) {
+  const int64_t keys =
+      p.sliding_window > 0 ? std::min(p.max_seq_len, p.sliding_window) : p.max_seq_len;
+  return std::max<int64_t>(1, keys);
+}
+
+bool streams_any_chunk(const PagedDecodeParams& p) { return p.tensor_cores || wide_head_dim(p); }
+
 }  // namespace
 
 DecodeSplit paged_decode_split(const PagedDecodeParams& p) {
@@ -174,23 +194,15 @@ DecodeSplit paged_decode_split(const PagedDecodeParams& p) {
         .chunk = p.fixed_chunk,
         .num_splits = std::max<int64_t>(2, (keys + p.fixed_chunk - 1) / p.fixed_chunk)};
   }
-  // Blocks per split: the wide kernel also has one per 512 output dims.
-  const int64_t dim_tiles = wide_head_dim(p) ? attn::decode_dim_tiles(p.head_dim) : 1;
-  const int64_t units =
-      std::max<int64_t>(1, p.num_seqs * p.num_kv_heads * attn::decode_head_tiles(p) * dim_tiles);
-  const int64_t want_splits = std::max<int64_t>(1, (kDecodeTargetBlocks + units - 1) / units);
-  // Keys one sequence's query sees at most: its splits start at the window's first key.
-  const int64_t keys =
-      p.sliding_window > 0 ? std::min(p.max_seq_len, p.sliding_window) : p.max_seq_len;
-  const int64_t len = std::max<int64_t>(1, keys);
-  int64_t chunk = (len + want_splits - 1) / want_splits;
+  const int64_t want = want_splits(p);
+  const int64_t len = planned_keys(p);
+  int64_t chunk = (len + want - 1) / want;
   // The tensor-core and the wide kernels stream any chunk through their tile loops, so they
-  // split only to fill the GPU: at most want_splits splits, and a workspace that does not grow
-  // with the context. The CUDA-core kernel keeps a chunk's scores in shared memory, which caps
-  // the chunk.
-  const bool streams = p.tensor_cores || wide_head_dim(p);
+  // split only to fill the GPU: at most want splits, and a workspace that does not grow with
+  // the context. The CUDA-core kernel keeps a chunk's scores in shared memory, which caps the
+  // chunk.
   chunk = std::clamp<int64_t>((chunk + 31) / 32 * 32, 32,
-                              streams ? std::max<int64_t>(32, len) : kDecodeMaxChunk);
+                              streams_any_chunk(p) ? std::max<int64_t>(32, len) : kDecodeMaxChunk);
   return DecodeSplit{.chunk = chunk, .num_splits = (len + chunk - 1) / chunk};
 }
 
@@ -198,6 +210,28 @@ int64_t paged_decode_workspace_size(const PagedDecodeParams& p) {
   const DecodeSplit split = paged_decode_split(p);
   if (split.num_splits <= 1) return 0;
   return p.num_seqs * p.num_q_heads * split.num_splits * (p.head_dim + 2);
+}
+
+int64_t paged_decode_workspace_bound(const PagedDecodeParams& p) {
+  // Fixed chunks: num_seqs * max(2, ceil(keys / chunk)) rows grows with both.
+  if (p.fixed_chunk > 0) return paged_decode_workspace_size(p);
+  // Otherwise a launch of b <= num_seqs sequences over at most `keys` keys has chunks of at
+  // least 32 keys and at least keys / want_splits(b) (so at most want_splits(b) splits), except
+  // where the CUDA-core kernel's 512-key cap binds (then ceil(keys / 512) splits). Both bounds
+  // grow with the keys, so the largest b * splits over every b bounds every launch.
+  const int64_t keys = planned_keys(p);
+  const int64_t by_keys = (keys + 31) / 32;
+  const int64_t by_cap = (keys + kDecodeMaxChunk - 1) / kDecodeMaxChunk;
+  int64_t rows = 0;  // sequences x splits
+  for (int64_t b = 1; b <= p.num_seqs; ++b) {
+    PagedDecodeParams launch = p;
+    launch.num_seqs = b;
+    int64_t splits = want_splits(launch);
+    if (!streams_any_chunk(p)) splits = std::max(splits, by_cap);
+    splits = std::min(splits, by_keys);
+    if (splits > 1) rows = std::max(rows, b * splits);
+  }
+  return rows * p.num_q_heads * (p.head_dim + 2);
 }
 
 void paged_decode_attention(const PagedDecodeParams& p, cudaStream_t stream) {

@@ -136,6 +136,10 @@ DecodeSplit paged_decode_split(const PagedDecodeParams& params);
 // Floats of workspace paged_decode_attention() needs (0 when one split covers the planned keys);
 // it depends on sliding_window as on max_seq_len.
 int64_t paged_decode_workspace_size(const PagedDecodeParams& params);
+// Floats of workspace enough for every launch with num_seqs and max_seq_len at most params'
+// (the rest alike), for sizing a workspace once: the split plan is not monotone in either (65
+// sequences can need more than 64 and 128 do, a shorter context one more split than a longer).
+int64_t paged_decode_workspace_bound(const PagedDecodeParams& params);
 
 // out[b, h] = softmax(scale * q[b,h] . K[b, first..len)) V, with K/V of KV head h / G read
 // through the block table, first = max(0, len - W) under a sliding window, else 0. One block per
