@@ -21,9 +21,10 @@
 //
 // The same layer's attention is timed after the experts, as a second table: paged decode
 // attention at context 1024 (Nq 32, Nkv 4, D 128, blocks of 16 tokens in a shuffled pool, table
-// sets rotated so K/V do not come from L2) against its K/V bytes over the copy bandwidth, and
-// causal prefill of 4096 tokens (tensor-core and CUDA-core kernels) against the cuBLAS rate,
-// counting the causal half of the QK^T and PV FLOPs.
+// sets rotated so K/V do not come from L2) against its K/V bytes over the copy bandwidth, the
+// same at D 512 and 1024 (the wide kernel of head dims above 256), and causal prefill of 4096
+// tokens (tensor-core and CUDA-core kernels) against the cuBLAS rate, counting the causal half
+// of the QK^T and PV FLOPs.
 //
 // Usage: bench_cuda_moe [--quick]
 #if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
@@ -263,23 +264,28 @@ void bench_t(int64_t T, bf16* const* gate_up, bf16* const* down, double copy_bw,
 
 std::string g_attention_line;
 
-void bench_attention(double copy_bw, double peak, cudaStream_t stream, std::mt19937& rng) {
-  constexpr int64_t kNq = 32, kNkv = 4, kD = 128, kBlock = 16, kCtx = 1024;
-  const int64_t row_bytes = kNkv * kD * 2;
+// Paged decode at context 1024 (Nq 32, Nkv 4, head dim D, blocks of 16 tokens in a shuffled
+// pool of 1 GiB of K and 1 GiB of V, table sets rotated so K/V do not come from L2), against its
+// K/V bytes over the copy bandwidth. "wide": D above 256, the one kernel there.
+void bench_decode(int64_t D, double copy_bw, cudaStream_t stream, std::mt19937& rng) {
+  constexpr int64_t kNq = 32, kNkv = 4, kBlock = 16, kCtx = 1024;
+  const int64_t row_bytes = kNkv * D * 2;
   const int64_t pool_tokens = (int64_t{1} << 30) / row_bytes;  // 1 GiB of K, 1 GiB of V
   const int64_t num_blocks = pool_tokens / kBlock;
-  bf16* k_cache = device_alloc<bf16>(pool_tokens * kNkv * kD);
-  bf16* v_cache = device_alloc<bf16>(pool_tokens * kNkv * kD);
-  fill_random(k_cache, pool_tokens * kNkv * kD, 1.0f, rng);
-  fill_random(v_cache, pool_tokens * kNkv * kD, 1.0f, rng);
-  std::printf("\n%-34s %10s %10s %7s %9s %7s\n", "attention (Nq 32, Nkv 4, D 128)", "time us",
-              "floor us", "vs flr", "TFLOP/s", "vs cuB");
+  bf16* k_cache = device_alloc<bf16>(pool_tokens * kNkv * D);
+  bf16* v_cache = device_alloc<bf16>(pool_tokens * kNkv * D);
+  fill_random(k_cache, pool_tokens * kNkv * D, 1.0f, rng);
+  fill_random(v_cache, pool_tokens * kNkv * D, 1.0f, rng);
   std::vector<int32_t> pool(num_blocks);
   std::iota(pool.begin(), pool.end(), 0);
   std::shuffle(pool.begin(), pool.end(), rng);
+  const bool wide = D > 256;
   char part[128];
   for (int64_t B : {1, 8, 64, 256})
     for (bool tc : {false, true}) {
+      // The flag does not change the wide kernel; 256 sequences of 1024 keys at D 1024 would
+      // not fit the pool.
+      if (wide && (!tc || B > 64)) continue;
       const int64_t blocks_per_seq = kCtx / kBlock;
       const int64_t sets = std::min<int64_t>(kLaunchesPerGraph, num_blocks / (B * blocks_per_seq));
       std::vector<int32_t> tables(sets * B * blocks_per_seq);
@@ -289,9 +295,9 @@ void bench_attention(double copy_bw, double peak, cudaStream_t stream, std::mt19
       std::vector<int32_t> lens(B, static_cast<int32_t>(kCtx));
       int32_t* d_lens = device_alloc<int32_t>(B);
       CUDA_CHECK(cudaMemcpy(d_lens, lens.data(), B * 4, cudaMemcpyHostToDevice));
-      bf16* q = device_alloc<bf16>(B * kNq * kD);
-      bf16* out = device_alloc<bf16>(B * kNq * kD);
-      fill_random(q, B * kNq * kD, 1.0f, rng);
+      bf16* q = device_alloc<bf16>(B * kNq * D);
+      bf16* out = device_alloc<bf16>(B * kNq * D);
+      fill_random(q, B * kNq * D, 1.0f, rng);
       PagedDecodeParams p{.q = q,
                           .k_cache = k_cache,
                           .v_cache = v_cache,
@@ -299,12 +305,12 @@ void bench_attention(double copy_bw, double peak, cudaStream_t stream, std::mt19
                           .num_seqs = B,
                           .num_q_heads = kNq,
                           .num_kv_heads = kNkv,
-                          .head_dim = kD,
+                          .head_dim = D,
                           .block_size = kBlock,
                           .num_blocks = num_blocks,
                           .max_blocks_per_seq = blocks_per_seq,
                           .max_seq_len = kCtx,
-                          .scale = 1.0f / std::sqrt(static_cast<float>(kD)),
+                          .scale = 1.0f / std::sqrt(static_cast<float>(D)),
                           .tensor_cores = tc};
       float* ws = device_alloc<float>(std::max<int64_t>(1, paged_decode_workspace_size(p)));
       p.workspace = ws;
@@ -317,13 +323,14 @@ void bench_attention(double copy_bw, double peak, cudaStream_t stream, std::mt19
       const double bytes = B * kCtx * 2.0 * row_bytes;
       const double floor_ms = bytes / copy_bw * 1e3;
       const DecodeSplit split = paged_decode_split(p);
+      const char* kernel = wide ? "wide" : tc ? "mma" : "simt";
       char what[64];
-      std::snprintf(what, sizeof(what), "decode %s B=%lld ctx %lld (%lld splits)",
-                    tc ? "mma" : "simt", static_cast<long long>(B), static_cast<long long>(kCtx),
+      std::snprintf(what, sizeof(what), "decode %s D=%lld B=%lld (%lld splits)", kernel,
+                    static_cast<long long>(D), static_cast<long long>(B),
                     static_cast<long long>(split.num_splits));
       std::printf("%-34s %10.1f %10.1f %7.3f\n", what, ms * 1e3, floor_ms * 1e3, floor_ms / ms);
-      std::snprintf(part, sizeof(part), " decode %s B=%lld %.1fus (%.2f floor);",
-                    tc ? "mma" : "simt", static_cast<long long>(B), ms * 1e3, floor_ms / ms);
+      std::snprintf(part, sizeof(part), " decode %s D=%lld B=%lld %.1fus (%.2f floor);", kernel,
+                    static_cast<long long>(D), static_cast<long long>(B), ms * 1e3, floor_ms / ms);
       g_attention_line += part;
       CUDA_CHECK(cudaFree(d_tables));
       CUDA_CHECK(cudaFree(d_lens));
@@ -333,7 +340,15 @@ void bench_attention(double copy_bw, double peak, cudaStream_t stream, std::mt19
     }
   CUDA_CHECK(cudaFree(k_cache));
   CUDA_CHECK(cudaFree(v_cache));
+}
 
+void bench_attention(double copy_bw, double peak, cudaStream_t stream, std::mt19937& rng) {
+  constexpr int64_t kNq = 32, kNkv = 4, kD = 128;
+  std::printf("\n%-34s %10s %10s %7s %9s %7s\n", "attention (Nq 32, Nkv 4, ctx 1024)", "time us",
+              "floor us", "vs flr", "TFLOP/s", "vs cuB");
+  for (const int64_t D : {kD, int64_t{512}, int64_t{1024}}) bench_decode(D, copy_bw, stream, rng);
+
+  char part[128];
   const int64_t T = 4096;
   bf16* q = device_alloc<bf16>(T * kNq * kD);
   bf16* k = device_alloc<bf16>(T * kNkv * kD);

@@ -2,6 +2,7 @@
 // replaces in the decoder (strided_rms_norm on q and k heads, rope, kv_cache_write for k and v,
 // copies of q, k, v): same inputs, outputs within a bf16 rounding (the two sum the norm in a
 // different order), the padding of each head zero, and cache rows of skipped slots untouched.
+// Head dims up to 256 and past it (272 padded to 320, 320, 512, 640, 1000 padded to 1024).
 #if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
 
 #include <gtest/gtest.h>
@@ -138,7 +139,12 @@ void fused_matches_chain(const Shape& s) {
   if (!testing_util::cuda_device_present("attention inputs")) return false;
   const Shape shapes[] = {{1, 32, 4, 128, 128, true, false},  {37, 32, 4, 128, 128, true, false},
                           {19, 4, 2, 16, 64, true, false},    {19, 4, 4, 8, 64, false, false},
-                          {5, 16, 16, 64, 64, false, true},   {3, 8, 2, 256, 256, true, false}};
+                          {5, 16, 16, 64, 64, false, true},   {3, 8, 2, 256, 256, true, false},
+                          // Heads past 256 dims (the kernel without shared-memory staging):
+                          // the model's 272 padded to 320, and 320 to 1024 unpadded and padded.
+                          {19, 4, 2, 272, 320, true, false},  {1, 8, 2, 320, 320, true, true},
+                          {99, 4, 4, 512, 512, false, false}, {19, 2, 1, 640, 640, false, true},
+                          {3, 24, 1, 1000, 1024, true, false}};
   for (const Shape& s : shapes) {
     const std::string name = "T" + std::to_string(s.T) + "_Nq" + std::to_string(s.Nq) + "_Nkv" +
                              std::to_string(s.Nkv) + "_D" + std::to_string(s.D) + "_Dp" +

@@ -4,13 +4,15 @@
 // frequencies, rotate-half and interleaved, partial rotary dims); attention to a float64
 // softmax. Awkward sizes: sequence lengths 0, 1, 17, 1000, 3000 (several splits), shuffled
 // block tables, GQA groups 1, 4, 6, 8 and, past one decode block's 16 heads, 24, 32 and 40; head
-// dims 64, 128, 256. bf16 tolerance 1e-2 of the output's natural scale. Both decode kernels (the tensor-core default, CudaPagedDecode.Mma_*,
-// and the CUDA-core one) and both prefill kernels are held to the same reference, with and
-// without a sliding window (Win*: windows of 1, below, at and above the lengths, starting
-// mid-block, split and unsplit); in the decode cases the cached keys before each window are
-// NaN, so a kernel that reads them fails. Window cases first run on an H200 when added: all
-// pass, memcheck and racecheck clean on the small ones, and kernels with the window start or
-// the window mask removed fail them.
+// dims 64, 128, 256, and for decode the padded dims above 256 (CudaPagedDecode.Wide*: 320, 384,
+// 512, 640, 1024, some with the model's 272 or 1000 dims and zeros past them; odd lengths 1, 19,
+// 99, 989; windows; fixed chunks). bf16 tolerance 1e-2 of the output's natural scale. Both
+// decode kernels (the tensor-core default, CudaPagedDecode.Mma_*, and the CUDA-core one) and
+// both prefill kernels are held to the same reference, with and without a sliding window (Win*:
+// windows of 1, below, at and above the lengths, starting mid-block, split and unsplit); in the
+// decode cases the cached keys before each window are NaN, so a kernel that reads them fails.
+// Window cases first run on an H200 when added: all pass, memcheck and racecheck clean on the
+// small ones, and kernels with the window start or the window mask removed fail them.
 #include <gtest/gtest.h>
 
 #if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
@@ -18,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <utility>
 
 #include "backend/cuda/attention.h"
 #include "cuda_test_util.h"
@@ -72,6 +75,8 @@ TEST(CudaAttentionChecks, RefuseBadShapes) {
   dp.num_q_heads = 8;
   dp.head_dim = 96;
   expect_error_naming([&] { paged_decode_attention(dp, nullptr); }, "head_dim = 96");
+  dp.head_dim = 288;  // above 256 the head dim is padded to a multiple of 64
+  expect_error_naming([&] { paged_decode_attention(dp, nullptr); }, "head_dim = 288");
   dp.head_dim = 128;
   dp.max_seq_len = 17;
   expect_error_naming([&] { paged_decode_attention(dp, nullptr); }, "max_seq_len = 17");
@@ -97,6 +102,92 @@ TEST(CudaAttentionChecks, RefuseBadShapes) {
   pp.head_dim = 128;
   pp.sliding_window = -1;
   expect_error_naming([&] { prefill_attention(pp, nullptr); }, "sliding_window = -1");
+}
+
+TEST(CudaAttentionChecks, HeadDimsArePaddedToWhatTheDecodeKernelsTake) {
+  const std::pair<int64_t, int64_t> padded[] = {{1, 64},    {64, 64},     {65, 128},   {200, 256},
+                                                {256, 256}, {257, 320},   {272, 320},  {320, 320},
+                                                {321, 384}, {1000, 1024}, {4096, 4096}};
+  for (const auto& [dim, want] : padded) {
+    EXPECT_EQ(decode_padded_head_dim(dim), want) << dim;
+    EXPECT_TRUE(decode_head_dim_supported(want)) << want;
+  }
+  for (const int64_t dim : {32, 96, 192, 272, 288, 1000})
+    EXPECT_FALSE(decode_head_dim_supported(dim)) << dim;
+}
+
+// Above 256 the decode kernel streams any chunk (as the tensor-core kernel does), so it splits
+// only to fill the GPU whatever tensor_cores says; the CUDA-core kernel of D <= 256 stops at 512
+// keys a split.
+TEST(CudaAttentionChecks, WideHeadDimsSplitOnlyToFillTheGpu) {
+  PagedDecodeParams p{.num_seqs = 1,
+                      .num_q_heads = 8,
+                      .num_kv_heads = 2,
+                      .head_dim = 1024,
+                      .block_size = 16,
+                      .max_blocks_per_seq = 4096,
+                      .max_seq_len = 65536,
+                      .scale = 0.1f,
+                      .tensor_cores = false};
+  const DecodeSplit wide = paged_decode_split(p);
+  EXPECT_GT(wide.chunk, 512);
+  EXPECT_LE(wide.num_splits, 264 / 4);  // 2 KV heads x 2 dim tiles per split
+  EXPECT_EQ(paged_decode_workspace_size(p), 8 * wide.num_splits * (1024 + 2));
+  p.head_dim = 128;
+  EXPECT_EQ(paged_decode_split(p).chunk, 512);
+  // --deterministic's fixed chunk is taken as it is.
+  p.head_dim = 320;
+  p.fixed_chunk = 4096;
+  EXPECT_EQ(paged_decode_split(p).chunk, 4096);
+  EXPECT_EQ(paged_decode_split(p).num_splits, 16);
+}
+
+// The decoder sizes its split workspace once, by paged_decode_workspace_bound at its largest row
+// count and context; every launch it makes, with fewer rows or a shorter context, must fit. The
+// exact size is not monotone (with Nq = Nkv = 3 at context 64, 87 rows need more than 64 and
+// 128 rows do), so every (rows, context) up to the bound's is tried.
+TEST(CudaAttentionChecks, WorkspaceBoundCoversEveryLaunchUpToIt) {
+  struct Shape {
+    int64_t nq, nkv, d;
+    bool tensor_cores;
+    int64_t window, fixed_chunk;
+  };
+  const Shape shapes[] = {{3, 3, 128, true, 0, 0},   {32, 4, 128, true, 0, 0},
+                          {32, 4, 128, false, 0, 0}, {48, 2, 256, true, 100, 0},
+                          {8, 2, 320, true, 0, 0},   {24, 1, 1024, false, 0, 0},
+                          {16, 8, 640, true, 37, 0}, {12, 3, 64, true, 0, 256},
+                          {24, 1, 512, true, 300, 320}};
+  for (const Shape& s : shapes) {
+    for (const int64_t max_rows : {1, 7, 130}) {
+      for (const int64_t max_len : {64, 777, 4100}) {
+        PagedDecodeParams p{.num_seqs = max_rows,
+                            .num_q_heads = s.nq,
+                            .num_kv_heads = s.nkv,
+                            .head_dim = s.d,
+                            .block_size = 16,
+                            .max_blocks_per_seq = (max_len + 15) / 16,
+                            .max_seq_len = max_len,
+                            .scale = 0.1f,
+                            .sliding_window = s.window,
+                            .tensor_cores = s.tensor_cores,
+                            .fixed_chunk = s.fixed_chunk};
+        const int64_t bound = paged_decode_workspace_bound(p);
+        int64_t worst = 0;
+        for (int64_t rows = 1; rows <= max_rows; ++rows)
+          for (int64_t len = 1; len <= max_len; ++len) {
+            p.num_seqs = rows;
+            p.max_seq_len = len;
+            worst = std::max(worst, paged_decode_workspace_size(p));
+          }
+        EXPECT_LE(worst, bound) << "Nq " << s.nq << " Nkv " << s.nkv << " D " << s.d
+                                << (s.tensor_cores ? "" : " CUDA cores") << " window "
+                                << s.window << " fixed_chunk " << s.fixed_chunk << ": "
+                                << max_rows << " rows, context " << max_len;
+        // Not far above what some launch needs: at most twice, plus one row.
+        EXPECT_LE(bound, 2 * worst + s.nq * (s.d + 2) * 2) << "Nq " << s.nq << " D " << s.d;
+      }
+    }
+  }
 }
 
 void embedding_random(int64_t T) {
@@ -259,8 +350,12 @@ void rope_random(int64_t T, bool yarn, bool interleaved, int64_t rotary_dim) {
 
 struct DecodeCase {
   std::vector<int32_t> seq_lens;
-  int64_t Nq, Nkv, D, block_size;
-  int64_t window = 0;  // PagedDecodeParams::sliding_window
+  int64_t Nq, Nkv, D, block_size;  // D: the kernel's (padded) head dim
+  int64_t window = 0;              // PagedDecodeParams::sliding_window
+  // The model's head dim before padding: q, k and v are zero in dims [head_dim, D), as the
+  // decoder's padded weights make them, and the scale is 1/sqrt(head_dim). 0: D.
+  int64_t head_dim = 0;
+  int64_t fixed_chunk = 0;  // PagedDecodeParams::fixed_chunk (--deterministic)
 };
 
 // First key the decode query (position len - 1) sees under a window of W keys (0: none).
@@ -285,7 +380,11 @@ void decode_random(const DecodeCase& c, bool tensor_cores) {
   const int64_t row = c.Nkv * c.D;
   auto k = random_bf16(num_blocks * c.block_size * row, rng);
   auto v = random_bf16(num_blocks * c.block_size * row, rng);
-  const auto q = random_bf16(B * c.Nq * c.D, rng);
+  auto q = random_bf16(B * c.Nq * c.D, rng);
+  const int64_t head_dim = c.head_dim > 0 ? c.head_dim : c.D;
+  for (auto* x : {&k, &v, &q})
+    for (size_t i = 0; i < x->size(); ++i)
+      if (static_cast<int64_t>(i) % c.D >= head_dim) (*x)[i] = 0;
   // Keys and values before each sequence's window are NaN (bf16 0x7fc0): reading one, even
   // under a zero weight, would make the output NaN.
   auto slot = [&](int64_t b, int64_t t) {
@@ -294,7 +393,7 @@ void decode_random(const DecodeCase& c, bool tensor_cores) {
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < window_first(c.seq_lens[b], c.window); ++t)
       for (int64_t i = 0; i < row; ++i) k[slot(b, t) + i] = v[slot(b, t) + i] = 0x7fc0;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.D));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   PagedDecodeParams p{.num_seqs = B,
                       .num_q_heads = c.Nq,
                       .num_kv_heads = c.Nkv,
@@ -305,7 +404,8 @@ void decode_random(const DecodeCase& c, bool tensor_cores) {
                       .max_seq_len = max_len,
                       .scale = scale,
                       .sliding_window = c.window,
-                      .tensor_cores = tensor_cores};
+                      .tensor_cores = tensor_cores,
+                      .fixed_chunk = c.fixed_chunk};
   DeviceBuffer<uint16_t> d_q(q), d_k(k), d_v(v), d_out(B * c.Nq * c.D);
   DeviceBuffer<int32_t> d_tables(tables), d_lens(c.seq_lens);
   DeviceBuffer<float> d_ws(std::max<int64_t>(1, paged_decode_workspace_size(p)));
@@ -322,6 +422,8 @@ void decode_random(const DecodeCase& c, bool tensor_cores) {
   synchronize();
   const auto kf = to_float(k), vf = to_float(v), qf = to_float(q);
   const int64_t G = c.Nq / c.Nkv;
+  // Head dims above 256 run in float32 whatever tensor_cores says (P is not rounded to bf16).
+  const bool p_in_bf16 = tensor_cores && c.D <= 256;
   std::vector<double> want(B * c.Nq * c.D, 0.0), bound(want.size(), 1e-3);
   for (int64_t b = 0; b < B; ++b) {
     const int64_t len = c.seq_lens[b];
@@ -354,7 +456,7 @@ void decode_random(const DecodeCase& c, bool tensor_cores) {
       // error is bounded by 2^-9 of sum_t p_t |v_t|, so the scale is the larger of the two.
       for (int64_t d = 0; d < c.D; ++d) {
         const double spread = count > 0 ? 1.0 / std::sqrt(static_cast<double>(count)) : 1e-6;
-        bound[(b * c.Nq + h) * c.D + d] = tensor_cores ? std::max(spread, magnitude[d]) : spread;
+        bound[(b * c.Nq + h) * c.D + d] = p_in_bf16 ? std::max(spread, magnitude[d]) : spread;
       }
     }
   }
@@ -501,6 +603,54 @@ void prefill_random(std::vector<int32_t> lens, int64_t Nq, int64_t Nkv, int64_t 
     reg("CudaPagedDecode", d.name, [c = d.c] { decode_random(c, false); });
     reg("CudaPagedDecode", std::string("Mma_") + d.name, [c = d.c] { decode_random(c, true); });
   }
+  // Head dims above 256 (padded to a multiple of 64; "D272in320": the model's 272 dims, zeros to
+  // 320): one kernel, float32, whatever tensor_cores says, so each case runs once with the
+  // decoder's default (true) and is held to the float32 bound. Odd lengths, GQA groups 1, 4, 24
+  // and 32 (two head tiles), D 640 and 1024 (two 512-dim output tiles, the second partial at
+  // 640), block sizes 8, 16 and 32, an empty sequence.
+  const Dc wide_cases[] = {
+      // One key, one split: the block writes the output directly.
+      {"Wide_B1_Len1_G1_D320", {{1}, 2, 2, 320, 16}},
+      {"Wide_B3_Odd_G4_D272in320", {{19, 1, 99}, 8, 2, 320, 16, 0, 272}},
+      {"Wide_B4_Odd_G24_D512", {{989, 0, 19, 1}, 48, 2, 512, 32}},
+      {"Wide_B3_Odd_G4_D1024", {{99, 989, 1}, 8, 2, 1024, 8}},
+      {"Wide_B2_Odd_G24_D1000in1024", {{989, 19}, 24, 1, 1024, 16, 0, 1000}},
+      {"Wide_B2_Odd_G32_D640", {{99, 989}, 32, 1, 640, 16}},
+      // Sliding windows: the keys before each window are NaN, as above.
+      {"Wide_Win50_B3_Odd_G1_D320", {{989, 99, 19}, 4, 4, 320, 16, 50}},
+      {"Wide_Win100_B2_Odd_G24_D1024", {{989, 1}, 24, 1, 1024, 8, 100}},
+      {"Wide_Win7_B4_Odd_G4_D512", {{19, 0, 99, 7}, 8, 2, 512, 32, 7}},
+      // 66 x 4 KV heads fill the grid: one split of up to 1000 keys (16 tiles of 64 through the
+      // online softmax), written directly; D 384 leaves half the second 256-dim step idle.
+      {"Wide_B66_Mixed_G4_D320",
+       {[] {
+          std::vector<int32_t> lens(66);
+          for (int i = 0; i < 66; ++i) lens[i] = 1 + (37 * i) % 1000;
+          return lens;
+        }(),
+        16, 4, 320, 16}},
+      {"Wide_Win300_B66_Mixed_G4_D384",
+       {[] {
+          std::vector<int32_t> lens(66);
+          for (int i = 0; i < 66; ++i) lens[i] = 1 + (41 * i) % 989;
+          return lens;
+        }(),
+        16, 4, 384, 16, 300}},
+      // --deterministic's fixed chunks: every sequence through the workspace and the combine
+      // kernel, 4 splits of up to 256 keys (4 tiles each); and 64-key chunks under a window.
+      {"Wide_Chunk256_B3_Odd_G4_D272in320", {{989, 1, 257}, 8, 2, 320, 16, 0, 272, 256}},
+      {"Wide_Chunk64_Win300_B2_Odd_G24_D1024", {{989, 300}, 24, 1, 1024, 16, 300, 0, 64}},
+  };
+  for (const Dc& d : wide_cases)
+    reg("CudaPagedDecode", d.name, [c = d.c] { decode_random(c, true); });
+  // tensor_cores = false takes the same kernel, also with fixed chunks (which the CUDA-core
+  // kernel of D <= 256 refuses).
+  reg("CudaPagedDecode", "WideSimtFlag_B3_Odd_G4_D272in320", [] {
+    decode_random({{19, 1, 99}, 8, 2, 320, 16, 0, 272}, false);
+  });
+  reg("CudaPagedDecode", "WideSimtFlag_Chunk256_B3_Odd_G24_D512", [] {
+    decode_random({{989, 19, 1}, 24, 1, 512, 8, 0, 0, 256}, false);
+  });
   for (bool tc : {true, false}) {
     const std::string kind = tc ? "Mma_" : "Simt_";
     reg("CudaPrefill", kind + "OneSeq_T1_D128", [tc] { prefill_random({1}, 4, 2, 128, tc); });

@@ -6,7 +6,8 @@
 //     the automatic tile in deterministic mode: every tile reduces an element in one order);
 //   - paged decode attention with fixed_chunk: a query alone and the same query among sequences
 //     of other lengths (so other grid splits and max_seq_len), with and without a sliding
-//     window, at lengths on both sides of the chunk;
+//     window, at lengths on both sides of the chunk, at head dims 64, 128 and (the wide kernel)
+//     320 and 1024;
 //   - MLA decode attention with fixed_chunk, likewise, with both kernels (a latent of 128, and
 //     latents of 1024 and 520 beside rope keys of 64 and 128, past the register-resident
 //     kernel's 512 + 64).
@@ -170,8 +171,14 @@ void paged_decode_rows_are_batch_invariant() {
   std::mt19937 rng(fresh_seed());
   constexpr int64_t kMaxLen = 1024, kBlock = 16, kMaxBlocks = kMaxLen / kBlock;
   const int64_t chunk = batch_invariant_chunk(kMaxLen);
-  for (const int64_t d : {64, 128}) {
-    const int64_t nq = 12, nkv = 3, width = nkv * d;
+  struct Heads {
+    int64_t d, nq, nkv;
+  };
+  // Head dims above 256 take the wide kernel: 320 (one output tile), and 1024 (two) with a group
+  // of 24 (two head tiles).
+  for (const Heads& heads :
+       {Heads{64, 12, 3}, Heads{128, 12, 3}, Heads{320, 12, 3}, Heads{1024, 24, 1}}) {
+    const int64_t d = heads.d, nq = heads.nq, nkv = heads.nkv, width = nkv * d;
     const Pool pool(kMaxBlocks * 4, width, rng);
     auto table = [&] { return shuffled_table(pool.num_blocks, kMaxBlocks, rng); };
     for (const int64_t window : {int64_t{0}, int64_t{300}}) {

@@ -15,7 +15,8 @@
 // Accuracy against the CPU is the sweep's job (cuda_sweep_test.cpp runs a deterministic sweep
 // too). A failure prints the family, seed, config.json, the route, the sequence, the position
 // and the first differing logit; MOE_DET_SEED=S replays, MOE_DET_CONFIGS=N sets the count
-// (default 36). Registered only where a CUDA device is visible.
+// (default 36). CudaDeterministic.WideHeadDims* does the same for two models with head dims past
+// 256. Registered only where a CUDA device is visible.
 #if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
 
 #include <gtest/gtest.h>
@@ -26,6 +27,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <sstream>
 #include <string>
@@ -221,11 +223,43 @@ void every_family_is_batch_invariant() {
               static_cast<long long>(count));
 }
 
+// The same for head dims past the fast kernels' 256 (the wide decode kernel's fixed splits): a
+// Qwen3-MoE model at 320 with groups of 4, and a Mixtral model at 1000 (padded to 1024: two
+// output tiles per block) with a group of 24 (two head tiles) and a sliding window.
+void wide_head_dims_are_batch_invariant() {
+  const uint64_t base = cuda::testing_util::fresh_seed();
+  struct Case {
+    ModelFamily family;
+    nlohmann::json overrides;
+  };
+  const Case cases[] = {
+      {ModelFamily::kQwen3Moe,
+       {{"head_dim", 320}, {"num_attention_heads", 8}, {"num_key_value_heads", 2}}},
+      {ModelFamily::kMixtral,
+       {{"head_dim", 1000},
+        {"num_attention_heads", 24},
+        {"num_key_value_heads", 1},
+        {"sliding_window", 6}}},
+  };
+  for (const Case& c : cases) {
+    const testing::RandomModel model = testing::make_random_model(c.family, base, c.overrides);
+    const Checker r = check_config(model, base ^ 0xde7);
+    EXPECT_GT(r.rows, 0);
+    EXPECT_EQ(r.differing, 0) << family_name(c.family) << " seed " << base << ": " << r.differing
+                              << " of " << r.rows
+                              << " rows differ from the sequence alone; first: " << r.first
+                              << "\n  config " << model.config_json;
+  }
+}
+
 [[maybe_unused]] const bool kRegistered = [] {
   if (!cuda::testing_util::cuda_device_present("deterministic decoder")) return false;
   cuda::testing_util::register_kernel_test("CudaDeterministic",
                                            "EveryRouteGivesTheLogitsOfTheTokenAlone",
                                            every_family_is_batch_invariant, __FILE__, __LINE__);
+  cuda::testing_util::register_kernel_test("CudaDeterministic",
+                                           "WideHeadDimsGiveTheLogitsOfTheTokenAlone",
+                                           wide_head_dims_are_batch_invariant, __FILE__, __LINE__);
   return true;
 }();
 

@@ -1,6 +1,6 @@
 // What the GPU decoder takes: every shape the CPU runs is padded to the kernels' needs at upload
-// (hidden sizes to 64, head dims to 64/128/256, expert widths to 64, MLA's latent and rope key
-// to 8), and the few the kernels
+// (hidden sizes to 64, head dims to 64/128/256 and above 256 to a multiple of 64, expert widths
+// to 64, MLA's latent and rope key to 8), and the few the kernels
 // cannot take even padded are refused when the weights are laid out, before any device memory
 // is touched, with the config field and the limit named. Host code only: runs without a GPU.
 #if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 
 #include "core/error.h"
 #include "io/model_config.h"
@@ -74,6 +75,35 @@ TEST(CudaSupport, OddHiddenSizesHeadDimsAndWidthsArePadded) {
     EXPECT_GT(gpu::device_weight_bytes(c), 0);
   }
   EXPECT_GT(gpu::device_weight_bytes(parse(deepseek_v3())), 0);
+}
+
+TEST(CudaSupport, EveryHeadDimIsTakenPaddedPastTheFastKernels) {
+  const std::pair<int64_t, int64_t> cases[] = {{20, 64},     {100, 128},   {200, 256},
+                                               {256, 256},   {258, 320},   {272, 320},
+                                               {320, 320},   {384, 384},   {500, 512},
+                                               {640, 640},   {1000, 1024}, {1024, 1024},
+                                               {4000, 4032}};
+  for (const auto& [dim, padded] : cases) {
+    nlohmann::json config = qwen3(64);
+    config["head_dim"] = dim;
+    const ModelConfig c = parse(config);
+    EXPECT_EQ(gpu::padded_head_dim(c), padded) << dim;
+    EXPECT_GT(gpu::device_weight_bytes(c), 0) << dim;
+  }
+  // Mixtral's head dim is hidden_size / heads unless given: 640 / 2.
+  const ModelConfig mixtral = parse({{"model_type", "mixtral"},
+                                     {"vocab_size", 101},
+                                     {"hidden_size", 640},
+                                     {"num_hidden_layers", 1},
+                                     {"num_attention_heads", 2},
+                                     {"num_key_value_heads", 1},
+                                     {"intermediate_size", 32},
+                                     {"num_local_experts", 4},
+                                     {"num_experts_per_tok", 2},
+                                     {"max_position_embeddings", 64}});
+  EXPECT_EQ(mixtral.head_dim, 320);
+  EXPECT_EQ(gpu::padded_head_dim(mixtral), 320);
+  EXPECT_GT(gpu::device_weight_bytes(mixtral), 0);
 }
 
 TEST(CudaSupport, MlaLatentAndRopeKeyArePaddedToEight) {

@@ -3,13 +3,16 @@
 // instantiations for the head dims in use.
 //
 // Decode runs on tensor cores by default. The tensor-core kernel covers every shape
-// check_decode accepts (D 64, 128, 256; any G from 1 to 16, padded to 16 mma rows), so there
-// is no shape to fall back on the CUDA-core kernel for; its one extra need, q 16-byte aligned,
-// is refused with a message rather than taken silently down the slower path.
+// check_decode accepts at D 64, 128 and 256 (any G, 16 heads per block, padded to 16 mma
+// rows), so there is no shape to fall back on the CUDA-core kernel for; its one extra need, q
+// 16-byte aligned, is refused with a message rather than taken silently down the slower path.
+// Head dims above 256 (multiples of 64) take the wide kernel (attention_decode_wide_kernel.cuh)
+// whatever tensor_cores says: it is the only one there.
 #include <algorithm>
 
 #include "backend/cuda/attention.h"
 #include "backend/cuda/attention_decode_mma_kernel.cuh"
+#include "backend/cuda/attention_decode_wide_kernel.cuh"
 #include "backend/cuda/attention_kernel.cuh"
 #include "backend/cuda/attention_prefill_mma_kernel.cuh"
 #include "backend/cuda/cuda_check.h"
@@ -23,10 +26,14 @@ namespace {
 constexpr int64_t kDecodeTargetBlocks = 264;
 constexpr int64_t kDecodeMaxChunk = 512;
 
+bool wide_head_dim(const PagedDecodeParams& p) { return p.head_dim > 256; }
+
 void check_decode(const PagedDecodeParams& p) {
   detail::check_int32_range(p.num_seqs, "num_seqs");
-  MOE_CHECK(p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256, "head_dim = ", p.head_dim,
-            " must be 64, 128 or 256");
+  MOE_CHECK(decode_head_dim_supported(p.head_dim), "head_dim = ", p.head_dim,
+            " must be 64, 128, 256 or a multiple of ", kAttentionWideHeadDimStep,
+            " above 256 (pad the heads with zeros)");
+  detail::check_int32_range(p.head_dim, "head_dim");
   MOE_CHECK(
       p.num_kv_heads >= 1 && p.num_q_heads >= p.num_kv_heads && p.num_q_heads % p.num_kv_heads == 0,
       "num_q_heads = ", p.num_q_heads,
@@ -44,10 +51,17 @@ void check_decode(const PagedDecodeParams& p) {
             " must be 0 (none) or positive");
   MOE_CHECK(p.fixed_chunk >= 0 && p.fixed_chunk % 32 == 0, "fixed_chunk = ", p.fixed_chunk,
             " must be 0 or a positive multiple of 32");
-  MOE_CHECK(p.fixed_chunk == 0 || p.tensor_cores, "fixed_chunk = ", p.fixed_chunk,
+  MOE_CHECK(p.fixed_chunk == 0 || p.tensor_cores || wide_head_dim(p),
+            "fixed_chunk = ", p.fixed_chunk,
             " needs the tensor-core kernel (the CUDA-core one holds at most ", kDecodeMaxChunk,
             " scores of a split)");
   detail::check_int32_range(p.fixed_chunk, "fixed_chunk");
+  if (wide_head_dim(p)) {
+    const int64_t blocks_y =
+        p.num_kv_heads * attn::decode_head_tiles(p) * attn::decode_dim_tiles(p.head_dim);
+    MOE_CHECK(blocks_y <= 65535, "num_kv_heads = ", p.num_kv_heads, " at head_dim = ", p.head_dim,
+              " needs ", blocks_y, " blocks per split and sequence, past the grid's y limit 65535");
+  }
 }
 
 template <int D>
@@ -102,6 +116,23 @@ void launch_decode(const PagedDecodeParams& p, const DecodeSplit& split, cudaStr
   }
 }
 
+void launch_decode_wide(const PagedDecodeParams& p, const DecodeSplit& split, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(split.num_splits),
+                  static_cast<unsigned>(p.num_kv_heads * attn::decode_head_tiles(p) *
+                                        attn::decode_dim_tiles(p.head_dim)),
+                  static_cast<unsigned>(p.num_seqs));
+  paged_decode_wide_kernel<<<grid, attn::kWideThreads, 0, stream>>>(
+      p, static_cast<int>(split.chunk), static_cast<int>(split.num_splits));
+  MOE_CUDA_CHECK_LAUNCH();
+  if (split.num_splits > 1) {
+    paged_decode_wide_combine_kernel<<<dim3(static_cast<unsigned>(p.num_q_heads),
+                                            static_cast<unsigned>(p.num_seqs)),
+                                       attn::kWideCombineThreads, 0, stream>>>(
+        p, static_cast<int>(split.chunk), static_cast<int>(split.num_splits));
+    MOE_CUDA_CHECK_LAUNCH();
+  }
+}
+
 template <int D>
 void launch_prefill(const PrefillParams& p, cudaStream_t stream) {
   if (p.tensor_cores) {
@@ -132,6 +163,26 @@ void launch_prefill(const PrefillParams& p, cudaStream_t stream) {
   MOE_CUDA_CHECK_LAUNCH();
 }
 
+// The split plan's pieces (paged_decode_split and paged_decode_workspace_bound).
+// Splits wanted to fill the GPU: about kDecodeTargetBlocks blocks over the blocks of one split
+// (the wide kernel also has one per 512 output dims).
+int64_t want_splits(const PagedDecodeParams& p) {
+  const int64_t dim_tiles = wide_head_dim(p) ? attn::decode_dim_tiles(p.head_dim) : 1;
+  const int64_t units =
+      std::max<int64_t>(1, p.num_seqs * p.num_kv_heads * attn::decode_head_tiles(p) * dim_tiles);
+  return std::max<int64_t>(1, (kDecodeTargetBlocks + units - 1) / units);
+}
+
+// Keys one sequence's query sees at most (at least 1): its splits start at the window's first
+// key.
+int64_t planned_keys(const PagedDecodeParams& p) {
+  const int64_t keys =
+      p.sliding_window > 0 ? std::min(p.max_seq_len, p.sliding_window) : p.max_seq_len;
+  return std::max<int64_t>(1, keys);
+}
+
+bool streams_any_chunk(const PagedDecodeParams& p) { return p.tensor_cores || wide_head_dim(p); }
+
 }  // namespace
 
 DecodeSplit paged_decode_split(const PagedDecodeParams& p) {
@@ -143,19 +194,15 @@ DecodeSplit paged_decode_split(const PagedDecodeParams& p) {
         .chunk = p.fixed_chunk,
         .num_splits = std::max<int64_t>(2, (keys + p.fixed_chunk - 1) / p.fixed_chunk)};
   }
-  const int64_t units =
-      std::max<int64_t>(1, p.num_seqs * p.num_kv_heads * attn::decode_head_tiles(p));
-  const int64_t want_splits = std::max<int64_t>(1, (kDecodeTargetBlocks + units - 1) / units);
-  // Keys one sequence's query sees at most: its splits start at the window's first key.
-  const int64_t keys =
-      p.sliding_window > 0 ? std::min(p.max_seq_len, p.sliding_window) : p.max_seq_len;
-  const int64_t len = std::max<int64_t>(1, keys);
-  int64_t chunk = (len + want_splits - 1) / want_splits;
-  // The tensor-core kernel streams any chunk through its tile loop, so it splits only to fill
-  // the GPU: at most want_splits splits, and a workspace that does not grow with the context.
-  // The CUDA-core kernel keeps a chunk's scores in shared memory, which caps the chunk.
+  const int64_t want = want_splits(p);
+  const int64_t len = planned_keys(p);
+  int64_t chunk = (len + want - 1) / want;
+  // The tensor-core and the wide kernels stream any chunk through their tile loops, so they
+  // split only to fill the GPU: at most want splits, and a workspace that does not grow with
+  // the context. The CUDA-core kernel keeps a chunk's scores in shared memory, which caps the
+  // chunk.
   chunk = std::clamp<int64_t>((chunk + 31) / 32 * 32, 32,
-                              p.tensor_cores ? std::max<int64_t>(32, len) : kDecodeMaxChunk);
+                              streams_any_chunk(p) ? std::max<int64_t>(32, len) : kDecodeMaxChunk);
   return DecodeSplit{.chunk = chunk, .num_splits = (len + chunk - 1) / chunk};
 }
 
@@ -163,6 +210,28 @@ int64_t paged_decode_workspace_size(const PagedDecodeParams& p) {
   const DecodeSplit split = paged_decode_split(p);
   if (split.num_splits <= 1) return 0;
   return p.num_seqs * p.num_q_heads * split.num_splits * (p.head_dim + 2);
+}
+
+int64_t paged_decode_workspace_bound(const PagedDecodeParams& p) {
+  // Fixed chunks: num_seqs * max(2, ceil(keys / chunk)) rows grows with both.
+  if (p.fixed_chunk > 0) return paged_decode_workspace_size(p);
+  // Otherwise a launch of b <= num_seqs sequences over at most `keys` keys has chunks of at
+  // least 32 keys and at least keys / want_splits(b) (so at most want_splits(b) splits), except
+  // where the CUDA-core kernel's 512-key cap binds (then ceil(keys / 512) splits). Both bounds
+  // grow with the keys, so the largest b * splits over every b bounds every launch.
+  const int64_t keys = planned_keys(p);
+  const int64_t by_keys = (keys + 31) / 32;
+  const int64_t by_cap = (keys + kDecodeMaxChunk - 1) / kDecodeMaxChunk;
+  int64_t rows = 0;  // sequences x splits
+  for (int64_t b = 1; b <= p.num_seqs; ++b) {
+    PagedDecodeParams launch = p;
+    launch.num_seqs = b;
+    int64_t splits = want_splits(launch);
+    if (!streams_any_chunk(p)) splits = std::max(splits, by_cap);
+    splits = std::min(splits, by_keys);
+    if (splits > 1) rows = std::max(rows, b * splits);
+  }
+  return rows * p.num_q_heads * (p.head_dim + 2);
 }
 
 void paged_decode_attention(const PagedDecodeParams& p, cudaStream_t stream) {
@@ -177,8 +246,8 @@ void paged_decode_attention(const PagedDecodeParams& p, cudaStream_t stream) {
   detail::check_pointer(p.out, "out");
   detail::check_aligned16(p.k_cache, "k_cache");
   detail::check_aligned16(p.v_cache, "v_cache");
-  MOE_CHECK(!p.tensor_cores || reinterpret_cast<uintptr_t>(p.q) % 16 == 0, "q (",
-            static_cast<const void*>(p.q),
+  MOE_CHECK(!p.tensor_cores || wide_head_dim(p) || reinterpret_cast<uintptr_t>(p.q) % 16 == 0,
+            "q (", static_cast<const void*>(p.q),
             ") is not 16-byte aligned, which the tensor-core decode kernel needs (tensor_cores "
             "= false takes any alignment)");
   const DecodeSplit split = paged_decode_split(p);
@@ -190,8 +259,10 @@ void paged_decode_attention(const PagedDecodeParams& p, cudaStream_t stream) {
       return launch_decode<64>(p, split, stream);
     case 128:
       return launch_decode<128>(p, split, stream);
-    default:
+    case 256:
       return launch_decode<256>(p, split, stream);
+    default:
+      return launch_decode_wide(p, split, stream);
   }
 }
 

@@ -61,9 +61,25 @@ struct RopeParams {
 // rounding), as moeinfer::Rope::apply does on the CPU.
 void rope(const RopeParams& params, cudaStream_t stream);
 
-// Largest GQA group one decode block packs (larger groups take several blocks per KV head),
-// and the head dims compiled.
+// Largest GQA group one decode block packs (larger groups take several blocks per KV head).
 inline constexpr int64_t kAttentionMaxGroup = 16;
+
+// Head dims paged_decode_attention takes: 64, 128 and 256 (the tensor-core and CUDA-core
+// kernels), and every multiple of 64 above 256 (attention_decode_wide_kernel.cuh, whose shared
+// memory and registers do not grow with D). A model's head_dim is padded up to the next one,
+// with zeros in the padded dims.
+inline constexpr int64_t kAttentionWideHeadDimStep = 64;
+inline bool decode_head_dim_supported(int64_t head_dim) {
+  return head_dim == 64 || head_dim == 128 || head_dim == 256 ||
+         (head_dim > 256 && head_dim % kAttentionWideHeadDimStep == 0);
+}
+inline int64_t decode_padded_head_dim(int64_t head_dim) {
+  if (head_dim <= 64) return 64;
+  if (head_dim <= 128) return 128;
+  if (head_dim <= 256) return 256;
+  return (head_dim + kAttentionWideHeadDimStep - 1) / kAttentionWideHeadDimStep *
+         kAttentionWideHeadDimStep;
+}
 
 struct PagedDecodeParams {
   const __nv_bfloat16* q = nullptr;        // [B, Nq, D]
@@ -75,8 +91,8 @@ struct PagedDecodeParams {
   float* workspace = nullptr;  // [paged_decode_workspace_size(...)] floats, when splits > 1
   int64_t num_seqs = 0;        // B
   int64_t num_q_heads = 0;     // Nq
-  int64_t num_kv_heads = 0;    // Nkv, divides Nq, Nq/Nkv <= 16
-  int64_t head_dim = 0;        // D: 64, 128 or 256
+  int64_t num_kv_heads = 0;    // Nkv, divides Nq (groups past 16 take several blocks)
+  int64_t head_dim = 0;        // D: 64, 128, 256 or a multiple of 64 above 256
   int64_t block_size = 0;      // tokens per KV block
   int64_t num_blocks = 0;      // blocks in the pool (for the device range check)
   int64_t max_blocks_per_seq = 0;
@@ -90,10 +106,11 @@ struct PagedDecodeParams {
   // to bf16 for the P.V product), needing q 16-byte aligned; it covers every D and G the
   // launcher accepts, and measured 2.4x to 9x faster than the CUDA-core kernel on an H200
   // (bench/RESULTS.md, 2026-11-30). false: the float32 CUDA-core kernel, kept as a second
-  // implementation to test against.
+  // implementation to test against. Head dims above 256 have one kernel, float32 on CUDA cores
+  // with any q alignment, which runs whatever this says.
   bool tensor_cores = true;
   // > 0 (--deterministic): every sequence's keys are cut into splits of this many (a multiple
-  // of 32, tensor cores only) whatever the batch, and the splits always go through the
+  // of 32; tensor cores or D > 256) whatever the batch, and the splits always go through the
   // workspace and the combine kernel, even a sequence that needs one: a query's reduction order
   // then depends on its own length alone (batch_invariant_chunk). 0: splits sized to fill the
   // GPU for this batch, a single split written directly.
@@ -110,9 +127,10 @@ inline int64_t batch_invariant_chunk(int64_t max_seq_len) {
   return (chunk + 63) / 64 * 64;
 }
 
-// Tokens per split the launcher will use (a multiple of 32, at most 512 on CUDA cores) and the
-// split count, planned over min(max_seq_len, sliding_window) keys; each sequence's splits start
-// at the first key of its window. With fixed_chunk: that chunk, and at least two splits.
+// Tokens per split the launcher will use (a multiple of 32; at most 512 on the CUDA-core kernel
+// of D <= 256, which keeps a chunk's scores in shared memory) and the split count, planned over
+// min(max_seq_len, sliding_window) keys; each sequence's splits start at the first key of its
+// window. With fixed_chunk: that chunk, and at least two splits.
 struct DecodeSplit {
   int64_t chunk = 0;
   int64_t num_splits = 0;
@@ -121,6 +139,10 @@ DecodeSplit paged_decode_split(const PagedDecodeParams& params);
 // Floats of workspace paged_decode_attention() needs (0 when one split covers the planned keys);
 // it depends on sliding_window as on max_seq_len.
 int64_t paged_decode_workspace_size(const PagedDecodeParams& params);
+// Floats of workspace enough for every launch with num_seqs and max_seq_len at most params'
+// (the rest alike), for sizing a workspace once: the split plan is not monotone in either (65
+// sequences can need more than 64 and 128 do, a shorter context one more split than a longer).
+int64_t paged_decode_workspace_bound(const PagedDecodeParams& params);
 
 // out[b, h] = softmax(scale * q[b,h] . K[b, first..len)) V, with K/V of KV head h / G read
 // through the block table, first = max(0, len - W) under a sliding window, else 0. One block per

@@ -2,6 +2,10 @@
 // kWarps heads), one warp per head, so even a single decode token spreads over
 // (Nq + 2 Nkv) / kWarps blocks. A head is staged in shared memory as float so the rotation can pair
 // any two of its elements whatever the head dim, then written once to each destination.
+// Heads wider than kMaxHeadDim (padded head dims above 256) take a kernel without the staging,
+// so that nothing it holds grows with the head: each lane computes its own elements, reading a
+// rotated element's partner again from the projection row. Both round as the unfused chain
+// does (the normed head to bf16, then the rotated pair to bf16), in the same order.
 #include <cuda_bf16.h>
 
 #include "backend/cuda/cuda_check.h"
@@ -83,6 +87,76 @@ __global__ void __launch_bounds__(kWarps* device::kWarpSize)
   }
 }
 
+// One warp per head, as above, for Dp > kMaxHeadDim: no staging, so any head dim.
+__global__ void __launch_bounds__(kWarps* device::kWarpSize)
+    attention_inputs_wide_kernel(const __grid_constant__ AttentionInputsParams p) {
+  const int warp = threadIdx.x / device::kWarpSize;
+  const int lane = threadIdx.x % device::kWarpSize;
+  const int64_t t = blockIdx.x;
+  const int Nq = static_cast<int>(p.num_q_heads), Nkv = static_cast<int>(p.num_kv_heads);
+  const int D = static_cast<int>(p.head_dim), Dp = static_cast<int>(p.padded_head_dim);
+  const int half = static_cast<int>(p.rotary_dim / 2);
+  const int32_t slot = __ldg(p.slots + t);
+  if (slot >= 0) MOE_DEVICE_CHECK(slot < p.num_slots);
+  const float position = static_cast<float>(__ldg(p.positions + t));
+  const __nv_bfloat16* row = p.qkv + t * p.qkv_stride;
+
+  for (int h = blockIdx.y * kWarps + warp; h < Nq + 2 * Nkv; h += kWarps * gridDim.y) {
+    const __nv_bfloat16* in = row + static_cast<int64_t>(h) * Dp;
+    const bool is_q = h < Nq, is_v = h >= Nq + Nkv;
+    const __nv_bfloat16* weight = !is_v && p.q_norm ? (is_q ? p.q_norm : p.k_norm) : nullptr;
+    float inv_rms = 1.0f;
+    if (weight) {
+      float sum_sq = 0.0f;
+      for (int d = lane; d < D; d += device::kWarpSize) {
+        const float x = __bfloat162float(in[d]);
+        sum_sq = fmaf(x, x, sum_sq);
+      }
+      sum_sq = device::warp_sum(sum_sq);
+      inv_rms = 1.0f / sqrtf(sum_sq / static_cast<float>(D) + p.eps);
+    }
+    // Element d of the head after the norm (rounded to bf16 as the norm kernel stores it).
+    auto normed = [&](int d) {
+      const float x = __bfloat162float(in[d]);
+      if (!weight) return x;
+      return __bfloat162float(
+          __float2bfloat16_rn(__bfloat162float(__ldg(weight + d)) * (x * inv_rms)));
+    };
+    __nv_bfloat16* out0 = nullptr;
+    __nv_bfloat16* out1 = nullptr;
+    if (is_q) {
+      out0 = p.q_out + t * Nq * Dp + static_cast<int64_t>(h) * Dp;
+    } else {
+      const int kv = is_v ? h - Nq - Nkv : h - Nq;
+      __nv_bfloat16* cache = is_v ? p.v_cache : p.k_cache;
+      __nv_bfloat16* copy = is_v ? p.v_out : p.k_out;
+      if (slot >= 0) out0 = cache + static_cast<int64_t>(slot) * Nkv * Dp + kv * Dp;
+      if (copy) out1 = copy + t * Nkv * Dp + kv * Dp;
+    }
+    for (int d = lane; d < Dp; d += device::kWarpSize) {
+      float value = 0.0f;  // the padding stays zero
+      if (d < D) value = normed(d);
+      if (!is_v && d < p.rotary_dim) {
+        // The pair (i1, i2) turns as in the staged kernel: i1 <- x1 cos - x2 sin,
+        // i2 <- x2 cos + x1 sin; this lane computes element d, of either role.
+        const bool first = p.interleaved ? d % 2 == 0 : d < half;
+        const int i = p.interleaved ? d / 2 : (first ? d : d - half);
+        const int partner = p.interleaved ? (d ^ 1) : (first ? d + half : d - half);
+        const float angle = position * __ldg(p.inv_freq + i);
+        float sn, cs;
+        sincosf(angle, &sn, &cs);
+        cs *= p.attention_scaling;
+        sn *= p.attention_scaling;
+        const float other = normed(partner);
+        value = first ? value * cs - other * sn : value * cs + other * sn;
+      }
+      const __nv_bfloat16 out = __float2bfloat16_rn(value);
+      if (out0) out0[d] = out;
+      if (out1) out1[d] = out;
+    }
+  }
+}
+
 }  // namespace
 
 void attention_inputs(const AttentionInputsParams& p, cudaStream_t stream) {
@@ -90,9 +164,9 @@ void attention_inputs(const AttentionInputsParams& p, cudaStream_t stream) {
   detail::check_int32_range(p.num_tokens, "num_tokens");
   MOE_CHECK(p.num_q_heads >= 1 && p.num_kv_heads >= 1, "num_q_heads = ", p.num_q_heads,
             " and num_kv_heads = ", p.num_kv_heads, " must be at least 1");
-  MOE_CHECK(p.head_dim >= 2 && p.head_dim <= p.padded_head_dim && p.padded_head_dim <= kMaxHeadDim,
-            "head_dim = ", p.head_dim, " and padded_head_dim = ", p.padded_head_dim,
-            " must satisfy 2 <= D <= Dp <= ", kMaxHeadDim);
+  MOE_CHECK(p.head_dim >= 2 && p.head_dim <= p.padded_head_dim, "head_dim = ", p.head_dim,
+            " and padded_head_dim = ", p.padded_head_dim, " must satisfy 2 <= D <= Dp");
+  detail::check_int32_range(p.padded_head_dim, "padded_head_dim");
   MOE_CHECK(p.rotary_dim >= 2 && p.rotary_dim % 2 == 0 && p.rotary_dim <= p.head_dim,
             "rotary_dim = ", p.rotary_dim, " must be even and in [2, head_dim]");
   MOE_CHECK(p.qkv_stride >= (p.num_q_heads + 2 * p.num_kv_heads) * p.padded_head_dim,
@@ -111,7 +185,11 @@ void attention_inputs(const AttentionInputsParams& p, cudaStream_t stream) {
   MOE_CHECK(heads <= 65535 * kWarps, "too many heads: ", heads);
   const dim3 grid(static_cast<unsigned>(p.num_tokens),
                   static_cast<unsigned>((heads + kWarps - 1) / kWarps));
-  attention_inputs_kernel<<<grid, kWarps * device::kWarpSize, 0, stream>>>(p);
+  if (p.padded_head_dim <= kMaxHeadDim) {
+    attention_inputs_kernel<<<grid, kWarps * device::kWarpSize, 0, stream>>>(p);
+  } else {
+    attention_inputs_wide_kernel<<<grid, kWarps * device::kWarpSize, 0, stream>>>(p);
+  }
   MOE_CUDA_CHECK_LAUNCH();
 }
 

@@ -115,7 +115,7 @@ struct AttentionInputsParams {
   int64_t num_q_heads = 0;
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;         // D: the norm's width
-  int64_t padded_head_dim = 0;  // Dp >= D, at most 256: the head stride (padding stays zero)
+  int64_t padded_head_dim = 0;  // Dp >= D: the head stride (padding stays zero)
   int64_t rotary_dim = 0;       // even, <= D
   float attention_scaling = 1.0f;
   bool interleaved = false;

@@ -443,8 +443,10 @@ int64_t padded_hidden_size(const ModelConfig& config) { return round_up(config.h
 int64_t padded_head_dim(const ModelConfig& config) {
   if (config.mla) return 0;
   const int64_t D = config.head_dim;
-  MOE_CHECK(D > 0 && D <= 256, "head_dim ", D, ": the CUDA attention kernels support up to 256");
-  return D <= 64 ? 64 : D <= 128 ? 128 : 256;
+  MOE_CHECK(D > 0, "head_dim ", D, " must be positive");
+  // 64, 128 or 256 (the fast attention kernels), a multiple of 64 above (the wide decode kernel;
+  // prompts then take the per-query route).
+  return cuda::decode_padded_head_dim(D);
 }
 
 int64_t padded_expert_width(const ModelConfig& config) {

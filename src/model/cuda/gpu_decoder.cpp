@@ -436,13 +436,17 @@ void CudaDecoder::allocate_workspace() {
                               .max_seq_len = max_model_len_, .fixed_chunk = attention_chunk_};
       attn_ws = std::max(attn_ws, cuda::mla_decode_workspace_size(p));
     } else {
+      // Every step's launch has at most b rows and a context of at most the largest bucket
+      // (which rounds max_model_len up to whole blocks); the bound covers them all, where the
+      // exact size at (b, max_model_len) would not (the split plan is not monotone).
       cuda::PagedDecodeParams p{.num_seqs = b, .num_q_heads = c.num_heads,
                                 .num_kv_heads = c.num_kv_heads, .head_dim = Dp,
                                 .block_size = block_size_,
                                 .max_blocks_per_seq = max_blocks_per_seq_,
-                                .max_seq_len = max_model_len_,
+                                .max_seq_len = max_blocks_per_seq_ * block_size_,
+                                .sliding_window = c.sliding_window.value_or(0),
                                 .fixed_chunk = attention_chunk_};
-      attn_ws = std::max(attn_ws, cuda::paged_decode_workspace_size(p));
+      attn_ws = std::max(attn_ws, cuda::paged_decode_workspace_bound(p));
     }
   }
 
@@ -663,6 +667,8 @@ Step CudaDecoder::prepare(const ForwardBatch& batch) {
   MOE_CHECK(T <= tcap_, "a step of ", T, " tokens exceeds the ", tcap_,
             " the GPU workspace was sized for");
 
+  // The flash prefill kernel is compiled for head dims 64 and 128; prompts of wider heads (256,
+  // and the multiples of 64 above it) run through the paged decode kernel, a query at a time.
   const bool prefill_kernel = !c.mla && !options_.deterministic &&
                               (w_.padded_head_dim == 64 || w_.padded_head_dim == 128);
   step.route = all_single ? Route::kDecode
