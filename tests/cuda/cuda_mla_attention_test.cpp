@@ -169,6 +169,43 @@ TEST(CudaMlaChecks, WideSplitPlanAndWorkspace) {
   EXPECT_EQ(mla_decode_workspace_size(p), 0);
 }
 
+// The decoder sizes its split workspace once, by mla_decode_workspace_bound at its largest row
+// count and context; every launch with fewer rows or a shorter context must fit. The exact size
+// is not monotone (at 1 head tile, 65 rows split into 5 where 64 and 128 rows need 320 and 384
+// split rows, but 132 rows need 396), so every (rows, context) up to the bound's is tried.
+TEST(CudaMlaChecks, WorkspaceBoundCoversEveryLaunchUpToIt) {
+  for (const int64_t heads : {1, 16, 20, 128}) {
+    for (const int64_t fixed_chunk : {0, 256}) {
+      for (const int64_t max_rows : {1, 7, 140}) {
+        for (const int64_t max_len : {64, 777, 3000}) {
+          MlaDecodeParams p{.num_seqs = max_rows,
+                            .num_heads = heads,
+                            .latent_dim = 512,
+                            .rope_dim = 64,
+                            .block_size = 16,
+                            .num_blocks = 1,
+                            .max_blocks_per_seq = (max_len + 15) / 16,
+                            .max_seq_len = max_len,
+                            .scale = 0.1f,
+                            .fixed_chunk = fixed_chunk};
+          const int64_t bound = mla_decode_workspace_bound(p);
+          int64_t worst = 0;
+          for (int64_t rows = 1; rows <= max_rows; ++rows)
+            for (int64_t len = 1; len <= max_len; len += len < 300 ? 1 : 7) {
+              p.num_seqs = rows;
+              p.max_seq_len = len;
+              worst = std::max(worst, mla_decode_workspace_size(p));
+            }
+          EXPECT_LE(worst, bound) << heads << " heads, fixed_chunk " << fixed_chunk << ": "
+                                  << max_rows << " rows, context " << max_len;
+          // Not far above what some launch needs: at most twice, plus one row.
+          EXPECT_LE(bound, 2 * worst + heads * (512 + 2) * 2) << heads << " heads";
+        }
+      }
+    }
+  }
+}
+
 TEST(CudaMlaChecks, SplitPlanAndWorkspace) {
   MlaDecodeParams p{.num_seqs = 1,
                     .num_heads = 16,

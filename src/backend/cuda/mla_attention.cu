@@ -91,6 +91,26 @@ int64_t mla_decode_workspace_size(const MlaDecodeParams& p) {
   return p.num_seqs * p.num_heads * split.num_splits * (p.latent_dim + 2);
 }
 
+int64_t mla_decode_workspace_bound(const MlaDecodeParams& p) {
+  // Fixed chunks: num_seqs * max(2, ceil(keys / chunk)) rows grows with both.
+  if (p.fixed_chunk > 0) return mla_decode_workspace_size(p);
+  // Otherwise b sequences split into at most want(b) pieces (the chunk is at least
+  // len / want(b)) and at most ceil(len / 64) (the chunk is at least 64): b times the smaller
+  // of the two bounds every launch of b sequences, at any length up to max_seq_len.
+  const int64_t by_keys =
+      (std::max<int64_t>(1, p.max_seq_len) + kMlaChunkQuantum - 1) / kMlaChunkQuantum;
+  int64_t rows = 0;  // sequences x splits
+  for (int64_t b = 1; b <= p.num_seqs; ++b) {
+    MlaDecodeParams launch = p;
+    launch.num_seqs = b;
+    const int64_t units = std::max<int64_t>(1, b * head_tiles(launch));
+    const int64_t want = std::max<int64_t>(1, (kMlaTargetBlocks + units - 1) / units);
+    const int64_t splits = std::min(want, by_keys);
+    if (splits > 1) rows = std::max(rows, b * splits);
+  }
+  return rows * p.num_heads * (p.latent_dim + 2);
+}
+
 void mla_decode_attention(const MlaDecodeParams& p, cudaStream_t stream) {
   NvtxRange range("mla_decode_attention");
   check_mla(p);

@@ -83,6 +83,12 @@ MlaDecodeSplit mla_decode_split(const MlaDecodeParams& params);
 // several splits, else 0.
 int64_t mla_decode_workspace_size(const MlaDecodeParams& params);
 
+// Floats of workspace that cover every launch of at most params.num_seqs sequences over at most
+// params.max_seq_len keys (the split plan is not monotone in either: 65 sequences may need more
+// than 64 and than 128, a shorter context more splits than a longer one), for a decoder that
+// sizes its workspace once.
+int64_t mla_decode_workspace_bound(const MlaDecodeParams& params);
+
 // out[b, h] = sum_j softmax_j(scale * q[b, h] . row_j) row_j[0:L] over the rows j <
 // seq_lens[b] of sequence b, read through its block table. Float32 scores and online softmax
 // on tensor cores (P rounded to bf16 for the P.V product, as the GQA decode kernel does), bf16

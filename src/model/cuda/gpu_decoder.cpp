@@ -430,11 +430,13 @@ void CudaDecoder::allocate_workspace() {
   for (int64_t rows = 1; rows <= next_pow2(T); rows *= 2) {
     const int64_t b = std::min(rows, T);
     if (c.mla) {
+      // As below: a bound over every launch of at most b rows, not the size at (b, max len).
       cuda::MlaDecodeParams p{.num_seqs = b, .num_heads = c.num_heads,
                               .latent_dim = w_.mla.latent, .rope_dim = w_.mla.rope,
                               .block_size = block_size_, .max_blocks_per_seq = max_blocks_per_seq_,
-                              .max_seq_len = max_model_len_, .fixed_chunk = attention_chunk_};
-      attn_ws = std::max(attn_ws, cuda::mla_decode_workspace_size(p));
+                              .max_seq_len = max_blocks_per_seq_ * block_size_,
+                              .fixed_chunk = attention_chunk_};
+      attn_ws = std::max(attn_ws, cuda::mla_decode_workspace_bound(p));
     } else {
       // Every step's launch has at most b rows and a context of at most the largest bucket
       // (which rounds max_model_len up to whole blocks); the bound covers them all, where the
