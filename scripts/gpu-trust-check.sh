@@ -25,7 +25,7 @@ bash scripts/device-deps.sh unpack >/dev/null || { echo "gpu-trust: FAILED unpac
 start=$SECONDS
 if ! { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
          -DCMAKE_PREFIX_PATH=/opt/deps/usr -DMOE_BUILD_BENCH=OFF &&
-       cmake --build "$BUILD" -j16 --target test_cuda ${MOE_TRUST_TARGETS:-moeinfer}; } >"$OUT/build.log" 2>&1; then
+       cmake --build "$BUILD" -j16 --target test_cuda ${MOE_TRUST_TARGETS-moeinfer}; } >"$OUT/build.log" 2>&1; then
   grep -E "error|FAILED" "$OUT/build.log" | head -30
   echo "gpu-trust: BUILD FAILED"
   exit 1
