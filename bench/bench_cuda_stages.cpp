@@ -3,8 +3,10 @@
 // For each stage and shape: the fewest bytes the stage must move (each input read once, each
 // output written once), the median time of one launch, the achieved GB/s and its ratio to a
 // device-to-device copy measured in the same run (bytes read + written). Shapes: Qwen3-30B-A3B
-// (H 2048, E 128, K 8) at decode (T 1, 64) and prefill (T 4096), and a DeepSeek-V3-sized layer
-// (H 7168, E 256, K 8, T 4096).
+// (H 2048, E 128, K 8) at decode (T 1, 64) and prefill (T 4096), a DeepSeek-V3-sized layer
+// (H 7168, E 256, K 8, T 4096), and shapes past the kernels' fast paths, which no published
+// model has: E 4099 with K 64 (the block router) at T 1 and 1024, and E 12000 with K 36 (the
+// block router without its shared-memory cache, the plan's histograms in the workspace).
 //
 // Method: inputs are random (never zeros); the metadata each stage reads comes from the stages
 // before it (router -> plan -> permute/unpermute), so the ids are a real routing. Each
@@ -299,10 +301,11 @@ int run(int argc, char** argv) {
               copy_bw / 1e9, graph_copy_bandwidth(stream) / 1e9);
   std::printf("%-10s %-22s %13s %13s %14s %7s\n", "stage", "shape", "time", "floor bytes",
               "achieved", "vs copy");
-  const Shape shapes[] = {{"qwen3-30b", 1, 128, 8, 2048, false},
-                          {"qwen3-30b", 64, 128, 8, 2048, false},
-                          {"qwen3-30b", 4096, 128, 8, 2048, false},
-                          {"deepseek-v3", 4096, 256, 8, 7168, true}};
+  const Shape shapes[] = {
+      {"qwen3-30b", 1, 128, 8, 2048, false},      {"qwen3-30b", 64, 128, 8, 2048, false},
+      {"qwen3-30b", 4096, 128, 8, 2048, false},   {"deepseek-v3", 4096, 256, 8, 7168, true},
+      {"e4099-k64", 1, 4099, 64, 2048, false},    {"e4099-k64", 1024, 4099, 64, 1024, false},
+      {"e12000-k36", 256, 12000, 36, 1024, false}};
   for (const Shape& s : shapes) bench_shape(s, copy_bw, stream, rng);
   CUDA_CHECK(cudaStreamDestroy(stream));
 

@@ -22,6 +22,18 @@
 // again (a few in a hundred with random biases). The tie tests' constructed tokens are drawn the
 // same way; most pass as they are.
 //
+// Shapes past the one-warp router (E > 1024 or K > 32: the block router, router_block_kernel.cuh)
+// run the same checks at E in 1025, 1500, 4099 and 12000 to 24000 (past the shared-memory cache
+// of choices and group scores), K in 1, 33, 40, 64 and K = E, plain, biased and grouped (kMax,
+// kTop2Sum, groups of one and of two), softmax and sigmoid, with padding tokens, a logit bias,
+// ties and a -inf bias. Their logits are drawn on a grid of 1/64 and their biases on a grid of
+// 1/8: with thousands of experts and dozens of picks, continuous draws leave a near-tie in most
+// tokens, while on the grids distinct inputs are far apart and equal ones tie exactly (the
+// robustness check above still runs). Their weights are held to 1e-6 relative as well, against
+// route()'s float32 operations with the softmax denominator summed in float64 and rounded once:
+// route() adds the E terms one after another in float32, which is up to 3e-6 off at E = 4099,
+// more than the kernels' own error, so only that one sum is taken exactly.
+//
 // Host-side checks (the launcher refusing bad grouping arguments, naming the field) need no
 // device and always run; the kernel tests are registered only when a device is present
 // (cuda_test_util.h).
@@ -36,6 +48,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -98,6 +111,23 @@ TEST(CudaRouterChecks, RefusesBadGroups) {
   fused_router(grouped_params(64, 6, G::kNone, 7, 0, 0), nullptr);
 }
 
+TEST(CudaRouterChecks, TakesAnyExpertCountAndTopK) {
+  using G = RouterGroupScore;
+  // Past the one-warp router: accepted (no tokens, so nothing launches).
+  fused_router(grouped_params(1025, 33, G::kNone, 1, 1, 0), nullptr);
+  fused_router(grouped_params(48, 48, G::kTop2Sum, 6, 6, 0), nullptr);
+  fused_router(grouped_params(4099, 64, G::kMax, 4099, 64, 0), nullptr);
+  fused_router(grouped_params(kMaxExperts, 1, G::kNone, 1, 1, 0), nullptr);
+  // The only bounds left: K in [1, E], E within int32 ids.
+  expect_error_naming([] { fused_router(grouped_params(48, 49, G::kNone, 1, 1, 0), nullptr); },
+                      "top_k = 49");
+  expect_error_naming([] { fused_router(grouped_params(48, 0, G::kNone, 1, 1, 0), nullptr); },
+                      "top_k = 0");
+  expect_error_naming(
+      [] { fused_router(grouped_params(kMaxExperts + 1, 8, G::kNone, 1, 1, 0), nullptr); },
+      "num_experts = " + std::to_string(kMaxExperts + 1));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Kernel tests: registered only when a device is present.
 
@@ -142,6 +172,60 @@ const RouterCase kShapes[] = {
     {"E64_Softmax_K32", 64, 32, SF::kSoftmax, GS::kNone, 1, 1, false, true, 1.0f},
     {"E96_G4_Top2Sum_K32", 96, 32, SF::kSigmoid, GS::kTop2Sum, 4, 2, true, true, 1.0f},
 };
+
+// Past the one-warp router. Every pair of E in {1025, 1500, 4099} and K in {1, 33, 40, 64}
+// plain, with the score function and renormalisation alternating; a bias alone; grouped with
+// both group scores, groups of one and of two, kept groups that hold exactly K experts, one group
+// of all experts; K = E; and E past the shared-memory cache (choices alone, then group scores
+// too, single experts and pairs per group). Selection biases go with sigmoid scores, as in
+// DeepSeek-V3: beside softmax scores of 1e-4 a bias of 0.25 leaves most tokens with a decision
+// the robustness check cannot vouch for.
+const RouterCase kBlockShapes[] = {
+    {"E1025_K1_Softmax", 1025, 1, SF::kSoftmax, GS::kNone, 1, 1, false, false, 1.0f},
+    {"E1025_K33_Sigmoid", 1025, 33, SF::kSigmoid, GS::kNone, 1, 1, false, true, 2.5f},
+    {"E1025_K40_Softmax", 1025, 40, SF::kSoftmax, GS::kNone, 1, 1, false, true, 1.0f},
+    {"E1025_K64_Sigmoid", 1025, 64, SF::kSigmoid, GS::kNone, 1, 1, false, false, 16.0f},
+    {"E1500_K1_Sigmoid", 1500, 1, SF::kSigmoid, GS::kNone, 1, 1, false, true, 1.0f},
+    {"E1500_K33_Softmax", 1500, 33, SF::kSoftmax, GS::kNone, 1, 1, false, false, 1.0f},
+    {"E1500_K40_Sigmoid", 1500, 40, SF::kSigmoid, GS::kNone, 1, 1, false, true, 2.5f},
+    {"E1500_K64_Softmax", 1500, 64, SF::kSoftmax, GS::kNone, 1, 1, false, true, 1.0f},
+    {"E4099_K1_Softmax", 4099, 1, SF::kSoftmax, GS::kNone, 1, 1, false, true, 1.0f},
+    {"E4099_K33_Sigmoid", 4099, 33, SF::kSigmoid, GS::kNone, 1, 1, false, true, 1.0f},
+    {"E4099_K40_Softmax", 4099, 40, SF::kSoftmax, GS::kNone, 1, 1, false, true, 2.5f},
+    {"E4099_K64_Softmax", 4099, 64, SF::kSoftmax, GS::kNone, 1, 1, false, false, 1.0f},
+    {"E1500_K40_BiasOnly_Sigmoid", 1500, 40, SF::kSigmoid, GS::kNone, 1, 1, true, true, 2.5f},
+    {"E1025_G25_Max_K40", 1025, 40, SF::kSoftmax, GS::kMax, 25, 3, false, false, 16.0f},
+    {"E1025_G5_Top2Sum_K64", 1025, 64, SF::kSigmoid, GS::kTop2Sum, 5, 2, true, true, 2.5f},
+    {"E1500_G12_Top2Sum_K33", 1500, 33, SF::kSigmoid, GS::kTop2Sum, 12, 4, true, true, 2.5f},
+    {"E1500_G1500_Max_K64", 1500, 64, SF::kSigmoid, GS::kMax, 1500, 100, true, true, 1.0f},
+    {"E1500_G750_Top2Sum_K40", 1500, 40, SF::kSigmoid, GS::kTop2Sum, 750, 25, true, false, 1.0f},
+    {"E4099_G1_Top2Sum_K64", 4099, 64, SF::kSigmoid, GS::kTop2Sum, 1, 1, true, true, 2.827f},
+    {"E4099_G4099_Max_K33", 4099, 33, SF::kSoftmax, GS::kMax, 4099, 40, false, false, 1.0f},
+    {"E64_G8_Max_K40_ExactPool", 64, 40, SF::kSigmoid, GS::kMax, 8, 5, true, true, 1.0f},
+    {"E48_K48_Softmax", 48, 48, SF::kSoftmax, GS::kNone, 1, 1, false, true, 1.0f},
+    {"E48_G6_Top2Sum_K48", 48, 48, SF::kSigmoid, GS::kTop2Sum, 6, 6, true, true, 2.5f},
+};
+const RouterCase kUncachedShapes[] = {
+    {"E12000_K8_Softmax", 12000, 8, SF::kSoftmax, GS::kNone, 1, 1, false, true, 1.0f},
+    {"E12000_G8_Top2Sum_K36", 12000, 36, SF::kSigmoid, GS::kTop2Sum, 8, 3, true, true, 2.5f},
+    {"E12000_G12000_Max_K33", 12000, 33, SF::kSigmoid, GS::kMax, 12000, 40, true, false, 1.0f},
+    {"E24000_G12000_Top2Sum_K33", 24000, 33, SF::kSigmoid, GS::kTop2Sum, 12000, 20, true, true,
+     1.0f},
+};
+
+const RouterCase& block_case(std::string_view name) {
+  for (const RouterCase& c : kBlockShapes)
+    if (c.name == name) return c;
+  for (const RouterCase& c : kUncachedShapes)
+    if (c.name == name) return c;
+  MOE_CHECK(false, "no block-router case ", name);
+  return kBlockShapes[0];
+}
+
+// The shapes the block router takes (see the file comment for what changes with them).
+bool block_shape(const RouterCase& c) {
+  return c.num_experts > kRouterWarpMaxExperts || c.top_k > kRouterWarpMaxTopK;
+}
 
 RouterGroupScore to_cuda(GS group) {
   switch (group) {
@@ -253,15 +337,51 @@ bool decisions_are_robust(const float* row, const float* bias, const RouterCase&
   return true;
 }
 
+// route()'s weights of the picks `ids` [T, K] with the softmax denominator summed in float64 and
+// rounded to float32 once; every other operation is route()'s float32 one, in its order (see
+// the file comment).
+std::vector<float> exact_sum_weights(const std::vector<float>& logits, int64_t T,
+                                     const RouterCase& c, const std::vector<int32_t>& ids) {
+  const int64_t E = c.num_experts, K = c.top_k;
+  std::vector<float> weights(T * K), score(E);
+  for (int64_t t = 0; t < T; ++t) {
+    const float* row = logits.data() + t * E;
+    if (c.score == SF::kSoftmax) {
+      const float max_logit = *std::max_element(row, row + E);
+      double sum = 0.0;
+      for (int64_t e = 0; e < E; ++e) sum += score[e] = std::exp(row[e] - max_logit);
+      for (int64_t e = 0; e < E; ++e) score[e] /= static_cast<float>(sum);
+    } else {
+      for (int64_t e = 0; e < E; ++e) score[e] = 1.0f / (1.0f + std::exp(-row[e]));
+    }
+    float picked_sum = 0.0f;
+    for (int64_t k = 0; k < K; ++k) picked_sum += score[ids[t * K + k]];
+    const float scale = (c.renormalize ? 1.0f / (picked_sum + 1e-20f) : 1.0f) * c.scaling;
+    for (int64_t k = 0; k < K; ++k) weights[t * K + k] = score[ids[t * K + k]] * scale;
+  }
+  return weights;
+}
+
+// How expect_matches_reference runs the router beyond the case itself.
+struct RunOptions {
+  // Captured into a CUDA graph in global capture mode (which fails on any host
+  // synchronisation) and replayed.
+  bool in_graph = false;
+  // [E] the synthetic models' routing skew, added to every token's logits before the score
+  // function; the reference routes the biased logits. Empty: none.
+  std::vector<float> logit_bias;
+  // >= 0: tokens from this one on pad a graph bucket and must get the null expert E at weight 0.
+  int64_t num_valid = -1;
+};
+
 // Runs the GPU router on [T, E] logits (and bias, empty for none) and holds it to route():
-// ids exact, weights within 1e-5 relative. in_graph: captured into a CUDA graph in global
-// capture mode (which fails on any host synchronisation) and replayed.
-// logit_bias (the synthetic models' routing skew) is added to every token's logits before the
-// score function; the reference routes the biased logits. num_valid >= 0: tokens from it on
-// pad a graph bucket and must get the null expert E at weight 0.
+// ids exact, weights within 1e-5 relative; block-router shapes also to exact_sum_weights()
+// within 1e-6 relative.
 void expect_matches_reference(const std::vector<float>& logits, const std::vector<float>& bias,
-                              int64_t T, const RouterCase& c, bool in_graph = false,
-                              const std::vector<float>& logit_bias = {}, int64_t num_valid = -1) {
+                              int64_t T, const RouterCase& c, const RunOptions& run = {}) {
+  const bool in_graph = run.in_graph;
+  const std::vector<float>& logit_bias = run.logit_bias;
+  const int64_t num_valid = run.num_valid;
   const int64_t K = c.top_k;
   SCOPED_TRACE(::testing::Message() << c.name << " T=" << T << " E=" << c.num_experts << " K=" << K
                                     << " bias=" << !bias.empty() << (in_graph ? " in graph" : "")
@@ -335,29 +455,51 @@ void expect_matches_reference(const std::vector<float>& logits, const std::vecto
   }
   EXPECT_EQ(id_mismatches, 0u) << "topk_ids";
   EXPECT_EQ(weight_mismatches, 0u) << "topk_weights";
+  if (!block_shape(c)) return;
+  // The picks are route()'s (checked above), so the weights of the same picks.
+  const std::vector<float> exact = exact_sum_weights(biased, T, c, want.topk_ids);
+  size_t exact_mismatches = 0;
+  for (int64_t i = 0; i < T * K; ++i) {
+    if (num_valid >= 0 && i / K >= num_valid) continue;  // padding: checked above
+    const float w = exact[i];
+    if (!(std::fabs(weights[i] - w) <= 1e-6f * std::fabs(w) + 1e-30f) && exact_mismatches++ < 5)
+      ADD_FAILURE() << "token " << i / K << ": topk_weights[" << i % K << "] = " << weights[i]
+                    << ", want " << w << " within 1e-6 (float64 softmax sum)";
+  }
+  EXPECT_EQ(exact_mismatches, 0u) << "topk_weights against the exactly summed reference";
 }
 
+// Uniform in [-0.25, 0.25]; block-router shapes on the grid of 1/8 in that range.
 std::vector<float> random_bias(const RouterCase& c, std::mt19937& rng) {
   if (!c.bias) return {};
   std::uniform_real_distribution<float> dist(-0.25f, 0.25f);
+  std::uniform_int_distribution<int> grid(-2, 2);
   std::vector<float> bias(c.num_experts);
-  for (float& b : bias) b = dist(rng);
+  for (float& b : bias) b = block_shape(c) ? static_cast<float>(grid(rng)) / 8.0f : dist(rng);
   return bias;
 }
 
-// T tokens of N(0, 1.5) logits, each drawn again until its decisions are robust.
+// T tokens of N(0, 1.5) logits (block-router shapes: uniform on the grid of 1/64 in [-4, 4]),
+// each drawn again until its decisions are robust with logit_bias [E] (empty: none) added, as
+// the router sees them.
 std::vector<float> random_logits(int64_t T, const RouterCase& c, const std::vector<float>& bias,
-                                 std::mt19937& rng) {
+                                 std::mt19937& rng, const std::vector<float>& logit_bias = {}) {
   const int64_t E = c.num_experts;
   std::normal_distribution<float> dist(0.0f, 1.5f);
-  std::vector<float> logits(T * E);
+  std::uniform_int_distribution<int> grid(-256, 256);
+  auto draw = [&] { return block_shape(c) ? static_cast<float>(grid(rng)) / 64.0f : dist(rng); };
+  std::vector<float> logits(T * E), biased(E);
+  auto robust = [&](const float* row) {
+    for (int64_t e = 0; e < E; ++e)
+      biased[e] = row[e] + (logit_bias.empty() ? 0.0f : logit_bias[e]);
+    return decisions_are_robust(biased.data(), bias.empty() ? nullptr : bias.data(), c);
+  };
   int64_t redraws = 0;
   for (int64_t t = 0; t < T; ++t) {
     float* row = logits.data() + t * E;
     do {
-      for (int64_t e = 0; e < E; ++e) row[e] = dist(rng);
-    } while (!decisions_are_robust(row, bias.empty() ? nullptr : bias.data(), c) &&
-             ++redraws < 100 + T);
+      for (int64_t e = 0; e < E; ++e) row[e] = draw();
+    } while (!robust(row) && ++redraws < 100 + T);
   }
   EXPECT_LT(redraws, 100 + T) << c.name << ": too many tokens with fragile decisions";
   return logits;
@@ -367,12 +509,13 @@ void router_random(const RouterCase& c, int64_t T, bool in_graph = false) {
   std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(T * 7919 + c.num_experts * 31 + c.top_k));
   for (int round = 0; round < 2; ++round) {  // two biases per case
     const std::vector<float> bias = random_bias(c, rng);
-    expect_matches_reference(random_logits(T, c, bias, rng), bias, T, c, in_graph);
+    expect_matches_reference(random_logits(T, c, bias, rng), bias, T, c, {.in_graph = in_graph});
   }
 }
 
 // A Zipf-shaped logit bias (-A ln(rank + 1) over shuffled ranks, as synthetic models use it)
-// on random logits, with and without a selection bias and groups.
+// on random logits, with and without a selection bias and groups. Block-router shapes round it
+// to the logits' grid of 1/64.
 void router_logit_bias(const RouterCase& c, int64_t T) {
   std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(T * 104729 + c.num_experts));
   std::vector<int64_t> rank(c.num_experts);
@@ -381,10 +524,11 @@ void router_logit_bias(const RouterCase& c, int64_t T) {
   std::vector<float> logit_bias(c.num_experts);
   for (int64_t e = 0; e < c.num_experts; ++e) {
     logit_bias[e] = static_cast<float>(-1.2 * std::log(static_cast<double>(rank[e] + 1)));
+    if (block_shape(c)) logit_bias[e] = std::round(logit_bias[e] * 64.0f) / 64.0f;
   }
   const std::vector<float> bias = random_bias(c, rng);
-  expect_matches_reference(random_logits(T, c, bias, rng), bias, T, c, /*in_graph=*/false,
-                           logit_bias);
+  expect_matches_reference(random_logits(T, c, bias, rng, logit_bias), bias, T, c,
+                           {.logit_bias = logit_bias});
 }
 
 // A graph bucket of T rows of which the first num_valid are tokens: those route as the
@@ -393,7 +537,8 @@ void router_logit_bias(const RouterCase& c, int64_t T) {
 void router_padding(const RouterCase& c, int64_t T, int64_t num_valid, bool in_graph) {
   std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(T * 613 + num_valid + c.num_experts));
   const std::vector<float> bias = random_bias(c, rng);
-  expect_matches_reference(random_logits(T, c, bias, rng), bias, T, c, in_graph, {}, num_valid);
+  expect_matches_reference(random_logits(T, c, bias, rng), bias, T, c,
+                           {.in_graph = in_graph, .num_valid = num_valid});
 }
 
 // Constructed tokens full of exact ties, under three biases: zero, a bias that repeats with
@@ -473,6 +618,27 @@ void router_infinite_bias() {
   expect_matches_reference(logits, bias, 1, c);
 }
 
+// The same on the block router: one kept group of 41 (group 1, logits 3) of E = 1025 in 25
+// groups, experts 45 and 50 at -inf, K = 41: the 39 finite picks by id, then experts 0 and 1 of
+// dropped group 0.
+void router_block_infinite_bias() {
+  const RouterCase c{
+      "E1025_G25_Max_K41_Keep1", 1025, 41, SF::kSigmoid, GS::kMax, 25, 1, true, true, 1.0f};
+  ASSERT_TRUE(block_shape(c));
+  std::vector<float> logits(1025, 0.0f), bias(1025, 0.0f);
+  for (int e = 41; e < 82; ++e) logits[e] = 3.0f;
+  bias[45] = bias[50] = -INFINITY;
+  std::vector<int32_t> expected;
+  for (int32_t e = 41; e < 82; ++e)
+    if (e != 45 && e != 50) expected.push_back(e);
+  expected.push_back(0);
+  expected.push_back(1);
+  moe::Routing want;
+  moe::route(logits.data(), 1, options_of(c, bias.data()), &want);
+  EXPECT_EQ(want.topk_ids, expected);
+  expect_matches_reference(logits, bias, 1, c);
+}
+
 [[maybe_unused]] const bool kRegistered = [] {
   if (!cuda_device_present("router")) return false;
   auto reg = [](const std::string& name, std::function<void()> body) {
@@ -501,6 +667,36 @@ void router_infinite_bias() {
   reg("Ties_DeepSeekV3", [] { router_ties(kDeepSeekV3); });
   for (const RouterCase& c : kShapes) reg(std::string("Ties_") + c.name, [&c] { router_ties(c); });
   reg("InfiniteBiasOrdersByIdLikeTheReference", [] { router_infinite_bias(); });
+
+  // The block router (shapes past the one-warp router).
+  auto block = [](const std::string& name, std::function<void()> body) {
+    register_kernel_test("CudaRouterBlock", name, std::move(body), __FILE__, __LINE__);
+  };
+  for (const RouterCase& c : kBlockShapes)
+    block(std::string(c.name) + "_T99", [&c] { router_random(c, 99); });
+  for (const RouterCase& c : kUncachedShapes)
+    block(std::string(c.name) + "_T19", [&c] { router_random(c, 19); });
+  const RouterCase& v3_like = block_case("E1500_G12_Top2Sum_K33");
+  const RouterCase& plain_k40 = block_case("E1500_K40_Sigmoid");
+  const RouterCase& k_equals_e = block_case("E48_K48_Softmax");
+  block("E1500_G12_Top2Sum_K33_T1", [&v3_like] { router_random(v3_like, 1); });
+  block("E1500_G12_Top2Sum_K33_T989", [&v3_like] { router_random(v3_like, 989); });
+  block("E1500_G12_Top2Sum_K33_CapturedInGraph_T99",
+        [&v3_like] { router_random(v3_like, 99, true); });
+  block("Padding_E1500_K40_T64_Valid37_InGraph",
+        [&plain_k40] { router_padding(plain_k40, 64, 37, true); });
+  block("Padding_E1500_G12_Top2Sum_K33_T8_Valid3",
+        [&v3_like] { router_padding(v3_like, 8, 3, false); });
+  block("Padding_E48_K48_T5_Valid5", [&k_equals_e] { router_padding(k_equals_e, 5, 5, false); });
+  block("Padding_E12000_G8_Top2Sum_K36_T6_Valid2",
+        [] { router_padding(block_case("E12000_G8_Top2Sum_K36"), 6, 2, false); });
+  block("LogitBias_E4099_K64_Softmax_T33",
+        [] { router_logit_bias(block_case("E4099_K64_Softmax"), 33); });
+  block("LogitBias_E1500_G12_Top2Sum_K33_T33", [&v3_like] { router_logit_bias(v3_like, 33); });
+  for (const char* name : {"E1025_K33_Sigmoid", "E1500_G12_Top2Sum_K33", "E1500_G750_Top2Sum_K40",
+                           "E64_G8_Max_K40_ExactPool", "E48_K48_Softmax", "E48_G6_Top2Sum_K48"})
+    block(std::string("Ties_") + name, [name] { router_ties(block_case(name)); });
+  block("InfiniteBiasOrdersByIdLikeTheReference", [] { router_block_infinite_bias(); });
   return true;
 }();
 

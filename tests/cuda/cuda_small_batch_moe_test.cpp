@@ -130,8 +130,15 @@ TEST(CudaSmallMoeChecks, LauncherNamesTheBadValue) {
         p.route.top_k = 9;
       },
       "K = 9");
-  expect_refused([&](SmallMoeParams& p) { p.route.num_experts = 1025; }, "num_experts = 1025");
-  expect_refused([&](SmallMoeParams& p) { p.route.top_k = 33; }, "top_k = 33");
+  // Past the one-warp router's range: the router takes it, this path does not.
+  expect_refused([&](SmallMoeParams& p) { p.route.num_experts = 1025; }, "E = 1025");
+  expect_refused(
+      [&](SmallMoeParams& p) {
+        p.route.num_experts = 40;
+        p.route.top_k = 33;
+      },
+      "K = 33");
+  expect_refused([&](SmallMoeParams& p) { p.route.top_k = 9; }, "top_k = 9");
   expect_refused([&](SmallMoeParams& p) { p.hidden_size = 2080; }, "hidden_size = 2080");
   expect_refused([&](SmallMoeParams& p) { p.expert_width = 764; }, "expert_width = 764");
   expect_refused(

@@ -2,7 +2,10 @@
 // moe/stages.h: fresh random inputs every run (the seed is printed on failure; MOE_TEST_SEED
 // replays one), every output poisoned with 0xFF bytes first (NaN for float and bf16, -1 for
 // int32) so an unwritten element fails, awkward sizes (T in 1, 19, 99, 989, 4096; E in 8, 60,
-// 128, 256; K in 1, 2, 8), router ties, and empty experts.
+// 128, 256; K in 1, 2, 8), router ties, and empty experts. Past the kernels' fast paths: the
+// plan at E from kPlanMaxSharedExperts (the shared-memory plan's largest) to a million (its
+// histograms in the workspace, fewer blocks past the workspace cap), permute and unpermute at K
+// in 33, 64, 100, and the four stages chained at E = 9000, K = 40 (the block router included).
 //
 // Tolerances:
 // - ids and plans (counts, offsets, src_row, inverse) and permuted rows: exact.
@@ -71,12 +74,13 @@ TEST(CudaLauncherChecks, RouterRefusesBadSizes) {
                  .topk_ids = &ids,
                  .topk_weights = &weights,
                  .num_tokens = 1,
-                 .num_experts = 1025,
+                 .num_experts = kMaxExperts + 1,
                  .top_k = 8};
-  expect_error_naming([&] { fused_router(p, nullptr); }, "num_experts = 1025");
+  expect_error_naming([&] { fused_router(p, nullptr); },
+                      "num_experts = " + std::to_string(kMaxExperts + 1));
   p.num_experts = 64;
-  p.top_k = 33;
-  expect_error_naming([&] { fused_router(p, nullptr); }, "top_k = 33");
+  p.top_k = 65;
+  expect_error_naming([&] { fused_router(p, nullptr); }, "top_k = 65");
   p.num_experts = 4;
   p.top_k = 8;
   expect_error_naming([&] { fused_router(p, nullptr); }, "top_k = 8");
@@ -97,8 +101,15 @@ TEST(CudaLauncherChecks, PlanRefusesBadSizes) {
                .num_assignments = 4,
                .num_experts = 0};
   expect_error_naming([&] { moe_plan(p, nullptr); }, "num_experts = 0");
-  p.num_experts = kPlanMaxExperts + 1;
-  expect_error_naming([&] { moe_plan(p, nullptr); }, "num_experts = 8193");
+  p.num_experts = kMaxExperts + 1;
+  expect_error_naming([&] { moe_plan(p, nullptr); },
+                      "num_experts = " + std::to_string(kMaxExperts + 1));
+  // Past the shared-memory plan every size needs the workspace: one row of E per block.
+  p.num_experts = kPlanMaxSharedExperts + 1;
+  EXPECT_EQ(plan_workspace_size(4, p.num_experts), p.num_experts);
+  EXPECT_EQ(plan_workspace_size(0, p.num_experts), p.num_experts);
+  EXPECT_EQ(plan_workspace_size(4, kPlanMaxSharedExperts), 0);
+  expect_error_naming([&] { moe_plan(p, nullptr); }, "workspace is null");
   p.num_experts = 8;
   p.num_assignments = -1;
   expect_error_naming([&] { moe_plan(p, nullptr); }, "num_assignments = -1");
@@ -111,6 +122,25 @@ TEST(CudaLauncherChecks, PlanRefusesBadSizes) {
   EXPECT_GT(plan_workspace_size(p.num_assignments, p.num_experts), 0);
   EXPECT_EQ(plan_workspace_size(kPlanSingleBlockMax, p.num_experts), 0);
   expect_error_naming([&] { moe_plan(p, nullptr); }, "workspace is null");
+}
+
+// The decoder sizes the plan's workspace once, for its largest step: the size must never shrink
+// as the count grows (the block counts themselves do not grow monotonically: 150000
+// assignments take 127 blocks, 131072 take 128). Shared-memory and large-E plans, the latter
+// below and at its workspace cap.
+TEST(CudaLauncherChecks, PlanWorkspaceServesEverySmallerStep) {
+  for (const int64_t E : {int64_t{8}, int64_t{256}, kPlanMaxSharedExperts,
+                          kPlanMaxSharedExperts + 1, int64_t{70000}, int64_t{1000000}}) {
+    int64_t previous = 0;
+    for (int64_t n = 0; n <= 400000; ++n) {
+      const int64_t size = plan_workspace_size(n, E);
+      ASSERT_GE(size, previous) << "E = " << E << ", " << n << " assignments";
+      previous = size;
+    }
+    EXPECT_GT(previous, 0) << "E = " << E;
+  }
+  // At least one row per block the plan runs: 128 blocks at 131072 (chunks of 1024).
+  EXPECT_GE(plan_workspace_size(150000, 8), 128 * 8);
 }
 
 TEST(CudaLauncherChecks, RowKernelsRefuseBadShapes) {
@@ -131,9 +161,9 @@ TEST(CudaLauncherChecks, RowKernelsRefuseBadShapes) {
                                    .inverse = index,
                                    .out = wide,
                                    .num_tokens = 1,
-                                   .top_k = 33,
+                                   .top_k = 0,
                                    .hidden_size = 8};
-  expect_error_naming([&] { unpermute(unpermute_params, nullptr); }, "top_k = 33");
+  expect_error_naming([&] { unpermute(unpermute_params, nullptr); }, "top_k = 0");
   unpermute_params.top_k = 2;
   unpermute_params.inverse = nullptr;
   expect_error_naming([&] { unpermute(unpermute_params, nullptr); }, "inverse is null");
@@ -302,9 +332,11 @@ std::vector<int32_t> random_ids(int64_t T, int64_t E, int64_t K, int pattern, st
   std::geometric_distribution<int32_t> skewed(0.3);
   for (int64_t t = 0; t < T; ++t) {
     switch (pattern) {
-      case 0:
-        std::shuffle(pool.begin(), pool.end(), rng);
-        for (int64_t k = 0; k < K; ++k) ids[t * K + k] = pool[k];
+      case 0:  // K distinct: the first K steps of a Fisher-Yates shuffle (E may be a million)
+        for (int64_t k = 0; k < K; ++k) {
+          std::swap(pool[k], pool[k + static_cast<int64_t>(rng() % (E - k))]);
+          ids[t * K + k] = pool[k];
+        }
         break;
       case 1:
         for (int64_t k = 0; k < K; ++k) ids[t * K + k] = std::min<int32_t>(skewed(rng), E - 1);
@@ -391,6 +423,24 @@ void plan_random(int64_t T) {
   }
 }
 
+// Past the shared-memory plan: its largest E (one warp's histogram), one more, a few thousand
+// more, many more experts than assignments (most of them empty), and at T = 4096 a million,
+// where the workspace cap leaves 16 blocks of 16384 assignments.
+void plan_large(int64_t T) {
+  std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(T * 6151));
+  std::vector<int64_t> expert_counts = {kPlanMaxSharedExperts, kPlanMaxSharedExperts + 1, 9000,
+                                        70000};
+  if (T == 4096) expert_counts.push_back(1000000);
+  for (int64_t E : expert_counts)
+    for (int64_t K : {int64_t{1}, int64_t{8}, int64_t{64}})
+      for (int pattern = 0; pattern < 4; ++pattern) {
+        if (E == 1000000 && pattern > 1) continue;  // the one-expert patterns add nothing there
+        SCOPED_TRACE(::testing::Message()
+                     << "T=" << T << " E=" << E << " K=" << K << " pattern=" << pattern);
+        check_plan(random_ids(T, E, K, pattern, rng), T, E, K);
+      }
+}
+
 // Hidden sizes per token count: realistic ones everywhere, tiny and odd multiples of 8 where
 // the host reference stays cheap.
 std::vector<int64_t> hidden_sizes_for(int64_t T) {
@@ -399,113 +449,131 @@ std::vector<int64_t> hidden_sizes_for(int64_t T) {
   return {1024};
 }
 
+void permute_case(int64_t T, int64_t H, int64_t K, int64_t E, std::mt19937& rng) {
+  SCOPED_TRACE(::testing::Message() << "T=" << T << " H=" << H << " K=" << K);
+  const std::vector<int32_t> ids = random_ids(T, E, K, 1, rng);
+  const moe::Routing routing = routing_of(ids, T, K);
+  moe::DispatchPlan plan;
+  moe::plan(routing, E, &plan);
+  const std::vector<uint16_t> hidden = random_bf16(T * H, rng);
+  std::vector<float> want(T * K * H);
+  moe::dispatch(to_float(hidden).data(), H, routing, plan, want.data());
+
+  DeviceBuffer<uint16_t> d_hidden(hidden);
+  DeviceBuffer<int32_t> d_inverse(plan.inverse);
+  DeviceBuffer<uint16_t> d_rows(T * K * H);
+  d_rows.poison();
+  permute(PermuteParams{.hidden = d_hidden.as_bf16(),
+                        .inverse = d_inverse.get(),
+                        .rows = d_rows.as_bf16(),
+                        .num_tokens = T,
+                        .top_k = K,
+                        .hidden_size = H},
+          nullptr);
+  synchronize();
+  const std::vector<float> got = to_float(d_rows.download());
+  size_t mismatches = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    // A copy: bit-exact, and NaN (an unwritten poisoned element) never compares equal.
+    if (!(got[i] == want[i]) && mismatches++ < 5)
+      ADD_FAILURE() << "rows[" << i << "] = " << got[i] << ", want " << want[i];
+  }
+  EXPECT_EQ(mismatches, 0u);
+}
+
 void permute_random(int64_t T) {
   std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(T * 104729));
   for (int64_t H : hidden_sizes_for(T))
-    for (int64_t K : kTopKs) {
-      const int64_t E = 60;
-      SCOPED_TRACE(::testing::Message() << "T=" << T << " H=" << H << " K=" << K);
-      const std::vector<int32_t> ids = random_ids(T, E, K, 1, rng);
-      const moe::Routing routing = routing_of(ids, T, K);
-      moe::DispatchPlan plan;
-      moe::plan(routing, E, &plan);
-      const std::vector<uint16_t> hidden = random_bf16(T * H, rng);
-      std::vector<float> want(T * K * H);
-      moe::dispatch(to_float(hidden).data(), H, routing, plan, want.data());
+    for (int64_t K : kTopKs) permute_case(T, H, K, 60, rng);
+}
 
-      DeviceBuffer<uint16_t> d_hidden(hidden);
-      DeviceBuffer<int32_t> d_inverse(plan.inverse);
-      DeviceBuffer<uint16_t> d_rows(T * K * H);
-      d_rows.poison();
-      permute(PermuteParams{.hidden = d_hidden.as_bf16(),
+// More picks than the one-warp router gives (K > 32), over E = 128.
+void permute_many_picks(int64_t T) {
+  std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(T * 7727));
+  for (int64_t H : hidden_sizes_for(T))
+    for (int64_t K : {int64_t{33}, int64_t{64}, int64_t{100}}) permute_case(T, H, K, 128, rng);
+}
+
+// variant cycles through the optional inputs: none, shared, residual, both.
+void unpermute_case(int64_t T, int64_t H, int64_t K, int variant, std::mt19937& rng) {
+  std::uniform_real_distribution<float> weight_dist(-1.0f, 1.0f);
+  const bool with_shared = (variant & 1) != 0;
+  const bool with_residual = (variant & 2) != 0;
+  const int64_t E = 128;
+  SCOPED_TRACE(::testing::Message() << "T=" << T << " H=" << H << " K=" << K
+                                    << " shared=" << with_shared << " residual=" << with_residual);
+  moe::Routing routing = routing_of(random_ids(T, E, K, 0, rng), T, K);
+  for (auto& w : routing.topk_weights) w = weight_dist(rng);
+  // Every seventh assignment weighs 0, as the padding rows of a graph bucket do: its row
+  // must not be read, so on the device it holds NaN (the reference sees the clean row).
+  for (size_t i = 3; i < routing.topk_weights.size(); i += 7) routing.topk_weights[i] = 0.0f;
+  moe::DispatchPlan plan;
+  moe::plan(routing, E, &plan);
+  const std::vector<uint16_t> expert_out = random_bf16(T * K * H, rng);
+  std::vector<uint16_t> expert_out_on_device = expert_out;
+  for (size_t i = 3; i < routing.topk_weights.size(); i += 7) {
+    std::fill_n(expert_out_on_device.begin() + plan.inverse[i] * H, H, uint16_t{0xFFFF});
+  }
+  const std::vector<uint16_t> shared =
+      with_shared ? random_bf16(T * H, rng, 0.5f) : std::vector<uint16_t>{};
+  const std::vector<float> residual =
+      with_residual ? to_float(random_bf16(T * H, rng, 2.0f)) : std::vector<float>{};
+
+  const std::vector<float> expert_out_f = to_float(expert_out);
+  const std::vector<float> shared_f = to_float(shared);
+  std::vector<float> want(T * H);
+  moe::unpermute(expert_out_f.data(), H, routing, plan, with_shared ? shared_f.data() : nullptr,
+                 want.data());
+  std::vector<float> scale(T * H, 0.0f);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < H; ++h) {
+      float s = with_shared ? std::fabs(shared_f[t * H + h]) : 0.0f;
+      for (int64_t k = 0; k < K; ++k)
+        s += std::fabs(routing.topk_weights[t * K + k] *
+                       expert_out_f[plan.inverse[t * K + k] * H + h]);
+      if (with_residual) {
+        const float r = residual[t * H + h];
+        want[t * H + h] += r;
+        s += std::fabs(r);
+      }
+      scale[t * H + h] = s;
+    }
+
+  DeviceBuffer<uint16_t> d_expert_out(expert_out_on_device);
+  DeviceBuffer<float> d_weights(routing.topk_weights);
+  DeviceBuffer<int32_t> d_inverse(plan.inverse);
+  DeviceBuffer<uint16_t> d_shared(shared);
+  DeviceBuffer<float> d_residual(residual);
+  DeviceBuffer<float> d_out(T * H);
+  d_out.poison();
+  unpermute(UnpermuteParams{.expert_out = d_expert_out.as_bf16(),
+                            .topk_weights = d_weights.get(),
                             .inverse = d_inverse.get(),
-                            .rows = d_rows.as_bf16(),
+                            .shared = with_shared ? d_shared.as_bf16() : nullptr,
+                            .residual = with_residual ? d_residual.get() : nullptr,
+                            .out = d_out.get(),
                             .num_tokens = T,
                             .top_k = K,
                             .hidden_size = H},
-              nullptr);
-      synchronize();
-      const std::vector<float> got = to_float(d_rows.download());
-      size_t mismatches = 0;
-      for (size_t i = 0; i < got.size(); ++i) {
-        // A copy: bit-exact, and NaN (an unwritten poisoned element) never compares equal.
-        if (!(got[i] == want[i]) && mismatches++ < 5)
-          ADD_FAILURE() << "rows[" << i << "] = " << got[i] << ", want " << want[i];
-      }
-      EXPECT_EQ(mismatches, 0u);
-    }
+            nullptr);
+  synchronize();
+  expect_float_close(d_out.download(), want, scale, "out");
 }
 
 void unpermute_random(int64_t T) {
   std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(T * 15485863));
-  std::uniform_real_distribution<float> weight_dist(-1.0f, 1.0f);
   int variant = 0;
   for (int64_t H : hidden_sizes_for(T))
-    for (int64_t K : kTopKs) {
-      // Cycle through the optional inputs: none, shared, residual, both.
-      const bool with_shared = (variant & 1) != 0;
-      const bool with_residual = (variant & 2) != 0;
-      ++variant;
-      const int64_t E = 128;
-      SCOPED_TRACE(::testing::Message() << "T=" << T << " H=" << H << " K=" << K << " shared="
-                                        << with_shared << " residual=" << with_residual);
-      moe::Routing routing = routing_of(random_ids(T, E, K, 0, rng), T, K);
-      for (auto& w : routing.topk_weights) w = weight_dist(rng);
-      // Every seventh assignment weighs 0, as the padding rows of a graph bucket do: its row
-      // must not be read, so on the device it holds NaN (the reference sees the clean row).
-      for (size_t i = 3; i < routing.topk_weights.size(); i += 7) routing.topk_weights[i] = 0.0f;
-      moe::DispatchPlan plan;
-      moe::plan(routing, E, &plan);
-      const std::vector<uint16_t> expert_out = random_bf16(T * K * H, rng);
-      std::vector<uint16_t> expert_out_on_device = expert_out;
-      for (size_t i = 3; i < routing.topk_weights.size(); i += 7) {
-        std::fill_n(expert_out_on_device.begin() + plan.inverse[i] * H, H, uint16_t{0xFFFF});
-      }
-      const std::vector<uint16_t> shared =
-          with_shared ? random_bf16(T * H, rng, 0.5f) : std::vector<uint16_t>{};
-      const std::vector<float> residual =
-          with_residual ? to_float(random_bf16(T * H, rng, 2.0f)) : std::vector<float>{};
+    for (int64_t K : kTopKs) unpermute_case(T, H, K, variant++, rng);
+}
 
-      const std::vector<float> expert_out_f = to_float(expert_out);
-      const std::vector<float> shared_f = to_float(shared);
-      std::vector<float> want(T * H);
-      moe::unpermute(expert_out_f.data(), H, routing, plan, with_shared ? shared_f.data() : nullptr,
-                     want.data());
-      std::vector<float> scale(T * H, 0.0f);
-      for (int64_t t = 0; t < T; ++t)
-        for (int64_t h = 0; h < H; ++h) {
-          float s = with_shared ? std::fabs(shared_f[t * H + h]) : 0.0f;
-          for (int64_t k = 0; k < K; ++k)
-            s += std::fabs(routing.topk_weights[t * K + k] *
-                           expert_out_f[plan.inverse[t * K + k] * H + h]);
-          if (with_residual) {
-            const float r = residual[t * H + h];
-            want[t * H + h] += r;
-            s += std::fabs(r);
-          }
-          scale[t * H + h] = s;
-        }
-
-      DeviceBuffer<uint16_t> d_expert_out(expert_out_on_device);
-      DeviceBuffer<float> d_weights(routing.topk_weights);
-      DeviceBuffer<int32_t> d_inverse(plan.inverse);
-      DeviceBuffer<uint16_t> d_shared(shared);
-      DeviceBuffer<float> d_residual(residual);
-      DeviceBuffer<float> d_out(T * H);
-      d_out.poison();
-      unpermute(UnpermuteParams{.expert_out = d_expert_out.as_bf16(),
-                                .topk_weights = d_weights.get(),
-                                .inverse = d_inverse.get(),
-                                .shared = with_shared ? d_shared.as_bf16() : nullptr,
-                                .residual = with_residual ? d_residual.get() : nullptr,
-                                .out = d_out.get(),
-                                .num_tokens = T,
-                                .top_k = K,
-                                .hidden_size = H},
-                nullptr);
-      synchronize();
-      expect_float_close(d_out.download(), want, scale, "out");
-    }
+// More picks than the one-warp router gives (K > 32, up to 100 of E = 128).
+void unpermute_many_picks(int64_t T) {
+  std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(T * 2654435761u));
+  int variant = 0;
+  for (int64_t H : hidden_sizes_for(T))
+    for (int64_t K : {int64_t{33}, int64_t{64}, int64_t{100}})
+      unpermute_case(T, H, K, variant++, rng);
 }
 
 // Which optional inputs of the fused norm a case gives.
@@ -638,84 +706,93 @@ void rms_norm_in_place() {
 // identity) against the CPU stages chained: ids and plan exact, output within bf16 bounds.
 // in_graph: the chain is captured into a CUDA graph in global capture mode, which fails on any
 // call that would synchronise with the host, then replayed: the stages need no host round trip.
+void pipeline_case(int64_t T, bool in_graph, int64_t E, int64_t K, int64_t H, std::mt19937& rng) {
+  SCOPED_TRACE(::testing::Message() << "T=" << T << " E=" << E << " K=" << K);
+  const std::vector<float> logits = grid_logits(T * E, rng);
+  const std::vector<uint16_t> hidden = random_bf16(T * H, rng);
+  moe::Routing routing;
+  moe::route(logits.data(), T,
+             moe::RouterOptions{.num_experts = E, .top_k = K, .renormalize = true}, &routing);
+  moe::DispatchPlan plan;
+  moe::plan(routing, E, &plan);
+  const std::vector<float> hidden_f = to_float(hidden);
+  std::vector<float> rows(T * K * H), want(T * H);
+  moe::dispatch(hidden_f.data(), H, routing, plan, rows.data());
+  moe::unpermute(rows.data(), H, routing, plan, nullptr, want.data());
+  std::vector<float> scale(T * H);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < H; ++h) scale[t * H + h] = std::fabs(hidden_f[t * H + h]);
+
+  DeviceBuffer<float> d_logits(logits);
+  DeviceBuffer<uint16_t> d_hidden(hidden);
+  DeviceBuffer<int32_t> d_ids(T * K);
+  DeviceBuffer<float> d_weights(T * K);
+  DevicePlan d_plan(T * K, E);
+  DeviceBuffer<uint16_t> d_rows(T * K * H);
+  DeviceBuffer<float> d_out(T * H);
+  d_ids.poison();
+  d_weights.poison();
+  d_plan.poison();
+  d_rows.poison();
+  d_out.poison();
+  cudaStream_t stream;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  if (in_graph) CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  fused_router(RouterParams{.logits = d_logits.get(),
+                            .topk_ids = d_ids.get(),
+                            .topk_weights = d_weights.get(),
+                            .num_tokens = T,
+                            .num_experts = E,
+                            .top_k = K,
+                            .renormalize = true},
+               stream);
+  moe_plan(d_plan.params(d_ids.get()), stream);
+  permute(PermuteParams{.hidden = d_hidden.as_bf16(),
+                        .inverse = d_plan.inverse.get(),
+                        .rows = d_rows.as_bf16(),
+                        .num_tokens = T,
+                        .top_k = K,
+                        .hidden_size = H},
+          stream);
+  unpermute(UnpermuteParams{.expert_out = d_rows.as_bf16(),
+                            .topk_weights = d_weights.get(),
+                            .inverse = d_plan.inverse.get(),
+                            .out = d_out.get(),
+                            .num_tokens = T,
+                            .top_k = K,
+                            .hidden_size = H},
+            stream);
+  if (in_graph) {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    CUDA_CHECK(cudaGraphExecDestroy(exec));
+    CUDA_CHECK(cudaGraphDestroy(graph));
+  }
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  CUDA_CHECK(cudaStreamDestroy(stream));
+  expect_equal_ints(d_ids.download(), routing.topk_ids, "topk_ids");
+  expect_equal_ints(d_plan.counts.download(), plan.expert_counts, "expert_counts");
+  expect_equal_ints(d_plan.offsets.download(), plan.expert_offsets, "expert_offsets");
+  expect_equal_ints(d_plan.src_row.download(), plan.src_row, "src_row");
+  expect_equal_ints(d_plan.inverse.download(), plan.inverse, "inverse");
+  expect_float_close(d_out.download(), want, scale, "out");
+}
+
 void pipeline(int64_t T, bool in_graph) {
   std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(T * 49979687));
-  for (int64_t E : {int64_t{60}, int64_t{128}, int64_t{256}}) {
-    const int64_t K = 8, H = 2048;
-    SCOPED_TRACE(::testing::Message() << "T=" << T << " E=" << E << " K=" << K);
-    const std::vector<float> logits = grid_logits(T * E, rng);
-    const std::vector<uint16_t> hidden = random_bf16(T * H, rng);
-    moe::Routing routing;
-    moe::route(logits.data(), T,
-               moe::RouterOptions{.num_experts = E, .top_k = K, .renormalize = true}, &routing);
-    moe::DispatchPlan plan;
-    moe::plan(routing, E, &plan);
-    const std::vector<float> hidden_f = to_float(hidden);
-    std::vector<float> rows(T * K * H), want(T * H);
-    moe::dispatch(hidden_f.data(), H, routing, plan, rows.data());
-    moe::unpermute(rows.data(), H, routing, plan, nullptr, want.data());
-    std::vector<float> scale(T * H);
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t h = 0; h < H; ++h) scale[t * H + h] = std::fabs(hidden_f[t * H + h]);
+  for (int64_t E : {int64_t{60}, int64_t{128}, int64_t{256}})
+    pipeline_case(T, in_graph, E, 8, 2048, rng);
+}
 
-    DeviceBuffer<float> d_logits(logits);
-    DeviceBuffer<uint16_t> d_hidden(hidden);
-    DeviceBuffer<int32_t> d_ids(T * K);
-    DeviceBuffer<float> d_weights(T * K);
-    DevicePlan d_plan(T * K, E);
-    DeviceBuffer<uint16_t> d_rows(T * K * H);
-    DeviceBuffer<float> d_out(T * H);
-    d_ids.poison();
-    d_weights.poison();
-    d_plan.poison();
-    d_rows.poison();
-    d_out.poison();
-    cudaStream_t stream;
-    CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    if (in_graph) CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    fused_router(RouterParams{.logits = d_logits.get(),
-                              .topk_ids = d_ids.get(),
-                              .topk_weights = d_weights.get(),
-                              .num_tokens = T,
-                              .num_experts = E,
-                              .top_k = K,
-                              .renormalize = true},
-                 stream);
-    moe_plan(d_plan.params(d_ids.get()), stream);
-    permute(PermuteParams{.hidden = d_hidden.as_bf16(),
-                          .inverse = d_plan.inverse.get(),
-                          .rows = d_rows.as_bf16(),
-                          .num_tokens = T,
-                          .top_k = K,
-                          .hidden_size = H},
-            stream);
-    unpermute(UnpermuteParams{.expert_out = d_rows.as_bf16(),
-                              .topk_weights = d_weights.get(),
-                              .inverse = d_plan.inverse.get(),
-                              .out = d_out.get(),
-                              .num_tokens = T,
-                              .top_k = K,
-                              .hidden_size = H},
-              stream);
-    if (in_graph) {
-      cudaGraph_t graph;
-      cudaGraphExec_t exec;
-      CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-      CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-      CUDA_CHECK(cudaGraphLaunch(exec, stream));
-      CUDA_CHECK(cudaStreamSynchronize(stream));
-      CUDA_CHECK(cudaGraphExecDestroy(exec));
-      CUDA_CHECK(cudaGraphDestroy(graph));
-    }
-    CUDA_CHECK(cudaStreamSynchronize(stream));
-    CUDA_CHECK(cudaStreamDestroy(stream));
-    expect_equal_ints(d_ids.download(), routing.topk_ids, "topk_ids");
-    expect_equal_ints(d_plan.counts.download(), plan.expert_counts, "expert_counts");
-    expect_equal_ints(d_plan.offsets.download(), plan.expert_offsets, "expert_offsets");
-    expect_equal_ints(d_plan.src_row.download(), plan.src_row, "src_row");
-    expect_equal_ints(d_plan.inverse.download(), plan.inverse, "inverse");
-    expect_float_close(d_out.download(), want, scale, "out");
-  }
+// Past every fast path at once: the block router (E > 1024, K > 32), the plan's histograms in
+// the workspace (E > kPlanMaxSharedExperts), permute and unpermute at K = 40.
+void pipeline_large(int64_t T, bool in_graph) {
+  std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(T * 1299709));
+  pipeline_case(T, in_graph, 9000, 40, 256, rng);
 }
 
 void register_kernel_test(const char* suite, const std::string& name, std::function<void()> body) {
@@ -744,7 +821,14 @@ void register_kernel_test(const char* suite, const std::string& name, std::funct
     register_kernel_test("CudaUnpermute", "MatchesReference_" + suffix,
                          [T] { unpermute_random(T); });
     register_kernel_test("CudaRmsNorm", "MatchesFloat64_" + suffix, [T] { rms_norm_random(T); });
+    register_kernel_test("CudaPlan", "LargeExperts_" + suffix, [T] { plan_large(T); });
+    if (T <= 989) {
+      register_kernel_test("CudaPermute", "ManyPicks_" + suffix, [T] { permute_many_picks(T); });
+      register_kernel_test("CudaUnpermute", "ManyPicks_" + suffix,
+                           [T] { unpermute_many_picks(T); });
+    }
   }
+  register_kernel_test("CudaPlan", "LargeExperts_T0", [] { plan_large(0); });
   register_kernel_test("CudaRouter", "TiesGoToLowerId", [] { router_ties(); });
   register_kernel_test("CudaRmsNorm", "InPlaceMatchesOutOfPlace", [] { rms_norm_in_place(); });
   for (int64_t T : {int64_t{19}, int64_t{989}}) {
@@ -752,7 +836,11 @@ void register_kernel_test(const char* suite, const std::string& name, std::funct
                          [T] { pipeline(T, false); });
     register_kernel_test("CudaPipeline", "CapturedInGraph_T" + std::to_string(T),
                          [T] { pipeline(T, true); });
+    register_kernel_test("CudaPipeline", "E9000_K40_RouteToUnpermute_T" + std::to_string(T),
+                         [T] { pipeline_large(T, false); });
   }
+  register_kernel_test("CudaPipeline", "E9000_K40_CapturedInGraph_T19",
+                       [] { pipeline_large(19, true); });
   return true;
 }();
 

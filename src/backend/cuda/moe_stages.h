@@ -43,14 +43,14 @@ enum class RouterGroupScore : int32_t {
   kTop2Sum,  // DeepSeek-V3 noaux_tc: the sum of the group's two best expert scores
 };
 
-// Limits of the one-warp-per-token router.
-inline constexpr int64_t kRouterMaxExperts = 1024;  // 32 per lane: the pick mask is 32 bits
-inline constexpr int64_t kRouterMaxTopK = 32;  // lane k keeps the k-th pick
-// The plan keeps one histogram row per warp in shared memory; more experts than this would
-// leave too few warps.
-inline constexpr int64_t kPlanMaxExperts = 8192;
-// Unpermute: no model routes a token to more experts than this.
-inline constexpr int64_t kUnpermuteMaxTopK = 32;
+// Expert ids are int32 and the plan sorts over E + 1 experts (the null expert E takes the
+// padding rows), with block-strided loops over E: 2^30 keeps all of it inside int32. The
+// logits of one token alone would be 4 GiB there, so memory binds first.
+inline constexpr int64_t kMaxExperts = int64_t{1} << 30;
+// The range of the one-warp-per-token router (router_kernel.cuh), the fast path; the block
+// router (router_block_kernel.cuh) takes every other E and K.
+inline constexpr int64_t kRouterWarpMaxExperts = 1024;  // 32 per lane: the pick mask is 32 bits
+inline constexpr int64_t kRouterWarpMaxTopK = 32;       // lane k keeps the k-th pick
 // The RMSNorm kernel keeps a row in registers: at most 1024 threads x 4 vectors of 8.
 inline constexpr int64_t kRmsNormMaxHidden = 32768;
 
@@ -59,8 +59,8 @@ struct RouterParams {
   int32_t* topk_ids = nullptr;    // [T, K]
   float* topk_weights = nullptr;  // [T, K]
   int64_t num_tokens = 0;         // T
-  int64_t num_experts = 0;        // E, 1..256
-  int64_t top_k = 0;              // K, 1..min(16, E)
+  int64_t num_experts = 0;        // E, 1..kMaxExperts
+  int64_t top_k = 0;              // K, 1..E
   RouterScore score = RouterScore::kSoftmax;
   bool renormalize = false;  // divide the K weights by their sum
   float routed_scaling_factor = 1.0f;
@@ -84,8 +84,10 @@ struct RouterParams {
 // groups by group score of `choice` get choice -inf; top-k by choice (ties to the lower expert
 // id); weight = score * ((renormalize ? 1 / (sum of the K picked scores + 1e-20) : 1) *
 // routed_scaling_factor), the sum taken in pick order.
-// The plain case (no selection_bias, no grouping) runs a kernel without the shared-memory group
-// step; anything else runs the general one.
+// E <= kRouterWarpMaxExperts and K <= kRouterWarpMaxTopK: one warp per token, the plain case
+// (no selection_bias, no grouping) in a kernel without the shared-memory group step, anything
+// else in the general one. Past that range: one block per token (router_block_kernel.cuh), the
+// same picks and the same float32 operations per score.
 void fused_router(const RouterParams& params, cudaStream_t stream);
 
 namespace detail {
@@ -106,15 +108,21 @@ struct PlanParams {
 };
 
 // Up to this many assignments the plan is one kernel of one block; above it, a counting
-// kernel writes per-block histograms to the workspace and a second kernel scatters.
+// kernel writes per-block histograms to the workspace and a second kernel scatters. Both keep
+// per-warp histograms in shared memory (96 KB a block), which holds one warp's row, the offsets
+// and the earlier blocks' counts up to E = kPlanMaxSharedExperts; past it the plan keeps its
+// histograms in the workspace instead, whatever the number of assignments, and sorts in five
+// kernels.
 inline constexpr int64_t kPlanSingleBlockMax = 2048;
+inline constexpr int64_t kPlanMaxSharedExperts = 8181;
 
-// int32 elements of scratch moe_plan() needs for this many assignments and experts (0 when
-// the single-block path serves them).
+// int32 elements of scratch moe_plan() needs for up to this many assignments and experts (0
+// when the single-block path serves them): a workspace sized for a step's largest count serves
+// every smaller one.
 int64_t plan_workspace_size(int64_t num_assignments, int64_t num_experts);
 
-// plan: stable counting sort of the assignments by expert id. An expert id out of range traps
-// on the device (the next CUDA call on the stream fails).
+// plan: stable counting sort of the assignments by expert id, E in [1, kMaxExperts]. An expert
+// id out of range traps on the device (the next CUDA call on the stream fails).
 void moe_plan(const PlanParams& params, cudaStream_t stream);
 
 struct PermuteParams {
@@ -139,7 +147,7 @@ struct UnpermuteParams {
   const float* residual = nullptr;      // [T, H] added last, or null
   float* out = nullptr;                 // [T, H]; may alias residual
   int64_t num_tokens = 0;               // T
-  int64_t top_k = 0;                    // K, 1..32
+  int64_t top_k = 0;                    // K >= 1
   int64_t hidden_size = 0;              // H, a multiple of 8
 };
 

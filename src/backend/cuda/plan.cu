@@ -2,6 +2,8 @@
 // block. Above: a counting kernel and a scatter kernel over B blocks of at least kPlanMinChunk
 // assignments each, B <= kPlanMaxBlocks, their histograms in the caller's workspace. Each
 // block gets as many warps as leave its per-warp histogram rows in the shared-memory budget.
+// Past kPlanMaxSharedExperts: the large-E kernels over B blocks (B >= 1, fewer when B * E ints
+// would pass kPlanLargeWorkspaceInts), their histograms in the workspace.
 #include <algorithm>
 
 #include "backend/cuda/cuda_check.h"
@@ -17,6 +19,14 @@ namespace {
 // SM on any sm_80+ part.
 constexpr size_t kPlanSharedBudget = 96 * 1024;
 constexpr size_t kDefaultSharedLimit = 48 * 1024;
+static_assert(plan_shared_bytes(1, kPlanMaxSharedExperts) <= kPlanSharedBudget &&
+                  plan_shared_bytes(1, kPlanMaxSharedExperts + 1) > kPlanSharedBudget,
+              "kPlanMaxSharedExperts is the most experts one warp's histogram leaves room for");
+// The large-E path's workspace: fewer blocks (longer chunks per warp) rather than more than
+// 64 MiB of histograms.
+constexpr int64_t kPlanLargeWorkspaceInts = int64_t{16} << 20;
+
+bool plan_is_large(int64_t num_experts) { return num_experts > kPlanMaxSharedExperts; }
 
 int64_t plan_chunk(int64_t num_assignments) {
   const int64_t per_block = (num_assignments + kPlanMaxBlocks - 1) / kPlanMaxBlocks;
@@ -28,6 +38,21 @@ int64_t plan_blocks(int64_t num_assignments) {
   if (num_assignments <= kPlanSingleBlockMax) return 1;
   const int64_t chunk = plan_chunk(num_assignments);
   return (num_assignments + chunk - 1) / chunk;
+}
+
+// The large-E path's chunk: kPlanMinChunk or more per block, as on the shared path, and at
+// most kPlanLargeWorkspaceInts / E blocks (at least one).
+int64_t plan_large_chunk(int64_t num_assignments, int64_t num_experts) {
+  const int64_t max_blocks =
+      std::clamp<int64_t>(kPlanLargeWorkspaceInts / num_experts, 1, kPlanMaxBlocks);
+  const int64_t per_block = (num_assignments + max_blocks - 1) / max_blocks;
+  const int64_t chunk = std::max(kPlanMinChunk, per_block);
+  return (chunk + device::kWarpSize - 1) / device::kWarpSize * device::kWarpSize;
+}
+
+int64_t plan_large_blocks(int64_t num_assignments, int64_t num_experts) {
+  const int64_t chunk = plan_large_chunk(num_assignments, num_experts);
+  return std::max<int64_t>(1, (num_assignments + chunk - 1) / chunk);
 }
 
 int plan_warps(int64_t num_experts, int64_t chunk) {
@@ -47,19 +72,51 @@ void raise_shared_limit(Kernel kernel, size_t bytes) {
   }
 }
 
+// Every kernel of the large-E path, in order. The per-expert kernels stride over E with at
+// most 1024 blocks.
+void launch_large_plan(const PlanParams& params, cudaStream_t stream) {
+  const int64_t E = params.num_experts, N = params.num_assignments;
+  const int64_t chunk = plan_large_chunk(N, E);
+  const int blocks = static_cast<int>(plan_large_blocks(N, E));
+  const unsigned expert_blocks = static_cast<unsigned>(
+      std::min<int64_t>(1024, (E + kPlanLargeThreads - 1) / kPlanLargeThreads));
+  moe_plan_large_count_kernel<<<blocks, kPlanLargeThreads, 0, stream>>>(params,
+                                                                        static_cast<int>(chunk));
+  MOE_CUDA_CHECK_LAUNCH();
+  moe_plan_large_totals_kernel<<<expert_blocks, kPlanLargeThreads, 0, stream>>>(params, blocks);
+  MOE_CUDA_CHECK_LAUNCH();
+  moe_plan_large_scan_kernel<<<1, kPlanMaxThreads, 0, stream>>>(params);
+  MOE_CUDA_CHECK_LAUNCH();
+  moe_plan_large_cursors_kernel<<<expert_blocks, kPlanLargeThreads, 0, stream>>>(params, blocks);
+  MOE_CUDA_CHECK_LAUNCH();
+  moe_plan_large_scatter_kernel<<<blocks, device::kWarpSize, 0, stream>>>(params,
+                                                                          static_cast<int>(chunk));
+  MOE_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace
 
+// The block counts above are not monotone in the number of assignments (150000 assignments
+// take 127 blocks of 1184, 131072 take 128 of 1024), and a caller sizes the workspace once for
+// its largest step. So the size is a bound for every count up to num_assignments: no path runs
+// more blocks than ceil(n / kPlanMinChunk) (chunks are at least that long) or than its cap.
 int64_t plan_workspace_size(int64_t num_assignments, int64_t num_experts) {
-  const int64_t blocks = plan_blocks(num_assignments);
-  return blocks > 1 ? blocks * num_experts : 0;
+  const int64_t most_blocks = (num_assignments + kPlanMinChunk - 1) / kPlanMinChunk;
+  if (plan_is_large(num_experts)) {
+    const int64_t cap =
+        std::clamp<int64_t>(kPlanLargeWorkspaceInts / num_experts, 1, kPlanMaxBlocks);
+    return std::clamp<int64_t>(most_blocks, 1, cap) * num_experts;
+  }
+  if (num_assignments <= kPlanSingleBlockMax) return 0;
+  return std::min(most_blocks, kPlanMaxBlocks) * num_experts;
 }
 
 void moe_plan(const PlanParams& params, cudaStream_t stream) {
   NvtxRange range("plan");
   const int64_t E = params.num_experts;
   const int64_t N = params.num_assignments;
-  MOE_CHECK(E >= 1 && E <= kPlanMaxExperts, "num_experts = ", E, " must be in [1, ",
-            kPlanMaxExperts, "]");
+  MOE_CHECK(E >= 1 && E <= kMaxExperts, "num_experts = ", E, " must be in [1, ", kMaxExperts,
+            "] (int32 expert ids)");
   detail::check_int32_range(N, "num_assignments");
   detail::check_pointer(params.expert_counts, "expert_counts");
   detail::check_pointer(params.expert_offsets, "expert_offsets");
@@ -67,6 +124,13 @@ void moe_plan(const PlanParams& params, cudaStream_t stream) {
     detail::check_pointer(params.topk_ids, "topk_ids");
     detail::check_pointer(params.src_row, "src_row");
     detail::check_pointer(params.inverse, "inverse");
+  }
+  if (plan_is_large(E)) {
+    MOE_CHECK(params.workspace != nullptr, "workspace is null but ", E,
+              " experts (past the shared-memory plan's ", kPlanMaxSharedExperts,
+              ") need plan_workspace_size() = ", plan_workspace_size(N, E), " ints");
+    launch_large_plan(params, stream);
+    return;
   }
   const int64_t blocks = plan_blocks(N);
   const int64_t chunk = blocks > 1 ? plan_chunk(N) : std::max<int64_t>(N, 1);

@@ -1,12 +1,15 @@
-// Launcher of the fused router (router_kernel.cuh): checks the arguments (the grouping ones as
-// moe::validate() does), picks the plain kernel when there is neither a selection bias nor
-// grouping and the general one otherwise, with the instantiation whose per-lane register array
-// covers E, and launches one warp per token.
+// Launcher of the fused router: checks the arguments (the grouping ones as moe::validate()
+// does). Within the one-warp router's range (router_kernel.cuh) it picks the plain kernel when
+// there is neither a selection bias nor grouping and the general one otherwise, with the
+// instantiation whose per-lane register array covers E, and launches one warp per token; past
+// it, the block router (router_block_kernel.cuh), one block per token, with the group scores and
+// choices in shared memory as far as they fit.
 #include <cmath>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/launch_checks.h"
 #include "backend/cuda/moe_stages.h"
+#include "backend/cuda/router_block_kernel.cuh"
 #include "backend/cuda/router_kernel.cuh"
 
 namespace moeinfer::cuda {
@@ -21,6 +24,27 @@ static void launch_router(const RouterParams& params, bool plain, cudaStream_t s
     fused_router_general_kernel<kPerLane>
         <<<static_cast<unsigned>(blocks), threads, 0, stream>>>(params);
   }
+  MOE_CUDA_CHECK_LAUNCH();
+}
+
+// One block per token. The group scores are cached first (every group-kept test reads them),
+// then the choices if they fit beside them.
+static void launch_router_block(const RouterParams& params, cudaStream_t stream) {
+  const int64_t G = params.group_score == RouterGroupScore::kNone ? 0 : params.num_groups;
+  RouterBlockCache cache;
+  int64_t bytes = 0;
+  if (G > 0 && G * static_cast<int64_t>(sizeof(float)) <= kRouterBlockCacheBytes) {
+    cache.group_scores = true;
+    bytes += G * static_cast<int64_t>(sizeof(float));
+  }
+  const int64_t choice_bytes = params.num_experts * static_cast<int64_t>(sizeof(float));
+  if (bytes + choice_bytes <= kRouterBlockCacheBytes) {
+    cache.choices = true;
+    bytes += choice_bytes;
+  }
+  fused_router_block_kernel<kRouterBlockThreads>
+      <<<static_cast<unsigned>(params.num_tokens), kRouterBlockThreads, static_cast<size_t>(bytes),
+         stream>>>(params, cache);
   MOE_CUDA_CHECK_LAUNCH();
 }
 
@@ -50,10 +74,9 @@ namespace detail {
 void check_router_params(const RouterParams& params) {
   const int64_t E = params.num_experts;
   const int64_t K = params.top_k;
-  MOE_CHECK(E >= 1 && E <= kRouterMaxExperts, "num_experts = ", E, " must be in [1, ",
-            kRouterMaxExperts, "]");
-  MOE_CHECK(K >= 1 && K <= kRouterMaxTopK && K <= E, "top_k = ", K, " must be in [1, min(",
-            kRouterMaxTopK, ", num_experts = ", E, ")]");
+  MOE_CHECK(E >= 1 && E <= kMaxExperts, "num_experts = ", E, " must be in [1, ", kMaxExperts,
+            "] (int32 expert ids)");
+  MOE_CHECK(K >= 1 && K <= E, "top_k = ", K, " must be in [1, num_experts = ", E, "]");
   MOE_CHECK(params.num_tokens >= 0 && params.num_tokens <= (int64_t{1} << 31) - 1,
             "num_tokens = ", params.num_tokens, " is outside [0, 2^31)");
   MOE_CHECK(params.score == RouterScore::kSoftmax || params.score == RouterScore::kSigmoid,
@@ -73,6 +96,10 @@ void fused_router(const RouterParams& params, cudaStream_t stream) {
   detail::check_pointer(params.logits, "logits");
   detail::check_pointer(params.topk_ids, "topk_ids");
   detail::check_pointer(params.topk_weights, "topk_weights");
+  if (E > kRouterWarpMaxExperts || params.top_k > kRouterWarpMaxTopK) {
+    launch_router_block(params, stream);
+    return;
+  }
   const bool plain =
       params.selection_bias == nullptr && params.group_score == RouterGroupScore::kNone;
   if (E <= 32) {

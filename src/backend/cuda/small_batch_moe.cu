@@ -89,9 +89,10 @@ void launch_route_plan_for(const SmallMoeKernelParams& k, cudaStream_t stream) {
 bool small_moe_supports(int64_t num_tokens, int64_t num_experts, int64_t top_k, int64_t hidden_size,
                         int64_t expert_width, int64_t shared_width) {
   return num_tokens >= 0 && num_tokens <= kSmallMoeMaxTokens && top_k >= 1 &&
-         top_k <= kRouterMaxTopK && num_experts >= top_k && num_experts <= kRouterMaxExperts &&
-         num_tokens * top_k <= kSmallMoeMaxRows && hidden_size > 0 && hidden_size % 64 == 0 &&
-         expert_width > 0 && expert_width % kSmallMoeGateUpColumns == 0 && shared_width >= 0 &&
+         top_k <= kRouterWarpMaxTopK && num_experts >= top_k &&
+         num_experts <= kRouterWarpMaxExperts && num_tokens * top_k <= kSmallMoeMaxRows &&
+         hidden_size > 0 && hidden_size % 64 == 0 && expert_width > 0 &&
+         expert_width % kSmallMoeGateUpColumns == 0 && shared_width >= 0 &&
          shared_width % kSmallMoeGateUpColumns == 0;
 }
 
@@ -125,6 +126,7 @@ SmallMoeKernelParams kernel_params(const SmallMoeParams& params) {
   MOE_CHECK(small_moe_supports(T, E, K, H, I, Is), "the small-batch MoE path does not take T = ", T,
             ", E = ", E, ", K = ", K, ", hidden_size = ", H, ", expert_width = ", I,
             ", shared_width = ", Is, " (T <= ", kSmallMoeMaxTokens, ", T*K <= ", kSmallMoeMaxRows,
+            ", E <= ", kRouterWarpMaxExperts, ", K <= ", kRouterWarpMaxTopK,
             ", hidden_size a multiple of 64, the widths multiples of 8)");
   MOE_CHECK(params.shared_gate == nullptr || Is > 0,
             "shared_gate is set but there is no shared expert (shared_width = 0)");

@@ -41,7 +41,8 @@
 namespace moeinfer::cuda {
 
 // The sizes the small-batch path is built for: its router keeps a token's logits in one warp
-// (E <= 1024, K <= 32, as the fused router) and its plan runs in one block.
+// (E <= 1024, K <= 32, the fused router's one-warp range) and its plan runs in one block. Other
+// shapes take the stage-by-stage path.
 inline constexpr int64_t kSmallMoeMaxTokens = 64;
 inline constexpr int64_t kSmallMoeMaxRows = 512;  // T * K
 
@@ -70,8 +71,8 @@ struct SmallMoeParams {
 };
 
 // Whether the small-batch path takes these sizes: T <= kSmallMoeMaxTokens, T*K <=
-// kSmallMoeMaxRows, E <= kRouterMaxExperts, K <= min(kRouterMaxTopK, E), Hp a multiple of 64,
-// Ip and Is multiples of 8 (Is 0 without a shared expert).
+// kSmallMoeMaxRows, E <= kRouterWarpMaxExperts, K <= min(kRouterWarpMaxTopK, E), Hp a multiple
+// of 64, Ip and Is multiples of 8 (Is 0 without a shared expert).
 bool small_moe_supports(int64_t num_tokens, int64_t num_experts, int64_t top_k, int64_t hidden_size,
                         int64_t expert_width, int64_t shared_width);
 

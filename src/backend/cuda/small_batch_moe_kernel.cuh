@@ -137,8 +137,8 @@ __device__ inline void plan(const SmallMoeKernelParams& k, int num_valid) {
   const int E = k.num_experts, K = k.top_k, T = k.num_tokens;
   const int assignments = T * K;
   const bool shared = k.shared_width > 0 && num_valid > 0;
-  __shared__ int32_t count[kRouterMaxExperts + 1];  // rows per expert, then a row cursor
-  __shared__ int32_t slot_of[kRouterMaxExperts];
+  __shared__ int32_t count[kRouterWarpMaxExperts + 1];  // rows per expert, then a row cursor
+  __shared__ int32_t slot_of[kRouterWarpMaxExperts];
   __shared__ int32_t slot_begin[kSmallMoeMaxRows + 1];
   __shared__ int32_t routed_slots, rows_placed;
   const int tid = threadIdx.x;

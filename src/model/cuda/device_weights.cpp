@@ -389,22 +389,10 @@ PinnedArray<char> allocate_home(size_t bytes) {
   return nullptr;
 }
 
-// Refuses, naming the config field and the limit, the shapes the CUDA kernels cannot take even
-// padded (everything else the CPU runs is padded to what they need at upload).
-void check_supported(const ModelConfig& c) {
-  if (c.num_experts > 0) {
-    MOE_CHECK(c.num_experts <= cuda::kRouterMaxExperts, "num_experts ", c.num_experts,
-              ": the CUDA router (one warp per token) takes up to ", cuda::kRouterMaxExperts);
-    MOE_CHECK(c.num_experts_per_tok <= cuda::kRouterMaxTopK, "num_experts_per_tok ",
-              c.num_experts_per_tok, ": the CUDA router takes up to ", cuda::kRouterMaxTopK);
-  }
-}
-
 // The padded dims and the layout of every matrix (`weights` null: shapes only, synthetic), each
 // bf16 matrix in `terms` terms.
 Layout plan_layout(const ModelConfig& config, const DecoderWeights* weights, bool offload_experts,
                    int64_t terms, DeviceWeights& out) {
-  check_supported(config);
   out.padded_hidden_size = padded_hidden_size(config);
   out.padded_head_dim = padded_head_dim(config);
   out.padded_expert_width = padded_expert_width(config);
