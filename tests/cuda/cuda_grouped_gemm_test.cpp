@@ -3,8 +3,10 @@
 // element fails, and rows past offsets[E] must stay poisoned. Sizes cover decode (T = 1, 3) to
 // prefill (T = 4096 with K = 2), E in 8, 60, 128, routing uniform, zipf-skewed (many empty
 // experts) and all-to-one-expert, H and I multiples of 64 that are not powers of two, every tile
-// forced as well as the automatic choice. Tolerance: the bf16 contract, 1e-2 relative to the
-// output's natural scale (see cuda_test_util.h).
+// forced as well as the automatic choice. Many experts too: E = 4099 at K = 64, and 70000
+// experts of one row each, whose 70000 row tiles pass gridDim.y's 65535 (the slots continue in
+// gridDim.z). Tolerance: the bf16 contract, 1e-2 relative to the output's natural scale (see
+// cuda_test_util.h).
 #include <gtest/gtest.h>
 
 #if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
@@ -55,10 +57,16 @@ TEST(CudaGroupedGemmChecks, RefusesBadShapes) {
   grouped_gemm(GroupedGemmParams{.num_rows = 0, .num_experts = 4, .n = 64, .k = 64}, nullptr);
 }
 
-enum class Routing { kUniform, kZipf, kOneExpert };
+enum class Routing { kUniform, kZipf, kOneExpert, kRoundRobin };
 
-// Per-expert row counts summing to `rows`.
+// Per-expert row counts summing to `rows`; kRoundRobin: as even as they can be (every expert
+// gets a row when rows >= E).
 std::vector<int32_t> make_offsets(int64_t rows, int64_t E, Routing routing, std::mt19937& rng) {
+  if (routing == Routing::kRoundRobin) {
+    std::vector<int32_t> offsets(E + 1, 0);
+    for (int64_t e = 0; e < E; ++e) offsets[e + 1] = offsets[e] + (rows / E + (e < rows % E));
+    return offsets;
+  }
   std::vector<double> weight(E, 1.0);
   if (routing == Routing::kZipf) {
     std::vector<int> order(E);
@@ -323,6 +331,35 @@ void run_experts(int64_t T, int64_t K, int64_t E, int64_t H, int64_t I, bool gat
       }
     }
   }
+  // Many experts: past the one-warp router's 1024 with K = 64 (decode-sized: the 16-row tile),
+  // and one row for each of 70000 experts, 70000 row tiles of the 16-row tile.
+  for (bool gate_up : {true, false}) {
+    const GemmCase c{.T = 40,
+                     .K = 64,
+                     .E = 4099,
+                     .H = 128,
+                     .I = 64,
+                     .routing = Routing::kUniform,
+                     .tile = GemmTile::kAuto,
+                     .spare_rows = 3};
+    register_kernel_test(
+        "CudaGroupedGemm",
+        std::string(gate_up ? "SiluMul" : "Plain") + "_T40_K64_E4099_H128_I64_Uniform_Auto",
+        [c, gate_up] { run_case(c, gate_up); }, __FILE__, __LINE__);
+  }
+  register_kernel_test(
+      "CudaGroupedGemm", "Plain_E70000_OneRowEach_Rows16_SlotsPastGridY",
+      [] {
+        run_case({.T = 70000,
+                  .K = 1,
+                  .E = 70000,
+                  .H = 32,
+                  .I = 64,
+                  .routing = Routing::kRoundRobin,
+                  .tile = GemmTile::kRows16},
+                 false);
+      },
+      __FILE__, __LINE__);
   for (int64_t T : {int64_t{1}, int64_t{19}, int64_t{256}}) {
     register_kernel_test(
         "CudaMoeExperts", "GateUpThenDown_T" + std::to_string(T),

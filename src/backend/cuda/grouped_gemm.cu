@@ -7,6 +7,7 @@
 #include "backend/cuda/grouped_gemm.h"
 #include "backend/cuda/grouped_gemm_kernel.cuh"
 #include "backend/cuda/launch_checks.h"
+#include "backend/cuda/moe_stages.h"
 
 namespace moeinfer::cuda {
 
@@ -41,9 +42,11 @@ void launch(const GroupedGemmParams& p, cudaStream_t stream) {
   (void)attribute_set;
   const int64_t touched = std::min(p.num_experts, p.num_rows);
   const int64_t slots = (p.num_rows + touched * (Cfg::BM - 1)) / Cfg::BM;
-  MOE_CHECK(slots <= 65535, "num_rows = ", p.num_rows, " needs ", slots,
-            " row-tile slots, over the grid's 65535");
-  const dim3 grid(static_cast<unsigned>(p.n / Cfg::BN), static_cast<unsigned>(slots));
+  // gridDim.y and gridDim.z take 65535 each; slots < 2^31 (num_rows is int32) need z <= 32769.
+  const int64_t slots_z = (slots + 65534) / 65535;
+  const int64_t slots_y = (slots + slots_z - 1) / slots_z;
+  const dim3 grid(static_cast<unsigned>(p.n / Cfg::BN), static_cast<unsigned>(slots_y),
+                  static_cast<unsigned>(slots_z));
   if (!p.overlap_previous) {
     grouped_gemm_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
     MOE_CUDA_CHECK_LAUNCH();
@@ -96,8 +99,8 @@ GemmTile grouped_gemm_auto_tile(int64_t num_rows, int64_t num_experts, int64_t n
 
 void grouped_gemm(const GroupedGemmParams& p, cudaStream_t stream) {
   NvtxRange range("experts");
-  MOE_CHECK(p.num_experts >= 1 && p.num_experts <= 65536, "num_experts = ", p.num_experts,
-            " must be in [1, 65536]");
+  MOE_CHECK(p.num_experts >= 1 && p.num_experts <= kMaxExperts, "num_experts = ", p.num_experts,
+            " must be in [1, ", kMaxExperts, "]");
   detail::check_int32_range(p.num_rows, "num_rows");
   MOE_CHECK(p.k > 0 && p.k % gemm::kBK == 0, "k = ", p.k, " must be a positive multiple of ",
             gemm::kBK);

@@ -2,7 +2,8 @@
 // with cp.async multi-stage pipelining. Why it is built this way:
 //
 // - One launch for all experts, no host read. The grid is (N / BN) x (worst-case number of
-//   row tiles), the worst case being sum_e ceil(count_e / BM) <= (M + min(E, M) * (BM - 1)) / BM.
+//   row tiles), the worst case being sum_e ceil(count_e / BM) <= (M + min(E, M) * (BM - 1)) / BM,
+//   those slots over gridDim.y and, past its 65535 (many experts at many rows), gridDim.z.
 //   Each block first scans the E row counts from expert_offsets (device memory) to learn which
 //   (expert, row tile) its y index names; blocks past the last tile exit before loading
 //   anything. blockIdx.x (the column tile) varies fastest, so consecutive blocks stream
@@ -146,8 +147,9 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   // reading anything this grid writes.
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 
-  // Which (expert, row tile) does blockIdx.y name? Scan the per-expert tile counts.
-  const int slot = static_cast<int>(blockIdx.y);
+  // Which (expert, row tile) does the slot (y, then z past 65535 slots) name? Scan the
+  // per-expert tile counts.
+  const int slot = static_cast<int>(blockIdx.z * gridDim.y + blockIdx.y);
   const int num_experts = static_cast<int>(p.num_experts);
   if (threadIdx.x == 0) s_tile[2] = -1;
   int tiles_before = 0;
