@@ -2,7 +2,9 @@
 //   admission  the admission kernel leaves exactly the tables, copy lists and counters that
 //              offload::admit() leaves on the host for the same sequence of demands and
 //              prefetches (random ids, slot counts from 0 to all experts, every policy, every
-//              cold mode: the experts sent to the host and the ids and rows staged for it);
+//              cold mode: the experts sent to the host and the ids and rows staged for it), with
+//              its per-expert lists in shared memory and, past kAdmitMaxSharedExperts, in
+//              device memory (E = 9000);
 //   copy       the copy kernel moves every listed expert from mapped pinned memory into its slot;
 //   decoder    an offloaded decoder gives the logits of the all-resident one bit for bit
 //              (the grouped GEMM reads the same weights through the slot table, in the same
@@ -86,7 +88,7 @@ void admission_matches_host() {
       {.mode = offload::ColdExperts::kGpu},
       {.mode = offload::ColdExperts::kCpu},
       {.mode = offload::ColdExperts::kAuto, .copy_ns = 100, .host_ns = 60, .host_row_ns = 15}};
-  for (const int64_t E : {2, 7, 64, 160}) {
+  for (const int64_t E : {int64_t{2}, int64_t{7}, int64_t{64}, int64_t{160}, int64_t{9000}}) {
     const int64_t L = 3, LE = L * E;
     for (const int64_t S : {int64_t{0}, int64_t{1}, int64_t{3}, E / 2 + 1, 2 * E, LE}) {
       for (const CachePolicy policy : kPolicies) {
@@ -135,6 +137,8 @@ void admission_matches_host() {
           DeviceBuffer<bf16*> d_home_gu(home_gu), d_home_dn(home_dn), d_gu(gu_table),
               d_dn(dn_table);
           DeviceBuffer<int32_t> copy_experts(E), copy_slots(E), copy_count(1);
+          DeviceBuffer<int32_t> lists(offload::cuda::admit_lists_size(E));  // null if none
+          lists.poison();
           constexpr int64_t kMaxIds = 64, kRowElems = 8;
           MappedBuffer<int32_t> host_experts(E), host_count(2), host_ids(kMaxIds);
           MappedBuffer<bf16> host_rows(kMaxIds * kRowElems);
@@ -183,7 +187,8 @@ void admission_matches_host() {
                                                    .rows = host_rows.p,
                                                    .row_elems = kRowElems},
                                           .rows = reinterpret_cast<const bf16*>(d_rows.get()),
-                                          .num_rows = n},
+                                          .num_rows = n,
+                                          .lists = lists.get()},
                                          nullptr);
             // The host: the same clock rule, then admit().
             std::vector<int32_t> rows_of(E, 0);

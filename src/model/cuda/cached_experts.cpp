@@ -1,6 +1,7 @@
 #include "model/cuda/cached_experts.h"
 
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <deque>
@@ -40,8 +41,16 @@ CachedExperts::CachedExperts(const ModelConfig& config, const DeviceWeights& wei
       cold_{.mode = options.cold},
       top_k_(config.num_experts_per_tok) {
   MOE_CHECK(weights.experts_offloaded, "the expert cache needs offloaded expert weights");
-  MOE_CHECK(num_experts_ <= offload::cuda::kAdmitMaxExperts, "num_experts ", num_experts_,
-            ": the expert cache's admission kernel takes up to ", offload::cuda::kAdmitMaxExperts);
+  MOE_CHECK(num_layers_ * num_experts_ <= INT32_MAX, "num_hidden_layers ", num_layers_,
+            " x num_experts ", num_experts_,
+            ": the expert cache numbers the experts of all layers with int32 ids, up to 2^31 - 1");
+  if (cold_.mode != offload::ColdExperts::kGpu) {
+    const int64_t merge_max = offload::cuda::merge_host_rows_max_experts();
+    MOE_CHECK(num_experts_ <= merge_max, "num_experts ", num_experts_,
+              ": --cold-experts cpu|auto merges the host's rows by a bit per expert in shared "
+              "memory, which holds ",
+              merge_max, " on this GPU; use --cold-experts gpu");
+  }
   const int64_t Hp = weights.padded_hidden_size, Ip = weights.padded_expert_width;
   hidden_elems_ = Hp;
   expert_width_ = Ip;
@@ -74,6 +83,10 @@ CachedExperts::CachedExperts(const ModelConfig& config, const DeviceWeights& wei
       list->slots = p.take<int32_t>(E);
       list->count = p.take<int32_t>(1);
     }
+    // The admissions' lists past what shared memory holds; a demand and a prefetch may overlap.
+    const int64_t lists = offload::cuda::admit_lists_size(E);
+    demand_lists_ = lists > 0 ? p.take<int32_t>(lists) : nullptr;
+    prefetch_lists_ = lists > 0 ? p.take<int32_t>(lists) : nullptr;
   };
   Carver sizing(nullptr);
   carve(sizing);
@@ -310,7 +323,8 @@ offload::cuda::AdmitParams CachedExperts::admit_params(int64_t layer, const int3
           .prefetch = prefetch,
           .copies = prefetch ? prefetch_copies_ : demand_copies_,
           .cold = cold_,
-          .host = staging_};
+          .host = staging_,
+          .lists = prefetch ? prefetch_lists_ : demand_lists_};
 }
 
 void CachedExperts::join(cudaStream_t stream) {

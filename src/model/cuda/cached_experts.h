@@ -113,6 +113,8 @@ class CachedExperts {
   int64_t* clock_ = nullptr;
   int64_t* counters_ = nullptr;
   offload::cuda::CopyList demand_copies_, prefetch_copies_;
+  int32_t* demand_lists_ = nullptr;  // [admit_lists_size(E)] or null
+  int32_t* prefetch_lists_ = nullptr;
   std::vector<bf16*> host_home_gate_up_, host_home_down_;  // [L]
   int64_t gate_up_elems_ = 0, down_elems_ = 0;  // an expert's slab of each, all its terms
   int64_t weight_terms_ = 1;

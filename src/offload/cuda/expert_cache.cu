@@ -6,13 +6,13 @@
 // The copy reads host memory through the SMs: four 16-byte loads in flight per thread before
 // their stores, a grid-stride over (expert, vector) pairs of the whole list, so that a few blocks
 // keep PCIe busy while the rest of the GPU computes the layer beside it.
-#include "offload/cuda/expert_cache.h"
-
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 
 #include "backend/cuda/cuda_check.h"
 #include "core/error.h"
+#include "offload/cuda/expert_cache.h"
 
 namespace moeinfer::offload::cuda {
 namespace {
@@ -103,11 +103,16 @@ __device__ void stage_for_host(const AdmitParams& p, int32_t num_host) {
   __threadfence_system();
 }
 
+// kListsInDevice: the misses and rows per expert live in p.lists (past kAdmitMaxSharedExperts);
+// the block's __syncthreads order those accesses as they order shared ones. A template
+// parameter, so the shared instantiation keeps shared-memory loads, stores and atomics.
+template <bool kListsInDevice>
 __global__ void __launch_bounds__(kAdmitThreads)
     admit_experts_kernel(const __grid_constant__ AdmitParams p) {
-  extern __shared__ int32_t s_misses[];  // [E] then the rows using each expert [E]
+  extern __shared__ int32_t s_lists[];  // [2E] unless kListsInDevice
   const int64_t E = p.layout.num_experts;
-  int32_t* rows_of = s_misses + E;
+  int32_t* const s_misses = kListsInDevice ? p.lists : s_lists;  // [E] the misses in order
+  int32_t* const rows_of = s_misses + E;                         // [E] rows using each expert
   __shared__ int32_t s_num_misses, s_to_host, s_num_host;
   __shared__ int64_t s_tick, s_protect;
   for (int64_t e = threadIdx.x; e < E; e += blockDim.x) rows_of[e] = 0;
@@ -219,19 +224,21 @@ __global__ void __launch_bounds__(kAdmitThreads)
 }
 
 __global__ void merge_host_rows_kernel(const __grid_constant__ MergeHostParams p) {
-  extern __shared__ uint8_t s_on_host[];  // [E]
+  extern __shared__ uint32_t s_on_host[];  // [ceil(E / 32)] a bit per expert
   const int32_t num_host = __ldcv(p.host.count);
   if (num_host == 0) return;
-  for (int64_t e = threadIdx.x; e < p.num_experts; e += blockDim.x) s_on_host[e] = 0;
+  const int64_t words = (p.num_experts + 31) / 32;
+  for (int64_t w = threadIdx.x; w < words; w += blockDim.x) s_on_host[w] = 0;
   __syncthreads();
   for (int32_t i = threadIdx.x; i < num_host; i += blockDim.x) {
-    s_on_host[__ldcv(p.host.experts + i) - p.layer * p.num_experts] = 1;
+    const int64_t e = __ldcv(p.host.experts + i) - p.layer * p.num_experts;
+    atomicOr(&s_on_host[e / 32], 1u << (e % 32));
   }
   __syncthreads();
   const int64_t vecs = p.host.row_elems / 8;
   for (int64_t a = blockIdx.x; a < p.num_assignments; a += gridDim.x) {
     const int32_t id = p.topk_ids[a];
-    if (id < 0 || id >= p.num_experts || !s_on_host[id]) continue;
+    if (id < 0 || id >= p.num_experts || ((s_on_host[id / 32] >> (id % 32)) & 1u) == 0) continue;
     const uint4* src = reinterpret_cast<const uint4*>(p.host.out + a * p.host.row_elems);
     uint4* dst = reinterpret_cast<uint4*>(p.expert_out + p.inverse[a] * p.host.row_elems);
     for (int64_t v = threadIdx.x; v < vecs; v += blockDim.x) dst[v] = __ldcv(src + v);
@@ -271,9 +278,20 @@ __global__ void __launch_bounds__(kCopyThreads)
   }
 }
 
+// The most dynamic shared memory a block of this device can opt into.
+size_t max_shared_per_block() {
+  static const size_t bytes = [] {
+    int device = 0, value = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&value, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    return static_cast<size_t>(value);
+  }();
+  return bytes;
+}
+
 void check_layout(const ExpertSlotsLayout& l) {
-  MOE_CHECK(l.num_experts >= 1 && l.num_experts <= kAdmitMaxExperts, "num_experts = ",
-            l.num_experts, " must be in [1, ", kAdmitMaxExperts, "]");
+  MOE_CHECK(l.num_experts >= 1 && l.num_experts <= INT32_MAX, "num_experts = ", l.num_experts,
+            " must be in [1, 2^31) (int32 expert ids)");
   MOE_CHECK(l.gate_up_elems > 0 && l.gate_up_elems % 8 == 0 && l.down_elems > 0 &&
                 l.down_elems % 8 == 0,
             "expert matrices of ", l.gate_up_elems, " and ", l.down_elems,
@@ -302,15 +320,27 @@ void admit_experts(const AdmitParams& p, cudaStream_t stream) {
                   p.host.row_elems > 0 && p.host.row_elems % 8 == 0 && p.num_rows >= 0,
               "a demand with cold experts on the host needs the host staging and the rows");
   }
-  const size_t smem = static_cast<size_t>(p.layout.num_experts) * 2 * sizeof(int32_t);
+  // Global ids g = layer * E + e are int32.
+  MOE_CHECK(p.layer >= 0 && (p.layer + 1) * p.layout.num_experts <= INT32_MAX, "layer ", p.layer,
+            " of ", p.layout.num_experts, " experts: the global expert ids pass 2^31");
+  const int64_t E = p.layout.num_experts;
+  MOE_CHECK(admit_lists_size(E) == 0 || p.lists != nullptr, "lists is null but ", E,
+            " experts (past ", kAdmitMaxSharedExperts,
+            " in shared memory) need admit_lists_size() = ", admit_lists_size(E), " ints");
+  if (admit_lists_size(E) > 0) {
+    admit_experts_kernel<true><<<1, kAdmitThreads, 0, stream>>>(p);
+    MOE_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  const size_t smem = static_cast<size_t>(E) * 2 * sizeof(int32_t);
   static const bool sized = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(admit_experts_kernel,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(kAdmitMaxExperts * 2 * sizeof(int32_t))));
+    CUDA_CHECK(cudaFuncSetAttribute(
+        admit_experts_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        static_cast<int>(kAdmitMaxSharedExperts * 2 * sizeof(int32_t))));
     return true;
   }();
   (void)sized;
-  admit_experts_kernel<<<1, kAdmitThreads, smem, stream>>>(p);
+  admit_experts_kernel<false><<<1, kAdmitThreads, smem, stream>>>(p);
   MOE_CUDA_CHECK_LAUNCH();
 }
 
@@ -318,11 +348,27 @@ void merge_host_rows(const MergeHostParams& p, cudaStream_t stream) {
   MOE_CHECK(p.host.experts && p.host.count && p.host.out && p.topk_ids && p.inverse &&
                 p.expert_out && p.host.row_elems > 0 && p.host.row_elems % 8 == 0,
             "merge_host_rows: the staging, ids, inverse and output must be given");
+  MOE_CHECK(p.num_experts >= 1 && p.num_experts <= INT32_MAX, "num_experts = ", p.num_experts,
+            " must be in [1, 2^31)");
   if (p.num_assignments == 0) return;
+  // A bit per expert: 48 KB (the default) holds 393216 experts; more needs an opt-in, up to
+  // what the device has.
+  const size_t smem = static_cast<size_t>((p.num_experts + 31) / 32) * sizeof(uint32_t);
+  if (smem > 48 * 1024) {
+    MOE_CHECK(p.num_experts <= merge_host_rows_max_experts(),
+              "merge_host_rows keeps a bit per expert in shared memory: ", p.num_experts,
+              " experts need ", smem, " bytes, over the ", max_shared_per_block(),
+              " a block of this device can have");
+    CUDA_CHECK(cudaFuncSetAttribute(merge_host_rows_kernel,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(smem)));
+  }
   const int blocks = static_cast<int>(std::min<int64_t>(p.num_assignments, 256));
-  merge_host_rows_kernel<<<blocks, 256, static_cast<size_t>(p.num_experts), stream>>>(p);
+  merge_host_rows_kernel<<<blocks, 256, smem, stream>>>(p);
   MOE_CUDA_CHECK_LAUNCH();
 }
+
+int64_t merge_host_rows_max_experts() { return static_cast<int64_t>(max_shared_per_block()) * 8; }
 
 void copy_experts(const CopyParams& p, cudaStream_t stream) {
   check_layout(p.layout);

@@ -38,8 +38,14 @@ using bf16 = __nv_bfloat16;
 // be computing while a prefetch runs).
 inline constexpr int64_t kClockWords = 2;
 
-// The admission kernel keeps a byte per expert of the layer in shared memory.
-inline constexpr int64_t kAdmitMaxExperts = 8192;
+// The admission kernel keeps two int32 lists of E (the misses, the rows per expert) in shared
+// memory up to this many experts; past it they live in AdmitParams::lists, device memory.
+inline constexpr int64_t kAdmitMaxSharedExperts = 8192;
+
+// int32 elements of AdmitParams::lists for E experts: 0 when shared memory holds them.
+inline int64_t admit_lists_size(int64_t num_experts) {
+  return num_experts > kAdmitMaxSharedExperts ? 2 * num_experts : 0;
+}
 
 struct ExpertSlotsLayout {
   bf16** gate_up_table = nullptr;         // [L*E]
@@ -88,6 +94,9 @@ struct AdmitParams {
   HostStaging host;
   const bf16* rows = nullptr;  // [T, Hp] device, the layer's input
   int64_t num_rows = 0;        // T
+  // [admit_lists_size(E)] device scratch past kAdmitMaxSharedExperts (unused below it).
+  // Admissions that may run at once (a demand and a prefetch on two streams) need one each.
+  int32_t* lists = nullptr;
 };
 
 // One block: marks the experts the ids want, then admit()s them exactly as the host function
@@ -114,6 +123,10 @@ struct MergeHostParams {
   int64_t num_experts = 0;            // E
 };
 void merge_host_rows(const MergeHostParams& params, cudaStream_t stream);
+
+// The most experts merge_host_rows takes on this device: it keeps a bit per expert in shared
+// memory (1.8 million on an H100).
+int64_t merge_host_rows_max_experts();
 
 // Copies every listed expert's weights from its home in host memory into its slot, read over
 // PCIe by the SMs in 16-byte vectors (a copy engine would need the list on the host).
