@@ -35,7 +35,7 @@ row "build" "$((SECONDS - start)) s"
 filter="${MOE_TRUST_FILTER:--CudaSweep.*}"
 start=$SECONDS
 timeout "${MOE_TRUST_TEST_TIMEOUT:-420}" "$BUILD/tests/test_cuda" --gtest_filter="$filter" \
-  --gtest_brief=1 >"$OUT/tests.log" 2>&1
+  >"$OUT/tests.log" 2>&1
 rc=$?
 grep -E "^\[  FAILED  \]|Failure|error" "$OUT/tests.log" | head -40
 row "test_cuda ($filter)" "rc $rc, $(grep -E '^\[  PASSED  \]' "$OUT/tests.log" | tail -1), $(grep -cE '^\[  FAILED  \]' "$OUT/tests.log") failed lines, $((SECONDS - start)) s"
