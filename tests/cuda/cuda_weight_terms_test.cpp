@@ -4,8 +4,9 @@
 // sweep's generator), both are held to the CPU decoder, which computes in float32 from the same
 // checkpoint:
 //   - two terms within the sweep's bound (2e-2) on every model and route, no routing mismatch;
-//   - two terms closer to the CPU than one term, over all models together (the rounding of the
-//     weights is then gone, and what is left is the bf16 rounding of the GEMM inputs);
+//   - two terms closer to the CPU than one term, summed over all models (the rounding of the
+//     weights is then gone; what is left is the bf16 rounding of the GEMM inputs and of the
+//     attention's own operands);
 //   - the same with --deterministic (the fixed-order GEMM's second term);
 // and host-side, the upload's byte count: two terms take twice a bf16 model's matrix bytes.
 #if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
@@ -61,7 +62,9 @@ void float32_models_match_the_cpu(bool deterministic) {
   }
   std::printf("mean worst rel error: two terms %.3e, one term %.3e\n", sum_two / models,
               sum_one / models);
-  EXPECT_LT(sum_two, 0.8 * sum_one);
+  // Weight rounding is about half of a float32 model's distance on the CPU (bench/RESULTS.md,
+  // 2026-12-05); the GPU's own roundings (bf16 KV cache, attention probabilities) add to both.
+  EXPECT_LT(sum_two, sum_one);
 }
 
 [[maybe_unused]] const bool kRegistered = [] {
