@@ -168,8 +168,8 @@ TEST(CudaLauncherChecks, RowKernelsRefuseBadShapes) {
   unpermute_params.inverse = nullptr;
   expect_error_naming([&] { unpermute(unpermute_params, nullptr); }, "inverse is null");
   RmsNormParams norm_params{
-      .x = wide, .weight = in, .out = out, .num_rows = 1, .hidden_size = 40000};
-  expect_error_naming([&] { fused_add_rms_norm(norm_params, nullptr); }, "hidden_size = 40000");
+      .x = wide, .weight = in, .out = out, .num_rows = 1, .hidden_size = 44};
+  expect_error_naming([&] { fused_add_rms_norm(norm_params, nullptr); }, "hidden_size = 44");
   norm_params.hidden_size = 8;
   norm_params.residual = wide + 1;
   expect_error_naming([&] { fused_add_rms_norm(norm_params, nullptr); }, "residual (");
@@ -652,7 +652,7 @@ void rms_norm_case(int64_t T, int64_t H, NormInputs in, std::mt19937& rng) {
 void rms_norm_random(int64_t T) {
   std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(T * 32452843));
   const std::vector<int64_t> sizes =
-      T <= 99 ? std::vector<int64_t>{8, 136, 2048, 7168, 8200, 16384, 32768}
+      T <= 99 ? std::vector<int64_t>{8, 136, 2048, 7168, 8200, 16384, 32768, 32776, 40000, 65536}
               : std::vector<int64_t>{136, 2048, 4096};
   // Cycle through the decoder's uses and the corners: an attention output with its bias joining
   // the stream, a block output without residual_out (the final norm), the first layer's norm of
@@ -672,10 +672,11 @@ void rms_norm_random(int64_t T) {
   for (int64_t H : sizes) rms_norm_case(T, H, variants[variant++ % 8], rng);
 }
 
-// In-place use, as the decoder calls it: residual_out == residual.
-void rms_norm_in_place() {
-  std::mt19937 rng(fresh_seed());
-  const int64_t T = 19, H = 2048;
+// In-place use, as the decoder calls it: residual_out == residual (at H past the register
+// kernel's rows too, where the second pass reads the sum back from residual_out).
+void rms_norm_in_place(int64_t H) {
+  std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(H));
+  const int64_t T = 19;
   const std::vector<float> x = to_float(random_bf16(T * H, rng, 3.0f));
   const std::vector<float> residual = to_float(random_bf16(T * H, rng, 3.0f));
   const std::vector<uint16_t> weight = random_bf16(H, rng, 1.0f);
@@ -830,7 +831,9 @@ void register_kernel_test(const char* suite, const std::string& name, std::funct
   }
   register_kernel_test("CudaPlan", "LargeExperts_T0", [] { plan_large(0); });
   register_kernel_test("CudaRouter", "TiesGoToLowerId", [] { router_ties(); });
-  register_kernel_test("CudaRmsNorm", "InPlaceMatchesOutOfPlace", [] { rms_norm_in_place(); });
+  register_kernel_test("CudaRmsNorm", "InPlaceMatchesOutOfPlace", [] { rms_norm_in_place(2048); });
+  register_kernel_test("CudaRmsNorm", "InPlaceMatchesOutOfPlaceLongRows",
+                       [] { rms_norm_in_place(40000); });
   for (int64_t T : {int64_t{19}, int64_t{989}}) {
     register_kernel_test("CudaPipeline", "RouteToUnpermute_T" + std::to_string(T),
                          [T] { pipeline(T, false); });

@@ -51,7 +51,8 @@ inline constexpr int64_t kMaxExperts = int64_t{1} << 30;
 // router (router_block_kernel.cuh) takes every other E and K.
 inline constexpr int64_t kRouterWarpMaxExperts = 1024;  // 32 per lane: the pick mask is 32 bits
 inline constexpr int64_t kRouterWarpMaxTopK = 32;       // lane k keeps the k-th pick
-// The RMSNorm kernel keeps a row in registers: at most 1024 threads x 4 vectors of 8.
+// The RMSNorm kernel keeps a row in registers up to this (1024 threads x 4 vectors of 8);
+// longer rows are read twice instead.
 inline constexpr int64_t kRmsNormMaxHidden = 32768;
 
 struct RouterParams {
@@ -170,7 +171,7 @@ struct RmsNormParams {
                                     // or null
   bf16* out = nullptr;              // [T, H]
   int64_t num_rows = 0;             // T
-  int64_t hidden_size = 0;          // H, a multiple of 8, at most 32768
+  int64_t hidden_size = 0;          // H, a multiple of 8
   float eps = 1e-6f;
   // Divisor of the mean, in [1, hidden_size]; 0: hidden_size. The sum of squares runs over all
   // hidden_size columns, so columns past mean_width (a hidden state padded to the GEMM tiles)

@@ -1,5 +1,6 @@
 // Launcher of the residual-fused RMSNorm (rms_norm_kernel.cuh): one block per row, sized so
-// that each thread holds at most 1, 2 or 4 groups of 8 floats in registers.
+// that each thread holds at most 1, 2 or 4 groups of 8 floats in registers; longer rows take the
+// two-pass kernel.
 #include <algorithm>
 
 #include "backend/cuda/cuda_check.h"
@@ -25,8 +26,6 @@ void fused_add_rms_norm(const RmsNormParams& args, cudaStream_t stream) {
   NvtxRange range("rms_norm");
   detail::check_int32_range(args.num_rows, "num_rows");
   detail::check_hidden_size(args.hidden_size);
-  MOE_CHECK(args.hidden_size <= kRmsNormMaxHidden, "hidden_size = ", args.hidden_size,
-            " exceeds the RMSNorm kernel's ", kRmsNormMaxHidden);
   MOE_CHECK(args.eps >= 0.0f, "eps = ", args.eps, " must not be negative");
   MOE_CHECK(args.mean_width >= 0 && args.mean_width <= args.hidden_size, "mean_width = ",
             args.mean_width, " must be in [0, hidden_size = ", args.hidden_size, "]");
@@ -48,8 +47,12 @@ void fused_add_rms_norm(const RmsNormParams& args, cudaStream_t stream) {
     launch_rms_norm<1>(params, vecs, stream);
   } else if (vecs <= 2048) {
     launch_rms_norm<2>(params, vecs, stream);
-  } else {
+  } else if (params.hidden_size <= kRmsNormMaxHidden) {
     launch_rms_norm<4>(params, vecs, stream);
+  } else {
+    fused_add_rms_norm_long_kernel<<<static_cast<unsigned>(params.num_rows), 1024, 0, stream>>>(
+        params);
+    MOE_CUDA_CHECK_LAUNCH();
   }
 }
 

@@ -107,4 +107,82 @@ __global__ void __launch_bounds__(1024)
   }
 }
 
+// Rows longer than the register kernel holds (H > kRmsNormMaxHidden): two passes over memory,
+// 1024 threads, thread t taking vectors t, t + 1024, ... in both (the register kernel's mapping
+// and order). The second pass reads s back from residual_out where it was written (which may
+// alias x or residual, so those no longer hold the inputs), else forms it again from the same
+// inputs with the same float32 operations, which gives the same bits.
+__global__ void __launch_bounds__(1024)
+    fused_add_rms_norm_long_kernel(const __grid_constant__ RmsNormParams p) {
+  __shared__ float warp_partials[32];
+  const int64_t row = blockIdx.x;
+  if (row >= p.num_rows) return;
+  const int vecs = static_cast<int>(p.hidden_size / device::kBf16PerVec);
+  const float* x = p.x ? p.x + row * p.hidden_size : nullptr;
+  const float* residual = p.residual ? p.residual + row * p.hidden_size : nullptr;
+  float* residual_out = p.residual_out ? p.residual_out + row * p.hidden_size : nullptr;
+  auto form_sum = [&](int v, float (&s)[8]) {
+    if (x) {
+      device::load_float8(x, v, s);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) s[i] = 0.0f;
+    }
+    if (residual) {
+      float r[8];
+      device::load_float8(residual, v, r);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) s[i] += r[i];
+    }
+    if (p.x_bias) {
+      float b[8];
+      device::bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(p.x_bias) + v), b);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) s[i] += b[i];
+    }
+  };
+
+  float sum_sq = 0.0f;
+  for (int v = threadIdx.x; v < vecs; v += blockDim.x) {
+    float s[8];
+    form_sum(v, s);
+    if (residual_out) device::store_float8(residual_out, v, s);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) sum_sq = fmaf(s[i], s[i], sum_sq);
+  }
+  sum_sq = device::warp_sum(sum_sq);
+  const int lane = threadIdx.x % device::kWarpSize;
+  const int warp = threadIdx.x / device::kWarpSize;
+  const int num_warps = blockDim.x / device::kWarpSize;
+  if (lane == 0) warp_partials[warp] = sum_sq;
+  __syncthreads();
+  if (warp == 0) {
+    float total = lane < num_warps ? warp_partials[lane] : 0.0f;
+    total = device::warp_sum(total);
+    if (lane == 0) warp_partials[0] = total;
+  }
+  __syncthreads();
+  const float inv_rms = 1.0f / sqrtf(warp_partials[0] / static_cast<float>(p.mean_width) + p.eps);
+
+  uint4* out = reinterpret_cast<uint4*>(p.out) + row * vecs;
+  for (int v = threadIdx.x; v < vecs; v += blockDim.x) {
+    float s[8], w[8];
+    if (residual_out) {
+      device::load_float8(residual_out, v, s);
+    } else {
+      form_sum(v, s);
+    }
+    device::bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(p.weight) + v), w);
+    if (p.weight_lo) {
+      float lo[8];
+      device::bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(p.weight_lo) + v), lo);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) w[i] += lo[i];
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s[i] = w[i] * (s[i] * inv_rms);
+    out[v] = device::float_to_bf16x8(s);
+  }
+}
+
 }  // namespace moeinfer::cuda
