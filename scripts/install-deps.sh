@@ -6,6 +6,8 @@ SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -q
+# python3-dev, python3-venv: `pip install .` builds the Python module (nanobind needs Python's
+# headers) into a virtual environment (Debian's own Python refuses pip installs outside one).
 # ocl-icd-opencl-dev: Debian's oneDNN CMake config (dnnl-config.cmake) calls find_package(OpenCL),
 # and configuring stops without it. ca-certificates: pip's HTTPS to the package index.
 # libopenmpi-dev, openmpi-bin: the MPI communicator of expert parallelism (CPU ranks, several
@@ -13,6 +15,7 @@ $SUDO apt-get update -q
 # an expert-parallel test runs its ranks in.
 $SUDO apt-get install -y -q --no-install-recommends \
   build-essential cmake ninja-build pkg-config git ca-certificates python3 python3-pip \
+  python3-dev python3-venv \
   clang libclang-rt-14-dev \
   nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev \
   libopenblas-dev libdnnl-dev ocl-icd-opencl-dev libpcre2-dev libutf8proc-dev \

@@ -16,6 +16,7 @@
 #include "model/model.h"
 #include "profile/profiler.h"
 #include "profile/routing_trace.h"
+#include "runtime/chat_prompt.h"
 #include "runtime/sampler.h"
 
 namespace moeinfer::cli {
@@ -44,11 +45,9 @@ std::vector<int32_t> prompt_ids(const GenerateArgs& args, const std::filesystem:
   messages.push_back({{"role", "user"}, {"content", args.prompt}});
   const std::string text = apply_chat_template(ChatTemplate::parse(*chat.chat_template), messages,
                                                /*add_generation_prompt=*/true, chat);
-  if (auto eos = tokenizer.token_to_id(chat.eos_token); eos && !chat.eos_token.empty()) {
-    stop_ids->insert(*eos);
-  }
-  // The template writes any BOS itself, as transformers' apply_chat_template assumes.
-  return tokenizer.encode(text, /*add_special_tokens=*/false);
+  ChatPrompt prompt = chat_prompt(tokenizer, chat, text);
+  stop_ids->insert(prompt.stop_token_ids.begin(), prompt.stop_token_ids.end());
+  return std::move(prompt.ids);
 }
 
 // Under --ep every rank runs the sequence, so all must feed the same next token (rank 0's) and

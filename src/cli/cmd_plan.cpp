@@ -23,51 +23,17 @@ struct PlanArgs {
   bool json = false;
 };
 
-ModelConfig plan_config(const std::string& model) {
-  if (is_synthetic_model(model)) return synthetic_model_config(model.substr(10));
-  return load_model_config(resolve_model_dir(model) / "config.json");
-}
-
-void run_plan(PlanArgs args) {
-  const ModelConfig config = plan_config(args.model);
-  const std::string dtype = !args.dtype.empty() ? args.dtype : config.fp8 ? "fp8" : "bf16";
-  MOE_CHECK(dtype == "bf16" || dtype == "fp8", "--dtype must be bf16 or fp8, got '", dtype, "'");
-  args.options.weight_dtype = dtype == "fp8" ? WeightDType::kFP8 : WeightDType::kBF16;
-  if (args.kv_dtype == "bf16") {
-    args.options.kv_dtype = KvDType::kBF16;
-  } else if (args.kv_dtype == "fp8") {
-    args.options.kv_dtype = KvDType::kFP8;
-  } else if (args.kv_dtype == "f32") {
-    args.options.kv_dtype = KvDType::kF32;
-  } else {
-    MOE_FAIL("--kv-dtype must be bf16, fp8 or f32, got '", args.kv_dtype, "'");
-  }
-  const CapacityPlan plan = plan_capacity(config, args.options);
-  const PartCounts& w = plan.weight_bytes;
+void run_plan(const PlanArgs& args) {
+  const ModelConfig config = plan_model_config(
+      is_synthetic_model(args.model) ? args.model : resolve_model_dir(args.model).string());
+  const NamedPlan named = plan_capacity_named(config, args.options, args.dtype, args.kv_dtype);
   if (args.json) {
-    nlohmann::ordered_json out = {
-        {"model_type", config.model_type},
-        {"weight_dtype", dtype},
-        {"kv_dtype", args.kv_dtype},
-        {"weight_bytes", {{"total", w.total()}, {"attention", w.attention},
-                          {"routed_experts", w.routed_experts},
-                          {"shared_experts", w.shared_experts}, {"embeddings", w.embeddings},
-                          {"other", w.other}}},
-        {"kv_bytes_per_token", plan.kv_bytes_per_token},
-        {"max_seq_len", plan.max_seq_len},
-        {"layout", layout_name(plan.layout)},
-        {"gpus_used", plan.gpus_used},
-        {"weight_bytes_per_gpu", plan.weight_bytes_per_gpu},
-        {"kv_tokens_fit", plan.kv_tokens_fit},
-        {"full_length_sequences", plan.full_length_sequences},
-        {"gpu_experts_per_layer", plan.gpu_experts_per_layer},
-        {"expert_budget_bytes", plan.expert_budget_bytes},
-        {"expert_budget", plan.expert_budget_flag},
-        {"run_flags", plan.run_flags},
-        {"arithmetic", plan.arithmetic}};
-    std::printf("%s\n", out.dump(2).c_str());
+    std::printf("%s\n", capacity_plan_json(config, named).dump(2).c_str());
     return;
   }
+  const CapacityPlan& plan = named.plan;
+  const PartCounts& w = plan.weight_bytes;
+  const std::string& dtype = named.weight_dtype;
   const double gib = 1024.0 * 1024.0 * 1024.0;
   std::printf("%s, weights in %s, KV in %s\n", config.model_type.c_str(), dtype.c_str(),
               args.kv_dtype.c_str());

@@ -159,13 +159,28 @@ void run_serve(ServeArgs args) {
     args.server.model_name = dir.parent_path().filename().string();
 
   // SIGTERM / SIGINT only set a flag (threads started before this one, such as the compute
-  // pool's, may be the ones the kernel picks); a watcher thread turns it into a shutdown.
+  // pool's, may be the ones the kernel picks); a watcher thread turns it into a shutdown. The
+  // handlers before these come back when serving ends: an embedding process (moeinfer.serve()
+  // in Python) gets its own Ctrl-C handling back.
   struct sigaction action {};
   action.sa_handler = [](int sig) { g_signal.store(sig); };
   sigemptyset(&action.sa_mask);
-  sigaction(SIGTERM, &action, nullptr);
-  sigaction(SIGINT, &action, nullptr);
-  std::signal(SIGPIPE, SIG_IGN);  // a client that hangs up is a failed write, not a crash
+  struct sigaction previous_term {}, previous_int {}, previous_pipe {};
+  sigaction(SIGTERM, &action, &previous_term);
+  sigaction(SIGINT, &action, &previous_int);
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;  // a client that hangs up is a failed write, not a crash
+  sigemptyset(&ignore.sa_mask);
+  sigaction(SIGPIPE, &ignore, &previous_pipe);
+  struct RestoreSignals {
+    const struct sigaction *term, *interrupt, *pipe;
+    ~RestoreSignals() {
+      sigaction(SIGTERM, term, nullptr);
+      sigaction(SIGINT, interrupt, nullptr);
+      sigaction(SIGPIPE, pipe, nullptr);
+      g_signal.store(0);
+    }
+  } restore{&previous_term, &previous_int, &previous_pipe};
 
   parallel::Communicator* ranks = args.device.expert_parallel();  // null without --ep
   MOE_CHECK(!ranks || !synthetic, "--ep ", args.device.ep,

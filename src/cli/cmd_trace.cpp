@@ -3,38 +3,11 @@
 #include <cstdio>
 #include <string>
 
-#include <nlohmann/json.hpp>
-
 #include "cli/commands.h"
 #include "profile/routing_trace.h"
 
 namespace moeinfer::cli {
 namespace {
-
-nlohmann::ordered_json to_json(const RoutingTrace& trace, const std::vector<LayerSummary>& layers) {
-  nlohmann::ordered_json out = {{"num_layers", trace.num_layers},
-                                {"num_experts", trace.num_experts},
-                                {"top_k", trace.top_k},
-                                {"records", trace.records.size()},
-                                {"layers", nlohmann::ordered_json::array()}};
-  for (const LayerSummary& s : layers) {
-    if (s.tokens == 0) continue;
-    nlohmann::ordered_json pairs = nlohmann::ordered_json::array();
-    for (const auto& [a, b, count] : s.top_pairs) pairs.push_back({a, b, count});
-    out["layers"].push_back({{"layer", s.layer},
-                             {"tokens", s.tokens},
-                             {"load", s.load},
-                             {"max_over_mean", s.max_over_mean},
-                             {"unused_experts", s.unused_experts},
-                             {"top_pairs", pairs},
-                             {"mean_reuse_distance", s.mean_reuse_distance},
-                             {"reuse_next_step_fraction",
-                              s.reuse_samples ? static_cast<double>(s.reuse_within_1_step) /
-                                                    static_cast<double>(s.reuse_samples)
-                                              : 0.0}});
-  }
-  return out;
-}
 
 void print_table(const RoutingTrace& trace, const std::vector<LayerSummary>& layers) {
   std::printf("routing trace: %u layers, %u experts, top-%u, %zu records\n", trace.num_layers,
@@ -74,7 +47,7 @@ void add_trace_command(CLI::App& app) {
     const RoutingTrace t = read_routing_trace(*path);
     const auto layers = summarize_routing_trace(t, *num_pairs);
     if (*as_json) {
-      std::printf("%s\n", to_json(t, layers).dump(2).c_str());
+      std::printf("%s\n", routing_trace_summary_json(t, layers).dump(2).c_str());
     } else {
       print_table(t, layers);
     }

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 
 #include "core/error.h"
+#include "model/synthetic.h"
 #include "offload/parse_options.h"
 
 namespace moeinfer {
@@ -182,6 +184,65 @@ CapacityPlan plan_capacity(const ModelConfig& config, const PlanOptions& o) {
   fill_kv(usable - plan.weight_bytes_per_gpu, n);
   plan.run_flags = "--device cuda --expert-budget " + plan.expert_budget_flag;
   return plan;
+}
+
+}  // namespace moeinfer
+
+namespace moeinfer {
+
+ModelConfig plan_model_config(const std::string& model) {
+  if (is_synthetic_model(model)) {
+    return synthetic_model_config(model.substr(std::string("synthetic:").size()));
+  }
+  return load_model_config(std::filesystem::path(model) / "config.json");
+}
+
+NamedPlan plan_capacity_named(const ModelConfig& config, PlanOptions options,
+                              const std::string& dtype, const std::string& kv_dtype) {
+  NamedPlan named{.weight_dtype = !dtype.empty() ? dtype : config.fp8 ? "fp8" : "bf16",
+                  .kv_dtype = kv_dtype};
+  MOE_CHECK(named.weight_dtype == "bf16" || named.weight_dtype == "fp8",
+            "dtype must be bf16 or fp8, got '", named.weight_dtype, "'");
+  options.weight_dtype = named.weight_dtype == "fp8" ? WeightDType::kFP8 : WeightDType::kBF16;
+  if (kv_dtype == "bf16") {
+    options.kv_dtype = KvDType::kBF16;
+  } else if (kv_dtype == "fp8") {
+    options.kv_dtype = KvDType::kFP8;
+  } else if (kv_dtype == "f32") {
+    options.kv_dtype = KvDType::kF32;
+  } else {
+    MOE_FAIL("kv dtype must be bf16, fp8 or f32, got '", kv_dtype, "'");
+  }
+  named.options = options;
+  named.plan = plan_capacity(config, options);
+  return named;
+}
+
+nlohmann::ordered_json capacity_plan_json(const ModelConfig& config, const NamedPlan& named) {
+  const CapacityPlan& plan = named.plan;
+  const PartCounts& w = plan.weight_bytes;
+  return {{"model_type", config.model_type},
+          {"weight_dtype", named.weight_dtype},
+          {"kv_dtype", named.kv_dtype},
+          {"weight_bytes",
+           {{"total", w.total()},
+            {"attention", w.attention},
+            {"routed_experts", w.routed_experts},
+            {"shared_experts", w.shared_experts},
+            {"embeddings", w.embeddings},
+            {"other", w.other}}},
+          {"kv_bytes_per_token", plan.kv_bytes_per_token},
+          {"max_seq_len", plan.max_seq_len},
+          {"layout", layout_name(plan.layout)},
+          {"gpus_used", plan.gpus_used},
+          {"weight_bytes_per_gpu", plan.weight_bytes_per_gpu},
+          {"kv_tokens_fit", plan.kv_tokens_fit},
+          {"full_length_sequences", plan.full_length_sequences},
+          {"gpu_experts_per_layer", plan.gpu_experts_per_layer},
+          {"expert_budget_bytes", plan.expert_budget_bytes},
+          {"expert_budget", plan.expert_budget_flag},
+          {"run_flags", plan.run_flags},
+          {"arithmetic", plan.arithmetic}};
 }
 
 }  // namespace moeinfer

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "io/model_config.h"
 #include "model/model_facts.h"
 
@@ -53,5 +55,20 @@ CapacityPlan plan_capacity(const ModelConfig& config, const PlanOptions& options
 std::string layout_name(Layout layout);
 // Bytes per parameter of each part at a weight dtype (fp8 includes its block scales).
 PartCounts weight_bytes_by_part(const ModelConfig& config, WeightDType dtype);
+
+// `moeinfer plan` and the Python API's moeinfer.plan(), one function each:
+// The config of `model`: a checkpoint folder (its config.json) or synthetic:NAME.
+ModelConfig plan_model_config(const std::string& model);
+// The plan with the dtypes named: dtype "bf16" or "fp8" (empty: the checkpoint's own), kv_dtype
+// "bf16", "fp8" or "f32"; throws naming a bad one.
+struct NamedPlan {
+  PlanOptions options;
+  std::string weight_dtype, kv_dtype;
+  CapacityPlan plan;
+};
+NamedPlan plan_capacity_named(const ModelConfig& config, PlanOptions options,
+                              const std::string& dtype, const std::string& kv_dtype);
+// Every figure of the plan (bytes, tokens, layout, flags, the arithmetic's lines) as JSON.
+nlohmann::ordered_json capacity_plan_json(const ModelConfig& config, const NamedPlan& named);
 
 }  // namespace moeinfer

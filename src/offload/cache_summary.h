@@ -10,6 +10,10 @@
 
 namespace moeinfer::offload {
 
+// The counters' names (by CacheCounter) in /metrics, /dashboard/data and the Python API's stats.
+inline constexpr const char* kCacheCounterNames[kNumCacheCounters] = {
+    "hits", "misses", "unplaced", "prefetched", "prefetch_used", "cpu_experts", "cpu_rows"};
+
 struct CacheSummary {
   int64_t counts[kNumCacheCounters] = {};  // by CacheCounter, over all layers
   int64_t host_to_device_bytes = 0;

@@ -170,4 +170,30 @@ std::map<int64_t, std::vector<int64_t>> expert_load_per_layer(const RoutingTrace
   return loads;
 }
 
+nlohmann::ordered_json routing_trace_summary_json(const RoutingTrace& trace,
+                                                  const std::vector<LayerSummary>& layers) {
+  nlohmann::ordered_json out = {{"num_layers", trace.num_layers},
+                                {"num_experts", trace.num_experts},
+                                {"top_k", trace.top_k},
+                                {"records", trace.records.size()},
+                                {"layers", nlohmann::ordered_json::array()}};
+  for (const LayerSummary& s : layers) {
+    if (s.tokens == 0) continue;
+    nlohmann::ordered_json pairs = nlohmann::ordered_json::array();
+    for (const auto& [a, b, count] : s.top_pairs) pairs.push_back({a, b, count});
+    out["layers"].push_back({{"layer", s.layer},
+                             {"tokens", s.tokens},
+                             {"load", s.load},
+                             {"max_over_mean", s.max_over_mean},
+                             {"unused_experts", s.unused_experts},
+                             {"top_pairs", pairs},
+                             {"mean_reuse_distance", s.mean_reuse_distance},
+                             {"reuse_next_step_fraction",
+                              s.reuse_samples ? static_cast<double>(s.reuse_within_1_step) /
+                                                    static_cast<double>(s.reuse_samples)
+                                              : 0.0}});
+  }
+  return out;
+}
+
 }  // namespace moeinfer

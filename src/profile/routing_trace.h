@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -78,6 +79,12 @@ struct LayerSummary {
 };
 
 std::vector<LayerSummary> summarize_routing_trace(const RoutingTrace& trace, int64_t top_pairs);
+
+// `moeinfer trace summarize --json` and the Python API's summarize_routing_trace: the trace's
+// shape and, per layer with records, tokens, load [E], max/mean, unused experts, the top pairs
+// [[a, b, count]], mean reuse distance and the share of picks reused at the next step.
+nlohmann::ordered_json routing_trace_summary_json(const RoutingTrace& trace,
+                                                  const std::vector<LayerSummary>& layers);
 
 // Assignments per expert [E] of every layer that has records, by layer index: the load that
 // placement plans from (no pair counting, so it stays cheap on long traces).

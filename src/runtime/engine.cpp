@@ -303,6 +303,45 @@ bool Engine::has_started(RequestId id) const {
   });
 }
 
+void Engine::score(std::span<const int32_t> ids, std::span<float> logits) {
+  const int64_t n = static_cast<int64_t>(ids.size());
+  const int64_t V = model_config().vocab_size;
+  MOE_CHECK(n > 0, "score: no token ids given");
+  MOE_CHECK(n <= max_model_len_, "score: ", n, " ids but the context holds ", max_model_len_);
+  MOE_CHECK(static_cast<int64_t>(logits.size()) == n * V, "score: logits hold ", logits.size(),
+            " floats, ", n, " ids need ", n * V);
+  for (int32_t id : ids) {
+    MOE_CHECK(id >= 0 && id < V, "token id ", id, " outside the vocabulary of ", V);
+  }
+  MOE_CHECK(!steps_collectively(), "score: not under expert parallelism (every rank would have "
+            "to run it)");
+  SequenceBlocks seq;
+  MOE_CHECK(blocks_.allocate(seq, n), "score: ", n, " tokens need ", blocks_.blocks_for(n),
+            " KV blocks but ", blocks_.num_free_blocks(), " of ", blocks_.num_blocks(),
+            " are free now");
+  struct Release {
+    BlockManager& blocks;
+    SequenceBlocks& seq;
+    ~Release() { blocks.free(seq); }
+  } release{blocks_, seq};
+  // The profiler is not watching: this is not a step, and nothing of it reaches the stats.
+  const int64_t chunk = config_.max_num_batched_tokens;
+  for (int64_t start = 0; start < n; start += chunk) {
+    const int64_t count = std::min(chunk, n - start);
+    ForwardBatch batch{.sequences = {SequenceBatch{.tokens = ids.subspan(start, count),
+                                                  .position = start,
+                                                  .block_table = seq.table,
+                                                  .want_logits = true}},
+                       .all_positions = true};
+    const std::span<float> rows = logits.subspan(start * V, count * V);
+    if (gpu_) {
+      gpu_->forward(batch, rows);
+    } else {
+      model_->decoder().forward(batch, pool_, rows);
+    }
+  }
+}
+
 bool Engine::steps_collectively() const {
   return model_ && !gpu_ && model_->decoder().expert_parallel() != nullptr;
 }

@@ -157,6 +157,12 @@ class Engine {
   // (steps_collectively()) every step runs one forward, of zero tokens when nothing is
   // scheduled: each MoE layer's dispatch and combine need every rank.
   std::vector<RequestOutput> step();
+  // Logits of every position of `ids` run as one sequence, between steps: logits holds
+  // [n, V] floats, row i the model's scores for the token after ids[0..i]. Its KV blocks come
+  // from the engine's pool for the call and go back after it (nothing enters the prefix cache);
+  // it runs in chunks of at most max_num_batched_tokens. Throws moeinfer::Error for no ids, ids
+  // outside the vocabulary, more ids than max_model_len, or a pool without room for them now.
+  void score(std::span<const int32_t> ids, std::span<float> logits);
   // Whether the decoder's MoE layers are collective over ranks (Decoder::set_expert_parallel),
   // so that every rank's engine must step whenever one does.
   bool steps_collectively() const;

@@ -11,10 +11,9 @@
 namespace moeinfer::server {
 namespace {
 
-// The expert cache's counts (EngineStats::expert_cache) summed over layers, and its names in
-// /metrics and /dashboard/data, in offload::CacheCounter order.
-constexpr const char* kCacheCounterNames[offload::kNumCacheCounters] = {
-    "hits", "misses", "unplaced", "prefetched", "prefetch_used", "cpu_experts", "cpu_rows"};
+// The expert cache's counts (EngineStats::expert_cache) summed over layers, named by
+// offload::kCacheCounterNames, in offload::CacheCounter order.
+using offload::kCacheCounterNames;
 constexpr const char* kCacheCounterHelp[offload::kNumCacheCounters] = {
     "Expert-cache demands found resident.",
     "Expert-cache demands copied into a slot (host to device) before their layer ran.",

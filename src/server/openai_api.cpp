@@ -658,15 +658,14 @@ json chunk_at(const ResponseInfo& info, int64_t index, const std::string& text,
   return out;
 }
 
-// A token's text as valid UTF-8 (a token may hold part of a character).
+}  // namespace
+
 std::string token_text(const Tokenizer& tokenizer, int32_t id) {
   const int32_t ids[1] = {id};
   const std::string raw = tokenizer.decode(ids, /*skip_special_tokens=*/false);
   return json::parse(json(raw).dump(-1, ' ', false, json::error_handler_t::replace))
       .get<std::string>();
 }
-
-}  // namespace
 
 json chunk_json(const ResponseInfo& info, const std::string& text, const json& logprobs,
                 const char* finish_reason, bool first, bool include_usage) {

@@ -113,6 +113,10 @@ struct ResponseInfo {
   std::string model;
 };
 
+// A token's text alone as valid UTF-8 (a token may hold part of a character: U+FFFD stands for
+// the missing bytes), as logprobs' decoded_token shows it.
+std::string token_text(const Tokenizer& tokenizer, int32_t id);
+
 // Log probabilities in the endpoint's format, for the tokens of one output.
 nlohmann::json logprobs_json(Endpoint endpoint, const Tokenizer& tokenizer,
                              const std::vector<TokenLogprob>& logprobs, int64_t text_offset);

@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "core/version.h"
+#include "runtime/chat_prompt.h"
 #include "server/dashboard.h"
 #include "server/http_connection.h"
 
@@ -574,11 +575,10 @@ std::vector<int32_t> Server::prompt_ids(const ApiRequest& request, GenerationPar
                      "invalid_request_error", "messages");
     }
     check_prompt_bytes(text.size(), request.endpoint);
-    // The template writes any BOS itself, as transformers' apply_chat_template assumes.
-    ids = tokenizer.encode(text, /*add_special_tokens=*/false);
-    if (auto eos = tokenizer.token_to_id(chat_.eos_token); eos && !chat_.eos_token.empty()) {
-      params.stop_token_ids.push_back(*eos);
-    }
+    ChatPrompt chat = chat_prompt(tokenizer, chat_, text);
+    ids = std::move(chat.ids);
+    params.stop_token_ids.insert(params.stop_token_ids.end(), chat.stop_token_ids.begin(),
+                                 chat.stop_token_ids.end());
   } else if (request.prompt_is_ids) {
     ids = request.prompt_ids;
   } else {
