@@ -247,7 +247,7 @@ class LLM:
                                  "by chat yet; give a number")
         results = self._engine.chat(
             [json.dumps(c) for c in conversations],
-            [sp._params for sp in chosen],
+            [sp._for_prompt(0, self.max_model_len) for sp in chosen],
             json.dumps(tools),
             json.dumps(tool_choice),
             add_generation_prompt,

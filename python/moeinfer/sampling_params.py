@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Union
 
 from . import _core
@@ -58,10 +58,11 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     logit_bias: Optional[Dict[int, float]] = None
-    _params: "_core.GenerationParams" = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self._params = self._build(self.max_tokens if self.max_tokens is not None else 16)
+        # Checked now, as vLLM checks; built again at each use, so that a field changed after
+        # construction counts (and is checked then).
+        self._build(self.max_tokens if self.max_tokens is not None else 16)
 
     def _build(self, max_tokens: int) -> "_core.GenerationParams":
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -90,5 +91,5 @@ class SamplingParams:
     def _for_prompt(self, num_prompt_tokens: int, max_model_len: int) -> "_core.GenerationParams":
         """The engine's parameters; max_tokens None means the rest of the context (vLLM)."""
         if self.max_tokens is not None:
-            return self._params
+            return self._build(self.max_tokens)
         return self._build(max(1, max_model_len - num_prompt_tokens))

@@ -145,3 +145,15 @@ def test_profile_stats(demo_llm):
     assert (rows.sum(axis=1)[moe_layers] == stats["computed_tokens"] * top_k).all()
     assert stats["stage_seconds"]["experts"] > 0
     assert set(stats["stage_seconds"]) >= {"route", "plan", "dispatch", "experts", "unpermute"}
+
+
+def test_sampling_params_changed_after_construction_count(demo_llm):
+    params = moeinfer.SamplingParams(temperature=0, max_tokens=2)
+    params.max_tokens = 5
+    params.ignore_eos = True
+    (out,) = demo_llm.generate(PROMPTS[0], params)
+    assert len(out.outputs[0].token_ids) == 5
+    params.temperature = -3.0
+    import pytest
+    with pytest.raises(ValueError, match="temperature"):
+        demo_llm.generate(PROMPTS[0], params)

@@ -14,9 +14,9 @@ TEXT = (DEMO / "heldout.txt").read_text()[:1500]
 
 def test_plan_equals_the_command():
     for model in ("synthetic:qwen3-30b-a3b", "synthetic:deepseek-v3", str(DEMO)):
-        ours = moeinfer.plan(model, gpus=2, gpu_mem=24, kv_dtype="fp8")
+        ours = moeinfer.plan(model, gpus=2, gpu_mem=80, kv_dtype="fp8")
         theirs = json.loads(run_module("plan", "--model", model, "--gpus", "2", "--gpu-mem",
-                                       "24", "--kv-dtype", "fp8", "--json").stdout)
+                                       "80", "--kv-dtype", "fp8", "--json").stdout)
         assert ours == theirs
     plan = moeinfer.plan("synthetic:qwen3-30b-a3b", gpu_mem=16)
     assert plan["layout"] and plan["weight_bytes"]["total"] > 16 * 2**30
