@@ -2,14 +2,13 @@
 // module's `python -m moeinfer ARGS` and moeinfer.serve().
 #include "cli/run.h"
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
 #include "cli/usage_error.h"

@@ -70,8 +70,9 @@ GenerationParams make_params(float temperature, float top_p, int64_t top_k, floa
                              int64_t max_tokens, std::vector<std::string> stop,
                              std::vector<int32_t> stop_token_ids, bool ignore_eos,
                              bool include_stop_str_in_output, bool skip_special_tokens,
-                             std::optional<int64_t> logprobs, std::optional<int64_t> prompt_logprobs,
-                             int64_t n, std::vector<std::pair<int32_t, float>> logit_bias) {
+                             std::optional<int64_t> logprobs,
+                             std::optional<int64_t> prompt_logprobs, int64_t n,
+                             std::vector<std::pair<int32_t, float>> logit_bias) {
   GenerationParams p;
   p.sampling = SamplingParams{.temperature = temperature,
                               .top_k = top_k,
@@ -103,8 +104,8 @@ GenerationParams make_params(float temperature, float top_p, int64_t top_k, floa
               p.logprobs);
     MOE_CHECK(p.prompt_logprobs >= -1 && p.prompt_logprobs <= 20,
               "prompt_logprobs must be in [0, 20], got ", p.prompt_logprobs);
-    MOE_CHECK(n >= 1 && n <= kMaxSequencesPerRequest, "n must be in [1, ",
-              kMaxSequencesPerRequest, "], got ", n);
+    MOE_CHECK(n >= 1 && n <= kMaxSequencesPerRequest, "n must be in [1, ", kMaxSequencesPerRequest,
+              "], got ", n);
     for (const std::string& s : p.stop) MOE_CHECK(!s.empty(), "stop strings must not be empty");
   } catch (const Error& e) {
     throw nb::value_error(e.what());
@@ -180,8 +181,8 @@ nb::dict stats_dict(const EngineStats& s) {
     d["estimated_stage_seconds"] = estimated;
     d["timed_steps"] = s.timed_steps;
     std::vector<int64_t> rows = s.expert_rows;
-    d["expert_rows"] = to_numpy(std::move(rows), {static_cast<size_t>(s.num_layers),
-                                                  static_cast<size_t>(s.num_experts)});
+    d["expert_rows"] = to_numpy(
+        std::move(rows), {static_cast<size_t>(s.num_layers), static_cast<size_t>(s.num_experts)});
   }
   if (s.expert_offload()) {
     const size_t L = s.expert_cache_bytes.size();
@@ -298,34 +299,35 @@ NB_MODULE(_core, m) {
       .def_static(
           "load",
           [](const std::string& model, const std::string& device, const std::string& expert_budget,
-             const std::string& expert_cache, const std::string& cold_experts,
-             int64_t max_num_seqs, int64_t max_num_batched_tokens, int64_t max_model_len,
-             int64_t kv_cache_mb, int64_t block_size, double gpu_memory_fraction,
-             const std::string& dtype, bool enforce_eager, bool enable_prefix_caching,
-             bool deterministic, const std::string& generation_config, bool profile_stages,
-             int64_t profile_time_every, const std::string& tool_call_parser) {
+             const std::string& expert_cache, const std::string& cold_experts, int64_t max_num_seqs,
+             int64_t max_num_batched_tokens, int64_t max_model_len, int64_t kv_cache_mb,
+             int64_t block_size, double gpu_memory_fraction, const std::string& dtype,
+             bool enforce_eager, bool enable_prefix_caching, bool deterministic,
+             const std::string& generation_config, bool profile_stages, int64_t profile_time_every,
+             const std::string& tool_call_parser) {
             const EngineConfig config = make_engine_config(
                 device, expert_budget, expert_cache, cold_experts, max_num_seqs,
-                max_num_batched_tokens, max_model_len, kv_cache_mb, block_size,
-                gpu_memory_fraction, dtype, enforce_eager, enable_prefix_caching, deterministic,
-                generation_config, profile_stages, profile_time_every);
+                max_num_batched_tokens, max_model_len, kv_cache_mb, block_size, gpu_memory_fraction,
+                dtype, enforce_eager, enable_prefix_caching, deterministic, generation_config,
+                profile_stages, profile_time_every);
             nb::gil_scoped_release release;
             return Session::load(model, config, tool_call_parser);
           },
           "model"_a, "device"_a, "expert_budget"_a, "expert_cache"_a, "cold_experts"_a,
           "max_num_seqs"_a, "max_num_batched_tokens"_a, "max_model_len"_a, "kv_cache_mb"_a,
           "block_size"_a, "gpu_memory_fraction"_a, "dtype"_a, "enforce_eager"_a,
-          "enable_prefix_caching"_a, "deterministic"_a, "generation_config"_a,
-          "profile_stages"_a, "profile_time_every"_a, "tool_call_parser"_a)
+          "enable_prefix_caching"_a, "deterministic"_a, "generation_config"_a, "profile_stages"_a,
+          "profile_time_every"_a, "tool_call_parser"_a)
       .def_prop_ro("vocab_size",
                    [](const Session& s) { return s.engine().model_config().vocab_size; })
       .def_prop_ro("max_model_len", [](const Session& s) { return s.engine().max_model_len(); })
       .def_prop_ro("model_type",
                    [](const Session& s) { return s.engine().model_config().model_type; })
       .def_prop_ro("device", [](const Session& s) { return s.engine().config().device; })
-      .def_prop_ro("tool_call_parser", [](const Session& s) {
-        return std::string(server::tool_call_format_name(s.tool_format()));
-      })
+      .def_prop_ro("tool_call_parser",
+                   [](const Session& s) {
+                     return std::string(server::tool_call_format_name(s.tool_format()));
+                   })
       .def_prop_ro("has_chat_template", &Session::has_chat_template)
       .def("generation_defaults",
            [](const Session& s) {
@@ -339,88 +341,94 @@ NB_MODULE(_core, m) {
              if (g.max_tokens) d["max_tokens"] = *g.max_tokens;
              return d;
            })
-      .def("encode",
-           [](const Session& s, const std::string& text, bool add_special_tokens) {
-             return s.engine().tokenizer().encode(text, add_special_tokens);
-           },
-           "text"_a, "add_special_tokens"_a)
-      .def("decode",
-           [](const Session& s, const std::vector<int32_t>& ids, bool skip_special_tokens) {
-             const int64_t V = s.engine().tokenizer().vocab_size();
-             for (int32_t id : ids) {
-               MOE_CHECK(id >= 0 && id < V, "token id ", id, " outside the vocabulary of ", V);
-             }
-             return to_str(s.engine().tokenizer().decode(ids, skip_special_tokens));
-           },
-           "ids"_a, "skip_special_tokens"_a)
-      .def("token_text",
-           [](const Session& s, int32_t id) {
-             return to_str(server::token_text(s.engine().tokenizer(), id));
-           },
-           "id"_a)
-      .def("generate",
-           [](Session& s, const std::vector<std::vector<int32_t>>& prompts,
-              const std::vector<GenerationParams>& params) {
-             std::vector<RequestResult> results = run_released(s, prompts, params);
-             nb::list out;
-             for (RequestResult& r : results) out.append(result_dict(r, nb::list()));
-             return out;
-           },
-           "prompts"_a, "params"_a)
-      .def("chat",
-           [](Session& s, const std::vector<std::string>& conversations,
-              const std::vector<GenerationParams>& params, const std::string& tools,
-              const std::string& tool_choice, bool add_generation_prompt,
-              const std::string& template_kwargs) {
-             MOE_CHECK(conversations.size() == params.size(), "chat: ", conversations.size(),
-                       " conversations but ", params.size(), " sampling parameter sets");
-             const Json tools_json = parse_json_arg(tools, "tools");
-             const Json choice_json = parse_json_arg(tool_choice, "tool_choice");
-             const Json kwargs_json = parse_json_arg(template_kwargs, "chat_template_kwargs");
-             std::vector<Session::ChatRequest> requests;
-             std::vector<std::vector<int32_t>> prompts;
-             std::vector<GenerationParams> run_params;
-             for (size_t i = 0; i < conversations.size(); ++i) {
-               requests.push_back(s.prepare_chat(parse_json_arg(conversations[i], "messages"),
-                                                 tools_json, choice_json, add_generation_prompt,
-                                                 kwargs_json, params[i]));
-               prompts.push_back(requests.back().prompt);
-               run_params.push_back(requests.back().params);
-             }
-             std::vector<RequestResult> results = run_released(s, prompts, run_params);
-             server::ToolCallIds ids;
-             nb::module_ json = nb::module_::import_("json");
-             nb::list out;
-             for (size_t i = 0; i < results.size(); ++i) {
-               nb::list calls;
-               if (requests[i].read_tool_calls) {
-                 for (const SequenceResult& seq : results[i].sequences) {
-                   const Json read =
-                       read_tool_calls(s.tool_format(), requests[i].tool_choice, seq.text, ids);
-                   calls.append(json.attr("loads")(read.dump()));
-                 }
-               }
-               out.append(result_dict(results[i], calls));
-             }
-             return out;
-           },
-           "conversations"_a, "params"_a, "tools"_a, "tool_choice"_a, "add_generation_prompt"_a,
-           "chat_template_kwargs"_a)
-      .def("score",
-           [](Session& s, const std::vector<int32_t>& ids) {
-             const size_t n = ids.size();
-             const size_t V = static_cast<size_t>(s.engine().model_config().vocab_size);
-             // The engine writes the logits into the array's own memory: no copy.
-             std::unique_ptr<float[]> data(new float[n * V]);
-             {
-               nb::gil_scoped_release release;
-               s.engine().score(ids, std::span<float>(data.get(), n * V));
-             }
-             float* owned = data.release();
-             nb::capsule owner(owned, [](void* p) noexcept { delete[] static_cast<float*>(p); });
-             return nb::ndarray<nb::numpy, float, nb::ndim<2>>(owned, {n, V}, owner);
-           },
-           "ids"_a)
+      .def(
+          "encode",
+          [](const Session& s, const std::string& text, bool add_special_tokens) {
+            return s.engine().tokenizer().encode(text, add_special_tokens);
+          },
+          "text"_a, "add_special_tokens"_a)
+      .def(
+          "decode",
+          [](const Session& s, const std::vector<int32_t>& ids, bool skip_special_tokens) {
+            const int64_t V = s.engine().tokenizer().vocab_size();
+            for (int32_t id : ids) {
+              MOE_CHECK(id >= 0 && id < V, "token id ", id, " outside the vocabulary of ", V);
+            }
+            return to_str(s.engine().tokenizer().decode(ids, skip_special_tokens));
+          },
+          "ids"_a, "skip_special_tokens"_a)
+      .def(
+          "token_text",
+          [](const Session& s, int32_t id) {
+            return to_str(server::token_text(s.engine().tokenizer(), id));
+          },
+          "id"_a)
+      .def(
+          "generate",
+          [](Session& s, const std::vector<std::vector<int32_t>>& prompts,
+             const std::vector<GenerationParams>& params) {
+            std::vector<RequestResult> results = run_released(s, prompts, params);
+            nb::list out;
+            for (RequestResult& r : results) out.append(result_dict(r, nb::list()));
+            return out;
+          },
+          "prompts"_a, "params"_a)
+      .def(
+          "chat",
+          [](Session& s, const std::vector<std::string>& conversations,
+             const std::vector<GenerationParams>& params, const std::string& tools,
+             const std::string& tool_choice, bool add_generation_prompt,
+             const std::string& template_kwargs) {
+            MOE_CHECK(conversations.size() == params.size(), "chat: ", conversations.size(),
+                      " conversations but ", params.size(), " sampling parameter sets");
+            const Json tools_json = parse_json_arg(tools, "tools");
+            const Json choice_json = parse_json_arg(tool_choice, "tool_choice");
+            const Json kwargs_json = parse_json_arg(template_kwargs, "chat_template_kwargs");
+            std::vector<Session::ChatRequest> requests;
+            std::vector<std::vector<int32_t>> prompts;
+            std::vector<GenerationParams> run_params;
+            for (size_t i = 0; i < conversations.size(); ++i) {
+              requests.push_back(s.prepare_chat(parse_json_arg(conversations[i], "messages"),
+                                                tools_json, choice_json, add_generation_prompt,
+                                                kwargs_json, params[i]));
+              prompts.push_back(requests.back().prompt);
+              run_params.push_back(requests.back().params);
+            }
+            std::vector<RequestResult> results = run_released(s, prompts, run_params);
+            server::ToolCallIds ids;
+            nb::module_ json = nb::module_::import_("json");
+            nb::list out;
+            for (size_t i = 0; i < results.size(); ++i) {
+              nb::list calls;
+              if (requests[i].read_tool_calls) {
+                for (const SequenceResult& seq : results[i].sequences) {
+                  const Json read =
+                      read_tool_calls(s.tool_format(), requests[i].tool_choice, seq.text, ids);
+                  calls.append(json.attr("loads")(read.dump()));
+                }
+              }
+              out.append(result_dict(results[i], calls));
+            }
+            return out;
+          },
+          "conversations"_a, "params"_a, "tools"_a, "tool_choice"_a, "add_generation_prompt"_a,
+          "chat_template_kwargs"_a)
+      .def(
+          "score",
+          [](Session& s, const std::vector<int32_t>& ids) {
+            const size_t n = ids.size();
+            const size_t V = static_cast<size_t>(s.engine().model_config().vocab_size);
+            // The engine writes the logits into the array's own memory: no copy.
+            std::unique_ptr<float[]> data(new float[n * V]);
+            {
+              nb::gil_scoped_release release;
+              s.engine().score(ids, std::span<float>(data.get(), n * V));
+            }
+            float* owned = data.release();
+            nb::capsule owner(owned, [](void* p) noexcept { delete[] static_cast<float*>(p); });
+            return nb::ndarray<nb::numpy, float, nb::ndim<2>>(owned, {n, V}, owner);
+          },
+          "ids"_a)
       .def("stats", [](const Session& s) { return stats_dict(s.engine().stats()); });
 
   m.def(
@@ -446,5 +454,4 @@ NB_MODULE(_core, m) {
       "UsageError with the command's message");
 
   bind_reports(m);
-
 }

@@ -22,7 +22,8 @@ namespace moeinfer::python {
 namespace {
 
 template <typename T>
-nb::ndarray<nb::numpy, T> owned_array(std::vector<T>&& values, std::initializer_list<size_t> shape) {
+nb::ndarray<nb::numpy, T> owned_array(std::vector<T>&& values,
+                                      std::initializer_list<size_t> shape) {
   auto* owned = new std::vector<T>(std::move(values));
   nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
   return nb::ndarray<nb::numpy, T>(owned->data(), shape, owner);
@@ -58,9 +59,9 @@ nb::tuple expert_load(const std::string& model, const std::string& text, int64_t
   for (const ExpertLoadLayer& l : report.layers) {
     counts.insert(counts.end(), l.counts.begin(), l.counts.end());
   }
-  return nb::make_tuple(json.dump(),
-                        owned_array(std::move(counts), {report.layers.size(),
-                                                        static_cast<size_t>(report.num_experts)}));
+  return nb::make_tuple(
+      json.dump(), owned_array(std::move(counts),
+                               {report.layers.size(), static_cast<size_t>(report.num_experts)}));
 }
 
 nb::dict read_trace(const std::string& path) {

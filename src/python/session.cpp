@@ -24,8 +24,7 @@ Session::Session(std::unique_ptr<Engine> engine, ChatConfig chat,
   }
 }
 
-std::unique_ptr<Session> Session::load(const std::filesystem::path& dir,
-                                       const EngineConfig& config,
+std::unique_ptr<Session> Session::load(const std::filesystem::path& dir, const EngineConfig& config,
                                        const std::string& tool_call_parser) {
   MOE_CHECK(std::filesystem::is_directory(dir), "model ", dir.string(),
             ": no such folder (a checkpoint folder holds config.json, *.safetensors and "
@@ -50,9 +49,8 @@ Session::ChatRequest Session::prepare_chat(const nlohmann::ordered_json& message
   const nlohmann::ordered_json normalized = server::normalize_tools(tools);
   ChatRequest request;
   request.tool_choice = server::parse_tool_choice(tool_choice, normalized);
-  const std::string text =
-      apply_chat_template(*template_, messages, add_generation_prompt, chat_,
-                          {.tools = normalized, .variables = template_kwargs});
+  const std::string text = apply_chat_template(*template_, messages, add_generation_prompt, chat_,
+                                               {.tools = normalized, .variables = template_kwargs});
   ChatPrompt prompt = moeinfer::chat_prompt(engine_->tokenizer(), chat_, text);
   request.prompt = std::move(prompt.ids);
   params.stop_token_ids.insert(params.stop_token_ids.end(), prompt.stop_token_ids.begin(),

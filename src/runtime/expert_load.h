@@ -12,10 +12,9 @@
 
 #include <cstdint>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <span>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "model/decoder.h"
 
@@ -53,7 +52,7 @@ struct ExpertLoadReport {
   int64_t num_experts = 0;  // E
   int64_t top_k = 0;        // K
   ExpertLoadOptions options;
-  std::vector<ExpertLoadLayer> layers;  // the MoE layers, in order
+  std::vector<ExpertLoadLayer> layers;     // the MoE layers, in order
   double mean_max_over_mean = 0.0;         // the model's, over the layers
   double random_mean_max_over_mean = 0.0;  // the random router's
 };
