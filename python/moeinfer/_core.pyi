@@ -109,6 +109,8 @@ class Engine:
         memory."""
     def stats(self) -> Dict[str, Any]:
         """The engine's counters (moeinfer.LLM.stats documents the keys)."""
+    def trace_routing(self, path: str) -> None:
+        """Records every later forward's routing to a trace file ("": stop and close)."""
 
 def main(argv: Sequence[str]) -> int:
     """The moeinfer command line (argv[0]: the program's name); returns the exit status."""

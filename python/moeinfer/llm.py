@@ -58,6 +58,9 @@ class LLM:
             cpu, one in 16 on cuda).
         tool_call_parser: how ``chat`` outputs are read for tool calls: "hermes", "mistral",
             "deepseek_v3" or "none" (None: the model family's format).
+        trace_routing: record every MoE layer's routing of every forward pass to this file (the
+            format of ``moeinfer generate --trace-routing``; ``read_routing_trace`` reads it);
+            see ``trace_routing()``.
     """
 
     def __init__(
@@ -83,6 +86,7 @@ class LLM:
         profile: bool = False,
         profile_time_every: int = 0,
         tool_call_parser: Optional[str] = None,
+        trace_routing: Optional[Union[str, "os.PathLike[str]"]] = None,
     ) -> None:
         if ep != 1:
             raise ValueError(
@@ -111,6 +115,8 @@ class LLM:
         )
         self.model = os.fspath(model)
         self._next_request = 0
+        if trace_routing is not None:
+            self.trace_routing(trace_routing)
 
     # -- facts ---------------------------------------------------------------------------
 
@@ -267,6 +273,13 @@ class LLM:
         """
         ids = np.asarray(token_ids).reshape(-1).tolist()
         return self._engine.score([int(t) for t in ids])
+
+    def trace_routing(self, path: Optional[Union[str, "os.PathLike[str]"]]) -> None:
+        """Records every MoE layer's routing of every later forward pass (generate, chat,
+        logits) to the routing-trace file ``path``, one step per engine step (its tokens in
+        batch order); None stops and closes the file, which ``read_routing_trace`` and
+        ``summarize_routing_trace`` then read. A trace already open is closed first."""
+        self._engine.trace_routing("" if path is None else os.fspath(path))
 
     def stats(self) -> Dict[str, Any]:
         """The engine's counters since it was made.

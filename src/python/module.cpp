@@ -422,14 +422,16 @@ NB_MODULE(_core, m) {
             std::unique_ptr<float[]> data(new float[n * V]);
             {
               nb::gil_scoped_release release;
-              s.engine().score(ids, std::span<float>(data.get(), n * V));
+              s.score(ids, std::span<float>(data.get(), n * V));
             }
             float* owned = data.release();
             nb::capsule owner(owned, [](void* p) noexcept { delete[] static_cast<float*>(p); });
             return nb::ndarray<nb::numpy, float, nb::ndim<2>>(owned, {n, V}, owner);
           },
           "ids"_a)
-      .def("stats", [](const Session& s) { return stats_dict(s.engine().stats()); });
+      .def("stats", [](const Session& s) { return stats_dict(s.engine().stats()); })
+      .def("trace_routing", &Session::trace_routing, "path"_a,
+           "Records every later forward's routing to a trace file (\"\": stop, close)");
 
   m.def(
       "main",

@@ -74,9 +74,33 @@ Session::ChatRequest Session::prepare_chat(const nlohmann::ordered_json& message
   return request;
 }
 
+void Session::trace_routing(const std::string& path) {
+  engine_->set_routing_observer(nullptr);
+  trace_.reset();
+  if (path.empty()) return;
+  const ModelConfig& config = engine_->model_config();
+  trace_ = std::make_unique<RoutingTraceWriter>(path, config.num_layers, config.num_experts,
+                                                config.num_experts_per_tok);
+  engine_->set_routing_observer(
+      [this](int64_t layer, const moe::Routing& routing) { trace_->record(layer, routing); });
+}
+
+std::vector<RequestOutput> Session::step() {
+  const int64_t records = trace_ ? trace_->records() : 0;
+  std::vector<RequestOutput> outputs = engine_->step();
+  if (trace_ && trace_->records() != records) trace_->next_step();
+  return outputs;
+}
+
+void Session::score(std::span<const int32_t> ids, std::span<float> logits) {
+  const int64_t records = trace_ ? trace_->records() : 0;
+  engine_->score(ids, logits);
+  if (trace_ && trace_->records() != records) trace_->next_step();
+}
+
 void Session::abort_all(const std::vector<RequestId>& ids) {
   for (RequestId id : ids) engine_->abort_request(id);
-  while (engine_->has_unfinished()) engine_->step();
+  while (engine_->has_unfinished()) step();
 }
 
 std::vector<RequestResult> Session::run(const std::vector<std::vector<int32_t>>& prompts,
@@ -108,7 +132,7 @@ std::vector<RequestResult> Session::run(const std::vector<std::vector<int32_t>>&
   bool stopped = false;
   try {
     while (unfinished > 0) {
-      for (RequestOutput& out : engine_->step()) {
+      for (RequestOutput& out : step()) {
         const auto slot = slot_of.find(out.id);
         if (slot == slot_of.end()) continue;  // not this call's (none should be)
         RequestResult& r = results[slot->second];

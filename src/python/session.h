@@ -11,10 +11,12 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "io/chat_template.h"
+#include "profile/routing_trace.h"
 #include "runtime/chat_prompt.h"
 #include "runtime/engine.h"
 #include "server/tool_calls.h"
@@ -84,6 +86,14 @@ class Session {
   // step: when it says true, every request is aborted (their KV blocks freed) and Stopped is
   // thrown. An error of the engine aborts the requests too and reaches the caller. All requests
   // are checked before any is queued, so a bad one leaves the engine untouched.
+  // Records every MoE layer's routing of every later forward pass (generate, chat, score) to
+  // the routing-trace file `path` (profile/routing_trace.h; one step per engine step);
+  // an empty path stops and closes the file. A trace already open is closed first.
+  void trace_routing(const std::string& path);
+
+  // Engine::score, recorded by trace_routing as one step per chunk.
+  void score(std::span<const int32_t> ids, std::span<float> logits);
+
   std::vector<RequestResult> run(const std::vector<std::vector<int32_t>>& prompts,
                                  const std::vector<GenerationParams>& params,
                                  const std::function<bool()>& should_stop);
@@ -91,11 +101,14 @@ class Session {
  private:
   // Aborts `ids` and steps until the engine has nothing left (their final outputs dropped).
   void abort_all(const std::vector<RequestId>& ids);
+  // One engine step; with a trace, the records it made close one trace step.
+  std::vector<RequestOutput> step();
 
   std::unique_ptr<Engine> engine_;
   ChatConfig chat_;
   std::unique_ptr<ChatTemplate> template_;
   server::ToolCallFormat tool_format_ = server::ToolCallFormat::kNone;
+  std::unique_ptr<RoutingTraceWriter> trace_;
 };
 
 // Tool calls of one chat output, as the server reads them: with tool_choice "required" or a

@@ -342,6 +342,14 @@ void Engine::score(std::span<const int32_t> ids, std::span<float> logits) {
   }
 }
 
+void Engine::set_routing_observer(Decoder::RoutingObserver observer) {
+  if (gpu_) {
+    gpu_->set_routing_observer(std::move(observer));
+  } else {
+    model_->decoder().set_routing_observer(std::move(observer));
+  }
+}
+
 bool Engine::steps_collectively() const {
   return model_ && !gpu_ && model_->decoder().expert_parallel() != nullptr;
 }

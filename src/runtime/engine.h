@@ -163,6 +163,9 @@ class Engine {
   // it runs in chunks of at most max_num_batched_tokens. Throws moeinfer::Error for no ids, ids
   // outside the vocabulary, more ids than max_model_len, or a pool without room for them now.
   void score(std::span<const int32_t> ids, std::span<float> logits);
+  // Every MoE layer's routing of every forward pass from now on (null: off), on either device;
+  // what --trace-routing records, for the Python API's LLM(trace_routing=...).
+  void set_routing_observer(Decoder::RoutingObserver observer);
   // Whether the decoder's MoE layers are collective over ranks (Decoder::set_expert_parallel),
   // so that every rank's engine must step whenever one does.
   bool steps_collectively() const;

@@ -10,8 +10,11 @@ from conftest import REPO, run_module
 
 
 def test_imports_the_installed_module_not_the_source_tree():
-    assert REPO not in __import__("pathlib").Path(moeinfer.__file__).resolve().parents
-    assert "site-packages" in _core.__file__ or "dist-packages" in _core.__file__
+    import pathlib
+    package = pathlib.Path(moeinfer.__file__).resolve().parent
+    assert package != REPO / "python" / "moeinfer"
+    assert package.parent.name in ("site-packages", "dist-packages")
+    assert pathlib.Path(_core.__file__).resolve().parent == package
 
 
 def test_version_is_the_engines():

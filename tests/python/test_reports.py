@@ -84,3 +84,24 @@ def test_profile_report(tmp_path):
     # Without a folder: a temporary one, removed after.
     assert moeinfer.profile(DEMO, batch=1, input_len=8, output_len=2, repeats=0).keys() == \
         report.keys()
+
+
+def test_llm_records_a_routing_trace(tmp_path):
+    trace = tmp_path / "llm.trace"
+    llm = moeinfer.LLM(DEMO, trace_routing=trace, profile=True)
+    prompts = ["The meaning of life is", "Never"]
+    llm.generate(prompts, moeinfer.SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+    llm.trace_routing(None)
+    t = moeinfer.read_routing_trace(trace)
+    # Every token the engine computed went through every MoE layer once, top-2 each: the trace
+    # holds what the profiler counted, expert by expert.
+    rows = llm.stats()["expert_rows"]
+    for layer in np.unique(t["layer"]):
+        mask = np.repeat(t["layer"] == layer, np.diff(t["token_offsets"]))
+        assert mask.sum() == llm.stats()["computed_tokens"]
+        load = np.bincount(t["expert_ids"][mask].ravel(), minlength=16)
+        assert load.tolist() == rows[layer].tolist()
+    # Steps: one per engine step (a prefill of both prompts, then 5 decode steps).
+    assert t["step"].max() == 5
+    llm.logits([1, 2, 3])  # no trace open: nothing more is written
+    assert moeinfer.read_routing_trace(trace)["step"].max() == 5
