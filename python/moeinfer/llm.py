@@ -236,7 +236,7 @@ class LLM:
             kept), ``prompt_token_ids`` what the template's text encodes to.
         """
         del use_tqdm
-        if messages and isinstance(messages[0], Mapping):
+        if not messages or isinstance(messages[0], Mapping):
             conversations = [list(messages)]  # type: ignore[list-item]
         else:
             conversations = [list(c) for c in messages]  # type: ignore[arg-type]

@@ -75,6 +75,8 @@ def test_malformed_tools_are_refused(demo_llm):
     import pytest
     with pytest.raises(moeinfer.EngineError, match="tools"):
         demo_llm.chat(CONVERSATION, tools=[{"type": "function"}])
+    with pytest.raises(moeinfer.EngineError, match="non-empty list"):
+        demo_llm.chat([])
     with pytest.raises(moeinfer.EngineError, match="tool_choice"):
         demo_llm.chat(CONVERSATION, tools=[WEATHER],
                       tool_choice={"type": "function", "function": {"name": "nope"}})
