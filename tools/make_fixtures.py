@@ -191,7 +191,7 @@ FIXTURES += [
     # YaRN, 8 experts in 2 groups with a non-zero correction bias, routed_scaling_factor 2.5, one
     # dense first layer, one shared expert.
     dict(name="glm4_moe_f32", cls="Glm4Moe", dtype="float32", tokenizer="qwen", legacy_rope=False,
-         correction_bias=0.15, min_distinct=4,
+         correction_bias=0.15, min_distinct=4, min_margin=2e-2,
          config=dict(COMMON, head_dim=16, num_hidden_layers=2, intermediate_size=64,
                      moe_intermediate_size=24, n_routed_experts=8, num_experts_per_tok=2,
                      n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
@@ -236,7 +236,7 @@ FIXTURES += [
     # DeepseekV3ForCausalLM, auto_map, the remote config's routing fields); the reference reloads
     # that file with model_type deepseek_v3, as kimi_k25 does.
     dict(name="kimi_k2_f32", cls="DeepseekV3", dtype="float32", tokenizer="qwen",
-         legacy_rope=True, correction_bias=0.15, kimi_k2=True, min_distinct=4,
+         legacy_rope=True, correction_bias=0.15, kimi_k2=True, min_distinct=4, min_margin=2e-2,
          config=dict(COMMON, num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=2,
                      intermediate_size=64, moe_intermediate_size=24, n_routed_experts=12,
                      num_experts_per_tok=4, n_shared_experts=1, first_k_dense_replace=1,
@@ -438,7 +438,9 @@ def make_fixture(spec, root, seed, with_tokenizer):
     # Choose a prompt whose greedy path has a clear winner at every step, so that a correct
     # engine cannot flip a token on rounding alone, and (where the spec asks) at least
     # min_distinct different tokens, so that the cached decode steps are not one repeated token.
-    needed = 1e-3 if spec["dtype"] == "float32" else 2e-2
+    # min_margin: a float32 fixture may ask for the bf16 margin, so that the GPU (which runs it in
+    # bf16) keeps the greedy path too.
+    needed = spec.get("min_margin", 1e-3 if spec["dtype"] == "float32" else 2e-2)
     min_distinct = spec.get("min_distinct", 1)
     for attempt in range(50):
         prompt = torch.randint(0, vocab, (1, NUM_PROMPT), generator=generator)

@@ -46,11 +46,10 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr ModelFamily kFamilies[] = {ModelFamily::kQwen3Moe,   ModelFamily::kMixtral,
-                                     ModelFamily::kOlmoe,      ModelFamily::kQwen2Moe,
-                                     ModelFamily::kDeepseekV2, ModelFamily::kDeepseekV3,
-                                     ModelFamily::kKimiK2,     ModelFamily::kGlm4Moe,
-                                     ModelFamily::kErnie45Moe};
+constexpr ModelFamily kFamilies[] = {
+    ModelFamily::kQwen3Moe, ModelFamily::kMixtral,    ModelFamily::kOlmoe,
+    ModelFamily::kQwen2Moe, ModelFamily::kDeepseekV2, ModelFamily::kDeepseekV3,
+    ModelFamily::kKimiK2,   ModelFamily::kGlm4Moe,    ModelFamily::kErnie45Moe};
 
 // Upper bounds that keep later size arithmetic (products of two or three of these) in int64.
 constexpr int64_t kMaxDim = int64_t{1} << 31;
@@ -200,22 +199,23 @@ FamilyDefaults defaults_for(ModelFamily family) {
               .eos_token_id = std::nullopt,
               .partial_rotary_factor = 0.5};
     case ModelFamily::kErnie45Moe:
-      return {.vocab_size = 103424,
-              .hidden_size = 2560,
-              .intermediate_size = 12288,
-              .num_hidden_layers = 28,
-              .num_attention_heads = 20,
-              .num_key_value_heads = 4,
-              .max_position_embeddings = 131072,
-              .rms_norm_eps = 1e-5,
-              .num_experts = 64,
-              .num_experts_per_tok = 6,
-              .moe_intermediate_size = 1536,
-              .shared_expert_intermediate_size = 0,  // moe_num_shared_experts * moe_intermediate_size
-              .rope_theta = 500000.0,
-              .bos_token_id = 1,
-              .eos_token_id = 2,
-              .tie_word_embeddings = true};
+      return {
+          .vocab_size = 103424,
+          .hidden_size = 2560,
+          .intermediate_size = 12288,
+          .num_hidden_layers = 28,
+          .num_attention_heads = 20,
+          .num_key_value_heads = 4,
+          .max_position_embeddings = 131072,
+          .rms_norm_eps = 1e-5,
+          .num_experts = 64,
+          .num_experts_per_tok = 6,
+          .moe_intermediate_size = 1536,
+          .shared_expert_intermediate_size = 0,  // moe_num_shared_experts * moe_intermediate_size
+          .rope_theta = 500000.0,
+          .bos_token_id = 1,
+          .eos_token_id = 2,
+          .tie_word_embeddings = true};
   }
   MOE_FAIL("unknown family");
 }
@@ -609,8 +609,7 @@ void read_deepseek(const Fields& f, const FamilyDefaults& defaults, ModelConfig*
              "renormalised deepseek_v2 routing is not supported (the reference "
              "implementation does not renormalise)");
   }
-  if (cfg->topk_method != TopkMethod::kGreedy)
-    read_groups(f, v3 ? 8 : 1, v3 ? 4 : 1, cfg);
+  if (cfg->topk_method != TopkMethod::kGreedy) read_groups(f, v3 ? 8 : 1, v3 ? 4 : 1, cfg);
 }
 
 // GLM's dense first layers: layers [0, first_k_dense_replace) are dense, the rest routed (a value
@@ -618,8 +617,7 @@ void read_deepseek(const Fields& f, const FamilyDefaults& defaults, ModelConfig*
 // layer_idx >= first_k_dense_replace does).
 std::vector<bool> first_dense_layers(const Fields& f, int64_t fallback, int64_t num_layers) {
   const int64_t first_dense = f.integer("first_k_dense_replace", fallback);
-  if (first_dense < 0)
-    f.fail("first_k_dense_replace", "must not be negative, found ", first_dense);
+  if (first_dense < 0) f.fail("first_k_dense_replace", "must not be negative, found ", first_dense);
   std::vector<bool> is_moe(static_cast<size_t>(num_layers));
   for (int64_t l = 0; l < num_layers; ++l) is_moe[l] = l >= first_dense;
   return is_moe;
@@ -670,8 +668,7 @@ void read_ernie4_5_moe(const Fields& f, const FamilyDefaults& defaults, ModelCon
   cfg->moe_intermediate_size =
       f.size("moe_intermediate_size", defaults.moe_intermediate_size, kMaxDim);
   const int64_t num_shared = f.integer("moe_num_shared_experts", 2);
-  if (num_shared < 0)
-    f.fail("moe_num_shared_experts", "must not be negative, found ", num_shared);
+  if (num_shared < 0) f.fail("moe_num_shared_experts", "must not be negative, found ", num_shared);
   cfg->shared_expert_intermediate_size = num_shared * cfg->moe_intermediate_size;
   if (f.boolean("use_bias", false))
     f.fail("use_bias",

@@ -230,7 +230,9 @@ constexpr size_t kTiktokenMaxRunChars = 25000;
 void Tokenizer::Impl::load_tiktoken(std::string_view ranks, const std::string& ranks_source,
                                     const Json& config, const std::string& config_source) {
   MOE_CHECK(config.is_object(), config_source, ": the top level is not a JSON object");
-  auto field_string = [&](const Json& j) { return j.is_string() ? j.get<std::string>() : j.dump(); };
+  auto field_string = [&](const Json& j) {
+    return j.is_string() ? j.get<std::string>() : j.dump();
+  };
   const auto cls = config.find("tokenizer_class");
   MOE_CHECK(cls != config.end() && field_string(*cls) == "TikTokenTokenizer", config_source,
             ": field 'tokenizer_class': a tiktoken rank file is read for TikTokenTokenizer, found ",
@@ -286,8 +288,8 @@ void Tokenizer::Impl::load_tiktoken(std::string_view ranks, const std::string& r
                                         .special = false};
     MOE_CHECK(!token.content.empty() && unicode::is_valid_utf8(token.content), config_source,
               ": special token ", id, " is empty or not valid UTF-8");
-    MOE_CHECK(!added_ids.contains(token.content), config_source, ": special token '",
-              token.content, "' is named twice");
+    MOE_CHECK(!added_ids.contains(token.content), config_source, ": special token '", token.content,
+              "' is named twice");
     added_ids[token.content] = static_cast<int32_t>(id);
     if (token.special) special_contents.insert(token.content);
     raw_trie.insert(token.content, static_cast<int32_t>(id));

@@ -160,7 +160,8 @@ std::string rewrite_class(std::string_view p, size_t open, size_t close) {
   // An operand is a nested class ("[...]") or bare class items (wrapped in brackets).
   auto as_class = [](std::string_view operand) {
     const std::string inner = rewrite_class_intersections(operand);
-    if (operand.size() >= 2 && operand.front() == '[' && class_end(operand, 0) + 1 == operand.size())
+    if (operand.size() >= 2 && operand.front() == '[' &&
+        class_end(operand, 0) + 1 == operand.size())
       return inner;
     return "[" + inner + "]";
   };
@@ -227,8 +228,8 @@ TiktokenModel::TiktokenModel(std::string_view text, const std::string& source) {
                               [](char c) { return c >= '0' && c <= '9'; }),
               source, ":", line_no, ": rank '", std::string(rank_text),
               "' is not a non-negative integer below 10^9");
-    MOE_CHECK(base64_decode(line.substr(0, space), bytes), source, ":", line_no,
-              ": token '", std::string(line.substr(0, space)), "' is not valid base64");
+    MOE_CHECK(base64_decode(line.substr(0, space), bytes), source, ":", line_no, ": token '",
+              std::string(line.substr(0, space)), "' is not valid base64");
     MOE_CHECK(!bytes.empty(), source, ":", line_no, ": empty token");
     entries.emplace_back(std::stoll(std::string(rank_text)), bytes);
   }
@@ -243,8 +244,8 @@ TiktokenModel::TiktokenModel(std::string_view text, const std::string& source) {
               " each once; ", rank == static_cast<int64_t>(i) - 1 ? "rank " : "missing rank ",
               rank == static_cast<int64_t>(i) - 1 ? std::to_string(rank) + " appears twice"
                                                   : std::to_string(i));
-    MOE_CHECK(ranks_.emplace(token, static_cast<int32_t>(rank)).second, source, ": the bytes of rank ",
-              rank, " appear twice");
+    MOE_CHECK(ranks_.emplace(token, static_cast<int32_t>(rank)).second, source,
+              ": the bytes of rank ", rank, " appear twice");
     tokens_.push_back(byte_level(token));
     by_string_.emplace(tokens_.back(), static_cast<int32_t>(rank));
   }

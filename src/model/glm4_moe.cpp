@@ -19,8 +19,7 @@ DecoderWeights bind_glm4_moe(const ModelConfig& config, WeightSource& src) {
     }
     layer.moe.routed = binding::routed_experts(
         config, src, p, "gate.weight", {"gate_proj.weight", "up_proj.weight", "down_proj.weight"});
-    layer.moe.selection_bias =
-        src.tensor(p + "gate.e_score_correction_bias", {config.num_experts});
+    layer.moe.selection_bias = src.tensor(p + "gate.e_score_correction_bias", {config.num_experts});
     if (config.shared_expert_intermediate_size > 0) {
       layer.moe.shared_expert = binding::mlp(src, p + "shared_experts.", config.hidden_size,
                                              config.shared_expert_intermediate_size);

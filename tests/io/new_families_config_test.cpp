@@ -135,8 +135,8 @@ TEST(NewFamilyConfig, Glm45FullAndTransformersLayout) {
   params.erase("partial_rotary_factor");
   params.erase("rope_theta");
   params.erase("rope_scaling");
-  params["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e6},
-                               {"partial_rotary_factor", 0.25}};
+  params["rope_parameters"] = {
+      {"rope_type", "default"}, {"rope_theta", 1e6}, {"partial_rotary_factor", 0.25}};
   EXPECT_EQ(parse(params).rotary_dim(), 32);
   params["rope_parameters"].erase("partial_rotary_factor");
   EXPECT_EQ(parse(params).rotary_dim(), 64);
@@ -207,12 +207,10 @@ TEST(NewFamilyConfig, ErnieRefusesWhatItWouldRunDifferently) {
   EXPECT_NE(error_of(j).find("field 'moe_num_experts'"), std::string::npos) << error_of(j);
   j = ernie45_21b();
   j["partial_rotary_factor"] = 0.5;  // ERNIE's modeling code rotates whole heads
-  EXPECT_NE(error_of(j).find("field 'partial_rotary_factor'"), std::string::npos)
-      << error_of(j);
+  EXPECT_NE(error_of(j).find("field 'partial_rotary_factor'"), std::string::npos) << error_of(j);
   j = ernie45_21b();
   j["rope_scaling"] = {{"rope_type", "longrope"}, {"factor", 2.0}};
-  EXPECT_NE(error_of(j).find("field 'rope_scaling.rope_type'"), std::string::npos)
-      << error_of(j);
+  EXPECT_NE(error_of(j).find("field 'rope_scaling.rope_type'"), std::string::npos) << error_of(j);
 }
 
 TEST(NewFamilyConfig, KimiK2AsPublished) {

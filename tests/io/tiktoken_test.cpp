@@ -46,9 +46,9 @@ std::string printable(const std::string& s) { return json(s).dump(); }
 class ScratchDir {
  public:
   explicit ScratchDir(const std::string& name)
-      : path_(fs::temp_directory_path() / ("moeinfer_tiktoken_" + name + "_" +
-                                           std::to_string(::testing::UnitTest::GetInstance()
-                                                              ->random_seed()))) {
+      : path_(fs::temp_directory_path() /
+              ("moeinfer_tiktoken_" + name + "_" +
+               std::to_string(::testing::UnitTest::GetInstance()->random_seed()))) {
     fs::remove_all(path_);
     fs::create_directories(path_);
     for (const char* file : {"tiktoken.model", "tokenizer_config.json"})
@@ -183,10 +183,11 @@ TEST(Tiktoken, MergesLowestRankFirstLeftmostOnTies) {
     }
     return out;
   };
-  for (int b = 0; b < 256; ++b) file += b64(std::string(1, static_cast<char>(b))) + " " +
-                                        std::to_string(b) + "\n";
+  for (int b = 0; b < 256; ++b)
+    file += b64(std::string(1, static_cast<char>(b))) + " " + std::to_string(b) + "\n";
   int rank = 256;
-  for (const char* t : {"ab", "bc", "abc", "cd"}) file += b64(t) + " " + std::to_string(rank++) + "\n";
+  for (const char* t : {"ab", "bc", "abc", "cd"})
+    file += b64(t) + " " + std::to_string(rank++) + "\n";
   const tok::TiktokenModel model(file, "<test>");
   auto ids = [&](std::string_view word) {
     std::vector<int32_t> out;
@@ -262,8 +263,7 @@ TEST(Tiktoken, RefusesAnotherTokenizerClass) {
     ScratchDir dir("none");
     fs::remove(dir.path() / "tiktoken.model");
     const std::string error = load_error(dir.path());
-    EXPECT_NE(error.find("neither tokenizer.json nor tiktoken.model"), std::string::npos)
-        << error;
+    EXPECT_NE(error.find("neither tokenizer.json nor tiktoken.model"), std::string::npos) << error;
   }
 }
 
