@@ -103,7 +103,7 @@ void run_expert_load(const ExpertLoadArgs& args) {
   MOE_CHECK(args.chunk_tokens >= 0, "--chunk-tokens must be >= 0, got ", args.chunk_tokens);
   const std::filesystem::path dir = resolve_model_dir(args.model);
   auto model = Model::load(dir, LoadOptions{});
-  const Tokenizer tokenizer = Tokenizer::from_file(dir / "tokenizer.json");
+  const Tokenizer tokenizer = Tokenizer::from_dir(dir);
   Decoder& decoder = model->decoder();
   const ModelConfig& config = decoder.config();
   const int64_t E = config.num_experts;
