@@ -21,9 +21,11 @@ $SUDO apt-get install -y -q --no-install-recommends \
   libopenblas-dev libdnnl-dev ocl-icd-opencl-dev libpcre2-dev libutf8proc-dev \
   libcpp-httplib-dev libopenmpi-dev openmpi-bin iproute2 \
   chromium
-# Reference libraries for the differential tests (tokenizers, jinja2) and the fixture reader.
+# Reference libraries for the differential tests (tokenizers, tiktoken, jinja2) and the fixture
+# reader.
 PIP_FLAGS="--quiet --disable-pip-version-check"
 if python3 -m pip install $PIP_FLAGS --help 2>/dev/null | grep -q -- --break-system-packages; then
   PIP_FLAGS="$PIP_FLAGS --break-system-packages"
 fi
-python3 -m pip install $PIP_FLAGS "tokenizers>=0.20" "jinja2>=3.1" numpy openai jsonschema
+python3 -m pip install $PIP_FLAGS "tokenizers>=0.20" "tiktoken>=0.7" "jinja2>=3.1" numpy openai \
+  jsonschema

@@ -183,6 +183,122 @@ FIXTURES += [
                      kv_lora_rank=36, qk_nope_head_dim=20, qk_rope_head_dim=12, v_head_dim=12)),
 ]
 
+# GLM-4.5, ERNIE 4.5 MoE and Kimi K2 (issue 18), appended so that the fixtures above keep their
+# seeds. Two layers or three, small widths: each stays under 400 KB.
+FIXTURES += [
+    # GLM-4.5 as transformers 5 writes it (rope_parameters): per-head q/k norm, q/k/v biases, RoPE
+    # over the first half of each head (the default partial_rotary_factor, inside the dict) under
+    # YaRN, 8 experts in 2 groups with a non-zero correction bias, routed_scaling_factor 2.5, one
+    # dense first layer, one shared expert.
+    dict(name="glm4_moe_f32", cls="Glm4Moe", dtype="float32", tokenizer="qwen", legacy_rope=False,
+         correction_bias=0.15, min_distinct=4, min_margin=2e-2,
+         config=dict(COMMON, head_dim=16, num_hidden_layers=2, intermediate_size=64,
+                     moe_intermediate_size=24, n_routed_experts=8, num_experts_per_tok=2,
+                     n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
+                     norm_topk_prob=True, routed_scaling_factor=2.5, use_qk_norm=True,
+                     attention_bias=True, rope_theta=10000.0,
+                     rope_scaling=dict(rope_type="yarn", factor=4.0,
+                                       original_max_position_embeddings=64))),
+    # GLM-4.5-Air as published: rope_theta and partial_rotary_factor 0.5 at the top level, no q/k
+    # norm, head_dim 32 (q_dim 128 past hidden 64), one group, 10 experts top-3, two shared
+    # experts' width, and an MTP layer's tensors after the last layer (num_nextn_predict_layers 1)
+    # that the forward pass does not read.
+    dict(name="glm4_moe_air_bf16", cls="Glm4Moe", dtype="bfloat16", tokenizer="qwen",
+         legacy_rope=True, correction_bias=0.15, mtp_tensors=True, min_distinct=4,
+         config=dict(COMMON, head_dim=32, num_hidden_layers=2, intermediate_size=96,
+                     moe_intermediate_size=32, n_routed_experts=10, num_experts_per_tok=3,
+                     n_shared_experts=2, first_k_dense_replace=1, n_group=1, topk_group=1,
+                     norm_topk_prob=True, routed_scaling_factor=1.0, use_qk_norm=False,
+                     attention_bias=True, partial_rotary_factor=0.5, rope_theta=1000000.0)),
+    # ERNIE 4.5 as transformers writes it (moe_num_experts, moe_k): 8 experts top-2 chosen with a
+    # non-zero correction bias, two shared experts, RoPE on adjacent pairs, tied embeddings, only
+    # layer 1 routed (moe_layer_start_index 1, moe_layer_end_index 1).
+    dict(name="ernie4_5_moe_f32", cls="Ernie4_5_Moe", dtype="float32", tokenizer="qwen",
+         legacy_rope=False, correction_bias=0.05, min_distinct=4,
+         config=dict(COMMON, head_dim=16, num_hidden_layers=3, intermediate_size=64,
+                     moe_intermediate_size=24, moe_num_experts=8, moe_k=2,
+                     moe_num_shared_experts=2, moe_layer_start_index=1, moe_layer_end_index=1,
+                     tie_word_embeddings=True, rope_theta=500000.0)),
+    # rope_theta at the top level as published, moe_layer_interval 2 over 4 layers (dense, routed,
+    # dense, routed), 6 experts top-3, one shared expert, untied embeddings, head_dim 24.
+    dict(name="ernie4_5_moe_i2_bf16", cls="Ernie4_5_Moe", dtype="bfloat16", tokenizer="qwen",
+         legacy_rope=True, correction_bias=0.05, min_distinct=4,
+         config=dict(COMMON, head_dim=24, num_hidden_layers=4, intermediate_size=48,
+                     moe_intermediate_size=32, moe_num_experts=6, moe_k=3,
+                     moe_num_shared_experts=1, moe_layer_start_index=0, moe_layer_interval=2,
+                     tie_word_embeddings=False, rope_theta=500000.0)),
+    # Kimi K2. transformers has no kimi_k2 model type: the Hub checkpoint ships the remote
+    # DeepseekV3 code (auto_map), and transformers' own kimi_k25 maps a kimi_k2 text_config onto
+    # deepseek_v3. So the model is transformers' DeepseekV3 with K2's choices (one group, 12
+    # experts top-4, one shared, one dense first layer, routed_scaling_factor 2.827, rope_theta
+    # 50000, YaRN factor 32 with beta_fast = beta_slow = 1 and mscale 1 / 1), saved with
+    # config.json rewritten as moonshotai/Kimi-K2-Instruct publishes it (model_type kimi_k2,
+    # DeepseekV3ForCausalLM, auto_map, the remote config's routing fields); the reference reloads
+    # that file with model_type deepseek_v3, as kimi_k25 does.
+    dict(name="kimi_k2_f32", cls="DeepseekV3", dtype="float32", tokenizer="qwen",
+         legacy_rope=True, correction_bias=0.15, kimi_k2=True, min_distinct=4, min_margin=2e-2,
+         config=dict(COMMON, num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=2,
+                     intermediate_size=64, moe_intermediate_size=24, n_routed_experts=12,
+                     num_experts_per_tok=4, n_shared_experts=1, first_k_dense_replace=1,
+                     q_lora_rank=24, n_group=1, topk_group=1, norm_topk_prob=True,
+                     routed_scaling_factor=2.827, rope_theta=50000.0,
+                     rope_scaling=dict(rope_type="yarn", factor=32.0,
+                                       original_max_position_embeddings=8, beta_fast=1.0,
+                                       beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0),
+                     **DEEPSEEK_MLA)),
+    # K2's published fp8 weights (e4m3, block-scaled; 8x8 blocks here for the small shapes).
+    dict(name="kimi_k2_fp8", cls="DeepseekV3", dtype="bfloat16", tokenizer="qwen",
+         legacy_rope=True, correction_bias=0.15, kimi_k2=True, fp8_block=[8, 8], min_distinct=4,
+         config=dict(COMMON, num_attention_heads=2, num_key_value_heads=2, num_hidden_layers=2,
+                     intermediate_size=64, moe_intermediate_size=24, n_routed_experts=8,
+                     num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
+                     q_lora_rank=24, n_group=1, topk_group=1, norm_topk_prob=True,
+                     routed_scaling_factor=2.827, rope_theta=50000.0,
+                     rope_scaling=dict(rope_type="yarn", factor=32.0,
+                                       original_max_position_embeddings=8, beta_fast=1.0,
+                                       beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0),
+                     **DEEPSEEK_MLA)),
+]
+
+# Fields of moonshotai/Kimi-K2-Instruct's config.json that transformers' DeepseekV3Config does not
+# write (the remote configuration_deepseek.py reads them), with the published values.
+KIMI_K2_HUB_FIELDS = dict(
+    model_type="kimi_k2",
+    architectures=["DeepseekV3ForCausalLM"],
+    auto_map={"AutoConfig": "configuration_deepseek.DeepseekV3Config",
+              "AutoModel": "modeling_deepseek.DeepseekV3Model",
+              "AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM"},
+    aux_loss_alpha=0.001, ep_size=1, moe_layer_freq=1, num_nextn_predict_layers=0,
+    pretraining_tp=1, scoring_func="sigmoid", seq_aux=True, topk_method="noaux_tc",
+    use_cache=True)
+
+
+def rewrite_kimi_k2_config(config_path):
+    """config.json as the Kimi K2 Hub checkpoint has it (see KIMI_K2_HUB_FIELDS); rope_interleave
+    is left out, as there (the remote code always interleaves, DeepseekV3Config's default)."""
+    with open(config_path) as f:
+        cfg = json.load(f)
+    cfg.pop("rope_interleave", None)
+    cfg.update(KIMI_K2_HUB_FIELDS)
+    with open(config_path, "w") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)
+
+
+def add_mtp_tensors(out_dir, num_layers, hidden, dtype):
+    """GLM-4.5 stores its MTP module as one more layer after the last (model.layers.<L>.*:
+    eh_proj, enorm, hnorm, shared_head.norm, ...); a few of its tensors, which the forward pass
+    of transformers (and the engine) leaves unread."""
+    from safetensors.torch import load_file, save_file
+    path = os.path.join(out_dir, "model.safetensors")
+    tensors = load_file(path)
+    p = f"model.layers.{num_layers}."
+    tensors[p + "eh_proj.weight"] = torch.randn(hidden, 2 * hidden).to(dtype)
+    tensors[p + "enorm.weight"] = torch.ones(hidden, dtype=dtype)
+    tensors[p + "hnorm.weight"] = torch.ones(hidden, dtype=dtype)
+    tensors[p + "shared_head.norm.weight"] = torch.ones(hidden, dtype=dtype)
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
 # Linear weights that DeepSeek-V3's published checkpoint stores in fp8; the router, norms,
 # embeddings and LM head stay in higher precision.
 FP8_PATTERN = re.compile(r"\.(self_attn\.(q_a_proj|q_b_proj|q_proj|kv_a_proj_with_mqa|kv_b_proj|o_proj)"
@@ -242,6 +358,8 @@ def rewrite_legacy_rope(config_path):
         cfg = json.load(f)
     rope = cfg.pop("rope_parameters")
     cfg["rope_theta"] = rope.pop("rope_theta")
+    if "partial_rotary_factor" in rope:  # GLM-4.5 publishes it at the top level
+        cfg["partial_rotary_factor"] = rope.pop("partial_rotary_factor")
     if rope.get("rope_type", "default") != "default":
         cfg["rope_scaling"] = dict(rope, type=rope["rope_type"])
     else:
@@ -282,11 +400,13 @@ def make_fixture(spec, root, seed, with_tokenizer):
     model_cls = getattr(transformers, spec["cls"] + "ForCausalLM")
     model = model_cls(config).eval()
     if spec.get("correction_bias"):
+        # DeepSeek-V3 and GLM keep it on the router (mlp.gate), ERNIE in mlp.gate.moe_statics.
         with torch.no_grad():
             for layer in model.model.layers:
-                gate = getattr(layer.mlp, "gate", None)
-                if gate is not None and hasattr(gate, "e_score_correction_bias"):
-                    gate.e_score_correction_bias.normal_(0.0, spec["correction_bias"])
+                for module in layer.mlp.modules():
+                    bias = getattr(module, "e_score_correction_bias", None)
+                    if isinstance(bias, torch.Tensor):
+                        bias.normal_(0.0, spec["correction_bias"])
     if spec["dtype"] == "bfloat16":
         model = model.to(torch.bfloat16)
     model.save_pretrained(out_dir, max_shard_size=spec.get("max_shard_size", "50GB"))
@@ -297,14 +417,31 @@ def make_fixture(spec, root, seed, with_tokenizer):
         rewrite_legacy_rope(os.path.join(out_dir, "config.json"))
     if spec.get("fp8_block"):
         quantize_fp8_checkpoint(out_dir, spec["fp8_block"])
+    if spec.get("kimi_k2"):
+        rewrite_kimi_k2_config(os.path.join(out_dir, "config.json"))
+    if spec.get("mtp_tensors"):
+        add_mtp_tensors(out_dir, config.num_hidden_layers, config.hidden_size,
+                        torch.bfloat16 if spec["dtype"] == "bfloat16" else torch.float32)
     if with_tokenizer:
         make_tokenizer(spec["tokenizer"], out_dir, vocab)
 
-    reference = model_cls.from_pretrained(out_dir, dtype=torch.float32).eval()
+    if spec.get("kimi_k2"):
+        # The file says kimi_k2, which transformers does not know; read it as deepseek_v3.
+        with open(os.path.join(out_dir, "config.json")) as f:
+            as_v3 = dict(json.load(f), model_type="deepseek_v3")
+        reference = model_cls.from_pretrained(
+            out_dir, config=transformers.DeepseekV3Config.from_dict(as_v3),
+            dtype=torch.float32).eval()
+    else:
+        reference = model_cls.from_pretrained(out_dir, dtype=torch.float32).eval()
     generator = torch.Generator().manual_seed(seed + 1)
     # Choose a prompt whose greedy path has a clear winner at every step, so that a correct
-    # engine cannot flip a token on rounding alone.
-    needed = 1e-3 if spec["dtype"] == "float32" else 2e-2
+    # engine cannot flip a token on rounding alone, and (where the spec asks) at least
+    # min_distinct different tokens, so that the cached decode steps are not one repeated token.
+    # min_margin: a float32 fixture may ask for the bf16 margin, so that the GPU (which runs it in
+    # bf16) keeps the greedy path too.
+    needed = spec.get("min_margin", 1e-3 if spec["dtype"] == "float32" else 2e-2)
+    min_distinct = spec.get("min_distinct", 1)
     for attempt in range(50):
         prompt = torch.randint(0, vocab, (1, NUM_PROMPT), generator=generator)
         with torch.no_grad():
@@ -314,14 +451,15 @@ def make_fixture(spec, root, seed, with_tokenizer):
                                      eos_token_id=None, pad_token_id=0, use_cache=True)
             full = reference(out).logits[0, NUM_PROMPT - 1:-1]
         margin = top2_margin(full)
-        if margin >= needed:
+        if margin >= needed and len(set(out[0, NUM_PROMPT:].tolist())) >= min_distinct:
             break
     else:
-        raise SystemExit(f"{spec['name']}: no prompt with a top-2 margin of {needed}")
+        raise SystemExit(f"{spec['name']}: no prompt with a top-2 margin of {needed} and "
+                         f"{min_distinct} distinct greedy tokens")
     greedy = out[0, NUM_PROMPT:].tolist()
     np.save(os.path.join(out_dir, "logits.npy"), logits.float().numpy())
     with open(os.path.join(out_dir, "reference.json"), "w") as f:
-        json.dump(dict(family=config.model_type, checkpoint_dtype=spec["dtype"],
+        json.dump(dict(family="kimi_k2" if spec.get("kimi_k2") else config.model_type, checkpoint_dtype=spec["dtype"],
                        prompt_ids=prompt[0].tolist(), greedy_ids=greedy,
                        greedy_min_top2_margin=margin,
                        max_rel_error=1e-4 if spec["dtype"] == "float32" else 2e-2,

@@ -16,6 +16,11 @@ The layouts are the ones published checkpoints use:
   mixtral_metaspace   the same model with a Metaspace(prepend_scheme="first") pre-tokenizer
   misc_suffix_bpe     subword prefix/suffix BPE behind the other normalisers and pre-tokenizers
   t5_metaspace        older SentencePiece conversion: Nmt, Metaspace split, Roberta processing
+  kimi_tiktoken       Kimi K2's layout: tiktoken.model (base64 bytes and rank per line) and
+                      tokenizer_config.json naming tokenization_kimi.TikTokenTokenizer, whose
+                      special tokens take the 256 ids after the ranks; its cases come from the
+                      `tiktoken` package with Kimi's split pattern (KIMI_PATTERN), encoded as
+                      that class's encode() does (kimi_encode)
 
 Training is deterministic: the corpus is the licence texts every Debian machine ships under
 /usr/share/common-licenses plus generated lines from a fixed seed.
@@ -465,6 +470,148 @@ def unknown_to_normalizers() -> list[tuple[int, int]]:
     return [tuple(r) for r in ranges]
 
 
+# tokenization_kimi.py's TikTokenTokenizer.pat_str (Rust regex syntax, for tiktoken).
+KIMI_PATTERN = "|".join([
+    r"""[\p{Han}]+""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""\p{N}{1,3}""",
+    r""" ?[^\s\p{L}\p{N}]+[\r\n]*""",
+    r"""\s*[\r\n]+""",
+    r"""\s+(?!\S)""",
+    r"""\s+""",
+])
+KIMI_NUM_SPECIAL = 256
+# Kimi K2's named special tokens, by offset after the ranks (its tokenizer_config.json puts them at
+# 163584 + offset); the other offsets are <|reserved_token_<id>|>.
+KIMI_SPECIALS = {0: "[BOS]", 1: "[EOS]", 2: "<|im_end|>", 3: "<|im_user|>", 4: "<|im_assistant|>",
+                 6: "<|start_header_id|>", 7: "<|end_header_id|>", 9: "[EOT]",
+                 10: "<|im_system|>", 11: "<|tool_calls_section_begin|>",
+                 12: "<|tool_calls_section_end|>", 13: "<|tool_call_begin|>",
+                 14: "<|tool_call_argument_begin|>", 15: "<|tool_call_end|>",
+                 17: "<|im_middle|>", 254: "[UNK]", 255: "[PAD]"}
+# Runs past 25000 characters, which the class cuts, are left to tests/e2e/test_tiktoken_diff.py
+# (their ids would make this file large).
+KIMI_CASES = [
+    "<|im_system|>system<|im_middle|>You are Kimi.<|im_end|><|im_user|>user<|im_middle|>hi"
+    "<|im_end|><|im_assistant|>assistant<|im_middle|>",
+    "[BOS]text[EOS] and [UNK][PAD]",
+    "<|reserved_token_{r}|> reserved, <|reserved_token_1|> not",
+    "漢字とカタカナ、한글 and Latin: ÉCOLE École école",
+    "CamelCaseWords HTTPServer iPhone's O'Neil'S",
+    " separators that str.isspace() counts",
+    "CJK Ext H/I: \U00031350\U00031351 \U0002EBF0 and Ext J \U000323B0!",
+    "Han by Script, not Script_Extensions: \u3008'm \u3005a \u31c0a \u3007a \u2e80a \u3001a",
+]
+
+
+def kimi_encode(enc, text: str) -> list[int]:
+    """TikTokenTokenizer.encode(text): chunks of 400000 characters, each cut where a run of
+    spaces or of non-spaces (str.isspace) passes 25000, encoded with every special allowed."""
+    def cut(s: str, limit: int):
+        run, is_space, start = 0, s[0].isspace() if s else False, 0
+        for i, ch in enumerate(s):
+            now = ch.isspace()
+            if is_space ^ now:
+                run, is_space = 1, now
+            else:
+                run += 1
+                if run > limit:
+                    yield s[start:i]
+                    start, run = i, 1
+        yield s[start:]
+    ids: list[int] = []
+    for i in range(0, len(text), 400000):
+        for part in cut(text[i:i + 400000], 25000):
+            ids.extend(enc.encode(part, allowed_special="all"))
+    return ids
+
+
+def kimi_tiktoken_encoding(rank_file: pathlib.Path, specials: dict[int, str]):
+    """The tiktoken Encoding that Kimi's TikTokenTokenizer builds from these files."""
+    import tiktoken
+    from tiktoken.load import load_tiktoken_bpe
+    ranks = load_tiktoken_bpe(str(rank_file))
+    special_tokens = {name: id_ for id_, name in specials.items()}
+    return tiktoken.Encoding(name=rank_file.name, pat_str=KIMI_PATTERN, mergeable_ranks=ranks,
+                             special_tokens=special_tokens)
+
+
+def kimi_specials(num_base: int, config: dict) -> dict[int, str]:
+    named = {int(k): v["content"] for k, v in config["added_tokens_decoder"].items()}
+    return {i: named.get(i, f"<|reserved_token_{i}|>")
+            for i in range(num_base, num_base + KIMI_NUM_SPECIAL)}
+
+
+def write_kimi_tiktoken_fixture(out_dir: pathlib.Path, vocab_size: int) -> None:
+    """A byte-level BPE trained on the corpus (with Kimi's split), written as a tiktoken rank
+    file: rank = id, the token's bytes in base64. Cases from the `tiktoken` package."""
+    import base64
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus_lines(), trainer)
+    byte_of = {}
+    for b, ch in enumerate(_gpt2_byte_chars()):
+        byte_of[ch] = b
+    vocab = tok.get_vocab()
+    target = out_dir / "kimi_tiktoken"
+    target.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for token, id_ in sorted(vocab.items(), key=lambda kv: kv[1]):
+        raw = bytes(byte_of[ch] for ch in token)
+        lines.append(f"{base64.b64encode(raw).decode()} {id_}")
+    rank_file = target / "tiktoken.model"
+    rank_file.write_text("\n".join(lines) + "\n", encoding="ascii")
+    num_base = len(vocab)
+    config = {
+        "added_tokens_decoder": {
+            str(num_base + off): {"content": name, "lstrip": False, "normalized": False,
+                                  "rstrip": False, "single_word": False, "special": True}
+            for off, name in sorted(KIMI_SPECIALS.items())},
+        "auto_map": {"AutoTokenizer": ["tokenization_kimi.TikTokenTokenizer", None]},
+        "bos_token": "[BOS]", "eos_token": "[EOS]", "pad_token": "[PAD]", "unk_token": "[UNK]",
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": 1000000000000000019884624838656,
+        "tokenizer_class": "TikTokenTokenizer",
+    }
+    (target / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n",
+                                                  encoding="utf-8")
+    specials = kimi_specials(num_base, config)
+    enc = kimi_tiktoken_encoding(rank_file, specials)
+    named = {num_base + off for off in KIMI_SPECIALS}
+    cases = []
+    inputs = COMMON_CASES + [c.replace("{r}", str(num_base + 20)) for c in KIMI_CASES]
+    for text in inputs:
+        ids = kimi_encode(enc, text)
+        cases.append({
+            "text": text,
+            "ids": ids,
+            "ids_no_special": ids,  # the class adds no BOS
+            "decoded": enc.decode(ids),
+            "decoded_skip_special": enc.decode([i for i in ids if i not in named]),
+        })
+    meta = {"vocab_size": num_base + KIMI_NUM_SPECIAL, "num_base": num_base,
+            "named_specials": sorted(named), "cases": cases}
+    (target / "cases.json").write_text(json.dumps(meta, ensure_ascii=False, indent=1) + "\n",
+                                       encoding="utf-8")
+
+
+def _gpt2_byte_chars() -> list[str]:
+    """GPT-2's byte-to-character table (bytes_to_unicode), byte order."""
+    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+                 + list(range(ord("®"), ord("ÿ") + 1)))
+    chars, extra = [], 0
+    for b in range(256):
+        if b in printable:
+            chars.append(chr(b))
+        else:
+            chars.append(chr(256 + extra))
+            extra += 1
+    return chars
+
+
 def write_fixture(out_dir: pathlib.Path, name: str, tok: Tokenizer, inputs: list[str],
                   legacy_merges: bool = False) -> None:
     """Saves the tokenizer and the cases. legacy_merges writes merges as "a b" strings, the
@@ -501,6 +648,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     root = pathlib.Path(__file__).resolve().parent.parent
     parser.add_argument("--out", type=pathlib.Path, default=root / "tests/fixtures/tokenizers")
+    parser.add_argument("--only", nargs="*", help="fixture names to write (default: all)")
     parser.add_argument("--print-unicode-table", action="store_true",
                         help="print the Unicode tables of src/io/unicode.cpp")
     args = parser.parse_args()
@@ -524,16 +672,28 @@ def main() -> None:
         for first, last in tokenizers_accents():
             print(f"    {{0x{first:05X}, 0x{last:05X}}},")
         return
-    write_fixture(args.out, "qwen2_bytelevel", build_qwen_style(1000), COMMON_CASES)
-    write_fixture(args.out, "gpt2_bytelevel", build_gpt2_style(800), COMMON_CASES + GPT2_CASES)
-    write_fixture(args.out, "mixtral_legacy", build_mixtral_style(900, "legacy"),
-                  COMMON_CASES + MIXTRAL_CASES, legacy_merges=True)
-    write_fixture(args.out, "mixtral_metaspace", build_mixtral_style(900, "metaspace"),
-                  COMMON_CASES + MIXTRAL_CASES)
-    write_fixture(args.out, "misc_suffix_bpe", build_misc_suffix_style(),
-                  COMMON_CASES + MISC_CASES)
-    write_fixture(args.out, "t5_metaspace", build_t5_metaspace_style(700),
-                  COMMON_CASES + MISC_CASES)
+    builders = {
+        "qwen2_bytelevel": lambda: write_fixture(args.out, "qwen2_bytelevel",
+                                                 build_qwen_style(1000), COMMON_CASES),
+        "gpt2_bytelevel": lambda: write_fixture(args.out, "gpt2_bytelevel", build_gpt2_style(800),
+                                                COMMON_CASES + GPT2_CASES),
+        "mixtral_legacy": lambda: write_fixture(args.out, "mixtral_legacy",
+                                                build_mixtral_style(900, "legacy"),
+                                                COMMON_CASES + MIXTRAL_CASES, legacy_merges=True),
+        "mixtral_metaspace": lambda: write_fixture(args.out, "mixtral_metaspace",
+                                                   build_mixtral_style(900, "metaspace"),
+                                                   COMMON_CASES + MIXTRAL_CASES),
+        "misc_suffix_bpe": lambda: write_fixture(args.out, "misc_suffix_bpe",
+                                                 build_misc_suffix_style(),
+                                                 COMMON_CASES + MISC_CASES),
+        "t5_metaspace": lambda: write_fixture(args.out, "t5_metaspace",
+                                              build_t5_metaspace_style(700),
+                                              COMMON_CASES + MISC_CASES),
+        "kimi_tiktoken": lambda: write_kimi_tiktoken_fixture(args.out, 1200),
+    }
+    for name, build in builders.items():
+        if not args.only or name in args.only:
+            build()
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ std::string read_text(const std::string& path) {
 void run_expert_load(const ExpertLoadArgs& args) {
   const std::filesystem::path dir = resolve_model_dir(args.model);
   auto model = Model::load(dir, LoadOptions{});
-  const Tokenizer tokenizer = Tokenizer::from_file(dir / "tokenizer.json");
+  const Tokenizer tokenizer = Tokenizer::from_dir(dir);
   const std::vector<int32_t> ids =
       tokenizer.encode(read_text(args.text_file), /*add_special_tokens=*/true);
   MOE_CHECK(!ids.empty(), args.text_file, " encodes to no tokens");

@@ -65,7 +65,7 @@ void run_generate(const GenerateArgs& args) {
   MOE_CHECK(args.max_tokens >= 1, "--max-tokens must be >= 1, got ", args.max_tokens);
   const std::filesystem::path dir = resolve_model_dir(args.model);
   auto model = load_model_for(dir, args.device);
-  const Tokenizer tokenizer = Tokenizer::from_file(dir / "tokenizer.json");
+  const Tokenizer tokenizer = Tokenizer::from_dir(dir);
   Decoder& decoder = model->decoder();
   const ModelConfig& config = decoder.config();
 

@@ -112,7 +112,7 @@ std::vector<std::vector<int32_t>> make_prompts(const ProfileArgs& args,
     }
     return prompts;
   }
-  const Tokenizer tokenizer = Tokenizer::from_file(dir / "tokenizer.json");
+  const Tokenizer tokenizer = Tokenizer::from_dir(dir);
   const std::vector<int32_t> ids =
       tokenizer.encode(read_text(args.text_file), /*add_special_tokens=*/false);
   const int64_t n = static_cast<int64_t>(ids.size());

@@ -1,5 +1,6 @@
 // `moeinfer tokenize`: prints the ids of a text, comma-separated, exactly as
-// `tokenizers.Tokenizer.from_file(DIR/tokenizer.json).encode(TEXT).ids` gives them.
+// `tokenizers.Tokenizer.from_file(DIR/tokenizer.json).encode(TEXT).ids` gives them (or, for a
+// folder with Kimi's tiktoken.model, what its TikTokenTokenizer.encode(TEXT) gives).
 // With --input-jsonl every line of the file is a JSON string and one line of ids is printed per
 // input (the differential test against `tokenizers` drives this mode). --decode turns a
 // comma-separated id list back into text.
@@ -29,10 +30,12 @@ struct TokenizeOptions {
   bool skip_special = false;
 };
 
-std::filesystem::path tokenizer_path(const std::string& model) {
+// A model folder's tokenizer (tokenizer.json, or Kimi's tiktoken.model with
+// tokenizer_config.json), or a tokenizer.json given as a file.
+Tokenizer load_tokenizer(const std::string& model) {
   const std::filesystem::path path(model);
-  if (std::filesystem::is_directory(path)) return path / "tokenizer.json";
-  return path;
+  if (std::filesystem::is_directory(path)) return Tokenizer::from_dir(path);
+  return Tokenizer::from_file(path);
 }
 
 void append_ids(std::string& out, const std::vector<int32_t>& ids) {
@@ -65,8 +68,7 @@ std::vector<int32_t> parse_ids(const std::string& list) {
 }
 
 void run_tokenize(const TokenizeOptions& opts) {
-  const Tokenizer tokenizer =
-      Tokenizer::from_file(tokenizer_path(resolve_model_dir(opts.model).string()));
+  const Tokenizer tokenizer = load_tokenizer(resolve_model_dir(opts.model).string());
   const bool add_special = !opts.no_special;
   std::string out;
   if (!opts.decode_ids.empty()) {

@@ -131,7 +131,7 @@ std::unique_ptr<Engine> load_expert_parallel_engine(const std::filesystem::path&
   decoder.set_offload(config.offload, config.max_num_seqs);  // refuses a budget under --ep
   decoder.set_expert_parallel(comm, device.expert_placement(decoder),
                               device.overlap_shared_experts());
-  return std::make_unique<Engine>(std::move(model), Tokenizer::from_file(dir / "tokenizer.json"),
+  return std::make_unique<Engine>(std::move(model), Tokenizer::from_dir(dir),
                                   config);
 }
 

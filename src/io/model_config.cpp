@@ -32,6 +32,12 @@ std::string_view family_name(ModelFamily family) {
       return "deepseek_v2";
     case ModelFamily::kDeepseekV3:
       return "deepseek_v3";
+    case ModelFamily::kKimiK2:
+      return "kimi_k2";
+    case ModelFamily::kGlm4Moe:
+      return "glm4_moe";
+    case ModelFamily::kErnie45Moe:
+      return "ernie4_5_moe";
   }
   return "?";
 }
@@ -40,9 +46,10 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr ModelFamily kFamilies[] = {ModelFamily::kQwen3Moe,   ModelFamily::kMixtral,
-                                     ModelFamily::kOlmoe,      ModelFamily::kQwen2Moe,
-                                     ModelFamily::kDeepseekV2, ModelFamily::kDeepseekV3};
+constexpr ModelFamily kFamilies[] = {
+    ModelFamily::kQwen3Moe, ModelFamily::kMixtral,    ModelFamily::kOlmoe,
+    ModelFamily::kQwen2Moe, ModelFamily::kDeepseekV2, ModelFamily::kDeepseekV3,
+    ModelFamily::kKimiK2,   ModelFamily::kGlm4Moe,    ModelFamily::kErnie45Moe};
 
 // Upper bounds that keep later size arithmetic (products of two or three of these) in int64.
 constexpr int64_t kMaxDim = int64_t{1} << 31;
@@ -69,6 +76,10 @@ struct FamilyDefaults {
   double rope_theta;
   std::optional<int64_t> bos_token_id;
   std::optional<int64_t> eos_token_id;
+  bool tie_word_embeddings = false;
+  // The family's partial_rotary_factor when the config gives none; nullopt: the family's
+  // modeling code rotates whole heads, so any other value is refused.
+  std::optional<double> partial_rotary_factor = std::nullopt;
 };
 
 FamilyDefaults defaults_for(ModelFamily family) {
@@ -154,6 +165,7 @@ FamilyDefaults defaults_for(ModelFamily family) {
               .bos_token_id = 1,
               .eos_token_id = 2};
     case ModelFamily::kDeepseekV3:
+    case ModelFamily::kKimiK2:  // its configuration class is DeepSeek-V3's (auto_map)
       return {.vocab_size = 129280,
               .hidden_size = 7168,
               .intermediate_size = 18432,
@@ -169,6 +181,41 @@ FamilyDefaults defaults_for(ModelFamily family) {
               .rope_theta = 10000.0,
               .bos_token_id = 0,
               .eos_token_id = 1};
+    case ModelFamily::kGlm4Moe:
+      return {.vocab_size = 151552,
+              .hidden_size = 4096,
+              .intermediate_size = 10944,
+              .num_hidden_layers = 46,
+              .num_attention_heads = 96,
+              .num_key_value_heads = 8,
+              .max_position_embeddings = 131072,
+              .rms_norm_eps = 1e-5,
+              .num_experts = 128,
+              .num_experts_per_tok = 8,
+              .moe_intermediate_size = 1408,
+              .shared_expert_intermediate_size = 0,  // n_shared_experts * moe_intermediate_size
+              .rope_theta = 10000.0,
+              .bos_token_id = std::nullopt,
+              .eos_token_id = std::nullopt,
+              .partial_rotary_factor = 0.5};
+    case ModelFamily::kErnie45Moe:
+      return {
+          .vocab_size = 103424,
+          .hidden_size = 2560,
+          .intermediate_size = 12288,
+          .num_hidden_layers = 28,
+          .num_attention_heads = 20,
+          .num_key_value_heads = 4,
+          .max_position_embeddings = 131072,
+          .rms_norm_eps = 1e-5,
+          .num_experts = 64,
+          .num_experts_per_tok = 6,
+          .moe_intermediate_size = 1536,
+          .shared_expert_intermediate_size = 0,  // moe_num_shared_experts * moe_intermediate_size
+          .rope_theta = 500000.0,
+          .bos_token_id = 1,
+          .eos_token_id = 2,
+          .tie_word_embeddings = true};
   }
   MOE_FAIL("unknown family");
 }
@@ -319,16 +366,32 @@ std::string supported_list() {
 
 // The number of routed experts; transformers aliases num_experts and num_local_experts for
 // qwen3_moe, mixtral and olmoe (attribute_map), qwen2_moe reads only num_experts.
+// A count the family names `canonical` that transformers' attribute_map also reads as `alias`:
+// both present must agree.
+int64_t aliased_size(const Fields& f, const char* canonical, const char* alias, int64_t fallback,
+                     int64_t limit) {
+  if (f.has(alias) && f.has(canonical) && f.integer(alias) != f.integer(canonical))
+    f.fail(alias, "is ", f.integer(alias), " but ", canonical, " is ", f.integer(canonical),
+           "; they must agree");
+  if (f.has(alias)) return f.size(alias, limit);
+  return f.size(canonical, fallback, limit);
+}
+
 int64_t read_num_experts(const Fields& f, ModelFamily family, int64_t fallback) {
-  if (family == ModelFamily::kDeepseekV2 || family == ModelFamily::kDeepseekV3) {
-    // n_routed_experts, aliased as num_experts (V2) and num_local_experts (V3).
-    const char* alias = family == ModelFamily::kDeepseekV2 ? "num_experts" : "num_local_experts";
-    if (f.has(alias) && f.has("n_routed_experts") &&
-        f.integer(alias) != f.integer("n_routed_experts"))
-      f.fail(alias, "is ", f.integer(alias), " but n_routed_experts is ",
-             f.integer("n_routed_experts"), "; they must agree");
-    if (f.has(alias)) return f.size(alias, kMaxExperts);
-    return f.size("n_routed_experts", fallback, kMaxExperts);
+  switch (family) {
+    case ModelFamily::kDeepseekV2:  // n_routed_experts, aliased as num_experts
+      return aliased_size(f, "n_routed_experts", "num_experts", fallback, kMaxExperts);
+    case ModelFamily::kDeepseekV3:  // n_routed_experts, aliased as num_local_experts
+    case ModelFamily::kKimiK2:
+    case ModelFamily::kGlm4Moe:
+      return aliased_size(f, "n_routed_experts", "num_local_experts", fallback, kMaxExperts);
+    case ModelFamily::kErnie45Moe:  // moe_num_experts, aliased as num_experts
+      return aliased_size(f, "moe_num_experts", "num_experts", fallback, kMaxExperts);
+    case ModelFamily::kQwen3Moe:
+    case ModelFamily::kMixtral:
+    case ModelFamily::kOlmoe:
+    case ModelFamily::kQwen2Moe:
+      break;
   }
   const bool aliased = family != ModelFamily::kQwen2Moe;
   const bool has_experts = f.has("num_experts");
@@ -374,15 +437,33 @@ RopeConfig read_rope(const Fields& top, const FamilyDefaults& defaults,
     where = key;
     break;
   }
-  if (top.has("partial_rotary_factor") && top.number("partial_rotary_factor") != 1.0)
-    top.fail("partial_rotary_factor", "partial rotary embeddings are not supported");
+  // partial_rotary_factor: the dict's value, then the top level's, then the family's default
+  // (convert_rope_params_to_dict). A family whose modeling code rotates whole heads would fail
+  // on any other value, so it is refused there.
+  const Fields* partial_from = &top;
+  std::optional<Fields> in_params;
+  if (params) {
+    in_params.emplace(*params, top.source(), where + ".");
+    if (in_params->has("partial_rotary_factor")) partial_from = &*in_params;
+  }
+  if (partial_from->has("partial_rotary_factor")) {
+    rope.partial_rotary_factor = partial_from->number("partial_rotary_factor");
+    if (!defaults.partial_rotary_factor && rope.partial_rotary_factor != 1.0)
+      partial_from->fail("partial_rotary_factor",
+                         "partial rotary embeddings are not supported for this model_type");
+    if (!(rope.partial_rotary_factor > 0.0 && rope.partial_rotary_factor <= 1.0))
+      partial_from->fail("partial_rotary_factor", "must be in (0, 1], found ",
+                         rope.partial_rotary_factor);
+  } else {
+    rope.partial_rotary_factor = defaults.partial_rotary_factor.value_or(1.0);
+  }
 
   rope.theta = top.number("rope_theta", defaults.rope_theta);
   if (!params) {
     top.positive_number("rope_theta", rope.theta);
     return rope;
   }
-  const Fields p(*params, top.source(), where + ".");
+  const Fields& p = *in_params;
   for (const auto& [key, value] : params->items())
     if (value.is_object()) p.fail(key.c_str(), "per-layer-type RoPE parameters are not supported");
   rope.theta = p.positive_number("rope_theta", p.number("rope_theta", rope.theta));
@@ -391,8 +472,6 @@ RopeConfig read_rope(const Fields& top, const FamilyDefaults& defaults,
   else if (p.has("type"))
     rope.type = p.string("type");
   const char* type_key = p.has("rope_type") ? "rope_type" : "type";
-  if (p.has("partial_rotary_factor") && p.number("partial_rotary_factor") != 1.0)
-    p.fail("partial_rotary_factor", "partial rotary embeddings are not supported");
 
   // original_max_position_embeddings: a top-level value wins (standardize_rope_params), then the
   // dict's, then max_position_embeddings.
@@ -439,13 +518,30 @@ RopeConfig read_rope(const Fields& top, const FamilyDefaults& defaults,
   return rope;
 }
 
-// DeepSeek-V2 / V3: MLA sizes, shared experts, dense first layers and the routing method. The
-// router follows transformers' modeling code: V2 scores with softmax (greedy or
-// group_limited_greedy top-k, scaled by routed_scaling_factor, never renormalised); V3 always
-// uses sigmoid scores with e_score_correction_bias and top-2-sum groups (noaux_tc). A config that
-// asks for another combination would be run differently by the reference, so it is refused.
+// n_group / topk_group of a grouped router (group_limited_greedy or noaux_tc).
+void read_groups(const Fields& f, int64_t default_groups, int64_t default_topk_groups,
+                 ModelConfig* cfg) {
+  cfg->num_groups = f.size("n_group", default_groups, kMaxExperts);
+  cfg->topk_groups = f.size("topk_group", default_topk_groups, kMaxExperts);
+  if (cfg->num_experts % cfg->num_groups != 0)
+    f.fail("n_group", cfg->num_groups, " does not divide the ", cfg->num_experts, " experts");
+  if (cfg->topk_groups > cfg->num_groups)
+    f.fail("topk_group", cfg->topk_groups, " exceeds n_group (", cfg->num_groups, ")");
+  if (cfg->topk_groups * (cfg->num_experts / cfg->num_groups) < cfg->num_experts_per_tok)
+    f.fail("topk_group", cfg->topk_groups, " groups of ", cfg->num_experts / cfg->num_groups,
+           " experts cannot supply num_experts_per_tok=", cfg->num_experts_per_tok);
+  if (cfg->topk_method == TopkMethod::kNoauxTc && cfg->num_experts / cfg->num_groups < 2)
+    f.fail("n_group", "noaux_tc needs at least 2 experts per group");
+}
+
+// DeepSeek-V2 / V3 (and Kimi K2, V3 under its own model_type): MLA sizes, shared experts, dense
+// first layers and the routing method. The router follows transformers' modeling code: V2
+// scores with softmax (greedy or group_limited_greedy top-k, scaled by routed_scaling_factor,
+// never renormalised); V3 always uses sigmoid scores with e_score_correction_bias and top-2-sum
+// groups (noaux_tc). A config that asks for another combination would be run differently by the
+// reference, so it is refused.
 void read_deepseek(const Fields& f, const FamilyDefaults& defaults, ModelConfig* cfg) {
-  const bool v3 = cfg->family == ModelFamily::kDeepseekV3;
+  const bool v3 = cfg->family != ModelFamily::kDeepseekV2;
   MlaConfig mla;
   const json* q_lora = f.find("q_lora_rank");
   if (f.contains_key("q_lora_rank") && !q_lora) {
@@ -489,11 +585,13 @@ void read_deepseek(const Fields& f, const FamilyDefaults& defaults, ModelConfig*
   const std::string method = f.opt_string("topk_method").value_or(v3 ? "noaux_tc" : "greedy");
   if (v3) {
     if (method != "noaux_tc")
-      f.fail("topk_method", "deepseek_v3 routing is noaux_tc, found '", method, "'");
+      f.fail("topk_method", cfg->model_type, " routing is noaux_tc, found '", method, "'");
     if (scoring != "sigmoid")
-      f.fail("scoring_func", "deepseek_v3 routing scores with sigmoid, found '", scoring, "'");
+      f.fail("scoring_func", cfg->model_type, " routing scores with sigmoid, found '", scoring,
+             "'");
     cfg->topk_method = TopkMethod::kNoauxTc;
     cfg->sigmoid_scores = true;
+    cfg->router_selection_bias = true;
     cfg->norm_topk_prob = f.boolean("norm_topk_prob", true);
   } else {
     if (method == "greedy") {
@@ -511,19 +609,90 @@ void read_deepseek(const Fields& f, const FamilyDefaults& defaults, ModelConfig*
              "renormalised deepseek_v2 routing is not supported (the reference "
              "implementation does not renormalise)");
   }
-  if (cfg->topk_method != TopkMethod::kGreedy) {
-    cfg->num_groups = f.size("n_group", v3 ? 8 : 1, kMaxExperts);
-    cfg->topk_groups = f.size("topk_group", v3 ? 4 : 1, kMaxExperts);
-    if (cfg->num_experts % cfg->num_groups != 0)
-      f.fail("n_group", cfg->num_groups, " does not divide the ", cfg->num_experts, " experts");
-    if (cfg->topk_groups > cfg->num_groups)
-      f.fail("topk_group", cfg->topk_groups, " exceeds n_group (", cfg->num_groups, ")");
-    if (cfg->topk_groups * (cfg->num_experts / cfg->num_groups) < cfg->num_experts_per_tok)
-      f.fail("topk_group", cfg->topk_groups, " groups of ", cfg->num_experts / cfg->num_groups,
-             " experts cannot supply num_experts_per_tok=", cfg->num_experts_per_tok);
-    if (cfg->topk_method == TopkMethod::kNoauxTc && cfg->num_experts / cfg->num_groups < 2)
-      f.fail("n_group", "noaux_tc needs at least 2 experts per group");
-  }
+  if (cfg->topk_method != TopkMethod::kGreedy) read_groups(f, v3 ? 8 : 1, v3 ? 4 : 1, cfg);
+}
+
+// GLM's dense first layers: layers [0, first_k_dense_replace) are dense, the rest routed (a value
+// past the last layer makes every layer dense, as the reference's
+// layer_idx >= first_k_dense_replace does).
+std::vector<bool> first_dense_layers(const Fields& f, int64_t fallback, int64_t num_layers) {
+  const int64_t first_dense = f.integer("first_k_dense_replace", fallback);
+  if (first_dense < 0) f.fail("first_k_dense_replace", "must not be negative, found ", first_dense);
+  std::vector<bool> is_moe(static_cast<size_t>(num_layers));
+  for (int64_t l = 0; l < num_layers; ++l) is_moe[l] = l >= first_dense;
+  return is_moe;
+}
+
+// GLM-4.5 (transformers' Glm4Moe*): standard attention with q/k/v biases when attention_bias
+// (o_proj never has one), per-head q/k RMSNorm when use_qk_norm, RoPE over the first
+// partial_rotary_factor of each head (0.5 unless the config says otherwise, rotate-half pairs
+// within it); first_k_dense_replace dense layers, then routed experts chosen as DeepSeek-V3
+// chooses them (sigmoid scores plus e_score_correction_bias, top-2-sum groups, the unbiased
+// scores renormalised when norm_topk_prob, times routed_scaling_factor) beside n_shared_experts
+// ungated shared experts. The reference always routes that way and never reads topk_method or
+// scoring_func, so neither is read here; the MTP layers (num_nextn_predict_layers) are not part
+// of its forward pass and their tensors are left unread.
+void read_glm4_moe(const Fields& f, const FamilyDefaults& defaults, ModelConfig* cfg) {
+  cfg->moe_intermediate_size =
+      f.size("moe_intermediate_size", defaults.moe_intermediate_size, kMaxDim);
+  const int64_t num_shared = f.integer("n_shared_experts", 1);
+  if (num_shared < 0) f.fail("n_shared_experts", "must not be negative, found ", num_shared);
+  cfg->shared_expert_intermediate_size = num_shared * cfg->moe_intermediate_size;
+  cfg->attention_bias = f.boolean("attention_bias", false);
+  cfg->attention_out_bias = false;
+  cfg->qk_norm_per_head = f.boolean("use_qk_norm", false);
+  cfg->routed_scaling_factor = f.number("routed_scaling_factor", 1.0);
+  f.positive_number("routed_scaling_factor", cfg->routed_scaling_factor);
+  cfg->norm_topk_prob = f.boolean("norm_topk_prob", true);
+  cfg->topk_method = TopkMethod::kNoauxTc;
+  cfg->sigmoid_scores = true;
+  cfg->router_selection_bias = true;
+  cfg->layer_is_moe = first_dense_layers(f, 1, cfg->num_layers);
+  read_groups(f, 1, 1, cfg);
+}
+
+// The largest moe_norm_min taken (the published value). The reference divides the K picked
+// scores by max(their sum, moe_norm_min), the engine's router by their sum + 1e-20: the same
+// float unless the picks' softmax scores sum below moe_norm_min, so a larger floor, which could
+// take effect, is refused rather than run differently.
+constexpr double kErnieMaxNormMin = 1e-12;
+
+// ERNIE 4.5 MoE, the text model (transformers' Ernie4_5_Moe*): standard attention without
+// biases, RoPE over adjacent pairs (2i, 2i + 1); routed experts chosen by softmax scores plus
+// e_score_correction_bias (its moe_statics), weighted by the unbiased scores renormalised over
+// the K picks (no scaling factor), beside moe_num_shared_experts ungated shared experts of
+// moe_intermediate_size each; layer l is routed iff (l + 1) % moe_layer_interval == 0 and
+// moe_layer_start_index <= l <= moe_layer_end_index (-1: the last layer), dense otherwise. The
+// MTP block (num_nextn_predict_layers) is not part of the reference's forward pass.
+void read_ernie4_5_moe(const Fields& f, const FamilyDefaults& defaults, ModelConfig* cfg) {
+  cfg->moe_intermediate_size =
+      f.size("moe_intermediate_size", defaults.moe_intermediate_size, kMaxDim);
+  const int64_t num_shared = f.integer("moe_num_shared_experts", 2);
+  if (num_shared < 0) f.fail("moe_num_shared_experts", "must not be negative, found ", num_shared);
+  cfg->shared_expert_intermediate_size = num_shared * cfg->moe_intermediate_size;
+  if (f.boolean("use_bias", false))
+    f.fail("use_bias",
+           "biases on the attention and MLP projections are not supported (the published "
+           "ERNIE 4.5 checkpoints have none)");
+  cfg->rope_interleaved = true;
+  cfg->topk_method = TopkMethod::kGreedy;
+  cfg->sigmoid_scores = false;
+  cfg->norm_topk_prob = true;
+  cfg->router_selection_bias = true;
+  const double norm_min = f.number("moe_norm_min", 1e-12);
+  if (norm_min < 0.0 || norm_min > kErnieMaxNormMin)
+    f.fail("moe_norm_min", "only floors up to ", kErnieMaxNormMin,
+           " are supported (the renormalisation adds 1e-20 instead), found ", norm_min);
+
+  const int64_t L = cfg->num_layers;
+  const int64_t interval = f.integer("moe_layer_interval", 1);
+  if (interval <= 0) f.fail("moe_layer_interval", "must be positive, found ", interval);
+  const int64_t first = f.integer("moe_layer_start_index", 1);
+  int64_t last = f.integer("moe_layer_end_index", -1);
+  if (last == -1) last = L - 1;
+  cfg->layer_is_moe.assign(static_cast<size_t>(L), false);
+  for (int64_t l = 0; l < L; ++l)
+    cfg->layer_is_moe[l] = (l + 1) % interval == 0 && l >= first && l <= last;
 }
 
 // quantization_config: only DeepSeek-V3's block-scaled fp8 (e4m3) format is read.
@@ -588,8 +757,9 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& so
   if (cfg.num_heads % cfg.num_kv_heads != 0)
     f.fail("num_key_value_heads", cfg.num_kv_heads, " does not divide num_attention_heads (",
            cfg.num_heads, ")");
-  const bool is_deepseek =
-      cfg.family == ModelFamily::kDeepseekV2 || cfg.family == ModelFamily::kDeepseekV3;
+  const bool is_deepseek = cfg.family == ModelFamily::kDeepseekV2 ||
+                           cfg.family == ModelFamily::kDeepseekV3 ||
+                           cfg.family == ModelFamily::kKimiK2;
   if (is_deepseek) {
     // transformers sets head_dim = qk_rope_head_dim for both DeepSeek families; it sizes RoPE.
     cfg.head_dim = f.size("qk_rope_head_dim", 64, kMaxHeads);
@@ -605,10 +775,15 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& so
     f.fail("head_dim", "RoPE needs an even head_dim, found ", cfg.head_dim);
   cfg.intermediate_size = f.size("intermediate_size", defaults.intermediate_size, kMaxDim);
   cfg.num_experts = read_num_experts(f, cfg.family, defaults.num_experts);
-  cfg.num_experts_per_tok =
-      defaults.num_experts_per_tok > 0
-          ? f.size("num_experts_per_tok", defaults.num_experts_per_tok, kMaxExperts)
-          : f.size("num_experts_per_tok", kMaxExperts);
+  if (cfg.family == ModelFamily::kErnie45Moe) {  // moe_k, aliased as num_experts_per_tok
+    cfg.num_experts_per_tok =
+        aliased_size(f, "moe_k", "num_experts_per_tok", defaults.num_experts_per_tok, kMaxExperts);
+  } else {
+    cfg.num_experts_per_tok =
+        defaults.num_experts_per_tok > 0
+            ? f.size("num_experts_per_tok", defaults.num_experts_per_tok, kMaxExperts)
+            : f.size("num_experts_per_tok", kMaxExperts);
+  }
   if (cfg.num_experts_per_tok > cfg.num_experts)
     f.fail("num_experts_per_tok", cfg.num_experts_per_tok, " exceeds the number of experts (",
            cfg.num_experts, ")");
@@ -620,7 +795,7 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& so
   f.positive_number("rms_norm_eps", cfg.rms_norm_eps);
   cfg.max_position_embeddings =
       f.size("max_position_embeddings", defaults.max_position_embeddings, kMaxDim);
-  cfg.tie_word_embeddings = f.boolean("tie_word_embeddings", false);
+  cfg.tie_word_embeddings = f.boolean("tie_word_embeddings", defaults.tie_word_embeddings);
   cfg.bos_token_id =
       f.contains_key("bos_token_id") ? f.opt_integer("bos_token_id") : defaults.bos_token_id;
   if (f.contains_key("eos_token_id")) {
@@ -630,6 +805,12 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& so
   }
   cfg.dtype = f.opt_string("dtype").value_or(f.opt_string("torch_dtype").value_or(""));
   cfg.rope = read_rope(f, defaults, cfg.max_position_embeddings);
+  if (!is_deepseek) {
+    const int64_t rotary = cfg.rotary_dim();
+    if (rotary <= 0 || rotary % 2 != 0)
+      f.fail("partial_rotary_factor", "rotates ", rotary, " of the ", cfg.head_dim,
+             " head dims; RoPE needs a positive even count");
+  }
 
   switch (cfg.family) {
     case ModelFamily::kQwen3Moe: {
@@ -699,7 +880,14 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& so
     }
     case ModelFamily::kDeepseekV2:
     case ModelFamily::kDeepseekV3:
+    case ModelFamily::kKimiK2:
       read_deepseek(f, defaults, &cfg);
+      break;
+    case ModelFamily::kGlm4Moe:
+      read_glm4_moe(f, defaults, &cfg);
+      break;
+    case ModelFamily::kErnie45Moe:
+      read_ernie4_5_moe(f, defaults, &cfg);
       break;
   }
   read_quantization(f, &cfg);

@@ -12,7 +12,17 @@
 
 namespace moeinfer {
 
-enum class ModelFamily { kQwen3Moe, kMixtral, kOlmoe, kQwen2Moe, kDeepseekV2, kDeepseekV3 };
+enum class ModelFamily {
+  kQwen3Moe,
+  kMixtral,
+  kOlmoe,
+  kQwen2Moe,
+  kDeepseekV2,
+  kDeepseekV3,
+  kKimiK2,      // DeepSeek-V3's architecture and tensor names under model_type kimi_k2
+  kGlm4Moe,     // GLM-4.5 / 4.5-Air
+  kErnie45Moe,  // ERNIE 4.5 MoE (text)
+};
 
 std::string_view family_name(ModelFamily family);
 
@@ -31,6 +41,8 @@ struct RopeConfig {
   bool truncate = true;          // yarn
   double low_freq_factor = 1.0;   // llama3
   double high_freq_factor = 4.0;  // llama3
+  // The share of each head's dims that rotate (GLM-4.5: 0.5, the first half); 1 elsewhere.
+  double partial_rotary_factor = 1.0;
 };
 
 // Multi-head Latent Attention (DeepSeek): queries optionally through a low-rank bottleneck,
@@ -100,9 +112,22 @@ struct ModelConfig {
   int64_t topk_groups = 1;                // topk_group
   double routed_scaling_factor = 1.0;
   bool shared_expert_gated = false;       // qwen2_moe: sigmoid gate on the shared expert
+  // The router adds a per-expert bias [E] (e_score_correction_bias) to the scores it chooses
+  // experts (and groups) by; the weights stay the unbiased scores. DeepSeek-V3 and Kimi K2,
+  // GLM-4.5 (sigmoid scores) and ERNIE 4.5 (softmax scores).
+  bool router_selection_bias = false;
+  // GQA families: RoPE rotates adjacent pairs (2i, 2i + 1) instead of (i, i + rotary_dim/2)
+  // (ERNIE 4.5). MLA has its own flag (MlaConfig::rope_interleave).
+  bool rope_interleaved = false;
   std::optional<Fp8Quantization> fp8;     // quantization_config with quant_method fp8
 
   int64_t q_dim() const { return num_heads * head_dim; }
+  // The leading dims of each head that RoPE rotates: MLA's rope key, else head_dim scaled by
+  // partial_rotary_factor (truncated, as transformers' int(head_dim * factor)).
+  int64_t rotary_dim() const {
+    if (mla) return mla->qk_rope_head_dim;
+    return static_cast<int64_t>(static_cast<double>(head_dim) * rope.partial_rotary_factor);
+  }
   int64_t kv_dim() const { return num_kv_heads * head_dim; }
 };
 

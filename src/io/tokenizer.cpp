@@ -90,6 +90,61 @@ struct Match {
   size_t end;
 };
 
+// Python's str.isspace(): category Zs or bidirectional class WS, B or S.
+bool python_isspace(char32_t cp) {
+  return (cp >= 0x9 && cp <= 0xD) || (cp >= 0x1C && cp <= 0x20) || cp == 0x85 || cp == 0xA0 ||
+         cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 ||
+         cp == 0x202F || cp == 0x205F || cp == 0x3000;
+}
+
+// Kimi's TikTokenTokenizer.encode before tiktoken sees the text: chunks of `chunk_chars` code
+// points, each cut again before the code point that would make a run of spaces (or of
+// non-spaces) longer than `max_run` (its _split_whitespaces_or_nonwhitespaces).
+std::vector<std::string_view> split_long_runs(std::string_view text, size_t chunk_chars,
+                                              size_t max_run) {
+  std::vector<std::string_view> out;
+  size_t pos = 0;
+  while (true) {
+    // One chunk: [chunk_start, chunk_end).
+    const size_t chunk_start = pos;
+    size_t count = 0;
+    size_t chunk_end = pos;
+    while (chunk_end < text.size() && count < chunk_chars) {
+      chunk_end += unicode::utf8_length(static_cast<unsigned char>(text[chunk_end]));
+      ++count;
+    }
+    size_t slice_start = chunk_start;
+    size_t run = 0;
+    bool run_is_space = false;
+    for (size_t p = chunk_start; p < chunk_end;) {
+      const size_t at = p;
+      const bool space = python_isspace(unicode::next_code_point(text, p));
+      if (at == chunk_start) run_is_space = space;
+      if (space != run_is_space) {
+        run = 1;
+        run_is_space = space;
+      } else if (++run > max_run) {
+        out.push_back(text.substr(slice_start, at - slice_start));
+        slice_start = at;
+        run = 1;
+      }
+    }
+    out.push_back(text.substr(slice_start, chunk_end - slice_start));
+    pos = chunk_end;
+    if (pos >= text.size()) break;
+  }
+  return out;
+}
+
+std::string read_file(const std::filesystem::path& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  MOE_CHECK(in.good(), "cannot open ", what, " ", path.string());
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  MOE_CHECK(!in.bad(), "cannot read ", what, " ", path.string());
+  return buffer.str();
+}
+
 bool json_bool(const Json& j, const char* key, bool fallback) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return fallback;
@@ -102,7 +157,7 @@ struct Tokenizer::Impl {
   std::string source;
   std::unique_ptr<tok::Normalizer> normalizer;
   std::unique_ptr<tok::PreTokenizer> pre_tokenizer;
-  std::unique_ptr<tok::BpeModel> model;
+  std::unique_ptr<tok::Model> model;
   std::unique_ptr<tok::PostProcessor> post_processor;
   std::unique_ptr<tok::Decoder> decoder;
 
@@ -114,8 +169,15 @@ struct Tokenizer::Impl {
   Trie normalized_trie;                   // added tokens matched on normalised text
   std::unique_ptr<tok::Regex> word_char;  // Rust regex \w, for single_word tokens
   int64_t vocab_size = 0;
+  // tiktoken (Kimi): the text is cut into chunks of this many code points, and each where a run
+  // of spaces or non-spaces exceeds max_run_chars, before encoding; 0: not cut.
+  size_t chunk_chars = 0;
+  size_t max_run_chars = 0;
 
   void load(const Json& root);
+  void load_tiktoken(std::string_view ranks, const std::string& ranks_source, const Json& config,
+                     const std::string& config_source);
+  std::vector<int32_t> encode_part(std::string_view text) const;
   void add_tokens(const Json& list);
   std::vector<Match> find_matches(std::string_view text, const Trie& trie) const;
   bool is_word_char_at(std::string_view text, size_t pos) const;
@@ -158,6 +220,86 @@ void Tokenizer::Impl::load(const Json& root) {
 
   vocab_size = model->max_id() + 1;
   for (const auto& [id, token] : added_tokens) vocab_size = std::max<int64_t>(vocab_size, id + 1);
+}
+
+// Kimi's TikTokenTokenizer: 256 special ids after the rank file's tokens.
+constexpr int64_t kTiktokenSpecialTokens = 256;
+constexpr size_t kTiktokenChunkChars = 400000;
+constexpr size_t kTiktokenMaxRunChars = 25000;
+
+void Tokenizer::Impl::load_tiktoken(std::string_view ranks, const std::string& ranks_source,
+                                    const Json& config, const std::string& config_source) {
+  MOE_CHECK(config.is_object(), config_source, ": the top level is not a JSON object");
+  auto field_string = [&](const Json& j) {
+    return j.is_string() ? j.get<std::string>() : j.dump();
+  };
+  const auto cls = config.find("tokenizer_class");
+  MOE_CHECK(cls != config.end() && field_string(*cls) == "TikTokenTokenizer", config_source,
+            ": field 'tokenizer_class': a tiktoken rank file is read for TikTokenTokenizer, found ",
+            cls == config.end() ? std::string("none") : field_string(*cls));
+  // The split pattern lives in the tokenizer's Python class, not in any file: the engine knows
+  // Kimi's (tokenization_kimi.py) and refuses a class it cannot name.
+  std::string auto_tokenizer = "none";
+  if (auto map = config.find("auto_map"); map != config.end() && map->is_object()) {
+    if (auto it = map->find("AutoTokenizer"); it != map->end()) {
+      auto_tokenizer = it->is_array() && !it->empty() ? field_string((*it)[0]) : field_string(*it);
+    }
+  }
+  MOE_CHECK(auto_tokenizer.starts_with("tokenization_kimi."), config_source,
+            ": field 'auto_map.AutoTokenizer': the split pattern is known for Kimi's "
+            "tokenization_kimi.TikTokenTokenizer only, found ",
+            auto_tokenizer);
+
+  model = std::make_unique<tok::TiktokenModel>(ranks, ranks_source);
+  const int64_t num_base = static_cast<int64_t>(model->num_entries());
+  std::unordered_map<int64_t, AddedToken> named;
+  if (auto decoder_json = config.find("added_tokens_decoder"); decoder_json != config.end()) {
+    MOE_CHECK(decoder_json->is_object(), config_source,
+              ": field 'added_tokens_decoder' is not an object");
+    for (const auto& [key, entry] : decoder_json->items()) {
+      int64_t id = -1;
+      try {
+        size_t used = 0;
+        id = std::stoll(key, &used);
+        if (used != key.size()) id = -1;
+      } catch (const std::exception&) {
+        id = -1;
+      }
+      MOE_CHECK(id >= num_base && id < num_base + kTiktokenSpecialTokens, config_source,
+                ": field 'added_tokens_decoder': id '", key, "' is not one of the special ids ",
+                num_base, "..", num_base + kTiktokenSpecialTokens - 1,
+                " that follow the rank file's tokens");
+      MOE_CHECK(entry.is_object() && entry.contains("content") && entry["content"].is_string(),
+                config_source, ": field 'added_tokens_decoder': entry ", key,
+                " has no string \"content\"");
+      named[id] = AddedToken{.content = entry["content"].get<std::string>(),
+                             .normalized = false,
+                             .special = json_bool(entry, "special", true)};
+    }
+  }
+  for (int64_t id = num_base; id < num_base + kTiktokenSpecialTokens; ++id) {
+    auto it = named.find(id);
+    // A reserved id is a tiktoken special (encode matches it) but not one of the class's
+    // special tokens, so skip_special_tokens keeps it, as transformers' decode does.
+    AddedToken token = it != named.end()
+                           ? it->second
+                           : AddedToken{.content = "<|reserved_token_" + std::to_string(id) + "|>",
+                                        .normalized = false,
+                                        .special = false};
+    MOE_CHECK(!token.content.empty() && unicode::is_valid_utf8(token.content), config_source,
+              ": special token ", id, " is empty or not valid UTF-8");
+    MOE_CHECK(!added_ids.contains(token.content), config_source, ": special token '", token.content,
+              "' is named twice");
+    added_ids[token.content] = static_cast<int32_t>(id);
+    if (token.special) special_contents.insert(token.content);
+    raw_trie.insert(token.content, static_cast<int32_t>(id));
+    added_tokens[static_cast<int32_t>(id)] = std::move(token);
+  }
+  pre_tokenizer = tok::make_tiktoken_split(tok::kKimiPattern);
+  decoder = tok::parse_decoder(Json{{"type", "ByteLevel"}});
+  vocab_size = num_base + kTiktokenSpecialTokens;
+  chunk_chars = kTiktokenChunkChars;
+  max_run_chars = kTiktokenMaxRunChars;
 }
 
 // Mirrors `AddedVocabulary::add_tokens`: a token keeps the id the model gives its content, or
@@ -271,6 +413,22 @@ std::vector<Match> Tokenizer::Impl::find_matches(std::string_view text, const Tr
 
 std::vector<int32_t> Tokenizer::Impl::encode(std::string_view text, bool add_special_tokens) const {
   MOE_CHECK(unicode::is_valid_utf8(text), "tokenizer input is not valid UTF-8");
+  std::vector<int32_t> ids;
+  if (max_run_chars > 0) {
+    for (std::string_view part : split_long_runs(text, chunk_chars, max_run_chars)) {
+      const std::vector<int32_t> part_ids = encode_part(part);
+      ids.insert(ids.end(), part_ids.begin(), part_ids.end());
+    }
+  } else {
+    ids = encode_part(text);
+  }
+  // 5. Special tokens around the sequence.
+  if (post_processor) post_processor->process(ids, add_special_tokens);
+  return ids;
+}
+
+// Steps 1-4 of encode: added tokens, normalisation, words, ids.
+std::vector<int32_t> Tokenizer::Impl::encode_part(std::string_view text) const {
   Pieces pieces;
   // 1. Added tokens that match the raw text.
   for (const Match& m : find_matches(text, raw_trie)) {
@@ -301,8 +459,6 @@ std::vector<int32_t> Tokenizer::Impl::encode(std::string_view text, bool add_spe
       model->tokenize(piece.text, ids);
     }
   }
-  // 5. Special tokens around the sequence.
-  if (post_processor) post_processor->process(ids, add_special_tokens);
   return ids;
 }
 
@@ -355,6 +511,28 @@ Tokenizer Tokenizer::from_file(const std::filesystem::path& tokenizer_json) {
   buffer << in.rdbuf();
   MOE_CHECK(!in.bad(), "cannot read tokenizer file ", tokenizer_json.string());
   return from_json(buffer.str(), tokenizer_json.string());
+}
+
+Tokenizer Tokenizer::from_tiktoken(const std::filesystem::path& rank_file,
+                                   const std::filesystem::path& tokenizer_config) {
+  const std::string ranks = read_file(rank_file, "tiktoken rank file");
+  const std::string config_text = read_file(tokenizer_config, "tokenizer config");
+  auto impl = std::make_unique<Impl>();
+  impl->source = rank_file.string();
+  try {
+    impl->load_tiktoken(ranks, rank_file.string(), Json::parse(config_text),
+                        tokenizer_config.string());
+  } catch (const nlohmann::json::exception& e) {
+    MOE_FAIL("tokenizer config ", tokenizer_config.string(), ": ", e.what());
+  }
+  return Tokenizer(std::move(impl));
+}
+
+Tokenizer Tokenizer::from_dir(const std::filesystem::path& dir) {
+  if (std::filesystem::exists(dir / "tokenizer.json")) return from_file(dir / "tokenizer.json");
+  if (std::filesystem::exists(dir / "tiktoken.model"))
+    return from_tiktoken(dir / "tiktoken.model", dir / "tokenizer_config.json");
+  MOE_FAIL("no tokenizer in ", dir.string(), ": neither tokenizer.json nor tiktoken.model");
 }
 
 Tokenizer Tokenizer::from_json(std::string_view json_text, const std::string& source) {

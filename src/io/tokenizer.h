@@ -17,7 +17,9 @@
 //   decoder         ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip, BPEDecoder,
 //                   Sequence
 // Anything else (WordPiece/Unigram/WordLevel models, Precompiled normaliser, ...) is refused
-// with a moeinfer::Error that names the component. Regexes run on PCRE2 (UTF + UCP) with the
+// with a moeinfer::Error that names the component. A tiktoken rank file with its special tokens
+// (Kimi K2, from_tiktoken) runs through the same pipeline: its specials as added tokens, its
+// split pattern as the pre-tokenizer, tiktoken's byte-pair merge as the model, ByteLevel decode. Regexes run on PCRE2 (UTF + UCP) with the
 // Oniguruma meaning of \s, \w and \h. The `truncation` and `padding` sections are ignored.
 //
 // Thread safety: a Tokenizer is immutable after loading except for an internal, locked BPE
@@ -41,6 +43,18 @@ class Tokenizer {
   static Tokenizer from_file(const std::filesystem::path& tokenizer_json);
   // `source` names the text in error messages (a path, or e.g. "<inline>").
   static Tokenizer from_json(std::string_view json_text, const std::string& source);
+  // A tiktoken-style tokenizer as Kimi K2 publishes it: the rank file (tiktoken.model, lines of
+  // "<base64 bytes> <rank>") and tokenizer_config.json, whose tokenizer_class and auto_map must
+  // name Kimi's TikTokenTokenizer (its split pattern is built in). Ids num_base .. num_base + 255
+  // are special tokens, named by added_tokens_decoder or "<|reserved_token_<id>|>" (encoded as
+  // one id each; only the named ones count as special for skip_special_tokens). Encodes as
+  // that class's encode(text) does (tiktoken with every special token allowed, the text cut
+  // where a run of spaces or non-spaces passes 25000 characters); adds no BOS.
+  static Tokenizer from_tiktoken(const std::filesystem::path& rank_file,
+                                 const std::filesystem::path& tokenizer_config);
+  // A checkpoint folder's tokenizer: <dir>/tokenizer.json, or else <dir>/tiktoken.model with
+  // <dir>/tokenizer_config.json.
+  static Tokenizer from_dir(const std::filesystem::path& dir);
 
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;

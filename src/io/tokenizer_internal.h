@@ -4,6 +4,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -118,18 +119,31 @@ std::unique_ptr<PreTokenizer> parse_pre_tokenizer(const Json& j);
 std::unique_ptr<Decoder> parse_decoder(const Json& j);
 std::unique_ptr<PostProcessor> parse_post_processor(const Json& j);
 
+// The model that turns one pre-tokenised word into ids: tokenizer.json's BPE, or a tiktoken
+// rank file.
+class Model {
+ public:
+  virtual ~Model() = default;
+  // Appends the ids of one pre-tokenised word.
+  virtual void tokenize(std::string_view word, std::vector<int32_t>& out) const = 0;
+  virtual size_t num_entries() const = 0;  // what `get_vocab_size` reports
+  virtual int32_t max_id() const = 0;
+  virtual std::optional<int32_t> token_to_id(std::string_view token) const = 0;
+  // The token's vocabulary string, or null for an id without one.
+  virtual const std::string* id_to_token(int32_t id) const = 0;
+};
+
 // Byte-pair encoding model.
-class BpeModel {
+class BpeModel final : public Model {
  public:
   explicit BpeModel(const Json& j);
 
-  // Appends the ids of one pre-tokenised word.
-  void tokenize(std::string_view word, std::vector<int32_t>& out) const;
+  void tokenize(std::string_view word, std::vector<int32_t>& out) const override;
 
-  size_t num_entries() const { return vocab_.size(); }  // what `get_vocab_size` reports
-  int32_t max_id() const { return static_cast<int32_t>(id_to_token_.size()) - 1; }
-  std::optional<int32_t> token_to_id(std::string_view token) const;
-  const std::string* id_to_token(int32_t id) const;
+  size_t num_entries() const override { return vocab_.size(); }
+  int32_t max_id() const override { return static_cast<int32_t>(id_to_token_.size()) - 1; }
+  std::optional<int32_t> token_to_id(std::string_view token) const override;
+  const std::string* id_to_token(int32_t id) const override;
 
  private:
   void merge_word(std::string_view word, std::vector<int32_t>& out) const;
@@ -153,5 +167,40 @@ class BpeModel {
   mutable std::shared_mutex cache_mutex_;
   mutable std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> cache_;
 };
+
+// tiktoken's byte-pair encoding over a rank file (io/tokenizer_tiktoken.cpp): a word that is a
+// whole token is that token; otherwise its bytes are merged pairwise, the adjacent pair whose
+// concatenation has the lowest rank first (leftmost on ties), until no pair is a token. Ids are
+// the ranks. Token strings (token_to_id, id_to_token) are the bytes in the GPT-2 byte-level
+// alphabet, as transformers' TikTokenTokenizer shows them.
+class TiktokenModel final : public Model {
+ public:
+  // `text`: the file's lines, "<base64 of the token's bytes> <rank>"; `source` names it in errors.
+  TiktokenModel(std::string_view text, const std::string& source);
+
+  void tokenize(std::string_view word, std::vector<int32_t>& out) const override;
+  size_t num_entries() const override { return tokens_.size(); }
+  int32_t max_id() const override { return static_cast<int32_t>(tokens_.size()) - 1; }
+  std::optional<int32_t> token_to_id(std::string_view token) const override;
+  const std::string* id_to_token(int32_t id) const override;
+
+ private:
+  int32_t rank_of(std::string_view bytes) const;  // kNoRank when not a token
+  static constexpr int32_t kNoRank = std::numeric_limits<int32_t>::max();
+
+  StringMap ranks_;                  // token bytes -> rank
+  std::vector<std::string> tokens_;  // rank -> byte-level string
+  StringMap by_string_;              // byte-level string -> rank
+};
+
+// Kimi K2's split pattern (tokenization_kimi.py's pat_str, in the Rust regex syntax tiktoken
+// compiles), and the pattern rewritten for PCRE2: a class intersection [A&&[^B]] becomes
+// (?:(?=[^B])[A]).
+extern const std::string_view kKimiPattern;
+std::string rewrite_class_intersections(std::string_view pattern);
+
+// tiktoken's split: the matches of the pattern become the words; text the pattern does not match
+// is dropped, as tiktoken's find_iter loop drops it.
+std::unique_ptr<PreTokenizer> make_tiktoken_split(std::string_view pattern);
 
 }  // namespace moeinfer::tok

@@ -97,8 +97,7 @@ void check_forward_batch(const ForwardBatch& batch, int64_t vocab_size, int64_t 
 Decoder::Decoder(const ModelConfig& config, DecoderWeights weights)
     : config_(config),
       weights_(std::move(weights)),
-      rope_(config.rope, config.mla ? config.mla->qk_rope_head_dim : config.head_dim,
-            config.max_position_embeddings),
+      rope_(config.rope, config.rotary_dim(), config.max_position_embeddings),
       attention_scale_(attention_softmax_scale(config)) {
   params_.resize(config_.num_layers);
   for (int64_t l = 0; l < config_.num_layers; ++l) {

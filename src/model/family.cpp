@@ -12,6 +12,9 @@ DecoderWeights bind_weights(const ModelConfig& config, WeightSource& src) {
     case ModelFamily::kQwen2Moe: return bind_qwen2_moe(config, src);
     case ModelFamily::kDeepseekV2:
     case ModelFamily::kDeepseekV3: return bind_deepseek(config, src);
+    case ModelFamily::kKimiK2: return bind_kimi_k2(config, src);
+    case ModelFamily::kGlm4Moe: return bind_glm4_moe(config, src);
+    case ModelFamily::kErnie45Moe: return bind_ernie4_5_moe(config, src);
   }
   MOE_FAIL("no weight binding for model_type '", config.model_type, "'");
 }

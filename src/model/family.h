@@ -22,6 +22,9 @@ DecoderWeights bind_mixtral(const ModelConfig& config, WeightSource& src);
 DecoderWeights bind_olmoe(const ModelConfig& config, WeightSource& src);
 DecoderWeights bind_qwen2_moe(const ModelConfig& config, WeightSource& src);
 DecoderWeights bind_deepseek(const ModelConfig& config, WeightSource& src);  // V2 and V3
+DecoderWeights bind_kimi_k2(const ModelConfig& config, WeightSource& src);
+DecoderWeights bind_glm4_moe(const ModelConfig& config, WeightSource& src);
+DecoderWeights bind_ernie4_5_moe(const ModelConfig& config, WeightSource& src);
 
 // Building blocks shared by the binders (model/family.cpp).
 namespace binding {

@@ -15,8 +15,8 @@ std::vector<LayerPlan> plan_layers(const ModelConfig& config) {
                  : config.qk_norm_full   ? QkNormKind::kWholeProjection
                                          : QkNormKind::kNone;
   base.clip_qkv = config.clip_qkv.has_value();
-  base.rope = config.mla && config.mla->rope_interleave ? RopePairing::kInterleaved
-                                                        : RopePairing::kHalves;
+  const bool interleaved = config.mla ? config.mla->rope_interleave : config.rope_interleaved;
+  base.rope = interleaved ? RopePairing::kInterleaved : RopePairing::kHalves;
   const SharedExpertKind shared = config.shared_expert_intermediate_size <= 0
                                       ? SharedExpertKind::kNone
                                   : config.shared_expert_gated ? SharedExpertKind::kSigmoidGated

@@ -33,8 +33,8 @@ enum class SharedExpertKind {
 };
 
 enum class RopePairing {
-  kHalves,       // (i, i + D/2), transformers' rotate_half
-  kInterleaved,  // (2i, 2i + 1), DeepSeek's rope_interleave
+  kHalves,       // (i, i + R/2) over the R rotary dims, transformers' rotate_half
+  kInterleaved,  // (2i, 2i + 1), DeepSeek's rope_interleave, ERNIE 4.5
 };
 
 struct LayerPlan {

@@ -53,7 +53,7 @@ PartCounts count_params(const ModelConfig& c, bool active_only) {
       continue;
     }
     p.other += c.num_experts * H;  // router
-    if (c.topk_method == TopkMethod::kNoauxTc) p.other += c.num_experts;  // its selection bias
+    if (c.router_selection_bias) p.other += c.num_experts;  // its selection bias
     const int64_t experts = active_only ? c.num_experts_per_tok : c.num_experts;
     p.routed_experts += experts * mlp_params(H, c.moe_intermediate_size);
     if (c.shared_expert_intermediate_size > 0) {

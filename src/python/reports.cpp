@@ -48,7 +48,7 @@ nb::tuple expert_load(const std::string& model, const std::string& text, int64_t
     nb::gil_scoped_release release;
     const std::filesystem::path dir = model;
     auto loaded = Model::load(dir, LoadOptions{});
-    const Tokenizer tokenizer = Tokenizer::from_file(dir / "tokenizer.json");
+    const Tokenizer tokenizer = Tokenizer::from_dir(dir);
     const std::vector<int32_t> ids = tokenizer.encode(text, /*add_special_tokens=*/true);
     report = measure_expert_load(loaded->decoder(), ids,
                                  {.draws = draws, .seed = seed, .chunk_tokens = chunk_tokens});

@@ -125,7 +125,7 @@ std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const Eng
   if (config.device == "cuda") {
     // The GPU reads the map once while uploading; prefaulting it first would read it twice.
     auto model = Model::load(dir, LoadOptions{.prefault = false});
-    Tokenizer tokenizer = Tokenizer::from_file(dir / "tokenizer.json");
+    Tokenizer tokenizer = Tokenizer::from_dir(dir);
     auto gpu = GpuDecoder::create(model->config(), model->decoder().weights(),
                                   gpu_options(model->config(), config));
     return std::make_unique<Engine>(std::move(model), std::move(gpu), std::move(tokenizer),
@@ -134,7 +134,7 @@ std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const Eng
   auto model = Model::load(dir, options);
   // A decode step carries at most max_num_seqs tokens: the static policy's streaming slots.
   model->decoder().set_offload(config.offload, config.max_num_seqs);
-  Tokenizer tokenizer = Tokenizer::from_file(dir / "tokenizer.json");
+  Tokenizer tokenizer = Tokenizer::from_dir(dir);
   return std::make_unique<Engine>(std::move(model), std::move(tokenizer), config);
 }
 

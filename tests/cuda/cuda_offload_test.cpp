@@ -533,8 +533,12 @@ void cold_experts_on_host_match_resident() {
         for (size_t step = 0; step < want.logits.size(); ++step) {
           const int64_t tipped_here =
               differing_routings(got.routing[step], want.routing[step], c.num_experts_per_tok);
+          // A prompt step routes tens of tokens through every layer; a near-tie tipped early
+          // moves its later tokens' inputs too, so the allowance grows with the step.
+          const int64_t routings =
+              static_cast<int64_t>(want.routing[step].size()) / c.num_experts_per_tok;
           if (tipped_here > 0) {
-            ASSERT_LE(tipped_here, kMostTippedRoutings)
+            ASSERT_LE(tipped_here, std::max(kMostTippedRoutings, routings / 20))
                 << where << ": step " << step << " routes " << tipped_here
                 << " token-layers differently from all-resident, more than a near-tie moves";
             ++tipped_runs;

@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <string>
 
 #include "cuda_test_util.h"
 #include "gpu_cpu_compare.h"
@@ -51,7 +52,8 @@ void float32_models_match_the_cpu(bool deterministic) {
         testing::compare_gpu_with_cpu(m, seed ^ 0x5eed, deterministic);
     const testing::ConfigResult one = testing::compare_gpu_with_cpu(
         m, seed ^ 0x5eed, deterministic, GpuWeightDtype::kBf16);
-    std::printf("%-12s seed %llu: two terms %.3e, one term %.3e\n", family_name(family),
+    std::printf("%-12s seed %llu: two terms %.3e, one term %.3e\n",
+                std::string(family_name(family)).c_str(),
                 static_cast<unsigned long long>(seed), two.worst(), one.worst());
     EXPECT_LE(two.worst(), kMaxRelError)
         << family_name(family) << " seed " << seed << "\n  config " << m.config_json;

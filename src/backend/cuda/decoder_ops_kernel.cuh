@@ -265,19 +265,8 @@ __global__ void __launch_bounds__(kRmsNormBlockMaxThreads)
 #pragma unroll
     for (int i = 0; i < kVec; ++i) sum_sq = fmaf(f[i], f[i], sum_sq);
   }
-  sum_sq = device::warp_sum(sum_sq);
-  const int lane = threadIdx.x % device::kWarpSize;
-  const int warp = threadIdx.x / device::kWarpSize;
-  const int num_warps = blockDim.x / device::kWarpSize;
-  if (lane == 0) warp_partials[warp] = sum_sq;
-  __syncthreads();
-  if (warp == 0) {
-    float total = lane < num_warps ? warp_partials[lane] : 0.0f;
-    total = device::warp_sum(total);
-    if (lane == 0) warp_partials[0] = total;
-  }
-  __syncthreads();
-  const float inv_rms = 1.0f / sqrtf(warp_partials[0] / static_cast<float>(p.mean_width) + p.eps);
+  const float total = device::block_sum(sum_sq, warp_partials);
+  const float inv_rms = 1.0f / sqrtf(total / static_cast<float>(p.mean_width) + p.eps);
 
   for (int c = threadIdx.x; c < vecs; c += blockDim.x) {
     const int64_t col = static_cast<int64_t>(c) * kVec;

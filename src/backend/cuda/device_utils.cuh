@@ -19,6 +19,25 @@ __device__ __forceinline__ float warp_sum(float value) {
   return value;
 }
 
+// The sum of one float per thread over the block, returned to every thread: a warp reduction,
+// the warps' partials through `partials` (32 floats of shared memory), a second warp reduction.
+// Every thread of the block must call it.
+__device__ __forceinline__ float block_sum(float value, float* partials) {
+  value = warp_sum(value);
+  const int lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
+  const int num_warps = blockDim.x / kWarpSize;
+  if (lane == 0) partials[warp] = value;
+  __syncthreads();
+  if (warp == 0) {
+    float total = lane < num_warps ? partials[lane] : 0.0f;
+    total = warp_sum(total);
+    if (lane == 0) partials[0] = total;
+  }
+  __syncthreads();
+  return partials[0];
+}
+
 __device__ __forceinline__ float warp_max(float value) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1)

@@ -71,19 +71,8 @@ __global__ void __launch_bounds__(1024)
     }
   }
 
-  sum_sq = device::warp_sum(sum_sq);
-  const int lane = threadIdx.x % device::kWarpSize;
-  const int warp = threadIdx.x / device::kWarpSize;
-  const int num_warps = blockDim.x / device::kWarpSize;
-  if (lane == 0) warp_partials[warp] = sum_sq;
-  __syncthreads();
-  if (warp == 0) {
-    float total = lane < num_warps ? warp_partials[lane] : 0.0f;
-    total = device::warp_sum(total);
-    if (lane == 0) warp_partials[0] = total;
-  }
-  __syncthreads();
-  const float inv_rms = 1.0f / sqrtf(warp_partials[0] / static_cast<float>(p.mean_width) + p.eps);
+  const float total = device::block_sum(sum_sq, warp_partials);
+  const float inv_rms = 1.0f / sqrtf(total / static_cast<float>(p.mean_width) + p.eps);
 
   uint4* out = reinterpret_cast<uint4*>(p.out) + row * vecs;
 #pragma unroll
@@ -150,19 +139,8 @@ __global__ void __launch_bounds__(1024)
 #pragma unroll
     for (int i = 0; i < 8; ++i) sum_sq = fmaf(s[i], s[i], sum_sq);
   }
-  sum_sq = device::warp_sum(sum_sq);
-  const int lane = threadIdx.x % device::kWarpSize;
-  const int warp = threadIdx.x / device::kWarpSize;
-  const int num_warps = blockDim.x / device::kWarpSize;
-  if (lane == 0) warp_partials[warp] = sum_sq;
-  __syncthreads();
-  if (warp == 0) {
-    float total = lane < num_warps ? warp_partials[lane] : 0.0f;
-    total = device::warp_sum(total);
-    if (lane == 0) warp_partials[0] = total;
-  }
-  __syncthreads();
-  const float inv_rms = 1.0f / sqrtf(warp_partials[0] / static_cast<float>(p.mean_width) + p.eps);
+  const float total = device::block_sum(sum_sq, warp_partials);
+  const float inv_rms = 1.0f / sqrtf(total / static_cast<float>(p.mean_width) + p.eps);
 
   uint4* out = reinterpret_cast<uint4*>(p.out) + row * vecs;
   for (int v = threadIdx.x; v < vecs; v += blockDim.x) {

@@ -275,7 +275,7 @@ void build_layout(const ModelConfig& c, const DecoderWeights* w, bool offload_ex
     }
     const MoeWeights* mw = lw ? &lw->moe : nullptr;
     reads_hidden(&d.router, mw ? mw->routed.router : kNone, E);
-    if (c.topk_method == TopkMethod::kNoauxTc) {
+    if (c.router_selection_bias) {
       Job& bias = layout.add(&d.selection_bias, 1, E, /*f32=*/true);
       bias.fill_scale = 0.0f;
       if (mw) bias.pieces.push_back({.src = mw->selection_bias, .rows = 1, .cols = E});

@@ -322,8 +322,7 @@ CudaDecoder::CudaDecoder(const ModelConfig& config, DeviceWeights weights,
   MOE_CHECK(options.max_batch_tokens >= 1, "max batch tokens must be >= 1");
   router_ = router_options(config_);
   attention_scale_ = attention_softmax_scale(config_);
-  const Rope rope(config.rope, config.mla ? config.mla->qk_rope_head_dim : config.head_dim,
-                  config.max_position_embeddings);
+  const Rope rope(config.rope, config.rotary_dim(), config.max_position_embeddings);
   rotary_dim_ = rope.rotary_dim();
   rope_scaling_ = rope.attention_scaling();
   const int64_t native = config.max_position_embeddings > 0 ? config.max_position_embeddings : 4096;
@@ -829,7 +828,8 @@ void CudaDecoder::attention(int64_t layer, const Step& step) {
                             .k_out = prefill ? k_ : nullptr, .v_out = prefill ? v_ : nullptr,
                             .num_tokens = T, .num_q_heads = Nq, .num_kv_heads = Nkv,
                             .head_dim = D, .padded_head_dim = Dp, .rotary_dim = rotary_dim_,
-                            .attention_scaling = rope_scaling_},
+                            .attention_scaling = rope_scaling_,
+                            .interleaved = c.rope_interleaved},
                            stream_);
   } else {
     qk_norm_clip_rope_write(layer, step);
@@ -896,7 +896,7 @@ void CudaDecoder::qk_norm_clip_rope_write(int64_t layer, const Step& step) {
   cuda::rope({.q = qkv_, .k = qkv_ + Nq * Dp, .positions = meta_.positions, .inv_freq = inv_freq_,
               .num_tokens = T, .num_q_heads = Nq, .num_kv_heads = Nkv, .head_dim = Dp,
               .rotary_dim = rotary_dim_, .q_stride = Nqkv, .k_stride = Nqkv,
-              .attention_scaling = rope_scaling_},
+              .attention_scaling = rope_scaling_, .interleaved = c.rope_interleaved},
              stream_);
   const int64_t slots = num_blocks_ * block_size_;
   cuda::kv_cache_write({.src = qkv_ + Nq * Dp, .cache = k_cache_[layer], .slots = meta_.slots,
