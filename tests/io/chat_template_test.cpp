@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "../support/temp_path.h"
 
 namespace moeinfer {
 namespace {
@@ -185,9 +186,7 @@ TEST(ChatTemplate, TransformersGlobals) {
 class ChatConfigTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("moeinfer_chat_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
-            "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = moeinfer::testing::unique_temp_path("moeinfer_chat");
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }

@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "../support/temp_path.h"
 
 namespace moeinfer {
 namespace {
@@ -60,8 +61,7 @@ TEST(GenerationConfig, ErrorsNameTheField) {
 
 TEST(GenerationConfig, LoadsFromTheFolderOrNothing) {
   const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() /
-      ("moe_genconfig_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()));
+      moeinfer::testing::unique_temp_path("moe_genconfig");
   std::filesystem::create_directories(dir);
   EXPECT_TRUE(GenerationDefaults::load(dir).empty());
   std::ofstream(dir / "generation_config.json") << R"({"top_k": 7})";

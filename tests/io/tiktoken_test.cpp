@@ -18,6 +18,7 @@
 #include "io/tokenizer.h"
 #include "io/tokenizer_internal.h"
 #include "io/unicode.h"
+#include "../support/temp_path.h"
 
 namespace moeinfer {
 namespace {
@@ -46,9 +47,7 @@ std::string printable(const std::string& s) { return json(s).dump(); }
 class ScratchDir {
  public:
   explicit ScratchDir(const std::string& name)
-      : path_(fs::temp_directory_path() /
-              ("moeinfer_tiktoken_" + name + "_" +
-               std::to_string(::testing::UnitTest::GetInstance()->random_seed()))) {
+      : path_(moeinfer::testing::unique_temp_path("moeinfer_tiktoken_" + name)) {
     fs::remove_all(path_);
     fs::create_directories(path_);
     for (const char* file : {"tiktoken.model", "tokenizer_config.json"})

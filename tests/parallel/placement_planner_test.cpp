@@ -12,6 +12,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "../support/temp_path.h"
 
 namespace moeinfer::parallel {
 namespace {
@@ -197,9 +198,7 @@ TEST(Topology, BadSpecsAreRefused) {
 class PlannerFiles : public ::testing::Test {
  protected:
   std::filesystem::path path(const std::string& name) {
-    const auto p = std::filesystem::temp_directory_path() /
-                   ("placement_planner_test_" +
-                    std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" + name);
+    const auto p = moeinfer::testing::unique_temp_path("placement_planner_test_" + name);
     written_.push_back(p);
     return p;
   }

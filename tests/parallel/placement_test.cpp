@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "../support/temp_path.h"
 
 namespace moeinfer::parallel {
 namespace {
@@ -55,10 +56,7 @@ class PlacementFile : public ::testing::Test {
     }
     return "";
   }
-  std::filesystem::path path_ =
-      std::filesystem::temp_directory_path() /
-      ("placement_test_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
-       ".json");
+  std::filesystem::path path_ = moeinfer::testing::unique_temp_path("placement_test.json");
   std::vector<int64_t> layers_{1, 3};
   void TearDown() override { std::filesystem::remove(path_); }
 };

@@ -7,14 +7,13 @@
 
 #include "model/model.h"
 #include "profile/routing_trace.h"
+#include "../support/temp_path.h"
 
 namespace moeinfer {
 namespace {
 
 std::filesystem::path temp_file(const std::string& name) {
-  return std::filesystem::temp_directory_path() /
-         (name + "-" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
-          ".trace");
+  return moeinfer::testing::unique_temp_path(name + ".trace");
 }
 
 moe::Routing routing(int64_t tokens, std::vector<int32_t> ids, std::vector<float> weights) {
