@@ -260,6 +260,83 @@ FIXTURES += [
                      **DEEPSEEK_MLA)),
 ]
 
+# Qwen3-Next (issue 18), appended so that the fixtures above keep their seeds. Layers mix Gated
+# DeltaNet (linear_attention) and gated full attention; the prompt (12 tokens) is longer than the
+# conv kernel, so the conv window and the recurrent state carry across the prompt and into every
+# cached decode step. The zero-centred norms, the gated norm, dt_bias and A_log get random values
+# (perturb_qwen3_next) so that none of them sits at an identity.
+FIXTURES += [
+    # transformers 5's layout (rope_parameters, layer_types written out): linear, full, linear;
+    # 2 key heads serving 4 value heads (Dk 16, Dv 8), conv kernel 4, RoPE over a quarter of each
+    # head (the default partial_rotary_factor), 6 experts top-2 renormalised beside a gated shared
+    # expert, layer 1 dense (mlp_only_layers), tied embeddings.
+    dict(name="qwen3_next_f32", cls="Qwen3Next", dtype="float32", tokenizer="qwen",
+         legacy_rope=False, qwen3_next=True, min_distinct=4,
+         config=dict(COMMON, head_dim=16, num_hidden_layers=3, intermediate_size=48,
+                     moe_intermediate_size=16, shared_expert_intermediate_size=24,
+                     num_experts=6, num_experts_per_tok=2, norm_topk_prob=True,
+                     mlp_only_layers=[1], decoder_sparse_step=1, tie_word_embeddings=True,
+                     layer_types=["linear_attention", "full_attention", "linear_attention"],
+                     linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                     linear_value_head_dim=8, linear_conv_kernel_dim=4,
+                     rope_theta=10000.0)),
+    # The published layout: rope_theta and partial_rotary_factor (0.5) at the top level,
+    # full_attention_interval 3 instead of layer_types (linear, linear, full), one value head per
+    # key head (Dk 24, Dv 16), conv kernel 3, head_dim 32 with one KV head, 6 experts top-3 not
+    # renormalised, untied embeddings, and mtp.* tensors that the forward pass leaves unread.
+    dict(name="qwen3_next_bf16", cls="Qwen3Next", dtype="bfloat16", tokenizer="qwen",
+         legacy_rope=True, qwen3_next=True, qwen3_next_interval=3, min_distinct=4,
+         config=dict(COMMON, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                     num_hidden_layers=3, intermediate_size=48, moe_intermediate_size=32,
+                     shared_expert_intermediate_size=40, num_experts=6, num_experts_per_tok=3,
+                     norm_topk_prob=False, mlp_only_layers=[], decoder_sparse_step=1,
+                     tie_word_embeddings=False,
+                     layer_types=["linear_attention", "linear_attention", "full_attention"],
+                     linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=24,
+                     linear_value_head_dim=16, linear_conv_kernel_dim=3,
+                     partial_rotary_factor=0.5, rope_theta=1000000.0)),
+]
+
+
+def perturb_qwen3_next(model):
+    """Random values where Qwen3-Next initialises to an identity: the zero-centred RMSNorm
+    weights (1 + w), the gated norm (ones), dt_bias (ones); A_log within log(0.05..1) so that the
+    recurrent state decays slowly enough to matter over the prompt."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.add_(torch.randn_like(param) * 0.2)
+            elif name.endswith("dt_bias"):
+                param.normal_(0.0, 0.5)
+            elif name.endswith("A_log"):
+                param.copy_(torch.empty_like(param).uniform_(0.05, 1.0).log())
+
+
+def rewrite_qwen3_next_interval(config_path, interval):
+    """full_attention_interval instead of the written-out layer_types, as Qwen/Qwen3-Next-80B-A3B
+    publishes it (transformers derives the same list from it)."""
+    with open(config_path) as f:
+        cfg = json.load(f)
+    expected = ["linear_attention" if (i + 1) % interval else "full_attention"
+                for i in range(cfg["num_hidden_layers"])]
+    assert cfg.pop("layer_types") == expected
+    cfg["full_attention_interval"] = interval
+    with open(config_path, "w") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)
+
+
+def add_qwen3_next_mtp_tensors(out_dir, hidden, dtype):
+    """A few tensors of the MTP head Qwen3-Next's checkpoints carry (mtp.*), which the
+    reference's forward pass (and the engine) leaves unread."""
+    from safetensors.torch import load_file, save_file
+    path = os.path.join(out_dir, "model.safetensors")
+    tensors = load_file(path)
+    tensors["mtp.fc.weight"] = torch.randn(hidden, 2 * hidden).to(dtype)
+    tensors["mtp.norm.weight"] = torch.zeros(hidden, dtype=dtype)
+    tensors["mtp.pre_fc_norm_embedding.weight"] = torch.zeros(hidden, dtype=dtype)
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
 # Fields of moonshotai/Kimi-K2-Instruct's config.json that transformers' DeepseekV3Config does not
 # write (the remote configuration_deepseek.py reads them), with the published values.
 KIMI_K2_HUB_FIELDS = dict(
@@ -407,6 +484,8 @@ def make_fixture(spec, root, seed, with_tokenizer):
                     bias = getattr(module, "e_score_correction_bias", None)
                     if isinstance(bias, torch.Tensor):
                         bias.normal_(0.0, spec["correction_bias"])
+    if spec.get("qwen3_next"):
+        perturb_qwen3_next(model)
     if spec["dtype"] == "bfloat16":
         model = model.to(torch.bfloat16)
     model.save_pretrained(out_dir, max_shard_size=spec.get("max_shard_size", "50GB"))
@@ -419,6 +498,11 @@ def make_fixture(spec, root, seed, with_tokenizer):
         quantize_fp8_checkpoint(out_dir, spec["fp8_block"])
     if spec.get("kimi_k2"):
         rewrite_kimi_k2_config(os.path.join(out_dir, "config.json"))
+    if spec.get("qwen3_next_interval"):
+        rewrite_qwen3_next_interval(os.path.join(out_dir, "config.json"),
+                                    spec["qwen3_next_interval"])
+        add_qwen3_next_mtp_tensors(out_dir, config.hidden_size,
+                                   torch.bfloat16 if spec["dtype"] == "bfloat16" else torch.float32)
     if spec.get("mtp_tensors"):
         add_mtp_tensors(out_dir, config.num_hidden_layers, config.hidden_size,
                         torch.bfloat16 if spec["dtype"] == "bfloat16" else torch.float32)

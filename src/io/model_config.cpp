@@ -38,6 +38,8 @@ std::string_view family_name(ModelFamily family) {
       return "glm4_moe";
     case ModelFamily::kErnie45Moe:
       return "ernie4_5_moe";
+    case ModelFamily::kQwen3Next:
+      return "qwen3_next";
   }
   return "?";
 }
@@ -46,10 +48,11 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr ModelFamily kFamilies[] = {
-    ModelFamily::kQwen3Moe, ModelFamily::kMixtral,    ModelFamily::kOlmoe,
-    ModelFamily::kQwen2Moe, ModelFamily::kDeepseekV2, ModelFamily::kDeepseekV3,
-    ModelFamily::kKimiK2,   ModelFamily::kGlm4Moe,    ModelFamily::kErnie45Moe};
+constexpr ModelFamily kFamilies[] = {ModelFamily::kQwen3Moe,   ModelFamily::kMixtral,
+                                     ModelFamily::kOlmoe,      ModelFamily::kQwen2Moe,
+                                     ModelFamily::kDeepseekV2, ModelFamily::kDeepseekV3,
+                                     ModelFamily::kKimiK2,     ModelFamily::kGlm4Moe,
+                                     ModelFamily::kErnie45Moe, ModelFamily::kQwen3Next};
 
 // Upper bounds that keep later size arithmetic (products of two or three of these) in int64.
 constexpr int64_t kMaxDim = int64_t{1} << 31;
@@ -80,6 +83,8 @@ struct FamilyDefaults {
   // The family's partial_rotary_factor when the config gives none; nullopt: the family's
   // modeling code rotates whole heads, so any other value is refused.
   std::optional<double> partial_rotary_factor = std::nullopt;
+  // head_dim when the config gives none; nullopt: hidden_size / num_attention_heads.
+  std::optional<int64_t> head_dim = std::nullopt;
 };
 
 FamilyDefaults defaults_for(ModelFamily family) {
@@ -216,6 +221,24 @@ FamilyDefaults defaults_for(ModelFamily family) {
           .bos_token_id = 1,
           .eos_token_id = 2,
           .tie_word_embeddings = true};
+    case ModelFamily::kQwen3Next:
+      return {.vocab_size = 151936,
+              .hidden_size = 2048,
+              .intermediate_size = 5632,
+              .num_hidden_layers = 48,
+              .num_attention_heads = 16,
+              .num_key_value_heads = 2,
+              .max_position_embeddings = 32768,
+              .rms_norm_eps = 1e-6,
+              .num_experts = 512,
+              .num_experts_per_tok = 10,
+              .moe_intermediate_size = 512,
+              .shared_expert_intermediate_size = 512,
+              .rope_theta = 10000.0,
+              .bos_token_id = std::nullopt,
+              .eos_token_id = std::nullopt,
+              .partial_rotary_factor = 0.25,
+              .head_dim = 256};
   }
   MOE_FAIL("unknown family");
 }
@@ -391,9 +414,10 @@ int64_t read_num_experts(const Fields& f, ModelFamily family, int64_t fallback) 
     case ModelFamily::kMixtral:
     case ModelFamily::kOlmoe:
     case ModelFamily::kQwen2Moe:
+    case ModelFamily::kQwen3Next:
       break;
   }
-  const bool aliased = family != ModelFamily::kQwen2Moe;
+  const bool aliased = family != ModelFamily::kQwen2Moe && family != ModelFamily::kQwen3Next;
   const bool has_experts = f.has("num_experts");
   const bool has_local = aliased && f.has("num_local_experts");
   if (has_experts && has_local) {
@@ -695,6 +719,66 @@ void read_ernie4_5_moe(const Fields& f, const FamilyDefaults& defaults, ModelCon
     cfg->layer_is_moe[l] = (l + 1) % interval == 0 && l >= first && l <= last;
 }
 
+// Qwen3-Next's layer_types: "linear_attention" or "full_attention" per layer; without the list,
+// every full_attention_interval-th layer (1-based) is full attention and the rest linear.
+std::vector<bool> qwen3_next_linear_layers(const Fields& f, int64_t num_layers) {
+  std::vector<bool> is_linear(static_cast<size_t>(num_layers));
+  if (const json* types = f.find("layer_types")) {
+    if (!types->is_array()) f.fail("layer_types", "must be a list, found ", types->type_name());
+    if (static_cast<int64_t>(types->size()) != num_layers)
+      f.fail("layer_types", "has ", types->size(), " entries for ", num_layers, " layers");
+    for (int64_t l = 0; l < num_layers; ++l) {
+      const json& t = (*types)[static_cast<size_t>(l)];
+      const std::string type = t.is_string() ? t.get<std::string>() : t.type_name();
+      if (type != "linear_attention" && type != "full_attention")
+        f.fail("layer_types", "layer ", l, " is '", type,
+               "'; supported: linear_attention, full_attention");
+      is_linear[static_cast<size_t>(l)] = type == "linear_attention";
+    }
+    return is_linear;
+  }
+  const int64_t interval = f.integer("full_attention_interval", 4);
+  if (interval <= 0) f.fail("full_attention_interval", "must be positive, found ", interval);
+  for (int64_t l = 0; l < num_layers; ++l) is_linear[static_cast<size_t>(l)] = (l + 1) % interval;
+  return is_linear;
+}
+
+// Qwen3-Next (transformers' Qwen3Next*): Gated DeltaNet layers (linear_*) and gated full
+// attention layers (q_proj doubled for a per-head sigmoid gate, per-head q/k RMSNorm, RoPE over
+// partial_rotary_factor of each head, 0.25 by default); every RMSNorm but the gated one in the
+// linear layers is zero-centred (1 + w); Qwen2-MoE's sigmoid-gated shared expert beside softmax
+// top-k experts (norm_topk_prob), dense layers by mlp_only_layers and decoder_sparse_step. The
+// MTP head (mtp.* tensors) is not part of the reference's forward pass and is not read.
+void read_qwen3_next(const Fields& f, const FamilyDefaults& defaults, ModelConfig* cfg) {
+  cfg->moe_intermediate_size =
+      f.size("moe_intermediate_size", defaults.moe_intermediate_size, kMaxDim);
+  cfg->shared_expert_intermediate_size =
+      f.size("shared_expert_intermediate_size", defaults.shared_expert_intermediate_size, kMaxDim);
+  cfg->norm_topk_prob = f.boolean("norm_topk_prob", true);
+  if (f.boolean("attention_bias", false))
+    f.fail("attention_bias",
+           "attention biases are not supported for qwen3_next (the published checkpoints have "
+           "none)");
+  if (f.boolean("use_sliding_window", false))
+    f.fail("use_sliding_window", "sliding-window attention is not supported for qwen3_next");
+  cfg->qk_norm_per_head = true;
+  cfg->shared_expert_gated = true;
+  cfg->attention_output_gate = true;
+  cfg->norm_weight_offset = true;
+  cfg->layer_is_moe = qwen_sparse_layers(f, cfg->num_layers);
+  cfg->layer_is_linear = qwen3_next_linear_layers(f, cfg->num_layers);
+  LinearAttentionConfig lin;
+  lin.num_key_heads = f.size("linear_num_key_heads", 16, kMaxHeads);
+  lin.num_value_heads = f.size("linear_num_value_heads", 32, kMaxHeads);
+  lin.key_head_dim = f.size("linear_key_head_dim", 128, kMaxHeads);
+  lin.value_head_dim = f.size("linear_value_head_dim", 128, kMaxHeads);
+  lin.conv_kernel = f.size("linear_conv_kernel_dim", 4, 64);
+  if (lin.num_value_heads % lin.num_key_heads != 0)
+    f.fail("linear_num_value_heads", lin.num_value_heads,
+           " is not a multiple of linear_num_key_heads (", lin.num_key_heads, ")");
+  if (cfg->num_linear_layers() > 0) cfg->linear_attention = lin;
+}
+
 // quantization_config: only DeepSeek-V3's block-scaled fp8 (e4m3) format is read.
 void read_quantization(const Fields& f, ModelConfig* cfg) {
   const json* q = f.find("quantization_config");
@@ -765,6 +849,8 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& so
     cfg.head_dim = f.size("qk_rope_head_dim", 64, kMaxHeads);
   } else if (f.has("head_dim")) {
     cfg.head_dim = f.size("head_dim", kMaxHeads);
+  } else if (defaults.head_dim) {
+    cfg.head_dim = *defaults.head_dim;
   } else {
     cfg.head_dim = cfg.hidden_size / cfg.num_heads;
     if (cfg.head_dim <= 0)
@@ -889,8 +975,13 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& so
     case ModelFamily::kErnie45Moe:
       read_ernie4_5_moe(f, defaults, &cfg);
       break;
+    case ModelFamily::kQwen3Next:
+      read_qwen3_next(f, defaults, &cfg);
+      break;
   }
   read_quantization(f, &cfg);
+  if (cfg.fp8 && cfg.family == ModelFamily::kQwen3Next)
+    f.fail("quantization_config", "fp8 checkpoints of qwen3_next are not supported");
   return cfg;
 }
 

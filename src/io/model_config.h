@@ -22,6 +22,7 @@ enum class ModelFamily {
   kKimiK2,      // DeepSeek-V3's architecture and tensor names under model_type kimi_k2
   kGlm4Moe,     // GLM-4.5 / 4.5-Air
   kErnie45Moe,  // ERNIE 4.5 MoE (text)
+  kQwen3Next,   // Qwen3-Next: Gated DeltaNet layers beside gated full attention
 };
 
 std::string_view family_name(ModelFamily family);
@@ -56,6 +57,24 @@ struct MlaConfig {
   bool rope_interleave = true;    // rotate pairs (2i, 2i+1) rather than (i, i + D/2)
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   int64_t cache_width() const { return kv_lora_rank + qk_rope_head_dim; }
+};
+
+// Gated DeltaNet linear attention (Qwen3-Next's linear_attention layers): q and k of
+// num_key_heads heads, v of num_value_heads heads (each key head serves num_value_heads /
+// num_key_heads consecutive value heads), a causal depthwise conv of conv_kernel taps over
+// [q | k | v], and per value head a recurrent state [key_head_dim, value_head_dim].
+struct LinearAttentionConfig {
+  int64_t num_key_heads = 0;    // Nk
+  int64_t num_value_heads = 0;  // Nv
+  int64_t key_head_dim = 0;     // Dk
+  int64_t value_head_dim = 0;   // Dv
+  int64_t conv_kernel = 0;
+  int64_t key_dim() const { return num_key_heads * key_head_dim; }
+  int64_t value_dim() const { return num_value_heads * value_head_dim; }
+  int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }  // channels of [q | k | v]
+  // Per sequence and layer: the last conv_kernel - 1 inputs of every channel, and the state.
+  int64_t conv_state_values() const { return conv_dim() * (conv_kernel - 1); }
+  int64_t recurrent_state_values() const { return num_value_heads * key_head_dim * value_head_dim; }
 };
 
 // How the router picks experts beyond plain softmax top-k.
@@ -121,6 +140,16 @@ struct ModelConfig {
   bool rope_interleaved = false;
   std::optional<Fp8Quantization> fp8;     // quantization_config with quant_method fp8
 
+  // Qwen3-Next.
+  std::optional<LinearAttentionConfig> linear_attention;  // set when some layer is linear
+  std::vector<bool> layer_is_linear;  // [num_layers] Gated DeltaNet (true) or full attention
+  // q_proj gives each head's query and then a gate of the same width; the attention output is
+  // scaled by sigmoid(gate) before o_proj.
+  bool attention_output_gate = false;
+  // Zero-centred RMSNorm weights: y = normed(x) * (1 + w) for the layer norms, the final norm
+  // and the q/k norms (not the linear layers' gated norm).
+  bool norm_weight_offset = false;
+
   int64_t q_dim() const { return num_heads * head_dim; }
   // The leading dims of each head that RoPE rotates: MLA's rope key, else head_dim scaled by
   // partial_rotary_factor (truncated, as transformers' int(head_dim * factor)).
@@ -129,6 +158,16 @@ struct ModelConfig {
     return static_cast<int64_t>(static_cast<double>(head_dim) * rope.partial_rotary_factor);
   }
   int64_t kv_dim() const { return num_kv_heads * head_dim; }
+  bool is_linear_layer(int64_t layer) const {
+    return !layer_is_linear.empty() && layer_is_linear[static_cast<size_t>(layer)];
+  }
+  // Layers that keep keys and values in the paged cache (all but the linear ones).
+  int64_t num_kv_layers() const {
+    int64_t n = 0;
+    for (int64_t l = 0; l < num_layers; ++l) n += !is_linear_layer(l);
+    return n;
+  }
+  int64_t num_linear_layers() const { return num_layers - num_kv_layers(); }
 };
 
 // Parses and validates config.json text; `source` names the file in error messages.

@@ -11,22 +11,36 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kv/state_pool.h"
 
 namespace moeinfer {
+
+// What a model keeps per sequence beyond one key/value row shape: which layers have rows at all
+// (linear-attention layers have none) and the recurrent state of those that carry one.
+struct KvPoolLayout {
+  std::vector<bool> layer_has_kv;  // [num_layers]; empty: every layer
+  RecurrentStateShape state;
+  int64_t num_state_slots = 0;  // sequences whose recurrent state the pool holds at once
+};
 
 class KvBlockPool {
  public:
   KvBlockPool(int64_t num_layers, int64_t key_width, int64_t value_width, int64_t block_size,
-              int64_t num_blocks);
+              int64_t num_blocks, KvPoolLayout layout = {});
 
   int64_t num_layers() const { return num_layers_; }
   int64_t key_width() const { return key_width_; }
   int64_t value_width() const { return value_width_; }
   int64_t block_size() const { return block_size_; }
   int64_t num_blocks() const { return num_blocks_; }
+  int64_t num_kv_layers() const { return num_kv_layers_; }
+  bool has_kv(int64_t layer) const { return keys_[layer] != nullptr; }
   size_t bytes_per_token() const {
-    return static_cast<size_t>(num_layers_ * (key_width_ + value_width_)) * sizeof(float);
+    return static_cast<size_t>(num_kv_layers_ * (key_width_ + value_width_)) * sizeof(float);
   }
+  // The recurrent state of the model's linear layers (no slots when it has none).
+  RecurrentStatePool& recurrent_state() { return state_; }
+  const RecurrentStatePool& recurrent_state() const { return state_; }
 
   // The key / value row of `slot` in `block` for `layer`.
   float* key_row(int64_t layer, int64_t block, int64_t slot) {
@@ -38,9 +52,12 @@ class KvBlockPool {
 
  private:
   int64_t num_layers_, key_width_, value_width_, block_size_, num_blocks_;
-  // [num_layers] of [num_blocks, block_size, width]; pages are touched only when written.
+  int64_t num_kv_layers_ = 0;
+  // [num_layers] of [num_blocks, block_size, width], null for layers without rows; pages are
+  // touched only when written.
   std::vector<std::unique_ptr<float[]>> keys_;
   std::vector<std::unique_ptr<float[]>> values_;
+  RecurrentStatePool state_;
 };
 
 // One sequence's part of a batched forward pass.
@@ -49,6 +66,9 @@ struct SequenceBatch {
   int64_t position = 0;                  // tokens of this sequence already in the cache
   std::span<const int32_t> block_table;  // blocks for positions [0, position + T_s)
   bool want_logits = true;               // logits for its last token (or all, see ForwardBatch)
+  // Its slot in the pool's recurrent state (models with linear-attention layers; -1 otherwise).
+  // A sequence at position 0 starts from a zeroed state.
+  int32_t state_slot = -1;
 };
 
 struct ForwardBatch {
@@ -59,13 +79,17 @@ struct ForwardBatch {
 // A single sequence with a private pool: what `generate`, `logits` and the tests use.
 class KvCache {
  public:
+  // layout.num_state_slots: 1 for a model with recurrent state (the sequence's slot 0), else 0.
   KvCache(int64_t num_layers, int64_t key_width, int64_t value_width, int64_t max_tokens,
-          int64_t block_size = 16);
+          int64_t block_size = 16, KvPoolLayout layout = {});
 
   int64_t length() const { return length_; }
   int64_t max_tokens() const { return max_tokens_; }
   KvBlockPool& pool() { return pool_; }
+  const KvBlockPool& pool() const { return pool_; }
   std::span<const int32_t> block_table() const { return block_table_; }
+  // The sequence's recurrent state slot, or -1 for a model without one.
+  int32_t state_slot() const { return pool_.recurrent_state().num_slots() > 0 ? 0 : -1; }
   // Checks that `count` more tokens fit.
   void reserve_append(int64_t count) const {
     MOE_CHECK(length_ + count <= max_tokens_, "sequence of ", length_ + count,

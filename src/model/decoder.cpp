@@ -58,6 +58,18 @@ bool interleaved(RopePairing pairing) {
 
 // Norms inside MLA use the RMSNorm default epsilon, not the config's.
 constexpr float kMlaNormEps = 1e-6f;
+// Gated DeltaNet L2-normalises q and k with this epsilon inside the square root.
+constexpr float kLinearL2NormEps = 1e-6f;
+
+float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
+// torch's softplus (beta 1, threshold 20): the identity above 20.
+float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
+
+// Zero-centred norm weights (Qwen3-Next) hold w where the norm multiplies by 1 + w.
+void add_one(std::vector<float>& weight) {
+  for (float& w : weight) w += 1.0f;
+}
 
 }  // namespace
 
@@ -114,8 +126,20 @@ Decoder::Decoder(const ModelConfig& config, DecoderWeights weights)
     p.q_a_norm = to_f32(lw.mla.q_a_norm);
     p.kv_a_norm = to_f32(lw.mla.kv_a_norm);
     p.selection_bias = to_f32(lw.moe.selection_bias);
+    const LinearAttentionWeights& lin = lw.linear_attention;
+    if (!lin.conv1d.empty()) {
+      p.conv = to_f32(lin.conv1d);
+      p.dt_bias = to_f32(lin.dt_bias);
+      p.gated_norm = to_f32(lin.norm);
+      p.neg_decay = to_f32(lin.a_log);
+      for (float& a : p.neg_decay) a = -std::exp(a);
+    }
+    if (config_.norm_weight_offset) {
+      for (auto* w : {&p.input_norm, &p.post_attention_norm, &p.q_norm, &p.k_norm}) add_one(*w);
+    }
   }
   final_norm_ = to_f32(weights_.final_norm);
+  if (config_.norm_weight_offset) add_one(final_norm_);
   plans_ = plan_layers(config_);
   if (config_.num_experts > 0) {
     make_moe_block(std::make_unique<moe::ResidentExperts>(routed_experts(), config_.hidden_size,
@@ -225,12 +249,38 @@ void Decoder::set_offload(const offload::OffloadOptions& options, int64_t max_st
   make_moe_block(std::move(runner));
 }
 
+KvPoolLayout kv_pool_layout(const ModelConfig& config, int64_t num_state_slots) {
+  KvPoolLayout layout;
+  if (!config.linear_attention) return layout;
+  const LinearAttentionConfig& lin = *config.linear_attention;
+  layout.layer_has_kv.resize(static_cast<size_t>(config.num_layers));
+  layout.state.layer_has_state.resize(static_cast<size_t>(config.num_layers));
+  for (int64_t l = 0; l < config.num_layers; ++l) {
+    layout.layer_has_kv[l] = !config.is_linear_layer(l);
+    layout.state.layer_has_state[l] = config.is_linear_layer(l);
+  }
+  layout.state.conv_values = lin.conv_state_values();
+  layout.state.recurrent_values = lin.recurrent_state_values();
+  layout.num_state_slots = num_state_slots;
+  return layout;
+}
+
 KvCache Decoder::make_cache(int64_t max_tokens) const {
   const int64_t limit = config_.max_position_embeddings > 0
                             ? std::min(max_tokens, config_.max_position_embeddings)
                             : max_tokens;
   if (config_.mla) return KvCache(config_.num_layers, config_.mla->cache_width(), 0, limit);
-  return KvCache(config_.num_layers, config_.kv_dim(), config_.kv_dim(), limit);
+  return KvCache(config_.num_layers, config_.kv_dim(), config_.kv_dim(), limit, 16,
+                 kv_pool_layout(config_, 1));
+}
+
+KvBlockPool Decoder::make_pool(int64_t block_size, int64_t num_blocks,
+                               int64_t num_state_slots) const {
+  if (config_.mla) {
+    return KvBlockPool(config_.num_layers, config_.mla->cache_width(), 0, block_size, num_blocks);
+  }
+  return KvBlockPool(config_.num_layers, config_.kv_dim(), config_.kv_dim(), block_size, num_blocks,
+                     kv_pool_layout(config_, num_state_slots));
 }
 
 void Decoder::forward(std::span<const int32_t> tokens, KvCache& cache, std::span<float> logits,
@@ -240,7 +290,8 @@ void Decoder::forward(std::span<const int32_t> tokens, KvCache& cache, std::span
   ForwardBatch batch{.sequences = {SequenceBatch{.tokens = tokens,
                                                  .position = cache.length(),
                                                  .block_table = cache.block_table(),
-                                                 .want_logits = true}},
+                                                 .want_logits = true,
+                                                 .state_slot = cache.state_slot()}},
                      .all_positions = all_positions};
   forward(batch, cache.pool(), logits);
   cache.advance(static_cast<int64_t>(tokens.size()));
@@ -273,6 +324,24 @@ void Decoder::forward(const ForwardBatch& batch, KvBlockPool& pool, std::span<fl
   MOE_CHECK(pool.num_layers() == config_.num_layers && pool.key_width() == key_width,
             "KV pool shape (", pool.num_layers(), " layers, width ", pool.key_width(),
             ") does not fit the model (", config_.num_layers, " layers, width ", key_width, ")");
+  MOE_CHECK(pool.num_kv_layers() == config_.num_kv_layers(), "KV pool has rows for ",
+            pool.num_kv_layers(), " layers, the model attends over a cache in ",
+            config_.num_kv_layers());
+  if (config_.linear_attention) {
+    // Each sequence's recurrent state: a slot of its own, zeroed when it starts.
+    RecurrentStatePool& state = pool.recurrent_state();
+    std::vector<bool> seen(static_cast<size_t>(state.num_slots()), false);
+    for (size_t i = 0; i < batch.sequences.size(); ++i) {
+      const int32_t slot = batch.sequences[i].state_slot;
+      MOE_CHECK(slot >= 0 && slot < state.num_slots(), "sequence ", i, " has state slot ", slot,
+                " but the pool holds recurrent state for ", state.num_slots(), " sequences");
+      MOE_CHECK(!seen[slot], "two sequences of one batch share recurrent state slot ", slot);
+      seen[slot] = true;
+    }
+    for (const SequenceBatch& s : batch.sequences) {
+      if (s.position == 0) state.reset(s.state_slot);
+    }
+  }
 
   // Under expert parallelism a rank with nothing scheduled still runs the step: zero rows go
   // through every layer, so that it joins each MoE layer's dispatch and combine.
@@ -322,6 +391,9 @@ void Decoder::forward(const ForwardBatch& batch, KvBlockPool& pool, std::span<fl
         case AttentionKind::kMla:
           mla_attention(l, batch, pool);
           break;
+        case AttentionKind::kGatedDeltaNet:
+          linear_attention(l, batch, pool);
+          break;
       }
     }
     add_into(ws_.x.data(), ws_.block_out.data(), T * H);
@@ -362,11 +434,22 @@ void Decoder::attention(int64_t layer, const ForwardBatch& batch, KvBlockPool& p
   ws_.v.resize(T * kv_dim);
   ws_.attn.resize(T * q_dim);
 
-  cpu::linear(ws_.normed.data(), T, w.q_proj, data_or_null(p.q_bias), ws_.q.data());
+  const LayerPlan& plan = plans_[layer];
+  if (plan.output_gate) {
+    // q_proj gives [T, Nq, 2D]: each head's query, then its gate.
+    ws_.gate_logits.resize(T * 2 * q_dim);
+    cpu::linear(ws_.normed.data(), T, w.q_proj, nullptr, ws_.gate_logits.data());
+    for (int64_t row = 0; row < T * Nq; ++row) {
+      const float* both = ws_.gate_logits.data() + row * 2 * D;
+      std::copy_n(both, D, ws_.q.data() + row * D);
+      std::copy_n(both + D, D, ws_.gate_logits.data() + row * D);  // in place: row*D <= row*2D
+    }
+  } else {
+    cpu::linear(ws_.normed.data(), T, w.q_proj, data_or_null(p.q_bias), ws_.q.data());
+  }
   cpu::linear(ws_.normed.data(), T, w.k_proj, data_or_null(p.k_bias), ws_.k.data());
   cpu::linear(ws_.normed.data(), T, w.v_proj, data_or_null(p.v_bias), ws_.v.data());
 
-  const LayerPlan& plan = plans_[layer];
   switch (plan.qk_norm) {
     case QkNormKind::kNone:
       break;
@@ -430,7 +513,141 @@ void Decoder::attention(int64_t layer, const ForwardBatch& batch, KvBlockPool& p
       }
     }
   });
+  if (plan.output_gate) {
+    for (int64_t i = 0; i < T * q_dim; ++i) ws_.attn[i] *= sigmoid(ws_.gate_logits[i]);
+  }
   cpu::linear(ws_.attn.data(), T, w.o_proj, data_or_null(p.o_bias), ws_.block_out.data());
+}
+
+void Decoder::linear_attention(int64_t layer, const ForwardBatch& batch, KvBlockPool& pool) {
+  const LinearAttentionWeights& w = weights_.layers[layer].linear_attention;
+  const LayerParams& p = params_[layer];
+  const LinearAttentionConfig& lin = *config_.linear_attention;
+  const int64_t T = static_cast<int64_t>(slots_.sequence.size());
+  const int64_t Nk = lin.num_key_heads, Nv = lin.num_value_heads;
+  const int64_t Dk = lin.key_head_dim, Dv = lin.value_head_dim;
+  const int64_t r = Nv / Nk;  // value heads per key head
+  const int64_t key_dim = lin.key_dim(), value_dim = lin.value_dim();
+  const int64_t C = lin.conv_dim();
+  const int64_t taps = lin.conv_kernel;
+  const int64_t qkvz_width = 2 * key_dim + 2 * value_dim;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  ws_.qkvz.resize(T * qkvz_width);
+  ws_.ba.resize(T * 2 * Nv);
+  ws_.mixed.resize(T * C);     // [T, q | k | v] before the conv
+  ws_.conv_out.resize(T * C);  // after the conv and SiLU
+  ws_.core.resize(T * value_dim);
+  cpu::linear(ws_.normed.data(), T, w.in_proj_qkvz, nullptr, ws_.qkvz.data());
+  cpu::linear(ws_.normed.data(), T, w.in_proj_ba, nullptr, ws_.ba.data());
+
+  // Unpack the per-key-head groups into [q | k | v] rows (z stays in ws_.qkvz).
+  const int64_t group = 2 * Dk + 2 * r * Dv;
+  for (int64_t t = 0; t < T; ++t) {
+    const float* in = ws_.qkvz.data() + t * qkvz_width;
+    float* out = ws_.mixed.data() + t * C;
+    for (int64_t g = 0; g < Nk; ++g) {
+      const float* src = in + g * group;
+      std::copy_n(src, Dk, out + g * Dk);
+      std::copy_n(src + Dk, Dk, out + key_dim + g * Dk);
+      std::copy_n(src + 2 * Dk, r * Dv, out + 2 * key_dim + g * r * Dv);
+    }
+  }
+
+  // Causal depthwise conv per sequence over its window (the state's last taps - 1 inputs, then
+  // this step's rows), SiLU, and the window's tail back into the state.
+  RecurrentStatePool& state = pool.recurrent_state();
+  const int64_t history = taps - 1;
+  int64_t first_row = 0;
+  for (const SequenceBatch& s : batch.sequences) {
+    const int64_t n = static_cast<int64_t>(s.tokens.size());
+    float* window_state = state.conv(layer, s.state_slot);  // [C, history]
+    parallel_for(C, [&](int64_t c_begin, int64_t c_end) {
+      std::vector<float> window(static_cast<size_t>(history + n));
+      for (int64_t c = c_begin; c < c_end; ++c) {
+        std::copy_n(window_state + c * history, history, window.data());
+        for (int64_t t = 0; t < n; ++t) window[history + t] = ws_.mixed[(first_row + t) * C + c];
+        const float* tap = p.conv.data() + c * taps;
+        for (int64_t t = 0; t < n; ++t) {
+          float acc = 0.0f;
+          for (int64_t j = 0; j < taps; ++j) acc += tap[j] * window[t + j];
+          ws_.conv_out[(first_row + t) * C + c] = acc * sigmoid(acc);
+        }
+        std::copy_n(window.data() + n, history, window_state + c * history);
+      }
+    });
+    first_row += n;
+  }
+
+  // The gated delta rule per value head, token by token, on the state S [Dk, Dv]:
+  //   S *= exp(g);  S += k (beta (v - S^T k))^T;  out = S^T q
+  // with q, k L2-normalised (q also by 1/sqrt(Dk)), g = -exp(A_log) softplus(a + dt_bias) and
+  // beta = sigmoid(b). Value head h reads key head h / r.
+  const float q_scale = 1.0f / std::sqrt(static_cast<float>(Dk));
+  first_row = 0;
+  for (const SequenceBatch& s : batch.sequences) {
+    const int64_t n = static_cast<int64_t>(s.tokens.size());
+    float* states = state.recurrent(layer, s.state_slot);  // [Nv, Dk, Dv]
+    parallel_for(Nv, [&](int64_t h_begin, int64_t h_end) {
+      std::vector<float> q(Dk), k(Dk), kv_mem(Dv);
+      for (int64_t h = h_begin; h < h_end; ++h) {
+        const int64_t g = h / r;
+        float* S = states + h * Dk * Dv;
+        for (int64_t t = first_row; t < first_row + n; ++t) {
+          const float* row = ws_.conv_out.data() + t * C;
+          const float* v = row + 2 * key_dim + h * Dv;
+          float q_sq = 0.0f, k_sq = 0.0f;
+          for (int64_t d = 0; d < Dk; ++d) {
+            q[d] = row[g * Dk + d];
+            k[d] = row[key_dim + g * Dk + d];
+            q_sq += q[d] * q[d];
+            k_sq += k[d] * k[d];
+          }
+          const float q_norm = q_scale / std::sqrt(q_sq + kLinearL2NormEps);
+          const float k_norm = 1.0f / std::sqrt(k_sq + kLinearL2NormEps);
+          for (int64_t d = 0; d < Dk; ++d) {
+            q[d] *= q_norm;
+            k[d] *= k_norm;
+          }
+          // in_proj_ba's key-head group g holds [b of its r heads | a of them].
+          const float* ba = ws_.ba.data() + t * 2 * Nv + g * 2 * r;
+          const float beta = sigmoid(ba[h % r]);
+          const float decay = std::exp(p.neg_decay[h] * softplus(ba[r + h % r] + p.dt_bias[h]));
+          std::fill(kv_mem.begin(), kv_mem.end(), 0.0f);
+          for (int64_t i = 0; i < Dk; ++i) {
+            float* S_row = S + i * Dv;
+            for (int64_t j = 0; j < Dv; ++j) {
+              S_row[j] *= decay;
+              kv_mem[j] += S_row[j] * k[i];
+            }
+          }
+          for (int64_t j = 0; j < Dv; ++j) kv_mem[j] = (v[j] - kv_mem[j]) * beta;  // the delta
+          float* out = ws_.core.data() + t * value_dim + h * Dv;
+          std::fill_n(out, Dv, 0.0f);
+          for (int64_t i = 0; i < Dk; ++i) {
+            float* S_row = S + i * Dv;
+            for (int64_t j = 0; j < Dv; ++j) {
+              S_row[j] += k[i] * kv_mem[j];
+              out[j] += S_row[j] * q[i];
+            }
+          }
+        }
+      }
+    });
+    first_row += n;
+  }
+
+  // Gated RMSNorm per value head: normed(core) * w * silu(z), z from the packed projection.
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t h = 0; h < Nv; ++h) {
+      float* x = ws_.core.data() + t * value_dim + h * Dv;
+      const int64_t g = h / r;
+      const float* z =
+          ws_.qkvz.data() + t * qkvz_width + g * group + 2 * Dk + r * Dv + (h % r) * Dv;
+      rms_norm(x, 1, Dv, p.gated_norm.data(), eps, x);
+      for (int64_t j = 0; j < Dv; ++j) x[j] *= z[j] * sigmoid(z[j]);
+    }
+  }
+  cpu::linear(ws_.core.data(), T, w.out_proj, nullptr, ws_.block_out.data());
 }
 
 void Decoder::mla_attention(int64_t layer, const ForwardBatch& batch, KvBlockPool& pool) {

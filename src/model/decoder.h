@@ -35,6 +35,10 @@ float attention_softmax_scale(const ModelConfig& config);
 void check_forward_batch(const ForwardBatch& batch, int64_t vocab_size, int64_t max_len,
                          int64_t num_blocks, int64_t block_size);
 
+// The pool layout of a model: no key/value rows for linear-attention layers, and their recurrent
+// state for `num_state_slots` sequences (none for a model without such layers).
+KvPoolLayout kv_pool_layout(const ModelConfig& config, int64_t num_state_slots);
+
 class Decoder {
  public:
   Decoder(const ModelConfig& config, DecoderWeights weights);
@@ -43,6 +47,9 @@ class Decoder {
   const DecoderWeights& weights() const { return weights_; }
 
   KvCache make_cache(int64_t max_tokens) const;
+  // A shared pool for batched steps: `num_blocks` blocks of `block_size` rows, and recurrent
+  // state slots for `num_state_slots` sequences where the model has linear-attention layers.
+  KvBlockPool make_pool(int64_t block_size, int64_t num_blocks, int64_t num_state_slots) const;
 
   // Expert offloading (--expert-budget, --expert-cache) with a simulated budget: the MoE
   // layers' experts run behind a cache of as many slots as the budget holds
@@ -103,11 +110,18 @@ class Decoder {
     std::vector<float> q_bias, k_bias, v_bias, o_bias, q_norm, k_norm;
     std::vector<float> q_a_norm, kv_a_norm;  // MLA
     std::vector<float> selection_bias;       // [E] DeepSeek-V3 router bias
+    // Gated DeltaNet.
+    std::vector<float> conv;        // [conv_dim, conv_kernel]
+    std::vector<float> neg_decay;   // [Nv] -exp(A_log)
+    std::vector<float> dt_bias;     // [Nv]
+    std::vector<float> gated_norm;  // [Dv]
   };
   // Buffers reused across steps.
   struct Workspace {
     std::vector<float> x, normed, q, k, v, attn, block_out, shared, gate, up;
     std::vector<float> q_lora, latent, q_latent, o_latent, head_out;  // MLA
+    std::vector<float> gate_logits;                                   // attention output gate
+    std::vector<float> qkvz, ba, mixed, conv_out, core;               // Gated DeltaNet
   };
 
   // Where each of the step's token rows belongs.
@@ -124,6 +138,9 @@ class Decoder {
   // projected into the latent space and attention output is lifted back per head, so no full
   // per-head key or value is ever built.
   void mla_attention(int64_t layer, const ForwardBatch& batch, KvBlockPool& pool);
+  // Gated DeltaNet: conv over [q | k | v] and the delta-rule recurrence, token by token within
+  // each sequence from the state in its slot, then the gated norm and out_proj.
+  void linear_attention(int64_t layer, const ForwardBatch& batch, KvBlockPool& pool);
   void feed_forward(int64_t layer, int64_t num_tokens);
   // The layer's shared experts over ws_.normed into ws_.shared (gated where the model gates
   // them); null when the layer has none.

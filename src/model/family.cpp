@@ -15,6 +15,8 @@ DecoderWeights bind_weights(const ModelConfig& config, WeightSource& src) {
     case ModelFamily::kKimiK2: return bind_kimi_k2(config, src);
     case ModelFamily::kGlm4Moe: return bind_glm4_moe(config, src);
     case ModelFamily::kErnie45Moe: return bind_ernie4_5_moe(config, src);
+    case ModelFamily::kQwen3Next:
+      return bind_qwen3_next(config, src);
   }
   MOE_FAIL("no weight binding for model_type '", config.model_type, "'");
 }
@@ -42,7 +44,8 @@ AttentionWeights attention(const ModelConfig& config, WeightSource& src,
   const std::string p = layer_prefix + "self_attn.";
   const int64_t H = config.hidden_size;
   AttentionWeights w;
-  w.q_proj = src.matrix(p + "q_proj.weight", {config.q_dim(), H});
+  const int64_t q_rows = config.attention_output_gate ? 2 * config.q_dim() : config.q_dim();
+  w.q_proj = src.matrix(p + "q_proj.weight", {q_rows, H});
   w.k_proj = src.matrix(p + "k_proj.weight", {config.kv_dim(), H});
   w.v_proj = src.matrix(p + "v_proj.weight", {config.kv_dim(), H});
   w.o_proj = src.matrix(p + "o_proj.weight", {H, config.q_dim()});
@@ -120,7 +123,8 @@ DecoderWeights skeleton(const ModelConfig& config, WeightSource& src) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     w.layers[l].input_norm = src.tensor(p + "input_layernorm.weight", {H});
     w.layers[l].post_attention_norm = src.tensor(p + "post_attention_layernorm.weight", {H});
-    if (!config.mla) w.layers[l].attention = attention(config, src, p);
+    if (!config.mla && !config.is_linear_layer(l))
+      w.layers[l].attention = attention(config, src, p);
     w.layers[l].is_moe = config.layer_is_moe[l];
   }
   return w;

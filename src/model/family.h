@@ -25,6 +25,7 @@ DecoderWeights bind_deepseek(const ModelConfig& config, WeightSource& src);  // 
 DecoderWeights bind_kimi_k2(const ModelConfig& config, WeightSource& src);
 DecoderWeights bind_glm4_moe(const ModelConfig& config, WeightSource& src);
 DecoderWeights bind_ernie4_5_moe(const ModelConfig& config, WeightSource& src);
+DecoderWeights bind_qwen3_next(const ModelConfig& config, WeightSource& src);
 
 // Building blocks shared by the binders (model/family.cpp).
 namespace binding {
@@ -43,7 +44,8 @@ MlpWeights mlp(WeightSource& src, const std::string& prefix, int64_t hidden_size
 moe::RoutedExperts routed_experts(const ModelConfig& config, WeightSource& src,
                                   const std::string& prefix, const std::string& router_name,
                                   const ExpertNames& names);
-// Embedding, final norm and LM head (tied or not), and each layer's two norms.
+// Embedding, final norm and LM head (tied or not), each layer's two norms, and the attention of
+// every layer that is neither MLA nor linear.
 DecoderWeights skeleton(const ModelConfig& config, WeightSource& src);
 
 }  // namespace binding

@@ -15,6 +15,7 @@ std::vector<LayerPlan> plan_layers(const ModelConfig& config) {
                  : config.qk_norm_full   ? QkNormKind::kWholeProjection
                                          : QkNormKind::kNone;
   base.clip_qkv = config.clip_qkv.has_value();
+  base.output_gate = config.attention_output_gate;
   const bool interleaved = config.mla ? config.mla->rope_interleave : config.rope_interleaved;
   base.rope = interleaved ? RopePairing::kInterleaved : RopePairing::kHalves;
   const SharedExpertKind shared = config.shared_expert_intermediate_size <= 0
@@ -22,7 +23,14 @@ std::vector<LayerPlan> plan_layers(const ModelConfig& config) {
                                   : config.shared_expert_gated ? SharedExpertKind::kSigmoidGated
                                                                : SharedExpertKind::kUngated;
   std::vector<LayerPlan> plans(static_cast<size_t>(config.num_layers), base);
+  MOE_CHECK(config.layer_is_linear.empty() ||
+                static_cast<int64_t>(config.layer_is_linear.size()) == config.num_layers,
+            "the config marks ", config.layer_is_linear.size(), " layers linear or full, it has ",
+            config.num_layers);
+  MOE_CHECK(config.num_linear_layers() == 0 || config.linear_attention,
+            "the config has linear attention layers but no linear attention sizes");
   for (int64_t l = 0; l < config.num_layers; ++l) {
+    if (config.is_linear_layer(l)) plans[l].attention = AttentionKind::kGatedDeltaNet;
     if (!config.layer_is_moe[l]) continue;
     plans[l].feed_forward = FeedForwardKind::kMoe;
     plans[l].shared_expert = shared;

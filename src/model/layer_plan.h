@@ -11,8 +11,9 @@
 namespace moeinfer {
 
 enum class AttentionKind {
-  kGqa,  // grouped-query attention over per-head keys and values (MHA and MQA included)
-  kMla,  // DeepSeek's multi-head latent attention over a [latent | rope key] cache
+  kGqa,            // grouped-query attention over per-head keys and values (MHA and MQA included)
+  kMla,            // DeepSeek's multi-head latent attention over a [latent | rope key] cache
+  kGatedDeltaNet,  // Qwen3-Next's linear attention: a per-sequence recurrent state, no KV rows
 };
 
 enum class QkNormKind {
@@ -41,6 +42,7 @@ struct LayerPlan {
   AttentionKind attention = AttentionKind::kGqa;
   QkNormKind qk_norm = QkNormKind::kNone;
   bool clip_qkv = false;  // OLMoE: clamp q, k and v to +-clip_qkv
+  bool output_gate = false;  // Qwen3-Next: the attention output times sigmoid(q_proj's gate)
   RopePairing rope = RopePairing::kHalves;
   FeedForwardKind feed_forward = FeedForwardKind::kDenseMlp;
   SharedExpertKind shared_expert = SharedExpertKind::kNone;  // kNone in dense layers

@@ -17,12 +17,23 @@ int64_t attention_params(const ModelConfig& c) {
     return q + H * m.cache_width() + m.kv_lora_rank +
            m.kv_lora_rank * Nh * (m.qk_nope_head_dim + m.v_head_dim) + Nh * m.v_head_dim * H;
   }
-  int64_t n = c.hidden_size * c.q_dim() + 2 * c.hidden_size * c.kv_dim() + c.q_dim() * c.hidden_size;
+  const int64_t q_rows = c.attention_output_gate ? 2 * c.q_dim() : c.q_dim();
+  int64_t n = c.hidden_size * q_rows + 2 * c.hidden_size * c.kv_dim() + c.q_dim() * c.hidden_size;
   if (c.attention_bias) n += c.q_dim() + 2 * c.kv_dim();
   if (c.attention_out_bias) n += c.hidden_size;
   if (c.qk_norm_per_head) n += 2 * c.head_dim;
   if (c.qk_norm_full) n += c.q_dim() + c.kv_dim();
   return n;
+}
+
+// Gated DeltaNet: in_proj_qkvz, in_proj_ba, the conv taps, dt_bias, A_log, the gated norm and
+// out_proj.
+int64_t linear_attention_params(const ModelConfig& c) {
+  const LinearAttentionConfig& lin = *c.linear_attention;
+  const int64_t H = c.hidden_size;
+  return H * (2 * lin.key_dim() + 2 * lin.value_dim()) + H * 2 * lin.num_value_heads +
+         lin.conv_dim() * lin.conv_kernel + 2 * lin.num_value_heads + lin.value_head_dim +
+         lin.value_dim() * H;
 }
 
 struct Counter {
@@ -37,7 +48,13 @@ struct Counter {
 
 int64_t kv_values_per_token(const ModelConfig& config) {
   const int64_t per_layer = config.mla ? config.mla->cache_width() : 2 * config.kv_dim();
-  return config.num_layers * per_layer;
+  return config.num_kv_layers() * per_layer;
+}
+
+int64_t state_values_per_sequence(const ModelConfig& config) {
+  if (!config.linear_attention) return 0;
+  const LinearAttentionConfig& lin = *config.linear_attention;
+  return config.num_linear_layers() * (lin.conv_state_values() + lin.recurrent_state_values());
 }
 
 PartCounts count_params(const ModelConfig& c, bool active_only) {
@@ -46,7 +63,7 @@ PartCounts count_params(const ModelConfig& c, bool active_only) {
   p.embeddings = c.vocab_size * H * (c.tie_word_embeddings ? 1 : 2);
   p.other = H;  // final norm
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    p.attention += attention_params(c);
+    p.attention += c.is_linear_layer(l) ? linear_attention_params(c) : attention_params(c);
     p.other += 2 * H;  // the layer's two norms
     if (!c.layer_is_moe[l]) {
       p.other += mlp_params(H, c.intermediate_size);
@@ -97,6 +114,11 @@ ModelFacts model_facts(const ModelConfig& config, const DecoderWeights& w,
                                 &m.kv_a_norm, &m.kv_b_proj, &m.o_proj}) {
       count(attention, *v);
     }
+    const LinearAttentionWeights& lin = layer.linear_attention;
+    for (const TensorView* v : {&lin.in_proj_qkvz, &lin.in_proj_ba, &lin.conv1d, &lin.dt_bias,
+                                &lin.a_log, &lin.norm, &lin.out_proj}) {
+      count(attention, *v);
+    }
     if (!layer.is_moe) {
       for (const TensorView* v : {&layer.mlp.gate_proj, &layer.mlp.up_proj, &layer.mlp.down_proj}) {
         count(other, *v);
@@ -120,6 +142,7 @@ ModelFacts model_facts(const ModelConfig& config, const DecoderWeights& w,
             facts.total_params.total(), " parameters but the bound tensors hold ", bound_params);
   facts.kv_bytes_per_token_f32 = kv_values_per_token(config) * 4;
   facts.kv_bytes_per_token_bf16 = kv_values_per_token(config) * 2;
+  facts.state_bytes_per_sequence_f32 = state_values_per_sequence(config) * 4;
   return facts;
 }
 
@@ -145,8 +168,9 @@ nlohmann::ordered_json facts_to_json(const ModelConfig& config, const ModelFacts
           {"params_active_per_token", parts(facts.active_params)},
           {"resident_bytes", parts(facts.resident_bytes)},
           {"checkpoint_tensor_bytes", facts.checkpoint_tensor_bytes},
-          {"kv_bytes_per_token", {{"f32", facts.kv_bytes_per_token_f32},
-                                  {"bf16", facts.kv_bytes_per_token_bf16}}}};
+          {"kv_bytes_per_token",
+           {{"f32", facts.kv_bytes_per_token_f32}, {"bf16", facts.kv_bytes_per_token_bf16}}},
+          {"recurrent_state_bytes_per_sequence", facts.state_bytes_per_sequence_f32}};
 }
 
 }  // namespace moeinfer

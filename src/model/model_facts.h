@@ -27,12 +27,17 @@ struct ModelFacts {
   PartCounts resident_bytes;   // bytes of the bound tensors in their stored dtypes
   int64_t kv_bytes_per_token_f32 = 0;   // keys + values, all layers, as the CPU cache holds them
   int64_t kv_bytes_per_token_bf16 = 0;
+  // Linear-attention layers' conv window and recurrent state, float32 (both devices keep it so).
+  int64_t state_bytes_per_sequence_f32 = 0;
   int64_t checkpoint_tensor_bytes = 0;  // every tensor in the files, bound or not
 };
 
 // Values the KV cache holds per token over all layers: the latent row for MLA, keys and
 // values otherwise.
 int64_t kv_values_per_token(const ModelConfig& config);
+// Values of recurrent state one sequence holds over all linear-attention layers (0 without them):
+// its conv windows and delta-rule states, which do not grow with its length.
+int64_t state_values_per_sequence(const ModelConfig& config);
 // Parameter counts from the config alone.
 PartCounts count_params(const ModelConfig& config, bool active_only);
 // Counts from the config, bytes from the weights; throws if the bound tensors do not add up to

@@ -53,4 +53,10 @@ void dequantize_fp8_blocks(const uint8_t* q, const float* scale_inv, int64_t num
   }, 16);
 }
 
+int64_t WeightSource::count_with_prefix(std::string_view prefix) const {
+  int64_t count = 0;
+  for (const std::string& name : store_.names()) count += name.starts_with(prefix);
+  return count;
+}
+
 }  // namespace moeinfer

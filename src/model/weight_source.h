@@ -20,6 +20,8 @@ class WeightSource {
   WeightSource& operator=(const WeightSource&) = delete;
 
   bool has(const std::string& name) const { return store_.has(name); }
+  // Stored tensors whose names start with `prefix` (a part of the checkpoint left unread).
+  int64_t count_with_prefix(std::string_view prefix) const;
   // A tensor used as stored (norm weights, biases, embeddings, routers).
   TensorView tensor(const std::string& name, const Shape& shape) const;
   // A linear layer's [N, K] weight. With fp8 quantization a F8_E4M3 weight and its

@@ -11,6 +11,8 @@
 namespace moeinfer {
 
 struct AttentionWeights {
+  // q_proj is [2*Nq*D, H] with an output gate (Qwen3-Next): per head, D query rows then D gate
+  // rows.
   TensorView q_proj, k_proj, v_proj, o_proj;  // [Nq*D, H], [Nkv*D, H], [Nkv*D, H], [H, Nq*D]
   TensorView q_bias, k_bias, v_bias, o_bias;  // optional
   TensorView q_norm, k_norm;                  // optional: [D] per head, or [Nq*D] / [Nkv*D]
@@ -26,6 +28,19 @@ struct MlaWeights {
   TensorView kv_a_norm;          // [kv_lora]
   TensorView kv_b_proj;          // [Nh*(nope+v), kv_lora]: per head, key rows then value rows
   TensorView o_proj;             // [H, Nh*v]
+};
+
+// Gated DeltaNet (Qwen3-Next's linear attention), in the published packing: in_proj_qkvz holds,
+// for each key head g in turn, [q_g (Dk) | k_g (Dk) | v of its r = Nv/Nk value heads (r*Dv) |
+// z of those heads (r*Dv)]; in_proj_ba, for each key head, [b of its r value heads | a of them].
+struct LinearAttentionWeights {
+  TensorView in_proj_qkvz;  // [2*Nk*Dk + 2*Nv*Dv, H]
+  TensorView in_proj_ba;    // [2*Nv, H]
+  TensorView conv1d;        // [Nk*Dk*2 + Nv*Dv, 1, conv_kernel] depthwise taps over [q | k | v]
+  TensorView dt_bias;       // [Nv]
+  TensorView a_log;         // [Nv] log of the decay rate A
+  TensorView norm;          // [Dv] gated RMSNorm weight (not zero-centred)
+  TensorView out_proj;      // [H, Nv*Dv]
 };
 
 struct MlpWeights {
@@ -44,6 +59,7 @@ struct LayerWeights {
   TensorView post_attention_norm;  // [H]
   AttentionWeights attention;  // standard attention
   MlaWeights mla;              // DeepSeek attention
+  LinearAttentionWeights linear_attention;  // Qwen3-Next's linear layers
   bool is_moe = false;
   MlpWeights mlp;  // dense layers
   MoeWeights moe;  // sparse layers
