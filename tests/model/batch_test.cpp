@@ -61,10 +61,13 @@ TEST_P(BatchTest, BatchedPagedStepsMatchSingleSequences) {
   }
 
   // Batched: one pool, blocks of 4 handed out in a shuffled order.
+  // Models with linear-attention layers also get a recurrent state slot per sequence (in
+  // reverse order, so slots and batch positions differ).
   const int64_t block_size = 4;
-  const int64_t key_width = config.mla ? config.mla->cache_width() : config.kv_dim();
-  const int64_t value_width = config.mla ? 0 : config.kv_dim();
-  KvBlockPool pool(config.num_layers, key_width, value_width, block_size, 24);
+  KvBlockPool pool = decoder.make_pool(block_size, 24, static_cast<int64_t>(prompts.size()));
+  const auto state_slot = [&](size_t s) {
+    return config.linear_attention ? static_cast<int32_t>(prompts.size() - 1 - s) : -1;
+  };
   std::vector<int32_t> free_blocks(24);
   std::iota(free_blocks.begin(), free_blocks.end(), 0);
   std::shuffle(free_blocks.begin(), free_blocks.end(), rng);
@@ -78,7 +81,10 @@ TEST_P(BatchTest, BatchedPagedStepsMatchSingleSequences) {
   std::vector<std::vector<float>> batched(prompts.size());
   ForwardBatch prefill;
   for (size_t s = 0; s < prompts.size(); ++s) {
-    prefill.sequences.push_back({.tokens = prompts[s], .position = 0, .block_table = tables[s]});
+    prefill.sequences.push_back({.tokens = prompts[s],
+                                 .position = 0,
+                                 .block_table = tables[s],
+                                 .state_slot = state_slot(s)});
   }
   std::vector<float> logits(prompts.size() * V, NAN);
   decoder.forward(prefill, pool, logits);
@@ -90,7 +96,8 @@ TEST_P(BatchTest, BatchedPagedStepsMatchSingleSequences) {
     for (size_t s = 0; s < prompts.size(); ++s) {
       decode.sequences.push_back({.tokens = std::span<const int32_t>(&next[s][step], 1),
                                   .position = prompt_lengths[s] + step,
-                                  .block_table = tables[s]});
+                                  .block_table = tables[s],
+                                  .state_slot = state_slot(s)});
     }
     std::fill(logits.begin(), logits.end(), NAN);
     decoder.forward(decode, pool, logits);
@@ -122,7 +129,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, BatchTest,
                                          "qwen2_moe_f32", "deepseek_v2_lite_f32",
                                          "deepseek_v3_f32", "glm4_moe_f32", "glm4_moe_air_bf16",
                                          "ernie4_5_moe_f32", "ernie4_5_moe_i2_bf16",
-                                         "kimi_k2_f32"),
+                                         "kimi_k2_f32", "qwen3_next_f32", "qwen3_next_bf16"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace
