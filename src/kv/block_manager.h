@@ -36,6 +36,7 @@ class BlockManager {
   BlockManager(int64_t num_blocks, int64_t block_size, bool enable_prefix_caching = true);
 
   int64_t block_size() const { return block_size_; }
+  bool prefix_caching() const { return prefix_caching_; }
   int64_t num_blocks() const { return static_cast<int64_t>(ref_counts_.size()); }
   int64_t num_free_blocks() const { return static_cast<int64_t>(free_list_.size()); }
   int64_t num_used_blocks() const { return num_blocks() - num_free_blocks(); }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <limits>
 #include <optional>
 
@@ -27,9 +28,23 @@ int64_t context_limit(const ModelConfig& model, const EngineConfig& config) {
   return config.max_model_len > 0 ? config.max_model_len : native;
 }
 
+// Bytes of KV rows per token (linear-attention layers have none; their fixed per-sequence state
+// is apart from this budget).
 size_t bytes_per_token(const ModelConfig& model) {
   const int64_t width = model.mla ? model.mla->cache_width() : 2 * model.kv_dim();
-  return static_cast<size_t>(model.num_layers * width) * sizeof(float);
+  return static_cast<size_t>(model.num_kv_layers() * width) * sizeof(float);
+}
+
+// Prefix caching as asked, unless the model carries recurrent state: a cached prefix's blocks
+// hold its keys and values but not the state of the linear layers after it, so it could not be
+// resumed from. Said once at load when it is turned off.
+bool prefix_caching_for(const ModelConfig& model, const EngineConfig& config) {
+  if (!config.enable_prefix_caching || !model.linear_attention) return config.enable_prefix_caching;
+  std::fprintf(stderr,
+               "moeinfer: %s has linear-attention layers with a recurrent state: prefix caching "
+               "is off\n",
+               model.model_type.c_str());
+  return false;
 }
 
 int64_t pool_blocks(const ModelConfig& model, const EngineConfig& config, int64_t max_model_len) {
@@ -166,12 +181,15 @@ Engine::Engine(std::unique_ptr<Model> model, std::unique_ptr<GpuDecoder> gpu, To
       pool_(model_config_.num_layers,
             model_config_.mla ? model_config_.mla->cache_width() : model_config_.kv_dim(),
             model_config_.mla ? 0 : model_config_.kv_dim(), config.block_size,
-            gpu_ ? 1 : pool_blocks(model_config_, config, max_model_len_)),
+            gpu_ ? 1 : pool_blocks(model_config_, config, max_model_len_),
+            kv_pool_layout(model_config_, gpu_ ? 0 : config.max_num_seqs)),
       blocks_(gpu_ ? gpu_->num_kv_blocks() : pool_.num_blocks(),
-              gpu_ ? gpu_->block_size() : config.block_size, config.enable_prefix_caching),
+              gpu_ ? gpu_->block_size() : config.block_size,
+              prefix_caching_for(model_config_, config)),
+      state_slots_(pool_.recurrent_state().num_slots()),
       scheduler_({.max_num_seqs = config.max_num_seqs,
                   .max_num_batched_tokens = config.max_num_batched_tokens},
-                 blocks_),
+                 blocks_, state_slots_.num_slots() > 0 ? &state_slots_ : nullptr),
       seed_source_(std::random_device{}()) {
   MOE_CHECK(model_ || gpu_, "an engine needs a model");
   // On cuda the GPU decoder has its own deterministic path (GpuOptions::deterministic).
@@ -271,7 +289,7 @@ RequestId Engine::add_request(std::vector<int32_t> prompt, const GenerationParam
     if (params.grammar) r->matcher = std::make_unique<JsonMatcher>(params.grammar);
     // Later sequences wait for the first one's prefill, then find its blocks in the prefix
     // cache; without the cache there is nothing to wait for.
-    if (i == 0 || !config_.enable_prefix_caching) {
+    if (i == 0 || !blocks_.prefix_caching()) {
       scheduler_.add(r.get());
     } else {
       g.deferred.push_back(r->id);
@@ -319,11 +337,23 @@ void Engine::score(std::span<const int32_t> ids, std::span<float> logits) {
   MOE_CHECK(blocks_.allocate(seq, n), "score: ", n, " tokens need ", blocks_.blocks_for(n),
             " KV blocks but ", blocks_.num_free_blocks(), " of ", blocks_.num_blocks(),
             " are free now");
+  // A model with recurrent state runs the ids in a state slot of their own.
+  std::optional<int32_t> state_slot;
+  if (state_slots_.num_slots() > 0) {
+    state_slot = state_slots_.acquire();
+    MOE_CHECK(state_slot, "score: every recurrent state slot (", state_slots_.num_slots(),
+              ") is held by a running request");
+  }
   struct Release {
     BlockManager& blocks;
     SequenceBlocks& seq;
-    ~Release() { blocks.free(seq); }
-  } release{blocks_, seq};
+    StateSlots& states;
+    std::optional<int32_t> slot;
+    ~Release() {
+      blocks.free(seq);
+      if (slot) states.release(*slot);
+    }
+  } release{blocks_, seq, state_slots_, state_slot};
   // The profiler is not watching: this is not a step, and nothing of it reaches the stats.
   const int64_t chunk = config_.max_num_batched_tokens;
   for (int64_t start = 0; start < n; start += chunk) {
@@ -331,7 +361,8 @@ void Engine::score(std::span<const int32_t> ids, std::span<float> logits) {
     ForwardBatch batch{.sequences = {SequenceBatch{.tokens = ids.subspan(start, count),
                                                   .position = start,
                                                   .block_table = seq.table,
-                                                  .want_logits = true}},
+                                                  .want_logits = true,
+                                                  .state_slot = state_slot.value_or(-1)}},
                        .all_positions = true};
     const std::span<float> rows = logits.subspan(start * V, count * V);
     if (gpu_) {
@@ -456,7 +487,8 @@ void Engine::run_model(const SchedulerOutput& scheduled) {
         {.tokens = std::span<const int32_t>(r.tokens).subspan(r.num_computed, c.num_tokens),
          .position = r.num_computed,
          .block_table = r.blocks.table,
-         .want_logits = want});
+         .want_logits = want,
+         .state_slot = r.state_slot});
     logit_row_start_.push_back(rows);
     if (want) rows += batch.all_positions ? c.num_tokens : 1;
   }

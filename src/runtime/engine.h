@@ -138,6 +138,9 @@ class Engine {
   const EngineConfig& config() const { return config_; }
   int64_t max_model_len() const { return max_model_len_; }
   int64_t num_kv_blocks() const { return blocks_.num_blocks(); }
+  // Whether prompts may start from cached blocks: the config's choice, off for a model with
+  // recurrent state (a cached prefix has no saved state to resume from).
+  bool prefix_caching() const { return blocks_.prefix_caching(); }
   // From config.generation_config (io/generation_config.h); empty when there is none.
   const GenerationDefaults& generation_defaults() const { return generation_defaults_; }
 
@@ -207,6 +210,9 @@ class Engine {
   int64_t max_model_len_;
   KvBlockPool pool_;
   BlockManager blocks_;
+  // The recurrent state slots of a model with linear-attention layers (none otherwise): one per
+  // running sequence, max_num_seqs in all, in pool_.recurrent_state().
+  StateSlots state_slots_;
   Scheduler scheduler_;
   std::unordered_set<int32_t> eos_ids_;
   std::unordered_map<RequestId, std::unique_ptr<Request>> requests_;  // by Request::id

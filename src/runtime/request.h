@@ -91,6 +91,8 @@ struct Request {
   int64_t num_cached_tokens = 0;
   int64_t num_preemptions = 0;
   SequenceBlocks blocks;
+  // Its recurrent state slot while running (models with linear-attention layers), else -1.
+  int32_t state_slot = -1;
   RequestStatus status = RequestStatus::kWaiting;
   FinishReason finish = FinishReason::kNone;
 

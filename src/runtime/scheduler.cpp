@@ -6,9 +6,13 @@
 
 namespace moeinfer {
 
-Scheduler::Scheduler(const SchedulerConfig& config, BlockManager& blocks)
-    : config_(config), blocks_(blocks) {
+Scheduler::Scheduler(const SchedulerConfig& config, BlockManager& blocks, StateSlots* states)
+    : config_(config), blocks_(blocks), states_(states) {
   MOE_CHECK(config.max_num_seqs >= 1, "max_num_seqs must be >= 1, got ", config.max_num_seqs);
+  // A cached prefix's blocks say nothing of the recurrent state after it, so a stateful model
+  // cannot skip a prefix's prefill.
+  MOE_CHECK(states == nullptr || !blocks.prefix_caching(),
+            "a model with recurrent state needs the prefix cache off");
   MOE_CHECK(config.max_num_batched_tokens >= 1, "max_num_batched_tokens must be >= 1, got ",
             config.max_num_batched_tokens);
 }
@@ -26,7 +30,14 @@ void Scheduler::remove(Request* request) {
     waiting_.erase(it);
   }
   blocks_.free(request->blocks);
+  release_state(request);
   request->status = RequestStatus::kFinished;
+}
+
+void Scheduler::release_state(Request* request) {
+  if (request->state_slot < 0) return;
+  states_->release(request->state_slot);
+  request->state_slot = -1;
 }
 
 Request* Scheduler::youngest_running() const {
@@ -40,6 +51,7 @@ Request* Scheduler::youngest_running() const {
 void Scheduler::preempt(Request* victim) {
   running_.erase(std::find(running_.begin(), running_.end(), victim));
   blocks_.free(victim->blocks);
+  release_state(victim);  // the recompute starts at position 0 from a zeroed slot
   victim->num_computed = 0;
   victim->num_preemptions += 1;
   victim->status = RequestStatus::kWaiting;
@@ -85,9 +97,10 @@ SchedulerOutput Scheduler::schedule() {
     }
   }
 
-  // Admit waiting requests, unless this step already ran out of blocks.
+  // Admit waiting requests, unless this step already ran out of blocks (or state slots).
   while (out.preempted.empty() && budget > 0 && !waiting_.empty() &&
-         static_cast<int64_t>(running_.size()) < config_.max_num_seqs) {
+         static_cast<int64_t>(running_.size()) < config_.max_num_seqs &&
+         (states_ == nullptr || states_->num_free() > 0)) {
     Request* r = waiting_.front();
     // A request that scores its prompt must see the logits of every prompt position.
     if (r->blocks.table.empty() && !r->wants_prompt_logits()) {
@@ -101,6 +114,7 @@ SchedulerOutput Scheduler::schedule() {
       break;
     }
     waiting_.pop_front();
+    if (states_ != nullptr) r->state_slot = *states_->acquire();
     r->status = RequestStatus::kRunning;
     running_.push_back(r);
     out.chunks.push_back({.request = r, .num_tokens = n});

@@ -7,7 +7,12 @@
 // When a running request needs a block and none is free, the youngest running request is
 // preempted: its blocks are freed and it goes back to the front of the queue, to be recomputed
 // (its full blocks usually still sit in the prefix cache, so recompute is cheap).
-// The scheduler owns no tensors; it moves requests between its queues and asks the block manager.
+// For a model with recurrent state (linear-attention layers) every running request also holds a
+// state slot: taken at admission (a request waits while none is free), given back when it
+// finishes or is preempted; a preempted request recomputes from position 0, where its new slot
+// starts from zeros.
+// The scheduler owns no tensors; it moves requests between its queues and asks the block manager
+// (and the state slots).
 #pragma once
 
 #include <cstdint>
@@ -15,6 +20,7 @@
 #include <vector>
 
 #include "kv/block_manager.h"
+#include "kv/state_pool.h"
 #include "runtime/request.h"
 
 namespace moeinfer {
@@ -41,7 +47,8 @@ struct SchedulerOutput {
 
 class Scheduler {
  public:
-  Scheduler(const SchedulerConfig& config, BlockManager& blocks);
+  // `states`: the recurrent state slots of a model with linear-attention layers, else null.
+  Scheduler(const SchedulerConfig& config, BlockManager& blocks, StateSlots* states = nullptr);
 
   void add(Request* request);     // to the back of the queue
   void remove(Request* request);  // finished or aborted: frees its blocks
@@ -56,10 +63,12 @@ class Scheduler {
 
  private:
   void preempt(Request* victim);
+  void release_state(Request* request);
   Request* youngest_running() const;
 
   SchedulerConfig config_;
   BlockManager& blocks_;
+  StateSlots* states_;
   std::vector<Request*> running_;  // in admission order
   std::deque<Request*> waiting_;
   int64_t num_preemptions_ = 0;

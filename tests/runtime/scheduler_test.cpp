@@ -1,11 +1,14 @@
 // The scheduler alone, on hand-made requests: token budget, decode-first order, admission
-// limits, and preemption of the youngest request when blocks run out.
+// limits, preemption of the youngest request when blocks run out, and the recurrent state slots
+// of a stateful model.
 #include "runtime/scheduler.h"
 
 #include <gtest/gtest.h>
 
 #include <memory>
 #include <vector>
+
+#include "core/error.h"
 
 namespace moeinfer {
 namespace {
@@ -115,6 +118,75 @@ TEST(Scheduler, WaitingRequestRunsOnceBlocksAreFree) {
   EXPECT_EQ(f.tokens_of(out, other), 1);
   f.scheduler.remove(other);
   EXPECT_EQ(f.blocks.num_used_blocks(), 0);
+}
+
+}  // namespace
+}  // namespace moeinfer
+
+namespace moeinfer {
+namespace {
+
+// A model with recurrent state: each running request holds a state slot, taken at admission and
+// given back at preemption and at removal; a request waits while no slot is free.
+TEST(SchedulerStateSlots, EveryRunningRequestHoldsItsOwnSlot) {
+  BlockManager blocks(64, 4, /*enable_prefix_caching=*/false);
+  StateSlots slots(2);
+  Scheduler scheduler({.max_num_seqs = 8, .max_num_batched_tokens = 64}, blocks, &slots);
+  std::vector<std::unique_ptr<Request>> requests;
+  for (int i = 0; i < 3; ++i) {
+    auto r = std::make_unique<Request>();
+    r->id = i + 1;
+    r->arrival = i;
+    r->tokens.assign(5, 1);
+    r->num_prompt_tokens = 5;
+    scheduler.add(r.get());
+    requests.push_back(std::move(r));
+  }
+  SchedulerOutput out = scheduler.schedule();
+  ASSERT_EQ(out.chunks.size(), 2u);  // the third waits for a slot
+  EXPECT_EQ(requests[0]->state_slot, 0);
+  EXPECT_EQ(requests[1]->state_slot, 1);
+  EXPECT_EQ(requests[2]->state_slot, -1);
+  EXPECT_EQ(slots.num_free(), 0);
+  scheduler.commit(out);
+
+  scheduler.remove(requests[0].get());
+  EXPECT_EQ(requests[0]->state_slot, -1);
+  out = scheduler.schedule();
+  EXPECT_EQ(requests[2]->state_slot, 0);
+  EXPECT_EQ(slots.num_free(), 0);
+  scheduler.remove(requests[1].get());
+  scheduler.remove(requests[2].get());
+  EXPECT_EQ(slots.num_free(), 2);
+}
+
+TEST(SchedulerStateSlots, PreemptionGivesTheSlotBack) {
+  BlockManager blocks(4, 4, /*enable_prefix_caching=*/false);
+  StateSlots slots(2);
+  Scheduler scheduler({.max_num_seqs = 8, .max_num_batched_tokens = 64}, blocks, &slots);
+  Request a, b;
+  a.id = 1, a.arrival = 0, b.id = 2, b.arrival = 1;
+  a.tokens.assign(8, 1), b.tokens.assign(8, 1);
+  a.num_prompt_tokens = b.num_prompt_tokens = 8;
+  scheduler.add(&a);
+  scheduler.add(&b);
+  SchedulerOutput out = scheduler.schedule();  // both prompts: all 4 blocks
+  scheduler.commit(out);
+  a.tokens.push_back(7);
+  b.tokens.push_back(7);
+  out = scheduler.schedule();  // a needs a fifth block: b, the youngest, is preempted
+  ASSERT_EQ(out.preempted.size(), 1u);
+  EXPECT_EQ(out.preempted[0], &b);
+  EXPECT_EQ(b.state_slot, -1);
+  EXPECT_EQ(b.num_computed, 0);
+  EXPECT_EQ(slots.num_free(), 1);
+  EXPECT_GE(a.state_slot, 0);
+}
+
+TEST(SchedulerStateSlots, RefusesThePrefixCacheForAStatefulModel) {
+  BlockManager blocks(8, 4, /*enable_prefix_caching=*/true);
+  StateSlots slots(2);
+  EXPECT_THROW(Scheduler({}, blocks, &slots), Error);
 }
 
 }  // namespace
