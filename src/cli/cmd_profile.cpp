@@ -158,8 +158,6 @@ class Workload {
   Workload(const ModelConfig& config, Decoder* decoder, const ProfileArgs& args,
            std::vector<std::vector<int32_t>> prompts)
       : config_(config), decoder_(decoder), args_(args), prompts_(std::move(prompts)) {
-    const int64_t key_width = config.mla ? config.mla->cache_width() : config.kv_dim();
-    const int64_t value_width = config.mla ? 0 : config.kv_dim();
     const int64_t per_seq = (args.input_len + args.output_len + kBlockSize - 1) / kBlockSize;
     num_blocks_ = per_seq * args.batch;
     if (args.device.is_cuda()) {
@@ -181,8 +179,8 @@ class Workload {
     } else {
       MOE_CHECK(decoder != nullptr, "synthetic models run on the GPU: use --device cuda");
       decoder->set_offload(args.device.offload(), /*max_step_tokens=*/args.batch);
-      pool_ = std::make_unique<KvBlockPool>(config.num_layers, key_width, value_width,
-                                            kBlockSize, num_blocks_);
+      // Linear-attention models also get a recurrent state slot per sequence (slot b for b).
+      pool_ = std::make_unique<KvBlockPool>(decoder->make_pool(kBlockSize, num_blocks_, args.batch));
     }
     logits_.resize(args.batch * config.vocab_size);
   }
@@ -194,6 +192,11 @@ class Workload {
     } else {
       decoder_->set_routing_observer(std::move(observer));
     }
+  }
+
+  // Sequence b's recurrent state slot on the CPU (models with linear-attention layers), else -1.
+  int32_t state_slot(int64_t b) const {
+    return !gpu_ && config_.linear_attention ? static_cast<int32_t>(b) : -1;
   }
 
   // One forward pass on the chosen device (stages time themselves when a profiler is active:
@@ -239,7 +242,8 @@ class Workload {
                                               : std::span<const int32_t>(&next[b], 1),
                             .position = length[b],
                             .block_table = seqs[b].table,
-                            .want_logits = true});
+                            .want_logits = true,
+                            .state_slot = state_slot(b)});
         }
       }
       if (gpu_) {
@@ -291,11 +295,14 @@ class Workload {
       next[b] = prompts_[b].back();
     }
     for (int64_t b = 0; b < B; ++b) {
-      prefill.sequences.push_back(
-          SequenceBatch{.tokens = prompts_[b], .position = 0, .block_table = seqs[b].table});
+      prefill.sequences.push_back(SequenceBatch{.tokens = prompts_[b],
+                                                .position = 0,
+                                                .block_table = seqs[b].table,
+                                                .state_slot = state_slot(b)});
       decode.sequences.push_back(SequenceBatch{.tokens = std::span<const int32_t>(&next[b], 1),
                                                .position = args_.input_len,
-                                               .block_table = seqs[b].table});
+                                               .block_table = seqs[b].table,
+                                               .state_slot = state_slot(b)});
     }
     profile::Profiler profiler(options);
     const int64_t block = options.time_every;

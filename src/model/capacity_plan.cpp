@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "model/gpu_decoder.h"
 #include "model/synthetic.h"
 #include "offload/parse_options.h"
 
@@ -64,7 +65,10 @@ PartCounts weight_bytes_by_part(const ModelConfig& config, WeightDType dtype) {
 // Whether the GPU decoder can shard experts over GPUs: not yet, so no plan recommends it.
 constexpr bool kGpuExpertParallelBuilt = false;
 
-CapacityPlan plan_capacity(const ModelConfig& config, const PlanOptions& o) {
+namespace {
+
+// The layout over the GPUs' memory, whether or not the GPU decoder runs the model.
+CapacityPlan plan_on_gpus(const ModelConfig& config, const PlanOptions& o) {
   MOE_CHECK(o.num_gpus >= 1, "--gpus must be >= 1, got ", o.num_gpus);
   MOE_CHECK(o.gpu_mem_gib > 0, "--gpu-mem must be positive, got ", o.gpu_mem_gib);
   MOE_CHECK(o.memory_fraction > 0 && o.memory_fraction <= 1, "memory fraction must be in (0, 1]");
@@ -73,19 +77,31 @@ CapacityPlan plan_capacity(const ModelConfig& config, const PlanOptions& o) {
   plan.kv_bytes_per_token =
       static_cast<int64_t>(kv_values_per_token(config) * kv_value_bytes(o.kv_dtype));
   plan.max_seq_len = o.max_seq_len > 0 ? o.max_seq_len : config.max_position_embeddings;
+  plan.state_bytes_per_sequence = state_values_per_sequence(config) * 4;
   auto& a = plan.arithmetic;
 
   const double usable = o.gpu_mem_gib * kGiB * o.memory_fraction - o.workspace_gib * kGiB;
   const double weights = static_cast<double>(plan.weight_bytes.total());
   const double routed = static_cast<double>(plan.weight_bytes.routed_experts);
   const double replicated = weights - routed;
-  const double one_sequence_kv = static_cast<double>(plan.kv_bytes_per_token) * plan.max_seq_len;
+  // One full-length sequence's cache: its KV rows and, for linear-attention layers, its state.
+  const double one_sequence_kv = static_cast<double>(plan.kv_bytes_per_token) * plan.max_seq_len +
+                                 static_cast<double>(plan.state_bytes_per_sequence);
   a.push_back(line("weights: %s (routed experts %s, the rest %s)", gib(weights).c_str(),
                    gib(routed).c_str(), gib(replicated).c_str()));
   a.push_back(line("KV per token: %lld values x %.0f B = %lld B; one %lld-token sequence: %s",
                    static_cast<long long>(kv_values_per_token(config)),
                    kv_value_bytes(o.kv_dtype), static_cast<long long>(plan.kv_bytes_per_token),
                    static_cast<long long>(plan.max_seq_len), gib(one_sequence_kv).c_str()));
+  if (plan.state_bytes_per_sequence > 0) {
+    a.push_back(line("recurrent state per sequence: %lld linear layers x %lld values x 4 B = %lld "
+                     "B, whatever its length; one %lld-token sequence with it: %s",
+                     static_cast<long long>(config.num_linear_layers()),
+                     static_cast<long long>(state_values_per_sequence(config) /
+                                            config.num_linear_layers()),
+                     static_cast<long long>(plan.state_bytes_per_sequence),
+                     static_cast<long long>(plan.max_seq_len), gib(one_sequence_kv).c_str()));
+  }
   a.push_back(line("usable per GPU: %.1f GiB x %.2f - %.1f GiB workspace = %s", o.gpu_mem_gib,
                    o.memory_fraction, o.workspace_gib, gib(usable).c_str()));
   MOE_CHECK(usable > 0, "--gpu-mem ", o.gpu_mem_gib, " GiB leaves nothing after the workspace");
@@ -93,7 +109,10 @@ CapacityPlan plan_capacity(const ModelConfig& config, const PlanOptions& o) {
   const auto fill_kv = [&](double free_per_gpu, int64_t gpus) {
     plan.gpus_used = gpus;
     plan.kv_tokens_fit = static_cast<int64_t>(free_per_gpu / plan.kv_bytes_per_token) * gpus;
-    plan.full_length_sequences = plan.kv_tokens_fit / std::max<int64_t>(1, plan.max_seq_len);
+    plan.full_length_sequences =
+        plan.state_bytes_per_sequence == 0
+            ? plan.kv_tokens_fit / std::max<int64_t>(1, plan.max_seq_len)
+            : static_cast<int64_t>(free_per_gpu / one_sequence_kv) * gpus;  // rows and state
     a.push_back(line("KV: (%s free per GPU / %lld B) x %lld GPUs = %lld tokens = %lld "
                      "sequences of %lld tokens",
                      gib(free_per_gpu).c_str(), static_cast<long long>(plan.kv_bytes_per_token),
@@ -186,6 +205,22 @@ CapacityPlan plan_capacity(const ModelConfig& config, const PlanOptions& o) {
   return plan;
 }
 
+}  // namespace
+
+CapacityPlan plan_capacity(const ModelConfig& config, const PlanOptions& o) {
+  CapacityPlan plan = plan_on_gpus(config, o);
+  // A model the GPU decoder refuses (linear attention) runs on the CPU: the memory figures
+  // stand, the flags say where it runs.
+  try {
+    check_gpu_supports(config);
+  } catch (const Error& e) {
+    plan.arithmetic.push_back(std::string("the GPU decoder does not run this model (") + e.what() +
+                              "): the figures size GPU memory, the model runs with --device cpu");
+    plan.run_flags = "--device cpu";
+  }
+  return plan;
+}
+
 }  // namespace moeinfer
 
 namespace moeinfer {
@@ -232,6 +267,7 @@ nlohmann::ordered_json capacity_plan_json(const ModelConfig& config, const Named
             {"embeddings", w.embeddings},
             {"other", w.other}}},
           {"kv_bytes_per_token", plan.kv_bytes_per_token},
+          {"state_bytes_per_sequence", plan.state_bytes_per_sequence},
           {"max_seq_len", plan.max_seq_len},
           {"layout", layout_name(plan.layout)},
           {"gpus_used", plan.gpus_used},

@@ -33,7 +33,10 @@ enum class Layout { kSingleGpu, kExpertParallel, kOffload };
 
 struct CapacityPlan {
   PartCounts weight_bytes;            // resident bytes by part at the weight dtype
-  int64_t kv_bytes_per_token = 0;     // all layers
+  int64_t kv_bytes_per_token = 0;     // all layers with a KV cache
+  // Linear-attention layers' recurrent state (conv windows and delta-rule states), float32, per
+  // sequence whatever its length; 0 for models without such layers.
+  int64_t state_bytes_per_sequence = 0;
   int64_t max_seq_len = 0;
   Layout layout = Layout::kSingleGpu;
   int64_t gpus_used = 1;

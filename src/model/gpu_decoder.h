@@ -139,6 +139,11 @@ class GpuDecoder {
   virtual void set_routing_observer(Decoder::RoutingObserver observer) = 0;
 };
 
+// Throws, naming what is missing, for a config the CUDA decoder cannot run as transformers does
+// (Qwen3-Next's linear-attention layers, its attention output gate and zero-centred norms); the
+// GPU decoder's create functions call it before touching the device.
+void check_gpu_supports(const ModelConfig& config);
+
 // The floors GPU figures are ratios to, measured now on the current device.
 struct DeviceFloors {
   double copy_bytes_per_s = 0.0;  // device-to-device copy, read + write

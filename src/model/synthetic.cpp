@@ -98,6 +98,20 @@ constexpr Published kPublished[] = {
       "bos_token_id": 163584, "eos_token_id": 163585,
       "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3",
                               "quant_method": "fp8", "weight_block_size": [128, 128]}})"},
+    // Qwen/Qwen3-Next-80B-A3B-Instruct: every fourth layer full attention, the rest Gated
+    // DeltaNet; the engine runs it on the CPU only (the GPU decoder refuses linear attention).
+    {"qwen3-next-80b-a3b", R"({"model_type": "qwen3_next", "vocab_size": 151936,
+      "hidden_size": 2048, "intermediate_size": 5120, "moe_intermediate_size": 512,
+      "shared_expert_intermediate_size": 512, "num_hidden_layers": 48,
+      "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256, "num_experts": 512,
+      "num_experts_per_tok": 10, "norm_topk_prob": true, "decoder_sparse_step": 1,
+      "mlp_only_layers": [], "full_attention_interval": 4, "linear_conv_kernel_dim": 4,
+      "linear_key_head_dim": 128, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+      "linear_value_head_dim": 128, "partial_rotary_factor": 0.25,
+      "max_position_embeddings": 262144, "rms_norm_eps": 1e-06, "rope_theta": 10000000,
+      "rope_scaling": null, "attention_bias": false, "use_sliding_window": false,
+      "tie_word_embeddings": false, "hidden_act": "silu", "torch_dtype": "bfloat16",
+      "bos_token_id": 151643, "eos_token_id": 151645})"},
 };
 
 const Published* find_published(std::string_view name) {

@@ -83,3 +83,41 @@ TEST(CapacityPlan, PublishedShapesPickTheExpectedLayout) {
 
 }  // namespace
 }  // namespace moeinfer
+
+namespace moeinfer {
+namespace {
+
+// Qwen3-Next: KV rows only in the full-attention layers and the linear layers' recurrent state per
+// sequence, both as the engine's pool (Decoder::make_pool, the layout Engine uses) allocates them;
+// the GPU decoder refuses the model, so the plan runs it on the CPU.
+TEST(CapacityPlan, LinearAttentionKvAndStateMatchThePool) {
+  for (const char* name : {"qwen3_next_f32", "qwen3_next_bf16"}) {
+    auto model = Model::load(kRepo / "tests" / "fixtures" / "models" / name,
+                             LoadOptions{.prefault = false});
+    const ModelConfig& config = model->config();
+    const CapacityPlan plan = plan_capacity(config, PlanOptions{.kv_dtype = KvDType::kF32});
+    const KvBlockPool pool = model->decoder().make_pool(16, 4, 3);
+    EXPECT_EQ(static_cast<size_t>(plan.kv_bytes_per_token), pool.bytes_per_token()) << name;
+    EXPECT_EQ(static_cast<size_t>(plan.state_bytes_per_sequence),
+              pool.recurrent_state().shape().bytes_per_slot())
+        << name;
+    EXPECT_EQ(plan.run_flags, "--device cpu") << name;
+  }
+}
+
+TEST(CapacityPlan, Qwen3Next80BA3BCountsTwelveKvLayersAndTheState) {
+  const CapacityPlan plan = plan_capacity(synthetic_model_config("qwen3-next-80b-a3b"),
+                                          PlanOptions{.gpu_mem_gib = 139, .max_seq_len = 32768});
+  EXPECT_EQ(plan.kv_bytes_per_token, 12 * 2 * 2 * 256 * 2);  // bf16 keys and values
+  EXPECT_EQ(plan.state_bytes_per_sequence, 36 * (8192 * 3 + 32 * 128 * 128) * 4);
+  EXPECT_NEAR(plan.weight_bytes.total() / 1e9, 159.3, 1.0);
+  EXPECT_EQ(plan.layout, Layout::kOffload);
+  EXPECT_EQ(plan.run_flags, "--device cpu");
+  EXPECT_TRUE(std::any_of(plan.arithmetic.begin(), plan.arithmetic.end(),
+                          [](const std::string& l) {
+                            return l.starts_with("recurrent state per sequence: 36 linear layers");
+                          }));
+}
+
+}  // namespace
+}  // namespace moeinfer

@@ -7,6 +7,7 @@
 #include "io/safetensors.h"
 #include "model/family.h"
 #include "model/model_facts.h"
+#include "model/synthetic.h"
 
 namespace moeinfer {
 namespace {
@@ -22,15 +23,19 @@ TEST(ModelFacts, EveryFixtureAddsUpToItsFiles) {
     const ModelFacts facts = model_facts(config, bind_weights(config, source),
                                          static_cast<int64_t>(store.total_bytes()));
     // GLM-4.5 publishes its MTP module as one more layer after the last
-    // (model.layers.<num_hidden_layers>.*), which the forward pass does not read.
-    const std::string mtp_prefix = "model.layers." + std::to_string(config.num_layers) + ".";
+    // (model.layers.<num_hidden_layers>.*), Qwen3-Next as mtp.*; the forward pass reads neither.
+    const std::string mtp_prefix = config.family == ModelFamily::kQwen3Next
+                                       ? "mtp."
+                                       : "model.layers." + std::to_string(config.num_layers) + ".";
     int64_t unread = 0;
     for (const std::string& name : store.names()) {
       if (!name.starts_with(mtp_prefix)) continue;
       const TensorEntry& e = store.entry(name);
       unread += static_cast<int64_t>(e.end - e.begin);
     }
-    EXPECT_TRUE(unread == 0 || config.family == ModelFamily::kGlm4Moe) << entry.path();
+    EXPECT_TRUE(unread == 0 || config.family == ModelFamily::kGlm4Moe ||
+                config.family == ModelFamily::kQwen3Next)
+        << entry.path();
     if (config.fp8) {
       // fp8 matrices are resident as their bf16 dequantisation: twice their stored bytes.
       EXPECT_GT(facts.resident_bytes.total(), facts.checkpoint_tensor_bytes) << entry.path();
@@ -44,6 +49,23 @@ TEST(ModelFacts, EveryFixtureAddsUpToItsFiles) {
     ++checked;
   }
   EXPECT_GE(checked, 4);
+}
+
+// Qwen3-Next-80B-A3B: 80B parameters in all, about 3B read per token (its model card); the KV
+// cache only in the 12 full-attention layers, and a fixed recurrent state in the 36 others.
+TEST(ModelFacts, Qwen3Next80BA3BShape) {
+  const ModelConfig config = synthetic_model_config("qwen3-next-80b-a3b");
+  EXPECT_EQ(config.num_kv_layers(), 12);
+  EXPECT_EQ(config.num_linear_layers(), 36);
+  const PartCounts total = count_params(config, false);
+  const PartCounts active = count_params(config, true);
+  EXPECT_NEAR(total.total() / 1e9, 80.0, 1.0);
+  EXPECT_NEAR(active.total() / 1e9, 3.9, 0.3);  // with both embedding tables
+  EXPECT_NEAR((active.total() - active.embeddings) / 1e9, 3.0, 0.3);
+  // 12 layers x 2 KV heads x 256 x (key + value).
+  EXPECT_EQ(kv_values_per_token(config), 12 * 2 * 2 * 256);
+  // 36 layers x (conv window 8192 channels x 3 + state 32 heads x 128 x 128).
+  EXPECT_EQ(state_values_per_sequence(config), 36 * (8192 * 3 + 32 * 128 * 128));
 }
 
 TEST(ModelFacts, Qwen3_30B_A3B_Shape) {
