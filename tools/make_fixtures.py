@@ -295,6 +295,25 @@ FIXTURES += [
                      linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=24,
                      linear_value_head_dim=16, linear_conv_kernel_dim=3,
                      partial_rotary_factor=0.5, rope_theta=1000000.0)),
+    # Qwen3.5-MoE as transformers writes the vision-language checkpoint it publishes
+    # (Qwen3_5MoeForConditionalGeneration: text_config, model.language_model.*, a vision tower
+    # model.visual.* of one tiny block that the engine does not read): the split in_proj_qkv /
+    # in_proj_z / in_proj_b / in_proj_a, M-RoPE sections over the quarter of each head that rotates
+    # (text positions: the 1-D RoPE), every layer routed with renormalised top-2 of 6 experts,
+    # the LM head tied by the wrapper's tie_word_embeddings.
+    dict(name="qwen3_5_moe_f32", cls="Qwen3_5Moe", dtype="float32", tokenizer="qwen",
+         legacy_rope=False, qwen3_next=True, qwen3_5_moe=True, min_distinct=4,
+         tie_word_embeddings=True,
+         vision_config=dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2,
+                            out_hidden_size=64, num_position_embeddings=16, patch_size=4,
+                            temporal_patch_size=2, spatial_merge_size=2),
+         config=dict(COMMON, head_dim=16, num_hidden_layers=3, moe_intermediate_size=16,
+                     shared_expert_intermediate_size=24, num_experts=6, num_experts_per_tok=2,
+                     layer_types=["linear_attention", "full_attention", "linear_attention"],
+                     linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                     linear_value_head_dim=8, linear_conv_kernel_dim=4, rope_theta=10000.0,
+                     rope_scaling=dict(partial_rotary_factor=0.25, mrope_section=[1, 1, 0],
+                                       mrope_interleaved=True))),
 ]
 
 
@@ -421,6 +440,18 @@ def quantize_fp8_checkpoint(out_dir, block):
 def build_config(spec):
     cfg_cls = getattr(transformers, spec["cls"] + "Config")
     kwargs = dict(spec["config"])
+    if spec.get("qwen3_5_moe"):
+        # The text model's fields live in text_config; the wrapper ties (or not) the LM head.
+        text = dict(kwargs, rope_parameters=dict(rope_type="default",
+                                                 rope_theta=kwargs.pop("rope_theta"),
+                                                 **kwargs.pop("rope_scaling")))
+        for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            text.pop(key, None)
+        text = dict(text, rope_parameters=text["rope_parameters"])
+        text.pop("rope_theta", None)
+        text.pop("rope_scaling", None)
+        return cfg_cls(text_config=text, vision_config=spec["vision_config"],
+                       tie_word_embeddings=spec.get("tie_word_embeddings", False))
     rope_scaling = kwargs.pop("rope_scaling", None)
     theta = kwargs.pop("rope_theta")
     rope = dict(rope_type="default", rope_theta=theta)
@@ -470,11 +501,14 @@ def top2_margin(logits):
 def make_fixture(spec, root, seed, with_tokenizer):
     out_dir = os.path.join(root, spec["name"])
     vocab = spec["config"]["vocab_size"]
+    if spec.get("qwen3_5_moe"):
+        spec = dict(spec, config=dict(spec["config"]))
     shutil.rmtree(out_dir, ignore_errors=True)
     os.makedirs(out_dir)
     torch.manual_seed(seed)
     config = build_config(spec)
-    model_cls = getattr(transformers, spec["cls"] + "ForCausalLM")
+    model_cls = getattr(transformers, spec["cls"] + (
+        "ForConditionalGeneration" if spec.get("qwen3_5_moe") else "ForCausalLM"))
     model = model_cls(config).eval()
     if spec.get("correction_bias"):
         # DeepSeek-V3 and GLM keep it on the router (mlp.gate), ERNIE in mlp.gate.moe_statics.

@@ -15,7 +15,8 @@ namespace moeinfer {
 
 class Shape {
  public:
-  static constexpr int kMaxRank = 4;
+  // 5: vision-language checkpoints (Qwen3.5) store a Conv3d patch embedding [out, in, t, h, w].
+  static constexpr int kMaxRank = 5;
   Shape() = default;
   Shape(std::initializer_list<int64_t> dims) {
     MOE_CHECK(dims.size() <= kMaxRank, "rank ", dims.size(), " exceeds ", kMaxRank);

@@ -40,6 +40,8 @@ std::string_view family_name(ModelFamily family) {
       return "ernie4_5_moe";
     case ModelFamily::kQwen3Next:
       return "qwen3_next";
+    case ModelFamily::kQwen35Moe:
+      return "qwen3_5_moe";
   }
   return "?";
 }
@@ -52,7 +54,8 @@ constexpr ModelFamily kFamilies[] = {ModelFamily::kQwen3Moe,   ModelFamily::kMix
                                      ModelFamily::kOlmoe,      ModelFamily::kQwen2Moe,
                                      ModelFamily::kDeepseekV2, ModelFamily::kDeepseekV3,
                                      ModelFamily::kKimiK2,     ModelFamily::kGlm4Moe,
-                                     ModelFamily::kErnie45Moe, ModelFamily::kQwen3Next};
+                                     ModelFamily::kErnie45Moe, ModelFamily::kQwen3Next,
+                                     ModelFamily::kQwen35Moe};
 
 // Upper bounds that keep later size arithmetic (products of two or three of these) in int64.
 constexpr int64_t kMaxDim = int64_t{1} << 31;
@@ -239,6 +242,24 @@ FamilyDefaults defaults_for(ModelFamily family) {
               .eos_token_id = std::nullopt,
               .partial_rotary_factor = 0.25,
               .head_dim = 256};
+    case ModelFamily::kQwen35Moe:  // Qwen3_5MoeTextConfig: no dense layers (intermediate_size 0)
+      return {.vocab_size = 248320,
+              .hidden_size = 2048,
+              .intermediate_size = 0,
+              .num_hidden_layers = 40,
+              .num_attention_heads = 16,
+              .num_key_value_heads = 2,
+              .max_position_embeddings = 32768,
+              .rms_norm_eps = 1e-6,
+              .num_experts = 256,
+              .num_experts_per_tok = 8,
+              .moe_intermediate_size = 512,
+              .shared_expert_intermediate_size = 512,
+              .rope_theta = 10000.0,
+              .bos_token_id = std::nullopt,
+              .eos_token_id = std::nullopt,
+              .partial_rotary_factor = 0.25,
+              .head_dim = 256};
   }
   MOE_FAIL("unknown family");
 }
@@ -373,6 +394,7 @@ class Fields {
 
   const json& object() const { return object_; }
   const std::string& source() const { return source_; }
+  const std::string& prefix() const { return prefix_; }
 
  private:
   const json& object_;
@@ -415,9 +437,11 @@ int64_t read_num_experts(const Fields& f, ModelFamily family, int64_t fallback) 
     case ModelFamily::kOlmoe:
     case ModelFamily::kQwen2Moe:
     case ModelFamily::kQwen3Next:
+    case ModelFamily::kQwen35Moe:
       break;
   }
-  const bool aliased = family != ModelFamily::kQwen2Moe && family != ModelFamily::kQwen3Next;
+  const bool aliased = family != ModelFamily::kQwen2Moe && family != ModelFamily::kQwen3Next &&
+                       family != ModelFamily::kQwen35Moe;
   const bool has_experts = f.has("num_experts");
   const bool has_local = aliased && f.has("num_local_experts");
   if (has_experts && has_local) {
@@ -749,24 +773,42 @@ std::vector<bool> qwen3_next_linear_layers(const Fields& f, int64_t num_layers) 
 // linear layers is zero-centred (1 + w); Qwen2-MoE's sigmoid-gated shared expert beside softmax
 // top-k experts (norm_topk_prob), dense layers by mlp_only_layers and decoder_sparse_step. The
 // MTP head (mtp.* tensors) is not part of the reference's forward pass and is not read.
+//
+// Qwen3.5-MoE's text model (Qwen3_5MoeTextConfig, under text_config) computes the same; its
+// configuration has no dense layers (every layer routed, no mlp_only_layers, decoder_sparse_step
+// or intermediate_size), its router always renormalises, and its RoPE is M-RoPE, which for text
+// (one position for all three sections) is the 1-D RoPE above, so mrope_section must cover the
+// rotary dims exactly.
 void read_qwen3_next(const Fields& f, const FamilyDefaults& defaults, ModelConfig* cfg) {
+  const bool qwen35 = cfg->family == ModelFamily::kQwen35Moe;
   cfg->moe_intermediate_size =
       f.size("moe_intermediate_size", defaults.moe_intermediate_size, kMaxDim);
   cfg->shared_expert_intermediate_size =
       f.size("shared_expert_intermediate_size", defaults.shared_expert_intermediate_size, kMaxDim);
-  cfg->norm_topk_prob = f.boolean("norm_topk_prob", true);
+  cfg->norm_topk_prob = qwen35 || f.boolean("norm_topk_prob", true);
   if (f.boolean("attention_bias", false))
-    f.fail("attention_bias",
-           "attention biases are not supported for qwen3_next (the published checkpoints have "
-           "none)");
+    f.fail("attention_bias", "attention biases are not supported for ", cfg->model_type,
+           " (the published checkpoints have none)");
   if (f.boolean("use_sliding_window", false))
-    f.fail("use_sliding_window", "sliding-window attention is not supported for qwen3_next");
+    f.fail("use_sliding_window", "sliding-window attention is not supported for ",
+           cfg->model_type);
   cfg->qk_norm_per_head = true;
   cfg->shared_expert_gated = true;
   cfg->attention_output_gate = true;
   cfg->norm_weight_offset = true;
-  cfg->layer_is_moe = qwen_sparse_layers(f, cfg->num_layers);
+  cfg->layer_is_moe = qwen35 ? std::vector<bool>(static_cast<size_t>(cfg->num_layers), true)
+                             : qwen_sparse_layers(f, cfg->num_layers);
   cfg->layer_is_linear = qwen3_next_linear_layers(f, cfg->num_layers);
+  if (const json* rope = f.find("rope_parameters"); rope && rope->is_object()) {
+    const Fields p(*rope, f.source(), f.prefix() + "rope_parameters.");
+    if (p.has("mrope_section")) {
+      int64_t sections = 0;
+      for (int64_t n : p.int_list("mrope_section")) sections += n;
+      if (sections * 2 != cfg->rotary_dim())
+        p.fail("mrope_section", "covers ", sections * 2, " rotary dims, the heads rotate ",
+               cfg->rotary_dim());
+    }
+  }
   LinearAttentionConfig lin;
   lin.num_key_heads = f.size("linear_num_key_heads", 16, kMaxHeads);
   lin.num_value_heads = f.size("linear_num_value_heads", 32, kMaxHeads);
@@ -814,11 +856,28 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& so
     MOE_FAIL(source, ": not valid JSON: ", e.what());
   }
   MOE_CHECK(root.is_object(), source, ": must be a JSON object, found ", root.type_name());
-  const Fields f(root, source);
+  const Fields top(root, source);
 
   ModelConfig cfg;
   cfg.source = source;
-  cfg.model_type = f.string("model_type");
+  cfg.model_type = top.string("model_type");
+  // A vision-language checkpoint (qwen3_5_moe) keeps its text model's fields in text_config.
+  const json* text_root = &root;
+  std::string text_prefix;
+  if (cfg.model_type == "qwen3_5_moe") {
+    text_root = top.find("text_config");
+    if (!text_root) top.fail("text_config", "is missing");
+    if (!text_root->is_object())
+      top.fail("text_config", "must be an object, found ", text_root->type_name());
+    text_prefix = "text_config.";
+  }
+  const Fields f(*text_root, source, text_prefix);
+  if (!text_prefix.empty()) {
+    const std::string text_type = f.opt_string("model_type").value_or("qwen3_5_moe_text");
+    if (text_type != "qwen3_5_moe_text")
+      f.fail("model_type", "a qwen3_5_moe text_config is qwen3_5_moe_text, found '", text_type,
+             "'");
+  }
   const auto family =
       std::find_if(std::begin(kFamilies), std::end(kFamilies),
                    [&](ModelFamily fam) { return family_name(fam) == cfg.model_type; });
@@ -859,7 +918,10 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& so
   }
   if (cfg.head_dim % 2 != 0)
     f.fail("head_dim", "RoPE needs an even head_dim, found ", cfg.head_dim);
-  cfg.intermediate_size = f.size("intermediate_size", defaults.intermediate_size, kMaxDim);
+  // Families without dense layers (qwen3_5_moe) have no intermediate_size.
+  cfg.intermediate_size = defaults.intermediate_size > 0
+                              ? f.size("intermediate_size", defaults.intermediate_size, kMaxDim)
+                              : 0;
   cfg.num_experts = read_num_experts(f, cfg.family, defaults.num_experts);
   if (cfg.family == ModelFamily::kErnie45Moe) {  // moe_k, aliased as num_experts_per_tok
     cfg.num_experts_per_tok =
@@ -881,7 +943,10 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& so
   f.positive_number("rms_norm_eps", cfg.rms_norm_eps);
   cfg.max_position_embeddings =
       f.size("max_position_embeddings", defaults.max_position_embeddings, kMaxDim);
-  cfg.tie_word_embeddings = f.boolean("tie_word_embeddings", defaults.tie_word_embeddings);
+  // The vision-language wrapper's own flag ties the language model's head (Qwen3_5MoeConfig).
+  cfg.tie_word_embeddings = text_prefix.empty()
+                                ? f.boolean("tie_word_embeddings", defaults.tie_word_embeddings)
+                                : top.boolean("tie_word_embeddings", false);
   cfg.bos_token_id =
       f.contains_key("bos_token_id") ? f.opt_integer("bos_token_id") : defaults.bos_token_id;
   if (f.contains_key("eos_token_id")) {
@@ -889,7 +954,8 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& so
   } else if (defaults.eos_token_id) {
     cfg.eos_token_ids = {*defaults.eos_token_id};
   }
-  cfg.dtype = f.opt_string("dtype").value_or(f.opt_string("torch_dtype").value_or(""));
+  cfg.dtype = f.opt_string("dtype").value_or(f.opt_string("torch_dtype").value_or(
+      top.opt_string("dtype").value_or(top.opt_string("torch_dtype").value_or(""))));
   cfg.rope = read_rope(f, defaults, cfg.max_position_embeddings);
   if (!is_deepseek) {
     const int64_t rotary = cfg.rotary_dim();
@@ -976,12 +1042,13 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& so
       read_ernie4_5_moe(f, defaults, &cfg);
       break;
     case ModelFamily::kQwen3Next:
+    case ModelFamily::kQwen35Moe:
       read_qwen3_next(f, defaults, &cfg);
       break;
   }
-  read_quantization(f, &cfg);
-  if (cfg.fp8 && cfg.family == ModelFamily::kQwen3Next)
-    f.fail("quantization_config", "fp8 checkpoints of qwen3_next are not supported");
+  read_quantization(top, &cfg);
+  if (cfg.fp8 && (cfg.family == ModelFamily::kQwen3Next || cfg.family == ModelFamily::kQwen35Moe))
+    top.fail("quantization_config", "fp8 checkpoints of ", cfg.model_type, " are not supported");
   return cfg;
 }
 

@@ -23,6 +23,7 @@ enum class ModelFamily {
   kGlm4Moe,     // GLM-4.5 / 4.5-Air
   kErnie45Moe,  // ERNIE 4.5 MoE (text)
   kQwen3Next,   // Qwen3-Next: Gated DeltaNet layers beside gated full attention
+  kQwen35Moe,   // Qwen3.5-MoE's text model (text_config): Qwen3-Next's arithmetic, other names
 };
 
 std::string_view family_name(ModelFamily family);
@@ -170,7 +171,8 @@ struct ModelConfig {
   int64_t num_linear_layers() const { return num_layers - num_kv_layers(); }
 };
 
-// Parses and validates config.json text; `source` names the file in error messages.
+// Parses and validates config.json text; `source` names the file in error messages. A
+// qwen3_5_moe config (a vision-language checkpoint) is read through its text_config.
 ModelConfig parse_model_config(std::string_view json_text, const std::string& source);
 // Reads <dir>/config.json (or the file itself when given a file).
 ModelConfig load_model_config(const std::filesystem::path& path);

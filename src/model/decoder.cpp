@@ -530,27 +530,41 @@ void Decoder::linear_attention(int64_t layer, const ForwardBatch& batch, KvBlock
   const int64_t key_dim = lin.key_dim(), value_dim = lin.value_dim();
   const int64_t C = lin.conv_dim();
   const int64_t taps = lin.conv_kernel;
-  const int64_t qkvz_width = 2 * key_dim + 2 * value_dim;
   const float eps = static_cast<float>(config_.rms_norm_eps);
-  ws_.qkvz.resize(T * qkvz_width);
-  ws_.ba.resize(T * 2 * Nv);
   ws_.mixed.resize(T * C);     // [T, q | k | v] before the conv
   ws_.conv_out.resize(T * C);  // after the conv and SiLU
+  ws_.z.resize(T * value_dim);
+  ws_.b.resize(T * Nv);
+  ws_.a.resize(T * Nv);
   ws_.core.resize(T * value_dim);
-  cpu::linear(ws_.normed.data(), T, w.in_proj_qkvz, nullptr, ws_.qkvz.data());
-  cpu::linear(ws_.normed.data(), T, w.in_proj_ba, nullptr, ws_.ba.data());
-
-  // Unpack the per-key-head groups into [q | k | v] rows (z stays in ws_.qkvz).
-  const int64_t group = 2 * Dk + 2 * r * Dv;
-  for (int64_t t = 0; t < T; ++t) {
-    const float* in = ws_.qkvz.data() + t * qkvz_width;
-    float* out = ws_.mixed.data() + t * C;
-    for (int64_t g = 0; g < Nk; ++g) {
-      const float* src = in + g * group;
-      std::copy_n(src, Dk, out + g * Dk);
-      std::copy_n(src + Dk, Dk, out + key_dim + g * Dk);
-      std::copy_n(src + 2 * Dk, r * Dv, out + 2 * key_dim + g * r * Dv);
+  if (!w.in_proj_qkvz.empty()) {
+    // Qwen3-Next packs per key head g: [q_g | k_g | v of its r heads | z of them] and [b | a].
+    const int64_t qkvz_width = 2 * key_dim + 2 * value_dim;
+    const int64_t group = 2 * Dk + 2 * r * Dv;
+    ws_.qkvz.resize(T * qkvz_width);
+    ws_.ba.resize(T * 2 * Nv);
+    cpu::linear(ws_.normed.data(), T, w.in_proj_qkvz, nullptr, ws_.qkvz.data());
+    cpu::linear(ws_.normed.data(), T, w.in_proj_ba, nullptr, ws_.ba.data());
+    for (int64_t t = 0; t < T; ++t) {
+      const float* in = ws_.qkvz.data() + t * qkvz_width;
+      float* out = ws_.mixed.data() + t * C;
+      for (int64_t g = 0; g < Nk; ++g) {
+        const float* src = in + g * group;
+        std::copy_n(src, Dk, out + g * Dk);
+        std::copy_n(src + Dk, Dk, out + key_dim + g * Dk);
+        std::copy_n(src + 2 * Dk, r * Dv, out + 2 * key_dim + g * r * Dv);
+        std::copy_n(src + 2 * Dk + r * Dv, r * Dv, ws_.z.data() + t * value_dim + g * r * Dv);
+        const float* ba = ws_.ba.data() + t * 2 * Nv + g * 2 * r;
+        std::copy_n(ba, r, ws_.b.data() + t * Nv + g * r);
+        std::copy_n(ba + r, r, ws_.a.data() + t * Nv + g * r);
+      }
     }
+  } else {
+    // Qwen3.5: [q | k | v], z, b and a each from a projection of their own.
+    cpu::linear(ws_.normed.data(), T, w.in_proj_qkv, nullptr, ws_.mixed.data());
+    cpu::linear(ws_.normed.data(), T, w.in_proj_z, nullptr, ws_.z.data());
+    cpu::linear(ws_.normed.data(), T, w.in_proj_b, nullptr, ws_.b.data());
+    cpu::linear(ws_.normed.data(), T, w.in_proj_a, nullptr, ws_.a.data());
   }
 
   // Causal depthwise conv per sequence over its window (the state's last taps - 1 inputs, then
@@ -608,10 +622,9 @@ void Decoder::linear_attention(int64_t layer, const ForwardBatch& batch, KvBlock
             q[d] *= q_norm;
             k[d] *= k_norm;
           }
-          // in_proj_ba's key-head group g holds [b of its r heads | a of them].
-          const float* ba = ws_.ba.data() + t * 2 * Nv + g * 2 * r;
-          const float beta = sigmoid(ba[h % r]);
-          const float decay = std::exp(p.neg_decay[h] * softplus(ba[r + h % r] + p.dt_bias[h]));
+          const float beta = sigmoid(ws_.b[t * Nv + h]);
+          const float decay =
+              std::exp(p.neg_decay[h] * softplus(ws_.a[t * Nv + h] + p.dt_bias[h]));
           std::fill(kv_mem.begin(), kv_mem.end(), 0.0f);
           for (int64_t i = 0; i < Dk; ++i) {
             float* S_row = S + i * Dv;
@@ -636,13 +649,11 @@ void Decoder::linear_attention(int64_t layer, const ForwardBatch& batch, KvBlock
     first_row += n;
   }
 
-  // Gated RMSNorm per value head: normed(core) * w * silu(z), z from the packed projection.
+  // Gated RMSNorm per value head: normed(core) * w * silu(z).
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t h = 0; h < Nv; ++h) {
       float* x = ws_.core.data() + t * value_dim + h * Dv;
-      const int64_t g = h / r;
-      const float* z =
-          ws_.qkvz.data() + t * qkvz_width + g * group + 2 * Dk + r * Dv + (h % r) * Dv;
+      const float* z = ws_.z.data() + t * value_dim + h * Dv;
       rms_norm(x, 1, Dv, p.gated_norm.data(), eps, x);
       for (int64_t j = 0; j < Dv; ++j) x[j] *= z[j] * sigmoid(z[j]);
     }

@@ -26,6 +26,7 @@ DecoderWeights bind_kimi_k2(const ModelConfig& config, WeightSource& src);
 DecoderWeights bind_glm4_moe(const ModelConfig& config, WeightSource& src);
 DecoderWeights bind_ernie4_5_moe(const ModelConfig& config, WeightSource& src);
 DecoderWeights bind_qwen3_next(const ModelConfig& config, WeightSource& src);
+DecoderWeights bind_qwen3_5_moe(const ModelConfig& config, WeightSource& src);
 
 // Building blocks shared by the binders (model/family.cpp).
 namespace binding {
@@ -45,8 +46,10 @@ moe::RoutedExperts routed_experts(const ModelConfig& config, WeightSource& src,
                                   const std::string& prefix, const std::string& router_name,
                                   const ExpertNames& names);
 // Embedding, final norm and LM head (tied or not), each layer's two norms, and the attention of
-// every layer that is neither MLA nor linear.
-DecoderWeights skeleton(const ModelConfig& config, WeightSource& src);
+// every layer that is neither MLA nor linear; the model's tensors under `model_prefix`
+// ("model.", or "model.language_model." in a vision-language checkpoint).
+DecoderWeights skeleton(const ModelConfig& config, WeightSource& src,
+                        const std::string& model_prefix = "model.");
 
 }  // namespace binding
 }  // namespace moeinfer

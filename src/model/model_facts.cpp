@@ -115,8 +115,9 @@ ModelFacts model_facts(const ModelConfig& config, const DecoderWeights& w,
       count(attention, *v);
     }
     const LinearAttentionWeights& lin = layer.linear_attention;
-    for (const TensorView* v : {&lin.in_proj_qkvz, &lin.in_proj_ba, &lin.conv1d, &lin.dt_bias,
-                                &lin.a_log, &lin.norm, &lin.out_proj}) {
+    for (const TensorView* v :
+         {&lin.in_proj_qkvz, &lin.in_proj_ba, &lin.in_proj_qkv, &lin.in_proj_z, &lin.in_proj_b,
+          &lin.in_proj_a, &lin.conv1d, &lin.dt_bias, &lin.a_log, &lin.norm, &lin.out_proj}) {
       count(attention, *v);
     }
     if (!layer.is_moe) {

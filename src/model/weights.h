@@ -30,12 +30,18 @@ struct MlaWeights {
   TensorView o_proj;             // [H, Nh*v]
 };
 
-// Gated DeltaNet (Qwen3-Next's linear attention), in the published packing: in_proj_qkvz holds,
-// for each key head g in turn, [q_g (Dk) | k_g (Dk) | v of its r = Nv/Nk value heads (r*Dv) |
-// z of those heads (r*Dv)]; in_proj_ba, for each key head, [b of its r value heads | a of them].
+// Gated DeltaNet (Qwen3-Next's linear attention) in either published packing. Qwen3-Next:
+// in_proj_qkvz holds, for each key head g in turn, [q_g (Dk) | k_g (Dk) | v of its r = Nv/Nk
+// value heads (r*Dv) | z of those heads (r*Dv)]; in_proj_ba, for each key head, [b of its r value
+// heads | a of them]. Qwen3.5: in_proj_qkv is [q | k | v] as the conv reads it, and z, b and a
+// have projections of their own.
 struct LinearAttentionWeights {
-  TensorView in_proj_qkvz;  // [2*Nk*Dk + 2*Nv*Dv, H]
-  TensorView in_proj_ba;    // [2*Nv, H]
+  TensorView in_proj_qkvz;  // [2*Nk*Dk + 2*Nv*Dv, H] (Qwen3-Next)
+  TensorView in_proj_ba;    // [2*Nv, H] (Qwen3-Next)
+  TensorView in_proj_qkv;   // [2*Nk*Dk + Nv*Dv, H] (Qwen3.5)
+  TensorView in_proj_z;     // [Nv*Dv, H] (Qwen3.5)
+  TensorView in_proj_b;     // [Nv, H] (Qwen3.5)
+  TensorView in_proj_a;     // [Nv, H] (Qwen3.5)
   TensorView conv1d;        // [Nk*Dk*2 + Nv*Dv, 1, conv_kernel] depthwise taps over [q | k | v]
   TensorView dt_bias;       // [Nv]
   TensorView a_log;         // [Nv] log of the decay rate A

@@ -152,3 +152,74 @@ TEST(Qwen3NextConfig, RefusesWhatItDoesNotRunByName) {
 
 }  // namespace
 }  // namespace moeinfer
+
+namespace moeinfer {
+namespace {
+
+// Qwen/Qwen3.5-35B-A3B's config.json is not in transformers' docs or tests; its text_config
+// here takes the values of transformers' Qwen3_5MoeTextConfig, whose defaults are that
+// checkpoint's (auto_docstring checkpoint="Qwen/Qwen3.5-35B-A3B"), with the M-RoPE sections of
+// Qwen3-VL (11, 11, 10: the 64 rotary dims of a 256-wide head at partial_rotary_factor 0.25).
+json qwen35_moe() {
+  return json::parse(R"({
+    "architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe",
+    "image_token_id": 248056, "video_token_id": 248057, "tie_word_embeddings": false,
+    "text_config": {
+      "model_type": "qwen3_5_moe_text", "vocab_size": 248320, "hidden_size": 2048,
+      "num_hidden_layers": 40, "num_attention_heads": 16, "num_key_value_heads": 2,
+      "head_dim": 256, "num_experts": 256, "num_experts_per_tok": 8,
+      "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
+      "full_attention_interval": 4, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
+      "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_value_head_dim": 128,
+      "max_position_embeddings": 262144, "rms_norm_eps": 1e-06, "dtype": "bfloat16",
+      "rope_parameters": {"rope_type": "default", "rope_theta": 10000000,
+                          "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10],
+                          "mrope_interleaved": true}},
+    "vision_config": {"model_type": "qwen3_5_moe_vision", "depth": 27}})");
+}
+
+TEST(Qwen35MoeConfig, TheTextConfigIsQwen3NextWithEveryLayerRouted) {
+  const ModelConfig c = parse_model_config(qwen35_moe().dump(), "config.json");
+  EXPECT_EQ(c.family, ModelFamily::kQwen35Moe);
+  EXPECT_EQ(c.model_type, "qwen3_5_moe");
+  EXPECT_EQ(c.vocab_size, 248320);
+  EXPECT_EQ(c.num_layers, 40);
+  EXPECT_EQ(c.rotary_dim(), 64);
+  EXPECT_DOUBLE_EQ(c.rope.theta, 1e7);
+  EXPECT_TRUE(c.norm_topk_prob);  // the router always renormalises
+  EXPECT_TRUE(c.attention_output_gate);
+  EXPECT_TRUE(c.norm_weight_offset);
+  EXPECT_EQ(c.intermediate_size, 0);
+  EXPECT_EQ(c.num_kv_layers(), 10);
+  EXPECT_EQ(c.dtype, "bfloat16");
+  for (bool routed : c.layer_is_moe) EXPECT_TRUE(routed);
+  ASSERT_TRUE(c.linear_attention);
+  EXPECT_EQ(c.linear_attention->num_value_heads, 32);
+}
+
+TEST(Qwen35MoeConfig, RefusesByName) {
+  const auto refused = [](const json& j, const std::string& field) {
+    try {
+      parse_model_config(j.dump(), "config.json");
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("'" + field + "'"), std::string::npos) << e.what();
+      return;
+    }
+    ADD_FAILURE() << field << " was not refused";
+  };
+  json j = qwen35_moe();
+  j.erase("text_config");
+  refused(j, "text_config");
+  j = qwen35_moe();
+  j["text_config"]["model_type"] = "qwen3_vl_moe_text";
+  refused(j, "text_config.model_type");
+  j = qwen35_moe();
+  j["text_config"]["rope_parameters"]["mrope_section"] = {16, 16, 16};  // 96 of 64 dims
+  refused(j, "text_config.rope_parameters.mrope_section");
+  j = qwen35_moe();
+  j["text_config"]["layer_types"] = json::array({"linear_attention"});
+  refused(j, "text_config.layer_types");
+}
+
+}  // namespace
+}  // namespace moeinfer

@@ -91,7 +91,7 @@ namespace {
 // sequence, both as the engine's pool (Decoder::make_pool, the layout Engine uses) allocates them;
 // the GPU decoder refuses the model, so the plan runs it on the CPU.
 TEST(CapacityPlan, LinearAttentionKvAndStateMatchThePool) {
-  for (const char* name : {"qwen3_next_f32", "qwen3_next_bf16"}) {
+  for (const char* name : {"qwen3_next_f32", "qwen3_next_bf16", "qwen3_5_moe_f32"}) {
     auto model = Model::load(kRepo / "tests" / "fixtures" / "models" / name,
                              LoadOptions{.prefault = false});
     const ModelConfig& config = model->config();

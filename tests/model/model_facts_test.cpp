@@ -23,24 +23,28 @@ TEST(ModelFacts, EveryFixtureAddsUpToItsFiles) {
     const ModelFacts facts = model_facts(config, bind_weights(config, source),
                                          static_cast<int64_t>(store.total_bytes()));
     // GLM-4.5 publishes its MTP module as one more layer after the last
-    // (model.layers.<num_hidden_layers>.*), Qwen3-Next as mtp.*; the forward pass reads neither.
-    const std::string mtp_prefix = config.family == ModelFamily::kQwen3Next
-                                       ? "mtp."
-                                       : "model.layers." + std::to_string(config.num_layers) + ".";
+    // (model.layers.<num_hidden_layers>.*), Qwen3-Next and Qwen3.5 as mtp.*, and Qwen3.5 a
+    // vision tower (model.visual.*); the text forward pass reads none of them.
+    const bool qwen_next = config.family == ModelFamily::kQwen3Next ||
+                           config.family == ModelFamily::kQwen35Moe;
+    const std::string mtp_prefix =
+        qwen_next ? "mtp." : "model.layers." + std::to_string(config.num_layers) + ".";
     int64_t unread = 0;
     for (const std::string& name : store.names()) {
-      if (!name.starts_with(mtp_prefix)) continue;
+      if (!name.starts_with(mtp_prefix) &&
+          !(config.family == ModelFamily::kQwen35Moe && name.starts_with("model.visual.")))
+        continue;
       const TensorEntry& e = store.entry(name);
       unread += static_cast<int64_t>(e.end - e.begin);
     }
-    EXPECT_TRUE(unread == 0 || config.family == ModelFamily::kGlm4Moe ||
-                config.family == ModelFamily::kQwen3Next)
+    EXPECT_TRUE(unread == 0 || config.family == ModelFamily::kGlm4Moe || qwen_next)
         << entry.path();
     if (config.fp8) {
       // fp8 matrices are resident as their bf16 dequantisation: twice their stored bytes.
       EXPECT_GT(facts.resident_bytes.total(), facts.checkpoint_tensor_bytes) << entry.path();
     } else {
-      // Tied embeddings are stored once; every stored tensor but the MTP layer's is bound.
+      // Tied embeddings are stored once; every stored tensor but the MTP layer's (and a vision
+      // tower's) is bound.
       EXPECT_EQ(facts.resident_bytes.total(), facts.checkpoint_tensor_bytes - unread)
           << entry.path();
     }

@@ -82,7 +82,7 @@ TEST_P(RecurrentStateTest, ASequenceStartingAtPositionZeroResetsItsSlot) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, RecurrentStateTest,
-                         testing::Values("qwen3_next_f32", "qwen3_next_bf16"),
+                         testing::Values("qwen3_next_f32", "qwen3_next_bf16", "qwen3_5_moe_f32"),
                          [](const auto& info) { return info.param; });
 
 TEST(RecurrentState, LinearLayersHoldNoKvRows) {
