@@ -799,6 +799,9 @@ void read_qwen3_next(const Fields& f, const FamilyDefaults& defaults, ModelConfi
   cfg->layer_is_moe = qwen35 ? std::vector<bool>(static_cast<size_t>(cfg->num_layers), true)
                              : qwen_sparse_layers(f, cfg->num_layers);
   cfg->layer_is_linear = qwen3_next_linear_layers(f, cfg->num_layers);
+  if (cfg->num_kv_layers() == 0)
+    f.fail(f.has("layer_types") ? "layer_types" : "full_attention_interval",
+           "no layer is full_attention; a model of linear-attention layers only is not supported");
   if (const json* rope = f.find("rope_parameters"); rope && rope->is_object()) {
     const Fields p(*rope, f.source(), f.prefix() + "rope_parameters.");
     if (p.has("mrope_section")) {

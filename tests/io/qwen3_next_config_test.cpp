@@ -124,8 +124,13 @@ TEST(Qwen3NextConfig, RefusesWhatItDoesNotRunByName) {
   j["layer_types"] = {"linear_attention"};  // one entry for two layers
   refused(j, "layer_types");
 
+  j["layer_types"] = {"linear_attention", "linear_attention"};  // no layer with a KV cache
+  refused(j, "layer_types");
+
   j = qwen3_next_80b();
   j["full_attention_interval"] = 0;
+  refused(j, "full_attention_interval");
+  j["full_attention_interval"] = 49;  // past the 48 layers: all linear
   refused(j, "full_attention_interval");
   j = qwen3_next_80b();
   j["attention_bias"] = true;
