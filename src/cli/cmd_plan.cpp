@@ -45,8 +45,16 @@ void run_plan(const PlanArgs& args) {
   std::printf("  %-16s %10.2f GiB\n", "total", w.total() / gib);
   std::printf("KV cache: %lld bytes per token%s\n", static_cast<long long>(plan.kv_bytes_per_token),
               config.mla ? " (MLA: latent + rope key only)" : "");
+  if (plan.state_bytes_per_sequence > 0) {
+    std::printf("recurrent state: %lld bytes per sequence (%lld linear-attention layers)\n",
+                static_cast<long long>(plan.state_bytes_per_sequence),
+                static_cast<long long>(config.num_linear_layers()));
+  }
   for (const std::string& step : plan.arithmetic) std::printf("  %s\n", step.c_str());
-  std::printf("recommended: %s", layout_name(plan.layout).c_str());
+  // A model the GPU decoder refuses gets the GPU layout as sizing only (its run flags say cpu).
+  const bool gpu_runs_it = plan.run_flags.starts_with("--device cuda");
+  std::printf("%s: %s", gpu_runs_it ? "recommended" : "on GPUs, once supported",
+              layout_name(plan.layout).c_str());
   if (plan.layout == Layout::kExpertParallel) {
     std::printf(" over %lld GPUs", static_cast<long long>(plan.gpus_used));
   } else if (plan.layout == Layout::kOffload) {
