@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "model/gpu_decoder.h"
 #include "model/synthetic.h"
 #include "offload/parse_options.h"
 
@@ -74,6 +75,9 @@ CapacityPlan plan_capacity(const ModelConfig& config, const PlanOptions& o) {
       static_cast<int64_t>(kv_values_per_token(config) * kv_value_bytes(o.kv_dtype));
   plan.max_seq_len = o.max_seq_len > 0 ? o.max_seq_len : config.max_position_embeddings;
   auto& a = plan.arithmetic;
+  // The layouts below are the GPU decoder's; a model it does not run says so first.
+  if (const std::optional<std::string> reason = gpu_unsupported(config))
+    a.push_back("note: " + *reason);
 
   const double usable = o.gpu_mem_gib * kGiB * o.memory_fraction - o.workspace_gib * kGiB;
   const double weights = static_cast<double>(plan.weight_bytes.total());
