@@ -199,6 +199,7 @@ TEST(Llama4, ScoutCountsExactly) {
   ASSERT_FALSE(plan.arithmetic.empty());
   EXPECT_NE(plan.arithmetic[0].find("note: llama4: chunked local attention"), std::string::npos)
       << plan.arithmetic[0];
+  EXPECT_EQ(plan.run_flags, "--device cpu");
   EXPECT_EQ(synthetic_model_config("llama4-scout", 4).num_layers, 4);  // --layers cuts text_config
 }
 
