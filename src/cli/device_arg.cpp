@@ -155,6 +155,8 @@ double parse_routing_skew(const std::string& text) {
 }
 
 std::unique_ptr<Model> load_model_for(const std::filesystem::path& dir, const DeviceArgs& device) {
+  // A model the GPU refuses is refused from its config.json, before binding its weights.
+  if (device.is_cuda()) check_gpu_support(load_model_config(dir / "config.json"));
   return Model::load(dir, LoadOptions{.prefault = !device.is_cuda()});
 }
 

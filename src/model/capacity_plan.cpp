@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "model/gpu_decoder.h"
 #include "model/synthetic.h"
 #include "offload/parse_options.h"
 
@@ -64,7 +65,10 @@ PartCounts weight_bytes_by_part(const ModelConfig& config, WeightDType dtype) {
 // Whether the GPU decoder can shard experts over GPUs: not yet, so no plan recommends it.
 constexpr bool kGpuExpertParallelBuilt = false;
 
-CapacityPlan plan_capacity(const ModelConfig& config, const PlanOptions& o) {
+namespace {
+
+// The layout on the GPU decoder: one GPU, expert parallel, or offload.
+CapacityPlan plan_on_gpus(const ModelConfig& config, const PlanOptions& o) {
   MOE_CHECK(o.num_gpus >= 1, "--gpus must be >= 1, got ", o.num_gpus);
   MOE_CHECK(o.gpu_mem_gib > 0, "--gpu-mem must be positive, got ", o.gpu_mem_gib);
   MOE_CHECK(o.memory_fraction > 0 && o.memory_fraction <= 1, "memory fraction must be in (0, 1]");
@@ -183,6 +187,19 @@ CapacityPlan plan_capacity(const ModelConfig& config, const PlanOptions& o) {
                    plan.expert_budget_flag.c_str()));
   fill_kv(usable - plan.weight_bytes_per_gpu, n);
   plan.run_flags = "--device cuda --expert-budget " + plan.expert_budget_flag;
+  return plan;
+}
+
+}  // namespace
+
+CapacityPlan plan_capacity(const ModelConfig& config, const PlanOptions& o) {
+  CapacityPlan plan = plan_on_gpus(config, o);
+  // The counts hold on any device, the layout only on the GPU: a model the GPU decoder does not
+  // run says so first and is run on the CPU.
+  if (const std::optional<std::string> reason = gpu_unsupported(config)) {
+    plan.arithmetic.insert(plan.arithmetic.begin(), "note: " + *reason);
+    plan.run_flags = "--device cpu";
+  }
   return plan;
 }
 

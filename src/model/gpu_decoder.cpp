@@ -1,7 +1,29 @@
-// Builds without CUDA: the GPU decoder is not there, and asking for it says so.
+// What the GPU decoder computes (check_gpu_support, in every build); and without CUDA, the GPU
+// decoder is not there and asking for it says so.
 #include "model/gpu_decoder.h"
 
 #include "core/error.h"
+
+namespace moeinfer {
+
+std::optional<std::string> gpu_unsupported(const ModelConfig& config) {
+  // Llama 4 needs chunked local attention, NoPE layers with the query temperature, q/k norm after
+  // RoPE and routing weights applied to the experts' input: none of them is in the CUDA kernels
+  // yet.
+  if (config.family == ModelFamily::kLlama4) {
+    return config.model_type +
+           ": chunked local attention (attention_chunk_size), NoPE layers with "
+           "attn_temperature_tuning and routing weights on the experts' input are not "
+           "implemented on the CUDA backend; run with --device cpu";
+  }
+  return std::nullopt;
+}
+
+void check_gpu_support(const ModelConfig& config) {
+  if (const std::optional<std::string> reason = gpu_unsupported(config)) MOE_FAIL(*reason);
+}
+
+}  // namespace moeinfer
 
 #if !defined(MOE_HAVE_CUDA)
 namespace moeinfer {

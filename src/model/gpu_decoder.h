@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -100,6 +101,11 @@ struct GpuSamplingRow {
   uint64_t seed = 0;
   uint64_t step = 0;  // tokens this request sampled before
 };
+
+// What the GPU decoder lacks to compute a config's model, or nullopt when it computes it.
+std::optional<std::string> gpu_unsupported(const ModelConfig& config);
+// Throws with that reason (both create functions call it first, before any device work).
+void check_gpu_support(const ModelConfig& config);
 
 class GpuDecoder {
  public:
