@@ -24,6 +24,7 @@ enum class ModelFamily {
   kErnie45Moe,  // ERNIE 4.5 MoE (text)
   kQwen3Next,   // Qwen3-Next: Gated DeltaNet layers beside gated full attention
   kQwen35Moe,   // Qwen3.5-MoE's text model (text_config): Qwen3-Next's arithmetic, other names
+  kLlama4,      // Llama 4 text: llama4 (text_config nested beside a vision_config) or llama4_text
 };
 
 std::string_view family_name(ModelFamily family);
@@ -92,6 +93,13 @@ struct Fp8Quantization {
   int64_t block_cols = 128;
 };
 
+// Llama 4's query temperature on NoPE layers (attn_temperature_tuning): the query at position p
+// is multiplied by 1 + attn_scale * log1p(floor((p + 1) / floor_scale)).
+struct AttentionTemperature {
+  int64_t floor_scale = 8192;
+  double attn_scale = 0.1;
+};
+
 struct ModelConfig {
   ModelFamily family = ModelFamily::kQwen3Moe;
   std::string model_type;       // as written in config.json
@@ -150,6 +158,19 @@ struct ModelConfig {
   // Zero-centred RMSNorm weights: y = normed(x) * (1 + w) for the layer norms, the final norm
   // and the q/k norms (not the linear layers' gated norm).
   bool norm_weight_offset = false;
+  // Llama 4. Per layer: whether RoPE applies (no_rope_layers; a NoPE layer encodes no position)
+  // and whether attention is chunked (layer_types: a query sees only the keys of its own
+  // attention_chunk_size block of positions). Empty vectors: RoPE everywhere, nothing chunked.
+  std::vector<bool> layer_uses_rope;   // [num_layers]
+  std::vector<bool> layer_is_chunked;  // [num_layers]
+  int64_t attention_chunk_size = 0;    // tokens; 0 when no layer is chunked
+  // use_qk_norm: a weightless RMSNorm over each q and k head after RoPE, on RoPE layers only.
+  bool qk_norm_after_rope = false;
+  std::optional<AttentionTemperature> attention_temperature;  // NoPE layers only
+  // The router's weight multiplies the token's hidden state before the expert, and the experts'
+  // outputs are summed unweighted (Llama 4), instead of weighting each expert's output.
+  bool routing_weight_on_input = false;
+  bool has_vision_tower = false;  // config.json has a vision_config; its weights are not read
 
   int64_t q_dim() const { return num_heads * head_dim; }
   // The leading dims of each head that RoPE rotates: MLA's rope key, else head_dim scaled by
@@ -169,6 +190,12 @@ struct ModelConfig {
     return n;
   }
   int64_t num_linear_layers() const { return num_layers - num_kv_layers(); }
+  bool uses_rope(int64_t layer) const {
+    return layer_uses_rope.empty() || layer_uses_rope[static_cast<size_t>(layer)];
+  }
+  bool is_chunked(int64_t layer) const {
+    return !layer_is_chunked.empty() && layer_is_chunked[static_cast<size_t>(layer)];
+  }
 };
 
 // Parses and validates config.json text; `source` names the file in error messages. A

@@ -67,7 +67,7 @@ constexpr bool kGpuExpertParallelBuilt = false;
 
 namespace {
 
-// The layout over the GPUs' memory, whether or not the GPU decoder runs the model.
+// The layout on the GPU decoder: one GPU, expert parallel, or offload.
 CapacityPlan plan_on_gpus(const ModelConfig& config, const PlanOptions& o) {
   MOE_CHECK(o.num_gpus >= 1, "--gpus must be >= 1, got ", o.num_gpus);
   MOE_CHECK(o.gpu_mem_gib > 0, "--gpu-mem must be positive, got ", o.gpu_mem_gib);
@@ -209,13 +209,10 @@ CapacityPlan plan_on_gpus(const ModelConfig& config, const PlanOptions& o) {
 
 CapacityPlan plan_capacity(const ModelConfig& config, const PlanOptions& o) {
   CapacityPlan plan = plan_on_gpus(config, o);
-  // A model the GPU decoder refuses (linear attention) runs on the CPU: the memory figures
-  // stand, the flags say where it runs.
-  try {
-    check_gpu_supports(config);
-  } catch (const Error& e) {
-    plan.arithmetic.push_back(std::string("the GPU decoder does not run this model (") + e.what() +
-                              "): the figures size GPU memory, the model runs with --device cpu");
+  // The counts hold on any device, the layout only on the GPU: a model the GPU decoder does not
+  // run says so first and is run on the CPU.
+  if (const std::optional<std::string> reason = gpu_unsupported(config)) {
+    plan.arithmetic.insert(plan.arithmetic.begin(), "note: " + *reason);
     plan.run_flags = "--device cpu";
   }
   return plan;

@@ -27,6 +27,7 @@ DecoderWeights bind_glm4_moe(const ModelConfig& config, WeightSource& src);
 DecoderWeights bind_ernie4_5_moe(const ModelConfig& config, WeightSource& src);
 DecoderWeights bind_qwen3_next(const ModelConfig& config, WeightSource& src);
 DecoderWeights bind_qwen3_5_moe(const ModelConfig& config, WeightSource& src);
+DecoderWeights bind_llama4(const ModelConfig& config, WeightSource& src);
 
 // Building blocks shared by the binders (model/family.cpp).
 namespace binding {
@@ -46,10 +47,11 @@ moe::RoutedExperts routed_experts(const ModelConfig& config, WeightSource& src,
                                   const std::string& prefix, const std::string& router_name,
                                   const ExpertNames& names);
 // Embedding, final norm and LM head (tied or not), each layer's two norms, and the attention of
-// every layer that is neither MLA nor linear; the model's tensors under `model_prefix`
-// ("model.", or "model.language_model." in a vision-language checkpoint).
+// every layer that is neither MLA nor linear, under "<prefix><model>" and "<prefix>lm_head."
+// (prefix "language_model." for Llama 4's text model nested in a multimodal checkpoint; model
+// "model.language_model." for Qwen3.5's).
 DecoderWeights skeleton(const ModelConfig& config, WeightSource& src,
-                        const std::string& model_prefix = "model.");
+                        const std::string& prefix = "", const std::string& model = "model.");
 
 }  // namespace binding
 }  // namespace moeinfer

@@ -1,4 +1,5 @@
-// Builds without CUDA: the GPU decoder is not there, and asking for it says so.
+// What the GPU decoder computes (check_gpu_support, in every build); and without CUDA, the GPU
+// decoder is not there and asking for it says so.
 #include "model/gpu_decoder.h"
 
 #include <string>
@@ -7,7 +8,18 @@
 
 namespace moeinfer {
 
-void check_gpu_supports(const ModelConfig& config) {
+std::optional<std::string> gpu_unsupported(const ModelConfig& config) {
+  // Llama 4 needs chunked local attention, NoPE layers with the query temperature, q/k norm after
+  // RoPE and routing weights applied to the experts' input: none of them is in the CUDA kernels
+  // yet.
+  if (config.family == ModelFamily::kLlama4) {
+    return config.model_type +
+           ": chunked local attention (attention_chunk_size), NoPE layers with "
+           "attn_temperature_tuning and routing weights on the experts' input are not "
+           "implemented on the CUDA backend; run with --device cpu";
+  }
+  // Qwen3-Next / Qwen3.5-MoE: Gated DeltaNet layers with a per-sequence recurrent state, the
+  // attention output gate and zero-centred norms are not in the CUDA kernels.
   if (config.num_linear_layers() > 0) {
     std::string layers;
     for (int64_t l = 0; l < config.num_layers; ++l) {
@@ -18,17 +30,27 @@ void check_gpu_supports(const ModelConfig& config) {
       }
       layers += (layers.empty() ? "" : ", ") + std::to_string(l);
     }
-    MOE_FAIL(config.model_type, ": the Gated DeltaNet linear-attention layers (", layers, "; ",
-             config.num_linear_layers(), " of ", config.num_layers,
-             ") and their recurrent state are not implemented on the CUDA backend; run with "
-             "--device cpu");
+    return config.model_type + ": the Gated DeltaNet linear-attention layers (" + layers + "; " +
+           std::to_string(config.num_linear_layers()) + " of " +
+           std::to_string(config.num_layers) +
+           ") and their recurrent state are not implemented on the CUDA backend; run with "
+           "--device cpu";
   }
-  MOE_CHECK(!config.attention_output_gate, config.model_type,
-            ": the attention output gate is not implemented on the CUDA backend; run with "
-            "--device cpu");
-  MOE_CHECK(!config.norm_weight_offset, config.model_type,
-            ": zero-centred RMSNorm weights are not implemented on the CUDA backend; run with "
-            "--device cpu");
+  if (config.attention_output_gate) {
+    return config.model_type +
+           ": the attention output gate is not implemented on the CUDA backend; run with "
+           "--device cpu";
+  }
+  if (config.norm_weight_offset) {
+    return config.model_type +
+           ": zero-centred RMSNorm weights are not implemented on the CUDA backend; run with "
+           "--device cpu";
+  }
+  return std::nullopt;
+}
+
+void check_gpu_support(const ModelConfig& config) {
+  if (const std::optional<std::string> reason = gpu_unsupported(config)) MOE_FAIL(*reason);
 }
 
 }  // namespace moeinfer
@@ -36,9 +58,8 @@ void check_gpu_supports(const ModelConfig& config) {
 #if !defined(MOE_HAVE_CUDA)
 namespace moeinfer {
 
-std::unique_ptr<GpuDecoder> GpuDecoder::create(const ModelConfig& config, const DecoderWeights&,
+std::unique_ptr<GpuDecoder> GpuDecoder::create(const ModelConfig&, const DecoderWeights&,
                                                const GpuOptions&) {
-  check_gpu_supports(config);
   MOE_FAIL("--device cuda: this build of moeinfer has no CUDA support (configure with the CUDA "
            "toolkit installed, or -DMOE_ENABLE_CUDA=ON)");
 }

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -101,6 +102,11 @@ struct GpuSamplingRow {
   uint64_t step = 0;  // tokens this request sampled before
 };
 
+// What the GPU decoder lacks to compute a config's model, or nullopt when it computes it.
+std::optional<std::string> gpu_unsupported(const ModelConfig& config);
+// Throws with that reason (both create functions call it first, before any device work).
+void check_gpu_support(const ModelConfig& config);
+
 class GpuDecoder {
  public:
   // Uploads a bound checkpoint (the host Decoder's weight views).
@@ -138,11 +144,6 @@ class GpuDecoder {
   // logits) and one copy per step brings them back; null turns it off.
   virtual void set_routing_observer(Decoder::RoutingObserver observer) = 0;
 };
-
-// Throws, naming what is missing, for a config the CUDA decoder cannot run as transformers does
-// (Qwen3-Next's linear-attention layers, its attention output gate and zero-centred norms); the
-// GPU decoder's create functions call it before touching the device.
-void check_gpu_supports(const ModelConfig& config);
 
 // The floors GPU figures are ratios to, measured now on the current device.
 struct DeviceFloors {

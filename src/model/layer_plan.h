@@ -1,5 +1,6 @@
 // The per-layer decisions of a config, made once: which attention, which q/k norm, dense or MoE,
-// which shared expert, which RoPE pairing. Both decoders switch on these enums without a
+// which shared expert, which RoPE pairing, RoPE or none, causal or chunked attention, which query
+// scale. Both decoders switch on these enums without a
 // `default`, so a family quirk added here does not compile until every device handles it.
 #pragma once
 
@@ -18,8 +19,25 @@ enum class AttentionKind {
 
 enum class QkNormKind {
   kNone,
-  kPerHead,          // Qwen3-MoE: RMSNorm over each head's D values
-  kWholeProjection,  // OLMoE: RMSNorm over the whole q and k projections
+  kPerHead,              // Qwen3-MoE: RMSNorm over each head's D values
+  kWholeProjection,      // OLMoE: RMSNorm over the whole q and k projections
+  kAfterRopeWeightless,  // Llama 4: RMSNorm without weight over each head, after RoPE
+};
+
+enum class PositionEncoding {
+  kRope,
+  kNone,  // Llama 4's NoPE layers: queries and keys carry no position
+};
+
+// Which cached keys a query attends to, beyond causality.
+enum class AttentionSpan {
+  kCausal,   // every earlier key (or the config's sliding window)
+  kChunked,  // Llama 4: only keys of the query's own attention_chunk_size block of positions
+};
+
+enum class QueryScale {
+  kNone,
+  kTemperature,  // Llama 4's NoPE layers: 1 + attn_scale * log1p(floor((p + 1) / floor_scale))
 };
 
 enum class FeedForwardKind {
@@ -44,6 +62,9 @@ struct LayerPlan {
   bool clip_qkv = false;  // OLMoE: clamp q, k and v to +-clip_qkv
   bool output_gate = false;  // Qwen3-Next: the attention output times sigmoid(q_proj's gate)
   RopePairing rope = RopePairing::kHalves;
+  PositionEncoding position = PositionEncoding::kRope;
+  AttentionSpan span = AttentionSpan::kCausal;
+  QueryScale query_scale = QueryScale::kNone;
   FeedForwardKind feed_forward = FeedForwardKind::kDenseMlp;
   SharedExpertKind shared_expert = SharedExpertKind::kNone;  // kNone in dense layers
 };

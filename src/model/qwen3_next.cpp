@@ -46,7 +46,7 @@ LinearAttentionWeights linear_attention(const ModelConfig& config, WeightSource&
 
 DecoderWeights bind(const ModelConfig& config, WeightSource& src, const std::string& model_prefix,
                     Packing packing) {
-  DecoderWeights w = binding::skeleton(config, src, model_prefix);
+  DecoderWeights w = binding::skeleton(config, src, "", model_prefix);
   if (const int64_t mtp = src.count_with_prefix("mtp."); mtp > 0) {
     std::fprintf(stderr,
                  "moeinfer: %s: the multi-token-prediction head (%lld mtp.* tensors) is not "

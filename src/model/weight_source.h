@@ -1,8 +1,10 @@
 // Hands checkpoint tensors to the family binders. Tensors are views into the memory map, except
 // block-scaled fp8 matrices (DeepSeek-V3's format), which are dequantised once at load into bf16
-// buffers owned here: the CPU matrix products take f32, bf16 or f16 weights.
+// buffers owned here: the CPU matrix products take f32, bf16 or f16 weights; and matrices stored
+// [in, out] (Llama 4's stacked experts), copied once at load to the [out, in] the products take.
 #pragma once
 
+#include <cstddef>
 #include <deque>
 #include <string>
 #include <vector>
@@ -28,11 +30,16 @@ class WeightSource {
   // `<name>_scale_inv` [ceil(N/rows), ceil(K/cols)] are dequantised to bf16.
   TensorView matrix(const std::string& name, const Shape& shape);
   size_t dequantized_bytes() const;
+  // Columns [first_col, first_col + num_cols) of a 2-D view [R, C] as a [num_cols, R] matrix in
+  // the same dtype, owned here: a weight stored [in, out] turned into the products' [out, in].
+  TensorView transposed_columns(const TensorView& matrix, int64_t first_col, int64_t num_cols);
+  size_t transposed_bytes() const;
 
  private:
   const WeightStore& store_;
   std::optional<Fp8Quantization> fp8_;
   std::deque<std::vector<uint16_t>> dequantized_;  // stable addresses for the views
+  std::deque<std::vector<std::byte>> transposed_;
 };
 
 // w[r, c] = q[r, c] * scale_inv[r / rows, c / cols], rounded to bf16. Exposed for tests.

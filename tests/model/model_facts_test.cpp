@@ -23,21 +23,24 @@ TEST(ModelFacts, EveryFixtureAddsUpToItsFiles) {
     const ModelFacts facts = model_facts(config, bind_weights(config, source),
                                          static_cast<int64_t>(store.total_bytes()));
     // GLM-4.5 publishes its MTP module as one more layer after the last
-    // (model.layers.<num_hidden_layers>.*), Qwen3-Next and Qwen3.5 as mtp.*, and Qwen3.5 a
-    // vision tower (model.visual.*); the text forward pass reads none of them.
+    // (model.layers.<num_hidden_layers>.*), Qwen3-Next and Qwen3.5 as mtp.*; Llama 4 and Qwen3.5
+    // a vision tower beside the text model (Llama 4: all but language_model.*; Qwen3.5:
+    // model.visual.*). The text forward pass reads none of them.
     const bool qwen_next = config.family == ModelFamily::kQwen3Next ||
                            config.family == ModelFamily::kQwen35Moe;
     const std::string mtp_prefix =
         qwen_next ? "mtp." : "model.layers." + std::to_string(config.num_layers) + ".";
     int64_t unread = 0;
     for (const std::string& name : store.names()) {
-      if (!name.starts_with(mtp_prefix) &&
-          !(config.family == ModelFamily::kQwen35Moe && name.starts_with("model.visual.")))
-        continue;
+      const bool vision = config.family == ModelFamily::kQwen35Moe
+                              ? name.starts_with("model.visual.")
+                              : config.has_vision_tower && !name.starts_with("language_model.");
+      if (!name.starts_with(mtp_prefix) && !vision) continue;
       const TensorEntry& e = store.entry(name);
       unread += static_cast<int64_t>(e.end - e.begin);
     }
-    EXPECT_TRUE(unread == 0 || config.family == ModelFamily::kGlm4Moe || qwen_next)
+    EXPECT_TRUE(unread == 0 || config.family == ModelFamily::kGlm4Moe || qwen_next ||
+                config.has_vision_tower)
         << entry.path();
     if (config.fp8) {
       // fp8 matrices are resident as their bf16 dequantisation: twice their stored bytes.
