@@ -180,7 +180,8 @@ class Workload {
       MOE_CHECK(decoder != nullptr, "synthetic models run on the GPU: use --device cuda");
       decoder->set_offload(args.device.offload(), /*max_step_tokens=*/args.batch);
       // Linear-attention models also get a recurrent state slot per sequence (slot b for b).
-      pool_ = std::make_unique<KvBlockPool>(decoder->make_pool(kBlockSize, num_blocks_, args.batch));
+      pool_ =
+          std::make_unique<KvBlockPool>(decoder->make_pool(kBlockSize, num_blocks_, args.batch));
     }
     logits_.resize(args.batch * config.vocab_size);
   }

@@ -52,12 +52,11 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr ModelFamily kFamilies[] = {ModelFamily::kQwen3Moe,   ModelFamily::kMixtral,
-                                     ModelFamily::kOlmoe,      ModelFamily::kQwen2Moe,
-                                     ModelFamily::kDeepseekV2, ModelFamily::kDeepseekV3,
-                                     ModelFamily::kKimiK2,     ModelFamily::kGlm4Moe,
-                                     ModelFamily::kErnie45Moe, ModelFamily::kQwen3Next,
-                                     ModelFamily::kQwen35Moe,  ModelFamily::kLlama4};
+constexpr ModelFamily kFamilies[] = {
+    ModelFamily::kQwen3Moe,  ModelFamily::kMixtral,    ModelFamily::kOlmoe,
+    ModelFamily::kQwen2Moe,  ModelFamily::kDeepseekV2, ModelFamily::kDeepseekV3,
+    ModelFamily::kKimiK2,    ModelFamily::kGlm4Moe,    ModelFamily::kErnie45Moe,
+    ModelFamily::kQwen3Next, ModelFamily::kQwen35Moe,  ModelFamily::kLlama4};
 
 // Llama 4's text-only model_type (Llama4ForCausalLM); "llama4" nests the same fields in
 // text_config beside a vision_config.
@@ -815,8 +814,7 @@ void read_qwen3_next(const Fields& f, const FamilyDefaults& defaults, ModelConfi
     f.fail("attention_bias", "attention biases are not supported for ", cfg->model_type,
            " (the published checkpoints have none)");
   if (f.boolean("use_sliding_window", false))
-    f.fail("use_sliding_window", "sliding-window attention is not supported for ",
-           cfg->model_type);
+    f.fail("use_sliding_window", "sliding-window attention is not supported for ", cfg->model_type);
   cfg->qk_norm_per_head = true;
   cfg->shared_expert_gated = true;
   cfg->attention_output_gate = true;
@@ -847,6 +845,8 @@ void read_qwen3_next(const Fields& f, const FamilyDefaults& defaults, ModelConfi
     f.fail("linear_num_value_heads", lin.num_value_heads,
            " is not a multiple of linear_num_key_heads (", lin.num_key_heads, ")");
   if (cfg->num_linear_layers() > 0) cfg->linear_attention = lin;
+}
+
 // A flag transformers tests for truth: true/false, or a number (nonzero is on). The published
 // Llama 4 configs write attn_temperature_tuning as 4.
 bool truthy(const Fields& f, const char* key, bool fallback) {

@@ -94,13 +94,13 @@ CapacityPlan plan_on_gpus(const ModelConfig& config, const PlanOptions& o) {
                    kv_value_bytes(o.kv_dtype), static_cast<long long>(plan.kv_bytes_per_token),
                    static_cast<long long>(plan.max_seq_len), gib(one_sequence_kv).c_str()));
   if (plan.state_bytes_per_sequence > 0) {
-    a.push_back(line("recurrent state per sequence: %lld linear layers x %lld values x 4 B = %lld "
-                     "B, whatever its length; one %lld-token sequence with it: %s",
-                     static_cast<long long>(config.num_linear_layers()),
-                     static_cast<long long>(state_values_per_sequence(config) /
-                                            config.num_linear_layers()),
-                     static_cast<long long>(plan.state_bytes_per_sequence),
-                     static_cast<long long>(plan.max_seq_len), gib(one_sequence_kv).c_str()));
+    a.push_back(
+        line("recurrent state per sequence: %lld linear layers x %lld values x 4 B = %lld "
+             "B, whatever its length; one %lld-token sequence with it: %s",
+             static_cast<long long>(config.num_linear_layers()),
+             static_cast<long long>(state_values_per_sequence(config) / config.num_linear_layers()),
+             static_cast<long long>(plan.state_bytes_per_sequence),
+             static_cast<long long>(plan.max_seq_len), gib(one_sequence_kv).c_str()));
   }
   a.push_back(line("usable per GPU: %.1f GiB x %.2f - %.1f GiB workspace = %s", o.gpu_mem_gib,
                    o.memory_fraction, o.workspace_gib, gib(usable).c_str()));

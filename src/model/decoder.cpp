@@ -674,8 +674,7 @@ void Decoder::linear_attention(int64_t layer, const ForwardBatch& batch, KvBlock
             k[d] *= k_norm;
           }
           const float beta = sigmoid(ws_.b[t * Nv + h]);
-          const float decay =
-              std::exp(p.neg_decay[h] * softplus(ws_.a[t * Nv + h] + p.dt_bias[h]));
+          const float decay = std::exp(p.neg_decay[h] * softplus(ws_.a[t * Nv + h] + p.dt_bias[h]));
           std::fill(kv_mem.begin(), kv_mem.end(), 0.0f);
           for (int64_t i = 0; i < Dk; ++i) {
             float* S_row = S + i * Dv;

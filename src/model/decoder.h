@@ -121,7 +121,7 @@ class Decoder {
     std::vector<float> x, normed, q, k, v, attn, block_out, shared, gate, up;
     std::vector<float> q_lora, latent, q_latent, o_latent, head_out;  // MLA
     std::vector<float> gate_logits;                                   // attention output gate
-    std::vector<float> qkvz, ba, mixed, conv_out, z, b, a, core;  // Gated DeltaNet
+    std::vector<float> qkvz, ba, mixed, conv_out, z, b, a, core;      // Gated DeltaNet
   };
 
   // Where each of the step's token rows belongs.

@@ -31,8 +31,7 @@ std::optional<std::string> gpu_unsupported(const ModelConfig& config) {
       layers += (layers.empty() ? "" : ", ") + std::to_string(l);
     }
     return config.model_type + ": the Gated DeltaNet linear-attention layers (" + layers + "; " +
-           std::to_string(config.num_linear_layers()) + " of " +
-           std::to_string(config.num_layers) +
+           std::to_string(config.num_linear_layers()) + " of " + std::to_string(config.num_layers) +
            ") and their recurrent state are not implemented on the CUDA backend; run with "
            "--device cpu";
   }

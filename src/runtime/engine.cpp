@@ -361,10 +361,10 @@ void Engine::score(std::span<const int32_t> ids, std::span<float> logits) {
   for (int64_t start = 0; start < n; start += chunk) {
     const int64_t count = std::min(chunk, n - start);
     ForwardBatch batch{.sequences = {SequenceBatch{.tokens = ids.subspan(start, count),
-                                                  .position = start,
-                                                  .block_table = seq.table,
-                                                  .want_logits = true,
-                                                  .state_slot = state_slot.value_or(-1)}},
+                                                   .position = start,
+                                                   .block_table = seq.table,
+                                                   .want_logits = true,
+                                                   .state_slot = state_slot.value_or(-1)}},
                        .all_positions = true};
     const std::span<float> rows = logits.subspan(start * V, count * V);
     if (gpu_) {

@@ -1,6 +1,7 @@
-// config.json of Qwen3-Next as Qwen/Qwen3-Next-80B-A3B-Instruct publishes it (full_attention_interval,
-// not layer_types; rope_theta and partial_rotary_factor at the top level), what the engine makes
-// of it, and the fields it refuses by name rather than run differently from transformers.
+// config.json of Qwen3-Next as Qwen/Qwen3-Next-80B-A3B-Instruct publishes it
+// (full_attention_interval, not layer_types; rope_theta and partial_rotary_factor at the top
+// level), what the engine makes of it, and the fields it refuses by name rather than run
+// differently from transformers.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>

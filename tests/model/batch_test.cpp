@@ -126,11 +126,11 @@ TEST(BatchTest, RejectsBlockTablesThatDoNotCoverTheTokens) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, BatchTest,
                          testing::Values("qwen3_moe_f32", "mixtral_bf16", "olmoe_f32",
-                                         "qwen2_moe_f32", "deepseek_v2_lite_f32",
-                                         "deepseek_v3_f32", "glm4_moe_f32", "glm4_moe_air_bf16",
-                                         "ernie4_5_moe_f32", "ernie4_5_moe_i2_bf16",
-                                         "kimi_k2_f32", "llama4_text_f32", "llama4_vision_bf16",
-                                         "qwen3_next_f32", "qwen3_next_bf16", "qwen3_5_moe_f32"),
+                                         "qwen2_moe_f32", "deepseek_v2_lite_f32", "deepseek_v3_f32",
+                                         "glm4_moe_f32", "glm4_moe_air_bf16", "ernie4_5_moe_f32",
+                                         "ernie4_5_moe_i2_bf16", "kimi_k2_f32", "llama4_text_f32",
+                                         "llama4_vision_bf16", "qwen3_next_f32", "qwen3_next_bf16",
+                                         "qwen3_5_moe_f32"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

@@ -92,8 +92,8 @@ namespace {
 // the GPU decoder refuses the model, so the plan runs it on the CPU.
 TEST(CapacityPlan, LinearAttentionKvAndStateMatchThePool) {
   for (const char* name : {"qwen3_next_f32", "qwen3_next_bf16", "qwen3_5_moe_f32"}) {
-    auto model = Model::load(kRepo / "tests" / "fixtures" / "models" / name,
-                             LoadOptions{.prefault = false});
+    auto model =
+        Model::load(kRepo / "tests" / "fixtures" / "models" / name, LoadOptions{.prefault = false});
     const ModelConfig& config = model->config();
     const CapacityPlan plan = plan_capacity(config, PlanOptions{.kv_dtype = KvDType::kF32});
     const KvBlockPool pool = model->decoder().make_pool(16, 4, 3);
@@ -113,10 +113,9 @@ TEST(CapacityPlan, Qwen3Next80BA3BCountsTwelveKvLayersAndTheState) {
   EXPECT_NEAR(plan.weight_bytes.total() / 1e9, 159.3, 1.0);
   EXPECT_EQ(plan.layout, Layout::kOffload);
   EXPECT_EQ(plan.run_flags, "--device cpu");
-  EXPECT_TRUE(std::any_of(plan.arithmetic.begin(), plan.arithmetic.end(),
-                          [](const std::string& l) {
-                            return l.starts_with("recurrent state per sequence: 36 linear layers");
-                          }));
+  EXPECT_TRUE(std::any_of(plan.arithmetic.begin(), plan.arithmetic.end(), [](const std::string& l) {
+    return l.starts_with("recurrent state per sequence: 36 linear layers");
+  }));
 }
 
 }  // namespace

@@ -1,12 +1,13 @@
 // Model facts from the config, checked against the fixtures' tensors and against the published
 // size of Qwen3-30B-A3B (30.5B total, 3.3B active).
+#include "model/model_facts.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
 
 #include "io/safetensors.h"
 #include "model/family.h"
-#include "model/model_facts.h"
 #include "model/synthetic.h"
 
 namespace moeinfer {
@@ -26,8 +27,8 @@ TEST(ModelFacts, EveryFixtureAddsUpToItsFiles) {
     // (model.layers.<num_hidden_layers>.*), Qwen3-Next and Qwen3.5 as mtp.*; Llama 4 and Qwen3.5
     // a vision tower beside the text model (Llama 4: all but language_model.*; Qwen3.5:
     // model.visual.*). The text forward pass reads none of them.
-    const bool qwen_next = config.family == ModelFamily::kQwen3Next ||
-                           config.family == ModelFamily::kQwen35Moe;
+    const bool qwen_next =
+        config.family == ModelFamily::kQwen3Next || config.family == ModelFamily::kQwen35Moe;
     const std::string mtp_prefix =
         qwen_next ? "mtp." : "model.layers." + std::to_string(config.num_layers) + ".";
     int64_t unread = 0;

@@ -118,8 +118,9 @@ TEST(RecurrentState, BatchesWithoutAStateSlotOrSharingOneAreRefused) {
   std::vector<float> logits(2 * V);
   const auto message = [&](const ForwardBatch& batch) {
     try {
-      decoder.forward(batch, pool, std::span<float>(logits).first(
-                                       batch.sequences.size() * static_cast<size_t>(V)));
+      decoder.forward(
+          batch, pool,
+          std::span<float>(logits).first(batch.sequences.size() * static_cast<size_t>(V)));
     } catch (const Error& e) {
       return std::string(e.what());
     }
@@ -128,27 +129,23 @@ TEST(RecurrentState, BatchesWithoutAStateSlotOrSharingOneAreRefused) {
   EXPECT_NE(message(ForwardBatch{.sequences = {{.tokens = tokens, .block_table = table_a}}})
                 .find("state slot -1"),
             std::string::npos);
-  EXPECT_NE(message(ForwardBatch{.sequences = {{.tokens = tokens,
-                                                .block_table = table_a,
-                                                .state_slot = 2}}})
+  EXPECT_NE(message(ForwardBatch{
+                        .sequences = {{.tokens = tokens, .block_table = table_a, .state_slot = 2}}})
                 .find("recurrent state for 2 sequences"),
             std::string::npos);
-  EXPECT_NE(message(ForwardBatch{.sequences = {{.tokens = tokens,
-                                                .block_table = table_a,
-                                                .state_slot = 1},
-                                               {.tokens = tokens,
-                                                .block_table = table_b,
-                                                .state_slot = 1}}})
+  EXPECT_NE(message(ForwardBatch{
+                        .sequences = {{.tokens = tokens, .block_table = table_a, .state_slot = 1},
+                                      {.tokens = tokens, .block_table = table_b, .state_slot = 1}}})
                 .find("share recurrent state slot 1"),
             std::string::npos);
   // A pool built for another model's layout (rows in every layer) is refused too.
   const ModelConfig& c = decoder.config();
   KvBlockPool plain(c.num_layers, c.kv_dim(), c.kv_dim(), 4, 8);
-  EXPECT_THROW(decoder.forward(ForwardBatch{.sequences = {{.tokens = tokens,
-                                                           .block_table = table_a,
-                                                           .state_slot = 0}}},
-                               plain, std::span<float>(logits).first(V)),
-               Error);
+  EXPECT_THROW(
+      decoder.forward(
+          ForwardBatch{.sequences = {{.tokens = tokens, .block_table = table_a, .state_slot = 0}}},
+          plain, std::span<float>(logits).first(V)),
+      Error);
 }
 
 }  // namespace
