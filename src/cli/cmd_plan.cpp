@@ -10,6 +10,7 @@
 #include "cli/model_arg.h"
 #include "core/error.h"
 #include "model/capacity_plan.h"
+#include "model/gpu_decoder.h"
 #include "model/synthetic.h"
 
 namespace moeinfer::cli {
@@ -52,7 +53,7 @@ void run_plan(const PlanArgs& args) {
   }
   for (const std::string& step : plan.arithmetic) std::printf("  %s\n", step.c_str());
   // A model the GPU decoder refuses gets the GPU layout as sizing only (its run flags say cpu).
-  const bool gpu_runs_it = plan.run_flags.starts_with("--device cuda");
+  const bool gpu_runs_it = !gpu_unsupported(config).has_value();
   std::printf("%s: %s", gpu_runs_it ? "recommended" : "on GPUs, once supported",
               layout_name(plan.layout).c_str());
   if (plan.layout == Layout::kExpertParallel) {
