@@ -22,6 +22,7 @@ enum class ModelFamily {
   kKimiK2,      // DeepSeek-V3's architecture and tensor names under model_type kimi_k2
   kGlm4Moe,     // GLM-4.5 / 4.5-Air
   kErnie45Moe,  // ERNIE 4.5 MoE (text)
+  kGptOss,      // GPT-OSS: attention sinks, alternating sliding windows, MXFP4 experts
 };
 
 std::string_view family_name(ModelFamily family);
@@ -72,6 +73,13 @@ struct Fp8Quantization {
   int64_t block_cols = 128;
 };
 
+// The experts' activation of GPT-OSS: gate clamped above at `limit`, up clamped to
+// [-limit, limit], then (up + 1) * gate * sigmoid(alpha * gate).
+struct ClampedSwiglu {
+  double alpha = 1.702;
+  double limit = 7.0;
+};
+
 struct ModelConfig {
   ModelFamily family = ModelFamily::kQwen3Moe;
   std::string model_type;       // as written in config.json
@@ -120,6 +128,27 @@ struct ModelConfig {
   // (ERNIE 4.5). MLA has its own flag (MlaConfig::rope_interleave).
   bool rope_interleaved = false;
   std::optional<Fp8Quantization> fp8;     // quantization_config with quant_method fp8
+
+  // GPT-OSS.
+  // [num_layers] from layer_types: the layers that attend over sliding_window keys. Empty: every
+  // layer does when sliding_window is set (Mixtral, Qwen3-MoE).
+  std::vector<bool> layer_sliding;
+  bool attention_sinks = false;  // a learned logit per query head joins each softmax's denominator
+  bool router_bias = false;      // the router's logits get a per-expert bias
+  bool router_topk_softmax = false;  // top-k of the logits, then softmax over those k
+  bool expert_bias = false;          // biases on each expert's gate/up and down projections
+  std::optional<ClampedSwiglu> clamped_swiglu;  // nullopt: the experts apply SiLU(gate) * up
+  // quantization_config with quant_method mxfp4: the routed experts may be stored as
+  // <name>_blocks / <name>_scales (32 e2m1 values sharing one power-of-two scale).
+  bool mxfp4 = false;
+
+  // The sliding window of layer `layer` in tokens (each query sees itself and the window - 1
+  // keys before it), or 0 for full attention.
+  int64_t window_of(int64_t layer) const {
+    if (!sliding_window) return 0;
+    if (layer_sliding.empty()) return *sliding_window;
+    return layer_sliding[static_cast<size_t>(layer)] ? *sliding_window : 0;
+  }
 
   int64_t q_dim() const { return num_heads * head_dim; }
   // The leading dims of each head that RoPE rotates: MLA's rope key, else head_dim scaled by

@@ -103,7 +103,11 @@ class Decoder {
     std::vector<float> q_bias, k_bias, v_bias, o_bias, q_norm, k_norm;
     std::vector<float> q_a_norm, kv_a_norm;  // MLA
     std::vector<float> selection_bias;       // [E] DeepSeek-V3 router bias
+    std::vector<float> sinks;                // [Nq] GPT-OSS attention sinks
+    std::vector<float> router_bias;          // [E] GPT-OSS router logit bias
   };
+  // The layer's router as the MoE block takes it.
+  moe::LayerRouter layer_router(int64_t layer) const;
   // Buffers reused across steps.
   struct Workspace {
     std::vector<float> x, normed, q, k, v, attn, block_out, shared, gate, up;

@@ -21,8 +21,14 @@ std::vector<LayerPlan> plan_layers(const ModelConfig& config) {
                                       ? SharedExpertKind::kNone
                                   : config.shared_expert_gated ? SharedExpertKind::kSigmoidGated
                                                                : SharedExpertKind::kUngated;
+  MOE_CHECK(config.layer_sliding.empty() ||
+                static_cast<int64_t>(config.layer_sliding.size()) == config.num_layers,
+            "the config marks ", config.layer_sliding.size(), " layers sliding or full, it has ",
+            config.num_layers);
+  base.attention_sinks = config.attention_sinks;
   std::vector<LayerPlan> plans(static_cast<size_t>(config.num_layers), base);
   for (int64_t l = 0; l < config.num_layers; ++l) {
+    plans[l].sliding_window = config.window_of(l);
     if (!config.layer_is_moe[l]) continue;
     plans[l].feed_forward = FeedForwardKind::kMoe;
     plans[l].shared_expert = shared;
