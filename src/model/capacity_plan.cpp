@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "model/gpu_decoder.h"
 #include "model/synthetic.h"
 #include "offload/parse_options.h"
 
@@ -64,7 +65,9 @@ PartCounts weight_bytes_by_part(const ModelConfig& config, WeightDType dtype) {
 // Whether the GPU decoder can shard experts over GPUs: not yet, so no plan recommends it.
 constexpr bool kGpuExpertParallelBuilt = false;
 
-CapacityPlan plan_capacity(const ModelConfig& config, const PlanOptions& o) {
+namespace {
+
+CapacityPlan plan_gpu_layout(const ModelConfig& config, const PlanOptions& o) {
   MOE_CHECK(o.num_gpus >= 1, "--gpus must be >= 1, got ", o.num_gpus);
   MOE_CHECK(o.gpu_mem_gib > 0, "--gpu-mem must be positive, got ", o.gpu_mem_gib);
   MOE_CHECK(o.memory_fraction > 0 && o.memory_fraction <= 1, "memory fraction must be in (0, 1]");
@@ -183,6 +186,20 @@ CapacityPlan plan_capacity(const ModelConfig& config, const PlanOptions& o) {
                    plan.expert_budget_flag.c_str()));
   fill_kv(usable - plan.weight_bytes_per_gpu, n);
   plan.run_flags = "--device cuda --expert-budget " + plan.expert_budget_flag;
+  return plan;
+}
+
+}  // namespace
+
+CapacityPlan plan_capacity(const ModelConfig& config, const PlanOptions& o) {
+  CapacityPlan plan = plan_gpu_layout(config, o);
+  // The figures are what a GPU would hold; a model the GPU decoder refuses runs on the CPU.
+  const std::string missing = gpu_missing_features(config);
+  if (!missing.empty()) {
+    plan.arithmetic.push_back("the CUDA backend does not run " + config.model_type + " yet (" +
+                              missing + "): the CPU engine runs it");
+    plan.run_flags = "--device cpu";
+  }
   return plan;
 }
 

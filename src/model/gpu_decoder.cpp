@@ -3,6 +3,31 @@
 
 #include "core/error.h"
 
+namespace moeinfer {
+
+std::string gpu_missing_features(const ModelConfig& config) {
+  std::string missing;
+  const auto lacks = [&](bool needed, const char* what) {
+    if (needed) missing += std::string(missing.empty() ? "" : ", ") + what;
+  };
+  lacks(config.attention_sinks, "attention sinks");
+  lacks(!config.layer_sliding.empty(), "per-layer sliding windows (layer_types)");
+  lacks(config.router_bias, "a router logit bias");
+  lacks(config.router_topk_softmax, "softmax over the top-k router logits");
+  lacks(config.expert_bias, "expert biases");
+  lacks(config.clamped_swiglu.has_value(), "the clamped SwiGLU");
+  return missing;
+}
+
+void check_gpu_supports(const ModelConfig& config) {
+  const std::string missing = gpu_missing_features(config);
+  MOE_CHECK(missing.empty(), config.model_type, ": ", missing,
+            missing.find(',') == std::string::npos ? " is" : " are",
+            " not implemented on the CUDA backend; run with --device cpu");
+}
+
+}  // namespace moeinfer
+
 #if !defined(MOE_HAVE_CUDA)
 namespace moeinfer {
 

@@ -139,6 +139,14 @@ class GpuDecoder {
   virtual void set_routing_observer(Decoder::RoutingObserver observer) = 0;
 };
 
+// Throws moeinfer::Error when the GPU decoder does not compute something `config` needs (GPT-OSS's
+// attention sinks, per-layer sliding windows, router and expert biases, clamped SwiGLU),
+// naming each missing piece and what to run instead; create() and create_synthetic() call it
+// first. Needs no CUDA (and no device).
+void check_gpu_supports(const ModelConfig& config);
+// What check_gpu_supports names, comma-separated; empty when the GPU decoder runs the config.
+std::string gpu_missing_features(const ModelConfig& config);
+
 // The floors GPU figures are ratios to, measured now on the current device.
 struct DeviceFloors {
   double copy_bytes_per_s = 0.0;  // device-to-device copy, read + write
