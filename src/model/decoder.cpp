@@ -182,7 +182,8 @@ void Decoder::set_expert_parallel(parallel::Communicator* comm,
   shared_schedule_ = comm != nullptr && overlap ? moe::SharedSchedule::kWhileDispatching
                                                 : moe::SharedSchedule::kBeforeDispatch;
   make_moe_block(std::make_unique<moe::ResidentExperts>(routed_experts(), config_.hidden_size,
-                                                        config_.moe_intermediate_size));
+                                                        config_.moe_intermediate_size,
+                                                        expert_activation(config_)));
 }
 
 void Decoder::set_offload(const offload::OffloadOptions& options, int64_t max_step_tokens) {
@@ -196,7 +197,8 @@ void Decoder::set_offload(const offload::OffloadOptions& options, int64_t max_st
   cached_experts_ = nullptr;
   if (!options.enabled()) {
     make_moe_block(std::make_unique<moe::ResidentExperts>(routed_experts(), config_.hidden_size,
-                                                          config_.moe_intermediate_size));
+                                                          config_.moe_intermediate_size,
+                                                          expert_activation(config_)));
     return;
   }
   const int64_t L = config_.num_layers, E = config_.num_experts;

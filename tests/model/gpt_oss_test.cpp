@@ -19,6 +19,8 @@
 #include "model/synthetic.h"
 #include "model/weight_source.h"
 #include "moe/stages.h"
+#include "offload/parse_options.h"
+#include "parallel/communicator.h"
 #include "runtime/engine.h"
 
 namespace moeinfer {
@@ -163,6 +165,31 @@ TEST(GptOss, ExpertBiasesAndClampedSwiglu) {
   const std::vector<float> want = {swiglu(7.0f, 7.0f) + 0.1f, swiglu(2.0f, 1.75f) - 0.1f,
                                    swiglu(-9.5f, -7.0f) + 0.1f, swiglu(-9.0f, -7.0f) - 0.1f};
   for (int i = 0; i < 4; ++i) EXPECT_NEAR(out[i], want[i], 1e-5f * std::fabs(want[i])) << i;
+}
+
+// Every way the decoder rebuilds its MoE block keeps the experts' activation and biases: expert
+// parallelism over one rank, a simulated expert budget, and back to resident experts.
+TEST(GptOss, ExpertParallelAndOffloadKeepTheLogits) {
+  auto model = Model::load(kModels / "gpt_oss_f32", LoadOptions{.prefault = false});
+  Decoder& decoder = model->decoder();
+  const std::vector<int32_t> prompt = {7, 300, 42, 11, 500, 3, 99, 250};
+  const int64_t V = decoder.config().vocab_size;
+  const auto logits = [&] {
+    KvCache cache = decoder.make_cache(16);
+    std::vector<float> out(prompt.size() * V);
+    decoder.forward(prompt, cache, out, /*all_positions=*/true);
+    return out;
+  };
+  const std::vector<float> resident = logits();
+  parallel::SelfCommunicator self;
+  decoder.set_expert_parallel(&self);
+  EXPECT_EQ(logits(), resident) << "expert parallel over one rank";
+  decoder.set_expert_parallel(nullptr);
+  EXPECT_EQ(logits(), resident) << "back to resident experts";
+  decoder.set_offload(offload::parse_offload_flags("25%", "lru"));
+  EXPECT_EQ(logits(), resident) << "a 25% expert budget";
+  decoder.set_offload(offload::OffloadOptions{});
+  EXPECT_EQ(logits(), resident) << "offload turned off";
 }
 
 TEST(GptOss, GpuDecoderRefusesNamingAttentionSinks) {
