@@ -885,8 +885,9 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& so
     f.fail("num_experts_per_tok", cfg.num_experts_per_tok, " exceeds the number of experts (",
            cfg.num_experts, ")");
 
+  // GPT-OSS's experts always apply their clamped SwiGLU; its modeling code never reads hidden_act.
   const std::string act = f.opt_string("hidden_act").value_or("silu");
-  if (act != "silu")
+  if (act != "silu" && cfg.family != ModelFamily::kGptOss)
     f.fail("hidden_act", "unsupported activation '", act, "'; only silu is supported");
   cfg.rms_norm_eps = f.number("rms_norm_eps", defaults.rms_norm_eps);
   f.positive_number("rms_norm_eps", cfg.rms_norm_eps);

@@ -116,6 +116,9 @@ Decoder::Decoder(const ModelConfig& config, DecoderWeights weights)
     p.selection_bias = to_f32(lw.moe.selection_bias);
     p.sinks = to_f32(lw.attention.sinks);
     p.router_bias = to_f32(lw.moe.router_bias);
+    MOE_CHECK(!config_.attention_sinks || static_cast<int64_t>(p.sinks.size()) == config_.num_heads,
+              "layer ", l, " has ", p.sinks.size(), " attention sinks for ", config_.num_heads,
+              " query heads");
   }
   final_norm_ = to_f32(weights_.final_norm);
   plans_ = plan_layers(config_);
