@@ -260,8 +260,47 @@ FIXTURES += [
                      **DEEPSEEK_MLA)),
 ]
 
-# GPT-OSS (issue 18), appended so that the fixtures above keep their seeds. Attention sinks,
-# q/k/v/o biases, sliding-window layers alternating with full ones (a window of 3 or 4 tokens, so
+# Llama 4 (issue 18), appended for the same reason. Chunks of 4 and 8 tokens, so that the 12-token
+# prompt and the 16 greedy tokens cross several chunk boundaries, a NoPE layer (with the query
+# temperature's floor_scale small enough to change the scale within 28 tokens) and a dense layer
+# in each.
+FIXTURES += [
+    # Llama4ForCausalLM (model_type llama4_text) with rope_theta + rope_scaling (llama3) at the top
+    # level as published: layers 0-2 RoPE with chunks of 4, layer 3 NoPE (no_rope_layer_interval
+    # 4) and global; dense layers 0 and 2 of intermediate_size_mlp 32, routed layers 1 and 3
+    # (interleave_moe_layer_step 2) with 4 experts of width 16, top-1, and the shared expert;
+    # one key/value head; q/k norm after RoPE.
+    dict(name="llama4_text_f32", cls="Llama4Text", model_cls="Llama4ForCausalLM",
+         dtype="float32", tokenizer="qwen", legacy_rope=True, min_distinct=4,
+         config=dict(COMMON, head_dim=16, num_key_value_heads=1, num_hidden_layers=4,
+                     intermediate_size=16, intermediate_size_mlp=32, num_local_experts=4,
+                     num_experts_per_tok=1,
+                     interleave_moe_layer_step=2, no_rope_layer_interval=4,
+                     attention_chunk_size=4, use_qk_norm=True, attn_temperature_tuning=True,
+                     floor_scale=4, attn_scale=0.5, rope_theta=500000.0,
+                     rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                       high_freq_factor=4.0,
+                                       original_max_position_embeddings=16))),
+    # Llama4ForConditionalGeneration as published (model_type llama4, the text model in
+    # text_config, weights under language_model.*) with a one-layer vision tower of width 16
+    # whose weights the engine leaves unread; rope_parameters as transformers 5 writes them;
+    # head_dim 32 over 4 query heads and one key/value head; explicit moe_layers [0, 2] (layer 1
+    # dense) and no_rope_layers [1, 0, 1] (layer 1 NoPE); 6 experts top-2 (the sigmoid of each
+    # chosen logit scales the token's input to that expert); chunks of 8; no q/k norm.
+    dict(name="llama4_vision_bf16", cls="Llama4Text", model_cls="Llama4ForConditionalGeneration",
+         dtype="bfloat16", tokenizer="qwen", legacy_rope=False, min_distinct=4,
+         vision=dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                     intermediate_size=32, vision_output_dim=32, image_size=28, patch_size=14,
+                     projector_input_dim=32, projector_output_dim=32),
+         config=dict(COMMON, head_dim=32, num_key_value_heads=1, num_hidden_layers=3,
+                     intermediate_size=24, intermediate_size_mlp=64, num_local_experts=6,
+                     num_experts_per_tok=2, moe_layers=[0, 2], no_rope_layers=[1, 0, 1],
+                     attention_chunk_size=8, use_qk_norm=False, attn_temperature_tuning=True,
+                     floor_scale=8, attn_scale=0.3, rope_theta=500000.0)),
+]
+
+# GPT-OSS (issue 18), appended after Llama 4 so that the fixtures above keep their seeds. Attention
+# sinks, q/k/v/o biases, sliding-window layers alternating with full ones (a window of 3 or 4 tokens, so
 # that the 12-token prompt and its continuation slide past it), YaRN with truncate false as
 # published, a router bias, expert biases and a swiglu_limit low enough that the clamps bind on
 # the small random activations. transformers initialises sinks and biases to zero or near it, so
@@ -458,13 +497,18 @@ def build_config(spec):
     rope = dict(rope_type="default", rope_theta=theta)
     if rope_scaling:
         rope.update(rope_scaling)
-    return cfg_cls(rope_parameters=rope, **kwargs)
+    config = cfg_cls(rope_parameters=rope, **kwargs)
+    if spec.get("vision"):  # Llama 4's multimodal layout: the text config nested
+        config = transformers.Llama4Config(
+            text_config=config, vision_config=transformers.Llama4VisionConfig(**spec["vision"]))
+    return config
 
 
 def rewrite_legacy_rope(config_path):
     """Rewrites rope_parameters into rope_theta + rope_scaling, as published configs have it."""
     with open(config_path) as f:
-        cfg = json.load(f)
+        root = json.load(f)
+    cfg = root.get("text_config", root)  # Llama 4's multimodal layout nests the text model
     rope = cfg.pop("rope_parameters")
     cfg["rope_theta"] = rope.pop("rope_theta")
     if "partial_rotary_factor" in rope:  # GLM-4.5 publishes it at the top level
@@ -480,7 +524,7 @@ def rewrite_legacy_rope(config_path):
     if "dtype" in cfg:
         cfg["torch_dtype"] = cfg.pop("dtype")
     with open(config_path, "w") as f:
-        json.dump(cfg, f, indent=2, sort_keys=True)
+        json.dump(root, f, indent=2, sort_keys=True)
 
 
 def make_tokenizer(kind, out_dir, vocab_size):
@@ -506,7 +550,7 @@ def make_fixture(spec, root, seed, with_tokenizer):
     os.makedirs(out_dir)
     torch.manual_seed(seed)
     config = build_config(spec)
-    model_cls = getattr(transformers, spec["cls"] + "ForCausalLM")
+    model_cls = getattr(transformers, spec.get("model_cls", spec["cls"] + "ForCausalLM"))
     model = model_cls(config).eval()
     if spec.get("correction_bias"):
         # DeepSeek-V3 and GLM keep it on the router (mlp.gate), ERNIE in mlp.gate.moe_statics.
@@ -571,6 +615,10 @@ def make_fixture(spec, root, seed, with_tokenizer):
                                      eos_token_id=None, pad_token_id=0, use_cache=True)
             full = reference(out).logits[0, NUM_PROMPT - 1:-1]
         margin = top2_margin(full)
+        if spec["cls"] == "Llama4Text":
+            # The greedy tokens come from generate's cache (chunked layers keep a window of it),
+            # the margin from one uncached pass: both must pick the same tokens.
+            assert full.argmax(-1).tolist() == out[0, NUM_PROMPT:].tolist(), spec["name"]
         if margin >= needed and len(set(out[0, NUM_PROMPT:].tolist())) >= min_distinct:
             break
     else:

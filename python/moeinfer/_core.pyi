@@ -48,32 +48,48 @@ def make_params(
 # "abort" or None), "tool_calls" (chat with tools: {"content", "tool_calls"}; else None)}]}.
 _Result = Dict[str, Any]
 
+class EngineOptions:
+    """LLM(...)'s engine arguments, by the engine's names (moeinfer.LLM documents each)."""
+
+    device: str
+    dtype: str
+    gpu_memory_fraction: float
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    kv_cache_mb: int
+    block_size: int
+    enable_prefix_caching: bool
+    enforce_eager: bool
+    expert_budget: str
+    expert_cache: str
+    cold_experts: str
+    deterministic: bool
+    generation_config: str
+    profile_stages: bool
+    profile_time_every: int
+    tool_call_parser: str
+    ep: int
+    placement: str
+    overlap: bool
+    def __init__(self) -> None: ...
+
 class Engine:
     """One engine over one checkpoint, with its chat template (use moeinfer.LLM)."""
 
     @staticmethod
-    def load(
-        *,
-        model: str,
-        device: str,
-        expert_budget: str,
-        expert_cache: str,
-        cold_experts: str,
-        max_num_seqs: int,
-        max_num_batched_tokens: int,
-        max_model_len: int,
-        kv_cache_mb: int,
-        block_size: int,
-        gpu_memory_fraction: float,
-        dtype: str,
-        enforce_eager: bool,
-        enable_prefix_caching: bool,
-        deterministic: bool,
-        generation_config: str,
-        profile_stages: bool,
-        profile_time_every: int,
-        tool_call_parser: str,
-    ) -> Engine: ...
+    def load(model: str, options: EngineOptions) -> Engine:
+        """With options.ep > 1 this process must be one of ep MPI ranks (mpirun -np ep)."""
+    @property
+    def rank(self) -> int:
+        """This process's rank under ep > 1 (0 otherwise)."""
+    @property
+    def num_ranks(self) -> int:
+        """The expert-parallel job's ranks (1 without ep)."""
+    def follow_rank_zero(self) -> None:
+        """Ranks > 0: steps with rank 0 until rank 0 closes its engine."""
+    def close(self) -> None:
+        """Rank 0 under ep > 1: the job's last round (the other ranks return); idempotent."""
     @property
     def vocab_size(self) -> int:
         """V: the width of a logits row."""

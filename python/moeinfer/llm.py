@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import weakref
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
@@ -47,8 +49,16 @@ class LLM:
             busiest experts stay resident); "lru:FILE" / "lfu:FILE" warm the cache up.
         cold_experts: with expert_budget: "gpu", "cpu" or "auto" (where a missing expert
             computes).
-        ep: expert-parallel ranks; only 1 from Python (``mpirun -np N moeinfer serve --ep N``
-            runs expert parallelism).
+        ep: expert parallelism over N CPU ranks: run the script as ``mpirun -np N python
+            SCRIPT``, every rank making the same ``LLM(..., ep=N)``. Rank 0's LLM is the one to
+            use: it spreads the requests of ``generate`` and ``chat`` over the ranks' engines
+            (attention data-parallel, the routed experts sharded); on the other ranks
+            ``LLM(...)`` steps with rank 0 until rank 0's LLM closes (``close()``, or at exit),
+            then ends the process (``SystemExit(0)``), so the rest of the script runs on rank 0
+            only. ``logits`` and ``trace_routing`` are not available under ep > 1.
+        placement: with ep: a placement file of ``moeinfer placement`` (which ranks hold which
+            experts, replicas allowed); None: contiguous ranges.
+        overlap: with ep: compute the shared experts while a layer's rows travel to their ranks.
         deterministic: batch-invariant kernels: a seeded request's text does not depend on
             what else runs.
         generation_config: sampling defaults for ``get_default_sampling_params``: "auto" (the
@@ -81,6 +91,8 @@ class LLM:
         expert_cache: Optional[str] = None,
         cold_experts: Optional[str] = None,
         ep: int = 1,
+        placement: Optional[Union[str, "os.PathLike[str]"]] = None,
+        overlap: bool = True,
         deterministic: bool = False,
         generation_config: str = "auto",
         profile: bool = False,
@@ -88,31 +100,36 @@ class LLM:
         tool_call_parser: Optional[str] = None,
         trace_routing: Optional[Union[str, "os.PathLike[str]"]] = None,
     ) -> None:
-        if ep != 1:
-            raise ValueError(
-                f"ep={ep}: expert parallelism is not reachable from the Python API yet; launch "
-                f"`mpirun -np {ep} python -m moeinfer serve MODEL --ep {ep}` (or generate/logits)")
-        self._engine = _core.Engine.load(
-            model=os.fspath(model),
-            device=device,
-            expert_budget="" if expert_budget is None else str(expert_budget),
-            expert_cache=expert_cache or "",
-            cold_experts=cold_experts or "",
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_model_len=max_model_len or 0,
-            kv_cache_mb=kv_cache_mb,
-            block_size=block_size,
-            gpu_memory_fraction=gpu_memory_utilization,
-            dtype=dtype,
-            enforce_eager=enforce_eager,
-            enable_prefix_caching=enable_prefix_caching,
-            deterministic=deterministic,
-            generation_config=generation_config,
-            profile_stages=profile,
-            profile_time_every=profile_time_every,
-            tool_call_parser=tool_call_parser or "",
-        )
+        options = _core.EngineOptions()
+        options.device = device
+        options.dtype = dtype
+        options.gpu_memory_fraction = gpu_memory_utilization
+        options.max_model_len = max_model_len or 0
+        options.max_num_seqs = max_num_seqs
+        options.max_num_batched_tokens = max_num_batched_tokens
+        options.kv_cache_mb = kv_cache_mb
+        options.block_size = block_size
+        options.enable_prefix_caching = enable_prefix_caching
+        options.enforce_eager = enforce_eager
+        options.expert_budget = "" if expert_budget is None else str(expert_budget)
+        options.expert_cache = expert_cache or ""
+        options.cold_experts = cold_experts or ""
+        options.deterministic = deterministic
+        options.generation_config = generation_config
+        options.profile_stages = profile
+        options.profile_time_every = profile_time_every
+        options.tool_call_parser = tool_call_parser or ""
+        options.ep = ep
+        options.placement = "" if placement is None else os.fspath(placement)
+        options.overlap = overlap
+        self._engine = _core.Engine.load(os.fspath(model), options)
+        if self._engine.rank > 0:
+            # Rank 0 drives every rank's engine; this one steps with it until it closes.
+            self._engine.follow_rank_zero()
+            raise SystemExit(0)
+        if self._engine.num_ranks > 1:
+            # The other ranks wait for rank 0's last round, whatever ends this process.
+            atexit.register(_close_at_exit, weakref.ref(self))
         self.model = os.fspath(model)
         self._next_request = 0
         if trace_routing is not None:
@@ -291,9 +308,24 @@ class LLM:
         scaled to all steps), timed_steps, expert_rows (int64 [num_layers, num_experts]: rows
         each expert received); with ``expert_budget``: expert_cache (counters int64
         [num_layers, 7] named by counter_names, bytes_host_to_device int64 [num_layers],
-        stall_seconds float64 [num_layers]).
+        stall_seconds float64 [num_layers]); with ep > 1: the counters summed over the ranks,
+        and ranks (a dict per rank as rank 0 last heard it: num_running, num_waiting,
+        num_queued_tokens, num_assigned (requests sent to it), prompt_tokens,
+        generation_tokens, num_preemptions, kv_blocks, kv_used).
         """
         return self._engine.stats()
+
+    def close(self) -> None:
+        """Ends the engine's use. Under ep > 1 on rank 0, the other ranks' ``LLM(...)`` return
+        and their processes end; calls after it raise. Without ep it is optional (the engine is
+        freed with the LLM). Idempotent; also what leaving a ``with LLM(...)`` block does."""
+        self._engine.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -348,3 +380,9 @@ class LLM:
             finished=True,
             num_cached_tokens=result["num_cached_tokens"],
         )
+
+
+def _close_at_exit(ref: "weakref.ReferenceType[LLM]") -> None:
+    llm = ref()
+    if llm is not None:
+        llm.close()

@@ -33,6 +33,10 @@ void print_table(const ModelConfig& config, const ModelFacts& f) {
               static_cast<long long>(config.num_experts_per_tok),
               static_cast<long long>(config.hidden_size),
               static_cast<long long>(config.vocab_size));
+  if (config.has_vision_tower) {
+    std::printf("vision tower: not loaded (%s of checkpoint tensors unread); text inputs only\n",
+                human(f.checkpoint_tensor_bytes - f.resident_bytes.total(), "B").c_str());
+  }
   std::printf("%-16s %16s %16s %16s\n", "part", "params total", "params active", "resident");
   const struct {
     const char* name;

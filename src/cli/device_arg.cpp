@@ -7,6 +7,7 @@
 #include "cli/usage_error.h"
 #include "core/error.h"
 #include "offload/parse_options.h"
+#include "runtime/engine_ranks.h"
 
 namespace moeinfer::cli {
 
@@ -19,10 +20,11 @@ void add_device_options(CLI::App* cmd, DeviceArgs* args) {
                   "--gpu-memory-utilization)")
       ->check(CLI::Range(0.01, 1.0))
       ->capture_default_str();
-  cmd->add_option("--fused-moe-rows", args->fused_moe_rows,
-                  "cuda: MoE layers of steps with at most N rows (tokens x experts per token, at "
-                  "most 512) run as two fused kernels instead of the stage-by-stage pipeline; 0 "
-                  "never (default: -1, the decoder's threshold, which is 0 for now: measured slower)")
+  cmd->add_option(
+         "--fused-moe-rows", args->fused_moe_rows,
+         "cuda: MoE layers of steps with at most N rows (tokens x experts per token, at "
+         "most 512) run as two fused kernels instead of the stage-by-stage pipeline; 0 "
+         "never (default: -1, the decoder's threshold, which is 0 for now: measured slower)")
       ->check(CLI::Range(-1, 512));
   cmd->add_option("--dtype", args->dtype,
                   "cuda: how a float32 or float16 checkpoint's weights are held: auto keeps "
@@ -36,7 +38,8 @@ void add_device_options(CLI::App* cmd, DeviceArgs* args) {
   cmd->parse_complete_callback([cmd, args] {
     if (args->is_cuda()) return;
     for (const char* flag : {"--dtype", "--fused-moe-rows"}) {
-      USAGE_CHECK(cmd->count(flag) == 0, flag, " applies to --device cuda (the CPU computes with "
+      USAGE_CHECK(cmd->count(flag) == 0, flag,
+                  " applies to --device cuda (the CPU computes with "
                   "the checkpoint's weights as stored, stage by stage)");
     }
   });
@@ -99,7 +102,8 @@ std::optional<parallel::ExpertPlacement> DeviceArgs::expert_placement(
 parallel::Communicator* DeviceArgs::expert_parallel() const {
   MOE_CHECK(overlap.empty() || ep > 1, "--overlap ", overlap, " needs --ep N with N > 1");
   if (ep == 1) return nullptr;
-  MOE_CHECK(!is_cuda(), "--ep ", ep, " on cuda is not built yet: expert parallelism runs on CPU "
+  MOE_CHECK(!is_cuda(), "--ep ", ep,
+            " on cuda is not built yet: expert parallelism runs on CPU "
             "ranks (--device cpu)");
   parallel::Communicator& world = parallel::world();
   MOE_CHECK(world.size() == ep, "--ep ", ep, " but this job has ", world.size(),
@@ -126,18 +130,14 @@ std::unique_ptr<Engine> load_expert_parallel_engine(const std::filesystem::path&
   MOE_CHECK(comm != nullptr, "load_expert_parallel_engine without --ep N (N > 1)");
   MOE_CHECK(config.device == "cpu", "--ep ", device.ep,
             " on cuda is not built yet: expert parallelism runs on CPU ranks (--device cpu)");
-  auto model = Model::load(dir, LoadOptions{});
-  Decoder& decoder = model->decoder();
-  decoder.set_offload(config.offload, config.max_num_seqs);  // refuses a budget under --ep
-  decoder.set_expert_parallel(comm, device.expert_placement(decoder),
-                              device.overlap_shared_experts());
-  return std::make_unique<Engine>(std::move(model), Tokenizer::from_dir(dir),
-                                  config);
+  return moeinfer::load_expert_parallel_engine(
+      dir, config,
+      {.comm = comm,
+       .placement = device.placement,
+       .overlap_shared_experts = device.overlap_shared_experts()});
 }
 
-bool DeviceArgs::is_output_rank() const {
-  return ep == 1 || parallel::world().rank() == 0;
-}
+bool DeviceArgs::is_output_rank() const { return ep == 1 || parallel::world().rank() == 0; }
 
 double parse_routing_skew(const std::string& text) {
   if (text.empty()) return 0.0;
@@ -149,12 +149,14 @@ double parse_routing_skew(const std::string& text) {
   } catch (const std::exception&) {
     used = 0;
   }
-  MOE_CHECK(used > 0 && used == text.size() - 5 && value > 0.0 && value <= 10.0,
-            "--routing-skew '", text, "': A must be a number in (0, 10]");
+  MOE_CHECK(used > 0 && used == text.size() - 5 && value > 0.0 && value <= 10.0, "--routing-skew '",
+            text, "': A must be a number in (0, 10]");
   return value;
 }
 
 std::unique_ptr<Model> load_model_for(const std::filesystem::path& dir, const DeviceArgs& device) {
+  // A model the GPU refuses is refused from its config.json, before binding its weights.
+  if (device.is_cuda()) check_gpu_support(load_model_config(dir / "config.json"));
   return Model::load(dir, LoadOptions{.prefault = !device.is_cuda()});
 }
 
@@ -162,8 +164,8 @@ SequenceRunner::SequenceRunner(Model& model, const DeviceArgs& device, int64_t m
                                int64_t max_step_tokens)
     : model_(model) {
   const ModelConfig& config = model.config();
-  const int64_t native = config.max_position_embeddings > 0 ? config.max_position_embeddings
-                                                            : max_tokens;
+  const int64_t native =
+      config.max_position_embeddings > 0 ? config.max_position_embeddings : max_tokens;
   capacity_ = std::min(max_tokens, native);
   const offload::OffloadOptions offload = device.offload();
   // Checked on both devices, so that a flag the GPU path cannot take is refused, not ignored.
@@ -207,11 +209,10 @@ void SequenceRunner::forward(std::span<const int32_t> tokens, std::span<float> l
   const int64_t n = static_cast<int64_t>(tokens.size());
   MOE_CHECK(length_ + n <= capacity_, "sequence of ", length_ + n,
             " tokens exceeds the context limit of ", capacity_);
-  ForwardBatch batch{.sequences = {SequenceBatch{.tokens = tokens,
-                                                 .position = length_,
-                                                 .block_table = block_table_,
-                                                 .want_logits = true}},
-                     .all_positions = all_positions};
+  ForwardBatch batch{
+      .sequences = {SequenceBatch{
+          .tokens = tokens, .position = length_, .block_table = block_table_, .want_logits = true}},
+      .all_positions = all_positions};
   gpu_->forward(batch, logits);
   length_ += n;
 }

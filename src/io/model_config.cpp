@@ -40,6 +40,8 @@ std::string_view family_name(ModelFamily family) {
       return "ernie4_5_moe";
     case ModelFamily::kGptOss:
       return "gpt_oss";
+    case ModelFamily::kLlama4:
+      return "llama4";
   }
   return "?";
 }
@@ -48,11 +50,15 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr ModelFamily kFamilies[] = {ModelFamily::kQwen3Moe,   ModelFamily::kMixtral,
-                                     ModelFamily::kOlmoe,      ModelFamily::kQwen2Moe,
-                                     ModelFamily::kDeepseekV2, ModelFamily::kDeepseekV3,
-                                     ModelFamily::kKimiK2,     ModelFamily::kGlm4Moe,
-                                     ModelFamily::kErnie45Moe, ModelFamily::kGptOss};
+constexpr ModelFamily kFamilies[] = {
+    ModelFamily::kQwen3Moe, ModelFamily::kMixtral,    ModelFamily::kOlmoe,
+    ModelFamily::kQwen2Moe, ModelFamily::kDeepseekV2, ModelFamily::kDeepseekV3,
+    ModelFamily::kKimiK2,   ModelFamily::kGlm4Moe,    ModelFamily::kErnie45Moe,
+    ModelFamily::kLlama4,   ModelFamily::kGptOss};
+
+// Llama 4's text-only model_type (Llama4ForCausalLM); "llama4" nests the same fields in
+// text_config beside a vision_config.
+constexpr std::string_view kLlama4TextModelType = "llama4_text";
 
 // Upper bounds that keep later size arithmetic (products of two or three of these) in int64.
 constexpr int64_t kMaxDim = int64_t{1} << 31;
@@ -235,6 +241,22 @@ FamilyDefaults defaults_for(ModelFamily family) {
               .rope_theta = 150000.0,
               .bos_token_id = std::nullopt,
               .eos_token_id = std::nullopt};
+    case ModelFamily::kLlama4:  // Llama4TextConfig; intermediate_size is the experts' width
+      return {.vocab_size = 202048,
+              .hidden_size = 5120,
+              .intermediate_size = 16384,  // intermediate_size_mlp, the dense layers
+              .num_hidden_layers = 48,
+              .num_attention_heads = 40,
+              .num_key_value_heads = 8,
+              .max_position_embeddings = 4096 * 32,
+              .rms_norm_eps = 1e-5,
+              .num_experts = 16,
+              .num_experts_per_tok = 1,
+              .moe_intermediate_size = 8192,
+              .shared_expert_intermediate_size = 0,  // one shared expert as wide as a routed one
+              .rope_theta = 500000.0,
+              .bos_token_id = 1,
+              .eos_token_id = 2};
   }
   MOE_FAIL("unknown family");
 }
@@ -369,6 +391,7 @@ class Fields {
 
   const json& object() const { return object_; }
   const std::string& source() const { return source_; }
+  const std::string& prefix() const { return prefix_; }
 
  private:
   const json& object_;
@@ -380,7 +403,7 @@ std::string supported_list() {
   std::string out;
   for (ModelFamily f : kFamilies)
     out += std::string(out.empty() ? "" : ", ") + std::string(family_name(f));
-  return out;
+  return out + ", " + std::string(kLlama4TextModelType);
 }
 
 // The number of routed experts; transformers aliases num_experts and num_local_experts for
@@ -408,6 +431,8 @@ int64_t read_num_experts(const Fields& f, ModelFamily family, int64_t fallback) 
       return aliased_size(f, "moe_num_experts", "num_experts", fallback, kMaxExperts);
     case ModelFamily::kGptOss:  // num_local_experts, aliased as num_experts
       return aliased_size(f, "num_local_experts", "num_experts", fallback, kMaxExperts);
+    case ModelFamily::kLlama4:  // num_local_experts only (no attribute_map)
+      return f.size("num_local_experts", fallback, kMaxExperts);
     case ModelFamily::kQwen3Moe:
     case ModelFamily::kMixtral:
     case ModelFamily::kOlmoe:
@@ -464,7 +489,7 @@ RopeConfig read_rope(const Fields& top, const FamilyDefaults& defaults,
   const Fields* partial_from = &top;
   std::optional<Fields> in_params;
   if (params) {
-    in_params.emplace(*params, top.source(), where + ".");
+    in_params.emplace(*params, top.source(), top.prefix() + where + ".");
     if (in_params->has("partial_rotary_factor")) partial_from = &*in_params;
   }
   if (partial_from->has("partial_rotary_factor")) {
@@ -528,9 +553,10 @@ RopeConfig read_rope(const Fields& top, const FamilyDefaults& defaults,
     rope.factor = p.positive_number("factor", p.number("factor"));
     rope.low_freq_factor = p.positive_number("low_freq_factor", p.number("low_freq_factor"));
     rope.high_freq_factor = p.positive_number("high_freq_factor", p.number("high_freq_factor"));
-    if (rope.high_freq_factor <= rope.low_freq_factor)
-      p.fail("high_freq_factor", "must exceed low_freq_factor (", rope.low_freq_factor, "), found ",
-             rope.high_freq_factor);
+    // Equal factors leave no band to smooth (Llama 4 Scout publishes 1.0 and 1.0).
+    if (rope.high_freq_factor < rope.low_freq_factor)
+      p.fail("high_freq_factor", "must not be below low_freq_factor (", rope.low_freq_factor,
+             "), found ", rope.high_freq_factor);
     rope.original_max_position_embeddings = original_max();
   } else {
     p.fail(type_key, "unsupported RoPE type '", rope.type,
@@ -780,6 +806,110 @@ void read_gpt_oss(const Fields& f, ModelConfig* cfg) {
     f.fail("sliding_window", "is null but layer_types has sliding_attention layers");
 }
 
+// A flag transformers tests for truth: true/false, or a number (nonzero is on). The published
+// Llama 4 configs write attn_temperature_tuning as 4.
+bool truthy(const Fields& f, const char* key, bool fallback) {
+  const json* v = f.find(key);
+  if (!v) return fallback;
+  if (v->is_boolean()) return v->get<bool>();
+  if (v->is_number()) return f.to_number(key, *v) != 0.0;
+  f.fail(key, "must be true, false or a number, found ", v->type_name());
+}
+
+// Llama 4 text (transformers' Llama4Text*): attention with RoPE on adjacent pairs (the complex
+// form) on the layers no_rope_layers marks 1 and none on those it marks 0 (NoPE; absent or
+// empty: every no_rope_layer_interval-th layer), chunked local attention on the layers
+// layer_types marks chunked_attention (by default the RoPE layers, when attention_chunk_size is
+// set), a weightless RMSNorm of q and k after RoPE on RoPE layers (use_qk_norm), a query
+// temperature on NoPE layers (attn_temperature_tuning, floor_scale, attn_scale); routed layers
+// by moe_layers (default every interleave_moe_layer_step-th) with experts of intermediate_size,
+// dense layers of intermediate_size_mlp; the router takes the top-k logits, their sigmoid
+// multiplies the token before the expert, and one ungated shared expert as wide as a routed one
+// joins every token.
+void read_llama4(const Fields& f, const FamilyDefaults& defaults, ModelConfig* cfg) {
+  const int64_t L = cfg->num_layers;
+  cfg->moe_intermediate_size = f.size("intermediate_size", defaults.moe_intermediate_size, kMaxDim);
+  cfg->intermediate_size = f.size("intermediate_size_mlp", defaults.intermediate_size, kMaxDim);
+  cfg->shared_expert_intermediate_size = cfg->moe_intermediate_size;
+  cfg->shared_expert_gated = false;
+  cfg->attention_bias = f.boolean("attention_bias", false);
+  cfg->attention_out_bias = cfg->attention_bias;  // one flag for q, k, v and o
+  cfg->qk_norm_after_rope = f.boolean("use_qk_norm", true);
+  cfg->rope_interleaved = true;
+  cfg->topk_method = TopkMethod::kGreedy;
+  cfg->sigmoid_scores = true;
+  cfg->norm_topk_prob = false;
+  cfg->routed_scaling_factor = 1.0;
+  cfg->routing_weight_on_input = true;
+
+  // no_rope_layers: 1 = RoPE, 0 = NoPE; at least one entry per layer (extra ones are unread).
+  std::vector<int64_t> rope_flags = f.int_list("no_rope_layers");
+  if (rope_flags.empty()) {
+    const int64_t interval = f.integer("no_rope_layer_interval", 4);
+    if (interval <= 0) f.fail("no_rope_layer_interval", "must be positive, found ", interval);
+    for (int64_t l = 0; l < L; ++l) rope_flags.push_back((l + 1) % interval != 0 ? 1 : 0);
+  }
+  if (static_cast<int64_t>(rope_flags.size()) < L)
+    f.fail("no_rope_layers", "has ", rope_flags.size(), " entries for ", L, " layers");
+  cfg->layer_uses_rope.assign(static_cast<size_t>(L), true);
+  for (int64_t l = 0; l < L; ++l) {
+    if (rope_flags[l] != 0 && rope_flags[l] != 1)
+      f.fail("no_rope_layers", "entries must be 1 (RoPE) or 0 (NoPE), found ", rope_flags[l]);
+    cfg->layer_uses_rope[l] = rope_flags[l] == 1;
+  }
+
+  const std::optional<int64_t> chunk = f.opt_integer("attention_chunk_size");
+  const bool chunk_given = chunk.has_value() || !f.contains_key("attention_chunk_size");
+  const int64_t chunk_size = chunk_given ? chunk.value_or(8192) : 0;
+  if (chunk_given && chunk_size <= 0)
+    f.fail("attention_chunk_size", "must be positive or null, found ", chunk_size);
+  cfg->layer_is_chunked.assign(static_cast<size_t>(L), false);
+  if (const json* types = f.find("layer_types")) {
+    if (!types->is_array()) f.fail("layer_types", "must be a list, found ", types->type_name());
+    if (static_cast<int64_t>(types->size()) != L)
+      f.fail("layer_types", "has ", types->size(), " entries for ", L, " layers");
+    for (int64_t l = 0; l < L; ++l) {
+      const json& t = (*types)[l];
+      const std::string kind = t.is_string() ? t.get<std::string>() : t.type_name();
+      if (kind == "chunked_attention") {
+        cfg->layer_is_chunked[l] = true;
+      } else if (kind != "full_attention") {
+        f.fail("layer_types", "supported: chunked_attention, full_attention; found '", kind, "'");
+      }
+    }
+  } else {
+    for (int64_t l = 0; l < L; ++l)
+      cfg->layer_is_chunked[l] = chunk_given && cfg->layer_uses_rope[l];
+  }
+  const bool any_chunked = std::find(cfg->layer_is_chunked.begin(), cfg->layer_is_chunked.end(),
+                                     true) != cfg->layer_is_chunked.end();
+  if (any_chunked && !chunk_given)
+    f.fail("attention_chunk_size", "is null but layer_types has chunked_attention layers");
+  cfg->attention_chunk_size = any_chunked ? chunk_size : 0;
+
+  if (truthy(f, "attn_temperature_tuning", true)) {
+    AttentionTemperature t;
+    t.floor_scale = f.integer("floor_scale", 8192);
+    if (t.floor_scale <= 0) f.fail("floor_scale", "must be positive, found ", t.floor_scale);
+    t.attn_scale = f.number("attn_scale", 0.1);
+    cfg->attention_temperature = t;
+  }
+
+  cfg->layer_is_moe.assign(static_cast<size_t>(L), false);
+  if (f.has("moe_layers")) {
+    // An index past the last layer names no layer, as in the reference (a config cut to fewer
+    // layers keeps its list).
+    for (int64_t layer : f.int_list("moe_layers")) {
+      if (layer < 0) f.fail("moe_layers", "layer ", layer, " is negative");
+      if (layer < L) cfg->layer_is_moe[layer] = true;
+    }
+  } else {
+    const int64_t step = f.integer("interleave_moe_layer_step", 1);
+    if (step <= 0) f.fail("interleave_moe_layer_step", "must be positive, found ", step);
+    for (int64_t l = step - 1; l < L; l += step) cfg->layer_is_moe[l] = true;
+  }
+}
+
 // quantization_config: DeepSeek-V3's block-scaled fp8 (e4m3) format, and GPT-OSS's MXFP4 experts.
 void read_quantization(const Fields& f, ModelConfig* cfg) {
   const json* q = f.find("quantization_config");
@@ -825,19 +955,46 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& so
     MOE_FAIL(source, ": not valid JSON: ", e.what());
   }
   MOE_CHECK(root.is_object(), source, ": must be a JSON object, found ", root.type_name());
-  const Fields f(root, source);
+  const Fields top(root, source);
 
   ModelConfig cfg;
   cfg.source = source;
-  cfg.model_type = f.string("model_type");
+  cfg.model_type = top.string("model_type");
   const auto family =
       std::find_if(std::begin(kFamilies), std::end(kFamilies),
                    [&](ModelFamily fam) { return family_name(fam) == cfg.model_type; });
-  if (family == std::end(kFamilies))
-    f.fail("model_type", "unsupported model_type '", cfg.model_type,
-           "'; supported: ", supported_list());
-  cfg.family = *family;
+  if (cfg.model_type == kLlama4TextModelType) {
+    cfg.family = ModelFamily::kLlama4;
+  } else if (family == std::end(kFamilies)) {
+    top.fail("model_type", "unsupported model_type '", cfg.model_type,
+             "'; supported: ", supported_list());
+  } else {
+    cfg.family = *family;
+  }
   const FamilyDefaults defaults = defaults_for(cfg.family);
+
+  // Llama 4 as published (Llama4ForConditionalGeneration): the text model's fields sit in
+  // text_config (absent: transformers' defaults), the vision tower's in vision_config, which is
+  // not read: only the text model is loaded.
+  const json empty_text_config = json::object();
+  std::optional<Fields> text_fields;
+  if (cfg.model_type == "llama4") {
+    const json* text = top.find("text_config");
+    if (text && !text->is_object())
+      top.fail("text_config", "must be an object, found ", text->type_name());
+    text_fields.emplace(text ? *text : empty_text_config, source, "text_config.");
+    const std::string inner =
+        text_fields->opt_string("model_type").value_or(std::string(kLlama4TextModelType));
+    if (inner != kLlama4TextModelType)
+      text_fields->fail("model_type", "must be ", kLlama4TextModelType, ", found '", inner, "'");
+    cfg.has_vision_tower = top.has("vision_config");
+    if (top.boolean("tie_word_embeddings", false) &&
+        !text_fields->boolean("tie_word_embeddings", false))
+      top.fail("tie_word_embeddings",
+               "is true but text_config.tie_word_embeddings is not; only "
+               "the text model's setting is read");
+  }
+  const Fields& f = text_fields ? *text_fields : top;
 
   // Shared by all four families.
   cfg.vocab_size = f.size("vocab_size", defaults.vocab_size, kMaxDim);
@@ -862,6 +1019,8 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& so
     cfg.head_dim = f.size("head_dim", kMaxHeads);
   } else if (cfg.family == ModelFamily::kGptOss) {
     cfg.head_dim = 64;  // GptOssConfig's default, not hidden_size / num_attention_heads
+  } else if (cfg.family == ModelFamily::kLlama4 && !f.contains_key("head_dim")) {
+    cfg.head_dim = 128;  // Llama4TextConfig's default; an explicit null means hidden / heads
   } else {
     cfg.head_dim = cfg.hidden_size / cfg.num_heads;
     if (cfg.head_dim <= 0)
@@ -901,7 +1060,11 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& so
   } else if (defaults.eos_token_id) {
     cfg.eos_token_ids = {*defaults.eos_token_id};
   }
-  cfg.dtype = f.opt_string("dtype").value_or(f.opt_string("torch_dtype").value_or(""));
+  const auto declared_dtype = [](const Fields& fields) {
+    return fields.opt_string("dtype").value_or(fields.opt_string("torch_dtype").value_or(""));
+  };
+  cfg.dtype = declared_dtype(f);
+  if (cfg.dtype.empty()) cfg.dtype = declared_dtype(top);  // a nested text_config may omit it
   cfg.rope = read_rope(f, defaults, cfg.max_position_embeddings);
   if (cfg.family == ModelFamily::kGptOss) {
     const auto given = [&](const char* key) {
@@ -998,8 +1161,11 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& so
     case ModelFamily::kGptOss:
       read_gpt_oss(f, &cfg);
       break;
+    case ModelFamily::kLlama4:
+      read_llama4(f, defaults, &cfg);
+      break;
   }
-  read_quantization(f, &cfg);
+  read_quantization(top, &cfg);
   return cfg;
 }
 

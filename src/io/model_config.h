@@ -22,6 +22,7 @@ enum class ModelFamily {
   kKimiK2,      // DeepSeek-V3's architecture and tensor names under model_type kimi_k2
   kGlm4Moe,     // GLM-4.5 / 4.5-Air
   kErnie45Moe,  // ERNIE 4.5 MoE (text)
+  kLlama4,      // Llama 4 text: llama4 (text_config nested beside a vision_config) or llama4_text
   kGptOss,      // GPT-OSS: attention sinks, alternating sliding windows, MXFP4 experts
 };
 
@@ -78,6 +79,13 @@ struct Fp8Quantization {
 struct ClampedSwiglu {
   double alpha = 1.702;
   double limit = 7.0;
+};
+
+// Llama 4's query temperature on NoPE layers (attn_temperature_tuning): the query at position p
+// is multiplied by 1 + attn_scale * log1p(floor((p + 1) / floor_scale)).
+struct AttentionTemperature {
+  int64_t floor_scale = 8192;
+  double attn_scale = 0.1;
 };
 
 struct ModelConfig {
@@ -150,6 +158,20 @@ struct ModelConfig {
     return layer_sliding[static_cast<size_t>(layer)] ? *sliding_window : 0;
   }
 
+  // Llama 4. Per layer: whether RoPE applies (no_rope_layers; a NoPE layer encodes no position)
+  // and whether attention is chunked (layer_types: a query sees only the keys of its own
+  // attention_chunk_size block of positions). Empty vectors: RoPE everywhere, nothing chunked.
+  std::vector<bool> layer_uses_rope;   // [num_layers]
+  std::vector<bool> layer_is_chunked;  // [num_layers]
+  int64_t attention_chunk_size = 0;    // tokens; 0 when no layer is chunked
+  // use_qk_norm: a weightless RMSNorm over each q and k head after RoPE, on RoPE layers only.
+  bool qk_norm_after_rope = false;
+  std::optional<AttentionTemperature> attention_temperature;  // NoPE layers only
+  // The router's weight multiplies the token's hidden state before the expert, and the experts'
+  // outputs are summed unweighted (Llama 4), instead of weighting each expert's output.
+  bool routing_weight_on_input = false;
+  bool has_vision_tower = false;  // config.json has a vision_config; its weights are not read
+
   int64_t q_dim() const { return num_heads * head_dim; }
   // The leading dims of each head that RoPE rotates: MLA's rope key, else head_dim scaled by
   // partial_rotary_factor (truncated, as transformers' int(head_dim * factor)).
@@ -158,6 +180,12 @@ struct ModelConfig {
     return static_cast<int64_t>(static_cast<double>(head_dim) * rope.partial_rotary_factor);
   }
   int64_t kv_dim() const { return num_kv_heads * head_dim; }
+  bool uses_rope(int64_t layer) const {
+    return layer_uses_rope.empty() || layer_uses_rope[static_cast<size_t>(layer)];
+  }
+  bool is_chunked(int64_t layer) const {
+    return !layer_is_chunked.empty() && layer_is_chunked[static_cast<size_t>(layer)];
+  }
 };
 
 // Parses and validates config.json text; `source` names the file in error messages.

@@ -67,7 +67,8 @@ constexpr bool kGpuExpertParallelBuilt = false;
 
 namespace {
 
-CapacityPlan plan_gpu_layout(const ModelConfig& config, const PlanOptions& o) {
+// The layout on the GPU decoder: one GPU, expert parallel, or offload.
+CapacityPlan plan_on_gpus(const ModelConfig& config, const PlanOptions& o) {
   MOE_CHECK(o.num_gpus >= 1, "--gpus must be >= 1, got ", o.num_gpus);
   MOE_CHECK(o.gpu_mem_gib > 0, "--gpu-mem must be positive, got ", o.gpu_mem_gib);
   MOE_CHECK(o.memory_fraction > 0 && o.memory_fraction <= 1, "memory fraction must be in (0, 1]");
@@ -192,12 +193,11 @@ CapacityPlan plan_gpu_layout(const ModelConfig& config, const PlanOptions& o) {
 }  // namespace
 
 CapacityPlan plan_capacity(const ModelConfig& config, const PlanOptions& o) {
-  CapacityPlan plan = plan_gpu_layout(config, o);
-  // The figures are what a GPU would hold; a model the GPU decoder refuses runs on the CPU.
-  const std::string missing = gpu_missing_features(config);
-  if (!missing.empty()) {
-    plan.arithmetic.push_back("the CUDA backend does not run " + config.model_type + " yet (" +
-                              missing + "): the CPU engine runs it");
+  CapacityPlan plan = plan_on_gpus(config, o);
+  // The counts hold on any device, the layout only on the GPU: a model the GPU decoder does not
+  // run says so first and is run on the CPU.
+  if (const std::optional<std::string> reason = gpu_unsupported(config)) {
+    plan.arithmetic.insert(plan.arithmetic.begin(), "note: " + *reason);
     plan.run_flags = "--device cpu";
   }
   return plan;

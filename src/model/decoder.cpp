@@ -36,6 +36,17 @@ void rms_norm(const float* x, int64_t num_rows, int64_t width, const float* weig
   }
 }
 
+// y[r] = x[r] / sqrt(mean(x[r]^2) + eps): RMSNorm without a weight (Llama 4's q/k norm).
+void rms_norm_unweighted(float* x, int64_t num_rows, int64_t width, float eps) {
+  for (int64_t r = 0; r < num_rows; ++r) {
+    float* row = x + r * width;
+    float sum_sq = 0.0f;
+    for (int64_t i = 0; i < width; ++i) sum_sq += row[i] * row[i];
+    const float inv_rms = 1.0f / std::sqrt(sum_sq / static_cast<float>(width) + eps);
+    for (int64_t i = 0; i < width; ++i) row[i] *= inv_rms;
+  }
+}
+
 void silu_mul(float* gate, const float* up, int64_t n) {
   for (int64_t i = 0; i < n; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
@@ -156,7 +167,10 @@ void Decoder::make_moe_block(std::unique_ptr<moe::ExpertRunner> runner) {
   moe_block_ = std::make_unique<moe::MoeBlock>(
       moe::MoeBlockOptions{.router = router_options(config_),
                            .hidden_size = H,
-                           .expert_width = config_.moe_intermediate_size},
+                           .expert_width = config_.moe_intermediate_size,
+                           .weights = config_.routing_weight_on_input
+                                          ? moe::WeightPlacement::kInput
+                                          : moe::WeightPlacement::kOutput},
       std::move(dispatcher), std::move(runner));
 }
 
@@ -383,6 +397,7 @@ void Decoder::attention(int64_t layer, const ForwardBatch& batch, KvBlockPool& p
   const LayerPlan& plan = plans_[layer];
   switch (plan.qk_norm) {
     case QkNormKind::kNone:
+    case QkNormKind::kAfterRopeWeightless:  // below, once RoPE has turned q and k
       break;
     case QkNormKind::kPerHead:
       rms_norm(ws_.q.data(), T * Nq, D, p.q_norm.data(), eps, ws_.q.data());
@@ -403,9 +418,34 @@ void Decoder::attention(int64_t layer, const ForwardBatch& batch, KvBlockPool& p
   for (int64_t t = 0; t < T; ++t) {
     const SequenceBatch& s = batch.sequences[slots_.sequence[t]];
     const int64_t position = slots_.position[t];
-    rope_.apply(ws_.q.data() + t * q_dim, Nq, D, position, interleaved(plan.rope));
-    rope_.apply(ws_.k.data() + t * kv_dim, Nkv, D, position, interleaved(plan.rope));
-    std::copy_n(ws_.k.data() + t * kv_dim, kv_dim, key_row(pool, layer, s, position));
+    float* q = ws_.q.data() + t * q_dim;
+    float* k = ws_.k.data() + t * kv_dim;
+    switch (plan.position) {
+      case PositionEncoding::kRope:
+        rope_.apply(q, Nq, D, position, interleaved(plan.rope));
+        rope_.apply(k, Nkv, D, position, interleaved(plan.rope));
+        break;
+      case PositionEncoding::kNone:
+        break;
+    }
+    if (plan.qk_norm == QkNormKind::kAfterRopeWeightless) {
+      rms_norm_unweighted(q, Nq, D, eps);
+      rms_norm_unweighted(k, Nkv, D, eps);
+    }
+    switch (plan.query_scale) {
+      case QueryScale::kNone:
+        break;
+      case QueryScale::kTemperature: {
+        // Sharper attention far into a NoPE layer's context, in float32 as the reference.
+        const AttentionTemperature& temp = *config_.attention_temperature;
+        const float steps = std::floor((static_cast<float>(position) + 1.0f) /
+                                       static_cast<float>(temp.floor_scale));
+        const float factor = std::log1p(steps) * static_cast<float>(temp.attn_scale) + 1.0f;
+        for (int64_t i = 0; i < q_dim; ++i) q[i] *= factor;
+        break;
+      }
+    }
+    std::copy_n(k, kv_dim, key_row(pool, layer, s, position));
     std::copy_n(ws_.v.data() + t * kv_dim, kv_dim, value_row(pool, layer, s, position));
   }
 
@@ -413,6 +453,17 @@ void Decoder::attention(int64_t layer, const ForwardBatch& batch, KvBlockPool& p
   const float scale = attention_scale_;
   const int64_t window = plan.sliding_window;
   const bool sinks = plan.attention_sinks;
+  const int64_t chunk = config_.attention_chunk_size;
+  // The first key position a query at `position` sees.
+  const auto first_visible = [&](int64_t position) -> int64_t {
+    switch (plan.span) {
+      case AttentionSpan::kCausal:
+        return window > 0 ? std::max<int64_t>(0, position - window + 1) : 0;
+      case AttentionSpan::kChunked:
+        return position / chunk * chunk;
+    }
+    return 0;  // unreachable: every enumerator returns above
+  };
   // One task per (token, query head): scores over the visible keys, softmax, weighted values.
   parallel_for(T * Nq, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
@@ -422,7 +473,7 @@ void Decoder::attention(int64_t layer, const ForwardBatch& batch, KvBlockPool& p
       const int64_t kv_head = h / group;
       const SequenceBatch& s = batch.sequences[slots_.sequence[t]];
       const int64_t position = slots_.position[t];
-      const int64_t first = window > 0 ? std::max<int64_t>(0, position - window + 1) : 0;
+      const int64_t first = first_visible(position);
       const int64_t count = position - first + 1;
       const float* q = ws_.q.data() + t * q_dim + h * D;
       scores.resize(count);

@@ -17,6 +17,8 @@ DecoderWeights bind_weights(const ModelConfig& config, WeightSource& src) {
     case ModelFamily::kErnie45Moe: return bind_ernie4_5_moe(config, src);
     case ModelFamily::kGptOss:
       return bind_gpt_oss(config, src);
+    case ModelFamily::kLlama4:
+      return bind_llama4(config, src);
   }
   MOE_FAIL("no weight binding for model_type '", config.model_type, "'");
 }
@@ -119,16 +121,17 @@ moe::RoutedExperts routed_experts(const ModelConfig& config, WeightSource& src,
   return routed;
 }
 
-DecoderWeights skeleton(const ModelConfig& config, WeightSource& src) {
+DecoderWeights skeleton(const ModelConfig& config, WeightSource& src, const std::string& prefix) {
   const int64_t H = config.hidden_size;
   const int64_t V = config.vocab_size;
   DecoderWeights w;
-  w.embed_tokens = src.tensor("model.embed_tokens.weight", {V, H});
-  w.final_norm = src.tensor("model.norm.weight", {H});
-  w.lm_head = config.tie_word_embeddings ? w.embed_tokens : src.matrix("lm_head.weight", {V, H});
+  w.embed_tokens = src.tensor(prefix + "model.embed_tokens.weight", {V, H});
+  w.final_norm = src.tensor(prefix + "model.norm.weight", {H});
+  w.lm_head =
+      config.tie_word_embeddings ? w.embed_tokens : src.matrix(prefix + "lm_head.weight", {V, H});
   w.layers.resize(config.num_layers);
   for (int64_t l = 0; l < config.num_layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
+    const std::string p = prefix + "model.layers." + std::to_string(l) + ".";
     w.layers[l].input_norm = src.tensor(p + "input_layernorm.weight", {H});
     w.layers[l].post_attention_norm = src.tensor(p + "post_attention_layernorm.weight", {H});
     if (!config.mla) w.layers[l].attention = attention(config, src, p);

@@ -28,6 +28,7 @@ DecoderWeights bind_kimi_k2(const ModelConfig& config, WeightSource& src);
 DecoderWeights bind_glm4_moe(const ModelConfig& config, WeightSource& src);
 DecoderWeights bind_ernie4_5_moe(const ModelConfig& config, WeightSource& src);
 DecoderWeights bind_gpt_oss(const ModelConfig& config, WeightSource& src);
+DecoderWeights bind_llama4(const ModelConfig& config, WeightSource& src);
 
 // Building blocks shared by the binders (model/family.cpp).
 namespace binding {
@@ -46,8 +47,11 @@ MlpWeights mlp(WeightSource& src, const std::string& prefix, int64_t hidden_size
 moe::RoutedExperts routed_experts(const ModelConfig& config, WeightSource& src,
                                   const std::string& prefix, const std::string& router_name,
                                   const ExpertNames& names);
-// Embedding, final norm and LM head (tied or not), and each layer's two norms.
-DecoderWeights skeleton(const ModelConfig& config, WeightSource& src);
+// Embedding, final norm and LM head (tied or not), and each layer's two norms and attention,
+// under "<prefix>model." and "<prefix>lm_head." (prefix "language_model." for a text model
+// nested in a multimodal checkpoint).
+DecoderWeights skeleton(const ModelConfig& config, WeightSource& src,
+                        const std::string& prefix = "");
 
 }  // namespace binding
 }  // namespace moeinfer

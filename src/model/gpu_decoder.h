@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -101,6 +102,11 @@ struct GpuSamplingRow {
   uint64_t step = 0;  // tokens this request sampled before
 };
 
+// What the GPU decoder lacks to compute a config's model, or nullopt when it computes it.
+std::optional<std::string> gpu_unsupported(const ModelConfig& config);
+// Throws with that reason (both create functions call it first, before any device work).
+void check_gpu_support(const ModelConfig& config);
+
 class GpuDecoder {
  public:
   // Uploads a bound checkpoint (the host Decoder's weight views).
@@ -138,14 +144,6 @@ class GpuDecoder {
   // logits) and one copy per step brings them back; null turns it off.
   virtual void set_routing_observer(Decoder::RoutingObserver observer) = 0;
 };
-
-// Throws moeinfer::Error when the GPU decoder does not compute something `config` needs (GPT-OSS's
-// attention sinks, per-layer sliding windows, router and expert biases, clamped SwiGLU),
-// naming each missing piece and what to run instead; create() and create_synthetic() call it
-// first. Needs no CUDA (and no device).
-void check_gpu_supports(const ModelConfig& config);
-// What check_gpu_supports names, comma-separated; empty when the GPU decoder runs the config.
-std::string gpu_missing_features(const ModelConfig& config);
 
 // The floors GPU figures are ratios to, measured now on the current device.
 struct DeviceFloors {

@@ -7,8 +7,18 @@ namespace moeinfer {
 std::vector<LayerPlan> plan_layers(const ModelConfig& config) {
   MOE_CHECK(static_cast<int64_t>(config.layer_is_moe.size()) == config.num_layers, "the config marks ",
             config.layer_is_moe.size(), " layers dense or MoE, it has ", config.num_layers);
-  MOE_CHECK(!(config.qk_norm_per_head && config.qk_norm_full),
-            "a config cannot norm q and k both per head and over the whole projection");
+  MOE_CHECK(static_cast<int>(config.qk_norm_per_head) + static_cast<int>(config.qk_norm_full) +
+                    static_cast<int>(config.qk_norm_after_rope) <=
+                1,
+            "a config takes at most one q/k norm (per head, whole projection, after RoPE)");
+  MOE_CHECK(config.layer_uses_rope.empty() ||
+                static_cast<int64_t>(config.layer_uses_rope.size()) == config.num_layers,
+            "the config marks ", config.layer_uses_rope.size(), " layers RoPE or NoPE, it has ",
+            config.num_layers);
+  MOE_CHECK(config.layer_is_chunked.empty() ||
+                static_cast<int64_t>(config.layer_is_chunked.size()) == config.num_layers,
+            "the config marks ", config.layer_is_chunked.size(), " layers chunked or not, it has ",
+            config.num_layers);
   LayerPlan base;
   base.attention = config.mla ? AttentionKind::kMla : AttentionKind::kGqa;
   base.qk_norm = config.qk_norm_per_head ? QkNormKind::kPerHead
@@ -29,6 +39,14 @@ std::vector<LayerPlan> plan_layers(const ModelConfig& config) {
   std::vector<LayerPlan> plans(static_cast<size_t>(config.num_layers), base);
   for (int64_t l = 0; l < config.num_layers; ++l) {
     plans[l].sliding_window = config.window_of(l);
+    const bool rope = config.uses_rope(l);
+    plans[l].position = rope ? PositionEncoding::kRope : PositionEncoding::kNone;
+    if (config.qk_norm_after_rope)
+      plans[l].qk_norm = rope ? QkNormKind::kAfterRopeWeightless : QkNormKind::kNone;
+    MOE_CHECK(!config.is_chunked(l) || config.attention_chunk_size > 0, "layer ", l,
+              " is chunked but the config has no attention_chunk_size");
+    plans[l].span = config.is_chunked(l) ? AttentionSpan::kChunked : AttentionSpan::kCausal;
+    if (config.attention_temperature && !rope) plans[l].query_scale = QueryScale::kTemperature;
     if (!config.layer_is_moe[l]) continue;
     plans[l].feed_forward = FeedForwardKind::kMoe;
     plans[l].shared_expert = shared;

@@ -1,5 +1,6 @@
 // The per-layer decisions of a config, made once: which attention, which q/k norm, dense or MoE,
-// which shared expert, which RoPE pairing. Both decoders switch on these enums without a
+// which shared expert, which RoPE pairing, RoPE or none, causal or chunked attention, which query
+// scale. Both decoders switch on these enums without a
 // `default`, so a family quirk added here does not compile until every device handles it.
 #pragma once
 
@@ -17,8 +18,25 @@ enum class AttentionKind {
 
 enum class QkNormKind {
   kNone,
-  kPerHead,          // Qwen3-MoE: RMSNorm over each head's D values
-  kWholeProjection,  // OLMoE: RMSNorm over the whole q and k projections
+  kPerHead,              // Qwen3-MoE: RMSNorm over each head's D values
+  kWholeProjection,      // OLMoE: RMSNorm over the whole q and k projections
+  kAfterRopeWeightless,  // Llama 4: RMSNorm without weight over each head, after RoPE
+};
+
+enum class PositionEncoding {
+  kRope,
+  kNone,  // Llama 4's NoPE layers: queries and keys carry no position
+};
+
+// Which cached keys a query attends to, beyond causality.
+enum class AttentionSpan {
+  kCausal,   // every earlier key (or the config's sliding window)
+  kChunked,  // Llama 4: only keys of the query's own attention_chunk_size block of positions
+};
+
+enum class QueryScale {
+  kNone,
+  kTemperature,  // Llama 4's NoPE layers: 1 + attn_scale * log1p(floor((p + 1) / floor_scale))
 };
 
 enum class FeedForwardKind {
@@ -46,6 +64,9 @@ struct LayerPlan {
   int64_t sliding_window = 0;
   bool attention_sinks = false;  // GPT-OSS: a per-head logit joins each softmax's denominator
   RopePairing rope = RopePairing::kHalves;
+  PositionEncoding position = PositionEncoding::kRope;
+  AttentionSpan span = AttentionSpan::kCausal;
+  QueryScale query_scale = QueryScale::kNone;
   FeedForwardKind feed_forward = FeedForwardKind::kDenseMlp;
   SharedExpertKind shared_expert = SharedExpertKind::kNone;  // kNone in dense layers
 };

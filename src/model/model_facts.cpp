@@ -142,19 +142,23 @@ nlohmann::ordered_json facts_to_json(const ModelConfig& config, const ModelFacts
   };
   int64_t num_moe_layers = 0;
   for (bool is_moe : config.layer_is_moe) num_moe_layers += is_moe;
-  return {{"model_type", config.model_type},
-          {"layers", config.num_layers},
-          {"moe_layers", num_moe_layers},
-          {"experts", config.num_experts},
-          {"experts_per_token", config.num_experts_per_tok},
-          {"hidden_size", config.hidden_size},
-          {"vocab_size", config.vocab_size},
-          {"params_total", parts(facts.total_params)},
-          {"params_active_per_token", parts(facts.active_params)},
-          {"resident_bytes", parts(facts.resident_bytes)},
-          {"checkpoint_tensor_bytes", facts.checkpoint_tensor_bytes},
-          {"kv_bytes_per_token", {{"f32", facts.kv_bytes_per_token_f32},
-                                  {"bf16", facts.kv_bytes_per_token_bf16}}}};
+  nlohmann::ordered_json out = {
+      {"model_type", config.model_type},
+      {"layers", config.num_layers},
+      {"moe_layers", num_moe_layers},
+      {"experts", config.num_experts},
+      {"experts_per_token", config.num_experts_per_tok},
+      {"hidden_size", config.hidden_size},
+      {"vocab_size", config.vocab_size},
+      {"params_total", parts(facts.total_params)},
+      {"params_active_per_token", parts(facts.active_params)},
+      {"resident_bytes", parts(facts.resident_bytes)},
+      {"checkpoint_tensor_bytes", facts.checkpoint_tensor_bytes},
+      {"kv_bytes_per_token",
+       {{"f32", facts.kv_bytes_per_token_f32}, {"bf16", facts.kv_bytes_per_token_bf16}}}};
+  // Llama 4's published checkpoints carry a vision tower whose tensors stay unread.
+  if (config.has_vision_tower) out["vision_tower"] = "not loaded";
+  return out;
 }
 
 }  // namespace moeinfer

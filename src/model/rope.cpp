@@ -76,7 +76,7 @@ void apply_llama3(const RopeConfig& rope, std::vector<float>* inv_freq) {
     const double wavelen = 2 * std::numbers::pi / f;
     if (wavelen > low_freq_wavelen) {
       f = static_cast<float>(f / rope.factor);
-    } else if (wavelen >= high_freq_wavelen) {
+    } else if (wavelen >= high_freq_wavelen && rope.high_freq_factor > rope.low_freq_factor) {
       const double smooth = (old_context / wavelen - rope.low_freq_factor) /
                             (rope.high_freq_factor - rope.low_freq_factor);
       f = static_cast<float>((1 - smooth) * f / rope.factor + smooth * f);

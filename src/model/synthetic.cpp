@@ -128,6 +128,27 @@ constexpr Published kPublished[] = {
       "quantization_config": {"modules_to_not_convert": ["model.layers.*.self_attn",
                                 "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"],
                               "quant_method": "mxfp4"}})"},
+    // meta-llama/Llama-4-Scout-17B-16E-Instruct: the text model's fields in text_config (the
+    // vision tower's are not read), every layer routed (16 experts, top-1, one shared expert),
+    // NoPE on every fourth layer, chunks of 8192 on the others.
+    {"llama4-scout", R"({"model_type": "llama4",
+      "architectures": ["Llama4ForConditionalGeneration"], "tie_word_embeddings": false,
+      "text_config": {"model_type": "llama4_text", "vocab_size": 202048, "hidden_size": 5120,
+        "intermediate_size": 8192, "intermediate_size_mlp": 16384, "num_hidden_layers": 48,
+        "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128,
+        "num_local_experts": 16, "num_experts_per_tok": 1, "interleave_moe_layer_step": 1,
+        "no_rope_layers": [], "attention_chunk_size": 8192, "use_qk_norm": true,
+        "attn_temperature_tuning": 4, "floor_scale": 8192, "attn_scale": 0.1,
+        "attention_bias": false, "max_position_embeddings": 10485760, "rms_norm_eps": 1e-05,
+        "rope_theta": 500000.0,
+        "rope_scaling": {"factor": 16.0, "high_freq_factor": 1.0, "low_freq_factor": 1.0,
+                         "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+        "tie_word_embeddings": false, "hidden_act": "silu", "torch_dtype": "bfloat16",
+        "bos_token_id": 200000, "eos_token_id": [200001, 200007, 200008],
+        "pad_token_id": 200018},
+      "vision_config": {"model_type": "llama4_vision_model", "hidden_size": 1408,
+        "num_hidden_layers": 34, "num_attention_heads": 16, "intermediate_size": 5632,
+        "image_size": 336, "patch_size": 14, "vision_output_dim": 4096}})"},
 };
 
 const Published* find_published(std::string_view name) {
@@ -158,10 +179,12 @@ std::string synthetic_config_json(std::string_view name) {
 ModelConfig synthetic_model_config(std::string_view name, int64_t num_layers) {
   nlohmann::json config = nlohmann::json::parse(synthetic_config_json(name));
   if (num_layers > 0) {
-    const int64_t full = config["num_hidden_layers"].get<int64_t>();
+    // A multimodal config (Llama 4) holds the text model's layer count in text_config.
+    nlohmann::json& text = config.contains("text_config") ? config["text_config"] : config;
+    const int64_t full = text["num_hidden_layers"].get<int64_t>();
     MOE_CHECK(num_layers <= full, "--layers ", num_layers, " exceeds ", name, "'s ", full,
               " layers");
-    config["num_hidden_layers"] = num_layers;
+    text["num_hidden_layers"] = num_layers;
   }
   return parse_model_config(config.dump(), "synthetic:" + std::string(name));
 }

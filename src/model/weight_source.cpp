@@ -1,6 +1,7 @@
 #include "model/weight_source.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -59,6 +60,38 @@ size_t WeightSource::dequantized_bytes() const {
   size_t bytes = 0;
   for (const auto& buffer : dequantized_) bytes += buffer.size() * sizeof(uint16_t);
   for (const auto& buffer : allocated_) bytes += buffer.size();
+  return bytes;
+}
+
+TensorView WeightSource::transposed_columns(const TensorView& matrix, int64_t first_col,
+                                            int64_t num_cols) {
+  MOE_CHECK(matrix.shape.rank() == 2, "transposing a tensor of rank ", matrix.shape.rank());
+  const int64_t rows = matrix.shape[0], cols = matrix.shape[1];
+  MOE_CHECK(first_col >= 0 && num_cols > 0 && first_col + num_cols <= cols, "columns [", first_col,
+            ", ", first_col + num_cols, ") outside a matrix of ", cols);
+  const int64_t elem = static_cast<int64_t>(dtype_size(matrix.dtype));
+  std::vector<std::byte>& out =
+      transposed_.emplace_back(static_cast<size_t>(rows * num_cols * elem));
+  const auto* in = static_cast<const std::byte*>(matrix.data);
+  // Each output row is one input column: gather it down the input's rows.
+  parallel_for(
+      num_cols,
+      [&](int64_t begin, int64_t end) {
+        for (int64_t c = begin; c < end; ++c) {
+          std::byte* dst = out.data() + c * rows * elem;
+          for (int64_t r = 0; r < rows; ++r) {
+            std::memcpy(dst + r * elem, in + (r * cols + first_col + c) * elem,
+                        static_cast<size_t>(elem));
+          }
+        }
+      },
+      16);
+  return TensorView{.dtype = matrix.dtype, .shape = {num_cols, rows}, .data = out.data()};
+}
+
+size_t WeightSource::transposed_bytes() const {
+  size_t bytes = 0;
+  for (const auto& buffer : transposed_) bytes += buffer.size();
   return bytes;
 }
 

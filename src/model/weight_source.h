@@ -1,7 +1,8 @@
 // Hands checkpoint tensors to the family binders. Tensors are views into the memory map, except
 // block-scaled fp8 matrices (DeepSeek-V3's format) and MXFP4 experts (GPT-OSS's), which are
 // dequantised once at load into bf16 buffers owned here (the CPU matrix products take f32, bf16
-// or f16 weights), and weights a binder rearranges at load into buffers of allocate().
+// or f16 weights); matrices stored [in, out] (Llama 4's stacked experts), copied once at load to
+// the [out, in] the products take; and weights a binder lays out anew in buffers of allocate().
 #pragma once
 
 #include <cstddef>
@@ -36,12 +37,17 @@ class WeightSource {
   // Zeroed bytes owned by this source, for weights a binder lays out anew at load.
   void* allocate(size_t bytes);
   size_t dequantized_bytes() const;
+  // Columns [first_col, first_col + num_cols) of a 2-D view [R, C] as a [num_cols, R] matrix in
+  // the same dtype, owned here: a weight stored [in, out] turned into the products' [out, in].
+  TensorView transposed_columns(const TensorView& matrix, int64_t first_col, int64_t num_cols);
+  size_t transposed_bytes() const;
 
  private:
   const WeightStore& store_;
   std::optional<Fp8Quantization> fp8_;
   std::deque<std::vector<uint16_t>> dequantized_;  // stable addresses for the views
   std::deque<std::vector<std::byte>> allocated_;
+  std::deque<std::vector<std::byte>> transposed_;
 };
 
 // w[r, c] = q[r, c] * scale_inv[r / rows, c / cols], rounded to bf16. Exposed for tests.

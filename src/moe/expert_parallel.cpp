@@ -75,8 +75,17 @@ ExpertRows ExpertParallelDispatcher::dispatch(int64_t layer, const RoutedTokens&
       [&](int64_t begin, int64_t end) {
         for (int64_t r = begin; r < end; ++r) {
           const int64_t token = plan.src_row[r] / K;
-          std::memcpy(send_rows_.data() + static_cast<int64_t>(send_pos_[r]) * H,
-                      tokens.hidden + token * H, static_cast<size_t>(row_bytes));
+          float* dst = send_rows_.data() + static_cast<int64_t>(send_pos_[r]) * H;
+          switch (tokens.weights) {
+            case WeightPlacement::kOutput:
+              std::memcpy(dst, tokens.hidden + token * H, static_cast<size_t>(row_bytes));
+              break;
+            case WeightPlacement::kInput: {  // the row leaves already weighted (Llama 4)
+              const float weight = tokens.routing->topk_weights[plan.src_row[r]];
+              for (int64_t h = 0; h < H; ++h) dst[h] = tokens.hidden[token * H + h] * weight;
+              break;
+            }
+          }
         }
       },
       64);
@@ -163,7 +172,7 @@ void ExpertParallelDispatcher::combine(int64_t /*layer*/, const float* expert_ou
     }
   }
   MOE_PROFILE_SCOPE(profile::Stage::kUnpermute);
-  unpermute(plan_out_.data(), H, *tokens.routing, *tokens.plan, shared, out);
+  unpermute(plan_out_.data(), H, *tokens.routing, *tokens.plan, shared, out, tokens.weights);
 }
 
 }  // namespace moeinfer::moe

@@ -10,7 +10,7 @@ ExpertRows LocalDispatcher::dispatch(int64_t /*layer*/, const RoutedTokens& toke
                                      const InFlightWork& while_in_flight) {
   const DispatchPlan& plan = *tokens.plan;
   rows_.resize(plan.src_row.size() * static_cast<size_t>(hidden_size_));
-  moe::dispatch(tokens.hidden, hidden_size_, *tokens.routing, plan, rows_.data());
+  moe::dispatch(tokens.hidden, hidden_size_, *tokens.routing, plan, rows_.data(), tokens.weights);
   if (while_in_flight) while_in_flight();  // nothing travels: it runs after the copy
   return {.rows = rows_.data(), .expert_offsets = plan.expert_offsets, .first_expert = 0};
 }
@@ -22,7 +22,7 @@ void LocalDispatcher::combine(int64_t /*layer*/, const float* expert_out,
     MOE_PROFILE_SCOPE(profile::Stage::kCombine);
   }
   MOE_PROFILE_SCOPE(profile::Stage::kUnpermute);
-  unpermute(expert_out, hidden_size_, *tokens.routing, *tokens.plan, shared, out);
+  unpermute(expert_out, hidden_size_, *tokens.routing, *tokens.plan, shared, out, tokens.weights);
 }
 
 ResidentExperts::ResidentExperts(std::vector<std::span<const ExpertWeights>> experts,
@@ -106,8 +106,11 @@ void MoeBlock::forward(int64_t layer, const float* hidden, int64_t num_tokens,
     MOE_PROFILE_SCOPE(profile::Stage::kPlan);
     moe::plan(routing_, E, &plan_);
   }
-  const RoutedTokens tokens{
-      .hidden = hidden, .num_tokens = num_tokens, .routing = &routing_, .plan = &plan_};
+  const RoutedTokens tokens{.hidden = hidden,
+                            .num_tokens = num_tokens,
+                            .routing = &routing_,
+                            .plan = &plan_,
+                            .weights = options_.weights};
   runner_->on_routed(layer, tokens);
   const float* shared = nullptr;
   if (schedule == SharedSchedule::kBeforeDispatch) shared = shared_experts();

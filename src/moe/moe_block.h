@@ -27,6 +27,9 @@ struct MoeBlockOptions {
   RouterOptions router;      // selection_bias is per layer: see MoeBlock::forward
   int64_t hidden_size = 0;   // H
   int64_t expert_width = 0;  // I
+  // Where the routing weights apply: to each expert's output, or to the token before the expert
+  // (Llama 4). The dispatcher scales the rows it sends; combine then sums unweighted.
+  WeightPlacement weights = WeightPlacement::kOutput;
 };
 
 // route + plan: what the strategies read.
@@ -35,6 +38,7 @@ struct RoutedTokens {
   int64_t num_tokens = 0;         // T
   const Routing* routing = nullptr;
   const DispatchPlan* plan = nullptr;
+  WeightPlacement weights = WeightPlacement::kOutput;  // MoeBlockOptions::weights
 };
 
 // What the experts stage reads: rows in expert order, the e-th expert owning rows

@@ -118,13 +118,19 @@ void route(const float* logits, int64_t num_tokens, const RouterOptions& options
   out->top_k = K;
   out->topk_ids.resize(num_tokens * K);
   out->topk_weights.resize(num_tokens * K);
+  const bool by_logits = options.score == ScoreFunction::kSigmoid &&
+                         options.selection_bias == nullptr &&
+                         options.group_score == GroupScore::kNone;
   parallel_for(num_tokens, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(E), choice(E), group_scores;
     std::vector<int32_t> order(E), group_order;
     for (int64_t t = begin; t < end; ++t) {
       expert_scores(logits + t * E, E, options.score, scores.data());
+      // A plain sigmoid router chooses by the logits (the same order), because float sigmoid
+      // saturates at 1 past a logit of about 17, where the logits still tell experts apart.
+      const float* basis = by_logits ? logits + t * E : scores.data();
       for (int64_t e = 0; e < E; ++e) {
-        choice[e] = scores[e] + (options.selection_bias ? options.selection_bias[e] : 0.0f);
+        choice[e] = basis[e] + (options.selection_bias ? options.selection_bias[e] : 0.0f);
       }
       if (options.group_score != GroupScore::kNone) {
         mask_groups(options, choice.data(), group_scores, group_order);
@@ -181,12 +187,23 @@ void plan(const Routing& routing, int64_t num_experts, DispatchPlan* out) {
 }
 
 void dispatch(const float* hidden, int64_t hidden_size, const Routing& routing,
-              const DispatchPlan& plan, float* rows) {
+              const DispatchPlan& plan, float* rows, WeightPlacement placement) {
   const int64_t num_rows = static_cast<int64_t>(plan.src_row.size());
   parallel_for(num_rows, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const int64_t token = plan.src_row[r] / routing.top_k;
-      std::copy_n(hidden + token * hidden_size, hidden_size, rows + r * hidden_size);
+      const float* src = hidden + token * hidden_size;
+      float* dst = rows + r * hidden_size;
+      switch (placement) {
+        case WeightPlacement::kOutput:
+          std::copy_n(src, hidden_size, dst);
+          break;
+        case WeightPlacement::kInput: {
+          const float weight = routing.topk_weights[plan.src_row[r]];
+          for (int64_t h = 0; h < hidden_size; ++h) dst[h] = src[h] * weight;
+          break;
+        }
+      }
     }
   }, 64);
 }
@@ -276,8 +293,10 @@ void run_experts(const float* rows, int64_t hidden_size, int64_t expert_width,
 }
 
 void unpermute(const float* expert_out, int64_t hidden_size, const Routing& routing,
-               const DispatchPlan& plan, const float* shared, float* out) {
+               const DispatchPlan& plan, const float* shared, float* out,
+               WeightPlacement placement) {
   const int64_t K = routing.top_k;
+  const bool weighted = placement == WeightPlacement::kOutput;
   parallel_for(routing.num_tokens, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       float* dst = out + t * hidden_size;
@@ -287,7 +306,7 @@ void unpermute(const float* expert_out, int64_t hidden_size, const Routing& rout
         std::fill_n(dst, hidden_size, 0.0f);
       }
       for (int64_t k = 0; k < K; ++k) {
-        const float weight = routing.topk_weights[t * K + k];
+        const float weight = weighted ? routing.topk_weights[t * K + k] : 1.0f;
         const float* src = expert_out + plan.inverse[t * K + k] * hidden_size;
         for (int64_t h = 0; h < hidden_size; ++h) dst[h] += weight * src[h];
       }

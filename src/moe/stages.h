@@ -45,6 +45,12 @@ struct RouterOptions {
 // groups); throws moeinfer::Error naming the bad value.
 void validate(const RouterOptions& options);
 
+// Where a token's routing weights apply.
+enum class WeightPlacement {
+  kOutput,  // out[t] = sum_k w[t, k] * expert_k(x[t])
+  kInput,   // out[t] = sum_k expert_k(w[t, k] * x[t]) (Llama 4)
+};
+
 struct Routing {
   int64_t num_tokens = 0;  // T
   int64_t top_k = 0;       // K
@@ -104,9 +110,11 @@ void route_weights(const float* logits, const RouterOptions& options, Routing* r
 // plan: counting sort of the T*K assignments by expert id (stable in assignment order).
 void plan(const Routing& routing, int64_t num_experts, DispatchPlan* out);
 
-// dispatch: hidden [T, H] -> expert-ordered rows [T*K, H].
+// dispatch: hidden [T, H] -> expert-ordered rows [T*K, H]; with WeightPlacement::kInput each row
+// is its token's hidden state times the assignment's weight.
 void dispatch(const float* hidden, int64_t hidden_size, const Routing& routing,
-              const DispatchPlan& plan, float* rows);
+              const DispatchPlan& plan, float* rows,
+              WeightPlacement placement = WeightPlacement::kOutput);
 
 // experts: expert-ordered rows [M, H] -> expert outputs [M, H], one grouped pass; expert e
 // (experts[e]) owns rows [expert_offsets[e], expert_offsets[e + 1]), M = expert_offsets.back().
@@ -117,8 +125,10 @@ void run_experts(const float* rows, int64_t hidden_size, int64_t expert_width,
 // combine: brings expert outputs back to their source (TokenDispatcher::combine, moe_block.h);
 // on one device the outputs already sit in this process in plan order and unpermute follows.
 
-// unpermute: out[t] = sum_k weight[t,k] * expert_out[inverse[t*K+k]] (+ shared[t]).
+// unpermute: out[t] = sum_k weight[t,k] * expert_out[inverse[t*K+k]] (+ shared[t]); with
+// WeightPlacement::kInput the weights were applied by dispatch and the outputs sum unweighted.
 void unpermute(const float* expert_out, int64_t hidden_size, const Routing& routing,
-               const DispatchPlan& plan, const float* shared, float* out);
+               const DispatchPlan& plan, const float* shared, float* out,
+               WeightPlacement placement = WeightPlacement::kOutput);
 
 }  // namespace moeinfer::moe

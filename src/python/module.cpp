@@ -25,7 +25,6 @@
 #include "core/error.h"
 #include "core/version.h"
 #include "offload/cache_summary.h"
-#include "offload/parse_options.h"
 #include "profile/profiler.h"
 #include "python/reports.h"
 #include "python/session.h"
@@ -113,43 +112,6 @@ GenerationParams make_params(float temperature, float top_p, int64_t top_k, floa
   return p;
 }
 
-EngineConfig make_engine_config(const std::string& device, const std::string& expert_budget,
-                                const std::string& expert_cache, const std::string& cold_experts,
-                                int64_t max_num_seqs, int64_t max_num_batched_tokens,
-                                int64_t max_model_len, int64_t kv_cache_mb, int64_t block_size,
-                                double gpu_memory_fraction, const std::string& dtype,
-                                bool enforce_eager, bool enable_prefix_caching, bool deterministic,
-                                const std::string& generation_config, bool profile_stages,
-                                int64_t profile_time_every) {
-  MOE_CHECK(device == "cpu" || device == "cuda", "device must be 'cpu' or 'cuda', got '", device,
-            "'");
-  MOE_CHECK(dtype == "auto" || dtype == "bfloat16" || dtype == "bf16",
-            "dtype must be 'auto' or 'bfloat16', got '", dtype, "'");
-  MOE_CHECK(device == "cuda" || dtype == "auto",
-            "dtype applies to device='cuda' (the CPU computes with the checkpoint's weights as "
-            "stored)");
-  MOE_CHECK(gpu_memory_fraction > 0.0 && gpu_memory_fraction <= 1.0,
-            "gpu_memory_utilization must be in (0, 1], got ", gpu_memory_fraction);
-  EngineConfig config;
-  config.device = device;
-  config.max_num_seqs = max_num_seqs;
-  config.max_num_batched_tokens = max_num_batched_tokens;
-  config.max_model_len = max_model_len;
-  config.kv_cache_mb = kv_cache_mb;
-  config.block_size = block_size;
-  config.gpu_memory_fraction = gpu_memory_fraction;
-  config.weight_dtype = dtype == "auto" ? GpuWeightDtype::kCheckpoint : GpuWeightDtype::kBf16;
-  config.cuda_graphs = !enforce_eager;
-  config.enable_prefix_caching = enable_prefix_caching;
-  config.deterministic = deterministic;
-  config.generation_config = generation_config;
-  config.profile_stages = profile_stages;
-  config.profile_time_every = profile_time_every;
-  config.offload = offload::parse_offload_flags(expert_budget, expert_cache, cold_experts);
-  config.validate();
-  return config;
-}
-
 nb::dict stats_dict(const EngineStats& s) {
   nb::dict d;
   d["num_steps"] = s.num_steps;
@@ -202,6 +164,27 @@ nb::dict stats_dict(const EngineStats& s) {
     d["expert_cache"] = cache;
   }
   return d;
+}
+
+// Each rank's load as rank 0 last heard it: the requests it runs and waits on, the tokens it
+// has queued, the requests sent to it since the start, and its counters.
+nb::list rank_status_list(const std::vector<RankStatus>& ranks) {
+  nb::list out;
+  for (const RankStatus& status : ranks) {
+    const RankLoad& l = status.load;
+    nb::dict d;
+    d["num_running"] = l.num_running;
+    d["num_waiting"] = l.num_waiting;
+    d["num_queued_tokens"] = l.num_queued_tokens;
+    d["num_assigned"] = status.num_assigned;
+    d["prompt_tokens"] = l.prompt_tokens;
+    d["generation_tokens"] = l.generation_tokens;
+    d["num_preemptions"] = l.num_preemptions;
+    d["kv_blocks"] = l.kv_blocks;
+    d["kv_used"] = l.kv_used;
+    out.append(d);
+  }
+  return out;
 }
 
 // [(token, logprob, rank, [(token, logprob), ...]), ...]: Python builds vLLM's Logprob dicts.
@@ -295,29 +278,39 @@ NB_MODULE(_core, m) {
         "The engine's GenerationParams; raises ValueError with the engine's message for a "
         "value out of range");
 
+  nb::class_<SessionOptions>(m, "EngineOptions",
+                             "LLM(...)'s engine arguments (moeinfer.LLM documents each)")
+      .def(nb::init<>())
+      .def_rw("device", &SessionOptions::device)
+      .def_rw("dtype", &SessionOptions::dtype)
+      .def_rw("gpu_memory_fraction", &SessionOptions::gpu_memory_fraction)
+      .def_rw("max_model_len", &SessionOptions::max_model_len)
+      .def_rw("max_num_seqs", &SessionOptions::max_num_seqs)
+      .def_rw("max_num_batched_tokens", &SessionOptions::max_num_batched_tokens)
+      .def_rw("kv_cache_mb", &SessionOptions::kv_cache_mb)
+      .def_rw("block_size", &SessionOptions::block_size)
+      .def_rw("enable_prefix_caching", &SessionOptions::enable_prefix_caching)
+      .def_rw("enforce_eager", &SessionOptions::enforce_eager)
+      .def_rw("expert_budget", &SessionOptions::expert_budget)
+      .def_rw("expert_cache", &SessionOptions::expert_cache)
+      .def_rw("cold_experts", &SessionOptions::cold_experts)
+      .def_rw("deterministic", &SessionOptions::deterministic)
+      .def_rw("generation_config", &SessionOptions::generation_config)
+      .def_rw("profile_stages", &SessionOptions::profile_stages)
+      .def_rw("profile_time_every", &SessionOptions::profile_time_every)
+      .def_rw("tool_call_parser", &SessionOptions::tool_call_parser)
+      .def_rw("ep", &SessionOptions::ep)
+      .def_rw("placement", &SessionOptions::placement)
+      .def_rw("overlap", &SessionOptions::overlap);
+
   nb::class_<Session>(m, "Engine", "An engine over one checkpoint (use moeinfer.LLM)")
       .def_static(
           "load",
-          [](const std::string& model, const std::string& device, const std::string& expert_budget,
-             const std::string& expert_cache, const std::string& cold_experts, int64_t max_num_seqs,
-             int64_t max_num_batched_tokens, int64_t max_model_len, int64_t kv_cache_mb,
-             int64_t block_size, double gpu_memory_fraction, const std::string& dtype,
-             bool enforce_eager, bool enable_prefix_caching, bool deterministic,
-             const std::string& generation_config, bool profile_stages, int64_t profile_time_every,
-             const std::string& tool_call_parser) {
-            const EngineConfig config = make_engine_config(
-                device, expert_budget, expert_cache, cold_experts, max_num_seqs,
-                max_num_batched_tokens, max_model_len, kv_cache_mb, block_size, gpu_memory_fraction,
-                dtype, enforce_eager, enable_prefix_caching, deterministic, generation_config,
-                profile_stages, profile_time_every);
+          [](const std::string& model, const SessionOptions& options) {
             nb::gil_scoped_release release;
-            return Session::load(model, config, tool_call_parser);
+            return Session::load(model, options);
           },
-          "model"_a, "device"_a, "expert_budget"_a, "expert_cache"_a, "cold_experts"_a,
-          "max_num_seqs"_a, "max_num_batched_tokens"_a, "max_model_len"_a, "kv_cache_mb"_a,
-          "block_size"_a, "gpu_memory_fraction"_a, "dtype"_a, "enforce_eager"_a,
-          "enable_prefix_caching"_a, "deterministic"_a, "generation_config"_a, "profile_stages"_a,
-          "profile_time_every"_a, "tool_call_parser"_a)
+          "model"_a, "options"_a)
       .def_prop_ro("vocab_size",
                    [](const Session& s) { return s.engine().model_config().vocab_size; })
       .def_prop_ro("max_model_len", [](const Session& s) { return s.engine().max_model_len(); })
@@ -429,7 +422,18 @@ NB_MODULE(_core, m) {
             return nb::ndarray<nb::numpy, float, nb::ndim<2>>(owned, {n, V}, owner);
           },
           "ids"_a)
-      .def("stats", [](const Session& s) { return stats_dict(s.engine().stats()); })
+      .def("stats",
+           [](const Session& s) {
+             nb::dict d = stats_dict(s.stats());
+             if (s.num_ranks() > 1) d["ranks"] = rank_status_list(s.rank_status());
+             return d;
+           })
+      .def_prop_ro("rank", &Session::rank)
+      .def_prop_ro("num_ranks", &Session::num_ranks)
+      .def("follow_rank_zero", &Session::follow_rank_zero, nb::call_guard<nb::gil_scoped_release>(),
+           "Ranks > 0: steps with rank 0 until rank 0 closes its engine")
+      .def("close", &Session::close, nb::call_guard<nb::gil_scoped_release>(),
+           "Rank 0 under ep > 1: the job's last round (the other ranks return); idempotent")
       .def("trace_routing", &Session::trace_routing, "path"_a,
            "Records every later forward's routing to a trace file (\"\": stop, close)");
 

@@ -1,16 +1,53 @@
 #include "python/session.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <unordered_map>
 
 #include "core/error.h"
+#include "offload/parse_options.h"
 
 namespace moeinfer::python {
 
+EngineConfig engine_config(const SessionOptions& o) {
+  MOE_CHECK(o.device == "cpu" || o.device == "cuda", "device must be 'cpu' or 'cuda', got '",
+            o.device, "'");
+  MOE_CHECK(o.dtype == "auto" || o.dtype == "bfloat16" || o.dtype == "bf16",
+            "dtype must be 'auto' or 'bfloat16', got '", o.dtype, "'");
+  MOE_CHECK(o.device == "cuda" || o.dtype == "auto",
+            "dtype applies to device='cuda' (the CPU computes with the checkpoint's weights as "
+            "stored)");
+  MOE_CHECK(o.gpu_memory_fraction > 0.0 && o.gpu_memory_fraction <= 1.0,
+            "gpu_memory_utilization must be in (0, 1], got ", o.gpu_memory_fraction);
+  MOE_CHECK(o.ep >= 1, "ep must be >= 1, got ", o.ep);
+  MOE_CHECK(o.ep > 1 || o.placement.empty(), "placement needs ep > 1");
+  MOE_CHECK(o.ep > 1 || o.overlap, "overlap=False needs ep > 1");
+  EngineConfig config;
+  config.device = o.device;
+  config.max_num_seqs = o.max_num_seqs;
+  config.max_num_batched_tokens = o.max_num_batched_tokens;
+  config.max_model_len = o.max_model_len;
+  config.kv_cache_mb = o.kv_cache_mb;
+  config.block_size = o.block_size;
+  config.gpu_memory_fraction = o.gpu_memory_fraction;
+  config.weight_dtype = o.dtype == "auto" ? GpuWeightDtype::kCheckpoint : GpuWeightDtype::kBf16;
+  config.cuda_graphs = !o.enforce_eager;
+  config.enable_prefix_caching = o.enable_prefix_caching;
+  config.deterministic = o.deterministic;
+  config.generation_config = o.generation_config;
+  config.profile_stages = o.profile_stages;
+  config.profile_time_every = o.profile_time_every;
+  config.offload = offload::parse_offload_flags(o.expert_budget, o.expert_cache, o.cold_experts);
+  config.validate();
+  return config;
+}
+
 Session::Session(std::unique_ptr<Engine> engine, ChatConfig chat,
-                 const std::string& tool_call_parser)
-    : engine_(std::move(engine)), chat_(std::move(chat)) {
-  MOE_CHECK(engine_ != nullptr, "a session needs an engine");
+                 const std::string& tool_call_parser, parallel::Communicator* ranks)
+    : engine_(std::move(engine)),
+      comm_(ranks && ranks->size() > 1 ? ranks : nullptr),
+      ranks_(*engine_, comm_ && comm_->rank() == 0 ? comm_ : nullptr),
+      chat_(std::move(chat)) {
   if (chat_.chat_template) {
     template_ = std::make_unique<ChatTemplate>(ChatTemplate::parse(*chat_.chat_template));
   }
@@ -24,13 +61,61 @@ Session::Session(std::unique_ptr<Engine> engine, ChatConfig chat,
   }
 }
 
-std::unique_ptr<Session> Session::load(const std::filesystem::path& dir, const EngineConfig& config,
-                                       const std::string& tool_call_parser) {
+Session::~Session() {
+  try {
+    close();
+  } catch (const std::exception& e) {  // a destructor must not throw; the ranks may be gone
+    std::fprintf(stderr, "moeinfer: closing the expert-parallel job: %s\n", e.what());
+  }
+}
+
+std::unique_ptr<Session> Session::load(const std::filesystem::path& dir,
+                                       const SessionOptions& options) {
+  const EngineConfig config = engine_config(options);
   MOE_CHECK(std::filesystem::is_directory(dir), "model ", dir.string(),
             ": no such folder (a checkpoint folder holds config.json, *.safetensors and "
             "tokenizer.json)");
-  auto engine = Engine::load(dir, config, LoadOptions{});
-  return std::make_unique<Session>(std::move(engine), load_chat_config(dir), tool_call_parser);
+  if (options.ep == 1) {
+    return std::make_unique<Session>(Engine::load(dir, config, LoadOptions{}),
+                                     load_chat_config(dir), options.tool_call_parser);
+  }
+  MOE_CHECK(options.device == "cpu", "ep=", options.ep,
+            " on cuda is not built yet: expert parallelism runs on CPU ranks (device='cpu')");
+  parallel::Communicator& world = parallel::world();
+  MOE_CHECK(world.size() == options.ep, "ep=", options.ep, " but this process is one of ",
+            world.size(), " rank(s): run the script as `mpirun -np ", options.ep,
+            " python SCRIPT`, every rank making the same LLM(..., ep=", options.ep, ")");
+  auto engine = load_expert_parallel_engine(
+      dir, config,
+      {.comm = &world, .placement = options.placement, .overlap_shared_experts = options.overlap});
+  return std::make_unique<Session>(std::move(engine), load_chat_config(dir),
+                                   options.tool_call_parser, &world);
+}
+
+void Session::follow_rank_zero() {
+  MOE_CHECK(comm_ != nullptr && comm_->rank() > 0,
+            "follow_rank_zero is for ranks > 0 of an expert-parallel job");
+  moeinfer::follow_rank_zero(*engine_, *comm_);
+}
+
+void Session::close() {
+  if (closed_) return;
+  closed_ = true;
+  if (comm_ && comm_->rank() == 0) ranks_.stop();
+}
+
+void Session::check_rank_zero(const char* what) const {
+  MOE_CHECK(!closed_, what, ": the LLM is closed");
+  MOE_CHECK(rank() == 0, what, " runs on rank 0 of an expert-parallel job; rank ", rank(),
+            " follows it (its LLM(...) returns only when rank 0's closes)");
+}
+
+void Session::check_single_process(const char* what) const {
+  check_rank_zero(what);
+  MOE_CHECK(
+      comm_ == nullptr, what,
+      " is not available under ep > 1: the ranks step together "
+      "only through generate() and chat() (prompt_logprobs give a prompt's log-probabilities)");
 }
 
 Session::ChatRequest Session::prepare_chat(const nlohmann::ordered_json& messages,
@@ -75,6 +160,7 @@ Session::ChatRequest Session::prepare_chat(const nlohmann::ordered_json& message
 }
 
 void Session::trace_routing(const std::string& path) {
+  if (!path.empty()) check_single_process("trace_routing");
   engine_->set_routing_observer(nullptr);
   trace_.reset();
   if (path.empty()) return;
@@ -87,25 +173,27 @@ void Session::trace_routing(const std::string& path) {
 
 std::vector<RequestOutput> Session::step() {
   const int64_t records = trace_ ? trace_->records() : 0;
-  std::vector<RequestOutput> outputs = engine_->step();
+  std::vector<RequestOutput> outputs = ranks_.step();
   if (trace_ && trace_->records() != records) trace_->next_step();
   return outputs;
 }
 
 void Session::score(std::span<const int32_t> ids, std::span<float> logits) {
+  check_single_process("logits");
   const int64_t records = trace_ ? trace_->records() : 0;
   engine_->score(ids, logits);
   if (trace_ && trace_->records() != records) trace_->next_step();
 }
 
 void Session::abort_all(const std::vector<RequestId>& ids) {
-  for (RequestId id : ids) engine_->abort_request(id);
-  while (engine_->has_unfinished()) step();
+  for (RequestId id : ids) ranks_.abort_request(id);
+  while (ranks_.has_unfinished()) step();
 }
 
 std::vector<RequestResult> Session::run(const std::vector<std::vector<int32_t>>& prompts,
                                         const std::vector<GenerationParams>& params,
                                         const std::function<bool()>& should_stop) {
+  check_rank_zero("generate");
   MOE_CHECK(prompts.size() == params.size(), "generate: ", prompts.size(), " prompts but ",
             params.size(), " sampling parameter sets");
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -124,7 +212,7 @@ std::vector<RequestResult> Session::run(const std::vector<std::vector<int32_t>>&
     r.prompt_token_ids = prompts[i];
     r.sequences.resize(static_cast<size_t>(params[i].num_sequences));
     for (size_t s = 0; s < r.sequences.size(); ++s) r.sequences[s].index = static_cast<int64_t>(s);
-    const RequestId id = engine_->add_request(prompts[i], params[i]);
+    const RequestId id = ranks_.add_request(prompts[i], params[i]);
     ids.push_back(id);
     slot_of.emplace(id, i);
   }

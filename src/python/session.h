@@ -16,9 +16,11 @@
 #include <vector>
 
 #include "io/chat_template.h"
+#include "parallel/communicator.h"
 #include "profile/routing_trace.h"
 #include "runtime/chat_prompt.h"
 #include "runtime/engine.h"
+#include "runtime/engine_ranks.h"
 #include "server/tool_calls.h"
 
 namespace moeinfer::python {
@@ -46,18 +48,65 @@ class Stopped : public std::exception {
   const char* what() const noexcept override { return "generation stopped"; }
 };
 
+// What LLM(...) asks for: the engine's configuration as the Python arguments spell it.
+struct SessionOptions {
+  std::string device = "cpu";
+  std::string dtype = "auto";  // "auto" or "bfloat16" (cuda)
+  double gpu_memory_fraction = 0.9;
+  int64_t max_model_len = 0;  // 0: the model's own
+  int64_t max_num_seqs = 64;
+  int64_t max_num_batched_tokens = 512;
+  int64_t kv_cache_mb = 0;
+  int64_t block_size = 16;
+  bool enable_prefix_caching = true;
+  bool enforce_eager = false;
+  std::string expert_budget, expert_cache, cold_experts;  // offload/parse_options.h; empty: none
+  bool deterministic = false;
+  std::string generation_config = "auto";
+  bool profile_stages = false;
+  int64_t profile_time_every = 0;
+  // A format of server/tool_calls.h by vLLM's name, "none", or empty for the model family's
+  // (default_tool_call_format).
+  std::string tool_call_parser;
+  // Expert parallelism: the job's MPI ranks (this process one of them), a placement file of
+  // `moeinfer placement`, and whether the shared experts overlap the rows' travel.
+  int ep = 1;
+  std::string placement;
+  bool overlap = true;
+};
+
+// The engine's configuration from the options; throws moeinfer::Error naming a bad one.
+EngineConfig engine_config(const SessionOptions& options);
+
 class Session {
  public:
-  // tool_call_parser: a format of server/tool_calls.h by vLLM's name, "none", or empty for the
-  // model family's (default_tool_call_format); anything else throws.
-  Session(std::unique_ptr<Engine> engine, ChatConfig chat, const std::string& tool_call_parser);
+  // `ranks`: the job's communicator under expert parallelism (null: one process); on rank 0
+  // the session's requests go to every rank's engine through EngineRanks.
+  Session(std::unique_ptr<Engine> engine, ChatConfig chat, const std::string& tool_call_parser,
+          parallel::Communicator* ranks = nullptr);
+  // Rank 0 under expert parallelism: close().
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
 
-  // Loads the checkpoint folder onto config.device (Engine::load) with its chat config.
-  static std::unique_ptr<Session> load(const std::filesystem::path& dir, const EngineConfig& config,
-                                       const std::string& tool_call_parser);
+  // Loads the checkpoint folder onto options.device (Engine::load) with its chat config; with
+  // options.ep > 1 this process must be one of the ep ranks of an MPI job (mpirun -np ep).
+  static std::unique_ptr<Session> load(const std::filesystem::path& dir,
+                                       const SessionOptions& options);
 
   Engine& engine() { return *engine_; }
   const Engine& engine() const { return *engine_; }
+  // Under expert parallelism: this process's rank and the job's ranks (else 0 and 1).
+  int rank() const { return comm_ ? comm_->rank() : 0; }
+  int num_ranks() const { return comm_ ? comm_->size() : 1; }
+  // Ranks > 0: steps with rank 0, round after round, until rank 0's session closes.
+  void follow_rank_zero();
+  // Rank 0 under expert parallelism: the last round, which lets the other ranks' follow_rank_zero
+  // return; the session runs nothing after it. Idempotent; a no-op without ranks.
+  void close();
+  // Rank 0: the engines' figures (summed over the ranks) and each rank's load.
+  EngineStats stats() const { return ranks_.stats(); }
+  const std::vector<RankStatus>& rank_status() const { return ranks_.ranks(); }
   server::ToolCallFormat tool_format() const { return tool_format_; }
   bool has_chat_template() const { return template_ != nullptr; }
 
@@ -104,7 +153,15 @@ class Session {
   // One engine step; with a trace, the records it made close one trace step.
   std::vector<RequestOutput> step();
 
+  // Rank 0's requests, steps and aborts go through here (straight to engine_ without ranks).
+  void check_rank_zero(const char* what) const;
+  // What a forward pass outside Engine::step needs: every rank to run it, which only step does.
+  void check_single_process(const char* what) const;
+
   std::unique_ptr<Engine> engine_;
+  parallel::Communicator* comm_ = nullptr;
+  EngineRanks ranks_;
+  bool closed_ = false;
   ChatConfig chat_;
   std::unique_ptr<ChatTemplate> template_;
   server::ToolCallFormat tool_format_ = server::ToolCallFormat::kNone;

@@ -123,6 +123,8 @@ std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const Eng
                                      const LoadOptions& options) {
   config.validate();
   if (config.device == "cuda") {
+    // A model the GPU refuses is refused from its config.json, before binding its weights.
+    check_gpu_support(load_model_config(dir / "config.json"));
     // The GPU reads the map once while uploading; prefaulting it first would read it twice.
     auto model = Model::load(dir, LoadOptions{.prefault = false});
     Tokenizer tokenizer = Tokenizer::from_dir(dir);

@@ -6,6 +6,9 @@
 #include <utility>
 
 #include "core/error.h"
+#include "io/tokenizer.h"
+#include "model/model.h"
+#include "parallel/placement.h"
 
 namespace moeinfer {
 namespace {
@@ -289,6 +292,26 @@ bool any_rank(parallel::Communicator& comm, bool mine) {
   int64_t flag[1] = {mine ? 1 : 0};
   comm.all_reduce_sum(flag);
   return flag[0] > 0;
+}
+
+std::unique_ptr<Engine> load_expert_parallel_engine(const std::filesystem::path& dir,
+                                                    const EngineConfig& config,
+                                                    const ExpertParallelOptions& options) {
+  config.validate();
+  MOE_CHECK(options.comm != nullptr && options.comm->size() > 1,
+            "expert parallelism needs a job of two ranks or more");
+  MOE_CHECK(config.device == "cpu", "expert parallelism on ", config.device,
+            " is not built yet: it runs on CPU ranks");
+  auto model = Model::load(dir, LoadOptions{});
+  Decoder& decoder = model->decoder();
+  decoder.set_offload(config.offload, config.max_num_seqs);  // refuses a budget under --ep
+  std::optional<parallel::ExpertPlacement> placement;
+  if (!options.placement.empty()) {
+    placement = parallel::read_placement(options.placement, decoder.config().num_experts,
+                                         options.comm->size(), decoder.moe_layers());
+  }
+  decoder.set_expert_parallel(options.comm, std::move(placement), options.overlap_shared_experts);
+  return std::make_unique<Engine>(std::move(model), Tokenizer::from_dir(dir), config);
 }
 
 }  // namespace moeinfer

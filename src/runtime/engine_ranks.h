@@ -21,7 +21,10 @@
 
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
+#include <memory>
 #include <optional>
+#include <string>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -101,6 +104,19 @@ class EngineRanks {
   RequestId next_id_ = 1;
   bool stopped_ = false;
 };
+
+// How one rank of an expert-parallel job holds its model's experts.
+struct ExpertParallelOptions {
+  parallel::Communicator* comm = nullptr;  // the job's ranks (size > 1)
+  std::filesystem::path placement;         // `moeinfer placement`'s file; empty: contiguous ranges
+  bool overlap_shared_experts = true;      // the shared experts run while the rows travel
+};
+
+// This rank's engine of an expert-parallel job over the checkpoint folder: its decoder's MoE
+// layers are collective over options.comm (CPU ranks; offloading is refused there).
+std::unique_ptr<Engine> load_expert_parallel_engine(const std::filesystem::path& dir,
+                                                    const EngineConfig& config,
+                                                    const ExpertParallelOptions& options);
 
 // Ranks > 0: takes rank 0's orders and steps with it, round after round, until rank 0 stops.
 void follow_rank_zero(Engine& engine, parallel::Communicator& comm);

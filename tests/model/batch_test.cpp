@@ -122,7 +122,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, BatchTest,
                                          "qwen2_moe_f32", "deepseek_v2_lite_f32",
                                          "deepseek_v3_f32", "glm4_moe_f32", "glm4_moe_air_bf16",
                                          "ernie4_5_moe_f32", "ernie4_5_moe_i2_bf16",
-                                         "kimi_k2_f32"),
+                                         "kimi_k2_f32", "llama4_text_f32", "llama4_vision_bf16"),
                          [](const auto& info) { return info.param; });
 
 // GPT-OSS: sliding layers beside full ones (windows of 3 and 4 tokens over blocks of 4),

@@ -31,27 +31,32 @@ TEST(ExpertParallelDispatcher, OneRankGivesTheLocalResultBitForBit) {
   for (int64_t e = 0; e < E; ++e) {
     weights.experts.push_back({.gate = view(I, H), .up = view(I, H), .down = view(H, I)});
   }
-  const MoeBlockOptions options{.router = {.num_experts = E, .top_k = K, .renormalize = true},
-                                .hidden_size = H,
-                                .expert_width = I};
   std::vector<float> hidden(T * H), shared(T * H);
   for (float& v : hidden) v = normal(rng);
   for (float& v : shared) v = normal(rng);
-  MoeBlock local = single_layer_block(options, weights);
-  std::vector<float> want(T * H);
-  local.forward(0, hidden.data(), T, weights.router, nullptr, shared.data(), want.data());
+  // Both places of the routing weights: on the outputs, and on the rows sent (Llama 4).
+  for (const WeightPlacement placement : {WeightPlacement::kOutput, WeightPlacement::kInput}) {
+    const MoeBlockOptions options{.router = {.num_experts = E, .top_k = K, .renormalize = true},
+                                  .hidden_size = H,
+                                  .expert_width = I,
+                                  .weights = placement};
+    MoeBlock local = single_layer_block(options, weights);
+    std::vector<float> want(T * H);
+    local.forward(0, hidden.data(), T, weights.router, nullptr, shared.data(), want.data());
 
-  parallel::SelfCommunicator self;
-  MoeBlock ep(options,
-              std::make_unique<ExpertParallelDispatcher>(self, parallel::ExpertPlacement(E, 1), H),
-              std::make_unique<ResidentExperts>(
-                  std::vector<std::span<const ExpertWeights>>{weights.experts}, H, I));
-  std::vector<float> got(T * H);
-  ep.forward(0, hidden.data(), T, weights.router, nullptr, shared.data(), got.data());
-  EXPECT_EQ(got, want);
-  // A step without tokens still passes through (every rank enters every layer).
-  std::vector<float> none;
-  ep.forward(0, hidden.data(), 0, weights.router, nullptr, nullptr, none.data());
+    parallel::SelfCommunicator self;
+    MoeBlock ep(
+        options,
+        std::make_unique<ExpertParallelDispatcher>(self, parallel::ExpertPlacement(E, 1), H),
+        std::make_unique<ResidentExperts>(
+            std::vector<std::span<const ExpertWeights>>{weights.experts}, H, I));
+    std::vector<float> got(T * H);
+    ep.forward(0, hidden.data(), T, weights.router, nullptr, shared.data(), got.data());
+    EXPECT_EQ(got, want);
+    // A step without tokens still passes through (every rank enters every layer).
+    std::vector<float> none;
+    ep.forward(0, hidden.data(), 0, weights.router, nullptr, nullptr, none.data());
+  }
 }
 
 TEST(ExpertParallelDispatcher, RefusesAPlacementOfAnotherJobSize) {

@@ -1470,7 +1470,7 @@ void select_device(int device) {
 std::unique_ptr<GpuDecoder> GpuDecoder::create(const ModelConfig& config,
                                                const DecoderWeights& weights,
                                                const GpuOptions& options) {
-  check_gpu_supports(config);
+  check_gpu_support(config);
   gpu::select_device(options.device);
   offload::check_offload_model(options.offload, config.num_experts,
                                "the " + config.model_type + " model");
@@ -1483,7 +1483,7 @@ std::unique_ptr<GpuDecoder> GpuDecoder::create(const ModelConfig& config,
 std::unique_ptr<GpuDecoder> GpuDecoder::create_synthetic(const ModelConfig& config,
                                                          const GpuOptions& options,
                                                          const SyntheticGpuOptions& synthetic) {
-  check_gpu_supports(config);
+  check_gpu_support(config);
   gpu::select_device(options.device);
   offload::check_offload_model(options.offload, config.num_experts,
                                "the " + config.model_type + " model");
