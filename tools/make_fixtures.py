@@ -299,11 +299,49 @@ FIXTURES += [
                      floor_scale=8, attn_scale=0.3, rope_theta=500000.0)),
 ]
 
-# Qwen3-Next (issue 18), appended so that the fixtures above keep their seeds. Layers mix Gated
-# DeltaNet (linear_attention) and gated full attention; the prompt (12 tokens) is longer than the
-# conv kernel, so the conv window and the recurrent state carry across the prompt and into every
-# cached decode step. The zero-centred norms, the gated norm, dt_bias and A_log get random values
-# (perturb_qwen3_next) so that none of them sits at an identity.
+# GPT-OSS (issue 18), appended after Llama 4 so that the fixtures above keep their seeds. Attention
+# sinks, q/k/v/o biases, sliding-window layers alternating with full ones (a window of 3 or 4 tokens, so
+# that the 12-token prompt and its continuation slide past it), YaRN with truncate false as
+# published, a router bias, expert biases and a swiglu_limit low enough that the clamps bind on
+# the small random activations. transformers initialises sinks and biases to zero or near it, so
+# make_fixture draws them again (gpt_oss=True).
+GPT_OSS_YARN = dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=64,
+                    beta_fast=32.0, beta_slow=1.0, truncate=False)
+FIXTURES += [
+    # As transformers 5 writes it (rope_parameters), float32, three layers (sliding, full,
+    # sliding), 6 experts top-2.
+    dict(name="gpt_oss_f32", cls="GptOss", dtype="float32", tokenizer="qwen", legacy_rope=False,
+         gpt_oss=True, min_distinct=4,
+         config=dict(COMMON, head_dim=16, num_hidden_layers=3, intermediate_size=16,
+                     num_local_experts=6, num_experts_per_tok=2, sliding_window=4,
+                     layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                     swiglu_limit=1.0, attention_bias=True, rope_theta=150000.0,
+                     rope_scaling=GPT_OSS_YARN)),
+    # As openai/gpt-oss-* publish it (rope_theta and rope_scaling at the top level), bfloat16,
+    # head_dim 24 (q_dim 96 past hidden 64), one key/value head, 6 experts top-3, window 3.
+    dict(name="gpt_oss_d24_bf16", cls="GptOss", dtype="bfloat16", tokenizer="qwen",
+         legacy_rope=True, gpt_oss=True, min_distinct=4,
+         config=dict(COMMON, head_dim=24, num_key_value_heads=1, num_hidden_layers=2,
+                     intermediate_size=48, num_local_experts=6, num_experts_per_tok=3,
+                     sliding_window=3, layer_types=["sliding_attention", "full_attention"],
+                     swiglu_limit=0.8, attention_bias=True, rope_theta=150000.0,
+                     rope_scaling=GPT_OSS_YARN)),
+    # The published MXFP4 experts: gate_up_proj and down_proj stored as *_blocks / *_scales
+    # (quantize_mxfp4_checkpoint), the rest in bfloat16, quantization_config as published. The
+    # reference is transformers loading that checkpoint with Mxfp4Config(dequantize=True).
+    dict(name="gpt_oss_mxfp4", cls="GptOss", dtype="bfloat16", tokenizer="qwen",
+         legacy_rope=True, gpt_oss=True, mxfp4=True, min_distinct=4,
+         config=dict(COMMON, head_dim=16, num_hidden_layers=2, intermediate_size=64,
+                     num_local_experts=4, num_experts_per_tok=2, sliding_window=4,
+                     layer_types=["sliding_attention", "full_attention"], swiglu_limit=7.0,
+                     attention_bias=True, rope_theta=150000.0, rope_scaling=GPT_OSS_YARN)),
+]
+
+# Qwen3-Next (issue 18), appended after GPT-OSS so that the fixtures above keep their seeds. Layers
+# mix Gated DeltaNet (linear_attention) and gated full attention; the prompt (12 tokens) is longer
+# than the conv kernel, so the conv window and the recurrent state carry across the prompt and into
+# every cached decode step. The zero-centred norms, the gated norm, dt_bias and A_log get random
+# values (perturb_qwen3_next) so that none of them sits at an identity.
 FIXTURES += [
     # transformers 5's layout (rope_parameters, layer_types written out): linear, full, linear;
     # 2 key heads serving 4 value heads (Dk 16, Dv 8), conv kernel 4, RoPE over a quarter of each
@@ -477,6 +515,77 @@ def quantize_fp8_checkpoint(out_dir, block):
         json.dump(cfg, f, indent=2, sort_keys=True)
 
 
+# MXFP4 as gpt-oss publishes it: 32 values of a row share one power-of-two scale (E8M0 byte,
+# exponent + 127), each value is an e2m1 code (the 16 values below), two codes a byte, the
+# earlier value in the low nibble. The blocks of an [E, in, out] parameter are stored per output
+# row: <name>_blocks [E, out, in / 32, 16] and <name>_scales [E, out, in / 32].
+FP4_CODES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+                          -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+
+
+def quantize_mxfp4(w):
+    """w [E, in, out] -> (blocks uint8 [E, out, in/32, 16], scales uint8 [E, out, in/32])."""
+    rows = w.float().transpose(1, 2).contiguous()  # [E, out, in]
+    E, out, inner = rows.shape
+    assert inner % 32 == 0, f"MXFP4 needs the input width to be a multiple of 32, found {inner}"
+    groups = rows.reshape(E, out, inner // 32, 32)
+    amax = groups.abs().amax(dim=-1).clamp(min=2.0 ** -126)
+    exponent = torch.ceil(torch.log2(amax / 6.0))  # largest code 6 * 2^exponent covers amax
+    scaled = groups / torch.pow(2.0, exponent)[..., None]
+    codes = (scaled[..., None] - FP4_CODES).abs().argmin(dim=-1).to(torch.uint8)
+    blocks = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    scales = (exponent + 127).to(torch.uint8)
+    return blocks.contiguous(), scales.contiguous()
+
+
+def quantize_mxfp4_checkpoint(out_dir):
+    """Rewrites the experts' gate_up_proj and down_proj as MXFP4 blocks and scales (their biases
+    and every other tensor stay as saved) and adds the published quantization_config."""
+    from safetensors.torch import load_file, save_file
+    path = os.path.join(out_dir, "model.safetensors")
+    tensors = load_file(path)
+    out = {}
+    for name, w in tensors.items():
+        if not re.search(r"\.mlp\.experts\.(gate_up_proj|down_proj)$", name):
+            out[name] = w
+            continue
+        out[name + "_blocks"], out[name + "_scales"] = quantize_mxfp4(w)
+    save_file(out, path, metadata={"format": "pt"})
+    config_path = os.path.join(out_dir, "config.json")
+    with open(config_path) as f:
+        cfg = json.load(f)
+    cfg["quantization_config"] = dict(
+        quant_method="mxfp4",
+        modules_to_not_convert=["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                "model.embed_tokens", "lm_head"])
+    with open(config_path, "w") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)
+
+
+def randomize_gpt_oss(model):
+    """Sinks, attention biases, router and expert biases drawn again: transformers starts them at
+    zero (or near it), which would leave their arithmetic untested."""
+    with torch.no_grad():
+        for layer in model.model.layers:
+            attn = layer.self_attn
+            attn.sinks.normal_(0.0, 1.0)
+            for proj in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj):
+                proj.bias.normal_(0.0, 0.1)
+            layer.mlp.router.bias.normal_(0.0, 0.5)
+            layer.mlp.experts.gate_up_proj_bias.normal_(0.0, 0.3)
+            layer.mlp.experts.down_proj_bias.normal_(0.0, 0.1)
+
+
+def published_gpt_oss_rope(config_path):
+    """rope_scaling as openai/gpt-oss-* publish it: rope_type only (no legacy `type` twin)."""
+    with open(config_path) as f:
+        cfg = json.load(f)
+    if cfg.get("rope_scaling"):
+        cfg["rope_scaling"].pop("type", None)
+    with open(config_path, "w") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)
+
+
 def build_config(spec):
     cfg_cls = getattr(transformers, spec["cls"] + "Config")
     kwargs = dict(spec["config"])
@@ -559,6 +668,8 @@ def make_fixture(spec, root, seed, with_tokenizer):
                         bias.normal_(0.0, spec["correction_bias"])
     if spec.get("qwen3_next"):
         perturb_qwen3_next(model)
+    if spec.get("gpt_oss"):
+        randomize_gpt_oss(model)
     if spec["dtype"] == "bfloat16":
         model = model.to(torch.bfloat16)
     model.save_pretrained(out_dir, max_shard_size=spec.get("max_shard_size", "50GB"))
@@ -569,6 +680,10 @@ def make_fixture(spec, root, seed, with_tokenizer):
         rewrite_legacy_rope(os.path.join(out_dir, "config.json"))
     if spec.get("fp8_block"):
         quantize_fp8_checkpoint(out_dir, spec["fp8_block"])
+    if spec.get("gpt_oss") and spec["legacy_rope"]:
+        published_gpt_oss_rope(os.path.join(out_dir, "config.json"))
+    if spec.get("mxfp4"):
+        quantize_mxfp4_checkpoint(out_dir)
     if spec.get("kimi_k2"):
         rewrite_kimi_k2_config(os.path.join(out_dir, "config.json"))
     if spec.get("qwen3_next_interval"):
@@ -589,6 +704,11 @@ def make_fixture(spec, root, seed, with_tokenizer):
         reference = model_cls.from_pretrained(
             out_dir, config=transformers.DeepseekV3Config.from_dict(as_v3),
             dtype=torch.float32).eval()
+    elif spec.get("mxfp4"):
+        # transformers' own MXFP4 dequantiser (integrations/mxfp4.py) reads the blocks.
+        reference = model_cls.from_pretrained(
+            out_dir, dtype=torch.float32,
+            quantization_config=transformers.Mxfp4Config(dequantize=True)).eval()
     else:
         reference = model_cls.from_pretrained(out_dir, dtype=torch.float32).eval()
     generator = torch.Generator().manual_seed(seed + 1)

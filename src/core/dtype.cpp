@@ -17,6 +17,8 @@ size_t dtype_size(DType dtype) {
     case DType::kI32: return 4;
     case DType::kI64: return 8;
     case DType::kBool: return 1;
+    case DType::kU8:
+      return 1;
   }
   MOE_FAIL("unknown dtype ", static_cast<int>(dtype));
 }
@@ -31,6 +33,8 @@ std::string_view dtype_name(DType dtype) {
     case DType::kI32: return "I32";
     case DType::kI64: return "I64";
     case DType::kBool: return "BOOL";
+    case DType::kU8:
+      return "U8";
   }
   return "?";
 }
@@ -39,9 +43,9 @@ bool parse_safetensors_dtype(std::string_view text, DType* dtype) {
   static constexpr struct {
     std::string_view name;
     DType dtype;
-  } kNames[] = {{"F32", DType::kF32},   {"BF16", DType::kBF16}, {"F16", DType::kF16},
-                {"F8_E4M3", DType::kF8E4M3}, {"I8", DType::kI8}, {"I32", DType::kI32},
-                {"I64", DType::kI64},   {"BOOL", DType::kBool}};
+  } kNames[] = {{"F32", DType::kF32},        {"BF16", DType::kBF16}, {"F16", DType::kF16},
+                {"F8_E4M3", DType::kF8E4M3}, {"I8", DType::kI8},     {"I32", DType::kI32},
+                {"I64", DType::kI64},        {"BOOL", DType::kBool}, {"U8", DType::kU8}};
   for (const auto& entry : kNames) {
     if (entry.name == text) {
       *dtype = entry.dtype;

@@ -9,7 +9,8 @@
 
 namespace moeinfer {
 
-enum class DType : uint8_t { kF32, kBF16, kF16, kF8E4M3, kI8, kI32, kI64, kBool };
+// kU8: raw bytes (GPT-OSS's MXFP4 blocks and E8M0 scales), never a number format of its own.
+enum class DType : uint8_t { kF32, kBF16, kF16, kF8E4M3, kI8, kI32, kI64, kBool, kU8 };
 
 size_t dtype_size(DType dtype);
 std::string_view dtype_name(DType dtype);

@@ -42,6 +42,8 @@ std::string_view family_name(ModelFamily family) {
       return "qwen3_next";
     case ModelFamily::kQwen35Moe:
       return "qwen3_5_moe";
+    case ModelFamily::kGptOss:
+      return "gpt_oss";
     case ModelFamily::kLlama4:
       return "llama4";
   }
@@ -56,7 +58,8 @@ constexpr ModelFamily kFamilies[] = {
     ModelFamily::kQwen3Moe,  ModelFamily::kMixtral,    ModelFamily::kOlmoe,
     ModelFamily::kQwen2Moe,  ModelFamily::kDeepseekV2, ModelFamily::kDeepseekV3,
     ModelFamily::kKimiK2,    ModelFamily::kGlm4Moe,    ModelFamily::kErnie45Moe,
-    ModelFamily::kQwen3Next, ModelFamily::kQwen35Moe,  ModelFamily::kLlama4};
+    ModelFamily::kQwen3Next, ModelFamily::kQwen35Moe,  ModelFamily::kLlama4,
+    ModelFamily::kGptOss};
 
 // Llama 4's text-only model_type (Llama4ForCausalLM); "llama4" nests the same fields in
 // text_config beside a vision_config.
@@ -265,6 +268,22 @@ FamilyDefaults defaults_for(ModelFamily family) {
               .eos_token_id = std::nullopt,
               .partial_rotary_factor = 0.25,
               .head_dim = 256};
+    case ModelFamily::kGptOss:
+      return {.vocab_size = 201088,
+              .hidden_size = 2880,
+              .intermediate_size = 2880,
+              .num_hidden_layers = 36,
+              .num_attention_heads = 64,
+              .num_key_value_heads = 8,
+              .max_position_embeddings = 131072,
+              .rms_norm_eps = 1e-5,
+              .num_experts = 128,
+              .num_experts_per_tok = 4,
+              .moe_intermediate_size = 0,  // the experts' width is intermediate_size
+              .shared_expert_intermediate_size = 0,
+              .rope_theta = 150000.0,
+              .bos_token_id = std::nullopt,
+              .eos_token_id = std::nullopt};
     case ModelFamily::kLlama4:  // Llama4TextConfig; intermediate_size is the experts' width
       return {.vocab_size = 202048,
               .hidden_size = 5120,
@@ -453,6 +472,8 @@ int64_t read_num_experts(const Fields& f, ModelFamily family, int64_t fallback) 
       return aliased_size(f, "n_routed_experts", "num_local_experts", fallback, kMaxExperts);
     case ModelFamily::kErnie45Moe:  // moe_num_experts, aliased as num_experts
       return aliased_size(f, "moe_num_experts", "num_experts", fallback, kMaxExperts);
+    case ModelFamily::kGptOss:  // num_local_experts, aliased as num_experts
+      return aliased_size(f, "num_local_experts", "num_experts", fallback, kMaxExperts);
     case ModelFamily::kLlama4:  // num_local_experts only (no attribute_map)
       return f.size("num_local_experts", fallback, kMaxExperts);
     case ModelFamily::kQwen3Moe:
@@ -847,6 +868,70 @@ void read_qwen3_next(const Fields& f, const FamilyDefaults& defaults, ModelConfi
   if (cfg->num_linear_layers() > 0) cfg->linear_attention = lin;
 }
 
+// GPT-OSS's RoPE when the config gives none (GptOssConfig.__post_init__): YaRN over a 4096-token
+// training context, factor 32, beta_fast 32, beta_slow 1, untruncated correction range.
+RopeConfig gpt_oss_default_rope(double theta) {
+  RopeConfig rope;
+  rope.type = "yarn";
+  rope.theta = theta;
+  rope.factor = 32.0;
+  rope.original_max_position_embeddings = 4096;
+  rope.beta_fast = 32.0;
+  rope.beta_slow = 1.0;
+  rope.truncate = false;
+  return rope;
+}
+
+// GPT-OSS (transformers' GptOss*): attention with biases on q/k/v/o (attention_bias, true by
+// default) and a learned sink logit per head, RoPE over whole heads (YaRN by default), layers
+// that attend over sliding_window keys or over all keys as layer_types says (alternating from a
+// sliding first layer when absent); every layer routed: the router's logits carry a bias, the
+// top num_experts_per_tok logits are picked and softmaxed among themselves; each expert is
+// intermediate_size wide, with biases and the clamped SwiGLU (swiglu_alpha, swiglu_limit). The
+// fields transformers keeps but never reads (experts_per_token, initial_context_length,
+// router_aux_loss_coef, output_router_logits) are not read either.
+void read_gpt_oss(const Fields& f, ModelConfig* cfg) {
+  cfg->moe_intermediate_size = cfg->intermediate_size;
+  cfg->attention_bias = f.boolean("attention_bias", true);
+  cfg->attention_out_bias = cfg->attention_bias;
+  cfg->attention_sinks = true;
+  cfg->router_bias = true;
+  cfg->router_topk_softmax = true;
+  cfg->norm_topk_prob = true;  // the softmax over the picks sums to 1
+  cfg->expert_bias = true;
+  cfg->layer_is_moe.assign(static_cast<size_t>(cfg->num_layers), true);
+  ClampedSwiglu swiglu;
+  swiglu.alpha = f.positive_number("swiglu_alpha", f.number("swiglu_alpha", 1.702));
+  swiglu.limit = f.positive_number("swiglu_limit", f.number("swiglu_limit", 7.0));
+  cfg->clamped_swiglu = swiglu;
+
+  // Absent: the class default 128; null: no window.
+  if (f.has("sliding_window") || !f.contains_key("sliding_window"))
+    cfg->sliding_window = f.size("sliding_window", 128, kMaxDim);
+  cfg->layer_sliding.assign(static_cast<size_t>(cfg->num_layers), false);
+  if (const json* types = f.find("layer_types")) {
+    if (!types->is_array()) f.fail("layer_types", "must be a list, found ", types->type_name());
+    if (static_cast<int64_t>(types->size()) != cfg->num_layers)
+      f.fail("layer_types", "has ", types->size(), " entries for ", cfg->num_layers, " layers");
+    for (size_t l = 0; l < types->size(); ++l) {
+      const json& t = (*types)[l];
+      const std::string type = t.is_string() ? t.get<std::string>() : std::string(t.type_name());
+      if (type == "sliding_attention") {
+        cfg->layer_sliding[l] = true;
+      } else if (type != "full_attention") {
+        f.fail("layer_types", "entry ", l, " is '", type,
+               "'; supported: sliding_attention, full_attention");
+      }
+    }
+  } else {
+    for (int64_t l = 0; l < cfg->num_layers; ++l) cfg->layer_sliding[l] = (l + 1) % 2 == 1;
+  }
+  const bool any_sliding = std::find(cfg->layer_sliding.begin(), cfg->layer_sliding.end(), true) !=
+                           cfg->layer_sliding.end();
+  if (any_sliding && !cfg->sliding_window)
+    f.fail("sliding_window", "is null but layer_types has sliding_attention layers");
+}
+
 // A flag transformers tests for truth: true/false, or a number (nonzero is on). The published
 // Llama 4 configs write attn_temperature_tuning as 4.
 bool truthy(const Fields& f, const char* key, bool fallback) {
@@ -951,15 +1036,25 @@ void read_llama4(const Fields& f, const FamilyDefaults& defaults, ModelConfig* c
   }
 }
 
-// quantization_config: only DeepSeek-V3's block-scaled fp8 (e4m3) format is read.
+// quantization_config: DeepSeek-V3's block-scaled fp8 (e4m3) format, and GPT-OSS's MXFP4 experts.
 void read_quantization(const Fields& f, ModelConfig* cfg) {
   const json* q = f.find("quantization_config");
   if (!q) return;
   if (!q->is_object()) f.fail("quantization_config", "must be an object, found ", q->type_name());
   const Fields p(*q, f.source(), "quantization_config.");
   const std::string method = p.string("quant_method");
+  if (cfg->family == ModelFamily::kGptOss) {
+    if (method != "mxfp4")
+      p.fail("quant_method", "unsupported quantization '", method,
+             "' for gpt_oss; supported: mxfp4");
+    // Which experts are stored as blocks the binder reads from the tensors themselves, so
+    // modules_to_not_convert needs no interpretation here.
+    cfg->mxfp4 = true;
+    return;
+  }
   if (method != "fp8")
-    p.fail("quant_method", "unsupported quantization '", method, "'; supported: fp8");
+    p.fail("quant_method", "unsupported quantization '", method, "'; supported: fp8",
+           method == "mxfp4" ? " (mxfp4 is read for gpt_oss checkpoints only)" : "");
   const std::string fmt = p.opt_string("fmt").value_or("e4m3");
   if (fmt != "e4m3") p.fail("fmt", "unsupported fp8 format '", fmt, "'; supported: e4m3");
   Fp8Quantization fp8;
@@ -1062,6 +1157,8 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& so
     cfg.head_dim = f.size("head_dim", kMaxHeads);
   } else if (defaults.head_dim) {
     cfg.head_dim = *defaults.head_dim;
+  } else if (cfg.family == ModelFamily::kGptOss) {
+    cfg.head_dim = 64;  // GptOssConfig's default, not hidden_size / num_attention_heads
   } else if (cfg.family == ModelFamily::kLlama4 && !f.contains_key("head_dim")) {
     cfg.head_dim = 128;  // Llama4TextConfig's default; an explicit null means hidden / heads
   } else {
@@ -1090,8 +1187,9 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& so
     f.fail("num_experts_per_tok", cfg.num_experts_per_tok, " exceeds the number of experts (",
            cfg.num_experts, ")");
 
+  // GPT-OSS's experts always apply their clamped SwiGLU; its modeling code never reads hidden_act.
   const std::string act = f.opt_string("hidden_act").value_or("silu");
-  if (act != "silu")
+  if (act != "silu" && cfg.family != ModelFamily::kGptOss)
     f.fail("hidden_act", "unsupported activation '", act, "'; only silu is supported");
   cfg.rms_norm_eps = f.number("rms_norm_eps", defaults.rms_norm_eps);
   f.positive_number("rms_norm_eps", cfg.rms_norm_eps);
@@ -1114,6 +1212,14 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& so
   cfg.dtype = declared_dtype(f);
   if (cfg.dtype.empty()) cfg.dtype = declared_dtype(top);  // a nested text_config may omit it
   cfg.rope = read_rope(f, defaults, cfg.max_position_embeddings);
+  if (cfg.family == ModelFamily::kGptOss) {
+    const auto given = [&](const char* key) {
+      const json* v = f.find(key);
+      return v != nullptr && !v->empty();
+    };
+    if (!given("rope_scaling") && !given("rope_parameters"))
+      cfg.rope = gpt_oss_default_rope(cfg.rope.theta);
+  }
   if (!is_deepseek) {
     const int64_t rotary = cfg.rotary_dim();
     if (rotary <= 0 || rotary % 2 != 0)
@@ -1201,6 +1307,9 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& so
     case ModelFamily::kQwen3Next:
     case ModelFamily::kQwen35Moe:
       read_qwen3_next(f, defaults, &cfg);
+      break;
+    case ModelFamily::kGptOss:
+      read_gpt_oss(f, &cfg);
       break;
     case ModelFamily::kLlama4:
       read_llama4(f, defaults, &cfg);

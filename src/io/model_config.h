@@ -25,6 +25,7 @@ enum class ModelFamily {
   kQwen3Next,   // Qwen3-Next: Gated DeltaNet layers beside gated full attention
   kQwen35Moe,   // Qwen3.5-MoE's text model (text_config): Qwen3-Next's arithmetic, other names
   kLlama4,      // Llama 4 text: llama4 (text_config nested beside a vision_config) or llama4_text
+  kGptOss,      // GPT-OSS: attention sinks, alternating sliding windows, MXFP4 experts
 };
 
 std::string_view family_name(ModelFamily family);
@@ -93,6 +94,13 @@ struct Fp8Quantization {
   int64_t block_cols = 128;
 };
 
+// The experts' activation of GPT-OSS: gate clamped above at `limit`, up clamped to
+// [-limit, limit], then (up + 1) * gate * sigmoid(alpha * gate).
+struct ClampedSwiglu {
+  double alpha = 1.702;
+  double limit = 7.0;
+};
+
 // Llama 4's query temperature on NoPE layers (attn_temperature_tuning): the query at position p
 // is multiplied by 1 + attn_scale * log1p(floor((p + 1) / floor_scale)).
 struct AttentionTemperature {
@@ -158,6 +166,27 @@ struct ModelConfig {
   // Zero-centred RMSNorm weights: y = normed(x) * (1 + w) for the layer norms, the final norm
   // and the q/k norms (not the linear layers' gated norm).
   bool norm_weight_offset = false;
+  // GPT-OSS.
+  // [num_layers] from layer_types: the layers that attend over sliding_window keys. Empty: every
+  // layer does when sliding_window is set (Mixtral, Qwen3-MoE).
+  std::vector<bool> layer_sliding;
+  bool attention_sinks = false;  // a learned logit per query head joins each softmax's denominator
+  bool router_bias = false;      // the router's logits get a per-expert bias
+  bool router_topk_softmax = false;  // top-k of the logits, then softmax over those k
+  bool expert_bias = false;          // biases on each expert's gate/up and down projections
+  std::optional<ClampedSwiglu> clamped_swiglu;  // nullopt: the experts apply SiLU(gate) * up
+  // quantization_config with quant_method mxfp4: the routed experts may be stored as
+  // <name>_blocks / <name>_scales (32 e2m1 values sharing one power-of-two scale).
+  bool mxfp4 = false;
+
+  // The sliding window of layer `layer` in tokens (each query sees itself and the window - 1
+  // keys before it), or 0 for full attention.
+  int64_t window_of(int64_t layer) const {
+    if (!sliding_window) return 0;
+    if (layer_sliding.empty()) return *sliding_window;
+    return layer_sliding[static_cast<size_t>(layer)] ? *sliding_window : 0;
+  }
+
   // Llama 4. Per layer: whether RoPE applies (no_rope_layers; a NoPE layer encodes no position)
   // and whether attention is chunked (layer_types: a query sees only the keys of its own
   // attention_chunk_size block of positions). Empty vectors: RoPE everywhere, nothing chunked.

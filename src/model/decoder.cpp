@@ -148,14 +148,26 @@ Decoder::Decoder(const ModelConfig& config, DecoderWeights weights)
     if (config_.norm_weight_offset) {
       for (auto* w : {&p.input_norm, &p.post_attention_norm, &p.q_norm, &p.k_norm}) add_one(*w);
     }
+    p.sinks = to_f32(lw.attention.sinks);
+    p.router_bias = to_f32(lw.moe.router_bias);
+    MOE_CHECK(!config_.attention_sinks || static_cast<int64_t>(p.sinks.size()) == config_.num_heads,
+              "layer ", l, " has ", p.sinks.size(), " attention sinks for ", config_.num_heads,
+              " query heads");
   }
   final_norm_ = to_f32(weights_.final_norm);
   if (config_.norm_weight_offset) add_one(final_norm_);
   plans_ = plan_layers(config_);
   if (config_.num_experts > 0) {
     make_moe_block(std::make_unique<moe::ResidentExperts>(routed_experts(), config_.hidden_size,
-                                                          config_.moe_intermediate_size));
+                                                          config_.moe_intermediate_size,
+                                                          expert_activation(config_)));
   }
+}
+
+moe::LayerRouter Decoder::layer_router(int64_t layer) const {
+  return {.weight = weights_.layers[layer].moe.routed.router,
+          .selection_bias = data_or_null(params_[layer].selection_bias),
+          .logit_bias = data_or_null(params_[layer].router_bias)};
 }
 
 std::vector<std::span<const moe::ExpertWeights>> Decoder::routed_experts() const {
@@ -211,7 +223,8 @@ void Decoder::set_expert_parallel(parallel::Communicator* comm,
   shared_schedule_ = comm != nullptr && overlap ? moe::SharedSchedule::kWhileDispatching
                                                 : moe::SharedSchedule::kBeforeDispatch;
   make_moe_block(std::make_unique<moe::ResidentExperts>(routed_experts(), config_.hidden_size,
-                                                        config_.moe_intermediate_size));
+                                                        config_.moe_intermediate_size,
+                                                        expert_activation(config_)));
 }
 
 void Decoder::set_offload(const offload::OffloadOptions& options, int64_t max_step_tokens) {
@@ -225,7 +238,8 @@ void Decoder::set_offload(const offload::OffloadOptions& options, int64_t max_st
   cached_experts_ = nullptr;
   if (!options.enabled()) {
     make_moe_block(std::make_unique<moe::ResidentExperts>(routed_experts(), config_.hidden_size,
-                                                          config_.moe_intermediate_size));
+                                                          config_.moe_intermediate_size,
+                                                          expert_activation(config_)));
     return;
   }
   const int64_t L = config_.num_layers, E = config_.num_experts;
@@ -234,8 +248,7 @@ void Decoder::set_offload(const offload::OffloadOptions& options, int64_t max_st
   int64_t num_routed = 0, expert_bytes = 0;
   for (int64_t l = 0; l < L; ++l) {
     if (experts[l].empty()) continue;
-    routers[l] = {.weight = weights_.layers[l].moe.routed.router,
-                  .selection_bias = data_or_null(params_[l].selection_bias)};
+    routers[l] = layer_router(l);
     num_routed += static_cast<int64_t>(experts[l].size());
     expert_bytes = moe::expert_nbytes(experts[l].front());
   }
@@ -255,7 +268,8 @@ void Decoder::set_offload(const offload::OffloadOptions& options, int64_t max_st
                                 .expert_width = config_.moe_intermediate_size,
                                 .num_slots = num_slots,
                                 .policy = options.policy,
-                                .cold = cold});
+                                .cold = cold,
+                                .activation = expert_activation(config_)});
   const int64_t reserve =
       offload::static_reserve_slots(E, max_step_tokens * config_.num_experts_per_tok, num_slots);
   runner->warm(ranking, num_slots - reserve);
@@ -520,7 +534,8 @@ void Decoder::attention(int64_t layer, const ForwardBatch& batch, KvBlockPool& p
 
   const int64_t group = Nq / Nkv;
   const float scale = attention_scale_;
-  const int64_t window = config_.sliding_window.value_or(0);
+  const int64_t window = plan.sliding_window;
+  const bool sinks = plan.attention_sinks;
   const int64_t chunk = config_.attention_chunk_size;
   // The first key position a query at `position` sees.
   const auto first_visible = [&](int64_t position) -> int64_t {
@@ -545,7 +560,9 @@ void Decoder::attention(int64_t layer, const ForwardBatch& batch, KvBlockPool& p
       const int64_t count = position - first + 1;
       const float* q = ws_.q.data() + t * q_dim + h * D;
       scores.resize(count);
-      float max_score = -INFINITY;
+      // A sink is one more logit in the softmax (unscaled) whose value row is zero.
+      const float sink = sinks ? p.sinks[h] : -INFINITY;
+      float max_score = sink;
       for (int64_t j = 0; j < count; ++j) {
         const float* k = key_row(pool, layer, s, first + j) + kv_head * D;
         float dot = 0.0f;
@@ -553,7 +570,7 @@ void Decoder::attention(int64_t layer, const ForwardBatch& batch, KvBlockPool& p
         scores[j] = dot * scale;
         max_score = std::max(max_score, scores[j]);
       }
-      float sum = 0.0f;
+      float sum = sinks ? std::exp(sink - max_score) : 0.0f;
       for (int64_t j = 0; j < count; ++j) sum += scores[j] = std::exp(scores[j] - max_score);
       float* out = ws_.attn.data() + t * q_dim + h * D;
       std::fill_n(out, D, 0.0f);
@@ -843,8 +860,7 @@ void Decoder::feed_forward(int64_t layer, int64_t T) {
     };
   }
   moe_block_->forward(
-      layer, ws_.normed.data(), T, lw.moe.routed.router,
-      data_or_null(params_[layer].selection_bias), [&] { return shared_experts(layer, T); },
+      layer, ws_.normed.data(), T, layer_router(layer), [&] { return shared_experts(layer, T); },
       shared_schedule_, ws_.block_out.data(), adjust);
   const moe::Routing& routing = moe_block_->routing();
   if (routing_observer_) routing_observer_(layer, routing);

@@ -111,11 +111,15 @@ class Decoder {
     std::vector<float> q_a_norm, kv_a_norm;  // MLA
     std::vector<float> selection_bias;       // [E] DeepSeek-V3 router bias
     // Gated DeltaNet.
-    std::vector<float> conv;        // [conv_dim, conv_kernel]
-    std::vector<float> neg_decay;   // [Nv] -exp(A_log)
-    std::vector<float> dt_bias;     // [Nv]
-    std::vector<float> gated_norm;  // [Dv]
+    std::vector<float> conv;                 // [conv_dim, conv_kernel]
+    std::vector<float> neg_decay;            // [Nv] -exp(A_log)
+    std::vector<float> dt_bias;              // [Nv]
+    std::vector<float> gated_norm;           // [Dv]
+    std::vector<float> sinks;                // [Nq] GPT-OSS attention sinks
+    std::vector<float> router_bias;          // [E] GPT-OSS router logit bias
   };
+  // The layer's router as the MoE block takes it.
+  moe::LayerRouter layer_router(int64_t layer) const;
   // Buffers reused across steps.
   struct Workspace {
     std::vector<float> x, normed, q, k, v, attn, block_out, shared, gate, up;

@@ -19,6 +19,8 @@ DecoderWeights bind_weights(const ModelConfig& config, WeightSource& src) {
       return bind_qwen3_next(config, src);
     case ModelFamily::kQwen35Moe:
       return bind_qwen3_5_moe(config, src);
+    case ModelFamily::kGptOss:
+      return bind_gpt_oss(config, src);
     case ModelFamily::kLlama4:
       return bind_llama4(config, src);
   }
@@ -29,7 +31,9 @@ moe::RouterOptions router_options(const ModelConfig& config) {
   moe::RouterOptions options{
       .num_experts = config.num_experts,
       .top_k = config.num_experts_per_tok,
-      .score = config.sigmoid_scores ? moe::ScoreFunction::kSigmoid : moe::ScoreFunction::kSoftmax,
+      .score = config.router_topk_softmax ? moe::ScoreFunction::kTopkSoftmax
+               : config.sigmoid_scores    ? moe::ScoreFunction::kSigmoid
+                                          : moe::ScoreFunction::kSoftmax,
       .renormalize = config.norm_topk_prob,
       .routed_scaling_factor = static_cast<float>(config.routed_scaling_factor)};
   if (config.topk_method != TopkMethod::kGreedy) {
@@ -39,6 +43,13 @@ moe::RouterOptions router_options(const ModelConfig& config) {
     options.topk_groups = config.topk_groups;
   }
   return options;
+}
+
+moe::ExpertActivation expert_activation(const ModelConfig& config) {
+  if (!config.clamped_swiglu) return {};
+  return {.kind = moe::ActivationKind::kClampedSwiglu,
+          .alpha = static_cast<float>(config.clamped_swiglu->alpha),
+          .limit = static_cast<float>(config.clamped_swiglu->limit)};
 }
 
 namespace binding {

@@ -15,6 +15,8 @@ namespace moeinfer {
 DecoderWeights bind_weights(const ModelConfig& config, WeightSource& src);
 // The router's options from the config; a per-layer selection bias is set by the caller.
 moe::RouterOptions router_options(const ModelConfig& config);
+// How the config's experts join gate and up.
+moe::ExpertActivation expert_activation(const ModelConfig& config);
 
 // Per-family binders (model/<family>.cpp).
 DecoderWeights bind_qwen3_moe(const ModelConfig& config, WeightSource& src);
@@ -27,6 +29,7 @@ DecoderWeights bind_glm4_moe(const ModelConfig& config, WeightSource& src);
 DecoderWeights bind_ernie4_5_moe(const ModelConfig& config, WeightSource& src);
 DecoderWeights bind_qwen3_next(const ModelConfig& config, WeightSource& src);
 DecoderWeights bind_qwen3_5_moe(const ModelConfig& config, WeightSource& src);
+DecoderWeights bind_gpt_oss(const ModelConfig& config, WeightSource& src);
 DecoderWeights bind_llama4(const ModelConfig& config, WeightSource& src);
 
 // Building blocks shared by the binders (model/family.cpp).

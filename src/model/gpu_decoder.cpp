@@ -45,7 +45,21 @@ std::optional<std::string> gpu_unsupported(const ModelConfig& config) {
            ": zero-centred RMSNorm weights are not implemented on the CUDA backend; run with "
            "--device cpu";
   }
-  return std::nullopt;
+  // GPT-OSS's pieces, each named, wherever a config asks for them.
+  std::string missing;
+  const auto lacks = [&](bool needed, const char* what) {
+    if (needed) missing += std::string(missing.empty() ? "" : ", ") + what;
+  };
+  lacks(config.attention_sinks, "attention sinks");
+  lacks(!config.layer_sliding.empty(), "per-layer sliding windows (layer_types)");
+  lacks(config.router_bias, "a router logit bias");
+  lacks(config.router_topk_softmax, "softmax over the top-k router logits");
+  lacks(config.expert_bias, "expert biases");
+  lacks(config.clamped_swiglu.has_value(), "the clamped SwiGLU");
+  if (missing.empty()) return std::nullopt;
+  return config.model_type + ": " + missing +
+         (missing.find(',') == std::string::npos ? " is" : " are") +
+         " not implemented on the CUDA backend; run with --device cpu";
 }
 
 void check_gpu_support(const ModelConfig& config) {

@@ -32,6 +32,11 @@ std::vector<LayerPlan> plan_layers(const ModelConfig& config) {
                                       ? SharedExpertKind::kNone
                                   : config.shared_expert_gated ? SharedExpertKind::kSigmoidGated
                                                                : SharedExpertKind::kUngated;
+  MOE_CHECK(config.layer_sliding.empty() ||
+                static_cast<int64_t>(config.layer_sliding.size()) == config.num_layers,
+            "the config marks ", config.layer_sliding.size(), " layers sliding or full, it has ",
+            config.num_layers);
+  base.attention_sinks = config.attention_sinks;
   std::vector<LayerPlan> plans(static_cast<size_t>(config.num_layers), base);
   MOE_CHECK(config.layer_is_linear.empty() ||
                 static_cast<int64_t>(config.layer_is_linear.size()) == config.num_layers,
@@ -41,6 +46,7 @@ std::vector<LayerPlan> plan_layers(const ModelConfig& config) {
             "the config has linear attention layers but no linear attention sizes");
   for (int64_t l = 0; l < config.num_layers; ++l) {
     if (config.is_linear_layer(l)) plans[l].attention = AttentionKind::kGatedDeltaNet;
+    plans[l].sliding_window = config.window_of(l);
     const bool rope = config.uses_rope(l);
     plans[l].position = rope ? PositionEncoding::kRope : PositionEncoding::kNone;
     if (config.qk_norm_after_rope)

@@ -61,6 +61,10 @@ struct LayerPlan {
   QkNormKind qk_norm = QkNormKind::kNone;
   bool clip_qkv = false;  // OLMoE: clamp q, k and v to +-clip_qkv
   bool output_gate = false;  // Qwen3-Next: the attention output times sigmoid(q_proj's gate)
+  // Keys each query sees, itself included (0: every earlier key): the config's sliding_window
+  // on the layers that slide (all of them, or GPT-OSS's layer_types).
+  int64_t sliding_window = 0;
+  bool attention_sinks = false;  // GPT-OSS: a per-head logit joins each softmax's denominator
   RopePairing rope = RopePairing::kHalves;
   PositionEncoding position = PositionEncoding::kRope;
   AttentionSpan span = AttentionSpan::kCausal;

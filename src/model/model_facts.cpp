@@ -23,6 +23,7 @@ int64_t attention_params(const ModelConfig& c) {
   if (c.attention_out_bias) n += c.hidden_size;
   if (c.qk_norm_per_head) n += 2 * c.head_dim;
   if (c.qk_norm_full) n += c.q_dim() + c.kv_dim();
+  if (c.attention_sinks) n += c.num_heads;
   return n;
 }
 
@@ -34,6 +35,12 @@ int64_t linear_attention_params(const ModelConfig& c) {
   return H * (2 * lin.key_dim() + 2 * lin.value_dim()) + H * 2 * lin.num_value_heads +
          lin.conv_dim() * lin.conv_kernel + 2 * lin.num_value_heads + lin.value_head_dim +
          lin.value_dim() * H;
+}
+
+// One routed expert: three matrices, and GPT-OSS's biases on gate, up and down.
+int64_t expert_params(const ModelConfig& c) {
+  const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
+  return mlp_params(H, I) + (c.expert_bias ? 2 * I + H : 0);
 }
 
 struct Counter {
@@ -71,8 +78,9 @@ PartCounts count_params(const ModelConfig& c, bool active_only) {
     }
     p.other += c.num_experts * H;  // router
     if (c.router_selection_bias) p.other += c.num_experts;  // its selection bias
+    if (c.router_bias) p.other += c.num_experts;            // its logit bias
     const int64_t experts = active_only ? c.num_experts_per_tok : c.num_experts;
-    p.routed_experts += experts * mlp_params(H, c.moe_intermediate_size);
+    p.routed_experts += experts * expert_params(c);
     if (c.shared_expert_intermediate_size > 0) {
       p.shared_experts += mlp_params(H, c.shared_expert_intermediate_size) +
                           (c.shared_expert_gated ? H : 0);
@@ -106,7 +114,7 @@ ModelFacts model_facts(const ModelConfig& config, const DecoderWeights& w,
     count(other, layer.post_attention_norm);
     const AttentionWeights& a = layer.attention;
     for (const TensorView* v : {&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj, &a.q_bias, &a.k_bias,
-                                &a.v_bias, &a.o_bias, &a.q_norm, &a.k_norm}) {
+                                &a.v_bias, &a.o_bias, &a.q_norm, &a.k_norm, &a.sinks}) {
       count(attention, *v);
     }
     const MlaWeights& m = layer.mla;
@@ -128,10 +136,10 @@ ModelFacts model_facts(const ModelConfig& config, const DecoderWeights& w,
     }
     count(other, layer.moe.routed.router);
     count(other, layer.moe.selection_bias);
+    count(other, layer.moe.router_bias);
     for (const moe::ExpertWeights& e : layer.moe.routed.experts) {
-      count(routed, e.gate);
-      count(routed, e.up);
-      count(routed, e.down);
+      for (const TensorView* v : {&e.gate, &e.up, &e.down, &e.gate_bias, &e.up_bias, &e.down_bias})
+        count(routed, *v);
     }
     const MlpWeights& s = layer.moe.shared_expert;
     for (const TensorView* v : {&s.gate_proj, &s.up_proj, &s.down_proj,

@@ -1,5 +1,6 @@
 #include "model/weight_source.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "core/error.h"
@@ -32,9 +33,33 @@ TensorView WeightSource::matrix(const std::string& name, const Shape& shape) {
   return TensorView{.dtype = DType::kBF16, .shape = shape, .data = out.data()};
 }
 
+TensorView WeightSource::mxfp4_experts(const std::string& name, const Shape& shape,
+                                       std::span<const int64_t> destination_row) {
+  MOE_CHECK(shape.rank() == 3, "mxfp4 experts of '", name, "' need an [E, N, K] shape");
+  const int64_t E = shape[0], N = shape[1], K = shape[2];
+  MOE_CHECK(K % 32 == 0, store_.dir().string(), ": mxfp4 tensor '", name, "' has rows of ", K,
+            " values, not a multiple of the 32-value block");
+  MOE_CHECK(destination_row.empty() || static_cast<int64_t>(destination_row.size()) == N,
+            "a row order of ", destination_row.size(), " entries for ", N, " rows");
+  static constexpr DType kBytes[] = {DType::kU8};
+  const TensorView blocks = store_.require(name + "_blocks", {E, N, K / 32, 16}, kBytes);
+  const TensorView scales = store_.require(name + "_scales", {E, N, K / 32}, kBytes);
+  std::vector<uint16_t>& out = dequantized_.emplace_back(static_cast<size_t>(E * N * K));
+  const auto* block_bytes = static_cast<const uint8_t*>(blocks.data);
+  const auto* scale_bytes = static_cast<const uint8_t*>(scales.data);
+  for (int64_t e = 0; e < E; ++e) {
+    dequantize_mxfp4_rows(block_bytes + e * N * (K / 2), scale_bytes + e * N * (K / 32), N, K,
+                          destination_row, out.data() + e * N * K);
+  }
+  return TensorView{.dtype = DType::kBF16, .shape = shape, .data = out.data()};
+}
+
+void* WeightSource::allocate(size_t bytes) { return allocated_.emplace_back(bytes).data(); }
+
 size_t WeightSource::dequantized_bytes() const {
   size_t bytes = 0;
   for (const auto& buffer : dequantized_) bytes += buffer.size() * sizeof(uint16_t);
+  for (const auto& buffer : allocated_) bytes += buffer.size();
   return bytes;
 }
 
@@ -91,6 +116,33 @@ int64_t WeightSource::count_with_prefix(std::string_view prefix) const {
   int64_t count = 0;
   for (const std::string& name : store_.names()) count += name.starts_with(prefix);
   return count;
+}
+
+void dequantize_mxfp4_rows(const uint8_t* blocks, const uint8_t* scales, int64_t num_rows,
+                           int64_t num_cols, std::span<const int64_t> destination_row,
+                           uint16_t* out_bf16) {
+  // The 16 e2m1 codes: sign bit 3, two exponent bits and one mantissa bit.
+  static constexpr float kCodes[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                       -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+  const int64_t num_blocks = num_cols / 32;
+  parallel_for(
+      num_rows,
+      [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          const int64_t at = destination_row.empty() ? r : destination_row[r];
+          uint16_t* row = out_bf16 + at * num_cols;
+          for (int64_t b = 0; b < num_blocks; ++b) {
+            const int exponent = static_cast<int>(scales[r * num_blocks + b]) - 127;
+            const uint8_t* bytes = blocks + (r * num_blocks + b) * 16;
+            uint16_t* out = row + b * 32;
+            for (int j = 0; j < 16; ++j) {
+              out[2 * j] = f32_to_bf16(std::ldexp(kCodes[bytes[j] & 0x0f], exponent));
+              out[2 * j + 1] = f32_to_bf16(std::ldexp(kCodes[bytes[j] >> 4], exponent));
+            }
+          }
+        }
+      },
+      16);
 }
 
 }  // namespace moeinfer

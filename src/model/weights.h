@@ -16,6 +16,7 @@ struct AttentionWeights {
   TensorView q_proj, k_proj, v_proj, o_proj;  // [Nq*D, H], [Nkv*D, H], [Nkv*D, H], [H, Nq*D]
   TensorView q_bias, k_bias, v_bias, o_bias;  // optional
   TensorView q_norm, k_norm;                  // optional: [D] per head, or [Nq*D] / [Nkv*D]
+  TensorView sinks;                           // optional: [Nq] GPT-OSS's sink logit per head
 };
 
 // Multi-head Latent Attention (DeepSeek).
@@ -58,6 +59,7 @@ struct MoeWeights {
   MlpWeights shared_expert;                   // optional
   TensorView shared_expert_gate;              // optional: [1, H], sigmoid gate
   TensorView selection_bias;                  // optional: [E] e_score_correction_bias (f32)
+  TensorView router_bias;                     // optional: [E] added to the router's logits
 };
 
 struct LayerWeights {

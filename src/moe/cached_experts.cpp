@@ -123,7 +123,7 @@ void CachedExperts::predict(int64_t layer, const RoutedTokens& tokens) {
   RouterOptions router = options_.router;
   router.selection_bias = routers_[layer].selection_bias;
   logits_.resize(static_cast<size_t>(T * E));
-  cpu::linear(tokens.hidden, T, routers_[layer].weight, nullptr, logits_.data());
+  cpu::linear(tokens.hidden, T, routers_[layer].weight, routers_[layer].logit_bias, logits_.data());
   route(logits_.data(), T, router, &predicted_);
   std::fill(rows_.begin(), rows_.end(), 0);
   for (int32_t e : predicted_.topk_ids) rows_[e] += 1;
@@ -179,10 +179,17 @@ void CachedExperts::run(int64_t layer, const ExpertRows& rows, float* out) {
     const int64_t e = rows.expert(i);
     MOE_CHECK(e >= 0 && e < E, "expert ", e, " outside layer ", layer, "'s ", E);
     const int32_t slot = cache_.slot_of(static_cast<int32_t>(layer * E + e));
-    views_[i] = slot >= 0 ? slot_views_[slot] : experts_[layer][e];
+    const ExpertWeights& home = experts_[layer][e];
+    views_[i] = home;
+    if (slot >= 0) {  // the matrices from the slot; the biases stay at home (expert_nbytes)
+      views_[i].gate = slot_views_[slot].gate;
+      views_[i].up = slot_views_[slot].up;
+      views_[i].down = slot_views_[slot].down;
+    }
   }
   run_experts(rows.rows, options_.hidden_size, options_.expert_width, rows.expert_offsets,
-              std::span<const ExpertWeights>(views_.data(), static_cast<size_t>(count)), out);
+              std::span<const ExpertWeights>(views_.data(), static_cast<size_t>(count)), out,
+              options_.activation);
 }
 
 HostExpertRate measure_host_expert_rate(std::span<const ExpertWeights> experts, int64_t hidden_size,

@@ -31,12 +31,6 @@
 
 namespace moeinfer::moe {
 
-// One layer's router as the checkpoint holds it (inputs, not options).
-struct LayerRouter {
-  TensorView weight;                      // [E, H]; empty for a dense layer
-  const float* selection_bias = nullptr;  // [E] or null
-};
-
 struct CachedExpertsOptions {
   RouterOptions router;      // the layers' shared options; selection_bias comes per layer
   int64_t hidden_size = 0;   // H
@@ -45,6 +39,7 @@ struct CachedExpertsOptions {
   offload::CachePolicy policy = offload::CachePolicy::kLru;
   bool prefetch = true;    // predict and prefetch layer l+1's experts at layer l
   offload::ColdCost cold;  // kGpu: every miss is copied
+  ExpertActivation activation;  // how the experts join gate and up
 };
 
 // What computing one cold expert on the host costs, measured with run_experts: the time of one

@@ -26,8 +26,12 @@ void LocalDispatcher::combine(int64_t /*layer*/, const float* expert_out,
 }
 
 ResidentExperts::ResidentExperts(std::vector<std::span<const ExpertWeights>> experts,
-                                 int64_t hidden_size, int64_t expert_width)
-    : experts_(std::move(experts)), hidden_size_(hidden_size), expert_width_(expert_width) {}
+                                 int64_t hidden_size, int64_t expert_width,
+                                 ExpertActivation activation)
+    : experts_(std::move(experts)),
+      hidden_size_(hidden_size),
+      expert_width_(expert_width),
+      activation_(activation) {}
 
 void ResidentExperts::run(int64_t layer, const ExpertRows& rows, float* out) {
   MOE_CHECK(layer >= 0 && layer < static_cast<int64_t>(experts_.size()), "layer ", layer,
@@ -42,7 +46,7 @@ void ResidentExperts::run(int64_t layer, const ExpertRows& rows, float* out) {
               "'s ", num_experts);
     run_experts(rows.rows, hidden_size_, expert_width_, rows.expert_offsets,
                 all.subspan(static_cast<size_t>(rows.first_expert), static_cast<size_t>(count)),
-                out);
+                out, activation_);
     return;
   }
   MOE_CHECK(static_cast<int64_t>(rows.expert_ids.size()) == count, rows.expert_ids.size(),
@@ -54,7 +58,8 @@ void ResidentExperts::run(int64_t layer, const ExpertRows& rows, float* out) {
               num_experts);
     views_[i] = all[static_cast<size_t>(e)];
   }
-  run_experts(rows.rows, hidden_size_, expert_width_, rows.expert_offsets, views_, out);
+  run_experts(rows.rows, hidden_size_, expert_width_, rows.expert_offsets, views_, out,
+              activation_);
 }
 
 MoeBlock::MoeBlock(MoeBlockOptions options, std::unique_ptr<TokenDispatcher> dispatcher,
@@ -75,16 +80,25 @@ void MoeBlock::forward(int64_t layer, const float* hidden, int64_t num_tokens,
                        const TensorView& router, const float* selection_bias,
                        const SharedExpertsFn& shared_experts, SharedSchedule schedule, float* out,
                        const RouteAdjust& adjust) {
+  forward(layer, hidden, num_tokens,
+          LayerRouter{.weight = router, .selection_bias = selection_bias}, shared_experts, schedule,
+          out, adjust);
+}
+
+void MoeBlock::forward(int64_t layer, const float* hidden, int64_t num_tokens,
+                       const LayerRouter& router, const SharedExpertsFn& shared_experts,
+                       SharedSchedule schedule, float* out, const RouteAdjust& adjust) {
   const int64_t E = options_.router.num_experts;
   const int64_t H = options_.hidden_size;
-  MOE_CHECK(router.shape.rank() == 2 && router.shape[0] == E && router.shape[1] == H,
-            "layer ", layer, "'s router is not [", E, ", ", H, "]");
+  MOE_CHECK(
+      router.weight.shape.rank() == 2 && router.weight.shape[0] == E && router.weight.shape[1] == H,
+      "layer ", layer, "'s router is not [", E, ", ", H, "]");
   RouterOptions router_options = options_.router;
-  router_options.selection_bias = selection_bias;
+  router_options.selection_bias = router.selection_bias;
   {
     MOE_PROFILE_SCOPE(profile::Stage::kRoute);
     logits_.resize(num_tokens * E);
-    cpu::linear(hidden, num_tokens, router, nullptr, logits_.data());
+    cpu::linear(hidden, num_tokens, router.weight, router.logit_bias, logits_.data());
     route(logits_.data(), num_tokens, router_options, &routing_);
     if (adjust) adjust(logits_.data(), router_options, routing_);
   }

@@ -16,6 +16,13 @@
 
 namespace moeinfer::moe {
 
+// One layer's router as the checkpoint holds it (inputs, not options).
+struct LayerRouter {
+  TensorView weight;                      // [E, H]; empty for a dense layer
+  const float* selection_bias = nullptr;  // [E] or null
+  const float* logit_bias = nullptr;      // [E] added to the logits (GPT-OSS), or null
+};
+
 struct MoeBlockOptions {
   RouterOptions router;      // selection_bias is per layer: see MoeBlock::forward
   int64_t hidden_size = 0;   // H
@@ -95,12 +102,13 @@ class ResidentExperts final : public ExpertRunner {
  public:
   // experts[l]: layer l's experts (empty for a dense layer); the views must outlive this.
   ResidentExperts(std::vector<std::span<const ExpertWeights>> experts, int64_t hidden_size,
-                  int64_t expert_width);
+                  int64_t expert_width, ExpertActivation activation = {});
   void run(int64_t layer, const ExpertRows& rows, float* out) override;
 
  private:
   std::vector<std::span<const ExpertWeights>> experts_;
   int64_t hidden_size_, expert_width_;
+  ExpertActivation activation_;
   std::vector<ExpertWeights> views_;  // the experts of rows given by expert_ids
 };
 
@@ -130,6 +138,10 @@ class MoeBlock {
   void forward(int64_t layer, const float* hidden, int64_t num_tokens, const TensorView& router,
                const float* selection_bias, const SharedExpertsFn& shared_experts,
                SharedSchedule schedule, float* out, const RouteAdjust& adjust = {});
+  // The same with the whole router (its logit bias too).
+  void forward(int64_t layer, const float* hidden, int64_t num_tokens, const LayerRouter& router,
+               const SharedExpertsFn& shared_experts, SharedSchedule schedule, float* out,
+               const RouteAdjust& adjust = {});
 
   // The last forward's routing and plan.
   const Routing& routing() const { return routing_; }

@@ -69,22 +69,38 @@ void mask_groups(const RouterOptions& o, float* choice, std::vector<float>& grou
   }
 }
 
-// scores[E] of one token's logits: softmax or sigmoid.
+// scores[E] of one token's logits: softmax, sigmoid, or (kTopkSoftmax) the logits themselves,
+// which pick_weights softmaxes over the picks.
 void expert_scores(const float* row, int64_t E, ScoreFunction score, float* scores) {
-  if (score == ScoreFunction::kSoftmax) {
-    const float max_logit = *std::max_element(row, row + E);
-    float sum = 0.0f;
-    for (int64_t e = 0; e < E; ++e) sum += scores[e] = std::exp(row[e] - max_logit);
-    for (int64_t e = 0; e < E; ++e) scores[e] /= sum;
-  } else {
-    for (int64_t e = 0; e < E; ++e) scores[e] = 1.0f / (1.0f + std::exp(-row[e]));
+  switch (score) {
+    case ScoreFunction::kSoftmax: {
+      const float max_logit = *std::max_element(row, row + E);
+      float sum = 0.0f;
+      for (int64_t e = 0; e < E; ++e) sum += scores[e] = std::exp(row[e] - max_logit);
+      for (int64_t e = 0; e < E; ++e) scores[e] /= sum;
+      return;
+    }
+    case ScoreFunction::kSigmoid:
+      for (int64_t e = 0; e < E; ++e) scores[e] = 1.0f / (1.0f + std::exp(-row[e]));
+      return;
+    case ScoreFunction::kTopkSoftmax:
+      std::copy_n(row, E, scores);
+      return;
   }
 }
 
 // The K weights of the picked experts: their scores, renormalised (summed in pick order) and
-// scaled as the options say.
+// scaled as the options say; under kTopkSoftmax the softmax of their logits, scaled.
 void pick_weights(const float* scores, const int32_t* ids, int64_t K, const RouterOptions& options,
                   float* weights) {
+  if (options.score == ScoreFunction::kTopkSoftmax) {
+    float max_logit = -INFINITY;
+    for (int64_t k = 0; k < K; ++k) max_logit = std::max(max_logit, scores[ids[k]]);
+    float sum = 0.0f;
+    for (int64_t k = 0; k < K; ++k) sum += weights[k] = std::exp(scores[ids[k]] - max_logit);
+    for (int64_t k = 0; k < K; ++k) weights[k] = weights[k] / sum * options.routed_scaling_factor;
+    return;
+  }
   float picked_sum = 0.0f;
   for (int64_t k = 0; k < K; ++k) picked_sum += scores[ids[k]];
   const float scale =
@@ -192,9 +208,21 @@ void dispatch(const float* hidden, int64_t hidden_size, const Routing& routing,
   }, 64);
 }
 
+namespace {
+
+// A bias view as the products take it: float32 [n], or null when the expert has none.
+const float* bias_data(const TensorView& bias, int64_t n) {
+  if (bias.empty()) return nullptr;
+  MOE_CHECK(bias.dtype == DType::kF32 && bias.numel() == n, "an expert bias must be float32 [", n,
+            "], found ", dtype_name(bias.dtype), " of ", bias.numel(), " values");
+  return static_cast<const float*>(bias.data);
+}
+
+}  // namespace
+
 void run_experts(const float* rows, int64_t hidden_size, int64_t expert_width,
                  std::span<const int32_t> expert_offsets, std::span<const ExpertWeights> experts,
-                 float* out) {
+                 float* out, const ExpertActivation& activation) {
   const int64_t num_experts = static_cast<int64_t>(experts.size());
   MOE_CHECK(static_cast<int64_t>(expert_offsets.size()) == num_experts + 1, "the rows hold ",
             static_cast<int64_t>(expert_offsets.size()) - 1, " experts but ", num_experts,
@@ -211,25 +239,55 @@ void run_experts(const float* rows, int64_t hidden_size, int64_t expert_width,
     const int64_t n = expert_offsets[e + 1] - first;
     if (n == 0) continue;
     const float* x = rows + first * hidden_size;
-    problems.push_back({.x = x, .num_rows = n, .weight = experts[e].gate,
+    problems.push_back({.x = x,
+                        .num_rows = n,
+                        .weight = experts[e].gate,
+                        .bias = bias_data(experts[e].gate_bias, expert_width),
                         .y = gate.data() + first * expert_width});
-    problems.push_back({.x = x, .num_rows = n, .weight = experts[e].up,
+    problems.push_back({.x = x,
+                        .num_rows = n,
+                        .weight = experts[e].up,
+                        .bias = bias_data(experts[e].up_bias, expert_width),
                         .y = up.data() + first * expert_width});
   }
   cpu::linear_grouped(problems);
-  parallel_for(num_rows * expert_width, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const float g = gate[i];
-      gate[i] = g / (1.0f + std::exp(-g)) * up[i];
+  switch (activation.kind) {
+    case ActivationKind::kSiluGlu:
+      parallel_for(
+          num_rows * expert_width,
+          [&](int64_t begin, int64_t end) {
+            for (int64_t i = begin; i < end; ++i) {
+              const float g = gate[i];
+              gate[i] = g / (1.0f + std::exp(-g)) * up[i];
+            }
+          },
+          4096);
+      break;
+    case ActivationKind::kClampedSwiglu: {
+      const float alpha = activation.alpha, limit = activation.limit;
+      parallel_for(
+          num_rows * expert_width,
+          [&](int64_t begin, int64_t end) {
+            for (int64_t i = begin; i < end; ++i) {
+              const float g = std::min(gate[i], limit);
+              const float u = std::clamp(up[i], -limit, limit);
+              gate[i] = (u + 1.0f) * (g / (1.0f + std::exp(-alpha * g)));
+            }
+          },
+          4096);
+      break;
     }
-  }, 4096);
+  }
   problems.clear();
   for (int64_t e = 0; e < num_experts; ++e) {
     const int64_t first = expert_offsets[e];
     const int64_t n = expert_offsets[e + 1] - first;
     if (n == 0) continue;
-    problems.push_back({.x = gate.data() + first * expert_width, .num_rows = n,
-                        .weight = experts[e].down, .y = out + first * hidden_size});
+    problems.push_back({.x = gate.data() + first * expert_width,
+                        .num_rows = n,
+                        .weight = experts[e].down,
+                        .bias = bias_data(experts[e].down_bias, hidden_size),
+                        .y = out + first * hidden_size});
   }
   cpu::linear_grouped(problems);
 }

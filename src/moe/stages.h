@@ -11,7 +11,13 @@
 
 namespace moeinfer::moe {
 
-enum class ScoreFunction { kSoftmax, kSigmoid };
+enum class ScoreFunction {
+  kSoftmax,
+  kSigmoid,
+  // GPT-OSS: the K experts of the highest logits, weighted by a softmax over those K logits
+  // (renormalisation changes nothing: the weights already sum to 1).
+  kTopkSoftmax,
+};
 
 // Group-limited routing (DeepSeek): experts are split into num_groups equal groups, each group
 // gets a score, only the best topk_groups groups stay eligible.
@@ -59,15 +65,31 @@ struct DispatchPlan {
   std::vector<int32_t> inverse;         // [T*K] sorted row of assignment t*K + k
 };
 
-// The weights of one expert: SiLU(x . gate^T) * (x . up^T), then . down^T.
+// The weights of one expert: act(x . gate^T + gate_bias, x . up^T + up_bias), then . down^T +
+// down_bias, act as ExpertActivation says.
 struct ExpertWeights {
   TensorView gate;  // [I, H]
   TensorView up;    // [I, H]
   TensorView down;  // [H, I]
+  // Optional float32 biases (GPT-OSS): [I], [I], [H]; empty views where the model has none.
+  TensorView gate_bias, up_bias, down_bias;
 };
 
-// Bytes of one expert's three tensors as stored (the unit of the expert cache's budget and of
-// the profiler's bytes of expert weights read).
+// How an expert joins its gate and up projections.
+enum class ActivationKind {
+  kSiluGlu,        // SiLU(gate) * up
+  kClampedSwiglu,  // GPT-OSS: g = min(gate, limit), u = clamp(up, -limit, limit),
+                   // (u + 1) * g * sigmoid(alpha * g)
+};
+struct ExpertActivation {
+  ActivationKind kind = ActivationKind::kSiluGlu;
+  float alpha = 1.702f;  // kClampedSwiglu
+  float limit = 7.0f;    // kClampedSwiglu
+};
+
+// Bytes of one expert's three matrices as stored (the unit of the expert cache's budget and of
+// the profiler's bytes of expert weights read). The biases, a few KB where a model has them, are
+// left out: the cache's slots hold the matrices and the biases stay where they are.
 inline int64_t expert_nbytes(const ExpertWeights& e) {
   return static_cast<int64_t>(e.gate.nbytes() + e.up.nbytes() + e.down.nbytes());
 }
@@ -98,7 +120,7 @@ void dispatch(const float* hidden, int64_t hidden_size, const Routing& routing,
 // (experts[e]) owns rows [expert_offsets[e], expert_offsets[e + 1]), M = expert_offsets.back().
 void run_experts(const float* rows, int64_t hidden_size, int64_t expert_width,
                  std::span<const int32_t> expert_offsets, std::span<const ExpertWeights> experts,
-                 float* out);
+                 float* out, const ExpertActivation& activation = {});
 
 // combine: brings expert outputs back to their source (TokenDispatcher::combine, moe_block.h);
 // on one device the outputs already sit in this process in plan order and unpermute follows.

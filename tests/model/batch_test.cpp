@@ -133,5 +133,11 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, BatchTest,
                                          "qwen3_5_moe_f32"),
                          [](const auto& info) { return info.param; });
 
+// GPT-OSS: sliding layers beside full ones (windows of 3 and 4 tokens over blocks of 4),
+// attention sinks, MXFP4 experts.
+INSTANTIATE_TEST_SUITE_P(GptOss, BatchTest,
+                         testing::Values("gpt_oss_f32", "gpt_oss_d24_bf16", "gpt_oss_mxfp4"),
+                         [](const auto& info) { return info.param; });
+
 }  // namespace
 }  // namespace moeinfer
