@@ -392,6 +392,25 @@ FIXTURES += [
                      linear_value_head_dim=8, linear_conv_kernel_dim=4, rope_theta=10000.0,
                      rope_scaling=dict(partial_rotary_factor=0.25, mrope_section=[1, 1, 0],
                                        mrope_interleaved=True))),
+    # The same in bfloat16 with other shapes: four layers (linear, full, linear, full), one value
+    # head per key head (Dk 24, Dv 16), conv kernel 3, head_dim 32 over 2 query heads and one
+    # key/value head, M-RoPE sections (2, 1, 1) over its 8 rotary dims, 4 experts top-2, an
+    # untied LM head.
+    dict(name="qwen3_5_moe_bf16", cls="Qwen3_5Moe", model_cls="Qwen3_5MoeForConditionalGeneration",
+         dtype="bfloat16", tokenizer="qwen", legacy_rope=False, qwen3_next=True, qwen3_5_moe=True,
+         min_distinct=4, tie_word_embeddings=False,
+         vision_config=dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2,
+                            out_hidden_size=64, num_position_embeddings=16, patch_size=4,
+                            temporal_patch_size=2, spatial_merge_size=2),
+         config=dict(COMMON, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                     num_hidden_layers=4, moe_intermediate_size=24,
+                     shared_expert_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+                     layer_types=["linear_attention", "full_attention", "linear_attention",
+                                  "full_attention"],
+                     linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=24,
+                     linear_value_head_dim=16, linear_conv_kernel_dim=3, rope_theta=1000000.0,
+                     rope_scaling=dict(partial_rotary_factor=0.25, mrope_section=[2, 1, 1],
+                                       mrope_interleaved=True))),
 ]
 
 

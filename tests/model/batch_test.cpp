@@ -130,7 +130,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, BatchTest,
                                          "glm4_moe_f32", "glm4_moe_air_bf16", "ernie4_5_moe_f32",
                                          "ernie4_5_moe_i2_bf16", "kimi_k2_f32", "llama4_text_f32",
                                          "llama4_vision_bf16", "qwen3_next_f32", "qwen3_next_bf16",
-                                         "qwen3_5_moe_f32"),
+                                         "qwen3_5_moe_f32", "qwen3_5_moe_bf16"),
                          [](const auto& info) { return info.param; });
 
 // GPT-OSS: sliding layers beside full ones (windows of 3 and 4 tokens over blocks of 4),
