@@ -6,7 +6,7 @@
     >>> out[0].outputs[0].text
 
 ``LLM`` is vLLM's offline API over the engine's continuous batching; ``serve`` runs the
-OpenAI-compatible server; ``plan``, ``expert_load``, ``read_routing_trace``,
+OpenAI-compatible server; ``plan``, ``expert_load`` (with ``rank_rows``), ``read_routing_trace``,
 ``summarize_routing_trace`` and ``profile`` return the engine's reports as dicts and NumPy
 arrays. Errors of the engine raise ``EngineError`` (a ``RuntimeError``) with its message.
 """
@@ -15,7 +15,8 @@ from ._core import EngineError, UsageError, __version__, built_with_cuda
 from .cli import main, run, serve
 from .llm import LLM
 from .outputs import CompletionOutput, Logprob, RequestOutput
-from .reports import expert_load, plan, profile, read_routing_trace, summarize_routing_trace
+from .reports import (expert_load, plan, profile, rank_rows, read_routing_trace,
+                      summarize_routing_trace)
 from .sampling_params import SamplingParams
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "serve",
     "plan",
     "expert_load",
+    "rank_rows",
     "read_routing_trace",
     "summarize_routing_trace",
     "profile",

@@ -142,6 +142,11 @@ def expert_load(model: str, text: str, draws: int, seed: int,
                 chunk_tokens: int) -> Tuple[str, npt.NDArray[np.int64]]:
     """(`moeinfer expert-load --json` without the layers' counts, counts [layers, E])."""
 
+def rank_rows(counts: npt.NDArray[np.int64], layers: Sequence[int], ranks: int,
+              placement: str) -> npt.NDArray[np.float64]:
+    """Rows each rank's experts compute per layer [L, ranks] for counts [L, E] ("" placement:
+    contiguous ranges)."""
+
 def read_routing_trace(path: str) -> Dict[str, Any]:
     """A routing trace's records as arrays (moeinfer.read_routing_trace documents them)."""
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, Optional, Sequence, Union
 
 import numpy as np
 
@@ -42,7 +42,8 @@ def plan(model: PathLike, *, gpus: int = 1, gpu_mem: float = 80.0, dtype: Option
 
 
 def expert_load(model: PathLike, text: str, *, draws: int = 20, seed: int = 0,
-                chunk_tokens: int = 0) -> Dict[str, Any]:
+                chunk_tokens: int = 0, ranks: int = 1,
+                placement: Optional[PathLike] = None) -> Dict[str, Any]:
     """``moeinfer expert-load --json``: how the routers spread ``text``'s tokens over the
     experts, per MoE layer, beside a random router of the same shape.
 
@@ -52,17 +53,53 @@ def expert_load(model: PathLike, text: str, *, draws: int = 20, seed: int = 0,
         draws: random-router draws averaged per layer.
         seed: the random router's seed.
         chunk_tokens: tokens per forward pass (0: the model's context length).
+        ranks: with ranks > 1, also each rank's load under expert parallelism over that many
+            ranks (see ``rank_rows``).
+        placement: with ranks: a ``moeinfer placement`` file (None: contiguous ranges).
 
     Returns:
         The command's JSON fields, with "counts": int64 array [num_moe_layers, num_experts]
         (assignments per expert; row i is layer ``layers[i]["layer"]``) and per layer its
         max_over_mean, min_over_mean, cv (ratios to the mean load T*K/E) and the random
-        router's.
+        router's. With ranks > 1: "rank_rows", float64 [num_moe_layers, ranks] (rows each
+        rank's experts compute), and "rank_max_over_mean", float64 [num_moe_layers] (the
+        busiest rank over the mean: the layer's straggler factor).
     """
     text_json, counts = _core.expert_load(os.fspath(model), text, draws, seed, chunk_tokens)
     report = json.loads(text_json)
     report["counts"] = counts
+    if ranks > 1:
+        layers = [layer["layer"] for layer in report["layers"]]
+        rows = rank_rows(counts, layers, ranks, placement)
+        report["rank_rows"] = rows
+        mean = rows.mean(axis=1)
+        report["rank_max_over_mean"] = np.divide(rows.max(axis=1), mean, out=np.ones_like(mean),
+                                                 where=mean > 0)
     return report
+
+
+def rank_rows(counts: Any, layers: Sequence[int], ranks: int,
+              placement: Optional[PathLike] = None) -> Any:
+    """Rows each rank's experts compute under expert parallelism over ``ranks`` ranks.
+
+    Args:
+        counts: int64 array [L, E], the assignments each expert received in L MoE layers
+            (``expert_load``'s "counts", or the MoE layers' rows of
+            ``LLM(profile=True).stats()["expert_rows"]``).
+        layers: the model's layer index of each row of counts (a placement file's per-layer
+            tables are looked up by it).
+        ranks: expert-parallel ranks.
+        placement: a ``moeinfer placement`` file; None: contiguous ranges (needs E >= ranks).
+
+    Returns:
+        float64 array [L, ranks]; an expert with replicas shares its rows evenly among them, as
+        ``moeinfer placement`` predicts.
+    """
+    array = np.ascontiguousarray(counts, dtype=np.int64)
+    if array.ndim != 2:
+        raise ValueError(f"counts must be a 2-D array [layers, experts], got shape {array.shape}")
+    return _core.rank_rows(array, [int(layer) for layer in layers], int(ranks),
+                           "" if placement is None else os.fspath(placement))
 
 
 def read_routing_trace(path: PathLike) -> Dict[str, Any]:

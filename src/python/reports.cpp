@@ -12,6 +12,8 @@
 #include "io/tokenizer.h"
 #include "model/capacity_plan.h"
 #include "model/model.h"
+#include "parallel/placement.h"
+#include "parallel/placement_planner.h"
 #include "profile/routing_trace.h"
 #include "runtime/expert_load.h"
 
@@ -64,6 +66,34 @@ nb::tuple expert_load(const std::string& model, const std::string& text, int64_t
                                {report.layers.size(), static_cast<size_t>(report.num_experts)}));
 }
 
+// Rows each rank's experts would compute per layer ([L, N]) for expert loads counts [L, E] of
+// the MoE layers `layers`: contiguous ranges, or the placement file's tables, a replicated
+// expert's rows shared evenly by its replicas (as `moeinfer placement` predicts them).
+nb::ndarray<nb::numpy, double> rank_rows(
+    nb::ndarray<const int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> counts,
+    const std::vector<int64_t>& layers, int ranks, const std::string& placement_file) {
+  const int64_t L = static_cast<int64_t>(counts.shape(0)),
+                E = static_cast<int64_t>(counts.shape(1));
+  MOE_CHECK(static_cast<int64_t>(layers.size()) == L, "rank_rows: ", layers.size(),
+            " layer ids for ", L, " rows of counts");
+  MOE_CHECK(ranks >= 1, "ranks must be >= 1, got ", ranks);
+  MOE_CHECK(!placement_file.empty() || E >= ranks, E, " experts cannot cover ", ranks,
+            " ranks in contiguous ranges; give a placement with replicas");
+  const parallel::ExpertPlacement placement =
+      placement_file.empty() ? parallel::ExpertPlacement(E, ranks)
+                             : parallel::read_placement(placement_file, E, ranks, layers);
+  const parallel::Topology topology = parallel::Topology::single_node(ranks);
+  std::vector<double> rows;
+  rows.reserve(static_cast<size_t>(L * ranks));
+  for (int64_t i = 0; i < L; ++i) {
+    const std::span<const int64_t> load(counts.data() + i * E, static_cast<size_t>(E));
+    const parallel::LayerPrediction p =
+        parallel::predict_layer(placement.layer(layers[i]), load, topology);
+    rows.insert(rows.end(), p.rank_rows.begin(), p.rank_rows.end());
+  }
+  return owned_array(std::move(rows), {static_cast<size_t>(L), static_cast<size_t>(ranks)});
+}
+
 nb::dict read_trace(const std::string& path) {
   RoutingTrace trace;
   {
@@ -113,6 +143,8 @@ void bind_reports(nb::module_& m) {
   m.def("expert_load", &expert_load, "model"_a, "text"_a, "draws"_a, "seed"_a, "chunk_tokens"_a,
         "`moeinfer expert-load --json` of a text: (JSON text without the layers' counts, "
         "counts int64 [num_moe_layers, num_experts])");
+  m.def("rank_rows", &rank_rows, "counts"_a, "layers"_a, "ranks"_a, "placement"_a,
+        "Rows each rank's experts compute per layer, float64 [L, ranks], for counts [L, E]");
   m.def("read_routing_trace", &read_trace, "path"_a,
         "A --trace-routing file's records as NumPy arrays");
   m.def("summarize_routing_trace", &summarize_trace, "path"_a, "pairs"_a,

@@ -4,6 +4,7 @@ capacity plan, expert load, routing traces and the profiler."""
 import json
 
 import numpy as np
+import pytest
 
 import moeinfer
 
@@ -44,6 +45,29 @@ def test_expert_load_equals_the_command(tmp_path):
     theirs.pop("model")
     theirs.pop("text_file")
     assert ours == theirs
+
+
+def test_expert_load_per_rank(tmp_path):
+    report = moeinfer.expert_load(DEMO, TEXT, draws=2, ranks=4)
+    counts, rows = report["counts"], report["rank_rows"]
+    assert rows.dtype == np.float64 and rows.shape == (counts.shape[0], 4)
+    # Contiguous ranges: rank r holds experts 4r..4r+3 of the demo model's 16.
+    np.testing.assert_array_equal(rows, counts.reshape(-1, 4, 4).sum(axis=2))
+    np.testing.assert_allclose(report["rank_max_over_mean"], rows.max(axis=1) / rows.mean(axis=1))
+    # Every expert on both ranks: each replica takes half of its expert's rows.
+    placement = tmp_path / "placement.json"
+    placement.write_text(json.dumps({"format": "moeinfer-placement", "version": 1,
+                                     "num_experts": 16, "num_ranks": 2,
+                                     "ranks": [list(range(16)), list(range(16))]}))
+    layers = [layer["layer"] for layer in report["layers"]]
+    halves = moeinfer.rank_rows(counts, layers, 2, placement)
+    np.testing.assert_allclose(halves, np.repeat(counts.sum(axis=1, keepdims=True) / 2, 2, axis=1))
+    with pytest.raises(moeinfer.EngineError, match="cannot cover 32 ranks"):
+        moeinfer.rank_rows(counts, layers, 32)
+    with pytest.raises(moeinfer.EngineError, match="layer ids"):
+        moeinfer.rank_rows(counts, layers[:1], 2)
+    with pytest.raises(ValueError, match="2-D"):
+        moeinfer.rank_rows(counts[0], layers, 2)
 
 
 def test_routing_trace(tmp_path):
