@@ -249,12 +249,11 @@ void run_bench(const BenchArgs& args) {
       .max_num_batched_tokens =
           args.max_num_batched_tokens > 0
               ? args.max_num_batched_tokens
-              : std::max<int64_t>(
-                    args.device.is_cuda()
-                        ? std::min(args.batch * args.input_len,
-                                   std::max<int64_t>(8192, args.input_len))
-                        : args.batch * args.input_len,
-                    512),
+              : std::max<int64_t>(args.device.is_cuda()
+                                      ? std::min(args.batch * args.input_len,
+                                                 std::max<int64_t>(8192, args.input_len))
+                                      : args.batch * args.input_len,
+                                  512),
       .max_model_len = synthetic ? args.input_len + args.output_len : 0,
       .enable_prefix_caching = false,
       .profile_stages = args.profile,
@@ -265,7 +264,8 @@ void run_bench(const BenchArgs& args) {
       .gpu_memory_fraction = args.device.gpu_memory_fraction,
       .cuda_graphs = !args.no_cuda_graphs,
       .deterministic = args.deterministic,
-      .offload = args.device.offload()};
+      .offload = args.device.offload(),
+      .routing = args.device.routing_approximation()};
   MOE_CHECK(args.device.ep == 1 || !synthetic, "--ep ", args.device.ep,
             ": synthetic models are built on the GPU, and expert parallelism runs on CPU ranks");
   parallel::Communicator* ranks = args.device.expert_parallel();  // null without --ep
@@ -450,6 +450,7 @@ void add_bench_command(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 30));
   add_device_options(cmd, &args->device);
   add_offload_options(cmd, &args->device);
+  add_routing_options(cmd, &args->device);
   add_expert_parallel_option(cmd, &args->device);
   cmd->add_option("--layers", args->layers, "synthetic:NAME: keep only the first N layers");
   cmd->add_option("--routing-skew", args->routing_skew,

@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "cli/device_arg.h"
 #include "cli/model_arg.h"
+#include "cli/usage_error.h"
 #include "core/error.h"
 #include "io/chat_template.h"
 #include "io/tokenizer.h"
@@ -76,6 +77,10 @@ void run_generate(const GenerateArgs& args) {
     MOE_CHECK(id < config.vocab_size, "the tokenizer gave id ", id,
               " but the model's vocabulary has ", config.vocab_size, " entries");
   }
+  USAGE_CHECK(args.trace_routing.empty() || !args.device.routing_approximation().drops(),
+              "--trace-routing records all K experts of every token: leave out the routing "
+              "approximations (",
+              args.device.routing_approximation().flags().front(), ")");
   SequenceRunner runner(*model, args.device, static_cast<int64_t>(prompt.size()) + args.max_tokens,
                        static_cast<int64_t>(prompt.size()));
   std::unique_ptr<RoutingTraceWriter> trace;
@@ -144,6 +149,7 @@ void add_generate_command(CLI::App& app) {
   cmd->add_flag("--ignore-eos", args->ignore_eos, "Keep going past end-of-sequence tokens");
   add_device_options(cmd, &args->device);
   add_offload_options(cmd, &args->device);
+  add_routing_options(cmd, &args->device);
   add_expert_parallel_option(cmd, &args->device);
   cmd->add_option("--trace-routing", args->trace_routing,
                   "Record every routing decision to FILE (see `moeinfer trace summarize`)");

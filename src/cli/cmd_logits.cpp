@@ -47,6 +47,7 @@ void add_logits_command(CLI::App& app) {
   cmd->add_option("--out", *out_path, "Output .npy file")->required();
   add_device_options(cmd, device.get());
   add_offload_options(cmd, device.get());
+  add_routing_options(cmd, device.get());
   add_expert_parallel_option(cmd, device.get());
   cmd->callback([=] {
     const std::vector<int32_t> ids = parse_ids(*ids_text);

@@ -160,6 +160,7 @@ class Workload {
       : config_(config), decoder_(decoder), args_(args), prompts_(std::move(prompts)) {
     const int64_t per_seq = (args.input_len + args.output_len + kBlockSize - 1) / kBlockSize;
     num_blocks_ = per_seq * args.batch;
+    const moe::RoutingApproximation routing = args.device.routing_approximation();  // CPU only
     if (args.device.is_cuda()) {
       // The same workload on the GPU decoder: its own device pool of the same blocks.
       const GpuOptions options{.weight_dtype = args.device.weight_dtype(),
@@ -179,6 +180,7 @@ class Workload {
     } else {
       MOE_CHECK(decoder != nullptr, "synthetic models run on the GPU: use --device cuda");
       decoder->set_offload(args.device.offload(), /*max_step_tokens=*/args.batch);
+      decoder->set_routing_approximation(routing);
       // Linear-attention models also get a recurrent state slot per sequence (slot b for b).
       pool_ =
           std::make_unique<KvBlockPool>(decoder->make_pool(kBlockSize, num_blocks_, args.batch));
@@ -459,11 +461,14 @@ void run_profile(const ProfileArgs& args) {
                      .num_experts = static_cast<uint32_t>(E),
                      .top_k = static_cast<uint32_t>(config.num_experts_per_tok)};
   workload.set_routing_observer([&](int64_t layer, const moe::Routing& routing) {
-    trace.records.push_back(TraceRecord{
-        .step = static_cast<uint32_t>(profiler.steps().size()),
-        .layer = static_cast<uint32_t>(layer),
-        .num_tokens = static_cast<uint32_t>(routing.num_tokens),
-        .expert_ids = std::vector<uint16_t>(routing.topk_ids.begin(), routing.topk_ids.end())});
+    TraceRecord record{.step = static_cast<uint32_t>(profiler.steps().size()),
+                       .layer = static_cast<uint32_t>(layer),
+                       .num_tokens = static_cast<uint32_t>(routing.num_tokens)};
+    record.expert_ids.reserve(routing.topk_ids.size());
+    for (int32_t e : routing.topk_ids) {
+      record.expert_ids.push_back(e == moe::kNoExpert ? kDroppedTraceId : static_cast<uint16_t>(e));
+    }
+    trace.records.push_back(std::move(record));
   });
   workload.run(&profiler);
   workload.set_routing_observer(nullptr);
@@ -532,6 +537,7 @@ void add_profile_command(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 30));
   add_device_options(cmd, &args->device);
   add_offload_options(cmd, &args->device);
+  add_routing_options(cmd, &args->device);
   cmd->add_option("--layers", args->layers, "synthetic:NAME: keep only the first N layers");
   cmd->add_option("--routing-skew", args->routing_skew,
                   "synthetic:NAME: zipf:A makes each router prefer experts by a Zipf law");

@@ -7,6 +7,7 @@ namespace moeinfer::cli {
 
 void add_tokenize_command(CLI::App& app);
 void add_logits_command(CLI::App& app);
+void add_eval_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
 void add_info_command(CLI::App& app);
 void add_template_command(CLI::App& app);

@@ -1,8 +1,10 @@
 #include "cli/device_arg.h"
 
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 
 #include "cli/usage_error.h"
 #include "core/error.h"
@@ -70,6 +72,69 @@ void add_offload_options(CLI::App* cmd, DeviceArgs* args) {
                   "experts touched and evicts nothing) or auto (per miss, whichever "
                   "the link and CPU rates measured at start-up say finishes first) "
                   "(default: gpu)");
+}
+
+void add_routing_options(CLI::App* cmd, DeviceArgs* args) {
+  cmd->add_option("--active-experts", args->active_experts,
+                  "Routing approximation: of the K experts the router picks per token, run only "
+                  "the K' of largest weight (1 <= K' <= K; CPU only)");
+  cmd->add_option("--renorm", args->renorm,
+                  "With --active-experts: kept scales the kept weights to the sum the K had "
+                  "(renormalised among themselves), full keeps them as the full top-K "
+                  "normalisation gave them (default: kept)")
+      ->check(CLI::IsMember({"kept", "full"}));
+  cmd->add_option("--drop-below", args->drop_below,
+                  "Routing approximation: skip an expert whose share of its token's routed "
+                  "weight is under W (0 <= W < 1), the rest scaled back to the token's sum; the "
+                  "token's largest weight always runs (CPU only)");
+  cmd->add_option("--expert-capacity", args->expert_capacity,
+                  "Routing approximation: at most ceil(F x mean rows per expert) rows per expert "
+                  "in each forward (F >= 1), admitted in token order; the overflow is dropped "
+                  "or, with --overflow reroute, sent to the token's next-best expert with room. "
+                  "Depends on what else is in the batch (CPU only)");
+  cmd->add_option("--overflow", args->overflow,
+                  "With --expert-capacity: drop (the token's other weights scaled back to its "
+                  "sum) or reroute (default: drop)")
+      ->check(CLI::IsMember({"drop", "reroute"}));
+  cmd->add_option("--router-temperature", args->router_temperature,
+                  "Routing approximation: divide the router logits by T (> 0) before the score "
+                  "function (CPU only)");
+}
+
+moe::RoutingApproximation DeviceArgs::routing_approximation() const {
+  USAGE_CHECK(renorm.empty() || active_experts.has_value(), "--renorm ", renorm,
+              " needs --active-experts K'");
+  USAGE_CHECK(overflow.empty() || expert_capacity.has_value(), "--overflow ", overflow,
+              " needs --expert-capacity F");
+  USAGE_CHECK(!active_experts || *active_experts >= 1, "--active-experts ",
+              active_experts.value_or(0), " must be at least 1");
+  moe::RoutingApproximation approx{
+      .active_experts = active_experts.value_or(0),
+      .renorm = renorm == "full" ? moe::KeptRenorm::kFull : moe::KeptRenorm::kKept,
+      .drop_below = drop_below.value_or(0.0),
+      .expert_capacity = expert_capacity.value_or(0.0),
+      .overflow =
+          overflow == "reroute" ? moe::CapacityOverflow::kReroute : moe::CapacityOverflow::kDrop,
+      .router_temperature = router_temperature.value_or(1.0)};
+  // The values on their own (K' <= K once the model is known:
+  // Decoder::set_routing_approximation), refused as the usage errors they are.
+  try {
+    moe::validate(approx, moe::RouterOptions{.num_experts = INT32_MAX, .top_k = INT32_MAX});
+  } catch (const Error& e) {
+    throw UsageError(e.what(), e.where());
+  }
+  // Every flag given, even at a value that changes nothing (--router-temperature 1), is one the
+  // GPU would have to honour.
+  if (!is_cuda()) return approx;
+  const std::pair<bool, const char*> given[] = {
+      {active_experts.has_value(), "--active-experts"},
+      {drop_below.has_value(), "--drop-below"},
+      {expert_capacity.has_value(), "--expert-capacity"},
+      {router_temperature.has_value(), "--router-temperature"}};
+  for (const auto& [on, flag] : given) {
+    USAGE_CHECK(!on, flag, " is not implemented on the CUDA backend yet: run it with --device cpu");
+  }
+  return approx;
 }
 
 void add_expert_parallel_option(CLI::App* cmd, DeviceArgs* args) {
@@ -170,8 +235,10 @@ SequenceRunner::SequenceRunner(Model& model, const DeviceArgs& device, int64_t m
   const offload::OffloadOptions offload = device.offload();
   // Checked on both devices, so that a flag the GPU path cannot take is refused, not ignored.
   parallel::Communicator* const expert_parallel = device.expert_parallel();
+  const moe::RoutingApproximation routing = device.routing_approximation();
   if (!device.is_cuda()) {
     model.decoder().set_offload(offload, /*max_step_tokens=*/1);
+    model.decoder().set_routing_approximation(routing);
     model.decoder().set_expert_parallel(expert_parallel, device.expert_placement(model.decoder()),
                                         device.overlap_shared_experts());
     cache_.emplace(model.decoder().make_cache(capacity_));
@@ -197,6 +264,18 @@ void SequenceRunner::set_routing_observer(Decoder::RoutingObserver observer) {
   } else {
     model_.decoder().set_routing_observer(std::move(observer));
   }
+}
+
+void SequenceRunner::set_routing_approximation(const moe::RoutingApproximation& approx) {
+  moe::check_routing_device(approx, gpu_ != nullptr);
+  if (!gpu_) model_.decoder().set_routing_approximation(approx);
+}
+
+void SequenceRunner::reset() {
+  // A fresh CPU cache also zeroes a linear-attention layer's recurrent state; on the GPU
+  // position 0 overwrites the sequence's rows, so only the length goes back.
+  if (cache_) cache_.emplace(model_.decoder().make_cache(capacity_));
+  length_ = 0;
 }
 
 void SequenceRunner::forward(std::span<const int32_t> tokens, std::span<float> logits,

@@ -2,6 +2,7 @@
 // one sequence on either device (what `generate` and `logits` need).
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -10,10 +11,9 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
-
 #include "model/gpu_decoder.h"
 #include "model/model.h"
+#include "moe/routing_approx.h"
 #include "offload/offload_options.h"
 #include "parallel/communicator.h"
 #include "parallel/placement.h"
@@ -32,6 +32,13 @@ struct DeviceArgs {
   int ep = 1;                 // --ep: ranks the routed experts are sharded over
   std::string placement;      // --placement FILE; empty: contiguous ranges
   std::string overlap;        // --overlap on|off; empty: on
+  // Routing approximations as given (add_routing_options); unset: off.
+  std::optional<int64_t> active_experts;     // --active-experts K'
+  std::string renorm;                        // --renorm kept|full; empty: kept
+  std::optional<double> drop_below;          // --drop-below W
+  std::optional<double> expert_capacity;     // --expert-capacity F
+  std::string overflow;                      // --overflow drop|reroute; empty: drop
+  std::optional<double> router_temperature;  // --router-temperature T
   // Under --ep: whether the shared experts run while the dispatch's rows are in flight.
   bool overlap_shared_experts() const;
   bool is_cuda() const { return device == "cuda"; }
@@ -44,6 +51,10 @@ struct DeviceArgs {
   std::optional<parallel::ExpertPlacement> expert_placement(const Decoder& decoder) const;
   // Whether this process prints and writes the command's results: rank 0 under --ep.
   bool is_output_rank() const;
+  // The routing flags as one options value, their values and combinations checked (a flag
+  // that needs another, a value out of range) and refused on --device cuda, each error naming
+  // the flag. K' against the model's K is checked where the model is loaded.
+  moe::RoutingApproximation routing_approximation() const;
   // The offloading flags, parsed (offload/parse_options.h); disabled without a budget.
   offload::OffloadOptions offload() const;
 };
@@ -53,6 +64,9 @@ struct DeviceArgs {
 void add_device_options(CLI::App* cmd, DeviceArgs* args);
 // Adds --expert-budget and --expert-cache (the subcommands that run a model's experts).
 void add_offload_options(CLI::App* cmd, DeviceArgs* args);
+// Adds --active-experts, --renorm, --drop-below, --expert-capacity, --overflow and
+// --router-temperature (the subcommands that run a model's router).
+void add_routing_options(CLI::App* cmd, DeviceArgs* args);
 // Adds --ep N and --placement FILE (generate and logits run one sequence on every rank; serve and
 // bench give each rank its own engine and requests).
 void add_expert_parallel_option(CLI::App* cmd, DeviceArgs* args);
@@ -83,6 +97,10 @@ class SequenceRunner {
   void forward(std::span<const int32_t> tokens, std::span<float> logits, bool all_positions);
   // Every MoE layer's routing of each forward, on either device (null: off).
   void set_routing_observer(Decoder::RoutingObserver observer);
+  // Routing approximations from the next forward on (CPU; refused on the GPU unless off).
+  void set_routing_approximation(const moe::RoutingApproximation& approx);
+  // Forgets the sequence: the next forward starts again at position 0.
+  void reset();
 
  private:
   Model& model_;

@@ -78,6 +78,7 @@ void add_commands(CLI::App& app) {
   app.require_subcommand(1);
   add_tokenize_command(app);
   add_logits_command(app);
+  add_eval_command(app);
   add_generate_command(app);
   add_info_command(app);
   add_template_command(app);

@@ -194,8 +194,20 @@ void Decoder::make_moe_block(std::unique_ptr<moe::ExpertRunner> runner) {
                            .expert_width = config_.moe_intermediate_size,
                            .weights = config_.routing_weight_on_input
                                           ? moe::WeightPlacement::kInput
-                                          : moe::WeightPlacement::kOutput},
+                                          : moe::WeightPlacement::kOutput,
+                           .approx = routing_approx_},
       std::move(dispatcher), std::move(runner));
+}
+
+void Decoder::set_routing_approximation(const moe::RoutingApproximation& approx) {
+  if (config_.num_experts == 0 || moe_block_ == nullptr) {
+    MOE_CHECK(!approx.enabled(), approx.flags().front(), ": the ", config_.model_type,
+              " model has no routed experts");
+    return;
+  }
+  moe::validate(approx, router_options(config_));
+  routing_approx_ = approx;
+  moe_block_->set_approximation(approx);
 }
 
 std::vector<int64_t> Decoder::moe_layers() const {

@@ -71,6 +71,12 @@ class Decoder {
   void set_expert_parallel(parallel::Communicator* comm,
                            std::optional<parallel::ExpertPlacement> placement = std::nullopt,
                            bool overlap = true);
+  // Routing approximations (--active-experts, --drop-below, --expert-capacity,
+  // --router-temperature; moe/routing_approx.h) in every MoE layer's route stage from the next
+  // forward on; default options turn them off. Checked against the model's router (K' <= K);
+  // a model without routed experts takes only the defaults.
+  void set_routing_approximation(const moe::RoutingApproximation& approx);
+  const moe::RoutingApproximation& routing_approximation() const { return routing_approx_; }
   // The decoder layers with routed experts, ascending.
   std::vector<int64_t> moe_layers() const;
   const parallel::Communicator* expert_parallel() const { return ep_; }
@@ -168,6 +174,7 @@ class Decoder {
   std::optional<parallel::ExpertPlacement> placement_;  // ep_'s, when given
   parallel::Communicator* ep_ = nullptr;          // moe_block_'s dispatcher's, under --ep
   moe::SharedSchedule shared_schedule_ = moe::SharedSchedule::kBeforeDispatch;
+  moe::RoutingApproximation routing_approx_;  // moe_block_'s
   Workspace ws_;
   TokenSlots slots_;
   RoutingObserver routing_observer_;

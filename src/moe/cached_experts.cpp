@@ -136,6 +136,7 @@ void CachedExperts::on_routed(int64_t layer, const RoutedTokens& tokens) {
             " is not an MoE layer of the ", L);
   std::fill(rows_.begin(), rows_.end(), 0);
   for (int32_t e : tokens.routing->topk_ids) {
+    if (e == kNoExpert) continue;  // dropped by a routing approximation: no row to compute
     MOE_CHECK(e >= 0 && e < E, "cached experts: expert id ", e, " outside [0, ", E, ")");
     rows_[e] += 1;
   }

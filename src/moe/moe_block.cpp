@@ -67,6 +67,12 @@ MoeBlock::MoeBlock(MoeBlockOptions options, std::unique_ptr<TokenDispatcher> dis
     : options_(options), dispatcher_(std::move(dispatcher)), runner_(std::move(runner)) {
   MOE_CHECK(dispatcher_ && runner_, "an MoE block needs a dispatcher and an expert runner");
   validate(options_.router);
+  validate(options_.approx, options_.router);
+}
+
+void MoeBlock::set_approximation(const RoutingApproximation& approx) {
+  validate(approx, options_.router);
+  options_.approx = approx;
 }
 
 void MoeBlock::forward(int64_t layer, const float* hidden, int64_t num_tokens,
@@ -99,7 +105,9 @@ void MoeBlock::forward(int64_t layer, const float* hidden, int64_t num_tokens,
     MOE_PROFILE_SCOPE(profile::Stage::kRoute);
     logits_.resize(num_tokens * E);
     cpu::linear(hidden, num_tokens, router.weight, router.logit_bias, logits_.data());
+    apply_temperature(options_.approx, logits_.data(), num_tokens * E);
     route(logits_.data(), num_tokens, router_options, &routing_);
+    approximate_routing(logits_.data(), router_options, options_.approx, &routing_);
     if (adjust) adjust(logits_.data(), router_options, routing_);
   }
   {

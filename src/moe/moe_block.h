@@ -12,6 +12,7 @@
 #include <span>
 #include <vector>
 
+#include "moe/routing_approx.h"
 #include "moe/stages.h"
 
 namespace moeinfer::moe {
@@ -30,6 +31,8 @@ struct MoeBlockOptions {
   // Where the routing weights apply: to each expert's output, or to the token before the expert
   // (Llama 4). The dispatcher scales the rows it sends; combine then sums unweighted.
   WeightPlacement weights = WeightPlacement::kOutput;
+  // Routing approximations applied in the route stage (off by default; routing_approx.h).
+  RoutingApproximation approx;
 };
 
 // route + plan: what the strategies read.
@@ -142,6 +145,9 @@ class MoeBlock {
   void forward(int64_t layer, const float* hidden, int64_t num_tokens, const LayerRouter& router,
                const SharedExpertsFn& shared_experts, SharedSchedule schedule, float* out,
                const RouteAdjust& adjust = {});
+
+  // Replaces the routing approximations from the next forward on (checked against the router).
+  void set_approximation(const RoutingApproximation& approx);
 
   // The last forward's routing and plan.
   const Routing& routing() const { return routing_; }

@@ -143,6 +143,36 @@ void route(const float* logits, int64_t num_tokens, const RouterOptions& options
   }, 16);
 }
 
+void expert_preference(const float* logits, int64_t num_tokens, const RouterOptions& options,
+                       std::vector<int32_t>* order) {
+  validate(options);
+  const int64_t E = options.num_experts;
+  order->resize(num_tokens * E);
+  const bool by_logits = options.score == ScoreFunction::kSigmoid &&
+                         options.selection_bias == nullptr &&
+                         options.group_score == GroupScore::kNone;
+  std::vector<float> scores(E), choice(E), group_scores;
+  std::vector<int32_t> group_order;
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    // The same choice basis as route(), so that its top-K are this order's first K.
+    expert_scores(logits + t * E, E, options.score, scores.data());
+    const float* basis = by_logits ? logits + t * E : scores.data();
+    for (int64_t e = 0; e < E; ++e) {
+      choice[e] = basis[e] + (options.selection_bias ? options.selection_bias[e] : 0.0f);
+    }
+    if (options.group_score != GroupScore::kNone) {
+      mask_groups(options, choice.data(), group_scores, group_order);
+    }
+    int32_t* row = order->data() + t * E;
+    std::iota(row, row + E, 0);
+    std::stable_sort(row, row + E, ByScoreDesc{choice.data()});
+    if (options.group_score == GroupScore::kNone) continue;
+    for (int64_t i = 0; i < E; ++i) {
+      if (choice[row[i]] == -INFINITY) row[i] = kNoExpert;  // outside the kept groups
+    }
+  }
+}
+
 void route_weights(const float* logits, const RouterOptions& options, Routing* routing) {
   validate(options);
   const int64_t E = options.num_experts, K = options.top_k;
@@ -167,19 +197,26 @@ void plan(const Routing& routing, int64_t num_experts, DispatchPlan* out) {
   const int64_t num_assignments = routing.num_tokens * routing.top_k;
   out->expert_counts.assign(num_experts, 0);
   out->expert_offsets.assign(num_experts + 1, 0);
-  out->src_row.resize(num_assignments);
   out->inverse.resize(num_assignments);
+  int64_t num_rows = 0;
   for (int64_t a = 0; a < num_assignments; ++a) {
     const int32_t expert = routing.topk_ids[a];
+    if (expert == kNoExpert) continue;
     MOE_CHECK(expert >= 0 && expert < num_experts, "expert id ", expert, " out of range [0, ",
               num_experts, ")");
     ++out->expert_counts[expert];
+    ++num_rows;
   }
+  out->src_row.resize(num_rows);
   for (int64_t e = 0; e < num_experts; ++e) {
     out->expert_offsets[e + 1] = out->expert_offsets[e] + out->expert_counts[e];
   }
   std::vector<int32_t> cursor(out->expert_offsets.begin(), out->expert_offsets.end() - 1);
   for (int64_t a = 0; a < num_assignments; ++a) {
+    if (routing.topk_ids[a] == kNoExpert) {
+      out->inverse[a] = -1;
+      continue;
+    }
     const int32_t row = cursor[routing.topk_ids[a]]++;
     out->src_row[row] = static_cast<int32_t>(a);
     out->inverse[a] = row;
@@ -306,8 +343,10 @@ void unpermute(const float* expert_out, int64_t hidden_size, const Routing& rout
         std::fill_n(dst, hidden_size, 0.0f);
       }
       for (int64_t k = 0; k < K; ++k) {
+        const int32_t row = plan.inverse[t * K + k];
+        if (row < 0) continue;  // dropped by a routing approximation
         const float weight = weighted ? routing.topk_weights[t * K + k] : 1.0f;
-        const float* src = expert_out + plan.inverse[t * K + k] * hidden_size;
+        const float* src = expert_out + static_cast<int64_t>(row) * hidden_size;
         for (int64_t h = 0; h < hidden_size; ++h) dst[h] += weight * src[h];
       }
     }

@@ -51,18 +51,22 @@ enum class WeightPlacement {
   kInput,   // out[t] = sum_k expert_k(w[t, k] * x[t]) (Llama 4)
 };
 
+// An assignment a routing approximation dropped (moe/routing_approx.h): its slot in topk_ids
+// holds this id and a weight of 0; plan gives it no row, so no expert computes it.
+inline constexpr int32_t kNoExpert = -1;
+
 struct Routing {
   int64_t num_tokens = 0;  // T
   int64_t top_k = 0;       // K
-  std::vector<int32_t> topk_ids;     // [T, K] expert ids, best first
+  std::vector<int32_t> topk_ids;     // [T, K] expert ids, best first (kNoExpert: dropped)
   std::vector<float> topk_weights;   // [T, K]
 };
 
 struct DispatchPlan {
   std::vector<int32_t> expert_counts;   // [E] assignments per expert
   std::vector<int32_t> expert_offsets;  // [E + 1] start of each expert's rows in sorted order
-  std::vector<int32_t> src_row;         // [T*K] assignment (t*K + k) held at each sorted row
-  std::vector<int32_t> inverse;         // [T*K] sorted row of assignment t*K + k
+  std::vector<int32_t> src_row;         // [M] assignment (t*K + k) held at each sorted row
+  std::vector<int32_t> inverse;         // [T*K] sorted row of assignment t*K + k, or -1 (dropped)
 };
 
 // The weights of one expert: act(x . gate^T + gate_bias, x . up^T + up_bias), then . down^T +
@@ -107,7 +111,14 @@ void route(const float* logits, int64_t num_tokens, const RouterOptions& options
 // device's router replayed on this one), from the same logits [T, E] and options.
 void route_weights(const float* logits, const RouterOptions& options, Routing* routing);
 
-// plan: counting sort of the T*K assignments by expert id (stable in assignment order).
+// Every token's eligible experts in route()'s order of choice (selection bias and groups
+// applied, ties to the lower id): order [T, E], best first, the experts of groups route() would
+// not consider at the end as kNoExpert. What a rerouted assignment picks from.
+void expert_preference(const float* logits, int64_t num_tokens, const RouterOptions& options,
+                       std::vector<int32_t>* order);
+
+// plan: counting sort of the T*K assignments by expert id (stable in assignment order); dropped
+// assignments (kNoExpert) get no row, so M = T*K less the dropped.
 void plan(const Routing& routing, int64_t num_experts, DispatchPlan* out);
 
 // dispatch: hidden [T, H] -> expert-ordered rows [T*K, H]; with WeightPlacement::kInput each row
@@ -125,7 +136,8 @@ void run_experts(const float* rows, int64_t hidden_size, int64_t expert_width,
 // combine: brings expert outputs back to their source (TokenDispatcher::combine, moe_block.h);
 // on one device the outputs already sit in this process in plan order and unpermute follows.
 
-// unpermute: out[t] = sum_k weight[t,k] * expert_out[inverse[t*K+k]] (+ shared[t]); with
+// unpermute: out[t] = sum_k weight[t,k] * expert_out[inverse[t*K+k]] (+ shared[t]), over the
+// assignments that have a row; with
 // WeightPlacement::kInput the weights were applied by dispatch and the outputs sum unweighted.
 void unpermute(const float* expert_out, int64_t hidden_size, const Routing& routing,
                const DispatchPlan& plan, const float* shared, float* out,

@@ -97,6 +97,7 @@ void Profiler::record_routing(int64_t layer, std::span<const int32_t> topk_ids) 
             options_.num_layers, ")");
   int32_t* rows = current_.expert_rows.data() + layer * E;
   for (int32_t e : topk_ids) {
+    if (e < 0) continue;  // an assignment a routing approximation dropped (moe::kNoExpert)
     MOE_CHECK(e >= 0 && e < E, "profiler: expert id ", e, " outside [0, ", E, ") in layer ", layer);
     ++rows[e];
   }

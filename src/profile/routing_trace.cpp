@@ -47,6 +47,9 @@ void RoutingTraceWriter::record(int64_t layer, const moe::Routing& routing) {
   write_u32(file_, static_cast<uint32_t>(routing.num_tokens));
   buffer_.resize(2 * n);
   for (size_t i = 0; i < n; ++i) {
+    MOE_CHECK(routing.topk_ids[i] >= 0,
+              "a routing trace holds all K experts of every token: record it without "
+              "--active-experts, --drop-below and --expert-capacity, which drop some");
     buffer_[i] = static_cast<uint16_t>(routing.topk_ids[i]);
     buffer_[n + i] = f32_to_bf16(routing.topk_weights[i]);
   }
@@ -121,9 +124,11 @@ std::vector<LayerSummary> summarize_routing_trace(const RoutingTrace& trace, int
     for (uint32_t t = 0; t < r.num_tokens; ++t) {
       const uint16_t* ids = r.expert_ids.data() + t * K;
       for (int64_t a = 0; a < K; ++a) {
+        if (ids[a] == kDroppedTraceId) continue;
         ++s.load[ids[a]];
         picked[ids[a]] = true;
         for (int64_t b = a + 1; b < K; ++b) {
+          if (ids[b] == kDroppedTraceId) continue;
           const int32_t x = ids[a], y = ids[b];
           ++pairs[r.layer][{std::min(x, y), std::max(x, y)}];
         }

@@ -46,11 +46,15 @@ class RoutingTraceWriter {
   std::vector<uint16_t> buffer_;
 };
 
+// An assignment a routing approximation dropped (moe::kNoExpert), in a trace held in memory
+// (`moeinfer profile`'s routing summary skips it); trace files never hold one.
+inline constexpr uint16_t kDroppedTraceId = 0xFFFF;
+
 struct TraceRecord {
   uint32_t step = 0;
   uint32_t layer = 0;
   uint32_t num_tokens = 0;
-  std::vector<uint16_t> expert_ids;  // [num_tokens, top_k]
+  std::vector<uint16_t> expert_ids;  // [num_tokens, top_k] (kDroppedTraceId: dropped)
   std::vector<float> weights;        // [num_tokens, top_k]
 };
 

@@ -137,6 +137,7 @@ GpuOptions gpu_options(const ModelConfig& model, const EngineConfig& config) {
 std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const EngineConfig& config,
                                      const LoadOptions& options) {
   config.validate();
+  moe::check_routing_device(config.routing, config.device == "cuda");
   if (config.device == "cuda") {
     // A model the GPU refuses is refused from its config.json, before binding its weights.
     check_gpu_support(load_model_config(dir / "config.json"));
@@ -151,6 +152,7 @@ std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const Eng
   auto model = Model::load(dir, options);
   // A decode step carries at most max_num_seqs tokens: the static policy's streaming slots.
   model->decoder().set_offload(config.offload, config.max_num_seqs);
+  model->decoder().set_routing_approximation(config.routing);
   Tokenizer tokenizer = Tokenizer::from_dir(dir);
   return std::make_unique<Engine>(std::move(model), std::move(tokenizer), config);
 }
@@ -160,6 +162,7 @@ std::unique_ptr<Engine> Engine::load_synthetic(const std::string& name, int64_t 
                                                const EngineConfig& config) {
   config.validate();
   MOE_CHECK(config.device == "cuda", "synthetic models are built on the GPU: use --device cuda");
+  moe::check_routing_device(config.routing, /*cuda=*/true);
   const ModelConfig model_config = synthetic_model_config(name, num_layers);
   Tokenizer tokenizer = Tokenizer::from_json(synthetic_tokenizer_json(model_config.vocab_size),
                                              "synthetic:" + name);

@@ -19,6 +19,7 @@
 #include "kv/kv_cache.h"
 #include "model/gpu_decoder.h"
 #include "model/model.h"
+#include "moe/routing_approx.h"
 #include "offload/offload_options.h"
 #include "profile/profiler.h"
 #include "runtime/request.h"
@@ -60,6 +61,9 @@ struct EngineConfig {
   // --expert-budget / --expert-cache: routed experts behind a cache of what the budget holds
   // (a device cache on cuda, a simulated one on the CPU); their counters reach EngineStats.
   offload::OffloadOptions offload;
+  // --active-experts, --drop-below, --expert-capacity, --router-temperature: the MoE layers'
+  // routing approximations (moe/routing_approx.h), CPU only for now; off by default.
+  moe::RoutingApproximation routing;
 
   void validate() const;  // throws moeinfer::Error naming the bad field
 };

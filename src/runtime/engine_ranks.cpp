@@ -305,6 +305,7 @@ std::unique_ptr<Engine> load_expert_parallel_engine(const std::filesystem::path&
   auto model = Model::load(dir, LoadOptions{});
   Decoder& decoder = model->decoder();
   decoder.set_offload(config.offload, config.max_num_seqs);  // refuses a budget under --ep
+  decoder.set_routing_approximation(config.routing);
   std::optional<parallel::ExpertPlacement> placement;
   if (!options.placement.empty()) {
     placement = parallel::read_placement(options.placement, decoder.config().num_experts,

@@ -1,0 +1,193 @@
+#include "moe/routing_approx.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/error.h"
+
+namespace moeinfer::moe {
+
+bool RoutingApproximation::enabled() const { return !flags().empty(); }
+
+std::vector<std::string> RoutingApproximation::flags() const {
+  std::vector<std::string> on;
+  if (active_experts != 0) on.push_back("--active-experts");
+  if (drop_below != 0.0) on.push_back("--drop-below");
+  if (expert_capacity != 0.0) on.push_back("--expert-capacity");
+  if (router_temperature != 1.0) on.push_back("--router-temperature");
+  return on;
+}
+
+void validate(const RoutingApproximation& a, const RouterOptions& router) {
+  MOE_CHECK(a.active_experts >= 0, "--active-experts ", a.active_experts, " must be at least 1");
+  MOE_CHECK(a.active_experts <= router.top_k, "--active-experts ", a.active_experts,
+            " exceeds the model's ", router.top_k,
+            " experts per token (num_experts_per_tok): it can only keep fewer");
+  MOE_CHECK(a.drop_below >= 0.0 && a.drop_below < 1.0, "--drop-below ", a.drop_below,
+            " must be in [0, 1): a share of the token's routed weight");
+  MOE_CHECK(a.expert_capacity == 0.0 || a.expert_capacity >= 1.0, "--expert-capacity ",
+            a.expert_capacity,
+            " must be at least 1 (a multiple of the mean rows per expert; below 1 the experts "
+            "could not hold every row even when the load is perfectly even)");
+  MOE_CHECK(std::isfinite(a.expert_capacity), "--expert-capacity must be a finite number");
+  MOE_CHECK(a.router_temperature > 0.0 && std::isfinite(a.router_temperature),
+            "--router-temperature ", a.router_temperature, " must be a number above 0");
+}
+
+void check_routing_device(const RoutingApproximation& approx, bool cuda) {
+  if (!cuda || !approx.enabled()) return;
+  MOE_FAIL(approx.flags().front(),
+           " is not implemented on the CUDA backend yet: run it with --device cpu");
+}
+
+void apply_temperature(const RoutingApproximation& approx, float* logits, int64_t n) {
+  if (approx.router_temperature == 1.0) return;
+  const float inverse = static_cast<float>(1.0 / approx.router_temperature);
+  for (int64_t i = 0; i < n; ++i) logits[i] *= inverse;
+}
+
+namespace {
+
+float live_sum(const int32_t* ids, const float* weights, int64_t K) {
+  float sum = 0.0f;
+  for (int64_t k = 0; k < K; ++k) {
+    if (ids[k] != kNoExpert) sum += weights[k];
+  }
+  return sum;
+}
+
+// Scales the token's live weights so that they sum to `target` (nothing when none is left).
+void rescale(const int32_t* ids, float* weights, int64_t K, float target) {
+  const float sum = live_sum(ids, weights, K);
+  if (sum <= 0.0f) return;
+  const float scale = target / sum;
+  for (int64_t k = 0; k < K; ++k) {
+    if (ids[k] != kNoExpert) weights[k] *= scale;
+  }
+}
+
+void drop(int32_t* ids, float* weights, int64_t k) {
+  ids[k] = kNoExpert;
+  weights[k] = 0.0f;
+}
+
+// The token's live slots by weight, largest first; equal weights keep choice order.
+std::vector<int64_t> by_weight(const int32_t* ids, const float* weights, int64_t K) {
+  std::vector<int64_t> slots;
+  for (int64_t k = 0; k < K; ++k) {
+    if (ids[k] != kNoExpert) slots.push_back(k);
+  }
+  std::stable_sort(slots.begin(), slots.end(),
+                   [&](int64_t a, int64_t b) { return weights[a] > weights[b]; });
+  return slots;
+}
+
+void keep_active(const RoutingApproximation& a, int32_t* ids, float* weights, int64_t K) {
+  const float before = live_sum(ids, weights, K);
+  const std::vector<int64_t> slots = by_weight(ids, weights, K);
+  for (size_t i = static_cast<size_t>(a.active_experts); i < slots.size(); ++i) {
+    drop(ids, weights, slots[i]);
+  }
+  if (a.renorm == KeptRenorm::kKept) rescale(ids, weights, K, before);
+}
+
+void drop_small(const RoutingApproximation& a, int32_t* ids, float* weights, int64_t K) {
+  const float before = live_sum(ids, weights, K);
+  if (before <= 0.0f) return;
+  const std::vector<int64_t> slots = by_weight(ids, weights, K);
+  bool dropped = false;
+  for (size_t i = 1; i < slots.size(); ++i) {  // slots[0], the largest weight, always stays
+    if (weights[slots[i]] / before < static_cast<float>(a.drop_below)) {
+      drop(ids, weights, slots[i]);
+      dropped = true;
+    }
+  }
+  if (dropped) rescale(ids, weights, K, before);
+}
+
+// score(to) / score(from) for two logits of one token: route() weighs every expert of a token
+// as its score times one factor (the renormalisation, the scaling factor), so this ratio turns
+// an expert's weight into the weight the router gives another. Softmax and GPT-OSS's softmax
+// over the top-k logits share the exponential; sigmoid does not.
+float score_ratio(ScoreFunction score, float to, float from) {
+  switch (score) {
+    case ScoreFunction::kSoftmax:
+    case ScoreFunction::kTopkSoftmax:
+      return std::exp(to - from);
+    case ScoreFunction::kSigmoid:
+      return (1.0f + std::exp(-from)) / (1.0f + std::exp(-to));
+  }
+  return 1.0f;
+}
+
+void limit_capacity(const float* logits, const RouterOptions& router, const RoutingApproximation& a,
+                    Routing* routing) {
+  const int64_t T = routing->num_tokens, K = routing->top_k, E = router.num_experts;
+  int64_t live = 0;
+  for (int32_t e : routing->topk_ids) live += e != kNoExpert;
+  // ceil(F * M / E); the small slack keeps an exact product (1.25 * 8) from rounding up.
+  const double mean = static_cast<double>(live) / static_cast<double>(E);
+  const int64_t capacity =
+      std::max<int64_t>(1, static_cast<int64_t>(std::ceil(a.expert_capacity * mean - 1e-9)));
+  std::vector<int32_t> preference;
+  if (a.overflow == CapacityOverflow::kReroute) expert_preference(logits, T, router, &preference);
+  std::vector<int64_t> rows(E, 0);
+  for (int64_t t = 0; t < T; ++t) {
+    int32_t* ids = routing->topk_ids.data() + t * K;
+    float* weights = routing->topk_weights.data() + t * K;
+    const float before = live_sum(ids, weights, K);
+    bool dropped = false;
+    for (int64_t k = 0; k < K; ++k) {
+      if (ids[k] == kNoExpert) continue;
+      if (rows[ids[k]] < capacity) {
+        ++rows[ids[k]];
+        continue;
+      }
+      int32_t moved_to = kNoExpert;
+      if (a.overflow == CapacityOverflow::kReroute) {
+        const int32_t* order = preference.data() + t * E;
+        for (int64_t i = 0; i < E && order[i] != kNoExpert; ++i) {
+          const int32_t e = order[i];
+          if (rows[e] < capacity && std::find(ids, ids + K, e) == ids + K) {
+            moved_to = e;
+            break;
+          }
+        }
+      }
+      if (moved_to != kNoExpert) {
+        const float* row = logits + t * E;
+        weights[k] *= score_ratio(router.score, row[moved_to], row[ids[k]]);
+        ids[k] = moved_to;
+        ++rows[moved_to];
+      } else {
+        drop(ids, weights, k);
+        dropped = true;
+      }
+    }
+    if (dropped) rescale(ids, weights, K, before);
+  }
+}
+
+}  // namespace
+
+void approximate_routing(const float* logits, const RouterOptions& router,
+                         const RoutingApproximation& approx, Routing* routing) {
+  const int64_t T = routing->num_tokens, K = routing->top_k;
+  MOE_CHECK(static_cast<int64_t>(routing->topk_ids.size()) == T * K &&
+                routing->topk_weights.size() == routing->topk_ids.size(),
+            "routing of ", T, " tokens x ", K, " holds ", routing->topk_ids.size(), " ids and ",
+            routing->topk_weights.size(), " weights");
+  const bool fewer = approx.active_experts != 0 && approx.active_experts < K;
+  if (fewer || approx.drop_below > 0.0) {
+    for (int64_t t = 0; t < T; ++t) {
+      int32_t* ids = routing->topk_ids.data() + t * K;
+      float* weights = routing->topk_weights.data() + t * K;
+      if (fewer) keep_active(approx, ids, weights, K);
+      if (approx.drop_below > 0.0) drop_small(approx, ids, weights, K);
+    }
+  }
+  if (approx.expert_capacity > 0.0) limit_capacity(logits, router, approx, routing);
+}
+
+}  // namespace moeinfer::moe
