@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""End-to-end: `moeinfer eval` and the routing approximations' flags.
+
+  perplexity_matches_logits   on the demo model (models/demo/heldout.txt, the first 300 tokens in
+                              windows of 128) and on the qwen3_moe_f32 and deepseek_v3_f32
+                              fixtures: eval's perplexity equals the one this script computes in
+                              NumPy from `moeinfer tokenize` ids and `moeinfer logits` of each
+                              window (every token of a window after its first, scored from the
+                              window's tokens before it), within 1e-6 relative
+  unmodified_against_itself   flags that change nothing (--router-temperature 1, --active-experts
+                              K on the model's K) give KL 0, agreement 1 and equal perplexities
+  renorm_full_and_kept_differ on the top-2 demo model --active-experts 1 --renorm full and kept
+                              give finite perplexities and KLs that differ from each other and
+                              from the unmodified run
+  every_approximation_runs    --drop-below, --expert-capacity (drop and reroute) and
+                              --router-temperature each change the output, finite
+  refusals                    bad values and combinations exit 2 with a message naming the flag;
+                              each approximation on --device cuda is refused by name (eval,
+                              logits, generate), never ignored
+
+Prints one line per check and a last line "N passed, M failed".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+import e2e_util
+
+MAX_TOKENS = 300
+WINDOW = 128
+
+
+def eval_json(moeinfer: str, model: pathlib.Path, text: pathlib.Path, flags: list[str]) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = pathlib.Path(tmp) / "eval.json"
+        e2e_util.run_command([moeinfer, "eval", "--model", str(model), "--text-file", str(text),
+                              "--max-tokens", str(MAX_TOKENS), "--window", str(WINDOW),
+                              "--json", str(out), *flags])
+        return json.loads(out.read_text())
+
+
+def reference_perplexity(moeinfer: str, model: pathlib.Path, text: pathlib.Path) -> float:
+    ids_line = e2e_util.run_command([moeinfer, "tokenize", "--model", str(model),
+                                     "--text", text.read_text()]).stdout.strip()
+    ids = [int(x) for x in ids_line.split(",")][:MAX_TOKENS]
+    nll, scored = 0.0, 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for start in range(0, len(ids), WINDOW):
+            window = ids[start:start + WINDOW]
+            if len(window) < 2:
+                break
+            out = pathlib.Path(tmp) / f"w{start}.npy"
+            e2e_util.run_command([moeinfer, "logits", "--model", str(model), "--ids",
+                                  ",".join(map(str, window)), "--out", str(out)])
+            logits = np.load(out).astype(np.float64)  # [n, V]
+            shifted = logits - logits.max(axis=1, keepdims=True)
+            log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+            for i in range(len(window) - 1):
+                nll -= log_probs[i, window[i + 1]]
+                scored += 1
+    return math.exp(nll / scored)
+
+
+def refused(moeinfer: str, args: list[str], needle: str) -> None:
+    r = subprocess.run([moeinfer, *args], capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0, f"{args}: accepted"
+    assert needle in r.stderr, f"{args}: exit {r.returncode}, message lacks {needle!r}: {r.stderr}"
+
+
+def main() -> int:
+    args = e2e_util.parse_args(__doc__.split("\n")[0])
+    demo = e2e_util.demo_model(args.fixtures)
+    heldout = demo / "heldout.txt"
+    models = args.fixtures / "models"
+    tmp = tempfile.TemporaryDirectory()
+    # A fixture family's text: any English will do for random weights; the demo's held-out text.
+    fixture_text = pathlib.Path(tmp.name) / "text.txt"
+    fixture_text.write_text(heldout.read_text()[:1500])
+    moeinfer = args.moeinfer
+
+    def check_perplexity_matches_logits() -> None:
+        for model, text in [(demo, heldout), (models / "qwen3_moe_f32", fixture_text),
+                            (models / "deepseek_v3_f32", fixture_text)]:
+            report = eval_json(moeinfer, model, text, [])
+            expected = reference_perplexity(moeinfer, model, text)
+            assert report["tokens"] == MAX_TOKENS and report["window"] == WINDOW, report
+            got = report["perplexity"]
+            assert abs(got - expected) <= 1e-6 * expected, f"{model.name}: {got} != {expected}"
+            assert "modified" not in report, report
+
+    def check_unmodified_against_itself() -> None:
+        for model, text, flags in [(demo, heldout, ["--router-temperature", "1"]),
+                                   (demo, heldout, ["--active-experts", "2", "--renorm", "full"]),
+                                   (models / "deepseek_v3_f32", fixture_text,
+                                    ["--active-experts", "4"])]:
+            report = eval_json(moeinfer, model, text, flags)
+            m = report["modified"]
+            assert m["kl_mean"] == 0.0 and m["kl_p99"] == 0.0, (flags, m)
+            assert m["top1_agreement"] == 1.0, (flags, m)
+            assert m["perplexity"] == report["perplexity"], (flags, report)
+
+    def check_renorm_full_and_kept_differ() -> None:
+        full = eval_json(moeinfer, demo, heldout, ["--active-experts", "1", "--renorm", "full"])
+        kept = eval_json(moeinfer, demo, heldout, ["--active-experts", "1", "--renorm", "kept"])
+        assert full["perplexity"] == kept["perplexity"], "the unmodified runs differ"
+        f, k = full["modified"], kept["modified"]
+        for m in (f, k):
+            for key in ("perplexity", "kl_mean", "kl_p99", "top1_agreement"):
+                assert math.isfinite(m[key]), m
+            assert m["kl_mean"] > 0 and m["perplexity"] != full["perplexity"], m
+        assert f["perplexity"] != k["perplexity"] and f["kl_mean"] != k["kl_mean"], (f, k)
+
+    def check_every_approximation_runs() -> None:
+        for flags in (["--drop-below", "0.3"], ["--expert-capacity", "1"],
+                      ["--expert-capacity", "1", "--overflow", "reroute"],
+                      ["--router-temperature", "2"]):
+            m = eval_json(moeinfer, demo, heldout, flags)["modified"]
+            assert math.isfinite(m["perplexity"]) and m["kl_mean"] > 0, (flags, m)
+            assert 0.0 < m["top1_agreement"] < 1.0, (flags, m)
+
+    def check_refusals() -> None:
+        base = ["eval", "--model", str(demo), "--text-file", str(heldout)]
+        for flags, needle in [
+                (["--active-experts", "3"], "--active-experts 3 exceeds the model's 2"),
+                (["--active-experts", "0"], "--active-experts 0 must be at least 1"),
+                (["--renorm", "full"], "--renorm full needs --active-experts"),
+                (["--expert-capacity", "0.5"], "--expert-capacity 0.5 must be at least 1"),
+                (["--overflow", "reroute"], "--overflow reroute needs --expert-capacity"),
+                (["--router-temperature", "0"], "--router-temperature 0 must be"),
+                (["--router-temperature", "-1"], "--router-temperature -1 must be"),
+                (["--drop-below", "1"], "--drop-below 1 must be in [0, 1)"),
+                (["--drop-below", "-0.5"], "--drop-below -0.5 must be in [0, 1)")]:
+            refused(moeinfer, [*base, *flags], needle)
+        usage = subprocess.run([moeinfer, *base, "--renorm", "full"], capture_output=True,
+                               text=True, timeout=300)
+        assert usage.returncode == 2, f"a usage error exits 2, not {usage.returncode}"
+        for flag, value in [("--active-experts", "1"), ("--drop-below", "0.1"),
+                            ("--expert-capacity", "2"), ("--router-temperature", "1")]:
+            needle = f"{flag} is not implemented on the CUDA backend yet"
+            refused(moeinfer, [*base, "--device", "cuda", flag, value], needle)
+            refused(moeinfer, ["logits", "--model", str(demo), "--ids", "1,2", "--out",
+                               str(pathlib.Path(tmp.name) / "x.npy"), "--device", "cuda", flag,
+                               value], needle)
+            refused(moeinfer, ["generate", "--model", str(demo), "--prompt", "Hi",
+                               "--max-tokens", "1", "--device", "cuda", flag, value], needle)
+        refused(moeinfer, ["generate", "--model", str(demo), "--prompt", "Hi", "--max-tokens",
+                           "1", "--trace-routing", str(pathlib.Path(tmp.name) / "t.bin"),
+                           "--active-experts", "1"], "--trace-routing records all K experts")
+
+    checks = e2e_util.selected(
+        [check_perplexity_matches_logits, check_unmodified_against_itself,
+         check_renorm_full_and_kept_differ, check_every_approximation_runs, check_refusals],
+        args.only)
+    result = e2e_util.summary(*e2e_util.run_checks(checks))
+    tmp.cleanup()
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())
