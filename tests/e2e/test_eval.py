@@ -14,6 +14,8 @@
                               from the unmodified run
   every_approximation_runs    --drop-below, --expert-capacity (drop and reroute) and
                               --router-temperature each change the output, finite
+  offload_unchanged           an approximation gives the same figures with --expert-budget 25%
+                              (the expert cache sees only the kept assignments)
   refusals                    bad values and combinations exit 2 with a message naming the flag;
                               each approximation on --device cuda is refused by name (eval,
                               logits, generate), never ignored
@@ -126,6 +128,12 @@ def main() -> int:
             assert math.isfinite(m["perplexity"]) and m["kl_mean"] > 0, (flags, m)
             assert 0.0 < m["top1_agreement"] < 1.0, (flags, m)
 
+    def check_offload_unchanged() -> None:
+        flags = ["--expert-capacity", "1.25", "--overflow", "reroute", "--active-experts", "1"]
+        resident = eval_json(moeinfer, demo, heldout, flags)
+        offloaded = eval_json(moeinfer, demo, heldout, [*flags, "--expert-budget", "25%"])
+        assert resident == offloaded, (resident, offloaded)
+
     def check_refusals() -> None:
         base = ["eval", "--model", str(demo), "--text-file", str(heldout)]
         for flags, needle in [
@@ -157,7 +165,8 @@ def main() -> int:
 
     checks = e2e_util.selected(
         [check_perplexity_matches_logits, check_unmodified_against_itself,
-         check_renorm_full_and_kept_differ, check_every_approximation_runs, check_refusals],
+         check_renorm_full_and_kept_differ, check_every_approximation_runs,
+         check_offload_unchanged, check_refusals],
         args.only)
     result = e2e_util.summary(*e2e_util.run_checks(checks))
     tmp.cleanup()
