@@ -32,6 +32,10 @@
 //                       is admitted depends on the other tokens of the same forward: the result
 //                       depends on the batch, by design of a capacity.
 //
+// Llama 4 (top-1, sigmoid of the chosen logit, the weight applied to the expert's input): K'
+// and drop_below cannot drop its one expert; a capacity can, leaving the token its shared
+// expert; a rerouted token's input is scaled by sigmoid(new logit).
+//
 // Dropped assignments keep their slot as moe::kNoExpert with weight 0: Routing keeps its [T, K]
 // shape and plan gives them no row, so the experts compute only what is kept.
 #pragma once
