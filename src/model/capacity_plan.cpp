@@ -17,9 +17,12 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 double kv_value_bytes(KvDType dtype) {
   switch (dtype) {
-    case KvDType::kF32: return 4.0;
-    case KvDType::kBF16: return 2.0;
-    case KvDType::kFP8: return 1.0;
+    case KvDType::kF32:
+      return 4.0;
+    case KvDType::kBF16:
+      return 2.0;
+    case KvDType::kFP8:
+      return 1.0;
   }
   return 2.0;
 }
@@ -41,9 +44,12 @@ std::string line(const char* format, Args... args) {
 
 std::string layout_name(Layout layout) {
   switch (layout) {
-    case Layout::kSingleGpu: return "one GPU";
-    case Layout::kExpertParallel: return "expert parallel";
-    case Layout::kOffload: return "offload";
+    case Layout::kSingleGpu:
+      return "one GPU";
+    case Layout::kExpertParallel:
+      return "expert parallel";
+    case Layout::kOffload:
+      return "offload";
   }
   return "?";
 }
@@ -90,8 +96,8 @@ CapacityPlan plan_on_gpus(const ModelConfig& config, const PlanOptions& o) {
   a.push_back(line("weights: %s (routed experts %s, the rest %s)", gib(weights).c_str(),
                    gib(routed).c_str(), gib(replicated).c_str()));
   a.push_back(line("KV per token: %lld values x %.0f B = %lld B; one %lld-token sequence: %s",
-                   static_cast<long long>(kv_values_per_token(config)),
-                   kv_value_bytes(o.kv_dtype), static_cast<long long>(plan.kv_bytes_per_token),
+                   static_cast<long long>(kv_values_per_token(config)), kv_value_bytes(o.kv_dtype),
+                   static_cast<long long>(plan.kv_bytes_per_token),
                    static_cast<long long>(plan.max_seq_len), gib(one_sequence_kv).c_str()));
   if (plan.state_bytes_per_sequence > 0) {
     a.push_back(
@@ -113,12 +119,13 @@ CapacityPlan plan_on_gpus(const ModelConfig& config, const PlanOptions& o) {
         plan.state_bytes_per_sequence == 0
             ? plan.kv_tokens_fit / std::max<int64_t>(1, plan.max_seq_len)
             : static_cast<int64_t>(free_per_gpu / one_sequence_kv) * gpus;  // rows and state
-    a.push_back(line("KV: (%s free per GPU / %lld B) x %lld GPUs = %lld tokens = %lld "
-                     "sequences of %lld tokens",
-                     gib(free_per_gpu).c_str(), static_cast<long long>(plan.kv_bytes_per_token),
-                     static_cast<long long>(gpus), static_cast<long long>(plan.kv_tokens_fit),
-                     static_cast<long long>(plan.full_length_sequences),
-                     static_cast<long long>(plan.max_seq_len)));
+    a.push_back(
+        line("KV: (%s free per GPU / %lld B) x %lld GPUs = %lld tokens = %lld "
+             "sequences of %lld tokens",
+             gib(free_per_gpu).c_str(), static_cast<long long>(plan.kv_bytes_per_token),
+             static_cast<long long>(gpus), static_cast<long long>(plan.kv_tokens_fit),
+             static_cast<long long>(plan.full_length_sequences),
+             static_cast<long long>(plan.max_seq_len)));
   };
 
   // 1. Everything on one GPU, with room for at least one full-length sequence.
@@ -140,11 +147,11 @@ CapacityPlan plan_on_gpus(const ModelConfig& config, const PlanOptions& o) {
   const int64_t asked = o.num_gpus;
   const double per_gpu = replicated + routed / static_cast<double>(asked);
   if (asked > 1 && !kGpuExpertParallelBuilt) {
-    a.push_back(line("expert parallel over %lld GPUs: %s per GPU + %s KV %s %s, but the GPU path "
-                     "runs one GPU per job (--ep runs CPU ranks): planning for one GPU",
-                     static_cast<long long>(asked), gib(per_gpu).c_str(),
-                     gib(one_sequence_kv).c_str(),
-                     per_gpu + one_sequence_kv <= usable ? "<=" : ">", gib(usable).c_str()));
+    a.push_back(
+        line("expert parallel over %lld GPUs: %s per GPU + %s KV %s %s, but the GPU path "
+             "runs one GPU per job (--ep runs CPU ranks): planning for one GPU",
+             static_cast<long long>(asked), gib(per_gpu).c_str(), gib(one_sequence_kv).c_str(),
+             per_gpu + one_sequence_kv <= usable ? "<=" : ">", gib(usable).c_str()));
   }
   const int64_t n = kGpuExpertParallelBuilt ? asked : 1;
   if (n > 1 && per_gpu + one_sequence_kv <= usable) {
@@ -159,8 +166,8 @@ CapacityPlan plan_on_gpus(const ModelConfig& config, const PlanOptions& o) {
   }
   if (n > 1) {
     a.push_back(line("expert parallel over %lld: %s per GPU + %s KV > %s: does not fit",
-                     static_cast<long long>(n), gib(per_gpu).c_str(),
-                     gib(one_sequence_kv).c_str(), gib(usable).c_str()));
+                     static_cast<long long>(n), gib(per_gpu).c_str(), gib(one_sequence_kv).c_str(),
+                     gib(usable).c_str()));
   }
 
   // 3. Offload: keep the replicated weights and one sequence's KV on each GPU, give the rest to
@@ -170,23 +177,28 @@ CapacityPlan plan_on_gpus(const ModelConfig& config, const PlanOptions& o) {
   const double expert_bytes =
       moe_layers > 0 ? routed / static_cast<double>(moe_layers * config.num_experts) : 0.0;
   const double for_experts = usable - replicated - one_sequence_kv;
-  MOE_CHECK(for_experts > 0, "even without routed experts the model needs ",
-            gib(replicated + one_sequence_kv), " per GPU; ", gib(usable), " is usable");
+  MOE_CHECK(replicated < usable, "even without routed experts the model needs ", gib(replicated),
+            " per GPU; ", gib(usable), " is usable");
+  MOE_CHECK(for_experts > 0, "one sequence of ", plan.max_seq_len, " tokens needs ",
+            gib(one_sequence_kv), " of KV beside the ", gib(replicated),
+            " every GPU holds without routed experts, more than the ", gib(usable),
+            " usable; plan a shorter context with --max-seq-len");
   const int64_t total_slots = static_cast<int64_t>(for_experts / expert_bytes) * n;
   plan.layout = Layout::kOffload;
   plan.gpu_experts_per_layer = std::min(config.num_experts, total_slots / moe_layers);
   plan.weight_bytes_per_gpu =
       replicated + plan.gpu_experts_per_layer * moe_layers * expert_bytes / static_cast<double>(n);
-  a.push_back(line("offload: (%s usable - %s replicated - %s KV) / %.1f MiB per expert = %lld "
-                   "expert slots per GPU",
-                   gib(usable).c_str(), gib(replicated).c_str(), gib(one_sequence_kv).c_str(),
-                   expert_bytes / (1024.0 * 1024.0),
-                   static_cast<long long>(for_experts / expert_bytes)));
-  a.push_back(line("expert budget: %lld of %lld experts per MoE layer on the GPUs (top-%lld "
-                   "needed per token); the rest in host memory",
-                   static_cast<long long>(plan.gpu_experts_per_layer),
-                   static_cast<long long>(config.num_experts),
-                   static_cast<long long>(config.num_experts_per_tok)));
+  a.push_back(
+      line("offload: (%s usable - %s replicated - %s KV) / %.1f MiB per expert = %lld "
+           "expert slots per GPU",
+           gib(usable).c_str(), gib(replicated).c_str(), gib(one_sequence_kv).c_str(),
+           expert_bytes / (1024.0 * 1024.0), static_cast<long long>(for_experts / expert_bytes)));
+  a.push_back(
+      line("expert budget: %lld of %lld experts per MoE layer on the GPUs (top-%lld "
+           "needed per token); the rest in host memory",
+           static_cast<long long>(plan.gpu_experts_per_layer),
+           static_cast<long long>(config.num_experts),
+           static_cast<long long>(config.num_experts_per_tok)));
   // What one GPU's cache may hold: the experts counted in its weights above, in whole MiB so
   // the flag reads plainly (the rest of the slots' room stays with the KV cache).
   const double slots_per_gpu = std::floor(
@@ -194,12 +206,13 @@ CapacityPlan plan_on_gpus(const ModelConfig& config, const PlanOptions& o) {
   plan.expert_budget_bytes =
       static_cast<int64_t>(slots_per_gpu * expert_bytes) / (int64_t{1} << 20) * (int64_t{1} << 20);
   plan.expert_budget_flag = offload::format_expert_budget(plan.expert_budget_bytes);
-  a.push_back(line("expert budget per GPU: %.0f slots x %.1f MiB = %s (%.1f%% of the routed "
-                   "experts): --expert-budget %s",
-                   slots_per_gpu, expert_bytes / (1024.0 * 1024.0),
-                   gib(static_cast<double>(plan.expert_budget_bytes)).c_str(),
-                   100.0 * static_cast<double>(plan.expert_budget_bytes) / routed,
-                   plan.expert_budget_flag.c_str()));
+  a.push_back(
+      line("expert budget per GPU: %.0f slots x %.1f MiB = %s (%.1f%% of the routed "
+           "experts): --expert-budget %s",
+           slots_per_gpu, expert_bytes / (1024.0 * 1024.0),
+           gib(static_cast<double>(plan.expert_budget_bytes)).c_str(),
+           100.0 * static_cast<double>(plan.expert_budget_bytes) / routed,
+           plan.expert_budget_flag.c_str()));
   fill_kv(usable - plan.weight_bytes_per_gpu, n);
   plan.run_flags = "--device cuda --expert-budget " + plan.expert_budget_flag;
   return plan;
@@ -231,7 +244,9 @@ ModelConfig plan_model_config(const std::string& model) {
 
 NamedPlan plan_capacity_named(const ModelConfig& config, PlanOptions options,
                               const std::string& dtype, const std::string& kv_dtype) {
-  NamedPlan named{.weight_dtype = !dtype.empty() ? dtype : config.fp8 ? "fp8" : "bf16",
+  NamedPlan named{.weight_dtype = !dtype.empty() ? dtype
+                                  : config.fp8   ? "fp8"
+                                                 : "bf16",
                   .kv_dtype = kv_dtype};
   MOE_CHECK(named.weight_dtype == "bf16" || named.weight_dtype == "fp8",
             "dtype must be bf16 or fp8, got '", named.weight_dtype, "'");

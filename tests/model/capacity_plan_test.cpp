@@ -1,13 +1,14 @@
 // The capacity planner against what the engine really allocates for real checkpoints (weights
 // as stored, KV bytes per token of the cache it builds), and its layouts on published shapes.
+#include "model/capacity_plan.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
-
 #include <cmath>
 #include <filesystem>
 
-#include "model/capacity_plan.h"
+#include "core/error.h"
 #include "model/model.h"
 #include "model/synthetic.h"
 #include "offload/parse_options.h"
@@ -23,9 +24,9 @@ void expect_within(double planned, double actual, double fraction, const std::st
 }
 
 TEST(CapacityPlan, MatchesWhatTheEngineAllocatesForBf16Checkpoints) {
-  for (const auto& dir : {kRepo / "models" / "demo",
-                          kRepo / "tests" / "fixtures" / "models" / "qwen3_moe_bf16",
-                          kRepo / "tests" / "fixtures" / "models" / "mixtral_bf16"}) {
+  for (const auto& dir :
+       {kRepo / "models" / "demo", kRepo / "tests" / "fixtures" / "models" / "qwen3_moe_bf16",
+        kRepo / "tests" / "fixtures" / "models" / "mixtral_bf16"}) {
     auto model = Model::load(dir, LoadOptions{.prefault = false});
     const ModelConfig& config = model->config();
     const CapacityPlan plan = plan_capacity(config, PlanOptions{.kv_dtype = KvDType::kF32});
@@ -50,13 +51,13 @@ TEST(CapacityPlan, PublishedShapesPickTheExpectedLayout) {
   EXPECT_EQ(eight.layout, Layout::kOffload);
   EXPECT_EQ(eight.gpus_used, 1);
   EXPECT_EQ(eight.run_flags, "--device cuda --expert-budget " + eight.expert_budget_flag);
-  EXPECT_TRUE(std::any_of(eight.arithmetic.begin(), eight.arithmetic.end(),
-                          [](const std::string& l) {
-                            return l.starts_with("expert parallel over 8 GPUs") &&
-                                   l.find("planning for one GPU") != std::string::npos;
-                          }));
-  const CapacityPlan offload = plan_capacity(big, PlanOptions{.gpu_mem_gib = 139,
-                                                              .max_seq_len = 8192});
+  EXPECT_TRUE(
+      std::any_of(eight.arithmetic.begin(), eight.arithmetic.end(), [](const std::string& l) {
+        return l.starts_with("expert parallel over 8 GPUs") &&
+               l.find("planning for one GPU") != std::string::npos;
+      }));
+  const CapacityPlan offload =
+      plan_capacity(big, PlanOptions{.gpu_mem_gib = 139, .max_seq_len = 8192});
   EXPECT_EQ(offload.layout, Layout::kOffload);
   EXPECT_GT(offload.gpu_experts_per_layer, big.num_experts_per_tok);
   EXPECT_LT(offload.gpu_experts_per_layer, big.num_experts);
@@ -74,9 +75,9 @@ TEST(CapacityPlan, PublishedShapesPickTheExpectedLayout) {
   EXPECT_EQ(parsed.budget_bytes, offload.expert_budget_bytes);
   EXPECT_EQ(small.expert_budget_bytes, 0);  // nothing to offload when it fits
   // DeepSeek-V3's KV per token is its latent: 61 layers x 576 values x 2 bytes.
-  const CapacityPlan v3 = plan_capacity(synthetic_model_config("deepseek-v3"),
-                                        PlanOptions{.num_gpus = 8, .gpu_mem_gib = 139,
-                                                    .weight_dtype = WeightDType::kFP8});
+  const CapacityPlan v3 = plan_capacity(
+      synthetic_model_config("deepseek-v3"),
+      PlanOptions{.num_gpus = 8, .gpu_mem_gib = 139, .weight_dtype = WeightDType::kFP8});
   EXPECT_EQ(v3.kv_bytes_per_token, 61 * 576 * 2);
   EXPECT_NEAR(v3.weight_bytes.total() / 1e9, 690.0, 30.0);
 }
@@ -116,6 +117,20 @@ TEST(CapacityPlan, Qwen3Next80BA3BCountsTwelveKvLayersAndTheState) {
   EXPECT_TRUE(std::any_of(plan.arithmetic.begin(), plan.arithmetic.end(), [](const std::string& l) {
     return l.starts_with("recurrent state per sequence: 36 linear layers");
   }));
+}
+
+TEST(CapacityPlan, AContextWhoseKvDoesNotFitNamesTheFlag) {
+  // Llama 4 Scout publishes a 10M-token context: one sequence's KV alone is about 1.8 TiB.
+  const ModelConfig scout = synthetic_model_config("llama4-scout");
+  try {
+    plan_capacity(scout, PlanOptions{});
+    FAIL() << "a plan whose one sequence cannot fit was made";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("one sequence of 10485760 tokens"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("--max-seq-len"), std::string::npos) << e.what();
+  }
+  EXPECT_GT(plan_capacity(scout, PlanOptions{.max_seq_len = 8192}).kv_tokens_fit, 8192);
 }
 
 }  // namespace
