@@ -158,9 +158,7 @@ Decoder::Decoder(const ModelConfig& config, DecoderWeights weights)
   if (config_.norm_weight_offset) add_one(final_norm_);
   plans_ = plan_layers(config_);
   if (config_.num_experts > 0) {
-    make_moe_block(std::make_unique<moe::ResidentExperts>(routed_experts(), config_.hidden_size,
-                                                          config_.moe_intermediate_size,
-                                                          expert_activation(config_)));
+    make_moe_block(resident_experts());
   }
 }
 
@@ -176,6 +174,12 @@ std::vector<std::span<const moe::ExpertWeights>> Decoder::routed_experts() const
     if (weights_.layers[l].is_moe) experts[l] = weights_.layers[l].moe.routed.experts;
   }
   return experts;
+}
+
+std::unique_ptr<moe::ExpertRunner> Decoder::resident_experts() const {
+  return std::make_unique<moe::ResidentExperts>(routed_experts(), config_.hidden_size,
+                                                config_.moe_intermediate_size,
+                                                expert_activation(config_));
 }
 
 void Decoder::make_moe_block(std::unique_ptr<moe::ExpertRunner> runner) {
@@ -234,9 +238,7 @@ void Decoder::set_expert_parallel(parallel::Communicator* comm,
   placement_ = std::move(placement);
   shared_schedule_ = comm != nullptr && overlap ? moe::SharedSchedule::kWhileDispatching
                                                 : moe::SharedSchedule::kBeforeDispatch;
-  make_moe_block(std::make_unique<moe::ResidentExperts>(routed_experts(), config_.hidden_size,
-                                                        config_.moe_intermediate_size,
-                                                        expert_activation(config_)));
+  make_moe_block(resident_experts());
 }
 
 void Decoder::set_offload(const offload::OffloadOptions& options, int64_t max_step_tokens) {
@@ -249,9 +251,7 @@ void Decoder::set_offload(const offload::OffloadOptions& options, int64_t max_st
             "--expert-budget with --ep is not supported yet: offload or shard the experts");
   cached_experts_ = nullptr;
   if (!options.enabled()) {
-    make_moe_block(std::make_unique<moe::ResidentExperts>(routed_experts(), config_.hidden_size,
-                                                          config_.moe_intermediate_size,
-                                                          expert_activation(config_)));
+    make_moe_block(resident_experts());
     return;
   }
   const int64_t L = config_.num_layers, E = config_.num_experts;

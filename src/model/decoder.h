@@ -87,9 +87,9 @@ class Decoder {
   void set_routing_observer(RoutingObserver observer) { routing_observer_ = std::move(observer); }
   // Called in every MoE layer between route and plan with the router logits [T, E]; it may
   // change the routing (a test replaying another device's choices). Off (empty) by default.
-  using RoutingOverride = std::function<void(int64_t layer, const float* logits,
-                                             const moe::RouterOptions& options,
-                                             moe::Routing& routing)>;
+  using RoutingOverride =
+      std::function<void(int64_t layer, const float* logits, const moe::RouterOptions& options,
+                         moe::Routing& routing)>;
   void set_routing_override(RoutingOverride override_fn) {
     routing_override_ = std::move(override_fn);
   }
@@ -117,12 +117,12 @@ class Decoder {
     std::vector<float> q_a_norm, kv_a_norm;  // MLA
     std::vector<float> selection_bias;       // [E] DeepSeek-V3 router bias
     // Gated DeltaNet.
-    std::vector<float> conv;                 // [conv_dim, conv_kernel]
-    std::vector<float> neg_decay;            // [Nv] -exp(A_log)
-    std::vector<float> dt_bias;              // [Nv]
-    std::vector<float> gated_norm;           // [Dv]
-    std::vector<float> sinks;                // [Nq] GPT-OSS attention sinks
-    std::vector<float> router_bias;          // [E] GPT-OSS router logit bias
+    std::vector<float> conv;         // [conv_dim, conv_kernel]
+    std::vector<float> neg_decay;    // [Nv] -exp(A_log)
+    std::vector<float> dt_bias;      // [Nv]
+    std::vector<float> gated_norm;   // [Dv]
+    std::vector<float> sinks;        // [Nq] GPT-OSS attention sinks
+    std::vector<float> router_bias;  // [E] GPT-OSS router logit bias
   };
   // The layer's router as the MoE block takes it.
   moe::LayerRouter layer_router(int64_t layer) const;
@@ -168,11 +168,13 @@ class Decoder {
   void make_moe_block(std::unique_ptr<moe::ExpertRunner> runner);
   // Every layer's routed experts (empty spans for dense layers).
   std::vector<std::span<const moe::ExpertWeights>> routed_experts() const;
+  // Every layer's routed experts computed in place, with the config's activation.
+  std::unique_ptr<moe::ExpertRunner> resident_experts() const;
 
-  std::unique_ptr<moe::MoeBlock> moe_block_;  // null without MoE layers
-  moe::CachedExperts* cached_experts_ = nullptr;  // moe_block_'s runner when offloading
+  std::unique_ptr<moe::MoeBlock> moe_block_;            // null without MoE layers
+  moe::CachedExperts* cached_experts_ = nullptr;        // moe_block_'s runner when offloading
   std::optional<parallel::ExpertPlacement> placement_;  // ep_'s, when given
-  parallel::Communicator* ep_ = nullptr;          // moe_block_'s dispatcher's, under --ep
+  parallel::Communicator* ep_ = nullptr;                // moe_block_'s dispatcher's, under --ep
   moe::SharedSchedule shared_schedule_ = moe::SharedSchedule::kBeforeDispatch;
   moe::RoutingApproximation routing_approx_;  // moe_block_'s
   Workspace ws_;

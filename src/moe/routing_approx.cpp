@@ -8,7 +8,7 @@
 
 namespace moeinfer::moe {
 
-bool RoutingApproximation::enabled() const { return !flags().empty(); }
+bool RoutingApproximation::enabled() const { return drops() || router_temperature != 1.0; }
 
 std::vector<std::string> RoutingApproximation::flags() const {
   std::vector<std::string> on;
@@ -173,6 +173,7 @@ void limit_capacity(const float* logits, const RouterOptions& router, const Rout
 
 void approximate_routing(const float* logits, const RouterOptions& router,
                          const RoutingApproximation& approx, Routing* routing) {
+  if (!approx.drops()) return;  // the default: nothing per layer on the decode path
   const int64_t T = routing->num_tokens, K = routing->top_k;
   MOE_CHECK(static_cast<int64_t>(routing->topk_ids.size()) == T * K &&
                 routing->topk_weights.size() == routing->topk_ids.size(),
