@@ -38,8 +38,10 @@
 #include "core/error.h"
 #include "model/cuda/cached_experts.h"
 #include "model/cuda/device_weights.h"
+#include "model/cuda/moe_block.h"
 #include "model/family.h"
 #include "model/gpu_decoder.h"
+#include "model/layer_plan.h"
 #include "model/rope.h"
 #include "offload/parse_options.h"
 #include "profile/profiler.h"
@@ -163,24 +165,17 @@ class CudaDecoder final : public GpuDecoder {
   void attention(int64_t layer, const Step& step);
   void mla_attention(int64_t layer, const Step& step);
   void qk_norm_clip_rope_write(int64_t layer, const Step& step);
+  // The layer's dense MLP, or its MoE block (moe_block.h).
   void feed_forward(int64_t layer, int64_t num_tokens);
-  // Whether layer `layer`'s MoE block runs as the small-batch path at this T (see
-  // cuda/small_batch_moe.h): two launches instead of the stage-by-stage pipeline.
-  bool small_batch_moe_takes(int64_t layer, int64_t num_tokens) const;
-  void small_batch_moe(int64_t layer, int64_t num_tokens, int32_t* topk_ids,
-                       float* topk_weights);
-  // With the expert cache: layer l's demand, then a prefetch of the next layer's experts as
-  // its router picks them from layer l's normed hidden state.
-  void admit_and_prefetch(int64_t layer, const int32_t* topk_ids, int64_t num_tokens);
-  // out[num_tokens, Hp] = down(silu(gate) * up) of normed_, in bf16 or float32.
-  void dense_mlp(const bf16* gate_up, const bf16* down, int64_t width, int64_t num_tokens,
-                 void* out, bool f32_out);
+  // The MoE block over this decoder's weights, buffers and products (after the workspace).
+  void build_moe_block();
+  // out[num_tokens, Hp] = down(silu(gate) * up) of x, in bf16 or float32.
+  void dense_mlp(const bf16* x, const bf16* gate_up, const bf16* down, int64_t width,
+                 int64_t num_tokens, void* out, bool f32_out);
   void upload_meta(const Step& step);
-  // Router GEMM of `layer` over normed_ and its top-k: logits [T, E], ids and weights [T, K].
-  void route(int64_t layer, int64_t num_tokens, float* logits, int32_t* topk_ids,
-             float* topk_weights);
-  cuda::RouterParams router_params(int64_t layer, int64_t num_tokens, float* logits,
-                                   int32_t* topk_ids, float* topk_weights) const;
+  // Whether the layer's RoPE pairs dims (2i, 2i + 1) rather than halves (LayerPlan::rope); a
+  // layer without RoPE is refused at load.
+  bool interleaved_rope(int64_t layer) const;
 
   // One Linear: y[rows, n] = x[rows, k] . W[n, k]^T, row strides in elements (0: n or k).
   struct LinearArgs {
@@ -205,10 +200,10 @@ class CudaDecoder final : public GpuDecoder {
   }
 
   ModelConfig config_;
+  std::vector<LayerPlan> plans_;  // plan_layers(config_): what each layer runs
   DeviceWeights w_;
   GpuOptions options_;
   GpuMemoryReport report_;
-  moe::RouterOptions router_;
   float attention_scale_ = 1.0f;
   int64_t rotary_dim_ = 0;
   float rope_scaling_ = 1.0f;
@@ -240,22 +235,17 @@ class CudaDecoder final : public GpuDecoder {
   bf16 *mla_q_ = nullptr, *mla_q_lora_ = nullptr, *mla_latent_ = nullptr, *mla_q_full_ = nullptr,
        *mla_out_latent_ = nullptr;
   float* attn_workspace_ = nullptr;
-  float *router_logits_ = nullptr, *shared_gate_logits_ = nullptr, *topk_weights_ = nullptr;
-  int32_t *topk_ids_ = nullptr, *expert_counts_ = nullptr, *expert_offsets_ = nullptr,
-          *src_row_ = nullptr, *inverse_ = nullptr, *plan_workspace_ = nullptr;
+  int32_t* expert_counts_ = nullptr;  // [L, E + 1] the plans' counts, for the profiler
   // Two weight terms: the float32 sums of a product whose output is bf16 (LinearArgs).
   float* term_sum_ = nullptr;
   int64_t term_sum_elems_ = 0;
-  void* small_moe_workspace_ = nullptr;  // null: the small-batch path is off
-  int64_t small_moe_rows_ = 0;            // T*K up to which it runs
-  bf16 *expert_act_ = nullptr, *expert_out_ = nullptr, *mlp_gate_up_ = nullptr,
-       *mlp_act_ = nullptr, *shared_out_ = nullptr;
+  MoeBlockBuffers moe_buffers_;  // the MoE block's part of the workspace
+  bf16* expert_act_ = nullptr;   // [T*K, Ip] the experts' activation
+  bf16 *mlp_gate_up_ = nullptr, *mlp_act_ = nullptr;
   float* logits_ = nullptr;  // [rcap, V]
   void* cublas_workspace_ = nullptr;
-  // The next layer's predicted routing (expert cache prefetch): [T, E], [T, K], [T, K].
-  float *predict_logits_ = nullptr, *predict_weights_ = nullptr;
-  int32_t* predict_ids_ = nullptr;
   std::unique_ptr<CachedExperts> cache_;  // --expert-budget; null: every expert resident
+  std::unique_ptr<MoeBlock> moe_;         // null without MoE layers
 
   // KV pool: per layer, keys and values (standard) or latent rows (MLA).
   DeviceArray<char> kv_pool_;
@@ -314,13 +304,12 @@ class CudaDecoder final : public GpuDecoder {
 
 CudaDecoder::CudaDecoder(const ModelConfig& config, DeviceWeights weights,
                          const GpuOptions& options)
-    : config_(config), w_(std::move(weights)), options_(options) {
+    : config_(config), plans_(plan_layers(config)), w_(std::move(weights)), options_(options) {
   MOE_CHECK(options.gpu_memory_fraction > 0.0 && options.gpu_memory_fraction <= 1.0,
             "--gpu-memory-fraction ", options.gpu_memory_fraction, " must be in (0, 1]");
   MOE_CHECK(options.block_size >= 8 && options.block_size <= 128,
             "block size ", options.block_size, " must be in [8, 128]");
   MOE_CHECK(options.max_batch_tokens >= 1, "max batch tokens must be >= 1");
-  router_ = router_options(config_);
   attention_scale_ = attention_softmax_scale(config_);
   const Rope rope(config.rope, config.rotary_dim(), config.max_position_embeddings);
   rotary_dim_ = rope.rotary_dim();
@@ -360,6 +349,7 @@ CudaDecoder::CudaDecoder(const ModelConfig& config, DeviceWeights weights,
     report_.weight_bytes += cache_->device_bytes();
   }
   allocate_workspace();
+  build_moe_block();
   std::vector<float> inv_freq = rope.inv_freq();
   CUDA_CHECK(cudaMemcpy(inv_freq_, inv_freq.data(), inv_freq.size() * sizeof(float),
                         cudaMemcpyHostToDevice));
@@ -412,15 +402,16 @@ void CudaDecoder::allocate_workspace() {
   // The small-batch MoE path: off with the expert cache (its runner reads experts through a
   // slot table) and under --deterministic (its sums run in another order than the general
   // path's, so a token's result would depend on the step's row count).
-  small_moe_rows_ = 0;
+  MoeBlockBuffers& mb = moe_buffers_;
+  mb.small_moe_rows = 0;
   // It reads one weight term: off with two as well.
   if (c.num_experts > 0 && !cache_ && !options_.deterministic && w_.weight_terms == 1) {
-    small_moe_rows_ = options_.small_batch_moe_rows >= 0 ? options_.small_batch_moe_rows
-                                                         : kSmallMoeDefaultRows;
-    small_moe_rows_ = std::min(small_moe_rows_, cuda::kSmallMoeMaxRows);
+    mb.small_moe_rows = options_.small_batch_moe_rows >= 0 ? options_.small_batch_moe_rows
+                                                           : kSmallMoeDefaultRows;
+    mb.small_moe_rows = std::min(mb.small_moe_rows, cuda::kSmallMoeMaxRows);
   }
   const int64_t small_moe_bytes =
-      small_moe_rows_ > 0 ? cuda::small_moe_workspace_bytes(std::min(T, cuda::kSmallMoeMaxTokens),
+      mb.small_moe_rows > 0 ? cuda::small_moe_workspace_bytes(std::min(T, cuda::kSmallMoeMaxTokens),
                                                             E, K, H, Ip, shared_width)
                           : 0;
 
@@ -491,25 +482,25 @@ void CudaDecoder::allocate_workspace() {
     }
     attn_workspace_ = cv.take<float>(attn_ws);
     if (c.num_experts > 0) {
-      router_logits_ = cv.take<float>(T * E);
-      topk_ids_ = cv.take<int32_t>(T * K);
-      topk_weights_ = cv.take<float>(T * K);
+      mb.router_logits = cv.take<float>(T * E);
+      mb.topk_ids = cv.take<int32_t>(T * K);
+      mb.topk_weights = cv.take<float>(T * K);
       // The plan sorts over E + 1 experts: the last, a null expert, takes the padding rows of a
       // graph bucket (RouterParams::num_valid_tokens). A row of counts per layer, for reports.
       expert_counts_ = cv.take<int32_t>(c.num_layers * (E + 1));
-      expert_offsets_ = cv.take<int32_t>(E + 2);
-      src_row_ = cv.take<int32_t>(T * K);
-      inverse_ = cv.take<int32_t>(T * K);
-      plan_workspace_ = cv.take<int32_t>(cuda::plan_workspace_size(T * K, E + 1));
+      mb.expert_offsets = cv.take<int32_t>(E + 2);
+      mb.src_row = cv.take<int32_t>(T * K);
+      mb.inverse = cv.take<int32_t>(T * K);
+      mb.plan_workspace = cv.take<int32_t>(cuda::plan_workspace_size(T * K, E + 1));
       expert_act_ = cv.take<bf16>(T * K * Ip);
-      expert_out_ = cv.take<bf16>(T * K * H);
-      shared_gate_logits_ = cv.take<float>(T);
-      shared_out_ = cv.take<bf16>(T * H);
-      if (small_moe_bytes > 0) small_moe_workspace_ = cv.take<char>(small_moe_bytes);
+      mb.expert_out = cv.take<bf16>(T * K * H);
+      mb.shared_gate_logits = cv.take<float>(T);
+      mb.shared_out = cv.take<bf16>(T * H);
+      if (small_moe_bytes > 0) mb.small_moe_workspace = cv.take<char>(small_moe_bytes);
       if (w_.experts_offloaded) {
-        predict_logits_ = cv.take<float>(T * E);
-        predict_ids_ = cv.take<int32_t>(T * K);
-        predict_weights_ = cv.take<float>(T * K);
+        mb.predict_logits = cv.take<float>(T * E);
+        mb.predict_ids = cv.take<int32_t>(T * K);
+        mb.predict_weights = cv.take<float>(T * K);
       }
     }
     if (mlp_width > 0) {
@@ -534,9 +525,9 @@ void CudaDecoder::allocate_workspace() {
   Carver assign(workspace_.get());
   carve(assign);
   report_.workspace_bytes = bytes;
-  if (small_moe_workspace_) {  // its counters start at zero; the kernels leave them so
+  if (mb.small_moe_workspace) {  // its counters start at zero; the kernels leave them so
     CUDA_CHECK(
-        cudaMemsetAsync(small_moe_workspace_, 0, static_cast<size_t>(small_moe_bytes), stream_));
+        cudaMemsetAsync(mb.small_moe_workspace, 0, static_cast<size_t>(small_moe_bytes), stream_));
   }
   if (c.mla) {  // q_full's rope padding [Lp + R, W) is never written: zero once
     CUDA_CHECK(cudaMemsetAsync(mla_q_full_, 0,
@@ -766,10 +757,15 @@ void CudaDecoder::enqueue_layers(const Step& step) {
                               .out = normed_, .num_rows = T,
                               .hidden_size = H, .eps = eps, .mean_width = c.hidden_size},
                              stream_);
-    if (c.mla) {
-      mla_attention(l, step);
-    } else {
-      attention(l, step);
+    switch (plans_[l].attention) {
+      case AttentionKind::kGqa:
+        attention(l, step);
+        break;
+      case AttentionKind::kMla:
+        mla_attention(l, step);
+        break;
+      case AttentionKind::kGatedDeltaNet:  // check_gpu_support refuses these models at load
+        MOE_FAIL("layer ", l, ": the GPU decoder has no Gated DeltaNet attention");
     }
     cuda::fused_add_rms_norm({.x = block_out_, .x_bias = d.o_bias, .residual = hidden_,
                               .residual_out = hidden_, .weight = d.post_norm,
@@ -815,26 +811,28 @@ void CudaDecoder::attention(int64_t layer, const Step& step) {
   }
   const int64_t slots = num_blocks_ * block_size_;
   const bool prefill = step.route == Route::kPrefill;
+  const LayerPlan& plan = plans_[layer];
+  const bool per_head_norm = plan.qk_norm == QkNormKind::kPerHead;
   // attention_inputs reads one term of the per-head norm weights; with two, the unfused path.
-  const bool two_term_norms = c.qk_norm_per_head && w_.weight_terms == 2;
-  if (!c.qk_norm_full && !c.clip_qkv && !two_term_norms) {
+  const bool two_term_norms = per_head_norm && w_.weight_terms == 2;
+  if (plan.qk_norm != QkNormKind::kWholeProjection && !plan.clip_qkv && !two_term_norms) {
     // One launch from the projection to the attention inputs.
     cuda::attention_inputs({.qkv = qkv_, .qkv_stride = Nqkv, .positions = meta_.positions,
                             .inv_freq = inv_freq_,
-                            .q_norm = c.qk_norm_per_head ? d.q_norm : nullptr,
-                            .k_norm = c.qk_norm_per_head ? d.k_norm : nullptr, .eps = eps,
+                            .q_norm = per_head_norm ? d.q_norm : nullptr,
+                            .k_norm = per_head_norm ? d.k_norm : nullptr, .eps = eps,
                             .slots = meta_.slots, .k_cache = k_cache_[layer],
                             .v_cache = v_cache_[layer], .num_slots = slots, .q_out = q_,
                             .k_out = prefill ? k_ : nullptr, .v_out = prefill ? v_ : nullptr,
                             .num_tokens = T, .num_q_heads = Nq, .num_kv_heads = Nkv,
                             .head_dim = D, .padded_head_dim = Dp, .rotary_dim = rotary_dim_,
                             .attention_scaling = rope_scaling_,
-                            .interleaved = c.rope_interleaved},
+                            .interleaved = interleaved_rope(layer)},
                            stream_);
   } else {
     qk_norm_clip_rope_write(layer, step);
   }
-  const int64_t window = c.sliding_window.value_or(0);
+  const int64_t window = plan.sliding_window;
   if (prefill) {
     cuda::prefill_attention({.q = q_, .k = k_, .v = v_, .cu_seqlens = meta_.cu_seqlens,
                              .out = attn_, .num_tokens = T, .num_seqs = step.num_seqs,
@@ -867,28 +865,36 @@ void CudaDecoder::qk_norm_clip_rope_write(int64_t layer, const Step& step) {
   const int64_t Nq = c.num_heads, Nkv = c.num_kv_heads, D = c.head_dim, Dp = w_.padded_head_dim;
   const int64_t Nqkv = (Nq + 2 * Nkv) * Dp;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  if (c.qk_norm_per_head) {
-    cuda::strided_rms_norm({.x = qkv_, .weight = d.q_norm, .weight_lo = lo_term(d.q_norm, D),
-                            .rows = T * Nq, .width = D, .stride = Dp, .eps = eps,
-                            .rows_per_token = Nq, .token_stride = Nqkv},
-                           stream_);
-    cuda::strided_rms_norm({.x = qkv_ + Nq * Dp, .weight = d.k_norm,
-                            .weight_lo = lo_term(d.k_norm, D), .rows = T * Nkv, .width = D,
-                            .stride = Dp, .eps = eps, .rows_per_token = Nkv,
-                            .token_stride = Nqkv},
-                           stream_);
-  } else if (c.qk_norm_full) {
-    cuda::strided_rms_norm({.x = qkv_, .weight = d.q_norm,
-                            .weight_lo = lo_term(d.q_norm, Nq * Dp), .rows = T,
-                            .width = Nq * Dp, .stride = Nqkv, .eps = eps, .mean_width = Nq * D},
-                           stream_);
-    cuda::strided_rms_norm({.x = qkv_ + Nq * Dp, .weight = d.k_norm,
-                            .weight_lo = lo_term(d.k_norm, Nkv * Dp), .rows = T,
-                            .width = Nkv * Dp, .stride = Nqkv, .eps = eps,
-                            .mean_width = Nkv * D},
-                           stream_);
+  switch (plans_[layer].qk_norm) {
+    case QkNormKind::kNone:
+      break;
+    case QkNormKind::kPerHead:
+      cuda::strided_rms_norm({.x = qkv_, .weight = d.q_norm, .weight_lo = lo_term(d.q_norm, D),
+                              .rows = T * Nq, .width = D, .stride = Dp, .eps = eps,
+                              .rows_per_token = Nq, .token_stride = Nqkv},
+                             stream_);
+      cuda::strided_rms_norm({.x = qkv_ + Nq * Dp, .weight = d.k_norm,
+                              .weight_lo = lo_term(d.k_norm, D), .rows = T * Nkv, .width = D,
+                              .stride = Dp, .eps = eps, .rows_per_token = Nkv,
+                              .token_stride = Nqkv},
+                             stream_);
+      break;
+    case QkNormKind::kWholeProjection:
+      cuda::strided_rms_norm({.x = qkv_, .weight = d.q_norm,
+                              .weight_lo = lo_term(d.q_norm, Nq * Dp), .rows = T,
+                              .width = Nq * Dp, .stride = Nqkv, .eps = eps,
+                              .mean_width = Nq * D},
+                             stream_);
+      cuda::strided_rms_norm({.x = qkv_ + Nq * Dp, .weight = d.k_norm,
+                              .weight_lo = lo_term(d.k_norm, Nkv * Dp), .rows = T,
+                              .width = Nkv * Dp, .stride = Nqkv, .eps = eps,
+                              .mean_width = Nkv * D},
+                             stream_);
+      break;
+    case QkNormKind::kAfterRopeWeightless:  // Llama 4: check_gpu_support refuses it at load
+      MOE_FAIL("layer ", layer, ": the GPU decoder has no q/k norm after RoPE");
   }
-  if (c.clip_qkv) {
+  if (plans_[layer].clip_qkv) {
     cuda::bias_clip({.x = qkv_, .rows = T, .width = Nqkv, .stride = Nqkv,
                      .clip = static_cast<float>(*c.clip_qkv)},
                     stream_);
@@ -896,7 +902,7 @@ void CudaDecoder::qk_norm_clip_rope_write(int64_t layer, const Step& step) {
   cuda::rope({.q = qkv_, .k = qkv_ + Nq * Dp, .positions = meta_.positions, .inv_freq = inv_freq_,
               .num_tokens = T, .num_q_heads = Nq, .num_kv_heads = Nkv, .head_dim = Dp,
               .rotary_dim = rotary_dim_, .q_stride = Nqkv, .k_stride = Nqkv,
-              .attention_scaling = rope_scaling_, .interleaved = c.rope_interleaved},
+              .attention_scaling = rope_scaling_, .interleaved = interleaved_rope(layer)},
              stream_);
   const int64_t slots = num_blocks_ * block_size_;
   cuda::kv_cache_write({.src = qkv_ + Nq * Dp, .cache = k_cache_[layer], .slots = meta_.slots,
@@ -948,7 +954,7 @@ void CudaDecoder::mla_attention(int64_t layer, const Step& step) {
   cuda::rope({.q = mla_q_ + nope, .k = mla_latent_ + Lp, .positions = meta_.positions,
               .inv_freq = inv_freq_, .num_tokens = T, .num_q_heads = Nh, .num_kv_heads = 1,
               .head_dim = qk, .rotary_dim = R, .q_stride = Nh * qk, .k_stride = W,
-              .attention_scaling = rope_scaling_, .interleaved = m.rope_interleave},
+              .attention_scaling = rope_scaling_, .interleaved = interleaved_rope(layer)},
              stream_);
   cuda::kv_cache_write({.src = mla_latent_, .cache = k_cache_[layer], .slots = meta_.slots,
                         .num_tokens = T, .width = W, .src_stride = W,
@@ -1014,11 +1020,10 @@ void CudaDecoder::absorbed(const cuda::DenseGemmParams& g) {
                            stream_);
 }
 
-void CudaDecoder::dense_mlp(const bf16* gate_up, const bf16* down, int64_t width,
+void CudaDecoder::dense_mlp(const bf16* x, const bf16* gate_up, const bf16* down, int64_t width,
                             int64_t num_tokens, void* out, bool f32_out) {
   const int64_t H = w_.padded_hidden_size;
-  linear({.x = normed_, .rows = num_tokens, .w = gate_up, .n = 2 * width, .k = H,
-          .y = mlp_gate_up_});
+  linear({.x = x, .rows = num_tokens, .w = gate_up, .n = 2 * width, .k = H, .y = mlp_gate_up_});
   cuda::silu_mul({.gate_up = mlp_gate_up_, .out = mlp_act_, .num_tokens = num_tokens,
                   .width = width},
                  stream_);
@@ -1026,139 +1031,71 @@ void CudaDecoder::dense_mlp(const bf16* gate_up, const bf16* down, int64_t width
           .f32_out = f32_out});
 }
 
+bool CudaDecoder::interleaved_rope(int64_t layer) const {
+  MOE_CHECK(plans_[layer].position == PositionEncoding::kRope, "layer ", layer,
+            " has no RoPE (NoPE): the GPU decoder does not run such layers");
+  switch (plans_[layer].rope) {
+    case RopePairing::kHalves:
+      return false;
+    case RopePairing::kInterleaved:
+      return true;
+  }
+  MOE_FAIL("layer ", layer, ": unknown RoPE pairing");
+}
+
+void CudaDecoder::build_moe_block() {
+  if (config_.num_experts <= 0) return;
+  const ExpertShape shape{.num_experts = config_.num_experts,
+                          .hidden_size = w_.padded_hidden_size,
+                          .expert_width = w_.padded_expert_width,
+                          .weight_terms = w_.weight_terms};
+  const std::span<const DeviceLayer> layers(w_.layers);
+  std::unique_ptr<ExpertRunner> runner;
+  if (cache_) {
+    runner = std::make_unique<CachedExpertRunner>(*cache_, layers, shape, expert_act_);
+  } else {
+    runner = std::make_unique<ResidentExperts>(layers, shape, expert_act_);
+  }
+  auto linear_fn = [this](const bf16* x, int64_t rows, const bf16* w, int64_t n, int64_t k,
+                          void* y, bool f32_out) {
+    linear({.x = x, .rows = rows, .w = w, .n = n, .k = k, .y = y, .f32_out = f32_out});
+  };
+  auto mlp_fn = [this](const bf16* x, const bf16* gate_up, const bf16* down, int64_t width,
+                       int64_t rows, bf16* out) {
+    dense_mlp(x, gate_up, down, width, rows, out, /*f32_out=*/false);
+  };
+  moe_ = std::make_unique<MoeBlock>(
+      MoeBlockOptions{.router = router_options(config_),
+                      .shape = shape,
+                      .top_k = config_.num_experts_per_tok},
+      layers, plans_, moe_buffers_,
+      std::make_unique<LocalDispatcher>(config_.num_experts, w_.padded_hidden_size),
+      std::move(runner), linear_fn, mlp_fn);
+}
+
 void CudaDecoder::feed_forward(int64_t layer, int64_t T) {
-  const ModelConfig& c = config_;
   const DeviceLayer& d = w_.layers[layer];
-  const int64_t H = w_.padded_hidden_size, E = c.num_experts, K = c.num_experts_per_tok;
-  if (!d.is_moe) {
-    dense_mlp(d.mlp_gate_up, d.mlp_down, d.mlp_width, T, block_out_, /*f32_out=*/true);
-    mark(profile::Stage::kDenseMlp, layer);
-    return;
-  }
-  // The prefetch for this layer (issued at the previous one) reads predict_ids_, which this
-  // layer's prediction rewrites: it must be done first.
-  if (cache_) cache_->join(stream_);
-  // While routing is captured, each layer's router writes into its own rows of the capture
-  // buffers, which the layer's plan and unpermute then read: no copy, no extra kernel.
-  int32_t* const topk_ids = tracing_ ? routing_ids_.get() + layer * tcap_ * K : topk_ids_;
-  float* const topk_weights =
-      tracing_ ? routing_weights_.get() + layer * tcap_ * K : topk_weights_;
-  if (small_batch_moe_takes(layer, T)) {
-    small_batch_moe(layer, T, topk_ids, topk_weights);
-    return;
-  }
-  route(layer, T, router_logits_, topk_ids, topk_weights);
-  mark(profile::Stage::kRoute, layer);
-  if (cache_) admit_and_prefetch(layer, topk_ids, T);
-  cuda::moe_plan({.topk_ids = topk_ids, .expert_counts = expert_counts_ + layer * (E + 1),
-                  .expert_offsets = expert_offsets_, .src_row = src_row_, .inverse = inverse_,
-                  .workspace = plan_workspace_, .num_assignments = T * K, .num_experts = E + 1},
-                 stream_);
-  mark(profile::Stage::kPlan, layer);
-  cuda::moe_experts({.rows = normed_,
-                     .gate_up = cache_ ? nullptr : d.experts_gate_up,
-                     .down = cache_ ? nullptr : d.experts_down,
-                     .weight_terms = w_.weight_terms,
-                     .gate_up_table = cache_ ? cache_->gate_up_table(layer) : nullptr,
-                     .down_table = cache_ ? cache_->down_table(layer) : nullptr,
-                     .expert_offsets = expert_offsets_, .activation = expert_act_,
-                     .out = expert_out_, .num_rows = T * K, .num_experts = E, .hidden_size = H,
-                     .expert_width = w_.padded_expert_width, .src_row = src_row_, .top_k = K},
-                    stream_);
-  mark(profile::Stage::kExperts, layer);
-  const bf16* shared = nullptr;
-  if (d.shared_gate_up) {
-    dense_mlp(d.shared_gate_up, d.shared_down, d.shared_width, T, shared_out_, /*f32_out=*/false);
-    if (d.shared_gate) {
-      linear({.x = normed_, .rows = T, .w = d.shared_gate, .n = 1, .k = H,
-              .y = shared_gate_logits_, .f32_out = true});
-      cuda::sigmoid_scale_rows({.x = shared_out_, .logits = shared_gate_logits_,
-                                .num_tokens = T, .hidden_size = H},
-                               stream_);
+  switch (plans_[layer].feed_forward) {
+    case FeedForwardKind::kDenseMlp:
+      dense_mlp(normed_, d.mlp_gate_up, d.mlp_down, d.mlp_width, T, block_out_,
+                /*f32_out=*/true);
+      mark(profile::Stage::kDenseMlp, layer);
+      return;
+    case FeedForwardKind::kMoe: {
+      const int64_t K = config_.num_experts_per_tok, E = config_.num_experts;
+      // While routing is captured, each layer's router writes into its own rows of the capture
+      // buffers, which the layer's plan and unpermute then read: no copy, no extra kernel.
+      MoeLayerIo io{.hidden = normed_, .num_tokens = T, .num_valid = meta_.num_valid,
+                    .expert_counts = expert_counts_ + layer * (E + 1), .out = block_out_};
+      if (tracing_) {
+        io.topk_ids = routing_ids_.get() + layer * tcap_ * K;
+        io.topk_weights = routing_weights_.get() + layer * tcap_ * K;
+      }
+      moe_->enqueue(layer, io, stream_,
+                    [this](profile::Stage stage, int64_t l) { mark(stage, l); });
+      return;
     }
-    shared = shared_out_;
-    mark(profile::Stage::kSharedExperts, layer);
   }
-  if (cache_) cache_->merge_host_rows(layer, topk_ids, inverse_, expert_out_, T * K, stream_);
-  cuda::unpermute({.expert_out = expert_out_, .topk_weights = topk_weights, .inverse = inverse_,
-                   .shared = shared, .out = block_out_, .num_tokens = T, .top_k = K,
-                   .hidden_size = H},
-                  stream_);
-  mark(profile::Stage::kUnpermute, layer);
-}
-
-bool CudaDecoder::small_batch_moe_takes(int64_t layer, int64_t T) const {
-  const DeviceLayer& d = w_.layers[layer];
-  const int64_t K = config_.num_experts_per_tok;
-  return small_moe_workspace_ != nullptr && T * K <= small_moe_rows_ &&
-         cuda::small_moe_supports(T, config_.num_experts, K, w_.padded_hidden_size,
-                                  w_.padded_expert_width, d.shared_gate_up ? d.shared_width : 0);
-}
-
-void CudaDecoder::small_batch_moe(int64_t layer, int64_t T, int32_t* topk_ids,
-                                  float* topk_weights) {
-  const DeviceLayer& d = w_.layers[layer];
-  const int64_t E = config_.num_experts;
-  cuda::SmallMoeParams p{.hidden = normed_, .router = d.router,
-                         .route = router_params(layer, T, router_logits_, topk_ids, topk_weights),
-                         .gate_up = d.experts_gate_up, .down = d.experts_down,
-                         .expert_width = w_.padded_expert_width,
-                         .shared_gate_up = d.shared_gate_up, .shared_down = d.shared_down,
-                         .shared_width = d.shared_gate_up ? d.shared_width : 0,
-                         .shared_gate = d.shared_gate,
-                         .expert_counts = expert_counts_ + layer * (E + 1), .out = block_out_,
-                         .workspace = small_moe_workspace_,
-                         .hidden_size = w_.padded_hidden_size};
-  // The profiler sees the two launches as route (router GEMV, top-k and plan) and experts
-  // (routed and shared experts and their weighted sum): small_batch_moe_route_plan and
-  // small_batch_moe_experts enqueue them separately for that.
-  cuda::small_batch_moe_route_plan(p, stream_);
-  mark(profile::Stage::kRoute, layer);
-  cuda::small_batch_moe_experts(p, stream_);
-  mark(profile::Stage::kExperts, layer);
-}
-
-void CudaDecoder::route(int64_t layer, int64_t T, float* logits, int32_t* topk_ids,
-                        float* topk_weights) {
-  const DeviceLayer& d = w_.layers[layer];
-  const int64_t H = w_.padded_hidden_size, E = config_.num_experts;
-  linear({.x = normed_, .rows = T, .w = d.router, .n = E, .k = H, .y = logits, .f32_out = true});
-  cuda::fused_router(router_params(layer, T, logits, topk_ids, topk_weights), stream_);
-}
-
-cuda::RouterParams CudaDecoder::router_params(int64_t layer, int64_t T, float* logits,
-                                              int32_t* topk_ids, float* topk_weights) const {
-  const DeviceLayer& d = w_.layers[layer];
-  const int64_t E = config_.num_experts;
-  cuda::RouterParams p{.logits = logits, .topk_ids = topk_ids, .topk_weights = topk_weights,
-                       .num_tokens = T, .num_experts = E, .top_k = config_.num_experts_per_tok,
-                       .score = router_.score == moe::ScoreFunction::kSigmoid
-                                    ? cuda::RouterScore::kSigmoid
-                                    : cuda::RouterScore::kSoftmax,
-                       .renormalize = router_.renormalize,
-                       .routed_scaling_factor = router_.routed_scaling_factor};
-  p.selection_bias = d.selection_bias;
-  p.logit_bias = d.logit_bias;
-  p.group_score = router_.group_score == moe::GroupScore::kMax ? cuda::RouterGroupScore::kMax
-                  : router_.group_score == moe::GroupScore::kTop2Sum
-                      ? cuda::RouterGroupScore::kTop2Sum
-                      : cuda::RouterGroupScore::kNone;
-  p.num_groups = router_.num_groups;
-  p.topk_groups = router_.topk_groups;
-  p.num_valid_tokens = meta_.num_valid;
-  return p;
-}
-
-void CudaDecoder::admit_and_prefetch(int64_t layer, const int32_t* topk_ids, int64_t T) {
-  const int64_t K = config_.num_experts_per_tok;
-  const int64_t next = layer + 1;
-  const bool predict =
-      next < config_.num_layers && w_.layers[next].is_moe && cache_->prefetches();
-  // The prediction runs before the demand's copies so that its router reads normed_ while it
-  // still holds this layer's input; the prefetch then starts as soon as the demand is placed.
-  if (predict) route(next, T, predict_logits_, predict_ids_, predict_weights_);
-  cache_->admit(layer, topk_ids, T * K, normed_, T, stream_);
-  if (predict) cache_->prefetch(next, predict_ids_, T * K, stream_);
 }
 
 void CudaDecoder::run(const Step& step) {

@@ -1,0 +1,244 @@
+#include "model/cuda/moe_block.h"
+
+#include <utility>
+
+#include "backend/cuda/decoder_ops.h"
+#include "backend/cuda/grouped_gemm.h"
+#include "backend/cuda/small_batch_moe.h"
+#include "core/error.h"
+#include "model/cuda/cached_experts.h"
+
+namespace moeinfer::gpu {
+
+ExpertRows LocalDispatcher::dispatch(int64_t /*layer*/, const RoutedTokens& tokens,
+                                     cudaStream_t /*stream*/) {
+  // Plan over E + 1 experts: the padding tokens' assignments sort last, past every real expert.
+  return {.rows = tokens.hidden,
+          .src_row = tokens.src_row,
+          .top_k = tokens.top_k,
+          .expert_offsets = tokens.expert_offsets,
+          .num_experts = num_experts_,
+          .num_rows = tokens.num_tokens * tokens.top_k};
+}
+
+void LocalDispatcher::combine(int64_t /*layer*/, const bf16* expert_out,
+                              const RoutedTokens& tokens, const bf16* shared, float* out,
+                              cudaStream_t stream) {
+  cuda::unpermute({.expert_out = expert_out, .topk_weights = tokens.topk_weights,
+                   .inverse = tokens.inverse, .shared = shared, .out = out,
+                   .num_tokens = tokens.num_tokens, .top_k = tokens.top_k,
+                   .hidden_size = hidden_size_},
+                  stream);
+}
+
+ResidentExperts::ResidentExperts(std::span<const DeviceLayer> layers, const ExpertShape& shape,
+                                 bf16* activation)
+    : layers_(layers), shape_(shape), activation_(activation) {}
+
+void ResidentExperts::run(int64_t layer, const ExpertRows& rows, bf16* out, cudaStream_t stream) {
+  const DeviceLayer& d = layers_[layer];
+  cuda::moe_experts({.rows = rows.rows, .gate_up = d.experts_gate_up, .down = d.experts_down,
+                     .weight_terms = shape_.weight_terms,
+                     .expert_offsets = rows.expert_offsets, .activation = activation_,
+                     .out = out, .num_rows = rows.num_rows, .num_experts = shape_.num_experts,
+                     .hidden_size = shape_.hidden_size, .expert_width = shape_.expert_width,
+                     .src_row = rows.src_row, .top_k = rows.top_k},
+                    stream);
+}
+
+CachedExpertRunner::CachedExpertRunner(CachedExperts& cache, std::span<const DeviceLayer> layers,
+                                       const ExpertShape& shape, bf16* activation)
+    : cache_(cache), layers_(layers), shape_(shape), activation_(activation) {}
+
+void CachedExpertRunner::on_routed(int64_t layer, const RoutedTokens& tokens,
+                                   RoutingPredictor& predictor, cudaStream_t stream) {
+  // The prefetch for this layer (issued at the previous one) reads the predictor's ids, which
+  // this layer's prediction rewrites: it must be done first.
+  cache_.join(stream);
+  const int64_t next = layer + 1;
+  const bool predict = next < static_cast<int64_t>(layers_.size()) && layers_[next].is_moe &&
+                       cache_.prefetches();
+  // The prediction runs before the demand's copies so that its router reads the rows before
+  // anything else is queued; the prefetch then starts as soon as the demand is placed.
+  const int32_t* predicted =
+      predict ? predictor.predict(next, tokens, stream) : nullptr;
+  const int64_t A = tokens.num_tokens * tokens.top_k;
+  cache_.admit(layer, tokens.topk_ids, A, tokens.hidden, tokens.num_tokens, stream);
+  if (predict) cache_.prefetch(next, predicted, A, stream);
+}
+
+void CachedExpertRunner::run(int64_t layer, const ExpertRows& rows, bf16* out,
+                             cudaStream_t stream) {
+  cuda::moe_experts({.rows = rows.rows, .weight_terms = shape_.weight_terms,
+                     .gate_up_table = cache_.gate_up_table(layer),
+                     .down_table = cache_.down_table(layer),
+                     .expert_offsets = rows.expert_offsets, .activation = activation_,
+                     .out = out, .num_rows = rows.num_rows, .num_experts = shape_.num_experts,
+                     .hidden_size = shape_.hidden_size, .expert_width = shape_.expert_width,
+                     .src_row = rows.src_row, .top_k = rows.top_k},
+                    stream);
+}
+
+void CachedExpertRunner::finish(int64_t layer, const RoutedTokens& tokens, bf16* out,
+                                cudaStream_t stream) {
+  cache_.merge_host_rows(layer, tokens.topk_ids, tokens.inverse, out,
+                         tokens.num_tokens * tokens.top_k, stream);
+}
+
+MoeBlock::MoeBlock(const MoeBlockOptions& options, std::span<const DeviceLayer> layers,
+                   std::span<const LayerPlan> plans, const MoeBlockBuffers& buffers,
+                   std::unique_ptr<TokenDispatcher> dispatcher,
+                   std::unique_ptr<ExpertRunner> runner, LinearFn linear, DenseMlpFn dense_mlp)
+    : options_(options),
+      layers_(layers),
+      plans_(plans),
+      buffers_(buffers),
+      dispatcher_(std::move(dispatcher)),
+      runner_(std::move(runner)),
+      linear_(std::move(linear)),
+      dense_mlp_(std::move(dense_mlp)) {
+  MOE_CHECK(layers_.size() == plans_.size(), "the MoE block has ", layers_.size(),
+            " layers and ", plans_.size(), " layer plans");
+  MOE_CHECK(dispatcher_ && runner_ && linear_ && dense_mlp_,
+            "the MoE block needs a dispatcher, an expert runner and the decoder's products");
+  MOE_CHECK(options_.top_k >= 1 && options_.top_k <= options_.shape.num_experts, "top_k ",
+            options_.top_k, " must be in [1, ", options_.shape.num_experts, "]");
+  MOE_CHECK(options_.router.score != moe::ScoreFunction::kTopkSoftmax,
+            "the GPU router has no softmax over the top-k logits (GPT-OSS)");
+}
+
+cuda::RouterParams MoeBlock::router_params(int64_t layer, int64_t T, const int32_t* num_valid,
+                                           const float* logits, int32_t* topk_ids,
+                                           float* topk_weights) const {
+  const DeviceLayer& d = layers_[layer];
+  const moe::RouterOptions& r = options_.router;
+  cuda::RouterParams p{.logits = logits, .topk_ids = topk_ids, .topk_weights = topk_weights,
+                       .num_tokens = T, .num_experts = options_.shape.num_experts,
+                       .top_k = options_.top_k,
+                       .score = r.score == moe::ScoreFunction::kSigmoid
+                                    ? cuda::RouterScore::kSigmoid
+                                    : cuda::RouterScore::kSoftmax,
+                       .renormalize = r.renormalize,
+                       .routed_scaling_factor = r.routed_scaling_factor};
+  p.selection_bias = d.selection_bias;
+  p.logit_bias = d.logit_bias;
+  p.group_score = r.group_score == moe::GroupScore::kMax       ? cuda::RouterGroupScore::kMax
+                  : r.group_score == moe::GroupScore::kTop2Sum ? cuda::RouterGroupScore::kTop2Sum
+                                                               : cuda::RouterGroupScore::kNone;
+  p.num_groups = r.num_groups;
+  p.topk_groups = r.topk_groups;
+  p.num_valid_tokens = num_valid;
+  return p;
+}
+
+void MoeBlock::route(int64_t layer, const bf16* hidden, int64_t T, const int32_t* num_valid,
+                     float* logits, int32_t* topk_ids, float* topk_weights, cudaStream_t stream) {
+  const ExpertShape& s = options_.shape;
+  linear_(hidden, T, layers_[layer].router, s.num_experts, s.hidden_size, logits,
+          /*f32_out=*/true);
+  cuda::fused_router(router_params(layer, T, num_valid, logits, topk_ids, topk_weights), stream);
+}
+
+const int32_t* MoeBlock::predict(int64_t layer, const RoutedTokens& tokens,
+                                 cudaStream_t stream) {
+  MOE_CHECK(buffers_.predict_logits && buffers_.predict_ids && buffers_.predict_weights,
+            "the MoE block has no buffers for a predicted routing");
+  route(layer, tokens.hidden, tokens.num_tokens, tokens.num_valid, buffers_.predict_logits,
+        buffers_.predict_ids, buffers_.predict_weights, stream);
+  return buffers_.predict_ids;
+}
+
+bool MoeBlock::small_batch_takes(int64_t layer, int64_t T) const {
+  const DeviceLayer* d = runner_->resident(layer);
+  const ExpertShape& s = options_.shape;
+  return d != nullptr && buffers_.small_moe_workspace != nullptr &&
+         T * options_.top_k <= buffers_.small_moe_rows &&
+         cuda::small_moe_supports(T, s.num_experts, options_.top_k, s.hidden_size,
+                                  s.expert_width, d->shared_gate_up ? d->shared_width : 0);
+}
+
+void MoeBlock::small_batch(int64_t layer, const MoeLayerIo& io, int32_t* topk_ids,
+                           float* topk_weights, cudaStream_t stream, const StageMarkFn& mark) {
+  const DeviceLayer& d = *runner_->resident(layer);
+  const ExpertShape& s = options_.shape;
+  cuda::SmallMoeParams p{
+      .hidden = io.hidden, .router = d.router,
+      .route = router_params(layer, io.num_tokens, io.num_valid, buffers_.router_logits,
+                             topk_ids, topk_weights),
+      .gate_up = d.experts_gate_up, .down = d.experts_down, .expert_width = s.expert_width,
+      .shared_gate_up = d.shared_gate_up, .shared_down = d.shared_down,
+      .shared_width = d.shared_gate_up ? d.shared_width : 0, .shared_gate = d.shared_gate,
+      .expert_counts = io.expert_counts, .out = io.out,
+      .workspace = buffers_.small_moe_workspace, .hidden_size = s.hidden_size};
+  // The profiler sees the two launches as route (router GEMV, top-k and plan) and experts
+  // (routed and shared experts and their weighted sum).
+  cuda::small_batch_moe_route_plan(p, stream);
+  if (mark) mark(profile::Stage::kRoute, layer);
+  cuda::small_batch_moe_experts(p, stream);
+  if (mark) mark(profile::Stage::kExperts, layer);
+}
+
+const bf16* MoeBlock::shared_experts(int64_t layer, const bf16* hidden, int64_t T,
+                                     cudaStream_t stream) {
+  const DeviceLayer& d = layers_[layer];
+  switch (plans_[layer].shared_expert) {
+    case SharedExpertKind::kNone:
+      return nullptr;
+    case SharedExpertKind::kUngated:
+      dense_mlp_(hidden, d.shared_gate_up, d.shared_down, d.shared_width, T,
+                 buffers_.shared_out);
+      return buffers_.shared_out;
+    case SharedExpertKind::kSigmoidGated:
+      dense_mlp_(hidden, d.shared_gate_up, d.shared_down, d.shared_width, T,
+                 buffers_.shared_out);
+      linear_(hidden, T, d.shared_gate, 1, options_.shape.hidden_size,
+              buffers_.shared_gate_logits, /*f32_out=*/true);
+      cuda::sigmoid_scale_rows({.x = buffers_.shared_out, .logits = buffers_.shared_gate_logits,
+                                .num_tokens = T, .hidden_size = options_.shape.hidden_size},
+                               stream);
+      return buffers_.shared_out;
+  }
+  MOE_FAIL("layer ", layer, ": unknown shared expert kind");
+}
+
+void MoeBlock::enqueue(int64_t layer, const MoeLayerIo& io, cudaStream_t stream,
+                       const StageMarkFn& mark) {
+  MOE_CHECK(plans_[layer].feed_forward == FeedForwardKind::kMoe, "layer ", layer,
+            " is dense, not an MoE block");
+  const int64_t T = io.num_tokens, K = options_.top_k, E = options_.shape.num_experts;
+  int32_t* const topk_ids = io.topk_ids ? io.topk_ids : buffers_.topk_ids;
+  float* const topk_weights = io.topk_weights ? io.topk_weights : buffers_.topk_weights;
+  auto close = [&](profile::Stage stage) {
+    if (mark) mark(stage, layer);
+  };
+  if (small_batch_takes(layer, T)) {
+    small_batch(layer, io, topk_ids, topk_weights, stream, mark);
+    return;
+  }
+  route(layer, io.hidden, T, io.num_valid, buffers_.router_logits, topk_ids, topk_weights,
+        stream);
+  close(profile::Stage::kRoute);
+  const RoutedTokens tokens{.hidden = io.hidden, .topk_ids = topk_ids,
+                            .topk_weights = topk_weights,
+                            .expert_offsets = buffers_.expert_offsets,
+                            .src_row = buffers_.src_row, .inverse = buffers_.inverse,
+                            .num_tokens = T, .top_k = K, .num_valid = io.num_valid};
+  runner_->on_routed(layer, tokens, *this, stream);
+  // Over E + 1 experts: padding tokens carry expert id E and sort past every real expert.
+  cuda::moe_plan({.topk_ids = topk_ids, .expert_counts = io.expert_counts,
+                  .expert_offsets = buffers_.expert_offsets, .src_row = buffers_.src_row,
+                  .inverse = buffers_.inverse, .workspace = buffers_.plan_workspace,
+                  .num_assignments = T * K, .num_experts = E + 1},
+                 stream);
+  close(profile::Stage::kPlan);
+  const ExpertRows rows = dispatcher_->dispatch(layer, tokens, stream);
+  runner_->run(layer, rows, buffers_.expert_out, stream);
+  close(profile::Stage::kExperts);
+  const bf16* shared = shared_experts(layer, io.hidden, T, stream);
+  if (shared) close(profile::Stage::kSharedExperts);
+  runner_->finish(layer, tokens, buffers_.expert_out, stream);
+  dispatcher_->combine(layer, buffers_.expert_out, tokens, shared, io.out, stream);
+  close(profile::Stage::kUnpermute);
+}
+
+}  // namespace moeinfer::gpu

@@ -1,0 +1,247 @@
+// The MoE layer on the GPU as one unit (../shared/DESIGN.md, "The MoE block"), the device twin
+// of moe/moe_block.h: the block owns route and plan and delegates the two things that vary,
+//   route -> runner.on_routed -> plan -> dispatcher.dispatch -> runner.run -> shared experts
+//         -> runner.finish -> dispatcher.combine,
+// to a TokenDispatcher (where the rows go: this GPU here; the all-to-all of expert parallelism
+// later) and an ExpertRunner (where the experts live: resident, or a cache over pinned host
+// memory under --expert-budget). Everything is enqueued on one stream and never synchronises
+// with the host, so a decode step's layers stay one CUDA graph; the hand-offs are device
+// pointers in the typed structs below.
+//
+// Glossary letters: T tokens of the step (a graph bucket's padded count), K experts per token,
+// E experts, Hp the padded hidden size, Ip the padded expert width.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "backend/cuda/moe_stages.h"
+#include "model/cuda/device_weights.h"
+#include "model/layer_plan.h"
+#include "moe/stages.h"
+#include "profile/profiler.h"
+
+namespace moeinfer::gpu {
+
+class CachedExperts;
+
+// route + plan: what the strategies read (device memory).
+struct RoutedTokens {
+  const bf16* hidden = nullptr;          // [T, Hp] the layer's normed input
+  const int32_t* topk_ids = nullptr;     // [T, K] (padding tokens: expert E)
+  const float* topk_weights = nullptr;   // [T, K]
+  const int32_t* expert_offsets = nullptr;  // [E + 2] plan over E + 1 experts (the last: padding)
+  const int32_t* src_row = nullptr;      // [T*K] the assignment held at each plan row
+  const int32_t* inverse = nullptr;      // [T*K] the plan row of each assignment
+  int64_t num_tokens = 0;                // T
+  int64_t top_k = 0;                     // K
+  const int32_t* num_valid = nullptr;    // device scalar: the real tokens, rows [0, it)
+};
+
+// What the experts stage reads: rows in expert order, expert e owning plan rows
+// [expert_offsets[e], expert_offsets[e + 1]). With src_row the rows are gathered on the fly,
+// plan row r reading rows[src_row[r] / top_k] (the local dispatcher copies nothing).
+struct ExpertRows {
+  const bf16* rows = nullptr;
+  const int32_t* src_row = nullptr;
+  int64_t top_k = 1;
+  const int32_t* expert_offsets = nullptr;
+  int64_t num_experts = 0;  // E
+  int64_t num_rows = 0;     // M, the plan rows' upper bound (T*K)
+};
+
+// Where the rows go and how the outputs come back.
+class TokenDispatcher {
+ public:
+  virtual ~TokenDispatcher() = default;
+  virtual ExpertRows dispatch(int64_t layer, const RoutedTokens& tokens, cudaStream_t stream) = 0;
+  // out[T, Hp] (float32) = shared[t] (when given) + sum_k weight[t, k] * expert_out[row of (t, k)].
+  virtual void combine(int64_t layer, const bf16* expert_out, const RoutedTokens& tokens,
+                       const bf16* shared, float* out, cudaStream_t stream) = 0;
+};
+
+// Every row stays on this GPU: dispatch hands the experts the hidden rows with the plan's
+// src_row (the gather is fused into the grouped GEMM), combine is the weighted unpermute.
+class LocalDispatcher final : public TokenDispatcher {
+ public:
+  LocalDispatcher(int64_t num_experts, int64_t hidden_size)
+      : num_experts_(num_experts), hidden_size_(hidden_size) {}
+  ExpertRows dispatch(int64_t layer, const RoutedTokens& tokens, cudaStream_t stream) override;
+  void combine(int64_t layer, const bf16* expert_out, const RoutedTokens& tokens,
+               const bf16* shared, float* out, cudaStream_t stream) override;
+
+ private:
+  int64_t num_experts_;
+  int64_t hidden_size_;
+};
+
+// Predicts a later layer's routing from the rows at hand (the block runs that layer's router
+// over them): what a cache prefetches from.
+class RoutingPredictor {
+ public:
+  virtual ~RoutingPredictor() = default;
+  // Layer `layer`'s top-k ids [T, K] for the tokens' hidden rows (padding tokens: expert E), in
+  // device memory owned by the predictor.
+  virtual const int32_t* predict(int64_t layer, const RoutedTokens& tokens,
+                                 cudaStream_t stream) = 0;
+};
+
+// The experts' shape, common to every runner.
+struct ExpertShape {
+  int64_t num_experts = 0;   // E
+  int64_t hidden_size = 0;   // Hp
+  int64_t expert_width = 0;  // Ip
+  int64_t weight_terms = 1;  // 1, or 2 bf16 terms per weight (device_weights.h)
+};
+
+// Where the experts live and how they run.
+class ExpertRunner {
+ public:
+  virtual ~ExpertRunner() = default;
+  // The layer's routing, before the plan: where a cache admits the layer's experts and starts
+  // the next layer's prefetch.
+  virtual void on_routed(int64_t /*layer*/, const RoutedTokens& /*tokens*/,
+                         RoutingPredictor& /*predictor*/, cudaStream_t /*stream*/) {}
+  // out[r] = expert(rows[r]) for every plan row r.
+  virtual void run(int64_t layer, const ExpertRows& rows, bf16* out, cudaStream_t stream) = 0;
+  // After run, before combine: outputs computed elsewhere (the host) joined into out.
+  virtual void finish(int64_t /*layer*/, const RoutedTokens& /*tokens*/, bf16* /*out*/,
+                      cudaStream_t /*stream*/) {}
+  // The layer's experts as contiguous device stacks ([E, terms, 2 Ip, Hp] and [E, terms, Hp,
+  // Ip]) when every one is resident, else null: what the small-batch fused path reads.
+  virtual const DeviceLayer* resident(int64_t /*layer*/) const { return nullptr; }
+};
+
+// Every expert of every layer in device memory, read through DeviceLayer's stacks.
+class ResidentExperts final : public ExpertRunner {
+ public:
+  // layers: the model's, which must outlive this; activation: [T*K, Ip] workspace.
+  ResidentExperts(std::span<const DeviceLayer> layers, const ExpertShape& shape,
+                  bf16* activation);
+  void run(int64_t layer, const ExpertRows& rows, bf16* out, cudaStream_t stream) override;
+  const DeviceLayer* resident(int64_t layer) const override { return &layers_[layer]; }
+
+ private:
+  std::span<const DeviceLayer> layers_;
+  ExpertShape shape_;
+  bf16* activation_;
+};
+
+// --expert-budget: the experts read through the cache's slot tables (model/cuda/cached_experts.h:
+// admission and demand copies when the layer is routed, the next layer's predicted experts
+// prefetched on a copy stream, misses the cost model sends to the host joined before combine).
+class CachedExpertRunner final : public ExpertRunner {
+ public:
+  // cache, the layers: must outlive this; activation: [T*K, Ip] workspace.
+  CachedExpertRunner(CachedExperts& cache, std::span<const DeviceLayer> layers,
+                     const ExpertShape& shape, bf16* activation);
+  void on_routed(int64_t layer, const RoutedTokens& tokens, RoutingPredictor& predictor,
+                 cudaStream_t stream) override;
+  void run(int64_t layer, const ExpertRows& rows, bf16* out, cudaStream_t stream) override;
+  void finish(int64_t layer, const RoutedTokens& tokens, bf16* out,
+              cudaStream_t stream) override;
+
+ private:
+  CachedExperts& cache_;
+  std::span<const DeviceLayer> layers_;
+  ExpertShape shape_;
+  bf16* activation_;
+};
+
+// One product y[rows, n] = x[rows, k] . w[n, k]^T with float32 or bf16 output: the decoder's
+// (cuBLAS, or the fixed-order GEMM under --deterministic; two weight terms handled there).
+using LinearFn = std::function<void(const bf16* x, int64_t rows, const bf16* w, int64_t n,
+                                    int64_t k, void* y, bool f32_out)>;
+// out[T, Hp] = down(silu(gate) * up) of x: the decoder's dense MLP (the shared experts).
+using DenseMlpFn = std::function<void(const bf16* x, const bf16* gate_up, const bf16* down,
+                                      int64_t width, int64_t num_tokens, bf16* out)>;
+// Closes a profiled stage of a layer (profile/profiler.h); may be empty.
+using StageMarkFn = std::function<void(profile::Stage stage, int64_t layer)>;
+
+// Device workspace the block uses, carved by its owner for the largest step (T = max tokens).
+struct MoeBlockBuffers {
+  float* router_logits = nullptr;      // [T, E]
+  int32_t* topk_ids = nullptr;         // [T, K] (unless the caller names others per layer)
+  float* topk_weights = nullptr;       // [T, K]
+  int32_t* expert_offsets = nullptr;   // [E + 2]
+  int32_t* src_row = nullptr;          // [T*K]
+  int32_t* inverse = nullptr;          // [T*K]
+  int32_t* plan_workspace = nullptr;   // [cuda::plan_workspace_size(T*K, E + 1)] or null
+  bf16* expert_out = nullptr;          // [T*K, Hp]
+  bf16* shared_out = nullptr;          // [T, Hp] with shared experts
+  float* shared_gate_logits = nullptr;  // [T] with gated shared experts
+  // A later layer's predicted routing (RoutingPredictor), with a cache: [T, E], [T, K], [T, K].
+  float* predict_logits = nullptr;
+  int32_t* predict_ids = nullptr;
+  float* predict_weights = nullptr;
+  // The small-batch fused path (backend/cuda/small_batch_moe.h), or null: off.
+  void* small_moe_workspace = nullptr;
+  int64_t small_moe_rows = 0;  // T*K up to which it runs
+};
+
+struct MoeBlockOptions {
+  moe::RouterOptions router;   // selection_bias is per layer (DeviceLayer)
+  ExpertShape shape;
+  int64_t top_k = 0;           // K
+};
+
+// One layer's call: where its input and outputs are.
+struct MoeLayerIo {
+  const bf16* hidden = nullptr;        // [T, Hp] normed input
+  int64_t num_tokens = 0;              // T
+  const int32_t* num_valid = nullptr;  // device scalar, or null: all T are real
+  int32_t* topk_ids = nullptr;         // [T, K] where the router writes (null: the buffers')
+  float* topk_weights = nullptr;       // [T, K]
+  int32_t* expert_counts = nullptr;    // [E + 1] the plan's counts (kept for the profiler)
+  float* out = nullptr;                // [T, Hp] the block's output, float32
+};
+
+class MoeBlock final : private RoutingPredictor {
+ public:
+  // layers: the model's, one LayerPlan each (plan_layers); both must outlive the block.
+  MoeBlock(const MoeBlockOptions& options, std::span<const DeviceLayer> layers,
+           std::span<const LayerPlan> plans, const MoeBlockBuffers& buffers,
+           std::unique_ptr<TokenDispatcher> dispatcher, std::unique_ptr<ExpertRunner> runner,
+           LinearFn linear, DenseMlpFn dense_mlp);
+
+  // Enqueues layer `layer`'s whole MoE block on `stream`. mark (may be empty) closes each stage.
+  void enqueue(int64_t layer, const MoeLayerIo& io, cudaStream_t stream,
+               const StageMarkFn& mark = {});
+
+  // The router of `layer` over hidden: logits [T, E], ids and weights [T, K] (route stage).
+  void route(int64_t layer, const bf16* hidden, int64_t num_tokens, const int32_t* num_valid,
+             float* logits, int32_t* topk_ids, float* topk_weights, cudaStream_t stream);
+
+  const MoeBlockBuffers& buffers() const { return buffers_; }
+  // Whether layer `layer` at T tokens takes the small-batch fused path.
+  bool small_batch_takes(int64_t layer, int64_t num_tokens) const;
+
+ private:
+  const int32_t* predict(int64_t layer, const RoutedTokens& tokens,
+                         cudaStream_t stream) override;
+  cuda::RouterParams router_params(int64_t layer, int64_t num_tokens, const int32_t* num_valid,
+                                   const float* logits, int32_t* topk_ids,
+                                   float* topk_weights) const;
+  void small_batch(int64_t layer, const MoeLayerIo& io, int32_t* topk_ids, float* topk_weights,
+                   cudaStream_t stream, const StageMarkFn& mark);
+  // The shared experts' output [T, Hp] (bf16) per the layer's SharedExpertKind, or null.
+  const bf16* shared_experts(int64_t layer, const bf16* hidden, int64_t num_tokens,
+                             cudaStream_t stream);
+
+  MoeBlockOptions options_;
+  std::span<const DeviceLayer> layers_;
+  std::span<const LayerPlan> plans_;
+  MoeBlockBuffers buffers_;
+  std::unique_ptr<TokenDispatcher> dispatcher_;
+  std::unique_ptr<ExpertRunner> runner_;
+  LinearFn linear_;
+  DenseMlpFn dense_mlp_;
+};
+
+}  // namespace moeinfer::gpu
