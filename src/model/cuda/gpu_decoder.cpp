@@ -177,10 +177,13 @@ class CudaDecoder final : public GpuDecoder {
                  void* out, bool f32_out);
   void upload_meta(const Step& step);
   // Router GEMM of `layer` over normed_ and its top-k: logits [T, E], ids and weights [T, K].
+  // demand: the layer's own routing, which takes a synthetic uniform router's noise (false: the
+  // prefetch's prediction, by the model's router alone).
   void route(int64_t layer, int64_t num_tokens, float* logits, int32_t* topk_ids,
-             float* topk_weights);
+             float* topk_weights, bool demand = true);
   cuda::RouterParams router_params(int64_t layer, int64_t num_tokens, float* logits,
-                                   int32_t* topk_ids, float* topk_weights) const;
+                                   int32_t* topk_ids, float* topk_weights,
+                                   bool demand = true) const;
 
   // One Linear: y[rows, n] = x[rows, k] . W[n, k]^T, row strides in elements (0: n or k).
   struct LinearArgs {
@@ -1119,15 +1122,16 @@ void CudaDecoder::small_batch_moe(int64_t layer, int64_t T, int32_t* topk_ids,
 }
 
 void CudaDecoder::route(int64_t layer, int64_t T, float* logits, int32_t* topk_ids,
-                        float* topk_weights) {
+                        float* topk_weights, bool demand) {
   const DeviceLayer& d = w_.layers[layer];
   const int64_t H = w_.padded_hidden_size, E = config_.num_experts;
   linear({.x = normed_, .rows = T, .w = d.router, .n = E, .k = H, .y = logits, .f32_out = true});
-  cuda::fused_router(router_params(layer, T, logits, topk_ids, topk_weights), stream_);
+  cuda::fused_router(router_params(layer, T, logits, topk_ids, topk_weights, demand), stream_);
 }
 
 cuda::RouterParams CudaDecoder::router_params(int64_t layer, int64_t T, float* logits,
-                                              int32_t* topk_ids, float* topk_weights) const {
+                                              int32_t* topk_ids, float* topk_weights,
+                                              bool demand) const {
   const DeviceLayer& d = w_.layers[layer];
   const int64_t E = config_.num_experts;
   cuda::RouterParams p{.logits = logits, .topk_ids = topk_ids, .topk_weights = topk_weights,
@@ -1146,6 +1150,10 @@ cuda::RouterParams CudaDecoder::router_params(int64_t layer, int64_t T, float* l
   p.num_groups = router_.num_groups;
   p.topk_groups = router_.topk_groups;
   p.num_valid_tokens = meta_.num_valid;
+  if (demand && d.router_noise) {  // a synthetic uniform router: a token's key is its KV slot
+    p.noise_keys = meta_.slots;
+    p.noise_seed = d.router_noise_seed;
+  }
   return p;
 }
 
@@ -1156,7 +1164,8 @@ void CudaDecoder::admit_and_prefetch(int64_t layer, const int32_t* topk_ids, int
       next < config_.num_layers && w_.layers[next].is_moe && cache_->prefetches();
   // The prediction runs before the demand's copies so that its router reads normed_ while it
   // still holds this layer's input; the prefetch then starts as soon as the demand is placed.
-  if (predict) route(next, T, predict_logits_, predict_ids_, predict_weights_);
+  // The prediction never takes a uniform router's noise: the model's router guesses blind.
+  if (predict) route(next, T, predict_logits_, predict_ids_, predict_weights_, /*demand=*/false);
   cache_->admit(layer, topk_ids, T * K, normed_, T, stream_);
   if (predict) cache_->prefetch(next, predict_ids_, T * K, stream_);
 }
@@ -1488,7 +1497,7 @@ std::unique_ptr<GpuDecoder> GpuDecoder::create_synthetic(const ModelConfig& conf
   offload::check_offload_model(options.offload, config.num_experts,
                                "the " + config.model_type + " model");
   gpu::DeviceWeights device_weights = gpu::synthetic_weights(
-      config, synthetic.seed, synthetic.zipf_exponent, options.offload.enabled());
+      config, synthetic.seed, synthetic.routing, options.offload.enabled());
   return std::make_unique<gpu::CudaDecoder>(config, std::move(device_weights), options);
 }
 
