@@ -48,7 +48,7 @@ struct BenchArgs {
   int64_t time_every = 0;  // --profile: stages timed on one step in N (0: the device's default)
   DeviceArgs device;
   int64_t layers = 0;            // synthetic: cut to this many layers
-  std::string routing_skew;      // synthetic: "zipf:A"
+  std::string routing_skew;      // synthetic: "zipf:A" or "uniform"
   bool no_cuda_graphs = false;
   bool deterministic = false;
   float temperature = 0.0f;  // of the generated tokens; 0: greedy
@@ -56,9 +56,9 @@ struct BenchArgs {
 
 std::unique_ptr<Engine> load_engine(const BenchArgs& args, const EngineConfig& config) {
   if (is_synthetic_model(args.model)) {
-    return Engine::load_synthetic(args.model.substr(std::string("synthetic:").size()), args.layers,
-                                  {.seed = args.seed, .zipf_exponent = parse_routing_skew(args.routing_skew)},
-                                  config);
+    return Engine::load_synthetic(
+        args.model.substr(std::string("synthetic:").size()), args.layers,
+        {.seed = args.seed, .routing = parse_routing_skew(args.routing_skew)}, config);
   }
   MOE_CHECK(args.layers == 0 && args.routing_skew.empty(),
             "--layers and --routing-skew apply to synthetic:NAME models only");
@@ -394,7 +394,12 @@ void run_bench(const BenchArgs& args) {
   if (!args.json_file.empty()) {
     std::ofstream out(args.json_file);
     MOE_CHECK(out.good(), "cannot write ", args.json_file);
+    // Which routing was measured: a checkpoint's own router, or a synthetic model's.
+    const std::string routing = is_synthetic_model(args.model)
+                                    ? routing_skew_label(parse_routing_skew(args.routing_skew))
+                                    : "checkpoint";
     out << nlohmann::json{{"model", name},
+                          {"routing", routing},
                           {"device", args.device.device},
                           {"gpu", gpu_json.value("gpu", nlohmann::json())},
                           {"batch", args.batch},
@@ -454,7 +459,8 @@ void add_bench_command(CLI::App& app) {
   add_expert_parallel_option(cmd, &args->device);
   cmd->add_option("--layers", args->layers, "synthetic:NAME: keep only the first N layers");
   cmd->add_option("--routing-skew", args->routing_skew,
-                  "synthetic:NAME: zipf:A makes each router prefer experts by a Zipf law");
+                  "synthetic:NAME: zipf:A makes each router prefer experts by a Zipf law; "
+                  "uniform makes each token pick a uniformly random set of experts per layer");
   cmd->add_flag("--deterministic", args->deterministic,
                 "Batch-invariant kernels, as serve --deterministic (cpu and cuda), to measure "
                 "their cost");

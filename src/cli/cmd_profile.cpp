@@ -62,7 +62,7 @@ struct ProfileArgs {
   int64_t time_every = 0;  // stages timed on one step in N; 0: 1 on the CPU, 16 on the GPU
   DeviceArgs device;
   int64_t layers = 0;        // synthetic: first N layers
-  std::string routing_skew;  // synthetic: zipf:A
+  std::string routing_skew;  // synthetic: zipf:A or uniform
 };
 
 // Bytes of one routed expert's weights (gate, up, down) in each layer; 0 for dense layers.
@@ -176,7 +176,7 @@ class Workload {
                      : GpuDecoder::create_synthetic(
                            config, options,
                            {.seed = args.seed,
-                            .zipf_exponent = parse_routing_skew(args.routing_skew)});
+                            .routing = parse_routing_skew(args.routing_skew)});
     } else {
       MOE_CHECK(decoder != nullptr, "synthetic models run on the GPU: use --device cuda");
       decoder->set_offload(args.device.offload(), /*max_step_tokens=*/args.batch);
@@ -540,7 +540,8 @@ void add_profile_command(CLI::App& app) {
   add_routing_options(cmd, &args->device);
   cmd->add_option("--layers", args->layers, "synthetic:NAME: keep only the first N layers");
   cmd->add_option("--routing-skew", args->routing_skew,
-                  "synthetic:NAME: zipf:A makes each router prefer experts by a Zipf law");
+                  "synthetic:NAME: zipf:A makes each router prefer experts by a Zipf law; "
+                  "uniform makes each token pick a uniformly random set of experts per layer");
   cmd->callback([args] { run_profile(*args); });
 }
 

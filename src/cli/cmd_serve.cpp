@@ -42,7 +42,7 @@ struct ServeArgs {
   std::string model;
   DeviceArgs device;
   int64_t layers = 0;        // synthetic: first N layers
-  std::string routing_skew;  // synthetic: zipf:A
+  std::string routing_skew;  // synthetic: zipf:A or uniform
   bool stage_metrics = false;     // --stage-metrics
   bool no_stage_metrics = false;  // --no-stage-metrics; neither: the device's default
   std::string served_name;
@@ -106,7 +106,7 @@ void serve_as_rank(const ServeArgs& args, const std::filesystem::path& dir, bool
     engine = load_expert_parallel_engine(dir, args.engine, args.device);
   } else if (synthetic) {
     engine = Engine::load_synthetic(synthetic_name, args.layers,
-                                    {.zipf_exponent = parse_routing_skew(args.routing_skew)},
+                                    {.routing = parse_routing_skew(args.routing_skew)},
                                     args.engine);
   } else {
     engine = Engine::load(dir, args.engine, LoadOptions{});
@@ -259,7 +259,8 @@ void add_serve_command(CLI::App& app) {
   add_expert_parallel_option(cmd, &args->device);
   cmd->add_option("--layers", args->layers, "synthetic:NAME: keep only the first N layers");
   cmd->add_option("--routing-skew", args->routing_skew,
-                  "synthetic:NAME: zipf:A makes each router prefer experts by a Zipf law");
+                  "synthetic:NAME: zipf:A makes each router prefer experts by a Zipf law; "
+                  "uniform makes each token pick a uniformly random set of experts per layer");
   cmd->add_option("--shutdown-grace", args->server.shutdown_grace_seconds,
                   "Seconds to let requests in flight finish after SIGTERM")
       ->capture_default_str();

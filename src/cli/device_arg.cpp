@@ -1,6 +1,7 @@
 #include "cli/device_arg.h"
 
 #include <algorithm>
+#include <charconv>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -204,9 +205,11 @@ std::unique_ptr<Engine> load_expert_parallel_engine(const std::filesystem::path&
 
 bool DeviceArgs::is_output_rank() const { return ep == 1 || parallel::world().rank() == 0; }
 
-double parse_routing_skew(const std::string& text) {
-  if (text.empty()) return 0.0;
-  MOE_CHECK(text.starts_with("zipf:"), "--routing-skew '", text, "': expected zipf:A");
+RoutingSkew parse_routing_skew(const std::string& text) {
+  if (text.empty()) return {};
+  if (text == "uniform") return {.kind = RoutingSkew::Kind::kUniform};
+  MOE_CHECK(text.starts_with("zipf:"), "--routing-skew '", text,
+            "': expected zipf:A (A a number in (0, 10]) or uniform");
   size_t used = 0;
   double value = 0.0;
   try {
@@ -216,7 +219,24 @@ double parse_routing_skew(const std::string& text) {
   }
   MOE_CHECK(used > 0 && used == text.size() - 5 && value > 0.0 && value <= 10.0, "--routing-skew '",
             text, "': A must be a number in (0, 10]");
-  return value;
+  return {.kind = RoutingSkew::Kind::kZipf, .exponent = value};
+}
+
+std::string routing_skew_label(const RoutingSkew& skew) {
+  switch (skew.kind) {
+    case RoutingSkew::Kind::kNone:
+      return "synthetic";
+    case RoutingSkew::Kind::kUniform:
+      return "uniform";
+    case RoutingSkew::Kind::kZipf: {
+      char digits[64];
+      const auto end = std::to_chars(digits, digits + sizeof(digits), skew.exponent).ptr;
+      std::string a(digits, end);
+      if (a.find_first_of(".e") == std::string::npos) a += ".0";
+      return "zipf:" + a;
+    }
+  }
+  return {};  // unreachable: every enumerator returns above
 }
 
 std::unique_ptr<Model> load_model_for(const std::filesystem::path& dir, const DeviceArgs& device) {

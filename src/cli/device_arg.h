@@ -111,8 +111,12 @@ class SequenceRunner {
   std::vector<int32_t> block_table_;  // GPU: blocks 0..n-1 of its pool
 };
 
-// The exponent of --routing-skew zipf:A (0 for an empty string); throws on anything else.
-double parse_routing_skew(const std::string& text);
+// --routing-skew: "zipf:A" (A in (0, 10]) or "uniform"; an empty string is kNone. Throws,
+// naming the flag and the accepted forms, on anything else.
+RoutingSkew parse_routing_skew(const std::string& text);
+// The routing a synthetic model runs under, for reports: "synthetic" (kNone), "zipf:A" with A
+// as a decimal ("zipf:1.0") or "uniform".
+std::string routing_skew_label(const RoutingSkew& skew);
 
 // Loads a checkpoint for `device`: the GPU path streams the map once instead of prefaulting it.
 std::unique_ptr<Model> load_model_for(const std::filesystem::path& dir, const DeviceArgs& device);

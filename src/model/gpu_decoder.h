@@ -67,12 +67,29 @@ struct GpuOptions {
   offload::OffloadOptions offload;
 };
 
+// How a synthetic model's routers choose (`--routing-skew`).
+struct RoutingSkew {
+  enum class Kind {
+    kNone,  // the random router weights' own choice (consecutive tokens often share experts)
+    // Each MoE layer's router prefers its experts by a Zipf law of `exponent` (the expert of
+    // rank r gets a logit bias of -exponent * ln(r + 1), ranks shuffled per layer).
+    kZipf,
+    // Each (token, layer) picks a uniformly random top-k subset, independent across tokens,
+    // layers and steps: the router's logits are replaced by hashed noise keyed by the token's KV
+    // cache slot mixed with a count of the decoder's steps (cuda::RouterParams::noise_keys), so
+    // neither the next step nor a sequence that reuses a slot repeats earlier picks. The expert
+    // cache's prefetch prediction still runs the model's router, which then knows nothing of the
+    // demand.
+    kUniform,
+  };
+  Kind kind = Kind::kNone;
+  double exponent = 0.0;  // kZipf: in (0, 10]
+};
+
 // Synthetic weights built on the device (`--model synthetic:NAME`).
 struct SyntheticGpuOptions {
   uint64_t seed = 0;
-  // > 0: each MoE layer's router prefers its experts by a Zipf law of this exponent (the expert
-  // of rank r gets a logit bias of -zipf_exponent * ln(r + 1), ranks shuffled per layer).
-  double zipf_exponent = 0.0;
+  RoutingSkew routing;
 };
 
 struct GpuMemoryReport {

@@ -470,7 +470,8 @@ void synthetic_home_equals_resident() {
                      .block_size = 16,
                      .num_kv_blocks = s.num_blocks,
                      .quiet = true};
-  const SyntheticGpuOptions synthetic{.seed = 3, .zipf_exponent = 1.0};
+  const SyntheticGpuOptions synthetic{
+      .seed = 3, .routing = {.kind = RoutingSkew::Kind::kZipf, .exponent = 1.0}};
   const auto resident = GpuDecoder::create_synthetic(c, options, synthetic);
   const std::vector<std::vector<float>> want = run_schedule(*resident, s, c.vocab_size);
   options.offload = {.budget_fraction = 0.25, .cold = offload::ColdExperts::kGpu};

@@ -34,6 +34,12 @@
 // route() adds the E terms one after another in float32, which is up to 3e-6 off at E = 4099,
 // more than the kernels' own error, so only that one sum is taken exactly.
 //
+// The synthetic models' uniform router (RouterParams::noise_keys) runs on NaN logits, which it
+// must not read, in the plain, general and block kernels: ids K distinct experts and the K
+// largest noise values, weights as configured, a chi-square test of the per-expert counts, the
+// experts neighbouring keys share, the same keys giving the same picks in any order, and padding
+// tokens still getting the null expert.
+//
 // Host-side checks (the launcher refusing bad grouping arguments, naming the field) need no
 // device and always run; the kernel tests are registered only when a device is present
 // (cuda_test_util.h).
@@ -45,6 +51,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <iterator>
 #include <numeric>
 #include <random>
 #include <string>
@@ -639,6 +646,221 @@ void router_block_infinite_bias() {
   expect_matches_reference(logits, bias, 1, c);
 }
 
+// ---------------------------------------------------------------------------------------------
+// The synthetic models' uniform router (RouterParams::noise_keys, `--routing-skew uniform`): the
+// logits are NaN here, so a kernel that read them instead of the noise would pick nothing sane.
+
+struct NoiseCase {
+  const char* name;
+  int64_t num_experts;  // E
+  int64_t top_k;        // K
+  RouterScore score;
+  bool renormalize;
+  float scaling;
+  bool general;  // a zero selection bias: the general kernels instead of the plain one
+};
+
+struct NoiseRouting {
+  std::vector<int32_t> ids;    // [T, K]
+  std::vector<float> weights;  // [T, K]
+};
+
+// Routes keys.size() tokens with noise of `seed`; num_valid >= 0 pads the tokens past it.
+NoiseRouting route_with_noise(const NoiseCase& c, const std::vector<int32_t>& keys, uint64_t seed,
+                              int64_t num_valid = -1) {
+  const int64_t T = static_cast<int64_t>(keys.size()), E = c.num_experts, K = c.top_k;
+  DeviceBuffer<float> d_logits(std::vector<float>(T * E, std::nanf("")));
+  DeviceBuffer<float> d_bias(std::vector<float>(c.general ? E : 0, 0.0f));
+  DeviceBuffer<int32_t> d_keys(keys);
+  DeviceBuffer<int32_t> d_num_valid(std::vector<int32_t>{static_cast<int32_t>(num_valid)});
+  DeviceBuffer<int32_t> d_ids(T * K);
+  DeviceBuffer<float> d_weights(T * K);
+  d_ids.poison();
+  d_weights.poison();
+  fused_router({.logits = d_logits.get(),
+                .topk_ids = d_ids.get(),
+                .topk_weights = d_weights.get(),
+                .num_tokens = T,
+                .num_experts = E,
+                .top_k = K,
+                .score = c.score,
+                .renormalize = c.renormalize,
+                .routed_scaling_factor = c.scaling,
+                .selection_bias = c.general ? d_bias.get() : nullptr,
+                .num_valid_tokens = num_valid >= 0 ? d_num_valid.get() : nullptr,
+                .noise_keys = d_keys.get(),
+                .noise_seed = seed},
+               nullptr);
+  synchronize();
+  return {d_ids.download(), d_weights.download()};
+}
+
+// A token's scores in float64 from the same noise (host and device hash alike).
+std::vector<double> noise_scores(const NoiseCase& c, uint64_t seed, int32_t key) {
+  const int64_t E = c.num_experts;
+  std::vector<double> x(E);
+  for (int64_t e = 0; e < E; ++e) x[e] = router_noise(seed, key, e);
+  if (c.score == RouterScore::kSigmoid) {
+    for (double& v : x) v = 1.0 / (1.0 + std::exp(-v));
+    return x;
+  }
+  const double max = *std::max_element(x.begin(), x.end());
+  double sum = 0.0;
+  for (double& v : x) sum += (v = std::exp(v - max));
+  for (double& v : x) v /= sum;
+  return x;
+}
+
+// T tokens with distinct keys (a shuffled range, as KV slots are distinct within a step):
+//  - each token's K ids are distinct experts in [0, E), and the set is the K largest noise
+//    values (float32 rounding of the score may tie two nearly equal values: 1 token in 100 may
+//    differ);
+//  - the weights are the scores of the picks, renormalised and scaled as configured (1e-5);
+//  - the per-expert counts pass a chi-square test with E - 1 degrees of freedom within 6
+//    standard deviations of its mean, both ways (too even is as wrong as too skewed);
+//  - neighbouring keys (a sequence's consecutive slots) share K^2 / E experts on average, as
+//    independent uniform picks do;
+//  - the same keys in another order give the same ids and weights, token by token, and another
+//    seed gives other ids.
+void router_noise_uniform(const NoiseCase& c, int64_t T) {
+  std::mt19937_64 rng(fresh_seed() ^ static_cast<uint64_t>(c.num_experts * 7919 + c.top_k));
+  const uint64_t seed = rng();
+  const int64_t E = c.num_experts, K = c.top_k;
+  SCOPED_TRACE(::testing::Message() << c.name << " T=" << T << " noise_seed=" << seed);
+  std::vector<int32_t> range(4 * T);
+  std::iota(range.begin(), range.end(), 0);
+  std::shuffle(range.begin(), range.end(), rng);
+  const std::vector<int32_t> keys(range.begin(), range.begin() + T);
+  const NoiseRouting got = route_with_noise(c, keys, seed);
+
+  std::vector<int64_t> counts(E, 0);
+  int64_t host_mismatches = 0, bad_tokens = 0, bad_weights = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<int32_t> ids(got.ids.begin() + t * K, got.ids.begin() + (t + 1) * K);
+    std::vector<int32_t> sorted = ids;
+    std::sort(sorted.begin(), sorted.end());
+    const bool valid = sorted.front() >= 0 && sorted.back() < E &&
+                       std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end();
+    if (!valid) {
+      if (bad_tokens++ < 5) ADD_FAILURE() << "token " << t << ": ids not K distinct experts";
+      continue;
+    }
+    for (int32_t id : ids) ++counts[id];
+    const std::vector<double> scores = noise_scores(c, seed, keys[t]);
+    std::vector<float> noise(E);
+    for (int64_t e = 0; e < E; ++e) noise[e] = router_noise(seed, keys[t], e);
+    std::vector<int32_t> order(E);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t a, int32_t b) { return noise[a] > noise[b]; });
+    std::vector<int32_t> want(order.begin(), order.begin() + K);
+    std::sort(want.begin(), want.end());
+    if (want != sorted) ++host_mismatches;
+    double picked = 0.0;
+    for (int32_t id : ids) picked += scores[id];
+    const double scale = (c.renormalize ? 1.0 / picked : 1.0) * c.scaling;
+    double sum = 0.0;
+    for (int64_t k = 0; k < K; ++k) {
+      const double w = scores[ids[k]] * scale;
+      const float g = got.weights[t * K + k];
+      sum += g;
+      if (!(std::fabs(g - w) <= 1e-5 * std::fabs(w)) && bad_weights++ < 5)
+        ADD_FAILURE() << "token " << t << ": topk_weights[" << k << "] = " << g << ", want " << w;
+    }
+    if (c.renormalize && !(std::fabs(sum - c.scaling) <= 1e-5 * c.scaling) && bad_weights++ < 5)
+      ADD_FAILURE() << "token " << t << ": the weights sum to " << sum << ", want " << c.scaling;
+  }
+  EXPECT_EQ(bad_tokens, 0);
+  EXPECT_EQ(bad_weights, 0);
+  EXPECT_LE(host_mismatches, T / 100) << "tokens whose picks are not the K largest noise values";
+
+  const double expected = static_cast<double>(T * K) / static_cast<double>(E);
+  double chi2 = 0.0;
+  for (int64_t n : counts) chi2 += (n - expected) * (n - expected) / expected;
+  const double dof = static_cast<double>(E - 1), spread = 6.0 * std::sqrt(2.0 * dof);
+  EXPECT_LT(chi2, dof + spread) << "per-expert counts too uneven for uniform picks";
+  EXPECT_GT(chi2, dof - spread) << "per-expert counts too even for random picks";
+
+  // Neighbouring keys: key + 1 for every token.
+  std::vector<int32_t> next = keys;
+  for (int32_t& k : next) ++k;
+  const NoiseRouting neighbour = route_with_noise(c, next, seed);
+  double shared = 0.0;
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<int32_t> a(got.ids.begin() + t * K, got.ids.begin() + (t + 1) * K);
+    std::vector<int32_t> b(neighbour.ids.begin() + t * K, neighbour.ids.begin() + (t + 1) * K);
+    std::sort(a.begin(), a.end());
+    std::sort(b.begin(), b.end());
+    std::vector<int32_t> both;
+    std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(both));
+    shared += static_cast<double>(both.size());
+  }
+  const double mean_shared = shared / static_cast<double>(T);
+  const double want_shared = static_cast<double>(K * K) / static_cast<double>(E);
+  EXPECT_NEAR(mean_shared, want_shared, 8.0 * std::sqrt(want_shared / T) + 0.02)
+      << "experts shared by neighbouring keys";
+
+  // The same keys reversed: token t of the first run is token T - 1 - t here.
+  const std::vector<int32_t> reversed(keys.rbegin(), keys.rend());
+  const NoiseRouting again = route_with_noise(c, reversed, seed);
+  int64_t differ = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t r = T - 1 - t;
+    for (int64_t k = 0; k < K; ++k) {
+      if (again.ids[r * K + k] != got.ids[t * K + k] ||
+          again.weights[r * K + k] != got.weights[t * K + k]) {
+        if (differ++ < 5) ADD_FAILURE() << "key " << keys[t] << " routes differently in order";
+        break;
+      }
+    }
+  }
+  EXPECT_EQ(differ, 0);
+
+  const NoiseRouting other = route_with_noise(c, keys, seed ^ 0x5DEECE66Dull);
+  int64_t same = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    same += std::equal(other.ids.begin() + t * K, other.ids.begin() + (t + 1) * K,
+                       got.ids.begin() + t * K)
+                ? 1
+                : 0;
+  }
+  EXPECT_LE(same, T / 100 + 1) << "tokens that another seed routes identically";
+}
+
+// A graph bucket of T rows of which num_valid are tokens: the padding rows (key -1, as the
+// decoder's padding slots) get the null expert E at weight 0; the tokens route as they do alone.
+void router_noise_padding(const NoiseCase& c, int64_t T, int64_t num_valid) {
+  std::mt19937_64 rng(fresh_seed() ^ static_cast<uint64_t>(T * 613 + num_valid));
+  const uint64_t seed = rng();
+  const int64_t K = c.top_k;
+  SCOPED_TRACE(::testing::Message()
+               << c.name << " T=" << T << " valid=" << num_valid << " noise_seed=" << seed);
+  std::vector<int32_t> keys(T, -1);
+  for (int64_t t = 0; t < num_valid; ++t) keys[t] = static_cast<int32_t>(rng() % (1u << 30));
+  const NoiseRouting padded = route_with_noise(c, keys, seed, num_valid);
+  const NoiseRouting alone =
+      route_with_noise(c, std::vector<int32_t>(keys.begin(), keys.begin() + num_valid), seed);
+  for (int64_t i = 0; i < T * K; ++i) {
+    if (i / K >= num_valid) {
+      EXPECT_EQ(padded.ids[i], c.num_experts) << "padding token " << i / K;
+      EXPECT_EQ(padded.weights[i], 0.0f) << "padding token " << i / K;
+    } else {
+      EXPECT_EQ(padded.ids[i], alone.ids[i]) << "token " << i / K;
+      EXPECT_EQ(padded.weights[i], alone.weights[i]) << "token " << i / K;
+    }
+  }
+}
+
+// One-warp plain and general kernels (Qwen3-30B-A3B's E = 128, K = 8; an odd E), and the block
+// router (K > 32, E > 1024).
+const NoiseCase kNoiseCases[] = {
+    {"E128_K8_Softmax", 128, 8, RouterScore::kSoftmax, true, 1.0f, false},
+    {"E128_K8_Sigmoid_General", 128, 8, RouterScore::kSigmoid, true, 2.5f, true},
+    {"E60_K4_Softmax_NotRenormalized", 60, 4, RouterScore::kSoftmax, false, 1.0f, false},
+    {"E1500_K40_Softmax_Block", 1500, 40, RouterScore::kSoftmax, true, 1.0f, false},
+    {"E1025_K33_Sigmoid_Block_General", 1025, 33, RouterScore::kSigmoid, false, 2.5f, true},
+};
+
 [[maybe_unused]] const bool kRegistered = [] {
   if (!cuda_device_present("router")) return false;
   auto reg = [](const std::string& name, std::function<void()> body) {
@@ -697,6 +919,20 @@ void router_block_infinite_bias() {
                            "E64_G8_Max_K40_ExactPool", "E48_K48_Softmax", "E48_G6_Top2Sum_K48"})
     block(std::string("Ties_") + name, [name] { router_ties(block_case(name)); });
   block("InfiniteBiasOrdersByIdLikeTheReference", [] { router_block_infinite_bias(); });
+
+  auto noise = [](const std::string& name, std::function<void()> body) {
+    register_kernel_test("CudaRouterNoise", name, std::move(body), __FILE__, __LINE__);
+  };
+  for (const NoiseCase& c : kNoiseCases) {
+    const int64_t T = c.num_experts > kRouterWarpMaxExperts || c.top_k > kRouterWarpMaxTopK
+                          ? 2048
+                          : (c.num_experts == 60 ? 989 : 4096);
+    noise(std::string("Uniform_") + c.name + "_T" + std::to_string(T),
+          [&c, T] { router_noise_uniform(c, T); });
+  }
+  noise("Padding_E128_K8_T64_Valid37", [] { router_noise_padding(kNoiseCases[0], 64, 37); });
+  noise("Padding_E128_K8_General_T8_Valid3", [] { router_noise_padding(kNoiseCases[1], 8, 3); });
+  noise("Padding_E1500_K40_Block_T19_Valid5", [] { router_noise_padding(kNoiseCases[3], 19, 5); });
   return true;
 }();
 

@@ -40,7 +40,8 @@
 // 64, 2048, 2112, Ip in 64, 200, 768, shared experts of width 64, 96 and 128 with and without
 // their sigmoid gate, DeepSeek-V2 (group max) and -V3 (sigmoid, top-2 group sums, selection
 // bias) routing, and a skewed router with which every token picks the same K experts (T rows
-// per expert).
+// per expert). The synthetic models' uniform router (route.noise_keys) gives the same picks and
+// weights here as fused_router does with the same keys and seed (Qwen3 and DeepSeek-V3 routing).
 //
 // Without a device only the host-side checks (small_moe_supports, the launcher's refusals)
 // exist; the kernel tests are registered only when a device is present (cuda_test_util.h,
@@ -57,6 +58,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -683,6 +685,46 @@ void run_graph(const MoeCase& c) {
   CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
+// The synthetic models' uniform router (route.noise_keys) through the small-batch path: the same
+// picks and weights as fused_router given the same keys and seed (both route with
+// router_kernel.cuh's functions, which replace the logits they read), padding rows included.
+void run_noise(const MoeCase& c) {
+  std::mt19937 rng(fresh_seed() ^ 0x9e3779b9u);
+  const HostLayer L = make_layer(c, rng);
+  const DeviceLayer d(L);
+  const int64_t T = 64;
+  const Step s{.T = T, .valid = 40};
+  const int64_t bytes = small_moe_workspace_bytes(T, c.E, c.K, c.Hp, c.Ip, c.Is);
+  DeviceBuffer<unsigned char> workspace(bytes);
+  CUDA_CHECK(cudaMemset(workspace.get(), 0, bytes));
+  StepBuffers b(c, T);
+  prepare(b, make_hidden(c, L, T, rng), s);
+  std::vector<int32_t> keys(T);
+  std::iota(keys.begin(), keys.end(), static_cast<int32_t>(rng() % 100000));
+  std::shuffle(keys.begin(), keys.end(), rng);
+  DeviceBuffer<int32_t> d_keys(keys);
+  SmallMoeParams p = layer_params(c, d, b, s, workspace.get());
+  p.route.noise_keys = d_keys.get();
+  p.route.noise_seed = (static_cast<uint64_t>(rng()) << 32) | rng();
+  small_batch_moe(p, nullptr);
+  synchronize();
+  const StepResult got = download(b);
+
+  DeviceBuffer<int32_t> ids(T * c.K);
+  DeviceBuffer<float> weights(T * c.K);
+  ids.poison();
+  weights.poison();
+  RouterParams route = p.route;
+  route.topk_ids = ids.get();
+  route.topk_weights = weights.get();
+  fused_router(route, nullptr);
+  synchronize();
+  EXPECT_EQ(got.ids, ids.download());
+  EXPECT_EQ(got.weights, weights.download());
+  for (int64_t i = s.valid * c.K; i < T * c.K; ++i)
+    EXPECT_EQ(got.ids[i], static_cast<int32_t>(c.E)) << "padding token " << i / c.K;
+}
+
 std::vector<MoeCase> cases() {
   using moe::GroupScore;
   using moe::ScoreFunction;
@@ -782,6 +824,12 @@ std::vector<MoeCase> cases() {
   register_kernel_test(
       "CudaSmallBatchMoe", graph_case.name, [graph_case] { run_graph(graph_case); }, __FILE__,
       __LINE__);
+  for (const MoeCase& c : cases()) {
+    if (c.name != "Qwen3_E128_K8_H2112_I200" && c.name != "DeepSeekV3_E256_K8_H2112_I64_S64")
+      continue;
+    register_kernel_test(
+        "CudaSmallBatchMoe", "RouterNoise_" + c.name, [c] { run_noise(c); }, __FILE__, __LINE__);
+  }
   return true;
 }();
 

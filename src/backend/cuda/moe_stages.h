@@ -78,9 +78,32 @@ struct RouterParams {
   // null expert, which a plan over E + 1 experts sorts last and the expert GEMMs never read)
   // and weight 0, so they add no rows to any expert.
   const int32_t* num_valid_tokens = nullptr;
+  // [T] one key per token, or null. Set: the logit of (token t, expert e) is not read but
+  // replaced by router_noise(noise_seed, noise_keys[t], e), a uniform value in (0, 1) (the
+  // synthetic models' `--routing-skew uniform`: each token's top-k a uniformly random k-subset,
+  // independent across keys and seeds); logit_bias, if any, is still added, and everything after
+  // the score function is unchanged. Padding tokens (past num_valid_tokens) never read their key.
+  const int32_t* noise_keys = nullptr;
+  uint64_t noise_seed = 0;
 };
 
-// route, as moe::route(): score = softmax or sigmoid of (logits + logit_bias);
+// The router noise: splitmix64's finaliser over the seed and (key, expert), its top 23 bits
+// mapped to the midpoints (i + 0.5) / 2^23, so the value is exact in float32 and strictly
+// inside (0, 1). Host and device compute the same bits (the tests rebuild the picks on the host).
+__host__ __device__ inline uint64_t router_noise_mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+__host__ __device__ inline float router_noise(uint64_t seed, int32_t key, int64_t expert) {
+  const uint64_t token = router_noise_mix(
+      seed ^ (static_cast<uint64_t>(static_cast<uint32_t>(key)) * 0x9E3779B97F4A7C15ull));
+  const uint64_t h = router_noise_mix(token ^ static_cast<uint64_t>(expert));
+  return (static_cast<float>(h >> 41) + 0.5f) * (1.0f / 8388608.0f);
+}
+
+// route, as moe::route(): score = softmax or sigmoid of (logits + logit_bias), the logits
+// replaced by router_noise when noise_keys is set;
 // choice = score + selection_bias; with grouping, the experts outside the topk_groups best
 // groups by group score of `choice` get choice -inf; top-k by choice (ties to the lower expert
 // id); weight = score * ((renormalize ? 1 / (sum of the K picked scores + 1e-20) : 1) *

@@ -5,7 +5,8 @@
 //
 // Why this shape: no published model has more than 512 experts or top-k above 10, so these
 // shapes are rare and the kernel is built to be plainly correct at any size first:
-// - A token's score of expert e is a pure function of the logits: x = logit + logit_bias,
+// - A token's score of expert e is a pure function of the logits: x = logit + logit_bias (the
+//   logit replaced by router_noise of the token's key when noise_keys is set),
 //   softmax expf(x - max) / sum (max and sum block reductions, computed once) or sigmoid
 //   1 / (1 + expf(-x)), the one-warp kernels' float32 operations in the same order. Recomputed
 //   from the same inputs it gives the same bits, so nothing per expert has to be stored: the
@@ -179,9 +180,11 @@ struct RouterBlockToken {
   const float* logits;  // [E] this token's row
   float max_logit;      // softmax: over the biased logits
   float sum;            // softmax: of expf(x - max_logit)
+  int32_t noise_key;    // with p->noise_keys: this token's key
 
   __device__ __forceinline__ float biased_logit(int e) const {
-    float x = __ldg(logits + e);
+    float x = p->noise_keys != nullptr ? router_noise(p->noise_seed, noise_key, e)
+                                       : __ldg(logits + e);
     if (p->logit_bias != nullptr) x += __ldg(p->logit_bias + e);
     return x;
   }
@@ -231,7 +234,8 @@ __global__ void __launch_bounds__(kThreads)
     return;  // the whole block: num_valid_tokens is uniform
   }
 
-  device::RouterBlockToken tok{&p, p.logits + token * E, 0.0f, 1.0f};
+  device::RouterBlockToken tok{&p, p.logits + token * E, 0.0f, 1.0f,
+                               p.noise_keys != nullptr ? __ldg(p.noise_keys + token) : 0};
   if (p.score == RouterScore::kSoftmax) {
     float local_max = -INFINITY;
     for (int e = threadIdx.x; e < E; e += kThreads)

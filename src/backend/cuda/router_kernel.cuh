@@ -10,7 +10,9 @@
 // and ties go to the lower expert id as the CPU reference's partial_sort does. Lane k keeps the
 // k-th pick, so the K outputs are written by K lanes at once. Selection is by score, not logit,
 // exactly like the reference: logits far below the maximum whose softmax underflows to 0 tie,
-// and go to the lower id there too.
+// and go to the lower id there too. With RouterParams::noise_keys the logits are not read: each
+// is replaced by a hash of (noise_seed, the token's key, expert), in router_scores, which every
+// kernel that routes with these functions (small_batch_moe's included) goes through.
 //
 // Two kernels. The plain one (no selection bias, no groups) marks picked experts with -inf,
 // which can never win again because scores are >= 0. The general one chooses by
@@ -48,21 +50,31 @@ inline constexpr int kRouterWarpsPerBlock = 4;
 
 namespace device {
 
-// A token's scores: softmax or sigmoid of logits (+ logit_bias). Lane l holds experts l, l + 32,
-// ...; slots past E hold -inf. kLogitsWrittenHere: the logits were written by other blocks of
+// A token's scores: softmax or sigmoid of logits (+ logit_bias), the logits replaced by
+// router_noise when p.noise_keys is set. Lane l holds experts l, l + 32, ...; slots past E hold
+// -inf. kLogitsWrittenHere: the logits were written by other blocks of
 // the running kernel, so they are read through L2 (ld.global.cg), not the read-only path.
 template <int kPerLane, bool kLogitsWrittenHere>
 __device__ __forceinline__ void router_scores(const RouterParams& p, int64_t token, int lane,
                                               float (&score)[kPerLane]) {
   const int num_experts = static_cast<int>(p.num_experts);
   const float* row = p.logits + token * p.num_experts;  // [E]
+  if (p.noise_keys != nullptr) {  // the logits replaced by the noise: not read
+    const int32_t key = __ldg(p.noise_keys + token);
 #pragma unroll
-  for (int j = 0; j < kPerLane; ++j) {
-    const int e = j * kWarpSize + lane;
-    if (e < num_experts) {
-      score[j] = kLogitsWrittenHere ? __ldcg(row + e) : __ldg(row + e);
-    } else {
-      score[j] = -INFINITY;
+    for (int j = 0; j < kPerLane; ++j) {
+      const int e = j * kWarpSize + lane;
+      score[j] = e < num_experts ? router_noise(p.noise_seed, key, e) : -INFINITY;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      const int e = j * kWarpSize + lane;
+      if (e < num_experts) {
+        score[j] = kLogitsWrittenHere ? __ldcg(row + e) : __ldg(row + e);
+      } else {
+        score[j] = -INFINITY;
+      }
     }
   }
   if (p.logit_bias != nullptr) {

@@ -51,7 +51,8 @@ struct SmallMoeParams {
   const bf16* router = nullptr;  // [E, Hp]
   // Routing (logits is workspace, [T, E] float32; topk_ids / topk_weights [T, K] are written as
   // fused_router writes them; num_tokens, num_experts, top_k and num_valid_tokens are read from
-  // here).
+  // here). The router noise (route.noise_keys) is honoured as fused_router honours it: the
+  // routing runs router_kernel.cuh's functions, which replace the logits they read.
   RouterParams route;
   const bf16* gate_up = nullptr;         // [E, 2 Ip, Hp]: gate rows then up rows per expert
   const bf16* down = nullptr;            // [E, Hp, Ip]

@@ -20,6 +20,7 @@
 #include "core/error.h"
 #include "core/progress.h"
 #include "core/thread_pool.h"
+#include "model/gpu_decoder.h"
 
 namespace moeinfer::gpu {
 namespace {
@@ -518,8 +519,9 @@ DeviceWeights upload_weights(const ModelConfig& config, const DecoderWeights& we
   return out;
 }
 
-DeviceWeights synthetic_weights(const ModelConfig& config, uint64_t seed, double zipf_exponent,
-                                bool offload_experts) {
+DeviceWeights synthetic_weights(const ModelConfig& config, uint64_t seed,
+                                const RoutingSkew& routing, bool offload_experts) {
+  const double zipf_exponent = routing.kind == RoutingSkew::Kind::kZipf ? routing.exponent : 0.0;
   DeviceWeights out;
   Layout layout = plan_layout(config, nullptr, offload_experts, /*terms=*/1, out);
   // Random fills cover whole matrices, padding included, so synthetic shapes must need none.
@@ -537,6 +539,14 @@ DeviceWeights synthetic_weights(const ModelConfig& config, uint64_t seed, double
       if (!d.is_moe) continue;
       layout.add(&d.logit_bias, 1, config.num_experts, /*f32=*/true);
       skew_jobs.push_back(layout.jobs().size() - 1);
+    }
+  }
+  if (routing.kind == RoutingSkew::Kind::kUniform) {
+    for (size_t l = 0; l < out.layers.size(); ++l) {
+      DeviceLayer& d = out.layers[l];
+      if (!d.is_moe) continue;
+      d.router_noise = true;
+      d.router_noise_seed = cuda::router_noise_mix(cuda::router_noise_mix(seed) ^ (l + 1));
     }
   }
   out.bytes = static_cast<int64_t>(layout.bytes());

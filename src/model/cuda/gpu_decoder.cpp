@@ -101,8 +101,11 @@ struct Meta {
   uint64_t* seeds = nullptr;
   uint64_t* steps = nullptr;
   int32_t* tokens = nullptr;  // [Rcap] sampled
+  // [Tcap] a synthetic uniform router's per-token keys (RouterParams::noise_keys): a new key for
+  // every token of every step, or null when no layer routes by noise.
+  int32_t* route_keys = nullptr;
 
-  void carve(Carver& c, int64_t tcap, int64_t rcap, int64_t max_blocks) {
+  void carve(Carver& c, int64_t tcap, int64_t rcap, int64_t max_blocks, bool keys) {
     num_valid = c.take<int32_t>(tcap + 1);
     ids = num_valid ? num_valid + 1 : nullptr;
     positions = c.take<int32_t>(tcap);
@@ -117,6 +120,7 @@ struct Meta {
     seeds = c.take<uint64_t>(rcap);
     steps = c.take<uint64_t>(rcap);
     tokens = c.take<int32_t>(rcap);
+    route_keys = keys ? c.take<int32_t>(tcap) : nullptr;
   }
 };
 
@@ -240,6 +244,10 @@ class CudaDecoder final : public GpuDecoder {
   float* term_sum_ = nullptr;
   int64_t term_sum_elems_ = 0;
   MoeBlockBuffers moe_buffers_;  // the MoE block's part of the workspace
+  // Some layer's router is a synthetic uniform one (DeviceLayer::router_noise): each step gets
+  // fresh per-token keys (Meta::route_keys); noise_step_ counts the steps.
+  bool noise_routing_ = false;
+  uint64_t noise_step_ = 0;
   bf16* expert_act_ = nullptr;   // [T*K, Ip] the experts' activation
   bf16 *mlp_gate_up_ = nullptr, *mlp_act_ = nullptr;
   float* logits_ = nullptr;  // [rcap, V]
@@ -348,6 +356,7 @@ CudaDecoder::CudaDecoder(const ModelConfig& config, DeviceWeights weights,
     report_.expert_cache_slots = cache_->num_slots();
     report_.weight_bytes += cache_->device_bytes();
   }
+  for (const DeviceLayer& d : w_.layers) noise_routing_ = noise_routing_ || d.router_noise;
   allocate_workspace();
   build_moe_block();
   std::vector<float> inv_freq = rope.inv_freq();
@@ -509,7 +518,7 @@ void CudaDecoder::allocate_workspace() {
     }
     logits_ = cv.take<float>(rcap_ * V);
     cublas_workspace_ = cv.take<char>(static_cast<int64_t>(kCublasWorkspaceBytes));
-    meta_.carve(cv, T, rcap_, max_blocks_per_seq_);
+    meta_.carve(cv, T, rcap_, max_blocks_per_seq_, noise_routing_);
   };
   Carver sizing(nullptr);
   carve(sizing);
@@ -540,11 +549,11 @@ void CudaDecoder::allocate_workspace() {
   // The pinned host mirror of the metadata, at the same offsets.
   Carver meta_size(nullptr);
   Meta probe;
-  probe.carve(meta_size, T, rcap_, max_blocks_per_seq_);
+  probe.carve(meta_size, T, rcap_, max_blocks_per_seq_, noise_routing_);
   meta_bytes_ = meta_size.used();
   host_meta_base_ = pinned_array<char>(meta_bytes_);
   Carver host(host_meta_base_.get());
-  host_meta_.carve(host, T, rcap_, max_blocks_per_seq_);
+  host_meta_.carve(host, T, rcap_, max_blocks_per_seq_, noise_routing_);
   if (c.num_experts > 0) {
     host_expert_counts_ =
         pinned_array<int32_t>(static_cast<size_t>(c.num_layers * (c.num_experts + 1)));
@@ -712,6 +721,16 @@ Step CudaDecoder::prepare(const ForwardBatch& batch) {
     h.seq_lens[row] = 0;
     std::fill(h.block_tables + row * stride, h.block_tables + (row + 1) * stride, 0);
   }
+  if (noise_routing_) {
+    // A key per token and step: the step count mixed with the token's KV slot (unique among the
+    // tokens of one step), so neither a later step nor a sequence reusing a slot repeats picks.
+    ++noise_step_;
+    for (int64_t r = 0; r < step.num_tokens; ++r) {
+      const uint64_t mixed = cuda::router_noise_mix((noise_step_ << 32) ^
+                                                    static_cast<uint32_t>(h.slots[r]));
+      h.route_keys[r] = static_cast<int32_t>(mixed & 0x7fffffffu);
+    }
+  }
   step.num_rows = step.route == Route::kPrefill ? step.num_seqs : step.num_tokens;
   step.logit_rows = logit_rows;
   step.logits_are_all_rows = logit_rows == T;
@@ -731,6 +750,7 @@ void CudaDecoder::upload_meta(const Step& step) {
   up(meta_.num_valid, host_meta_.num_valid, T + 1);  // and the ids after it
   up(meta_.positions, host_meta_.positions, T);
   up(meta_.slots, host_meta_.slots, T);
+  if (noise_routing_) up(meta_.route_keys, host_meta_.route_keys, T);
   up(meta_.logit_rows, host_meta_.logit_rows, step.logit_rows);
   if (step.route == Route::kPrefill) {
     up(meta_.cu_seqlens, host_meta_.cu_seqlens, step.num_seqs + 1);
@@ -1086,6 +1106,7 @@ void CudaDecoder::feed_forward(int64_t layer, int64_t T) {
       // While routing is captured, each layer's router writes into its own rows of the capture
       // buffers, which the layer's plan and unpermute then read: no copy, no extra kernel.
       MoeLayerIo io{.hidden = normed_, .num_tokens = T, .num_valid = meta_.num_valid,
+                    .noise_keys = meta_.route_keys,
                     .expert_counts = expert_counts_ + layer * (E + 1), .out = block_out_};
       if (tracing_) {
         io.topk_ids = routing_ids_.get() + layer * tcap_ * K;
@@ -1425,7 +1446,7 @@ std::unique_ptr<GpuDecoder> GpuDecoder::create_synthetic(const ModelConfig& conf
   offload::check_offload_model(options.offload, config.num_experts,
                                "the " + config.model_type + " model");
   gpu::DeviceWeights device_weights = gpu::synthetic_weights(
-      config, synthetic.seed, synthetic.zipf_exponent, options.offload.enabled());
+      config, synthetic.seed, synthetic.routing, options.offload.enabled());
   return std::make_unique<gpu::CudaDecoder>(config, std::move(device_weights), options);
 }
 

@@ -108,8 +108,8 @@ MoeBlock::MoeBlock(const MoeBlockOptions& options, std::span<const DeviceLayer> 
 }
 
 cuda::RouterParams MoeBlock::router_params(int64_t layer, int64_t T, const int32_t* num_valid,
-                                           const float* logits, int32_t* topk_ids,
-                                           float* topk_weights) const {
+                                           const int32_t* noise_keys, const float* logits,
+                                           int32_t* topk_ids, float* topk_weights) const {
   const DeviceLayer& d = layers_[layer];
   const moe::RouterOptions& r = options_.router;
   cuda::RouterParams p{.logits = logits, .topk_ids = topk_ids, .topk_weights = topk_weights,
@@ -128,23 +128,30 @@ cuda::RouterParams MoeBlock::router_params(int64_t layer, int64_t T, const int32
   p.num_groups = r.num_groups;
   p.topk_groups = r.topk_groups;
   p.num_valid_tokens = num_valid;
+  if (d.router_noise && noise_keys != nullptr) {
+    p.noise_keys = noise_keys;
+    p.noise_seed = d.router_noise_seed;
+  }
   return p;
 }
 
 void MoeBlock::route(int64_t layer, const bf16* hidden, int64_t T, const int32_t* num_valid,
-                     float* logits, int32_t* topk_ids, float* topk_weights, cudaStream_t stream) {
+                     const int32_t* noise_keys, float* logits, int32_t* topk_ids,
+                     float* topk_weights, cudaStream_t stream) {
   const ExpertShape& s = options_.shape;
   linear_(hidden, T, layers_[layer].router, s.num_experts, s.hidden_size, logits,
           /*f32_out=*/true);
-  cuda::fused_router(router_params(layer, T, num_valid, logits, topk_ids, topk_weights), stream);
+  cuda::fused_router(
+      router_params(layer, T, num_valid, noise_keys, logits, topk_ids, topk_weights), stream);
 }
 
 const int32_t* MoeBlock::predict(int64_t layer, const RoutedTokens& tokens,
                                  cudaStream_t stream) {
   MOE_CHECK(buffers_.predict_logits && buffers_.predict_ids && buffers_.predict_weights,
             "the MoE block has no buffers for a predicted routing");
-  route(layer, tokens.hidden, tokens.num_tokens, tokens.num_valid, buffers_.predict_logits,
-        buffers_.predict_ids, buffers_.predict_weights, stream);
+  // Without the noise keys: under a synthetic uniform router the model's own router guesses.
+  route(layer, tokens.hidden, tokens.num_tokens, tokens.num_valid, /*noise_keys=*/nullptr,
+        buffers_.predict_logits, buffers_.predict_ids, buffers_.predict_weights, stream);
   return buffers_.predict_ids;
 }
 
@@ -163,8 +170,8 @@ void MoeBlock::small_batch(int64_t layer, const MoeLayerIo& io, int32_t* topk_id
   const ExpertShape& s = options_.shape;
   cuda::SmallMoeParams p{
       .hidden = io.hidden, .router = d.router,
-      .route = router_params(layer, io.num_tokens, io.num_valid, buffers_.router_logits,
-                             topk_ids, topk_weights),
+      .route = router_params(layer, io.num_tokens, io.num_valid, io.noise_keys,
+                             buffers_.router_logits, topk_ids, topk_weights),
       .gate_up = d.experts_gate_up, .down = d.experts_down, .expert_width = s.expert_width,
       .shared_gate_up = d.shared_gate_up, .shared_down = d.shared_down,
       .shared_width = d.shared_gate_up ? d.shared_width : 0, .shared_gate = d.shared_gate,
@@ -215,8 +222,8 @@ void MoeBlock::enqueue(int64_t layer, const MoeLayerIo& io, cudaStream_t stream,
     small_batch(layer, io, topk_ids, topk_weights, stream, mark);
     return;
   }
-  route(layer, io.hidden, T, io.num_valid, buffers_.router_logits, topk_ids, topk_weights,
-        stream);
+  route(layer, io.hidden, T, io.num_valid, io.noise_keys, buffers_.router_logits, topk_ids,
+        topk_weights, stream);
   close(profile::Stage::kRoute);
   const RoutedTokens tokens{.hidden = io.hidden, .topk_ids = topk_ids,
                             .topk_weights = topk_weights,

@@ -196,6 +196,9 @@ struct MoeLayerIo {
   const bf16* hidden = nullptr;        // [T, Hp] normed input
   int64_t num_tokens = 0;              // T
   const int32_t* num_valid = nullptr;  // device scalar, or null: all T are real
+  // [T] per-token keys of a synthetic uniform router (RouterParams::noise_keys), for the layers
+  // whose DeviceLayer::router_noise is set; null: no noise
+  const int32_t* noise_keys = nullptr;
   int32_t* topk_ids = nullptr;         // [T, K] where the router writes (null: the buffers')
   float* topk_weights = nullptr;       // [T, K]
   int32_t* expert_counts = nullptr;    // [E + 1] the plan's counts (kept for the profiler)
@@ -215,8 +218,11 @@ class MoeBlock final : private RoutingPredictor {
                const StageMarkFn& mark = {});
 
   // The router of `layer` over hidden: logits [T, E], ids and weights [T, K] (route stage).
+  // noise_keys: MoeLayerIo's (the layer's own routing), or null (a prediction: a synthetic
+  // uniform router's demand is then unknown, and the model's router guesses blind).
   void route(int64_t layer, const bf16* hidden, int64_t num_tokens, const int32_t* num_valid,
-             float* logits, int32_t* topk_ids, float* topk_weights, cudaStream_t stream);
+             const int32_t* noise_keys, float* logits, int32_t* topk_ids, float* topk_weights,
+             cudaStream_t stream);
 
   const MoeBlockBuffers& buffers() const { return buffers_; }
   // Whether layer `layer` at T tokens takes the small-batch fused path.
@@ -226,8 +232,8 @@ class MoeBlock final : private RoutingPredictor {
   const int32_t* predict(int64_t layer, const RoutedTokens& tokens,
                          cudaStream_t stream) override;
   cuda::RouterParams router_params(int64_t layer, int64_t num_tokens, const int32_t* num_valid,
-                                   const float* logits, int32_t* topk_ids,
-                                   float* topk_weights) const;
+                                   const int32_t* noise_keys, const float* logits,
+                                   int32_t* topk_ids, float* topk_weights) const;
   void small_batch(int64_t layer, const MoeLayerIo& io, int32_t* topk_ids, float* topk_weights,
                    cudaStream_t stream, const StageMarkFn& mark);
   // The shared experts' output [T, Hp] (bf16) per the layer's SharedExpertKind, or null.
