@@ -8,6 +8,7 @@
 #include <cstring>
 #include <deque>
 
+#include "backend/cpu/gemm.h"
 #include "backend/cuda/cuda_check.h"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -235,11 +236,13 @@ moe::ExpertWeights CachedExperts::host_view(int64_t layer, int64_t expert,
             .down = {.dtype = DType::kBF16, .shape = {Hp, Ip}, .data = down}};
   }
   // Two terms: the float32 weight hi + lo, which the host multiplies as a float32 checkpoint.
+  // The whole expert is widened per call, over the GEMM workers: on one thread this pass would
+  // take several times the products that follow, which stream the weights on every core.
   const int64_t gu = 2 * Ip * Hp, dn = Hp * Ip;
   wide->resize(static_cast<size_t>(gu + dn));
   auto widen = [&](const bf16* hi, int64_t n, float* out) {
     const auto* h = reinterpret_cast<const uint16_t*>(hi);
-    for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(h[i]) + bf16_to_f32(h[n + i]);
+    cpu::widen_bf16_terms(h, h + n, n, out);
   };
   float* w = wide->data();
   widen(gate_up, gu, w);
