@@ -184,6 +184,7 @@ CachedExperts::CachedExperts(const ModelConfig& config, const DeviceWeights& wei
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  device_ = device;
   demand_blocks_ = kDemandCopyBlocksPerSm * prop.multiProcessorCount;
   prefetch_blocks_ = kPrefetchCopyBlocks;
   cudaStream_t copy_stream = nullptr;
@@ -307,10 +308,15 @@ void CachedExperts::measure_cold_cost(std::span<const int32_t> slot_owners) {
 
 CachedExperts::~CachedExperts() {
   if (host_worker_.joinable()) {
-    // A merge kernel still waiting on the worker would never return once it stops, and the
-    // callers' streams are not ours: finish everything on the device first (its errors have
-    // nowhere to go from a destructor). Then the worker serves any request left and stops.
+    // A wait kernel still polling for the worker would never return once it stops, and the
+    // callers' streams are not ours: finish everything on our device first (its errors have
+    // nowhere to go from a destructor; the thread's current device is put back). Then the
+    // worker serves any request left and stops.
+    int current = device_;
+    cudaGetDevice(&current);
+    if (current != device_) cudaSetDevice(device_);
     cudaDeviceSynchronize();
+    if (current != device_) cudaSetDevice(current);
     stop_worker_.store(true, std::memory_order_release);
     host_worker_.join();
   }
@@ -389,7 +395,7 @@ void CachedExperts::merge_host_rows(int64_t layer, const int32_t* topk_ids, cons
                                     cudaStream_t stream) {
   if (!host_pending_) return;
   host_pending_ = false;
-  // The kernel returns at once when the demand sent nothing to the host; otherwise it waits on
+  // Its kernels return at once when the demand sent nothing to the host; otherwise they wait on
   // the device for the worker's done.
   offload::cuda::merge_host_rows({.host = staging_,
                                   .topk_ids = topk_ids,

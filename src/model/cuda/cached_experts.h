@@ -22,10 +22,11 @@
 // the GPU signals through mapped memory (offload/cuda/expert_cache.h's header has the protocol):
 // the demand admission kernel publishes (layer, sequence) when it sent misses to the host, the
 // worker runs moe::run_experts over the experts' weights where they live, beside the GPU's copies
-// and grouped GEMM of the same layer, and publishes done = sequence; merge_host_rows's kernel
-// waits on the device for it, and returns at once for a layer with nothing on the host. No
-// stream, event or host node joins the host, so such a layer costs only that kernel's launch,
-// and the sequence numbers advance on the device, so a decode graph replays as captured.
+// and grouped GEMM of the same layer, and publishes done = sequence; merge_host_rows's wait
+// kernel waits on the device for it, and its two kernels return at once for a layer with
+// nothing on the host. No stream, event or host node joins the host, so such a layer costs two
+// empty kernels, and the sequence numbers advance on the device, so a decode graph replays as
+// captured.
 // The destructor synchronises the device (no merge left waiting) before it stops the worker.
 #pragma once
 
@@ -71,8 +72,9 @@ class CachedExperts {
              int64_t num_rows, cudaStream_t stream);
   void prefetch(int64_t layer, const int32_t* topk_ids, int64_t num_assignments,
                 cudaStream_t stream);
-  // After the experts stage of the layer admit() last ran: waits for the host's compute and
-  // writes its results into expert_out's rows (inverse: the plan's). No-op under kGpu.
+  // After the experts stage of the layer admit() last ran: kernels that wait on the device for
+  // the host's compute (returning at once when the layer sent nothing to the host) and write
+  // its results into expert_out's rows (inverse: the plan's). No-op under kGpu.
   void merge_host_rows(int64_t layer, const int32_t* topk_ids, const int32_t* inverse,
                        bf16* expert_out, int64_t num_assignments, cudaStream_t stream);
   // Whether prefetches copy anything (not under kCpu, where no miss is copied).
@@ -142,6 +144,7 @@ class CachedExperts {
   std::vector<std::vector<float>> host_wide_;  // two weight terms: widened experts, per view
   // The host worker: started at the end of the constructor (nothing throws after it, so no
   // joinable thread is ever destroyed), stopped and joined in the destructor.
+  int device_ = 0;  // the worker's GPU: the destructor synchronises it
   std::atomic<bool> stop_worker_{false};
   std::thread host_worker_;
 };

@@ -251,12 +251,20 @@ __device__ void wait_for_host(const int64_t* done, int64_t sequence) {
   __threadfence_system();  // with the volatile load, an acquire: the results are read after it
 }
 
+// One thread, before the merge on its stream: the only poller of `done`, so that the merge's
+// blocks (up to 256) do not each send reads over PCIe while the host computes and a prefetch
+// copies beside it. The merge starts after this kernel ends (stream order), so it reads the
+// results after the acquire.
+__global__ void wait_for_host_kernel(const __grid_constant__ HostStaging h) {
+  // Device memory, written by this stream's admission: a layer with nothing on the host reads
+  // no host memory and waits for nothing.
+  if (h.sequence[1] == 0) return;
+  wait_for_host(h.done, h.sequence[0]);
+}
+
 __global__ void merge_host_rows_kernel(const __grid_constant__ MergeHostParams p) {
   extern __shared__ uint32_t s_on_host[];  // [ceil(E / 32)] a bit per expert
-  // Device memory, written by this stream's admission: the common case reads no host memory.
-  if (p.host.sequence[1] == 0) return;
-  if (threadIdx.x == 0) wait_for_host(p.host.done, p.host.sequence[0]);
-  __syncthreads();
+  if (p.host.sequence[1] == 0) return;  // nothing went to the host (wait_for_host_kernel)
   const int32_t num_host = __ldcv(p.host.count);
   const int64_t words = (p.num_experts + 31) / 32;
   for (int64_t w = threadIdx.x; w < words; w += blockDim.x) s_on_host[w] = 0;
@@ -398,6 +406,8 @@ void merge_host_rows(const MergeHostParams& p, cudaStream_t stream) {
                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(smem)));
   }
+  wait_for_host_kernel<<<1, 1, 0, stream>>>(p.host);
+  MOE_CUDA_CHECK_LAUNCH();
   const int blocks = static_cast<int>(std::min<int64_t>(p.num_assignments, 256));
   merge_host_rows_kernel<<<blocks, 256, smem, stream>>>(p);
   MOE_CUDA_CHECK_LAUNCH();

@@ -27,11 +27,12 @@
 // the host (sequence[1]). When that is not 0, after a system-scope fence of everything it
 // staged, it publishes request = (layer, sequence) in mapped memory, the sequence written last
 // behind a second fence. A host thread (model/cuda/cached_experts.cpp) polls request[1], computes,
-// writes its results, then stores done = sequence with release order. merge_host_rows returns
-// at once when sequence[1] is 0 (no host read at all); otherwise one thread per block spins on
-// done == sequence[0] (volatile loads with __nanosleep backoff, then a system fence as acquire)
-// before the block reads the results. The state advances on the device, so a CUDA graph of
-// these kernels replays correctly, and a layer with nothing on the host never waits on it.
+// writes its results, then stores done = sequence with release order. merge_host_rows launches
+// a one-thread wait kernel, then the merge, both of which return at once when sequence[1] is 0
+// (no host read at all); otherwise the wait kernel spins on done == sequence[0] (volatile loads
+// with __nanosleep backoff, then a system fence as acquire) and the merge, after it in stream
+// order, reads the results. The state advances on the device, so a CUDA graph of these kernels
+// replays correctly, and a layer with nothing on the host never waits on it.
 // The next demand rewrites the staging only after the merge of the last one (stream order),
 // which waited for the host to finish reading it.
 #pragma once
@@ -135,8 +136,9 @@ struct CopyParams {
 };
 
 // After the host's compute of the staged misses: expert_out[inverse[a]] = host.out[a] for every
-// assignment a whose expert the host computed. When the last demand sent nothing to the host it
-// returns at once; otherwise it first waits on the device for the host's done (the header).
+// assignment a whose expert the host computed. Two kernels on `stream`: a one-thread wait for
+// the host's done (the header), then the merge; both return at once when the last demand sent
+// nothing to the host.
 struct MergeHostParams {
   HostStaging host;
   const int32_t* topk_ids = nullptr;  // [T*K] device, the layer's
