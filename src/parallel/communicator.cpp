@@ -17,8 +17,7 @@ void poll_until(const std::function<bool()>& done, const PollBackoff& backoff) {
   while (!done()) {
     const auto waited = Clock::now() - start;
     if (waited > backoff.spin) {
-      std::this_thread::sleep_for(
-          std::min<Clock::duration>(waited / 10, backoff.longest_sleep));
+      std::this_thread::sleep_for(std::min<Clock::duration>(waited / 10, backoff.longest_sleep));
     }
   }
 }

@@ -250,8 +250,7 @@ void admission_matches_host() {
             if (!prefetch && null_without_slot) {
               // Every demand is numbered; only one with host work asks the worker.
               ++demands;
-              ASSERT_EQ(host_sequence.download(),
-                        (std::vector<int64_t>{demands, lists.num_host}))
+              ASSERT_EQ(host_sequence.download(), (std::vector<int64_t>{demands, lists.num_host}))
                   << where;
               if (lists.num_host > 0) want_request = {layer, demands};
               for (int64_t i = 0; i < lists.num_host; ++i) {

@@ -408,10 +408,10 @@ void CachedExperts::merge_host_rows(int64_t layer, const int32_t* topk_ids, cons
 }
 
 void CachedExperts::serve_host_requests() {
-  // The worker spins while a decode step's layers come (every few hundred us at most), then
-  // sleeps a tenth of the time waited, at most 200 us: the first host layer after a pause (a
-  // step's sampling, an idle server) may start that late, and an idle engine costs 5000
-  // wake-ups a second instead of a core.
+  // The worker spins 500 us after each request (a decode step's next host layer usually comes
+  // sooner), then sleeps a tenth of the time waited, at most 200 us: the first host layer after
+  // a longer pause (between steps, an idle server) may start up to that late, and an idle
+  // engine costs about 5000 wake-ups a second instead of a core.
   constexpr parallel::PollBackoff kBackoff{.spin = std::chrono::microseconds(500),
                                            .longest_sleep = std::chrono::microseconds(200)};
   // Written by the GPU (its admission kernel) over PCIe, read here; aligned int64 words.
@@ -443,8 +443,7 @@ void CachedExperts::compute_on_host(int64_t layer) {
   // layer left, or zero), which the parity tests would see; done is published all the same.
   try {
     MOE_CHECK(layer >= 0 && layer < num_layers_ && host_home_gate_up_[layer] != nullptr,
-              "the host worker was asked for layer ", layer, ", not an MoE layer of ",
-              num_layers_);
+              "the host worker was asked for layer ", layer, ", not an MoE layer of ", num_layers_);
     const int32_t num_host = staging_.count[0];
     if (num_host == 0) return;
     const int64_t A = staging_.count[1], Hp = hidden_elems_, E = num_experts_;

@@ -264,7 +264,7 @@ __global__ void wait_for_host_kernel(const __grid_constant__ HostStaging h) {
 
 __global__ void merge_host_rows_kernel(const __grid_constant__ MergeHostParams p) {
   extern __shared__ uint32_t s_on_host[];  // [ceil(E / 32)] a bit per expert
-  if (p.host.sequence[1] == 0) return;  // nothing went to the host (wait_for_host_kernel)
+  if (p.host.sequence[1] == 0) return;     // nothing went to the host (wait_for_host_kernel)
   const int32_t num_host = __ldcv(p.host.count);
   const int64_t words = (p.num_experts + 31) / 32;
   for (int64_t w = threadIdx.x; w < words; w += blockDim.x) s_on_host[w] = 0;
@@ -355,9 +355,9 @@ void admit_experts(const AdmitParams& p, cudaStream_t stream) {
   MOE_CHECK(p.num_assignments >= 0 && (p.num_assignments == 0 || p.topk_ids != nullptr),
             "num_assignments = ", p.num_assignments, " without ids");
   if (!p.prefetch && p.cold.mode != ColdExperts::kGpu) {
-    MOE_CHECK(p.host.experts && p.host.count && p.host.topk_ids && p.host.rows &&
-                  p.host.sequence && p.host.request && p.rows && p.host.row_elems > 0 &&
-                  p.host.row_elems % 8 == 0 && p.num_rows >= 0,
+    MOE_CHECK(p.host.experts && p.host.count && p.host.topk_ids && p.host.rows && p.host.sequence &&
+                  p.host.request && p.rows && p.host.row_elems > 0 && p.host.row_elems % 8 == 0 &&
+                  p.num_rows >= 0,
               "a demand with cold experts on the host needs the host staging (with its sequence "
               "and request words) and the rows");
   }
