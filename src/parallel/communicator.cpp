@@ -9,15 +9,15 @@
 
 namespace moeinfer::parallel {
 
-void poll_until(const std::function<bool()>& done) {
+void poll_until(const std::function<bool()>& done) { poll_until(done, PollBackoff{}); }
+
+void poll_until(const std::function<bool()>& done, const PollBackoff& backoff) {
   using Clock = std::chrono::steady_clock;
-  constexpr auto kSpin = std::chrono::microseconds(100);
-  constexpr auto kLongestSleep = std::chrono::microseconds(1000);
   const Clock::time_point start = Clock::now();
   while (!done()) {
     const auto waited = Clock::now() - start;
-    if (waited > kSpin) {
-      std::this_thread::sleep_for(std::min<Clock::duration>(waited / 10, kLongestSleep));
+    if (waited > backoff.spin) {
+      std::this_thread::sleep_for(std::min<Clock::duration>(waited / 10, backoff.longest_sleep));
     }
   }
 }

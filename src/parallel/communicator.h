@@ -8,6 +8,7 @@
 // launched as.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -34,11 +35,20 @@ class PendingOp {
   std::function<void()> wait_;
 };
 
+// How poll_until waits: it calls `done` without pause for `spin`, then sleeps a tenth of the time
+// waited so far, at most `longest_sleep`, between calls.
+struct PollBackoff {
+  std::chrono::microseconds spin{100};
+  std::chrono::microseconds longest_sleep{1000};
+};
+
 // Calls `done` until it returns true: spinning 100 us while the other ranks are likely a moment
 // away, then sleeping a tenth of the time waited so far (at most 1 ms) between calls. A rank that
 // spins for ever on a core it shares (more ranks than cores, a CPU quota, the experts' threads)
 // takes the time the rank it waits for needs; the communicators wait through this.
 void poll_until(const std::function<bool()>& done);
+// The same with other times (the GPU expert cache's host worker waits for the next layer).
+void poll_until(const std::function<bool()>& done, const PollBackoff& backoff);
 
 class Communicator {
  public:

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <random>
@@ -289,6 +290,30 @@ TEST(GemmTest, ParallelForNestsAndCovers) {
   }
   for (auto& th : threads) th.join();
   for (const auto& h : hits2) ASSERT_EQ(h.load(), 1);
+}
+
+// Two bf16 terms widened over the workers give the serial sum bit for bit, at sizes below, at
+// and past the chunk (64 Ki) and over several chunks; nothing past n is written.
+TEST(GemmTest, WidenBf16TermsEqualsSerialSum) {
+  std::mt19937 rng(fresh_seed());
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const int64_t n : {int64_t{0}, int64_t{1}, int64_t{19}, int64_t{989}, int64_t{1} << 16,
+                          (int64_t{1} << 16) + 1, 5 * (int64_t{1} << 16) + 99}) {
+    std::vector<uint16_t> hi(static_cast<size_t>(n)), lo(hi.size());
+    std::vector<float> want(hi.size());
+    for (int64_t i = 0; i < n; ++i) {
+      const float w = normal(rng);
+      hi[i] = f32_to_bf16(w);
+      lo[i] = f32_to_bf16(w - bf16_to_f32(hi[i]));
+      want[i] = bf16_to_f32(hi[i]) + bf16_to_f32(lo[i]);
+    }
+    std::vector<float> got(hi.size() + 1, std::numeric_limits<float>::quiet_NaN());
+    widen_bf16_terms(hi.data(), lo.data(), n, got.data());
+    ASSERT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0)
+        << "n " << n << " seed " << fresh_seed();
+    ASSERT_TRUE(std::isnan(got.back())) << "n " << n << ": wrote past the end";
+  }
+  EXPECT_THROW(widen_bf16_terms(nullptr, nullptr, 3, nullptr), Error);
 }
 
 TEST(GemmTest, ZeroRowsWritesNothing) {

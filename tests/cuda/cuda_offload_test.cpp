@@ -2,9 +2,10 @@
 //   admission  the admission kernel leaves exactly the tables, copy lists and counters that
 //              offload::admit() leaves on the host for the same sequence of demands and
 //              prefetches (random ids, slot counts from 0 to all experts, every policy, every
-//              cold mode: the experts sent to the host and the ids and rows staged for it), with
-//              its per-expert lists in shared memory and, past kAdmitMaxSharedExperts, in
-//              device memory (E = 9000);
+//              cold mode: the experts sent to the host and the ids and rows staged for it, each
+//              demand's sequence number and the request the host worker sees), with its
+//              per-expert lists in shared memory and, past kAdmitMaxSharedExperts, in device
+//              memory (E = 9000);
 //   copy       the copy kernel moves every listed expert from mapped pinned memory into its slot;
 //   decoder    an offloaded decoder gives the logits of the all-resident one bit for bit
 //              (the grouped GEMM reads the same weights through the slot table, in the same
@@ -142,6 +143,11 @@ void admission_matches_host() {
           constexpr int64_t kMaxIds = 64, kRowElems = 8;
           MappedBuffer<int32_t> host_experts(E), host_count(2), host_ids(kMaxIds);
           MappedBuffer<bf16> host_rows(kMaxIds * kRowElems);
+          // The hand-off with the host worker: the demands' numbers and the last request.
+          DeviceBuffer<int64_t> host_sequence(std::vector<int64_t>{0, 0});
+          MappedBuffer<int64_t> host_request(2), host_done(1);
+          int64_t demands = 0;
+          std::vector<int64_t> want_request = {0, 0};
           const CacheTables device_tables{.slot_of = slot_of.get(),
                                           .owner = owner.get(),
                                           .last_use = last_use.get(),
@@ -185,7 +191,10 @@ void admission_matches_host() {
                                                    .count = host_count.p,
                                                    .topk_ids = host_ids.p,
                                                    .rows = host_rows.p,
-                                                   .row_elems = kRowElems},
+                                                   .row_elems = kRowElems,
+                                                   .sequence = host_sequence.get(),
+                                                   .request = host_request.p,
+                                                   .done = host_done.p},
                                           .rows = reinterpret_cast<const bf16*>(d_rows.get()),
                                           .num_rows = n,
                                           .lists = lists.get()},
@@ -237,8 +246,13 @@ void admission_matches_host() {
             ASSERT_EQ(clock.download(), h.clock) << where;
             ASSERT_EQ(d_gu.download(), gu_table) << where;
             ASSERT_EQ(d_dn.download(), dn_table) << where;
+            const std::vector<int64_t> last_request(host_request.p, host_request.p + 2);
             if (!prefetch && null_without_slot) {
-              ASSERT_EQ(host_count.p[0], lists.num_host) << where;
+              // Every demand is numbered; only one with host work asks the worker.
+              ++demands;
+              ASSERT_EQ(host_sequence.download(), (std::vector<int64_t>{demands, lists.num_host}))
+                  << where;
+              if (lists.num_host > 0) want_request = {layer, demands};
               for (int64_t i = 0; i < lists.num_host; ++i) {
                 ASSERT_EQ(host_experts.p[i], want_host[i]) << where << " host " << i;
               }
@@ -252,7 +266,10 @@ void admission_matches_host() {
             } else {
               ASSERT_EQ(lists.num_host, 0) << where;
               ASSERT_EQ(host_count.p[0], -1) << where << ": the staging was written";
+              ASSERT_EQ(host_sequence.download()[0], demands) << where << ": numbered";
             }
+            ASSERT_EQ(last_request, want_request) << where;
+            ASSERT_EQ(host_done.p[0], 0) << where << ": done is the host's to write";
             ++cases;
           }
         }

@@ -21,6 +21,19 @@ std::vector<uint8_t> counting_bytes(size_t num_bytes) {
   return bytes;
 }
 
+// poll_until calls `done` until it is true, then returns at once; with other backoff times too
+// (here: sleeping from the first call, 1 us at most, so the test does not spin).
+TEST(PollUntil, ReturnsOnceDoneHoldsWithAnyBackoff) {
+  int calls = 0;
+  poll_until([&] { return ++calls == 5; });
+  EXPECT_EQ(calls, 5);
+  calls = 0;
+  poll_until([&] { return ++calls == 7; },
+             PollBackoff{.spin = std::chrono::microseconds(0),
+                         .longest_sleep = std::chrono::microseconds(1)});
+  EXPECT_EQ(calls, 7);
+}
+
 TEST(SelfCommunicator, IsOneRank) {
   SelfCommunicator self;
   EXPECT_EQ(self.rank(), 0);

@@ -44,6 +44,7 @@
 #include "backend/cpu/gemm_internal.h"
 #include "backend/cpu/gemm_kernels.h"
 #include "backend/cpu/gemm_parallel.h"
+#include "core/dtype.h"
 #include "core/error.h"
 
 #if defined(MOE_HAVE_DNNL)
@@ -690,6 +691,17 @@ void linear_grouped(std::span<const LinearProblem> problems) {
           break;
       }
     }
+  });
+}
+
+void widen_bf16_terms(const uint16_t* hi, const uint16_t* lo, int64_t n, float* out) {
+  MOE_CHECK(n >= 0 && (n == 0 || (hi && lo && out)), "widen_bf16_terms: ", n,
+            " elements without their terms or output");
+  // An expert of a large model is tens of millions of elements: a chunk of 64 Ki (256 KiB out)
+  // is long enough to stream and short enough to spread one expert over every worker.
+  constexpr int64_t kGrain = int64_t{1} << 16;
+  gemm_parallel_for(n, kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) out[i] = bf16_to_f32(hi[i]) + bf16_to_f32(lo[i]);
   });
 }
 

@@ -32,6 +32,12 @@ struct LinearProblem {
 // gives for that product. Products must not write to each other's y or read another's y as x.
 void linear_grouped(std::span<const LinearProblem> problems);
 
+// A float32 weight kept as two bf16 terms (hi, and lo = the rest: the GPU's weight_terms = 2):
+// out[i] = float(hi[i]) + float(lo[i]) for i in [0, n), spread over the GEMM workers in chunks
+// (the values the serial sum gives, bit for bit). Safe from any thread, like linear(): a call
+// that finds the workers busy runs on its own thread.
+void widen_bf16_terms(const uint16_t* hi, const uint16_t* lo, int64_t n, float* out);
+
 // Batch-invariant products (`--deterministic`): every product takes the per-row GEMV path,
 // whatever its row count (AVX-512 for bf16/f16 where the CPU has it, the portable one
 // otherwise, float32 included), so a row's result never depends on which other rows share the

@@ -1,17 +1,21 @@
 #include "model/cuda/cached_experts.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <climits>
 #include <cstdio>
 #include <cstring>
 #include <deque>
 
+#include "backend/cpu/gemm.h"
 #include "backend/cuda/cuda_check.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "moe/cached_experts.h"
 #include "offload/host_cache.h"
 #include "offload/hot_set.h"
+#include "parallel/communicator.h"
 
 namespace moeinfer::gpu {
 namespace {
@@ -87,6 +91,7 @@ CachedExperts::CachedExperts(const ModelConfig& config, const DeviceWeights& wei
     const int64_t lists = offload::cuda::admit_lists_size(E);
     demand_lists_ = lists > 0 ? p.take<int32_t>(lists) : nullptr;
     prefetch_lists_ = lists > 0 ? p.take<int32_t>(lists) : nullptr;
+    staging_.sequence = p.take<int64_t>(2);  // the hand-off with the host worker
   };
   Carver sizing(nullptr);
   carve(sizing);
@@ -136,6 +141,7 @@ CachedExperts::CachedExperts(const ModelConfig& config, const DeviceWeights& wei
   upload(home_down_, home_dn);
   upload(counters_,
          std::vector<int64_t>(static_cast<size_t>(num_layers_ * offload::kNumCacheCounters), 0));
+  upload(staging_.sequence, std::vector<int64_t>{0, 0});
 
   // The starting state is the host's (offload/host_cache.h, as the CPU's budget starts): the
   // trace's ranking warms the slots, and for the static policy its top is the hot set.
@@ -178,6 +184,7 @@ CachedExperts::CachedExperts(const ModelConfig& config, const DeviceWeights& wei
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  device_ = device;
   demand_blocks_ = kDemandCopyBlocksPerSm * prop.multiProcessorCount;
   prefetch_blocks_ = kPrefetchCopyBlocks;
   cudaStream_t copy_stream = nullptr;
@@ -199,6 +206,9 @@ CachedExperts::CachedExperts(const ModelConfig& config, const DeviceWeights& wei
     staging_.topk_ids = p.take<int32_t>(A);
     staging_.rows = p.take<bf16>(max_step_tokens * Hp);
     staging_.out = p.take<bf16>(A * Hp);
+    // 256-byte apart (Carver): the GPU's request and the host's done share no cache line.
+    staging_.request = p.take<int64_t>(2);
+    staging_.done = p.take<int64_t>(1);
   };
   carve_staging(staging_sizes);
   staging_memory_ = mapped_pinned_array<char>(staging_sizes.used());
@@ -207,14 +217,13 @@ CachedExperts::CachedExperts(const ModelConfig& config, const DeviceWeights& wei
   staging_.row_elems = Hp;
   staging_.count[0] = 0;
   staging_.count[1] = 0;
-  cudaStream_t host_stream = nullptr;
-  CUDA_CHECK(cudaStreamCreateWithFlags(&host_stream, cudaStreamNonBlocking));
-  host_stream_.reset(host_stream);
-  CUDA_CHECK(cudaEventCreateWithFlags(&host_fork_, cudaEventDisableTiming));
-  CUDA_CHECK(cudaEventCreateWithFlags(&host_done_, cudaEventDisableTiming));
-  host_calls_.resize(static_cast<size_t>(num_layers_));
-  for (int64_t l = 0; l < num_layers_; ++l) host_calls_[l] = {.self = this, .layer = l};
+  staging_.request[0] = 0;
+  staging_.request[1] = 0;  // sequence 0: no request yet (the first demand is 1)
+  *staging_.done = 0;
   if (cold_.mode == offload::ColdExperts::kAuto) measure_cold_cost(slot_owners);
+  // Last: nothing below may throw with the worker running (a joinable std::thread member would
+  // terminate the process).
+  host_worker_ = std::thread([this] { serve_host_requests(); });
 }
 
 moe::ExpertWeights CachedExperts::host_view(int64_t layer, int64_t expert,
@@ -228,11 +237,13 @@ moe::ExpertWeights CachedExperts::host_view(int64_t layer, int64_t expert,
             .down = {.dtype = DType::kBF16, .shape = {Hp, Ip}, .data = down}};
   }
   // Two terms: the float32 weight hi + lo, which the host multiplies as a float32 checkpoint.
+  // The whole expert is widened per call, over the GEMM workers: on one thread this pass would
+  // take several times the products that follow, which stream the weights on every core.
   const int64_t gu = 2 * Ip * Hp, dn = Hp * Ip;
   wide->resize(static_cast<size_t>(gu + dn));
   auto widen = [&](const bf16* hi, int64_t n, float* out) {
     const auto* h = reinterpret_cast<const uint16_t*>(hi);
-    for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(h[i]) + bf16_to_f32(h[n + i]);
+    cpu::widen_bf16_terms(h, h + n, n, out);
   };
   float* w = wide->data();
   widen(gate_up, gu, w);
@@ -296,11 +307,22 @@ void CachedExperts::measure_cold_cost(std::span<const int32_t> slot_owners) {
 }
 
 CachedExperts::~CachedExperts() {
-  if (host_stream_) cudaStreamSynchronize(host_stream_.get());
+  if (host_worker_.joinable()) {
+    // A wait kernel still polling for the worker would never return once it stops, and the
+    // callers' streams are not ours: finish everything on our device first (its errors have
+    // nowhere to go from a destructor; the thread's current device is put back). Then the
+    // worker serves any request left and stops.
+    int current = device_;
+    cudaGetDevice(&current);
+    if (current != device_) cudaSetDevice(device_);
+    cudaDeviceSynchronize();
+    if (current != device_) cudaSetDevice(current);
+    stop_worker_.store(true, std::memory_order_release);
+    host_worker_.join();
+  }
+  if (copy_stream_) cudaStreamSynchronize(copy_stream_.get());
   if (fork_) cudaEventDestroy(fork_);
   if (prefetch_done_) cudaEventDestroy(prefetch_done_);
-  if (host_fork_) cudaEventDestroy(host_fork_);
-  if (host_done_) cudaEventDestroy(host_done_);
 }
 
 offload::cuda::AdmitParams CachedExperts::admit_params(int64_t layer, const int32_t* ids, int64_t n,
@@ -340,15 +362,10 @@ void CachedExperts::admit(int64_t layer, const int32_t* topk_ids, int64_t num_as
   offload::cuda::AdmitParams p = admit_params(layer, topk_ids, num_assignments, false);
   p.rows = rows;
   p.num_rows = num_rows;
+  // Under cpu|auto the admission also tells the host worker about its misses (if any), which it
+  // computes beside the copies and the grouped GEMM below; merge_host_rows waits for it.
   offload::cuda::admit_experts(p, stream);
-  if (cold_.mode != offload::ColdExperts::kGpu) {
-    // The host computes its misses beside the copies and the grouped GEMM below.
-    CUDA_CHECK(cudaEventRecord(host_fork_, stream));
-    CUDA_CHECK(cudaStreamWaitEvent(host_stream_.get(), host_fork_, 0));
-    CUDA_CHECK(cudaLaunchHostFunc(host_stream_.get(), run_host_call, &host_calls_[layer]));
-    CUDA_CHECK(cudaEventRecord(host_done_, host_stream_.get()));
-    host_pending_ = true;
-  }
+  if (cold_.mode != offload::ColdExperts::kGpu) host_pending_ = true;
   offload::cuda::copy_experts({.layout = p.layout,
                                .copies = p.copies,
                                .max_copies = num_experts_,
@@ -377,8 +394,9 @@ void CachedExperts::merge_host_rows(int64_t layer, const int32_t* topk_ids, cons
                                     bf16* expert_out, int64_t num_assignments,
                                     cudaStream_t stream) {
   if (!host_pending_) return;
-  CUDA_CHECK(cudaStreamWaitEvent(stream, host_done_, 0));
   host_pending_ = false;
+  // Its kernels return at once when the demand sent nothing to the host; otherwise they wait on
+  // the device for the worker's done.
   offload::cuda::merge_host_rows({.host = staging_,
                                   .topk_ids = topk_ids,
                                   .inverse = inverse,
@@ -389,15 +407,43 @@ void CachedExperts::merge_host_rows(int64_t layer, const int32_t* topk_ids, cons
                                  stream);
 }
 
-void CUDART_CB CachedExperts::run_host_call(void* call) {
-  const HostCall& c = *static_cast<const HostCall*>(call);
-  c.self->compute_on_host(c.layer);
+void CachedExperts::serve_host_requests() {
+  // The worker spins 500 us after each request (a decode step's next host layer usually comes
+  // sooner), then sleeps a tenth of the time waited, at most 200 us: the first host layer after
+  // a longer pause (between steps, an idle server) may start up to that late, and an idle
+  // engine costs about 5000 wake-ups a second instead of a core.
+  constexpr parallel::PollBackoff kBackoff{.spin = std::chrono::microseconds(500),
+                                           .longest_sleep = std::chrono::microseconds(200)};
+  // Written by the GPU (its admission kernel) over PCIe, read here; aligned int64 words.
+  std::atomic_ref<int64_t> request_sequence(staging_.request[1]);
+  std::atomic_ref<int64_t> request_layer(staging_.request[0]);
+  std::atomic_ref<int64_t> done(*staging_.done);
+  int64_t served = 0;  // the sequence of the last request served (0: none)
+  while (true) {
+    int64_t sequence = served;
+    parallel::poll_until(
+        [&] {
+          // Acquire: the layer and the staging, written before the sequence behind system
+          // fences, are read after it.
+          sequence = request_sequence.load(std::memory_order_acquire);
+          return sequence != served || stop_worker_.load(std::memory_order_acquire);
+        },
+        kBackoff);
+    if (sequence == served) return;  // stopping, nothing asked
+    compute_on_host(request_layer.load(std::memory_order_relaxed));
+    // Release: the results are in host memory before the GPU can see done (it reads them after
+    // its acquire). Published whatever the compute did, so that the GPU never waits for ever.
+    done.store(sequence, std::memory_order_release);
+    served = sequence;
+  }
 }
 
 void CachedExperts::compute_on_host(int64_t layer) {
-  // A host function may not throw into the driver or call CUDA: a failure is reported and the
-  // rows are left as they are (zero), which the parity tests would see.
+  // On the worker: a failure is reported and the rows are left as they are (what an earlier
+  // layer left, or zero), which the parity tests would see; done is published all the same.
   try {
+    MOE_CHECK(layer >= 0 && layer < num_layers_ && host_home_gate_up_[layer] != nullptr,
+              "the host worker was asked for layer ", layer, ", not an MoE layer of ", num_layers_);
     const int32_t num_host = staging_.count[0];
     if (num_host == 0) return;
     const int64_t A = staging_.count[1], Hp = hidden_elems_, E = num_experts_;
@@ -433,6 +479,9 @@ void CachedExperts::compute_on_host(int64_t layer) {
   } catch (const std::exception& e) {
     std::fprintf(stderr, "moeinfer: the host's expert compute of layer %lld failed: %s\n",
                  static_cast<long long>(layer), e.what());
+  } catch (...) {
+    std::fprintf(stderr, "moeinfer: the host's expert compute of layer %lld failed\n",
+                 static_cast<long long>(layer));
   }
 }
 

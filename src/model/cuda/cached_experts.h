@@ -11,23 +11,32 @@
 //                              refuse to run while one is pending)
 //   admit(l, ids, rows, ...)   demand: the layer's missing experts get slots, copied now; under
 //                              --cold-experts cpu|auto the misses the cost model sends to the
-//                              host are computed there instead, on a host stream, from the
+//                              host are computed there instead, by the host worker, from the
 //                              rows the admission staged in pinned memory
 //   prefetch(l + 1, ids', ...) the next layer's predicted experts, admitted and copied on a
 //                              copy stream while layer l computes
 // and the experts stage then reads gate_up_table(l) / down_table(l), skipping the host's experts
 // (null entries), and merge_host_rows(l, ...) puts the host's results among its outputs.
 //
-// The host's compute is a host function on its own stream (a host node of the decode graph): it
-// runs moe::run_experts over the experts' weights where they live, beside the GPU's copies and
-// grouped GEMM of the same layer.
+// The host's compute is a worker thread of this object (under --cold-experts cpu|auto), which
+// the GPU signals through mapped memory (offload/cuda/expert_cache.h's header has the protocol):
+// the demand admission kernel publishes (layer, sequence) when it sent misses to the host, the
+// worker runs moe::run_experts over the experts' weights where they live, beside the GPU's copies
+// and grouped GEMM of the same layer, and publishes done = sequence; merge_host_rows's wait
+// kernel waits on the device for it, and its two kernels return at once for a layer with
+// nothing on the host. No stream, event or host node joins the host, so such a layer costs two
+// empty kernels, and the sequence numbers advance on the device, so a decode graph replays as
+// captured.
+// The destructor synchronises the device (no merge left waiting) before it stops the worker.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdint>
 #include <span>
+#include <thread>
 #include <vector>
 
 #include "io/model_config.h"
@@ -63,8 +72,9 @@ class CachedExperts {
              int64_t num_rows, cudaStream_t stream);
   void prefetch(int64_t layer, const int32_t* topk_ids, int64_t num_assignments,
                 cudaStream_t stream);
-  // After the experts stage of the layer admit() last ran: waits for the host's compute and
-  // writes its results into expert_out's rows (inverse: the plan's). No-op under kGpu.
+  // After the experts stage of the layer admit() last ran: kernels that wait on the device for
+  // the host's compute (returning at once when the layer sent nothing to the host) and write
+  // its results into expert_out's rows (inverse: the plan's). No-op under kGpu.
   void merge_host_rows(int64_t layer, const int32_t* topk_ids, const int32_t* inverse,
                        bf16* expert_out, int64_t num_assignments, cudaStream_t stream);
   // Whether prefetches copy anything (not under kCpu, where no miss is copied).
@@ -91,12 +101,10 @@ class CachedExperts {
   // their float32 sum widened into *wide (which the view points into).
   moe::ExpertWeights host_view(int64_t layer, int64_t expert, std::vector<float>* wide) const;
   void measure_cold_cost(std::span<const int32_t> slot_owners);  // [S] after the warm-up
-  void compute_on_host(int64_t layer);  // on the host stream's callback thread
-  struct HostCall {
-    CachedExperts* self = nullptr;
-    int64_t layer = 0;
-  };
-  static void CUDART_CB run_host_call(void* call);
+  // The worker's loop: waits for each request, computes it, publishes done; returns once
+  // stop_worker_ is set and no request is left.
+  void serve_host_requests();
+  void compute_on_host(int64_t layer);  // on the worker; reports its errors, never throws
 
   int64_t num_layers_ = 0, num_experts_ = 0, num_slots_ = 0, expert_bytes_ = 0;
   int64_t device_bytes_ = 0;
@@ -127,16 +135,18 @@ class CachedExperts {
   offload::ColdCost cold_;
   int64_t top_k_ = 0, hidden_elems_ = 0, expert_width_ = 0;  // K, Hp, Ip
   PinnedArray<char> staging_memory_;  // mapped
-  offload::cuda::HostStaging staging_;
-  StreamHandle host_stream_;
-  cudaEvent_t host_fork_ = nullptr, host_done_ = nullptr;
-  bool host_pending_ = false;
-  std::vector<HostCall> host_calls_;  // [L], the host functions' arguments
-  // The host function's buffers, reused.
+  offload::cuda::HostStaging staging_;  // its sequence words in memory_
+  bool host_pending_ = false;  // admit() ran and merge_host_rows() not yet (call order only)
+  // The worker's buffers, reused.
   std::vector<int32_t> host_assignments_, host_offsets_;
   std::vector<float> host_rows_, host_out_;
   std::vector<moe::ExpertWeights> host_views_;
   std::vector<std::vector<float>> host_wide_;  // two weight terms: widened experts, per view
+  // The host worker: started at the end of the constructor (nothing throws after it, so no
+  // joinable thread is ever destroyed), stopped and joined in the destructor.
+  int device_ = 0;  // the worker's GPU: the destructor synchronises it
+  std::atomic<bool> stop_worker_{false};
+  std::thread host_worker_;
 };
 
 }  // namespace moeinfer::gpu

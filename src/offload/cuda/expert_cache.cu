@@ -84,7 +84,9 @@ __device__ void point_at_home(const ExpertSlotsLayout& l, int32_t g) {
   l.down_table[g] = l.null_without_slot ? nullptr : home_down(l, g);
 }
 
-// The ids and input rows of a layer whose misses the host computes, into host memory.
+// The ids and input rows of a layer whose misses the host computes, into host memory; then the
+// demand's sequence number, and the request to the host's worker when it has work (the
+// protocol: expert_cache.h's header).
 __device__ void stage_for_host(const AdmitParams& p, int32_t num_host) {
   const HostStaging& h = p.host;
   if (num_host > 0) {
@@ -100,7 +102,18 @@ __device__ void stage_for_host(const AdmitParams& p, int32_t num_host) {
     h.count[0] = num_host;
     h.count[1] = static_cast<int32_t>(p.num_assignments);
   }
+  // Each thread's staging reaches host memory before the barrier, and so before the request.
   __threadfence_system();
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  const int64_t sequence = h.sequence[0] + 1;
+  h.sequence[0] = sequence;
+  h.sequence[1] = num_host;
+  if (num_host == 0) return;  // nothing for the host: its worker is not told, the merge skips
+  volatile int64_t* request = h.request;
+  request[0] = p.layer;
+  __threadfence_system();  // the layer (and, cumulatively, the staging) before the sequence
+  request[1] = sequence;
 }
 
 // kListsInDevice: the misses and rows per expert live in p.lists (past kAdmitMaxSharedExperts);
@@ -223,10 +236,36 @@ __global__ void __launch_bounds__(kAdmitThreads)
   if (host_allowed) stage_for_host(p, s_num_host);
 }
 
+// Until the host's worker has published done == sequence. No time limit: the worker publishes
+// every request it takes, a failed compute included, and lives as long as the cache; a limit
+// would turn a slow host into wrong outputs.
+__device__ void wait_for_host(const int64_t* done, int64_t sequence) {
+  const volatile int64_t* flag = done;
+  unsigned sleep_ns = 32;
+  while (*flag != sequence) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 700
+    __nanosleep(sleep_ns);
+#endif
+    sleep_ns = min(sleep_ns * 2, 1024u);
+  }
+  __threadfence_system();  // with the volatile load, an acquire: the results are read after it
+}
+
+// One thread, before the merge on its stream: the only poller of `done`, so that the merge's
+// blocks (up to 256) do not each send reads over PCIe while the host computes and a prefetch
+// copies beside it. The merge starts after this kernel ends (stream order), so it reads the
+// results after the acquire.
+__global__ void wait_for_host_kernel(const __grid_constant__ HostStaging h) {
+  // Device memory, written by this stream's admission: a layer with nothing on the host reads
+  // no host memory and waits for nothing.
+  if (h.sequence[1] == 0) return;
+  wait_for_host(h.done, h.sequence[0]);
+}
+
 __global__ void merge_host_rows_kernel(const __grid_constant__ MergeHostParams p) {
   extern __shared__ uint32_t s_on_host[];  // [ceil(E / 32)] a bit per expert
+  if (p.host.sequence[1] == 0) return;     // nothing went to the host (wait_for_host_kernel)
   const int32_t num_host = __ldcv(p.host.count);
-  if (num_host == 0) return;
   const int64_t words = (p.num_experts + 31) / 32;
   for (int64_t w = threadIdx.x; w < words; w += blockDim.x) s_on_host[w] = 0;
   __syncthreads();
@@ -316,9 +355,11 @@ void admit_experts(const AdmitParams& p, cudaStream_t stream) {
   MOE_CHECK(p.num_assignments >= 0 && (p.num_assignments == 0 || p.topk_ids != nullptr),
             "num_assignments = ", p.num_assignments, " without ids");
   if (!p.prefetch && p.cold.mode != ColdExperts::kGpu) {
-    MOE_CHECK(p.host.experts && p.host.count && p.host.topk_ids && p.host.rows && p.rows &&
-                  p.host.row_elems > 0 && p.host.row_elems % 8 == 0 && p.num_rows >= 0,
-              "a demand with cold experts on the host needs the host staging and the rows");
+    MOE_CHECK(p.host.experts && p.host.count && p.host.topk_ids && p.host.rows && p.host.sequence &&
+                  p.host.request && p.rows && p.host.row_elems > 0 && p.host.row_elems % 8 == 0 &&
+                  p.num_rows >= 0,
+              "a demand with cold experts on the host needs the host staging (with its sequence "
+              "and request words) and the rows");
   }
   // Global ids g = layer * E + e are int32.
   MOE_CHECK(p.layer >= 0 && (p.layer + 1) * p.layout.num_experts <= INT32_MAX, "layer ", p.layer,
@@ -345,9 +386,11 @@ void admit_experts(const AdmitParams& p, cudaStream_t stream) {
 }
 
 void merge_host_rows(const MergeHostParams& p, cudaStream_t stream) {
-  MOE_CHECK(p.host.experts && p.host.count && p.host.out && p.topk_ids && p.inverse &&
-                p.expert_out && p.host.row_elems > 0 && p.host.row_elems % 8 == 0,
-            "merge_host_rows: the staging, ids, inverse and output must be given");
+  MOE_CHECK(p.host.experts && p.host.count && p.host.out && p.host.sequence && p.host.done &&
+                p.topk_ids && p.inverse && p.expert_out && p.host.row_elems > 0 &&
+                p.host.row_elems % 8 == 0,
+            "merge_host_rows: the staging (with its sequence and done words), ids, inverse and "
+            "output must be given");
   MOE_CHECK(p.num_experts >= 1 && p.num_experts <= INT32_MAX, "num_experts = ", p.num_experts,
             " must be in [1, 2^31)");
   if (p.num_assignments == 0) return;
@@ -363,6 +406,8 @@ void merge_host_rows(const MergeHostParams& p, cudaStream_t stream) {
                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(smem)));
   }
+  wait_for_host_kernel<<<1, 1, 0, stream>>>(p.host);
+  MOE_CUDA_CHECK_LAUNCH();
   const int blocks = static_cast<int>(std::min<int64_t>(p.num_assignments, 256));
   merge_host_rows_kernel<<<blocks, 256, smem, stream>>>(p);
   MOE_CUDA_CHECK_LAUNCH();

@@ -18,9 +18,23 @@
 //   slots            [S, 3 Ip Hp]  bf16 device memory, slot s = gate_up then down
 //   copy list        [E] experts, [E] slots, [1] count: written by the admission, read by the copy
 //   host staging     pinned, mapped host memory the admission writes for the host's compute of
-//                    the misses it sends there (--cold-experts cpu|auto): [E] experts, [1]
-//                    count, the layer's [T*K] ids and [T, Hp] rows; the host writes [T*K, Hp]
+//                    the misses it sends there (--cold-experts cpu|auto): [E] experts, [2]
+//                    counts, the layer's [T*K] ids and [T, Hp] rows; the host writes [T*K, Hp]
 //                    results back, which merge_host_rows puts in the experts' output
+//
+// The hand-off with the host (HostStaging's sequence, request and done). Every demand admission
+// numbers itself (sequence[0] += 1, in device memory) and records how many misses it sent to
+// the host (sequence[1]). When that is not 0, after a system-scope fence of everything it
+// staged, it publishes request = (layer, sequence) in mapped memory, the sequence written last
+// behind a second fence. A host thread (model/cuda/cached_experts.cpp) polls request[1], computes,
+// writes its results, then stores done = sequence with release order. merge_host_rows launches
+// a one-thread wait kernel, then the merge, both of which return at once when sequence[1] is 0
+// (no host read at all); otherwise the wait kernel spins on done == sequence[0] (volatile loads
+// with __nanosleep backoff, then a system fence as acquire) and the merge, after it in stream
+// order, reads the results. The state advances on the device, so a CUDA graph of these kernels
+// replays correctly, and a layer with nothing on the host never waits on it.
+// The next demand rewrites the staging only after the merge of the last one (stream order),
+// which waited for the host to finish reading it.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -67,8 +81,9 @@ struct CopyList {
   int32_t* count = nullptr;    // [1]
 };
 
-// Device addresses of pinned, mapped host memory, shared by the admission (which writes all but
-// `out`), the host's compute (offload_host.h) and merge_host_rows.
+// Device addresses of pinned, mapped host memory (but `sequence`, device memory), shared by the
+// admission (which writes all but `out` and `done`), the host's worker (the GPU cache's
+// compute_on_host) and merge_host_rows. The hand-off protocol: the file's header.
 struct HostStaging {
   int32_t* experts = nullptr;    // [E] global ids of the misses computed on the host
   int32_t* count = nullptr;      // [2] their number, and the assignments staged (T*K)
@@ -76,6 +91,15 @@ struct HostStaging {
   bf16* rows = nullptr;          // [max T, Hp] the layer's input rows
   bf16* out = nullptr;           // [max T*K, Hp] each host assignment's result
   int64_t row_elems = 0;         // Hp
+  // [2] device memory, zero at start: [0] the demands admitted so far, [1] the last one's
+  // number of misses on the host (0: its merge waits for nothing).
+  int64_t* sequence = nullptr;
+  // [2] mapped, zero at start: [0] the layer, [1] the sequence of the last demand that sent
+  // misses to the host. Written by the admission only, [1] last.
+  int64_t* request = nullptr;
+  // [1] mapped, zero at start: the sequence of the last request the host finished. Written by
+  // the host only.
+  int64_t* done = nullptr;
 };
 
 struct AdmitParams {
@@ -112,7 +136,9 @@ struct CopyParams {
 };
 
 // After the host's compute of the staged misses: expert_out[inverse[a]] = host.out[a] for every
-// assignment a whose expert the host computed (nothing when it computed none).
+// assignment a whose expert the host computed. Two kernels on `stream`: a one-thread wait for
+// the host's done (the header), then the merge; both return at once when the last demand sent
+// nothing to the host.
 struct MergeHostParams {
   HostStaging host;
   const int32_t* topk_ids = nullptr;  // [T*K] device, the layer's
