@@ -424,7 +424,15 @@ void CudaDecoder::allocate_workspace() {
                                                             E, K, H, Ip, shared_width)
                           : 0;
 
-  // Split-K scratch of the attention kernels at their worst shape.
+  // Split-K scratch of the attention kernels at their worst shape: the widest window any layer
+  // attends over (0: a layer sees its whole context).
+  int64_t widest_window = 0;
+  bool some_layer_full = plans_.empty();
+  for (const LayerPlan& plan : plans_) {
+    some_layer_full = some_layer_full || plan.sliding_window == 0;
+    widest_window = std::max(widest_window, plan.sliding_window);
+  }
+  const int64_t workspace_window = some_layer_full ? 0 : widest_window;
   int64_t attn_ws = 0;
   for (int64_t rows = 1; rows <= next_pow2(T); rows *= 2) {
     const int64_t b = std::min(rows, T);
@@ -445,7 +453,7 @@ void CudaDecoder::allocate_workspace() {
                                 .block_size = block_size_,
                                 .max_blocks_per_seq = max_blocks_per_seq_,
                                 .max_seq_len = max_blocks_per_seq_ * block_size_,
-                                .sliding_window = c.sliding_window.value_or(0),
+                                .sliding_window = workspace_window,
                                 .fixed_chunk = attention_chunk_};
       attn_ws = std::max(attn_ws, cuda::paged_decode_workspace_bound(p));
     }
