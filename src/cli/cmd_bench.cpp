@@ -265,7 +265,8 @@ void run_bench(const BenchArgs& args) {
       .cuda_graphs = !args.no_cuda_graphs,
       .deterministic = args.deterministic,
       .offload = args.device.offload(),
-      .routing = args.device.routing_approximation()};
+      .routing = args.device.routing_approximation(),
+      .expert_weights = args.device.weight_format()};
   MOE_CHECK(args.device.ep == 1 || !synthetic, "--ep ", args.device.ep,
             ": synthetic models are built on the GPU, and expert parallelism runs on CPU ranks");
   parallel::Communicator* ranks = args.device.expert_parallel();  // null without --ep
@@ -456,6 +457,7 @@ void add_bench_command(CLI::App& app) {
   add_device_options(cmd, &args->device);
   add_offload_options(cmd, &args->device);
   add_routing_options(cmd, &args->device);
+  add_weight_options(cmd, &args->device);
   add_expert_parallel_option(cmd, &args->device);
   cmd->add_option("--layers", args->layers, "synthetic:NAME: keep only the first N layers");
   cmd->add_option("--routing-skew", args->routing_skew,

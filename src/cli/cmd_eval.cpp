@@ -1,6 +1,7 @@
 // `moeinfer eval --model DIR --text-file FILE [--window N] [--max-tokens N] [--json FILE]
-//  [routing approximations]`: the perplexity of a text, and with any routing approximation the
-// same tokens run unmodified in the same command beside it: perplexity of both, top-1 agreement
+//  [routing approximations] [--weights bf16|fp8|int4]`: the perplexity of a text, and with any
+// routing approximation or --weights the same tokens run unmodified in the same command beside it
+// (under --weights by a second copy of the model with the checkpoint's weights): perplexity of both, top-1 agreement
 // and the KL divergence of the approximated next-token distribution from the unmodified one.
 //
 // What is computed: the text is encoded as `moeinfer tokenize` encodes it (the tokenizer's
@@ -19,6 +20,7 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -116,8 +118,10 @@ void run_eval(const EvalArgs& args) {
   USAGE_CHECK(args.max_tokens == 0 || args.max_tokens >= 2, "--max-tokens ", args.max_tokens,
               " must be at least 2");
   const moe::RoutingApproximation approx = args.device.routing_approximation();
+  const WeightFormat weights = args.device.weight_format();  // fp8 and int4 refused on cuda
+  const bool quantised = weights != WeightFormat::kCheckpoint;
   const bool compare = args.device.active_experts || args.device.drop_below ||
-                       args.device.expert_capacity || args.device.router_temperature;
+                       args.device.expert_capacity || args.device.router_temperature || quantised;
   const std::filesystem::path dir = resolve_model_dir(args.model);
   const std::string text = read_text(args.text_file);
   std::vector<int32_t> ids = Tokenizer::from_dir(dir).encode(text);
@@ -127,7 +131,14 @@ void run_eval(const EvalArgs& args) {
   USAGE_CHECK(ids.size() >= 2, "--text-file ", args.text_file, " encodes to ", ids.size(),
               " token(s): nothing to score");
 
-  auto model = load_model_for(dir, args.device);
+  // The unmodified run keeps the checkpoint's weights; under --weights the modified run has a
+  // second model whose routed experts were quantised at load (loaded first: a checkpoint that
+  // cannot take the format is refused before anything else is read).
+  DeviceArgs unmodified_device = args.device;
+  unmodified_device.weights.clear();
+  std::unique_ptr<Model> quantised_model =
+      quantised ? load_model_for(dir, args.device) : nullptr;
+  auto model = load_model_for(dir, unmodified_device);
   const ModelConfig& config = model->config();
   const int64_t context =
       config.max_position_embeddings > 0 ? config.max_position_embeddings : kDefaultWindow;
@@ -135,7 +146,6 @@ void run_eval(const EvalArgs& args) {
               context, " tokens");
   const int64_t window = args.window > 0 ? args.window : std::min(context, kDefaultWindow);
   // The runner starts unmodified; the approximation is switched on per window for the second run.
-  DeviceArgs unmodified_device = args.device;
   unmodified_device.active_experts.reset();
   unmodified_device.renorm.clear();
   unmodified_device.drop_below.reset();
@@ -143,6 +153,9 @@ void run_eval(const EvalArgs& args) {
   unmodified_device.overflow.clear();
   unmodified_device.router_temperature.reset();
   SequenceRunner runner(*model, unmodified_device, window, window);
+  std::optional<SequenceRunner> quantised_runner;
+  if (quantised) quantised_runner.emplace(*quantised_model, unmodified_device, window, window);
+  SequenceRunner& modified_runner = quantised ? *quantised_runner : runner;
   if (compare) moe::validate(approx, router_options(config));  // K' against the model's K
 
   const int64_t N = static_cast<int64_t>(ids.size());
@@ -160,9 +173,10 @@ void run_eval(const EvalArgs& args) {
     runner.set_routing_approximation({});
     runner.forward(tokens, std::span(base_logits.data(), n * V), /*all_positions=*/true);
     if (compare) {
-      runner.reset();
-      runner.set_routing_approximation(approx);
-      runner.forward(tokens, std::span(approx_logits.data(), n * V), /*all_positions=*/true);
+      modified_runner.reset();
+      modified_runner.set_routing_approximation(approx);
+      modified_runner.forward(tokens, std::span(approx_logits.data(), n * V),
+                              /*all_positions=*/true);
     }
     for (int64_t i = 0; i + 1 < n; ++i) {
       const int32_t next = tokens[i + 1];
@@ -202,7 +216,11 @@ void run_eval(const EvalArgs& args) {
     const double ppl_mod = approximated.perplexity(scored);
     const double change = ppl_mod / ppl - 1.0;
     const double agreement = static_cast<double>(comparison.agree) / scored;
-    const std::string flags = approximation_text(approx);
+    std::string flags = approximation_text(approx);
+    if (quantised) {
+      flags += std::string(flags.empty() ? "" : " ") + "--weights " +
+               std::string(weight_format_name(weights));
+    }
     std::printf("  %-24s %12s %12s\n", "", "unmodified", "modified");
     std::printf("  %-24s %12.4f %12.4f\n", "perplexity", ppl, ppl_mod);
     std::printf("  %-24s %12s %+11.3f%%\n", "perplexity change", "", 100.0 * change);
@@ -230,8 +248,8 @@ void run_eval(const EvalArgs& args) {
 void add_eval_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "eval",
-      "Perplexity of a text; with routing approximations, also against the unmodified model on "
-      "the same tokens (top-1 agreement, KL divergence)");
+      "Perplexity of a text; with routing approximations or --weights, also against the "
+      "unmodified model on the same tokens (top-1 agreement, KL divergence)");
   auto args = std::make_shared<EvalArgs>();
   add_model_option(cmd, &args->model);
   cmd->add_option("--text-file,--text", args->text_file, "The text to score")->required();
@@ -245,6 +263,7 @@ void add_eval_command(CLI::App& app) {
   add_device_options(cmd, &args->device);
   add_offload_options(cmd, &args->device);
   add_routing_options(cmd, &args->device);
+  add_weight_options(cmd, &args->device);
   cmd->callback([args] { run_eval(*args); });
 }
 

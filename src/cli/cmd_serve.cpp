@@ -148,6 +148,7 @@ void run_serve(ServeArgs args) {
   args.engine.weight_dtype = args.device.weight_dtype();
   args.engine.offload = args.device.offload();
   args.engine.routing = args.device.routing_approximation();
+  args.engine.expert_weights = args.device.weight_format();
   const bool synthetic = is_synthetic_model(args.model);
   MOE_CHECK(synthetic || (args.layers == 0 && args.routing_skew.empty()),
             "--layers and --routing-skew apply to synthetic:NAME models only");
@@ -256,6 +257,7 @@ void add_serve_command(CLI::App& app) {
   add_device_options(cmd, &args->device);
   add_offload_options(cmd, &args->device);
   add_routing_options(cmd, &args->device);
+  add_weight_options(cmd, &args->device);
   add_expert_parallel_option(cmd, &args->device);
   cmd->add_option("--layers", args->layers, "synthetic:NAME: keep only the first N layers");
   cmd->add_option("--routing-skew", args->routing_skew,

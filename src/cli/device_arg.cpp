@@ -102,6 +102,34 @@ void add_routing_options(CLI::App* cmd, DeviceArgs* args) {
                   "function (CPU only)");
 }
 
+void add_weight_options(CLI::App* cmd, DeviceArgs* args) {
+  cmd->add_option("--weights", args->weights,
+                  "Quantise the routed experts' gate, up and down matrices at load (attention, "
+                  "the router, shared experts and dense layers keep the checkpoint's weights): "
+                  "fp8 (e4m3, one scale per 128x128 block, DeepSeek-V3's layout), int4 (4-bit "
+                  "codes with a scale and zero point per 128 inputs of a row, as GPTQ/AWQ) or "
+                  "bf16 (rounded to bf16; what an fp8 or MXFP4 checkpoint is dequantised to "
+                  "anyway). On the CPU the quantised values are computed in bf16/f32 after load: "
+                  "the format's numerics, not its memory saving. CPU only for now; fp8 and int4 "
+                  "are refused on an fp8 or MXFP4 checkpoint (default: the checkpoint's "
+                  "weights)")
+      ->check(CLI::IsMember({"bf16", "fp8", "int4"}));
+}
+
+WeightFormat DeviceArgs::weight_format() const {
+  const WeightFormat format = parse_weight_format(weights);
+  if (is_cuda()) {
+    USAGE_CHECK(format != WeightFormat::kBf16,
+                "--weights bf16 applies to --device cpu; on cuda --dtype bfloat16 holds the "
+                "weights in bf16");
+    USAGE_CHECK(format == WeightFormat::kCheckpoint, "--weights ", weights,
+                " is not implemented on the CUDA backend yet (the GPU kernels for ",
+                format == WeightFormat::kFp8 ? "block-scaled fp8" : "int4",
+                " experts are not built yet): run it with --device cpu");
+  }
+  return format;
+}
+
 moe::RoutingApproximation DeviceArgs::routing_approximation() const {
   USAGE_CHECK(renorm.empty() || active_experts.has_value(), "--renorm ", renorm,
               " needs --active-experts K'");
@@ -240,9 +268,10 @@ std::string routing_skew_label(const RoutingSkew& skew) {
 }
 
 std::unique_ptr<Model> load_model_for(const std::filesystem::path& dir, const DeviceArgs& device) {
+  const WeightFormat weights = device.weight_format();  // fp8 and int4 refused on cuda
   // A model the GPU refuses is refused from its config.json, before binding its weights.
   if (device.is_cuda()) check_gpu_support(load_model_config(dir / "config.json"));
-  return Model::load(dir, LoadOptions{.prefault = !device.is_cuda()});
+  return Model::load(dir, LoadOptions{.prefault = !device.is_cuda(), .expert_weights = weights});
 }
 
 SequenceRunner::SequenceRunner(Model& model, const DeviceArgs& device, int64_t max_tokens,

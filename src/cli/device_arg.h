@@ -39,6 +39,7 @@ struct DeviceArgs {
   std::optional<double> expert_capacity;     // --expert-capacity F
   std::string overflow;                      // --overflow drop|reroute; empty: drop
   std::optional<double> router_temperature;  // --router-temperature T
+  std::string weights;  // --weights bf16|fp8|int4 (add_weight_options); empty: the checkpoint's
   // Under --ep: whether the shared experts run while the dispatch's rows are in flight.
   bool overlap_shared_experts() const;
   bool is_cuda() const { return device == "cuda"; }
@@ -55,6 +56,8 @@ struct DeviceArgs {
   // that needs another, a value out of range) and refused on --device cuda, each error naming
   // the flag. K' against the model's K is checked where the model is loaded.
   moe::RoutingApproximation routing_approximation() const;
+  // --weights as the load option, refused on --device cuda for fp8 and int4 (naming the flag).
+  WeightFormat weight_format() const;
   // The offloading flags, parsed (offload/parse_options.h); disabled without a budget.
   offload::OffloadOptions offload() const;
 };
@@ -67,6 +70,9 @@ void add_offload_options(CLI::App* cmd, DeviceArgs* args);
 // Adds --active-experts, --renorm, --drop-below, --expert-capacity, --overflow and
 // --router-temperature (the subcommands that run a model's router).
 void add_routing_options(CLI::App* cmd, DeviceArgs* args);
+// Adds --weights bf16|fp8|int4 (the subcommands that load a checkpoint to run it): the routed
+// experts quantised at load, CPU only for fp8 and int4.
+void add_weight_options(CLI::App* cmd, DeviceArgs* args);
 // Adds --ep N and --placement FILE (generate and logits run one sequence on every rank; serve and
 // bench give each rank its own engine and requests).
 void add_expert_parallel_option(CLI::App* cmd, DeviceArgs* args);

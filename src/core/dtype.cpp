@@ -98,6 +98,28 @@ float f8e4m3_to_f32(uint8_t bits) {
   return negative ? -magnitude : magnitude;
 }
 
+uint8_t f32_to_f8e4m3(float value) {
+  const uint8_t sign = std::signbit(value) ? 0x80 : 0x00;
+  if (std::isnan(value)) return 0x7f;
+  const float magnitude = std::fabs(value);
+  if (magnitude >= kF8E4M3Max) return sign | 0x7e;
+  if (magnitude < 0.015625f) {
+    // Subnormal range (below 2^-6): multiples of 2^-9, so the code is the rounded multiple; a
+    // round up to 8 lands on the smallest normal, whose code is 0x08 too.
+    return sign | static_cast<uint8_t>(std::nearbyint(magnitude * 512.0f));
+  }
+  int exponent = 0;
+  std::frexp(magnitude, &exponent);  // magnitude = m * 2^exponent, m in [0.5, 1)
+  exponent -= 1;                     // magnitude = s * 2^exponent, s in [1, 2)
+  int significand = static_cast<int>(std::nearbyint(std::ldexp(magnitude, 3 - exponent)));
+  if (significand == 16) {  // rounded up to the next power of two
+    significand = 8;
+    exponent += 1;
+  }
+  // Below 448 every value rounds to at most 448 (exponent 8, significand 14): finite.
+  return sign | static_cast<uint8_t>((exponent + 7) << 3 | (significand - 8));
+}
+
 void convert_to_f32(DType dtype, const void* src, float* dst, size_t n) {
   switch (dtype) {
     case DType::kF32:

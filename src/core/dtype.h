@@ -30,6 +30,10 @@ inline uint16_t f32_to_bf16(float value) {
 float f16_to_f32(uint16_t bits);
 uint16_t f32_to_f16(float value);
 float f8e4m3_to_f32(uint8_t bits);
+// The nearest e4m3 (OCP FP8, no infinities) to `value`, ties to even; magnitudes beyond 448, the
+// largest finite e4m3, and infinities saturate to +-448; NaN gives the NaN code 0x7f.
+uint8_t f32_to_f8e4m3(float value);
+inline constexpr float kF8E4M3Max = 448.0f;
 
 // Converts n elements of `dtype` at src to float32 at dst.
 void convert_to_f32(DType dtype, const void* src, float* dst, size_t n);

@@ -8,12 +8,16 @@
 #include "io/model_config.h"
 #include "io/safetensors.h"
 #include "model/decoder.h"
+#include "model/weight_quant.h"
 #include "model/weight_source.h"
 
 namespace moeinfer {
 
 struct LoadOptions {
   bool prefault = true;  // touch every page at load (with a progress bar when slow)
+  // --weights: the routed experts quantised at load (model/weight_quant.h); the CPU decoder then
+  // computes with the quantised values. Refused on an fp8 or MXFP4 checkpoint (fp8, int4).
+  WeightFormat expert_weights = WeightFormat::kCheckpoint;
 };
 
 class Model {

@@ -140,7 +140,9 @@ std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const Eng
   moe::check_routing_device(config.routing, config.device == "cuda");
   if (config.device == "cuda") {
     // A model the GPU refuses is refused from its config.json, before binding its weights.
-    check_gpu_support(load_model_config(dir / "config.json"));
+    const ModelConfig model_config = load_model_config(dir / "config.json");
+    check_weight_format(config.expert_weights, model_config, /*cuda=*/true);
+    check_gpu_support(model_config);
     // The GPU reads the map once while uploading; prefaulting it first would read it twice.
     auto model = Model::load(dir, LoadOptions{.prefault = false});
     Tokenizer tokenizer = Tokenizer::from_dir(dir);
@@ -149,7 +151,9 @@ std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const Eng
     return std::make_unique<Engine>(std::move(model), std::move(gpu), std::move(tokenizer),
                                     config);
   }
-  auto model = Model::load(dir, options);
+  LoadOptions cpu_options = options;
+  cpu_options.expert_weights = config.expert_weights;
+  auto model = Model::load(dir, cpu_options);
   // A decode step carries at most max_num_seqs tokens: the static policy's streaming slots.
   model->decoder().set_offload(config.offload, config.max_num_seqs);
   model->decoder().set_routing_approximation(config.routing);

@@ -64,6 +64,8 @@ struct EngineConfig {
   // --active-experts, --drop-below, --expert-capacity, --router-temperature: the MoE layers'
   // routing approximations (moe/routing_approx.h), CPU only for now; off by default.
   moe::RoutingApproximation routing;
+  // --weights: the routed experts quantised at load (model/weight_quant.h), CPU only for now.
+  WeightFormat expert_weights = WeightFormat::kCheckpoint;
 
   void validate() const;  // throws moeinfer::Error naming the bad field
 };

@@ -302,7 +302,7 @@ std::unique_ptr<Engine> load_expert_parallel_engine(const std::filesystem::path&
             "expert parallelism needs a job of two ranks or more");
   MOE_CHECK(config.device == "cpu", "expert parallelism on ", config.device,
             " is not built yet: it runs on CPU ranks");
-  auto model = Model::load(dir, LoadOptions{});
+  auto model = Model::load(dir, LoadOptions{.expert_weights = config.expert_weights});
   Decoder& decoder = model->decoder();
   decoder.set_offload(config.offload, config.max_num_seqs);  // refuses a budget under --ep
   decoder.set_routing_approximation(config.routing);

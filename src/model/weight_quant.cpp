@@ -1,0 +1,181 @@
+#include "model/weight_quant.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "io/model_config.h"
+#include "model/weight_source.h"
+#include "model/weights.h"
+
+namespace moeinfer {
+
+std::string_view weight_format_name(WeightFormat format) {
+  switch (format) {
+    case WeightFormat::kCheckpoint:
+      return "";
+    case WeightFormat::kBf16:
+      return "bf16";
+    case WeightFormat::kFp8:
+      return "fp8";
+    case WeightFormat::kInt4:
+      return "int4";
+  }
+  return "";  // unreachable: every enumerator returns above
+}
+
+WeightFormat parse_weight_format(std::string_view text) {
+  if (text.empty()) return WeightFormat::kCheckpoint;
+  if (text == "bf16" || text == "bfloat16") return WeightFormat::kBf16;
+  if (text == "fp8") return WeightFormat::kFp8;
+  if (text == "int4") return WeightFormat::kInt4;
+  MOE_FAIL("--weights ", std::string(text), ": expected bf16, fp8 or int4");
+}
+
+void check_weight_format(WeightFormat format, const ModelConfig& config, bool cuda) {
+  MOE_CHECK(!cuda || format != WeightFormat::kBf16,
+            "--weights bf16 applies to the CPU; on cuda --dtype bfloat16 holds the weights in "
+            "bf16");
+  if (format != WeightFormat::kFp8 && format != WeightFormat::kInt4) return;
+  const std::string flag = "--weights " + std::string(weight_format_name(format));
+  MOE_CHECK(!cuda, flag, " is not implemented on the CUDA backend yet (the GPU kernels for ",
+            format == WeightFormat::kFp8 ? "block-scaled fp8" : "int4", " experts are not built "
+            "yet): run it with --device cpu");
+  // Quantising values that are already a quantised format's would measure neither format.
+  MOE_CHECK(!config.fp8.has_value(), flag,
+            ": this checkpoint is already block-scaled fp8 (quantization_config fp8); run it "
+            "without --weights, or quantise its bf16 original");
+  MOE_CHECK(!config.mxfp4, flag,
+            ": this checkpoint's experts are already MXFP4 (quantization_config mxfp4); run it "
+            "without --weights, or quantise its bf16 original");
+}
+
+void fake_quantize_fp8_blocks(const float* w, int64_t num_rows, int64_t num_cols,
+                              int64_t block_rows, int64_t block_cols, float* out, float* scales) {
+  MOE_CHECK(block_rows > 0 && block_cols > 0, "fp8 blocks of ", block_rows, " x ", block_cols);
+  std::array<float, 256> decode;
+  for (int i = 0; i < 256; ++i) decode[i] = f8e4m3_to_f32(static_cast<uint8_t>(i));
+  const int64_t scale_cols = (num_cols + block_cols - 1) / block_cols;
+  for (int64_t r0 = 0; r0 < num_rows; r0 += block_rows) {
+    const int64_t r1 = std::min(num_rows, r0 + block_rows);
+    for (int64_t c0 = 0; c0 < num_cols; c0 += block_cols) {
+      const int64_t c1 = std::min(num_cols, c0 + block_cols);
+      float amax = 0.0f;
+      for (int64_t r = r0; r < r1; ++r) {
+        for (int64_t c = c0; c < c1; ++c) amax = std::max(amax, std::fabs(w[r * num_cols + c]));
+      }
+      const float scale = amax > 0.0f ? amax / kF8E4M3Max : 1.0f;
+      if (scales) scales[(r0 / block_rows) * scale_cols + c0 / block_cols] = scale;
+      for (int64_t r = r0; r < r1; ++r) {
+        for (int64_t c = c0; c < c1; ++c) {
+          const int64_t i = r * num_cols + c;
+          out[i] = decode[f32_to_f8e4m3(w[i] / scale)] * scale;
+        }
+      }
+    }
+  }
+}
+
+void fake_quantize_int4_groups(const float* w, int64_t num_rows, int64_t num_cols,
+                               int64_t group_size, float* out, float* scales, int32_t* zeros) {
+  MOE_CHECK(group_size > 0, "int4 groups of ", group_size);
+  const int64_t groups_per_row = (num_cols + group_size - 1) / group_size;
+  for (int64_t r = 0; r < num_rows; ++r) {
+    for (int64_t c0 = 0; c0 < num_cols; c0 += group_size) {
+      const int64_t c1 = std::min(num_cols, c0 + group_size);
+      const float* in = w + r * num_cols;
+      float lo = in[c0], hi = in[c0];
+      for (int64_t c = c0; c < c1; ++c) {
+        lo = std::min(lo, in[c]);
+        hi = std::max(hi, in[c]);
+      }
+      float scale;
+      int32_t zero;
+      if (lo == hi) {
+        // A constant group: scale |c| with codes 1 - 0 (c > 0) or 0 - 1 (c < 0) is exact, where
+        // (hi - lo) / 15 would leave c as 15 * (c / 15), rounded twice.
+        scale = lo != 0.0f ? std::fabs(lo) : 1.0f;
+        zero = lo < 0.0f ? 1 : 0;
+      } else {
+        // The range takes in 0 (as GPTQ's quantiser does): the zero point then lies in [0, 15]
+        // and every value of the group within half a step of a code.
+        lo = std::min(lo, 0.0f);
+        hi = std::max(hi, 0.0f);
+        scale = (hi - lo) / 15.0f;
+        zero = std::clamp(static_cast<int32_t>(std::nearbyint(-lo / scale)), 0, 15);
+      }
+      const int64_t g = r * groups_per_row + c0 / group_size;
+      if (scales) scales[g] = scale;
+      if (zeros) zeros[g] = zero;
+      for (int64_t c = c0; c < c1; ++c) {
+        const int32_t q =
+            std::clamp(static_cast<int32_t>(std::nearbyint(in[c] / scale)) + zero, 0, 15);
+        out[r * num_cols + c] = static_cast<float>(q - zero) * scale;
+      }
+    }
+  }
+}
+
+namespace {
+
+// One matrix's quantised values, written to `dst` in `dtype` (bf16 or f32).
+void quantize_matrix(WeightFormat format, const TensorView& matrix, DType dtype, void* dst) {
+  MOE_CHECK(matrix.shape.rank() == 2, "routed expert matrix of shape ", matrix.shape.str(),
+            ": expected [N, K]");
+  const int64_t rows = matrix.shape[0], cols = matrix.shape[1];
+  std::vector<float> values(static_cast<size_t>(rows * cols));
+  convert_to_f32(matrix.dtype, matrix.data, values.data(), values.size());
+  if (format == WeightFormat::kFp8) {
+    fake_quantize_fp8_blocks(values.data(), rows, cols, kFp8BlockSize, kFp8BlockSize,
+                             values.data());
+  } else if (format == WeightFormat::kInt4) {
+    fake_quantize_int4_groups(values.data(), rows, cols, kInt4GroupSize, values.data());
+  }
+  if (dtype == DType::kF32) {
+    std::copy(values.begin(), values.end(), static_cast<float*>(dst));
+    return;
+  }
+  auto* out = static_cast<uint16_t*>(dst);
+  for (size_t i = 0; i < values.size(); ++i) out[i] = f32_to_bf16(values[i]);
+}
+
+}  // namespace
+
+void quantize_routed_experts(WeightFormat format, DecoderWeights& weights, WeightSource& source) {
+  if (format == WeightFormat::kCheckpoint) return;
+  struct Job {
+    TensorView* view;
+    DType dtype;
+    void* dst;
+  };
+  // Buffers are taken from the source one by one (it is not thread-safe); the values in parallel.
+  std::vector<Job> jobs;
+  for (LayerWeights& layer : weights.layers) {
+    if (!layer.is_moe) continue;
+    for (moe::ExpertWeights& expert : layer.moe.routed.experts) {
+      for (TensorView* view : {&expert.gate, &expert.up, &expert.down}) {
+        if (view->empty()) continue;
+        // A bf16 checkpoint's experts stay bf16 (what its products take); others compute in f32.
+        const DType dtype = format == WeightFormat::kBf16 || view->dtype == DType::kBF16
+                                ? DType::kBF16
+                                : DType::kF32;
+        if (format == WeightFormat::kBf16 && view->dtype == DType::kBF16) continue;
+        jobs.push_back({view, dtype, source.allocate(view->numel() * dtype_size(dtype))});
+      }
+    }
+  }
+  parallel_for(static_cast<int64_t>(jobs.size()), [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j) quantize_matrix(format, *jobs[j].view, jobs[j].dtype,
+                                                         jobs[j].dst);
+  });
+  for (const Job& job : jobs) {
+    job.view->dtype = job.dtype;
+    job.view->data = job.dst;
+  }
+}
+
+}  // namespace moeinfer
