@@ -19,6 +19,13 @@
   refusals                    bad values and combinations exit 2 with a message naming the flag;
                               each approximation on --device cuda is refused by name (eval,
                               logits, generate), never ignored
+  weight_formats              --weights fp8 and int4 (routed experts quantised at load) on the
+                              demo model and the qwen3_moe_f32 fixture: finite perplexity, KL > 0
+                              and top-1 agreement in (0.5, 1]; --weights bf16 on the bf16 demo
+                              model changes nothing; with an approximation, both in one run
+  weight_refusals             --weights fp8 / int4 on --device cuda (eval, logits, generate, bench,
+                              serve) and on fp8 and MXFP4 checkpoints refused naming the flag; an
+                              unknown value refused with the accepted set
 
 Prints one line per check and a last line "N passed, M failed".
 """
@@ -163,10 +170,48 @@ def main() -> int:
                            "1", "--trace-routing", str(pathlib.Path(tmp.name) / "t.bin"),
                            "--active-experts", "1"], "--trace-routing records all K experts")
 
+    def check_weight_formats() -> None:
+        for model, text in [(demo, heldout), (models / "qwen3_moe_f32", fixture_text)]:
+            for fmt in ("fp8", "int4"):
+                report = eval_json(moeinfer, model, text, ["--weights", fmt])
+                m = report["modified"]
+                assert m["flags"] == f"--weights {fmt}", m
+                for key in ("perplexity", "kl_mean", "kl_p99", "top1_agreement"):
+                    assert math.isfinite(m[key]), (model.name, fmt, m)
+                assert m["kl_mean"] > 0 and m["perplexity"] != report["perplexity"], (fmt, m)
+                assert 0.5 < m["top1_agreement"] <= 1.0, (model.name, fmt, m)
+        m = eval_json(moeinfer, demo, heldout, ["--weights", "bf16"])["modified"]
+        assert m["kl_mean"] == 0.0 and m["top1_agreement"] == 1.0, m  # already bf16
+        both = eval_json(moeinfer, demo, heldout, ["--weights", "int4", "--active-experts", "1"])
+        alone = eval_json(moeinfer, demo, heldout, ["--active-experts", "1"])
+        assert both["modified"]["flags"] == "--active-experts 1 --renorm kept --weights int4"
+        assert both["modified"]["kl_mean"] != alone["modified"]["kl_mean"], (both, alone)
+
+    def check_weight_refusals() -> None:
+        base = ["eval", "--model", str(demo), "--text-file", str(heldout)]
+        npy = str(pathlib.Path(tmp.name) / "x.npy")
+        for fmt, kind in [("fp8", "block-scaled fp8"), ("int4", "int4")]:
+            needle = f"--weights {fmt} is not implemented on the CUDA backend yet"
+            for command in ([*base], ["logits", "--model", str(demo), "--ids", "1,2", "--out", npy],
+                            ["generate", "--model", str(demo), "--prompt", "Hi",
+                             "--max-tokens", "1"],
+                            ["bench", "--model", str(demo)], ["serve", "--model", str(demo)]):
+                refused(moeinfer, [*command, "--device", "cuda", "--weights", fmt], needle)
+            refused(moeinfer, [*base, "--device", "cuda", "--weights", fmt],
+                    f"the GPU kernels for {kind} experts are not built yet")
+            for fixture, stored in [("deepseek_v3_fp8", "already block-scaled fp8"),
+                                    ("gpt_oss_mxfp4", "already MXFP4")]:
+                refused(moeinfer, ["logits", "--model", str(models / fixture), "--ids", "1,2",
+                                   "--out", npy, "--weights", fmt], f"--weights {fmt}: ")
+                refused(moeinfer, ["eval", "--model", str(models / fixture), "--text-file",
+                                   str(fixture_text), "--weights", fmt], stored)
+        refused(moeinfer, [*base, "--device", "cuda", "--weights", "bf16"], "--dtype bfloat16")
+        refused(moeinfer, [*base, "--weights", "int8"], "--weights: int8 not in {bf16,fp8,int4}")
+
     checks = e2e_util.selected(
         [check_perplexity_matches_logits, check_unmodified_against_itself,
          check_renorm_full_and_kept_differ, check_every_approximation_runs,
-         check_offload_unchanged, check_refusals],
+         check_offload_unchanged, check_refusals, check_weight_formats, check_weight_refusals],
         args.only)
     result = e2e_util.summary(*e2e_util.run_checks(checks))
     tmp.cleanup()

@@ -100,8 +100,9 @@ TEST(Fp8Blocks, PartialBlocksScaleByTheirOwnMaximum) {
       const float scale = scales[(r / 128) * 3 + c / 128];
       const float x = w[r * cols + c] / scale;
       const float q = out[r * cols + c] / scale;
-      // The value is an e4m3 value times the scale, within half an e4m3 step of w / scale.
-      EXPECT_EQ(f8e4m3_to_f32(f32_to_f8e4m3(q)), q) << r << "," << c;
+      // The value is an e4m3 value times the scale (up to the float rounding of the product and
+      // of this division), within half an e4m3 step of w / scale.
+      EXPECT_NEAR(f8e4m3_to_f32(f32_to_f8e4m3(q)), q, 1e-6f * std::fabs(q)) << r << "," << c;
       EXPECT_LE(std::fabs(x - q), e4m3_half_ulp(x) * (1 + 1e-5f)) << r << "," << c;
     }
   }
@@ -286,23 +287,26 @@ void expect_only_routed_experts_change(const char* name, WeightFormat format,
   const int32_t tokens[] = {1, 17, 42, 99, 7, 250, 3, 11, 64, 128, 5, 300};
   const std::vector<float> x = logits_of(*base, tokens);
   const std::vector<float> y = logits_of(*quant, tokens);
-  double max_abs = 0.0, max_diff = 0.0;
+  double norm = 0.0, diff = 0.0;
   for (size_t i = 0; i < x.size(); ++i) {
-    max_abs = std::max(max_abs, std::fabs(double{x[i]}));
-    max_diff = std::max(max_diff, std::fabs(double{x[i]} - y[i]));
+    norm += double{x[i]} * x[i];
+    diff += (double{x[i]} - y[i]) * (double{x[i]} - y[i]);
   }
-  std::printf("%s %s: max |logit| %.4f, max |difference| %.5f (%d dense, %lld shared)\n", name,
-              std::string(weight_format_name(format)).c_str(), max_abs, max_diff, dense_layers,
-              static_cast<long long>(shared));
-  EXPECT_GT(max_diff, 0.0);
-  EXPECT_LE(max_diff, logit_tolerance * max_abs);
+  const double relative = std::sqrt(diff / norm);
+  std::printf("%s %s: ||quantised - checkpoint|| / ||checkpoint|| of the logits %.4f (%lld dense "
+              "layers, %lld with shared experts)\n",
+              name, std::string(weight_format_name(format)).c_str(), relative,
+              static_cast<long long>(dense_layers), static_cast<long long>(shared));
+  EXPECT_GT(relative, 0.0);
+  EXPECT_LE(relative, logit_tolerance);
 }
 
-// Loose bounds: random-weight fixtures, relative to the largest logit of the 12 positions.
-// fp8 keeps 3 mantissa bits (half-step 1/16 relative); int4 16 levels a group.
+// Loose bounds on the relative L2 difference of all 12 positions' logits (random-weight
+// fixtures, where a routing choice may flip at a near tie): fp8 keeps 3 mantissa bits (half-step
+// 1/16 relative), int4 16 levels a group.
 TEST(WeightQuantModel, Fp8ChangesOnlyTheRoutedExperts) {
-  expect_only_routed_experts_change("qwen3_moe_f32", WeightFormat::kFp8, 0.05);
-  expect_only_routed_experts_change("qwen2_moe_f32", WeightFormat::kFp8, 0.05);
+  expect_only_routed_experts_change("qwen3_moe_f32", WeightFormat::kFp8, 0.1);
+  expect_only_routed_experts_change("qwen2_moe_f32", WeightFormat::kFp8, 0.1);
 }
 
 TEST(WeightQuantModel, Int4ChangesOnlyTheRoutedExperts) {
