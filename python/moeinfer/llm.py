@@ -33,6 +33,11 @@ class LLM:
         device: "cpu" or "cuda" (the GPU build: ``moeinfer.built_with_cuda``).
         dtype: "auto" or "bfloat16": how a float32/float16 checkpoint's weights are held on
             cuda (the CPU computes with the checkpoint's weights as stored).
+        weights: None (the checkpoint's), "fp8", "int4" or "bf16": the routed experts' gate,
+            up and down matrices quantised at load, as ``moeinfer ... --weights`` (attention,
+            router, shared experts and dense layers unchanged). CPU only for now; on the CPU the
+            quantised values are computed in bf16/f32: the format's numerics, not its memory
+            saving.
         gpu_memory_utilization: cuda: share of the GPU's memory for weights, workspace and KV.
         max_model_len: context length in tokens (None: the model's own).
         max_num_seqs: requests in the running batch at most.
@@ -79,6 +84,7 @@ class LLM:
         *,
         device: str = "cpu",
         dtype: str = "auto",
+        weights: Optional[str] = None,
         gpu_memory_utilization: float = 0.9,
         max_model_len: Optional[int] = None,
         max_num_seqs: int = 64,
@@ -103,6 +109,7 @@ class LLM:
         options = _core.EngineOptions()
         options.device = device
         options.dtype = dtype
+        options.weights = weights or ""
         options.gpu_memory_fraction = gpu_memory_utilization
         options.max_model_len = max_model_len or 0
         options.max_num_seqs = max_num_seqs

@@ -17,6 +17,11 @@ EngineConfig engine_config(const SessionOptions& o) {
   MOE_CHECK(o.device == "cuda" || o.dtype == "auto",
             "dtype applies to device='cuda' (the CPU computes with the checkpoint's weights as "
             "stored)");
+  MOE_CHECK(o.weights.empty() || o.weights == "bf16" || o.weights == "fp8" || o.weights == "int4",
+            "weights must be None, 'bf16', 'fp8' or 'int4', got '", o.weights, "'");
+  MOE_CHECK(o.device == "cpu" || o.weights.empty(),
+            "weights='", o.weights, "' applies to device='cpu' for now (the GPU kernels for "
+            "quantised experts are not built yet)");
   MOE_CHECK(o.gpu_memory_fraction > 0.0 && o.gpu_memory_fraction <= 1.0,
             "gpu_memory_utilization must be in (0, 1], got ", o.gpu_memory_fraction);
   MOE_CHECK(o.ep >= 1, "ep must be >= 1, got ", o.ep);
@@ -38,6 +43,7 @@ EngineConfig engine_config(const SessionOptions& o) {
   config.profile_stages = o.profile_stages;
   config.profile_time_every = o.profile_time_every;
   config.offload = offload::parse_offload_flags(o.expert_budget, o.expert_cache, o.cold_experts);
+  config.expert_weights = parse_weight_format(o.weights);
   config.validate();
   return config;
 }
