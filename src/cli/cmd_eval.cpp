@@ -1,8 +1,9 @@
 // `moeinfer eval --model DIR --text-file FILE [--window N] [--max-tokens N] [--json FILE]
 //  [routing approximations] [--weights bf16|fp8|int4]`: the perplexity of a text, and with any
 // routing approximation or --weights the same tokens run unmodified in the same command beside it
-// (under --weights by a second copy of the model with the checkpoint's weights): perplexity of both, top-1 agreement
-// and the KL divergence of the approximated next-token distribution from the unmodified one.
+// (under --weights by a second copy of the model with the checkpoint's weights): perplexity of
+// both, top-1 agreement and the KL divergence of the approximated next-token distribution from the
+// unmodified one.
 //
 // What is computed: the text is encoded as `moeinfer tokenize` encodes it (the tokenizer's
 // special tokens included) and cut, after --max-tokens, into consecutive windows of --window
@@ -136,8 +137,7 @@ void run_eval(const EvalArgs& args) {
   // cannot take the format is refused before anything else is read).
   DeviceArgs unmodified_device = args.device;
   unmodified_device.weights.clear();
-  std::unique_ptr<Model> quantised_model =
-      quantised ? load_model_for(dir, args.device) : nullptr;
+  std::unique_ptr<Model> quantised_model = quantised ? load_model_for(dir, args.device) : nullptr;
   auto model = load_model_for(dir, unmodified_device);
   const ModelConfig& config = model->config();
   const int64_t context =

@@ -43,7 +43,8 @@ void check_weight_format(WeightFormat format, const ModelConfig& config, bool cu
   if (format != WeightFormat::kFp8 && format != WeightFormat::kInt4) return;
   const std::string flag = "--weights " + std::string(weight_format_name(format));
   MOE_CHECK(!cuda, flag, " is not implemented on the CUDA backend yet (the GPU kernels for ",
-            format == WeightFormat::kFp8 ? "block-scaled fp8" : "int4", " experts are not built "
+            format == WeightFormat::kFp8 ? "block-scaled fp8" : "int4",
+            " experts are not built "
             "yet): run it with --device cpu");
   // Quantising values that are already a quantised format's would measure neither format.
   MOE_CHECK(!config.fp8.has_value(), flag,
@@ -169,8 +170,8 @@ void quantize_routed_experts(WeightFormat format, DecoderWeights& weights, Weigh
     }
   }
   parallel_for(static_cast<int64_t>(jobs.size()), [&](int64_t begin, int64_t end) {
-    for (int64_t j = begin; j < end; ++j) quantize_matrix(format, *jobs[j].view, jobs[j].dtype,
-                                                         jobs[j].dst);
+    for (int64_t j = begin; j < end; ++j)
+      quantize_matrix(format, *jobs[j].view, jobs[j].dtype, jobs[j].dst);
   });
   for (const Job& job : jobs) {
     job.view->dtype = job.dtype;

@@ -1,6 +1,8 @@
 // --weights fp8 / int4: the two quantisers on their own (block and group edges, zero and constant
 // blocks, saturation, exact values, the half-step error bounds) and a fixture loaded with each
 // format, whose routed experts alone change and whose logits stay near the checkpoint's.
+#include "model/weight_quant.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,7 +16,6 @@
 #include "core/dtype.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
-#include "model/weight_quant.h"
 
 namespace moeinfer {
 namespace {
@@ -62,7 +63,7 @@ TEST(E4m3Encode, RoundsToNearestEvenAndSaturates) {
   EXPECT_EQ(f8e4m3_to_f32(f32_to_f8e4m3(1.0625f)), 1.0f);   // halfway 1 and 1.125: even (1)
   EXPECT_EQ(f8e4m3_to_f32(f32_to_f8e4m3(1.1875f)), 1.25f);  // halfway 1.125 and 1.25: even
   EXPECT_EQ(f8e4m3_to_f32(f32_to_f8e4m3(1.07f)), 1.125f);
-  EXPECT_EQ(f8e4m3_to_f32(f32_to_f8e4m3(15.5f)), 16.0f);    // rounds up into the next binade
+  EXPECT_EQ(f8e4m3_to_f32(f32_to_f8e4m3(15.5f)), 16.0f);  // rounds up into the next binade
   EXPECT_EQ(f8e4m3_to_f32(f32_to_f8e4m3(std::ldexp(3.0f, -11))), std::ldexp(1.0f, -9));
   EXPECT_EQ(f8e4m3_to_f32(f32_to_f8e4m3(std::ldexp(1.0f, -10))), 0.0f);  // tie to even (0)
   EXPECT_EQ(f8e4m3_to_f32(f32_to_f8e4m3(std::ldexp(15.5f, -10))), std::ldexp(1.0f, -6));
@@ -211,8 +212,8 @@ std::filesystem::path fixture(const char* name) {
 
 bool same_bytes(const TensorView& a, const TensorView& b) {
   return a.dtype == b.dtype && a.shape == b.shape &&
-         (a.data == b.data || (a.nbytes() == b.nbytes() &&
-                               std::memcmp(a.data, b.data, a.nbytes()) == 0));
+         (a.data == b.data ||
+          (a.nbytes() == b.nbytes() && std::memcmp(a.data, b.data, a.nbytes()) == 0));
 }
 
 std::vector<float> to_f32(const TensorView& v) {
@@ -233,8 +234,7 @@ void expect_only_routed_experts_change(const char* name, WeightFormat format,
                                        double logit_tolerance) {
   SCOPED_TRACE(name);
   auto base = Model::load(fixture(name), LoadOptions{.prefault = false});
-  auto quant =
-      Model::load(fixture(name), LoadOptions{.prefault = false, .expert_weights = format});
+  auto quant = Model::load(fixture(name), LoadOptions{.prefault = false, .expert_weights = format});
   const DecoderWeights& a = base->decoder().weights();
   const DecoderWeights& b = quant->decoder().weights();
   EXPECT_TRUE(same_bytes(a.embed_tokens, b.embed_tokens));
@@ -263,8 +263,8 @@ void expect_only_routed_experts_change(const char* name, WeightFormat format,
     for (size_t e = 0; e < x.moe.routed.experts.size(); ++e) {
       const moe::ExpertWeights& ex = x.moe.routed.experts[e];
       const moe::ExpertWeights& ey = y.moe.routed.experts[e];
-      for (auto member : {&moe::ExpertWeights::gate, &moe::ExpertWeights::up,
-                          &moe::ExpertWeights::down}) {
+      for (auto member :
+           {&moe::ExpertWeights::gate, &moe::ExpertWeights::up, &moe::ExpertWeights::down}) {
         const TensorView& before = ex.*member;
         const TensorView& after = ey.*member;
         ASSERT_EQ(before.shape, after.shape);
@@ -293,10 +293,11 @@ void expect_only_routed_experts_change(const char* name, WeightFormat format,
     diff += (double{x[i]} - y[i]) * (double{x[i]} - y[i]);
   }
   const double relative = std::sqrt(diff / norm);
-  std::printf("%s %s: ||quantised - checkpoint|| / ||checkpoint|| of the logits %.4f (%lld dense "
-              "layers, %lld with shared experts)\n",
-              name, std::string(weight_format_name(format)).c_str(), relative,
-              static_cast<long long>(dense_layers), static_cast<long long>(shared));
+  std::printf(
+      "%s %s: ||quantised - checkpoint|| / ||checkpoint|| of the logits %.4f (%lld dense "
+      "layers, %lld with shared experts)\n",
+      name, std::string(weight_format_name(format)).c_str(), relative,
+      static_cast<long long>(dense_layers), static_cast<long long>(shared));
   EXPECT_GT(relative, 0.0);
   EXPECT_LE(relative, logit_tolerance);
 }
@@ -329,9 +330,8 @@ TEST(WeightQuantModel, QuantisedCheckpointsAreRefused) {
       }
     }
     // bf16 is what such a checkpoint is dequantised to anyway: accepted.
-    EXPECT_NO_THROW(
-        Model::load(fixture(name), LoadOptions{.prefault = false,
-                                               .expert_weights = WeightFormat::kBf16}));
+    EXPECT_NO_THROW(Model::load(
+        fixture(name), LoadOptions{.prefault = false, .expert_weights = WeightFormat::kBf16}));
   }
 }
 
