@@ -6,7 +6,9 @@
 # prints a table last (step time, ratio to all-resident, ratio to the budget's floor).
 #
 # Knobs: MOE_OFFLOAD_BUDGETS (default "100% 50% 25% 10%"), MOE_OFFLOAD_COLD (default
-# "gpu cpu auto"), MOE_OFFLOAD_OUTPUT_LEN (default 128), MOE_OFFLOAD_EXTRA (more bench flags),
+# "gpu cpu auto"), MOE_OFFLOAD_ROUTING (default "synthetic": the random routers' own choice;
+# also "zipf:1.0" or "uniform", each a --routing-skew), MOE_OFFLOAD_BATCHES (default "1"),
+# MOE_OFFLOAD_OUTPUT_LEN (default 128), MOE_OFFLOAD_EXTRA (more bench flags),
 # MOE_OFFLOAD_SKIP_TESTS=1. Run through the device tool with `carry: [".deps"]` after
 # `scripts/device-deps.sh download` here. Logs go to $OUT.
 set -uo pipefail
@@ -20,6 +22,8 @@ export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 BUDGETS="${MOE_OFFLOAD_BUDGETS:-100% 50% 25% 10%}"
 COLD="${MOE_OFFLOAD_COLD:-gpu cpu auto}"
 LEN="${MOE_OFFLOAD_OUTPUT_LEN:-128}"
+ROUTINGS="${MOE_OFFLOAD_ROUTING:-synthetic}"
+BATCHES="${MOE_OFFLOAD_BATCHES:-1}"
 EXTRA="${MOE_OFFLOAD_EXTRA:-}"
 
 bash scripts/device-deps.sh unpack >"$OUT/deps.log" 2>&1 || { cat "$OUT/deps.log"; exit 1; }
@@ -33,23 +37,30 @@ fi
 echo "build: $((SECONDS - start)) s"
 
 if [ "${MOE_OFFLOAD_SKIP_TESTS:-0}" != 1 ]; then
-  timeout 300 "$BUILD/tests/test_cuda" --gtest_filter='CudaExpertCache*:CudaOffload*' \
+  timeout 300 "$BUILD/tests/test_cuda" --gtest_filter='CudaExpertCache*:CudaOffload*:CudaMoeBlock*:CudaRouterNoise*' \
     >"$OUT/offload_tests.log" 2>&1
   echo "offload tests rc=$?: $(grep -E '^\[  PASSED  \]|FAILED' "$OUT/offload_tests.log" | tr '\n' ' ')"
   grep -E "^offload:" "$OUT/offload_tests.log"
 fi
 
-run() {  # name, then bench flags
-  local name=$1
-  shift
-  timeout 240 "$BUILD/moeinfer" bench --device cuda --model synthetic:qwen3-30b-a3b --batch 1 \
-    --input-len 1 --output-len "$LEN" --temperature 1 "$@" $EXTRA --json "$OUT/$name.json" \
-    >"$OUT/$name.log" 2>&1 || { echo "$name failed:"; tail -5 "$OUT/$name.log"; }
+run() {  # name, batch, routing, then bench flags
+  local name=$1 batch=$2 routing=$3
+  shift 3
+  local skew=()
+  [ "$routing" != synthetic ] && skew=(--routing-skew "$routing")
+  timeout 240 "$BUILD/moeinfer" bench --device cuda --model synthetic:qwen3-30b-a3b --batch "$batch" \
+    --input-len 1 --output-len "$LEN" --temperature 1 "${skew[@]}" "$@" $EXTRA \
+    --json "$OUT/$name.json" >"$OUT/$name.log" 2>&1 || { echo "$name failed:"; tail -5 "$OUT/$name.log"; }
 }
-run resident
-for budget in $BUDGETS; do
-  for cold in $COLD; do
-    run "b${budget%\%}_$cold" --expert-budget "$budget" --cold-experts "$cold"
+for routing in $ROUTINGS; do
+  for batch in $BATCHES; do
+    tag="${routing//[:.]/}_t$batch"
+    run "${tag}_resident" "$batch" "$routing"
+    for budget in $BUDGETS; do
+      for cold in $COLD; do
+        run "${tag}_b${budget%\%}_$cold" "$batch" "$routing" --expert-budget "$budget" --cold-experts "$cold"
+      done
+    done
   done
 done
 
@@ -59,12 +70,12 @@ out = sys.argv[1]
 def load(name):
     path = os.path.join(out, name + ".json")
     return json.load(open(path)) if os.path.exists(path) else None
-base = load("resident")
-t0 = base["gpu"]["decode_step_seconds"] if base else None
-print(f"{'run':<12} {'step ms':>8} {'tok/s':>7} {'resident/this':>13} {'floor/step':>10} "
+print(f"{'run':<28} {'step ms':>8} {'tok/s':>7} {'resident/this':>13} {'floor/step':>10} "
       f"{'hit rate':>8} {'PCIe GB/step':>12}")
 for path in sorted(glob.glob(os.path.join(out, "*.json")), key=os.path.getmtime):
     name = os.path.basename(path)[:-5]
+    base = load(name.split("_b")[0] + "_resident" if "_b" in name else name)
+    t0 = base["gpu"]["decode_step_seconds"] if base else None
     j = json.load(open(path))
     g = j.get("gpu") or {}
     t = g.get("decode_step_seconds", 0.0)
@@ -75,5 +86,5 @@ for path in sorted(glob.glob(os.path.join(out, "*.json")), key=os.path.getmtime)
     pcie = f"{c.get('host_to_device_bytes', 0) / steps / 1e9:.3f}" if c else ""
     ratio = f"{t0 / t:.3f}" if t0 and t else ""
     floor = f"{g.get('offload_floor_ratio', 0):.3f}" if c else f"{g.get('decode_floor_ratio', 0):.3f}"
-    print(f"{name:<12} {t * 1e3:8.3f} {1 / t if t else 0:7.1f} {ratio:>13} {floor:>10} {hit:>8} {pcie:>12}")
+    print(f"{name:<28} {t * 1e3:8.3f} {1 / t if t else 0:7.1f} {ratio:>13} {floor:>10} {hit:>8} {pcie:>12}")
 PY
