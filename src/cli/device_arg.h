@@ -32,6 +32,7 @@ struct DeviceArgs {
   int ep = 1;                 // --ep: ranks the routed experts are sharded over
   std::string placement;      // --placement FILE; empty: contiguous ranges
   std::string overlap;        // --overlap on|off; empty: on
+  std::string dispatch_dtype;  // --dispatch-dtype f32|bf16|fp8; empty: f32
   // Routing approximations as given (add_routing_options); unset: off.
   std::optional<int64_t> active_experts;     // --active-experts K'
   std::string renorm;                        // --renorm kept|full; empty: kept
@@ -41,6 +42,8 @@ struct DeviceArgs {
   std::optional<double> router_temperature;  // --router-temperature T
   // Under --ep: whether the shared experts run while the dispatch's rows are in flight.
   bool overlap_shared_experts() const;
+  // Under --ep: how dispatch encodes the rows it sends (checked in expert_parallel()).
+  moe::DispatchDtype dispatch_rows_dtype() const;
   bool is_cuda() const { return device == "cuda"; }
   // --dtype as the GPU decoder's option (refused at parse time without --device cuda).
   GpuWeightDtype weight_dtype() const;
@@ -67,7 +70,7 @@ void add_offload_options(CLI::App* cmd, DeviceArgs* args);
 // Adds --active-experts, --renorm, --drop-below, --expert-capacity, --overflow and
 // --router-temperature (the subcommands that run a model's router).
 void add_routing_options(CLI::App* cmd, DeviceArgs* args);
-// Adds --ep N and --placement FILE (generate and logits run one sequence on every rank; serve and
+// Adds --ep N, --placement FILE, --overlap and --dispatch-dtype (generate and logits run one sequence on every rank; serve and
 // bench give each rank its own engine and requests).
 void add_expert_parallel_option(CLI::App* cmd, DeviceArgs* args);
 

@@ -98,6 +98,24 @@ float f8e4m3_to_f32(uint8_t bits) {
   return negative ? -magnitude : magnitude;
 }
 
+uint8_t f32_to_f8e4m3(float value) {
+  const uint32_t bits = std::bit_cast<uint32_t>(value);
+  const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
+  const float magnitude = std::fabs(value);
+  if (std::isnan(value)) return sign | 0x7f;
+  if (magnitude >= 448.0f) return sign | 0x7e;
+  if (magnitude < 0.015625f) {
+    // Subnormal (or zero): magnitude / 2^-9 rounded to nearest even; 8 is 2^-6, the smallest
+    // normal, whose bits are 8 too.
+    return sign | static_cast<uint8_t>(std::nearbyint(magnitude * 512.0f));
+  }
+  // Normal: keep 3 of float32's 23 mantissa bits, rounding to nearest even (a carry moves into
+  // the exponent, as it should), then rebias the exponent from 127 to 7. Below 448 the result is
+  // at most 448 (0x7e).
+  const uint32_t rounded = (bits & 0x7fffffffu) + 0x7ffffu + ((bits >> 20) & 1u);
+  return sign | static_cast<uint8_t>((rounded >> 20) - ((127u - 7u) << 3));
+}
+
 void convert_to_f32(DType dtype, const void* src, float* dst, size_t n) {
   switch (dtype) {
     case DType::kF32:

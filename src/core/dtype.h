@@ -30,6 +30,9 @@ inline uint16_t f32_to_bf16(float value) {
 float f16_to_f32(uint16_t bits);
 uint16_t f32_to_f16(float value);
 float f8e4m3_to_f32(uint8_t bits);
+// float8_e4m3fn (no infinities, largest finite 448), round to nearest even; a magnitude beyond
+// 448 (infinity too) saturates to +-448, NaN stays NaN (0x7f / 0xff).
+uint8_t f32_to_f8e4m3(float value);
 
 // Converts n elements of `dtype` at src to float32 at dst.
 void convert_to_f32(DType dtype, const void* src, float* dst, size_t n);
