@@ -355,8 +355,8 @@ void run_bench(const BenchArgs& args) {
       stages[name] = seconds;
     }
     if (args.device.ep > 1) {  // this rank's (rank 0's) rows and outputs sent to the others
-      std::printf("%-34s %12lld\n", "Network bytes sent (rank 0):",
-                  static_cast<long long>(stats.network_bytes));
+      std::printf("%-34s %12lld\n",
+                  "Network bytes sent (rank 0):", static_cast<long long>(stats.network_bytes));
     }
   }
   // --expert-budget: the expert cache over the measured run.
