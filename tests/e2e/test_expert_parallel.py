@@ -18,8 +18,8 @@ sharded over the ranks, so each MoE layer's rows cross between ranks both ways:
                       with replicas, and one fixture of each family at N = 2.
   dispatch_dtype      --dispatch-dtype bf16 and fp8 (the dispatched rows encoded, outputs back in
                       float32) at N = 2 on one fixture of each family: bf16 within 1e-2 of the
-                      largest logit (measured at most 5.7e-3; exact on bf16 checkpoints, whose
-                      activations are bf16 already); fp8 within 5e-2 at 10 of the 12 positions
+                      largest logit (measured at most 5.7e-3; exact on the bf16, fp8 and MXFP4
+                      checkpoints); fp8 within 5e-2 at 10 of the 12 positions
                       and the same argmax at 10 of 12 (measured: most positions 0.3-4e-2, one or
                       two up to 0.87 where a near-tie in a later router picks another expert);
                       the demo model's greedy text unchanged with either.
