@@ -290,6 +290,7 @@ void run_bench(const BenchArgs& args) {
   stats.forward_seconds -= before.forward_seconds;
   stats.sample_seconds -= before.sample_seconds;
   stats.timed_steps -= before.timed_steps;
+  stats.network_bytes -= before.network_bytes;
   for (int kind = 0; kind < 2; ++kind) {  // the measured run's samples only
     EngineStats::StageSample& s = stats.stage_samples[kind];
     const EngineStats::StageSample& b = before.stage_samples[kind];
@@ -353,6 +354,10 @@ void run_bench(const BenchArgs& args) {
       std::printf("%-16s %12.4f %10.4f\n", name.c_str(), seconds,
                   seconds / std::max(estimated_step, 1e-12));
       stages[name] = seconds;
+    }
+    if (args.device.ep > 1) {  // this rank's (rank 0's) rows and outputs sent to the others
+      std::printf("%-34s %12lld\n",
+                  "Network bytes sent (rank 0):", static_cast<long long>(stats.network_bytes));
     }
   }
   // --expert-budget: the expert cache over the measured run.
@@ -419,6 +424,7 @@ void run_bench(const BenchArgs& args) {
                           {"sample_seconds", stats.sample_seconds},
                           {"stage_seconds", stages},
                           {"timed_steps", stats.timed_steps},
+                          {"network_bytes", stats.network_bytes},
                           {"expert_cache", cache_json}}
                .dump(2)
         << "\n";

@@ -181,9 +181,19 @@ void add_expert_parallel_option(CLI::App* cmd, DeviceArgs* args) {
                   "Under --ep: on computes the shared experts while the MoE layer's rows travel "
                   "to their ranks (non-blocking MPI), off before they leave (default: on)")
       ->check(CLI::IsMember({"on", "off"}));
+  cmd->add_option("--dispatch-dtype", args->dispatch_dtype,
+                  "Under --ep: how the MoE layers' rows travel to their experts' ranks: f32 "
+                  "(exact), bf16 (half the bytes) or fp8 (e4m3 with a float32 scale per row, "
+                  "about a quarter); the outputs come back float32 (default: f32)")
+      ->check(CLI::IsMember({"f32", "bf16", "fp8"}));
 }
 
 bool DeviceArgs::overlap_shared_experts() const { return overlap != "off"; }
+
+moe::DispatchDtype DeviceArgs::dispatch_rows_dtype() const {
+  return dispatch_dtype.empty() ? moe::DispatchDtype::kF32
+                                : moe::parse_dispatch_dtype(dispatch_dtype);
+}
 
 std::optional<parallel::ExpertPlacement> DeviceArgs::expert_placement(
     const Decoder& decoder) const {
@@ -195,6 +205,12 @@ std::optional<parallel::ExpertPlacement> DeviceArgs::expert_placement(
 
 parallel::Communicator* DeviceArgs::expert_parallel() const {
   MOE_CHECK(overlap.empty() || ep > 1, "--overlap ", overlap, " needs --ep N with N > 1");
+  // --dispatch-dtype: the GPU's refusal first, so that it names the flag with or without --ep.
+  USAGE_CHECK(dispatch_dtype.empty() || !is_cuda(), "--dispatch-dtype ", dispatch_dtype,
+              " is not implemented on the CUDA backend yet (no expert parallelism on the GPU): "
+              "run it with --device cpu --ep N under mpirun");
+  USAGE_CHECK(dispatch_dtype.empty() || ep > 1, "--dispatch-dtype ", dispatch_dtype,
+              " applies to --ep N (N > 1): without expert parallelism no rows travel");
   if (ep == 1) return nullptr;
   MOE_CHECK(!is_cuda(), "--ep ", ep,
             " on cuda is not built yet: expert parallelism runs on CPU "
@@ -228,7 +244,8 @@ std::unique_ptr<Engine> load_expert_parallel_engine(const std::filesystem::path&
       dir, config,
       {.comm = comm,
        .placement = device.placement,
-       .overlap_shared_experts = device.overlap_shared_experts()});
+       .overlap_shared_experts = device.overlap_shared_experts(),
+       .dispatch_dtype = device.dispatch_rows_dtype()});
 }
 
 bool DeviceArgs::is_output_rank() const { return ep == 1 || parallel::world().rank() == 0; }
@@ -289,7 +306,8 @@ SequenceRunner::SequenceRunner(Model& model, const DeviceArgs& device, int64_t m
     model.decoder().set_offload(offload, /*max_step_tokens=*/1);
     model.decoder().set_routing_approximation(routing);
     model.decoder().set_expert_parallel(expert_parallel, device.expert_placement(model.decoder()),
-                                        device.overlap_shared_experts());
+                                        device.overlap_shared_experts(),
+                                        device.dispatch_rows_dtype());
     cache_.emplace(model.decoder().make_cache(capacity_));
     capacity_ = cache_->max_tokens();
     return;

@@ -32,6 +32,7 @@ struct DeviceArgs {
   int ep = 1;                 // --ep: ranks the routed experts are sharded over
   std::string placement;      // --placement FILE; empty: contiguous ranges
   std::string overlap;        // --overlap on|off; empty: on
+  std::string dispatch_dtype;  // --dispatch-dtype f32|bf16|fp8; empty: f32
   // Routing approximations as given (add_routing_options); unset: off.
   std::optional<int64_t> active_experts;     // --active-experts K'
   std::string renorm;                        // --renorm kept|full; empty: kept
@@ -42,6 +43,8 @@ struct DeviceArgs {
   std::string weights;  // --weights bf16|fp8|int4 (add_weight_options); empty: the checkpoint's
   // Under --ep: whether the shared experts run while the dispatch's rows are in flight.
   bool overlap_shared_experts() const;
+  // Under --ep: how dispatch encodes the rows it sends (checked in expert_parallel()).
+  moe::DispatchDtype dispatch_rows_dtype() const;
   bool is_cuda() const { return device == "cuda"; }
   // --dtype as the GPU decoder's option (refused at parse time without --device cuda).
   GpuWeightDtype weight_dtype() const;
@@ -73,7 +76,8 @@ void add_routing_options(CLI::App* cmd, DeviceArgs* args);
 // Adds --weights bf16|fp8|int4 (the subcommands that load a checkpoint to run it): the routed
 // experts quantised at load, CPU only for fp8 and int4.
 void add_weight_options(CLI::App* cmd, DeviceArgs* args);
-// Adds --ep N and --placement FILE (generate and logits run one sequence on every rank; serve and
+// Adds --ep N, --placement FILE, --overlap and --dispatch-dtype (generate and logits run one
+// sequence on every rank; serve and
 // bench give each rank its own engine and requests).
 void add_expert_parallel_option(CLI::App* cmd, DeviceArgs* args);
 

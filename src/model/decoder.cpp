@@ -188,7 +188,8 @@ void Decoder::make_moe_block(std::unique_ptr<moe::ExpertRunner> runner) {
   if (ep_ != nullptr) {
     dispatcher = std::make_unique<moe::ExpertParallelDispatcher>(
         *ep_,
-        placement_ ? *placement_ : parallel::ExpertPlacement(config_.num_experts, ep_->size()), H);
+        placement_ ? *placement_ : parallel::ExpertPlacement(config_.num_experts, ep_->size()), H,
+        dispatch_dtype_);
   } else {
     dispatcher = std::make_unique<moe::LocalDispatcher>(H);
   }
@@ -224,7 +225,9 @@ std::vector<int64_t> Decoder::moe_layers() const {
 
 void Decoder::set_expert_parallel(parallel::Communicator* comm,
                                   std::optional<parallel::ExpertPlacement> placement,
-                                  bool overlap) {
+                                  bool overlap, moe::DispatchDtype dispatch_dtype) {
+  MOE_CHECK(comm != nullptr || dispatch_dtype == moe::DispatchDtype::kF32, "--dispatch-dtype ",
+            moe::dispatch_dtype_name(dispatch_dtype), " applies to --ep N (N > 1)");
   MOE_CHECK(comm == nullptr || config_.num_experts > 0, "--ep: the ", config_.model_type,
             " model has no routed experts to shard");
   MOE_CHECK(!placement || (comm != nullptr && placement->num_ranks() == comm->size() &&
@@ -236,6 +239,7 @@ void Decoder::set_expert_parallel(parallel::Communicator* comm,
   if (config_.num_experts == 0) return;
   ep_ = comm;
   placement_ = std::move(placement);
+  dispatch_dtype_ = dispatch_dtype;
   shared_schedule_ = comm != nullptr && overlap ? moe::SharedSchedule::kWhileDispatching
                                                 : moe::SharedSchedule::kBeforeDispatch;
   make_moe_block(resident_experts());

@@ -18,6 +18,7 @@
 #include "model/weights.h"
 #include "moe/cached_experts.h"
 #include "moe/moe_block.h"
+#include "moe/row_codec.h"
 #include "offload/offload_options.h"
 #include "parallel/communicator.h"
 #include "parallel/placement.h"
@@ -68,9 +69,12 @@ class Decoder {
   // attention. Every rank must call forward() the same number of times. Null puts every expert
   // back in this process. Not combined with offloading yet (refused). With `overlap` (--overlap
   // on) the shared experts run while the dispatch's rows are in flight, else before dispatch.
+  // `dispatch_dtype` (--dispatch-dtype) encodes the rows dispatch sends (moe/row_codec.h);
+  // anything but f32 needs comm.
   void set_expert_parallel(parallel::Communicator* comm,
                            std::optional<parallel::ExpertPlacement> placement = std::nullopt,
-                           bool overlap = true);
+                           bool overlap = true,
+                           moe::DispatchDtype dispatch_dtype = moe::DispatchDtype::kF32);
   // Routing approximations (--active-experts, --drop-below, --expert-capacity,
   // --router-temperature; moe/routing_approx.h) in every MoE layer's route stage from the next
   // forward on; default options turn them off. Checked against the model's router (K' <= K);
@@ -175,6 +179,7 @@ class Decoder {
   moe::CachedExperts* cached_experts_ = nullptr;        // moe_block_'s runner when offloading
   std::optional<parallel::ExpertPlacement> placement_;  // ep_'s, when given
   parallel::Communicator* ep_ = nullptr;                // moe_block_'s dispatcher's, under --ep
+  moe::DispatchDtype dispatch_dtype_ = moe::DispatchDtype::kF32;  // its rows' encoding
   moe::SharedSchedule shared_schedule_ = moe::SharedSchedule::kBeforeDispatch;
   moe::RoutingApproximation routing_approx_;  // moe_block_'s
   Workspace ws_;

@@ -11,8 +11,8 @@ namespace moeinfer::moe {
 
 ExpertParallelDispatcher::ExpertParallelDispatcher(parallel::Communicator& comm,
                                                    parallel::ExpertPlacement placement,
-                                                   int64_t hidden_size)
-    : comm_(comm), placement_(std::move(placement)), hidden_size_(hidden_size) {
+                                                   int64_t hidden_size, DispatchDtype wire)
+    : comm_(comm), placement_(std::move(placement)), hidden_size_(hidden_size), wire_(wire) {
   MOE_CHECK(placement_.num_ranks() == comm_.size(), "a placement over ", placement_.num_ranks(),
             " ranks for a job of ", comm_.size());
 }
@@ -23,7 +23,7 @@ ExpertRows ExpertParallelDispatcher::dispatch(int64_t layer, const RoutedTokens&
   const parallel::LayerPlacement& table = placement_.layer(layer);
   const int N = comm_.size(), me = comm_.rank();
   const int64_t H = hidden_size_, E = table.num_experts();
-  const int64_t row_bytes = H * static_cast<int64_t>(sizeof(float));
+  const int64_t row_bytes = encoded_row_bytes(wire_, H);  // on the wire
   const int64_t num_rows = static_cast<int64_t>(plan.src_row.size());
   MOE_CHECK(static_cast<int64_t>(plan.expert_offsets.size()) == E + 1, "layer ", layer,
             " routes over ", plan.expert_offsets.size() - 1, " experts; its placement has ", E);
@@ -63,26 +63,30 @@ ExpertRows ExpertParallelDispatcher::dispatch(int64_t layer, const RoutedTokens&
   }
   std::vector<int32_t> next(send_counts_.size() + 1, 0);
   for (size_t p = 0; p < send_counts_.size(); ++p) next[p + 1] = next[p] + send_counts_[p];
-  send_bytes_.assign(N, 0);
+  send_num_rows_.assign(N, 0);
+  std::vector<int64_t> send_bytes(N);
   for (int d = 0; d < N; ++d) {
-    send_bytes_[d] = (next[slot_base[d + 1]] - next[slot_base[d]]) * row_bytes;
+    send_num_rows_[d] = next[slot_base[d + 1]] - next[slot_base[d]];
+    send_bytes[d] = send_num_rows_[d] * row_bytes;
   }
   for (int64_t r = 0; r < num_rows; ++r) send_pos_[r] = next[send_pos_[r]]++;
-  send_rows_.resize(static_cast<size_t>(num_rows * H));
+  send_rows_.resize(static_cast<size_t>(num_rows * row_bytes));
   const int64_t K = tokens.routing->top_k;
   parallel_for(
       num_rows,
       [&](int64_t begin, int64_t end) {
+        std::vector<float> weighted(tokens.weights == WeightPlacement::kInput ? H : 0);  // [H]
         for (int64_t r = begin; r < end; ++r) {
           const int64_t token = plan.src_row[r] / K;
-          float* dst = send_rows_.data() + static_cast<int64_t>(send_pos_[r]) * H;
+          std::byte* dst = send_rows_.data() + static_cast<int64_t>(send_pos_[r]) * row_bytes;
           switch (tokens.weights) {
             case WeightPlacement::kOutput:
-              std::memcpy(dst, tokens.hidden + token * H, static_cast<size_t>(row_bytes));
+              encode_row(wire_, tokens.hidden + token * H, H, dst);
               break;
             case WeightPlacement::kInput: {  // the row leaves already weighted (Llama 4)
               const float weight = tokens.routing->topk_weights[plan.src_row[r]];
-              for (int64_t h = 0; h < H; ++h) dst[h] = tokens.hidden[token * H + h] * weight;
+              for (int64_t h = 0; h < H; ++h) weighted[h] = tokens.hidden[token * H + h] * weight;
+              encode_row(wire_, weighted.data(), H, dst);
               break;
             }
           }
@@ -99,7 +103,8 @@ ExpertRows ExpertParallelDispatcher::dispatch(int64_t layer, const RoutedTokens&
   comm_.all_to_allv(send_counts_.data(), count_send, recv_counts_.data(), count_recv);
 
   // Rows.
-  recv_bytes_.assign(N, 0);
+  recv_num_rows_.assign(N, 0);
+  std::vector<int64_t> recv_bytes(N);
   int64_t received = 0;
   const auto my_slots = table.slots(me);
   for (int s = 0; s < N; ++s) {
@@ -109,17 +114,18 @@ ExpertRows ExpertParallelDispatcher::dispatch(int64_t layer, const RoutedTokens&
       MOE_CHECK(c >= 0, "rank ", s, " announced ", c, " rows for expert ", my_slots[j]);
       rows += c;
     }
-    recv_bytes_[s] = rows * row_bytes;
+    recv_num_rows_[s] = rows;
+    recv_bytes[s] = rows * row_bytes;
     received += rows;
   }
-  recv_rows_.resize(static_cast<size_t>(received * H));
+  recv_rows_.resize(static_cast<size_t>(received * row_bytes));
   parallel::PendingOp rows_in_flight =
-      comm_.start_all_to_allv(send_rows_.data(), send_bytes_, recv_rows_.data(), recv_bytes_);
+      comm_.start_all_to_allv(send_rows_.data(), send_bytes, recv_rows_.data(), recv_bytes);
   if (while_in_flight) while_in_flight();
   rows_in_flight.wait();
-  if (profile::Profiler* p = profile::active()) {
+  if (profile::Profiler* p = profile::active()) {  // the encoded bytes, as they were sent
     int64_t remote = 0;
-    for (int r = 0; r < N; ++r) remote += r == me ? 0 : send_bytes_[r];
+    for (int r = 0; r < N; ++r) remote += r == me ? 0 : send_bytes[r];
     p->add_link_bytes(profile::Link::kNetwork, remote);
   }
 
@@ -131,18 +137,24 @@ ExpertRows ExpertParallelDispatcher::dispatch(int64_t layer, const RoutedTokens&
   for (int64_t j = 0; j < mine; ++j) expert_offsets_[j + 1] += expert_offsets_[j];
   std::vector<int32_t> slot_next(expert_offsets_.begin(), expert_offsets_.end() - 1);
   expert_row_of_recv_.resize(static_cast<size_t>(received));
-  expert_rows_.resize(recv_rows_.size());
   int64_t r = 0;
   for (int s = 0; s < N; ++s) {
     for (int64_t j = 0; j < mine; ++j) {
       for (int32_t i = 0; i < recv_counts_[s * mine + j]; ++i, ++r) {
-        const int32_t dst = slot_next[j]++;
-        expert_row_of_recv_[r] = dst;
-        std::memcpy(expert_rows_.data() + dst * H, recv_rows_.data() + r * H,
-                    static_cast<size_t>(row_bytes));
+        expert_row_of_recv_[r] = slot_next[j]++;
       }
     }
   }
+  expert_rows_.resize(static_cast<size_t>(received * H));
+  parallel_for(
+      received,
+      [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          decode_row(wire_, recv_rows_.data() + i * row_bytes, H,
+                     expert_rows_.data() + static_cast<int64_t>(expert_row_of_recv_[i]) * H);
+        }
+      },
+      64);
   slot_ids_.assign(my_slots.begin(), my_slots.end());
   return {.rows = expert_rows_.data(), .expert_offsets = expert_offsets_, .expert_ids = slot_ids_};
 }
@@ -158,12 +170,19 @@ void ExpertParallelDispatcher::combine(int64_t /*layer*/, const float* expert_ou
     for (size_t r = 0; r < expert_row_of_recv_.size(); ++r) {
       std::memcpy(back_.data() + r * H, expert_out + expert_row_of_recv_[r] * H, row_bytes);
     }
-    returned_.resize(send_rows_.size());
-    // The reverse of dispatch: what came from rank s goes back to it, in the order it came.
-    comm_.all_to_allv(back_.data(), recv_bytes_, returned_.data(), send_bytes_);
+    returned_.resize(send_pos_.size() * static_cast<size_t>(H));
+    // The reverse of dispatch: what came from rank s goes back to it, in the order it came, as
+    // float32.
+    const int N = comm_.size();
+    std::vector<int64_t> back_bytes(N), returned_bytes(N);
+    for (int s = 0; s < N; ++s) {
+      back_bytes[s] = recv_num_rows_[s] * static_cast<int64_t>(row_bytes);
+      returned_bytes[s] = send_num_rows_[s] * static_cast<int64_t>(row_bytes);
+    }
+    comm_.all_to_allv(back_.data(), back_bytes, returned_.data(), returned_bytes);
     if (profile::Profiler* p = profile::active()) {
       int64_t remote = 0;
-      for (int s = 0; s < comm_.size(); ++s) remote += s == comm_.rank() ? 0 : recv_bytes_[s];
+      for (int s = 0; s < N; ++s) remote += s == comm_.rank() ? 0 : back_bytes[s];
       p->add_link_bytes(profile::Link::kNetwork, remote);
     }
     plan_out_.resize(returned_.size());

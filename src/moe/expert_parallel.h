@@ -9,13 +9,17 @@
 //   dispatch  each assignment picks one replica of its expert: the i-th row of expert e (in plan
 //             order) goes to replica (i + source rank) mod m of its m, so the rows of a replicated
 //             expert spread evenly. The rows are sent grouped by receiver, then by the receiver's
-//             slot; an all_to_allv of the per-slot row counts goes first, then the rows (float32,
-//             so that the outputs are those of one process), started non-blocking so that the
-//             block's in-flight work (the shared experts, --overlap on) runs while they travel;
-//             the receiver merges the sources' runs into its slots' order
+//             slot; an all_to_allv of the per-slot row counts goes first, then the rows, started
+//             non-blocking so that the block's in-flight work (the shared experts, --overlap on)
+//             runs while they travel; the receiver decodes them and merges the sources' runs into
+//             its slots' order. The rows travel encoded as --dispatch-dtype says (row_codec.h):
+//             float32 by default, so that the outputs are those of one process; bf16 or fp8
+//             (a scale per row) halve or about quarter the bytes. Under WeightPlacement::kInput
+//             the weighted rows are encoded
 //   run       the ExpertRunner computes the rank's slots over those rows (ExpertRows::expert_ids)
-//   combine   the outputs travel back in the order they came, all_to_allv again, and return to
-//             plan order at their source, where unpermute sums them as one process does
+//   combine   the outputs travel back (float32 whatever --dispatch-dtype) in the order they
+//             came, all_to_allv again, and return to plan order at their source, where unpermute
+//             sums them as one process does
 // Only what the receiver needs crosses: the rows and one count per (source, slot). Every replica
 // computes the same function, so the placement changes neither routing nor outputs.
 #pragma once
@@ -24,6 +28,7 @@
 #include <vector>
 
 #include "moe/moe_block.h"
+#include "moe/row_codec.h"
 #include "parallel/communicator.h"
 #include "parallel/placement.h"
 
@@ -31,9 +36,10 @@ namespace moeinfer::moe {
 
 class ExpertParallelDispatcher final : public TokenDispatcher {
  public:
-  // comm must outlive this; placement.num_ranks() == comm.size().
+  // comm must outlive this; placement.num_ranks() == comm.size(). `wire` encodes the rows
+  // dispatch sends (the outputs combine returns stay float32).
   ExpertParallelDispatcher(parallel::Communicator& comm, parallel::ExpertPlacement placement,
-                           int64_t hidden_size);
+                           int64_t hidden_size, DispatchDtype wire = DispatchDtype::kF32);
   // The rows' all_to_allv is started, `while_in_flight` runs, then it is waited for.
   ExpertRows dispatch(int64_t layer, const RoutedTokens& tokens,
                       const InFlightWork& while_in_flight) override;
@@ -44,15 +50,16 @@ class ExpertParallelDispatcher final : public TokenDispatcher {
   parallel::Communicator& comm_;
   parallel::ExpertPlacement placement_;
   int64_t hidden_size_;
+  DispatchDtype wire_;
   // Send side.
   std::vector<int32_t> send_pos_;     // [T*K] each plan row's place in send_rows_
   std::vector<int32_t> send_counts_;  // rows per (receiver, its slot), receivers in rank order
-  std::vector<float> send_rows_;      // [T*K, H] by receiver, then slot, then plan order
-  std::vector<int64_t> send_bytes_;   // [N] rows' bytes to each rank
+  std::vector<std::byte> send_rows_;  // [T*K, encoded row] by receiver, then slot, then plan order
+  std::vector<int64_t> send_num_rows_;  // [N] rows to each rank
   // Receive side.
   std::vector<int32_t> recv_counts_;         // [N, slots of this rank]
-  std::vector<float> recv_rows_;             // [received, H] in source order
-  std::vector<int64_t> recv_bytes_;          // [N]
+  std::vector<std::byte> recv_rows_;         // [received, encoded row] in source order
+  std::vector<int64_t> recv_num_rows_;       // [N] rows from each rank
   std::vector<int32_t> expert_row_of_recv_;  // [received] its row in slot order
   std::vector<float> expert_rows_;           // [received, H] in slot order
   std::vector<int32_t> expert_offsets_;      // [slots of this rank + 1]

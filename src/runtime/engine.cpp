@@ -452,6 +452,7 @@ std::vector<RequestOutput> Engine::step() {
       totals_.expert_cache_bytes[l] += step.expert_cache_bytes[l];
       totals_.expert_cache_stall_seconds[l] += step.expert_cache_stall_s[l];
     }
+    totals_.network_bytes += step.link_bytes[static_cast<int>(profile::Link::kNetwork)];
     for (size_t i = 0; i < step.expert_rows.size() && i < totals_.expert_rows.size(); ++i) {
       totals_.expert_rows[i] += step.expert_rows[i];
     }

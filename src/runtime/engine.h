@@ -88,6 +88,10 @@ struct EngineStats {
   std::vector<int64_t> expert_rows;
   // With profile_stages: the steps whose stages were timed (EngineConfig::profile_time_every).
   int64_t timed_steps = 0;
+  // With profile_stages: bytes this rank sent to other ranks (profile::Link::kNetwork: under
+  // --ep, the MoE layers' dispatched rows as encoded by --dispatch-dtype and the outputs sent
+  // back), over all steps; 0 in one process.
+  int64_t network_bytes = 0;
   // With profile_stages, per kind of step (kPromptStep: it ran prompt tokens; kDecodeStep: one
   // new token per request): the steps, the timed ones, and their step time (schedule + forward
   // + sample) and stage times. The estimates scale each kind's timed steps to all of its steps,

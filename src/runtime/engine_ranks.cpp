@@ -311,7 +311,8 @@ std::unique_ptr<Engine> load_expert_parallel_engine(const std::filesystem::path&
     placement = parallel::read_placement(options.placement, decoder.config().num_experts,
                                          options.comm->size(), decoder.moe_layers());
   }
-  decoder.set_expert_parallel(options.comm, std::move(placement), options.overlap_shared_experts);
+  decoder.set_expert_parallel(options.comm, std::move(placement), options.overlap_shared_experts,
+                              options.dispatch_dtype);
   return std::make_unique<Engine>(std::move(model), Tokenizer::from_dir(dir), config);
 }
 

@@ -29,6 +29,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "moe/row_codec.h"
 #include "parallel/communicator.h"
 #include "runtime/engine.h"
 #include "runtime/rank_link.h"
@@ -110,6 +111,7 @@ struct ExpertParallelOptions {
   parallel::Communicator* comm = nullptr;  // the job's ranks (size > 1)
   std::filesystem::path placement;         // `moeinfer placement`'s file; empty: contiguous ranges
   bool overlap_shared_experts = true;      // the shared experts run while the rows travel
+  moe::DispatchDtype dispatch_dtype = moe::DispatchDtype::kF32;  // the dispatched rows' encoding
 };
 
 // This rank's engine of an expert-parallel job over the checkpoint folder: its decoder's MoE

@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "cli/usage_error.h"
 #include "core/error.h"
 
 namespace moeinfer::cli {
@@ -58,6 +59,41 @@ TEST(RoutingSkewLabel, NamesTheRoutingMeasured) {
   EXPECT_EQ(routing_skew_label(parse_routing_skew("zipf:1")), "zipf:1.0");
   EXPECT_EQ(routing_skew_label(parse_routing_skew("zipf:1.0")), "zipf:1.0");
   EXPECT_EQ(routing_skew_label(parse_routing_skew("zipf:1.25")), "zipf:1.25");
+}
+
+// The refusal's message, or "" when `args.expert_parallel()` accepts (it returns before
+// starting MPI in every case below).
+std::string expert_parallel_refusal(const DeviceArgs& args) {
+  try {
+    args.expert_parallel();
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(DispatchDtype, IsF32UnlessGivenAndRefusedWithoutExpertParallelism) {
+  DeviceArgs args;
+  EXPECT_EQ(args.dispatch_rows_dtype(), moe::DispatchDtype::kF32);
+  EXPECT_EQ(expert_parallel_refusal(args), "");  // no flags: one process, nothing to refuse
+  for (const char* dtype : {"f32", "bf16", "fp8"}) {
+    args.dispatch_dtype = dtype;
+    EXPECT_EQ(moe::dispatch_dtype_name(args.dispatch_rows_dtype()), dtype);
+    const std::string message = expert_parallel_refusal(args);
+    EXPECT_NE(message.find(std::string("--dispatch-dtype ") + dtype + " applies to --ep N"),
+              std::string::npos)
+        << message;
+  }
+}
+
+TEST(DispatchDtype, RefusedOnCudaNamingTheFlag) {
+  for (const int ep : {1, 2}) {
+    DeviceArgs args{.device = "cuda", .ep = ep, .dispatch_dtype = "fp8"};
+    const std::string message = expert_parallel_refusal(args);
+    EXPECT_NE(message.find("--dispatch-dtype fp8 is not implemented on the CUDA backend"),
+              std::string::npos)
+        << "--ep " << ep << ": " << message;
+  }
 }
 
 }  // namespace
