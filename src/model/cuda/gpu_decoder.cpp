@@ -267,21 +267,25 @@ class CudaDecoder final : public GpuDecoder {
   struct Mark {
     profile::Stage stage;
     int64_t layer;  // -1: step level
+    // The span is the layer's wait for its experts (the cache's admission and demand copies):
+    // timed under `stage` and reported as the expert cache's stall as well.
+    bool expert_wait = false;
   };
   struct Timeline {
     std::vector<cudaEvent_t> events;  // events[0] opens the step, events[i + 1] closes marks[i]
     std::vector<Mark> marks;
   };
   void begin_timeline(Timeline* timeline);
-  void mark(profile::Stage stage, int64_t layer);
+  void mark(profile::Stage stage, int64_t layer, bool expert_wait = false);
   // With a profiler installed: the plan's counts to pinned memory, ahead of the step's
   // synchronisation, so that counting rows costs no round trip of its own.
   void enqueue_profile_readback();
   // Stage times (of a timed step), expert rows and bytes moved of the finished step, into the
   // profiler.
   void report_step(profile::Profiler& profiler, const Step& step);
-  // The expert cache's counters since the last report (read back with the plan's counts).
-  void report_expert_cache(profile::Profiler& profiler);
+  // The expert cache's counters since the last report (read back with the plan's counts), with
+  // the step's stall per layer (seconds; empty when its stages were not timed).
+  void report_expert_cache(profile::Profiler& profiler, std::span<const double> stall_s);
   std::vector<int64_t> reported_cache_counters_;  // [L, kNumCacheCounters] at the last report
 
   struct Graph {
@@ -1121,7 +1125,8 @@ void CudaDecoder::feed_forward(int64_t layer, int64_t T) {
         io.topk_weights = routing_weights_.get() + layer * tcap_ * K;
       }
       moe_->enqueue(layer, io, stream_,
-                    [this](profile::Stage stage, int64_t l) { mark(stage, l); });
+                    {.stage = [this](profile::Stage stage, int64_t l) { mark(stage, l); },
+                     .expert_wait = [this](int64_t l) { mark(profile::Stage::kPlan, l, true); }});
       return;
     }
   }
@@ -1184,14 +1189,14 @@ void CudaDecoder::begin_timeline(Timeline* timeline) {
   record_event(timeline_->events[0], stream_);
 }
 
-void CudaDecoder::mark(profile::Stage stage, int64_t layer) {
+void CudaDecoder::mark(profile::Stage stage, int64_t layer, bool expert_wait) {
   if (!timeline_) return;
   Timeline& t = *timeline_;
   if (t.events.size() < t.marks.size() + 2) {
     t.events.emplace_back();
     CUDA_CHECK(cudaEventCreate(&t.events.back()));
   }
-  t.marks.push_back({stage, layer});
+  t.marks.push_back({stage, layer, expert_wait});
   record_event(t.events[t.marks.size()], stream_);
 }
 
@@ -1204,7 +1209,8 @@ void CudaDecoder::enqueue_profile_readback() {
   if (cache_) cache_->enqueue_counter_readback(stream_);
 }
 
-void CudaDecoder::report_expert_cache(profile::Profiler& profiler) {
+void CudaDecoder::report_expert_cache(profile::Profiler& profiler,
+                                      std::span<const double> stall_s) {
   const std::span<const int64_t> now = cache_->counters();
   reported_cache_counters_.resize(now.size(), 0);
   constexpr int64_t C = offload::kNumCacheCounters;
@@ -1216,14 +1222,17 @@ void CudaDecoder::report_expert_cache(profile::Profiler& profiler) {
     const int64_t crossed =
         delta[offload::kCacheMisses] + delta[offload::kCachePrefetched] +
         delta[offload::kCacheUnplaced];
-    // The stall is not timed on the GPU: the demand copies are kernels of the stream.
-    profiler.record_expert_cache(l, delta, crossed * cache_->slot_bytes(), 0.0);
+    profiler.record_expert_cache(l, delta, crossed * cache_->slot_bytes(),
+                                 stall_s.empty() ? 0.0 : stall_s[l]);
   }
   reported_cache_counters_.assign(now.begin(), now.end());
 }
 
 void CudaDecoder::report_step(profile::Profiler& profiler, const Step& step) {
   const int64_t previous_layer = profiler.current_layer();
+  // The expert cache's stall: the expert-wait spans of a timed step, counted for the time_every
+  // steps it stands for (the untimed ones record none), so the run's total estimates every step.
+  std::vector<double> stall_s;
   if (timeline_) {
     const Timeline& t = *timeline_;
     std::vector<float> ms(t.marks.size(), 0.0f);
@@ -1239,9 +1248,14 @@ void CudaDecoder::report_step(profile::Profiler& profiler, const Step& step) {
       ms.clear();
       break;
     }
+    const double sampled = static_cast<double>(std::max<int64_t>(profiler.options().time_every, 1));
     for (size_t i = 0; i < ms.size(); ++i) {
       profiler.set_current_layer(t.marks[i].layer);
       profiler.add_time(t.marks[i].stage, static_cast<int64_t>(static_cast<double>(ms[i]) * 1e6));
+      if (t.marks[i].expert_wait) {
+        stall_s.resize(static_cast<size_t>(config_.num_layers), 0.0);
+        stall_s[t.marks[i].layer] += static_cast<double>(ms[i]) * 1e-3 * sampled;
+      }
     }
   }
   profiler.set_current_layer(-1);
@@ -1269,7 +1283,7 @@ void CudaDecoder::report_step(profile::Profiler& profiler, const Step& step) {
   profiler.add_link_bytes(profile::Link::kOnDevice,
                           w_.bytes - expert_total + touched * expert_bytes + kv_read);
   profiler.add_link_bytes(profile::Link::kHostDevice, host_device_bytes_);
-  if (cache_) report_expert_cache(profiler);
+  if (cache_) report_expert_cache(profiler, stall_s);
 }
 
 void CudaDecoder::forward(const ForwardBatch& batch, std::span<float> logits) {

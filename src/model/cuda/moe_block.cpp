@@ -51,7 +51,8 @@ CachedExpertRunner::CachedExpertRunner(CachedExperts& cache, std::span<const Dev
     : cache_(cache), layers_(layers), shape_(shape), activation_(activation) {}
 
 void CachedExpertRunner::on_routed(int64_t layer, const RoutedTokens& tokens,
-                                   RoutingPredictor& predictor, cudaStream_t stream) {
+                                   RoutingPredictor& predictor, const StageMarks& marks,
+                                   cudaStream_t stream) {
   // The prefetch for this layer (issued at the previous one) reads the predictor's ids, which
   // this layer's prediction rewrites: it must be done first.
   cache_.join(stream);
@@ -62,8 +63,10 @@ void CachedExpertRunner::on_routed(int64_t layer, const RoutedTokens& tokens,
   // anything else is queued; the prefetch then starts as soon as the demand is placed.
   const int32_t* predicted =
       predict ? predictor.predict(next, tokens, stream) : nullptr;
+  marks.close(profile::Stage::kRoute, layer);  // the prediction is routing work
   const int64_t A = tokens.num_tokens * tokens.top_k;
   cache_.admit(layer, tokens.topk_ids, A, tokens.hidden, tokens.num_tokens, stream);
+  marks.close_expert_wait(layer);  // the admission and the demand copies: the layer waits
   if (predict) cache_.prefetch(next, predicted, A, stream);
 }
 
@@ -165,7 +168,7 @@ bool MoeBlock::small_batch_takes(int64_t layer, int64_t T) const {
 }
 
 void MoeBlock::small_batch(int64_t layer, const MoeLayerIo& io, int32_t* topk_ids,
-                           float* topk_weights, cudaStream_t stream, const StageMarkFn& mark) {
+                           float* topk_weights, cudaStream_t stream, const StageMarks& marks) {
   const DeviceLayer& d = *runner_->resident(layer);
   const ExpertShape& s = options_.shape;
   cuda::SmallMoeParams p{
@@ -180,9 +183,9 @@ void MoeBlock::small_batch(int64_t layer, const MoeLayerIo& io, int32_t* topk_id
   // The profiler sees the two launches as route (router GEMV, top-k and plan) and experts
   // (routed and shared experts and their weighted sum).
   cuda::small_batch_moe_route_plan(p, stream);
-  if (mark) mark(profile::Stage::kRoute, layer);
+  marks.close(profile::Stage::kRoute, layer);
   cuda::small_batch_moe_experts(p, stream);
-  if (mark) mark(profile::Stage::kExperts, layer);
+  marks.close(profile::Stage::kExperts, layer);
 }
 
 const bf16* MoeBlock::shared_experts(int64_t layer, const bf16* hidden, int64_t T,
@@ -209,17 +212,15 @@ const bf16* MoeBlock::shared_experts(int64_t layer, const bf16* hidden, int64_t 
 }
 
 void MoeBlock::enqueue(int64_t layer, const MoeLayerIo& io, cudaStream_t stream,
-                       const StageMarkFn& mark) {
+                       const StageMarks& marks) {
   MOE_CHECK(plans_[layer].feed_forward == FeedForwardKind::kMoe, "layer ", layer,
             " is dense, not an MoE block");
   const int64_t T = io.num_tokens, K = options_.top_k, E = options_.shape.num_experts;
   int32_t* const topk_ids = io.topk_ids ? io.topk_ids : buffers_.topk_ids;
   float* const topk_weights = io.topk_weights ? io.topk_weights : buffers_.topk_weights;
-  auto close = [&](profile::Stage stage) {
-    if (mark) mark(stage, layer);
-  };
+  auto close = [&](profile::Stage stage) { marks.close(stage, layer); };
   if (small_batch_takes(layer, T)) {
-    small_batch(layer, io, topk_ids, topk_weights, stream, mark);
+    small_batch(layer, io, topk_ids, topk_weights, stream, marks);
     return;
   }
   route(layer, io.hidden, T, io.num_valid, io.noise_keys, buffers_.router_logits, topk_ids,
@@ -230,7 +231,7 @@ void MoeBlock::enqueue(int64_t layer, const MoeLayerIo& io, cudaStream_t stream,
                             .expert_offsets = buffers_.expert_offsets,
                             .src_row = buffers_.src_row, .inverse = buffers_.inverse,
                             .num_tokens = T, .top_k = K, .num_valid = io.num_valid};
-  runner_->on_routed(layer, tokens, *this, stream);
+  runner_->on_routed(layer, tokens, *this, marks, stream);
   // Over E + 1 experts: padding tokens carry expert id E and sort past every real expert.
   cuda::moe_plan({.topk_ids = topk_ids, .expert_counts = io.expert_counts,
                   .expert_offsets = buffers_.expert_offsets, .src_row = buffers_.src_row,

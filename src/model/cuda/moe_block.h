@@ -31,6 +31,21 @@ namespace moeinfer::gpu {
 
 class CachedExperts;
 
+// The profiler's marks (each may be empty): `stage` closes a stage of a layer, `expert_wait`
+// closes the time the layer's compute waits for its experts (a cache's admission and demand
+// copies, which the decoder reports as the cache's stall).
+struct StageMarks {
+  std::function<void(profile::Stage stage, int64_t layer)> stage;
+  std::function<void(int64_t layer)> expert_wait;
+
+  void close(profile::Stage s, int64_t layer) const {
+    if (stage) stage(s, layer);
+  }
+  void close_expert_wait(int64_t layer) const {
+    if (expert_wait) expert_wait(layer);
+  }
+};
+
 // route + plan: what the strategies read (device memory).
 struct RoutedTokens {
   const bf16* hidden = nullptr;          // [T, Hp] the layer's normed input
@@ -107,7 +122,8 @@ class ExpertRunner {
   // The layer's routing, before the plan: where a cache admits the layer's experts and starts
   // the next layer's prefetch.
   virtual void on_routed(int64_t /*layer*/, const RoutedTokens& /*tokens*/,
-                         RoutingPredictor& /*predictor*/, cudaStream_t /*stream*/) {}
+                         RoutingPredictor& /*predictor*/, const StageMarks& /*marks*/,
+                         cudaStream_t /*stream*/) {}
   // out[r] = expert(rows[r]) for every plan row r.
   virtual void run(int64_t layer, const ExpertRows& rows, bf16* out, cudaStream_t stream) = 0;
   // After run, before combine: outputs computed elsewhere (the host) joined into out.
@@ -142,7 +158,7 @@ class CachedExpertRunner final : public ExpertRunner {
   CachedExpertRunner(CachedExperts& cache, std::span<const DeviceLayer> layers,
                      const ExpertShape& shape, bf16* activation);
   void on_routed(int64_t layer, const RoutedTokens& tokens, RoutingPredictor& predictor,
-                 cudaStream_t stream) override;
+                 const StageMarks& marks, cudaStream_t stream) override;
   void run(int64_t layer, const ExpertRows& rows, bf16* out, cudaStream_t stream) override;
   void finish(int64_t layer, const RoutedTokens& tokens, bf16* out,
               cudaStream_t stream) override;
@@ -161,8 +177,6 @@ using LinearFn = std::function<void(const bf16* x, int64_t rows, const bf16* w, 
 // out[T, Hp] = down(silu(gate) * up) of x: the decoder's dense MLP (the shared experts).
 using DenseMlpFn = std::function<void(const bf16* x, const bf16* gate_up, const bf16* down,
                                       int64_t width, int64_t num_tokens, bf16* out)>;
-// Closes a profiled stage of a layer (profile/profiler.h); may be empty.
-using StageMarkFn = std::function<void(profile::Stage stage, int64_t layer)>;
 
 // Device workspace the block uses, carved by its owner for the largest step (T = max tokens).
 struct MoeBlockBuffers {
@@ -213,9 +227,9 @@ class MoeBlock final : private RoutingPredictor {
            std::unique_ptr<TokenDispatcher> dispatcher, std::unique_ptr<ExpertRunner> runner,
            LinearFn linear, DenseMlpFn dense_mlp);
 
-  // Enqueues layer `layer`'s whole MoE block on `stream`. mark (may be empty) closes each stage.
+  // Enqueues layer `layer`'s whole MoE block on `stream`, closing each stage with `marks`.
   void enqueue(int64_t layer, const MoeLayerIo& io, cudaStream_t stream,
-               const StageMarkFn& mark = {});
+               const StageMarks& marks = {});
 
   // The router of `layer` over hidden: logits [T, E], ids and weights [T, K] (route stage).
   // noise_keys: MoeLayerIo's (the layer's own routing), or null (a prediction: a synthetic
@@ -235,7 +249,7 @@ class MoeBlock final : private RoutingPredictor {
                                    const int32_t* noise_keys, const float* logits,
                                    int32_t* topk_ids, float* topk_weights) const;
   void small_batch(int64_t layer, const MoeLayerIo& io, int32_t* topk_ids, float* topk_weights,
-                   cudaStream_t stream, const StageMarkFn& mark);
+                   cudaStream_t stream, const StageMarks& marks);
   // The shared experts' output [T, Hp] (bf16) per the layer's SharedExpertKind, or null.
   const bf16* shared_experts(int64_t layer, const bf16* hidden, int64_t num_tokens,
                              cudaStream_t stream);
