@@ -212,8 +212,9 @@ Engine::Engine(std::unique_ptr<Model> model, std::unique_ptr<GpuDecoder> gpu, To
     generation_defaults_ = GenerationDefaults::load(dir);
   }
   for (int64_t id : model_config_.eos_token_ids) eos_ids_.insert(static_cast<int32_t>(id));
-  if (config.profile_stages || config.offload.enabled()) {
-    // Offloading alone keeps a profiler for the expert cache's counters, timing no stage.
+  if (config.profile_stages || config.offload.enabled() || steps_collectively()) {
+    // Offloading or expert parallelism alone keeps a profiler for its counters (the expert
+    // cache's, the bytes on the network), timing no stage.
     const ModelConfig& m = model_config_;
     const int64_t time_every = config.profile_time_every > 0 ? config.profile_time_every
                                : gpu_                         ? kGpuProfileTimeEvery

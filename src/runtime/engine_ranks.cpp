@@ -105,7 +105,8 @@ RankLoad RankEngine::load() const {
           .kv_used = s.kv.num_used,
           .kv_cached = s.kv.num_cached,
           .prefix_queries = s.kv.prefix_queries,
-          .prefix_hits = s.kv.prefix_hits};
+          .prefix_hits = s.kv.prefix_hits,
+          .network_bytes = s.network_bytes};
 }
 
 EngineRanks::EngineRanks(Engine& local, parallel::Communicator* comm)

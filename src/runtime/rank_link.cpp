@@ -225,7 +225,7 @@ void put_load(ByteWriter& w, const RankLoad& l) {
   for (int64_t v :
        {l.num_running, l.num_waiting, l.num_queued_tokens, static_cast<int64_t>(l.has_unfinished),
         l.prompt_tokens, l.generation_tokens, l.num_preemptions, l.kv_blocks, l.kv_used,
-        l.kv_cached, l.prefix_queries, l.prefix_hits}) {
+        l.kv_cached, l.prefix_queries, l.prefix_hits, l.network_bytes}) {
     w.put(v);
   }
 }
@@ -244,6 +244,7 @@ RankLoad get_load(ByteReader& r) {
   l.kv_cached = r.get<int64_t>();
   l.prefix_queries = r.get<int64_t>();
   l.prefix_hits = r.get<int64_t>();
+  l.network_bytes = r.get<int64_t>();
   return l;
 }
 

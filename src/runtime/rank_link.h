@@ -26,6 +26,7 @@ struct RankLoad {
   // Counters and KV figures, summed over ranks for the server's own gauges.
   int64_t prompt_tokens = 0, generation_tokens = 0, num_preemptions = 0;
   int64_t kv_blocks = 0, kv_used = 0, kv_cached = 0, prefix_queries = 0, prefix_hits = 0;
+  int64_t network_bytes = 0;  // what its MoE layers sent to other ranks (EngineStats)
   int64_t num_requests() const { return num_running + num_waiting; }
 };
 

@@ -191,7 +191,8 @@ function drawCards(d) {
   (d.ranks || []).forEach((rank, i) => {
     cards.push([`rank ${i}`, rank.running,
                 `running · ${rank.waiting} waiting · ${rank.assigned} assigned · ` +
-                `${rank.kv_used} / ${rank.kv_blocks} KV blocks`]);
+                `${rank.kv_used} / ${rank.kv_blocks} KV blocks · ` +
+                `${(rank.network_bytes / 1048576).toFixed(1)} MiB sent`]);
   });
   box.replaceChildren();
   for (const [k, v, s] of cards) {

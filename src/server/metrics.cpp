@@ -308,6 +308,10 @@ std::string Metrics::render(const std::string& model_name) const {
              &RankFigures::num_assigned);
     per_rank("rank_kv_cache_used_blocks", "gauge", "KV-cache blocks held on each rank.",
              &RankFigures::kv_used);
+    per_rank("rank_network_bytes_total", "counter",
+             "Bytes each rank's MoE layers sent to other ranks (dispatched rows with their "
+             "counts, combined outputs), as encoded on the wire (--dispatch-dtype).",
+             &RankFigures::network_bytes);
   }
   counter("prompt_tokens_total", "Prompt tokens of admitted requests.", stats_.prompt_tokens);
   counter("generation_tokens_total", "Tokens generated.", stats_.generation_tokens);
@@ -518,7 +522,8 @@ nlohmann::json Metrics::dashboard(const std::string& model_name) const {
                      {"waiting", r.num_waiting},
                      {"assigned", r.num_assigned},
                      {"kv_used", r.kv_used},
-                     {"kv_blocks", r.kv_blocks}});
+                     {"kv_blocks", r.kv_blocks},
+                     {"network_bytes", r.network_bytes}});
   }
   d["ranks"] = ranks;  // empty in one process
   d["tokens"] = {{"prompt", stats_.prompt_tokens},

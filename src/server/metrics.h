@@ -80,6 +80,7 @@ struct RankFigures {
   int64_t num_running = 0, num_waiting = 0;  // sequences
   int64_t num_assigned = 0;                  // requests sent to the rank since the start
   int64_t kv_used = 0, kv_blocks = 0;
+  int64_t network_bytes = 0;  // sent by its MoE layers to other ranks, as encoded on the wire
 };
 
 class Metrics {

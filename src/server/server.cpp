@@ -888,7 +888,8 @@ void Server::publish_engine_stats() {
                        .num_waiting = status.load.num_waiting,
                        .num_assigned = status.num_assigned,
                        .kv_used = status.load.kv_used,
-                       .kv_blocks = status.load.kv_blocks});
+                       .kv_blocks = status.load.kv_blocks,
+                       .network_bytes = status.load.network_bytes});
   }
   metrics_.set_rank_figures(std::move(figures));
 }

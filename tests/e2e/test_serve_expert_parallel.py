@@ -8,7 +8,8 @@ text does not depend on what else shares its step and must equal the one-process
 
   same_text       eight concurrent greedy completions, four prompts streamed and not, each with
                   the one-process server's text, usage and finish reason (and logprobs for one)
-  both_ranks      /metrics counts requests sent to rank 0 and to rank 1, and /dashboard/data
+  both_ranks      /metrics counts requests sent to rank 0 and to rank 1 and the bytes each sent
+                  over the network, and /dashboard/data
                   has a card per rank
   disconnect      a client that leaves mid-stream has its request aborted on whichever rank
                   ran it, and every rank goes idle
@@ -195,6 +196,11 @@ def check_both_ranks(s: MpiServer, ctx: dict) -> None:
         data = json.loads(r.read())
     assert len(data["ranks"]) == 2, data["ranks"]
     assert [r["assigned"] for r in data["ranks"]] == counts, (data["ranks"], counts)
+    # Every step's MoE layers are collective: both ranks sent rows and outputs over the network.
+    sent = [metrics(s.base).get(f'moeinfer:rank_network_bytes_total{{rank="{r}"}}', 0.0)
+            for r in (0, 1)]
+    assert sent[0] > 0 and sent[1] > 0, f"network bytes per rank {sent}"
+    assert all(r["network_bytes"] > 0 for r in data["ranks"]), data["ranks"]
 
 
 def check_disconnect(s: MpiServer, ctx: dict) -> None:
