@@ -72,6 +72,7 @@ class EngineOptions:
     ep: int
     placement: str
     overlap: bool
+    dispatch_dtype: str
     def __init__(self) -> None: ...
 
 class Engine:

@@ -64,6 +64,8 @@ class LLM:
         placement: with ep: a placement file of ``moeinfer placement`` (which ranks hold which
             experts, replicas allowed); None: contiguous ranges.
         overlap: with ep: compute the shared experts while a layer's rows travel to their ranks.
+        dispatch_dtype: with ep: how the rows sent to the experts' ranks are encoded, "f32",
+            "bf16" or "fp8" (e4m3 with a scale per row), as ``--dispatch-dtype``.
         deterministic: batch-invariant kernels: a seeded request's text does not depend on
             what else runs.
         generation_config: sampling defaults for ``get_default_sampling_params``: "auto" (the
@@ -99,6 +101,7 @@ class LLM:
         ep: int = 1,
         placement: Optional[Union[str, "os.PathLike[str]"]] = None,
         overlap: bool = True,
+        dispatch_dtype: str = "f32",
         deterministic: bool = False,
         generation_config: str = "auto",
         profile: bool = False,
@@ -129,6 +132,7 @@ class LLM:
         options.ep = ep
         options.placement = "" if placement is None else os.fspath(placement)
         options.overlap = overlap
+        options.dispatch_dtype = dispatch_dtype
         self._engine = _core.Engine.load(os.fspath(model), options)
         if self._engine.rank > 0:
             # Rank 0 drives every rank's engine; this one steps with it until it closes.

@@ -302,7 +302,8 @@ NB_MODULE(_core, m) {
       .def_rw("tool_call_parser", &SessionOptions::tool_call_parser)
       .def_rw("ep", &SessionOptions::ep)
       .def_rw("placement", &SessionOptions::placement)
-      .def_rw("overlap", &SessionOptions::overlap);
+      .def_rw("overlap", &SessionOptions::overlap)
+      .def_rw("dispatch_dtype", &SessionOptions::dispatch_dtype);
 
   nb::class_<Session>(m, "Engine", "An engine over one checkpoint (use moeinfer.LLM)")
       .def_static(

@@ -5,6 +5,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "moe/row_codec.h"
 #include "offload/parse_options.h"
 
 namespace moeinfer::python {
@@ -27,6 +28,10 @@ EngineConfig engine_config(const SessionOptions& o) {
   MOE_CHECK(o.ep >= 1, "ep must be >= 1, got ", o.ep);
   MOE_CHECK(o.ep > 1 || o.placement.empty(), "placement needs ep > 1");
   MOE_CHECK(o.ep > 1 || o.overlap, "overlap=False needs ep > 1");
+  MOE_CHECK(o.ep > 1 || o.dispatch_dtype == "f32", "dispatch_dtype='", o.dispatch_dtype,
+            "' needs ep > 1");
+  MOE_CHECK(o.dispatch_dtype == "f32" || o.dispatch_dtype == "bf16" || o.dispatch_dtype == "fp8",
+            "dispatch_dtype must be 'f32', 'bf16' or 'fp8', got '", o.dispatch_dtype, "'");
   EngineConfig config;
   config.device = o.device;
   config.max_num_seqs = o.max_num_seqs;
@@ -93,7 +98,10 @@ std::unique_ptr<Session> Session::load(const std::filesystem::path& dir,
             " python SCRIPT`, every rank making the same LLM(..., ep=", options.ep, ")");
   auto engine = load_expert_parallel_engine(
       dir, config,
-      {.comm = &world, .placement = options.placement, .overlap_shared_experts = options.overlap});
+      {.comm = &world,
+       .placement = options.placement,
+       .overlap_shared_experts = options.overlap,
+       .dispatch_dtype = moe::parse_dispatch_dtype(options.dispatch_dtype)});
   return std::make_unique<Session>(std::move(engine), load_chat_config(dir),
                                    options.tool_call_parser, &world);
 }

@@ -74,6 +74,7 @@ struct SessionOptions {
   int ep = 1;
   std::string placement;
   bool overlap = true;
+  std::string dispatch_dtype = "f32";  // how dispatch encodes the rows it sends: f32, bf16, fp8
 };
 
 // The engine's configuration from the options; throws moeinfer::Error naming a bad one.

@@ -23,7 +23,8 @@ SCRIPT = """
 import json, sys
 import moeinfer
 model, ep, placement, overlap = sys.argv[1], int(sys.argv[2]), sys.argv[3] or None, sys.argv[4]
-llm = moeinfer.LLM(model, ep=ep, placement=placement, overlap=overlap == "on", max_num_seqs=2)
+llm = moeinfer.LLM(model, ep=ep, placement=placement, overlap=overlap == "on", max_num_seqs=2,
+                   dispatch_dtype=sys.argv[6])
 prompts = json.loads(sys.argv[5])
 greedy = moeinfer.SamplingParams(temperature=0, max_tokens=8)
 outs = llm.generate(prompts, greedy)
@@ -55,13 +56,13 @@ def mpirun_or_skip() -> str:
     return launcher
 
 
-def run_ranks(tmp_path, n, model, placement="", overlap="on"):
+def run_ranks(tmp_path, n, model, placement="", overlap="on", dispatch_dtype="f32"):
     script = tmp_path / "ep_script.py"
     script.write_text(SCRIPT)
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMPI_MCA_rmaps_base_oversubscribe="1", MOE_NUM_THREADS="1")
     r = subprocess.run([mpirun_or_skip(), "-np", str(n), sys.executable, str(script), str(model),
-                        str(n), str(placement), overlap, json.dumps(PROMPTS)],
+                        str(n), str(placement), overlap, json.dumps(PROMPTS), dispatch_dtype],
                        capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert r.returncode == 0, f"mpirun -np {n}: exit {r.returncode}\n{r.stderr[-3000:]}"
     lines = [line for line in r.stdout.splitlines() if line.startswith("{")]
@@ -111,6 +112,16 @@ def test_placement_with_replicas_and_no_overlap(tmp_path):
     assert got["tokens"] == want["tokens"]
 
 
+@pytest.mark.parametrize("dispatch_dtype", ["bf16", "fp8"])
+def test_encoded_dispatch_keeps_the_demo_text(tmp_path, dispatch_dtype):
+    # The demo model's greedy text survives rows sent in bf16 and in fp8 (bench/RESULTS.md,
+    # "--dispatch-dtype under --ep 2").
+    want = one_process(DEMO)
+    got = run_ranks(tmp_path, 2, DEMO, dispatch_dtype=dispatch_dtype)
+    assert got["tokens"] == want["tokens"]
+    assert got["chat"] == want["chat"]
+
+
 def test_refusals_name_the_problem(tmp_path):
     with pytest.raises(moeinfer.EngineError, match=r"mpirun -np 2"):
         moeinfer.LLM(DEMO, ep=2)
@@ -118,6 +129,10 @@ def test_refusals_name_the_problem(tmp_path):
         moeinfer.LLM(DEMO, placement=tmp_path / "p.json")
     with pytest.raises(moeinfer.EngineError, match="overlap=False needs ep > 1"):
         moeinfer.LLM(DEMO, overlap=False)
+    with pytest.raises(moeinfer.EngineError, match="dispatch_dtype='fp8' needs ep > 1"):
+        moeinfer.LLM(DEMO, dispatch_dtype="fp8")
+    with pytest.raises(moeinfer.EngineError, match="dispatch_dtype must be 'f32', 'bf16' or"):
+        moeinfer.LLM(DEMO, ep=2, dispatch_dtype="int8")
     with pytest.raises(moeinfer.EngineError, match="ep must be >= 1"):
         moeinfer.LLM(DEMO, ep=0)
     with pytest.raises(moeinfer.EngineError, match="expert parallelism runs on CPU ranks"):
