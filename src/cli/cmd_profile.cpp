@@ -538,6 +538,7 @@ void add_profile_command(CLI::App& app) {
   add_device_options(cmd, &args->device);
   add_offload_options(cmd, &args->device);
   add_routing_options(cmd, &args->device);
+  add_weight_options(cmd, &args->device);
   cmd->add_option("--layers", args->layers, "synthetic:NAME: keep only the first N layers");
   cmd->add_option("--routing-skew", args->routing_skew,
                   "synthetic:NAME: zipf:A makes each router prefer experts by a Zipf law; "
