@@ -66,8 +66,12 @@ struct DeviceArgs {
   // whose KV cache holds bf16 rows, auto and bf16 are accepted (the value is then unused) and
   // f32 and fp8 refused, naming the flag.
   KvDType kv_rows_dtype() const;
-  // Whether --kv-dtype changes the rows from what the device stores by default (CPU: not f32).
-  bool kv_rows_rounded() const { return !is_cuda() && kv_rows_dtype() != KvDType::kF32; }
+  // Whether --kv-dtype changes the rows from what the device stores by default (CPU: not f32);
+  // checked as kv_rows_dtype() is, so a value cuda cannot take is refused here too.
+  bool kv_rows_rounded() const {
+    const KvDType dtype = kv_rows_dtype();
+    return !is_cuda() && dtype != KvDType::kF32;
+  }
   // The offloading flags, parsed (offload/parse_options.h); disabled without a budget.
   offload::OffloadOptions offload() const;
 };
