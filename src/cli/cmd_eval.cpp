@@ -124,8 +124,8 @@ void run_eval(const EvalArgs& args) {
   const bool quantised = weights != WeightFormat::kCheckpoint;
   const bool kv_rounded = args.device.kv_rows_rounded();  // f32 and fp8 refused on cuda
   const bool compare = args.device.active_experts || args.device.drop_below ||
-                       args.device.expert_capacity || args.device.router_temperature ||
-                       quantised || kv_rounded;
+                       args.device.expert_capacity || args.device.router_temperature || quantised ||
+                       kv_rounded;
   const std::filesystem::path dir = resolve_model_dir(args.model);
   const std::string text = read_text(args.text_file);
   std::vector<int32_t> ids = Tokenizer::from_dir(dir).encode(text);
@@ -233,7 +233,8 @@ void run_eval(const EvalArgs& args) {
       flags += std::string(flags.empty() ? "" : " ") + "--weights " +
                std::string(weight_format_name(weights));
     }
-    if (kv_rounded) flags += std::string(flags.empty() ? "" : " ") + "--kv-dtype " + args.device.kv_dtype;
+    if (kv_rounded)
+      flags += std::string(flags.empty() ? "" : " ") + "--kv-dtype " + args.device.kv_dtype;
     std::printf("  %-24s %12s %12s\n", "", "unmodified", "modified");
     std::printf("  %-24s %12.4f %12.4f\n", "perplexity", ppl, ppl_mod);
     std::printf("  %-24s %12s %+11.3f%%\n", "perplexity change", "", 100.0 * change);

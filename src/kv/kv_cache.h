@@ -66,8 +66,8 @@ class KvBlockPool {
                         float* scratch) const {
     return read(dtype_, key_groups_, key_bytes(layer, block, slot), offset, count, scratch);
   }
-  const float* read_value(int64_t layer, int64_t block, int64_t slot, int64_t offset,
-                          int64_t count, float* scratch) const {
+  const float* read_value(int64_t layer, int64_t block, int64_t slot, int64_t offset, int64_t count,
+                          float* scratch) const {
     return read(dtype_, value_groups_, value_bytes(layer, block, slot), offset, count, scratch);
   }
 
@@ -90,8 +90,8 @@ class KvBlockPool {
     return reinterpret_cast<std::byte*>(values_[layer].get()) +
            (block * block_size_ + slot) * value_row_bytes_;
   }
-  static const float* read(KvDType dtype, const std::vector<int64_t>& groups,
-                           const std::byte* row, int64_t offset, int64_t count, float* scratch) {
+  static const float* read(KvDType dtype, const std::vector<int64_t>& groups, const std::byte* row,
+                           int64_t offset, int64_t count, float* scratch) {
     if (dtype == KvDType::kF32) return reinterpret_cast<const float*>(row) + offset;
     decode_kv_row(dtype, groups, row, offset, count, scratch);
     return scratch;

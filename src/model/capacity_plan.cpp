@@ -90,13 +90,13 @@ CapacityPlan plan_on_gpus(const ModelConfig& config, const PlanOptions& o) {
         o.kv_dtype == KvDType::kFP8
             ? config.num_kv_layers() * static_cast<int64_t>(groups.key.size() + groups.value.size())
             : 0;
-    a.push_back(line("KV per token: %lld values x %lld B%s = %lld B; one %lld-token sequence: %s",
-                     static_cast<long long>(values),
-                     static_cast<long long>((plan.kv_bytes_per_token - 4 * scales) / values),
-                     scales > 0 ? line(" + %lld fp8 scales x 4 B", static_cast<long long>(scales)).c_str()
-                                : "",
-                     static_cast<long long>(plan.kv_bytes_per_token),
-                     static_cast<long long>(plan.max_seq_len), gib(one_sequence_kv).c_str()));
+    a.push_back(line(
+        "KV per token: %lld values x %lld B%s = %lld B; one %lld-token sequence: %s",
+        static_cast<long long>(values),
+        static_cast<long long>((plan.kv_bytes_per_token - 4 * scales) / values),
+        scales > 0 ? line(" + %lld fp8 scales x 4 B", static_cast<long long>(scales)).c_str() : "",
+        static_cast<long long>(plan.kv_bytes_per_token), static_cast<long long>(plan.max_seq_len),
+        gib(one_sequence_kv).c_str()));
   }
   if (plan.state_bytes_per_sequence > 0) {
     a.push_back(

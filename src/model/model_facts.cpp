@@ -66,7 +66,8 @@ KvRowGroups kv_row_groups(const ModelConfig& config) {
 
 int64_t kv_bytes_per_token(const ModelConfig& config, KvDType dtype) {
   const KvRowGroups groups = kv_row_groups(config);
-  return config.num_kv_layers() * (kv_row_bytes(dtype, groups.key) + kv_row_bytes(dtype, groups.value));
+  return config.num_kv_layers() *
+         (kv_row_bytes(dtype, groups.key) + kv_row_bytes(dtype, groups.value));
 }
 
 int64_t state_values_per_sequence(const ModelConfig& config) {

@@ -53,9 +53,8 @@ int64_t pool_blocks(const ModelConfig& model, const EngineConfig& config, int64_
   const size_t block_bytes = token_bytes * static_cast<size_t>(config.block_size);
   size_t bytes = static_cast<size_t>(config.kv_cache_mb) << 20;
   if (config.kv_cache_mb == 0) {
-    bytes =
-        std::min(static_cast<size_t>(config.max_num_seqs * max_model_len) * token_bytes,
-                 size_t{4} << 30);
+    bytes = std::min(static_cast<size_t>(config.max_num_seqs * max_model_len) * token_bytes,
+                     size_t{4} << 30);
   }
   return std::max<int64_t>(1, static_cast<int64_t>(bytes / block_bytes));
 }

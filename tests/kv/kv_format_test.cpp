@@ -1,6 +1,8 @@
 // The KV pool's row formats (--kv-dtype): f32 rows come back exactly, bf16 within half a bf16 ulp,
 // fp8 within e4m3's half-ulp of each group's amax-derived scale; an all-zero group stays zero;
 // MLA's latent and rope key keep separate scales; bytes per token count fp8's scales.
+#include "kv/kv_format.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,7 +12,6 @@
 
 #include "core/dtype.h"
 #include "kv/kv_cache.h"
-#include "kv/kv_format.h"
 
 namespace moeinfer {
 namespace {
@@ -121,8 +122,7 @@ TEST(KvBlockPool, Fp8ReadsARangeAcrossGroups) {
   // MLA's row: a latent of 11 near 1 and a rope key of 5 near 100, each with its own scale, read
   // whole and in a range that straddles the two.
   const std::vector<int64_t> groups = {11, 5};
-  KvBlockPool pool(1, 16, 0, 4, 1,
-                   KvPoolLayout{.dtype = KvDType::kFP8, .key_groups = groups});
+  KvBlockPool pool(1, 16, 0, 4, 1, KvPoolLayout{.dtype = KvDType::kFP8, .key_groups = groups});
   std::vector<float> row(16);
   for (int i = 0; i < 11; ++i) row[i] = 0.01f * static_cast<float>(i + 1);
   for (int i = 11; i < 16; ++i) row[i] = -100.0f * static_cast<float>(i - 10);
@@ -147,9 +147,9 @@ TEST(KvBlockPool, BytesPerTokenPerDtype) {
 }
 
 TEST(KvBlockPool, RefusesScaleGroupsThatDoNotCoverTheRow) {
-  EXPECT_THROW(KvBlockPool(1, 16, 16, 4, 1,
-                           KvPoolLayout{.dtype = KvDType::kFP8, .key_groups = {8, 4}}),
-               Error);
+  EXPECT_THROW(
+      KvBlockPool(1, 16, 16, 4, 1, KvPoolLayout{.dtype = KvDType::kFP8, .key_groups = {8, 4}}),
+      Error);
 }
 
 }  // namespace

@@ -37,18 +37,17 @@ std::vector<float> logits_with(Model& model, KvDType dtype, std::span<const int3
                                Routings* record = nullptr, const Routings* replay = nullptr) {
   Decoder& decoder = model.decoder();
   size_t next = 0;
-  decoder.set_routing_observer(record ? Decoder::RoutingObserver([record](int64_t,
-                                                                          const moe::Routing& r) {
-    record->push_back(r);
-  })
-                                      : nullptr);
+  decoder.set_routing_observer(
+      record ? Decoder::RoutingObserver(
+                   [record](int64_t, const moe::Routing& r) { record->push_back(r); })
+             : nullptr);
   decoder.set_routing_override(
-      replay ? Decoder::RoutingOverride([&](int64_t, const float*, const moe::RouterOptions&,
-                                            moe::Routing& routing) {
-        ASSERT_LT(next, replay->size());
-        ASSERT_EQ(routing.num_tokens, (*replay)[next].num_tokens);
-        routing = (*replay)[next++];
-      })
+      replay ? Decoder::RoutingOverride(
+                   [&](int64_t, const float*, const moe::RouterOptions&, moe::Routing& routing) {
+                     ASSERT_LT(next, replay->size());
+                     ASSERT_EQ(routing.num_tokens, (*replay)[next].num_tokens);
+                     routing = (*replay)[next++];
+                   })
              : nullptr);
   KvCache cache = decoder.make_cache(64, dtype);
   EXPECT_EQ(cache.pool().dtype(), dtype);
@@ -117,9 +116,7 @@ void expect_near_f32(const char* name, double bf16_bound, double fp8_bound) {
 
 TEST(KvDtype, GqaLogitsStayNearFloat32Rows) { expect_near_f32("qwen3_moe_f32", 1e-2, 1e-1); }
 
-TEST(KvDtype, MlaLogitsStayNearFloat32Rows) {
-  expect_near_f32("deepseek_v2_lite_f32", 1e-2, 1e-1);
-}
+TEST(KvDtype, MlaLogitsStayNearFloat32Rows) { expect_near_f32("deepseek_v2_lite_f32", 1e-2, 1e-1); }
 
 // The planner counts what the pool allocates and the engine sizes its pool by, at every dtype.
 TEST(KvDtype, PlannerPoolAndEngineAgreeOnBytesPerToken) {
@@ -130,9 +127,9 @@ TEST(KvDtype, PlannerPoolAndEngineAgreeOnBytesPerToken) {
     int64_t f32_tokens = 0;
     for (KvDType dtype : kDtypes) {
       SCOPED_TRACE(std::string(kv_dtype_name(dtype)));
-      auto engine = Engine::load(fixture(name),
-                                 EngineConfig{.kv_cache_mb = kKvCacheMb, .kv_dtype = dtype},
-                                 LoadOptions{.prefault = false});
+      auto engine =
+          Engine::load(fixture(name), EngineConfig{.kv_cache_mb = kKvCacheMb, .kv_dtype = dtype},
+                       LoadOptions{.prefault = false});
       const ModelConfig& config = engine->model_config();
       const CapacityPlan plan = plan_capacity(config, PlanOptions{.kv_dtype = dtype});
       const KvCache cache = model->decoder().make_cache(8, dtype);
@@ -142,8 +139,7 @@ TEST(KvDtype, PlannerPoolAndEngineAgreeOnBytesPerToken) {
       EXPECT_EQ(plan.kv_bytes_per_token, kv_bytes_per_token(config, dtype));
       const int64_t block = engine->config().block_size;
       const int64_t tokens = engine->num_kv_blocks() * block;
-      EXPECT_EQ(engine->num_kv_blocks(),
-                (kKvCacheMb << 20) / (plan.kv_bytes_per_token * block));
+      EXPECT_EQ(engine->num_kv_blocks(), (kKvCacheMb << 20) / (plan.kv_bytes_per_token * block));
       std::printf("%s --kv-dtype %s: %lld B per token, %lld tokens in %lld MiB\n", name,
                   std::string(kv_dtype_name(dtype)).c_str(),
                   static_cast<long long>(plan.kv_bytes_per_token), static_cast<long long>(tokens),
