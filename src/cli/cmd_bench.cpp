@@ -266,7 +266,8 @@ void run_bench(const BenchArgs& args) {
       .deterministic = args.deterministic,
       .offload = args.device.offload(),
       .routing = args.device.routing_approximation(),
-      .expert_weights = args.device.weight_format()};
+      .expert_weights = args.device.weight_format(),
+      .kv_dtype = args.device.kv_rows_dtype()};
   MOE_CHECK(args.device.ep == 1 || !synthetic, "--ep ", args.device.ep,
             ": synthetic models are built on the GPU, and expert parallelism runs on CPU ranks");
   parallel::Communicator* ranks = args.device.expert_parallel();  // null without --ep
@@ -464,6 +465,7 @@ void add_bench_command(CLI::App& app) {
   add_offload_options(cmd, &args->device);
   add_routing_options(cmd, &args->device);
   add_weight_options(cmd, &args->device);
+  add_kv_options(cmd, &args->device);
   add_expert_parallel_option(cmd, &args->device);
   cmd->add_option("--layers", args->layers, "synthetic:NAME: keep only the first N layers");
   cmd->add_option("--routing-skew", args->routing_skew,

@@ -1,9 +1,10 @@
 // `moeinfer eval --model DIR --text-file FILE [--window N] [--max-tokens N] [--json FILE]
-//  [routing approximations] [--weights bf16|fp8|int4]`: the perplexity of a text, and with any
-// routing approximation or --weights the same tokens run unmodified in the same command beside it
-// (under --weights by a second copy of the model with the checkpoint's weights): perplexity of
-// both, top-1 agreement and the KL divergence of the approximated next-token distribution from the
-// unmodified one.
+//  [routing approximations] [--weights bf16|fp8|int4] [--kv-dtype bf16|fp8]`: the perplexity of a
+// text, and with any routing approximation, --weights or a CPU --kv-dtype other than f32 the same
+// tokens run unmodified in the same command beside it (under --weights by a second copy of the
+// model with the checkpoint's weights; the unmodified run's KV cache holds float32 rows):
+// perplexity of both, top-1 agreement and the KL divergence of the approximated next-token
+// distribution from the unmodified one.
 //
 // What is computed: the text is encoded as `moeinfer tokenize` encodes it (the tokenizer's
 // special tokens included) and cut, after --max-tokens, into consecutive windows of --window
@@ -121,8 +122,10 @@ void run_eval(const EvalArgs& args) {
   const moe::RoutingApproximation approx = args.device.routing_approximation();
   const WeightFormat weights = args.device.weight_format();  // fp8 and int4 refused on cuda
   const bool quantised = weights != WeightFormat::kCheckpoint;
+  const bool kv_rounded = args.device.kv_rows_rounded();  // f32 and fp8 refused on cuda
   const bool compare = args.device.active_experts || args.device.drop_below ||
-                       args.device.expert_capacity || args.device.router_temperature || quantised;
+                       args.device.expert_capacity || args.device.router_temperature || quantised ||
+                       kv_rounded;
   const std::filesystem::path dir = resolve_model_dir(args.model);
   const std::string text = read_text(args.text_file);
   std::vector<int32_t> ids = Tokenizer::from_dir(dir).encode(text);
@@ -137,6 +140,7 @@ void run_eval(const EvalArgs& args) {
   // cannot take the format is refused before anything else is read).
   DeviceArgs unmodified_device = args.device;
   unmodified_device.weights.clear();
+  unmodified_device.kv_dtype = "auto";
   std::unique_ptr<Model> quantised_model = quantised ? load_model_for(dir, args.device) : nullptr;
   auto model = load_model_for(dir, unmodified_device);
   const ModelConfig& config = model->config();
@@ -153,9 +157,17 @@ void run_eval(const EvalArgs& args) {
   unmodified_device.overflow.clear();
   unmodified_device.router_temperature.reset();
   SequenceRunner runner(*model, unmodified_device, window, window);
-  std::optional<SequenceRunner> quantised_runner;
-  if (quantised) quantised_runner.emplace(*quantised_model, unmodified_device, window, window);
-  SequenceRunner& modified_runner = quantised ? *quantised_runner : runner;
+  // A second runner where the modified run stores or computes differently: the quantised model,
+  // or the same model over a cache of --kv-dtype rows.
+  DeviceArgs modified_device = unmodified_device;
+  modified_device.kv_dtype = args.device.kv_dtype;
+  std::optional<SequenceRunner> second_runner;
+  if (quantised) {
+    second_runner.emplace(*quantised_model, modified_device, window, window);
+  } else if (kv_rounded) {
+    second_runner.emplace(*model, modified_device, window, window);
+  }
+  SequenceRunner& modified_runner = second_runner ? *second_runner : runner;
   if (compare) moe::validate(approx, router_options(config));  // K' against the model's K
 
   const int64_t N = static_cast<int64_t>(ids.size());
@@ -221,6 +233,8 @@ void run_eval(const EvalArgs& args) {
       flags += std::string(flags.empty() ? "" : " ") + "--weights " +
                std::string(weight_format_name(weights));
     }
+    if (kv_rounded)
+      flags += std::string(flags.empty() ? "" : " ") + "--kv-dtype " + args.device.kv_dtype;
     std::printf("  %-24s %12s %12s\n", "", "unmodified", "modified");
     std::printf("  %-24s %12.4f %12.4f\n", "perplexity", ppl, ppl_mod);
     std::printf("  %-24s %12s %+11.3f%%\n", "perplexity change", "", 100.0 * change);
@@ -264,6 +278,7 @@ void add_eval_command(CLI::App& app) {
   add_offload_options(cmd, &args->device);
   add_routing_options(cmd, &args->device);
   add_weight_options(cmd, &args->device);
+  add_kv_options(cmd, &args->device);
   cmd->callback([args] { run_eval(*args); });
 }
 

@@ -151,6 +151,7 @@ void add_generate_command(CLI::App& app) {
   add_offload_options(cmd, &args->device);
   add_routing_options(cmd, &args->device);
   add_weight_options(cmd, &args->device);
+  add_kv_options(cmd, &args->device);
   add_expert_parallel_option(cmd, &args->device);
   cmd->add_option("--trace-routing", args->trace_routing,
                   "Record every routing decision to FILE (see `moeinfer trace summarize`)");

@@ -49,6 +49,7 @@ void add_logits_command(CLI::App& app) {
   add_offload_options(cmd, device.get());
   add_routing_options(cmd, device.get());
   add_weight_options(cmd, device.get());
+  add_kv_options(cmd, device.get());
   add_expert_parallel_option(cmd, device.get());
   cmd->callback([=] {
     const std::vector<int32_t> ids = parse_ids(*ids_text);

@@ -149,6 +149,7 @@ void run_serve(ServeArgs args) {
   args.engine.offload = args.device.offload();
   args.engine.routing = args.device.routing_approximation();
   args.engine.expert_weights = args.device.weight_format();
+  args.engine.kv_dtype = args.device.kv_rows_dtype();  // f32 and fp8 refused on cuda
   const bool synthetic = is_synthetic_model(args.model);
   MOE_CHECK(synthetic || (args.layers == 0 && args.routing_skew.empty()),
             "--layers and --routing-skew apply to synthetic:NAME models only");
@@ -258,6 +259,7 @@ void add_serve_command(CLI::App& app) {
   add_offload_options(cmd, &args->device);
   add_routing_options(cmd, &args->device);
   add_weight_options(cmd, &args->device);
+  add_kv_options(cmd, &args->device);
   add_expert_parallel_option(cmd, &args->device);
   cmd->add_option("--layers", args->layers, "synthetic:NAME: keep only the first N layers");
   cmd->add_option("--routing-skew", args->routing_skew,

@@ -116,6 +116,28 @@ void add_weight_options(CLI::App* cmd, DeviceArgs* args) {
       ->check(CLI::IsMember({"bf16", "fp8", "int4"}));
 }
 
+void add_kv_options(CLI::App* cmd, DeviceArgs* args) {
+  cmd->add_option("--kv-dtype", args->kv_dtype,
+                  "How the CPU's KV cache stores each token's key and value rows: f32 (as "
+                  "computed; what auto means on the CPU), bf16 (half the bytes) or fp8 (e4m3 "
+                  "with one float32 scale per KV head, or per MLA latent and rope key: about a "
+                  "quarter). Rows are rounded once when written and attention reads them back "
+                  "as float32; a --kv-cache-mb budget holds correspondingly more tokens. On "
+                  "--device cuda the cache holds bf16 rows: auto or bf16 only")
+      ->check(CLI::IsMember({"auto", "f32", "bf16", "fp8"}))
+      ->capture_default_str();
+}
+
+KvDType DeviceArgs::kv_rows_dtype() const {
+  if (is_cuda()) {
+    USAGE_CHECK(kv_dtype == "auto" || kv_dtype == "bf16", "--kv-dtype ", kv_dtype,
+                " applies to --device cpu: the CUDA backend's KV cache holds bf16 rows (use "
+                "--kv-dtype bf16 or auto there, or run --device cpu)");
+    return KvDType::kBF16;
+  }
+  return kv_dtype == "auto" ? KvDType::kF32 : parse_kv_dtype(kv_dtype);
+}
+
 WeightFormat DeviceArgs::weight_format() const {
   const WeightFormat format = parse_weight_format(weights);
   if (is_cuda()) {
@@ -293,7 +315,7 @@ std::unique_ptr<Model> load_model_for(const std::filesystem::path& dir, const De
 
 SequenceRunner::SequenceRunner(Model& model, const DeviceArgs& device, int64_t max_tokens,
                                int64_t max_step_tokens)
-    : model_(model) {
+    : model_(model), kv_dtype_(device.kv_rows_dtype()) {  // f32 and fp8 refused on cuda
   const ModelConfig& config = model.config();
   const int64_t native =
       config.max_position_embeddings > 0 ? config.max_position_embeddings : max_tokens;
@@ -308,7 +330,7 @@ SequenceRunner::SequenceRunner(Model& model, const DeviceArgs& device, int64_t m
     model.decoder().set_expert_parallel(expert_parallel, device.expert_placement(model.decoder()),
                                         device.overlap_shared_experts(),
                                         device.dispatch_rows_dtype());
-    cache_.emplace(model.decoder().make_cache(capacity_));
+    cache_.emplace(model.decoder().make_cache(capacity_, kv_dtype_));
     capacity_ = cache_->max_tokens();
     return;
   }
@@ -341,7 +363,7 @@ void SequenceRunner::set_routing_approximation(const moe::RoutingApproximation& 
 void SequenceRunner::reset() {
   // A fresh CPU cache also zeroes a linear-attention layer's recurrent state; on the GPU
   // position 0 overwrites the sequence's rows, so only the length goes back.
-  if (cache_) cache_.emplace(model_.decoder().make_cache(capacity_));
+  if (cache_) cache_.emplace(model_.decoder().make_cache(capacity_, kv_dtype_));
   length_ = 0;
 }
 

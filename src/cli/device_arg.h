@@ -41,6 +41,7 @@ struct DeviceArgs {
   std::string overflow;                      // --overflow drop|reroute; empty: drop
   std::optional<double> router_temperature;  // --router-temperature T
   std::string weights;  // --weights bf16|fp8|int4 (add_weight_options); empty: the checkpoint's
+  std::string kv_dtype = "auto";  // --kv-dtype auto|f32|bf16|fp8 (add_kv_options)
   // Under --ep: whether the shared experts run while the dispatch's rows are in flight.
   bool overlap_shared_experts() const;
   // Under --ep: how dispatch encodes the rows it sends (checked in expert_parallel()).
@@ -61,6 +62,16 @@ struct DeviceArgs {
   moe::RoutingApproximation routing_approximation() const;
   // --weights as the load option, refused on --device cuda for fp8 and int4 (naming the flag).
   WeightFormat weight_format() const;
+  // --kv-dtype as the CPU pool's row type (auto: f32, the rows as computed). On --device cuda,
+  // whose KV cache holds bf16 rows, auto and bf16 are accepted (the value is then unused) and
+  // f32 and fp8 refused, naming the flag.
+  KvDType kv_rows_dtype() const;
+  // Whether --kv-dtype changes the rows from what the device stores by default (CPU: not f32);
+  // checked as kv_rows_dtype() is, so a value cuda cannot take is refused here too.
+  bool kv_rows_rounded() const {
+    const KvDType dtype = kv_rows_dtype();
+    return !is_cuda() && dtype != KvDType::kF32;
+  }
   // The offloading flags, parsed (offload/parse_options.h); disabled without a budget.
   offload::OffloadOptions offload() const;
 };
@@ -76,6 +87,9 @@ void add_routing_options(CLI::App* cmd, DeviceArgs* args);
 // Adds --weights bf16|fp8|int4 (the subcommands that load a checkpoint to run it): the routed
 // experts quantised at load, CPU only for fp8 and int4.
 void add_weight_options(CLI::App* cmd, DeviceArgs* args);
+// Adds --kv-dtype auto|f32|bf16|fp8 (the subcommands that run a model over a KV cache): how the
+// CPU's KV pool stores rows, and so how many tokens its bytes hold.
+void add_kv_options(CLI::App* cmd, DeviceArgs* args);
 // Adds --ep N, --placement FILE, --overlap and --dispatch-dtype (generate and logits run one
 // sequence on every rank; serve and
 // bench give each rank its own engine and requests).
@@ -114,6 +128,7 @@ class SequenceRunner {
 
  private:
   Model& model_;
+  KvDType kv_dtype_ = KvDType::kF32;  // CPU: how the cache stores rows
   int64_t capacity_ = 0;
   int64_t length_ = 0;
   std::optional<KvCache> cache_;      // CPU

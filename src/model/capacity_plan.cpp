@@ -15,18 +15,6 @@ namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
-double kv_value_bytes(KvDType dtype) {
-  switch (dtype) {
-    case KvDType::kF32:
-      return 4.0;
-    case KvDType::kBF16:
-      return 2.0;
-    case KvDType::kFP8:
-      return 1.0;
-  }
-  return 2.0;
-}
-
 std::string gib(double bytes) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / kGiB);
@@ -80,8 +68,8 @@ CapacityPlan plan_on_gpus(const ModelConfig& config, const PlanOptions& o) {
   MOE_CHECK(o.memory_fraction > 0 && o.memory_fraction <= 1, "memory fraction must be in (0, 1]");
   CapacityPlan plan;
   plan.weight_bytes = weight_bytes_by_part(config, o.weight_dtype);
-  plan.kv_bytes_per_token =
-      static_cast<int64_t>(kv_values_per_token(config) * kv_value_bytes(o.kv_dtype));
+  // The same bytes as the CPU pool allocates per token (fp8's per-head scales included).
+  plan.kv_bytes_per_token = kv_bytes_per_token(config, o.kv_dtype);
   plan.max_seq_len = o.max_seq_len > 0 ? o.max_seq_len : config.max_position_embeddings;
   plan.state_bytes_per_sequence = state_values_per_sequence(config) * 4;
   auto& a = plan.arithmetic;
@@ -95,10 +83,21 @@ CapacityPlan plan_on_gpus(const ModelConfig& config, const PlanOptions& o) {
                                  static_cast<double>(plan.state_bytes_per_sequence);
   a.push_back(line("weights: %s (routed experts %s, the rest %s)", gib(weights).c_str(),
                    gib(routed).c_str(), gib(replicated).c_str()));
-  a.push_back(line("KV per token: %lld values x %.0f B = %lld B; one %lld-token sequence: %s",
-                   static_cast<long long>(kv_values_per_token(config)), kv_value_bytes(o.kv_dtype),
-                   static_cast<long long>(plan.kv_bytes_per_token),
-                   static_cast<long long>(plan.max_seq_len), gib(one_sequence_kv).c_str()));
+  {
+    const KvRowGroups groups = kv_row_groups(config);
+    const int64_t values = kv_values_per_token(config);
+    const int64_t scales =
+        o.kv_dtype == KvDType::kFP8
+            ? config.num_kv_layers() * static_cast<int64_t>(groups.key.size() + groups.value.size())
+            : 0;
+    a.push_back(line(
+        "KV per token: %lld values x %lld B%s = %lld B; one %lld-token sequence: %s",
+        static_cast<long long>(values),
+        static_cast<long long>((plan.kv_bytes_per_token - 4 * scales) / values),
+        scales > 0 ? line(" + %lld fp8 scales x 4 B", static_cast<long long>(scales)).c_str() : "",
+        static_cast<long long>(plan.kv_bytes_per_token), static_cast<long long>(plan.max_seq_len),
+        gib(one_sequence_kv).c_str()));
+  }
   if (plan.state_bytes_per_sequence > 0) {
     a.push_back(
         line("recurrent state per sequence: %lld linear layers x %lld values x 4 B = %lld "
@@ -251,15 +250,7 @@ NamedPlan plan_capacity_named(const ModelConfig& config, PlanOptions options,
   MOE_CHECK(named.weight_dtype == "bf16" || named.weight_dtype == "fp8",
             "dtype must be bf16 or fp8, got '", named.weight_dtype, "'");
   options.weight_dtype = named.weight_dtype == "fp8" ? WeightDType::kFP8 : WeightDType::kBF16;
-  if (kv_dtype == "bf16") {
-    options.kv_dtype = KvDType::kBF16;
-  } else if (kv_dtype == "fp8") {
-    options.kv_dtype = KvDType::kFP8;
-  } else if (kv_dtype == "f32") {
-    options.kv_dtype = KvDType::kF32;
-  } else {
-    MOE_FAIL("kv dtype must be bf16, fp8 or f32, got '", kv_dtype, "'");
-  }
+  options.kv_dtype = parse_kv_dtype(kv_dtype);
   named.options = options;
   named.plan = plan_capacity(config, options);
   return named;

@@ -17,7 +17,6 @@
 namespace moeinfer {
 
 enum class WeightDType { kBF16, kFP8 };
-enum class KvDType { kF32, kBF16, kFP8 };
 
 struct PlanOptions {
   int64_t num_gpus = 1;

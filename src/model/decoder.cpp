@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "model/family.h"
+#include "model/model_facts.h"
 #include "moe/expert_parallel.h"
 #include "offload/hot_set.h"
 #include "offload/parse_options.h"
@@ -293,8 +294,12 @@ void Decoder::set_offload(const offload::OffloadOptions& options, int64_t max_st
   make_moe_block(std::move(runner));
 }
 
-KvPoolLayout kv_pool_layout(const ModelConfig& config, int64_t num_state_slots) {
+KvPoolLayout kv_pool_layout(const ModelConfig& config, int64_t num_state_slots, KvDType dtype) {
   KvPoolLayout layout;
+  KvRowGroups groups = kv_row_groups(config);
+  layout.dtype = dtype;
+  layout.key_groups = std::move(groups.key);
+  layout.value_groups = std::move(groups.value);
   if (!config.linear_attention) return layout;
   const LinearAttentionConfig& lin = *config.linear_attention;
   layout.layer_has_kv.resize(static_cast<size_t>(config.num_layers));
@@ -309,22 +314,26 @@ KvPoolLayout kv_pool_layout(const ModelConfig& config, int64_t num_state_slots) 
   return layout;
 }
 
-KvCache Decoder::make_cache(int64_t max_tokens) const {
+KvCache Decoder::make_cache(int64_t max_tokens, KvDType dtype) const {
   const int64_t limit = config_.max_position_embeddings > 0
                             ? std::min(max_tokens, config_.max_position_embeddings)
                             : max_tokens;
-  if (config_.mla) return KvCache(config_.num_layers, config_.mla->cache_width(), 0, limit);
+  if (config_.mla) {
+    return KvCache(config_.num_layers, config_.mla->cache_width(), 0, limit, 16,
+                   kv_pool_layout(config_, 0, dtype));
+  }
   return KvCache(config_.num_layers, config_.kv_dim(), config_.kv_dim(), limit, 16,
-                 kv_pool_layout(config_, 1));
+                 kv_pool_layout(config_, 1, dtype));
 }
 
-KvBlockPool Decoder::make_pool(int64_t block_size, int64_t num_blocks,
-                               int64_t num_state_slots) const {
+KvBlockPool Decoder::make_pool(int64_t block_size, int64_t num_blocks, int64_t num_state_slots,
+                               KvDType dtype) const {
   if (config_.mla) {
-    return KvBlockPool(config_.num_layers, config_.mla->cache_width(), 0, block_size, num_blocks);
+    return KvBlockPool(config_.num_layers, config_.mla->cache_width(), 0, block_size, num_blocks,
+                       kv_pool_layout(config_, 0, dtype));
   }
   return KvBlockPool(config_.num_layers, config_.kv_dim(), config_.kv_dim(), block_size, num_blocks,
-                     kv_pool_layout(config_, num_state_slots));
+                     kv_pool_layout(config_, num_state_slots, dtype));
 }
 
 void Decoder::forward(std::span<const int32_t> tokens, KvCache& cache, std::span<float> logits,
@@ -349,16 +358,10 @@ int64_t Decoder::num_logit_rows(const ForwardBatch& batch) {
   return rows;
 }
 
-float* Decoder::key_row(KvBlockPool& pool, int64_t layer, const SequenceBatch& s,
-                        int64_t position) {
+Decoder::CacheSlot Decoder::cache_slot(const KvBlockPool& pool, const SequenceBatch& s,
+                                       int64_t position) {
   const int64_t bs = pool.block_size();
-  return pool.key_row(layer, s.block_table[position / bs], position % bs);
-}
-
-float* Decoder::value_row(KvBlockPool& pool, int64_t layer, const SequenceBatch& s,
-                          int64_t position) {
-  const int64_t bs = pool.block_size();
-  return pool.value_row(layer, s.block_table[position / bs], position % bs);
+  return {.block = s.block_table[position / bs], .slot = position % bs};
 }
 
 void Decoder::forward(const ForwardBatch& batch, KvBlockPool& pool, std::span<float> logits) {
@@ -544,8 +547,9 @@ void Decoder::attention(int64_t layer, const ForwardBatch& batch, KvBlockPool& p
         break;
       }
     }
-    std::copy_n(k, kv_dim, key_row(pool, layer, s, position));
-    std::copy_n(ws_.v.data() + t * kv_dim, kv_dim, value_row(pool, layer, s, position));
+    const CacheSlot at = cache_slot(pool, s, position);
+    pool.write_key(layer, at.block, at.slot, k);
+    pool.write_value(layer, at.block, at.slot, ws_.v.data() + t * kv_dim);
   }
 
   const int64_t group = Nq / Nkv;
@@ -566,6 +570,7 @@ void Decoder::attention(int64_t layer, const ForwardBatch& batch, KvBlockPool& p
   // One task per (token, query head): scores over the visible keys, softmax, weighted values.
   parallel_for(T * Nq, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
+    std::vector<float> row(D);  // one head of a cached row as float32 (unused for f32 rows)
     for (int64_t task = begin; task < end; ++task) {
       const int64_t t = task / Nq;
       const int64_t h = task % Nq;
@@ -580,7 +585,8 @@ void Decoder::attention(int64_t layer, const ForwardBatch& batch, KvBlockPool& p
       const float sink = sinks ? p.sinks[h] : -INFINITY;
       float max_score = sink;
       for (int64_t j = 0; j < count; ++j) {
-        const float* k = key_row(pool, layer, s, first + j) + kv_head * D;
+        const CacheSlot at = cache_slot(pool, s, first + j);
+        const float* k = pool.read_key(layer, at.block, at.slot, kv_head * D, D, row.data());
         float dot = 0.0f;
         for (int64_t d = 0; d < D; ++d) dot += q[d] * k[d];
         scores[j] = dot * scale;
@@ -592,7 +598,8 @@ void Decoder::attention(int64_t layer, const ForwardBatch& batch, KvBlockPool& p
       std::fill_n(out, D, 0.0f);
       for (int64_t j = 0; j < count; ++j) {
         const float weight = scores[j] / sum;
-        const float* v = value_row(pool, layer, s, first + j) + kv_head * D;
+        const CacheSlot at = cache_slot(pool, s, first + j);
+        const float* v = pool.read_value(layer, at.block, at.slot, kv_head * D, D, row.data());
         for (int64_t d = 0; d < D; ++d) out[d] += weight * v[d];
       }
     }
@@ -781,7 +788,8 @@ void Decoder::mla_attention(int64_t layer, const ForwardBatch& batch, KvBlockPoo
     rope_.apply(row + L, 1, rope_dim, position, interleaved(plans_[layer].rope));
     rope_.apply(ws_.q.data() + t * Nh * qk + nope, Nh, qk, position,
                 interleaved(plans_[layer].rope));
-    std::copy_n(row, width, key_row(pool, layer, s, position));
+    const CacheSlot at = cache_slot(pool, s, position);
+    pool.write_key(layer, at.block, at.slot, row);
   }
 
   // Absorb the key up-projection into the query: q_latent[t, h] = W_uk[h]^T q_nope[t, h], where
@@ -806,6 +814,7 @@ void Decoder::mla_attention(int64_t layer, const ForwardBatch& batch, KvBlockPoo
   const float scale = attention_scale_;
   parallel_for(T * Nh, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
+    std::vector<float> cached(width);  // a cached row as float32 (unused for f32 rows)
     for (int64_t task = begin; task < end; ++task) {
       const int64_t t = task / Nh;
       const int64_t h = task % Nh;
@@ -816,7 +825,8 @@ void Decoder::mla_attention(int64_t layer, const ForwardBatch& batch, KvBlockPoo
       scores.resize(count);
       float max_score = -INFINITY;
       for (int64_t j = 0; j < count; ++j) {
-        const float* row = key_row(pool, layer, s, j);
+        const CacheSlot at = cache_slot(pool, s, j);
+        const float* row = pool.read_key(layer, at.block, at.slot, 0, width, cached.data());
         float dot = 0.0f;
         for (int64_t c = 0; c < L; ++c) dot += q_lat[c] * row[c];
         for (int64_t r = 0; r < rope_dim; ++r) dot += q_rope[r] * row[L + r];
@@ -829,7 +839,8 @@ void Decoder::mla_attention(int64_t layer, const ForwardBatch& batch, KvBlockPoo
       std::fill_n(out, L, 0.0f);
       for (int64_t j = 0; j < count; ++j) {
         const float weight = scores[j] / sum;
-        const float* row = key_row(pool, layer, s, j);
+        const CacheSlot at = cache_slot(pool, s, j);
+        const float* row = pool.read_key(layer, at.block, at.slot, 0, L, cached.data());
         for (int64_t c = 0; c < L; ++c) out[c] += weight * row[c];
       }
     }

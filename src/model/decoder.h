@@ -37,8 +37,10 @@ void check_forward_batch(const ForwardBatch& batch, int64_t vocab_size, int64_t 
                          int64_t num_blocks, int64_t block_size);
 
 // The pool layout of a model: no key/value rows for linear-attention layers, and their recurrent
-// state for `num_state_slots` sequences (none for a model without such layers).
-KvPoolLayout kv_pool_layout(const ModelConfig& config, int64_t num_state_slots);
+// state for `num_state_slots` sequences (none for a model without such layers), rows stored at
+// `dtype` with one fp8 scale per KV head (MLA: per latent and rope key; kv_row_groups).
+KvPoolLayout kv_pool_layout(const ModelConfig& config, int64_t num_state_slots,
+                            KvDType dtype = KvDType::kF32);
 
 class Decoder {
  public:
@@ -47,10 +49,12 @@ class Decoder {
   const ModelConfig& config() const { return config_; }
   const DecoderWeights& weights() const { return weights_; }
 
-  KvCache make_cache(int64_t max_tokens) const;
+  // One sequence's cache of rows stored at `dtype` (--kv-dtype; f32 as computed).
+  KvCache make_cache(int64_t max_tokens, KvDType dtype = KvDType::kF32) const;
   // A shared pool for batched steps: `num_blocks` blocks of `block_size` rows, and recurrent
   // state slots for `num_state_slots` sequences where the model has linear-attention layers.
-  KvBlockPool make_pool(int64_t block_size, int64_t num_blocks, int64_t num_state_slots) const;
+  KvBlockPool make_pool(int64_t block_size, int64_t num_blocks, int64_t num_state_slots,
+                        KvDType dtype = KvDType::kF32) const;
 
   // Expert offloading (--expert-budget, --expert-cache) with a simulated budget: the MoE
   // layers' experts run behind a cache of as many slots as the budget holds
@@ -143,9 +147,11 @@ class Decoder {
     std::vector<int32_t> sequence;  // [T] index into the batch
     std::vector<int64_t> position;  // [T] absolute position in its sequence
   };
-  // Cache row of `position` in sequence `s` of the batch.
-  float* key_row(KvBlockPool& pool, int64_t layer, const SequenceBatch& s, int64_t position);
-  float* value_row(KvBlockPool& pool, int64_t layer, const SequenceBatch& s, int64_t position);
+  // Where the cache row of `position` in sequence `s` of the batch lives in the pool.
+  struct CacheSlot {
+    int64_t block = 0, slot = 0;
+  };
+  static CacheSlot cache_slot(const KvBlockPool& pool, const SequenceBatch& s, int64_t position);
 
   void attention(int64_t layer, const ForwardBatch& batch, KvBlockPool& pool);
   // MLA in the absorbed form: the cache holds [latent | rope key] per token, the query is

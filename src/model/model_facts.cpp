@@ -58,6 +58,18 @@ int64_t kv_values_per_token(const ModelConfig& config) {
   return config.num_kv_layers() * per_layer;
 }
 
+KvRowGroups kv_row_groups(const ModelConfig& config) {
+  if (config.mla) return {.key = {config.mla->kv_lora_rank, config.mla->qk_rope_head_dim}};
+  const std::vector<int64_t> heads(static_cast<size_t>(config.num_kv_heads), config.head_dim);
+  return {.key = heads, .value = heads};
+}
+
+int64_t kv_bytes_per_token(const ModelConfig& config, KvDType dtype) {
+  const KvRowGroups groups = kv_row_groups(config);
+  return config.num_kv_layers() *
+         (kv_row_bytes(dtype, groups.key) + kv_row_bytes(dtype, groups.value));
+}
+
 int64_t state_values_per_sequence(const ModelConfig& config) {
   if (!config.linear_attention) return 0;
   const LinearAttentionConfig& lin = *config.linear_attention;

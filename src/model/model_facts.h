@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/model_config.h"
+#include "kv/kv_format.h"
 #include "model/weights.h"
 
 namespace moeinfer {
@@ -35,6 +36,15 @@ struct ModelFacts {
 // Values the KV cache holds per token over all layers: the latent row for MLA, keys and
 // values otherwise.
 int64_t kv_values_per_token(const ModelConfig& config);
+// The groups of one layer's KV rows that share one fp8 scale: a GQA key or value row has one per
+// KV head ([Nkv] of D); MLA's one row has two, its latent and its rope key, and no value row.
+struct KvRowGroups {
+  std::vector<int64_t> key, value;
+};
+KvRowGroups kv_row_groups(const ModelConfig& config);
+// Bytes of KV rows per token over the layers with a cache at `dtype`, fp8's scales included: what
+// the CPU pool allocates (KvBlockPool::bytes_per_token) and what `moeinfer plan` counts.
+int64_t kv_bytes_per_token(const ModelConfig& config, KvDType dtype);
 // Values of recurrent state one sequence holds over all linear-attention layers (0 without them):
 // its conv windows and delta-rule states, which do not grow with its length.
 int64_t state_values_per_sequence(const ModelConfig& config);

@@ -8,6 +8,7 @@
 
 #include "backend/cpu/gemm.h"
 #include "core/error.h"
+#include "model/model_facts.h"
 #include "model/synthetic.h"
 
 namespace moeinfer {
@@ -28,11 +29,10 @@ int64_t context_limit(const ModelConfig& model, const EngineConfig& config) {
   return config.max_model_len > 0 ? config.max_model_len : native;
 }
 
-// Bytes of KV rows per token (linear-attention layers have none; their fixed per-sequence state
-// is apart from this budget).
-size_t bytes_per_token(const ModelConfig& model) {
-  const int64_t width = model.mla ? model.mla->cache_width() : 2 * model.kv_dim();
-  return static_cast<size_t>(model.num_kv_layers() * width) * sizeof(float);
+// Bytes of KV rows per token at --kv-dtype, fp8's scales included (linear-attention layers have
+// none; their fixed per-sequence state is apart from this budget): the planner's figure.
+size_t bytes_per_token(const ModelConfig& model, KvDType dtype) {
+  return static_cast<size_t>(kv_bytes_per_token(model, dtype));
 }
 
 // Prefix caching as asked, unless the model carries recurrent state: a cached prefix's blocks
@@ -49,12 +49,12 @@ bool prefix_caching_for(const ModelConfig& model, const EngineConfig& config) {
 
 int64_t pool_blocks(const ModelConfig& model, const EngineConfig& config, int64_t max_model_len) {
   if (config.num_kv_blocks > 0) return config.num_kv_blocks;
-  const size_t block_bytes = bytes_per_token(model) * static_cast<size_t>(config.block_size);
+  const size_t token_bytes = bytes_per_token(model, config.kv_dtype);
+  const size_t block_bytes = token_bytes * static_cast<size_t>(config.block_size);
   size_t bytes = static_cast<size_t>(config.kv_cache_mb) << 20;
   if (config.kv_cache_mb == 0) {
-    bytes =
-        std::min(static_cast<size_t>(config.max_num_seqs * max_model_len) * bytes_per_token(model),
-                 size_t{4} << 30);
+    bytes = std::min(static_cast<size_t>(config.max_num_seqs * max_model_len) * token_bytes,
+                     size_t{4} << 30);
   }
   return std::max<int64_t>(1, static_cast<int64_t>(bytes / block_bytes));
 }
@@ -107,6 +107,8 @@ void EngineConfig::validate() const {
   MOE_CHECK(max_model_len >= 0, "max_model_len must be >= 0, got ", max_model_len);
   MOE_CHECK(device == "cpu" || device == "cuda", "device must be cpu or cuda, got '", device,
             "'");
+  MOE_CHECK(device != "cuda" || kv_dtype != KvDType::kFP8,
+            "kv_dtype fp8 is CPU only: the GPU's KV cache holds bf16 rows");
   MOE_CHECK(gpu_memory_fraction > 0.0 && gpu_memory_fraction <= 1.0,
             "gpu_memory_fraction must be in (0, 1], got ", gpu_memory_fraction);
   MOE_CHECK(profile_time_every >= 0, "profile_time_every must be >= 0, got ",
@@ -191,7 +193,7 @@ Engine::Engine(std::unique_ptr<Model> model, std::unique_ptr<GpuDecoder> gpu, To
             model_config_.mla ? model_config_.mla->cache_width() : model_config_.kv_dim(),
             model_config_.mla ? 0 : model_config_.kv_dim(), config.block_size,
             gpu_ ? 1 : pool_blocks(model_config_, config, max_model_len_),
-            kv_pool_layout(model_config_, gpu_ ? 0 : config.max_num_seqs)),
+            kv_pool_layout(model_config_, gpu_ ? 0 : config.max_num_seqs, config.kv_dtype)),
       blocks_(gpu_ ? gpu_->num_kv_blocks() : pool_.num_blocks(),
               gpu_ ? gpu_->block_size() : config.block_size,
               prefix_caching_for(model_config_, config)),

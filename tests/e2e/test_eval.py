@@ -26,6 +26,14 @@
   weight_refusals             --weights fp8 / int4 on --device cuda (eval, logits, generate, bench,
                               serve) and on fp8 and MXFP4 checkpoints refused naming the flag; an
                               unknown value refused with the accepted set
+  kv_dtypes                   --kv-dtype fp8 and bf16 (the CPU cache's rows rounded when written)
+                              on the demo model and the qwen3_moe_f32 (GQA) and
+                              deepseek_v2_lite_f32 (MLA) fixtures: finite perplexity, KL > 0 and
+                              top-1 agreement in (0.5, 1] against float32 rows; --kv-dtype f32
+                              and auto are the unmodified run (no comparison, same perplexity)
+  kv_refusals                 --kv-dtype fp8 / f32 on --device cuda (eval, logits, generate,
+                              bench, serve) refused naming the flag and the GPU's bf16 cache; an
+                              unknown value refused with the accepted set
 
 Prints one line per check and a last line "N passed, M failed".
 """
@@ -208,10 +216,42 @@ def main() -> int:
         refused(moeinfer, [*base, "--device", "cuda", "--weights", "bf16"], "--dtype bfloat16")
         refused(moeinfer, [*base, "--weights", "int8"], "--weights: int8 not in {bf16,fp8,int4}")
 
+    def check_kv_dtypes() -> None:
+        for model, text in [(demo, heldout), (models / "qwen3_moe_f32", fixture_text),
+                            (models / "deepseek_v2_lite_f32", fixture_text)]:
+            plain = eval_json(moeinfer, model, text, [])
+            for dtype in ("fp8", "bf16"):
+                report = eval_json(moeinfer, model, text, ["--kv-dtype", dtype])
+                assert report["perplexity"] == plain["perplexity"], "the unmodified runs differ"
+                m = report["modified"]
+                assert m["flags"] == f"--kv-dtype {dtype}", m
+                for key in ("perplexity", "kl_mean", "kl_p99", "top1_agreement"):
+                    assert math.isfinite(m[key]), (model.name, dtype, m)
+                assert m["kl_mean"] > 0, (model.name, dtype, m)
+                assert 0.5 < m["top1_agreement"] <= 1.0, (model.name, dtype, m)
+            for dtype in ("f32", "auto"):
+                report = eval_json(moeinfer, model, text, ["--kv-dtype", dtype])
+                assert "modified" not in report, report
+                assert report["perplexity"] == plain["perplexity"], (dtype, report, plain)
+
+    def check_kv_refusals() -> None:
+        npy = str(pathlib.Path(tmp.name) / "x.npy")
+        for dtype in ("fp8", "f32"):
+            needle = f"--kv-dtype {dtype} applies to --device cpu: the CUDA backend's KV cache"
+            for command in (["eval", "--model", str(demo), "--text-file", str(heldout)],
+                            ["logits", "--model", str(demo), "--ids", "1,2", "--out", npy],
+                            ["generate", "--model", str(demo), "--prompt", "Hi",
+                             "--max-tokens", "1"],
+                            ["bench", "--model", str(demo)], ["serve", "--model", str(demo)]):
+                refused(moeinfer, [*command, "--device", "cuda", "--kv-dtype", dtype], needle)
+        refused(moeinfer, ["eval", "--model", str(demo), "--text-file", str(heldout),
+                           "--kv-dtype", "fp16"], "--kv-dtype: fp16 not in {auto,f32,bf16,fp8}")
+
     checks = e2e_util.selected(
         [check_perplexity_matches_logits, check_unmodified_against_itself,
          check_renorm_full_and_kept_differ, check_every_approximation_runs,
-         check_offload_unchanged, check_refusals, check_weight_formats, check_weight_refusals],
+         check_offload_unchanged, check_refusals, check_weight_formats, check_weight_refusals,
+         check_kv_dtypes, check_kv_refusals],
         args.only)
     result = e2e_util.summary(*e2e_util.run_checks(checks))
     tmp.cleanup()
