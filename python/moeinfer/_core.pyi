@@ -58,6 +58,7 @@ class EngineOptions:
     max_num_seqs: int
     max_num_batched_tokens: int
     kv_cache_mb: int
+    kv_dtype: str
     block_size: int
     enable_prefix_caching: bool
     enforce_eager: bool

@@ -44,6 +44,9 @@ class LLM:
         max_num_batched_tokens: tokens per engine step (prefill chunks and decodes).
         kv_cache_mb: KV cache size in MiB (0: room for max_num_seqs full-length requests, at
             most 4 GiB, on cpu; what gpu_memory_utilization leaves on cuda).
+        kv_dtype: how the KV cache stores rows, as ``--kv-dtype``: "auto" (the device's own:
+            float32 on cpu, bf16 on cuda), "f32", "bf16" or "fp8" (e4m3 with a scale per head;
+            cpu only, about four times the tokens of f32 in the same bytes).
         block_size: tokens per KV block.
         enable_prefix_caching: reuse the KV blocks of repeated prompt prefixes.
         enforce_eager: cuda: no CUDA graphs for decode steps.
@@ -92,6 +95,7 @@ class LLM:
         max_num_seqs: int = 64,
         max_num_batched_tokens: int = 512,
         kv_cache_mb: int = 0,
+        kv_dtype: str = "auto",
         block_size: int = 16,
         enable_prefix_caching: bool = True,
         enforce_eager: bool = False,
@@ -118,6 +122,7 @@ class LLM:
         options.max_num_seqs = max_num_seqs
         options.max_num_batched_tokens = max_num_batched_tokens
         options.kv_cache_mb = kv_cache_mb
+        options.kv_dtype = kv_dtype
         options.block_size = block_size
         options.enable_prefix_caching = enable_prefix_caching
         options.enforce_eager = enforce_eager

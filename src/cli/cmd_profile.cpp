@@ -162,6 +162,7 @@ class Workload {
     num_blocks_ = per_seq * args.batch;
     const moe::RoutingApproximation routing = args.device.routing_approximation();  // CPU only
     if (args.device.is_cuda()) {
+      args.device.kv_rows_dtype();  // refuses --kv-dtype f32 and fp8: the GPU cache is bf16
       // The same workload on the GPU decoder: its own device pool of the same blocks.
       const GpuOptions options{.weight_dtype = args.device.weight_dtype(),
                                .gpu_memory_fraction = args.device.gpu_memory_fraction,
@@ -182,8 +183,8 @@ class Workload {
       decoder->set_offload(args.device.offload(), /*max_step_tokens=*/args.batch);
       decoder->set_routing_approximation(routing);
       // Linear-attention models also get a recurrent state slot per sequence (slot b for b).
-      pool_ =
-          std::make_unique<KvBlockPool>(decoder->make_pool(kBlockSize, num_blocks_, args.batch));
+      pool_ = std::make_unique<KvBlockPool>(decoder->make_pool(kBlockSize, num_blocks_, args.batch,
+                                                               args.device.kv_rows_dtype()));
     }
     logits_.resize(args.batch * config.vocab_size);
   }
@@ -539,6 +540,7 @@ void add_profile_command(CLI::App& app) {
   add_offload_options(cmd, &args->device);
   add_routing_options(cmd, &args->device);
   add_weight_options(cmd, &args->device);
+  add_kv_options(cmd, &args->device);
   cmd->add_option("--layers", args->layers, "synthetic:NAME: keep only the first N layers");
   cmd->add_option("--routing-skew", args->routing_skew,
                   "synthetic:NAME: zipf:A makes each router prefer experts by a Zipf law; "

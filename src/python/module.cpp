@@ -289,6 +289,7 @@ NB_MODULE(_core, m) {
       .def_rw("max_num_seqs", &SessionOptions::max_num_seqs)
       .def_rw("max_num_batched_tokens", &SessionOptions::max_num_batched_tokens)
       .def_rw("kv_cache_mb", &SessionOptions::kv_cache_mb)
+      .def_rw("kv_dtype", &SessionOptions::kv_dtype)
       .def_rw("block_size", &SessionOptions::block_size)
       .def_rw("enable_prefix_caching", &SessionOptions::enable_prefix_caching)
       .def_rw("enforce_eager", &SessionOptions::enforce_eager)

@@ -58,6 +58,7 @@ struct SessionOptions {
   int64_t max_num_seqs = 64;
   int64_t max_num_batched_tokens = 512;
   int64_t kv_cache_mb = 0;
+  std::string kv_dtype = "auto";  // moeinfer's --kv-dtype: auto, f32, bf16 or fp8 (CPU)
   int64_t block_size = 16;
   bool enable_prefix_caching = true;
   bool enforce_eager = false;

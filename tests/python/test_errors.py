@@ -68,6 +68,10 @@ def test_bad_engine_options():
         moeinfer.LLM(DEMO, device="tpu")
     with pytest.raises(moeinfer.EngineError, match="expert-budget|budget"):
         moeinfer.LLM(DEMO, expert_budget="lots")
+    with pytest.raises(moeinfer.EngineError, match="kv_dtype must be 'auto', 'f32', 'bf16' or"):
+        moeinfer.LLM(DEMO, kv_dtype="int8")
+    with pytest.raises(moeinfer.EngineError, match="kv_dtype='fp8' applies to device='cpu'"):
+        moeinfer.LLM(DEMO, device="cuda", kv_dtype="fp8")
     # test_expert_parallel.py has the ep refusals.
 
 

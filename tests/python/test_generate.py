@@ -46,6 +46,15 @@ def test_text_equals_the_cli(cli, demo_llm, flags, params):
         assert result.outputs[0].text == expected, prompt
 
 
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8"])
+def test_kv_dtype_text_equals_the_cli(cli, kv_dtype):
+    # The same rounding of the cached rows through Python and through the command.
+    with moeinfer.LLM(DEMO, kv_dtype=kv_dtype) as llm:
+        out = llm.generate(PROMPTS[0], moeinfer.SamplingParams(temperature=0, max_tokens=24))
+    assert out[0].outputs[0].text == cli_generate(cli, PROMPTS[0], "--max-tokens", "24",
+                                                  "--temperature", "0", "--kv-dtype", kv_dtype)
+
+
 def test_text_equals_python_m_moeinfer_generate(demo_llm):
     params = moeinfer.SamplingParams(temperature=0.8, seed=3, max_tokens=30)
     expected = run_module("generate", "--model", str(DEMO), "--prompt", PROMPTS[1],
