@@ -161,8 +161,9 @@ ModelFacts model_facts(const ModelConfig& config, const DecoderWeights& w,
   }
   MOE_CHECK(bound_params == facts.total_params.total(), config.source, ": the config implies ",
             facts.total_params.total(), " parameters but the bound tensors hold ", bound_params);
-  facts.kv_bytes_per_token_f32 = kv_values_per_token(config) * 4;
-  facts.kv_bytes_per_token_bf16 = kv_values_per_token(config) * 2;
+  facts.kv_bytes_per_token_f32 = kv_bytes_per_token(config, KvDType::kF32);
+  facts.kv_bytes_per_token_bf16 = kv_bytes_per_token(config, KvDType::kBF16);
+  facts.kv_bytes_per_token_fp8 = kv_bytes_per_token(config, KvDType::kFP8);
   facts.state_bytes_per_sequence_f32 = state_values_per_sequence(config) * 4;
   return facts;
 }
@@ -191,7 +192,9 @@ nlohmann::ordered_json facts_to_json(const ModelConfig& config, const ModelFacts
       {"resident_bytes", parts(facts.resident_bytes)},
       {"checkpoint_tensor_bytes", facts.checkpoint_tensor_bytes},
       {"kv_bytes_per_token",
-       {{"f32", facts.kv_bytes_per_token_f32}, {"bf16", facts.kv_bytes_per_token_bf16}}},
+       {{"f32", facts.kv_bytes_per_token_f32},
+        {"bf16", facts.kv_bytes_per_token_bf16},
+        {"fp8", facts.kv_bytes_per_token_fp8}}},
       {"recurrent_state_bytes_per_sequence", facts.state_bytes_per_sequence_f32}};
   // Llama 4's and Qwen3.5's published checkpoints carry a vision tower whose tensors stay unread.
   if (config.has_vision_tower) out["vision_tower"] = "not loaded";

@@ -28,6 +28,7 @@ struct ModelFacts {
   PartCounts resident_bytes;   // bytes of the bound tensors in their stored dtypes
   int64_t kv_bytes_per_token_f32 = 0;   // keys + values, all layers, as the CPU cache holds them
   int64_t kv_bytes_per_token_bf16 = 0;
+  int64_t kv_bytes_per_token_fp8 = 0;   // --kv-dtype fp8: a byte a value and a scale per head
   // Linear-attention layers' conv window and recurrent state, float32 (both devices keep it so).
   int64_t state_bytes_per_sequence_f32 = 0;
   int64_t checkpoint_tensor_bytes = 0;  // every tensor in the files, bound or not
