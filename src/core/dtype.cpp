@@ -98,6 +98,15 @@ float f8e4m3_to_f32(uint8_t bits) {
   return negative ? -magnitude : magnitude;
 }
 
+const std::array<float, 256>& f8e4m3_values() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> values{};
+    for (int i = 0; i < 256; ++i) values[i] = f8e4m3_to_f32(static_cast<uint8_t>(i));
+    return values;
+  }();
+  return table;
+}
+
 uint8_t f32_to_f8e4m3(float value) {
   const uint8_t sign = std::signbit(value) ? 0x80 : 0x00;
   if (std::isnan(value)) return 0x7f;

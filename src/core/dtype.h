@@ -3,6 +3,7 @@
 
 #include <bit>
 #include <cstddef>
+#include <array>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -34,6 +35,9 @@ float f8e4m3_to_f32(uint8_t bits);
 // largest finite e4m3, and infinities saturate to +-448; NaN gives the NaN code 0x7f.
 uint8_t f32_to_f8e4m3(float value);
 inline constexpr float kF8E4M3Max = 448.0f;
+// Every e4m3 code's value (f8e4m3_to_f32 of each byte), so that decoding a row is a table load
+// per value rather than a decode of its bits.
+const std::array<float, 256>& f8e4m3_values();
 
 // Converts n elements of `dtype` at src to float32 at dst.
 void convert_to_f32(DType dtype, const void* src, float* dst, size_t n);

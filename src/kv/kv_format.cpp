@@ -13,17 +13,6 @@
 namespace moeinfer {
 namespace {
 
-// Every e4m3 code's value, so that reading a row is a table look-up per value rather than a
-// decode of its bits (attention reads each cached row once per query head and step).
-const std::array<float, 256>& e4m3_values() {
-  static const std::array<float, 256> table = [] {
-    std::array<float, 256> t{};
-    for (int i = 0; i < 256; ++i) t[i] = f8e4m3_to_f32(static_cast<uint8_t>(i));
-    return t;
-  }();
-  return table;
-}
-
 int64_t total_width(std::span<const int64_t> groups) {
   return std::accumulate(groups.begin(), groups.end(), int64_t{0});
 }
@@ -110,7 +99,8 @@ void decode_kv_row(KvDType dtype, std::span<const int64_t> groups, const std::by
       return;
     case KvDType::kFP8: {
       const std::byte* codes = src + groups.size() * sizeof(float);
-      const std::array<float, 256>& values = e4m3_values();
+      // A table load per value (attention reads each cached row once per query head and step).
+      const std::array<float, 256>& values = f8e4m3_values();
       const int64_t end = offset + count;
       int64_t start = 0;
       for (size_t g = 0; g < groups.size() && start < end; ++g) {

@@ -9,21 +9,6 @@
 #include "core/error.h"
 
 namespace moeinfer::moe {
-namespace {
-
-constexpr float kFp8Max = 448.0f;  // float8_e4m3fn's largest finite value
-
-// Every e4m3 byte's value, so that decoding is a load and a multiply.
-const std::array<float, 256>& fp8_values() {
-  static const std::array<float, 256> table = [] {
-    std::array<float, 256> values{};
-    for (int i = 0; i < 256; ++i) values[i] = f8e4m3_to_f32(static_cast<uint8_t>(i));
-    return values;
-  }();
-  return table;
-}
-
-}  // namespace
 
 std::string_view dispatch_dtype_name(DispatchDtype dtype) {
   switch (dtype) {
@@ -72,7 +57,7 @@ void encode_row(DispatchDtype dtype, const float* row, int64_t H, std::byte* out
       float amax = 0.0f;
       for (int64_t h = 0; h < H; ++h) amax = std::max(amax, std::fabs(row[h]));
       // A zero row keeps scale 1 (any scale gives zeros; 1 avoids dividing by zero).
-      const float scale = amax > 0.0f ? amax / kFp8Max : 1.0f;
+      const float scale = amax > 0.0f ? amax / kF8E4M3Max : 1.0f;
       std::memcpy(out, &scale, sizeof(scale));
       auto* values = reinterpret_cast<uint8_t*>(out + sizeof(scale));
       // x / scale, not x * (448 / amax): the largest value lands on 448 within float rounding,
@@ -99,7 +84,7 @@ void decode_row(DispatchDtype dtype, const std::byte* in, int64_t H, float* row)
       float scale;
       std::memcpy(&scale, in, sizeof(scale));
       const auto* values = reinterpret_cast<const uint8_t*>(in + sizeof(scale));
-      const std::array<float, 256>& table = fp8_values();
+      const std::array<float, 256>& table = f8e4m3_values();
       for (int64_t h = 0; h < H; ++h) row[h] = table[values[h]] * scale;
       return;
     }
