@@ -54,7 +54,7 @@ void print_table(const ModelConfig& config, const ModelFacts& f) {
   std::printf("%-16s %16s %16s %16s\n", "total", human(f.total_params.total(), "").c_str(),
               human(f.active_params.total(), "").c_str(),
               human(f.resident_bytes.total(), "B").c_str());
-  std::printf("KV cache per token: %s (float32), %s (bf16), %s (fp8, --kv-dtype fp8)\n",
+  std::printf("KV cache per token: %s (float32), %s (bf16), %s (fp8 with a scale per head)\n",
               human(f.kv_bytes_per_token_f32, "B").c_str(),
               human(f.kv_bytes_per_token_bf16, "B").c_str(),
               human(f.kv_bytes_per_token_fp8, "B").c_str());
