@@ -208,6 +208,13 @@ void add_expert_parallel_option(CLI::App* cmd, DeviceArgs* args) {
                   "(exact), bf16 (half the bytes) or fp8 (e4m3 with a float32 scale per row, "
                   "about a quarter); the outputs come back float32 (default: f32)")
       ->check(CLI::IsMember({"f32", "bf16", "fp8"}));
+  cmd->add_option("--micro-batches", args->micro_batches,
+                  "Under --ep: 2 splits each rank's step into two micro-batches (the first half "
+                  "of its sequences and the rest) that alternate per MoE layer, so that one's "
+                  "rows and outputs travel while the other runs attention and experts; 1 runs "
+                  "the step whole")
+      ->check(CLI::IsMember({1, 2}))
+      ->capture_default_str();
 }
 
 bool DeviceArgs::overlap_shared_experts() const { return overlap != "off"; }
@@ -233,6 +240,11 @@ parallel::Communicator* DeviceArgs::expert_parallel() const {
               "run it with --device cpu --ep N under mpirun");
   USAGE_CHECK(dispatch_dtype.empty() || ep > 1, "--dispatch-dtype ", dispatch_dtype,
               " applies to --ep N (N > 1): without expert parallelism no rows travel");
+  USAGE_CHECK(micro_batches == 1 || !is_cuda(), "--micro-batches ", micro_batches,
+              " is not implemented on the CUDA backend yet (no expert parallelism on the GPU): "
+              "run it with --device cpu --ep N under mpirun");
+  USAGE_CHECK(micro_batches == 1 || ep > 1, "--micro-batches ", micro_batches,
+              " needs --ep N with N > 1: without expert parallelism nothing travels to overlap");
   if (ep == 1) return nullptr;
   MOE_CHECK(!is_cuda(), "--ep ", ep,
             " on cuda is not built yet: expert parallelism runs on CPU "
@@ -267,7 +279,8 @@ std::unique_ptr<Engine> load_expert_parallel_engine(const std::filesystem::path&
       {.comm = comm,
        .placement = device.placement,
        .overlap_shared_experts = device.overlap_shared_experts(),
-       .dispatch_dtype = device.dispatch_rows_dtype()});
+       .dispatch_dtype = device.dispatch_rows_dtype(),
+       .micro_batches = device.micro_batches});
 }
 
 bool DeviceArgs::is_output_rank() const { return ep == 1 || parallel::world().rank() == 0; }
@@ -329,7 +342,7 @@ SequenceRunner::SequenceRunner(Model& model, const DeviceArgs& device, int64_t m
     model.decoder().set_routing_approximation(routing);
     model.decoder().set_expert_parallel(expert_parallel, device.expert_placement(model.decoder()),
                                         device.overlap_shared_experts(),
-                                        device.dispatch_rows_dtype());
+                                        device.dispatch_rows_dtype(), device.micro_batches);
     cache_.emplace(model.decoder().make_cache(capacity_, kv_dtype_));
     capacity_ = cache_->max_tokens();
     return;

@@ -33,6 +33,7 @@ struct DeviceArgs {
   std::string placement;      // --placement FILE; empty: contiguous ranges
   std::string overlap;        // --overlap on|off; empty: on
   std::string dispatch_dtype;  // --dispatch-dtype f32|bf16|fp8; empty: f32
+  int micro_batches = 1;       // --micro-batches 1|2 under --ep
   // Routing approximations as given (add_routing_options); unset: off.
   std::optional<int64_t> active_experts;     // --active-experts K'
   std::string renorm;                        // --renorm kept|full; empty: kept
@@ -90,9 +91,9 @@ void add_weight_options(CLI::App* cmd, DeviceArgs* args);
 // Adds --kv-dtype auto|f32|bf16|fp8 (the subcommands that run a model over a KV cache): how the
 // CPU's KV pool stores rows, and so how many tokens its bytes hold.
 void add_kv_options(CLI::App* cmd, DeviceArgs* args);
-// Adds --ep N, --placement FILE, --overlap and --dispatch-dtype (generate and logits run one
-// sequence on every rank; serve and
-// bench give each rank its own engine and requests).
+// Adds --ep N, --placement FILE, --overlap, --dispatch-dtype and --micro-batches (generate and
+// logits run one sequence on every rank; serve and bench give each rank its own engine and
+// requests).
 void add_expert_parallel_option(CLI::App* cmd, DeviceArgs* args);
 
 // Runs body; under --ep (expert_parallel) an error it throws ends the process at once with

@@ -1,6 +1,7 @@
 #include "model/decoder.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 
@@ -185,24 +186,27 @@ std::unique_ptr<moe::ExpertRunner> Decoder::resident_experts() const {
 
 void Decoder::make_moe_block(std::unique_ptr<moe::ExpertRunner> runner) {
   const int64_t H = config_.hidden_size;
-  std::unique_ptr<moe::TokenDispatcher> dispatcher;
-  if (ep_ != nullptr) {
-    dispatcher = std::make_unique<moe::ExpertParallelDispatcher>(
+  auto dispatcher = [&]() -> std::unique_ptr<moe::TokenDispatcher> {
+    if (ep_ == nullptr) return std::make_unique<moe::LocalDispatcher>(H);
+    return std::make_unique<moe::ExpertParallelDispatcher>(
         *ep_,
         placement_ ? *placement_ : parallel::ExpertPlacement(config_.num_experts, ep_->size()), H,
         dispatch_dtype_);
-  } else {
-    dispatcher = std::make_unique<moe::LocalDispatcher>(H);
+  };
+  const moe::MoeBlockOptions options{.router = router_options(config_),
+                                     .hidden_size = H,
+                                     .expert_width = config_.moe_intermediate_size,
+                                     .weights = config_.routing_weight_on_input
+                                                    ? moe::WeightPlacement::kInput
+                                                    : moe::WeightPlacement::kOutput,
+                                     .approx = routing_approx_};
+  moe_block_ = std::make_unique<moe::MoeBlock>(options, dispatcher(), std::move(runner));
+  // Micro-batch B's block: its own routing, dispatcher buffers and runner scratch, so that both
+  // micro-batches can be in flight at once (the experts' weights are the same views).
+  moe_block_b_.reset();
+  if (ep_ != nullptr && micro_batches_ == 2) {
+    moe_block_b_ = std::make_unique<moe::MoeBlock>(options, dispatcher(), resident_experts());
   }
-  moe_block_ = std::make_unique<moe::MoeBlock>(
-      moe::MoeBlockOptions{.router = router_options(config_),
-                           .hidden_size = H,
-                           .expert_width = config_.moe_intermediate_size,
-                           .weights = config_.routing_weight_on_input
-                                          ? moe::WeightPlacement::kInput
-                                          : moe::WeightPlacement::kOutput,
-                           .approx = routing_approx_},
-      std::move(dispatcher), std::move(runner));
 }
 
 void Decoder::set_routing_approximation(const moe::RoutingApproximation& approx) {
@@ -214,6 +218,7 @@ void Decoder::set_routing_approximation(const moe::RoutingApproximation& approx)
   moe::validate(approx, router_options(config_));
   routing_approx_ = approx;
   moe_block_->set_approximation(approx);
+  if (moe_block_b_ != nullptr) moe_block_b_->set_approximation(approx);
 }
 
 std::vector<int64_t> Decoder::moe_layers() const {
@@ -225,10 +230,13 @@ std::vector<int64_t> Decoder::moe_layers() const {
 }
 
 void Decoder::set_expert_parallel(parallel::Communicator* comm,
-                                  std::optional<parallel::ExpertPlacement> placement,
-                                  bool overlap, moe::DispatchDtype dispatch_dtype) {
+                                  std::optional<parallel::ExpertPlacement> placement, bool overlap,
+                                  moe::DispatchDtype dispatch_dtype, int micro_batches) {
   MOE_CHECK(comm != nullptr || dispatch_dtype == moe::DispatchDtype::kF32, "--dispatch-dtype ",
             moe::dispatch_dtype_name(dispatch_dtype), " applies to --ep N (N > 1)");
+  MOE_CHECK(micro_batches == 1 || micro_batches == 2, "--micro-batches ", micro_batches,
+            ": 1 or 2");
+  MOE_CHECK(micro_batches == 1 || comm != nullptr, "--micro-batches 2 needs --ep N with N > 1");
   MOE_CHECK(comm == nullptr || config_.num_experts > 0, "--ep: the ", config_.model_type,
             " model has no routed experts to shard");
   MOE_CHECK(!placement || (comm != nullptr && placement->num_ranks() == comm->size() &&
@@ -241,6 +249,7 @@ void Decoder::set_expert_parallel(parallel::Communicator* comm,
   ep_ = comm;
   placement_ = std::move(placement);
   dispatch_dtype_ = dispatch_dtype;
+  micro_batches_ = comm != nullptr ? micro_batches : 1;
   shared_schedule_ = comm != nullptr && overlap ? moe::SharedSchedule::kWhileDispatching
                                                 : moe::SharedSchedule::kBeforeDispatch;
   make_moe_block(resident_experts());
@@ -397,131 +406,194 @@ void Decoder::forward(const ForwardBatch& batch, KvBlockPool& pool, std::span<fl
         batch, V, config_.max_position_embeddings > 0 ? config_.max_position_embeddings : INT64_MAX,
         pool.num_blocks(), pool.block_size());
   }
-  // Lay the step's tokens out as rows.
-  slots_.sequence.clear();
-  slots_.position.clear();
-  for (size_t i = 0; i < batch.sequences.size(); ++i) {
-    const SequenceBatch& s = batch.sequences[i];
-    for (size_t t = 0; t < s.tokens.size(); ++t) {
-      slots_.sequence.push_back(static_cast<int32_t>(i));
-      slots_.position.push_back(s.position + static_cast<int64_t>(t));
-    }
-  }
-  const int64_t T = static_cast<int64_t>(slots_.sequence.size());
   const int64_t out_rows = num_logit_rows(batch);
   MOE_CHECK(static_cast<int64_t>(logits.size()) == out_rows * V, "logits buffer holds ",
             logits.size(), " floats, needs ", out_rows * V);
-
-  ws_.x.resize(T * H);
-  ws_.normed.resize(T * H);
-  ws_.block_out.resize(T * H);
-  const TensorView& embed = weights_.embed_tokens;
-  {
-    int64_t row = 0;
-    for (const SequenceBatch& s : batch.sequences) {
-      for (int32_t id : s.tokens) {
-        convert_to_f32(embed.dtype, embed.row(id), ws_.x.data() + row++ * H, H);
-      }
-    }
+  if (moe_block_b_ != nullptr) {
+    forward_micro_batches(batch, pool, logits);
+    return;
   }
 
+  Workspace& ws = workspaces_[0];
+  const int64_t T = lay_out(batch, ws);
   for (int64_t l = 0; l < config_.num_layers; ++l) {
     MOE_PROFILE_LAYER(l);
-    const float eps = static_cast<float>(config_.rms_norm_eps);
-    rms_norm(ws_.x.data(), T, H, params_[l].input_norm.data(), eps, ws_.normed.data());
-    {
-      MOE_PROFILE_SCOPE(profile::Stage::kAttention);
-      switch (plans_[l].attention) {
-        case AttentionKind::kGqa:
-          attention(l, batch, pool);
-          break;
-        case AttentionKind::kMla:
-          mla_attention(l, batch, pool);
-          break;
-        case AttentionKind::kGatedDeltaNet:
-          linear_attention(l, batch, pool);
-          break;
+    attention_block(l, batch, pool, T, ws);
+    feed_forward(l, T, ws);
+    add_into(ws.x.data(), ws.block_out.data(), T * config_.hidden_size);
+  }
+  lm_head(batch, ws, logits);
+}
+
+void Decoder::forward_micro_batches(const ForwardBatch& batch, KvBlockPool& pool,
+                                    std::span<float> logits) {
+  const int64_t H = config_.hidden_size;
+  // A: the first half of the sequences (the larger half when odd), B: the rest; either may be
+  // empty and still joins every exchange.
+  const size_t num_a = (batch.sequences.size() + 1) / 2;
+  std::array<ForwardBatch, 2> parts;
+  parts[0].sequences.assign(batch.sequences.begin(), batch.sequences.begin() + num_a);
+  parts[1].sequences.assign(batch.sequences.begin() + num_a, batch.sequences.end());
+  std::array<moe::MoeBlock*, 2> blocks = {moe_block_.get(), moe_block_b_.get()};
+  std::array<int64_t, 2> T{};
+  for (int m = 0; m < 2; ++m) {
+    parts[m].all_positions = batch.all_positions;
+    T[m] = lay_out(parts[m], workspaces_[m]);
+  }
+  // Per MoE layer the exchanges go out in the same order on every rank: A's dispatch, B's
+  // dispatch, A's combine, B's combine; each is in flight while the other micro-batch computes.
+  for (int64_t l = 0; l < config_.num_layers; ++l) {
+    MOE_PROFILE_LAYER(l);
+    const bool moe = plans_[l].feed_forward == FeedForwardKind::kMoe;
+    for (int m = 0; m < 2; ++m) {
+      Workspace& ws = workspaces_[m];
+      attention_block(l, parts[m], pool, T[m], ws);
+      if (moe) {
+        start_moe(l, T[m], ws, *blocks[m]);
+      } else {
+        feed_forward(l, T[m], ws);
+        add_into(ws.x.data(), ws.block_out.data(), T[m] * H);
       }
     }
-    add_into(ws_.x.data(), ws_.block_out.data(), T * H);
-    rms_norm(ws_.x.data(), T, H, params_[l].post_attention_norm.data(), eps, ws_.normed.data());
-    feed_forward(l, T);
-    add_into(ws_.x.data(), ws_.block_out.data(), T * H);
+    if (!moe) continue;
+    for (int m = 0; m < 2; ++m) blocks[m]->run_experts();
+    for (int m = 0; m < 2; ++m) {
+      Workspace& ws = workspaces_[m];
+      blocks[m]->finish(ws.block_out.data());
+      observe_routing(l, blocks[m]->routing());
+      add_into(ws.x.data(), ws.block_out.data(), T[m] * H);
+    }
   }
+  const int64_t rows_a = num_logit_rows(parts[0]);
+  lm_head(parts[0], workspaces_[0], logits.first(static_cast<size_t>(rows_a * config_.vocab_size)));
+  lm_head(parts[1], workspaces_[1],
+          logits.subspan(static_cast<size_t>(rows_a * config_.vocab_size)));
+}
 
+int64_t Decoder::lay_out(const ForwardBatch& batch, Workspace& ws) const {
+  const int64_t H = config_.hidden_size;
+  ws.slots.sequence.clear();
+  ws.slots.position.clear();
+  for (size_t i = 0; i < batch.sequences.size(); ++i) {
+    const SequenceBatch& s = batch.sequences[i];
+    for (size_t t = 0; t < s.tokens.size(); ++t) {
+      ws.slots.sequence.push_back(static_cast<int32_t>(i));
+      ws.slots.position.push_back(s.position + static_cast<int64_t>(t));
+    }
+  }
+  const int64_t T = static_cast<int64_t>(ws.slots.sequence.size());
+  ws.x.resize(T * H);
+  ws.normed.resize(T * H);
+  ws.block_out.resize(T * H);
+  const TensorView& embed = weights_.embed_tokens;
+  int64_t row = 0;
+  for (const SequenceBatch& s : batch.sequences) {
+    for (int32_t id : s.tokens) {
+      convert_to_f32(embed.dtype, embed.row(id), ws.x.data() + row++ * H, H);
+    }
+  }
+  return T;
+}
+
+void Decoder::attention_block(int64_t l, const ForwardBatch& batch, KvBlockPool& pool, int64_t T,
+                              Workspace& ws) {
+  const int64_t H = config_.hidden_size;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  rms_norm(ws.x.data(), T, H, params_[l].input_norm.data(), eps, ws.normed.data());
+  {
+    MOE_PROFILE_SCOPE(profile::Stage::kAttention);
+    switch (plans_[l].attention) {
+      case AttentionKind::kGqa:
+        attention(l, batch, pool, ws);
+        break;
+      case AttentionKind::kMla:
+        mla_attention(l, batch, pool, ws);
+        break;
+      case AttentionKind::kGatedDeltaNet:
+        linear_attention(l, batch, pool, ws);
+        break;
+    }
+  }
+  add_into(ws.x.data(), ws.block_out.data(), T * H);
+  rms_norm(ws.x.data(), T, H, params_[l].post_attention_norm.data(), eps, ws.normed.data());
+}
+
+void Decoder::lm_head(const ForwardBatch& batch, Workspace& ws, std::span<float> logits) {
   // Final norm and LM head over the rows that want logits only.
   MOE_PROFILE_SCOPE(profile::Stage::kLmHead);
+  const int64_t H = config_.hidden_size;
   int64_t out = 0, row = 0;
   for (const SequenceBatch& s : batch.sequences) {
     const int64_t n = static_cast<int64_t>(s.tokens.size());
     if (s.want_logits) {
       const int64_t first = batch.all_positions ? row : row + n - 1;
       const int64_t count = batch.all_positions ? n : 1;
-      rms_norm(ws_.x.data() + first * H, count, H, final_norm_.data(),
-               static_cast<float>(config_.rms_norm_eps), ws_.normed.data() + out * H);
+      rms_norm(ws.x.data() + first * H, count, H, final_norm_.data(),
+               static_cast<float>(config_.rms_norm_eps), ws.normed.data() + out * H);
       out += count;
     }
     row += n;
   }
-  cpu::linear(ws_.normed.data(), out_rows, weights_.lm_head, nullptr, logits.data());
+  cpu::linear(ws.normed.data(), out, weights_.lm_head, nullptr, logits.data());
 }
 
-void Decoder::attention(int64_t layer, const ForwardBatch& batch, KvBlockPool& pool) {
+void Decoder::attention(int64_t layer, const ForwardBatch& batch, KvBlockPool& pool,
+                        Workspace& ws) {
   const AttentionWeights& w = weights_.layers[layer].attention;
   const LayerParams& p = params_[layer];
-  const int64_t T = static_cast<int64_t>(slots_.sequence.size());
+  const int64_t T = static_cast<int64_t>(ws.slots.sequence.size());
   const int64_t D = config_.head_dim;
   const int64_t Nq = config_.num_heads;
   const int64_t Nkv = config_.num_kv_heads;
   const int64_t q_dim = config_.q_dim();
   const int64_t kv_dim = config_.kv_dim();
   const float eps = static_cast<float>(config_.rms_norm_eps);
-  ws_.q.resize(T * q_dim);
-  ws_.k.resize(T * kv_dim);
-  ws_.v.resize(T * kv_dim);
-  ws_.attn.resize(T * q_dim);
+  ws.q.resize(T * q_dim);
+  ws.k.resize(T * kv_dim);
+  ws.v.resize(T * kv_dim);
+  ws.attn.resize(T * q_dim);
 
   const LayerPlan& plan = plans_[layer];
   if (plan.output_gate) {
     // q_proj gives [T, Nq, 2D]: each head's query, then its gate.
-    ws_.gate_logits.resize(T * 2 * q_dim);
-    cpu::linear(ws_.normed.data(), T, w.q_proj, nullptr, ws_.gate_logits.data());
+    ws.gate_logits.resize(T * 2 * q_dim);
+    cpu::linear(ws.normed.data(), T, w.q_proj, nullptr, ws.gate_logits.data());
     for (int64_t row = 0; row < T * Nq; ++row) {
-      const float* both = ws_.gate_logits.data() + row * 2 * D;
-      std::copy_n(both, D, ws_.q.data() + row * D);
-      std::copy_n(both + D, D, ws_.gate_logits.data() + row * D);  // in place: row*D <= row*2D
+      const float* both = ws.gate_logits.data() + row * 2 * D;
+      std::copy_n(both, D, ws.q.data() + row * D);
+      std::copy_n(both + D, D, ws.gate_logits.data() + row * D);  // in place: row*D <= row*2D
     }
   } else {
-    cpu::linear(ws_.normed.data(), T, w.q_proj, data_or_null(p.q_bias), ws_.q.data());
+    cpu::linear(ws.normed.data(), T, w.q_proj, data_or_null(p.q_bias), ws.q.data());
   }
-  cpu::linear(ws_.normed.data(), T, w.k_proj, data_or_null(p.k_bias), ws_.k.data());
-  cpu::linear(ws_.normed.data(), T, w.v_proj, data_or_null(p.v_bias), ws_.v.data());
+  cpu::linear(ws.normed.data(), T, w.k_proj, data_or_null(p.k_bias), ws.k.data());
+  cpu::linear(ws.normed.data(), T, w.v_proj, data_or_null(p.v_bias), ws.v.data());
 
   switch (plan.qk_norm) {
     case QkNormKind::kNone:
     case QkNormKind::kAfterRopeWeightless:  // below, once RoPE has turned q and k
       break;
     case QkNormKind::kPerHead:
-      rms_norm(ws_.q.data(), T * Nq, D, p.q_norm.data(), eps, ws_.q.data());
-      rms_norm(ws_.k.data(), T * Nkv, D, p.k_norm.data(), eps, ws_.k.data());
+      rms_norm(ws.q.data(), T * Nq, D, p.q_norm.data(), eps, ws.q.data());
+      rms_norm(ws.k.data(), T * Nkv, D, p.k_norm.data(), eps, ws.k.data());
       break;
     case QkNormKind::kWholeProjection:
-      rms_norm(ws_.q.data(), T, q_dim, p.q_norm.data(), eps, ws_.q.data());
-      rms_norm(ws_.k.data(), T, kv_dim, p.k_norm.data(), eps, ws_.k.data());
+      rms_norm(ws.q.data(), T, q_dim, p.q_norm.data(), eps, ws.q.data());
+      rms_norm(ws.k.data(), T, kv_dim, p.k_norm.data(), eps, ws.k.data());
       break;
   }
   if (plan.clip_qkv) {
     const float c = static_cast<float>(*config_.clip_qkv);
-    for (auto* buf : {&ws_.q, &ws_.k, &ws_.v}) {
+    for (auto* buf : {&ws.q, &ws.k, &ws.v}) {
       for (float& value : *buf) value = std::clamp(value, -c, c);
     }
   }
 
   for (int64_t t = 0; t < T; ++t) {
-    const SequenceBatch& s = batch.sequences[slots_.sequence[t]];
-    const int64_t position = slots_.position[t];
-    float* q = ws_.q.data() + t * q_dim;
-    float* k = ws_.k.data() + t * kv_dim;
+    const SequenceBatch& s = batch.sequences[ws.slots.sequence[t]];
+    const int64_t position = ws.slots.position[t];
+    float* q = ws.q.data() + t * q_dim;
+    float* k = ws.k.data() + t * kv_dim;
     switch (plan.position) {
       case PositionEncoding::kRope:
         rope_.apply(q, Nq, D, position, interleaved(plan.rope));
@@ -549,7 +621,7 @@ void Decoder::attention(int64_t layer, const ForwardBatch& batch, KvBlockPool& p
     }
     const CacheSlot at = cache_slot(pool, s, position);
     pool.write_key(layer, at.block, at.slot, k);
-    pool.write_value(layer, at.block, at.slot, ws_.v.data() + t * kv_dim);
+    pool.write_value(layer, at.block, at.slot, ws.v.data() + t * kv_dim);
   }
 
   const int64_t group = Nq / Nkv;
@@ -575,11 +647,11 @@ void Decoder::attention(int64_t layer, const ForwardBatch& batch, KvBlockPool& p
       const int64_t t = task / Nq;
       const int64_t h = task % Nq;
       const int64_t kv_head = h / group;
-      const SequenceBatch& s = batch.sequences[slots_.sequence[t]];
-      const int64_t position = slots_.position[t];
+      const SequenceBatch& s = batch.sequences[ws.slots.sequence[t]];
+      const int64_t position = ws.slots.position[t];
       const int64_t first = first_visible(position);
       const int64_t count = position - first + 1;
-      const float* q = ws_.q.data() + t * q_dim + h * D;
+      const float* q = ws.q.data() + t * q_dim + h * D;
       scores.resize(count);
       // A sink is one more logit in the softmax (unscaled) whose value row is zero.
       const float sink = sinks ? p.sinks[h] : -INFINITY;
@@ -594,7 +666,7 @@ void Decoder::attention(int64_t layer, const ForwardBatch& batch, KvBlockPool& p
       }
       float sum = sinks ? std::exp(sink - max_score) : 0.0f;
       for (int64_t j = 0; j < count; ++j) sum += scores[j] = std::exp(scores[j] - max_score);
-      float* out = ws_.attn.data() + t * q_dim + h * D;
+      float* out = ws.attn.data() + t * q_dim + h * D;
       std::fill_n(out, D, 0.0f);
       for (int64_t j = 0; j < count; ++j) {
         const float weight = scores[j] / sum;
@@ -605,16 +677,17 @@ void Decoder::attention(int64_t layer, const ForwardBatch& batch, KvBlockPool& p
     }
   });
   if (plan.output_gate) {
-    for (int64_t i = 0; i < T * q_dim; ++i) ws_.attn[i] *= sigmoid(ws_.gate_logits[i]);
+    for (int64_t i = 0; i < T * q_dim; ++i) ws.attn[i] *= sigmoid(ws.gate_logits[i]);
   }
-  cpu::linear(ws_.attn.data(), T, w.o_proj, data_or_null(p.o_bias), ws_.block_out.data());
+  cpu::linear(ws.attn.data(), T, w.o_proj, data_or_null(p.o_bias), ws.block_out.data());
 }
 
-void Decoder::linear_attention(int64_t layer, const ForwardBatch& batch, KvBlockPool& pool) {
+void Decoder::linear_attention(int64_t layer, const ForwardBatch& batch, KvBlockPool& pool,
+                               Workspace& ws) {
   const LinearAttentionWeights& w = weights_.layers[layer].linear_attention;
   const LayerParams& p = params_[layer];
   const LinearAttentionConfig& lin = *config_.linear_attention;
-  const int64_t T = static_cast<int64_t>(slots_.sequence.size());
+  const int64_t T = static_cast<int64_t>(ws.slots.sequence.size());
   const int64_t Nk = lin.num_key_heads, Nv = lin.num_value_heads;
   const int64_t Dk = lin.key_head_dim, Dv = lin.value_head_dim;
   const int64_t r = Nv / Nk;  // value heads per key head
@@ -622,40 +695,40 @@ void Decoder::linear_attention(int64_t layer, const ForwardBatch& batch, KvBlock
   const int64_t C = lin.conv_dim();
   const int64_t taps = lin.conv_kernel;
   const float eps = static_cast<float>(config_.rms_norm_eps);
-  ws_.mixed.resize(T * C);     // [T, q | k | v] before the conv
-  ws_.conv_out.resize(T * C);  // after the conv and SiLU
-  ws_.z.resize(T * value_dim);
-  ws_.b.resize(T * Nv);
-  ws_.a.resize(T * Nv);
-  ws_.core.resize(T * value_dim);
+  ws.mixed.resize(T * C);     // [T, q | k | v] before the conv
+  ws.conv_out.resize(T * C);  // after the conv and SiLU
+  ws.z.resize(T * value_dim);
+  ws.b.resize(T * Nv);
+  ws.a.resize(T * Nv);
+  ws.core.resize(T * value_dim);
   if (!w.in_proj_qkvz.empty()) {
     // Qwen3-Next packs per key head g: [q_g | k_g | v of its r heads | z of them] and [b | a].
     const int64_t qkvz_width = 2 * key_dim + 2 * value_dim;
     const int64_t group = 2 * Dk + 2 * r * Dv;
-    ws_.qkvz.resize(T * qkvz_width);
-    ws_.ba.resize(T * 2 * Nv);
-    cpu::linear(ws_.normed.data(), T, w.in_proj_qkvz, nullptr, ws_.qkvz.data());
-    cpu::linear(ws_.normed.data(), T, w.in_proj_ba, nullptr, ws_.ba.data());
+    ws.qkvz.resize(T * qkvz_width);
+    ws.ba.resize(T * 2 * Nv);
+    cpu::linear(ws.normed.data(), T, w.in_proj_qkvz, nullptr, ws.qkvz.data());
+    cpu::linear(ws.normed.data(), T, w.in_proj_ba, nullptr, ws.ba.data());
     for (int64_t t = 0; t < T; ++t) {
-      const float* in = ws_.qkvz.data() + t * qkvz_width;
-      float* out = ws_.mixed.data() + t * C;
+      const float* in = ws.qkvz.data() + t * qkvz_width;
+      float* out = ws.mixed.data() + t * C;
       for (int64_t g = 0; g < Nk; ++g) {
         const float* src = in + g * group;
         std::copy_n(src, Dk, out + g * Dk);
         std::copy_n(src + Dk, Dk, out + key_dim + g * Dk);
         std::copy_n(src + 2 * Dk, r * Dv, out + 2 * key_dim + g * r * Dv);
-        std::copy_n(src + 2 * Dk + r * Dv, r * Dv, ws_.z.data() + t * value_dim + g * r * Dv);
-        const float* ba = ws_.ba.data() + t * 2 * Nv + g * 2 * r;
-        std::copy_n(ba, r, ws_.b.data() + t * Nv + g * r);
-        std::copy_n(ba + r, r, ws_.a.data() + t * Nv + g * r);
+        std::copy_n(src + 2 * Dk + r * Dv, r * Dv, ws.z.data() + t * value_dim + g * r * Dv);
+        const float* ba = ws.ba.data() + t * 2 * Nv + g * 2 * r;
+        std::copy_n(ba, r, ws.b.data() + t * Nv + g * r);
+        std::copy_n(ba + r, r, ws.a.data() + t * Nv + g * r);
       }
     }
   } else {
     // Qwen3.5: [q | k | v], z, b and a each from a projection of their own.
-    cpu::linear(ws_.normed.data(), T, w.in_proj_qkv, nullptr, ws_.mixed.data());
-    cpu::linear(ws_.normed.data(), T, w.in_proj_z, nullptr, ws_.z.data());
-    cpu::linear(ws_.normed.data(), T, w.in_proj_b, nullptr, ws_.b.data());
-    cpu::linear(ws_.normed.data(), T, w.in_proj_a, nullptr, ws_.a.data());
+    cpu::linear(ws.normed.data(), T, w.in_proj_qkv, nullptr, ws.mixed.data());
+    cpu::linear(ws.normed.data(), T, w.in_proj_z, nullptr, ws.z.data());
+    cpu::linear(ws.normed.data(), T, w.in_proj_b, nullptr, ws.b.data());
+    cpu::linear(ws.normed.data(), T, w.in_proj_a, nullptr, ws.a.data());
   }
 
   // Causal depthwise conv per sequence over its window (the state's last taps - 1 inputs, then
@@ -670,12 +743,12 @@ void Decoder::linear_attention(int64_t layer, const ForwardBatch& batch, KvBlock
       std::vector<float> window(static_cast<size_t>(history + n));
       for (int64_t c = c_begin; c < c_end; ++c) {
         std::copy_n(window_state + c * history, history, window.data());
-        for (int64_t t = 0; t < n; ++t) window[history + t] = ws_.mixed[(first_row + t) * C + c];
+        for (int64_t t = 0; t < n; ++t) window[history + t] = ws.mixed[(first_row + t) * C + c];
         const float* tap = p.conv.data() + c * taps;
         for (int64_t t = 0; t < n; ++t) {
           float acc = 0.0f;
           for (int64_t j = 0; j < taps; ++j) acc += tap[j] * window[t + j];
-          ws_.conv_out[(first_row + t) * C + c] = acc * sigmoid(acc);
+          ws.conv_out[(first_row + t) * C + c] = acc * sigmoid(acc);
         }
         std::copy_n(window.data() + n, history, window_state + c * history);
       }
@@ -698,7 +771,7 @@ void Decoder::linear_attention(int64_t layer, const ForwardBatch& batch, KvBlock
         const int64_t g = h / r;
         float* S = states + h * Dk * Dv;
         for (int64_t t = first_row; t < first_row + n; ++t) {
-          const float* row = ws_.conv_out.data() + t * C;
+          const float* row = ws.conv_out.data() + t * C;
           const float* v = row + 2 * key_dim + h * Dv;
           float q_sq = 0.0f, k_sq = 0.0f;
           for (int64_t d = 0; d < Dk; ++d) {
@@ -713,8 +786,8 @@ void Decoder::linear_attention(int64_t layer, const ForwardBatch& batch, KvBlock
             q[d] *= q_norm;
             k[d] *= k_norm;
           }
-          const float beta = sigmoid(ws_.b[t * Nv + h]);
-          const float decay = std::exp(p.neg_decay[h] * softplus(ws_.a[t * Nv + h] + p.dt_bias[h]));
+          const float beta = sigmoid(ws.b[t * Nv + h]);
+          const float decay = std::exp(p.neg_decay[h] * softplus(ws.a[t * Nv + h] + p.dt_bias[h]));
           std::fill(kv_mem.begin(), kv_mem.end(), 0.0f);
           for (int64_t i = 0; i < Dk; ++i) {
             float* S_row = S + i * Dv;
@@ -724,7 +797,7 @@ void Decoder::linear_attention(int64_t layer, const ForwardBatch& batch, KvBlock
             }
           }
           for (int64_t j = 0; j < Dv; ++j) kv_mem[j] = (v[j] - kv_mem[j]) * beta;  // the delta
-          float* out = ws_.core.data() + t * value_dim + h * Dv;
+          float* out = ws.core.data() + t * value_dim + h * Dv;
           std::fill_n(out, Dv, 0.0f);
           for (int64_t i = 0; i < Dk; ++i) {
             float* S_row = S + i * Dv;
@@ -742,51 +815,51 @@ void Decoder::linear_attention(int64_t layer, const ForwardBatch& batch, KvBlock
   // Gated RMSNorm per value head: normed(core) * w * silu(z).
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t h = 0; h < Nv; ++h) {
-      float* x = ws_.core.data() + t * value_dim + h * Dv;
-      const float* z = ws_.z.data() + t * value_dim + h * Dv;
+      float* x = ws.core.data() + t * value_dim + h * Dv;
+      const float* z = ws.z.data() + t * value_dim + h * Dv;
       rms_norm(x, 1, Dv, p.gated_norm.data(), eps, x);
       for (int64_t j = 0; j < Dv; ++j) x[j] *= z[j] * sigmoid(z[j]);
     }
   }
-  cpu::linear(ws_.core.data(), T, w.out_proj, nullptr, ws_.block_out.data());
+  cpu::linear(ws.core.data(), T, w.out_proj, nullptr, ws.block_out.data());
 }
 
-void Decoder::mla_attention(int64_t layer, const ForwardBatch& batch, KvBlockPool& pool) {
+void Decoder::mla_attention(int64_t layer, const ForwardBatch& batch, KvBlockPool& pool,
+                            Workspace& ws) {
   const MlaWeights& w = weights_.layers[layer].mla;
   const LayerParams& p = params_[layer];
   const MlaConfig& m = *config_.mla;
-  const int64_t T = static_cast<int64_t>(slots_.sequence.size());
+  const int64_t T = static_cast<int64_t>(ws.slots.sequence.size());
   const int64_t Nh = config_.num_heads;
   const int64_t nope = m.qk_nope_head_dim, rope_dim = m.qk_rope_head_dim, vd = m.v_head_dim;
   const int64_t L = m.kv_lora_rank;
   const int64_t qk = m.qk_head_dim();
   const int64_t width = m.cache_width();  // [latent L | rope key]
-  ws_.q.resize(T * Nh * qk);
-  ws_.latent.resize(T * width);
-  ws_.q_latent.resize(T * Nh * L);
-  ws_.o_latent.resize(Nh * T * L);
-  ws_.head_out.resize(T * vd);
-  ws_.attn.resize(T * Nh * vd);
+  ws.q.resize(T * Nh * qk);
+  ws.latent.resize(T * width);
+  ws.q_latent.resize(T * Nh * L);
+  ws.o_latent.resize(Nh * T * L);
+  ws.head_out.resize(T * vd);
+  ws.attn.resize(T * Nh * vd);
 
   // Queries [T, Nh, nope + rope].
   if (m.q_lora_rank > 0) {
-    ws_.q_lora.resize(T * m.q_lora_rank);
-    cpu::linear(ws_.normed.data(), T, w.q_a_proj, nullptr, ws_.q_lora.data());
-    rms_norm(ws_.q_lora.data(), T, m.q_lora_rank, p.q_a_norm.data(), kMlaNormEps,
-             ws_.q_lora.data());
-    cpu::linear(ws_.q_lora.data(), T, w.q_b_proj, nullptr, ws_.q.data());
+    ws.q_lora.resize(T * m.q_lora_rank);
+    cpu::linear(ws.normed.data(), T, w.q_a_proj, nullptr, ws.q_lora.data());
+    rms_norm(ws.q_lora.data(), T, m.q_lora_rank, p.q_a_norm.data(), kMlaNormEps, ws.q_lora.data());
+    cpu::linear(ws.q_lora.data(), T, w.q_b_proj, nullptr, ws.q.data());
   } else {
-    cpu::linear(ws_.normed.data(), T, w.q_proj, nullptr, ws_.q.data());
+    cpu::linear(ws.normed.data(), T, w.q_proj, nullptr, ws.q.data());
   }
   // Latent and shared rope key [T, L + rope]; the latent is normalised, the key rotated.
-  cpu::linear(ws_.normed.data(), T, w.kv_a_proj, nullptr, ws_.latent.data());
+  cpu::linear(ws.normed.data(), T, w.kv_a_proj, nullptr, ws.latent.data());
   for (int64_t t = 0; t < T; ++t) {
-    const SequenceBatch& s = batch.sequences[slots_.sequence[t]];
-    const int64_t position = slots_.position[t];
-    float* row = ws_.latent.data() + t * width;
+    const SequenceBatch& s = batch.sequences[ws.slots.sequence[t]];
+    const int64_t position = ws.slots.position[t];
+    float* row = ws.latent.data() + t * width;
     rms_norm(row, 1, L, p.kv_a_norm.data(), kMlaNormEps, row);
     rope_.apply(row + L, 1, rope_dim, position, interleaved(plans_[layer].rope));
-    rope_.apply(ws_.q.data() + t * Nh * qk + nope, Nh, qk, position,
+    rope_.apply(ws.q.data() + t * Nh * qk + nope, Nh, qk, position,
                 interleaved(plans_[layer].rope));
     const CacheSlot at = cache_slot(pool, s, position);
     pool.write_key(layer, at.block, at.slot, row);
@@ -795,15 +868,15 @@ void Decoder::mla_attention(int64_t layer, const ForwardBatch& batch, KvBlockPoo
   // Absorb the key up-projection into the query: q_latent[t, h] = W_uk[h]^T q_nope[t, h], where
   // W_uk[h] is rows [h*(nope+v), h*(nope+v) + nope) of kv_b_proj.
   const TensorView& kv_b = w.kv_b_proj;
-  std::fill(ws_.q_latent.begin(), ws_.q_latent.end(), 0.0f);
+  std::fill(ws.q_latent.begin(), ws.q_latent.end(), 0.0f);
   parallel_for(Nh, [&](int64_t h_begin, int64_t h_end) {
     std::vector<float> w_row(L);
     for (int64_t h = h_begin; h < h_end; ++h) {
       for (int64_t d = 0; d < nope; ++d) {
         convert_to_f32(kv_b.dtype, kv_b.row(h * (nope + vd) + d), w_row.data(), L);
         for (int64_t t = 0; t < T; ++t) {
-          const float q = ws_.q[(t * Nh + h) * qk + d];
-          float* dst = ws_.q_latent.data() + (t * Nh + h) * L;
+          const float q = ws.q[(t * Nh + h) * qk + d];
+          float* dst = ws.q_latent.data() + (t * Nh + h) * L;
           for (int64_t c = 0; c < L; ++c) dst[c] += q * w_row[c];
         }
       }
@@ -818,10 +891,10 @@ void Decoder::mla_attention(int64_t layer, const ForwardBatch& batch, KvBlockPoo
     for (int64_t task = begin; task < end; ++task) {
       const int64_t t = task / Nh;
       const int64_t h = task % Nh;
-      const SequenceBatch& s = batch.sequences[slots_.sequence[t]];
-      const int64_t count = slots_.position[t] + 1;
-      const float* q_lat = ws_.q_latent.data() + (t * Nh + h) * L;
-      const float* q_rope = ws_.q.data() + (t * Nh + h) * qk + nope;
+      const SequenceBatch& s = batch.sequences[ws.slots.sequence[t]];
+      const int64_t count = ws.slots.position[t] + 1;
+      const float* q_lat = ws.q_latent.data() + (t * Nh + h) * L;
+      const float* q_rope = ws.q.data() + (t * Nh + h) * qk + nope;
       scores.resize(count);
       float max_score = -INFINITY;
       for (int64_t j = 0; j < count; ++j) {
@@ -835,7 +908,7 @@ void Decoder::mla_attention(int64_t layer, const ForwardBatch& batch, KvBlockPoo
       }
       float sum = 0.0f;
       for (int64_t j = 0; j < count; ++j) sum += scores[j] = std::exp(scores[j] - max_score);
-      float* out = ws_.o_latent.data() + (h * T + t) * L;  // [Nh, T, L]
+      float* out = ws.o_latent.data() + (h * T + t) * L;  // [Nh, T, L]
       std::fill_n(out, L, 0.0f);
       for (int64_t j = 0; j < count; ++j) {
         const float weight = scores[j] / sum;
@@ -850,51 +923,66 @@ void Decoder::mla_attention(int64_t layer, const ForwardBatch& batch, KvBlockPoo
   for (int64_t h = 0; h < Nh; ++h) {
     const TensorView w_uv{
         .dtype = kv_b.dtype, .shape = {vd, L}, .data = kv_b.row(h * (nope + vd) + nope)};
-    cpu::linear(ws_.o_latent.data() + h * T * L, T, w_uv, nullptr, ws_.head_out.data());
+    cpu::linear(ws.o_latent.data() + h * T * L, T, w_uv, nullptr, ws.head_out.data());
     for (int64_t t = 0; t < T; ++t) {
-      std::copy_n(ws_.head_out.data() + t * vd, vd, ws_.attn.data() + (t * Nh + h) * vd);
+      std::copy_n(ws.head_out.data() + t * vd, vd, ws.attn.data() + (t * Nh + h) * vd);
     }
   }
-  cpu::linear(ws_.attn.data(), T, w.o_proj, nullptr, ws_.block_out.data());
+  cpu::linear(ws.attn.data(), T, w.o_proj, nullptr, ws.block_out.data());
 }
 
-void Decoder::dense_mlp(const MlpWeights& mlp, int64_t T, const float* in, float* out) {
+void Decoder::dense_mlp(const MlpWeights& mlp, int64_t T, const float* in, float* out,
+                        Workspace& ws) {
   const int64_t width = mlp.gate_proj.shape[0];
-  ws_.gate.resize(T * width);
-  ws_.up.resize(T * width);
-  cpu::linear(in, T, mlp.gate_proj, nullptr, ws_.gate.data());
-  cpu::linear(in, T, mlp.up_proj, nullptr, ws_.up.data());
-  silu_mul(ws_.gate.data(), ws_.up.data(), T * width);
-  cpu::linear(ws_.gate.data(), T, mlp.down_proj, nullptr, out);
+  ws.gate.resize(T * width);
+  ws.up.resize(T * width);
+  cpu::linear(in, T, mlp.gate_proj, nullptr, ws.gate.data());
+  cpu::linear(in, T, mlp.up_proj, nullptr, ws.up.data());
+  silu_mul(ws.gate.data(), ws.up.data(), T * width);
+  cpu::linear(ws.gate.data(), T, mlp.down_proj, nullptr, out);
 }
 
-void Decoder::feed_forward(int64_t layer, int64_t T) {
+void Decoder::feed_forward(int64_t layer, int64_t T, Workspace& ws) {
   const LayerWeights& lw = weights_.layers[layer];
   const LayerPlan& plan = plans_[layer];
   switch (plan.feed_forward) {
     case FeedForwardKind::kDenseMlp: {
       MOE_PROFILE_SCOPE(profile::Stage::kDenseMlp);
-      dense_mlp(lw.mlp, T, ws_.normed.data(), ws_.block_out.data());
+      dense_mlp(lw.mlp, T, ws.normed.data(), ws.block_out.data(), ws);
       return;
     }
     case FeedForwardKind::kMoe:
       break;
   }
-  moe::RouteAdjust adjust;
-  if (routing_override_) {
-    adjust = [&](const float* logits, const moe::RouterOptions& router, moe::Routing& routing) {
-      routing_override_(layer, logits, router, routing);
-    };
-  }
   moe_block_->forward(
-      layer, ws_.normed.data(), T, layer_router(layer), [&] { return shared_experts(layer, T); },
-      shared_schedule_, ws_.block_out.data(), adjust);
-  const moe::Routing& routing = moe_block_->routing();
+      layer, ws.normed.data(), T, layer_router(layer), [&] { return shared_experts(layer, T, ws); },
+      shared_schedule_, ws.block_out.data(), route_adjust(layer));
+  observe_routing(layer, moe_block_->routing());
+}
+
+moe::RouteAdjust Decoder::route_adjust(int64_t layer) const {
+  if (!routing_override_) return {};
+  return
+      [this, layer](const float* logits, const moe::RouterOptions& router, moe::Routing& routing) {
+        routing_override_(layer, logits, router, routing);
+      };
+}
+
+void Decoder::observe_routing(int64_t layer, const moe::Routing& routing) const {
   if (routing_observer_) routing_observer_(layer, routing);
   if (profile::Profiler* p = profile::active()) p->record_routing(layer, routing.topk_ids);
 }
 
-const float* Decoder::shared_experts(int64_t layer, int64_t T) {
+void Decoder::start_moe(int64_t layer, int64_t T, Workspace& ws, moe::MoeBlock& block) {
+  // The lambda reads ws.normed when the block asks (start or run_experts): it stays put until
+  // the layer finishes.
+  block.start(
+      layer, ws.normed.data(), T, layer_router(layer),
+      [this, layer, T, &ws] { return shared_experts(layer, T, ws); }, shared_schedule_,
+      route_adjust(layer));
+}
+
+const float* Decoder::shared_experts(int64_t layer, int64_t T, Workspace& ws) {
   const LayerWeights& lw = weights_.layers[layer];
   const int64_t H = config_.hidden_size;
   switch (plans_[layer].shared_expert) {
@@ -902,21 +990,21 @@ const float* Decoder::shared_experts(int64_t layer, int64_t T) {
       return nullptr;
     case SharedExpertKind::kUngated: {
       MOE_PROFILE_SCOPE(profile::Stage::kSharedExperts);
-      ws_.shared.resize(T * H);
-      dense_mlp(lw.moe.shared_expert, T, ws_.normed.data(), ws_.shared.data());
-      return ws_.shared.data();
+      ws.shared.resize(T * H);
+      dense_mlp(lw.moe.shared_expert, T, ws.normed.data(), ws.shared.data(), ws);
+      return ws.shared.data();
     }
     case SharedExpertKind::kSigmoidGated: {
       MOE_PROFILE_SCOPE(profile::Stage::kSharedExperts);
-      ws_.shared.resize(T * H);
-      dense_mlp(lw.moe.shared_expert, T, ws_.normed.data(), ws_.shared.data());
+      ws.shared.resize(T * H);
+      dense_mlp(lw.moe.shared_expert, T, ws.normed.data(), ws.shared.data(), ws);
       std::vector<float> gate_logit(T);
-      cpu::linear(ws_.normed.data(), T, lw.moe.shared_expert_gate, nullptr, gate_logit.data());
+      cpu::linear(ws.normed.data(), T, lw.moe.shared_expert_gate, nullptr, gate_logit.data());
       for (int64_t t = 0; t < T; ++t) {
         const float g = 1.0f / (1.0f + std::exp(-gate_logit[t]));
-        for (int64_t h = 0; h < H; ++h) ws_.shared[t * H + h] *= g;
+        for (int64_t h = 0; h < H; ++h) ws.shared[t * H + h] *= g;
       }
-      return ws_.shared.data();
+      return ws.shared.data();
     }
   }
   return nullptr;

@@ -4,6 +4,7 @@
 // optional tensors in DecoderWeights.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -75,10 +76,17 @@ class Decoder {
   // on) the shared experts run while the dispatch's rows are in flight, else before dispatch.
   // `dispatch_dtype` (--dispatch-dtype) encodes the rows dispatch sends (moe/row_codec.h);
   // anything but f32 needs comm.
+  // `micro_batches` (--micro-batches 1|2, 2 needs comm): with 2 each step's sequences are split
+  // in two micro-batches (the first half and the rest, either possibly empty) that alternate per
+  // layer, so that one's rows or outputs travel while the other runs attention and experts:
+  //   attention(A), route(A), start dispatch(A); attention(B), route(B), start dispatch(B);
+  //   experts(A), start combine(A); experts(B), start combine(B); finish(A); finish(B).
+  // The routing observer then sees each MoE layer twice a step, A's tokens and then B's.
   void set_expert_parallel(parallel::Communicator* comm,
                            std::optional<parallel::ExpertPlacement> placement = std::nullopt,
                            bool overlap = true,
-                           moe::DispatchDtype dispatch_dtype = moe::DispatchDtype::kF32);
+                           moe::DispatchDtype dispatch_dtype = moe::DispatchDtype::kF32,
+                           int micro_batches = 1);
   // Routing approximations (--active-experts, --drop-below, --expert-capacity,
   // --router-temperature; moe/routing_approx.h) in every MoE layer's route stage from the next
   // forward on; default options turn them off. Checked against the model's router (K' <= K);
@@ -134,38 +142,54 @@ class Decoder {
   };
   // The layer's router as the MoE block takes it.
   moe::LayerRouter layer_router(int64_t layer) const;
-  // Buffers reused across steps.
+  // Where each of the step's token rows belongs.
+  struct TokenSlots {
+    std::vector<int32_t> sequence;  // [T] index into the batch
+    std::vector<int64_t> position;  // [T] absolute position in its sequence
+  };
+  // Buffers reused across steps, one set per micro-batch.
   struct Workspace {
+    TokenSlots slots;
     std::vector<float> x, normed, q, k, v, attn, block_out, shared, gate, up;
     std::vector<float> q_lora, latent, q_latent, o_latent, head_out;  // MLA
     std::vector<float> gate_logits;                                   // attention output gate
     std::vector<float> qkvz, ba, mixed, conv_out, z, b, a, core;      // Gated DeltaNet
   };
 
-  // Where each of the step's token rows belongs.
-  struct TokenSlots {
-    std::vector<int32_t> sequence;  // [T] index into the batch
-    std::vector<int64_t> position;  // [T] absolute position in its sequence
-  };
   // Where the cache row of `position` in sequence `s` of the batch lives in the pool.
   struct CacheSlot {
     int64_t block = 0, slot = 0;
   };
   static CacheSlot cache_slot(const KvBlockPool& pool, const SequenceBatch& s, int64_t position);
 
-  void attention(int64_t layer, const ForwardBatch& batch, KvBlockPool& pool);
+  // The step's token rows of `batch` laid out in ws (slots, embedded x); returns T.
+  int64_t lay_out(const ForwardBatch& batch, Workspace& ws) const;
+  // x += attention(rms_norm(x)), then ws.normed = the post-attention norm of x.
+  void attention_block(int64_t layer, const ForwardBatch& batch, KvBlockPool& pool, int64_t T,
+                       Workspace& ws);
+  // The final norm and LM head of the rows that want logits.
+  void lm_head(const ForwardBatch& batch, Workspace& ws, std::span<float> logits);
+  // forward with --micro-batches 2 (set_expert_parallel).
+  void forward_micro_batches(const ForwardBatch& batch, KvBlockPool& pool, std::span<float> logits);
+  // The MoE layer's start phase over ws.normed on `block` (its later phases: MoeBlock).
+  void start_moe(int64_t layer, int64_t T, Workspace& ws, moe::MoeBlock& block);
+  moe::RouteAdjust route_adjust(int64_t layer) const;
+  void observe_routing(int64_t layer, const moe::Routing& routing) const;
+
+  void attention(int64_t layer, const ForwardBatch& batch, KvBlockPool& pool, Workspace& ws);
   // MLA in the absorbed form: the cache holds [latent | rope key] per token, the query is
   // projected into the latent space and attention output is lifted back per head, so no full
   // per-head key or value is ever built.
-  void mla_attention(int64_t layer, const ForwardBatch& batch, KvBlockPool& pool);
+  void mla_attention(int64_t layer, const ForwardBatch& batch, KvBlockPool& pool, Workspace& ws);
   // Gated DeltaNet: conv over [q | k | v] and the delta-rule recurrence, token by token within
   // each sequence from the state in its slot, then the gated norm and out_proj.
-  void linear_attention(int64_t layer, const ForwardBatch& batch, KvBlockPool& pool);
-  void feed_forward(int64_t layer, int64_t num_tokens);
-  // The layer's shared experts over ws_.normed into ws_.shared (gated where the model gates
+  void linear_attention(int64_t layer, const ForwardBatch& batch, KvBlockPool& pool, Workspace& ws);
+  void feed_forward(int64_t layer, int64_t num_tokens, Workspace& ws);
+  // The layer's shared experts over ws.normed into ws.shared (gated where the model gates
   // them); null when the layer has none.
-  const float* shared_experts(int64_t layer, int64_t num_tokens);
-  void dense_mlp(const MlpWeights& mlp, int64_t num_tokens, const float* in, float* out);
+  const float* shared_experts(int64_t layer, int64_t num_tokens, Workspace& ws);
+  void dense_mlp(const MlpWeights& mlp, int64_t num_tokens, const float* in, float* out,
+                 Workspace& ws);
 
   ModelConfig config_;
   DecoderWeights weights_;
@@ -187,9 +211,10 @@ class Decoder {
   parallel::Communicator* ep_ = nullptr;                // moe_block_'s dispatcher's, under --ep
   moe::DispatchDtype dispatch_dtype_ = moe::DispatchDtype::kF32;  // its rows' encoding
   moe::SharedSchedule shared_schedule_ = moe::SharedSchedule::kBeforeDispatch;
-  moe::RoutingApproximation routing_approx_;  // moe_block_'s
-  Workspace ws_;
-  TokenSlots slots_;
+  moe::RoutingApproximation routing_approx_;    // moe_block_'s
+  std::unique_ptr<moe::MoeBlock> moe_block_b_;  // micro-batch B's, with --micro-batches 2
+  int micro_batches_ = 1;
+  std::array<Workspace, 2> workspaces_;  // [0]: the step's, or micro-batch A's; [1]: B's
   RoutingObserver routing_observer_;
   RoutingOverride routing_override_;
 };

@@ -19,6 +19,14 @@ ExpertParallelDispatcher::ExpertParallelDispatcher(parallel::Communicator& comm,
 
 ExpertRows ExpertParallelDispatcher::dispatch(int64_t layer, const RoutedTokens& tokens,
                                               const InFlightWork& while_in_flight) {
+  start_dispatch(layer, tokens);
+  if (while_in_flight) while_in_flight();
+  return finish_dispatch(layer, tokens);
+}
+
+void ExpertParallelDispatcher::start_dispatch(int64_t layer, const RoutedTokens& tokens) {
+  MOE_CHECK(!rows_in_flight_.pending() && !outputs_in_flight_.pending(), "layer ", layer,
+            ": dispatch started while this dispatcher's last exchange is in flight");
   const DispatchPlan& plan = *tokens.plan;
   const parallel::LayerPlacement& table = placement_.layer(layer);
   const int N = comm_.size(), me = comm_.rank();
@@ -119,15 +127,26 @@ ExpertRows ExpertParallelDispatcher::dispatch(int64_t layer, const RoutedTokens&
     received += rows;
   }
   recv_rows_.resize(static_cast<size_t>(received * row_bytes));
-  parallel::PendingOp rows_in_flight =
+  rows_in_flight_ =
       comm_.start_all_to_allv(send_rows_.data(), send_bytes, recv_rows_.data(), recv_bytes);
-  if (while_in_flight) while_in_flight();
-  rows_in_flight.wait();
-  if (profile::Profiler* p = profile::active()) {  // the encoded bytes, as they were sent
+  if (profile::Profiler* p = profile::active()) {  // the encoded bytes, as they are sent
     int64_t remote = 0;
     for (int r = 0; r < N; ++r) remote += r == me ? 0 : send_bytes[r];
     p->add_link_bytes(profile::Link::kNetwork, remote);
   }
+}
+
+ExpertRows ExpertParallelDispatcher::finish_dispatch(int64_t layer,
+                                                     const RoutedTokens& /*tokens*/) {
+  rows_in_flight_.wait();
+  const parallel::LayerPlacement& table = placement_.layer(layer);
+  const int N = comm_.size(), me = comm_.rank();
+  const int64_t H = hidden_size_;
+  const int64_t row_bytes = encoded_row_bytes(wire_, H);
+  const int64_t mine = static_cast<int64_t>(table.slots(me).size());
+  const auto my_slots = table.slots(me);
+  int64_t received = 0;
+  for (int64_t n : recv_num_rows_) received += n;
 
   // Merge the sources' runs into slot order: slot j's rows from source 0, then 1, ...
   expert_offsets_.assign(static_cast<size_t>(mine) + 1, 0);
@@ -159,39 +178,72 @@ ExpertRows ExpertParallelDispatcher::dispatch(int64_t layer, const RoutedTokens&
   return {.rows = expert_rows_.data(), .expert_offsets = expert_offsets_, .expert_ids = slot_ids_};
 }
 
-void ExpertParallelDispatcher::combine(int64_t /*layer*/, const float* expert_out,
+void ExpertParallelDispatcher::combine(int64_t layer, const float* expert_out,
                                        const RoutedTokens& tokens, const float* shared,
                                        float* out) {
-  const int64_t H = hidden_size_;
-  const size_t row_bytes = static_cast<size_t>(H) * sizeof(float);
   {
     MOE_PROFILE_SCOPE(profile::Stage::kCombine);
-    back_.resize(expert_row_of_recv_.size() * static_cast<size_t>(H));
-    for (size_t r = 0; r < expert_row_of_recv_.size(); ++r) {
-      std::memcpy(back_.data() + r * H, expert_out + expert_row_of_recv_[r] * H, row_bytes);
-    }
-    returned_.resize(send_pos_.size() * static_cast<size_t>(H));
-    // The reverse of dispatch: what came from rank s goes back to it, in the order it came, as
-    // float32.
-    const int N = comm_.size();
-    std::vector<int64_t> back_bytes(N), returned_bytes(N);
-    for (int s = 0; s < N; ++s) {
-      back_bytes[s] = recv_num_rows_[s] * static_cast<int64_t>(row_bytes);
-      returned_bytes[s] = send_num_rows_[s] * static_cast<int64_t>(row_bytes);
-    }
-    comm_.all_to_allv(back_.data(), back_bytes, returned_.data(), returned_bytes);
-    if (profile::Profiler* p = profile::active()) {
-      int64_t remote = 0;
-      for (int s = 0; s < N; ++s) remote += s == comm_.rank() ? 0 : back_bytes[s];
-      p->add_link_bytes(profile::Link::kNetwork, remote);
-    }
-    plan_out_.resize(returned_.size());
-    for (size_t r = 0; r < send_pos_.size(); ++r) {
-      std::memcpy(plan_out_.data() + r * H, returned_.data() + send_pos_[r] * H, row_bytes);
-    }
+    send_outputs(layer, expert_out);
+    receive_outputs();
   }
   MOE_PROFILE_SCOPE(profile::Stage::kUnpermute);
-  unpermute(plan_out_.data(), H, *tokens.routing, *tokens.plan, shared, out, tokens.weights);
+  unpermute(plan_out_.data(), hidden_size_, *tokens.routing, *tokens.plan, shared, out,
+            tokens.weights);
+}
+
+void ExpertParallelDispatcher::start_combine(int64_t layer, const float* expert_out,
+                                             const RoutedTokens& /*tokens*/) {
+  MOE_PROFILE_SCOPE(profile::Stage::kCombine);
+  send_outputs(layer, expert_out);
+}
+
+void ExpertParallelDispatcher::finish_combine(int64_t /*layer*/, const float* /*expert_out*/,
+                                              const RoutedTokens& tokens, const float* shared,
+                                              float* out) {
+  {
+    MOE_PROFILE_SCOPE(profile::Stage::kCombine);
+    receive_outputs();
+  }
+  MOE_PROFILE_SCOPE(profile::Stage::kUnpermute);
+  unpermute(plan_out_.data(), hidden_size_, *tokens.routing, *tokens.plan, shared, out,
+            tokens.weights);
+}
+
+void ExpertParallelDispatcher::send_outputs(int64_t layer, const float* expert_out) {
+  MOE_CHECK(!rows_in_flight_.pending() && !outputs_in_flight_.pending(), "layer ", layer,
+            ": combine started before this dispatcher's dispatch finished");
+  const int64_t H = hidden_size_;
+  const size_t row_bytes = static_cast<size_t>(H) * sizeof(float);
+  back_.resize(expert_row_of_recv_.size() * static_cast<size_t>(H));
+  for (size_t r = 0; r < expert_row_of_recv_.size(); ++r) {
+    std::memcpy(back_.data() + r * H, expert_out + expert_row_of_recv_[r] * H, row_bytes);
+  }
+  returned_.resize(send_pos_.size() * static_cast<size_t>(H));
+  // The reverse of dispatch: what came from rank s goes back to it, in the order it came, as
+  // float32.
+  const int N = comm_.size();
+  std::vector<int64_t> back_bytes(N), returned_bytes(N);
+  for (int s = 0; s < N; ++s) {
+    back_bytes[s] = recv_num_rows_[s] * static_cast<int64_t>(row_bytes);
+    returned_bytes[s] = send_num_rows_[s] * static_cast<int64_t>(row_bytes);
+  }
+  outputs_in_flight_ =
+      comm_.start_all_to_allv(back_.data(), back_bytes, returned_.data(), returned_bytes);
+  if (profile::Profiler* p = profile::active()) {
+    int64_t remote = 0;
+    for (int s = 0; s < N; ++s) remote += s == comm_.rank() ? 0 : back_bytes[s];
+    p->add_link_bytes(profile::Link::kNetwork, remote);
+  }
+}
+
+void ExpertParallelDispatcher::receive_outputs() {
+  const int64_t H = hidden_size_;
+  outputs_in_flight_.wait();
+  plan_out_.resize(returned_.size());
+  for (size_t r = 0; r < send_pos_.size(); ++r) {
+    std::memcpy(plan_out_.data() + r * H, returned_.data() + send_pos_[r] * H,
+                static_cast<size_t>(H) * sizeof(float));
+  }
 }
 
 }  // namespace moeinfer::moe

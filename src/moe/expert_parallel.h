@@ -45,8 +45,22 @@ class ExpertParallelDispatcher final : public TokenDispatcher {
                       const InFlightWork& while_in_flight) override;
   void combine(int64_t layer, const float* expert_out, const RoutedTokens& tokens,
                const float* shared, float* out) override;
+  // The halves (two micro-batches, each with a dispatcher of its own): start_dispatch exchanges
+  // the counts, then starts the rows' all_to_allv and returns; finish_dispatch waits for them and
+  // merges them into slot order; start_combine starts the outputs' all_to_allv; finish_combine
+  // waits for it and unpermutes. One exchange at a time per dispatcher.
+  void start_dispatch(int64_t layer, const RoutedTokens& tokens) override;
+  ExpertRows finish_dispatch(int64_t layer, const RoutedTokens& tokens) override;
+  void start_combine(int64_t layer, const float* expert_out, const RoutedTokens& tokens) override;
+  void finish_combine(int64_t layer, const float* expert_out, const RoutedTokens& tokens,
+                      const float* shared, float* out) override;
 
  private:
+  // combine's exchange: the outputs leave in the order their rows came (started), and come back
+  // into plan_out_ in plan order (waited for).
+  void send_outputs(int64_t layer, const float* expert_out);
+  void receive_outputs();
+
   parallel::Communicator& comm_;
   parallel::ExpertPlacement placement_;
   int64_t hidden_size_;
@@ -67,6 +81,9 @@ class ExpertParallelDispatcher final : public TokenDispatcher {
   std::vector<float> back_;                  // [received, H] outputs in source order
   std::vector<float> returned_;              // [T*K, H] outputs in send order
   std::vector<float> plan_out_;              // [T*K, H] outputs in plan order
+  // The exchange started and not yet waited for (its buffers are those above).
+  parallel::PendingOp rows_in_flight_;     // send_rows_ -> recv_rows_
+  parallel::PendingOp outputs_in_flight_;  // back_ -> returned_
 };
 
 }  // namespace moeinfer::moe

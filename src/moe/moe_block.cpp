@@ -94,31 +94,8 @@ void MoeBlock::forward(int64_t layer, const float* hidden, int64_t num_tokens,
 void MoeBlock::forward(int64_t layer, const float* hidden, int64_t num_tokens,
                        const LayerRouter& router, const SharedExpertsFn& shared_experts,
                        SharedSchedule schedule, float* out, const RouteAdjust& adjust) {
-  const int64_t E = options_.router.num_experts;
   const int64_t H = options_.hidden_size;
-  MOE_CHECK(
-      router.weight.shape.rank() == 2 && router.weight.shape[0] == E && router.weight.shape[1] == H,
-      "layer ", layer, "'s router is not [", E, ", ", H, "]");
-  RouterOptions router_options = options_.router;
-  router_options.selection_bias = router.selection_bias;
-  {
-    MOE_PROFILE_SCOPE(profile::Stage::kRoute);
-    logits_.resize(num_tokens * E);
-    cpu::linear(hidden, num_tokens, router.weight, router.logit_bias, logits_.data());
-    apply_temperature(options_.approx, logits_.data(), num_tokens * E);
-    route(logits_.data(), num_tokens, router_options, &routing_);
-    approximate_routing(logits_.data(), router_options, options_.approx, &routing_);
-    if (adjust) adjust(logits_.data(), router_options, routing_);
-  }
-  {
-    MOE_PROFILE_SCOPE(profile::Stage::kPlan);
-    moe::plan(routing_, E, &plan_);
-  }
-  const RoutedTokens tokens{.hidden = hidden,
-                            .num_tokens = num_tokens,
-                            .routing = &routing_,
-                            .plan = &plan_,
-                            .weights = options_.weights};
+  const RoutedTokens tokens = route_and_plan(layer, hidden, num_tokens, router, adjust);
   runner_->on_routed(layer, tokens);
   const float* shared = nullptr;
   if (schedule == SharedSchedule::kBeforeDispatch) shared = shared_experts();
@@ -147,6 +124,75 @@ void MoeBlock::forward(int64_t layer, const float* hidden, int64_t num_tokens,
     runner_->run(layer, rows, expert_out_.data());
   }
   dispatcher_->combine(layer, expert_out_.data(), tokens, shared, out);
+}
+
+RoutedTokens MoeBlock::route_and_plan(int64_t layer, const float* hidden, int64_t num_tokens,
+                                      const LayerRouter& router, const RouteAdjust& adjust) {
+  const int64_t E = options_.router.num_experts;
+  const int64_t H = options_.hidden_size;
+  MOE_CHECK(
+      router.weight.shape.rank() == 2 && router.weight.shape[0] == E && router.weight.shape[1] == H,
+      "layer ", layer, "'s router is not [", E, ", ", H, "]");
+  RouterOptions router_options = options_.router;
+  router_options.selection_bias = router.selection_bias;
+  {
+    MOE_PROFILE_SCOPE(profile::Stage::kRoute);
+    logits_.resize(num_tokens * E);
+    cpu::linear(hidden, num_tokens, router.weight, router.logit_bias, logits_.data());
+    apply_temperature(options_.approx, logits_.data(), num_tokens * E);
+    route(logits_.data(), num_tokens, router_options, &routing_);
+    approximate_routing(logits_.data(), router_options, options_.approx, &routing_);
+    if (adjust) adjust(logits_.data(), router_options, routing_);
+  }
+  {
+    MOE_PROFILE_SCOPE(profile::Stage::kPlan);
+    moe::plan(routing_, E, &plan_);
+  }
+  return {.hidden = hidden,
+          .num_tokens = num_tokens,
+          .routing = &routing_,
+          .plan = &plan_,
+          .weights = options_.weights};
+}
+
+void MoeBlock::start(int64_t layer, const float* hidden, int64_t num_tokens,
+                     const LayerRouter& router, const SharedExpertsFn& shared_experts,
+                     SharedSchedule schedule, const RouteAdjust& adjust) {
+  MOE_CHECK(in_flight_.layer < 0, "layer ", layer, " started while layer ", in_flight_.layer,
+            " is in flight in the same MoE block");
+  const RoutedTokens tokens = route_and_plan(layer, hidden, num_tokens, router, adjust);
+  runner_->on_routed(layer, tokens);
+  in_flight_ = InFlightLayer{
+      .layer = layer, .tokens = tokens, .shared_experts = shared_experts, .schedule = schedule};
+  if (schedule == SharedSchedule::kBeforeDispatch) in_flight_.shared = shared_experts();
+  MOE_PROFILE_SCOPE(profile::Stage::kDispatch);
+  dispatcher_->start_dispatch(layer, tokens);
+}
+
+void MoeBlock::run_experts() {
+  InFlightLayer& f = in_flight_;
+  MOE_CHECK(f.layer >= 0, "run_experts without a started layer");
+  // The shared experts run while the rows travel (timed as theirs, not as the dispatch's).
+  if (f.schedule == SharedSchedule::kWhileDispatching) f.shared = f.shared_experts();
+  ExpertRows rows;
+  {
+    MOE_PROFILE_SCOPE(profile::Stage::kDispatch);
+    rows = dispatcher_->finish_dispatch(f.layer, f.tokens);
+  }
+  const int64_t M = rows.expert_offsets.empty() ? 0 : rows.expert_offsets.back();
+  expert_out_.resize(M * options_.hidden_size);
+  {
+    MOE_PROFILE_SCOPE(profile::Stage::kExperts);
+    runner_->run(f.layer, rows, expert_out_.data());
+  }
+  dispatcher_->start_combine(f.layer, expert_out_.data(), f.tokens);
+}
+
+void MoeBlock::finish(float* out) {
+  InFlightLayer& f = in_flight_;
+  MOE_CHECK(f.layer >= 0, "finish without a started layer");
+  dispatcher_->finish_combine(f.layer, expert_out_.data(), f.tokens, f.shared, out);
+  f = InFlightLayer{};
 }
 
 MoeBlock single_layer_block(const MoeBlockOptions& options, const RoutedExperts& weights) {

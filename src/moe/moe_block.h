@@ -73,6 +73,21 @@ class TokenDispatcher {
   // out[T, H] = shared[t] (when given) + sum_k weight[t, k] * expert_out[row of (t, k)].
   virtual void combine(int64_t layer, const float* expert_out, const RoutedTokens& tokens,
                        const float* shared, float* out) = 0;
+
+  // dispatch and combine in halves, for a schedule that computes something else while the bytes
+  // travel (two micro-batches: MoeBlock::start, run_experts, finish). start_* returns once the
+  // exchange is started, finish_* waits for it; the buffers belong to the dispatcher until then.
+  // By default nothing travels: the whole stage runs in the finishing half.
+  virtual void start_dispatch(int64_t /*layer*/, const RoutedTokens& /*tokens*/) {}
+  virtual ExpertRows finish_dispatch(int64_t layer, const RoutedTokens& tokens) {
+    return dispatch(layer, tokens, {});
+  }
+  virtual void start_combine(int64_t /*layer*/, const float* /*expert_out*/,
+                             const RoutedTokens& /*tokens*/) {}
+  virtual void finish_combine(int64_t layer, const float* expert_out, const RoutedTokens& tokens,
+                              const float* shared, float* out) {
+    combine(layer, expert_out, tokens, shared, out);
+  }
 };
 
 // Where the experts live and how they run.
@@ -146,6 +161,21 @@ class MoeBlock {
                const SharedExpertsFn& shared_experts, SharedSchedule schedule, float* out,
                const RouteAdjust& adjust = {});
 
+  // forward in three phases, so that two micro-batches, each with a block of its own, can
+  // interleave: while one's rows or outputs travel, the other computes. In order, per layer:
+  //   start        route, plan and start the dispatch (the shared experts first at
+  //                kBeforeDispatch);
+  //   run_experts  the shared experts at kWhileDispatching, then wait for the rows, run the
+  //                experts and start the combine;
+  //   finish       wait for the outputs and unpermute into out[T, H].
+  // `hidden` and what `shared_experts` reads must stay unchanged until finish returns. The
+  // collectives are those of forward, in the same order.
+  void start(int64_t layer, const float* hidden, int64_t num_tokens, const LayerRouter& router,
+             const SharedExpertsFn& shared_experts, SharedSchedule schedule,
+             const RouteAdjust& adjust = {});
+  void run_experts();
+  void finish(float* out);
+
   // Replaces the routing approximations from the next forward on (checked against the router).
   void set_approximation(const RoutingApproximation& approx);
 
@@ -162,6 +192,19 @@ class MoeBlock {
   std::vector<float> expert_out_;  // [T*K, H]
   Routing routing_;
   DispatchPlan plan_;
+
+  // route + plan of forward and start (the logits stay in logits_).
+  RoutedTokens route_and_plan(int64_t layer, const float* hidden, int64_t num_tokens,
+                              const LayerRouter& router, const RouteAdjust& adjust);
+  // Between start and finish: the layer in flight and what its later phases need.
+  struct InFlightLayer {
+    int64_t layer = -1;  // -1: none
+    RoutedTokens tokens;
+    SharedExpertsFn shared_experts;
+    SharedSchedule schedule = SharedSchedule::kBeforeDispatch;
+    const float* shared = nullptr;  // [T, H] once computed
+  };
+  InFlightLayer in_flight_;
 };
 
 // A block with the local dispatcher and resident experts over one layer's experts, at layer 0

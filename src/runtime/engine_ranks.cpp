@@ -313,7 +313,7 @@ std::unique_ptr<Engine> load_expert_parallel_engine(const std::filesystem::path&
                                          options.comm->size(), decoder.moe_layers());
   }
   decoder.set_expert_parallel(options.comm, std::move(placement), options.overlap_shared_experts,
-                              options.dispatch_dtype);
+                              options.dispatch_dtype, options.micro_batches);
   return std::make_unique<Engine>(std::move(model), Tokenizer::from_dir(dir), config);
 }
 

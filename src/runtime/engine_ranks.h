@@ -112,6 +112,7 @@ struct ExpertParallelOptions {
   std::filesystem::path placement;         // `moeinfer placement`'s file; empty: contiguous ranges
   bool overlap_shared_experts = true;      // the shared experts run while the rows travel
   moe::DispatchDtype dispatch_dtype = moe::DispatchDtype::kF32;  // the dispatched rows' encoding
+  int micro_batches = 1;  // 2: two micro-batches alternate per MoE layer (--micro-batches)
 };
 
 // This rank's engine of an expert-parallel job over the checkpoint folder: its decoder's MoE

@@ -23,9 +23,14 @@ sharded over the ranks, so each MoE layer's rows cross between ranks both ways:
                       and the same argmax at 10 of 12 (measured: most positions 0.3-4e-2, one or
                       two up to 0.87 where a near-tie in a later router picks another expert);
                       the demo model's greedy text unchanged with either.
+  micro_batches       --micro-batches 2 (each rank's step in two micro-batches that alternate per
+                      MoE layer): logits of one process within 1e-5 at N = 2 and 3 with
+                      --overlap on and off on fixtures with shared experts, MLA and Llama 4's
+                      input-weighted routing; the demo model's greedy text unchanged; bench runs.
   bad_flags           --ep 2 outside mpirun names the launch command; --ep with --expert-budget
                       and --overlap without --ep are refused by name; bad placement files are refused naming the problem;
-                      --dispatch-dtype without --ep and on --device cuda are refused by name.
+                      --dispatch-dtype and --micro-batches 2 without --ep and on --device cuda
+                      are refused by name.
 
 Prints one line per check and a last line "N passed, M failed"; exits non-zero on any failure.
 """
@@ -202,6 +207,41 @@ def check_dispatch_dtype(ctx: dict) -> None:
         assert got == want, f"--dispatch-dtype {dtype}: {got!r} differs from {want!r}"
 
 
+def check_micro_batches(ctx: dict) -> None:
+    m = ctx["moeinfer"]
+    # Shared experts (qwen2_moe), MLA with shared experts (deepseek_v3), the routing weights on
+    # the expert inputs (llama4_text), plain routed experts (qwen3_moe). `logits` runs one
+    # sequence on every rank, so micro-batch B is empty (the tests in tests/parallel/mpi/ run
+    # batches of 3 and ranks without sequences).
+    models = [pathlib.Path(ctx["fixtures"]) / "models" / name
+              for name in ("qwen2_moe_f32", "deepseek_v3_f32", "llama4_text_f32", "qwen3_moe_f32")]
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in models:
+            one = pathlib.Path(tmp) / f"{model.name}_1.npy"
+            run([m, "logits", "--model", str(model), "--ids", IDS, "--out", str(one)], mpi=True)
+            want = np.load(one)
+            for n, overlap in ((2, "on"), (2, "off"), (3, "on"), (3, "off")):
+                out = pathlib.Path(tmp) / f"{model.name}_{n}_{overlap}.npy"
+                mpirun(n, [m, "logits", "--model", str(model), "--ids", IDS, "--out", str(out),
+                           "--ep", str(n), "--overlap", overlap, "--micro-batches", "2"])
+                err = max_relative_error(np.load(out), want)
+                assert err <= 1e-5, (f"{model.name} --ep {n} --overlap {overlap} --micro-batches "
+                                     f"2: relative error {err:.2e} > 1e-5")
+    base = ["generate", "--prompt", PROMPT, "--max-tokens", "16", "--temperature", "0",
+            "--ignore-eos"]
+    want = run([m, *base], mpi=True).stdout
+    for n in (2, 3):
+        for overlap in ("on", "off"):
+            got = mpirun(n, [m, *base, "--ep", str(n), "--overlap", overlap,
+                             "--micro-batches", "2"]).stdout
+            assert got == want, (f"--ep {n} --overlap {overlap} --micro-batches 2: {got!r} "
+                                 f"differs from one process's {want!r}")
+    # bench gives each rank its own requests: batches of several sequences split in two.
+    r = mpirun(2, [m, "bench", "--ep", "2", "--batch", "3", "--input-len", "8",
+                   "--output-len", "4", "--micro-batches", "2"])
+    assert r.returncode == 0, r.stderr
+
+
 def check_bad_flags(ctx: dict) -> None:
     m = ctx["moeinfer"]
     base = ["generate", "--prompt", "x", "--max-tokens", "1"]
@@ -226,6 +266,11 @@ def check_bad_flags(ctx: dict) -> None:
         assert r.returncode != 0 and "needs --ep" in r.stderr, r.stderr
     r = run([m, *base, "--overlap", "off"], ok=False, mpi=True)
     assert r.returncode != 0 and "--overlap off needs --ep" in r.stderr, r.stderr
+    r = run([m, *base, "--micro-batches", "2"], ok=False, mpi=True)
+    assert r.returncode == 2 and "--micro-batches 2 needs --ep N" in r.stderr, r.stderr
+    r = run([m, *base, "--device", "cuda", "--micro-batches", "2"], ok=False, mpi=True)
+    assert (r.returncode != 0 and
+            "--micro-batches 2 is not implemented on the CUDA backend" in r.stderr), r.stderr
     r = run([m, *base, "--dispatch-dtype", "fp8"], ok=False, mpi=True)
     assert r.returncode == 2 and "--dispatch-dtype fp8 applies to --ep N" in r.stderr, r.stderr
     r = run([m, *base, "--device", "cuda", "--dispatch-dtype", "bf16"], ok=False, mpi=True)
@@ -237,7 +282,7 @@ def main() -> int:
     args = e2e_util.parse_args()
     ctx = {"moeinfer": args.moeinfer, "fixtures": args.fixtures}
     checks = [check_logits_match, check_placement_replicas, check_generate_same_text,
-              check_dispatch_dtype, check_bad_flags]
+              check_dispatch_dtype, check_micro_batches, check_bad_flags]
     return e2e_util.summary(*run_checks(e2e_util.selected(checks, args.only),
                                         lambda check: check(ctx)))
 
