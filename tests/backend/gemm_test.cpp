@@ -309,8 +309,11 @@ TEST(GemmTest, WidenBf16TermsEqualsSerialSum) {
     }
     std::vector<float> got(hi.size() + 1, std::numeric_limits<float>::quiet_NaN());
     widen_bf16_terms(hi.data(), lo.data(), n, got.data());
-    ASSERT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0)
-        << "n " << n << " seed " << fresh_seed();
+    // memcmp of an empty vector would pass its null data(): bits compared only where there are.
+    if (n > 0) {
+      ASSERT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0)
+          << "n " << n << " seed " << fresh_seed();
+    }
     ASSERT_TRUE(std::isnan(got.back())) << "n " << n << ": wrote past the end";
   }
   EXPECT_THROW(widen_bf16_terms(nullptr, nullptr, 3, nullptr), Error);
