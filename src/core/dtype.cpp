@@ -1,5 +1,6 @@
 #include "core/dtype.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -105,6 +106,14 @@ const std::array<float, 256>& f8e4m3_values() {
     return values;
   }();
   return table;
+}
+
+float encode_f8e4m3_scaled(const float* x, int64_t n, uint8_t* codes) {
+  float amax = 0.0f;
+  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float scale = f8e4m3_scale(amax);
+  for (int64_t i = 0; i < n; ++i) codes[i] = f32_to_f8e4m3(x[i] / scale);
+  return scale;
 }
 
 uint8_t f32_to_f8e4m3(float value) {

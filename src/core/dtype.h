@@ -38,6 +38,13 @@ inline constexpr float kF8E4M3Max = 448.0f;
 // Every e4m3 code's value (f8e4m3_to_f32 of each byte), so that decoding a row is a table load
 // per value rather than a decode of its bits.
 const std::array<float, 256>& f8e4m3_values();
+// The scale that maps a group's largest magnitude onto e4m3's largest finite value (1 for an
+// all-zero group, so that decoding never multiplies by 0/0): value = code * scale.
+inline float f8e4m3_scale(float amax) { return amax > 0.0f ? amax / kF8E4M3Max : 1.0f; }
+// n values as the e4m3 codes of x / scale, scale = f8e4m3_scale(max |x|), which it returns
+// (x / scale, not x * (448 / amax): the largest lands on 448 within float rounding, and
+// f32_to_f8e4m3 saturates what rounding puts above it).
+float encode_f8e4m3_scaled(const float* x, int64_t n, uint8_t* codes);
 
 // Converts n elements of `dtype` at src to float32 at dst.
 void convert_to_f32(DType dtype, const void* src, float* dst, size_t n);

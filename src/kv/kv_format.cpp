@@ -65,18 +65,11 @@ void encode_kv_row(KvDType dtype, std::span<const int64_t> groups, const float* 
       }
       return;
     case KvDType::kFP8: {
-      std::byte* codes = dst + groups.size() * sizeof(float);
+      auto* codes = reinterpret_cast<uint8_t*>(dst + groups.size() * sizeof(float));
       int64_t start = 0;
       for (size_t g = 0; g < groups.size(); ++g) {
-        float amax = 0.0f;
-        for (int64_t i = start; i < start + groups[g]; ++i)
-          amax = std::max(amax, std::fabs(row[i]));
-        // A zero group keeps scale 1 so that decoding never divides by or multiplies with 0/0.
-        const float scale = amax > 0.0f ? amax / kF8E4M3Max : 1.0f;
+        const float scale = encode_f8e4m3_scaled(row + start, groups[g], codes + start);
         std::memcpy(dst + g * sizeof(float), &scale, sizeof(float));
-        for (int64_t i = start; i < start + groups[g]; ++i) {
-          codes[i] = static_cast<std::byte>(f32_to_f8e4m3(row[i] / scale));
-        }
         start += groups[g];
       }
       return;

@@ -58,8 +58,7 @@ void check_weight_format(WeightFormat format, const ModelConfig& config, bool cu
 void fake_quantize_fp8_blocks(const float* w, int64_t num_rows, int64_t num_cols,
                               int64_t block_rows, int64_t block_cols, float* out, float* scales) {
   MOE_CHECK(block_rows > 0 && block_cols > 0, "fp8 blocks of ", block_rows, " x ", block_cols);
-  std::array<float, 256> decode;
-  for (int i = 0; i < 256; ++i) decode[i] = f8e4m3_to_f32(static_cast<uint8_t>(i));
+  const std::array<float, 256>& decode = f8e4m3_values();
   const int64_t scale_cols = (num_cols + block_cols - 1) / block_cols;
   for (int64_t r0 = 0; r0 < num_rows; r0 += block_rows) {
     const int64_t r1 = std::min(num_rows, r0 + block_rows);
@@ -69,7 +68,7 @@ void fake_quantize_fp8_blocks(const float* w, int64_t num_rows, int64_t num_cols
       for (int64_t r = r0; r < r1; ++r) {
         for (int64_t c = c0; c < c1; ++c) amax = std::max(amax, std::fabs(w[r * num_cols + c]));
       }
-      const float scale = amax > 0.0f ? amax / kF8E4M3Max : 1.0f;
+      const float scale = f8e4m3_scale(amax);
       if (scales) scales[(r0 / block_rows) * scale_cols + c0 / block_cols] = scale;
       for (int64_t r = r0; r < r1; ++r) {
         for (int64_t c = c0; c < c1; ++c) {

@@ -54,15 +54,9 @@ void encode_row(DispatchDtype dtype, const float* row, int64_t H, std::byte* out
       }
       return;
     case DispatchDtype::kFp8: {
-      float amax = 0.0f;
-      for (int64_t h = 0; h < H; ++h) amax = std::max(amax, std::fabs(row[h]));
-      // A zero row keeps scale 1 (any scale gives zeros; 1 avoids dividing by zero).
-      const float scale = amax > 0.0f ? amax / kF8E4M3Max : 1.0f;
+      const float scale =
+          encode_f8e4m3_scaled(row, H, reinterpret_cast<uint8_t*>(out + sizeof(float)));
       std::memcpy(out, &scale, sizeof(scale));
-      auto* values = reinterpret_cast<uint8_t*>(out + sizeof(scale));
-      // x / scale, not x * (448 / amax): the largest value lands on 448 within float rounding,
-      // and f32_to_f8e4m3 saturates what rounding puts above it.
-      for (int64_t h = 0; h < H; ++h) values[h] = f32_to_f8e4m3(row[h] / scale);
       return;
     }
   }

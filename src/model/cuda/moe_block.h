@@ -231,18 +231,15 @@ class MoeBlock final : private RoutingPredictor {
   void enqueue(int64_t layer, const MoeLayerIo& io, cudaStream_t stream,
                const StageMarks& marks = {});
 
+ private:
   // The router of `layer` over hidden: logits [T, E], ids and weights [T, K] (route stage).
   // noise_keys: MoeLayerIo's (the layer's own routing), or null (a prediction: a synthetic
   // uniform router's demand is then unknown, and the model's router guesses blind).
   void route(int64_t layer, const bf16* hidden, int64_t num_tokens, const int32_t* num_valid,
              const int32_t* noise_keys, float* logits, int32_t* topk_ids, float* topk_weights,
              cudaStream_t stream);
-
-  const MoeBlockBuffers& buffers() const { return buffers_; }
   // Whether layer `layer` at T tokens takes the small-batch fused path.
   bool small_batch_takes(int64_t layer, int64_t num_tokens) const;
-
- private:
   const int32_t* predict(int64_t layer, const RoutedTokens& tokens,
                          cudaStream_t stream) override;
   cuda::RouterParams router_params(int64_t layer, int64_t num_tokens, const int32_t* num_valid,
