@@ -8,7 +8,7 @@
 # Knobs (environment): MOE_GPU_TARGETS="test_cuda bench_cuda_stages bench_cuda_moe" builds only
 # those targets; MOE_GPU_SKIP_CTEST=1 skips the full ctest pass (the CUDA tests still run);
 # MOE_GPU_TEST_REPEAT=N runs test_cuda N times (default 2); MOE_GPU_SKIP_SANITIZER=1 skips
-# compute-sanitizer. The GPU parity test (tests/cuda/cuda_parity_test.cpp) runs inside test_cuda
+# compute-sanitizer; MOE_GPU_SKIP_BENCH=1 skips the two benchmarks. The GPU parity test (tests/cuda/cuda_parity_test.cpp) runs inside test_cuda
 # and its per-fixture table and top-1 line are copied into the summary. If
 # the CMake build cannot produce test_cuda (a dependency missing there), the CUDA kernels, their
 # tests and benchmarks that need no more than core/ and model/rope are built directly with nvcc
@@ -121,7 +121,7 @@ if [ "${MOE_GPU_SKIP_SANITIZER:-0}" = 1 ]; then
   summary+=("sanitizer skipped")
 elif command -v compute-sanitizer >/dev/null; then
   timeout 150 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/tests/test_cuda" \
-    --gtest_filter='*T1:*T19:*T99:*Ties*:*InPlace*:CudaPipeline.*T19:CudaGroupedGemm.*T3_*:CudaPagedDecode.*B3*:CudaPrefill.*Varlen*:CudaSampling.KeptSet_B99*' --gtest_brief=1 \
+    --gtest_filter='CudaMoeBlock.*:*T1:*T19:*T99:*Ties*:*InPlace*:CudaPipeline.*T19:CudaGroupedGemm.*T3_*:CudaPagedDecode.*B3*:CudaPrefill.*Varlen*:CudaSampling.KeptSet_B99*' --gtest_brief=1 \
     >"$OUT/sanitizer.log" 2>&1
   memcheck_rc=$?
   timeout 120 compute-sanitizer --tool racecheck --error-exitcode 3 "$BUILD/tests/test_cuda" \
@@ -134,13 +134,14 @@ else
 fi
 
 bench_line=""
-if [ -x "$BUILD/bench/bench_cuda_stages" ]; then
+[ "${MOE_GPU_SKIP_BENCH:-0}" = 1 ] && summary+=("benchmarks skipped")
+if [ "${MOE_GPU_SKIP_BENCH:-0}" != 1 ] && [ -x "$BUILD/bench/bench_cuda_stages" ]; then
   step "benchmark: MoE stages"
   timeout 180 "$BUILD/bench/bench_cuda_stages" 2>&1 | tee "$OUT/bench.log"
   bench_line=$(tail -1 "$OUT/bench.log")
 fi
 moe_line=""
-if [ -x "$BUILD/bench/bench_cuda_moe" ]; then
+if [ "${MOE_GPU_SKIP_BENCH:-0}" != 1 ] && [ -x "$BUILD/bench/bench_cuda_moe" ]; then
   step "benchmark: grouped expert GEMM"
   timeout 180 "$BUILD/bench/bench_cuda_moe" 2>&1 | tee "$OUT/bench_moe.log"
   moe_line=$(tail -1 "$OUT/bench_moe.log")
