@@ -74,6 +74,7 @@ class EngineOptions:
     placement: str
     overlap: bool
     dispatch_dtype: str
+    micro_batches: int
     def __init__(self) -> None: ...
 
 class Engine:

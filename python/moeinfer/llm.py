@@ -69,6 +69,8 @@ class LLM:
         overlap: with ep: compute the shared experts while a layer's rows travel to their ranks.
         dispatch_dtype: with ep: how the rows sent to the experts' ranks are encoded, "f32",
             "bf16" or "fp8" (e4m3 with a scale per row), as ``--dispatch-dtype``.
+        micro_batches: with ep: 2 splits each rank's step into two micro-batches that alternate
+            per MoE layer, so one's rows travel while the other computes (``--micro-batches``).
         deterministic: batch-invariant kernels: a seeded request's text does not depend on
             what else runs.
         generation_config: sampling defaults for ``get_default_sampling_params``: "auto" (the
@@ -106,6 +108,7 @@ class LLM:
         placement: Optional[Union[str, "os.PathLike[str]"]] = None,
         overlap: bool = True,
         dispatch_dtype: str = "f32",
+        micro_batches: int = 1,
         deterministic: bool = False,
         generation_config: str = "auto",
         profile: bool = False,
@@ -138,6 +141,7 @@ class LLM:
         options.placement = "" if placement is None else os.fspath(placement)
         options.overlap = overlap
         options.dispatch_dtype = dispatch_dtype
+        options.micro_batches = micro_batches
         self._engine = _core.Engine.load(os.fspath(model), options)
         if self._engine.rank > 0:
             # Rank 0 drives every rank's engine; this one steps with it until it closes.

@@ -304,7 +304,8 @@ NB_MODULE(_core, m) {
       .def_rw("ep", &SessionOptions::ep)
       .def_rw("placement", &SessionOptions::placement)
       .def_rw("overlap", &SessionOptions::overlap)
-      .def_rw("dispatch_dtype", &SessionOptions::dispatch_dtype);
+      .def_rw("dispatch_dtype", &SessionOptions::dispatch_dtype)
+      .def_rw("micro_batches", &SessionOptions::micro_batches);
 
   nb::class_<Session>(m, "Engine", "An engine over one checkpoint (use moeinfer.LLM)")
       .def_static(

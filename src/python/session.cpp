@@ -33,6 +33,10 @@ EngineConfig engine_config(const SessionOptions& o) {
             "' needs ep > 1");
   MOE_CHECK(o.dispatch_dtype == "f32" || o.dispatch_dtype == "bf16" || o.dispatch_dtype == "fp8",
             "dispatch_dtype must be 'f32', 'bf16' or 'fp8', got '", o.dispatch_dtype, "'");
+  MOE_CHECK(o.micro_batches == 1 || o.micro_batches == 2, "micro_batches must be 1 or 2, got ",
+            o.micro_batches);
+  MOE_CHECK(o.ep > 1 || o.micro_batches == 1, "micro_batches=", o.micro_batches,
+            " needs ep > 1: without expert parallelism nothing travels to overlap");
   EngineConfig config;
   config.device = o.device;
   config.max_num_seqs = o.max_num_seqs;
@@ -110,7 +114,8 @@ std::unique_ptr<Session> Session::load(const std::filesystem::path& dir,
       {.comm = &world,
        .placement = options.placement,
        .overlap_shared_experts = options.overlap,
-       .dispatch_dtype = moe::parse_dispatch_dtype(options.dispatch_dtype)});
+       .dispatch_dtype = moe::parse_dispatch_dtype(options.dispatch_dtype),
+       .micro_batches = options.micro_batches});
   return std::make_unique<Session>(std::move(engine), load_chat_config(dir),
                                    options.tool_call_parser, &world);
 }

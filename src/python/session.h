@@ -76,6 +76,7 @@ struct SessionOptions {
   std::string placement;
   bool overlap = true;
   std::string dispatch_dtype = "f32";  // how dispatch encodes the rows it sends: f32, bf16, fp8
+  int micro_batches = 1;  // 2: each rank's step runs as two micro-batches alternating per MoE layer
 };
 
 // The engine's configuration from the options; throws moeinfer::Error naming a bad one.

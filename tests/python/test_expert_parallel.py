@@ -24,7 +24,7 @@ import json, sys
 import moeinfer
 model, ep, placement, overlap = sys.argv[1], int(sys.argv[2]), sys.argv[3] or None, sys.argv[4]
 llm = moeinfer.LLM(model, ep=ep, placement=placement, overlap=overlap == "on", max_num_seqs=2,
-                   dispatch_dtype=sys.argv[6])
+                   dispatch_dtype=sys.argv[6], micro_batches=int(sys.argv[7]))
 prompts = json.loads(sys.argv[5])
 greedy = moeinfer.SamplingParams(temperature=0, max_tokens=8)
 outs = llm.generate(prompts, greedy)
@@ -56,13 +56,15 @@ def mpirun_or_skip() -> str:
     return launcher
 
 
-def run_ranks(tmp_path, n, model, placement="", overlap="on", dispatch_dtype="f32"):
+def run_ranks(tmp_path, n, model, placement="", overlap="on", dispatch_dtype="f32",
+              micro_batches=1):
     script = tmp_path / "ep_script.py"
     script.write_text(SCRIPT)
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMPI_MCA_rmaps_base_oversubscribe="1", MOE_NUM_THREADS="1")
     r = subprocess.run([mpirun_or_skip(), "-np", str(n), sys.executable, str(script), str(model),
-                        str(n), str(placement), overlap, json.dumps(PROMPTS), dispatch_dtype],
+                        str(n), str(placement), overlap, json.dumps(PROMPTS), dispatch_dtype,
+                        str(micro_batches)],
                        capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert r.returncode == 0, f"mpirun -np {n}: exit {r.returncode}\n{r.stderr[-3000:]}"
     lines = [line for line in r.stdout.splitlines() if line.startswith("{")]
@@ -122,6 +124,17 @@ def test_encoded_dispatch_keeps_the_demo_text(tmp_path, dispatch_dtype):
     assert got["chat"] == want["chat"]
 
 
+@pytest.mark.parametrize("model,n", [(DEMO, 2), (FIXTURES / "deepseek_v3_f32", 3)])
+def test_two_micro_batches_equal_one_process(tmp_path, model, n):
+    # Greedy tokens as one process gives, whichever micro-batch each sequence falls in (five
+    # prompts over n ranks leave some rank with one sequence, so one of its halves is empty).
+    want = one_process(model)
+    got = run_ranks(tmp_path, n, model, micro_batches=2)
+    assert got["tokens"] == want["tokens"]
+    if "chat" in want:
+        assert got["chat"] == want["chat"]
+
+
 def test_refusals_name_the_problem(tmp_path):
     with pytest.raises(moeinfer.EngineError, match=r"mpirun -np 2"):
         moeinfer.LLM(DEMO, ep=2)
@@ -133,6 +146,10 @@ def test_refusals_name_the_problem(tmp_path):
         moeinfer.LLM(DEMO, dispatch_dtype="fp8")
     with pytest.raises(moeinfer.EngineError, match="dispatch_dtype must be 'f32', 'bf16' or"):
         moeinfer.LLM(DEMO, ep=2, dispatch_dtype="int8")
+    with pytest.raises(moeinfer.EngineError, match="micro_batches=2 needs ep > 1"):
+        moeinfer.LLM(DEMO, micro_batches=2)
+    with pytest.raises(moeinfer.EngineError, match="micro_batches must be 1 or 2, got 3"):
+        moeinfer.LLM(DEMO, ep=2, micro_batches=3)
     with pytest.raises(moeinfer.EngineError, match="ep must be >= 1"):
         moeinfer.LLM(DEMO, ep=0)
     with pytest.raises(moeinfer.EngineError, match="expert parallelism runs on CPU ranks"):
