@@ -8,23 +8,17 @@
 #include <numeric>
 #include <random>
 
+#include "../support/compare.h"
 #include "model/model.h"
 
 namespace moeinfer {
 namespace {
 
+using moeinfer::testing::max_rel_diff;
+
 const std::filesystem::path kModels = std::filesystem::path(MOE_FIXTURES_DIR) / "models";
 
-class BatchTest : public testing::TestWithParam<std::string> {};
-
-double max_rel_diff(std::span<const float> a, std::span<const float> b) {
-  double diff = 0.0, norm = 0.0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::fabs(double{a[i]} - b[i]));
-    norm = std::max(norm, std::fabs(double{b[i]}));
-  }
-  return diff / norm;
-}
+class BatchTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(BatchTest, BatchedPagedStepsMatchSingleSequences) {
   auto model = Model::load(kModels / GetParam(), LoadOptions{.prefault = false});
@@ -125,18 +119,19 @@ TEST(BatchTest, RejectsBlockTablesThatDoNotCoverTheTokens) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, BatchTest,
-                         testing::Values("qwen3_moe_f32", "mixtral_bf16", "olmoe_f32",
-                                         "qwen2_moe_f32", "deepseek_v2_lite_f32", "deepseek_v3_f32",
-                                         "glm4_moe_f32", "glm4_moe_air_bf16", "ernie4_5_moe_f32",
-                                         "ernie4_5_moe_i2_bf16", "kimi_k2_f32", "llama4_text_f32",
-                                         "llama4_vision_bf16", "qwen3_next_f32", "qwen3_next_bf16",
-                                         "qwen3_5_moe_f32", "qwen3_5_moe_bf16"),
+                         ::testing::Values("qwen3_moe_f32", "mixtral_bf16", "olmoe_f32",
+                                           "qwen2_moe_f32", "deepseek_v2_lite_f32",
+                                           "deepseek_v3_f32", "glm4_moe_f32", "glm4_moe_air_bf16",
+                                           "ernie4_5_moe_f32", "ernie4_5_moe_i2_bf16",
+                                           "kimi_k2_f32", "llama4_text_f32", "llama4_vision_bf16",
+                                           "qwen3_next_f32", "qwen3_next_bf16", "qwen3_5_moe_f32",
+                                           "qwen3_5_moe_bf16"),
                          [](const auto& info) { return info.param; });
 
 // GPT-OSS: sliding layers beside full ones (windows of 3 and 4 tokens over blocks of 4),
 // attention sinks, MXFP4 experts.
 INSTANTIATE_TEST_SUITE_P(GptOss, BatchTest,
-                         testing::Values("gpt_oss_f32", "gpt_oss_d24_bf16", "gpt_oss_mxfp4"),
+                         ::testing::Values("gpt_oss_f32", "gpt_oss_d24_bf16", "gpt_oss_mxfp4"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

@@ -18,22 +18,16 @@
 #include <random>
 #include <tuple>
 
+#include "../support/compare.h"
 #include "../support/random_schedule.h"
 #include "model/decoder.h"
 
 namespace moeinfer {
 namespace {
 
-constexpr int kConfigsPerFamily = 4;
+using moeinfer::testing::max_rel_diff;
 
-double max_rel_diff(const float* a, const float* b, int64_t n) {
-  double diff = 0.0, norm = 0.0;
-  for (int64_t i = 0; i < n; ++i) {
-    diff = std::max(diff, std::fabs(double{a[i]} - b[i]));
-    norm = std::max(norm, std::fabs(double{b[i]}));
-  }
-  return norm > 0 ? diff / norm : diff;
-}
+constexpr int kConfigsPerFamily = 4;
 
 TEST(RandomModels, CpuBatchedStepsMatchEachSequenceAlone) {
   const char* replay = std::getenv("MOE_TEST_SEED");  // the base seed of a failed run
@@ -100,7 +94,9 @@ TEST(RandomModels, CpuBatchedStepsMatchEachSequenceAlone) {
         const int64_t first = step.batch.all_positions ? 0 : n - 1;
         for (int64_t t = first; t < n; ++t, ++row) {
           const int64_t position = sb.position + t;
-          EXPECT_LE(max_rel_diff(&logits[row * V], &alone[q][position * V], V), bound)
+          EXPECT_LE(
+              max_rel_diff({&logits[row * V], size_t(V)}, {&alone[q][position * V], size_t(V)}),
+              bound)
               << testing::route_name(step.route) << " sequence " << q << " position " << position;
         }
       }

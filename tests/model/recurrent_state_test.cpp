@@ -10,22 +10,16 @@
 #include <numeric>
 #include <random>
 
+#include "../support/compare.h"
 #include "core/error.h"
 #include "model/model.h"
 
 namespace moeinfer {
 namespace {
 
-const std::filesystem::path kModels = std::filesystem::path(MOE_FIXTURES_DIR) / "models";
+using moeinfer::testing::max_rel_diff;
 
-double max_rel_diff(std::span<const float> a, std::span<const float> b) {
-  double diff = 0.0, norm = 0.0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::fabs(double{a[i]} - b[i]));
-    norm = std::max(norm, std::fabs(double{b[i]}));
-  }
-  return diff / norm;
-}
+const std::filesystem::path kModels = std::filesystem::path(MOE_FIXTURES_DIR) / "models";
 
 std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, std::mt19937& rng) {
   std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(vocab - 1));
@@ -34,7 +28,7 @@ std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, std::mt19937& rng) 
   return out;
 }
 
-class RecurrentStateTest : public testing::TestWithParam<std::string> {};
+class RecurrentStateTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(RecurrentStateTest, ChunkedPrefillContinuesTheState) {
   auto model = Model::load(kModels / GetParam(), LoadOptions{.prefault = false});
@@ -82,7 +76,7 @@ TEST_P(RecurrentStateTest, ASequenceStartingAtPositionZeroResetsItsSlot) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, RecurrentStateTest,
-                         testing::Values("qwen3_next_f32", "qwen3_next_bf16", "qwen3_5_moe_f32"),
+                         ::testing::Values("qwen3_next_f32", "qwen3_next_bf16", "qwen3_5_moe_f32"),
                          [](const auto& info) { return info.param; });
 
 TEST(RecurrentState, LinearLayersHoldNoKvRows) {

@@ -9,24 +9,18 @@
 #include <filesystem>
 #include <vector>
 
+#include "../../support/compare.h"
 #include "model/model.h"
 #include "parallel/communicator.h"
 
 namespace moeinfer {
 namespace {
 
+using moeinfer::testing::max_rel_diff;
+
 const std::filesystem::path kModels = std::filesystem::path(MOE_FIXTURES_DIR) / "models";
 
-double max_rel_diff(std::span<const float> got, std::span<const float> want) {
-  double diff = 0.0, norm = 1e-30;
-  for (size_t i = 0; i < got.size(); ++i) {
-    diff = std::max(diff, std::fabs(double{got[i]} - want[i]));
-    norm = std::max(norm, std::fabs(double{want[i]}));
-  }
-  return diff / norm;
-}
-
-class IdleRankTest : public testing::TestWithParam<std::string> {};
+class IdleRankTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(IdleRankTest, EmptyBatchesJoinEveryMoeLayer) {
   parallel::Communicator& world = parallel::world();
@@ -81,7 +75,7 @@ TEST(IdleRankTest, EmptyBatchRefusedWithoutExpertParallelism) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, IdleRankTest,
-                         testing::Values("qwen3_moe_f32", "deepseek_v3_f32", "qwen2_moe_f32"));
+                         ::testing::Values("qwen3_moe_f32", "deepseek_v3_f32", "qwen2_moe_f32"));
 
 }  // namespace
 }  // namespace moeinfer

@@ -14,22 +14,16 @@
 #include <tuple>
 #include <vector>
 
+#include "../../support/compare.h"
 #include "model/model.h"
 #include "parallel/communicator.h"
 
 namespace moeinfer {
 namespace {
 
-const std::filesystem::path kModels = std::filesystem::path(MOE_FIXTURES_DIR) / "models";
+using moeinfer::testing::max_rel_diff;
 
-double max_rel_diff(std::span<const float> got, std::span<const float> want) {
-  double diff = 0.0, norm = 1e-30;
-  for (size_t i = 0; i < got.size(); ++i) {
-    diff = std::max(diff, std::fabs(double{got[i]} - want[i]));
-    norm = std::max(norm, std::fabs(double{want[i]}));
-  }
-  return diff / norm;
-}
+const std::filesystem::path kModels = std::filesystem::path(MOE_FIXTURES_DIR) / "models";
 
 // Each rank's sequences: rank r runs counts[r] of them.
 struct RankSequences {
@@ -41,7 +35,7 @@ void PrintTo(const RankSequences& ranks, std::ostream* os) { *os << ranks.name; 
 
 using Param = std::tuple<std::string, bool, RankSequences>;
 
-class MicroBatchTest : public testing::TestWithParam<Param> {};
+class MicroBatchTest : public ::testing::TestWithParam<Param> {};
 
 // The logits of prefill + two decode steps of `prompts` as one batch over a fresh pool:
 // [steps, sequences, V].
@@ -128,12 +122,12 @@ TEST(MicroBatchTest, TwoNeedExpertParallelism) {
 
 INSTANTIATE_TEST_SUITE_P(
     Fixtures, MicroBatchTest,
-    testing::Combine(testing::Values("qwen2_moe_f32", "deepseek_v3_f32", "llama4_text_f32",
-                                     "qwen3_next_f32"),
-                     testing::Bool(),
-                     testing::Values(RankSequences{{3, 1, 0}, "three_one_none"},
-                                     RankSequences{{2, 0, 3}, "two_none_three"})),
-    [](const testing::TestParamInfo<Param>& info) {
+    ::testing::Combine(::testing::Values("qwen2_moe_f32", "deepseek_v3_f32", "llama4_text_f32",
+                                         "qwen3_next_f32"),
+                       ::testing::Bool(),
+                       ::testing::Values(RankSequences{{3, 1, 0}, "three_one_none"},
+                                         RankSequences{{2, 0, 3}, "two_none_three"})),
+    [](const ::testing::TestParamInfo<Param>& info) {
       return std::get<0>(info.param) + (std::get<1>(info.param) ? "_overlap_" : "_no_overlap_") +
              std::get<2>(info.param).name;
     });
