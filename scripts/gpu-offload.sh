@@ -71,7 +71,7 @@ def load(name):
     path = os.path.join(out, name + ".json")
     return json.load(open(path)) if os.path.exists(path) else None
 print(f"{'run':<28} {'step ms':>8} {'tok/s':>7} {'resident/this':>13} {'floor/step':>10} "
-      f"{'hit rate':>8} {'PCIe GB/step':>12}")
+      f"{'hit rate':>8} {'PCIe GB/step':>12} {'stall ms/step':>13} {'prefetch acc':>12}")
 for path in sorted(glob.glob(os.path.join(out, "*.json")), key=os.path.getmtime):
     name = os.path.basename(path)[:-5]
     base = load(name.split("_b")[0] + "_resident" if "_b" in name else name)
@@ -86,5 +86,9 @@ for path in sorted(glob.glob(os.path.join(out, "*.json")), key=os.path.getmtime)
     pcie = f"{c.get('host_to_device_bytes', 0) / steps / 1e9:.3f}" if c else ""
     ratio = f"{t0 / t:.3f}" if t0 and t else ""
     floor = f"{g.get('offload_floor_ratio', 0):.3f}" if c else f"{g.get('decode_floor_ratio', 0):.3f}"
-    print(f"{name:<28} {t * 1e3:8.3f} {1 / t if t else 0:7.1f} {ratio:>13} {floor:>10} {hit:>8} {pcie:>12}")
+    stall = f"{c.get('stall_seconds', 0) / steps * 1e3:.3f}" if c else ""
+    used, sent = c.get("prefetch_used", 0), c.get("prefetched", 0)
+    accuracy = f"{used / sent:.3f}" if sent else ""
+    print(f"{name:<28} {t * 1e3:8.3f} {1 / t if t else 0:7.1f} {ratio:>13} {floor:>10} {hit:>8} "
+          f"{pcie:>12} {stall:>13} {accuracy:>12}")
 PY
