@@ -249,6 +249,7 @@ FIXTURES += [
     # K2's published fp8 weights (e4m3, block-scaled; 8x8 blocks here for the small shapes).
     dict(name="kimi_k2_fp8", cls="DeepseekV3", dtype="bfloat16", tokenizer="qwen",
          legacy_rope=True, correction_bias=0.15, kimi_k2=True, fp8_block=[8, 8], min_distinct=4,
+         min_route_margin=1e-2,
          config=dict(COMMON, num_attention_heads=2, num_key_value_heads=2, num_hidden_layers=2,
                      intermediate_size=64, moe_intermediate_size=24, n_routed_experts=8,
                      num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
@@ -668,6 +669,29 @@ def top2_margin(logits):
     return (top[..., 0] - top[..., 1]).min().item()
 
 
+def deepseek_route_margin(model, ids):
+    """The smallest gap, over MoE layers and positions, between the k-th and (k+1)-th expert's
+    selection score (sigmoid + correction bias) of a DeepSeek-V3-style router. A near-tie there
+    lets bf16 rounding pick another expert, which changes that position's logits far more than
+    rounding does: the GPU's parity bound assumes the reference's routing is clear."""
+    scores = []
+
+    def catch(module, inputs, _):
+        x = inputs[0].reshape(-1, inputs[0].shape[-1]).float()
+        s = torch.sigmoid(x @ module.weight.float().t()) + module.e_score_correction_bias.float()
+        scores.append(s)
+
+    hooks = [layer.mlp.gate.register_forward_hook(catch) for layer in model.model.layers
+             if hasattr(layer.mlp, "gate")]
+    with torch.no_grad():
+        model(ids)
+    for h in hooks:
+        h.remove()
+    k = model.config.num_experts_per_tok
+    return min((top[:, k - 1] - top[:, k]).min().item()
+               for top in (s.topk(k + 1, dim=-1).values for s in scores))
+
+
 def make_fixture(spec, root, seed, with_tokenizer):
     out_dir = os.path.join(root, spec["name"])
     vocab = spec["config"]["vocab_size"]
@@ -735,7 +759,8 @@ def make_fixture(spec, root, seed, with_tokenizer):
     # engine cannot flip a token on rounding alone, and (where the spec asks) at least
     # min_distinct different tokens, so that the cached decode steps are not one repeated token.
     # min_margin: a float32 fixture may ask for the bf16 margin, so that the GPU (which runs it in
-    # bf16) keeps the greedy path too.
+    # bf16) keeps the greedy path too. min_route_margin: every MoE layer's routing of the prompt
+    # and continuation must be clear by that much too (deepseek_route_margin).
     needed = spec.get("min_margin", 1e-3 if spec["dtype"] == "float32" else 2e-2)
     min_distinct = spec.get("min_distinct", 1)
     for attempt in range(50):
@@ -751,11 +776,14 @@ def make_fixture(spec, root, seed, with_tokenizer):
             # The greedy tokens come from generate's cache (chunked layers keep a window of it),
             # the margin from one uncached pass: both must pick the same tokens.
             assert full.argmax(-1).tolist() == out[0, NUM_PROMPT:].tolist(), spec["name"]
-        if margin >= needed and len(set(out[0, NUM_PROMPT:].tolist())) >= min_distinct:
+        route_ok = ("min_route_margin" not in spec or
+                    deepseek_route_margin(reference, out) >= spec["min_route_margin"])
+        if (margin >= needed and route_ok and
+                len(set(out[0, NUM_PROMPT:].tolist())) >= min_distinct):
             break
     else:
-        raise SystemExit(f"{spec['name']}: no prompt with a top-2 margin of {needed} and "
-                         f"{min_distinct} distinct greedy tokens")
+        raise SystemExit(f"{spec['name']}: no prompt with a top-2 margin of {needed}, "
+                         f"{min_distinct} distinct greedy tokens and clear routing")
     greedy = out[0, NUM_PROMPT:].tolist()
     np.save(os.path.join(out_dir, "logits.npy"), logits.float().numpy())
     with open(os.path.join(out_dir, "reference.json"), "w") as f:

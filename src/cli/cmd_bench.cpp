@@ -469,7 +469,8 @@ void add_bench_command(CLI::App& app) {
   add_expert_parallel_option(cmd, &args->device);
   cmd->add_option("--layers", args->layers, "synthetic:NAME: keep only the first N layers");
   cmd->add_option("--routing-skew", args->routing_skew,
-                  "synthetic:NAME: zipf:A makes each router prefer experts by a Zipf law; "
+                  "synthetic:NAME: zipf:A makes each token draw its experts by a Zipf law (the "
+                  "expert of rank r with probability proportional to (r + 1)^-A); "
                   "uniform makes each token pick a uniformly random set of experts per layer");
   cmd->add_flag("--deterministic", args->deterministic,
                 "Batch-invariant kernels, as serve --deterministic (cpu and cuda), to measure "

@@ -543,7 +543,8 @@ void add_profile_command(CLI::App& app) {
   add_kv_options(cmd, &args->device);
   cmd->add_option("--layers", args->layers, "synthetic:NAME: keep only the first N layers");
   cmd->add_option("--routing-skew", args->routing_skew,
-                  "synthetic:NAME: zipf:A makes each router prefer experts by a Zipf law; "
+                  "synthetic:NAME: zipf:A makes each token draw its experts by a Zipf law (the "
+                  "expert of rank r with probability proportional to (r + 1)^-A); "
                   "uniform makes each token pick a uniformly random set of experts per layer");
   cmd->callback([args] { run_profile(*args); });
 }

@@ -71,8 +71,12 @@ struct GpuOptions {
 struct RoutingSkew {
   enum class Kind {
     kNone,  // the random router weights' own choice (consecutive tokens often share experts)
-    // Each MoE layer's router prefers its experts by a Zipf law of `exponent` (the expert of
-    // rank r gets a logit bias of -exponent * ln(r + 1), ranks shuffled per layer).
+    // Each (token, layer) draws its top-k from a Zipf law of `exponent`: the expert of rank r
+    // (ranks shuffled per layer) is drawn with probability proportional to (r + 1)^-exponent,
+    // k of them without replacement, independent across tokens and steps. The router's logits
+    // are replaced by Gumbel noise keyed as for kUniform plus a bias of -exponent * ln(r + 1).
+    // The prefetch prediction runs the model's router with that bias: it predicts the popular
+    // experts.
     kZipf,
     // Each (token, layer) picks a uniformly random top-k subset, independent across tokens,
     // layers and steps: the router's logits are replaced by hashed noise keyed by the token's KV

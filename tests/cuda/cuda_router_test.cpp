@@ -711,6 +711,91 @@ std::vector<double> noise_scores(const NoiseCase& c, uint64_t seed, int32_t key)
   return x;
 }
 
+// `--routing-skew zipf:A`: with a logit bias the noise becomes Gumbel noise, so the top k of
+// bias + Gumbel draw k experts without replacement with probabilities proportional to
+// exp(bias). With bias -A ln(rank + 1) over a shuffled ranking, T tokens of distinct keys:
+//  - each token's picks are K distinct experts, the K largest of bias + router_gumbel(noise) on
+//    the host (1 token in 100 may differ by float32 rounding);
+//  - K = 1: the per-expert counts pass a chi-square test against T (rank + 1)^-A / H within 6
+//    standard deviations of its mean (the noise really is Gumbel noise).
+void router_noise_zipf(int64_t E, int64_t K, double exponent, int64_t T) {
+  std::mt19937_64 rng(fresh_seed() ^ static_cast<uint64_t>(E * 104729 + K));
+  const uint64_t seed = rng();
+  SCOPED_TRACE(::testing::Message() << "E=" << E << " K=" << K << " A=" << exponent << " T=" << T
+                                    << " noise_seed=" << seed);
+  std::vector<int64_t> rank(E);
+  std::iota(rank.begin(), rank.end(), 0);
+  std::shuffle(rank.begin(), rank.end(), rng);
+  std::vector<float> bias(E);
+  for (int64_t e = 0; e < E; ++e)
+    bias[e] = static_cast<float>(-exponent * std::log(static_cast<double>(rank[e] + 1)));
+  std::vector<int32_t> keys(4 * T);
+  std::iota(keys.begin(), keys.end(), 0);
+  std::shuffle(keys.begin(), keys.end(), rng);
+  keys.resize(T);
+
+  DeviceBuffer<float> d_logits(std::vector<float>(T * E, std::nanf("")));
+  DeviceBuffer<float> d_bias(bias);
+  DeviceBuffer<int32_t> d_keys(keys);
+  DeviceBuffer<int32_t> d_ids(T * K);
+  DeviceBuffer<float> d_weights(T * K);
+  d_ids.poison();
+  fused_router({.logits = d_logits.get(),
+                .topk_ids = d_ids.get(),
+                .topk_weights = d_weights.get(),
+                .num_tokens = T,
+                .num_experts = E,
+                .top_k = K,
+                .score = RouterScore::kSoftmax,
+                .renormalize = true,
+                .logit_bias = d_bias.get(),
+                .noise_keys = d_keys.get(),
+                .noise_seed = seed},
+               nullptr);
+  synchronize();
+  const std::vector<int32_t> ids = d_ids.download();
+
+  std::vector<int64_t> counts(E, 0);
+  int64_t host_mismatches = 0, bad_tokens = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<int32_t> got(ids.begin() + t * K, ids.begin() + (t + 1) * K);
+    std::sort(got.begin(), got.end());
+    if (got.front() < 0 || got.back() >= E ||
+        std::adjacent_find(got.begin(), got.end()) != got.end()) {
+      if (bad_tokens++ < 5) ADD_FAILURE() << "token " << t << ": ids not K distinct experts";
+      continue;
+    }
+    for (int32_t id : got) ++counts[id];
+    std::vector<float> logit(E);
+    for (int64_t e = 0; e < E; ++e)
+      logit[e] = router_gumbel(router_noise(seed, keys[t], e)) + bias[e];
+    std::vector<int32_t> order(E);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t a, int32_t b) { return logit[a] > logit[b]; });
+    std::vector<int32_t> want(order.begin(), order.begin() + K);
+    std::sort(want.begin(), want.end());
+    if (want != got) ++host_mismatches;
+  }
+  EXPECT_EQ(bad_tokens, 0);
+  EXPECT_LE(host_mismatches, T / 100)
+      << "tokens whose picks are not the K largest of bias + Gumbel";
+
+  // The K = 1 counts test the noise itself; for K > 1 the picks are the host's Gumbel top-k above.
+  if (K == 1) {
+    double norm = 0.0;
+    for (float b : bias) norm += std::exp(static_cast<double>(b));
+    double chi2 = 0.0;
+    for (int64_t e = 0; e < E; ++e) {
+      const double expected =
+          static_cast<double>(T) * std::exp(static_cast<double>(bias[e])) / norm;
+      chi2 += (counts[e] - expected) * (counts[e] - expected) / expected;
+    }
+    const double dof = static_cast<double>(E - 1), spread = 6.0 * std::sqrt(2.0 * dof);
+    EXPECT_LT(chi2, dof + spread) << "top-1 counts do not follow the Zipf law";
+  }
+}
+
 // T tokens with distinct keys (a shuffled range, as KV slots are distinct within a step):
 //  - each token's K ids are distinct experts in [0, E), and the set is the K largest noise
 //    values (float32 rounding of the score may tie two nearly equal values: 1 token in 100 may
@@ -930,6 +1015,9 @@ const NoiseCase kNoiseCases[] = {
     noise(std::string("Uniform_") + c.name + "_T" + std::to_string(T),
           [&c, T] { router_noise_uniform(c, T); });
   }
+  noise("Zipf_E128_K1_A1_T8192", [] { router_noise_zipf(128, 1, 1.0, 8192); });
+  noise("Zipf_E16_K1_A2_T8192", [] { router_noise_zipf(16, 1, 2.0, 8192); });
+  noise("Zipf_E128_K8_A1_T4096", [] { router_noise_zipf(128, 8, 1.0, 4096); });
   noise("Padding_E128_K8_T64_Valid37", [] { router_noise_padding(kNoiseCases[0], 64, 37); });
   noise("Padding_E128_K8_General_T8_Valid3", [] { router_noise_padding(kNoiseCases[1], 8, 3); });
   noise("Padding_E1500_K40_Block_T19_Valid5", [] { router_noise_padding(kNoiseCases[3], 19, 5); });

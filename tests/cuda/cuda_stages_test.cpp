@@ -780,7 +780,12 @@ void pipeline_case(int64_t T, bool in_graph, int64_t E, int64_t K, int64_t H, st
   expect_equal_ints(d_plan.offsets.download(), plan.expert_offsets, "expert_offsets");
   expect_equal_ints(d_plan.src_row.download(), plan.src_row, "src_row");
   expect_equal_ints(d_plan.inverse.download(), plan.inverse, "inverse");
-  expect_float_close(d_out.download(), want, scale, "out");
+  // The GPU router's weights differ from the CPU's by their own rounding (expf and the
+  // renormalising division, a few ulps each) and K of them are summed in float32, so the bound
+  // grows with K: (K + 8) ulps of the scale, at least expect_float_close's 1e-6.
+  const float ulps = std::max(1e-6f, static_cast<float>(K + 8) * 0x1p-24f);
+  expect_within(d_out.download(), want, [&](size_t i) { return ulps * scale[i] + 1e-30f; },
+                "out");
 }
 
 void pipeline(int64_t T, bool in_graph) {

@@ -172,6 +172,7 @@ __global__ void __launch_bounds__(attn::kWideThreads)
         sum += e;
       }
       sum = device::warp_sum(sum);
+      __syncwarp();  // every lane has read s_m[g] before lane 0 replaces it
       if (lane == 0) {
         const float alpha = __expf(m_old - m_new);
         s_alpha[g] = alpha;

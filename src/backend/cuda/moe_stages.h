@@ -26,6 +26,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
+#include <cmath>
 #include <cstdint>
 
 namespace moeinfer::cuda {
@@ -81,8 +82,11 @@ struct RouterParams {
   // [T] one key per token, or null. Set: the logit of (token t, expert e) is not read but
   // replaced by router_noise(noise_seed, noise_keys[t], e), a uniform value in (0, 1) (the
   // synthetic models' `--routing-skew uniform`: each token's top-k a uniformly random k-subset,
-  // independent across keys and seeds); logit_bias, if any, is still added, and everything after
-  // the score function is unchanged. Padding tokens (past num_valid_tokens) never read their key.
+  // independent across keys and seeds). With a logit_bias the noise is Gumbel noise instead,
+  // router_gumbel(router_noise(...)), and the bias is added to it (`--routing-skew zipf:A`: the
+  // top k of bias + Gumbel are k experts drawn without replacement with probabilities
+  // proportional to exp(bias)). Everything after the score function is unchanged. Padding tokens
+  // (past num_valid_tokens) never read their key.
   const int32_t* noise_keys = nullptr;
   uint64_t noise_seed = 0;
 };
@@ -101,6 +105,11 @@ __host__ __device__ inline float router_noise(uint64_t seed, int32_t key, int64_
   const uint64_t h = router_noise_mix(token ^ static_cast<uint64_t>(expert));
   return (static_cast<float>(h >> 41) + 0.5f) * (1.0f / 8388608.0f);
 }
+
+// Standard Gumbel noise from a uniform value in (0, 1): -log(-log(u)). Adding it to logits and
+// taking the top k draws k experts without replacement with probabilities proportional to
+// exp(logit) (the Gumbel-top-k trick).
+__host__ __device__ inline float router_gumbel(float u) { return -logf(-logf(u)); }
 
 // route, as moe::route(): score = softmax or sigmoid of (logits + logit_bias), the logits
 // replaced by router_noise when noise_keys is set;

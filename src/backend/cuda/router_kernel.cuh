@@ -51,9 +51,10 @@ inline constexpr int kRouterWarpsPerBlock = 4;
 namespace device {
 
 // A token's scores: softmax or sigmoid of logits (+ logit_bias), the logits replaced by
-// router_noise when p.noise_keys is set. Lane l holds experts l, l + 32, ...; slots past E hold
-// -inf. kLogitsWrittenHere: the logits were written by other blocks of
-// the running kernel, so they are read through L2 (ld.global.cg), not the read-only path.
+// router_noise when p.noise_keys is set (by its Gumbel transform when there is a logit_bias). Lane
+// l holds experts l, l + 32, ...; slots past E hold -inf. kLogitsWrittenHere: the logits were
+// written by other blocks of the running kernel, so they are read through L2 (ld.global.cg), not
+// the read-only path.
 template <int kPerLane, bool kLogitsWrittenHere>
 __device__ __forceinline__ void router_scores(const RouterParams& p, int64_t token, int lane,
                                               float (&score)[kPerLane]) {
@@ -64,7 +65,12 @@ __device__ __forceinline__ void router_scores(const RouterParams& p, int64_t tok
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j) {
       const int e = j * kWarpSize + lane;
-      score[j] = e < num_experts ? router_noise(p.noise_seed, key, e) : -INFINITY;
+      if (e >= num_experts) {
+        score[j] = -INFINITY;
+        continue;
+      }
+      const float u = router_noise(p.noise_seed, key, e);
+      score[j] = p.logit_bias != nullptr ? router_gumbel(u) : u;
     }
   } else {
 #pragma unroll

@@ -532,7 +532,10 @@ DeviceWeights synthetic_weights(const ModelConfig& config, uint64_t seed,
   MOE_CHECK(out.padded_expert_width == config.moe_intermediate_size,
             "synthetic models need moe_intermediate_size a multiple of 64, not ",
             config.moe_intermediate_size);
-  // The skew is a logit bias per MoE layer.
+  // zipf:A: a logit bias per MoE layer, -A log(rank + 1) over a random ranking of the experts,
+  // added to per-token Gumbel noise that replaces the router's logits, so that each token draws
+  // its experts with probabilities proportional to (rank + 1)^-A. (A bias on the random router's
+  // own logits, whose spread is small, would pick nearly the same experts for every token.)
   std::vector<size_t> skew_jobs;
   if (zipf_exponent > 0.0) {
     for (DeviceLayer& d : out.layers) {
@@ -541,7 +544,7 @@ DeviceWeights synthetic_weights(const ModelConfig& config, uint64_t seed,
       skew_jobs.push_back(layout.jobs().size() - 1);
     }
   }
-  if (routing.kind == RoutingSkew::Kind::kUniform) {
+  if (routing.kind != RoutingSkew::Kind::kNone) {
     for (size_t l = 0; l < out.layers.size(); ++l) {
       DeviceLayer& d = out.layers[l];
       if (!d.is_moe) continue;

@@ -69,8 +69,9 @@ struct DeviceLayer {
   const bf16* router = nullptr;          // [E, Hp]
   const float* selection_bias = nullptr;  // [E] chooses experts, not weights (DeepSeek-V3)
   const float* logit_bias = nullptr;      // [E] added to the logits (synthetic routing skew)
-  // Synthetic `--routing-skew uniform`: the router's logits are replaced by noise of this seed
-  // (cuda::RouterParams::noise_seed), keyed per token and step (the decoder's route keys).
+  // Synthetic `--routing-skew uniform|zipf:A`: the router's logits are replaced by noise of this
+  // seed (cuda::RouterParams::noise_seed), keyed per token and step (the decoder's route keys);
+  // with zipf, Gumbel noise plus logit_bias.
   bool router_noise = false;
   uint64_t router_noise_seed = 0;
   // [E, 2 Ip, Hp] and [E, Hp, Ip]: in device memory, or with offloaded experts in the mapped
@@ -130,9 +131,9 @@ int64_t device_weight_bytes(const ModelConfig& config, int64_t weight_terms = 1)
 DeviceWeights upload_weights(const ModelConfig& config, const DecoderWeights& weights,
                              bool show_progress, bool offload_experts = false,
                              bool round_to_bf16 = false);
-// Random weights (uniform, scaled by 1/sqrt(fan-in)); norms 1. A Zipf skew gives each MoE layer
-// a router bias that prefers experts by a Zipf law; a uniform one sets each MoE layer's
-// router_noise, with a seed mixed from `seed` and the layer index. The values do not depend on
+// Random weights (uniform, scaled by 1/sqrt(fan-in)); norms 1. Either skew sets each MoE layer's
+// router_noise, with a seed mixed from `seed` and the layer index; a Zipf one also gives it a
+// logit bias over a random ranking of its experts. The values do not depend on
 // offload_experts.
 DeviceWeights synthetic_weights(const ModelConfig& config, uint64_t seed,
                                 const RoutingSkew& routing, bool offload_experts = false);

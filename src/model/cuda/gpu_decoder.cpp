@@ -244,7 +244,7 @@ class CudaDecoder final : public GpuDecoder {
   float* term_sum_ = nullptr;
   int64_t term_sum_elems_ = 0;
   MoeBlockBuffers moe_buffers_;  // the MoE block's part of the workspace
-  // Some layer's router is a synthetic uniform one (DeviceLayer::router_noise): each step gets
+  // Some layer's router is a synthetic uniform or Zipf one (DeviceLayer::router_noise): each step gets
   // fresh per-token keys (Meta::route_keys); noise_step_ counts the steps.
   bool noise_routing_ = false;
   uint64_t noise_step_ = 0;
