@@ -790,7 +790,7 @@ FIXTURES += [
     # GPTQ as AutoGPTQ writes it (checkpoint_format gptq: zero points stored minus one),
     # symmetric, act-order (desc_act) groups from a shuffled g_idx; tied embeddings.
     dict(name="qwen3_moe_gptq", cls="Qwen3Moe", dtype="float16", tokenizer="qwen",
-         legacy_rope=True,
+         legacy_rope=True, min_distinct=3,
          int4=dict(method="gptq", group_size=32, desc_act=True, sym=True,
                    checkpoint_format="gptq"),
          config=dict(COMMON, head_dim=16, num_hidden_layers=2, intermediate_size=64,
@@ -800,7 +800,7 @@ FIXTURES += [
     # GPTQModel's gptq_v2 (zero points as they are), asymmetric, plain groups; DeepSeek-V2-Lite's
     # MLA projections, a dense first layer and shared experts quantised too.
     dict(name="deepseek_v2_lite_gptq_v2", cls="DeepseekV2", dtype="float16", tokenizer="qwen",
-         legacy_rope=True,
+         legacy_rope=True, min_distinct=3,
          int4=dict(method="gptq", group_size=32, desc_act=False, sym=False,
                    checkpoint_format="gptq_v2"),
          config=dict(COMMON, num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=2,
@@ -811,7 +811,7 @@ FIXTURES += [
     # AutoAWQ's gemm layout (outputs packed in AWQ's order, zero points as they are); Qwen2-MoE's
     # attention biases and its shared expert (whose sigmoid gate stays in float16).
     dict(name="qwen2_moe_awq", cls="Qwen2Moe", dtype="float16", tokenizer="qwen",
-         legacy_rope=True,
+         legacy_rope=True, min_distinct=2,
          int4=dict(method="awq", group_size=32, sym=False,
                    modules_to_not_convert=["shared_expert_gate"]),
          config=dict(COMMON, num_hidden_layers=2, intermediate_size=64, moe_intermediate_size=32,
