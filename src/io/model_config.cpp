@@ -1071,8 +1071,8 @@ PackedInt4Quantization read_gptq(const Fields& p) {
   if (layout == "gptq") {
     q.zero_minus_one = true;
   } else if (layout != "gptq_v2") {
-    p.fail(checkpoint_format ? "checkpoint_format" : "format", "unsupported GPTQ layout '",
-           layout, "'; supported: gptq, gptq_v2 (re-save the checkpoint in one of them)");
+    p.fail(checkpoint_format ? "checkpoint_format" : "format", "unsupported GPTQ layout '", layout,
+           "'; supported: gptq, gptq_v2 (re-save the checkpoint in one of them)");
   }
   const std::string pack_dtype = p.opt_string("pack_dtype").value_or("int32");
   if (pack_dtype != "int32")

@@ -11,7 +11,8 @@ namespace {
 // along the outputs as it packs its zeros.
 uint32_t weight_code(const PackedInt4Linear& linear, Int4Packing packing, int64_t n, int64_t k) {
   const int64_t N = linear.num_rows;
-  if (packing == Int4Packing::kAwq) return output_code(linear.qweight[k * (N / 8) + n / 8], n, packing);
+  if (packing == Int4Packing::kAwq)
+    return output_code(linear.qweight[k * (N / 8) + n / 8], n, packing);
   const auto word = static_cast<uint32_t>(linear.qweight[(k / 8) * N + n]);
   return (word >> (4 * (k % 8))) & 0xfu;
 }

@@ -76,19 +76,18 @@ TensorView WeightSource::packed_int4_matrix(const std::string& module, const Sha
                 " in group ", g_idx[k], ", outside the ", G, " groups of its scales");
     }
   } else {
-    MOE_CHECK(!quant.desc_act || !gptq, where,
-              ": desc_act is true but the checkpoint has no '", g_idx_name, "'");
+    MOE_CHECK(!quant.desc_act || !gptq, where, ": desc_act is true but the checkpoint has no '",
+              g_idx_name, "'");
   }
   std::vector<uint16_t>& out = dequantized_.emplace_back(static_cast<size_t>(N * K));
-  dequantize_packed_int4(
-      PackedInt4Linear{.qweight = static_cast<const int32_t*>(qweight.data),
-                       .qzeros = static_cast<const int32_t*>(qzeros.data),
-                       .scales = scales_f32.data(),
-                       .g_idx = g_idx,
-                       .num_rows = N,
-                       .num_cols = K,
-                       .group_size = group_size},
-      quant.packing, quant.zero_minus_one, out.data());
+  dequantize_packed_int4(PackedInt4Linear{.qweight = static_cast<const int32_t*>(qweight.data),
+                                          .qzeros = static_cast<const int32_t*>(qzeros.data),
+                                          .scales = scales_f32.data(),
+                                          .g_idx = g_idx,
+                                          .num_rows = N,
+                                          .num_cols = K,
+                                          .group_size = group_size},
+                         quant.packing, quant.zero_minus_one, out.data());
   return TensorView{.dtype = DType::kBF16, .shape = shape, .data = out.data()};
 }
 

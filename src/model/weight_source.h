@@ -1,8 +1,9 @@
 // Hands checkpoint tensors to the family binders. Tensors are views into the memory map, except
 // block-scaled fp8 matrices (DeepSeek-V3's format), MXFP4 experts (GPT-OSS's) and GPTQ / AWQ
-// 4-bit linears, which are dequantised once at load into bf16 buffers owned here (the CPU matrix products take f32, bf16
-// or f16 weights); matrices stored [in, out] (Llama 4's stacked experts), copied once at load to
-// the [out, in] the products take; and weights a binder lays out anew in buffers of allocate().
+// 4-bit linears, which are dequantised once at load into bf16 buffers owned here (the CPU matrix
+// products take f32, bf16 or f16 weights); matrices stored [in, out] (Llama 4's stacked experts),
+// copied once at load to the [out, in] the products take; and weights a binder lays out anew in
+// buffers of allocate().
 #pragma once
 
 #include <cstddef>

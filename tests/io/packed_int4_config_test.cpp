@@ -40,14 +40,19 @@ std::string error_of(const json& j) {
 
 // As AutoGPTQ and optimum write it (Qwen's published GPTQ-Int4 checkpoints look like this).
 json gptq() {
-  return {{"quant_method", "gptq"}, {"bits", 4},       {"group_size", 128},
-          {"desc_act", false},      {"sym", true},     {"damp_percent", 0.01},
-          {"true_sequential", true}, {"checkpoint_format", "gptq"}};
+  return {{"quant_method", "gptq"},
+          {"bits", 4},
+          {"group_size", 128},
+          {"desc_act", false},
+          {"sym", true},
+          {"damp_percent", 0.01},
+          {"true_sequential", true},
+          {"checkpoint_format", "gptq"}};
 }
 
 // As AutoAWQ writes it.
 json awq() {
-  return {{"quant_method", "awq"}, {"bits", 4},          {"group_size", 128},
+  return {{"quant_method", "awq"}, {"bits", 4},         {"group_size", 128},
           {"zero_point", true},    {"version", "gemm"}, {"modules_to_not_convert", nullptr}};
 }
 
@@ -107,23 +112,18 @@ TEST(PackedInt4Config, RefusesWhatWouldReadDifferentlyByName) {
       {patched(awq(), {{"bits", 8}}), "quantization_config.bits", "4-bit awq"},
       {patched(gptq(), {{"group_size", 0}}), "quantization_config.group_size", "0"},
       {patched(gptq(), {{"group_size", -2}}), "quantization_config.group_size", "-2"},
-      {patched(gptq(), {{"checkpoint_format", "marlin"}}),
-       "quantization_config.checkpoint_format", "'marlin'"},
+      {patched(gptq(), {{"checkpoint_format", "marlin"}}), "quantization_config.checkpoint_format",
+       "'marlin'"},
       {patched(gptq(), {{"format", "gptq_v2"}}), "quantization_config.format",
        "checkpoint_format is 'gptq'"},
-      {patched(gptq(), {{"pack_dtype", "int16"}}), "quantization_config.pack_dtype",
-       "int16"},
+      {patched(gptq(), {{"pack_dtype", "int16"}}), "quantization_config.pack_dtype", "int16"},
       {patched(gptq(), {{"dynamic", {{"-:.*experts.*", json::object()}}}}),
        "quantization_config.dynamic", "per-module"},
       {patched(awq(), {{"version", "gemv"}}), "quantization_config.version", "'gemv'"},
-      {patched(awq(), {{"version", "exllama"}}), "quantization_config.version",
-       "'exllama'"},
-      {patched(awq(), {{"version", "marlin"}}), "quantization_config.version",
-       "'marlin'"},
-      {patched(awq(), {{"backend", "llm-awq"}}), "quantization_config.backend",
-       "'llm-awq'"},
-      {patched(awq(), {{"zero_point", false}}), "quantization_config.zero_point",
-       "zero points"},
+      {patched(awq(), {{"version", "exllama"}}), "quantization_config.version", "'exllama'"},
+      {patched(awq(), {{"version", "marlin"}}), "quantization_config.version", "'marlin'"},
+      {patched(awq(), {{"backend", "llm-awq"}}), "quantization_config.backend", "'llm-awq'"},
+      {patched(awq(), {{"zero_point", false}}), "quantization_config.zero_point", "zero points"},
       {patched(awq(), {{"modules_to_not_convert", "gate"}}),
        "quantization_config.modules_to_not_convert", "list"},
   };

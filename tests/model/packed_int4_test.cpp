@@ -15,6 +15,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "io/safetensors.h"
+#include "model/weight_quant.h"
 #include "model/weight_source.h"
 
 namespace moeinfer {
@@ -37,14 +38,17 @@ TEST(PackedInt4, GptqPacksInputsLowNibbleFirst) {
   const int64_t N = 8, K = 16;
   std::vector<int32_t> qweight(2 * N);
   for (int64_t n = 0; n < N; ++n) {
-    qweight[n] = 0x76543210;                                  // inputs 0..7: codes 0..7
-    qweight[N + n] = static_cast<int32_t>(0xFEDCBA98u);       // inputs 8..15: codes 8..15
+    qweight[n] = 0x76543210;                             // inputs 0..7: codes 0..7
+    qweight[N + n] = static_cast<int32_t>(0xFEDCBA98u);  // inputs 8..15: codes 8..15
   }
   const std::vector<int32_t> qzeros = {static_cast<int32_t>(0x87654321u)};  // output n: n + 1
   std::vector<float> scales(N);
   for (int64_t n = 0; n < N; ++n) scales[n] = 0.25f * static_cast<float>(n + 1);
-  const PackedInt4Linear linear{.qweight = qweight.data(), .qzeros = qzeros.data(),
-                                .scales = scales.data(), .num_rows = N, .num_cols = K,
+  const PackedInt4Linear linear{.qweight = qweight.data(),
+                                .qzeros = qzeros.data(),
+                                .scales = scales.data(),
+                                .num_rows = N,
+                                .num_cols = K,
                                 .group_size = K};
   const std::vector<float> v2 = dequantize(linear, Int4Packing::kGptq, false);
   const std::vector<float> v1 = dequantize(linear, Int4Packing::kGptq, true);
@@ -61,8 +65,11 @@ TEST(PackedInt4, GptqFirstFormatReadsAStoredFifteenAsSixteen) {
   std::vector<int32_t> qweight(N, 0);  // every code 0
   const std::vector<int32_t> qzeros = {static_cast<int32_t>(0xFFFFFFFFu)};
   const std::vector<float> scales(N, 1.0f);
-  const PackedInt4Linear linear{.qweight = qweight.data(), .qzeros = qzeros.data(),
-                                .scales = scales.data(), .num_rows = N, .num_cols = K,
+  const PackedInt4Linear linear{.qweight = qweight.data(),
+                                .qzeros = qzeros.data(),
+                                .scales = scales.data(),
+                                .num_rows = N,
+                                .num_cols = K,
                                 .group_size = K};
   for (float v : dequantize(linear, Int4Packing::kGptq, true)) EXPECT_EQ(v, -16.0f);
   for (float v : dequantize(linear, Int4Packing::kGptq, false)) EXPECT_EQ(v, -15.0f);
@@ -74,10 +81,14 @@ TEST(PackedInt4, AwqPacksOutputsInItsInterleavedOrder) {
   const int64_t N = 16, K = 2;
   const std::vector<int32_t> qweight = {0x76543210, static_cast<int32_t>(0xFEDCBA98u),
                                         static_cast<int32_t>(0x89ABCDEFu), 0x01234567};
-  const std::vector<int32_t> qzeros = {0x11111111, 0x00000000};  // outputs 0..7 zero 1, 8..15 zero 0
+  const std::vector<int32_t> qzeros = {0x11111111,
+                                       0x00000000};  // outputs 0..7 zero 1, 8..15 zero 0
   const std::vector<float> scales(N, 1.0f);
-  const PackedInt4Linear linear{.qweight = qweight.data(), .qzeros = qzeros.data(),
-                                .scales = scales.data(), .num_rows = N, .num_cols = K,
+  const PackedInt4Linear linear{.qweight = qweight.data(),
+                                .qzeros = qzeros.data(),
+                                .scales = scales.data(),
+                                .num_rows = N,
+                                .num_cols = K,
                                 .group_size = K};
   const std::vector<float> out = dequantize(linear, Int4Packing::kAwq, false);
   // Nibble of each output within its word: 0 -> 0, 1 -> 4, 2 -> 1, 3 -> 5, ...
@@ -85,7 +96,7 @@ TEST(PackedInt4, AwqPacksOutputsInItsInterleavedOrder) {
   for (int64_t n = 0; n < N; ++n) {
     const int j = nibble_of[n % 8];
     const float zero = n < 8 ? 1.0f : 0.0f;
-    const float k0 = static_cast<float>(n < 8 ? j : 8 + j);    // words 0x76543210, 0xFEDCBA98
+    const float k0 = static_cast<float>(n < 8 ? j : 8 + j);       // words 0x76543210, 0xFEDCBA98
     const float k1 = static_cast<float>(n < 8 ? 15 - j : 7 - j);  // 0x89ABCDEF, 0x01234567
     EXPECT_EQ(out[n * K + 0], k0 - zero) << n;
     EXPECT_EQ(out[n * K + 1], k1 - zero) << n;
@@ -95,7 +106,7 @@ TEST(PackedInt4, AwqPacksOutputsInItsInterleavedOrder) {
 TEST(PackedInt4, GroupsComeFromGIdxWhenGiven) {
   // K 16 in two groups of 8; g_idx interleaves them (act order), overriding k / 8.
   const int64_t N = 8, K = 16;
-  std::vector<int32_t> qweight(2 * N, 0x33333333);  // every code 3
+  std::vector<int32_t> qweight(2 * N, 0x33333333);               // every code 3
   const std::vector<int32_t> qzeros = {0x11111111, 0x22222222};  // group 0 zero 1, group 1 zero 2
   std::vector<float> scales(2 * N);
   for (int64_t n = 0; n < N; ++n) {
@@ -104,9 +115,13 @@ TEST(PackedInt4, GroupsComeFromGIdxWhenGiven) {
   }
   std::vector<int32_t> g_idx(K);
   for (int64_t k = 0; k < K; ++k) g_idx[k] = static_cast<int32_t>(k % 2);
-  PackedInt4Linear linear{.qweight = qweight.data(), .qzeros = qzeros.data(),
-                          .scales = scales.data(), .g_idx = g_idx.data(), .num_rows = N,
-                          .num_cols = K, .group_size = 8};
+  PackedInt4Linear linear{.qweight = qweight.data(),
+                          .qzeros = qzeros.data(),
+                          .scales = scales.data(),
+                          .g_idx = g_idx.data(),
+                          .num_rows = N,
+                          .num_cols = K,
+                          .group_size = 8};
   const std::vector<float> by_g_idx = dequantize(linear, Int4Packing::kGptq, false);
   linear.g_idx = nullptr;
   const std::vector<float> by_position = dequantize(linear, Int4Packing::kGptq, false);
@@ -173,7 +188,8 @@ class PackedInt4Checkpoint : public ::testing::Test {
     const uint64_t n = text.size();
     out.write(reinterpret_cast<const char*>(&n), 8);
     out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    out.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
+    out.write(reinterpret_cast<const char*>(data.data()),
+              static_cast<std::streamsize>(data.size()));
   }
 
   fs::path dir_;
@@ -249,7 +265,9 @@ TEST_F(PackedInt4Checkpoint, NamesTheTensorAndTheProblem) {
     groups_of_48.group_size = 48;
     cases.push_back({"group_size", gptq_linear(), groups_of_48, {"group_size 48", "64 inputs"}});
   }
-  cases.push_back({"neither weight nor qweight", {tensor("m.scales", "F16", {2, 16})}, kAwq,
+  cases.push_back({"neither weight nor qweight",
+                   {tensor("m.scales", "F16", {2, 16})},
+                   kAwq,
                    {"'m'", "'m.weight'", "'m.qweight'"}});
   for (const Case& c : cases) {
     const std::string error = error_of(c.tensors, c.quant);
@@ -266,6 +284,25 @@ TEST_F(PackedInt4Checkpoint, RefusesWidthsThatDoNotPack) {
   PackedInt4Quantization one_group = kGptq;
   one_group.group_size = 0;
   EXPECT_NE(error_of(gptq_linear(), one_group, 16, 60).find("60 inputs"), std::string::npos);
+}
+
+TEST(PackedInt4, WeightsFlagIsRefusedOnA4BitCheckpointNamingIt) {
+  for (const PackedInt4Quantization& quant : {kGptq, kAwq}) {
+    ModelConfig config;
+    config.packed_int4 = quant;
+    const std::string method(quant_method_name(quant.packing));
+    for (WeightFormat format : {WeightFormat::kFp8, WeightFormat::kInt4}) {
+      try {
+        check_weight_format(format, config, /*cuda=*/false);
+        ADD_FAILURE() << "--weights " << weight_format_name(format) << " accepted on " << method;
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("already 4-bit " + method), std::string::npos)
+            << e.what();
+      }
+    }
+    EXPECT_NO_THROW(check_weight_format(WeightFormat::kBf16, config, false));
+    EXPECT_NO_THROW(check_weight_format(WeightFormat::kCheckpoint, config, false));
+  }
 }
 
 }  // namespace
