@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 
 import numpy as np
 import torch
@@ -715,6 +716,8 @@ def make_fixture(spec, root, seed, with_tokenizer):
         randomize_gpt_oss(model)
     if spec["dtype"] == "bfloat16":
         model = model.to(torch.bfloat16)
+    if spec["dtype"] == "float16":
+        model = model.to(torch.float16)
     model.save_pretrained(out_dir, max_shard_size=spec.get("max_shard_size", "50GB"))
     gen_cfg = os.path.join(out_dir, "generation_config.json")
     if os.path.exists(gen_cfg):
@@ -727,6 +730,11 @@ def make_fixture(spec, root, seed, with_tokenizer):
         published_gpt_oss_rope(os.path.join(out_dir, "config.json"))
     if spec.get("mxfp4"):
         quantize_mxfp4_checkpoint(out_dir)
+    dequantised_dir = None
+    if spec.get("int4"):
+        import int4_checkpoint
+        dequantised_dir = tempfile.mkdtemp(prefix=spec["name"] + "_dequantised_")
+        int4_checkpoint.quantise_checkpoint(out_dir, dequantised_dir, spec["int4"], seed)
     if spec.get("kimi_k2"):
         rewrite_kimi_k2_config(os.path.join(out_dir, "config.json"))
     if spec.get("qwen3_next_interval"):
@@ -752,6 +760,11 @@ def make_fixture(spec, root, seed, with_tokenizer):
         reference = model_cls.from_pretrained(
             out_dir, dtype=torch.float32,
             quantization_config=transformers.Mxfp4Config(dequantize=True)).eval()
+    elif dequantised_dir:
+        # transformers reads GPTQ and AWQ only through GPU packages: the reference runs on the
+        # packed tensors as the script dequantised them.
+        reference = model_cls.from_pretrained(dequantised_dir, dtype=torch.float32).eval()
+        shutil.rmtree(dequantised_dir)
     else:
         reference = model_cls.from_pretrained(out_dir, dtype=torch.float32).eval()
     generator = torch.Generator().manual_seed(seed + 1)
@@ -795,6 +808,45 @@ def make_fixture(spec, root, seed, with_tokenizer):
                        torch_version=torch.__version__), f, indent=2)
     size = sum(os.path.getsize(os.path.join(out_dir, n)) for n in os.listdir(out_dir))
     print(f"{spec['name']:16s} {size / 1e6:6.2f} MB  margin {margin:.4f}  greedy {greedy}")
+
+
+# GPTQ and AWQ 4-bit checkpoints (issue 17), appended so that the fixtures above keep their
+# seeds. Saved in float16 as the tools publish them; the packed linears are made by
+# tools/int4_checkpoint.py and the reference runs on their values dequantised again from the
+# packed words. Two layers, four experts, groups of 32 inputs: each under 300 KB.
+FIXTURES += [
+    # GPTQ as AutoGPTQ writes it (checkpoint_format gptq: zero points stored minus one),
+    # symmetric, act-order (desc_act) groups from a shuffled g_idx; tied embeddings.
+    dict(name="qwen3_moe_gptq", cls="Qwen3Moe", dtype="float16", tokenizer="qwen",
+         legacy_rope=True, min_distinct=3,
+         int4=dict(method="gptq", group_size=32, desc_act=True, sym=True,
+                   checkpoint_format="gptq"),
+         config=dict(COMMON, head_dim=16, num_hidden_layers=2, intermediate_size=64,
+                     moe_intermediate_size=64, num_experts=4, num_experts_per_tok=2,
+                     norm_topk_prob=True, mlp_only_layers=[], decoder_sparse_step=1,
+                     tie_word_embeddings=True, rope_theta=1000000.0)),
+    # GPTQModel's gptq_v2 (zero points as they are), asymmetric, plain groups; DeepSeek-V2-Lite's
+    # MLA projections, a dense first layer and shared experts quantised too.
+    dict(name="deepseek_v2_lite_gptq_v2", cls="DeepseekV2", dtype="float16", tokenizer="qwen",
+         legacy_rope=True, min_distinct=3,
+         int4=dict(method="gptq", group_size=32, desc_act=False, sym=False,
+                   checkpoint_format="gptq_v2"),
+         config=dict(COMMON, num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=2,
+                     intermediate_size=64, moe_intermediate_size=32, n_routed_experts=4,
+                     num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
+                     q_lora_rank=None, topk_method="greedy", routed_scaling_factor=1.0,
+                     tie_word_embeddings=True, rope_theta=10000.0, **DEEPSEEK_MLA)),
+    # AutoAWQ's gemm layout (outputs packed in AWQ's order, zero points as they are); Qwen2-MoE's
+    # attention biases and its shared expert (whose sigmoid gate stays in float16).
+    dict(name="qwen2_moe_awq", cls="Qwen2Moe", dtype="float16", tokenizer="qwen",
+         legacy_rope=True, min_distinct=2,
+         int4=dict(method="awq", group_size=32, sym=False,
+                   modules_to_not_convert=["shared_expert_gate"]),
+         config=dict(COMMON, num_hidden_layers=2, intermediate_size=64, moe_intermediate_size=32,
+                     shared_expert_intermediate_size=64, num_experts=4, num_experts_per_tok=2,
+                     norm_topk_prob=False, mlp_only_layers=[], decoder_sparse_step=1,
+                     tie_word_embeddings=True, rope_theta=10000.0)),
+]
 
 
 def main():

@@ -6,6 +6,7 @@
 #include "io/model_config.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -1036,7 +1037,75 @@ void read_llama4(const Fields& f, const FamilyDefaults& defaults, ModelConfig* c
   }
 }
 
-// quantization_config: DeepSeek-V3's block-scaled fp8 (e4m3) format, and GPT-OSS's MXFP4 experts.
+// bits and group_size, shared by GPTQ and AWQ.
+void read_int4_groups(const Fields& p, std::string_view method, PackedInt4Quantization* q) {
+  const int64_t bits = p.integer("bits");
+  if (bits != 4) p.fail("bits", "only 4-bit ", method, " is supported, found ", bits);
+  const int64_t group_size = p.integer("group_size", 128);
+  // -1: one group over all of a row's inputs.
+  q->group_size = group_size == -1 ? 0 : p.check_size("group_size", group_size, kMaxDim);
+}
+
+// modules_to_not_convert: null or a list of names. The tensors say which modules are quantised.
+void check_module_list(const Fields& p, const char* key) {
+  const json* list = p.find(key);
+  if (!list) return;
+  if (!list->is_array()) p.fail(key, "must be a list of module names, found ", list->type_name());
+  for (const json& name : *list) {
+    if (!name.is_string()) p.fail(key, "must hold module names, found ", name.type_name());
+  }
+}
+
+// quant_method gptq as AutoGPTQ, GPTQModel and transformers' GPTQConfig write it.
+PackedInt4Quantization read_gptq(const Fields& p) {
+  PackedInt4Quantization q{.packing = Int4Packing::kGptq};
+  read_int4_groups(p, "gptq", &q);
+  q.desc_act = p.boolean("desc_act", false);
+  q.sym = p.boolean("sym", true);
+  // transformers and AutoGPTQ name the layout checkpoint_format, GPTQModel also format.
+  const std::optional<std::string> checkpoint_format = p.opt_string("checkpoint_format");
+  const std::optional<std::string> format = p.opt_string("format");
+  if (checkpoint_format && format && *checkpoint_format != *format)
+    p.fail("format", "is '", *format, "' but checkpoint_format is '", *checkpoint_format, "'");
+  const std::string layout = checkpoint_format.value_or(format.value_or("gptq"));
+  if (layout == "gptq") {
+    q.zero_minus_one = true;
+  } else if (layout != "gptq_v2") {
+    p.fail(checkpoint_format ? "checkpoint_format" : "format", "unsupported GPTQ layout '", layout,
+           "'; supported: gptq, gptq_v2 (re-save the checkpoint in one of them)");
+  }
+  const std::string pack_dtype = p.opt_string("pack_dtype").value_or("int32");
+  if (pack_dtype != "int32")
+    p.fail("pack_dtype", "codes packed in ", pack_dtype, " are not supported; supported: int32");
+  // GPTQModel's per-module overrides can change bits or groups module by module.
+  if (const json* dynamic = p.find("dynamic"); dynamic && !dynamic->empty())
+    p.fail("dynamic", "per-module overrides are not supported");
+  check_module_list(p, "modules_to_not_convert");
+  return q;
+}
+
+// quant_method awq in AutoAWQ's gemm layout (what transformers' AwqConfig calls version gemm).
+PackedInt4Quantization read_awq(const Fields& p) {
+  PackedInt4Quantization q{.packing = Int4Packing::kAwq};
+  read_int4_groups(p, "awq", &q);
+  std::string version = p.opt_string("version").value_or("gemm");
+  std::transform(version.begin(), version.end(), version.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (version != "gemm")
+    p.fail("version", "unsupported AWQ version '", version,
+           "'; supported: gemm (the others pack the codes for their own kernels)");
+  const std::string backend = p.opt_string("backend").value_or("autoawq");
+  if (backend != "autoawq")
+    p.fail("backend", "unsupported AWQ backend '", backend, "'; supported: autoawq");
+  if (!p.boolean("zero_point", true))
+    p.fail("zero_point", "is false; only AWQ with zero points (the gemm layout) is supported");
+  q.sym = false;
+  check_module_list(p, "modules_to_not_convert");
+  return q;
+}
+
+// quantization_config: DeepSeek-V3's block-scaled fp8 (e4m3) format, GPT-OSS's MXFP4 experts,
+// and GPTQ / AWQ 4-bit linears.
 void read_quantization(const Fields& f, ModelConfig* cfg) {
   const json* q = f.find("quantization_config");
   if (!q) return;
@@ -1046,14 +1115,26 @@ void read_quantization(const Fields& f, ModelConfig* cfg) {
   if (cfg->family == ModelFamily::kGptOss) {
     if (method != "mxfp4")
       p.fail("quant_method", "unsupported quantization '", method,
-             "' for gpt_oss; supported: mxfp4");
+             "' for gpt_oss; supported: mxfp4",
+             method == "gptq" || method == "awq"
+                 ? " (gptq and awq quantise one linear per expert; gpt_oss stores its experts "
+                   "fused)"
+                 : "");
     // Which experts are stored as blocks the binder reads from the tensors themselves, so
     // modules_to_not_convert needs no interpretation here.
     cfg->mxfp4 = true;
     return;
   }
+  if (method == "gptq" || method == "awq") {
+    if (cfg->family == ModelFamily::kLlama4)
+      p.fail("quant_method", method, " checkpoints of ", cfg->model_type,
+             " are not supported: ", method,
+             " quantises one linear per expert and llama4 stores its experts fused");
+    cfg->packed_int4 = method == "gptq" ? read_gptq(p) : read_awq(p);
+    return;
+  }
   if (method != "fp8")
-    p.fail("quant_method", "unsupported quantization '", method, "'; supported: fp8",
+    p.fail("quant_method", "unsupported quantization '", method, "'; supported: fp8, gptq, awq",
            method == "mxfp4" ? " (mxfp4 is read for gpt_oss checkpoints only)" : "");
   const std::string fmt = p.opt_string("fmt").value_or("e4m3");
   if (fmt != "e4m3") p.fail("fmt", "unsupported fp8 format '", fmt, "'; supported: e4m3");

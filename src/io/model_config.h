@@ -94,6 +94,32 @@ struct Fp8Quantization {
   int64_t block_cols = 128;
 };
 
+// GPTQ (AutoGPTQ, GPTQModel, optimum) and AWQ (AutoAWQ's gemm layout) 4-bit weights. A quantised
+// linear is stored as `<module>.qweight` (eight 4-bit codes an int32), `.qzeros` (one zero point
+// per group and output, packed along the outputs) and `.scales` (float16 [groups, outputs]);
+// GPTQ may add `.g_idx` (int32 [inputs], each input's group). w = (q - zero) * scale. Which
+// linears are quantised the loader reads from the tensors a module has (`.qweight` or
+// `.weight`), so modules_to_not_convert needs no interpretation beyond its type.
+enum class Int4Packing {
+  kGptq,  // qweight [K / 8, N]: codes along the inputs, input 8i + j in nibble j
+  kAwq,   // qweight [K, N / 8]: codes along the outputs in AWQ's order (below)
+};
+
+// quant_method as config.json names it: "gptq" or "awq".
+inline std::string_view quant_method_name(Int4Packing packing) {
+  return packing == Int4Packing::kAwq ? "awq" : "gptq";
+}
+
+struct PackedInt4Quantization {
+  Int4Packing packing = Int4Packing::kGptq;
+  int64_t group_size = 128;  // inputs sharing a scale and zero point; 0: all of a row's inputs
+  // GPTQ's first checkpoint format ("gptq", AutoGPTQ's) stores each zero point minus one;
+  // GPTQModel's "gptq_v2" and AWQ store it as it is.
+  bool zero_minus_one = false;
+  bool desc_act = false;  // GPTQ act-order: the groups come from g_idx, which must be stored
+  bool sym = true;        // as written; the zero points are stored either way
+};
+
 // The experts' activation of GPT-OSS: gate clamped above at `limit`, up clamped to
 // [-limit, limit], then (up + 1) * gate * sigmoid(alpha * gate).
 struct ClampedSwiglu {
@@ -156,6 +182,7 @@ struct ModelConfig {
   // (ERNIE 4.5). MLA has its own flag (MlaConfig::rope_interleave).
   bool rope_interleaved = false;
   std::optional<Fp8Quantization> fp8;     // quantization_config with quant_method fp8
+  std::optional<PackedInt4Quantization> packed_int4;  // quant_method gptq or awq
 
   // Qwen3-Next.
   std::optional<LinearAttentionConfig> linear_attention;  // set when some layer is linear

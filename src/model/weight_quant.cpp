@@ -50,6 +50,11 @@ void check_weight_format(WeightFormat format, const ModelConfig& config, bool cu
   MOE_CHECK(!config.fp8.has_value(), flag,
             ": this checkpoint is already block-scaled fp8 (quantization_config fp8); run it "
             "without --weights, or quantise its bf16 original");
+  if (const auto& packed = config.packed_int4) {
+    const std::string_view method = quant_method_name(packed->packing);
+    MOE_FAIL(flag, ": this checkpoint is already 4-bit ", method, " (quantization_config ", method,
+             "); run it without --weights, or quantise its bf16 original");
+  }
   MOE_CHECK(!config.mxfp4, flag,
             ": this checkpoint's experts are already MXFP4 (quantization_config mxfp4); run it "
             "without --weights, or quantise its bf16 original");

@@ -17,10 +17,10 @@ struct ModelConfig;
 class WeightSource;
 
 // What the routed experts run as. kCheckpoint: as the checkpoint's weights load (block-scaled
-// fp8 and MXFP4 checkpoints are dequantised to bf16 at load, as always).
+// fp8, MXFP4, GPTQ and AWQ checkpoints are dequantised to bf16 at load, as always).
 enum class WeightFormat : uint8_t {
   kCheckpoint,
-  kBf16,  // each routed expert weight rounded to bf16 (a no-op on bf16, fp8 and MXFP4 checkpoints)
+  kBf16,  // each routed expert weight rounded to bf16 (a no-op on bf16 and quantised checkpoints)
   kFp8,   // e4m3 with one float32 scale per 128 x 128 block (DeepSeek-V3's weight_scale_inv)
   kInt4,  // 4-bit codes with a scale and a zero point per group of 128 inputs of a row (GPTQ/AWQ)
 };
@@ -35,8 +35,8 @@ WeightFormat parse_weight_format(std::string_view text);
 
 // Refuses --weights on the GPU (its fp8 and int4 expert kernels are not built yet; bf16 is
 // --dtype bfloat16 there)
-// and on a checkpoint whose experts are already quantised (block-scaled fp8, MXFP4), naming the
-// flag and the checkpoint's format.
+// and on a checkpoint whose experts are already quantised (block-scaled fp8, MXFP4, GPTQ, AWQ),
+// naming the flag and the checkpoint's format.
 void check_weight_format(WeightFormat format, const ModelConfig& config, bool cuda);
 
 // Replaces each routed expert's gate, up and down view of every MoE layer by its quantised

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "model/packed_int4.h"
 
 namespace moeinfer {
 
@@ -13,6 +14,12 @@ TensorView WeightSource::tensor(const std::string& name, const Shape& shape) con
 }
 
 TensorView WeightSource::matrix(const std::string& name, const Shape& shape) {
+  if (packed_int4_ && name.ends_with(".weight")) {
+    const std::string module = name.substr(0, name.size() - std::string_view(".weight").size());
+    if (store_.has(module + ".qweight")) return packed_int4_matrix(module, shape);
+    MOE_CHECK(store_.has(name), store_.dir().string(), ": linear '", module, "' has neither '",
+              name, "' nor the quantised '", module, ".qweight'");
+  }
   const TensorEntry& entry = store_.entry(name);
   if (entry.dtype != DType::kF8E4M3) return store_.require(name, shape);
   MOE_CHECK(fp8_.has_value(), store_.file_of(name), ": tensor '", name,
@@ -30,6 +37,57 @@ TensorView WeightSource::matrix(const std::string& name, const Shape& shape) {
   std::vector<uint16_t>& out = dequantized_.emplace_back(static_cast<size_t>(rows * cols));
   dequantize_fp8_blocks(static_cast<const uint8_t*>(q.data), static_cast<const float*>(scale.data),
                         rows, cols, fp8_->block_rows, fp8_->block_cols, out.data());
+  return TensorView{.dtype = DType::kBF16, .shape = shape, .data = out.data()};
+}
+
+TensorView WeightSource::packed_int4_matrix(const std::string& module, const Shape& shape) {
+  const PackedInt4Quantization& quant = *packed_int4_;
+  const bool gptq = quant.packing == Int4Packing::kGptq;
+  const std::string where = store_.dir().string() + ": " +
+                            std::string(quant_method_name(quant.packing)) + " linear '" + module +
+                            "'";
+  MOE_CHECK(shape.rank() == 2, where, ": expected a matrix, the binder asked for ", shape.str());
+  const int64_t N = shape[0], K = shape[1];
+  MOE_CHECK(N % 8 == 0, where, ": ", N, " outputs do not pack into whole int32 words of qzeros",
+            gptq ? "" : " and qweight");
+  MOE_CHECK(!gptq || K % 8 == 0, where, ": ", K,
+            " inputs do not pack into whole int32 words of qweight");
+  const int64_t group_size = quant.group_size == 0 ? K : quant.group_size;
+  MOE_CHECK(K % group_size == 0, where, ": group_size ", group_size, " does not divide its ", K,
+            " inputs");
+  const int64_t G = K / group_size;
+  static constexpr DType kI32[] = {DType::kI32};
+  for (const char* part : {".qzeros", ".scales"}) {
+    MOE_CHECK(store_.has(module + part), where, " has a qweight but no '", module, part, "'");
+  }
+  const TensorView qweight =
+      store_.require(module + ".qweight", gptq ? Shape{K / 8, N} : Shape{K, N / 8}, kI32);
+  const TensorView qzeros = store_.require(module + ".qzeros", {G, N / 8}, kI32);
+  const TensorView scales = store_.require(module + ".scales", {G, N});
+  std::vector<float> scales_f32(static_cast<size_t>(G * N));
+  convert_to_f32(scales.dtype, scales.data, scales_f32.data(), scales_f32.size());
+
+  const int32_t* g_idx = nullptr;
+  const std::string g_idx_name = module + ".g_idx";
+  if (gptq && store_.has(g_idx_name)) {
+    g_idx = static_cast<const int32_t*>(store_.require(g_idx_name, {K}, kI32).data);
+    for (int64_t k = 0; k < K; ++k) {
+      MOE_CHECK(g_idx[k] >= 0 && g_idx[k] < G, where, ": '", g_idx_name, "' puts input ", k,
+                " in group ", g_idx[k], ", outside the ", G, " groups of its scales");
+    }
+  } else {
+    MOE_CHECK(!quant.desc_act || !gptq, where, ": desc_act is true but the checkpoint has no '",
+              g_idx_name, "'");
+  }
+  std::vector<uint16_t>& out = dequantized_.emplace_back(static_cast<size_t>(N * K));
+  dequantize_packed_int4(PackedInt4Linear{.qweight = static_cast<const int32_t*>(qweight.data),
+                                          .qzeros = static_cast<const int32_t*>(qzeros.data),
+                                          .scales = scales_f32.data(),
+                                          .g_idx = g_idx,
+                                          .num_rows = N,
+                                          .num_cols = K,
+                                          .group_size = group_size},
+                         quant.packing, quant.zero_minus_one, out.data());
   return TensorView{.dtype = DType::kBF16, .shape = shape, .data = out.data()};
 }
 

@@ -1,8 +1,9 @@
 // Hands checkpoint tensors to the family binders. Tensors are views into the memory map, except
-// block-scaled fp8 matrices (DeepSeek-V3's format) and MXFP4 experts (GPT-OSS's), which are
-// dequantised once at load into bf16 buffers owned here (the CPU matrix products take f32, bf16
-// or f16 weights); matrices stored [in, out] (Llama 4's stacked experts), copied once at load to
-// the [out, in] the products take; and weights a binder lays out anew in buffers of allocate().
+// block-scaled fp8 matrices (DeepSeek-V3's format), MXFP4 experts (GPT-OSS's) and GPTQ / AWQ
+// 4-bit linears, which are dequantised once at load into bf16 buffers owned here (the CPU matrix
+// products take f32, bf16 or f16 weights); matrices stored [in, out] (Llama 4's stacked experts),
+// copied once at load to the [out, in] the products take; and weights a binder lays out anew in
+// buffers of allocate().
 #pragma once
 
 #include <cstddef>
@@ -19,7 +20,7 @@ namespace moeinfer {
 class WeightSource {
  public:
   WeightSource(const WeightStore& store, const ModelConfig& config)
-      : store_(store), fp8_(config.fp8) {}
+      : store_(store), fp8_(config.fp8), packed_int4_(config.packed_int4) {}
   WeightSource(const WeightSource&) = delete;
   WeightSource& operator=(const WeightSource&) = delete;
 
@@ -29,7 +30,9 @@ class WeightSource {
   // A tensor used as stored (norm weights, biases, embeddings, routers).
   TensorView tensor(const std::string& name, const Shape& shape) const;
   // A linear layer's [N, K] weight. With fp8 quantization a F8_E4M3 weight and its
-  // `<name>_scale_inv` [ceil(N/rows), ceil(K/cols)] are dequantised to bf16.
+  // `<name>_scale_inv` [ceil(N/rows), ceil(K/cols)] are dequantised to bf16. With GPTQ or AWQ
+  // quantization a `<module>.weight` stored as `<module>.qweight`, `.qzeros`, `.scales` (and
+  // GPTQ's `.g_idx`) is dequantised to bf16; one stored as `.weight` is used as stored.
   TensorView matrix(const std::string& name, const Shape& shape);
   // MXFP4 matrices stacked per expert, [E, N, K] in bf16, from `<name>_blocks` (uint8
   // [E, N, K / 32, 16]) and `<name>_scales` (uint8 [E, N, K / 32]). Row n of each expert lands
@@ -45,8 +48,12 @@ class WeightSource {
   size_t transposed_bytes() const;
 
  private:
+  // `<module>.weight` [N, K] from the module's GPTQ or AWQ tensors, their shapes checked.
+  TensorView packed_int4_matrix(const std::string& module, const Shape& shape);
+
   const WeightStore& store_;
   std::optional<Fp8Quantization> fp8_;
+  std::optional<PackedInt4Quantization> packed_int4_;
   std::deque<std::vector<uint16_t>> dequantized_;  // stable addresses for the views
   std::deque<std::vector<std::byte>> allocated_;
   std::deque<std::vector<std::byte>> transposed_;

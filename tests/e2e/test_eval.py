@@ -208,7 +208,9 @@ def main() -> int:
             refused(moeinfer, [*base, "--device", "cuda", "--weights", fmt],
                     f"the GPU kernels for {kind} experts are not built yet")
             for fixture, stored in [("deepseek_v3_fp8", "already block-scaled fp8"),
-                                    ("gpt_oss_mxfp4", "already MXFP4")]:
+                                    ("gpt_oss_mxfp4", "already MXFP4"),
+                                    ("qwen3_moe_gptq", "already 4-bit gptq"),
+                                    ("qwen2_moe_awq", "already 4-bit awq")]:
                 refused(moeinfer, ["logits", "--model", str(models / fixture), "--ids", "1,2",
                                    "--out", npy, "--weights", fmt], f"--weights {fmt}: ")
                 refused(moeinfer, ["eval", "--model", str(models / fixture), "--text-file",

@@ -68,7 +68,7 @@ TEST(DeepseekConfig, Fp8QuantizationConfig) {
   const ModelConfig c = parse_model_config(j.dump(), "config.json");
   ASSERT_TRUE(c.fp8.has_value());
   EXPECT_EQ(c.fp8->block_rows, 128);
-  j["quantization_config"]["quant_method"] = "gptq";
+  j["quantization_config"]["quant_method"] = "bitsandbytes";
   EXPECT_NE(error_of(j).find("quantization_config.quant_method"), std::string::npos);
 }
 
