@@ -131,20 +131,24 @@ inline void replay_gpu_routing(const moe::Routing& gpu, const float* logits,
 
 // Runs the schedule on both decoders and compares every logits row.
 // weight_dtype: how a float32 model's weights go to the GPU (GpuOptions::weight_dtype).
-inline ConfigResult compare_gpu_with_cpu(
-    const testing::RandomModel& m, uint64_t schedule_seed, bool deterministic,
-    GpuWeightDtype weight_dtype = GpuWeightDtype::kCheckpoint) {
-  const ModelConfig& c = m.config;
+// kv_dtype: kFP8 gives both decoders fp8 KV rows (the CPU pool's kv_format encoder is the
+// GPU's oracle); anything else the GPU's bf16 rows against the CPU's float32 ones.
+inline ConfigResult compare_gpu_with_cpu(const ModelConfig& c, const DecoderWeights& weights,
+                                         uint64_t schedule_seed, bool deterministic,
+                                         GpuWeightDtype weight_dtype = GpuWeightDtype::kCheckpoint,
+                                         KvDType kv_dtype = KvDType::kBF16) {
   const int64_t V = c.vocab_size;
   std::mt19937_64 rng(schedule_seed);
   const int64_t block_size = std::vector<int64_t>{8, 16, 32}[rng() % 3];
   const testing::Schedule schedule = testing::make_schedule(V, schedule_seed, block_size);
 
-  Decoder cpu(c, m.weights);
+  const bool fp8 = kv_dtype == KvDType::kFP8;
+  Decoder cpu(c, weights);
   const int64_t key_width = c.mla ? c.mla->cache_width() : c.kv_dim();
   const int64_t value_width = c.mla ? 0 : c.kv_dim();
-  KvBlockPool pool(c.num_layers, key_width, value_width, block_size, schedule.num_blocks);
-  auto gpu = GpuDecoder::create(c, m.weights,
+  KvBlockPool pool(c.num_layers, key_width, value_width, block_size, schedule.num_blocks,
+                   fp8 ? kv_pool_layout(c, 0, KvDType::kFP8) : KvPoolLayout{});
+  auto gpu = GpuDecoder::create(c, weights,
                                 GpuOptions{.weight_dtype = weight_dtype,
                                            .max_batch_tokens = 64,
                                            .max_num_seqs = 4,
@@ -152,6 +156,7 @@ inline ConfigResult compare_gpu_with_cpu(
                                            .block_size = block_size,
                                            .num_kv_blocks = schedule.num_blocks,
                                            .quiet = true,
+                                           .kv_dtype = fp8 ? KvDType::kFP8 : KvDType::kBF16,
                                            .deterministic = deterministic});
   ConfigResult result;
   std::map<int64_t, moe::Routing> gpu_routing;  // this step's, by layer
@@ -186,6 +191,13 @@ inline ConfigResult compare_gpu_with_cpu(
     }
   }
   return result;
+}
+
+inline ConfigResult compare_gpu_with_cpu(
+    const testing::RandomModel& m, uint64_t schedule_seed, bool deterministic,
+    GpuWeightDtype weight_dtype = GpuWeightDtype::kCheckpoint, KvDType kv_dtype = KvDType::kBF16) {
+  return compare_gpu_with_cpu(m.config, m.weights, schedule_seed, deterministic, weight_dtype,
+                              kv_dtype);
 }
 
 }  // namespace moeinfer::testing
