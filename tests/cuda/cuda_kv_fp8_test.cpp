@@ -12,7 +12,8 @@
 //   decoder  the GPU decoder with fp8 rows against the CPU decoder with --kv-dtype fp8 on every
 //            GQA fixture the GPU runs and on random GQA models, over the sweep's scripted
 //            steps (prefill, chunked prefill, graph-replayed decode): relative logit error per
-//            route <= 2e-2, the GPU parity bound, and no routing mismatch (near-ties replayed)
+//            route <= 2e-2 (the GPU parity bound) + the CPU's own fp8-vs-f32 error, no routing
+//            mismatch under wider ties (expect_fp8_parity says why), the pool the fp8 one
 // Host-side (no GPU needed): the launchers refuse mixed or unsupported fp8 arguments by name.
 // Kernel tests are registered only where a CUDA device is visible; seeds are printed.
 #if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
@@ -506,17 +507,44 @@ void decode_over_fp8(const DecodeCase& c, bool tensor_cores) {
 
 constexpr double kMaxRelError = 2e-2;  // the GPU parity bound (cuda_parity_test.cpp)
 
-void expect_parity(const testing::ConfigResult& r, const std::string& what) {
+// The GPU's fp8 run against the CPU's. The two encode keys and values that differ by the GPU's
+// bf16 rounding upstream (its parity error), and e4m3 has 8 codes per binade: where a value lies
+// that close to the midpoint of two codes, the devices pick neighbouring codes, an error of one
+// code step (6 to 12% of the value) in that element. So the logits differ by the parity error
+// plus a share of fp8 rounding's own effect, which on the CPU (fp8 rows against float32 rows, the
+// same steps) is 1e-2 to 1e-1 of the logits on the fixtures and random models: the bare parity
+// bound cannot hold. Per route the test asserts
+//   rel(GPU fp8, CPU fp8) <= 2e-2 + rel(CPU fp8, CPU f32)
+// with no routing mismatch, ties being kFp8RoutingTieScale times wider than the sweep's. A CPU
+// simulation of the GPU (the same model with its weights moved by 2^-9 to 2^-7 relative noise,
+// parity errors of 4e-3 to 2e-2) held both on 189 of 189 random GQA configurations; with the
+// sweep's ties, 19 of 126 had routing mismatches. The GPU pool must also be the fp8 one: its bytes
+// per token are gpu_kv_bytes_per_token's at kFP8. The distance to the CPU's float32 run is printed.
+void expect_fp8_parity(const ModelConfig& config, const testing::ConfigResult& r,
+                       const std::string& what) {
   ASSERT_GT(r.positions, 0) << what << ": no logits rows compared";
+  EXPECT_EQ(r.gpu_kv_bytes_per_token,
+            gpu_kv_bytes_per_token(config, decode_padded_head_dim(config.head_dim), 0,
+                                   KvDType::kFP8))
+      << what << ": the GPU pool is not the fp8 one";
+  testing::RouteError to_f32;
+  for (const testing::RouteError& e : r.unrounded) {
+    to_f32.diff += e.diff;
+    to_f32.norm += e.norm;
+  }
   std::printf(
-      "%s: %lld positions, rel error prefill %.3e chunked %.3e decode %.3e, top-1 %lld/%lld, "
-      "near-tie routes %lld/%lld\n",
+      "%s: %lld positions; GPU fp8 vs CPU fp8 %.3e %.3e %.3e (prefill chunked decode), vs CPU "
+      "f32 %.3e; CPU fp8 vs f32 %.3e %.3e %.3e; top-1 %lld/%lld, near-tie routes %lld/%lld\n",
       what.c_str(), static_cast<long long>(r.positions), r.routes[0].rel(), r.routes[1].rel(),
-      r.routes[2].rel(), static_cast<long long>(r.same_top1), static_cast<long long>(r.positions),
-      static_cast<long long>(r.near_ties), static_cast<long long>(r.routed));
-  EXPECT_LE(r.worst(), kMaxRelError) << what << ": rel error prefill " << r.routes[0].rel()
-                                     << " chunked " << r.routes[1].rel() << " decode "
-                                     << r.routes[2].rel();
+      r.routes[2].rel(), to_f32.rel(), r.cpu_rounding[0].rel(), r.cpu_rounding[1].rel(),
+      r.cpu_rounding[2].rel(), static_cast<long long>(r.same_top1),
+      static_cast<long long>(r.positions), static_cast<long long>(r.near_ties),
+      static_cast<long long>(r.routed));
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_LE(r.routes[i].rel(), kMaxRelError + r.cpu_rounding[i].rel())
+        << what << " route " << testing::route_name(static_cast<testing::ScheduleRoute>(i))
+        << ": CPU fp8 vs f32 " << r.cpu_rounding[i].rel();
+  }
   EXPECT_EQ(r.routing_mismatches, 0) << what << ": " << r.first_mismatch;
 }
 
@@ -531,7 +559,7 @@ void fixtures_match_cpu_fp8() {
     const testing::ConfigResult r = testing::compare_gpu_with_cpu(
         model->config(), model->decoder().weights(), fresh_seed() ^ 0xf8f8, false,
         GpuWeightDtype::kCheckpoint, KvDType::kFP8);
-    expect_parity(r, name);
+    expect_fp8_parity(model->config(), r, name);
     ++run;
   }
   EXPECT_GE(run, 8) << "GQA fixtures missing under " << testing_support::kModelFixtures;
@@ -547,7 +575,8 @@ void random_model_matches_cpu_fp8(ModelFamily family, bool deterministic) {
   }
   const testing::ConfigResult r = testing::compare_gpu_with_cpu(
       model, seed ^ 0x5eed, deterministic, GpuWeightDtype::kCheckpoint, KvDType::kFP8);
-  expect_parity(r, std::string(family_name(family)) + (deterministic ? " deterministic" : ""));
+  expect_fp8_parity(model.config, r,
+                    std::string(family_name(family)) + (deterministic ? " deterministic" : ""));
 }
 
 [[maybe_unused]] const bool kRegistered = [] {

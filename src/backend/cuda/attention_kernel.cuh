@@ -161,13 +161,15 @@ __global__ void __launch_bounds__(attn::kDecodeThreads)
         const int t = t0 + u * kRowsPerPass;
         k_vec[u] = make_uint4(0, 0, 0, 0);
         if (t < n) {
-          const int64_t row = attn::kv_head_row(p, b, start + t, kvh);
+          const int64_t head_row = attn::kv_head_row(p, b, start + t, kvh);
           if constexpr (kFp8) {
             const uint2 codes =
-                __ldg(reinterpret_cast<const uint2*>(p.k_codes + row * D) + lane_in_row);
-            k_vec[u] = make_uint4(codes.x, codes.y, __float_as_uint(__ldg(p.k_scales + row)), 0);
+                __ldg(reinterpret_cast<const uint2*>(p.k_codes + head_row * D) + lane_in_row);
+            k_vec[u] =
+                make_uint4(codes.x, codes.y, __float_as_uint(__ldg(p.k_scales + head_row)), 0);
           } else {
-            k_vec[u] = __ldg(reinterpret_cast<const uint4*>(p.k_cache + row * D) + lane_in_row);
+            k_vec[u] =
+                __ldg(reinterpret_cast<const uint4*>(p.k_cache + head_row * D) + lane_in_row);
           }
         }
       }
@@ -229,14 +231,14 @@ __global__ void __launch_bounds__(attn::kDecodeThreads)
     const int rows = min(kDecodeVTile, n - v0);
     for (int c = tid; c < rows * kLanes; c += kDecodeThreads) {
       const int r = c / kLanes, ch = c % kLanes;
-      const int64_t row = attn::kv_head_row(p, b, start + v0 + r, kvh);
+      const int64_t head_row = attn::kv_head_row(p, b, start + v0 + r, kvh);
       if constexpr (kFp8) {
         reinterpret_cast<uint2*>(s_v8 + r * D)[ch] =
-            __ldg(reinterpret_cast<const uint2*>(p.v_codes + row * D) + ch);
-        if (ch == 0) s_v_scale[r] = __ldg(p.v_scales + row);
+            __ldg(reinterpret_cast<const uint2*>(p.v_codes + head_row * D) + ch);
+        if (ch == 0) s_v_scale[r] = __ldg(p.v_scales + head_row);
       } else {
         reinterpret_cast<uint4*>(s_v + r * D)[ch] =
-            __ldg(reinterpret_cast<const uint4*>(p.v_cache + row * D) + ch);
+            __ldg(reinterpret_cast<const uint4*>(p.v_cache + head_row * D) + ch);
       }
     }
     __syncthreads();
