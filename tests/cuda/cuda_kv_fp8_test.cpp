@@ -118,18 +118,28 @@ TEST(CudaKvFp8Checks, WritersRefuseMixedRowTypesAndWideHeads) {
                                     "fp8 KV rows are written for head dims up to 256");
   testing_util::expect_error_naming(
       [&] {
-        kv_cache_write_fp8({.src = fake<__nv_bfloat16>(0x1000), .codes = fake<uint8_t>(0x2000),
-                            .scales = fake<float>(0x3000), .slots = fake<const int32_t>(0x4000),
-                            .num_tokens = 2, .num_heads = 2, .head_width = 64, .src_stride = 100,
+        kv_cache_write_fp8({.src = fake<__nv_bfloat16>(0x1000),
+                            .codes = fake<uint8_t>(0x2000),
+                            .scales = fake<float>(0x3000),
+                            .slots = fake<const int32_t>(0x4000),
+                            .num_tokens = 2,
+                            .num_heads = 2,
+                            .head_width = 64,
+                            .src_stride = 100,
                             .num_slots = 8},
                            nullptr);
       },
       "src_stride = 100");
   testing_util::expect_error_naming(
       [&] {
-        kv_cache_write_fp8({.src = fake<__nv_bfloat16>(0x1000), .codes = nullptr,
-                            .scales = fake<float>(0x3000), .slots = fake<const int32_t>(0x4000),
-                            .num_tokens = 2, .num_heads = 2, .head_width = 64, .src_stride = 128,
+        kv_cache_write_fp8({.src = fake<__nv_bfloat16>(0x1000),
+                            .codes = nullptr,
+                            .scales = fake<float>(0x3000),
+                            .slots = fake<const int32_t>(0x4000),
+                            .num_tokens = 2,
+                            .num_heads = 2,
+                            .head_width = 64,
+                            .src_stride = 128,
                             .num_slots = 8},
                            nullptr);
       },
@@ -255,8 +265,7 @@ void attention_inputs_encode_as_cpu(const InputsShape& s) {
   DeviceBuffer<float> d_freq(inv_freq);
   const int64_t q_elems = s.T * s.Nq * s.Dp, kv_elems = s.T * s.Nkv * s.Dp;
   const int64_t cache_elems = num_slots * s.Nkv * s.Dp, scale_elems = num_slots * s.Nkv;
-  DeviceBuffer<uint16_t> q1(q_elems), k1(kv_elems), v1(kv_elems), kc(cache_elems),
-      vc(cache_elems);
+  DeviceBuffer<uint16_t> q1(q_elems), k1(kv_elems), v1(kv_elems), kc(cache_elems), vc(cache_elems);
   DeviceBuffer<uint16_t> q2(q_elems), k2(kv_elems), v2(kv_elems);
   DeviceBuffer<uint8_t> k_codes(cache_elems), v_codes(cache_elems);
   DeviceBuffer<float> k_scales(scale_elems), v_scales(scale_elems);
@@ -266,16 +275,28 @@ void attention_inputs_encode_as_cpu(const InputsShape& s) {
   k_scales.poison();
   v_scales.poison();
 
-  AttentionInputsParams p{.qkv = d_qkv.as_bf16(), .qkv_stride = Nqkv, .positions = d_pos.get(),
+  AttentionInputsParams p{.qkv = d_qkv.as_bf16(),
+                          .qkv_stride = Nqkv,
+                          .positions = d_pos.get(),
                           .inv_freq = d_freq.get(),
                           .q_norm = s.norm ? d_qn.as_bf16() : nullptr,
-                          .k_norm = s.norm ? d_kn.as_bf16() : nullptr, .eps = 1e-6f,
-                          .slots = d_slots.get(), .k_cache = kc.as_bf16(),
-                          .v_cache = vc.as_bf16(), .num_slots = num_slots,
-                          .q_out = q1.as_bf16(), .k_out = k1.as_bf16(), .v_out = v1.as_bf16(),
-                          .num_tokens = s.T, .num_q_heads = s.Nq, .num_kv_heads = s.Nkv,
-                          .head_dim = s.D, .padded_head_dim = s.Dp, .rotary_dim = s.D,
-                          .attention_scaling = 0.9f, .interleaved = s.interleaved};
+                          .k_norm = s.norm ? d_kn.as_bf16() : nullptr,
+                          .eps = 1e-6f,
+                          .slots = d_slots.get(),
+                          .k_cache = kc.as_bf16(),
+                          .v_cache = vc.as_bf16(),
+                          .num_slots = num_slots,
+                          .q_out = q1.as_bf16(),
+                          .k_out = k1.as_bf16(),
+                          .v_out = v1.as_bf16(),
+                          .num_tokens = s.T,
+                          .num_q_heads = s.Nq,
+                          .num_kv_heads = s.Nkv,
+                          .head_dim = s.D,
+                          .padded_head_dim = s.Dp,
+                          .rotary_dim = s.D,
+                          .attention_scaling = 0.9f,
+                          .interleaved = s.interleaved};
   attention_inputs(p, nullptr);
   p.k_cache = p.v_cache = nullptr;
   p.k_codes = k_codes.get();
@@ -346,9 +367,15 @@ void kv_write_encodes_as_cpu(int64_t T, int64_t num_heads, int64_t width, int64_
   DeviceBuffer<float> scales(num_slots * num_heads);
   codes.poison();
   scales.poison();
-  kv_cache_write_fp8({.src = d_src.as_bf16(), .codes = codes.get(), .scales = scales.get(),
-                      .slots = d_slots.get(), .num_tokens = T, .num_heads = num_heads,
-                      .head_width = width, .src_stride = stride, .num_slots = num_slots,
+  kv_cache_write_fp8({.src = d_src.as_bf16(),
+                      .codes = codes.get(),
+                      .scales = scales.get(),
+                      .slots = d_slots.get(),
+                      .num_tokens = T,
+                      .num_heads = num_heads,
+                      .head_width = width,
+                      .src_stride = stride,
+                      .num_slots = num_slots,
                       .write_back = true},
                      nullptr);
   testing_util::synchronize();
@@ -413,8 +440,10 @@ void decode_over_fp8(const DecodeCase& c, bool tensor_cores) {
       for (auto& x : head) x = normal(rng) * factor;
       const CpuRow enc = cpu_encode(head.data(), c.D);
       (plane == 0 ? k_scales : v_scales)[r] = enc.scale;
-      std::copy(enc.codes.begin(), enc.codes.end(), (plane == 0 ? k_codes : v_codes).begin() + r * c.D);
-      std::copy(enc.decoded.begin(), enc.decoded.end(), (plane == 0 ? k_ref : v_ref).begin() + r * c.D);
+      std::copy(enc.codes.begin(), enc.codes.end(),
+                (plane == 0 ? k_codes : v_codes).begin() + r * c.D);
+      std::copy(enc.decoded.begin(), enc.decoded.end(),
+                (plane == 0 ? k_ref : v_ref).begin() + r * c.D);
     }
   }
   auto slot_row = [&](int64_t b, int64_t t) {  // (slot, head 0) row of position t of sequence b
@@ -493,8 +522,8 @@ void decode_over_fp8(const DecodeCase& c, bool tensor_cores) {
       // values' size; the tensor-core kernel rounds P and the decoded K and V to bf16, whose
       // error is bounded by a few 2^-9 of sum_t p_t |v_t|.
       for (int64_t d = 0; d < c.D; ++d) {
-        const double spread = count > 0 ? magnitude[d] / std::sqrt(static_cast<double>(count))
-                                        : 1e-6;
+        const double spread =
+            count > 0 ? magnitude[d] / std::sqrt(static_cast<double>(count)) : 1e-6;
         bound[(b * c.Nq + h) * c.D + d] =
             tensor_cores ? std::max(spread, magnitude[d]) : std::max(spread, 1e-6);
       }
@@ -523,9 +552,9 @@ constexpr double kMaxRelError = 2e-2;  // the GPU parity bound (cuda_parity_test
 void expect_fp8_parity(const ModelConfig& config, const testing::ConfigResult& r,
                        const std::string& what) {
   ASSERT_GT(r.positions, 0) << what << ": no logits rows compared";
-  EXPECT_EQ(r.gpu_kv_bytes_per_token,
-            gpu_kv_bytes_per_token(config, decode_padded_head_dim(config.head_dim), 0,
-                                   KvDType::kFP8))
+  EXPECT_EQ(
+      r.gpu_kv_bytes_per_token,
+      gpu_kv_bytes_per_token(config, decode_padded_head_dim(config.head_dim), 0, KvDType::kFP8))
       << what << ": the GPU pool is not the fp8 one";
   testing::RouteError to_f32;
   for (const testing::RouteError& e : r.unrounded) {
@@ -581,25 +610,25 @@ void random_model_matches_cpu_fp8(ModelFamily family, bool deterministic) {
 
 [[maybe_unused]] const bool kRegistered = [] {
   if (!testing_util::cuda_device_present("fp8 KV")) return false;
-  const InputsShape inputs[] = {{1, 32, 4, 128, 128, true, false},  {37, 32, 4, 128, 128, true, false},
-                                {19, 4, 2, 16, 64, true, false},    {19, 4, 4, 8, 64, false, false},
-                                {5, 16, 16, 64, 64, false, true},   {3, 8, 2, 256, 256, true, false},
-                                {99, 8, 2, 80, 128, true, true}};
+  const InputsShape inputs[] = {
+      {1, 32, 4, 128, 128, true, false}, {37, 32, 4, 128, 128, true, false},
+      {19, 4, 2, 16, 64, true, false},   {19, 4, 4, 8, 64, false, false},
+      {5, 16, 16, 64, 64, false, true},  {3, 8, 2, 256, 256, true, false},
+      {99, 8, 2, 80, 128, true, true}};
   for (const InputsShape& s : inputs) {
     const std::string name = "AttentionInputs_T" + std::to_string(s.T) + "_Nq" +
                              std::to_string(s.Nq) + "_Nkv" + std::to_string(s.Nkv) + "_D" +
                              std::to_string(s.D) + "_Dp" + std::to_string(s.Dp) +
                              (s.norm ? "_Norm" : "") + (s.interleaved ? "_Interleaved" : "");
-    testing_util::register_kernel_test("CudaKvFp8Write", name,
-                                       [s] { attention_inputs_encode_as_cpu(s); }, __FILE__,
-                                       __LINE__);
+    testing_util::register_kernel_test(
+        "CudaKvFp8Write", name, [s] { attention_inputs_encode_as_cpu(s); }, __FILE__, __LINE__);
   }
   struct WriteShape {
     int64_t T, heads, width, stride;
   };
-  for (const WriteShape& w : {WriteShape{1, 4, 128, 512}, WriteShape{19, 2, 64, 136},
-                              WriteShape{99, 3, 80, 400}, WriteShape{5, 1, 1000, 1000},
-                              WriteShape{37, 8, 256, 3 * 8 * 256}}) {
+  for (const WriteShape& w :
+       {WriteShape{1, 4, 128, 512}, WriteShape{19, 2, 64, 136}, WriteShape{99, 3, 80, 400},
+        WriteShape{5, 1, 1000, 1000}, WriteShape{37, 8, 256, 3 * 8 * 256}}) {
     const std::string name = "KvCacheWrite_T" + std::to_string(w.T) + "_H" +
                              std::to_string(w.heads) + "_W" + std::to_string(w.width) + "_S" +
                              std::to_string(w.stride);
@@ -625,18 +654,24 @@ void random_model_matches_cpu_fp8(ModelFamily family, bool deterministic) {
   for (const Dc& d : decode_cases) {
     for (bool tc : {true, false}) {
       const DecodeCase c = d.c;
-      testing_util::register_kernel_test("CudaKvFp8Decode",
-                                         std::string(d.name) + (tc ? "_TensorCores" : "_CudaCores"),
-                                         [c, tc] { decode_over_fp8(c, tc); }, __FILE__, __LINE__);
+      testing_util::register_kernel_test(
+          "CudaKvFp8Decode", std::string(d.name) + (tc ? "_TensorCores" : "_CudaCores"),
+          [c, tc] { decode_over_fp8(c, tc); }, __FILE__, __LINE__);
     }
   }
   // Fixed chunks (--deterministic) through the workspace and the combine kernel: tensor cores.
   testing_util::register_kernel_test(
       "CudaKvFp8Decode", "Chunk256_B3_Odd_G4_D128_TensorCores",
-      [] { decode_over_fp8({{989, 1, 257}, 8, 2, 128, 16, 0, 256}, true); }, __FILE__, __LINE__);
+      [] {
+        decode_over_fp8({{989, 1, 257}, 8, 2, 128, 16, 0, 256}, true);
+      },
+      __FILE__, __LINE__);
   testing_util::register_kernel_test(
       "CudaKvFp8Decode", "Chunk64_Win300_B2_G24_D64_TensorCores",
-      [] { decode_over_fp8({{989, 300}, 24, 1, 64, 16, 300, 64}, true); }, __FILE__, __LINE__);
+      [] {
+        decode_over_fp8({{989, 300}, 24, 1, 64, 16, 300, 64}, true);
+      },
+      __FILE__, __LINE__);
 
   testing_util::register_kernel_test("CudaKvFp8Decoder", "GqaFixturesMatchTheCpuFp8Cache",
                                      fixtures_match_cpu_fp8, __FILE__, __LINE__);

@@ -224,9 +224,10 @@ inline ConfigResult compare_gpu_with_cpu(const ModelConfig& c, const DecoderWeig
   return result;
 }
 
-inline ConfigResult compare_gpu_with_cpu(
-    const testing::RandomModel& m, uint64_t schedule_seed, bool deterministic,
-    GpuWeightDtype weight_dtype = GpuWeightDtype::kCheckpoint, KvDType kv_dtype = KvDType::kBF16) {
+inline ConfigResult compare_gpu_with_cpu(const testing::RandomModel& m, uint64_t schedule_seed,
+                                         bool deterministic,
+                                         GpuWeightDtype weight_dtype = GpuWeightDtype::kCheckpoint,
+                                         KvDType kv_dtype = KvDType::kBF16) {
   return compare_gpu_with_cpu(m.config, m.weights, schedule_seed, deterministic, weight_dtype,
                               kv_dtype);
 }

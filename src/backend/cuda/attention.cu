@@ -110,7 +110,8 @@ template <int D>
 void launch_decode(const PagedDecodeParams& p, const DecodeSplit& split, cudaStream_t stream) {
   const bool fp8 = p.k_codes != nullptr;
   if (p.tensor_cores) {
-    fp8 ? launch_decode_mma<D, true>(p, split, stream) : launch_decode_mma<D, false>(p, split, stream);
+    fp8 ? launch_decode_mma<D, true>(p, split, stream)
+        : launch_decode_mma<D, false>(p, split, stream);
   } else {
     fp8 ? launch_decode_simt<D, true>(p, split, stream)
         : launch_decode_simt<D, false>(p, split, stream);

@@ -909,7 +909,8 @@ void CudaDecoder::attention(int64_t layer, const Step& step) {
     cuda::paged_decode_attention(
         {.q = q_, .k_cache = k_cache_[layer], .v_cache = v_cache_[layer],
          .k_codes = k_codes_[layer], .v_codes = v_codes_[layer], .k_scales = k_scales_[layer],
-         .v_scales = v_scales_[layer], .block_tables = meta_.block_tables, .seq_lens = meta_.seq_lens, .out = attn_,
+         .v_scales = v_scales_[layer], .block_tables = meta_.block_tables,
+         .seq_lens = meta_.seq_lens, .out = attn_,
          .workspace = attn_workspace_, .num_seqs = T, .num_q_heads = Nq, .num_kv_heads = Nkv,
          .head_dim = Dp, .block_size = block_size_, .num_blocks = num_blocks_,
          .max_blocks_per_seq = step.table_stride, .max_seq_len = step.max_seq_len,
