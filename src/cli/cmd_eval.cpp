@@ -32,8 +32,10 @@
 #include "cli/model_arg.h"
 #include "cli/usage_error.h"
 #include "core/error.h"
+#include "io/model_config.h"
 #include "io/tokenizer.h"
 #include "model/family.h"
+#include "model/gpu_decoder.h"
 #include "model/model.h"
 
 namespace moeinfer::cli {
@@ -122,11 +124,15 @@ void run_eval(const EvalArgs& args) {
   const moe::RoutingApproximation approx = args.device.routing_approximation();
   const WeightFormat weights = args.device.weight_format();  // fp8 and int4 refused on cuda
   const bool quantised = weights != WeightFormat::kCheckpoint;
-  const bool kv_rounded = args.device.kv_rows_rounded();  // f32 and fp8 refused on cuda
+  const bool kv_rounded = args.device.kv_rows_rounded();  // f32 refused on cuda
   const bool compare = args.device.active_experts || args.device.drop_below ||
                        args.device.expert_capacity || args.device.router_temperature || quantised ||
                        kv_rounded;
   const std::filesystem::path dir = resolve_model_dir(args.model);
+  // The modified run's rows on cuda (fp8 not for MLA yet), refused before any model is loaded.
+  if (args.device.is_cuda()) {
+    check_gpu_kv_dtype(load_model_config(dir / "config.json"), args.device.kv_rows_dtype());
+  }
   const std::string text = read_text(args.text_file);
   std::vector<int32_t> ids = Tokenizer::from_dir(dir).encode(text);
   if (args.max_tokens > 0 && static_cast<int64_t>(ids.size()) > args.max_tokens) {

@@ -162,7 +162,6 @@ class Workload {
     num_blocks_ = per_seq * args.batch;
     const moe::RoutingApproximation routing = args.device.routing_approximation();  // CPU only
     if (args.device.is_cuda()) {
-      args.device.kv_rows_dtype();  // refuses --kv-dtype f32 and fp8: the GPU cache is bf16
       // The same workload on the GPU decoder: its own device pool of the same blocks.
       const GpuOptions options{.weight_dtype = args.device.weight_dtype(),
                                .gpu_memory_fraction = args.device.gpu_memory_fraction,
@@ -171,6 +170,8 @@ class Workload {
                                .max_model_len = args.input_len + args.output_len,
                                .block_size = kBlockSize,
                                .num_kv_blocks = num_blocks_,
+                               // refuses --kv-dtype f32: the GPU cache is bf16 or fp8
+                               .kv_dtype = args.device.kv_rows_dtype(),
                                .small_batch_moe_rows = args.device.fused_moe_rows,
                                .offload = args.device.offload()};
       gpu_ = decoder ? GpuDecoder::create(config, decoder->weights(), options)

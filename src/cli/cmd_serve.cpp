@@ -149,7 +149,7 @@ void run_serve(ServeArgs args) {
   args.engine.offload = args.device.offload();
   args.engine.routing = args.device.routing_approximation();
   args.engine.expert_weights = args.device.weight_format();
-  args.engine.kv_dtype = args.device.kv_rows_dtype();  // f32 and fp8 refused on cuda
+  args.engine.kv_dtype = args.device.kv_rows_dtype();  // f32 refused on cuda
   const bool synthetic = is_synthetic_model(args.model);
   MOE_CHECK(synthetic || (args.layers == 0 && args.routing_skew.empty()),
             "--layers and --routing-skew apply to synthetic:NAME models only");

@@ -123,17 +123,19 @@ void add_kv_options(CLI::App* cmd, DeviceArgs* args) {
                   "with one float32 scale per KV head, or per MLA latent and rope key: about a "
                   "quarter). Rows are rounded once when written and attention reads them back "
                   "as float32; a --kv-cache-mb budget holds correspondingly more tokens. On "
-                  "--device cuda the cache holds bf16 rows: auto or bf16 only")
+                  "--device cuda the cache holds bf16 rows (auto) or fp8 rows in the same "
+                  "format (about half the bytes of bf16; not for MLA models yet); f32 is CPU "
+                  "only")
       ->check(CLI::IsMember({"auto", "f32", "bf16", "fp8"}))
       ->capture_default_str();
 }
 
 KvDType DeviceArgs::kv_rows_dtype() const {
   if (is_cuda()) {
-    USAGE_CHECK(kv_dtype == "auto" || kv_dtype == "bf16", "--kv-dtype ", kv_dtype,
-                " applies to --device cpu: the CUDA backend's KV cache holds bf16 rows (use "
-                "--kv-dtype bf16 or auto there, or run --device cpu)");
-    return KvDType::kBF16;
+    USAGE_CHECK(kv_dtype != "f32", "--kv-dtype ", kv_dtype,
+                " applies to --device cpu: the CUDA backend's KV cache holds bf16 or fp8 rows "
+                "(use --kv-dtype bf16, fp8 or auto there, or run --device cpu)");
+    return kv_dtype == "fp8" ? KvDType::kFP8 : KvDType::kBF16;
   }
   return kv_dtype == "auto" ? KvDType::kF32 : parse_kv_dtype(kv_dtype);
 }
@@ -321,14 +323,19 @@ std::string routing_skew_label(const RoutingSkew& skew) {
 
 std::unique_ptr<Model> load_model_for(const std::filesystem::path& dir, const DeviceArgs& device) {
   const WeightFormat weights = device.weight_format();  // fp8 and int4 refused on cuda
-  // A model the GPU refuses is refused from its config.json, before binding its weights.
-  if (device.is_cuda()) check_gpu_support(load_model_config(dir / "config.json"));
+  // A model the GPU refuses is refused from its config.json, before binding its weights, as is
+  // a --kv-dtype its kernels do not read for this model (fp8 with MLA).
+  if (device.is_cuda()) {
+    const ModelConfig config = load_model_config(dir / "config.json");
+    check_gpu_support(config);
+    check_gpu_kv_dtype(config, device.kv_rows_dtype());
+  }
   return Model::load(dir, LoadOptions{.prefault = !device.is_cuda(), .expert_weights = weights});
 }
 
 SequenceRunner::SequenceRunner(Model& model, const DeviceArgs& device, int64_t max_tokens,
                                int64_t max_step_tokens)
-    : model_(model), kv_dtype_(device.kv_rows_dtype()) {  // f32 and fp8 refused on cuda
+    : model_(model), kv_dtype_(device.kv_rows_dtype()) {  // f32 refused on cuda
   const ModelConfig& config = model.config();
   const int64_t native =
       config.max_position_embeddings > 0 ? config.max_position_embeddings : max_tokens;
@@ -356,6 +363,7 @@ SequenceRunner::SequenceRunner(Model& model, const DeviceArgs& device, int64_t m
   options.offload = offload;
   options.small_batch_moe_rows = device.fused_moe_rows;
   options.weight_dtype = device.weight_dtype();
+  options.kv_dtype = kv_dtype_;
   gpu_ = GpuDecoder::create(config, model.decoder().weights(), options);
   for (int32_t b = 0; b < options.num_kv_blocks; ++b) block_table_.push_back(b);
 }

@@ -63,15 +63,16 @@ struct DeviceArgs {
   moe::RoutingApproximation routing_approximation() const;
   // --weights as the load option, refused on --device cuda for fp8 and int4 (naming the flag).
   WeightFormat weight_format() const;
-  // --kv-dtype as the CPU pool's row type (auto: f32, the rows as computed). On --device cuda,
-  // whose KV cache holds bf16 rows, auto and bf16 are accepted (the value is then unused) and
-  // f32 and fp8 refused, naming the flag.
+  // --kv-dtype as the pool's row type. CPU: auto is f32, the rows as computed. On --device
+  // cuda, whose KV cache holds bf16 or fp8 rows, auto is bf16 and f32 is refused, naming the flag
+  // (fp8 for a model whose kernels cannot read it is refused where the model is loaded:
+  // check_gpu_kv_dtype).
   KvDType kv_rows_dtype() const;
-  // Whether --kv-dtype changes the rows from what the device stores by default (CPU: not f32);
-  // checked as kv_rows_dtype() is, so a value cuda cannot take is refused here too.
+  // Whether --kv-dtype changes the rows from what the device stores by default (CPU: not f32;
+  // cuda: fp8); checked as kv_rows_dtype() is, so a value cuda cannot take is refused here too.
   bool kv_rows_rounded() const {
     const KvDType dtype = kv_rows_dtype();
-    return !is_cuda() && dtype != KvDType::kF32;
+    return is_cuda() ? dtype == KvDType::kFP8 : dtype != KvDType::kF32;
   }
   // The offloading flags, parsed (offload/parse_options.h); disabled without a budget.
   offload::OffloadOptions offload() const;

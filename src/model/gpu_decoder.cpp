@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "model/model_facts.h"
 
 namespace moeinfer {
 
@@ -64,6 +65,46 @@ std::optional<std::string> gpu_unsupported(const ModelConfig& config) {
 
 void check_gpu_support(const ModelConfig& config) {
   if (const std::optional<std::string> reason = gpu_unsupported(config)) MOE_FAIL(*reason);
+}
+
+std::optional<std::string> gpu_kv_unsupported(const ModelConfig& config, KvDType dtype) {
+  switch (dtype) {
+    case KvDType::kBF16:
+      return std::nullopt;
+    case KvDType::kF32:
+      return std::string(
+          "--kv-dtype f32 applies to --device cpu: the CUDA backend's KV cache holds bf16 or fp8 "
+          "rows (use --kv-dtype bf16, fp8 or auto there, or run --device cpu)");
+    case KvDType::kFP8:
+      if (config.mla) {
+        return config.model_type +
+               ": --kv-dtype fp8 on cuda does not support MLA yet (the latent cache's kernels "
+               "read bf16 rows); use --kv-dtype bf16 there, or --device cpu for fp8 rows";
+      }
+      if (config.head_dim > 256) {
+        return config.model_type + ": --kv-dtype fp8 on cuda does not support head_dim " +
+               std::to_string(config.head_dim) +
+               " yet (the wide decode kernel of heads above 256 reads bf16 rows); use "
+               "--kv-dtype bf16 there, or --device cpu for fp8 rows";
+      }
+      return std::nullopt;
+  }
+  return std::nullopt;  // unreachable: every enumerator returns above
+}
+
+void check_gpu_kv_dtype(const ModelConfig& config, KvDType dtype) {
+  if (const std::optional<std::string> reason = gpu_kv_unsupported(config, dtype)) {
+    MOE_FAIL(*reason);
+  }
+}
+
+int64_t gpu_kv_bytes_per_token(const ModelConfig& config, int64_t padded_head_dim,
+                               int64_t mla_cache_width, KvDType dtype) {
+  check_gpu_kv_dtype(config, dtype);
+  if (config.mla) return config.num_kv_layers() * mla_cache_width * 2;
+  ModelConfig padded = config;
+  padded.head_dim = padded_head_dim;
+  return kv_bytes_per_token(padded, dtype);
 }
 
 }  // namespace moeinfer

@@ -53,6 +53,11 @@ struct GpuOptions {
   bool cuda_graphs = true;           // capture decode steps
   bool quiet = false;                // no progress bar or load summary on stderr
   int64_t kv_cache_bytes = 0;        // > 0: the KV pool takes at most this (0: all that is left)
+  // How the device pool stores KV rows (--kv-dtype): bf16, or fp8 (e4m3 with a float32 scale
+  // per token and KV head, the CPU pool's format, kv/kv_format.h), which holds about twice the
+  // tokens in the same bytes. f32 is refused (gpu_kv_unsupported), as is fp8 where a kernel
+  // that reads the cache has no fp8 path yet.
+  KvDType kv_dtype = KvDType::kBF16;
   // Batch-invariant kernels (--deterministic): a token's logits do not depend on the step's row
   // count, the other sequences, chunking or recompute. Every product runs the fixed-order
   // dense GEMM (backend/cuda/dense_gemm.h) instead of cuBLAS, every attention row (prefill
@@ -127,6 +132,19 @@ struct GpuSamplingRow {
 std::optional<std::string> gpu_unsupported(const ModelConfig& config);
 // Throws with that reason (both create functions call it first, before any device work).
 void check_gpu_support(const ModelConfig& config);
+
+// What the GPU decoder lacks to keep this config's KV cache at `dtype`, or nullopt: f32 rows
+// (the device pool holds bf16 or fp8), and fp8 for MLA's latent cache and for heads wider than
+// 256 (their kernels read bf16 rows only). Needs no device.
+std::optional<std::string> gpu_kv_unsupported(const ModelConfig& config, KvDType dtype);
+// Throws with that reason (the create functions call it beside check_gpu_support).
+void check_gpu_kv_dtype(const ModelConfig& config, KvDType dtype);
+// Bytes of KV rows per token the GPU pool allocates at `dtype`, fp8's scales included:
+// kv_bytes_per_token (model/model_facts.h, what `moeinfer plan` counts) of the config with its
+// head dim padded to the decode kernels' `padded_head_dim`, so the two agree wherever the
+// model's head dim needs no padding. MLA: the latent row of `mla_cache_width` values (bf16 only).
+int64_t gpu_kv_bytes_per_token(const ModelConfig& config, int64_t padded_head_dim,
+                               int64_t mla_cache_width, KvDType dtype);
 
 class GpuDecoder {
  public:

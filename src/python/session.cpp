@@ -46,11 +46,10 @@ EngineConfig engine_config(const SessionOptions& o) {
   MOE_CHECK(o.kv_dtype == "auto" || o.kv_dtype == "f32" || o.kv_dtype == "bf16" ||
                 o.kv_dtype == "fp8",
             "kv_dtype must be 'auto', 'f32', 'bf16' or 'fp8', got '", o.kv_dtype, "'");
-  MOE_CHECK(o.device == "cpu" || o.kv_dtype == "auto" || o.kv_dtype == "bf16", "kv_dtype='",
-            o.kv_dtype, "' applies to device='cpu': the GPU's KV cache holds bf16 rows");
-  // auto: the device's own rows (float32 on the CPU, bf16 on the GPU, whose pool ignores this).
-  config.kv_dtype = o.kv_dtype == "auto" || o.device != "cpu" ? KvDType::kF32
-                                                              : parse_kv_dtype(o.kv_dtype);
+  MOE_CHECK(o.device == "cpu" || o.kv_dtype != "f32", "kv_dtype='", o.kv_dtype,
+            "' applies to device='cpu': the GPU's KV cache holds bf16 or fp8 rows");
+  // auto: the device's own rows (f32 on the CPU; the engine gives the GPU bf16 for it).
+  config.kv_dtype = o.kv_dtype == "auto" ? KvDType::kF32 : parse_kv_dtype(o.kv_dtype);
   config.block_size = o.block_size;
   config.gpu_memory_fraction = o.gpu_memory_fraction;
   config.weight_dtype = o.dtype == "auto" ? GpuWeightDtype::kCheckpoint : GpuWeightDtype::kBf16;

@@ -107,8 +107,6 @@ void EngineConfig::validate() const {
   MOE_CHECK(max_model_len >= 0, "max_model_len must be >= 0, got ", max_model_len);
   MOE_CHECK(device == "cpu" || device == "cuda", "device must be cpu or cuda, got '", device,
             "'");
-  MOE_CHECK(device != "cuda" || kv_dtype != KvDType::kFP8,
-            "kv_dtype fp8 is CPU only: the GPU's KV cache holds bf16 rows");
   MOE_CHECK(gpu_memory_fraction > 0.0 && gpu_memory_fraction <= 1.0,
             "gpu_memory_fraction must be in (0, 1], got ", gpu_memory_fraction);
   MOE_CHECK(profile_time_every >= 0, "profile_time_every must be >= 0, got ",
@@ -129,6 +127,8 @@ GpuOptions gpu_options(const ModelConfig& model, const EngineConfig& config) {
                     .num_kv_blocks = config.num_kv_blocks,
                     .cuda_graphs = config.cuda_graphs,
                     .kv_cache_bytes = config.kv_cache_mb << 20,
+                    // f32, the default, is the CPU's own rows: the device's own are bf16.
+                    .kv_dtype = config.kv_dtype == KvDType::kFP8 ? KvDType::kFP8 : KvDType::kBF16,
                     .deterministic = config.deterministic,
                     .small_batch_moe_rows = config.fused_moe_rows,
                     .offload = config.offload};
@@ -145,6 +145,7 @@ std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const Eng
     const ModelConfig model_config = load_model_config(dir / "config.json");
     check_weight_format(config.expert_weights, model_config, /*cuda=*/true);
     check_gpu_support(model_config);
+    check_gpu_kv_dtype(model_config, gpu_options(model_config, config).kv_dtype);
     // The GPU reads the map once while uploading; prefaulting it first would read it twice.
     auto model = Model::load(dir, LoadOptions{.prefault = false});
     Tokenizer tokenizer = Tokenizer::from_dir(dir);

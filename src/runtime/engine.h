@@ -66,8 +66,9 @@ struct EngineConfig {
   moe::RoutingApproximation routing;
   // --weights: the routed experts quantised at load (model/weight_quant.h), CPU only for now.
   WeightFormat expert_weights = WeightFormat::kCheckpoint;
-  // --kv-dtype: how the CPU pool stores KV rows (kv/kv_format.h) and so how many blocks
-  // kv_cache_mb buys; f32 (the default) as computed. The GPU's pool is bf16 whatever this says.
+  // --kv-dtype: how the pool stores KV rows (kv/kv_format.h) and so how many blocks
+  // kv_cache_mb buys; f32 (the default) as computed. On cuda fp8 gives the device pool fp8 rows
+  // (GpuOptions::kv_dtype) and anything else its bf16 rows.
   KvDType kv_dtype = KvDType::kF32;
 
   void validate() const;  // throws moeinfer::Error naming the bad field

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -35,6 +36,10 @@ struct RouteError {
 
 struct ConfigResult {
   RouteError routes[3];  // by ScheduleRoute
+  // With fp8 KV rows only: the GPU against a CPU run over float32 rows (its own routing), and
+  // that CPU run against the CPU's fp8 one: how far fp8 rounding alone moves the logits.
+  RouteError unrounded[3], cpu_rounding[3];
+  int64_t gpu_kv_bytes_per_token = 0;  // the GPU pool's (GpuMemoryReport::kv_bytes_per_token)
   int64_t positions = 0, same_top1 = 0;
   int64_t routed = 0, near_ties = 0, routing_mismatches = 0;  // token-layer routings
   std::string first_mismatch;
@@ -49,6 +54,10 @@ struct ConfigResult {
 constexpr float kRoutingTieLogits = 0.05f;
 constexpr float kRoutingTieScore = 0.01f;
 constexpr float kRoutingMaxNudgeLogits = 4.0f;
+// With fp8 KV rows on both devices the two round some keys and values to neighbouring e4m3 codes
+// (a step of 6 to 12% of the value where bf16's is 0.4%), which moves the hidden states, and so
+// the router logits, by several times what bf16 rounding does: ties are this many times wider.
+constexpr float kFp8RoutingTieScale = 4.0f;
 
 // The logit change that moves expert e's choice by the tie tolerance (times `scale`).
 inline float tie_nudge(float logit, const moe::RouterOptions& options, float scale) {
@@ -70,9 +79,10 @@ inline std::vector<int32_t> sorted_ids(const int32_t* ids, int64_t K) {
 // only by a near-tie: the CPU's own router, with the experts only the GPU picked raised by the
 // tie tolerance (tie_nudge) and those only it picked lowered as much, picks what the GPU picked.
 // Any other difference is a routing mismatch and fails the configuration.
+// tie_scale widens the tolerance (fp8 KV rows move the router's inputs by more than bf16 does).
 inline void replay_gpu_routing(const moe::Routing& gpu, const float* logits,
                         const moe::RouterOptions& options, moe::Routing& cpu, ConfigResult& result,
-                        int64_t layer) {
+                        int64_t layer, float tie_scale = 1.0f) {
   const int64_t T = cpu.num_tokens, K = cpu.top_k, E = options.num_experts;
   ASSERT_EQ(gpu.num_tokens, T) << "layer " << layer;
   std::vector<float> row(E);
@@ -106,7 +116,7 @@ inline void replay_gpu_routing(const moe::Routing& gpu, const float* logits,
       return nudged_agrees(scale, true, true) || nudged_agrees(scale, true, false) ||
              nudged_agrees(scale, false, true);
     };
-    if (agrees_when_nudged(1.0f)) {
+    if (agrees_when_nudged(tie_scale)) {
       ++result.near_ties;
       std::copy_n(&gpu.topk_ids[t * K], K, &cpu.topk_ids[t * K]);
     } else if (result.routing_mismatches++ == 0) {
@@ -116,7 +126,7 @@ inline void replay_gpu_routing(const moe::Routing& gpu, const float* logits,
       what << ", CPU experts";
       for (int32_t e : theirs) what << " " << e;
       what << "; the CPU agrees at";
-      const float larger[] = {2.0f, 4.0f, 10.0f, 100.0f};
+      const float larger[] = {2.0f * tie_scale, 4.0f * tie_scale, 10.0f * tie_scale, 100.0f};
       const float* at = std::find_if(std::begin(larger), std::end(larger), agrees_when_nudged);
       if (at == std::end(larger)) {
         what << " no nudge up to 100 tie tolerances";
@@ -131,20 +141,24 @@ inline void replay_gpu_routing(const moe::Routing& gpu, const float* logits,
 
 // Runs the schedule on both decoders and compares every logits row.
 // weight_dtype: how a float32 model's weights go to the GPU (GpuOptions::weight_dtype).
-inline ConfigResult compare_gpu_with_cpu(
-    const testing::RandomModel& m, uint64_t schedule_seed, bool deterministic,
-    GpuWeightDtype weight_dtype = GpuWeightDtype::kCheckpoint) {
-  const ModelConfig& c = m.config;
+// kv_dtype: kFP8 gives both decoders fp8 KV rows (the CPU pool's kv_format encoder is the
+// GPU's oracle); anything else the GPU's bf16 rows against the CPU's float32 ones.
+inline ConfigResult compare_gpu_with_cpu(const ModelConfig& c, const DecoderWeights& weights,
+                                         uint64_t schedule_seed, bool deterministic,
+                                         GpuWeightDtype weight_dtype = GpuWeightDtype::kCheckpoint,
+                                         KvDType kv_dtype = KvDType::kBF16) {
   const int64_t V = c.vocab_size;
   std::mt19937_64 rng(schedule_seed);
   const int64_t block_size = std::vector<int64_t>{8, 16, 32}[rng() % 3];
   const testing::Schedule schedule = testing::make_schedule(V, schedule_seed, block_size);
 
-  Decoder cpu(c, m.weights);
+  const bool fp8 = kv_dtype == KvDType::kFP8;
+  Decoder cpu(c, weights);
   const int64_t key_width = c.mla ? c.mla->cache_width() : c.kv_dim();
   const int64_t value_width = c.mla ? 0 : c.kv_dim();
-  KvBlockPool pool(c.num_layers, key_width, value_width, block_size, schedule.num_blocks);
-  auto gpu = GpuDecoder::create(c, m.weights,
+  KvBlockPool pool(c.num_layers, key_width, value_width, block_size, schedule.num_blocks,
+                   fp8 ? kv_pool_layout(c, 0, KvDType::kFP8) : KvPoolLayout{});
+  auto gpu = GpuDecoder::create(c, weights,
                                 GpuOptions{.weight_dtype = weight_dtype,
                                            .max_batch_tokens = 64,
                                            .max_num_seqs = 4,
@@ -152,16 +166,26 @@ inline ConfigResult compare_gpu_with_cpu(
                                            .block_size = block_size,
                                            .num_kv_blocks = schedule.num_blocks,
                                            .quiet = true,
+                                           .kv_dtype = fp8 ? KvDType::kFP8 : KvDType::kBF16,
                                            .deterministic = deterministic});
+  // fp8: a second CPU decoder over float32 rows, routing by itself.
+  std::optional<Decoder> cpu_f32;
+  std::optional<KvBlockPool> pool_f32;
+  if (fp8) {
+    cpu_f32.emplace(c, weights);
+    pool_f32.emplace(c.num_layers, key_width, value_width, block_size, schedule.num_blocks);
+  }
   ConfigResult result;
+  result.gpu_kv_bytes_per_token = gpu->memory().kv_bytes_per_token;
   std::map<int64_t, moe::Routing> gpu_routing;  // this step's, by layer
   gpu->set_routing_observer(
       [&](int64_t layer, const moe::Routing& routing) { gpu_routing[layer] = routing; });
   cpu.set_routing_override([&](int64_t layer, const float* logits,
                                const moe::RouterOptions& options, moe::Routing& routing) {
-    replay_gpu_routing(gpu_routing.at(layer), logits, options, routing, result, layer);
+    replay_gpu_routing(gpu_routing.at(layer), logits, options, routing, result, layer,
+                       fp8 ? kFp8RoutingTieScale : 1.0f);
   });
-  std::vector<float> ours, reference;
+  std::vector<float> ours, reference, unrounded;
   for (const testing::ScheduledStep& step : schedule.steps) {
     const int64_t rows = testing::schedule_logit_rows(step.batch);
     ours.assign(rows * V, NAN);
@@ -169,6 +193,18 @@ inline ConfigResult compare_gpu_with_cpu(
     gpu_routing.clear();
     gpu->forward(step.batch, ours);
     cpu.forward(step.batch, pool, reference);
+    if (fp8) {
+      unrounded.assign(rows * V, NAN);
+      cpu_f32->forward(step.batch, *pool_f32, unrounded);
+      RouteError& gpu_e = result.unrounded[static_cast<int>(step.route)];
+      RouteError& cpu_e = result.cpu_rounding[static_cast<int>(step.route)];
+      for (int64_t i = 0; i < rows * V; ++i) {
+        gpu_e.diff += std::pow(double{ours[i]} - unrounded[i], 2);
+        gpu_e.norm += std::pow(double{unrounded[i]}, 2);
+        cpu_e.diff += std::pow(double{reference[i]} - unrounded[i], 2);
+        cpu_e.norm += std::pow(double{unrounded[i]}, 2);
+      }
+    }
     RouteError& e = result.routes[static_cast<int>(step.route)];
     for (int64_t r = 0; r < rows; ++r) {
       const float* a = &ours[r * V];
@@ -186,6 +222,14 @@ inline ConfigResult compare_gpu_with_cpu(
     }
   }
   return result;
+}
+
+inline ConfigResult compare_gpu_with_cpu(const testing::RandomModel& m, uint64_t schedule_seed,
+                                         bool deterministic,
+                                         GpuWeightDtype weight_dtype = GpuWeightDtype::kCheckpoint,
+                                         KvDType kv_dtype = KvDType::kBF16) {
+  return compare_gpu_with_cpu(m.config, m.weights, schedule_seed, deterministic, weight_dtype,
+                              kv_dtype);
 }
 
 }  // namespace moeinfer::testing

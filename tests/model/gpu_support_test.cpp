@@ -1,6 +1,8 @@
 // The GPU decoder refuses at load, by name, the models it does not compute (check_gpu_support
 // runs before any device work, so this holds on machines without a GPU too): Llama 4, and the
-// linear attention of Qwen3-Next and Qwen3.5-MoE.
+// linear attention of Qwen3-Next and Qwen3.5-MoE. Also the KV row types it keeps
+// (gpu_kv_unsupported: bf16 and fp8, not f32, fp8 not for MLA or heads past 256) and the pool's
+// bytes per token under each (gpu_kv_bytes_per_token), which are the planner's.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -8,7 +10,9 @@
 
 #include "core/error.h"
 #include "io/model_config.h"
+#include "model/capacity_plan.h"
 #include "model/gpu_decoder.h"
+#include "model/model_facts.h"
 #include "model/synthetic.h"
 
 namespace moeinfer {
@@ -61,6 +65,72 @@ TEST(GpuSupport, AcceptsTheFamiliesItComputes) {
   for (const char* fixture : {"qwen3_moe_f32", "deepseek_v3_f32", "glm4_moe_f32"}) {
     EXPECT_EQ(refusal_of(load_model_config(kModels / fixture)), "") << fixture;
   }
+}
+
+std::string kv_refusal_of(const ModelConfig& config, KvDType dtype) {
+  try {
+    check_gpu_kv_dtype(config, dtype);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(GpuSupport, KeepsBf16AndFp8KvRowsAndRefusesTheRestByName) {
+  const ModelConfig gqa = load_model_config(kModels / "qwen3_moe_f32");
+  EXPECT_EQ(kv_refusal_of(gqa, KvDType::kBF16), "");
+  EXPECT_EQ(kv_refusal_of(gqa, KvDType::kFP8), "");
+  EXPECT_NE(kv_refusal_of(gqa, KvDType::kF32).find("--kv-dtype f32 applies to --device cpu"),
+            std::string::npos);
+  // MLA's latent cache has no fp8 path on the GPU yet: refused naming it, bf16 kept.
+  for (const char* fixture : {"deepseek_v2_lite_f32", "deepseek_v3_f32", "kimi_k2_f32"}) {
+    const ModelConfig mla = load_model_config(kModels / fixture);
+    EXPECT_EQ(kv_refusal_of(mla, KvDType::kBF16), "") << fixture;
+    const std::string error = kv_refusal_of(mla, KvDType::kFP8);
+    EXPECT_NE(error.find("--kv-dtype fp8 on cuda does not support MLA yet"), std::string::npos)
+        << fixture << ": " << error;
+  }
+  // Heads past 256 (the wide decode kernel) read bf16 rows only.
+  ModelConfig wide = gqa;
+  wide.head_dim = 320;
+  EXPECT_NE(kv_refusal_of(wide, KvDType::kFP8).find("does not support head_dim 320"),
+            std::string::npos);
+  EXPECT_EQ(kv_refusal_of(wide, KvDType::kBF16), "");
+}
+
+TEST(GpuSupport, KvBytesPerTokenAreThePlannersAtThePaddedHeadDim) {
+  for (const char* name : {"qwen3-30b-a3b", "mixtral-8x7b"}) {
+    const ModelConfig c = synthetic_model_config(name);
+    ASSERT_EQ(c.head_dim, 128) << name;
+    const int64_t L = c.num_layers, Nkv = c.num_kv_heads;
+    for (KvDType dtype : {KvDType::kBF16, KvDType::kFP8}) {
+      // No padding: exactly what `moeinfer plan --kv-dtype` counts.
+      const PlanOptions options{.kv_dtype = dtype};
+      EXPECT_EQ(gpu_kv_bytes_per_token(c, 128, 0, dtype), kv_bytes_per_token(c, dtype)) << name;
+      EXPECT_EQ(gpu_kv_bytes_per_token(c, 128, 0, dtype),
+                plan_capacity(c, options).kv_bytes_per_token)
+          << name;
+    }
+    // bf16: keys and values, 2 bytes a value; fp8: a byte a value and a float32 scale per head.
+    EXPECT_EQ(gpu_kv_bytes_per_token(c, 128, 0, KvDType::kBF16), L * 2 * Nkv * 128 * 2);
+    EXPECT_EQ(gpu_kv_bytes_per_token(c, 128, 0, KvDType::kFP8), L * 2 * Nkv * (128 + 4));
+    // About twice the tokens in the same bytes: 2 * 128 / (128 + 4).
+    const double ratio = static_cast<double>(gpu_kv_bytes_per_token(c, 128, 0, KvDType::kBF16)) /
+                         static_cast<double>(gpu_kv_bytes_per_token(c, 128, 0, KvDType::kFP8));
+    EXPECT_NEAR(ratio, 256.0 / 132.0, 1e-12) << name;
+  }
+  // A head of 80 is padded to the decode kernels' 128: the pool counts the padding.
+  ModelConfig c = synthetic_model_config("qwen3-30b-a3b");
+  c.head_dim = 80;
+  EXPECT_EQ(gpu_kv_bytes_per_token(c, 128, 0, KvDType::kFP8),
+            c.num_layers * 2 * c.num_kv_heads * (128 + 4));
+  // MLA: the latent row, bf16 (fp8 refused as above).
+  const ModelConfig mla = load_model_config(kModels / "deepseek_v3_f32");
+  const int64_t width = mla.mla->cache_width();
+  EXPECT_EQ(gpu_kv_bytes_per_token(mla, 0, width, KvDType::kBF16), mla.num_layers * width * 2);
+  EXPECT_EQ(gpu_kv_bytes_per_token(mla, 0, width, KvDType::kBF16),
+            kv_bytes_per_token(mla, KvDType::kBF16));
+  EXPECT_THROW(gpu_kv_bytes_per_token(mla, 0, width, KvDType::kFP8), Error);
 }
 
 }  // namespace

@@ -28,6 +28,11 @@ constexpr int64_t kDecodeMaxChunk = 512;
 
 bool wide_head_dim(const PagedDecodeParams& p) { return p.head_dim > 256; }
 
+// Whether the launch reads fp8 rows (any of the four fp8 pointers set; the checks then want all).
+bool decode_kv_fp8(const PagedDecodeParams& p) {
+  return p.k_codes || p.v_codes || p.k_scales || p.v_scales;
+}
+
 void check_decode(const PagedDecodeParams& p) {
   detail::check_int32_range(p.num_seqs, "num_seqs");
   MOE_CHECK(decode_head_dim_supported(p.head_dim), "head_dim = ", p.head_dim,
@@ -64,11 +69,11 @@ void check_decode(const PagedDecodeParams& p) {
   }
 }
 
-template <int D>
+template <int D, bool kFp8>
 void launch_decode_mma(const PagedDecodeParams& p, const DecodeSplit& split, cudaStream_t stream) {
   constexpr int smem = attn::decode_mma_smem_bytes<D>();
   static const bool attribute_set = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(paged_decode_mma_kernel<D>,
+    CUDA_CHECK(cudaFuncSetAttribute(paged_decode_mma_kernel<D, kFp8>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     return true;
   }();
@@ -76,17 +81,17 @@ void launch_decode_mma(const PagedDecodeParams& p, const DecodeSplit& split, cud
   const dim3 grid(static_cast<unsigned>(split.num_splits),
                   static_cast<unsigned>(p.num_kv_heads * attn::decode_head_tiles(p)),
                   static_cast<unsigned>(p.num_seqs));
-  paged_decode_mma_kernel<D><<<grid, attn::kDecodeMmaThreads, smem, stream>>>(
+  paged_decode_mma_kernel<D, kFp8><<<grid, attn::kDecodeMmaThreads, smem, stream>>>(
       p, static_cast<int>(split.chunk), static_cast<int>(split.num_splits));
   MOE_CUDA_CHECK_LAUNCH();
 }
 
-template <int D>
+template <int D, bool kFp8>
 void launch_decode_simt(const PagedDecodeParams& p, const DecodeSplit& split, cudaStream_t stream) {
   const int group = static_cast<int>(std::min(p.num_q_heads / p.num_kv_heads, kAttentionMaxGroup));
   const int smem = attn::decode_smem_bytes<D>(group, static_cast<int>(split.chunk));
   static const bool attribute_set = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(paged_decode_kernel<D>,
+    CUDA_CHECK(cudaFuncSetAttribute(paged_decode_kernel<D, kFp8>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     attn::decode_smem_bytes<D>(static_cast<int>(kAttentionMaxGroup),
                                                                static_cast<int>(kDecodeMaxChunk))));
@@ -96,17 +101,20 @@ void launch_decode_simt(const PagedDecodeParams& p, const DecodeSplit& split, cu
   const dim3 grid(static_cast<unsigned>(split.num_splits),
                   static_cast<unsigned>(p.num_kv_heads * attn::decode_head_tiles(p)),
                   static_cast<unsigned>(p.num_seqs));
-  paged_decode_kernel<D><<<grid, attn::kDecodeThreads, smem, stream>>>(
+  paged_decode_kernel<D, kFp8><<<grid, attn::kDecodeThreads, smem, stream>>>(
       p, static_cast<int>(split.chunk), static_cast<int>(split.num_splits));
   MOE_CUDA_CHECK_LAUNCH();
 }
 
 template <int D>
 void launch_decode(const PagedDecodeParams& p, const DecodeSplit& split, cudaStream_t stream) {
+  const bool fp8 = p.k_codes != nullptr;
   if (p.tensor_cores) {
-    launch_decode_mma<D>(p, split, stream);
+    fp8 ? launch_decode_mma<D, true>(p, split, stream)
+        : launch_decode_mma<D, false>(p, split, stream);
   } else {
-    launch_decode_simt<D>(p, split, stream);
+    fp8 ? launch_decode_simt<D, true>(p, split, stream)
+        : launch_decode_simt<D, false>(p, split, stream);
   }
   if (split.num_splits > 1) {
     paged_decode_combine_kernel<D>
@@ -239,13 +247,26 @@ void paged_decode_attention(const PagedDecodeParams& p, cudaStream_t stream) {
   check_decode(p);
   if (p.num_seqs == 0) return;
   detail::check_pointer(p.q, "q");
-  detail::check_pointer(p.k_cache, "k_cache");
-  detail::check_pointer(p.v_cache, "v_cache");
+  if (decode_kv_fp8(p)) {
+    MOE_CHECK(!p.k_cache && !p.v_cache,
+              "k_cache / v_cache (bf16 rows) and k_codes / v_codes (fp8 rows) are exclusive");
+    MOE_CHECK(!wide_head_dim(p), "head_dim = ", p.head_dim,
+              ": fp8 KV rows are read by the decode kernels of head dims 64, 128 and 256 only");
+    detail::check_pointer(p.k_codes, "k_codes");
+    detail::check_pointer(p.v_codes, "v_codes");
+    detail::check_pointer(p.k_scales, "k_scales");
+    detail::check_pointer(p.v_scales, "v_scales");
+    detail::check_aligned16(p.k_codes, "k_codes");
+    detail::check_aligned16(p.v_codes, "v_codes");
+  } else {
+    detail::check_pointer(p.k_cache, "k_cache");
+    detail::check_pointer(p.v_cache, "v_cache");
+    detail::check_aligned16(p.k_cache, "k_cache");
+    detail::check_aligned16(p.v_cache, "v_cache");
+  }
   detail::check_pointer(p.block_tables, "block_tables");
   detail::check_pointer(p.seq_lens, "seq_lens");
   detail::check_pointer(p.out, "out");
-  detail::check_aligned16(p.k_cache, "k_cache");
-  detail::check_aligned16(p.v_cache, "v_cache");
   MOE_CHECK(!p.tensor_cores || wide_head_dim(p) || reinterpret_cast<uintptr_t>(p.q) % 16 == 0,
             "q (", static_cast<const void*>(p.q),
             ") is not 16-byte aligned, which the tensor-core decode kernel needs (tensor_cores "

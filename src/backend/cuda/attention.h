@@ -9,7 +9,9 @@
 // D head dim, V vocabulary, H hidden.
 //
 // Paged KV layout (the serving layer's block manager owns the blocks; the kernels only read):
-//   k_cache, v_cache  [num_blocks, block_size, Nkv, D]  bf16
+//   k_cache, v_cache  [num_blocks, block_size, Nkv, D]  bf16, or under --kv-dtype fp8
+//   k_codes, v_codes  [num_blocks, block_size, Nkv, D]  e4m3, with
+//   k_scales, v_scales [num_blocks, block_size, Nkv]    float32 (value = code * scale)
 //   block_tables      [B, max_blocks_per_seq]           int32 block ids, position p of sequence
 //                                                       b lives in block_tables[b, p / block_size]
 //                                                       at slot p % block_size
@@ -85,6 +87,13 @@ struct PagedDecodeParams {
   const __nv_bfloat16* q = nullptr;        // [B, Nq, D]
   const __nv_bfloat16* k_cache = nullptr;  // [num_blocks, block_size, Nkv, D]
   const __nv_bfloat16* v_cache = nullptr;  // [num_blocks, block_size, Nkv, D]
+  // --kv-dtype fp8 (backend/cuda/kv_fp8.cuh), instead of k_cache / v_cache (which are then
+  // null): e4m3 codes in the same layout and one float32 scale per (slot, KV head); the kernels
+  // decode code * scale in registers as they load. D <= 256 only (not the wide kernel).
+  const uint8_t* k_codes = nullptr;        // [num_blocks, block_size, Nkv, D]
+  const uint8_t* v_codes = nullptr;        // [num_blocks, block_size, Nkv, D]
+  const float* k_scales = nullptr;         // [num_blocks, block_size, Nkv]
+  const float* v_scales = nullptr;         // [num_blocks, block_size, Nkv]
   const int32_t* block_tables = nullptr;   // [B, max_blocks_per_seq]
   const int32_t* seq_lens = nullptr;       // [B]
   __nv_bfloat16* out = nullptr;            // [B, Nq, D]

@@ -27,6 +27,7 @@
 #include "backend/cuda/attention_kernel.cuh"
 #include "backend/cuda/attention_prefill_mma_kernel.cuh"
 #include "backend/cuda/grouped_gemm_kernel.cuh"
+#include "backend/cuda/kv_fp8.cuh"
 
 namespace moeinfer::cuda {
 
@@ -49,7 +50,10 @@ constexpr int decode_mma_smem_bytes() {
 }  // namespace attn
 
 // grid (num_splits, Nkv, B), kDecodeMmaThreads threads, decode_mma_smem_bytes<D>() bytes.
-template <int D>
+// kFp8: the cache is e4m3 codes and scales (kv_fp8.cuh); a tile's rows are loaded into registers
+// (8 codes a lane-chunk), decoded to bf16 and stored at the same swizzled places the bf16 path's
+// cp.async fills, so everything after the load is the same code.
+template <int D, bool kFp8>
 __global__ void __launch_bounds__(attn::kDecodeMmaThreads)
     paged_decode_mma_kernel(const __grid_constant__ PagedDecodeParams p, int chunk,
                             int num_splits) {
@@ -112,9 +116,27 @@ __global__ void __launch_bounds__(attn::kDecodeMmaThreads)
     for (int c = lane; c < kDecodeMmaKeys * kChunks; c += 32) {
       const int r = c / kChunks, ch = c % kChunks;
       const bool valid = key0 + r < we;
-      const int64_t base = attn::kv_row(p, b, start + (valid ? key0 + r : ws), kvh);
-      cp_async_16(s_k + buffer * kTileBytes + offset(r, ch), p.k_cache + base + ch * 8, valid);
-      cp_async_16(s_v + buffer * kTileBytes + offset(r, ch), p.v_cache + base + ch * 8, valid);
+      const int64_t row = attn::kv_head_row(p, b, start + (valid ? key0 + r : ws), kvh);
+      const int64_t base = row * D;
+      if constexpr (kFp8) {
+        // Rows past the warp's keys are zeros, as cp.async's zero fill leaves them: their
+        // scores are masked, but a NaN value row would still poison P.V.
+        uint4 k8 = make_uint4(0, 0, 0, 0), v8 = make_uint4(0, 0, 0, 0);
+        if (valid) {
+          k8 = kvfp8::decode8_bf16(__ldg(reinterpret_cast<const uint2*>(p.k_codes + base) + ch),
+                                   __ldg(p.k_scales + row));
+          v8 = kvfp8::decode8_bf16(__ldg(reinterpret_cast<const uint2*>(p.v_codes + base) + ch),
+                                   __ldg(p.v_scales + row));
+        }
+        // Generic pointers to the shared-memory places of the u32 addresses below.
+        *reinterpret_cast<uint4*>(decode_smem + (s_k + buffer * kTileBytes + offset(r, ch) - s_q)) =
+            k8;
+        *reinterpret_cast<uint4*>(decode_smem + (s_v + buffer * kTileBytes + offset(r, ch) - s_q)) =
+            v8;
+      } else {
+        cp_async_16(s_k + buffer * kTileBytes + offset(r, ch), p.k_cache + base + ch * 8, valid);
+        cp_async_16(s_v + buffer * kTileBytes + offset(r, ch), p.v_cache + base + ch * 8, valid);
+      }
     }
   };
 

@@ -6,11 +6,14 @@
 // so that nothing it holds grows with the head: each lane computes its own elements, reading a
 // rotated element's partner again from the projection row. Both round as the unfused chain
 // does (the normed head to bf16, then the rotated pair to bf16), in the same order.
+// Under --kv-dtype fp8 (kv_fp8.cuh) the staged kernel's warp quantises each k and v head it has
+// just rounded to bf16: the warp's amax, the scale, the codes (heads up to kMaxHeadDim).
 #include <cuda_bf16.h>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/decoder_ops.h"
 #include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/kv_fp8.cuh"
 #include "backend/cuda/launch_checks.h"
 
 namespace moeinfer::cuda {
@@ -33,6 +36,7 @@ __global__ void __launch_bounds__(kWarps* device::kWarpSize)
   const float position = static_cast<float>(__ldg(p.positions + t));
   const __nv_bfloat16* row = p.qkv + t * p.qkv_stride;
   float* s = staged[warp];
+  const bool fp8 = p.k_codes != nullptr;
 
   for (int h = blockIdx.y * kWarps + warp; h < Nq + 2 * Nkv; h += kWarps * gridDim.y) {
     const __nv_bfloat16* in = row + static_cast<int64_t>(h) * Dp;
@@ -73,10 +77,29 @@ __global__ void __launch_bounds__(kWarps* device::kWarpSize)
       out0 = p.q_out + t * Nq * Dp + static_cast<int64_t>(h) * Dp;
     } else {
       const int kv = is_v ? h - Nq - Nkv : h - Nq;
-      __nv_bfloat16* cache = is_v ? p.v_cache : p.k_cache;
       __nv_bfloat16* copy = is_v ? p.v_out : p.k_out;
-      if (slot >= 0) out0 = cache + static_cast<int64_t>(slot) * Nkv * Dp + kv * Dp;
       if (copy) out1 = copy + t * Nkv * Dp + kv * Dp;
+      if (fp8) {
+        // The head's bf16 values as e4m3 codes and a scale (kv_fp8.cuh); the copy gets what
+        // the cache decodes to. Warp-uniform branch: is_q, fp8 and the head are the warp's.
+        float amax = 0.0f;
+        for (int d = lane; d < D; d += device::kWarpSize)
+          amax = fmaxf(amax, fabsf(__bfloat162float(__float2bfloat16_rn(s[d]))));
+        const float scale = kvfp8::scale_for(kvfp8::warp_amax(amax));
+        const int64_t row = static_cast<int64_t>(slot) * Nkv + kv;
+        uint8_t* codes = slot >= 0 ? (is_v ? p.v_codes : p.k_codes) + row * Dp : nullptr;
+        if (codes && lane == 0) (is_v ? p.v_scales : p.k_scales)[row] = scale;
+        for (int d = lane; d < Dp; d += device::kWarpSize) {
+          const float value = __bfloat162float(__float2bfloat16_rn(d < D ? s[d] : 0.0f));
+          const uint8_t code = kvfp8::encode(value, scale);
+          if (codes) codes[d] = code;
+          if (out1) out1[d] = __float2bfloat16_rn(kvfp8::decode(code) * scale);
+        }
+        __syncwarp();  // s is reused by this warp's next head
+        continue;
+      }
+      __nv_bfloat16* cache = is_v ? p.v_cache : p.k_cache;
+      if (slot >= 0) out0 = cache + static_cast<int64_t>(slot) * Nkv * Dp + kv * Dp;
     }
     for (int d = lane; d < Dp; d += device::kWarpSize) {
       const __nv_bfloat16 value = __float2bfloat16_rn(d < D ? s[d] : 0.0f);
@@ -178,8 +201,20 @@ void attention_inputs(const AttentionInputsParams& p, cudaStream_t stream) {
   detail::check_pointer(p.positions, "positions");
   detail::check_pointer(p.inv_freq, "inv_freq");
   detail::check_pointer(p.slots, "slots");
-  detail::check_pointer(p.k_cache, "k_cache");
-  detail::check_pointer(p.v_cache, "v_cache");
+  const bool fp8 = p.k_codes || p.v_codes || p.k_scales || p.v_scales;
+  if (fp8) {
+    MOE_CHECK(!p.k_cache && !p.v_cache,
+              "k_cache / v_cache (bf16 rows) and k_codes / v_codes (fp8 rows) are exclusive");
+    detail::check_pointer(p.k_codes, "k_codes");
+    detail::check_pointer(p.v_codes, "v_codes");
+    detail::check_pointer(p.k_scales, "k_scales");
+    detail::check_pointer(p.v_scales, "v_scales");
+    MOE_CHECK(p.padded_head_dim <= kMaxHeadDim, "padded_head_dim = ", p.padded_head_dim,
+              ": fp8 KV rows are written for head dims up to ", kMaxHeadDim, " only");
+  } else {
+    detail::check_pointer(p.k_cache, "k_cache");
+    detail::check_pointer(p.v_cache, "v_cache");
+  }
   detail::check_pointer(p.q_out, "q_out");
   const int64_t heads = p.num_q_heads + 2 * p.num_kv_heads;
   MOE_CHECK(heads <= 65535 * kWarps, "too many heads: ", heads);

@@ -29,6 +29,7 @@
 #include "backend/cuda/attention.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/kv_fp8.cuh"
 
 namespace moeinfer::cuda {
 
@@ -65,12 +66,19 @@ __device__ __forceinline__ DecodeHeads decode_heads(const PagedDecodeParams& p, 
                      .first = kvh * group + sub * kMaxG};
 }
 
-__device__ __forceinline__ int64_t kv_row(const PagedDecodeParams& p, int b, int token, int kvh) {
+// Index of the (slot, KV head) row holding `token` of sequence b: its scale under fp8; its
+// first element is at kv_head_row * D.
+__device__ __forceinline__ int64_t kv_head_row(const PagedDecodeParams& p, int b, int token,
+                                               int kvh) {
   const int block = __ldg(p.block_tables + static_cast<int64_t>(b) * p.max_blocks_per_seq +
                           token / static_cast<int>(p.block_size));
   MOE_DEVICE_CHECK(block >= 0 && block < p.num_blocks);
   const int slot = token % static_cast<int>(p.block_size);
-  return ((static_cast<int64_t>(block) * p.block_size + slot) * p.num_kv_heads + kvh) * p.head_dim;
+  return (static_cast<int64_t>(block) * p.block_size + slot) * p.num_kv_heads + kvh;
+}
+
+__device__ __forceinline__ int64_t kv_row(const PagedDecodeParams& p, int b, int token, int kvh) {
+  return kv_head_row(p, b, token, kvh) * p.head_dim;
 }
 
 // First key the decode query (position len - 1) sees: max(0, len - W) under a sliding window
@@ -91,7 +99,10 @@ __device__ __forceinline__ int prefill_window(const PrefillParams& p, int len) {
 
 // grid (num_splits, Nkv * decode_head_tiles, B), kDecodeThreads threads, dynamic shared memory
 // decode_smem_bytes<D>(min(group, kMaxG), chunk).
-template <int D>
+// kFp8: the cache is e4m3 codes and scales (kv_fp8.cuh): keys decode in registers after their
+// 8-byte loads; a V tile is staged as codes [kDecodeVTile, D] and its row scales [kDecodeVTile]
+// (within the bf16 tile's bytes) and decoded where step 3 reads it.
+template <int D, bool kFp8>
 __global__ void __launch_bounds__(attn::kDecodeThreads)
     paged_decode_kernel(const __grid_constant__ PagedDecodeParams p, int chunk, int num_splits) {
   using namespace attn;
@@ -108,6 +119,8 @@ __global__ void __launch_bounds__(attn::kDecodeThreads)
   float* s_score = reinterpret_cast<float*>(smem);                     // [G, chunk]
   float* s_q = s_score + G * chunk;                                    // [G, D], pre-scaled
   __nv_bfloat16* s_v = reinterpret_cast<__nv_bfloat16*>(s_q + G * D);  // [kDecodeVTile, D]
+  uint8_t* s_v8 = reinterpret_cast<uint8_t*>(s_v);                        // fp8: [kDecodeVTile, D]
+  float* s_v_scale = reinterpret_cast<float*>(s_v8 + kDecodeVTile * D);   // fp8: [kDecodeVTile]
   __shared__ float s_max[kMaxG], s_sum[kMaxG];
 
   const int split = blockIdx.x, b = blockIdx.z;
@@ -142,21 +155,33 @@ __global__ void __launch_bounds__(attn::kDecodeThreads)
     // every lane.
     for (int base = 0; base < n; base += kRowsPerPass * kBatch) {
       const int t0 = base + row;
-      uint4 k_vec[kBatch];
+      uint4 k_vec[kBatch];  // 8 bf16, or under fp8 8 codes in .x and .y and the scale in .z
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
         const int t = t0 + u * kRowsPerPass;
         k_vec[u] = make_uint4(0, 0, 0, 0);
         if (t < n) {
-          const int64_t base = attn::kv_row(p, b, start + t, kvh);
-          k_vec[u] = __ldg(reinterpret_cast<const uint4*>(p.k_cache + base) + lane_in_row);
+          const int64_t head_row = attn::kv_head_row(p, b, start + t, kvh);
+          if constexpr (kFp8) {
+            const uint2 codes =
+                __ldg(reinterpret_cast<const uint2*>(p.k_codes + head_row * D) + lane_in_row);
+            k_vec[u] =
+                make_uint4(codes.x, codes.y, __float_as_uint(__ldg(p.k_scales + head_row)), 0);
+          } else {
+            k_vec[u] =
+                __ldg(reinterpret_cast<const uint4*>(p.k_cache + head_row * D) + lane_in_row);
+          }
         }
       }
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
         const int t = t0 + u * kRowsPerPass;
         float k[8];
-        device::bf16x8_to_float(k_vec[u], k);
+        if constexpr (kFp8) {
+          kvfp8::decode8(make_uint2(k_vec[u].x, k_vec[u].y), __uint_as_float(k_vec[u].z), k);
+        } else {
+          device::bf16x8_to_float(k_vec[u], k);
+        }
         for (int g = 0; g < G; ++g) {
           const float* q = s_q + g * D + lane_in_row * 8;
           float dot = 0.f;
@@ -206,15 +231,26 @@ __global__ void __launch_bounds__(attn::kDecodeThreads)
     const int rows = min(kDecodeVTile, n - v0);
     for (int c = tid; c < rows * kLanes; c += kDecodeThreads) {
       const int r = c / kLanes, ch = c % kLanes;
-      const int64_t base = attn::kv_row(p, b, start + v0 + r, kvh);
-      reinterpret_cast<uint4*>(s_v + r * D)[ch] =
-          __ldg(reinterpret_cast<const uint4*>(p.v_cache + base) + ch);
+      const int64_t head_row = attn::kv_head_row(p, b, start + v0 + r, kvh);
+      if constexpr (kFp8) {
+        reinterpret_cast<uint2*>(s_v8 + r * D)[ch] =
+            __ldg(reinterpret_cast<const uint2*>(p.v_codes + head_row * D) + ch);
+        if (ch == 0) s_v_scale[r] = __ldg(p.v_scales + head_row);
+      } else {
+        reinterpret_cast<uint4*>(s_v + r * D)[ch] =
+            __ldg(reinterpret_cast<const uint4*>(p.v_cache + head_row * D) + ch);
+      }
     }
     __syncthreads();
     for (int r = 0; r < rows; ++r) {
 #pragma unroll
       for (int j = 0; j < kDimsPerThread; ++j) {
-        const float v = __bfloat162float(s_v[r * D + dim0 + j * kDimThreads]);
+        float v;
+        if constexpr (kFp8) {
+          v = kvfp8::decode(s_v8[r * D + dim0 + j * kDimThreads]) * s_v_scale[r];
+        } else {
+          v = __bfloat162float(s_v[r * D + dim0 + j * kDimThreads]);
+        }
 #pragma unroll
         for (int i = 0; i < kHeadsPerThread; ++i) {
           const int g = head0 + i * kHeadStride;

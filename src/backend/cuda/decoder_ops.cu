@@ -50,6 +50,28 @@ void kv_cache_write(const KvWriteParams& p, cudaStream_t stream) {
   MOE_CUDA_CHECK_LAUNCH();
 }
 
+void kv_cache_write_fp8(const KvWriteFp8Params& p, cudaStream_t stream) {
+  NvtxRange range("kv_cache_write_fp8");
+  detail::check_int32_range(p.num_tokens, "num_tokens");
+  MOE_CHECK(p.num_heads >= 1 && p.head_width >= 1, "num_heads = ", p.num_heads,
+            " and head_width = ", p.head_width, " must be at least 1");
+  detail::check_int32_range(p.head_width, "head_width");
+  MOE_CHECK(p.src_stride >= p.num_heads * p.head_width, "src_stride = ", p.src_stride,
+            " is shorter than num_heads * head_width = ", p.num_heads * p.head_width);
+  MOE_CHECK(p.num_slots >= 0, "num_slots = ", p.num_slots, " is negative");
+  if (p.num_tokens == 0) return;
+  detail::check_pointer(p.src, "src");
+  detail::check_pointer(p.codes, "codes");
+  detail::check_pointer(p.scales, "scales");
+  detail::check_pointer(p.slots, "slots");
+  const int64_t blocks = (p.num_tokens * p.num_heads + kKvFp8Warps - 1) / kKvFp8Warps;
+  MOE_CHECK(blocks <= std::numeric_limits<int32_t>::max(), "num_tokens * num_heads = ",
+            p.num_tokens * p.num_heads, " is too many rows");
+  kv_cache_write_fp8_kernel<<<static_cast<unsigned>(blocks), kKvFp8Warps * device::kWarpSize, 0,
+                              stream>>>(p);
+  MOE_CUDA_CHECK_LAUNCH();
+}
+
 void bias_clip(const BiasClipParams& p, cudaStream_t stream) {
   NvtxRange range("bias_clip");
   detail::check_int32_range(p.rows, "rows");

@@ -32,6 +32,26 @@ struct KvWriteParams {
 // cache[slots[t]] = src[t] for every t.
 void kv_cache_write(const KvWriteParams& params, cudaStream_t stream);
 
+// The fp8 twin of kv_cache_write (--kv-dtype fp8, backend/cuda/kv_fp8.cuh): each head of a row
+// becomes e4m3 codes and one float32 scale, amax / 448, as kv/kv_format.h encodes it on the CPU.
+// One warp per (token, head), any head width.
+struct KvWriteFp8Params {
+  __nv_bfloat16* src = nullptr;   // row t at src + t * src_stride: num_heads heads of head_width
+  uint8_t* codes = nullptr;       // [num_slots, num_heads * head_width] e4m3
+  float* scales = nullptr;        // [num_slots, num_heads]
+  const int32_t* slots = nullptr;  // [T] destination slot; a negative slot skips the row
+  int64_t num_tokens = 0;          // T
+  int64_t num_heads = 0;           // scale groups per row (Nkv)
+  int64_t head_width = 0;          // values per group (the padded head dim: padding is zero)
+  int64_t src_stride = 0;          // elements from one row of src to the next
+  int64_t num_slots = 0;           // for the device range check
+  // Rewrite src in place with the rows as the cache decodes them (bf16 of code * scale), so
+  // that a prefill attending over copies of src sees what later steps read from the cache.
+  bool write_back = false;
+};
+
+void kv_cache_write_fp8(const KvWriteFp8Params& params, cudaStream_t stream);
+
 // Any width, stride and alignment; 16-byte vectors where width, stride and pointers allow.
 struct BiasClipParams {
   __nv_bfloat16* x = nullptr;           // [rows, width] in place, row stride `stride`
@@ -105,8 +125,16 @@ struct AttentionInputsParams {
   const __nv_bfloat16* k_norm = nullptr;  // [D], with q_norm
   float eps = 1e-6f;
   const int32_t* slots = nullptr;      // [T] cache slot, negative: skip the cache write
-  __nv_bfloat16* k_cache = nullptr;    // [num_slots, Nkv * Dp]
+  __nv_bfloat16* k_cache = nullptr;    // [num_slots, Nkv * Dp] bf16 rows, or null under fp8
   __nv_bfloat16* v_cache = nullptr;    // [num_slots, Nkv * Dp]
+  // --kv-dtype fp8 (backend/cuda/kv_fp8.cuh), instead of k_cache / v_cache: each k and v head
+  // stored as e4m3 codes of its bf16-rounded values and one float32 scale (amax / 448); k_out
+  // and v_out then get the heads as the cache decodes them (bf16 of code * scale), so a prefill
+  // attends over the rows later steps read. Dp <= 256 only.
+  uint8_t* k_codes = nullptr;          // [num_slots, Nkv * Dp]
+  uint8_t* v_codes = nullptr;          // [num_slots, Nkv * Dp]
+  float* k_scales = nullptr;           // [num_slots, Nkv]
+  float* v_scales = nullptr;           // [num_slots, Nkv]
   int64_t num_slots = 0;
   __nv_bfloat16* q_out = nullptr;      // [T, Nq * Dp]
   __nv_bfloat16* k_out = nullptr;      // [T, Nkv * Dp] or null

@@ -33,6 +33,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/decoder_ops.h"
 #include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/kv_fp8.cuh"
 
 namespace moeinfer::cuda {
 
@@ -126,6 +127,37 @@ __global__ void __launch_bounds__(kDecoderOpsThreads)
   MOE_DEVICE_CHECK(slot < p.num_slots);
   const uint4 value = __ldg(reinterpret_cast<const uint4*>(p.src + token * p.src_stride) + v);
   reinterpret_cast<uint4*>(p.cache + slot * p.width)[v] = value;
+}
+
+inline constexpr int kKvFp8Warps = 4;  // (token, head) rows per block of kv_cache_write_fp8
+
+// codes[slots[t], head], scales[slots[t], head] = the e4m3 encoding of src[t, head]
+// (kv_fp8.cuh); one warp per (token, head), reading the head twice (its amax, then its codes),
+// so any head width. With write_back, src gets the decoded values in place: each lane rewrites
+// only the elements it has itself read, after the warp's amax is known.
+__global__ void __launch_bounds__(kKvFp8Warps* device::kWarpSize)
+    kv_cache_write_fp8_kernel(const __grid_constant__ KvWriteFp8Params p) {
+  const int lane = threadIdx.x % device::kWarpSize;
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kKvFp8Warps +
+                       threadIdx.x / device::kWarpSize;  // token * num_heads + head
+  if (item >= p.num_tokens * p.num_heads) return;  // warp-uniform
+  const int64_t token = item / p.num_heads, head = item % p.num_heads;
+  const int width = static_cast<int>(p.head_width);
+  __nv_bfloat16* src = p.src + token * p.src_stride + head * p.head_width;
+  const int32_t slot = __ldg(p.slots + token);
+  if (slot >= 0) MOE_DEVICE_CHECK(slot < p.num_slots);
+  float amax = 0.0f;
+  for (int d = lane; d < width; d += device::kWarpSize)
+    amax = fmaxf(amax, fabsf(__bfloat162float(src[d])));
+  const float scale = kvfp8::scale_for(kvfp8::warp_amax(amax));
+  const int64_t row = static_cast<int64_t>(slot) * p.num_heads + head;
+  uint8_t* codes = slot >= 0 ? p.codes + row * p.head_width : nullptr;
+  if (codes && lane == 0) p.scales[row] = scale;
+  for (int d = lane; d < width; d += device::kWarpSize) {
+    const uint8_t code = kvfp8::encode(__bfloat162float(src[d]), scale);
+    if (codes) codes[d] = code;
+    if (p.write_back) src[d] = __float2bfloat16_rn(kvfp8::decode(code) * scale);
+  }
 }
 
 // x = clamp(x + bias, -clip, clip) in place, with std::clamp's comparisons (a NaN stays NaN).

@@ -255,9 +255,14 @@ class CudaDecoder final : public GpuDecoder {
   std::unique_ptr<CachedExperts> cache_;  // --expert-budget; null: every expert resident
   std::unique_ptr<MoeBlock> moe_;         // null without MoE layers
 
-  // KV pool: per layer, keys and values (standard) or latent rows (MLA).
+  // KV pool: per layer, keys and values (standard) or latent rows (MLA), as bf16 rows; under
+  // --kv-dtype fp8 (GQA only) as e4m3 codes [slots, Nkv * Dp] and float32 scales [slots, Nkv]
+  // per layer and plane instead (backend/cuda/kv_fp8.cuh), k_cache_ and v_cache_ then null.
   DeviceArray<char> kv_pool_;
   std::vector<bf16*> k_cache_, v_cache_;
+  std::vector<uint8_t*> k_codes_, v_codes_;
+  std::vector<float*> k_scales_, v_scales_;
+  bool kv_fp8_ = false;
   int64_t kv_width_ = 0;  // elements per cache row (Nkv * Dp, or L + R)
 
   // Stage timing with CUDA events, when a profiler is installed on the calling thread (see
@@ -576,7 +581,13 @@ void CudaDecoder::allocate_kv_pool() {
   const ModelConfig& c = config_;
   kv_width_ = c.mla ? w_.mla.cache_width() : c.num_kv_heads * w_.padded_head_dim;
   const int64_t planes = c.mla ? 1 : 2;
-  const int64_t bytes_per_token = c.num_layers * planes * kv_width_ * 2;
+  kv_fp8_ = options_.kv_dtype == KvDType::kFP8;  // GQA only: create() refused fp8 for MLA
+  // The planner's bytes per token (kv_bytes_per_token) at the padded head dim.
+  const int64_t bytes_per_token = gpu_kv_bytes_per_token(c, w_.padded_head_dim,
+                                                         kv_width_, options_.kv_dtype);
+  MOE_CHECK(kv_fp8_ || bytes_per_token == c.num_layers * planes * kv_width_ * 2,
+            "the KV pool's bf16 rows are ", c.num_layers * planes * kv_width_ * 2,
+            " bytes per token, not the ", bytes_per_token, " gpu_kv_bytes_per_token counts");
   const int64_t block_bytes = bytes_per_token * block_size_;
   size_t free_bytes = 0, total_bytes = 0;
   CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
@@ -604,10 +615,30 @@ void CudaDecoder::allocate_kv_pool() {
   num_blocks_ = blocks;
   kv_pool_ = device_array<char>(static_cast<size_t>(blocks * block_bytes));
   const int64_t plane_elems = blocks * block_size_ * kv_width_;
-  auto* base = reinterpret_cast<bf16*>(kv_pool_.get());
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    k_cache_.push_back(base + (l * planes) * plane_elems);
-    v_cache_.push_back(c.mla ? nullptr : base + (l * planes + 1) * plane_elems);
+  if (kv_fp8_) {
+    // [L, 2] code planes of plane_elems bytes (a multiple of 64: Dp is), then [L, 2] scale
+    // planes of slots * Nkv floats: L * 2 * slots * (Nkv * Dp + 4 Nkv) = blocks * block_bytes.
+    auto* codes = reinterpret_cast<uint8_t*>(kv_pool_.get());
+    auto* scales = reinterpret_cast<float*>(codes + c.num_layers * 2 * plane_elems);
+    const int64_t scale_plane = blocks * block_size_ * c.num_kv_heads;
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      k_cache_.push_back(nullptr);
+      v_cache_.push_back(nullptr);
+      k_codes_.push_back(codes + (l * 2) * plane_elems);
+      v_codes_.push_back(codes + (l * 2 + 1) * plane_elems);
+      k_scales_.push_back(scales + (l * 2) * scale_plane);
+      v_scales_.push_back(scales + (l * 2 + 1) * scale_plane);
+    }
+  } else {
+    auto* base = reinterpret_cast<bf16*>(kv_pool_.get());
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      k_cache_.push_back(base + (l * planes) * plane_elems);
+      v_cache_.push_back(c.mla ? nullptr : base + (l * planes + 1) * plane_elems);
+      k_codes_.push_back(nullptr);
+      v_codes_.push_back(nullptr);
+      k_scales_.push_back(nullptr);
+      v_scales_.push_back(nullptr);
+    }
   }
   report_.kv_bytes = blocks * block_bytes;
   report_.kv_bytes_per_token = bytes_per_token;
@@ -854,7 +885,9 @@ void CudaDecoder::attention(int64_t layer, const Step& step) {
                             .q_norm = per_head_norm ? d.q_norm : nullptr,
                             .k_norm = per_head_norm ? d.k_norm : nullptr, .eps = eps,
                             .slots = meta_.slots, .k_cache = k_cache_[layer],
-                            .v_cache = v_cache_[layer], .num_slots = slots, .q_out = q_,
+                            .v_cache = v_cache_[layer], .k_codes = k_codes_[layer],
+                            .v_codes = v_codes_[layer], .k_scales = k_scales_[layer],
+                            .v_scales = v_scales_[layer], .num_slots = slots, .q_out = q_,
                             .k_out = prefill ? k_ : nullptr, .v_out = prefill ? v_ : nullptr,
                             .num_tokens = T, .num_q_heads = Nq, .num_kv_heads = Nkv,
                             .head_dim = D, .padded_head_dim = Dp, .rotary_dim = rotary_dim_,
@@ -875,7 +908,9 @@ void CudaDecoder::attention(int64_t layer, const Step& step) {
   } else {
     cuda::paged_decode_attention(
         {.q = q_, .k_cache = k_cache_[layer], .v_cache = v_cache_[layer],
-         .block_tables = meta_.block_tables, .seq_lens = meta_.seq_lens, .out = attn_,
+         .k_codes = k_codes_[layer], .v_codes = v_codes_[layer], .k_scales = k_scales_[layer],
+         .v_scales = v_scales_[layer], .block_tables = meta_.block_tables,
+         .seq_lens = meta_.seq_lens, .out = attn_,
          .workspace = attn_workspace_, .num_seqs = T, .num_q_heads = Nq, .num_kv_heads = Nkv,
          .head_dim = Dp, .block_size = block_size_, .num_blocks = num_blocks_,
          .max_blocks_per_seq = step.table_stride, .max_seq_len = step.max_seq_len,
@@ -937,14 +972,29 @@ void CudaDecoder::qk_norm_clip_rope_write(int64_t layer, const Step& step) {
               .attention_scaling = rope_scaling_, .interleaved = interleaved_rope(layer)},
              stream_);
   const int64_t slots = num_blocks_ * block_size_;
-  cuda::kv_cache_write({.src = qkv_ + Nq * Dp, .cache = k_cache_[layer], .slots = meta_.slots,
-                        .num_tokens = T, .width = Nkv * Dp, .src_stride = Nqkv,
-                        .num_slots = slots},
-                       stream_);
-  cuda::kv_cache_write({.src = qkv_ + (Nq + Nkv) * Dp, .cache = v_cache_[layer],
-                        .slots = meta_.slots, .num_tokens = T, .width = Nkv * Dp,
-                        .src_stride = Nqkv, .num_slots = slots},
-                       stream_);
+  if (kv_fp8_) {
+    // Prefill's copies below then take the rows as the cache decodes them.
+    const bool write_back = step.route == Route::kPrefill;
+    cuda::kv_cache_write_fp8({.src = qkv_ + Nq * Dp, .codes = k_codes_[layer],
+                              .scales = k_scales_[layer], .slots = meta_.slots, .num_tokens = T,
+                              .num_heads = Nkv, .head_width = Dp, .src_stride = Nqkv,
+                              .num_slots = slots, .write_back = write_back},
+                             stream_);
+    cuda::kv_cache_write_fp8({.src = qkv_ + (Nq + Nkv) * Dp, .codes = v_codes_[layer],
+                              .scales = v_scales_[layer], .slots = meta_.slots, .num_tokens = T,
+                              .num_heads = Nkv, .head_width = Dp, .src_stride = Nqkv,
+                              .num_slots = slots, .write_back = write_back},
+                             stream_);
+  } else {
+    cuda::kv_cache_write({.src = qkv_ + Nq * Dp, .cache = k_cache_[layer], .slots = meta_.slots,
+                          .num_tokens = T, .width = Nkv * Dp, .src_stride = Nqkv,
+                          .num_slots = slots},
+                         stream_);
+    cuda::kv_cache_write({.src = qkv_ + (Nq + Nkv) * Dp, .cache = v_cache_[layer],
+                          .slots = meta_.slots, .num_tokens = T, .width = Nkv * Dp,
+                          .src_stride = Nqkv, .num_slots = slots},
+                         stream_);
+  }
   auto copy_heads = [&](bf16* dst, int64_t offset, int64_t width) {
     CUDA_CHECK(cudaMemcpy2DAsync(dst, width * sizeof(bf16), qkv_ + offset, Nqkv * sizeof(bf16),
                                  width * sizeof(bf16), T, cudaMemcpyDeviceToDevice, stream_));
@@ -1451,6 +1501,7 @@ std::unique_ptr<GpuDecoder> GpuDecoder::create(const ModelConfig& config,
                                                const DecoderWeights& weights,
                                                const GpuOptions& options) {
   check_gpu_support(config);
+  check_gpu_kv_dtype(config, options.kv_dtype);
   gpu::select_device(options.device);
   offload::check_offload_model(options.offload, config.num_experts,
                                "the " + config.model_type + " model");
@@ -1464,6 +1515,7 @@ std::unique_ptr<GpuDecoder> GpuDecoder::create_synthetic(const ModelConfig& conf
                                                          const GpuOptions& options,
                                                          const SyntheticGpuOptions& synthetic) {
   check_gpu_support(config);
+  check_gpu_kv_dtype(config, options.kv_dtype);
   gpu::select_device(options.device);
   offload::check_offload_model(options.offload, config.num_experts,
                                "the " + config.model_type + " model");
