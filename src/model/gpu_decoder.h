@@ -70,6 +70,9 @@ struct GpuOptions {
   // --expert-budget / --expert-cache: routed experts live in pinned host memory and a device
   // cache of slots holds what the budget allows (disabled: every expert resident).
   offload::OffloadOptions offload;
+  // --router-temperature, --active-experts / --renorm, --drop-below in every MoE layer's route
+  // stage (--expert-capacity is refused on cuda: check_routing_device).
+  moe::RoutingApproximation routing;
 };
 
 // How a synthetic model's routers choose (`--routing-skew`).

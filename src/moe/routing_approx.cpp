@@ -36,9 +36,9 @@ void validate(const RoutingApproximation& a, const RouterOptions& router) {
 }
 
 void check_routing_device(const RoutingApproximation& approx, bool cuda) {
-  if (!cuda || !approx.enabled()) return;
-  MOE_FAIL(approx.flags().front(),
-           " is not implemented on the CUDA backend yet: run it with --device cpu");
+  if (!cuda || approx.expert_capacity == 0.0) return;
+  MOE_FAIL("--expert-capacity is not implemented on the CUDA backend yet (it counts every "
+           "expert's rows across the step's tokens in token order): run it with --device cpu");
 }
 
 void apply_temperature(const RoutingApproximation& approx, float* logits, int64_t n) {

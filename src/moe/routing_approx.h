@@ -71,8 +71,9 @@ struct RoutingApproximation {
 // naming the command-line flag.
 void validate(const RoutingApproximation& approx, const RouterOptions& router);
 
-// Refuses approximations on a device that does not run them yet (the GPU decoder's route
-// kernels do not): an error naming the first flag, never a silent run without it.
+// Refuses the approximations a device does not run yet (the GPU's route stage has the
+// temperature, --active-experts and --drop-below, not --expert-capacity): an error naming the
+// flag, never a silent run without it.
 void check_routing_device(const RoutingApproximation& approx, bool cuda);
 
 // logits [n] /= router_temperature (nothing when it is 1).

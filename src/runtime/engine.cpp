@@ -131,7 +131,8 @@ GpuOptions gpu_options(const ModelConfig& model, const EngineConfig& config) {
                     .kv_dtype = config.kv_dtype == KvDType::kFP8 ? KvDType::kFP8 : KvDType::kBF16,
                     .deterministic = config.deterministic,
                     .small_batch_moe_rows = config.fused_moe_rows,
-                    .offload = config.offload};
+                    .offload = config.offload,
+                    .routing = config.routing};
 }
 
 }  // namespace

@@ -123,6 +123,30 @@ __host__ __device__ inline float router_gumbel(float u) { return -logf(-logf(u))
 // same picks and the same float32 operations per score.
 void fused_router(const RouterParams& params, cudaStream_t stream);
 
+// The routing approximations that drop assignments (moe/routing_approx.h: --active-experts with
+// --renorm, --drop-below), applied in place to fused_router's output, one thread per token, in
+// moe::approximate_routing's order and float32 arithmetic: keep the active_experts largest
+// weights (ties: earlier pick), rescaled to the sum before when renorm_kept; then drop every
+// weight under drop_below of the token's sum but its largest, the rest rescaled to that sum. A
+// dropped assignment becomes the null expert E with weight 0 (plan gives it no row, unpermute
+// skips it). Tokens at or past *num_valid_tokens (graph padding) are left as they are.
+inline constexpr int64_t kRoutingApproxMaxTopK = 64;
+struct RoutingApproxParams {
+  int32_t* topk_ids = nullptr;      // [T, K]
+  float* topk_weights = nullptr;    // [T, K]
+  int64_t num_tokens = 0;           // T
+  int64_t top_k = 0;                // K, 1..kRoutingApproxMaxTopK
+  int64_t num_experts = 0;          // E: the null expert's id
+  const int32_t* num_valid_tokens = nullptr;  // device scalar, or null: all T
+  int64_t active_experts = 0;       // K' in [1, K]; 0 or K: off
+  bool renorm_kept = true;          // --renorm kept (else full)
+  float drop_below = 0.0f;          // in [0, 1); 0: off
+};
+void approximate_routing(const RoutingApproxParams& params, cudaStream_t stream);
+
+// logits [n] *= factor (--router-temperature T: factor 1 / T, as moe::apply_temperature).
+void scale_logits(float* logits, int64_t n, float factor, cudaStream_t stream);
+
 namespace detail {
 // fused_router's checks of the sizes and options (not the pointers), for the kernels that route
 // inside themselves.

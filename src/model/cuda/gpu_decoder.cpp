@@ -1149,7 +1149,8 @@ void CudaDecoder::build_moe_block() {
   moe_ = std::make_unique<MoeBlock>(
       MoeBlockOptions{.router = router_options(config_),
                       .shape = shape,
-                      .top_k = config_.num_experts_per_tok},
+                      .top_k = config_.num_experts_per_tok,
+                      .approx = options_.routing},
       layers, plans_, moe_buffers_,
       std::make_unique<LocalDispatcher>(config_.num_experts, w_.padded_hidden_size),
       std::move(runner), linear_fn, mlp_fn);
@@ -1456,6 +1457,10 @@ void CudaDecoder::report_routing(const Step& step) {
     const int32_t* ids = host_routing_ids_.get() + l * tcap_ * K;
     const float* weights = host_routing_weights_.get() + l * tcap_ * K;
     routing.topk_ids.assign(ids, ids + step.num_valid * K);
+    // An assignment a routing approximation dropped is the null expert E on the device.
+    for (int32_t& id : routing.topk_ids) {
+      if (id == config_.num_experts) id = moe::kNoExpert;
+    }
     routing.topk_weights.assign(weights, weights + step.num_valid * K);
     routing_observer_(l, routing);
   }

@@ -108,6 +108,12 @@ MoeBlock::MoeBlock(const MoeBlockOptions& options, std::span<const DeviceLayer> 
             options_.top_k, " must be in [1, ", options_.shape.num_experts, "]");
   MOE_CHECK(options_.router.score != moe::ScoreFunction::kTopkSoftmax,
             "the GPU router has no softmax over the top-k logits (GPT-OSS)");
+  moe::validate(options_.approx, options_.router);
+  moe::check_routing_device(options_.approx, /*cuda=*/true);
+  MOE_CHECK(!options_.approx.drops() || options_.top_k <= cuda::kRoutingApproxMaxTopK,
+            options_.approx.flags().front(), " on cuda takes up to ",
+            cuda::kRoutingApproxMaxTopK, " experts per token; this model routes ",
+            options_.top_k);
 }
 
 cuda::RouterParams MoeBlock::router_params(int64_t layer, int64_t T, const int32_t* num_valid,
@@ -144,8 +150,21 @@ void MoeBlock::route(int64_t layer, const bf16* hidden, int64_t T, const int32_t
   const ExpertShape& s = options_.shape;
   linear_(hidden, T, layers_[layer].router, s.num_experts, s.hidden_size, logits,
           /*f32_out=*/true);
+  const moe::RoutingApproximation& approx = options_.approx;
+  // As moe::apply_temperature: the logits times the temperature's inverse, in float32.
+  cuda::scale_logits(logits, T * s.num_experts,
+                     static_cast<float>(1.0 / approx.router_temperature), stream);
   cuda::fused_router(
       router_params(layer, T, num_valid, noise_keys, logits, topk_ids, topk_weights), stream);
+  if (approx.active_experts != 0 || approx.drop_below != 0.0) {
+    cuda::approximate_routing({.topk_ids = topk_ids, .topk_weights = topk_weights,
+                               .num_tokens = T, .top_k = options_.top_k,
+                               .num_experts = s.num_experts, .num_valid_tokens = num_valid,
+                               .active_experts = approx.active_experts,
+                               .renorm_kept = approx.renorm == moe::KeptRenorm::kKept,
+                               .drop_below = static_cast<float>(approx.drop_below)},
+                              stream);
+  }
 }
 
 const int32_t* MoeBlock::predict(int64_t layer, const RoutedTokens& tokens,
@@ -161,7 +180,7 @@ const int32_t* MoeBlock::predict(int64_t layer, const RoutedTokens& tokens,
 bool MoeBlock::small_batch_takes(int64_t layer, int64_t T) const {
   const DeviceLayer* d = runner_->resident(layer);
   const ExpertShape& s = options_.shape;
-  return d != nullptr && buffers_.small_moe_workspace != nullptr &&
+  return d != nullptr && buffers_.small_moe_workspace != nullptr && !options_.approx.enabled() &&
          T * options_.top_k <= buffers_.small_moe_rows &&
          cuda::small_moe_supports(T, s.num_experts, options_.top_k, s.hidden_size,
                                   s.expert_width, d->shared_gate_up ? d->shared_width : 0);

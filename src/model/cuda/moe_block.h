@@ -24,6 +24,7 @@
 #include "backend/cuda/moe_stages.h"
 #include "model/cuda/device_weights.h"
 #include "model/layer_plan.h"
+#include "moe/routing_approx.h"
 #include "moe/stages.h"
 #include "profile/profiler.h"
 
@@ -203,6 +204,9 @@ struct MoeBlockOptions {
   moe::RouterOptions router;   // selection_bias is per layer (DeviceLayer)
   ExpertShape shape;
   int64_t top_k = 0;           // K
+  // Applied in the route stage, as the CPU's MoeBlock does; any of them turns the small-batch
+  // path off (its router is inside its kernel).
+  moe::RoutingApproximation approx;
 };
 
 // One layer's call: where its input and outputs are.
