@@ -13,13 +13,17 @@
 // the pool is sized (this process's CUDA context and cuBLAS handle, the weights, the workspace,
 // which is at most 2 GiB, and whatever other processes hold). The planner's: KV =
 // gpu_mem x memory_fraction - workspace_gib (2 GiB, the workspace's cap standing in for
-// workspace + context) - weights. The planner is not changed: on an idle H200 the two differ by
-// 2 GiB - (workspace + context), by our estimate 1-2% of the KV pool. To keep the test meaningful
-// when ctest runs other CUDA tests in parallel processes, the memory already in use on the device
-// before the decoder is made (measured here) is added to the plan's reserve, as an operator
-// sharing a card would lower --gpu-mem; when that memory is small (an idle card: this process's
-// context alone), the plan exactly as `moeinfer plan --gpu-mem <card>` prints it is also held
-// to 5%. The three models run one after another in one registered test, so they never hold the
+// workspace + context) - weights. So the test holds the plan two ways:
+//   - told the reserve the decoder really had (the memory in use on the device before it was
+//     made, which includes this process's context and whatever parallel ctest processes hold,
+//     plus its workspace), the plan's tokens are within 5% of the pool's: the weights, the bytes
+//     per token and the arithmetic are right;
+//   - as `moeinfer plan --gpu-mem <card>` prints it (on an idle card), the plan never promises
+//     more tokens than the pool holds (0.5% slack for the weights' alignment) and falls short by
+//     at most its 2 GiB reserve's worth of tokens. That shortfall is 1-2% of the KV pool on an
+//     H200 but 8% on an 80 GB H100 holding 57 GiB of weights (bench/RESULTS.md, 2026-12-06),
+//     which is why a 5% bound on the printed plan held on one card and not the other. The three
+//     models run one after another in one registered test, so they never hold the
 // card at the same time. While one holds 0.9 of the card (from sizing its pool until it is
 // freed, a moment), a GpuDecoder made by another process finds little of its own 0.9 left.
 #if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
@@ -106,7 +110,7 @@ void check_model(const std::string& name, const ModelConfig& config,
                                .kv_dtype = KvDType::kBF16,
                                .memory_fraction = kMemoryFraction};
   PlanOptions shared = as_printed;
-  shared.workspace_gib += static_cast<double>(in_use_before) / kGiB;
+  shared.workspace_gib = static_cast<double>(in_use_before + r.workspace_bytes) / kGiB;
   const CapacityPlan plan = plan_capacity(config, as_printed);
   const CapacityPlan plan_shared = plan_capacity(config, shared);
 
@@ -115,9 +119,17 @@ void check_model(const std::string& name, const ModelConfig& config,
   expect_within(plan.kv_bytes_per_token, r.kv_bytes_per_token, "KV bytes per token");
   EXPECT_EQ(plan_shared.layout, Layout::kSingleGpu);
   expect_within(plan_shared.kv_tokens_fit, engine_tokens,
-                "tokens of KV that fit (reserve + memory in use before)");
+                "tokens of KV that fit (the reserve the decoder had: memory in use before + "
+                "its workspace)");
   if (in_use_before <= kIdleDeviceBytes) {
-    expect_within(plan.kv_tokens_fit, engine_tokens, "tokens of KV that fit (as printed)");
+    const double reserve_tokens =
+        as_printed.workspace_gib * kGiB / static_cast<double>(r.kv_bytes_per_token);
+    EXPECT_LE(static_cast<double>(plan.kv_tokens_fit), 1.005 * static_cast<double>(engine_tokens))
+        << "the printed plan promises more tokens than the pool holds";
+    EXPECT_GE(static_cast<double>(plan.kv_tokens_fit),
+              static_cast<double>(engine_tokens) - 1.005 * reserve_tokens)
+        << "the printed plan falls short by more than its " << as_printed.workspace_gib
+        << " GiB reserve";
   } else {
     std::printf(
         "%s: %.2f GiB in use on the device before the decoder; the as-printed plan's "
@@ -127,7 +139,7 @@ void check_model(const std::string& name, const ModelConfig& config,
   std::printf(
       "%-24s %s %.1f GiB x %.2f, %.2f GiB in use before | weights plan %.3f GiB, "
       "device %.3f GiB (%+.3f%%) | workspace %.3f GiB | KV/token plan %lld B, device "
-      "%lld B | tokens: device %lld, plan %lld (%+.2f%%), plan + in-use reserve %lld "
+      "%lld B | tokens: device %lld, plan %lld (%+.2f%%), plan with the real reserve %lld "
       "(%+.2f%%)\n",
       name.c_str(), r.device_name.c_str(), card_gib, kMemoryFraction,
       static_cast<double>(in_use_before) / kGiB, plan.weight_bytes.total() / kGiB,
