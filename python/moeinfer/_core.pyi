@@ -75,6 +75,12 @@ class EngineOptions:
     overlap: bool
     dispatch_dtype: str
     micro_batches: int
+    active_experts: int
+    renorm: str
+    drop_below: float
+    expert_capacity: float
+    overflow: str
+    router_temperature: float
     def __init__(self) -> None: ...
 
 class Engine:

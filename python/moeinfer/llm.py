@@ -72,6 +72,11 @@ class LLM:
             "bf16" or "fp8" (e4m3 with a scale per row), as ``--dispatch-dtype``.
         micro_batches: with ep: 2 splits each rank's step into two micro-batches that alternate
             per MoE layer, so one's rows travel while the other computes (``--micro-batches``).
+        active_experts, renorm, drop_below, expert_capacity, overflow, router_temperature: the
+            routing approximations of ``--active-experts K'`` (with ``renorm`` "kept" or
+            "full"), ``--drop-below W``, ``--expert-capacity F`` (with ``overflow`` "drop" or
+            "reroute"; not on cuda) and ``--router-temperature T``; None: off. They change what
+            the model computes (``moeinfer eval`` measures how much).
         deterministic: batch-invariant kernels: a seeded request's text does not depend on
             what else runs.
         generation_config: sampling defaults for ``get_default_sampling_params``: "auto" (the
@@ -110,6 +115,12 @@ class LLM:
         overlap: bool = True,
         dispatch_dtype: str = "f32",
         micro_batches: int = 1,
+        active_experts: Optional[int] = None,
+        renorm: Optional[str] = None,
+        drop_below: Optional[float] = None,
+        expert_capacity: Optional[float] = None,
+        overflow: Optional[str] = None,
+        router_temperature: Optional[float] = None,
         deterministic: bool = False,
         generation_config: str = "auto",
         profile: bool = False,
@@ -143,6 +154,14 @@ class LLM:
         options.overlap = overlap
         options.dispatch_dtype = dispatch_dtype
         options.micro_batches = micro_batches
+        if active_experts is not None and active_experts < 1:
+            raise _core.EngineError(f"active_experts must be at least 1, got {active_experts}")
+        options.active_experts = active_experts or 0
+        options.renorm = renorm or ""
+        options.drop_below = 0.0 if drop_below is None else drop_below
+        options.expert_capacity = 0.0 if expert_capacity is None else expert_capacity
+        options.overflow = overflow or ""
+        options.router_temperature = 1.0 if router_temperature is None else router_temperature
         self._engine = _core.Engine.load(os.fspath(model), options)
         if self._engine.rank > 0:
             # Rank 0 drives every rank's engine; this one steps with it until it closes.

@@ -305,7 +305,13 @@ NB_MODULE(_core, m) {
       .def_rw("placement", &SessionOptions::placement)
       .def_rw("overlap", &SessionOptions::overlap)
       .def_rw("dispatch_dtype", &SessionOptions::dispatch_dtype)
-      .def_rw("micro_batches", &SessionOptions::micro_batches);
+      .def_rw("micro_batches", &SessionOptions::micro_batches)
+      .def_rw("active_experts", &SessionOptions::active_experts)
+      .def_rw("renorm", &SessionOptions::renorm)
+      .def_rw("drop_below", &SessionOptions::drop_below)
+      .def_rw("expert_capacity", &SessionOptions::expert_capacity)
+      .def_rw("overflow", &SessionOptions::overflow)
+      .def_rw("router_temperature", &SessionOptions::router_temperature);
 
   nb::class_<Session>(m, "Engine", "An engine over one checkpoint (use moeinfer.LLM)")
       .def_static(

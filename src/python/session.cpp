@@ -37,7 +37,26 @@ EngineConfig engine_config(const SessionOptions& o) {
             o.micro_batches);
   MOE_CHECK(o.ep > 1 || o.micro_batches == 1, "micro_batches=", o.micro_batches,
             " needs ep > 1: without expert parallelism nothing travels to overlap");
+  MOE_CHECK(o.renorm.empty() || o.renorm == "kept" || o.renorm == "full",
+            "renorm must be 'kept' or 'full', got '", o.renorm, "'");
+  MOE_CHECK(o.renorm.empty() || o.active_experts != 0, "renorm='", o.renorm,
+            "' needs active_experts");
+  MOE_CHECK(o.overflow.empty() || o.overflow == "drop" || o.overflow == "reroute",
+            "overflow must be 'drop' or 'reroute', got '", o.overflow, "'");
+  MOE_CHECK(o.overflow.empty() || o.expert_capacity != 0.0, "overflow='", o.overflow,
+            "' needs expert_capacity");
+  MOE_CHECK(o.active_experts >= 0, "active_experts must be at least 1, got ", o.active_experts);
   EngineConfig config;
+  config.routing = {
+      .active_experts = o.active_experts,
+      .renorm = o.renorm == "full" ? moe::KeptRenorm::kFull : moe::KeptRenorm::kKept,
+      .drop_below = o.drop_below,
+      .expert_capacity = o.expert_capacity,
+      .overflow = o.overflow == "reroute" ? moe::CapacityOverflow::kReroute
+                                          : moe::CapacityOverflow::kDrop,
+      .router_temperature = o.router_temperature};
+  // The values on their own; K' <= K once the model is known (the decoders check it at load).
+  moe::validate(config.routing, moe::RouterOptions{.num_experts = INT32_MAX, .top_k = INT32_MAX});
   config.device = o.device;
   config.max_num_seqs = o.max_num_seqs;
   config.max_num_batched_tokens = o.max_num_batched_tokens;
@@ -191,6 +210,9 @@ void Session::trace_routing(const std::string& path) {
   engine_->set_routing_observer(nullptr);
   trace_.reset();
   if (path.empty()) return;
+  MOE_CHECK(!engine_->config().routing.drops(),
+            "trace_routing records all K experts of every token: leave out active_experts, "
+            "drop_below and expert_capacity");
   const ModelConfig& config = engine_->model_config();
   trace_ = std::make_unique<RoutingTraceWriter>(path, config.num_layers, config.num_experts,
                                                 config.num_experts_per_tok);

@@ -77,6 +77,14 @@ struct SessionOptions {
   bool overlap = true;
   std::string dispatch_dtype = "f32";  // how dispatch encodes the rows it sends: f32, bf16, fp8
   int micro_batches = 1;  // 2: each rank's step runs as two micro-batches alternating per MoE layer
+  // Routing approximations (moe/routing_approx.h), as --active-experts, --renorm, --drop-below,
+  // --expert-capacity, --overflow, --router-temperature; 0 / "" / 1: off, not given.
+  int64_t active_experts = 0;
+  std::string renorm;  // "kept" or "full", with active_experts
+  double drop_below = 0.0;
+  double expert_capacity = 0.0;
+  std::string overflow;  // "drop" or "reroute", with expert_capacity
+  double router_temperature = 1.0;
 };
 
 // The engine's configuration from the options; throws moeinfer::Error naming a bad one.

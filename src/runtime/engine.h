@@ -62,7 +62,8 @@ struct EngineConfig {
   // (a device cache on cuda, a simulated one on the CPU); their counters reach EngineStats.
   offload::OffloadOptions offload;
   // --active-experts, --drop-below, --expert-capacity, --router-temperature: the MoE layers'
-  // routing approximations (moe/routing_approx.h), CPU only for now; off by default.
+  // routing approximations (moe/routing_approx.h); off by default. The GPU refuses
+  // --expert-capacity (moe::check_routing_device).
   moe::RoutingApproximation routing;
   // --weights: the routed experts quantised at load (model/weight_quant.h), CPU only for now.
   WeightFormat expert_weights = WeightFormat::kCheckpoint;
