@@ -160,7 +160,7 @@ class Workload {
       : config_(config), decoder_(decoder), args_(args), prompts_(std::move(prompts)) {
     const int64_t per_seq = (args.input_len + args.output_len + kBlockSize - 1) / kBlockSize;
     num_blocks_ = per_seq * args.batch;
-    const moe::RoutingApproximation routing = args.device.routing_approximation();  // CPU only
+    const moe::RoutingApproximation routing = args.device.routing_approximation();
     if (args.device.is_cuda()) {
       // The same workload on the GPU decoder: its own device pool of the same blocks.
       const GpuOptions options{.weight_dtype = args.device.weight_dtype(),
@@ -173,7 +173,8 @@ class Workload {
                                // refuses --kv-dtype f32: the GPU cache is bf16 or fp8
                                .kv_dtype = args.device.kv_rows_dtype(),
                                .small_batch_moe_rows = args.device.fused_moe_rows,
-                               .offload = args.device.offload()};
+                               .offload = args.device.offload(),
+                               .routing = routing};
       gpu_ = decoder ? GpuDecoder::create(config, decoder->weights(), options)
                      : GpuDecoder::create_synthetic(
                            config, options,

@@ -358,6 +358,7 @@ SequenceRunner::SequenceRunner(Model& model, const DeviceArgs& device, int64_t m
   options.small_batch_moe_rows = device.fused_moe_rows;
   options.weight_dtype = device.weight_dtype();
   options.kv_dtype = kv_dtype_;
+  options.routing = routing;
   gpu_ = GpuDecoder::create(config, model.decoder().weights(), options);
   for (int32_t b = 0; b < options.num_kv_blocks; ++b) block_table_.push_back(b);
 }
@@ -371,8 +372,11 @@ void SequenceRunner::set_routing_observer(Decoder::RoutingObserver observer) {
 }
 
 void SequenceRunner::set_routing_approximation(const moe::RoutingApproximation& approx) {
-  moe::check_routing_device(approx, gpu_ != nullptr);
-  if (!gpu_) model_.decoder().set_routing_approximation(approx);
+  if (gpu_) {
+    gpu_->set_routing_approximation(approx);
+  } else {
+    model_.decoder().set_routing_approximation(approx);
+  }
 }
 
 void SequenceRunner::reset() {

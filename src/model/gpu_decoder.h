@@ -185,6 +185,9 @@ class GpuDecoder {
   // router writes each layer's output to a buffer of its own (graphs of their own, the same
   // logits) and one copy per step brings them back; null turns it off.
   virtual void set_routing_observer(Decoder::RoutingObserver observer) = 0;
+  // As Decoder::set_routing_approximation, from the next forward (GpuOptions::routing at
+  // creation); the captured graphs are dropped when it changes. --expert-capacity is refused.
+  virtual void set_routing_approximation(const moe::RoutingApproximation& approx) = 0;
 };
 
 // The floors GPU figures are ratios to, measured now on the current device.

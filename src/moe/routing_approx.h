@@ -60,6 +60,7 @@ struct RoutingApproximation {
   double router_temperature = 1.0;  // T > 0; 1: off
 
   bool enabled() const;
+  bool operator==(const RoutingApproximation&) const = default;
   // Whether assignments may be dropped (all but the temperature), so that a token may have
   // fewer than K experts.
   bool drops() const { return active_experts != 0 || drop_below != 0.0 || expert_capacity != 0.0; }

@@ -156,6 +156,7 @@ class CudaDecoder final : public GpuDecoder {
   std::vector<int32_t> expert_counts() override;
   std::vector<int64_t> expert_cache_counters() override;
   void set_routing_observer(Decoder::RoutingObserver observer) override;
+  void set_routing_approximation(const moe::RoutingApproximation& approx) override;
 
  private:
   void allocate_workspace();
@@ -310,6 +311,7 @@ class CudaDecoder final : public GpuDecoder {
   PinnedArray<float> host_routing_weights_;
   void enqueue_routing_readback(const Step& step);
   void report_routing(const Step& step);
+  void drop_graphs();  // destroys every captured graph (they are captured again on demand)
   bool graph_events_time_ = true;  // cleared if events recorded by a graph cannot be timed
   Timeline eager_timeline_;
   Timeline* timeline_ = nullptr;  // where mark() records, while profiling
@@ -396,10 +398,7 @@ CudaDecoder::CudaDecoder(const ModelConfig& config, DeviceWeights weights,
 }
 
 CudaDecoder::~CudaDecoder() {
-  for (auto& [key, graph] : graphs_) {
-    cudaGraphExecDestroy(graph.exec);
-    for (cudaEvent_t e : graph.timeline.events) cudaEventDestroy(e);
-  }
+  drop_graphs();
   for (cudaEvent_t e : eager_timeline_.events) cudaEventDestroy(e);
   for (cudaEvent_t e : sample_events_) {
     if (e) cudaEventDestroy(e);
@@ -1419,6 +1418,28 @@ void CudaDecoder::forward_sample(const ForwardBatch& batch, std::span<const GpuS
   std::copy_n(host_meta_.tokens, R, tokens.data());
   if (profile::Profiler* profiler = profile::active()) report_step(*profiler, step);
   report_routing(step);
+}
+
+void CudaDecoder::drop_graphs() {
+  for (auto& [key, graph] : graphs_) {
+    cudaGraphExecDestroy(graph.exec);
+    for (cudaEvent_t e : graph.timeline.events) cudaEventDestroy(e);
+  }
+  graphs_.clear();
+}
+
+void CudaDecoder::set_routing_approximation(const moe::RoutingApproximation& approx) {
+  if (moe_ == nullptr) {  // no MoE layer: nothing is routed, but the values are still checked
+    moe::check_routing_device(approx, /*cuda=*/true);
+    options_.routing = approx;
+    return;
+  }
+  if (approx == options_.routing) return;  // eval switches per window: keep the graphs
+  moe_->set_approximation(approx);  // validates against the router
+  options_.routing = approx;
+  // The graphs hold the route stage's launches as they were captured.
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  drop_graphs();
 }
 
 void CudaDecoder::set_routing_observer(Decoder::RoutingObserver observer) {

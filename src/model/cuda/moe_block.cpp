@@ -108,12 +108,16 @@ MoeBlock::MoeBlock(const MoeBlockOptions& options, std::span<const DeviceLayer> 
             options_.top_k, " must be in [1, ", options_.shape.num_experts, "]");
   MOE_CHECK(options_.router.score != moe::ScoreFunction::kTopkSoftmax,
             "the GPU router has no softmax over the top-k logits (GPT-OSS)");
-  moe::validate(options_.approx, options_.router);
-  moe::check_routing_device(options_.approx, /*cuda=*/true);
-  MOE_CHECK(!options_.approx.drops() || options_.top_k <= cuda::kRoutingApproxMaxTopK,
-            options_.approx.flags().front(), " on cuda takes up to ",
-            cuda::kRoutingApproxMaxTopK, " experts per token; this model routes ",
-            options_.top_k);
+  set_approximation(options_.approx);
+}
+
+void MoeBlock::set_approximation(const moe::RoutingApproximation& approx) {
+  moe::validate(approx, options_.router);
+  moe::check_routing_device(approx, /*cuda=*/true);
+  MOE_CHECK(!approx.drops() || options_.top_k <= cuda::kRoutingApproxMaxTopK,
+            approx.flags().front(), " on cuda takes up to ", cuda::kRoutingApproxMaxTopK,
+            " experts per token; this model routes ", options_.top_k);
+  options_.approx = approx;
 }
 
 cuda::RouterParams MoeBlock::router_params(int64_t layer, int64_t T, const int32_t* num_valid,

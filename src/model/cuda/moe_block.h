@@ -231,6 +231,10 @@ class MoeBlock final : private RoutingPredictor {
            std::unique_ptr<TokenDispatcher> dispatcher, std::unique_ptr<ExpertRunner> runner,
            LinearFn linear, DenseMlpFn dense_mlp);
 
+  // Replaces the routing approximations from the next enqueue (validated as at construction);
+  // graphs captured before keep the old route stage, so their owner drops them.
+  void set_approximation(const moe::RoutingApproximation& approx);
+
   // Enqueues layer `layer`'s whole MoE block on `stream`, closing each stage with `marks`.
   void enqueue(int64_t layer, const MoeLayerIo& io, cudaStream_t stream,
                const StageMarks& marks = {});
