@@ -7,7 +7,8 @@
 #
 # Knobs: MOE_OFFLOAD_BUDGETS (default "100% 50% 25% 10%"), MOE_OFFLOAD_COLD (default
 # "gpu cpu auto"), MOE_OFFLOAD_ROUTING (default "synthetic": the random routers' own choice;
-# also "zipf:1.0" or "uniform", each a --routing-skew), MOE_OFFLOAD_BATCHES (default "1"),
+# also "zipf:1.0" or "uniform", each a --routing-skew, and "demo": the demo model's trained
+# routers), MOE_OFFLOAD_BATCHES (default "1"),
 # MOE_OFFLOAD_OUTPUT_LEN (default 128), MOE_OFFLOAD_EXTRA (more bench flags),
 # MOE_OFFLOAD_SKIP_TESTS=1. Run through the device tool with `carry: [".deps"]` after
 # `scripts/device-deps.sh download` here. Logs go to $OUT.
@@ -46,10 +47,14 @@ fi
 run() {  # name, batch, routing, then bench flags
   local name=$1 batch=$2 routing=$3
   shift 3
+  # "demo": the trained demo model's own routers (over random prompt ids, 64 of them);
+  # otherwise synthetic:qwen3-30b-a3b under that --routing-skew.
+  local model=(--model synthetic:qwen3-30b-a3b --input-len 1)
+  [ "$routing" = demo ] && model=(--model models/demo --input-len 64)
   local skew=()
-  [ "$routing" != synthetic ] && skew=(--routing-skew "$routing")
-  timeout 240 "$BUILD/moeinfer" bench --device cuda --model synthetic:qwen3-30b-a3b --batch "$batch" \
-    --input-len 1 --output-len "$LEN" --temperature 1 "${skew[@]}" "$@" $EXTRA \
+  [ "$routing" != synthetic ] && [ "$routing" != demo ] && skew=(--routing-skew "$routing")
+  timeout 240 "$BUILD/moeinfer" bench --device cuda "${model[@]}" --batch "$batch" \
+    --output-len "$LEN" --temperature 1 "${skew[@]}" "$@" $EXTRA \
     --json "$OUT/$name.json" >"$OUT/$name.log" 2>&1 || { echo "$name failed:"; tail -5 "$OUT/$name.log"; }
 }
 for routing in $ROUTINGS; do
