@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(kWarps* device::kWarpSize)
         float amax = 0.0f;
         for (int d = lane; d < D; d += device::kWarpSize)
           amax = fmaxf(amax, fabsf(__bfloat162float(__float2bfloat16_rn(s[d]))));
-        const float scale = kvfp8::scale_for(kvfp8::warp_amax(amax));
+        const float scale = kvfp8::scale_for(device::warp_max(amax));
         const int64_t row = static_cast<int64_t>(slot) * Nkv + kv;
         uint8_t* codes = slot >= 0 ? (is_v ? p.v_codes : p.k_codes) + row * Dp : nullptr;
         if (codes && lane == 0) (is_v ? p.v_scales : p.k_scales)[row] = scale;

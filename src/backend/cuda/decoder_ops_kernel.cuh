@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(kKvFp8Warps* device::kWarpSize)
   float amax = 0.0f;
   for (int d = lane; d < width; d += device::kWarpSize)
     amax = fmaxf(amax, fabsf(__bfloat162float(src[d])));
-  const float scale = kvfp8::scale_for(kvfp8::warp_amax(amax));
+  const float scale = kvfp8::scale_for(device::warp_max(amax));
   const int64_t row = static_cast<int64_t>(slot) * p.num_heads + head;
   uint8_t* codes = slot >= 0 ? p.codes + row * p.head_width : nullptr;
   if (codes && lane == 0) p.scales[row] = scale;

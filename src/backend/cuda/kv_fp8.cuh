@@ -21,13 +21,14 @@
 #include <cstdint>
 
 #include "backend/cuda/device_utils.cuh"
+#include "core/dtype.h"
 
 namespace moeinfer::cuda::kvfp8 {
 
-inline constexpr float kMax = 448.0f;  // largest finite e4m3, core/dtype's kF8E4M3Max
-
 // scale for a head whose largest magnitude is amax (core/dtype's f8e4m3_scale).
-__device__ __forceinline__ float scale_for(float amax) { return amax > 0.0f ? amax / kMax : 1.0f; }
+__device__ __forceinline__ float scale_for(float amax) {
+  return amax > 0.0f ? amax / kF8E4M3Max : 1.0f;
+}
 
 __device__ __forceinline__ uint8_t encode(float x, float scale) {
   return static_cast<uint8_t>(__nv_cvt_float_to_fp8(x / scale, __NV_SATFINITE, __NV_E4M3));
@@ -60,8 +61,5 @@ __device__ __forceinline__ uint4 decode8_bf16(const uint2& packed, float scale) 
   decode8(packed, scale, f);
   return device::float_to_bf16x8(f);
 }
-
-// The warp's max of |x| over the values each lane passes in (every lane gets the result).
-__device__ __forceinline__ float warp_amax(float lane_amax) { return device::warp_max(lane_amax); }
 
 }  // namespace moeinfer::cuda::kvfp8
