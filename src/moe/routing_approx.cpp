@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "backend/routing_rules.h"
 #include "core/error.h"
 
 namespace moeinfer::moe {
@@ -49,61 +50,13 @@ void apply_temperature(const RoutingApproximation& approx, float* logits, int64_
 
 namespace {
 
-float live_sum(const int32_t* ids, const float* weights, int64_t K) {
-  float sum = 0.0f;
-  for (int64_t k = 0; k < K; ++k) {
-    if (ids[k] != kNoExpert) sum += weights[k];
-  }
-  return sum;
-}
-
-// Scales the token's live weights so that they sum to `target` (nothing when none is left).
-void rescale(const int32_t* ids, float* weights, int64_t K, float target) {
-  const float sum = live_sum(ids, weights, K);
-  if (sum <= 0.0f) return;
-  const float scale = target / sum;
-  for (int64_t k = 0; k < K; ++k) {
-    if (ids[k] != kNoExpert) weights[k] *= scale;
-  }
-}
-
-void drop(int32_t* ids, float* weights, int64_t k) {
-  ids[k] = kNoExpert;
-  weights[k] = 0.0f;
-}
-
-// The token's live slots by weight, largest first; equal weights keep choice order.
-std::vector<int64_t> by_weight(const int32_t* ids, const float* weights, int64_t K) {
-  std::vector<int64_t> slots;
-  for (int64_t k = 0; k < K; ++k) {
-    if (ids[k] != kNoExpert) slots.push_back(k);
-  }
-  std::stable_sort(slots.begin(), slots.end(),
-                   [&](int64_t a, int64_t b) { return weights[a] > weights[b]; });
-  return slots;
-}
-
-void keep_active(const RoutingApproximation& a, int32_t* ids, float* weights, int64_t K) {
-  const float before = live_sum(ids, weights, K);
-  const std::vector<int64_t> slots = by_weight(ids, weights, K);
-  for (size_t i = static_cast<size_t>(a.active_experts); i < slots.size(); ++i) {
-    drop(ids, weights, slots[i]);
-  }
-  if (a.renorm == KeptRenorm::kKept) rescale(ids, weights, K, before);
-}
-
-void drop_small(const RoutingApproximation& a, int32_t* ids, float* weights, int64_t K) {
-  const float before = live_sum(ids, weights, K);
-  if (before <= 0.0f) return;
-  const std::vector<int64_t> slots = by_weight(ids, weights, K);
-  bool dropped = false;
-  for (size_t i = 1; i < slots.size(); ++i) {  // slots[0], the largest weight, always stays
-    if (weights[slots[i]] / before < static_cast<float>(a.drop_below)) {
-      drop(ids, weights, slots[i]);
-      dropped = true;
-    }
-  }
-  if (dropped) rescale(ids, weights, K, before);
+// One token's assignments under the shared rules (backend/routing_rules.h).
+routing_rules::Token token_of(Routing* routing, int64_t t) {
+  const int64_t K = routing->top_k;
+  return {.ids = routing->topk_ids.data() + t * K,
+          .weights = routing->topk_weights.data() + t * K,
+          .k = K,
+          .dropped = kNoExpert};
 }
 
 // score(to) / score(from) for two logits of one token: route() weighs every expert of a token
@@ -134,9 +87,10 @@ void limit_capacity(const float* logits, const RouterOptions& router, const Rout
   if (a.overflow == CapacityOverflow::kReroute) expert_preference(logits, T, router, &preference);
   std::vector<int64_t> rows(E, 0);
   for (int64_t t = 0; t < T; ++t) {
-    int32_t* ids = routing->topk_ids.data() + t * K;
-    float* weights = routing->topk_weights.data() + t * K;
-    const float before = live_sum(ids, weights, K);
+    const routing_rules::Token token = token_of(routing, t);
+    int32_t* ids = token.ids;
+    float* weights = token.weights;
+    const float before = token.live_sum();
     bool dropped = false;
     for (int64_t k = 0; k < K; ++k) {
       if (ids[k] == kNoExpert) continue;
@@ -161,11 +115,11 @@ void limit_capacity(const float* logits, const RouterOptions& router, const Rout
         ids[k] = moved_to;
         ++rows[moved_to];
       } else {
-        drop(ids, weights, k);
+        token.drop(k);
         dropped = true;
       }
     }
-    if (dropped) rescale(ids, weights, K, before);
+    if (dropped) token.rescale(before);
   }
 }
 
@@ -181,11 +135,16 @@ void approximate_routing(const float* logits, const RouterOptions& router,
             routing->topk_weights.size(), " weights");
   const bool fewer = approx.active_experts != 0 && approx.active_experts < K;
   if (fewer || approx.drop_below > 0.0) {
+    std::vector<int64_t> slots(static_cast<size_t>(K));
     for (int64_t t = 0; t < T; ++t) {
-      int32_t* ids = routing->topk_ids.data() + t * K;
-      float* weights = routing->topk_weights.data() + t * K;
-      if (fewer) keep_active(approx, ids, weights, K);
-      if (approx.drop_below > 0.0) drop_small(approx, ids, weights, K);
+      const routing_rules::Token token = token_of(routing, t);
+      if (fewer) {
+        token.keep_largest(approx.active_experts, approx.renorm == KeptRenorm::kKept,
+                           slots.data());
+      }
+      if (approx.drop_below > 0.0) {
+        token.drop_small(static_cast<float>(approx.drop_below), slots.data());
+      }
     }
   }
   if (approx.expert_capacity > 0.0) limit_capacity(logits, router, approx, routing);

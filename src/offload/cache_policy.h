@@ -20,11 +20,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define MOE_HOST_DEVICE __host__ __device__ inline
-#else
-#define MOE_HOST_DEVICE inline
-#endif
+#include "core/host_device.h"
 
 namespace moeinfer::offload {
 

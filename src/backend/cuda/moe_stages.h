@@ -124,8 +124,8 @@ __host__ __device__ inline float router_gumbel(float u) { return -logf(-logf(u))
 void fused_router(const RouterParams& params, cudaStream_t stream);
 
 // The routing approximations that drop assignments (moe/routing_approx.h: --active-experts with
-// --renorm, --drop-below), applied in place to fused_router's output, one thread per token, in
-// moe::approximate_routing's order and float32 arithmetic: keep the active_experts largest
+// --renorm, --drop-below), applied in place to fused_router's output, one thread per token, by
+// the rules the CPU runs (backend/routing_rules.h): keep the active_experts largest
 // weights (ties: earlier pick), rescaled to the sum before when renorm_kept; then drop every
 // weight under drop_below of the token's sum but its largest, the rest rescaled to that sum. A
 // dropped assignment becomes the null expert E with weight 0 (plan gives it no row, unpermute

@@ -1,11 +1,12 @@
-// The GPU's routing approximations (moe_stages.h: approximate_routing, scale_logits), the same
-// float32 operations in the same order as moe/routing_approx.cpp, so that equal router outputs
-// give equal approximated routings.
+// The GPU's routing approximations (moe_stages.h: approximate_routing, scale_logits): the
+// per-token rules are backend/routing_rules.h's, which moe/routing_approx.cpp runs on the CPU,
+// so equal router outputs give equal approximated routings.
 #include <algorithm>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/launch_checks.h"
 #include "backend/cuda/moe_stages.h"
+#include "backend/routing_rules.h"
 
 namespace moeinfer::cuda {
 
@@ -13,77 +14,20 @@ namespace {
 
 constexpr int kApproxThreads = 128;
 
-struct TokenRouting {
-  int32_t* ids;
-  float* weights;
-  int k;
-  int32_t null_expert;
-
-  __device__ bool live(int i) const { return ids[i] != null_expert; }
-  __device__ float live_sum() const {
-    float sum = 0.0f;
-    for (int i = 0; i < k; ++i) {
-      if (live(i)) sum += weights[i];
-    }
-    return sum;
-  }
-  __device__ void rescale(float target) const {
-    const float sum = live_sum();
-    if (sum <= 0.0f) return;
-    const float scale = target / sum;
-    for (int i = 0; i < k; ++i) {
-      if (live(i)) weights[i] *= scale;
-    }
-  }
-  __device__ void drop(int i) const {
-    ids[i] = null_expert;
-    weights[i] = 0.0f;
-  }
-  // The live slots by weight, largest first, equal weights in pick order (a stable insertion
-  // sort, as std::stable_sort orders them); returns how many.
-  __device__ int by_weight(int (&slots)[kRoutingApproxMaxTopK]) const {
-    int n = 0;
-    for (int i = 0; i < k; ++i) {
-      if (!live(i)) continue;
-      int j = n++;
-      while (j > 0 && weights[slots[j - 1]] < weights[i]) {
-        slots[j] = slots[j - 1];
-        --j;
-      }
-      slots[j] = i;
-    }
-    return n;
-  }
-};
-
 __global__ void __launch_bounds__(kApproxThreads)
     approximate_routing_kernel(const __grid_constant__ RoutingApproxParams p) {
-  const int64_t token = static_cast<int64_t>(blockIdx.x) * kApproxThreads + threadIdx.x;
+  const int64_t token_index = static_cast<int64_t>(blockIdx.x) * kApproxThreads + threadIdx.x;
   const int64_t valid = p.num_valid_tokens ? *p.num_valid_tokens : p.num_tokens;
-  if (token >= p.num_tokens || token >= valid) return;
-  const int K = static_cast<int>(p.top_k);
-  const TokenRouting r{p.topk_ids + token * K, p.topk_weights + token * K, K,
-                       static_cast<int32_t>(p.num_experts)};
-  int slots[kRoutingApproxMaxTopK];
-  if (p.active_experts > 0 && p.active_experts < K) {
-    const float before = r.live_sum();
-    const int n = r.by_weight(slots);
-    for (int i = static_cast<int>(p.active_experts); i < n; ++i) r.drop(slots[i]);
-    if (p.renorm_kept) r.rescale(before);
+  if (token_index >= p.num_tokens || token_index >= valid) return;
+  const routing_rules::Token token{.ids = p.topk_ids + token_index * p.top_k,
+                                   .weights = p.topk_weights + token_index * p.top_k,
+                                   .k = p.top_k,
+                                   .dropped = static_cast<int32_t>(p.num_experts)};
+  int64_t slots[kRoutingApproxMaxTopK];
+  if (p.active_experts > 0 && p.active_experts < p.top_k) {
+    token.keep_largest(p.active_experts, p.renorm_kept, slots);
   }
-  if (p.drop_below > 0.0f) {
-    const float before = r.live_sum();
-    if (before <= 0.0f) return;
-    const int n = r.by_weight(slots);
-    bool dropped = false;
-    for (int i = 1; i < n; ++i) {  // slots[0], the largest weight, always stays
-      if (r.weights[slots[i]] / before < p.drop_below) {
-        r.drop(slots[i]);
-        dropped = true;
-      }
-    }
-    if (dropped) r.rescale(before);
-  }
+  if (p.drop_below > 0.0f) token.drop_small(p.drop_below, slots);
 }
 
 __global__ void scale_logits_kernel(float* logits, int64_t n, float factor) {
