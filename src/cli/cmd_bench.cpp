@@ -390,6 +390,7 @@ void run_bench(const BenchArgs& args) {
                   {"unplaced", counts[offload::kCacheUnplaced]},
                   {"prefetched", prefetched},
                   {"prefetch_used", counts[offload::kCachePrefetchUsed]},
+                  {"prefetch_wasted", counts[offload::kCachePrefetchWasted]},
                   {"host_to_device_bytes", bytes},
                   {"stall_seconds", stall}};
   }

@@ -100,9 +100,9 @@ void CachedExperts::copy_to_slot(const offload::SlotCopy& c) {
 }
 
 void CachedExperts::admit(const offload::Admission& a, LayerStep& step) {
-  const std::span<const int64_t> before = cache_.counters(a.layer);
-  int64_t start[offload::kNumCacheCounters];
-  std::copy(before.begin(), before.end(), start);
+  constexpr int64_t C = offload::kNumCacheCounters;
+  const std::span<const int64_t> all = cache_.all_counters();
+  counters_before_.assign(all.begin(), all.end());
   const int64_t n = cache_.admit(a, rows_.data(), options_.cold, copies_, on_cpu_).num_copies;
   const auto copy_start = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < n; ++i) copy_to_slot(copies_[i]);
@@ -110,10 +110,22 @@ void CachedExperts::admit(const offload::Admission& a, LayerStep& step) {
     step.stall +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - copy_start).count();
   }
-  const std::span<const int64_t> after = cache_.counters(a.layer);
-  for (int k = 0; k < offload::kNumCacheCounters; ++k) step.counters[k] += after[k] - start[k];
+  // The admission's own layer goes into `step`; an eviction of another layer's unused prefetch
+  // counts in that layer, reported here.
+  for (int64_t l = 0; l < cache_.num_layers(); ++l) {
+    LayerStep other;
+    LayerStep& into = l == a.layer ? step : other;
+    bool changed = false;
+    for (int64_t k = 0; k < C; ++k) {
+      const int64_t delta = all[l * C + k] - counters_before_[l * C + k];
+      into.counters[k] += delta;
+      changed = changed || delta != 0;
+    }
+    if (l != a.layer && changed) report(l, other);
+  }
   // Every copy crosses once; an unplaced expert's weights are read from home by its rows.
-  const int64_t unplaced = after[offload::kCacheUnplaced] - start[offload::kCacheUnplaced];
+  const int64_t unplaced = all[a.layer * C + offload::kCacheUnplaced] -
+                           counters_before_[a.layer * C + offload::kCacheUnplaced];
   step.bytes += (n + unplaced) * expert_bytes_;
 }
 

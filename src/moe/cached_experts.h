@@ -97,6 +97,7 @@ class CachedExperts final : public ExpertRunner {
     void operator()(std::byte* p) const;
   };
 
+  std::vector<int64_t> counters_before_;  // admit()'s snapshot of every layer's counters
   std::vector<std::span<const ExpertWeights>> experts_;
   std::vector<LayerRouter> routers_;
   CachedExpertsOptions options_;

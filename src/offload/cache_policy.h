@@ -39,6 +39,7 @@ enum CacheCounter : int32_t {
   kCachePrefetchUsed,  // demands that hit a slot a prefetch filled (and no demand had used)
   kCacheOnCpu,         // demanded experts computed on the host (--cold-experts cpu|auto)
   kCacheRowsOnCpu,     // the rows those experts computed there
+  kCachePrefetchWasted,  // prefetched experts evicted before any demand used them
   kNumCacheCounters,
 };
 
@@ -122,11 +123,19 @@ MOE_HOST_DEVICE void touch_resident(const CacheTables& t, const Admission& a, in
   }
 }
 
-// Puts expert g in `slot` (evicting its owner), stamped with the admission's tick.
+// Puts expert g in `slot` (evicting its owner), stamped with the admission's tick. counters:
+// the whole [L, kNumCacheCounters]; an evicted prefetch that no demand used counts as wasted in
+// its own layer, so that used + wasted are the prefetches resolved, whatever window is read.
 MOE_HOST_DEVICE void place(const CacheTables& t, const Admission& a, int32_t g, int32_t slot,
                            int64_t* counters) {
   const int32_t old = t.owner[slot];
-  if (old >= 0) t.slot_of[old] = -1;
+  if (old >= 0) {
+    t.slot_of[old] = -1;
+    if (t.prefetched[slot]) {
+      counters[(old / a.num_experts) * kNumCacheCounters + kCachePrefetchWasted] += 1;
+    }
+  }
+  counters += a.layer * kNumCacheCounters;
   t.owner[slot] = g;
   t.slot_of[g] = slot;
   t.last_use[slot] = a.tick;
@@ -185,11 +194,12 @@ struct AdmissionLists {
 };
 
 // One whole admission on the host. rows[e] is the number of rows of this step that use expert
-// e of the layer (0: not needed); counters is the layer's [kNumCacheCounters]. A prefetch only
+// e of the layer (0: not needed); all_counters is [L, kNumCacheCounters]. A prefetch only
 // copies (it computes nothing), whatever the cold mode.
 MOE_HOST_DEVICE void admit(const CacheTables& t, const Admission& a, const int32_t* rows,
-                           const ColdCost& cold, AdmissionLists& out, int64_t* counters) {
+                           const ColdCost& cold, AdmissionLists& out, int64_t* all_counters) {
   const int32_t base = static_cast<int32_t>(a.layer * a.num_experts);
+  int64_t* const counters = all_counters + a.layer * kNumCacheCounters;
   for (int64_t e = 0; e < a.num_experts; ++e) {
     if (rows[e] == 0) continue;
     const int32_t g = base + static_cast<int32_t>(e);
@@ -217,7 +227,7 @@ MOE_HOST_DEVICE void admit(const CacheTables& t, const Admission& a, const int32
       }
       continue;
     }
-    place(t, a, g, slot, counters);
+    place(t, a, g, slot, all_counters);
     out.copy_experts[out.num_copies] = g;
     out.copy_slots[out.num_copies] = slot;
     ++out.num_copies;

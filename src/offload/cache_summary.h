@@ -12,7 +12,8 @@ namespace moeinfer::offload {
 
 // The counters' names (by CacheCounter) in /metrics, /dashboard/data and the Python API's stats.
 inline constexpr const char* kCacheCounterNames[kNumCacheCounters] = {
-    "hits", "misses", "unplaced", "prefetched", "prefetch_used", "cpu_experts", "cpu_rows"};
+    "hits",        "misses",      "unplaced", "prefetched", "prefetch_used",
+    "cpu_experts", "cpu_rows",    "prefetch_wasted"};
 
 struct CacheSummary {
   int64_t counts[kNumCacheCounters] = {};  // by CacheCounter, over all layers
@@ -28,11 +29,15 @@ struct CacheSummary {
     return demands() ? static_cast<double>(counts[kCacheHits]) / static_cast<double>(demands())
                      : 0.0;
   }
-  // Prefetched experts that a demand then used, of all prefetched; 0 without prefetches.
+  // Of the prefetches resolved (a demand used the expert, or it was evicted unused), the share
+  // used; 0 with none resolved. Counted at resolution, so that a window of the counters (a
+  // bench's timed steps) holds no uses of prefetches from before it: prefetched / used over a
+  // window can pass 1 when earlier prefetches are used in it.
   double prefetch_accuracy() const {
-    return counts[kCachePrefetched] ? static_cast<double>(counts[kCachePrefetchUsed]) /
-                                          static_cast<double>(counts[kCachePrefetched])
-                                    : 0.0;
+    const int64_t resolved = counts[kCachePrefetchUsed] + counts[kCachePrefetchWasted];
+    return resolved ? static_cast<double>(counts[kCachePrefetchUsed]) /
+                          static_cast<double>(resolved)
+                    : 0.0;
   }
 };
 

@@ -56,7 +56,7 @@ HostCacheTables::Admitted HostCacheTables::admit(const Admission& a, const int32
   std::vector<int32_t> slots(static_cast<size_t>(num_experts_));
   AdmissionLists lists{.copy_experts = experts.data(), .copy_slots = slots.data(),
                        .host_experts = on_cpu.data()};
-  offload::admit(tables(), a, rows, cold, lists, counters_.data() + a.layer * kNumCacheCounters);
+  offload::admit(tables(), a, rows, cold, lists, counters_.data());
   for (int64_t i = 0; i < lists.num_copies; ++i) {
     copies[i] = {.expert = experts[i], .slot = slots[i]};
   }
@@ -78,7 +78,7 @@ std::vector<SlotCopy> HostCacheTables::warm(std::span<const int32_t> ranking) {
   }
   // The last placed is stamped first, so the top of the ranking holds the newest tick.
   std::vector<SlotCopy> copies;
-  int64_t scratch[kNumCacheCounters] = {};
+  std::vector<int64_t> scratch(counters_.size(), 0);
   const CacheTables t = tables();
   for (auto it = placed.rbegin(); it != placed.rend(); ++it) {
     const int32_t slot = slot_of_[*it];
@@ -87,7 +87,7 @@ std::vector<SlotCopy> HostCacheTables::warm(std::span<const int32_t> ranking) {
                     .num_experts = num_experts_,
                     .tick = next_tick(),
                     .protect_from = tick_},
-          *it, slot, scratch);
+          *it, slot, scratch.data());
   }
   for (int32_t g : placed) copies.push_back({.expert = g, .slot = slot_of_[g]});
   return copies;

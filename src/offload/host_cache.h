@@ -39,7 +39,7 @@ class HostCacheTables {
   // One admission of a.layer's experts (rows [E]: the rows using each, 0 for none); writes its
   // copies to `copies` and, under a cold mode other than kGpu, the experts its rows compute on
   // the host to `on_cpu` (room for E each). Demand counters go to a.layer's row, as do a
-  // prefetch's.
+  // prefetch's; an evicted prefetch no demand used counts as wasted in its own layer's row.
   struct Admitted {
     int64_t num_copies = 0;
     int64_t num_on_cpu = 0;

@@ -328,7 +328,8 @@ std::string expert_cache_section(const Json& report) {
                   c["unplaced"].get<long long>(), c["cpu_experts"].get<long long>()))
           .c_str(),
       card("prefetch accuracy", format("%.1f%%", 100.0 * c["prefetch_accuracy"].get<double>()),
-           format("%lld of %lld prefetched used", c["prefetch_used"].get<long long>(),
+           format("%lld used, %lld evicted unused, of %lld prefetched",
+                  c["prefetch_used"].get<long long>(), c["prefetch_wasted"].get<long long>(),
                   c["prefetched"].get<long long>()))
           .c_str(),
       card("host to device", human_bytes(c["host_to_device_bytes"].get<double>()),

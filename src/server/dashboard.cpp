@@ -183,7 +183,7 @@ function drawCards(d) {
                 `${xc.hits} hits · ${xc.misses} misses · ${xc.unplaced} from host · ` +
                 `${xc.cpu_experts} on the CPU (${xc.cpu_rows} rows)`]);
     cards.push(["expert prefetch", pct(xc.prefetch_accuracy),
-                `${xc.prefetch_used} / ${xc.prefetched} used · ` +
+                `${xc.prefetch_used} used · ${xc.prefetch_wasted} evicted unused · ` +
                 `${(xc.host_to_device_bytes / 1048576).toFixed(1)} MiB to device · ` +
                 `${(xc.stall_seconds * 1e3).toFixed(1)} ms stalled`]);
   }

@@ -21,7 +21,8 @@ constexpr const char* kCacheCounterHelp[offload::kNumCacheCounters] = {
     "Experts a prefetch (predicted from the previous layer) copied into a slot.",
     "Demands that found an expert a prefetch had brought and no demand had used yet.",
     "Expert-cache demands computed on the host where the expert lives (--cold-experts).",
-    "Rows the experts computed on the host ran."};
+    "Rows the experts computed on the host ran.",
+    "Prefetched experts evicted before any demand used them."};
 
 offload::CacheSummary cache_totals(const EngineStats& stats) {
   return offload::summarize_cache(stats.expert_cache, stats.expert_cache_bytes,
@@ -377,11 +378,12 @@ std::string Metrics::render(const std::string& model_name) const {
     counter("expert_cache_stall_seconds_total",
             "Time compute waited for the expert cache's demand copies.", totals.stall_seconds);
     gauge("expert_cache_prefetch_accuracy",
-          "Share of prefetched experts that a demand used (prefetch_used / prefetched).",
+          "Share of resolved prefetches that a demand used: prefetch_used / (prefetch_used + "
+          "prefetch_wasted).",
           totals.prefetch_accuracy());
     header(out, p + "expert_cache_layer_events_total", "counter",
            "The expert cache's counts per layer (event: hits, misses, unplaced, prefetched, "
-           "prefetch_used, cpu_experts, cpu_rows).");
+           "prefetch_used, cpu_experts, cpu_rows, prefetch_wasted).");
     for (int64_t l = 0; l < stats_.num_layers; ++l) {
       for (int k = 0; k < offload::kNumCacheCounters; ++k) {
         line(out, p + "expert_cache_layer_events_total",

@@ -6,6 +6,7 @@
 
 #include <vector>
 
+#include "offload/cache_summary.h"
 #include "offload/host_cache.h"
 #include "offload/hot_set.h"
 
@@ -190,6 +191,29 @@ TEST(CachePolicy, CountersOfDemandsAndPrefetches) {
   const std::vector<int64_t> total = cache.total_counters();
   EXPECT_EQ(total[kCacheMisses], 3);
   EXPECT_EQ(total[kCacheHits], 2);
+}
+
+// A prefetch resolves once: used by a demand, or evicted unused (wasted, in its own layer's row,
+// whichever layer evicts it). Over any window, used + wasted counts only resolutions in it.
+TEST(CachePolicy, EvictedUnusedPrefetchCountsAsWastedInItsLayer) {
+  HostCacheTables cache(kLayers, kExperts, 2, CachePolicy::kLru);
+  admit(cache, 1, {2, 3}, /*prefetch=*/true, cache.tick() + 1);  // both slots prefetched
+  admit(cache, 1, {2});                                           // 2 used
+  const std::vector<int64_t> before = cache.total_counters();
+  admit(cache, 0, {0, 1});  // evicts 3 (never used, wasted in layer 1) and 2 (used: not wasted)
+  EXPECT_EQ(count(cache, 1, kCachePrefetchWasted), 1);
+  EXPECT_EQ(count(cache, 0, kCachePrefetchWasted), 0);
+  EXPECT_EQ(count(cache, 1, kCachePrefetchUsed), 1);
+  // A window that starts after the prefetches: no new prefetch, yet one resolution in it.
+  const std::vector<int64_t> after = cache.total_counters();
+  std::vector<int64_t> window(after.size());
+  for (size_t k = 0; k < after.size(); ++k) window[k] = after[k] - before[k];
+  CacheSummary summary;
+  std::copy(window.begin(), window.end(), summary.counts);
+  EXPECT_EQ(summary.counts[kCachePrefetched], 0);
+  EXPECT_DOUBLE_EQ(summary.prefetch_accuracy(), 0.0);  // 0 used of 1 resolved
+  std::copy(after.begin(), after.end(), summary.counts);
+  EXPECT_DOUBLE_EQ(summary.prefetch_accuracy(), 0.5);
 }
 
 TEST(CachePolicy, WarmFillsFreeSlotsTopOfRankingMostRecent) {

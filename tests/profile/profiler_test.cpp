@@ -500,7 +500,7 @@ TEST(ProfileReport, ExpertCacheCountersPerLayerAndInTotal) {
   Profiler profiler(ProfilerOptions{.num_layers = 3, .num_experts = 4, .time_stages = false});
   const int64_t a[offload::kNumCacheCounters] = {2, 1, 1, 0, 0};  // hits, misses, unplaced, ...
   const int64_t b[offload::kNumCacheCounters] = {0, 0, 0, 3, 0};  // a prefetch of layer 2
-  const int64_t c[offload::kNumCacheCounters] = {1, 0, 0, 0, 1};
+  const int64_t c[offload::kNumCacheCounters] = {1, 0, 0, 0, 1, 0, 0, 2};  // 1 used, 2 wasted
   profiler.begin_step(4);
   EXPECT_FALSE(profiler.timing());
   profiler.record_expert_cache(0, a, 200, 0.001);

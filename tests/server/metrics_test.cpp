@@ -326,9 +326,9 @@ TEST(Metrics, ExpertCacheCountersInMetricsAndDashboard) {
   m.set_engine_stats(s);
   EXPECT_EQ(m.render("demo").find("expert_cache"), std::string::npos);  // no budget, no series
   EXPECT_TRUE(m.dashboard("demo")["expert_cache"].is_null());
-  // Layer 0: 3 hits, 1 miss, 1 unplaced, 2 prefetched, 1 used; layer 1: 1 hit, 2 misses,
-  // 1 expert of 3 rows on the CPU.
-  s.expert_cache = {3, 1, 1, 2, 1, 0, 0, 1, 2, 0, 0, 0, 1, 3};
+  // Layer 0: 3 hits, 1 miss, 1 unplaced, 2 prefetched, 1 used, 1 evicted unused; layer 1:
+  // 1 hit, 2 misses, 1 expert of 3 rows on the CPU.
+  s.expert_cache = {3, 1, 1, 2, 1, 0, 0, 1, 1, 2, 0, 0, 0, 1, 3, 0};
   s.expert_cache_bytes = {400, 200};
   s.expert_cache_stall_seconds = {0.25, 0.5};
   m.set_engine_stats(s);

@@ -217,7 +217,7 @@ __global__ void __launch_bounds__(kAdmitThreads)
       } else {
         const int32_t old = t.owner[slot];
         if (old >= 0) point_at_home(p.layout, old);
-        place(t, a, g, slot, counters);
+        place(t, a, g, slot, p.counters);
         bf16* gate_up = slot_gate_up(p.layout, slot);
         p.layout.gate_up_table[g] = gate_up;
         p.layout.down_table[g] = gate_up + p.layout.gate_up_elems;
