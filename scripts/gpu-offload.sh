@@ -92,8 +92,9 @@ for path in sorted(glob.glob(os.path.join(out, "*.json")), key=os.path.getmtime)
     ratio = f"{t0 / t:.3f}" if t0 and t else ""
     floor = f"{g.get('offload_floor_ratio', 0):.3f}" if c else f"{g.get('decode_floor_ratio', 0):.3f}"
     stall = f"{c.get('stall_seconds', 0) / steps * 1e3:.3f}" if c else ""
-    used, sent = c.get("prefetch_used", 0), c.get("prefetched", 0)
-    accuracy = f"{used / sent:.3f}" if sent else ""
+    # Of the prefetches resolved in the run (used by a demand, or evicted unused), the share used.
+    used, wasted = c.get("prefetch_used", 0), c.get("prefetch_wasted", 0)
+    accuracy = f"{used / (used + wasted):.3f}" if used + wasted else ""
     print(f"{name:<28} {t * 1e3:8.3f} {1 / t if t else 0:7.1f} {ratio:>13} {floor:>10} {hit:>8} "
           f"{pcie:>12} {stall:>13} {accuracy:>12}")
 PY

@@ -15,6 +15,7 @@
 // decoder and runs its share of the B requests (B split as evenly as possible; the prompts are
 // one process's, dealt out in order), all ranks stepping together; rank 0 prints the combined
 // throughput (tokens of every rank over the slowest rank's times).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -194,13 +195,20 @@ void print_gpu_figures(Engine& engine, const BenchArgs& args, const RunTimes& t,
   if (cache) {
     // The floor of a budget: the experts that crossed PCIe (copies and reads from host, the
     // run's mean per step: a short prompt makes the prefill one more step of the same shape) at
-    // the measured host-to-device rate, or the device reads as above, whichever is longer.
-    const double pcie_bytes = static_cast<double>(cache->host_to_device_bytes) /
-                              static_cast<double>(std::max<int64_t>(num_steps, 1));
-    offload_floor_s = std::max(pcie_bytes / floors.host_to_device_bytes_per_s, decode_floor_s);
+    // the measured host-to-device rate, the device reads as above, or the experts computed on
+    // the host at its rate measured at start-up, whichever is longest.
+    const double steps = static_cast<double>(std::max<int64_t>(num_steps, 1));
+    const double pcie_bytes = static_cast<double>(cache->host_to_device_bytes) / steps;
+    const double host_s =
+        (static_cast<double>(cache->counts[offload::kCacheOnCpu]) * mem.expert_host_ns +
+         static_cast<double>(cache->counts[offload::kCacheRowsOnCpu]) * mem.expert_host_row_ns) *
+        1e-9 / steps;
+    offload_floor_s =
+        std::max({pcie_bytes / floors.host_to_device_bytes_per_s, decode_floor_s, host_s});
     std::printf("%-34s %12.1f\n", "Host-to-device bandwidth (GB/s):",
                 floors.host_to_device_bytes_per_s / 1e9);
     std::printf("%-34s %12.3f\n", "Expert bytes over PCIe/step (GB):", pcie_bytes / 1e9);
+    std::printf("%-34s %12.3f\n", "Host expert work/step (ms):", host_s * 1e3);
     std::printf("%-34s %12.3f\n", "Offload floor (ms):", offload_floor_s * 1e3);
     std::printf("%-34s %12.3f\n", "Decode: offload floor / step:", offload_floor_s / step_s);
   }

@@ -118,6 +118,10 @@ struct GpuMemoryReport {
   int64_t expert_home_bytes = 0;
   int64_t expert_cache_bytes = 0;
   int64_t expert_cache_slots = 0;
+  // --cold-experts cpu|auto: an expert's compute on the host, measured at start-up (its weights
+  // read once, then each row), the rate the host's share of a step is bounded by; 0 otherwise.
+  int64_t expert_host_ns = 0;
+  int64_t expert_host_row_ns = 0;
   double load_seconds = 0.0;    // weight upload (0 for synthetic)
   double load_gb_per_s = 0.0;
 };

@@ -365,6 +365,8 @@ CudaDecoder::CudaDecoder(const ModelConfig& config, DeviceWeights weights,
     report_.expert_home_bytes = w_.expert_home_bytes;
     report_.expert_cache_bytes = cache_->device_bytes();
     report_.expert_cache_slots = cache_->num_slots();
+    report_.expert_host_ns = cache_->cold_cost().host_ns;
+    report_.expert_host_row_ns = cache_->cold_cost().host_row_ns;
     report_.weight_bytes += cache_->device_bytes();
   }
   for (const DeviceLayer& d : w_.layers) noise_routing_ = noise_routing_ || d.router_noise;

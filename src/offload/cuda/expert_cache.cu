@@ -116,6 +116,17 @@ __device__ void stage_for_host(const AdmitParams& p, int32_t num_host) {
   request[1] = sequence;
 }
 
+// Thread 0, after the copy list: the request to the copy engine's host thread (the protocol:
+// CopyChannel). The list, in mapped memory, reaches the host before the sequence does.
+__device__ void post_copies(const AdmitParams& p) {
+  const int64_t sequence = *p.channel.posted + 1;
+  *p.channel.posted = sequence;
+  volatile int64_t* request = p.channel.request;
+  request[0] = p.list;
+  __threadfence_system();
+  request[1] = sequence;
+}
+
 // kListsInDevice: the misses and rows per expert live in p.lists (past kAdmitMaxSharedExperts);
 // the block's __syncthreads order those accesses as they order shared ones. A template
 // parameter, so the shared instantiation keeps shared-memory loads, stores and atomics.
@@ -231,6 +242,7 @@ __global__ void __launch_bounds__(kAdmitThreads)
   if (threadIdx.x == 0) {
     *p.copies.count = num_copies;
     s_num_host = num_host;
+    if (p.channel.request != nullptr && num_copies > 0) post_copies(p);
   }
   __syncthreads();
   if (host_allowed) stage_for_host(p, s_num_host);
@@ -315,6 +327,20 @@ __global__ void __launch_bounds__(kCopyThreads)
       if (dst[u] != nullptr) *dst[u] = values[u];
     }
   }
+}
+
+__global__ void wait_for_copies_kernel(const __grid_constant__ CopyChannel c) {
+  const int64_t posted = *c.posted;  // device memory, written by this stream's admission
+  const volatile int64_t* done = c.done;
+  unsigned sleep_ns = 32;
+  while (*done < posted) {
+    __nanosleep(sleep_ns);
+    sleep_ns = min(sleep_ns * 2, 512u);
+  }
+}
+
+__global__ void publish_copies_done_kernel(int64_t* done, int64_t sequence) {
+  *reinterpret_cast<volatile int64_t*>(done) = sequence;
 }
 
 // The most dynamic shared memory a block of this device can opt into.
@@ -421,6 +447,19 @@ void copy_experts(const CopyParams& p, cudaStream_t stream) {
   MOE_CHECK(p.copies.experts && p.copies.slots && p.copies.count, "the copy list must be given");
   if (p.max_copies == 0) return;
   copy_experts_kernel<<<p.num_blocks, kCopyThreads, 0, stream>>>(p);
+  MOE_CUDA_CHECK_LAUNCH();
+}
+
+void wait_for_copies(const CopyChannel& c, cudaStream_t stream) {
+  MOE_CHECK(c.request && c.posted && c.done, "wait_for_copies: the copy channel must be given");
+  wait_for_copies_kernel<<<1, 1, 0, stream>>>(c);
+  MOE_CUDA_CHECK_LAUNCH();
+}
+
+void publish_copies_done(const CopyChannel& c, int64_t sequence, cudaStream_t stream) {
+  // The copies before it in `stream` have landed when it runs; the waiting kernel's next
+  // kernel reads the slots after it has seen done.
+  publish_copies_done_kernel<<<1, 1, 0, stream>>>(c.done, sequence);
   MOE_CUDA_CHECK_LAUNCH();
 }
 
