@@ -19,7 +19,7 @@ mkdir -p "$OUT"
 BUILD="${MOE_GPU_BUILD_DIR:-build-gpu}"
 export PATH=/usr/local/cuda/bin:$PATH
 export PKG_CONFIG_PATH=/opt/deps/usr/lib/x86_64-linux-gnu/pkgconfig:/opt/deps/usr/share/pkgconfig
-export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+export LD_LIBRARY_PATH=/opt/deps-http/usr/lib/x86_64-linux-gnu:/opt/deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 BUDGETS="${MOE_OFFLOAD_BUDGETS:-100% 50% 25% 10%}"
 COLD="${MOE_OFFLOAD_COLD:-gpu cpu auto}"
 LEN="${MOE_OFFLOAD_OUTPUT_LEN:-128}"
@@ -30,7 +30,7 @@ EXTRA="${MOE_OFFLOAD_EXTRA:-}"
 bash scripts/device-deps.sh unpack >"$OUT/deps.log" 2>&1 || { cat "$OUT/deps.log"; exit 1; }
 start=$SECONDS
 if ! { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
-         -DCMAKE_PREFIX_PATH=/opt/deps/usr -DMOE_BUILD_BENCH=OFF &&
+         "-DCMAKE_PREFIX_PATH=/opt/deps/usr;/opt/deps-http/usr" -DMOE_BUILD_BENCH=OFF &&
        cmake --build "$BUILD" -j16 --target test_cuda moeinfer; } >"$OUT/build.log" 2>&1; then
   grep -E "error|FAILED" "$OUT/build.log" | head -20
   exit 1
