@@ -18,7 +18,7 @@ OUT="${OUT:-/tmp/gpu-offload}"
 mkdir -p "$OUT"
 BUILD="${MOE_GPU_BUILD_DIR:-build-gpu}"
 export PATH=/usr/local/cuda/bin:$PATH
-export PKG_CONFIG_PATH=/opt/deps/usr/lib/x86_64-linux-gnu/pkgconfig:/opt/deps/usr/share/pkgconfig
+export PKG_CONFIG_PATH=/opt/deps-http/usr/lib/x86_64-linux-gnu/pkgconfig:/opt/deps/usr/lib/x86_64-linux-gnu/pkgconfig:/opt/deps/usr/share/pkgconfig
 export LD_LIBRARY_PATH=/opt/deps-http/usr/lib/x86_64-linux-gnu:/opt/deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 BUDGETS="${MOE_OFFLOAD_BUDGETS:-100% 50% 25% 10%}"
 COLD="${MOE_OFFLOAD_COLD:-gpu cpu auto}"
