@@ -53,7 +53,7 @@ GpuWeightDtype DeviceArgs::weight_dtype() const {
 }
 
 offload::OffloadOptions DeviceArgs::offload() const {
-  return offload::parse_offload_flags(expert_budget, expert_cache, cold_experts);
+  return offload::parse_offload_flags(expert_budget, expert_cache, cold_experts, expert_prefetch);
 }
 
 void add_offload_options(CLI::App* cmd, DeviceArgs* args) {
@@ -73,6 +73,10 @@ void add_offload_options(CLI::App* cmd, DeviceArgs* args) {
                   "experts touched and evicts nothing) or auto (per miss, whichever "
                   "the link and CPU rates measured at start-up say finishes first) "
                   "(default: gpu)");
+  cmd->add_option("--expert-prefetch", args->expert_prefetch,
+                  "With --expert-budget: on predicts layer l+1's experts at layer l (its router "
+                  "over layer l's output) and copies the missing ones while layer l computes; "
+                  "off copies each miss when its layer asks (default: on)");
 }
 
 void add_routing_options(CLI::App* cmd, DeviceArgs* args) {

@@ -294,6 +294,7 @@ void Decoder::set_offload(const offload::OffloadOptions& options, int64_t max_st
                                 .expert_width = config_.moe_intermediate_size,
                                 .num_slots = num_slots,
                                 .policy = options.policy,
+                                .prefetch = options.prefetch,
                                 .cold = cold,
                                 .activation = expert_activation(config_)});
   const int64_t reserve =

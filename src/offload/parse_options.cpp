@@ -117,19 +117,33 @@ void parse_cold_experts(std::string_view text, OffloadOptions* options) {
   }
 }
 
+void parse_expert_prefetch(std::string_view text, OffloadOptions* options) {
+  const std::string mode = lower(text);
+  if (mode == "on") {
+    options->prefetch = true;
+  } else if (mode == "off") {
+    options->prefetch = false;
+  } else {
+    MOE_FAIL("--expert-prefetch '", text, "': expected on or off");
+  }
+}
+
 OffloadOptions parse_offload_flags(std::string_view budget, std::string_view cache,
-                                   std::string_view cold) {
+                                   std::string_view cold, std::string_view prefetch) {
   OffloadOptions options;
   if (budget.empty()) {
     MOE_CHECK(cache.empty() || cache == "lru", "--expert-cache ", cache,
               " needs --expert-budget (without a budget every expert is resident)");
     MOE_CHECK(cold.empty(), "--cold-experts ", cold,
               " needs --expert-budget (without a budget no expert is cold)");
+    MOE_CHECK(prefetch.empty(), "--expert-prefetch ", prefetch,
+              " needs --expert-budget (without a budget nothing is prefetched)");
     return options;
   }
   parse_expert_budget(budget, &options);
   if (!cache.empty()) parse_expert_cache(cache, &options);
   if (!cold.empty()) parse_cold_experts(cold, &options);
+  if (!prefetch.empty()) parse_expert_prefetch(prefetch, &options);
   return options;
 }
 

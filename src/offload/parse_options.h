@@ -26,10 +26,13 @@ void parse_expert_cache(std::string_view text, OffloadOptions* options);
 // "auto" (per miss, by the measured cost of each). Sets cold.
 void parse_cold_experts(std::string_view text, OffloadOptions* options);
 
-// The three flags at once; an empty budget leaves offloading off (then the cache and the cold
-// mode must be left at their defaults, else it is an error: without a budget they mean nothing).
+// --expert-prefetch: "on" or "off". Sets prefetch.
+void parse_expert_prefetch(std::string_view text, OffloadOptions* options);
+
+// The four flags at once; an empty budget leaves offloading off (then the others must be left at
+// their defaults, else it is an error: without a budget they mean nothing).
 OffloadOptions parse_offload_flags(std::string_view budget, std::string_view cache,
-                                   std::string_view cold = {});
+                                   std::string_view cold = {}, std::string_view prefetch = {});
 
 // The budget as --expert-budget spells it: whole MiB when it is a multiple, else bytes.
 std::string format_expert_budget(int64_t bytes);

@@ -296,6 +296,7 @@ NB_MODULE(_core, m) {
       .def_rw("expert_budget", &SessionOptions::expert_budget)
       .def_rw("expert_cache", &SessionOptions::expert_cache)
       .def_rw("cold_experts", &SessionOptions::cold_experts)
+      .def_rw("expert_prefetch", &SessionOptions::expert_prefetch)
       .def_rw("deterministic", &SessionOptions::deterministic)
       .def_rw("generation_config", &SessionOptions::generation_config)
       .def_rw("profile_stages", &SessionOptions::profile_stages)

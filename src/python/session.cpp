@@ -78,7 +78,8 @@ EngineConfig engine_config(const SessionOptions& o) {
   config.generation_config = o.generation_config;
   config.profile_stages = o.profile_stages;
   config.profile_time_every = o.profile_time_every;
-  config.offload = offload::parse_offload_flags(o.expert_budget, o.expert_cache, o.cold_experts);
+  config.offload = offload::parse_offload_flags(o.expert_budget, o.expert_cache, o.cold_experts,
+                                                o.expert_prefetch);
   config.expert_weights = parse_weight_format(o.weights);
   config.validate();
   return config;

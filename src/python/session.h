@@ -62,7 +62,8 @@ struct SessionOptions {
   int64_t block_size = 16;
   bool enable_prefix_caching = true;
   bool enforce_eager = false;
-  std::string expert_budget, expert_cache, cold_experts;  // offload/parse_options.h; empty: none
+  // offload/parse_options.h; empty: the default
+  std::string expert_budget, expert_cache, cold_experts, expert_prefetch;
   bool deterministic = false;
   std::string generation_config = "auto";
   bool profile_stages = false;

@@ -13,6 +13,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../support/model_fixtures.h"
@@ -91,10 +92,14 @@ TEST_P(CachedExpertsTest, EveryBudgetAndPolicyMatchesResidentBitForBit) {
                                            "lru:" + trace_path.string()};
   for (const std::string& budget : budgets) {
     for (const std::string& cache : caches) {
-      for (const std::string cold : {"gpu", "cpu", "auto"}) {
+      // --cold-experts and --expert-prefetch; prefetch off with the first cache policy only.
+      const std::vector<std::pair<std::string, std::string>> modes = {
+          {"gpu", "on"}, {"cpu", "on"}, {"auto", "on"}, {"gpu", "off"}, {"auto", "off"}};
+      for (const auto& [cold, prefetch] : modes) {
+        if (prefetch == "off" && cache != caches.front()) continue;
         SCOPED_TRACE(GetParam() + " --expert-budget " + budget + " --expert-cache " + cache +
-                     " --cold-experts " + cold);
-        decoder.set_offload(offload::parse_offload_flags(budget, cache, cold));
+                     " --cold-experts " + cold + " --expert-prefetch " + prefetch);
+        decoder.set_offload(offload::parse_offload_flags(budget, cache, cold, prefetch));
         const moe::CachedExperts* cached = decoder.cached_experts();
         ASSERT_NE(cached, nullptr);
         profile::Profiler profiler({.num_layers = L, .num_experts = E});
@@ -112,6 +117,7 @@ TEST_P(CachedExpertsTest, EveryBudgetAndPolicyMatchesResidentBitForBit) {
         EXPECT_GE(total[offload::kCacheRowsOnCpu], total[offload::kCacheOnCpu]);
         if (cold == "gpu") EXPECT_EQ(total[offload::kCacheOnCpu], 0);
         if (cold != "gpu") EXPECT_EQ(total[offload::kCacheUnplaced], 0);
+        if (prefetch == "off") EXPECT_EQ(total[offload::kCachePrefetched], 0);
         if (cold == "cpu") {  // nothing evicted on demand: copies only fill free slots
           EXPECT_EQ(total[offload::kCachePrefetched], 0);
           EXPECT_LE(total[offload::kCacheMisses], cached->cache().num_slots());

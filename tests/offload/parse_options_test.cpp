@@ -105,6 +105,19 @@ TEST(ParseOffloadFlags, ColdExperts) {
   EXPECT_THROW(parse_offload_flags("", "", "cpu"), Error);
 }
 
+TEST(ParseOffloadFlags, ExpertPrefetch) {
+  EXPECT_TRUE(parse_offload_flags("25%", "").prefetch);  // the default
+  EXPECT_FALSE(parse_offload_flags("25%", "", "", "off").prefetch);
+  EXPECT_TRUE(parse_offload_flags("25%", "", "auto", "ON").prefetch);
+  try {
+    parse_offload_flags("25%", "", "", "sometimes");
+    ADD_FAILURE() << "--expert-prefetch sometimes was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'sometimes'"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(parse_offload_flags("", "", "", "off"), Error);  // nothing to prefetch
+}
+
 TEST(ParseOffloadFlags, FormatRoundTrips) {
   EXPECT_EQ(format_expert_budget(int64_t{3} << 20), "3MiB");
   EXPECT_EQ(format_expert_budget(1000), "1000");

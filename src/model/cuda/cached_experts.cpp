@@ -37,6 +37,7 @@ CachedExperts::CachedExperts(const ModelConfig& config, const DeviceWeights& wei
     : num_layers_(config.num_layers),
       num_experts_(config.num_experts),
       policy_(options.policy),
+      prefetch_(options.prefetch),
       cold_{.mode = options.cold},
       top_k_(config.num_experts_per_tok) {
   MOE_CHECK(weights.experts_offloaded, "the expert cache needs offloaded expert weights");
