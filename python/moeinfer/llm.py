@@ -58,8 +58,9 @@ class LLM:
             busiest experts stay resident); "lru:FILE" / "lfu:FILE" warm the cache up.
         cold_experts: with expert_budget: "gpu", "cpu" or "auto" (where a missing expert
             computes).
-        expert_prefetch: with expert_budget: True (default) predicts the next layer's experts
-            and copies the missing ones early; False copies each miss when its layer asks.
+        expert_prefetch: with expert_budget: True predicts the next layer's experts and copies
+            the missing ones early; False copies each miss when its layer asks; "auto" (the
+            default) prefetches a layer while at least half of its prefetches are used.
         ep: expert parallelism over N CPU ranks: run the script as ``mpirun -np N python
             SCRIPT``, every rank making the same ``LLM(..., ep=N)``. Rank 0's LLM is the one to
             use: it spreads the requests of ``generate`` and ``chat`` over the ranks' engines
@@ -112,7 +113,7 @@ class LLM:
         expert_budget: Optional[Union[str, int]] = None,
         expert_cache: Optional[str] = None,
         cold_experts: Optional[str] = None,
-        expert_prefetch: Optional[bool] = None,
+        expert_prefetch: Optional[Union[bool, str]] = None,
         ep: int = 1,
         placement: Optional[Union[str, "os.PathLike[str]"]] = None,
         overlap: bool = True,
@@ -147,10 +148,13 @@ class LLM:
         options.expert_budget = "" if expert_budget is None else str(expert_budget)
         options.expert_cache = expert_cache or ""
         options.cold_experts = cold_experts or ""
-        if expert_prefetch is not None and not isinstance(expert_prefetch, bool):
-            raise TypeError(f"expert_prefetch must be a bool, not {type(expert_prefetch).__name__}")
-        if expert_prefetch is not None:
+        if isinstance(expert_prefetch, bool):
             options.expert_prefetch = "on" if expert_prefetch else "off"
+        elif isinstance(expert_prefetch, str):
+            options.expert_prefetch = expert_prefetch  # checked by the engine: on, off or auto
+        elif expert_prefetch is not None:
+            raise TypeError("expert_prefetch must be a bool or 'auto', not "
+                            f"{type(expert_prefetch).__name__}")
         options.deterministic = deterministic
         options.generation_config = generation_config
         options.profile_stages = profile

@@ -76,7 +76,8 @@ void add_offload_options(CLI::App* cmd, DeviceArgs* args) {
   cmd->add_option("--expert-prefetch", args->expert_prefetch,
                   "With --expert-budget: on predicts layer l+1's experts at layer l (its router "
                   "over layer l's output) and copies the missing ones while layer l computes; "
-                  "off copies each miss when its layer asks (default: on)");
+                  "off copies each miss when its layer asks; auto prefetches a layer while at "
+                  "least half of its prefetches are used (default: auto)");
 }
 
 void add_routing_options(CLI::App* cmd, DeviceArgs* args) {

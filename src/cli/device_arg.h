@@ -29,7 +29,7 @@ struct DeviceArgs {
   std::string expert_budget;  // --expert-budget; empty: every expert resident
   std::string expert_cache;   // --expert-cache; empty: lru
   std::string cold_experts;   // --cold-experts; empty: gpu
-  std::string expert_prefetch;  // --expert-prefetch; empty: on
+  std::string expert_prefetch;  // --expert-prefetch; empty: auto
   int ep = 1;                 // --ep: ranks the routed experts are sharded over
   std::string placement;      // --placement FILE; empty: contiguous ranges
   std::string overlap;        // --overlap on|off; empty: on

@@ -161,8 +161,12 @@ void CachedExperts::on_routed(int64_t layer, const RoutedTokens& tokens) {
 
   const int64_t next = layer + 1;
   // Under kCpu no miss is ever copied, so a prefetch would only move bytes nobody reads.
-  if (!options_.prefetch || options_.cold.mode == offload::ColdExperts::kCpu || next >= L ||
-      experts_[next].empty() || tokens.num_tokens == 0)
+  if (options_.prefetch == offload::PrefetchMode::kOff ||
+      options_.cold.mode == offload::ColdExperts::kCpu || next >= L || experts_[next].empty() ||
+      tokens.num_tokens == 0)
+    return;
+  if (options_.prefetch == offload::PrefetchMode::kAuto &&
+      !offload::prefetch_pays(cache_.counters(next).data(), tick))
     return;
   predict(next, tokens);
   LayerStep prefetch;

@@ -51,6 +51,26 @@ enum CacheCounter : int32_t {
 // miss, whichever of the two finishes first (ColdCost).
 enum class ColdExperts : int32_t { kGpu, kCpu, kAuto };
 
+// Whether a layer's predicted experts are prefetched (--expert-prefetch). kAuto: while the
+// layer's prefetches pay (prefetch_pays).
+enum class PrefetchMode : int32_t { kOff, kOn, kAuto };
+
+// kAuto's rule, from the layer's counters before a prefetch admission: a prefetch pays when at
+// least half of the layer's resolved prefetches were used. A wrong one takes the link for a
+// copy the next layer's demand then waits behind (at small batch a copy outlasts the layer it
+// overlaps) and evicts an expert; a right one saves a demand copy. Until kPrefetchTrial have
+// resolved the layer prefetches to learn; after it stops, the admissions whose demand tick is a
+// multiple of kPrefetchProbeTicks still prefetch, so that a change in the traffic is seen. One
+// function for the host and the GPU's admission, so both decide alike.
+inline constexpr int64_t kPrefetchTrial = 32;
+inline constexpr int64_t kPrefetchProbeTicks = 64;
+MOE_HOST_DEVICE bool prefetch_pays(const int64_t* layer_counters, int64_t demand_tick) {
+  const int64_t used = layer_counters[kCachePrefetchUsed];
+  const int64_t resolved = used + layer_counters[kCachePrefetchWasted];
+  return resolved < kPrefetchTrial || 2 * used >= resolved ||
+         demand_tick % kPrefetchProbeTicks == 0;
+}
+
 // The cost model of kAuto, in integer nanoseconds so that the host and the device decide alike:
 // a copy takes copy_ns on the link; computing r rows on the host takes host_ns + r * host_row_ns
 // (the weights read once, then each row's arithmetic). Copies and host work of one admission

@@ -18,9 +18,10 @@ struct OffloadOptions {
   std::string hot_set_file;  // kStatic: a routing trace (--trace-routing) ranking the experts
   ColdExperts cold = ColdExperts::kGpu;  // where a miss computes (--cold-experts)
   // Predict layer l+1's experts at layer l through l+1's router and copy the missing ones while
-  // l computes (--expert-prefetch on|off). Off, every miss waits for its demand copy; on, a
-  // wrong prediction's copy delays the next layer's demand when it outlasts the layer.
-  bool prefetch = true;
+  // l computes (--expert-prefetch on|off|auto). Off, every miss waits for its demand copy; on,
+  // a wrong prediction's copy delays the next layer's demand when it outlasts the layer; auto,
+  // per layer, while its predictions pay (cache_policy.h's prefetch_pays).
+  PrefetchMode prefetch = PrefetchMode::kAuto;
 
   bool enabled() const { return budget_bytes >= 0 || budget_fraction >= 0.0; }
   // Slots of expert_bytes each that the budget holds, out of num_experts_total experts.

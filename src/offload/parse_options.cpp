@@ -120,11 +120,13 @@ void parse_cold_experts(std::string_view text, OffloadOptions* options) {
 void parse_expert_prefetch(std::string_view text, OffloadOptions* options) {
   const std::string mode = lower(text);
   if (mode == "on") {
-    options->prefetch = true;
+    options->prefetch = PrefetchMode::kOn;
   } else if (mode == "off") {
-    options->prefetch = false;
+    options->prefetch = PrefetchMode::kOff;
+  } else if (mode == "auto") {
+    options->prefetch = PrefetchMode::kAuto;
   } else {
-    MOE_FAIL("--expert-prefetch '", text, "': expected on or off");
+    MOE_FAIL("--expert-prefetch '", text, "': expected on, off or auto");
   }
 }
 

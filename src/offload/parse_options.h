@@ -26,7 +26,7 @@ void parse_expert_cache(std::string_view text, OffloadOptions* options);
 // "auto" (per miss, by the measured cost of each). Sets cold.
 void parse_cold_experts(std::string_view text, OffloadOptions* options);
 
-// --expert-prefetch: "on" or "off". Sets prefetch.
+// --expert-prefetch: "on", "off" or "auto". Sets prefetch.
 void parse_expert_prefetch(std::string_view text, OffloadOptions* options);
 
 // The four flags at once; an empty budget leaves offloading off (then the others must be left at

@@ -92,11 +92,12 @@ TEST_P(CachedExpertsTest, EveryBudgetAndPolicyMatchesResidentBitForBit) {
                                            "lru:" + trace_path.string()};
   for (const std::string& budget : budgets) {
     for (const std::string& cache : caches) {
-      // --cold-experts and --expert-prefetch; prefetch off with the first cache policy only.
+      // --cold-experts and --expert-prefetch; prefetch on and off with the first policy only.
       const std::vector<std::pair<std::string, std::string>> modes = {
-          {"gpu", "on"}, {"cpu", "on"}, {"auto", "on"}, {"gpu", "off"}, {"auto", "off"}};
+          {"gpu", "auto"}, {"cpu", "auto"}, {"auto", "auto"}, {"gpu", "on"},
+          {"gpu", "off"},  {"auto", "on"},  {"auto", "off"}};
       for (const auto& [cold, prefetch] : modes) {
-        if (prefetch == "off" && cache != caches.front()) continue;
+        if (prefetch != "auto" && cache != caches.front()) continue;
         SCOPED_TRACE(GetParam() + " --expert-budget " + budget + " --expert-cache " + cache +
                      " --cold-experts " + cold + " --expert-prefetch " + prefetch);
         decoder.set_offload(offload::parse_offload_flags(budget, cache, cold, prefetch));

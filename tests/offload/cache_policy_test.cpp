@@ -216,6 +216,22 @@ TEST(CachePolicy, EvictedUnusedPrefetchCountsAsWastedInItsLayer) {
   EXPECT_DOUBLE_EQ(summary.prefetch_accuracy(), 0.5);
 }
 
+TEST(CachePolicy, PrefetchPaysWhileHalfOfTheResolvedAreUsed) {
+  int64_t c[kNumCacheCounters] = {};
+  const int64_t tick = kPrefetchProbeTicks + 1;  // not a probe
+  c[kCachePrefetchWasted] = kPrefetchTrial - 1;  // still learning, however bad
+  EXPECT_TRUE(prefetch_pays(c, tick));
+  c[kCachePrefetchWasted] = kPrefetchTrial;
+  EXPECT_FALSE(prefetch_pays(c, tick));
+  EXPECT_TRUE(prefetch_pays(c, 2 * kPrefetchProbeTicks));  // the probe still prefetches
+  c[kCachePrefetchUsed] = kPrefetchTrial - 1;  // 31 of 63: under half
+  EXPECT_FALSE(prefetch_pays(c, tick));
+  c[kCachePrefetchUsed] = kPrefetchTrial;  // half
+  EXPECT_TRUE(prefetch_pays(c, tick));
+  c[kCachePrefetched] = 1000;  // prefetches still waiting for a demand do not count
+  EXPECT_TRUE(prefetch_pays(c, tick));
+}
+
 TEST(CachePolicy, WarmFillsFreeSlotsTopOfRankingMostRecent) {
   HostCacheTables cache(kLayers, kExperts, 3, CachePolicy::kLru);
   const std::vector<int32_t> ranking = {9, 2, 12, 5};

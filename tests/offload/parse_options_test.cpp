@@ -106,9 +106,10 @@ TEST(ParseOffloadFlags, ColdExperts) {
 }
 
 TEST(ParseOffloadFlags, ExpertPrefetch) {
-  EXPECT_TRUE(parse_offload_flags("25%", "").prefetch);  // the default
-  EXPECT_FALSE(parse_offload_flags("25%", "", "", "off").prefetch);
-  EXPECT_TRUE(parse_offload_flags("25%", "", "auto", "ON").prefetch);
+  EXPECT_EQ(parse_offload_flags("25%", "").prefetch, PrefetchMode::kAuto);  // the default
+  EXPECT_EQ(parse_offload_flags("25%", "", "", "off").prefetch, PrefetchMode::kOff);
+  EXPECT_EQ(parse_offload_flags("25%", "", "auto", "ON").prefetch, PrefetchMode::kOn);
+  EXPECT_EQ(parse_offload_flags("25%", "", "", "auto").prefetch, PrefetchMode::kAuto);
   try {
     parse_offload_flags("25%", "", "", "sometimes");
     ADD_FAILURE() << "--expert-prefetch sometimes was accepted";

@@ -360,6 +360,7 @@ offload::cuda::AdmitParams CachedExperts::admit_params(int64_t layer, const int3
           .num_assignments = n,
           .layer = layer,
           .prefetch = prefetch,
+          .prefetch_while_it_pays = prefetch && prefetch_ == offload::PrefetchMode::kAuto,
           .copies = prefetch ? prefetch_copies_ : demand_copies_,
           .channel = channel_,
           .list = prefetch ? offload::cuda::kPrefetchList : offload::cuda::kDemandList,

@@ -80,7 +80,9 @@ class CachedExperts {
   void merge_host_rows(int64_t layer, const int32_t* topk_ids, const int32_t* inverse,
                        bf16* expert_out, int64_t num_assignments, cudaStream_t stream);
   // Whether prefetches copy anything (not under kCpu, where no miss is copied).
-  bool prefetches() const { return prefetch_ && cold_.mode != offload::ColdExperts::kCpu; }
+  bool prefetches() const {
+    return prefetch_ != offload::PrefetchMode::kOff && cold_.mode != offload::ColdExperts::kCpu;
+  }
   // The cost model kAuto decides with (measured at construction), or the mode alone.
   const offload::ColdCost& cold_cost() const { return cold_; }
 
@@ -118,7 +120,7 @@ class CachedExperts {
   int64_t num_layers_ = 0, num_experts_ = 0, num_slots_ = 0, expert_bytes_ = 0;
   int64_t device_bytes_ = 0;
   offload::CachePolicy policy_ = offload::CachePolicy::kLru;
-  bool prefetch_ = true;  // --expert-prefetch
+  offload::PrefetchMode prefetch_ = offload::PrefetchMode::kAuto;  // --expert-prefetch
   DeviceArray<char> memory_;  // slots, tables, clock, counters, copy lists
   bf16* slots_ = nullptr;
   bf16** gate_up_table_ = nullptr;

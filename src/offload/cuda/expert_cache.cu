@@ -135,6 +135,12 @@ __global__ void __launch_bounds__(kAdmitThreads)
     admit_experts_kernel(const __grid_constant__ AdmitParams p) {
   extern __shared__ int32_t s_lists[];  // [2E] unless kListsInDevice
   const int64_t E = p.layout.num_experts;
+  // Every thread reads the same words (written by earlier kernels), so all return or none.
+  if (p.prefetch_while_it_pays &&
+      !prefetch_pays(p.counters + p.layer * kNumCacheCounters, p.clock[1])) {
+    if (threadIdx.x == 0) *p.copies.count = 0;
+    return;
+  }
   int32_t* const s_misses = kListsInDevice ? p.lists : s_lists;  // [E] the misses in order
   int32_t* const rows_of = s_misses + E;                         // [E] rows using each expert
   __shared__ int32_t s_num_misses, s_to_host, s_num_host;

@@ -129,6 +129,10 @@ struct AdmitParams {
   int64_t num_assignments = 0;        // T*K
   int64_t layer = 0;
   bool prefetch = false;
+  // A prefetch under --expert-prefetch auto: admits nothing (no copy, no touch, no tick) when
+  // the layer's counters say its prefetches do not pay (cache_policy.h's prefetch_pays, with
+  // the last demand's tick), as the host decides.
+  bool prefetch_while_it_pays = false;
   CopyList copies;
   // Non-null request: the copies are posted here for the copy engine (which list: `list`), and
   // wait_for_copies waits for them; null: copy_experts runs them on the SMs.
