@@ -147,8 +147,10 @@ void grouped_gemm(const GroupedGemmParams& p, cudaStream_t stream) {
 
 void moe_experts(const MoeExpertsParams& p, cudaStream_t stream) {
   NvtxRange range("experts");
-  MOE_CHECK(p.activation == GemmEpilogue::kSiluMul || p.activation == GemmEpilogue::kClampedSwiglu,
-            "activation ", static_cast<int>(p.activation), " is not kSiluMul or kClampedSwiglu");
+  MOE_CHECK(p.gate_up_epilogue == GemmEpilogue::kSiluMul ||
+                p.gate_up_epilogue == GemmEpilogue::kClampedSwiglu,
+            "gate_up_epilogue ", static_cast<int>(p.gate_up_epilogue),
+            " is not kSiluMul or kClampedSwiglu");
   grouped_gemm(GroupedGemmParams{.rows = p.rows,
                                  .weights = p.gate_up,
                                  .expert_weights = p.gate_up_table,
@@ -159,7 +161,7 @@ void moe_experts(const MoeExpertsParams& p, cudaStream_t stream) {
                                  .n = p.expert_width,
                                  .k = p.hidden_size,
                                  .weight_terms = p.weight_terms,
-                                 .epilogue = p.activation,
+                                 .epilogue = p.gate_up_epilogue,
                                  .bias = p.gate_up_bias,
                                  .swiglu_alpha = p.swiglu_alpha,
                                  .swiglu_limit = p.swiglu_limit,

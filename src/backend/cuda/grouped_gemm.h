@@ -107,10 +107,11 @@ struct MoeExpertsParams {
   const int32_t* src_row = nullptr;         // [M] optional: gather rows[src_row[r] / top_k]
   int64_t top_k = 1;                        // K, with src_row
   // GPT-OSS's experts: float32 biases [E, 2I] (gate then up, as the weights' rows) and [E, H],
-  // or null; and the activation, kSiluMul or kClampedSwiglu with its alpha and limit.
+  // or null; and the gate/up projection's epilogue, kSiluMul or kClampedSwiglu (its alpha and
+  // limit below).
   const float* gate_up_bias = nullptr;
   const float* down_bias = nullptr;
-  GemmEpilogue activation = GemmEpilogue::kSiluMul;
+  GemmEpilogue gate_up_epilogue = GemmEpilogue::kSiluMul;
   float swiglu_alpha = 1.702f;
   float swiglu_limit = 7.0f;
 };

@@ -69,7 +69,7 @@ void ResidentExperts::run(int64_t layer, const ExpertRows& rows, bf16* out, cuda
                      .hidden_size = shape_.hidden_size, .expert_width = shape_.expert_width,
                      .src_row = rows.src_row, .top_k = rows.top_k,
                      .gate_up_bias = d.experts_gate_up_bias, .down_bias = d.experts_down_bias,
-                     .activation = expert_epilogue(shape_.activation),
+                     .gate_up_epilogue = expert_epilogue(shape_.activation),
                      .swiglu_alpha = shape_.activation.alpha,
                      .swiglu_limit = shape_.activation.limit},
                     stream);
