@@ -367,6 +367,11 @@ struct DecodeCase {
   bool shared_table = false;
 };
 
+DecodeCase with_sinks(DecodeCase c) {
+  c.sinks = true;
+  return c;
+}
+
 // Random sink logits per head, in [-1, 3]: against scores of about +-1, from negligible to
 // most of the denominator at short lengths.
 std::vector<float> random_sinks(int64_t heads, std::mt19937& rng) {
@@ -650,10 +655,6 @@ void prefill_random(std::vector<int32_t> lens, int64_t Nq, int64_t Nkv, int64_t 
   // under windows, large groups (two head tiles), --deterministic's fixed chunks; and the
   // queries of a prompt chunk over the sequence's earlier blocks (one shared block table, each
   // row one position further), full and windowed, the decoder's per-query route.
-  auto with_sinks = [](DecodeCase c) {
-    c.sinks = true;
-    return c;
-  };
   auto chunk_rows = [](int32_t first_len, int32_t rows) {
     std::vector<int32_t> lens(rows);
     std::iota(lens.begin(), lens.end(), first_len);

@@ -143,7 +143,8 @@ void experts_with_biases(const ExpertsCase& c) {
   // Rows spread over the experts at random, some experts empty; gathered from [T, H] by src_row
   // as the decoder's local dispatcher hands them over.
   std::vector<int32_t> expert_of(M);
-  for (auto& e : expert_of) e = std::uniform_int_distribution<int32_t>(0, static_cast<int32_t>(E) - 1)(rng);
+  for (auto& e : expert_of)
+    e = std::uniform_int_distribution<int32_t>(0, static_cast<int32_t>(E) - 1)(rng);
   std::vector<int32_t> offsets(E + 1, 0), src_row(M);
   for (int32_t e : expert_of) ++offsets[e + 1];
   std::partial_sum(offsets.begin(), offsets.end(), offsets.begin());
@@ -255,16 +256,16 @@ TEST(CudaGptOssChecks, RefusesABadSwigluLimitAndEpilogue) {
     TopkCase c;
   };
   const Tc router_cases[] = {
-      {"E32_K4_T1", {1, 32, 4}},                     // gpt-oss-20b at decode
+      {"E32_K4_T1", {1, 32, 4}},  // gpt-oss-20b at decode
       {"E32_K4_T989", {989, 32, 4}},
-      {"E128_K4_T257", {257, 128, 4}},               // gpt-oss-120b
-      {"E6_K2_T19_Ties", {19, 6, 2, true}},          // the fixtures' size, exact ties
+      {"E128_K4_T257", {257, 128, 4}},       // gpt-oss-120b
+      {"E6_K2_T19_Ties", {19, 6, 2, true}},  // the fixtures' size, exact ties
       {"E128_K4_T300_Ties", {300, 128, 4, true}},
       {"E60_K5_T99_Scaled", {99, 60, 5, false, false, -1, 2.5f}},
-      {"E1024_K32_T33", {33, 1024, 32}},             // the one-warp router's edge
+      {"E1024_K32_T33", {33, 1024, 32}},                       // the one-warp router's edge
       {"E64_K8_T99_SelectionBias", {99, 64, 8, false, true}},  // the general kernel
       {"E64_K8_T99_SelectionBias_Ties", {99, 64, 8, true, true}},
-      {"E1500_K40_T7_Block", {7, 1500, 40}},         // the block router
+      {"E1500_K40_T7_Block", {7, 1500, 40}},  // the block router
       {"E1500_K40_T9_Block_Ties", {9, 1500, 40, true}},
       {"E32_K4_T64_Padding", {64, 32, 4, false, false, 37}},
       {"E1500_K40_T8_Block_Padding", {8, 1500, 40, false, false, 5}},

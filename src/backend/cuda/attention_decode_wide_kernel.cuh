@@ -287,7 +287,9 @@ __global__ void __launch_bounds__(attn::kWideCombineThreads)
     }
     float o = splits > 0 ? num / den : 0.f;
     // Relative to m, the splits' max: the sink joins the denominator once, here.
-    if (p.sinks != nullptr && splits > 0) o = num * attn::sink_normaliser(m, den, __ldg(p.sinks + h));
+    if (p.sinks != nullptr && splits > 0) {
+      o = num * attn::sink_normaliser(m, den, __ldg(p.sinks + h));
+    }
     p.out[bh * D + d] = __float2bfloat16_rn(o);
   }
 }
