@@ -328,6 +328,7 @@ std::unique_ptr<Model> load_model_for(const std::filesystem::path& dir, const De
     const ModelConfig config = load_model_config(dir / "config.json");
     check_gpu_support(config);
     check_gpu_kv_dtype(config, device.kv_rows_dtype());
+    check_gpu_offload(config, device.offload());
   }
   return Model::load(dir, LoadOptions{.prefault = !device.is_cuda(), .expert_weights = weights});
 }

@@ -226,6 +226,12 @@ CapacityPlan plan_capacity(const ModelConfig& config, const PlanOptions& o) {
   if (const std::optional<std::string> reason = gpu_unsupported(config)) {
     plan.arithmetic.insert(plan.arithmetic.begin(), "note: " + *reason);
     plan.run_flags = "--device cpu";
+  } else if (plan.run_flags.find("--expert-budget") != std::string::npos) {
+    // It needs the expert cache, which cannot offload this model's experts on the GPU yet.
+    if (const std::optional<std::string> reason = gpu_offload_unsupported(config)) {
+      plan.arithmetic.insert(plan.arithmetic.begin(), "note: " + *reason);
+      plan.run_flags = "--device cpu";
+    }
   }
   return plan;
 }

@@ -140,6 +140,13 @@ std::optional<std::string> gpu_unsupported(const ModelConfig& config);
 // Throws with that reason (both create functions call it first, before any device work).
 void check_gpu_support(const ModelConfig& config);
 
+// What the GPU's expert cache (--expert-budget) lacks to offload this config's experts, or
+// nullopt: GPT-OSS's expert biases and clamped SwiGLU are not carried by its host compute yet.
+// Needs no device.
+std::optional<std::string> gpu_offload_unsupported(const ModelConfig& config);
+// Throws with that reason when `offload` is enabled (the create functions call it).
+void check_gpu_offload(const ModelConfig& config, const offload::OffloadOptions& offload);
+
 // What the GPU decoder lacks to keep this config's KV cache at `dtype`, or nullopt: f32 rows
 // (the device pool holds bf16 or fp8), and fp8 for MLA's latent cache and for heads wider than
 // 256 (their kernels read bf16 rows only). Needs no device.

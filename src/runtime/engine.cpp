@@ -147,6 +147,7 @@ std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const Eng
     check_weight_format(config.expert_weights, model_config, /*cuda=*/true);
     check_gpu_support(model_config);
     check_gpu_kv_dtype(model_config, gpu_options(model_config, config).kv_dtype);
+    check_gpu_offload(model_config, config.offload);
     // The GPU reads the map once while uploading; prefaulting it first would read it twice.
     auto model = Model::load(dir, LoadOptions{.prefault = false});
     Tokenizer tokenizer = Tokenizer::from_dir(dir);

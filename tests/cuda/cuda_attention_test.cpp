@@ -13,12 +13,17 @@
 // decode cases the cached keys before each window are NaN, so a kernel that reads them fails.
 // Window cases first run on an H200 when added: all pass, memcheck and racecheck clean on the
 // small ones, and kernels with the window start or the window mask removed fail them.
+// Attention sinks (GPT-OSS, *Sinks_*): a random sink logit per head joins the reference's
+// softmax denominator; decode single-split, split, fixed-chunk and wide cases, prefill on both
+// kernels, and ChunkedPrompt_* rows that share one block table (a prompt chunk's queries over
+// the sequence's earlier blocks). Written without a GPU; not yet run on one.
 #include <gtest/gtest.h>
 
 #if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <utility>
 
@@ -356,7 +361,24 @@ struct DecodeCase {
   // decoder's padded weights make them, and the scale is 1/sqrt(head_dim). 0: D.
   int64_t head_dim = 0;
   int64_t fixed_chunk = 0;  // PagedDecodeParams::fixed_chunk (--deterministic)
+  bool sinks = false;       // a random sink logit per query head (PagedDecodeParams::sinks)
+  // Every row reads row 0's block table: the queries of one chunk of a prompt against the
+  // sequence's earlier keys (the decoder's per-query route), each row one position further.
+  bool shared_table = false;
 };
+
+DecodeCase with_sinks(DecodeCase c) {
+  c.sinks = true;
+  return c;
+}
+
+// Random sink logits per head, in [-1, 3]: against scores of about +-1, from negligible to
+// most of the denominator at short lengths.
+std::vector<float> random_sinks(int64_t heads, std::mt19937& rng) {
+  std::vector<float> sinks(heads);
+  for (float& x : sinks) x = std::uniform_real_distribution<float>(-1.0f, 3.0f)(rng);
+  return sinks;
+}
 
 // First key the decode query (position len - 1) sees under a window of W keys (0: none).
 int64_t window_first(int64_t len, int64_t window) {
@@ -376,7 +398,9 @@ void decode_random(const DecodeCase& c, bool tensor_cores) {
   std::iota(pool.begin(), pool.end(), 0);
   std::shuffle(pool.begin(), pool.end(), rng);
   std::vector<int32_t> tables(B * max_blocks);
-  for (int64_t i = 0; i < B * max_blocks; ++i) tables[i] = pool[i];
+  for (int64_t i = 0; i < B * max_blocks; ++i) {
+    tables[i] = pool[c.shared_table ? i % max_blocks : i];
+  }
   const int64_t row = c.Nkv * c.D;
   auto k = random_bf16(num_blocks * c.block_size * row, rng);
   auto v = random_bf16(num_blocks * c.block_size * row, rng);
@@ -390,9 +414,18 @@ void decode_random(const DecodeCase& c, bool tensor_cores) {
   auto slot = [&](int64_t b, int64_t t) {
     return (tables[b * max_blocks + t / c.block_size] * c.block_size + t % c.block_size) * row;
   };
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < window_first(c.seq_lens[b], c.window); ++t)
+  // With a shared table a key before one row's window may be in an earlier row's: only the
+  // keys before every row's window are NaN then.
+  int64_t first_of_all = std::numeric_limits<int64_t>::max();
+  for (int64_t b = 0; b < B; ++b) {
+    first_of_all = std::min(first_of_all, window_first(c.seq_lens[b], c.window));
+  }
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t hidden = c.shared_table ? first_of_all : window_first(c.seq_lens[b], c.window);
+    for (int64_t t = 0; t < hidden; ++t)
       for (int64_t i = 0; i < row; ++i) k[slot(b, t) + i] = v[slot(b, t) + i] = 0x7fc0;
+  }
+  const std::vector<float> sinks = c.sinks ? random_sinks(c.Nq, rng) : std::vector<float>{};
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   PagedDecodeParams p{.num_seqs = B,
                       .num_q_heads = c.Nq,
@@ -409,8 +442,10 @@ void decode_random(const DecodeCase& c, bool tensor_cores) {
   DeviceBuffer<uint16_t> d_q(q), d_k(k), d_v(v), d_out(B * c.Nq * c.D);
   DeviceBuffer<int32_t> d_tables(tables), d_lens(c.seq_lens);
   DeviceBuffer<float> d_ws(std::max<int64_t>(1, paged_decode_workspace_size(p)));
+  DeviceBuffer<float> d_sinks(c.sinks ? sinks : std::vector<float>(1, 0.0f));
   d_out.poison();
   d_ws.poison();
+  if (c.sinks) p.sinks = d_sinks.get();
   p.q = d_q.as_bf16();
   p.k_cache = d_k.as_bf16();
   p.v_cache = d_v.as_bf16();
@@ -441,8 +476,13 @@ void decode_random(const DecodeCase& c, bool tensor_cores) {
         s[i] = dot * scale;
         m = std::max(m, s[i]);
       }
-      double z = 0;
+      // A sink is one more logit of the softmax, with no value row.
+      if (c.sinks) m = std::max(m, static_cast<double>(sinks[h]));
+      double z = c.sinks ? std::exp(sinks[h] - m) : 0.0;
+      const double sink_term = z;
       for (auto& x : s) z += (x = std::exp(x - m));
+      // The keys' share of the softmax: the output's scale shrinks with it.
+      const double keys_share = z > 0 ? (z - sink_term) / z : 1.0;
       std::vector<double> magnitude(c.D, 0.0);  // sum_t p_t |v_t|
       for (int64_t i = 0; i < count; ++i) {
         const int64_t base = slot(b, first + i) + kvh * c.D;
@@ -455,7 +495,8 @@ void decode_random(const DecodeCase& c, bool tensor_cores) {
       // 1/sqrt(keys seen) (a spread softmax); with P rounded to bf16 (the tensor-core path) the
       // error is bounded by 2^-9 of sum_t p_t |v_t|, so the scale is the larger of the two.
       for (int64_t d = 0; d < c.D; ++d) {
-        const double spread = count > 0 ? 1.0 / std::sqrt(static_cast<double>(count)) : 1e-6;
+        const double spread =
+            count > 0 ? keys_share / std::sqrt(static_cast<double>(count)) : 1e-6;
         bound[(b * c.Nq + h) * c.D + d] = p_in_bf16 ? std::max(spread, magnitude[d]) : spread;
       }
     }
@@ -464,7 +505,7 @@ void decode_random(const DecodeCase& c, bool tensor_cores) {
 }
 
 void prefill_random(std::vector<int32_t> lens, int64_t Nq, int64_t Nkv, int64_t D,
-                    bool tensor_cores, int64_t window = 0) {
+                    bool tensor_cores, int64_t window = 0, bool with_sinks = false) {
   std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(D * 17 + Nq + lens.size() + window * 7919));
   const int64_t B = static_cast<int64_t>(lens.size());
   std::vector<int32_t> cu(B + 1, 0);
@@ -476,6 +517,8 @@ void prefill_random(std::vector<int32_t> lens, int64_t Nq, int64_t Nkv, int64_t 
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   DeviceBuffer<uint16_t> d_q(q), d_k(k), d_v(v), d_out(T * Nq * D);
   DeviceBuffer<int32_t> d_cu(cu);
+  const std::vector<float> sinks = with_sinks ? random_sinks(Nq, rng) : std::vector<float>{};
+  DeviceBuffer<float> d_sinks(with_sinks ? sinks : std::vector<float>(1, 0.0f));
   d_out.poison();
   prefill_attention(PrefillParams{.q = d_q.as_bf16(),
                                   .k = d_k.as_bf16(),
@@ -490,6 +533,7 @@ void prefill_random(std::vector<int32_t> lens, int64_t Nq, int64_t Nkv, int64_t 
                                   .head_dim = D,
                                   .scale = scale,
                                   .sliding_window = window,
+                                  .sinks = with_sinks ? d_sinks.get() : nullptr,
                                   .tensor_cores = tensor_cores},
                     nullptr);
   synchronize();
@@ -513,8 +557,11 @@ void prefill_random(std::vector<int32_t> lens, int64_t Nq, int64_t Nkv, int64_t 
           s[j] = dot * scale;
           m = std::max(m, s[j]);
         }
-        double z = 0;
+        if (with_sinks) m = std::max(m, static_cast<double>(sinks[h]));
+        double z = with_sinks ? std::exp(sinks[h] - m) : 0.0;
+        const double sink_term = z;
         for (auto& x : s) z += (x = std::exp(x - m));
+        const double keys_share = (z - sink_term) / z;
         // Natural scale: at least 1/sqrt(keys seen) (a spread softmax of unit values), and the
         // sum of the terms' magnitudes sum_j p_j |v_j|, which bounds the tensor-core path's
         // rounding of P to bf16 (2^-9 of each term) when the softmax is peaked.
@@ -527,7 +574,8 @@ void prefill_random(std::vector<int32_t> lens, int64_t Nq, int64_t Nkv, int64_t 
           }
         for (int64_t d = 0; d < D; ++d)
           bound[(ti * Nq + h) * D + d] =
-              std::max(bound[(ti * Nq + h) * D + d], 1.0 / std::sqrt(static_cast<double>(count)));
+              std::max(bound[(ti * Nq + h) * D + d],
+                       keys_share / std::sqrt(static_cast<double>(count)));
       }
     }
   }
@@ -603,6 +651,45 @@ void prefill_random(std::vector<int32_t> lens, int64_t Nq, int64_t Nkv, int64_t 
     reg("CudaPagedDecode", d.name, [c = d.c] { decode_random(c, false); });
     reg("CudaPagedDecode", std::string("Mma_") + d.name, [c = d.c] { decode_random(c, true); });
   }
+  // Attention sinks (GPT-OSS): one split written directly, several through the combine kernel,
+  // under windows, large groups (two head tiles), --deterministic's fixed chunks; and the
+  // queries of a prompt chunk over the sequence's earlier blocks (one shared block table, each
+  // row one position further), full and windowed, the decoder's per-query route.
+  auto chunk_rows = [](int32_t first_len, int32_t rows) {
+    std::vector<int32_t> lens(rows);
+    std::iota(lens.begin(), lens.end(), first_len);
+    return lens;
+  };
+  const Dc sink_cases[] = {
+      {"Sinks_B3_Mixed_G4_D64", with_sinks({{1, 17, 300}, 8, 2, 64, 32})},
+      {"Sinks_B2_Len3000_G1_D128", with_sinks({{3000, 1234}, 4, 4, 128, 16})},
+      {"Sinks_Win4_B3_Mixed_G2_D64", with_sinks({{1, 5, 77}, 4, 2, 64, 16, 4})},
+      {"Sinks_Win128_B2_Len1000_G8_D64", with_sinks({{1000, 129}, 64, 8, 64, 16, 128})},
+      {"Sinks_B3_Mixed_G40_D128", with_sinks({{1, 300, 1000}, 80, 2, 128, 16})},
+      {"Sinks_Win37_B5_Mixed_G8_D256", with_sinks({{1, 64, 65, 511, 700}, 16, 2, 256, 8, 37})},
+      {"Sinks_Chunk256_B3_Mixed_G4_D64",
+       with_sinks({{989, 1, 257}, 8, 2, 64, 16, 0, 0, 256})},
+      {"Sinks_Chunk256_Win100_B2_G8_D64",
+       with_sinks({{989, 300}, 64, 8, 64, 16, 100, 0, 256})},
+      {"Sinks_ChunkedPrompt_Rows19_From40_G8_D64",
+       with_sinks({chunk_rows(40, 19), 64, 8, 64, 16, 0, 0, 0, true, true})},
+      {"Sinks_ChunkedPrompt_Win4_Rows19_From40_G8_D64",
+       with_sinks({chunk_rows(40, 19), 64, 8, 64, 16, 4, 0, 0, true, true})},
+      {"ChunkedPrompt_Win50_Rows33_From100_G4_D128",
+       {chunk_rows(100, 33), 8, 2, 128, 16, 50, 0, 0, false, true}},
+  };
+  for (const Dc& d : sink_cases) {
+    // Fixed chunks need the tensor-core kernel (the CUDA-core one refuses them).
+    if (d.c.fixed_chunk == 0) {
+      reg("CudaPagedDecode", d.name, [c = d.c] { decode_random(c, false); });
+    }
+    reg("CudaPagedDecode", std::string("Mma_") + d.name, [c = d.c] { decode_random(c, true); });
+  }
+  // Head dims above 256: the wide kernel and its combine.
+  reg("CudaPagedDecode", "Wide_Sinks_B3_Odd_G4_D272in320",
+      [] { decode_random(with_sinks({{19, 1, 989}, 8, 2, 320, 16, 0, 272}), true); });
+  reg("CudaPagedDecode", "Wide_Sinks_Win50_B2_Odd_G24_D512",
+      [] { decode_random(with_sinks({{989, 7}, 24, 1, 512, 32, 50}), true); });
   // Head dims above 256 (padded to a multiple of 64; "D272in320": the model's 272 dims, zeros to
   // 320): one kernel, float32, whatever tensor_cores says, so each case runs once with the
   // decoder's default (true) and is held to the float32 bound. Odd lengths, GQA groups 1, 4, 24
@@ -682,6 +769,16 @@ void prefill_random(std::vector<int32_t> lens, int64_t Nq, int64_t Nkv, int64_t 
     // W above the length: the same as causal.
     reg("CudaPrefill", kind + "Win1000_OneSeq_T300_G4_D128",
         [tc] { prefill_random({300}, 8, 2, 128, tc, 1000); });
+    // Attention sinks, with and without a window (GPT-OSS alternates the two), length 1 (the
+    // sink against a single key) and query tiles whose rows see few keys.
+    reg("CudaPrefill", kind + "Sinks_Varlen_D64", [tc] {
+      prefill_random({17, 1, 64, 33, 130}, 8, 2, 64, tc, 0, true);
+    });
+    reg("CudaPrefill", kind + "Sinks_Win4_Varlen_D64", [tc] {
+      prefill_random({17, 1, 64, 33, 130}, 8, 2, 64, tc, 4, true);
+    });
+    reg("CudaPrefill", kind + "Sinks_Win100_OneSeq_T700_G4_D128",
+        [tc] { prefill_random({700}, 8, 2, 128, tc, 100, true); });
   }
   return true;
 }();

@@ -410,6 +410,7 @@ struct DecodeCase {
   int64_t Nq, Nkv, D, block_size;
   int64_t window = 0;
   int64_t fixed_chunk = 0;
+  bool sinks = false;  // a random sink logit per query head (GPT-OSS), in [-1, 3]
 };
 
 void decode_over_fp8(const DecodeCase& c, bool tensor_cores) {
@@ -458,6 +459,8 @@ void decode_over_fp8(const DecodeCase& c, bool tensor_cores) {
       for (int64_t i = 0; i < c.Nkv * c.D; ++i)
         k_codes[slot_row(b, t) * c.D + i] = v_codes[slot_row(b, t) * c.D + i] = 0x7f;
   const auto q = testing_util::random_bf16(B * c.Nq * c.D, rng);
+  std::vector<float> sinks(c.Nq, 0.0f);
+  for (float& x : sinks) x = std::uniform_real_distribution<float>(-1.0f, 3.0f)(rng);
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.D));
   PagedDecodeParams p{.num_seqs = B,
                       .num_q_heads = c.Nq,
@@ -476,8 +479,10 @@ void decode_over_fp8(const DecodeCase& c, bool tensor_cores) {
   DeviceBuffer<float> d_ks(k_scales), d_vs(v_scales);
   DeviceBuffer<int32_t> d_tables(tables), d_lens(c.seq_lens);
   DeviceBuffer<float> d_ws(std::max<int64_t>(1, paged_decode_workspace_size(p)));
+  DeviceBuffer<float> d_sinks(sinks);
   d_out.poison();
   d_ws.poison();
+  if (c.sinks) p.sinks = d_sinks.get();
   p.q = d_q.as_bf16();
   p.k_codes = d_kc.get();
   p.v_codes = d_vc.get();
@@ -508,7 +513,9 @@ void decode_over_fp8(const DecodeCase& c, bool tensor_cores) {
         s[i] = dot * scale;
         m = std::max(m, s[i]);
       }
-      double z = 0;
+      // A sink: one more logit of the softmax, with no value row.
+      if (c.sinks) m = std::max(m, static_cast<double>(sinks[h]));
+      double z = c.sinks ? std::exp(sinks[h] - m) : 0.0;
       for (auto& x : s) z += (x = std::exp(x - m));
       std::vector<double> magnitude(c.D, 0.0);
       for (int64_t i = 0; i < count; ++i) {
@@ -650,6 +657,11 @@ void random_model_matches_cpu_fp8(ModelFamily family, bool deterministic) {
       {"B4_Odd_G6_D64_Block1", {{19, 99, 1, 7}, 12, 2, 64, 1}},
       {"Win50_B2_G24_D256", {{77, 130}, 48, 2, 256, 8, 50}},
       {"Win200_B5_AroundWindow_G4_D64", {{199, 200, 201, 17, 1000}, 8, 2, 64, 16, 200}},
+      // Attention sinks (GPT-OSS's shapes: 64 query heads over 8 KV heads of 64, window 128),
+      // one split and several.
+      {"Sinks_B3_Mixed_G4_D64", {{1, 17, 300}, 8, 2, 64, 32, 0, 0, true}},
+      {"Sinks_Win128_B2_Len1000_G8_D64", {{1000, 129}, 64, 8, 64, 16, 128, 0, true}},
+      {"Sinks_B2_Len3000_G1_D128", {{3000, 1234}, 4, 4, 128, 16, 0, 0, true}},
   };
   for (const Dc& d : decode_cases) {
     for (bool tc : {true, false}) {
@@ -664,6 +676,12 @@ void random_model_matches_cpu_fp8(ModelFamily family, bool deterministic) {
       "CudaKvFp8Decode", "Chunk256_B3_Odd_G4_D128_TensorCores",
       [] {
         decode_over_fp8({{989, 1, 257}, 8, 2, 128, 16, 0, 256}, true);
+      },
+      __FILE__, __LINE__);
+  testing_util::register_kernel_test(
+      "CudaKvFp8Decode", "Sinks_Chunk256_B3_Odd_G4_D64_TensorCores",
+      [] {
+        decode_over_fp8({{989, 1, 257}, 8, 2, 64, 16, 0, 256, true}, true);
       },
       __FILE__, __LINE__);
   testing_util::register_kernel_test(

@@ -69,10 +69,11 @@ TEST(CudaMoeBlockChecks, RefusesWhatItCannotRun) {
                            .top_k = 2};
   cuda::testing_util::expect_error_naming(
       [&] { block_with(ok, layers, std::span(plans).first(1)); }, "2 layers and 1 layer plans");
-  MoeBlockOptions topk_softmax = ok;
-  topk_softmax.router.score = moe::ScoreFunction::kTopkSoftmax;
-  cuda::testing_util::expect_error_naming([&] { block_with(topk_softmax, layers, plans); },
-                                          "GPT-OSS");
+  // GPT-OSS's router (softmax over the top-k logits) and clamped SwiGLU are taken.
+  MoeBlockOptions gpt_oss = ok;
+  gpt_oss.router.score = moe::ScoreFunction::kTopkSoftmax;
+  gpt_oss.shape.activation = {.kind = moe::ActivationKind::kClampedSwiglu};
+  EXPECT_NO_THROW(block_with(gpt_oss, layers, plans));
   MoeBlockOptions wide = ok;
   wide.top_k = 9;
   cuda::testing_util::expect_error_naming([&] { block_with(wide, layers, plans); },

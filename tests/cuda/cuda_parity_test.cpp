@@ -189,10 +189,32 @@ void every_fixture_on_every_route() {
   EXPECT_GE(agreement, kMinTop1Agreement);
 }
 
+// GPT-OSS's fixtures alone (float32, bf16 with head dim 24, MXFP4 experts): attention sinks,
+// sliding layers between full ones, the router's bias and top-k softmax, expert biases and the
+// clamped SwiGLU, under the same bounds (they are in the test above too; this one names them).
+void gpt_oss_fixtures_on_every_route() {
+  Agreement total;
+  int64_t fixtures = 0;
+  for (const std::string& name : testing_support::model_fixture_names()) {
+    if (name.rfind("gpt_oss", 0) != 0) continue;
+    SCOPED_TRACE(name);
+    const ModelConfig config =
+        load_model_config(testing_support::kModelFixtures / name / "config.json");
+    ASSERT_FALSE(gpu_unsupported(config).has_value()) << *gpu_unsupported(config);
+    check_fixture(name, total);
+    ++fixtures;
+  }
+  EXPECT_EQ(fixtures, 3) << "gpt_oss fixtures under " << testing_support::kModelFixtures;
+  ASSERT_GT(total.positions, 0);
+  EXPECT_GE(static_cast<double>(total.same_top1) / total.positions, kMinTop1Agreement);
+}
+
 [[maybe_unused]] const bool kRegistered = [] {
   if (!cuda::testing_util::cuda_device_present("parity")) return false;
   cuda::testing_util::register_kernel_test("CudaParity", "EveryFixtureMatchesTheReferenceOnEveryRoute",
                                            every_fixture_on_every_route, __FILE__, __LINE__);
+  cuda::testing_util::register_kernel_test("CudaParity", "GptOssFixturesMatchTheReference",
+                                           gpt_oss_fixtures_on_every_route, __FILE__, __LINE__);
   return true;
 }();
 

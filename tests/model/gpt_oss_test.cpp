@@ -192,27 +192,33 @@ TEST(GptOss, ExpertParallelAndOffloadKeepTheLogits) {
   EXPECT_EQ(logits(), resident) << "offload turned off";
 }
 
-TEST(GptOss, GpuDecoderRefusesNamingAttentionSinks) {
+TEST(GptOss, GpuDecoderTakesItButNotItsExpertBudget) {
   const ModelConfig config = synthetic_model_config("gpt-oss-20b");
+  EXPECT_NO_THROW(check_gpu_support(config));
+  EXPECT_FALSE(gpu_unsupported(config).has_value());
+  EXPECT_NO_THROW(check_gpu_offload(config, offload::OffloadOptions{}));
   try {
-    check_gpu_support(config);
-    FAIL() << "gpt_oss was accepted by the GPU decoder";
+    check_gpu_offload(config, offload::parse_offload_flags("25%", "lru"));
+    FAIL() << "gpt_oss's experts were offloaded on the GPU";
   } catch (const Error& e) {
     const std::string message = e.what();
-    EXPECT_NE(message.find("gpt_oss: attention sinks"), std::string::npos) << message;
-    EXPECT_NE(message.find("not implemented on the CUDA backend; run with --device cpu"),
-              std::string::npos)
-        << message;
+    EXPECT_NE(message.find("gpt_oss: --expert-budget on cuda"), std::string::npos) << message;
+    EXPECT_NE(message.find("run without --expert-budget"), std::string::npos) << message;
   }
-  EXPECT_NO_THROW(check_gpu_support(synthetic_model_config("qwen3-30b-a3b")));
+  EXPECT_FALSE(gpu_offload_unsupported(synthetic_model_config("qwen3-30b-a3b")).has_value());
 }
 
-TEST(GptOss, PlanSaysTheCpuRunsIt) {
+TEST(GptOss, PlanRunsItOnTheGpuWhereItFitsWithoutAnExpertBudget) {
+  // 20b's bf16 weights (about 42 GB) fit 80 GB: the GPU, every expert resident.
+  EXPECT_EQ(plan_capacity(synthetic_model_config("gpt-oss-20b"), PlanOptions{.gpu_mem_gib = 80})
+                .run_flags,
+            "--device cuda");
+  // 120b's do not, and the GPU's expert cache cannot take its experts: the CPU, saying why.
   const CapacityPlan plan =
       plan_capacity(synthetic_model_config("gpt-oss-120b"), PlanOptions{.gpu_mem_gib = 80});
   EXPECT_EQ(plan.run_flags, "--device cpu");
   ASSERT_FALSE(plan.arithmetic.empty());
-  EXPECT_EQ(plan.arithmetic.front().rfind("note: gpt_oss: attention sinks", 0), 0u)
+  EXPECT_EQ(plan.arithmetic.front().rfind("note: gpt_oss: --expert-budget on cuda", 0), 0u)
       << plan.arithmetic.front();
   EXPECT_EQ(plan_capacity(synthetic_model_config("qwen3-30b-a3b"), PlanOptions{}).run_flags,
             "--device cuda");

@@ -111,6 +111,11 @@ struct PagedDecodeParams {
   // as Mistral / Qwen2 sliding-window layers; 0: every cached key. Keys before the window are
   // not read, and the split plan (hence the workspace size) covers min(max_seq_len, W) keys.
   int64_t sliding_window = 0;
+  // [Nq] float32 attention sinks (GPT-OSS), or null: head h's softmax denominator takes one
+  // more term exp(sinks[h] - max), a logit in the units of the scaled scores with no value row,
+  // so the weights of the keys sum to less than 1. Applied once per query where its softmax is
+  // finished (the single split's output, or the combine kernel's).
+  const float* sinks = nullptr;
   // Tensor cores (attention_decode_mma_kernel.cuh: the G query heads as 16 mma rows, P rounded
   // to bf16 for the P.V product), needing q 16-byte aligned; it covers every D and G the
   // launcher accepts, and measured 2.4x to 9x faster than the CUDA-core kernel on an H200
@@ -153,7 +158,8 @@ int64_t paged_decode_workspace_size(const PagedDecodeParams& params);
 // sequences can need more than 64 and 128 do, a shorter context one more split than a longer).
 int64_t paged_decode_workspace_bound(const PagedDecodeParams& params);
 
-// out[b, h] = softmax(scale * q[b,h] . K[b, first..len)) V, with K/V of KV head h / G read
+// out[b, h] = softmax(scale * q[b,h] . K[b, first..len)) V (the denominator also taking
+// exp(sinks[h]) when sinks are given), with K/V of KV head h / G read
 // through the block table, first = max(0, len - W) under a sliding window, else 0. One block per
 // (sequence, KV head, split) packs the G query heads, so each K/V byte is read once; splits over
 // long contexts are combined by a second kernel. A sequence of length 0 gets zeros.
@@ -175,6 +181,8 @@ struct PrefillParams {
   // W: query i of a sequence (0-based within it) sees keys [max(0, i - W + 1), i]; 0: every
   // key up to i. Key tiles wholly before a query tile's window are not loaded.
   int64_t sliding_window = 0;
+  // [Nq] float32 attention sinks, or null: as PagedDecodeParams::sinks.
+  const float* sinks = nullptr;
   // Tensor cores (mma.sync, 64-query x 64-key tiles); false: the float32 CUDA-core kernel
   // (32 x 32 tiles), kept as a second implementation to test against.
   bool tensor_cores = true;

@@ -248,7 +248,11 @@ __global__ void __launch_bounds__(attn::kDecodeMmaThreads)
     }
     const int64_t bh = head0 + g;
     if (num_splits == 1) {
-      p.out[bh * D + d] = __float2bfloat16_rn(num / den);
+      // A sink joins the denominator here, once (split launches: in the combine kernel).
+      const float o = p.sinks != nullptr
+                          ? num * sink_normaliser_log2(mx, den, __ldg(p.sinks + heads.first + g))
+                          : num / den;
+      p.out[bh * D + d] = __float2bfloat16_rn(o);
     } else {
       p.workspace[(bh * num_splits + split) * D + d] = num;
       if (d == 0) {

@@ -242,7 +242,11 @@ __global__ void __launch_bounds__(attn::kWideThreads)
       if (g >= G) break;
       const int64_t bh = head0 + g;
       if (num_splits == 1) {
-        const float inv = 1.f / s_l[g];
+        // A sink joins the denominator here, once (split launches: in the combine kernel).
+        const float inv =
+            p.sinks != nullptr
+                ? sink_normaliser(s_m[g], s_l[g], __ldg(p.sinks + heads.first + g))
+                : 1.f / s_l[g];
         p.out[bh * D + d] = __float2bfloat16_rn(acc[j][g][0] * inv);
         p.out[bh * D + d + 1] = __float2bfloat16_rn(acc[j][g][1] * inv);
       } else {
@@ -281,7 +285,12 @@ __global__ void __launch_bounds__(attn::kWideCombineThreads)
       den = fmaf(w, ml[(bh * num_splits + s) * 2 + 1], den);
       num = fmaf(w, p.workspace[(bh * num_splits + s) * D + d], num);
     }
-    p.out[bh * D + d] = __float2bfloat16_rn(splits > 0 ? num / den : 0.f);
+    float o = splits > 0 ? num / den : 0.f;
+    // Relative to m, the splits' max: the sink joins the denominator once, here.
+    if (p.sinks != nullptr && splits > 0) {
+      o = num * attn::sink_normaliser(m, den, __ldg(p.sinks + h));
+    }
+    p.out[bh * D + d] = __float2bfloat16_rn(o);
   }
 }
 

@@ -95,6 +95,25 @@ __device__ __forceinline__ int prefill_window(const PrefillParams& p, int len) {
   return p.sliding_window > 0 && p.sliding_window < len ? static_cast<int>(p.sliding_window) : 0;
 }
 
+inline constexpr float kLog2e = 1.4426950408889634f;
+
+// Attention sinks (PagedDecodeParams::sinks): where a query's softmax is finished, with m the
+// keys' max and l their sum of exp(s - m), the factor that normalises the unnormalised output
+// when the sink's logit joins the denominator: exp(m - M) / (l exp(m - M) + exp(sink - M)),
+// M = max(m, sink), so neither term overflows whichever is larger. m = -inf (no key) gives 0.
+__device__ __forceinline__ float sink_normaliser(float m, float l, float sink) {
+  const float top = fmaxf(m, sink);
+  const float keys = __expf(m - top);
+  return keys / fmaf(l, keys, __expf(sink - top));
+}
+// The same with m in log2 units (the tensor-core kernels' exp2 domain); sink in natural units.
+__device__ __forceinline__ float sink_normaliser_log2(float m, float l, float sink) {
+  const float sink_log2 = sink * kLog2e;
+  const float top = fmaxf(m, sink_log2);
+  const float keys = exp2f(m - top);
+  return keys / fmaf(l, keys, exp2f(sink_log2 - top));
+}
+
 }  // namespace attn
 
 // grid (num_splits, Nkv * decode_head_tiles, B), kDecodeThreads threads, dynamic shared memory
@@ -270,7 +289,12 @@ __global__ void __launch_bounds__(attn::kDecodeThreads)
     for (int j = 0; j < kDimsPerThread; ++j) {
       const int d = dim0 + j * kDimThreads;
       if (num_splits == 1) {
-        p.out[bh * D + d] = __float2bfloat16_rn(acc[j][i] / s_sum[g]);
+        // A sink joins the denominator here, once (split launches: in the combine kernel).
+        const float o = p.sinks != nullptr ? acc[j][i] * attn::sink_normaliser(
+                                                             s_max[g], s_sum[g],
+                                                             __ldg(p.sinks + q_head0 + g))
+                                           : acc[j][i] / s_sum[g];
+        p.out[bh * D + d] = __float2bfloat16_rn(o);
       } else {
         p.workspace[(bh * num_splits + split) * D + d] = acc[j][i];
       }
@@ -301,7 +325,10 @@ __global__ void __launch_bounds__(D)
     den = fmaf(w, ml[(bh * num_splits + s) * 2 + 1], den);
     num = fmaf(w, p.workspace[(bh * num_splits + s) * D + d], num);
   }
-  p.out[bh * D + d] = __float2bfloat16_rn(splits > 0 ? num / den : 0.f);
+  float o = splits > 0 ? num / den : 0.f;
+  // num and den are relative to m, the splits' max: the sink joins the denominator once, here.
+  if (p.sinks != nullptr && splits > 0) o = num * attn::sink_normaliser(m, den, __ldg(p.sinks + h));
+  p.out[bh * D + d] = __float2bfloat16_rn(o);
 }
 
 namespace attn {
@@ -412,7 +439,8 @@ __global__ void __launch_bounds__(attn::kPrefillThreads)
   }
   if (qi < len) {
     __nv_bfloat16* out = p.out + (seq0 + qi) * q_stride + h * D;
-    const float inv = 1.f / l;
+    // Row qi sees at least key qi, so m is finite.
+    const float inv = p.sinks != nullptr ? sink_normaliser(m, l, __ldg(p.sinks + h)) : 1.f / l;
 #pragma unroll
     for (int j = 0; j < kDims; ++j) out[sub + 4 * j] = __float2bfloat16_rn(acc[j] * inv);
   }

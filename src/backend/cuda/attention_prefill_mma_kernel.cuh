@@ -219,7 +219,10 @@ __global__ void __launch_bounds__(attn::kMmaThreads)
   for (int half = 0; half < 2; ++half) {
     const int row = row_a + half * 8;
     if (row >= len) continue;
-    const float inv = 1.f / l[half];
+    // Row `row` sees at least key `row`, so m is finite; log2 units, as the scores.
+    const float inv = p.sinks != nullptr
+                          ? sink_normaliser_log2(m[half], l[half], __ldg(p.sinks + h))
+                          : 1.f / l[half];
     __nv_bfloat16* out = p.out + (static_cast<int64_t>(seq0) + row) * q_stride + h * D;
 #pragma unroll
     for (int j = 0; j < kDT; ++j) {

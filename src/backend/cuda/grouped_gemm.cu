@@ -2,6 +2,7 @@
 // picks the tile from host-known sizes, sizes the grid for the worst case and launches once.
 // The instantiations are the eight used: four tiles, each plain and with SiLU(gate)*up fused.
 #include <algorithm>
+#include <cmath>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/grouped_gemm.h"
@@ -105,11 +106,13 @@ void grouped_gemm(const GroupedGemmParams& p, cudaStream_t stream) {
   MOE_CHECK(p.k > 0 && p.k % gemm::kBK == 0, "k = ", p.k, " must be a positive multiple of ",
             gemm::kBK);
   MOE_CHECK(p.n > 0 && p.n % 32 == 0, "n = ", p.n, " must be a positive multiple of 32");
-  MOE_CHECK(p.epilogue == GemmEpilogue::kNone || p.epilogue == GemmEpilogue::kSiluMul, "epilogue ",
-            static_cast<int>(p.epilogue), " is not kNone or kSiluMul");
+  MOE_CHECK(p.epilogue == GemmEpilogue::kNone || p.epilogue == GemmEpilogue::kSiluMul ||
+                p.epilogue == GemmEpilogue::kClampedSwiglu,
+            "epilogue ", static_cast<int>(p.epilogue), " is not kNone, kSiluMul or kClampedSwiglu");
+  const bool gated = p.epilogue != GemmEpilogue::kNone;
   MOE_CHECK(p.weight_terms == 1 || p.weight_terms == 2, "weight_terms = ", p.weight_terms,
             " must be 1 or 2");
-  const int64_t weight_rows = p.epilogue == GemmEpilogue::kSiluMul ? 2 * p.n : p.n;
+  const int64_t weight_rows = gated ? 2 * p.n : p.n;
   detail::check_int32_range(p.num_rows * std::max(p.k, p.n), "num_rows * max(k, n)");
   detail::check_int32_range(p.weight_terms * weight_rows * p.k, "weight rows * k of one expert");
   if (p.num_rows == 0) return;
@@ -125,10 +128,17 @@ void grouped_gemm(const GroupedGemmParams& p, cudaStream_t stream) {
     MOE_CHECK(p.top_k >= 1 && p.num_rows % p.top_k == 0, "top_k = ", p.top_k,
               " must be positive and divide num_rows = ", p.num_rows, " when gathering");
   }
-  const GemmTile tile = p.tile == GemmTile::kAuto
-                            ? grouped_gemm_auto_tile(p.num_rows, p.num_experts, p.n, p.epilogue)
-                            : p.tile;
-  if (p.epilogue == GemmEpilogue::kSiluMul) {
+  if (p.epilogue == GemmEpilogue::kClampedSwiglu) {
+    MOE_CHECK(p.swiglu_limit > 0.0f && std::isfinite(p.swiglu_alpha), "swiglu_limit = ",
+              p.swiglu_limit, " must be positive and swiglu_alpha = ", p.swiglu_alpha, " finite");
+  }
+  // The tile choice sees a gated epilogue as kSiluMul (the same weight rows per output column).
+  const GemmTile tile =
+      p.tile == GemmTile::kAuto
+          ? grouped_gemm_auto_tile(p.num_rows, p.num_experts, p.n,
+                                   gated ? GemmEpilogue::kSiluMul : GemmEpilogue::kNone)
+          : p.tile;
+  if (gated) {
     dispatch_tile<true>(tile, p, stream);
   } else {
     dispatch_tile<false>(tile, p, stream);
@@ -137,6 +147,10 @@ void grouped_gemm(const GroupedGemmParams& p, cudaStream_t stream) {
 
 void moe_experts(const MoeExpertsParams& p, cudaStream_t stream) {
   NvtxRange range("experts");
+  MOE_CHECK(p.gate_up_epilogue == GemmEpilogue::kSiluMul ||
+                p.gate_up_epilogue == GemmEpilogue::kClampedSwiglu,
+            "gate_up_epilogue ", static_cast<int>(p.gate_up_epilogue),
+            " is not kSiluMul or kClampedSwiglu");
   grouped_gemm(GroupedGemmParams{.rows = p.rows,
                                  .weights = p.gate_up,
                                  .expert_weights = p.gate_up_table,
@@ -147,7 +161,10 @@ void moe_experts(const MoeExpertsParams& p, cudaStream_t stream) {
                                  .n = p.expert_width,
                                  .k = p.hidden_size,
                                  .weight_terms = p.weight_terms,
-                                 .epilogue = GemmEpilogue::kSiluMul,
+                                 .epilogue = p.gate_up_epilogue,
+                                 .bias = p.gate_up_bias,
+                                 .swiglu_alpha = p.swiglu_alpha,
+                                 .swiglu_limit = p.swiglu_limit,
                                  .src_row = p.src_row,
                                  .top_k = p.top_k},
                stream);
@@ -162,6 +179,7 @@ void moe_experts(const MoeExpertsParams& p, cudaStream_t stream) {
                                  .k = p.expert_width,
                                  .weight_terms = p.weight_terms,
                                  .epilogue = GemmEpilogue::kNone,
+                                 .bias = p.down_bias,
                                  .overlap_previous = true},
                stream);
 }

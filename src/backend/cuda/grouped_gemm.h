@@ -24,7 +24,10 @@
 //   out             [M, N]      bf16; rows past offsets[E] are not written
 //
 // Epilogues: kNone writes bf16(acc); kSiluMul writes bf16(silu(gate) * up) with gate and up the
-// float32 accumulators of the same output column (SiLU(x) = x / (1 + exp(-x))).
+// float32 accumulators of the same output column (SiLU(x) = x / (1 + exp(-x))); kClampedSwiglu
+// (GPT-OSS) writes bf16((u + 1) * g * sigmoid(alpha * g)) with g = min(gate, limit) and
+// u = clamp(up, -limit, limit). An optional float32 bias per expert joins the accumulators
+// before any of them (gate and up columns alike).
 //
 // Requirements (the launcher names the offending value): Kd a positive multiple of 64, N a
 // positive multiple of 32 (64 and 128 for the larger tiles, see grouped_gemm.cu), all three
@@ -38,7 +41,7 @@
 
 namespace moeinfer::cuda {
 
-enum class GemmEpilogue : int32_t { kNone, kSiluMul };
+enum class GemmEpilogue : int32_t { kNone, kSiluMul, kClampedSwiglu };
 
 // Tile shapes. kAuto picks from the mean rows per expert, M / min(E, M), which the host knows
 // without reading the device: up to 8 rows the 16-row tile (decode: weights streamed by many
@@ -61,6 +64,12 @@ struct GroupedGemmParams {
   int64_t k = 0;                            // Kd
   int64_t weight_terms = 1;                 // 1, or 2: a lo matrix after each expert's matrix
   GemmEpilogue epilogue = GemmEpilogue::kNone;
+  // [E, Nw] float32, or null: expert e's bias, added to the float32 accumulators of output
+  // column c (and, with a gated epilogue, of up column N + c) before the epilogue. Indexed by
+  // expert like expert_weights, so it stays put when a cache moves an expert's weights.
+  const float* bias = nullptr;
+  float swiglu_alpha = 1.702f;  // kClampedSwiglu
+  float swiglu_limit = 7.0f;    // kClampedSwiglu
   GemmTile tile = GemmTile::kAuto;
   // Optional gather (dispatch fused into the A-tile load): row r of the operand is
   // rows[src_row[r] / top_k], so `rows` is the un-permuted hidden state [T, Kd] and the
@@ -97,10 +106,19 @@ struct MoeExpertsParams {
   int64_t expert_width = 0;                 // I
   const int32_t* src_row = nullptr;         // [M] optional: gather rows[src_row[r] / top_k]
   int64_t top_k = 1;                        // K, with src_row
+  // GPT-OSS's experts: float32 biases [E, 2I] (gate then up, as the weights' rows) and [E, H],
+  // or null; and the gate/up projection's epilogue, kSiluMul or kClampedSwiglu (its alpha and
+  // limit below).
+  const float* gate_up_bias = nullptr;
+  const float* down_bias = nullptr;
+  GemmEpilogue gate_up_epilogue = GemmEpilogue::kSiluMul;
+  float swiglu_alpha = 1.702f;
+  float swiglu_limit = 7.0f;
 };
 
-// The experts stage: activation = SiLU(rows . gate^T) * (rows . up^T), out = activation . down^T,
-// two launches, the second a programmatic dependent of the first.
+// The experts stage: activation = SiLU(rows . gate^T) * (rows . up^T) (or the clamped SwiGLU,
+// biases added first where given), out = activation . down^T (+ down_bias), two launches, the
+// second a programmatic dependent of the first.
 void moe_experts(const MoeExpertsParams& params, cudaStream_t stream);
 
 }  // namespace moeinfer::cuda

@@ -130,6 +130,15 @@ __device__ __forceinline__ int block_inclusive_scan(int value, int* s_warp, int*
   return value + prefix;
 }
 
+// GPT-OSS's clamped SwiGLU of one column, as moe::run_experts: g = min(gate, limit),
+// u = clamp(up, -limit, limit), (u + 1) * (g / (1 + exp(-alpha g))).
+__device__ __forceinline__ float clamped_swiglu_value(float gate, float up, float alpha,
+                                                      float limit) {
+  const float g = fminf(gate, limit);
+  const float u = fminf(fmaxf(up, -limit), limit);
+  return (u + 1.0f) * (g / (1.0f + __expf(-alpha * g)));
+}
+
 }  // namespace gemm
 
 template <class Cfg>
@@ -317,7 +326,11 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   }
   cp_async_wait<0>();
 
-  // Epilogue: c0,c1 at (lane/4, 2*(lane%4) + {0,1}), c2,c3 eight rows further down.
+  // Epilogue: c0,c1 at (lane/4, 2*(lane%4) + {0,1}), c2,c3 eight rows further down. The
+  // expert's bias row, if any: [Nw] float32, gate columns then up columns.
+  const float* bias_row =
+      p.bias != nullptr ? p.bias + static_cast<int64_t>(expert) * Cfg::kOps * N : nullptr;
+  const bool clamped_swiglu = p.epilogue == GemmEpilogue::kClampedSwiglu;
 #pragma unroll
   for (int i = 0; i < Cfg::kMTiles; ++i) {
 #pragma unroll
@@ -330,11 +343,24 @@ __global__ void __launch_bounds__(Cfg::kThreads)
         const int col = n0 + warp_n * Cfg::kWN + j * 8 + (lane & 3) * 2;
         float v0 = acc[0][i][j][half * 2];
         float v1 = acc[0][i][j][half * 2 + 1];
+        if (bias_row != nullptr) {
+          v0 += __ldg(bias_row + col);
+          v1 += __ldg(bias_row + col + 1);
+        }
         if constexpr (Cfg::kGateUp) {
-          const float u0 = acc[Cfg::kOps - 1][i][j][half * 2];
-          const float u1 = acc[Cfg::kOps - 1][i][j][half * 2 + 1];
-          v0 = v0 / (1.0f + __expf(-v0)) * u0;
-          v1 = v1 / (1.0f + __expf(-v1)) * u1;
+          float u0 = acc[Cfg::kOps - 1][i][j][half * 2];
+          float u1 = acc[Cfg::kOps - 1][i][j][half * 2 + 1];
+          if (bias_row != nullptr) {
+            u0 += __ldg(bias_row + N + col);
+            u1 += __ldg(bias_row + N + col + 1);
+          }
+          if (clamped_swiglu) {
+            v0 = clamped_swiglu_value(v0, u0, p.swiglu_alpha, p.swiglu_limit);
+            v1 = clamped_swiglu_value(v1, u1, p.swiglu_alpha, p.swiglu_limit);
+          } else {
+            v0 = v0 / (1.0f + __expf(-v0)) * u0;
+            v1 = v1 / (1.0f + __expf(-v1)) * u1;
+          }
         }
         *reinterpret_cast<__nv_bfloat162*>(out_row + col) = __floats2bfloat162_rn(v0, v1);
       }

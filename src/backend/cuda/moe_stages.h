@@ -33,7 +33,13 @@ namespace moeinfer::cuda {
 
 using bf16 = __nv_bfloat16;
 
-enum class RouterScore : int32_t { kSoftmax, kSigmoid };
+enum class RouterScore : int32_t {
+  kSoftmax,
+  kSigmoid,
+  // GPT-OSS (moe::ScoreFunction::kTopkSoftmax): the top-k of the (biased) logits themselves,
+  // weighted by a softmax over those k logits; renormalize changes nothing.
+  kTopkSoftmax,
+};
 
 // Group-limited routing (DeepSeek), as moe::GroupScore: the E experts form num_groups equal
 // groups of consecutive ids, each group gets a score from its biased expert scores, and only the
@@ -66,8 +72,8 @@ struct RouterParams {
   RouterScore score = RouterScore::kSoftmax;
   bool renormalize = false;  // divide the K weights by their sum
   float routed_scaling_factor = 1.0f;
-  // [E] added to the logits before the score function, or null (the synthetic models' routing
-  // skew; no checkpoint has one).
+  // [E] added to the logits before the score function, or null: GPT-OSS's router bias, or the
+  // synthetic models' routing skew.
   const float* logit_bias = nullptr;
   // [E] DeepSeek-V3 e_score_correction_bias, or null: added to the scores that choose the groups
   // and the experts; the weights come from the unbiased scores.
@@ -111,12 +117,13 @@ __host__ __device__ inline float router_noise(uint64_t seed, int32_t key, int64_
 // exp(logit) (the Gumbel-top-k trick).
 __host__ __device__ inline float router_gumbel(float u) { return -logf(-logf(u)); }
 
-// route, as moe::route(): score = softmax or sigmoid of (logits + logit_bias), the logits
-// replaced by router_noise when noise_keys is set;
+// route, as moe::route(): score = softmax or sigmoid of (logits + logit_bias) (kTopkSoftmax:
+// the biased logits themselves), the logits replaced by router_noise when noise_keys is set;
 // choice = score + selection_bias; with grouping, the experts outside the topk_groups best
 // groups by group score of `choice` get choice -inf; top-k by choice (ties to the lower expert
 // id); weight = score * ((renormalize ? 1 / (sum of the K picked scores + 1e-20) : 1) *
-// routed_scaling_factor), the sum taken in pick order.
+// routed_scaling_factor), the sum taken in pick order; kTopkSoftmax: weight = exp(score - the
+// picks' max) / (their sum in pick order) * routed_scaling_factor.
 // E <= kRouterWarpMaxExperts and K <= kRouterWarpMaxTopK: one warp per token, the plain case
 // (no selection_bias, no grouping) in a kernel without the shared-memory group step, anything
 // else in the general one. Past that range: one block per token (router_block_kernel.cuh), the
@@ -146,6 +153,10 @@ void approximate_routing(const RoutingApproxParams& params, cudaStream_t stream)
 
 // logits [n] *= factor (--router-temperature T: factor 1 / T, as moe::apply_temperature).
 void scale_logits(float* logits, int64_t n, float factor, cudaStream_t stream);
+// logits [rows, width] = (logits + bias[width]) * factor: a router's logit bias joined before
+// the temperature, as the CPU's router product adds it (GPT-OSS under --router-temperature).
+void bias_scale_logits(float* logits, const float* bias, int64_t rows, int64_t width, float factor,
+                       cudaStream_t stream);
 
 namespace detail {
 // fused_router's checks of the sizes and options (not the pointers), for the kernels that route

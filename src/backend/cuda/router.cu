@@ -79,8 +79,10 @@ void check_router_params(const RouterParams& params) {
   MOE_CHECK(K >= 1 && K <= E, "top_k = ", K, " must be in [1, num_experts = ", E, "]");
   MOE_CHECK(params.num_tokens >= 0 && params.num_tokens <= (int64_t{1} << 31) - 1,
             "num_tokens = ", params.num_tokens, " is outside [0, 2^31)");
-  MOE_CHECK(params.score == RouterScore::kSoftmax || params.score == RouterScore::kSigmoid,
-            "score function ", static_cast<int>(params.score), " is not softmax or sigmoid");
+  MOE_CHECK(params.score == RouterScore::kSoftmax || params.score == RouterScore::kSigmoid ||
+                params.score == RouterScore::kTopkSoftmax,
+            "score function ", static_cast<int>(params.score),
+            " is not softmax, sigmoid or top-k softmax");
   MOE_CHECK(std::isfinite(params.routed_scaling_factor),
             "routed_scaling_factor = ", params.routed_scaling_factor, " is not finite");
   check_groups(params);

@@ -188,9 +188,11 @@ struct RouterBlockToken {
     if (p->logit_bias != nullptr) x += __ldg(p->logit_bias + e);
     return x;
   }
-  // The one-warp kernels' operations: expf(x - max) / sum, or 1 / (1 + expf(-x)).
+  // The one-warp kernels' operations: expf(x - max) / sum, or 1 / (1 + expf(-x)), or x itself
+  // (kTopkSoftmax, whose picks are softmaxed at the end).
   __device__ __forceinline__ float score(int e) const {
     const float x = biased_logit(e);
+    if (p->score == RouterScore::kTopkSoftmax) return x;
     if (p->score == RouterScore::kSoftmax) return expf(x - max_logit) / sum;
     return 1.0f / (1.0f + expf(-x));
   }
@@ -333,6 +335,23 @@ __global__ void __launch_bounds__(kThreads)
         picked_sum += s;
       },
       scratch);
+  if (p.score == RouterScore::kTopkSoftmax) {
+    // The softmax of the picked logits (thread 0 wrote them as the weights), as
+    // moe::pick_weights: their max, then the sum in pick order; a null pick keeps weight 0.
+    if (threadIdx.x == 0) {
+      float max_logit = -INFINITY;
+      for (int k = 0; k < K; ++k)
+        if (ids[k] < E) max_logit = fmaxf(max_logit, weights[k]);
+      float sum = 0.0f;
+      for (int k = 0; k < K; ++k)
+        if (ids[k] < E) sum += expf(weights[k] - max_logit);
+      for (int k = 0; k < K; ++k) {
+        weights[k] =
+            ids[k] < E ? expf(weights[k] - max_logit) / sum * p.routed_scaling_factor : 0.0f;
+      }
+    }
+    return;
+  }
   if (threadIdx.x == 0) scale = device::router_scale(p, picked_sum);
   __syncthreads();  // also makes thread 0's weights visible to the block
   for (int k = threadIdx.x; k < K; k += kThreads) weights[k] *= scale;

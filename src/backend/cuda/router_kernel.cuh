@@ -91,6 +91,7 @@ __device__ __forceinline__ void router_scores(const RouterParams& p, int64_t tok
     }
   }
 
+  if (p.score == RouterScore::kTopkSoftmax) return;  // the picks' weights are softmaxed later
   if (p.score == RouterScore::kSoftmax) {
     float local_max = -INFINITY;
 #pragma unroll
@@ -138,6 +139,18 @@ __device__ __forceinline__ float router_scale(const RouterParams& p, float picke
   return (p.renormalize ? 1.0f / (picked_sum + 1e-20f) : 1.0f) * p.routed_scaling_factor;
 }
 
+// kTopkSoftmax: lane k's weight from the K picks' logits (lane k holds the k-th in my_logit),
+// as moe::pick_weights: exp(logit - the picks' max) / (their sum in pick order), scaled. Every
+// lane of the warp calls it (shuffles).
+__device__ __forceinline__ float topk_softmax_weight(const RouterParams& p, float my_logit,
+                                                     int lane) {
+  const int top_k = static_cast<int>(p.top_k);
+  const float max_logit = warp_max(lane < top_k ? my_logit : -INFINITY);
+  float sum = 0.0f;
+  for (int k = 0; k < top_k; ++k) sum += expf(__shfl_sync(kFullMask, my_logit, k) - max_logit);
+  return expf(my_logit - max_logit) / sum * p.routed_scaling_factor;
+}
+
 // A token past *num_valid_tokens pads a graph bucket: the null expert E at weight 0 in every
 // slot. Returns whether it was one (the whole warp sees the same answer).
 __device__ inline bool router_padding_token(const RouterParams& p, int64_t token, int lane) {
@@ -158,7 +171,8 @@ __device__ inline void route_token_plain(const RouterParams& p, int64_t token, i
   const int top_k = static_cast<int>(p.top_k);
   if (device::router_padding_token(p, token, lane)) return;
 
-  // Slots past E, and experts already picked, hold -inf: never chosen since scores are >= 0.
+  // Slots past E, and experts already picked, hold -inf: never chosen since scores are >= 0
+  // (kTopkSoftmax: finite logits, which -inf never beats either).
   float score[kPerLane];
   device::router_scores<kPerLane, kLogitsWrittenHere>(p, token, lane, score);
 
@@ -188,10 +202,12 @@ __device__ inline void route_token_plain(const RouterParams& p, int64_t token, i
     }
   }
 
-  const float scale = device::router_scale(p, picked_sum);
+  const float weight = p.score == RouterScore::kTopkSoftmax
+                           ? device::topk_softmax_weight(p, my_score, lane)
+                           : my_score * device::router_scale(p, picked_sum);
   if (lane < top_k) {
     p.topk_ids[token * p.top_k + lane] = my_id;
-    p.topk_weights[token * p.top_k + lane] = my_score * scale;
+    p.topk_weights[token * p.top_k + lane] = weight;
   }
 }
 
@@ -330,10 +346,12 @@ __device__ inline void route_token_general(const RouterParams& p, int64_t token,
     }
   }
 
-  const float scale = device::router_scale(p, picked_sum);
+  const float weight = p.score == RouterScore::kTopkSoftmax
+                           ? device::topk_softmax_weight(p, my_score, lane)
+                           : my_score * device::router_scale(p, picked_sum);
   if (lane < top_k) {
     p.topk_ids[token * p.top_k + lane] = my_id;
-    p.topk_weights[token * p.top_k + lane] = my_score * scale;
+    p.topk_weights[token * p.top_k + lane] = weight;
   }
 }
 

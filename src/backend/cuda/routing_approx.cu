@@ -37,6 +37,14 @@ __global__ void scale_logits_kernel(float* logits, int64_t n, float factor) {
   }
 }
 
+__global__ void bias_scale_logits_kernel(float* logits, const float* bias, int64_t n,
+                                         int64_t width, float factor) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    logits[i] = (logits[i] + bias[i % width]) * factor;
+  }
+}
+
 }  // namespace
 
 void approximate_routing(const RoutingApproxParams& p, cudaStream_t stream) {
@@ -66,6 +74,19 @@ void scale_logits(float* logits, int64_t n, float factor, cudaStream_t stream) {
   detail::check_pointer(logits, "logits");
   const int64_t blocks = std::min<int64_t>((n + 255) / 256, 1024);
   scale_logits_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(logits, n, factor);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void bias_scale_logits(float* logits, const float* bias, int64_t rows, int64_t width, float factor,
+                       cudaStream_t stream) {
+  MOE_CHECK(rows >= 0 && width >= 1, "bias_scale_logits: rows = ", rows, ", width = ", width);
+  const int64_t n = rows * width;
+  if (n == 0) return;
+  detail::check_pointer(logits, "logits");
+  detail::check_pointer(bias, "bias");
+  const int64_t blocks = std::min<int64_t>((n + 255) / 256, 1024);
+  bias_scale_logits_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(logits, bias, n,
+                                                                              width, factor);
   CUDA_CHECK(cudaGetLastError());
 }
 

@@ -256,6 +256,10 @@ void build_layout(const ModelConfig& c, const DecoderWeights* w, bool offload_ex
                       /*one_term=*/true)
             .fill_scale = 0.02f;
       }
+      if (c.attention_sinks) {  // float32 [Nq]; a synthetic model's are zero
+        Job& sinks = layout.add(&d.sinks, 1, Nq, /*f32=*/true);
+        if (lw) sinks.pieces.push_back({.src = lw->attention.sinks, .rows = 1, .cols = Nq});
+      }
     }
 
     d.is_moe = c.layer_is_moe[l];
@@ -280,6 +284,31 @@ void build_layout(const ModelConfig& c, const DecoderWeights* w, bool offload_ex
       Job& bias = layout.add(&d.selection_bias, 1, E, /*f32=*/true);
       bias.fill_scale = 0.0f;
       if (mw) bias.pieces.push_back({.src = mw->selection_bias, .rows = 1, .cols = E});
+    }
+    if (c.router_bias) {  // float32 [E]; a synthetic model's is zero
+      Job& bias = layout.add(&d.router_bias, 1, E, /*f32=*/true);
+      if (mw) bias.pieces.push_back({.src = mw->router_bias, .rows = 1, .cols = E});
+    }
+    if (c.expert_bias) {
+      // float32, resident even with offloaded experts: [E, 2 Ip] (gate at 0, up at Ip) and
+      // [E, Hp], zeros in the padding; a synthetic model's are zero.
+      Job& gu_bias = layout.add(&d.experts_gate_up_bias, E, 2 * Ip, /*f32=*/true);
+      Job& down_bias = layout.add(&d.experts_down_bias, E, Hp, /*f32=*/true);
+      gu_bias.padded = I != Ip;
+      down_bias.padded = H != Hp;
+      MOE_CHECK(mw == nullptr || static_cast<int64_t>(mw->routed.experts.size()) == E, "layer ",
+                l, " has ", mw ? mw->routed.experts.size() : 0, " experts bound, the config says ",
+                E);
+      for (int64_t e = 0; mw != nullptr && e < E; ++e) {
+        const moe::ExpertWeights& ex = mw->routed.experts[e];
+        MOE_CHECK(!ex.gate_bias.empty() && !ex.up_bias.empty() && !ex.down_bias.empty(),
+                  "layer ", l, " expert ", e, " has no gate, up or down bias; the config says "
+                  "its experts have them");
+        gu_bias.pieces.push_back({.src = ex.gate_bias, .rows = 1, .cols = I, .dst_row0 = e});
+        gu_bias.pieces.push_back(
+            {.src = ex.up_bias, .rows = 1, .cols = I, .dst_row0 = e, .dst_col0 = Ip});
+        down_bias.pieces.push_back({.src = ex.down_bias, .rows = 1, .cols = H, .dst_row0 = e});
+      }
     }
     layout.set_home(offload_experts);
     Job& gu = layout.add(&d.experts_gate_up, E * 2 * Ip, Hp, false, false, /*block_rows=*/2 * Ip);

@@ -22,7 +22,8 @@
 // about 2^-17 of its size), and every product adds both terms' partial products in float32.
 // Each matrix above is then [2, rows, cols]: its hi matrix followed by its lo matrix of the same
 // shape (an expert stack [E, 2, ...]: each expert's hi then lo, so an expert stays one slab).
-// Norm weights have their two terms the same way ([2, width]); biases stay one bf16 term.
+// Norm weights have their two terms the same way ([2, width]); biases stay one bf16 term (the
+// attention sinks, the router bias and the expert biases are float32).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -52,6 +53,7 @@ struct DeviceLayer {
   const bf16* k_norm = nullptr;
   const bf16* o_proj = nullptr;  // [Hp, Nq Dp]
   const bf16* o_bias = nullptr;  // [Hp] or null
+  const float* sinks = nullptr;  // [Nq] attention sinks (GPT-OSS), float32, or null
   // MLA.
   const bf16* q_proj = nullptr;     // [Nh qk, Hp] without a query bottleneck
   const bf16* q_a = nullptr;        // [q_lora, Hp]
@@ -69,6 +71,7 @@ struct DeviceLayer {
   const bf16* router = nullptr;          // [E, Hp]
   const float* selection_bias = nullptr;  // [E] chooses experts, not weights (DeepSeek-V3)
   const float* logit_bias = nullptr;      // [E] added to the logits (synthetic routing skew)
+  const float* router_bias = nullptr;     // [E] the checkpoint's router bias (GPT-OSS), or null
   // Synthetic `--routing-skew uniform|zipf:A`: the router's logits are replaced by noise of this
   // seed (cuda::RouterParams::noise_seed), keyed per token and step (the decoder's route keys);
   // with zipf, Gumbel noise plus logit_bias.
@@ -79,6 +82,11 @@ struct DeviceLayer {
   // cache copies from).
   const bf16* experts_gate_up = nullptr;
   const bf16* experts_down = nullptr;
+  // GPT-OSS's expert biases, float32 in device memory (offloaded experts too, which the cache
+  // refuses for now): [E, 2 Ip] gate bias at [0, I), up bias at [Ip, Ip + I), zeros between,
+  // as the gate_up rows; [E, Hp]. Null without them.
+  const float* experts_gate_up_bias = nullptr;
+  const float* experts_down_bias = nullptr;
   const bf16* shared_gate_up = nullptr;   // [2 Is, Hp] or null
   const bf16* shared_down = nullptr;      // [Hp, Is]
   int64_t shared_width = 0;

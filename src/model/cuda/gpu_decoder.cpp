@@ -898,13 +898,18 @@ void CudaDecoder::attention(int64_t layer, const Step& step) {
   } else {
     qk_norm_clip_rope_write(layer, step);
   }
+  // Per layer (GPT-OSS alternates sliding and full layers); the sinks are null unless the plan
+  // has them (device_weights uploads them exactly where the config does).
   const int64_t window = plan.sliding_window;
+  MOE_CHECK(plan.attention_sinks == (d.sinks != nullptr), "layer ", layer, ": the plan ",
+            plan.attention_sinks ? "has" : "has no", " attention sinks, the device weights ",
+            d.sinks ? "do" : "do not");
   if (prefill) {
     cuda::prefill_attention({.q = q_, .k = k_, .v = v_, .cu_seqlens = meta_.cu_seqlens,
                              .out = attn_, .num_tokens = T, .num_seqs = step.num_seqs,
                              .max_seq_len = step.max_seq_len, .num_q_heads = Nq,
                              .num_kv_heads = Nkv, .head_dim = Dp, .scale = attention_scale_,
-                             .sliding_window = window},
+                             .sliding_window = window, .sinks = d.sinks},
                             stream_);
   } else {
     cuda::paged_decode_attention(
@@ -915,7 +920,8 @@ void CudaDecoder::attention(int64_t layer, const Step& step) {
          .workspace = attn_workspace_, .num_seqs = T, .num_q_heads = Nq, .num_kv_heads = Nkv,
          .head_dim = Dp, .block_size = block_size_, .num_blocks = num_blocks_,
          .max_blocks_per_seq = step.table_stride, .max_seq_len = step.max_seq_len,
-         .scale = attention_scale_, .sliding_window = window, .fixed_chunk = attention_chunk_},
+         .scale = attention_scale_, .sliding_window = window, .sinks = d.sinks,
+         .fixed_chunk = attention_chunk_},
         stream_);
   }
   // o_proj's bias joins in the norm that adds this output to the residual stream.
@@ -1131,7 +1137,8 @@ void CudaDecoder::build_moe_block() {
   const ExpertShape shape{.num_experts = config_.num_experts,
                           .hidden_size = w_.padded_hidden_size,
                           .expert_width = w_.padded_expert_width,
-                          .weight_terms = w_.weight_terms};
+                          .weight_terms = w_.weight_terms,
+                          .activation = expert_activation(config_)};
   const std::span<const DeviceLayer> layers(w_.layers);
   std::unique_ptr<ExpertRunner> runner;
   if (cache_) {
@@ -1530,6 +1537,7 @@ std::unique_ptr<GpuDecoder> GpuDecoder::create(const ModelConfig& config,
                                                const GpuOptions& options) {
   check_gpu_support(config);
   check_gpu_kv_dtype(config, options.kv_dtype);
+  check_gpu_offload(config, options.offload);
   gpu::select_device(options.device);
   offload::check_offload_model(options.offload, config.num_experts,
                                "the " + config.model_type + " model");
@@ -1544,6 +1552,7 @@ std::unique_ptr<GpuDecoder> GpuDecoder::create_synthetic(const ModelConfig& conf
                                                          const SyntheticGpuOptions& synthetic) {
   check_gpu_support(config);
   check_gpu_kv_dtype(config, options.kv_dtype);
+  check_gpu_offload(config, options.offload);
   gpu::select_device(options.device);
   offload::check_offload_model(options.offload, config.num_experts,
                                "the " + config.model_type + " model");

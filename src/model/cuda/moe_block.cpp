@@ -9,6 +9,31 @@
 #include "model/cuda/cached_experts.h"
 
 namespace moeinfer::gpu {
+namespace {
+
+cuda::RouterScore device_score(moe::ScoreFunction score) {
+  switch (score) {
+    case moe::ScoreFunction::kSoftmax:
+      return cuda::RouterScore::kSoftmax;
+    case moe::ScoreFunction::kSigmoid:
+      return cuda::RouterScore::kSigmoid;
+    case moe::ScoreFunction::kTopkSoftmax:
+      return cuda::RouterScore::kTopkSoftmax;
+  }
+  MOE_FAIL("unknown router score function ", static_cast<int>(score));
+}
+
+}  // namespace
+
+cuda::GemmEpilogue expert_epilogue(const moe::ExpertActivation& activation) {
+  switch (activation.kind) {
+    case moe::ActivationKind::kSiluGlu:
+      return cuda::GemmEpilogue::kSiluMul;
+    case moe::ActivationKind::kClampedSwiglu:
+      return cuda::GemmEpilogue::kClampedSwiglu;
+  }
+  MOE_FAIL("unknown expert activation ", static_cast<int>(activation.kind));
+}
 
 ExpertRows LocalDispatcher::dispatch(int64_t /*layer*/, const RoutedTokens& tokens,
                                      cudaStream_t /*stream*/) {
@@ -42,7 +67,11 @@ void ResidentExperts::run(int64_t layer, const ExpertRows& rows, bf16* out, cuda
                      .expert_offsets = rows.expert_offsets, .activation = activation_,
                      .out = out, .num_rows = rows.num_rows, .num_experts = shape_.num_experts,
                      .hidden_size = shape_.hidden_size, .expert_width = shape_.expert_width,
-                     .src_row = rows.src_row, .top_k = rows.top_k},
+                     .src_row = rows.src_row, .top_k = rows.top_k,
+                     .gate_up_bias = d.experts_gate_up_bias, .down_bias = d.experts_down_bias,
+                     .gate_up_epilogue = expert_epilogue(shape_.activation),
+                     .swiglu_alpha = shape_.activation.alpha,
+                     .swiglu_limit = shape_.activation.limit},
                     stream);
 }
 
@@ -106,8 +135,6 @@ MoeBlock::MoeBlock(const MoeBlockOptions& options, std::span<const DeviceLayer> 
             "the MoE block needs a dispatcher, an expert runner and the decoder's products");
   MOE_CHECK(options_.top_k >= 1 && options_.top_k <= options_.shape.num_experts, "top_k ",
             options_.top_k, " must be in [1, ", options_.shape.num_experts, "]");
-  MOE_CHECK(options_.router.score != moe::ScoreFunction::kTopkSoftmax,
-            "the GPU router has no softmax over the top-k logits (GPT-OSS)");
   set_approximation(options_.approx);
 }
 
@@ -128,13 +155,13 @@ cuda::RouterParams MoeBlock::router_params(int64_t layer, int64_t T, const int32
   cuda::RouterParams p{.logits = logits, .topk_ids = topk_ids, .topk_weights = topk_weights,
                        .num_tokens = T, .num_experts = options_.shape.num_experts,
                        .top_k = options_.top_k,
-                       .score = r.score == moe::ScoreFunction::kSigmoid
-                                    ? cuda::RouterScore::kSigmoid
-                                    : cuda::RouterScore::kSoftmax,
+                       .score = device_score(r.score),
                        .renormalize = r.renormalize,
                        .routed_scaling_factor = r.routed_scaling_factor};
   p.selection_bias = d.selection_bias;
-  p.logit_bias = d.logit_bias;
+  // A checkpoint's router bias (GPT-OSS), or a synthetic Zipf skew (a synthetic model's router
+  // bias is all zeros, so the skew's bias stands for both).
+  p.logit_bias = d.logit_bias != nullptr ? d.logit_bias : d.router_bias;
   p.group_score = r.group_score == moe::GroupScore::kMax       ? cuda::RouterGroupScore::kMax
                   : r.group_score == moe::GroupScore::kTop2Sum ? cuda::RouterGroupScore::kTop2Sum
                                                                : cuda::RouterGroupScore::kNone;
@@ -155,11 +182,20 @@ void MoeBlock::route(int64_t layer, const bf16* hidden, int64_t T, const int32_t
   linear_(hidden, T, layers_[layer].router, s.num_experts, s.hidden_size, logits,
           /*f32_out=*/true);
   const moe::RoutingApproximation& approx = options_.approx;
-  // As moe::apply_temperature: the logits times the temperature's inverse, in float32.
-  cuda::scale_logits(logits, T * s.num_experts,
-                     static_cast<float>(1.0 / approx.router_temperature), stream);
-  cuda::fused_router(
-      router_params(layer, T, num_valid, noise_keys, logits, topk_ids, topk_weights), stream);
+  const float inverse_temperature = static_cast<float>(1.0 / approx.router_temperature);
+  cuda::RouterParams params =
+      router_params(layer, T, num_valid, noise_keys, logits, topk_ids, topk_weights);
+  const float* router_bias = layers_[layer].router_bias;
+  if (router_bias != nullptr && inverse_temperature != 1.0f && params.logit_bias == router_bias) {
+    // The CPU adds the router's bias in its product, before the temperature: (logits + bias) / T
+    // here, and the router adds nothing more. At T = 1 the router's own addition is that sum.
+    cuda::bias_scale_logits(logits, router_bias, T, s.num_experts, inverse_temperature, stream);
+    params.logit_bias = nullptr;
+  } else {
+    // As moe::apply_temperature: the logits times the temperature's inverse, in float32.
+    cuda::scale_logits(logits, T * s.num_experts, inverse_temperature, stream);
+  }
+  cuda::fused_router(params, stream);
   if (approx.active_experts != 0 || approx.drop_below != 0.0) {
     cuda::approximate_routing({.topk_ids = topk_ids, .topk_weights = topk_weights,
                                .num_tokens = T, .top_k = options_.top_k,
@@ -184,7 +220,13 @@ const int32_t* MoeBlock::predict(int64_t layer, const RoutedTokens& tokens,
 bool MoeBlock::small_batch_takes(int64_t layer, int64_t T) const {
   const DeviceLayer* d = runner_->resident(layer);
   const ExpertShape& s = options_.shape;
-  return d != nullptr && buffers_.small_moe_workspace != nullptr && !options_.approx.enabled() &&
+  // The small-batch kernel computes SiLU-gated experts without biases: GPT-OSS's layers (expert
+  // biases, the clamped SwiGLU) take the stage-by-stage path, whose grouped GEMM has both.
+  const bool plain_experts = options_.shape.activation.kind == moe::ActivationKind::kSiluGlu &&
+                             (d == nullptr || (d->experts_gate_up_bias == nullptr &&
+                                               d->experts_down_bias == nullptr));
+  return d != nullptr && plain_experts && buffers_.small_moe_workspace != nullptr &&
+         !options_.approx.enabled() &&
          T * options_.top_k <= buffers_.small_moe_rows &&
          cuda::small_moe_supports(T, s.num_experts, options_.top_k, s.hidden_size,
                                   s.expert_width, d->shared_gate_up ? d->shared_width : 0);

@@ -21,6 +21,7 @@
 #include <span>
 #include <vector>
 
+#include "backend/cuda/grouped_gemm.h"
 #include "backend/cuda/moe_stages.h"
 #include "model/cuda/device_weights.h"
 #include "model/layer_plan.h"
@@ -108,13 +109,18 @@ class RoutingPredictor {
                                  cudaStream_t stream) = 0;
 };
 
-// The experts' shape, common to every runner.
+// The experts' shape and activation, common to every runner.
 struct ExpertShape {
   int64_t num_experts = 0;   // E
   int64_t hidden_size = 0;   // Hp
   int64_t expert_width = 0;  // Ip
   int64_t weight_terms = 1;  // 1, or 2 bf16 terms per weight (device_weights.h)
+  // SiLU(gate) * up, or GPT-OSS's clamped SwiGLU; the biases, if any, are DeviceLayer's.
+  moe::ExpertActivation activation;
 };
+
+// The grouped GEMM's gated epilogue for an activation.
+cuda::GemmEpilogue expert_epilogue(const moe::ExpertActivation& activation);
 
 // Where the experts live and how they run.
 class ExpertRunner {
