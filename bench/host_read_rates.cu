@@ -113,9 +113,6 @@ __global__ void post_request(int64_t* request, int64_t seq) {
   __threadfence_system();
   *reinterpret_cast<volatile int64_t*>(request) = seq;
 }
-__global__ void signal_done(int64_t* done, int64_t seq) {
-  *reinterpret_cast<volatile int64_t*>(done) = seq;
-}
 __global__ void wait_done(const int64_t* done, int64_t seq) {
   while (*reinterpret_cast<const volatile int64_t*>(done) < seq) __nanosleep(200);
 }
@@ -144,6 +141,7 @@ double time_ms(cudaStream_t s, auto&& body, int reps = 5) {
 }  // namespace
 
 int main() {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a killed run keeps what it printed
   cudaDeviceProp prop{};
   CHECK(cudaGetDeviceProperties(&prop, 0));
   const int sms = prop.multiProcessorCount;
@@ -211,6 +209,8 @@ int main() {
   CHECK(cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking));
   std::atomic<bool> stop{false};
   std::atomic<int> proxy_n{1};
+  int64_t* done_source = nullptr;  // pinned: the value the 8-byte copy publishes
+  CHECK(cudaHostAlloc(&done_source, 2 * sizeof(int64_t), cudaHostAllocDefault));
   std::thread proxy([&] {
     CHECK(cudaSetDevice(0));
     int64_t seen = 0;
@@ -224,7 +224,10 @@ int main() {
         CHECK(cudaMemcpyAsync(slots + int64_t{i} * kExpertBytes, h, kExpertBytes,
                               cudaMemcpyHostToDevice, copy_stream));
       }
-      signal_done<<<1, 1, 0, copy_stream>>>(done, r);
+      // A copy, not a kernel: launching a lazily loaded kernel while wait_done spins can hang.
+      done_source[r % 2] = r;
+      CHECK(cudaMemcpyAsync(done, &done_source[r % 2], sizeof(int64_t), cudaMemcpyHostToDevice,
+                            copy_stream));
     }
   });
   int64_t seq = 0;

@@ -217,8 +217,7 @@ void admission_matches_host() {
                             .tick = tick,
                             .protect_from = protect,
                             .prefetch = prefetch},
-                           rows_of.data(), cold, lists,
-                           h.counters.data() + layer * offload::kNumCacheCounters);
+                           rows_of.data(), cold, lists, h.counters.data());
             const int64_t want_count = lists.num_copies;
             for (int64_t c = 0; c < want_count; ++c) {
               const int32_t g = want_experts[c], slot = want_slots[c];

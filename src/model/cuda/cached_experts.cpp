@@ -145,6 +145,7 @@ CachedExperts::CachedExperts(const ModelConfig& config, const DeviceWeights& wei
       list->count = p.take<int32_t>(1);
     }
     channel_.request = p.take<int64_t>(2);
+    done_sources_ = p.take<int64_t>(2);
   };
   Carver list_sizes(nullptr);
   carve_lists(list_sizes);
@@ -483,7 +484,10 @@ void CachedExperts::serve_copy_requests() {
     start_copies(request_list.load(std::memory_order_relaxed));
     // Published whatever the copies did, so that the GPU never waits for ever.
     try {
-      offload::cuda::publish_copies_done(channel_, sequence, copy_engine_stream_.get());
+      // Request sequence + 1 is posted only once this one's done has landed, so two words
+      // suffice: the copy reading one has run before the word is written again.
+      offload::cuda::publish_copies_done(channel_, sequence, &done_sources_[sequence % 2],
+                                         copy_engine_stream_.get());
     } catch (const std::exception& e) {
       std::fprintf(stderr, "moeinfer: the expert cache's copy thread failed: %s\n", e.what());
     }

@@ -133,6 +133,7 @@ class CachedExperts {
   int64_t* counters_ = nullptr;
   offload::cuda::CopyList demand_copies_, prefetch_copies_;  // mapped host memory
   offload::cuda::CopyChannel channel_;
+  int64_t* done_sources_ = nullptr;      // [2] pinned: what publish_copies_done copies
   PinnedArray<char> copy_lists_memory_;  // mapped: the two copy lists and channel_.request
   StreamHandle copy_engine_stream_;      // the copy thread's
   int32_t* demand_lists_ = nullptr;  // [admit_lists_size(E)] or null

@@ -345,10 +345,6 @@ __global__ void wait_for_copies_kernel(const __grid_constant__ CopyChannel c) {
   }
 }
 
-__global__ void publish_copies_done_kernel(int64_t* done, int64_t sequence) {
-  *reinterpret_cast<volatile int64_t*>(done) = sequence;
-}
-
 // The most dynamic shared memory a block of this device can opt into.
 size_t max_shared_per_block() {
   static const size_t bytes = [] {
@@ -462,11 +458,12 @@ void wait_for_copies(const CopyChannel& c, cudaStream_t stream) {
   MOE_CUDA_CHECK_LAUNCH();
 }
 
-void publish_copies_done(const CopyChannel& c, int64_t sequence, cudaStream_t stream) {
+void publish_copies_done(const CopyChannel& c, int64_t sequence, int64_t* source,
+                         cudaStream_t stream) {
   // The copies before it in `stream` have landed when it runs; the waiting kernel's next
   // kernel reads the slots after it has seen done.
-  publish_copies_done_kernel<<<1, 1, 0, stream>>>(c.done, sequence);
-  MOE_CUDA_CHECK_LAUNCH();
+  *source = sequence;
+  CUDA_CHECK(cudaMemcpyAsync(c.done, source, sizeof(int64_t), cudaMemcpyHostToDevice, stream));
 }
 
 }  // namespace moeinfer::offload::cuda

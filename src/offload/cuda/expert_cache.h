@@ -188,7 +188,11 @@ void copy_experts(const CopyParams& params, cudaStream_t stream);
 // when none was posted since).
 void wait_for_copies(const CopyChannel& channel, cudaStream_t stream);
 
-// On the host thread's copy stream, after the copies of request `sequence`: done = sequence.
-void publish_copies_done(const CopyChannel& channel, int64_t sequence, cudaStream_t stream);
+// On the host thread's copy stream, after the copies of request `sequence`: done = sequence,
+// an 8-byte copy from `source` (pinned host memory that must keep the value until the copy has
+// run). A copy, not a kernel: a kernel launched from the host thread while the waiting kernel
+// spins may have to be loaded first (lazy loading), which can wait for the device to idle.
+void publish_copies_done(const CopyChannel& channel, int64_t sequence, int64_t* source,
+                         cudaStream_t stream);
 
 }  // namespace moeinfer::offload::cuda
