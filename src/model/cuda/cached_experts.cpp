@@ -20,6 +20,11 @@
 namespace moeinfer::gpu {
 namespace {
 
+// Blocks of the copy kernel. A demand copy has the GPU to itself (the experts wait for it); a
+// prefetch shares it with the layer it overlaps, and a few blocks keep PCIe busy.
+constexpr int kDemandCopyBlocksPerSm = 2;
+constexpr int kPrefetchCopyBlocks = 16;
+
 template <typename T>
 void upload(T* dst, const T* src, int64_t count) {
   CUDA_CHECK(cudaMemcpy(dst, src, static_cast<size_t>(count) * sizeof(T), cudaMemcpyHostToDevice));
@@ -78,8 +83,11 @@ CachedExperts::CachedExperts(const ModelConfig& config, const DeviceWeights& wei
     hot_ = p.take<uint8_t>(LE);
     clock_ = p.take<int64_t>(offload::cuda::kClockWords);
     counters_ = p.take<int64_t>(num_layers_ * offload::kNumCacheCounters);
-    channel_.posted = p.take<int64_t>(1);
-    channel_.done = p.take<int64_t>(1);
+    for (offload::cuda::CopyList* list : {&demand_copies_, &prefetch_copies_}) {
+      list->experts = p.take<int32_t>(E);
+      list->slots = p.take<int32_t>(E);
+      list->count = p.take<int32_t>(1);
+    }
     // The admissions' lists past what shared memory holds; a demand and a prefetch may overlap.
     const int64_t lists = offload::cuda::admit_lists_size(E);
     demand_lists_ = lists > 0 ? p.take<int32_t>(lists) : nullptr;
@@ -135,24 +143,6 @@ CachedExperts::CachedExperts(const ModelConfig& config, const DeviceWeights& wei
   upload(counters_,
          std::vector<int64_t>(static_cast<size_t>(num_layers_ * offload::kNumCacheCounters), 0));
   upload(staging_.sequence, std::vector<int64_t>{0, 0});
-  upload(channel_.posted, std::vector<int64_t>{0});
-  upload(channel_.done, std::vector<int64_t>{0});
-  // The copy lists where the copy thread reads them, and its request word.
-  auto carve_lists = [&](Carver& p) {
-    for (offload::cuda::CopyList* list : {&demand_copies_, &prefetch_copies_}) {
-      list->experts = p.take<int32_t>(E);
-      list->slots = p.take<int32_t>(E);
-      list->count = p.take<int32_t>(1);
-    }
-    channel_.request = p.take<int64_t>(2);
-    done_sources_ = p.take<int64_t>(2);
-  };
-  Carver list_sizes(nullptr);
-  carve_lists(list_sizes);
-  copy_lists_memory_ = mapped_pinned_array<char>(list_sizes.used());
-  std::memset(copy_lists_memory_.get(), 0, list_sizes.used());
-  Carver list_assign(copy_lists_memory_.get());
-  carve_lists(list_assign);
 
   // The starting state is the host's (offload/host_cache.h, as the CPU's budget starts): the
   // trace's ranking warms the slots, and for the static policy its top is the hot set.
@@ -196,12 +186,11 @@ CachedExperts::CachedExperts(const ModelConfig& config, const DeviceWeights& wei
   CUDA_CHECK(cudaGetDevice(&device));
   CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   device_ = device;
+  demand_blocks_ = kDemandCopyBlocksPerSm * prop.multiProcessorCount;
+  prefetch_blocks_ = kPrefetchCopyBlocks;
   cudaStream_t copy_stream = nullptr;
   CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking));
   copy_stream_.reset(copy_stream);
-  cudaStream_t engine_stream = nullptr;
-  CUDA_CHECK(cudaStreamCreateWithFlags(&engine_stream, cudaStreamNonBlocking));
-  copy_engine_stream_.reset(engine_stream);
   CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
   CUDA_CHECK(cudaEventCreateWithFlags(&prefetch_done_, cudaEventDisableTiming));
   host_counters_ =
@@ -209,12 +198,7 @@ CachedExperts::CachedExperts(const ModelConfig& config, const DeviceWeights& wei
   std::memset(host_counters_.get(), 0,
               static_cast<size_t>(num_layers_ * offload::kNumCacheCounters) * sizeof(int64_t));
 
-  if (cold_.mode == offload::ColdExperts::kGpu) {
-    // Last: nothing below may throw with a worker running (a joinable std::thread member would
-    // terminate the process).
-    copy_worker_ = std::thread([this] { serve_copy_requests(); });
-    return;
-  }
+  if (cold_.mode == offload::ColdExperts::kGpu) return;
   const int64_t A = max_step_tokens * top_k_;
   Carver staging_sizes(nullptr);
   auto carve_staging = [&](Carver& p) {
@@ -239,17 +223,9 @@ CachedExperts::CachedExperts(const ModelConfig& config, const DeviceWeights& wei
   *staging_.done = 0;
   // kCpu decides without it, but its rate is the floor of its host work (moeinfer bench).
   measure_cold_cost(slot_owners);
-  // Last: nothing below may throw with the workers running (a joinable std::thread member would
-  // terminate the process); a thread's constructor that throws leaves the other to the
-  // destructor, which no constructor that throws runs, hence the one try.
-  copy_worker_ = std::thread([this] { serve_copy_requests(); });
-  try {
-    host_worker_ = std::thread([this] { serve_host_requests(); });
-  } catch (...) {
-    stop_worker_.store(true, std::memory_order_release);
-    copy_worker_.join();
-    throw;
-  }
+  // Last: nothing below may throw with the worker running (a joinable std::thread member would
+  // terminate the process).
+  host_worker_ = std::thread([this] { serve_host_requests(); });
 }
 
 moe::ExpertWeights CachedExperts::host_view(int64_t layer, int64_t expert,
@@ -294,24 +270,33 @@ void CachedExperts::measure_cold_cost(std::span<const int32_t> slot_owners) {
       moe::measure_host_expert_rate(cold, hidden_elems_, expert_width_);
   cold_.host_ns = std::max<int64_t>(0, host.first_row_ns - host.row_ns);
   cold_.host_row_ns = host.row_ns;
-  // A copy: the copy engine moving a few experts into the first slots, as the copy thread does,
-  // best of a few; a warmed slot gets its own expert again. Without slots no miss is copied.
+  // A copy: the demand copy kernel moving a few experts into the first slots, best of a few;
+  // a warmed slot gets its own expert again. Without slots no miss is ever copied.
   const int64_t n = std::min<int64_t>(num_slots_, 4);
   if (n == 0) return;
-  cudaStream_t stream = copy_engine_stream_.get();
+  std::vector<int32_t> experts(static_cast<size_t>(n)), slots(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    experts[i] = slot_owners[i] >= 0
+                     ? slot_owners[i]
+                     : static_cast<int32_t>(first_moe * num_experts_ + i % num_experts_);
+    slots[i] = static_cast<int32_t>(i);
+  }
+  upload(demand_copies_.experts, experts);
+  upload(demand_copies_.slots, slots);
+  upload(demand_copies_.count, std::vector<int32_t>{static_cast<int32_t>(n)});
   cudaEvent_t start = nullptr, stop = nullptr;
   CUDA_CHECK(cudaEventCreate(&start));
   CUDA_CHECK(cudaEventCreate(&stop));
+  const offload::cuda::AdmitParams p = admit_params(first_moe, nullptr, 0, false);
   float best_ms = 1e30f;
   for (int r = 0; r < 3; ++r) {
-    CUDA_CHECK(cudaEventRecord(start, stream));
-    for (int64_t i = 0; i < n; ++i) {
-      const int32_t g = slot_owners[i] >= 0
-                            ? slot_owners[i]
-                            : static_cast<int32_t>(first_moe * num_experts_ + i % num_experts_);
-      copy_expert(g, static_cast<int32_t>(i), stream);
-    }
-    CUDA_CHECK(cudaEventRecord(stop, stream));
+    CUDA_CHECK(cudaEventRecord(start, nullptr));
+    offload::cuda::copy_experts({.layout = p.layout,
+                                 .copies = p.copies,
+                                 .max_copies = num_experts_,
+                                 .num_blocks = demand_blocks_},
+                                nullptr);
+    CUDA_CHECK(cudaEventRecord(stop, nullptr));
     CUDA_CHECK(cudaEventSynchronize(stop));
     float ms = 0.0f;
     CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
@@ -319,11 +304,12 @@ void CachedExperts::measure_cold_cost(std::span<const int32_t> slot_owners) {
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
+  upload(demand_copies_.count, std::vector<int32_t>{0});
   cold_.copy_ns = static_cast<int64_t>(static_cast<double>(best_ms) * 1e6 / n);
 }
 
 CachedExperts::~CachedExperts() {
-  if (host_worker_.joinable() || copy_worker_.joinable()) {
+  if (host_worker_.joinable()) {
     // A wait kernel still polling for the worker would never return once it stops, and the
     // callers' streams are not ours: finish everything on our device first (its errors have
     // nowhere to go from a destructor; the thread's current device is put back). Then the
@@ -334,10 +320,8 @@ CachedExperts::~CachedExperts() {
     cudaDeviceSynchronize();
     if (current != device_) cudaSetDevice(current);
     stop_worker_.store(true, std::memory_order_release);
-    if (host_worker_.joinable()) host_worker_.join();
-    if (copy_worker_.joinable()) copy_worker_.join();
+    host_worker_.join();
   }
-  if (copy_engine_stream_) cudaStreamSynchronize(copy_engine_stream_.get());
   if (copy_stream_) cudaStreamSynchronize(copy_stream_.get());
   if (fork_) cudaEventDestroy(fork_);
   if (prefetch_done_) cudaEventDestroy(prefetch_done_);
@@ -363,8 +347,6 @@ offload::cuda::AdmitParams CachedExperts::admit_params(int64_t layer, const int3
           .prefetch = prefetch,
           .prefetch_while_it_pays = prefetch && prefetch_ == offload::PrefetchMode::kAuto,
           .copies = prefetch ? prefetch_copies_ : demand_copies_,
-          .channel = channel_,
-          .list = prefetch ? offload::cuda::kPrefetchList : offload::cuda::kDemandList,
           .cold = cold_,
           .host = staging_,
           .lists = prefetch ? prefetch_lists_ : demand_lists_};
@@ -387,7 +369,11 @@ void CachedExperts::admit(int64_t layer, const int32_t* topk_ids, int64_t num_as
   // computes beside the copies and the grouped GEMM below; merge_host_rows waits for it.
   offload::cuda::admit_experts(p, stream);
   if (cold_.mode != offload::ColdExperts::kGpu) host_pending_ = true;
-  offload::cuda::wait_for_copies(channel_, stream);
+  offload::cuda::copy_experts({.layout = p.layout,
+                               .copies = p.copies,
+                               .max_copies = num_experts_,
+                               .num_blocks = demand_blocks_},
+                              stream);
 }
 
 void CachedExperts::prefetch(int64_t layer, const int32_t* topk_ids, int64_t num_assignments,
@@ -398,7 +384,11 @@ void CachedExperts::prefetch(int64_t layer, const int32_t* topk_ids, int64_t num
   CUDA_CHECK(cudaStreamWaitEvent(copy, fork_, 0));
   const offload::cuda::AdmitParams p = admit_params(layer, topk_ids, num_assignments, true);
   offload::cuda::admit_experts(p, copy);
-  offload::cuda::wait_for_copies(channel_, copy);
+  offload::cuda::copy_experts({.layout = p.layout,
+                               .copies = p.copies,
+                               .max_copies = num_experts_,
+                               .num_blocks = prefetch_blocks_},
+                              copy);
   CUDA_CHECK(cudaEventRecord(prefetch_done_, copy));
   prefetch_pending_ = true;
 }
@@ -448,68 +438,6 @@ void CachedExperts::serve_host_requests() {
     // its acquire). Published whatever the compute did, so that the GPU never waits for ever.
     done.store(sequence, std::memory_order_release);
     served = sequence;
-  }
-}
-
-void CachedExperts::copy_expert(int32_t g, int32_t slot, cudaStream_t stream) const {
-  const int64_t layer = g / num_experts_, e = g % num_experts_;
-  bf16* gate_up = slots_ + static_cast<int64_t>(slot) * (gate_up_elems_ + down_elems_);
-  CUDA_CHECK(cudaMemcpyAsync(gate_up, host_home_gate_up_[layer] + e * gate_up_elems_,
-                             static_cast<size_t>(gate_up_elems_) * sizeof(bf16),
-                             cudaMemcpyHostToDevice, stream));
-  CUDA_CHECK(cudaMemcpyAsync(gate_up + gate_up_elems_, host_home_down_[layer] + e * down_elems_,
-                             static_cast<size_t>(down_elems_) * sizeof(bf16),
-                             cudaMemcpyHostToDevice, stream));
-}
-
-void CachedExperts::serve_copy_requests() {
-  // Requests come a layer apart while a step runs: spin through the gaps, sleep between steps
-  // (as the host worker does).
-  constexpr parallel::PollBackoff kBackoff{.spin = std::chrono::microseconds(500),
-                                           .longest_sleep = std::chrono::microseconds(200)};
-  std::atomic_ref<int64_t> request_sequence(channel_.request[1]);
-  std::atomic_ref<int64_t> request_list(channel_.request[0]);
-  cudaSetDevice(device_);
-  int64_t served = 0;
-  while (true) {
-    int64_t sequence = served;
-    parallel::poll_until(
-        [&] {
-          // Acquire: the list, written before the sequence behind a system fence, after it.
-          sequence = request_sequence.load(std::memory_order_acquire);
-          return sequence != served || stop_worker_.load(std::memory_order_acquire);
-        },
-        kBackoff);
-    if (sequence == served) return;  // stopping, nothing asked
-    start_copies(request_list.load(std::memory_order_relaxed));
-    // Published whatever the copies did, so that the GPU never waits for ever.
-    try {
-      // Request sequence + 1 is posted only once this one's done has landed, so two words
-      // suffice: the copy reading one has run before the word is written again.
-      offload::cuda::publish_copies_done(channel_, sequence, &done_sources_[sequence % 2],
-                                         copy_engine_stream_.get());
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "moeinfer: the expert cache's copy thread failed: %s\n", e.what());
-    }
-    served = sequence;
-  }
-}
-
-void CachedExperts::start_copies(int64_t list) {
-  try {
-    const offload::cuda::CopyList& copies =
-        list == offload::cuda::kPrefetchList ? prefetch_copies_ : demand_copies_;
-    const int32_t count = *copies.count;
-    MOE_CHECK(count >= 0 && count <= num_experts_, "the expert cache's copy list holds ", count,
-              " copies, over the ", num_experts_, " of a layer");
-    for (int32_t i = 0; i < count; ++i) {
-      const int32_t g = copies.experts[i], slot = copies.slots[i];
-      MOE_CHECK(g >= 0 && g < num_layers_ * num_experts_ && slot >= 0 && slot < num_slots_,
-                "the expert cache's copy list names expert ", g, " into slot ", slot);
-      copy_expert(g, slot, copy_engine_stream_.get());
-    }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "moeinfer: the expert cache's copies failed: %s\n", e.what());
   }
 }
 

@@ -9,9 +9,7 @@
 //   join(stream)               the prefetch for l (issued at l - 1) has finished its copies
 //                              (before anything rewrites what it reads; admit and prefetch
 //                              refuse to run while one is pending)
-//   admit(l, ids, rows, ...)   demand: the layer's missing experts get slots, copied now (the
-//                              copy engine, started by this object's copy thread, and a wait
-//                              kernel for it; offload/cuda/expert_cache.h's CopyChannel); under
+//   admit(l, ids, rows, ...)   demand: the layer's missing experts get slots, copied now; under
 //                              --cold-experts cpu|auto the misses the cost model sends to the
 //                              host are computed there instead, by the host worker, from the
 //                              rows the admission staged in pinned memory
@@ -109,18 +107,12 @@ class CachedExperts {
   // stop_worker_ is set and no request is left.
   void serve_host_requests();
   void compute_on_host(int64_t layer);  // on the worker; reports its errors, never throws
-  // The copy thread's loop: for each posted copy list, starts its copies on copy_engine_stream_
-  // and then the kernel that publishes done; returns once stop_worker_ is set and no request
-  // is left.
-  void serve_copy_requests();
-  void start_copies(int64_t list);  // on the copy thread; reports its errors, never throws
-  // Expert g's weights from its home into `slot`, on the copy engine.
-  void copy_expert(int32_t g, int32_t slot, cudaStream_t stream) const;
 
   int64_t num_layers_ = 0, num_experts_ = 0, num_slots_ = 0, expert_bytes_ = 0;
   int64_t device_bytes_ = 0;
   offload::CachePolicy policy_ = offload::CachePolicy::kLru;
   offload::PrefetchMode prefetch_ = offload::PrefetchMode::kAuto;  // --expert-prefetch
+  int demand_blocks_ = 0, prefetch_blocks_ = 0;
   DeviceArray<char> memory_;  // slots, tables, clock, counters, copy lists
   bf16* slots_ = nullptr;
   bf16** gate_up_table_ = nullptr;
@@ -131,11 +123,7 @@ class CachedExperts {
   uint8_t* hot_ = nullptr;
   int64_t* clock_ = nullptr;
   int64_t* counters_ = nullptr;
-  offload::cuda::CopyList demand_copies_, prefetch_copies_;  // mapped host memory
-  offload::cuda::CopyChannel channel_;
-  int64_t* done_sources_ = nullptr;      // [2] pinned: what publish_copies_done copies
-  PinnedArray<char> copy_lists_memory_;  // mapped: the two copy lists and channel_.request
-  StreamHandle copy_engine_stream_;      // the copy thread's
+  offload::cuda::CopyList demand_copies_, prefetch_copies_;
   int32_t* demand_lists_ = nullptr;  // [admit_lists_size(E)] or null
   int32_t* prefetch_lists_ = nullptr;
   std::vector<bf16*> host_home_gate_up_, host_home_down_;  // [L]
@@ -162,7 +150,6 @@ class CachedExperts {
   int device_ = 0;  // the worker's GPU: the destructor synchronises it
   std::atomic<bool> stop_worker_{false};
   std::thread host_worker_;
-  std::thread copy_worker_;  // started and stopped as host_worker_ is
 };
 
 }  // namespace moeinfer::gpu

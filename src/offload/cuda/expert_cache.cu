@@ -116,17 +116,6 @@ __device__ void stage_for_host(const AdmitParams& p, int32_t num_host) {
   request[1] = sequence;
 }
 
-// Thread 0, after the copy list: the request to the copy engine's host thread (the protocol:
-// CopyChannel). The list, in mapped memory, reaches the host before the sequence does.
-__device__ void post_copies(const AdmitParams& p) {
-  const int64_t sequence = *p.channel.posted + 1;
-  *p.channel.posted = sequence;
-  volatile int64_t* request = p.channel.request;
-  request[0] = p.list;
-  __threadfence_system();
-  request[1] = sequence;
-}
-
 // kListsInDevice: the misses and rows per expert live in p.lists (past kAdmitMaxSharedExperts);
 // the block's __syncthreads order those accesses as they order shared ones. A template
 // parameter, so the shared instantiation keeps shared-memory loads, stores and atomics.
@@ -248,7 +237,6 @@ __global__ void __launch_bounds__(kAdmitThreads)
   if (threadIdx.x == 0) {
     *p.copies.count = num_copies;
     s_num_host = num_host;
-    if (p.channel.request != nullptr && num_copies > 0) post_copies(p);
   }
   __syncthreads();
   if (host_allowed) stage_for_host(p, s_num_host);
@@ -332,16 +320,6 @@ __global__ void __launch_bounds__(kCopyThreads)
     for (int u = 0; u < kCopyUnroll; ++u) {
       if (dst[u] != nullptr) *dst[u] = values[u];
     }
-  }
-}
-
-__global__ void wait_for_copies_kernel(const __grid_constant__ CopyChannel c) {
-  const int64_t posted = *c.posted;  // device memory, written by this stream's admission
-  const volatile int64_t* done = c.done;
-  unsigned sleep_ns = 32;
-  while (*done < posted) {
-    __nanosleep(sleep_ns);
-    sleep_ns = min(sleep_ns * 2, 512u);
   }
 }
 
@@ -450,20 +428,6 @@ void copy_experts(const CopyParams& p, cudaStream_t stream) {
   if (p.max_copies == 0) return;
   copy_experts_kernel<<<p.num_blocks, kCopyThreads, 0, stream>>>(p);
   MOE_CUDA_CHECK_LAUNCH();
-}
-
-void wait_for_copies(const CopyChannel& c, cudaStream_t stream) {
-  MOE_CHECK(c.request && c.posted && c.done, "wait_for_copies: the copy channel must be given");
-  wait_for_copies_kernel<<<1, 1, 0, stream>>>(c);
-  MOE_CUDA_CHECK_LAUNCH();
-}
-
-void publish_copies_done(const CopyChannel& c, int64_t sequence, int64_t* source,
-                         cudaStream_t stream) {
-  // The copies before it in `stream` have landed when it runs; the waiting kernel's next
-  // kernel reads the slots after it has seen done.
-  *source = sequence;
-  CUDA_CHECK(cudaMemcpyAsync(c.done, source, sizeof(int64_t), cudaMemcpyHostToDevice, stream));
 }
 
 }  // namespace moeinfer::offload::cuda

@@ -81,24 +81,6 @@ struct CopyList {
   int32_t* count = nullptr;    // [1]
 };
 
-// The copy engine's hand-off: an admission that listed copies posts them to a host thread, which
-// starts them on the copy engine (cudaMemcpyAsync; the list is in mapped host memory for it to
-// read) and then publishes done on its own stream; wait_for_copies waits on the device for that.
-// The SMs reading mapped memory (copy_experts) move about 0.6 of what the copy engine does, and
-// take SMs from the compute a prefetch overlaps. Sequence numbers advance on the device, so a
-// graph of admissions and waits replays as captured. Every post is waited for before the next
-// admission runs (a demand's wait is in its stream; a prefetch's wait, in the copy stream, is
-// joined before the next demand), so at most one request is outstanding and the thread that
-// reads request[1] never misses one.
-struct CopyChannel {
-  // [2] mapped: [0] which list (0: the demand's, 1: the prefetch's), [1] the sequence, written
-  // last behind a system fence.
-  int64_t* request = nullptr;
-  int64_t* posted = nullptr;  // [1] device memory: the last sequence posted (0: none)
-  int64_t* done = nullptr;    // [1] device memory: the last sequence whose copies are complete
-};
-inline constexpr int64_t kDemandList = 0, kPrefetchList = 1;
-
 // Device addresses of pinned, mapped host memory (but `sequence`, device memory), shared by the
 // admission (which writes all but `out` and `done`), the host's worker (the GPU cache's
 // compute_on_host) and merge_host_rows. The hand-off protocol: the file's header.
@@ -134,10 +116,6 @@ struct AdmitParams {
   // the last demand's tick), as the host decides.
   bool prefetch_while_it_pays = false;
   CopyList copies;
-  // Non-null request: the copies are posted here for the copy engine (which list: `list`), and
-  // wait_for_copies waits for them; null: copy_experts runs them on the SMs.
-  CopyChannel channel;
-  int64_t list = kDemandList;
   // A demand under --cold-experts cpu|auto: misses the cost model sends to the host (and those
   // without an evictable slot) are listed in `host`, with the ids and `rows` staged there.
   ColdCost cold;
@@ -181,18 +159,7 @@ void merge_host_rows(const MergeHostParams& params, cudaStream_t stream);
 int64_t merge_host_rows_max_experts();
 
 // Copies every listed expert's weights from its home in host memory into its slot, read over
-// PCIe by the SMs in 16-byte vectors.
+// PCIe by the SMs in 16-byte vectors (a copy engine would need the list on the host).
 void copy_experts(const CopyParams& params, cudaStream_t stream);
-
-// One thread, until the copies of the last admission posted to `channel` are complete (at once
-// when none was posted since).
-void wait_for_copies(const CopyChannel& channel, cudaStream_t stream);
-
-// On the host thread's copy stream, after the copies of request `sequence`: done = sequence,
-// an 8-byte copy from `source` (pinned host memory that must keep the value until the copy has
-// run). A copy, not a kernel: a kernel launched from the host thread while the waiting kernel
-// spins may have to be loaded first (lazy loading), which can wait for the device to idle.
-void publish_copies_done(const CopyChannel& channel, int64_t sequence, int64_t* source,
-                         cudaStream_t stream);
 
 }  // namespace moeinfer::offload::cuda
