@@ -7,7 +7,11 @@
 #
 # Usage: scripts/offload-serve-check.sh MOEINFER_BINARY
 # Knobs: MOE_OSC_DEVICE (cuda), MOE_OSC_MODEL (models/demo), MOE_OSC_RUNS ("25%:gpu 25%:auto"),
-# MOE_OSC_CONCURRENCY (16), MOE_OSC_MAX_TOKENS (48), MOE_OSC_PORT (8131), OUT (logs; /tmp/osc).
+# MOE_OSC_CONCURRENCY (16), MOE_OSC_MAX_TOKENS (48), MOE_OSC_PORT (8131), MOE_OSC_FLAGS (more serve
+# flags; default --deterministic, so that a request's tokens do not depend on which requests
+# shared its steps), OUT (logs; /tmp/osc). Under --cold-experts gpu the outputs are bit for bit
+# the resident ones; under cpu|auto the host computes in float32, within the parity bound, so a
+# near-tie may differ.
 # On the CPU backend the budget is the simulated one (the same cache, prefetch and cost-model
 # code), so the script runs in CI-like settings too.
 set -uo pipefail
@@ -18,6 +22,7 @@ RUNS="${MOE_OSC_RUNS:-25%:gpu 25%:auto}"
 CONC="${MOE_OSC_CONCURRENCY:-16}"
 MAX_TOKENS="${MOE_OSC_MAX_TOKENS:-48}"
 PORT="${MOE_OSC_PORT:-8131}"
+FLAGS="${MOE_OSC_FLAGS---deterministic}"
 OUT="${OUT:-/tmp/osc}"
 mkdir -p "$OUT"
 
@@ -25,7 +30,7 @@ mkdir -p "$OUT"
 serve() {
   local name=$1
   shift
-  "$BIN" serve --device "$DEVICE" --model "$MODEL" --port "$PORT" --max-num-seqs "$CONC" "$@" \
+  "$BIN" serve --device "$DEVICE" --model "$MODEL" --port "$PORT" --max-num-seqs "$CONC" $FLAGS "$@" \
     >"$OUT/$name.log" 2>&1 &
   local server=$!
   local up=0
