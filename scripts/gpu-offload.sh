@@ -9,7 +9,8 @@
 # "gpu cpu auto"), MOE_OFFLOAD_ROUTING (default "synthetic": the random routers' own choice;
 # also "zipf:1.0" or "uniform", each a --routing-skew, and "demo": the demo model's trained
 # routers), MOE_OFFLOAD_BATCHES (default "1"),
-# MOE_OFFLOAD_OUTPUT_LEN (default 128), MOE_OFFLOAD_PREFETCH (default "on"; "on off" runs both),
+# MOE_OFFLOAD_OUTPUT_LEN (default 128), MOE_OFFLOAD_PREFETCH (default "auto"; "on off auto" runs
+# each),
 # MOE_OFFLOAD_EXTRA (more bench flags),
 # MOE_OFFLOAD_SKIP_TESTS=1. Run through the device tool with `carry: [".deps"]` after
 # `scripts/device-deps.sh download` here. Logs go to $OUT.
@@ -27,7 +28,7 @@ LEN="${MOE_OFFLOAD_OUTPUT_LEN:-128}"
 ROUTINGS="${MOE_OFFLOAD_ROUTING:-synthetic}"
 BATCHES="${MOE_OFFLOAD_BATCHES:-1}"
 EXTRA="${MOE_OFFLOAD_EXTRA:-}"
-PREFETCH="${MOE_OFFLOAD_PREFETCH:-on}"
+PREFETCH="${MOE_OFFLOAD_PREFETCH:-auto}"
 
 bash scripts/device-deps.sh unpack >"$OUT/deps.log" 2>&1 || { cat "$OUT/deps.log"; exit 1; }
 start=$SECONDS
@@ -67,7 +68,7 @@ for routing in $ROUTINGS; do
       for cold in $COLD; do
         for prefetch in $PREFETCH; do
           suffix=""
-          [ "$prefetch" = off ] && suffix="_pfoff"
+          [ "$prefetch" != auto ] && suffix="_pf$prefetch"
           run "${tag}_b${budget%\%}_$cold$suffix" "$batch" "$routing" --expert-budget "$budget" \
             --cold-experts "$cold" --expert-prefetch "$prefetch"
         done
