@@ -10,15 +10,6 @@
 namespace moeinfer {
 
 std::optional<std::string> gpu_unsupported(const ModelConfig& config) {
-  // Llama 4 needs chunked local attention, NoPE layers with the query temperature, q/k norm after
-  // RoPE and routing weights applied to the experts' input: none of them is in the CUDA kernels
-  // yet.
-  if (config.family == ModelFamily::kLlama4) {
-    return config.model_type +
-           ": chunked local attention (attention_chunk_size), NoPE layers with "
-           "attn_temperature_tuning and routing weights on the experts' input are not "
-           "implemented on the CUDA backend; run with --device cpu";
-  }
   // Qwen3-Next / Qwen3.5-MoE: Gated DeltaNet layers with a per-sequence recurrent state, the
   // attention output gate and zero-centred norms are not in the CUDA kernels.
   if (config.num_linear_layers() > 0) {
@@ -48,7 +39,9 @@ std::optional<std::string> gpu_unsupported(const ModelConfig& config) {
   }
   // GPT-OSS (attention sinks, per-layer sliding windows, the router's bias and top-k softmax,
   // expert biases, the clamped SwiGLU) runs; its --expert-budget is refused at create
-  // (check_gpu_offload in model/cuda/gpu_decoder.cpp).
+  // (check_gpu_offload in model/cuda/gpu_decoder.cpp). So does Llama 4 (chunked local attention,
+  // NoPE layers and their query temperature, the q/k norm after RoPE, routing weights on the
+  // experts' input), its --expert-budget refused the same way.
   return std::nullopt;
 }
 
@@ -58,7 +51,13 @@ void check_gpu_support(const ModelConfig& config) {
 
 std::optional<std::string> gpu_offload_unsupported(const ModelConfig& config) {
   // The cache moves the experts' matrices and computes cold ones on the host as SiLU-gated
-  // experts without biases (CachedExperts::compute_on_host).
+  // experts without biases (CachedExperts::compute_on_host), on the unweighted hidden rows.
+  if (config.routing_weight_on_input) {
+    return config.model_type +
+           ": --expert-budget on cuda does not support routing weights on the experts' input "
+           "yet (the expert cache's host compute reads the unweighted rows); run without "
+           "--expert-budget (every expert resident) or with --device cpu";
+  }
   if (!config.expert_bias && !config.clamped_swiglu) return std::nullopt;
   return config.model_type +
          ": --expert-budget on cuda does not support experts with biases and the clamped SwiGLU "

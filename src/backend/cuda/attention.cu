@@ -54,6 +54,12 @@ void check_decode(const PagedDecodeParams& p) {
   MOE_CHECK(p.scale > 0.0f, "scale = ", p.scale, " must be positive");
   MOE_CHECK(p.sliding_window >= 0, "sliding_window = ", p.sliding_window,
             " must be 0 (none) or positive");
+  MOE_CHECK(p.attention_chunk >= 0, "attention_chunk = ", p.attention_chunk,
+            " must be 0 (none) or positive");
+  MOE_CHECK(p.attention_chunk == 0 || p.sliding_window == 0, "attention_chunk = ",
+            p.attention_chunk, " and sliding_window = ", p.sliding_window,
+            " are exclusive (one first-key rule per launch)");
+  detail::check_int32_range(p.attention_chunk, "attention_chunk");
   MOE_CHECK(p.fixed_chunk >= 0 && p.fixed_chunk % 32 == 0, "fixed_chunk = ", p.fixed_chunk,
             " must be 0 or a positive multiple of 32");
   MOE_CHECK(p.fixed_chunk == 0 || p.tensor_cores || wide_head_dim(p),
@@ -181,12 +187,17 @@ int64_t want_splits(const PagedDecodeParams& p) {
   return std::max<int64_t>(1, (kDecodeTargetBlocks + units - 1) / units);
 }
 
-// Keys one sequence's query sees at most (at least 1): its splits start at the window's first
-// key.
+// Keys one query sees at most: W under a sliding window, C under chunked attention (position p
+// sees p - floor(p / C) * C + 1 <= C keys), else every cached key.
+int64_t visible_keys(const PagedDecodeParams& p) {
+  const int64_t span = p.attention_chunk > 0 ? p.attention_chunk : p.sliding_window;
+  return span > 0 ? std::min(p.max_seq_len, span) : p.max_seq_len;
+}
+
+// Keys one sequence's query sees at most (at least 1): its splits start at the window's (the
+// chunk's) first key.
 int64_t planned_keys(const PagedDecodeParams& p) {
-  const int64_t keys =
-      p.sliding_window > 0 ? std::min(p.max_seq_len, p.sliding_window) : p.max_seq_len;
-  return std::max<int64_t>(1, keys);
+  return std::max<int64_t>(1, visible_keys(p));
 }
 
 bool streams_any_chunk(const PagedDecodeParams& p) { return p.tensor_cores || wide_head_dim(p); }
@@ -196,8 +207,7 @@ bool streams_any_chunk(const PagedDecodeParams& p) { return p.tensor_cores || wi
 DecodeSplit paged_decode_split(const PagedDecodeParams& p) {
   if (p.fixed_chunk > 0) {
     // Planned over the bound for the grid; each sequence uses the splits its own keys need.
-    const int64_t keys =
-        p.sliding_window > 0 ? std::min(p.max_seq_len, p.sliding_window) : p.max_seq_len;
+    const int64_t keys = visible_keys(p);
     return DecodeSplit{
         .chunk = p.fixed_chunk,
         .num_splits = std::max<int64_t>(2, (keys + p.fixed_chunk - 1) / p.fixed_chunk)};
@@ -304,6 +314,12 @@ void prefill_attention(const PrefillParams& p, cudaStream_t stream) {
   MOE_CHECK(p.scale > 0.0f, "scale = ", p.scale, " must be positive");
   MOE_CHECK(p.sliding_window >= 0, "sliding_window = ", p.sliding_window,
             " must be 0 (none) or positive");
+  MOE_CHECK(p.attention_chunk >= 0, "attention_chunk = ", p.attention_chunk,
+            " must be 0 (none) or positive");
+  MOE_CHECK(p.attention_chunk == 0 || p.sliding_window == 0, "attention_chunk = ",
+            p.attention_chunk, " and sliding_window = ", p.sliding_window,
+            " are exclusive (one first-key rule per launch)");
+  detail::check_int32_range(p.attention_chunk, "attention_chunk");
   if (p.num_tokens == 0) return;
   detail::check_pointer(p.q, "q");
   detail::check_pointer(p.k, "k");

@@ -111,6 +111,11 @@ struct PagedDecodeParams {
   // as Mistral / Qwen2 sliding-window layers; 0: every cached key. Keys before the window are
   // not read, and the split plan (hence the workspace size) covers min(max_seq_len, W) keys.
   int64_t sliding_window = 0;
+  // C: chunked local attention (Llama 4's chunked layers): the query at position p =
+  // seq_lens[b] - 1 sees keys [floor(p / C) * C, p] only; 0: off. Exclusive with
+  // sliding_window. As the window, it moves the splits' start (keys before it are not read), and
+  // the split plan covers min(max_seq_len, C) keys.
+  int64_t attention_chunk = 0;
   // [Nq] float32 attention sinks (GPT-OSS), or null: head h's softmax denominator takes one
   // more term exp(sinks[h] - max), a logit in the units of the scaled scores with no value row,
   // so the weights of the keys sum to less than 1. Applied once per query where its softmax is
@@ -143,8 +148,8 @@ inline int64_t batch_invariant_chunk(int64_t max_seq_len) {
 
 // Tokens per split the launcher will use (a multiple of 32; at most 512 on the CUDA-core kernel
 // of D <= 256, which keeps a chunk's scores in shared memory) and the split count, planned over
-// min(max_seq_len, sliding_window) keys; each sequence's splits start at the first key of its
-// window. With fixed_chunk: that chunk, and at least two splits.
+// min(max_seq_len, sliding_window or attention_chunk) keys; each sequence's splits start at the
+// first key of its window or chunk. With fixed_chunk: that chunk, and at least two splits.
 struct DecodeSplit {
   int64_t chunk = 0;
   int64_t num_splits = 0;
@@ -181,6 +186,10 @@ struct PrefillParams {
   // W: query i of a sequence (0-based within it) sees keys [max(0, i - W + 1), i]; 0: every
   // key up to i. Key tiles wholly before a query tile's window are not loaded.
   int64_t sliding_window = 0;
+  // C: query i sees keys [floor(i / C) * C, i] only (Llama 4's chunked layers); 0: off.
+  // Exclusive with sliding_window. Key tiles wholly before a query tile's first chunk are not
+  // loaded.
+  int64_t attention_chunk = 0;
   // [Nq] float32 attention sinks, or null: as PagedDecodeParams::sinks.
   const float* sinks = nullptr;
   // Tensor cores (mma.sync, 64-query x 64-key tiles); false: the float32 CUDA-core kernel

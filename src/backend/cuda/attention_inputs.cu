@@ -22,6 +22,16 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kMaxHeadDim = 256;
 
+// The factor of AttentionInputsParams::temperature_*, 1 when off. Multiply and add rounded
+// apart (no fma), as the CPU's float32 expression.
+__device__ __forceinline__ float query_temperature(const AttentionInputsParams& p,
+                                                   int32_t position) {
+  if (p.temperature_floor_scale <= 0) return 1.0f;
+  const float steps = floorf((static_cast<float>(position) + 1.0f) /
+                             static_cast<float>(p.temperature_floor_scale));
+  return __fadd_rn(__fmul_rn(log1pf(steps), p.temperature_scale), 1.0f);
+}
+
 __global__ void __launch_bounds__(kWarps* device::kWarpSize)
     attention_inputs_kernel(const __grid_constant__ AttentionInputsParams p) {
   __shared__ float staged[kWarps][kMaxHeadDim];
@@ -37,6 +47,7 @@ __global__ void __launch_bounds__(kWarps* device::kWarpSize)
   const __nv_bfloat16* row = p.qkv + t * p.qkv_stride;
   float* s = staged[warp];
   const bool fp8 = p.k_codes != nullptr;
+  const float temperature = query_temperature(p, __ldg(p.positions + t));
 
   for (int h = blockIdx.y * kWarps + warp; h < Nq + 2 * Nkv; h += kWarps * gridDim.y) {
     const __nv_bfloat16* in = row + static_cast<int64_t>(h) * Dp;
@@ -55,7 +66,7 @@ __global__ void __launch_bounds__(kWarps* device::kWarpSize)
       }
       __syncwarp();
     }
-    if (!is_v) {
+    if (!is_v && p.rope) {
       for (int i = lane; i < half; i += device::kWarpSize) {
         const float angle = position * __ldg(p.inv_freq + i);
         float sn, cs;
@@ -68,6 +79,19 @@ __global__ void __launch_bounds__(kWarps* device::kWarpSize)
         s[i1] = x1 * cs - x2 * sn;
         s[i2] = x2 * cs + x1 * sn;
       }
+      __syncwarp();
+    }
+    if (!is_v && p.norm_after_rope) {
+      // Warp-uniform: the whole warp holds this head.
+      float sum_sq = 0.0f;
+      for (int d = lane; d < D; d += device::kWarpSize) sum_sq = fmaf(s[d], s[d], sum_sq);
+      sum_sq = device::warp_sum(sum_sq);
+      const float inv_rms = 1.0f / sqrtf(sum_sq / static_cast<float>(D) + p.eps);
+      for (int d = lane; d < D; d += device::kWarpSize) s[d] *= inv_rms;
+      __syncwarp();
+    }
+    if (is_q && temperature != 1.0f) {
+      for (int d = lane; d < D; d += device::kWarpSize) s[d] *= temperature;
       __syncwarp();
     }
     // Destinations: q -> q_out; k -> cache (and k_out); v -> cache (and v_out).
@@ -159,7 +183,7 @@ __global__ void __launch_bounds__(kWarps* device::kWarpSize)
     for (int d = lane; d < Dp; d += device::kWarpSize) {
       float value = 0.0f;  // the padding stays zero
       if (d < D) value = normed(d);
-      if (!is_v && d < p.rotary_dim) {
+      if (!is_v && p.rope && d < p.rotary_dim) {
         // The pair (i1, i2) turns as in the staged kernel: i1 <- x1 cos - x2 sin,
         // i2 <- x2 cos + x1 sin; this lane computes element d, of either role.
         const bool first = p.interleaved ? d % 2 == 0 : d < half;
@@ -195,11 +219,21 @@ void attention_inputs(const AttentionInputsParams& p, cudaStream_t stream) {
   MOE_CHECK(p.qkv_stride >= (p.num_q_heads + 2 * p.num_kv_heads) * p.padded_head_dim,
             "qkv_stride = ", p.qkv_stride, " is shorter than the q, k and v heads");
   MOE_CHECK((p.q_norm == nullptr) == (p.k_norm == nullptr), "q_norm and k_norm come together");
+  MOE_CHECK(!p.norm_after_rope || p.q_norm == nullptr,
+            "norm_after_rope (a weightless norm after RoPE) and q_norm / k_norm (a weighted one "
+            "before it) are exclusive");
+  MOE_CHECK(p.temperature_floor_scale >= 0, "temperature_floor_scale = ",
+            p.temperature_floor_scale, " must be 0 (off) or positive");
+  MOE_CHECK((!p.norm_after_rope && p.temperature_floor_scale == 0) ||
+                p.padded_head_dim <= kMaxHeadDim,
+            "padded_head_dim = ", p.padded_head_dim,
+            ": the norm after RoPE and the query temperature run for head dims up to ",
+            kMaxHeadDim, " only");
   MOE_CHECK(p.num_slots >= 0, "num_slots = ", p.num_slots, " is negative");
   if (p.num_tokens == 0) return;
   detail::check_pointer(p.qkv, "qkv");
   detail::check_pointer(p.positions, "positions");
-  detail::check_pointer(p.inv_freq, "inv_freq");
+  if (p.rope) detail::check_pointer(p.inv_freq, "inv_freq");
   detail::check_pointer(p.slots, "slots");
   const bool fp8 = p.k_codes || p.v_codes || p.k_scales || p.v_scales;
   if (fp8) {

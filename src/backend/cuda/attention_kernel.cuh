@@ -5,9 +5,9 @@
 // read from memory once per KV head. A block covers `chunk` tokens (a multiple of 32, at most
 // 512): the host picks the chunk so that B * Nkv * splits fills the 132 SMs even at batch 1, and
 // the combine kernel merges the splits' partial softmaxes (max, sum, unnormalised output) in
-// float32. Under a sliding window of W keys the splits start at the window's first key
-// (decode_first_key), so keys before it are never read and the host plans the splits over at
-// most W keys. Inside a block:
+// float32. Under a sliding window of W keys (or chunked attention of C keys) the splits start at
+// the window's (chunk's) first key (decode_first_key), so keys before it are never read and the
+// host plans the splits over at most W (C) keys. Inside a block:
 //   1. scores: D/8 lanes share a key row, each loading one 16-byte slice (coalesced through the
 //      page), dotting it with the G query slices from shared memory and reducing with shuffles;
 //      scores for the whole chunk stay in shared memory ([G, chunk] float32);
@@ -81,10 +81,25 @@ __device__ __forceinline__ int64_t kv_row(const PagedDecodeParams& p, int b, int
   return kv_head_row(p, b, token, kvh) * p.head_dim;
 }
 
-// First key the decode query (position len - 1) sees: max(0, len - W) under a sliding window
-// of W keys, else 0. Splits of a sequence cover [first + s * chunk, ...) up to len; the decode
-// kernels and the combine kernel derive the same split count from it.
+// The one rule of which keys a query sees, for every kernel here: the query at position
+// pos >= 0 sees keys [first_visible_key(pos, ...), pos]. Under chunked local attention of C
+// keys (Llama 4's chunked layers) the start of pos's block of C positions; under a sliding
+// window of W keys pos - W + 1 (at least 0); else 0. It never decreases as pos grows, so the
+// earliest query of a tile has the tile's earliest first key.
+__device__ __forceinline__ int first_visible_key(int pos, int window, int chunk) {
+  if (chunk > 0) return pos / chunk * chunk;
+  if (window > 0) return max(0, pos - window + 1);
+  return 0;
+}
+
+// First key the decode query (position len - 1) sees: first_visible_key, max(0, len - W) under
+// a sliding window of W keys, 0 for an empty sequence. Splits of a sequence cover
+// [first + s * chunk, ...) up to len; the decode kernels and the combine kernel derive the same
+// split count from it.
 __device__ __forceinline__ int decode_first_key(const PagedDecodeParams& p, int len) {
+  if (p.attention_chunk > 0) {
+    return len > 0 ? first_visible_key(len - 1, 0, static_cast<int>(p.attention_chunk)) : 0;
+  }
   return p.sliding_window > 0 && p.sliding_window < len ? len - static_cast<int>(p.sliding_window)
                                                         : 0;
 }
@@ -93,6 +108,13 @@ __device__ __forceinline__ int decode_first_key(const PagedDecodeParams& p, int 
 // (W >= len: every query i < len sees all of [0, i] anyway).
 __device__ __forceinline__ int prefill_window(const PrefillParams& p, int len) {
   return p.sliding_window > 0 && p.sliding_window < len ? static_cast<int>(p.sliding_window) : 0;
+}
+
+// Attention chunk of a prefill sequence of len tokens as an int, 0 when it hides nothing
+// (C >= len: every query lies in the first chunk).
+__device__ __forceinline__ int prefill_chunk(const PrefillParams& p, int len) {
+  return p.attention_chunk > 0 && p.attention_chunk < len ? static_cast<int>(p.attention_chunk)
+                                                          : 0;
 }
 
 inline constexpr float kLog2e = 1.4426950408889634f;
@@ -379,9 +401,11 @@ __global__ void __launch_bounds__(attn::kPrefillThreads)
   float m = -FLT_MAX, l = 0.f;
   const int qi = q0 + r;
   const int kv_end = min(len, q0 + kT);
-  // Under a window W, query q0 (the tile's earliest window) sees keys from q0 - W + 1 on.
-  const int window = prefill_window(p, len);
-  const int kv_begin = window > 0 ? max(0, q0 - window + 1) / kT * kT : 0;
+  // Query q0 (the tile's earliest first key) sees keys from first_visible_key(q0) on: under a
+  // window W from q0 - W + 1, under chunks of C from its chunk's start.
+  const int window = prefill_window(p, len), chunk = prefill_chunk(p, len);
+  const int kv_begin = first_visible_key(q0, window, chunk) / kT * kT;
+  const int first_key = first_visible_key(qi, window, chunk);  // this thread's row
   for (int kv0 = kv_begin; kv0 < kv_end; kv0 += kT) {
     __syncthreads();  // the previous tile's s_k, s_v, s_p are consumed (and s_q written)
     for (int i = tid; i < kT * D; i += kPrefillThreads) {
@@ -410,7 +434,7 @@ __global__ void __launch_bounds__(attn::kPrefillThreads)
       const int kj = kv0 + sub + 4 * j;
       // A row may be wholly masked in a tile (before its window): its max stays -FLT_MAX,
       // alpha = exp(0) = 1 on a zero accumulator and every e is 0 below, so no NaN.
-      if (kj > qi || kj >= len || (window > 0 && qi - kj >= window)) s[j] = -FLT_MAX;
+      if (kj > qi || kj >= len || kj < first_key) s[j] = -FLT_MAX;
       tile_max = fmaxf(tile_max, s[j]);
     }
     tile_max = fmaxf(tile_max, __shfl_xor_sync(device::kFullMask, tile_max, 1));

@@ -24,7 +24,7 @@
 #include <cmath>
 
 #include "backend/cuda/attention.h"
-#include "backend/cuda/attention_kernel.cuh"  // attn::prefill_window
+#include "backend/cuda/attention_kernel.cuh"  // attn::first_visible_key
 #include "backend/cuda/grouped_gemm_kernel.cuh"
 
 namespace moeinfer::cuda {
@@ -102,10 +102,11 @@ __global__ void __launch_bounds__(attn::kMmaThreads)
     }
   };
   const int kv_end = min(len, q0 + kMmaQ);
-  // Keys at or beyond `reach` behind a row are masked: W, or never (INT_MAX) without a window.
-  const int window = prefill_window(p, len);
-  const int reach = window > 0 ? window : INT_MAX;
-  const int kv_begin = window > 0 ? max(0, q0 - window + 1) / kMmaKV * kMmaKV : 0;
+  // Keys before a row's first_visible_key are masked (a window's start, a chunk's start); the
+  // tile's earliest row q0 has the earliest first key, its latest row the latest.
+  const int window = prefill_window(p, len), chunk = prefill_chunk(p, len);
+  const int kv_begin = first_visible_key(q0, window, chunk) / kMmaKV * kMmaKV;
+  const int last_first_key = first_visible_key(q0 + kMmaQ - 1, window, chunk);
   const int num_tiles = (kv_end - kv_begin + kMmaKV - 1) / kMmaKV;
   load_kv(0, kv_begin);
   gemm::cp_async_commit();
@@ -152,9 +153,9 @@ __global__ void __launch_bounds__(attn::kMmaThreads)
 
     // Scale, mask, online softmax.
     const int kv0 = kv_begin + t * kMmaKV;
-    // Diagonal, tail, or window edge (the latest row minus the earliest key reaches W).
-    const bool masked_tile =
-        kv0 + kMmaKV > q0 || kv0 + kMmaKV > len || q0 + kMmaQ - 1 - kv0 >= reach;
+    // Diagonal, tail, or window / chunk edge (the latest row's first key is past the tile's
+    // first key; under a window W: the latest row minus the earliest key reaches W).
+    const bool masked_tile = kv0 + kMmaKV > q0 || kv0 + kMmaKV > len || last_first_key > kv0;
 #pragma unroll
     for (int j = 0; j < kNT; ++j) {
 #pragma unroll
@@ -163,7 +164,9 @@ __global__ void __launch_bounds__(attn::kMmaThreads)
         if (masked_tile) {
           const int col = kv0 + j * 8 + (lane & 3) * 2 + (e & 1);
           const int row = row_a + (e >> 1) * 8;
-          if (col > row || col >= len || row - col >= reach) v = -INFINITY;
+          if (col > row || col >= len || col < first_visible_key(row, window, chunk)) {
+            v = -INFINITY;
+          }
         }
         s[j][e] = v;
       }

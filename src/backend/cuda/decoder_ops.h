@@ -147,9 +147,21 @@ struct AttentionInputsParams {
   int64_t rotary_dim = 0;       // even, <= D
   float attention_scaling = 1.0f;
   bool interleaved = false;
+  // false: a NoPE layer (Llama 4), q and k keep their values (inv_freq is not read).
+  bool rope = true;
+  // Llama 4's use_qk_norm: each q and k head divided by sqrt(mean(x^2) + eps) over its D values,
+  // without a weight, after RoPE (q_norm / k_norm must then be null). Dp <= 256 only.
+  bool norm_after_rope = false;
+  // Llama 4's attn_temperature_tuning on NoPE layers: > 0 multiplies each q head of the token
+  // at position p by log1p(floor((p + 1) / temperature_floor_scale)) * temperature_scale + 1,
+  // in float32 as the CPU; 0: off. Dp <= 256 only.
+  int64_t temperature_floor_scale = 0;
+  float temperature_scale = 0.0f;
 };
 
 // Rounds as the separate kernels do: the normed head to bf16, then the rotated pair to bf16.
+// Under norm_after_rope or the temperature the head stays float32 from the rotation to the one
+// bf16 rounding of its destination, as the CPU's float32 chain.
 void attention_inputs(const AttentionInputsParams& params, cudaStream_t stream);
 
 struct RoundRowsParams {

@@ -200,9 +200,14 @@ struct PermuteParams {
   int64_t num_tokens = 0;            // T
   int64_t top_k = 0;                 // K
   int64_t hidden_size = 0;           // H, a multiple of 8
+  // [T, K] or null. Given (routing weights on the experts' input, Llama 4): each copy is
+  // bf16(float(hidden[t]) * topk_weights[t, k]), one rounding, and a weight of 0 (padding
+  // tokens) writes a zero row.
+  const float* topk_weights = nullptr;
 };
 
-// dispatch on one device: rows[inverse[t*K+k]] = hidden[t], i.e. rows[r] = hidden[src_row[r]/K].
+// dispatch on one device: rows[inverse[t*K+k]] = hidden[t], i.e. rows[r] = hidden[src_row[r]/K]
+// (times the row's routing weight when topk_weights is given).
 // Token-major: each hidden row is read once and written to its K rows, so the bytes moved are
 // the floor (T*H read, T*K*H written) even when hidden is larger than L2.
 void permute(const PermuteParams& params, cudaStream_t stream);
@@ -217,6 +222,9 @@ struct UnpermuteParams {
   int64_t num_tokens = 0;               // T
   int64_t top_k = 0;                    // K >= 1
   int64_t hidden_size = 0;              // H, a multiple of 8
+  // The experts' inputs were already weighted (PermuteParams::topk_weights, Llama 4): each
+  // assignment of non-zero weight adds its row with weight 1; weight 0 still skips the row.
+  bool weights_on_input = false;
 };
 
 // unpermute: out[t] = (shared[t] + sum_k w[t,k] * expert_out[inverse[t*K+k]]) + residual[t],

@@ -38,6 +38,20 @@ __global__ void __launch_bounds__(kRowKernelThreads)
   const uint4 value = __ldg(reinterpret_cast<const uint4*>(p.hidden) + idx);
   uint4* rows = reinterpret_cast<uint4*>(p.rows);
   const int32_t* inverse = p.inverse + static_cast<int64_t>(token) * top_k;
+  if (p.topk_weights != nullptr) {
+    // Weighted copies (routing weights on the input): one row at a time, rounded once.
+    float x[8];
+    device::bf16x8_to_float(value, x);
+    const float* weights = p.topk_weights + static_cast<int64_t>(token) * top_k;
+    for (int k = 0; k < top_k; ++k) {
+      const float w = __ldg(weights + k);
+      float y[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) y[i] = x[i] * w;
+      rows[static_cast<int64_t>(__ldg(inverse + k)) * vecs + v] = device::float_to_bf16x8(y);
+    }
+    return;
+  }
   for (int k0 = 0; k0 < top_k; k0 += kPermuteBatch) {
     int32_t row[kPermuteBatch];
 #pragma unroll
@@ -82,8 +96,13 @@ __global__ void __launch_bounds__(kRowKernelThreads)
       if (w[u] != 0.0f) {
         float f[8];
         device::bf16x8_to_float(x[u], f);
+        if (p.weights_on_input) {
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[i] = fmaf(w[u], f[i], acc[i]);
+          for (int i = 0; i < 8; ++i) acc[i] += f[i];
+        } else {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[i] = fmaf(w[u], f[i], acc[i]);
+        }
       }
     }
   }

@@ -181,6 +181,9 @@ class CudaDecoder final : public GpuDecoder {
   // Whether the layer's RoPE pairs dims (2i, 2i + 1) rather than halves (LayerPlan::rope); a
   // layer without RoPE is refused at load.
   bool interleaved_rope(int64_t layer) const;
+  // The attention kernels' attention_chunk for a layer: attention_chunk_size on Llama 4's
+  // chunked layers, 0 (off) elsewhere.
+  int64_t attention_chunk_of(const LayerPlan& plan) const;
 
   // One Linear: y[rows, n] = x[rows, k] . W[n, k]^T, row strides in elements (0: n or k).
   struct LinearArgs {
@@ -250,6 +253,9 @@ class CudaDecoder final : public GpuDecoder {
   bool noise_routing_ = false;
   uint64_t noise_step_ = 0;
   bf16* expert_act_ = nullptr;   // [T*K, Ip] the experts' activation
+  // [T*K, Hp] the experts' weighted inputs in plan order (Llama 4's routing weights on the
+  // input, LocalDispatcher), else null
+  bf16* weighted_rows_ = nullptr;
   bf16 *mlp_gate_up_ = nullptr, *mlp_act_ = nullptr;
   float* logits_ = nullptr;  // [rcap, V]
   void* cublas_workspace_ = nullptr;
@@ -424,7 +430,9 @@ void CudaDecoder::allocate_workspace() {
   MoeBlockBuffers& mb = moe_buffers_;
   mb.small_moe_rows = 0;
   // It reads one weight term: off with two as well.
-  if (c.num_experts > 0 && !cache_ && !options_.deterministic && w_.weight_terms == 1) {
+  // Llama 4 (weights on the experts' input) never takes it (MoeBlock::small_batch_takes).
+  if (c.num_experts > 0 && !cache_ && !options_.deterministic && w_.weight_terms == 1 &&
+      !c.routing_weight_on_input) {
     mb.small_moe_rows = options_.small_batch_moe_rows >= 0 ? options_.small_batch_moe_rows
                                                            : kSmallMoeDefaultRows;
     mb.small_moe_rows = std::min(mb.small_moe_rows, cuda::kSmallMoeMaxRows);
@@ -436,11 +444,14 @@ void CudaDecoder::allocate_workspace() {
 
   // Split-K scratch of the attention kernels at their worst shape: the widest window any layer
   // attends over (0: a layer sees its whole context).
+  // A chunked layer's query sees at most attention_chunk_size keys: a window of that width for
+  // the plan.
   int64_t widest_window = 0;
   bool some_layer_full = plans_.empty();
   for (const LayerPlan& plan : plans_) {
-    some_layer_full = some_layer_full || plan.sliding_window == 0;
-    widest_window = std::max(widest_window, plan.sliding_window);
+    const int64_t span = std::max(plan.sliding_window, attention_chunk_of(plan));
+    some_layer_full = some_layer_full || span == 0;
+    widest_window = std::max(widest_window, span);
   }
   const int64_t workspace_window = some_layer_full ? 0 : widest_window;
   int64_t attn_ws = 0;
@@ -521,6 +532,7 @@ void CudaDecoder::allocate_workspace() {
       mb.plan_workspace = cv.take<int32_t>(cuda::plan_workspace_size(T * K, E + 1));
       expert_act_ = cv.take<bf16>(T * K * Ip);
       mb.expert_out = cv.take<bf16>(T * K * H);
+      if (c.routing_weight_on_input) weighted_rows_ = cv.take<bf16>(T * K * H);
       mb.shared_gate_logits = cv.take<float>(T);
       mb.shared_out = cv.take<bf16>(T * H);
       if (small_moe_bytes > 0) mb.small_moe_workspace = cv.take<char>(small_moe_bytes);
@@ -879,8 +891,18 @@ void CudaDecoder::attention(int64_t layer, const Step& step) {
   const bool per_head_norm = plan.qk_norm == QkNormKind::kPerHead;
   // attention_inputs reads one term of the per-head norm weights; with two, the unfused path.
   const bool two_term_norms = per_head_norm && w_.weight_terms == 2;
+  const bool rope = plan.position == PositionEncoding::kRope;
+  const AttentionTemperature* temperature = nullptr;  // Llama 4's NoPE layers
+  switch (plan.query_scale) {
+    case QueryScale::kNone:
+      break;
+    case QueryScale::kTemperature:
+      temperature = &*c.attention_temperature;
+      break;
+  }
   if (plan.qk_norm != QkNormKind::kWholeProjection && !plan.clip_qkv && !two_term_norms) {
-    // One launch from the projection to the attention inputs.
+    // One launch from the projection to the attention inputs (Llama 4's NoPE layers, its norm
+    // after RoPE and its query temperature included).
     cuda::attention_inputs({.qkv = qkv_, .qkv_stride = Nqkv, .positions = meta_.positions,
                             .inv_freq = inv_freq_,
                             .q_norm = per_head_norm ? d.q_norm : nullptr,
@@ -893,7 +915,11 @@ void CudaDecoder::attention(int64_t layer, const Step& step) {
                             .num_tokens = T, .num_q_heads = Nq, .num_kv_heads = Nkv,
                             .head_dim = D, .padded_head_dim = Dp, .rotary_dim = rotary_dim_,
                             .attention_scaling = rope_scaling_,
-                            .interleaved = interleaved_rope(layer)},
+                            .interleaved = rope && interleaved_rope(layer), .rope = rope,
+                            .norm_after_rope = plan.qk_norm == QkNormKind::kAfterRopeWeightless,
+                            .temperature_floor_scale = temperature ? temperature->floor_scale : 0,
+                            .temperature_scale =
+                                temperature ? static_cast<float>(temperature->attn_scale) : 0.0f},
                            stream_);
   } else {
     qk_norm_clip_rope_write(layer, step);
@@ -901,6 +927,7 @@ void CudaDecoder::attention(int64_t layer, const Step& step) {
   // Per layer (GPT-OSS alternates sliding and full layers); the sinks are null unless the plan
   // has them (device_weights uploads them exactly where the config does).
   const int64_t window = plan.sliding_window;
+  const int64_t chunk = attention_chunk_of(plan);
   MOE_CHECK(plan.attention_sinks == (d.sinks != nullptr), "layer ", layer, ": the plan ",
             plan.attention_sinks ? "has" : "has no", " attention sinks, the device weights ",
             d.sinks ? "do" : "do not");
@@ -909,7 +936,8 @@ void CudaDecoder::attention(int64_t layer, const Step& step) {
                              .out = attn_, .num_tokens = T, .num_seqs = step.num_seqs,
                              .max_seq_len = step.max_seq_len, .num_q_heads = Nq,
                              .num_kv_heads = Nkv, .head_dim = Dp, .scale = attention_scale_,
-                             .sliding_window = window, .sinks = d.sinks},
+                             .sliding_window = window, .attention_chunk = chunk,
+                             .sinks = d.sinks},
                             stream_);
   } else {
     cuda::paged_decode_attention(
@@ -920,8 +948,8 @@ void CudaDecoder::attention(int64_t layer, const Step& step) {
          .workspace = attn_workspace_, .num_seqs = T, .num_q_heads = Nq, .num_kv_heads = Nkv,
          .head_dim = Dp, .block_size = block_size_, .num_blocks = num_blocks_,
          .max_blocks_per_seq = step.table_stride, .max_seq_len = step.max_seq_len,
-         .scale = attention_scale_, .sliding_window = window, .sinks = d.sinks,
-         .fixed_chunk = attention_chunk_},
+         .scale = attention_scale_, .sliding_window = window, .attention_chunk = chunk,
+         .sinks = d.sinks, .fixed_chunk = attention_chunk_},
         stream_);
   }
   // o_proj's bias joins in the norm that adds this output to the residual stream.
@@ -965,9 +993,12 @@ void CudaDecoder::qk_norm_clip_rope_write(int64_t layer, const Step& step) {
                               .mean_width = Nkv * D},
                              stream_);
       break;
-    case QkNormKind::kAfterRopeWeightless:  // Llama 4: check_gpu_support refuses it at load
-      MOE_FAIL("layer ", layer, ": the GPU decoder has no q/k norm after RoPE");
+    case QkNormKind::kAfterRopeWeightless:  // Llama 4: attention_inputs does it after RoPE
+      MOE_FAIL("layer ", layer,
+               ": the unfused q/k path has no norm after RoPE (Llama 4 takes attention_inputs)");
   }
+  MOE_CHECK(plans_[layer].query_scale == QueryScale::kNone, "layer ", layer,
+            ": the unfused q/k path has no query temperature (Llama 4 takes attention_inputs)");
   if (plans_[layer].clip_qkv) {
     cuda::bias_clip({.x = qkv_, .rows = T, .width = Nqkv, .stride = Nqkv,
                      .clip = static_cast<float>(*c.clip_qkv)},
@@ -1120,6 +1151,16 @@ void CudaDecoder::dense_mlp(const bf16* x, const bf16* gate_up, const bf16* down
           .f32_out = f32_out});
 }
 
+int64_t CudaDecoder::attention_chunk_of(const LayerPlan& plan) const {
+  switch (plan.span) {
+    case AttentionSpan::kCausal:
+      return 0;
+    case AttentionSpan::kChunked:
+      return config_.attention_chunk_size;
+  }
+  MOE_FAIL("unknown attention span ", static_cast<int>(plan.span));
+}
+
 bool CudaDecoder::interleaved_rope(int64_t layer) const {
   MOE_CHECK(plans_[layer].position == PositionEncoding::kRope, "layer ", layer,
             " has no RoPE (NoPE): the GPU decoder does not run such layers");
@@ -1158,9 +1199,12 @@ void CudaDecoder::build_moe_block() {
       MoeBlockOptions{.router = router_options(config_),
                       .shape = shape,
                       .top_k = config_.num_experts_per_tok,
+                      .weights = config_.routing_weight_on_input ? moe::WeightPlacement::kInput
+                                                                 : moe::WeightPlacement::kOutput,
                       .approx = options_.routing},
       layers, plans_, moe_buffers_,
-      std::make_unique<LocalDispatcher>(config_.num_experts, w_.padded_hidden_size),
+      std::make_unique<LocalDispatcher>(config_.num_experts, w_.padded_hidden_size,
+                                        weighted_rows_),
       std::move(runner), linear_fn, mlp_fn);
 }
 

@@ -36,8 +36,27 @@ cuda::GemmEpilogue expert_epilogue(const moe::ExpertActivation& activation) {
 }
 
 ExpertRows LocalDispatcher::dispatch(int64_t /*layer*/, const RoutedTokens& tokens,
-                                     cudaStream_t /*stream*/) {
+                                     cudaStream_t stream) {
   // Plan over E + 1 experts: the padding tokens' assignments sort last, past every real expert.
+  switch (tokens.weights) {
+    case moe::WeightPlacement::kOutput:
+      break;
+    case moe::WeightPlacement::kInput:
+      // Each plan row weighted before its expert, as the CPU's dispatch (moe::permute): the
+      // padding tokens' weight 0 leaves their rows zero.
+      MOE_CHECK(weighted_rows_ != nullptr,
+                "routing weights on the experts' input need the dispatcher's weighted_rows");
+      cuda::permute({.hidden = tokens.hidden, .inverse = tokens.inverse, .rows = weighted_rows_,
+                     .num_tokens = tokens.num_tokens, .top_k = tokens.top_k,
+                     .hidden_size = hidden_size_, .topk_weights = tokens.topk_weights},
+                    stream);
+      return {.rows = weighted_rows_,
+              .src_row = nullptr,
+              .top_k = 1,
+              .expert_offsets = tokens.expert_offsets,
+              .num_experts = num_experts_,
+              .num_rows = tokens.num_tokens * tokens.top_k};
+  }
   return {.rows = tokens.hidden,
           .src_row = tokens.src_row,
           .top_k = tokens.top_k,
@@ -52,7 +71,8 @@ void LocalDispatcher::combine(int64_t /*layer*/, const bf16* expert_out,
   cuda::unpermute({.expert_out = expert_out, .topk_weights = tokens.topk_weights,
                    .inverse = tokens.inverse, .shared = shared, .out = out,
                    .num_tokens = tokens.num_tokens, .top_k = tokens.top_k,
-                   .hidden_size = hidden_size_},
+                   .hidden_size = hidden_size_,
+                   .weights_on_input = tokens.weights == moe::WeightPlacement::kInput},
                   stream);
 }
 
@@ -220,9 +240,11 @@ const int32_t* MoeBlock::predict(int64_t layer, const RoutedTokens& tokens,
 bool MoeBlock::small_batch_takes(int64_t layer, int64_t T) const {
   const DeviceLayer* d = runner_->resident(layer);
   const ExpertShape& s = options_.shape;
-  // The small-batch kernel computes SiLU-gated experts without biases: GPT-OSS's layers (expert
-  // biases, the clamped SwiGLU) take the stage-by-stage path, whose grouped GEMM has both.
-  const bool plain_experts = options_.shape.activation.kind == moe::ActivationKind::kSiluGlu &&
+  // The small-batch kernel computes SiLU-gated experts without biases, weighting their outputs:
+  // GPT-OSS's layers (expert biases, the clamped SwiGLU) and Llama 4's (weights on the experts'
+  // input) take the stage-by-stage path, whose dispatch, grouped GEMM and combine have them.
+  const bool plain_experts = options_.weights == moe::WeightPlacement::kOutput &&
+                             options_.shape.activation.kind == moe::ActivationKind::kSiluGlu &&
                              (d == nullptr || (d->experts_gate_up_bias == nullptr &&
                                                d->experts_down_bias == nullptr));
   return d != nullptr && plain_experts && buffers_.small_moe_workspace != nullptr &&
@@ -295,7 +317,8 @@ void MoeBlock::enqueue(int64_t layer, const MoeLayerIo& io, cudaStream_t stream,
                             .topk_weights = topk_weights,
                             .expert_offsets = buffers_.expert_offsets,
                             .src_row = buffers_.src_row, .inverse = buffers_.inverse,
-                            .num_tokens = T, .top_k = K, .num_valid = io.num_valid};
+                            .num_tokens = T, .top_k = K, .num_valid = io.num_valid,
+                            .weights = options_.weights};
   runner_->on_routed(layer, tokens, *this, marks, stream);
   // Over E + 1 experts: padding tokens carry expert id E and sort past every real expert.
   cuda::moe_plan({.topk_ids = topk_ids, .expert_counts = io.expert_counts,

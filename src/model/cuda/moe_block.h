@@ -59,6 +59,9 @@ struct RoutedTokens {
   int64_t num_tokens = 0;                // T
   int64_t top_k = 0;                     // K
   const int32_t* num_valid = nullptr;    // device scalar: the real tokens, rows [0, it)
+  // Where the routing weights apply (MoeBlockOptions::weights): kInput (Llama 4) has the
+  // dispatcher send rows already weighted and combine sum the outputs with weight 1.
+  moe::WeightPlacement weights = moe::WeightPlacement::kOutput;
 };
 
 // What the experts stage reads: rows in expert order, expert e owning plan rows
@@ -84,18 +87,22 @@ class TokenDispatcher {
 };
 
 // Every row stays on this GPU: dispatch hands the experts the hidden rows with the plan's
-// src_row (the gather is fused into the grouped GEMM), combine is the weighted unpermute.
+// src_row (the gather is fused into the grouped GEMM), combine is the weighted unpermute. With
+// the weights on the input (Llama 4) dispatch writes the weighted rows in plan order into
+// weighted_rows instead (the weight must meet each row before the expert, so the gather cannot
+// stay fused) and combine adds the outputs unweighted.
 class LocalDispatcher final : public TokenDispatcher {
  public:
-  LocalDispatcher(int64_t num_experts, int64_t hidden_size)
-      : num_experts_(num_experts), hidden_size_(hidden_size) {}
+  // weighted_rows: [T*K, Hp] workspace for RoutedTokens::weights == kInput, else may be null.
+  LocalDispatcher(int64_t num_experts, int64_t hidden_size, bf16* weighted_rows = nullptr)
+      : num_experts_(num_experts), hidden_size_(hidden_size), weighted_rows_(weighted_rows) {}
   ExpertRows dispatch(int64_t layer, const RoutedTokens& tokens, cudaStream_t stream) override;
   void combine(int64_t layer, const bf16* expert_out, const RoutedTokens& tokens,
                const bf16* shared, float* out, cudaStream_t stream) override;
-
  private:
   int64_t num_experts_;
   int64_t hidden_size_;
+  bf16* weighted_rows_;
 };
 
 // Predicts a later layer's routing from the rows at hand (the block runs that layer's router
@@ -210,6 +217,9 @@ struct MoeBlockOptions {
   moe::RouterOptions router;   // selection_bias is per layer (DeviceLayer)
   ExpertShape shape;
   int64_t top_k = 0;           // K
+  // Where the routing weights apply: the experts' output, or their input (Llama 4; the
+  // dispatcher must have a weighted_rows buffer, and the small-batch path is not taken).
+  moe::WeightPlacement weights = moe::WeightPlacement::kOutput;
   // Applied in the route stage, as the CPU's MoeBlock does; any of them turns the small-batch
   // path off (its router is inside its kernel).
   moe::RoutingApproximation approx;
