@@ -16,7 +16,11 @@
 // Attention sinks (GPT-OSS, *Sinks_*): a random sink logit per head joins the reference's
 // softmax denominator; decode single-split, split, fixed-chunk and wide cases, prefill on both
 // kernels, and ChunkedPrompt_* rows that share one block table (a prompt chunk's queries over
-// the sequence's earlier blocks). Written without a GPU; not yet run on one.
+// the sequence's earlier blocks). Written without a GPU; not yet run on one. Chunked local
+// attention (Llama 4, *Chunk*): each query sees only its own block of C positions; the decode
+// cases NaN the keys before each chunk's start as the window cases do; decode, prefill, a prompt
+// chunk's queries over a shared table, fixed chunks and the wide kernel. Also written without a
+// GPU.
 #include <gtest/gtest.h>
 
 #if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
@@ -89,6 +93,13 @@ TEST(CudaAttentionChecks, RefuseBadShapes) {
   dp.sliding_window = -1;
   expect_error_naming([&] { paged_decode_attention(dp, nullptr); }, "sliding_window = -1");
   dp.sliding_window = 0;
+  dp.attention_chunk = -1;
+  expect_error_naming([&] { paged_decode_attention(dp, nullptr); }, "attention_chunk = -1");
+  dp.attention_chunk = 64;
+  dp.sliding_window = 32;
+  expect_error_naming([&] { paged_decode_attention(dp, nullptr); }, "are exclusive");
+  dp.attention_chunk = 0;
+  dp.sliding_window = 0;
   dp.q = b + 1;  // 2 bytes off: the tensor-core default refuses it and names the way out
   expect_error_naming([&] { paged_decode_attention(dp, nullptr); }, "tensor_cores = false");
   PrefillParams pp{.q = b,
@@ -107,6 +118,12 @@ TEST(CudaAttentionChecks, RefuseBadShapes) {
   pp.head_dim = 128;
   pp.sliding_window = -1;
   expect_error_naming([&] { prefill_attention(pp, nullptr); }, "sliding_window = -1");
+  pp.sliding_window = 0;
+  pp.attention_chunk = -1;
+  expect_error_naming([&] { prefill_attention(pp, nullptr); }, "attention_chunk = -1");
+  pp.attention_chunk = 64;
+  pp.sliding_window = 32;
+  expect_error_naming([&] { prefill_attention(pp, nullptr); }, "are exclusive");
 }
 
 TEST(CudaAttentionChecks, HeadDimsArePaddedToWhatTheDecodeKernelsTake) {
@@ -365,6 +382,7 @@ struct DecodeCase {
   // Every row reads row 0's block table: the queries of one chunk of a prompt against the
   // sequence's earlier keys (the decoder's per-query route), each row one position further.
   bool shared_table = false;
+  int64_t attention_chunk = 0;  // PagedDecodeParams::attention_chunk (Llama 4's chunked layers)
 };
 
 DecodeCase with_sinks(DecodeCase c) {
@@ -380,14 +398,18 @@ std::vector<float> random_sinks(int64_t heads, std::mt19937& rng) {
   return sinks;
 }
 
-// First key the decode query (position len - 1) sees under a window of W keys (0: none).
-int64_t window_first(int64_t len, int64_t window) {
+// First key the decode query (position len - 1) sees under a window of W keys (0: none), or
+// under chunked attention of C keys (0: none): the start of its position's chunk, as the CPU
+// decoder's first_visible.
+int64_t window_first(int64_t len, int64_t window, int64_t chunk = 0) {
+  if (chunk > 0) return len > 0 ? (len - 1) / chunk * chunk : 0;
   return window > 0 ? std::max<int64_t>(0, len - window) : 0;
 }
 
 void decode_random(const DecodeCase& c, bool tensor_cores) {
   std::mt19937 rng(fresh_seed() ^
-                   static_cast<uint32_t>(c.D * 13 + c.Nq + c.seq_lens.size() + c.window * 7919));
+                   static_cast<uint32_t>(c.D * 13 + c.Nq + c.seq_lens.size() + c.window * 7919 +
+                                         c.attention_chunk * 104729));
   const int64_t B = static_cast<int64_t>(c.seq_lens.size());
   const int64_t max_len =
       std::max<int64_t>(1, *std::max_element(c.seq_lens.begin(), c.seq_lens.end()));
@@ -418,10 +440,13 @@ void decode_random(const DecodeCase& c, bool tensor_cores) {
   // keys before every row's window are NaN then.
   int64_t first_of_all = std::numeric_limits<int64_t>::max();
   for (int64_t b = 0; b < B; ++b) {
-    first_of_all = std::min(first_of_all, window_first(c.seq_lens[b], c.window));
+    first_of_all =
+        std::min(first_of_all, window_first(c.seq_lens[b], c.window, c.attention_chunk));
   }
   for (int64_t b = 0; b < B; ++b) {
-    const int64_t hidden = c.shared_table ? first_of_all : window_first(c.seq_lens[b], c.window);
+    const int64_t hidden = c.shared_table ? first_of_all
+                                          : window_first(c.seq_lens[b], c.window,
+                                                         c.attention_chunk);
     for (int64_t t = 0; t < hidden; ++t)
       for (int64_t i = 0; i < row; ++i) k[slot(b, t) + i] = v[slot(b, t) + i] = 0x7fc0;
   }
@@ -437,6 +462,7 @@ void decode_random(const DecodeCase& c, bool tensor_cores) {
                       .max_seq_len = max_len,
                       .scale = scale,
                       .sliding_window = c.window,
+                      .attention_chunk = c.attention_chunk,
                       .tensor_cores = tensor_cores,
                       .fixed_chunk = c.fixed_chunk};
   DeviceBuffer<uint16_t> d_q(q), d_k(k), d_v(v), d_out(B * c.Nq * c.D);
@@ -462,7 +488,7 @@ void decode_random(const DecodeCase& c, bool tensor_cores) {
   std::vector<double> want(B * c.Nq * c.D, 0.0), bound(want.size(), 1e-3);
   for (int64_t b = 0; b < B; ++b) {
     const int64_t len = c.seq_lens[b];
-    const int64_t first = window_first(len, c.window);
+    const int64_t first = window_first(len, c.window, c.attention_chunk);
     const int64_t count = len - first;  // keys the query sees: [first, len)
     for (int64_t h = 0; h < c.Nq; ++h) {
       const int64_t kvh = h / G;
@@ -505,8 +531,10 @@ void decode_random(const DecodeCase& c, bool tensor_cores) {
 }
 
 void prefill_random(std::vector<int32_t> lens, int64_t Nq, int64_t Nkv, int64_t D,
-                    bool tensor_cores, int64_t window = 0, bool with_sinks = false) {
-  std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(D * 17 + Nq + lens.size() + window * 7919));
+                    bool tensor_cores, int64_t window = 0, bool with_sinks = false,
+                    int64_t chunk = 0) {
+  std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(D * 17 + Nq + lens.size() + window * 7919 +
+                                                        chunk * 104729));
   const int64_t B = static_cast<int64_t>(lens.size());
   std::vector<int32_t> cu(B + 1, 0);
   for (int64_t b = 0; b < B; ++b) cu[b + 1] = cu[b] + lens[b];
@@ -533,6 +561,7 @@ void prefill_random(std::vector<int32_t> lens, int64_t Nq, int64_t Nkv, int64_t 
                                   .head_dim = D,
                                   .scale = scale,
                                   .sliding_window = window,
+                                  .attention_chunk = chunk,
                                   .sinks = with_sinks ? d_sinks.get() : nullptr,
                                   .tensor_cores = tensor_cores},
                     nullptr);
@@ -543,8 +572,11 @@ void prefill_random(std::vector<int32_t> lens, int64_t Nq, int64_t Nkv, int64_t 
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t i = 0; i < lens[b]; ++i) {
       const int64_t ti = cu[b] + i;
-      // Keys [first, i] of the sequence: the causal prefix, cut to the last W under a window.
-      const int64_t first = window > 0 ? std::max<int64_t>(0, i - window + 1) : 0;
+      // Keys [first, i] of the sequence: the causal prefix, cut to the last W under a window,
+      // to i's own block of C positions under chunked attention.
+      const int64_t first = chunk > 0    ? i / chunk * chunk
+                            : window > 0 ? std::max<int64_t>(0, i - window + 1)
+                                         : 0;
       const int64_t count = i - first + 1;
       for (int64_t h = 0; h < Nq; ++h) {
         std::vector<double> s(count);
@@ -678,6 +710,49 @@ void prefill_random(std::vector<int32_t> lens, int64_t Nq, int64_t Nkv, int64_t 
       {"ChunkedPrompt_Win50_Rows33_From100_G4_D128",
        {chunk_rows(100, 33), 8, 2, 128, 16, 50, 0, 0, false, true}},
   };
+  // Chunked local attention (Llama 4): each query sees its own block of C positions. The
+  // keys before each query's chunk start are NaN. Chunk starts inside a KV block and inside a
+  // split (C 100 over 16-token blocks; lengths 1000 -> first 900, 3000 -> 2900 with splits of
+  // 32), on a chunk boundary (len 201 with C 200: one key), just before it (len 200: 200 keys),
+  // an empty sequence; a chunk above every length (the same as causal); the fixed chunks of
+  // --deterministic; and a prompt chunk's queries over one shared table crossing a chunk
+  // boundary (rows at positions 40..58 with C 50: firsts 0 and 50).
+  auto chunked = [](DecodeCase c, int64_t chunk) {
+    c.attention_chunk = chunk;
+    return c;
+  };
+  const Dc chunk_cases[] = {
+      {"Chunk100_B2_Len1000_3000_G8_D128", chunked({{1000, 3000}, 32, 4, 128, 16}, 100)},
+      {"Chunk200_B5_AroundBoundary_G4_D64",
+       chunked({{199, 200, 201, 0, 1000}, 8, 2, 64, 16}, 200)},
+      {"Chunk37_B5_Mixed_G8_D256", chunked({{1, 64, 65, 511, 700}, 16, 2, 256, 8}, 37)},
+      {"Chunk1_B3_Mixed_G4_D64", chunked({{17, 0, 300}, 8, 2, 64, 32}, 1)},
+      {"Chunk8192_B3_Mixed_G4_D64", chunked({{17, 0, 300}, 8, 2, 64, 32}, 8192)},
+      {"Chunk1000_B2_Len2999_G1_D128", chunked({{2999, 1001}, 4, 4, 128, 16}, 1000)},
+      {"Chunk300_B66_Mixed_G8_D128", chunked({[] {
+                                                std::vector<int32_t> lens(66);
+                                                for (int i = 0; i < 66; ++i)
+                                                  lens[i] = 1 + (37 * i) % 1000;
+                                                return lens;
+                                              }(),
+                                              32, 4, 128, 16},
+                                             300)},
+      {"ChunkedPrompt_Chunk50_Rows19_From40_G4_D128",
+       chunked({chunk_rows(40, 19), 8, 2, 128, 16, 0, 0, 0, false, true}, 50)},
+  };
+  for (const Dc& d : chunk_cases) {
+    reg("CudaPagedDecode", d.name, [c = d.c] { decode_random(c, false); });
+    reg("CudaPagedDecode", std::string("Mma_") + d.name, [c = d.c] { decode_random(c, true); });
+  }
+  // --deterministic's fixed chunks of 256 keys under an attention chunk of 300: a split holds
+  // at most 256 keys of a 300-key chunk (tensor cores only).
+  reg("CudaPagedDecode", "Mma_FixedChunk256_Chunk300_B3_Mixed_G4_D64", [chunked] {
+    decode_random(chunked({{989, 1, 601}, 8, 2, 64, 16, 0, 0, 256}, 300), true);
+  });
+  // Head dims above 256: the wide kernel and its combine.
+  reg("CudaPagedDecode", "Wide_Chunk100_B3_Odd_G4_D320", [chunked] {
+    decode_random(chunked({{989, 19, 1}, 8, 2, 320, 16}, 100), true);
+  });
   for (const Dc& d : sink_cases) {
     // Fixed chunks need the tensor-core kernel (the CUDA-core one refuses them).
     if (d.c.fixed_chunk == 0) {
@@ -779,6 +854,23 @@ void prefill_random(std::vector<int32_t> lens, int64_t Nq, int64_t Nkv, int64_t 
     });
     reg("CudaPrefill", kind + "Sinks_Win100_OneSeq_T700_G4_D128",
         [tc] { prefill_random({700}, 8, 2, 128, tc, 100, true); });
+    // Chunked local attention (Llama 4): chunk starts inside a query tile and a key tile (C 100,
+    // 50), on tile edges (C 64, 32), C 1 (each row its own value), C above the lengths (causal).
+    reg("CudaPrefill", kind + "Chunk100_OneSeq_T700_G4_D128",
+        [tc] { prefill_random({700}, 8, 2, 128, tc, 0, false, 100); });
+    reg("CudaPrefill", kind + "Chunk50_Varlen_D64", [tc] {
+      prefill_random({17, 1, 64, 33, 130, 257}, 6, 3, 64, tc, 0, false, 50);
+    });
+    reg("CudaPrefill", kind + "Chunk64_Varlen_D128", [tc] {
+      prefill_random({200, 65, 64, 63}, 8, 2, 128, tc, 0, false, 64);
+    });
+    reg("CudaPrefill", kind + "Chunk32_OneSeq_T99_G8_D64",
+        [tc] { prefill_random({99}, 16, 2, 64, tc, 0, false, 32); });
+    reg("CudaPrefill", kind + "Chunk1_Varlen_D128", [tc] {
+      prefill_random({3, 1, 70}, 4, 2, 128, tc, 0, false, 1);
+    });
+    reg("CudaPrefill", kind + "Chunk1000_OneSeq_T300_G4_D128",
+        [tc] { prefill_random({300}, 8, 2, 128, tc, 0, false, 1000); });
   }
   return true;
 }();

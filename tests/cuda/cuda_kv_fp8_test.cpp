@@ -411,6 +411,7 @@ struct DecodeCase {
   int64_t window = 0;
   int64_t fixed_chunk = 0;
   bool sinks = false;  // a random sink logit per query head (GPT-OSS), in [-1, 3]
+  int64_t attention_chunk = 0;  // Llama 4's chunked layers: keys of the query's own chunk
 };
 
 void decode_over_fp8(const DecodeCase& c, bool tensor_cores) {
@@ -452,6 +453,8 @@ void decode_over_fp8(const DecodeCase& c, bool tensor_cores) {
   };
   // Rows before each sequence's window hold the NaN code: reading one would poison the output.
   auto first_key = [&](int64_t len) {
+    if (c.attention_chunk > 0) return len > 0 ? (len - 1) / c.attention_chunk * c.attention_chunk
+                                              : int64_t{0};
     return c.window > 0 ? std::max<int64_t>(0, len - c.window) : int64_t{0};
   };
   for (int64_t b = 0; b < B; ++b)
@@ -472,6 +475,7 @@ void decode_over_fp8(const DecodeCase& c, bool tensor_cores) {
                       .max_seq_len = max_len,
                       .scale = scale,
                       .sliding_window = c.window,
+                      .attention_chunk = c.attention_chunk,
                       .tensor_cores = tensor_cores,
                       .fixed_chunk = c.fixed_chunk};
   DeviceBuffer<uint16_t> d_q(q), d_out(B * c.Nq * c.D);
@@ -662,6 +666,11 @@ void random_model_matches_cpu_fp8(ModelFamily family, bool deterministic) {
       {"Sinks_B3_Mixed_G4_D64", {{1, 17, 300}, 8, 2, 64, 32, 0, 0, true}},
       {"Sinks_Win128_B2_Len1000_G8_D64", {{1000, 129}, 64, 8, 64, 16, 128, 0, true}},
       {"Sinks_B2_Len3000_G1_D128", {{3000, 1234}, 4, 4, 128, 16, 0, 0, true}},
+      // Chunked local attention (Llama 4): chunk starts mid-block and mid-split, on a boundary
+      // (len 201, C 200: one key), and an empty sequence.
+      {"Chunk100_B2_Len1000_3000_G8_D128", {{1000, 3000}, 32, 4, 128, 16, 0, 0, false, 100}},
+      {"Chunk200_B5_AroundBoundary_G4_D64",
+       {{199, 200, 201, 0, 1000}, 8, 2, 64, 16, 0, 0, false, 200}},
   };
   for (const Dc& d : decode_cases) {
     for (bool tc : {true, false}) {

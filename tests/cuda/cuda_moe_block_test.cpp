@@ -15,7 +15,10 @@
 // and the whole block against the CPU's MoeBlock end to end (bf16 contract). Cases cover the
 // router variants the GPU runs (softmax with and without renormalisation, DeepSeek-V3's sigmoid
 // with selection bias, groups and a scaling factor, DeepSeek-V2's group max), the three shared
-// expert kinds, padded graph buckets, and a step captured into a CUDA graph and replayed.
+// expert kinds, padded graph buckets, and a step captured into a CUDA graph and replayed; and
+// Llama 4's routing weights on the experts' input (Llama4_*: the dispatched rows against the
+// CPU's weighted rows, the combine unweighted, the CPU MoeBlock under WeightPlacement::kInput;
+// written without a GPU, not yet run on one).
 #include <gtest/gtest.h>
 
 #if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
@@ -84,7 +87,9 @@ TEST(CudaMoeBlockChecks, RefusesWhatItCannotRun) {
                                           "layer 1 is dense");
 }
 
-enum class RouterKind { kSoftmaxRenorm, kSoftmaxPlain, kSigmoidGroupsBias, kGroupMax };
+// kLlama4: a plain sigmoid router (no renormalisation) whose weights multiply the experts'
+// input (MoeBlockOptions::weights = kInput) and whose outputs are summed unweighted.
+enum class RouterKind { kSoftmaxRenorm, kSoftmaxPlain, kSigmoidGroupsBias, kGroupMax, kLlama4 };
 
 struct BlockCase {
   std::string name;
@@ -111,6 +116,9 @@ moe::RouterOptions router_options_of(const BlockCase& c) {
       r.group_score = moe::GroupScore::kTop2Sum;
       r.num_groups = 4;
       r.topk_groups = 2;
+      break;
+    case RouterKind::kLlama4:
+      r.score = moe::ScoreFunction::kSigmoid;
       break;
     case RouterKind::kGroupMax:
       r.group_score = moe::GroupScore::kMax;
@@ -151,6 +159,10 @@ void run_case(const BlockCase& c) {
   const int64_t E = c.E, K = c.K, H = c.H, I = c.I, Is = c.Is, T = c.T;
   const int64_t valid = c.valid < 0 ? T : c.valid;
   const moe::RouterOptions router = router_options_of(c);
+  const moe::WeightPlacement placement = c.router == RouterKind::kLlama4
+                                             ? moe::WeightPlacement::kInput
+                                             : moe::WeightPlacement::kOutput;
+  const bool on_input = placement == moe::WeightPlacement::kInput;
 
   // Weights as the device layout holds them (device_weights.h): gate_up [E, 2I, H] (gate rows,
   // then up rows), down [E, H, I]; the shared expert [2 Is, H] and [H, Is].
@@ -195,6 +207,8 @@ void run_case(const BlockCase& c) {
   DeviceBuffer<int32_t> topk_ids(T * K), offsets(E + 2), src_row(T * K), inverse(T * K),
       counts(E + 1), num_valid(std::vector<int32_t>{static_cast<int32_t>(valid)});
   DeviceBuffer<int32_t> plan_ws(std::max<int64_t>(cuda::plan_workspace_size(T * K, E + 1), 1));
+  DeviceBuffer<uint16_t> weighted_rows(T * K * H);
+  weighted_rows.poison();
   DeviceBuffer<uint16_t> expert_out(T * K * H), activation(T * K * I), shared_out(T * H),
       mlp_gate_up(T * 2 * std::max<int64_t>(Is, 1)), mlp_act(T * std::max<int64_t>(Is, 1));
   for (auto* b : {&logits, &topk_weights, &out}) b->poison();
@@ -228,8 +242,10 @@ void run_case(const BlockCase& c) {
     linear(mlp_act.as_bf16(), rows, dn, H, width, y, false);
   };
   const ExpertShape shape{.num_experts = E, .hidden_size = H, .expert_width = I};
-  MoeBlock block({.router = router, .shape = shape, .top_k = K}, layers, plans, buffers,
-                 std::make_unique<LocalDispatcher>(E, H),
+  MoeBlock block({.router = router, .shape = shape, .top_k = K, .weights = placement}, layers,
+                 plans, buffers,
+                 std::make_unique<LocalDispatcher>(E, H, on_input ? weighted_rows.as_bf16()
+                                                                  : nullptr),
                  std::make_unique<ResidentExperts>(layers, shape, activation.as_bf16()), linear,
                  dense_mlp);
   const MoeLayerIo io{.hidden = d_hidden.as_bf16(), .num_tokens = T,
@@ -292,6 +308,19 @@ void run_case(const BlockCase& c) {
   std::vector<float> rows(static_cast<size_t>(M * H));
   for (int64_t r = 0; r < M; ++r) {
     std::copy_n(x.data() + (cpu_plan.src_row[r] / K) * H, H, rows.data() + r * H);
+    if (on_input) {
+      // As moe::permute under kInput: the row times its weight, in float32.
+      const float w = weights[cpu_plan.src_row[r]];
+      for (int64_t h = 0; h < H; ++h) rows[r * H + h] *= w;
+    }
+  }
+  if (on_input) {
+    // The dispatched rows: bf16 of the weighted float32 row, the padding's rows zero.
+    const std::vector<uint16_t> gpu_rows = weighted_rows.download();
+    std::vector<double> want_rows(static_cast<size_t>(T * K * H), 0.0);
+    std::copy(rows.begin(), rows.end(), want_rows.begin());
+    expect_bf16_near(gpu_rows, want_rows, std::vector<double>(want_rows.size(), 0.0),
+                     "weighted expert inputs");
   }
   std::vector<moe::ExpertWeights> experts;
   for (int64_t e = 0; e < E; ++e) {
@@ -370,7 +399,7 @@ void run_case(const BlockCase& c) {
   moe::DispatchPlan real_plan = cpu_plan;
   real_plan.inverse.resize(static_cast<size_t>(valid * K));
   moe::unpermute(expert_f.data(), H, real, real_plan, has_shared ? gpu_shared.data() : nullptr,
-                 want_out.data());
+                 want_out.data(), placement);
   std::vector<float> gpu_out = out.download();
   gpu_out.resize(static_cast<size_t>(valid * H));
   want_out.resize(gpu_out.size());
@@ -387,7 +416,8 @@ void run_case(const BlockCase& c) {
   if (has_shared) {
     shared_f32.assign(gpu_shared.begin(), gpu_shared.begin() + valid * H);  // checked above
   }
-  moe::MoeBlockOptions cpu_options{.router = router, .hidden_size = H, .expert_width = I};
+  moe::MoeBlockOptions cpu_options{.router = router, .hidden_size = H, .expert_width = I,
+                                   .weights = placement};
   moe::RoutedExperts cpu_weights{.router = bf16_view(router_w, 0, E, H), .experts = experts};
   moe::MoeBlock cpu_block = moe::single_layer_block(cpu_options, cpu_weights);
   std::vector<float> cpu_out(static_cast<size_t>(valid * H));
@@ -419,6 +449,18 @@ std::vector<BlockCase> cases() {
       {.name = "Softmax_E128_K8_Prefill", .E = 128, .K = 8, .H = 128, .I = 64, .T = 300},
       {.name = "Graph_E32_K4_Padded_SharedGated", .E = 32, .K = 4, .H = 128, .I = 64, .Is = 64,
        .T = 8, .valid = 6, .shared = SharedExpertKind::kSigmoidGated, .graph = true},
+      // Llama 4: top-1 sigmoid weights on the experts' input, an ungated shared expert as wide as
+      // a routed one; padded graph buckets (the padding's zero weight leaves its rows zero and
+      // unread), a prefill-sized step, and top-2 (more than one weighted copy of a token).
+      {.name = "Llama4_E16_K1_Shared", .E = 16, .K = 1, .H = 128, .I = 64, .Is = 64, .T = 19,
+       .router = RouterKind::kLlama4, .shared = SharedExpertKind::kUngated},
+      {.name = "Llama4_Graph_E16_K1_Padded_Shared", .E = 16, .K = 1, .H = 128, .I = 64,
+       .Is = 64, .T = 8, .valid = 5, .router = RouterKind::kLlama4,
+       .shared = SharedExpertKind::kUngated, .graph = true},
+      {.name = "Llama4_E128_K1_Prefill", .E = 128, .K = 1, .H = 192, .I = 128, .Is = 128,
+       .T = 300, .router = RouterKind::kLlama4, .shared = SharedExpertKind::kUngated},
+      {.name = "Llama4_E8_K2_Padded", .E = 8, .K = 2, .H = 64, .I = 64, .T = 16, .valid = 11,
+       .router = RouterKind::kLlama4},
   };
 }
 

@@ -209,12 +209,36 @@ void gpt_oss_fixtures_on_every_route() {
   EXPECT_GE(static_cast<double>(total.same_top1) / total.positions, kMinTop1Agreement);
 }
 
+// Llama 4's fixtures alone (llama4_text float32, llama4 with a vision tower in bf16): chunked
+// local attention (chunks of 4 positions, so every route crosses chunk starts, the chunked
+// route's second half included), a NoPE layer with the query temperature (floor_scale 4), the
+// weightless q/k norm after RoPE, interleaved dense and MoE layers, a top-1 sigmoid router whose
+// weight multiplies the expert's input and an ungated shared expert; same bounds.
+void llama4_fixtures_on_every_route() {
+  Agreement total;
+  int64_t fixtures = 0;
+  for (const std::string& name : testing_support::model_fixture_names()) {
+    if (name.rfind("llama4", 0) != 0) continue;
+    SCOPED_TRACE(name);
+    const ModelConfig config =
+        load_model_config(testing_support::kModelFixtures / name / "config.json");
+    ASSERT_FALSE(gpu_unsupported(config).has_value()) << *gpu_unsupported(config);
+    check_fixture(name, total);
+    ++fixtures;
+  }
+  EXPECT_EQ(fixtures, 2) << "llama4 fixtures under " << testing_support::kModelFixtures;
+  ASSERT_GT(total.positions, 0);
+  EXPECT_GE(static_cast<double>(total.same_top1) / total.positions, kMinTop1Agreement);
+}
+
 [[maybe_unused]] const bool kRegistered = [] {
   if (!cuda::testing_util::cuda_device_present("parity")) return false;
   cuda::testing_util::register_kernel_test("CudaParity", "EveryFixtureMatchesTheReferenceOnEveryRoute",
                                            every_fixture_on_every_route, __FILE__, __LINE__);
   cuda::testing_util::register_kernel_test("CudaParity", "GptOssFixturesMatchTheReference",
                                            gpt_oss_fixtures_on_every_route, __FILE__, __LINE__);
+  cuda::testing_util::register_kernel_test("CudaParity", "Llama4FixturesMatchTheReference",
+                                           llama4_fixtures_on_every_route, __FILE__, __LINE__);
   return true;
 }();
 

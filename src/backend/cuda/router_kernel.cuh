@@ -55,9 +55,10 @@ namespace device {
 // l holds experts l, l + 32, ...; slots past E hold -inf. kLogitsWrittenHere: the logits were
 // written by other blocks of the running kernel, so they are read through L2 (ld.global.cg), not
 // the read-only path.
+// keep_logits: stop before the sigmoid (the plain router then chooses by the logits).
 template <int kPerLane, bool kLogitsWrittenHere>
 __device__ __forceinline__ void router_scores(const RouterParams& p, int64_t token, int lane,
-                                              float (&score)[kPerLane]) {
+                                              float (&score)[kPerLane], bool keep_logits = false) {
   const int num_experts = static_cast<int>(p.num_experts);
   const float* row = p.logits + token * p.num_experts;  // [E]
   if (p.noise_keys != nullptr) {  // the logits replaced by the noise: not read
@@ -92,6 +93,7 @@ __device__ __forceinline__ void router_scores(const RouterParams& p, int64_t tok
   }
 
   if (p.score == RouterScore::kTopkSoftmax) return;  // the picks' weights are softmaxed later
+  if (keep_logits) return;
   if (p.score == RouterScore::kSoftmax) {
     float local_max = -INFINITY;
 #pragma unroll
@@ -172,9 +174,16 @@ __device__ inline void route_token_plain(const RouterParams& p, int64_t token, i
   if (device::router_padding_token(p, token, lane)) return;
 
   // Slots past E, and experts already picked, hold -inf: never chosen since scores are >= 0
-  // (kTopkSoftmax: finite logits, which -inf never beats either).
+  // (kTopkSoftmax and the sigmoid router: finite logits, which -inf never beats either).
+  // A plain sigmoid router chooses by the logits, as moe::route: float sigmoid saturates at 1
+  // past a logit of about 17, where the logits still tell experts apart (Llama 4). The same
+  // picks as by the sigmoid otherwise, and the same weights.
+  const bool by_logits = p.score == RouterScore::kSigmoid;
   float score[kPerLane];
-  device::router_scores<kPerLane, kLogitsWrittenHere>(p, token, lane, score);
+  device::router_scores<kPerLane, kLogitsWrittenHere>(p, token, lane, score, by_logits);
+  auto weight_of = [&](float picked) {
+    return by_logits ? 1.0f / (1.0f + expf(-picked)) : picked;
+  };
 
   float my_score = 0.0f;  // lane k: the k-th pick
   int32_t my_id = 0;
@@ -195,7 +204,7 @@ __device__ inline void route_token_plain(const RouterParams& p, int64_t token, i
       my_score = best;
       my_id = best_id;
     }
-    picked_sum += best;
+    picked_sum += weight_of(best);
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j) {
       if (j * device::kWarpSize + lane == best_id) score[j] = -INFINITY;
@@ -204,7 +213,7 @@ __device__ inline void route_token_plain(const RouterParams& p, int64_t token, i
 
   const float weight = p.score == RouterScore::kTopkSoftmax
                            ? device::topk_softmax_weight(p, my_score, lane)
-                           : my_score * device::router_scale(p, picked_sum);
+                           : weight_of(my_score) * device::router_scale(p, picked_sum);
   if (lane < top_k) {
     p.topk_ids[token * p.top_k + lane] = my_id;
     p.topk_weights[token * p.top_k + lane] = weight;

@@ -1162,8 +1162,9 @@ int64_t CudaDecoder::attention_chunk_of(const LayerPlan& plan) const {
 }
 
 bool CudaDecoder::interleaved_rope(int64_t layer) const {
+  // Llama 4's NoPE layers take attention_inputs with rope = false and never ask.
   MOE_CHECK(plans_[layer].position == PositionEncoding::kRope, "layer ", layer,
-            " has no RoPE (NoPE): the GPU decoder does not run such layers");
+            " has no RoPE (NoPE): only the fused attention-input path runs such layers");
   switch (plans_[layer].rope) {
     case RopePairing::kHalves:
       return false;
