@@ -126,6 +126,31 @@ TEST(CudaAttentionChecks, RefuseBadShapes) {
   expect_error_naming([&] { prefill_attention(pp, nullptr); }, "are exclusive");
 }
 
+// A chunked layer's query sees at most attention_chunk keys: its splits and workspace are
+// planned as a sliding window of that width would be, never over the whole context.
+TEST(CudaAttentionChecks, ChunkedAttentionPlansOverOneChunk) {
+  for (const bool tensor_cores : {true, false})
+    for (const int64_t fixed_chunk : {int64_t{0}, int64_t{256}}) {
+      if (fixed_chunk > 0 && !tensor_cores) continue;  // the CUDA-core kernel refuses them
+      PagedDecodeParams chunked{.num_seqs = 3, .num_q_heads = 40, .num_kv_heads = 8,
+                                .head_dim = 128, .block_size = 16, .max_blocks_per_seq = 4096,
+                                .max_seq_len = 65536, .scale = 0.1f, .attention_chunk = 8192,
+                                .tensor_cores = tensor_cores, .fixed_chunk = fixed_chunk};
+      PagedDecodeParams windowed = chunked;
+      windowed.attention_chunk = 0;
+      windowed.sliding_window = 8192;
+      const DecodeSplit a = paged_decode_split(chunked), b = paged_decode_split(windowed);
+      EXPECT_EQ(a.chunk, b.chunk);
+      EXPECT_EQ(a.num_splits, b.num_splits);
+      EXPECT_LE(a.chunk * (a.num_splits - 1), 8192) << "a split past the chunk's keys";
+      EXPECT_EQ(paged_decode_workspace_size(chunked), paged_decode_workspace_size(windowed));
+      EXPECT_EQ(paged_decode_workspace_bound(chunked), paged_decode_workspace_bound(windowed));
+      // A context shorter than the chunk: planned over the context.
+      chunked.max_seq_len = windowed.max_seq_len = 1000;
+      EXPECT_EQ(paged_decode_split(chunked).num_splits, paged_decode_split(windowed).num_splits);
+    }
+}
+
 TEST(CudaAttentionChecks, HeadDimsArePaddedToWhatTheDecodeKernelsTake) {
   const std::pair<int64_t, int64_t> padded[] = {{1, 64},    {64, 64},     {65, 128},   {200, 256},
                                                 {256, 256}, {257, 320},   {272, 320},  {320, 320},

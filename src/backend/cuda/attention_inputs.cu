@@ -22,13 +22,14 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kMaxHeadDim = 256;
 
-// The factor of AttentionInputsParams::temperature_*, 1 when off. Multiply and add rounded
+// The factor of AttentionInputsParams::temperature_*, 1 when off. The division correctly
+// rounded (floor of an exact quotient must not fall one short) and multiply and add rounded
 // apart (no fma), as the CPU's float32 expression.
 __device__ __forceinline__ float query_temperature(const AttentionInputsParams& p,
                                                    int32_t position) {
   if (p.temperature_floor_scale <= 0) return 1.0f;
-  const float steps = floorf((static_cast<float>(position) + 1.0f) /
-                             static_cast<float>(p.temperature_floor_scale));
+  const float steps = floorf(__fdiv_rn(static_cast<float>(position) + 1.0f,
+                                      static_cast<float>(p.temperature_floor_scale)));
   return __fadd_rn(__fmul_rn(log1pf(steps), p.temperature_scale), 1.0f);
 }
 
