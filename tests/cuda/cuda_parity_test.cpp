@@ -189,14 +189,13 @@ void every_fixture_on_every_route() {
   EXPECT_GE(agreement, kMinTop1Agreement);
 }
 
-// GPT-OSS's fixtures alone (float32, bf16 with head dim 24, MXFP4 experts): attention sinks,
-// sliding layers between full ones, the router's bias and top-k softmax, expert biases and the
-// clamped SwiGLU, under the same bounds (they are in the test above too; this one names them).
-void gpt_oss_fixtures_on_every_route() {
+// One family's fixtures alone (`count` of them, named `prefix`...), under the same bounds:
+// they are in the test above too, and this one names them.
+void family_fixtures_on_every_route(const std::string& prefix, int64_t count) {
   Agreement total;
   int64_t fixtures = 0;
   for (const std::string& name : testing_support::model_fixture_names()) {
-    if (name.rfind("gpt_oss", 0) != 0) continue;
+    if (name.rfind(prefix, 0) != 0) continue;
     SCOPED_TRACE(name);
     const ModelConfig config =
         load_model_config(testing_support::kModelFixtures / name / "config.json");
@@ -204,32 +203,21 @@ void gpt_oss_fixtures_on_every_route() {
     check_fixture(name, total);
     ++fixtures;
   }
-  EXPECT_EQ(fixtures, 3) << "gpt_oss fixtures under " << testing_support::kModelFixtures;
+  EXPECT_EQ(fixtures, count) << prefix << " fixtures under " << testing_support::kModelFixtures;
   ASSERT_GT(total.positions, 0);
   EXPECT_GE(static_cast<double>(total.same_top1) / total.positions, kMinTop1Agreement);
 }
 
-// Llama 4's fixtures alone (llama4_text float32, llama4 with a vision tower in bf16): chunked
-// local attention (chunks of 4 positions, so every route crosses chunk starts, the chunked
-// route's second half included), a NoPE layer with the query temperature (floor_scale 4), the
-// weightless q/k norm after RoPE, interleaved dense and MoE layers, a top-1 sigmoid router whose
-// weight multiplies the expert's input and an ungated shared expert; same bounds.
-void llama4_fixtures_on_every_route() {
-  Agreement total;
-  int64_t fixtures = 0;
-  for (const std::string& name : testing_support::model_fixture_names()) {
-    if (name.rfind("llama4", 0) != 0) continue;
-    SCOPED_TRACE(name);
-    const ModelConfig config =
-        load_model_config(testing_support::kModelFixtures / name / "config.json");
-    ASSERT_FALSE(gpu_unsupported(config).has_value()) << *gpu_unsupported(config);
-    check_fixture(name, total);
-    ++fixtures;
-  }
-  EXPECT_EQ(fixtures, 2) << "llama4 fixtures under " << testing_support::kModelFixtures;
-  ASSERT_GT(total.positions, 0);
-  EXPECT_GE(static_cast<double>(total.same_top1) / total.positions, kMinTop1Agreement);
-}
+// GPT-OSS (float32, bf16 with head dim 24, MXFP4 experts): attention sinks, sliding layers
+// between full ones, the router's bias and top-k softmax, expert biases and the clamped SwiGLU.
+void gpt_oss_fixtures_on_every_route() { family_fixtures_on_every_route("gpt_oss", 3); }
+
+// Llama 4 (llama4_text float32, llama4 with a vision tower in bf16): chunked local attention
+// (chunks of 4 positions, so every route crosses chunk starts, the chunked route's second half
+// included), a NoPE layer with the query temperature (floor_scale 4), the weightless q/k norm
+// after RoPE, interleaved dense and MoE layers, a top-1 sigmoid router whose weight multiplies
+// the expert's input and an ungated shared expert.
+void llama4_fixtures_on_every_route() { family_fixtures_on_every_route("llama4", 2); }
 
 [[maybe_unused]] const bool kRegistered = [] {
   if (!cuda::testing_util::cuda_device_present("parity")) return false;

@@ -28,6 +28,18 @@ constexpr int64_t kDecodeMaxChunk = 512;
 
 bool wide_head_dim(const PagedDecodeParams& p) { return p.head_dim > 256; }
 
+// A launch's first visible key: a sliding window W or Llama 4's attention chunk C, not both.
+void check_first_key_rule(int64_t sliding_window, int64_t attention_chunk) {
+  MOE_CHECK(sliding_window >= 0, "sliding_window = ", sliding_window,
+            " must be 0 (none) or positive");
+  MOE_CHECK(attention_chunk >= 0, "attention_chunk = ", attention_chunk,
+            " must be 0 (none) or positive");
+  MOE_CHECK(attention_chunk == 0 || sliding_window == 0, "attention_chunk = ", attention_chunk,
+            " and sliding_window = ", sliding_window,
+            " are exclusive (one first-key rule per launch)");
+  detail::check_int32_range(attention_chunk, "attention_chunk");
+}
+
 // Whether the launch reads fp8 rows (any of the four fp8 pointers set; the checks then want all).
 bool decode_kv_fp8(const PagedDecodeParams& p) {
   return p.k_codes || p.v_codes || p.k_scales || p.v_scales;
@@ -52,14 +64,7 @@ void check_decode(const PagedDecodeParams& p) {
   detail::check_int32_range(p.max_seq_len, "max_seq_len");
   detail::check_int32_range(p.num_blocks * p.block_size, "num_blocks * block_size");
   MOE_CHECK(p.scale > 0.0f, "scale = ", p.scale, " must be positive");
-  MOE_CHECK(p.sliding_window >= 0, "sliding_window = ", p.sliding_window,
-            " must be 0 (none) or positive");
-  MOE_CHECK(p.attention_chunk >= 0, "attention_chunk = ", p.attention_chunk,
-            " must be 0 (none) or positive");
-  MOE_CHECK(p.attention_chunk == 0 || p.sliding_window == 0, "attention_chunk = ",
-            p.attention_chunk, " and sliding_window = ", p.sliding_window,
-            " are exclusive (one first-key rule per launch)");
-  detail::check_int32_range(p.attention_chunk, "attention_chunk");
+  check_first_key_rule(p.sliding_window, p.attention_chunk);
   MOE_CHECK(p.fixed_chunk >= 0 && p.fixed_chunk % 32 == 0, "fixed_chunk = ", p.fixed_chunk,
             " must be 0 or a positive multiple of 32");
   MOE_CHECK(p.fixed_chunk == 0 || p.tensor_cores || wide_head_dim(p),
@@ -312,14 +317,7 @@ void prefill_attention(const PrefillParams& p, cudaStream_t stream) {
   detail::check_int32_range(p.num_tokens * p.num_q_heads * p.head_dim,
                             "num_tokens * num_q_heads * head_dim");
   MOE_CHECK(p.scale > 0.0f, "scale = ", p.scale, " must be positive");
-  MOE_CHECK(p.sliding_window >= 0, "sliding_window = ", p.sliding_window,
-            " must be 0 (none) or positive");
-  MOE_CHECK(p.attention_chunk >= 0, "attention_chunk = ", p.attention_chunk,
-            " must be 0 (none) or positive");
-  MOE_CHECK(p.attention_chunk == 0 || p.sliding_window == 0, "attention_chunk = ",
-            p.attention_chunk, " and sliding_window = ", p.sliding_window,
-            " are exclusive (one first-key rule per launch)");
-  detail::check_int32_range(p.attention_chunk, "attention_chunk");
+  check_first_key_rule(p.sliding_window, p.attention_chunk);
   if (p.num_tokens == 0) return;
   detail::check_pointer(p.q, "q");
   detail::check_pointer(p.k, "k");
