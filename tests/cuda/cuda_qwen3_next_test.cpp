@@ -7,7 +7,12 @@
 //   reused slot a decode-graph step in which a new one-token sequence takes over the state slot
 //               a finished sequence left full: the kernels must start it from zeros, inside the
 //               graph replay, as the CPU's reset does
-// Bounds: relative logit error <= 2e-2 on every route (the parity test's), no routing mismatch.
+//   engine      the cuda engine with --deterministic (batch-invariant kernels): five greedy
+//               requests batched with chunked prefill, more requests than state slots, and
+//               preemption by recompute each give exactly the tokens every request gives alone,
+//               so the scheduler's slots reach the device state and a recompute restarts it
+// Bounds: relative logit error <= 2e-2 on every route (the parity test's), no routing mismatch;
+// the engine's tokens equal.
 // Registered only where a CUDA device is visible.
 #if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
 
@@ -19,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "../support/engine_runs.h"
 #include "../support/model_fixtures.h"
 #include "cuda_test_util.h"
 #include "gpu_cpu_compare.h"
@@ -109,12 +115,70 @@ void reused_slot_starts_from_zeros() {
   }
 }
 
+std::unique_ptr<Engine> cuda_engine(const std::filesystem::path& dir, EngineConfig config) {
+  config.device = "cuda";
+  config.max_model_len = 64;
+  config.gpu_memory_fraction = 0.5;
+  config.deterministic = true;
+  return Engine::load(dir, config);
+}
+
+void engine_runs_each_request_as_alone() {
+  for (const char* name : {"qwen3_next_bf16", "qwen3_5_moe_f32"}) {
+    SCOPED_TRACE(name);
+    const auto dir = testing_support::kModelFixtures / name;
+    const std::vector<std::vector<int32_t>> prompts = {
+        {5, 17, 301, 44, 9, 120, 7, 66, 210}, {3, 77, 12}, {400, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13},
+        {250, 251, 9, 9, 9, 9}, {31, 41, 59, 26, 53, 58, 97, 93, 23, 84, 62}};
+    const GenerationParams greedy{.max_tokens = 20, .ignore_eos = true};
+    std::vector<std::vector<int32_t>> alone;
+    {
+      auto engine = cuda_engine(dir, {.max_num_seqs = 1, .block_size = 8, .num_kv_blocks = 16});
+      for (const auto& p : prompts) {
+        engine->add_request(p, greedy);
+        alone.push_back(testing::run_requests(*engine).begin()->second.tokens);
+        ASSERT_EQ(alone.back().size(), 20u);
+      }
+    }
+    struct Case {
+      const char* what;
+      EngineConfig config;
+      bool preempts;
+    };
+    const Case cases[] = {
+        {"batched, chunks of 5 tokens",
+         {.max_num_seqs = 4, .max_num_batched_tokens = 5, .block_size = 8, .num_kv_blocks = 32},
+         false},
+        {"2 state slots for 5 requests", {.max_num_seqs = 2, .block_size = 8, .num_kv_blocks = 32},
+         false},
+        // 8 blocks of 8 tokens: one and a half requests' worth.
+        {"preemption by recompute", {.max_num_seqs = 4, .block_size = 8, .num_kv_blocks = 8},
+         true},
+    };
+    for (const Case& c : cases) {
+      SCOPED_TRACE(c.what);
+      auto engine = cuda_engine(dir, c.config);
+      std::vector<RequestId> ids;
+      for (const auto& p : prompts) ids.push_back(engine->add_request(p, greedy));
+      auto runs = testing::run_requests(*engine);
+      for (size_t i = 0; i < ids.size(); ++i) {
+        EXPECT_EQ(runs[ids[i]].tokens, alone[i]) << "request " << i;
+      }
+      if (c.preempts) EXPECT_GT(engine->stats().num_preemptions, 0);
+      EXPECT_EQ(engine->stats().num_running, 0);
+    }
+  }
+}
+
 [[maybe_unused]] const bool kRegistered = [] {
   if (!cuda::testing_util::cuda_device_present("Qwen3-Next decoder")) return false;
   cuda::testing_util::register_kernel_test("CudaQwen3Next", "ScheduledStepsMatchTheCpu",
                                            scheduled_steps_match_cpu, __FILE__, __LINE__);
   cuda::testing_util::register_kernel_test("CudaQwen3Next", "ReusedSlotStartsFromZerosInAGraph",
                                            reused_slot_starts_from_zeros, __FILE__, __LINE__);
+  cuda::testing_util::register_kernel_test("CudaQwen3Next", "EngineRunsEachRequestAsAlone",
+                                           engine_runs_each_request_as_alone, __FILE__,
+                                           __LINE__);
   return true;
 }();
 
