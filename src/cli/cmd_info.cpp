@@ -66,7 +66,8 @@ nlohmann::ordered_json gpu_memory_json(const GpuMemoryReport& m) {
           {"workspace_bytes", m.workspace_bytes}, {"kv_bytes", m.kv_bytes},
           {"kv_bytes_per_token", m.kv_bytes_per_token}, {"num_kv_blocks", m.num_kv_blocks},
           {"block_size", m.block_size},
-          {"kv_tokens", m.num_kv_blocks * m.block_size}};
+          {"kv_tokens", m.num_kv_blocks * m.block_size},
+          {"state_bytes", m.state_bytes}, {"num_state_slots", m.num_state_slots}};
 }
 
 void print_gpu_memory(const GpuMemoryReport& m) {
@@ -80,6 +81,11 @@ void print_gpu_memory(const GpuMemoryReport& m) {
               static_cast<long long>(m.block_size),
               static_cast<long long>(m.num_kv_blocks * m.block_size),
               static_cast<long long>(m.kv_bytes_per_token));
+  if (m.num_state_slots > 0) {  // linear-attention layers' recurrent state, a slot per sequence
+    std::printf("  state      %10.3f GiB  (%lld sequences x %lld B)\n", m.state_bytes / GiB,
+                static_cast<long long>(m.num_state_slots),
+                static_cast<long long>(m.state_bytes_per_slot));
+  }
 }
 
 }  // namespace

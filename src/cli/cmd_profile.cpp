@@ -200,9 +200,10 @@ class Workload {
     }
   }
 
-  // Sequence b's recurrent state slot on the CPU (models with linear-attention layers), else -1.
+  // Sequence b's recurrent state slot (models with linear-attention layers), else -1: the host
+  // pool's on the CPU, the device's on cuda (max_num_seqs = batch slots either way).
   int32_t state_slot(int64_t b) const {
-    return !gpu_ && config_.linear_attention ? static_cast<int32_t>(b) : -1;
+    return config_.linear_attention ? static_cast<int32_t>(b) : -1;
   }
 
   // One forward pass on the chosen device (stages time themselves when a profiler is active:

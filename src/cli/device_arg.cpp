@@ -404,7 +404,9 @@ void SequenceRunner::forward(std::span<const int32_t> tokens, std::span<float> l
             " tokens exceeds the context limit of ", capacity_);
   ForwardBatch batch{
       .sequences = {SequenceBatch{
-          .tokens = tokens, .position = length_, .block_table = block_table_, .want_logits = true}},
+          .tokens = tokens, .position = length_, .block_table = block_table_, .want_logits = true,
+          // The one sequence's recurrent state (linear-attention layers): slot 0.
+          .state_slot = gpu_->num_state_slots() > 0 ? 0 : -1}},
       .all_positions = all_positions};
   gpu_->forward(batch, logits);
   length_ += n;

@@ -10,32 +10,13 @@
 namespace moeinfer {
 
 std::optional<std::string> gpu_unsupported(const ModelConfig& config) {
-  // Qwen3-Next / Qwen3.5-MoE: Gated DeltaNet layers with a per-sequence recurrent state, the
-  // attention output gate and zero-centred norms are not in the CUDA kernels.
-  if (config.num_linear_layers() > 0) {
-    std::string layers;
-    for (int64_t l = 0; l < config.num_layers; ++l) {
-      if (!config.is_linear_layer(l)) continue;
-      if (layers.size() > 40) {
-        layers += ", ...";
-        break;
-      }
-      layers += (layers.empty() ? "" : ", ") + std::to_string(l);
-    }
-    return config.model_type + ": the Gated DeltaNet linear-attention layers (" + layers + "; " +
-           std::to_string(config.num_linear_layers()) + " of " + std::to_string(config.num_layers) +
-           ") and their recurrent state are not implemented on the CUDA backend; run with "
-           "--device cpu";
-  }
-  if (config.attention_output_gate) {
+  // Qwen3-Next / Qwen3.5-MoE run: Gated DeltaNet layers (backend/cuda/gated_delta_net.h) with
+  // their recurrent state in device slots, the attention output gate, zero-centred norms (1 + w
+  // at upload), partial RoPE.
+  if (config.num_linear_layers() > 0 && config.num_kv_layers() == 0) {
     return config.model_type +
-           ": the attention output gate is not implemented on the CUDA backend; run with "
-           "--device cpu";
-  }
-  if (config.norm_weight_offset) {
-    return config.model_type +
-           ": zero-centred RMSNorm weights are not implemented on the CUDA backend; run with "
-           "--device cpu";
+           ": every layer is linear attention; the CUDA backend needs at least one layer with a "
+           "KV cache; run with --device cpu";
   }
   // GPT-OSS (attention sinks, per-layer sliding windows, the router's bias and top-k softmax,
   // expert biases, the clamped SwiGLU) runs; its --expert-budget is refused at create
@@ -50,6 +31,12 @@ void check_gpu_support(const ModelConfig& config) {
 }
 
 std::optional<std::string> gpu_offload_unsupported(const ModelConfig& config) {
+  if (config.num_linear_layers() > 0) {
+    return config.model_type +
+           ": --expert-budget on cuda is not supported yet for models with Gated DeltaNet "
+           "layers (the expert cache has not been held to the CPU with a recurrent state); run "
+           "without --expert-budget (every expert resident) or with --device cpu";
+  }
   // The cache moves the experts' matrices and computes cold ones on the host as SiLU-gated
   // experts without biases (CachedExperts::compute_on_host), on the unweighted hidden rows.
   if (config.routing_weight_on_input) {

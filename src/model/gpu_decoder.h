@@ -114,6 +114,11 @@ struct GpuMemoryReport {
   int64_t kv_bytes_per_token = 0;
   int64_t num_kv_blocks = 0;
   int64_t block_size = 0;
+  // The recurrent state of linear-attention layers (Qwen3-Next's Gated DeltaNet): a fixed slot
+  // per sequence (GpuOptions::max_num_seqs of them), taken before the KV pool; 0 without.
+  int64_t state_bytes = 0;
+  int64_t state_bytes_per_slot = 0;
+  int64_t num_state_slots = 0;
   // Offloaded experts: their pinned host home, and the device cache (included in weight_bytes).
   int64_t expert_home_bytes = 0;
   int64_t expert_cache_bytes = 0;
@@ -135,13 +140,15 @@ struct GpuSamplingRow {
   uint64_t step = 0;  // tokens this request sampled before
 };
 
-// What the GPU decoder lacks to compute a config's model, or nullopt when it computes it.
+// What the GPU decoder lacks to compute a config's model, or nullopt when it computes it (every
+// family moeinfer loads, Qwen3-Next's Gated DeltaNet layers included, runs now).
 std::optional<std::string> gpu_unsupported(const ModelConfig& config);
 // Throws with that reason (both create functions call it first, before any device work).
 void check_gpu_support(const ModelConfig& config);
 
 // What the GPU's expert cache (--expert-budget) lacks to offload this config's experts, or
-// nullopt: GPT-OSS's expert biases and clamped SwiGLU are not carried by its host compute yet.
+// nullopt: GPT-OSS's expert biases and clamped SwiGLU are not carried by its host compute yet,
+// and models with a recurrent state (Qwen3-Next) have not been held to the CPU with it.
 // Needs no device.
 std::optional<std::string> gpu_offload_unsupported(const ModelConfig& config);
 // Throws with that reason when `offload` is enabled (the create functions call it).
@@ -177,6 +184,10 @@ class GpuDecoder {
   virtual int64_t num_kv_blocks() const = 0;
   virtual int64_t block_size() const = 0;
   virtual int64_t max_model_len() const = 0;
+  // Sequences whose recurrent state the device holds at once (max_num_seqs), for a model with
+  // linear-attention layers; 0 otherwise. SequenceBatch::state_slot names one of them, as on the
+  // CPU (the engine's StateSlots hand them out).
+  virtual int64_t num_state_slots() const = 0;
 
   // The contract of Decoder::forward(batch, pool, logits), with block ids naming blocks of the
   // device pool. logits: Decoder::num_logit_rows(batch) rows of V floats, copied to the host.

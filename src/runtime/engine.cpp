@@ -200,7 +200,9 @@ Engine::Engine(std::unique_ptr<Model> model, std::unique_ptr<GpuDecoder> gpu, To
       blocks_(gpu_ ? gpu_->num_kv_blocks() : pool_.num_blocks(),
               gpu_ ? gpu_->block_size() : config.block_size,
               prefix_caching_for(model_config_, config)),
-      state_slots_(pool_.recurrent_state().num_slots()),
+      // Recurrent state slots (linear-attention layers): the device's on cuda, as many as the
+      // host pool holds otherwise.
+      state_slots_(gpu_ ? gpu_->num_state_slots() : pool_.recurrent_state().num_slots()),
       scheduler_({.max_num_seqs = config.max_num_seqs,
                   .max_num_batched_tokens = config.max_num_batched_tokens},
                  blocks_, state_slots_.num_slots() > 0 ? &state_slots_ : nullptr),

@@ -95,13 +95,17 @@ void check_fixture(const std::string& name, Agreement& total) {
                                            .num_kv_blocks = 6 * kBlocksPerSeq,
                                            .quiet = true});
   const float* ref_rows = expected.data.data();
+  // A recurrent state slot per sequence (Qwen3-Next's Gated DeltaNet layers; -1 elsewhere): the
+  // routes below reuse slots 0..2, each sequence starting at position 0 from a zeroed state.
+  const auto slot = [&](int32_t s) { return config.linear_attention ? s : -1; };
 
   // prefill
   Agreement prefill;
   {
     const auto table = blocks(0, kBlocksPerSeq);
     std::vector<float> logits(n * V, NAN);
-    gpu->forward({.sequences = {{.tokens = prompt, .position = 0, .block_table = table}},
+    gpu->forward({.sequences = {{.tokens = prompt, .position = 0, .block_table = table,
+                                 .state_slot = slot(0)}},
                   .all_positions = true},
                  logits);
     for (int64_t t = 0; t < n; ++t) prefill.add_row(&logits[t * V], ref_rows + t * V, V);
@@ -113,11 +117,12 @@ void check_fixture(const std::string& name, Agreement& total) {
     const int64_t half = n / 2;
     const std::span<const int32_t> all(prompt);
     std::vector<float> first((half)*V), second((n - half) * V, NAN);
-    gpu->forward({.sequences = {{.tokens = all.first(half), .position = 0, .block_table = table}},
+    gpu->forward({.sequences = {{.tokens = all.first(half), .position = 0, .block_table = table,
+                                 .state_slot = slot(1)}},
                   .all_positions = true},
                  first);
     gpu->forward({.sequences = {{.tokens = all.subspan(half), .position = half,
-                                 .block_table = table}},
+                                 .block_table = table, .state_slot = slot(1)}},
                   .all_positions = true},
                  second);
     for (int64_t t = half; t < n; ++t) {
@@ -137,7 +142,7 @@ void check_fixture(const std::string& name, Agreement& total) {
       for (int s = 0; s < 3; ++s) {
         batch.sequences.push_back(
             {.tokens = std::span<const int32_t>(sequence).subspan(t, 1), .position = t,
-             .block_table = tables[s]});
+             .block_table = tables[s], .state_slot = slot(s)});
       }
       std::fill(logits.begin(), logits.end(), NAN);
       gpu->forward(batch, logits);
@@ -219,6 +224,15 @@ void gpt_oss_fixtures_on_every_route() { family_fixtures_on_every_route("gpt_oss
 // the expert's input and an ungated shared expert.
 void llama4_fixtures_on_every_route() { family_fixtures_on_every_route("llama4", 2); }
 
+// Qwen3-Next (float32, bf16) and Qwen3.5-MoE's text model (float32, bf16): Gated DeltaNet layers
+// between gated full-attention ones (the conv and delta rule state carried across the chunked
+// route's two steps and every decode step, per sequence in its own slot), partial RoPE,
+// zero-centred norms, a sigmoid-gated shared expert.
+void qwen3_next_fixtures_on_every_route() {
+  family_fixtures_on_every_route("qwen3_next", 2);
+  family_fixtures_on_every_route("qwen3_5_moe", 2);
+}
+
 [[maybe_unused]] const bool kRegistered = [] {
   if (!cuda::testing_util::cuda_device_present("parity")) return false;
   cuda::testing_util::register_kernel_test("CudaParity", "EveryFixtureMatchesTheReferenceOnEveryRoute",
@@ -227,6 +241,9 @@ void llama4_fixtures_on_every_route() { family_fixtures_on_every_route("llama4",
                                            gpt_oss_fixtures_on_every_route, __FILE__, __LINE__);
   cuda::testing_util::register_kernel_test("CudaParity", "Llama4FixturesMatchTheReference",
                                            llama4_fixtures_on_every_route, __FILE__, __LINE__);
+  cuda::testing_util::register_kernel_test("CudaParity", "Qwen3NextFixturesMatchTheReference",
+                                           qwen3_next_fixtures_on_every_route, __FILE__,
+                                           __LINE__);
   return true;
 }();
 

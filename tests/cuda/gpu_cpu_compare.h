@@ -156,8 +156,15 @@ inline ConfigResult compare_gpu_with_cpu(const ModelConfig& c, const DecoderWeig
   Decoder cpu(c, weights);
   const int64_t key_width = c.mla ? c.mla->cache_width() : c.kv_dim();
   const int64_t value_width = c.mla ? 0 : c.kv_dim();
+  // Models with linear-attention layers: the schedule's three sequences hold state slots 0..2
+  // (the GPU's are its max_num_seqs = 4).
+  const int64_t state_slots = c.linear_attention ? 3 : 0;
+  const auto layout = [&](KvDType dtype) {
+    return dtype == KvDType::kFP8 || state_slots > 0 ? kv_pool_layout(c, state_slots, dtype)
+                                                     : KvPoolLayout{};
+  };
   KvBlockPool pool(c.num_layers, key_width, value_width, block_size, schedule.num_blocks,
-                   fp8 ? kv_pool_layout(c, 0, KvDType::kFP8) : KvPoolLayout{});
+                   layout(fp8 ? KvDType::kFP8 : KvDType::kF32));
   auto gpu = GpuDecoder::create(c, weights,
                                 GpuOptions{.weight_dtype = weight_dtype,
                                            .max_batch_tokens = 64,
@@ -173,7 +180,8 @@ inline ConfigResult compare_gpu_with_cpu(const ModelConfig& c, const DecoderWeig
   std::optional<KvBlockPool> pool_f32;
   if (fp8) {
     cpu_f32.emplace(c, weights);
-    pool_f32.emplace(c.num_layers, key_width, value_width, block_size, schedule.num_blocks);
+    pool_f32.emplace(c.num_layers, key_width, value_width, block_size, schedule.num_blocks,
+                     layout(KvDType::kF32));
   }
   ConfigResult result;
   result.gpu_kv_bytes_per_token = gpu->memory().kv_bytes_per_token;

@@ -90,7 +90,7 @@ namespace {
 
 // Qwen3-Next: KV rows only in the full-attention layers and the linear layers' recurrent state per
 // sequence, both as the engine's pool (Decoder::make_pool, the layout Engine uses) allocates them;
-// the GPU decoder refuses the model, so the plan runs it on the CPU.
+// the fixtures fit one GPU whole, so the plan runs them there.
 TEST(CapacityPlan, LinearAttentionKvAndStateMatchThePool) {
   for (const char* name : {"qwen3_next_f32", "qwen3_next_bf16", "qwen3_5_moe_f32"}) {
     auto model =
@@ -102,7 +102,7 @@ TEST(CapacityPlan, LinearAttentionKvAndStateMatchThePool) {
     EXPECT_EQ(static_cast<size_t>(plan.state_bytes_per_sequence),
               pool.recurrent_state().shape().bytes_per_slot())
         << name;
-    EXPECT_EQ(plan.run_flags, "--device cpu") << name;
+    EXPECT_EQ(plan.run_flags, "--device cuda") << name;
   }
 }
 

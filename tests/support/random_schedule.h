@@ -78,9 +78,11 @@ inline Schedule make_schedule(int64_t vocab, uint64_t seed, int64_t block_size) 
     }
   }
   auto piece = [&](int i, int64_t position, int64_t count) {
+    // Sequence i's recurrent state is slot i (read only by models with linear-attention layers).
     return SequenceBatch{.tokens = std::span<const int32_t>(s.tokens[i]).subspan(position, count),
                          .position = position,
-                         .block_table = s.tables[i]};
+                         .block_table = s.tables[i],
+                         .state_slot = i};
   };
   // Prefill: the first two prompts together.
   s.steps.push_back(

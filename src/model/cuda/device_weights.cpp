@@ -49,6 +49,7 @@ struct Job {
   bool padded = false;        // the pieces leave zeros
   float fill_scale = 0.0f;    // synthetic: uniform in [-scale, scale) + offset
   float fill_offset = 0.0f;
+  float value_offset = 0.0f;  // added to every stored value (zero-centred norms: 1 + w)
   const void** target = nullptr;
   bool home = false;  // an offloaded expert matrix: lives in the pinned host home
   size_t bytes() const { return static_cast<size_t>(terms * rows * cols) * (f32 ? 4 : 2); }
@@ -162,6 +163,57 @@ void add_heads(Job& job, const TensorView& src, int64_t heads, int64_t D, int64_
   }
 }
 
+// A Gated DeltaNet layer's weights (`lw` null: synthetic). The in-projections become one
+// [q | k | v | z | b | a] matrix whatever the checkpoint's packing: Qwen3.5-MoE's four
+// projections stacked, Qwen3-Next's per-key-head groups ([q_g | k_g | v of its r value heads |
+// z of them], and [b of them | a of them]) taken apart.
+void add_linear_attention(const ModelConfig& c, const LinearAttentionWeights* lw, DeviceLayer& d,
+                          Layout& layout, int64_t Hp) {
+  const LinearAttentionConfig& lin = *c.linear_attention;
+  const int64_t H = c.hidden_size;
+  const int64_t Nk = lin.num_key_heads, Nv = lin.num_value_heads;
+  const int64_t Dk = lin.key_head_dim, Dv = lin.value_head_dim, r = Nv / Nk;
+  const int64_t C = lin.conv_dim(), Vd = lin.value_dim(), key_dim = lin.key_dim();
+  const int64_t z0 = C, b0 = C + Vd, a0 = C + Vd + Nv;
+  Job& in = layout.add(&d.lin_in, C + Vd + 2 * Nv, Hp);
+  in.padded = H != Hp;
+  if (lw != nullptr && !lw->in_proj_qkvz.empty()) {
+    const TensorView& qkvz = lw->in_proj_qkvz;
+    const TensorView& ba = lw->in_proj_ba;
+    const int64_t group = 2 * Dk + 2 * r * Dv;
+    for (int64_t g = 0; g < Nk; ++g) {
+      const int64_t s = g * group;
+      in.pieces.push_back({.src = qkvz, .src_row0 = s, .rows = Dk, .cols = H, .dst_row0 = g * Dk});
+      in.pieces.push_back(
+          {.src = qkvz, .src_row0 = s + Dk, .rows = Dk, .cols = H, .dst_row0 = key_dim + g * Dk});
+      in.pieces.push_back({.src = qkvz, .src_row0 = s + 2 * Dk, .rows = r * Dv, .cols = H,
+                           .dst_row0 = 2 * key_dim + g * r * Dv});
+      in.pieces.push_back({.src = qkvz, .src_row0 = s + 2 * Dk + r * Dv, .rows = r * Dv,
+                           .cols = H, .dst_row0 = z0 + g * r * Dv});
+      in.pieces.push_back(
+          {.src = ba, .src_row0 = g * 2 * r, .rows = r, .cols = H, .dst_row0 = b0 + g * r});
+      in.pieces.push_back(
+          {.src = ba, .src_row0 = g * 2 * r + r, .rows = r, .cols = H, .dst_row0 = a0 + g * r});
+    }
+  } else if (lw != nullptr) {
+    in.pieces.push_back({.src = lw->in_proj_qkv, .rows = C, .cols = H});
+    in.pieces.push_back({.src = lw->in_proj_z, .rows = Vd, .cols = H, .dst_row0 = z0});
+    in.pieces.push_back({.src = lw->in_proj_b, .rows = Nv, .cols = H, .dst_row0 = b0});
+    in.pieces.push_back({.src = lw->in_proj_a, .rows = Nv, .cols = H, .dst_row0 = a0});
+  }
+  static const TensorView kNone{};
+  Job& conv = layout.add(&d.lin_conv, C, lin.conv_kernel, /*f32=*/true);
+  if (lw) conv.pieces.push_back({.src = lw->conv1d, .rows = C, .cols = lin.conv_kernel});
+  Job& a_log = layout.add(&d.lin_a_log, 1, Nv, /*f32=*/true);
+  if (lw) a_log.pieces.push_back({.src = lw->a_log, .rows = 1, .cols = Nv});
+  Job& dt_bias = layout.add(&d.lin_dt_bias, 1, Nv, /*f32=*/true);
+  if (lw) dt_bias.pieces.push_back({.src = lw->dt_bias, .rows = 1, .cols = Nv});
+  Job& norm = layout.add(&d.lin_norm, 1, Dv, /*f32=*/true);
+  norm.fill_offset = 1.0f;
+  if (lw) norm.pieces.push_back({.src = lw->norm, .rows = 1, .cols = Dv});
+  layout.padded(&d.lin_out, lw ? lw->out_proj : kNone, H, Vd, Hp, Vd);
+}
+
 // The whole model's layout; `w` may be null (synthetic: shapes from the config only). Every
 // matrix that reads or writes the hidden state is Hp wide (zero columns or rows past H), so the
 // padded columns of the residual stream stay zero through every layer.
@@ -180,8 +232,11 @@ void build_layout(const ModelConfig& c, const DecoderWeights* w, bool offload_ex
     return layout.padded(target, v, H, cols, Hp, cols);
   };
 
+  // The decoder's norms (not the gated norm of linear attention, nor MLA's): 1 + w where the
+  // checkpoint stores zero-centred weights.
+  const float norm_offset = c.norm_weight_offset ? 1.0f : 0.0f;
   reads_hidden(&out.embed, w ? w->embed_tokens : kNone, V).fill_scale = 1.0f;
-  layout.norm(&out.final_norm, w ? w->final_norm : kNone, H, Hp);
+  layout.norm(&out.final_norm, w ? w->final_norm : kNone, H, Hp).value_offset = norm_offset;
   const bool tied = w ? w->lm_head.data == w->embed_tokens.data : c.tie_word_embeddings;
   if (!tied) reads_hidden(&out.lm_head, w ? w->lm_head : kNone, V);
 
@@ -189,10 +244,13 @@ void build_layout(const ModelConfig& c, const DecoderWeights* w, bool offload_ex
   for (int64_t l = 0; l < c.num_layers; ++l) {
     DeviceLayer& d = out.layers[l];
     const LayerWeights* lw = w ? &w->layers[l] : nullptr;
-    layout.norm(&d.input_norm, lw ? lw->input_norm : kNone, H, Hp);
-    layout.norm(&d.post_norm, lw ? lw->post_attention_norm : kNone, H, Hp);
+    layout.norm(&d.input_norm, lw ? lw->input_norm : kNone, H, Hp).value_offset = norm_offset;
+    layout.norm(&d.post_norm, lw ? lw->post_attention_norm : kNone, H, Hp).value_offset =
+        norm_offset;
 
-    if (c.mla) {
+    if (c.is_linear_layer(l)) {
+      add_linear_attention(c, lw ? &lw->linear_attention : nullptr, d, layout, Hp);
+    } else if (c.mla) {
       const MlaConfig& m = *c.mla;
       const int64_t qk = m.qk_head_dim(), L = m.kv_lora_rank, R = m.qk_rope_head_dim;
       const int64_t Lp = out.mla.latent, Rp = out.mla.rope;
@@ -219,10 +277,25 @@ void build_layout(const ModelConfig& c, const DecoderWeights* w, bool offload_ex
       writes_hidden(&d.mla_o, lw ? lw->mla.o_proj : kNone, c.num_heads * m.v_head_dim);
     } else {
       const int64_t Nqkv = (Nq + 2 * Nkv) * Dp;
-      Job& qkv = layout.add(&d.qkv, Nqkv, Hp);
+      const bool gate = c.attention_output_gate;
+      Job& qkv = layout.add(&d.qkv, Nqkv + (gate ? Nq * Dp : 0), Hp);
       qkv.padded = H != Hp;
-      if (lw) {
+      if (lw && gate) {
+        // q_proj is [Nq, 2D, H]: each head's query rows, then its gate rows; the gates go after v.
+        const TensorView& q = lw->attention.q_proj;
+        MOE_CHECK(view_rows(q) == 2 * Nq * D, "q_proj with an output gate has ", view_rows(q),
+                  " rows where ", 2 * Nq * D, " were expected");
+        qkv.padded = qkv.padded || D != Dp;
+        for (int64_t h = 0; h < Nq; ++h) {
+          qkv.pieces.push_back(
+              {.src = q, .src_row0 = 2 * h * D, .rows = D, .cols = H, .dst_row0 = h * Dp});
+          qkv.pieces.push_back({.src = q, .src_row0 = 2 * h * D + D, .rows = D, .cols = H,
+                                .dst_row0 = Nqkv + h * Dp});
+        }
+      } else if (lw) {
         add_heads(qkv, lw->attention.q_proj, Nq, D, Dp, 0, false);
+      }
+      if (lw) {
         add_heads(qkv, lw->attention.k_proj, Nkv, D, Dp, Nq, false);
         add_heads(qkv, lw->attention.v_proj, Nkv, D, Dp, Nq + Nkv, false);
       }
@@ -236,8 +309,8 @@ void build_layout(const ModelConfig& c, const DecoderWeights* w, bool offload_ex
         }
       }
       if (c.qk_norm_per_head) {
-        layout.norm(&d.q_norm, lw ? lw->attention.q_norm : kNone, D);
-        layout.norm(&d.k_norm, lw ? lw->attention.k_norm : kNone, D);
+        layout.norm(&d.q_norm, lw ? lw->attention.q_norm : kNone, D).value_offset = norm_offset;
+        layout.norm(&d.k_norm, lw ? lw->attention.k_norm : kNone, D).value_offset = norm_offset;
       } else if (c.qk_norm_full) {
         Job& qn = layout.add(&d.q_norm, 1, Nq * Dp);
         Job& kn = layout.add(&d.k_norm, 1, Nkv * Dp);
@@ -343,13 +416,14 @@ void build_layout(const ModelConfig& c, const DecoderWeights* w, bool offload_ex
 // Converts n stored values to bf16 (or float32) at dst: term 0 is bf16(w), term 1 the rest,
 // bf16(w - bf16(w)) (zero for a bf16 source).
 void convert_row(DType dtype, const void* src, size_t n, bool to_f32, int64_t term, void* dst,
-                 std::vector<float>& scratch) {
+                 std::vector<float>& scratch, float offset) {
   if (to_f32) {
     convert_to_f32(dtype, src, static_cast<float*>(dst), n);
+    for (size_t i = 0; offset != 0.0f && i < n; ++i) static_cast<float*>(dst)[i] += offset;
     return;
   }
   auto* out = static_cast<uint16_t*>(dst);
-  if (dtype == DType::kBF16) {
+  if (dtype == DType::kBF16 && offset == 0.0f) {
     if (term == 0) {
       std::memcpy(out, src, n * 2);
     } else {
@@ -359,6 +433,7 @@ void convert_row(DType dtype, const void* src, size_t n, bool to_f32, int64_t te
   }
   scratch.resize(n);
   convert_to_f32(dtype, src, scratch.data(), n);
+  for (size_t i = 0; offset != 0.0f && i < n; ++i) scratch[i] += offset;
   if (term == 0) {
     for (size_t i = 0; i < n; ++i) out[i] = f32_to_bf16(scratch[i]);
   } else {
@@ -387,7 +462,8 @@ void stage_rows(const Job& job, int64_t row_begin, int64_t row_end, int64_t term
                           (src_row * src_cols + p.src_col0) * static_cast<int64_t>(src_elem);
         char* dst = staging + static_cast<size_t>(r - row_begin) * row_bytes +
                     static_cast<size_t>(p.dst_col0) * elem;
-        convert_row(p.src.dtype, src, static_cast<size_t>(p.cols), job.f32, term, dst, scratch);
+        convert_row(p.src.dtype, src, static_cast<size_t>(p.cols), job.f32, term, dst, scratch,
+                    job.value_offset);
       }
     }, /*min_chunk=*/64);
   }
@@ -596,7 +672,8 @@ DeviceWeights synthetic_weights(const ModelConfig& config, uint64_t seed,
     const Job& job = layout.jobs()[j];
     void* dst = (job.home ? out.expert_home.get() : out.allocation.get()) + job.offset;
     if (job.f32) {
-      std::vector<float> values(static_cast<size_t>(job.rows * job.cols), 0.0f);
+      // Zeros (biases, sinks), or the job's constant (the gated norm's weight: 1).
+      std::vector<float> values(static_cast<size_t>(job.rows * job.cols), job.fill_offset);
       if (std::find(skew_jobs.begin(), skew_jobs.end(), j) != skew_jobs.end()) {
         std::vector<int64_t> rank(values.size());
         std::iota(rank.begin(), rank.end(), 0);

@@ -15,6 +15,8 @@
 // and the norms divide by H. Dp: the head dim rounded up to what the attention kernels compile
 // (64, 128, 256); Ip: the expert width rounded up to a multiple of 64 (the grouped GEMM's tile).
 // Padded rows and columns are zero, so they add nothing to any product.
+// Zero-centred norm weights (the config's norm_weight_offset, Qwen3-Next) are uploaded as 1 + w,
+// so the kernels see ordinary weights; the padding stays zero.
 //
 // Two weight terms (weight_terms = 2, a float32 or float16 checkpoint unless rounded on request):
 // bf16 keeps 8 significant bits, so each such weight w is held as hi = bf16(w) followed by
@@ -46,7 +48,9 @@ using bf16 = __nv_bfloat16;
 struct DeviceLayer {
   const bf16* input_norm = nullptr;  // [Hp]
   const bf16* post_norm = nullptr;   // [Hp]
-  // Standard attention.
+  // Standard attention. With the output gate (Qwen3-Next's gated attention, the config's
+  // attention_output_gate) qkv has Nq more heads after v: each query head's gate,
+  // [(2 Nq + 2 Nkv) Dp, Hp].
   const bf16* qkv = nullptr;       // [(Nq + 2 Nkv) Dp, Hp]
   const bf16* qkv_bias = nullptr;  // [(Nq + 2 Nkv) Dp] or null
   const bf16* q_norm = nullptr;    // [D] per head, or [Nq Dp] over the whole projection
@@ -54,6 +58,14 @@ struct DeviceLayer {
   const bf16* o_proj = nullptr;  // [Hp, Nq Dp]
   const bf16* o_bias = nullptr;  // [Hp] or null
   const float* sinks = nullptr;  // [Nq] attention sinks (GPT-OSS), float32, or null
+  // Gated DeltaNet (linear-attention layers), C = 2 Nk Dk + Nv Dv channels of [q | k | v]:
+  const bf16* lin_in = nullptr;     // [C + Nv Dv + 2 Nv, Hp]: q|k|v, z, b, a rows (de-interleaved
+                                    // from Qwen3-Next's per-key-head packing at upload)
+  const float* lin_conv = nullptr;  // [C, taps] the depthwise conv, float32
+  const float* lin_a_log = nullptr;    // [Nv] A_log, float32
+  const float* lin_dt_bias = nullptr;  // [Nv] float32
+  const float* lin_norm = nullptr;     // [Dv] the gated norm's weight (not zero-centred), float32
+  const bf16* lin_out = nullptr;       // [Hp, Nv Dv]
   // MLA.
   const bf16* q_proj = nullptr;     // [Nh qk, Hp] without a query bottleneck
   const bf16* q_a = nullptr;        // [q_lora, Hp]

@@ -30,6 +30,7 @@
 #include "backend/cuda/decoder_ops.h"
 #include "backend/cuda/dense_gemm.h"
 #include "backend/cuda/device_floors.h"
+#include "backend/cuda/gated_delta_net.h"
 #include "backend/cuda/grouped_gemm.h"
 #include "backend/cuda/mla_attention.h"
 #include "backend/cuda/moe_stages.h"
@@ -42,6 +43,7 @@
 #include "model/family.h"
 #include "model/gpu_decoder.h"
 #include "model/layer_plan.h"
+#include "model/model_facts.h"
 #include "model/rope.h"
 #include "offload/parse_options.h"
 #include "profile/profiler.h"
@@ -60,6 +62,8 @@ constexpr double kMaxWorkspaceShare = 0.5;
 constexpr int64_t kSmallMoeDefaultRows = 0;
 constexpr int64_t kMinContextBucket = 256;
 constexpr float kMlaNormEps = 1e-6f;
+// Gated DeltaNet L2-normalises q and k with this epsilon inside the square root (as the CPU).
+constexpr float kLinearL2NormEps = 1e-6f;
 // Records a stage event. Under stream capture a plain cudaEventRecord only orders streams inside
 // the graph; cudaEventRecordExternal makes it an event-record node that fires on every replay,
 // so the events of a profiled graph can be timed (the flag is refused outside a capture).
@@ -80,6 +84,11 @@ int64_t next_pow2(int64_t v) {
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Qwen3-Next / Qwen3.5-MoE: Gated DeltaNet layers, each with a recurrent state per sequence.
+bool has_linear_layers(const ModelConfig& c) {
+  return c.linear_attention.has_value() && c.num_linear_layers() > 0;
+}
 
 enum class Route { kDecode, kPrefill, kPerQuery };
 
@@ -104,8 +113,12 @@ struct Meta {
   // [Tcap] a synthetic uniform router's per-token keys (RouterParams::noise_keys): a new key for
   // every token of every step, or null when no layer routes by noise.
   int32_t* route_keys = nullptr;
+  // [Tcap] per sequence, its recurrent state slot (-1: a graph bucket's padding), with models
+  // that have Gated DeltaNet layers; else null.
+  int32_t* state_slots = nullptr;
 
-  void carve(Carver& c, int64_t tcap, int64_t rcap, int64_t max_blocks, bool keys) {
+  void carve(Carver& c, int64_t tcap, int64_t rcap, int64_t max_blocks, bool keys,
+             bool states) {
     num_valid = c.take<int32_t>(tcap + 1);
     ids = num_valid ? num_valid + 1 : nullptr;
     positions = c.take<int32_t>(tcap);
@@ -121,6 +134,7 @@ struct Meta {
     steps = c.take<uint64_t>(rcap);
     tokens = c.take<int32_t>(rcap);
     route_keys = keys ? c.take<int32_t>(tcap) : nullptr;
+    state_slots = states ? c.take<int32_t>(tcap) : nullptr;
   }
 };
 
@@ -131,6 +145,9 @@ struct Step {
   int64_t num_valid = 0;    // the real ones among them, rows [0, num_valid)
   int64_t num_rows = 0;     // attention rows (T, or sequences for prefill)
   int64_t num_seqs = 0;
+  // Sequences the linear-attention kernels run over: num_seqs, or a graph's bucket (decode
+  // rows are sequences; the padding ones have state slot -1).
+  int64_t num_state_seqs = 0;
   int64_t max_seq_len = 0;  // bound for the attention grids
   int64_t table_stride = 0;  // block table row width this step
   int64_t logit_rows = 0;   // rows that want logits
@@ -149,6 +166,7 @@ class CudaDecoder final : public GpuDecoder {
   int64_t num_kv_blocks() const override { return num_blocks_; }
   int64_t block_size() const override { return block_size_; }
   int64_t max_model_len() const override { return max_model_len_; }
+  int64_t num_state_slots() const override { return num_state_slots_; }
 
   void forward(const ForwardBatch& batch, std::span<float> logits) override;
   void forward_sample(const ForwardBatch& batch, std::span<const GpuSamplingRow> rows,
@@ -161,6 +179,9 @@ class CudaDecoder final : public GpuDecoder {
  private:
   void allocate_workspace();
   void allocate_kv_pool();
+  // The Gated DeltaNet layers' recurrent state for num_state_slots_ sequences (before the KV
+  // pool, which takes what is left).
+  void allocate_state_pool();
   Step prepare(const ForwardBatch& batch);
   // Everything from the embedding to the logits of rows [0, step.logit_rows) of the first
   // chunk: enqueued directly or replayed from a graph.
@@ -169,6 +190,8 @@ class CudaDecoder final : public GpuDecoder {
   void enqueue_lm_head(const Step& step, int64_t first_row, int64_t rows);
   void attention(int64_t layer, const Step& step);
   void mla_attention(int64_t layer, const Step& step);
+  // A Gated DeltaNet layer: in-projection, conv, delta rule, gated norm, out-projection.
+  void linear_attention(int64_t layer, const Step& step);
   void qk_norm_clip_rope_write(int64_t layer, const Step& step);
   // The layer's dense MLP, or its MoE block (moe_block.h).
   void feed_forward(int64_t layer, int64_t num_tokens);
@@ -240,6 +263,11 @@ class CudaDecoder final : public GpuDecoder {
   float *hidden_ = nullptr, *block_out_ = nullptr;  // [T, Hp]
   bf16 *normed_ = nullptr, *normed_gathered_ = nullptr;
   bf16 *qkv_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *attn_ = nullptr;
+  int64_t qkv_width_ = 0;  // qkv_'s row: (Nq + 2 Nkv) Dp, and Nq Dp of output gates after them
+  // Gated DeltaNet: the in-projection [T, C + Vd + 2 Nv] (q|k|v, z, b, a), the conv's output
+  // [T, C], the recurrence's [T, Vd] (float32) and the gated norm's [T, Vd] (bf16).
+  float *lin_proj_ = nullptr, *lin_conv_ = nullptr, *lin_core_ = nullptr;
+  bf16* lin_normed_ = nullptr;
   bf16 *mla_q_ = nullptr, *mla_q_lora_ = nullptr, *mla_latent_ = nullptr, *mla_q_full_ = nullptr,
        *mla_out_latent_ = nullptr;
   float* attn_workspace_ = nullptr;
@@ -271,6 +299,13 @@ class CudaDecoder final : public GpuDecoder {
   std::vector<float*> k_scales_, v_scales_;
   bool kv_fp8_ = false;
   int64_t kv_width_ = 0;  // elements per cache row (Nkv * Dp, or L + R)
+  // The recurrent state of Gated DeltaNet layers, float32, indexed by the host's state slots
+  // (StateSlots; SequenceBatch::state_slot): per linear layer [slots, C, taps - 1] conv windows
+  // and [slots, Nv, Dk, Dv] delta rule states, null for the other layers. A slot is zeroed by
+  // the kernels themselves when its sequence runs from position 0.
+  DeviceArray<char> state_pool_;
+  std::vector<float*> conv_state_, delta_state_;
+  int64_t num_state_slots_ = 0;
 
   // Stage timing with CUDA events, when a profiler is installed on the calling thread (see
   // profile/profiler.h): an event after each stage of each layer, recorded into the graph of a
@@ -346,6 +381,8 @@ CudaDecoder::CudaDecoder(const ModelConfig& config, DeviceWeights weights,
   rcap_ = std::max<int64_t>(64, next_pow2(std::max<int64_t>(options.max_num_seqs, 1)));
   tcap_ = std::max(options.max_batch_tokens, rcap_);
   attention_chunk_ = options.deterministic ? cuda::batch_invariant_chunk(max_model_len_) : 0;
+  // A state slot per sequence the engine may run at once (its StateSlots hands out as many).
+  num_state_slots_ = has_linear_layers(config) ? std::max<int64_t>(options.max_num_seqs, 1) : 0;
 
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   owned_stream_.reset(stream_);
@@ -489,7 +526,8 @@ void CudaDecoder::allocate_workspace() {
       widest = std::max({widest, c.num_heads * m.qk_head_dim(), m.q_lora_rank,
                          w_.mla.cache_width() * c.num_heads, c.num_heads * m.v_head_dim});
     } else {
-      widest = std::max(widest, (c.num_heads + 2 * c.num_kv_heads) * Dp);
+      widest = std::max(widest, (c.num_heads + 2 * c.num_kv_heads) * Dp +
+                                    (c.attention_output_gate ? c.num_heads * Dp : 0));
     }
     term_sum_elems_ = T * widest;
   }
@@ -512,13 +550,22 @@ void CudaDecoder::allocate_workspace() {
       attn_ = cv.take<bf16>(T * Nh * m.v_head_dim);
     } else {
       const int64_t Nq = c.num_heads, Nkv = c.num_kv_heads;
-      qkv_ = cv.take<bf16>(T * (Nq + 2 * Nkv) * Dp);
+      qkv_width_ = (Nq + 2 * Nkv + (c.attention_output_gate ? Nq : 0)) * Dp;
+      qkv_ = cv.take<bf16>(T * qkv_width_);
       q_ = cv.take<bf16>(T * Nq * Dp);
       k_ = cv.take<bf16>(T * Nkv * Dp);
       v_ = cv.take<bf16>(T * Nkv * Dp);
       attn_ = cv.take<bf16>(T * Nq * Dp);
     }
     attn_workspace_ = cv.take<float>(attn_ws);
+    if (has_linear_layers(c)) {
+      const LinearAttentionConfig& lin = *c.linear_attention;
+      const int64_t C = lin.conv_dim(), Vd = lin.value_dim();
+      lin_proj_ = cv.take<float>(T * (C + Vd + 2 * lin.num_value_heads));
+      lin_conv_ = cv.take<float>(T * C);
+      lin_core_ = cv.take<float>(T * Vd);
+      lin_normed_ = cv.take<bf16>(T * Vd);
+    }
     if (c.num_experts > 0) {
       mb.router_logits = cv.take<float>(T * E);
       mb.topk_ids = cv.take<int32_t>(T * K);
@@ -548,7 +595,7 @@ void CudaDecoder::allocate_workspace() {
     }
     logits_ = cv.take<float>(rcap_ * V);
     cublas_workspace_ = cv.take<char>(static_cast<int64_t>(kCublasWorkspaceBytes));
-    meta_.carve(cv, T, rcap_, max_blocks_per_seq_, noise_routing_);
+    meta_.carve(cv, T, rcap_, max_blocks_per_seq_, noise_routing_, num_state_slots_ > 0);
   };
   Carver sizing(nullptr);
   carve(sizing);
@@ -579,27 +626,68 @@ void CudaDecoder::allocate_workspace() {
   // The pinned host mirror of the metadata, at the same offsets.
   Carver meta_size(nullptr);
   Meta probe;
-  probe.carve(meta_size, T, rcap_, max_blocks_per_seq_, noise_routing_);
+  probe.carve(meta_size, T, rcap_, max_blocks_per_seq_, noise_routing_, num_state_slots_ > 0);
   meta_bytes_ = meta_size.used();
   host_meta_base_ = pinned_array<char>(meta_bytes_);
   Carver host(host_meta_base_.get());
-  host_meta_.carve(host, T, rcap_, max_blocks_per_seq_, noise_routing_);
+  host_meta_.carve(host, T, rcap_, max_blocks_per_seq_, noise_routing_, num_state_slots_ > 0);
   if (c.num_experts > 0) {
     host_expert_counts_ =
         pinned_array<int32_t>(static_cast<size_t>(c.num_layers * (c.num_experts + 1)));
   }
 }
 
+void CudaDecoder::allocate_state_pool() {
+  const ModelConfig& c = config_;
+  conv_state_.assign(static_cast<size_t>(c.num_layers), nullptr);
+  delta_state_.assign(static_cast<size_t>(c.num_layers), nullptr);
+  if (num_state_slots_ == 0) return;
+  const LinearAttentionConfig& lin = *c.linear_attention;
+  const int64_t S = num_state_slots_;
+  const int64_t slot_bytes = state_values_per_sequence(c) * static_cast<int64_t>(sizeof(float));
+  const int64_t bytes = slot_bytes * S;
+  size_t free_bytes = 0, total_bytes = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  const int64_t in_use = static_cast<int64_t>(total_bytes - free_bytes);
+  const int64_t room = std::min<int64_t>(report_.budget_bytes - in_use,
+                                         static_cast<int64_t>(free_bytes) - (int64_t{256} << 20));
+  MOE_CHECK(bytes <= room, "the recurrent state of ", S, " sequences (", slot_bytes >> 10,
+            " KiB each over ", c.num_linear_layers(), " linear-attention layers, ", bytes >> 20,
+            " MiB) does not fit the ", std::max<int64_t>(room, 0) >> 20,
+            " MiB left within --gpu-memory-fraction; lower --max-num-seqs or raise "
+            "--gpu-memory-fraction");
+  state_pool_ = device_array<char>(static_cast<size_t>(bytes));
+  // Zeros once, so that a slot never run holds no garbage; the kernels zero a sequence's state
+  // themselves when it starts (position 0).
+  CUDA_CHECK(cudaMemsetAsync(state_pool_.get(), 0, static_cast<size_t>(bytes), stream_));
+  float* next = reinterpret_cast<float*>(state_pool_.get());
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    if (!c.is_linear_layer(l)) continue;
+    conv_state_[l] = next;
+    next += S * lin.conv_state_values();
+    delta_state_[l] = next;
+    next += S * lin.recurrent_state_values();
+  }
+  report_.state_bytes = bytes;
+  report_.state_bytes_per_slot = slot_bytes;
+  report_.num_state_slots = S;
+}
+
 void CudaDecoder::allocate_kv_pool() {
   const ModelConfig& c = config_;
+  allocate_state_pool();
   kv_width_ = c.mla ? w_.mla.cache_width() : c.num_kv_heads * w_.padded_head_dim;
   const int64_t planes = c.mla ? 1 : 2;
   kv_fp8_ = options_.kv_dtype == KvDType::kFP8;  // GQA only: create() refused fp8 for MLA
   // The planner's bytes per token (kv_bytes_per_token) at the padded head dim.
   const int64_t bytes_per_token = gpu_kv_bytes_per_token(c, w_.padded_head_dim,
                                                          kv_width_, options_.kv_dtype);
-  MOE_CHECK(kv_fp8_ || bytes_per_token == c.num_layers * planes * kv_width_ * 2,
-            "the KV pool's bf16 rows are ", c.num_layers * planes * kv_width_ * 2,
+  // Gated DeltaNet layers keep no rows (their state is above): only the other layers have planes.
+  const int64_t kv_layers = c.num_kv_layers();
+  MOE_CHECK(kv_layers > 0, c.model_type, ": no layer attends over a KV cache; the GPU decoder "
+            "needs at least one");
+  MOE_CHECK(kv_fp8_ || bytes_per_token == kv_layers * planes * kv_width_ * 2,
+            "the KV pool's bf16 rows are ", kv_layers * planes * kv_width_ * 2,
             " bytes per token, not the ", bytes_per_token, " gpu_kv_bytes_per_token counts");
   const int64_t block_bytes = bytes_per_token * block_size_;
   size_t free_bytes = 0, total_bytes = 0;
@@ -632,25 +720,29 @@ void CudaDecoder::allocate_kv_pool() {
     // [L, 2] code planes of plane_elems bytes (a multiple of 64: Dp is), then [L, 2] scale
     // planes of slots * Nkv floats: L * 2 * slots * (Nkv * Dp + 4 Nkv) = blocks * block_bytes.
     auto* codes = reinterpret_cast<uint8_t*>(kv_pool_.get());
-    auto* scales = reinterpret_cast<float*>(codes + c.num_layers * 2 * plane_elems);
+    auto* scales = reinterpret_cast<float*>(codes + kv_layers * 2 * plane_elems);
     const int64_t scale_plane = blocks * block_size_ * c.num_kv_heads;
-    for (int64_t l = 0; l < c.num_layers; ++l) {
+    for (int64_t l = 0, i = 0; l < c.num_layers; ++l) {
+      const bool rows = !c.is_linear_layer(l);  // i: the layer's index among those with rows
       k_cache_.push_back(nullptr);
       v_cache_.push_back(nullptr);
-      k_codes_.push_back(codes + (l * 2) * plane_elems);
-      v_codes_.push_back(codes + (l * 2 + 1) * plane_elems);
-      k_scales_.push_back(scales + (l * 2) * scale_plane);
-      v_scales_.push_back(scales + (l * 2 + 1) * scale_plane);
+      k_codes_.push_back(rows ? codes + (i * 2) * plane_elems : nullptr);
+      v_codes_.push_back(rows ? codes + (i * 2 + 1) * plane_elems : nullptr);
+      k_scales_.push_back(rows ? scales + (i * 2) * scale_plane : nullptr);
+      v_scales_.push_back(rows ? scales + (i * 2 + 1) * scale_plane : nullptr);
+      i += rows ? 1 : 0;
     }
   } else {
     auto* base = reinterpret_cast<bf16*>(kv_pool_.get());
-    for (int64_t l = 0; l < c.num_layers; ++l) {
-      k_cache_.push_back(base + (l * planes) * plane_elems);
-      v_cache_.push_back(c.mla ? nullptr : base + (l * planes + 1) * plane_elems);
+    for (int64_t l = 0, i = 0; l < c.num_layers; ++l) {
+      const bool rows = !c.is_linear_layer(l);
+      k_cache_.push_back(rows ? base + (i * planes) * plane_elems : nullptr);
+      v_cache_.push_back(rows && !c.mla ? base + (i * planes + 1) * plane_elems : nullptr);
       k_codes_.push_back(nullptr);
       v_codes_.push_back(nullptr);
       k_scales_.push_back(nullptr);
       v_scales_.push_back(nullptr);
+      i += rows ? 1 : 0;
     }
   }
   report_.kv_bytes = blocks * block_bytes;
@@ -723,6 +815,19 @@ Step CudaDecoder::prepare(const ForwardBatch& batch) {
   }
   MOE_CHECK(T <= tcap_, "a step of ", T, " tokens exceeds the ", tcap_,
             " the GPU workspace was sized for");
+  if (num_state_slots_ > 0) {
+    // Each sequence's recurrent state: a slot of its own (the host's StateSlots numbers).
+    std::vector<bool> seen(static_cast<size_t>(num_state_slots_), false);
+    for (int64_t i = 0; i < step.num_seqs; ++i) {
+      const int32_t slot = batch.sequences[i].state_slot;
+      MOE_CHECK(slot >= 0 && slot < num_state_slots_, "sequence ", i, " has state slot ", slot,
+                " but the GPU holds recurrent state for ", num_state_slots_,
+                " sequences (GpuOptions::max_num_seqs)");
+      MOE_CHECK(!seen[slot], "two sequences of one batch share recurrent state slot ", slot);
+      seen[slot] = true;
+      h.state_slots[i] = slot;
+    }
+  }
 
   // The flash prefill kernel is compiled for head dims 64 and 128; prompts of wider heads (256,
   // and the multiples of 64 above it) run through the paged decode kernel, a query at a time.
@@ -770,7 +875,14 @@ Step CudaDecoder::prepare(const ForwardBatch& batch) {
     }
     h.cu_seqlens[i + 1] = static_cast<int32_t>(row);
   }
-  for (; row < step.num_tokens; ++row) {  // graph padding: rows that attend to nothing
+  // Graph padding (decode only, so a row is a sequence): rows that attend to nothing and
+  // sequences without a state slot.
+  step.num_state_seqs = step.graph ? step.num_tokens : step.num_seqs;
+  for (; row < step.num_tokens; ++row) {
+    if (num_state_slots_ > 0) {
+      h.cu_seqlens[row + 1] = static_cast<int32_t>(row + 1);
+      h.state_slots[row] = -1;
+    }
     h.ids[row] = 0;
     h.positions[row] = 0;
     h.slots[row] = -1;
@@ -808,9 +920,13 @@ void CudaDecoder::upload_meta(const Step& step) {
   up(meta_.slots, host_meta_.slots, T);
   if (noise_routing_) up(meta_.route_keys, host_meta_.route_keys, T);
   up(meta_.logit_rows, host_meta_.logit_rows, step.logit_rows);
-  if (step.route == Route::kPrefill) {
+  if (num_state_slots_ > 0) {  // the linear-attention kernels' sequences, on every route
+    up(meta_.cu_seqlens, host_meta_.cu_seqlens, step.num_state_seqs + 1);
+    up(meta_.state_slots, host_meta_.state_slots, step.num_state_seqs);
+  } else if (step.route == Route::kPrefill) {
     up(meta_.cu_seqlens, host_meta_.cu_seqlens, step.num_seqs + 1);
-  } else {
+  }
+  if (step.route != Route::kPrefill) {
     up(meta_.seq_lens, host_meta_.seq_lens, T);
     up(meta_.block_tables, host_meta_.block_tables, T * step.table_stride);
   }
@@ -840,8 +956,9 @@ void CudaDecoder::enqueue_layers(const Step& step) {
       case AttentionKind::kMla:
         mla_attention(l, step);
         break;
-      case AttentionKind::kGatedDeltaNet:  // check_gpu_support refuses these models at load
-        MOE_FAIL("layer ", l, ": the GPU decoder has no Gated DeltaNet attention");
+      case AttentionKind::kGatedDeltaNet:
+        linear_attention(l, step);
+        break;
     }
     cuda::fused_add_rms_norm({.x = block_out_, .x_bias = d.o_bias, .residual = hidden_,
                               .residual_out = hidden_, .weight = d.post_norm,
@@ -878,11 +995,13 @@ void CudaDecoder::attention(int64_t layer, const Step& step) {
   const DeviceLayer& d = w_.layers[layer];
   const int64_t T = step.num_tokens, H = w_.padded_hidden_size;
   const int64_t Nq = c.num_heads, Nkv = c.num_kv_heads, D = c.head_dim, Dp = w_.padded_head_dim;
-  const int64_t Nqkv = (Nq + 2 * Nkv) * Dp;
+  // The row: q, k and v heads, then (output gate) each query head's gate logits.
+  const int64_t Nqkv = qkv_width_;
   const float eps = static_cast<float>(c.rms_norm_eps);
   linear({.x = normed_, .rows = T, .w = d.qkv, .n = Nqkv, .k = H, .y = qkv_});
   if (d.qkv_bias) {
-    cuda::bias_clip({.x = qkv_, .bias = d.qkv_bias, .rows = T, .width = Nqkv, .stride = Nqkv},
+    cuda::bias_clip({.x = qkv_, .bias = d.qkv_bias, .rows = T, .width = (Nq + 2 * Nkv) * Dp,
+                     .stride = Nqkv},
                     stream_);
   }
   const int64_t slots = num_blocks_ * block_size_;
@@ -952,8 +1071,54 @@ void CudaDecoder::attention(int64_t layer, const Step& step) {
          .sinks = d.sinks, .fixed_chunk = attention_chunk_},
         stream_);
   }
+  if (plan.output_gate) {
+    // Qwen3-Next: the output times sigmoid of the gate logits that follow v in each qkv row
+    // (padded dims: zero output, so any gate).
+    cuda::attention_output_gate({.x = attn_, .gate = qkv_ + (Nq + 2 * Nkv) * Dp,
+                                 .gate_stride = Nqkv, .rows = T, .width = Nq * Dp},
+                                stream_);
+  }
   // o_proj's bias joins in the norm that adds this output to the residual stream.
   linear({.x = attn_, .rows = T, .w = d.o_proj, .n = H, .k = Nq * Dp, .y = block_out_,
+          .f32_out = true});
+}
+
+void CudaDecoder::linear_attention(int64_t layer, const Step& step) {
+  const ModelConfig& c = config_;
+  const LinearAttentionConfig& lin = *c.linear_attention;
+  const DeviceLayer& d = w_.layers[layer];
+  const int64_t T = step.num_tokens, H = w_.padded_hidden_size;
+  const int64_t Nv = lin.num_value_heads, Dv = lin.value_head_dim;
+  const int64_t C = lin.conv_dim(), Vd = lin.value_dim();
+  const int64_t width = C + Vd + 2 * Nv;  // lin_proj_'s row: [q | k | v | z | b | a]
+  MOE_CHECK(conv_state_[layer] != nullptr && delta_state_[layer] != nullptr, "layer ", layer,
+            " is a Gated DeltaNet layer without recurrent state on the device");
+  // Float32 out of the product: the conv, beta and the decay read the projection unrounded,
+  // as the CPU does.
+  linear({.x = normed_, .rows = T, .w = d.lin_in, .n = width, .k = H, .y = lin_proj_,
+          .f32_out = true});
+  const cuda::DeltaNetSequences seqs{.cu_seqlens = meta_.cu_seqlens,
+                                     .state_slots = meta_.state_slots,
+                                     .positions = meta_.positions,
+                                     .num_seqs = step.num_state_seqs,
+                                     .num_slots = num_state_slots_};
+  cuda::delta_net_conv({.seqs = seqs, .x = lin_proj_, .x_stride = width, .weight = d.lin_conv,
+                        .conv_state = conv_state_[layer], .out = lin_conv_, .num_channels = C,
+                        .taps = lin.conv_kernel},
+                       stream_);
+  cuda::delta_net_recurrence({.seqs = seqs, .qkv = lin_conv_, .qkv_stride = C,
+                              .b = lin_proj_ + C + Vd, .a = lin_proj_ + C + Vd + Nv,
+                              .ba_stride = width, .a_log = d.lin_a_log,
+                              .dt_bias = d.lin_dt_bias, .state = delta_state_[layer],
+                              .out = lin_core_, .num_key_heads = lin.num_key_heads,
+                              .num_value_heads = Nv, .key_dim = lin.key_head_dim,
+                              .value_dim = Dv, .l2_eps = kLinearL2NormEps},
+                             stream_);
+  cuda::gated_rms_norm({.x = lin_core_, .z = lin_proj_ + C, .z_stride = width, .heads = Nv,
+                        .weight = d.lin_norm, .out = lin_normed_, .rows = T * Nv, .width = Dv,
+                        .eps = static_cast<float>(c.rms_norm_eps)},
+                       stream_);
+  linear({.x = lin_normed_, .rows = T, .w = d.lin_out, .n = H, .k = Vd, .y = block_out_,
           .f32_out = true});
 }
 
@@ -965,7 +1130,7 @@ void CudaDecoder::qk_norm_clip_rope_write(int64_t layer, const Step& step) {
   const DeviceLayer& d = w_.layers[layer];
   const int64_t T = step.num_tokens;
   const int64_t Nq = c.num_heads, Nkv = c.num_kv_heads, D = c.head_dim, Dp = w_.padded_head_dim;
-  const int64_t Nqkv = (Nq + 2 * Nkv) * Dp;
+  const int64_t Nqkv = qkv_width_;  // the row stride (output gates after v included)
   const float eps = static_cast<float>(c.rms_norm_eps);
   switch (plans_[layer].qk_norm) {
     case QkNormKind::kNone:
@@ -1000,7 +1165,7 @@ void CudaDecoder::qk_norm_clip_rope_write(int64_t layer, const Step& step) {
   MOE_CHECK(plans_[layer].query_scale == QueryScale::kNone, "layer ", layer,
             ": the unfused q/k path has no query temperature (Llama 4 takes attention_inputs)");
   if (plans_[layer].clip_qkv) {
-    cuda::bias_clip({.x = qkv_, .rows = T, .width = Nqkv, .stride = Nqkv,
+    cuda::bias_clip({.x = qkv_, .rows = T, .width = (Nq + 2 * Nkv) * Dp, .stride = Nqkv,
                      .clip = static_cast<float>(*c.clip_qkv)},
                     stream_);
   }
