@@ -151,10 +151,6 @@ WeightFormat DeviceArgs::weight_format() const {
     USAGE_CHECK(format != WeightFormat::kBf16,
                 "--weights bf16 applies to --device cpu; on cuda --dtype bfloat16 holds the "
                 "weights in bf16");
-    USAGE_CHECK(format == WeightFormat::kCheckpoint, "--weights ", weights,
-                " is not implemented on the CUDA backend yet (the GPU kernels for ",
-                format == WeightFormat::kFp8 ? "block-scaled fp8" : "int4",
-                " experts are not built yet): run it with --device cpu");
   }
   return format;
 }
@@ -321,7 +317,7 @@ std::string routing_skew_label(const RoutingSkew& skew) {
 }
 
 std::unique_ptr<Model> load_model_for(const std::filesystem::path& dir, const DeviceArgs& device) {
-  const WeightFormat weights = device.weight_format();  // fp8 and int4 refused on cuda
+  const WeightFormat weights = device.weight_format();
   // A model the GPU refuses is refused from its config.json, before binding its weights, as is
   // a --kv-dtype its kernels do not read for this model (fp8 with MLA).
   if (device.is_cuda()) {
