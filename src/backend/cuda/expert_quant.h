@@ -31,6 +31,20 @@ enum class ExpertQuant : int32_t {
   kMxfp4,  // e2m1, an E8M0 exponent per 32 inputs of a row
 };
 
+inline const char* expert_quant_name(ExpertQuant format) {
+  switch (format) {
+    case ExpertQuant::kNone:
+      return "bf16";
+    case ExpertQuant::kFp8:
+      return "fp8";
+    case ExpertQuant::kInt4:
+      return "int4";
+    case ExpertQuant::kMxfp4:
+      return "mxfp4";
+  }
+  return "";  // unreachable: every enumerator returns above
+}
+
 struct QuantMatrixLayout {
   int64_t row_code_bytes = 0;  // bytes of codes per row
   int64_t groups_per_row = 0;  // scales (or exponents) per row
