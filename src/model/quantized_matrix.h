@@ -33,14 +33,18 @@ struct QuantizedMatrix {
   int64_t group = 0;           // consecutive inputs of a row under one scale (a multiple of 8)
   // fp8 [N, K] one byte a value; int4 and MXFP4 [N, K / 2], input 2j in the low nibble of byte j.
   std::vector<uint8_t> codes;
+  // Or the checkpoint's own bytes in that layout (memory-mapped, fp8 and an MXFP4 stack in
+  // order), not copied: `codes` then stays empty.
+  const uint8_t* mapped_codes = nullptr;
   std::vector<float> scales;       // fp8, int4 [N, groups_per_row()]
   std::vector<float> zeros;        // int4 [N, groups_per_row()]: the zero point (integral)
   std::vector<uint8_t> exponents;  // MXFP4 [N, K / 32]: E8M0 bytes
 
   int64_t groups_per_row() const { return (cols + group - 1) / group; }
+  const uint8_t* code_data() const { return mapped_codes ? mapped_codes : codes.data(); }
   uint32_t code(int64_t r, int64_t c) const {
-    if (format == CodeFormat::kFp8) return codes[r * cols + c];
-    return (codes[(r * cols + c) / 2] >> (4 * (c & 1))) & 0xfu;
+    if (format == CodeFormat::kFp8) return code_data()[r * cols + c];
+    return (code_data()[(r * cols + c) / 2] >> (4 * (c & 1))) & 0xfu;
   }
   // The dequantised value in float32, the product the CPU forms before rounding it to its
   // compute dtype (bf16 for every checkpoint format, f32 for --weights on a float32 one).

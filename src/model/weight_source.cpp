@@ -38,11 +38,11 @@ TensorView WeightSource::matrix(const std::string& name, const Shape& shape) {
   std::vector<uint16_t>& out = dequantized_.emplace_back(static_cast<size_t>(rows * cols));
   dequantize_fp8_blocks(static_cast<const uint8_t*>(q.data), static_cast<const float*>(scale.data),
                         rows, cols, fp8_->block_rows, fp8_->block_cols, out.data());
-  // The codes as stored, each block's scale repeated on its rows (model/quantized_matrix.h).
+  // The codes as stored (in the map), each block's scale repeated on its rows
+  // (model/quantized_matrix.h).
   QuantizedMatrix record{.format = CodeFormat::kFp8, .rows = rows, .cols = cols,
                          .group = fp8_->block_cols};
-  const auto* codes = static_cast<const uint8_t*>(q.data);
-  record.codes.assign(codes, codes + rows * cols);
+  record.mapped_codes = static_cast<const uint8_t*>(q.data);
   record.scales.resize(static_cast<size_t>(rows * scale_cols));
   const auto* scale_inv = static_cast<const float*>(scale.data);
   for (int64_t r = 0; r < rows; ++r) {
@@ -130,12 +130,20 @@ TensorView WeightSource::mxfp4_experts(const std::string& name, const Shape& sha
   }
   // The codes and exponents, rows in the same order as the values: [E * N, K / 2], [E * N, K / 32].
   QuantizedMatrix record{.format = CodeFormat::kMxfp4, .rows = E * N, .cols = K, .group = 32};
-  record.codes.resize(static_cast<size_t>(E * N * K / 2));
+  // In order, the codes are the map's own bytes; reordered rows take a copy.
+  if (destination_row.empty()) {
+    record.mapped_codes = block_bytes;
+  } else {
+    record.codes.resize(static_cast<size_t>(E * N * K / 2));
+  }
   record.exponents.resize(static_cast<size_t>(E * N * K / 32));
   for (int64_t e = 0; e < E; ++e) {
     for (int64_t n = 0; n < N; ++n) {
       const int64_t at = e * N + (destination_row.empty() ? n : destination_row[n]);
-      std::copy_n(block_bytes + (e * N + n) * (K / 2), K / 2, record.codes.begin() + at * (K / 2));
+      if (!destination_row.empty()) {
+        std::copy_n(block_bytes + (e * N + n) * (K / 2), K / 2,
+                    record.codes.begin() + at * (K / 2));
+      }
       std::copy_n(scale_bytes + (e * N + n) * (K / 32), K / 32,
                   record.exponents.begin() + at * (K / 32));
     }

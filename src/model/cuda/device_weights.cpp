@@ -443,7 +443,7 @@ void write_quant_rows(const QuantizedMatrix& m, int64_t src_row0, int64_t rows, 
             "a quantised matrix of ", m.cols, " inputs does not fit its device slab");
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t src = src_row0 + r, dst = dst_row0 + r;
-    std::memcpy(out + dst * slab.row_code_bytes, m.codes.data() + src * code_bytes,
+    std::memcpy(out + dst * slab.row_code_bytes, m.code_data() + src * code_bytes,
                 static_cast<size_t>(code_bytes));
     if (m.format == CodeFormat::kMxfp4) {
       std::memcpy(out + slab.scale_offset + dst * slab.groups_per_row,
