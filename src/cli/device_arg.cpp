@@ -115,9 +115,10 @@ void add_weight_options(CLI::App* cmd, DeviceArgs* args) {
                   "codes with a scale and zero point per 128 inputs of a row, as GPTQ/AWQ) or "
                   "bf16 (rounded to bf16; what an fp8 or MXFP4 checkpoint is dequantised to "
                   "anyway). On the CPU the quantised values are computed in bf16/f32 after load: "
-                  "the format's numerics, not its memory saving. CPU only for now; fp8 and int4 "
-                  "are refused on an fp8 or MXFP4 checkpoint (default: the checkpoint's "
-                  "weights)")
+                  "the format's numerics, not its memory saving; on cuda fp8 and int4 experts are "
+                  "held as their codes and scales and dequantised in the expert GEMM (bf16 is "
+                  "--dtype bfloat16 there). fp8 and int4 are refused on an fp8, MXFP4, GPTQ or "
+                  "AWQ checkpoint (default: the checkpoint's weights)")
       ->check(CLI::IsMember({"bf16", "fp8", "int4"}));
 }
 
