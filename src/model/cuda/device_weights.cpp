@@ -575,11 +575,15 @@ Layout plan_layout(const ModelConfig& config, const DecoderWeights* weights, boo
       std::find(config.layer_is_moe.begin(), config.layer_is_moe.end(), true) !=
           config.layer_is_moe.end();
   out.weight_terms = terms;
-  const auto [quant, group] = weights != nullptr && !out.experts_offloaded
+  const auto [quant, group] = weights != nullptr
                                   ? expert_codes(config, *weights)
                                   : std::pair{cuda::ExpertQuant::kNone, int64_t{0}};
-  out.expert_quant = quant;
-  out.expert_quant_group = group;
+  // The expert cache's slots and host home hold bf16 experts: with it the codes stay unused.
+  const bool held = !out.experts_offloaded;
+  out.expert_quant = held ? quant : cuda::ExpertQuant::kNone;
+  out.expert_quant_group = held ? group : 0;
+  out.expert_codes_unused =
+      !held && quant != cuda::ExpertQuant::kNone ? cuda::expert_quant_name(quant) : nullptr;
   Layout layout(terms);
   build_layout(config, weights, out.experts_offloaded, out, layout);
   return layout;

@@ -127,6 +127,9 @@ struct DeviceWeights {
   cuda::ExpertQuant expert_quant = cuda::ExpertQuant::kNone;
   int64_t expert_quant_group = 0;
   int64_t expert_bytes = 0;         // one routed expert's gate_up and down on the device
+  // The experts have codes the device does not hold (the expert cache's slots are bf16): their
+  // format, for the load summary; null otherwise.
+  const char* expert_codes_unused = nullptr;
   int64_t bytes = 0;                // device bytes of all weights
   double upload_seconds = 0.0;
   DeviceArray<char> allocation;  // every matrix above lives in it, but offloaded experts

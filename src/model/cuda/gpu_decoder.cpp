@@ -394,6 +394,12 @@ CudaDecoder::CudaDecoder(const ModelConfig& config, DeviceWeights weights,
                  cuda::expert_quant_name(w_.expert_quant),
                  static_cast<double>(w_.expert_bytes) / (1024.0 * 1024.0));
   }
+  if (!options.quiet && w_.expert_codes_unused != nullptr) {
+    std::fprintf(stderr,
+                 "moeinfer: the routed experts' %s codes are dequantised to bf16 for the expert "
+                 "cache (--expert-budget holds bf16 experts; without it the GPU holds the codes)\n",
+                 w_.expert_codes_unused);
+  }
   if (!options.quiet && w_.weight_terms == 2) {
     std::fprintf(stderr,
                  "moeinfer: float32/float16 weights held as two bf16 terms each (the checkpoint's "
