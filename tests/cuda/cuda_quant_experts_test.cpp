@@ -112,7 +112,8 @@ struct QuantCase {
   ExpertQuant quant;
   int64_t group;
   int64_t T, K, E, H, I;
-  bool table = false;  // slabs through a device table of per-expert pointers (one null entry)
+  bool table = false;   // slabs through a device table of per-expert pointers (one null entry)
+  bool gather = false;  // rows gathered from [T, Kd] through a random src_row (the decoder's way)
 };
 
 std::string describe(const QuantCase& c, bool gate_up, GemmTile tile) {
@@ -120,7 +121,7 @@ std::string describe(const QuantCase& c, bool gate_up, GemmTile tile) {
          " T=" + std::to_string(c.T) + " K=" + std::to_string(c.K) + " E=" +
          std::to_string(c.E) + " H=" + std::to_string(c.H) + " I=" + std::to_string(c.I) +
          (gate_up ? " gate_up" : " down") + " tile " + std::to_string(static_cast<int>(tile)) +
-         (c.table ? " table" : "");
+         (c.table ? " table" : "") + (c.gather ? " gather" : "");
 }
 
 void run_quant_case(const QuantCase& c, bool gate_up) {
@@ -129,7 +130,11 @@ void run_quant_case(const QuantCase& c, bool gate_up) {
   const int64_t M = c.T * c.K, spare = 5;
   const int64_t Kd = gate_up ? c.H : c.I, N = gate_up ? c.I : c.H, Nw = gate_up ? 2 * N : N;
   const auto offsets = skewed_offsets(M, c.E, rng);
-  const auto x_bits = random_bf16((M + spare) * Kd, rng, 1.0f);
+  // With a gather the operand is [T, Kd] and row r reads token src_row[r] / K.
+  std::vector<int32_t> src_row(M + spare);
+  for (auto& v : src_row) v = std::uniform_int_distribution<int32_t>(0, M - 1)(rng);
+  auto x_row = [&](int64_t r) { return c.gather ? src_row[r] / c.K : r; };
+  const auto x_bits = random_bf16((c.gather ? c.T : M + spare) * Kd, rng, 1.0f);
   const auto x = to_float(x_bits);
   const float spread = 1.0f / std::sqrt(static_cast<float>(Kd));
 
@@ -152,7 +157,7 @@ void run_quant_case(const QuantCase& c, bool gate_up) {
   DeviceBuffer<uint8_t> d_slabs(slabs);
   DeviceBuffer<uint16_t> d_x(x_bits), d_w(w_bits);
   DeviceBuffer<uint16_t> d_out_q((M + spare) * N), d_out_b((M + spare) * N);
-  DeviceBuffer<int32_t> d_offsets(offsets);
+  DeviceBuffer<int32_t> d_offsets(offsets), d_src_row(src_row);
   std::vector<const __nv_bfloat16*> table(c.E), bf16_table(c.E);
   for (int64_t e = 0; e < c.E; ++e) {
     table[e] = e == skipped ? nullptr
@@ -178,7 +183,11 @@ void run_quant_case(const QuantCase& c, bool gate_up) {
                         .quant = c.quant,
                         .quant_group = c.group,
                         .epilogue = gate_up ? GemmEpilogue::kSiluMul : GemmEpilogue::kNone,
-                        .tile = tile};
+                        .tile = tile,
+                        .src_row = c.gather ? d_src_row.get() : nullptr,
+                        .top_k = c.K,
+                        // Forced tiles also go through the programmatic-dependent launch.
+                        .overlap_previous = tile != GemmTile::kAuto};
     d_out_q.poison();
     grouped_gemm(p, nullptr);
     synchronize();
@@ -206,7 +215,7 @@ void run_quant_case(const QuantCase& c, bool gate_up) {
     for (int64_t e = 0; e < c.E; ++e) {
       const float* we = w.data() + e * Nw * Kd;
       for (int64_t r = offsets[e]; r < offsets[e + 1]; ++r) {
-        const float* xr = x.data() + r * Kd;
+        const float* xr = x.data() + x_row(r) * Kd;
         for (int64_t n = 0; n < N; ++n) {
           if (e == skipped) {
             if (got[r * N + n] != 0xFFFF) ADD_FAILURE() << "row " << r << " of a null expert";
@@ -257,6 +266,7 @@ void every_format_matches_the_bf16_kernel() {
                QuantCase{q, group, 37, 3, 12, 320, 192},      // uneven, empty experts
                QuantCase{q, group, 9, 2, 6, 256, 128, true},  // slot table, one null entry
                QuantCase{q, group, 300, 2, 4, 128, 64},       // the 64-row tile's territory
+               QuantCase{q, group, 21, 4, 16, 192, 128, false, true},  // gathered rows
            }) {
         run_quant_case(c, /*gate_up=*/true);
         run_quant_case(c, /*gate_up=*/false);
