@@ -359,7 +359,11 @@ void build_layout(const ModelConfig& c, const DecoderWeights* w, bool offload_ex
                 mw->routed.experts.size(), " experts bound, the config says ", E);
       for (int64_t e = 0; e < E; ++e) {
         const moe::ExpertWeights& ex = mw->routed.experts[e];
-        auto piece = [&](Job& job, const TensorView& view, int64_t dst_row0) {
+        auto piece = [&](Job& job, const TensorView& view, int64_t dst_row0, int64_t rows,
+                         int64_t cols) {
+          MOE_CHECK(view.shape.rank() == 2 && view.shape[0] == rows && view.shape[1] == cols,
+                    "layer ", l, " expert ", e, ": a matrix of shape ", view.shape.str(),
+                    " where ", rows, "x", cols, " was expected");
           int64_t first_row = 0;
           const QuantizedMatrix* m = w->quantized->find(view, &first_row);
           MOE_CHECK(m != nullptr, "layer ", l, " expert ", e, " has no codes");
@@ -367,9 +371,9 @@ void build_layout(const ModelConfig& c, const DecoderWeights* w, bool offload_ex
                                       .rows = view.shape[0], .expert = e,
                                       .dst_row0 = dst_row0});
         };
-        piece(gu, ex.gate, 0);
-        piece(gu, ex.up, Ip);
-        piece(down, ex.down, 0);
+        piece(gu, ex.gate, 0, I, H);
+        piece(gu, ex.up, Ip, I, H);
+        piece(down, ex.down, 0, H, I);
       }
     } else {
       layout.set_home(offload_experts);
