@@ -44,8 +44,8 @@ void QuantizedMatrices::add(const void* data, size_t elem_bytes, QuantizedMatrix
   MOE_CHECK(data != nullptr && matrix.rows > 0 && matrix.cols > 0 && matrix.group > 0,
             "a quantised matrix record of ", matrix.rows, " x ", matrix.cols, " in groups of ",
             matrix.group);
-  entries_[static_cast<const char*>(data)] = Entry{.elem_bytes = elem_bytes,
-                                                   .matrix = std::move(matrix)};
+  entries_[static_cast<const char*>(data)] =
+      Entry{.elem_bytes = elem_bytes, .matrix = std::move(matrix)};
 }
 
 const QuantizedMatrix* QuantizedMatrices::find(const TensorView& view, int64_t* first_row) const {

@@ -106,8 +106,7 @@ void gpu_matches_cpu(const QuantFixture& f) {
   // fed to both.
   RelError decode;
   std::vector<float> cpu_row(V), gpu_row(V);
-  int32_t next = static_cast<int32_t>(
-      std::max_element(cpu.end() - V, cpu.end()) - (cpu.end() - V));
+  int32_t next = static_cast<int32_t>(std::max_element(cpu.end() - V, cpu.end()) - (cpu.end() - V));
   for (int64_t step = 0; step < kDecodeSteps; ++step) {
     const std::vector<int32_t> token = {next};
     model->decoder().forward(token, cache, cpu_row, /*all_positions=*/false);
@@ -115,8 +114,7 @@ void gpu_matches_cpu(const QuantFixture& f) {
     gpu->forward({.sequences = {{.tokens = token, .position = n + step, .block_table = table}}},
                  gpu_row);
     decode.add(gpu_row.data(), cpu_row.data(), V);
-    next = static_cast<int32_t>(std::max_element(cpu_row.begin(), cpu_row.end()) -
-                                cpu_row.begin());
+    next = static_cast<int32_t>(std::max_element(cpu_row.begin(), cpu_row.end()) - cpu_row.begin());
   }
   EXPECT_LE(prefill.rel(), kMaxRelError) << "prefill";
   EXPECT_LE(decode.rel(), kMaxRelError) << "decode";

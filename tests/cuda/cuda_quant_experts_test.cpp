@@ -32,7 +32,7 @@ namespace {
 using namespace testing_util;
 
 CodeFormat code_format(ExpertQuant q) {
-  return q == ExpertQuant::kFp8 ? CodeFormat::kFp8
+  return q == ExpertQuant::kFp8    ? CodeFormat::kFp8
          : q == ExpertQuant::kInt4 ? CodeFormat::kInt4
                                    : CodeFormat::kMxfp4;
 }
@@ -118,8 +118,8 @@ struct QuantCase {
 
 std::string describe(const QuantCase& c, bool gate_up, GemmTile tile) {
   return std::string(expert_quant_name(c.quant)) + " group " + std::to_string(c.group) +
-         " T=" + std::to_string(c.T) + " K=" + std::to_string(c.K) + " E=" +
-         std::to_string(c.E) + " H=" + std::to_string(c.H) + " I=" + std::to_string(c.I) +
+         " T=" + std::to_string(c.T) + " K=" + std::to_string(c.K) + " E=" + std::to_string(c.E) +
+         " H=" + std::to_string(c.H) + " I=" + std::to_string(c.I) +
          (gate_up ? " gate_up" : " down") + " tile " + std::to_string(static_cast<int>(tile)) +
          (c.table ? " table" : "") + (c.gather ? " gather" : "");
 }
@@ -160,9 +160,9 @@ void run_quant_case(const QuantCase& c, bool gate_up) {
   DeviceBuffer<int32_t> d_offsets(offsets), d_src_row(src_row);
   std::vector<const __nv_bfloat16*> table(c.E), bf16_table(c.E);
   for (int64_t e = 0; e < c.E; ++e) {
-    table[e] = e == skipped ? nullptr
-                            : reinterpret_cast<const __nv_bfloat16*>(d_slabs.get() +
-                                                                     e * layout.bytes);
+    table[e] = e == skipped
+                   ? nullptr
+                   : reinterpret_cast<const __nv_bfloat16*>(d_slabs.get() + e * layout.bytes);
     bf16_table[e] = e == skipped ? nullptr : d_w.as_bf16() + e * Nw * Kd;
   }
   DeviceBuffer<const __nv_bfloat16*> d_table(table), d_bf16_table(bf16_table);
@@ -170,24 +170,24 @@ void run_quant_case(const QuantCase& c, bool gate_up) {
   for (GemmTile tile : {GemmTile::kRows16, GemmTile::kRows64, GemmTile::kAuto}) {
     SCOPED_TRACE(describe(c, gate_up, tile));
     if (tile == GemmTile::kRows64 && N % 64 != 0) continue;
-    GroupedGemmParams p{.rows = d_x.as_bf16(),
-                        .weights = c.table ? nullptr
-                                           : reinterpret_cast<const __nv_bfloat16*>(d_slabs.get()),
-                        .expert_weights = c.table ? d_table.get() : nullptr,
-                        .expert_offsets = d_offsets.get(),
-                        .out = d_out_q.as_bf16(),
-                        .num_rows = M,
-                        .num_experts = c.E,
-                        .n = N,
-                        .k = Kd,
-                        .quant = c.quant,
-                        .quant_group = c.group,
-                        .epilogue = gate_up ? GemmEpilogue::kSiluMul : GemmEpilogue::kNone,
-                        .tile = tile,
-                        .src_row = c.gather ? d_src_row.get() : nullptr,
-                        .top_k = c.K,
-                        // Forced tiles also go through the programmatic-dependent launch.
-                        .overlap_previous = tile != GemmTile::kAuto};
+    GroupedGemmParams p{
+        .rows = d_x.as_bf16(),
+        .weights = c.table ? nullptr : reinterpret_cast<const __nv_bfloat16*>(d_slabs.get()),
+        .expert_weights = c.table ? d_table.get() : nullptr,
+        .expert_offsets = d_offsets.get(),
+        .out = d_out_q.as_bf16(),
+        .num_rows = M,
+        .num_experts = c.E,
+        .n = N,
+        .k = Kd,
+        .quant = c.quant,
+        .quant_group = c.group,
+        .epilogue = gate_up ? GemmEpilogue::kSiluMul : GemmEpilogue::kNone,
+        .tile = tile,
+        .src_row = c.gather ? d_src_row.get() : nullptr,
+        .top_k = c.K,
+        // Forced tiles also go through the programmatic-dependent launch.
+        .overlap_previous = tile != GemmTile::kAuto};
     d_out_q.poison();
     grouped_gemm(p, nullptr);
     synchronize();
@@ -309,8 +309,8 @@ TEST(CudaQuantExpertsChecks, LayoutPartsAreAlignedAndDisjoint) {
         const int64_t group = 32;
         const QuantMatrixLayout l = quant_matrix_layout(q, rows, cols, group);
         const int64_t code_bytes = rows * (q == ExpertQuant::kFp8 ? cols : cols / 2);
-        const int64_t scale_bytes = rows * ((cols + group - 1) / group) *
-                                    (q == ExpertQuant::kMxfp4 ? 1 : 4);
+        const int64_t scale_bytes =
+            rows * ((cols + group - 1) / group) * (q == ExpertQuant::kMxfp4 ? 1 : 4);
         EXPECT_EQ(l.scale_offset % 16, 0);
         EXPECT_GE(l.scale_offset, code_bytes);
         EXPECT_EQ(l.bytes % 256, 0);

@@ -59,12 +59,12 @@ void check_case(const Case& c) {
 }
 
 TEST(QuantizedMatrix, EveryRoutedExpertOfAQuantisedCheckpointHasItsCodes) {
-  for (const Case& c : {Case{"deepseek_v3_fp8", WeightFormat::kCheckpoint, CodeFormat::kFp8},
-                        Case{"kimi_k2_fp8", WeightFormat::kCheckpoint, CodeFormat::kFp8},
-                        Case{"qwen2_moe_awq", WeightFormat::kCheckpoint, CodeFormat::kInt4},
-                        Case{"deepseek_v2_lite_gptq_v2", WeightFormat::kCheckpoint,
-                             CodeFormat::kInt4},
-                        Case{"gpt_oss_mxfp4", WeightFormat::kCheckpoint, CodeFormat::kMxfp4}}) {
+  for (const Case& c :
+       {Case{"deepseek_v3_fp8", WeightFormat::kCheckpoint, CodeFormat::kFp8},
+        Case{"kimi_k2_fp8", WeightFormat::kCheckpoint, CodeFormat::kFp8},
+        Case{"qwen2_moe_awq", WeightFormat::kCheckpoint, CodeFormat::kInt4},
+        Case{"deepseek_v2_lite_gptq_v2", WeightFormat::kCheckpoint, CodeFormat::kInt4},
+        Case{"gpt_oss_mxfp4", WeightFormat::kCheckpoint, CodeFormat::kMxfp4}}) {
     check_case(c);
   }
 }
@@ -101,8 +101,8 @@ TEST(QuantizedMatrix, FindTakesRowRangesOnly) {
   const TensorView rows{.dtype = DType::kBF16, .shape = {4, 32}, .data = values.data() + 8 * 32};
   ASSERT_NE(all.find(rows, &first_row), nullptr);
   EXPECT_EQ(first_row, 8);
-  EXPECT_EQ(all.find(rows, &first_row)->value(8, 0), 0.0f);   // (1 - 1) * 0.5
-  EXPECT_EQ(all.find(rows, &first_row)->value(8, 1), 0.5f);   // (2 - 1) * 0.5
+  EXPECT_EQ(all.find(rows, &first_row)->value(8, 0), 0.0f);  // (1 - 1) * 0.5
+  EXPECT_EQ(all.find(rows, &first_row)->value(8, 1), 0.5f);  // (2 - 1) * 0.5
   const TensorView past{.dtype = DType::kBF16, .shape = {9, 32}, .data = values.data() + 8 * 32};
   EXPECT_EQ(all.find(past, &first_row), nullptr);
   const TensorView columns{.dtype = DType::kBF16, .shape = {4, 16}, .data = values.data()};
