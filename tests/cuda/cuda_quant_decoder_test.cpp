@@ -31,6 +31,9 @@ namespace {
 
 constexpr double kMaxRelError = 2e-2;  // the GPU parity bound (cuda_parity_test.cpp)
 constexpr int64_t kDecodeSteps = 6;
+// The prompt again as this many sequences of one step: more rows per expert, so the automatic
+// tile steps up from the 16-row one the single prompt takes.
+constexpr int64_t kBatched = 3;
 
 struct QuantFixture {
   const char* name;
@@ -88,7 +91,7 @@ void gpu_matches_cpu(const QuantFixture& f) {
                                 GpuOptions{.max_batch_tokens = 64,
                                            .max_num_seqs = 4,
                                            .max_model_len = 64,
-                                           .num_kv_blocks = 8,
+                                           .num_kv_blocks = 4 * (1 + kBatched),
                                            .quiet = true});
   const std::vector<int32_t> table = {0, 1, 2, 3};
 
@@ -101,6 +104,24 @@ void gpu_matches_cpu(const QuantFixture& f) {
                got);
   RelError prefill;
   prefill.add(got.data(), cpu.data(), n * V);
+
+  // The same prompt as kBatched sequences in one step: each sequence's rows are the CPU's.
+  {
+    ForwardBatch batch{.all_positions = true};
+    std::vector<std::vector<int32_t>> tables;
+    for (int64_t s = 0; s < kBatched; ++s) {
+      tables.push_back({static_cast<int32_t>(4 * (s + 1)), static_cast<int32_t>(4 * (s + 1) + 1),
+                        static_cast<int32_t>(4 * (s + 1) + 2),
+                        static_cast<int32_t>(4 * (s + 1) + 3)});
+    }
+    for (int64_t s = 0; s < kBatched; ++s) {
+      batch.sequences.push_back({.tokens = prompt, .position = 0, .block_table = tables[s]});
+    }
+    std::vector<float> batched(kBatched * n * V, NAN);
+    gpu->forward(batch, batched);
+    for (int64_t s = 0; s < kBatched; ++s)
+      prefill.add(batched.data() + s * n * V, cpu.data(), n * V);
+  }
 
   // Decode: one token a step (the 16-row tile of the quantised GEMM), the CPU's greedy token
   // fed to both.
