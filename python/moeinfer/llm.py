@@ -35,9 +35,9 @@ class LLM:
             cuda (the CPU computes with the checkpoint's weights as stored).
         weights: None (the checkpoint's), "fp8", "int4" or "bf16": the routed experts' gate,
             up and down matrices quantised at load, as ``moeinfer ... --weights`` (attention,
-            router, shared experts and dense layers unchanged). CPU only for now; on the CPU the
-            quantised values are computed in bf16/f32: the format's numerics, not its memory
-            saving.
+            router, shared experts and dense layers unchanged). On the CPU the quantised values
+            are computed in bf16/f32 (the format's numerics, not its memory saving); on cuda
+            "fp8" and "int4" hold the codes and scales ("bf16" is dtype="bfloat16" there).
         gpu_memory_utilization: cuda: share of the GPU's memory for weights, workspace and KV.
         max_model_len: context length in tokens (None: the model's own).
         max_num_seqs: requests in the running batch at most.

@@ -122,7 +122,7 @@ void run_eval(const EvalArgs& args) {
   USAGE_CHECK(args.max_tokens == 0 || args.max_tokens >= 2, "--max-tokens ", args.max_tokens,
               " must be at least 2");
   const moe::RoutingApproximation approx = args.device.routing_approximation();
-  const WeightFormat weights = args.device.weight_format();  // fp8 and int4 refused on cuda
+  const WeightFormat weights = args.device.weight_format();
   const bool quantised = weights != WeightFormat::kCheckpoint;
   const bool kv_rounded = args.device.kv_rows_rounded();  // f32 refused on cuda
   const bool compare = args.device.active_experts || args.device.drop_below ||

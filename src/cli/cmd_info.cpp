@@ -103,7 +103,8 @@ void add_info_command(CLI::App& app) {
     const ModelConfig config = load_model_config(dir / "config.json");
     const WeightStore store = WeightStore::open(dir);
     WeightSource source(store, config);
-    const DecoderWeights weights = bind_weights(config, source);
+    DecoderWeights weights = bind_weights(config, source);
+    weights.quantized = &source.quantized();  // the GPU's report counts quantised experts
     const ModelFacts facts =
         model_facts(config, weights, static_cast<int64_t>(store.total_bytes()));
     std::unique_ptr<GpuDecoder> gpu;

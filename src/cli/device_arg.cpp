@@ -115,9 +115,10 @@ void add_weight_options(CLI::App* cmd, DeviceArgs* args) {
                   "codes with a scale and zero point per 128 inputs of a row, as GPTQ/AWQ) or "
                   "bf16 (rounded to bf16; what an fp8 or MXFP4 checkpoint is dequantised to "
                   "anyway). On the CPU the quantised values are computed in bf16/f32 after load: "
-                  "the format's numerics, not its memory saving. CPU only for now; fp8 and int4 "
-                  "are refused on an fp8 or MXFP4 checkpoint (default: the checkpoint's "
-                  "weights)")
+                  "the format's numerics, not its memory saving; on cuda fp8 and int4 experts are "
+                  "held as their codes and scales and dequantised in the expert GEMM (bf16 is "
+                  "--dtype bfloat16 there). fp8 and int4 are refused on an fp8, MXFP4, GPTQ or "
+                  "AWQ checkpoint (default: the checkpoint's weights)")
       ->check(CLI::IsMember({"bf16", "fp8", "int4"}));
 }
 
@@ -151,10 +152,6 @@ WeightFormat DeviceArgs::weight_format() const {
     USAGE_CHECK(format != WeightFormat::kBf16,
                 "--weights bf16 applies to --device cpu; on cuda --dtype bfloat16 holds the "
                 "weights in bf16");
-    USAGE_CHECK(format == WeightFormat::kCheckpoint, "--weights ", weights,
-                " is not implemented on the CUDA backend yet (the GPU kernels for ",
-                format == WeightFormat::kFp8 ? "block-scaled fp8" : "int4",
-                " experts are not built yet): run it with --device cpu");
   }
   return format;
 }
@@ -321,7 +318,7 @@ std::string routing_skew_label(const RoutingSkew& skew) {
 }
 
 std::unique_ptr<Model> load_model_for(const std::filesystem::path& dir, const DeviceArgs& device) {
-  const WeightFormat weights = device.weight_format();  // fp8 and int4 refused on cuda
+  const WeightFormat weights = device.weight_format();
   // A model the GPU refuses is refused from its config.json, before binding its weights, as is
   // a --kv-dtype its kernels do not read for this model (fp8 with MLA).
   if (device.is_cuda()) {

@@ -13,6 +13,7 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const LoadO
   model->source_ = std::make_unique<WeightSource>(model->store_, config);
   DecoderWeights weights = bind_weights(config, *model->source_);
   quantize_routed_experts(options.expert_weights, weights, *model->source_);
+  weights.quantized = &model->source_->quantized();
   if (options.prefault) model->store_.prefault();
   model->decoder_ = std::make_unique<Decoder>(config, std::move(weights));
   return model;

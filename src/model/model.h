@@ -16,7 +16,8 @@ namespace moeinfer {
 struct LoadOptions {
   bool prefault = true;  // touch every page at load (with a progress bar when slow)
   // --weights: the routed experts quantised at load (model/weight_quant.h); the CPU decoder then
-  // computes with the quantised values. Refused on an fp8 or MXFP4 checkpoint (fp8, int4).
+  // computes with the quantised values, the GPU with their codes. Refused on an already
+  // quantised checkpoint (fp8, int4).
   WeightFormat expert_weights = WeightFormat::kCheckpoint;
 };
 
@@ -34,7 +35,7 @@ class Model {
 
   std::filesystem::path dir_;
   WeightStore store_;
-  std::unique_ptr<WeightSource> source_;  // owns dequantised fp8 matrices
+  std::unique_ptr<WeightSource> source_;  // owns dequantised matrices and their codes
   std::unique_ptr<Decoder> decoder_;
 };
 

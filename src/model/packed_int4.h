@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "io/model_config.h"
+#include "model/quantized_matrix.h"
 
 namespace moeinfer {
 
@@ -37,5 +38,14 @@ struct PackedInt4Linear {
 // stored 15 then means 16, as AutoGPTQ's and vLLM's kernels read it.
 void dequantize_packed_int4(const PackedInt4Linear& linear, Int4Packing packing,
                             bool zero_minus_one, uint16_t* out_bf16);
+
+// The same linear as codes and per-group scales and zero points (the GPU's int4 layout, model/
+// quantized_matrix.h): value(n, k) is the float product dequantize_packed_int4 rounds. Needs
+// contiguous groups (g_idx null or k / group_size for every k: no act-order).
+QuantizedMatrix packed_int4_codes(const PackedInt4Linear& linear, Int4Packing packing,
+                                  bool zero_minus_one);
+
+// Whether g_idx (K entries) is k / group_size for every input: the groups are contiguous.
+bool packed_int4_groups_contiguous(const int32_t* g_idx, int64_t num_cols, int64_t group_size);
 
 }  // namespace moeinfer

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "io/model_config.h"
+#include "model/quantized_matrix.h"
 #include "model/weight_source.h"
 #include "model/weights.h"
 
@@ -42,10 +43,6 @@ void check_weight_format(WeightFormat format, const ModelConfig& config, bool cu
             "bf16");
   if (format != WeightFormat::kFp8 && format != WeightFormat::kInt4) return;
   const std::string flag = "--weights " + std::string(weight_format_name(format));
-  MOE_CHECK(!cuda, flag, " is not implemented on the CUDA backend yet (the GPU kernels for ",
-            format == WeightFormat::kFp8 ? "block-scaled fp8" : "int4",
-            " experts are not built "
-            "yet): run it with --device cpu");
   // Quantising values that are already a quantised format's would measure neither format.
   MOE_CHECK(!config.fp8.has_value(), flag,
             ": this checkpoint is already block-scaled fp8 (quantization_config fp8); run it "
@@ -61,7 +58,8 @@ void check_weight_format(WeightFormat format, const ModelConfig& config, bool cu
 }
 
 void fake_quantize_fp8_blocks(const float* w, int64_t num_rows, int64_t num_cols,
-                              int64_t block_rows, int64_t block_cols, float* out, float* scales) {
+                              int64_t block_rows, int64_t block_cols, float* out, float* scales,
+                              uint8_t* codes) {
   MOE_CHECK(block_rows > 0 && block_cols > 0, "fp8 blocks of ", block_rows, " x ", block_cols);
   const std::array<float, 256>& decode = f8e4m3_values();
   const int64_t scale_cols = (num_cols + block_cols - 1) / block_cols;
@@ -78,7 +76,9 @@ void fake_quantize_fp8_blocks(const float* w, int64_t num_rows, int64_t num_cols
       for (int64_t r = r0; r < r1; ++r) {
         for (int64_t c = c0; c < c1; ++c) {
           const int64_t i = r * num_cols + c;
-          out[i] = decode[f32_to_f8e4m3(w[i] / scale)] * scale;
+          const uint8_t code = f32_to_f8e4m3(w[i] / scale);
+          if (codes) codes[i] = code;
+          out[i] = decode[code] * scale;
         }
       }
     }
@@ -86,7 +86,8 @@ void fake_quantize_fp8_blocks(const float* w, int64_t num_rows, int64_t num_cols
 }
 
 void fake_quantize_int4_groups(const float* w, int64_t num_rows, int64_t num_cols,
-                               int64_t group_size, float* out, float* scales, int32_t* zeros) {
+                               int64_t group_size, float* out, float* scales, int32_t* zeros,
+                               uint8_t* codes) {
   MOE_CHECK(group_size > 0, "int4 groups of ", group_size);
   const int64_t groups_per_row = (num_cols + group_size - 1) / group_size;
   for (int64_t r = 0; r < num_rows; ++r) {
@@ -119,6 +120,7 @@ void fake_quantize_int4_groups(const float* w, int64_t num_rows, int64_t num_col
       for (int64_t c = c0; c < c1; ++c) {
         const int32_t q =
             std::clamp(static_cast<int32_t>(std::nearbyint(in[c] / scale)) + zero, 0, 15);
+        if (codes) codes[r * num_cols + c] = static_cast<uint8_t>(q);
         out[r * num_cols + c] = static_cast<float>(q - zero) * scale;
       }
     }
@@ -127,18 +129,45 @@ void fake_quantize_int4_groups(const float* w, int64_t num_rows, int64_t num_col
 
 namespace {
 
-// One matrix's quantised values, written to `dst` in `dtype` (bf16 or f32).
-void quantize_matrix(WeightFormat format, const TensorView& matrix, DType dtype, void* dst) {
+// One matrix's quantised values, written to `dst` in `dtype` (bf16 or f32), and (fp8, int4) its
+// codes and scales in `record` (model/quantized_matrix.h).
+void quantize_matrix(WeightFormat format, const TensorView& matrix, DType dtype, void* dst,
+                     QuantizedMatrix& record) {
   MOE_CHECK(matrix.shape.rank() == 2, "routed expert matrix of shape ", matrix.shape.str(),
             ": expected [N, K]");
   const int64_t rows = matrix.shape[0], cols = matrix.shape[1];
   std::vector<float> values(static_cast<size_t>(rows * cols));
   convert_to_f32(matrix.dtype, matrix.data, values.data(), values.size());
+  record.rows = rows;
+  record.cols = cols;
   if (format == WeightFormat::kFp8) {
+    const int64_t scale_cols = (cols + kFp8BlockSize - 1) / kFp8BlockSize;
+    std::vector<float> blocks(static_cast<size_t>((rows + kFp8BlockSize - 1) / kFp8BlockSize *
+                                                  scale_cols));
+    record.format = CodeFormat::kFp8;
+    record.group = kFp8BlockSize;
+    record.codes.resize(values.size());
     fake_quantize_fp8_blocks(values.data(), rows, cols, kFp8BlockSize, kFp8BlockSize,
-                             values.data());
+                             values.data(), blocks.data(), record.codes.data());
+    record.scales.resize(static_cast<size_t>(rows * scale_cols));
+    for (int64_t r = 0; r < rows; ++r) {
+      std::copy_n(blocks.begin() + (r / kFp8BlockSize) * scale_cols, scale_cols,
+                  record.scales.begin() + r * scale_cols);
+    }
   } else if (format == WeightFormat::kInt4) {
-    fake_quantize_int4_groups(values.data(), rows, cols, kInt4GroupSize, values.data());
+    const int64_t groups = rows * ((cols + kInt4GroupSize - 1) / kInt4GroupSize);
+    std::vector<uint8_t> codes(values.size());
+    std::vector<int32_t> zeros(static_cast<size_t>(groups));
+    record.format = CodeFormat::kInt4;
+    record.group = kInt4GroupSize;
+    record.scales.resize(static_cast<size_t>(groups));
+    fake_quantize_int4_groups(values.data(), rows, cols, kInt4GroupSize, values.data(),
+                              record.scales.data(), zeros.data(), codes.data());
+    record.zeros.assign(zeros.begin(), zeros.end());
+    record.codes.assign(static_cast<size_t>((rows * cols + 1) / 2), 0);
+    for (size_t i = 0; i < codes.size(); ++i) {
+      record.codes[i / 2] |= static_cast<uint8_t>(codes[i] << (4 * (i & 1)));
+    }
   }
   if (dtype == DType::kF32) {
     std::copy(values.begin(), values.end(), static_cast<float*>(dst));
@@ -156,6 +185,7 @@ void quantize_routed_experts(WeightFormat format, DecoderWeights& weights, Weigh
     TensorView* view;
     DType dtype;
     void* dst;
+    QuantizedMatrix record;
   };
   // Buffers are taken from the source one by one (it is not thread-safe); the values in parallel.
   std::vector<Job> jobs;
@@ -169,17 +199,20 @@ void quantize_routed_experts(WeightFormat format, DecoderWeights& weights, Weigh
                                 ? DType::kBF16
                                 : DType::kF32;
         if (format == WeightFormat::kBf16 && view->dtype == DType::kBF16) continue;
-        jobs.push_back({view, dtype, source.allocate(view->numel() * dtype_size(dtype))});
+        jobs.push_back({view, dtype, source.allocate(view->numel() * dtype_size(dtype)), {}});
       }
     }
   }
   parallel_for(static_cast<int64_t>(jobs.size()), [&](int64_t begin, int64_t end) {
     for (int64_t j = begin; j < end; ++j)
-      quantize_matrix(format, *jobs[j].view, jobs[j].dtype, jobs[j].dst);
+      quantize_matrix(format, *jobs[j].view, jobs[j].dtype, jobs[j].dst, jobs[j].record);
   });
-  for (const Job& job : jobs) {
+  for (Job& job : jobs) {
     job.view->dtype = job.dtype;
     job.view->data = job.dst;
+    if (job.record.group > 0) {
+      source.quantized().add(job.dst, dtype_size(job.dtype), std::move(job.record));
+    }
   }
 }
 

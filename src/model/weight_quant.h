@@ -1,8 +1,9 @@
 // Weight-only quantisation of the routed experts at load (`--weights fp8|int4`), as the numerics
 // of the format on the CPU: each routed expert's gate, up and down matrix is quantised and
 // dequantised once, and the values are held in the experts' compute dtype (bf16 for a bf16
-// checkpoint, float32 otherwise). The products are then those of the quantised model; the memory
-// saving, and the fp8 / int4 kernels that would give it, are a GPU matter not built yet.
+// checkpoint, float32 otherwise). The products are then those of the quantised model. The codes
+// and scales are kept too (model/quantized_matrix.h): the GPU holds those, not the values, and
+// dequantises them in its expert GEMM.
 // Attention, the router, shared experts and dense layers keep the checkpoint's weights.
 #pragma once
 
@@ -33,33 +34,33 @@ std::string_view weight_format_name(WeightFormat format);
 // The inverse for "bf16" / "bfloat16", "fp8", "int4"; "" is kCheckpoint. Throws on anything else.
 WeightFormat parse_weight_format(std::string_view text);
 
-// Refuses --weights on the GPU (its fp8 and int4 expert kernels are not built yet; bf16 is
-// --dtype bfloat16 there)
-// and on a checkpoint whose experts are already quantised (block-scaled fp8, MXFP4, GPTQ, AWQ),
-// naming the flag and the checkpoint's format.
+// Refuses --weights bf16 on the GPU (that is --dtype bfloat16 there), and fp8 / int4 on a
+// checkpoint whose experts are already quantised (block-scaled fp8, MXFP4, GPTQ, AWQ), naming the
+// flag and the checkpoint's format.
 void check_weight_format(WeightFormat format, const ModelConfig& config, bool cuda);
 
 // Replaces each routed expert's gate, up and down view of every MoE layer by its quantised
-// values in buffers owned by `source`. Nothing changes under kCheckpoint.
+// values in buffers owned by `source`, and records each one's codes and scales there
+// (WeightSource::quantized, for the GPU). Nothing changes under kCheckpoint.
 void quantize_routed_experts(WeightFormat format, DecoderWeights& weights, WeightSource& source);
 
 // w [R, C] -> out [R, C]: per block_rows x block_cols block (partial at the edges) scale =
 // amax / 448 (1 for an all-zero block), out = e4m3(w / scale) * scale with e4m3 rounding to
 // nearest even and saturating. scales [ceil(R / block_rows), ceil(C / block_cols)], when not
-// null, receives each block's scale (what a checkpoint stores as weight_scale_inv). out may
-// alias w.
+// null, receives each block's scale (what a checkpoint stores as weight_scale_inv), codes [R, C]
+// each value's e4m3 byte. out may alias w.
 void fake_quantize_fp8_blocks(const float* w, int64_t num_rows, int64_t num_cols,
                               int64_t block_rows, int64_t block_cols, float* out,
-                              float* scales = nullptr);
+                              float* scales = nullptr, uint8_t* codes = nullptr);
 
 // w [R, C] -> out [R, C]: per group of group_size consecutive values of a row (the last group of
 // a row may be shorter), lo = min(min, 0), hi = max(max, 0), scale = (hi - lo) / 15, zero =
 // round(-lo / scale) in [0, 15], q = clamp(round(w / scale) + zero, 0, 15), out = (q - zero) *
 // scale; rounding to nearest even. A constant group c gets scale |c| (1 for 0) and codes that
 // give c back exactly. scales and zeros [R, ceil(C / group_size)], when not null, receive each
-// group's scale and zero point. out may alias w.
+// group's scale and zero point, codes [R, C] each value's q. out may alias w.
 void fake_quantize_int4_groups(const float* w, int64_t num_rows, int64_t num_cols,
                                int64_t group_size, float* out, float* scales = nullptr,
-                               int32_t* zeros = nullptr);
+                               int32_t* zeros = nullptr, uint8_t* codes = nullptr);
 
 }  // namespace moeinfer

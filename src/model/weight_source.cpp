@@ -1,5 +1,6 @@
 #include "model/weight_source.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -37,6 +38,18 @@ TensorView WeightSource::matrix(const std::string& name, const Shape& shape) {
   std::vector<uint16_t>& out = dequantized_.emplace_back(static_cast<size_t>(rows * cols));
   dequantize_fp8_blocks(static_cast<const uint8_t*>(q.data), static_cast<const float*>(scale.data),
                         rows, cols, fp8_->block_rows, fp8_->block_cols, out.data());
+  // The codes as stored (in the map), each block's scale repeated on its rows
+  // (model/quantized_matrix.h).
+  QuantizedMatrix record{.format = CodeFormat::kFp8, .rows = rows, .cols = cols,
+                         .group = fp8_->block_cols};
+  record.mapped_codes = static_cast<const uint8_t*>(q.data);
+  record.scales.resize(static_cast<size_t>(rows * scale_cols));
+  const auto* scale_inv = static_cast<const float*>(scale.data);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::copy_n(scale_inv + (r / fp8_->block_rows) * scale_cols, scale_cols,
+                record.scales.begin() + r * scale_cols);
+  }
+  quantized_.add(out.data(), sizeof(uint16_t), std::move(record));
   return TensorView{.dtype = DType::kBF16, .shape = shape, .data = out.data()};
 }
 
@@ -80,14 +93,20 @@ TensorView WeightSource::packed_int4_matrix(const std::string& module, const Sha
               g_idx_name, "'");
   }
   std::vector<uint16_t>& out = dequantized_.emplace_back(static_cast<size_t>(N * K));
-  dequantize_packed_int4(PackedInt4Linear{.qweight = static_cast<const int32_t*>(qweight.data),
-                                          .qzeros = static_cast<const int32_t*>(qzeros.data),
-                                          .scales = scales_f32.data(),
-                                          .g_idx = g_idx,
-                                          .num_rows = N,
-                                          .num_cols = K,
-                                          .group_size = group_size},
-                         quant.packing, quant.zero_minus_one, out.data());
+  const PackedInt4Linear linear{.qweight = static_cast<const int32_t*>(qweight.data),
+                                .qzeros = static_cast<const int32_t*>(qzeros.data),
+                                .scales = scales_f32.data(),
+                                .g_idx = g_idx,
+                                .num_rows = N,
+                                .num_cols = K,
+                                .group_size = group_size};
+  dequantize_packed_int4(linear, quant.packing, quant.zero_minus_one, out.data());
+  // Act-order (a permuted g_idx) has no per-row group layout: such a linear keeps no codes, and
+  // the GPU holds its experts in bf16 (model/cuda/device_weights.cpp).
+  if (packed_int4_groups_contiguous(g_idx, K, group_size) && K % 2 == 0) {
+    quantized_.add(out.data(), sizeof(uint16_t),
+                   packed_int4_codes(linear, quant.packing, quant.zero_minus_one));
+  }
   return TensorView{.dtype = DType::kBF16, .shape = shape, .data = out.data()};
 }
 
@@ -109,6 +128,27 @@ TensorView WeightSource::mxfp4_experts(const std::string& name, const Shape& sha
     dequantize_mxfp4_rows(block_bytes + e * N * (K / 2), scale_bytes + e * N * (K / 32), N, K,
                           destination_row, out.data() + e * N * K);
   }
+  // The codes and exponents, rows in the same order as the values: [E * N, K / 2], [E * N, K / 32].
+  QuantizedMatrix record{.format = CodeFormat::kMxfp4, .rows = E * N, .cols = K, .group = 32};
+  // In order, the codes are the map's own bytes; reordered rows take a copy.
+  if (destination_row.empty()) {
+    record.mapped_codes = block_bytes;
+  } else {
+    record.codes.resize(static_cast<size_t>(E * N * K / 2));
+  }
+  record.exponents.resize(static_cast<size_t>(E * N * K / 32));
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t at = e * N + (destination_row.empty() ? n : destination_row[n]);
+      if (!destination_row.empty()) {
+        std::copy_n(block_bytes + (e * N + n) * (K / 2), K / 2,
+                    record.codes.begin() + at * (K / 2));
+      }
+      std::copy_n(scale_bytes + (e * N + n) * (K / 32), K / 32,
+                  record.exponents.begin() + at * (K / 32));
+    }
+  }
+  quantized_.add(out.data(), sizeof(uint16_t), std::move(record));
   return TensorView{.dtype = DType::kBF16, .shape = shape, .data = out.data()};
 }
 

@@ -14,6 +14,7 @@
 
 #include "io/model_config.h"
 #include "io/safetensors.h"
+#include "model/quantized_matrix.h"
 
 namespace moeinfer {
 
@@ -46,6 +47,10 @@ class WeightSource {
   // the same dtype, owned here: a weight stored [in, out] turned into the products' [out, in].
   TensorView transposed_columns(const TensorView& matrix, int64_t first_col, int64_t num_cols);
   size_t transposed_bytes() const;
+  // The codes and scales behind every matrix dequantised here (block-scaled fp8, GPTQ / AWQ
+  // without act-order, MXFP4) and every one quantize_routed_experts quantised, for the GPU.
+  const QuantizedMatrices& quantized() const { return quantized_; }
+  QuantizedMatrices& quantized() { return quantized_; }
 
  private:
   // `<module>.weight` [N, K] from the module's GPTQ or AWQ tensors, their shapes checked.
@@ -57,6 +62,7 @@ class WeightSource {
   std::deque<std::vector<uint16_t>> dequantized_;  // stable addresses for the views
   std::deque<std::vector<std::byte>> allocated_;
   std::deque<std::vector<std::byte>> transposed_;
+  QuantizedMatrices quantized_;
 };
 
 // w[r, c] = q[r, c] * scale_inv[r / rows, c / cols], rounded to bf16. Exposed for tests.

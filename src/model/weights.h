@@ -10,6 +10,8 @@
 
 namespace moeinfer {
 
+class QuantizedMatrices;  // model/quantized_matrix.h
+
 struct AttentionWeights {
   // q_proj is [2*Nq*D, H] with an output gate (Qwen3-Next): per head, D query rows then D gate
   // rows.
@@ -78,6 +80,10 @@ struct DecoderWeights {
   TensorView final_norm;    // [H]
   TensorView lm_head;       // [V, H]; the embedding when tied
   std::vector<LayerWeights> layers;
+  // The codes and scales behind quantised views (model/quantized_matrix.h), owned by the
+  // WeightSource that outlives these views; null where nothing recorded them. The GPU upload
+  // holds a routed expert's codes instead of its bf16 values when every expert has a record.
+  const QuantizedMatrices* quantized = nullptr;
 };
 
 }  // namespace moeinfer

@@ -21,9 +21,9 @@ EngineConfig engine_config(const SessionOptions& o) {
             "stored)");
   MOE_CHECK(o.weights.empty() || o.weights == "bf16" || o.weights == "fp8" || o.weights == "int4",
             "weights must be None, 'bf16', 'fp8' or 'int4', got '", o.weights, "'");
-  MOE_CHECK(o.device == "cpu" || o.weights.empty(), "weights='", o.weights,
-            "' applies to device='cpu' for now (the GPU kernels for "
-            "quantised experts are not built yet)");
+  MOE_CHECK(o.device == "cpu" || o.weights != "bf16",
+            "weights='bf16' applies to device='cpu'; on cuda dtype='bfloat16' holds the weights "
+            "in bf16");
   MOE_CHECK(o.gpu_memory_fraction > 0.0 && o.gpu_memory_fraction <= 1.0,
             "gpu_memory_utilization must be in (0, 1], got ", o.gpu_memory_fraction);
   MOE_CHECK(o.ep >= 1, "ep must be >= 1, got ", o.ep);

@@ -149,7 +149,9 @@ std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const Eng
     check_gpu_kv_dtype(model_config, gpu_options(model_config, config).kv_dtype);
     check_gpu_offload(model_config, config.offload);
     // The GPU reads the map once while uploading; prefaulting it first would read it twice.
-    auto model = Model::load(dir, LoadOptions{.prefault = false});
+    // --weights fp8|int4: the GPU holds the codes the loader keeps (model/quantized_matrix.h).
+    auto model =
+        Model::load(dir, LoadOptions{.prefault = false, .expert_weights = config.expert_weights});
     Tokenizer tokenizer = Tokenizer::from_dir(dir);
     auto gpu = GpuDecoder::create(model->config(), model->decoder().weights(),
                                   gpu_options(model->config(), config));

@@ -1,6 +1,7 @@
 // Launcher of the grouped expert GEMM (grouped_gemm_kernel.cuh): checks shapes and alignment,
 // picks the tile from host-known sizes, sizes the grid for the worst case and launches once.
-// The instantiations are the eight used: four tiles, each plain and with SiLU(gate)*up fused.
+// The instantiations are the eight used: four tiles, each plain and with SiLU(gate)*up fused;
+// and for quantised weights (fp8, int4, MXFP4) the 16- and 64-row tiles of each, twelve more.
 #include <algorithm>
 #include <cmath>
 
@@ -31,12 +32,12 @@ using Rows128 = gemm::TileConfig<128, G ? 64 : 128, 2, 4, 3, G>;
 template <bool G>
 using Rows128Wide = gemm::TileConfig<128, G ? 128 : 256, 2, 4, 3, G>;
 
-template <class Cfg>
+template <class Cfg, ExpertQuant Q = ExpertQuant::kNone>
 void launch(const GroupedGemmParams& p, cudaStream_t stream) {
   MOE_CHECK(p.n % Cfg::BN == 0, "n = ", p.n, " must be a multiple of ", Cfg::BN, " for the ",
             Cfg::BM, "-row tile");
   static const bool attribute_set = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_kernel<Cfg>,
+    CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_kernel<Cfg, Q>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
     return true;
   }();
@@ -49,7 +50,7 @@ void launch(const GroupedGemmParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.n / Cfg::BN), static_cast<unsigned>(slots_y),
                   static_cast<unsigned>(slots_z));
   if (!p.overlap_previous) {
-    grouped_gemm_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+    grouped_gemm_kernel<Cfg, Q><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
     MOE_CUDA_CHECK_LAUNCH();
     return;
   }
@@ -63,7 +64,7 @@ void launch(const GroupedGemmParams& p, cudaStream_t stream) {
   config.stream = stream;
   config.attrs = &attribute;
   config.numAttrs = 1;
-  CUDA_CHECK(cudaLaunchKernelEx(&config, grouped_gemm_kernel<Cfg>, p));
+  CUDA_CHECK(cudaLaunchKernelEx(&config, grouped_gemm_kernel<Cfg, Q>, p));
 }
 
 template <bool G>
@@ -81,6 +82,51 @@ void dispatch_tile(GemmTile tile, const GroupedGemmParams& p, cudaStream_t strea
       break;
   }
   MOE_CHECK(false, "unresolved tile ", static_cast<int>(tile));
+}
+
+// Quantised weights: the 16-row tile for decode, the 64-row one for everything larger (the
+// register-staged weight tile of the 128-row tiles would cost 8 chunks a thread more; prefill
+// with quantised experts is not tuned yet).
+template <bool G, ExpertQuant Q>
+void dispatch_quant_tile(GemmTile tile, const GroupedGemmParams& p, cudaStream_t stream) {
+  if (tile == GemmTile::kRows16) return launch<Rows16<G>, Q>(p, stream);
+  return launch<Rows64<G>, Q>(p, stream);
+}
+
+template <bool G>
+void dispatch_quant(GemmTile tile, const GroupedGemmParams& p, cudaStream_t stream) {
+  switch (p.quant) {
+    case ExpertQuant::kFp8:
+      return dispatch_quant_tile<G, ExpertQuant::kFp8>(tile, p, stream);
+    case ExpertQuant::kInt4:
+      return dispatch_quant_tile<G, ExpertQuant::kInt4>(tile, p, stream);
+    case ExpertQuant::kMxfp4:
+      return dispatch_quant_tile<G, ExpertQuant::kMxfp4>(tile, p, stream);
+    case ExpertQuant::kNone:
+      break;
+  }
+  MOE_CHECK(false, "quant ", static_cast<int>(p.quant), " is not a quantised format");
+}
+
+// The quantised layout's requirements (expert_quant.h), each refused by name.
+void check_quant(const GroupedGemmParams& p) {
+  if (p.quant == ExpertQuant::kNone) return;
+  MOE_CHECK(p.quant == ExpertQuant::kFp8 || p.quant == ExpertQuant::kInt4 ||
+                p.quant == ExpertQuant::kMxfp4,
+            "quant ", static_cast<int>(p.quant), " is not kNone, kFp8, kInt4 or kMxfp4");
+  MOE_CHECK(p.weight_terms == 1, "quantised weights take one term, not weight_terms = ",
+            p.weight_terms);
+  if (p.quant == ExpertQuant::kMxfp4) {
+    MOE_CHECK(p.quant_group == 32, "MXFP4 scales 32 inputs each, not quant_group = ",
+              p.quant_group);
+  } else {
+    MOE_CHECK(p.quant_group > 0 && p.quant_group % 8 == 0, "quant_group = ", p.quant_group,
+              " must be a positive multiple of 8 (one scale per 16-byte chunk)");
+  }
+  if (p.weights) {
+    MOE_CHECK(reinterpret_cast<uintptr_t>(p.weights) % 256 == 0,
+              "quantised weights must be 256-byte aligned");
+  }
 }
 
 }  // namespace
@@ -138,6 +184,15 @@ void grouped_gemm(const GroupedGemmParams& p, cudaStream_t stream) {
           ? grouped_gemm_auto_tile(p.num_rows, p.num_experts, p.n,
                                    gated ? GemmEpilogue::kSiluMul : GemmEpilogue::kNone)
           : p.tile;
+  check_quant(p);
+  if (p.quant != ExpertQuant::kNone) {
+    if (gated) {
+      dispatch_quant<true>(tile, p, stream);
+    } else {
+      dispatch_quant<false>(tile, p, stream);
+    }
+    return;
+  }
   if (gated) {
     dispatch_tile<true>(tile, p, stream);
   } else {
@@ -161,6 +216,8 @@ void moe_experts(const MoeExpertsParams& p, cudaStream_t stream) {
                                  .n = p.expert_width,
                                  .k = p.hidden_size,
                                  .weight_terms = p.weight_terms,
+                                 .quant = p.quant,
+                                 .quant_group = p.quant_group,
                                  .epilogue = p.gate_up_epilogue,
                                  .bias = p.gate_up_bias,
                                  .swiglu_alpha = p.swiglu_alpha,
@@ -178,6 +235,8 @@ void moe_experts(const MoeExpertsParams& p, cudaStream_t stream) {
                                  .n = p.hidden_size,
                                  .k = p.expert_width,
                                  .weight_terms = p.weight_terms,
+                                 .quant = p.quant,
+                                 .quant_group = p.quant_group,
                                  .epilogue = GemmEpilogue::kNone,
                                  .bias = p.down_bias,
                                  .overlap_previous = true},

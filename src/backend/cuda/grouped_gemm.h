@@ -29,6 +29,9 @@
 // u = clamp(up, -limit, limit). An optional float32 bias per expert joins the accumulators
 // before any of them (gate and up columns alike).
 //
+// Quantised weights (fp8, int4, MXFP4 codes with their scales, expert_quant.h) are dequantised
+// to bf16 on their way into shared memory: see GroupedGemmParams::quant.
+//
 // Requirements (the launcher names the offending value): Kd a positive multiple of 64, N a
 // positive multiple of 32 (64 and 128 for the larger tiles, see grouped_gemm.cu), all three
 // matrices 16-byte aligned (cp.async moves 16-byte chunks), M < 2^31.
@@ -38,6 +41,8 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+
+#include "backend/cuda/expert_quant.h"
 
 namespace moeinfer::cuda {
 
@@ -63,6 +68,15 @@ struct GroupedGemmParams {
   int64_t n = 0;                            // N output columns
   int64_t k = 0;                            // Kd
   int64_t weight_terms = 1;                 // 1, or 2: a lo matrix after each expert's matrix
+  // Quantised weights (expert_quant.h): `weights` then points at E slabs of
+  // quant_matrix_layout(quant, Nw, Kd, quant_group).bytes each (and each expert_weights entry at
+  // one slab), read as bytes despite the pointer type; each 16-byte chunk of a weight tile is
+  // loaded as codes and its scale, dequantised to bf16 in registers and stored to shared memory
+  // where cp.async would have put the bf16 weights, so the product is the bf16 product over the
+  // dequantised values. weight_terms must be 1. The 16- and 64-row tiles only (kRows128 and
+  // kRows128Wide run as kRows64).
+  ExpertQuant quant = ExpertQuant::kNone;
+  int64_t quant_group = 0;  // inputs per scale: a multiple of 8 (fp8, int4), 32 (mxfp4)
   GemmEpilogue epilogue = GemmEpilogue::kNone;
   // [E, Nw] float32, or null: expert e's bias, added to the float32 accumulators of output
   // column c (and, with a gated epilogue, of up column N + c) before the epilogue. Indexed by
@@ -95,6 +109,9 @@ struct MoeExpertsParams {
   const __nv_bfloat16* gate_up = nullptr;   // [E, terms, 2I, H], or null with the tables
   const __nv_bfloat16* down = nullptr;      // [E, terms, H, I]
   int64_t weight_terms = 1;                 // terms: 1, or 2 (hi and lo bf16 matrices)
+  // Quantised experts (GroupedGemmParams::quant): gate_up and down are then E slabs each.
+  ExpertQuant quant = ExpertQuant::kNone;
+  int64_t quant_group = 0;
   const __nv_bfloat16* const* gate_up_table = nullptr;  // [E] -> [terms, 2I, H]
   const __nv_bfloat16* const* down_table = nullptr;     // [E] -> [terms, H, I]
   const int32_t* expert_offsets = nullptr;  // [E + 1] device

@@ -27,6 +27,15 @@
 // - Two weight terms (weight_terms = 2, float32 checkpoints held as hi + lo bf16): the k-tile
 //   loop runs twice as long, the second half over the lo matrix with the same row tiles, so
 //   both terms land in the same accumulators before the epilogue (SiLU is not linear).
+// - Quantised weights (Q != kNone, expert_quant.h): cp.async cannot convert, so a weight tile
+//   travels through registers: each thread loads its chunks' codes and scales for k-tile
+//   kt + Stages - 1 before the tensor-core work on tile kt, and dequantises and stores them to
+//   shared memory after it, so the global loads are in flight during the mma (the stage it
+//   writes was freed by the __syncthreads that opened the iteration, and the one that opens
+//   the iteration consuming it makes the stores visible). The shared-memory tile is then
+//   exactly the bf16 tile the plain kernel reads, so everything after the load is shared and a
+//   quantised product equals the bf16 product over the dequantised weights bit for bit (same
+//   tile). Only the codes and scales cross the memory bus: at decode that is the point.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -34,7 +43,10 @@
 #include <cstdint>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/expert_quant.h"
 #include "backend/cuda/grouped_gemm.h"
+#include "backend/cuda/kv_fp8.cuh"
 
 namespace moeinfer::cuda {
 
@@ -139,9 +151,73 @@ __device__ __forceinline__ float clamped_swiglu_value(float gate, float up, floa
   return (u + 1.0f) * (g / (1.0f + __expf(-alpha * g)));
 }
 
+// One 16-byte chunk of a quantised weight tile in flight: 8 codes and their scale (and zero
+// point, or E8M0 exponent in codes.y for MXFP4).
+struct QuantChunk {
+  uint2 codes;
+  float scale;
+  float zero;
+};
+
+// e2m1: sign in bit 3, two exponent bits, one mantissa bit (0, 0.5, 1, 1.5, 2, 3, 4, 6).
+__device__ __forceinline__ float e2m1_value(uint32_t code) {
+  const uint32_t mag = code & 7u;
+  const float v = mag < 2 ? 0.5f * static_cast<float>(mag)
+                          : __uint_as_float((((mag >> 1) + 126u) << 23) | ((mag & 1u) << 22));
+  return (code & 8u) ? -v : v;
+}
+
+// Loads the codes and scale of chunk (w_row, inputs k .. k + 7) of a quantised slab.
+template <ExpertQuant Q>
+__device__ __forceinline__ QuantChunk fetch_quant_chunk(const uint8_t* slab,
+                                                        const QuantMatrixLayout& layout,
+                                                        int group, int w_row, int k) {
+  QuantChunk c{};
+  const int64_t g = static_cast<int64_t>(w_row) * layout.groups_per_row + k / group;
+  const uint8_t* row = slab + static_cast<int64_t>(w_row) * layout.row_code_bytes;
+  if constexpr (Q == ExpertQuant::kFp8) {
+    c.codes = __ldg(reinterpret_cast<const uint2*>(row + k));
+    c.scale = __ldg(reinterpret_cast<const float*>(slab + layout.scale_offset) + g);
+  } else if constexpr (Q == ExpertQuant::kInt4) {
+    c.codes.x = __ldg(reinterpret_cast<const unsigned int*>(row + k / 2));
+    c.scale = __ldg(reinterpret_cast<const float*>(slab + layout.scale_offset) + g);
+    c.zero = __ldg(reinterpret_cast<const float*>(slab + layout.zero_offset) + g);
+  } else {
+    c.codes.x = __ldg(reinterpret_cast<const unsigned int*>(row + k / 2));
+    c.codes.y = __ldg(slab + layout.scale_offset + g);
+  }
+  return c;
+}
+
+// The chunk's 8 values as 8 bf16 (round to nearest even of the float32 value the CPU forms).
+template <ExpertQuant Q>
+__device__ __forceinline__ uint4 dequantize_chunk(const QuantChunk& c) {
+  if constexpr (Q == ExpertQuant::kFp8) {
+    return kvfp8::decode8_bf16(c.codes, c.scale);
+  } else {
+    float v[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const uint32_t code = (c.codes.x >> (4 * j)) & 0xfu;
+      if constexpr (Q == ExpertQuant::kInt4) {
+        v[j] = (static_cast<float>(code) - c.zero) * c.scale;
+      } else {
+        // value * 2^(e - 127): a multiply by the power of two where it is a normal float,
+        // ldexpf at the two ends (e = 0: 2^-127 is subnormal; e = 255 overflows), as the CPU's
+        // ldexp; both are exact.
+        const int e = static_cast<int>(c.codes.y);
+        const float x = e2m1_value(code);
+        v[j] = (e >= 1 && e <= 254) ? x * __uint_as_float(static_cast<uint32_t>(e) << 23)
+                                    : ldexpf(x, e - 127);
+      }
+    }
+    return device::float_to_bf16x8(v);
+  }
+}
+
 }  // namespace gemm
 
-template <class Cfg>
+template <class Cfg, ExpertQuant Q = ExpertQuant::kNone>
 __global__ void __launch_bounds__(Cfg::kThreads)
     grouped_gemm_kernel(const __grid_constant__ GroupedGemmParams p) {
   using namespace gemm;
@@ -192,12 +268,19 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const int N = static_cast<int>(p.n);
   const int n0 = static_cast<int>(blockIdx.x) * BN;
   const int64_t term_elems = Cfg::kOps * static_cast<int64_t>(N) * K;  // one term's matrix
+  // Quantised: the expert's slab of codes and scales (expert_quant.h).
+  const QuantMatrixLayout q_layout =
+      quant_matrix_layout(Q, Cfg::kOps * static_cast<int64_t>(N), K, p.quant_group);
   const __nv_bfloat16* b_base =
-      p.expert_weights != nullptr
-          ? p.expert_weights[expert]
+      p.expert_weights != nullptr ? p.expert_weights[expert]
+      : Q != ExpertQuant::kNone
+          ? reinterpret_cast<const __nv_bfloat16*>(reinterpret_cast<const uint8_t*>(p.weights) +
+                                                   static_cast<int64_t>(expert) * q_layout.bytes)
           : p.weights + static_cast<int64_t>(expert) * p.weight_terms * term_elems;
   // A null table entry: the expert computes elsewhere (the host) and its rows are left alone.
   if (b_base == nullptr) return;
+  const auto* q_slab = reinterpret_cast<const uint8_t*>(b_base);
+  const int q_group = static_cast<int>(p.quant_group);
 
   const uint32_t smem_base = smem_u32(gemm_smem);
   auto stage_a = [&](int stage) { return smem_base + stage * Cfg::kStageBytes; };
@@ -232,6 +315,31 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     }
   };
 
+  // Quantised weight tiles: each thread's chunks of a tile, fetched into registers, then
+  // dequantised into the stage (see the file's header).
+  constexpr int kQuantChunks = Cfg::kBRows * 8 / kThreads;
+  static_assert(Q == ExpertQuant::kNone || Cfg::kBRows * 8 % kThreads == 0,
+                "quantised tiles split evenly over the threads");
+  auto fetch_b = [&](int k_tile, QuantChunk (&chunks)[kQuantChunks]) {
+    const int k0 = k_tile * kBK;
+#pragma unroll
+    for (int i = 0; i < kQuantChunks; ++i) {
+      const int c = static_cast<int>(threadIdx.x) + i * kThreads;
+      const int r = c >> 3, ch = c & 7;
+      const int w_row = (Cfg::kGateUp && r >= BN) ? N + n0 + (r - BN) : n0 + r;
+      chunks[i] = fetch_quant_chunk<Q>(q_slab, q_layout, q_group, w_row, k0 + ch * 8);
+    }
+  };
+  auto store_b = [&](int stage, const QuantChunk (&chunks)[kQuantChunks]) {
+    uint8_t* sb = gemm_smem + stage * Cfg::kStageBytes + BM * kBK * 2;
+#pragma unroll
+    for (int i = 0; i < kQuantChunks; ++i) {
+      const int c = static_cast<int>(threadIdx.x) + i * kThreads;
+      const int r = c >> 3, ch = c & 7;
+      *reinterpret_cast<uint4*>(sb + swizzle(r, ch)) = dequantize_chunk<Q>(chunks[i]);
+    }
+  };
+
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
   const int warp_m = warp / Cfg::kWarpsN;
@@ -256,8 +364,16 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   // the previous kernel may have written, only after. The weight loads all land in the first
   // commit group, which only makes the first wait a little stricter.
 #pragma unroll
-  for (int s = 0; s < Cfg::kStages - 1; ++s)
-    if (s < num_k_tiles) load_b(s, s);
+  for (int s = 0; s < Cfg::kStages - 1; ++s) {
+    if (s >= num_k_tiles) continue;
+    if constexpr (Q == ExpertQuant::kNone) {
+      load_b(s, s);
+    } else {
+      QuantChunk chunks[kQuantChunks];
+      fetch_b(s, chunks);
+      store_b(s, chunks);  // visible after the __syncthreads below
+    }
+  }
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
   // Source rows: the expert-ordered row itself, or the gathered token's row.
   for (int r = threadIdx.x; r < BM; r += kThreads) {
@@ -282,9 +398,14 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     cp_async_wait<Cfg::kStages - 2>();
     __syncthreads();  // stage kt landed for every thread; stage kt-1 is free to overwrite
     const int next = kt + Cfg::kStages - 1;
+    QuantChunk next_chunks[Q == ExpertQuant::kNone ? 1 : kQuantChunks];
     if (next < num_k_tiles) {
       load_a(next % Cfg::kStages, next);
-      load_b(next % Cfg::kStages, next);
+      if constexpr (Q == ExpertQuant::kNone) {
+        load_b(next % Cfg::kStages, next);
+      } else {
+        fetch_b(next, next_chunks);
+      }
     }
     cp_async_commit();
 
@@ -322,6 +443,9 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 #pragma unroll
           for (int j = 0; j < Cfg::kNTiles; ++j) mma_bf16(acc[o][i][j], a[i], b[j][0], b[j][1]);
       }
+    }
+    if constexpr (Q != ExpertQuant::kNone) {
+      if (next < num_k_tiles) store_b(next % Cfg::kStages, next_chunks);
     }
   }
   cp_async_wait<0>();

@@ -10,6 +10,7 @@
 #include <deque>
 #include <numeric>
 #include <random>
+#include <utility>
 
 #include "backend/cuda/attention.h"
 #include "backend/cuda/cuda_check.h"
@@ -21,6 +22,7 @@
 #include "core/progress.h"
 #include "core/thread_pool.h"
 #include "model/gpu_decoder.h"
+#include "model/quantized_matrix.h"
 
 namespace moeinfer::gpu {
 namespace {
@@ -34,6 +36,13 @@ struct Piece {
   int64_t src_row0 = 0, src_col0 = 0;
   int64_t rows = 0, cols = 0;
   int64_t dst_row0 = 0, dst_col0 = 0;
+};
+
+// Rows of a quantised record placed into one expert's slab (a quantised stack's job).
+struct QuantPiece {
+  const QuantizedMatrix* matrix = nullptr;
+  int64_t src_row0 = 0, rows = 0;
+  int64_t expert = 0, dst_row0 = 0;  // the slab, and the first row in it
 };
 
 // One device matrix: where it lives, its shape, and what fills it.
@@ -52,8 +61,18 @@ struct Job {
   float value_offset = 0.0f;  // added to every stored value (zero-centred norms: 1 + w)
   const void** target = nullptr;
   bool home = false;  // an offloaded expert matrix: lives in the pinned host home
-  size_t bytes() const { return static_cast<size_t>(terms * rows * cols) * (f32 ? 4 : 2); }
-  size_t row_bytes() const { return static_cast<size_t>(cols) * (f32 ? 4 : 2); }
+  // A stack of quantised expert slabs (backend/cuda/expert_quant.h): `rows` slabs of a
+  // [slab_rows, slab_cols] matrix each, a slab counting as one row of slab.bytes.
+  cuda::ExpertQuant quant = cuda::ExpertQuant::kNone;
+  int64_t quant_group = 0;
+  int64_t slab_rows = 0, slab_cols = 0;
+  cuda::QuantMatrixLayout slab;
+  std::vector<QuantPiece> quant_pieces;
+  size_t bytes() const { return static_cast<size_t>(rows) * row_bytes() * terms; }
+  size_t row_bytes() const {
+    if (quant != cuda::ExpertQuant::kNone) return static_cast<size_t>(slab.bytes);
+    return static_cast<size_t>(cols) * (f32 ? 4 : 2);
+  }
   // Where row `row` of term `term` lives, in bytes from the job's start.
   size_t row_offset(int64_t row, int64_t term) const {
     const int64_t block = row / block_rows;
@@ -94,6 +113,25 @@ class Layout {
     job.fill_scale = 1.0f / std::sqrt(static_cast<float>(cols));
     job.target = reinterpret_cast<const void**>(target);
     end += round_up(static_cast<int64_t>(job.bytes()), kAlignment);
+    jobs_.push_back(std::move(job));
+    return jobs_.back();
+  }
+  // num_experts quantised slabs of a [rows, cols] matrix each, in device memory.
+  template <typename T>
+  Job& quant_stack(const T** target, int64_t num_experts, int64_t rows, int64_t cols,
+                   cuda::ExpertQuant quant, int64_t group) {
+    Job job;
+    job.offset = end_;
+    job.rows = num_experts;
+    job.cols = 0;
+    job.quant = quant;
+    job.quant_group = group;
+    job.slab_rows = rows;
+    job.slab_cols = cols;
+    job.slab = cuda::quant_matrix_layout(quant, rows, cols, group);
+    job.block_rows = std::max<int64_t>(num_experts, 1);
+    job.target = reinterpret_cast<const void**>(target);
+    end_ += round_up(static_cast<int64_t>(job.bytes()), kAlignment);
     jobs_.push_back(std::move(job));
     return jobs_.back();
   }
@@ -383,20 +421,52 @@ void build_layout(const ModelConfig& c, const DecoderWeights* w, bool offload_ex
         down_bias.pieces.push_back({.src = ex.down_bias, .rows = 1, .cols = H, .dst_row0 = e});
       }
     }
-    layout.set_home(offload_experts);
-    Job& gu = layout.add(&d.experts_gate_up, E * 2 * Ip, Hp, false, false, /*block_rows=*/2 * Ip);
-    Job& down = layout.add(&d.experts_down, E * Hp, Ip, false, false, /*block_rows=*/Hp);
-    layout.set_home(false);
-    gu.padded = down.padded = I != Ip || H != Hp;
-    down.fill_scale = 1.0f / std::sqrt(static_cast<float>(I));
-    if (mw) {
+    if (out.expert_quant != cuda::ExpertQuant::kNone) {
+      // Quantised (chosen by plan_layout only with bound weights whose every expert has codes).
+      Job& gu = layout.quant_stack(&d.experts_gate_up, E, 2 * Ip, Hp, out.expert_quant,
+                                   out.expert_quant_group);
+      Job& down = layout.quant_stack(&d.experts_down, E, Hp, Ip, out.expert_quant,
+                                     out.expert_quant_group);
+      out.expert_bytes = gu.slab.bytes + down.slab.bytes;
       MOE_CHECK(static_cast<int64_t>(mw->routed.experts.size()) == E, "layer ", l, " has ",
                 mw->routed.experts.size(), " experts bound, the config says ", E);
       for (int64_t e = 0; e < E; ++e) {
         const moe::ExpertWeights& ex = mw->routed.experts[e];
-        gu.pieces.push_back({.src = ex.gate, .rows = I, .cols = H, .dst_row0 = e * 2 * Ip});
-        gu.pieces.push_back({.src = ex.up, .rows = I, .cols = H, .dst_row0 = e * 2 * Ip + Ip});
-        down.pieces.push_back({.src = ex.down, .rows = H, .cols = I, .dst_row0 = e * Hp});
+        auto piece = [&](Job& job, const TensorView& view, int64_t dst_row0, int64_t rows,
+                         int64_t cols) {
+          MOE_CHECK(view.shape.rank() == 2 && view.shape[0] == rows && view.shape[1] == cols,
+                    "layer ", l, " expert ", e, ": a matrix of shape ", view.shape.str(),
+                    " where ", rows, "x", cols, " was expected");
+          int64_t first_row = 0;
+          const QuantizedMatrix* m = w->quantized->find(view, &first_row);
+          MOE_CHECK(m != nullptr, "layer ", l, " expert ", e, " has no codes");
+          job.quant_pieces.push_back({.matrix = m, .src_row0 = first_row,
+                                      .rows = view.shape[0], .expert = e,
+                                      .dst_row0 = dst_row0});
+        };
+        piece(gu, ex.gate, 0, I, H);
+        piece(gu, ex.up, Ip, I, H);
+        piece(down, ex.down, 0, H, I);
+      }
+    } else {
+      layout.set_home(offload_experts);
+      Job& gu =
+          layout.add(&d.experts_gate_up, E * 2 * Ip, Hp, false, false, /*block_rows=*/2 * Ip);
+      Job& down = layout.add(&d.experts_down, E * Hp, Ip, false, false, /*block_rows=*/Hp);
+      layout.set_home(false);
+      out.expert_bytes = static_cast<int64_t>(gu.row_bytes() * gu.terms) * 2 * Ip +
+                         static_cast<int64_t>(down.row_bytes() * down.terms) * Hp;
+      gu.padded = down.padded = I != Ip || H != Hp;
+      down.fill_scale = 1.0f / std::sqrt(static_cast<float>(I));
+      if (mw) {
+        MOE_CHECK(static_cast<int64_t>(mw->routed.experts.size()) == E, "layer ", l, " has ",
+                  mw->routed.experts.size(), " experts bound, the config says ", E);
+        for (int64_t e = 0; e < E; ++e) {
+          const moe::ExpertWeights& ex = mw->routed.experts[e];
+          gu.pieces.push_back({.src = ex.gate, .rows = I, .cols = H, .dst_row0 = e * 2 * Ip});
+          gu.pieces.push_back({.src = ex.up, .rows = I, .cols = H, .dst_row0 = e * 2 * Ip + Ip});
+          down.pieces.push_back({.src = ex.down, .rows = H, .cols = I, .dst_row0 = e * Hp});
+        }
       }
     }
     const bool has_shared = mw ? !mw->shared_expert.gate_proj.empty()
@@ -443,8 +513,44 @@ void convert_row(DType dtype, const void* src, size_t n, bool to_f32, int64_t te
   }
 }
 
+// Writes rows [src_row0, src_row0 + rows) of a record at row dst_row0 of a slab laid out as
+// `slab` (zeroed before: the padding's codes and scales stay zero, so its values are zero).
+void write_quant_rows(const QuantizedMatrix& m, int64_t src_row0, int64_t rows, int64_t dst_row0,
+                      const cuda::QuantMatrixLayout& slab, char* out) {
+  const bool fp8 = m.format == CodeFormat::kFp8;
+  const int64_t code_bytes = fp8 ? m.cols : m.cols / 2;
+  const int64_t groups = m.format == CodeFormat::kMxfp4 ? m.cols / 32 : m.groups_per_row();
+  MOE_CHECK(code_bytes <= slab.row_code_bytes && groups <= slab.groups_per_row,
+            "a quantised matrix of ", m.cols, " inputs does not fit its device slab");
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t src = src_row0 + r, dst = dst_row0 + r;
+    std::memcpy(out + dst * slab.row_code_bytes, m.code_data() + src * code_bytes,
+                static_cast<size_t>(code_bytes));
+    if (m.format == CodeFormat::kMxfp4) {
+      std::memcpy(out + slab.scale_offset + dst * slab.groups_per_row,
+                  m.exponents.data() + src * groups, static_cast<size_t>(groups));
+      continue;
+    }
+    std::memcpy(out + slab.scale_offset + dst * slab.groups_per_row * 4,
+                m.scales.data() + src * groups, static_cast<size_t>(groups) * 4);
+    if (m.format == CodeFormat::kInt4) {
+      std::memcpy(out + slab.zero_offset + dst * slab.groups_per_row * 4,
+                  m.zeros.data() + src * groups, static_cast<size_t>(groups) * 4);
+    }
+  }
+}
+
 // Fills term `term` of rows [row_begin, row_end) of `job` into `staging` (row_begin at its start).
 void stage_rows(const Job& job, int64_t row_begin, int64_t row_end, int64_t term, char* staging) {
+  if (job.quant != cuda::ExpertQuant::kNone) {  // rows are expert slabs
+    std::memset(staging, 0, static_cast<size_t>(row_end - row_begin) * job.row_bytes());
+    for (const QuantPiece& p : job.quant_pieces) {
+      if (p.expert < row_begin || p.expert >= row_end) continue;
+      write_quant_rows(*p.matrix, p.src_row0, p.rows, p.dst_row0, job.slab,
+                       staging + static_cast<size_t>(p.expert - row_begin) * job.row_bytes());
+    }
+    return;
+  }
   const size_t elem = job.f32 ? 4 : 2;
   const size_t row_bytes = job.row_bytes();
   if (job.padded) std::memset(staging, 0, static_cast<size_t>(row_end - row_begin) * row_bytes);
@@ -495,6 +601,49 @@ PinnedArray<char> allocate_home(size_t bytes) {
   return nullptr;
 }
 
+// The device format of a record's codes.
+cuda::ExpertQuant expert_quant_of(CodeFormat format) {
+  switch (format) {
+    case CodeFormat::kFp8:
+      return cuda::ExpertQuant::kFp8;
+    case CodeFormat::kInt4:
+      return cuda::ExpertQuant::kInt4;
+    case CodeFormat::kMxfp4:
+      return cuda::ExpertQuant::kMxfp4;
+  }
+  return cuda::ExpertQuant::kNone;  // unreachable: every enumerator returns above
+}
+
+// The quantised format the routed experts are held in: the records' format and group when every
+// routed expert matrix of every MoE layer has one, all alike, in a group the expert GEMM reads
+// (a multiple of 8, MXFP4's 32); else kNone, bf16 experts (GPTQ with act-order, a bf16
+// checkpoint).
+std::pair<cuda::ExpertQuant, int64_t> expert_codes(const ModelConfig& config,
+                                                   const DecoderWeights& weights) {
+  constexpr std::pair kBf16{cuda::ExpertQuant::kNone, int64_t{0}};
+  if (weights.quantized == nullptr || weights.quantized->empty() || config.num_experts <= 0) {
+    return kBf16;
+  }
+  const QuantizedMatrix* first = nullptr;
+  for (const LayerWeights& layer : weights.layers) {
+    if (!layer.is_moe) continue;
+    for (const moe::ExpertWeights& ex : layer.moe.routed.experts) {
+      for (const TensorView* view : {&ex.gate, &ex.up, &ex.down}) {
+        int64_t first_row = 0;
+        const QuantizedMatrix* m = weights.quantized->find(*view, &first_row);
+        if (m == nullptr) return kBf16;
+        if (first == nullptr) first = m;
+        if (m->format != first->format || m->group != first->group) return kBf16;
+      }
+    }
+  }
+  if (first == nullptr) return kBf16;
+  const bool readable = first->format == CodeFormat::kMxfp4 ? first->group == 32
+                                                             : first->group % 8 == 0;
+  if (!readable) return kBf16;
+  return {expert_quant_of(first->format), first->group};
+}
+
 // The padded dims and the layout of every matrix (`weights` null: shapes only, synthetic), each
 // bf16 matrix in `terms` terms.
 Layout plan_layout(const ModelConfig& config, const DecoderWeights* weights, bool offload_experts,
@@ -508,6 +657,15 @@ Layout plan_layout(const ModelConfig& config, const DecoderWeights* weights, boo
       std::find(config.layer_is_moe.begin(), config.layer_is_moe.end(), true) !=
           config.layer_is_moe.end();
   out.weight_terms = terms;
+  const auto [quant, group] = weights != nullptr
+                                  ? expert_codes(config, *weights)
+                                  : std::pair{cuda::ExpertQuant::kNone, int64_t{0}};
+  // The expert cache's slots and host home hold bf16 experts: with it the codes stay unused.
+  const bool held = !out.experts_offloaded;
+  out.expert_quant = held ? quant : cuda::ExpertQuant::kNone;
+  out.expert_quant_group = held ? group : 0;
+  out.expert_codes_unused =
+      !held && quant != cuda::ExpertQuant::kNone ? cuda::expert_quant_name(quant) : nullptr;
   Layout layout(terms);
   build_layout(config, weights, out.experts_offloaded, out, layout);
   return layout;
@@ -521,6 +679,8 @@ int64_t checkpoint_weight_terms(const ModelConfig& config, const DecoderWeights&
   int64_t wide = 0, all = 0;
   for (const Job& job : layout.jobs()) {
     if (job.f32) continue;
+    // Quantised experts count as narrow values, as their bf16 dequantisation did before.
+    for (const QuantPiece& piece : job.quant_pieces) all += piece.rows * piece.matrix->cols;
     for (const Piece& piece : job.pieces) {
       const int64_t values = piece.rows * piece.cols;
       all += values;

@@ -18,6 +18,11 @@
 // Zero-centred norm weights (the config's norm_weight_offset, Qwen3-Next) are uploaded as 1 + w,
 // so the kernels see ordinary weights; the padding stays zero.
 //
+// Quantised routed experts (fp8, int4, MXFP4 checkpoints and --weights fp8|int4): each expert's
+// gate_up and down are slabs of codes and scales in the layout of backend/cuda/expert_quant.h,
+// the same rows and columns as above (gate rows at 0, up rows at Ip, padding rows with zero
+// codes and zero scales), taken from the codes the loader kept (model/quantized_matrix.h).
+//
 // Two weight terms (weight_terms = 2, a float32 or float16 checkpoint unless rounded on request):
 // bf16 keeps 8 significant bits, so each such weight w is held as hi = bf16(w) followed by
 // lo = bf16(w - hi), which together carry 16 (every float16 value exactly, a float32 one to
@@ -33,6 +38,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "backend/cuda/expert_quant.h"
 #include "io/model_config.h"
 #include "model/cuda/device_memory.h"
 #include "model/weights.h"
@@ -91,7 +97,8 @@ struct DeviceLayer {
   uint64_t router_noise_seed = 0;
   // [E, 2 Ip, Hp] and [E, Hp, Ip]: in device memory, or with offloaded experts in the mapped
   // pinned host memory of DeviceWeights::expert_home (the experts' home, which the expert
-  // cache copies from).
+  // cache copies from). With quantised experts (DeviceWeights::expert_quant) E slabs of codes
+  // and scales each (backend/cuda/expert_quant.h), of a [2 Ip, Hp] and an [Hp, Ip] matrix.
   const bf16* experts_gate_up = nullptr;
   const bf16* experts_down = nullptr;
   // GPT-OSS's expert biases, float32 in device memory (offloaded experts too, which the cache
@@ -125,6 +132,16 @@ struct DeviceWeights {
   int64_t padded_expert_width = 0;  // Ip
   MlaPaddedDims mla;                // MLA models only
   int64_t weight_terms = 1;         // 1, or 2: every bf16 matrix and norm is [hi; lo] (above)
+  // How the routed experts are held: kNone, bf16 in weight_terms terms; else the checkpoint's
+  // (or --weights') codes and scales, one term, dequantised in the expert GEMM. Quantised when
+  // every routed expert matrix has its codes (DecoderWeights::quantized) in one format and
+  // group, and the experts are resident (an offloaded expert cache holds bf16 slots).
+  cuda::ExpertQuant expert_quant = cuda::ExpertQuant::kNone;
+  int64_t expert_quant_group = 0;
+  int64_t expert_bytes = 0;         // one routed expert's gate_up and down on the device
+  // The experts have codes the device does not hold (the expert cache's slots are bf16): their
+  // format, for the load summary; null otherwise.
+  const char* expert_codes_unused = nullptr;
   int64_t bytes = 0;                // device bytes of all weights
   double upload_seconds = 0.0;
   DeviceArray<char> allocation;  // every matrix above lives in it, but offloaded experts

@@ -424,6 +424,19 @@ CudaDecoder::CudaDecoder(const ModelConfig& config, DeviceWeights weights,
                  static_cast<double>(w_.bytes) / (1024.0 * 1024.0 * 1024.0),
                  report_.device_name.c_str(), w_.upload_seconds, report_.load_gb_per_s);
   }
+  if (!options.quiet && w_.expert_quant != cuda::ExpertQuant::kNone) {
+    std::fprintf(stderr,
+                 "moeinfer: routed experts held as %s codes with their scales (%.2f MiB an "
+                 "expert), dequantised in the expert GEMM\n",
+                 cuda::expert_quant_name(w_.expert_quant),
+                 static_cast<double>(w_.expert_bytes) / (1024.0 * 1024.0));
+  }
+  if (!options.quiet && w_.expert_codes_unused != nullptr) {
+    std::fprintf(stderr,
+                 "moeinfer: the routed experts' %s codes are dequantised to bf16 for the expert "
+                 "cache (--expert-budget holds bf16 experts; without it the GPU holds the codes)\n",
+                 w_.expert_codes_unused);
+  }
   if (!options.quiet && w_.weight_terms == 2) {
     std::fprintf(stderr,
                  "moeinfer: float32/float16 weights held as two bf16 terms each (the checkpoint's "
@@ -468,8 +481,9 @@ void CudaDecoder::allocate_workspace() {
   mb.small_moe_rows = 0;
   // It reads one weight term: off with two as well.
   // Llama 4 (weights on the experts' input) never takes it (MoeBlock::small_batch_takes).
+  // Quantised experts take the grouped GEMM (MoeBlock::small_batch_takes): no workspace.
   if (c.num_experts > 0 && !cache_ && !options_.deterministic && w_.weight_terms == 1 &&
-      !c.routing_weight_on_input) {
+      !c.routing_weight_on_input && w_.expert_quant == cuda::ExpertQuant::kNone) {
     mb.small_moe_rows = options_.small_batch_moe_rows >= 0 ? options_.small_batch_moe_rows
                                                            : kSmallMoeDefaultRows;
     mb.small_moe_rows = std::min(mb.small_moe_rows, cuda::kSmallMoeMaxRows);
@@ -1344,7 +1358,10 @@ void CudaDecoder::build_moe_block() {
   const ExpertShape shape{.num_experts = config_.num_experts,
                           .hidden_size = w_.padded_hidden_size,
                           .expert_width = w_.padded_expert_width,
-                          .weight_terms = w_.weight_terms,
+                          .weight_terms =
+                              w_.expert_quant == cuda::ExpertQuant::kNone ? w_.weight_terms : 1,
+                          .quant = w_.expert_quant,
+                          .quant_group = w_.expert_quant_group,
                           .activation = expert_activation(config_)};
   const std::span<const DeviceLayer> layers(w_.layers);
   std::unique_ptr<ExpertRunner> runner;
@@ -1538,7 +1555,7 @@ void CudaDecoder::report_step(profile::Profiler& profiler, const Step& step) {
   // bytes the step read: every non-expert weight and the experts some row reached.
   const int32_t* counts = host_expert_counts_.get();
   const int64_t E = config_.num_experts;
-  const int64_t expert_bytes = 3 * w_.padded_hidden_size * w_.padded_expert_width * 2;
+  const int64_t expert_bytes = w_.expert_bytes;
   int64_t expert_total = 0, touched = 0;  // expert_total: the routed experts in w_.bytes
   for (int64_t l = 0; l < config_.num_layers; ++l) {
     if (!w_.layers[l].is_moe) continue;

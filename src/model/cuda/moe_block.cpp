@@ -84,6 +84,7 @@ void ResidentExperts::run(int64_t layer, const ExpertRows& rows, bf16* out, cuda
   const DeviceLayer& d = layers_[layer];
   cuda::moe_experts({.rows = rows.rows, .gate_up = d.experts_gate_up, .down = d.experts_down,
                      .weight_terms = shape_.weight_terms,
+                     .quant = shape_.quant, .quant_group = shape_.quant_group,
                      .expert_offsets = rows.expert_offsets, .activation = activation_,
                      .out = out, .num_rows = rows.num_rows, .num_experts = shape_.num_experts,
                      .hidden_size = shape_.hidden_size, .expert_width = shape_.expert_width,
@@ -247,7 +248,11 @@ bool MoeBlock::small_batch_takes(int64_t layer, int64_t T) const {
                              options_.shape.activation.kind == moe::ActivationKind::kSiluGlu &&
                              (d == nullptr || (d->experts_gate_up_bias == nullptr &&
                                                d->experts_down_bias == nullptr));
-  return d != nullptr && plain_experts && buffers_.small_moe_workspace != nullptr &&
+  // Quantised experts take the grouped GEMM, which dequantises them; the small-batch kernel
+  // reads bf16 weights only.
+  const bool bf16_experts = s.quant == cuda::ExpertQuant::kNone;
+  return d != nullptr && plain_experts && bf16_experts &&
+         buffers_.small_moe_workspace != nullptr &&
          !options_.approx.enabled() &&
          T * options_.top_k <= buffers_.small_moe_rows &&
          cuda::small_moe_supports(T, s.num_experts, options_.top_k, s.hidden_size,

@@ -122,6 +122,9 @@ struct ExpertShape {
   int64_t hidden_size = 0;   // Hp
   int64_t expert_width = 0;  // Ip
   int64_t weight_terms = 1;  // 1, or 2 bf16 terms per weight (device_weights.h)
+  // Quantised experts (DeviceWeights::expert_quant): their format and group, weight_terms 1.
+  cuda::ExpertQuant quant = cuda::ExpertQuant::kNone;
+  int64_t quant_group = 0;
   // SiLU(gate) * up, or GPT-OSS's clamped SwiGLU; the biases, if any, are DeviceLayer's.
   moe::ExpertActivation activation;
 };
