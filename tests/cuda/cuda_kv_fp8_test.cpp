@@ -13,7 +13,9 @@
 //            GQA fixture the GPU runs and on random GQA models, over the sweep's scripted
 //            steps (prefill, chunked prefill, graph-replayed decode): relative logit error per
 //            route <= 2e-2 (the GPU parity bound) + the CPU's own fp8-vs-f32 error, no routing
-//            mismatch under wider ties (expect_fp8_parity says why), the pool the fp8 one
+//            mismatch under wider ties (expect_fp8_parity says why), the pool the fp8 one;
+//            the same for every MLA fixture (DeepSeek-V2/V3, Kimi K2: the latent and the rope
+//            key as two scale groups, CudaMlaKvFp8Decoder) and random DeepSeek models
 // Host-side (no GPU needed): the launchers refuse mixed or unsupported fp8 arguments by name.
 // Kernel tests are registered only where a CUDA device is visible; seeds are printed.
 #if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
@@ -35,6 +37,7 @@
 #include "cuda_test_util.h"
 #include "gpu_cpu_compare.h"
 #include "kv/kv_format.h"
+#include "model/cuda/device_weights.h"
 #include "model/gpu_decoder.h"
 #include "model/model.h"
 
@@ -563,10 +566,13 @@ constexpr double kMaxRelError = 2e-2;  // the GPU parity bound (cuda_parity_test
 void expect_fp8_parity(const ModelConfig& config, const testing::ConfigResult& r,
                        const std::string& what) {
   ASSERT_GT(r.positions, 0) << what << ": no logits rows compared";
-  EXPECT_EQ(
-      r.gpu_kv_bytes_per_token,
-      gpu_kv_bytes_per_token(config, decode_padded_head_dim(config.head_dim), 0, KvDType::kFP8))
-      << what << ": the GPU pool is not the fp8 one";
+  // MLA: the padded latent row's codes and two scales.
+  const int64_t fp8_bytes =
+      config.mla ? gpu_kv_bytes_per_token(config, 0, gpu::padded_mla_dims(config).cache_width(),
+                                          KvDType::kFP8)
+                 : gpu_kv_bytes_per_token(config, decode_padded_head_dim(config.head_dim), 0,
+                                          KvDType::kFP8);
+  EXPECT_EQ(r.gpu_kv_bytes_per_token, fp8_bytes) << what << ": the GPU pool is not the fp8 one";
   testing::RouteError to_f32;
   for (const testing::RouteError& e : r.unrounded) {
     to_f32.diff += e.diff;
@@ -588,11 +594,14 @@ void expect_fp8_parity(const ModelConfig& config, const testing::ConfigResult& r
   EXPECT_EQ(r.routing_mismatches, 0) << what << ": " << r.first_mismatch;
 }
 
-void fixtures_match_cpu_fp8() {
+// Every fixture the GPU runs with fp8 rows, GQA ones or (mla) MLA ones.
+void fixtures_match_cpu_fp8(bool mla) {
   int64_t run = 0;
+  std::string families;
   for (const std::string& name : testing_support::model_fixture_names()) {
     const auto dir = testing_support::kModelFixtures / name;
     const ModelConfig config = load_model_config(dir / "config.json");
+    if (config.mla.has_value() != mla) continue;
     if (gpu_unsupported(config) || gpu_kv_unsupported(config, KvDType::kFP8)) continue;
     SCOPED_TRACE(name);
     auto model = Model::load(dir, LoadOptions{.prefault = false});
@@ -601,8 +610,19 @@ void fixtures_match_cpu_fp8() {
         GpuWeightDtype::kCheckpoint, KvDType::kFP8);
     expect_fp8_parity(model->config(), r, name);
     ++run;
+    families += " " + config.model_type;
   }
-  EXPECT_GE(run, 8) << "GQA fixtures missing under " << testing_support::kModelFixtures;
+  if (!mla) {
+    EXPECT_GE(run, 8) << "GQA fixtures missing under " << testing_support::kModelFixtures;
+    return;
+  }
+  // deepseek_v2*, deepseek_v3* and kimi_k2* (one of them with a latent and rope key that need
+  // padding: deepseek_v2_l36_r12_bf16).
+  EXPECT_GE(run, 6) << "MLA fixtures missing under " << testing_support::kModelFixtures;
+  for (const char* type : {"deepseek_v2", "deepseek_v3", "kimi_k2"}) {
+    EXPECT_NE(families.find(type), std::string::npos)
+        << "no " << type << " fixture ran:" << families;
+  }
 }
 
 void random_model_matches_cpu_fp8(ModelFamily family, bool deterministic) {
@@ -700,8 +720,20 @@ void random_model_matches_cpu_fp8(ModelFamily family, bool deterministic) {
       },
       __FILE__, __LINE__);
 
-  testing_util::register_kernel_test("CudaKvFp8Decoder", "GqaFixturesMatchTheCpuFp8Cache",
-                                     fixtures_match_cpu_fp8, __FILE__, __LINE__);
+  testing_util::register_kernel_test(
+      "CudaKvFp8Decoder", "GqaFixturesMatchTheCpuFp8Cache", [] { fixtures_match_cpu_fp8(false); },
+      __FILE__, __LINE__);
+  testing_util::register_kernel_test(
+      "CudaMlaKvFp8Decoder", "MlaFixturesMatchTheCpuFp8Cache", [] { fixtures_match_cpu_fp8(true); },
+      __FILE__, __LINE__);
+  for (ModelFamily family : {ModelFamily::kDeepseekV2, ModelFamily::kDeepseekV3}) {
+    testing_util::register_kernel_test(
+        "CudaMlaKvFp8Decoder", "Random_" + std::string(family_name(family)),
+        [family] { random_model_matches_cpu_fp8(family, false); }, __FILE__, __LINE__);
+  }
+  testing_util::register_kernel_test(
+      "CudaMlaKvFp8Decoder", "Random_deepseek_v3_Deterministic",
+      [] { random_model_matches_cpu_fp8(ModelFamily::kDeepseekV3, true); }, __FILE__, __LINE__);
   for (ModelFamily family : {ModelFamily::kQwen3Moe, ModelFamily::kMixtral, ModelFamily::kOlmoe,
                              ModelFamily::kQwen2Moe}) {
     testing_util::register_kernel_test(
