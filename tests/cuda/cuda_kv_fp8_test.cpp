@@ -15,7 +15,8 @@
 //            route <= 2e-2 (the GPU parity bound) + the CPU's own fp8-vs-f32 error, no routing
 //            mismatch under wider ties (expect_fp8_parity says why), the pool the fp8 one;
 //            the same for every MLA fixture (DeepSeek-V2/V3, Kimi K2: the latent and the rope
-//            key as two scale groups, CudaMlaKvFp8Decoder) and random DeepSeek models
+//            key as two scale groups, CudaMlaKvFp8Decoder), random DeepSeek models and two
+//            wide latents (the streaming kernel)
 // Host-side (no GPU needed): the launchers refuse mixed or unsupported fp8 arguments by name.
 // Kernel tests are registered only where a CUDA device is visible; seeds are printed.
 #if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
@@ -26,7 +27,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -34,6 +37,7 @@
 #include "../support/model_fixtures.h"
 #include "backend/cuda/attention.h"
 #include "backend/cuda/decoder_ops.h"
+#include "backend/cuda/mla_attention.h"
 #include "cuda_test_util.h"
 #include "gpu_cpu_compare.h"
 #include "kv/kv_format.h"
@@ -639,6 +643,24 @@ void random_model_matches_cpu_fp8(ModelFamily family, bool deterministic) {
                     std::string(family_name(family)) + (deterministic ? " deterministic" : ""));
 }
 
+// A random DeepSeek model whose latent and rope key are overridden past 512 + 64, so that its
+// fp8 rows are read by the streaming kernel (mla_decode_wide_kernel<true>).
+void wide_mla_matches_cpu_fp8(ModelFamily family, const nlohmann::json& overrides,
+                              bool deterministic, uint64_t seed) {
+  testing::RandomModel model = testing::make_random_model(family, seed, overrides);
+  SCOPED_TRACE(::testing::Message()
+               << family_name(family) << " seed " << seed << "\n  config " << model.config_json);
+  const gpu::MlaPaddedDims dims = gpu::padded_mla_dims(model.config);
+  ASSERT_TRUE(mla_decode_is_wide({.latent_dim = dims.latent, .rope_dim = dims.rope}))
+      << "padded latent " << dims.latent << " + rope " << dims.rope;
+  ASSERT_EQ(gpu_kv_unsupported(model.config, KvDType::kFP8), std::nullopt);
+  const testing::ConfigResult r = testing::compare_gpu_with_cpu(
+      model, seed ^ 0x5eed, deterministic, GpuWeightDtype::kCheckpoint, KvDType::kFP8);
+  expect_fp8_parity(
+      model.config, r,
+      std::string(family_name(family)) + " wide" + (deterministic ? " deterministic" : ""));
+}
+
 [[maybe_unused]] const bool kRegistered = [] {
   if (!testing_util::cuda_device_present("fp8 KV")) return false;
   const InputsShape inputs[] = {
@@ -734,6 +756,25 @@ void random_model_matches_cpu_fp8(ModelFamily family, bool deterministic) {
   testing_util::register_kernel_test(
       "CudaMlaKvFp8Decoder", "Random_deepseek_v3_Deterministic",
       [] { random_model_matches_cpu_fp8(ModelFamily::kDeepseekV3, true); }, __FILE__, __LINE__);
+  // Wide latents (the streaming kernel), as cuda_mla_wide_decoder_test.cpp's: neither dim a
+  // multiple of 8 (padded to 1008 + 64), and 1024 + 64 under --deterministic.
+  const uint64_t wide_seed = fresh_seed();
+  testing_util::register_kernel_test(
+      "CudaMlaKvFp8Decoder", "Wide_deepseek_v2_L1001_R62",
+      [wide_seed] {
+        wide_mla_matches_cpu_fp8(ModelFamily::kDeepseekV2,
+                                 {{"kv_lora_rank", 1001}, {"qk_rope_head_dim", 62}}, false,
+                                 wide_seed);
+      },
+      __FILE__, __LINE__);
+  testing_util::register_kernel_test(
+      "CudaMlaKvFp8Decoder", "Wide_deepseek_v3_L1024_R64_Deterministic",
+      [wide_seed] {
+        wide_mla_matches_cpu_fp8(ModelFamily::kDeepseekV3,
+                                 {{"kv_lora_rank", 1024}, {"qk_rope_head_dim", 64}}, true,
+                                 wide_seed + 1000003);
+      },
+      __FILE__, __LINE__);
   for (ModelFamily family : {ModelFamily::kQwen3Moe, ModelFamily::kMixtral, ModelFamily::kOlmoe,
                              ModelFamily::kQwen2Moe}) {
     testing_util::register_kernel_test(
