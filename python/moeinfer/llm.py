@@ -46,8 +46,8 @@ class LLM:
             most 4 GiB, on cpu; what gpu_memory_utilization leaves on cuda).
         kv_dtype: how the KV cache stores rows, as ``--kv-dtype``: "auto" (the device's own:
             float32 on cpu, bf16 on cuda), "f32" (cpu only), "bf16" or "fp8" (e4m3 with a
-            scale per head, on either device: about four times the tokens of f32, twice those
-            of bf16, in the same bytes; not for MLA models on cuda yet).
+            scale per head, or per MLA latent and rope key, on either device: about four
+            times the tokens of f32, twice those of bf16, in the same bytes).
         block_size: tokens per KV block.
         enable_prefix_caching: reuse the KV blocks of repeated prompt prefixes.
         enforce_eager: cuda: no CUDA graphs for decode steps.

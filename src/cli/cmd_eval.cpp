@@ -129,7 +129,8 @@ void run_eval(const EvalArgs& args) {
                        args.device.expert_capacity || args.device.router_temperature || quantised ||
                        kv_rounded;
   const std::filesystem::path dir = resolve_model_dir(args.model);
-  // The modified run's rows on cuda (fp8 not for MLA yet), refused before any model is loaded.
+  // The modified run's rows on cuda (fp8 not for heads past 256 yet), refused before any model
+  // is loaded.
   if (args.device.is_cuda()) {
     check_gpu_kv_dtype(load_model_config(dir / "config.json"), args.device.kv_rows_dtype());
   }

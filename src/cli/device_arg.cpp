@@ -130,8 +130,7 @@ void add_kv_options(CLI::App* cmd, DeviceArgs* args) {
                   "quarter). Rows are rounded once when written and attention reads them back "
                   "as float32; a --kv-cache-mb budget holds correspondingly more tokens. On "
                   "--device cuda the cache holds bf16 rows (auto) or fp8 rows in the same "
-                  "format (about half the bytes of bf16; not for MLA models yet); f32 is CPU "
-                  "only")
+                  "format (about half the bytes of bf16; MLA models too); f32 is CPU only")
       ->check(CLI::IsMember({"auto", "f32", "bf16", "fp8"}))
       ->capture_default_str();
 }
@@ -320,7 +319,7 @@ std::string routing_skew_label(const RoutingSkew& skew) {
 std::unique_ptr<Model> load_model_for(const std::filesystem::path& dir, const DeviceArgs& device) {
   const WeightFormat weights = device.weight_format();
   // A model the GPU refuses is refused from its config.json, before binding its weights, as is
-  // a --kv-dtype its kernels do not read for this model (fp8 with MLA).
+  // a --kv-dtype its kernels do not read for this model (fp8 with heads past 256).
   if (device.is_cuda()) {
     const ModelConfig config = load_model_config(dir / "config.json");
     check_gpu_support(config);

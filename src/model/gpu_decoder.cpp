@@ -68,11 +68,8 @@ std::optional<std::string> gpu_kv_unsupported(const ModelConfig& config, KvDType
           "--kv-dtype f32 applies to --device cpu: the CUDA backend's KV cache holds bf16 or fp8 "
           "rows (use --kv-dtype bf16, fp8 or auto there, or run --device cpu)");
     case KvDType::kFP8:
-      if (config.mla) {
-        return config.model_type +
-               ": --kv-dtype fp8 on cuda does not support MLA yet (the latent cache's kernels "
-               "read bf16 rows); use --kv-dtype bf16 there, or --device cpu for fp8 rows";
-      }
+      // MLA: the latent and the rope key, two scale groups a row (mla_attention.h).
+      if (config.mla) return std::nullopt;
       if (config.head_dim > 256) {
         return config.model_type + ": --kv-dtype fp8 on cuda does not support head_dim " +
                std::to_string(config.head_dim) +
@@ -93,7 +90,11 @@ void check_gpu_kv_dtype(const ModelConfig& config, KvDType dtype) {
 int64_t gpu_kv_bytes_per_token(const ModelConfig& config, int64_t padded_head_dim,
                                int64_t mla_cache_width, KvDType dtype) {
   check_gpu_kv_dtype(config, dtype);
-  if (config.mla) return config.num_kv_layers() * mla_cache_width * 2;
+  if (config.mla) {
+    // fp8: a code a value of the padded row and two float32 scales (latent, rope key).
+    const int64_t row = dtype == KvDType::kFP8 ? mla_cache_width + 2 * 4 : mla_cache_width * 2;
+    return config.num_kv_layers() * row;
+  }
   ModelConfig padded = config;
   padded.head_dim = padded_head_dim;
   return kv_bytes_per_token(padded, dtype);

@@ -155,15 +155,17 @@ std::optional<std::string> gpu_offload_unsupported(const ModelConfig& config);
 void check_gpu_offload(const ModelConfig& config, const offload::OffloadOptions& offload);
 
 // What the GPU decoder lacks to keep this config's KV cache at `dtype`, or nullopt: f32 rows
-// (the device pool holds bf16 or fp8), and fp8 for MLA's latent cache and for heads wider than
-// 256 (their kernels read bf16 rows only). Needs no device.
+// (the device pool holds bf16 or fp8), and fp8 for heads wider than 256 (their kernel reads
+// bf16 rows only). Needs no device.
 std::optional<std::string> gpu_kv_unsupported(const ModelConfig& config, KvDType dtype);
 // Throws with that reason (the create functions call it beside check_gpu_support).
 void check_gpu_kv_dtype(const ModelConfig& config, KvDType dtype);
 // Bytes of KV rows per token the GPU pool allocates at `dtype`, fp8's scales included:
 // kv_bytes_per_token (model/model_facts.h, what `moeinfer plan` counts) of the config with its
 // head dim padded to the decode kernels' `padded_head_dim`, so the two agree wherever the
-// model's head dim needs no padding. MLA: the latent row of `mla_cache_width` values (bf16 only).
+// model's head dim needs no padding. MLA: the latent row of `mla_cache_width` values, padded
+// (Lp + Rp), in bf16, or under fp8 as that many codes plus two float32 scales (latent, rope
+// key); the planner counts L + R, so the two agree when L and R are multiples of 8.
 int64_t gpu_kv_bytes_per_token(const ModelConfig& config, int64_t padded_head_dim,
                                int64_t mla_cache_width, KvDType dtype);
 

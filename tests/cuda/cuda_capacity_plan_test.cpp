@@ -3,7 +3,9 @@
 // to 4 layers (GpuDecoder::create_synthetic), each with gpu_memory_fraction 0.9:
 //   weights    GpuMemoryReport::weight_bytes (bf16 device weights, 256-byte aligned, heads and
 //              expert widths padded only when the dims are not kernel-friendly)
-//   KV/token   GpuMemoryReport::kv_bytes_per_token (bf16 pool; MLA: the latent row only)
+//   KV/token   GpuMemoryReport::kv_bytes_per_token (bf16 pool; MLA: the latent row only; and
+//              deepseek-v3 again with --kv-dtype fp8: the latent's and the rope key's codes and
+//              their two scales, exactly the planner's count, 512 + 64 needing no padding)
 //   tokens     num_kv_blocks x block_size against the plan's kv_tokens_fit
 // all within 5%. A first test needs no device: device_weight_bytes (what the decoder will
 // allocate for weights) against the plan for the demo and every synthetic shape.
@@ -46,6 +48,7 @@
 #include "model/cuda/device_weights.h"
 #include "model/gpu_decoder.h"
 #include "model/model.h"
+#include "model/model_facts.h"
 #include "model/synthetic.h"
 
 namespace moeinfer {
@@ -94,10 +97,12 @@ int64_t device_bytes_in_use() {
 }
 
 void check_model(const std::string& name, const ModelConfig& config,
-                 const std::function<std::unique_ptr<GpuDecoder>(const GpuOptions&)>& make) {
+                 const std::function<std::unique_ptr<GpuDecoder>(const GpuOptions&)>& make,
+                 KvDType kv_dtype = KvDType::kBF16) {
   SCOPED_TRACE(name);
   const int64_t in_use_before = device_bytes_in_use();
-  const auto decoder = make(GpuOptions{.gpu_memory_fraction = kMemoryFraction, .quiet = true});
+  const auto decoder =
+      make(GpuOptions{.gpu_memory_fraction = kMemoryFraction, .quiet = true, .kv_dtype = kv_dtype});
   const GpuMemoryReport& r = decoder->memory();
   const int64_t engine_tokens = r.num_kv_blocks * r.block_size;
   const double card_gib = static_cast<double>(r.device_bytes) / kGiB;
@@ -105,7 +110,7 @@ void check_model(const std::string& name, const ModelConfig& config,
   const PlanOptions as_printed{.num_gpus = 1,
                                .gpu_mem_gib = card_gib,
                                .weight_dtype = WeightDType::kBF16,
-                               .kv_dtype = KvDType::kBF16,
+                               .kv_dtype = kv_dtype,
                                .memory_fraction = kMemoryFraction};
   PlanOptions shared = as_printed;
   shared.workspace_gib = static_cast<double>(in_use_before + r.workspace_bytes) / kGiB;
@@ -170,6 +175,17 @@ void plan_matches_the_decoder() {
       return GpuDecoder::create_synthetic(config, options, SyntheticGpuOptions{.seed = 1});
     });
   }
+  // MLA's fp8 pool: the bytes per token are the planner's exactly.
+  const ModelConfig v3 = synthetic_model_config("deepseek-v3", 4);
+  check_model(
+      "deepseek-v3 (4 layers) fp8", v3,
+      [&](const GpuOptions& options) {
+        std::unique_ptr<GpuDecoder> decoder =
+            GpuDecoder::create_synthetic(v3, options, SyntheticGpuOptions{.seed = 1});
+        EXPECT_EQ(decoder->memory().kv_bytes_per_token, kv_bytes_per_token(v3, KvDType::kFP8));
+        return decoder;
+      },
+      KvDType::kFP8);
 }
 
 [[maybe_unused]] const bool kRegistered = [] {

@@ -13,7 +13,10 @@
 //            GQA fixture the GPU runs and on random GQA models, over the sweep's scripted
 //            steps (prefill, chunked prefill, graph-replayed decode): relative logit error per
 //            route <= 2e-2 (the GPU parity bound) + the CPU's own fp8-vs-f32 error, no routing
-//            mismatch under wider ties (expect_fp8_parity says why), the pool the fp8 one
+//            mismatch under wider ties (expect_fp8_parity says why), the pool the fp8 one;
+//            the same for every MLA fixture (DeepSeek-V2/V3, Kimi K2: the latent and the rope
+//            key as two scale groups, CudaMlaKvFp8Decoder), random DeepSeek models and two
+//            wide latents (the streaming kernel)
 // Host-side (no GPU needed): the launchers refuse mixed or unsupported fp8 arguments by name.
 // Kernel tests are registered only where a CUDA device is visible; seeds are printed.
 #if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
@@ -24,7 +27,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -32,9 +37,11 @@
 #include "../support/model_fixtures.h"
 #include "backend/cuda/attention.h"
 #include "backend/cuda/decoder_ops.h"
+#include "backend/cuda/mla_attention.h"
 #include "cuda_test_util.h"
 #include "gpu_cpu_compare.h"
 #include "kv/kv_format.h"
+#include "model/cuda/device_weights.h"
 #include "model/gpu_decoder.h"
 #include "model/model.h"
 
@@ -563,10 +570,13 @@ constexpr double kMaxRelError = 2e-2;  // the GPU parity bound (cuda_parity_test
 void expect_fp8_parity(const ModelConfig& config, const testing::ConfigResult& r,
                        const std::string& what) {
   ASSERT_GT(r.positions, 0) << what << ": no logits rows compared";
-  EXPECT_EQ(
-      r.gpu_kv_bytes_per_token,
-      gpu_kv_bytes_per_token(config, decode_padded_head_dim(config.head_dim), 0, KvDType::kFP8))
-      << what << ": the GPU pool is not the fp8 one";
+  // MLA: the padded latent row's codes and two scales.
+  const int64_t fp8_bytes =
+      config.mla ? gpu_kv_bytes_per_token(config, 0, gpu::padded_mla_dims(config).cache_width(),
+                                          KvDType::kFP8)
+                 : gpu_kv_bytes_per_token(config, decode_padded_head_dim(config.head_dim), 0,
+                                          KvDType::kFP8);
+  EXPECT_EQ(r.gpu_kv_bytes_per_token, fp8_bytes) << what << ": the GPU pool is not the fp8 one";
   testing::RouteError to_f32;
   for (const testing::RouteError& e : r.unrounded) {
     to_f32.diff += e.diff;
@@ -588,11 +598,14 @@ void expect_fp8_parity(const ModelConfig& config, const testing::ConfigResult& r
   EXPECT_EQ(r.routing_mismatches, 0) << what << ": " << r.first_mismatch;
 }
 
-void fixtures_match_cpu_fp8() {
+// Every fixture the GPU runs with fp8 rows, GQA ones or (mla) MLA ones.
+void fixtures_match_cpu_fp8(bool mla) {
   int64_t run = 0;
+  std::string families;
   for (const std::string& name : testing_support::model_fixture_names()) {
     const auto dir = testing_support::kModelFixtures / name;
     const ModelConfig config = load_model_config(dir / "config.json");
+    if (config.mla.has_value() != mla) continue;
     if (gpu_unsupported(config) || gpu_kv_unsupported(config, KvDType::kFP8)) continue;
     SCOPED_TRACE(name);
     auto model = Model::load(dir, LoadOptions{.prefault = false});
@@ -601,8 +614,19 @@ void fixtures_match_cpu_fp8() {
         GpuWeightDtype::kCheckpoint, KvDType::kFP8);
     expect_fp8_parity(model->config(), r, name);
     ++run;
+    families += " " + config.model_type;
   }
-  EXPECT_GE(run, 8) << "GQA fixtures missing under " << testing_support::kModelFixtures;
+  if (!mla) {
+    EXPECT_GE(run, 8) << "GQA fixtures missing under " << testing_support::kModelFixtures;
+    return;
+  }
+  // deepseek_v2*, deepseek_v3* and kimi_k2* (one of them with a latent and rope key that need
+  // padding: deepseek_v2_l36_r12_bf16).
+  EXPECT_GE(run, 6) << "MLA fixtures missing under " << testing_support::kModelFixtures;
+  for (const char* type : {"deepseek_v2", "deepseek_v3", "kimi_k2"}) {
+    EXPECT_NE(families.find(type), std::string::npos)
+        << "no " << type << " fixture ran:" << families;
+  }
 }
 
 void random_model_matches_cpu_fp8(ModelFamily family, bool deterministic) {
@@ -617,6 +641,24 @@ void random_model_matches_cpu_fp8(ModelFamily family, bool deterministic) {
       model, seed ^ 0x5eed, deterministic, GpuWeightDtype::kCheckpoint, KvDType::kFP8);
   expect_fp8_parity(model.config, r,
                     std::string(family_name(family)) + (deterministic ? " deterministic" : ""));
+}
+
+// A random DeepSeek model whose latent and rope key are overridden past 512 + 64, so that its
+// fp8 rows are read by the streaming kernel (mla_decode_wide_kernel<true>).
+void wide_mla_matches_cpu_fp8(ModelFamily family, const nlohmann::json& overrides,
+                              bool deterministic, uint64_t seed) {
+  testing::RandomModel model = testing::make_random_model(family, seed, overrides);
+  SCOPED_TRACE(::testing::Message()
+               << family_name(family) << " seed " << seed << "\n  config " << model.config_json);
+  const gpu::MlaPaddedDims dims = gpu::padded_mla_dims(model.config);
+  ASSERT_TRUE(mla_decode_is_wide({.latent_dim = dims.latent, .rope_dim = dims.rope}))
+      << "padded latent " << dims.latent << " + rope " << dims.rope;
+  ASSERT_EQ(gpu_kv_unsupported(model.config, KvDType::kFP8), std::nullopt);
+  const testing::ConfigResult r = testing::compare_gpu_with_cpu(
+      model, seed ^ 0x5eed, deterministic, GpuWeightDtype::kCheckpoint, KvDType::kFP8);
+  expect_fp8_parity(
+      model.config, r,
+      std::string(family_name(family)) + " wide" + (deterministic ? " deterministic" : ""));
 }
 
 [[maybe_unused]] const bool kRegistered = [] {
@@ -700,8 +742,39 @@ void random_model_matches_cpu_fp8(ModelFamily family, bool deterministic) {
       },
       __FILE__, __LINE__);
 
-  testing_util::register_kernel_test("CudaKvFp8Decoder", "GqaFixturesMatchTheCpuFp8Cache",
-                                     fixtures_match_cpu_fp8, __FILE__, __LINE__);
+  testing_util::register_kernel_test(
+      "CudaKvFp8Decoder", "GqaFixturesMatchTheCpuFp8Cache", [] { fixtures_match_cpu_fp8(false); },
+      __FILE__, __LINE__);
+  testing_util::register_kernel_test(
+      "CudaMlaKvFp8Decoder", "MlaFixturesMatchTheCpuFp8Cache", [] { fixtures_match_cpu_fp8(true); },
+      __FILE__, __LINE__);
+  for (ModelFamily family : {ModelFamily::kDeepseekV2, ModelFamily::kDeepseekV3}) {
+    testing_util::register_kernel_test(
+        "CudaMlaKvFp8Decoder", "Random_" + std::string(family_name(family)),
+        [family] { random_model_matches_cpu_fp8(family, false); }, __FILE__, __LINE__);
+  }
+  testing_util::register_kernel_test(
+      "CudaMlaKvFp8Decoder", "Random_deepseek_v3_Deterministic",
+      [] { random_model_matches_cpu_fp8(ModelFamily::kDeepseekV3, true); }, __FILE__, __LINE__);
+  // Wide latents (the streaming kernel), as cuda_mla_wide_decoder_test.cpp's: neither dim a
+  // multiple of 8 (padded to 1008 + 64), and 1024 + 64 under --deterministic.
+  const uint64_t wide_seed = fresh_seed();
+  testing_util::register_kernel_test(
+      "CudaMlaKvFp8Decoder", "Wide_deepseek_v2_L1001_R62",
+      [wide_seed] {
+        wide_mla_matches_cpu_fp8(ModelFamily::kDeepseekV2,
+                                 {{"kv_lora_rank", 1001}, {"qk_rope_head_dim", 62}}, false,
+                                 wide_seed);
+      },
+      __FILE__, __LINE__);
+  testing_util::register_kernel_test(
+      "CudaMlaKvFp8Decoder", "Wide_deepseek_v3_L1024_R64_Deterministic",
+      [wide_seed] {
+        wide_mla_matches_cpu_fp8(ModelFamily::kDeepseekV3,
+                                 {{"kv_lora_rank", 1024}, {"qk_rope_head_dim", 64}}, true,
+                                 wide_seed + 1000003);
+      },
+      __FILE__, __LINE__);
   for (ModelFamily family : {ModelFamily::kQwen3Moe, ModelFamily::kMixtral, ModelFamily::kOlmoe,
                              ModelFamily::kQwen2Moe}) {
     testing_util::register_kernel_test(

@@ -1,7 +1,7 @@
 // The GPU decoder refuses at load, by name, the models it does not compute (check_gpu_support
 // runs before any device work, so this holds on machines without a GPU too): Llama 4's and
 // Qwen3-Next's --expert-budget (both models themselves run). Also the KV row types it keeps
-// (gpu_kv_unsupported: bf16 and fp8, not f32, fp8 not for MLA or heads past 256) and the pool's
+// (gpu_kv_unsupported: bf16 and fp8, MLA's too, not f32, fp8 not for heads past 256) and the pool's
 // bytes per token under each (gpu_kv_bytes_per_token), which are the planner's.
 #include <gtest/gtest.h>
 
@@ -98,13 +98,14 @@ TEST(GpuSupport, KeepsBf16AndFp8KvRowsAndRefusesTheRestByName) {
   EXPECT_EQ(kv_refusal_of(gqa, KvDType::kFP8), "");
   EXPECT_NE(kv_refusal_of(gqa, KvDType::kF32).find("--kv-dtype f32 applies to --device cpu"),
             std::string::npos);
-  // MLA's latent cache has no fp8 path on the GPU yet: refused naming it, bf16 kept.
+  // MLA's latent cache keeps bf16 and fp8 rows (the latent and the rope key, a scale each).
   for (const char* fixture : {"deepseek_v2_lite_f32", "deepseek_v3_f32", "kimi_k2_f32"}) {
     const ModelConfig mla = load_model_config(kModels / fixture);
     EXPECT_EQ(kv_refusal_of(mla, KvDType::kBF16), "") << fixture;
-    const std::string error = kv_refusal_of(mla, KvDType::kFP8);
-    EXPECT_NE(error.find("--kv-dtype fp8 on cuda does not support MLA yet"), std::string::npos)
-        << fixture << ": " << error;
+    EXPECT_EQ(kv_refusal_of(mla, KvDType::kFP8), "") << fixture;
+    EXPECT_NE(kv_refusal_of(mla, KvDType::kF32).find("--kv-dtype f32 applies to --device cpu"),
+              std::string::npos)
+        << fixture;
   }
   // Heads past 256 (the wide decode kernel) read bf16 rows only.
   ModelConfig wide = gqa;
@@ -140,13 +141,30 @@ TEST(GpuSupport, KvBytesPerTokenAreThePlannersAtThePaddedHeadDim) {
   c.head_dim = 80;
   EXPECT_EQ(gpu_kv_bytes_per_token(c, 128, 0, KvDType::kFP8),
             c.num_layers * 2 * c.num_kv_heads * (128 + 4));
-  // MLA: the latent row, bf16 (fp8 refused as above).
+  // MLA: the latent row; bf16, or fp8 codes and two float32 scales (latent, rope key), as the
+  // planner counts them when L and R need no padding (DeepSeek's 512 + 64).
   const ModelConfig mla = load_model_config(kModels / "deepseek_v3_f32");
   const int64_t width = mla.mla->cache_width();
   EXPECT_EQ(gpu_kv_bytes_per_token(mla, 0, width, KvDType::kBF16), mla.num_layers * width * 2);
   EXPECT_EQ(gpu_kv_bytes_per_token(mla, 0, width, KvDType::kBF16),
             kv_bytes_per_token(mla, KvDType::kBF16));
-  EXPECT_THROW(gpu_kv_bytes_per_token(mla, 0, width, KvDType::kFP8), Error);
+  EXPECT_EQ(gpu_kv_bytes_per_token(mla, 0, width, KvDType::kFP8), mla.num_layers * (width + 8));
+  EXPECT_EQ(gpu_kv_bytes_per_token(mla, 0, width, KvDType::kFP8),
+            kv_bytes_per_token(mla, KvDType::kFP8));
+  const ModelConfig v3 = synthetic_model_config("deepseek-v3");
+  ASSERT_EQ(v3.mla->cache_width(), 512 + 64);
+  EXPECT_EQ(gpu_kv_bytes_per_token(v3, 0, 576, KvDType::kFP8),
+            kv_bytes_per_token(v3, KvDType::kFP8));
+  EXPECT_EQ(gpu_kv_bytes_per_token(v3, 0, 576, KvDType::kFP8),
+            plan_capacity(v3, PlanOptions{.kv_dtype = KvDType::kFP8}).kv_bytes_per_token);
+  // A latent of 36 and a rope key of 12 are padded to 40 + 16 on the GPU: its pool counts the
+  // padding's codes, the planner (the CPU's rows) does not.
+  ModelConfig odd = mla;
+  odd.mla->kv_lora_rank = 36;
+  odd.mla->qk_rope_head_dim = 12;
+  EXPECT_EQ(gpu_kv_bytes_per_token(odd, 0, 40 + 16, KvDType::kFP8),
+            odd.num_kv_layers() * (40 + 16 + 8));
+  EXPECT_EQ(kv_bytes_per_token(odd, KvDType::kFP8), odd.num_kv_layers() * (36 + 12 + 8));
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 // DeepSeek's 512 + 64 fits) up to kMlaMaxLatentDim / kMlaMaxCacheWidth, and past them
 // mla_decode_wide_kernel (mla_attention_wide_kernel.cuh: rows streamed in panels, the output in
 // slices of 512 dims), which takes any width; both share the plan, workspace and combine kernel.
+// Each is instantiated twice: over bf16 rows, and over fp8 rows (kFp8, --kv-dtype fp8) that it
+// decodes while loading a tile.
 #include <algorithm>
 #include <cmath>
 
@@ -63,6 +65,34 @@ void check_mla(const MlaDecodeParams& p) {
             kMlaChunkQuantum, " up to 2^30");
 }
 
+// Whether the launch reads fp8 rows (any of the four fp8 pointers set; the checks then want all).
+bool mla_kv_fp8(const MlaDecodeParams& p) {
+  return p.latent_codes || p.rope_codes || p.latent_scales || p.rope_scales;
+}
+
+void check_aligned8(const void* pointer, const char* name) {
+  MOE_CHECK(reinterpret_cast<uintptr_t>(pointer) % 8 == 0, name, " (", pointer,
+            ") is not 8-byte aligned (fp8 rows are read 8 codes at a time)");
+}
+
+void check_rows(const MlaDecodeParams& p) {
+  if (mla_kv_fp8(p)) {
+    MOE_CHECK(!p.cache, "cache (bf16 rows) and latent_codes / rope_codes (fp8 rows) are exclusive");
+    detail::check_pointer(p.latent_codes, "latent_codes");
+    detail::check_pointer(p.rope_codes, "rope_codes");
+    detail::check_pointer(p.latent_scales, "latent_scales");
+    detail::check_pointer(p.rope_scales, "rope_scales");
+    check_aligned8(p.latent_codes, "latent_codes");
+    check_aligned8(p.rope_codes, "rope_codes");
+    MOE_CHECK(reinterpret_cast<uintptr_t>(p.latent_scales) % 4 == 0 &&
+                  reinterpret_cast<uintptr_t>(p.rope_scales) % 4 == 0,
+              "latent_scales / rope_scales are not float-aligned");
+  } else {
+    detail::check_pointer(p.cache, "cache");
+    detail::check_aligned16(p.cache, "cache");
+  }
+}
+
 }  // namespace
 
 bool mla_decode_is_wide(const MlaDecodeParams& p) {
@@ -116,12 +146,11 @@ void mla_decode_attention(const MlaDecodeParams& p, cudaStream_t stream) {
   check_mla(p);
   if (p.num_seqs == 0) return;
   detail::check_pointer(p.q, "q");
-  detail::check_pointer(p.cache, "cache");
+  check_rows(p);
   detail::check_pointer(p.block_tables, "block_tables");
   detail::check_pointer(p.seq_lens, "seq_lens");
   detail::check_pointer(p.out, "out");
   detail::check_aligned16(p.q, "q");
-  detail::check_aligned16(p.cache, "cache");
   detail::check_aligned16(p.out, "out");
   const MlaDecodeSplit split = mla_decode_split(p);
   // chunk <= max_seq_len rounded up to 64 and splits <= 264 both fit an int.
@@ -135,24 +164,31 @@ void mla_decode_attention(const MlaDecodeParams& p, cudaStream_t stream) {
   // Both kernels' shared memory past the default 48 KB, once, before any launch of either
   // (so also before a CUDA graph captures one).
   static const bool attributes_set = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(mla_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    mla::smem_bytes(mla::kMaxWidth)));
-    CUDA_CHECK(cudaFuncSetAttribute(
-        mla_decode_wide_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, mla::kWideSmemBytes));
+    for (auto kernel : {mla_decode_kernel<false>, mla_decode_kernel<true>}) {
+      CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      mla::smem_bytes(mla::kMaxWidth)));
+    }
+    for (auto kernel : {mla_decode_wide_kernel<false>, mla_decode_wide_kernel<true>}) {
+      CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      mla::kWideSmemBytes));
+    }
     return true;
   }();
   (void)attributes_set;
+  const bool fp8 = mla_kv_fp8(p);
   if (mla_decode_is_wide(p)) {
     const int64_t slices = mla::wide_slices(static_cast<int>(p.latent_dim));
     const dim3 grid(static_cast<unsigned>(split.num_splits * slices),
                     static_cast<unsigned>(head_tiles(p)), static_cast<unsigned>(p.num_seqs));
-    mla_decode_wide_kernel<<<grid, mla::kThreads, mla::kWideSmemBytes, stream>>>(
+    auto kernel = fp8 ? mla_decode_wide_kernel<true> : mla_decode_wide_kernel<false>;
+    kernel<<<grid, mla::kThreads, mla::kWideSmemBytes, stream>>>(
         p, static_cast<int>(split.chunk), static_cast<int>(split.num_splits));
   } else {
     const int width = static_cast<int>(p.latent_dim + p.rope_dim);
     const dim3 grid(static_cast<unsigned>(split.num_splits), static_cast<unsigned>(head_tiles(p)),
                     static_cast<unsigned>(p.num_seqs));
-    mla_decode_kernel<<<grid, mla::kThreads, mla::smem_bytes(width), stream>>>(
+    auto kernel = fp8 ? mla_decode_kernel<true> : mla_decode_kernel<false>;
+    kernel<<<grid, mla::kThreads, mla::smem_bytes(width), stream>>>(
         p, static_cast<int>(split.chunk), static_cast<int>(split.num_splits));
   }
   MOE_CUDA_CHECK_LAUNCH();

@@ -18,6 +18,14 @@
 //                                                block_tables[b, t / block_size], slot
 //                                                t % block_size
 //   seq_lens      [B]                            int32 cached tokens, each in [0, max_seq_len]
+// or, under --kv-dtype fp8 (backend/cuda/kv_fp8.cuh, the CPU pool's format: two scale groups a
+// row), instead of `cache`, with slot = block * block_size + offset as above:
+//   latent_codes  [num_blocks * block_size, L]   e4m3 codes of the latent
+//   rope_codes    [num_blocks * block_size, R]   e4m3 codes of the rope key
+//   latent_scales [num_blocks * block_size]      float32, the latent's amax / 448
+//   rope_scales   [num_blocks * block_size]      float32, the rope key's amax / 448
+// The kernels decode each row to bf16 (code * scale, rounded) as they load it into shared
+// memory, so they compute exactly what they would over a bf16 cache holding those values.
 // Prefill uses the same kernel by giving each query token its own row b, its sequence's block
 // table and seq_lens[b] = position + 1.
 //
@@ -43,7 +51,12 @@ inline constexpr int64_t kMlaMaxRowWidth = int64_t{1} << 30;
 
 struct MlaDecodeParams {
   const __nv_bfloat16* q = nullptr;       // [B, Nh, W], 16-byte aligned
-  const __nv_bfloat16* cache = nullptr;   // [num_blocks, block_size, W], 16-byte aligned
+  const __nv_bfloat16* cache = nullptr;   // [num_blocks, block_size, W], 16-byte aligned; or
+  // fp8 rows (all four set, `cache` null): codes 8-byte aligned, scales 4-byte aligned
+  const uint8_t* latent_codes = nullptr;  // [num_blocks * block_size, L]
+  const uint8_t* rope_codes = nullptr;    // [num_blocks * block_size, R]
+  const float* latent_scales = nullptr;   // [num_blocks * block_size]
+  const float* rope_scales = nullptr;     // [num_blocks * block_size]
   const int32_t* block_tables = nullptr;  // [B, max_blocks_per_seq]
   const int32_t* seq_lens = nullptr;      // [B], each in [0, max_seq_len]; 0 -> zeros
   __nv_bfloat16* out = nullptr;           // [B, Nh, L], 16-byte aligned

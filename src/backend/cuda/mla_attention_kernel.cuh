@@ -21,6 +21,15 @@
 //   chunks XOR-swizzled by (row & 7), so ldmatrix is conflict-free; padding chunks, rows past
 //   the chunk's keys and Q rows past Nh are zero-filled by cp.async (no global read), so the
 //   padded k-step (W not a multiple of 16) and masked keys multiply zeros, never stale data.
+// - fp8 rows (kFp8, --kv-dtype fp8: a latent code plane, a rope code plane and a float32 scale
+//   of each per slot, backend/cuda/kv_fp8.cuh) are loaded synchronously instead: each thread
+//   reads 8 codes (a uint2) and its group's scale, decodes them to 8 bf16 and stores the uint4
+//   at the chunk's swizzled offset, zeros where cp.async would zero-fill. The store lands in the
+//   buffer not being read, before the barrier that opens its tile, as cp.async's would; the
+//   rest of the kernel cannot tell the two apart, so an fp8 cache gives exactly the outputs of
+//   a bf16 cache holding the decoded values. Half the cache bytes read; the next tile's load is
+//   no longer in flight while this one computes (each thread waits for its codes before its
+//   mma work), so only the other resident block hides that latency. Not measured yet.
 // - The host plans the splits from max_seq_len (graph-safe); a block whose split starts past
 //   its sequence's length exits at once. With one split the block normalises and writes bf16;
 //   with several it writes its unnormalised output and (max, sum) to the workspace and
@@ -45,6 +54,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/grouped_gemm_kernel.cuh"  // cp.async, ldmatrix, mma.sync helpers
+#include "backend/cuda/kv_fp8.cuh"
 #include "backend/cuda/mla_attention.h"
 
 namespace moeinfer::cuda {
@@ -129,10 +139,38 @@ __device__ __forceinline__ void online_softmax_tile(const float* s_red, int red_
   if ((tid & 15) == 0) s_alpha[r_soft] = alpha;
 }
 
+// One fp8 cache row (MlaDecodeParams' latent_codes ... rope_scales) at its slot: where its two
+// code rows start and their scales.
+struct Fp8Row {
+  const uint8_t* latent = nullptr;  // [L] codes
+  const uint8_t* rope = nullptr;    // [R] codes
+  float latent_scale = 0.f, rope_scale = 0.f;
+};
+
+__device__ __forceinline__ Fp8Row fp8_row(const MlaDecodeParams& p, int64_t slot) {
+  return Fp8Row{.latent = p.latent_codes + slot * p.latent_dim,
+                .rope = p.rope_codes + slot * p.rope_dim,
+                .latent_scale = __ldg(p.latent_scales + slot),
+                .rope_scale = __ldg(p.rope_scales + slot)};
+}
+
+// Chunk c (values [8 c, 8 c + 8)) of the row [latent | rope key], l_chunks = L / 8 of them in
+// the latent, decoded to the 8 bf16 a bf16 row would hold there.
+__device__ __forceinline__ uint4 fp8_chunk(const Fp8Row& row, int c, int l_chunks) {
+  if (c < l_chunks) {
+    return kvfp8::decode8_bf16(__ldg(reinterpret_cast<const uint2*>(row.latent) + c),
+                               row.latent_scale);
+  }
+  return kvfp8::decode8_bf16(__ldg(reinterpret_cast<const uint2*>(row.rope) + (c - l_chunks)),
+                             row.rope_scale);
+}
+
 }  // namespace mla
 
 // grid (num_splits, ceil(Nh / 16), B), mla::kThreads threads, mla::smem_bytes(W) bytes of
 // dynamic shared memory. Split s of row b covers keys [s * chunk, min(len, (s + 1) * chunk)).
+// kFp8: the cache is the fp8 planes (p.latent_codes ...), else p.cache's bf16 rows.
+template <bool kFp8>
 __global__ void __launch_bounds__(mla::kThreads, 2)
     mla_decode_kernel(const __grid_constant__ MlaDecodeParams p, int chunk, int num_splits) {
   using namespace mla;
@@ -193,20 +231,40 @@ __global__ void __launch_bounds__(mla::kThreads, 2)
   auto load_tile = [&](int buffer, int tile) {
     const int r = tid >> 3, sub = tid & 7;
     const int key = tile * kKeys + r;
-    const __nv_bfloat16* row = nullptr;
-    if (key < n) {
-      const int token = start + key;
-      const int block = __ldg(p.block_tables + static_cast<int64_t>(b) * p.max_blocks_per_seq +
-                              token / static_cast<int>(p.block_size));
-      MOE_DEVICE_CHECK(block >= 0 && block < p.num_blocks);
-      row = p.cache +
-            (static_cast<int64_t>(block) * p.block_size + token % static_cast<int>(p.block_size)) *
-                width;
-    }
-    const uint32_t dst = s_tiles + buffer * t_bytes;
-    for (int c = sub; c < chunks; c += 8) {
-      const bool valid = row != nullptr && c < w_chunks;
-      cp_async_16(dst + offset(r, c), valid ? row + c * 8 : p.cache, valid);
+    if constexpr (kFp8) {
+      // Synchronous: decoded in registers, stored where cp.async would have put the bf16 row.
+      const bool has_row = key < n;
+      Fp8Row row;
+      if (has_row) {
+        const int token = start + key;
+        const int block = __ldg(p.block_tables + static_cast<int64_t>(b) * p.max_blocks_per_seq +
+                                token / static_cast<int>(p.block_size));
+        MOE_DEVICE_CHECK(block >= 0 && block < p.num_blocks);
+        row = fp8_row(
+            p, static_cast<int64_t>(block) * p.block_size + token % static_cast<int>(p.block_size));
+      }
+      uint8_t* dst = mla_smem + buffer * t_bytes;
+      const int l_chunks = L / 8;
+      for (int c = sub; c < chunks; c += 8) {
+        const uint4 v = has_row && c < w_chunks ? fp8_chunk(row, c, l_chunks) : uint4{0, 0, 0, 0};
+        *reinterpret_cast<uint4*>(dst + offset(r, c)) = v;
+      }
+    } else {
+      const __nv_bfloat16* row = nullptr;
+      if (key < n) {
+        const int token = start + key;
+        const int block = __ldg(p.block_tables + static_cast<int64_t>(b) * p.max_blocks_per_seq +
+                                token / static_cast<int>(p.block_size));
+        MOE_DEVICE_CHECK(block >= 0 && block < p.num_blocks);
+        row = p.cache + (static_cast<int64_t>(block) * p.block_size +
+                         token % static_cast<int>(p.block_size)) *
+                            width;
+      }
+      const uint32_t dst = s_tiles + buffer * t_bytes;
+      for (int c = sub; c < chunks; c += 8) {
+        const bool valid = row != nullptr && c < w_chunks;
+        cp_async_16(dst + offset(r, c), valid ? row + c * 8 : p.cache, valid);
+      }
     }
   };
   load_tile(0, 0);

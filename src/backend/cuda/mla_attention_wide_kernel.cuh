@@ -22,6 +22,9 @@
 // - Masking as in mla_decode_kernel: rows past the split's keys, columns past W (score panels)
 //   or past L (value panels) and Q rows past Nh are zero-filled by cp.async without a global
 //   read, so padded k-steps and dropped output groups multiply zeros, never stale data.
+// - fp8 rows (kFp8, --kv-dtype fp8): a step's key panel is read synchronously, 8 codes a chunk
+//   decoded to bf16 and stored at the chunk's swizzled offset, zeros where cp.async would
+//   zero-fill (mla::fp8_chunk, as in mla_decode_kernel); Q still goes through cp.async.
 // - About 70 KB of shared memory (two buffers of a 32 x 256 cache panel and a 16 x 256 Q panel,
 //   the partial scores, P) and <= 128 registers (at most 80, for three blocks an SM, spills),
 //   so two blocks share an SM, as with mla_decode_kernel.
@@ -66,7 +69,8 @@ __host__ __device__ constexpr int wide_slices(int latent) {
 // grid (num_splits * wide_slices(L), ceil(Nh / 16), B), mla::kThreads threads,
 // mla::kWideSmemBytes of dynamic shared memory. Block x covers split x / slices, output dims
 // [512 (x % slices), + 512) of L; split s of row b covers keys [s * chunk, min(len, (s + 1) *
-// chunk)).
+// chunk)). kFp8: the cache is the fp8 planes (p.latent_codes ...), else p.cache's bf16 rows.
+template <bool kFp8>
 __global__ void __launch_bounds__(mla::kThreads, 2)
     mla_decode_wide_kernel(const __grid_constant__ MlaDecodeParams p, int chunk, int num_splits) {
   using namespace mla;
@@ -134,19 +138,38 @@ __global__ void __launch_bounds__(mla::kThreads, 2)
     const uint32_t dst = s_buffers + buffer * kWideBufferBytes;
     const int r = tid >> 3, sub = tid & 7;
     const int key = tile * kKeys + r;
-    const __nv_bfloat16* row = nullptr;
-    if (key < n) {
-      const int token = start + key;
-      const int block = __ldg(p.block_tables + static_cast<int64_t>(b) * p.max_blocks_per_seq +
-                              token / static_cast<int>(p.block_size));
-      MOE_DEVICE_CHECK(block >= 0 && block < p.num_blocks);
-      row = p.cache +
-            (static_cast<int64_t>(block) * p.block_size + token % static_cast<int>(p.block_size)) *
-                width;
-    }
-    for (int c = sub; c < kPanelChunks; c += 8) {
-      const bool valid = row != nullptr && first_chunk + c < row_chunks;
-      cp_async_16(dst + offset(r, c), valid ? row + (first_chunk + c) * 8 : p.cache, valid);
+    if constexpr (kFp8) {
+      const bool has_row = key < n;
+      Fp8Row row;
+      if (has_row) {
+        const int token = start + key;
+        const int block = __ldg(p.block_tables + static_cast<int64_t>(b) * p.max_blocks_per_seq +
+                                token / static_cast<int>(p.block_size));
+        MOE_DEVICE_CHECK(block >= 0 && block < p.num_blocks);
+        row = fp8_row(
+            p, static_cast<int64_t>(block) * p.block_size + token % static_cast<int>(p.block_size));
+      }
+      uint8_t* keys = mla_wide_smem + buffer * kWideBufferBytes;
+      for (int c = sub; c < kPanelChunks; c += 8) {
+        const bool valid = has_row && first_chunk + c < row_chunks;
+        *reinterpret_cast<uint4*>(keys + offset(r, c)) =
+            valid ? fp8_chunk(row, first_chunk + c, l_chunks) : uint4{0, 0, 0, 0};
+      }
+    } else {
+      const __nv_bfloat16* row = nullptr;
+      if (key < n) {
+        const int token = start + key;
+        const int block = __ldg(p.block_tables + static_cast<int64_t>(b) * p.max_blocks_per_seq +
+                                token / static_cast<int>(p.block_size));
+        MOE_DEVICE_CHECK(block >= 0 && block < p.num_blocks);
+        row = p.cache + (static_cast<int64_t>(block) * p.block_size +
+                         token % static_cast<int>(p.block_size)) *
+                            width;
+      }
+      for (int c = sub; c < kPanelChunks; c += 8) {
+        const bool valid = row != nullptr && first_chunk + c < row_chunks;
+        cp_async_16(dst + offset(r, c), valid ? row + (first_chunk + c) * 8 : p.cache, valid);
+      }
     }
     if (score) {
       const __nv_bfloat16* q = p.q + bh0 * width;

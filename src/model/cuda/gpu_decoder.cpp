@@ -291,8 +291,10 @@ class CudaDecoder final : public GpuDecoder {
   std::unique_ptr<MoeBlock> moe_;         // null without MoE layers
 
   // KV pool: per layer, keys and values (standard) or latent rows (MLA), as bf16 rows; under
-  // --kv-dtype fp8 (GQA only) as e4m3 codes [slots, Nkv * Dp] and float32 scales [slots, Nkv]
-  // per layer and plane instead (backend/cuda/kv_fp8.cuh), k_cache_ and v_cache_ then null.
+  // --kv-dtype fp8 as e4m3 codes [slots, Nkv * Dp] and float32 scales [slots, Nkv] per layer and
+  // plane instead (backend/cuda/kv_fp8.cuh), k_cache_ and v_cache_ then null; MLA under fp8:
+  // k_codes_ / k_scales_ the latent's [slots, Lp] / [slots], v_codes_ / v_scales_ the rope
+  // key's [slots, Rp] / [slots].
   DeviceArray<char> kv_pool_;
   std::vector<bf16*> k_cache_, v_cache_;
   std::vector<uint8_t*> k_codes_, v_codes_;
@@ -692,7 +694,7 @@ void CudaDecoder::allocate_kv_pool() {
   allocate_state_pool();
   kv_width_ = c.mla ? w_.mla.cache_width() : c.num_kv_heads * w_.padded_head_dim;
   const int64_t planes = c.mla ? 1 : 2;
-  kv_fp8_ = options_.kv_dtype == KvDType::kFP8;  // GQA only: create() refused fp8 for MLA
+  kv_fp8_ = options_.kv_dtype == KvDType::kFP8;
   // The planner's bytes per token (kv_bytes_per_token) at the padded head dim.
   const int64_t bytes_per_token = gpu_kv_bytes_per_token(c, w_.padded_head_dim,
                                                          kv_width_, options_.kv_dtype);
@@ -730,7 +732,28 @@ void CudaDecoder::allocate_kv_pool() {
   num_blocks_ = blocks;
   kv_pool_ = device_array<char>(static_cast<size_t>(blocks * block_bytes));
   const int64_t plane_elems = blocks * block_size_ * kv_width_;
-  if (kv_fp8_) {
+  if (kv_fp8_ && c.mla) {
+    // Per layer with rows, one after another: its latent code plane [slots, Lp], then its rope
+    // code plane [slots, Rp] (Lp and Rp are multiples of 8: every plane starts 8-byte aligned);
+    // after all the codes, per layer its latent and its rope scale plane, [slots] floats each:
+    // L * slots * (Lp + Rp + 8) = blocks * block_bytes. k_* hold the latent, v_* the rope key.
+    const int64_t slots = blocks * block_size_, Lp = w_.mla.latent, Rp = w_.mla.rope;
+    auto* codes = reinterpret_cast<uint8_t*>(kv_pool_.get());
+    auto* scales = reinterpret_cast<float*>(codes + kv_layers * plane_elems);
+    for (int64_t l = 0, i = 0; l < c.num_layers; ++l) {
+      const bool rows = !c.is_linear_layer(l);  // i: the layer's index among those with rows
+      k_cache_.push_back(nullptr);
+      v_cache_.push_back(nullptr);
+      k_codes_.push_back(rows ? codes + i * plane_elems : nullptr);
+      v_codes_.push_back(rows ? codes + i * plane_elems + slots * Lp : nullptr);
+      k_scales_.push_back(rows ? scales + (i * 2) * slots : nullptr);
+      v_scales_.push_back(rows ? scales + (i * 2 + 1) * slots : nullptr);
+      i += rows ? 1 : 0;
+    }
+    MOE_CHECK(Lp + Rp == kv_width_ && bytes_per_token == kv_layers * (kv_width_ + 8),
+              "the MLA fp8 pool's rows are ", kv_layers * (kv_width_ + 8),
+              " bytes per token, not the ", bytes_per_token, " gpu_kv_bytes_per_token counts");
+  } else if (kv_fp8_) {
     // [L, 2] code planes of plane_elems bytes (a multiple of 64: Dp is), then [L, 2] scale
     // planes of slots * Nkv floats: L * 2 * slots * (Nkv * Dp + 4 Nkv) = blocks * block_bytes.
     auto* codes = reinterpret_cast<uint8_t*>(kv_pool_.get());
@@ -1255,10 +1278,26 @@ void CudaDecoder::mla_attention(int64_t layer, const Step& step) {
               .head_dim = qk, .rotary_dim = R, .q_stride = Nh * qk, .k_stride = W,
               .attention_scaling = rope_scaling_, .interleaved = interleaved_rope(layer)},
              stream_);
-  cuda::kv_cache_write({.src = mla_latent_, .cache = k_cache_[layer], .slots = meta_.slots,
-                        .num_tokens = T, .width = W, .src_stride = W,
-                        .num_slots = num_blocks_ * block_size_},
-                       stream_);
+  const int64_t slots = num_blocks_ * block_size_;
+  if (kv_fp8_) {
+    // Two scale groups, as the CPU's rows (kv_row_groups): the latent and the rope key; the
+    // padding is zero, so it changes no amax. Every read of the row (decode and prefill alike)
+    // goes through the cache below, so mla_latent_ needs no write-back.
+    cuda::kv_cache_write_fp8({.src = mla_latent_, .codes = k_codes_[layer],
+                              .scales = k_scales_[layer], .slots = meta_.slots, .num_tokens = T,
+                              .num_heads = 1, .head_width = Lp, .src_stride = W,
+                              .num_slots = slots},
+                             stream_);
+    cuda::kv_cache_write_fp8({.src = mla_latent_ + Lp, .codes = v_codes_[layer],
+                              .scales = v_scales_[layer], .slots = meta_.slots, .num_tokens = T,
+                              .num_heads = 1, .head_width = Rp, .src_stride = W,
+                              .num_slots = slots},
+                             stream_);
+  } else {
+    cuda::kv_cache_write({.src = mla_latent_, .cache = k_cache_[layer], .slots = meta_.slots,
+                          .num_tokens = T, .width = W, .src_stride = W, .num_slots = slots},
+                         stream_);
+  }
   // Queries into the latent space, head by head: q_full[t, h, 0:Lp] = W_uk[h]^T q_nope[t, h]
   // (kv_b[h] rows [0, nope) are W_uk[h], [nope, Lp) each).
   const bf16* kv_b_lo = lo_term(d.kv_b, Nh * (nope + vd) * Lp);
@@ -1271,6 +1310,8 @@ void CudaDecoder::mla_attention(int64_t layer, const Step& step) {
                                qk * sizeof(bf16), R * sizeof(bf16), T * Nh,
                                cudaMemcpyDeviceToDevice, stream_));
   cuda::mla_decode_attention({.q = mla_q_full_, .cache = k_cache_[layer],
+                              .latent_codes = k_codes_[layer], .rope_codes = v_codes_[layer],
+                              .latent_scales = k_scales_[layer], .rope_scales = v_scales_[layer],
                               .block_tables = meta_.block_tables, .seq_lens = meta_.seq_lens,
                               .out = mla_out_latent_, .workspace = attn_workspace_,
                               .num_seqs = T, .num_heads = Nh, .latent_dim = Lp, .rope_dim = Rp,
