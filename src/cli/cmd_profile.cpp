@@ -400,6 +400,7 @@ void run_profile(const ProfileArgs& args) {
             "--text-file needs a checkpoint's tokenizer; synthetic models take random ids");
   const std::string synthetic_name =
       synthetic ? args.model.substr(std::string("synthetic:").size()) : std::string();
+  if (synthetic) check_synthetic_weight_format(args.device.weight_format(), synthetic_name);
   const std::filesystem::path dir = synthetic ? std::filesystem::path()
                                               : resolve_model_dir(args.model);
   std::unique_ptr<Model> model = synthetic ? nullptr : load_model_for(dir, args.device);

@@ -38,6 +38,9 @@ WeightFormat parse_weight_format(std::string_view text);
 // checkpoint whose experts are already quantised (block-scaled fp8, MXFP4, GPTQ, AWQ), naming the
 // flag and the checkpoint's format.
 void check_weight_format(WeightFormat format, const ModelConfig& config, bool cuda);
+// Refuses --weights fp8 / int4 for a synthetic model (`name`): its weights are drawn on the GPU
+// in bf16, so there is no checkpoint to quantise and the flag would change nothing.
+void check_synthetic_weight_format(WeightFormat format, std::string_view name);
 
 // Replaces each routed expert's gate, up and down view of every MoE layer by its quantised
 // values in buffers owned by `source`, and records each one's codes and scales there

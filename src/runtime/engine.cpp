@@ -173,6 +173,7 @@ std::unique_ptr<Engine> Engine::load_synthetic(const std::string& name, int64_t 
                                                const EngineConfig& config) {
   config.validate();
   MOE_CHECK(config.device == "cuda", "synthetic models are built on the GPU: use --device cuda");
+  check_synthetic_weight_format(config.expert_weights, name);
   moe::check_routing_device(config.routing, /*cuda=*/true);
   const ModelConfig model_config = synthetic_model_config(name, num_layers);
   Tokenizer tokenizer = Tokenizer::from_json(synthetic_tokenizer_json(model_config.vocab_size),

@@ -93,7 +93,7 @@ int64_t round_up(int64_t value, int64_t multiple) {
 // Collects the jobs in upload order and hands out offsets in one allocation.
 class Layout {
  public:
-  explicit Layout(int64_t terms) : terms_(terms) {}
+  explicit Layout(int64_t terms) : terms_(terms), norm_terms_(terms) {}
 
   // A matrix (or norm weight) of rows x cols; f32: stored as float32, one term; one_term: bf16
   // in one term whatever the model's (biases, which the kernels add as bf16). block_rows: rows
@@ -153,14 +153,30 @@ class Layout {
     }
     return job;
   }
-  // Norm weights of `width`, zero up to `padded_width` (padded columns stay zero).
+  // Norm weights of `width`, zero up to `padded_width` (padded columns stay zero), in the
+  // norms' terms (set_norm_terms).
   template <typename T>
   Job& norm(const T** target, const TensorView& v, int64_t width, int64_t padded_width = 0) {
+    const int64_t saved = terms_;
+    terms_ = norm_terms_;
     Job& job = padded(target, v, 1, width, 1, std::max(width, padded_width));
+    terms_ = saved;
     job.fill_scale = 0.0f;
     job.fill_offset = 1.0f;
     return job;
   }
+  // A norm weight of `cols` whose pieces the caller places (per-head layouts).
+  template <typename T>
+  Job& norm_rows(const T** target, int64_t cols) {
+    const int64_t saved = terms_;
+    terms_ = norm_terms_;
+    Job& job = add(target, 1, cols);
+    terms_ = saved;
+    job.fill_scale = 0.0f;
+    job.fill_offset = 1.0f;
+    return job;
+  }
+  void set_norm_terms(int64_t terms) { norm_terms_ = terms; }
 
   // While on, added jobs are placed in the host home instead of device memory.
   void set_home(bool on) { home_mode_ = on; }
@@ -173,6 +189,7 @@ class Layout {
  private:
   std::deque<Job> jobs_;  // references stay valid as jobs are added
   int64_t terms_ = 1;
+  int64_t norm_terms_ = 1;
   size_t end_ = 0;
   size_t home_end_ = 0;
   bool home_mode_ = false;
@@ -350,10 +367,9 @@ void build_layout(const ModelConfig& c, const DecoderWeights* w, bool offload_ex
         layout.norm(&d.q_norm, lw ? lw->attention.q_norm : kNone, D).value_offset = norm_offset;
         layout.norm(&d.k_norm, lw ? lw->attention.k_norm : kNone, D).value_offset = norm_offset;
       } else if (c.qk_norm_full) {
-        Job& qn = layout.add(&d.q_norm, 1, Nq * Dp);
-        Job& kn = layout.add(&d.k_norm, 1, Nkv * Dp);
-        qn.fill_scale = kn.fill_scale = 0.0f;
-        qn.fill_offset = kn.fill_offset = 1.0f;
+        Job& qn = layout.norm_rows(&d.q_norm, Nq * Dp);
+        Job& kn = layout.norm_rows(&d.k_norm, Nkv * Dp);
+        qn.value_offset = kn.value_offset = norm_offset;
         if (lw) {
           add_heads(qn, lw->attention.q_norm, Nq, D, Dp, 0, true);
           add_heads(kn, lw->attention.k_norm, Nkv, D, Dp, 0, true);
@@ -666,7 +682,9 @@ Layout plan_layout(const ModelConfig& config, const DecoderWeights* weights, boo
   out.expert_quant_group = held ? group : 0;
   out.expert_codes_unused =
       !held && quant != cuda::ExpertQuant::kNone ? cuda::expert_quant_name(quant) : nullptr;
+  out.norm_terms = terms == 2 || config.norm_weight_offset ? 2 : 1;
   Layout layout(terms);
+  layout.set_norm_terms(out.norm_terms);
   build_layout(config, weights, out.experts_offloaded, out, layout);
   return layout;
 }
@@ -865,6 +883,11 @@ DeviceWeights synthetic_weights(const ModelConfig& config, uint64_t seed,
                        .scale = job.fill_scale,
                        .offset = job.fill_offset},
                       nullptr);
+    if (job.terms == 2) {  // a norm in two terms (norm_terms): its second term is zero
+      MOE_CHECK(job.block_rows == job.rows, "a synthetic matrix of several two-term blocks");
+      CUDA_CHECK(cudaMemset(static_cast<bf16*>(dst) + job.rows * job.cols, 0,
+                            static_cast<size_t>(job.rows * job.cols) * sizeof(bf16)));
+    }
   }
   CUDA_CHECK(cudaDeviceSynchronize());
   return out;

@@ -16,7 +16,9 @@
 // (64, 128, 256); Ip: the expert width rounded up to a multiple of 64 (the grouped GEMM's tile).
 // Padded rows and columns are zero, so they add nothing to any product.
 // Zero-centred norm weights (the config's norm_weight_offset, Qwen3-Next) are uploaded as 1 + w,
-// so the kernels see ordinary weights; the padding stays zero.
+// so the kernels see ordinary weights; the padding stays zero. 1 + w takes two bf16 terms
+// (norm_terms), as a float32 checkpoint's norms do: rounded to one, every weight of every norm
+// moves by up to 2^-9 of itself.
 //
 // Quantised routed experts (fp8, int4, MXFP4 checkpoints and --weights fp8|int4): each expert's
 // gate_up and down are slabs of codes and scales in the layout of backend/cuda/expert_quant.h,
@@ -132,6 +134,9 @@ struct DeviceWeights {
   int64_t padded_expert_width = 0;  // Ip
   MlaPaddedDims mla;                // MLA models only
   int64_t weight_terms = 1;         // 1, or 2: every bf16 matrix and norm is [hi; lo] (above)
+  // 1, or 2: every norm weight is [hi; lo]. 2 with two weight terms, and for zero-centred norms
+  // (1 + w of a bf16 w is not a bf16 value: one term would round every norm weight).
+  int64_t norm_terms = 1;
   // How the routed experts are held: kNone, bf16 in weight_terms terms; else the checkpoint's
   // (or --weights') codes and scales, one term, dequantised in the expert GEMM. Quantised when
   // every routed expert matrix has its codes (DecoderWeights::quantized) in one format and

@@ -229,6 +229,10 @@ class CudaDecoder final : public GpuDecoder {
   const bf16* lo_term(const bf16* w, int64_t elems) const {
     return w_.weight_terms == 2 && w != nullptr ? w + elems : nullptr;
   }
+  // A norm weight's second term (DeviceWeights::norm_terms), or null.
+  const bf16* norm_lo(const bf16* w, int64_t elems) const {
+    return w_.norm_terms == 2 && w != nullptr ? w + elems : nullptr;
+  }
 
   ModelConfig config_;
   std::vector<LayerPlan> plans_;  // plan_layers(config_): what each layer runs
@@ -982,7 +986,7 @@ void CudaDecoder::enqueue_layers(const Step& step) {
     // normed = norm(hidden + previous block output); the residual stream stays in hidden.
     cuda::fused_add_rms_norm({.x = l == 0 ? nullptr : block_out_, .residual = hidden_,
                               .residual_out = l == 0 ? nullptr : hidden_,
-                              .weight = d.input_norm, .weight_lo = lo_term(d.input_norm, H),
+                              .weight = d.input_norm, .weight_lo = norm_lo(d.input_norm, H),
                               .out = normed_, .num_rows = T,
                               .hidden_size = H, .eps = eps, .mean_width = c.hidden_size},
                              stream_);
@@ -999,7 +1003,7 @@ void CudaDecoder::enqueue_layers(const Step& step) {
     }
     cuda::fused_add_rms_norm({.x = block_out_, .x_bias = d.o_bias, .residual = hidden_,
                               .residual_out = hidden_, .weight = d.post_norm,
-                              .weight_lo = lo_term(d.post_norm, H), .out = normed_,
+                              .weight_lo = norm_lo(d.post_norm, H), .out = normed_,
                               .num_rows = T,
                               .hidden_size = H, .eps = eps, .mean_width = c.hidden_size},
                              stream_);
@@ -1007,7 +1011,7 @@ void CudaDecoder::enqueue_layers(const Step& step) {
     feed_forward(l, T);
   }
   cuda::fused_add_rms_norm({.x = block_out_, .residual = hidden_, .residual_out = nullptr,
-                            .weight = w_.final_norm, .weight_lo = lo_term(w_.final_norm, H),
+                            .weight = w_.final_norm, .weight_lo = norm_lo(w_.final_norm, H),
                             .out = normed_, .num_rows = T,
                             .hidden_size = H, .eps = eps, .mean_width = c.hidden_size},
                            stream_);
@@ -1046,7 +1050,7 @@ void CudaDecoder::attention(int64_t layer, const Step& step) {
   const LayerPlan& plan = plans_[layer];
   const bool per_head_norm = plan.qk_norm == QkNormKind::kPerHead;
   // attention_inputs reads one term of the per-head norm weights; with two, the unfused path.
-  const bool two_term_norms = per_head_norm && w_.weight_terms == 2;
+  const bool two_term_norms = per_head_norm && w_.norm_terms == 2;
   const bool rope = plan.position == PositionEncoding::kRope;
   const AttentionTemperature* temperature = nullptr;  // Llama 4's NoPE layers
   switch (plan.query_scale) {
@@ -1173,24 +1177,24 @@ void CudaDecoder::qk_norm_clip_rope_write(int64_t layer, const Step& step) {
     case QkNormKind::kNone:
       break;
     case QkNormKind::kPerHead:
-      cuda::strided_rms_norm({.x = qkv_, .weight = d.q_norm, .weight_lo = lo_term(d.q_norm, D),
+      cuda::strided_rms_norm({.x = qkv_, .weight = d.q_norm, .weight_lo = norm_lo(d.q_norm, D),
                               .rows = T * Nq, .width = D, .stride = Dp, .eps = eps,
                               .rows_per_token = Nq, .token_stride = Nqkv},
                              stream_);
       cuda::strided_rms_norm({.x = qkv_ + Nq * Dp, .weight = d.k_norm,
-                              .weight_lo = lo_term(d.k_norm, D), .rows = T * Nkv, .width = D,
+                              .weight_lo = norm_lo(d.k_norm, D), .rows = T * Nkv, .width = D,
                               .stride = Dp, .eps = eps, .rows_per_token = Nkv,
                               .token_stride = Nqkv},
                              stream_);
       break;
     case QkNormKind::kWholeProjection:
       cuda::strided_rms_norm({.x = qkv_, .weight = d.q_norm,
-                              .weight_lo = lo_term(d.q_norm, Nq * Dp), .rows = T,
+                              .weight_lo = norm_lo(d.q_norm, Nq * Dp), .rows = T,
                               .width = Nq * Dp, .stride = Nqkv, .eps = eps,
                               .mean_width = Nq * D},
                              stream_);
       cuda::strided_rms_norm({.x = qkv_ + Nq * Dp, .weight = d.k_norm,
-                              .weight_lo = lo_term(d.k_norm, Nkv * Dp), .rows = T,
+                              .weight_lo = norm_lo(d.k_norm, Nkv * Dp), .rows = T,
                               .width = Nkv * Dp, .stride = Nqkv, .eps = eps,
                               .mean_width = Nkv * D},
                              stream_);
@@ -1259,7 +1263,7 @@ void CudaDecoder::mla_attention(int64_t layer, const Step& step) {
   if (m.q_lora_rank > 0) {
     linear({.x = normed_, .rows = T, .w = d.q_a, .n = m.q_lora_rank, .k = H, .y = mla_q_lora_});
     cuda::strided_rms_norm({.x = mla_q_lora_, .weight = d.q_a_norm,
-                            .weight_lo = lo_term(d.q_a_norm, m.q_lora_rank), .rows = T,
+                            .weight_lo = norm_lo(d.q_a_norm, m.q_lora_rank), .rows = T,
                             .width = m.q_lora_rank, .stride = m.q_lora_rank, .eps = kMlaNormEps},
                            stream_);
     linear({.x = mla_q_lora_, .rows = T, .w = d.q_b, .n = Nh * qk, .k = m.q_lora_rank,
@@ -1270,7 +1274,7 @@ void CudaDecoder::mla_attention(int64_t layer, const Step& step) {
   linear({.x = normed_, .rows = T, .w = d.kv_a, .n = W, .k = H, .y = mla_latent_});
   // kv_a_norm is stored Lp wide (zeros past L): its lo term starts Lp after it.
   cuda::strided_rms_norm({.x = mla_latent_, .weight = d.kv_a_norm,
-                          .weight_lo = lo_term(d.kv_a_norm, Lp), .rows = T, .width = L,
+                          .weight_lo = norm_lo(d.kv_a_norm, Lp), .rows = T, .width = L,
                           .stride = W, .eps = kMlaNormEps},
                          stream_);
   cuda::rope({.q = mla_q_ + nope, .k = mla_latent_ + Lp, .positions = meta_.positions,
