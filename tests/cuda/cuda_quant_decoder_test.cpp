@@ -9,6 +9,9 @@
 // And the point of it: the device's weight bytes are exactly the bf16 upload's with every routed
 // expert's bf16 matrices replaced by its quantised slabs (backend/cuda/expert_quant.h), which
 // are smaller. GPTQ with act-order (a permuted g_idx) keeps no codes and stays bf16 on the GPU.
+// Registered only where a CUDA device is visible.
+#if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -197,3 +200,5 @@ void device_holds_the_codes() {
 
 }  // namespace
 }  // namespace moeinfer
+
+#endif  // MOE_HAVE_CUDA
