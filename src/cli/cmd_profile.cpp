@@ -175,12 +175,12 @@ class Workload {
                                .small_batch_moe_rows = args.device.fused_moe_rows,
                                .offload = args.device.offload(),
                                .routing = routing};
-      gpu_ = decoder ? GpuDecoder::create(config, decoder->weights(), options)
-                     : GpuDecoder::create_synthetic(
-                           config, options,
-                           {.seed = args.seed,
-                            .routing = parse_routing_skew(args.routing_skew),
-                            .expert_weights = args.device.weight_format()});
+      gpu_ = decoder
+                 ? GpuDecoder::create(config, decoder->weights(), options)
+                 : GpuDecoder::create_synthetic(config, options,
+                                                {.seed = args.seed,
+                                                 .routing = parse_routing_skew(args.routing_skew),
+                                                 .expert_weights = args.device.weight_format()});
     } else {
       MOE_CHECK(decoder != nullptr, "synthetic models run on the GPU: use --device cuda");
       decoder->set_offload(args.device.offload(), /*max_step_tokens=*/args.batch);

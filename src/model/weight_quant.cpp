@@ -39,12 +39,14 @@ WeightFormat parse_weight_format(std::string_view text) {
 
 void check_synthetic_weight_format(WeightFormat format, std::string_view name,
                                    bool offload_experts) {
-  MOE_CHECK(format != WeightFormat::kBf16,
-            "--weights bf16 applies to the CPU; synthetic:", name,
+  MOE_CHECK(format != WeightFormat::kBf16, "--weights bf16 applies to the CPU; synthetic:", name,
             " is drawn on the GPU in bf16 without it");
   MOE_CHECK(!offload_experts || (format != WeightFormat::kFp8 && format != WeightFormat::kInt4),
-            "--weights ", weight_format_name(format), " with --expert-budget: the expert cache "
-            "holds bf16 experts, and synthetic:", name, "'s quantised experts have no bf16 "
+            "--weights ", weight_format_name(format),
+            " with --expert-budget: the expert cache "
+            "holds bf16 experts, and synthetic:",
+            name,
+            "'s quantised experts have no bf16 "
             "values; drop one of the two flags");
 }
 

@@ -181,8 +181,7 @@ std::unique_ptr<Engine> Engine::load_synthetic(const std::string& name, int64_t 
   // --weights fp8|int4: the experts' codes (one source of the flag: the engine's config).
   SyntheticGpuOptions options = synthetic;
   options.expert_weights = config.expert_weights;
-  auto gpu = GpuDecoder::create_synthetic(model_config, gpu_options(model_config, config),
-                                          options);
+  auto gpu = GpuDecoder::create_synthetic(model_config, gpu_options(model_config, config), options);
   return std::make_unique<Engine>(nullptr, std::move(gpu), std::move(tokenizer), config);
 }
 

@@ -96,10 +96,11 @@ TEST(SyntheticQuant, PlannedBytesReplaceEachExpertBySlabs) {
       EXPECT_GT(ratio, 0.25);
       EXPECT_LT(ratio, 0.29);
     }
-    std::printf("synthetic:qwen3-30b-a3b --weights %s: %.2f GiB (bf16 %.2f GiB), %.3f MiB an "
-                "expert (bf16 %.3f)\n",
-                std::string(weight_format_name(format)).c_str(), want / 1073741824.0,
-                bf16 / 1073741824.0, quant / 1048576.0, bf16_expert_bytes(c) / 1048576.0);
+    std::printf(
+        "synthetic:qwen3-30b-a3b --weights %s: %.2f GiB (bf16 %.2f GiB), %.3f MiB an "
+        "expert (bf16 %.3f)\n",
+        std::string(weight_format_name(format)).c_str(), want / 1073741824.0, bf16 / 1073741824.0,
+        quant / 1048576.0, bf16_expert_bytes(c) / 1048576.0);
   }
   const gpu::ExpertCodes fp8 = gpu::expert_codes_for(WeightFormat::kFp8);
   const gpu::ExpertCodes int4 = gpu::expert_codes_for(WeightFormat::kInt4);
@@ -113,20 +114,29 @@ TEST(SyntheticQuant, PlannedBytesReplaceEachExpertBySlabs) {
 // No device needed: the launcher refuses before it touches one.
 TEST(SyntheticQuant, FillRefusesWhatItCannotDraw) {
   EXPECT_NE(error_of([] {
-              cuda::quant_random_fill({.num_slabs = 1, .rows = 8, .cols = 64,
-                                       .format = cuda::ExpertQuant::kMxfp4, .group = 32},
+              cuda::quant_random_fill({.num_slabs = 1,
+                                       .rows = 8,
+                                       .cols = 64,
+                                       .format = cuda::ExpertQuant::kMxfp4,
+                                       .group = 32},
                                       nullptr);
             }).find("format mxfp4"),
             std::string::npos);
   EXPECT_NE(error_of([] {
-              cuda::quant_random_fill({.num_slabs = 1, .rows = 8, .cols = 66,
-                                       .format = cuda::ExpertQuant::kFp8, .group = 128},
+              cuda::quant_random_fill({.num_slabs = 1,
+                                       .rows = 8,
+                                       .cols = 66,
+                                       .format = cuda::ExpertQuant::kFp8,
+                                       .group = 128},
                                       nullptr);
             }).find("cols = 66"),
             std::string::npos);
   EXPECT_NE(error_of([] {
-              cuda::quant_random_fill({.num_slabs = 1, .rows = 8, .cols = 64,
-                                       .format = cuda::ExpertQuant::kInt4, .group = 12},
+              cuda::quant_random_fill({.num_slabs = 1,
+                                       .rows = 8,
+                                       .cols = 64,
+                                       .format = cuda::ExpertQuant::kInt4,
+                                       .group = 12},
                                       nullptr);
             }).find("group = 12"),
             std::string::npos);
@@ -173,8 +183,8 @@ std::vector<char> to_host(const void* p, size_t bytes) {
 }
 
 // One expert's dequantised [rows, cols] matrix (expert_quant.h's formulas), from its slab.
-std::vector<float> dequantise(const std::vector<char>& slab, cuda::ExpertQuant format,
-                              int64_t rows, int64_t cols, int64_t group) {
+std::vector<float> dequantise(const std::vector<char>& slab, cuda::ExpertQuant format, int64_t rows,
+                              int64_t cols, int64_t group) {
   const cuda::QuantMatrixLayout l = cuda::quant_matrix_layout(format, rows, cols, group);
   const auto* codes = reinterpret_cast<const uint8_t*>(slab.data());
   const auto* scales = reinterpret_cast<const float*>(slab.data() + l.scale_offset);

@@ -445,9 +445,8 @@ void build_layout(const ModelConfig& c, const DecoderWeights* w, bool offload_ex
       Job& down = layout.quant_stack(&d.experts_down, E, Hp, Ip, out.expert_quant,
                                      out.expert_quant_group);
       out.expert_bytes = gu.slab.bytes + down.slab.bytes;
-      MOE_CHECK(mw == nullptr || static_cast<int64_t>(mw->routed.experts.size()) == E, "layer ",
-                l, " has ", mw ? mw->routed.experts.size() : 0, " experts bound, the config says ",
-                E);
+      MOE_CHECK(mw == nullptr || static_cast<int64_t>(mw->routed.experts.size()) == E, "layer ", l,
+                " has ", mw ? mw->routed.experts.size() : 0, " experts bound, the config says ", E);
       for (int64_t e = 0; mw != nullptr && e < E; ++e) {
         const moe::ExpertWeights& ex = mw->routed.experts[e];
         auto piece = [&](Job& job, const TensorView& view, int64_t dst_row0, int64_t rows,

@@ -199,5 +199,4 @@ DeviceWeights synthetic_weights(const ModelConfig& config, uint64_t seed,
                                 const RoutingSkew& routing, bool offload_experts = false,
                                 WeightFormat expert_weights = WeightFormat::kCheckpoint);
 
-
 }  // namespace moeinfer::gpu
