@@ -9,7 +9,10 @@
 #   options   synthetic:qwen3-30b-a3b cut to MOE_GB_OPTION_LAYERS layers, once unmodified and
 #             once per option (issue 17 item 6): batch 1 with a 4096-token prompt (prefill 4096,
 #             decode at that context) and batch 64 with 128-token prompts; each as a ratio to
-#             the unmodified run of the same shape in this call.
+#             the unmodified run of the same shape in this call. "weights GiB" is what the
+#             device holds (under --weights fp8|int4 the routed experts as codes and scales),
+#             "experts GiB" the routed experts' share of it and their format, "b1 floor/step"
+#             the batch-1 decode step's ratio to its bytes floor (those real bytes).
 #
 # Knobs: MOE_GB_FAMILIES ("NAME:LAYERS ..."), MOE_GB_OPTIONS (";"-separated flag sets; a set
 # the build refuses is reported as refused, not counted), MOE_GB_OPTION_LAYERS (16),
@@ -72,12 +75,14 @@ if families:
 base1, base64 = load("opt0_b1"), load("opt0_b64")
 if base1 and base64:
     print()
-    print(f"{'option':<34} {'b1 decode ms':>12} {'x speed':>7} {'b64 decode ms':>13} {'x speed':>7} {'prefill4096 ms':>14} {'x speed':>7} {'weights GiB':>11}")
+    print(f"{'option':<34} {'b1 decode ms':>12} {'x speed':>7} {'b1 floor/step':>13} {'b64 decode ms':>13} {'x speed':>7} {'prefill4096 ms':>14} {'x speed':>7} {'weights GiB':>11} {'experts GiB':>16}")
     def row(label, b1, b64):
         pre = lambda g: g["prefill_flops"] / (g["prefill_peak_ratio"] * g["gemm_flops"])
+        experts = f"{b1.get('routed_expert_bytes', 0) / 2**30:.2f} {b1.get('expert_format', '?')}"
         print(f"{label:<34} {b1['decode_step_seconds'] * 1e3:12.3f} {base1['decode_step_seconds'] / b1['decode_step_seconds']:7.2f} "
+              f"{b1['decode_floor_ratio']:13.3f} "
               f"{b64['decode_step_seconds'] * 1e3:13.3f} {base64['decode_step_seconds'] / b64['decode_step_seconds']:7.2f} "
-              f"{pre(b1) * 1e3:14.1f} {pre(base1) / pre(b1):7.2f} {b1['weight_bytes'] / 2**30:11.2f}")
+              f"{pre(b1) * 1e3:14.1f} {pre(base1) / pre(b1):7.2f} {b1['weight_bytes'] / 2**30:11.2f} {experts:>16}")
     row("unmodified", base1, base64)
     for flags_path in sorted(glob.glob(os.path.join(out, "opt*.flags")), key=lambda p: int(os.path.basename(p)[3:-6])):
         n = os.path.basename(flags_path)[3:-6]

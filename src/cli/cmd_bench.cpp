@@ -8,8 +8,9 @@
 // capture happen there), then measures the two floors in the same run and reports each phase as
 // a ratio to its floor: decode as (bytes the step must read / copy bandwidth) / step time, the
 // bytes being every non-expert weight, the distinct experts the step's routing touched (read
-// back from the device), the LM head and the KV rows; prefill as (matrix FLOPs / GEMM peak) /
-// prefill time.
+// back from the device) at the bytes the device holds for one (codes and scales for quantised
+// experts, `--weights fp8|int4` or a quantised checkpoint), the LM head and the KV rows; prefill
+// as (matrix FLOPs / GEMM peak) / prefill time.
 //
 // `mpirun -np N moeinfer bench --ep N`: every rank has its own engine over an expert-parallel
 // decoder and runs its share of the B requests (B split as evenly as possible; the prompts are
@@ -170,18 +171,30 @@ void print_gpu_figures(Engine& engine, const BenchArgs& args, const RunTimes& t,
               mem.device_name.c_str(), mem.budget_bytes / GiB, mem.device_bytes / GiB,
               mem.weight_bytes / GiB, mem.workspace_bytes / GiB, mem.kv_bytes / GiB,
               static_cast<long long>(mem.num_kv_blocks), static_cast<long long>(mem.block_size));
+  if (mem.expert_bytes > 0) {  // offloaded: the cache's slots are in the weights above
+    std::printf("Routed experts: %s, %.2f MiB an expert", mem.expert_format.c_str(),
+                mem.expert_bytes / (1024.0 * 1024.0));
+    if (mem.routed_expert_bytes > 0) {
+      std::printf(", %.2f GiB of the weights", mem.routed_expert_bytes / GiB);
+    }
+    std::printf("\n");
+  }
   std::printf("%-34s %12.1f\n", "Copy bandwidth floor (GB/s):", floors.copy_bytes_per_s / 1e9);
   std::printf("%-34s %12.1f\n", "bf16 GEMM peak (TFLOP/s):", floors.gemm_flops / 1e12);
 
   // Decode: what one step must read.
   const PartCounts active = count_params(c, /*active_only=*/true);
+  // One expert's bytes as the device holds it (quantised: its codes and scales); bf16 values of
+  // its parameters where the decoder reports none.
   const int64_t expert_params = 3 * c.hidden_size * c.moe_intermediate_size;
+  const double expert_bytes =
+      mem.expert_bytes > 0 ? static_cast<double>(mem.expert_bytes) : 2.0 * expert_params;
   const int64_t touched = distinct_experts(t.expert_counts);
   const double non_expert = static_cast<double>(active.attention + active.shared_experts +
                                                 active.other) +
                             static_cast<double>(c.vocab_size * c.hidden_size);  // LM head
   const double mean_context = args.input_len + args.output_len / 2.0;
-  const double step_bytes = 2.0 * (non_expert + static_cast<double>(touched * expert_params)) +
+  const double step_bytes = 2.0 * non_expert + static_cast<double>(touched) * expert_bytes +
                             args.batch * mean_context * mem.kv_bytes_per_token;
   const double step_s = t.decode_s / std::max<int64_t>(t.decode_steps, 1);
   const double decode_floor_s = step_bytes / floors.copy_bytes_per_s;
@@ -230,6 +243,9 @@ void print_gpu_figures(Engine& engine, const BenchArgs& args, const RunTimes& t,
   std::printf("%-34s %12.3f\n", "Prefill: FLOP/s / GEMM peak:", prefill_floor_s / t.prefill_s);
   json["gpu"] = {{"device", mem.device_name},
                  {"weight_bytes", mem.weight_bytes},
+                 {"expert_format", mem.expert_format},
+                 {"expert_bytes", mem.expert_bytes},
+                 {"routed_expert_bytes", mem.routed_expert_bytes},
                  {"workspace_bytes", mem.workspace_bytes},
                  {"kv_bytes", mem.kv_bytes},
                  {"copy_bytes_per_s", floors.copy_bytes_per_s},

@@ -175,11 +175,12 @@ class Workload {
                                .small_batch_moe_rows = args.device.fused_moe_rows,
                                .offload = args.device.offload(),
                                .routing = routing};
-      gpu_ = decoder ? GpuDecoder::create(config, decoder->weights(), options)
-                     : GpuDecoder::create_synthetic(
-                           config, options,
-                           {.seed = args.seed,
-                            .routing = parse_routing_skew(args.routing_skew)});
+      gpu_ = decoder
+                 ? GpuDecoder::create(config, decoder->weights(), options)
+                 : GpuDecoder::create_synthetic(config, options,
+                                                {.seed = args.seed,
+                                                 .routing = parse_routing_skew(args.routing_skew),
+                                                 .expert_weights = args.device.weight_format()});
     } else {
       MOE_CHECK(decoder != nullptr, "synthetic models run on the GPU: use --device cuda");
       decoder->set_offload(args.device.offload(), /*max_step_tokens=*/args.batch);
@@ -400,7 +401,10 @@ void run_profile(const ProfileArgs& args) {
             "--text-file needs a checkpoint's tokenizer; synthetic models take random ids");
   const std::string synthetic_name =
       synthetic ? args.model.substr(std::string("synthetic:").size()) : std::string();
-  if (synthetic) check_synthetic_weight_format(args.device.weight_format(), synthetic_name);
+  if (synthetic) {
+    check_synthetic_weight_format(args.device.weight_format(), synthetic_name,
+                                  args.device.offload().enabled());
+  }
   const std::filesystem::path dir = synthetic ? std::filesystem::path()
                                               : resolve_model_dir(args.model);
   std::unique_ptr<Model> model = synthetic ? nullptr : load_model_for(dir, args.device);

@@ -118,7 +118,9 @@ void add_weight_options(CLI::App* cmd, DeviceArgs* args) {
                   "the format's numerics, not its memory saving; on cuda fp8 and int4 experts are "
                   "held as their codes and scales and dequantised in the expert GEMM (bf16 is "
                   "--dtype bfloat16 there). fp8 and int4 are refused on an fp8, MXFP4, GPTQ or "
-                  "AWQ checkpoint (default: the checkpoint's weights)")
+                  "AWQ checkpoint. With synthetic:NAME, fp8 and int4 draw the routed experts as "
+                  "random codes of that format on the GPU (not with --expert-budget) "
+                  "(default: the checkpoint's weights)")
       ->check(CLI::IsMember({"bf16", "fp8", "int4"}));
 }
 

@@ -23,6 +23,7 @@
 #include "io/model_config.h"
 #include "kv/kv_cache.h"
 #include "model/decoder.h"
+#include "model/weight_quant.h"
 #include "offload/offload_options.h"
 
 namespace moeinfer {
@@ -102,6 +103,10 @@ struct RoutingSkew {
 struct SyntheticGpuOptions {
   uint64_t seed = 0;
   RoutingSkew routing;
+  // --weights fp8|int4: the routed experts as random codes and scales of that format
+  // (gpu::synthetic_weights); kCheckpoint: bf16 like every other matrix. Engine::load_synthetic
+  // takes it from EngineConfig::expert_weights.
+  WeightFormat expert_weights = WeightFormat::kCheckpoint;
 };
 
 struct GpuMemoryReport {
@@ -109,6 +114,13 @@ struct GpuMemoryReport {
   int64_t device_bytes = 0;     // the card's memory
   int64_t budget_bytes = 0;     // gpu_memory_fraction of it
   int64_t weight_bytes = 0;
+  // The routed experts as the device holds them: "bf16", or the codes' format ("fp8", "int4",
+  // "mxfp4"); one expert's gate_up and down in bytes (codes and scales when quantised, a bf16
+  // expert's terms otherwise, padding included), and all resident ones (in weight_bytes; 0 with
+  // offloaded experts, whose cache slots are counted there instead). 0 without routed experts.
+  std::string expert_format = "bf16";
+  int64_t expert_bytes = 0;
+  int64_t routed_expert_bytes = 0;
   int64_t workspace_bytes = 0;  // activations, metadata, cuBLAS workspace
   int64_t kv_bytes = 0;
   int64_t kv_bytes_per_token = 0;

@@ -37,10 +37,17 @@ WeightFormat parse_weight_format(std::string_view text) {
   MOE_FAIL("--weights ", std::string(text), ": expected bf16, fp8 or int4");
 }
 
-void check_synthetic_weight_format(WeightFormat format, std::string_view name) {
-  MOE_CHECK(format != WeightFormat::kFp8 && format != WeightFormat::kInt4, "--weights ",
-            weight_format_name(format), " needs a checkpoint: synthetic:", name,
-            " is drawn on the GPU in bf16 and has no weights to quantise");
+void check_synthetic_weight_format(WeightFormat format, std::string_view name,
+                                   bool offload_experts) {
+  MOE_CHECK(format != WeightFormat::kBf16, "--weights bf16 applies to the CPU; synthetic:", name,
+            " is drawn on the GPU in bf16 without it");
+  MOE_CHECK(!offload_experts || (format != WeightFormat::kFp8 && format != WeightFormat::kInt4),
+            "--weights ", weight_format_name(format),
+            " with --expert-budget: the expert cache "
+            "holds bf16 experts, and synthetic:",
+            name,
+            "'s quantised experts have no bf16 "
+            "values; drop one of the two flags");
 }
 
 void check_weight_format(WeightFormat format, const ModelConfig& config, bool cuda) {

@@ -38,9 +38,13 @@ WeightFormat parse_weight_format(std::string_view text);
 // checkpoint whose experts are already quantised (block-scaled fp8, MXFP4, GPTQ, AWQ), naming the
 // flag and the checkpoint's format.
 void check_weight_format(WeightFormat format, const ModelConfig& config, bool cuda);
-// Refuses --weights fp8 / int4 for a synthetic model (`name`): its weights are drawn on the GPU
-// in bf16, so there is no checkpoint to quantise and the flag would change nothing.
-void check_synthetic_weight_format(WeightFormat format, std::string_view name);
+// A synthetic model (`name`, drawn on the GPU) takes --weights fp8 / int4 as random codes of that
+// format for its routed experts (gpu::synthetic_weights), whatever the published checkpoint's
+// own format. Refuses --weights bf16 as check_weight_format does on cuda, and fp8 / int4 with
+// offloaded experts (--expert-budget): the expert cache holds bf16 experts, and a synthetic
+// model has no bf16 values behind its codes (a checkpoint's experts would fall back to bf16 there).
+void check_synthetic_weight_format(WeightFormat format, std::string_view name,
+                                   bool offload_experts);
 
 // Replaces each routed expert's gate, up and down view of every MoE layer by its quantised
 // values in buffers owned by `source`, and records each one's codes and scales there

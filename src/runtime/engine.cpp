@@ -173,13 +173,15 @@ std::unique_ptr<Engine> Engine::load_synthetic(const std::string& name, int64_t 
                                                const EngineConfig& config) {
   config.validate();
   MOE_CHECK(config.device == "cuda", "synthetic models are built on the GPU: use --device cuda");
-  check_synthetic_weight_format(config.expert_weights, name);
+  check_synthetic_weight_format(config.expert_weights, name, config.offload.enabled());
   moe::check_routing_device(config.routing, /*cuda=*/true);
   const ModelConfig model_config = synthetic_model_config(name, num_layers);
   Tokenizer tokenizer = Tokenizer::from_json(synthetic_tokenizer_json(model_config.vocab_size),
                                              "synthetic:" + name);
-  auto gpu = GpuDecoder::create_synthetic(model_config, gpu_options(model_config, config),
-                                          synthetic);
+  // --weights fp8|int4: the experts' codes (one source of the flag: the engine's config).
+  SyntheticGpuOptions options = synthetic;
+  options.expert_weights = config.expert_weights;
+  auto gpu = GpuDecoder::create_synthetic(model_config, gpu_options(model_config, config), options);
   return std::make_unique<Engine>(nullptr, std::move(gpu), std::move(tokenizer), config);
 }
 

@@ -138,7 +138,9 @@ class Engine {
   static std::unique_ptr<Engine> load(const std::filesystem::path& dir, const EngineConfig& config,
                                       const LoadOptions& options = {});
   // A synthetic model ("qwen3-30b-a3b", ...) with random weights built on the GPU, cut to
-  // `num_layers` when > 0, and a generated tokenizer of the model's vocabulary size.
+  // `num_layers` when > 0, and a generated tokenizer of the model's vocabulary size. The routed
+  // experts take config.expert_weights (--weights fp8|int4: random codes of that format; the
+  // synthetic options' own expert_weights is overridden).
   static std::unique_ptr<Engine> load_synthetic(const std::string& name, int64_t num_layers,
                                                 const SyntheticGpuOptions& synthetic,
                                                 const EngineConfig& config);

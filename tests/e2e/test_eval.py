@@ -23,9 +23,10 @@
                               demo model and the qwen3_moe_f32 fixture: finite perplexity, KL > 0
                               and top-1 agreement in (0.5, 1]; --weights bf16 on the bf16 demo
                               model changes nothing; with an approximation, both in one run
-  weight_refusals             --weights fp8 / int4 on fp8, MXFP4, GPTQ and AWQ checkpoints and on
-                              synthetic models refused naming the flag; an unknown value refused
-                              with the accepted set
+  weight_refusals             --weights fp8 / int4 on fp8, MXFP4, GPTQ and AWQ checkpoints, and on
+                              synthetic models with --expert-budget, refused naming the flag;
+                              --weights bf16 on cuda (checkpoint and synthetic) refused; an
+                              unknown value refused with the accepted set
   kv_dtypes                   --kv-dtype fp8 and bf16 (the CPU cache's rows rounded when written)
                               on the demo model and the qwen3_moe_f32 (GQA) and
                               deepseek_v2_lite_f32 (MLA) fixtures: finite perplexity, KL > 0 and
@@ -211,11 +212,16 @@ def main() -> int:
                 refused(moeinfer, ["eval", "--model", str(models / fixture), "--text-file",
                                    str(fixture_text), "--weights", fmt], stored)
         refused(moeinfer, [*base, "--device", "cuda", "--weights", "bf16"], "--dtype bfloat16")
-        # A synthetic model is drawn in bf16 on the GPU: nothing to quantise (refused before
-        # any GPU is needed).
+        # A synthetic model takes --weights fp8|int4 (random codes on the GPU), but not with
+        # --expert-budget (the cache holds bf16 experts), and not --weights bf16 on cuda (refused
+        # before any GPU is needed).
         for command in (["bench"], ["profile", "--out", str(pathlib.Path(tmp.name) / "p")]):
-            refused(moeinfer, [*command, "--device", "cuda", "--model", "synthetic:olmoe-1b-7b",
-                               "--weights", "int4"], "needs a checkpoint: synthetic:olmoe-1b-7b")
+            synthetic = [*command, "--device", "cuda", "--model", "synthetic:olmoe-1b-7b"]
+            for fmt in ["fp8", "int4"]:
+                refused(moeinfer, [*synthetic, "--weights", fmt, "--expert-budget", "25%"],
+                        f"--weights {fmt} with --expert-budget: the expert cache holds bf16")
+            refused(moeinfer, [*synthetic, "--weights", "bf16"],
+                    "--weights bf16 applies to --device cpu")
         refused(moeinfer, [*base, "--weights", "int8"], "--weights: int8 not in {bf16,fp8,int4}")
 
     def check_kv_dtypes() -> None:

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/error.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
 
@@ -332,6 +333,35 @@ TEST(WeightQuantModel, QuantisedCheckpointsAreRefused) {
     // bf16 is what such a checkpoint is dequantised to anyway: accepted.
     EXPECT_NO_THROW(Model::load(
         fixture(name), LoadOptions{.prefault = false, .expert_weights = WeightFormat::kBf16}));
+  }
+}
+
+// A synthetic model takes --weights fp8|int4 (random codes on the GPU) unless its experts are
+// offloaded (the expert cache holds bf16), and refuses --weights bf16 as cuda does for a
+// checkpoint; each refusal names the flag.
+TEST(SyntheticWeightFormat, TakesFp8AndInt4RefusesBf16AndOffloadedCodes) {
+  for (WeightFormat format : {WeightFormat::kCheckpoint, WeightFormat::kFp8, WeightFormat::kInt4}) {
+    EXPECT_NO_THROW(check_synthetic_weight_format(format, "qwen3-30b-a3b", false))
+        << weight_format_name(format);
+  }
+  EXPECT_NO_THROW(check_synthetic_weight_format(WeightFormat::kCheckpoint, "qwen3-30b-a3b", true));
+  auto message = [](WeightFormat format, bool offload) {
+    try {
+      check_synthetic_weight_format(format, "qwen3-30b-a3b", offload);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  for (WeightFormat format : {WeightFormat::kFp8, WeightFormat::kInt4}) {
+    const std::string flag = "--weights " + std::string(weight_format_name(format));
+    EXPECT_NE(message(format, true).find(flag + " with --expert-budget"), std::string::npos)
+        << message(format, true);
+  }
+  for (bool offload : {false, true}) {
+    EXPECT_NE(message(WeightFormat::kBf16, offload).find("--weights bf16 applies to the CPU"),
+              std::string::npos)
+        << message(WeightFormat::kBf16, offload);
   }
 }
 

@@ -218,4 +218,28 @@ void random_fill(const RandomFillParams& p, cudaStream_t stream) {
   MOE_CUDA_CHECK_LAUNCH();
 }
 
+void quant_random_fill(const QuantRandomFillParams& p, cudaStream_t stream) {
+  NvtxRange range("quant_random_fill");
+  MOE_CHECK(p.format == ExpertQuant::kFp8 || p.format == ExpertQuant::kInt4, "format ",
+            expert_quant_name(p.format), ": random codes are drawn for fp8 and int4 only");
+  MOE_CHECK(p.num_slabs >= 0 && p.rows >= 0 && p.cols >= 0, "num_slabs = ", p.num_slabs,
+            ", rows = ", p.rows, ", cols = ", p.cols, ": none may be negative");
+  MOE_CHECK(p.group > 0 && p.group % 8 == 0, "group = ", p.group,
+            " is not a positive multiple of 8");
+  MOE_CHECK(std::isfinite(p.scale) && p.scale >= 0.0f, "scale = ", p.scale,
+            " must be finite and not negative");
+  const QuantMatrixLayout slab = quant_matrix_layout(p.format, p.rows, p.cols, p.group);
+  MOE_CHECK(slab.row_code_bytes % 4 == 0, "cols = ", p.cols, " gives ", slab.row_code_bytes,
+            " bytes of codes a row, not a multiple of 4");
+  if (p.num_slabs == 0 || p.rows == 0 || p.cols == 0) return;
+  detail::check_pointer(p.out, "out");
+  MOE_CHECK(aligned16(p.out), "out (", p.out, ") is not 16-byte aligned");
+  const int64_t total = p.num_slabs * p.rows * (slab.row_code_bytes / 4 + slab.groups_per_row);
+  const int64_t blocks = std::min<int64_t>(kRandomFillMaxBlocks,
+                                           (total + kDecoderOpsThreads - 1) / kDecoderOpsThreads);
+  quant_random_fill_kernel<<<static_cast<unsigned>(blocks), kDecoderOpsThreads, 0, stream>>>(p,
+                                                                                             slab);
+  MOE_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace moeinfer::cuda

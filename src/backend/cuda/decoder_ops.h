@@ -13,6 +13,8 @@
 
 #include <cstdint>
 
+#include "backend/cuda/expert_quant.h"
+
 namespace moeinfer::cuda {
 
 struct KvWriteParams {
@@ -192,5 +194,30 @@ struct RandomFillParams {
 // only on (seed, i, scale, offset), not on the launch or the pointer's alignment. The formula
 // (splitmix64, two 32-bit halves per hash) is written out in decoder_ops_kernel.cuh.
 void random_fill(const RandomFillParams& params, cudaStream_t stream);
+
+// Random codes and scales for quantised synthetic experts (--weights fp8|int4 on synthetic:NAME).
+struct QuantRandomFillParams {
+  void* out = nullptr;  // [num_slabs] slabs of quant_matrix_layout(format, rows, cols, group),
+                        // one after another; 16-byte aligned
+  int64_t num_slabs = 0;
+  int64_t rows = 0, cols = 0;  // each slab's matrix [Nw, Kd]; the codes of a row a multiple of 4
+                               // bytes (cols a multiple of 4 for fp8, of 8 for int4)
+  ExpertQuant format = ExpertQuant::kFp8;  // kFp8 or kInt4
+  int64_t group = 0;
+  uint64_t seed = 0;
+  float scale = 1.0f;  // the dequantised values lie in [-scale, scale]
+};
+
+// Fills every code and scale (and int4 zero point) of the slabs; the bytes between the parts
+// are left alone. Dequantised values (backend/cuda/expert_quant.h) are about uniform in
+// [-scale, scale], with nearly the spread of random_fill's bf16 values of that scale:
+//   fp8:  code = e4m3((2u - 1) * 448) with u uniform in [0, 1) (16 random bits, saturating
+//         round to nearest), every scale scale / 448;
+//   int4: each 4-bit code uniform in [0, 15], every scale scale / 8, the zero point 8 or 7 by
+//         the parity of row + group (values (q - 8) or (q - 7) times scale / 8: no net bias).
+// Each 32-bit word of codes w (over all slabs, in order) takes the low 32 bits of
+// splitmix64_mix(splitmix64_mix(seed + kGolden) + (w + 1) * kGolden): the codes depend only on
+// (seed, format, slab shape, w), not on the launch.
+void quant_random_fill(const QuantRandomFillParams& params, cudaStream_t stream);
 
 }  // namespace moeinfer::cuda

@@ -21,12 +21,15 @@
 //     splitmix64_mix(splitmix64_mix(seed + kGolden) + (i / 2 + 1) * kGolden),
 //   i.e. the (i / 2)-th output of a splitmix64 stream whose state starts at a mixed seed. One
 //   64-bit hash per two elements; the value depends only on (seed, i, scale, offset).
+// - quant_random_fill: grid-stride over the 32-bit words of codes of every slab (one hash each),
+//   then over the scale entries; slabs are small against the grid, so no slab-level blocking.
 //
 // Every launch comes from host-known sizes, nothing is read back: all of it can be captured in a
 // CUDA graph.
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 
@@ -374,6 +377,51 @@ __global__ void __launch_bounds__(kDecoderOpsThreads)
     random_fill_vectors<true>(p, key, head, vecs);
   } else {
     random_fill_vectors<false>(p, key, head, vecs);
+  }
+}
+
+// Thread i of the grid-stride range: code words first (every slab's, in order), then the scale
+// entries (and int4 zero points) of every slab.
+__global__ void __launch_bounds__(kDecoderOpsThreads)
+    quant_random_fill_kernel(const __grid_constant__ QuantRandomFillParams p,
+                             const __grid_constant__ QuantMatrixLayout slab) {
+  const uint64_t key = decoder_ops::splitmix64_mix(p.seed + kSplitmixGolden);
+  const bool fp8 = p.format == ExpertQuant::kFp8;
+  const int64_t words_per_slab = p.rows * slab.row_code_bytes / 4;
+  const int64_t scales_per_slab = p.rows * slab.groups_per_row;
+  const int64_t num_words = p.num_slabs * words_per_slab;
+  const int64_t total = num_words + p.num_slabs * scales_per_slab;
+  const float scale = fp8 ? p.scale / 448.0f : p.scale / 8.0f;
+  char* out = static_cast<char*>(p.out);
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += step) {
+    if (i < num_words) {
+      const uint64_t h =
+          decoder_ops::splitmix64_mix(key + (static_cast<uint64_t>(i) + 1) * kSplitmixGolden);
+      uint32_t word = static_cast<uint32_t>(h);  // int4: eight uniform 4-bit codes
+      if (fp8) {
+        word = 0;
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+          const uint32_t bits = static_cast<uint32_t>(h >> (16 * b)) & 0xffffu;
+          const float v = (static_cast<float>(bits) * 0x1p-15f - 1.0f) * 448.0f;  // [-448, 448)
+          const uint32_t code = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+          word |= (code & 0xffu) << (8 * b);
+        }
+      }
+      const int64_t s = i / words_per_slab, w = i % words_per_slab;
+      reinterpret_cast<uint32_t*>(out + s * slab.bytes)[w] = word;
+      continue;
+    }
+    const int64_t j = i - num_words;
+    const int64_t s = j / scales_per_slab, k = j % scales_per_slab;
+    char* base = out + s * slab.bytes;
+    reinterpret_cast<float*>(base + slab.scale_offset)[k] = scale;
+    if (!fp8) {
+      const int64_t row = k / slab.groups_per_row, group = k % slab.groups_per_row;
+      reinterpret_cast<float*>(base + slab.zero_offset)[k] = ((row + group) & 1) ? 7.0f : 8.0f;
+    }
   }
 }
 

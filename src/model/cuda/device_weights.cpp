@@ -438,15 +438,16 @@ void build_layout(const ModelConfig& c, const DecoderWeights* w, bool offload_ex
       }
     }
     if (out.expert_quant != cuda::ExpertQuant::kNone) {
-      // Quantised (chosen by plan_layout only with bound weights whose every expert has codes).
+      // Quantised (chosen by plan_layout with bound weights whose every expert has codes, or for
+      // a synthetic model under --weights fp8|int4: then no pieces, random codes).
       Job& gu = layout.quant_stack(&d.experts_gate_up, E, 2 * Ip, Hp, out.expert_quant,
                                    out.expert_quant_group);
       Job& down = layout.quant_stack(&d.experts_down, E, Hp, Ip, out.expert_quant,
                                      out.expert_quant_group);
       out.expert_bytes = gu.slab.bytes + down.slab.bytes;
-      MOE_CHECK(static_cast<int64_t>(mw->routed.experts.size()) == E, "layer ", l, " has ",
-                mw->routed.experts.size(), " experts bound, the config says ", E);
-      for (int64_t e = 0; e < E; ++e) {
+      MOE_CHECK(mw == nullptr || static_cast<int64_t>(mw->routed.experts.size()) == E, "layer ", l,
+                " has ", mw ? mw->routed.experts.size() : 0, " experts bound, the config says ", E);
+      for (int64_t e = 0; mw != nullptr && e < E; ++e) {
         const moe::ExpertWeights& ex = mw->routed.experts[e];
         auto piece = [&](Job& job, const TensorView& view, int64_t dst_row0, int64_t rows,
                          int64_t cols) {
@@ -660,10 +661,10 @@ std::pair<cuda::ExpertQuant, int64_t> expert_codes(const ModelConfig& config,
   return {expert_quant_of(first->format), first->group};
 }
 
-// The padded dims and the layout of every matrix (`weights` null: shapes only, synthetic), each
-// bf16 matrix in `terms` terms.
+// The padded dims and the layout of every matrix (`weights` null: shapes only, synthetic, whose
+// routed experts are held as `synthetic_codes`), each bf16 matrix in `terms` terms.
 Layout plan_layout(const ModelConfig& config, const DecoderWeights* weights, bool offload_experts,
-                   int64_t terms, DeviceWeights& out) {
+                   int64_t terms, DeviceWeights& out, ExpertCodes synthetic_codes = {}) {
   out.padded_hidden_size = padded_hidden_size(config);
   out.padded_head_dim = padded_head_dim(config);
   out.padded_expert_width = padded_expert_width(config);
@@ -675,7 +676,7 @@ Layout plan_layout(const ModelConfig& config, const DecoderWeights* weights, boo
   out.weight_terms = terms;
   const auto [quant, group] = weights != nullptr
                                   ? expert_codes(config, *weights)
-                                  : std::pair{cuda::ExpertQuant::kNone, int64_t{0}};
+                                  : std::pair{synthetic_codes.format, synthetic_codes.group};
   // The expert cache's slots and host home hold bf16 experts: with it the codes stay unused.
   const bool held = !out.experts_offloaded;
   out.expert_quant = held ? quant : cuda::ExpertQuant::kNone;
@@ -731,10 +732,24 @@ MlaPaddedDims padded_mla_dims(const ModelConfig& config) {
           .rope = round_up(config.mla->qk_rope_head_dim, 8)};
 }
 
-int64_t device_weight_bytes(const ModelConfig& config, int64_t weight_terms) {
+ExpertCodes expert_codes_for(WeightFormat format) {
+  switch (format) {
+    case WeightFormat::kFp8:
+      return {.format = cuda::ExpertQuant::kFp8, .group = kFp8BlockSize};
+    case WeightFormat::kInt4:
+      return {.format = cuda::ExpertQuant::kInt4, .group = kInt4GroupSize};
+    case WeightFormat::kCheckpoint:
+    case WeightFormat::kBf16:
+      return {};
+  }
+  return {};  // unreachable: every enumerator returns above
+}
+
+int64_t device_weight_bytes(const ModelConfig& config, int64_t weight_terms,
+                            WeightFormat expert_weights) {
   DeviceWeights shapes;
-  const Layout layout =
-      plan_layout(config, nullptr, /*offload_experts=*/false, weight_terms, shapes);
+  const Layout layout = plan_layout(config, nullptr, /*offload_experts=*/false, weight_terms,
+                                    shapes, expert_codes_for(expert_weights));
   return static_cast<int64_t>(layout.bytes());
 }
 
@@ -803,10 +818,16 @@ DeviceWeights upload_weights(const ModelConfig& config, const DecoderWeights& we
 }
 
 DeviceWeights synthetic_weights(const ModelConfig& config, uint64_t seed,
-                                const RoutingSkew& routing, bool offload_experts) {
+                                const RoutingSkew& routing, bool offload_experts,
+                                WeightFormat expert_weights) {
   const double zipf_exponent = routing.kind == RoutingSkew::Kind::kZipf ? routing.exponent : 0.0;
+  const ExpertCodes codes = expert_codes_for(expert_weights);
+  MOE_CHECK(codes.format == cuda::ExpertQuant::kNone || !offload_experts, "--weights ",
+            weight_format_name(expert_weights),
+            " with --expert-budget: the expert cache holds bf16 experts, and a synthetic "
+            "model's quantised experts have no bf16 values; drop one of the two");
   DeviceWeights out;
-  Layout layout = plan_layout(config, nullptr, offload_experts, /*terms=*/1, out);
+  Layout layout = plan_layout(config, nullptr, offload_experts, /*terms=*/1, out, codes);
   // Random fills cover whole matrices, padding included, so synthetic shapes must need none.
   MOE_CHECK(out.padded_hidden_size == config.hidden_size,
             "synthetic models need hidden_size a multiple of 64, not ", config.hidden_size);
@@ -849,6 +870,21 @@ DeviceWeights synthetic_weights(const ModelConfig& config, uint64_t seed,
   for (size_t j = 0; j < layout.jobs().size(); ++j) {
     const Job& job = layout.jobs()[j];
     void* dst = (job.home ? out.expert_home.get() : out.allocation.get()) + job.offset;
+    if (job.quant != cuda::ExpertQuant::kNone) {
+      // Random codes and scales; the gaps between a slab's parts zero, so that two builds of
+      // one seed are the same bytes. Values within +-1/sqrt(fan-in), as the bf16 experts'.
+      CUDA_CHECK(cudaMemset(dst, 0, job.bytes()));
+      cuda::quant_random_fill({.out = dst,
+                               .num_slabs = job.rows,
+                               .rows = job.slab_rows,
+                               .cols = job.slab_cols,
+                               .format = job.quant,
+                               .group = job.quant_group,
+                               .seed = seed * 1000003 + j,
+                               .scale = 1.0f / std::sqrt(static_cast<float>(job.slab_cols))},
+                              nullptr);
+      continue;
+    }
     if (job.f32) {
       // Zeros (biases, sinks), or the job's constant (the gated norm's weight: 1).
       std::vector<float> values(static_cast<size_t>(job.rows * job.cols), job.fill_offset);

@@ -23,7 +23,8 @@
 // Quantised routed experts (fp8, int4, MXFP4 checkpoints and --weights fp8|int4): each expert's
 // gate_up and down are slabs of codes and scales in the layout of backend/cuda/expert_quant.h,
 // the same rows and columns as above (gate rows at 0, up rows at Ip, padding rows with zero
-// codes and zero scales), taken from the codes the loader kept (model/quantized_matrix.h).
+// codes and zero scales), taken from the codes the loader kept (model/quantized_matrix.h), or
+// for a synthetic model under --weights fp8|int4 random codes drawn on the device.
 //
 // Two weight terms (weight_terms = 2, a float32 or float16 checkpoint unless rounded on request):
 // bf16 keeps 8 significant bits, so each such weight w is held as hi = bf16(w) followed by
@@ -43,6 +44,7 @@
 #include "backend/cuda/expert_quant.h"
 #include "io/model_config.h"
 #include "model/cuda/device_memory.h"
+#include "model/weight_quant.h"
 #include "model/weights.h"
 
 namespace moeinfer {
@@ -164,9 +166,20 @@ int64_t padded_head_dim(const ModelConfig& config);
 int64_t padded_expert_width(const ModelConfig& config);
 MlaPaddedDims padded_mla_dims(const ModelConfig& config);  // zeros without MLA
 
+// The codes `--weights fp8|int4` give the routed experts on the device, as the loader produces
+// them (model/weight_quant.h): fp8 with a scale per 128 inputs of a row (the 128 x 128 block's,
+// repeated on its rows), int4 with a scale and zero point per 128 inputs; kNone otherwise.
+struct ExpertCodes {
+  cuda::ExpertQuant format = cuda::ExpertQuant::kNone;
+  int64_t group = 0;
+};
+ExpertCodes expert_codes_for(WeightFormat format);
+
 // Device bytes upload_weights / synthetic_weights will allocate with every expert resident, the
-// matrices in weight_terms terms.
-int64_t device_weight_bytes(const ModelConfig& config, int64_t weight_terms = 1);
+// matrices in weight_terms terms; under --weights fp8|int4 the routed experts as those codes
+// (what synthetic_weights holds, and upload_weights for a bf16 checkpoint under the flag).
+int64_t device_weight_bytes(const ModelConfig& config, int64_t weight_terms = 1,
+                            WeightFormat expert_weights = WeightFormat::kCheckpoint);
 
 // round_to_bf16: every weight in one bf16 term, whatever the checkpoint's dtype (--dtype
 // bfloat16); otherwise a float32 or float16 checkpoint gets two terms.
@@ -177,8 +190,13 @@ DeviceWeights upload_weights(const ModelConfig& config, const DecoderWeights& we
 // router_noise, with a seed mixed from `seed` and the layer index; a Zipf one also gives it a
 // logit bias over a random ranking of its experts. The values do not depend on
 // offload_experts.
+// expert_weights fp8 or int4: every routed expert's gate_up and down are quantised slabs
+// (expert_codes_for) of random codes and scales drawn on the device (cuda::quant_random_fill),
+// whose values lie in the same [-1/sqrt(fan-in), 1/sqrt(fan-in)] as the bf16 ones; every other
+// matrix is the bf16 one of the same seed. Refused with offload_experts (the expert cache holds
+// bf16 experts: check_synthetic_weight_format); kCheckpoint and kBf16 give bf16 experts.
 DeviceWeights synthetic_weights(const ModelConfig& config, uint64_t seed,
-                                const RoutingSkew& routing, bool offload_experts = false);
-
+                                const RoutingSkew& routing, bool offload_experts = false,
+                                WeightFormat expert_weights = WeightFormat::kCheckpoint);
 
 }  // namespace moeinfer::gpu

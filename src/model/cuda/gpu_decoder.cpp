@@ -404,6 +404,13 @@ CudaDecoder::CudaDecoder(const ModelConfig& config, DeviceWeights weights,
   report_.budget_bytes =
       static_cast<int64_t>(options.gpu_memory_fraction * static_cast<double>(prop.totalGlobalMem));
   report_.weight_bytes = w_.bytes;
+  report_.expert_format = cuda::expert_quant_name(w_.expert_quant);
+  report_.expert_bytes = w_.expert_bytes;
+  if (!w_.experts_offloaded) {
+    const int64_t moe_layers = std::count_if(w_.layers.begin(), w_.layers.end(),
+                                             [](const gpu::DeviceLayer& d) { return d.is_moe; });
+    report_.routed_expert_bytes = moe_layers * config_.num_experts * w_.expert_bytes;
+  }
   report_.load_seconds = w_.upload_seconds;
   report_.load_gb_per_s =
       w_.upload_seconds > 0 ? static_cast<double>(w_.bytes) / w_.upload_seconds / 1e9 : 0.0;
@@ -1828,8 +1835,9 @@ std::unique_ptr<GpuDecoder> GpuDecoder::create_synthetic(const ModelConfig& conf
   gpu::select_device(options.device);
   offload::check_offload_model(options.offload, config.num_experts,
                                "the " + config.model_type + " model");
-  gpu::DeviceWeights device_weights = gpu::synthetic_weights(
-      config, synthetic.seed, synthetic.routing, options.offload.enabled());
+  gpu::DeviceWeights device_weights =
+      gpu::synthetic_weights(config, synthetic.seed, synthetic.routing, options.offload.enabled(),
+                             synthetic.expert_weights);
   return std::make_unique<gpu::CudaDecoder>(config, std::move(device_weights), options);
 }
 
