@@ -370,6 +370,9 @@ SequenceRunner::SequenceRunner(Model& model, const DeviceArgs& device, int64_t m
     const int count = cuda_device_count();
     MOE_CHECK(count > 0, "--ep ", expert_parallel->size(), " --device cuda: rank ",
               expert_parallel->rank(), " sees no CUDA device");
+    MOE_CHECK(device.fused_moe_rows <= 0, "--fused-moe-rows ", device.fused_moe_rows,
+              " with --ep on cuda: the small-batch MoE path has no dispatch stage and is off "
+              "under expert parallelism");
     options.device = expert_parallel->rank() % count;
     options.expert_parallel = expert_parallel;
     options.placement = device.expert_placement(model.decoder());
