@@ -25,6 +25,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -69,13 +70,15 @@ int32_t routed_expert(int s, int64_t t, int64_t k, int64_t E) {
 }
 
 // One layer through HostStagedDispatcher with `table`: tags checked at the receiver, identity
-// experts, weighted sums back. T tokens on this rank (the last `padding` of them padding).
-void check_dispatch(const parallel::LayerPlacement& table, int64_t T, int64_t padding) {
+// experts, weighted sums back. T tokens on every rank, the last padding(s) of rank s's padding.
+void check_dispatch(const parallel::LayerPlacement& table, int64_t T,
+                    const std::function<int64_t(int)>& padding) {
   Communicator& job = world();
   use_rank_device(job);
   const int me = job.rank(), N = job.size();
   const int64_t E = table.num_experts(), K = 2, H = 16;
-  const int64_t real = T - padding;
+  const auto real_of = [&](int s) { return T - padding(s); };
+  const int64_t real = real_of(me);
   std::vector<uint16_t> hidden(static_cast<size_t>(T * H), 0);
   std::vector<int32_t> ids(static_cast<size_t>(T * K));
   std::vector<float> weights(static_cast<size_t>(T * K));
@@ -142,13 +145,12 @@ void check_dispatch(const parallel::LayerPlacement& table, int64_t T, int64_t pa
   CUDA_CHECK(cudaMemcpy(offsets.data(), rows.expert_offsets, offsets.size() * sizeof(int32_t),
                         cudaMemcpyDeviceToHost));
 
-  // What this rank must receive: for every source s (every rank runs T real tokens but rank s
-  // pads the last `padding`), expert e's i-th row (plan order: token order) goes to replica
-  // (i + s) mod m.
+  // What this rank must receive: for every source s, expert e's i-th row (plan order: token
+  // order) goes to replica (i + s) mod m.
   std::vector<std::vector<std::pair<int, int64_t>>> want(static_cast<size_t>(E));
   for (int s = 0; s < N; ++s) {
     std::vector<std::vector<int64_t>> plan(static_cast<size_t>(E));  // tokens per expert
-    for (int64_t t = 0; t < real; ++t) {
+    for (int64_t t = 0; t < real_of(s); ++t) {
       for (int64_t k = 0; k < K; ++k) plan[routed_expert(s, t, k, E)].push_back(t);
     }
     for (int64_t e = 0; e < E; ++e) {
@@ -205,7 +207,7 @@ void check_dispatch(const parallel::LayerPlacement& table, int64_t T, int64_t pa
 TEST(CudaExpertParallel, DispatchCarriesTaggedRowsToTheirExpertsAndBack) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
   const int N = world().size();
-  check_dispatch(parallel::LayerPlacement::contiguous(8, N), /*T=*/13, /*padding=*/3);
+  check_dispatch(parallel::LayerPlacement::contiguous(8, N), /*T=*/13, [](int) { return 3; });
 }
 
 TEST(CudaExpertParallel, DispatchSplitsReplicatedExperts) {
@@ -217,14 +219,18 @@ TEST(CudaExpertParallel, DispatchSplitsReplicatedExperts) {
   for (int r = 1; r < N; ++r) {
     for (int32_t e = 0; e < 8; e += 2) slots[r].push_back(e);
   }
-  check_dispatch(parallel::LayerPlacement(8, slots), /*T=*/21, /*padding=*/0);
+  check_dispatch(parallel::LayerPlacement(8, slots), /*T=*/21, [](int s) { return s; });
 }
 
 TEST(CudaExpertParallel, RankWithoutRealTokensTakesPartInEveryExchange) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
   const int N = world().size();
-  // Every token of every rank is padding on this layer: the counts and rows still go round.
-  check_dispatch(parallel::LayerPlacement::contiguous(8, N), /*T=*/4, /*padding=*/4);
+  // The last rank's tokens are all padding: it still sends its (zero) counts, receives the
+  // others' rows for its experts and returns their outputs.
+  check_dispatch(parallel::LayerPlacement::contiguous(8, N), /*T=*/6,
+                 [N](int s) { return s == N - 1 ? 6 : 0; });
+  // Every rank without real tokens: the exchanges still go round, empty.
+  check_dispatch(parallel::LayerPlacement::contiguous(8, N), /*T=*/4, [](int) { return 4; });
 }
 
 // --- the decoder ---
