@@ -99,6 +99,7 @@ void HostStagedDispatcher::count_sent(const std::vector<int64_t>& bytes) {
 
 ExpertRows HostStagedDispatcher::dispatch(int64_t layer, const RoutedTokens& tokens,
                                           cudaStream_t stream) {
+  cuda::NvtxRange range("ep_dispatch");
   const parallel::LayerPlacement& table = placement_.layer(layer);
   const int N = comm_.size(), me = comm_.rank();
   const int64_t E = num_experts_, H = hidden_size_;
@@ -197,6 +198,7 @@ ExpertRows HostStagedDispatcher::dispatch(int64_t layer, const RoutedTokens& tok
 void HostStagedDispatcher::combine(int64_t layer, const bf16* expert_out,
                                    const RoutedTokens& tokens, const bf16* shared, float* out,
                                    cudaStream_t stream) {
+  cuda::NvtxRange range("ep_combine");
   const int N = comm_.size();
   const int64_t H = hidden_size_;
   const size_t row_elems = static_cast<size_t>(H);
