@@ -11,7 +11,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/gpu-ep-check}"
 mkdir -p "$OUT"
-BUILD="${MOE_GPU_BUILD_DIR:-build-gpu}"
+# A build folder of its own: one configured without MPI keeps MPI_C_FOUND off in its cache.
+BUILD="${MOE_GPU_BUILD_DIR:-build-gpu-ep}"
 export PATH=/usr/local/cuda/bin:$PATH
 export PKG_CONFIG_PATH=/opt/deps/usr/lib/x86_64-linux-gnu/pkgconfig:/opt/deps/usr/share/pkgconfig
 export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
