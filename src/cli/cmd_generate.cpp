@@ -99,6 +99,7 @@ void run_generate(const GenerateArgs& args) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   runner.forward(prompt, logits, /*all_positions=*/false);
+  int64_t forwards = 1;
   if (trace) trace->next_step();
   const auto prefilled = Clock::now();
   int64_t generated = 0;
@@ -117,6 +118,7 @@ void run_generate(const GenerateArgs& args) {
     if (generated == args.max_tokens || runner.length() >= runner.capacity()) break;
     const int32_t token[1] = {next};
     runner.forward(token, logits, /*all_positions=*/false);
+    ++forwards;
     if (trace) trace->next_step();
   }
   const std::string rest = stream.flush();
@@ -129,6 +131,20 @@ void run_generate(const GenerateArgs& args) {
   std::fprintf(stderr, "[prompt %zu tokens, %.1f tok/s | generated %lld tokens, %.1f tok/s]\n",
                prompt.size(), prompt.size() / std::max(prefill_s, 1e-9),
                static_cast<long long>(generated), generated / std::max(decode_s, 1e-9));
+  // --ep on cuda: what this rank's (rank 0's) MoE layers sent to the others per step (forward),
+  // by link class.
+  const std::vector<int64_t> sent = runner.expert_parallel_bytes();
+  if (!sent.empty()) {
+    std::fprintf(stderr, "[ep: rank 0 sent per step (%lld steps):",
+                 static_cast<long long>(forwards));
+    for (const profile::Link link :
+         {profile::Link::kSameGpu, profile::Link::kPeerGpu, profile::Link::kNetwork}) {
+      const std::string name(profile::link_name(link));
+      std::fprintf(stderr, " %s %.0f B", name.c_str(),
+                   static_cast<double>(sent[static_cast<size_t>(link)]) / forwards);
+    }
+    std::fprintf(stderr, "]\n");
+  }
 }
 
 }  // namespace

@@ -189,10 +189,11 @@ moe::RoutingApproximation DeviceArgs::routing_approximation() const {
 
 void add_expert_parallel_option(CLI::App* cmd, DeviceArgs* args) {
   cmd->add_option("--ep", args->ep,
-                  "Expert parallelism: shard the routed experts over N ranks (CPU), launched as "
+                  "Expert parallelism: shard the routed experts over N ranks, launched as "
                   "`mpirun -np N moeinfer ... --ep N`; generate and logits run the sequence on "
                   "every rank, serve and bench give each rank its own requests (attention "
-                  "data-parallel); rank 0 prints and serves HTTP")
+                  "data-parallel); rank 0 prints and serves HTTP. On cuda (generate and logits "
+                  "only) rank r runs on GPU r % count, ranks may share one")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_option("--placement", args->placement,
@@ -235,19 +236,22 @@ parallel::Communicator* DeviceArgs::expert_parallel() const {
   MOE_CHECK(overlap.empty() || ep > 1, "--overlap ", overlap, " needs --ep N with N > 1");
   // --dispatch-dtype: the GPU's refusal first, so that it names the flag with or without --ep.
   USAGE_CHECK(dispatch_dtype.empty() || !is_cuda(), "--dispatch-dtype ", dispatch_dtype,
-              " is not implemented on the CUDA backend yet (no expert parallelism on the GPU): "
-              "run it with --device cpu --ep N under mpirun");
+              " is not implemented on the CUDA backend yet (its expert parallelism sends the "
+              "rows as bf16): run it with --device cpu --ep N under mpirun");
   USAGE_CHECK(dispatch_dtype.empty() || ep > 1, "--dispatch-dtype ", dispatch_dtype,
               " applies to --ep N (N > 1): without expert parallelism no rows travel");
   USAGE_CHECK(micro_batches == 1 || !is_cuda(), "--micro-batches ", micro_batches,
-              " is not implemented on the CUDA backend yet (no expert parallelism on the GPU): "
-              "run it with --device cpu --ep N under mpirun");
+              " is not implemented on the CUDA backend yet (its expert parallelism runs each "
+              "step whole): run it with --device cpu --ep N under mpirun");
+  USAGE_CHECK(overlap.empty() || !is_cuda(), "--overlap ", overlap,
+              " is not implemented on the CUDA backend yet (its expert parallelism is "
+              "host-staged: the shared experts run after the exchange): leave it out, or run "
+              "with --device cpu --ep N under mpirun");
   USAGE_CHECK(micro_batches == 1 || ep > 1, "--micro-batches ", micro_batches,
               " needs --ep N with N > 1: without expert parallelism nothing travels to overlap");
   if (ep == 1) return nullptr;
-  MOE_CHECK(!is_cuda(), "--ep ", ep,
-            " on cuda is not built yet: expert parallelism runs on CPU "
-            "ranks (--device cpu)");
+  // On cuda generate and logits take it (SequenceRunner); bench and serve are refused by
+  // load_expert_parallel_engine.
   parallel::Communicator& world = parallel::world();
   MOE_CHECK(world.size() == ep, "--ep ", ep, " but this job has ", world.size(),
             " rank(s): launch it as `mpirun -np ", ep, " moeinfer ... --ep ", ep, "`");
@@ -272,7 +276,8 @@ std::unique_ptr<Engine> load_expert_parallel_engine(const std::filesystem::path&
   parallel::Communicator* comm = device.expert_parallel();
   MOE_CHECK(comm != nullptr, "load_expert_parallel_engine without --ep N (N > 1)");
   MOE_CHECK(config.device == "cpu", "--ep ", device.ep,
-            " on cuda is not built yet: expert parallelism runs on CPU ranks (--device cpu)");
+            " with bench and serve on cuda is not built yet (generate and logits run it): "
+            "serve and bench expert-parallel on CPU ranks (--device cpu)");
   return moeinfer::load_expert_parallel_engine(
       dir, config,
       {.comm = comm,
@@ -363,8 +368,23 @@ SequenceRunner::SequenceRunner(Model& model, const DeviceArgs& device, int64_t m
   options.weight_dtype = device.weight_dtype();
   options.kv_dtype = kv_dtype_;
   options.routing = routing;
+  if (expert_parallel != nullptr) {  // --ep N: rank r on GPU r % count (ranks may share one)
+    const int count = cuda_device_count();
+    MOE_CHECK(count > 0, "--ep ", expert_parallel->size(), " --device cuda: rank ",
+              expert_parallel->rank(), " sees no CUDA device");
+    MOE_CHECK(device.fused_moe_rows <= 0, "--fused-moe-rows ", device.fused_moe_rows,
+              " with --ep on cuda: the small-batch MoE path has no dispatch stage and is off "
+              "under expert parallelism");
+    options.device = expert_parallel->rank() % count;
+    options.expert_parallel = expert_parallel;
+    options.placement = device.expert_placement(model.decoder());
+  }
   gpu_ = GpuDecoder::create(config, model.decoder().weights(), options);
   for (int32_t b = 0; b < options.num_kv_blocks; ++b) block_table_.push_back(b);
+}
+
+std::vector<int64_t> SequenceRunner::expert_parallel_bytes() const {
+  return gpu_ ? gpu_->expert_parallel_bytes() : std::vector<int64_t>{};
 }
 
 void SequenceRunner::set_routing_observer(Decoder::RoutingObserver observer) {

@@ -128,6 +128,9 @@ class SequenceRunner {
   void set_routing_approximation(const moe::RoutingApproximation& approx);
   // Forgets the sequence: the next forward starts again at position 0.
   void reset();
+  // --ep on cuda: bytes this rank's MoE layers sent to the other ranks, by profile::Link
+  // (GpuDecoder::expert_parallel_bytes); empty otherwise.
+  std::vector<int64_t> expert_parallel_bytes() const;
 
  private:
   Model& model_;

@@ -121,5 +121,7 @@ DeviceFloors measure_device_floors() {
   MOE_FAIL("this build of moeinfer has no CUDA support");
 }
 
+int cuda_device_count() { return 0; }
+
 }  // namespace moeinfer
 #endif

@@ -74,6 +74,14 @@ struct GpuOptions {
   // --router-temperature, --active-experts / --renorm, --drop-below in every MoE layer's route
   // stage (--expert-capacity is refused on cuda: check_routing_device).
   moe::RoutingApproximation routing;
+  // --ep N (model/cuda/expert_parallel.h): the MoE layers' rows travel to the ranks of this
+  // communicator (it must outlive the decoder) and back, host-staged; null: every expert runs
+  // here. Each rank keeps every expert's weights on its GPU for now and computes only those the
+  // placement gives it. Under it the steps run without CUDA graphs and without the small-batch
+  // MoE path (the dispatch waits for the device and exchanges with the other ranks); refused
+  // with `offload` (--expert-budget).
+  parallel::Communicator* expert_parallel = nullptr;
+  std::optional<parallel::ExpertPlacement> placement;  // with expert_parallel; none: contiguous
 };
 
 // How a synthetic model's routers choose (`--routing-skew`).
@@ -224,7 +232,15 @@ class GpuDecoder {
   // As Decoder::set_routing_approximation, from the next forward (GpuOptions::routing at
   // creation); the captured graphs are dropped when it changes. --expert-capacity is refused.
   virtual void set_routing_approximation(const moe::RoutingApproximation& approx) = 0;
+  // Under GpuOptions::expert_parallel: bytes this rank's MoE layers have sent to the other ranks
+  // (rows and outputs) since creation, indexed by profile::Link (same GPU, peer GPU, network);
+  // empty otherwise.
+  virtual std::vector<int64_t> expert_parallel_bytes() const { return {}; }
 };
+
+// CUDA devices this process sees (0 without CUDA support or a device): --ep N on cuda puts rank
+// r on device r % count.
+int cuda_device_count();
 
 // The floors GPU figures are ratios to, measured now on the current device.
 struct DeviceFloors {

@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "moe/moe_block.h"
@@ -33,6 +34,35 @@
 #include "parallel/placement.h"
 
 namespace moeinfer::moe {
+
+// The bookkeeping of one layer's exchange, shared by the CPU dispatcher and the GPU's
+// (model/cuda/expert_parallel.h): where each plan row goes (the replica rule above) and, once the
+// counts have arrived, where each received row sits in the rank's slot order. Rows themselves
+// are the caller's: it packs plan row r at send_pos[r] and reads received row i (source order)
+// into row expert_row_of_recv[i] of the slots' order.
+struct DispatchLayout {
+  // Send side (plan_sends).
+  std::vector<int32_t> send_pos;       // [rows] each plan row's place in the send order
+  std::vector<int32_t> send_counts;    // rows per (receiver, its slot), receivers in rank order
+  std::vector<int64_t> send_num_rows;  // [N] rows to each rank
+  std::vector<int32_t> slot_base;      // [N + 1] the first (receiver, slot) pair of each rank
+  // Receive side (exchange_counts, then merge).
+  std::vector<int32_t> recv_counts;         // [N, slots of this rank]
+  std::vector<int64_t> recv_num_rows;       // [N] rows from each rank
+  int64_t received = 0;                     // their sum
+  std::vector<int32_t> expert_offsets;      // [slots of this rank + 1] in slot order
+  std::vector<int32_t> expert_row_of_recv;  // [received] its row in slot order
+
+  // The plan's rows, expert e's being [expert_offsets[e], expert_offsets[e + 1]) for the
+  // table's E experts (entries past E + 1 are ignored: the GPU's padding expert), assigned to
+  // replicas from rank `me`.
+  void plan_sends(const parallel::LayerPlacement& table, int me,
+                  std::span<const int32_t> expert_offsets);
+  // The all_to_allv of the per-slot counts (every rank takes part, with or without rows).
+  void exchange_counts(parallel::Communicator& comm, const parallel::LayerPlacement& table);
+  // The sources' runs merged into slot order: slot j's rows from source 0, then 1, ...
+  void merge(int64_t slots_of_me);
+};
 
 class ExpertParallelDispatcher final : public TokenDispatcher {
  public:
@@ -65,18 +95,10 @@ class ExpertParallelDispatcher final : public TokenDispatcher {
   parallel::ExpertPlacement placement_;
   int64_t hidden_size_;
   DispatchDtype wire_;
-  // Send side.
-  std::vector<int32_t> send_pos_;     // [T*K] each plan row's place in send_rows_
-  std::vector<int32_t> send_counts_;  // rows per (receiver, its slot), receivers in rank order
+  DispatchLayout layout_;
   std::vector<std::byte> send_rows_;  // [T*K, encoded row] by receiver, then slot, then plan order
-  std::vector<int64_t> send_num_rows_;  // [N] rows to each rank
-  // Receive side.
-  std::vector<int32_t> recv_counts_;         // [N, slots of this rank]
-  std::vector<std::byte> recv_rows_;         // [received, encoded row] in source order
-  std::vector<int64_t> recv_num_rows_;       // [N] rows from each rank
-  std::vector<int32_t> expert_row_of_recv_;  // [received] its row in slot order
-  std::vector<float> expert_rows_;           // [received, H] in slot order
-  std::vector<int32_t> expert_offsets_;      // [slots of this rank + 1]
+  std::vector<std::byte> recv_rows_;  // [received, encoded row] in source order
+  std::vector<float> expert_rows_;    // [received, H] in slot order
   std::vector<int32_t> slot_ids_;            // [slots of this rank] their logical experts
   std::vector<float> back_;                  // [received, H] outputs in source order
   std::vector<float> returned_;              // [T*K, H] outputs in send order

@@ -142,6 +142,8 @@ std::string_view link_name(Link link) {
       return "host_device";
     case Link::kNetwork:
       return "network";
+    case Link::kSameGpu:
+      return "same_gpu";
   }
   return "";
 }

@@ -54,9 +54,10 @@ enum class Stage : int {
 inline constexpr int kNumStages = 12;
 
 // Where bytes moved: within one device (weights and KV read by the kernels), between GPUs of a
-// host, between host and device (step metadata up, logits or tokens down), over the network.
-enum class Link : int { kOnDevice, kPeerGpu, kHostDevice, kNetwork };
-inline constexpr int kNumLinks = 4;
+// host, between host and device (step metadata up, logits or tokens down), over the network,
+// and between ranks that share one GPU (expert parallelism's rows and outputs, --ep on cuda).
+enum class Link : int { kOnDevice, kPeerGpu, kHostDevice, kNetwork, kSameGpu };
+inline constexpr int kNumLinks = 5;
 std::string_view link_name(Link link);
 inline constexpr int kNumLayerStages = 9;
 

@@ -39,6 +39,7 @@
 #include "core/error.h"
 #include "model/cuda/cached_experts.h"
 #include "model/cuda/device_weights.h"
+#include "model/cuda/expert_parallel.h"
 #include "model/cuda/moe_block.h"
 #include "model/family.h"
 #include "model/gpu_decoder.h"
@@ -175,6 +176,11 @@ class CudaDecoder final : public GpuDecoder {
   std::vector<int64_t> expert_cache_counters() override;
   void set_routing_observer(Decoder::RoutingObserver observer) override;
   void set_routing_approximation(const moe::RoutingApproximation& approx) override;
+  std::vector<int64_t> expert_parallel_bytes() const override {
+    if (ep_dispatcher_ == nullptr) return {};
+    const auto& bytes = ep_dispatcher_->bytes_sent();
+    return {bytes.begin(), bytes.end()};
+  }
 
  private:
   void allocate_workspace();
@@ -288,6 +294,10 @@ class CudaDecoder final : public GpuDecoder {
   // [T*K, Hp] the experts' weighted inputs in plan order (Llama 4's routing weights on the
   // input, LocalDispatcher), else null
   bf16* weighted_rows_ = nullptr;
+  // --ep: [T*K, Hp] the plan's rows gathered for the host-staged dispatch, and the dispatcher
+  // (owned by moe_), whose byte counts expert_parallel_bytes reports; else null.
+  bf16* ep_plan_rows_ = nullptr;
+  const HostStagedDispatcher* ep_dispatcher_ = nullptr;
   bf16 *mlp_gate_up_ = nullptr, *mlp_act_ = nullptr;
   float* logits_ = nullptr;  // [rcap, V]
   void* cublas_workspace_ = nullptr;
@@ -376,6 +386,17 @@ CudaDecoder::CudaDecoder(const ModelConfig& config, DeviceWeights weights,
   MOE_CHECK(options.block_size >= 8 && options.block_size <= 128,
             "block size ", options.block_size, " must be in [8, 128]");
   MOE_CHECK(options.max_batch_tokens >= 1, "max batch tokens must be >= 1");
+  if (options.expert_parallel != nullptr) {  // --ep N: model/cuda/expert_parallel.h
+    MOE_CHECK(!options.offload.enabled(),
+              "--ep with --expert-budget is not supported yet: offload or shard the experts");
+    MOE_CHECK(config.num_experts > 0, "--ep: the ", config.model_type,
+              " model has no routed experts to shard");
+    // The host-staged dispatch waits for the device and exchanges with the other ranks inside
+    // each MoE layer: no step can be a CUDA graph, and the small-batch path (route and experts
+    // in one kernel) has no dispatch stage.
+    options_.cuda_graphs = false;
+    options_.small_batch_moe_rows = 0;
+  }
   attention_scale_ = attention_softmax_scale(config_);
   const Rope rope(config.rope, config.rotary_dim(), config.max_position_embeddings);
   rotary_dim_ = rope.rotary_dim();
@@ -604,9 +625,12 @@ void CudaDecoder::allocate_workspace() {
       mb.src_row = cv.take<int32_t>(T * K);
       mb.inverse = cv.take<int32_t>(T * K);
       mb.plan_workspace = cv.take<int32_t>(cuda::plan_workspace_size(T * K, E + 1));
-      expert_act_ = cv.take<bf16>(T * K * Ip);
-      mb.expert_out = cv.take<bf16>(T * K * H);
+      // Under --ep this rank's experts may take every rank's rows of a step: N times T*K.
+      const int64_t ranks = options_.expert_parallel ? options_.expert_parallel->size() : 1;
+      expert_act_ = cv.take<bf16>(ranks * T * K * Ip);
+      mb.expert_out = cv.take<bf16>(ranks * T * K * H);
       if (c.routing_weight_on_input) weighted_rows_ = cv.take<bf16>(T * K * H);
+      if (options_.expert_parallel) ep_plan_rows_ = cv.take<bf16>(T * K * H);
       mb.shared_gate_logits = cv.take<float>(T);
       mb.shared_out = cv.take<bf16>(T * H);
       if (small_moe_bytes > 0) mb.small_moe_workspace = cv.take<char>(small_moe_bytes);
@@ -1430,6 +1454,21 @@ void CudaDecoder::build_moe_block() {
                        int64_t rows, bf16* out) {
     dense_mlp(x, gate_up, down, width, rows, out, /*f32_out=*/false);
   };
+  std::unique_ptr<TokenDispatcher> dispatcher;
+  if (options_.expert_parallel != nullptr) {
+    parallel::Communicator& comm = *options_.expert_parallel;
+    auto ep = std::make_unique<HostStagedDispatcher>(
+        comm,
+        options_.placement ? *options_.placement
+                           : parallel::ExpertPlacement(config_.num_experts, comm.size()),
+        config_.num_experts, w_.padded_hidden_size,
+        comm.size() * tcap_ * config_.num_experts_per_tok, ep_plan_rows_);
+    ep_dispatcher_ = ep.get();
+    dispatcher = std::move(ep);
+  } else {
+    dispatcher = std::make_unique<LocalDispatcher>(config_.num_experts, w_.padded_hidden_size,
+                                                   weighted_rows_);
+  }
   moe_ = std::make_unique<MoeBlock>(
       MoeBlockOptions{.router = router_options(config_),
                       .shape = shape,
@@ -1437,10 +1476,8 @@ void CudaDecoder::build_moe_block() {
                       .weights = config_.routing_weight_on_input ? moe::WeightPlacement::kInput
                                                                  : moe::WeightPlacement::kOutput,
                       .approx = options_.routing},
-      layers, plans_, moe_buffers_,
-      std::make_unique<LocalDispatcher>(config_.num_experts, w_.padded_hidden_size,
-                                        weighted_rows_),
-      std::move(runner), linear_fn, mlp_fn);
+      layers, plans_, moe_buffers_, std::move(dispatcher), std::move(runner), linear_fn,
+      mlp_fn);
 }
 
 void CudaDecoder::feed_forward(int64_t layer, int64_t T) {
@@ -1839,6 +1876,11 @@ std::unique_ptr<GpuDecoder> GpuDecoder::create_synthetic(const ModelConfig& conf
       gpu::synthetic_weights(config, synthetic.seed, synthetic.routing, options.offload.enabled(),
                              synthetic.expert_weights);
   return std::make_unique<gpu::CudaDecoder>(config, std::move(device_weights), options);
+}
+
+int cuda_device_count() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
 }
 
 DeviceFloors measure_device_floors() {

@@ -333,13 +333,15 @@ void MoeBlock::enqueue(int64_t layer, const MoeLayerIo& io, cudaStream_t stream,
                  stream);
   close(profile::Stage::kPlan);
   const ExpertRows rows = dispatcher_->dispatch(layer, tokens, stream);
-  runner_->run(layer, rows, buffers_.expert_out, stream);
+  const bool moves_rows = dispatcher_->moves_rows();  // expert parallelism
+  if (moves_rows) close(profile::Stage::kDispatch);
+  if (!moves_rows || rows.num_rows > 0) runner_->run(layer, rows, buffers_.expert_out, stream);
   close(profile::Stage::kExperts);
   const bf16* shared = shared_experts(layer, io.hidden, T, stream);
   if (shared) close(profile::Stage::kSharedExperts);
   runner_->finish(layer, tokens, buffers_.expert_out, stream);
   dispatcher_->combine(layer, buffers_.expert_out, tokens, shared, io.out, stream);
-  close(profile::Stage::kUnpermute);
+  close(moves_rows ? profile::Stage::kCombine : profile::Stage::kUnpermute);
 }
 
 }  // namespace moeinfer::gpu

@@ -2,8 +2,8 @@
 // of moe/moe_block.h: the block owns route and plan and delegates the two things that vary,
 //   route -> runner.on_routed -> plan -> dispatcher.dispatch -> runner.run -> shared experts
 //         -> runner.finish -> dispatcher.combine,
-// to a TokenDispatcher (where the rows go: this GPU here; the all-to-all of expert parallelism
-// later) and an ExpertRunner (where the experts live: resident, or a cache over pinned host
+// to a TokenDispatcher (where the rows go: this GPU, or the ranks of expert parallelism,
+// model/cuda/expert_parallel.h) and an ExpertRunner (where the experts live: resident, or a cache over pinned host
 // memory under --expert-budget). Everything is enqueued on one stream and never synchronises
 // with the host, so a decode step's layers stay one CUDA graph; the hand-offs are device
 // pointers in the typed structs below.
@@ -84,6 +84,10 @@ class TokenDispatcher {
   // out[T, Hp] (float32) = shared[t] (when given) + sum_k weight[t, k] * expert_out[row of (t, k)].
   virtual void combine(int64_t layer, const bf16* expert_out, const RoutedTokens& tokens,
                        const bf16* shared, float* out, cudaStream_t stream) = 0;
+  // Whether rows leave this GPU (expert parallelism, model/cuda/expert_parallel.h): the block
+  // then closes the dispatch and combine stages for the profiler, and skips the experts when
+  // dispatch hands this rank no rows.
+  virtual bool moves_rows() const { return false; }
 };
 
 // Every row stays on this GPU: dispatch hands the experts the hidden rows with the plan's

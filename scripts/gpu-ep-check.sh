@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Expert parallelism on the GPU (--ep N --device cuda), one call on the GPU machine: unpack the
+# carried packages (Open MPI among them, scripts/device-deps.sh), configure with MPI, build
+# moeinfer and test_cuda_expert_parallel, run the test as two ranks sharing the GPU (mpirun -np
+# 2), then the CLI check (tests/e2e/test_expert_parallel.py --only cuda_ep: logits and greedy
+# text of --ep 2 on cuda against one process, bench refused). Prints a summary last.
+#
+# Run it through the device tool with `carry: [".deps"]` after `scripts/device-deps.sh
+# download` here. Logs go to $OUT or /tmp/gpu-ep-check.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-/tmp/gpu-ep-check}"
+mkdir -p "$OUT"
+# A build folder of its own: one configured without MPI keeps MPI_C_FOUND off in its cache.
+BUILD="${MOE_GPU_BUILD_DIR:-build-gpu-ep}"
+export PATH=/usr/local/cuda/bin:$PATH
+export PKG_CONFIG_PATH=/opt/deps/usr/lib/x86_64-linux-gnu/pkgconfig:/opt/deps/usr/share/pkgconfig
+export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+summary=()
+
+echo "== dependencies"
+bash scripts/device-deps.sh unpack || { echo "gpu-ep-check: FAILED unpacking .deps"; exit 1; }
+eval "$(bash scripts/device-deps.sh mpi-env)"
+command -v mpirun || { echo "gpu-ep-check: no mpirun after unpacking .deps/mpi"; exit 1; }
+
+echo "== configure and build"
+if ! { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+         -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH=/opt/deps/usr \
+         -DMPI_C_COMPILER="$(command -v mpicc)" -DMPIEXEC_EXECUTABLE="$(command -v mpirun)" &&
+       cmake --build "$BUILD" -j16 --target moeinfer test_cuda_expert_parallel; } \
+       >"$OUT/build.log" 2>&1; then
+  grep -E "error|FAILED|MPI" "$OUT/build.log" | head -20
+  echo "gpu-ep-check: BUILD FAILED (see build.log)"
+  exit 1
+fi
+grep -E "MPI" "$OUT/build.log" | head -3
+
+echo "== mpirun -np 2 test_cuda_expert_parallel (two ranks on GPU rank % count)"
+nvidia-smi -L
+mpirun -np 2 --oversubscribe "$BUILD/tests/test_cuda_expert_parallel" 2>&1 |
+  tee "$OUT/test_cuda_expert_parallel.log"
+rc=${PIPESTATUS[0]}
+summary+=("test_cuda_expert_parallel (np 2): $([ "$rc" -eq 0 ] && echo PASSED || echo "FAILED rc=$rc")")
+
+echo "== e2e cuda_ep"
+python3 tests/e2e/test_expert_parallel.py --moeinfer "$BUILD/moeinfer" \
+  --fixtures tests/fixtures --only cuda_ep 2>&1 | tee "$OUT/e2e_cuda_ep.log"
+rc=${PIPESTATUS[0]}
+summary+=("e2e cuda_ep: $([ "$rc" -eq 0 ] && echo PASSED || echo "FAILED rc=$rc")")
+
+echo
+echo "== summary"
+grep -h "rel error vs one process" "$OUT/test_cuda_expert_parallel.log" | sort | head -40
+printf '%s\n' "${summary[@]}"

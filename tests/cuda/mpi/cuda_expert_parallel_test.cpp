@@ -1,0 +1,464 @@
+// Expert parallelism on the GPU (--ep N --device cuda, model/cuda/expert_parallel.h), run as
+// several ranks under mpirun (tests/CMakeLists.txt: cuda_mpi_np2); ranks on one machine take GPU
+// rank % count, so two ranks on a one-GPU machine share it. Without a CUDA device (CI) every
+// rank skips every test, and the job passes.
+//
+// Dispatch: each rank's token rows carry their source rank and token index (small integers,
+// exact in bf16); a receiver checks that every row it got is one routed to an expert it holds,
+// in logical-expert order, every such row once (the replica rule splitting replicated experts),
+// and an identity "expert" (the rows handed back as outputs) makes combine return each token's
+// weighted sum of its own row.
+//
+// Decoder: for fixture models of several families, every rank runs the same routes through a
+// one-process GPU decoder and through one under --ep N (the same weights, the same arithmetic:
+// both without the small-batch MoE path, which --ep turns off; only the grouped GEMM's row
+// counts differ). Asserted: logits within the GPU parity bound
+// (relative 2e-2, as cuda_parity_test; the printed figure is expected to be far below it) and
+// identical greedy continuations. Ranks also run different batches (rank r's prompt rotated by
+// r, its decode steps of 3 sequences on rank 0 and 2 on the others: every rank runs the same
+// number of forwards, each a collective), and a placement with replicas gives the same logits.
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "../../support/model_fixtures.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/moe_stages.h"
+#include "core/dtype.h"
+#include "model/cuda/device_memory.h"
+#include "model/cuda/expert_parallel.h"
+#include "model/gpu_decoder.h"
+#include "model/model.h"
+#include "parallel/communicator.h"
+#include "parallel/placement.h"
+
+namespace moeinfer {
+namespace {
+
+using parallel::Communicator;
+using parallel::world;
+
+constexpr double kMaxRelError = 2e-2;  // cuda_parity_test's bound
+
+bool have_device() {
+  int count = 0;
+  const bool ok = cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+  cudaGetLastError();
+  return ok;
+}
+
+void use_rank_device(const Communicator& job) {
+  CUDA_CHECK(cudaSetDevice(job.rank() % cuda_device_count()));
+}
+
+// The test's routing: token t of source s picks experts (s + 3t + 2k) mod E for k < K (K <= E/2
+// keeps them distinct), weights 1/2, 1/4, ... (exact in float32 and bf16).
+int32_t routed_expert(int s, int64_t t, int64_t k, int64_t E) {
+  return static_cast<int32_t>((s + 3 * t + 2 * k) % E);
+}
+
+// One layer through HostStagedDispatcher with `table`: tags checked at the receiver, identity
+// experts, weighted sums back. T tokens on every rank, the last padding(s) of rank s's padding.
+void check_dispatch(const parallel::LayerPlacement& table, int64_t T,
+                    const std::function<int64_t(int)>& padding) {
+  Communicator& job = world();
+  use_rank_device(job);
+  const int me = job.rank(), N = job.size();
+  const int64_t E = table.num_experts(), K = 2, H = 16;
+  const auto real_of = [&](int s) { return T - padding(s); };
+  const int64_t real = real_of(me);
+  std::vector<uint16_t> hidden(static_cast<size_t>(T * H), 0);
+  std::vector<int32_t> ids(static_cast<size_t>(T * K));
+  std::vector<float> weights(static_cast<size_t>(T * K));
+  for (int64_t t = 0; t < T; ++t) {
+    hidden[t * H + 0] = f32_to_bf16(static_cast<float>(me));
+    hidden[t * H + 1] = f32_to_bf16(static_cast<float>(t));
+    for (int64_t h = 2; h < H; ++h) hidden[t * H + h] = f32_to_bf16(1.0f);
+    for (int64_t k = 0; k < K; ++k) {
+      const bool pad = t >= real;
+      ids[t * K + k] = pad ? static_cast<int32_t>(E) : routed_expert(me, t, k, E);
+      weights[t * K + k] = pad ? 0.0f : 1.0f / static_cast<float>(2 << k);
+    }
+  }
+  gpu::StreamHandle owned_stream;
+  {
+    cudaStream_t created = nullptr;
+    CUDA_CHECK(cudaStreamCreate(&created));
+    owned_stream.reset(created);
+  }
+  cudaStream_t stream = owned_stream.get();
+  auto upload = [&](const auto& host) {
+    using Elem = typename std::decay_t<decltype(host)>::value_type;
+    auto array = gpu::device_array<Elem>(std::max<size_t>(host.size(), 1));
+    CUDA_CHECK(cudaMemcpy(array.get(), host.data(), host.size() * sizeof(Elem),
+                          cudaMemcpyHostToDevice));
+    return array;
+  };
+  const auto hidden_dev = upload(hidden);
+  const auto ids_dev = upload(ids);
+  const auto weights_dev = upload(weights);
+  const int64_t ws = cuda::plan_workspace_size(T * K, E + 1);
+  const auto counts_dev = gpu::device_array<int32_t>(E + 1);
+  const auto offsets_dev = gpu::device_array<int32_t>(E + 2);
+  const auto src_dev = gpu::device_array<int32_t>(T * K);
+  const auto inverse_dev = gpu::device_array<int32_t>(T * K);
+  const auto ws_dev = gpu::device_array<int32_t>(std::max<int64_t>(ws, 1));
+  const auto plan_rows_dev = gpu::device_array<__nv_bfloat16>(T * K * H);
+  const auto out_dev = gpu::device_array<float>(T * H);
+  const auto* d_hidden = reinterpret_cast<const __nv_bfloat16*>(hidden_dev.get());
+  cuda::moe_plan({.topk_ids = ids_dev.get(), .expert_counts = counts_dev.get(),
+                  .expert_offsets = offsets_dev.get(), .src_row = src_dev.get(),
+                  .inverse = inverse_dev.get(), .workspace = ws > 0 ? ws_dev.get() : nullptr,
+                  .num_assignments = T * K, .num_experts = E + 1},
+                 stream);
+
+  std::vector<std::vector<int32_t>> slots(static_cast<size_t>(N));
+  for (int r = 0; r < N; ++r) {
+    const auto s = table.slots(r);
+    slots[r].assign(s.begin(), s.end());
+  }
+  gpu::HostStagedDispatcher dispatcher(job, parallel::ExpertPlacement(table, {}), E, H,
+                                       N * T * K, plan_rows_dev.get());
+  const gpu::RoutedTokens tokens{.hidden = d_hidden, .topk_ids = ids_dev.get(),
+                                 .topk_weights = weights_dev.get(),
+                                 .expert_offsets = offsets_dev.get(), .src_row = src_dev.get(),
+                                 .inverse = inverse_dev.get(), .num_tokens = T, .top_k = K};
+  const gpu::ExpertRows rows = dispatcher.dispatch(/*layer=*/0, tokens, stream);
+  EXPECT_EQ(rows.num_experts, E);
+  EXPECT_EQ(rows.src_row, nullptr);
+  std::vector<uint16_t> got(static_cast<size_t>(rows.num_rows * H));
+  std::vector<int32_t> offsets(static_cast<size_t>(E + 1));
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (rows.num_rows > 0) {
+    CUDA_CHECK(cudaMemcpy(got.data(), rows.rows, got.size() * sizeof(uint16_t),
+                          cudaMemcpyDeviceToHost));
+  }
+  CUDA_CHECK(cudaMemcpy(offsets.data(), rows.expert_offsets, offsets.size() * sizeof(int32_t),
+                        cudaMemcpyDeviceToHost));
+
+  // What this rank must receive: for every source s, expert e's i-th row (plan order: token
+  // order) goes to replica (i + s) mod m.
+  std::vector<std::vector<std::pair<int, int64_t>>> want(static_cast<size_t>(E));
+  for (int s = 0; s < N; ++s) {
+    std::vector<std::vector<int64_t>> plan(static_cast<size_t>(E));  // tokens per expert
+    for (int64_t t = 0; t < real_of(s); ++t) {
+      for (int64_t k = 0; k < K; ++k) plan[routed_expert(s, t, k, E)].push_back(t);
+    }
+    for (int64_t e = 0; e < E; ++e) {
+      const auto replicas = table.replicas(e);
+      const int64_t m = static_cast<int64_t>(replicas.size());
+      for (size_t i = 0; i < plan[e].size(); ++i) {
+        if (replicas[(static_cast<int64_t>(i) + s) % m] == me) want[e].push_back({s, plan[e][i]});
+      }
+    }
+  }
+  // EXPECT, not ASSERT, until the last collective: a rank that fails must still take part in
+  // combine, or the others wait for it.
+  int64_t expected_rows = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    EXPECT_EQ(offsets[e + 1] - offsets[e], static_cast<int32_t>(want[e].size()))
+        << "rank " << me << " expert " << e;
+    const bool in_range = offsets[e] >= 0 && offsets[e] <= offsets[e + 1] &&
+                          offsets[e + 1] <= rows.num_rows;
+    EXPECT_TRUE(in_range) << "rank " << me << " expert " << e << ": offsets " << offsets[e]
+                          << ".." << offsets[e + 1] << " of " << rows.num_rows << " rows";
+    std::vector<std::pair<int, int64_t>> seen;
+    for (int32_t r = offsets[e]; in_range && r < offsets[e + 1]; ++r) {
+      seen.push_back({static_cast<int>(bf16_to_f32(got[r * H + 0])),
+                      static_cast<int64_t>(bf16_to_f32(got[r * H + 1]))});
+      for (int64_t h = 2; h < H; ++h) {
+        if (bf16_to_f32(got[r * H + h]) != 1.0f) {
+          ADD_FAILURE() << "rank " << me << " row " << r << " column " << h << " changed";
+          break;
+        }
+      }
+    }
+    EXPECT_EQ(seen, want[e]) << "rank " << me << " expert " << e << ": (source, token) tags";
+    expected_rows += static_cast<int64_t>(want[e].size());
+  }
+  EXPECT_EQ(rows.num_rows, expected_rows);
+
+  // Identity experts: each token gets back sum_k w_k * its own row.
+  dispatcher.combine(0, rows.rows, tokens, /*shared=*/nullptr, out_dev.get(), stream);
+  std::vector<float> out(static_cast<size_t>(T * H));
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  CUDA_CHECK(cudaMemcpy(out.data(), out_dev.get(), out.size() * sizeof(float),
+                        cudaMemcpyDeviceToHost));
+  for (int64_t t = 0; t < real; ++t) {
+    float wsum = 0.0f;
+    for (int64_t k = 0; k < K; ++k) wsum += weights[t * K + k];
+    for (int64_t h = 0; h < H; ++h) {
+      ASSERT_EQ(out[t * H + h], bf16_to_f32(hidden[t * H + h]) * wsum)
+          << "rank " << me << " token " << t << " column " << h;
+    }
+  }
+  // Some bytes left for the other ranks, by the link class of a shared or peer GPU.
+  const auto& sent = dispatcher.bytes_sent();
+  if (N > 1 && real > 0) {
+    EXPECT_GT(sent[static_cast<int>(profile::Link::kSameGpu)] +
+                  sent[static_cast<int>(profile::Link::kPeerGpu)] +
+                  sent[static_cast<int>(profile::Link::kNetwork)],
+              0);
+  }
+}
+
+TEST(CudaExpertParallel, DispatchCarriesTaggedRowsToTheirExpertsAndBack) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  const int N = world().size();
+  check_dispatch(parallel::LayerPlacement::contiguous(8, N), /*T=*/13, [](int) { return 3; });
+}
+
+TEST(CudaExpertParallel, DispatchSplitsReplicatedExperts) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  const int N = world().size();
+  // Rank 0 holds every expert, in reverse order; the others the even ones.
+  std::vector<std::vector<int32_t>> slots(static_cast<size_t>(N));
+  for (int32_t e = 7; e >= 0; --e) slots[0].push_back(e);
+  for (int r = 1; r < N; ++r) {
+    for (int32_t e = 0; e < 8; e += 2) slots[r].push_back(e);
+  }
+  check_dispatch(parallel::LayerPlacement(8, slots), /*T=*/21, [](int s) { return s; });
+}
+
+TEST(CudaExpertParallel, RankWithoutRealTokensTakesPartInEveryExchange) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  const int N = world().size();
+  // The last rank's tokens are all padding: it still sends its (zero) counts, receives the
+  // others' rows for its experts and returns their outputs.
+  check_dispatch(parallel::LayerPlacement::contiguous(8, N), /*T=*/6,
+                 [N](int s) { return s == N - 1 ? 6 : 0; });
+  // Every rank without real tokens: the exchanges still go round, empty.
+  check_dispatch(parallel::LayerPlacement::contiguous(8, N), /*T=*/4, [](int) { return 4; });
+}
+
+// --- the decoder ---
+
+struct RunResult {
+  std::vector<float> prefill;   // [n, V] all positions of the prompt
+  std::vector<float> decode;    // [steps, S, V] S sequences decoded together
+  std::vector<int32_t> greedy;  // the greedy continuation of the prompt
+};
+
+RunResult run_routes(GpuDecoder& gpu, const std::vector<int32_t>& prompt, int64_t greedy_steps,
+                     int num_seqs) {
+  const int64_t V = gpu.config().vocab_size;
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  const bool slots = gpu.config().linear_attention.has_value();
+  auto table = [](int32_t first) {
+    std::vector<int32_t> b(4);
+    std::iota(b.begin(), b.end(), first);
+    return b;
+  };
+  RunResult result;
+  result.prefill.assign(static_cast<size_t>(n * V), NAN);
+  const std::vector<int32_t> t0 = table(0);
+  gpu.forward({.sequences = {{.tokens = prompt, .position = 0, .block_table = t0,
+                              .state_slot = slots ? 0 : -1}},
+               .all_positions = true},
+              result.prefill);
+  // Greedy continuation of the prompt in sequence 0.
+  std::vector<float> logits(static_cast<size_t>(3 * V));
+  int32_t next = static_cast<int32_t>(
+      std::max_element(result.prefill.end() - V, result.prefill.end()) -
+      (result.prefill.end() - V));
+  for (int64_t s = 0; s < greedy_steps; ++s) {
+    result.greedy.push_back(next);
+    const int32_t token[1] = {next};
+    gpu.forward({.sequences = {{.tokens = token, .position = n + s, .block_table = t0,
+                                .state_slot = slots ? 0 : -1}}},
+                std::span<float>(logits).first(V));
+    next = static_cast<int32_t>(std::max_element(logits.begin(), logits.begin() + V) -
+                                logits.begin());
+  }
+  // num_seqs (<= 3) sequences decoded together, token by token over the prompt.
+  std::vector<std::vector<int32_t>> tables = {table(4), table(8), table(12)};
+  logits.resize(static_cast<size_t>(num_seqs * V));
+  for (int64_t t = 0; t < n; ++t) {
+    ForwardBatch batch;
+    for (int s = 0; s < num_seqs; ++s) {
+      batch.sequences.push_back({.tokens = std::span<const int32_t>(prompt).subspan(t, 1),
+                                 .position = t, .block_table = tables[s],
+                                 .state_slot = slots ? s + 1 : -1});
+    }
+    gpu.forward(batch, logits);
+    result.decode.insert(result.decode.end(), logits.begin(), logits.end());
+  }
+  return result;
+}
+
+double rel_error(const std::vector<float>& got, const std::vector<float>& want) {
+  double diff = 0.0, norm = 0.0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_TRUE(std::isfinite(got[i])) << "logit " << i;
+    diff += std::pow(double{got[i]} - want[i], 2);
+    norm += std::pow(double{want[i]}, 2);
+  }
+  return norm > 0 ? std::sqrt(diff / norm) : 0.0;
+}
+
+std::unique_ptr<GpuDecoder> make_gpu(Model& model, Communicator* comm,
+                                     std::optional<parallel::ExpertPlacement> placement,
+                                     bool deterministic) {
+  // Two ranks may share the GPU: each takes a part of it.
+  GpuOptions options{.device = world().rank() % cuda_device_count(),
+                     .gpu_memory_fraction = 0.3,
+                     .max_batch_tokens = 64,
+                     .max_num_seqs = 4,
+                     .max_model_len = 64,
+                     .num_kv_blocks = 16,
+                     .quiet = true};
+  // The small-batch MoE path sums in another order than the grouped GEMM path that --ep runs
+  // (it is off under --ep): off in the one-process run too, so that both compute alike.
+  options.small_batch_moe_rows = 0;
+  // Eager steps, as --ep runs them: a graph pads a decode step's rows to a bucket, which may
+  // change cuBLAS's choice for the other products.
+  options.cuda_graphs = false;
+  options.deterministic = deterministic;
+  options.expert_parallel = comm;
+  options.placement = std::move(placement);
+  return GpuDecoder::create(model.config(), model.decoder().weights(), options);
+}
+
+// The fixture's prompt on this rank: rotated by r, and decoded in 3 sequences on rank 0, 2 on
+// the others, so that the ranks' steps carry different rows.
+double max_abs_diff(const std::vector<float>& got, const std::vector<float>& want) {
+  double worst = 0.0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    worst = std::max(worst, std::fabs(double{got[i]} - want[i]));
+    if (std::isnan(got[i]) != std::isnan(want[i])) return INFINITY;
+  }
+  return worst;
+}
+
+// With `exact` (--deterministic in both runs) the logits must be equal: the rank's own tokens go
+// through the same products either way, the grouped expert GEMM reduces each element in the same
+// order whatever rows share its tiles, and the rows and outputs travel as the bf16 they are.
+void check_fixture(const std::string& name, bool replicas, bool exact = false) {
+  Communicator& job = world();
+  const auto dir = testing_support::kModelFixtures / name;
+  std::ifstream in(dir / "reference.json");
+  const nlohmann::json ref = nlohmann::json::parse(in);
+  std::vector<int32_t> prompt = ref["prompt_ids"].get<std::vector<int32_t>>();
+  std::rotate(prompt.begin(), prompt.begin() + job.rank() % prompt.size(), prompt.end());
+  const int num_seqs = job.rank() == 0 ? 3 : 2;
+  const int64_t greedy_steps = 6;
+  auto model = Model::load(dir, LoadOptions{.prefault = false});
+  RunResult one;
+  {
+    auto gpu = make_gpu(*model, nullptr, std::nullopt, exact);
+    one = run_routes(*gpu, prompt, greedy_steps, num_seqs);
+  }
+  std::optional<parallel::ExpertPlacement> placement;
+  const int64_t E = model->config().num_experts;
+  if (replicas) {  // rank 0 every expert; the others the odd ones
+    std::vector<std::vector<int32_t>> slots(static_cast<size_t>(job.size()));
+    for (int32_t e = 0; e < E; ++e) slots[0].push_back(e);
+    for (int r = 1; r < job.size(); ++r) {
+      for (int32_t e = 1; e < E; e += 2) slots[r].push_back(e);
+    }
+    placement.emplace(parallel::LayerPlacement(E, slots),
+                      std::map<int64_t, parallel::LayerPlacement>{});
+  }
+  RunResult ep;
+  std::vector<int64_t> sent;
+  {
+    auto gpu = make_gpu(*model, &job, placement, exact);
+    ep = run_routes(*gpu, prompt, greedy_steps, num_seqs);
+    sent = gpu->expert_parallel_bytes();
+  }
+  const double prefill = rel_error(ep.prefill, one.prefill);
+  const double decode = rel_error(ep.decode, one.decode);
+  EXPECT_LE(prefill, kMaxRelError) << name << " rank " << job.rank();
+  EXPECT_LE(decode, kMaxRelError) << name << " rank " << job.rank();
+  EXPECT_EQ(ep.greedy, one.greedy) << name << " rank " << job.rank();
+  const double largest = std::max(max_abs_diff(ep.prefill, one.prefill),
+                                  max_abs_diff(ep.decode, one.decode));
+  if (exact) EXPECT_EQ(largest, 0.0) << name << " rank " << job.rank() << " under --deterministic";
+  ASSERT_EQ(sent.size(), static_cast<size_t>(profile::kNumLinks));
+  std::printf("rank %d %-22s%s%s rel error vs one process: prefill %.2e decode %.2e (max abs "
+              "%.2e) | sent: same_gpu %lld peer_gpu %lld network %lld bytes\n",
+              job.rank(), name.c_str(), replicas ? " (replicas)" : "",
+              exact ? " (deterministic)" : "", prefill, decode, largest,
+              static_cast<long long>(sent[static_cast<int>(profile::Link::kSameGpu)]),
+              static_cast<long long>(sent[static_cast<int>(profile::Link::kPeerGpu)]),
+              static_cast<long long>(sent[static_cast<int>(profile::Link::kNetwork)]));
+}
+
+class CudaExpertParallelFixture : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CudaExpertParallelFixture, MatchesTheOneProcessGpuRun) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  check_fixture(GetParam(), /*replicas=*/false);
+}
+
+// Fixtures of several families: softmax top-k (Qwen3-MoE, OLMoE, Mixtral bf16), grouped sigmoid
+// routing with a shared expert (DeepSeek-V3), a sigmoid-gated shared expert (Qwen2-MoE), expert
+// biases and the clamped SwiGLU (GPT-OSS), weights on the experts' input (Llama 4).
+INSTANTIATE_TEST_SUITE_P(Families, CudaExpertParallelFixture,
+                         ::testing::Values("qwen3_moe_f32", "mixtral_bf16", "deepseek_v3_f32",
+                                           "olmoe_f32", "qwen2_moe_f32", "gpt_oss_f32",
+                                           "llama4_text_f32"),
+                         [](const auto& info) { return std::string(info.param); });
+
+TEST(CudaExpertParallel, ReplicatedPlacementMatchesTheOneProcessGpuRun) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  check_fixture("qwen3_moe_f32", /*replicas=*/true);
+}
+
+TEST(CudaExpertParallel, DeterministicRunsEqualTheOneProcessRunExactly) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  for (const char* name : {"qwen3_moe_f32", "deepseek_v3_f32", "llama4_text_f32"}) {
+    check_fixture(name, /*replicas=*/false, /*exact=*/true);
+  }
+  check_fixture("mixtral_bf16", /*replicas=*/true, /*exact=*/true);
+}
+
+// Failures on ranks > 0 are printed with their rank (rank 0 prints as usual).
+class FailurePrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit FailurePrinter(int rank) : rank_(rank) {}
+  void OnTestPartResult(const ::testing::TestPartResult& result) override {
+    if (!result.failed()) return;
+    std::fprintf(stderr, "[rank %d] %s:%d: %s\n", rank_,
+                 result.file_name() ? result.file_name() : "?", result.line_number(),
+                 result.summary());
+  }
+
+ private:
+  int rank_;
+};
+
+}  // namespace
+}  // namespace moeinfer
+
+int main(int argc, char** argv) {
+  using namespace moeinfer::parallel;
+  ::testing::InitGoogleTest(&argc, argv);
+  Communicator& job = world();  // initialises MPI once; finalised at exit
+  if (job.rank() != 0) {
+    ::testing::TestEventListeners& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new moeinfer::FailurePrinter(job.rank()));
+  }
+  const int result = RUN_ALL_TESTS();
+  std::vector<int64_t> num_failed_ranks = {result != 0 ? 1 : 0};
+  job.all_reduce_sum(std::span<int64_t>(num_failed_ranks));
+  if (job.rank() == 0 && num_failed_ranks[0] > 0) {
+    std::fprintf(stderr, "%lld of %d ranks failed\n", static_cast<long long>(num_failed_ranks[0]),
+                 job.size());
+  }
+  return num_failed_ranks[0] > 0 ? 1 : 0;
+}
