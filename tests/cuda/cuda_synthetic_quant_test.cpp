@@ -12,6 +12,9 @@
 //   steps through 48 layers give finite logits of about the bf16 model's size.
 // The logits are not compared with a bf16 model built from the dequantised values: the decoder
 // has no way in for device weights other than the two builders. No timing here (bench does it).
+// Compiled only with the CUDA toolkit (the no-device checks need its launchers).
+#if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -348,3 +351,5 @@ void synthetic_quant_decodes_finite_logits() {
 
 }  // namespace
 }  // namespace moeinfer
+
+#endif  // MOE_HAVE_CUDA
