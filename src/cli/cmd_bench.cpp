@@ -294,6 +294,7 @@ void run_bench(const BenchArgs& args) {
       .kv_dtype = args.device.kv_rows_dtype()};
   MOE_CHECK(args.device.ep == 1 || !synthetic, "--ep ", args.device.ep,
             ": synthetic models are built on the GPU, and expert parallelism runs on CPU ranks");
+  args.device.check_engine_ep();
   parallel::Communicator* ranks = args.device.expert_parallel();  // null without --ep
   auto engine = load_engine(args, config);
   MOE_CHECK(args.input_len + args.output_len <= engine->max_model_len(),

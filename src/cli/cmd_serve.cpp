@@ -185,6 +185,7 @@ void run_serve(ServeArgs args) {
     }
   } restore{&previous_term, &previous_int, &previous_pipe};
 
+  args.device.check_engine_ep();
   parallel::Communicator* ranks = args.device.expert_parallel();  // null without --ep
   MOE_CHECK(!ranks || !synthetic, "--ep ", args.device.ep,
             ": synthetic models are built on the GPU, and expert parallelism runs on CPU ranks");

@@ -258,6 +258,12 @@ parallel::Communicator* DeviceArgs::expert_parallel() const {
   return &world;
 }
 
+void DeviceArgs::check_engine_ep() const {
+  USAGE_CHECK(ep == 1 || !is_cuda(), "--ep ", ep,
+              " on cuda runs generate and logits only for now (bench and serve over GPU ranks "
+              "are not built): serve and bench expert-parallel on CPU ranks (--device cpu)");
+}
+
 void end_job_on_error(bool expert_parallel, const std::function<void()>& body) {
   if (!expert_parallel) return body();
   try {

@@ -54,6 +54,10 @@ struct DeviceArgs {
   // The job's communicator under --ep N (launched as N ranks by mpirun; checked, with the flags
   // that need --ep), else null.
   parallel::Communicator* expert_parallel() const;
+  // serve and bench: --ep N on cuda is refused before the launch is checked (generate and
+  // logits run it; an engine of expert-parallel GPU ranks is not built), so that the refusal
+  // names what is missing rather than asking for mpirun.
+  void check_engine_ep() const;
   // --placement FILE read for `decoder`'s MoE layers over --ep ranks; empty without the flag.
   std::optional<parallel::ExpertPlacement> expert_placement(const Decoder& decoder) const;
   // Whether this process prints and writes the command's results: rank 0 under --ep.
