@@ -4,6 +4,7 @@ itself (CMake runs test_*.py only)."""
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import pathlib
 import queue
@@ -12,6 +13,7 @@ import shutil
 import signal
 import struct
 import subprocess
+import tempfile
 import threading
 import time
 import traceback
@@ -203,11 +205,23 @@ def png_info(path: pathlib.Path) -> tuple[int, int, int]:
     return width, height, len(set(pixels[::101]))
 
 
+def private_mpi_session_base() -> str:
+    """A directory of its own for one mpirun's session files. Open MPI 4.1 makes its session
+    directory under the temporary directory without tolerating a concurrent mkdir of the same
+    path, so two launches starting together (CTest runs tests in parallel) can fail with
+    "File exists"; a private base keeps launches apart. Removed when this process exits."""
+    base = tempfile.mkdtemp(prefix="moe-ompi-")
+    atexit.register(shutil.rmtree, base, ignore_errors=True)
+    return base
+
+
 def mpi_env() -> dict:
-    """The environment for mpirun in tests: CI runs as root, and ranks share its two cores."""
+    """The environment for one mpirun in tests: CI runs as root, ranks share its two cores, and
+    each launch has its own session directory."""
     env = dict(os.environ)
     env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-                "OMPI_MCA_rmaps_base_oversubscribe": "1", "MOE_NUM_THREADS": "1"})
+                "OMPI_MCA_rmaps_base_oversubscribe": "1", "MOE_NUM_THREADS": "1",
+                "OMPI_MCA_orte_tmpdir_base": private_mpi_session_base()})
     return env
 
 

@@ -169,7 +169,8 @@ class TwoHostMpi:
     def env(self) -> dict:
         env = dict(os.environ)
         env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-                    "MOE_NUM_THREADS": "1"})
+                    "MOE_NUM_THREADS": "1",
+                    "OMPI_MCA_orte_tmpdir_base": e2e_util.private_mpi_session_base()})
         return env
 
     def run(self, args: list[str]) -> tuple[subprocess.CompletedProcess, dict[str, int]]:

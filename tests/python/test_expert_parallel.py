@@ -61,7 +61,10 @@ def run_ranks(tmp_path, n, model, placement="", overlap="on", dispatch_dtype="f3
     script = tmp_path / "ep_script.py"
     script.write_text(SCRIPT)
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_rmaps_base_oversubscribe="1", MOE_NUM_THREADS="1")
+               OMPI_MCA_rmaps_base_oversubscribe="1", MOE_NUM_THREADS="1",
+               # A session directory of its own: Open MPI 4.1's mkdir of the shared one races
+               # with other launches starting at the same moment ("File exists").
+               OMPI_MCA_orte_tmpdir_base=str(tmp_path))
     r = subprocess.run([mpirun_or_skip(), "-np", str(n), sys.executable, str(script), str(model),
                         str(n), str(placement), overlap, json.dumps(PROMPTS), dispatch_dtype,
                         str(micro_batches)],
