@@ -52,6 +52,7 @@ struct BenchArgs {
   int64_t layers = 0;            // synthetic: cut to this many layers
   std::string routing_skew;      // synthetic: "zipf:A" or "uniform"
   bool no_cuda_graphs = false;
+  bool no_programmatic_launch = false;
   bool deterministic = false;
   float temperature = 0.0f;  // of the generated tokens; 0: greedy
   // --sweep: decode at each of these batches (--input-len then --output-len tokens each), then
@@ -327,6 +328,7 @@ EngineConfig engine_config(const BenchArgs& args) {
                       .weight_dtype = args.device.weight_dtype(),
                       .gpu_memory_fraction = args.device.gpu_memory_fraction,
                       .cuda_graphs = !args.no_cuda_graphs,
+                      .programmatic_launch = !args.no_programmatic_launch,
                       .deterministic = args.deterministic,
                       .offload = args.device.offload(),
                       .routing = args.device.routing_approximation(),
@@ -695,6 +697,10 @@ void add_bench_command(CLI::App& app) {
   cmd->add_flag("--deterministic", args->deterministic,
                 "Batch-invariant kernels, as serve --deterministic (cpu and cuda), to measure "
                 "their cost");
+  cmd->add_flag("--no-programmatic-launch", args->no_programmatic_launch,
+                "cuda: launch every kernel after the previous one has finished, instead of "
+                "letting the small ones start during its tail (programmatic dependent launch), "
+                "to measure what that saves");
   cmd->add_flag("--no-cuda-graphs,--enforce-eager", args->no_cuda_graphs,
                 "cuda: launch every decode step's kernels instead of replaying graphs (vLLM's "
                 "--enforce-eager)");

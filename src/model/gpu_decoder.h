@@ -52,6 +52,9 @@ struct GpuOptions {
   int64_t block_size = 16;           // tokens per KV block
   int64_t num_kv_blocks = 0;         // 0: all that the memory fraction leaves
   bool cuda_graphs = true;           // capture decode steps
+  // Launch the small kernels of a step as programmatic dependents of the kernel before them
+  // (Hopper; backend/cuda/programmatic_launch.h): same results, shorter gaps between kernels.
+  bool programmatic_launch = true;
   bool quiet = false;                // no progress bar or load summary on stderr
   int64_t kv_cache_bytes = 0;        // > 0: the KV pool takes at most this (0: all that is left)
   // How the device pool stores KV rows (--kv-dtype): bf16, or fp8 (e4m3 with a float32 scale

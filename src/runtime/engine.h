@@ -50,6 +50,7 @@ struct EngineConfig {
   GpuWeightDtype weight_dtype = GpuWeightDtype::kCheckpoint;  // cuda: GpuOptions::weight_dtype
   double gpu_memory_fraction = 0.9;  // cuda: weights + workspace + KV pool within this share
   bool cuda_graphs = true;           // cuda: decode steps replay captured graphs
+  bool programmatic_launch = true;   // cuda: GpuOptions::programmatic_launch
   // Sampling defaults for requests that leave a field out (vLLM's --generation-config): "auto",
   // the checkpoint's generation_config.json; "vllm", none; or a folder holding one.
   std::string generation_config = "auto";

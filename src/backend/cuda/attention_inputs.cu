@@ -15,6 +15,7 @@
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kv_fp8.cuh"
 #include "backend/cuda/launch_checks.h"
+#include "backend/cuda/programmatic_launch.h"
 
 namespace moeinfer::cuda {
 namespace {
@@ -35,6 +36,7 @@ __device__ __forceinline__ float query_temperature(const AttentionInputsParams& 
 
 __global__ void __launch_bounds__(kWarps* device::kWarpSize)
     attention_inputs_kernel(const __grid_constant__ AttentionInputsParams p) {
+  device::start_after_previous_grid();  // launched by launch_after_previous()
   __shared__ float staged[kWarps][kMaxHeadDim];
   const int warp = threadIdx.x / device::kWarpSize;
   const int lane = threadIdx.x % device::kWarpSize;
@@ -138,6 +140,7 @@ __global__ void __launch_bounds__(kWarps* device::kWarpSize)
 // One warp per head, as above, for Dp > kMaxHeadDim: no staging, so any head dim.
 __global__ void __launch_bounds__(kWarps* device::kWarpSize)
     attention_inputs_wide_kernel(const __grid_constant__ AttentionInputsParams p) {
+  device::start_after_previous_grid();  // launched by launch_after_previous()
   const int warp = threadIdx.x / device::kWarpSize;
   const int lane = threadIdx.x % device::kWarpSize;
   const int64_t t = blockIdx.x;
@@ -256,9 +259,10 @@ void attention_inputs(const AttentionInputsParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.num_tokens),
                   static_cast<unsigned>((heads + kWarps - 1) / kWarps));
   if (p.padded_head_dim <= kMaxHeadDim) {
-    attention_inputs_kernel<<<grid, kWarps * device::kWarpSize, 0, stream>>>(p);
+    launch_after_previous(attention_inputs_kernel, grid, kWarps * device::kWarpSize, 0, stream, p);
   } else {
-    attention_inputs_wide_kernel<<<grid, kWarps * device::kWarpSize, 0, stream>>>(p);
+    launch_after_previous(attention_inputs_wide_kernel, grid, kWarps * device::kWarpSize, 0, stream,
+                          p);
   }
   MOE_CUDA_CHECK_LAUNCH();
 }

@@ -10,6 +10,7 @@
 #include "backend/cuda/decoder_ops.h"
 #include "backend/cuda/decoder_ops_kernel.cuh"
 #include "backend/cuda/launch_checks.h"
+#include "backend/cuda/programmatic_launch.h"
 
 namespace moeinfer::cuda {
 
@@ -46,7 +47,8 @@ void kv_cache_write(const KvWriteParams& p, cudaStream_t stream) {
   detail::check_aligned16(p.src, "src");
   detail::check_aligned16(p.cache, "cache");
   const int64_t threads = p.num_tokens * (p.width / device::kBf16PerVec);
-  kv_cache_write_kernel<<<flat_blocks(threads), kDecoderOpsThreads, 0, stream>>>(p);
+  launch_after_previous(kv_cache_write_kernel, flat_blocks(threads), kDecoderOpsThreads, 0, stream,
+                        p);
   MOE_CUDA_CHECK_LAUNCH();
 }
 
@@ -67,8 +69,8 @@ void kv_cache_write_fp8(const KvWriteFp8Params& p, cudaStream_t stream) {
   const int64_t blocks = (p.num_tokens * p.num_heads + kKvFp8Warps - 1) / kKvFp8Warps;
   MOE_CHECK(blocks <= std::numeric_limits<int32_t>::max(), "num_tokens * num_heads = ",
             p.num_tokens * p.num_heads, " is too many rows");
-  kv_cache_write_fp8_kernel<<<static_cast<unsigned>(blocks), kKvFp8Warps * device::kWarpSize, 0,
-                              stream>>>(p);
+  launch_after_previous(kv_cache_write_fp8_kernel, static_cast<unsigned>(blocks),
+                        kKvFp8Warps * device::kWarpSize, 0, stream, p);
   MOE_CUDA_CHECK_LAUNCH();
 }
 
@@ -86,9 +88,11 @@ void bias_clip(const BiasClipParams& p, cudaStream_t stream) {
   const bool vec =
       p.width % 8 == 0 && p.stride % 8 == 0 && aligned16(p.x) && (!p.bias || aligned16(p.bias));
   if (vec) {
-    bias_clip_kernel<8><<<flat_blocks(p.rows * (p.width / 8)), kDecoderOpsThreads, 0, stream>>>(p);
+    launch_after_previous(bias_clip_kernel<8>, flat_blocks(p.rows * (p.width / 8)),
+                          kDecoderOpsThreads, 0, stream, p);
   } else {
-    bias_clip_kernel<1><<<flat_blocks(p.rows * p.width), kDecoderOpsThreads, 0, stream>>>(p);
+    launch_after_previous(bias_clip_kernel<1>, flat_blocks(p.rows * p.width), kDecoderOpsThreads, 0,
+                          stream, p);
   }
   MOE_CUDA_CHECK_LAUNCH();
 }
@@ -122,9 +126,11 @@ void strided_rms_norm(const StridedRmsNormParams& params, cudaStream_t stream) {
     const unsigned blocks =
         static_cast<unsigned>((p.rows + kRmsNormRowsPerBlock - 1) / kRmsNormRowsPerBlock);
     if (vec) {
-      strided_rms_norm_warp_kernel<8><<<blocks, kDecoderOpsThreads, 0, stream>>>(p);
+      launch_after_previous(strided_rms_norm_warp_kernel<8>, blocks, kDecoderOpsThreads, 0, stream,
+                            p);
     } else {
-      strided_rms_norm_warp_kernel<1><<<blocks, kDecoderOpsThreads, 0, stream>>>(p);
+      launch_after_previous(strided_rms_norm_warp_kernel<1>, blocks, kDecoderOpsThreads, 0, stream,
+                            p);
     }
   } else {
     // As many threads as vectors in the row (one pass each), up to 1024, whole warps.
@@ -134,9 +140,11 @@ void strided_rms_norm(const StridedRmsNormParams& params, cudaStream_t stream) {
                           (vecs + device::kWarpSize - 1) / device::kWarpSize * device::kWarpSize);
     const unsigned blocks = static_cast<unsigned>(p.rows);
     if (vec) {
-      strided_rms_norm_block_kernel<8><<<blocks, static_cast<unsigned>(threads), 0, stream>>>(p);
+      launch_after_previous(strided_rms_norm_block_kernel<8>, blocks,
+                            static_cast<unsigned>(threads), 0, stream, p);
     } else {
-      strided_rms_norm_block_kernel<1><<<blocks, static_cast<unsigned>(threads), 0, stream>>>(p);
+      launch_after_previous(strided_rms_norm_block_kernel<1>, blocks,
+                            static_cast<unsigned>(threads), 0, stream, p);
     }
   }
   MOE_CUDA_CHECK_LAUNCH();
@@ -153,10 +161,11 @@ void silu_mul(const SiluMulParams& p, cudaStream_t stream) {
   detail::check_pointer(p.out, "out");
   const bool vec = p.width % 8 == 0 && aligned16(p.gate_up) && aligned16(p.out);
   if (vec) {
-    silu_mul_kernel<8>
-        <<<flat_blocks(p.num_tokens * (p.width / 8)), kDecoderOpsThreads, 0, stream>>>(p);
+    launch_after_previous(silu_mul_kernel<8>, flat_blocks(p.num_tokens * (p.width / 8)),
+                          kDecoderOpsThreads, 0, stream, p);
   } else {
-    silu_mul_kernel<1><<<flat_blocks(p.num_tokens * p.width), kDecoderOpsThreads, 0, stream>>>(p);
+    launch_after_previous(silu_mul_kernel<1>, flat_blocks(p.num_tokens * p.width),
+                          kDecoderOpsThreads, 0, stream, p);
   }
   MOE_CUDA_CHECK_LAUNCH();
 }
@@ -172,11 +181,12 @@ void sigmoid_scale_rows(const SigmoidScaleParams& p, cudaStream_t stream) {
   detail::check_pointer(p.logits, "logits");
   const bool vec = p.hidden_size % 8 == 0 && aligned16(p.x);
   if (vec) {
-    sigmoid_scale_rows_kernel<8>
-        <<<flat_blocks(p.num_tokens * (p.hidden_size / 8)), kDecoderOpsThreads, 0, stream>>>(p);
+    launch_after_previous(sigmoid_scale_rows_kernel<8>,
+                          flat_blocks(p.num_tokens * (p.hidden_size / 8)), kDecoderOpsThreads, 0,
+                          stream, p);
   } else {
-    sigmoid_scale_rows_kernel<1>
-        <<<flat_blocks(p.num_tokens * p.hidden_size), kDecoderOpsThreads, 0, stream>>>(p);
+    launch_after_previous(sigmoid_scale_rows_kernel<1>, flat_blocks(p.num_tokens * p.hidden_size),
+                          kDecoderOpsThreads, 0, stream, p);
   }
   MOE_CUDA_CHECK_LAUNCH();
 }
@@ -194,7 +204,8 @@ void round_rows_to_bf16(const RoundRowsParams& p, cudaStream_t stream) {
   if (p.rows == 0) return;
   detail::check_pointer(p.src, "src");
   detail::check_pointer(p.dst, "dst");
-  round_rows_to_bf16_kernel<<<flat_blocks(p.rows * p.width), kDecoderOpsThreads, 0, stream>>>(p);
+  launch_after_previous(round_rows_to_bf16_kernel, flat_blocks(p.rows * p.width),
+                        kDecoderOpsThreads, 0, stream, p);
   MOE_CUDA_CHECK_LAUNCH();
 }
 

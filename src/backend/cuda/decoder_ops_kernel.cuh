@@ -120,6 +120,7 @@ __device__ __forceinline__ int64_t norm_row_offset(const StridedRmsNormParams& p
 // cache[slots[t]] = src[t]; one thread per 16-byte vector of a row.
 __global__ void __launch_bounds__(kDecoderOpsThreads)
     kv_cache_write_kernel(const __grid_constant__ KvWriteParams p) {
+  device::start_after_previous_grid();  // launched by launch_after_previous()
   const int vecs = static_cast<int>(p.width / device::kBf16PerVec);
   const int idx = decoder_ops::flat_index(p.num_tokens * vecs);  // token * vecs + v
   if (idx < 0) return;
@@ -140,6 +141,7 @@ inline constexpr int kKvFp8Warps = 4;  // (token, head) rows per block of kv_cac
 // only the elements it has itself read, after the warp's amax is known.
 __global__ void __launch_bounds__(kKvFp8Warps* device::kWarpSize)
     kv_cache_write_fp8_kernel(const __grid_constant__ KvWriteFp8Params p) {
+  device::start_after_previous_grid();  // launched by launch_after_previous()
   const int lane = threadIdx.x % device::kWarpSize;
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kKvFp8Warps +
                        threadIdx.x / device::kWarpSize;  // token * num_heads + head
@@ -167,6 +169,7 @@ __global__ void __launch_bounds__(kKvFp8Warps* device::kWarpSize)
 template <int kVec>
 __global__ void __launch_bounds__(kDecoderOpsThreads)
     bias_clip_kernel(const __grid_constant__ BiasClipParams p) {
+  device::start_after_previous_grid();  // launched by launch_after_previous()
   const int vecs = static_cast<int>(p.width / kVec);
   const int idx = decoder_ops::flat_index(p.rows * vecs);  // row * vecs + v
   if (idx < 0) return;
@@ -193,6 +196,7 @@ __global__ void __launch_bounds__(kDecoderOpsThreads)
 template <int kVec>
 __global__ void __launch_bounds__(kDecoderOpsThreads)
     silu_mul_kernel(const __grid_constant__ SiluMulParams p) {
+  device::start_after_previous_grid();  // launched by launch_after_previous()
   const int vecs = static_cast<int>(p.width / kVec);
   const int idx = decoder_ops::flat_index(p.num_tokens * vecs);  // token * vecs + v
   if (idx < 0) return;
@@ -211,6 +215,7 @@ __global__ void __launch_bounds__(kDecoderOpsThreads)
 // dst[r, c] = bf16(src[r, c]): one thread per element of the rows' first `width` columns.
 __global__ void __launch_bounds__(kDecoderOpsThreads)
     round_rows_to_bf16_kernel(const __grid_constant__ RoundRowsParams p) {
+  device::start_after_previous_grid();  // launched by launch_after_previous()
   const int width = static_cast<int>(p.width);
   const int idx = decoder_ops::flat_index(p.rows * p.width);  // row * width + c
   if (idx < 0) return;
@@ -223,6 +228,7 @@ __global__ void __launch_bounds__(kDecoderOpsThreads)
 template <int kVec>
 __global__ void __launch_bounds__(kDecoderOpsThreads)
     sigmoid_scale_rows_kernel(const __grid_constant__ SigmoidScaleParams p) {
+  device::start_after_previous_grid();  // launched by launch_after_previous()
   const int vecs = static_cast<int>(p.hidden_size / kVec);
   const int idx = decoder_ops::flat_index(p.num_tokens * vecs);  // token * vecs + v
   if (idx < 0) return;
@@ -242,6 +248,7 @@ __global__ void __launch_bounds__(kDecoderOpsThreads)
 template <int kVec>
 __global__ void __launch_bounds__(kDecoderOpsThreads)
     strided_rms_norm_warp_kernel(const __grid_constant__ StridedRmsNormParams p) {
+  device::start_after_previous_grid();  // launched by launch_after_previous()
   constexpr int kIters = kRmsNormWarpMaxWidth / (device::kWarpSize * kVec);
   const int lane = threadIdx.x % device::kWarpSize;
   const int64_t row =
@@ -287,6 +294,7 @@ __global__ void __launch_bounds__(kDecoderOpsThreads)
 template <int kVec>
 __global__ void __launch_bounds__(kRmsNormBlockMaxThreads)
     strided_rms_norm_block_kernel(const __grid_constant__ StridedRmsNormParams p) {
+  device::start_after_previous_grid();  // launched by launch_after_previous()
   __shared__ float warp_partials[32];
   const int64_t row = blockIdx.x;
   if (row >= p.rows) return;

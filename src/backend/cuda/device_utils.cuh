@@ -8,6 +8,27 @@
 
 namespace moeinfer::cuda::device {
 
+// The device side of programmatic dependent launch (programmatic_launch.h): a kernel launched
+// by launch_after_previous() calls wait_for_previous_grid() before it touches global memory,
+// then allow_next_grid(). No-ops before Hopper and in a kernel launched normally.
+__device__ __forceinline__ void wait_for_previous_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void allow_next_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// The two together, first thing in a kernel launched by launch_after_previous().
+__device__ __forceinline__ void start_after_previous_grid() {
+  wait_for_previous_grid();
+  allow_next_grid();
+}
+
 inline constexpr unsigned kFullMask = 0xffffffffu;
 inline constexpr int kWarpSize = 32;
 inline constexpr int kBf16PerVec = 8;  // one uint4 holds 8 bf16

@@ -4,6 +4,7 @@
 #include "backend/cuda/launch_checks.h"
 #include "backend/cuda/moe_stages.h"
 #include "backend/cuda/permute_kernel.cuh"
+#include "backend/cuda/programmatic_launch.h"
 
 namespace moeinfer::cuda {
 
@@ -35,8 +36,8 @@ void permute(const PermuteParams& params, cudaStream_t stream) {
   detail::check_pointer(params.rows, "rows");
   detail::check_aligned16(params.hidden, "hidden");
   detail::check_aligned16(params.rows, "rows");
-  permute_kernel<<<row_kernel_blocks(params.num_tokens, params.hidden_size), kRowKernelThreads, 0,
-                   stream>>>(params);
+  launch_after_previous(permute_kernel, row_kernel_blocks(params.num_tokens, params.hidden_size),
+                        kRowKernelThreads, 0, stream, params);
   MOE_CUDA_CHECK_LAUNCH();
 }
 
@@ -53,8 +54,8 @@ void unpermute(const UnpermuteParams& params, cudaStream_t stream) {
   detail::check_aligned16(params.out, "out");
   if (params.shared) detail::check_aligned16(params.shared, "shared");
   if (params.residual) detail::check_aligned16(params.residual, "residual");
-  unpermute_kernel<<<row_kernel_blocks(params.num_tokens, params.hidden_size), kRowKernelThreads, 0,
-                     stream>>>(params);
+  launch_after_previous(unpermute_kernel, row_kernel_blocks(params.num_tokens, params.hidden_size),
+                        kRowKernelThreads, 0, stream, params);
   MOE_CUDA_CHECK_LAUNCH();
 }
 

@@ -29,6 +29,7 @@ inline constexpr int kUnpermuteBatch = 8;  // source vectors in flight per threa
 
 __global__ void __launch_bounds__(kRowKernelThreads)
     permute_kernel(const __grid_constant__ PermuteParams p) {
+  device::start_after_previous_grid();  // launched by launch_after_previous()
   const int vecs = static_cast<int>(p.hidden_size / device::kBf16PerVec);
   const int top_k = static_cast<int>(p.top_k);
   const int idx = blockIdx.x * kRowKernelThreads + threadIdx.x;  // token * vecs + v
@@ -64,6 +65,7 @@ __global__ void __launch_bounds__(kRowKernelThreads)
 
 __global__ void __launch_bounds__(kRowKernelThreads)
     unpermute_kernel(const __grid_constant__ UnpermuteParams p) {
+  device::start_after_previous_grid();  // launched by launch_after_previous()
   const int vecs = static_cast<int>(p.hidden_size / device::kBf16PerVec);
   const int top_k = static_cast<int>(p.top_k);
   const int idx = blockIdx.x * kRowKernelThreads + threadIdx.x;  // token * vecs + v

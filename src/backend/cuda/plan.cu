@@ -10,6 +10,7 @@
 #include "backend/cuda/launch_checks.h"
 #include "backend/cuda/moe_stages.h"
 #include "backend/cuda/plan_kernel.cuh"
+#include "backend/cuda/programmatic_launch.h"
 
 namespace moeinfer::cuda {
 
@@ -80,17 +81,19 @@ void launch_large_plan(const PlanParams& params, cudaStream_t stream) {
   const int blocks = static_cast<int>(plan_large_blocks(N, E));
   const unsigned expert_blocks = static_cast<unsigned>(
       std::min<int64_t>(1024, (E + kPlanLargeThreads - 1) / kPlanLargeThreads));
-  moe_plan_large_count_kernel<<<blocks, kPlanLargeThreads, 0, stream>>>(params,
-                                                                        static_cast<int>(chunk));
+  launch_after_previous(moe_plan_large_count_kernel, blocks, kPlanLargeThreads, 0, stream, params,
+                        static_cast<int>(chunk));
   MOE_CUDA_CHECK_LAUNCH();
-  moe_plan_large_totals_kernel<<<expert_blocks, kPlanLargeThreads, 0, stream>>>(params, blocks);
+  launch_after_previous(moe_plan_large_totals_kernel, expert_blocks, kPlanLargeThreads, 0, stream,
+                        params, blocks);
   MOE_CUDA_CHECK_LAUNCH();
-  moe_plan_large_scan_kernel<<<1, kPlanMaxThreads, 0, stream>>>(params);
+  launch_after_previous(moe_plan_large_scan_kernel, 1, kPlanMaxThreads, 0, stream, params);
   MOE_CUDA_CHECK_LAUNCH();
-  moe_plan_large_cursors_kernel<<<expert_blocks, kPlanLargeThreads, 0, stream>>>(params, blocks);
+  launch_after_previous(moe_plan_large_cursors_kernel, expert_blocks, kPlanLargeThreads, 0, stream,
+                        params, blocks);
   MOE_CUDA_CHECK_LAUNCH();
-  moe_plan_large_scatter_kernel<<<blocks, device::kWarpSize, 0, stream>>>(params,
-                                                                          static_cast<int>(chunk));
+  launch_after_previous(moe_plan_large_scatter_kernel, blocks, device::kWarpSize, 0, stream, params,
+                        static_cast<int>(chunk));
   MOE_CUDA_CHECK_LAUNCH();
 }
 
@@ -140,8 +143,8 @@ void moe_plan(const PlanParams& params, cudaStream_t stream) {
             " bytes of shared memory, over the plan's budget of ", kPlanSharedBudget);
   if (blocks == 1) {
     raise_shared_limit(moe_plan_kernel<false>, shared_bytes);
-    moe_plan_kernel<false>
-        <<<1, warps * device::kWarpSize, shared_bytes, stream>>>(params, static_cast<int>(chunk));
+    launch_after_previous(moe_plan_kernel<false>, 1, warps * device::kWarpSize, shared_bytes,
+                          stream, params, static_cast<int>(chunk));
     MOE_CUDA_CHECK_LAUNCH();
     return;
   }
@@ -149,13 +152,13 @@ void moe_plan(const PlanParams& params, cudaStream_t stream) {
             " experts need plan_workspace_size() = ", plan_workspace_size(N, E), " ints");
   const size_t count_bytes = static_cast<size_t>(E) * sizeof(int32_t);
   raise_shared_limit(moe_plan_count_kernel, count_bytes);
-  moe_plan_count_kernel<<<static_cast<unsigned>(blocks), kPlanMaxThreads, count_bytes, stream>>>(
-      params, static_cast<int>(chunk));
+  launch_after_previous(moe_plan_count_kernel, static_cast<unsigned>(blocks), kPlanMaxThreads,
+                        count_bytes, stream, params, static_cast<int>(chunk));
   MOE_CUDA_CHECK_LAUNCH();
   raise_shared_limit(moe_plan_kernel<true>, shared_bytes);
-  moe_plan_kernel<true>
-      <<<static_cast<unsigned>(blocks), warps * device::kWarpSize, shared_bytes, stream>>>(
-          params, static_cast<int>(chunk));
+  launch_after_previous(moe_plan_kernel<true>, static_cast<unsigned>(blocks),
+                        warps * device::kWarpSize, shared_bytes, stream, params,
+                        static_cast<int>(chunk));
   MOE_CUDA_CHECK_LAUNCH();
 }
 

@@ -107,6 +107,7 @@ __device__ inline int32_t block_exclusive_scan(int32_t* data, int n, int32_t* wa
 // block_hist[b][E]. Shared memory: E ints.
 __global__ void __launch_bounds__(kPlanMaxThreads)
     moe_plan_count_kernel(const __grid_constant__ PlanParams p, int chunk) {
+  device::start_after_previous_grid();     // launched by launch_after_previous()
   extern __shared__ int32_t count_smem[];  // [E]
   const int num_experts = static_cast<int>(p.num_experts);
   const int num_assignments = static_cast<int>(p.num_assignments);
@@ -130,6 +131,7 @@ __global__ void __launch_bounds__(kPlanMaxThreads)
 template <bool kMultiBlock>
 __global__ void __launch_bounds__(kPlanMaxThreads)
     moe_plan_kernel(const __grid_constant__ PlanParams p, int chunk) {
+  device::start_after_previous_grid();  // launched by launch_after_previous()
   extern __shared__ int32_t plan_smem[];
   const int num_experts = static_cast<int>(p.num_experts);
   const int num_assignments = static_cast<int>(p.num_assignments);
@@ -235,6 +237,7 @@ inline constexpr int kPlanLargeThreads = 256;
 
 __global__ void __launch_bounds__(kPlanLargeThreads)
     moe_plan_large_count_kernel(const __grid_constant__ PlanParams p, int chunk) {
+  device::start_after_previous_grid();  // launched by launch_after_previous()
   const int num_experts = static_cast<int>(p.num_experts);
   const int num_assignments = static_cast<int>(p.num_assignments);
   int32_t* const hist = p.workspace + static_cast<int64_t>(blockIdx.x) * num_experts;  // [E]
@@ -251,6 +254,7 @@ __global__ void __launch_bounds__(kPlanLargeThreads)
 
 __global__ void __launch_bounds__(kPlanLargeThreads)
     moe_plan_large_totals_kernel(const __grid_constant__ PlanParams p, int num_blocks) {
+  device::start_after_previous_grid();  // launched by launch_after_previous()
   const int64_t E = p.num_experts;
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < E;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -264,6 +268,7 @@ __global__ void __launch_bounds__(kPlanLargeThreads)
 // One block of kPlanMaxThreads.
 __global__ void __launch_bounds__(kPlanMaxThreads)
     moe_plan_large_scan_kernel(const __grid_constant__ PlanParams p) {
+  device::start_after_previous_grid();  // launched by launch_after_previous()
   __shared__ int32_t warp_sums[32];
   const int num_experts = static_cast<int>(p.num_experts);
   const int32_t total = device::block_exclusive_scan(p.expert_offsets, num_experts, warp_sums);
@@ -272,6 +277,7 @@ __global__ void __launch_bounds__(kPlanMaxThreads)
 
 __global__ void __launch_bounds__(kPlanLargeThreads)
     moe_plan_large_cursors_kernel(const __grid_constant__ PlanParams p, int num_blocks) {
+  device::start_after_previous_grid();  // launched by launch_after_previous()
   const int64_t E = p.num_experts;
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < E;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -287,6 +293,7 @@ __global__ void __launch_bounds__(kPlanLargeThreads)
 // One warp per block: block b sorts its chunk [b*chunk, (b+1)*chunk) into place, in order.
 __global__ void __launch_bounds__(device::kWarpSize)
     moe_plan_large_scatter_kernel(const __grid_constant__ PlanParams p, int chunk) {
+  device::start_after_previous_grid();  // launched by launch_after_previous()
   const int num_assignments = static_cast<int>(p.num_assignments);
   const int lane = threadIdx.x;
   int32_t* const cursor = p.workspace + static_cast<int64_t>(blockIdx.x) * p.num_experts;  // [E]

@@ -6,6 +6,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/launch_checks.h"
 #include "backend/cuda/moe_stages.h"
+#include "backend/cuda/programmatic_launch.h"
 #include "backend/cuda/rms_norm_kernel.cuh"
 
 namespace moeinfer::cuda {
@@ -16,9 +17,8 @@ static void launch_rms_norm(const RmsNormParams& params, int64_t vecs, cudaStrea
   const int64_t threads =
       std::max<int64_t>(device::kWarpSize, (per_thread + device::kWarpSize - 1) /
                                                device::kWarpSize * device::kWarpSize);
-  fused_add_rms_norm_kernel<kVecs>
-      <<<static_cast<unsigned>(params.num_rows), static_cast<unsigned>(threads), 0, stream>>>(
-          params);
+  launch_after_previous(fused_add_rms_norm_kernel<kVecs>, static_cast<unsigned>(params.num_rows),
+                        static_cast<unsigned>(threads), 0, stream, params);
   MOE_CUDA_CHECK_LAUNCH();
 }
 
@@ -50,8 +50,8 @@ void fused_add_rms_norm(const RmsNormParams& args, cudaStream_t stream) {
   } else if (params.hidden_size <= kRmsNormMaxHidden) {
     launch_rms_norm<4>(params, vecs, stream);
   } else {
-    fused_add_rms_norm_long_kernel<<<static_cast<unsigned>(params.num_rows), 1024, 0, stream>>>(
-        params);
+    launch_after_previous(fused_add_rms_norm_long_kernel, static_cast<unsigned>(params.num_rows),
+                          1024, 0, stream, params);
     MOE_CUDA_CHECK_LAUNCH();
   }
 }

@@ -21,6 +21,7 @@ namespace moeinfer::cuda {
 template <int kVecs>
 __global__ void __launch_bounds__(1024)
     fused_add_rms_norm_kernel(const __grid_constant__ RmsNormParams p) {
+  device::start_after_previous_grid();  // launched by launch_after_previous()
   __shared__ float warp_partials[32];
   const int64_t row = blockIdx.x;
   if (row >= p.num_rows) return;
@@ -103,6 +104,7 @@ __global__ void __launch_bounds__(1024)
 // inputs with the same float32 operations, which gives the same bits.
 __global__ void __launch_bounds__(1024)
     fused_add_rms_norm_long_kernel(const __grid_constant__ RmsNormParams p) {
+  device::start_after_previous_grid();  // launched by launch_after_previous()
   __shared__ float warp_partials[32];
   const int64_t row = blockIdx.x;
   if (row >= p.num_rows) return;

@@ -9,6 +9,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/launch_checks.h"
 #include "backend/cuda/moe_stages.h"
+#include "backend/cuda/programmatic_launch.h"
 #include "backend/cuda/router_block_kernel.cuh"
 #include "backend/cuda/router_kernel.cuh"
 
@@ -19,10 +20,11 @@ static void launch_router(const RouterParams& params, bool plain, cudaStream_t s
   const int64_t blocks = (params.num_tokens + kRouterWarpsPerBlock - 1) / kRouterWarpsPerBlock;
   const unsigned threads = kRouterWarpsPerBlock * device::kWarpSize;
   if (plain) {
-    fused_router_kernel<kPerLane><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(params);
+    launch_after_previous(fused_router_kernel<kPerLane>, static_cast<unsigned>(blocks), threads, 0,
+                          stream, params);
   } else {
-    fused_router_general_kernel<kPerLane>
-        <<<static_cast<unsigned>(blocks), threads, 0, stream>>>(params);
+    launch_after_previous(fused_router_general_kernel<kPerLane>, static_cast<unsigned>(blocks),
+                          threads, 0, stream, params);
   }
   MOE_CUDA_CHECK_LAUNCH();
 }
@@ -42,9 +44,9 @@ static void launch_router_block(const RouterParams& params, cudaStream_t stream)
     cache.choices = true;
     bytes += choice_bytes;
   }
-  fused_router_block_kernel<kRouterBlockThreads>
-      <<<static_cast<unsigned>(params.num_tokens), kRouterBlockThreads, static_cast<size_t>(bytes),
-         stream>>>(params, cache);
+  launch_after_previous(fused_router_block_kernel<kRouterBlockThreads>,
+                        static_cast<unsigned>(params.num_tokens), kRouterBlockThreads,
+                        static_cast<size_t>(bytes), stream, params, cache);
   MOE_CUDA_CHECK_LAUNCH();
 }
 

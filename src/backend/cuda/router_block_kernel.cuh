@@ -219,6 +219,7 @@ template <int kThreads>
 __global__ void __launch_bounds__(kThreads)
     fused_router_block_kernel(const __grid_constant__ RouterParams p,
                               const __grid_constant__ RouterBlockCache cache) {
+  device::start_after_previous_grid();  // launched by launch_after_previous()
   extern __shared__ float router_block_smem[];
   __shared__ device::RouterBlockScratch<kThreads> scratch;
   __shared__ float scale;

@@ -368,6 +368,7 @@ __device__ inline void route_token_general(const RouterParams& p, int64_t token,
 template <int kPerLane>
 __global__ void __launch_bounds__(kRouterWarpsPerBlock* device::kWarpSize)
     fused_router_kernel(const __grid_constant__ RouterParams p) {
+  device::start_after_previous_grid();  // launched by launch_after_previous()
   const int lane = threadIdx.x % device::kWarpSize;
   const int64_t token =
       static_cast<int64_t>(blockIdx.x) * kRouterWarpsPerBlock + threadIdx.x / device::kWarpSize;
@@ -378,6 +379,7 @@ __global__ void __launch_bounds__(kRouterWarpsPerBlock* device::kWarpSize)
 template <int kPerLane>
 __global__ void __launch_bounds__(kRouterWarpsPerBlock* device::kWarpSize)
     fused_router_general_kernel(const __grid_constant__ RouterParams p) {
+  device::start_after_previous_grid();  // launched by launch_after_previous()
   __shared__ RouterWarpScratch<kPerLane> scratch[kRouterWarpsPerBlock];
   const int lane = threadIdx.x % device::kWarpSize;
   const int warp = threadIdx.x / device::kWarpSize;

@@ -34,6 +34,7 @@
 #include "backend/cuda/grouped_gemm.h"
 #include "backend/cuda/mla_attention.h"
 #include "backend/cuda/moe_stages.h"
+#include "backend/cuda/programmatic_launch.h"
 #include "backend/cuda/sampling.h"
 #include "backend/cuda/small_batch_moe.h"
 #include "core/error.h"
@@ -1531,6 +1532,7 @@ void CudaDecoder::feed_forward(int64_t layer, int64_t T) {
 }
 
 void CudaDecoder::run(const Step& step) {
+  cuda::set_programmatic_launch(options_.programmatic_launch);  // this decoder's, for its launches
   // A profiled step replays a graph with its events only where the device times events that
   // a graph recorded; elsewhere profiled steps run eagerly.
   if (!step.graph) {

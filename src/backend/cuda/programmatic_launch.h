@@ -1,0 +1,46 @@
+// Programmatic dependent launch (Hopper): a kernel launched by launch_after_previous() may be
+// scheduled while the kernel before it on the stream is still running, so that its launch and
+// block start-up overlap that kernel's tail instead of following it. At decode, where each kernel
+// runs a few microseconds, that gap is a large part of the step.
+//
+// The contract, for every kernel launched this way: it calls device::wait_for_previous_grid()
+// (device_utils.cuh) before its first access to global memory, which returns once the previous
+// kernel has finished and its writes are visible; it then calls device::allow_next_grid() so
+// that the kernel after it may be scheduled early in turn. Because each kernel waits before it
+// lets the next one start, at most one kernel runs ahead of its predecessor, and every access
+// after the wait sees everything the stream did before. The same kernel launched normally (or on
+// a GPU before Hopper) runs as before: both calls are then no-ops.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "backend/cuda/cuda_check.h"
+
+namespace moeinfer::cuda {
+
+// Whether launch_after_previous() asks for programmatic dependent launch: on by default where
+// the device has compute capability 9.0 or newer; set_programmatic_launch(false) turns it off.
+// Process-wide and read at each launch: the decoder sets it from its GpuOptions before each
+// step, so two decoders of one process may differ.
+void set_programmatic_launch(bool on);
+bool programmatic_launch();
+
+template <typename... KernelParams, typename... Args>
+void launch_after_previous(void (*kernel)(KernelParams...), dim3 grid, dim3 block,
+                           size_t shared_bytes, cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = programmatic_launch() ? 1 : 0;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
+}  // namespace moeinfer::cuda
