@@ -269,7 +269,7 @@ void run_bench(const BenchArgs& args) {
       // Every prompt in one step, except that a GPU step carries at most 8192 tokens or one
       // whole prompt (the workspace is sized for the largest step): a prompt that starts a
       // step attends through the prefill kernel, a chunk after a cached prefix through the
-      // per-query path, which reads the prefix once per query row.
+      // paged prefill kernel (both flash-style on tensor cores, model/attention_route.h).
       .max_num_batched_tokens =
           args.max_num_batched_tokens > 0
               ? args.max_num_batched_tokens

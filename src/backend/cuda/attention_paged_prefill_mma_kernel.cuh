@@ -17,7 +17,8 @@
 //   cp.async, so it costs no stall.
 // - Keys a tile cannot see are never loaded: the key range runs from the earliest row's first
 //   visible key (its window's or chunk's start, attn::first_visible_key) to the latest row's
-//   position; -inf masking only in tiles that cross the diagonal or a window / chunk edge.
+//   position, and the rest of the first and last 64-key tiles is zero-filled; -inf masking
+//   only in tiles that cross the diagonal or a window / chunk edge.
 // - fp8 rows (kFp8) are decoded in registers as they load and stored where cp.async would have
 //   put the bf16 rows, as the tensor-core decode kernel does, so the rest is the same code.
 // - Rows past a sequence's queries (the tile's tail) have zero Q and see zero-filled keys: no
@@ -96,13 +97,21 @@ __global__ void __launch_bounds__(attn::kMmaThreads)
     const bool valid = q0 + r < num_queries;
     cp_async_16(s_q + offset(r, ch), q_base + (valid ? r : 0) * q_stride + ch * 8, valid);
   }
-  // Keys [kv0, kv0 + kMmaKV) into buffer `buffer`; keys at or past kv_end are zeros.
+  // Keys before a row's first_visible_key are masked; the tile's earliest row has the earliest
+  // first key, its latest possible row the latest.
+  const int window = paged_prefill_span(p.sliding_window, keys);
+  const int chunk = paged_prefill_span(p.attention_chunk, keys);
   const int first_pos = start + q0;
+  const int kv_first = first_visible_key(first_pos, window, chunk);  // no row sees keys before
   const int kv_end = start + min(num_queries, q0 + kMmaQ);  // the latest row's position + 1
+  const int last_first_key = first_visible_key(first_pos + kMmaQ - 1, window, chunk);
+  // Keys [kv0, kv0 + kMmaKV) into buffer `buffer`. Keys no row sees (before kv_first, at or
+  // past kv_end) are zeros, not read: their masked scores give p = 0, and 0 times a zero row
+  // stays 0 (a stale row could hold anything, and its block-table entry need not be valid).
   auto load_kv = [&](int buffer, int kv0) {
     for (int c = tid; c < kMmaKV * kChunks; c += kMmaThreads) {
       const int r = c / kChunks, ch = c % kChunks;
-      const bool valid = kv0 + r < kv_end;
+      const bool valid = kv0 + r >= kv_first && kv0 + r < kv_end;
       const uint32_t k_dst = s_k + buffer * kTileBytes + offset(r, ch);
       const uint32_t v_dst = s_v + buffer * kTileBytes + offset(r, ch);
       if constexpr (kFp8) {
@@ -126,12 +135,7 @@ __global__ void __launch_bounds__(attn::kMmaThreads)
       }
     }
   };
-  // Keys before a row's first_visible_key are masked; the tile's earliest row has the earliest
-  // first key, its latest possible row the latest.
-  const int window = paged_prefill_span(p.sliding_window, keys);
-  const int chunk = paged_prefill_span(p.attention_chunk, keys);
-  const int kv_begin = first_visible_key(first_pos, window, chunk) / kMmaKV * kMmaKV;
-  const int last_first_key = first_visible_key(first_pos + kMmaQ - 1, window, chunk);
+  const int kv_begin = kv_first / kMmaKV * kMmaKV;
   const int num_tiles = (kv_end - kv_begin + kMmaKV - 1) / kMmaKV;
   load_kv(0, kv_begin);
   gemm::cp_async_commit();
