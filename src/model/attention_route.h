@@ -27,7 +27,12 @@ struct AttentionModelFacts {
   bool mla = false;             // MLA layers (their own kernels: decode, or per-query)
   bool deterministic = false;   // GpuOptions::deterministic
   int64_t padded_head_dim = 0;  // the head dim the kernels see
+  int64_t gqa_group = 1;        // query heads per KV head
 };
+
+// The largest GQA group the paged prefill kernel packs into its 64 rows
+// (backend/cuda/attention.h's kPagedPrefillMaxGroup; gpu_decoder.cpp checks they agree).
+inline constexpr int64_t kPagedPrefillMaxGqaGroup = 64;
 
 // Whether prompts may run on the flash kernels (the prefill one and the paged one). Not under
 // MLA (its attention is over the latent, mla_attention.h), not under --deterministic (the flash
@@ -43,7 +48,10 @@ inline AttentionRoute choose_attention_route(const AttentionStepShape& step,
                                              const AttentionModelFacts& model) {
   if (step.one_token_each) return AttentionRoute::kDecode;
   if (!flash_prefill_kernels_apply(model)) return AttentionRoute::kPerQuery;
-  return step.all_from_position_0 ? AttentionRoute::kPrefill : AttentionRoute::kPagedPrefill;
+  if (step.all_from_position_0) return AttentionRoute::kPrefill;
+  // No model has a group past 64 today; the per-query route would still be right for one.
+  return model.gqa_group <= kPagedPrefillMaxGqaGroup ? AttentionRoute::kPagedPrefill
+                                                     : AttentionRoute::kPerQuery;
 }
 
 // Steps per route since a decoder was made (GpuDecoder::attention_route_counts), for tests and

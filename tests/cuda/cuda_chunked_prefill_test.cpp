@@ -58,6 +58,16 @@ std::vector<int32_t> interleaved_blocks(int32_t s) {
   return table;
 }
 
+// Whether the decoder runs a prompt chunk after a cached prefix on the paged prefill kernel.
+bool takes_paged_prefill(const ModelConfig& config) {
+  const AttentionModelFacts facts{
+      .mla = config.mla.has_value(),
+      .padded_head_dim = config.mla ? 0 : cuda::decode_padded_head_dim(config.head_dim),
+      .gqa_group = config.num_kv_heads > 0 ? config.num_heads / config.num_kv_heads : 1};
+  return choose_attention_route({.one_token_each = false, .all_from_position_0 = false},
+                                facts) == AttentionRoute::kPagedPrefill;
+}
+
 void chunked_and_mixed_steps_match_one_step(const std::string& name) {
   const auto dir = testing_support::kModelFixtures / name;
   std::ifstream in(dir / "reference.json");
@@ -76,10 +86,7 @@ void chunked_and_mixed_steps_match_one_step(const std::string& name) {
                                            .num_kv_blocks = kSeqs * kBlocksPerSeq,
                                            .quiet = true});
   const auto slot = [&](int32_t s) { return config.linear_attention ? s : -1; };
-  const AttentionModelFacts facts{
-      .mla = config.mla.has_value(),
-      .padded_head_dim = config.mla ? 0 : cuda::decode_padded_head_dim(config.head_dim)};
-  const bool paged = flash_prefill_kernels_apply(facts);
+  const bool paged = takes_paged_prefill(config);
   const std::span<const int32_t> all(prompt);
 
   // The whole prompt in one step (sequence 0).
@@ -148,7 +155,7 @@ void every_fixture() {
         load_model_config(testing_support::kModelFixtures / name / "config.json");
     if (gpu_unsupported(config).has_value()) continue;
     chunked_and_mixed_steps_match_one_step(name);
-    if (!config.mla && cuda::decode_padded_head_dim(config.head_dim) <= 128) ++paged_fixtures;
+    if (takes_paged_prefill(config)) ++paged_fixtures;
   }
   // GPT-OSS (sinks, sliding layers), Llama 4 (chunked layers, temperature), Qwen3 and more.
   EXPECT_GE(paged_fixtures, 10) << "fixtures missing under " << testing_support::kModelFixtures;

@@ -7,7 +7,8 @@
 // Every case carries sequences of mixed shapes in one launch: prefixes 0, 5, 37 (not a multiple
 // of the block size), 300 and 1000 (many blocks, several 64-key tiles), chunks of 1, 7, 64, 70
 // and 200 queries (one row, a partial tile, exactly one tile, several tiles with a partial
-// last), block tables shuffled over the pool. Head dims 64 and 128, GQA groups 1 and 4, with and
+// last), block tables shuffled over the pool. Head dims 64 and 128, GQA groups 1 and 4 (and 6,
+// which leaves 4 of the 64 packed rows empty, and 8 at Qwen3-30B-A3B's shape), with and
 // without a sliding window (50: cuts through tiles and through chunks), attention sinks,
 // Llama 4's chunked attention (48, not a multiple of the 64-key tile) and fp8 KV rows. Keys no
 // query of a sequence may see (before its first query's window or chunk, and every slot past
@@ -139,7 +140,7 @@ void paged_prefill_matches_per_query_decode(const PagedPrefillCase& c) {
 
   // The launch's metadata: per sequence, and per token for the oracle (each new token a row of
   // length position + 1 over its sequence's table).
-  std::vector<int32_t> cu_seqlens(B + 1, 0), seq_lens(B);
+  std::vector<int32_t> cu_seqlens(c.seqs.size() + 1, 0), seq_lens(c.seqs.size());
   std::vector<int32_t> row_lens, row_tables;
   for (int64_t b = 0; b < B; ++b) {
     const auto [prefix, n] = c.seqs[b];
@@ -263,6 +264,9 @@ std::vector<PagedPrefillCase> cases() {
       with(50, 0, true, true);
     }
   }
+  // G 6: 10 queries of 6 heads per tile, 4 rows empty.
+  out.push_back({.head_dim = 128, .group = 6, .window = 50, .sinks = true});
+  out.push_back({.head_dim = 64, .group = 6, .chunk = 48});
   // Qwen3-30B-A3B's heads (32 query heads over 4 KV heads, D 128): a 512-token chunk after a
   // prefix of 2048 and a 2048-token one from 0, blocks of 64 tokens.
   out.push_back({.head_dim = 128,
@@ -298,8 +302,12 @@ TEST(CudaPagedPrefillChecks, RefuseBadShapes) {
   expect_error_naming([&] { paged_prefill_attention(p, nullptr); }, "head_dim = 256");
   p.head_dim = 128;
   p.num_q_heads = 3;
+  p.num_kv_heads = 2;
   expect_error_naming([&] { paged_prefill_attention(p, nullptr); }, "num_q_heads = 3");
+  p.num_q_heads = 130;  // a group of 65 past the 64 rows of a tile
+  expect_error_naming([&] { paged_prefill_attention(p, nullptr); }, "num_q_heads = 130");
   p.num_q_heads = 2;
+  p.num_kv_heads = 1;
   p.max_seq_len = 17;  // one block of 16
   expect_error_naming([&] { paged_prefill_attention(p, nullptr); }, "max_seq_len = 17");
   p.max_seq_len = 4;

@@ -36,5 +36,14 @@ TEST(AttentionRoute, WhatTheFlashKernelsDoNotCoverKeepsThePerQueryRoute) {
   }
 }
 
+TEST(AttentionRoute, GqaGroupsPastTheKernelsRowsKeepThePerQueryRoute) {
+  const AttentionModelFacts packed{.padded_head_dim = 128, .gqa_group = kPagedPrefillMaxGqaGroup};
+  const AttentionModelFacts wider{.padded_head_dim = 128,
+                                  .gqa_group = kPagedPrefillMaxGqaGroup + 1};
+  EXPECT_EQ(choose_attention_route(kChunkAfterPrefix, packed), AttentionRoute::kPagedPrefill);
+  EXPECT_EQ(choose_attention_route(kChunkAfterPrefix, wider), AttentionRoute::kPerQuery);
+  EXPECT_EQ(choose_attention_route(kFreshPrompts, wider), AttentionRoute::kPrefill);
+}
+
 }  // namespace
 }  // namespace moeinfer

@@ -192,8 +192,10 @@ void launch_paged_prefill(const PagedPrefillParams& p, cudaStream_t stream) {
     return true;
   }();
   (void)attribute_set;
-  const dim3 grid(static_cast<unsigned>((p.max_query_len + attn::kMmaQ - 1) / attn::kMmaQ),
-                  static_cast<unsigned>(p.num_q_heads), static_cast<unsigned>(p.num_seqs));
+  const int64_t tile_queries = attn::paged_prefill_queries_per_tile(
+      static_cast<int>(p.num_q_heads / p.num_kv_heads));
+  const dim3 grid(static_cast<unsigned>((p.max_query_len + tile_queries - 1) / tile_queries),
+                  static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(p.num_seqs));
   paged_prefill_attention_mma_kernel<D, kFp8><<<grid, attn::kMmaThreads, smem, stream>>>(p);
   MOE_CUDA_CHECK_LAUNCH();
 }
@@ -206,7 +208,10 @@ void check_paged_prefill(const PagedPrefillParams& p) {
       p.num_kv_heads >= 1 && p.num_q_heads >= p.num_kv_heads && p.num_q_heads % p.num_kv_heads == 0,
       "num_q_heads = ", p.num_q_heads,
       " must be a positive multiple of num_kv_heads = ", p.num_kv_heads);
-  MOE_CHECK(p.num_q_heads <= 65535, "num_q_heads = ", p.num_q_heads, " must be at most 65535");
+  MOE_CHECK(p.num_q_heads <= kPagedPrefillMaxGroup * p.num_kv_heads, "num_q_heads = ",
+            p.num_q_heads, " over num_kv_heads = ", p.num_kv_heads, " is a GQA group past ",
+            kPagedPrefillMaxGroup, " (the rows of one tile)");
+  MOE_CHECK(p.num_kv_heads <= 65535, "num_kv_heads = ", p.num_kv_heads, " must be at most 65535");
   MOE_CHECK(p.num_seqs >= 0 && p.num_seqs <= 65535, "num_seqs = ", p.num_seqs,
             " must be in [0, 65535]");
   MOE_CHECK(p.num_seqs <= p.num_tokens, "num_seqs = ", p.num_seqs,

@@ -223,7 +223,7 @@ struct PagedPrefillParams {
   int64_t max_query_len = 0;               // host-known bound on n_b: sizes the grid
   int64_t max_seq_len = 0;                 // host-known bound on seq_lens
   int64_t num_q_heads = 0;                 // Nq
-  int64_t num_kv_heads = 0;                // Nkv, divides Nq
+  int64_t num_kv_heads = 0;                // Nkv, divides Nq, G = Nq / Nkv <= 64
   int64_t head_dim = 0;                    // D: 64 or 128
   int64_t block_size = 0;                  // tokens per KV block
   int64_t num_blocks = 0;                  // blocks in the pool (for the device range check)
@@ -234,10 +234,15 @@ struct PagedPrefillParams {
   const float* sinks = nullptr;  // [Nq] float32, or null: as PagedDecodeParams::sinks
 };
 
+// Largest GQA group paged_prefill_attention takes: a block's 64 mma rows hold the group's heads
+// for 64 / G queries.
+inline constexpr int64_t kPagedPrefillMaxGroup = 64;
+
 // Flash-style causal attention of the new tokens over their sequences' paged keys on tensor
 // cores (attention_paged_prefill_mma_kernel.cuh): chunked prefill after a cached prefix and
-// steps where sequences bring several tokens. A sequence of one token is a query tile with one
-// row (correct, but the decode kernel packs heads better for all-decode steps).
+// steps where sequences bring several tokens. The G heads of a KV head share a block's rows, so
+// a sequence bringing one token fills G rows of a tile (all-decode steps still take
+// paged_decode_attention, which also splits long contexts over blocks).
 void paged_prefill_attention(const PagedPrefillParams& params, cudaStream_t stream);
 
 }  // namespace moeinfer::cuda

@@ -5,16 +5,20 @@
 // reads every key once per query and ran chunked prefill at 0.05 to 0.09 of the GEMM peak.
 // Why built this way:
 //
-// - The same tiling as the flash prefill kernel (attention_prefill_mma_kernel.cuh), whose
-//   register and shared-memory layout it reuses: one block of 4 warps per (64-query tile, query
-//   head, sequence), each warp 16 query rows as mma A fragments, 64-key K/V tiles double-
-//   buffered in swizzled shared memory, S = Q K^T and O += P V on mma.sync m16n8k16, the online
-//   softmax in float32 in the log2 domain, P rounded to bf16 for the P V product.
-// - Only the addressing differs: query row r of the tile sits at position start + q0 + r, where
-//   start = seq_lens[b] - n_b is the cached prefix, and key k is read from the cache row of
-//   block_tables[b, k / block_size], slot k % block_size (the step's own keys were written there
-//   before this launch). One table lookup per 16-byte chunk: it hits L1, and the loads are
-//   cp.async, so it costs no stall.
+// - The tiling of the flash prefill kernel (attention_prefill_mma_kernel.cuh), whose register
+//   and shared-memory layout it reuses: a block of 4 warps holds 64 rows, each warp 16 of them
+//   as mma A fragments, 64-key K/V tiles double-buffered in swizzled shared memory, S = Q K^T
+//   and O += P V on mma.sync m16n8k16, the online softmax in float32 in the log2 domain, P
+//   rounded to bf16 for the P V product.
+// - GQA packing: the 64 rows are (query, head) pairs of one KV head, row r = query q0 + r / G,
+//   head r % G of the group, for floor(64 / G) queries (the rest of the rows are zero). One
+//   block per (query tile, KV head, sequence) then reads each K/V tile once for all G heads,
+//   and a sequence that brings one token (a mixed step's decode row) fills G rows instead of
+//   one, as the decode kernel's packing does. G <= 64.
+// - The addressing: query i of sequence b sits at position start + i, where start = seq_lens[b]
+//   - n_b is the cached prefix, and key k is read from the cache row of block_tables[b, k /
+//   block_size], slot k % block_size (the step's own keys were written there before this
+//   launch). One table lookup per 16-byte chunk: it hits L1, and the loads are cp.async.
 // - Keys a tile cannot see are never loaded: the key range runs from the earliest row's first
 //   visible key (its window's or chunk's start, attn::first_visible_key) to the latest row's
 //   position, and the rest of the first and last 64-key tiles is zero-filled; -inf masking
@@ -56,9 +60,15 @@ __device__ __forceinline__ int paged_prefill_span(int64_t span, int keys) {
   return span > 0 && span < keys ? static_cast<int>(span) : 0;
 }
 
+// Queries one block holds: the (query, head) rows of a 64-row tile for a group of G heads.
+__host__ __device__ inline int paged_prefill_queries_per_tile(int group) {
+  return kMmaQ / group;
+}
+
 }  // namespace attn
 
-// grid (ceil(max_query_len / kMmaQ), Nq, B), kMmaThreads threads, prefill_mma_smem_bytes<D>().
+// grid (ceil(max_query_len / queries per tile), Nkv, B), kMmaThreads threads,
+// prefill_mma_smem_bytes<D>() bytes.
 template <int D, bool kFp8>
 __global__ void __launch_bounds__(attn::kMmaThreads)
     paged_prefill_attention_mma_kernel(const __grid_constant__ PagedPrefillParams p) {
@@ -78,24 +88,31 @@ __global__ void __launch_bounds__(attn::kMmaThreads)
     return static_cast<uint32_t>((row * kChunks + (chunk ^ (row & 7))) * 16);
   };
 
-  const int b = blockIdx.z, h = blockIdx.y;
+  const int b = blockIdx.z, kvh = blockIdx.y;
+  const int G = static_cast<int>(p.num_q_heads / p.num_kv_heads);
+  const int tile_queries = paged_prefill_queries_per_tile(G);
   const int seq0 = __ldg(p.cu_seqlens + b);
   const int num_queries = __ldg(p.cu_seqlens + b + 1) - seq0;
-  const int q0 = blockIdx.x * kMmaQ;
+  const int q0 = blockIdx.x * tile_queries;
   if (q0 >= num_queries) return;
   const int keys = __ldg(p.seq_lens + b);
   MOE_DEVICE_CHECK(keys >= num_queries && keys <= p.max_seq_len);
   const int start = keys - num_queries;  // the cached prefix: query i sits at start + i
-  const int G = static_cast<int>(p.num_q_heads / p.num_kv_heads);
-  const int kvh = h / G;
+  const int tile_end = min(num_queries, q0 + tile_queries);  // this tile's queries: [q0, end)
   const int64_t q_stride = p.num_q_heads * D;
-  const __nv_bfloat16* q_base = p.q + (static_cast<int64_t>(seq0) + q0) * q_stride + h * D;
+  // Row r of the tile: query q0 + r / G, head kvh * G + r % G; rows past the tile's queries
+  // (or past floor(64 / G) queries' rows) are zeros and are not written.
+  auto row_query = [&](int r) { return q0 + r / G; };
+  auto row_valid = [&](int r) { return r < tile_queries * G && row_query(r) < tile_end; };
+  auto row_offset = [&](int r) {  // elements from p.q (and p.out) to the row's head
+    return (static_cast<int64_t>(seq0) + row_query(r)) * q_stride + (kvh * G + r % G) * D;
+  };
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 
   for (int c = tid; c < kMmaQ * kChunks; c += kMmaThreads) {
     const int r = c / kChunks, ch = c % kChunks;
-    const bool valid = q0 + r < num_queries;
-    cp_async_16(s_q + offset(r, ch), q_base + (valid ? r : 0) * q_stride + ch * 8, valid);
+    const bool valid = row_valid(r);
+    cp_async_16(s_q + offset(r, ch), p.q + (valid ? row_offset(r) : 0) + ch * 8, valid);
   }
   // Keys before a row's first_visible_key are masked; the tile's earliest row has the earliest
   // first key, its latest possible row the latest.
@@ -103,8 +120,8 @@ __global__ void __launch_bounds__(attn::kMmaThreads)
   const int chunk = paged_prefill_span(p.attention_chunk, keys);
   const int first_pos = start + q0;
   const int kv_first = first_visible_key(first_pos, window, chunk);  // no row sees keys before
-  const int kv_end = start + min(num_queries, q0 + kMmaQ);  // the latest row's position + 1
-  const int last_first_key = first_visible_key(first_pos + kMmaQ - 1, window, chunk);
+  const int kv_end = start + tile_end;  // the latest query's position + 1
+  const int last_first_key = first_visible_key(start + tile_end - 1, window, chunk);
   // Keys [kv0, kv0 + kMmaKV) into buffer `buffer`. Keys no row sees (before kv_first, at or
   // past kv_end) are zeros, not read: their masked scores give p = 0, and 0 times a zero row
   // stays 0 (a stale row could hold anything, and its block-table entry need not be valid).
@@ -148,7 +165,9 @@ __global__ void __launch_bounds__(attn::kMmaThreads)
     for (int e = 0; e < 4; ++e) o[j][e] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   const float scale_log2 = p.scale * kLog2e;
-  const int row_a = q0 + warp * 16 + (lane >> 2);  // this thread's rows: row_a, row_a + 8
+  // This thread's rows of the tile, row_a and row_a + 8, and their queries' positions.
+  const int row_a = warp * 16 + (lane >> 2);
+  const int row_pos[2] = {start + row_query(row_a), start + row_query(row_a + 8)};
 
   for (int t = 0; t < num_tiles; ++t) {
     if (t + 1 < num_tiles) load_kv((t + 1) & 1, kv_begin + (t + 1) * kMmaKV);
@@ -192,7 +211,7 @@ __global__ void __launch_bounds__(attn::kMmaThreads)
         float v = s[j][e] * scale_log2;
         if (masked_tile) {
           const int col = kv0 + j * 8 + (lane & 3) * 2 + (e & 1);
-          const int pos = start + row_a + (e >> 1) * 8;
+          const int pos = row_pos[e >> 1];
           if (col > pos || col < first_visible_key(pos, window, chunk)) v = -INFINITY;
         }
         s[j][e] = v;
@@ -249,12 +268,13 @@ __global__ void __launch_bounds__(attn::kMmaThreads)
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = row_a + half * 8;
-    if (row >= num_queries) continue;
+    if (!row_valid(row)) continue;
     // Every query sees at least its own key, so m is finite; log2 units, as the scores.
+    const int head = kvh * G + row % G;
     const float inv = p.sinks != nullptr
-                          ? sink_normaliser_log2(m[half], l[half], __ldg(p.sinks + h))
+                          ? sink_normaliser_log2(m[half], l[half], __ldg(p.sinks + head))
                           : 1.f / l[half];
-    __nv_bfloat16* out = p.out + (static_cast<int64_t>(seq0) + row) * q_stride + h * D;
+    __nv_bfloat16* out = p.out + row_offset(row);
 #pragma unroll
     for (int j = 0; j < kDT; ++j) {
       *reinterpret_cast<__nv_bfloat162*>(out + j * 8 + (lane & 3) * 2) =

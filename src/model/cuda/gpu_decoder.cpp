@@ -96,6 +96,8 @@ bool has_linear_layers(const ModelConfig& c) {
 }
 
 using Route = AttentionRoute;
+static_assert(kPagedPrefillMaxGqaGroup == cuda::kPagedPrefillMaxGroup,
+              "the route predicate and the paged prefill kernel disagree on the GQA group");
 
 // Step metadata, the same layout on the host (pinned) and the device.
 struct Meta {
@@ -913,7 +915,8 @@ Step CudaDecoder::prepare(const ForwardBatch& batch) {
   step.route = choose_attention_route(
       {.one_token_each = all_single, .all_from_position_0 = all_fresh},
       {.mla = c.mla.has_value(), .deterministic = options_.deterministic,
-       .padded_head_dim = w_.padded_head_dim});
+       .padded_head_dim = w_.padded_head_dim,
+       .gqa_group = c.num_kv_heads > 0 ? c.num_heads / c.num_kv_heads : 1});
   count_route(step.route);
   // One attention row per sequence on the flash routes, per token on the others.
   const bool rows_are_sequences =
