@@ -54,6 +54,13 @@ struct BenchArgs {
   bool no_cuda_graphs = false;
   bool deterministic = false;
   float temperature = 0.0f;  // of the generated tokens; 0: greedy
+  // --sweep: decode at each of these batches (--input-len then --output-len tokens each), then
+  // one prompt of each prefill length, in one process; a table with each row's floor ratio.
+  bool sweep = false;
+  bool batch_given = false;  // --batch on the command line (the sweep names its own batches)
+  bool sweep_lists_given = false;  // --sweep-batches or --sweep-prefill on the command line
+  std::vector<int64_t> sweep_batches = {1, 8, 64, 256};
+  std::vector<int64_t> sweep_prefill = {2048, 4096};
 };
 
 std::unique_ptr<Engine> load_engine(const BenchArgs& args, const EngineConfig& config) {
@@ -157,6 +164,41 @@ int64_t distinct_experts(const std::vector<int32_t>& counts) {
   return std::count_if(counts.begin(), counts.end(), [](int32_t c) { return c > 0; });
 }
 
+// The bytes one decode step of `batch` sequences at mean context `mean_context` must read:
+// every non-expert weight, the distinct experts the step's routing touched (`touched`, summed
+// over layers) at the bytes the device holds for one, the LM head and the KV rows.
+double decode_step_bytes(const Engine& engine, int64_t batch, double mean_context,
+                         int64_t touched) {
+  const ModelConfig& c = engine.model_config();
+  const GpuMemoryReport& mem = engine.gpu()->memory();
+  const PartCounts active = count_params(c, /*active_only=*/true);
+  // One expert's bytes as the device holds it (quantised: its codes and scales); bf16 values of
+  // its parameters where the decoder reports none.
+  const int64_t expert_params = 3 * c.hidden_size * c.moe_intermediate_size;
+  const double expert_bytes =
+      mem.expert_bytes > 0 ? static_cast<double>(mem.expert_bytes) : 2.0 * expert_params;
+  const double non_expert = static_cast<double>(active.attention + active.shared_experts +
+                                                active.other) +
+                            static_cast<double>(c.vocab_size * c.hidden_size);  // LM head
+  return 2.0 * non_expert + static_cast<double>(touched) * expert_bytes +
+         static_cast<double>(batch) * mean_context * mem.kv_bytes_per_token;
+}
+
+// Matrix FLOPs of `batch` prompts of `prompt_len` tokens: every token through the attention
+// projections, K experts, shared experts and routers; causal attention scores and values; the
+// LM head once per request.
+double prefill_flops(const ModelConfig& c, int64_t batch, int64_t prompt_len) {
+  const PartCounts active = count_params(c, /*active_only=*/true);
+  const double T = static_cast<double>(prompt_len);
+  const double per_token = 2.0 * static_cast<double>(active.attention + active.routed_experts +
+                                                     active.shared_experts + active.other);
+  const int64_t qk = c.mla ? c.mla->qk_head_dim() : c.head_dim;
+  const int64_t vd = c.mla ? c.mla->v_head_dim : c.head_dim;
+  const double attention = 2.0 * c.num_heads * (qk + vd) * (T * (T + 1) / 2.0) * c.num_layers;
+  return static_cast<double>(batch) *
+         (T * per_token + attention + 2.0 * static_cast<double>(c.vocab_size * c.hidden_size));
+}
+
 // cache: the expert cache over the measured run (--expert-budget), or null; num_steps: that
 // run's steps.
 void print_gpu_figures(Engine& engine, const BenchArgs& args, const RunTimes& t,
@@ -183,27 +225,26 @@ void print_gpu_figures(Engine& engine, const BenchArgs& args, const RunTimes& t,
   std::printf("%-34s %12.1f\n", "bf16 GEMM peak (TFLOP/s):", floors.gemm_flops / 1e12);
 
   // Decode: what one step must read.
-  const PartCounts active = count_params(c, /*active_only=*/true);
-  // One expert's bytes as the device holds it (quantised: its codes and scales); bf16 values of
-  // its parameters where the decoder reports none.
-  const int64_t expert_params = 3 * c.hidden_size * c.moe_intermediate_size;
-  const double expert_bytes =
-      mem.expert_bytes > 0 ? static_cast<double>(mem.expert_bytes) : 2.0 * expert_params;
   const int64_t touched = distinct_experts(t.expert_counts);
-  const double non_expert = static_cast<double>(active.attention + active.shared_experts +
-                                                active.other) +
-                            static_cast<double>(c.vocab_size * c.hidden_size);  // LM head
   const double mean_context = args.input_len + args.output_len / 2.0;
-  const double step_bytes = 2.0 * non_expert + static_cast<double>(touched) * expert_bytes +
-                            args.batch * mean_context * mem.kv_bytes_per_token;
+  const double step_bytes = decode_step_bytes(engine, args.batch, mean_context, touched);
   const double step_s = t.decode_s / std::max<int64_t>(t.decode_steps, 1);
   const double decode_floor_s = step_bytes / floors.copy_bytes_per_s;
+  const GpuDecoder::GraphCounts graph = engine.gpu_decoder()->decode_graph_counts();
   std::printf("%-34s %12.3f\n", "Decode step (ms):", step_s * 1e3);
   std::printf("%-34s %12.3f\n", "Decode bytes per step (GB):", step_bytes / 1e9);
   std::printf("%-34s %12.1f\n", "Distinct experts per layer:",
               static_cast<double>(touched) / std::max<int64_t>(1, c.num_layers));
   std::printf("%-34s %12.3f\n", "Decode floor (ms):", decode_floor_s * 1e3);
   std::printf("%-34s %12.3f\n", "Decode: floor / step time:", decode_floor_s / step_s);
+  if (graph.kernels > 0) {  // launches of one graph-captured decode step (issue 16, item 2)
+    std::printf("%-34s %12lld\n", "Decode graph kernels/step:",
+                static_cast<long long>(graph.kernels));
+    std::printf("%-34s %12.1f\n", "Decode graph kernels/layer:",
+                static_cast<double>(graph.kernels) / std::max<int64_t>(1, c.num_layers));
+    std::printf("%-34s %12lld\n", "Decode graph copies/step:",
+                static_cast<long long>(graph.copies));
+  }
   double offload_floor_s = 0.0;
   if (cache) {
     // The floor of a budget: the experts that crossed PCIe (copies and reads from host, the
@@ -226,17 +267,7 @@ void print_gpu_figures(Engine& engine, const BenchArgs& args, const RunTimes& t,
     std::printf("%-34s %12.3f\n", "Decode: offload floor / step:", offload_floor_s / step_s);
   }
 
-  // Prefill: matrix FLOPs of the prompts (every token through attention projections, K experts,
-  // shared experts and routers; causal attention scores and values; the LM head once per
-  // request) over the GEMM peak.
-  const double T = static_cast<double>(args.input_len);
-  const double per_token = 2.0 * static_cast<double>(active.attention + active.routed_experts +
-                                                     active.shared_experts + active.other);
-  const int64_t qk = c.mla ? c.mla->qk_head_dim() : c.head_dim;
-  const int64_t vd = c.mla ? c.mla->v_head_dim : c.head_dim;
-  const double attention = 2.0 * c.num_heads * (qk + vd) * (T * (T + 1) / 2.0) * c.num_layers;
-  const double flops = args.batch * (T * per_token + attention +
-                                     2.0 * static_cast<double>(c.vocab_size * c.hidden_size));
+  const double flops = prefill_flops(c, args.batch, args.input_len);
   const double prefill_floor_s = flops / floors.gemm_flops;
   std::printf("%-34s %12.3f\n", "Prefill (ms):", t.prefill_s * 1e3);
   std::printf("%-34s %12.1f\n", "Prefill TFLOP/s:", flops / t.prefill_s / 1e12);
@@ -255,43 +286,209 @@ void print_gpu_figures(Engine& engine, const BenchArgs& args, const RunTimes& t,
                  {"decode_step_seconds", step_s},
                  {"decode_bytes_per_step", step_bytes},
                  {"decode_floor_ratio", decode_floor_s / step_s},
+                 {"decode_graph_kernels", graph.kernels},
+                 {"decode_graph_copies", graph.copies},
                  {"prefill_flops", flops},
                  {"prefill_peak_ratio", prefill_floor_s / t.prefill_s}};
+}
+
+// The engine a run needs: room for its largest batch and prompt (a sweep's largest row).
+EngineConfig engine_config(const BenchArgs& args) {
+  const bool synthetic = is_synthetic_model(args.model);
+  int64_t max_seqs = args.batch, longest_prompt = args.input_len;
+  int64_t longest_sequence = args.input_len + args.output_len;
+  if (args.sweep) {
+    max_seqs = *std::max_element(args.sweep_batches.begin(), args.sweep_batches.end());
+    const int64_t longest_prefill =
+        *std::max_element(args.sweep_prefill.begin(), args.sweep_prefill.end());
+    longest_prompt = std::max(longest_prompt, longest_prefill);
+    longest_sequence = std::max(longest_sequence, longest_prefill + 1);
+  }
+  // Every prompt in one step, except that a GPU step carries at most 8192 tokens or one whole
+  // prompt (the workspace is sized for the largest step): a prompt that starts a step attends
+  // through the prefill kernel, a chunk after a cached prefix through the paged prefill kernel
+  // (both flash-style on tensor cores; model/attention_route.h decides).
+  const int64_t all_prompts = std::max(max_seqs * args.input_len, longest_prompt);
+  const int64_t batched_tokens =
+      args.max_num_batched_tokens > 0
+          ? args.max_num_batched_tokens
+          : std::max<int64_t>(args.device.is_cuda()
+                                  ? std::min(all_prompts, std::max<int64_t>(8192, longest_prompt))
+                                  : all_prompts,
+                              512);
+  return EngineConfig{.max_num_seqs = max_seqs,
+                      .max_num_batched_tokens = batched_tokens,
+                      .max_model_len = synthetic ? longest_sequence : 0,
+                      .enable_prefix_caching = false,
+                      .profile_stages = args.profile,
+                      .profile_time_every = args.time_every,
+                      .device = args.device.device,
+                      .fused_moe_rows = args.device.fused_moe_rows,
+                      .weight_dtype = args.device.weight_dtype(),
+                      .gpu_memory_fraction = args.device.gpu_memory_fraction,
+                      .cuda_graphs = !args.no_cuda_graphs,
+                      .deterministic = args.deterministic,
+                      .offload = args.device.offload(),
+                      .routing = args.device.routing_approximation(),
+                      .expert_weights = args.device.weight_format(),
+                      .kv_dtype = args.device.kv_rows_dtype()};
+}
+
+// One row of --sweep's table.
+struct SweepRow {
+  bool decode = true;  // else one prompt's prefill
+  int64_t batch = 0, input_len = 0, output_len = 0;
+  double seconds = 0.0;  // decode: per step; prefill: the prompt
+  double tokens_per_s = 0.0;
+  double floor_s = 0.0;  // GPU: the row's floor (bytes / copy bandwidth, FLOPs / GEMM peak)
+  int64_t graph_kernels = 0;  // GPU decode: kernels of one graph-captured step
+};
+
+void check_sweep_args(const BenchArgs& args) {
+  MOE_CHECK(!args.batch_given, "--sweep runs its own batches (--sweep-batches); drop --batch");
+  MOE_CHECK(args.device.ep == 1, "--sweep runs one process; drop --ep");
+  MOE_CHECK(!args.device.offload().enabled(),
+            "--sweep measures against the all-resident floors; drop --expert-budget");
+  MOE_CHECK(!args.profile, "--sweep does not time stages; run one workload with --profile");
+  MOE_CHECK(!args.sweep_batches.empty() && !args.sweep_prefill.empty(),
+            "--sweep-batches and --sweep-prefill need at least one value each");
+  for (int64_t b : args.sweep_batches) MOE_CHECK(b >= 1, "--sweep-batches: ", b, " is not >= 1");
+  for (int64_t p : args.sweep_prefill) MOE_CHECK(p >= 1, "--sweep-prefill: ", p, " is not >= 1");
+}
+
+// The sweep's rows, each with a warm-up of its shapes on the GPU, as run_bench does.
+std::vector<SweepRow> run_sweep_rows(Engine& engine, const BenchArgs& args,
+                                     const DeviceFloors* floors) {
+  std::vector<SweepRow> rows;
+  const auto measure = [&](BenchArgs row_args, bool decode) {
+    if (engine.gpu()) {
+      run_workload(engine, row_args, std::min<int64_t>(row_args.output_len, 3), args.seed + 1);
+    }
+    const RunTimes t = run_workload(engine, row_args, row_args.output_len, args.seed);
+    SweepRow row{.decode = decode, .batch = row_args.batch, .input_len = row_args.input_len,
+                 .output_len = row_args.output_len};
+    if (decode) {
+      row.seconds = t.decode_s / std::max<int64_t>(t.decode_steps, 1);
+      row.tokens_per_s = (t.generated - row_args.batch) / std::max(t.decode_s, 1e-9);
+      if (floors) {
+        const double mean_context = row_args.input_len + row_args.output_len / 2.0;
+        row.floor_s = decode_step_bytes(engine, row_args.batch, mean_context,
+                                        distinct_experts(t.expert_counts)) /
+                      floors->copy_bytes_per_s;
+        row.graph_kernels = engine.gpu_decoder()->decode_graph_counts().kernels;
+      }
+    } else {
+      row.seconds = t.prefill_s;
+      row.tokens_per_s = row_args.input_len / std::max(t.prefill_s, 1e-9);
+      if (floors) {
+        row.floor_s = prefill_flops(engine.model_config(), 1, row_args.input_len) /
+                      floors->gemm_flops;
+      }
+    }
+    rows.push_back(row);
+  };
+  for (int64_t batch : args.sweep_batches) {
+    BenchArgs row_args = args;
+    row_args.batch = batch;
+    measure(row_args, /*decode=*/true);
+  }
+  for (int64_t prompt : args.sweep_prefill) {
+    BenchArgs row_args = args;
+    row_args.batch = 1;
+    row_args.input_len = prompt;
+    row_args.output_len = 1;
+    measure(row_args, /*decode=*/false);
+  }
+  return rows;
+}
+
+// `bench --sweep`: issue 16's table in one call.
+void run_sweep(const BenchArgs& args) {
+  check_sweep_args(args);
+  auto engine = load_engine(args, engine_config(args));
+  const int64_t context = engine->max_model_len();
+  MOE_CHECK(args.input_len + args.output_len <= context, "--input-len + --output-len (",
+            args.input_len + args.output_len, ") exceeds the context of ", context);
+  for (int64_t p : args.sweep_prefill) {
+    MOE_CHECK(p + 1 <= context, "--sweep-prefill ", p, " (and its one generated token) exceeds "
+              "the context of ", context);
+  }
+  std::optional<DeviceFloors> floors;
+  if (engine->gpu()) floors = measure_device_floors();
+  const std::vector<SweepRow> rows = run_sweep_rows(*engine, args, floors ? &*floors : nullptr);
+
+  const std::string name = is_synthetic_model(args.model)
+                               ? args.model
+                               : engine->model_dir().filename().string();
+  std::printf("bench --sweep: %s on %s; decode rows: %lld prompt tokens, then %lld generated\n",
+              name.c_str(), args.device.device.c_str(), static_cast<long long>(args.input_len),
+              static_cast<long long>(args.output_len));
+  if (floors) {
+    std::printf("floors measured now: copy %.1f GB/s (decode: bytes a step reads / that), bf16 "
+                "GEMM %.1f TFLOP/s (prefill: matrix FLOPs / that)\n",
+                floors->copy_bytes_per_s / 1e9, floors->gemm_flops / 1e12);
+  } else {
+    std::printf("ratio: measured on the GPU only (its floors are measured on the device)\n");
+  }
+  std::printf("%-16s %6s %7s %7s %12s %12s %8s %9s\n", "workload", "batch", "prompt", "output",
+              "ms", "tok/s", "ratio", "kernels");
+  nlohmann::json json_rows = nlohmann::json::array();
+  for (const SweepRow& row : rows) {
+    const std::string workload = row.decode ? "decode b" + std::to_string(row.batch)
+                                            : "prefill " + std::to_string(row.input_len);
+    const double ratio = row.floor_s > 0.0 ? row.floor_s / row.seconds : 0.0;
+    std::printf("%-16s %6lld %7lld %7lld %12.3f %12.1f ", workload.c_str(),
+                static_cast<long long>(row.batch), static_cast<long long>(row.input_len),
+                static_cast<long long>(row.output_len), row.seconds * 1e3, row.tokens_per_s);
+    if (floors) {
+      std::printf("%8.3f ", ratio);
+    } else {
+      std::printf("%8s ", "-");
+    }
+    if (row.graph_kernels > 0) {
+      std::printf("%9lld\n", static_cast<long long>(row.graph_kernels));
+    } else {
+      std::printf("%9s\n", "-");
+    }
+    json_rows.push_back({{"workload", row.decode ? "decode" : "prefill"},
+                         {"batch", row.batch},
+                         {"input_len", row.input_len},
+                         {"output_len", row.output_len},
+                         {row.decode ? "step_seconds" : "prefill_seconds", row.seconds},
+                         {"tokens_per_second", row.tokens_per_s},
+                         {"floor_seconds", row.floor_s},
+                         {"floor_ratio", floors ? nlohmann::json(ratio) : nlohmann::json()},
+                         {"graph_kernels", row.graph_kernels}});
+  }
+  std::printf("decode ms is per step; prefill ms the whole prompt; kernels: launches of one "
+              "graph-captured decode step\n");
+  if (!args.json_file.empty()) {
+    std::ofstream out(args.json_file);
+    MOE_CHECK(out.good(), "cannot write ", args.json_file);
+    nlohmann::json gpu = nullptr;
+    if (floors) {
+      gpu = {{"device", engine->gpu()->memory().device_name},
+             {"copy_bytes_per_s", floors->copy_bytes_per_s},
+             {"gemm_flops", floors->gemm_flops}};
+    }
+    out << nlohmann::json{{"model", name}, {"device", args.device.device}, {"gpu", gpu},
+                          {"sweep", json_rows}}
+               .dump(2)
+        << "\n";
+  }
 }
 
 void run_bench(const BenchArgs& args) {
   MOE_CHECK(args.batch >= 1, "--batch must be >= 1");
   MOE_CHECK(args.input_len >= 1 && args.output_len >= 1,
             "--input-len and --output-len must be >= 1");
+  if (args.sweep) {
+    run_sweep(args);
+    return;
+  }
+  MOE_CHECK(!args.sweep_lists_given, "--sweep-batches and --sweep-prefill apply to --sweep only");
   const bool synthetic = is_synthetic_model(args.model);
-  const EngineConfig config{
-      .max_num_seqs = args.batch,
-      // Every prompt in one step, except that a GPU step carries at most 8192 tokens or one
-      // whole prompt (the workspace is sized for the largest step): a prompt that starts a
-      // step attends through the prefill kernel, a chunk after a cached prefix through the
-      // paged prefill kernel (both flash-style on tensor cores, model/attention_route.h).
-      .max_num_batched_tokens =
-          args.max_num_batched_tokens > 0
-              ? args.max_num_batched_tokens
-              : std::max<int64_t>(args.device.is_cuda()
-                                      ? std::min(args.batch * args.input_len,
-                                                 std::max<int64_t>(8192, args.input_len))
-                                      : args.batch * args.input_len,
-                                  512),
-      .max_model_len = synthetic ? args.input_len + args.output_len : 0,
-      .enable_prefix_caching = false,
-      .profile_stages = args.profile,
-      .profile_time_every = args.time_every,
-      .device = args.device.device,
-      .fused_moe_rows = args.device.fused_moe_rows,
-      .weight_dtype = args.device.weight_dtype(),
-      .gpu_memory_fraction = args.device.gpu_memory_fraction,
-      .cuda_graphs = !args.no_cuda_graphs,
-      .deterministic = args.deterministic,
-      .offload = args.device.offload(),
-      .routing = args.device.routing_approximation(),
-      .expert_weights = args.device.weight_format(),
-      .kv_dtype = args.device.kv_rows_dtype()};
+  const EngineConfig config = engine_config(args);
   MOE_CHECK(args.device.ep == 1 || !synthetic, "--ep ", args.device.ep,
             ": synthetic models are built on the GPU, and expert parallelism runs on CPU ranks");
   args.device.check_engine_ep();
@@ -465,7 +662,8 @@ void add_bench_command(CLI::App& app) {
       app.add_subcommand("bench", "Offline engine throughput (prefill and decode), no HTTP");
   auto args = std::make_shared<BenchArgs>();
   add_model_option(cmd, &args->model);
-  cmd->add_option("--batch", args->batch, "Requests run together")->capture_default_str();
+  auto* batch = cmd->add_option("--batch", args->batch, "Requests run together")
+                    ->capture_default_str();
   cmd->add_option("--input-len", args->input_len, "Prompt tokens per request")
       ->capture_default_str();
   cmd->add_option("--output-len", args->output_len, "Tokens generated per request")
@@ -493,18 +691,31 @@ void add_bench_command(CLI::App& app) {
   add_weight_options(cmd, &args->device);
   add_kv_options(cmd, &args->device);
   add_expert_parallel_option(cmd, &args->device);
-  cmd->add_option("--layers", args->layers, "synthetic:NAME: keep only the first N layers");
-  cmd->add_option("--routing-skew", args->routing_skew,
-                  "synthetic:NAME: zipf:A makes each token draw its experts by a Zipf law (the "
-                  "expert of rank r with probability proportional to (r + 1)^-A); "
-                  "uniform makes each token pick a uniformly random set of experts per layer");
+  add_synthetic_options(cmd, &args->layers, &args->routing_skew);
   cmd->add_flag("--deterministic", args->deterministic,
                 "Batch-invariant kernels, as serve --deterministic (cpu and cuda), to measure "
                 "their cost");
   cmd->add_flag("--no-cuda-graphs,--enforce-eager", args->no_cuda_graphs,
                 "cuda: launch every decode step's kernels instead of replaying graphs (vLLM's "
                 "--enforce-eager)");
-  cmd->callback([args] { end_job_on_error(args->device.ep > 1, [&] { run_bench(*args); }); });
+  cmd->add_flag("--sweep", args->sweep,
+                "Run the speed table in one call: decode at each of --sweep-batches (--input-len "
+                "prompt tokens, then --output-len generated) and one prompt of each of "
+                "--sweep-prefill tokens; prints each row's time, tokens/s and, on the GPU, its "
+                "ratio to the floor measured in the same run");
+  auto* sweep_batches =
+      cmd->add_option("--sweep-batches", args->sweep_batches, "--sweep: the decode batches")
+      ->delimiter(',')
+      ->capture_default_str();
+  auto* sweep_prefill =
+      cmd->add_option("--sweep-prefill", args->sweep_prefill, "--sweep: the prefill prompt lengths")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->callback([args, batch, sweep_batches, sweep_prefill] {
+    args->batch_given = batch->count() > 0;
+    args->sweep_lists_given = sweep_batches->count() + sweep_prefill->count() > 0;
+    end_job_on_error(args->device.ep > 1, [&] { run_bench(*args); });
+  });
 }
 
 }  // namespace moeinfer::cli

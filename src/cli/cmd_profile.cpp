@@ -549,11 +549,7 @@ void add_profile_command(CLI::App& app) {
   add_routing_options(cmd, &args->device);
   add_weight_options(cmd, &args->device);
   add_kv_options(cmd, &args->device);
-  cmd->add_option("--layers", args->layers, "synthetic:NAME: keep only the first N layers");
-  cmd->add_option("--routing-skew", args->routing_skew,
-                  "synthetic:NAME: zipf:A makes each token draw its experts by a Zipf law (the "
-                  "expert of rank r with probability proportional to (r + 1)^-A); "
-                  "uniform makes each token pick a uniformly random set of experts per layer");
+  add_synthetic_options(cmd, &args->layers, &args->routing_skew);
   cmd->callback([args] { run_profile(*args); });
 }
 

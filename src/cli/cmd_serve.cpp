@@ -262,11 +262,7 @@ void add_serve_command(CLI::App& app) {
   add_weight_options(cmd, &args->device);
   add_kv_options(cmd, &args->device);
   add_expert_parallel_option(cmd, &args->device);
-  cmd->add_option("--layers", args->layers, "synthetic:NAME: keep only the first N layers");
-  cmd->add_option("--routing-skew", args->routing_skew,
-                  "synthetic:NAME: zipf:A makes each token draw its experts by a Zipf law (the "
-                  "expert of rank r with probability proportional to (r + 1)^-A); "
-                  "uniform makes each token pick a uniformly random set of experts per layer");
+  add_synthetic_options(cmd, &args->layers, &args->routing_skew);
   cmd->add_option("--shutdown-grace", args->server.shutdown_grace_seconds,
                   "Seconds to let requests in flight finish after SIGTERM")
       ->capture_default_str();

@@ -295,6 +295,14 @@ std::unique_ptr<Engine> load_expert_parallel_engine(const std::filesystem::path&
 
 bool DeviceArgs::is_output_rank() const { return ep == 1 || parallel::world().rank() == 0; }
 
+void add_synthetic_options(CLI::App* cmd, int64_t* layers, std::string* routing_skew) {
+  cmd->add_option("--layers", *layers, "synthetic:NAME: keep only the first N layers");
+  cmd->add_option("--routing-skew", *routing_skew,
+                  "synthetic:NAME: zipf:A makes each token draw its experts by a Zipf law (the "
+                  "expert of rank r with probability proportional to (r + 1)^-A); "
+                  "uniform makes each token pick a uniformly random set of experts per layer");
+}
+
 RoutingSkew parse_routing_skew(const std::string& text) {
   if (text.empty()) return {};
   if (text == "uniform") return {.kind = RoutingSkew::Kind::kUniform};

@@ -146,6 +146,8 @@ class SequenceRunner {
   std::vector<int32_t> block_table_;  // GPU: blocks 0..n-1 of its pool
 };
 
+// The synthetic:NAME model's options: --layers (keep only the first N) and --routing-skew.
+void add_synthetic_options(CLI::App* cmd, int64_t* layers, std::string* routing_skew);
 // --routing-skew: "zipf:A" (A in (0, 10]) or "uniform"; an empty string is kNone. Throws,
 // naming the flag and the accepted forms, on anything else.
 RoutingSkew parse_routing_skew(const std::string& text);

@@ -233,6 +233,14 @@ class GpuDecoder {
   // As Decoder::set_routing_approximation, from the next forward (GpuOptions::routing at
   // creation); the captured graphs are dropped when it changes. --expert-capacity is refused.
   virtual void set_routing_approximation(const moe::RoutingApproximation& approx) = 0;
+  // What one graph-captured decode step launches: the nodes of the last decode graph captured,
+  // by kind. Zeros before the first capture (every step so far eager, or --no-cuda-graphs).
+  struct GraphCounts {
+    int64_t kernels = 0;
+    int64_t copies = 0;  // memcpy and memset nodes
+    int64_t other = 0;   // events, host callbacks, child graphs
+  };
+  virtual GraphCounts decode_graph_counts() const = 0;
   // Under GpuOptions::expert_parallel: bytes this rank's MoE layers have sent to the other ranks
   // (rows and outputs) since creation, indexed by profile::Link (same GPU, peer GPU, network);
   // empty otherwise.

@@ -27,7 +27,8 @@ the bound port read from its log) and checks, one line per check:
   bench_commands       `moeinfer bench-serve` (64 concurrent streams, 128 requests) against the
                        server reports every request done and the vLLM-style percentiles;
                        `moeinfer bench --profile` reports prefill and decode throughput and the
-                       stage profiler's times
+                       stage profiler's times; `bench --sweep` prints a row per decode batch and
+                       prefill length, and refuses --batch, stray sweep lists and long prompts
   preemption           a server with a KV cache too small for its batch (--kv-cache-mb 2: 25
                        blocks of 16 tokens) runs 8 concurrent 100-token greedy requests: requests
                        are preempted and recomputed, and every token sequence equals the main
@@ -368,6 +369,25 @@ def check_bench_commands(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
         report = json.loads(out.read_text())
         assert report["prefill_throughput"] > 0 and report["decode_throughput"] > 0, report
         assert report["stage_seconds"]["experts"] > 0, report
+
+        # --sweep: one process, a row per decode batch and per prefill length, in that order.
+        out = pathlib.Path(tmp) / "sweep.json"
+        proc = subprocess.run([ctx["moeinfer"], "bench", "--sweep", "--sweep-batches", "1,3",
+                               "--sweep-prefill", "24", "--input-len", "8", "--output-len", "6",
+                               "--json", str(out)], capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        rows = json.loads(out.read_text())["sweep"]
+        assert [(r["workload"], r["batch"], r["input_len"], r["output_len"]) for r in rows] == [
+            ("decode", 1, 8, 6), ("decode", 3, 8, 6), ("prefill", 1, 24, 1)], rows
+        assert all(r["tokens_per_second"] > 0 and r["floor_ratio"] is None for r in rows), rows
+        for label in ("decode b1", "decode b3", "prefill 24"):
+            assert label in proc.stdout, proc.stdout
+        for flags, message in ((["--sweep", "--batch", "2"], "drop --batch"),
+                               (["--sweep-batches", "2"], "apply to --sweep only"),
+                               (["--sweep", "--sweep-prefill", "100000"], "exceeds the context")):
+            proc = subprocess.run([ctx["moeinfer"], "bench", *flags], capture_output=True,
+                                  text=True, timeout=60)
+            assert proc.returncode != 0 and message in proc.stderr, (flags, proc.stderr)
 
 
 def check_preemption(s: ServerProcess, c: OpenAI, ctx: dict) -> None:

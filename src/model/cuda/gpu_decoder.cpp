@@ -90,6 +90,27 @@ int64_t next_pow2(int64_t v) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// A captured graph's nodes by kind: what replaying it launches.
+GpuDecoder::GraphCounts count_graph_nodes(cudaGraph_t graph) {
+  size_t num_nodes = 0;
+  CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &num_nodes));
+  std::vector<cudaGraphNode_t> nodes(num_nodes);
+  CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &num_nodes));
+  GpuDecoder::GraphCounts counts;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type;
+    CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+    if (type == cudaGraphNodeTypeKernel) {
+      ++counts.kernels;
+    } else if (type == cudaGraphNodeTypeMemcpy || type == cudaGraphNodeTypeMemset) {
+      ++counts.copies;
+    } else if (type != cudaGraphNodeTypeEmpty) {
+      ++counts.other;
+    }
+  }
+  return counts;
+}
+
 // Qwen3-Next / Qwen3.5-MoE: Gated DeltaNet layers, each with a recurrent state per sequence.
 bool has_linear_layers(const ModelConfig& c) {
   return c.linear_attention.has_value() && c.num_linear_layers() > 0;
@@ -183,6 +204,7 @@ class CudaDecoder final : public GpuDecoder {
   std::vector<int64_t> expert_cache_counters() override;
   void set_routing_observer(Decoder::RoutingObserver observer) override;
   void set_routing_approximation(const moe::RoutingApproximation& approx) override;
+  GraphCounts decode_graph_counts() const override { return decode_graph_counts_; }
   AttentionRouteCounts attention_route_counts() const override { return route_counts_; }
   std::vector<int64_t> expert_parallel_bytes() const override {
     if (ep_dispatcher_ == nullptr) return {};
@@ -365,6 +387,7 @@ class CudaDecoder final : public GpuDecoder {
     Timeline timeline;  // profiled graphs only
   };
   std::map<std::tuple<int64_t, int64_t, bool, bool>, Graph> graphs_;  // (T, ctx, events, routing)
+  GraphCounts decode_graph_counts_;  // of the last graph captured
   bool profiling_ = false;
   // Routing capture (set_routing_observer): the router's output of every layer, [L, Tcap, K]
   // ids and weights on the device (where the router writes while capturing) and in pinned
@@ -1589,6 +1612,7 @@ void CudaDecoder::run(const Step& step) {
       throw;
     }
     CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+    decode_graph_counts_ = count_graph_nodes(graph);
     const cudaError_t status = cudaGraphInstantiate(&entry.exec, graph, 0);
     cudaGraphDestroy(graph);
     CUDA_CHECK(status);
