@@ -163,10 +163,11 @@ grep -E "rel error to the one-step|FAILED|PASSED" "$OUT/paged_prefill.log" | tai
 summary+=("paged prefill tests rc=$paged_rc")
 if [ "${MOE_GPU_SKIP_BENCH:-0}" != 1 ] && [ -x "$BUILD/moeinfer" ]; then
   for shape in "8192 2048" "32768 512" "8192 0"; do
-    set -- $shape
+    read -r len chunk <<<"$shape"
     timeout 300 "$BUILD/moeinfer" bench --device cuda --model synthetic:qwen3-30b-a3b --layers 8 \
-      --batch 1 --input-len "$1" --output-len 4 --max-num-batched-tokens "$2" \
-      --json "$OUT/bench_prefill_$1_$2.json" 2>&1 | tee -a "$OUT/bench_prefill.log" | tail -4
+      --batch 1 --input-len "$len" --output-len 4 --max-num-batched-tokens "$chunk" \
+      --json "$OUT/bench_prefill_${len}_${chunk}.json" 2>&1 | tee -a "$OUT/bench_prefill.log" |
+      grep -E "^Prefill|rror"
   done
   ratios=""
   for f in "$OUT"/bench_prefill_*.json; do
