@@ -18,7 +18,7 @@
 // --deterministic (GpuOptions::deterministic) changes three things, each so that a token's
 // logits depend on nothing but its sequence: products run the fixed-order dense GEMM instead
 // of cuBLAS (linear(), absorbed()), prompts take the per-query route (never the flash prefill
-// kernel, whose reduction order differs from a decode row's), and attention splits keys in
+// kernels, whose reduction order differs from a decode row's), and attention splits keys in
 // chunks fixed at start-up (attention_chunk_) instead of by the batch. The grouped expert GEMM
 // needs nothing: every tile reduces an element in the same order (cuda-kernels.md).
 #include <cublas_v2.h>
