@@ -19,7 +19,7 @@ namespace moeinfer {
 enum class AttentionRoute { kDecode, kPrefill, kPagedPrefill, kPerQuery };
 
 struct AttentionStepShape {
-  bool one_token_each = false;      // every sequence brings one token, logits of last rows only
+  bool one_token_each = false;       // every sequence brings one token, logits of last rows only
   bool all_from_position_0 = false;  // every sequence starts at position 0 (no cached prefix)
 };
 

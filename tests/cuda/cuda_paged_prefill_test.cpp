@@ -54,8 +54,8 @@ struct PagedPrefillCase {
   bool sinks = false;
   bool fp8 = false;
   // (cached prefix, new tokens) per sequence.
-  std::vector<std::pair<int32_t, int32_t>> seqs = {{0, 7}, {37, 64}, {300, 200}, {5, 1},
-                                                   {1000, 70}};
+  std::vector<std::pair<int32_t, int32_t>> seqs = {
+      {0, 7}, {37, 64}, {300, 200}, {5, 1}, {1000, 70}};
 };
 
 // The first key the query at position pos sees (attn::first_visible_key on the host).
@@ -118,9 +118,9 @@ Pool fill_pool(const PagedPrefillCase& c, int64_t num_blocks, const std::vector<
 }
 
 void paged_prefill_matches_per_query_decode(const PagedPrefillCase& c) {
-  std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(c.head_dim * 31 + c.group * 7 +
-                                                        c.window * 101 + c.chunk * 1009 +
-                                                        (c.sinks ? 3 : 0) + (c.fp8 ? 5 : 0)));
+  std::mt19937 rng(fresh_seed() ^
+                   static_cast<uint32_t>(c.head_dim * 31 + c.group * 7 + c.window * 101 +
+                                         c.chunk * 1009 + (c.sinks ? 3 : 0) + (c.fp8 ? 5 : 0)));
   const int64_t D = c.head_dim, Nkv = c.num_kv_heads, Nq = Nkv * c.group;
   const int64_t B = static_cast<int64_t>(c.seqs.size());
   int64_t T = 0, max_len = 1, max_query = 0;
@@ -166,29 +166,28 @@ void paged_prefill_matches_per_query_decode(const PagedPrefillCase& c) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const float* sink_ptr = c.sinks ? d_sinks.get() : nullptr;
 
-  PagedDecodeParams oracle{
-      .q = d_q.as_bf16(),
-      .k_cache = c.fp8 ? nullptr : d_k.as_bf16(),
-      .v_cache = c.fp8 ? nullptr : d_v.as_bf16(),
-      .k_codes = c.fp8 ? d_k_codes.get() : nullptr,
-      .v_codes = c.fp8 ? d_v_codes.get() : nullptr,
-      .k_scales = c.fp8 ? d_k_scales.get() : nullptr,
-      .v_scales = c.fp8 ? d_v_scales.get() : nullptr,
-      .block_tables = d_row_tables.get(),
-      .seq_lens = d_row_lens.get(),
-      .out = want.as_bf16(),
-      .num_seqs = T,
-      .num_q_heads = Nq,
-      .num_kv_heads = Nkv,
-      .head_dim = D,
-      .block_size = c.block_size,
-      .num_blocks = num_blocks,
-      .max_blocks_per_seq = max_blocks,
-      .max_seq_len = max_len,
-      .scale = scale,
-      .sliding_window = c.window,
-      .attention_chunk = c.chunk,
-      .sinks = sink_ptr};
+  PagedDecodeParams oracle{.q = d_q.as_bf16(),
+                           .k_cache = c.fp8 ? nullptr : d_k.as_bf16(),
+                           .v_cache = c.fp8 ? nullptr : d_v.as_bf16(),
+                           .k_codes = c.fp8 ? d_k_codes.get() : nullptr,
+                           .v_codes = c.fp8 ? d_v_codes.get() : nullptr,
+                           .k_scales = c.fp8 ? d_k_scales.get() : nullptr,
+                           .v_scales = c.fp8 ? d_v_scales.get() : nullptr,
+                           .block_tables = d_row_tables.get(),
+                           .seq_lens = d_row_lens.get(),
+                           .out = want.as_bf16(),
+                           .num_seqs = T,
+                           .num_q_heads = Nq,
+                           .num_kv_heads = Nkv,
+                           .head_dim = D,
+                           .block_size = c.block_size,
+                           .num_blocks = num_blocks,
+                           .max_blocks_per_seq = max_blocks,
+                           .max_seq_len = max_len,
+                           .scale = scale,
+                           .sliding_window = c.window,
+                           .attention_chunk = c.chunk,
+                           .sinks = sink_ptr};
   DeviceBuffer<float> workspace(std::max<int64_t>(1, paged_decode_workspace_size(oracle)));
   oracle.workspace = workspace.get();
   paged_decode_attention(oracle, nullptr);
@@ -258,7 +257,7 @@ std::vector<PagedPrefillCase> cases() {
       with(0, 0, false, false);
       with(50, 0, false, false);
       with(0, 0, true, false);
-      with(50, 0, true, false);  // GPT-OSS's sliding layers
+      with(50, 0, true, false);   // GPT-OSS's sliding layers
       with(0, 48, false, false);  // Llama 4's chunked layers
       with(0, 0, false, true);
       with(50, 0, true, true);
@@ -327,8 +326,9 @@ TEST(CudaPagedPrefillChecks, RefuseBadShapes) {
   for (const PagedPrefillCase& c : cases()) {
     std::string name = case_name(c);
     if (c.seqs.size() == 3) name = "Qwen3MoeHeads_Chunk512After2048_" + name;
-    register_kernel_test("CudaPagedPrefill", name,
-                         [c] { paged_prefill_matches_per_query_decode(c); }, __FILE__, __LINE__);
+    register_kernel_test(
+        "CudaPagedPrefill", name, [c] { paged_prefill_matches_per_query_decode(c); }, __FILE__,
+        __LINE__);
   }
   return true;
 }();

@@ -3,9 +3,9 @@
 // kernels apply, and keep the per-query route under MLA, --deterministic and head dims the
 // flash kernels are not compiled for. The GPU side (tests/cuda/cuda_paged_prefill_test.cpp)
 // checks through GpuDecoder::attention_route_counts that a decoder takes these routes.
-#include <gtest/gtest.h>
-
 #include "model/attention_route.h"
+
+#include <gtest/gtest.h>
 
 namespace moeinfer {
 namespace {

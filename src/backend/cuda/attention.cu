@@ -192,8 +192,8 @@ void launch_paged_prefill(const PagedPrefillParams& p, cudaStream_t stream) {
     return true;
   }();
   (void)attribute_set;
-  const int64_t tile_queries = attn::paged_prefill_queries_per_tile(
-      static_cast<int>(p.num_q_heads / p.num_kv_heads));
+  const int64_t tile_queries =
+      attn::paged_prefill_queries_per_tile(static_cast<int>(p.num_q_heads / p.num_kv_heads));
   const dim3 grid(static_cast<unsigned>((p.max_query_len + tile_queries - 1) / tile_queries),
                   static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(p.num_seqs));
   paged_prefill_attention_mma_kernel<D, kFp8><<<grid, attn::kMmaThreads, smem, stream>>>(p);
@@ -208,24 +208,25 @@ void check_paged_prefill(const PagedPrefillParams& p) {
       p.num_kv_heads >= 1 && p.num_q_heads >= p.num_kv_heads && p.num_q_heads % p.num_kv_heads == 0,
       "num_q_heads = ", p.num_q_heads,
       " must be a positive multiple of num_kv_heads = ", p.num_kv_heads);
-  MOE_CHECK(p.num_q_heads <= kPagedPrefillMaxGroup * p.num_kv_heads, "num_q_heads = ",
-            p.num_q_heads, " over num_kv_heads = ", p.num_kv_heads, " is a GQA group past ",
-            kPagedPrefillMaxGroup, " (the rows of one tile)");
+  MOE_CHECK(p.num_q_heads <= kPagedPrefillMaxGroup * p.num_kv_heads,
+            "num_q_heads = ", p.num_q_heads, " over num_kv_heads = ", p.num_kv_heads,
+            " is a GQA group past ", kPagedPrefillMaxGroup, " (the rows of one tile)");
   MOE_CHECK(p.num_kv_heads <= 65535, "num_kv_heads = ", p.num_kv_heads, " must be at most 65535");
   MOE_CHECK(p.num_seqs >= 0 && p.num_seqs <= 65535, "num_seqs = ", p.num_seqs,
             " must be in [0, 65535]");
   MOE_CHECK(p.num_seqs <= p.num_tokens, "num_seqs = ", p.num_seqs,
             " exceeds num_tokens = ", p.num_tokens, " (every sequence brings a token)");
-  MOE_CHECK(p.max_query_len >= 0 && p.max_query_len <= p.num_tokens, "max_query_len = ",
-            p.max_query_len, " must be in [0, num_tokens = ", p.num_tokens, "]");
+  MOE_CHECK(p.max_query_len >= 0 && p.max_query_len <= p.num_tokens,
+            "max_query_len = ", p.max_query_len, " must be in [0, num_tokens = ", p.num_tokens,
+            "]");
   MOE_CHECK(p.num_tokens == 0 || p.max_query_len >= 1, "max_query_len = ", p.max_query_len,
             " must be at least 1 for ", p.num_tokens, " tokens");
   MOE_CHECK(p.block_size >= 1, "block_size = ", p.block_size, " must be at least 1");
   MOE_CHECK(p.num_blocks >= 1, "num_blocks = ", p.num_blocks, " must be at least 1");
-  MOE_CHECK(p.max_seq_len >= p.max_query_len && p.max_seq_len <= p.max_blocks_per_seq * p.block_size,
-            "max_seq_len = ", p.max_seq_len, " must be at least max_query_len = ",
-            p.max_query_len, " and fit max_blocks_per_seq = ", p.max_blocks_per_seq,
-            " blocks of ", p.block_size);
+  MOE_CHECK(
+      p.max_seq_len >= p.max_query_len && p.max_seq_len <= p.max_blocks_per_seq * p.block_size,
+      "max_seq_len = ", p.max_seq_len, " must be at least max_query_len = ", p.max_query_len,
+      " and fit max_blocks_per_seq = ", p.max_blocks_per_seq, " blocks of ", p.block_size);
   detail::check_int32_range(p.max_seq_len, "max_seq_len");
   detail::check_int32_range(p.num_blocks * p.block_size, "num_blocks * block_size");
   detail::check_int32_range(p.num_tokens * p.num_q_heads * p.head_dim,
@@ -420,8 +421,7 @@ void paged_prefill_attention(const PagedPrefillParams& p, cudaStream_t stream) {
   if (p.head_dim == 64) {
     fp8 ? launch_paged_prefill<64, true>(p, stream) : launch_paged_prefill<64, false>(p, stream);
   } else {
-    fp8 ? launch_paged_prefill<128, true>(p, stream)
-        : launch_paged_prefill<128, false>(p, stream);
+    fp8 ? launch_paged_prefill<128, true>(p, stream) : launch_paged_prefill<128, false>(p, stream);
   }
 }
 

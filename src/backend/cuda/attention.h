@@ -229,8 +229,8 @@ struct PagedPrefillParams {
   int64_t num_blocks = 0;                  // blocks in the pool (for the device range check)
   int64_t max_blocks_per_seq = 0;
   float scale = 0.0f;
-  int64_t sliding_window = 0;   // W, as PagedDecodeParams::sliding_window
-  int64_t attention_chunk = 0;  // C, as PagedDecodeParams::attention_chunk
+  int64_t sliding_window = 0;    // W, as PagedDecodeParams::sliding_window
+  int64_t attention_chunk = 0;   // C, as PagedDecodeParams::attention_chunk
   const float* sinks = nullptr;  // [Nq] float32, or null: as PagedDecodeParams::sinks
 };
 

@@ -45,8 +45,8 @@ namespace attn {
 
 // Index of the (slot, KV head) row that holds key `key` of sequence b (its fp8 scale's index;
 // its first element is at that index times D).
-__device__ __forceinline__ int64_t paged_prefill_kv_row(const PagedPrefillParams& p, int b,
-                                                        int key, int kvh) {
+__device__ __forceinline__ int64_t paged_prefill_kv_row(const PagedPrefillParams& p, int b, int key,
+                                                        int kvh) {
   const int block = __ldg(p.block_tables + static_cast<int64_t>(b) * p.max_blocks_per_seq +
                           key / static_cast<int>(p.block_size));
   MOE_DEVICE_CHECK(block >= 0 && block < p.num_blocks);
@@ -61,9 +61,7 @@ __device__ __forceinline__ int paged_prefill_span(int64_t span, int keys) {
 }
 
 // Queries one block holds: the (query, head) rows of a 64-row tile for a group of G heads.
-__host__ __device__ inline int paged_prefill_queries_per_tile(int group) {
-  return kMmaQ / group;
-}
+__host__ __device__ inline int paged_prefill_queries_per_tile(int group) { return kMmaQ / group; }
 
 }  // namespace attn
 
@@ -135,12 +133,10 @@ __global__ void __launch_bounds__(attn::kMmaThreads)
         uint4 k8 = make_uint4(0, 0, 0, 0), v8 = make_uint4(0, 0, 0, 0);
         if (valid) {
           const int64_t row = paged_prefill_kv_row(p, b, kv0 + r, kvh);
-          k8 = kvfp8::decode8_bf16(
-              __ldg(reinterpret_cast<const uint2*>(p.k_codes + row * D) + ch),
-              __ldg(p.k_scales + row));
-          v8 = kvfp8::decode8_bf16(
-              __ldg(reinterpret_cast<const uint2*>(p.v_codes + row * D) + ch),
-              __ldg(p.v_scales + row));
+          k8 = kvfp8::decode8_bf16(__ldg(reinterpret_cast<const uint2*>(p.k_codes + row * D) + ch),
+                                   __ldg(p.k_scales + row));
+          v8 = kvfp8::decode8_bf16(__ldg(reinterpret_cast<const uint2*>(p.v_codes + row * D) + ch),
+                                   __ldg(p.v_scales + row));
         }
         // Generic pointers to the shared-memory places of the u32 addresses.
         *reinterpret_cast<uint4*>(paged_prefill_smem + (k_dst - s_q)) = k8;
