@@ -123,11 +123,10 @@ void paged_prefill_matches_per_query_decode(const PagedPrefillCase& c) {
                                          c.chunk * 1009 + (c.sinks ? 3 : 0) + (c.fp8 ? 5 : 0)));
   const int64_t D = c.head_dim, Nkv = c.num_kv_heads, Nq = Nkv * c.group;
   const int64_t B = static_cast<int64_t>(c.seqs.size());
-  int64_t T = 0, max_len = 1, max_query = 0;
+  int64_t T = 0, max_len = 1;
   for (const auto& [prefix, n] : c.seqs) {
     T += n;
     max_len = std::max<int64_t>(max_len, prefix + n);
-    max_query = std::max<int64_t>(max_query, n);
   }
   const int64_t max_blocks = (max_len + c.block_size - 1) / c.block_size;
   const int64_t num_blocks = B * max_blocks + 3;
@@ -152,6 +151,9 @@ void paged_prefill_matches_per_query_decode(const PagedPrefillCase& c) {
                         tables.begin() + (b + 1) * max_blocks);
     }
   }
+  std::vector<int32_t> tile_starts(c.seqs.size() + 1);
+  const int64_t num_tiles =
+      plan_paged_prefill_tiles(cu_seqlens.data(), B, c.group, tile_starts.data());
   const auto q = random_bf16(T * Nq * D, rng);
   std::vector<float> sinks(Nq);
   for (float& s : sinks) s = std::uniform_real_distribution<float>(-1.0f, 3.0f)(rng);
@@ -160,6 +162,7 @@ void paged_prefill_matches_per_query_decode(const PagedPrefillCase& c) {
   DeviceBuffer<uint8_t> d_k_codes(pool.k_codes), d_v_codes(pool.v_codes);
   DeviceBuffer<float> d_k_scales(pool.k_scales), d_v_scales(pool.v_scales), d_sinks(sinks);
   DeviceBuffer<int32_t> d_cu(cu_seqlens), d_lens(seq_lens), d_tables(tables);
+  DeviceBuffer<int32_t> d_tile_starts(tile_starts);
   DeviceBuffer<int32_t> d_row_lens(row_lens), d_row_tables(row_tables);
   got.poison();
   want.poison();
@@ -201,11 +204,12 @@ void paged_prefill_matches_per_query_decode(const PagedPrefillCase& c) {
                            .v_scales = oracle.v_scales,
                            .cu_seqlens = d_cu.get(),
                            .seq_lens = d_lens.get(),
+                           .tile_starts = d_tile_starts.get(),
                            .block_tables = d_tables.get(),
                            .out = got.as_bf16(),
                            .num_tokens = T,
                            .num_seqs = B,
-                           .max_query_len = max_query,
+                           .num_tiles = num_tiles,
                            .max_seq_len = max_len,
                            .num_q_heads = Nq,
                            .num_kv_heads = Nkv,
@@ -285,11 +289,12 @@ TEST(CudaPagedPrefillChecks, RefuseBadShapes) {
                        .v_cache = b,
                        .cu_seqlens = ints,
                        .seq_lens = ints,
+                       .tile_starts = ints,
                        .block_tables = ints,
                        .out = b,
                        .num_tokens = 4,
                        .num_seqs = 1,
-                       .max_query_len = 4,
+                       .num_tiles = 1,
                        .max_seq_len = 4,
                        .num_q_heads = 2,
                        .num_kv_heads = 1,
@@ -310,15 +315,27 @@ TEST(CudaPagedPrefillChecks, RefuseBadShapes) {
   p.max_seq_len = 17;  // one block of 16
   expect_error_naming([&] { paged_prefill_attention(p, nullptr); }, "max_seq_len = 17");
   p.max_seq_len = 4;
-  p.max_query_len = 5;
-  expect_error_naming([&] { paged_prefill_attention(p, nullptr); }, "max_query_len = 5");
-  p.max_query_len = 4;
+  p.num_tiles = 5;  // more tiles than tokens
+  expect_error_naming([&] { paged_prefill_attention(p, nullptr); }, "num_tiles = 5");
+  p.num_tiles = 1;
   p.sliding_window = 8;
   p.attention_chunk = 8;
   expect_error_naming([&] { paged_prefill_attention(p, nullptr); }, "are exclusive");
   p.attention_chunk = 0;
   p.k_codes = reinterpret_cast<const uint8_t*>(buf);
   expect_error_naming([&] { paged_prefill_attention(p, nullptr); }, "are exclusive");
+}
+
+// The host's work list: 64 / G queries a tile, a sequence of no tokens gets no tile.
+TEST(CudaPagedPrefillChecks, PlanGivesEachSequenceItsQueryTiles) {
+  const int32_t cu_seqlens[] = {0, 7, 7, 71, 72};
+  int32_t starts[5] = {-1, -1, -1, -1, -1};
+  EXPECT_EQ(plan_paged_prefill_tiles(cu_seqlens, 4, 4, starts), 6);  // 16 queries a tile
+  EXPECT_EQ(std::vector<int32_t>(starts, starts + 5), (std::vector<int32_t>{0, 1, 1, 5, 6}));
+  EXPECT_EQ(plan_paged_prefill_tiles(cu_seqlens, 4, 6, starts), 9);  // 10 queries a tile
+  EXPECT_EQ(std::vector<int32_t>(starts, starts + 5), (std::vector<int32_t>{0, 1, 1, 8, 9}));
+  expect_error_naming([&] { plan_paged_prefill_tiles(cu_seqlens, 4, 65, starts); },
+                      "GQA group 65");
 }
 
 [[maybe_unused]] const bool kRegistered = [] {

@@ -192,10 +192,7 @@ void launch_paged_prefill(const PagedPrefillParams& p, cudaStream_t stream) {
     return true;
   }();
   (void)attribute_set;
-  const int64_t tile_queries =
-      attn::paged_prefill_queries_per_tile(static_cast<int>(p.num_q_heads / p.num_kv_heads));
-  const dim3 grid(static_cast<unsigned>((p.max_query_len + tile_queries - 1) / tile_queries),
-                  static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(p.num_seqs));
+  const dim3 grid(static_cast<unsigned>(p.num_tiles), static_cast<unsigned>(p.num_kv_heads));
   paged_prefill_attention_mma_kernel<D, kFp8><<<grid, attn::kMmaThreads, smem, stream>>>(p);
   MOE_CUDA_CHECK_LAUNCH();
 }
@@ -216,17 +213,16 @@ void check_paged_prefill(const PagedPrefillParams& p) {
             " must be in [0, 65535]");
   MOE_CHECK(p.num_seqs <= p.num_tokens, "num_seqs = ", p.num_seqs,
             " exceeds num_tokens = ", p.num_tokens, " (every sequence brings a token)");
-  MOE_CHECK(p.max_query_len >= 0 && p.max_query_len <= p.num_tokens,
-            "max_query_len = ", p.max_query_len, " must be in [0, num_tokens = ", p.num_tokens,
-            "]");
-  MOE_CHECK(p.num_tokens == 0 || p.max_query_len >= 1, "max_query_len = ", p.max_query_len,
+  // Every tile holds at least one query (of its own sequence).
+  MOE_CHECK(p.num_tiles >= 0 && p.num_tiles <= p.num_tokens, "num_tiles = ", p.num_tiles,
+            " must be in [0, num_tokens = ", p.num_tokens, "]");
+  MOE_CHECK(p.num_tokens == 0 || p.num_tiles >= 1, "num_tiles = ", p.num_tiles,
             " must be at least 1 for ", p.num_tokens, " tokens");
   MOE_CHECK(p.block_size >= 1, "block_size = ", p.block_size, " must be at least 1");
   MOE_CHECK(p.num_blocks >= 1, "num_blocks = ", p.num_blocks, " must be at least 1");
-  MOE_CHECK(
-      p.max_seq_len >= p.max_query_len && p.max_seq_len <= p.max_blocks_per_seq * p.block_size,
-      "max_seq_len = ", p.max_seq_len, " must be at least max_query_len = ", p.max_query_len,
-      " and fit max_blocks_per_seq = ", p.max_blocks_per_seq, " blocks of ", p.block_size);
+  MOE_CHECK(p.max_seq_len >= 0 && p.max_seq_len <= p.max_blocks_per_seq * p.block_size,
+            "max_seq_len = ", p.max_seq_len, " does not fit max_blocks_per_seq = ",
+            p.max_blocks_per_seq, " blocks of ", p.block_size);
   detail::check_int32_range(p.max_seq_len, "max_seq_len");
   detail::check_int32_range(p.num_blocks * p.block_size, "num_blocks * block_size");
   detail::check_int32_range(p.num_tokens * p.num_q_heads * p.head_dim,
@@ -390,6 +386,22 @@ void prefill_attention(const PrefillParams& p, cudaStream_t stream) {
   }
 }
 
+int64_t plan_paged_prefill_tiles(const int32_t* cu_seqlens, int64_t num_seqs, int64_t group,
+                                 int32_t* tile_starts) {
+  MOE_CHECK(group >= 1 && group <= kPagedPrefillMaxGroup, "GQA group ", group,
+            " must be in [1, ", kPagedPrefillMaxGroup, "]");
+  const int64_t tile_queries = paged_prefill_queries_per_tile(group);
+  int64_t total = 0;
+  for (int64_t b = 0; b < num_seqs; ++b) {
+    tile_starts[b] = static_cast<int32_t>(total);
+    const int64_t n = cu_seqlens[b + 1] - cu_seqlens[b];
+    MOE_CHECK(n >= 0, "cu_seqlens decreases at sequence ", b);
+    total += (n + tile_queries - 1) / tile_queries;
+  }
+  tile_starts[num_seqs] = static_cast<int32_t>(total);
+  return total;
+}
+
 void paged_prefill_attention(const PagedPrefillParams& p, cudaStream_t stream) {
   NvtxRange range("attention_paged_prefill");
   check_paged_prefill(p);
@@ -415,6 +427,7 @@ void paged_prefill_attention(const PagedPrefillParams& p, cudaStream_t stream) {
   }
   detail::check_pointer(p.cu_seqlens, "cu_seqlens");
   detail::check_pointer(p.seq_lens, "seq_lens");
+  detail::check_pointer(p.tile_starts, "tile_starts");
   detail::check_pointer(p.block_tables, "block_tables");
   detail::check_pointer(p.out, "out");
   detail::check_aligned16(p.out, "out");

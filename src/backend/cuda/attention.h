@@ -216,11 +216,14 @@ struct PagedPrefillParams {
   const float* v_scales = nullptr;         // [num_blocks, block_size, Nkv]
   const int32_t* cu_seqlens = nullptr;     // [B + 1] token offsets of the sequences' queries
   const int32_t* seq_lens = nullptr;       // [B] cached keys after this step (prefix + n_b)
+  // [B + 1] the work list, plan_paged_prefill_tiles' output uploaded: sequence b's query tiles
+  // are blocks [tile_starts[b], tile_starts[b + 1]), so no block is launched for nothing.
+  const int32_t* tile_starts = nullptr;
   const int32_t* block_tables = nullptr;   // [B, max_blocks_per_seq]
   __nv_bfloat16* out = nullptr;            // [T, Nq, D]
   int64_t num_tokens = 0;                  // T
   int64_t num_seqs = 0;                    // B
-  int64_t max_query_len = 0;               // host-known bound on n_b: sizes the grid
+  int64_t num_tiles = 0;                   // tile_starts[B]: the grid's query tiles
   int64_t max_seq_len = 0;                 // host-known bound on seq_lens
   int64_t num_q_heads = 0;                 // Nq
   int64_t num_kv_heads = 0;                // Nkv, divides Nq, G = Nq / Nkv <= 64
@@ -234,9 +237,20 @@ struct PagedPrefillParams {
   const float* sinks = nullptr;  // [Nq] float32, or null: as PagedDecodeParams::sinks
 };
 
-// Largest GQA group paged_prefill_attention takes: a block's 64 mma rows hold the group's heads
-// for 64 / G queries.
-inline constexpr int64_t kPagedPrefillMaxGroup = 64;
+// A paged prefill block's mma rows: (query, head) pairs of one KV head, 64 / G queries of the G
+// heads; so the largest GQA group it takes is 64.
+inline constexpr int64_t kPagedPrefillTileRows = 64;
+inline constexpr int64_t kPagedPrefillMaxGroup = kPagedPrefillTileRows;
+inline int64_t paged_prefill_queries_per_tile(int64_t group) {
+  return kPagedPrefillTileRows / group;
+}
+
+// The work list of a launch, planned on the host from the sequences' query offsets
+// cu_seqlens [B + 1] (host memory): tile_starts[b] = the query tiles of the sequences before b
+// (ceil(n / queries per tile) each), tile_starts[B] their total, which it returns (the launch's
+// num_tiles). Writes B + 1 values.
+int64_t plan_paged_prefill_tiles(const int32_t* cu_seqlens, int64_t num_seqs, int64_t group,
+                                 int32_t* tile_starts);
 
 // Flash-style causal attention of the new tokens over their sequences' paged keys on tensor
 // cores (attention_paged_prefill_mma_kernel.cuh): chunked prefill after a cached prefix and

@@ -15,6 +15,11 @@
 //   block per (query tile, KV head, sequence) then reads each K/V tile once for all G heads,
 //   and a sequence that brings one token (a mixed step's decode row) fills G rows instead of
 //   one, as the decode kernel's packing does. G <= 64.
+// - Work planned on the host (plan_paged_prefill_tiles): the grid is the list of every
+//   sequence's query tiles, each block finding its sequence by a binary search of tile_starts,
+//   so a mixed step of one long chunk and many one-token sequences launches no block that has
+//   nothing to do (a grid of max tiles x sequences would launch mostly empty blocks, each
+//   holding the block's shared memory while it starts and exits).
 // - The addressing: query i of sequence b sits at position start + i, where start = seq_lens[b]
 //   - n_b is the cached prefix, and key k is read from the cache row of block_tables[b, k /
 //   block_size], slot k % block_size (the step's own keys were written there before this
@@ -60,13 +65,26 @@ __device__ __forceinline__ int paged_prefill_span(int64_t span, int keys) {
   return span > 0 && span < keys ? static_cast<int>(span) : 0;
 }
 
-// Queries one block holds: the (query, head) rows of a 64-row tile for a group of G heads.
-__host__ __device__ inline int paged_prefill_queries_per_tile(int group) { return kMmaQ / group; }
+static_assert(kMmaQ == kPagedPrefillTileRows, "the host plans tiles of kMmaQ rows");
+
+// The sequence whose tiles hold block `tile`: the last b with tile_starts[b] <= tile (a
+// sequence with no tiles shares its start with the next one, which is then the one found).
+__device__ __forceinline__ int paged_prefill_sequence_of(const PagedPrefillParams& p, int tile) {
+  int lo = 0, hi = static_cast<int>(p.num_seqs) - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (__ldg(p.tile_starts + mid) <= tile) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
 
 }  // namespace attn
 
-// grid (ceil(max_query_len / queries per tile), Nkv, B), kMmaThreads threads,
-// prefill_mma_smem_bytes<D>() bytes.
+// grid (num_tiles, Nkv), kMmaThreads threads, prefill_mma_smem_bytes<D>() bytes.
 template <int D, bool kFp8>
 __global__ void __launch_bounds__(attn::kMmaThreads)
     paged_prefill_attention_mma_kernel(const __grid_constant__ PagedPrefillParams p) {
@@ -86,13 +104,14 @@ __global__ void __launch_bounds__(attn::kMmaThreads)
     return static_cast<uint32_t>((row * kChunks + (chunk ^ (row & 7))) * 16);
   };
 
-  const int b = blockIdx.z, kvh = blockIdx.y;
+  const int kvh = blockIdx.y, tile = blockIdx.x;
   const int G = static_cast<int>(p.num_q_heads / p.num_kv_heads);
-  const int tile_queries = paged_prefill_queries_per_tile(G);
+  const int tile_queries = kMmaQ / G;
+  const int b = paged_prefill_sequence_of(p, tile);
   const int seq0 = __ldg(p.cu_seqlens + b);
   const int num_queries = __ldg(p.cu_seqlens + b + 1) - seq0;
-  const int q0 = blockIdx.x * tile_queries;
-  if (q0 >= num_queries) return;
+  const int q0 = (tile - __ldg(p.tile_starts + b)) * tile_queries;
+  MOE_DEVICE_CHECK(q0 >= 0 && q0 < num_queries);
   const int keys = __ldg(p.seq_lens + b);
   MOE_DEVICE_CHECK(keys >= num_queries && keys <= p.max_seq_len);
   const int start = keys - num_queries;  // the cached prefix: query i sits at start + i

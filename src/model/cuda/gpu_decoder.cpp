@@ -130,6 +130,7 @@ struct Meta {
   int32_t* slots = nullptr;        // [Tcap]
   int32_t* seq_lens = nullptr;     // [Tcap] per attention row
   int32_t* cu_seqlens = nullptr;   // [Tcap + 1]
+  int32_t* paged_tile_starts = nullptr;  // [Tcap + 1] the paged prefill work list (per sequence)
   int32_t* logit_rows = nullptr;   // [Tcap]
   int32_t* block_tables = nullptr;  // [Tcap, max_blocks]
   float* temperature = nullptr;    // [Rcap]
@@ -153,6 +154,7 @@ struct Meta {
     slots = c.take<int32_t>(tcap);
     seq_lens = c.take<int32_t>(tcap);
     cu_seqlens = c.take<int32_t>(tcap + 1);
+    paged_tile_starts = c.take<int32_t>(tcap + 1);
     logit_rows = c.take<int32_t>(tcap);
     block_tables = c.take<int32_t>(tcap * max_blocks);
     temperature = c.take<float>(rcap);
@@ -177,7 +179,7 @@ struct Step {
   // rows are sequences; the padding ones have state slot -1).
   int64_t num_state_seqs = 0;
   int64_t max_seq_len = 0;  // bound for the attention grids
-  int64_t max_query_len = 0;  // new tokens of the longest sequence (the paged prefill grid)
+  int64_t paged_tiles = 0;  // paged prefill: the query tiles of all sequences (the grid)
   int64_t table_stride = 0;  // block table row width this step
   int64_t logit_rows = 0;   // rows that want logits
   bool logits_are_all_rows = false;  // rows 0..logit_rows-1 of the final hidden state
@@ -907,7 +909,7 @@ Step CudaDecoder::prepare(const ForwardBatch& batch) {
   check_forward_batch(batch, c.vocab_size, max_model_len_, num_blocks_, block_size_);
   step.num_seqs = static_cast<int64_t>(batch.sequences.size());
   bool all_single = !batch.all_positions, all_fresh = true, all_want = true;
-  int64_t T = 0, max_len = 0, max_query_len = 0, table_stride = 1;
+  int64_t T = 0, max_len = 0, table_stride = 1;
   for (const SequenceBatch& s : batch.sequences) {
     const int64_t n = static_cast<int64_t>(s.tokens.size());
     const int64_t end = s.position + n;
@@ -916,7 +918,6 @@ Step CudaDecoder::prepare(const ForwardBatch& batch) {
     all_want = all_want && s.want_logits;
     T += n;
     max_len = std::max(max_len, end);
-    max_query_len = std::max(max_query_len, n);
     table_stride = std::max(table_stride, ceil_div(end, block_size_));
   }
   MOE_CHECK(T <= tcap_, "a step of ", T, " tokens exceeds the ", tcap_,
@@ -947,7 +948,6 @@ Step CudaDecoder::prepare(const ForwardBatch& batch) {
   step.num_tokens = T;
   step.num_valid = T;
   step.max_seq_len = max_len;
-  step.max_query_len = max_query_len;
   step.table_stride = table_stride;
   if (step.route == Route::kDecode && options_.cuda_graphs && all_want &&
       step.num_seqs <= rcap_) {
@@ -1012,6 +1012,11 @@ Step CudaDecoder::prepare(const ForwardBatch& batch) {
     }
   }
   step.num_rows = rows_are_sequences ? step.num_seqs : step.num_tokens;
+  if (step.route == Route::kPagedPrefill) {
+    step.paged_tiles = cuda::plan_paged_prefill_tiles(h.cu_seqlens, step.num_seqs,
+                                                      c.num_heads / c.num_kv_heads,
+                                                      h.paged_tile_starts);
+  }
   step.logit_rows = logit_rows;
   step.logits_are_all_rows = logit_rows == T;
   upload_meta(step);
@@ -1054,6 +1059,9 @@ void CudaDecoder::upload_meta(const Step& step) {
     up(meta_.state_slots, host_meta_.state_slots, step.num_state_seqs);
   } else if (step.route == Route::kPrefill || step.route == Route::kPagedPrefill) {
     up(meta_.cu_seqlens, host_meta_.cu_seqlens, step.num_seqs + 1);
+  }
+  if (step.route == Route::kPagedPrefill) {
+    up(meta_.paged_tile_starts, host_meta_.paged_tile_starts, step.num_seqs + 1);
   }
   if (step.route != Route::kPrefill) {  // per attention row: a token, or a sequence
     up(meta_.seq_lens, host_meta_.seq_lens, step.num_rows);
@@ -1193,8 +1201,9 @@ void CudaDecoder::attention(int64_t layer, const Step& step) {
         {.q = q_, .k_cache = k_cache_[layer], .v_cache = v_cache_[layer],
          .k_codes = k_codes_[layer], .v_codes = v_codes_[layer], .k_scales = k_scales_[layer],
          .v_scales = v_scales_[layer], .cu_seqlens = meta_.cu_seqlens,
-         .seq_lens = meta_.seq_lens, .block_tables = meta_.block_tables, .out = attn_,
-         .num_tokens = T, .num_seqs = step.num_seqs, .max_query_len = step.max_query_len,
+         .seq_lens = meta_.seq_lens, .tile_starts = meta_.paged_tile_starts,
+         .block_tables = meta_.block_tables, .out = attn_, .num_tokens = T,
+         .num_seqs = step.num_seqs, .num_tiles = step.paged_tiles,
          .max_seq_len = step.max_seq_len, .num_q_heads = Nq, .num_kv_heads = Nkv,
          .head_dim = Dp, .block_size = block_size_, .num_blocks = num_blocks_,
          .max_blocks_per_seq = step.table_stride, .scale = attention_scale_,
