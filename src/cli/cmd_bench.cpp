@@ -307,8 +307,8 @@ EngineConfig engine_config(const BenchArgs& args) {
   }
   // Every prompt in one step, except that a GPU step carries at most 8192 tokens or one whole
   // prompt (the workspace is sized for the largest step): a prompt that starts a step attends
-  // through the prefill kernel, a chunk after a cached prefix through the per-query path, which
-  // reads the prefix once per query row.
+  // through the prefill kernel, a chunk after a cached prefix through the paged prefill kernel
+  // (both flash-style on tensor cores; model/attention_route.h decides).
   const int64_t all_prompts = std::max(max_seqs * args.input_len, longest_prompt);
   const int64_t batched_tokens =
       args.max_num_batched_tokens > 0

@@ -22,6 +22,7 @@
 
 #include "io/model_config.h"
 #include "kv/kv_cache.h"
+#include "model/attention_route.h"
 #include "model/decoder.h"
 #include "model/weight_quant.h"
 #include "offload/offload_options.h"
@@ -247,6 +248,8 @@ class GpuDecoder {
   // (rows and outputs) since creation, indexed by profile::Link (same GPU, peer GPU, network);
   // empty otherwise.
   virtual std::vector<int64_t> expert_parallel_bytes() const { return {}; }
+  // Steps per attention route (model/attention_route.h) since creation, counted on the host.
+  virtual AttentionRouteCounts attention_route_counts() const { return {}; }
 };
 
 // CUDA devices this process sees (0 without CUDA support or a device): --ep N on cuda puts rank

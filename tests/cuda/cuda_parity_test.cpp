@@ -1,8 +1,9 @@
 // Holds the GPU forward pass to the transformers reference on every model fixture, through each
 // of its attention routes:
 //   prefill   the prompt in one step, logits at every position
-//   chunked   the first half as one step, the second half after it (per-query route over the
-//             cached prefix)
+//   chunked   the prompt in three steps of uneven size (a quarter, then up to two thirds, then
+//             the rest): the first from position 0, the other two over the cached prefix (the
+//             paged prefill kernel where the flash kernels apply, else the per-query route)
 //   decode    three copies of the sequence decoded together one token per step (a padded graph
 //             bucket), prompt then the reference's greedy continuation fed back (teacher forcing)
 // Bounds (issue: CUDA backend): relative logit error <= 2e-2 per fixture and route, and the same
@@ -110,23 +111,24 @@ void check_fixture(const std::string& name, Agreement& total) {
                  logits);
     for (int64_t t = 0; t < n; ++t) prefill.add_row(&logits[t * V], ref_rows + t * V, V);
   }
-  // chunked
+  // chunked: three steps of uneven size; the rows of the second and third are compared
   Agreement chunked;
   {
     const auto table = blocks(kBlocksPerSeq, kBlocksPerSeq);
-    const int64_t half = n / 2;
+    const int64_t cuts[] = {0, std::max<int64_t>(1, n / 4), std::max<int64_t>(2, 2 * n / 3), n};
+    ASSERT_LT(cuts[2], n) << "the fixture's prompt is too short for three chunks";
     const std::span<const int32_t> all(prompt);
-    std::vector<float> first((half)*V), second((n - half) * V, NAN);
-    gpu->forward({.sequences = {{.tokens = all.first(half), .position = 0, .block_table = table,
-                                 .state_slot = slot(1)}},
-                  .all_positions = true},
-                 first);
-    gpu->forward({.sequences = {{.tokens = all.subspan(half), .position = half,
-                                 .block_table = table, .state_slot = slot(1)}},
-                  .all_positions = true},
-                 second);
-    for (int64_t t = half; t < n; ++t) {
-      chunked.add_row(&second[(t - half) * V], ref_rows + t * V, V);
+    for (int c = 0; c < 3; ++c) {
+      const int64_t begin = cuts[c], count = cuts[c + 1] - cuts[c];
+      std::vector<float> logits(count * V, NAN);
+      gpu->forward({.sequences = {{.tokens = all.subspan(begin, count), .position = begin,
+                                   .block_table = table, .state_slot = slot(1)}},
+                    .all_positions = true},
+                   logits);
+      if (c == 0) continue;
+      for (int64_t t = 0; t < count; ++t) {
+        chunked.add_row(&logits[t * V], ref_rows + (begin + t) * V, V);
+      }
     }
   }
   // decode: three sequences together, prompt and greedy continuation fed back

@@ -14,6 +14,7 @@
 #include "backend/cuda/attention_decode_mma_kernel.cuh"
 #include "backend/cuda/attention_decode_wide_kernel.cuh"
 #include "backend/cuda/attention_kernel.cuh"
+#include "backend/cuda/attention_paged_prefill_mma_kernel.cuh"
 #include "backend/cuda/attention_prefill_mma_kernel.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/launch_checks.h"
@@ -182,6 +183,54 @@ void launch_prefill(const PrefillParams& p, cudaStream_t stream) {
   MOE_CUDA_CHECK_LAUNCH();
 }
 
+template <int D, bool kFp8>
+void launch_paged_prefill(const PagedPrefillParams& p, cudaStream_t stream) {
+  constexpr int smem = attn::prefill_mma_smem_bytes<D>();
+  static const bool attribute_set = [] {
+    CUDA_CHECK(cudaFuncSetAttribute(paged_prefill_attention_mma_kernel<D, kFp8>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    return true;
+  }();
+  (void)attribute_set;
+  const dim3 grid(static_cast<unsigned>(p.num_tiles), static_cast<unsigned>(p.num_kv_heads));
+  paged_prefill_attention_mma_kernel<D, kFp8><<<grid, attn::kMmaThreads, smem, stream>>>(p);
+  MOE_CUDA_CHECK_LAUNCH();
+}
+
+void check_paged_prefill(const PagedPrefillParams& p) {
+  detail::check_int32_range(p.num_tokens, "num_tokens");
+  MOE_CHECK(p.head_dim == 64 || p.head_dim == 128, "head_dim = ", p.head_dim,
+            " must be 64 or 128 (wider heads take paged_decode_attention a query at a time)");
+  MOE_CHECK(
+      p.num_kv_heads >= 1 && p.num_q_heads >= p.num_kv_heads && p.num_q_heads % p.num_kv_heads == 0,
+      "num_q_heads = ", p.num_q_heads,
+      " must be a positive multiple of num_kv_heads = ", p.num_kv_heads);
+  MOE_CHECK(p.num_q_heads <= kPagedPrefillMaxGroup * p.num_kv_heads,
+            "num_q_heads = ", p.num_q_heads, " over num_kv_heads = ", p.num_kv_heads,
+            " is a GQA group past ", kPagedPrefillMaxGroup, " (the rows of one tile)");
+  MOE_CHECK(p.num_kv_heads <= 65535, "num_kv_heads = ", p.num_kv_heads, " must be at most 65535");
+  MOE_CHECK(p.num_seqs >= 0 && p.num_seqs <= 65535, "num_seqs = ", p.num_seqs,
+            " must be in [0, 65535]");
+  MOE_CHECK(p.num_seqs <= p.num_tokens, "num_seqs = ", p.num_seqs,
+            " exceeds num_tokens = ", p.num_tokens, " (every sequence brings a token)");
+  // Every tile holds at least one query (of its own sequence).
+  MOE_CHECK(p.num_tiles >= 0 && p.num_tiles <= p.num_tokens, "num_tiles = ", p.num_tiles,
+            " must be in [0, num_tokens = ", p.num_tokens, "]");
+  MOE_CHECK(p.num_tokens == 0 || p.num_tiles >= 1, "num_tiles = ", p.num_tiles,
+            " must be at least 1 for ", p.num_tokens, " tokens");
+  MOE_CHECK(p.block_size >= 1, "block_size = ", p.block_size, " must be at least 1");
+  MOE_CHECK(p.num_blocks >= 1, "num_blocks = ", p.num_blocks, " must be at least 1");
+  MOE_CHECK(p.max_seq_len >= 0 && p.max_seq_len <= p.max_blocks_per_seq * p.block_size,
+            "max_seq_len = ", p.max_seq_len, " does not fit max_blocks_per_seq = ",
+            p.max_blocks_per_seq, " blocks of ", p.block_size);
+  detail::check_int32_range(p.max_seq_len, "max_seq_len");
+  detail::check_int32_range(p.num_blocks * p.block_size, "num_blocks * block_size");
+  detail::check_int32_range(p.num_tokens * p.num_q_heads * p.head_dim,
+                            "num_tokens * num_q_heads * head_dim");
+  MOE_CHECK(p.scale > 0.0f, "scale = ", p.scale, " must be positive");
+  check_first_key_rule(p.sliding_window, p.attention_chunk);
+}
+
 // The split plan's pieces (paged_decode_split and paged_decode_workspace_bound).
 // Splits wanted to fill the GPU: about kDecodeTargetBlocks blocks over the blocks of one split
 // (the wide kernel also has one per 512 output dims).
@@ -334,6 +383,58 @@ void prefill_attention(const PrefillParams& p, cudaStream_t stream) {
     launch_prefill<64>(p, stream);
   } else {
     launch_prefill<128>(p, stream);
+  }
+}
+
+int64_t plan_paged_prefill_tiles(const int32_t* cu_seqlens, int64_t num_seqs, int64_t group,
+                                 int32_t* tile_starts) {
+  MOE_CHECK(group >= 1 && group <= kPagedPrefillMaxGroup, "GQA group ", group,
+            " must be in [1, ", kPagedPrefillMaxGroup, "]");
+  const int64_t tile_queries = paged_prefill_queries_per_tile(group);
+  int64_t total = 0;
+  for (int64_t b = 0; b < num_seqs; ++b) {
+    tile_starts[b] = static_cast<int32_t>(total);
+    const int64_t n = cu_seqlens[b + 1] - cu_seqlens[b];
+    MOE_CHECK(n >= 0, "cu_seqlens decreases at sequence ", b);
+    total += (n + tile_queries - 1) / tile_queries;
+  }
+  tile_starts[num_seqs] = static_cast<int32_t>(total);
+  return total;
+}
+
+void paged_prefill_attention(const PagedPrefillParams& p, cudaStream_t stream) {
+  NvtxRange range("attention_paged_prefill");
+  check_paged_prefill(p);
+  if (p.num_tokens == 0 || p.num_seqs == 0) return;
+  detail::check_pointer(p.q, "q");
+  detail::check_aligned16(p.q, "q");
+  const bool fp8 = p.k_codes || p.v_codes || p.k_scales || p.v_scales;
+  if (fp8) {
+    MOE_CHECK(!p.k_cache && !p.v_cache,
+              "k_cache / v_cache (bf16 rows) and k_codes / v_codes (fp8 rows) are exclusive");
+    detail::check_pointer(p.k_codes, "k_codes");
+    detail::check_pointer(p.v_codes, "v_codes");
+    detail::check_pointer(p.k_scales, "k_scales");
+    detail::check_pointer(p.v_scales, "v_scales");
+    // 8-byte loads of codes: each row of D codes starts at a multiple of D (64 or 128) bytes.
+    detail::check_aligned16(p.k_codes, "k_codes");
+    detail::check_aligned16(p.v_codes, "v_codes");
+  } else {
+    detail::check_pointer(p.k_cache, "k_cache");
+    detail::check_pointer(p.v_cache, "v_cache");
+    detail::check_aligned16(p.k_cache, "k_cache");
+    detail::check_aligned16(p.v_cache, "v_cache");
+  }
+  detail::check_pointer(p.cu_seqlens, "cu_seqlens");
+  detail::check_pointer(p.seq_lens, "seq_lens");
+  detail::check_pointer(p.tile_starts, "tile_starts");
+  detail::check_pointer(p.block_tables, "block_tables");
+  detail::check_pointer(p.out, "out");
+  detail::check_aligned16(p.out, "out");
+  if (p.head_dim == 64) {
+    fp8 ? launch_paged_prefill<64, true>(p, stream) : launch_paged_prefill<64, false>(p, stream);
+  } else {
+    fp8 ? launch_paged_prefill<128, true>(p, stream) : launch_paged_prefill<128, false>(p, stream);
   }
 }
 

@@ -202,4 +202,61 @@ struct PrefillParams {
 // rounded to bf16 for the P.V product on the tensor-core path.
 void prefill_attention(const PrefillParams& params, cudaStream_t stream);
 
+// A step's new tokens attending over the paged cache: each sequence brings n_b >= 1 tokens
+// after a cached prefix of any length (0 included), and its keys, the new tokens' among them,
+// are already in the cache. Query i of sequence b sits at position seq_lens[b] - n_b + i and
+// sees keys [first visible key, that position] under the same rules as PagedDecodeParams.
+struct PagedPrefillParams {
+  const __nv_bfloat16* q = nullptr;        // [T, Nq, D] all sequences' new tokens, concatenated
+  const __nv_bfloat16* k_cache = nullptr;  // [num_blocks, block_size, Nkv, D], or null under fp8
+  const __nv_bfloat16* v_cache = nullptr;  // [num_blocks, block_size, Nkv, D], or null under fp8
+  const uint8_t* k_codes = nullptr;        // [num_blocks, block_size, Nkv, D] e4m3, or null
+  const uint8_t* v_codes = nullptr;        // [num_blocks, block_size, Nkv, D] e4m3, or null
+  const float* k_scales = nullptr;         // [num_blocks, block_size, Nkv]
+  const float* v_scales = nullptr;         // [num_blocks, block_size, Nkv]
+  const int32_t* cu_seqlens = nullptr;     // [B + 1] token offsets of the sequences' queries
+  const int32_t* seq_lens = nullptr;       // [B] cached keys after this step (prefix + n_b)
+  // [B + 1] the work list, plan_paged_prefill_tiles' output uploaded: sequence b's query tiles
+  // are blocks [tile_starts[b], tile_starts[b + 1]), so no block is launched for nothing.
+  const int32_t* tile_starts = nullptr;
+  const int32_t* block_tables = nullptr;   // [B, max_blocks_per_seq]
+  __nv_bfloat16* out = nullptr;            // [T, Nq, D]
+  int64_t num_tokens = 0;                  // T
+  int64_t num_seqs = 0;                    // B
+  int64_t num_tiles = 0;                   // tile_starts[B]: the grid's query tiles
+  int64_t max_seq_len = 0;                 // host-known bound on seq_lens
+  int64_t num_q_heads = 0;                 // Nq
+  int64_t num_kv_heads = 0;                // Nkv, divides Nq, G = Nq / Nkv <= 64
+  int64_t head_dim = 0;                    // D: 64 or 128
+  int64_t block_size = 0;                  // tokens per KV block
+  int64_t num_blocks = 0;                  // blocks in the pool (for the device range check)
+  int64_t max_blocks_per_seq = 0;
+  float scale = 0.0f;
+  int64_t sliding_window = 0;    // W, as PagedDecodeParams::sliding_window
+  int64_t attention_chunk = 0;   // C, as PagedDecodeParams::attention_chunk
+  const float* sinks = nullptr;  // [Nq] float32, or null: as PagedDecodeParams::sinks
+};
+
+// A paged prefill block's mma rows: (query, head) pairs of one KV head, 64 / G queries of the G
+// heads; so the largest GQA group it takes is 64.
+inline constexpr int64_t kPagedPrefillTileRows = 64;
+inline constexpr int64_t kPagedPrefillMaxGroup = kPagedPrefillTileRows;
+inline int64_t paged_prefill_queries_per_tile(int64_t group) {
+  return kPagedPrefillTileRows / group;
+}
+
+// The work list of a launch, planned on the host from the sequences' query offsets
+// cu_seqlens [B + 1] (host memory): tile_starts[b] = the query tiles of the sequences before b
+// (ceil(n / queries per tile) each), tile_starts[B] their total, which it returns (the launch's
+// num_tiles). Writes B + 1 values.
+int64_t plan_paged_prefill_tiles(const int32_t* cu_seqlens, int64_t num_seqs, int64_t group,
+                                 int32_t* tile_starts);
+
+// Flash-style causal attention of the new tokens over their sequences' paged keys on tensor
+// cores (attention_paged_prefill_mma_kernel.cuh): chunked prefill after a cached prefix and
+// steps where sequences bring several tokens. The G heads of a KV head share a block's rows, so
+// a sequence bringing one token fills G rows of a tile (all-decode steps still take
+// paged_decode_attention, which also splits long contexts over blocks).
+void paged_prefill_attention(const PagedPrefillParams& params, cudaStream_t stream);
+
 }  // namespace moeinfer::cuda

@@ -3,18 +3,22 @@
 // it up, and enqueues the layers. Decode steps replay a CUDA graph captured per (batch bucket,
 // context bucket), so a step costs a handful of copies and one graph launch.
 //
-// Attention per step takes one of three routes:
-//   decode    every sequence brings one token: paged decode attention over the block tables
-//   prefill   every sequence starts at position 0: flash-style causal attention over the new
-//             tokens (the cache is written for later steps)
-//   per-query anything else (chunked prefill after a cached prefix, mixed steps, MLA prefill):
-//             each new token is its own query row over its sequence's blocks, with length
-//             position + 1, through the paged decode kernel
+// Attention per step takes one of four routes (model/attention_route.h decides):
+//   decode         every sequence brings one token: paged decode attention over the block
+//                  tables
+//   prefill        every sequence starts at position 0: flash-style causal attention over the
+//                  new tokens (the cache is written for later steps)
+//   paged prefill  anything else (chunked prefill after a cached prefix, mixed steps): flash-
+//                  style attention of each sequence's new tokens over its paged keys, one
+//                  attention row per sequence (a sequence bringing one token is a row of one)
+//   per-query      what the flash kernels do not cover (MLA, head dims past 128,
+//                  --deterministic): each new token is its own query row over its sequence's
+//                  blocks, with length position + 1, through the paged decode kernel
 //
 // --deterministic (GpuOptions::deterministic) changes three things, each so that a token's
 // logits depend on nothing but its sequence: products run the fixed-order dense GEMM instead
 // of cuBLAS (linear(), absorbed()), prompts take the per-query route (never the flash prefill
-// kernel, whose reduction order differs from a decode row's), and attention splits keys in
+// kernels, whose reduction order differs from a decode row's), and attention splits keys in
 // chunks fixed at start-up (attention_chunk_) instead of by the batch. The grouped expert GEMM
 // needs nothing: every tile reduces an element in the same order (cuda-kernels.md).
 #include <cublas_v2.h>
@@ -113,7 +117,9 @@ bool has_linear_layers(const ModelConfig& c) {
   return c.linear_attention.has_value() && c.num_linear_layers() > 0;
 }
 
-enum class Route { kDecode, kPrefill, kPerQuery };
+using Route = AttentionRoute;
+static_assert(kPagedPrefillMaxGqaGroup == cuda::kPagedPrefillMaxGroup,
+              "the route predicate and the paged prefill kernel disagree on the GQA group");
 
 // Step metadata, the same layout on the host (pinned) and the device.
 struct Meta {
@@ -125,6 +131,7 @@ struct Meta {
   int32_t* slots = nullptr;        // [Tcap]
   int32_t* seq_lens = nullptr;     // [Tcap] per attention row
   int32_t* cu_seqlens = nullptr;   // [Tcap + 1]
+  int32_t* paged_tile_starts = nullptr;  // [Tcap + 1] the paged prefill work list (per sequence)
   int32_t* logit_rows = nullptr;   // [Tcap]
   int32_t* block_tables = nullptr;  // [Tcap, max_blocks]
   float* temperature = nullptr;    // [Rcap]
@@ -148,6 +155,7 @@ struct Meta {
     slots = c.take<int32_t>(tcap);
     seq_lens = c.take<int32_t>(tcap);
     cu_seqlens = c.take<int32_t>(tcap + 1);
+    paged_tile_starts = c.take<int32_t>(tcap + 1);
     logit_rows = c.take<int32_t>(tcap);
     block_tables = c.take<int32_t>(tcap * max_blocks);
     temperature = c.take<float>(rcap);
@@ -166,12 +174,13 @@ struct Step {
   Route route = Route::kDecode;
   int64_t num_tokens = 0;   // T, rows through the layers (padded for graphs)
   int64_t num_valid = 0;    // the real ones among them, rows [0, num_valid)
-  int64_t num_rows = 0;     // attention rows (T, or sequences for prefill)
+  int64_t num_rows = 0;     // attention rows (T, or sequences for prefill and paged prefill)
   int64_t num_seqs = 0;
   // Sequences the linear-attention kernels run over: num_seqs, or a graph's bucket (decode
   // rows are sequences; the padding ones have state slot -1).
   int64_t num_state_seqs = 0;
   int64_t max_seq_len = 0;  // bound for the attention grids
+  int64_t paged_tiles = 0;  // paged prefill: the query tiles of all sequences (the grid)
   int64_t table_stride = 0;  // block table row width this step
   int64_t logit_rows = 0;   // rows that want logits
   bool logits_are_all_rows = false;  // rows 0..logit_rows-1 of the final hidden state
@@ -199,6 +208,7 @@ class CudaDecoder final : public GpuDecoder {
   void set_routing_observer(Decoder::RoutingObserver observer) override;
   void set_routing_approximation(const moe::RoutingApproximation& approx) override;
   GraphCounts decode_graph_counts() const override { return decode_graph_counts_; }
+  AttentionRouteCounts attention_route_counts() const override { return route_counts_; }
   std::vector<int64_t> expert_parallel_bytes() const override {
     if (ep_dispatcher_ == nullptr) return {};
     const auto& bytes = ep_dispatcher_->bytes_sent();
@@ -212,6 +222,7 @@ class CudaDecoder final : public GpuDecoder {
   // pool, which takes what is left).
   void allocate_state_pool();
   Step prepare(const ForwardBatch& batch);
+  void count_route(Route route);
   // Everything from the embedding to the logits of rows [0, step.logit_rows) of the first
   // chunk: enqueued directly or replayed from a graph.
   void run(const Step& step);
@@ -400,6 +411,7 @@ class CudaDecoder final : public GpuDecoder {
   cudaEvent_t sample_events_[2] = {nullptr, nullptr};
   bool sample_timed_ = false;
   int64_t host_device_bytes_ = 0;  // this step's copies between host and device
+  AttentionRouteCounts route_counts_;  // steps per attention route since creation
 };
 
 CudaDecoder::CudaDecoder(const ModelConfig& config, DeviceWeights weights,
@@ -925,13 +937,15 @@ Step CudaDecoder::prepare(const ForwardBatch& batch) {
     }
   }
 
-  // The flash prefill kernel is compiled for head dims 64 and 128; prompts of wider heads (256,
-  // and the multiples of 64 above it) run through the paged decode kernel, a query at a time.
-  const bool prefill_kernel = !c.mla && !options_.deterministic &&
-                              (w_.padded_head_dim == 64 || w_.padded_head_dim == 128);
-  step.route = all_single ? Route::kDecode
-               : (all_fresh && prefill_kernel) ? Route::kPrefill
-                                                : Route::kPerQuery;
+  step.route = choose_attention_route(
+      {.one_token_each = all_single, .all_from_position_0 = all_fresh},
+      {.mla = c.mla.has_value(), .deterministic = options_.deterministic,
+       .padded_head_dim = w_.padded_head_dim,
+       .gqa_group = c.num_kv_heads > 0 ? c.num_heads / c.num_kv_heads : 1});
+  count_route(step.route);
+  // One attention row per sequence on the flash routes, per token on the others.
+  const bool rows_are_sequences =
+      step.route == Route::kPrefill || step.route == Route::kPagedPrefill;
   step.num_tokens = T;
   step.num_valid = T;
   step.max_seq_len = max_len;
@@ -947,24 +961,27 @@ Step CudaDecoder::prepare(const ForwardBatch& batch) {
   }
   const int64_t stride = step.table_stride;
 
-  // Token rows, their cache slots, and one attention row per token (per sequence for prefill).
+  // Token rows, their cache slots, and one attention row per token (per sequence for prefill
+  // and paged prefill): its length and its block table.
   int64_t row = 0, logit_rows = 0;
   h.cu_seqlens[0] = 0;
+  auto set_attention_row = [&](int64_t r, int64_t len, std::span<const int32_t> table) {
+    h.seq_lens[r] = static_cast<int32_t>(len);
+    const int64_t used = std::min<int64_t>(static_cast<int64_t>(table.size()), stride);
+    std::memcpy(h.block_tables + r * stride, table.data(), used * sizeof(int32_t));
+    std::fill(h.block_tables + r * stride + used, h.block_tables + (r + 1) * stride, 0);
+  };
   for (int64_t i = 0; i < step.num_seqs; ++i) {
     const SequenceBatch& s = batch.sequences[i];
     const int64_t n = static_cast<int64_t>(s.tokens.size());
+    if (step.route == Route::kPagedPrefill) set_attention_row(i, s.position + n, s.block_table);
     for (int64_t t = 0; t < n; ++t, ++row) {
       const int64_t pos = s.position + t;
       h.ids[row] = s.tokens[t];
       h.positions[row] = static_cast<int32_t>(pos);
       h.slots[row] = static_cast<int32_t>(s.block_table[pos / block_size_] * block_size_ +
                                           pos % block_size_);
-      if (step.route != Route::kPrefill) {
-        h.seq_lens[row] = static_cast<int32_t>(pos + 1);
-        const int64_t used = std::min<int64_t>(static_cast<int64_t>(s.block_table.size()), stride);
-        std::memcpy(h.block_tables + row * stride, s.block_table.data(), used * sizeof(int32_t));
-        std::fill(h.block_tables + row * stride + used, h.block_tables + (row + 1) * stride, 0);
-      }
+      if (!rows_are_sequences) set_attention_row(row, pos + 1, s.block_table);
       if (s.want_logits && (batch.all_positions || t == n - 1)) {
         h.logit_rows[logit_rows++] = static_cast<int32_t>(row);
       }
@@ -995,11 +1012,33 @@ Step CudaDecoder::prepare(const ForwardBatch& batch) {
       h.route_keys[r] = static_cast<int32_t>(mixed & 0x7fffffffu);
     }
   }
-  step.num_rows = step.route == Route::kPrefill ? step.num_seqs : step.num_tokens;
+  step.num_rows = rows_are_sequences ? step.num_seqs : step.num_tokens;
+  if (step.route == Route::kPagedPrefill) {
+    step.paged_tiles = cuda::plan_paged_prefill_tiles(h.cu_seqlens, step.num_seqs,
+                                                      c.num_heads / c.num_kv_heads,
+                                                      h.paged_tile_starts);
+  }
   step.logit_rows = logit_rows;
   step.logits_are_all_rows = logit_rows == T;
   upload_meta(step);
   return step;
+}
+
+void CudaDecoder::count_route(Route route) {
+  switch (route) {
+    case Route::kDecode:
+      ++route_counts_.decode;
+      return;
+    case Route::kPrefill:
+      ++route_counts_.prefill;
+      return;
+    case Route::kPagedPrefill:
+      ++route_counts_.paged_prefill;
+      return;
+    case Route::kPerQuery:
+      ++route_counts_.per_query;
+      return;
+  }
 }
 
 void CudaDecoder::upload_meta(const Step& step) {
@@ -1019,12 +1058,15 @@ void CudaDecoder::upload_meta(const Step& step) {
   if (num_state_slots_ > 0) {  // the linear-attention kernels' sequences, on every route
     up(meta_.cu_seqlens, host_meta_.cu_seqlens, step.num_state_seqs + 1);
     up(meta_.state_slots, host_meta_.state_slots, step.num_state_seqs);
-  } else if (step.route == Route::kPrefill) {
+  } else if (step.route == Route::kPrefill || step.route == Route::kPagedPrefill) {
     up(meta_.cu_seqlens, host_meta_.cu_seqlens, step.num_seqs + 1);
   }
-  if (step.route != Route::kPrefill) {
-    up(meta_.seq_lens, host_meta_.seq_lens, T);
-    up(meta_.block_tables, host_meta_.block_tables, T * step.table_stride);
+  if (step.route == Route::kPagedPrefill) {
+    up(meta_.paged_tile_starts, host_meta_.paged_tile_starts, step.num_seqs + 1);
+  }
+  if (step.route != Route::kPrefill) {  // per attention row: a token, or a sequence
+    up(meta_.seq_lens, host_meta_.seq_lens, step.num_rows);
+    up(meta_.block_tables, host_meta_.block_tables, step.num_rows * step.table_stride);
   }
 }
 
@@ -1154,6 +1196,20 @@ void CudaDecoder::attention(int64_t layer, const Step& step) {
                              .sliding_window = window, .attention_chunk = chunk,
                              .sinks = d.sinks},
                             stream_);
+  } else if (step.route == Route::kPagedPrefill) {
+    // The new tokens' keys were written to the cache above, on this stream.
+    cuda::paged_prefill_attention(
+        {.q = q_, .k_cache = k_cache_[layer], .v_cache = v_cache_[layer],
+         .k_codes = k_codes_[layer], .v_codes = v_codes_[layer], .k_scales = k_scales_[layer],
+         .v_scales = v_scales_[layer], .cu_seqlens = meta_.cu_seqlens,
+         .seq_lens = meta_.seq_lens, .tile_starts = meta_.paged_tile_starts,
+         .block_tables = meta_.block_tables, .out = attn_, .num_tokens = T,
+         .num_seqs = step.num_seqs, .num_tiles = step.paged_tiles,
+         .max_seq_len = step.max_seq_len, .num_q_heads = Nq, .num_kv_heads = Nkv,
+         .head_dim = Dp, .block_size = block_size_, .num_blocks = num_blocks_,
+         .max_blocks_per_seq = step.table_stride, .scale = attention_scale_,
+         .sliding_window = window, .attention_chunk = chunk, .sinks = d.sinks},
+        stream_);
   } else {
     cuda::paged_decode_attention(
         {.q = q_, .k_cache = k_cache_[layer], .v_cache = v_cache_[layer],
