@@ -358,8 +358,7 @@ void bench_fp8_t(int64_t T, bf16* const* gate_up, bf16* const* down, void* const
     for (int k = 0; k < 3; ++k) {
       if (way == Way::kBf16) bf16_ms[k] = ms[k];
       const double tflops = flops[k] / (ms[k] * 1e-3) / 1e12;
-      std::printf("%5lld %5lld %4lld  %-16s %-15s %10.1f %9.1f %7.2f
-",
+      std::printf("%5lld %5lld %4lld  %-16s %-15s %10.1f %9.1f %7.2f\n",
                   static_cast<long long>(T), static_cast<long long>(M),
                   static_cast<long long>(touched), names[static_cast<int>(way)], parts[k],
                   ms[k] * 1e3, tflops, bf16_ms[k] / ms[k]);
@@ -375,8 +374,7 @@ void bench_fp8_t(int64_t T, bf16* const* gate_up, bf16* const* down, void* const
     quantize_rows_fp8({.rows = rows, .codes = codes, .scales = scales, .num_rows = M, .k = kH},
                       stream);
   });
-  std::printf("%5lld %5lld %4lld  %-32s %10.1f   (moe_experts takes fp8 x fp8 here: %s)
-",
+  std::printf("%5lld %5lld %4lld  %-32s %10.1f   (moe_experts takes fp8 x fp8 here: %s)\n",
               static_cast<long long>(T), static_cast<long long>(M),
               static_cast<long long>(touched), "quantise rows [M, H]", quant_ms * 1e3,
               mma_taken ? "yes" : "no");
@@ -407,16 +405,12 @@ void bench_fp8(bf16* const* gate_up, bf16* const* down, cudaStream_t stream, std
                        .scale = 1.0f / std::sqrt(static_cast<float>(kI))},
                       stream);
   }
-  std::printf("
-%5s %5s %4s  %-16s %-15s %10s %9s %7s
-", "T", "M", "exp", "fp8 (128 blocks)",
+  std::printf("\n%5s %5s %4s  %-16s %-15s %10s %9s %7s\n", "T", "M", "exp", "fp8 (128 blocks)",
               "kernel", "time us", "TFLOP/s", "vs bf16");
   std::string line = "bench_cuda_moe fp8 (qwen3-30b-a3b experts, T = M / 8):";
   for (int64_t T : {512, 4096}) bench_fp8_t(T, gate_up, down, gate_up_fp8, down_fp8, stream, rng,
                                             line);
-  std::printf("
-%s
-", line.c_str());
+  std::printf("\n%s\n", line.c_str());
   for (int s = 0; s < kWeightSets; ++s) {
     CUDA_CHECK(cudaFree(gate_up_fp8[s]));
     CUDA_CHECK(cudaFree(down_fp8[s]));
