@@ -13,9 +13,10 @@
 //   root of the sum of squared products). A wrong scale index (row, column or block) moves an
 //   output by tens of percent of scale;
 // - against the weight-only fp8 kernel (the same weights dequantised to bf16, the activations
-//   unquantised): e4m3 rounds each activation by up to 2^-4 of its value (about 3% rms), so the
-//   outputs differ by ||diff|| / ||weight-only|| <= 5e-2, and no element by more than
-//   0.25 (|want| + scale);
+//   unquantised): e4m3 rounds each activation by up to 2^-4 of its value, so the outputs differ
+//   by ||diff|| / ||weight-only|| <= 6e-2 (a numpy model of these inputs gives 2.6e-2 plain and
+//   3.6e-2 through SiLU(gate) * up; a scale from the wrong row or block, spread over a factor of
+//   4, gives tens of percent), and no element by more than 0.25 (|want| + scale);
 // - K 192 and 320 (multiples of 64, not of 128: a short last block), the gathered rows of the
 //   decoder (src_row), every tile, rows past offsets[E] poisoned;
 // - the launcher's refusals, and the experts stage's predicate (weight-only at decode).
@@ -40,6 +41,7 @@ namespace {
 using namespace testing_util;
 
 constexpr int64_t kBlock = kFp8ActBlock;
+constexpr double kActivationRoundingBound = 6e-2;
 // Uneven experts: empty, one row, around the 16-row tile, and many tiles' worth.
 const std::vector<int32_t> kExpertRows = {0, 1, 15, 16, 17, 100, 300, 1};
 
@@ -272,7 +274,7 @@ void run_fp8_case(const Fp8Case& c) {
       norm += std::pow(static_cast<double>(got_ref[i]), 2);
     }
     const double rel = norm > 0 ? std::sqrt(diff / norm) : 0.0;
-    EXPECT_LE(rel, 5e-2) << "fp8 x fp8 vs weight-only fp8: relative error";
+    EXPECT_LE(rel, kActivationRoundingBound) << "fp8 x fp8 vs weight-only fp8: relative error";
     expect_within(got, want_exact,
                   [&](size_t i) { return 0.25 * (std::fabs(want_exact[i]) + size[i]); },
                   "fp8 x fp8 vs the unquantised activations' float64 product");

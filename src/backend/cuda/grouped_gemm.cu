@@ -131,13 +131,19 @@ void dispatch_fp8_mma_tile(GemmTile tile, const GroupedGemmParams& p, cudaStream
   MOE_CHECK(false, "unresolved tile ", static_cast<int>(tile));
 }
 
-// Compute capability 8.9 (Ada) and later have the e4m3 mma.
+// Whether fp8 x fp8 runs on the current device: compute capability 8.9 (Ada) or later has the
+// e4m3 mma, and this build's code for it must come from an architecture that has it too (a
+// build for CUDA architectures below 89 compiles the kernel to a trap, mma_fp8).
 bool device_has_fp8_mma() {
   int device = 0, major = 0, minor = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  return major * 10 + minor >= 89;
+  if (major * 10 + minor < 89) return false;
+  cudaFuncAttributes attributes{};
+  CUDA_CHECK(cudaFuncGetAttributes(&attributes,
+                                   grouped_gemm_kernel<Rows64<false>, ExpertQuant::kFp8, true>));
+  return attributes.ptxVersion >= 89;
 }
 
 // fp8 x fp8's requirements, each refused by name.
@@ -149,7 +155,8 @@ void check_fp8_mma(const GroupedGemmParams& p) {
   MOE_CHECK(p.act_scales != nullptr, "act_codes is given but act_scales is null");
   detail::check_aligned16(p.act_codes, "act_codes");
   MOE_CHECK(device_has_fp8_mma(), "fp8 x fp8 needs a GPU of compute capability 8.9 or later "
-            "(Ada, Hopper); run this one with the weight-only path (act_codes null)");
+            "(Ada, Hopper) and a build for such an architecture (CMAKE_CUDA_ARCHITECTURES 89 or "
+            "90); run this one with the weight-only path (act_codes null)");
 }
 
 // The quantised layout's requirements (expert_quant.h), each refused by name.
