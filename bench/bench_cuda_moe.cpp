@@ -298,11 +298,11 @@ void bench_fp8_t(int64_t T, bf16* const* gate_up, bf16* const* down, void* const
   const double gu_flops = 2.0 * M * kH * 2 * kI, dn_flops = 2.0 * M * kI * kH;
   enum class Way { kBf16, kWeightOnly, kFp8Mma };
   auto gemm = [&](Way way, bool gate_up_proj, int i) {
+    const bf16* bf16_weights = (gate_up_proj ? gate_up : down)[i % kWeightSets];
+    const void* fp8_weights = (gate_up_proj ? gate_up_fp8 : down_fp8)[i % kWeightSets];
     GroupedGemmParams p{.rows = gate_up_proj ? rows : act,
-                        .weights = way == Way::kBf16
-                                       ? (gate_up_proj ? gate_up : down)[i % kWeightSets]
-                                       : static_cast<const bf16*>(
-                                             (gate_up_proj ? gate_up_fp8 : down_fp8)[i % kWeightSets]),
+                        .weights = way == Way::kBf16 ? bf16_weights
+                                                     : static_cast<const bf16*>(fp8_weights),
                         .expert_offsets = d_offsets,
                         .out = gate_up_proj ? act : out,
                         .num_rows = M,

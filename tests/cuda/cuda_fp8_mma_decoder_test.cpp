@@ -138,12 +138,12 @@ void prefill_matches_the_cpu(const Fp8Fixture& f) {
   const auto short_prompt = random_prompt(kShortPrompt, c.vocab_size, seed + 1);
   const double short_on_vs_off = rel_error(gpu_prefill(*model, short_prompt, true, nullptr),
                                            gpu_prefill(*model, short_prompt, false, nullptr));
-  EXPECT_LE(short_on_vs_off, kSamePathAtMost) << "a prompt of " << kShortPrompt
-                                              << " tokens took fp8 x fp8";
-  std::printf("%-36s fp8 x fp8 %s: GPU vs CPU %.2e (weight-only %.2e), on vs off %.2e, "
-              "short prompt on vs off %.2e\n",
-              label(f).c_str(), reported ? "on" : "off", rel_on, rel_off, on_vs_off,
-              short_on_vs_off);
+  EXPECT_LE(short_on_vs_off, kSamePathAtMost)
+      << "a prompt of " << kShortPrompt << " tokens took fp8 x fp8";
+  std::printf(
+      "%-36s fp8 x fp8 %s: GPU vs CPU %.2e (weight-only %.2e), on vs off %.2e, "
+      "short prompt on vs off %.2e\n",
+      label(f).c_str(), reported ? "on" : "off", rel_on, rel_off, on_vs_off, short_on_vs_off);
 }
 
 void every_fixture_matches_the_cpu() {

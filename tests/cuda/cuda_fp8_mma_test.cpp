@@ -67,9 +67,9 @@ void quantize_rows_host(const std::vector<float>& x, int64_t rows, int64_t K,
 struct Fp8Experts {
   int64_t num_experts = 0, rows = 0, cols = 0, group = 0;
   QuantMatrixLayout layout;
-  std::vector<uint8_t> slabs;   // E slabs
-  std::vector<uint8_t> codes;   // [E, Nw, K]
-  std::vector<float> scales;    // [E, Nw, G]
+  std::vector<uint8_t> slabs;  // E slabs
+  std::vector<uint8_t> codes;  // [E, Nw, K]
+  std::vector<float> scales;   // [E, Nw, G]
   float value(int64_t e, int64_t r, int64_t k) const {
     return f8e4m3_to_f32(codes[(e * rows + r) * cols + k]) *
            scales[(e * rows + r) * layout.groups_per_row + k / group];
@@ -98,8 +98,7 @@ Fp8Experts random_experts(int64_t E, int64_t Nw, int64_t K, int64_t group, std::
   for (int64_t e = 0; e < E; ++e) {
     uint8_t* slab = w.slabs.data() + e * w.layout.bytes;
     std::memcpy(slab, w.codes.data() + e * Nw * K, Nw * K);
-    std::memcpy(slab + w.layout.scale_offset,
-                w.scales.data() + e * Nw * w.layout.groups_per_row,
+    std::memcpy(slab + w.layout.scale_offset, w.scales.data() + e * Nw * w.layout.groups_per_row,
                 Nw * w.layout.groups_per_row * 4);
   }
   return w;
@@ -118,12 +117,14 @@ struct Fp8Case {
   int64_t group = 128;
   bool gate_up = false;
   bool gather = false;  // rows gathered from [T, K] through src_row (top_k 2)
+  bool table = false;   // slabs through a slot table (the expert cache's), expert 6's entry null
 };
 
 std::string describe(const Fp8Case& c, GemmTile tile) {
   return "K=" + std::to_string(c.K) + " N=" + std::to_string(c.N) + " group " +
          std::to_string(c.group) + (c.gate_up ? " gate_up" : " plain") +
-         (c.gather ? " gather" : "") + " tile " + std::to_string(static_cast<int>(tile));
+         (c.gather ? " gather" : "") + (c.table ? " table" : "") + " tile " +
+         std::to_string(static_cast<int>(tile));
 }
 
 // One output (row r's source row src, column n of expert e) three ways: the emulation of the
@@ -154,8 +155,8 @@ Dot dot(const Fp8Experts& w, int64_t e, int64_t w_row, const float* x, const uin
 }
 
 void run_fp8_case(const Fp8Case& c) {
-  std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(c.K * 131 + c.N * 7 + c.gate_up * 3 +
-                                                         c.gather + c.group));
+  std::mt19937 rng(fresh_seed() ^
+                   static_cast<uint32_t>(c.K * 131 + c.N * 7 + c.gate_up * 3 + c.gather + c.group));
   const auto counts = kExpertRows;
   const int64_t E = static_cast<int64_t>(counts.size());
   const auto offsets = offsets_of(counts);
@@ -179,8 +180,11 @@ void run_fp8_case(const Fp8Case& c) {
   DeviceBuffer<float> d_scales(operand_rows * blocks_of(K));
   d_codes.poison();
   d_scales.poison();
-  quantize_rows_fp8({.rows = d_x.as_bf16(), .codes = d_codes.get(), .scales = d_scales.get(),
-                     .num_rows = operand_rows, .k = K},
+  quantize_rows_fp8({.rows = d_x.as_bf16(),
+                     .codes = d_codes.get(),
+                     .scales = d_scales.get(),
+                     .num_rows = operand_rows,
+                     .k = K},
                     nullptr);
   synchronize();
   {
@@ -201,10 +205,20 @@ void run_fp8_case(const Fp8Case& c) {
   DeviceBuffer<uint16_t> d_out((M + spare) * N), d_ref((M + spare) * N);
   const GemmEpilogue epilogue = c.gate_up ? GemmEpilogue::kSiluMul : GemmEpilogue::kNone;
   const auto* weights = reinterpret_cast<const __nv_bfloat16*>(d_slabs.get());
+  // With the table, expert 6 (300 rows) has a null entry: its rows must stay poisoned.
+  const int64_t skipped = c.table ? 6 : -1;
+  std::vector<const __nv_bfloat16*> table(E);
+  for (int64_t e = 0; e < E; ++e) {
+    table[e] = e == skipped
+                   ? nullptr
+                   : reinterpret_cast<const __nv_bfloat16*>(d_slabs.get() + e * w.layout.bytes);
+  }
+  DeviceBuffer<const __nv_bfloat16*> d_table(table);
 
   // The weight-only fp8 kernel on the bf16 rows: the looser comparison's reference.
   GroupedGemmParams weight_only{.rows = d_x.as_bf16(),
-                                .weights = weights,
+                                .weights = c.table ? nullptr : weights,
+                                .expert_weights = c.table ? d_table.get() : nullptr,
                                 .expert_offsets = d_offsets.get(),
                                 .out = d_ref.as_bf16(),
                                 .num_rows = M,
@@ -221,7 +235,8 @@ void run_fp8_case(const Fp8Case& c) {
   synchronize();
   const auto ref = to_float(d_ref.download());
 
-  for (GemmTile tile : {GemmTile::kRows16, GemmTile::kRows64, GemmTile::kRows128, GemmTile::kAuto}) {
+  for (GemmTile tile :
+       {GemmTile::kRows16, GemmTile::kRows64, GemmTile::kRows128, GemmTile::kAuto}) {
     if (tile == GemmTile::kRows64 && N % 64 != 0) continue;
     if (tile == GemmTile::kRows128 && N % (c.gate_up ? 64 : 128) != 0) continue;
     SCOPED_TRACE(describe(c, tile));
@@ -240,6 +255,15 @@ void run_fp8_case(const Fp8Case& c) {
     std::vector<float> got, got_ref;
     std::vector<double> want_fp8, want_exact, bound_fp8, size;
     for (int64_t e = 0; e < E; ++e) {
+      if (e == skipped) {
+        for (int64_t i = offsets[e] * N; i < offsets[e + 1] * N; ++i) {
+          if (got_bits[i] != 0xFFFF) {
+            ADD_FAILURE() << "row " << i / N << " of a null table entry was written";
+            break;
+          }
+        }
+        continue;
+      }
       for (int64_t r = offsets[e]; r < offsets[e + 1]; ++r) {
         const int64_t s = source(r);
         const float* xr = x.data() + s * K;
@@ -265,8 +289,9 @@ void run_fp8_case(const Fp8Case& c) {
         }
       }
     }
-    expect_within(got, want_fp8, [&](size_t i) { return bound_fp8[i]; },
-                  "fp8 x fp8 vs its float64 emulation");
+    expect_within(
+        got, want_fp8, [&](size_t i) { return bound_fp8[i]; },
+        "fp8 x fp8 vs its float64 emulation");
     // Against the weight-only kernel: the activation quantisation's error, and no more.
     double diff = 0, norm = 0;
     for (size_t i = 0; i < got.size(); ++i) {
@@ -275,9 +300,9 @@ void run_fp8_case(const Fp8Case& c) {
     }
     const double rel = norm > 0 ? std::sqrt(diff / norm) : 0.0;
     EXPECT_LE(rel, kActivationRoundingBound) << "fp8 x fp8 vs weight-only fp8: relative error";
-    expect_within(got, want_exact,
-                  [&](size_t i) { return 0.25 * (std::fabs(want_exact[i]) + size[i]); },
-                  "fp8 x fp8 vs the unquantised activations' float64 product");
+    expect_within(
+        got, want_exact, [&](size_t i) { return 0.25 * (std::fabs(want_exact[i]) + size[i]); },
+        "fp8 x fp8 vs the unquantised activations' float64 product");
     for (int64_t i = M * N; i < (M + spare) * N; ++i) {
       if (got_bits[i] != 0xFFFF) {
         ADD_FAILURE() << "row " << i / N << " past offsets[E] was written";
@@ -291,13 +316,14 @@ void run_fp8_case(const Fp8Case& c) {
 
 void fp8_mma_matches_its_emulation() {
   for (const Fp8Case& c : {
-           Fp8Case{.K = 256, .N = 128},                                // plain, 2 blocks
-           Fp8Case{.K = 256, .N = 128, .gate_up = true},               // SiLU(gate) * up
-           Fp8Case{.K = 192, .N = 64, .gate_up = true},                // a short last block
-           Fp8Case{.K = 320, .N = 256},                                // short block, wide N
-           Fp8Case{.K = 512, .N = 128, .group = 256},                  // scale groups of 256
+           Fp8Case{.K = 256, .N = 128},                                   // plain, 2 blocks
+           Fp8Case{.K = 256, .N = 128, .gate_up = true},                  // SiLU(gate) * up
+           Fp8Case{.K = 192, .N = 64, .gate_up = true},                   // a short last block
+           Fp8Case{.K = 320, .N = 256},                                   // short block, wide N
+           Fp8Case{.K = 512, .N = 128, .group = 256},                     // scale groups of 256
            Fp8Case{.K = 384, .N = 128, .gate_up = true, .gather = true},  // the decoder's gather
-           Fp8Case{.K = 128, .N = 32},                                 // one block, narrow N
+           Fp8Case{.K = 128, .N = 32},                                    // one block, narrow N
+           Fp8Case{.K = 256, .N = 64, .gate_up = true, .table = true},    // the slot table
        }) {
     run_fp8_case(c);
   }
@@ -314,8 +340,12 @@ void quantiser_stops_at_the_device_count() {
   DeviceBuffer<int32_t> d_valid(std::vector<int32_t>{static_cast<int32_t>(valid)});
   d_codes.poison();
   d_scales.poison();
-  quantize_rows_fp8({.rows = d_x.as_bf16(), .codes = d_codes.get(), .scales = d_scales.get(),
-                     .num_rows = rows, .k = K, .num_valid_rows = d_valid.get()},
+  quantize_rows_fp8({.rows = d_x.as_bf16(),
+                     .codes = d_codes.get(),
+                     .scales = d_scales.get(),
+                     .num_rows = rows,
+                     .k = K,
+                     .num_valid_rows = d_valid.get()},
                     nullptr);
   synchronize();
   std::vector<uint8_t> want_codes;
@@ -327,8 +357,8 @@ void quantiser_stops_at_the_device_count() {
     for (int64_t k = 0; k < K; ++k) {
       const uint8_t want = r < valid ? want_codes[r * K + k] : 0xFF;
       if (codes[r * K + k] != want) {
-        ADD_FAILURE() << "code (" << r << ", " << k << ") = " << int{codes[r * K + k]}
-                      << ", want " << int{want};
+        ADD_FAILURE() << "code (" << r << ", " << k << ") = " << int{codes[r * K + k]} << ", want "
+                      << int{want};
         return;
       }
     }
@@ -395,18 +425,23 @@ TEST(CudaFp8MmaChecks, PredicateKeepsDecodeWeightOnly) {
   CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
   if (major * 10 + minor < 89) {
-    std::fprintf(stderr, "test_cuda: compute capability %d.%d has no fp8 mma; the fp8 x fp8 "
-                         "kernel tests are not registered\n", major, minor);
+    std::fprintf(stderr,
+                 "test_cuda: compute capability %d.%d has no fp8 mma; the fp8 x fp8 "
+                 "kernel tests are not registered\n",
+                 major, minor);
     return false;
   }
   testing_util::register_kernel_test("CudaFp8Mma", "MatchesItsEmulation",
                                      fp8_mma_matches_its_emulation, __FILE__, __LINE__);
   testing_util::register_kernel_test("CudaFp8Mma", "QuantiserStopsAtTheDeviceCount",
                                      quantiser_stops_at_the_device_count, __FILE__, __LINE__);
-  testing_util::register_kernel_test("CudaFp8Mma", "PrefillShapesTakeThePath", [] {
-    EXPECT_TRUE(fp8_tensor_core_experts(ExpertQuant::kFp8, 128, 4096 * 8, 128));
-    EXPECT_TRUE(fp8_tensor_cores_supported(ExpertQuant::kFp8, 128));
-  }, __FILE__, __LINE__);
+  testing_util::register_kernel_test(
+      "CudaFp8Mma", "PrefillShapesTakeThePath",
+      [] {
+        EXPECT_TRUE(fp8_tensor_core_experts(ExpertQuant::kFp8, 128, 4096 * 8, 128));
+        EXPECT_TRUE(fp8_tensor_cores_supported(ExpertQuant::kFp8, 128));
+      },
+      __FILE__, __LINE__);
   return true;
 }();
 

@@ -58,7 +58,8 @@ __global__ void __launch_bounds__(kFp8RowsThreads)
   if (valid) {
     uint32_t word = 0;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) word |= static_cast<uint32_t>(kvfp8::encode(v[i], scale)) << (8 * i);
+    for (int i = 0; i < 4; ++i)
+      word |= static_cast<uint32_t>(kvfp8::encode(v[i], scale)) << (8 * i);
     *reinterpret_cast<uint32_t*>(p.codes + row * K + k) = word;
   }
   if (lane == 0) p.scales[row * blocks_per_row + block] = scale;

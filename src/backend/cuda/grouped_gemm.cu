@@ -262,6 +262,7 @@ void grouped_gemm(const GroupedGemmParams& p, cudaStream_t stream) {
 }
 
 void quantize_rows_fp8(const Fp8RowsParams& p, cudaStream_t stream) {
+  NvtxRange range("experts");
   MOE_CHECK(p.k > 0 && p.k % gemm::kBK == 0, "k = ", p.k, " must be a positive multiple of ",
             gemm::kBK);
   detail::check_int32_range(p.num_rows * p.k, "num_rows * k");
