@@ -6,6 +6,8 @@
 // feeds fp8 x fp8, and the predicate that picks it.
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <mutex>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/fp8_rows_kernel.cuh"
@@ -134,16 +136,26 @@ void dispatch_fp8_mma_tile(GemmTile tile, const GroupedGemmParams& p, cudaStream
 // Whether fp8 x fp8 runs on the current device: compute capability 8.9 (Ada) or later has the
 // e4m3 mma, and this build's code for it must come from an architecture that has it too (a
 // build for CUDA architectures below 89 compiles the kernel to a trap, mma_fp8).
+// Asked once per device (a mutex, not the driver, on every later launch).
 bool device_has_fp8_mma() {
-  int device = 0, major = 0, minor = 0;
+  int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
+  static std::mutex mutex;
+  static std::map<int, bool> known;
+  const std::lock_guard lock(mutex);
+  if (const auto it = known.find(device); it != known.end()) return it->second;
+  int major = 0, minor = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  if (major * 10 + minor < 89) return false;
-  cudaFuncAttributes attributes{};
-  CUDA_CHECK(cudaFuncGetAttributes(&attributes,
-                                   grouped_gemm_kernel<Rows64<false>, ExpertQuant::kFp8, true>));
-  return attributes.ptxVersion >= 89;
+  bool has = major * 10 + minor >= 89;
+  if (has) {
+    cudaFuncAttributes attributes{};
+    CUDA_CHECK(cudaFuncGetAttributes(
+        &attributes, grouped_gemm_kernel<Rows64<false>, ExpertQuant::kFp8, true>));
+    has = attributes.ptxVersion >= 89;
+  }
+  known[device] = has;
+  return has;
 }
 
 // fp8 x fp8's requirements, each refused by name.
