@@ -64,7 +64,8 @@ namespace gemm {
 
 inline constexpr int kBK = 64;  // k-tile: one 128-byte shared-memory row
 // fp8 x fp8: a k-tile is 128 e4m3 inputs (the same 128-byte row) and one scale block.
-inline constexpr int kFp8BlockK = 128;
+inline constexpr int kFp8BlockK = static_cast<int>(kFp8ActBlock);
+static_assert(kFp8BlockK == kBK * 2, "an fp8 k-tile fills the bf16 tile's 128-byte rows");
 
 template <int BM_, int BN_, int WarpsM_, int WarpsN_, int Stages_, bool GateUp_>
 struct TileConfig {
