@@ -4,9 +4,15 @@
 // - --weights fp8 (128 x 128 blocks, what the path needs) on the float32 DeepSeek-V3 and Kimi K2
 //   fixtures (the architectures of the fp8 checkpoints: MLA, shared experts, sigmoid routing)
 //   and on the bf16 Qwen3-MoE fixture: a prompt of 160 tokens, at least 32 rows per expert, takes
-//   the path; its logits are within the GPU parity bound of the CPU engine (relative error
-//   <= 2e-2, cuda_parity_test.cpp), the CPU computing with the unquantised activations, so the
-//   bound now also holds the activations' e4m3 rounding;
+//   the path. The CPU engine computes with the unquantised activations, so the GPU's logits
+//   differ from the CPU's by the GPU parity bound (relative error <= 2e-2, cuda_parity_test.cpp)
+//   plus the activations' e4m3 rounding. That rounding's effect was measured on the CPU (its
+//   experts patched, for the measurement only, to round their inputs as quantize_rows_fp8 does) on
+//   this test's prompt: 4.4e-3 of the logits for Qwen3-MoE, 2.0e-2 for Kimi K2 and 4.4e-2 for
+//   DeepSeek-V3 (these tiny random models amplify it; over 11 prompts 1.8-2.2e-2 and 2.4-7.1e-2),
+//   so each fixture has its bound: the parity bound where the rounding is small beside it, about
+//   twice the measured effect elsewhere. The weight-only run (fp8_tensor_cores off) is held to
+//   the parity bound. The prompt is fixed (seeded) because the bounds are measured on it;
 // - the path was taken: the report says so, and the same prompt with fp8_tensor_cores off (the
 //   weight-only kernel, bf16 activations) gives logits that differ by more than run-to-run noise,
 //   while a prompt of 8 tokens (decode-sized MoE steps, which stay weight-only) gives the same
@@ -38,23 +44,25 @@ constexpr double kMaxRelError = 2e-2;  // the GPU parity bound (cuda_parity_test
 // 16 experts, top 4: 40 rows per expert).
 constexpr int64_t kLongPrompt = 160;
 constexpr int64_t kShortPrompt = 8;
-// The long prompt's logits with and without fp8 x fp8 differ by the activations' rounding
-// (about 1e-2); run-to-run noise of one path is none or float32 rounding.
-constexpr double kPathTakenAtLeast = 1e-4;
+// The long prompt's logits with and without fp8 x fp8 differ by the activations' rounding (4e-3
+// and more, above); run-to-run noise of one path is none or float32 rounding.
+constexpr double kPathTakenAtLeast = 1e-3;
+constexpr uint32_t kPromptSeed = 1;
 constexpr double kSamePathAtMost = 1e-6;
 
 struct Fp8Fixture {
   const char* name;
   WeightFormat weights;
-  bool takes_fp8_mma;  // what the report must say
+  bool takes_fp8_mma;    // what the report must say
+  double max_rel_error;  // GPU (fp8 tensor cores on) vs CPU logits, see the header
 };
 
 const Fp8Fixture kFixtures[] = {
-    {"deepseek_v3_f32", WeightFormat::kFp8, true},
-    {"kimi_k2_f32", WeightFormat::kFp8, true},
-    {"qwen3_moe_bf16", WeightFormat::kFp8, true},
-    {"deepseek_v3_fp8", WeightFormat::kCheckpoint, false},  // 8 x 8 blocks
-    {"kimi_k2_fp8", WeightFormat::kCheckpoint, false},
+    {"deepseek_v3_f32", WeightFormat::kFp8, true, 1e-1},         // the rounding alone: 4.4e-2
+    {"kimi_k2_f32", WeightFormat::kFp8, true, 4e-2},             // 2.0e-2
+    {"qwen3_moe_bf16", WeightFormat::kFp8, true, kMaxRelError},  // 4.4e-3
+    {"deepseek_v3_fp8", WeightFormat::kCheckpoint, false, kMaxRelError},  // 8 x 8 blocks
+    {"kimi_k2_fp8", WeightFormat::kCheckpoint, false, kMaxRelError},
 };
 
 std::string label(const Fp8Fixture& f) {
@@ -114,9 +122,7 @@ void prefill_matches_the_cpu(const Fp8Fixture& f) {
   const auto model = Model::load(testing_support::kModelFixtures / f.name,
                                  LoadOptions{.prefault = false, .expert_weights = f.weights});
   const ModelConfig& c = model->config();
-  const uint32_t seed = cuda::testing_util::fresh_seed();
-
-  const auto prompt = random_prompt(kLongPrompt, c.vocab_size, seed);
+  const auto prompt = random_prompt(kLongPrompt, c.vocab_size, kPromptSeed);
   ASSERT_GE(kLongPrompt * c.num_experts_per_tok / c.num_experts, cuda::kFp8MmaMinMeanRows)
       << "the long prompt is too short for this fixture to take the path";
   const auto cpu = cpu_prefill(*model, prompt);
@@ -126,16 +132,18 @@ void prefill_matches_the_cpu(const Fp8Fixture& f) {
   EXPECT_EQ(reported, f.takes_fp8_mma) << "GpuMemoryReport::expert_fp8_tensor_cores";
   const double rel_on = rel_error(on, cpu), rel_off = rel_error(off, cpu);
   const double on_vs_off = rel_error(on, off);
-  EXPECT_LE(rel_on, kMaxRelError) << "prefill of " << kLongPrompt << " tokens, fp8 x fp8";
+  EXPECT_LE(rel_on, f.max_rel_error) << "prefill of " << kLongPrompt << " tokens, fp8 x fp8";
   EXPECT_LE(rel_off, kMaxRelError) << "prefill of " << kLongPrompt << " tokens, weight-only";
   if (f.takes_fp8_mma) {
     EXPECT_GE(on_vs_off, kPathTakenAtLeast) << "the long prompt did not take fp8 x fp8";
+    // And by no more than the activations' rounding allows.
+    EXPECT_LE(on_vs_off, f.max_rel_error) << "fp8 x fp8 vs weight-only on the GPU";
   } else {
     EXPECT_LE(on_vs_off, kSamePathAtMost) << "a fixture the report keeps weight-only changed";
   }
 
   // Decode-sized MoE steps stay weight-only: the same logits either way.
-  const auto short_prompt = random_prompt(kShortPrompt, c.vocab_size, seed + 1);
+  const auto short_prompt = random_prompt(kShortPrompt, c.vocab_size, kPromptSeed + 1);
   const double short_on_vs_off = rel_error(gpu_prefill(*model, short_prompt, true, nullptr),
                                            gpu_prefill(*model, short_prompt, false, nullptr));
   EXPECT_LE(short_on_vs_off, kSamePathAtMost)
