@@ -19,6 +19,8 @@
 //   4, gives tens of percent), and no element by more than 0.25 (|want| + scale);
 // - K 192 and 320 (multiples of 64, not of 128: a short last block), the gathered rows of the
 //   decoder (src_row), every tile, rows past offsets[E] poisoned;
+// - moe_experts end to end with its fp8 workspaces (both projections, the gather, the
+//   activation's quantisation up to offsets[E]) against the same stage weight-only;
 // - the launcher's refusals, and the experts stage's predicate (weight-only at decode).
 #if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
 
@@ -374,6 +376,84 @@ void quantiser_stops_at_the_device_count() {
   }
 }
 
+// The experts stage end to end (moe_experts: quantise the gathered token rows, gate/up with
+// SiLU(gate) * up, quantise the activation up to offsets[E], down) with the fp8 workspaces,
+// against the same stage weight-only. Both layers' activations are rounded to e4m3, so the
+// outputs differ by about 4.5e-2 (the two errors above in quadrature): at least 1e-3 (the path
+// was taken) and at most 8e-2; rows past offsets[E] stay poisoned.
+void experts_stage_runs_fp8_mma() {
+  std::mt19937 rng(fresh_seed() ^ 0x5eedu);
+  const int64_t E = 8, top_k = 2, T = 160, H = 256, I = 192, spare = 3;
+  const int64_t M = T * top_k;  // 40 mean rows per expert: the predicate's side
+  ASSERT_TRUE(fp8_tensor_core_experts(ExpertQuant::kFp8, 128, M, E));
+  std::vector<int32_t> counts(E, 0);
+  std::uniform_int_distribution<int64_t> pick(1, E - 1);  // expert 0 stays empty
+  for (int64_t r = 0; r < M; ++r) ++counts[pick(rng)];
+  const auto offsets = offsets_of(counts);
+  std::vector<int32_t> src_row(M);  // every assignment once, in a shuffled order (a plan's)
+  for (int64_t r = 0; r < M; ++r) src_row[r] = static_cast<int32_t>(r);
+  std::shuffle(src_row.begin(), src_row.end(), rng);
+  const Fp8Experts gate_up = random_experts(E, 2 * I, H, 128, rng);
+  const Fp8Experts down = random_experts(E, H, I, 128, rng);
+  const auto x_bits = random_bf16(T * H, rng, 1.0f);
+
+  DeviceBuffer<uint16_t> d_x(x_bits), d_act(M * I), d_out((M + spare) * H),
+      d_ref((M + spare) * H);
+  DeviceBuffer<uint8_t> d_gate_up(gate_up.slabs), d_down(down.slabs);
+  DeviceBuffer<int32_t> d_offsets(offsets), d_src_row(src_row);
+  DeviceBuffer<uint8_t> d_codes(M * H);
+  DeviceBuffer<float> d_scales(M * blocks_of(H));
+  MoeExpertsParams p{.rows = d_x.as_bf16(),
+                     .gate_up = reinterpret_cast<const __nv_bfloat16*>(d_gate_up.get()),
+                     .down = reinterpret_cast<const __nv_bfloat16*>(d_down.get()),
+                     .quant = ExpertQuant::kFp8,
+                     .quant_group = 128,
+                     .expert_offsets = d_offsets.get(),
+                     .activation = d_act.as_bf16(),
+                     .out = d_ref.as_bf16(),
+                     .num_rows = M,
+                     .num_experts = E,
+                     .hidden_size = H,
+                     .expert_width = I,
+                     .src_row = d_src_row.get(),
+                     .top_k = top_k};
+  d_ref.poison();
+  d_act.poison();
+  moe_experts(p, nullptr);  // weight-only: no workspaces
+  synchronize();
+  p.out = d_out.as_bf16();
+  p.fp8_codes = d_codes.get();
+  p.fp8_scales = d_scales.get();
+  d_out.poison();
+  d_act.poison();
+  moe_experts(p, nullptr);
+  synchronize();
+  const auto got = to_float(d_out.download());
+  const auto ref = to_float(d_ref.download());
+  double diff = 0, norm = 0;
+  size_t not_finite = 0;
+  for (int64_t i = 0; i < M * H; ++i) {
+    if (!std::isfinite(got[i]) || !std::isfinite(ref[i])) {
+      ++not_finite;
+      continue;
+    }
+    diff += std::pow(static_cast<double>(got[i]) - ref[i], 2);
+    norm += std::pow(static_cast<double>(ref[i]), 2);
+  }
+  EXPECT_EQ(not_finite, 0u) << "outputs not written or not finite";
+  const double rel = norm > 0 ? std::sqrt(diff / norm) : 0.0;
+  EXPECT_GE(rel, 1e-3) << "moe_experts did not take fp8 x fp8";
+  EXPECT_LE(rel, 8e-2) << "moe_experts fp8 x fp8 vs weight-only";
+  const auto got_bits = d_out.download();
+  for (int64_t i = M * H; i < (M + spare) * H; ++i) {
+    if (got_bits[i] != 0xFFFF) {
+      ADD_FAILURE() << "row " << i / H << " past offsets[E] was written";
+      break;
+    }
+  }
+  std::printf("moe_experts fp8 x fp8 vs weight-only: relative error %.2e\n", rel);
+}
+
 TEST(CudaFp8MmaChecks, RefusesWhatItCannotRun) {
   alignas(256) uint16_t buf[256] = {};
   alignas(16) uint8_t codes[256] = {};
@@ -435,6 +515,8 @@ TEST(CudaFp8MmaChecks, PredicateKeepsDecodeWeightOnly) {
                                      fp8_mma_matches_its_emulation, __FILE__, __LINE__);
   testing_util::register_kernel_test("CudaFp8Mma", "QuantiserStopsAtTheDeviceCount",
                                      quantiser_stops_at_the_device_count, __FILE__, __LINE__);
+  testing_util::register_kernel_test("CudaFp8Mma", "ExpertsStageRunsFp8Mma",
+                                     experts_stage_runs_fp8_mma, __FILE__, __LINE__);
   testing_util::register_kernel_test(
       "CudaFp8Mma", "PrefillShapesTakeThePath",
       [] {
