@@ -26,7 +26,13 @@
 // tokens (tensor-core and CUDA-core kernels) against the cuBLAS rate, counting the causal half
 // of the QK^T and PV FLOPs.
 //
-// Usage: bench_cuda_moe [--quick]
+// fp8 (a third table): the same experts as e4m3 codes with a float32 scale per (row, 128
+// inputs), at M = 4096 and 32768 rows (T = 512 and 4096), three ways: the bf16 grouped GEMM,
+// fp8 weight-only (codes widened to bf16 in registers) and fp8 x fp8 on fp8 tensor cores (the
+// activations' quantisation timed with it in "experts (both)", and apart). TFLOP/s count
+// 2 * M * H * 3I as above; the last column is the ratio to the bf16 kernel's time.
+//
+// Usage: bench_cuda_moe [--quick] [--fp8-only]
 #if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
 
 #include <cublas_v2.h>
@@ -45,7 +51,9 @@
 
 #include "backend/cuda/attention.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/decoder_ops.h"
 #include "backend/cuda/device_floors.h"
+#include "backend/cuda/expert_quant.h"
 #include "backend/cuda/grouped_gemm.h"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -262,6 +270,153 @@ void bench_t(int64_t T, bf16* const* gate_up, bf16* const* down, double copy_bw,
   CUDA_CHECK(cudaFree(out));
 }
 
+// The fp8 table at T tokens (M = T * K rows): bf16, fp8 weight-only and fp8 x fp8, each
+// projection and both.
+void bench_fp8_t(int64_t T, bf16* const* gate_up, bf16* const* down, void* const* gate_up_fp8,
+                 void* const* down_fp8, cudaStream_t stream, std::mt19937& rng,
+                 std::string& line) {
+  int64_t touched = 0;
+  const auto offsets = zipf_offsets(T, rng, &touched);
+  const int64_t M = T * kK, widest = std::max(kH, kI);
+  int32_t* d_offsets = device_alloc<int32_t>(kE + 1);
+  CUDA_CHECK(cudaMemcpy(d_offsets, offsets.data(), (kE + 1) * 4, cudaMemcpyHostToDevice));
+  bf16* rows = device_alloc<bf16>(M * kH);
+  bf16* act = device_alloc<bf16>(M * kI);
+  bf16* out = device_alloc<bf16>(M * kH);
+  fill_random(rows, M * kH, 1.0f, rng);
+  fill_random(act, M * kI, 1.0f, rng);
+  auto* codes = device_alloc<uint8_t>(M * widest);
+  auto* scales = device_alloc<float>(M * (widest / kFp8ActBlock));
+  // The down projection's operand quantised once, for the GEMM-only timing.
+  auto* act_codes = device_alloc<uint8_t>(M * kI);
+  auto* act_scales = device_alloc<float>(M * (kI / kFp8ActBlock));
+  quantize_rows_fp8({.rows = act, .codes = act_codes, .scales = act_scales, .num_rows = M,
+                     .k = kI},
+                    stream);
+  quantize_rows_fp8({.rows = rows, .codes = codes, .scales = scales, .num_rows = M, .k = kH},
+                    stream);
+  const double gu_flops = 2.0 * M * kH * 2 * kI, dn_flops = 2.0 * M * kI * kH;
+  enum class Way { kBf16, kWeightOnly, kFp8Mma };
+  auto gemm = [&](Way way, bool gate_up_proj, int i) {
+    const bf16* bf16_weights = (gate_up_proj ? gate_up : down)[i % kWeightSets];
+    const void* fp8_weights = (gate_up_proj ? gate_up_fp8 : down_fp8)[i % kWeightSets];
+    GroupedGemmParams p{.rows = gate_up_proj ? rows : act,
+                        .weights = way == Way::kBf16 ? bf16_weights
+                                                     : static_cast<const bf16*>(fp8_weights),
+                        .expert_offsets = d_offsets,
+                        .out = gate_up_proj ? act : out,
+                        .num_rows = M,
+                        .num_experts = kE,
+                        .n = gate_up_proj ? kI : kH,
+                        .k = gate_up_proj ? kH : kI,
+                        .epilogue = gate_up_proj ? GemmEpilogue::kSiluMul : GemmEpilogue::kNone};
+    if (way != Way::kBf16) {
+      p.quant = ExpertQuant::kFp8;
+      p.quant_group = kFp8ActBlock;
+    }
+    if (way == Way::kFp8Mma) {
+      p.act_codes = gate_up_proj ? codes : act_codes;
+      p.act_scales = gate_up_proj ? scales : act_scales;
+    }
+    grouped_gemm(p, stream);
+  };
+  auto experts = [&](Way way, int i) {
+    MoeExpertsParams p{.rows = rows,
+                       .gate_up = way == Way::kBf16 ? gate_up[i % kWeightSets]
+                                                    : static_cast<const bf16*>(
+                                                          gate_up_fp8[i % kWeightSets]),
+                       .down = way == Way::kBf16
+                                   ? down[i % kWeightSets]
+                                   : static_cast<const bf16*>(down_fp8[i % kWeightSets]),
+                       .expert_offsets = d_offsets,
+                       .activation = act,
+                       .out = out,
+                       .num_rows = M,
+                       .num_experts = kE,
+                       .hidden_size = kH,
+                       .expert_width = kI};
+    if (way != Way::kBf16) {
+      p.quant = ExpertQuant::kFp8;
+      p.quant_group = kFp8ActBlock;
+    }
+    if (way == Way::kFp8Mma) {
+      p.fp8_codes = codes;
+      p.fp8_scales = scales;
+    }
+    moe_experts(p, stream);
+  };
+  const bool mma_taken = fp8_tensor_core_experts(ExpertQuant::kFp8, kFp8ActBlock, M, kE);
+  const char* names[] = {"bf16", "fp8 weight-only", "fp8 x fp8"};
+  double bf16_ms[3] = {0, 0, 0};
+  for (Way way : {Way::kBf16, Way::kWeightOnly, Way::kFp8Mma}) {
+    const double gu_ms = time_graph(stream, [&](int i) { gemm(way, true, i); });
+    const double dn_ms = time_graph(stream, [&](int i) { gemm(way, false, i); });
+    const double both_ms = time_graph(stream, [&](int i) { experts(way, i); });
+    const double ms[3] = {gu_ms, dn_ms, both_ms};
+    const double flops[3] = {gu_flops, dn_flops, gu_flops + dn_flops};
+    const char* parts[3] = {"gate_up+silu", "down", "experts (both)"};
+    for (int k = 0; k < 3; ++k) {
+      if (way == Way::kBf16) bf16_ms[k] = ms[k];
+      const double tflops = flops[k] / (ms[k] * 1e-3) / 1e12;
+      std::printf("%5lld %5lld %4lld  %-16s %-15s %10.1f %9.1f %7.2f\n",
+                  static_cast<long long>(T), static_cast<long long>(M),
+                  static_cast<long long>(touched), names[static_cast<int>(way)], parts[k],
+                  ms[k] * 1e3, tflops, bf16_ms[k] / ms[k]);
+      if (k == 2) {
+        char part[96];
+        std::snprintf(part, sizeof(part), " M=%lld %s %.0f TFLOP/s;", static_cast<long long>(M),
+                      names[static_cast<int>(way)], tflops);
+        line += part;
+      }
+    }
+  }
+  const double quant_ms = time_graph(stream, [&](int) {
+    quantize_rows_fp8({.rows = rows, .codes = codes, .scales = scales, .num_rows = M, .k = kH},
+                      stream);
+  });
+  std::printf("%5lld %5lld %4lld  %-32s %10.1f   (moe_experts takes fp8 x fp8 here: %s)\n",
+              static_cast<long long>(T), static_cast<long long>(M),
+              static_cast<long long>(touched), "quantise rows [M, H]", quant_ms * 1e3,
+              mma_taken ? "yes" : "no");
+  for (void* p : {static_cast<void*>(d_offsets), static_cast<void*>(rows),
+                  static_cast<void*>(act), static_cast<void*>(out), static_cast<void*>(codes),
+                  static_cast<void*>(scales), static_cast<void*>(act_codes),
+                  static_cast<void*>(act_scales)}) {
+    CUDA_CHECK(cudaFree(p));
+  }
+}
+
+void bench_fp8(bf16* const* gate_up, bf16* const* down, cudaStream_t stream, std::mt19937& rng) {
+  const QuantMatrixLayout gu_layout = quant_matrix_layout(ExpertQuant::kFp8, 2 * kI, kH,
+                                                          kFp8ActBlock);
+  const QuantMatrixLayout dn_layout = quant_matrix_layout(ExpertQuant::kFp8, kH, kI,
+                                                          kFp8ActBlock);
+  void* gate_up_fp8[kWeightSets];
+  void* down_fp8[kWeightSets];
+  for (int s = 0; s < kWeightSets; ++s) {
+    gate_up_fp8[s] = device_alloc<uint8_t>(kE * gu_layout.bytes);
+    down_fp8[s] = device_alloc<uint8_t>(kE * dn_layout.bytes);
+    quant_random_fill({.out = gate_up_fp8[s], .num_slabs = kE, .rows = 2 * kI, .cols = kH,
+                       .group = kFp8ActBlock, .seed = 100u + s,
+                       .scale = 1.0f / std::sqrt(static_cast<float>(kH))},
+                      stream);
+    quant_random_fill({.out = down_fp8[s], .num_slabs = kE, .rows = kH, .cols = kI,
+                       .group = kFp8ActBlock, .seed = 200u + s,
+                       .scale = 1.0f / std::sqrt(static_cast<float>(kI))},
+                      stream);
+  }
+  std::printf("\n%5s %5s %4s  %-16s %-15s %10s %9s %7s\n", "T", "M", "exp", "fp8 (128 blocks)",
+              "kernel", "time us", "TFLOP/s", "vs bf16");
+  std::string line = "bench_cuda_moe fp8 (qwen3-30b-a3b experts, T = M / 8):";
+  for (int64_t T : {512, 4096}) bench_fp8_t(T, gate_up, down, gate_up_fp8, down_fp8, stream, rng,
+                                            line);
+  std::printf("\n%s\n", line.c_str());
+  for (int s = 0; s < kWeightSets; ++s) {
+    CUDA_CHECK(cudaFree(gate_up_fp8[s]));
+    CUDA_CHECK(cudaFree(down_fp8[s]));
+  }
+}
+
 std::string g_attention_line;
 
 // Paged decode at context 1024 (Nq 32, Nkv 4, head dim D, blocks of 16 tokens in a shuffled
@@ -392,8 +547,11 @@ void bench_attention(double copy_bw, double peak, cudaStream_t stream, std::mt19
 }
 
 int run(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i)
+  bool fp8_only = false;
+  for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) g_replays = 3;
+    if (std::strcmp(argv[i], "--fp8-only") == 0) fp8_only = true;
+  }
   cudaDeviceProp prop;
   CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   cudaStream_t stream;
@@ -422,10 +580,21 @@ int run(int argc, char** argv) {
     fill_random(gate_up[s], kE * 2 * kI * kH, 1.0f / std::sqrt(static_cast<float>(kH)), rng);
     fill_random(down[s], kE * kH * kI, 1.0f / std::sqrt(static_cast<float>(kI)), rng);
   }
+  if (fp8_only) {
+    bench_fp8(gate_up, down, stream, rng);
+    for (int s = 0; s < kWeightSets; ++s) {
+      CUDA_CHECK(cudaFree(gate_up[s]));
+      CUDA_CHECK(cudaFree(down[s]));
+    }
+    CUBLAS_CHECK(cublasDestroy(handle));
+    CUDA_CHECK(cudaStreamDestroy(stream));
+    return 0;
+  }
   std::printf("%5s %5s %4s  %-22s %10s %10s %7s %9s %7s\n", "T", "M", "exp", "kernel", "time us",
               "floor us", "vs flr", "TFLOP/s", "vs cuB");
   for (int64_t T : {1, 8, 64, 256, 4096})
     bench_t(T, gate_up, down, copy_bw, peak, handle, stream, rng);
+  bench_fp8(gate_up, down, stream, rng);
   std::string line = "bench_cuda_moe: copy " + std::to_string(static_cast<int>(copy_bw / 1e9)) +
                      " GB/s, cuBLAS " + std::to_string(static_cast<int>(peak / 1e12)) +
                      " TFLOP/s; experts:";

@@ -220,6 +220,7 @@ void print_gpu_figures(Engine& engine, const BenchArgs& args, const RunTimes& t,
     if (mem.routed_expert_bytes > 0) {
       std::printf(", %.2f GiB of the weights", mem.routed_expert_bytes / GiB);
     }
+    if (mem.expert_fp8_tensor_cores) std::printf("; prefill on fp8 tensor cores");
     std::printf("\n");
   }
   std::printf("%-34s %12.1f\n", "Copy bandwidth floor (GB/s):", floors.copy_bytes_per_s / 1e9);
@@ -277,6 +278,7 @@ void print_gpu_figures(Engine& engine, const BenchArgs& args, const RunTimes& t,
                  {"weight_bytes", mem.weight_bytes},
                  {"expert_format", mem.expert_format},
                  {"expert_bytes", mem.expert_bytes},
+                 {"expert_fp8_tensor_cores", mem.expert_fp8_tensor_cores},
                  {"routed_expert_bytes", mem.routed_expert_bytes},
                  {"workspace_bytes", mem.workspace_bytes},
                  {"kv_bytes", mem.kv_bytes},
@@ -325,6 +327,7 @@ EngineConfig engine_config(const BenchArgs& args) {
                       .profile_time_every = args.time_every,
                       .device = args.device.device,
                       .fused_moe_rows = args.device.fused_moe_rows,
+                      .fp8_tensor_cores = args.device.fp8_tensor_cores_on(),
                       .weight_dtype = args.device.weight_dtype(),
                       .gpu_memory_fraction = args.device.gpu_memory_fraction,
                       .cuda_graphs = !args.no_cuda_graphs,

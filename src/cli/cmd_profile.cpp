@@ -173,6 +173,7 @@ class Workload {
                                // refuses --kv-dtype f32: the GPU cache is bf16 or fp8
                                .kv_dtype = args.device.kv_rows_dtype(),
                                .small_batch_moe_rows = args.device.fused_moe_rows,
+                               .fp8_tensor_cores = args.device.fp8_tensor_cores_on(),
                                .offload = args.device.offload(),
                                .routing = routing};
       gpu_ = decoder

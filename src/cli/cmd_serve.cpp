@@ -145,6 +145,7 @@ void run_serve(ServeArgs args) {
       args.stage_metrics || (!args.no_stage_metrics && !args.device.is_cuda());
   args.engine.gpu_memory_fraction = args.device.gpu_memory_fraction;
   args.engine.fused_moe_rows = args.device.fused_moe_rows;
+  args.engine.fp8_tensor_cores = args.device.fp8_tensor_cores_on();
   args.engine.weight_dtype = args.device.weight_dtype();
   args.engine.offload = args.device.offload();
   args.engine.routing = args.device.routing_approximation();

@@ -37,10 +37,18 @@ void add_device_options(CLI::App* cmd, DeviceArgs* args) {
                   "held as it is either way")
       ->check(CLI::IsMember({"auto", "bfloat16", "bf16"}))
       ->capture_default_str();
+  cmd->add_option("--fp8-tensor-cores", args->fp8_tensor_cores,
+                  "cuda: routed fp8 experts in 128x128 blocks (DeepSeek-V3, Qwen3-FP8, --weights "
+                  "fp8) on a GPU of compute capability 8.9 or later: on runs prefill-sized MoE "
+                  "steps fp8 x fp8 on tensor cores, the activations quantised to e4m3 per 128 "
+                  "inputs; off keeps the weight-only kernel (bf16 activations). Steps with few "
+                  "rows per expert (decode) are weight-only either way")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   // GPU-only flags given for the CPU would change nothing there: refused, not ignored.
   cmd->parse_complete_callback([cmd, args] {
     if (args->is_cuda()) return;
-    for (const char* flag : {"--dtype", "--fused-moe-rows"}) {
+    for (const char* flag : {"--dtype", "--fused-moe-rows", "--fp8-tensor-cores"}) {
       USAGE_CHECK(cmd->count(flag) == 0, flag,
                   " applies to --device cuda (the CPU computes with "
                   "the checkpoint's weights as stored, stage by stage)");
@@ -379,6 +387,7 @@ SequenceRunner::SequenceRunner(Model& model, const DeviceArgs& device, int64_t m
   options.num_kv_blocks = (capacity_ + options.block_size - 1) / options.block_size;
   options.offload = offload;
   options.small_batch_moe_rows = device.fused_moe_rows;
+  options.fp8_tensor_cores = device.fp8_tensor_cores_on();
   options.weight_dtype = device.weight_dtype();
   options.kv_dtype = kv_dtype_;
   options.routing = routing;

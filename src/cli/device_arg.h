@@ -26,6 +26,8 @@ struct DeviceArgs {
   double gpu_memory_fraction = 0.9;
   int64_t fused_moe_rows = -1;  // --fused-moe-rows; -1: the decoder's own threshold
   std::string dtype = "auto";   // --dtype auto|bfloat16: a float32 checkpoint's weights on cuda
+  std::string fp8_tensor_cores = "on";  // --fp8-tensor-cores on|off (cuda)
+  bool fp8_tensor_cores_on() const { return fp8_tensor_cores == "on"; }
   std::string expert_budget;  // --expert-budget; empty: every expert resident
   std::string expert_cache;   // --expert-cache; empty: lru
   std::string cold_experts;   // --cold-experts; empty: gpu
@@ -83,8 +85,8 @@ struct DeviceArgs {
   offload::OffloadOptions offload() const;
 };
 
-// Adds --device cpu|cuda, --gpu-memory-fraction, --fused-moe-rows and --dtype (the last two
-// refused without --device cuda).
+// Adds --device cpu|cuda, --gpu-memory-fraction, --fused-moe-rows, --dtype and
+// --fp8-tensor-cores (the last three refused without --device cuda).
 void add_device_options(CLI::App* cmd, DeviceArgs* args);
 // Adds --expert-budget and --expert-cache (the subcommands that run a model's experts).
 void add_offload_options(CLI::App* cmd, DeviceArgs* args);

@@ -72,6 +72,12 @@ struct GpuOptions {
   // MoE layers whose step has at most this many rows (T*K) run the small-batch path
   // (backend/cuda/small_batch_moe.h); 0: never; -1: the decoder's own threshold.
   int64_t small_batch_moe_rows = -1;
+  // Routed fp8 experts with scale blocks of 128 inputs (DeepSeek-V3's and Qwen3-FP8's layout,
+  // --weights fp8) on a GPU of compute capability 8.9 or later: MoE steps with enough rows per
+  // expert (prefill, large batches: cuda::fp8_tensor_core_experts) run fp8 x fp8 on tensor
+  // cores, their activations quantised to e4m3 per (row, 128 inputs). false: always weight-only
+  // (activations stay bf16). Off under `deterministic` and with `offload`.
+  bool fp8_tensor_cores = true;
   // --expert-budget / --expert-cache: routed experts live in pinned host memory and a device
   // cache of slots holds what the budget allows (disabled: every expert resident).
   offload::OffloadOptions offload;
@@ -131,6 +137,9 @@ struct GpuMemoryReport {
   // expert's terms otherwise, padding included), and all resident ones (in weight_bytes; 0 with
   // offloaded experts, whose cache slots are counted there instead). 0 without routed experts.
   std::string expert_format = "bf16";
+  // Whether MoE steps of at least cuda::kFp8MmaMinMeanRows rows per expert run fp8 x fp8 on
+  // tensor cores (GpuOptions::fp8_tensor_cores; its workspace is in workspace_bytes).
+  bool expert_fp8_tensor_cores = false;
   int64_t expert_bytes = 0;
   int64_t routed_expert_bytes = 0;
   int64_t workspace_bytes = 0;  // activations, metadata, cuBLAS workspace

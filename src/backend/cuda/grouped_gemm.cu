@@ -1,11 +1,16 @@
 // Launcher of the grouped expert GEMM (grouped_gemm_kernel.cuh): checks shapes and alignment,
 // picks the tile from host-known sizes, sizes the grid for the worst case and launches once.
 // The instantiations are the eight used: four tiles, each plain and with SiLU(gate)*up fused;
-// and for quantised weights (fp8, int4, MXFP4) the 16- and 64-row tiles of each, twelve more.
+// and for quantised weights (fp8, int4, MXFP4) the 16- and 64-row tiles of each, twelve more;
+// and fp8 x fp8 on the 16-, 64- and 128-row tiles, six more. Also the activation quantiser that
+// feeds fp8 x fp8, and the predicate that picks it.
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <mutex>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/fp8_rows_kernel.cuh"
 #include "backend/cuda/grouped_gemm.h"
 #include "backend/cuda/grouped_gemm_kernel.cuh"
 #include "backend/cuda/launch_checks.h"
@@ -32,13 +37,14 @@ using Rows128 = gemm::TileConfig<128, G ? 64 : 128, 2, 4, 3, G>;
 template <bool G>
 using Rows128Wide = gemm::TileConfig<128, G ? 128 : 256, 2, 4, 3, G>;
 
-template <class Cfg, ExpertQuant Q = ExpertQuant::kNone>
+template <class Cfg, ExpertQuant Q = ExpertQuant::kNone, bool Fp8Mma = false>
 void launch(const GroupedGemmParams& p, cudaStream_t stream) {
   MOE_CHECK(p.n % Cfg::BN == 0, "n = ", p.n, " must be a multiple of ", Cfg::BN, " for the ",
             Cfg::BM, "-row tile");
+  constexpr int kSmemBytes = Fp8Mma ? Cfg::kFp8SmemBytes : Cfg::kSmemBytes;
   static const bool attribute_set = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_kernel<Cfg, Q>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+    CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_kernel<Cfg, Q, Fp8Mma>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     return true;
   }();
   (void)attribute_set;
@@ -50,7 +56,7 @@ void launch(const GroupedGemmParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.n / Cfg::BN), static_cast<unsigned>(slots_y),
                   static_cast<unsigned>(slots_z));
   if (!p.overlap_previous) {
-    grouped_gemm_kernel<Cfg, Q><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+    grouped_gemm_kernel<Cfg, Q, Fp8Mma><<<grid, Cfg::kThreads, kSmemBytes, stream>>>(p);
     MOE_CUDA_CHECK_LAUNCH();
     return;
   }
@@ -60,11 +66,11 @@ void launch(const GroupedGemmParams& p, cudaStream_t stream) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = dim3(Cfg::kThreads);
-  config.dynamicSmemBytes = Cfg::kSmemBytes;
+  config.dynamicSmemBytes = kSmemBytes;
   config.stream = stream;
   config.attrs = &attribute;
   config.numAttrs = 1;
-  CUDA_CHECK(cudaLaunchKernelEx(&config, grouped_gemm_kernel<Cfg, Q>, p));
+  CUDA_CHECK(cudaLaunchKernelEx(&config, grouped_gemm_kernel<Cfg, Q, Fp8Mma>, p));
 }
 
 template <bool G>
@@ -106,6 +112,63 @@ void dispatch_quant(GemmTile tile, const GroupedGemmParams& p, cudaStream_t stre
       break;
   }
   MOE_CHECK(false, "quant ", static_cast<int>(p.quant), " is not a quantised format");
+}
+
+// fp8 x fp8: the 16-row tile where asked for, else the 64-row one, and the 128 x 128 tile for
+// both larger tiles (the 128 x 256 tile's 64 x 64 warp tiles would need a second set of 128
+// float32 partial sums a thread: past the register file).
+template <bool G>
+void dispatch_fp8_mma_tile(GemmTile tile, const GroupedGemmParams& p, cudaStream_t stream) {
+  switch (tile) {
+    case GemmTile::kRows16:
+      return launch<Rows16<G>, ExpertQuant::kFp8, true>(p, stream);
+    case GemmTile::kRows64:
+      return launch<Rows64<G>, ExpertQuant::kFp8, true>(p, stream);
+    case GemmTile::kRows128:
+    case GemmTile::kRows128Wide:
+      return launch<Rows128<G>, ExpertQuant::kFp8, true>(p, stream);
+    case GemmTile::kAuto:
+      break;
+  }
+  MOE_CHECK(false, "unresolved tile ", static_cast<int>(tile));
+}
+
+// Whether fp8 x fp8 runs on the current device: compute capability 8.9 (Ada) or later has the
+// e4m3 mma, and this build's code for it must come from an architecture that has it too (a
+// build for CUDA architectures below 89 compiles the kernel to a trap, mma_fp8).
+// Asked once per device (a mutex, not the driver, on every later launch).
+bool device_has_fp8_mma() {
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  static std::mutex mutex;
+  static std::map<int, bool> known;
+  const std::lock_guard lock(mutex);
+  if (const auto it = known.find(device); it != known.end()) return it->second;
+  int major = 0, minor = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  bool has = major * 10 + minor >= 89;
+  if (has) {
+    cudaFuncAttributes attributes{};
+    CUDA_CHECK(cudaFuncGetAttributes(
+        &attributes, grouped_gemm_kernel<Rows64<false>, ExpertQuant::kFp8, true>));
+    has = attributes.ptxVersion >= 89;
+  }
+  known[device] = has;
+  return has;
+}
+
+// fp8 x fp8's requirements, each refused by name.
+void check_fp8_mma(const GroupedGemmParams& p) {
+  MOE_CHECK(p.quant == ExpertQuant::kFp8, "act_codes (fp8 x fp8) needs fp8 weights, not ",
+            expert_quant_name(p.quant));
+  MOE_CHECK(p.quant_group % kFp8ActBlock == 0, "fp8 x fp8 needs weight scale groups of a multiple "
+            "of ", kFp8ActBlock, " inputs, not quant_group = ", p.quant_group);
+  MOE_CHECK(p.act_scales != nullptr, "act_codes is given but act_scales is null");
+  detail::check_aligned16(p.act_codes, "act_codes");
+  MOE_CHECK(device_has_fp8_mma(), "fp8 x fp8 needs a GPU of compute capability 8.9 or later "
+            "(Ada, Hopper) and a build for such an architecture (CMAKE_CUDA_ARCHITECTURES 89 or "
+            "90); run this one with the weight-only path (act_codes null)");
 }
 
 // The quantised layout's requirements (expert_quant.h), each refused by name.
@@ -162,12 +225,13 @@ void grouped_gemm(const GroupedGemmParams& p, cudaStream_t stream) {
   detail::check_int32_range(p.num_rows * std::max(p.k, p.n), "num_rows * max(k, n)");
   detail::check_int32_range(p.weight_terms * weight_rows * p.k, "weight rows * k of one expert");
   if (p.num_rows == 0) return;
-  detail::check_pointer(p.rows, "rows");
+  const bool fp8_mma = p.act_codes != nullptr;
+  if (!fp8_mma) detail::check_pointer(p.rows, "rows");
   MOE_CHECK((p.weights != nullptr) != (p.expert_weights != nullptr),
             "give exactly one of weights and expert_weights");
   detail::check_pointer(p.expert_offsets, "expert_offsets");
   detail::check_pointer(p.out, "out");
-  detail::check_aligned16(p.rows, "rows");
+  if (!fp8_mma) detail::check_aligned16(p.rows, "rows");
   if (p.weights) detail::check_aligned16(p.weights, "weights");
   detail::check_aligned16(p.out, "out");
   if (p.src_row) {
@@ -185,6 +249,15 @@ void grouped_gemm(const GroupedGemmParams& p, cudaStream_t stream) {
                                    gated ? GemmEpilogue::kSiluMul : GemmEpilogue::kNone)
           : p.tile;
   check_quant(p);
+  if (fp8_mma) {
+    check_fp8_mma(p);
+    if (gated) {
+      dispatch_fp8_mma_tile<true>(tile, p, stream);
+    } else {
+      dispatch_fp8_mma_tile<false>(tile, p, stream);
+    }
+    return;
+  }
   if (p.quant != ExpertQuant::kNone) {
     if (gated) {
       dispatch_quant<true>(tile, p, stream);
@@ -200,12 +273,51 @@ void grouped_gemm(const GroupedGemmParams& p, cudaStream_t stream) {
   }
 }
 
+void quantize_rows_fp8(const Fp8RowsParams& p, cudaStream_t stream) {
+  NvtxRange range("experts");
+  MOE_CHECK(p.k > 0 && p.k % gemm::kBK == 0, "k = ", p.k, " must be a positive multiple of ",
+            gemm::kBK);
+  detail::check_int32_range(p.num_rows * p.k, "num_rows * k");
+  if (p.num_rows == 0) return;
+  detail::check_pointer(p.rows, "rows");
+  detail::check_pointer(p.codes, "codes");
+  detail::check_pointer(p.scales, "scales");
+  const int64_t blocks_per_row = (p.k + kFp8ActBlock - 1) / kFp8ActBlock;
+  constexpr int64_t kWarps = kFp8RowsThreads / 32;
+  const int64_t grid = (p.num_rows * blocks_per_row + kWarps - 1) / kWarps;
+  quantize_rows_fp8_kernel<<<static_cast<unsigned>(grid), kFp8RowsThreads, 0, stream>>>(p);
+  MOE_CUDA_CHECK_LAUNCH();
+}
+
+bool fp8_tensor_cores_supported(ExpertQuant quant, int64_t quant_group) {
+  return quant == ExpertQuant::kFp8 && quant_group > 0 && quant_group % kFp8ActBlock == 0 &&
+         device_has_fp8_mma();
+}
+
+bool fp8_tensor_core_experts(ExpertQuant quant, int64_t quant_group, int64_t num_rows,
+                             int64_t num_experts) {
+  const int64_t touched = std::max<int64_t>(1, std::min(num_experts, num_rows));
+  return num_rows / touched >= kFp8MmaMinMeanRows &&
+         fp8_tensor_cores_supported(quant, quant_group);
+}
+
 void moe_experts(const MoeExpertsParams& p, cudaStream_t stream) {
   NvtxRange range("experts");
   MOE_CHECK(p.gate_up_epilogue == GemmEpilogue::kSiluMul ||
                 p.gate_up_epilogue == GemmEpilogue::kClampedSwiglu,
             "gate_up_epilogue ", static_cast<int>(p.gate_up_epilogue),
             " is not kSiluMul or kClampedSwiglu");
+  const bool fp8_mma =
+      p.fp8_codes != nullptr && p.fp8_scales != nullptr && p.gate_up != nullptr &&
+      fp8_tensor_core_experts(p.quant, p.quant_group, p.num_rows, p.num_experts);
+  if (fp8_mma) {
+    // The gate/up operand: the token rows themselves when gathering ([T, H], T = M / K: each
+    // token quantised once, not K times), else the M expert-ordered rows.
+    const int64_t operand_rows = p.src_row != nullptr ? p.num_rows / p.top_k : p.num_rows;
+    quantize_rows_fp8({.rows = p.rows, .codes = p.fp8_codes, .scales = p.fp8_scales,
+                       .num_rows = operand_rows, .k = p.hidden_size},
+                      stream);
+  }
   grouped_gemm(GroupedGemmParams{.rows = p.rows,
                                  .weights = p.gate_up,
                                  .expert_weights = p.gate_up_table,
@@ -223,8 +335,20 @@ void moe_experts(const MoeExpertsParams& p, cudaStream_t stream) {
                                  .swiglu_alpha = p.swiglu_alpha,
                                  .swiglu_limit = p.swiglu_limit,
                                  .src_row = p.src_row,
-                                 .top_k = p.top_k},
+                                 .top_k = p.top_k,
+                                 .act_codes = fp8_mma ? p.fp8_codes : nullptr,
+                                 .act_scales = fp8_mma ? p.fp8_scales : nullptr,
+                                 .overlap_previous = fp8_mma},
                stream);
+  if (fp8_mma) {
+    // The down projection's operand: the activation rows the plan holds (expert_offsets[E] of
+    // them; the rest are a bucket's padding, never written). The gate/up product has finished
+    // reading the codes this overwrites: this launch is not a programmatic dependent.
+    quantize_rows_fp8({.rows = p.activation, .codes = p.fp8_codes, .scales = p.fp8_scales,
+                       .num_rows = p.num_rows, .k = p.expert_width,
+                       .num_valid_rows = p.expert_offsets + p.num_experts},
+                      stream);
+  }
   grouped_gemm(GroupedGemmParams{.rows = p.activation,
                                  .weights = p.down,
                                  .expert_weights = p.down_table,
@@ -239,6 +363,8 @@ void moe_experts(const MoeExpertsParams& p, cudaStream_t stream) {
                                  .quant_group = p.quant_group,
                                  .epilogue = GemmEpilogue::kNone,
                                  .bias = p.down_bias,
+                                 .act_codes = fp8_mma ? p.fp8_codes : nullptr,
+                                 .act_scales = fp8_mma ? p.fp8_scales : nullptr,
                                  .overlap_previous = true},
                stream);
 }

@@ -32,6 +32,12 @@
 // Quantised weights (fp8, int4, MXFP4 codes with their scales, expert_quant.h) are dequantised
 // to bf16 on their way into shared memory: see GroupedGemmParams::quant.
 //
+// fp8 x fp8 (act_codes set, quant kFp8 with 128-input scale blocks): the rows arrive as e4m3
+// codes and a float32 scale per (row, 128 inputs), written by quantize_rows_fp8 (DeepSeek-V3's
+// activation recipe), and both operands meet in Hopper's fp8 tensor cores (sm_89 and later):
+// out = epilogue(sum over k blocks kb of act_scale[r, kb] * weight_scale[c, kb] *
+// sum_{k in kb} e4m3(a[r, k]) * e4m3(w[c, k])), each block's sum in float32.
+//
 // Requirements (the launcher names the offending value): Kd a positive multiple of 64, N a
 // positive multiple of 32 (64 and 128 for the larger tiles, see grouped_gemm.cu), all three
 // matrices 16-byte aligned (cp.async moves 16-byte chunks), M < 2^31.
@@ -90,6 +96,11 @@ struct GroupedGemmParams {
   // permuted copy is never written. src_row is the plan's [M] array.
   const int32_t* src_row = nullptr;
   int64_t top_k = 1;  // K, with src_row
+  // fp8 x fp8 (quant kFp8, quant_group a multiple of 128, a device of compute capability 8.9 or
+  // later): the operand rows as quantize_rows_fp8 wrote them, read in place of `rows` (through
+  // src_row like them when gathering). codes [rows, Kd] e4m3, scales [rows, ceil(Kd / 128)].
+  const uint8_t* act_codes = nullptr;
+  const float* act_scales = nullptr;
   // Launch as a programmatic dependent of the previous kernel on the stream: the tile scan and
   // the first weight tiles overlap that kernel's tail; rows and src_row are read only after it
   // has finished. Only for a previous kernel that writes neither the weights nor
@@ -103,6 +114,42 @@ void grouped_gemm(const GroupedGemmParams& params, cudaStream_t stream);
 // The tile kAuto resolves to for these sizes (for benchmarks and tests).
 GemmTile grouped_gemm_auto_tile(int64_t num_rows, int64_t num_experts, int64_t n,
                                 GemmEpilogue epilogue);
+
+// Activations for fp8 x fp8, DeepSeek-V3's recipe: each row's inputs in blocks of 128 (the last
+// block may be short), each block as the e4m3 codes of x / scale, scale = amax / 448 (1 for an
+// all-zero block), rounded to nearest even and saturated: core/dtype's encode_f8e4m3_scaled over
+// the block's values, byte for byte. One warp per (row, block).
+struct Fp8RowsParams {
+  const __nv_bfloat16* rows = nullptr;  // [M, Kd]
+  uint8_t* codes = nullptr;             // [M, Kd] e4m3
+  float* scales = nullptr;              // [M, ceil(Kd / 128)]
+  int64_t num_rows = 0;                 // M, the grid's worst case
+  int64_t k = 0;                        // Kd, a positive multiple of 64
+  // Device scalar, or null: rows at and past it are left alone (the plan's expert_offsets[E],
+  // where the rows of a bucket's padding start).
+  const int32_t* num_valid_rows = nullptr;
+};
+void quantize_rows_fp8(const Fp8RowsParams& params, cudaStream_t stream);
+
+// Inputs per activation scale block of fp8 x fp8, and the fewest mean rows per expert at which
+// the experts stage takes it (see fp8_tensor_core_experts).
+inline constexpr int64_t kFp8ActBlock = 128;
+inline constexpr int64_t kFp8MmaMinMeanRows = 32;
+
+// Whether this device and these weights can run fp8 x fp8: fp8 codes whose scale groups cover
+// whole 128-input blocks (DeepSeek-V3's and Qwen3-FP8's 128 x 128 blocks; --weights fp8) and a
+// device of compute capability 8.9 or later. The checkpoint fixtures' 8 x 8 blocks cannot: a
+// weight scale must be constant over each 32-input mma step, and over the whole 128-input block
+// the activation scale covers.
+bool fp8_tensor_cores_supported(ExpertQuant quant, int64_t quant_group);
+
+// The one predicate of the experts stage: fp8 x fp8 where supported and the GEMM has rows enough
+// per expert to be compute-bound (mean rows = M / min(E, M) >= kFp8MmaMinMeanRows: prefill and
+// large batches). Below that the weight bytes bound the time (decode reads each expert's weights
+// for a handful of rows) and both paths read the same fp8 bytes, so weight-only dequantisation
+// is as fast, needs no activation pass and keeps the activations exact.
+bool fp8_tensor_core_experts(ExpertQuant quant, int64_t quant_group, int64_t num_rows,
+                             int64_t num_experts);
 
 struct MoeExpertsParams {
   const __nv_bfloat16* rows = nullptr;      // [M, H] expert-ordered, or [T, H] with src_row
@@ -131,11 +178,17 @@ struct MoeExpertsParams {
   GemmEpilogue gate_up_epilogue = GemmEpilogue::kSiluMul;
   float swiglu_alpha = 1.702f;
   float swiglu_limit = 7.0f;
+  // Workspaces of fp8 x fp8 (taken where fp8_tensor_core_experts says so; null: never):
+  // codes [M, max(H, I)] e4m3 and scales [M, ceil(max(H, I) / 128)] float32, holding the
+  // gate/up projection's operand rows and then the down projection's.
+  uint8_t* fp8_codes = nullptr;
+  float* fp8_scales = nullptr;
 };
 
 // The experts stage: activation = SiLU(rows . gate^T) * (rows . up^T) (or the clamped SwiGLU,
 // biases added first where given), out = activation . down^T (+ down_bias), two launches, the
-// second a programmatic dependent of the first.
+// second a programmatic dependent of the first. Where fp8_tensor_core_experts holds (and the
+// workspaces are given) both products run fp8 x fp8, each after a quantize_rows_fp8 of its rows.
 void moe_experts(const MoeExpertsParams& params, cudaStream_t stream);
 
 }  // namespace moeinfer::cuda

@@ -36,6 +36,16 @@
 //   exactly the bf16 tile the plain kernel reads, so everything after the load is shared and a
 //   quantised product equals the bf16 product over the dequantised weights bit for bit (same
 //   tile). Only the codes and scales cross the memory bus: at decode that is the point.
+// - fp8 x fp8 (Fp8Mma, block-scaled fp8 weights and activations quantised by
+//   quantize_rows_fp8, DeepSeek-V3's recipe): both operands stay e4m3 bytes and meet in
+//   mma.m16n8k32.e4m3 (sm_89 and later). A shared-memory row is still 128 bytes, now 128 inputs,
+//   and the e4m3 fragments of m16n8k32 hold the same bytes at the same places as the bf16
+//   fragments of m16n8k16 (A: rows g and g + 8, bytes 4t..4t+3 and 16+4t..; B likewise per
+//   column), so cp.async, the swizzle and ldmatrix are shared unchanged. One k-tile is one
+//   128-input scale block: its products gather in a float32 partial sum, which joins the
+//   running accumulator times act_scale[row, kb] * weight_scale[column, kb] (both scales staged
+//   in shared memory with the tile's codes). K need only be a multiple of 64: the last k-tile's
+//   missing half is zero-filled.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -53,6 +63,9 @@ namespace moeinfer::cuda {
 namespace gemm {
 
 inline constexpr int kBK = 64;  // k-tile: one 128-byte shared-memory row
+// fp8 x fp8: a k-tile is 128 e4m3 inputs (the same 128-byte row) and one scale block.
+inline constexpr int kFp8BlockK = static_cast<int>(kFp8ActBlock);
+static_assert(kFp8BlockK == kBK * 2, "an fp8 k-tile fills the bf16 tile's 128-byte rows");
 
 template <int BM_, int BN_, int WarpsM_, int WarpsN_, int Stages_, bool GateUp_>
 struct TileConfig {
@@ -71,6 +84,10 @@ struct TileConfig {
   static constexpr int kBRows = BN * kOps;  // weight rows per tile
   static constexpr int kStageBytes = (BM + kBRows) * kBK * 2;
   static constexpr int kSmemBytes = kStages * kStageBytes;
+  // fp8 x fp8 also stages each k-tile's scales after the tiles: BM act scales, then one per
+  // weight row.
+  static constexpr int kScaleFloats = BM + kBRows;
+  static constexpr int kFp8SmemBytes = kSmemBytes + kStages * kScaleFloats * 4;
   static_assert(kWM % 16 == 0 && kWN % 8 == 0, "warp tile must be whole mma tiles");
   static_assert(kNTiles == 1 || kNTiles % 2 == 0, "B fragments load in pairs");
 };
@@ -115,6 +132,27 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
       "{%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// D = A . B + C over 16 x 8 outputs and 32 inputs of e4m3 (4 codes a register). Only sm_89 and
+// later have it: elsewhere the kernel traps, and the launcher refuses such a device first.
+__device__ __forceinline__ void mma_fp8(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                        uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  (void)c, (void)a, (void)b0, (void)b1;
+  __trap();
+#endif
+}
+
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool valid) {
+  const int bytes = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
 }
 
 // Inclusive block-wide sum of one int per thread; *total gets the block's sum.
@@ -217,11 +255,14 @@ __device__ __forceinline__ uint4 dequantize_chunk(const QuantChunk& c) {
 
 }  // namespace gemm
 
-template <class Cfg, ExpertQuant Q = ExpertQuant::kNone>
+template <class Cfg, ExpertQuant Q = ExpertQuant::kNone, bool Fp8Mma = false>
 __global__ void __launch_bounds__(Cfg::kThreads)
     grouped_gemm_kernel(const __grid_constant__ GroupedGemmParams p) {
   using namespace gemm;
   constexpr int BM = Cfg::BM, BN = Cfg::BN, kThreads = Cfg::kThreads;
+  static_assert(!Fp8Mma || Q == ExpertQuant::kFp8, "fp8 x fp8 needs fp8 weights");
+  // Weights dequantised through registers (every quantised format but fp8 x fp8).
+  constexpr bool kRegisterStagedB = Q != ExpertQuant::kNone && !Fp8Mma;
   extern __shared__ __align__(128) uint8_t gemm_smem[];
   __shared__ int s_warp[kThreads / 32];
   __shared__ int s_tile[3];   // expert's first row of this tile, rows in this tile, expert
@@ -287,9 +328,55 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   auto stage_b = [&](int stage) { return smem_base + stage * Cfg::kStageBytes + BM * kBK * 2; };
 
   // k-tiles [0, K / kBK) read the hi matrix, [K / kBK, 2 K / kBK) the lo one with the same rows.
-  const int term_k_tiles = K / kBK;
+  // fp8 x fp8: ceil(K / 128) tiles of 128 inputs, one term.
+  const int term_k_tiles = Fp8Mma ? (K + kFp8BlockK - 1) / kFp8BlockK : K / kBK;
   const int num_k_tiles = term_k_tiles * static_cast<int>(p.weight_terms);
+  // fp8 x fp8: a stage's scales, [BM] of the rows then [kBRows] of the weight rows.
+  auto stage_scales = [&](int stage) {
+    return smem_base + Cfg::kStages * Cfg::kStageBytes + stage * Cfg::kScaleFloats * 4;
+  };
+  auto weight_row = [&](int r) {  // gate rows n0.. then (fused) up rows N + n0..
+    return (Cfg::kGateUp && r >= BN) ? N + n0 + (r - BN) : n0 + r;
+  };
+  // The codes and scales of k-tile k_tile of the rows (A) and of the weights (B). Chunks past
+  // K (K a multiple of 64, not of 128) and rows past the tile's count are zero-filled.
+  auto load_a_fp8 = [&](int stage, int k_tile) {
+    const int k0 = k_tile * kFp8BlockK;
+    const int64_t scales_per_row = term_k_tiles;
+    const uint32_t sa = stage_a(stage);
+#pragma unroll
+    for (int c = threadIdx.x; c < BM * 8; c += kThreads) {
+      const int r = c >> 3, ch = c & 7;
+      const bool valid = r < rows_valid && k0 + ch * 16 < K;
+      const uint8_t* src = p.act_codes + static_cast<int64_t>(s_arow[r]) * K + k0 + ch * 16;
+      cp_async_16(sa + swizzle(r, ch), valid ? src : p.act_codes, valid);
+    }
+    for (int r = threadIdx.x; r < BM; r += kThreads) {
+      cp_async_4(stage_scales(stage) + r * 4,
+                 p.act_scales + static_cast<int64_t>(s_arow[r]) * scales_per_row + k_tile,
+                 r < rows_valid);
+    }
+  };
+  auto load_b_fp8 = [&](int stage, int k_tile) {
+    const int k0 = k_tile * kFp8BlockK;
+    const uint32_t sb = stage_b(stage);
+#pragma unroll
+    for (int c = threadIdx.x; c < Cfg::kBRows * 8; c += kThreads) {
+      const int r = c >> 3, ch = c & 7;
+      const bool valid = k0 + ch * 16 < K;
+      const uint8_t* src = q_slab + static_cast<int64_t>(weight_row(r)) * K + k0 + ch * 16;
+      cp_async_16(sb + swizzle(r, ch), valid ? src : q_slab, valid);
+    }
+    const auto* w_scales = reinterpret_cast<const float*>(q_slab + q_layout.scale_offset);
+    for (int r = threadIdx.x; r < Cfg::kBRows; r += kThreads) {
+      cp_async_4(stage_scales(stage) + (BM + r) * 4,
+                 w_scales + static_cast<int64_t>(weight_row(r)) * q_layout.groups_per_row +
+                     k0 / q_group,
+                 true);
+    }
+  };
   auto load_a = [&](int stage, int k_tile) {
+    if constexpr (Fp8Mma) return load_a_fp8(stage, k_tile);
     const int k0 = (k_tile >= term_k_tiles ? k_tile - term_k_tiles : k_tile) * kBK;
     const uint32_t sa = stage_a(stage);
 #pragma unroll
@@ -301,6 +388,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     }
   };
   auto load_b = [&](int stage, int k_tile) {
+    if constexpr (Fp8Mma) return load_b_fp8(stage, k_tile);
     const bool lo = k_tile >= term_k_tiles;
     const int k0 = (lo ? k_tile - term_k_tiles : k_tile) * kBK;
     const __nv_bfloat16* b_term = lo ? b_base + term_elems : b_base;
@@ -318,7 +406,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   // Quantised weight tiles: each thread's chunks of a tile, fetched into registers, then
   // dequantised into the stage (see the file's header).
   constexpr int kQuantChunks = Cfg::kBRows * 8 / kThreads;
-  static_assert(Q == ExpertQuant::kNone || Cfg::kBRows * 8 % kThreads == 0,
+  static_assert(!kRegisterStagedB || Cfg::kBRows * 8 % kThreads == 0,
                 "quantised tiles split evenly over the threads");
   auto fetch_b = [&](int k_tile, QuantChunk (&chunks)[kQuantChunks]) {
     const int k0 = k_tile * kBK;
@@ -366,7 +454,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 #pragma unroll
   for (int s = 0; s < Cfg::kStages - 1; ++s) {
     if (s >= num_k_tiles) continue;
-    if constexpr (Q == ExpertQuant::kNone) {
+    if constexpr (!kRegisterStagedB) {
       load_b(s, s);
     } else {
       QuantChunk chunks[kQuantChunks];
@@ -398,10 +486,10 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     cp_async_wait<Cfg::kStages - 2>();
     __syncthreads();  // stage kt landed for every thread; stage kt-1 is free to overwrite
     const int next = kt + Cfg::kStages - 1;
-    QuantChunk next_chunks[Q == ExpertQuant::kNone ? 1 : kQuantChunks];
+    QuantChunk next_chunks[kRegisterStagedB ? kQuantChunks : 1];
     if (next < num_k_tiles) {
       load_a(next % Cfg::kStages, next);
-      if constexpr (Q == ExpertQuant::kNone) {
+      if constexpr (!kRegisterStagedB) {
         load_b(next % Cfg::kStages, next);
       } else {
         fetch_b(next, next_chunks);
@@ -412,7 +500,22 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     const int stage = kt % Cfg::kStages;
     const uint32_t sa = stage_a(stage);
     const uint32_t sb = stage_b(stage);
+    // fp8 x fp8: this k-tile's (scale block's) products, before its scales.
+    float part[Fp8Mma ? Cfg::kOps : 1][Fp8Mma ? Cfg::kMTiles : 1][Fp8Mma ? Cfg::kNTiles : 1][4];
+    if constexpr (Fp8Mma) {
 #pragma unroll
+      for (int o = 0; o < Cfg::kOps; ++o)
+#pragma unroll
+        for (int i = 0; i < Cfg::kMTiles; ++i)
+#pragma unroll
+          for (int j = 0; j < Cfg::kNTiles; ++j)
+#pragma unroll
+            for (int v = 0; v < 4; ++v) part[o][i][j][v] = 0.0f;
+    }
+    // 16 bf16 or 32 e4m3 inputs per step: 32 bytes of each row either way. fp8 x fp8 holds a
+    // second set of accumulators (part): unrolled less, so fewer fragments are loaded ahead.
+    constexpr int kStepUnroll = Fp8Mma ? 1 : kBK / 16;
+#pragma unroll kStepUnroll
     for (int kk = 0; kk < kBK / 16; ++kk) {
       uint32_t a[Cfg::kMTiles][4];
 #pragma unroll
@@ -441,10 +544,39 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 #pragma unroll
         for (int i = 0; i < Cfg::kMTiles; ++i)
 #pragma unroll
-          for (int j = 0; j < Cfg::kNTiles; ++j) mma_bf16(acc[o][i][j], a[i], b[j][0], b[j][1]);
+          for (int j = 0; j < Cfg::kNTiles; ++j) {
+            if constexpr (Fp8Mma) {
+              mma_fp8(part[o][i][j], a[i], b[j][0], b[j][1]);
+            } else {
+              mma_bf16(acc[o][i][j], a[i], b[j][0], b[j][1]);
+            }
+          }
       }
     }
-    if constexpr (Q != ExpertQuant::kNone) {
+    if constexpr (Fp8Mma) {
+      // acc += part * act_scale[row] * weight_scale[column], the scales of this k block.
+      const auto* scales = reinterpret_cast<const float*>(gemm_smem + Cfg::kStages *
+                                                          Cfg::kStageBytes) +
+                           stage * Cfg::kScaleFloats;
+#pragma unroll
+      for (int i = 0; i < Cfg::kMTiles; ++i) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const float a_scale = scales[warp_m * Cfg::kWM + i * 16 + (lane >> 2) + half * 8];
+#pragma unroll
+          for (int o = 0; o < Cfg::kOps; ++o) {
+#pragma unroll
+            for (int j = 0; j < Cfg::kNTiles; ++j) {
+              const int col = o * BN + warp_n * Cfg::kWN + j * 8 + (lane & 3) * 2;
+              acc[o][i][j][half * 2] += part[o][i][j][half * 2] * (a_scale * scales[BM + col]);
+              acc[o][i][j][half * 2 + 1] +=
+                  part[o][i][j][half * 2 + 1] * (a_scale * scales[BM + col + 1]);
+            }
+          }
+        }
+      }
+    }
+    if constexpr (kRegisterStagedB) {
       if (next < num_k_tiles) store_b(next % Cfg::kStages, next_chunks);
     }
   }

@@ -20,7 +20,8 @@
 // of cuBLAS (linear(), absorbed()), prompts take the per-query route (never the flash prefill
 // kernels, whose reduction order differs from a decode row's), and attention splits keys in
 // chunks fixed at start-up (attention_chunk_) instead of by the batch. The grouped expert GEMM
-// needs nothing: every tile reduces an element in the same order (cuda-kernels.md).
+// needs nothing: every tile reduces an element in the same order (cuda-kernels.md); but fp8
+// x fp8 is off (fp8_act_), as its choice and its activation rounding follow the step's rows.
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -325,6 +326,8 @@ class CudaDecoder final : public GpuDecoder {
   bool noise_routing_ = false;
   uint64_t noise_step_ = 0;
   bf16* expert_act_ = nullptr;   // [T*K, Ip] the experts' activation
+  // fp8 x fp8's quantised expert rows (GpuOptions::fp8_tensor_cores), or nulls: weight-only.
+  Fp8ActivationBuffers fp8_act_;
   // [T*K, Hp] the experts' weighted inputs in plan order (Llama 4's routing weights on the
   // input, LocalDispatcher), else null
   bf16* weighted_rows_ = nullptr;
@@ -664,6 +667,12 @@ void CudaDecoder::allocate_workspace() {
       // Under --ep this rank's experts may take every rank's rows of a step: N times T*K.
       const int64_t ranks = options_.expert_parallel ? options_.expert_parallel->size() : 1;
       expert_act_ = cv.take<bf16>(ranks * T * K * Ip);
+      if (report_.expert_fp8_tensor_cores) {
+        const int64_t widest = std::max(H, Ip);
+        fp8_act_.codes = cv.take<uint8_t>(ranks * T * K * widest);
+        fp8_act_.scales = cv.take<float>(ranks * T * K *
+                                         ((widest + cuda::kFp8ActBlock - 1) / cuda::kFp8ActBlock));
+      }
       mb.expert_out = cv.take<bf16>(ranks * T * K * H);
       if (c.routing_weight_on_input) weighted_rows_ = cv.take<bf16>(T * K * H);
       if (options_.expert_parallel) ep_plan_rows_ = cv.take<bf16>(T * K * H);
@@ -684,6 +693,11 @@ void CudaDecoder::allocate_workspace() {
     cublas_workspace_ = cv.take<char>(static_cast<int64_t>(kCublasWorkspaceBytes));
     meta_.carve(cv, T, rcap_, max_blocks_per_seq_, noise_routing_, num_state_slots_ > 0);
   };
+  // fp8 x fp8 for the routed experts: not with the cache (its slots hold bf16 experts) nor
+  // under --deterministic (the path depends on the step's rows).
+  report_.expert_fp8_tensor_cores =
+      c.num_experts > 0 && options_.fp8_tensor_cores && !cache_ && !options_.deterministic &&
+      cuda::fp8_tensor_cores_supported(w_.expert_quant, w_.expert_quant_group);
   Carver sizing(nullptr);
   carve(sizing);
   const int64_t bytes = static_cast<int64_t>(sizing.used());
@@ -1524,7 +1538,7 @@ void CudaDecoder::build_moe_block() {
   if (cache_) {
     runner = std::make_unique<CachedExpertRunner>(*cache_, layers, shape, expert_act_);
   } else {
-    runner = std::make_unique<ResidentExperts>(layers, shape, expert_act_);
+    runner = std::make_unique<ResidentExperts>(layers, shape, expert_act_, fp8_act_);
   }
   auto linear_fn = [this](const bf16* x, int64_t rows, const bf16* w, int64_t n, int64_t k,
                           void* y, bool f32_out) {

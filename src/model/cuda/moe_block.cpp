@@ -77,8 +77,8 @@ void LocalDispatcher::combine(int64_t /*layer*/, const bf16* expert_out,
 }
 
 ResidentExperts::ResidentExperts(std::span<const DeviceLayer> layers, const ExpertShape& shape,
-                                 bf16* activation)
-    : layers_(layers), shape_(shape), activation_(activation) {}
+                                 bf16* activation, Fp8ActivationBuffers fp8)
+    : layers_(layers), shape_(shape), activation_(activation), fp8_(fp8) {}
 
 void ResidentExperts::run(int64_t layer, const ExpertRows& rows, bf16* out, cudaStream_t stream) {
   const DeviceLayer& d = layers_[layer];
@@ -92,7 +92,9 @@ void ResidentExperts::run(int64_t layer, const ExpertRows& rows, bf16* out, cuda
                      .gate_up_bias = d.experts_gate_up_bias, .down_bias = d.experts_down_bias,
                      .gate_up_epilogue = expert_epilogue(shape_.activation),
                      .swiglu_alpha = shape_.activation.alpha,
-                     .swiglu_limit = shape_.activation.limit},
+                     .swiglu_limit = shape_.activation.limit,
+                     .fp8_codes = fp8_.codes,
+                     .fp8_scales = fp8_.scales},
                     stream);
 }
 

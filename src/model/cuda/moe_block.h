@@ -155,12 +155,19 @@ class ExpertRunner {
   virtual const DeviceLayer* resident(int64_t /*layer*/) const { return nullptr; }
 };
 
+// Workspace of fp8 x fp8 (cuda::MoeExpertsParams::fp8_codes), or nulls: never.
+struct Fp8ActivationBuffers {
+  uint8_t* codes = nullptr;  // [T*K, max(Hp, Ip)] e4m3
+  float* scales = nullptr;   // [T*K, ceil(max(Hp, Ip) / 128)]
+};
+
 // Every expert of every layer in device memory, read through DeviceLayer's stacks.
 class ResidentExperts final : public ExpertRunner {
  public:
-  // layers: the model's, which must outlive this; activation: [T*K, Ip] workspace.
+  // layers: the model's, which must outlive this; activation: [T*K, Ip] workspace; fp8: where
+  // fp8 routed experts may run fp8 x fp8 (prefill-sized steps), else nulls.
   ResidentExperts(std::span<const DeviceLayer> layers, const ExpertShape& shape,
-                  bf16* activation);
+                  bf16* activation, Fp8ActivationBuffers fp8 = {});
   void run(int64_t layer, const ExpertRows& rows, bf16* out, cudaStream_t stream) override;
   const DeviceLayer* resident(int64_t layer) const override { return &layers_[layer]; }
 
@@ -168,6 +175,7 @@ class ResidentExperts final : public ExpertRunner {
   std::span<const DeviceLayer> layers_;
   ExpertShape shape_;
   bf16* activation_;
+  Fp8ActivationBuffers fp8_;
 };
 
 // --expert-budget: the experts read through the cache's slot tables (model/cuda/cached_experts.h:
