@@ -48,7 +48,7 @@
 #include "backend/cuda/grouped_gemm_kernel.cuh"  // cp.async, ldmatrix, mma.sync helpers
 #include "backend/cuda/kv_fp8.cuh"
 #include "backend/cuda/mla_attention.h"
-#include "backend/cuda/mla_attention_kernel.cuh"  // mla::row_chunks, Fp8Row, fp8_chunk
+#include "backend/cuda/mla_rows.cuh"
 
 namespace moeinfer::cuda {
 
