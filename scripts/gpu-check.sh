@@ -177,5 +177,28 @@ if [ "${MOE_GPU_SKIP_BENCH:-0}" != 1 ] && [ -x "$BUILD/moeinfer" ]; then
   summary+=("prefill peak ratio (input_chunk): $ratios")
 fi
 
+# Issue 16 item 3 for MLA: the MLA prefill kernel against the MLA decode kernel run per query
+# row, every MLA fixture's chunked, mixed and one-step prompts (and the one-step prompt against
+# a --deterministic decoder, which keeps the per-query route), then DeepSeek-V3's attention at
+# a 4096-token prompt: in one step, in steps of 1024, and under --deterministic (the per-query
+# route, with the fixed-order GEMM too: an upper bound on what the old route cost, not a clean
+# baseline; what the per-query route printed before this kernel is not known).
+step "MLA prefill: focused tests and prefill benchmark"
+"$BUILD/tests/test_cuda" \
+  --gtest_filter='CudaMla*:CudaChunkedPrefill.*:CudaParity.*' \
+  --gtest_brief=1 >"$OUT/mla_prefill.log" 2>&1
+mla_rc=$?
+grep -E "rel error to the one-step|FAILED|PASSED" "$OUT/mla_prefill.log" | tail -40
+summary+=("MLA prefill tests rc=$mla_rc")
+if [ "${MOE_GPU_SKIP_BENCH:-0}" != 1 ] && [ -x "$BUILD/moeinfer" ]; then
+  for variant in "0" "1024" "0 --deterministic"; do
+    read -r chunk extra <<<"$variant"
+    timeout 300 "$BUILD/moeinfer" bench --device cuda --model synthetic:deepseek-v3 --layers 4 \
+      --batch 1 --input-len 4096 --output-len 4 --max-num-batched-tokens "$chunk" $extra \
+      --json "$OUT/bench_mla_prefill_${chunk}${extra:+_det}.json" 2>&1 |
+      tee -a "$OUT/bench_mla_prefill.log" | grep -E "^Prefill|rror"
+  done
+fi
+
 echo
 echo "gpu-check: $(IFS=';'; echo "${summary[*]}"); $bench_line $moe_line"
