@@ -50,10 +50,10 @@ inline constexpr int64_t kMlaPrefillMaxLatent = 512;
 inline constexpr int64_t kMlaPrefillMaxRow = 576;
 
 // Whether prompts may run on the GQA flash kernels (the prefill one and the paged one). Not
-// under MLA (its attention is over the latent: mla_prefill_kernel_applies), not under --deterministic (the flash
-// kernels reduce a query's keys in a different order than a decode row does, so a token's
-// logits would depend on how its prompt was cut into steps), and only for the head dims the
-// flash kernels are compiled for (64 and 128; wider heads take the decode kernels).
+// under MLA (its attention is over the latent: mla_prefill_kernel_applies), not under
+// --deterministic (the flash kernels reduce a query's keys in a different order than a decode row
+// does, so a token's logits would depend on how its prompt was cut into steps), and only for the
+// head dims the flash kernels are compiled for (64 and 128; wider heads take the decode kernels).
 inline bool flash_prefill_kernels_apply(const AttentionModelFacts& model) {
   return !model.mla && !model.deterministic &&
          (model.padded_head_dim == 64 || model.padded_head_dim == 128);

@@ -25,13 +25,13 @@
 #include <span>
 #include <vector>
 
+#include "../support/model_fixtures.h"
 #include "backend/cuda/attention.h"
+#include "cuda_test_util.h"
 #include "model/attention_route.h"
 #include "model/cuda/device_weights.h"
 #include "model/gpu_decoder.h"
 #include "model/model.h"
-#include "cuda_test_util.h"
-#include "../support/model_fixtures.h"
 
 namespace moeinfer {
 namespace {
@@ -72,8 +72,8 @@ AttentionRoute chunk_route(const ModelConfig& config, bool from_position_0 = fal
       .gqa_group = config.num_kv_heads > 0 ? config.num_heads / config.num_kv_heads : 1,
       .mla_latent_dim = mla.latent,
       .mla_rope_dim = mla.rope};
-  return choose_attention_route(
-      {.one_token_each = false, .all_from_position_0 = from_position_0}, facts);
+  return choose_attention_route({.one_token_each = false, .all_from_position_0 = from_position_0},
+                                facts);
 }
 
 // Steps a route ran between two readings of the counters.
@@ -142,10 +142,11 @@ void chunked_and_mixed_steps_match_one_step(const std::string& name) {
   std::vector<float> whole(n * V, NAN);
   const auto table0 = interleaved_blocks(0);
   const auto one_step = [&](GpuDecoder& decoder, std::span<float> logits) {
-    decoder.forward({.sequences = {{.tokens = all, .position = 0, .block_table = table0,
-                                    .state_slot = slot(0)}},
-                     .all_positions = true},
-                    logits);
+    decoder.forward(
+        {.sequences =
+             {{.tokens = all, .position = 0, .block_table = table0, .state_slot = slot(0)}},
+         .all_positions = true},
+        logits);
   };
   const AttentionRouteCounts before_whole = gpu->attention_route_counts();
   one_step(*gpu, whole);

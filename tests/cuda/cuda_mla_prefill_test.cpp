@@ -55,8 +55,7 @@ struct MlaPrefillCase {
   int64_t block_size = 16;
   bool fp8 = false;
   // (cached prefix, new tokens) per sequence.
-  std::vector<std::pair<int32_t, int32_t>> seqs = {
-      {0, 7}, {37, 64}, {300, 200}, {5, 1}, {0, 70}};
+  std::vector<std::pair<int32_t, int32_t>> seqs = {{0, 7}, {37, 64}, {300, 200}, {5, 1}, {0, 70}};
 };
 
 constexpr uint16_t kBf16NaN = 0x7fc0;
@@ -102,7 +101,8 @@ MlaPool fill_pool(const MlaPrefillCase& c, int64_t num_blocks, const std::vector
     if (!visible[s]) continue;
     for (float& v : latent) v = normal(rng);
     for (float& v : rope) v = normal(rng);
-    pool.latent_scales[s] = encode_f8e4m3_scaled(latent.data(), L, pool.latent_codes.data() + s * L);
+    pool.latent_scales[s] =
+        encode_f8e4m3_scaled(latent.data(), L, pool.latent_codes.data() + s * L);
     pool.rope_scales[s] = encode_f8e4m3_scaled(rope.data(), R, pool.rope_codes.data() + s * R);
   }
   return pool;
@@ -225,8 +225,8 @@ std::string case_name(const MlaPrefillCase& c) {
 std::vector<MlaPrefillCase> cases() {
   std::vector<MlaPrefillCase> out;
   for (bool fp8 : {false, true}) {
-    for (const auto& [L, R] : std::vector<std::pair<int64_t, int64_t>>{
-             {512, 64}, {32, 8}, {40, 16}}) {
+    for (const auto& [L, R] :
+         std::vector<std::pair<int64_t, int64_t>>{{512, 64}, {32, 8}, {40, 16}}) {
       for (int64_t heads : {1, 16, 128}) {
         out.push_back({.latent_dim = L, .rope_dim = R, .num_heads = heads, .fp8 = fp8});
       }
@@ -248,13 +248,13 @@ TEST(CudaMlaPrefillChecks, HeadTilesFillTheSixtyFourRows) {
     return std::vector<int64_t>{t.heads_per_tile, t.head_tiles, t.queries_per_tile};
   };
   EXPECT_EQ(tiling(1), (std::vector<int64_t>{1, 1, 64}));
-  EXPECT_EQ(tiling(4), (std::vector<int64_t>{4, 1, 16}));     // the fixtures
-  EXPECT_EQ(tiling(16), (std::vector<int64_t>{16, 1, 4}));    // DeepSeek-V2-Lite
+  EXPECT_EQ(tiling(4), (std::vector<int64_t>{4, 1, 16}));   // the fixtures
+  EXPECT_EQ(tiling(16), (std::vector<int64_t>{16, 1, 4}));  // DeepSeek-V2-Lite
   EXPECT_EQ(tiling(64), (std::vector<int64_t>{64, 1, 1}));
-  EXPECT_EQ(tiling(65), (std::vector<int64_t>{33, 2, 1}));    // even tiles, never 64 + 1
+  EXPECT_EQ(tiling(65), (std::vector<int64_t>{33, 2, 1}));  // even tiles, never 64 + 1
   EXPECT_EQ(tiling(100), (std::vector<int64_t>{50, 2, 1}));
-  EXPECT_EQ(tiling(128), (std::vector<int64_t>{64, 2, 1}));   // DeepSeek-V3, Kimi K2
-  EXPECT_EQ(tiling(24), (std::vector<int64_t>{24, 1, 2}));    // 16 of the 64 rows empty
+  EXPECT_EQ(tiling(128), (std::vector<int64_t>{64, 2, 1}));  // DeepSeek-V3, Kimi K2
+  EXPECT_EQ(tiling(24), (std::vector<int64_t>{24, 1, 2}));   // 16 of the 64 rows empty
   expect_error_naming([] { mla_prefill_tiling(0); }, "num_heads = 0");
 }
 
@@ -315,7 +315,8 @@ TEST(CudaMlaPrefillChecks, RefusesBadShapesByName) {
   refuse([](MlaPrefillParams& p) { p.num_seqs = 5; }, "num_seqs = 5");
   refuse([](MlaPrefillParams& p) { p.max_seq_len = 17; }, "max_seq_len = 17");
   refuse([](MlaPrefillParams& p) { p.scale = 0.0f; }, "scale = 0");
-  refuse([](MlaPrefillParams& p) { p.q = fake<const __nv_bfloat16>(0x1002); }, "not 16-byte aligned");
+  refuse([](MlaPrefillParams& p) { p.q = fake<const __nv_bfloat16>(0x1002); },
+         "not 16-byte aligned");
   refuse([](MlaPrefillParams& p) { p.latent_codes = fake<const uint8_t>(0x8000); }, "exclusive");
   refuse(
       [](MlaPrefillParams& p) {

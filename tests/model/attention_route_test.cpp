@@ -2,8 +2,9 @@
 // prefill after a cached prefix and mixed steps take the paged flash kernel wherever the flash
 // kernels apply, and keep the per-query route under --deterministic and head dims the flash
 // kernels are not compiled for; MLA models take the MLA prefill kernel for every non-decode step
-// up to its widest row, else the per-query route. The GPU side (tests/cuda/cuda_paged_prefill_test.cpp)
-// checks through GpuDecoder::attention_route_counts that a decoder takes these routes.
+// up to its widest row, else the per-query route. The GPU side
+// (tests/cuda/cuda_paged_prefill_test.cpp) checks through GpuDecoder::attention_route_counts that a
+// decoder takes these routes.
 #include "model/attention_route.h"
 
 #include <gtest/gtest.h>
@@ -47,8 +48,8 @@ TEST(AttentionRoute, GqaGroupsPastTheKernelsRowsKeepThePerQueryRoute) {
   EXPECT_EQ(choose_attention_route(kFreshPrompts, wider), AttentionRoute::kPrefill);
 }
 
-constexpr AttentionModelFacts kDeepSeekV3Mla{.mla = true, .mla_latent_dim = 512,
-                                             .mla_rope_dim = 64};
+constexpr AttentionModelFacts kDeepSeekV3Mla{
+    .mla = true, .mla_latent_dim = 512, .mla_rope_dim = 64};
 
 TEST(AttentionRoute, MlaPromptsTakeTheMlaPrefillKernelFreshOrAfterAPrefix) {
   // DeepSeek-V3 / Kimi K2 (512 + 64), and the fixtures' padded 32 + 8 and 40 + 16.

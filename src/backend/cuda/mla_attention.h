@@ -127,7 +127,7 @@ inline constexpr int64_t kMlaPrefillMaxCacheWidth = 576;
 inline constexpr int64_t kMlaPrefillTileRows = 64;
 
 struct MlaPrefillParams {
-  const __nv_bfloat16* q = nullptr;  // [T, Nh, W] absorbed queries, 16-byte aligned
+  const __nv_bfloat16* q = nullptr;      // [T, Nh, W] absorbed queries, 16-byte aligned
   const __nv_bfloat16* cache = nullptr;  // [num_blocks, block_size, W], 16-byte aligned; or
   // fp8 rows (all four set, `cache` null), as MlaDecodeParams
   const uint8_t* latent_codes = nullptr;  // [num_blocks * block_size, L]

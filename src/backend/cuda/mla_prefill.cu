@@ -48,8 +48,9 @@ void check_prefill_rows(const MlaPrefillParams& p) {
 
 void check_mla_prefill(const MlaPrefillParams& p) {
   MOE_CHECK(mla_prefill_supports(p.latent_dim, p.rope_dim), "latent_dim = ", p.latent_dim,
-            ", rope_dim = ", p.rope_dim, " must be positive multiples of 8 with latent_dim <= ",
-            kMlaPrefillMaxLatentDim, " and latent_dim + rope_dim <= ", kMlaPrefillMaxCacheWidth,
+            ", rope_dim = ", p.rope_dim,
+            " must be positive multiples of 8 with latent_dim <= ", kMlaPrefillMaxLatentDim,
+            " and latent_dim + rope_dim <= ", kMlaPrefillMaxCacheWidth,
             " (wider rows take mla_decode_attention a query at a time)");
   MOE_CHECK(p.num_heads >= 1 && p.num_heads <= 65535, "num_heads = ", p.num_heads,
             " must be in [1, 65535]");
@@ -66,8 +67,9 @@ void check_mla_prefill(const MlaPrefillParams& p) {
   MOE_CHECK(p.max_blocks_per_seq >= 0, "max_blocks_per_seq = ", p.max_blocks_per_seq,
             " must not be negative");
   MOE_CHECK(p.max_seq_len >= 0 && p.max_seq_len <= p.max_blocks_per_seq * p.block_size,
-            "max_seq_len = ", p.max_seq_len, " does not fit max_blocks_per_seq = ",
-            p.max_blocks_per_seq, " blocks of ", p.block_size);
+            "max_seq_len = ", p.max_seq_len,
+            " does not fit max_blocks_per_seq = ", p.max_blocks_per_seq, " blocks of ",
+            p.block_size);
   detail::check_int32_range(p.max_seq_len, "max_seq_len");
   detail::check_int32_range(p.num_blocks * p.block_size, "num_blocks * block_size");
   detail::check_int32_range(p.num_tokens * p.num_heads, "num_tokens * num_heads");
@@ -79,8 +81,7 @@ void check_mla_prefill(const MlaPrefillParams& p) {
 
 bool mla_prefill_supports(int64_t latent_dim, int64_t rope_dim) {
   return latent_dim > 0 && latent_dim % 8 == 0 && rope_dim > 0 && rope_dim % 8 == 0 &&
-         latent_dim <= kMlaPrefillMaxLatentDim &&
-         latent_dim + rope_dim <= kMlaPrefillMaxCacheWidth;
+         latent_dim <= kMlaPrefillMaxLatentDim && latent_dim + rope_dim <= kMlaPrefillMaxCacheWidth;
 }
 
 MlaPrefillTiling mla_prefill_tiling(int64_t num_heads) {

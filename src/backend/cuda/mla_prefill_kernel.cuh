@@ -58,11 +58,11 @@ namespace mla {
 inline constexpr int kPrefillWarps = 8;
 inline constexpr int kPrefillThreads = kPrefillWarps * 32;
 inline constexpr int kPrefillRows = static_cast<int>(kMlaPrefillTileRows);
-inline constexpr int kPrefillRowGroups = kPrefillRows / 16;                 // 4 warps' rows
-inline constexpr int kPrefillKeys = 32;                                     // keys per tile
-inline constexpr int kPrefillScoreTiles = kPrefillKeys / 8;                 // 4 n-tiles of S
+inline constexpr int kPrefillRowGroups = kPrefillRows / 16;  // 4 warps' rows
+inline constexpr int kPrefillKeys = 32;                      // keys per tile
+inline constexpr int kPrefillScoreTiles = kPrefillKeys / 8;  // 4 n-tiles of S
 inline constexpr int kPrefillMaxKSteps = (static_cast<int>(kMlaPrefillMaxCacheWidth) + 15) / 16;
-inline constexpr int kPrefillKStepsPerHalf = (kPrefillMaxKSteps + 1) / 2;   // 18
+inline constexpr int kPrefillKStepsPerHalf = (kPrefillMaxKSteps + 1) / 2;  // 18
 inline constexpr int kPrefillMaxOutGroups = (static_cast<int>(kMlaPrefillMaxLatentDim) + 15) / 16;
 inline constexpr int kPrefillGroupsPerHalf = (kPrefillMaxOutGroups + 1) / 2;  // 16
 static_assert(kPrefillWarps == 2 * kPrefillRowGroups, "two warps (output halves) per row group");
@@ -163,8 +163,8 @@ __global__ void __launch_bounds__(mla::kPrefillThreads, 1)
   }
   // Keys [kv0, kv0 + 32) into buffer `buffer`; keys at or past kv_end (no row of the tile sees
   // them) are zeros.
-  const int first_pos = start + q0;      // the tile's earliest query's position
-  const int kv_end = start + tile_end;   // the latest query's position + 1
+  const int first_pos = start + q0;     // the tile's earliest query's position
+  const int kv_end = start + tile_end;  // the latest query's position + 1
   const int num_kv_tiles = (kv_end + kPrefillKeys - 1) / kPrefillKeys;
   auto load_tile = [&](int buffer, int kv0) {
     const int r = tid >> 3, sub = tid & 7;
@@ -240,9 +240,9 @@ __global__ void __launch_bounds__(mla::kPrefillThreads, 1)
     for (int j = 0; j < kPrefillScoreTiles; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[j][e] = 0.f;
-    // Unrolled by 2 only: fully unrolled, the compiler keeps every k-step's shared-memory
-    // addresses live across the tile loop and the output accumulators spill (255 registers,
-    // 176 bytes of spills); by 2 it can issue the next k-step's loads early (239, none).
+        // Unrolled by 2 only: fully unrolled, the compiler keeps every k-step's shared-memory
+        // addresses live across the tile loop and the output accumulators spill (255 registers,
+        // 176 bytes of spills); by 2 it can issue the next k-step's loads early (239, none).
 #pragma unroll 2
     for (int ks = ks_begin; ks < ks_end; ++ks) {
       uint32_t qa[4];
@@ -250,8 +250,8 @@ __global__ void __launch_bounds__(mla::kPrefillThreads, 1)
 #pragma unroll
       for (int kp = 0; kp < 2; ++kp) {
         uint32_t bk[4];
-        ldmatrix_x4(bk, kv + offset(kp * 16 + ((lane >> 4) << 3) + (lane & 7),
-                                    ks * 2 + ((lane >> 3) & 1)));
+        ldmatrix_x4(
+            bk, kv + offset(kp * 16 + ((lane >> 4) << 3) + (lane & 7), ks * 2 + ((lane >> 3) & 1)));
         mma_bf16(s[2 * kp], qa, bk[0], bk[1]);
         mma_bf16(s[2 * kp + 1], qa, bk[2], bk[3]);
       }
@@ -304,8 +304,8 @@ __global__ void __launch_bounds__(mla::kPrefillThreads, 1)
 #pragma unroll
       for (int j = 0; j < kPrefillScoreTiles; ++j) {
         // P as bf16 (the value product's A operand); the sum is of the rounded weights.
-        const __nv_bfloat162 pb = __floats2bfloat162_rn(exp2f(s[j][2 * hr] - m_use),
-                                                        exp2f(s[j][2 * hr + 1] - m_use));
+        const __nv_bfloat162 pb =
+            __floats2bfloat162_rn(exp2f(s[j][2 * hr] - m_use), exp2f(s[j][2 * hr + 1] - m_use));
         const float2 pf = __bfloat1622float2(pb);
         s[j][2 * hr] = pf.x;
         s[j][2 * hr + 1] = pf.y;

@@ -943,12 +943,14 @@ Step CudaDecoder::prepare(const ForwardBatch& batch) {
     }
   }
 
-  step.route = choose_attention_route(
-      {.one_token_each = all_single, .all_from_position_0 = all_fresh},
-      {.mla = c.mla.has_value(), .deterministic = options_.deterministic,
-       .padded_head_dim = w_.padded_head_dim,
-       .gqa_group = c.num_kv_heads > 0 ? c.num_heads / c.num_kv_heads : 1,
-       .mla_latent_dim = w_.mla.latent, .mla_rope_dim = w_.mla.rope});
+  step.route =
+      choose_attention_route({.one_token_each = all_single, .all_from_position_0 = all_fresh},
+                             {.mla = c.mla.has_value(),
+                              .deterministic = options_.deterministic,
+                              .padded_head_dim = w_.padded_head_dim,
+                              .gqa_group = c.num_kv_heads > 0 ? c.num_heads / c.num_kv_heads : 1,
+                              .mla_latent_dim = w_.mla.latent,
+                              .mla_rope_dim = w_.mla.rope});
   count_route(step.route);
   // One attention row per sequence on the flash routes, per token on the others; the paged
   // ones (GQA and MLA) read each sequence's length and block table.
@@ -1026,8 +1028,8 @@ Step CudaDecoder::prepare(const ForwardBatch& batch) {
                                                       c.num_heads / c.num_kv_heads,
                                                       h.paged_tile_starts);
   } else if (step.route == Route::kMlaPrefill) {
-    step.paged_tiles = cuda::plan_mla_prefill_tiles(h.cu_seqlens, step.num_seqs, c.num_heads,
-                                                    h.paged_tile_starts);
+    step.paged_tiles =
+        cuda::plan_mla_prefill_tiles(h.cu_seqlens, step.num_seqs, c.num_heads, h.paged_tile_starts);
   }
   step.logit_rows = logit_rows;
   step.logits_are_all_rows = logit_rows == T;
@@ -1441,29 +1443,52 @@ void CudaDecoder::mla_attention(int64_t layer, const Step& step) {
                                cudaMemcpyDeviceToDevice, stream_));
   if (step.route == Route::kMlaPrefill) {
     // Attention rows are sequences: each one's new tokens over its paged rows at once.
-    cuda::mla_prefill_attention(
-        {.q = mla_q_full_, .cache = k_cache_[layer], .latent_codes = k_codes_[layer],
-         .rope_codes = v_codes_[layer], .latent_scales = k_scales_[layer],
-         .rope_scales = v_scales_[layer], .cu_seqlens = meta_.cu_seqlens,
-         .seq_lens = meta_.seq_lens, .tile_starts = meta_.paged_tile_starts,
-         .block_tables = meta_.block_tables, .out = mla_out_latent_, .num_tokens = T,
-         .num_seqs = step.num_seqs, .num_tiles = step.paged_tiles, .num_heads = Nh,
-         .latent_dim = Lp, .rope_dim = Rp, .block_size = block_size_, .num_blocks = num_blocks_,
-         .max_blocks_per_seq = step.table_stride, .max_seq_len = step.max_seq_len,
-         .scale = attention_scale_},
-        stream_);
+    cuda::mla_prefill_attention({.q = mla_q_full_,
+                                 .cache = k_cache_[layer],
+                                 .latent_codes = k_codes_[layer],
+                                 .rope_codes = v_codes_[layer],
+                                 .latent_scales = k_scales_[layer],
+                                 .rope_scales = v_scales_[layer],
+                                 .cu_seqlens = meta_.cu_seqlens,
+                                 .seq_lens = meta_.seq_lens,
+                                 .tile_starts = meta_.paged_tile_starts,
+                                 .block_tables = meta_.block_tables,
+                                 .out = mla_out_latent_,
+                                 .num_tokens = T,
+                                 .num_seqs = step.num_seqs,
+                                 .num_tiles = step.paged_tiles,
+                                 .num_heads = Nh,
+                                 .latent_dim = Lp,
+                                 .rope_dim = Rp,
+                                 .block_size = block_size_,
+                                 .num_blocks = num_blocks_,
+                                 .max_blocks_per_seq = step.table_stride,
+                                 .max_seq_len = step.max_seq_len,
+                                 .scale = attention_scale_},
+                                stream_);
   } else {
     // Decode rows, or the per-query route's one row per token.
-    cuda::mla_decode_attention(
-        {.q = mla_q_full_, .cache = k_cache_[layer], .latent_codes = k_codes_[layer],
-         .rope_codes = v_codes_[layer], .latent_scales = k_scales_[layer],
-         .rope_scales = v_scales_[layer], .block_tables = meta_.block_tables,
-         .seq_lens = meta_.seq_lens, .out = mla_out_latent_, .workspace = attn_workspace_,
-         .num_seqs = T, .num_heads = Nh, .latent_dim = Lp, .rope_dim = Rp,
-         .block_size = block_size_, .num_blocks = num_blocks_,
-         .max_blocks_per_seq = step.table_stride, .max_seq_len = step.max_seq_len,
-         .scale = attention_scale_, .fixed_chunk = attention_chunk_},
-        stream_);
+    cuda::mla_decode_attention({.q = mla_q_full_,
+                                .cache = k_cache_[layer],
+                                .latent_codes = k_codes_[layer],
+                                .rope_codes = v_codes_[layer],
+                                .latent_scales = k_scales_[layer],
+                                .rope_scales = v_scales_[layer],
+                                .block_tables = meta_.block_tables,
+                                .seq_lens = meta_.seq_lens,
+                                .out = mla_out_latent_,
+                                .workspace = attn_workspace_,
+                                .num_seqs = T,
+                                .num_heads = Nh,
+                                .latent_dim = Lp,
+                                .rope_dim = Rp,
+                                .block_size = block_size_,
+                                .num_blocks = num_blocks_,
+                                .max_blocks_per_seq = step.table_stride,
+                                .max_seq_len = step.max_seq_len,
+                                .scale = attention_scale_,
+                                .fixed_chunk = attention_chunk_},
+                               stream_);
   }
   // Each head's latent output lifted through its value rows W_uv[h] = kv_b rows after W_uk[h].
   absorbed({.a = mla_out_latent_, .b = d.kv_b + nope * Lp,
