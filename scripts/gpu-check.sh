@@ -124,11 +124,11 @@ if [ "${MOE_GPU_SKIP_SANITIZER:-0}" = 1 ]; then
   summary+=("sanitizer skipped")
 elif command -v compute-sanitizer >/dev/null; then
   timeout 150 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/tests/test_cuda" \
-    --gtest_filter='CudaMoeBlock.*:*T1:*T19:*T99:*Ties*:*InPlace*:CudaPipeline.*T19:CudaGroupedGemm.*T3_*:CudaPagedDecode.*B3*:CudaPrefill.*Varlen*:CudaPagedPrefill.D64_G4_Win50_Sinks*:CudaSampling.KeptSet_B99*' --gtest_brief=1 \
+    --gtest_filter='CudaMoeBlock.*:*T1:*T19:*T99:*Ties*:*InPlace*:CudaPipeline.*T19:CudaGroupedGemm.*T3_*:CudaPagedDecode.*B3*:CudaPrefill.*Varlen*:CudaPagedPrefill.D64_G4_Win50_Sinks*:CudaMlaPrefill.L40_R16_Heads16*:CudaSampling.KeptSet_B99*' --gtest_brief=1 \
     >"$OUT/sanitizer.log" 2>&1
   memcheck_rc=$?
   timeout 120 compute-sanitizer --tool racecheck --error-exitcode 3 "$BUILD/tests/test_cuda" \
-    --gtest_filter='CudaPlan.*T99:CudaPlan.*T989:CudaRmsNorm.*T19:CudaGroupedGemm.SiluMul_T19_*_Zipf_Rows64:CudaPagedDecode.*B3*:CudaPrefill.*Varlen*:CudaPagedPrefill.D64_G4_Win50_Sinks*:CudaSampling.KeptSet_B99*' --gtest_brief=1 >>"$OUT/sanitizer.log" 2>&1
+    --gtest_filter='CudaPlan.*T99:CudaPlan.*T989:CudaRmsNorm.*T19:CudaGroupedGemm.SiluMul_T19_*_Zipf_Rows64:CudaPagedDecode.*B3*:CudaPrefill.*Varlen*:CudaPagedPrefill.D64_G4_Win50_Sinks*:CudaMlaPrefill.L40_R16_Heads16*:CudaSampling.KeptSet_B99*' --gtest_brief=1 >>"$OUT/sanitizer.log" 2>&1
   racecheck_rc=$?
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Error|Hazard" "$OUT/sanitizer.log" | head -12
   summary+=("memcheck rc=$memcheck_rc racecheck rc=$racecheck_rc")
