@@ -26,7 +26,8 @@
 // relative each): the bf16 bound of CONVENTIONS.md, on the output's natural scale so that
 // outputs near zero (many keys averaging) do not make a relative bound meaningless.
 //
-// Host-side (no GPU): the head tiling, the work list and the launcher's refusals.
+// Host-side (no GPU): the head tiling, the work list, the launcher's refusals and its agreement
+// with the decoder's route predicate.
 // Written without a GPU; not yet run on one.
 #include <gtest/gtest.h>
 
@@ -42,6 +43,7 @@
 #include "backend/cuda/mla_attention.h"
 #include "core/dtype.h"
 #include "cuda_test_util.h"
+#include "model/attention_route.h"
 
 namespace moeinfer::cuda {
 namespace {
@@ -277,6 +279,19 @@ TEST(CudaMlaPrefillChecks, SupportsTheDecodeKernelsRegisterRowsOnly) {
   EXPECT_FALSE(mla_prefill_supports(512, 72));  // the row past 576
   EXPECT_FALSE(mla_prefill_supports(36, 8));    // not a multiple of 8
   EXPECT_FALSE(mla_prefill_supports(32, 0));
+}
+
+// The decoder's route predicate (CUDA-free, model/attention_route.h) and the launcher agree on
+// every latent and rope key up to past the limits, so the route never picks a launch that the
+// launcher refuses, nor leaves a supported model on the per-query route.
+TEST(CudaMlaPrefillChecks, RoutePredicateAgreesWithTheLauncher) {
+  for (int64_t L = 0; L <= 1040; L += 4) {
+    for (int64_t R = 0; R <= 600; R += 4) {
+      const AttentionModelFacts facts{.mla = true, .mla_latent_dim = L, .mla_rope_dim = R};
+      ASSERT_EQ(mla_prefill_kernel_applies(facts), mla_prefill_supports(L, R))
+          << "L " << L << " R " << R;
+    }
+  }
 }
 
 template <typename T>
