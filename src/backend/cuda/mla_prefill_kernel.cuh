@@ -36,8 +36,9 @@
 //   sequence's query tiles backwards, so the latest queries of the longest sequences (the
 //   longest key ranges) start first and the short ones fill the tail.
 //
-// Written without a GPU: 239 registers and no spills at L 512 + R 64 (nvcc -Xptxas -v, sm_90),
-// not yet run.
+// Written without a GPU: 239 registers and no spills at L 512 + R 64 (nvcc -Xptxas -v, sm_90);
+// its indexing checked only by a host emulation of the ldmatrix / mma fragments (not kept), not
+// yet run on a GPU.
 #pragma once
 
 #include <cuda_bf16.h>
