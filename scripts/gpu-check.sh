@@ -124,11 +124,11 @@ if [ "${MOE_GPU_SKIP_SANITIZER:-0}" = 1 ]; then
   summary+=("sanitizer skipped")
 elif command -v compute-sanitizer >/dev/null; then
   timeout 150 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/tests/test_cuda" \
-    --gtest_filter='CudaMoeBlock.*:*T1:*T19:*T99:*Ties*:*InPlace*:CudaPipeline.*T19:CudaGroupedGemm.*T3_*:CudaPagedDecode.*B3*:CudaPrefill.*Varlen*:CudaPagedPrefill.D64_G4_Win50_Sinks*:CudaSampling.KeptSet_B99*' --gtest_brief=1 \
+    --gtest_filter='CudaMoeBlock.*:*T1:*T19:*T99:*Ties*:*InPlace*:CudaPipeline.*T19:CudaGroupedGemm.*T3_*:CudaPagedDecode.*B3*:CudaPrefill.*Varlen*:CudaPagedPrefill.D64_G4_Win50_Sinks*:CudaMlaPrefill.L40_R16_Heads16*:CudaSampling.KeptSet_B99*' --gtest_brief=1 \
     >"$OUT/sanitizer.log" 2>&1
   memcheck_rc=$?
   timeout 120 compute-sanitizer --tool racecheck --error-exitcode 3 "$BUILD/tests/test_cuda" \
-    --gtest_filter='CudaPlan.*T99:CudaPlan.*T989:CudaRmsNorm.*T19:CudaGroupedGemm.SiluMul_T19_*_Zipf_Rows64:CudaPagedDecode.*B3*:CudaPrefill.*Varlen*:CudaPagedPrefill.D64_G4_Win50_Sinks*:CudaSampling.KeptSet_B99*' --gtest_brief=1 >>"$OUT/sanitizer.log" 2>&1
+    --gtest_filter='CudaPlan.*T99:CudaPlan.*T989:CudaRmsNorm.*T19:CudaGroupedGemm.SiluMul_T19_*_Zipf_Rows64:CudaPagedDecode.*B3*:CudaPrefill.*Varlen*:CudaPagedPrefill.D64_G4_Win50_Sinks*:CudaMlaPrefill.L40_R16_Heads16*:CudaSampling.KeptSet_B99*' --gtest_brief=1 >>"$OUT/sanitizer.log" 2>&1
   racecheck_rc=$?
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Error|Hazard" "$OUT/sanitizer.log" | head -12
   summary+=("memcheck rc=$memcheck_rc racecheck rc=$racecheck_rc")
@@ -175,6 +175,29 @@ if [ "${MOE_GPU_SKIP_BENCH:-0}" != 1 ] && [ -x "$BUILD/moeinfer" ]; then
     ratios+="$(basename "$f" .json | sed 's/bench_prefill_//')=$(grep -o '"prefill_peak_ratio": *[0-9.e-]*' "$f" | grep -o '[0-9.e-]*$') "
   done
   summary+=("prefill peak ratio (input_chunk): $ratios")
+fi
+
+# Issue 16 item 3 for MLA: the MLA prefill kernel against the MLA decode kernel run per query
+# row, every MLA fixture's chunked, mixed and one-step prompts (and the one-step prompt against
+# a --deterministic decoder, which keeps the per-query route), then DeepSeek-V3's attention at
+# a 4096-token prompt: in one step, in steps of 1024, and under --deterministic (the per-query
+# route, with the fixed-order GEMM too: an upper bound on what the old route cost, not a clean
+# baseline; what the per-query route printed before this kernel is not known).
+step "MLA prefill: focused tests and prefill benchmark"
+"$BUILD/tests/test_cuda" \
+  --gtest_filter='CudaMla*:CudaChunkedPrefill.*:CudaParity.*' \
+  --gtest_brief=1 >"$OUT/mla_prefill.log" 2>&1
+mla_rc=$?
+grep -E "rel error to the one-step|FAILED|PASSED" "$OUT/mla_prefill.log" | tail -40
+summary+=("MLA prefill tests rc=$mla_rc")
+if [ "${MOE_GPU_SKIP_BENCH:-0}" != 1 ] && [ -x "$BUILD/moeinfer" ]; then
+  for variant in "0" "1024" "0 --deterministic"; do
+    read -r chunk extra <<<"$variant"
+    timeout 300 "$BUILD/moeinfer" bench --device cuda --model synthetic:deepseek-v3 --layers 4 \
+      --batch 1 --input-len 4096 --output-len 4 --max-num-batched-tokens "$chunk" $extra \
+      --json "$OUT/bench_mla_prefill_${chunk}${extra:+_det}.json" 2>&1 |
+      tee -a "$OUT/bench_mla_prefill.log" | grep -E "^Prefill|rror"
+  done
 fi
 
 echo

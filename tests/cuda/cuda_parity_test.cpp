@@ -3,7 +3,8 @@
 //   prefill   the prompt in one step, logits at every position
 //   chunked   the prompt in three steps of uneven size (a quarter, then up to two thirds, then
 //             the rest): the first from position 0, the other two over the cached prefix (the
-//             paged prefill kernel where the flash kernels apply, else the per-query route)
+//             paged prefill kernel where the flash kernels apply, the MLA prefill kernel on
+//             MLA models, which also run the one-step prompt on it, else the per-query route)
 //   decode    three copies of the sequence decoded together one token per step (a padded graph
 //             bucket), prompt then the reference's greedy continuation fed back (teacher forcing)
 // Bounds (issue: CUDA backend): relative logit error <= 2e-2 per fixture and route, and the same
@@ -235,6 +236,15 @@ void qwen3_next_fixtures_on_every_route() {
   family_fixtures_on_every_route("qwen3_5_moe", 2);
 }
 
+// DeepSeek-V2 / V2-Lite / V3 (float32, bf16, fp8, GPTQ) and Kimi K2 (float32, fp8): MLA, whose
+// prompts, chunks and mixed steps take the MLA prefill kernel over the paged latent rows (the
+// 36 + 12 latent and rope key padded to 40 + 16 among them), decode the MLA decode kernel.
+void mla_fixtures_on_every_route() {
+  family_fixtures_on_every_route("deepseek_v2", 4);
+  family_fixtures_on_every_route("deepseek_v3", 3);
+  family_fixtures_on_every_route("kimi_k2", 2);
+}
+
 [[maybe_unused]] const bool kRegistered = [] {
   if (!cuda::testing_util::cuda_device_present("parity")) return false;
   cuda::testing_util::register_kernel_test("CudaParity", "EveryFixtureMatchesTheReferenceOnEveryRoute",
@@ -246,6 +256,8 @@ void qwen3_next_fixtures_on_every_route() {
   cuda::testing_util::register_kernel_test("CudaParity", "Qwen3NextFixturesMatchTheReference",
                                            qwen3_next_fixtures_on_every_route, __FILE__,
                                            __LINE__);
+  cuda::testing_util::register_kernel_test("CudaParity", "MlaFixturesMatchTheReference",
+                                           mla_fixtures_on_every_route, __FILE__, __LINE__);
   return true;
 }();
 

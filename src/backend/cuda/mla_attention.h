@@ -26,8 +26,9 @@
 //   rope_scales   [num_blocks * block_size]      float32, the rope key's amax / 448
 // The kernels decode each row to bf16 (code * scale, rounded) as they load it into shared
 // memory, so they compute exactly what they would over a bf16 cache holding those values.
-// Prefill uses the same kernel by giving each query token its own row b, its sequence's block
-// table and seq_lens[b] = position + 1.
+// The per-query route runs prefill through the same kernel by giving each query token its own
+// row b, its sequence's block table and seq_lens[b] = position + 1; mla_prefill_attention below
+// runs it as flash attention instead, every sequence's new tokens over its paged rows at once.
 //
 // As the other launchers (attention.h): a params struct of raw device pointers and a stream;
 // sizes, pointers and alignment are checked on the host, naming the offending value; nothing is
@@ -109,5 +110,74 @@ int64_t mla_decode_workspace_bound(const MlaDecodeParams& params);
 // one block per 512 output dims as well); long contexts are cut into splits that a second
 // kernel combines.
 void mla_decode_attention(const MlaDecodeParams& params, cudaStream_t stream);
+
+// ---- Prefill: a step's new tokens over the paged latent rows (mla_prefill_kernel.cuh) ----
+//
+// Each sequence b brings n_b >= 1 tokens after a cached prefix of any length (0 included), and
+// their rows are already in the cache. Query i of sequence b sits at position
+// p_b = seq_lens[b] - n_b + i and attends keys [0, p_b + i] (causal). Same cache layouts, q
+// and out rows as MlaDecodeParams, with rows = the step's T tokens instead of B decode rows.
+//
+// The widest latent and cache row the prefill kernel holds: its [64 rows, L] float32 output in
+// registers, the queries and two key tiles of W in shared memory. Wider ones keep the
+// per-query route (model/attention_route.h's kMlaPrefillMaxLatent / kMlaPrefillMaxRow).
+inline constexpr int64_t kMlaPrefillMaxLatentDim = 512;
+inline constexpr int64_t kMlaPrefillMaxCacheWidth = 576;
+// (query, head) rows of one prefill block: the mma rows.
+inline constexpr int64_t kMlaPrefillTileRows = 64;
+
+struct MlaPrefillParams {
+  const __nv_bfloat16* q = nullptr;      // [T, Nh, W] absorbed queries, 16-byte aligned
+  const __nv_bfloat16* cache = nullptr;  // [num_blocks, block_size, W], 16-byte aligned; or
+  // fp8 rows (all four set, `cache` null), as MlaDecodeParams
+  const uint8_t* latent_codes = nullptr;  // [num_blocks * block_size, L]
+  const uint8_t* rope_codes = nullptr;    // [num_blocks * block_size, R]
+  const float* latent_scales = nullptr;   // [num_blocks * block_size]
+  const float* rope_scales = nullptr;     // [num_blocks * block_size]
+  const int32_t* cu_seqlens = nullptr;    // [B + 1] token offsets of the sequences' queries
+  const int32_t* seq_lens = nullptr;      // [B] cached rows after this step (prefix + n_b)
+  // [B + 1] the work list, plan_mla_prefill_tiles' output uploaded: sequence b's query tiles are
+  // blocks [tile_starts[b], tile_starts[b + 1]) of each head tile.
+  const int32_t* tile_starts = nullptr;
+  const int32_t* block_tables = nullptr;  // [B, max_blocks_per_seq]
+  __nv_bfloat16* out = nullptr;           // [T, Nh, L], 16-byte aligned
+  int64_t num_tokens = 0;                 // T
+  int64_t num_seqs = 0;                   // B
+  int64_t num_tiles = 0;                  // tile_starts[B]
+  int64_t num_heads = 0;                  // Nh
+  int64_t latent_dim = 0;  // L, a positive multiple of 8, at most kMlaPrefillMaxLatentDim
+  int64_t rope_dim = 0;    // R, a positive multiple of 8; L + R at most kMlaPrefillMaxCacheWidth
+  int64_t block_size = 0;  // tokens per cache block
+  int64_t num_blocks = 0;  // blocks in the pool (for the device range check)
+  int64_t max_blocks_per_seq = 0;
+  int64_t max_seq_len = 0;  // host-known bound on seq_lens
+  float scale = 0.0f;       // softmax scale, as MlaDecodeParams::scale
+};
+
+// How a launch cuts the heads: up to 64 heads share a block's rows with 64 / heads queries
+// (Nh = 16: 4 queries of 16 heads; Nh = 4: 16 of 4); past 64 the heads are split into
+// ceil(Nh / 64) even tiles (Nh = 128: 2 of 64, one query each), the grid's second dimension.
+struct MlaPrefillTiling {
+  int64_t heads_per_tile = 0;
+  int64_t head_tiles = 0;
+  int64_t queries_per_tile = 0;
+};
+MlaPrefillTiling mla_prefill_tiling(int64_t num_heads);
+
+// Whether the prefill kernel takes this latent and rope key (else the per-query route).
+bool mla_prefill_supports(int64_t latent_dim, int64_t rope_dim);
+
+// The work list of a launch from the sequences' query offsets cu_seqlens [B + 1] (host memory):
+// tile_starts[b] = the query tiles of the sequences before b (ceil(n_b / queries_per_tile)
+// each), tile_starts[B] their total, which it returns (num_tiles). Writes B + 1 values.
+int64_t plan_mla_prefill_tiles(const int32_t* cu_seqlens, int64_t num_seqs, int64_t num_heads,
+                               int32_t* tile_starts);
+
+// out[t, h] = sum_j softmax_j(scale * q[t, h] . row_j) row_j[0:L] over the rows j <= the
+// token's position of its sequence, read through its block table: flash attention on tensor
+// cores, each key tile loaded once for the block's 64 (query, head) rows and used for both
+// products. Float32 scores, online softmax and accumulators, P rounded to bf16 for the P.V
+// product (as the decode kernel), bf16 out. No workspace; not graph-captured (prefill steps).
+void mla_prefill_attention(const MlaPrefillParams& params, cudaStream_t stream);
 
 }  // namespace moeinfer::cuda

@@ -56,6 +56,7 @@
 #include "backend/cuda/grouped_gemm_kernel.cuh"  // cp.async, ldmatrix, mma.sync helpers
 #include "backend/cuda/kv_fp8.cuh"
 #include "backend/cuda/mla_attention.h"
+#include "backend/cuda/mla_rows.cuh"
 
 namespace moeinfer::cuda {
 
@@ -80,9 +81,6 @@ inline constexpr int kCombineThreads = 256;
 inline constexpr int kCombinePairs = 32;
 static_assert(kThreads / 8 == kKeys, "the tile loader gives each row 8 threads");
 static_assert(kThreads == kHeads * (kKeys / 2), "the softmax gives each thread 2 keys of a head");
-
-// 16-byte chunks of one cache row in shared memory: W / 8 rounded up to a multiple of 8.
-__host__ __device__ constexpr int row_chunks(int width) { return (width / 8 + 7) / 8 * 8; }
 
 __host__ __device__ constexpr int tile_bytes(int width) { return kKeys * row_chunks(width) * 16; }
 
@@ -139,30 +137,11 @@ __device__ __forceinline__ void online_softmax_tile(const float* s_red, int red_
   if ((tid & 15) == 0) s_alpha[r_soft] = alpha;
 }
 
-// One fp8 cache row (MlaDecodeParams' latent_codes ... rope_scales) at its slot: where its two
-// code rows start and their scales.
-struct Fp8Row {
-  const uint8_t* latent = nullptr;  // [L] codes
-  const uint8_t* rope = nullptr;    // [R] codes
-  float latent_scale = 0.f, rope_scale = 0.f;
-};
-
 __device__ __forceinline__ Fp8Row fp8_row(const MlaDecodeParams& p, int64_t slot) {
   return Fp8Row{.latent = p.latent_codes + slot * p.latent_dim,
                 .rope = p.rope_codes + slot * p.rope_dim,
                 .latent_scale = __ldg(p.latent_scales + slot),
                 .rope_scale = __ldg(p.rope_scales + slot)};
-}
-
-// Chunk c (values [8 c, 8 c + 8)) of the row [latent | rope key], l_chunks = L / 8 of them in
-// the latent, decoded to the 8 bf16 a bf16 row would hold there.
-__device__ __forceinline__ uint4 fp8_chunk(const Fp8Row& row, int c, int l_chunks) {
-  if (c < l_chunks) {
-    return kvfp8::decode8_bf16(__ldg(reinterpret_cast<const uint2*>(row.latent) + c),
-                               row.latent_scale);
-  }
-  return kvfp8::decode8_bf16(__ldg(reinterpret_cast<const uint2*>(row.rope) + (c - l_chunks)),
-                             row.rope_scale);
 }
 
 }  // namespace mla

@@ -3,7 +3,7 @@
 // it up, and enqueues the layers. Decode steps replay a CUDA graph captured per (batch bucket,
 // context bucket), so a step costs a handful of copies and one graph launch.
 //
-// Attention per step takes one of four routes (model/attention_route.h decides):
+// Attention per step takes one of five routes (model/attention_route.h decides):
 //   decode         every sequence brings one token: paged decode attention over the block
 //                  tables
 //   prefill        every sequence starts at position 0: flash-style causal attention over the
@@ -11,9 +11,12 @@
 //   paged prefill  anything else (chunked prefill after a cached prefix, mixed steps): flash-
 //                  style attention of each sequence's new tokens over its paged keys, one
 //                  attention row per sequence (a sequence bringing one token is a row of one)
-//   per-query      what the flash kernels do not cover (MLA, head dims past 128,
-//                  --deterministic): each new token is its own query row over its sequence's
-//                  blocks, with length position + 1, through the paged decode kernel
+//   MLA prefill    an MLA model's every non-decode step: flash attention of each sequence's
+//                  absorbed queries over its paged latent rows, one attention row per sequence
+//                  as paged prefill (mla_attention() runs it, mla_prefill_attention)
+//   per-query      what the flash kernels do not cover (head dims past 128, MLA rows past
+//                  512 + 64, --deterministic): each new token is its own query row over its
+//                  sequence's blocks, with length position + 1, through the paged decode kernel
 //
 // --deterministic (GpuOptions::deterministic) changes three things, each so that a token's
 // logits depend on nothing but its sequence: products run the fixed-order dense GEMM instead
@@ -121,6 +124,9 @@ bool has_linear_layers(const ModelConfig& c) {
 using Route = AttentionRoute;
 static_assert(kPagedPrefillMaxGqaGroup == cuda::kPagedPrefillMaxGroup,
               "the route predicate and the paged prefill kernel disagree on the GQA group");
+static_assert(kMlaPrefillMaxLatent == cuda::kMlaPrefillMaxLatentDim &&
+                  kMlaPrefillMaxRow == cuda::kMlaPrefillMaxCacheWidth,
+              "the route predicate and the MLA prefill kernel disagree on the widest row");
 
 // Step metadata, the same layout on the host (pinned) and the device.
 struct Meta {
@@ -951,15 +957,19 @@ Step CudaDecoder::prepare(const ForwardBatch& batch) {
     }
   }
 
-  step.route = choose_attention_route(
-      {.one_token_each = all_single, .all_from_position_0 = all_fresh},
-      {.mla = c.mla.has_value(), .deterministic = options_.deterministic,
-       .padded_head_dim = w_.padded_head_dim,
-       .gqa_group = c.num_kv_heads > 0 ? c.num_heads / c.num_kv_heads : 1});
+  step.route =
+      choose_attention_route({.one_token_each = all_single, .all_from_position_0 = all_fresh},
+                             {.mla = c.mla.has_value(),
+                              .deterministic = options_.deterministic,
+                              .padded_head_dim = w_.padded_head_dim,
+                              .gqa_group = c.num_kv_heads > 0 ? c.num_heads / c.num_kv_heads : 1,
+                              .mla_latent_dim = w_.mla.latent,
+                              .mla_rope_dim = w_.mla.rope});
   count_route(step.route);
-  // One attention row per sequence on the flash routes, per token on the others.
-  const bool rows_are_sequences =
-      step.route == Route::kPrefill || step.route == Route::kPagedPrefill;
+  // One attention row per sequence on the flash routes, per token on the others; the paged
+  // ones (GQA and MLA) read each sequence's length and block table.
+  const bool paged_rows = step.route == Route::kPagedPrefill || step.route == Route::kMlaPrefill;
+  const bool rows_are_sequences = step.route == Route::kPrefill || paged_rows;
   step.num_tokens = T;
   step.num_valid = T;
   step.max_seq_len = max_len;
@@ -988,7 +998,7 @@ Step CudaDecoder::prepare(const ForwardBatch& batch) {
   for (int64_t i = 0; i < step.num_seqs; ++i) {
     const SequenceBatch& s = batch.sequences[i];
     const int64_t n = static_cast<int64_t>(s.tokens.size());
-    if (step.route == Route::kPagedPrefill) set_attention_row(i, s.position + n, s.block_table);
+    if (paged_rows) set_attention_row(i, s.position + n, s.block_table);
     for (int64_t t = 0; t < n; ++t, ++row) {
       const int64_t pos = s.position + t;
       h.ids[row] = s.tokens[t];
@@ -1031,6 +1041,9 @@ Step CudaDecoder::prepare(const ForwardBatch& batch) {
     step.paged_tiles = cuda::plan_paged_prefill_tiles(h.cu_seqlens, step.num_seqs,
                                                       c.num_heads / c.num_kv_heads,
                                                       h.paged_tile_starts);
+  } else if (step.route == Route::kMlaPrefill) {
+    step.paged_tiles =
+        cuda::plan_mla_prefill_tiles(h.cu_seqlens, step.num_seqs, c.num_heads, h.paged_tile_starts);
   }
   step.logit_rows = logit_rows;
   step.logits_are_all_rows = logit_rows == T;
@@ -1048,6 +1061,9 @@ void CudaDecoder::count_route(Route route) {
       return;
     case Route::kPagedPrefill:
       ++route_counts_.paged_prefill;
+      return;
+    case Route::kMlaPrefill:
+      ++route_counts_.mla_prefill;
       return;
     case Route::kPerQuery:
       ++route_counts_.per_query;
@@ -1072,10 +1088,11 @@ void CudaDecoder::upload_meta(const Step& step) {
   if (num_state_slots_ > 0) {  // the linear-attention kernels' sequences, on every route
     up(meta_.cu_seqlens, host_meta_.cu_seqlens, step.num_state_seqs + 1);
     up(meta_.state_slots, host_meta_.state_slots, step.num_state_seqs);
-  } else if (step.route == Route::kPrefill || step.route == Route::kPagedPrefill) {
+  } else if (step.route == Route::kPrefill || step.route == Route::kPagedPrefill ||
+             step.route == Route::kMlaPrefill) {
     up(meta_.cu_seqlens, host_meta_.cu_seqlens, step.num_seqs + 1);
   }
-  if (step.route == Route::kPagedPrefill) {
+  if (step.route == Route::kPagedPrefill || step.route == Route::kMlaPrefill) {
     up(meta_.paged_tile_starts, host_meta_.paged_tile_starts, step.num_seqs + 1);
   }
   if (step.route != Route::kPrefill) {  // per attention row: a token, or a sequence
@@ -1438,17 +1455,55 @@ void CudaDecoder::mla_attention(int64_t layer, const Step& step) {
   CUDA_CHECK(cudaMemcpy2DAsync(mla_q_full_ + Lp, W * sizeof(bf16), mla_q_ + nope,
                                qk * sizeof(bf16), R * sizeof(bf16), T * Nh,
                                cudaMemcpyDeviceToDevice, stream_));
-  cuda::mla_decode_attention({.q = mla_q_full_, .cache = k_cache_[layer],
-                              .latent_codes = k_codes_[layer], .rope_codes = v_codes_[layer],
-                              .latent_scales = k_scales_[layer], .rope_scales = v_scales_[layer],
-                              .block_tables = meta_.block_tables, .seq_lens = meta_.seq_lens,
-                              .out = mla_out_latent_, .workspace = attn_workspace_,
-                              .num_seqs = T, .num_heads = Nh, .latent_dim = Lp, .rope_dim = Rp,
-                              .block_size = block_size_, .num_blocks = num_blocks_,
-                              .max_blocks_per_seq = step.table_stride,
-                              .max_seq_len = step.max_seq_len, .scale = attention_scale_,
-                              .fixed_chunk = attention_chunk_},
-                             stream_);
+  if (step.route == Route::kMlaPrefill) {
+    // Attention rows are sequences: each one's new tokens over its paged rows at once.
+    cuda::mla_prefill_attention({.q = mla_q_full_,
+                                 .cache = k_cache_[layer],
+                                 .latent_codes = k_codes_[layer],
+                                 .rope_codes = v_codes_[layer],
+                                 .latent_scales = k_scales_[layer],
+                                 .rope_scales = v_scales_[layer],
+                                 .cu_seqlens = meta_.cu_seqlens,
+                                 .seq_lens = meta_.seq_lens,
+                                 .tile_starts = meta_.paged_tile_starts,
+                                 .block_tables = meta_.block_tables,
+                                 .out = mla_out_latent_,
+                                 .num_tokens = T,
+                                 .num_seqs = step.num_seqs,
+                                 .num_tiles = step.paged_tiles,
+                                 .num_heads = Nh,
+                                 .latent_dim = Lp,
+                                 .rope_dim = Rp,
+                                 .block_size = block_size_,
+                                 .num_blocks = num_blocks_,
+                                 .max_blocks_per_seq = step.table_stride,
+                                 .max_seq_len = step.max_seq_len,
+                                 .scale = attention_scale_},
+                                stream_);
+  } else {
+    // Decode rows, or the per-query route's one row per token.
+    cuda::mla_decode_attention({.q = mla_q_full_,
+                                .cache = k_cache_[layer],
+                                .latent_codes = k_codes_[layer],
+                                .rope_codes = v_codes_[layer],
+                                .latent_scales = k_scales_[layer],
+                                .rope_scales = v_scales_[layer],
+                                .block_tables = meta_.block_tables,
+                                .seq_lens = meta_.seq_lens,
+                                .out = mla_out_latent_,
+                                .workspace = attn_workspace_,
+                                .num_seqs = T,
+                                .num_heads = Nh,
+                                .latent_dim = Lp,
+                                .rope_dim = Rp,
+                                .block_size = block_size_,
+                                .num_blocks = num_blocks_,
+                                .max_blocks_per_seq = step.table_stride,
+                                .max_seq_len = step.max_seq_len,
+                                .scale = attention_scale_,
+                                .fixed_chunk = attention_chunk_},
+                               stream_);
+  }
   // Each head's latent output lifted through its value rows W_uv[h] = kv_b rows after W_uk[h].
   absorbed({.a = mla_out_latent_, .b = d.kv_b + nope * Lp,
             .b_lo = kv_b_lo ? kv_b_lo + nope * Lp : nullptr, .c = attn_, .m = T, .n = vd, .k = Lp,
