@@ -51,6 +51,71 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// The byte offset of 16-byte chunk `chunk` of tile row `row` (rows of D bf16), the chunks
+// XOR-swizzled by (row & 7) so that ldmatrix of 8 rows at one chunk hits 8 bank groups.
+template <int D>
+__device__ __forceinline__ uint32_t tile_offset(int row, int chunk) {
+  return static_cast<uint32_t>((row * (D / 8) + (chunk ^ (row & 7))) * 16);
+}
+
+// Online softmax over one key tile of a warp's 16 rows (mma.sync accumulator layout: this
+// thread's rows lane / 4 and lane / 4 + 8 are halves 0 and 1, four lanes share a row). The
+// scores `s`, already in log2 units and masked to -inf, become exp2(s - running max); each row's
+// running max `m` and sum `l` are updated, and its output accumulators `o` rescaled.
+template <int kNT, int kDT>
+__device__ __forceinline__ void online_softmax_update(float (&s)[kNT][4], float (&m)[2],
+                                                      float (&l)[2], float (&o)[kDT][4]) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * half], s[j][2 * half + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m[half], mx);
+    const float m_use = m_new == -INFINITY ? 0.f : m_new;
+    const float alpha = exp2f(m[half] - m_use);
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) {
+      s[j][2 * half] = exp2f(s[j][2 * half] - m_use);
+      s[j][2 * half + 1] = exp2f(s[j][2 * half + 1] - m_use);
+      sum += s[j][2 * half] + s[j][2 * half + 1];
+    }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    l[half] = l[half] * alpha + sum;
+    m[half] = m_new;
+#pragma unroll
+    for (int j = 0; j < kDT; ++j) {
+      o[j][2 * half] *= alpha;
+      o[j][2 * half + 1] *= alpha;
+    }
+  }
+}
+
+// O += P V for one key tile: P is the warp's probabilities `s` (two adjacent 8-key score tiles
+// form the A fragment of one 16-key step, rounded to bf16), V the tile at shared address `sv`.
+template <int D>
+__device__ __forceinline__ void accumulate_pv(float (&o)[D / 8][4], const float (&s)[kMmaKV / 8][4],
+                                              uint32_t sv, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < kMmaKV / 16; ++kk) {
+    const uint32_t a[4] = {pack_bf16x2(s[2 * kk][0], s[2 * kk][1]),
+                           pack_bf16x2(s[2 * kk][2], s[2 * kk][3]),
+                           pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                           pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+    for (int j = 0; j < D / 8; j += 2) {
+      uint32_t bv[4];
+      ldmatrix_x4_trans(
+          bv, sv + tile_offset<D>(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, j + (lane >> 4)));
+      gemm::mma_bf16(o[j], a, bv[0], bv[1]);
+      gemm::mma_bf16(o[j + 1], a, bv[2], bv[3]);
+    }
+  }
+}
+
 }  // namespace attn
 
 template <int D>
@@ -171,50 +236,8 @@ __global__ void __launch_bounds__(attn::kMmaThreads)
         s[j][e] = v;
       }
     }
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < kNT; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * half], s[j][2 * half + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m[half], mx);
-      const float m_use = m_new == -INFINITY ? 0.f : m_new;
-      const float alpha = exp2f(m[half] - m_use);
-      float sum = 0.f;
-#pragma unroll
-      for (int j = 0; j < kNT; ++j) {
-        s[j][2 * half] = exp2f(s[j][2 * half] - m_use);
-        s[j][2 * half + 1] = exp2f(s[j][2 * half + 1] - m_use);
-        sum += s[j][2 * half] + s[j][2 * half + 1];
-      }
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      l[half] = l[half] * alpha + sum;
-      m[half] = m_new;
-#pragma unroll
-      for (int j = 0; j < kDT; ++j) {
-        o[j][2 * half] *= alpha;
-        o[j][2 * half + 1] *= alpha;
-      }
-    }
-
-    // O += P V: two adjacent score tiles form the A fragment of one 16-key step.
-#pragma unroll
-    for (int kk = 0; kk < kMmaKV / 16; ++kk) {
-      const uint32_t a[4] = {pack_bf16x2(s[2 * kk][0], s[2 * kk][1]),
-                             pack_bf16x2(s[2 * kk][2], s[2 * kk][3]),
-                             pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                             pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-      for (int j = 0; j < kDT; j += 2) {
-        uint32_t bv[4];
-        ldmatrix_x4_trans(
-            bv, sv + offset(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, j + (lane >> 4)));
-        mma_bf16(o[j], a, bv[0], bv[1]);
-        mma_bf16(o[j + 1], a, bv[2], bv[3]);
-      }
-    }
+online_softmax_update(s, m, l, o);
+    accumulate_pv<D>(o, s, sv, lane);
     __syncthreads();  // this buffer is reloaded two tiles from now
   }
 
