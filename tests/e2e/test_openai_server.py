@@ -384,7 +384,9 @@ def check_bench_commands(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
             assert label in proc.stdout, proc.stdout
         for flags, message in ((["--sweep", "--batch", "2"], "drop --batch"),
                                (["--sweep-batches", "2"], "apply to --sweep only"),
-                               (["--sweep", "--sweep-prefill", "100000"], "exceeds the context")):
+                               (["--sweep", "--sweep-prefill", "100000"], "exceeds the context"),
+                               (["--no-programmatic-launch"], "applies to --device cuda"),
+                               (["--no-cuda-graphs"], "applies to --device cuda")):
             proc = subprocess.run([ctx["moeinfer"], "bench", *flags], capture_output=True,
                                   text=True, timeout=60)
             assert proc.returncode != 0 and message in proc.stderr, (flags, proc.stderr)
