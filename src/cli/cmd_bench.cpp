@@ -487,6 +487,8 @@ void run_bench(const BenchArgs& args) {
   MOE_CHECK(args.device.is_cuda() || !(args.no_cuda_graphs || args.no_programmatic_launch),
             args.no_cuda_graphs ? "--no-cuda-graphs" : "--no-programmatic-launch",
             " applies to --device cuda (the CPU launches no kernels)");
+  MOE_CHECK(args.time_every == 0 || args.profile,
+            "--time-every applies to --profile (without it no stage is timed)");
   MOE_CHECK(args.batch >= 1, "--batch must be >= 1");
   MOE_CHECK(args.input_len >= 1 && args.output_len >= 1,
             "--input-len and --output-len must be >= 1");

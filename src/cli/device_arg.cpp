@@ -53,6 +53,8 @@ void add_device_options(CLI::App* cmd, DeviceArgs* args) {
                   " applies to --device cuda (the CPU computes with "
                   "the checkpoint's weights as stored, stage by stage)");
     }
+    USAGE_CHECK(cmd->count("--gpu-memory-fraction") == 0,
+                "--gpu-memory-fraction applies to --device cuda (the CPU holds no GPU memory)");
   });
 }
 
@@ -242,6 +244,8 @@ std::optional<parallel::ExpertPlacement> DeviceArgs::expert_placement(
 
 parallel::Communicator* DeviceArgs::expert_parallel() const {
   MOE_CHECK(overlap.empty() || ep > 1, "--overlap ", overlap, " needs --ep N with N > 1");
+  USAGE_CHECK(placement.empty() || ep > 1, "--placement ", placement,
+              " needs --ep N with N > 1: without expert parallelism every expert is local");
   // --dispatch-dtype: the GPU's refusal first, so that it names the flag with or without --ep.
   USAGE_CHECK(dispatch_dtype.empty() || !is_cuda(), "--dispatch-dtype ", dispatch_dtype,
               " is not implemented on the CUDA backend yet (its expert parallelism sends the "
