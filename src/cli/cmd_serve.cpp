@@ -143,6 +143,9 @@ void run_serve(ServeArgs args) {
             "--stage-metrics and --no-stage-metrics contradict each other");
   args.engine.profile_stages =
       args.stage_metrics || (!args.no_stage_metrics && !args.device.is_cuda());
+  MOE_CHECK(args.engine.profile_time_every == 0 || args.engine.profile_stages,
+            "--time-every applies with stage metrics (--stage-metrics, or the CPU's default), "
+            "which are off here");
   args.engine.gpu_memory_fraction = args.device.gpu_memory_fraction;
   args.engine.fused_moe_rows = args.device.fused_moe_rows;
   args.engine.fp8_tensor_cores = args.device.fp8_tensor_cores_on();
