@@ -34,4 +34,19 @@ bool programmatic_launch() {
   return state < 0 ? supported() : state == 1;
 }
 
+bool follows_kernels_only(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const cudaGraphNode_t* dependencies = nullptr;
+  size_t count = 0;
+  CUDA_CHECK(cudaStreamGetCaptureInfo(stream, &status, nullptr, nullptr, &dependencies, nullptr,
+                                      &count));
+  if (status != cudaStreamCaptureStatusActive) return true;
+  for (size_t i = 0; i < count; ++i) {
+    cudaGraphNodeType type = cudaGraphNodeTypeEmpty;
+    CUDA_CHECK(cudaGraphNodeGetType(dependencies[i], &type));
+    if (type != cudaGraphNodeTypeKernel) return false;
+  }
+  return count > 0;
+}
+
 }  // namespace moeinfer::cuda

@@ -27,12 +27,19 @@ namespace moeinfer::cuda {
 void set_programmatic_launch(bool on);
 bool programmatic_launch();
 
+// Whether the next launch on `stream` may be a programmatic dependent: outside a graph capture
+// always (after an operation that is not a kernel the launch is a plain one); during a capture
+// only when every node it will depend on is a kernel node, so that a profiled graph's event
+// node or a routing capture's copy before it keeps a plain edge.
+bool follows_kernels_only(cudaStream_t stream);
+
 template <typename... KernelParams, typename... Args>
 void launch_after_previous(void (*kernel)(KernelParams...), dim3 grid, dim3 block,
                            size_t shared_bytes, cudaStream_t stream, Args&&... args) {
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = programmatic_launch() ? 1 : 0;
+  attribute.val.programmaticStreamSerializationAllowed =
+      programmatic_launch() && follows_kernels_only(stream) ? 1 : 0;
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
