@@ -67,21 +67,6 @@ __device__ __forceinline__ int paged_prefill_span(int64_t span, int keys) {
 
 static_assert(kMmaQ == kPagedPrefillTileRows, "the host plans tiles of kMmaQ rows");
 
-// The sequence whose tiles hold block `tile`: the last b with tile_starts[b] <= tile (a
-// sequence with no tiles shares its start with the next one, which is then the one found).
-__device__ __forceinline__ int paged_prefill_sequence_of(const PagedPrefillParams& p, int tile) {
-  int lo = 0, hi = static_cast<int>(p.num_seqs) - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (__ldg(p.tile_starts + mid) <= tile) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  return lo;
-}
-
 }  // namespace attn
 
 // grid (num_tiles, Nkv), kMmaThreads threads, prefill_mma_smem_bytes<D>() bytes.
@@ -107,7 +92,9 @@ __global__ void __launch_bounds__(attn::kMmaThreads)
   const int kvh = blockIdx.y, tile = blockIdx.x;
   const int G = static_cast<int>(p.num_q_heads / p.num_kv_heads);
   const int tile_queries = kMmaQ / G;
-  const int b = paged_prefill_sequence_of(p, tile);
+  // The sequence whose tiles hold this block (one with no tiles shares its start with the
+  // next, which is then the one found).
+  const int b = device::last_start_at_or_before(p.tile_starts, static_cast<int>(p.num_seqs), tile);
   const int seq0 = __ldg(p.cu_seqlens + b);
   const int num_queries = __ldg(p.cu_seqlens + b + 1) - seq0;
   const int q0 = (tile - __ldg(p.tile_starts + b)) * tile_queries;

@@ -29,6 +29,23 @@ __device__ __forceinline__ void start_after_previous_grid() {
   allow_next_grid();
 }
 
+// The last i in [0, count) with starts[i] <= value, for a non-decreasing `starts` whose first
+// entry is at most `value` (a host-planned work list: the item that block `value` belongs to).
+// Among equal starts (items with no work) the last one is found.
+__device__ __forceinline__ int last_start_at_or_before(const int32_t* starts, int count,
+                                                       int value) {
+  int lo = 0, hi = count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (__ldg(starts + mid) <= value) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
 inline constexpr unsigned kFullMask = 0xffffffffu;
 inline constexpr int kWarpSize = 32;
 inline constexpr int kBf16PerVec = 8;  // one uint4 holds 8 bf16

@@ -83,21 +83,6 @@ __host__ __device__ constexpr int prefill_smem_bytes(int width) {
   return prefill_q_bytes(width) + 2 * prefill_tile_bytes(width) + kPrefillExchangeBytes;
 }
 
-// The sequence whose query tiles hold tile `tile`: the last b with tile_starts[b] <= tile (a
-// sequence with no tiles shares its start with the next one, which is then the one found).
-__device__ __forceinline__ int prefill_sequence_of(const MlaPrefillParams& p, int tile) {
-  int lo = 0, hi = static_cast<int>(p.num_seqs) - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (__ldg(p.tile_starts + mid) <= tile) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  return lo;
-}
-
 }  // namespace mla
 
 // grid (num_tiles, head_tiles), mla::kPrefillThreads threads, mla::prefill_smem_bytes(W) bytes
@@ -129,7 +114,9 @@ __global__ void __launch_bounds__(mla::kPrefillThreads, 1)
   const int h0 = static_cast<int>(blockIdx.y) * Gt;
   const int heads = min(Gt, Nh - h0);
   const int tile_queries = kPrefillRows / Gt;
-  const int b = prefill_sequence_of(p, tile);
+  // The sequence whose tiles hold this block (one with no tiles shares its start with the
+  // next, which is then the one found).
+  const int b = device::last_start_at_or_before(p.tile_starts, static_cast<int>(p.num_seqs), tile);
   const int seq0 = __ldg(p.cu_seqlens + b);
   const int num_queries = __ldg(p.cu_seqlens + b + 1) - seq0;
   const int q0 = (tile - __ldg(p.tile_starts + b)) * tile_queries;
