@@ -64,6 +64,8 @@ int32_t agree_on_token(const DeviceArgs& device, int32_t token) {
 void run_generate(const GenerateArgs& args) {
   Sampler::validate(args.sampling);
   MOE_CHECK(args.max_tokens >= 1, "--max-tokens must be >= 1, got ", args.max_tokens);
+  MOE_CHECK(args.chat || args.system.empty(),
+            "--system applies to --chat (a plain prompt is encoded as it is)");
   const std::filesystem::path dir = resolve_model_dir(args.model);
   auto model = load_model_for(dir, args.device);
   const Tokenizer tokenizer = Tokenizer::from_dir(dir);
