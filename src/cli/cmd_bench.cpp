@@ -65,6 +65,12 @@ struct BenchArgs {
 };
 
 std::unique_ptr<Engine> load_engine(const BenchArgs& args, const EngineConfig& config) {
+  if (is_synthetic_model(args.model) && args.device.ep > 1) {  // cuda only, as without --ep
+    return load_expert_parallel_synthetic(
+        args.model.substr(std::string("synthetic:").size()), args.layers,
+        {.seed = args.seed, .routing = parse_routing_skew(args.routing_skew)}, config,
+        args.device);
+  }
   if (is_synthetic_model(args.model)) {
     return Engine::load_synthetic(
         args.model.substr(std::string("synthetic:").size()), args.layers,
@@ -499,9 +505,6 @@ void run_bench(const BenchArgs& args) {
   MOE_CHECK(!args.sweep_lists_given, "--sweep-batches and --sweep-prefill apply to --sweep only");
   const bool synthetic = is_synthetic_model(args.model);
   const EngineConfig config = engine_config(args);
-  MOE_CHECK(args.device.ep == 1 || !synthetic, "--ep ", args.device.ep,
-            ": synthetic models are built on the GPU, and expert parallelism runs on CPU ranks");
-  args.device.check_engine_ep();
   parallel::Communicator* ranks = args.device.expert_parallel();  // null without --ep
   auto engine = load_engine(args, config);
   MOE_CHECK(args.input_len + args.output_len <= engine->max_model_len(),
@@ -510,8 +513,8 @@ void run_bench(const BenchArgs& args) {
   const std::string name =
       synthetic ? args.model : engine->model_dir().filename().string();
 
-  if (engine->gpu()) {  // warm-up: the same shapes, a few steps
-    run_workload(*engine, args, std::min<int64_t>(args.output_len, 3), args.seed + 1);
+  if (engine->gpu()) {  // warm-up: the same shapes, a few steps (every rank's share under --ep)
+    run_workload(*engine, args, std::min<int64_t>(args.output_len, 3), args.seed + 1, ranks);
   }
   const EngineStats before = engine->stats();
   const RunTimes times =

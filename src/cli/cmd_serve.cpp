@@ -5,7 +5,8 @@
 // second signal exits at once (128 + the signal).
 //
 // `mpirun -np N moeinfer serve --ep N`: expert parallelism with attention data-parallel. Every
-// rank loads its engine over an expert-parallel decoder; rank 0 serves HTTP and spreads the
+// rank loads its engine over an expert-parallel decoder (CPU ranks, or on --device cuda a GPU
+// decoder on GPU rank % count with the host-staged dispatcher); rank 0 serves HTTP and spreads the
 // requests over the ranks (runtime/engine_ranks.h), the others follow its steps until it stops.
 // A SIGTERM to rank 0 drains the job as above; mpirun given one hands it to every rank (Open MPI
 // 4.1: odls_base_sigkill_timeout later, SIGKILL as long again after that): rank 0 drains, the
@@ -102,7 +103,11 @@ void serve_as_rank(const ServeArgs& args, const std::filesystem::path& dir, bool
   const std::string synthetic_name =
       synthetic ? args.model.substr(std::string("synthetic:").size()) : "";
   std::unique_ptr<Engine> engine;
-  if (ranks) {
+  if (ranks && synthetic) {  // cuda only, as without --ep
+    engine = load_expert_parallel_synthetic(
+        synthetic_name, args.layers, {.routing = parse_routing_skew(args.routing_skew)},
+        args.engine, args.device);
+  } else if (ranks) {
     engine = load_expert_parallel_engine(dir, args.engine, args.device);
   } else if (synthetic) {
     engine = Engine::load_synthetic(synthetic_name, args.layers,
@@ -189,10 +194,7 @@ void run_serve(ServeArgs args) {
     }
   } restore{&previous_term, &previous_int, &previous_pipe};
 
-  args.device.check_engine_ep();
   parallel::Communicator* ranks = args.device.expert_parallel();  // null without --ep
-  MOE_CHECK(!ranks || !synthetic, "--ep ", args.device.ep,
-            ": synthetic models are built on the GPU, and expert parallelism runs on CPU ranks");
   end_job_on_error(ranks != nullptr, [&] { serve_as_rank(args, dir, synthetic, ranks); });
 }
 

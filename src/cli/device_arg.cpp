@@ -202,8 +202,9 @@ void add_expert_parallel_option(CLI::App* cmd, DeviceArgs* args) {
                   "Expert parallelism: shard the routed experts over N ranks, launched as "
                   "`mpirun -np N moeinfer ... --ep N`; generate and logits run the sequence on "
                   "every rank, serve and bench give each rank its own requests (attention "
-                  "data-parallel); rank 0 prints and serves HTTP. On cuda (generate and logits "
-                  "only) rank r runs on GPU r % count, ranks may share one")
+                  "data-parallel); rank 0 prints and serves HTTP. On cuda rank r runs on GPU r % "
+                  "count, ranks may share one: the k ranks on one GPU each take "
+                  "--gpu-memory-fraction / k of it for weights, workspace and KV cache")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_option("--placement", args->placement,
@@ -262,18 +263,15 @@ parallel::Communicator* DeviceArgs::expert_parallel() const {
   USAGE_CHECK(micro_batches == 1 || ep > 1, "--micro-batches ", micro_batches,
               " needs --ep N with N > 1: without expert parallelism nothing travels to overlap");
   if (ep == 1) return nullptr;
-  // On cuda generate and logits take it (SequenceRunner); bench and serve are refused by
-  // load_expert_parallel_engine.
+  MOE_CHECK(!is_cuda() || fused_moe_rows <= 0, "--fused-moe-rows ", fused_moe_rows,
+            " with --ep on cuda: the small-batch MoE path has no dispatch stage and is off "
+            "under expert parallelism");
+  // generate and logits take it in SequenceRunner, bench and serve in
+  // load_expert_parallel_engine (either device).
   parallel::Communicator& world = parallel::world();
   MOE_CHECK(world.size() == ep, "--ep ", ep, " but this job has ", world.size(),
             " rank(s): launch it as `mpirun -np ", ep, " moeinfer ... --ep ", ep, "`");
   return &world;
-}
-
-void DeviceArgs::check_engine_ep() const {
-  USAGE_CHECK(ep == 1 || !is_cuda(), "--ep ", ep,
-              " on cuda runs generate and logits only for now (bench and serve over GPU ranks "
-              "are not built): serve and bench expert-parallel on CPU ranks (--device cpu)");
 }
 
 void end_job_on_error(bool expert_parallel, const std::function<void()>& body) {
@@ -287,22 +285,34 @@ void end_job_on_error(bool expert_parallel, const std::function<void()>& body) {
   }
 }
 
+namespace {
+
+ExpertParallelOptions expert_parallel_options(const DeviceArgs& device) {
+  parallel::Communicator* comm = device.expert_parallel();  // the flags checked here
+  MOE_CHECK(comm != nullptr, "load_expert_parallel_engine without --ep N (N > 1)");
+  return {.comm = comm,
+          .placement = device.placement,
+          .overlap_shared_experts = device.overlap_shared_experts(),
+          .dispatch_dtype = device.dispatch_rows_dtype(),
+          .micro_batches = device.micro_batches};
+}
+
+}  // namespace
+
 std::unique_ptr<Engine> load_expert_parallel_engine(const std::filesystem::path& dir,
                                                     const EngineConfig& config,
                                                     const DeviceArgs& device) {
   config.validate();
-  parallel::Communicator* comm = device.expert_parallel();
-  MOE_CHECK(comm != nullptr, "load_expert_parallel_engine without --ep N (N > 1)");
-  MOE_CHECK(config.device == "cpu", "--ep ", device.ep,
-            " with bench and serve on cuda is not built yet (generate and logits run it): "
-            "serve and bench expert-parallel on CPU ranks (--device cpu)");
-  return moeinfer::load_expert_parallel_engine(
-      dir, config,
-      {.comm = comm,
-       .placement = device.placement,
-       .overlap_shared_experts = device.overlap_shared_experts(),
-       .dispatch_dtype = device.dispatch_rows_dtype(),
-       .micro_batches = device.micro_batches});
+  return moeinfer::load_expert_parallel_engine(dir, config, expert_parallel_options(device));
+}
+
+std::unique_ptr<Engine> load_expert_parallel_synthetic(const std::string& name, int64_t layers,
+                                                       const SyntheticGpuOptions& synthetic,
+                                                       const EngineConfig& config,
+                                                       const DeviceArgs& device) {
+  config.validate();
+  return moeinfer::load_expert_parallel_synthetic(name, layers, synthetic, config,
+                                                  expert_parallel_options(device));
 }
 
 bool DeviceArgs::is_output_rank() const { return ep == 1 || parallel::world().rank() == 0; }
@@ -396,14 +406,10 @@ SequenceRunner::SequenceRunner(Model& model, const DeviceArgs& device, int64_t m
   options.kv_dtype = kv_dtype_;
   options.routing = routing;
   if (expert_parallel != nullptr) {  // --ep N: rank r on GPU r % count (ranks may share one)
-    const int count = cuda_device_count();
-    MOE_CHECK(count > 0, "--ep ", expert_parallel->size(), " --device cuda: rank ",
-              expert_parallel->rank(), " sees no CUDA device");
-    MOE_CHECK(device.fused_moe_rows <= 0, "--fused-moe-rows ", device.fused_moe_rows,
-              " with --ep on cuda: the small-batch MoE path has no dispatch stage and is off "
-              "under expert parallelism");
-    options.device = expert_parallel->rank() % count;
-    options.expert_parallel = expert_parallel;
+    const GpuRank rank = expert_parallel_gpu_rank(*expert_parallel, device.placement);
+    options.device = rank.device;
+    options.expert_parallel = rank.expert_parallel;
+    options.ranks_on_device = rank.ranks_on_device;
     options.placement = device.expert_placement(model.decoder());
   }
   gpu_ = GpuDecoder::create(config, model.decoder().weights(), options);

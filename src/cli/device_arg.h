@@ -56,10 +56,6 @@ struct DeviceArgs {
   // The job's communicator under --ep N (launched as N ranks by mpirun; checked, with the flags
   // that need --ep), else null.
   parallel::Communicator* expert_parallel() const;
-  // serve and bench: --ep N on cuda is refused before the launch is checked (generate and
-  // logits run it; an engine of expert-parallel GPU ranks is not built), so that the refusal
-  // names what is missing rather than asking for mpirun.
-  void check_engine_ep() const;
   // --placement FILE read for `decoder`'s MoE layers over --ep ranks; empty without the flag.
   std::optional<parallel::ExpertPlacement> expert_placement(const Decoder& decoder) const;
   // Whether this process prints and writes the command's results: rank 0 under --ep.
@@ -110,11 +106,17 @@ void add_expert_parallel_option(CLI::App* cmd, DeviceArgs* args);
 // that exits without finalising makes mpirun end the whole job.
 void end_job_on_error(bool expert_parallel, const std::function<void()>& body);
 
-// A CPU engine over the checkpoint in `dir` whose decoder is expert-parallel over the job of
-// --ep ranks (DeviceArgs::expert_parallel(), checked), with --placement when given.
+// This rank's engine over the checkpoint in `dir` (or `synthetic`, a synthetic:NAME model's
+// name, cuda only) whose decoder is expert-parallel over the job of --ep ranks
+// (DeviceArgs::expert_parallel(), checked), with --placement when given: a CPU decoder, or on
+// cuda a GPU decoder on GPU rank % count (runtime/engine_ranks.h).
 std::unique_ptr<Engine> load_expert_parallel_engine(const std::filesystem::path& dir,
                                                     const EngineConfig& config,
                                                     const DeviceArgs& device);
+std::unique_ptr<Engine> load_expert_parallel_synthetic(const std::string& name, int64_t layers,
+                                                       const SyntheticGpuOptions& synthetic,
+                                                       const EngineConfig& config,
+                                                       const DeviceArgs& device);
 
 // One sequence's forward passes over its own KV cache, on the CPU or the GPU.
 class SequenceRunner {

@@ -123,5 +123,7 @@ DeviceFloors measure_device_floors() {
 
 int cuda_device_count() { return 0; }
 
+std::string cuda_device_uuid(int) { return {}; }
+
 }  // namespace moeinfer
 #endif

@@ -92,6 +92,12 @@ struct GpuOptions {
   // with `offload` (--expert-budget).
   parallel::Communicator* expert_parallel = nullptr;
   std::optional<parallel::ExpertPlacement> placement;  // with expert_parallel; none: contiguous
+  // k, the ranks of an --ep job that run on this GPU, this one included. With k > 1 the decoder's budget is gpu_memory_fraction / k of the card, and only what the decoder
+  // allocates itself (weights, workspace, recurrent state, KV pool) counts against it, not what
+  // is in use on the device: the other ranks build at the same time, each within its own share.
+  // With 1, the whole fraction, and everything in use on the device counts (other processes,
+  // the CUDA context). Either way the KV pool also leaves 256 MiB of the device free.
+  int ranks_on_device = 1;
 };
 
 // How a synthetic model's routers choose (`--routing-skew`).
@@ -257,6 +263,9 @@ class GpuDecoder {
   // (rows and outputs) since creation, indexed by profile::Link (same GPU, peer GPU, network);
   // empty otherwise.
   virtual std::vector<int64_t> expert_parallel_bytes() const { return {}; }
+  // GpuOptions::expert_parallel: the ranks every forward exchanges with (so that every rank must
+  // run one whenever another does, an empty batch included); null in one process.
+  virtual const parallel::Communicator* expert_parallel() const { return nullptr; }
   // Steps per attention route (model/attention_route.h) since creation, counted on the host.
   virtual AttentionRouteCounts attention_route_counts() const { return {}; }
 };
@@ -264,6 +273,9 @@ class GpuDecoder {
 // CUDA devices this process sees (0 without CUDA support or a device): --ep N on cuda puts rank
 // r on device r % count.
 int cuda_device_count();
+// The device's UUID as 32 hex digits (what tells two ranks they share a GPU whatever
+// CUDA_VISIBLE_DEVICES each sees); empty without CUDA support or that device.
+std::string cuda_device_uuid(int device);
 
 // The floors GPU figures are ratios to, measured now on the current device.
 struct DeviceFloors {

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <limits>
 #include <optional>
+#include <span>
 
 #include "backend/cpu/gemm.h"
 #include "core/error.h"
@@ -137,10 +138,36 @@ GpuOptions gpu_options(const ModelConfig& model, const EngineConfig& config) {
                     .routing = config.routing};
 }
 
+// The GPU decoder's options for `rank`, with its placement file read for `moe_layers`.
+GpuOptions gpu_rank_options(const ModelConfig& model, const EngineConfig& config,
+                            const GpuRank& rank, std::span<const int64_t> moe_layers) {
+  GpuOptions options = gpu_options(model, config);
+  options.device = rank.device;
+  options.expert_parallel = rank.expert_parallel;
+  options.ranks_on_device = rank.ranks_on_device;
+  if (!rank.placement.empty()) {
+    MOE_CHECK(rank.expert_parallel != nullptr, "--placement ", rank.placement.string(),
+              " needs expert parallelism (--ep N with N > 1)");
+    options.placement = parallel::read_placement(rank.placement, model.num_experts,
+                                                 rank.expert_parallel->size(), moe_layers);
+  }
+  return options;
+}
+
+std::vector<int64_t> config_moe_layers(const ModelConfig& model) {
+  std::vector<int64_t> layers;
+  for (int64_t l = 0; l < model.num_layers; ++l) {
+    if (l < static_cast<int64_t>(model.layer_is_moe.size()) && model.layer_is_moe[l]) {
+      layers.push_back(l);
+    }
+  }
+  return layers;
+}
+
 }  // namespace
 
 std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const EngineConfig& config,
-                                     const LoadOptions& options) {
+                                     const LoadOptions& options, const GpuRank& rank) {
   config.validate();
   moe::check_routing_device(config.routing, config.device == "cuda");
   if (config.device == "cuda") {
@@ -155,8 +182,9 @@ std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const Eng
     auto model =
         Model::load(dir, LoadOptions{.prefault = false, .expert_weights = config.expert_weights});
     Tokenizer tokenizer = Tokenizer::from_dir(dir);
-    auto gpu = GpuDecoder::create(model->config(), model->decoder().weights(),
-                                  gpu_options(model->config(), config));
+    auto gpu = GpuDecoder::create(
+        model->config(), model->decoder().weights(),
+        gpu_rank_options(model->config(), config, rank, config_moe_layers(model->config())));
     return std::make_unique<Engine>(std::move(model), std::move(gpu), std::move(tokenizer),
                                     config);
   }
@@ -172,7 +200,7 @@ std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const Eng
 
 std::unique_ptr<Engine> Engine::load_synthetic(const std::string& name, int64_t num_layers,
                                                const SyntheticGpuOptions& synthetic,
-                                               const EngineConfig& config) {
+                                               const EngineConfig& config, const GpuRank& rank) {
   config.validate();
   MOE_CHECK(config.device == "cuda", "synthetic models are built on the GPU: use --device cuda");
   check_synthetic_weight_format(config.expert_weights, name, config.offload.enabled());
@@ -183,7 +211,9 @@ std::unique_ptr<Engine> Engine::load_synthetic(const std::string& name, int64_t 
   // --weights fp8|int4: the experts' codes (one source of the flag: the engine's config).
   SyntheticGpuOptions options = synthetic;
   options.expert_weights = config.expert_weights;
-  auto gpu = GpuDecoder::create_synthetic(model_config, gpu_options(model_config, config), options);
+  auto gpu = GpuDecoder::create_synthetic(
+      model_config,
+      gpu_rank_options(model_config, config, rank, config_moe_layers(model_config)), options);
   return std::make_unique<Engine>(nullptr, std::move(gpu), std::move(tokenizer), config);
 }
 
@@ -406,7 +436,8 @@ void Engine::set_routing_observer(Decoder::RoutingObserver observer) {
 }
 
 bool Engine::steps_collectively() const {
-  return model_ && !gpu_ && model_->decoder().expert_parallel() != nullptr;
+  if (gpu_) return gpu_->expert_parallel() != nullptr;
+  return model_ && model_->decoder().expert_parallel() != nullptr;
 }
 
 int64_t Engine::num_queued_tokens() const {
@@ -436,7 +467,13 @@ std::vector<RequestOutput> Engine::step() {
   totals_.schedule_seconds += schedule_seconds;
   if (scheduled.empty()) {
     // The other ranks' tokens still pass through this rank's experts.
-    if (steps_collectively()) model_->decoder().forward(ForwardBatch{}, pool_, {});
+    if (steps_collectively()) {
+      if (gpu_) {
+        gpu_->forward(ForwardBatch{}, {});
+      } else {
+        model_->decoder().forward(ForwardBatch{}, pool_, {});
+      }
+    }
     return outputs;
   }
   if (profiler_) {
@@ -467,7 +504,10 @@ std::vector<RequestOutput> Engine::step() {
       totals_.expert_cache_bytes[l] += step.expert_cache_bytes[l];
       totals_.expert_cache_stall_seconds[l] += step.expert_cache_stall_s[l];
     }
-    totals_.network_bytes += step.link_bytes[static_cast<int>(profile::Link::kNetwork)];
+    for (const profile::Link link :
+         {profile::Link::kNetwork, profile::Link::kPeerGpu, profile::Link::kSameGpu}) {
+      totals_.network_bytes += step.link_bytes[static_cast<int>(link)];
+    }
     for (size_t i = 0; i < step.expert_rows.size() && i < totals_.expert_rows.size(); ++i) {
       totals_.expert_rows[i] += step.expert_rows[i];
     }

@@ -95,9 +95,10 @@ struct EngineStats {
   std::vector<int64_t> expert_rows;
   // With profile_stages: the steps whose stages were timed (EngineConfig::profile_time_every).
   int64_t timed_steps = 0;
-  // With profile_stages: bytes this rank sent to other ranks (profile::Link::kNetwork: under
-  // --ep, the MoE layers' dispatched rows as encoded by --dispatch-dtype and the outputs sent
-  // back), over all steps; 0 in one process.
+  // With profile_stages: bytes this rank sent to other ranks (under --ep, the MoE layers'
+  // dispatched rows as encoded by --dispatch-dtype and the outputs sent back), over all steps; 0
+  // in one process. Every link between ranks: profile::Link::kNetwork on CPU ranks, and on GPU
+  // ranks also kPeerGpu and kSameGpu (host-staged either way).
   int64_t network_bytes = 0;
   // With profile_stages, per kind of step (kPromptStep: it ran prompt tokens; kDecodeStep: one
   // new token per request): the steps, the timed ones, and their step time (schedule + forward
@@ -129,6 +130,16 @@ struct EngineStats {
   bool expert_offload() const { return !expert_cache.empty(); }
 };
 
+// Where a GPU engine's decoder runs and whom its MoE layers exchange with: one rank of an
+// expert-parallel job on cuda (load_expert_parallel_engine in engine_ranks.h sets it per rank);
+// the default is one process on device 0, every expert local.
+struct GpuRank {
+  int device = 0;                                     // GpuOptions::device
+  parallel::Communicator* expert_parallel = nullptr;  // GpuOptions::expert_parallel
+  std::filesystem::path placement;  // --placement FILE; empty: contiguous ranges
+  int ranks_on_device = 1;          // GpuOptions::ranks_on_device
+};
+
 class Engine {
  public:
   Engine(std::unique_ptr<Model> model, Tokenizer tokenizer, const EngineConfig& config);
@@ -136,16 +147,18 @@ class Engine {
   // its metadata, `gpu` runs every step.
   Engine(std::unique_ptr<Model> model, std::unique_ptr<GpuDecoder> gpu, Tokenizer tokenizer,
          const EngineConfig& config);
-  // Loads the checkpoint folder (config.json, safetensors, tokenizer.json), onto config.device.
+  // Loads the checkpoint folder (config.json, safetensors, tokenizer.json), onto config.device;
+  // on cuda the decoder runs as `rank` says.
   static std::unique_ptr<Engine> load(const std::filesystem::path& dir, const EngineConfig& config,
-                                      const LoadOptions& options = {});
+                                      const LoadOptions& options = {}, const GpuRank& rank = {});
   // A synthetic model ("qwen3-30b-a3b", ...) with random weights built on the GPU, cut to
   // `num_layers` when > 0, and a generated tokenizer of the model's vocabulary size. The routed
   // experts take config.expert_weights (--weights fp8|int4: random codes of that format; the
   // synthetic options' own expert_weights is overridden).
   static std::unique_ptr<Engine> load_synthetic(const std::string& name, int64_t num_layers,
                                                 const SyntheticGpuOptions& synthetic,
-                                                const EngineConfig& config);
+                                                const EngineConfig& config,
+                                                const GpuRank& rank = {});
 
   const ModelConfig& model_config() const { return model_config_; }
   // The checkpoint's folder; empty for synthetic models.
@@ -188,8 +201,9 @@ class Engine {
   // Every MoE layer's routing of every forward pass from now on (null: off), on either device;
   // what --trace-routing records, for the Python API's LLM(trace_routing=...).
   void set_routing_observer(Decoder::RoutingObserver observer);
-  // Whether the decoder's MoE layers are collective over ranks (Decoder::set_expert_parallel),
-  // so that every rank's engine must step whenever one does.
+  // Whether the decoder's MoE layers are collective over ranks (Decoder::set_expert_parallel,
+  // or GpuOptions::expert_parallel on cuda), so that every rank's engine must step whenever one
+  // does.
   bool steps_collectively() const;
 
   // Whether a sequence of request `id` has been scheduled at least once (it left the waiting

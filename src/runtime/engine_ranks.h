@@ -116,10 +116,29 @@ struct ExpertParallelOptions {
 };
 
 // This rank's engine of an expert-parallel job over the checkpoint folder: its decoder's MoE
-// layers are collective over options.comm (CPU ranks; offloading is refused there).
+// layers are collective over options.comm (offloading is refused there). On CPU ranks
+// (config.device "cpu") the CPU decoder's dispatcher; on cuda a GpuDecoder on this rank's GPU
+// with the host-staged dispatcher (expert_parallel_gpu_rank; options.overlap_shared_experts does
+// not apply, other dispatch dtypes and two micro-batches are refused). Collective on cuda.
 std::unique_ptr<Engine> load_expert_parallel_engine(const std::filesystem::path& dir,
                                                     const EngineConfig& config,
                                                     const ExpertParallelOptions& options);
+// The same over a synthetic model (Engine::load_synthetic; cuda only): every rank builds the
+// same weights from synthetic.seed.
+std::unique_ptr<Engine> load_expert_parallel_synthetic(const std::string& name,
+                                                       int64_t num_layers,
+                                                       const SyntheticGpuOptions& synthetic,
+                                                       const EngineConfig& config,
+                                                       const ExpertParallelOptions& options);
+
+// k, the ranks of the job that run on `device` of this host, this rank included: GPUs are told
+// apart by host name and device UUID. Collective (an all_gather).
+int ranks_on_device(parallel::Communicator& comm, int device);
+// Rank r of an --ep job on cuda: GPU r % the devices it sees, so ranks may share one, and then
+// they split --gpu-memory-fraction among them (GpuOptions::ranks_on_device: each rank's weights,
+// workspace and KV pool within fraction / k of the card). Collective (ranks_on_device).
+GpuRank expert_parallel_gpu_rank(parallel::Communicator& comm,
+                                 const std::filesystem::path& placement);
 
 // Ranks > 0: takes rank 0's orders and steps with it, round after round, until rank 0 stops.
 void follow_rank_zero(Engine& engine, parallel::Communicator& comm);

@@ -31,8 +31,22 @@ sharded over the ranks, so each MoE layer's rows cross between ranks both ways:
                       logits of one fixture per family within the GPU parity bound (relative 2e-2
                       of the largest logit) of the one-process GPU run with --fused-moe-rows 0
                       (the path --ep takes; 0 is expected), the demo model's and the fixtures'
-                      greedy text unchanged, and the per-step byte line printed; bench --ep on cuda refused
-                      by name. Skipped without a CUDA device (CI).
+                      greedy text unchanged, and the per-step byte line printed. Skipped without
+                      a CUDA device (CI).
+  cuda_ep_serve       `mpirun -np 2 moeinfer serve --device cuda --ep 2 --deterministic` on the
+                      demo model (each rank a continuous-batching engine on the GPU, two ranks
+                      sharing it on a one-GPU machine): eight concurrent greedy completions, four
+                      prompts streamed and not, each with the text, usage and finish reason of
+                      the one-process `serve --device cuda --deterministic` (requests one at a
+                      time) and of one-process `generate --device cuda`; /metrics shows requests
+                      on both ranks and bytes each sent to the other; a last request after the
+                      job went idle (a rank with nothing scheduled still joins every exchange).
+                      Skipped without a CUDA device (CI).
+  cuda_ep_bench       `mpirun -np 2 moeinfer bench --device cuda --ep 2` on the demo model and on
+                      synthetic:olmoe-1b-7b cut to 2 layers: it runs, rank 0 prints the table
+                      once (requests per rank, throughput, the GPU line with each rank's share
+                      of the memory budget) and the JSON says ep 2. Skipped without a CUDA
+                      device (CI).
   bad_flags           --ep 2 outside mpirun names the launch command; --ep with --expert-budget
                       and --overlap without --ep are refused by name; bad placement files are refused naming the problem;
                       --dispatch-dtype and --micro-batches 2 without --ep and on --device cuda
@@ -44,8 +58,10 @@ Prints one line per check and a last line "N passed, M failed"; exits non-zero o
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import random
+import signal
 import subprocess
 import sys
 import tempfile
@@ -287,10 +303,125 @@ def check_cuda_ep(ctx: dict) -> None:
     want = run([m, *base, *one_process], mpi=True).stdout
     got = mpirun(2, [m, *base, *cuda, "--ep", "2"]).stdout
     assert got == want, f"demo --ep 2 on cuda: {got!r} differs from {want!r}"
-    r = mpirun(2, [m, "bench", "--ep", "2", *cuda, "--batch", "2", "--input-len", "4",
-                   "--output-len", "2"], ok=False)
-    assert r.returncode != 0 and "bench and serve on cuda is not built yet" in r.stderr, \
-        r.stderr[-1500:]
+
+
+SERVE_PROMPTS = ["The capital of France is", "Once upon a time", "A fortune cookie says:",
+                 "Q: What is a computer?\nA:"]
+# Batch-invariant kernels on both sides: a greedy text does not depend on its batch mates (the
+# one-process server runs one request at a time, the job several at once).
+CUDA_SERVE_FLAGS = ["--device", "cuda", "--deterministic", "--disable-log-requests",
+                    "--log-interval", "0", "--gpu-memory-fraction", "0.5"]
+
+
+def complete(client, prompt: str, stream: bool) -> dict:
+    """One greedy completion of 16 tokens: its text, finish reason and usage."""
+    args = dict(model="demo", prompt=prompt, max_tokens=16, temperature=0,
+                extra_body={"ignore_eos": True})
+    if not stream:
+        r = client.completions.create(**args)
+        return {"text": r.choices[0].text, "finish": r.choices[0].finish_reason,
+                "usage": (r.usage.prompt_tokens, r.usage.completion_tokens)}
+    text, finish, usage = "", None, None
+    for chunk in client.completions.create(**args, stream=True,
+                                           stream_options={"include_usage": True}):
+        if chunk.usage is not None:
+            usage = (chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
+        for choice in chunk.choices:
+            text += choice.text
+            finish = choice.finish_reason or finish
+    return {"text": text, "finish": finish, "usage": usage}
+
+
+def check_cuda_ep_serve(ctx: dict) -> None:
+    import threading
+    import urllib.request
+    from test_serve_expert_parallel import MpiServer
+    m = ctx["moeinfer"]
+    if not cuda_available(m):
+        print("SKIP cuda_ep_serve: no CUDA device (or a build without CUDA)", flush=True)
+        return
+    # The one-process references: the server, one request at a time, and generate.
+    server = e2e_util.ServerProcess(m, CUDA_SERVE_FLAGS)
+    try:
+        client = server.client()
+        want = {p: complete(client, p, stream=False) for p in SERVE_PROMPTS}
+    finally:
+        code = server.stop()
+    assert code == 0, f"the one-process cuda server exited {code}"
+    # generate (no --deterministic there; the MoE path --ep takes) prints the text and a newline.
+    for prompt in SERVE_PROMPTS[:2]:
+        text = run([m, "generate", "--device", "cuda", "--fused-moe-rows", "0", "--prompt", prompt,
+                    "--max-tokens", "16", "--temperature", "0", "--ignore-eos"], mpi=True).stdout
+        assert text in (want[prompt]["text"], want[prompt]["text"] + "\n"), \
+            (prompt, text, want[prompt]["text"])
+
+    # --gpu-memory-fraction 0.5 split by the two ranks sharing a one-GPU machine's card.
+    job = MpiServer(m, CUDA_SERVE_FLAGS)
+    try:
+        client = job.client()
+        jobs = [(p, stream) for p in SERVE_PROMPTS for stream in (False, True)]
+        results: dict = {}
+        errors: list[str] = []
+
+        def one(key):
+            try:
+                results[key] = complete(client, key[0], stream=key[1])
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(f"{key}: {type(e).__name__}: {e}")
+
+        threads = [threading.Thread(target=one, args=(key,)) for key in jobs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        for (prompt, stream), got in results.items():
+            w = want[prompt]
+            assert got["text"] == w["text"], (prompt, stream, got["text"], w["text"])
+            assert got["finish"] == w["finish"] == "length", (prompt, stream, got["finish"])
+            assert got["usage"] == w["usage"], (prompt, stream, got["usage"], w["usage"])
+        with urllib.request.urlopen(job.base + "/metrics", timeout=30) as r:
+            metrics = e2e_util.parse_metrics(r.read().decode())
+        assigned = [metrics.get(f'moeinfer:rank_requests_assigned_total{{rank="{r}"}}', 0.0)
+                    for r in (0, 1)]
+        assert assigned[0] > 0 and assigned[1] > 0, f"requests per rank {assigned}"
+        sent = [metrics.get(f'moeinfer:rank_network_bytes_total{{rank="{r}"}}', 0.0)
+                for r in (0, 1)]
+        assert sent[0] > 0 and sent[1] > 0, f"bytes sent per rank {sent}"
+        # One request alone: one rank runs it while the other steps with nothing scheduled.
+        got = complete(client, SERVE_PROMPTS[3], stream=True)
+        assert got["text"] == want[SERVE_PROMPTS[3]]["text"], (got, want[SERVE_PROMPTS[3]])
+        print(f"  requests per rank {assigned}, bytes sent per rank {sent}", flush=True)
+    finally:
+        os.kill(job.pids[0], signal.SIGTERM)
+        code = job.wait(timeout=120)
+    assert code == 0, f"mpirun exited {code}: {''.join(job.log)[-2000:]}"
+    assert job.saw("moeinfer serve: stopped") and job.saw("rank 1 stopped"), \
+        "".join(job.log)[-2000:]
+
+
+def check_cuda_ep_bench(ctx: dict) -> None:
+    m = ctx["moeinfer"]
+    if not cuda_available(m):
+        print("SKIP cuda_ep_bench: no CUDA device (or a build without CUDA)", flush=True)
+        return
+    runs = [("demo", []), ("synthetic:olmoe-1b-7b", ["--model", "synthetic:olmoe-1b-7b",
+                                                      "--layers", "2"])]
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, model in runs:
+            out = pathlib.Path(tmp) / "bench.json"
+            r = mpirun(2, [m, "bench", *model, "--device", "cuda", "--ep", "2", "--batch", "3",
+                           "--input-len", "8", "--output-len", "8", "--profile",
+                           "--json", str(out)])
+            print("  " + "\n  ".join(r.stdout.splitlines()[:4]), flush=True)
+            assert r.stdout.count(f"bench: {name} on cuda, batch 3") == 1, r.stdout
+            assert "requests per rank 2 / 1" in r.stdout, r.stdout
+            assert "Output token throughput" in r.stdout, r.stdout
+            assert r.stdout.count("GPU: ") == 1, r.stdout
+            result = json.loads(out.read_text())
+            assert result["ep"] == 2 and result["requests_per_rank"] == [2, 1], result
+            assert result["output_throughput"] > 0 and result["device"] == "cuda", result
+            assert result["network_bytes"] > 0, result
 
 
 def check_bad_flags(ctx: dict) -> None:
@@ -333,7 +464,8 @@ def main() -> int:
     args = e2e_util.parse_args()
     ctx = {"moeinfer": args.moeinfer, "fixtures": args.fixtures}
     checks = [check_logits_match, check_placement_replicas, check_generate_same_text,
-              check_dispatch_dtype, check_micro_batches, check_cuda_ep, check_bad_flags]
+              check_dispatch_dtype, check_micro_batches, check_cuda_ep, check_cuda_ep_serve,
+              check_cuda_ep_bench, check_bad_flags]
     return e2e_util.summary(*run_checks(e2e_util.selected(checks, args.only),
                                         lambda check: check(ctx)))
 

@@ -221,8 +221,15 @@ class CudaDecoder final : public GpuDecoder {
     const auto& bytes = ep_dispatcher_->bytes_sent();
     return {bytes.begin(), bytes.end()};
   }
+  const parallel::Communicator* expert_parallel() const override {
+    return options_.expert_parallel;
+  }
 
  private:
+  // Device bytes counted against the budget, given what is in use on the whole device now:
+  // all of it when the decoder has the card to itself, only its own allocations (weights,
+  // workspace, recurrent state) when ranks of an --ep job share it (GpuOptions::ranks_on_device).
+  int64_t budget_in_use(int64_t device_in_use) const;
   void allocate_workspace();
   void allocate_kv_pool();
   // The Gated DeltaNet layers' recurrent state for num_state_slots_ sequences (before the KV
@@ -467,8 +474,12 @@ CudaDecoder::CudaDecoder(const ModelConfig& config, DeviceWeights weights,
   CUDA_CHECK(cudaGetDeviceProperties(&prop, options.device));
   report_.device_name = prop.name;
   report_.device_bytes = static_cast<int64_t>(prop.totalGlobalMem);
-  report_.budget_bytes =
-      static_cast<int64_t>(options.gpu_memory_fraction * static_cast<double>(prop.totalGlobalMem));
+  // --ep: the ranks on this GPU split the fraction (GpuOptions::ranks_on_device).
+  MOE_CHECK(options.ranks_on_device >= 1, "ranks on one device must be >= 1, got ",
+            options.ranks_on_device);
+  report_.budget_bytes = static_cast<int64_t>(options.gpu_memory_fraction *
+                                              static_cast<double>(prop.totalGlobalMem) /
+                                              static_cast<double>(options.ranks_on_device));
   report_.weight_bytes = w_.bytes;
   report_.expert_format = cuda::expert_quant_name(w_.expert_quant);
   report_.expert_bytes = w_.expert_bytes;
@@ -744,6 +755,11 @@ void CudaDecoder::allocate_workspace() {
   }
 }
 
+int64_t CudaDecoder::budget_in_use(int64_t device_in_use) const {
+  if (options_.ranks_on_device == 1) return device_in_use;
+  return report_.weight_bytes + report_.workspace_bytes + report_.state_bytes;
+}
+
 void CudaDecoder::allocate_state_pool() {
   const ModelConfig& c = config_;
   conv_state_.assign(static_cast<size_t>(c.num_layers), nullptr);
@@ -755,7 +771,7 @@ void CudaDecoder::allocate_state_pool() {
   const int64_t bytes = slot_bytes * S;
   size_t free_bytes = 0, total_bytes = 0;
   CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-  const int64_t in_use = static_cast<int64_t>(total_bytes - free_bytes);
+  const int64_t in_use = budget_in_use(static_cast<int64_t>(total_bytes - free_bytes));
   const int64_t room = std::min<int64_t>(report_.budget_bytes - in_use,
                                          static_cast<int64_t>(free_bytes) - (int64_t{256} << 20));
   MOE_CHECK(bytes <= room, "the recurrent state of ", S, " sequences (", slot_bytes >> 10,
@@ -799,7 +815,7 @@ void CudaDecoder::allocate_kv_pool() {
   const int64_t block_bytes = bytes_per_token * block_size_;
   size_t free_bytes = 0, total_bytes = 0;
   CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-  const int64_t in_use = static_cast<int64_t>(total_bytes - free_bytes);
+  const int64_t in_use = budget_in_use(static_cast<int64_t>(total_bytes - free_bytes));
   const int64_t room = std::min<int64_t>(report_.budget_bytes - in_use,
                                          static_cast<int64_t>(free_bytes) - (int64_t{256} << 20));
   int64_t blocks = room > 0 ? room / block_bytes : 0;
@@ -927,7 +943,10 @@ Step CudaDecoder::prepare(const ForwardBatch& batch) {
   const profile::Profiler* profiler = profile::active();
   profiling_ = profiler != nullptr && profiler->timing();
   tracing_ = static_cast<bool>(routing_observer_);
-  check_forward_batch(batch, c.vocab_size, max_model_len_, num_blocks_, block_size_);
+  // An empty batch only under --ep (below), as on the CPU.
+  if (!batch.sequences.empty() || options_.expert_parallel == nullptr) {
+    check_forward_batch(batch, c.vocab_size, max_model_len_, num_blocks_, block_size_);
+  }
   step.num_seqs = static_cast<int64_t>(batch.sequences.size());
   bool all_single = !batch.all_positions, all_fresh = true, all_want = true;
   int64_t T = 0, max_len = 0, table_stride = 1;
@@ -974,7 +993,7 @@ Step CudaDecoder::prepare(const ForwardBatch& batch) {
   step.num_valid = T;
   step.max_seq_len = max_len;
   step.table_stride = table_stride;
-  if (step.route == Route::kDecode && options_.cuda_graphs && all_want &&
+  if (step.route == Route::kDecode && options_.cuda_graphs && all_want && step.num_seqs > 0 &&
       step.num_seqs <= rcap_) {
     step.graph = true;
     step.num_tokens = next_pow2(step.num_seqs);
@@ -982,6 +1001,17 @@ Step CudaDecoder::prepare(const ForwardBatch& batch) {
                                    max_blocks_per_seq_ * block_size_);
     step.max_seq_len = step.context_bucket;
     step.table_stride = ceil_div(step.context_bucket, block_size_);
+  }
+  // An empty batch (a rank of an --ep job with nothing scheduled: Engine::step still runs a
+  // forward, so that every MoE layer's exchange meets every rank) runs as one padding row, as a
+  // decode graph pads its bucket: it attends to nothing, writes no KV slot, routes to the
+  // padding expert (num_valid 0) and wants no logits. Padding has the shapes of a graph step's,
+  // so the kernels see nothing they do not see there.
+  const bool empty = T == 0;
+  if (empty) {
+    step.num_tokens = 1;
+    step.max_seq_len = std::min(kMinContextBucket, max_blocks_per_seq_ * block_size_);
+    step.table_stride = ceil_div(step.max_seq_len, block_size_);
   }
   const int64_t stride = step.table_stride;
 
@@ -1014,7 +1044,7 @@ Step CudaDecoder::prepare(const ForwardBatch& batch) {
   }
   // Graph padding (decode only, so a row is a sequence): rows that attend to nothing and
   // sequences without a state slot.
-  step.num_state_seqs = step.graph ? step.num_tokens : step.num_seqs;
+  step.num_state_seqs = step.graph || empty ? step.num_tokens : step.num_seqs;
   for (; row < step.num_tokens; ++row) {
     if (num_state_slots_ > 0) {
       h.cu_seqlens[row + 1] = static_cast<int32_t>(row + 1);
@@ -2032,6 +2062,21 @@ std::unique_ptr<GpuDecoder> GpuDecoder::create_synthetic(const ModelConfig& conf
 int cuda_device_count() {
   int count = 0;
   return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
+}
+
+std::string cuda_device_uuid(int device) {
+  cudaDeviceProp prop{};
+  if (device < 0 || device >= cuda_device_count() ||
+      cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    return {};
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string hex;
+  for (const char byte : prop.uuid.bytes) {
+    hex += kHex[(static_cast<unsigned char>(byte) >> 4) & 15];
+    hex += kHex[static_cast<unsigned char>(byte) & 15];
+  }
+  return hex;
 }
 
 DeviceFloors measure_device_floors() {
