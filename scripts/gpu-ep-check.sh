@@ -2,8 +2,11 @@
 # Expert parallelism on the GPU (--ep N --device cuda), one call on the GPU machine: unpack the
 # carried packages (Open MPI among them, scripts/device-deps.sh), configure with MPI, build
 # moeinfer and test_cuda_expert_parallel, run the test as two ranks sharing the GPU (mpirun -np
-# 2), then the CLI check (tests/e2e/test_expert_parallel.py --only cuda_ep: logits and greedy
-# text of --ep 2 on cuda against one process, bench refused). Prints a summary last.
+# 2), then the CLI checks (tests/e2e/test_expert_parallel.py --only cuda_ep, which selects
+# cuda_ep: logits and greedy text of --ep 2 on cuda against one process; cuda_ep_serve: `serve
+# --device cuda --ep 2` answering concurrent requests with the one-process server's texts;
+# cuda_ep_bench: `bench --device cuda --ep 2` on the demo and a synthetic model). Prints a summary
+# last, with one line per e2e check.
 #
 # Run it through the device tool with `carry: [".deps"]` after `scripts/device-deps.sh
 # download` here. Logs go to $OUT or /tmp/gpu-ep-check.
@@ -14,8 +17,9 @@ mkdir -p "$OUT"
 # A build folder of its own: one configured without MPI keeps MPI_C_FOUND off in its cache.
 BUILD="${MOE_GPU_BUILD_DIR:-build-gpu-ep}"
 export PATH=/usr/local/cuda/bin:$PATH
-export PKG_CONFIG_PATH=/opt/deps/usr/lib/x86_64-linux-gnu/pkgconfig:/opt/deps/usr/share/pkgconfig
-export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+# cpp-httplib (.deps/http, unpacked to /opt/deps-http) for serve: cuda_ep_serve.
+export PKG_CONFIG_PATH=/opt/deps-http/usr/lib/x86_64-linux-gnu/pkgconfig:/opt/deps/usr/lib/x86_64-linux-gnu/pkgconfig:/opt/deps/usr/share/pkgconfig
+export LD_LIBRARY_PATH=/opt/deps-http/usr/lib/x86_64-linux-gnu:/opt/deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 summary=()
 
 echo "== dependencies"
@@ -25,7 +29,7 @@ command -v mpirun || { echo "gpu-ep-check: no mpirun after unpacking .deps/mpi";
 
 echo "== configure and build"
 if ! { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-         -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH=/opt/deps/usr \
+         -DCMAKE_CUDA_ARCHITECTURES=90 "-DCMAKE_PREFIX_PATH=/opt/deps/usr;/opt/deps-http/usr" \
          -DMPI_C_COMPILER="$(command -v mpicc)" -DMPIEXEC_EXECUTABLE="$(command -v mpirun)" &&
        cmake --build "$BUILD" -j16 --target moeinfer test_cuda_expert_parallel; } \
        >"$OUT/build.log" 2>&1; then
@@ -34,6 +38,9 @@ if ! { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   exit 1
 fi
 grep -E "MPI" "$OUT/build.log" | head -3
+if grep -q "cpp-httplib not found" "$OUT/build.log"; then
+  echo "gpu-ep-check: WARNING: built without cpp-httplib (.deps/http not carried?): cuda_ep_serve will fail"
+fi
 
 echo "== mpirun -np 2 test_cuda_expert_parallel (two ranks on GPU rank % count)"
 nvidia-smi -L
@@ -42,13 +49,14 @@ mpirun -np 2 --oversubscribe "$BUILD/tests/test_cuda_expert_parallel" 2>&1 |
 rc=${PIPESTATUS[0]}
 summary+=("test_cuda_expert_parallel (np 2): $([ "$rc" -eq 0 ] && echo PASSED || echo "FAILED rc=$rc")")
 
-echo "== e2e cuda_ep"
+echo "== e2e cuda_ep, cuda_ep_serve, cuda_ep_bench"
 python3 tests/e2e/test_expert_parallel.py --moeinfer "$BUILD/moeinfer" \
   --fixtures tests/fixtures --only cuda_ep 2>&1 | tee "$OUT/e2e_cuda_ep.log"
 rc=${PIPESTATUS[0]}
-summary+=("e2e cuda_ep: $([ "$rc" -eq 0 ] && echo PASSED || echo "FAILED rc=$rc")")
+summary+=("e2e cuda_ep*: $([ "$rc" -eq 0 ] && echo PASSED || echo "FAILED rc=$rc")")
 
 echo
 echo "== summary"
 grep -h "rel error vs one process" "$OUT/test_cuda_expert_parallel.log" | sort | head -40
+grep -hE "^(PASS|FAIL|SKIP) |requests per rank|bench: |GPU: " "$OUT/e2e_cuda_ep.log" | head -20
 printf '%s\n' "${summary[@]}"

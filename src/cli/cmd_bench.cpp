@@ -15,7 +15,9 @@
 // `mpirun -np N moeinfer bench --ep N`: every rank has its own engine over an expert-parallel
 // decoder and runs its share of the B requests (B split as evenly as possible; the prompts are
 // one process's, dealt out in order), all ranks stepping together; rank 0 prints the combined
-// throughput (tokens of every rank over the slowest rank's times).
+// throughput (tokens of every rank over the slowest rank's times). On --device cuda each rank's
+// decoder is a GpuDecoder on GPU rank % count (runtime/engine_ranks.h), the warm-up runs every
+// rank's share together, and rank 0 prints its own GPU's figures against the job's batch.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -228,6 +230,11 @@ void print_gpu_figures(Engine& engine, const BenchArgs& args, const RunTimes& t,
     }
     if (mem.expert_fp8_tensor_cores) std::printf("; prefill on fp8 tensor cores");
     std::printf("\n");
+  }
+  if (args.device.ep > 1) {
+    std::printf("--ep %d: rank 0's GPU (its share of the budget above), its floors against the "
+                "job's whole batch; ranks sharing a GPU share its floors\n",
+                args.device.ep);
   }
   std::printf("%-34s %12.1f\n", "Copy bandwidth floor (GB/s):", floors.copy_bytes_per_s / 1e9);
   std::printf("%-34s %12.1f\n", "bf16 GEMM peak (TFLOP/s):", floors.gemm_flops / 1e12);

@@ -311,24 +311,38 @@ SERVE_PROMPTS = ["The capital of France is", "Once upon a time", "A fortune cook
 # one-process server runs one request at a time, the job several at once).
 CUDA_SERVE_FLAGS = ["--device", "cuda", "--deterministic", "--disable-log-requests",
                     "--log-interval", "0", "--gpu-memory-fraction", "0.5"]
+# One-process generate on the MoE path --ep takes (--ep turns the small-batch path off).
+CUDA_GENERATE_FLAGS = ["--device", "cuda", "--fused-moe-rows", "0"]
 
 
-def complete(client, prompt: str, stream: bool) -> dict:
-    """One greedy completion of 16 tokens: its text, finish reason and usage."""
-    args = dict(model="demo", prompt=prompt, max_tokens=16, temperature=0,
-                extra_body={"ignore_eos": True})
+def complete(base: str, prompt: str, stream: bool) -> dict:
+    """One greedy completion of 16 tokens (plain HTTP: the GPU machine may lack the openai
+    package): its text, finish reason and usage."""
+    import urllib.request
+    body = {"model": "demo", "prompt": prompt, "max_tokens": 16, "temperature": 0,
+            "ignore_eos": True}
+    if stream:
+        body.update(stream=True, stream_options={"include_usage": True})
+    request = urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=300) as r:
+        raw = r.read().decode()
     if not stream:
-        r = client.completions.create(**args)
-        return {"text": r.choices[0].text, "finish": r.choices[0].finish_reason,
-                "usage": (r.usage.prompt_tokens, r.usage.completion_tokens)}
+        answer = json.loads(raw)
+        usage = answer["usage"]
+        return {"text": answer["choices"][0]["text"],
+                "finish": answer["choices"][0]["finish_reason"],
+                "usage": (usage["prompt_tokens"], usage["completion_tokens"])}
     text, finish, usage = "", None, None
-    for chunk in client.completions.create(**args, stream=True,
-                                           stream_options={"include_usage": True}):
-        if chunk.usage is not None:
-            usage = (chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
-        for choice in chunk.choices:
-            text += choice.text
-            finish = choice.finish_reason or finish
+    for line in raw.splitlines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        chunk = json.loads(line[len("data: "):])
+        if chunk.get("usage"):
+            usage = (chunk["usage"]["prompt_tokens"], chunk["usage"]["completion_tokens"])
+        for choice in chunk.get("choices", []):
+            text += choice.get("text", "")
+            finish = choice.get("finish_reason") or finish
     return {"text": text, "finish": finish, "usage": usage}
 
 
@@ -343,29 +357,27 @@ def check_cuda_ep_serve(ctx: dict) -> None:
     # The one-process references: the server, one request at a time, and generate.
     server = e2e_util.ServerProcess(m, CUDA_SERVE_FLAGS)
     try:
-        client = server.client()
-        want = {p: complete(client, p, stream=False) for p in SERVE_PROMPTS}
+        want = {p: complete(server.base, p, stream=False) for p in SERVE_PROMPTS}
     finally:
         code = server.stop()
     assert code == 0, f"the one-process cuda server exited {code}"
     # generate (no --deterministic there; the MoE path --ep takes) prints the text and a newline.
     for prompt in SERVE_PROMPTS[:2]:
-        text = run([m, "generate", "--device", "cuda", "--fused-moe-rows", "0", "--prompt", prompt,
-                    "--max-tokens", "16", "--temperature", "0", "--ignore-eos"], mpi=True).stdout
+        text = run([m, "generate", *CUDA_GENERATE_FLAGS, "--prompt", prompt, "--max-tokens", "16",
+                    "--temperature", "0", "--ignore-eos"], mpi=True).stdout
         assert text in (want[prompt]["text"], want[prompt]["text"] + "\n"), \
             (prompt, text, want[prompt]["text"])
 
     # --gpu-memory-fraction 0.5 split by the two ranks sharing a one-GPU machine's card.
     job = MpiServer(m, CUDA_SERVE_FLAGS)
     try:
-        client = job.client()
         jobs = [(p, stream) for p in SERVE_PROMPTS for stream in (False, True)]
         results: dict = {}
         errors: list[str] = []
 
         def one(key):
             try:
-                results[key] = complete(client, key[0], stream=key[1])
+                results[key] = complete(job.base, key[0], stream=key[1])
             except Exception as e:  # noqa: BLE001 - reported below
                 errors.append(f"{key}: {type(e).__name__}: {e}")
 
@@ -389,7 +401,7 @@ def check_cuda_ep_serve(ctx: dict) -> None:
                 for r in (0, 1)]
         assert sent[0] > 0 and sent[1] > 0, f"bytes sent per rank {sent}"
         # One request alone: one rank runs it while the other steps with nothing scheduled.
-        got = complete(client, SERVE_PROMPTS[3], stream=True)
+        got = complete(job.base, SERVE_PROMPTS[3], stream=True)
         assert got["text"] == want[SERVE_PROMPTS[3]]["text"], (got, want[SERVE_PROMPTS[3]])
         print(f"  requests per rank {assigned}, bytes sent per rank {sent}", flush=True)
     finally:

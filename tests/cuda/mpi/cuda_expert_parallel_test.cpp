@@ -17,6 +17,8 @@
 // identical greedy continuations. Ranks also run different batches (rank r's prompt rotated by
 // r, its decode steps of 3 sequences on rank 0 and 2 on the others: every rank runs the same
 // number of forwards, each a collective), and a placement with replicas gives the same logits.
+// Ranks with empty batches (padding rows that still join every exchange) beside rank 0 leave its
+// logits those of one process.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -424,6 +426,49 @@ TEST(CudaExpertParallel, DeterministicRunsEqualTheOneProcessRunExactly) {
     check_fixture(name, /*replicas=*/false, /*exact=*/true);
   }
   check_fixture("mixtral_bf16", /*replicas=*/true, /*exact=*/true);
+}
+
+// A rank with nothing scheduled (an Engine under serve or bench --ep on cuda) still runs a
+// forward, of an empty batch: one padding row that joins every MoE layer's exchange and returns
+// no logits. Rank 0 runs the fixture's routes while every other rank runs as many empty forwards;
+// under --deterministic rank 0's logits equal the one-process run's exactly. Families whose empty
+// step pads other kernels: MLA (DeepSeek-V3) and Gated DeltaNet's recurrent state (Qwen3.5-MoE).
+void check_empty_ranks(const std::string& name) {
+  Communicator& job = world();
+  const auto dir = testing_support::kModelFixtures / name;
+  std::ifstream in(dir / "reference.json");
+  const nlohmann::json ref = nlohmann::json::parse(in);
+  const std::vector<int32_t> prompt = ref["prompt_ids"].get<std::vector<int32_t>>();
+  const int64_t greedy_steps = 4;
+  auto model = Model::load(dir, LoadOptions{.prefault = false});
+  RunResult one;
+  if (job.rank() == 0) {
+    auto gpu = make_gpu(*model, nullptr, std::nullopt, /*deterministic=*/true);
+    one = run_routes(*gpu, prompt, greedy_steps, /*num_seqs=*/1);
+  }
+  auto gpu = make_gpu(*model, &job, std::nullopt, /*deterministic=*/true);
+  if (job.rank() != 0) {
+    // run_routes' forwards: the prompt, the greedy steps, then the prompt token by token.
+    const int64_t forwards = 1 + greedy_steps + static_cast<int64_t>(prompt.size());
+    for (int64_t i = 0; i < forwards; ++i) gpu->forward(ForwardBatch{}, {});
+    return;
+  }
+  const RunResult ep = run_routes(*gpu, prompt, greedy_steps, /*num_seqs=*/1);
+  const double largest = std::max(max_abs_diff(ep.prefill, one.prefill),
+                                  max_abs_diff(ep.decode, one.decode));
+  EXPECT_EQ(largest, 0.0) << name << ": rank 0 beside ranks of empty batches";
+  EXPECT_EQ(ep.greedy, one.greedy) << name;
+  std::printf("rank 0 %-22s (other ranks empty) rel error vs one process: prefill %.2e decode "
+              "%.2e (max abs %.2e)\n",
+              name.c_str(), rel_error(ep.prefill, one.prefill), rel_error(ep.decode, one.decode),
+              largest);
+}
+
+TEST(CudaExpertParallel, RanksOfEmptyBatchesJoinEveryExchange) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  for (const char* name : {"qwen3_moe_f32", "deepseek_v3_f32", "qwen3_5_moe_f32"}) {
+    check_empty_ranks(name);
+  }
 }
 
 // Failures on ranks > 0 are printed with their rank (rank 0 prints as usual).
