@@ -70,8 +70,7 @@ std::unique_ptr<Engine> load_engine(const BenchArgs& args, const EngineConfig& c
   if (is_synthetic_model(args.model) && args.device.ep > 1) {  // cuda only, as without --ep
     return load_expert_parallel_synthetic(
         args.model.substr(std::string("synthetic:").size()), args.layers,
-        {.seed = args.seed, .routing = parse_routing_skew(args.routing_skew)}, config,
-        args.device);
+        {.seed = args.seed, .routing = parse_routing_skew(args.routing_skew)}, config, args.device);
   }
   if (is_synthetic_model(args.model)) {
     return Engine::load_synthetic(
@@ -232,9 +231,10 @@ void print_gpu_figures(Engine& engine, const BenchArgs& args, const RunTimes& t,
     std::printf("\n");
   }
   if (args.device.ep > 1) {
-    std::printf("--ep %d: rank 0's GPU (its share of the budget above), its floors against the "
-                "job's whole batch; ranks sharing a GPU share its floors\n",
-                args.device.ep);
+    std::printf(
+        "--ep %d: rank 0's GPU (its share of the budget above), its floors against the "
+        "job's whole batch; ranks sharing a GPU share its floors\n",
+        args.device.ep);
   }
   std::printf("%-34s %12.1f\n", "Copy bandwidth floor (GB/s):", floors.copy_bytes_per_s / 1e9);
   std::printf("%-34s %12.1f\n", "bf16 GEMM peak (TFLOP/s):", floors.gemm_flops / 1e12);

@@ -104,9 +104,9 @@ void serve_as_rank(const ServeArgs& args, const std::filesystem::path& dir, bool
       synthetic ? args.model.substr(std::string("synthetic:").size()) : "";
   std::unique_ptr<Engine> engine;
   if (ranks && synthetic) {  // cuda only, as without --ep
-    engine = load_expert_parallel_synthetic(
-        synthetic_name, args.layers, {.routing = parse_routing_skew(args.routing_skew)},
-        args.engine, args.device);
+    engine = load_expert_parallel_synthetic(synthetic_name, args.layers,
+                                            {.routing = parse_routing_skew(args.routing_skew)},
+                                            args.engine, args.device);
   } else if (ranks) {
     engine = load_expert_parallel_engine(dir, args.engine, args.device);
   } else if (synthetic) {

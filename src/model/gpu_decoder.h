@@ -92,11 +92,13 @@ struct GpuOptions {
   // with `offload` (--expert-budget).
   parallel::Communicator* expert_parallel = nullptr;
   std::optional<parallel::ExpertPlacement> placement;  // with expert_parallel; none: contiguous
-  // k, the ranks of an --ep job that run on this GPU, this one included. With k > 1 the decoder's budget is gpu_memory_fraction / k of the card, and only what the decoder
-  // allocates itself (weights, workspace, recurrent state, KV pool) counts against it, not what
-  // is in use on the device: the other ranks build at the same time, each within its own share.
-  // With 1, the whole fraction, and everything in use on the device counts (other processes,
-  // the CUDA context). Either way the KV pool also leaves 256 MiB of the device free.
+  // k, the ranks of an --ep job that run on this GPU, this one included. With k > 1 the
+  // decoder's budget is gpu_memory_fraction / k of the card, and only what the decoder allocates
+  // itself (weights, workspace, recurrent state, KV pool) counts against it, not what is in use
+  // on the device: the other ranks build at the same time, each within its own share (its CUDA
+  // context and the dispatcher's staging buffers, grown on first use, sit outside it). With 1,
+  // the whole fraction, and everything in use on the device counts (other processes, the CUDA
+  // context). Either way the KV pool also leaves 256 MiB of the device free.
   int ranks_on_device = 1;
 };
 

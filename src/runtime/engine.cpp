@@ -212,8 +212,8 @@ std::unique_ptr<Engine> Engine::load_synthetic(const std::string& name, int64_t 
   SyntheticGpuOptions options = synthetic;
   options.expert_weights = config.expert_weights;
   auto gpu = GpuDecoder::create_synthetic(
-      model_config,
-      gpu_rank_options(model_config, config, rank, config_moe_layers(model_config)), options);
+      model_config, gpu_rank_options(model_config, config, rank, config_moe_layers(model_config)),
+      options);
   return std::make_unique<Engine>(nullptr, std::move(gpu), std::move(tokenizer), config);
 }
 

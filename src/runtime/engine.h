@@ -136,8 +136,8 @@ struct EngineStats {
 struct GpuRank {
   int device = 0;                                     // GpuOptions::device
   parallel::Communicator* expert_parallel = nullptr;  // GpuOptions::expert_parallel
-  std::filesystem::path placement;  // --placement FILE; empty: contiguous ranges
-  int ranks_on_device = 1;          // GpuOptions::ranks_on_device
+  std::filesystem::path placement;                    // --placement FILE; empty: contiguous ranges
+  int ranks_on_device = 1;                            // GpuOptions::ranks_on_device
 };
 
 class Engine {

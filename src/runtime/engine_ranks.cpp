@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <cstring>
-#include <string>
 #include <numeric>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -376,8 +376,7 @@ std::unique_ptr<Engine> load_expert_parallel_engine(const std::filesystem::path&
   return std::make_unique<Engine>(std::move(model), Tokenizer::from_dir(dir), config);
 }
 
-std::unique_ptr<Engine> load_expert_parallel_synthetic(const std::string& name,
-                                                       int64_t num_layers,
+std::unique_ptr<Engine> load_expert_parallel_synthetic(const std::string& name, int64_t num_layers,
                                                        const SyntheticGpuOptions& synthetic,
                                                        const EngineConfig& config,
                                                        const ExpertParallelOptions& options) {

@@ -125,8 +125,7 @@ std::unique_ptr<Engine> load_expert_parallel_engine(const std::filesystem::path&
                                                     const ExpertParallelOptions& options);
 // The same over a synthetic model (Engine::load_synthetic; cuda only): every rank builds the
 // same weights from synthetic.seed.
-std::unique_ptr<Engine> load_expert_parallel_synthetic(const std::string& name,
-                                                       int64_t num_layers,
+std::unique_ptr<Engine> load_expert_parallel_synthetic(const std::string& name, int64_t num_layers,
                                                        const SyntheticGpuOptions& synthetic,
                                                        const EngineConfig& config,
                                                        const ExpertParallelOptions& options);

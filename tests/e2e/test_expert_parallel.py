@@ -50,7 +50,7 @@ sharded over the ranks, so each MoE layer's rows cross between ranks both ways:
   bad_flags           --ep 2 outside mpirun names the launch command; --ep with --expert-budget
                       and --overlap without --ep are refused by name; bad placement files are refused naming the problem;
                       --dispatch-dtype and --micro-batches 2 without --ep and on --device cuda
-                      are refused by name.
+                      (generate, serve and bench) are refused by name.
 
 Prints one line per check and a last line "N passed, M failed"; exits non-zero on any failure.
 """
@@ -465,6 +465,12 @@ def check_bad_flags(ctx: dict) -> None:
     r = run([m, *base, "--device", "cuda", "--micro-batches", "2"], ok=False, mpi=True)
     assert (r.returncode != 0 and
             "--micro-batches 2 is not implemented on the CUDA backend" in r.stderr), r.stderr
+    # serve and bench run --ep on cuda now; what its dispatch does not build is still refused.
+    for sub in ("serve", "bench"):
+        r = run([m, sub, "--device", "cuda", "--ep", "2", "--micro-batches", "2"], ok=False,
+                mpi=True)
+        assert (r.returncode != 0 and
+                "--micro-batches 2 is not implemented on the CUDA backend" in r.stderr), r.stderr
     r = run([m, *base, "--dispatch-dtype", "fp8"], ok=False, mpi=True)
     assert r.returncode == 2 and "--dispatch-dtype fp8 applies to --ep N" in r.stderr, r.stderr
     r = run([m, *base, "--device", "cuda", "--dispatch-dtype", "bf16"], ok=False, mpi=True)

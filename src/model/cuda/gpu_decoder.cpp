@@ -477,9 +477,9 @@ CudaDecoder::CudaDecoder(const ModelConfig& config, DeviceWeights weights,
   // --ep: the ranks on this GPU split the fraction (GpuOptions::ranks_on_device).
   MOE_CHECK(options.ranks_on_device >= 1, "ranks on one device must be >= 1, got ",
             options.ranks_on_device);
-  report_.budget_bytes = static_cast<int64_t>(options.gpu_memory_fraction *
-                                              static_cast<double>(prop.totalGlobalMem) /
-                                              static_cast<double>(options.ranks_on_device));
+  report_.budget_bytes =
+      static_cast<int64_t>(options.gpu_memory_fraction * static_cast<double>(prop.totalGlobalMem) /
+                           static_cast<double>(options.ranks_on_device));
   report_.weight_bytes = w_.bytes;
   report_.expert_format = cuda::expert_quant_name(w_.expert_quant);
   report_.expert_bytes = w_.expert_bytes;

@@ -454,14 +454,14 @@ void check_empty_ranks(const std::string& name) {
     return;
   }
   const RunResult ep = run_routes(*gpu, prompt, greedy_steps, /*num_seqs=*/1);
-  const double largest = std::max(max_abs_diff(ep.prefill, one.prefill),
-                                  max_abs_diff(ep.decode, one.decode));
+  const double largest =
+      std::max(max_abs_diff(ep.prefill, one.prefill), max_abs_diff(ep.decode, one.decode));
   EXPECT_EQ(largest, 0.0) << name << ": rank 0 beside ranks of empty batches";
   EXPECT_EQ(ep.greedy, one.greedy) << name;
-  std::printf("rank 0 %-22s (other ranks empty) rel error vs one process: prefill %.2e decode "
-              "%.2e (max abs %.2e)\n",
-              name.c_str(), rel_error(ep.prefill, one.prefill), rel_error(ep.decode, one.decode),
-              largest);
+  std::printf(
+      "rank 0 %-22s (other ranks empty) rel error vs one process: prefill %.2e decode "
+      "%.2e (max abs %.2e)\n",
+      name.c_str(), rel_error(ep.prefill, one.prefill), rel_error(ep.decode, one.decode), largest);
 }
 
 TEST(CudaExpertParallel, RanksOfEmptyBatchesJoinEveryExchange) {
