@@ -937,6 +937,9 @@ Step CudaDecoder::prepare(const ForwardBatch& batch) {
   const ModelConfig& c = config_;
   Meta& h = host_meta_;
   Step step;
+  // The calling thread's device may not be this decoder's (serve's engine thread is not the
+  // thread that built it; under --ep a rank's GPU is rank % count).
+  CUDA_CHECK(cudaSetDevice(options_.device));
   host_device_bytes_ = 0;
   sample_timed_ = false;
   // Events only in the steps whose stages the profiler times; the others replay the plain graph.
