@@ -62,7 +62,7 @@ inline constexpr int kBM = 128;       // rows per tile: two consumer warpgroups 
 inline constexpr int kBK = 64;        // k-tile: 64 bf16 = 128 bytes, the swizzle span
 inline constexpr int kThreads = 384;  // warpgroup 0 produces, warpgroups 1 and 2 consume
 inline constexpr int kConsumerWarps = 8;
-inline constexpr int kMaxExperts = 1024;  // the offsets and prefix sums live in shared memory
+inline constexpr int kMaxExperts = 1024;        // the offsets and prefix sums live in shared memory
 inline constexpr int kTileBudget = 192 * 1024;  // shared memory for the pipeline's stages
 inline constexpr int kProducerRegisters = 40;
 inline constexpr int kConsumerRegisters = 232;
@@ -90,7 +90,7 @@ struct Config {
   static constexpr int BNW = BNW_;  // weight rows per tile (gate half, then up half, if gated)
   static constexpr bool kGated = Gated_;
   static constexpr int BN = kGated ? BNW / 2 : BNW;  // output columns per tile
-  static constexpr int kHalfRows = BNW / 2;           // rows of one TMA box of B
+  static constexpr int kHalfRows = BNW / 2;          // rows of one TMA box of B
   static constexpr int kABytes = kBM * kBK * 2;
   static constexpr int kBBytes = BNW * kBK * 2;
   static constexpr int kStageBytes = kABytes + kBBytes;
@@ -199,8 +199,7 @@ __device__ __forceinline__ void fence_registers(float (&acc)[R]) {
 // predicate p = 1 (accumulate), imm-scale-a/b = 1 (no negation), imm-trans-a/b = 0 (both
 // K-major, no transpose).
 
-__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], uint64_t desc_a,
-                                                uint64_t desc_b) {
+__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], uint64_t desc_a, uint64_t desc_b) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile(
       "{\n"
@@ -212,12 +211,11 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], uint64_t desc_a,
       "%24, %25, %26, %27, %28, %29, %30, %31"
       "}, %32, %33, p, 1, 1, 0, 0;\n"
       "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-        "+f"(d[30]), "+f"(d[31])
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "l"(desc_a), "l"(desc_b)
       : "memory");
 #else
@@ -225,8 +223,7 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], uint64_t desc_a,
 #endif
 }
 
-__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a,
-                                                uint64_t desc_b) {
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile(
       "{\n"
@@ -241,17 +238,16 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a
       "%60, %61, %62, %63"
       "}, %64, %65, p, 1, 1, 0, 0;\n"
       "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
-        "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
-        "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
       : "l"(desc_a), "l"(desc_b)
       : "memory");
 #else
@@ -260,7 +256,7 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a
 }
 
 __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_a,
-                                                uint64_t desc_b) {
+                                                 uint64_t desc_b) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile(
       "{\n"
@@ -280,28 +276,25 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_
       "%120, %121, %122, %123, %124, %125, %126, %127"
       "}, %128, %129, p, 1, 1, 0, 0;\n"
       "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
-        "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
-        "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]),
-        "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]),
-        "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
-        "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]),
-        "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]),
-        "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]),
-        "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]),
-        "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]),
-        "+f"(d[126]), "+f"(d[127])
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]),
+        "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]),
+        "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
+        "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]),
+        "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]),
+        "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]),
+        "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),
+        "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]),
+        "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
       : "l"(desc_a), "l"(desc_b)
       : "memory");
 #else
@@ -310,8 +303,7 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_
 }
 
 template <int BNW>
-__device__ __forceinline__ void wgmma_tile(float (&d)[BNW / 2], uint64_t desc_a,
-                                           uint64_t desc_b) {
+__device__ __forceinline__ void wgmma_tile(float (&d)[BNW / 2], uint64_t desc_a, uint64_t desc_b) {
   if constexpr (BNW == 256) {
     wgmma_m64n256k16(d, desc_a, desc_b);
   } else if constexpr (BNW == 128) {
@@ -375,8 +367,8 @@ __global__ void __launch_bounds__(wgmma::kThreads, 1)
   auto* s_offsets = reinterpret_cast<int32_t*>(smem + kStages * Cfg::kStageBytes);
   int32_t* s_prefix = s_offsets + kMaxExperts + 1;
   auto* barriers = reinterpret_cast<uint64_t*>(s_prefix + kMaxExperts + 1);
-  const uint32_t full0 = smem_addr(barriers);                // full[s] at full0 + 8 s
-  const uint32_t empty0 = smem_addr(barriers + kStages);     // empty[s] at empty0 + 8 s
+  const uint32_t full0 = smem_addr(barriers);             // full[s] at full0 + 8 s
+  const uint32_t empty0 = smem_addr(barriers + kStages);  // empty[s] at empty0 + 8 s
   auto stage_a = [&](int s) { return tiles_address + s * Cfg::kStageBytes; };
   auto stage_b = [&](int s) { return tiles_address + s * Cfg::kStageBytes + Cfg::kABytes; };
 
@@ -426,9 +418,10 @@ __global__ void __launch_bounds__(wgmma::kThreads, 1)
   const int total_tiles = s_prefix[num_experts] * num_n_tiles;
   const int num_k_tiles = p.k / kBK;
 
+  // The two roles are the two branches of one if/else, so that setmaxnreg applies (HOPPER.md).
   if (warp < 4) {
     // Producer warpgroup. setmaxnreg is warpgroup-wide: all four warps give registers back,
-    // then all but one thread leave.
+    // then all but one thread are done.
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
     if (tid != 0) return;
     int it = 0;  // k-tiles issued so far over all tiles: stage it % kStages, round it / kStages
@@ -452,82 +445,82 @@ __global__ void __launch_bounds__(wgmma::kThreads, 1)
         tma_load_2d(stage_b(s) + Cfg::kHalfRows * 128, &p.weights_map, kt * kBK, w1, full);
       }
     }
-    return;
-  }
-
-  // Consumer warpgroups 1 and 2: rows [64 cw, 64 cw + 64) of each tile.
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
-  const int cw = warp / 4 - 1;
-  const int warp_in_group = warp & 3;
-  float acc[Cfg::kAccRegs];
-  const bool clamped = p.epilogue == GemmEpilogue::kClampedSwiglu;
-  int it = 0;
-  for (int tile = static_cast<int>(blockIdx.x); tile < total_tiles;
-       tile += static_cast<int>(gridDim.x)) {
-    const TileCoord t = locate_tile(tile, num_n_tiles, num_experts, s_offsets, s_prefix);
+  } else {
+    // Consumer warpgroups 1 and 2: rows [64 cw, 64 cw + 64) of each tile.
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
+    const int cw = warp / 4 - 1;
+    const int warp_in_group = warp & 3;
+    float acc[Cfg::kAccRegs];
+    const bool clamped = p.epilogue == GemmEpilogue::kClampedSwiglu;
+    int it = 0;
+    for (int tile = static_cast<int>(blockIdx.x); tile < total_tiles;
+         tile += static_cast<int>(gridDim.x)) {
+      const TileCoord t = locate_tile(tile, num_n_tiles, num_experts, s_offsets, s_prefix);
 #pragma unroll
-    for (int i = 0; i < Cfg::kAccRegs; ++i) acc[i] = 0.0f;
-    int previous = 0;
-    for (int kt = 0; kt < num_k_tiles; ++kt, ++it) {
-      const int s = it % kStages;
-      mbar_wait(full0 + 8 * s, (it / kStages) & 1);
-      // This warpgroup's 64 rows of A (64 x 128 bytes = 8 atoms) and all BNW rows of B.
-      const uint64_t desc_a = make_descriptor(stage_a(s) + cw * 64 * 128);
-      const uint64_t desc_b = make_descriptor(stage_b(s));
-      fence_registers(acc);
-      wgmma_fence();  // orders the accumulators' earlier register writes before the wgmmas
+      for (int i = 0; i < Cfg::kAccRegs; ++i) acc[i] = 0.0f;
+      int previous = 0;
+      for (int kt = 0; kt < num_k_tiles; ++kt, ++it) {
+        const int s = it % kStages;
+        mbar_wait(full0 + 8 * s, (it / kStages) & 1);
+        __syncwarp();  // the wgmma instructions below are .aligned: the warp reconverged
+        // This warpgroup's 64 rows of A (64 x 128 bytes = 8 atoms) and all BNW rows of B.
+        const uint64_t desc_a = make_descriptor(stage_a(s) + cw * 64 * 128);
+        const uint64_t desc_b = make_descriptor(stage_b(s));
+        fence_registers(acc);
+        wgmma_fence();  // orders the accumulators' earlier register writes before the wgmmas
 #pragma unroll
-      for (int kk = 0; kk < kBK / 16; ++kk) {
-        // +32 bytes per k16 step: +2 in the address field (bytes >> 4).
-        wgmma_tile<Cfg::BNW>(acc, desc_a + 2 * kk, desc_b + 2 * kk);
+        for (int kk = 0; kk < kBK / 16; ++kk) {
+          // +32 bytes per k16 step: +2 in the address field (bytes >> 4).
+          wgmma_tile<Cfg::BNW>(acc, desc_a + 2 * kk, desc_b + 2 * kk);
+        }
+        wgmma_commit();
+        fence_registers(acc);
+        // The previous k-tile's group has finished reading its slot: hand the slot back.
+        wgmma_wait<1>();
+        fence_registers(acc);
+        if (kt > 0 && lane == 0) mbar_arrive(empty0 + 8 * previous);
+        previous = s;
       }
-      wgmma_commit();
+      wgmma_wait<0>();
       fence_registers(acc);
-      // The previous k-tile's group has finished reading its slot: hand the slot back.
-      wgmma_wait<1>();
-      fence_registers(acc);
-      if (kt > 0 && lane == 0) mbar_arrive(empty0 + 8 * previous);
-      previous = s;
-    }
-    wgmma_wait<0>();
-    fence_registers(acc);
-    if (lane == 0) mbar_arrive(empty0 + 8 * previous);
+      if (lane == 0) mbar_arrive(empty0 + 8 * previous);
 
-    // Epilogue: register 4 j + 2 h + b is (row 16 w + l / 4 + 8 h, column 8 j + 2 (l % 4) + b)
-    // of this warpgroup's 64 x BNW block; gated, the up value of column c is column BN + c.
-    const float* bias_row =
-        p.bias != nullptr ? p.bias + static_cast<int64_t>(t.expert) * p.nw : nullptr;
-    const int col0 = t.n_tile * Cfg::BN + 2 * (lane & 3);
+      // Epilogue: register 4 j + 2 h + b is (row 16 w + l / 4 + 8 h, column 8 j + 2 (l % 4) + b)
+      // of this warpgroup's 64 x BNW block; gated, the up value of column c is column BN + c.
+      const float* bias_row =
+          p.bias != nullptr ? p.bias + static_cast<int64_t>(t.expert) * p.nw : nullptr;
+      const int col0 = t.n_tile * Cfg::BN + 2 * (lane & 3);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = cw * 64 + warp_in_group * 16 + (lane >> 2) + 8 * h;
-      if (r >= t.rows) continue;
-      __nv_bfloat16* out_row = p.out + static_cast<int64_t>(t.row_begin + r) * p.n;
+      for (int h = 0; h < 2; ++h) {
+        const int r = cw * 64 + warp_in_group * 16 + (lane >> 2) + 8 * h;
+        if (r >= t.rows) continue;
+        __nv_bfloat16* out_row = p.out + static_cast<int64_t>(t.row_begin + r) * p.n;
 #pragma unroll
-      for (int j = 0; j < Cfg::BN / 8; ++j) {
-        const int col = col0 + 8 * j;
-        float v0 = acc[4 * j + 2 * h];
-        float v1 = acc[4 * j + 2 * h + 1];
-        if (bias_row != nullptr) {
-          v0 += __ldg(bias_row + col);
-          v1 += __ldg(bias_row + col + 1);
-        }
-        if constexpr (Cfg::kGated) {
-          float u0 = acc[4 * (j + Cfg::BN / 8) + 2 * h];
-          float u1 = acc[4 * (j + Cfg::BN / 8) + 2 * h + 1];
+        for (int j = 0; j < Cfg::BN / 8; ++j) {
+          const int col = col0 + 8 * j;
+          float v0 = acc[4 * j + 2 * h];
+          float v1 = acc[4 * j + 2 * h + 1];
           if (bias_row != nullptr) {
-            u0 += __ldg(bias_row + p.n + col);
-            u1 += __ldg(bias_row + p.n + col + 1);
+            v0 += __ldg(bias_row + col);
+            v1 += __ldg(bias_row + col + 1);
           }
-          if (clamped) {
-            v0 = clamped_swiglu(v0, u0, p.swiglu_alpha, p.swiglu_limit);
-            v1 = clamped_swiglu(v1, u1, p.swiglu_alpha, p.swiglu_limit);
-          } else {
-            v0 = silu_mul(v0, u0);
-            v1 = silu_mul(v1, u1);
+          if constexpr (Cfg::kGated) {
+            float u0 = acc[4 * (j + Cfg::BN / 8) + 2 * h];
+            float u1 = acc[4 * (j + Cfg::BN / 8) + 2 * h + 1];
+            if (bias_row != nullptr) {
+              u0 += __ldg(bias_row + p.n + col);
+              u1 += __ldg(bias_row + p.n + col + 1);
+            }
+            if (clamped) {
+              v0 = clamped_swiglu(v0, u0, p.swiglu_alpha, p.swiglu_limit);
+              v1 = clamped_swiglu(v1, u1, p.swiglu_alpha, p.swiglu_limit);
+            } else {
+              v0 = silu_mul(v0, u0);
+              v1 = silu_mul(v1, u1);
+            }
           }
+          *reinterpret_cast<__nv_bfloat162*>(out_row + col) = __floats2bfloat162_rn(v0, v1);
         }
-        *reinterpret_cast<__nv_bfloat162*>(out_row + col) = __floats2bfloat162_rn(v0, v1);
       }
     }
   }

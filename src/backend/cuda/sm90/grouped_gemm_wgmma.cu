@@ -73,8 +73,7 @@ template <class Cfg>
 void launch(const GroupedGemmParams& p, cudaStream_t stream) {
   static const bool attribute_set = [] {
     CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_wgmma_kernel<Cfg>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    Cfg::kSmemBytes));
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
     return true;
   }();
   (void)attribute_set;
@@ -97,8 +96,8 @@ void launch(const GroupedGemmParams& p, cudaStream_t stream) {
   // per SM: the CTAs walk the device's tile list.
   const int64_t touched = std::min(p.num_experts, p.num_rows);
   const int64_t slots = (p.num_rows + touched * (wgmma::kBM - 1)) / wgmma::kBM;
-  const int64_t grid = std::max<int64_t>(
-      1, std::min<int64_t>(slots * kp.num_n_tiles, multiprocessors()));
+  const int64_t grid =
+      std::max<int64_t>(1, std::min<int64_t>(slots * kp.num_n_tiles, multiprocessors()));
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
