@@ -4,10 +4,10 @@
 // experts with empty ones and one of a single row, row counts that are not multiples of 64 or
 // 128, one expert of fewer rows than a tile, every epilogue (kNone, kSiluMul, kClampedSwiglu)
 // with and without a float32 bias, Kd from 64 to 2048, N from 64 to 1536 (and 96, gated), which
-// selects each of the three weight-tile widths, E from 1 to 128. At the Qwen3-30B-A3B prefill shape (too large
-// for the CPU) it is compared with the mma.sync kRows128Wide kernel, which the CPU reference
-// verifies in cuda_grouped_gemm_test.cpp. A CUDA graph captured once is replayed after
-// expert_offsets changes in device memory. The launcher's refusals run without a GPU.
+// selects each of the three weight-tile widths, E from 1 to 128. At the Qwen3-30B-A3B prefill
+// shape (too large for the CPU) it is compared with the mma.sync kRows128Wide kernel, which the
+// CPU reference verifies in cuda_grouped_gemm_test.cpp. A CUDA graph captured once is replayed
+// after expert_offsets changes in device memory. The launcher's refusals run without a GPU.
 //
 // Tolerance: the bf16 contract of CONVENTIONS.md, |got - want| <= 1e-2 (|want| + scale), scale
 // the output's natural size (cuda_test_util.h). Against the other kernel (both bf16 roundings
