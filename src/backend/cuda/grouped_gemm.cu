@@ -195,6 +195,7 @@ void check_quant(const GroupedGemmParams& p) {
   }
 }
 
+#if defined(MOE_HAVE_WGMMA) && MOE_HAVE_WGMMA
 // Whether the current device is compute capability 9.0 exactly (H100, H200): the sm_90a code
 // of the Hopper kernel runs there and nowhere else. Asked once per device.
 bool device_is_sm90() {
@@ -209,6 +210,7 @@ bool device_is_sm90() {
   CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
   return known[device] = major == 9 && minor == 0;
 }
+#endif
 
 // Mean rows per expert above which kAuto takes the Hopper kernel: the 128-row tiles' region.
 constexpr int64_t kWgmmaMinMeanRows = 160;
