@@ -441,6 +441,9 @@ const char* epilogue_name(GemmEpilogue e) {
         p.tile = GemmTile::kRows128Wide;  // an explicit tile turns it off
         EXPECT_EQ(grouped_gemm_tile(p), GemmTile::kRows128Wide);
         p.tile = GemmTile::kAuto;
+        p.batch_invariant = true;  // --deterministic keeps to the mma.sync tiles
+        EXPECT_EQ(grouped_gemm_tile(p), GemmTile::kRows128Wide);
+        p.batch_invariant = false;
         const int32_t src_row = 0;
         p.src_row = &src_row;  // a gather: the mma.sync kernels
         EXPECT_EQ(grouped_gemm_tile(p), GemmTile::kRows128Wide);

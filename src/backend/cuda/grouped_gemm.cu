@@ -254,7 +254,8 @@ bool grouped_gemm_wgmma_supported(const GroupedGemmParams& p) {
 GemmTile grouped_gemm_tile(const GroupedGemmParams& p) {
   if (p.tile != GemmTile::kAuto) return p.tile;
   const int64_t touched = std::max<int64_t>(1, std::min(p.num_experts, p.num_rows));
-  if (p.num_rows / touched > kWgmmaMinMeanRows && grouped_gemm_wgmma_supported(p)) {
+  if (!p.batch_invariant && p.num_rows / touched > kWgmmaMinMeanRows &&
+      grouped_gemm_wgmma_supported(p)) {
     return GemmTile::kHopperWgmma;
   }
   // The mma.sync tiles see a gated epilogue as kSiluMul (the same weight rows per column).
@@ -415,7 +416,8 @@ void moe_experts(const MoeExpertsParams& p, cudaStream_t stream) {
                                  .top_k = p.top_k,
                                  .act_codes = fp8_mma ? p.fp8_codes : nullptr,
                                  .act_scales = fp8_mma ? p.fp8_scales : nullptr,
-                                 .overlap_previous = fp8_mma},
+                                 .overlap_previous = fp8_mma,
+                                 .batch_invariant = p.batch_invariant},
                stream);
   if (fp8_mma) {
     // The down projection's operand: the activation rows the plan holds (expert_offsets[E] of
@@ -442,7 +444,8 @@ void moe_experts(const MoeExpertsParams& p, cudaStream_t stream) {
                                  .bias = p.down_bias,
                                  .act_codes = fp8_mma ? p.fp8_codes : nullptr,
                                  .act_scales = fp8_mma ? p.fp8_scales : nullptr,
-                                 .overlap_previous = true},
+                                 .overlap_previous = true,
+                                 .batch_invariant = p.batch_invariant},
                stream);
 }
 

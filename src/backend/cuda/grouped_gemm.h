@@ -66,9 +66,10 @@ enum class GemmEpilogue : int32_t { kNone, kSiluMul, kClampedSwiglu };
 // persistent grid walking the (expert, row tile, column tile) list read from expert_offsets on
 // the device. 128 rows x 256 weight rows per tile (BNW 128 or 64 where N needs it). Plain bf16
 // weights only: `weights` (no expert_weights table), weight_terms 1, no quant, no act_codes, no
-// src_row gather, E <= 1024, N a multiple of 32 gated or 64 plain. Forcing it (tile =
-// kHopperWgmma) where the device or the parameters do not allow it is refused by name; setting
-// any other tile explicitly keeps kAuto from choosing it (the A/B switch).
+// src_row gather, E <= 1024, N a multiple of 32 gated or 64 plain; never for kAuto under
+// batch_invariant (--deterministic). Forcing it (tile = kHopperWgmma) where the device or the
+// parameters do not allow it is refused by name; setting any other tile explicitly is the A/B
+// switch that keeps it off.
 enum class GemmTile : int32_t { kAuto, kRows16, kRows64, kRows128, kRows128Wide, kHopperWgmma };
 
 struct GroupedGemmParams {
@@ -117,6 +118,11 @@ struct GroupedGemmParams {
   // has finished. Only for a previous kernel that writes neither the weights nor
   // expert_offsets.
   bool overlap_previous = false;
+  // --deterministic: kAuto never takes kHopperWgmma. Every mma.sync tile sums an element in
+  // the same order, so a row's result does not depend on the rows beside it; wgmma sums in its
+  // own order and kAuto takes it by the launch's rows, so the same row could differ between a
+  // large step and a small one.
+  bool batch_invariant = false;
 };
 
 // Validates and enqueues one grouped GEMM.
@@ -207,6 +213,8 @@ struct MoeExpertsParams {
   // gate/up projection's operand rows and then the down projection's.
   uint8_t* fp8_codes = nullptr;
   float* fp8_scales = nullptr;
+  // GroupedGemmParams::batch_invariant for both products (--deterministic).
+  bool batch_invariant = false;
 };
 
 // The experts stage: activation = SiLU(rows . gate^T) * (rows . up^T) (or the clamped SwiGLU,
