@@ -32,7 +32,16 @@
 // activations' quantisation timed with it in "experts (both)", and apart). TFLOP/s count
 // 2 * M * H * 3I as above; the last column is the ratio to the bf16 kernel's time.
 //
-// Usage: bench_cuda_moe [--quick] [--fp8-only]
+// Prefill (a fourth table, first with --prefill-only): the Hopper wgmma kernel
+// (GemmTile::kHopperWgmma, sm_90 only), the mma.sync kRows128Wide kernel and cuBLAS at T = 2048,
+// 4096 and 8192 (M = 8T rows, zipf routing; T = 4096 only without --prefill-only), the gate/up
+// projection (SiLU*up fused; cuBLAS writes the [M, 2I] product unfused) and the down projection
+// apart. cuBLAS runs two ways: one cublasGemmEx per non-empty expert with the routed counts (the
+// host knows them here), and one strided batched GEMM of E equal groups of M / E rows (the same
+// FLOPs, no skew: the rate a grouped GEMM could hope for). TFLOP/s count 2 * M * Kd * Nw; the
+// last column is the batched cuBLAS time over the kernel's (above 1: faster than cuBLAS).
+//
+// Usage: bench_cuda_moe [--quick] [--fp8-only] [--prefill-only]
 #if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
 
 #include <cublas_v2.h>
@@ -138,6 +147,8 @@ const char* tile_name(GemmTile t) {
       return "128";
     case GemmTile::kRows128Wide:
       return "128w";
+    case GemmTile::kHopperWgmma:
+      return "wgmma";
     default:
       return "auto";
   }
@@ -228,18 +239,23 @@ void bench_t(int64_t T, bf16* const* gate_up, bf16* const* down, double copy_bw,
                 static_cast<long long>(touched), what.c_str(), r.us, r.floor_us, r.ratio, r.tflops,
                 r.flop_ratio);
   };
-  const GemmTile gu_tile = grouped_gemm_auto_tile(M, kE, kI, GemmEpilogue::kSiluMul);
-  const GemmTile dn_tile = grouped_gemm_auto_tile(M, kE, kH, GemmEpilogue::kNone);
+  const GemmTile gu_tile = grouped_gemm_tile(gu_params(0));
+  const GemmTile dn_tile = grouped_gemm_tile(dn_params(0));
   add(std::string("gate_up+silu tile ") + tile_name(gu_tile), gu_ms, gu_bytes, gu_flops);
   add(std::string("down tile ") + tile_name(dn_tile), dn_ms, dn_bytes, dn_flops);
   add("experts (both)", both_ms, gu_bytes + dn_bytes, gu_flops + dn_flops);
   add("experts, rows gathered", gather_ms, gu_bytes + dn_bytes, gu_flops + dn_flops);
   if (T >= 8) {
     // The other tiles for both projections, to see where the automatic choice stands.
-    for (GemmTile alt :
-         {GemmTile::kRows16, GemmTile::kRows64, GemmTile::kRows128, GemmTile::kRows128Wide}) {
+    for (GemmTile alt : {GemmTile::kRows16, GemmTile::kRows64, GemmTile::kRows128,
+                         GemmTile::kRows128Wide, GemmTile::kHopperWgmma}) {
       if (alt == gu_tile && alt == dn_tile) continue;
-      if ((alt == GemmTile::kRows128 || alt == GemmTile::kRows128Wide) && T < 256) continue;
+      if ((alt == GemmTile::kRows128 || alt == GemmTile::kRows128Wide ||
+           alt == GemmTile::kHopperWgmma) &&
+          T < 256) {
+        continue;
+      }
+      if (alt == GemmTile::kHopperWgmma && !grouped_gemm_wgmma_available()) continue;
       if (alt == GemmTile::kRows16 && T >= 1024) continue;
       const double alt_ms = time_graph(stream, [&](int i) {
         GroupedGemmParams g = gu_params(i), d = dn_params(i);
@@ -417,6 +433,105 @@ void bench_fp8(bf16* const* gate_up, bf16* const* down, cudaStream_t stream, std
   }
 }
 
+// y[g] = x[g] . w[g]^T for E groups of `rows` rows each (strided batched, one launch).
+void cublas_batched(cublasHandle_t handle, const bf16* x, const bf16* w, bf16* y, int64_t rows,
+                    int64_t N, int64_t Kd, int64_t groups) {
+  const float alpha = 1.0f, beta = 0.0f;
+  CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(rows),
+      static_cast<int>(Kd), &alpha, w, CUDA_R_16BF, static_cast<int>(Kd), N * Kd, x, CUDA_R_16BF,
+      static_cast<int>(Kd), rows * Kd, &beta, y, CUDA_R_16BF, static_cast<int>(N), rows * N,
+      static_cast<int>(groups), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+// The prefill table (see the file's header) at T tokens; appends to `line`.
+void bench_prefill_t(int64_t T, bf16* const* gate_up, bf16* const* down, cublasHandle_t handle,
+                     cudaStream_t stream, std::mt19937& rng, std::string& line) {
+  int64_t touched = 0;
+  const auto offsets = zipf_offsets(T, rng, &touched);
+  const int64_t M = T * kK;
+  int32_t* d_offsets = device_alloc<int32_t>(kE + 1);
+  CUDA_CHECK(cudaMemcpy(d_offsets, offsets.data(), (kE + 1) * 4, cudaMemcpyHostToDevice));
+  bf16* rows = device_alloc<bf16>(M * kH);
+  bf16* act = device_alloc<bf16>(M * kI);
+  bf16* out = device_alloc<bf16>(M * kH);
+  bf16* wide = device_alloc<bf16>(M * 2 * kI);  // cuBLAS's unfused gate/up product
+  fill_random(rows, M * kH, 1.0f, rng);
+  fill_random(act, M * kI, 1.0f, rng);
+  const bool wgmma = grouped_gemm_wgmma_available();
+  for (bool gu : {true, false}) {
+    const int64_t Kd = gu ? kH : kI, N = gu ? kI : kH, Nw = gu ? 2 * kI : kH;
+    const bf16* x = gu ? rows : act;
+    bf16* y = gu ? act : out;
+    bf16* const* w = gu ? gate_up : down;
+    const double flops = 2.0 * M * Kd * Nw;
+    auto grouped = [&](GemmTile tile) {
+      return time_graph(stream, [&](int i) {
+        grouped_gemm(GroupedGemmParams{.rows = x,
+                                       .weights = w[i % kWeightSets],
+                                       .expert_offsets = d_offsets,
+                                       .out = y,
+                                       .num_rows = M,
+                                       .num_experts = kE,
+                                       .n = N,
+                                       .k = Kd,
+                                       .epilogue = gu ? GemmEpilogue::kSiluMul
+                                                      : GemmEpilogue::kNone,
+                                       .tile = tile},
+                     stream);
+      });
+    };
+    const double per_expert_ms = time_graph(stream, [&](int i) {
+      for (int64_t e = 0; e < kE; ++e) {
+        const int64_t count = offsets[e + 1] - offsets[e];
+        if (count == 0) continue;
+        cublas_gemm(handle, x + offsets[e] * Kd, w[i % kWeightSets] + e * Nw * Kd,
+                    (gu ? wide : out) + offsets[e] * Nw, count, Nw, Kd);
+      }
+    });
+    const double batched_ms = time_graph(stream, [&](int i) {
+      cublas_batched(handle, x, w[i % kWeightSets], gu ? wide : out, M / kE, Nw, Kd, kE);
+    });
+    const double wgmma_ms = wgmma ? grouped(GemmTile::kHopperWgmma) : 0.0;
+    const double mma_ms = grouped(GemmTile::kRows128Wide);
+    const char* proj = gu ? "gate_up+silu" : "down";
+    auto row = [&](const char* kernel, double ms) {
+      const double tflops = flops / (ms * 1e-3) / 1e12;
+      std::printf("%5lld %6lld  %-13s %-26s %10.1f %9.1f %8.2f\n", static_cast<long long>(T),
+                  static_cast<long long>(M), proj, kernel, ms * 1e3, tflops, batched_ms / ms);
+      return tflops;
+    };
+    const double wgmma_tflops = wgmma ? row("wgmma (kHopperWgmma)", wgmma_ms) : 0.0;
+    if (!wgmma) {
+      std::printf("%5lld %6lld  %-13s %-26s   (not sm_90, or no sm_90a code in this build)\n",
+                  static_cast<long long>(T), static_cast<long long>(M), proj,
+                  "wgmma (kHopperWgmma)");
+    }
+    const double mma_tflops = row("mma.sync (kRows128Wide)", mma_ms);
+    row("cuBLAS per expert", per_expert_ms);
+    const double cublas_tflops = row("cuBLAS batched, equal rows", batched_ms);
+    char part[160];
+    std::snprintf(part, sizeof(part),
+                  " T=%lld %s wgmma %.0f, mma.sync %.0f, cuBLAS %.0f TFLOP/s (wgmma/cuBLAS %.2f);",
+                  static_cast<long long>(T), proj, wgmma_tflops, mma_tflops, cublas_tflops,
+                  wgmma_tflops / cublas_tflops);
+    line += part;
+  }
+  for (void* p : {static_cast<void*>(d_offsets), static_cast<void*>(rows),
+                  static_cast<void*>(act), static_cast<void*>(out), static_cast<void*>(wide)}) {
+    CUDA_CHECK(cudaFree(p));
+  }
+}
+
+void bench_prefill(const std::vector<int64_t>& sizes, bf16* const* gate_up, bf16* const* down,
+                   cublasHandle_t handle, cudaStream_t stream, std::mt19937& rng) {
+  std::printf("\n%5s %6s  %-13s %-26s %10s %9s %8s\n", "T", "M", "prefill", "kernel", "time us",
+              "TFLOP/s", "vs cuB");
+  std::string line = "bench_cuda_moe prefill (qwen3-30b-a3b experts, TFLOP/s):";
+  for (int64_t T : sizes) bench_prefill_t(T, gate_up, down, handle, stream, rng, line);
+  std::printf("\n%s\n", line.c_str());
+}
+
 std::string g_attention_line;
 
 // Paged decode at context 1024 (Nq 32, Nkv 4, head dim D, blocks of 16 tokens in a shuffled
@@ -547,10 +662,11 @@ void bench_attention(double copy_bw, double peak, cudaStream_t stream, std::mt19
 }
 
 int run(int argc, char** argv) {
-  bool fp8_only = false;
+  bool fp8_only = false, prefill_only = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) g_replays = 3;
     if (std::strcmp(argv[i], "--fp8-only") == 0) fp8_only = true;
+    if (std::strcmp(argv[i], "--prefill-only") == 0) prefill_only = true;
   }
   cudaDeviceProp prop;
   CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -580,8 +696,9 @@ int run(int argc, char** argv) {
     fill_random(gate_up[s], kE * 2 * kI * kH, 1.0f / std::sqrt(static_cast<float>(kH)), rng);
     fill_random(down[s], kE * kH * kI, 1.0f / std::sqrt(static_cast<float>(kI)), rng);
   }
-  if (fp8_only) {
-    bench_fp8(gate_up, down, stream, rng);
+  if (fp8_only || prefill_only) {
+    if (fp8_only) bench_fp8(gate_up, down, stream, rng);
+    if (prefill_only) bench_prefill({2048, 4096, 8192}, gate_up, down, handle, stream, rng);
     for (int s = 0; s < kWeightSets; ++s) {
       CUDA_CHECK(cudaFree(gate_up[s]));
       CUDA_CHECK(cudaFree(down[s]));
@@ -595,6 +712,9 @@ int run(int argc, char** argv) {
   for (int64_t T : {1, 8, 64, 256, 4096})
     bench_t(T, gate_up, down, copy_bw, peak, handle, stream, rng);
   bench_fp8(gate_up, down, stream, rng);
+  // T = 4096 only here (scripts/gpu-check.sh gives the whole run 180 s); --prefill-only runs
+  // 2048, 4096 and 8192.
+  bench_prefill({4096}, gate_up, down, handle, stream, rng);
   std::string line = "bench_cuda_moe: copy " + std::to_string(static_cast<int>(copy_bw / 1e9)) +
                      " GB/s, cuBLAS " + std::to_string(static_cast<int>(peak / 1e12)) +
                      " TFLOP/s; experts:";

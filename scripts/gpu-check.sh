@@ -56,7 +56,16 @@ build_cuda_standalone() {
   for f in src/backend/cuda/*.cu; do
     o="$dir/$(basename "$f" .cu).o"
     objs+=("$o")
-    nvcc -O3 -DNDEBUG -std=c++20 -Isrc -gencode=arch=compute_90,code=sm_90 -x cu -c "$f" -o "$o" &
+    nvcc -O3 -DNDEBUG -std=c++20 -Isrc -DMOE_HAVE_WGMMA=1 -gencode=arch=compute_90,code=sm_90 \
+      -x cu -c "$f" -o "$o" &
+    pids+=($!)
+  done
+  # The Hopper grouped GEMM: sm_90a code only (src/CMakeLists.txt does the same).
+  for f in src/backend/cuda/sm90/*.cu; do
+    o="$dir/sm90_$(basename "$f" .cu).o"
+    objs+=("$o")
+    nvcc -O3 -DNDEBUG -std=c++20 -Isrc -DMOE_HAVE_WGMMA=1 -gencode=arch=compute_90a,code=sm_90a \
+      -x cu -c "$f" -o "$o" &
     pids+=($!)
   done
   for f in src/core/dtype.cpp src/model/rope.cpp; do

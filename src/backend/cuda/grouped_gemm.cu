@@ -13,6 +13,7 @@
 #include "backend/cuda/fp8_rows_kernel.cuh"
 #include "backend/cuda/grouped_gemm.h"
 #include "backend/cuda/grouped_gemm_kernel.cuh"
+#include "backend/cuda/grouped_gemm_wgmma.h"
 #include "backend/cuda/launch_checks.h"
 #include "backend/cuda/moe_stages.h"
 
@@ -85,6 +86,7 @@ void dispatch_tile(GemmTile tile, const GroupedGemmParams& p, cudaStream_t strea
     case GemmTile::kRows128Wide:
       return launch<Rows128Wide<G>>(p, stream);
     case GemmTile::kAuto:
+    case GemmTile::kHopperWgmma:  // launched by grouped_gemm itself
       break;
   }
   MOE_CHECK(false, "unresolved tile ", static_cast<int>(tile));
@@ -128,6 +130,7 @@ void dispatch_fp8_mma_tile(GemmTile tile, const GroupedGemmParams& p, cudaStream
     case GemmTile::kRows128Wide:
       return launch<Rows128<G>, ExpertQuant::kFp8, true>(p, stream);
     case GemmTile::kAuto:
+    case GemmTile::kHopperWgmma:  // refused by grouped_gemm first
       break;
   }
   MOE_CHECK(false, "unresolved tile ", static_cast<int>(tile));
@@ -192,7 +195,74 @@ void check_quant(const GroupedGemmParams& p) {
   }
 }
 
+#if defined(MOE_HAVE_WGMMA) && MOE_HAVE_WGMMA
+// Whether the current device is compute capability 9.0 exactly (H100, H200): the sm_90a code
+// of the Hopper kernel runs there and nowhere else. Asked once per device.
+bool device_is_sm90() {
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  static std::mutex mutex;
+  static std::map<int, bool> known;
+  const std::lock_guard lock(mutex);
+  if (const auto it = known.find(device); it != known.end()) return it->second;
+  int major = 0, minor = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  return known[device] = major == 9 && minor == 0;
+}
+#endif
+
+// Mean rows per expert above which kAuto takes the Hopper kernel: the 128-row tiles' region.
+constexpr int64_t kWgmmaMinMeanRows = 160;
+// The Hopper kernel keeps the offsets and their prefix sums in shared memory.
+constexpr int64_t kWgmmaMaxExperts = 1024;
+
 }  // namespace
+
+const char* grouped_gemm_wgmma_unsupported(const GroupedGemmParams& p) {
+  if (p.act_codes != nullptr) return "fp8 x fp8 (act_codes)";
+  if (p.quant != ExpertQuant::kNone) return "quantised weights";
+  if (p.weights == nullptr || p.expert_weights != nullptr) {
+    return "an expert_weights table (TMA reads one [E, Nw, Kd] weights tensor)";
+  }
+  if (p.weight_terms != 1) return "two weight terms";
+  if (p.src_row != nullptr) return "a src_row gather (a gathered A tile is not a TMA box)";
+  if (p.num_experts > kWgmmaMaxExperts) return "more than 1024 experts";
+  const bool gated = p.epilogue != GemmEpilogue::kNone;
+  if (p.n % (gated ? 32 : 64) != 0) {
+    return gated ? "n not a multiple of 32 (gated)" : "n not a multiple of 64";
+  }
+  // TMA coordinates are int32: the weight rows of all experts, [E * Nw].
+  if (p.num_experts * (gated ? 2 : 1) * p.n > int64_t{2147483647}) {
+    return "E * Nw of 2^31 or more weight rows";
+  }
+  return nullptr;
+}
+
+bool grouped_gemm_wgmma_available() {
+#if defined(MOE_HAVE_WGMMA) && MOE_HAVE_WGMMA
+  return device_is_sm90();
+#else
+  return false;
+#endif
+}
+
+bool grouped_gemm_wgmma_supported(const GroupedGemmParams& p) {
+  return grouped_gemm_wgmma_unsupported(p) == nullptr && grouped_gemm_wgmma_available();
+}
+
+GemmTile grouped_gemm_tile(const GroupedGemmParams& p) {
+  if (p.tile != GemmTile::kAuto) return p.tile;
+  const int64_t touched = std::max<int64_t>(1, std::min(p.num_experts, p.num_rows));
+  if (!p.batch_invariant && p.num_rows / touched > kWgmmaMinMeanRows &&
+      grouped_gemm_wgmma_supported(p)) {
+    return GemmTile::kHopperWgmma;
+  }
+  // The mma.sync tiles see a gated epilogue as kSiluMul (the same weight rows per column).
+  return grouped_gemm_auto_tile(
+      p.num_rows, p.num_experts, p.n,
+      p.epilogue != GemmEpilogue::kNone ? GemmEpilogue::kSiluMul : GemmEpilogue::kNone);
+}
 
 // Measured on an H200 (bench/RESULTS.md, 2026-11-30, Qwen3-30B-A3B experts): the 16-row tile
 // wins at 1 to 8 mean rows per expert (T = 1 to 64 with top-8 of 128), the 64-row tile at 16
@@ -242,12 +312,20 @@ void grouped_gemm(const GroupedGemmParams& p, cudaStream_t stream) {
     MOE_CHECK(p.swiglu_limit > 0.0f && std::isfinite(p.swiglu_alpha), "swiglu_limit = ",
               p.swiglu_limit, " must be positive and swiglu_alpha = ", p.swiglu_alpha, " finite");
   }
-  // The tile choice sees a gated epilogue as kSiluMul (the same weight rows per output column).
-  const GemmTile tile =
-      p.tile == GemmTile::kAuto
-          ? grouped_gemm_auto_tile(p.num_rows, p.num_experts, p.n,
-                                   gated ? GemmEpilogue::kSiluMul : GemmEpilogue::kNone)
-          : p.tile;
+  const GemmTile tile = grouped_gemm_tile(p);
+  if (tile == GemmTile::kHopperWgmma) {
+    const char* unsupported = grouped_gemm_wgmma_unsupported(p);
+    MOE_CHECK(unsupported == nullptr, "tile kHopperWgmma does not support ",
+              unsupported == nullptr ? "" : unsupported, " (n = ", p.n, ", num_experts = ",
+              p.num_experts, "); use kAuto, which takes an mma.sync tile there");
+    MOE_CHECK(grouped_gemm_wgmma_available(),
+              "tile kHopperWgmma needs a GPU of compute capability 9.0 (H100, H200) and a build "
+              "for CUDA architecture 90 (CMAKE_CUDA_ARCHITECTURES including 90); use kAuto");
+#if defined(MOE_HAVE_WGMMA) && MOE_HAVE_WGMMA
+    grouped_gemm_wgmma(p, stream);
+#endif
+    return;
+  }
   check_quant(p);
   if (fp8_mma) {
     check_fp8_mma(p);
@@ -338,7 +416,8 @@ void moe_experts(const MoeExpertsParams& p, cudaStream_t stream) {
                                  .top_k = p.top_k,
                                  .act_codes = fp8_mma ? p.fp8_codes : nullptr,
                                  .act_scales = fp8_mma ? p.fp8_scales : nullptr,
-                                 .overlap_previous = fp8_mma},
+                                 .overlap_previous = fp8_mma,
+                                 .batch_invariant = p.batch_invariant},
                stream);
   if (fp8_mma) {
     // The down projection's operand: the activation rows the plan holds (expert_offsets[E] of
@@ -365,7 +444,8 @@ void moe_experts(const MoeExpertsParams& p, cudaStream_t stream) {
                                  .bias = p.down_bias,
                                  .act_codes = fp8_mma ? p.fp8_codes : nullptr,
                                  .act_scales = fp8_mma ? p.fp8_scales : nullptr,
-                                 .overlap_previous = true},
+                                 .overlap_previous = true,
+                                 .batch_invariant = p.batch_invariant},
                stream);
 }
 

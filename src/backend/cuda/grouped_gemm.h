@@ -56,9 +56,21 @@ enum class GemmEpilogue : int32_t { kNone, kSiluMul, kClampedSwiglu };
 
 // Tile shapes. kAuto picks from the mean rows per expert, M / min(E, M), which the host knows
 // without reading the device: up to 8 rows the 16-row tile (decode: weights streamed by many
-// narrow blocks), up to 160 the 64-row tile, above that the 128 x 256 tile (kRows128Wide:
-// 128 x 128 outputs with gate/up, 64 x 64 warp tiles) where N allows it, else 128 x 128.
-enum class GemmTile : int32_t { kAuto, kRows16, kRows64, kRows128, kRows128Wide };
+// narrow blocks), up to 160 the 64-row tile, above that the Hopper kernel (kHopperWgmma) on a
+// device of compute capability 9.0 when the build has it and the parameters allow it (see
+// grouped_gemm_wgmma_supported), else the 128 x 256 tile (kRows128Wide: 128 x 128 outputs with
+// gate/up, 64 x 64 warp tiles) where N allows it, else 128 x 128.
+//
+// kHopperWgmma (grouped_gemm_wgmma_kernel.cuh): sm_90a wgmma on TMA-loaded, 128B-swizzled
+// shared memory, a producer warp and two consumer warpgroups over an mbarrier pipeline, and a
+// persistent grid walking the (expert, row tile, column tile) list read from expert_offsets on
+// the device. 128 rows x 256 weight rows per tile (BNW 128 or 64 where N needs it). Plain bf16
+// weights only: `weights` (no expert_weights table), weight_terms 1, no quant, no act_codes, no
+// src_row gather, E <= 1024, N a multiple of 32 gated or 64 plain; never for kAuto under
+// batch_invariant (--deterministic). Forcing it (tile = kHopperWgmma) where the device or the
+// parameters do not allow it is refused by name; setting any other tile explicitly is the A/B
+// switch that keeps it off.
+enum class GemmTile : int32_t { kAuto, kRows16, kRows64, kRows128, kRows128Wide, kHopperWgmma };
 
 struct GroupedGemmParams {
   const __nv_bfloat16* rows = nullptr;      // [M, Kd]
@@ -106,14 +118,32 @@ struct GroupedGemmParams {
   // has finished. Only for a previous kernel that writes neither the weights nor
   // expert_offsets.
   bool overlap_previous = false;
+  // --deterministic: kAuto never takes kHopperWgmma. Every mma.sync tile sums an element in
+  // the same order, so a row's result does not depend on the rows beside it; wgmma sums in its
+  // own order and kAuto takes it by the launch's rows, so the same row could differ between a
+  // large step and a small one.
+  bool batch_invariant = false;
 };
 
 // Validates and enqueues one grouped GEMM.
 void grouped_gemm(const GroupedGemmParams& params, cudaStream_t stream);
 
-// The tile kAuto resolves to for these sizes (for benchmarks and tests).
+// The mma.sync tile kAuto resolves to for these sizes (for benchmarks and tests); kAuto runs
+// kHopperWgmma instead where grouped_gemm_tile says so.
 GemmTile grouped_gemm_auto_tile(int64_t num_rows, int64_t num_experts, int64_t n,
                                 GemmEpilogue epilogue);
+
+// The tile grouped_gemm runs for these parameters on the current device: params.tile when set,
+// else kAuto's choice, kHopperWgmma included.
+GemmTile grouped_gemm_tile(const GroupedGemmParams& params);
+
+// Whether the current device can run kHopperWgmma at all: a build for CUDA architecture 90
+// (the kernel is compiled for sm_90a) and a device of compute capability 9.0 exactly.
+bool grouped_gemm_wgmma_available();
+
+// Whether kHopperWgmma runs these parameters on the current device (available, and the shapes
+// and options the kernel supports).
+bool grouped_gemm_wgmma_supported(const GroupedGemmParams& params);
 
 // Activations for fp8 x fp8, DeepSeek-V3's recipe: each row's inputs in blocks of 128 (the last
 // block may be short), each block as the e4m3 codes of x / scale, scale = amax / 448 (1 for an
@@ -183,6 +213,8 @@ struct MoeExpertsParams {
   // gate/up projection's operand rows and then the down projection's.
   uint8_t* fp8_codes = nullptr;
   float* fp8_scales = nullptr;
+  // GroupedGemmParams::batch_invariant for both products (--deterministic).
+  bool batch_invariant = false;
 };
 
 // The experts stage: activation = SiLU(rows . gate^T) * (rows . up^T) (or the clamped SwiGLU,

@@ -23,8 +23,9 @@
 // of cuBLAS (linear(), absorbed()), prompts take the per-query route (never the flash prefill
 // kernels, whose reduction order differs from a decode row's), and attention splits keys in
 // chunks fixed at start-up (attention_chunk_) instead of by the batch. The grouped expert GEMM
-// needs nothing: every tile reduces an element in the same order (cuda-kernels.md); but fp8
-// x fp8 is off (fp8_act_), as its choice and its activation rounding follow the step's rows.
+// keeps to its mma.sync tiles (ExpertShape::batch_invariant: every one reduces an element in the
+// same order, cuda-kernels.md; the Hopper wgmma kernel does not); and fp8 x fp8 is off
+// (fp8_act_), as its choice and its activation rounding follow the step's rows.
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -1620,7 +1621,8 @@ void CudaDecoder::build_moe_block() {
                               w_.expert_quant == cuda::ExpertQuant::kNone ? w_.weight_terms : 1,
                           .quant = w_.expert_quant,
                           .quant_group = w_.expert_quant_group,
-                          .activation = expert_activation(config_)};
+                          .activation = expert_activation(config_),
+                          .batch_invariant = options_.deterministic};
   const std::span<const DeviceLayer> layers(w_.layers);
   std::unique_ptr<ExpertRunner> runner;
   if (cache_) {

@@ -94,7 +94,8 @@ void ResidentExperts::run(int64_t layer, const ExpertRows& rows, bf16* out, cuda
                      .swiglu_alpha = shape_.activation.alpha,
                      .swiglu_limit = shape_.activation.limit,
                      .fp8_codes = fp8_.codes,
-                     .fp8_scales = fp8_.scales},
+                     .fp8_scales = fp8_.scales,
+                     .batch_invariant = shape_.batch_invariant},
                     stream);
 }
 
@@ -130,7 +131,8 @@ void CachedExpertRunner::run(int64_t layer, const ExpertRows& rows, bf16* out,
                      .expert_offsets = rows.expert_offsets, .activation = activation_,
                      .out = out, .num_rows = rows.num_rows, .num_experts = shape_.num_experts,
                      .hidden_size = shape_.hidden_size, .expert_width = shape_.expert_width,
-                     .src_row = rows.src_row, .top_k = rows.top_k},
+                     .src_row = rows.src_row, .top_k = rows.top_k,
+                     .batch_invariant = shape_.batch_invariant},
                     stream);
 }
 

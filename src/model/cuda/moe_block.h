@@ -131,6 +131,9 @@ struct ExpertShape {
   int64_t quant_group = 0;
   // SiLU(gate) * up, or GPT-OSS's clamped SwiGLU; the biases, if any, are DeviceLayer's.
   moe::ExpertActivation activation;
+  // --deterministic: the grouped GEMM keeps to the mma.sync tiles, whose order of summation is
+  // the same for every row (cuda::GroupedGemmParams::batch_invariant).
+  bool batch_invariant = false;
 };
 
 // The grouped GEMM's gated epilogue for an activation.

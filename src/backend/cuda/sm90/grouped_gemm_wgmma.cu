@@ -1,0 +1,132 @@
+// Launcher of the Hopper grouped GEMM (grouped_gemm_wgmma_kernel.cuh). Built for sm_90a only
+// (wgmma and setmaxnreg exist nowhere else; src/CMakeLists.txt compiles this file alone with
+// that target): builds the two TMA tensor maps on the host, picks the weight-tile width from N
+// and sizes a persistent grid of one CTA per SM. Six instantiations: BNW 256, 128 and 64 weight
+// rows, plain and gated.
+#include <cuda.h>
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/grouped_gemm.h"
+#include "backend/cuda/grouped_gemm_wgmma.h"
+#include "backend/cuda/grouped_gemm_wgmma_kernel.cuh"
+
+namespace moeinfer::cuda {
+
+namespace {
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point, so nothing links libcuda
+// directly. Looked up once.
+PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* pointer = nullptr;
+    cudaDriverEntryPointQueryResult status{};
+    CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &pointer, 12000,
+                                                cudaEnableDefault, &status));
+    MOE_CHECK(status == cudaDriverEntryPointSuccess && pointer != nullptr,
+              "the CUDA driver has no cuTensorMapEncodeTiled (status ", static_cast<int>(status),
+              "); the Hopper grouped GEMM needs a driver of CUDA 12.0 or later");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(pointer);
+  }();
+  return fn;
+}
+
+// A [outer, inner] row-major bf16 matrix read in boxes of 64 (inner, 128 bytes) x box_rows,
+// written to shared memory with the 128-byte swizzle. Boxes reaching past the matrix read
+// zeros.
+CUtensorMap tensor_map(const void* base, int64_t inner, int64_t outer, int box_rows,
+                       const char* what) {
+  CUtensorMap map{};
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(inner), static_cast<cuuint64_t>(outer)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(inner) * 2};  // bytes, of dim 1
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(wgmma::kBK),
+                             static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult result = encode_tiled()(
+      &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box,
+      element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  MOE_CHECK(result == CUDA_SUCCESS, "cuTensorMapEncodeTiled refused the ", what, " map (error ",
+            static_cast<int>(result), ", [", outer, ", ", inner, "] bf16 at ", base, ", box ",
+            box_rows, " rows)");
+  return map;
+}
+
+int multiprocessors() {
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  static std::mutex mutex;
+  static std::map<int, int> known;
+  const std::lock_guard lock(mutex);
+  if (const auto it = known.find(device); it != known.end()) return it->second;
+  int count = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  known[device] = count;
+  return count;
+}
+
+template <class Cfg>
+void launch(const GroupedGemmParams& p, cudaStream_t stream) {
+  static const bool attribute_set = [] {
+    CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_wgmma_kernel<Cfg>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+    return true;
+  }();
+  (void)attribute_set;
+  const int64_t nw = Cfg::kGated ? 2 * p.n : p.n;
+  wgmma::Params kp;
+  kp.rows_map = tensor_map(p.rows, p.k, p.num_rows, wgmma::kBM, "rows");
+  kp.weights_map = tensor_map(p.weights, p.k, p.num_experts * nw, Cfg::kHalfRows, "weights");
+  kp.expert_offsets = p.expert_offsets;
+  kp.out = p.out;
+  kp.bias = p.bias;
+  kp.num_experts = static_cast<int32_t>(p.num_experts);
+  kp.n = static_cast<int32_t>(p.n);
+  kp.nw = static_cast<int32_t>(nw);
+  kp.k = static_cast<int32_t>(p.k);
+  kp.num_n_tiles = static_cast<int32_t>(p.n / Cfg::BN);
+  kp.epilogue = p.epilogue;
+  kp.swiglu_alpha = p.swiglu_alpha;
+  kp.swiglu_limit = p.swiglu_limit;
+  // Worst-case tiles (every touched expert's last row tile nearly empty), capped at one CTA
+  // per SM: the CTAs walk the device's tile list.
+  const int64_t touched = std::min(p.num_experts, p.num_rows);
+  const int64_t slots = (p.num_rows + touched * (wgmma::kBM - 1)) / wgmma::kBM;
+  const int64_t grid =
+      std::max<int64_t>(1, std::min<int64_t>(slots * kp.num_n_tiles, multiprocessors()));
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(grid));
+  config.blockDim = dim3(wgmma::kThreads);
+  config.dynamicSmemBytes = Cfg::kSmemBytes;
+  config.stream = stream;
+  config.attrs = p.overlap_previous ? &attribute : nullptr;
+  config.numAttrs = p.overlap_previous ? 1 : 0;
+  CUDA_CHECK(cudaLaunchKernelEx(&config, grouped_gemm_wgmma_kernel<Cfg>, kp));
+}
+
+template <bool G>
+void dispatch(const GroupedGemmParams& p, cudaStream_t stream) {
+  // The widest weight tile whose output columns divide N (see the kernel file's header).
+  if (p.n % wgmma::Config<256, G>::BN == 0) return launch<wgmma::Config<256, G>>(p, stream);
+  if (p.n % wgmma::Config<128, G>::BN == 0) return launch<wgmma::Config<128, G>>(p, stream);
+  return launch<wgmma::Config<64, G>>(p, stream);
+}
+
+}  // namespace
+
+void grouped_gemm_wgmma(const GroupedGemmParams& p, cudaStream_t stream) {
+  if (p.epilogue == GemmEpilogue::kNone) {
+    dispatch<false>(p, stream);
+  } else {
+    dispatch<true>(p, stream);
+  }
+}
+
+}  // namespace moeinfer::cuda
