@@ -357,6 +357,58 @@ void run_against_mma(int64_t T, bool gate_up) {
       gate_up ? "gate_up vs kRows128Wide" : "down vs kRows128Wide");
 }
 
+// The experts stage with the plan's src_row gather (the engine's prefill): kAuto takes the
+// Hopper kernel for both products, the gate/up operand gathered into `out` first (moe_experts);
+// --deterministic's path (batch_invariant: the mma.sync tiles, gathering in their A-tile load)
+// on the same inputs is the reference, within the bound of run_against_mma.
+void run_moe_experts_gathered(int64_t T) {
+  if (skip_unless_available()) GTEST_SKIP() << "needs sm_90 and a build for architecture 90";
+  constexpr int64_t kE = 128, kK = 8, kH = 2048, kI = 768;
+  std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(T * 7919));
+  const int64_t M = T * kK;
+  const std::vector<int32_t> offsets = offsets_of(zipf_counts(M, kE, rng));
+  // A random plan: row r of expert order takes assignment src_row[r] = t*K + k.
+  std::vector<int32_t> src_row(static_cast<size_t>(M));
+  std::iota(src_row.begin(), src_row.end(), 0);
+  std::shuffle(src_row.begin(), src_row.end(), rng);
+  DeviceBuffer<uint16_t> d_hidden(fast_random_bf16(T * kH, rng(), 1.0f));
+  DeviceBuffer<uint16_t> d_gate_up(
+      fast_random_bf16(kE * 2 * kI * kH, rng(), 2.0f / std::sqrt(static_cast<float>(kH))));
+  DeviceBuffer<uint16_t> d_down(
+      fast_random_bf16(kE * kH * kI, rng(), 1.0f / std::sqrt(static_cast<float>(kI))));
+  DeviceBuffer<int32_t> d_offsets(offsets), d_src_row(src_row);
+  DeviceBuffer<uint16_t> d_act(M * kI), d_out(M * kH), d_ref(M * kH);
+  d_out.poison();
+  d_ref.poison();
+  MoeExpertsParams p{.rows = d_hidden.as_bf16(),
+                     .gate_up = d_gate_up.as_bf16(),
+                     .down = d_down.as_bf16(),
+                     .expert_offsets = d_offsets.get(),
+                     .activation = d_act.as_bf16(),
+                     .out = d_out.as_bf16(),
+                     .num_rows = M,
+                     .num_experts = kE,
+                     .hidden_size = kH,
+                     .expert_width = kI,
+                     .src_row = d_src_row.get(),
+                     .top_k = kK};
+  moe_experts(p, nullptr);
+  MoeExpertsParams ref = p;
+  ref.out = d_ref.as_bf16();
+  ref.batch_invariant = true;
+  moe_experts(ref, nullptr);
+  synchronize();
+  const auto got = to_float(d_out.download());
+  const auto want = to_float(d_ref.download());
+  double sum2 = 0;
+  for (float v : want) sum2 += static_cast<double>(v) * v;
+  const double rms = std::sqrt(sum2 / static_cast<double>(want.size()));
+  ASSERT_GT(rms, 0.0);
+  expect_within(
+      got, want, [&](size_t i) { return 2e-2 * std::fabs(want[i]) + 1e-2 * rms; },
+      "moe_experts gathered for wgmma vs the mma.sync gather");
+}
+
 const char* epilogue_name(GemmEpilogue e) {
   switch (e) {
     case GemmEpilogue::kNone:
@@ -422,6 +474,9 @@ const char* epilogue_name(GemmEpilogue e) {
           [T, gate_up] { run_against_mma(T, gate_up); }, __FILE__, __LINE__);
     }
   }
+  register_kernel_test(
+      "CudaWgmmaGroupedGemm", "MoeExpertsGathered_T4096_VsMmaSync",
+      [] { run_moe_experts_gathered(4096); }, __FILE__, __LINE__);
   register_kernel_test(
       "CudaWgmmaGroupedGemm", "AutoChoice",
       [] {

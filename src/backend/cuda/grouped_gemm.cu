@@ -396,29 +396,45 @@ void moe_experts(const MoeExpertsParams& p, cudaStream_t stream) {
                        .num_rows = operand_rows, .k = p.hidden_size},
                       stream);
   }
-  grouped_gemm(GroupedGemmParams{.rows = p.rows,
-                                 .weights = p.gate_up,
-                                 .expert_weights = p.gate_up_table,
-                                 .expert_offsets = p.expert_offsets,
-                                 .out = p.activation,
-                                 .num_rows = p.num_rows,
-                                 .num_experts = p.num_experts,
-                                 .n = p.expert_width,
-                                 .k = p.hidden_size,
-                                 .weight_terms = p.weight_terms,
-                                 .quant = p.quant,
-                                 .quant_group = p.quant_group,
-                                 .epilogue = p.gate_up_epilogue,
-                                 .bias = p.gate_up_bias,
-                                 .swiglu_alpha = p.swiglu_alpha,
-                                 .swiglu_limit = p.swiglu_limit,
-                                 .src_row = p.src_row,
-                                 .top_k = p.top_k,
-                                 .act_codes = fp8_mma ? p.fp8_codes : nullptr,
-                                 .act_scales = fp8_mma ? p.fp8_scales : nullptr,
-                                 .overlap_previous = fp8_mma,
-                                 .batch_invariant = p.batch_invariant},
-               stream);
+  GroupedGemmParams gate_up{.rows = p.rows,
+                            .weights = p.gate_up,
+                            .expert_weights = p.gate_up_table,
+                            .expert_offsets = p.expert_offsets,
+                            .out = p.activation,
+                            .num_rows = p.num_rows,
+                            .num_experts = p.num_experts,
+                            .n = p.expert_width,
+                            .k = p.hidden_size,
+                            .weight_terms = p.weight_terms,
+                            .quant = p.quant,
+                            .quant_group = p.quant_group,
+                            .epilogue = p.gate_up_epilogue,
+                            .bias = p.gate_up_bias,
+                            .swiglu_alpha = p.swiglu_alpha,
+                            .swiglu_limit = p.swiglu_limit,
+                            .src_row = p.src_row,
+                            .top_k = p.top_k,
+                            .act_codes = fp8_mma ? p.fp8_codes : nullptr,
+                            .act_scales = fp8_mma ? p.fp8_scales : nullptr,
+                            .overlap_previous = fp8_mma,
+                            .batch_invariant = p.batch_invariant};
+  if (p.src_row != nullptr && !fp8_mma) {
+    // The Hopper kernel loads whole row tiles (TMA), so it cannot gather: where it would be the
+    // choice for the rows in expert order, write them out first, into `out` (the down
+    // projection's [M, H] output, free until then). The gather moves M*H bf16 once; the
+    // gate/up product it enables is the larger share of the experts' FLOPs.
+    GroupedGemmParams gathered = gate_up;
+    gathered.rows = p.out;
+    gathered.src_row = nullptr;
+    gathered.top_k = 1;
+    if (grouped_gemm_tile(gathered) == GemmTile::kHopperWgmma) {
+      gather_rows({.hidden = p.rows, .src_row = p.src_row, .rows = p.out,
+                   .num_rows = p.num_rows, .top_k = p.top_k, .hidden_size = p.hidden_size},
+                  stream);
+      gate_up = gathered;
+    }
+  }
+  grouped_gemm(gate_up, stream);
   if (fp8_mma) {
     // The down projection's operand: the activation rows the plan holds (expert_offsets[E] of
     // them; the rest are a bucket's padding, never written). The gate/up product has finished

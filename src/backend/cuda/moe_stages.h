@@ -212,6 +212,19 @@ struct PermuteParams {
 // the floor (T*H read, T*K*H written) even when hidden is larger than L2.
 void permute(const PermuteParams& params, cudaStream_t stream);
 
+// The expert-ordered rows from the token rows through the plan's src_row (expert-major; what
+// the grouped GEMM's src_row gather does inside its A-tile load, written out for a GEMM that
+// loads whole tiles, kHopperWgmma): rows[r] = hidden[src_row[r] / K].
+struct GatherRowsParams {
+  const bf16* hidden = nullptr;       // [T, H]
+  const int32_t* src_row = nullptr;   // [M] the plan's assignment t*K + k of each row
+  bf16* rows = nullptr;               // [M, H] expert order
+  int64_t num_rows = 0;               // M = T*K
+  int64_t top_k = 0;                  // K
+  int64_t hidden_size = 0;            // H, a multiple of 8
+};
+void gather_rows(const GatherRowsParams& params, cudaStream_t stream);
+
 struct UnpermuteParams {
   const bf16* expert_out = nullptr;     // [T*K, H] expert order
   const float* topk_weights = nullptr;  // [T, K]

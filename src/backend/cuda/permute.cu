@@ -41,6 +41,23 @@ void permute(const PermuteParams& params, cudaStream_t stream) {
   MOE_CUDA_CHECK_LAUNCH();
 }
 
+void gather_rows(const GatherRowsParams& params, cudaStream_t stream) {
+  NvtxRange range("dispatch");
+  MOE_CHECK(params.top_k >= 1, "top_k = ", params.top_k, " must be at least 1");
+  // Rows stand where check_row_sizes has tokens: M rows of H, M row ids.
+  check_row_sizes(params.num_rows, 1, params.hidden_size);
+  if (params.num_rows == 0) return;
+  detail::check_pointer(params.hidden, "hidden");
+  detail::check_pointer(params.src_row, "src_row");
+  detail::check_pointer(params.rows, "rows");
+  detail::check_aligned16(params.hidden, "hidden");
+  detail::check_aligned16(params.rows, "rows");
+  launch_after_previous(gather_rows_kernel,
+                        row_kernel_blocks(params.num_rows, params.hidden_size),
+                        kRowKernelThreads, 0, stream, params);
+  MOE_CUDA_CHECK_LAUNCH();
+}
+
 void unpermute(const UnpermuteParams& params, cudaStream_t stream) {
   NvtxRange range("unpermute");
   MOE_CHECK(params.top_k >= 1, "top_k = ", params.top_k, " must be at least 1");

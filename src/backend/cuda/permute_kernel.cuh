@@ -63,6 +63,21 @@ __global__ void __launch_bounds__(kRowKernelThreads)
   }
 }
 
+// gather_rows: one thread per 16-byte vector of an expert-ordered row (M * H/8 threads); a
+// token's row is read K times, from L2 when the step's hidden state fits there (prefill chunks).
+__global__ void __launch_bounds__(kRowKernelThreads)
+    gather_rows_kernel(const __grid_constant__ GatherRowsParams p) {
+  device::start_after_previous_grid();  // launched by launch_after_previous()
+  const int vecs = static_cast<int>(p.hidden_size / device::kBf16PerVec);
+  const int idx = blockIdx.x * kRowKernelThreads + threadIdx.x;  // row * vecs + v
+  if (idx >= static_cast<int>(p.num_rows) * vecs) return;
+  const int row = idx / vecs;
+  const int v = idx - row * vecs;
+  const int token = __ldg(p.src_row + row) / static_cast<int>(p.top_k);
+  reinterpret_cast<uint4*>(p.rows)[idx] =
+      __ldg(reinterpret_cast<const uint4*>(p.hidden) + static_cast<int64_t>(token) * vecs + v);
+}
+
 __global__ void __launch_bounds__(kRowKernelThreads)
     unpermute_kernel(const __grid_constant__ UnpermuteParams p) {
   device::start_after_previous_grid();  // launched by launch_after_previous()
