@@ -321,6 +321,20 @@ void run_graph_case(GemmEpilogue epilogue) {
   CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
+// Two kernels' bf16 outputs on the same inputs (two roundings of float32 sums taken in
+// different orders): |a - b| <= 2e-2 |b| + 1e-2 rms(b), b the reference kernel's.
+void expect_close_to_other_kernel(const DeviceBuffer<uint16_t>& out,
+                                  const DeviceBuffer<uint16_t>& reference, const char* what) {
+  const auto got = to_float(out.download());
+  const auto want = to_float(reference.download());
+  double sum2 = 0;
+  for (float v : want) sum2 += static_cast<double>(v) * v;
+  const double rms = std::sqrt(sum2 / static_cast<double>(want.size()));
+  ASSERT_GT(rms, 0.0);
+  expect_within(
+      got, want, [&](size_t i) { return 2e-2 * std::fabs(want[i]) + 1e-2 * rms; }, what);
+}
+
 // Qwen3-30B-A3B's experts at T tokens (E 128, K 8, H 2048, I 768, zipf routing): the gate/up
 // projection with SiLU*up and the down projection, against kRows128Wide on the same inputs.
 void run_against_mma(int64_t T, bool gate_up) {
@@ -346,15 +360,8 @@ void run_against_mma(int64_t T, bool gate_up) {
   ref.tile = GemmTile::kRows128Wide;
   grouped_gemm(ref, nullptr);
   synchronize();
-  const auto got = to_float(d_out.download());
-  const auto want = to_float(d_ref.download());
-  double sum2 = 0;
-  for (float v : want) sum2 += static_cast<double>(v) * v;
-  const double rms = std::sqrt(sum2 / static_cast<double>(want.size()));
-  ASSERT_GT(rms, 0.0);
-  expect_within(
-      got, want, [&](size_t i) { return 2e-2 * std::fabs(want[i]) + 1e-2 * rms; },
-      gate_up ? "gate_up vs kRows128Wide" : "down vs kRows128Wide");
+  expect_close_to_other_kernel(d_out, d_ref,
+                               gate_up ? "gate_up vs kRows128Wide" : "down vs kRows128Wide");
 }
 
 // The experts stage with the plan's src_row gather (the engine's prefill): kAuto takes the
@@ -398,15 +405,8 @@ void run_moe_experts_gathered(int64_t T) {
   ref.batch_invariant = true;
   moe_experts(ref, nullptr);
   synchronize();
-  const auto got = to_float(d_out.download());
-  const auto want = to_float(d_ref.download());
-  double sum2 = 0;
-  for (float v : want) sum2 += static_cast<double>(v) * v;
-  const double rms = std::sqrt(sum2 / static_cast<double>(want.size()));
-  ASSERT_GT(rms, 0.0);
-  expect_within(
-      got, want, [&](size_t i) { return 2e-2 * std::fabs(want[i]) + 1e-2 * rms; },
-      "moe_experts gathered for wgmma vs the mma.sync gather");
+  expect_close_to_other_kernel(d_out, d_ref,
+                               "moe_experts gathered for wgmma vs the mma.sync gather");
 }
 
 const char* epilogue_name(GemmEpilogue e) {
