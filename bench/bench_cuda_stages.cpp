@@ -16,9 +16,16 @@
 // the inputs are not served from L2 by the previous launch; decode shapes live in L2 anyway,
 // as they do in a real step where the previous kernel just wrote them.
 //
-// Usage: bench_cuda_stages [--quick]   (--quick: fewer replays)
+// Then decode's dense projections (Qwen3-30B-A3B's QKV, O and router, its LM head) at M = 1 to
+// 8 rows: the skinny GEMM (backend/cuda/skinny_gemm.h) against the cuBLAS call the decoder
+// makes, each launch reading another copy of the weights (as many as fit in 256 MB) so that
+// they come from HBM, as in a step whose 48 layers' weights never fit in L2; the floor is the
+// weights' bytes (and x's and y's) at the copy rate.
+//
+// Usage: bench_cuda_stages [--quick] [--projections-only]   (--quick: fewer replays)
 #if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
 
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -33,6 +40,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/moe_stages.h"
+#include "backend/cuda/skinny_gemm.h"
 #include "core/dtype.h"
 #include "core/error.h"
 
@@ -284,9 +292,77 @@ void bench_shape(const Shape& s, double copy_bw, cudaStream_t stream, std::mt199
          static_cast<double>(3 * T * H * 4 + T * H * 2 + H * 2), copy_bw);
 }
 
+struct Projection {
+  const char* name;
+  int64_t n, k;
+  bool f32_out;  // as the decoder asks for it (O and the LM head in float32)
+};
+
+#define CUBLAS_OK(call) MOE_CHECK((call) == CUBLAS_STATUS_SUCCESS, #call " failed")
+
+// y[M, N] = x[M, K] . w[N, K]^T by the skinny GEMM and by cuBLAS (the decoder's call), M 1..8.
+void bench_projections(double copy_bw, cudaStream_t stream, std::mt19937& rng) {
+  cublasHandle_t cublas = nullptr;
+  CUBLAS_OK(cublasCreate(&cublas));
+  CUBLAS_OK(cublasSetStream(cublas, stream));
+  DeviceMemory cublas_workspace(size_t{32} << 20);
+  CUBLAS_OK(cublasSetWorkspace(cublas, cublas_workspace.data, cublas_workspace.bytes));
+  const Projection projections[] = {{"qkv 2048->5120", 5120, 2048, false},
+                                    {"o 4096->2048", 2048, 4096, true},
+                                    {"router 2048->128", 128, 2048, true},
+                                    {"lm_head 2048->151936", 151936, 2048, true}};
+  std::printf("\n%-22s %3s %12s %12s %9s %9s %8s\n", "projection", "M", "skinny us", "cuBLAS us",
+              "skinny/fl", "cuBLAS/fl", "speedup");
+  for (const Projection& pr : projections) {
+    const size_t weight_bytes = static_cast<size_t>(pr.n * pr.k) * 2;
+    const int copies =
+        static_cast<int>(std::clamp<size_t>(kRotateBytes / weight_bytes, 1, kLaunchesPerGraph));
+    DeviceMemory weights(weight_bytes * copies);
+    fill_random_bf16(weights.data, weight_bytes / 2 * copies, rng);
+    DeviceMemory x(static_cast<size_t>(8 * pr.k) * 2), y(static_cast<size_t>(8 * pr.n) * 4);
+    fill_random_bf16(x.data, static_cast<size_t>(8 * pr.k), rng);
+    auto weight = [&](int i) {
+      return reinterpret_cast<const __nv_bfloat16*>(weights.as<char>() +
+                                                    (i % copies) * weight_bytes);
+    };
+    for (int64_t m = 1; m <= kSkinnyGemmMaxRows; m *= 2) {
+      const double skinny_ms = time_launch(stream, [&](int i) {
+        skinny_gemm({.x = x.as<__nv_bfloat16>(),
+                     .w = weight(i),
+                     .y = y.data,
+                     .m = m,
+                     .n = pr.n,
+                     .k = pr.k,
+                     .y_f32 = pr.f32_out},
+                    stream);
+      });
+      const double cublas_ms = time_launch(stream, [&](int i) {
+        const float one = 1.0f, zero = 0.0f;
+        CUBLAS_OK(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(pr.n),
+                               static_cast<int>(m), static_cast<int>(pr.k), &one, weight(i),
+                               CUDA_R_16BF, static_cast<int>(pr.k), x.data, CUDA_R_16BF,
+                               static_cast<int>(pr.k), &zero, y.data,
+                               pr.f32_out ? CUDA_R_32F : CUDA_R_16BF, static_cast<int>(pr.n),
+                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      });
+      const double bytes =
+          static_cast<double>(weight_bytes) + m * pr.k * 2.0 + m * pr.n * (pr.f32_out ? 4.0 : 2.0);
+      const double floor_ms = bytes / copy_bw * 1e3;
+      std::printf("%-22s %3lld %12.2f %12.2f %9.3f %9.3f %8.2f\n", pr.name,
+                  static_cast<long long>(m), skinny_ms * 1e3, cublas_ms * 1e3, floor_ms / skinny_ms,
+                  floor_ms / cublas_ms, cublas_ms / skinny_ms);
+      std::fflush(stdout);
+    }
+  }
+  CUBLAS_OK(cublasDestroy(cublas));
+}
+
 int run(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i)
+  bool projections_only = false;
+  for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) g_replays = 7;
+    if (std::strcmp(argv[i], "--projections-only") == 0) projections_only = true;
+  }
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   cudaDeviceProp prop{};
@@ -299,6 +375,11 @@ int run(int argc, char** argv) {
   const double copy_bw = copy_bandwidth(stream);
   std::printf("device-to-device copy, 1 GiB: %.1f GB/s (read + write; as a graph node: %.1f)\n\n",
               copy_bw / 1e9, graph_copy_bandwidth(stream) / 1e9);
+  if (projections_only) {
+    bench_projections(copy_bw, stream, rng);
+    CUDA_CHECK(cudaStreamDestroy(stream));
+    return 0;
+  }
   std::printf("%-10s %-22s %13s %13s %14s %7s\n", "stage", "shape", "time", "floor bytes",
               "achieved", "vs copy");
   const Shape shapes[] = {
@@ -307,6 +388,7 @@ int run(int argc, char** argv) {
       {"e4099-k64", 1, 4099, 64, 2048, false},    {"e4099-k64", 1024, 4099, 64, 1024, false},
       {"e12000-k36", 256, 12000, 36, 1024, false}};
   for (const Shape& s : shapes) bench_shape(s, copy_bw, stream, rng);
+  bench_projections(copy_bw, stream, rng);
   CUDA_CHECK(cudaStreamDestroy(stream));
 
   // One-line summary: the prefill Qwen3 shape's times and ratios, and the decode latencies.

@@ -26,6 +26,8 @@
 // keeps to its mma.sync tiles (ExpertShape::batch_invariant: every one reduces an element in the
 // same order, cuda-kernels.md; the Hopper wgmma kernel does not); and fp8 x fp8 is off
 // (fp8_act_), as its choice and its activation rounding follow the step's rows.
+#include "model/gpu_decoder.h"
+
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -45,6 +47,7 @@
 #include "backend/cuda/moe_stages.h"
 #include "backend/cuda/programmatic_launch.h"
 #include "backend/cuda/sampling.h"
+#include "backend/cuda/skinny_gemm.h"
 #include "backend/cuda/small_batch_moe.h"
 #include "core/error.h"
 #include "model/cuda/cached_experts.h"
@@ -52,7 +55,6 @@
 #include "model/cuda/expert_parallel.h"
 #include "model/cuda/moe_block.h"
 #include "model/family.h"
-#include "model/gpu_decoder.h"
 #include "model/layer_plan.h"
 #include "model/model_facts.h"
 #include "model/rope.h"
@@ -905,6 +907,20 @@ void CudaDecoder::linear(const LinearArgs& a) {
                       .k = a.k, .lda = x_stride, .ldb = a.k, .ldc = y_stride,
                       .c_f32 = a.f32_out},
                      stream_);
+    return;
+  }
+  const cuda::SkinnyGemmParams skinny{.x = a.x,
+                                      .w = a.w,
+                                      .w_lo = w_lo,
+                                      .y = a.y,
+                                      .m = a.rows,
+                                      .n = a.n,
+                                      .k = a.k,
+                                      .ldx = x_stride,
+                                      .ldy = y_stride,
+                                      .y_f32 = a.f32_out};
+  if (a.rows <= options_.skinny_gemm_rows && cuda::skinny_gemm_supports(skinny)) {
+    cuda::skinny_gemm(skinny, stream_);
     return;
   }
   auto gemm = [&](const bf16* w, void* y, int64_t ldy, bool f32, float beta) {

@@ -1,0 +1,50 @@
+// Host interface of the skinny GEMM: y = x . w^T for a handful of rows (decode's dense
+// projections at batch <= kSkinnyGemmMaxRows: QKV, O, the router, the LM head), where the
+// product is a read of the weights and nothing else. It streams each weight row once for all the
+// rows of x, as a bandwidth-bound matrix-vector product, in one kernel that is a programmatic
+// dependent of the kernel before it (programmatic_launch.h): its blocks start while that kernel
+// finishes, prefetch their weight rows into L2, and wait for it only before reading x.
+//
+// Layouts (glossary: M rows, N output columns, K reduction dim):
+//   x     [M, K]  bf16, row stride ldx
+//   w     [N, K]  bf16, row-major (a Linear's weight)
+//   w_lo  [N, K]  bf16 or null: a second weight term (a float32 checkpoint held as hi + lo);
+//                 both terms' products are summed in the same float32 accumulators
+//   y     [M, N]  float32 (y_f32) or bf16, row stride ldy
+// Each output is a float32 sum over K in an order fixed by K alone (a lane's strided partial
+// sums, then a warp's butterfly), rounded once.
+//
+// Requirements (the launcher names the offending value): 1 <= M <= kSkinnyGemmMaxRows,
+// N >= 1, K a positive multiple of 8, ldx a multiple of 8 and x, w, w_lo 16-byte aligned
+// (16-byte loads), N * K < 2^31.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace moeinfer::cuda {
+
+inline constexpr int64_t kSkinnyGemmMaxRows = 8;
+
+struct SkinnyGemmParams {
+  const __nv_bfloat16* x = nullptr;     // [M, K]
+  const __nv_bfloat16* w = nullptr;     // [N, K]
+  const __nv_bfloat16* w_lo = nullptr;  // [N, K] or null
+  void* y = nullptr;                    // [M, N]
+  int64_t m = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+  int64_t ldx = 0;  // elements; 0: k
+  int64_t ldy = 0;  // elements; 0: n
+  bool y_f32 = false;
+};
+
+// Whether skinny_gemm takes these sizes and pointers (everything the launcher checks).
+bool skinny_gemm_supports(const SkinnyGemmParams& params);
+
+// Validates and enqueues y = x . (w + w_lo)^T.
+void skinny_gemm(const SkinnyGemmParams& params, cudaStream_t stream);
+
+}  // namespace moeinfer::cuda
