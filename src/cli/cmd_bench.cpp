@@ -55,6 +55,7 @@ struct BenchArgs {
   std::string routing_skew;      // synthetic: "zipf:A" or "uniform"
   bool no_cuda_graphs = false;
   bool no_programmatic_launch = false;
+  int64_t skinny_gemm_rows = 0;  // cuda: GpuOptions::skinny_gemm_rows
   bool deterministic = false;
   float temperature = 0.0f;  // of the generated tokens; 0: greedy
   // --sweep: decode at each of these batches (--input-len then --output-len tokens each), then
@@ -340,6 +341,7 @@ EngineConfig engine_config(const BenchArgs& args) {
                       .profile_time_every = args.time_every,
                       .device = args.device.device,
                       .fused_moe_rows = args.device.fused_moe_rows,
+                      .skinny_gemm_rows = args.skinny_gemm_rows,
                       .fp8_tensor_cores = args.device.fp8_tensor_cores_on(),
                       .weight_dtype = args.device.weight_dtype(),
                       .gpu_memory_fraction = args.device.gpu_memory_fraction,
@@ -500,6 +502,11 @@ void run_bench(const BenchArgs& args) {
   MOE_CHECK(args.device.is_cuda() || !(args.no_cuda_graphs || args.no_programmatic_launch),
             args.no_cuda_graphs ? "--no-cuda-graphs" : "--no-programmatic-launch",
             " applies to --device cuda (the CPU launches no kernels)");
+  MOE_CHECK(args.device.is_cuda() || args.skinny_gemm_rows == 0,
+            "--skinny-gemm-rows applies to --device cuda (a GPU kernel)");
+  MOE_CHECK(!args.deterministic || args.skinny_gemm_rows == 0,
+            "--skinny-gemm-rows does not apply with --deterministic (its products run the "
+            "fixed-order dense GEMM)");
   MOE_CHECK(args.time_every == 0 || args.profile,
             "--time-every applies to --profile (without it no stage is timed)");
   MOE_CHECK(args.batch >= 1, "--batch must be >= 1");
@@ -719,6 +726,11 @@ void add_bench_command(CLI::App& app) {
                 "cuda: launch every kernel after the previous one has finished, instead of "
                 "letting the small ones start during its tail (programmatic dependent launch), "
                 "to measure what that saves");
+  cmd->add_option("--skinny-gemm-rows", args->skinny_gemm_rows,
+                  "cuda: dense projections of at most N rows (0 to 8) run the skinny GEMM, a "
+                  "weight-streaming kernel, instead of cuBLAS, to measure it (default 0: cuBLAS)")
+      ->check(CLI::Range(0, 8))
+      ->capture_default_str();
   cmd->add_flag("--no-cuda-graphs,--enforce-eager", args->no_cuda_graphs,
                 "cuda: launch every decode step's kernels instead of replaying graphs (vLLM's "
                 "--enforce-eager)");

@@ -133,6 +133,7 @@ GpuOptions gpu_options(const ModelConfig& model, const EngineConfig& config) {
                     .kv_dtype = config.kv_dtype == KvDType::kFP8 ? KvDType::kFP8 : KvDType::kBF16,
                     .deterministic = config.deterministic,
                     .small_batch_moe_rows = config.fused_moe_rows,
+                    .skinny_gemm_rows = config.skinny_gemm_rows,
                     .fp8_tensor_cores = config.fp8_tensor_cores,
                     .offload = config.offload,
                     .routing = config.routing};
