@@ -136,29 +136,36 @@ void dispatch_fp8_mma_tile(GemmTile tile, const GroupedGemmParams& p, cudaStream
   MOE_CHECK(false, "unresolved tile ", static_cast<int>(tile));
 }
 
-// Whether fp8 x fp8 runs on the current device: compute capability 8.9 (Ada) or later has the
-// e4m3 mma, and this build's code for it must come from an architecture that has it too (a
-// build for CUDA architectures below 89 compiles the kernel to a trap, mma_fp8).
-// Asked once per device (a mutex, not the driver, on every later launch).
-bool device_has_fp8_mma() {
+// The current device's compute capability as major * 10 + minor, asked of the driver once per
+// device (a mutex, not the driver, on every later launch).
+int current_compute_capability() {
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   static std::mutex mutex;
-  static std::map<int, bool> known;
+  static std::map<int, int> known;
   const std::lock_guard lock(mutex);
   if (const auto it = known.find(device); it != known.end()) return it->second;
   int major = 0, minor = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  bool has = major * 10 + minor >= 89;
-  if (has) {
-    cudaFuncAttributes attributes{};
-    CUDA_CHECK(cudaFuncGetAttributes(
-        &attributes, grouped_gemm_kernel<Rows64<false>, ExpertQuant::kFp8, true>));
-    has = attributes.ptxVersion >= 89;
-  }
-  known[device] = has;
-  return has;
+  return known[device] = major * 10 + minor;
+}
+
+// Whether fp8 x fp8 runs on the current device: compute capability 8.9 (Ada) or later has the
+// e4m3 mma, and this build's code for it must come from an architecture that has it too (a
+// build for CUDA architectures below 89 compiles the kernel to a trap, mma_fp8); the code the
+// runtime loads is the same for every device of one compute capability.
+bool device_has_fp8_mma() {
+  const int capability = current_compute_capability();
+  if (capability < 89) return false;
+  static std::mutex mutex;
+  static std::map<int, bool> built_for;
+  const std::lock_guard lock(mutex);
+  if (const auto it = built_for.find(capability); it != built_for.end()) return it->second;
+  cudaFuncAttributes attributes{};
+  CUDA_CHECK(cudaFuncGetAttributes(
+      &attributes, grouped_gemm_kernel<Rows64<false>, ExpertQuant::kFp8, true>));
+  return built_for[capability] = attributes.ptxVersion >= 89;
 }
 
 // fp8 x fp8's requirements, each refused by name.
@@ -197,19 +204,8 @@ void check_quant(const GroupedGemmParams& p) {
 
 #if defined(MOE_HAVE_WGMMA) && MOE_HAVE_WGMMA
 // Whether the current device is compute capability 9.0 exactly (H100, H200): the sm_90a code
-// of the Hopper kernel runs there and nowhere else. Asked once per device.
-bool device_is_sm90() {
-  int device = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  static std::mutex mutex;
-  static std::map<int, bool> known;
-  const std::lock_guard lock(mutex);
-  if (const auto it = known.find(device); it != known.end()) return it->second;
-  int major = 0, minor = 0;
-  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  return known[device] = major == 9 && minor == 0;
-}
+// of the Hopper kernel runs there and nowhere else.
+bool device_is_sm90() { return current_compute_capability() == 90; }
 #endif
 
 // Mean rows per expert above which kAuto takes the Hopper kernel: the 128-row tiles' region.
