@@ -221,13 +221,7 @@ void Decoder::set_routing_approximation(const moe::RoutingApproximation& approx)
   if (moe_block_b_ != nullptr) moe_block_b_->set_approximation(approx);
 }
 
-std::vector<int64_t> Decoder::moe_layers() const {
-  std::vector<int64_t> layers;
-  for (int64_t l = 0; l < config_.num_layers; ++l) {
-    if (weights_.layers[l].is_moe) layers.push_back(l);
-  }
-  return layers;
-}
+std::vector<int64_t> Decoder::moe_layers() const { return moe_layer_indices(config_); }
 
 void Decoder::set_expert_parallel(parallel::Communicator* comm,
                                   std::optional<parallel::ExpertPlacement> placement, bool overlap,

@@ -1,8 +1,20 @@
 #include "model/layer_plan.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace moeinfer {
+
+std::vector<int64_t> moe_layer_indices(const ModelConfig& config) {
+  std::vector<int64_t> layers;
+  const int64_t known =
+      std::min<int64_t>(config.num_layers, static_cast<int64_t>(config.layer_is_moe.size()));
+  for (int64_t l = 0; l < known; ++l) {
+    if (config.layer_is_moe[l]) layers.push_back(l);
+  }
+  return layers;
+}
 
 std::vector<LayerPlan> plan_layers(const ModelConfig& config) {
   MOE_CHECK(static_cast<int64_t>(config.layer_is_moe.size()) == config.num_layers, "the config marks ",

@@ -76,4 +76,8 @@ struct LayerPlan {
 // One plan per layer, in layer order.
 std::vector<LayerPlan> plan_layers(const ModelConfig& config);
 
+// The indices of the layers with routed experts (config.layer_is_moe), in order: what expert
+// placements and per-layer expert counters are indexed by.
+std::vector<int64_t> moe_layer_indices(const ModelConfig& config);
+
 }  // namespace moeinfer

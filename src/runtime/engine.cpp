@@ -9,6 +9,7 @@
 
 #include "backend/cpu/gemm.h"
 #include "core/error.h"
+#include "model/layer_plan.h"
 #include "model/model_facts.h"
 #include "model/synthetic.h"
 
@@ -155,16 +156,6 @@ GpuOptions gpu_rank_options(const ModelConfig& model, const EngineConfig& config
   return options;
 }
 
-std::vector<int64_t> config_moe_layers(const ModelConfig& model) {
-  std::vector<int64_t> layers;
-  for (int64_t l = 0; l < model.num_layers; ++l) {
-    if (l < static_cast<int64_t>(model.layer_is_moe.size()) && model.layer_is_moe[l]) {
-      layers.push_back(l);
-    }
-  }
-  return layers;
-}
-
 }  // namespace
 
 std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const EngineConfig& config,
@@ -185,7 +176,7 @@ std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const Eng
     Tokenizer tokenizer = Tokenizer::from_dir(dir);
     auto gpu = GpuDecoder::create(
         model->config(), model->decoder().weights(),
-        gpu_rank_options(model->config(), config, rank, config_moe_layers(model->config())));
+        gpu_rank_options(model->config(), config, rank, moe_layer_indices(model->config())));
     return std::make_unique<Engine>(std::move(model), std::move(gpu), std::move(tokenizer),
                                     config);
   }
@@ -213,7 +204,7 @@ std::unique_ptr<Engine> Engine::load_synthetic(const std::string& name, int64_t 
   SyntheticGpuOptions options = synthetic;
   options.expert_weights = config.expert_weights;
   auto gpu = GpuDecoder::create_synthetic(
-      model_config, gpu_rank_options(model_config, config, rank, config_moe_layers(model_config)),
+      model_config, gpu_rank_options(model_config, config, rank, moe_layer_indices(model_config)),
       options);
   return std::make_unique<Engine>(nullptr, std::move(gpu), std::move(tokenizer), config);
 }
