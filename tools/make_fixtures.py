@@ -365,6 +365,7 @@ FIXTURES += [
     # renormalised, untied embeddings, and mtp.* tensors that the forward pass leaves unread.
     dict(name="qwen3_next_bf16", cls="Qwen3Next", dtype="bfloat16", tokenizer="qwen",
          legacy_rope=True, qwen3_next=True, qwen3_next_interval=3, min_distinct=4,
+         router_scale=4.0, min_route_logit_margin=4e-2,
          config=dict(COMMON, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
                      num_hidden_layers=3, intermediate_size=48, moe_intermediate_size=32,
                      shared_expert_intermediate_size=40, num_experts=6, num_experts_per_tok=3,
@@ -670,12 +671,14 @@ def top2_margin(logits):
     return (top[..., 0] - top[..., 1]).min().item()
 
 
-def route_margin(model, ids):
+def route_margin(model, ids, in_logits=False):
     """The smallest gap, over MoE layers and positions, between the k-th and (k+1)-th expert's
     selection score: sigmoid + correction bias for a DeepSeek-V3-style router, the softmax
     probability for a softmax router (Qwen). A near-tie there lets bf16 rounding pick another
     expert, which changes that position's logits far more than rounding does: the GPU's parity
-    bound assumes the reference's routing is clear."""
+    bound assumes the reference's routing is clear. in_logits: a softmax router's gap in its
+    logits instead (rounding moves logits by a relative amount, so a decided router whose k-th
+    probability is small still makes a clear choice there)."""
     scores = []
 
     def catch(module, inputs, _):
@@ -684,7 +687,7 @@ def route_margin(model, ids):
         if hasattr(module, "e_score_correction_bias"):
             scores.append(torch.sigmoid(logits) + module.e_score_correction_bias.float())
         else:
-            scores.append(torch.softmax(logits, dim=-1))
+            scores.append(logits if in_logits else torch.softmax(logits, dim=-1))
 
     gates = [m for name, m in model.named_modules()
              if name.endswith("mlp.gate") and getattr(m, "weight", None) is not None]
@@ -716,6 +719,13 @@ def make_fixture(spec, root, seed, with_tokenizer):
                     bias = getattr(module, "e_score_correction_bias", None)
                     if isinstance(bias, torch.Tensor):
                         bias.normal_(0.0, spec["correction_bias"])
+    if spec.get("router_scale"):
+        # Random routers at the initializer's scale score 6 experts nearly alike, so the reference's
+        # own top-k is a near-tie that bf16 rounding flips; a trained router is far more decided.
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("mlp.gate.weight"):
+                    param.mul_(spec["router_scale"])
     if spec.get("qwen3_next"):
         perturb_qwen3_next(model)
     if spec.get("gpt_oss"):
@@ -797,6 +807,9 @@ def make_fixture(spec, root, seed, with_tokenizer):
             assert full.argmax(-1).tolist() == out[0, NUM_PROMPT:].tolist(), spec["name"]
         route_ok = ("min_route_margin" not in spec or
                     route_margin(reference, out) >= spec["min_route_margin"])
+        route_ok = route_ok and ("min_route_logit_margin" not in spec or
+                                 route_margin(reference, out, in_logits=True) >=
+                                 spec["min_route_logit_margin"])
         if (margin >= needed and route_ok and
                 len(set(out[0, NUM_PROMPT:].tolist())) >= min_distinct):
             break
