@@ -285,8 +285,8 @@ void one_rank_dispatch(EpTransport transport) {
             << name << " token " << t << " column " << h;
       }
     }
-    EXPECT_EQ(dispatcher.bytes_sent()[0] + dispatcher.bytes_sent()[1] + dispatcher.bytes_sent()[2],
-              0)
+    const auto& sent = dispatcher.bytes_sent();
+    EXPECT_EQ(std::accumulate(sent.begin(), sent.end(), int64_t{0}), 0)
         << "one rank's rows stay on its GPU";
   }
   CUDA_CHECK(cudaStreamDestroy(stream));
