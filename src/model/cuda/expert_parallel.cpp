@@ -137,6 +137,11 @@ void DeviceDispatcher::count_sent(const std::vector<int64_t>& bytes) {
 
 void DeviceDispatcher::exchange(const bf16* send, std::span<const int64_t> send_bytes, bf16* recv,
                                 std::span<const int64_t> recv_bytes, cudaStream_t stream) {
+  in_flight_.wait();  // one exchange at a time; its errors surface here
+  if (rows_.stream_ordered && rows_.stream == stream) {
+    in_flight_ = rows_.comm->start_all_to_allv(send, send_bytes, recv, recv_bytes);
+    return;
+  }
   if (rows_.stream != stream) {  // the transport sees only its own stream's earlier work
     CUDA_CHECK(cudaEventRecord(packed_, stream));
     CUDA_CHECK(cudaStreamWaitEvent(rows_.stream, packed_, 0));

@@ -20,10 +20,11 @@
 // The index maps (send_pos, row_of_recv) are computed on the host and uploaded as small int
 // arrays. Rows are moved, never recomputed, in the CPU dispatcher's order, so the logits equal
 // those of one GPU bit for bit under --deterministic. The stream is synchronised for the offsets
-// and the transport waits for its exchange on the host, so a decode step cannot be a CUDA graph:
-// the decoder runs every step eagerly under --ep. A rank without tokens still takes part in every
-// exchange. Not built yet: the exchange waited for on the device instead of the host, and two
-// micro-batches overlapping the exchanges.
+// (and, staged, for each exchange), so a decode step cannot be a CUDA graph: the decoder runs
+// every step eagerly under --ep. Over NCCL on the decoder's stream the exchanges are kernels in
+// stream order: the host waits for one (and sees NCCL's errors) only before the next. A rank
+// without tokens still takes part in every exchange. Not built yet: two micro-batches
+// overlapping the exchanges.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -85,7 +86,9 @@ class DeviceDispatcher final : public TokenDispatcher {
  private:
   // Counts `bytes` [N] sent by link class (to the profiler too, when one is active).
   void count_sent(const std::vector<int64_t>& bytes);
-  // The rows' all_to_allv over the transport, after what `stream` has enqueued.
+  // The rows' all_to_allv over the transport, after what `stream` has enqueued; what `stream`
+  // enqueues next sees `recv` filled (the host waits for it here, or, on a stream-ordered
+  // transport on `stream`, at the next exchange).
   void exchange(const bf16* send, std::span<const int64_t> send_bytes, bf16* recv,
                 std::span<const int64_t> recv_bytes, cudaStream_t stream);
 
@@ -116,6 +119,9 @@ class DeviceDispatcher final : public TokenDispatcher {
   size_t send_pos_dev_cap_ = 0, recv_maps_dev_cap_ = 0;
   DeviceArray<bf16> send_rows_, recv_rows_, expert_rows_, plan_out_;
   size_t send_rows_cap_ = 0, recv_rows_cap_ = 0, expert_rows_cap_ = 0, plan_out_cap_ = 0;
+  // The last exchange on a stream-ordered transport, not yet waited for on the host. Last, so
+  // that it is waited for before the buffers above are freed.
+  parallel::PendingOp in_flight_;
 };
 
 }  // namespace moeinfer::gpu

@@ -131,6 +131,7 @@ RowTransport make_row_transport(parallel::Communicator& host, EpTransport choice
       transport.comm =
           parallel::NcclCommunicator::create(host.rank(), host.size(), id, device, stream);
     }
+    transport.stream_ordered = true;
     return transport;
   }
 #else

@@ -58,6 +58,10 @@ class StagedDeviceCommunicator final : public parallel::Communicator {
 struct RowTransport {
   std::unique_ptr<parallel::Communicator> comm;  // device buffers; comm->size() == host's
   cudaStream_t stream = nullptr;
+  // Whether work enqueued on `stream` after a start_all_to_allv sees the received bytes and may
+  // overwrite the sent ones (NCCL: the exchange is a kernel on that stream), so that the host
+  // need wait for it only before the next exchange.
+  bool stream_ordered = false;
 };
 
 // Whether some GPU of the job runs two ranks or more (link_classes' kSameGpu between two
