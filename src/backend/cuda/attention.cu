@@ -8,6 +8,10 @@
 // 16-byte aligned, is refused with a message rather than taken silently down the slower path.
 // Head dims above 256 (multiples of 64) take the wide kernel (attention_decode_wide_kernel.cuh)
 // whatever tensor_cores says: it is the only one there.
+//
+// Prefill on tensor cores takes the Hopper wgmma kernel (sm90/attention_prefill_wgmma.cu) on
+// compute capability 9.0 when the build has it and prefill_attention_wgmma_unsupported() finds
+// nothing (no window, no chunk, no sinks); the mma.sync kernel everywhere else.
 #include <algorithm>
 
 #include "backend/cuda/attention.h"
