@@ -18,6 +18,9 @@
 // - O += P V: P is rounded to bf16 in registers and is wgmma's A operand from registers: the
 //   accumulator fragment of keys 16 k .. 16 k + 15 is exactly the A fragment of that k16 step.
 //   V stays [key, D] as TMA wrote it and is read MN-major (imm-trans-b, make_descriptor_mn).
+// - The two consumer warpgroups take turns at the tensor cores (two named barriers): a turn
+//   issues P V of the previous tile and Q K^T of the next together, and the softmax that follows
+//   runs while the other warpgroup has its turn, so the exponentials hide behind wgmma.
 // - Key tiles run from the diagonal down: the first holds the only mask (key > query, which also
 //   covers keys past the sequence for every stored row), and after it every row has a finite
 //   max (its own key), so the later tiles need no -inf care. Tiles wholly above the diagonal are
@@ -50,6 +53,10 @@ inline constexpr int kConsumerWarps = 8;
 inline constexpr int kProducerRegisters = 40;
 inline constexpr int kConsumerRegisters = 232;
 inline constexpr int kColumnBlockBytesPerRow = 128;  // 64 bf16: one TMA box row, one swizzle span
+// Named barriers 1 and 2 (0 is __syncthreads): the consumer warpgroups' turns at the tensor
+// cores. kAlternateWarpgroups = false leaves the turns unordered (the same loop, for comparison).
+inline constexpr int kTurnBarrier0 = 1;
+inline constexpr bool kAlternateWarpgroups = true;
 
 // Everything the kernel reads. The tensor maps are built on the host
 // (sm90/attention_prefill_wgmma.cu) and passed by value: a __grid_constant__ parameter whose
@@ -88,6 +95,15 @@ struct Config {
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Named barrier `id` among `threads` threads: sync waits for all of them, arrive counts this
+// warp's threads and goes on.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 // 2^x on the special-function unit (inputs here are <= 0 or -inf, which gives 0).
@@ -235,37 +251,79 @@ __global__ void __launch_bounds__(attn_wgmma::kThreads, 1)
     uint32_t pa[kBN / 16][4];  // P as bf16 pairs, the A operand of each k16 step of P V
 #pragma unroll
     for (int i = 0; i < Cfg::kORegs; ++i) o[i] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
     float m[2] = {-INFINITY, -INFINITY};
     float l[2] = {0.0f, 0.0f};
 
+    // Turn t of this warpgroup issues O += P V of tile t - 1 and S = Q K^T of tile t, waits for
+    // both, then (t < num_kv_tiles) forms P of tile t: num_kv_tiles + 1 turns. The two consumer
+    // warpgroups take turns at the tensor cores (cw 0 first), so one's softmax runs while the
+    // other's wgmmas do: barrier kTurnBarrier0 + cw is consumer cw's go, given by the other
+    // consumer after each of its turns, and once at the start by cw 1 for cw 0. A go can only
+    // come after the previous one was taken (the giver's own turn waited for it), and each
+    // barrier sees as many arrivals as syncs: cw 1 gives no go after its last turn.
+    if (kAlternateWarpgroups && cw == 1) named_barrier_arrive(kTurnBarrier0, 256);
     mbar_wait(q_full, 0);
-    for (int i = 0; i < num_kv_tiles; ++i) {
-      const int kv0 = (num_kv_tiles - 1 - i) * kBN;  // the tile's first key, in the sequence
-      const int st = i % kStages;
-      const uint32_t phase = (i / kStages) & 1;
-      const uint32_t k_tile = s_k + st * Cfg::kTileBytes, v_tile = s_v + st * Cfg::kTileBytes;
-
-      // S = Q K^T over D: k16 step kk reads column block kk / 4, 32 bytes further per step in it.
-      mbar_wait(k_full0 + 8 * st, phase);
-      __syncwarp();  // the wgmma instructions below are .aligned: the warp reconverged
+    for (int t = 0; t <= num_kv_tiles; ++t) {
+      if (kAlternateWarpgroups) named_barrier_sync(kTurnBarrier0 + cw, 256);
+      const int previous = (t + kStages - 1) % kStages;  // tile t - 1's stage
+      if (t > 0) {
+        // O += P V of tile t - 1: k16 step kk takes keys 16 kk .. 16 kk + 15, V rows 2048 bytes
+        // further per step.
+        mbar_wait(v_full0 + 8 * previous, ((t - 1) / kStages) & 1);
+        __syncwarp();  // the wgmma instructions below are .aligned: the warp reconverged
+        const uint32_t v_tile = s_v + previous * Cfg::kTileBytes;
+        fence_registers(o);
+        wgmma_fence();  // orders the registers' earlier writes (P, the rescaled O) before them
 #pragma unroll
-      for (int r = 0; r < Cfg::kSRegs; ++r) s[r] = 0.0f;
-      fence_registers(s);
-      wgmma_fence();  // orders the registers' earlier writes before the wgmmas
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        const int c = kk / 4;
-        const uint64_t step = 2 * static_cast<uint64_t>(kk % 4);  // +32 bytes: +2 in bytes >> 4
-        const uint64_t desc_q =
-            make_descriptor(s_q + c * Cfg::kQBlockBytes + cw * 64 * kColumnBlockBytesPerRow) + step;
-        const uint64_t desc_k = make_descriptor(k_tile + c * Cfg::kKvBlockBytes) + step;
-        wgmma_m64n128k16(s, desc_q, desc_k);
+        for (int kk = 0; kk < kBN / 16; ++kk) {
+          const uint64_t desc_v =
+              make_descriptor_mn(v_tile + kk * 16 * kColumnBlockBytesPerRow, Cfg::kKvBlockBytes);
+          if constexpr (D == 128) {
+            wgmma_m64n128k16_rs(o, pa[kk], desc_v);
+          } else {
+            wgmma_m64n64k16_rs(o, pa[kk], desc_v);
+          }
+        }
+        wgmma_commit();
       }
-      wgmma_commit();
+      if (t < num_kv_tiles) {
+        // S = Q K^T over D: k16 step kk reads column block kk / 4, 32 bytes further per step.
+        const int st = t % kStages;
+        mbar_wait(k_full0 + 8 * st, (t / kStages) & 1);
+        __syncwarp();
+        const uint32_t k_tile = s_k + st * Cfg::kTileBytes;
+#pragma unroll
+        for (int r = 0; r < Cfg::kSRegs; ++r) s[r] = 0.0f;
+        fence_registers(s);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+          const int c = kk / 4;
+          const uint64_t step = 2 * static_cast<uint64_t>(kk % 4);  // +32 bytes: +2 in bytes >> 4
+          const uint64_t desc_q =
+              make_descriptor(s_q + c * Cfg::kQBlockBytes + cw * 64 * kColumnBlockBytesPerRow) +
+              step;
+          const uint64_t desc_k = make_descriptor(k_tile + c * Cfg::kKvBlockBytes) + step;
+          wgmma_m64n128k16(s, desc_q, desc_k);
+        }
+        wgmma_commit();
+      }
       wgmma_wait<0>();
+      fence_registers(o);
       fence_registers(s);
+#pragma unroll
+      for (int kk = 0; kk < kBN / 16; ++kk) fence_registers(pa[kk]);
+      // Tile t - 1's K and V are both read: hand its stage back.
+      if (t > 0 && lane == 0) mbar_arrive(empty0 + 8 * previous);
+      if (kAlternateWarpgroups && (cw == 0 || t < num_kv_tiles)) {
+        named_barrier_arrive(kTurnBarrier0 + 1 - cw, 256);
+      }
+      if (t == num_kv_tiles) break;
 
       // Only the tile reaching past the CTA's first query has keys after some row's own.
+      const int kv0 = (num_kv_tiles - 1 - t) * kBN;  // the tile's first key, in the sequence
       if (kv0 + kBN > q0) {
 #pragma unroll
         for (int j = 0; j < Cfg::kSRegs / 4; ++j) {
@@ -277,36 +335,15 @@ __global__ void __launch_bounds__(attn_wgmma::kThreads, 1)
           }
         }
       }
+      // O was last written by tile t - 1's P V, finished above: the rescale sees all of it.
       online_softmax(s, m, l, o, scale_log2);
 #pragma unroll
       for (int kk = 0; kk < kBN / 16; ++kk) {
 #pragma unroll
-        for (int r = 0; r < 4; ++r)
+        for (int r = 0; r < 4; ++r) {
           pa[kk][r] = pack_bf16x2(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
-      }
-
-      // O += P V: k16 step kk takes keys 16 kk .. 16 kk + 15, V rows 2048 bytes further per step.
-      mbar_wait(v_full0 + 8 * st, phase);
-      __syncwarp();
-      fence_registers(o);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBN / 16; ++kk) {
-        const uint64_t desc_v =
-            make_descriptor_mn(v_tile + kk * 16 * kColumnBlockBytesPerRow, Cfg::kKvBlockBytes);
-        if constexpr (D == 128) {
-          wgmma_m64n128k16_rs(o, pa[kk], desc_v);
-        } else {
-          wgmma_m64n64k16_rs(o, pa[kk], desc_v);
         }
       }
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_registers(o);
-#pragma unroll
-      for (int kk = 0; kk < kBN / 16; ++kk) fence_registers(pa[kk]);
-      // Both the K and the V tile of this stage are read: hand the stage back.
-      if (lane == 0) mbar_arrive(empty0 + 8 * st);
     }
 
     // Epilogue: the quad's partial sums make the row's; bf16 pairs straight from registers.
