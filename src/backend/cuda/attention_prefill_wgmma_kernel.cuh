@@ -31,6 +31,9 @@
 // - Registers (setmaxnreg): a consumer thread holds S (64 floats), O (D / 2), P (32 words) and
 //   the row state; 232 a consumer thread, 40 a producer thread.
 // - Shared memory at D = 128: Q 32 KB + 2 stages x (K 32 KB + V 32 KB) = 160 KB; at D = 64 half.
+//
+// Written without a GPU (its tiling, masks, softmax and register layouts were emulated in numpy
+// against a float64 reference); not yet run on one: tests/cuda/cuda_prefill_wgmma_test.cpp.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (a plain struct: nothing here links the driver library)
