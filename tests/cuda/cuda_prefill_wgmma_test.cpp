@@ -245,6 +245,12 @@ TEST(CudaPrefillWgmma, LongBesideShortAgainstMmaSync) {
   check_against_mma({17, 3000, 1, 200}, 4, 8, 128, kSharp);
 }
 TEST(CudaPrefillWgmma, LongD64AgainstMmaSync) { check_against_mma({2500, 3}, 2, 4, 64, kFlat); }
+// Both kernels against float64 past 2048 keys at D 128, where the two disagreed on the H100
+// (9 of 16.7M outputs of Qwen3ShapeT4096AgainstMmaSync by up to 1.8x its bound): this says which
+// one is off. Eight heads keep the host reference to seconds.
+TEST(CudaPrefillWgmma, LongD128BothKernelsAgainstFloat64) {
+  check_against_reference({3000}, 2, 4, 128, 1.0f);
+}
 
 }  // namespace
 }  // namespace moeinfer::cuda
