@@ -22,9 +22,11 @@
 // The same layer's attention is timed after the experts, as a second table: paged decode
 // attention at context 1024 (Nq 32, Nkv 4, D 128, blocks of 16 tokens in a shuffled pool, table
 // sets rotated so K/V do not come from L2) against its K/V bytes over the copy bandwidth, the
-// same at D 512 and 1024 (the wide kernel of head dims above 256), and causal prefill of 4096
-// tokens (tensor-core and CUDA-core kernels) against the cuBLAS rate, counting the causal half
-// of the QK^T and PV FLOPs.
+// same at D 512 and 1024 (the wide kernel of head dims above 256); then causal prefill
+// attention of one sequence of T = 1024, 2048, 4096 and 8192 tokens at the same heads, the Hopper
+// wgmma kernel (sm_90 only) beside the mma.sync kernel (and the CUDA-core one at 4096), against
+// the cuBLAS rate, counting the causal half of the QK^T and PV FLOPs (2 T (T + 1) D Nq); its last
+// column is the mma.sync time over the kernel's. --attention-only runs that prefill table alone.
 //
 // fp8 (a third table): the same experts as e4m3 codes with a float32 scale per (row, 128
 // inputs), at M = 4096 and 32768 rows (T = 512 and 4096), three ways: the bf16 grouped GEMM,
@@ -41,7 +43,7 @@
 // FLOPs, no skew: the rate a grouped GEMM could hope for). TFLOP/s count 2 * M * Kd * Nw; the
 // last column is the batched cuBLAS time over the kernel's (above 1: faster than cuBLAS).
 //
-// Usage: bench_cuda_moe [--quick] [--fp8-only] [--prefill-only]
+// Usage: bench_cuda_moe [--quick] [--fp8-only] [--prefill-only] [--attention-only]
 #if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
 
 #include <cublas_v2.h>
@@ -612,47 +614,69 @@ void bench_decode(int64_t D, double copy_bw, cudaStream_t stream, std::mt19937& 
   CUDA_CHECK(cudaFree(v_cache));
 }
 
-void bench_attention(double copy_bw, double peak, cudaStream_t stream, std::mt19937& rng) {
-  constexpr int64_t kNq = 32, kNkv = 4, kD = 128;
-  std::printf("\n%-34s %10s %10s %7s %9s %7s\n", "attention (Nq 32, Nkv 4, ctx 1024)", "time us",
-              "floor us", "vs flr", "TFLOP/s", "vs cuB");
+void bench_attention(double copy_bw, cudaStream_t stream, std::mt19937& rng) {
+  constexpr int64_t kD = 128;
+  std::printf("\n%-34s %10s %10s %7s\n", "attention (Nq 32, Nkv 4, ctx 1024)", "time us",
+              "floor us", "vs flr");
   for (const int64_t D : {kD, int64_t{512}, int64_t{1024}}) bench_decode(D, copy_bw, stream, rng);
+}
 
-  char part[128];
-  const int64_t T = 4096;
-  bf16* q = device_alloc<bf16>(T * kNq * kD);
-  bf16* k = device_alloc<bf16>(T * kNkv * kD);
-  bf16* v = device_alloc<bf16>(T * kNkv * kD);
-  bf16* out = device_alloc<bf16>(T * kNq * kD);
-  fill_random(q, T * kNq * kD, 1.0f, rng);
-  fill_random(k, T * kNkv * kD, 1.0f, rng);
-  fill_random(v, T * kNkv * kD, 1.0f, rng);
+// Causal prefill attention of one sequence at Qwen3-30B-A3B's heads: the Hopper wgmma kernel
+// (where the device and build have it), the mma.sync kernel, and at T = 4096 the CUDA-core one.
+// TFLOP/s count the causal half of QK^T and PV, 2 T (T + 1) D Nq; "vs cuB" is the ratio to the
+// cuBLAS bf16 rate measured in the same run, "vs mma" the mma.sync time over the kernel's.
+void bench_prefill_attention(const std::vector<int64_t>& lengths, double peak, cudaStream_t stream,
+                             std::mt19937& rng) {
+  constexpr int64_t kNq = 32, kNkv = 4, kD = 128;
+  const int64_t max_t = *std::max_element(lengths.begin(), lengths.end());
+  bf16* q = device_alloc<bf16>(max_t * kNq * kD);
+  bf16* k = device_alloc<bf16>(max_t * kNkv * kD);
+  bf16* v = device_alloc<bf16>(max_t * kNkv * kD);
+  bf16* out = device_alloc<bf16>(max_t * kNq * kD);
+  fill_random(q, max_t * kNq * kD, 1.0f, rng);
+  fill_random(k, max_t * kNkv * kD, 1.0f, rng);
+  fill_random(v, max_t * kNkv * kD, 1.0f, rng);
   int32_t* cu = device_alloc<int32_t>(2);
-  const int32_t cu_host[2] = {0, static_cast<int32_t>(T)};
-  CUDA_CHECK(cudaMemcpy(cu, cu_host, 8, cudaMemcpyHostToDevice));
-  const double flops = 4.0 * (T * (T + 1) / 2.0) * kD * kNq;
-  for (bool tc : {true, false}) {
-    const PrefillParams p{.q = q,
-                          .k = k,
-                          .v = v,
-                          .cu_seqlens = cu,
-                          .out = out,
-                          .num_tokens = T,
-                          .num_seqs = 1,
-                          .max_seq_len = T,
-                          .num_q_heads = kNq,
-                          .num_kv_heads = kNkv,
-                          .head_dim = kD,
-                          .scale = 1.0f / std::sqrt(static_cast<float>(kD)),
-                          .tensor_cores = tc};
-    const double ms = time_graph(stream, [&](int) { prefill_attention(p, stream); });
-    const double tflops = flops / (ms * 1e-3) / 1e12;
-    std::printf("%-34s %10.1f %10s %7s %9.1f %7.3f\n",
-                tc ? "prefill T=4096 causal, mma.sync" : "prefill T=4096 causal, CUDA cores",
-                ms * 1e3, "", "", tflops, tflops * 1e12 / peak);
-    std::snprintf(part, sizeof(part), " prefill %s %.0f TFLOP/s (%.2f peak);", tc ? "mma" : "simt",
-                  tflops, tflops * 1e12 / peak);
-    g_attention_line += part;
+  const bool hopper = prefill_attention_hopper_available();
+  std::printf("\n%-34s %10s %9s %7s %7s\n", "prefill attention (Nq 32, Nkv 4, D 128)", "time us",
+              "TFLOP/s", "vs cuB", "vs mma");
+  for (const int64_t T : lengths) {
+    const int32_t cu_host[2] = {0, static_cast<int32_t>(T)};
+    CUDA_CHECK(cudaMemcpy(cu, cu_host, 8, cudaMemcpyHostToDevice));
+    const double flops = 4.0 * (T * (T + 1) / 2.0) * kD * kNq;
+    auto time_kernel = [&](bool tensor_cores, bool use_hopper) {
+      const PrefillParams p{.q = q,
+                            .k = k,
+                            .v = v,
+                            .cu_seqlens = cu,
+                            .out = out,
+                            .num_tokens = T,
+                            .num_seqs = 1,
+                            .max_seq_len = T,
+                            .num_q_heads = kNq,
+                            .num_kv_heads = kNkv,
+                            .head_dim = kD,
+                            .scale = 1.0f / std::sqrt(static_cast<float>(kD)),
+                            .tensor_cores = tensor_cores,
+                            .hopper = use_hopper};
+      return time_graph(stream, [&](int) { prefill_attention(p, stream); });
+    };
+    const double mma_ms = time_kernel(true, false);
+    auto row = [&](const char* kernel, double ms) {
+      const double tflops = flops / (ms * 1e-3) / 1e12;
+      char what[64];
+      std::snprintf(what, sizeof(what), "prefill T=%lld causal, %s", static_cast<long long>(T),
+                    kernel);
+      std::printf("%-34s %10.1f %9.1f %7.3f %7.2f\n", what, ms * 1e3, tflops, tflops * 1e12 / peak,
+                  mma_ms / ms);
+      char part[128];
+      std::snprintf(part, sizeof(part), " prefill T=%lld %s %.0f TFLOP/s (%.2f peak);",
+                    static_cast<long long>(T), kernel, tflops, tflops * 1e12 / peak);
+      g_attention_line += part;
+    };
+    if (hopper) row("wgmma", time_kernel(true, true));
+    row("mma.sync", mma_ms);
+    if (T == 4096) row("CUDA cores", time_kernel(false, false));
   }
   CUDA_CHECK(cudaFree(q));
   CUDA_CHECK(cudaFree(k));
@@ -662,11 +686,12 @@ void bench_attention(double copy_bw, double peak, cudaStream_t stream, std::mt19
 }
 
 int run(int argc, char** argv) {
-  bool fp8_only = false, prefill_only = false;
+  bool fp8_only = false, prefill_only = false, attention_only = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) g_replays = 3;
     if (std::strcmp(argv[i], "--fp8-only") == 0) fp8_only = true;
     if (std::strcmp(argv[i], "--prefill-only") == 0) prefill_only = true;
+    if (std::strcmp(argv[i], "--attention-only") == 0) attention_only = true;
   }
   cudaDeviceProp prop;
   CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -685,6 +710,13 @@ int run(int argc, char** argv) {
       "device-to-device copy 1 GiB: %.1f GB/s (read + write); cuBLAS bf16 8192^3: %.1f "
       "TFLOP/s\n",
       copy_bw / 1e9, peak / 1e12);
+  if (attention_only) {
+    bench_prefill_attention({1024, 2048, 4096, 8192}, peak, stream, rng);
+    CUBLAS_CHECK(cublasDestroy(handle));
+    CUDA_CHECK(cudaStreamDestroy(stream));
+    std::printf("\nbench_cuda_moe attention:%s\n", g_attention_line.c_str());
+    return 0;
+  }
   std::printf("Qwen3-30B-A3B experts: H %lld, I %lld, E %lld, K %lld, zipf(1.0) routing\n\n",
               static_cast<long long>(kH), static_cast<long long>(kI), static_cast<long long>(kE),
               static_cast<long long>(kK));
@@ -729,7 +761,8 @@ int run(int argc, char** argv) {
     CUDA_CHECK(cudaFree(gate_up[s]));
     CUDA_CHECK(cudaFree(down[s]));
   }
-  bench_attention(copy_bw, peak, stream, rng);
+  bench_attention(copy_bw, stream, rng);
+  bench_prefill_attention({1024, 2048, 4096, 8192}, peak, stream, rng);
   CUBLAS_CHECK(cublasDestroy(handle));
   CUDA_CHECK(cudaStreamDestroy(stream));
   std::printf("\n%s attention:%s\n", line.c_str(), g_attention_line.c_str());

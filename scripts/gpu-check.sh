@@ -60,7 +60,7 @@ build_cuda_standalone() {
       -x cu -c "$f" -o "$o" &
     pids+=($!)
   done
-  # The Hopper grouped GEMM: sm_90a code only (src/CMakeLists.txt does the same).
+  # The Hopper kernels: sm_90a code only (src/CMakeLists.txt does the same).
   for f in src/backend/cuda/sm90/*.cu; do
     o="$dir/sm90_$(basename "$f" .cu).o"
     objs+=("$o")

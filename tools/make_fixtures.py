@@ -350,7 +350,8 @@ FIXTURES += [
     # head (the default partial_rotary_factor), 6 experts top-2 renormalised beside a gated shared
     # expert, layer 1 dense (mlp_only_layers), tied embeddings.
     dict(name="qwen3_next_f32", cls="Qwen3Next", dtype="float32", tokenizer="qwen",
-         legacy_rope=False, qwen3_next=True, min_distinct=4,
+         legacy_rope=False, qwen3_next=True, min_distinct=4, min_margin=2e-2,
+         router_scale=4.0, min_route_logit_margin=4e-2,
          config=dict(COMMON, head_dim=16, num_hidden_layers=3, intermediate_size=48,
                      moe_intermediate_size=16, shared_expert_intermediate_size=24,
                      num_experts=6, num_experts_per_tok=2, norm_topk_prob=True,

@@ -55,7 +55,7 @@ struct BenchArgs {
   std::string routing_skew;      // synthetic: "zipf:A" or "uniform"
   bool no_cuda_graphs = false;
   bool no_programmatic_launch = false;
-  int64_t skinny_gemm_rows = 0;  // cuda: GpuOptions::skinny_gemm_rows
+  int64_t skinny_gemm_rows = -1;  // cuda: GpuOptions::skinny_gemm_rows (-1: its default)
   bool deterministic = false;
   float temperature = 0.0f;  // of the generated tokens; 0: greedy
   // --sweep: decode at each of these batches (--input-len then --output-len tokens each), then
@@ -502,9 +502,9 @@ void run_bench(const BenchArgs& args) {
   MOE_CHECK(args.device.is_cuda() || !(args.no_cuda_graphs || args.no_programmatic_launch),
             args.no_cuda_graphs ? "--no-cuda-graphs" : "--no-programmatic-launch",
             " applies to --device cuda (the CPU launches no kernels)");
-  MOE_CHECK(args.device.is_cuda() || args.skinny_gemm_rows == 0,
+  MOE_CHECK(args.device.is_cuda() || args.skinny_gemm_rows < 0,
             "--skinny-gemm-rows applies to --device cuda (a GPU kernel)");
-  MOE_CHECK(!args.deterministic || args.skinny_gemm_rows == 0,
+  MOE_CHECK(!args.deterministic || args.skinny_gemm_rows <= 0,
             "--skinny-gemm-rows does not apply with --deterministic (its products run the "
             "fixed-order dense GEMM)");
   MOE_CHECK(args.time_every == 0 || args.profile,
@@ -728,9 +728,8 @@ void add_bench_command(CLI::App& app) {
                 "to measure what that saves");
   cmd->add_option("--skinny-gemm-rows", args->skinny_gemm_rows,
                   "cuda: dense projections of at most N rows (0 to 8) run the skinny GEMM, a "
-                  "weight-streaming kernel, instead of cuBLAS, to measure it (default 0: cuBLAS)")
-      ->check(CLI::Range(0, 8))
-      ->capture_default_str();
+                  "weight-streaming kernel, instead of cuBLAS (default 1; 0: cuBLAS always)")
+      ->check(CLI::Range(0, 8));
   cmd->add_flag("--no-cuda-graphs,--enforce-eager", args->no_cuda_graphs,
                 "cuda: launch every decode step's kernels instead of replaying graphs (vLLM's "
                 "--enforce-eager)");

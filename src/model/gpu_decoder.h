@@ -49,6 +49,11 @@ enum class GpuWeightDtype { kCheckpoint, kBf16 };
 // communicator (MPI), which ranks sharing a GPU need; kAuto picks kNccl where it can run.
 enum class EpTransport { kAuto, kNccl, kStaged };
 
+// GpuOptions::skinny_gemm_rows by default: one row. On an H100 a batch-1 decode step of
+// Qwen3-30B-A3B took 4.55 ms with it against 4.79 ms with cuBLAS; at 4 and 8 rows the QKV and O
+// projections alone run 0.6-0.8x cuBLAS (bench_cuda_stages --projections-only, bench/RESULTS.md).
+inline constexpr int64_t kDefaultSkinnyGemmRows = 1;
+
 struct GpuOptions {
   int device = 0;
   GpuWeightDtype weight_dtype = GpuWeightDtype::kCheckpoint;
@@ -78,13 +83,12 @@ struct GpuOptions {
   // MoE layers whose step has at most this many rows (T*K) run the small-batch path
   // (backend/cuda/small_batch_moe.h); 0: never; -1: the decoder's own threshold.
   int64_t small_batch_moe_rows = -1;
-  // Dense projections (QKV, O, routers, shared experts, the LM head) of steps with at most this
-  // many rows (<= cuda::kSkinnyGemmMaxRows) run the skinny GEMM (backend/cuda/skinny_gemm.h: a
-  // weight-streaming matrix-vector kernel that launches as a programmatic dependent) instead of
-  // cuBLAS; 0: always cuBLAS. 0 until the kernel has run on a GPU (bench_cuda_stages compares
-  // it with cuBLAS at decode's shapes). Not under `deterministic`, which keeps the fixed-order
-  // dense GEMM.
-  int64_t skinny_gemm_rows = 0;
+  // Dense projections (QKV, O, routers, shared experts; not the LM head) of steps with at most
+  // this many rows (<= cuda::kSkinnyGemmMaxRows) run the skinny GEMM (backend/cuda/skinny_gemm.h:
+  // a weight-streaming matrix-vector kernel that launches as a programmatic dependent) instead
+  // of cuBLAS; 0: always cuBLAS; -1: kDefaultSkinnyGemmRows. Not under `deterministic`, which
+  // keeps the fixed-order dense GEMM.
+  int64_t skinny_gemm_rows = -1;
   // Routed fp8 experts with scale blocks of 128 inputs (DeepSeek-V3's and Qwen3-FP8's layout,
   // --weights fp8) on a GPU of compute capability 8.9 or later: MoE steps with enough rows per
   // expert (prefill, large batches: cuda::fp8_tensor_core_experts) run fp8 x fp8 on tensor

@@ -8,6 +8,10 @@
 // 16-byte aligned, is refused with a message rather than taken silently down the slower path.
 // Head dims above 256 (multiples of 64) take the wide kernel (attention_decode_wide_kernel.cuh)
 // whatever tensor_cores says: it is the only one there.
+//
+// Prefill on tensor cores takes the Hopper wgmma kernel (sm90/attention_prefill_wgmma.cu) on
+// compute capability 9.0 when the build has it and prefill_attention_wgmma_unsupported() finds
+// nothing (no window, no chunk, no sinks); the mma.sync kernel everywhere else.
 #include <algorithm>
 
 #include "backend/cuda/attention.h"
@@ -16,7 +20,9 @@
 #include "backend/cuda/attention_kernel.cuh"
 #include "backend/cuda/attention_paged_prefill_mma_kernel.cuh"
 #include "backend/cuda/attention_prefill_mma_kernel.cuh"
+#include "backend/cuda/attention_prefill_wgmma.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_info.h"
 #include "backend/cuda/launch_checks.h"
 
 namespace moeinfer::cuda {
@@ -379,11 +385,35 @@ void prefill_attention(const PrefillParams& p, cudaStream_t stream) {
     detail::check_aligned16(p.v, "v");
     detail::check_aligned16(p.out, "out");
   }
+  if (p.tensor_cores && p.hopper && prefill_attention_wgmma_unsupported(p) == nullptr &&
+      prefill_attention_hopper_available()) {
+#if defined(MOE_HAVE_WGMMA) && MOE_HAVE_WGMMA
+    prefill_attention_wgmma(p, stream);
+#endif
+    return;
+  }
   if (p.head_dim == 64) {
     launch_prefill<64>(p, stream);
   } else {
     launch_prefill<128>(p, stream);
   }
+}
+
+const char* prefill_attention_wgmma_unsupported(const PrefillParams& p) {
+  if (p.sliding_window > 0) return "a sliding window";
+  if (p.attention_chunk > 0) return "an attention chunk";
+  if (p.sinks != nullptr) return "attention sinks";
+  // Query tiles of 128 are the grid's y (at most 65535).
+  if (p.max_seq_len > int64_t{65535} * 128) return "max_seq_len past 65535 tiles of 128";
+  return nullptr;
+}
+
+bool prefill_attention_hopper_available() {
+#if defined(MOE_HAVE_WGMMA) && MOE_HAVE_WGMMA
+  return current_compute_capability() == 90;
+#else
+  return false;
+#endif
 }
 
 int64_t plan_paged_prefill_tiles(const int32_t* cu_seqlens, int64_t num_seqs, int64_t group,

@@ -195,12 +195,22 @@ struct PrefillParams {
   // Tensor cores (mma.sync, 64-query x 64-key tiles); false: the float32 CUDA-core kernel
   // (32 x 32 tiles), kept as a second implementation to test against.
   bool tensor_cores = true;
+  // With tensor_cores, on a GPU of compute capability 9.0 and a build for architecture 90: the
+  // Hopper kernel (attention_prefill_wgmma_kernel.cuh: wgmma, TMA, 128-query x 128-key tiles)
+  // wherever it applies, which is no sliding window, no attention chunk and no sinks; the
+  // mma.sync kernel everywhere else. false: always the mma.sync kernel, kept to test against.
+  // Off by default until the Hopper kernel has passed its tests on a GPU.
+  bool hopper = false;
 };
 
 // Causal (optionally sliding-window) self-attention of each sequence's tokens among themselves
 // (no cached prefix): flash-style, K/V tiles in shared memory, online softmax in float32; P is
-// rounded to bf16 for the P.V product on the tensor-core path.
+// rounded to bf16 for the P.V product on the tensor-core paths.
 void prefill_attention(const PrefillParams& params, cudaStream_t stream);
+
+// Whether prefill_attention() can take the Hopper kernel on this device and build (compute
+// capability 9.0, CMAKE_CUDA_ARCHITECTURES including 90); the parameters decide the rest.
+bool prefill_attention_hopper_available();
 
 // A step's new tokens attending over the paged cache: each sequence brings n_b >= 1 tokens
 // after a cached prefix of any length (0 included), and its keys, the new tokens' among them,

@@ -10,6 +10,7 @@
 #include <mutex>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_info.h"
 #include "backend/cuda/fp8_rows_kernel.cuh"
 #include "backend/cuda/grouped_gemm.h"
 #include "backend/cuda/grouped_gemm_kernel.cuh"
@@ -18,6 +19,20 @@
 #include "backend/cuda/moe_stages.h"
 
 namespace moeinfer::cuda {
+
+// Asked of the driver once per device (a mutex, not the driver, on every later launch).
+int current_compute_capability() {
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  static std::mutex mutex;
+  static std::map<int, int> known;
+  const std::lock_guard lock(mutex);
+  if (const auto it = known.find(device); it != known.end()) return it->second;
+  int major = 0, minor = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  return known[device] = major * 10 + minor;
+}
 
 namespace {
 
@@ -134,21 +149,6 @@ void dispatch_fp8_mma_tile(GemmTile tile, const GroupedGemmParams& p, cudaStream
       break;
   }
   MOE_CHECK(false, "unresolved tile ", static_cast<int>(tile));
-}
-
-// The current device's compute capability as major * 10 + minor, asked of the driver once per
-// device (a mutex, not the driver, on every later launch).
-int current_compute_capability() {
-  int device = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  static std::mutex mutex;
-  static std::map<int, int> known;
-  const std::lock_guard lock(mutex);
-  if (const auto it = known.find(device); it != known.end()) return it->second;
-  int major = 0, minor = 0;
-  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  return known[device] = major * 10 + minor;
 }
 
 // Whether fp8 x fp8 runs on the current device: compute capability 8.9 (Ada) or later has the

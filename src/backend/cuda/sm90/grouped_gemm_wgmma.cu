@@ -3,9 +3,6 @@
 // that target): builds the two TMA tensor maps on the host, picks the weight-tile width from N
 // and sizes a persistent grid of one CTA per SM. Six instantiations: BNW 256, 128 and 64 weight
 // rows, plain and gated.
-#include <cuda.h>
-#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
-
 #include <algorithm>
 #include <map>
 #include <mutex>
@@ -14,47 +11,13 @@
 #include "backend/cuda/grouped_gemm.h"
 #include "backend/cuda/grouped_gemm_wgmma.h"
 #include "backend/cuda/grouped_gemm_wgmma_kernel.cuh"
+#include "backend/cuda/sm90/tensor_map.h"
 
 namespace moeinfer::cuda {
 
 namespace {
 
-// cuTensorMapEncodeTiled through the runtime's driver entry point, so nothing links libcuda
-// directly. Looked up once.
-PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* pointer = nullptr;
-    cudaDriverEntryPointQueryResult status{};
-    CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &pointer, 12000,
-                                                cudaEnableDefault, &status));
-    MOE_CHECK(status == cudaDriverEntryPointSuccess && pointer != nullptr,
-              "the CUDA driver has no cuTensorMapEncodeTiled (status ", static_cast<int>(status),
-              "); the Hopper grouped GEMM needs a driver of CUDA 12.0 or later");
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(pointer);
-  }();
-  return fn;
-}
-
-// A [outer, inner] row-major bf16 matrix read in boxes of 64 (inner, 128 bytes) x box_rows,
-// written to shared memory with the 128-byte swizzle. Boxes reaching past the matrix read
-// zeros.
-CUtensorMap tensor_map(const void* base, int64_t inner, int64_t outer, int box_rows,
-                       const char* what) {
-  CUtensorMap map{};
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(inner), static_cast<cuuint64_t>(outer)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(inner) * 2};  // bytes, of dim 1
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(wgmma::kBK),
-                             static_cast<cuuint32_t>(box_rows)};
-  const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult result = encode_tiled()(
-      &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box,
-      element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  MOE_CHECK(result == CUDA_SUCCESS, "cuTensorMapEncodeTiled refused the ", what, " map (error ",
-            static_cast<int>(result), ", [", outer, ", ", inner, "] bf16 at ", base, ", box ",
-            box_rows, " rows)");
-  return map;
-}
+static_assert(wgmma::kBK == wgmma::kBoxInner, "a k-tile is one TMA box wide");
 
 int multiprocessors() {
   int device = 0;
@@ -79,8 +42,8 @@ void launch(const GroupedGemmParams& p, cudaStream_t stream) {
   (void)attribute_set;
   const int64_t nw = Cfg::kGated ? 2 * p.n : p.n;
   wgmma::Params kp;
-  kp.rows_map = tensor_map(p.rows, p.k, p.num_rows, wgmma::kBM, "rows");
-  kp.weights_map = tensor_map(p.weights, p.k, p.num_experts * nw, Cfg::kHalfRows, "weights");
+  kp.rows_map = wgmma::tensor_map(p.rows, p.k, p.num_rows, wgmma::kBM, "rows");
+  kp.weights_map = wgmma::tensor_map(p.weights, p.k, p.num_experts * nw, Cfg::kHalfRows, "weights");
   kp.expert_offsets = p.expert_offsets;
   kp.out = p.out;
   kp.bias = p.bias;
