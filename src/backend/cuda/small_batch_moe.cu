@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_info.h"
 #include "backend/cuda/launch_checks.h"
 #include "backend/cuda/small_batch_moe.h"
 #include "backend/cuda/small_batch_moe_kernel.cuh"
@@ -105,9 +106,8 @@ int64_t small_moe_workspace_bytes(int64_t max_tokens, int64_t num_experts, int64
 
 int64_t small_moe_default_blocks() {
   static const int64_t blocks = [] {
-    int device = 0, sms = 0, per_sm = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    int per_sm = 0;
+    const int sms = current_multiprocessor_count();
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, small_moe_experts_kernel,
                                                              kSmallMoeThreads, 0));
     return static_cast<int64_t>(sms) * std::max(per_sm, 1);
