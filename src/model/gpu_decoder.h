@@ -110,6 +110,15 @@ struct GpuOptions {
   parallel::Communicator* expert_parallel = nullptr;
   std::optional<parallel::ExpertPlacement> placement;  // with expert_parallel; none: contiguous
   EpTransport ep_transport = EpTransport::kAuto;       // with expert_parallel: how rows travel
+  // --micro-batches 2 (with expert_parallel only): each step's sequences split in two halves, A
+  // the first (the larger when odd) and B the rest, either possibly empty, each with a stream,
+  // a workspace and an MoE block of its own. Per MoE layer every rank issues A's dispatch, B's
+  // dispatch, A's combine and B's combine in that order. With overlap_micro_batches (--overlap
+  // on) the host enqueues B's attention and routing before it waits for A's offsets and rows,
+  // so one micro-batch computes while the other's rows travel; off runs A's whole step, then
+  // B's (the same split, serially). The workspace is allocated twice.
+  int micro_batches = 1;
+  bool overlap_micro_batches = true;
   // k, the ranks of an --ep job that run on this GPU, this one included. With k > 1 the
   // decoder's budget is gpu_memory_fraction / k of the card, and only what the decoder allocates
   // itself (weights, workspace, recurrent state, KV pool) counts against it, not what is in use

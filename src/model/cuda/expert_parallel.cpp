@@ -120,10 +120,12 @@ DeviceDispatcher::DeviceDispatcher(parallel::Communicator& host, RowTransport ro
   MOE_CHECK(plan_rows_ != nullptr, "the GPU expert-parallel dispatcher needs a row workspace");
   pinned_offsets_ = pinned_array<int32_t>(static_cast<size_t>(num_experts_) + 2);
   CUDA_CHECK(cudaEventCreateWithFlags(&packed_, cudaEventDisableTiming));
+  CUDA_CHECK(cudaEventCreateWithFlags(&offsets_copied_, cudaEventDisableTiming));
 }
 
 DeviceDispatcher::~DeviceDispatcher() {
   if (packed_) cudaEventDestroy(packed_);
+  if (offsets_copied_) cudaEventDestroy(offsets_copied_);
 }
 
 void DeviceDispatcher::count_sent(const std::vector<int64_t>& bytes) {
@@ -152,12 +154,14 @@ void DeviceDispatcher::exchange(const bf16* send, std::span<const int64_t> send_
 
 ExpertRows DeviceDispatcher::dispatch(int64_t layer, const RoutedTokens& tokens,
                                       cudaStream_t stream) {
-  cuda::NvtxRange range("ep_dispatch");
-  const parallel::LayerPlacement& table = placement_.layer(layer);
-  const int N = host_.size(), me = host_.rank();
+  start_dispatch(layer, tokens, stream);
+  return finish_dispatch(layer, tokens, stream);
+}
+
+void DeviceDispatcher::start_dispatch(int64_t /*layer*/, const RoutedTokens& tokens,
+                                      cudaStream_t stream) {
+  cuda::NvtxRange range("ep_dispatch_start");
   const int64_t E = num_experts_, H = hidden_size_;
-  const size_t row_elems = static_cast<size_t>(H);
-  const int64_t row_bytes = H * static_cast<int64_t>(sizeof(bf16));
   plan_rows_total_ = tokens.num_tokens * tokens.top_k;
 
   // The plan's rows (weighted under kInput, as the local dispatcher's) stay on the device; its
@@ -171,7 +175,23 @@ ExpertRows DeviceDispatcher::dispatch(int64_t layer, const RoutedTokens& tokens,
   const size_t offsets_cap = static_cast<size_t>(E) + 2;  // the plan's, over E + 1 experts
   CUDA_CHECK(cudaMemcpyAsync(pinned_offsets_.get(), tokens.expert_offsets,
                              offsets_cap * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
-  CUDA_CHECK(cudaStreamSynchronize(stream));
+  CUDA_CHECK(cudaEventRecord(offsets_copied_, stream));
+}
+
+ExpertRows DeviceDispatcher::finish_dispatch(int64_t layer, const RoutedTokens& tokens,
+                                             cudaStream_t stream) {
+  cuda::NvtxRange range("ep_dispatch");
+  const parallel::LayerPlacement& table = placement_.layer(layer);
+  const int N = host_.size(), me = host_.rank();
+  const int64_t E = num_experts_, H = hidden_size_;
+  const size_t row_elems = static_cast<size_t>(H);
+  const int64_t row_bytes = H * static_cast<int64_t>(sizeof(bf16));
+  MOE_CHECK(plan_rows_total_ == tokens.num_tokens * tokens.top_k, "layer ", layer,
+            ": finish_dispatch of ", tokens.num_tokens * tokens.top_k, " rows after a start of ",
+            plan_rows_total_);
+  const size_t offsets_cap = static_cast<size_t>(E) + 2;
+  // The offsets' copy only: what the stream enqueued after it (and other streams) runs on.
+  CUDA_CHECK(cudaEventSynchronize(offsets_copied_));
   host_offsets_.assign(pinned_offsets_.get(), pinned_offsets_.get() + offsets_cap);
   real_rows_ = host_offsets_[E];  // the padding expert E's rows stay here
   MOE_CHECK(real_rows_ >= 0 && real_rows_ <= plan_rows_total_, "layer ", layer, ": a plan of ",

@@ -23,8 +23,10 @@
 // (and, staged, for each exchange), so a decode step cannot be a CUDA graph: the decoder runs
 // every step eagerly under --ep. Over NCCL on the decoder's stream the exchanges are kernels in
 // stream order: the host waits for one (and sees NCCL's errors) only before the next. A rank
-// without tokens still takes part in every exchange. Not built yet: two micro-batches
-// overlapping the exchanges.
+// without tokens still takes part in every exchange. Two micro-batches (GpuOptions::
+// micro_batches) give each its own dispatcher, transport and stream; dispatch comes in two
+// halves (start_dispatch, finish_dispatch) so that the host enqueues the other micro-batch's
+// work before it waits for this one's offsets.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -74,7 +76,14 @@ class DeviceDispatcher final : public TokenDispatcher {
   DeviceDispatcher(const DeviceDispatcher&) = delete;
   DeviceDispatcher& operator=(const DeviceDispatcher&) = delete;
 
+  // start_dispatch then finish_dispatch.
   ExpertRows dispatch(int64_t layer, const RoutedTokens& tokens, cudaStream_t stream) override;
+  // The gather and the offsets' copy to pinned memory, enqueued; an event marks the copy.
+  void start_dispatch(int64_t layer, const RoutedTokens& tokens, cudaStream_t stream) override;
+  // Waits for that event on the host (not the whole device: another micro-batch's stream keeps
+  // computing), plans the sends, exchanges counts and rows.
+  ExpertRows finish_dispatch(int64_t layer, const RoutedTokens& tokens,
+                             cudaStream_t stream) override;
   void combine(int64_t layer, const bf16* expert_out, const RoutedTokens& tokens,
                const bf16* shared, float* out, cudaStream_t stream) override;
   bool moves_rows() const override { return true; }
@@ -103,6 +112,8 @@ class DeviceDispatcher final : public TokenDispatcher {
   std::array<int64_t, profile::kNumLinks> bytes_sent_{};
   // Recorded where the rows were packed, for a transport on another stream to wait on.
   cudaEvent_t packed_ = nullptr;
+  // Recorded after the offsets' copy (start_dispatch), waited for in finish_dispatch.
+  cudaEvent_t offsets_copied_ = nullptr;
 
   moe::DispatchLayout layout_;
   int64_t plan_rows_total_ = 0;  // T*K of the layer in flight (padding rows included)

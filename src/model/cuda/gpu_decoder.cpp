@@ -32,9 +32,11 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <utility>
 
 #include "backend/cuda/attention.h"
 #include "backend/cuda/cuda_check.h"
@@ -198,7 +200,60 @@ struct Step {
   int64_t context_bucket = 0;
 };
 
-class CudaDecoder final : public GpuDecoder {
+// What each micro-batch has of its own (GpuOptions::micro_batches): a stream and a cuBLAS handle
+// (with its workspace), the device workspace with the step's metadata and activations, and an
+// MoE block with its dispatcher. CudaDecoder is one lane (a base, so that every per-stage
+// function reads these members by their names); with two micro-batches the second lane waits
+// in CudaDecoder::lane_b_ and is swapped in (CudaDecoder::LaneSwap) while B's work is enqueued,
+// so the stages run for either micro-batch unchanged. Ordered so that the MoE block goes first
+// and the stream last.
+struct Lane {
+  StreamHandle owned_stream_;  // owners; stream_ and cublas_ are what every call passes
+  CublasHandle owned_cublas_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+
+  // Device workspace (allocate_workspace carves it).
+  DeviceArray<char> workspace_;
+  PinnedArray<char> host_meta_base_;         // pinned mirror of meta_
+  PinnedArray<int32_t> host_expert_counts_;  // [L, E + 1]: the plan's counts, for the profiler
+  Meta meta_, host_meta_;
+  float* inv_freq_ = nullptr;
+  // The residual stream and the block outputs that join it are float32 (see RmsNormParams).
+  float *hidden_ = nullptr, *block_out_ = nullptr;  // [T, Hp]
+  bf16 *normed_ = nullptr, *normed_gathered_ = nullptr;
+  bf16 *qkv_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *attn_ = nullptr;
+  // Gated DeltaNet: the in-projection [T, C + Vd + 2 Nv] (q|k|v, z, b, a), the conv's output
+  // [T, C], the recurrence's [T, Vd] (float32) and the gated norm's [T, Vd] (bf16).
+  float *lin_proj_ = nullptr, *lin_conv_ = nullptr, *lin_core_ = nullptr;
+  bf16* lin_normed_ = nullptr;
+  bf16 *mla_q_ = nullptr, *mla_q_lora_ = nullptr, *mla_latent_ = nullptr, *mla_q_full_ = nullptr,
+       *mla_out_latent_ = nullptr;
+  float* attn_workspace_ = nullptr;
+  int32_t* expert_counts_ = nullptr;  // [L, E + 1] the plans' counts, for the profiler
+  // Two weight terms: the float32 sums of a product whose output is bf16 (LinearArgs).
+  float* term_sum_ = nullptr;
+  MoeBlockBuffers moe_buffers_;  // the MoE block's part of the workspace
+  bf16* expert_act_ = nullptr;   // [T*K, Ip] the experts' activation
+  // fp8 x fp8's quantised expert rows (GpuOptions::fp8_tensor_cores), or nulls: weight-only.
+  Fp8ActivationBuffers fp8_act_;
+  // [T*K, Hp] the experts' weighted inputs in plan order (Llama 4's routing weights on the
+  // input, LocalDispatcher), else null
+  bf16* weighted_rows_ = nullptr;
+  // --ep: [T*K, Hp] the plan's rows gathered for the device dispatch, and the dispatcher
+  // (owned by moe_), whose byte counts expert_parallel_bytes reports; else null.
+  bf16* ep_plan_rows_ = nullptr;
+  const DeviceDispatcher* ep_dispatcher_ = nullptr;
+  bf16 *mlp_gate_up_ = nullptr, *mlp_act_ = nullptr;
+  float* logits_ = nullptr;  // [rcap, V]
+  void* cublas_workspace_ = nullptr;
+  std::unique_ptr<MoeBlock> moe_;  // null without MoE layers
+  // Where this lane's routing rows start in the routing capture buffers (set_routing_observer):
+  // 0, or micro-batch A's token rows for B.
+  int64_t routing_row_offset_ = 0;
+};
+
+class CudaDecoder final : public GpuDecoder, private Lane {
  public:
   CudaDecoder(const ModelConfig& config, DeviceWeights weights, const GpuOptions& options);
   ~CudaDecoder() override;
@@ -222,7 +277,12 @@ class CudaDecoder final : public GpuDecoder {
   std::vector<int64_t> expert_parallel_bytes() const override {
     if (ep_dispatcher_ == nullptr) return {};
     const auto& bytes = ep_dispatcher_->bytes_sent();
-    return {bytes.begin(), bytes.end()};
+    std::vector<int64_t> sent(bytes.begin(), bytes.end());
+    if (lane_b_.ep_dispatcher_ != nullptr) {  // micro-batch B's rows
+      const auto& b = lane_b_.ep_dispatcher_->bytes_sent();
+      for (size_t i = 0; i < sent.size(); ++i) sent[i] += b[i];
+    }
+    return sent;
   }
   const parallel::Communicator* expert_parallel() const override {
     return options_.expert_parallel;
@@ -244,6 +304,53 @@ class CudaDecoder final : public GpuDecoder {
   // chunk: enqueued directly or replayed from a graph.
   void run(const Step& step);
   void enqueue_layers(const Step& step);
+  // The pieces of enqueue_layers: the embedding; layer l's input norm, attention and post
+  // norm; the final norm and the gather of the rows that want logits.
+  void enqueue_embedding(const Step& step);
+  void enqueue_attention_block(int64_t layer, const Step& step);
+  void enqueue_final_norm(const Step& step);
+
+  // Two micro-batches (GpuOptions::micro_batches). LaneSwap puts lane m's members in place (m 1:
+  // B's, swapped with lane_b_; m 0: nothing) until it goes out of scope.
+  class LaneSwap {
+   public:
+    LaneSwap(CudaDecoder& decoder, int m) : decoder_(decoder), swapped_(m == 1) {
+      if (swapped_) decoder_.swap_lanes();
+    }
+    ~LaneSwap() {
+      if (swapped_) decoder_.swap_lanes();
+    }
+    LaneSwap(const LaneSwap&) = delete;
+    LaneSwap& operator=(const LaneSwap&) = delete;
+
+   private:
+    CudaDecoder& decoder_;
+    bool swapped_;
+  };
+  void swap_lanes() { std::swap(static_cast<Lane&>(*this), lane_b_); }
+  // A new stream and cuBLAS handle for the lane in place.
+  void create_stream();
+  // The step's sequences split as the CPU decoder splits them: A the first half (the larger
+  // when odd), B the rest; each prepared in its lane (metadata uploaded on its stream).
+  std::array<Step, 2> prepare_micro_batches(const ForwardBatch& batch);
+  // Both micro-batches' layers, up to their final norms, on their streams: interleaved per MoE
+  // layer (overlap_micro_batches), or A's whole step, then B's.
+  void run_micro_batches(const std::array<Step, 2>& steps);
+  // Micro-batch m (in place) from layer `first` on: dense layers whole, up to and including
+  // the start of the next MoE layer's block (returned), or to the final norm (returns L).
+  int64_t advance_micro_batch(const Step& step, int64_t first);
+  void forward_micro_batches(const ForwardBatch& batch, std::span<float> logits);
+  void forward_sample_micro_batches(const ForwardBatch& batch, std::span<const GpuSamplingRow> rows,
+                                    std::span<int32_t> tokens);
+  // Enqueues the LM head over the step's first R logit rows and the sampling of `rows` (R of
+  // them) into host_meta_.tokens, on the lane in place.
+  void enqueue_sampling(const Step& step, std::span<const GpuSamplingRow> rows);
+  // The MoE block's I/O and profiler marks for layer `layer` of a T-row step.
+  MoeLayerIo moe_io(int64_t layer, int64_t num_tokens);
+  StageMarks stage_marks();
+  // The step-level report after both lanes' streams are done: the profiler (counts summed over
+  // the lanes) and the routing observer.
+  void report_micro_batches(const std::array<Step, 2>& steps);
   void enqueue_lm_head(const Step& step, int64_t first_row, int64_t rows);
   void attention(int64_t layer, const Step& step);
   void mla_attention(int64_t layer, const Step& step);
@@ -309,54 +416,20 @@ class CudaDecoder final : public GpuDecoder {
   // --deterministic: keys per attention split, the same for every step (0: by the batch).
   int64_t attention_chunk_ = 0;
 
-  StreamHandle owned_stream_;  // owners; stream_ and cublas_ are what every call passes
-  CublasHandle owned_cublas_;
-  cudaStream_t stream_ = nullptr;
-  cublasHandle_t cublas_ = nullptr;
-
-  // Device workspace.
-  DeviceArray<char> workspace_;
-  PinnedArray<char> host_meta_base_;  // pinned mirror of meta_
-  PinnedArray<int32_t> host_expert_counts_;  // [L, E + 1]: the plan's counts, for the profiler
-  Meta meta_, host_meta_;
   size_t meta_bytes_ = 0;
-  float* inv_freq_ = nullptr;
-  // The residual stream and the block outputs that join it are float32 (see RmsNormParams).
-  float *hidden_ = nullptr, *block_out_ = nullptr;  // [T, Hp]
-  bf16 *normed_ = nullptr, *normed_gathered_ = nullptr;
-  bf16 *qkv_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *attn_ = nullptr;
   int64_t qkv_width_ = 0;  // qkv_'s row: (Nq + 2 Nkv) Dp, and Nq Dp of output gates after them
-  // Gated DeltaNet: the in-projection [T, C + Vd + 2 Nv] (q|k|v, z, b, a), the conv's output
-  // [T, C], the recurrence's [T, Vd] (float32) and the gated norm's [T, Vd] (bf16).
-  float *lin_proj_ = nullptr, *lin_conv_ = nullptr, *lin_core_ = nullptr;
-  bf16* lin_normed_ = nullptr;
-  bf16 *mla_q_ = nullptr, *mla_q_lora_ = nullptr, *mla_latent_ = nullptr, *mla_q_full_ = nullptr,
-       *mla_out_latent_ = nullptr;
-  float* attn_workspace_ = nullptr;
-  int32_t* expert_counts_ = nullptr;  // [L, E + 1] the plans' counts, for the profiler
-  // Two weight terms: the float32 sums of a product whose output is bf16 (LinearArgs).
-  float* term_sum_ = nullptr;
   int64_t term_sum_elems_ = 0;
-  MoeBlockBuffers moe_buffers_;  // the MoE block's part of the workspace
   // Some layer's router is a synthetic uniform or Zipf one (DeviceLayer::router_noise): each step gets
   // fresh per-token keys (Meta::route_keys); noise_step_ counts the steps.
   bool noise_routing_ = false;
   uint64_t noise_step_ = 0;
-  bf16* expert_act_ = nullptr;   // [T*K, Ip] the experts' activation
-  // fp8 x fp8's quantised expert rows (GpuOptions::fp8_tensor_cores), or nulls: weight-only.
-  Fp8ActivationBuffers fp8_act_;
-  // [T*K, Hp] the experts' weighted inputs in plan order (Llama 4's routing weights on the
-  // input, LocalDispatcher), else null
-  bf16* weighted_rows_ = nullptr;
-  // --ep: [T*K, Hp] the plan's rows gathered for the device dispatch, and the dispatcher
-  // (owned by moe_), whose byte counts expert_parallel_bytes reports; else null.
-  bf16* ep_plan_rows_ = nullptr;
-  const DeviceDispatcher* ep_dispatcher_ = nullptr;
-  bf16 *mlp_gate_up_ = nullptr, *mlp_act_ = nullptr;
-  float* logits_ = nullptr;  // [rcap, V]
-  void* cublas_workspace_ = nullptr;
   std::unique_ptr<CachedExperts> cache_;  // --expert-budget; null: every expert resident
-  std::unique_ptr<MoeBlock> moe_;         // null without MoE layers
+  // --micro-batches 2: micro-batch B's lane while A's (this decoder's own) is in use, and A's
+  // while B's is swapped in (LaneSwap); empty with one micro-batch.
+  Lane lane_b_;
+  bool two_lanes_ = false;
+  // --overlap off: recorded after A's step on A's stream, waited for by B's.
+  cudaEvent_t a_done_ = nullptr;
 
   // KV pool: per layer, keys and values (standard) or latent rows (MLA), as bf16 rows; under
   // --kv-dtype fp8 as e4m3 codes [slots, Nkv * Dp] and float32 scales [slots, Nkv] per layer and
@@ -412,7 +485,7 @@ class CudaDecoder final : public GpuDecoder {
   std::map<std::tuple<int64_t, int64_t, bool, bool>, Graph> graphs_;  // (T, ctx, events, routing)
   GraphCounts decode_graph_counts_;  // of the last graph captured
   bool profiling_ = false;
-  // Routing capture (set_routing_observer): the router's output of every layer, [L, Tcap, K]
+  // Routing capture (set_routing_observer): the router's output of every layer, [L, Tcap + 1, K]
   // ids and weights on the device (where the router writes while capturing) and in pinned
   // memory.
   Decoder::RoutingObserver routing_observer_;
@@ -423,6 +496,9 @@ class CudaDecoder final : public GpuDecoder {
   PinnedArray<float> host_routing_weights_;
   void enqueue_routing_readback(const Step& step);
   void report_routing(const Step& step);
+  // Rows per layer of the routing capture buffers: a step's Tcap, and one more for micro-batch
+  // B's padding row when A has taken all Tcap (B's rows follow A's).
+  int64_t routing_pitch() const { return tcap_ + 1; }
   void drop_graphs();  // destroys every captured graph (they are captured again on demand)
   bool graph_events_time_ = true;  // cleared if events recorded by a graph cannot be timed
   Timeline eager_timeline_;
@@ -470,12 +546,13 @@ CudaDecoder::CudaDecoder(const ModelConfig& config, DeviceWeights weights,
   // A state slot per sequence the engine may run at once (its StateSlots hands out as many).
   num_state_slots_ = has_linear_layers(config) ? std::max<int64_t>(options.max_num_seqs, 1) : 0;
 
-  CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  owned_stream_.reset(stream_);
-  CUBLAS_CHECK(cublasCreate(&cublas_));
-  owned_cublas_.reset(cublas_);
-  CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
-  CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
+  MOE_CHECK(options.micro_batches == 1 || options.micro_batches == 2, "micro-batches ",
+            options.micro_batches, " must be 1 or 2");
+  MOE_CHECK(options.micro_batches == 1 || options.expert_parallel != nullptr,
+            "--micro-batches 2 needs --ep N with N > 1: without expert parallelism nothing "
+            "travels to overlap");
+  two_lanes_ = options.micro_batches == 2;
+  create_stream();
 
   cudaDeviceProp prop{};
   CUDA_CHECK(cudaGetDeviceProperties(&prop, options.device));
@@ -512,10 +589,30 @@ CudaDecoder::CudaDecoder(const ModelConfig& config, DeviceWeights weights,
   for (const DeviceLayer& d : w_.layers) noise_routing_ = noise_routing_ || d.router_noise;
   allocate_workspace();
   build_moe_block();
-  std::vector<float> inv_freq = rope.inv_freq();
+  const std::vector<float> inv_freq = rope.inv_freq();
   CUDA_CHECK(cudaMemcpy(inv_freq_, inv_freq.data(), inv_freq.size() * sizeof(float),
                         cudaMemcpyHostToDevice));
+  if (two_lanes_) {
+    // Micro-batch B's lane: a stream, a workspace and an MoE block (its dispatcher and row
+    // transport: collective, so every rank builds B's after A's) of its own.
+    const int64_t workspace_a = report_.workspace_bytes;
+    {
+      LaneSwap b(*this, 1);
+      create_stream();
+      allocate_workspace();
+      build_moe_block();
+      CUDA_CHECK(cudaMemcpy(inv_freq_, inv_freq.data(), inv_freq.size() * sizeof(float),
+                            cudaMemcpyHostToDevice));
+      lane_b_.routing_row_offset_ = 0;
+    }
+    report_.workspace_bytes += workspace_a;
+  }
   allocate_kv_pool();
+  // Everything above ran on A's stream or B's: done before either runs a step.
+  if (two_lanes_) {
+    CUDA_CHECK(cudaEventCreateWithFlags(&a_done_, cudaEventDisableTiming));
+    CUDA_CHECK(cudaDeviceSynchronize());
+  }
   if (!options.quiet && w_.upload_seconds > 0) {
     std::fprintf(stderr, "moeinfer: %.2f GiB of weights streamed to %s in %.2f s (%.2f GB/s)\n",
                  static_cast<double>(w_.bytes) / (1024.0 * 1024.0 * 1024.0),
@@ -554,11 +651,21 @@ CudaDecoder::CudaDecoder(const ModelConfig& config, DeviceWeights weights,
 
 CudaDecoder::~CudaDecoder() {
   drop_graphs();
+  if (a_done_) cudaEventDestroy(a_done_);
   for (cudaEvent_t e : eager_timeline_.events) cudaEventDestroy(e);
   for (cudaEvent_t e : sample_events_) {
     if (e) cudaEventDestroy(e);
   }
   // The memory, the stream and the cuBLAS handle go with their owners.
+}
+
+void CudaDecoder::create_stream() {
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  owned_stream_.reset(stream_);
+  CUBLAS_CHECK(cublasCreate(&cublas_));
+  owned_cublas_.reset(cublas_);
+  CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+  CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
 }
 
 void CudaDecoder::allocate_workspace() {
@@ -725,12 +832,16 @@ void CudaDecoder::allocate_workspace() {
   Carver sizing(nullptr);
   carve(sizing);
   const int64_t bytes = static_cast<int64_t>(sizing.used());
+  // Two micro-batches: a workspace each, within the same share.
   const int64_t allowed = static_cast<int64_t>(
-      kMaxWorkspaceShare * static_cast<double>(report_.budget_bytes - report_.weight_bytes));
+      kMaxWorkspaceShare * static_cast<double>(report_.budget_bytes - report_.weight_bytes) /
+      (two_lanes_ ? 2.0 : 1.0));
   MOE_CHECK(bytes <= allowed, "the GPU workspace for ", T, " tokens per step would take ",
             bytes >> 20, " MiB, more than the ", std::max<int64_t>(allowed, 0) >> 20,
-            " MiB (half of what --gpu-memory-fraction leaves after the weights) it may take; "
-            "raise --gpu-memory-fraction or lower the tokens per step (--max-num-batched-tokens "
+            " MiB (half of what --gpu-memory-fraction leaves after the weights",
+            two_lanes_ ? ", split between the two micro-batches" : "",
+            ") it may take; raise --gpu-memory-fraction or lower the tokens per step "
+            "(--max-num-batched-tokens "
             "of bench and serve; generate and logits take a prompt in one step)");
   workspace_ = device_array<char>(static_cast<size_t>(bytes));
   Carver assign(workspace_.get());
@@ -1157,42 +1268,70 @@ void CudaDecoder::upload_meta(const Step& step) {
 }
 
 void CudaDecoder::enqueue_layers(const Step& step) {
+  enqueue_embedding(step);
+  for (int64_t l = 0; l < config_.num_layers; ++l) {
+    enqueue_attention_block(l, step);
+    feed_forward(l, step.num_tokens);
+  }
+  enqueue_final_norm(step);
+}
+
+void CudaDecoder::enqueue_embedding(const Step& step) {
   const ModelConfig& c = config_;
   const int64_t T = step.num_tokens, H = w_.padded_hidden_size;
-  const float eps = static_cast<float>(c.rms_norm_eps);
   cuda::embedding({.token_ids = meta_.ids, .table = w_.embed,
                    .table_lo = lo_term(w_.embed, c.vocab_size * H), .out_f32 = hidden_,
                    .num_tokens = T, .vocab_size = c.vocab_size, .hidden_size = H},
                   stream_);
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const DeviceLayer& d = w_.layers[l];
-    // normed = norm(hidden + previous block output); the residual stream stays in hidden.
-    cuda::fused_add_rms_norm({.x = l == 0 ? nullptr : block_out_, .residual = hidden_,
-                              .residual_out = l == 0 ? nullptr : hidden_,
-                              .weight = d.input_norm, .weight_lo = norm_lo(d.input_norm, H),
-                              .out = normed_, .num_rows = T,
-                              .hidden_size = H, .eps = eps, .mean_width = c.hidden_size},
-                             stream_);
-    switch (plans_[l].attention) {
-      case AttentionKind::kGqa:
-        attention(l, step);
-        break;
-      case AttentionKind::kMla:
-        mla_attention(l, step);
-        break;
-      case AttentionKind::kGatedDeltaNet:
-        linear_attention(l, step);
-        break;
-    }
-    cuda::fused_add_rms_norm({.x = block_out_, .x_bias = d.o_bias, .residual = hidden_,
-                              .residual_out = hidden_, .weight = d.post_norm,
-                              .weight_lo = norm_lo(d.post_norm, H), .out = normed_,
-                              .num_rows = T,
-                              .hidden_size = H, .eps = eps, .mean_width = c.hidden_size},
-                             stream_);
-    mark(profile::Stage::kAttention, l);
-    feed_forward(l, T);
+}
+
+void CudaDecoder::enqueue_attention_block(int64_t l, const Step& step) {
+  const ModelConfig& c = config_;
+  const int64_t T = step.num_tokens, H = w_.padded_hidden_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const DeviceLayer& d = w_.layers[l];
+  // normed = norm(hidden + previous block output); the residual stream stays in hidden.
+  cuda::fused_add_rms_norm({.x = l == 0 ? nullptr : block_out_,
+                            .residual = hidden_,
+                            .residual_out = l == 0 ? nullptr : hidden_,
+                            .weight = d.input_norm,
+                            .weight_lo = norm_lo(d.input_norm, H),
+                            .out = normed_,
+                            .num_rows = T,
+                            .hidden_size = H,
+                            .eps = eps,
+                            .mean_width = c.hidden_size},
+                           stream_);
+  switch (plans_[l].attention) {
+    case AttentionKind::kGqa:
+      attention(l, step);
+      break;
+    case AttentionKind::kMla:
+      mla_attention(l, step);
+      break;
+    case AttentionKind::kGatedDeltaNet:
+      linear_attention(l, step);
+      break;
   }
+  cuda::fused_add_rms_norm({.x = block_out_,
+                            .x_bias = d.o_bias,
+                            .residual = hidden_,
+                            .residual_out = hidden_,
+                            .weight = d.post_norm,
+                            .weight_lo = norm_lo(d.post_norm, H),
+                            .out = normed_,
+                            .num_rows = T,
+                            .hidden_size = H,
+                            .eps = eps,
+                            .mean_width = c.hidden_size},
+                           stream_);
+  mark(profile::Stage::kAttention, l);
+}
+
+void CudaDecoder::enqueue_final_norm(const Step& step) {
+  const ModelConfig& c = config_;
+  const int64_t T = step.num_tokens, H = w_.padded_hidden_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
   cuda::fused_add_rms_norm({.x = block_out_, .residual = hidden_, .residual_out = nullptr,
                             .weight = w_.final_norm, .weight_lo = norm_lo(w_.final_norm, H),
                             .out = normed_, .num_rows = T,
@@ -1698,23 +1837,34 @@ void CudaDecoder::feed_forward(int64_t layer, int64_t T) {
                 /*f32_out=*/true);
       mark(profile::Stage::kDenseMlp, layer);
       return;
-    case FeedForwardKind::kMoe: {
-      const int64_t K = config_.num_experts_per_tok, E = config_.num_experts;
-      // While routing is captured, each layer's router writes into its own rows of the capture
-      // buffers, which the layer's plan and unpermute then read: no copy, no extra kernel.
-      MoeLayerIo io{.hidden = normed_, .num_tokens = T, .num_valid = meta_.num_valid,
-                    .noise_keys = meta_.route_keys,
-                    .expert_counts = expert_counts_ + layer * (E + 1), .out = block_out_};
-      if (tracing_) {
-        io.topk_ids = routing_ids_.get() + layer * tcap_ * K;
-        io.topk_weights = routing_weights_.get() + layer * tcap_ * K;
-      }
-      moe_->enqueue(layer, io, stream_,
-                    {.stage = [this](profile::Stage stage, int64_t l) { mark(stage, l); },
-                     .expert_wait = [this](int64_t l) { mark(profile::Stage::kPlan, l, true); }});
+    case FeedForwardKind::kMoe:
+      moe_->enqueue(layer, moe_io(layer, T), stream_, stage_marks());
       return;
-    }
   }
+}
+
+MoeLayerIo CudaDecoder::moe_io(int64_t layer, int64_t T) {
+  const int64_t K = config_.num_experts_per_tok, E = config_.num_experts;
+  MoeLayerIo io{.hidden = normed_,
+                .num_tokens = T,
+                .num_valid = meta_.num_valid,
+                .noise_keys = meta_.route_keys,
+                .expert_counts = expert_counts_ + layer * (E + 1),
+                .out = block_out_};
+  if (tracing_) {
+    // While routing is captured, each layer's router writes into its own rows of the capture
+    // buffers, which the layer's plan and unpermute then read: no copy, no extra kernel. Micro-
+    // batch B's rows follow A's.
+    const int64_t first = layer * routing_pitch() + routing_row_offset_;
+    io.topk_ids = routing_ids_.get() + first * K;
+    io.topk_weights = routing_weights_.get() + first * K;
+  }
+  return io;
+}
+
+StageMarks CudaDecoder::stage_marks() {
+  return {.stage = [this](profile::Stage stage, int64_t l) { mark(stage, l); },
+          .expert_wait = [this](int64_t l) { mark(profile::Stage::kPlan, l, true); }};
 }
 
 void CudaDecoder::run(const Step& step) {
@@ -1874,6 +2024,7 @@ void CudaDecoder::report_step(profile::Profiler& profiler, const Step& step) {
 }
 
 void CudaDecoder::forward(const ForwardBatch& batch, std::span<float> logits) {
+  if (two_lanes_) return forward_micro_batches(batch, logits);
   const int64_t V = config_.vocab_size;
   const Step step = prepare(batch);
   MOE_CHECK(static_cast<int64_t>(logits.size()) == step.logit_rows * V, "logits buffer holds ",
@@ -1898,6 +2049,7 @@ void CudaDecoder::forward(const ForwardBatch& batch, std::span<float> logits) {
 void CudaDecoder::forward_sample(const ForwardBatch& batch, std::span<const GpuSamplingRow> rows,
                                  std::span<int32_t> tokens) {
   MOE_CHECK(!batch.all_positions, "forward_sample samples the last token of each sequence only");
+  if (two_lanes_) return forward_sample_micro_batches(batch, rows, tokens);
   const Step step = prepare(batch);
   MOE_CHECK(static_cast<int64_t>(rows.size()) == step.logit_rows &&
                 static_cast<int64_t>(tokens.size()) == step.logit_rows,
@@ -1913,8 +2065,19 @@ void CudaDecoder::forward_sample(const ForwardBatch& batch, std::span<const GpuS
     report_routing(step);
     return;
   }
-  if (!step.graph) enqueue_lm_head(step, 0, step.logit_rows);
+  enqueue_sampling(step, rows);
   const int64_t R = step.logit_rows;
+  enqueue_profile_readback();
+  enqueue_routing_readback(step);
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  std::copy_n(host_meta_.tokens, R, tokens.data());
+  if (profile::Profiler* profiler = profile::active()) report_step(*profiler, step);
+  report_routing(step);
+}
+
+void CudaDecoder::enqueue_sampling(const Step& step, std::span<const GpuSamplingRow> rows) {
+  const int64_t R = static_cast<int64_t>(rows.size());
+  if (!step.graph) enqueue_lm_head(step, 0, R);
   for (int64_t r = 0; r < R; ++r) {
     host_meta_.temperature[r] = rows[r].temperature;
     host_meta_.top_k[r] = rows[r].top_k;
@@ -1949,12 +2112,175 @@ void CudaDecoder::forward_sample(const ForwardBatch& batch, std::span<const GpuS
   CUDA_CHECK(cudaMemcpyAsync(host_meta_.tokens, meta_.tokens, static_cast<size_t>(R) * sizeof(int32_t),
                              cudaMemcpyDeviceToHost, stream_));
   host_device_bytes_ += R * static_cast<int64_t>(sizeof(int32_t));
-  enqueue_profile_readback();
-  enqueue_routing_readback(step);
-  CUDA_CHECK(cudaStreamSynchronize(stream_));
-  std::copy_n(host_meta_.tokens, R, tokens.data());
-  if (profile::Profiler* profiler = profile::active()) report_step(*profiler, step);
-  report_routing(step);
+}
+
+std::array<Step, 2> CudaDecoder::prepare_micro_batches(const ForwardBatch& batch) {
+  // A: the first half of the sequences (the larger half when odd), B: the rest; either may be
+  // empty and then runs as one padding row that still joins every exchange.
+  const size_t num_a = (batch.sequences.size() + 1) / 2;
+  std::array<ForwardBatch, 2> parts;
+  parts[0].sequences.assign(batch.sequences.begin(), batch.sequences.begin() + num_a);
+  parts[1].sequences.assign(batch.sequences.begin() + num_a, batch.sequences.end());
+  std::array<Step, 2> steps;
+  int64_t bytes = 0;
+  for (int m = 0; m < 2; ++m) {
+    parts[m].all_positions = batch.all_positions;
+    LaneSwap lane(*this, m);
+    steps[m] = prepare(parts[m]);  // resets the step's byte count: summed here
+    bytes += host_device_bytes_;
+  }
+  host_device_bytes_ = bytes;
+  // B's routing rows follow A's in the capture buffers (routing_pitch leaves room for B's
+  // padding row when A fills Tcap). A's rows are all real unless the whole step is empty, so
+  // the real rows of both are rows [0, A's + B's real rows).
+  lane_b_.routing_row_offset_ = steps[0].num_tokens;
+  // No stage times: events on two streams do not make one timeline (the counts and bytes are
+  // still reported).
+  profiling_ = false;
+  timeline_ = nullptr;
+  return steps;
+}
+
+int64_t CudaDecoder::advance_micro_batch(const Step& step, int64_t first) {
+  const int64_t L = config_.num_layers;
+  for (int64_t l = first; l < L; ++l) {
+    enqueue_attention_block(l, step);
+    if (plans_[l].feed_forward == FeedForwardKind::kMoe) {
+      moe_->start(l, moe_io(l, step.num_tokens), stream_, stage_marks());
+      return l;
+    }
+    feed_forward(l, step.num_tokens);
+  }
+  enqueue_final_norm(step);
+  return L;
+}
+
+void CudaDecoder::run_micro_batches(const std::array<Step, 2>& steps) {
+  cuda::set_programmatic_launch(options_.programmatic_launch);
+  const int64_t L = config_.num_layers;
+  if (!options_.overlap_micro_batches) {
+    // A's whole step, then B's: B's stream waits for A's last kernel, so nothing overlaps. Every
+    // rank still issues A's exchanges, then B's.
+    {
+      LaneSwap a(*this, 0);
+      enqueue_layers(steps[0]);
+      CUDA_CHECK(cudaEventRecord(a_done_, stream_));
+    }
+    LaneSwap b(*this, 1);
+    CUDA_CHECK(cudaStreamWaitEvent(stream_, a_done_, 0));
+    enqueue_layers(steps[1]);
+    return;
+  }
+  // Each micro-batch's attention and route up to its first MoE layer's dispatch, A's then B's,
+  // on their streams. Then per MoE layer: A's dispatch (the host waits for A's offsets while B's
+  // stream computes), B's dispatch (while A's experts run), A's combine (while B's experts
+  // run) and A's next layers up to its next dispatch, B's combine (while A's next attention
+  // runs) and B's next layers. Every rank issues the exchanges in this order, as the CPU
+  // decoder does (Decoder::forward_micro_batches). The lanes share only the weights and the KV
+  // and state pools, where their sequences' rows and slots are disjoint: no event is needed
+  // between the streams within a step.
+  std::array<int64_t, 2> at{};
+  for (int m = 0; m < 2; ++m) {
+    LaneSwap lane(*this, m);
+    enqueue_embedding(steps[m]);
+    at[m] = advance_micro_batch(steps[m], 0);
+  }
+  while (at[0] < L) {
+    MOE_CHECK(at[0] == at[1], "micro-batches at MoE layers ", at[0], " and ", at[1]);
+    const int64_t layer = at[0];
+    for (int m = 0; m < 2; ++m) {
+      LaneSwap lane(*this, m);
+      moe_->run_experts(stream_, stage_marks());
+    }
+    for (int m = 0; m < 2; ++m) {
+      LaneSwap lane(*this, m);
+      moe_->finish(stream_, stage_marks());
+      at[m] = advance_micro_batch(steps[m], layer + 1);
+    }
+  }
+}
+
+void CudaDecoder::report_micro_batches(const std::array<Step, 2>& steps) {
+  // Both steps as one for the report: their rows and the longer context.
+  Step whole = steps[0];
+  whole.num_tokens += steps[1].num_tokens;
+  whole.num_valid += steps[1].num_valid;
+  whole.num_rows += steps[1].num_rows;
+  whole.num_seqs += steps[1].num_seqs;
+  whole.max_seq_len = std::max(steps[0].max_seq_len, steps[1].max_seq_len);
+  whole.logit_rows += steps[1].logit_rows;
+  if (tracing_) {  // both lanes' routers are done: the capture rows of both, on A's stream
+    enqueue_routing_readback(whole);
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  if (profile::Profiler* profiler = profile::active()) {
+    if (config_.num_experts > 0) {  // B's plan counts (read back on B's stream) into A's
+      const int64_t n = config_.num_layers * (config_.num_experts + 1);
+      for (int64_t i = 0; i < n; ++i) host_expert_counts_[i] += lane_b_.host_expert_counts_[i];
+    }
+    report_step(*profiler, whole);
+  }
+  report_routing(whole);
+}
+
+void CudaDecoder::forward_micro_batches(const ForwardBatch& batch, std::span<float> logits) {
+  const int64_t V = config_.vocab_size;
+  const std::array<Step, 2> steps = prepare_micro_batches(batch);
+  const int64_t logit_rows = steps[0].logit_rows + steps[1].logit_rows;
+  MOE_CHECK(static_cast<int64_t>(logits.size()) == logit_rows * V, "logits buffer holds ",
+            logits.size(), " floats, needs ", logit_rows * V);
+  run_micro_batches(steps);
+  // A's logits rows, then B's.
+  int64_t offset = 0;
+  for (int m = 0; m < 2; ++m) {
+    LaneSwap lane(*this, m);
+    const Step& step = steps[m];
+    for (int64_t first = 0; first < step.logit_rows; first += rcap_) {
+      const int64_t rows = std::min(rcap_, step.logit_rows - first);
+      enqueue_lm_head(step, first, rows);
+      CUDA_CHECK(cudaMemcpyAsync(logits.data() + (offset + first) * V, logits_,
+                                 static_cast<size_t>(rows * V) * sizeof(float),
+                                 cudaMemcpyDeviceToHost, stream_));
+      host_device_bytes_ += rows * V * static_cast<int64_t>(sizeof(float));
+    }
+    offset += step.logit_rows;
+    enqueue_profile_readback();
+  }
+  for (int m = 0; m < 2; ++m) {
+    LaneSwap lane(*this, m);
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  report_micro_batches(steps);
+}
+
+void CudaDecoder::forward_sample_micro_batches(const ForwardBatch& batch,
+                                               std::span<const GpuSamplingRow> rows,
+                                               std::span<int32_t> tokens) {
+  const std::array<Step, 2> steps = prepare_micro_batches(batch);
+  const int64_t R = steps[0].logit_rows + steps[1].logit_rows;
+  MOE_CHECK(static_cast<int64_t>(rows.size()) == R && static_cast<int64_t>(tokens.size()) == R,
+            "forward_sample got ", rows.size(), " sampling rows and room for ", tokens.size(),
+            " tokens; the batch has ", R, " rows that want logits");
+  MOE_CHECK(steps[0].logit_rows <= rcap_ && steps[1].logit_rows <= rcap_, R,
+            " sampled rows exceed ", rcap_, " in a micro-batch");
+  run_micro_batches(steps);
+  // A's rows are the first of `rows` and `tokens`, B's the rest.
+  const std::array<int64_t, 2> first = {0, steps[0].logit_rows};
+  for (int m = 0; m < 2; ++m) {
+    LaneSwap lane(*this, m);
+    const int64_t rows_m = steps[m].logit_rows;
+    if (rows_m > 0) {
+      enqueue_sampling(steps[m],
+                       rows.subspan(static_cast<size_t>(first[m]), static_cast<size_t>(rows_m)));
+    }
+    enqueue_profile_readback();
+  }
+  for (int m = 0; m < 2; ++m) {
+    LaneSwap lane(*this, m);
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    std::copy_n(host_meta_.tokens, steps[m].logit_rows, tokens.data() + first[m]);
+  }
+  report_micro_batches(steps);
 }
 
 void CudaDecoder::drop_graphs() {
@@ -1973,6 +2299,7 @@ void CudaDecoder::set_routing_approximation(const moe::RoutingApproximation& app
   }
   if (approx == options_.routing) return;  // eval switches per window: keep the graphs
   moe_->set_approximation(approx);  // validates against the router
+  if (lane_b_.moe_) lane_b_.moe_->set_approximation(approx);
   options_.routing = approx;
   // The graphs hold the route stage's launches as they were captured.
   CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -1983,19 +2310,19 @@ void CudaDecoder::set_routing_observer(Decoder::RoutingObserver observer) {
   routing_observer_ = std::move(observer);
   const int64_t K = config_.num_experts_per_tok;
   if (!routing_observer_ || routing_ids_ != nullptr || config_.num_experts == 0) return;
-  const size_t count = static_cast<size_t>(config_.num_layers * tcap_ * K);
+  const size_t count = static_cast<size_t>(config_.num_layers * routing_pitch() * K);
   routing_ids_ = device_array<int32_t>(count);
   routing_weights_ = device_array<float>(count);
   host_routing_ids_ = pinned_array<int32_t>(count);
   host_routing_weights_ = pinned_array<float>(count);
 }
 
-// The real rows of every layer's routing, [L][num_valid, K] out of [L][Tcap, K], ahead of the
+// The real rows of every layer's routing, [L][num_valid, K] out of [L][Tcap + 1, K], ahead of the
 // step's synchronisation.
 void CudaDecoder::enqueue_routing_readback(const Step& step) {
   if (!tracing_ || config_.num_experts == 0) return;
   const size_t K = static_cast<size_t>(config_.num_experts_per_tok);
-  const size_t pitch = static_cast<size_t>(tcap_) * K;
+  const size_t pitch = static_cast<size_t>(routing_pitch()) * K;
   const size_t width = static_cast<size_t>(step.num_valid) * K;
   const size_t layers = static_cast<size_t>(config_.num_layers);
   CUDA_CHECK(cudaMemcpy2DAsync(host_routing_ids_.get(), pitch * sizeof(int32_t), routing_ids_.get(),
@@ -2012,8 +2339,8 @@ void CudaDecoder::report_routing(const Step& step) {
   moe::Routing routing{.num_tokens = step.num_valid, .top_k = K};
   for (int64_t l = 0; l < config_.num_layers; ++l) {
     if (!w_.layers[l].is_moe) continue;
-    const int32_t* ids = host_routing_ids_.get() + l * tcap_ * K;
-    const float* weights = host_routing_weights_.get() + l * tcap_ * K;
+    const int32_t* ids = host_routing_ids_.get() + l * routing_pitch() * K;
+    const float* weights = host_routing_weights_.get() + l * routing_pitch() * K;
     routing.topk_ids.assign(ids, ids + step.num_valid * K);
     // An assignment a routing approximation dropped is the null expert E on the device.
     for (int32_t& id : routing.topk_ids) {
@@ -2037,11 +2364,15 @@ std::vector<int32_t> CudaDecoder::expert_counts() {
   std::vector<int32_t> counts(static_cast<size_t>(config_.num_layers * E), 0);
   if (E == 0) return counts;
   std::vector<int32_t> rows(static_cast<size_t>(config_.num_layers * (E + 1)));
-  CUDA_CHECK(cudaMemcpyAsync(rows.data(), expert_counts_, rows.size() * sizeof(int32_t),
-                             cudaMemcpyDeviceToHost, stream_));
-  CUDA_CHECK(cudaStreamSynchronize(stream_));
-  for (int64_t l = 0; l < config_.num_layers; ++l) {
-    if (w_.layers[l].is_moe) std::copy_n(rows.begin() + l * (E + 1), E, counts.begin() + l * E);
+  for (int m = 0; m < (two_lanes_ ? 2 : 1); ++m) {  // the last step's: both micro-batches'
+    LaneSwap lane(*this, m);
+    CUDA_CHECK(cudaMemcpyAsync(rows.data(), expert_counts_, rows.size() * sizeof(int32_t),
+                               cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    for (int64_t l = 0; l < config_.num_layers; ++l) {
+      if (!w_.layers[l].is_moe) continue;
+      for (int64_t e = 0; e < E; ++e) counts[l * E + e] += rows[l * (E + 1) + e];
+    }
   }
   return counts;
 }

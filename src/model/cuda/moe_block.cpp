@@ -311,17 +311,29 @@ void MoeBlock::enqueue(int64_t layer, const MoeLayerIo& io, cudaStream_t stream,
                        const StageMarks& marks) {
   MOE_CHECK(plans_[layer].feed_forward == FeedForwardKind::kMoe, "layer ", layer,
             " is dense, not an MoE block");
-  const int64_t T = io.num_tokens, K = options_.top_k, E = options_.shape.num_experts;
-  int32_t* const topk_ids = io.topk_ids ? io.topk_ids : buffers_.topk_ids;
-  float* const topk_weights = io.topk_weights ? io.topk_weights : buffers_.topk_weights;
-  auto close = [&](profile::Stage stage) { marks.close(stage, layer); };
-  if (small_batch_takes(layer, T)) {
+  if (small_batch_takes(layer, io.num_tokens)) {
+    int32_t* const topk_ids = io.topk_ids ? io.topk_ids : buffers_.topk_ids;
+    float* const topk_weights = io.topk_weights ? io.topk_weights : buffers_.topk_weights;
     small_batch(layer, io, topk_ids, topk_weights, stream, marks);
     return;
   }
+  start(layer, io, stream, marks);
+  run_experts(stream, marks);
+  finish(stream, marks);
+}
+
+void MoeBlock::start(int64_t layer, const MoeLayerIo& io, cudaStream_t stream,
+                     const StageMarks& marks) {
+  MOE_CHECK(plans_[layer].feed_forward == FeedForwardKind::kMoe, "layer ", layer,
+            " is dense, not an MoE block");
+  MOE_CHECK(in_flight_.layer < 0, "MoE block: layer ", layer, " started while layer ",
+            in_flight_.layer, " is still in flight");
+  const int64_t T = io.num_tokens, K = options_.top_k, E = options_.shape.num_experts;
+  int32_t* const topk_ids = io.topk_ids ? io.topk_ids : buffers_.topk_ids;
+  float* const topk_weights = io.topk_weights ? io.topk_weights : buffers_.topk_weights;
   route(layer, io.hidden, T, io.num_valid, io.noise_keys, buffers_.router_logits, topk_ids,
         topk_weights, stream);
-  close(profile::Stage::kRoute);
+  marks.close(profile::Stage::kRoute, layer);
   const RoutedTokens tokens{.hidden = io.hidden, .topk_ids = topk_ids,
                             .topk_weights = topk_weights,
                             .expert_offsets = buffers_.expert_offsets,
@@ -335,17 +347,41 @@ void MoeBlock::enqueue(int64_t layer, const MoeLayerIo& io, cudaStream_t stream,
                   .inverse = buffers_.inverse, .workspace = buffers_.plan_workspace,
                   .num_assignments = T * K, .num_experts = E + 1},
                  stream);
-  close(profile::Stage::kPlan);
-  const ExpertRows rows = dispatcher_->dispatch(layer, tokens, stream);
-  const bool moves_rows = dispatcher_->moves_rows();  // expert parallelism
-  if (moves_rows) close(profile::Stage::kDispatch);
-  if (!moves_rows || rows.num_rows > 0) runner_->run(layer, rows, buffers_.expert_out, stream);
-  close(profile::Stage::kExperts);
-  const bf16* shared = shared_experts(layer, io.hidden, T, stream);
-  if (shared) close(profile::Stage::kSharedExperts);
-  runner_->finish(layer, tokens, buffers_.expert_out, stream);
-  dispatcher_->combine(layer, buffers_.expert_out, tokens, shared, io.out, stream);
-  close(moves_rows ? profile::Stage::kCombine : profile::Stage::kUnpermute);
+  marks.close(profile::Stage::kPlan, layer);
+  dispatcher_->start_dispatch(layer, tokens, stream);
+  in_flight_ = {.layer = layer, .tokens = tokens, .out = io.out};
+}
+
+void MoeBlock::run_experts(cudaStream_t stream, const StageMarks& marks) {
+  InFlight& f = in_flight_;
+  MOE_CHECK(f.layer >= 0 && !f.dispatched, "MoE block: run_experts without a started layer");
+  const int64_t layer = f.layer;
+  try {
+    f.rows = dispatcher_->finish_dispatch(layer, f.tokens, stream);
+  } catch (...) {
+    f = {};  // a failed exchange leaves no layer in flight
+    throw;
+  }
+  f.dispatched = true;
+  f.moves_rows = dispatcher_->moves_rows();  // expert parallelism
+  if (f.moves_rows) marks.close(profile::Stage::kDispatch, layer);
+  if (!f.moves_rows || f.rows.num_rows > 0) {
+    runner_->run(layer, f.rows, buffers_.expert_out, stream);
+  }
+  marks.close(profile::Stage::kExperts, layer);
+  f.shared = shared_experts(layer, f.tokens.hidden, f.tokens.num_tokens, stream);
+  if (f.shared) marks.close(profile::Stage::kSharedExperts, layer);
+}
+
+void MoeBlock::finish(cudaStream_t stream, const StageMarks& marks) {
+  InFlight& f = in_flight_;
+  MOE_CHECK(f.layer >= 0 && f.dispatched, "MoE block: finish without run_experts");
+  const int64_t layer = f.layer;
+  const InFlight done = f;
+  f = {};  // the block is free again even if combine throws
+  runner_->finish(layer, done.tokens, buffers_.expert_out, stream);
+  dispatcher_->combine(layer, buffers_.expert_out, done.tokens, done.shared, done.out, stream);
+  marks.close(done.moves_rows ? profile::Stage::kCombine : profile::Stage::kUnpermute, layer);
 }
 
 }  // namespace moeinfer::gpu

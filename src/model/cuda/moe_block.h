@@ -81,6 +81,16 @@ class TokenDispatcher {
  public:
   virtual ~TokenDispatcher() = default;
   virtual ExpertRows dispatch(int64_t layer, const RoutedTokens& tokens, cudaStream_t stream) = 0;
+  // dispatch in two halves, for two micro-batches (GpuOptions::micro_batches): start enqueues
+  // what needs no wait on the host (a device dispatcher's gather and the copy of the plan's
+  // offsets), finish does the rest (the wait, the exchange); dispatch is the two in a row. A
+  // local dispatcher does everything in finish.
+  virtual void start_dispatch(int64_t /*layer*/, const RoutedTokens& /*tokens*/,
+                              cudaStream_t /*stream*/) {}
+  virtual ExpertRows finish_dispatch(int64_t layer, const RoutedTokens& tokens,
+                                     cudaStream_t stream) {
+    return dispatch(layer, tokens, stream);
+  }
   // out[T, Hp] (float32) = shared[t] (when given) + sum_k weight[t, k] * expert_out[row of (t, k)].
   virtual void combine(int64_t layer, const bf16* expert_out, const RoutedTokens& tokens,
                        const bf16* shared, float* out, cudaStream_t stream) = 0;
@@ -269,9 +279,21 @@ class MoeBlock final : private RoutingPredictor {
   // graphs captured before keep the old route stage, so their owner drops them.
   void set_approximation(const moe::RoutingApproximation& approx);
 
-  // Enqueues layer `layer`'s whole MoE block on `stream`, closing each stage with `marks`.
+  // Enqueues layer `layer`'s whole MoE block on `stream`, closing each stage with `marks`:
+  // start, run_experts and finish in a row (or the small-batch path).
   void enqueue(int64_t layer, const MoeLayerIo& io, cudaStream_t stream,
                const StageMarks& marks = {});
+
+  // The block in three phases, for two micro-batches that alternate (each with a block of its
+  // own, on a stream of its own): start = route, plan and the dispatch's first half (nothing
+  // waits on the host); run_experts = the rest of the dispatch (under --ep the host waits for
+  // the plan's offsets and the rows' exchange), the experts and the shared experts; finish =
+  // combine (under --ep the outputs' exchange). Between the phases the block holds the layer in
+  // flight; `io`'s buffers must stay untouched until finish. Never the small-batch path.
+  void start(int64_t layer, const MoeLayerIo& io, cudaStream_t stream,
+             const StageMarks& marks = {});
+  void run_experts(cudaStream_t stream, const StageMarks& marks = {});
+  void finish(cudaStream_t stream, const StageMarks& marks = {});
 
  private:
   // The router of `layer` over hidden: logits [T, E], ids and weights [T, K] (route stage).
@@ -293,7 +315,19 @@ class MoeBlock final : private RoutingPredictor {
   const bf16* shared_experts(int64_t layer, const bf16* hidden, int64_t num_tokens,
                              cudaStream_t stream);
 
+  // The layer between start and finish.
+  struct InFlight {
+    int64_t layer = -1;  // -1: none
+    RoutedTokens tokens;
+    float* out = nullptr;
+    ExpertRows rows;
+    bool dispatched = false;  // run_experts has run
+    const bf16* shared = nullptr;
+    bool moves_rows = false;
+  };
+
   MoeBlockOptions options_;
+  InFlight in_flight_;
   std::span<const DeviceLayer> layers_;
   std::span<const LayerPlan> plans_;
   MoeBlockBuffers buffers_;
