@@ -212,7 +212,9 @@ void add_expert_parallel_option(CLI::App* cmd, DeviceArgs* args) {
                   "allowed), a file written by `moeinfer placement` (default: contiguous ranges)");
   cmd->add_option("--overlap", args->overlap,
                   "Under --ep: on computes the shared experts while the MoE layer's rows travel "
-                  "to their ranks (non-blocking MPI), off before they leave (default: on)")
+                  "to their ranks (non-blocking MPI), off before they leave; on cuda (with "
+                  "--micro-batches 2 only) on alternates the two micro-batches on streams of "
+                  "their own, off runs them one after the other (default: on)")
       ->check(CLI::IsMember({"on", "off"}));
   cmd->add_option("--dispatch-dtype", args->dispatch_dtype,
                   "Under --ep: how the MoE layers' rows travel to their experts' ranks: f32 "
@@ -222,8 +224,9 @@ void add_expert_parallel_option(CLI::App* cmd, DeviceArgs* args) {
   cmd->add_option("--micro-batches", args->micro_batches,
                   "Under --ep: 2 splits each rank's step into two micro-batches (the first half "
                   "of its sequences and the rest) that alternate per MoE layer, so that one's "
-                  "rows and outputs travel while the other runs attention and experts; 1 runs "
-                  "the step whole")
+                  "rows and outputs travel while the other runs attention and experts (on cuda "
+                  "each on a CUDA stream of its own, with a workspace each); 1 runs the step "
+                  "whole")
       ->check(CLI::IsMember({1, 2}))
       ->capture_default_str();
   cmd->add_option("--ep-transport", args->ep_transport,
@@ -265,13 +268,12 @@ parallel::Communicator* DeviceArgs::expert_parallel() const {
               "rows as bf16): run it with --device cpu --ep N under mpirun");
   USAGE_CHECK(dispatch_dtype.empty() || ep > 1, "--dispatch-dtype ", dispatch_dtype,
               " applies to --ep N (N > 1): without expert parallelism no rows travel");
-  USAGE_CHECK(micro_batches == 1 || !is_cuda(), "--micro-batches ", micro_batches,
-              " is not implemented on the CUDA backend yet (its expert parallelism runs each "
-              "step whole): run it with --device cpu --ep N under mpirun");
-  USAGE_CHECK(overlap.empty() || !is_cuda(), "--overlap ", overlap,
-              " is not implemented on the CUDA backend yet (its expert parallelism waits for "
-              "each exchange: the shared experts run after it): leave it out, or run with "
-              "--device cpu --ep N under mpirun");
+  // On cuda --overlap says whether the two micro-batches alternate on their streams; with one
+  // the GPU's expert parallelism waits for each exchange and the shared experts run after it.
+  USAGE_CHECK(overlap.empty() || !is_cuda() || micro_batches == 2, "--overlap ", overlap,
+              " on cuda applies to --micro-batches 2 (whether the two micro-batches overlap); "
+              "with one micro-batch the GPU's expert parallelism waits for each exchange: leave "
+              "it out, add --micro-batches 2, or run with --device cpu --ep N under mpirun");
   USAGE_CHECK(ep_transport.empty() || is_cuda(), "--ep-transport ", ep_transport,
               " applies to --device cuda (CPU ranks exchange their rows over MPI)");
   USAGE_CHECK(ep_transport.empty() || ep > 1, "--ep-transport ", ep_transport,
@@ -424,11 +426,14 @@ SequenceRunner::SequenceRunner(Model& model, const DeviceArgs& device, int64_t m
   options.routing = routing;
   if (expert_parallel != nullptr) {  // --ep N: rank r on GPU r % count (ranks may share one)
     const GpuRank rank =
-        expert_parallel_gpu_rank(*expert_parallel, device.placement, device.ep_rows_transport());
+        expert_parallel_gpu_rank(*expert_parallel, device.placement, device.ep_rows_transport(),
+                                 device.micro_batches, device.overlap_shared_experts());
     options.device = rank.device;
     options.expert_parallel = rank.expert_parallel;
     options.ranks_on_device = rank.ranks_on_device;
     options.ep_transport = rank.ep_transport;
+    options.micro_batches = rank.micro_batches;
+    options.overlap_micro_batches = rank.overlap_micro_batches;
     options.placement = device.expert_placement(model.decoder());
   }
   gpu_ = GpuDecoder::create(config, model.decoder().weights(), options);

@@ -148,6 +148,8 @@ GpuOptions gpu_rank_options(const ModelConfig& model, const EngineConfig& config
   options.expert_parallel = rank.expert_parallel;
   options.ranks_on_device = rank.ranks_on_device;
   options.ep_transport = rank.ep_transport;
+  options.micro_batches = rank.micro_batches;
+  options.overlap_micro_batches = rank.overlap_micro_batches;
   if (!rank.placement.empty()) {
     MOE_CHECK(rank.expert_parallel != nullptr, "--placement ", rank.placement.string(),
               " needs expert parallelism (--ep N with N > 1)");

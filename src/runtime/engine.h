@@ -140,6 +140,8 @@ struct GpuRank {
   std::filesystem::path placement;                    // --placement FILE; empty: contiguous ranges
   int ranks_on_device = 1;                            // GpuOptions::ranks_on_device
   EpTransport ep_transport = EpTransport::kAuto;      // GpuOptions::ep_transport
+  int micro_batches = 1;                              // GpuOptions::micro_batches
+  bool overlap_micro_batches = true;                  // GpuOptions::overlap_micro_batches
 };
 
 class Engine {

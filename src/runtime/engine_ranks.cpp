@@ -306,9 +306,8 @@ namespace {
 void check_gpu_rank_options(const ExpertParallelOptions& options) {
   MOE_CHECK(options.comm != nullptr && options.comm->size() > 1,
             "expert parallelism needs a job of two ranks or more");
-  MOE_CHECK(options.micro_batches == 1, "--micro-batches ", options.micro_batches,
-            " is not implemented on the CUDA backend yet (its expert parallelism runs each step "
-            "whole)");
+  MOE_CHECK(options.micro_batches == 1 || options.micro_batches == 2, "--micro-batches ",
+            options.micro_batches, " must be 1 or 2");
   MOE_CHECK(options.dispatch_dtype == moe::DispatchDtype::kF32,
             "--dispatch-dtype is not implemented on the CUDA backend yet (its expert parallelism "
             "sends the rows as bf16)");
@@ -319,7 +318,8 @@ std::unique_ptr<Engine> load_gpu_rank(const std::filesystem::path& dir, const En
   check_gpu_rank_options(options);
   return Engine::load(
       dir, config, LoadOptions{},
-      expert_parallel_gpu_rank(*options.comm, options.placement, options.ep_transport));
+      expert_parallel_gpu_rank(*options.comm, options.placement, options.ep_transport,
+                               options.micro_batches, options.overlap_shared_experts));
 }
 
 }  // namespace
@@ -345,7 +345,8 @@ int ranks_on_device(parallel::Communicator& comm, int device) {
 }
 
 GpuRank expert_parallel_gpu_rank(parallel::Communicator& comm,
-                                 const std::filesystem::path& placement, EpTransport ep_transport) {
+                                 const std::filesystem::path& placement, EpTransport ep_transport,
+                                 int micro_batches, bool overlap) {
   const int count = cuda_device_count();
   MOE_CHECK(count > 0, "--ep ", comm.size(), " --device cuda: rank ", comm.rank(),
             " sees no CUDA device");
@@ -354,7 +355,9 @@ GpuRank expert_parallel_gpu_rank(parallel::Communicator& comm,
                  .expert_parallel = &comm,
                  .placement = placement,
                  .ranks_on_device = ranks_on_device(comm, device),
-                 .ep_transport = ep_transport};
+                 .ep_transport = ep_transport,
+                 .micro_batches = micro_batches,
+                 .overlap_micro_batches = overlap};
 }
 
 std::unique_ptr<Engine> load_expert_parallel_engine(const std::filesystem::path& dir,
@@ -387,7 +390,8 @@ std::unique_ptr<Engine> load_expert_parallel_synthetic(const std::string& name, 
   check_gpu_rank_options(options);
   return Engine::load_synthetic(
       name, num_layers, synthetic, config,
-      expert_parallel_gpu_rank(*options.comm, options.placement, options.ep_transport));
+      expert_parallel_gpu_rank(*options.comm, options.placement, options.ep_transport,
+                               options.micro_batches, options.overlap_shared_experts));
 }
 
 }  // namespace moeinfer

@@ -110,7 +110,9 @@ class EngineRanks {
 struct ExpertParallelOptions {
   parallel::Communicator* comm = nullptr;  // the job's ranks (size > 1)
   std::filesystem::path placement;         // `moeinfer placement`'s file; empty: contiguous ranges
-  bool overlap_shared_experts = true;      // the shared experts run while the rows travel
+  // CPU: the shared experts run while the rows travel; cuda with micro_batches 2: the two
+  // micro-batches alternate on their streams (off: one after the other)
+  bool overlap_shared_experts = true;
   moe::DispatchDtype dispatch_dtype = moe::DispatchDtype::kF32;  // the dispatched rows' encoding
   int micro_batches = 1;  // 2: two micro-batches alternate per MoE layer (--micro-batches)
   EpTransport ep_transport = EpTransport::kAuto;  // cuda: how the rows travel (--ep-transport)
@@ -119,9 +121,9 @@ struct ExpertParallelOptions {
 // This rank's engine of an expert-parallel job over the checkpoint folder: its decoder's MoE
 // layers are collective over options.comm (offloading is refused there). On CPU ranks
 // (config.device "cpu") the CPU decoder's dispatcher; on cuda a GpuDecoder on this rank's GPU
-// with the device dispatcher over options.ep_transport (expert_parallel_gpu_rank;
-// options.overlap_shared_experts does not apply, other dispatch dtypes and two micro-batches are
-// refused). Collective on cuda.
+// with the device dispatcher over options.ep_transport (expert_parallel_gpu_rank; two
+// micro-batches on streams of their own, overlapping or not by options.overlap_shared_experts;
+// other dispatch dtypes are refused). Collective on cuda.
 std::unique_ptr<Engine> load_expert_parallel_engine(const std::filesystem::path& dir,
                                                     const EngineConfig& config,
                                                     const ExpertParallelOptions& options);
@@ -138,9 +140,11 @@ int ranks_on_device(parallel::Communicator& comm, int device);
 // Rank r of an --ep job on cuda: GPU r % the devices it sees, so ranks may share one, and then
 // they split --gpu-memory-fraction among them (GpuOptions::ranks_on_device: each rank's weights,
 // workspace and KV pool within fraction / k of the card). Collective (ranks_on_device).
+// micro_batches and overlap: GpuOptions::micro_batches and overlap_micro_batches.
 GpuRank expert_parallel_gpu_rank(parallel::Communicator& comm,
                                  const std::filesystem::path& placement,
-                                 EpTransport ep_transport = EpTransport::kAuto);
+                                 EpTransport ep_transport = EpTransport::kAuto,
+                                 int micro_batches = 1, bool overlap = true);
 
 // Ranks > 0: takes rank 0's orders and steps with it, round after round, until rank 0 stops.
 void follow_rank_zero(Engine& engine, parallel::Communicator& comm);

@@ -123,5 +123,27 @@ TEST(EpTransport, RefusedOnTheCpuAndWithoutExpertParallelismNamingTheFlag) {
   }
 }
 
+TEST(MicroBatches, OnCudaNeedExpertParallelismAsOnTheCpu) {
+  for (const char* device : {"cpu", "cuda"}) {
+    const DeviceArgs args{.device = device, .ep = 1, .micro_batches = 2};
+    const std::string message = expert_parallel_refusal(args);
+    EXPECT_NE(message.find("--micro-batches 2 needs --ep N"), std::string::npos)
+        << device << ": " << message;
+  }
+}
+
+TEST(MicroBatches, OverlapOnCudaAppliesToTwoMicroBatchesOnly) {
+  // On cuda --overlap says whether the two micro-batches alternate; with one it is refused by
+  // name (before MPI starts).
+  for (const char* overlap : {"on", "off"}) {
+    const DeviceArgs one{.device = "cuda", .ep = 2, .overlap = overlap};
+    const std::string message = expert_parallel_refusal(one);
+    EXPECT_NE(
+        message.find(std::string("--overlap ") + overlap + " on cuda applies to --micro-batches 2"),
+        std::string::npos)
+        << message;
+  }
+}
+
 }  // namespace
 }  // namespace moeinfer::cli

@@ -34,6 +34,13 @@ sharded over the ranks, so each MoE layer's rows cross between ranks both ways:
                       greedy text unchanged, and the per-step byte line printed; the demo's text
                       unchanged with --ep-transport staged, and with nccl too where each rank has
                       a GPU of its own (else refused by name). Skipped without a CUDA device (CI).
+  cuda_ep_micro_batches
+                      --device cuda --ep 2 --micro-batches 2 with --overlap on and off (each
+                      rank's step in two micro-batches on streams of their own): the logits of
+                      one fixture per family within 2e-2 of the one-process GPU run (one
+                      sequence: micro-batch B empty), the demo model's greedy text unchanged, and
+                      bench of three requests (two on rank 0, one in each micro-batch) runs.
+                      Skipped without a CUDA device (CI).
   cuda_ep_serve       `mpirun -np 2 moeinfer serve --device cuda --ep 2 --deterministic` on the
                       demo model (each rank a continuous-batching engine on the GPU, two ranks
                       sharing it on a one-GPU machine): eight concurrent greedy completions, four
@@ -51,9 +58,10 @@ sharded over the ranks, so each MoE layer's rows cross between ranks both ways:
                       device (CI).
   bad_flags           --ep 2 outside mpirun names the launch command; --ep with --expert-budget
                       and --overlap without --ep are refused by name; bad placement files are refused naming the problem;
-                      --dispatch-dtype and --micro-batches 2 without --ep and on --device cuda
-                      (generate, serve and bench) are refused by name, as is --ep-transport on
-                      the CPU and without --ep.
+                      --dispatch-dtype and --micro-batches 2 without --ep, --dispatch-dtype on
+                      --device cuda and, there, --overlap without --micro-batches 2 (generate,
+                      serve and bench) are refused by name, as is --ep-transport on the CPU and
+                      without --ep.
 
 Prints one line per check and a last line "N passed, M failed"; exits non-zero on any failure.
 """
@@ -317,6 +325,47 @@ def check_cuda_ep(ctx: dict) -> None:
                 ("share a GPU" in r.stderr or "has no NCCL" in r.stderr)), r.stderr[-1500:]
 
 
+def check_cuda_ep_micro_batches(ctx: dict) -> None:
+    m = ctx["moeinfer"]
+    if not cuda_available(m):
+        print("SKIP cuda_ep_micro_batches: no CUDA device (or a build without CUDA)", flush=True)
+        return
+    cuda = ["--device", "cuda"]
+    one_process = [*cuda, "--fused-moe-rows", "0"]  # --ep turns the small-batch path off
+    with tempfile.TemporaryDirectory() as tmp:
+        # logits and generate run one sequence: micro-batch A holds it, B is an empty padding
+        # row that still joins every exchange.
+        for model in (family[0] for family in by_family(m, fixture_models(ctx)).values()):
+            one = pathlib.Path(tmp) / f"{model.name}_1.npy"
+            run([m, "logits", "--model", str(model), "--ids", IDS, "--out", str(one),
+                 *one_process], mpi=True)
+            for overlap in ("on", "off"):
+                out = pathlib.Path(tmp) / f"{model.name}_{overlap}.npy"
+                mpirun(2, [m, "logits", "--model", str(model), "--ids", IDS, "--out", str(out),
+                           *cuda, "--ep", "2", "--micro-batches", "2", "--overlap", overlap])
+                err = max_relative_error(np.load(out), np.load(one))
+                print(f"  {model.name}: --ep 2 --micro-batches 2 --overlap {overlap} on cuda, "
+                      f"relative error {err:.2e}", flush=True)
+                assert err <= 2e-2, (f"{model.name} --micro-batches 2 --overlap {overlap} on "
+                                     f"cuda: relative error {err:.2e} > 2e-2")
+        base = ["generate", "--prompt", PROMPT, "--max-tokens", "16", "--temperature", "0",
+                "--ignore-eos"]
+        want = run([m, *base, *one_process], mpi=True).stdout
+        for overlap in ("on", "off"):
+            got = mpirun(2, [m, *base, *cuda, "--ep", "2", "--micro-batches", "2", "--overlap",
+                             overlap]).stdout
+            assert got == want, (f"demo --ep 2 --micro-batches 2 --overlap {overlap} on cuda: "
+                                 f"{got!r} differs from {want!r}")
+        # bench: rank 0 has two requests, one in each micro-batch (prefill, then decode).
+        out = pathlib.Path(tmp) / "bench.json"
+        r = mpirun(2, [m, "bench", *cuda, "--ep", "2", "--micro-batches", "2", "--batch", "3",
+                       "--input-len", "8", "--output-len", "8", "--json", str(out)])
+        assert "Output token throughput" in r.stdout, r.stdout
+        result = json.loads(out.read_text())
+        assert result["ep"] == 2 and result["requests_per_rank"] == [2, 1], result
+        assert result["network_bytes"] > 0, result
+
+
 SERVE_PROMPTS = ["The capital of France is", "Once upon a time", "A fortune cookie says:",
                  "Q: What is a computer?\nA:"]
 # Batch-invariant kernels on both sides: a greedy text does not depend on its batch mates (the
@@ -478,14 +527,15 @@ def check_bad_flags(ctx: dict) -> None:
     r = run([m, *base, "--micro-batches", "2"], ok=False, mpi=True)
     assert r.returncode == 2 and "--micro-batches 2 needs --ep N" in r.stderr, r.stderr
     r = run([m, *base, "--device", "cuda", "--micro-batches", "2"], ok=False, mpi=True)
-    assert (r.returncode != 0 and
-            "--micro-batches 2 is not implemented on the CUDA backend" in r.stderr), r.stderr
-    # serve and bench run --ep on cuda now; what its dispatch does not build is still refused.
-    for sub in ("serve", "bench"):
-        r = run([m, sub, "--device", "cuda", "--ep", "2", "--micro-batches", "2"], ok=False,
+    assert r.returncode == 2 and "--micro-batches 2 needs --ep N" in r.stderr, r.stderr
+    # On cuda --overlap applies to --micro-batches 2 (whether the two alternate), in every
+    # subcommand that takes --ep.
+    for sub in ("generate", "serve", "bench"):
+        args = base if sub == "generate" else [sub]
+        r = run([m, *args, "--device", "cuda", "--ep", "2", "--overlap", "off"], ok=False,
                 mpi=True)
-        assert (r.returncode != 0 and
-                "--micro-batches 2 is not implemented on the CUDA backend" in r.stderr), r.stderr
+        assert (r.returncode == 2 and
+                "--overlap off on cuda applies to --micro-batches 2" in r.stderr), r.stderr
     r = run([m, *base, "--dispatch-dtype", "fp8"], ok=False, mpi=True)
     assert r.returncode == 2 and "--dispatch-dtype fp8 applies to --ep N" in r.stderr, r.stderr
     r = run([m, *base, "--ep-transport", "staged"], ok=False, mpi=True)
@@ -502,8 +552,9 @@ def main() -> int:
     args = e2e_util.parse_args()
     ctx = {"moeinfer": args.moeinfer, "fixtures": args.fixtures}
     checks = [check_logits_match, check_placement_replicas, check_generate_same_text,
-              check_dispatch_dtype, check_micro_batches, check_cuda_ep, check_cuda_ep_serve,
-              check_cuda_ep_bench, check_bad_flags]
+              check_dispatch_dtype, check_micro_batches, check_cuda_ep,
+              check_cuda_ep_micro_batches, check_cuda_ep_serve, check_cuda_ep_bench,
+              check_bad_flags]
     return e2e_util.summary(*run_checks(e2e_util.selected(checks, args.only),
                                         lambda check: check(ctx)))
 

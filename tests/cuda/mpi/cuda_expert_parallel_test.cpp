@@ -20,7 +20,11 @@
 // number of forwards, each a collective), and a placement with replicas gives the same logits.
 // Every family also runs under --deterministic over the staged transport, whose logits must
 // equal the one-process run's exactly. Ranks with empty batches (padding rows that still join every
-// exchange) beside rank 0 leave its logits those of one process.
+// exchange) beside rank 0 leave its logits those of one process. Two micro-batches
+// (--micro-batches 2, overlapping on their streams and not) are held to the same bounds on every
+// family, with one more step that mixes a prefill chunk, a decode row and a fresh prefill, and
+// under --deterministic to the one-process logits exactly: a micro-batch's rows go through
+// products whose per-row order does not depend on the rows beside them.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -281,10 +285,16 @@ struct RunResult {
   std::vector<float> prefill;   // [n, V] all positions of the prompt
   std::vector<float> decode;    // [steps, S, V] S sequences decoded together
   std::vector<int32_t> greedy;  // the greedy continuation of the prompt
+  std::vector<float> mixed;     // [S, V] the mixed step (run_routes' mixed_step), else empty
 };
 
+// With mixed_step, one more step after the decode steps mixes every kind of row: sequence 0
+// brings a chunk of 2 tokens after its cached ones, sequence 1 (of 3) one decode token, and the
+// last sequence starts again from position 0 with 3 prompt tokens (a fresh prefill). Split in
+// two micro-batches, A (the first half of the sequences, the larger when odd) holds the chunk
+// and the decode row, B the fresh prefill.
 RunResult run_routes(GpuDecoder& gpu, const std::vector<int32_t>& prompt, int64_t greedy_steps,
-                     int num_seqs) {
+                     int num_seqs, bool mixed_step = false) {
   const int64_t V = gpu.config().vocab_size;
   const int64_t n = static_cast<int64_t>(prompt.size());
   const bool slots = gpu.config().linear_attention.has_value();
@@ -327,6 +337,27 @@ RunResult run_routes(GpuDecoder& gpu, const std::vector<int32_t>& prompt, int64_
     gpu.forward(batch, logits);
     result.decode.insert(result.decode.end(), logits.begin(), logits.end());
   }
+  if (mixed_step) {
+    const std::span<const int32_t> tokens(prompt);
+    ForwardBatch batch;
+    batch.sequences.push_back({.tokens = tokens.subspan(0, 2),
+                               .position = n,
+                               .block_table = tables[0],
+                               .state_slot = slots ? 1 : -1});
+    if (num_seqs == 3) {
+      batch.sequences.push_back({.tokens = tokens.subspan(2, 1),
+                                 .position = n,
+                                 .block_table = tables[1],
+                                 .state_slot = slots ? 2 : -1});
+    }
+    const int last = num_seqs - 1;
+    batch.sequences.push_back({.tokens = tokens.subspan(0, 3),
+                               .position = 0,
+                               .block_table = tables[last],
+                               .state_slot = slots ? last + 1 : -1});
+    result.mixed.assign(static_cast<size_t>(num_seqs * V), NAN);
+    gpu.forward(batch, result.mixed);
+  }
   return result;
 }
 
@@ -340,10 +371,16 @@ double rel_error(const std::vector<float>& got, const std::vector<float>& want) 
   return norm > 0 ? std::sqrt(diff / norm) : 0.0;
 }
 
+// How the --ep run splits its steps (GpuOptions::micro_batches, overlap_micro_batches).
+struct MicroBatches {
+  int count = 1;
+  bool overlap = true;
+};
+
 std::unique_ptr<GpuDecoder> make_gpu(Model& model, Communicator* comm,
                                      std::optional<parallel::ExpertPlacement> placement,
-                                     bool deterministic,
-                                     EpTransport transport = EpTransport::kAuto) {
+                                     bool deterministic, EpTransport transport = EpTransport::kAuto,
+                                     MicroBatches micro = {}) {
   // Two ranks may share the GPU: each takes a part of it.
   GpuOptions options{.device = world().rank() % cuda_device_count(),
                      .gpu_memory_fraction = 0.3,
@@ -362,6 +399,8 @@ std::unique_ptr<GpuDecoder> make_gpu(Model& model, Communicator* comm,
   options.expert_parallel = comm;
   options.ep_transport = transport;
   options.placement = std::move(placement);
+  options.micro_batches = micro.count;
+  options.overlap_micro_batches = micro.overlap;
   return GpuDecoder::create(model.config(), model.decoder().weights(), options);
 }
 
@@ -379,8 +418,12 @@ double max_abs_diff(const std::vector<float>& got, const std::vector<float>& wan
 // With `exact` (--deterministic in both runs) the logits must be equal: the rank's own tokens go
 // through the same products either way, the grouped expert GEMM reduces each element in the same
 // order whatever rows share its tiles, and the rows and outputs travel as the bf16 they are.
+// With micro.count 2 the --ep run splits every step in two micro-batches (and both runs add the
+// mixed step): under --deterministic still exactly the one-process logits, since every product
+// then reduces a row in an order that does not depend on the step's other rows (the fixed-order
+// GEMM, the batch-invariant expert GEMM, the per-query attention route for prompts).
 void check_fixture(const std::string& name, bool replicas, bool exact = false,
-                   EpTransport transport = EpTransport::kAuto) {
+                   EpTransport transport = EpTransport::kAuto, MicroBatches micro = {}) {
   Communicator& job = world();
   const auto dir = testing_support::kModelFixtures / name;
   std::ifstream in(dir / "reference.json");
@@ -389,11 +432,12 @@ void check_fixture(const std::string& name, bool replicas, bool exact = false,
   std::rotate(prompt.begin(), prompt.begin() + job.rank() % prompt.size(), prompt.end());
   const int num_seqs = job.rank() == 0 ? 3 : 2;
   const int64_t greedy_steps = 6;
+  const bool mixed = micro.count == 2;
   auto model = Model::load(dir, LoadOptions{.prefault = false});
   RunResult one;
   {
     auto gpu = make_gpu(*model, nullptr, std::nullopt, exact);
-    one = run_routes(*gpu, prompt, greedy_steps, num_seqs);
+    one = run_routes(*gpu, prompt, greedy_steps, num_seqs, mixed);
   }
   std::optional<parallel::ExpertPlacement> placement;
   const int64_t E = model->config().num_experts;
@@ -409,24 +453,32 @@ void check_fixture(const std::string& name, bool replicas, bool exact = false,
   RunResult ep;
   std::vector<int64_t> sent;
   {
-    auto gpu = make_gpu(*model, &job, placement, exact, transport);
-    ep = run_routes(*gpu, prompt, greedy_steps, num_seqs);
+    auto gpu = make_gpu(*model, &job, placement, exact, transport, micro);
+    ep = run_routes(*gpu, prompt, greedy_steps, num_seqs, mixed);
     sent = gpu->expert_parallel_bytes();
   }
+  const std::string micro_name =
+      micro.count == 1 ? "" : (micro.overlap ? " (2 micro-batches)" : " (2 micro-batches, serial)");
   const double prefill = rel_error(ep.prefill, one.prefill);
   const double decode = rel_error(ep.decode, one.decode);
-  EXPECT_LE(prefill, kMaxRelError) << name << " rank " << job.rank();
-  EXPECT_LE(decode, kMaxRelError) << name << " rank " << job.rank();
-  EXPECT_EQ(ep.greedy, one.greedy) << name << " rank " << job.rank();
-  const double largest = std::max(max_abs_diff(ep.prefill, one.prefill),
-                                  max_abs_diff(ep.decode, one.decode));
-  if (exact) EXPECT_EQ(largest, 0.0) << name << " rank " << job.rank() << " under --deterministic";
+  const double mixed_error = mixed ? rel_error(ep.mixed, one.mixed) : 0.0;
+  EXPECT_LE(prefill, kMaxRelError) << name << micro_name << " rank " << job.rank();
+  EXPECT_LE(decode, kMaxRelError) << name << micro_name << " rank " << job.rank();
+  EXPECT_LE(mixed_error, kMaxRelError) << name << micro_name << " rank " << job.rank();
+  EXPECT_EQ(ep.greedy, one.greedy) << name << micro_name << " rank " << job.rank();
+  const double largest =
+      std::max({max_abs_diff(ep.prefill, one.prefill), max_abs_diff(ep.decode, one.decode),
+                max_abs_diff(ep.mixed, one.mixed)});
+  if (exact) {
+    EXPECT_EQ(largest, 0.0) << name << micro_name << " rank " << job.rank()
+                            << " under --deterministic";
+  }
   ASSERT_EQ(sent.size(), static_cast<size_t>(profile::kNumLinks));
   std::printf(
-      "rank %d %-22s%s%s [%s] rel error vs one process: prefill %.2e decode %.2e (max "
-      "abs %.2e) | sent: same_gpu %lld peer_gpu %lld network %lld bytes\n",
+      "rank %d %-22s%s%s%s [%s] rel error vs one process: prefill %.2e decode %.2e mixed %.2e "
+      "(max abs %.2e) | sent: same_gpu %lld peer_gpu %lld network %lld bytes\n",
       job.rank(), name.c_str(), replicas ? " (replicas)" : "", exact ? " (deterministic)" : "",
-      gpu::ep_transport_name(transport), prefill, decode, largest,
+      micro_name.c_str(), gpu::ep_transport_name(transport), prefill, decode, mixed_error, largest,
       static_cast<long long>(sent[static_cast<int>(profile::Link::kSameGpu)]),
       static_cast<long long>(sent[static_cast<int>(profile::Link::kPeerGpu)]),
       static_cast<long long>(sent[static_cast<int>(profile::Link::kNetwork)]));
@@ -446,6 +498,26 @@ TEST_P(CudaExpertParallelFixture, EqualsTheOneProcessRunExactlyOverTheStagedTran
   check_fixture(GetParam(), /*replicas=*/false, /*exact=*/true, EpTransport::kStaged);
 }
 
+// Two micro-batches per step (--micro-batches 2), their streams overlapping (--overlap on) and
+// one after the other (off): within the parity bound, with the same greedy tokens. The prefill
+// and greedy steps carry one sequence (micro-batch B an empty padding row), the decode steps 3
+// sequences on rank 0 (A 2, B 1) and 2 elsewhere, and the mixed step a chunk, a decode row and a
+// fresh prefill.
+TEST_P(CudaExpertParallelFixture, TwoMicroBatchesMatchTheOneProcessGpuRun) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  for (const bool overlap : {true, false}) {
+    check_fixture(GetParam(), /*replicas=*/false, /*exact=*/false, EpTransport::kAuto,
+                  {.count = 2, .overlap = overlap});
+  }
+}
+
+// The same under --deterministic over the staged transport: exactly the one-process logits.
+TEST_P(CudaExpertParallelFixture, TwoMicroBatchesEqualTheOneProcessRunExactly) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  check_fixture(GetParam(), /*replicas=*/false, /*exact=*/true, EpTransport::kStaged,
+                {.count = 2, .overlap = true});
+}
+
 // Fixtures of several families: softmax top-k (Qwen3-MoE, OLMoE, Mixtral bf16), grouped sigmoid
 // routing with a shared expert (DeepSeek-V3), a sigmoid-gated shared expert (Qwen2-MoE), expert
 // biases and the clamped SwiGLU (GPT-OSS), weights on the experts' input (Llama 4).
@@ -458,6 +530,14 @@ INSTANTIATE_TEST_SUITE_P(Families, CudaExpertParallelFixture,
 TEST(CudaExpertParallel, ReplicatedPlacementMatchesTheOneProcessGpuRun) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
   check_fixture("qwen3_moe_f32", /*replicas=*/true);
+}
+
+TEST(CudaExpertParallel, TwoMicroBatchesWithReplicatedPlacementMatchTheOneProcessGpuRun) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  check_fixture("qwen3_moe_f32", /*replicas=*/true, /*exact=*/false, EpTransport::kAuto,
+                {.count = 2, .overlap = true});
+  check_fixture("mixtral_bf16", /*replicas=*/true, /*exact=*/true, EpTransport::kAuto,
+                {.count = 2, .overlap = false});
 }
 
 TEST(CudaExpertParallel, DeterministicRunsEqualTheOneProcessRunExactly) {
@@ -473,7 +553,9 @@ TEST(CudaExpertParallel, DeterministicRunsEqualTheOneProcessRunExactly) {
 // no logits. Rank 0 runs the fixture's routes while every other rank runs as many empty forwards;
 // under --deterministic rank 0's logits equal the one-process run's exactly. Families whose empty
 // step pads other kernels: MLA (DeepSeek-V3) and Gated DeltaNet's recurrent state (Qwen3.5-MoE).
-void check_empty_ranks(const std::string& name) {
+// With micro.count 2 every forward of the --ep decoder is two micro-batches: rank 0's one
+// sequence in A beside an empty B, the other ranks' empty steps two padding rows each.
+void check_empty_ranks(const std::string& name, MicroBatches micro = {}) {
   Communicator& job = world();
   const auto dir = testing_support::kModelFixtures / name;
   std::ifstream in(dir / "reference.json");
@@ -486,7 +568,8 @@ void check_empty_ranks(const std::string& name) {
     auto gpu = make_gpu(*model, nullptr, std::nullopt, /*deterministic=*/true);
     one = run_routes(*gpu, prompt, greedy_steps, /*num_seqs=*/1);
   }
-  auto gpu = make_gpu(*model, &job, std::nullopt, /*deterministic=*/true);
+  auto gpu =
+      make_gpu(*model, &job, std::nullopt, /*deterministic=*/true, EpTransport::kAuto, micro);
   if (job.rank() != 0) {
     // run_routes' forwards: the prompt, the greedy steps, then the prompt token by token.
     const int64_t forwards = 1 + greedy_steps + static_cast<int64_t>(prompt.size());
@@ -496,18 +579,29 @@ void check_empty_ranks(const std::string& name) {
   const RunResult ep = run_routes(*gpu, prompt, greedy_steps, /*num_seqs=*/1);
   const double largest =
       std::max(max_abs_diff(ep.prefill, one.prefill), max_abs_diff(ep.decode, one.decode));
-  EXPECT_EQ(largest, 0.0) << name << ": rank 0 beside ranks of empty batches";
+  EXPECT_EQ(largest, 0.0) << name << ": rank 0 beside ranks of empty batches, " << micro.count
+                          << " micro-batch(es)";
   EXPECT_EQ(ep.greedy, one.greedy) << name;
   std::printf(
-      "rank 0 %-22s (other ranks empty) rel error vs one process: prefill %.2e decode "
-      "%.2e (max abs %.2e)\n",
-      name.c_str(), rel_error(ep.prefill, one.prefill), rel_error(ep.decode, one.decode), largest);
+      "rank 0 %-22s (other ranks empty, %d micro-batch(es)) rel error vs one process: prefill "
+      "%.2e decode %.2e (max abs %.2e)\n",
+      name.c_str(), micro.count, rel_error(ep.prefill, one.prefill),
+      rel_error(ep.decode, one.decode), largest);
 }
 
 TEST(CudaExpertParallel, RanksOfEmptyBatchesJoinEveryExchange) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
   for (const char* name : {"qwen3_moe_f32", "deepseek_v3_f32", "qwen3_5_moe_f32"}) {
     check_empty_ranks(name);
+  }
+}
+
+TEST(CudaExpertParallel, RanksOfEmptyBatchesJoinEveryExchangeOfTwoMicroBatches) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  for (const char* name : {"qwen3_moe_f32", "deepseek_v3_f32", "qwen3_5_moe_f32"}) {
+    for (const bool overlap : {true, false}) {
+      check_empty_ranks(name, {.count = 2, .overlap = overlap});
+    }
   }
 }
 
