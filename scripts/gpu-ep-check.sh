@@ -5,17 +5,23 @@
 # 2; their rows go over the staged transport, model/cuda/row_transport.h), the one-process
 # tests of the device dispatcher (test_cuda --gtest_filter='CudaDeviceDispatch.*': its kernels,
 # and --ep 1 over NCCL and staged against the local run), then the CLI checks (tests/e2e/test_expert_parallel.py --only cuda_ep, which selects
-# cuda_ep: logits and greedy text of --ep 2 on cuda against one process; cuda_ep_serve: `serve
-# --device cuda --ep 2` answering concurrent requests with the one-process server's texts;
-# cuda_ep_bench: `bench --device cuda --ep 2` on the demo and a synthetic model). Prints a summary
-# last, with one line per e2e check.
+# cuda_ep: logits and greedy text of --ep 2 on cuda against one process; cuda_ep_micro_batches:
+# the same with --micro-batches 2, --overlap on and off, and bench with a request in each
+# micro-batch; cuda_ep_serve: `serve --device cuda --ep 2` answering concurrent requests with the
+# one-process server's texts; cuda_ep_bench: `bench --device cuda --ep 2` on the demo and a
+# synthetic model). test_cuda_expert_parallel holds --micro-batches 2 (overlap on and off) to the
+# one-process run on every family (its TwoMicroBatches* and *TwoMicroBatches tests; run only
+# those with MOE_GPU_EP_FILTER='*MicroBatch*'). Prints a summary last, with one line per e2e
+# check.
 #
 # Run it through the device tool with `carry: [".deps"]` after `scripts/device-deps.sh
 # download` here. Logs go to $OUT or /tmp/gpu-ep-check. A call may run out of its 10 minutes:
 # the build folder stays on a warm machine, and two environment variables split the work over
-# calls: MOE_GPU_EP_UNIT=0 skips test_cuda_expert_parallel, MOE_GPU_EP_DEVICE_UNIT=0 skips
-# test_cuda's CudaDeviceDispatch tests (and building test_cuda), MOE_GPU_EP_ONLY picks the e2e checks
-# (test_expert_parallel.py --only; default cuda_ep, which selects all three; none skips them).
+# calls: MOE_GPU_EP_UNIT=0 skips test_cuda_expert_parallel (MOE_GPU_EP_FILTER: its
+# --gtest_filter, default all), MOE_GPU_EP_DEVICE_UNIT=0 skips test_cuda's CudaDeviceDispatch
+# tests (and building test_cuda), MOE_GPU_EP_ONLY picks the e2e checks (test_expert_parallel.py
+# --only; default cuda_ep, which selects all four; cuda_ep_micro_batches only the new one; none
+# skips them).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/gpu-ep-check}"
@@ -53,7 +59,8 @@ nvidia-smi -L
 touch "$OUT/test_cuda_expert_parallel.log" "$OUT/e2e_cuda_ep.log"
 if [ "${MOE_GPU_EP_UNIT:-1}" != 0 ]; then
   echo "== mpirun -np 2 test_cuda_expert_parallel (two ranks on GPU rank % count)"
-  mpirun -np 2 --oversubscribe "$BUILD/tests/test_cuda_expert_parallel" 2>&1 |
+  mpirun -np 2 --oversubscribe "$BUILD/tests/test_cuda_expert_parallel" \
+    --gtest_filter="${MOE_GPU_EP_FILTER:-*}" 2>&1 |
     tee "$OUT/test_cuda_expert_parallel.log"
   rc=${PIPESTATUS[0]}
   summary+=("test_cuda_expert_parallel (np 2): $([ "$rc" -eq 0 ] && echo PASSED || echo "FAILED rc=$rc")")
@@ -69,7 +76,7 @@ fi
 
 ONLY="${MOE_GPU_EP_ONLY:-cuda_ep}"
 if [ "$ONLY" != none ]; then
-  echo "== e2e --only $ONLY (cuda_ep, cuda_ep_serve, cuda_ep_bench)"
+  echo "== e2e --only $ONLY (cuda_ep, cuda_ep_micro_batches, cuda_ep_serve, cuda_ep_bench)"
   python3 tests/e2e/test_expert_parallel.py --moeinfer "$BUILD/moeinfer" \
     --fixtures tests/fixtures --only "$ONLY" 2>&1 | tee "$OUT/e2e_cuda_ep.log"
   rc=${PIPESTATUS[0]}
@@ -78,6 +85,6 @@ fi
 
 echo
 echo "== summary"
-grep -h "rel error vs one process" "$OUT/test_cuda_expert_parallel.log" | sort | head -40
-grep -hE "^(PASS|FAIL|SKIP) |requests per rank|bench: |GPU: " "$OUT/e2e_cuda_ep.log" | head -20
+grep -h "rel error vs one process" "$OUT/test_cuda_expert_parallel.log" | sort | head -120
+grep -hE "^(PASS|FAIL|SKIP) |requests per rank|bench: |GPU: |relative error" "$OUT/e2e_cuda_ep.log" | head -60
 printf '%s\n' "${summary[@]}"

@@ -3,6 +3,14 @@
 // it up, and enqueues the layers. Decode steps replay a CUDA graph captured per (batch bucket,
 // context bucket), so a step costs a handful of copies and one graph launch.
 //
+// Two micro-batches (--ep N --micro-batches 2, GpuOptions::micro_batches) are the exception to
+// one stream: the step's sequences split in halves A and B, each with a Lane of its own (a
+// stream, a cuBLAS handle, the workspace, an MoE block with its dispatcher). The per-stage
+// functions read the lane's members by name, and LaneSwap puts B's lane in place while B's work
+// is enqueued, so both micro-batches run the same code as one step. run_micro_batches
+// interleaves them per MoE layer through the block's phases (start, run_experts, finish), so
+// that the host waits for one micro-batch's offsets and rows while the other's stream computes.
+//
 // Attention per step takes one of five routes (model/attention_route.h decides):
 //   decode         every sequence brings one token: paged decode attention over the block
 //                  tables
@@ -603,7 +611,6 @@ CudaDecoder::CudaDecoder(const ModelConfig& config, DeviceWeights weights,
       build_moe_block();
       CUDA_CHECK(cudaMemcpy(inv_freq_, inv_freq.data(), inv_freq.size() * sizeof(float),
                             cudaMemcpyHostToDevice));
-      lane_b_.routing_row_offset_ = 0;
     }
     report_.workspace_bytes += workspace_a;
   }

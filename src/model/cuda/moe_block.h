@@ -3,10 +3,12 @@
 //   route -> runner.on_routed -> plan -> dispatcher.dispatch -> runner.run -> shared experts
 //         -> runner.finish -> dispatcher.combine,
 // to a TokenDispatcher (where the rows go: this GPU, or the ranks of expert parallelism,
-// model/cuda/expert_parallel.h) and an ExpertRunner (where the experts live: resident, or a cache over pinned host
-// memory under --expert-budget). Everything is enqueued on one stream and never synchronises
-// with the host, so a decode step's layers stay one CUDA graph; the hand-offs are device
-// pointers in the typed structs below.
+// model/cuda/expert_parallel.h) and an ExpertRunner (where the experts live: resident, or a cache
+// over pinned host memory under --expert-budget). Everything is enqueued on one stream and never
+// synchronises with the host (except a device dispatcher's, under --ep), so a decode step's layers
+// stay one CUDA graph; the hand-offs are device pointers in the typed structs below. Under --ep
+// with two micro-batches each has a block of its own, driven in phases (start, run_experts,
+// finish).
 //
 // Glossary letters: T tokens of the step (a graph bucket's padded count), K experts per token,
 // E experts, Hp the padded hidden size, Ip the padded expert width.
