@@ -534,7 +534,7 @@ def check_bad_flags(ctx: dict) -> None:
         args = base if sub == "generate" else [sub]
         r = run([m, *args, "--device", "cuda", "--ep", "2", "--overlap", "off"], ok=False,
                 mpi=True)
-        assert (r.returncode == 2 and
+        assert (r.returncode != 0 and
                 "--overlap off on cuda applies to --micro-batches 2" in r.stderr), r.stderr
     r = run([m, *base, "--dispatch-dtype", "fp8"], ok=False, mpi=True)
     assert r.returncode == 2 and "--dispatch-dtype fp8 applies to --ep N" in r.stderr, r.stderr
