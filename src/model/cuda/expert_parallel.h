@@ -19,13 +19,13 @@
 //             and they are unpermuted as on one GPU
 // The index maps (send_pos, row_of_recv) are computed on the host and uploaded as small int
 // arrays. Rows are moved, never recomputed, in the CPU dispatcher's order, so the logits equal
-// those of one GPU bit for bit under --deterministic. The stream is synchronised for the offsets
-// (and, staged, for each exchange), so a decode step cannot be a CUDA graph: the decoder runs
-// every step eagerly under --ep. Over NCCL on the decoder's stream the exchanges are kernels in
-// stream order: the host waits for one (and sees NCCL's errors) only before the next. A rank
-// without tokens still takes part in every exchange. Two micro-batches (GpuOptions::
-// micro_batches) give each its own dispatcher, transport and stream; dispatch comes in two
-// halves (start_dispatch, finish_dispatch) so that the host enqueues the other micro-batch's
+// those of one GPU bit for bit under --deterministic. The host waits for the offsets (an event
+// after their copy; the stream, staged, for each exchange), so a decode step cannot be a CUDA
+// graph: the decoder runs every step eagerly under --ep. Over NCCL on the decoder's stream the
+// exchanges are kernels in stream order: the host waits for one (and sees NCCL's errors) only
+// before the next. A rank without tokens still takes part in every exchange. Two micro-batches
+// (GpuOptions:: micro_batches) give each its own dispatcher, transport and stream; dispatch comes
+// in two halves (start_dispatch, finish_dispatch) so that the host enqueues the other micro-batch's
 // work before it waits for this one's offsets.
 #pragma once
 
