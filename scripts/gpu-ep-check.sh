@@ -16,7 +16,7 @@
 #
 # Run it through the device tool with `carry: [".deps"]` after `scripts/device-deps.sh
 # download` here. Logs go to $OUT or /tmp/gpu-ep-check. A call may run out of its 10 minutes:
-# the build folder stays on a warm machine, and two environment variables split the work over
+# the build folder stays on a warm machine, and environment variables split the work over
 # calls: MOE_GPU_EP_UNIT=0 skips test_cuda_expert_parallel (MOE_GPU_EP_FILTER: its
 # --gtest_filter, default all), MOE_GPU_EP_DEVICE_UNIT=0 skips test_cuda's CudaDeviceDispatch
 # tests (and building test_cuda), MOE_GPU_EP_ONLY picks the e2e checks (test_expert_parallel.py
