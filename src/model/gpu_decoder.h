@@ -266,8 +266,8 @@ class GpuDecoder {
   // travel back. Needs batch.all_positions false.
   virtual void forward_sample(const ForwardBatch& batch, std::span<const GpuSamplingRow> rows,
                               std::span<int32_t> tokens) = 0;
-  // Rows each expert received in the last forward, [num_layers, E] (zeros for dense layers);
-  // waits for the device.
+  // Rows each expert received in the last forward, [num_layers, E] (zeros for dense layers;
+  // both micro-batches' under GpuOptions::micro_batches 2); waits for the device.
   virtual std::vector<int32_t> expert_counts() = 0;
   // The expert cache's cumulative counters, [num_layers, offload::kNumCacheCounters] (empty
   // without --expert-budget); waits for the device.
@@ -295,7 +295,8 @@ class GpuDecoder {
   // GpuOptions::expert_parallel: the ranks every forward exchanges with (so that every rank must
   // run one whenever another does, an empty batch included); null in one process.
   virtual const parallel::Communicator* expert_parallel() const { return nullptr; }
-  // Steps per attention route (model/attention_route.h) since creation, counted on the host.
+  // Steps per attention route (model/attention_route.h) since creation, counted on the host
+  // (with two micro-batches, per micro-batch: each takes its own route).
   virtual AttentionRouteCounts attention_route_counts() const { return {}; }
 };
 
