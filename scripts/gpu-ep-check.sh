@@ -2,7 +2,9 @@
 # Expert parallelism on the GPU (--ep N --device cuda), one call on the GPU machine: unpack the
 # carried packages (Open MPI among them, scripts/device-deps.sh), configure with MPI, build
 # moeinfer and test_cuda_expert_parallel, run the test as two ranks sharing the GPU (mpirun -np
-# 2), then the CLI checks (tests/e2e/test_expert_parallel.py --only cuda_ep, which selects
+# 2; their rows go over the staged transport, model/cuda/row_transport.h), the one-process
+# tests of the device dispatcher (test_cuda --gtest_filter='CudaDeviceDispatch.*': its kernels,
+# and --ep 1 over NCCL and staged against the local run), then the CLI checks (tests/e2e/test_expert_parallel.py --only cuda_ep, which selects
 # cuda_ep: logits and greedy text of --ep 2 on cuda against one process; cuda_ep_serve: `serve
 # --device cuda --ep 2` answering concurrent requests with the one-process server's texts;
 # cuda_ep_bench: `bench --device cuda --ep 2` on the demo and a synthetic model). Prints a summary
@@ -11,7 +13,8 @@
 # Run it through the device tool with `carry: [".deps"]` after `scripts/device-deps.sh
 # download` here. Logs go to $OUT or /tmp/gpu-ep-check. A call may run out of its 10 minutes:
 # the build folder stays on a warm machine, and two environment variables split the work over
-# calls: MOE_GPU_EP_UNIT=0 skips test_cuda_expert_parallel, MOE_GPU_EP_ONLY picks the e2e checks
+# calls: MOE_GPU_EP_UNIT=0 skips test_cuda_expert_parallel, MOE_GPU_EP_DEVICE_UNIT=0 skips
+# test_cuda's CudaDeviceDispatch tests (and building test_cuda), MOE_GPU_EP_ONLY picks the e2e checks
 # (test_expert_parallel.py --only; default cuda_ep, which selects all three; none skips them).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,7 +37,8 @@ echo "== configure and build"
 if ! { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
          -DCMAKE_CUDA_ARCHITECTURES=90 "-DCMAKE_PREFIX_PATH=/opt/deps/usr;/opt/deps-http/usr" \
          -DMPI_C_COMPILER="$(command -v mpicc)" -DMPIEXEC_EXECUTABLE="$(command -v mpirun)" &&
-       cmake --build "$BUILD" -j16 --target moeinfer test_cuda_expert_parallel; } \
+       cmake --build "$BUILD" -j16 --target moeinfer test_cuda_expert_parallel \
+         $([ "${MOE_GPU_EP_DEVICE_UNIT:-1}" != 0 ] && echo test_cuda); } \
        >"$OUT/build.log" 2>&1; then
   grep -E "error|FAILED|MPI" "$OUT/build.log" | head -20
   echo "gpu-ep-check: BUILD FAILED (see build.log)"
@@ -53,6 +57,14 @@ if [ "${MOE_GPU_EP_UNIT:-1}" != 0 ]; then
     tee "$OUT/test_cuda_expert_parallel.log"
   rc=${PIPESTATUS[0]}
   summary+=("test_cuda_expert_parallel (np 2): $([ "$rc" -eq 0 ] && echo PASSED || echo "FAILED rc=$rc")")
+fi
+
+if [ "${MOE_GPU_EP_DEVICE_UNIT:-1}" != 0 ]; then
+  echo "== test_cuda --gtest_filter='CudaDeviceDispatch.*' (one process)"
+  "$BUILD/tests/test_cuda" --gtest_filter='CudaDeviceDispatch.*' 2>&1 |
+    tee "$OUT/test_cuda_device_dispatch.log"
+  rc=${PIPESTATUS[0]}
+  summary+=("test_cuda CudaDeviceDispatch.*: $([ "$rc" -eq 0 ] && echo PASSED || echo "FAILED rc=$rc")")
 fi
 
 ONLY="${MOE_GPU_EP_ONLY:-cuda_ep}"

@@ -6,7 +6,7 @@
 //
 // `mpirun -np N moeinfer serve --ep N`: expert parallelism with attention data-parallel. Every
 // rank loads its engine over an expert-parallel decoder (CPU ranks, or on --device cuda a GPU
-// decoder on GPU rank % count with the host-staged dispatcher); rank 0 serves HTTP and spreads the
+// decoder on GPU rank % count with the device dispatcher); rank 0 serves HTTP and spreads the
 // requests over the ranks (runtime/engine_ranks.h), the others follow its steps until it stops.
 // A SIGTERM to rank 0 drains the job as above; mpirun given one hands it to every rank (Open MPI
 // 4.1: odls_base_sigkill_timeout later, SIGKILL as long again after that): rank 0 drains, the

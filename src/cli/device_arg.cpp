@@ -226,9 +226,21 @@ void add_expert_parallel_option(CLI::App* cmd, DeviceArgs* args) {
                   "the step whole")
       ->check(CLI::IsMember({1, 2}))
       ->capture_default_str();
+  cmd->add_option("--ep-transport", args->ep_transport,
+                  "Under --ep on cuda: what carries the MoE layers' rows between the ranks' GPUs: "
+                  "nccl (device to device; every rank on a GPU of its own, NCCL built), staged "
+                  "(through pinned host memory and MPI; ranks may share a GPU) or auto (nccl "
+                  "where it can run, else staged) (default: auto)")
+      ->check(CLI::IsMember({"auto", "nccl", "staged"}));
 }
 
 bool DeviceArgs::overlap_shared_experts() const { return overlap != "off"; }
+
+EpTransport DeviceArgs::ep_rows_transport() const {
+  if (ep_transport == "nccl") return EpTransport::kNccl;
+  if (ep_transport == "staged") return EpTransport::kStaged;
+  return EpTransport::kAuto;
+}
 
 moe::DispatchDtype DeviceArgs::dispatch_rows_dtype() const {
   return dispatch_dtype.empty() ? moe::DispatchDtype::kF32
@@ -257,9 +269,13 @@ parallel::Communicator* DeviceArgs::expert_parallel() const {
               " is not implemented on the CUDA backend yet (its expert parallelism runs each "
               "step whole): run it with --device cpu --ep N under mpirun");
   USAGE_CHECK(overlap.empty() || !is_cuda(), "--overlap ", overlap,
-              " is not implemented on the CUDA backend yet (its expert parallelism is "
-              "host-staged: the shared experts run after the exchange): leave it out, or run "
-              "with --device cpu --ep N under mpirun");
+              " is not implemented on the CUDA backend yet (its expert parallelism waits for "
+              "each exchange: the shared experts run after it): leave it out, or run with "
+              "--device cpu --ep N under mpirun");
+  USAGE_CHECK(ep_transport.empty() || is_cuda(), "--ep-transport ", ep_transport,
+              " applies to --device cuda (CPU ranks exchange their rows over MPI)");
+  USAGE_CHECK(ep_transport.empty() || ep > 1, "--ep-transport ", ep_transport,
+              " applies to --ep N (N > 1): without expert parallelism no rows travel");
   USAGE_CHECK(micro_batches == 1 || ep > 1, "--micro-batches ", micro_batches,
               " needs --ep N with N > 1: without expert parallelism nothing travels to overlap");
   if (ep == 1) return nullptr;
@@ -294,7 +310,8 @@ ExpertParallelOptions expert_parallel_options(const DeviceArgs& device) {
           .placement = device.placement,
           .overlap_shared_experts = device.overlap_shared_experts(),
           .dispatch_dtype = device.dispatch_rows_dtype(),
-          .micro_batches = device.micro_batches};
+          .micro_batches = device.micro_batches,
+          .ep_transport = device.ep_rows_transport()};
 }
 
 }  // namespace
@@ -406,10 +423,12 @@ SequenceRunner::SequenceRunner(Model& model, const DeviceArgs& device, int64_t m
   options.kv_dtype = kv_dtype_;
   options.routing = routing;
   if (expert_parallel != nullptr) {  // --ep N: rank r on GPU r % count (ranks may share one)
-    const GpuRank rank = expert_parallel_gpu_rank(*expert_parallel, device.placement);
+    const GpuRank rank =
+        expert_parallel_gpu_rank(*expert_parallel, device.placement, device.ep_rows_transport());
     options.device = rank.device;
     options.expert_parallel = rank.expert_parallel;
     options.ranks_on_device = rank.ranks_on_device;
+    options.ep_transport = rank.ep_transport;
     options.placement = device.expert_placement(model.decoder());
   }
   gpu_ = GpuDecoder::create(config, model.decoder().weights(), options);

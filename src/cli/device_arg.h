@@ -37,6 +37,7 @@ struct DeviceArgs {
   std::string overlap;        // --overlap on|off; empty: on
   std::string dispatch_dtype;  // --dispatch-dtype f32|bf16|fp8; empty: f32
   int micro_batches = 1;       // --micro-batches 1|2 under --ep
+  std::string ep_transport;    // --ep-transport auto|nccl|staged under --ep on cuda; empty: auto
   // Routing approximations as given (add_routing_options); unset: off.
   std::optional<int64_t> active_experts;     // --active-experts K'
   std::string renorm;                        // --renorm kept|full; empty: kept
@@ -50,6 +51,9 @@ struct DeviceArgs {
   bool overlap_shared_experts() const;
   // Under --ep: how dispatch encodes the rows it sends (checked in expert_parallel()).
   moe::DispatchDtype dispatch_rows_dtype() const;
+  // Under --ep on cuda: what carries the rows between the ranks' GPUs (checked in
+  // expert_parallel()).
+  EpTransport ep_rows_transport() const;
   bool is_cuda() const { return device == "cuda"; }
   // --dtype as the GPU decoder's option (refused at parse time without --device cuda).
   GpuWeightDtype weight_dtype() const;
@@ -95,7 +99,8 @@ void add_weight_options(CLI::App* cmd, DeviceArgs* args);
 // Adds --kv-dtype auto|f32|bf16|fp8 (the subcommands that run a model over a KV cache): how the
 // CPU's KV pool stores rows, and so how many tokens its bytes hold.
 void add_kv_options(CLI::App* cmd, DeviceArgs* args);
-// Adds --ep N, --placement FILE, --overlap, --dispatch-dtype and --micro-batches (generate and
+// Adds --ep N, --placement FILE, --overlap, --dispatch-dtype, --micro-batches and --ep-transport
+// (generate and
 // logits run one sequence on every rank; serve and bench give each rank its own engine and
 // requests).
 void add_expert_parallel_option(CLI::App* cmd, DeviceArgs* args);

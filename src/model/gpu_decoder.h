@@ -43,6 +43,12 @@ inline constexpr int64_t kGpuProfileTimeEvery = 16;
 // bf16 once, what vLLM and SGLang run a float32 checkpoint as by default.
 enum class GpuWeightDtype { kCheckpoint, kBf16 };
 
+// What carries the rows of --ep on cuda between the ranks' GPUs (--ep-transport,
+// model/cuda/row_transport.h): kNccl sends device buffers GPU to GPU (every rank on a GPU of its
+// own, NCCL built); kStaged copies them through pinned host memory and the job's host
+// communicator (MPI), which ranks sharing a GPU need; kAuto picks kNccl where it can run.
+enum class EpTransport { kAuto, kNccl, kStaged };
+
 // GpuOptions::skinny_gemm_rows by default: one row. On an H100 a batch-1 decode step of
 // Qwen3-30B-A3B took 4.55 ms with it against 4.79 ms with cuBLAS; at 4 and 8 rows the QKV and O
 // projections alone run 0.6-0.8x cuBLAS (bench_cuda_stages --projections-only, bench/RESULTS.md).
@@ -96,13 +102,14 @@ struct GpuOptions {
   // stage (--expert-capacity is refused on cuda: check_routing_device).
   moe::RoutingApproximation routing;
   // --ep N (model/cuda/expert_parallel.h): the MoE layers' rows travel to the ranks of this
-  // communicator (it must outlive the decoder) and back, host-staged; null: every expert runs
-  // here. Each rank keeps every expert's weights on its GPU for now and computes only those the
-  // placement gives it. Under it the steps run without CUDA graphs and without the small-batch
-  // MoE path (the dispatch waits for the device and exchanges with the other ranks); refused
-  // with `offload` (--expert-budget).
+  // communicator (it must outlive the decoder) and back, device to device over ep_transport
+  // (the counts over this communicator); null: every expert runs here. Each rank keeps every
+  // expert's weights on its GPU for now and computes only those the placement gives it. Under it
+  // the steps run without CUDA graphs and without the small-batch MoE path (the dispatch waits for
+  // the device and exchanges with the other ranks); refused with `offload` (--expert-budget).
   parallel::Communicator* expert_parallel = nullptr;
   std::optional<parallel::ExpertPlacement> placement;  // with expert_parallel; none: contiguous
+  EpTransport ep_transport = EpTransport::kAuto;       // with expert_parallel: how rows travel
   // k, the ranks of an --ep job that run on this GPU, this one included. With k > 1 the
   // decoder's budget is gpu_memory_fraction / k of the card, and only what the decoder allocates
   // itself (weights, workspace, recurrent state, KV pool) counts against it, not what is in use

@@ -147,6 +147,7 @@ GpuOptions gpu_rank_options(const ModelConfig& model, const EngineConfig& config
   options.device = rank.device;
   options.expert_parallel = rank.expert_parallel;
   options.ranks_on_device = rank.ranks_on_device;
+  options.ep_transport = rank.ep_transport;
   if (!rank.placement.empty()) {
     MOE_CHECK(rank.expert_parallel != nullptr, "--placement ", rank.placement.string(),
               " needs expert parallelism (--ep N with N > 1)");

@@ -99,7 +99,7 @@ struct EngineStats {
   // With profile_stages: bytes this rank sent to other ranks (under --ep, the MoE layers'
   // dispatched rows as encoded by --dispatch-dtype and the outputs sent back), over all steps; 0
   // in one process. Every link between ranks: profile::Link::kNetwork on CPU ranks, and on GPU
-  // ranks also kPeerGpu and kSameGpu (host-staged either way).
+  // ranks also kPeerGpu and kSameGpu (NCCL or staged through host memory: --ep-transport).
   int64_t network_bytes = 0;
   // With profile_stages, per kind of step (kPromptStep: it ran prompt tokens; kDecodeStep: one
   // new token per request): the steps, the timed ones, and their step time (schedule + forward
@@ -139,6 +139,7 @@ struct GpuRank {
   parallel::Communicator* expert_parallel = nullptr;  // GpuOptions::expert_parallel
   std::filesystem::path placement;                    // --placement FILE; empty: contiguous ranges
   int ranks_on_device = 1;                            // GpuOptions::ranks_on_device
+  EpTransport ep_transport = EpTransport::kAuto;      // GpuOptions::ep_transport
 };
 
 class Engine {

@@ -301,8 +301,8 @@ bool any_rank(parallel::Communicator& comm, bool mine) {
 
 namespace {
 
-// The cuda half of load_expert_parallel_engine: what the GPU's host-staged dispatch does not
-// build is refused by name (the CLI refuses the flags before this).
+// The cuda half of load_expert_parallel_engine: what the GPU's dispatch does not build is
+// refused by name (the CLI refuses the flags before this).
 void check_gpu_rank_options(const ExpertParallelOptions& options) {
   MOE_CHECK(options.comm != nullptr && options.comm->size() > 1,
             "expert parallelism needs a job of two ranks or more");
@@ -317,8 +317,9 @@ void check_gpu_rank_options(const ExpertParallelOptions& options) {
 std::unique_ptr<Engine> load_gpu_rank(const std::filesystem::path& dir, const EngineConfig& config,
                                       const ExpertParallelOptions& options) {
   check_gpu_rank_options(options);
-  return Engine::load(dir, config, LoadOptions{},
-                      expert_parallel_gpu_rank(*options.comm, options.placement));
+  return Engine::load(
+      dir, config, LoadOptions{},
+      expert_parallel_gpu_rank(*options.comm, options.placement, options.ep_transport));
 }
 
 }  // namespace
@@ -344,7 +345,7 @@ int ranks_on_device(parallel::Communicator& comm, int device) {
 }
 
 GpuRank expert_parallel_gpu_rank(parallel::Communicator& comm,
-                                 const std::filesystem::path& placement) {
+                                 const std::filesystem::path& placement, EpTransport ep_transport) {
   const int count = cuda_device_count();
   MOE_CHECK(count > 0, "--ep ", comm.size(), " --device cuda: rank ", comm.rank(),
             " sees no CUDA device");
@@ -352,7 +353,8 @@ GpuRank expert_parallel_gpu_rank(parallel::Communicator& comm,
   return GpuRank{.device = device,
                  .expert_parallel = &comm,
                  .placement = placement,
-                 .ranks_on_device = ranks_on_device(comm, device)};
+                 .ranks_on_device = ranks_on_device(comm, device),
+                 .ep_transport = ep_transport};
 }
 
 std::unique_ptr<Engine> load_expert_parallel_engine(const std::filesystem::path& dir,
@@ -383,8 +385,9 @@ std::unique_ptr<Engine> load_expert_parallel_synthetic(const std::string& name, 
   config.validate();
   MOE_CHECK(config.device == "cuda", "synthetic models are built on the GPU: use --device cuda");
   check_gpu_rank_options(options);
-  return Engine::load_synthetic(name, num_layers, synthetic, config,
-                                expert_parallel_gpu_rank(*options.comm, options.placement));
+  return Engine::load_synthetic(
+      name, num_layers, synthetic, config,
+      expert_parallel_gpu_rank(*options.comm, options.placement, options.ep_transport));
 }
 
 }  // namespace moeinfer

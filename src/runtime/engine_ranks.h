@@ -113,13 +113,15 @@ struct ExpertParallelOptions {
   bool overlap_shared_experts = true;      // the shared experts run while the rows travel
   moe::DispatchDtype dispatch_dtype = moe::DispatchDtype::kF32;  // the dispatched rows' encoding
   int micro_batches = 1;  // 2: two micro-batches alternate per MoE layer (--micro-batches)
+  EpTransport ep_transport = EpTransport::kAuto;  // cuda: how the rows travel (--ep-transport)
 };
 
 // This rank's engine of an expert-parallel job over the checkpoint folder: its decoder's MoE
 // layers are collective over options.comm (offloading is refused there). On CPU ranks
 // (config.device "cpu") the CPU decoder's dispatcher; on cuda a GpuDecoder on this rank's GPU
-// with the host-staged dispatcher (expert_parallel_gpu_rank; options.overlap_shared_experts does
-// not apply, other dispatch dtypes and two micro-batches are refused). Collective on cuda.
+// with the device dispatcher over options.ep_transport (expert_parallel_gpu_rank;
+// options.overlap_shared_experts does not apply, other dispatch dtypes and two micro-batches are
+// refused). Collective on cuda.
 std::unique_ptr<Engine> load_expert_parallel_engine(const std::filesystem::path& dir,
                                                     const EngineConfig& config,
                                                     const ExpertParallelOptions& options);
@@ -137,7 +139,8 @@ int ranks_on_device(parallel::Communicator& comm, int device);
 // they split --gpu-memory-fraction among them (GpuOptions::ranks_on_device: each rank's weights,
 // workspace and KV pool within fraction / k of the card). Collective (ranks_on_device).
 GpuRank expert_parallel_gpu_rank(parallel::Communicator& comm,
-                                 const std::filesystem::path& placement);
+                                 const std::filesystem::path& placement,
+                                 EpTransport ep_transport = EpTransport::kAuto);
 
 // Ranks > 0: takes rank 0's orders and steps with it, round after round, until rank 0 stops.
 void follow_rank_zero(Engine& engine, parallel::Communicator& comm);

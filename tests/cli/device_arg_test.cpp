@@ -96,5 +96,32 @@ TEST(DispatchDtype, RefusedOnCudaNamingTheFlag) {
   }
 }
 
+TEST(EpTransport, IsAutoUnlessGiven) {
+  DeviceArgs args{.device = "cuda"};
+  EXPECT_EQ(args.ep_rows_transport(), EpTransport::kAuto);
+  args.ep_transport = "auto";
+  EXPECT_EQ(args.ep_rows_transport(), EpTransport::kAuto);
+  args.ep_transport = "nccl";
+  EXPECT_EQ(args.ep_rows_transport(), EpTransport::kNccl);
+  args.ep_transport = "staged";
+  EXPECT_EQ(args.ep_rows_transport(), EpTransport::kStaged);
+}
+
+TEST(EpTransport, RefusedOnTheCpuAndWithoutExpertParallelismNamingTheFlag) {
+  for (const char* transport : {"auto", "nccl", "staged"}) {
+    const DeviceArgs cpu{.device = "cpu", .ep = 2, .ep_transport = transport};
+    std::string message = expert_parallel_refusal(cpu);
+    EXPECT_NE(
+        message.find(std::string("--ep-transport ") + transport + " applies to --device cuda"),
+        std::string::npos)
+        << message;
+    const DeviceArgs one{.device = "cuda", .ep = 1, .ep_transport = transport};
+    message = expert_parallel_refusal(one);
+    EXPECT_NE(message.find(std::string("--ep-transport ") + transport + " applies to --ep N"),
+              std::string::npos)
+        << message;
+  }
+}
+
 }  // namespace
 }  // namespace moeinfer::cli

@@ -31,8 +31,9 @@ sharded over the ranks, so each MoE layer's rows cross between ranks both ways:
                       logits of one fixture per family within the GPU parity bound (relative 2e-2
                       of the largest logit) of the one-process GPU run with --fused-moe-rows 0
                       (the path --ep takes; 0 is expected), the demo model's and the fixtures'
-                      greedy text unchanged, and the per-step byte line printed. Skipped without
-                      a CUDA device (CI).
+                      greedy text unchanged, and the per-step byte line printed; the demo's text
+                      unchanged with --ep-transport staged, and with nccl too where each rank has
+                      a GPU of its own (else refused by name). Skipped without a CUDA device (CI).
   cuda_ep_serve       `mpirun -np 2 moeinfer serve --device cuda --ep 2 --deterministic` on the
                       demo model (each rank a continuous-batching engine on the GPU, two ranks
                       sharing it on a one-GPU machine): eight concurrent greedy completions, four
@@ -51,7 +52,8 @@ sharded over the ranks, so each MoE layer's rows cross between ranks both ways:
   bad_flags           --ep 2 outside mpirun names the launch command; --ep with --expert-budget
                       and --overlap without --ep are refused by name; bad placement files are refused naming the problem;
                       --dispatch-dtype and --micro-batches 2 without --ep and on --device cuda
-                      (generate, serve and bench) are refused by name.
+                      (generate, serve and bench) are refused by name, as is --ep-transport on
+                      the CPU and without --ep.
 
 Prints one line per check and a last line "N passed, M failed"; exits non-zero on any failure.
 """
@@ -304,6 +306,15 @@ def check_cuda_ep(ctx: dict) -> None:
     want = run([m, *base, *one_process], mpi=True).stdout
     got = mpirun(2, [m, *base, *cuda, "--ep", "2"]).stdout
     assert got == want, f"demo --ep 2 on cuda: {got!r} differs from {want!r}"
+    got = mpirun(2, [m, *base, *cuda, "--ep", "2", "--ep-transport", "staged"]).stdout
+    assert got == want, f"demo --ep 2 --ep-transport staged: {got!r} differs from {want!r}"
+    # NCCL takes one GPU per rank: two ranks on a one-GPU machine are refused by name.
+    r = mpirun(2, [m, *base, *cuda, "--ep", "2", "--ep-transport", "nccl"], ok=False)
+    if r.returncode == 0:
+        assert r.stdout == want, f"demo --ep-transport nccl: {r.stdout!r} differs from {want!r}"
+    else:
+        assert ("--ep-transport nccl" in r.stderr and
+                ("share a GPU" in r.stderr or "has no NCCL" in r.stderr)), r.stderr[-1500:]
 
 
 SERVE_PROMPTS = ["The capital of France is", "Once upon a time", "A fortune cookie says:",
@@ -477,6 +488,11 @@ def check_bad_flags(ctx: dict) -> None:
                 "--micro-batches 2 is not implemented on the CUDA backend" in r.stderr), r.stderr
     r = run([m, *base, "--dispatch-dtype", "fp8"], ok=False, mpi=True)
     assert r.returncode == 2 and "--dispatch-dtype fp8 applies to --ep N" in r.stderr, r.stderr
+    r = run([m, *base, "--ep-transport", "staged"], ok=False, mpi=True)
+    assert (r.returncode == 2 and
+            "--ep-transport staged applies to --device cuda" in r.stderr), r.stderr
+    r = run([m, *base, "--device", "cuda", "--ep-transport", "nccl"], ok=False, mpi=True)
+    assert r.returncode == 2 and "--ep-transport nccl applies to --ep N" in r.stderr, r.stderr
     r = run([m, *base, "--device", "cuda", "--dispatch-dtype", "bf16"], ok=False, mpi=True)
     assert (r.returncode != 0 and
             "--dispatch-dtype bf16 is not implemented on the CUDA backend" in r.stderr), r.stderr

@@ -348,10 +348,10 @@ class CudaDecoder final : public GpuDecoder {
   // [T*K, Hp] the experts' weighted inputs in plan order (Llama 4's routing weights on the
   // input, LocalDispatcher), else null
   bf16* weighted_rows_ = nullptr;
-  // --ep: [T*K, Hp] the plan's rows gathered for the host-staged dispatch, and the dispatcher
+  // --ep: [T*K, Hp] the plan's rows gathered for the device dispatch, and the dispatcher
   // (owned by moe_), whose byte counts expert_parallel_bytes reports; else null.
   bf16* ep_plan_rows_ = nullptr;
-  const HostStagedDispatcher* ep_dispatcher_ = nullptr;
+  const DeviceDispatcher* ep_dispatcher_ = nullptr;
   bf16 *mlp_gate_up_ = nullptr, *mlp_act_ = nullptr;
   float* logits_ = nullptr;  // [rcap, V]
   void* cublas_workspace_ = nullptr;
@@ -447,7 +447,7 @@ CudaDecoder::CudaDecoder(const ModelConfig& config, DeviceWeights weights,
               "--ep with --expert-budget is not supported yet: offload or shard the experts");
     MOE_CHECK(config.num_experts > 0, "--ep: the ", config.model_type,
               " model has no routed experts to shard");
-    // The host-staged dispatch waits for the device and exchanges with the other ranks inside
+    // The dispatch waits for the plan's offsets and exchanges with the other ranks inside
     // each MoE layer: no step can be a CUDA graph, and the small-batch path (route and experts
     // in one kernel) has no dispatch stage.
     options_.cuda_graphs = false;
@@ -1664,8 +1664,11 @@ void CudaDecoder::build_moe_block() {
   std::unique_ptr<TokenDispatcher> dispatcher;
   if (options_.expert_parallel != nullptr) {
     parallel::Communicator& comm = *options_.expert_parallel;
-    auto ep = std::make_unique<HostStagedDispatcher>(
-        comm,
+    // Collective, as the dispatcher's construction: every rank builds its decoder together.
+    RowTransport transport =
+        make_row_transport(comm, options_.ep_transport, options_.device, stream_);
+    auto ep = std::make_unique<DeviceDispatcher>(
+        comm, std::move(transport),
         options_.placement ? *options_.placement
                            : parallel::ExpertPlacement(config_.num_experts, comm.size()),
         config_.num_experts, w_.padded_hidden_size,

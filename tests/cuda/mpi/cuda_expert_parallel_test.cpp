@@ -3,11 +3,12 @@
 // rank % count, so two ranks on a one-GPU machine share it. Without a CUDA device (CI) every
 // rank skips every test, and the job passes.
 //
-// Dispatch: each rank's token rows carry their source rank and token index (small integers,
-// exact in bf16); a receiver checks that every row it got is one routed to an expert it holds,
-// in logical-expert order, every such row once (the replica rule splitting replicated experts),
-// and an identity "expert" (the rows handed back as outputs) makes combine return each token's
-// weighted sum of its own row.
+// Dispatch (gpu::DeviceDispatcher, over the staged row transport, and over NCCL too where every
+// rank has a GPU of its own): each rank's token rows carry their source rank and token index
+// (small integers, exact in bf16); a receiver checks that every row it got is one routed to an
+// expert it holds, in logical-expert order, every such row once (the replica rule splitting
+// replicated experts), and an identity "expert" (the rows handed back as outputs) makes combine
+// return each token's weighted sum of its own row.
 //
 // Decoder: for fixture models of several families, every rank runs the same routes through a
 // one-process GPU decoder and through one under --ep N (the same weights, the same arithmetic:
@@ -17,8 +18,9 @@
 // identical greedy continuations. Ranks also run different batches (rank r's prompt rotated by
 // r, its decode steps of 3 sequences on rank 0 and 2 on the others: every rank runs the same
 // number of forwards, each a collective), and a placement with replicas gives the same logits.
-// Ranks with empty batches (padding rows that still join every exchange) beside rank 0 leave its
-// logits those of one process.
+// Every family also runs under --deterministic over the staged transport, whose logits must
+// equal the one-process run's exactly. Ranks with empty batches (padding rows that still join every
+// exchange) beside rank 0 leave its logits those of one process.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -30,9 +32,9 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <optional>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,6 +44,7 @@
 #include "core/dtype.h"
 #include "model/cuda/device_memory.h"
 #include "model/cuda/expert_parallel.h"
+#include "model/cuda/row_transport.h"
 #include "model/gpu_decoder.h"
 #include "model/model.h"
 #include "parallel/communicator.h"
@@ -72,10 +75,11 @@ int32_t routed_expert(int s, int64_t t, int64_t k, int64_t E) {
   return static_cast<int32_t>((s + 3 * t + 2 * k) % E);
 }
 
-// One layer through HostStagedDispatcher with `table`: tags checked at the receiver, identity
-// experts, weighted sums back. T tokens on every rank, the last padding(s) of rank s's padding.
+// One layer through DeviceDispatcher over `transport` with `table`: tags checked at the
+// receiver, identity experts, weighted sums back. T tokens on every rank, the last padding(s) of
+// rank s's padding.
 void check_dispatch(const parallel::LayerPlacement& table, int64_t T,
-                    const std::function<int64_t(int)>& padding) {
+                    const std::function<int64_t(int)>& padding, EpTransport transport) {
   Communicator& job = world();
   use_rank_device(job);
   const int me = job.rank(), N = job.size();
@@ -132,8 +136,9 @@ void check_dispatch(const parallel::LayerPlacement& table, int64_t T,
     const auto s = table.slots(r);
     slots[r].assign(s.begin(), s.end());
   }
-  gpu::HostStagedDispatcher dispatcher(job, parallel::ExpertPlacement(table, {}), E, H,
-                                       N * T * K, plan_rows_dev.get());
+  gpu::DeviceDispatcher dispatcher(
+      job, gpu::make_row_transport(job, transport, job.rank() % cuda_device_count(), stream),
+      parallel::ExpertPlacement(table, {}), E, H, N * T * K, plan_rows_dev.get());
   const gpu::RoutedTokens tokens{.hidden = d_hidden, .topk_ids = ids_dev.get(),
                                  .topk_weights = weights_dev.get(),
                                  .expert_offsets = offsets_dev.get(), .src_row = src_dev.get(),
@@ -217,10 +222,25 @@ void check_dispatch(const parallel::LayerPlacement& table, int64_t T,
   }
 }
 
+// The transports this job can run: staged always, and NCCL where every rank has a GPU of its
+// own (auto then picks it). Collective.
+std::vector<EpTransport> job_transports() {
+  use_rank_device(world());
+  std::vector<EpTransport> transports = {EpTransport::kStaged};
+  if (gpu::have_nccl() && !gpu::ranks_share_a_gpu(world())) {
+    transports.push_back(EpTransport::kNccl);
+  }
+  return transports;
+}
+
 TEST(CudaExpertParallel, DispatchCarriesTaggedRowsToTheirExpertsAndBack) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
   const int N = world().size();
-  check_dispatch(parallel::LayerPlacement::contiguous(8, N), /*T=*/13, [](int) { return 3; });
+  for (const EpTransport transport : job_transports()) {
+    SCOPED_TRACE(gpu::ep_transport_name(transport));
+    check_dispatch(
+        parallel::LayerPlacement::contiguous(8, N), /*T=*/13, [](int) { return 3; }, transport);
+  }
 }
 
 TEST(CudaExpertParallel, DispatchSplitsReplicatedExperts) {
@@ -232,7 +252,11 @@ TEST(CudaExpertParallel, DispatchSplitsReplicatedExperts) {
   for (int r = 1; r < N; ++r) {
     for (int32_t e = 0; e < 8; e += 2) slots[r].push_back(e);
   }
-  check_dispatch(parallel::LayerPlacement(8, slots), /*T=*/21, [](int s) { return s; });
+  for (const EpTransport transport : job_transports()) {
+    SCOPED_TRACE(gpu::ep_transport_name(transport));
+    check_dispatch(
+        parallel::LayerPlacement(8, slots), /*T=*/21, [](int s) { return s; }, transport);
+  }
 }
 
 TEST(CudaExpertParallel, RankWithoutRealTokensTakesPartInEveryExchange) {
@@ -240,10 +264,15 @@ TEST(CudaExpertParallel, RankWithoutRealTokensTakesPartInEveryExchange) {
   const int N = world().size();
   // The last rank's tokens are all padding: it still sends its (zero) counts, receives the
   // others' rows for its experts and returns their outputs.
-  check_dispatch(parallel::LayerPlacement::contiguous(8, N), /*T=*/6,
-                 [N](int s) { return s == N - 1 ? 6 : 0; });
-  // Every rank without real tokens: the exchanges still go round, empty.
-  check_dispatch(parallel::LayerPlacement::contiguous(8, N), /*T=*/4, [](int) { return 4; });
+  for (const EpTransport transport : job_transports()) {
+    SCOPED_TRACE(gpu::ep_transport_name(transport));
+    check_dispatch(
+        parallel::LayerPlacement::contiguous(8, N), /*T=*/6,
+        [N](int s) { return s == N - 1 ? 6 : 0; }, transport);
+    // Every rank without real tokens: the exchanges still go round, empty.
+    check_dispatch(
+        parallel::LayerPlacement::contiguous(8, N), /*T=*/4, [](int) { return 4; }, transport);
+  }
 }
 
 // --- the decoder ---
@@ -313,7 +342,8 @@ double rel_error(const std::vector<float>& got, const std::vector<float>& want) 
 
 std::unique_ptr<GpuDecoder> make_gpu(Model& model, Communicator* comm,
                                      std::optional<parallel::ExpertPlacement> placement,
-                                     bool deterministic) {
+                                     bool deterministic,
+                                     EpTransport transport = EpTransport::kAuto) {
   // Two ranks may share the GPU: each takes a part of it.
   GpuOptions options{.device = world().rank() % cuda_device_count(),
                      .gpu_memory_fraction = 0.3,
@@ -330,6 +360,7 @@ std::unique_ptr<GpuDecoder> make_gpu(Model& model, Communicator* comm,
   options.cuda_graphs = false;
   options.deterministic = deterministic;
   options.expert_parallel = comm;
+  options.ep_transport = transport;
   options.placement = std::move(placement);
   return GpuDecoder::create(model.config(), model.decoder().weights(), options);
 }
@@ -348,7 +379,8 @@ double max_abs_diff(const std::vector<float>& got, const std::vector<float>& wan
 // With `exact` (--deterministic in both runs) the logits must be equal: the rank's own tokens go
 // through the same products either way, the grouped expert GEMM reduces each element in the same
 // order whatever rows share its tiles, and the rows and outputs travel as the bf16 they are.
-void check_fixture(const std::string& name, bool replicas, bool exact = false) {
+void check_fixture(const std::string& name, bool replicas, bool exact = false,
+                   EpTransport transport = EpTransport::kAuto) {
   Communicator& job = world();
   const auto dir = testing_support::kModelFixtures / name;
   std::ifstream in(dir / "reference.json");
@@ -377,7 +409,7 @@ void check_fixture(const std::string& name, bool replicas, bool exact = false) {
   RunResult ep;
   std::vector<int64_t> sent;
   {
-    auto gpu = make_gpu(*model, &job, placement, exact);
+    auto gpu = make_gpu(*model, &job, placement, exact, transport);
     ep = run_routes(*gpu, prompt, greedy_steps, num_seqs);
     sent = gpu->expert_parallel_bytes();
   }
@@ -390,13 +422,14 @@ void check_fixture(const std::string& name, bool replicas, bool exact = false) {
                                   max_abs_diff(ep.decode, one.decode));
   if (exact) EXPECT_EQ(largest, 0.0) << name << " rank " << job.rank() << " under --deterministic";
   ASSERT_EQ(sent.size(), static_cast<size_t>(profile::kNumLinks));
-  std::printf("rank %d %-22s%s%s rel error vs one process: prefill %.2e decode %.2e (max abs "
-              "%.2e) | sent: same_gpu %lld peer_gpu %lld network %lld bytes\n",
-              job.rank(), name.c_str(), replicas ? " (replicas)" : "",
-              exact ? " (deterministic)" : "", prefill, decode, largest,
-              static_cast<long long>(sent[static_cast<int>(profile::Link::kSameGpu)]),
-              static_cast<long long>(sent[static_cast<int>(profile::Link::kPeerGpu)]),
-              static_cast<long long>(sent[static_cast<int>(profile::Link::kNetwork)]));
+  std::printf(
+      "rank %d %-22s%s%s [%s] rel error vs one process: prefill %.2e decode %.2e (max "
+      "abs %.2e) | sent: same_gpu %lld peer_gpu %lld network %lld bytes\n",
+      job.rank(), name.c_str(), replicas ? " (replicas)" : "", exact ? " (deterministic)" : "",
+      gpu::ep_transport_name(transport), prefill, decode, largest,
+      static_cast<long long>(sent[static_cast<int>(profile::Link::kSameGpu)]),
+      static_cast<long long>(sent[static_cast<int>(profile::Link::kPeerGpu)]),
+      static_cast<long long>(sent[static_cast<int>(profile::Link::kNetwork)]));
 }
 
 class CudaExpertParallelFixture : public ::testing::TestWithParam<const char*> {};
@@ -404,6 +437,13 @@ class CudaExpertParallelFixture : public ::testing::TestWithParam<const char*> {
 TEST_P(CudaExpertParallelFixture, MatchesTheOneProcessGpuRun) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
   check_fixture(GetParam(), /*replicas=*/false);
+}
+
+// Every family again under --deterministic, the rows over the staged transport (what two ranks
+// sharing the GPU take under auto too): the logits equal the one-process run's exactly.
+TEST_P(CudaExpertParallelFixture, EqualsTheOneProcessRunExactlyOverTheStagedTransport) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  check_fixture(GetParam(), /*replicas=*/false, /*exact=*/true, EpTransport::kStaged);
 }
 
 // Fixtures of several families: softmax top-k (Qwen3-MoE, OLMoE, Mixtral bf16), grouped sigmoid
