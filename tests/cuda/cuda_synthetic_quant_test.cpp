@@ -339,12 +339,12 @@ void synthetic_quant_decodes_finite_logits() {
   }
 }
 
-// A one-token step with quantised experts takes the small-batch MoE path (which reads the codes
-// itself since it learnt the formats): the profiler sees each MoE layer's route and experts
-// stages and no plan or unpermute, which only the stage-by-stage path closes. Its logits agree
-// with the stage-by-stage path's (small_batch_moe_rows = 0) within the GPU parity bound of
-// 2e-2 relative (cuda_parity_test.cpp): both multiply the same dequantised bf16 weights, the
-// stage path rounding the SiLU product and the expert outputs to bf16 on the way.
+// A one-token step with quantised experts takes the small-batch MoE path where it is on
+// (small_batch_moe_rows; it reads the codes itself since it learnt the formats): the profiler sees
+// each MoE layer's route and experts stages and no plan or unpermute, which only the stage-by-stage
+// path closes. Its logits agree with the stage-by-stage path's (small_batch_moe_rows = 0) within
+// the GPU parity bound of 2e-2 relative (cuda_parity_test.cpp): both multiply the same dequantised
+// bf16 weights, the stage path rounding the SiLU product and the expert outputs to bf16 on the way.
 void synthetic_quant_decode_takes_the_small_batch_path() {
   const ModelConfig c = cut_qwen3(2, 16);
   const std::vector<int32_t> table = {0, 1};
@@ -365,10 +365,12 @@ void synthetic_quant_decode_takes_the_small_batch_path() {
     if (profiler) profiler->end_step();
     return logits;
   };
+  // The path is opt-in (--fused-moe-rows, off by default): on up to 64 rows here.
+  constexpr int64_t kFusedRows = 64;
   for (WeightFormat format : kFormats) {
     SCOPED_TRACE(weight_format_name(format));
     profile::Profiler profiler({.num_layers = c.num_layers, .num_experts = c.num_experts});
-    const std::vector<float> fused = logits_of(format, -1, &profiler);
+    const std::vector<float> fused = logits_of(format, kFusedRows, &profiler);
     const profile::StepRecord& r = profiler.steps().back();
     for (int64_t l = 0; l < c.num_layers; ++l) {
       if (!c.layer_is_moe[l]) continue;
