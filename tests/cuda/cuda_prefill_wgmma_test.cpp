@@ -171,6 +171,31 @@ void reference(const Inputs& in, std::vector<double>* want, std::vector<double>*
   }
 }
 
+// The float64 causal softmax output of one (token, head, dim), as reference() computes it.
+double reference_output(const Inputs& in, int64_t token, int64_t head, int64_t dim) {
+  int64_t b = 0;
+  while (in.cu[b + 1] <= token) ++b;
+  const int64_t first = in.cu[b], G = in.Nq / in.Nkv, D = in.D;
+  const auto qf = to_float(in.q), kf = to_float(in.k), vf = to_float(in.v);
+  const float* q = &qf[(token * in.Nq + head) * D];
+  std::vector<double> s(static_cast<size_t>(token - first + 1));
+  double m = -1e300;
+  for (int64_t j = first; j <= token; ++j) {
+    const float* k = &kf[(j * in.Nkv + head / G) * D];
+    double dot = 0;
+    for (int64_t e = 0; e < D; ++e) dot += static_cast<double>(q[e]) * k[e];
+    s[j - first] = dot * in.scale;
+    m = std::max(m, s[j - first]);
+  }
+  double z = 0, out = 0;
+  for (int64_t j = first; j <= token; ++j) {
+    const double p = std::exp(s[j - first] - m);
+    z += p;
+    out += p * vf[(j * in.Nkv + head / G) * D + dim];
+  }
+  return out / z;
+}
+
 std::vector<double> as_double(const std::vector<uint16_t>& bits) {
   std::vector<double> out(bits.size());
   for (size_t i = 0; i < bits.size(); ++i) out[i] = bf16_to_f32(bits[i]);
@@ -181,6 +206,7 @@ std::vector<double> as_double(const std::vector<uint16_t>& bits) {
 void check_against_reference(const std::vector<int32_t>& lens, int64_t Nkv, int64_t group,
                              int64_t D, float scale_times_sqrt_d) {
   if (const std::string why = hopper_missing(); !why.empty()) GTEST_SKIP() << why;
+  SCOPED_TRACE(::testing::Message() << "seed " << fresh_seed() << " (MOE_TEST_SEED replays it)");
   const Inputs in = make_inputs(lens, Nkv, group, D, scale_times_sqrt_d);
   const std::vector<uint16_t> hopper = run_prefill(in, true);
   const std::vector<uint16_t> mma = run_prefill(in, false);
@@ -196,6 +222,7 @@ void check_against_reference(const std::vector<int32_t>& lens, int64_t Nkv, int6
 void check_against_mma(const std::vector<int32_t>& lens, int64_t Nkv, int64_t group, int64_t D,
                        float scale_times_sqrt_d) {
   if (const std::string why = hopper_missing(); !why.empty()) GTEST_SKIP() << why;
+  SCOPED_TRACE(::testing::Message() << "seed " << fresh_seed() << " (MOE_TEST_SEED replays it)");
   const Inputs in = make_inputs(lens, Nkv, group, D, scale_times_sqrt_d);
   const std::vector<uint16_t> hopper = run_prefill(in, true);
   const std::vector<double> mma = as_double(run_prefill(in, false));
@@ -207,6 +234,18 @@ void check_against_mma(const std::vector<int32_t>& lens, int64_t Nkv, int64_t gr
     for (int64_t d = 0; d < D; ++d) bound[row * D + d] = std::max(rms, 1.0 / std::sqrt(in.T));
   }
   expect_bf16_near(hopper, mma, bound, "wgmma prefill vs mma.sync");
+  // Where the two disagree, the float64 value of those few outputs says which kernel is off.
+  int shown = 0;
+  for (size_t i = 0; i < mma.size() && shown < 5; ++i) {
+    const double wgmma = bf16_to_f32(hopper[i]);
+    if (std::fabs(wgmma - mma[i]) <= 1e-2 * (std::fabs(mma[i]) + bound[i])) continue;
+    const int64_t token = static_cast<int64_t>(i) / (in.Nq * D);
+    const int64_t head = static_cast<int64_t>(i) / D % in.Nq, d = static_cast<int64_t>(i) % D;
+    ADD_FAILURE() << "output " << i << " (token " << token << ", head " << head << ", dim " << d
+                  << "): float64 " << reference_output(in, token, head, d) << ", wgmma "
+                  << wgmma << ", mma.sync " << mma[i];
+    ++shown;
+  }
 }
 
 constexpr float kSharp = 1.3f, kFlat = 0.35f;  // scale x sqrt(D)
