@@ -20,20 +20,6 @@
 
 namespace moeinfer::cuda {
 
-// Asked of the driver once per device (a mutex, not the driver, on every later launch).
-int current_compute_capability() {
-  int device = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  static std::mutex mutex;
-  static std::map<int, int> known;
-  const std::lock_guard lock(mutex);
-  if (const auto it = known.find(device); it != known.end()) return it->second;
-  int major = 0, minor = 0;
-  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  return known[device] = major * 10 + minor;
-}
-
 namespace {
 
 // 16 rows x 32 columns, 4 warps side by side: decode, where blocks must be many and narrow.

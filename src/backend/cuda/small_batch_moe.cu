@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_info.h"
 #include "backend/cuda/launch_checks.h"
 #include "backend/cuda/small_batch_moe.h"
 #include "backend/cuda/small_batch_moe_kernel.cuh"
@@ -129,9 +130,8 @@ namespace {
 template <ExpertQuant Q>
 int64_t resident_blocks() {
   static const int64_t blocks = [] {
-    int device = 0, sms = 0, per_sm = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    int per_sm = 0;
+    const int sms = current_multiprocessor_count();
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, small_moe_experts_kernel<Q>,
                                                              kSmallMoeThreads, 0));
     return static_cast<int64_t>(sms) * std::max(per_sm, 1);

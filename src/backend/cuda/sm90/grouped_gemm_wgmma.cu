@@ -4,10 +4,9 @@
 // and sizes a persistent grid of one CTA per SM. Six instantiations: BNW 256, 128 and 64 weight
 // rows, plain and gated.
 #include <algorithm>
-#include <map>
-#include <mutex>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_info.h"
 #include "backend/cuda/grouped_gemm.h"
 #include "backend/cuda/grouped_gemm_wgmma.h"
 #include "backend/cuda/grouped_gemm_wgmma_kernel.cuh"
@@ -18,19 +17,6 @@ namespace moeinfer::cuda {
 namespace {
 
 static_assert(wgmma::kBK == wgmma::kBoxInner, "a k-tile is one TMA box wide");
-
-int multiprocessors() {
-  int device = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  static std::mutex mutex;
-  static std::map<int, int> known;
-  const std::lock_guard lock(mutex);
-  if (const auto it = known.find(device); it != known.end()) return it->second;
-  int count = 0;
-  CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-  known[device] = count;
-  return count;
-}
 
 template <class Cfg>
 void launch(const GroupedGemmParams& p, cudaStream_t stream) {
@@ -60,7 +46,7 @@ void launch(const GroupedGemmParams& p, cudaStream_t stream) {
   const int64_t touched = std::min(p.num_experts, p.num_rows);
   const int64_t slots = (p.num_rows + touched * (wgmma::kBM - 1)) / wgmma::kBM;
   const int64_t grid =
-      std::max<int64_t>(1, std::min<int64_t>(slots * kp.num_n_tiles, multiprocessors()));
+      std::max<int64_t>(1, std::min<int64_t>(slots * kp.num_n_tiles, current_multiprocessor_count()));
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
