@@ -41,7 +41,10 @@
 // codes and scales both paths read (expert_quant_read_bytes), not 3*I*H*2.
 //
 // Usage: bench_cuda_moe_layer [--tokens 1,2,4,...] [--json FILE] [--quick] [--no-stages]
-//                             [--weights bf16|fp8|int4] [--dump DIR [--dump-tokens N]]
+//                             [--weights bf16|fp8|int4] [--tile auto|rows16|skinny]
+//                             [--dump DIR [--dump-tokens N]]
+//   --tile        forces the experts stage's grouped GEMM tile (grouped_gemm.h's GemmTile:
+//                 the 16-row mma.sync tile or the skinny kernel); auto is the engine's choice
 //   --json FILE   writes {"T": microseconds per layer, ...}
 //   --dump DIR    runs the layer once at T = N (default 37) with weight copy 0 and writes its
 //                 inputs, weights, routing and output as raw little-endian arrays plus
@@ -89,6 +92,7 @@ int g_replays = 10;
 // --weights: the routed experts' format, and the inputs per scale --weights fp8 and int4 give
 // (model/weight_quant.h).
 ExpertQuant g_quant = ExpertQuant::kNone;
+GemmTile g_tile = GemmTile::kAuto;  // --tile: the experts stage's grouped GEMM
 constexpr int64_t kQuantGroup = 128;
 
 // Bytes of one [rows, cols] expert matrix that a product reads: bf16 values, or the codes and
@@ -181,7 +185,8 @@ MoeExpertsParams experts_params(const LayerBuffers& b, const LayerWeights& w, in
                           .hidden_size = kH,
                           .expert_width = kI,
                           .src_row = b.src_row,
-                          .top_k = kK};
+                          .top_k = kK,
+                          .tile = g_tile};
 }
 
 UnpermuteParams unpermute_params(const LayerBuffers& b, int64_t T) {
@@ -315,12 +320,20 @@ int run(int argc, char** argv) {
       g_quant = format == "fp8"    ? ExpertQuant::kFp8
                 : format == "int4" ? ExpertQuant::kInt4
                                    : ExpertQuant::kNone;
+    } else if (a == "--tile") {
+      const std::string tile = value();
+      MOE_CHECK(tile == "auto" || tile == "rows16" || tile == "skinny", "--tile ", tile,
+                ": auto, rows16 or skinny");
+      g_tile = tile == "rows16"   ? GemmTile::kRows16
+               : tile == "skinny" ? GemmTile::kSkinny
+                                  : GemmTile::kAuto;
     } else if (a == "--dump-tokens") {
       dump_tokens = parse_tokens(value()).at(0);
     } else {
       MOE_CHECK(false, "unknown argument ", a,
                 " (usage: bench_cuda_moe_layer [--tokens 1,2,...] [--json FILE] [--quick] "
-                "[--no-stages] [--weights bf16|fp8|int4] [--dump DIR [--dump-tokens N]])");
+                "[--no-stages] [--weights bf16|fp8|int4] [--tile auto|rows16|skinny] "
+                "[--dump DIR [--dump-tokens N]])");
     }
   }
   MOE_CHECK(dump_dir.empty() || g_quant == ExpertQuant::kNone,

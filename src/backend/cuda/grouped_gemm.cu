@@ -2,8 +2,9 @@
 // picks the tile from host-known sizes, sizes the grid for the worst case and launches once.
 // The instantiations are the eight used: four tiles, each plain and with SiLU(gate)*up fused;
 // and for quantised weights (fp8, int4, MXFP4) the 16- and 64-row tiles of each, twelve more;
-// and fp8 x fp8 on the 16-, 64- and 128-row tiles, six more. Also the activation quantiser that
-// feeds fp8 x fp8, and the predicate that picks it.
+// and fp8 x fp8 on the 16-, 64- and 128-row tiles, six more; and the skinny kernel
+// (grouped_skinny_kernel.cuh) for each weight format, plain and gated, eight more. Also the
+// activation quantiser that feeds fp8 x fp8, and the predicate that picks it.
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -15,6 +16,7 @@
 #include "backend/cuda/grouped_gemm.h"
 #include "backend/cuda/grouped_gemm_kernel.cuh"
 #include "backend/cuda/grouped_gemm_wgmma.h"
+#include "backend/cuda/grouped_skinny_kernel.cuh"
 #include "backend/cuda/launch_checks.h"
 #include "backend/cuda/moe_stages.h"
 
@@ -75,6 +77,42 @@ void launch(const GroupedGemmParams& p, cudaStream_t stream) {
   CUDA_CHECK(cudaLaunchKernelEx(&config, grouped_gemm_kernel<Cfg, Q, Fp8Mma>, p));
 }
 
+template <bool G, ExpertQuant Q>
+void launch_skinny(const GroupedGemmParams& p, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(p.n / kGroupedSkinnyColumnsPerBlock),
+                  static_cast<unsigned>(p.num_rows));
+  if (!p.overlap_previous) {
+    grouped_skinny_kernel<G, Q><<<grid, kGroupedSkinnyThreads, 0, stream>>>(p);
+    MOE_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(kGroupedSkinnyThreads);
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  CUDA_CHECK(cudaLaunchKernelEx(&config, grouped_skinny_kernel<G, Q>, p));
+}
+
+template <bool G>
+void dispatch_skinny(const GroupedGemmParams& p, cudaStream_t stream) {
+  switch (p.quant) {
+    case ExpertQuant::kNone:
+      return launch_skinny<G, ExpertQuant::kNone>(p, stream);
+    case ExpertQuant::kFp8:
+      return launch_skinny<G, ExpertQuant::kFp8>(p, stream);
+    case ExpertQuant::kInt4:
+      return launch_skinny<G, ExpertQuant::kInt4>(p, stream);
+    case ExpertQuant::kMxfp4:
+      return launch_skinny<G, ExpertQuant::kMxfp4>(p, stream);
+  }
+  MOE_CHECK(false, "quant ", static_cast<int>(p.quant), " is not a weight format");
+}
+
 template <bool G>
 void dispatch_tile(GemmTile tile, const GroupedGemmParams& p, cudaStream_t stream) {
   switch (tile) {
@@ -88,6 +126,7 @@ void dispatch_tile(GemmTile tile, const GroupedGemmParams& p, cudaStream_t strea
       return launch<Rows128Wide<G>>(p, stream);
     case GemmTile::kAuto:
     case GemmTile::kHopperWgmma:  // launched by grouped_gemm itself
+    case GemmTile::kSkinny:
       break;
   }
   MOE_CHECK(false, "unresolved tile ", static_cast<int>(tile));
@@ -132,6 +171,7 @@ void dispatch_fp8_mma_tile(GemmTile tile, const GroupedGemmParams& p, cudaStream
       return launch<Rows128<G>, ExpertQuant::kFp8, true>(p, stream);
     case GemmTile::kAuto:
     case GemmTile::kHopperWgmma:  // refused by grouped_gemm first
+    case GemmTile::kSkinny:
       break;
   }
   MOE_CHECK(false, "unresolved tile ", static_cast<int>(tile));
@@ -233,8 +273,17 @@ bool grouped_gemm_wgmma_supported(const GroupedGemmParams& p) {
   return grouped_gemm_wgmma_unsupported(p) == nullptr && grouped_gemm_wgmma_available();
 }
 
+// One row per expert on average at most; the grid's y takes 65535 rows.
+bool grouped_gemm_skinny_rows(int64_t num_rows, int64_t num_experts) {
+  return num_rows <= num_experts && num_rows <= 65535;
+}
+
 GemmTile grouped_gemm_tile(const GroupedGemmParams& p) {
   if (p.tile != GemmTile::kAuto) return p.tile;
+  if (!p.batch_invariant && p.act_codes == nullptr &&
+      grouped_gemm_skinny_rows(p.num_rows, p.num_experts)) {
+    return GemmTile::kSkinny;
+  }
   const int64_t touched = std::max<int64_t>(1, std::min(p.num_experts, p.num_rows));
   if (!p.batch_invariant && p.num_rows / touched > kWgmmaMinMeanRows &&
       grouped_gemm_wgmma_supported(p)) {
@@ -309,6 +358,17 @@ void grouped_gemm(const GroupedGemmParams& p, cudaStream_t stream) {
     return;
   }
   check_quant(p);
+  if (tile == GemmTile::kSkinny) {
+    MOE_CHECK(!fp8_mma, "tile kSkinny does not take fp8 x fp8 (act_codes); use kAuto");
+    MOE_CHECK(p.num_rows <= 65535,
+              "tile kSkinny takes at most 65535 rows, not num_rows = ", p.num_rows, "; use kAuto");
+    if (gated) {
+      dispatch_skinny<true>(p, stream);
+    } else {
+      dispatch_skinny<false>(p, stream);
+    }
+    return;
+  }
   if (fp8_mma) {
     check_fp8_mma(p);
     if (gated) {
@@ -394,6 +454,7 @@ void moe_experts(const MoeExpertsParams& p, cudaStream_t stream) {
                             .bias = p.gate_up_bias,
                             .swiglu_alpha = p.swiglu_alpha,
                             .swiglu_limit = p.swiglu_limit,
+                            .tile = p.tile,
                             .src_row = p.src_row,
                             .top_k = p.top_k,
                             .act_codes = fp8_mma ? p.fp8_codes : nullptr,
@@ -440,6 +501,7 @@ void moe_experts(const MoeExpertsParams& p, cudaStream_t stream) {
                                  .quant_group = p.quant_group,
                                  .epilogue = GemmEpilogue::kNone,
                                  .bias = p.down_bias,
+                                 .tile = p.tile,
                                  .act_codes = fp8_mma ? p.fp8_codes : nullptr,
                                  .act_scales = fp8_mma ? p.fp8_scales : nullptr,
                                  .overlap_previous = true,
