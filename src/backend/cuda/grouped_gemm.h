@@ -74,9 +74,9 @@ enum class GemmEpilogue : int32_t { kNone, kSiluMul, kClampedSwiglu };
 // kSkinny (grouped_skinny_kernel.cuh): no tile at all, the weights streamed through registers
 // as the skinny GEMM does for dense projections, each expert's weight row read once for its up
 // to 4 rows a block (more rows take more blocks, each reading the weights again). kAuto takes it
-// where the rows are at most one per expert on average (M <= E: decode up to E / K tokens) and
-// not under batch_invariant; every weight format, both epilogues, biases, the slot table and
-// the gather; not fp8 x fp8 (act_codes).
+// at decode's smallest steps (grouped_gemm_skinny_rows: M <= E and M <= 16, or 64 for quantised
+// weights) and not under batch_invariant; every weight format, both epilogues, biases, the slot
+// table and the gather; not fp8 x fp8 (act_codes).
 enum class GemmTile : int32_t {
   kAuto,
   kRows16,
@@ -152,8 +152,8 @@ GemmTile grouped_gemm_auto_tile(int64_t num_rows, int64_t num_experts, int64_t n
 // else kAuto's choice, kHopperWgmma included.
 GemmTile grouped_gemm_tile(const GroupedGemmParams& params);
 
-// Whether kAuto takes kSkinny for these sizes: at most one row per expert on average.
-bool grouped_gemm_skinny_rows(int64_t num_rows, int64_t num_experts);
+// Whether kAuto takes kSkinny for these sizes and weights (outside batch_invariant).
+bool grouped_gemm_skinny_rows(int64_t num_rows, int64_t num_experts, ExpertQuant quant);
 
 // Whether the current device can run kHopperWgmma at all: a build for CUDA architecture 90
 // (the kernel is compiled for sm_90a) and a device of compute capability 9.0 exactly.

@@ -75,13 +75,25 @@ __global__ void __launch_bounds__(kGroupedSkinnyThreads)
   constexpr int kWeightRows = kOps * C;
   const int slot = static_cast<int>(blockIdx.y);
   const int E = static_cast<int>(p.num_experts);
-  // The offsets are not written by a kernel this one overlaps (GroupedGemmParams::
-  // overlap_previous): the block finds its expert before waiting.
-  if (slot >= __ldg(p.expert_offsets + E)) return;  // a bucket's padding rows
-  const int expert = device::last_start_at_or_before(p.expert_offsets, E, slot);
-  const int row0 = __ldg(p.expert_offsets + expert);
-  if ((slot - row0) % R != 0) return;
-  const int num_rows = min(R, __ldg(p.expert_offsets + expert + 1) - slot);
+  // The expert whose rows hold `slot`, found by the block's threads side by side (one round of
+  // independent loads for E <= 256, not a chain of dependent ones). The offsets are not written
+  // by a kernel this one overlaps (GroupedGemmParams::overlap_previous), so this comes before
+  // waiting for it.
+  __shared__ int s_run[3];  // expert (-1: none, a bucket's padding row), first row, end row
+  if (threadIdx.x == 0) s_run[0] = -1;
+  __syncthreads();
+  for (int e = static_cast<int>(threadIdx.x); e < E; e += kGroupedSkinnyThreads) {
+    const int begin = __ldg(p.expert_offsets + e), end = __ldg(p.expert_offsets + e + 1);
+    if (begin <= slot && slot < end) {
+      s_run[0] = e;
+      s_run[1] = begin;
+      s_run[2] = end;
+    }
+  }
+  __syncthreads();
+  const int expert = s_run[0];
+  if (expert < 0 || (slot - s_run[1]) % R != 0) return;
+  const int num_rows = min(R, s_run[2] - slot);
 
   const int N = static_cast<int>(p.n);
   const int K = static_cast<int>(p.k);
