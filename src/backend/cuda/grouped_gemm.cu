@@ -41,6 +41,28 @@ using Rows128 = gemm::TileConfig<128, G ? 64 : 128, 2, 4, 3, G>;
 template <bool G>
 using Rows128Wide = gemm::TileConfig<128, G ? 128 : 256, 2, 4, 3, G>;
 
+// Enqueues one grouped-GEMM kernel on `stream`: a programmatic dependent of the kernel before it
+// where p.overlap_previous asks (its start-up overlaps that kernel's tail), else a plain launch.
+void enqueue(void (*kernel)(GroupedGemmParams), dim3 grid, int threads, int shared_bytes,
+             const GroupedGemmParams& p, cudaStream_t stream) {
+  if (!p.overlap_previous) {
+    kernel<<<grid, threads, shared_bytes, stream>>>(p);
+    MOE_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
+}
+
 template <class Cfg, ExpertQuant Q = ExpertQuant::kNone, bool Fp8Mma = false>
 void launch(const GroupedGemmParams& p, cudaStream_t stream) {
   MOE_CHECK(p.n % Cfg::BN == 0, "n = ", p.n, " must be a multiple of ", Cfg::BN, " for the ",
@@ -59,43 +81,14 @@ void launch(const GroupedGemmParams& p, cudaStream_t stream) {
   const int64_t slots_y = (slots + slots_z - 1) / slots_z;
   const dim3 grid(static_cast<unsigned>(p.n / Cfg::BN), static_cast<unsigned>(slots_y),
                   static_cast<unsigned>(slots_z));
-  if (!p.overlap_previous) {
-    grouped_gemm_kernel<Cfg, Q, Fp8Mma><<<grid, Cfg::kThreads, kSmemBytes, stream>>>(p);
-    MOE_CUDA_CHECK_LAUNCH();
-    return;
-  }
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = dim3(Cfg::kThreads);
-  config.dynamicSmemBytes = kSmemBytes;
-  config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  CUDA_CHECK(cudaLaunchKernelEx(&config, grouped_gemm_kernel<Cfg, Q, Fp8Mma>, p));
+  enqueue(grouped_gemm_kernel<Cfg, Q, Fp8Mma>, grid, Cfg::kThreads, kSmemBytes, p, stream);
 }
 
 template <bool G, ExpertQuant Q>
 void launch_skinny(const GroupedGemmParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.n / kGroupedSkinnyColumnsPerBlock),
                   static_cast<unsigned>(p.num_rows));
-  if (!p.overlap_previous) {
-    grouped_skinny_kernel<G, Q><<<grid, kGroupedSkinnyThreads, 0, stream>>>(p);
-    MOE_CUDA_CHECK_LAUNCH();
-    return;
-  }
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = dim3(kGroupedSkinnyThreads);
-  config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  CUDA_CHECK(cudaLaunchKernelEx(&config, grouped_skinny_kernel<G, Q>, p));
+  enqueue(grouped_skinny_kernel<G, Q>, grid, kGroupedSkinnyThreads, 0, p, stream);
 }
 
 template <bool G>

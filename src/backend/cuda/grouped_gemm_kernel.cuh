@@ -56,6 +56,7 @@
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/expert_dequant.cuh"
 #include "backend/cuda/expert_quant.h"
+#include "backend/cuda/gated_activation.cuh"
 #include "backend/cuda/grouped_gemm.h"
 #include "backend/cuda/kv_fp8.cuh"
 
@@ -179,15 +180,6 @@ __device__ __forceinline__ int block_inclusive_scan(int value, int* s_warp, int*
   __syncthreads();  // s_warp is reused by the next call
   *total = sum;
   return value + prefix;
-}
-
-// GPT-OSS's clamped SwiGLU of one column, as moe::run_experts: g = min(gate, limit),
-// u = clamp(up, -limit, limit), (u + 1) * (g / (1 + exp(-alpha g))).
-__device__ __forceinline__ float clamped_swiglu_value(float gate, float up, float alpha,
-                                                      float limit) {
-  const float g = fminf(gate, limit);
-  const float u = fminf(fmaxf(up, -limit), limit);
-  return (u + 1.0f) * (g / (1.0f + __expf(-alpha * g)));
 }
 
 // The per-chunk dequantisation (QuantChunk, fetch_quant_chunk, dequantize_chunk) lives in
@@ -554,11 +546,11 @@ __global__ void __launch_bounds__(Cfg::kThreads)
             u1 += __ldg(bias_row + N + col + 1);
           }
           if (clamped_swiglu) {
-            v0 = clamped_swiglu_value(v0, u0, p.swiglu_alpha, p.swiglu_limit);
-            v1 = clamped_swiglu_value(v1, u1, p.swiglu_alpha, p.swiglu_limit);
+            v0 = gated::clamped_swiglu(v0, u0, p.swiglu_alpha, p.swiglu_limit);
+            v1 = gated::clamped_swiglu(v1, u1, p.swiglu_alpha, p.swiglu_limit);
           } else {
-            v0 = v0 / (1.0f + __expf(-v0)) * u0;
-            v1 = v1 / (1.0f + __expf(-v1)) * u1;
+            v0 = gated::silu_mul(v0, u0);
+            v1 = gated::silu_mul(v1, u1);
           }
         }
         *reinterpret_cast<__nv_bfloat162*>(out_row + col) = __floats2bfloat162_rn(v0, v1);

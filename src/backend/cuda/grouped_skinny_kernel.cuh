@@ -23,6 +23,7 @@
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/expert_dequant.cuh"
 #include "backend/cuda/expert_quant.h"
+#include "backend/cuda/gated_activation.cuh"
 #include "backend/cuda/grouped_gemm.h"
 
 namespace moeinfer::cuda {
@@ -51,17 +52,6 @@ __device__ __forceinline__ void load8(const uint8_t* base, const QuantMatrixLayo
             expert_dequant::fetch_quant_chunk<Q>(base, layout, group, w_row, k)),
         w);
   }
-}
-
-__device__ __forceinline__ float silu_mul(float gate, float up) {
-  return gate / (1.0f + __expf(-gate)) * up;
-}
-
-// GPT-OSS's clamped SwiGLU, as the tiles' epilogue (grouped_gemm_kernel.cuh).
-__device__ __forceinline__ float clamped_swiglu(float gate, float up, float alpha, float limit) {
-  const float g = fminf(gate, limit);
-  const float u = fminf(fmaxf(up, -limit), limit);
-  return (u + 1.0f) * (g / (1.0f + __expf(-alpha * g)));
 }
 
 }  // namespace grouped_skinny
@@ -177,8 +167,8 @@ __global__ void __launch_bounds__(kGroupedSkinnyThreads)
         float up = device::warp_sum(acc[r][C + c]);
         if (bias != nullptr) up += __ldg(bias + N + col);
         value = p.epilogue == GemmEpilogue::kClampedSwiglu
-                    ? grouped_skinny::clamped_swiglu(value, up, p.swiglu_alpha, p.swiglu_limit)
-                    : grouped_skinny::silu_mul(value, up);
+                    ? gated::clamped_swiglu(value, up, p.swiglu_alpha, p.swiglu_limit)
+                    : gated::silu_mul(value, up);
       }
       if (lane == 0) p.out[static_cast<int64_t>(slot + r) * N + col] = __float2bfloat16_rn(value);
     }
