@@ -151,6 +151,8 @@ const char* tile_name(GemmTile t) {
       return "128w";
     case GemmTile::kHopperWgmma:
       return "wgmma";
+    case GemmTile::kSkinny:
+      return "skinny";
     default:
       return "auto";
   }
@@ -250,8 +252,9 @@ void bench_t(int64_t T, bf16* const* gate_up, bf16* const* down, double copy_bw,
   if (T >= 8) {
     // The other tiles for both projections, to see where the automatic choice stands.
     for (GemmTile alt : {GemmTile::kRows16, GemmTile::kRows64, GemmTile::kRows128,
-                         GemmTile::kRows128Wide, GemmTile::kHopperWgmma}) {
+                         GemmTile::kRows128Wide, GemmTile::kHopperWgmma, GemmTile::kSkinny}) {
       if (alt == gu_tile && alt == dn_tile) continue;
+      if (alt == GemmTile::kSkinny && T > 64) continue;
       if ((alt == GemmTile::kRows128 || alt == GemmTile::kRows128Wide ||
            alt == GemmTile::kHopperWgmma) &&
           T < 256) {

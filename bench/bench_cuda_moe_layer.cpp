@@ -34,8 +34,17 @@
 // the output written once) over the device-to-device copy bandwidth measured in the same run;
 // "vs flr" = floor time / measured time.
 //
+// --weights fp8|int4: the routed experts are quantised slabs (backend/cuda/expert_quant.h,
+// random codes from cuda::quant_random_fill, a scale (and int4 zero point) per 128 inputs of a
+// row, as --weights gives), read by both paths: the general layer's grouped GEMM dequantises
+// them into shared memory, the fused layer in registers. An expert's floor bytes are then the
+// codes and scales both paths read (expert_quant_read_bytes), not 3*I*H*2.
+//
 // Usage: bench_cuda_moe_layer [--tokens 1,2,4,...] [--json FILE] [--quick] [--no-stages]
+//                             [--weights bf16|fp8|int4] [--tile auto|rows16|skinny]
 //                             [--dump DIR [--dump-tokens N]]
+//   --tile        forces the experts stage's grouped GEMM tile (grouped_gemm.h's GemmTile:
+//                 the 16-row mma.sync tile or the skinny kernel); auto is the engine's choice
 //   --json FILE   writes {"T": microseconds per layer, ...}
 //   --dump DIR    runs the layer once at T = N (default 37) with weight copy 0 and writes its
 //                 inputs, weights, routing and output as raw little-endian arrays plus
@@ -56,7 +65,9 @@
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/decoder_ops.h"
 #include "backend/cuda/device_floors.h"
+#include "backend/cuda/expert_quant.h"
 #include "backend/cuda/grouped_gemm.h"
 #include "backend/cuda/moe_stages.h"
 #include "backend/cuda/small_batch_moe.h"
@@ -78,9 +89,26 @@ constexpr int kWarmupReplays = 2;
 // The decoder's cuBLAS workspace, set explicitly so captured GEMMs never allocate.
 constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 int g_replays = 10;
+// --weights: the routed experts' format, and the inputs per scale --weights fp8 and int4 give
+// (model/weight_quant.h).
+ExpertQuant g_quant = ExpertQuant::kNone;
+GemmTile g_tile = GemmTile::kAuto;  // --tile: the experts stage's grouped GEMM
+constexpr int64_t kQuantGroup = 128;
 
+// Bytes of one [rows, cols] expert matrix that a product reads: bf16 values, or the codes and
+// scales (and int4 zero points) of its slab, without the slab's alignment padding.
+double expert_matrix_read_bytes(int64_t rows, int64_t cols) {
+  if (g_quant == ExpertQuant::kNone) return 2.0 * rows * cols;
+  const QuantMatrixLayout l = quant_matrix_layout(g_quant, rows, cols, kQuantGroup);
+  const double per_group = g_quant == ExpertQuant::kInt4 ? 8.0 : 4.0;
+  return static_cast<double>(rows) * (l.row_code_bytes + l.groups_per_row * per_group);
+}
 
-
+// Bytes of one [rows, cols] expert matrix in memory (a quantised slab with its padding).
+int64_t expert_matrix_bytes(int64_t rows, int64_t cols) {
+  if (g_quant == ExpertQuant::kNone) return 2 * rows * cols;
+  return quant_matrix_layout(g_quant, rows, cols, kQuantGroup).bytes;
+}
 
 // Median milliseconds of one call of `body` (called with the call index within the graph).
 double time_graph(cudaStream_t stream, const std::function<void(int)>& body) {
@@ -91,8 +119,8 @@ double time_graph(cudaStream_t stream, const std::function<void(int)>& body) {
 // One copy of the layer's weights.
 struct LayerWeights {
   bf16* router = nullptr;   // [E, H]
-  bf16* gate_up = nullptr;  // [E, 2I, H], gate rows [0, I) then up rows [I, 2I)
-  bf16* down = nullptr;     // [E, H, I]
+  bf16* gate_up = nullptr;  // [E, 2I, H], gate rows [0, I) then up rows [I, 2I); or E slabs
+  bf16* down = nullptr;     // [E, H, I]; or E slabs
 };
 
 // Activations and routing metadata, sized for the largest T.
@@ -147,6 +175,8 @@ MoeExpertsParams experts_params(const LayerBuffers& b, const LayerWeights& w, in
   return MoeExpertsParams{.rows = b.x,
                           .gate_up = w.gate_up,
                           .down = w.down,
+                          .quant = g_quant,
+                          .quant_group = g_quant == ExpertQuant::kNone ? 0 : kQuantGroup,
                           .expert_offsets = b.expert_offsets,
                           .activation = b.activation,
                           .out = b.expert_out,
@@ -155,7 +185,8 @@ MoeExpertsParams experts_params(const LayerBuffers& b, const LayerWeights& w, in
                           .hidden_size = kH,
                           .expert_width = kI,
                           .src_row = b.src_row,
-                          .top_k = kK};
+                          .top_k = kK,
+                          .tile = g_tile};
 }
 
 UnpermuteParams unpermute_params(const LayerBuffers& b, int64_t T) {
@@ -175,6 +206,8 @@ SmallMoeParams small_moe_params(const LayerBuffers& b, const LayerWeights& w, in
                         .route = route_params(b, T),
                         .gate_up = w.gate_up,
                         .down = w.down,
+                        .quant = g_quant,
+                        .quant_group = g_quant == ExpertQuant::kNone ? 0 : kQuantGroup,
                         .expert_width = kI,
                         .expert_counts = counts,
                         .out = out,
@@ -280,14 +313,32 @@ int run(int argc, char** argv) {
       tokens = parse_tokens(value());
     } else if (a == "--dump") {
       dump_dir = value();
+    } else if (a == "--weights") {
+      const std::string format = value();
+      MOE_CHECK(format == "bf16" || format == "fp8" || format == "int4", "--weights ", format,
+                ": bf16, fp8 or int4");
+      g_quant = format == "fp8"    ? ExpertQuant::kFp8
+                : format == "int4" ? ExpertQuant::kInt4
+                                   : ExpertQuant::kNone;
+    } else if (a == "--tile") {
+      const std::string tile = value();
+      MOE_CHECK(tile == "auto" || tile == "rows16" || tile == "skinny", "--tile ", tile,
+                ": auto, rows16 or skinny");
+      g_tile = tile == "rows16"   ? GemmTile::kRows16
+               : tile == "skinny" ? GemmTile::kSkinny
+                                  : GemmTile::kAuto;
     } else if (a == "--dump-tokens") {
       dump_tokens = parse_tokens(value()).at(0);
     } else {
       MOE_CHECK(false, "unknown argument ", a,
                 " (usage: bench_cuda_moe_layer [--tokens 1,2,...] [--json FILE] [--quick] "
-                "[--no-stages] [--dump DIR [--dump-tokens N]])");
+                "[--no-stages] [--weights bf16|fp8|int4] [--tile auto|rows16|skinny] "
+                "[--dump DIR [--dump-tokens N]])");
     }
   }
+  MOE_CHECK(dump_dir.empty() || g_quant == ExpertQuant::kNone,
+            "--dump writes bf16 experts for the PyTorch script: not with --weights ",
+            expert_quant_name(g_quant));
   const int64_t max_t =
       std::max(*std::max_element(tokens.begin(), tokens.end()), dump_dir.empty() ? 0 : dump_tokens);
 
@@ -308,20 +359,41 @@ int run(int argc, char** argv) {
   const double copy_bw = measure_copy_bandwidth();  // backend/cuda/device_floors.h
   std::printf("device-to-device copy 1 GiB: %.1f GB/s (read + write)\n", copy_bw / 1e9);
   std::printf(
-      "Qwen3-30B-A3B MoE layer: H %lld, I %lld, E %lld, K %lld, softmax top-k renormalised, bf16; "
-      "%d weight copies rotated, %d layers per graph, median of %d replays\n",
+      "Qwen3-30B-A3B MoE layer: H %lld, I %lld, E %lld, K %lld, softmax top-k renormalised, %s "
+      "experts; %d weight copies rotated, %d layers per graph, median of %d replays\n",
       static_cast<long long>(kH), static_cast<long long>(kI), static_cast<long long>(kE),
-      static_cast<long long>(kK), kWeightSets, kLaunchesPerGraph, g_replays);
+      static_cast<long long>(kK), expert_quant_name(g_quant), kWeightSets, kLaunchesPerGraph,
+      g_replays);
 
   LayerWeights weights[kWeightSets];
   for (LayerWeights& w : weights) {
     w.router = device_alloc<bf16>(kE * kH);
-    w.gate_up = device_alloc<bf16>(kE * 2 * kI * kH);
-    w.down = device_alloc<bf16>(kE * kH * kI);
     fill_random(w.router, kE * kH, 1.0f / std::sqrt(static_cast<float>(kH)), rng);
-    fill_random(w.gate_up, kE * 2 * kI * kH, 1.0f / std::sqrt(static_cast<float>(kH)), rng);
-    fill_random(w.down, kE * kH * kI, 1.0f / std::sqrt(static_cast<float>(kI)), rng);
+    if (g_quant == ExpertQuant::kNone) {
+      w.gate_up = device_alloc<bf16>(kE * 2 * kI * kH);
+      w.down = device_alloc<bf16>(kE * kH * kI);
+      fill_random(w.gate_up, kE * 2 * kI * kH, 1.0f / std::sqrt(static_cast<float>(kH)), rng);
+      fill_random(w.down, kE * kH * kI, 1.0f / std::sqrt(static_cast<float>(kI)), rng);
+      continue;
+    }
+    // Uniform in +-sqrt(3) / sqrt(fan-in): the bf16 weights' standard deviation.
+    auto quantised = [&](int64_t rows, int64_t cols) {
+      auto* slabs = device_alloc<char>(kE * expert_matrix_bytes(rows, cols));
+      quant_random_fill({.out = slabs,
+                         .num_slabs = kE,
+                         .rows = rows,
+                         .cols = cols,
+                         .format = g_quant,
+                         .group = kQuantGroup,
+                         .seed = (static_cast<uint64_t>(rng()) << 32) | rng(),
+                         .scale = std::sqrt(3.0f / static_cast<float>(cols))},
+                        stream);
+      return reinterpret_cast<bf16*>(slabs);
+    };
+    w.gate_up = quantised(2 * kI, kH);
+    w.down = quantised(kH, kI);
   }
+  CUDA_CHECK(cudaStreamSynchronize(stream));
   const int64_t max_m = max_t * kK;
   LayerBuffers b;
   b.x = device_alloc<bf16>(max_t * kH);
@@ -372,13 +444,16 @@ int run(int argc, char** argv) {
 
     const double layer_ms = time_graph(
         stream, [&](int i) { moe_layer(b, weights[i % kWeightSets], T, handle, stream); });
+    const double expert_bytes =
+        expert_matrix_read_bytes(2 * kI, kH) + expert_matrix_read_bytes(kH, kI);
     const double floor_bytes =
-        touched * 3.0 * kI * kH * 2 + kE * kH * 2.0 + T * kH * (2.0 + 4.0);  // experts, Wr, x, out
+        touched * expert_bytes + kE * kH * 2.0 + T * kH * (2.0 + 4.0);  // experts, Wr, x, out
     const double floor_ms = floor_bytes / copy_bw * 1e3;
     std::printf("%6lld %5lld %10.1f %10.1f %7.3f", static_cast<long long>(T),
                 static_cast<long long>(touched), layer_ms * 1e3, floor_ms * 1e3,
                 floor_ms / layer_ms);
-    if (small_moe_supports(T, kE, kK, kH, kI, 0)) {
+    if (small_moe_supports(T, kE, kK, kH, kI, 0) &&
+        small_moe_supports_quant(g_quant, kQuantGroup, kH, kI)) {
       moe_layer(b, weights[0], T, handle, stream);
       small_batch_moe(small_moe_params(b, weights[0], T, fused_counts, fused_out, fused_ws),
                       stream);

@@ -8,7 +8,8 @@
 // 512, 640, 1024, some with the model's 272 or 1000 dims and zeros past them; odd lengths 1, 19,
 // 99, 989; windows; fixed chunks). bf16 tolerance 1e-2 of the output's natural scale. Both
 // decode kernels (the tensor-core default, CudaPagedDecode.Mma_*, and the CUDA-core one) and
-// both prefill kernels are held to the same reference, with and without a sliding window (Win*:
+// both prefill kernels (mma.sync and CUDA cores, hopper off: the Hopper one has
+// cuda_prefill_wgmma_test.cpp) are held to the same reference, with and without a sliding window (Win*:
 // windows of 1, below, at and above the lengths, starting mid-block, split and unsplit); in the
 // decode cases the cached keys before each window are NaN, so a kernel that reads them fails.
 // Window cases first run on an H200 when added: all pass, memcheck and racecheck clean on the
@@ -588,7 +589,8 @@ void prefill_random(std::vector<int32_t> lens, int64_t Nq, int64_t Nkv, int64_t 
                                   .sliding_window = window,
                                   .attention_chunk = chunk,
                                   .sinks = with_sinks ? d_sinks.get() : nullptr,
-                                  .tensor_cores = tensor_cores},
+                                  .tensor_cores = tensor_cores,
+                                  .hopper = false},
                     nullptr);
   synchronize();
   const auto qf = to_float(q), kf = to_float(k), vf = to_float(v);

@@ -2,8 +2,10 @@
 // a row bit-identical results whatever else its launch carries. (The dense GEMM has its own
 // file, cuda_dense_gemm_test.cpp; the whole decoder is held to it in cuda_deterministic_test.)
 //   - grouped expert GEMM, plain and SiLU*up fused: a row alone in its expert, and the same row
-//     at another place among 1 to 300 rows over 6 experts, under every tile (the decoder keeps
-//     the automatic tile in deterministic mode: every tile reduces an element in one order);
+//     at another place among 1 to 300 rows over 6 experts, under every mma.sync tile and the
+//     automatic tile under batch_invariant (the decoder's deterministic mode: every such tile
+//     reduces an element in one order); the skinny kernel likewise against its own row alone
+//     (it sums in another order, so kAuto leaves it out under batch_invariant);
 //   - paged decode attention with fixed_chunk: a query alone and the same query among sequences
 //     of other lengths (so other grid splits and max_seq_len), with and without a sliding
 //     window, at lengths on both sides of the chunk, at head dims 64, 128 and (the wide kernel)
@@ -67,7 +69,8 @@ std::vector<uint16_t> grouped(const std::vector<uint16_t>& rows,
                 .n = n,
                 .k = k,
                 .epilogue = epilogue,
-                .tile = tile},
+                .tile = tile,
+                .batch_invariant = true},
                nullptr);
   synchronize();
   return out.download();
@@ -86,6 +89,9 @@ void grouped_gemm_rows_are_batch_invariant() {
     for (int64_t e = kExpert + 1; e <= E; ++e) one[e] = 1;
     const std::vector<uint16_t> alone =
         grouped(probe, one, weights, N, K, epilogue, GemmTile::kRows16);
+    // The skinny kernel sums in its own order, the same for every row.
+    const std::vector<uint16_t> skinny_alone =
+        grouped(probe, one, weights, N, K, epilogue, GemmTile::kSkinny);
     for (const int64_t m : {1, 2, 9, 40, 161, 300}) {
       // Random counts summing to m with at least one row in kExpert; the probe at a random
       // place of that expert's range.
@@ -106,6 +112,12 @@ void grouped_gemm_rows_are_batch_invariant() {
                             " (expert count " + std::to_string(counts[kExpert]) + "), tile " +
                             std::to_string(static_cast<int>(tile)));
       }
+      const std::vector<uint16_t> out =
+          grouped(rows, offsets, weights, N, K, epilogue, GemmTile::kSkinny);
+      expect_same_row(&out[at * N], skinny_alone.data(), N,
+                      std::string(epilogue == GemmEpilogue::kSiluMul ? "gate/up" : "plain") +
+                          " row " + std::to_string(at) + " of " + std::to_string(m) +
+                          " (expert count " + std::to_string(counts[kExpert]) + "), skinny");
     }
   }
 }

@@ -5,8 +5,9 @@
 // experts) and all-to-one-expert, H and I multiples of 64 that are not powers of two, every tile
 // forced as well as the automatic choice. Many experts too: E = 4099 at K = 64, and 70000
 // experts of one row each, whose 70000 row tiles pass gridDim.y's 65535 (the slots continue in
-// gridDim.z). Tolerance: the bf16 contract, 1e-2 relative to the output's natural scale (see
-// cuda_test_util.h).
+// gridDim.z). The skinny kernel (kSkinny, kAuto's choice at decode's smallest steps) runs every
+// case the tiles run, its blocks of up to 4 rows of an expert past 4 rows too. Tolerance: the bf16
+// contract, 1e-2 relative to the output's natural scale (see cuda_test_util.h).
 #include <gtest/gtest.h>
 
 #if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
@@ -263,9 +264,12 @@ void run_experts(int64_t T, int64_t K, int64_t E, int64_t H, int64_t I, bool gat
 
 [[maybe_unused]] const bool kRegistered = [] {
   if (!cuda_device_present("grouped GEMM")) return false;
-  const GemmTile tiles[] = {GemmTile::kAuto, GemmTile::kRows16, GemmTile::kRows64,
-                            GemmTile::kRows128, GemmTile::kRows128Wide};
-  const char* tile_names[] = {"Auto", "Rows16", "Rows64", "Rows128", "Rows128Wide"};
+  const GemmTile tiles[] = {GemmTile::kAuto,    GemmTile::kRows16,      GemmTile::kRows64,
+                            GemmTile::kRows128, GemmTile::kRows128Wide, GemmTile::kSkinny};
+  // By GemmTile's value.
+  const char* tile_names[] = {"Auto",        "Rows16",      "Rows64", "Rows128",
+                              "Rows128Wide", "HopperWgmma", "Skinny"};
+  constexpr int kTiles = 6;
   const Routing routings[] = {Routing::kUniform, Routing::kZipf, Routing::kOneExpert};
   const char* routing_names[] = {"Uniform", "Zipf", "OneExpert"};
   struct Shape {
@@ -275,7 +279,7 @@ void run_experts(int64_t T, int64_t K, int64_t E, int64_t H, int64_t I, bool gat
                           {99, 8, 60, 320, 128}, {989, 8, 128, 256, 128}, {4096, 2, 60, 128, 192},
                           {300, 8, 16, 256, 256}};
   for (const Shape& s : shapes) {
-    for (int t = 0; t < 5; ++t) {
+    for (int t = 0; t < kTiles; ++t) {
       for (int r = 0; r < 3; ++r) {
         // The one-expert and uniform routings only with the automatic tile, to bound run time.
         if (r != 1 && t != 0) continue;
@@ -288,10 +292,11 @@ void run_experts(int64_t T, int64_t K, int64_t E, int64_t H, int64_t I, bool gat
                            .routing = routings[r],
                            .tile = tiles[t],
                            .spare_rows = s.T % 5};
-          const std::string name =
-              std::string(gate_up ? "SiluMul" : "Plain") + "_T" + std::to_string(s.T) + "_K" +
-              std::to_string(s.K) + "_E" + std::to_string(s.E) + "_H" + std::to_string(s.H) + "_I" +
-              std::to_string(s.I) + "_" + routing_names[r] + "_" + tile_names[t];
+          const std::string name = std::string(gate_up ? "SiluMul" : "Plain") + "_T" +
+                                   std::to_string(s.T) + "_K" + std::to_string(s.K) + "_E" +
+                                   std::to_string(s.E) + "_H" + std::to_string(s.H) + "_I" +
+                                   std::to_string(s.I) + "_" + routing_names[r] + "_" +
+                                   tile_names[static_cast<int>(tiles[t])];
           register_kernel_test(
               "CudaGroupedGemm", name, [c, gate_up] { run_case(c, gate_up); }, __FILE__, __LINE__);
         }
@@ -300,7 +305,8 @@ void run_experts(int64_t T, int64_t K, int64_t E, int64_t H, int64_t I, bool gat
   }
   for (const Shape& s :
        {Shape{1, 8, 128, 256, 192}, Shape{99, 8, 60, 320, 128}, Shape{989, 8, 128, 256, 128}}) {
-    for (GemmTile tile : {GemmTile::kAuto, GemmTile::kRows64, GemmTile::kRows128}) {
+    for (GemmTile tile :
+         {GemmTile::kAuto, GemmTile::kRows64, GemmTile::kRows128, GemmTile::kSkinny}) {
       const GemmCase c{.T = s.T,
                        .K = s.K,
                        .E = s.E,
@@ -316,19 +322,26 @@ void run_experts(int64_t T, int64_t K, int64_t E, int64_t H, int64_t I, bool gat
     }
   }
   // Two weight terms (float32 checkpoints held as hi + lo), under every tile, gathered and
-  // through an expert table.
-  for (int t = 0; t < 5; ++t) {
+  // through an expert table (the skinny kernel both ways).
+  for (int t = 0; t < kTiles; ++t) {
     for (bool gate_up : {true, false}) {
       for (const Shape& s : {Shape{3, 8, 60, 320, 256}, Shape{300, 8, 16, 256, 256}}) {
         // A gather reads M / K token rows, so M has no spare rows there.
-        const GemmCase c{.T = s.T, .K = s.K, .E = s.E, .H = s.H, .I = s.I,
-                         .routing = Routing::kZipf, .tile = tiles[t],
-                         .spare_rows = t == 0 ? 0 : 2, .gather = t == 0, .weight_terms = 2,
-                         .table = t == 1};
+        const GemmCase c{.T = s.T,
+                         .K = s.K,
+                         .E = s.E,
+                         .H = s.H,
+                         .I = s.I,
+                         .routing = Routing::kZipf,
+                         .tile = tiles[t],
+                         .spare_rows = t == 0 || t == 5 ? 0 : 2,
+                         .gather = t == 0 || t == 5,
+                         .weight_terms = 2,
+                         .table = t == 1 || t == 5};
         register_kernel_test(
             "CudaGroupedGemm",
-            std::string("TwoTerms") + (gate_up ? "SiluMul" : "Plain") + "_T" +
-                std::to_string(s.T) + "_" + tile_names[t],
+            std::string("TwoTerms") + (gate_up ? "SiluMul" : "Plain") + "_T" + std::to_string(s.T) +
+                "_" + tile_names[static_cast<int>(tiles[t])],
             [c, gate_up] { run_case(c, gate_up); }, __FILE__, __LINE__);
       }
     }

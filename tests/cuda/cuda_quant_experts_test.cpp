@@ -6,7 +6,8 @@
 // - against the bf16 grouped GEMM on the dequantised weights (each value the host's
 //   QuantizedMatrix::value, model/quantized_matrix.h, the CPU engine's oracle, rounded to bf16
 //   once) with the same tile forced: the quantised kernel stores exactly those bf16 values in
-//   shared memory and runs the same mma sequence, so the outputs must be equal bit for bit;
+//   shared memory and runs the same mma sequence, so the outputs must be equal bit for bit (the
+//   skinny kernel, GemmTile::kSkinny, likewise: the same bf16 values into the same FMA order);
 // - against a float64 host product over the same dequantised weights, within the bf16 contract
 //   (1e-2 relative to the output's natural scale: bf16 rounding of the output and float32
 //   accumulation order), with the automatic tile too;
@@ -167,7 +168,7 @@ void run_quant_case(const QuantCase& c, bool gate_up) {
   }
   DeviceBuffer<const __nv_bfloat16*> d_table(table), d_bf16_table(bf16_table);
 
-  for (GemmTile tile : {GemmTile::kRows16, GemmTile::kRows64, GemmTile::kAuto}) {
+  for (GemmTile tile : {GemmTile::kRows16, GemmTile::kRows64, GemmTile::kSkinny, GemmTile::kAuto}) {
     SCOPED_TRACE(describe(c, gate_up, tile));
     if (tile == GemmTile::kRows64 && N % 64 != 0) continue;
     GroupedGemmParams p{

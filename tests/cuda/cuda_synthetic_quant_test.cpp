@@ -9,7 +9,9 @@
 //   the quantised expert path; two builds of one seed are the same bytes, the non-expert
 //   matrices equal the bf16 build's, and the dequantised expert values lie in
 //   [-1/sqrt(fan-in), 1/sqrt(fan-in)] with the bf16 values' spread; scripted prefill and decode
-//   steps through 48 layers give finite logits of about the bf16 model's size.
+//   steps through 48 layers give finite logits of about the bf16 model's size; a one-token step
+//   takes the small-batch MoE path (its profile has no plan or unpermute stage) with logits
+//   within 2e-2 relative of the stage-by-stage path's.
 // The logits are not compared with a bf16 model built from the dequantised values: the decoder
 // has no way in for device weights other than the two builders. No timing here (bench does it).
 // Compiled only with the CUDA toolkit (the no-device checks need its launchers).
@@ -37,6 +39,7 @@
 #include "model/gpu_decoder.h"
 #include "model/synthetic.h"
 #include "model/weight_quant.h"
+#include "profile/profiler.h"
 
 namespace moeinfer {
 namespace {
@@ -336,6 +339,58 @@ void synthetic_quant_decodes_finite_logits() {
   }
 }
 
+// A one-token step with quantised experts takes the small-batch MoE path where it is on
+// (small_batch_moe_rows; it reads the codes itself since it learnt the formats): the profiler sees
+// each MoE layer's route and experts stages and no plan or unpermute, which only the stage-by-stage
+// path closes. Its logits agree with the stage-by-stage path's (small_batch_moe_rows = 0) within
+// the GPU parity bound of 2e-2 relative (cuda_parity_test.cpp): both multiply the same dequantised
+// bf16 weights, the stage path rounding the SiLU product and the expert outputs to bf16 on the way.
+void synthetic_quant_decode_takes_the_small_batch_path() {
+  const ModelConfig c = cut_qwen3(2, 16);
+  const std::vector<int32_t> table = {0, 1};
+  const std::vector<int32_t> token = {17};
+  auto logits_of = [&](WeightFormat format, int64_t small_batch_rows, profile::Profiler* profiler) {
+    const GpuOptions options{.max_batch_tokens = 16,
+                             .max_num_seqs = 2,
+                             .max_model_len = 32,
+                             .num_kv_blocks = 4,
+                             .quiet = true,
+                             .small_batch_moe_rows = small_batch_rows};
+    const auto gpu =
+        GpuDecoder::create_synthetic(c, options, {.seed = 3, .expert_weights = format});
+    std::vector<float> logits(static_cast<size_t>(c.vocab_size));
+    profile::ActiveProfiler on(profiler);
+    if (profiler) profiler->begin_step(1);
+    gpu->forward({.sequences = {{.tokens = token, .position = 0, .block_table = table}}}, logits);
+    if (profiler) profiler->end_step();
+    return logits;
+  };
+  // The path is opt-in (--fused-moe-rows, off by default): on up to 64 rows here.
+  constexpr int64_t kFusedRows = 64;
+  for (WeightFormat format : kFormats) {
+    SCOPED_TRACE(weight_format_name(format));
+    profile::Profiler profiler({.num_layers = c.num_layers, .num_experts = c.num_experts});
+    const std::vector<float> fused = logits_of(format, kFusedRows, &profiler);
+    const profile::StepRecord& r = profiler.steps().back();
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      if (!c.layer_is_moe[l]) continue;
+      EXPECT_GT(r.ns(l, profile::Stage::kExperts), 0) << "layer " << l;
+      EXPECT_EQ(r.ns(l, profile::Stage::kPlan), 0)
+          << "layer " << l << " ran the stage-by-stage path (its plan stage was timed)";
+      EXPECT_EQ(r.ns(l, profile::Stage::kUnpermute), 0) << "layer " << l;
+    }
+    const std::vector<float> staged = logits_of(format, 0, nullptr);
+    double max_error = 0.0, max_logit = 0.0;
+    for (size_t i = 0; i < staged.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(fused[i])) << "logit " << i;
+      max_error = std::max(max_error, std::fabs(static_cast<double>(fused[i]) - staged[i]));
+      max_logit = std::max(max_logit, std::fabs(static_cast<double>(staged[i])));
+    }
+    ASSERT_GT(max_logit, 0.0);
+    EXPECT_LE(max_error / max_logit, 2e-2) << "max |fused - staged| " << max_error;
+  }
+}
+
 [[maybe_unused]] const bool kRegistered = [] {
   if (!cuda::testing_util::cuda_device_present("synthetic quantised experts")) return false;
   cuda::testing_util::register_kernel_test("CudaSyntheticQuant", "HoldsTheCodes",
@@ -346,6 +401,9 @@ void synthetic_quant_decodes_finite_logits() {
   cuda::testing_util::register_kernel_test("CudaSyntheticQuant", "DecodesFiniteLogits",
                                            synthetic_quant_decodes_finite_logits, __FILE__,
                                            __LINE__);
+  cuda::testing_util::register_kernel_test("CudaSyntheticQuant", "DecodeTakesTheSmallBatchPath",
+                                           synthetic_quant_decode_takes_the_small_batch_path,
+                                           __FILE__, __LINE__);
   return true;
 }();
 

@@ -199,8 +199,7 @@ struct PrefillParams {
   // Hopper kernel (attention_prefill_wgmma_kernel.cuh: wgmma, TMA, 128-query x 128-key tiles)
   // wherever it applies, which is no sliding window, no attention chunk and no sinks; the
   // mma.sync kernel everywhere else. false: always the mma.sync kernel, kept to test against.
-  // Off by default until the Hopper kernel has passed its tests on a GPU.
-  bool hopper = false;
+  bool hopper = true;
 };
 
 // Causal (optionally sliding-window) self-attention of each sequence's tokens among themselves

@@ -2,8 +2,9 @@
 // picks the tile from host-known sizes, sizes the grid for the worst case and launches once.
 // The instantiations are the eight used: four tiles, each plain and with SiLU(gate)*up fused;
 // and for quantised weights (fp8, int4, MXFP4) the 16- and 64-row tiles of each, twelve more;
-// and fp8 x fp8 on the 16-, 64- and 128-row tiles, six more. Also the activation quantiser that
-// feeds fp8 x fp8, and the predicate that picks it.
+// and fp8 x fp8 on the 16-, 64- and 128-row tiles, six more; and the skinny kernel
+// (grouped_skinny_kernel.cuh) for each weight format, plain and gated, eight more. Also the
+// activation quantiser that feeds fp8 x fp8, and the predicate that picks it.
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -15,6 +16,7 @@
 #include "backend/cuda/grouped_gemm.h"
 #include "backend/cuda/grouped_gemm_kernel.cuh"
 #include "backend/cuda/grouped_gemm_wgmma.h"
+#include "backend/cuda/grouped_skinny_kernel.cuh"
 #include "backend/cuda/launch_checks.h"
 #include "backend/cuda/moe_stages.h"
 
@@ -39,6 +41,28 @@ using Rows128 = gemm::TileConfig<128, G ? 64 : 128, 2, 4, 3, G>;
 template <bool G>
 using Rows128Wide = gemm::TileConfig<128, G ? 128 : 256, 2, 4, 3, G>;
 
+// Enqueues one grouped-GEMM kernel on `stream`: a programmatic dependent of the kernel before it
+// where p.overlap_previous asks (its start-up overlaps that kernel's tail), else a plain launch.
+void enqueue(void (*kernel)(GroupedGemmParams), dim3 grid, int threads, int shared_bytes,
+             const GroupedGemmParams& p, cudaStream_t stream) {
+  if (!p.overlap_previous) {
+    kernel<<<grid, threads, shared_bytes, stream>>>(p);
+    MOE_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
+}
+
 template <class Cfg, ExpertQuant Q = ExpertQuant::kNone, bool Fp8Mma = false>
 void launch(const GroupedGemmParams& p, cudaStream_t stream) {
   MOE_CHECK(p.n % Cfg::BN == 0, "n = ", p.n, " must be a multiple of ", Cfg::BN, " for the ",
@@ -57,22 +81,29 @@ void launch(const GroupedGemmParams& p, cudaStream_t stream) {
   const int64_t slots_y = (slots + slots_z - 1) / slots_z;
   const dim3 grid(static_cast<unsigned>(p.n / Cfg::BN), static_cast<unsigned>(slots_y),
                   static_cast<unsigned>(slots_z));
-  if (!p.overlap_previous) {
-    grouped_gemm_kernel<Cfg, Q, Fp8Mma><<<grid, Cfg::kThreads, kSmemBytes, stream>>>(p);
-    MOE_CUDA_CHECK_LAUNCH();
-    return;
+  enqueue(grouped_gemm_kernel<Cfg, Q, Fp8Mma>, grid, Cfg::kThreads, kSmemBytes, p, stream);
+}
+
+template <bool G, ExpertQuant Q>
+void launch_skinny(const GroupedGemmParams& p, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(p.n / kGroupedSkinnyColumnsPerBlock),
+                  static_cast<unsigned>(p.num_rows));
+  enqueue(grouped_skinny_kernel<G, Q>, grid, kGroupedSkinnyThreads, 0, p, stream);
+}
+
+template <bool G>
+void dispatch_skinny(const GroupedGemmParams& p, cudaStream_t stream) {
+  switch (p.quant) {
+    case ExpertQuant::kNone:
+      return launch_skinny<G, ExpertQuant::kNone>(p, stream);
+    case ExpertQuant::kFp8:
+      return launch_skinny<G, ExpertQuant::kFp8>(p, stream);
+    case ExpertQuant::kInt4:
+      return launch_skinny<G, ExpertQuant::kInt4>(p, stream);
+    case ExpertQuant::kMxfp4:
+      return launch_skinny<G, ExpertQuant::kMxfp4>(p, stream);
   }
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = dim3(Cfg::kThreads);
-  config.dynamicSmemBytes = kSmemBytes;
-  config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  CUDA_CHECK(cudaLaunchKernelEx(&config, grouped_gemm_kernel<Cfg, Q, Fp8Mma>, p));
+  MOE_CHECK(false, "quant ", static_cast<int>(p.quant), " is not a weight format");
 }
 
 template <bool G>
@@ -88,6 +119,7 @@ void dispatch_tile(GemmTile tile, const GroupedGemmParams& p, cudaStream_t strea
       return launch<Rows128Wide<G>>(p, stream);
     case GemmTile::kAuto:
     case GemmTile::kHopperWgmma:  // launched by grouped_gemm itself
+    case GemmTile::kSkinny:
       break;
   }
   MOE_CHECK(false, "unresolved tile ", static_cast<int>(tile));
@@ -132,6 +164,7 @@ void dispatch_fp8_mma_tile(GemmTile tile, const GroupedGemmParams& p, cudaStream
       return launch<Rows128<G>, ExpertQuant::kFp8, true>(p, stream);
     case GemmTile::kAuto:
     case GemmTile::kHopperWgmma:  // refused by grouped_gemm first
+    case GemmTile::kSkinny:
       break;
   }
   MOE_CHECK(false, "unresolved tile ", static_cast<int>(tile));
@@ -233,8 +266,22 @@ bool grouped_gemm_wgmma_supported(const GroupedGemmParams& p) {
   return grouped_gemm_wgmma_unsupported(p) == nullptr && grouped_gemm_wgmma_available();
 }
 
+// At most one row per expert on average, and few rows in all: measured on an H200
+// (bench/RESULTS.md, 2026-12-06, Qwen3-30B-A3B's experts, bench_cuda_moe_layer --tile), the
+// skinny kernel beat the 16-row tile at 8 and 16 rows with bf16 weights (T = 1, 2 with top-8)
+// and up to 64 with fp8 and int4, whose tile dequantises through shared memory; past that the
+// tile's deep cp.async pipeline wins.
+bool grouped_gemm_skinny_rows(int64_t num_rows, int64_t num_experts, ExpertQuant quant) {
+  const int64_t most = quant == ExpertQuant::kNone ? 16 : 64;
+  return num_rows <= num_experts && num_rows <= most;
+}
+
 GemmTile grouped_gemm_tile(const GroupedGemmParams& p) {
   if (p.tile != GemmTile::kAuto) return p.tile;
+  if (!p.batch_invariant && p.act_codes == nullptr &&
+      grouped_gemm_skinny_rows(p.num_rows, p.num_experts, p.quant)) {
+    return GemmTile::kSkinny;
+  }
   const int64_t touched = std::max<int64_t>(1, std::min(p.num_experts, p.num_rows));
   if (!p.batch_invariant && p.num_rows / touched > kWgmmaMinMeanRows &&
       grouped_gemm_wgmma_supported(p)) {
@@ -309,6 +356,17 @@ void grouped_gemm(const GroupedGemmParams& p, cudaStream_t stream) {
     return;
   }
   check_quant(p);
+  if (tile == GemmTile::kSkinny) {
+    MOE_CHECK(!fp8_mma, "tile kSkinny does not take fp8 x fp8 (act_codes); use kAuto");
+    MOE_CHECK(p.num_rows <= 65535,
+              "tile kSkinny takes at most 65535 rows, not num_rows = ", p.num_rows, "; use kAuto");
+    if (gated) {
+      dispatch_skinny<true>(p, stream);
+    } else {
+      dispatch_skinny<false>(p, stream);
+    }
+    return;
+  }
   if (fp8_mma) {
     check_fp8_mma(p);
     if (gated) {
@@ -394,6 +452,7 @@ void moe_experts(const MoeExpertsParams& p, cudaStream_t stream) {
                             .bias = p.gate_up_bias,
                             .swiglu_alpha = p.swiglu_alpha,
                             .swiglu_limit = p.swiglu_limit,
+                            .tile = p.tile,
                             .src_row = p.src_row,
                             .top_k = p.top_k,
                             .act_codes = fp8_mma ? p.fp8_codes : nullptr,
@@ -440,6 +499,7 @@ void moe_experts(const MoeExpertsParams& p, cudaStream_t stream) {
                                  .quant_group = p.quant_group,
                                  .epilogue = GemmEpilogue::kNone,
                                  .bias = p.down_bias,
+                                 .tile = p.tile,
                                  .act_codes = fp8_mma ? p.fp8_codes : nullptr,
                                  .act_scales = fp8_mma ? p.fp8_scales : nullptr,
                                  .overlap_previous = true,

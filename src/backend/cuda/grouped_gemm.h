@@ -70,7 +70,22 @@ enum class GemmEpilogue : int32_t { kNone, kSiluMul, kClampedSwiglu };
 // batch_invariant (--deterministic). Forcing it (tile = kHopperWgmma) where the device or the
 // parameters do not allow it is refused by name; setting any other tile explicitly is the A/B
 // switch that keeps it off.
-enum class GemmTile : int32_t { kAuto, kRows16, kRows64, kRows128, kRows128Wide, kHopperWgmma };
+//
+// kSkinny (grouped_skinny_kernel.cuh): no tile at all, the weights streamed through registers
+// as the skinny GEMM does for dense projections, each expert's weight row read once for its up
+// to 4 rows a block (more rows take more blocks, each reading the weights again). kAuto takes it
+// at decode's smallest steps (grouped_gemm_skinny_rows: M <= E and M <= 16, or 64 for quantised
+// weights) and not under batch_invariant; every weight format, both epilogues, biases, the slot
+// table and the gather; not fp8 x fp8 (act_codes).
+enum class GemmTile : int32_t {
+  kAuto,
+  kRows16,
+  kRows64,
+  kRows128,
+  kRows128Wide,
+  kHopperWgmma,
+  kSkinny
+};
 
 struct GroupedGemmParams {
   const __nv_bfloat16* rows = nullptr;      // [M, Kd]
@@ -136,6 +151,9 @@ GemmTile grouped_gemm_auto_tile(int64_t num_rows, int64_t num_experts, int64_t n
 // The tile grouped_gemm runs for these parameters on the current device: params.tile when set,
 // else kAuto's choice, kHopperWgmma included.
 GemmTile grouped_gemm_tile(const GroupedGemmParams& params);
+
+// Whether kAuto takes kSkinny for these sizes and weights (outside batch_invariant).
+bool grouped_gemm_skinny_rows(int64_t num_rows, int64_t num_experts, ExpertQuant quant);
 
 // Whether the current device can run kHopperWgmma at all: a build for CUDA architecture 90
 // (the kernel is compiled for sm_90a) and a device of compute capability 9.0 exactly.
@@ -215,6 +233,8 @@ struct MoeExpertsParams {
   float* fp8_scales = nullptr;
   // GroupedGemmParams::batch_invariant for both products (--deterministic).
   bool batch_invariant = false;
+  // GroupedGemmParams::tile for both products (benchmarks and tests; kAuto in the engine).
+  GemmTile tile = GemmTile::kAuto;
 };
 
 // The experts stage: activation = SiLU(rows . gate^T) * (rows . up^T) (or the clamped SwiGLU,

@@ -54,7 +54,9 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/expert_dequant.cuh"
 #include "backend/cuda/expert_quant.h"
+#include "backend/cuda/gated_activation.cuh"
 #include "backend/cuda/grouped_gemm.h"
 #include "backend/cuda/kv_fp8.cuh"
 
@@ -180,78 +182,11 @@ __device__ __forceinline__ int block_inclusive_scan(int value, int* s_warp, int*
   return value + prefix;
 }
 
-// GPT-OSS's clamped SwiGLU of one column, as moe::run_experts: g = min(gate, limit),
-// u = clamp(up, -limit, limit), (u + 1) * (g / (1 + exp(-alpha g))).
-__device__ __forceinline__ float clamped_swiglu_value(float gate, float up, float alpha,
-                                                      float limit) {
-  const float g = fminf(gate, limit);
-  const float u = fminf(fmaxf(up, -limit), limit);
-  return (u + 1.0f) * (g / (1.0f + __expf(-alpha * g)));
-}
-
-// One 16-byte chunk of a quantised weight tile in flight: 8 codes and their scale (and zero
-// point, or E8M0 exponent in codes.y for MXFP4).
-struct QuantChunk {
-  uint2 codes;
-  float scale;
-  float zero;
-};
-
-// e2m1: sign in bit 3, two exponent bits, one mantissa bit (0, 0.5, 1, 1.5, 2, 3, 4, 6).
-__device__ __forceinline__ float e2m1_value(uint32_t code) {
-  const uint32_t mag = code & 7u;
-  const float v = mag < 2 ? 0.5f * static_cast<float>(mag)
-                          : __uint_as_float((((mag >> 1) + 126u) << 23) | ((mag & 1u) << 22));
-  return (code & 8u) ? -v : v;
-}
-
-// Loads the codes and scale of chunk (w_row, inputs k .. k + 7) of a quantised slab.
-template <ExpertQuant Q>
-__device__ __forceinline__ QuantChunk fetch_quant_chunk(const uint8_t* slab,
-                                                        const QuantMatrixLayout& layout,
-                                                        int group, int w_row, int k) {
-  QuantChunk c{};
-  const int64_t g = static_cast<int64_t>(w_row) * layout.groups_per_row + k / group;
-  const uint8_t* row = slab + static_cast<int64_t>(w_row) * layout.row_code_bytes;
-  if constexpr (Q == ExpertQuant::kFp8) {
-    c.codes = __ldg(reinterpret_cast<const uint2*>(row + k));
-    c.scale = __ldg(reinterpret_cast<const float*>(slab + layout.scale_offset) + g);
-  } else if constexpr (Q == ExpertQuant::kInt4) {
-    c.codes.x = __ldg(reinterpret_cast<const unsigned int*>(row + k / 2));
-    c.scale = __ldg(reinterpret_cast<const float*>(slab + layout.scale_offset) + g);
-    c.zero = __ldg(reinterpret_cast<const float*>(slab + layout.zero_offset) + g);
-  } else {
-    c.codes.x = __ldg(reinterpret_cast<const unsigned int*>(row + k / 2));
-    c.codes.y = __ldg(slab + layout.scale_offset + g);
-  }
-  return c;
-}
-
-// The chunk's 8 values as 8 bf16 (round to nearest even of the float32 value the CPU forms).
-template <ExpertQuant Q>
-__device__ __forceinline__ uint4 dequantize_chunk(const QuantChunk& c) {
-  if constexpr (Q == ExpertQuant::kFp8) {
-    return kvfp8::decode8_bf16(c.codes, c.scale);
-  } else {
-    float v[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const uint32_t code = (c.codes.x >> (4 * j)) & 0xfu;
-      if constexpr (Q == ExpertQuant::kInt4) {
-        v[j] = (static_cast<float>(code) - c.zero) * c.scale;
-      } else {
-        // value * 2^(e - 127): a multiply by the power of two where it is a normal float,
-        // ldexpf at the two ends (e = 0: 2^-127 is subnormal; e = 255 overflows), as the CPU's
-        // ldexp; both are exact.
-        const int e = static_cast<int>(c.codes.y);
-        const float x = e2m1_value(code);
-        v[j] = (e >= 1 && e <= 254) ? x * __uint_as_float(static_cast<uint32_t>(e) << 23)
-                                    : ldexpf(x, e - 127);
-      }
-    }
-    return device::float_to_bf16x8(v);
-  }
-}
+// The per-chunk dequantisation (QuantChunk, fetch_quant_chunk, dequantize_chunk) lives in
+// expert_dequant.cuh, shared with the small-batch MoE kernel so both read the same values.
+using expert_dequant::dequantize_chunk;
+using expert_dequant::fetch_quant_chunk;
+using expert_dequant::QuantChunk;
 
 }  // namespace gemm
 
@@ -611,11 +546,11 @@ __global__ void __launch_bounds__(Cfg::kThreads)
             u1 += __ldg(bias_row + N + col + 1);
           }
           if (clamped_swiglu) {
-            v0 = clamped_swiglu_value(v0, u0, p.swiglu_alpha, p.swiglu_limit);
-            v1 = clamped_swiglu_value(v1, u1, p.swiglu_alpha, p.swiglu_limit);
+            v0 = gated::clamped_swiglu(v0, u0, p.swiglu_alpha, p.swiglu_limit);
+            v1 = gated::clamped_swiglu(v1, u1, p.swiglu_alpha, p.swiglu_limit);
           } else {
-            v0 = v0 / (1.0f + __expf(-v0)) * u0;
-            v1 = v1 / (1.0f + __expf(-v1)) * u1;
+            v0 = gated::silu_mul(v0, u0);
+            v1 = gated::silu_mul(v1, u1);
           }
         }
         *reinterpret_cast<__nv_bfloat162*>(out_row + col) = __floats2bfloat162_rn(v0, v1);

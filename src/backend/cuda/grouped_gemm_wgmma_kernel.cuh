@@ -52,6 +52,7 @@
 
 #include <cstdint>
 
+#include "backend/cuda/gated_activation.cuh"
 #include "backend/cuda/grouped_gemm.h"
 #include "backend/cuda/wgmma_primitives.cuh"
 
@@ -143,17 +144,6 @@ __device__ __forceinline__ TileCoord locate_tile(int tile, int num_n_tiles, int 
   t.row_begin = s_offsets[lo] + (slot - s_prefix[lo]) * kBM;
   t.rows = min(kBM, s_offsets[lo + 1] - t.row_begin);
   return t;
-}
-
-__device__ __forceinline__ float silu_mul(float gate, float up) {
-  return gate / (1.0f + __expf(-gate)) * up;
-}
-
-// GPT-OSS's clamped SwiGLU, as grouped_gemm_kernel.cuh's clamped_swiglu_value.
-__device__ __forceinline__ float clamped_swiglu(float gate, float up, float alpha, float limit) {
-  const float g = fminf(gate, limit);
-  const float u = fminf(fmaxf(up, -limit), limit);
-  return (u + 1.0f) * (g / (1.0f + __expf(-alpha * g)));
 }
 
 }  // namespace wgmma
@@ -317,11 +307,11 @@ __global__ void __launch_bounds__(wgmma::kThreads, 1)
               u1 += __ldg(bias_row + p.n + col + 1);
             }
             if (clamped) {
-              v0 = clamped_swiglu(v0, u0, p.swiglu_alpha, p.swiglu_limit);
-              v1 = clamped_swiglu(v1, u1, p.swiglu_alpha, p.swiglu_limit);
+              v0 = gated::clamped_swiglu(v0, u0, p.swiglu_alpha, p.swiglu_limit);
+              v1 = gated::clamped_swiglu(v1, u1, p.swiglu_alpha, p.swiglu_limit);
             } else {
-              v0 = silu_mul(v0, u0);
-              v1 = silu_mul(v1, u1);
+              v0 = gated::silu_mul(v0, u0);
+              v1 = gated::silu_mul(v1, u1);
             }
           }
           *reinterpret_cast<__nv_bfloat162*>(out_row + col) = __floats2bfloat162_rn(v0, v1);

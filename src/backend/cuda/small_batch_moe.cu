@@ -1,8 +1,9 @@
 // Launcher of the small-batch MoE layer (small_batch_moe_kernel.cuh): checks the sizes, carves
 // the workspace for this step's T, and launches the route/plan kernel (the instantiation whose
 // per-lane logits cover E, plain or general routing as fused_router chooses) and the persistent
-// experts kernel.
+// experts kernel (the instantiation for the routed experts' format).
 #include <algorithm>
+#include <cstdint>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_info.h"
@@ -97,6 +98,26 @@ bool small_moe_supports(int64_t num_tokens, int64_t num_experts, int64_t top_k, 
          shared_width % kSmallMoeGateUpColumns == 0;
 }
 
+bool small_moe_supports_quant(ExpertQuant quant, int64_t group, int64_t hidden_size,
+                              int64_t expert_width) {
+  // A lane's 16-byte vector of codes must lie inside one row of each matrix: Hp (gate_up's
+  // inputs) and Ip (down's) multiples of the vector's inputs.
+  auto rows_hold_vectors = [&](int64_t inputs_per_vector) {
+    return hidden_size % inputs_per_vector == 0 && expert_width % inputs_per_vector == 0;
+  };
+  switch (quant) {
+    case ExpertQuant::kNone:
+      return true;
+    case ExpertQuant::kFp8:
+      return group > 0 && group % 8 == 0 && rows_hold_vectors(16);
+    case ExpertQuant::kInt4:
+      return group > 0 && group % 8 == 0 && rows_hold_vectors(32);
+    case ExpertQuant::kMxfp4:
+      return group == 32 && rows_hold_vectors(32);
+  }
+  return false;
+}
+
 int64_t small_moe_workspace_bytes(int64_t max_tokens, int64_t num_experts, int64_t top_k,
                                   int64_t hidden_size, int64_t expert_width, int64_t shared_width) {
   int64_t bytes = 0;
@@ -104,15 +125,34 @@ int64_t small_moe_workspace_bytes(int64_t max_tokens, int64_t num_experts, int64
   return bytes;
 }
 
-int64_t small_moe_default_blocks() {
+namespace {
+
+template <ExpertQuant Q>
+int64_t resident_blocks() {
   static const int64_t blocks = [] {
     int per_sm = 0;
     const int sms = current_multiprocessor_count();
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, small_moe_experts_kernel,
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, small_moe_experts_kernel<Q>,
                                                              kSmallMoeThreads, 0));
     return static_cast<int64_t>(sms) * std::max(per_sm, 1);
   }();
   return blocks;
+}
+
+}  // namespace
+
+int64_t small_moe_default_blocks(ExpertQuant quant) {
+  switch (quant) {
+    case ExpertQuant::kFp8:
+      return resident_blocks<ExpertQuant::kFp8>();
+    case ExpertQuant::kInt4:
+      return resident_blocks<ExpertQuant::kInt4>();
+    case ExpertQuant::kMxfp4:
+      return resident_blocks<ExpertQuant::kMxfp4>();
+    case ExpertQuant::kNone:
+      break;
+  }
+  return resident_blocks<ExpertQuant::kNone>();
 }
 
 namespace {
@@ -130,6 +170,12 @@ SmallMoeKernelParams kernel_params(const SmallMoeParams& params) {
             ", hidden_size a multiple of 64, the widths multiples of 8)");
   MOE_CHECK(params.shared_gate == nullptr || Is > 0,
             "shared_gate is set but there is no shared expert (shared_width = 0)");
+  MOE_CHECK(small_moe_supports_quant(params.quant, params.quant_group, H, I),
+            "the small-batch MoE path does not read ", expert_quant_name(params.quant),
+            " experts with quant_group = ", params.quant_group, ", hidden_size = ", H,
+            ", expert_width = ", I,
+            " (fp8: group a multiple of 8, both sizes multiples of 16; int4: group a multiple of "
+            "8, both multiples of 32; mxfp4: group 32, both multiples of 32)");
   MOE_CHECK(params.experts_blocks >= 0, "experts_blocks = ", params.experts_blocks, " is negative");
   detail::check_pointer(route.logits, "route.logits");
   detail::check_pointer(route.topk_ids, "route.topk_ids");
@@ -156,6 +202,12 @@ SmallMoeKernelParams kernel_params(const SmallMoeParams& params) {
     detail::check_aligned16(params.shared_down, "shared_down");
   }
   if (params.shared_gate) detail::check_aligned16(params.shared_gate, "shared_gate");
+  if (params.quant != ExpertQuant::kNone) {
+    // Slabs start 256-byte aligned (expert_quant.h), as the grouped GEMM requires too.
+    MOE_CHECK(reinterpret_cast<uintptr_t>(params.gate_up) % 256 == 0 &&
+                  reinterpret_cast<uintptr_t>(params.down) % 256 == 0,
+              "quantised gate_up and down must be 256-byte aligned");
+  }
 
   SmallMoeKernelParams k;
   k.p = params;
@@ -169,6 +221,9 @@ SmallMoeKernelParams kernel_params(const SmallMoeParams& params) {
   k.act_stride = static_cast<int>(std::max(I, Is));
   k.column_tiles = static_cast<int>(H / kSmallMoeDownColumns);
   k.router_rows = static_cast<int>(E + (params.shared_gate ? 1 : 0));
+  k.gate_up_layout = quant_matrix_layout(params.quant, 2 * I, H, params.quant_group);
+  k.down_layout = quant_matrix_layout(params.quant, H, I, params.quant_group);
+  k.quant_group = static_cast<int>(params.quant_group);
   return k;
 }
 
@@ -193,8 +248,22 @@ void small_batch_moe_experts(const SmallMoeParams& params, cudaStream_t stream) 
   if (params.route.num_tokens == 0) return;
   const SmallMoeKernelParams k = kernel_params(params);
   const int64_t blocks =
-      params.experts_blocks > 0 ? params.experts_blocks : small_moe_default_blocks();
-  small_moe_experts_kernel<<<static_cast<unsigned>(blocks), kSmallMoeThreads, 0, stream>>>(k);
+      params.experts_blocks > 0 ? params.experts_blocks : small_moe_default_blocks(params.quant);
+  const dim3 grid(static_cast<unsigned>(blocks));
+  switch (params.quant) {
+    case ExpertQuant::kNone:
+      small_moe_experts_kernel<ExpertQuant::kNone><<<grid, kSmallMoeThreads, 0, stream>>>(k);
+      break;
+    case ExpertQuant::kFp8:
+      small_moe_experts_kernel<ExpertQuant::kFp8><<<grid, kSmallMoeThreads, 0, stream>>>(k);
+      break;
+    case ExpertQuant::kInt4:
+      small_moe_experts_kernel<ExpertQuant::kInt4><<<grid, kSmallMoeThreads, 0, stream>>>(k);
+      break;
+    case ExpertQuant::kMxfp4:
+      small_moe_experts_kernel<ExpertQuant::kMxfp4><<<grid, kSmallMoeThreads, 0, stream>>>(k);
+      break;
+  }
   MOE_CUDA_CHECK_LAUNCH();
 }
 

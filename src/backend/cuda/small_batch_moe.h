@@ -27,6 +27,12 @@
 // Numerics: as the general path up to float32 summation order, but the SiLU product and the
 // expert outputs stay float32 (the grouped GEMM rounds both to bf16 for its tensor cores).
 //
+// Quantised routed experts (quant != kNone, expert_quant.h's slabs): a lane loads 16 bytes of
+// codes at a time (16 fp8 inputs, 32 int4 or MXFP4 inputs) with the scale of their group, and
+// dequantises each 8 inputs with the grouped GEMM's own function (expert_dequant.cuh) just
+// before the products, so every weight has the bf16 value the grouped GEMM multiplies and only
+// the codes and scales cross the memory bus. The shared experts stay bf16 (never quantised).
+//
 // Glossary: T tokens, E experts, K picks per token, Hp padded hidden size, Ip padded expert
 // width, Is shared-expert width (all of them multiples of 8).
 #pragma once
@@ -36,6 +42,7 @@
 
 #include <cstdint>
 
+#include "backend/cuda/expert_quant.h"
 #include "backend/cuda/moe_stages.h"
 
 namespace moeinfer::cuda {
@@ -54,8 +61,13 @@ struct SmallMoeParams {
   // here). The router noise (route.noise_keys) is honoured as fused_router honours it: the
   // routing runs router_kernel.cuh's functions, which replace the logits they read.
   RouterParams route;
-  const bf16* gate_up = nullptr;         // [E, 2 Ip, Hp]: gate rows then up rows per expert
-  const bf16* down = nullptr;            // [E, Hp, Ip]
+  // bf16: [E, 2 Ip, Hp] gate rows then up rows per expert, and [E, Hp, Ip]. Quantised: E slabs
+  // each, at a stride of quant_matrix_layout(quant, 2 Ip, Hp, group).bytes (and of
+  // quant_matrix_layout(quant, Hp, Ip, group).bytes), as the grouped GEMM reads them.
+  const bf16* gate_up = nullptr;
+  const bf16* down = nullptr;
+  ExpertQuant quant = ExpertQuant::kNone;
+  int64_t quant_group = 0;               // inputs per scale (small_moe_supports_quant)
   int64_t expert_width = 0;              // Ip
   const bf16* shared_gate_up = nullptr;  // [2 Is, Hp] or null
   const bf16* shared_down = nullptr;     // [Hp, Is]
@@ -77,12 +89,19 @@ struct SmallMoeParams {
 bool small_moe_supports(int64_t num_tokens, int64_t num_experts, int64_t top_k, int64_t hidden_size,
                         int64_t expert_width, int64_t shared_width);
 
+// Whether the experts kernel reads routed experts of this format: kNone always; fp8 with a
+// group a multiple of 8 and Hp, Ip multiples of 16 (a lane's 16 bytes of codes lie in one row);
+// int4 likewise with Hp, Ip multiples of 32; MXFP4 with group 32 and Hp, Ip multiples of 32.
+bool small_moe_supports_quant(ExpertQuant quant, int64_t group, int64_t hidden_size,
+                              int64_t expert_width);
+
 // Bytes of workspace for up to max_tokens tokens.
 int64_t small_moe_workspace_bytes(int64_t max_tokens, int64_t num_experts, int64_t top_k,
                                   int64_t hidden_size, int64_t expert_width, int64_t shared_width);
 
-// Blocks of the persistent experts kernel that stay resident on this device.
-int64_t small_moe_default_blocks();
+// Blocks of the persistent experts kernel (for routed experts of format `quant`) that stay
+// resident on this device.
+int64_t small_moe_default_blocks(ExpertQuant quant = ExpertQuant::kNone);
 
 // The routed and shared experts of one MoE layer: out = shared + sum_k w_k expert_k(hidden),
 // with the routing of fused_router. Two launches, no host synchronisation (graph-capturable).

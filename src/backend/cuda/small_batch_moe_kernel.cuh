@@ -15,6 +15,12 @@
 // then (slot, 32 output columns), 4 per warp. Both kinds stream their weight rows 1024
 // elements (4 vectors per lane) at a time and take the slot's rows 8 at a time against them,
 // so an expert's weights are read from HBM once whatever its row count (T <= 64 rows per slot).
+// Quantised routed experts (small_batch_moe.h): the same items, but a lane's weights are
+// kSmallMoeQuantVecsPerLane 16-byte vectors of codes per row (16 inputs each for fp8, 32 for
+// int4 and MXFP4), each with the scale of its first input's group, loaded together before any
+// product; each 8 inputs are then dequantised to bf16 once (expert_dequant.cuh) and taken against
+// the pass's rows. A chunk that starts a new group within a vector (groups smaller than a vector)
+// reads its own scale then. The shared expert's slot reads bf16 as before.
 // Deadlock freedom: a down item waits only for gate/up items, which precede every down item in
 // the queue, and a block claims items in increasing order, so every item a down item waits for
 // is held by a block that is running an earlier item or is itself running.
@@ -26,6 +32,8 @@
 #include <cstdint>
 
 #include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/expert_dequant.cuh"
+#include "backend/cuda/expert_quant.h"
 #include "backend/cuda/router_kernel.cuh"
 #include "backend/cuda/small_batch_moe.h"
 
@@ -39,6 +47,15 @@ inline constexpr int kSmallMoeDownPerWarp = kSmallMoeDownColumns / kSmallMoeWarp
 inline constexpr int kSmallMoeRowsPerPass = 8;  // rows taken against the weights in registers
 inline constexpr int kSmallMoeVecsPerLane = 4;  // a segment: 32 lanes x 4 vectors x 8 elements
 inline constexpr int kSmallMoeSegment = device::kWarpSize * kSmallMoeVecsPerLane * 8;
+// Quantised: 16-byte code vectors per lane and weight row, loaded before the products: 64
+// bytes per lane in flight either way (gate/up: 2 rows x 2, down: 4 rows x 1), which keeps a
+// down item's codes and scales in registers (with 2 the int4 kernel spilled).
+template <int kWeightRows>
+inline constexpr int kSmallMoeQuantVecsPerLane = kWeightRows <= 2 ? 2 : 1;
+
+// Inputs of one 16-byte vector of codes: 16 e4m3 codes, or 32 four-bit codes.
+template <ExpertQuant Q>
+inline constexpr int kSmallMoeQuantInputsPerVec = Q == ExpertQuant::kFp8 ? 16 : 32;
 
 // Indices of the int32 counters at the start of the workspace.
 enum SmallMoeCounter : int {
@@ -79,6 +96,11 @@ struct SmallMoeKernelParams {
   int act_stride = 0;    // max(Ip, Is)
   int column_tiles = 0;  // Hp / 32
   int router_rows = 0;   // E, + 1 with a shared gate
+  // Quantised routed experts: the slab layouts of an expert's gate_up [2 Ip, Hp] and down
+  // [Hp, Ip] (their `bytes` the stride between experts), and the inputs per scale.
+  QuantMatrixLayout gate_up_layout;
+  QuantMatrixLayout down_layout;
+  int quant_group = 0;
 };
 
 namespace small_moe {
@@ -251,6 +273,136 @@ __device__ __forceinline__ void stream_rows(const bf16* const (&w)[kWeightRows],
   }
 }
 
+using expert_dequant::QuantChunk;
+
+// The scales (and int4 zero points) of one expert's quantised slab (expert_quant.h).
+struct QuantScales {
+  const uint8_t* scales;  // float32, or E8M0 bytes for MXFP4
+  const uint8_t* zeros;   // int4: float32
+};
+
+// One weight row of the slab: its codes and the index of its first group. Kept this small
+// because a down item holds four of them beside its codes.
+struct QuantRow {
+  const uint8_t* codes;
+  int first_group;
+};
+
+__device__ __forceinline__ QuantScales quant_scales(const uint8_t* slab,
+                                                    const QuantMatrixLayout& layout) {
+  return {slab + layout.scale_offset, slab + layout.zero_offset};
+}
+
+__device__ __forceinline__ QuantRow quant_row(const uint8_t* slab, const QuantMatrixLayout& layout,
+                                              int row) {
+  return {slab + static_cast<int64_t>(row) * layout.row_code_bytes,
+          row * static_cast<int>(layout.groups_per_row)};
+}
+
+// Group g of row w: its scale (and zero point, or MXFP4 exponent in codes.y) into c, where
+// expert_dequant::fetch_quant_chunk puts them.
+template <ExpertQuant Q>
+__device__ __forceinline__ void load_group(const QuantScales& slab, const QuantRow& w, int g,
+                                           QuantChunk& c) {
+  const int index = w.first_group + g;
+  if constexpr (Q == ExpertQuant::kMxfp4) {
+    c.codes.y = __ldg(slab.scales + index);
+  } else {
+    c.scale = __ldg(reinterpret_cast<const float*>(slab.scales) + index);
+    if constexpr (Q == ExpertQuant::kInt4) {
+      c.zero = __ldg(reinterpret_cast<const float*>(slab.zeros) + index);
+    }
+  }
+}
+
+// The codes of chunk `chunk` (inputs 8 chunk .. 8 chunk + 7) of a 16-byte vector into c, as
+// fetch_quant_chunk loads them: fp8 8 bytes, int4 and MXFP4 4 bytes (input 2j in the low nibble
+// of byte j). chunk is a constant after unrolling, so the vector stays in registers.
+template <ExpertQuant Q>
+__device__ __forceinline__ void set_chunk_codes(const uint4& v, int chunk, QuantChunk& c) {
+  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+  if constexpr (Q == ExpertQuant::kFp8) {
+    c.codes.x = words[2 * chunk];
+    c.codes.y = words[2 * chunk + 1];
+  } else {
+    c.codes.x = words[chunk];
+  }
+}
+
+// stream_rows over quantised weight rows of n inputs (n a multiple of a vector's inputs):
+// acc[r][j] = W[j] . x_r in lane 0, each weight the bf16 value of dequantize_chunk.
+template <ExpertQuant Q, int kWeightRows, typename LoadInput>
+__device__ __forceinline__ void stream_quant_rows(const QuantScales& slab,
+                                                  const QuantRow (&w)[kWeightRows], int n,
+                                                  int group, int rows, int lane,
+                                                  LoadInput load_input,
+                                                  float (&acc)[kSmallMoeRowsPerPass][kWeightRows]) {
+  constexpr int kInputs = kSmallMoeQuantInputsPerVec<Q>;
+  constexpr int kChunks = kInputs / 8;
+  constexpr int kVecs = kSmallMoeQuantVecsPerLane<kWeightRows>;
+#pragma unroll
+  for (int r = 0; r < kSmallMoeRowsPerPass; ++r) {
+#pragma unroll
+    for (int j = 0; j < kWeightRows; ++j) acc[r][j] = 0.0f;
+  }
+  const int vecs = n / kInputs;
+  // Every vector within one group (a group a multiple of its inputs: --weights' 128, MXFP4's
+  // 32): the scale loaded with the codes serves all its chunks.
+  const bool one_group = group % kInputs == 0;
+  for (int base = 0; base < vecs; base += device::kWarpSize * kVecs) {
+    uint4 codes[kWeightRows][kVecs];
+    QuantChunk head[kWeightRows][kVecs];  // the scale of each vector's first input
+#pragma unroll
+    for (int j = 0; j < kWeightRows; ++j) {
+#pragma unroll
+      for (int i = 0; i < kVecs; ++i) {
+        const int v = base + i * device::kWarpSize + lane;
+        head[j][i] = QuantChunk{};
+        codes[j][i] = make_uint4(0, 0, 0, 0);
+        if (v < vecs) {
+          codes[j][i] = __ldg(reinterpret_cast<const uint4*>(w[j].codes) + v);
+          load_group<Q>(slab, w[j], v * kInputs / group, head[j][i]);
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kVecs; ++i) {
+      const int v = base + i * device::kWarpSize + lane;
+      if (v >= vecs) break;
+      QuantChunk current[kWeightRows];
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        const int k = v * kInputs + c * 8;
+        uint4 values[kWeightRows];
+#pragma unroll
+        for (int j = 0; j < kWeightRows; ++j) {
+          if (c == 0) {
+            current[j] = head[j][i];
+          } else if (!one_group && k % group == 0) {
+            load_group<Q>(slab, w[j], k / group, current[j]);
+          }
+          set_chunk_codes<Q>(codes[j][i], c, current[j]);
+          values[j] = expert_dequant::dequantize_chunk<Q>(current[j]);
+        }
+#pragma unroll
+        for (int r = 0; r < kSmallMoeRowsPerPass; ++r) {
+          if (r >= rows) break;
+          float x[8];
+          load_input(r, k / 8, x);
+#pragma unroll
+          for (int j = 0; j < kWeightRows; ++j) acc[r][j] += dot8(values[j], x);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kSmallMoeRowsPerPass; ++r) {
+    if (r >= rows) break;
+#pragma unroll
+    for (int j = 0; j < kWeightRows; ++j) acc[r][j] = device::warp_sum(acc[r][j]);
+  }
+}
+
 struct SlotRows {
   int expert;  // E: the shared expert
   int begin;
@@ -263,12 +415,12 @@ __device__ inline SlotRows load_slot(const SmallMoeKernelParams& k, int slot) {
 }
 
 // act[row, c] = SiLU(gate_c . x) * (up_c . x) for the slot's rows, c = the warp's column.
+template <ExpertQuant Q>
 __device__ inline void gate_up_item(const SmallMoeKernelParams& k, int item, int num_routed,
                                     int32_t (&tokens)[kSmallMoeMaxTokens]) {
   const int lane = threadIdx.x % device::kWarpSize, warp = threadIdx.x / device::kWarpSize;
   const int routed_items = num_routed * (k.width / kSmallMoeGateUpColumns);
   int slot, column, width;
-  const bf16* gate_up;
   if (item < routed_items) {
     slot = item / (k.width / kSmallMoeGateUpColumns);
     column = (item % (k.width / kSmallMoeGateUpColumns)) * kSmallMoeGateUpColumns + warp;
@@ -279,25 +431,45 @@ __device__ inline void gate_up_item(const SmallMoeKernelParams& k, int item, int
     width = k.shared_width;
   }
   const SlotRows s = load_slot(k, slot);
-  gate_up = s.expert < k.num_experts
-                ? k.p.gate_up + static_cast<int64_t>(s.expert) * 2 * width * k.hidden
-                : k.p.shared_gate_up;
+  const bool routed = s.expert < k.num_experts;
+  // bf16 (the shared expert, or every expert without quantisation): rows of the [2 width, Hp]
+  // matrix; quantised: rows of the expert's slab.
+  const bf16* gate_up = routed ? k.p.gate_up + static_cast<int64_t>(s.expert) * 2 * width * k.hidden
+                               : k.p.shared_gate_up;
+  const bf16* const w[2] = {gate_up + static_cast<int64_t>(column) * k.hidden,
+                            gate_up + static_cast<int64_t>(width + column) * k.hidden};
+  QuantScales q_scales = {};
+  QuantRow qw[2] = {};
+  if constexpr (Q != ExpertQuant::kNone) {
+    if (routed) {
+      const uint8_t* slab = reinterpret_cast<const uint8_t*>(k.p.gate_up) +
+                            static_cast<int64_t>(s.expert) * k.gate_up_layout.bytes;
+      q_scales = quant_scales(slab, k.gate_up_layout);
+      qw[0] = quant_row(slab, k.gate_up_layout, column);
+      qw[1] = quant_row(slab, k.gate_up_layout, width + column);
+    }
+  }
   for (int r = threadIdx.x; r < s.rows; r += blockDim.x)
     tokens[r] = __ldcg(k.ws.row_token + s.begin + r);
   __syncthreads();
-  const bf16* const w[2] = {gate_up + static_cast<int64_t>(column) * k.hidden,
-                            gate_up + static_cast<int64_t>(width + column) * k.hidden};
   for (int first = 0; first < s.rows; first += kSmallMoeRowsPerPass) {
     const int rows = min(kSmallMoeRowsPerPass, s.rows - first);
     float acc[kSmallMoeRowsPerPass][2];
-    stream_rows<2>(
-        w, k.hidden, rows, lane,
-        [&](int r, int v, float(&x)[8]) {
-          const uint4* row = reinterpret_cast<const uint4*>(
-              k.p.hidden + static_cast<int64_t>(tokens[first + r]) * k.hidden);
-          device::bf16x8_to_float(__ldg(row + v), x);
-        },
-        acc);
+    const auto load_hidden = [&](int r, int v, float(&x)[8]) {
+      const uint4* row = reinterpret_cast<const uint4*>(
+          k.p.hidden + static_cast<int64_t>(tokens[first + r]) * k.hidden);
+      device::bf16x8_to_float(__ldg(row + v), x);
+    };
+    if constexpr (Q != ExpertQuant::kNone) {
+      if (routed) {
+        stream_quant_rows<Q, 2>(q_scales, qw, k.hidden, k.quant_group, rows, lane, load_hidden,
+                                acc);
+      } else {
+        stream_rows<2>(w, k.hidden, rows, lane, load_hidden, acc);
+      }
+    } else {
+      stream_rows<2>(w, k.hidden, rows, lane, load_hidden, acc);
+    }
     if (lane == 0) {
 #pragma unroll
       for (int r = 0; r < kSmallMoeRowsPerPass; ++r) {
@@ -315,6 +487,7 @@ __device__ inline void gate_up_item(const SmallMoeKernelParams& k, int item, int
 
 // contrib[t, pick, c] = weight * (down_c . act_row) for the slot's rows and the item's 32
 // columns; the arrival that completes a token's column tile writes the tile's sum to out.
+template <ExpertQuant Q>
 __device__ inline void down_item(const SmallMoeKernelParams& k, int item, int num_routed,
                                  int32_t (&tokens)[kSmallMoeMaxTokens],
                                  int32_t (&picks)[kSmallMoeMaxTokens],
@@ -333,6 +506,19 @@ __device__ inline void down_item(const SmallMoeKernelParams& k, int item, int nu
   for (int j = 0; j < kSmallMoeDownPerWarp; ++j) {
     w[j] = down + static_cast<int64_t>(first_column + j) * width;
   }
+  QuantScales q_scales = {};
+  QuantRow qw[kSmallMoeDownPerWarp] = {};
+  if constexpr (Q != ExpertQuant::kNone) {
+    if (!shared) {
+      const uint8_t* slab = reinterpret_cast<const uint8_t*>(k.p.down) +
+                            static_cast<int64_t>(s.expert) * k.down_layout.bytes;
+      q_scales = quant_scales(slab, k.down_layout);
+#pragma unroll
+      for (int j = 0; j < kSmallMoeDownPerWarp; ++j) {
+        qw[j] = quant_row(slab, k.down_layout, first_column + j);
+      }
+    }
+  }
   for (int r = threadIdx.x; r < s.rows; r += blockDim.x) {
     tokens[r] = __ldcg(k.ws.row_token + s.begin + r);
     picks[r] = __ldcg(k.ws.row_pick + s.begin + r);
@@ -349,16 +535,23 @@ __device__ inline void down_item(const SmallMoeKernelParams& k, int item, int nu
   for (int first = 0; first < s.rows; first += kSmallMoeRowsPerPass) {
     const int rows = min(kSmallMoeRowsPerPass, s.rows - first);
     float acc[kSmallMoeRowsPerPass][kSmallMoeDownPerWarp];
-    stream_rows<kSmallMoeDownPerWarp>(
-        w, width, rows, lane,
-        [&](int r, int v, float(&x)[8]) {
-          const float* row = k.ws.act + static_cast<int64_t>(s.begin + first + r) * k.act_stride;
-          const float4* p = reinterpret_cast<const float4*>(row) + 2 * v;
-          const float4 a = __ldcg(p), b = __ldcg(p + 1);
-          x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w;
-          x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
-        },
-        acc);
+    const auto load_act = [&](int r, int v, float(&x)[8]) {
+      const float* row = k.ws.act + static_cast<int64_t>(s.begin + first + r) * k.act_stride;
+      const float4* p = reinterpret_cast<const float4*>(row) + 2 * v;
+      const float4 a = __ldcg(p), b = __ldcg(p + 1);
+      x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w;
+      x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+    };
+    if constexpr (Q != ExpertQuant::kNone) {
+      if (!shared) {
+        stream_quant_rows<Q, kSmallMoeDownPerWarp>(q_scales, qw, width, k.quant_group, rows, lane,
+                                                   load_act, acc);
+      } else {
+        stream_rows<kSmallMoeDownPerWarp>(w, width, rows, lane, load_act, acc);
+      }
+    } else {
+      stream_rows<kSmallMoeDownPerWarp>(w, width, rows, lane, load_act, acc);
+    }
     if (lane < kSmallMoeDownPerWarp) {
 #pragma unroll
       for (int r = 0; r < kSmallMoeRowsPerPass; ++r) {
@@ -428,6 +621,7 @@ __global__ void __launch_bounds__(kSmallMoeThreads)
   if (threadIdx.x == 0) k.ws.counters[kTicket] = 0;
 }
 
+template <ExpertQuant Q>
 __global__ void __launch_bounds__(kSmallMoeThreads, 2)
     small_moe_experts_kernel(const __grid_constant__ SmallMoeKernelParams k) {
   __shared__ int32_t tokens[kSmallMoeMaxTokens], picks[kSmallMoeMaxTokens];
@@ -447,10 +641,10 @@ __global__ void __launch_bounds__(kSmallMoeThreads, 2)
     // One item ahead: the atomic's round trip overlaps this item.
     if (threadIdx.x == 0) next = atomicAdd(k.ws.counters + kQueue, 1);
     if (item < gate_up_items) {
-      small_moe::gate_up_item(k, item, num_routed, tokens);
+      small_moe::gate_up_item<Q>(k, item, num_routed, tokens);
     } else {
-      small_moe::down_item(k, item - gate_up_items, num_routed, tokens, picks, weights, complete,
-                           num_complete);
+      small_moe::down_item<Q>(k, item - gate_up_items, num_routed, tokens, picks, weights, complete,
+                              num_complete);
     }
     __syncthreads();
     if (threadIdx.x == 0) current = next;

@@ -692,9 +692,11 @@ void CudaDecoder::allocate_workspace() {
   mb.small_moe_rows = 0;
   // It reads one weight term: off with two as well.
   // Llama 4 (weights on the experts' input) never takes it (MoeBlock::small_batch_takes).
-  // Quantised experts take the grouped GEMM (MoeBlock::small_batch_takes): no workspace.
+  // Quantised experts it reads in the formats and groups small_moe_supports_quant names; others
+  // take the grouped GEMM, which dequantises them (MoeBlock::small_batch_takes): no workspace.
   if (c.num_experts > 0 && !cache_ && !options_.deterministic && w_.weight_terms == 1 &&
-      !c.routing_weight_on_input && w_.expert_quant == cuda::ExpertQuant::kNone) {
+      !c.routing_weight_on_input &&
+      cuda::small_moe_supports_quant(w_.expert_quant, w_.expert_quant_group, H, Ip)) {
     mb.small_moe_rows = options_.small_batch_moe_rows >= 0 ? options_.small_batch_moe_rows
                                                            : kSmallMoeDefaultRows;
     mb.small_moe_rows = std::min(mb.small_moe_rows, cuda::kSmallMoeMaxRows);

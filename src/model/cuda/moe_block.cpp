@@ -252,30 +252,39 @@ bool MoeBlock::small_batch_takes(int64_t layer, int64_t T) const {
                              options_.shape.activation.kind == moe::ActivationKind::kSiluGlu &&
                              (d == nullptr || (d->experts_gate_up_bias == nullptr &&
                                                d->experts_down_bias == nullptr));
-  // Quantised experts take the grouped GEMM, which dequantises them; the small-batch kernel
-  // reads bf16 weights only.
-  const bool bf16_experts = s.quant == cuda::ExpertQuant::kNone;
-  return d != nullptr && plain_experts && bf16_experts &&
-         buffers_.small_moe_workspace != nullptr &&
-         !options_.approx.enabled() &&
+  // The small-batch kernel reads bf16, fp8, int4 and MXFP4 routed experts (dequantising them as
+  // the grouped GEMM does) in one term, for the groups and sizes small_moe_supports_quant names.
+  const bool readable_experts =
+      s.weight_terms == 1 &&
+      cuda::small_moe_supports_quant(s.quant, s.quant_group, s.hidden_size, s.expert_width);
+  return d != nullptr && plain_experts && readable_experts &&
+         buffers_.small_moe_workspace != nullptr && !options_.approx.enabled() &&
          T * options_.top_k <= buffers_.small_moe_rows &&
-         cuda::small_moe_supports(T, s.num_experts, options_.top_k, s.hidden_size,
-                                  s.expert_width, d->shared_gate_up ? d->shared_width : 0);
+         cuda::small_moe_supports(T, s.num_experts, options_.top_k, s.hidden_size, s.expert_width,
+                                  d->shared_gate_up ? d->shared_width : 0);
 }
 
 void MoeBlock::small_batch(int64_t layer, const MoeLayerIo& io, int32_t* topk_ids,
                            float* topk_weights, cudaStream_t stream, const StageMarks& marks) {
   const DeviceLayer& d = *runner_->resident(layer);
   const ExpertShape& s = options_.shape;
-  cuda::SmallMoeParams p{
-      .hidden = io.hidden, .router = d.router,
-      .route = router_params(layer, io.num_tokens, io.num_valid, io.noise_keys,
-                             buffers_.router_logits, topk_ids, topk_weights),
-      .gate_up = d.experts_gate_up, .down = d.experts_down, .expert_width = s.expert_width,
-      .shared_gate_up = d.shared_gate_up, .shared_down = d.shared_down,
-      .shared_width = d.shared_gate_up ? d.shared_width : 0, .shared_gate = d.shared_gate,
-      .expert_counts = io.expert_counts, .out = io.out,
-      .workspace = buffers_.small_moe_workspace, .hidden_size = s.hidden_size};
+  cuda::SmallMoeParams p{.hidden = io.hidden,
+                         .router = d.router,
+                         .route = router_params(layer, io.num_tokens, io.num_valid, io.noise_keys,
+                                                buffers_.router_logits, topk_ids, topk_weights),
+                         .gate_up = d.experts_gate_up,
+                         .down = d.experts_down,
+                         .quant = s.quant,
+                         .quant_group = s.quant_group,
+                         .expert_width = s.expert_width,
+                         .shared_gate_up = d.shared_gate_up,
+                         .shared_down = d.shared_down,
+                         .shared_width = d.shared_gate_up ? d.shared_width : 0,
+                         .shared_gate = d.shared_gate,
+                         .expert_counts = io.expert_counts,
+                         .out = io.out,
+                         .workspace = buffers_.small_moe_workspace,
+                         .hidden_size = s.hidden_size};
   // The profiler sees the two launches as route (router GEMV, top-k and plan) and experts
   // (routed and shared experts and their weighted sum).
   cuda::small_batch_moe_route_plan(p, stream);
