@@ -2,6 +2,7 @@
 // to give what the `tokenizers` component of the same name gives (offsets are not tracked: the
 // engine only needs ids and text).
 #include <algorithm>
+#include <type_traits>
 
 #include "core/error.h"
 #include "io/tokenizer_internal.h"
@@ -18,11 +19,24 @@ std::string type_of(const Json& j, const char* what) {
   return it->get<std::string>();
 }
 
+// A string or boolean field, or `fallback` when absent (a value of another JSON type throws);
+// numbers go through count_or, which checks their kind and range before converting.
 template <typename T>
 T value_or(const Json& j, const char* key, T fallback) {
+  static_assert(std::is_same_v<T, bool> || !std::is_arithmetic_v<T>, "numeric fields: count_or");
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return fallback;
   return it->get<T>();
+}
+
+// A non-negative whole-number field, or `fallback` when absent. Anything else (a float, whose
+// conversion could overflow, a negative number, a string) is refused by name.
+size_t count_or(const Json& j, const char* key, size_t fallback, const char* what) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return fallback;
+  MOE_CHECK(it->is_number_unsigned(), what, " \"", key, "\" must be a non-negative integer, got ",
+            it->dump());
+  return it->get<size_t>();
 }
 
 const Json& required(const Json& j, const char* key, const std::string& what) {
@@ -812,7 +826,7 @@ std::unique_ptr<Decoder> parse_decoder(const Json& j) {
   if (type == "Strip") {
     return std::make_unique<StripDecoder>(
         single_char(required(j, "content", "Strip decoder"), "Strip decoder content"),
-        value_or<size_t>(j, "start", 0), value_or<size_t>(j, "stop", 0));
+        count_or(j, "start", 0, "Strip decoder"), count_or(j, "stop", 0, "Strip decoder"));
   }
   if (type == "BPEDecoder") {
     return std::make_unique<BpeDecoder>(value_or<std::string>(j, "suffix", "</w>"));

@@ -176,7 +176,11 @@ void parse_sampling(const json& body, ApiRequest& r, const GenerationDefaults& d
     for (const json& id : *it) {
       if (!id.is_number_integer())
         bad("stop_token_ids", "'stop_token_ids' must be an array of integers");
-      g.stop_token_ids.push_back(id.get<int32_t>());
+      // Range-checked before narrowing: 2^40 must not become some other token's id.
+      if (id.is_number_unsigned() ? id.get<uint64_t>() > uint64_t{INT32_MAX}
+                                  : id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
+        bad("stop_token_ids", "stop token id " + id.dump() + " is out of range");
+      g.stop_token_ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
     }
   }
   read_bool(body, "ignore_eos", g.ignore_eos);

@@ -213,6 +213,14 @@ TEST(Tokenizer, BadFilesGiveErrorsNamingTheProblem) {
                "Sideways");
   expect_error(load_error([](json& j) { j["post_processor"]["special_tokens"] = json::object(); }),
                "<s>");
+  // A Strip decoder's counts must be whole non-negative numbers: a float past size_t's range
+  // (a fuzzer's find) or a negative one is refused by name, not converted.
+  for (const json& start : {json(7.7e69), json(-1), json(1.5), json("2")}) {
+    expect_error(load_error([&](json& j) {
+                   j["decoder"] = {{"type", "Strip"}, {"content", " "}, {"start", start}};
+                 }),
+                 "\"start\" must be a non-negative integer");
+  }
 
   EXPECT_THROW(Tokenizer::from_json("{not json", "broken.json"), Error);
   EXPECT_THROW(Tokenizer::from_json("[]", "broken.json"), Error);

@@ -53,6 +53,22 @@ TEST(OpenAiSampling, LogitBiasIsParsedAndClamped) {
   EXPECT_EQ(chat.params.sampling.logit_bias.size(), 1u);
 }
 
+// Stop token ids are range-checked before they narrow to int32: an id past it is a 400 naming
+// the field, not another token's id.
+TEST(OpenAiSampling, StopTokenIdsOutOfRangeAreRefused) {
+  const ApiRequest r = parse_request(R"({"prompt": "hi", "stop_token_ids": [7, 2147483647]})",
+                                     Endpoint::kCompletions);
+  EXPECT_EQ(r.params.stop_token_ids, (std::vector<int32_t>{7, 2147483647}));
+  for (const char* ids : {"[1099511627776]", "[-1]", "[18446744073709551615]", "[1.5]"}) {
+    std::string param;
+    EXPECT_EQ(status_of(std::string(R"({"prompt": "hi", "stop_token_ids": )") + ids + "}",
+                        Endpoint::kCompletions, &param),
+              400)
+        << ids;
+    EXPECT_EQ(param, "stop_token_ids") << ids;
+  }
+}
+
 TEST(OpenAiSampling, NAndBestOf) {
   ApiRequest r = parse_request(R"({"prompt": "hi", "n": 3})", Endpoint::kCompletions);
   EXPECT_EQ(r.n, 3);
