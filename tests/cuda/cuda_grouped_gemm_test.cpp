@@ -326,6 +326,7 @@ void run_experts(int64_t T, int64_t K, int64_t E, int64_t H, int64_t I, bool gat
   for (int t = 0; t < kTiles; ++t) {
     for (bool gate_up : {true, false}) {
       for (const Shape& s : {Shape{3, 8, 60, 320, 256}, Shape{300, 8, 16, 256, 256}}) {
+        const bool skinny = tiles[t] == GemmTile::kSkinny;
         // A gather reads M / K token rows, so M has no spare rows there.
         const GemmCase c{.T = s.T,
                          .K = s.K,
@@ -334,10 +335,10 @@ void run_experts(int64_t T, int64_t K, int64_t E, int64_t H, int64_t I, bool gat
                          .I = s.I,
                          .routing = Routing::kZipf,
                          .tile = tiles[t],
-                         .spare_rows = t == 0 || t == 5 ? 0 : 2,
-                         .gather = t == 0 || t == 5,
+                         .spare_rows = t == 0 || skinny ? 0 : 2,
+                         .gather = t == 0 || skinny,
                          .weight_terms = 2,
-                         .table = t == 1 || t == 5};
+                         .table = t == 1 || skinny};
         register_kernel_test(
             "CudaGroupedGemm",
             std::string("TwoTerms") + (gate_up ? "SiluMul" : "Plain") + "_T" + std::to_string(s.T) +

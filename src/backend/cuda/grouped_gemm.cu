@@ -41,6 +41,17 @@ using Rows128 = gemm::TileConfig<128, G ? 64 : 128, 2, 4, 3, G>;
 template <bool G>
 using Rows128Wide = gemm::TileConfig<128, G ? 128 : 256, 2, 4, 3, G>;
 
+// Whether kAuto takes kSkinny (outside batch_invariant): at most one row per expert on average,
+// and few rows in all. Measured on an H200
+// (bench/RESULTS.md, 2026-12-06, Qwen3-30B-A3B's experts, bench_cuda_moe_layer --tile), the
+// skinny kernel beat the 16-row tile at 8 and 16 rows with bf16 weights (T = 1, 2 with top-8)
+// and up to 64 with fp8 and int4, whose tile dequantises through shared memory; past that the
+// tile's deep cp.async pipeline wins.
+bool skinny_rows(int64_t num_rows, int64_t num_experts, ExpertQuant quant) {
+  const int64_t most = quant == ExpertQuant::kNone ? 16 : 64;
+  return num_rows <= num_experts && num_rows <= most;
+}
+
 // Enqueues one grouped-GEMM kernel on `stream`: a programmatic dependent of the kernel before it
 // where p.overlap_previous asks (its start-up overlaps that kernel's tail), else a plain launch.
 void enqueue(void (*kernel)(GroupedGemmParams), dim3 grid, int threads, int shared_bytes,
@@ -266,20 +277,10 @@ bool grouped_gemm_wgmma_supported(const GroupedGemmParams& p) {
   return grouped_gemm_wgmma_unsupported(p) == nullptr && grouped_gemm_wgmma_available();
 }
 
-// At most one row per expert on average, and few rows in all: measured on an H200
-// (bench/RESULTS.md, 2026-12-06, Qwen3-30B-A3B's experts, bench_cuda_moe_layer --tile), the
-// skinny kernel beat the 16-row tile at 8 and 16 rows with bf16 weights (T = 1, 2 with top-8)
-// and up to 64 with fp8 and int4, whose tile dequantises through shared memory; past that the
-// tile's deep cp.async pipeline wins.
-bool grouped_gemm_skinny_rows(int64_t num_rows, int64_t num_experts, ExpertQuant quant) {
-  const int64_t most = quant == ExpertQuant::kNone ? 16 : 64;
-  return num_rows <= num_experts && num_rows <= most;
-}
-
 GemmTile grouped_gemm_tile(const GroupedGemmParams& p) {
   if (p.tile != GemmTile::kAuto) return p.tile;
   if (!p.batch_invariant && p.act_codes == nullptr &&
-      grouped_gemm_skinny_rows(p.num_rows, p.num_experts, p.quant)) {
+      skinny_rows(p.num_rows, p.num_experts, p.quant)) {
     return GemmTile::kSkinny;
   }
   const int64_t touched = std::max<int64_t>(1, std::min(p.num_experts, p.num_rows));

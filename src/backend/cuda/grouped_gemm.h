@@ -74,7 +74,7 @@ enum class GemmEpilogue : int32_t { kNone, kSiluMul, kClampedSwiglu };
 // kSkinny (grouped_skinny_kernel.cuh): no tile at all, the weights streamed through registers
 // as the skinny GEMM does for dense projections, each expert's weight row read once for its up
 // to 4 rows a block (more rows take more blocks, each reading the weights again). kAuto takes it
-// at decode's smallest steps (grouped_gemm_skinny_rows: M <= E and M <= 16, or 64 for quantised
+// at decode's smallest steps (M <= E and M <= 16, or 64 for quantised
 // weights) and not under batch_invariant; every weight format, both epilogues, biases, the slot
 // table and the gather; not fp8 x fp8 (act_codes).
 enum class GemmTile : int32_t {
@@ -151,9 +151,6 @@ GemmTile grouped_gemm_auto_tile(int64_t num_rows, int64_t num_experts, int64_t n
 // The tile grouped_gemm runs for these parameters on the current device: params.tile when set,
 // else kAuto's choice, kHopperWgmma included.
 GemmTile grouped_gemm_tile(const GroupedGemmParams& params);
-
-// Whether kAuto takes kSkinny for these sizes and weights (outside batch_invariant).
-bool grouped_gemm_skinny_rows(int64_t num_rows, int64_t num_experts, ExpertQuant quant);
 
 // Whether the current device can run kHopperWgmma at all: a build for CUDA architecture 90
 // (the kernel is compiled for sm_90a) and a device of compute capability 9.0 exactly.

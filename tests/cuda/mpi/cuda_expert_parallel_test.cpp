@@ -1,7 +1,7 @@
 // Expert parallelism on the GPU (--ep N --device cuda, model/cuda/expert_parallel.h), run as
 // several ranks under mpirun (tests/CMakeLists.txt: cuda_mpi_np2); ranks on one machine take GPU
-// rank % count, so two ranks on a one-GPU machine share it. Without a CUDA device (CI) every
-// rank skips every test, and the job passes.
+// rank % count, so two ranks on a one-GPU machine share it. The tests are registered only where a
+// CUDA device is present (as test_cuda's are); without one (CI) the job runs none and passes.
 //
 // Dispatch (gpu::DeviceDispatcher, over the staged row transport, and over NCCL too where every
 // rank has a GPU of its own): each rank's token rows carry their source rank and token index
@@ -237,8 +237,7 @@ std::vector<EpTransport> job_transports() {
   return transports;
 }
 
-TEST(CudaExpertParallel, DispatchCarriesTaggedRowsToTheirExpertsAndBack) {
-  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+void dispatch_carries_tagged_rows_to_their_experts_and_back() {
   const int N = world().size();
   for (const EpTransport transport : job_transports()) {
     SCOPED_TRACE(gpu::ep_transport_name(transport));
@@ -247,8 +246,7 @@ TEST(CudaExpertParallel, DispatchCarriesTaggedRowsToTheirExpertsAndBack) {
   }
 }
 
-TEST(CudaExpertParallel, DispatchSplitsReplicatedExperts) {
-  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+void dispatch_splits_replicated_experts() {
   const int N = world().size();
   // Rank 0 holds every expert, in reverse order; the others the even ones.
   std::vector<std::vector<int32_t>> slots(static_cast<size_t>(N));
@@ -263,8 +261,7 @@ TEST(CudaExpertParallel, DispatchSplitsReplicatedExperts) {
   }
 }
 
-TEST(CudaExpertParallel, RankWithoutRealTokensTakesPartInEveryExchange) {
-  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+void rank_without_real_tokens_takes_part_in_every_exchange() {
   const int N = world().size();
   // The last rank's tokens are all padding: it still sends its (zero) counts, receives the
   // others' rows for its experts and returns their outputs.
@@ -484,64 +481,27 @@ void check_fixture(const std::string& name, bool replicas, bool exact = false,
       static_cast<long long>(sent[static_cast<int>(profile::Link::kNetwork)]));
 }
 
-class CudaExpertParallelFixture : public ::testing::TestWithParam<const char*> {};
-
-TEST_P(CudaExpertParallelFixture, MatchesTheOneProcessGpuRun) {
-  if (!have_device()) GTEST_SKIP() << "no CUDA device";
-  check_fixture(GetParam(), /*replicas=*/false);
-}
-
-// Every family again under --deterministic, the rows over the staged transport (what two ranks
-// sharing the GPU take under auto too): the logits equal the one-process run's exactly.
-TEST_P(CudaExpertParallelFixture, EqualsTheOneProcessRunExactlyOverTheStagedTransport) {
-  if (!have_device()) GTEST_SKIP() << "no CUDA device";
-  check_fixture(GetParam(), /*replicas=*/false, /*exact=*/true, EpTransport::kStaged);
-}
-
-// Two micro-batches per step (--micro-batches 2), their streams overlapping (--overlap on) and
-// one after the other (off): within the parity bound, with the same greedy tokens. The prefill
-// and greedy steps carry one sequence (micro-batch B an empty padding row), the decode steps 3
-// sequences on rank 0 (A 2, B 1) and 2 elsewhere, and the mixed step a chunk, a decode row and a
-// fresh prefill.
-TEST_P(CudaExpertParallelFixture, TwoMicroBatchesMatchTheOneProcessGpuRun) {
-  if (!have_device()) GTEST_SKIP() << "no CUDA device";
-  for (const bool overlap : {true, false}) {
-    check_fixture(GetParam(), /*replicas=*/false, /*exact=*/false, EpTransport::kAuto,
-                  {.count = 2, .overlap = overlap});
-  }
-}
-
-// The same under --deterministic over the staged transport: exactly the one-process logits.
-TEST_P(CudaExpertParallelFixture, TwoMicroBatchesEqualTheOneProcessRunExactly) {
-  if (!have_device()) GTEST_SKIP() << "no CUDA device";
-  check_fixture(GetParam(), /*replicas=*/false, /*exact=*/true, EpTransport::kStaged,
-                {.count = 2, .overlap = true});
-}
-
 // Fixtures of several families: softmax top-k (Qwen3-MoE, OLMoE, Mixtral bf16), grouped sigmoid
 // routing with a shared expert (DeepSeek-V3), a sigmoid-gated shared expert (Qwen2-MoE), expert
 // biases and the clamped SwiGLU (GPT-OSS), weights on the experts' input (Llama 4).
-INSTANTIATE_TEST_SUITE_P(Families, CudaExpertParallelFixture,
-                         ::testing::Values("qwen3_moe_f32", "mixtral_bf16", "deepseek_v3_f32",
-                                           "olmoe_f32", "qwen2_moe_f32", "gpt_oss_f32",
-                                           "llama4_text_f32"),
-                         [](const auto& info) { return std::string(info.param); });
+constexpr const char* kFamilies[] = {"qwen3_moe_f32",  "mixtral_bf16",  "deepseek_v3_f32",
+                                     "olmoe_f32",      "qwen2_moe_f32", "gpt_oss_f32",
+                                     "llama4_text_f32"};
 
-TEST(CudaExpertParallel, ReplicatedPlacementMatchesTheOneProcessGpuRun) {
-  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+void replicated_placement_matches_the_one_process_gpu_run() {
   check_fixture("qwen3_moe_f32", /*replicas=*/true);
 }
 
-TEST(CudaExpertParallel, TwoMicroBatchesWithReplicatedPlacementMatchTheOneProcessGpuRun) {
-  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+// Two micro-batches with replicas: qwen3 within the parity bound (overlapping), mixtral exactly
+// under --deterministic (serial).
+void two_micro_batches_with_replicated_placement_match_the_one_process_gpu_run() {
   check_fixture("qwen3_moe_f32", /*replicas=*/true, /*exact=*/false, EpTransport::kAuto,
                 {.count = 2, .overlap = true});
   check_fixture("mixtral_bf16", /*replicas=*/true, /*exact=*/true, EpTransport::kAuto,
                 {.count = 2, .overlap = false});
 }
 
-TEST(CudaExpertParallel, DeterministicRunsEqualTheOneProcessRunExactly) {
-  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+void deterministic_runs_equal_the_one_process_run_exactly() {
   for (const char* name : {"qwen3_moe_f32", "deepseek_v3_f32", "llama4_text_f32"}) {
     check_fixture(name, /*replicas=*/false, /*exact=*/true);
   }
@@ -589,19 +549,78 @@ void check_empty_ranks(const std::string& name, MicroBatches micro = {}) {
       rel_error(ep.decode, one.decode), largest);
 }
 
-TEST(CudaExpertParallel, RanksOfEmptyBatchesJoinEveryExchange) {
-  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+void ranks_of_empty_batches_join_every_exchange() {
   for (const char* name : {"qwen3_moe_f32", "deepseek_v3_f32", "qwen3_5_moe_f32"}) {
     check_empty_ranks(name);
   }
 }
 
-TEST(CudaExpertParallel, RanksOfEmptyBatchesJoinEveryExchangeOfTwoMicroBatches) {
-  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+void ranks_of_empty_batches_join_every_exchange_of_two_micro_batches() {
   for (const char* name : {"qwen3_moe_f32", "deepseek_v3_f32", "qwen3_5_moe_f32"}) {
     for (const bool overlap : {true, false}) {
       check_empty_ranks(name, {.count = 2, .overlap = overlap});
     }
+  }
+}
+
+class BodyTest : public ::testing::Test {
+ public:
+  explicit BodyTest(std::function<void()> body) : body_(std::move(body)) {}
+  void TestBody() override { body_(); }
+
+ private:
+  std::function<void()> body_;
+};
+
+void add(const std::string& suite, const std::string& name, std::function<void()> body) {
+  ::testing::RegisterTest(suite.c_str(), name.c_str(), nullptr, nullptr, __FILE__, __LINE__,
+                          [body]() -> ::testing::Test* { return new BodyTest(body); });
+}
+
+// Every test of this file, registered only where a CUDA device is present.
+void register_tests() {
+  add("CudaExpertParallel", "DispatchCarriesTaggedRowsToTheirExpertsAndBack",
+      dispatch_carries_tagged_rows_to_their_experts_and_back);
+  add("CudaExpertParallel", "DispatchSplitsReplicatedExperts", dispatch_splits_replicated_experts);
+  add("CudaExpertParallel", "RankWithoutRealTokensTakesPartInEveryExchange",
+      rank_without_real_tokens_takes_part_in_every_exchange);
+  add("CudaExpertParallel", "ReplicatedPlacementMatchesTheOneProcessGpuRun",
+      replicated_placement_matches_the_one_process_gpu_run);
+  add("CudaExpertParallel", "DeterministicRunsEqualTheOneProcessRunExactly",
+      deterministic_runs_equal_the_one_process_run_exactly);
+  add("CudaExpertParallel", "RanksOfEmptyBatchesJoinEveryExchange",
+      ranks_of_empty_batches_join_every_exchange);
+  add("CudaExpertParallel", "RanksOfEmptyBatchesJoinEveryExchangeOfTwoMicroBatches",
+      ranks_of_empty_batches_join_every_exchange_of_two_micro_batches);
+  add("CudaExpertParallel", "TwoMicroBatchesWithReplicatedPlacementMatchTheOneProcessGpuRun",
+      two_micro_batches_with_replicated_placement_match_the_one_process_gpu_run);
+  for (const char* family : kFamilies) {
+    add("Families/CudaExpertParallelFixture", std::string("MatchesTheOneProcessGpuRun/") + family,
+        [family] { check_fixture(family, /*replicas=*/false); });
+    // Again under --deterministic, the rows over the staged transport (what two ranks sharing
+    // the GPU take under auto too): the logits equal the one-process run's exactly.
+    add("Families/CudaExpertParallelFixture",
+        std::string("EqualsTheOneProcessRunExactlyOverTheStagedTransport/") + family, [family] {
+          check_fixture(family, /*replicas=*/false, /*exact=*/true, EpTransport::kStaged);
+        });
+    // Two micro-batches per step (--micro-batches 2), their streams overlapping (--overlap on)
+    // and one after the other (off): within the parity bound, with the same greedy tokens. The
+    // prefill and greedy steps carry one sequence (micro-batch B an empty padding row), the
+    // decode steps 3 sequences on rank 0 (A 2, B 1) and 2 elsewhere, and the mixed step a
+    // chunk, a decode row and a fresh prefill.
+    add("Families/CudaExpertParallelFixture",
+        std::string("TwoMicroBatchesMatchTheOneProcessGpuRun/") + family, [family] {
+          for (const bool overlap : {true, false}) {
+            check_fixture(family, /*replicas=*/false, /*exact=*/false, EpTransport::kAuto,
+                          {.count = 2, .overlap = overlap});
+          }
+        });
+    // The same under --deterministic over the staged transport: exactly the one-process logits.
+    add("Families/CudaExpertParallelFixture",
+        std::string("TwoMicroBatchesEqualTheOneProcessRunExactly/") + family, [family] {
+          check_fixture(family, /*replicas=*/false, /*exact=*/true, EpTransport::kStaged,
+                        {.count = 2, .overlap = true});
+        });
   }
 }
 
@@ -627,6 +646,11 @@ int main(int argc, char** argv) {
   using namespace moeinfer::parallel;
   ::testing::InitGoogleTest(&argc, argv);
   Communicator& job = world();  // initialises MPI once; finalised at exit
+  if (moeinfer::have_device()) {
+    moeinfer::register_tests();
+  } else if (job.rank() == 0) {
+    std::fprintf(stderr, "test_cuda_expert_parallel: no CUDA device; no test is registered\n");
+  }
   if (job.rank() != 0) {
     ::testing::TestEventListeners& listeners = ::testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());
