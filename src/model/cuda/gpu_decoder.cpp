@@ -1093,7 +1093,10 @@ Step CudaDecoder::prepare(const ForwardBatch& batch) {
     check_forward_batch(batch, c.vocab_size, max_model_len_, num_blocks_, block_size_);
   }
   step.num_seqs = static_cast<int64_t>(batch.sequences.size());
-  bool all_single = !batch.all_positions, all_fresh = true, all_want = true;
+  // An empty batch runs as one padding row on the decode route (below), whatever all_positions
+  // asks of the rows it does not have (micro-batch B of a one-sequence prompt step).
+  bool all_single = !batch.all_positions || batch.sequences.empty();
+  bool all_fresh = true, all_want = true;
   int64_t T = 0, max_len = 0, table_stride = 1;
   for (const SequenceBatch& s : batch.sequences) {
     const int64_t n = static_cast<int64_t>(s.tokens.size());
