@@ -127,18 +127,28 @@ __global__ void __launch_bounds__(kPlanMaxThreads)
 
 // Sorts block b's chunk [b*chunk, (b+1)*chunk) into place. kMultiBlock: the expert totals and
 // the counts of earlier blocks come from the histograms in p.workspace; otherwise there is one
-// block and its own counts are the totals. Block 0 writes expert_counts and expert_offsets.
-template <bool kMultiBlock>
-__global__ void __launch_bounds__(kPlanMaxThreads)
-    moe_plan_kernel(const __grid_constant__ PlanParams p, int chunk) {
-  device::start_after_previous_grid();  // launched by launch_after_previous()
-  extern __shared__ int32_t plan_smem[];
+// block (b = 0) and its own counts are the totals. Block 0 writes expert_counts and
+// expert_offsets. Shared memory: plan_shared_bytes(blockDim.x / 32, E) at plan_smem.
+//
+// moe_plan_kernel runs it as block blockIdx.x; the fused route-and-plan kernel
+// (route_plan_kernel.cuh) runs it as block 0 in whichever block finishes last, over ids that
+// block's threads have just written: kCoherentIds reads them with plain loads instead of the
+// read-only path.
+template <bool kMultiBlock, bool kCoherentIds = false>
+__device__ inline void plan_sort_block(const PlanParams& p, int chunk, int block,
+                                       int32_t* plan_smem) {
+  const auto load_id = [&p](int i) {
+    if constexpr (kCoherentIds) {
+      return p.topk_ids[i];
+    } else {
+      return __ldg(p.topk_ids + i);
+    }
+  };
   const int num_experts = static_cast<int>(p.num_experts);
   const int num_assignments = static_cast<int>(p.num_assignments);
   const int num_warps = blockDim.x / device::kWarpSize;
   const int warp = threadIdx.x / device::kWarpSize;
   const int lane = threadIdx.x % device::kWarpSize;
-  const int block = blockIdx.x;
   int32_t* hist = plan_smem;                          // [W, E]
   int32_t* offsets = hist + num_warps * num_experts;  // [E + 1]
   int32_t* earlier = offsets + num_experts + 1;       // [E] counts in blocks before this one
@@ -159,7 +169,7 @@ __global__ void __launch_bounds__(kPlanMaxThreads)
 
   // 1. Count.
   for (int i = begin + lane; i < end; i += device::kWarpSize) {
-    const int32_t expert = __ldg(p.topk_ids + i);
+    const int32_t expert = load_id(i);
     MOE_DEVICE_CHECK(expert >= 0 && expert < num_experts);
     atomicAdd(my_hist + expert, 1);
   }
@@ -210,7 +220,7 @@ __global__ void __launch_bounds__(kPlanMaxThreads)
 #pragma unroll
     for (int u = 0; u < kPlanIdsPerLaneBatch; ++u) {
       const int i = base + u * device::kWarpSize + lane;
-      expert[u] = i < end ? __ldg(p.topk_ids + i) : -1;
+      expert[u] = i < end ? load_id(i) : -1;
     }
 #pragma unroll
     for (int u = 0; u < kPlanIdsPerLaneBatch; ++u) {
@@ -229,6 +239,14 @@ __global__ void __launch_bounds__(kPlanMaxThreads)
       __syncwarp();
     }
   }
+}
+
+template <bool kMultiBlock>
+__global__ void __launch_bounds__(kPlanMaxThreads)
+    moe_plan_kernel(const __grid_constant__ PlanParams p, int chunk) {
+  device::start_after_previous_grid();  // launched by launch_after_previous()
+  extern __shared__ int32_t plan_smem[];
+  plan_sort_block<kMultiBlock>(p, chunk, static_cast<int>(blockIdx.x), plan_smem);
 }
 
 // Large-E path (see the file comment). E <= kMaxExperts and B <= kPlanMaxBlocks: the workspace
