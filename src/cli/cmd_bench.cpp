@@ -56,6 +56,7 @@ struct BenchArgs {
   bool no_cuda_graphs = false;
   bool no_programmatic_launch = false;
   int64_t skinny_gemm_rows = -1;  // cuda: GpuOptions::skinny_gemm_rows (-1: its default)
+  int64_t fused_route_tokens = -1;  // cuda: GpuOptions::fused_route_tokens (-1: its default)
   bool deterministic = false;
   float temperature = 0.0f;  // of the generated tokens; 0: greedy
   // --sweep: decode at each of these batches (--input-len then --output-len tokens each), then
@@ -342,6 +343,7 @@ EngineConfig engine_config(const BenchArgs& args) {
                       .device = args.device.device,
                       .fused_moe_rows = args.device.fused_moe_rows,
                       .skinny_gemm_rows = args.skinny_gemm_rows,
+                      .fused_route_tokens = args.fused_route_tokens,
                       .fp8_tensor_cores = args.device.fp8_tensor_cores_on(),
                       .weight_dtype = args.device.weight_dtype(),
                       .gpu_memory_fraction = args.device.gpu_memory_fraction,
@@ -507,6 +509,11 @@ void run_bench(const BenchArgs& args) {
   MOE_CHECK(!args.deterministic || args.skinny_gemm_rows <= 0,
             "--skinny-gemm-rows does not apply with --deterministic (its products run the "
             "fixed-order dense GEMM)");
+  MOE_CHECK(args.device.is_cuda() || args.fused_route_tokens < 0,
+            "--fused-route-tokens applies to --device cuda (a GPU kernel)");
+  MOE_CHECK(!args.deterministic || args.fused_route_tokens <= 0,
+            "--fused-route-tokens does not apply with --deterministic (its router product sums "
+            "in another order than the fixed-order GEMM of larger steps)");
   MOE_CHECK(args.time_every == 0 || args.profile,
             "--time-every applies to --profile (without it no stage is timed)");
   MOE_CHECK(args.batch >= 1, "--batch must be >= 1");
@@ -730,6 +737,11 @@ void add_bench_command(CLI::App& app) {
                   "cuda: dense projections of at most N rows (0 to 8) run the skinny GEMM, a "
                   "weight-streaming kernel, instead of cuBLAS (default 1; 0: cuBLAS always)")
       ->check(CLI::Range(0, 8));
+  cmd->add_option("--fused-route-tokens", args->fused_route_tokens,
+                  "cuda: MoE layers of steps with at most N tokens (0 to 64) run their route and "
+                  "plan stages (router product, top-k, plan) as one kernel (default 16; 0: "
+                  "the stage kernels always)")
+      ->check(CLI::Range(0, 64));
   cmd->add_flag("--no-cuda-graphs,--enforce-eager", args->no_cuda_graphs,
                 "cuda: launch every decode step's kernels instead of replaying graphs (vLLM's "
                 "--enforce-eager)");

@@ -89,6 +89,10 @@ struct GpuOptions {
   // of cuBLAS; 0: always cuBLAS; -1: kDefaultSkinnyGemmRows. Not under `deterministic`, which
   // keeps the fixed-order dense GEMM.
   int64_t skinny_gemm_rows = -1;
+  // MoE layers whose step has at most this many tokens run their route and plan stages in one
+  // launch (backend/cuda/route_plan.h: router product, top-k and plan); 0: never; -1: the
+  // decoder's own threshold. Not under `deterministic` nor with two weight terms.
+  int64_t fused_route_tokens = -1;
   // Routed fp8 experts with scale blocks of 128 inputs (DeepSeek-V3's and Qwen3-FP8's layout,
   // --weights fp8) on a GPU of compute capability 8.9 or later: MoE steps with enough rows per
   // expert (prefill, large batches: cuda::fp8_tensor_core_experts) run fp8 x fp8 on tensor

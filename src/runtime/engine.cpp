@@ -135,6 +135,7 @@ GpuOptions gpu_options(const ModelConfig& model, const EngineConfig& config) {
                     .deterministic = config.deterministic,
                     .small_batch_moe_rows = config.fused_moe_rows,
                     .skinny_gemm_rows = config.skinny_gemm_rows,
+                    .fused_route_tokens = config.fused_route_tokens,
                     .fp8_tensor_cores = config.fp8_tensor_cores,
                     .offload = config.offload,
                     .routing = config.routing};

@@ -48,6 +48,7 @@ struct EngineConfig {
   std::string device = "cpu";
   int64_t fused_moe_rows = -1;  // cuda: GpuOptions::small_batch_moe_rows
   int64_t skinny_gemm_rows = -1;  // cuda: GpuOptions::skinny_gemm_rows (-1: its default)
+  int64_t fused_route_tokens = -1;  // cuda: GpuOptions::fused_route_tokens (-1: its default)
   bool fp8_tensor_cores = true;  // cuda: GpuOptions::fp8_tensor_cores
   GpuWeightDtype weight_dtype = GpuWeightDtype::kCheckpoint;  // cuda: GpuOptions::weight_dtype
   double gpu_memory_fraction = 0.9;  // cuda: weights + workspace + KV pool within this share

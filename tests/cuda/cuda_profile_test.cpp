@@ -34,11 +34,16 @@ std::unique_ptr<Model> load_fixture() {
   return Model::load(dir, LoadOptions{.prefault = false});
 }
 
-// A GPU decoder over it: 4 sequences, 64 tokens, 8 KV blocks.
+// A GPU decoder over it: 4 sequences, 64 tokens, 8 KV blocks. Route and plan as two stages
+// at every step (the fused route-and-plan kernel of small steps is timed as route alone).
 std::unique_ptr<GpuDecoder> small_decoder(Model& model) {
   return GpuDecoder::create(model.config(), model.decoder().weights(),
-                            GpuOptions{.max_batch_tokens = 64, .max_num_seqs = 4,
-                                       .max_model_len = 64, .num_kv_blocks = 8, .quiet = true});
+                            GpuOptions{.max_batch_tokens = 64,
+                                       .max_num_seqs = 4,
+                                       .max_model_len = 64,
+                                       .num_kv_blocks = 8,
+                                       .quiet = true,
+                                       .fused_route_tokens = 0});
 }
 
 void profiled_steps_report_every_stage() {

@@ -56,6 +56,7 @@
 #include "backend/cuda/mla_attention.h"
 #include "backend/cuda/moe_stages.h"
 #include "backend/cuda/programmatic_launch.h"
+#include "backend/cuda/route_plan.h"
 #include "backend/cuda/sampling.h"
 #include "backend/cuda/skinny_gemm.h"
 #include "backend/cuda/small_batch_moe.h"
@@ -83,6 +84,8 @@ constexpr double kMaxWorkspaceShare = 0.5;
 // on an H200 it is slower than the stage-by-stage path at every T (bench/RESULTS.md,
 // 2026-12-04); --fused-moe-rows N turns it on.
 constexpr int64_t kSmallMoeDefaultRows = 0;
+// Tokens up to which MoE layers route and plan in one launch unless GpuOptions says otherwise.
+constexpr int64_t kDefaultFusedRouteTokens = 16;
 constexpr int64_t kMinContextBucket = 256;
 constexpr float kMlaNormEps = 1e-6f;
 // Gated DeltaNet L2-normalises q and k with this epsilon inside the square root (as the CPU).
@@ -701,6 +704,15 @@ void CudaDecoder::allocate_workspace() {
                                                            : kSmallMoeDefaultRows;
     mb.small_moe_rows = std::min(mb.small_moe_rows, cuda::kSmallMoeMaxRows);
   }
+  // Route and plan in one launch for small steps: not under --deterministic (its router
+  // product sums in another order than the fixed-order GEMM of larger steps) nor with a second
+  // weight term (it reads the router's bf16 term only).
+  mb.route_plan_tokens = 0;
+  if (c.num_experts > 0 && !options_.deterministic && w_.weight_terms == 1) {
+    mb.route_plan_tokens =
+        options_.fused_route_tokens >= 0 ? options_.fused_route_tokens : kDefaultFusedRouteTokens;
+    mb.route_plan_tokens = std::min(mb.route_plan_tokens, cuda::kRoutePlanMaxTokens);
+  }
   const int64_t small_moe_bytes =
       mb.small_moe_rows > 0 ? cuda::small_moe_workspace_bytes(std::min(T, cuda::kSmallMoeMaxTokens),
                                                             E, K, H, Ip, shared_width)
@@ -819,6 +831,7 @@ void CudaDecoder::allocate_workspace() {
       mb.shared_gate_logits = cv.take<float>(T);
       mb.shared_out = cv.take<bf16>(T * H);
       if (small_moe_bytes > 0) mb.small_moe_workspace = cv.take<char>(small_moe_bytes);
+      if (mb.route_plan_tokens > 0) mb.route_plan_ticket = cv.take<int32_t>(1);
       if (w_.experts_offloaded) {
         mb.predict_logits = cv.take<float>(T * E);
         mb.predict_ids = cv.take<int32_t>(T * K);
@@ -856,6 +869,9 @@ void CudaDecoder::allocate_workspace() {
   Carver assign(workspace_.get());
   carve(assign);
   report_.workspace_bytes = bytes;
+  if (mb.route_plan_ticket) {  // zero before the first step; each launch leaves it so
+    CUDA_CHECK(cudaMemsetAsync(mb.route_plan_ticket, 0, sizeof(int32_t), stream_));
+  }
   if (mb.small_moe_workspace) {  // its counters start at zero; the kernels leave them so
     CUDA_CHECK(
         cudaMemsetAsync(mb.small_moe_workspace, 0, static_cast<size_t>(small_moe_bytes), stream_));

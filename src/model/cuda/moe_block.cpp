@@ -4,6 +4,7 @@
 
 #include "backend/cuda/decoder_ops.h"
 #include "backend/cuda/grouped_gemm.h"
+#include "backend/cuda/route_plan.h"
 #include "backend/cuda/small_batch_moe.h"
 #include "core/error.h"
 #include "model/cuda/cached_experts.h"
@@ -264,6 +265,15 @@ bool MoeBlock::small_batch_takes(int64_t layer, int64_t T) const {
                                   d->shared_gate_up ? d->shared_width : 0);
 }
 
+bool MoeBlock::route_plan_takes(int64_t T) const {
+  // The routing approximations and the router temperature run between the router's product
+  // and its top-k, or between the top-k and the plan: the stage path has them.
+  const ExpertShape& s = options_.shape;
+  return buffers_.route_plan_ticket != nullptr && T <= buffers_.route_plan_tokens &&
+         !options_.approx.enabled() &&
+         cuda::route_plan_supports(T, s.num_experts, options_.top_k, s.hidden_size);
+}
+
 void MoeBlock::small_batch(int64_t layer, const MoeLayerIo& io, int32_t* topk_ids,
                            float* topk_weights, cudaStream_t stream, const StageMarks& marks) {
   const DeviceLayer& d = *runner_->resident(layer);
@@ -340,8 +350,24 @@ void MoeBlock::start(int64_t layer, const MoeLayerIo& io, cudaStream_t stream,
   const int64_t T = io.num_tokens, K = options_.top_k, E = options_.shape.num_experts;
   int32_t* const topk_ids = io.topk_ids ? io.topk_ids : buffers_.topk_ids;
   float* const topk_weights = io.topk_weights ? io.topk_weights : buffers_.topk_weights;
-  route(layer, io.hidden, T, io.num_valid, io.noise_keys, buffers_.router_logits, topk_ids,
-        topk_weights, stream);
+  const bool fused_plan = route_plan_takes(T);
+  if (fused_plan) {
+    // One launch for both stages, closed as route (the profile's plan stage is then empty).
+    cuda::moe_route_plan({.hidden = io.hidden,
+                          .router = layers_[layer].router,
+                          .hidden_size = options_.shape.hidden_size,
+                          .route = router_params(layer, T, io.num_valid, io.noise_keys,
+                                                 buffers_.router_logits, topk_ids, topk_weights),
+                          .plan = {.expert_counts = io.expert_counts,
+                                   .expert_offsets = buffers_.expert_offsets,
+                                   .src_row = buffers_.src_row,
+                                   .inverse = buffers_.inverse},
+                          .ticket = buffers_.route_plan_ticket},
+                         stream);
+  } else {
+    route(layer, io.hidden, T, io.num_valid, io.noise_keys, buffers_.router_logits, topk_ids,
+          topk_weights, stream);
+  }
   marks.close(profile::Stage::kRoute, layer);
   const RoutedTokens tokens{.hidden = io.hidden, .topk_ids = topk_ids,
                             .topk_weights = topk_weights,
@@ -350,13 +376,19 @@ void MoeBlock::start(int64_t layer, const MoeLayerIo& io, cudaStream_t stream,
                             .num_tokens = T, .top_k = K, .num_valid = io.num_valid,
                             .weights = options_.weights};
   runner_->on_routed(layer, tokens, *this, marks, stream);
-  // Over E + 1 experts: padding tokens carry expert id E and sort past every real expert.
-  cuda::moe_plan({.topk_ids = topk_ids, .expert_counts = io.expert_counts,
-                  .expert_offsets = buffers_.expert_offsets, .src_row = buffers_.src_row,
-                  .inverse = buffers_.inverse, .workspace = buffers_.plan_workspace,
-                  .num_assignments = T * K, .num_experts = E + 1},
-                 stream);
-  marks.close(profile::Stage::kPlan, layer);
+  if (!fused_plan) {
+    // Over E + 1 experts: padding tokens carry expert id E and sort past every real expert.
+    cuda::moe_plan({.topk_ids = topk_ids,
+                    .expert_counts = io.expert_counts,
+                    .expert_offsets = buffers_.expert_offsets,
+                    .src_row = buffers_.src_row,
+                    .inverse = buffers_.inverse,
+                    .workspace = buffers_.plan_workspace,
+                    .num_assignments = T * K,
+                    .num_experts = E + 1},
+                   stream);
+    marks.close(profile::Stage::kPlan, layer);
+  }
   dispatcher_->start_dispatch(layer, tokens, stream);
   in_flight_ = {.layer = layer, .tokens = tokens, .out = io.out};
 }

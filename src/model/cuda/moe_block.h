@@ -241,6 +241,10 @@ struct MoeBlockBuffers {
   // The small-batch fused path (backend/cuda/small_batch_moe.h), or null: off.
   void* small_moe_workspace = nullptr;
   int64_t small_moe_rows = 0;  // T*K up to which it runs
+  // Route and plan in one launch (backend/cuda/route_plan.h) for steps of at most
+  // route_plan_tokens tokens: a device int32, zero before the first step, or null: off.
+  int32_t* route_plan_ticket = nullptr;
+  int64_t route_plan_tokens = 0;
 };
 
 struct MoeBlockOptions {
@@ -306,6 +310,8 @@ class MoeBlock final : private RoutingPredictor {
              cudaStream_t stream);
   // Whether layer `layer` at T tokens takes the small-batch fused path.
   bool small_batch_takes(int64_t layer, int64_t num_tokens) const;
+  // Whether T tokens take the fused route and plan (one launch for the route and plan stages).
+  bool route_plan_takes(int64_t num_tokens) const;
   const int32_t* predict(int64_t layer, const RoutedTokens& tokens,
                          cudaStream_t stream) override;
   cuda::RouterParams router_params(int64_t layer, int64_t num_tokens, const int32_t* num_valid,
