@@ -6,10 +6,10 @@
 // and tail around well under a microsecond of work, three times per MoE layer. Here the router
 // rows spread over every block (a warp per row, dotting it with the T token rows), the block that
 // finishes last (a ticket counter) routes the tokens with router_kernel.cuh's own per-token
-// functions and then sorts the assignments with plan_kernel.cuh's single-block sort. Its outputs
-// are those of router GEMM + fused_router + moe_plan: the same picks, weights and plan for the
-// same logits; the logits are float32 dot products of the bf16 rows, summed in another order than
-// cuBLAS's (within float32 rounding of it).
+// functions and then sorts the assignments with moe_plan's single-block sort (plan_sort.cuh).
+// Its outputs are those of router GEMM + fused_router + moe_plan: the same picks, weights and
+// plan for the same logits; the logits are float32 dot products of the bf16 rows, summed in
+// another order than cuBLAS's (within float32 rounding of it).
 #pragma once
 
 #include <cuda_bf16.h>

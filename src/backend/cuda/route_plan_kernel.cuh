@@ -14,7 +14,7 @@
 #include <cstdint>
 
 #include "backend/cuda/device_utils.cuh"
-#include "backend/cuda/plan_kernel.cuh"
+#include "backend/cuda/plan_sort.cuh"
 #include "backend/cuda/route_plan.h"
 #include "backend/cuda/router_kernel.cuh"
 
