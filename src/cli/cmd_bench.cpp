@@ -739,8 +739,8 @@ void add_bench_command(CLI::App& app) {
       ->check(CLI::Range(0, 8));
   cmd->add_option("--fused-route-tokens", args->fused_route_tokens,
                   "cuda: MoE layers of steps with at most N tokens (0 to 64) run their route and "
-                  "plan stages (router product, top-k, plan) as one kernel (default 16; 0: "
-                  "the stage kernels always)")
+                  "plan stages (router product, top-k, plan) as one kernel (default 0: the "
+                  "stage kernels; measured no faster yet)")
       ->check(CLI::Range(0, 64));
   cmd->add_flag("--no-cuda-graphs,--enforce-eager", args->no_cuda_graphs,
                 "cuda: launch every decode step's kernels instead of replaying graphs (vLLM's "

@@ -85,7 +85,11 @@ constexpr double kMaxWorkspaceShare = 0.5;
 // 2026-12-04); --fused-moe-rows N turns it on.
 constexpr int64_t kSmallMoeDefaultRows = 0;
 // Tokens up to which MoE layers route and plan in one launch unless GpuOptions says otherwise.
-constexpr int64_t kDefaultFusedRouteTokens = 16;
+// 0 (off): on an H100 it saves two launches a layer but no time at batch 1 (4.762 against 4.722
+// ms a step) and loses at batch 8 (12.436 against 11.879 ms): its router product runs on E / 8
+// blocks, one token after another (bench/RESULTS.md, 2026-12-07). --fused-route-tokens N turns
+// it on.
+constexpr int64_t kDefaultFusedRouteTokens = 0;
 constexpr int64_t kMinContextBucket = 256;
 constexpr float kMlaNormEps = 1e-6f;
 // Gated DeltaNet L2-normalises q and k with this epsilon inside the square root (as the CPU).
