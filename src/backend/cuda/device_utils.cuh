@@ -93,6 +93,17 @@ __device__ __forceinline__ void bf16x8_to_float(const uint4& packed, float (&out
   }
 }
 
+// The float32 dot product of two vectors of 8 bf16, summed in element order.
+__device__ __forceinline__ float bf16x8_dot(const uint4& a, const uint4& b) {
+  float x[8], y[8];
+  bf16x8_to_float(a, x);
+  bf16x8_to_float(b, y);
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) sum = fmaf(x[i], y[i], sum);
+  return sum;
+}
+
 __device__ __forceinline__ uint4 float_to_bf16x8(const float (&in)[8]) {
   uint4 packed;
   __nv_bfloat162* pairs = reinterpret_cast<__nv_bfloat162*>(&packed);

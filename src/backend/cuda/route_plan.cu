@@ -35,20 +35,8 @@ void launch(const RoutePlanParams& p, cudaStream_t stream) {
 
 template <bool kGeneral>
 void launch_for_experts(const RoutePlanParams& p, cudaStream_t stream) {
-  const int64_t E = p.route.num_experts;
-  if (E <= 32) {
-    launch<1, kGeneral>(p, stream);
-  } else if (E <= 64) {
-    launch<2, kGeneral>(p, stream);
-  } else if (E <= 128) {
-    launch<4, kGeneral>(p, stream);
-  } else if (E <= 256) {
-    launch<8, kGeneral>(p, stream);
-  } else if (E <= 512) {
-    launch<16, kGeneral>(p, stream);
-  } else {
-    launch<32, kGeneral>(p, stream);
-  }
+  with_router_lanes(p.route.num_experts,
+                    [&](auto per_lane) { launch<decltype(per_lane)::value, kGeneral>(p, stream); });
 }
 
 }  // namespace

@@ -25,16 +25,6 @@ inline constexpr int kRoutePlanThreads = kRoutePlanWarps * device::kWarpSize;
 
 namespace route_plan {
 
-__device__ __forceinline__ float dot8(const uint4& w, const uint4& x) {
-  float a[8], b[8];
-  device::bf16x8_to_float(w, a);
-  device::bf16x8_to_float(x, b);
-  float s = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) s = fmaf(a[i], b[i], s);
-  return s;
-}
-
 __device__ __forceinline__ int valid_tokens(const RouterParams& r) {
   const int T = static_cast<int>(r.num_tokens);
   return r.num_valid_tokens == nullptr ? T : min(max(*r.num_valid_tokens, 0), T);
@@ -66,7 +56,7 @@ __global__ void __launch_bounds__(kRoutePlanThreads)
       const uint4* x = reinterpret_cast<const uint4*>(p.hidden) + static_cast<int64_t>(t) * vecs;
       float partial = 0.0f;
       for (int v = lane; v < vecs; v += device::kWarpSize) {
-        partial += route_plan::dot8(__ldg(w + v), x[v]);
+        partial += device::bf16x8_dot(__ldg(w + v), x[v]);
       }
       const float logit = device::warp_sum(partial);
       if (lane == 0) const_cast<float*>(p.route.logits)[static_cast<int64_t>(t) * E + row] = logit;

@@ -106,19 +106,8 @@ void fused_router(const RouterParams& params, cudaStream_t stream) {
   }
   const bool plain =
       params.selection_bias == nullptr && params.group_score == RouterGroupScore::kNone;
-  if (E <= 32) {
-    launch_router<1>(params, plain, stream);
-  } else if (E <= 64) {
-    launch_router<2>(params, plain, stream);
-  } else if (E <= 128) {
-    launch_router<4>(params, plain, stream);
-  } else if (E <= 256) {
-    launch_router<8>(params, plain, stream);
-  } else if (E <= 512) {
-    launch_router<16>(params, plain, stream);
-  } else {
-    launch_router<32>(params, plain, stream);
-  }
+  with_router_lanes(
+      E, [&](auto per_lane) { launch_router<decltype(per_lane)::value>(params, plain, stream); });
 }
 
 }  // namespace moeinfer::cuda

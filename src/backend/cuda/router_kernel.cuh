@@ -40,6 +40,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/moe_stages.h"
@@ -47,6 +48,26 @@
 namespace moeinfer::cuda {
 
 inline constexpr int kRouterWarpsPerBlock = 4;
+
+// Calls launch(std::integral_constant<int, kPerLane>{}) with the smallest per-lane register array
+// (1, 2, 4, ..., 32 experts a lane) that holds E <= kRouterWarpMaxExperts: the instantiation
+// every one-warp routing kernel is launched with.
+template <typename Launch>
+void with_router_lanes(int64_t num_experts, Launch&& launch) {
+  if (num_experts <= 32) {
+    launch(std::integral_constant<int, 1>{});
+  } else if (num_experts <= 64) {
+    launch(std::integral_constant<int, 2>{});
+  } else if (num_experts <= 128) {
+    launch(std::integral_constant<int, 4>{});
+  } else if (num_experts <= 256) {
+    launch(std::integral_constant<int, 8>{});
+  } else if (num_experts <= 512) {
+    launch(std::integral_constant<int, 16>{});
+  } else {
+    launch(std::integral_constant<int, 32>{});
+  }
+}
 
 namespace device {
 

@@ -70,20 +70,9 @@ void launch_route_plan(const SmallMoeKernelParams& k, cudaStream_t stream) {
 
 template <bool kGeneral>
 void launch_route_plan_for(const SmallMoeKernelParams& k, cudaStream_t stream) {
-  const int E = k.num_experts;
-  if (E <= 32) {
-    launch_route_plan<1, kGeneral>(k, stream);
-  } else if (E <= 64) {
-    launch_route_plan<2, kGeneral>(k, stream);
-  } else if (E <= 128) {
-    launch_route_plan<4, kGeneral>(k, stream);
-  } else if (E <= 256) {
-    launch_route_plan<8, kGeneral>(k, stream);
-  } else if (E <= 512) {
-    launch_route_plan<16, kGeneral>(k, stream);
-  } else {
-    launch_route_plan<32, kGeneral>(k, stream);
-  }
+  with_router_lanes(k.num_experts, [&](auto per_lane) {
+    launch_route_plan<decltype(per_lane)::value, kGeneral>(k, stream);
+  });
 }
 
 }  // namespace

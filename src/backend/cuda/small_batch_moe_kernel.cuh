@@ -105,16 +105,6 @@ struct SmallMoeKernelParams {
 
 namespace small_moe {
 
-__device__ __forceinline__ float dot8(const uint4& w, const uint4& x) {
-  float a[8], b[8];
-  device::bf16x8_to_float(w, a);
-  device::bf16x8_to_float(x, b);
-  float s = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) s = fmaf(a[i], b[i], s);
-  return s;
-}
-
 __device__ __forceinline__ float dot8(const uint4& w, const float (&x)[8]) {
   float a[8];
   device::bf16x8_to_float(w, a);
@@ -142,7 +132,7 @@ __device__ inline void router_logits(const SmallMoeKernelParams& k, int row, int
         reinterpret_cast<const uint4*>(k.p.hidden + static_cast<int64_t>(t) * k.hidden);
     float partial = 0.0f;
     for (int v = lane; v < vecs; v += device::kWarpSize)
-      partial += dot8(__ldg(w + v), __ldg(x + v));
+      partial += device::bf16x8_dot(__ldg(w + v), __ldg(x + v));
     const float logit = device::warp_sum(partial);
     if (lane == 0) {
       if (gate) {
