@@ -36,14 +36,19 @@ void logit_bias_holds_on_the_gpu() {
   auto gpu = engine_on("cuda");
   const std::vector<int32_t> prompt = gpu->tokenizer().encode("Once upon a time there was", true);
   const GenerationParams greedy{.max_tokens = 8, .ignore_eos = true};
+  // The reference runs beside a twin, so that its steps have the shapes of the checked run's
+  // (two sequences): outside --deterministic the kernels of a one-row and a two-row step sum
+  // in other orders, which may tip a near-tie of the greedy pick.
   const RequestId plain = gpu->add_request(prompt, greedy);
+  gpu->add_request(prompt, greedy);
   const testing::SequenceRun first = testing::run_sequences(*gpu).at({plain, 0});
   ASSERT_EQ(first.tokens.size(), 8u);
+  // A request the GPU sampler takes in the same batch is not disturbed (first, as the reference
+  // was).
+  const RequestId beside = gpu->add_request(prompt, greedy);
   GenerationParams banned = greedy;
   banned.sampling.logit_bias = {{first.tokens[0], -100.0f}};
   const RequestId b = gpu->add_request(prompt, banned);
-  // A request the GPU sampler takes in the same batch is not disturbed.
-  const RequestId beside = gpu->add_request(prompt, greedy);
   const auto done = testing::run_sequences(*gpu);
   for (int32_t t : done.at({b, 0}).tokens) EXPECT_NE(t, first.tokens[0]);
   EXPECT_EQ(done.at({beside, 0}).tokens, first.tokens);
