@@ -391,6 +391,13 @@ ApiRequest parse_request(const std::string& text, Endpoint endpoint,
   read_bool(body, "stream", r.stream);
   if (const auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
     if (!it->is_object()) bad("stream_options", "'stream_options' must be an object");
+    // Its options shape the stream's chunks: without a stream they would be ignored.
+    if (!r.stream) bad("stream_options", "'stream_options' is only allowed when 'stream' is true");
+    for (const auto& [key, value] : it->items()) {
+      if (key != "include_usage") {
+        bad("stream_options", "'stream_options." + key + "' is not supported by this server");
+      }
+    }
     read_bool(*it, "include_usage", r.include_usage);
   }
 
@@ -548,8 +555,15 @@ void resolve_max_tokens(ApiRequest& request, int64_t n, int64_t context,
   }
 }
 
+int64_t text_length(const std::string& utf8) {
+  int64_t characters = 0;
+  for (const unsigned char c : utf8) characters += (c & 0xC0) != 0x80 ? 1 : 0;
+  return characters;
+}
+
 json logprobs_json(Endpoint endpoint, const Tokenizer& tokenizer,
-                   const std::vector<TokenLogprob>& logprobs, int64_t text_offset) {
+                   const std::vector<TokenLogprob>& logprobs, int64_t text_offset,
+                   bool skip_special_tokens) {
   const auto piece = [&](int32_t id) {
     const int32_t ids[1] = {id};
     return tokenizer.decode(ids, /*skip_special_tokens=*/false);
@@ -582,6 +596,9 @@ json logprobs_json(Endpoint endpoint, const Tokenizer& tokenizer,
   json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(),
        offsets = json::array();
   int64_t offset = text_offset;
+  // The text the tokens add, as the returned text has it: a token holding part of a character
+  // adds it only once the character is complete.
+  StreamDecoder text_so_far(tokenizer, skip_special_tokens);
   for (const TokenLogprob& lp : logprobs) {
     const std::string text = json::parse(safe(piece(lp.token))).get<std::string>();
     tokens.push_back(text);
@@ -592,7 +609,7 @@ json logprobs_json(Endpoint endpoint, const Tokenizer& tokenizer,
     }
     top_logprobs.push_back(top);
     offsets.push_back(offset);
-    offset += static_cast<int64_t>(text.size());
+    offset += text_length(text_so_far.push(lp.token));
   }
   return {{"tokens", tokens},
           {"token_logprobs", token_logprobs},
@@ -707,6 +724,7 @@ ChoiceSet::ChoiceSet(const ApiRequest& request, ResponseInfo info, const Tokeniz
   if (tool_parser_ != ToolCallFormat::kNone) {
     for (Choice& c : choices_) c.tool_stream.emplace(tool_parser_, tool_call_ids_.get());
   }
+  skip_special_tokens_ = request.params.skip_special_tokens;
   if (request.echo) {
     echo_ = request.prompt_is_ids ? tokenizer.decode(prompt_, request.params.skip_special_tokens)
                                   : request.prompt_text;
@@ -746,21 +764,21 @@ json ChoiceSet::prompt_logprobs_json() const {
 }
 
 json ChoiceSet::echo_logprobs_json() const {
-  // The prompt's tokens: the first with a null logprob, then what the engine scored.
-  json prompt = logprobs_json(Endpoint::kCompletions, tokenizer_, prompt_entries_, 0);
-  const std::string first = prompt_.empty() ? std::string() : token_text(tokenizer_, prompt_[0]);
-  const auto offset = static_cast<int64_t>(first.size());
-  for (json& o : prompt["text_offset"]) o = o.get<int64_t>() + offset;
-  prompt["tokens"].insert(prompt["tokens"].begin(), first);
-  prompt["token_logprobs"].insert(prompt["token_logprobs"].begin(), nullptr);
-  prompt["top_logprobs"].insert(prompt["top_logprobs"].begin(), nullptr);
-  prompt["text_offset"].insert(prompt["text_offset"].begin(), 0);
+  // The prompt's tokens: the first with a null logprob, then what the engine scored; the first
+  // goes through the same text offsets as the rest.
+  if (prompt_.empty()) return logprobs_json(Endpoint::kCompletions, tokenizer_, {}, 0, true);
+  std::vector<TokenLogprob> entries = {{.token = prompt_[0]}};
+  entries.insert(entries.end(), prompt_entries_.begin(), prompt_entries_.end());
+  json prompt = logprobs_json(Endpoint::kCompletions, tokenizer_, entries, 0, skip_special_tokens_);
+  prompt["token_logprobs"][0] = nullptr;
+  prompt["top_logprobs"][0] = nullptr;
   return prompt;
 }
 
 json ChoiceSet::choice_logprobs(const Choice& c, bool with_echo, int64_t text_offset) const {
   if (!want_logprobs_) return nullptr;
-  json generated = logprobs_json(endpoint_, tokenizer_, c.logprobs, text_offset);
+  json generated =
+      logprobs_json(endpoint_, tokenizer_, c.logprobs, text_offset, skip_special_tokens_);
   if (!with_echo || !echo_logprobs_) return generated;
   json all = echo_logprobs_json();
   for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
@@ -845,7 +863,7 @@ json ChoiceSet::response() const {
     } else {
       choice["text"] = echo_ + c.text;
     }
-    choice["logprobs"] = choice_logprobs(c, true, static_cast<int64_t>(echo_.size()));
+    choice["logprobs"] = choice_logprobs(c, true, text_length(echo_));
     choice["finish_reason"] = finish_json(tool_finish_reason(c.finish, called));
     if (!chat && prompt_logprobs_ >= 0) choice["prompt_logprobs"] = prompt_logprobs_json();
     choices.push_back(std::move(choice));
@@ -866,7 +884,7 @@ std::vector<json> ChoiceSet::stream(const RequestOutput& out) {
   if (first && !echo_.empty()) {
     const json lp = echo_logprobs_ ? echo_logprobs_json() : json(nullptr);
     chunks.push_back(chunk_at(info_, out.index, echo_, lp, nullptr, false, include_usage_));
-    c.stream_offset = static_cast<int64_t>(echo_.size());
+    c.stream_offset = text_length(echo_);
   }
   const bool finish = out.finish != FinishReason::kNone;
   // With a tool parser the text goes through the choice's stream: content as it comes, held
@@ -914,11 +932,12 @@ std::vector<json> ChoiceSet::stream(const RequestOutput& out) {
   if ((first && echo_.empty()) || !text.empty() || !tool_calls.is_null() || finish ||
       !out.logprobs.empty()) {
     const json lp = want_logprobs_ && !out.logprobs.empty()
-                        ? logprobs_json(endpoint_, tokenizer_, out.logprobs, c.stream_offset)
+                        ? logprobs_json(endpoint_, tokenizer_, out.logprobs, c.stream_offset,
+                                        skip_special_tokens_)
                         : json(nullptr);
     chunks.push_back(chunk_at(info_, out.index, text, lp, finish_reason, first, include_usage_,
                               tool_calls));
-    c.stream_offset += static_cast<int64_t>(out.text.size());
+    c.stream_offset += text_length(out.text);
   }
   if (first && prompt_logprobs_ >= 0 && !chunks.empty()) {
     if (endpoint_ == Endpoint::kChat) {

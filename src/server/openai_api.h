@@ -117,9 +117,18 @@ struct ResponseInfo {
 // the missing bytes), as logprobs' decoded_token shows it.
 std::string token_text(const Tokenizer& tokenizer, int32_t id);
 
-// Log probabilities in the endpoint's format, for the tokens of one output.
+// Characters (Unicode code points) of UTF-8 text, the unit of text_offset as the OpenAI API counts
+// it (a Python client indexes the returned text with it): the bytes that start a character, so
+// that a piece holding part of a character counts it where its first byte is.
+int64_t text_length(const std::string& utf8);
+
+// Log probabilities in the endpoint's format, for the tokens of one output. Completions: token i's
+// text_offset is text_offset plus the characters the tokens before it add to the returned text
+// (decoded with skip_special_tokens, as that text is: a skipped special token adds none), while
+// `tokens` shows every token's own text.
 nlohmann::json logprobs_json(Endpoint endpoint, const Tokenizer& tokenizer,
-                             const std::vector<TokenLogprob>& logprobs, int64_t text_offset);
+                             const std::vector<TokenLogprob>& logprobs, int64_t text_offset,
+                             bool skip_special_tokens);
 
 nlohmann::json usage_json(int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens);
 
@@ -185,6 +194,7 @@ class ChoiceSet {
   const Tokenizer& tokenizer_;
   std::vector<int32_t> prompt_;
   std::string echo_;  // the prompt's text when echoed
+  bool skip_special_tokens_ = true;  // how the returned text was decoded (its text_offsets)
   int64_t n_ = 1;
   bool want_logprobs_ = false;
   bool echo_logprobs_ = false;  // echo with logprobs: the prompt tokens' too

@@ -28,6 +28,32 @@ int status_of(const std::string& body, Endpoint endpoint, std::string* param = n
   return 200;
 }
 
+TEST(OpenAiSampling, StreamOptionsNeedAStream) {
+  std::string param;
+  EXPECT_EQ(status_of(R"({"prompt": "hi", "stream_options": {"include_usage": true}})",
+                      Endpoint::kCompletions, &param),
+            400);
+  EXPECT_EQ(param, "stream_options");
+  EXPECT_EQ(status_of(R"({"prompt": "hi", "stream": true, "stream_options": {"x": 1}})",
+                      Endpoint::kCompletions, &param),
+            400);
+  EXPECT_EQ(param, "stream_options");
+  EXPECT_EQ(
+      status_of(R"({"prompt": "hi", "stream": true, "stream_options": {"include_usage": true}})",
+                Endpoint::kCompletions),
+      200);
+  EXPECT_EQ(status_of(R"({"prompt": "hi", "stream_options": null})", Endpoint::kCompletions), 200);
+}
+
+TEST(OpenAiSampling, TextLengthCountsCharacters) {
+  EXPECT_EQ(text_length(""), 0);
+  EXPECT_EQ(text_length("abc"), 3);
+  EXPECT_EQ(text_length("caf\xc3\xa9 \xe2\x82\xac"), 6);  // café €
+  // Pieces of one character: counted where its first byte is.
+  EXPECT_EQ(text_length("h\xc3"), 2);
+  EXPECT_EQ(text_length("\xa9llo"), 3);
+}
+
 TEST(OpenAiSampling, LogitBiasIsParsedAndClamped) {
   const ApiRequest r =
       parse_request(R"({"prompt": "hi", "logit_bias": {"5": -100, "17": 3.5, "9": 250}})",
@@ -249,6 +275,47 @@ TEST_F(ChoiceSetTest, EchoedPromptLogprobsStartWithNull) {
   EXPECT_EQ(lp["text_offset"][0], 0);
   EXPECT_EQ(res["usage"]["completion_tokens"], 0);
   EXPECT_FALSE(choice.contains("prompt_logprobs"));
+}
+
+// text_offset indexes the returned text in characters: a special token skipped from the text (the
+// BOS, 4093) adds nothing, and the generated tokens continue where the echoed prompt ends.
+TEST_F(ChoiceSetTest, EchoedTextOffsetsIndexTheReturnedText) {
+  ApiRequest r = parse_request(R"({"prompt": [4093, 5, 6], "echo": true, "logprobs": 1,
+                                   "max_tokens": 1})",
+                               Endpoint::kCompletions);
+  const std::vector<int32_t> prompt = {4093, 5, 6};
+  ChoiceSet set(r, info(Endpoint::kCompletions), *tokenizer_, prompt);
+  const std::string generated = tokenizer_->decode(std::vector<int32_t>{7}, true);
+  RequestOutput out = output(0, generated, -1.0, true, true);
+  out.token_ids = {7};
+  out.logprobs = {{.token = 7, .logprob = -1.0f}};
+  out.prompt_logprobs = {{.token = 5, .logprob = -2.5f}, {.token = 6, .logprob = -0.25f}};
+  set.add(out);
+  const json choice = set.response()["choices"][0];
+  const std::string text = choice["text"];
+  const std::string echo = tokenizer_->decode(prompt, true);
+  EXPECT_EQ(text, echo + generated);
+  const json& lp = choice["logprobs"];
+  EXPECT_EQ(lp["tokens"][0], "<|endoftext|>");
+  const std::string first = tokenizer_->decode(std::vector<int32_t>{5}, true);
+  const std::vector<int64_t> want = {0, 0, text_length(first), text_length(echo)};
+  EXPECT_EQ(lp["text_offset"].get<std::vector<int64_t>>(), want) << text;
+}
+
+// A character split over two tokens (byte fallback) is counted once: the token after it starts
+// one character later.
+TEST_F(ChoiceSetTest, TextOffsetsCountASplitCharacterOnce) {
+  const std::vector<int32_t> ids = tokenizer_->encode("h\xc3\xa9llo", false);
+  std::vector<TokenLogprob> entries;
+  for (int32_t id : ids) entries.push_back({.token = id});
+  const json lp = logprobs_json(Endpoint::kCompletions, *tokenizer_, entries, 0, true);
+  const std::vector<int64_t> offsets = lp["text_offset"].get<std::vector<int64_t>>();
+  ASSERT_EQ(offsets.size(), ids.size());
+  EXPECT_EQ(tokenizer_->decode(ids, true), "h\xc3\xa9llo");
+  // The last token ends the text; "llo" (3 characters) is at 2 whatever splits it.
+  int64_t end = offsets.back() + text_length(tokenizer_->decode(std::vector<int32_t>{ids.back()}));
+  EXPECT_EQ(end, 5) << lp.dump();
+  for (size_t i = 1; i < offsets.size(); ++i) EXPECT_LE(offsets[i - 1], offsets[i]);
 }
 
 TEST_F(ChoiceSetTest, PromptLogprobsInVllmsFormat) {
