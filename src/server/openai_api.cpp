@@ -140,16 +140,19 @@ void parse_sampling(const json& body, ApiRequest& r, const GenerationDefaults& d
 
   // max_tokens (chat also takes max_completion_tokens); range against the context is checked
   // once the prompt length is known (resolve_max_tokens). 0 is for scoring a prompt: echo.
-  int64_t max_tokens = 0;
-  const bool given =
-      read_int(body, "max_tokens", max_tokens) ||
-      (r.endpoint == Endpoint::kChat && read_int(body, "max_completion_tokens", max_tokens));
-  if (given) {
+  // Both given (chat): max_completion_tokens, OpenAI's replacement for the deprecated
+  // max_tokens, as vLLM takes it.
+  int64_t max_tokens = 0, max_completion_tokens = 0;
+  const bool plain = read_int(body, "max_tokens", max_tokens);
+  const bool completion = r.endpoint == Endpoint::kChat &&
+                          read_int(body, "max_completion_tokens", max_completion_tokens);
+  if (completion) max_tokens = max_completion_tokens;
+  if (plain || completion) {
+    const std::string field = completion ? "max_completion_tokens" : "max_tokens";
     const int64_t least = r.echo ? 0 : 1;
     if (max_tokens < least) {
-      bad("max_tokens", "'max_tokens' must be >= " + std::to_string(least) +
-                            (r.echo ? "" : " (0 only with echo)") + ", got " +
-                            std::to_string(max_tokens));
+      bad(field, "'" + field + "' must be >= " + std::to_string(least) +
+                     (r.echo ? "" : " (0 only with echo)") + ", got " + std::to_string(max_tokens));
     }
     g.max_tokens = max_tokens;
     r.max_tokens_given = true;

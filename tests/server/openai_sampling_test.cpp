@@ -45,6 +45,18 @@ TEST(OpenAiSampling, StreamOptionsNeedAStream) {
   EXPECT_EQ(status_of(R"({"prompt": "hi", "stream_options": null})", Endpoint::kCompletions), 200);
 }
 
+TEST(OpenAiSampling, MaxCompletionTokensWinsOverMaxTokens) {
+  const char* both = R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 9,
+                         "max_completion_tokens": 3})";
+  EXPECT_EQ(parse_request(both, Endpoint::kChat).params.max_tokens, 3);
+  std::string param;
+  EXPECT_EQ(status_of(R"({"messages": [{"role": "user", "content": "x"}],
+                          "max_completion_tokens": 0})",
+                      Endpoint::kChat, &param),
+            400);
+  EXPECT_EQ(param, "max_completion_tokens");
+}
+
 TEST(OpenAiSampling, TextLengthCountsCharacters) {
   EXPECT_EQ(text_length(""), 0);
   EXPECT_EQ(text_length("abc"), 3);
