@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "io/unicode.h"
+
 namespace moeinfer::jinja {
 namespace {
 
@@ -94,9 +96,7 @@ Value string_list(std::vector<std::string> parts) {
 
 // Code point index of a byte offset.
 int64_t cp_index(const std::string& s, size_t byte_pos) {
-  int64_t n = 0;
-  for (size_t i = 0; i < byte_pos; ++i) n += (static_cast<unsigned char>(s[i]) & 0xC0) != 0x80;
-  return n;
+  return unicode::count_code_points(std::string_view(s).substr(0, byte_pos));
 }
 
 // Byte offset of a code point index (clamped like Python slice bounds).

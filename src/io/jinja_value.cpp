@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "io/unicode.h"
+
 namespace moeinfer::jinja {
 
 void fail(const std::string& message) { throw JinjaError(message); }
@@ -205,11 +207,8 @@ int64_t Value::length() const {
   switch (kind_) {
     case Kind::kUndefined:
       return 0;
-    case Kind::kString: {
-      int64_t n = 0;
-      for (unsigned char c : *s_) n += (c & 0xC0) != 0x80;
-      return n;
-    }
+    case Kind::kString:
+      return unicode::count_code_points(*s_);
     case Kind::kList:
     case Kind::kTuple:
       if (flavor_ == Flavor::kIterator) fail("object of type 'generator' has no len()");

@@ -27,6 +27,13 @@ inline size_t utf8_length(unsigned char lead) {
   return 1;
 }
 
+// Code points of UTF-8 text: the bytes that start one (a stray continuation byte counts none).
+inline int64_t count_code_points(std::string_view s) {
+  int64_t n = 0;
+  for (const unsigned char c : s) n += (c & 0xC0) != 0x80 ? 1 : 0;
+  return n;
+}
+
 // Decodes the code point at `s[pos]` and advances `pos` past it. `s` must be valid UTF-8.
 char32_t next_code_point(std::string_view s, size_t& pos);
 

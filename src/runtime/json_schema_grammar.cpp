@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "io/tokenizer.h"
+#include "io/unicode.h"
 #include "runtime/regex_automaton.h"
 
 namespace moeinfer {
@@ -1831,9 +1832,7 @@ TokenTrie::TokenTrie(std::vector<std::string> token_bytes) : bytes_(std::move(to
   std::vector<std::pair<std::string_view, int32_t>> quote_free, with_quote;
   for (const auto& [b, id] : all) {
     (b.find('"') == std::string_view::npos ? quote_free : with_quote).emplace_back(b, id);
-    int64_t chars = 0;
-    for (const char c : b) chars += (static_cast<uint8_t>(c) & 0xC0) != 0x80;
-    max_token_chars_ = std::max(max_token_chars_, chars);
+    max_token_chars_ = std::max(max_token_chars_, unicode::count_code_points(b));
   }
   quote_free_.build(quote_free);
   with_quote_.build(with_quote);

@@ -6,6 +6,7 @@
 #include <set>
 #include <string>
 
+#include "io/unicode.h"
 #include "server/response_format.h"
 
 namespace moeinfer::server {
@@ -558,12 +559,6 @@ void resolve_max_tokens(ApiRequest& request, int64_t n, int64_t context,
   }
 }
 
-int64_t text_length(const std::string& utf8) {
-  int64_t characters = 0;
-  for (const unsigned char c : utf8) characters += (c & 0xC0) != 0x80 ? 1 : 0;
-  return characters;
-}
-
 json logprobs_json(Endpoint endpoint, const Tokenizer& tokenizer,
                    const std::vector<TokenLogprob>& logprobs, int64_t text_offset,
                    bool skip_special_tokens) {
@@ -612,7 +607,7 @@ json logprobs_json(Endpoint endpoint, const Tokenizer& tokenizer,
     }
     top_logprobs.push_back(top);
     offsets.push_back(offset);
-    offset += text_length(text_so_far.push(lp.token));
+    offset += unicode::count_code_points(text_so_far.push(lp.token));
   }
   return {{"tokens", tokens},
           {"token_logprobs", token_logprobs},
@@ -866,7 +861,7 @@ json ChoiceSet::response() const {
     } else {
       choice["text"] = echo_ + c.text;
     }
-    choice["logprobs"] = choice_logprobs(c, true, text_length(echo_));
+    choice["logprobs"] = choice_logprobs(c, true, unicode::count_code_points(echo_));
     choice["finish_reason"] = finish_json(tool_finish_reason(c.finish, called));
     if (!chat && prompt_logprobs_ >= 0) choice["prompt_logprobs"] = prompt_logprobs_json();
     choices.push_back(std::move(choice));
@@ -887,7 +882,7 @@ std::vector<json> ChoiceSet::stream(const RequestOutput& out) {
   if (first && !echo_.empty()) {
     const json lp = echo_logprobs_ ? echo_logprobs_json() : json(nullptr);
     chunks.push_back(chunk_at(info_, out.index, echo_, lp, nullptr, false, include_usage_));
-    c.stream_offset = text_length(echo_);
+    c.stream_offset = unicode::count_code_points(echo_);
   }
   const bool finish = out.finish != FinishReason::kNone;
   // With a tool parser the text goes through the choice's stream: content as it comes, held
@@ -940,7 +935,7 @@ std::vector<json> ChoiceSet::stream(const RequestOutput& out) {
                         : json(nullptr);
     chunks.push_back(chunk_at(info_, out.index, text, lp, finish_reason, first, include_usage_,
                               tool_calls));
-    c.stream_offset += text_length(out.text);
+    c.stream_offset += unicode::count_code_points(out.text);
   }
   if (first && prompt_logprobs_ >= 0 && !chunks.empty()) {
     if (endpoint_ == Endpoint::kChat) {

@@ -117,13 +117,9 @@ struct ResponseInfo {
 // the missing bytes), as logprobs' decoded_token shows it.
 std::string token_text(const Tokenizer& tokenizer, int32_t id);
 
-// Characters (Unicode code points) of UTF-8 text, the unit of text_offset as the OpenAI API counts
-// it (a Python client indexes the returned text with it): the bytes that start a character, so
-// that a piece holding part of a character counts it where its first byte is.
-int64_t text_length(const std::string& utf8);
-
 // Log probabilities in the endpoint's format, for the tokens of one output. Completions: token i's
-// text_offset is text_offset plus the characters the tokens before it add to the returned text
+// text_offset (in characters, as the OpenAI API counts it: a Python client indexes the returned
+// text with it) is text_offset plus the characters the tokens before it add to the returned text
 // (decoded with skip_special_tokens, as that text is: a skipped special token adds none), while
 // `tokens` shows every token's own text.
 nlohmann::json logprobs_json(Endpoint endpoint, const Tokenizer& tokenizer,

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <map>
 
+#include "io/unicode.h"
 #include "server/openai_api.h"
 
 namespace moeinfer::server {
@@ -57,13 +58,13 @@ TEST(OpenAiSampling, MaxCompletionTokensWinsOverMaxTokens) {
   EXPECT_EQ(param, "max_completion_tokens");
 }
 
-TEST(OpenAiSampling, TextLengthCountsCharacters) {
-  EXPECT_EQ(text_length(""), 0);
-  EXPECT_EQ(text_length("abc"), 3);
-  EXPECT_EQ(text_length("caf\xc3\xa9 \xe2\x82\xac"), 6);  // café €
+TEST(OpenAiSampling, CodePointsCountCharacters) {
+  EXPECT_EQ(unicode::count_code_points(""), 0);
+  EXPECT_EQ(unicode::count_code_points("abc"), 3);
+  EXPECT_EQ(unicode::count_code_points("caf\xc3\xa9 \xe2\x82\xac"), 6);  // café €
   // Pieces of one character: counted where its first byte is.
-  EXPECT_EQ(text_length("h\xc3"), 2);
-  EXPECT_EQ(text_length("\xa9llo"), 3);
+  EXPECT_EQ(unicode::count_code_points("h\xc3"), 2);
+  EXPECT_EQ(unicode::count_code_points("\xa9llo"), 3);
 }
 
 TEST(OpenAiSampling, LogitBiasIsParsedAndClamped) {
@@ -310,7 +311,8 @@ TEST_F(ChoiceSetTest, EchoedTextOffsetsIndexTheReturnedText) {
   const json& lp = choice["logprobs"];
   EXPECT_EQ(lp["tokens"][0], "<|endoftext|>");
   const std::string first = tokenizer_->decode(std::vector<int32_t>{5}, true);
-  const std::vector<int64_t> want = {0, 0, text_length(first), text_length(echo)};
+  const std::vector<int64_t> want = {0, 0, unicode::count_code_points(first),
+                                     unicode::count_code_points(echo)};
   EXPECT_EQ(lp["text_offset"].get<std::vector<int64_t>>(), want) << text;
 }
 
@@ -325,7 +327,8 @@ TEST_F(ChoiceSetTest, TextOffsetsCountASplitCharacterOnce) {
   ASSERT_EQ(offsets.size(), ids.size());
   EXPECT_EQ(tokenizer_->decode(ids, true), "h\xc3\xa9llo");
   // The last token ends the text; "llo" (3 characters) is at 2 whatever splits it.
-  int64_t end = offsets.back() + text_length(tokenizer_->decode(std::vector<int32_t>{ids.back()}));
+  int64_t end = offsets.back() +
+                unicode::count_code_points(tokenizer_->decode(std::vector<int32_t>{ids.back()}));
   EXPECT_EQ(end, 5) << lp.dump();
   for (size_t i = 1; i < offsets.size(); ++i) EXPECT_LE(offsets[i - 1], offsets[i]);
 }
