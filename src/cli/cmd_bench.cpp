@@ -50,6 +50,7 @@ struct BenchArgs {
   std::string json_file;
   bool profile = false;
   int64_t time_every = 0;  // --profile: stages timed on one step in N (0: the device's default)
+  int64_t profiler_steps = 0;  // cuda: decode steps an external profiler captures (0: none)
   DeviceArgs device;
   int64_t layers = 0;            // synthetic: cut to this many layers
   std::string routing_skew;      // synthetic: "zipf:A" or "uniform"
@@ -132,7 +133,20 @@ RunTimes run_workload(Engine& engine, const BenchArgs& args, int64_t output_len,
   const auto more_steps = [&] {
     return comm ? any_rank(*comm, engine.has_unfinished()) : engine.has_unfinished();
   };
+  // --profiler-steps N: the N decode steps from the middle of the run.
+  const int64_t capture_first = std::max<int64_t>(1, output_len / 2);
+  const int64_t capture_end = capture_first + args.profiler_steps;
+  bool capturing = false;
+  const auto set_capture = [&](bool on) {
+    if (on == capturing) return;
+    engine.gpu_decoder()->set_profiler_capture(on);
+    capturing = on;
+  };
   while (more_steps()) {
+    if (engine.gpu() && args.profiler_steps > 0 && prefilled != start) {
+      if (times.decode_steps == capture_first) set_capture(true);
+      if (times.decode_steps == capture_end) set_capture(false);
+    }
     for (const RequestOutput& out : engine.step()) {
       times.generated += static_cast<int64_t>(out.token_ids.size());
       if (out.num_output_tokens == 1 && !out.token_ids.empty()) ++first_tokens;
@@ -144,6 +158,7 @@ RunTimes run_workload(Engine& engine, const BenchArgs& args, int64_t output_len,
       counted = true;
     }
   }
+  if (capturing) set_capture(false);  // the run ended inside the captured steps
   const auto done = Clock::now();
   times.prefill_s = std::chrono::duration<double>(prefilled - start).count();
   times.decode_s = std::chrono::duration<double>(done - prefilled).count();
@@ -514,6 +529,8 @@ void run_bench(const BenchArgs& args) {
   MOE_CHECK(!args.deterministic || args.fused_route_tokens <= 0,
             "--fused-route-tokens does not apply with --deterministic (its router product sums "
             "in another order than the fixed-order GEMM of larger steps)");
+  MOE_CHECK(args.profiler_steps == 0 || args.device.device == "cuda",
+            "--profiler-steps brackets GPU decode steps: it needs --device cuda");
   MOE_CHECK(args.time_every == 0 || args.profile,
             "--time-every applies to --profile (without it no stage is timed)");
   MOE_CHECK(args.batch >= 1, "--batch must be >= 1");
@@ -719,6 +736,11 @@ void add_bench_command(CLI::App& app) {
                   "--profile: time the stages of one step in N, count rows on every step "
                   "(default: 1 on the CPU, 16 on the GPU)")
       ->check(CLI::Range(1, 1 << 30));
+  cmd->add_option("--profiler-steps", args->profiler_steps,
+                  "cuda: bracket N decode steps from the middle of the run with "
+                  "cudaProfilerStart/Stop, for `ncu --profile-from-start off` or "
+                  "`nsys --capture-range=cudaProfilerApi`")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   add_device_options(cmd, &args->device);
   add_offload_options(cmd, &args->device);
   add_routing_options(cmd, &args->device);

@@ -292,6 +292,9 @@ class GpuDecoder {
     int64_t other = 0;   // events, host callbacks, child graphs
   };
   virtual GraphCounts decode_graph_counts() const = 0;
+  // Starts (on) or stops (off) an external profiler's capture: cudaProfilerStart/Stop, which
+  // `ncu --profile-from-start off` and `nsys --capture-range=cudaProfilerApi` wait for.
+  virtual void set_profiler_capture(bool on) = 0;
   // Under GpuOptions::expert_parallel: bytes this rank's MoE layers have sent to the other ranks
   // (rows and outputs) since creation, indexed by profile::Link (same GPU, peer GPU, network);
   // empty otherwise.

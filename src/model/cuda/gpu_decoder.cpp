@@ -37,6 +37,7 @@
 #include "model/gpu_decoder.h"
 
 #include <cublas_v2.h>
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -288,6 +289,10 @@ class CudaDecoder final : public GpuDecoder, private Lane {
   void set_routing_observer(Decoder::RoutingObserver observer) override;
   void set_routing_approximation(const moe::RoutingApproximation& approx) override;
   GraphCounts decode_graph_counts() const override { return decode_graph_counts_; }
+  void set_profiler_capture(bool on) override {
+    CUDA_CHECK(cudaDeviceSynchronize());  // the capture holds whole steps, nothing of another
+    CUDA_CHECK(on ? cudaProfilerStart() : cudaProfilerStop());
+  }
   AttentionRouteCounts attention_route_counts() const override { return route_counts_; }
   std::vector<int64_t> expert_parallel_bytes() const override {
     if (ep_dispatcher_ == nullptr) return {};
