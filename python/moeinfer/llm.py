@@ -54,8 +54,9 @@ class LLM:
         expert_budget: expert offloading: bytes of routed experts kept resident ("24GiB",
             "800MB", "1000000") or a share of them ("25%"); None: all resident. Outputs do not
             change.
-        expert_cache: with expert_budget: "lru", "lfu", or "static:FILE" (a routing trace's
-            busiest experts stay resident); "lru:FILE" / "lfu:FILE" warm the cache up.
+        expert_cache: with expert_budget: "lfu" (the default), "lru", or "static:FILE" (a
+            routing trace's busiest experts stay resident); "lfu:FILE" / "lru:FILE" warm the
+            cache up.
         cold_experts: with expert_budget: "gpu", "cpu" or "auto" (where a missing expert
             computes).
         expert_prefetch: with expert_budget: True predicts the next layer's experts and copies

@@ -738,8 +738,8 @@ void add_bench_command(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 30));
   cmd->add_option("--profiler-steps", args->profiler_steps,
                   "cuda: bracket N decode steps from the middle of the run with "
-                  "cudaProfilerStart/Stop, for `ncu --profile-from-start off` or "
-                  "`nsys --capture-range=cudaProfilerApi`")
+                  "cudaProfilerStart/Stop, which Nsight Compute and Nsight Systems can wait for "
+                  "(docs/profiling.md)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   add_device_options(cmd, &args->device);
   add_offload_options(cmd, &args->device);

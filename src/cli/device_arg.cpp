@@ -75,7 +75,7 @@ void add_offload_options(CLI::App* cmd, DeviceArgs* args) {
   cmd->add_option("--expert-cache", args->expert_cache,
                   "With --expert-budget: lru, lfu, or static:FILE (the busiest experts of the "
                   "routing trace FILE, from --trace-routing, stay resident); lru:FILE and "
-                  "lfu:FILE warm the cache up from such a trace (default: lru, starting empty)");
+                  "lfu:FILE warm the cache up from such a trace (default: lfu, starting empty)");
   cmd->add_option("--cold-experts", args->cold_experts,
                   "With --expert-budget, where a demanded expert that is not resident computes: "
                   "gpu (copied in over PCIe), cpu (its rows computed on the host where its "

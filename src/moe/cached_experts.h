@@ -36,7 +36,7 @@ struct CachedExpertsOptions {
   int64_t hidden_size = 0;   // H
   int64_t expert_width = 0;  // I
   int64_t num_slots = 0;     // S, at most the routed experts of all MoE layers
-  offload::CachePolicy policy = offload::CachePolicy::kLru;
+  offload::CachePolicy policy = offload::CachePolicy::kLfu;
   // Predict and prefetch layer l+1's experts at layer l (kAuto: while they pay).
   offload::PrefetchMode prefetch = offload::PrefetchMode::kAuto;
   offload::ColdCost cold;  // kGpu: every miss is copied

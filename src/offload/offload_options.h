@@ -14,7 +14,9 @@ struct OffloadOptions {
   // expert bytes. Neither set: no offloading.
   int64_t budget_bytes = -1;      // >= 0 when given in bytes
   double budget_fraction = -1.0;  // in [0, 1] when given as a percentage
-  CachePolicy policy = CachePolicy::kLru;
+  // LFU by default: under skewed routing it keeps the popular experts where LRU, once a step's
+  // experts outnumber the slots, evicts each before its next use (bench/RESULTS.md, 2026-12-07).
+  CachePolicy policy = CachePolicy::kLfu;
   std::string hot_set_file;  // kStatic: a routing trace (--trace-routing) ranking the experts
   ColdExperts cold = ColdExperts::kGpu;  // where a miss computes (--cold-experts)
   // Predict layer l+1's experts at layer l through l+1's router and copy the missing ones while

@@ -134,7 +134,7 @@ OffloadOptions parse_offload_flags(std::string_view budget, std::string_view cac
                                    std::string_view cold, std::string_view prefetch) {
   OffloadOptions options;
   if (budget.empty()) {
-    MOE_CHECK(cache.empty() || cache == "lru", "--expert-cache ", cache,
+    MOE_CHECK(cache.empty(), "--expert-cache ", cache,
               " needs --expert-budget (without a budget every expert is resident)");
     MOE_CHECK(cold.empty(), "--cold-experts ", cold,
               " needs --expert-budget (without a budget no expert is cold)");

@@ -82,8 +82,8 @@ TEST(ParseExpertCache, Policies) {
 
 TEST(ParseOffloadFlags, BudgetAndCacheTogether) {
   EXPECT_FALSE(parse_offload_flags("", "").enabled());
-  EXPECT_FALSE(parse_offload_flags("", "lru").enabled());
   EXPECT_THROW(parse_offload_flags("", "lfu"), Error);  // a policy without a budget
+  EXPECT_THROW(parse_offload_flags("", "lru"), Error);
   const OffloadOptions o = parse_offload_flags("25%", "lfu");
   EXPECT_TRUE(o.enabled());
   EXPECT_EQ(o.policy, CachePolicy::kLfu);

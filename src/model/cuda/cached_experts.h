@@ -110,7 +110,7 @@ class CachedExperts {
 
   int64_t num_layers_ = 0, num_experts_ = 0, num_slots_ = 0, expert_bytes_ = 0;
   int64_t device_bytes_ = 0;
-  offload::CachePolicy policy_ = offload::CachePolicy::kLru;
+  offload::CachePolicy policy_ = offload::CachePolicy::kLfu;
   offload::PrefetchMode prefetch_ = offload::PrefetchMode::kAuto;  // --expert-prefetch
   int demand_blocks_ = 0, prefetch_blocks_ = 0;
   DeviceArray<char> memory_;  // slots, tables, clock, counters, copy lists
