@@ -12,6 +12,8 @@
 #include <cstdlib>
 #include <ctime>
 #include <optional>
+#include <set>
+#include <string_view>
 #include <unordered_map>
 
 #include "core/error.h"
@@ -190,6 +192,20 @@ int64_t prompt_bytes_per_token(const Tokenizer& tokenizer) {
   return 4 * static_cast<int64_t>(longest);
 }
 
+// The methods the route at `path` answers (the Allow header of a 405), "" for a path without a
+// route. Kept beside install_routes, which registers the same paths.
+std::string allowed_methods(const std::string& path) {
+  static const std::set<std::string, std::less<>> kGet = {
+      "/health", "/metrics", "/dashboard", "/dashboard/data", "/v1/models", "/version"};
+  static const std::set<std::string, std::less<>> kPost = {
+      "/tokenize", "/detokenize", "/v1/completions", "/v1/chat/completions"};
+  const std::string_view models = "/v1/models/";
+  if (kGet.count(path) || (path.size() > models.size() && path.starts_with(models)))
+    return "GET, HEAD";
+  if (kPost.count(path)) return "POST";
+  return "";
+}
+
 // A request whose body may still be unread on the connection when it is answered.
 bool has_body(const httplib::Request& req) {
   return req.has_header("Content-Length") || req.has_header("Transfer-Encoding");
@@ -358,8 +374,17 @@ void Server::answer_http_error(const httplib::Request& req, httplib::Response& r
     message = "the request headers are larger than " +
               std::to_string(limits.max_header_bytes >> 10) + " KiB";
   } else if (res.status == 404) {
-    message = "no route for " + req.method + " " + req.path;
-    code = "not_found";
+    // A route of another method is there: 405 with the methods it takes, as FastAPI (vLLM)
+    // answers a GET of a POST route.
+    if (const std::string allow = allowed_methods(req.path); !allow.empty()) {
+      res.status = 405;
+      res.set_header("Allow", allow);
+      message = req.method + " is not allowed on " + req.path + "; use " + allow;
+      code = "method_not_allowed";
+    } else {
+      message = "no route for " + req.method + " " + req.path;
+      code = "not_found";
+    }
   } else if (res.status == 413) {
     message = "the request body is larger than " + std::to_string(kMaxBodyBytes >> 20) + " MiB";
     code = "payload_too_large";
@@ -367,8 +392,9 @@ void Server::answer_http_error(const httplib::Request& req, httplib::Response& r
     message = "the request target is too long";
   }
   // cpp-httplib refused it before or while framing it: the rest of the request may still be on
-  // the connection, unread. Only a 404 for a request without a body leaves it clean.
-  if (connection && (res.status != 404 || has_body(req))) connection->close_after(res);
+  // the connection, unread. Only a 404 or 405 for a request without a body leaves it clean.
+  const bool routed = res.status == 404 || res.status == 405;
+  if (connection && (!routed || has_body(req))) connection->close_after(res);
   metrics_.count_rejected(res.status);
   send_json(res, res.status, error_body(message, "invalid_request_error", "", code));
 }

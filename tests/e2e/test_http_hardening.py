@@ -33,7 +33,8 @@ Starts the real server on the demo model (port 0) and checks, one line per check
                        reading the body as a request
   malformed            broken request lines, headers, framings and bodies: each a 4xx with an
                        OpenAI error object, each counted in request_rejected_total, and the
-                       server keeps serving
+                       server keeps serving; a route asked with a method it does not take is a
+                       405 naming its methods in Allow (an unknown route stays 404)
   allowed_hosts        --allowed-hosts: listed names (any case, any port) are served, others
                        421 (host_not_allowed), /health stays open; without the flag any host
   shutdown_abort       SIGTERM with --shutdown-grace 0: requests still running end with an error
@@ -540,8 +541,16 @@ MALFORMED = [
     ("prompt not UTF-8", request("POST", "/v1/completions", b'{"prompt": "\xff\xfe"}'), 400),
     ("body a JSON list", request("POST", "/v1/chat/completions", b"[1, 2]"), 400),
     ("unknown route with a body", request("POST", "/v1/embeddings", b'{"input": "x"}'), 404),
-    ("PUT", request("PUT", "/v1/completions", b"{}"), 404),
+    ("PUT on a POST route", request("PUT", "/v1/completions", b"{}"), 405),
+    ("GET on a POST route", request("GET", "/v1/chat/completions"), 405),
+    ("POST on a GET route", request("POST", "/v1/models", b"{}"), 405),
+    ("DELETE on a model", request("DELETE", "/v1/models/demo"), 405),
 ]
+
+# A route asked with another method: the Allow header names the methods it takes.
+ALLOW = [(request("GET", "/v1/completions"), "POST"),
+         (request("POST", "/health", b"{}"), "GET, HEAD"),
+         (request("OPTIONS", "/tokenize"), "POST")]
 
 
 def check_malformed(s: e2e_util.ServerProcess, ctx: dict) -> None:
@@ -556,8 +565,15 @@ def check_malformed(s: e2e_util.ServerProcess, ctx: dict) -> None:
             r.error()
         except (AssertionError, ValueError) as ex:
             failures.append(f"{name}: not an OpenAI error object: {ex}")
+    for raw, allow in ALLOW:
+        r = one(s.port, raw)
+        if r is None or r.status != 405 or r.headers.get("allow") != allow:
+            failures.append(f"{raw[:30]!r}: {r and r.status} {r and r.headers}, wanted 405 "
+                            f"with Allow: {allow}")
+        elif r.error().get("code") != "method_not_allowed":
+            failures.append(f"{raw[:30]!r}: {r.body!r}")
     assert not failures, failures
-    after = rejected(metrics(s.port))
+    after = rejected(metrics(s.port)) - len(ALLOW)
     assert after - before == len(MALFORMED), f"{after - before} rejections counted for " \
                                              f"{len(MALFORMED)} malformed requests"
     r = one(s.port, request("POST", "/v1/completions", COMPLETION))
