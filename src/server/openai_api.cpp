@@ -157,6 +157,7 @@ void parse_sampling(const json& body, ApiRequest& r, const GenerationDefaults& d
     }
     g.max_tokens = max_tokens;
     r.max_tokens_given = true;
+    r.max_tokens_field = field;
   }
 
   if (const auto it = body.find("stop"); it != body.end() && !it->is_null()) {
@@ -530,6 +531,17 @@ void resolve_tool_parser(ApiRequest& request, ToolCallFormat server_format) {
   }
 }
 
+void check_token_ids(const GenerationParams& params, int64_t vocab_size) {
+  const auto check = [&](int32_t id, const char* field) {
+    if (id < 0 || id >= vocab_size) {
+      bad(field, std::string("'") + field + "' has token id " + std::to_string(id) +
+                     ", outside the vocabulary of " + std::to_string(vocab_size));
+    }
+  };
+  for (const auto& [id, bias] : params.sampling.logit_bias) check(id, "logit_bias");
+  for (int32_t id : params.stop_token_ids) check(id, "stop_token_ids");
+}
+
 void resolve_max_tokens(ApiRequest& request, int64_t n, int64_t context,
                         int64_t default_completion_tokens) {
   GenerationParams& params = request.params;
@@ -544,10 +556,10 @@ void resolve_max_tokens(ApiRequest& request, int64_t n, int64_t context,
   if (request.max_tokens_given) {
     if (params.max_tokens > context - n) {  // not n + max_tokens: max_tokens may be 2^63 - 1
       throw ApiError(400,
-                     "max_tokens is " + std::to_string(params.max_tokens) +
+                     request.max_tokens_field + " is " + std::to_string(params.max_tokens) +
                          " but the prompt has " + std::to_string(n) +
                          " tokens and the context holds " + std::to_string(context),
-                     "invalid_request_error", "max_tokens", "context_length_exceeded");
+                     "invalid_request_error", request.max_tokens_field, "context_length_exceeded");
     }
   } else {
     params.max_tokens = request.endpoint == Endpoint::kChat

@@ -662,13 +662,14 @@ void Server::handle_completion(const std::string& body, Endpoint endpoint, httpl
     resolve_tool_parser(request, tool_format_);
     check_model(request.model);
     GenerationParams& params = request.params;
+    check_token_ids(params, engine_->model_config().vocab_size);
     prompt = prompt_ids(request, params, {});
     const int64_t n = static_cast<int64_t>(prompt.size());
     resolve_max_tokens(request, n, engine_->max_model_len(), config_.default_max_tokens);
     const int64_t block = engine_->config().block_size;
     if (params.max_tokens > engine_->num_kv_blocks() * block - n) {
       throw ApiError(413, "the request needs more KV cache than the server has (--kv-cache-mb)",
-                     "invalid_request_error", "max_tokens", "context_length_exceeded");
+                     "invalid_request_error", request.max_tokens_field, "context_length_exceeded");
     }
     try {
       Sampler::validate(params.sampling);

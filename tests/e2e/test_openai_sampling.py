@@ -106,7 +106,8 @@ def check_logit_bias(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
                                      logit_bias={str(forced_id): 100},
                                      extra_body={"ignore_eos": True})
     assert chat.choices[0].message.content == forced_text, chat.choices[0].message.content
-    expect_400(lambda: complete(c, logit_bias={"100000000": 5}))
+    expect_400(lambda: complete(c, logit_bias={"100000000": 5}), "logit_bias")
+    expect_400(lambda: complete(c, extra_body={"stop_token_ids": [100000000]}), "stop_token_ids")
     expect_400(lambda: complete(c, logit_bias={"abc": 5}), "logit_bias")
 
 

@@ -204,6 +204,45 @@ TEST(OpenAiSampling, ResolveMaxTokensKeepsTheContextChecks) {
   EXPECT_EQ(r.params.max_tokens, 10);
 }
 
+TEST(OpenAiSampling, MaxTokensErrorsNameTheFieldGiven) {
+  // Past the context, and chat's max_completion_tokens given: the error names that field.
+  for (const char* body : {R"({"messages": [{"role": "user", "content": "x"}],
+                               "max_completion_tokens": 96})",
+                           R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 9,
+                               "max_completion_tokens": 96})"}) {
+    ApiRequest r = parse_request(body, Endpoint::kChat);
+    try {
+      resolve_max_tokens(r, 5, 100, 16);
+      FAIL() << body;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.param, "max_completion_tokens") << body;
+      EXPECT_NE(std::string(e.what()).find("max_completion_tokens is 96"), std::string::npos)
+          << e.what();
+    }
+  }
+  ApiRequest r = parse_request(R"({"messages": [{"role": "user", "content": "x"}],
+                                   "max_tokens": 96})",
+                               Endpoint::kChat);
+  EXPECT_THROW(resolve_max_tokens(r, 5, 100, 16), ApiError);
+  EXPECT_EQ(r.max_tokens_field, "max_tokens");
+}
+
+TEST(OpenAiSampling, TokenIdsOutsideTheVocabularyAreRefusedByName) {
+  const auto param_of = [](const char* body) -> std::string {
+    try {
+      check_token_ids(parse_request(body, Endpoint::kCompletions).params, 100);
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400) << body;
+      return e.param;
+    }
+    return "";
+  };
+  EXPECT_EQ(param_of(R"({"prompt": "hi", "logit_bias": {"100": 5}})"), "logit_bias");
+  EXPECT_EQ(param_of(R"({"prompt": "hi", "stop_token_ids": [3, 100]})"), "stop_token_ids");
+  EXPECT_EQ(param_of(R"({"prompt": "hi", "logit_bias": {"99": 5}, "stop_token_ids": [0, 99]})"),
+            "");
+}
+
 class ChoiceSetTest : public testing::Test {
  protected:
   static void SetUpTestSuite() {
