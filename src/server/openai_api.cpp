@@ -239,6 +239,7 @@ const FieldSet kChatFields = {"messages",    "max_completion_tokens", "top_logpr
                               "tools",       "tool_choice",           "parallel_tool_calls",
                               "chat_template_kwargs"};
 const FieldSet kMessageFields = {"role", "content", "name", "tool_calls", "tool_call_id"};
+const FieldSet kMessageRoles = {"system", "developer", "user", "assistant", "tool"};
 const FieldSet kPromptField = {"prompt"};
 const FieldSet kChatTokenizeFields = {"messages", "tools", "chat_template_kwargs"};
 
@@ -393,6 +394,9 @@ ApiRequest parse_request(const std::string& text, Endpoint endpoint,
   ApiRequest r;
   r.endpoint = endpoint;
   r.model = read_model(body);
+  // Accepted without effect, but held to its type as OpenAI holds it.
+  if (const auto it = body.find("user"); it != body.end() && !it->is_null() && !it->is_string())
+    bad("user", "'user' must be a string");
   read_bool(body, "stream", r.stream);
   if (const auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
     if (!it->is_object()) bad("stream_options", "'stream_options' must be an object");
@@ -457,6 +461,16 @@ ApiRequest parse_request(const std::string& text, Endpoint endpoint,
       }
       refuse_unknown_fields(m, kMessageFields, {}, where);
       const std::string role = m["role"].get<std::string>();
+      // OpenAI's roles: another would reach the template as it is, a message the model was
+      // never trained on, where OpenAI answers 400.
+      if (!kMessageRoles.count(role)) {
+        bad(where + ".role", "'" + where + ".role' must be one of system, developer, user, " +
+                                 "assistant, tool; got '" + role + "'");
+      }
+      // Only an assistant message may leave its content out (a turn of tool calls).
+      if (role != "assistant" && (!m.contains("content") || m["content"].is_null())) {
+        bad(where + ".content", "'" + where + ".content' is required for a " + role + " message");
+      }
       ordered_json message = {{"role", role},
                               {"content", message_text(m.value("content", json(nullptr)), i)}};
       if (const auto name = m.find("name"); name != m.end() && !name->is_null()) {

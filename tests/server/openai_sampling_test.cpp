@@ -243,6 +243,38 @@ TEST(OpenAiSampling, TokenIdsOutsideTheVocabularyAreRefusedByName) {
             "");
 }
 
+TEST(OpenAiSampling, MessagesAndUserAreHeldToOpenAisShapes) {
+  std::string param;
+  const auto chat = [&](const std::string& messages, const std::string& more = "") {
+    return status_of(R"({"messages": )" + messages + more + "}", Endpoint::kChat, &param);
+  };
+  EXPECT_EQ(chat(R"([{"role": "banana", "content": "hi"}])"), 400);
+  EXPECT_EQ(param, "messages[0].role");
+  EXPECT_EQ(chat(R"([{"role": "system", "content": "s"}, {"role": "User", "content": "hi"}])"),
+            400);
+  EXPECT_EQ(param, "messages[1].role");
+  for (const char* user : {R"([{"role": "user"}])", R"([{"role": "user", "content": null}])"}) {
+    EXPECT_EQ(chat(user), 400) << user;
+    EXPECT_EQ(param, "messages[0].content") << user;
+  }
+  EXPECT_EQ(chat(R"([{"role": "tool", "tool_call_id": "c"}])"), 400);
+  EXPECT_EQ(param, "messages[0].content");
+  for (const char* role : {"system", "developer", "user", "assistant", "tool"}) {
+    EXPECT_EQ(chat(std::string(R"([{"role": ")") + role + R"(", "content": ""}])"), 200) << role;
+  }
+  // An assistant turn of tool calls has no content.
+  EXPECT_EQ(chat(R"([{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls":
+                    [{"id": "c", "type": "function", "function": {"name": "f",
+                    "arguments": "{}"}}]}, {"role": "tool", "tool_call_id": "c",
+                    "content": "1"}])"),
+            200);
+  EXPECT_EQ(chat(R"([{"role": "user", "content": "hi"}])", R"(, "user": 5)"), 400);
+  EXPECT_EQ(param, "user");
+  EXPECT_EQ(chat(R"([{"role": "user", "content": "hi"}])", R"(, "user": "u-1")"), 200);
+  EXPECT_EQ(status_of(R"({"prompt": "hi", "user": ["u"]})", Endpoint::kCompletions, &param), 400);
+  EXPECT_EQ(param, "user");
+}
+
 class ChoiceSetTest : public testing::Test {
  protected:
   static void SetUpTestSuite() {
