@@ -439,9 +439,23 @@ void Server::install_routes() {
     res.status = 413;  // what cpp-httplib answers; the return value only picks the branch
     return 413;
   });
-  // cpp-httplib adds Keep-Alive to every answer but the last of a connection; not to one that
-  // closes it.
-  http_->set_post_routing_handler([](const httplib::Request&, httplib::Response& res) {
+  http_->set_post_routing_handler([](const httplib::Request& req, httplib::Response& res) {
+    // HTTP/1.0 has no chunked transfer coding (RFC 9112 6.1): a stream to an HTTP/1.0 client
+    // (curl -0, proxies that speak 1.0 upstream) goes out as its bare body, ended by closing the
+    // connection, instead of chunk sizes inside its events.
+    if (req.version == "HTTP/1.0" && res.is_chunked_content_provider_) {
+      res.is_chunked_content_provider_ = false;
+      res.headers.erase("Transfer-Encoding");
+      if (ConnectionState* connection = ConnectionState::current()) connection->close_after(res);
+    }
+    // One Connection header: cpp-httplib adds its own "close" beside one close_after set.
+    if (res.get_header_value_count("Connection") > 1) {
+      const std::string value = res.get_header_value("Connection");
+      res.headers.erase("Connection");
+      res.set_header("Connection", value);
+    }
+    // cpp-httplib adds Keep-Alive to every answer but the last of a connection; not to one that
+    // closes it.
     if (res.get_header_value("Connection") == "close") res.headers.erase("Keep-Alive");
   });
   http_->set_exception_handler(

@@ -37,6 +37,9 @@ Starts the real server on the demo model (port 0) and checks, one line per check
                        405 naming its methods in Allow (an unknown route stays 404)
   allowed_hosts        --allowed-hosts: listed names (any case, any port) are served, others
                        421 (host_not_allowed), /health stays open; without the flag any host
+  http10_stream        a stream asked over HTTP/1.0 (keep-alive or not) comes as bare SSE events
+                       ended by the server closing the connection, never chunked (HTTP/1.0 has no
+                       chunked coding); an answer that closes says `Connection: close` once
   shutdown_abort       SIGTERM with --shutdown-grace 0: requests still running end with an error
                        (an SSE error event, or a 503 error object), never finish_reason "abort"
 
@@ -657,9 +660,37 @@ def check_shutdown_abort(s: e2e_util.ServerProcess, ctx: dict) -> None:
         d.stop()
 
 
+def check_http10_stream(s: e2e_util.ServerProcess, ctx: dict) -> None:
+    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 4, "stream": True,
+                       "stream_options": {"include_usage": True}}).encode()
+    for keep_alive in ({}, {"Connection": "keep-alive"}):
+        c = Conn(s.port)
+        c.send(request("POST", "/v1/completions", body, keep_alive)
+               .replace(b" HTTP/1.1\r\n", b" HTTP/1.0\r\n", 1))
+        while c._fill():  # the answer ends when the server closes the connection
+            pass
+        c.close()
+        head, _, events = c.buf.partition(b"\r\n\r\n")
+        head = head.decode("latin-1").lower()
+        assert head.startswith("http/1.1 200"), head
+        assert "transfer-encoding" not in head and "\r\nconnection: close" in head, head
+        assert events.endswith(b"data: [DONE]\n\n"), events[-200:]
+        chunks = [json.loads(e[len(b"data: "):]) for e in events.split(b"\n\n")[:-2]]
+        assert chunks[-1]["usage"]["completion_tokens"] == 4, chunks[-1]
+        assert "".join(ch["choices"][0]["text"] for ch in chunks[:-1]), chunks
+    # An answer that closes its connection says so once (cpp-httplib added a second header).
+    c = Conn(s.port)
+    c.send(request("POST", "/v1/models", b"{}", {"Connection": "close"}))
+    while c._fill():
+        pass
+    c.close()
+    head = c.buf.partition(b"\r\n\r\n")[0].decode("latin-1").lower()
+    assert head.count("\r\nconnection:") == 1, head
+
+
 CHECKS = [check_chunked_body_limit, check_prompt_bytes, check_slow_senders, check_min_rate,
           check_slow_reader, check_pipelining, check_malformed, check_allowed_hosts,
-          check_shutdown_abort]
+          check_http10_stream, check_shutdown_abort]
 
 
 def main() -> int:
