@@ -358,8 +358,17 @@ TokenizeRequest parse_tokenize_request(const std::string& text) {
   refuse_unknown_fields(body, {"model", "add_special_tokens", "add_generation_prompt"},
                         chat ? kChatTokenizeFields : kPromptField, "");
   TokenizeRequest t;
-  read_bool(body, "add_special_tokens", t.add_special_tokens);
-  read_bool(body, "add_generation_prompt", t.add_generation_prompt);
+  const bool special_given = read_bool(body, "add_special_tokens", t.add_special_tokens);
+  const bool generation_given = read_bool(body, "add_generation_prompt", t.add_generation_prompt);
+  // Each option applies to one form; given to the other it would be ignored. A chat's text is
+  // tokenized as a chat request's is, without special tokens added (the template writes them).
+  if (!chat && generation_given)
+    bad("add_generation_prompt", "'add_generation_prompt' applies to 'messages', not 'prompt'");
+  if (chat && special_given && t.add_special_tokens) {
+    bad("add_special_tokens",
+        "'add_special_tokens' must be false with 'messages': the chat template writes the "
+        "special tokens");
+  }
   // Key order kept: the tools' schemas reach the template as the client wrote them.
   const ordered_json ordered = ordered_json::parse(text);
   ordered_json inner = ordered_json::object();

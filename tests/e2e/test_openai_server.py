@@ -488,6 +488,11 @@ def check_tokenize(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
     assert status == 200 and t["count"] == r.usage.prompt_tokens, (t, r.usage)
     status, e = post("/tokenize", {"prompt": PROMPT, "no_such_field": 1})
     assert status == 400 and e["error"]["param"] == "no_such_field", e
+    # An option of the other form would be ignored: refused by name.
+    status, e = post("/tokenize", {"prompt": PROMPT, "add_generation_prompt": True})
+    assert status == 400 and e["error"]["param"] == "add_generation_prompt", e
+    status, e = post("/tokenize", {"messages": messages, "add_special_tokens": True})
+    assert status == 400 and e["error"]["param"] == "add_special_tokens", e
     status, e = post("/detokenize", {"tokens": [10**9]})
     assert status == 400 and e["error"]["param"] == "tokens", e
     status, e = post("/tokenize", {"model": "other", "prompt": PROMPT})

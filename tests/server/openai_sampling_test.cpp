@@ -275,6 +275,27 @@ TEST(OpenAiSampling, MessagesAndUserAreHeldToOpenAisShapes) {
   EXPECT_EQ(param, "user");
 }
 
+TEST(OpenAiSampling, TokenizeOptionsApplyToTheirForm) {
+  const auto param_of = [](const char* body) -> std::string {
+    try {
+      parse_tokenize_request(body);
+    } catch (const ApiError& e) {
+      return e.param;
+    }
+    return "";
+  };
+  EXPECT_EQ(param_of(R"({"prompt": "hi", "add_generation_prompt": false})"),
+            "add_generation_prompt");
+  EXPECT_EQ(param_of(R"({"messages": [{"role": "user", "content": "hi"}],
+                         "add_special_tokens": true})"),
+            "add_special_tokens");
+  EXPECT_EQ(param_of(R"({"prompt": "hi", "add_special_tokens": false})"), "");
+  const TokenizeRequest chat = parse_tokenize_request(
+      R"({"messages": [{"role": "user", "content": "hi"}], "add_special_tokens": false,
+          "add_generation_prompt": false})");
+  EXPECT_FALSE(chat.add_generation_prompt);
+}
+
 class ChoiceSetTest : public testing::Test {
  protected:
   static void SetUpTestSuite() {
