@@ -425,6 +425,16 @@ BodyRead read_body(const httplib::Request& req, httplib::Response& res,
   // Two framings at once is how requests are smuggled past proxies (RFC 9112 6.3).
   if (chunked && has_length)
     return refuse(400, "a request with both Content-Length and Transfer-Encoding");
+  // cpp-httplib decodes gzip, deflate and br, spelled so, and takes any other coding for none,
+  // which would parse a compressed body as JSON: refuse it instead (RFC 9110 8.4.1).
+  const std::string coding = req.get_header_value("Content-Encoding");
+  if (req.get_header_value_count("Content-Encoding") > 1 ||
+      (!coding.empty() && coding != "gzip" && coding != "deflate" && coding != "br" &&
+       coding != "identity")) {
+    return refuse(415, "Content-Encoding '" + coding +
+                           "' is not supported: send one of gzip, deflate, br or identity, in "
+                           "lower case");
+  }
   if (!chunked) {
     if (!has_length) return {};
     uint64_t length = 0;

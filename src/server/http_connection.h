@@ -104,7 +104,7 @@ class HttpServer : public httplib::Server {
 // A request body read to its end, or why not.
 struct BodyRead {
   bool ok = true;
-  int status = 200;       // 400, 408 or 413 when !ok
+  int status = 200;       // 400, 408, 413 or 415 when !ok
   std::string message;    // for the client when !ok
   bool too_slow = false;  // 408 under the minimum rate
 };

@@ -34,7 +34,8 @@ Starts the real server on the demo model (port 0) and checks, one line per check
   malformed            broken request lines, headers, framings and bodies: each a 4xx with an
                        OpenAI error object, each counted in request_rejected_total, and the
                        server keeps serving; a route asked with a method it does not take is a
-                       405 naming its methods in Allow (an unknown route stays 404)
+                       405 naming its methods in Allow (an unknown route stays 404); a
+                       Content-Encoding that is not decoded is a 415, those that are are served
   allowed_hosts        --allowed-hosts: listed names (any case, any port) are served, others
                        421 (host_not_allowed), /health stays open; without the flag any host
   http10_stream        a stream asked over HTTP/1.0 (keep-alive or not) comes as bare SSE events
@@ -50,12 +51,14 @@ minute or more.
 
 from __future__ import annotations
 
+import gzip
 import json
 import signal
 import socket
 import sys
 import threading
 import time
+import zlib
 
 import e2e_util
 from e2e_util import parse_metrics
@@ -540,6 +543,15 @@ MALFORMED = [
     ("gzip body that is not gzip",
      b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\n"
      b"Content-Length: 9\r\n\r\nnot gzip!", 400),
+    ("unknown Content-Encoding",
+     b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Encoding: zstd\r\n"
+     b"Content-Length: 2\r\n\r\n{}", 415),
+    ("Content-Encoding in upper case (cpp-httplib would not decode it)",
+     b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Encoding: GZIP\r\n"
+     b"Content-Length: 2\r\n\r\n{}", 415),
+    ("two Content-Encodings",
+     b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\n"
+     b"Content-Encoding: gzip\r\nContent-Length: 2\r\n\r\n{}", 415),
     ("body not JSON", request("POST", "/v1/completions", b"\x00\xff{"), 400),
     ("prompt not UTF-8", request("POST", "/v1/completions", b'{"prompt": "\xff\xfe"}'), 400),
     ("body a JSON list", request("POST", "/v1/chat/completions", b"[1, 2]"), 400),
@@ -581,6 +593,11 @@ def check_malformed(s: e2e_util.ServerProcess, ctx: dict) -> None:
                                              f"{len(MALFORMED)} malformed requests"
     r = one(s.port, request("POST", "/v1/completions", COMPLETION))
     assert r and r.status == 200, r and r.body
+    # The codings that are decoded are served.
+    for coding, body in (("gzip", gzip.compress(COMPLETION)),
+                         ("deflate", zlib.compress(COMPLETION)), ("identity", COMPLETION)):
+        r = one(s.port, request("POST", "/v1/completions", body, {"Content-Encoding": coding}))
+        assert r and r.status == 200, (coding, r and r.body)
 
 
 def check_allowed_hosts(s: e2e_util.ServerProcess, ctx: dict) -> None:
