@@ -65,13 +65,21 @@ std::string message_text(const json& content, size_t index) {
   if (content.is_string()) return content.get<std::string>();
   if (content.is_null()) return "";
   if (!content.is_array()) bad(param, "'content' must be a string or an array of text parts");
+  if (content.empty()) bad(param, "'" + param + "' must not be an empty array");
   std::string text;
-  for (const json& part : content) {
+  for (size_t j = 0; j < content.size(); ++j) {
+    const json& part = content[j];
     const bool text_part = part.is_object() && part.contains("type") && part["type"].is_string() &&
                            part["type"].get<std::string>() == "text" && part.contains("text") &&
                            part["text"].is_string();
     if (!text_part) {
       bad(param, "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported");
+    }
+    for (const auto& [key, value] : part.items()) {  // e.g. cache_control: would be ignored
+      if (key != "type" && key != "text") {
+        const std::string at = param + "[" + std::to_string(j) + "]." + key;
+        bad(at, "'" + at + "' is not supported by this server");
+      }
     }
     text += part["text"].get<std::string>();
   }
@@ -270,6 +278,17 @@ ordered_json message_tool_calls(const ordered_json& calls, const std::string& wh
     const ordered_json& fn = call["function"];
     if (!fn.contains("name") || !fn["name"].is_string())
       bad(at + ".function.name", "'" + at + ".function.name' must be a string");
+    // Fields the template is not given are refused rather than dropped.
+    for (const auto& [key, value] : call.items()) {
+      if (key != "id" && key != "type" && key != "function")
+        bad(at + "." + key, "'" + at + "." + key + "' is not a field of a tool call");
+    }
+    for (const auto& [key, value] : fn.items()) {
+      if (key != "name" && key != "arguments") {
+        bad(at + ".function." + key,
+            "'" + at + ".function." + key + "' is not a field of a tool call's function");
+      }
+    }
     ordered_json arguments = ordered_json::object();
     if (const auto a = fn.find("arguments"); a != fn.end() && !a->is_null()) {
       if (a->is_string()) {
