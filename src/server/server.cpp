@@ -617,8 +617,12 @@ std::vector<int32_t> Server::prompt_ids(const ApiRequest& request, GenerationPar
     check_prompt_bytes(text.size(), request.endpoint);
     ChatPrompt chat = chat_prompt(tokenizer, chat_, text);
     ids = std::move(chat.ids);
-    params.stop_token_ids.insert(params.stop_token_ids.end(), chat.stop_token_ids.begin(),
-                                 chat.stop_token_ids.end());
+    // The template's end-of-sequence token ends a chat as EOS does, so ignore_eos ignores it
+    // too (as vLLM, where it is the tokenizer's eos_token).
+    if (!params.ignore_eos) {
+      params.stop_token_ids.insert(params.stop_token_ids.end(), chat.stop_token_ids.begin(),
+                                   chat.stop_token_ids.end());
+    }
   } else if (request.prompt_is_ids) {
     ids = request.prompt_ids;
   } else {
