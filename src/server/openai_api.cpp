@@ -620,9 +620,13 @@ json logprobs_json(Endpoint endpoint, const Tokenizer& tokenizer,
     const int32_t ids[1] = {id};
     return tokenizer.decode(ids, /*skip_special_tokens=*/false);
   };
-  const auto bytes = [](const std::string& s) {
+  // Chat's `bytes` are the token's own, so that the pieces of a character split over tokens
+  // add up to it (its `token` text cannot: it is JSON, and holds U+FFFD for them).
+  const auto raw_bytes = [&](int32_t id) {
+    const int32_t ids[1] = {id};
     json b = json::array();
-    for (unsigned char c : s) b.push_back(c);
+    for (unsigned char c : tokenizer.decode_bytes(ids, /*skip_special_tokens=*/false))
+      b.push_back(c);
     return b;
   };
   // Token text may be a partial UTF-8 sequence; JSON needs valid text, so replace those bytes.
@@ -636,11 +640,12 @@ json logprobs_json(Endpoint endpoint, const Tokenizer& tokenizer,
       json top = json::array();
       for (const auto& [id, value] : lp.top) {
         const std::string t = piece(id);
-        top.push_back({{"token", json::parse(safe(t))}, {"logprob", value}, {"bytes", bytes(t)}});
+        top.push_back(
+            {{"token", json::parse(safe(t))}, {"logprob", value}, {"bytes", raw_bytes(id)}});
       }
       content.push_back({{"token", json::parse(safe(text))},
                          {"logprob", lp.logprob},
-                         {"bytes", bytes(text)},
+                         {"bytes", raw_bytes(lp.token)},
                          {"top_logprobs", top}});
     }
     return {{"content", content}};

@@ -425,6 +425,24 @@ TEST_F(ChoiceSetTest, TextOffsetsCountASplitCharacterOnce) {
   for (size_t i = 1; i < offsets.size(); ++i) EXPECT_LE(offsets[i - 1], offsets[i]);
 }
 
+TEST_F(ChoiceSetTest, ChatLogprobBytesAddUpToASplitCharacter) {
+  const std::string text = "\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80";  // é€😀
+  const std::vector<int32_t> ids = tokenizer_->encode(text, false);
+  ASSERT_GT(ids.size(), 3u) << "the demo vocabulary should split these characters";
+  std::vector<TokenLogprob> entries;
+  for (int32_t id : ids) entries.push_back({.token = id, .top = {{id, -1.0f}}});
+  const json lp = logprobs_json(Endpoint::kChat, *tokenizer_, entries, 0, true);
+  std::string joined, top_joined;
+  for (const json& entry : lp["content"]) {
+    for (int b : entry["bytes"]) joined.push_back(static_cast<char>(b));
+    for (int b : entry["top_logprobs"][0]["bytes"]) top_joined.push_back(static_cast<char>(b));
+    // The token text is JSON text: a piece of a character shows as U+FFFD there.
+    EXPECT_TRUE(entry["token"].is_string());
+  }
+  EXPECT_EQ(joined, text) << lp.dump();
+  EXPECT_EQ(top_joined, text);
+}
+
 TEST_F(ChoiceSetTest, PromptLogprobsInVllmsFormat) {
   ApiRequest r =
       parse_request(R"({"prompt": [5, 6, 7], "prompt_logprobs": 1})", Endpoint::kCompletions);
