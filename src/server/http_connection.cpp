@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <string_view>
 #include <vector>
 
 namespace moeinfer::server {
@@ -344,6 +345,24 @@ void refuse_request_line(Connection& connection, const HttpLimits& limits,
   }
 }
 
+// RFC 9112 3.2.2: a server must accept a request target in absolute form, as a client
+// configured to use this server as its proxy sends it ("POST http://host/v1/completions"): route
+// on its path, and take its authority as the Host (3.2.3: the Host header is then ignored).
+void accept_absolute_form(httplib::Request& req) {
+  for (const std::string_view scheme : {"http://", "https://"}) {
+    if (req.path.size() <= scheme.size() ||
+        strncasecmp(req.path.c_str(), scheme.data(), scheme.size()) != 0) {
+      continue;
+    }
+    const size_t slash = req.path.find('/', scheme.size());
+    const std::string authority = req.path.substr(scheme.size(), slash - scheme.size());
+    req.path = slash == std::string::npos ? "/" : req.path.substr(slash);
+    req.headers.erase("Host");
+    req.set_header("Host", authority);
+    return;
+  }
+}
+
 }  // namespace
 
 ConnectionState* ConnectionState::current() { return t_current; }
@@ -385,7 +404,8 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
     connection.begin_phase(ReadPhase::kHeaders, limits_.header_timeout, limits_.max_header_bytes);
     bool client_closes = false;
     ok = process_request(
-        connection, served + 1 == keep_alive_max_count_, client_closes, [&](httplib::Request&) {
+        connection, served + 1 == keep_alive_max_count_, client_closes, [&](httplib::Request& req) {
+          accept_absolute_form(req);
           connection.begin_phase(ReadPhase::kBody, limits_.body_timeout, body_budget);
         });
     const bool refused = connection.phase() == ReadPhase::kHeaders &&

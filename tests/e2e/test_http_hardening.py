@@ -38,6 +38,9 @@ Starts the real server on the demo model (port 0) and checks, one line per check
                        Content-Encoding that is not decoded is a 415, those that are are served
   allowed_hosts        --allowed-hosts: listed names (any case, any port) are served, others
                        421 (host_not_allowed), /health stays open; without the flag any host
+  absolute_form        a request target in absolute form ("POST http://host/v1/completions", as
+                       sent to a proxy) is routed on its path, and its authority is the host
+                       --allowed-hosts checks, not the Host header
   http10_stream        a stream asked over HTTP/1.0 (keep-alive or not) comes as bare SSE events
                        ended by the server closing the connection, never chunked (HTTP/1.0 has no
                        chunked coding); an answer that closes says `Connection: close` once
@@ -677,6 +680,30 @@ def check_shutdown_abort(s: e2e_util.ServerProcess, ctx: dict) -> None:
         d.stop()
 
 
+def check_absolute_form(s: e2e_util.ServerProcess, ctx: dict) -> None:
+    def post(port: int, target: str, host: str) -> Response:
+        raw = request("POST", "/v1/completions", COMPLETION, {"Connection": "close"})
+        raw = raw.replace(b"POST /v1/completions ", f"POST {target} ".encode(), 1)
+        raw = raw.replace(b"Host: 127.0.0.1\r\n", f"Host: {host}\r\n".encode(), 1)
+        r = one(port, raw)
+        assert r is not None, target
+        return r
+
+    for target in ("http://127.0.0.1/v1/completions", "HTTP://api.example:80/v1/completions?x=1"):
+        r = post(s.port, target, "127.0.0.1")
+        assert r.status == 200 and r.json()["object"] == "text_completion", (target, r.body)
+    r = post(s.port, "http://127.0.0.1/v1/models", "127.0.0.1")
+    assert r.status == 405, r.status
+    # The target's authority is the host --allowed-hosts checks; the Host header is ignored.
+    h = e2e_util.ServerProcess(ctx["moeinfer"], ["--allowed-hosts", "api.example"])
+    try:
+        assert post(h.port, "http://api.example/v1/completions", "evil.example").status == 200
+        r = post(h.port, "http://evil.example/v1/completions", "api.example")
+        assert r.status == 421, (r.status, r.body)
+    finally:
+        h.stop()
+
+
 def check_http10_stream(s: e2e_util.ServerProcess, ctx: dict) -> None:
     body = json.dumps({"prompt": "Once upon a time", "max_tokens": 4, "stream": True,
                        "stream_options": {"include_usage": True}}).encode()
@@ -707,7 +734,7 @@ def check_http10_stream(s: e2e_util.ServerProcess, ctx: dict) -> None:
 
 CHECKS = [check_chunked_body_limit, check_prompt_bytes, check_slow_senders, check_min_rate,
           check_slow_reader, check_pipelining, check_malformed, check_allowed_hosts,
-          check_http10_stream, check_shutdown_abort]
+          check_absolute_form, check_http10_stream, check_shutdown_abort]
 
 
 def main() -> int:
