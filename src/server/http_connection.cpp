@@ -118,6 +118,13 @@ class Connection final : public httplib::Stream, public ConnectionState {
     return pos_ < end_ || poll_one(sock_, POLLIN, milliseconds(0)) > 0;
   }
 
+  bool client_left() const override {
+    if (pos_ < end_) return false;  // a pipelined request is waiting: the client is there
+    if (poll_one(sock_, POLLIN, milliseconds(0)) <= 0) return false;
+    char byte = 0;
+    return ::recv(sock_, &byte, 1, MSG_PEEK | MSG_DONTWAIT) <= 0;
+  }
+
   bool is_writable() const override {
     if (!wait_writable()) return false;
     // A client that has left reads as readable with nothing to peek (or an error).

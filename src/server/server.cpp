@@ -729,11 +729,20 @@ void Server::handle_completion(const std::string& body, Endpoint endpoint, httpl
 
   if (!request.stream) {
     InFlight guard(in_flight_);
+    // A client that left is looked for every second, as a stream's next write finds it: its
+    // request is cancelled rather than run to max_tokens for nobody.
+    const ConnectionState* connection = ConnectionState::current();
+    auto next_look = Clock::now() + std::chrono::seconds(1);
     for (bool finished = false; !finished;) {
+      if (Clock::now() >= next_look) {
+        next_look = Clock::now() + std::chrono::seconds(1);
+        if (!channel->cancel && connection && connection->client_left()) cancel(*channel);
+      }
       std::deque<RequestOutput> outputs;
       {
         std::unique_lock lock(channel->mutex);
-        channel->cv.wait(lock, [&] { return !channel->outputs.empty() || channel->finished; });
+        channel->cv.wait_until(lock, next_look,
+                               [&] { return !channel->outputs.empty() || channel->finished; });
         if (channel->error) {
           send_error(res, *channel->error);
           return;
@@ -796,15 +805,17 @@ void Server::handle_completion(const std::string& body, Endpoint endpoint, httpl
         return true;
       },
       [this, state, guard](bool) {
-        if (!state->done) {
-          state->channel->cancel = true;
-          {
-            std::lock_guard lock(inbox_mutex_);  // no lost wake-up between test and wait
-            cancel_pending_ = true;
-          }
-          inbox_cv_.notify_one();
-        }
+        if (!state->done) cancel(*state->channel);
       });
+}
+
+void Server::cancel(Channel& channel) {
+  channel.cancel = true;
+  {
+    std::lock_guard lock(inbox_mutex_);  // no lost wake-up between test and wait
+    cancel_pending_ = true;
+  }
+  inbox_cv_.notify_one();
 }
 
 void Server::engine_loop() {
