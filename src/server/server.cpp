@@ -327,6 +327,17 @@ int Server::bind() {
 }
 
 bool Server::refuse_before_routing(const httplib::Request& req, httplib::Response& res) {
+  // cpp-httplib reads the body of POST, PUT, PATCH and DELETE requests only: a body sent with
+  // another method (a GET with a Content-Length) would be taken for the next request on the
+  // connection, one smuggled past whatever forwarded it as a body. Answer, then close instead.
+  const bool body_read = req.method == "POST" || req.method == "PUT" || req.method == "PATCH" ||
+                         req.method == "DELETE";
+  const std::string length = req.get_header_value("Content-Length");
+  if (ConnectionState* connection = ConnectionState::current();
+      connection && !body_read &&
+      (req.has_header("Transfer-Encoding") || (!length.empty() && length != "0"))) {
+    connection->close_after(res);
+  }
   std::optional<ApiError> error;
   // /health (probes use the address as the host) and the dashboard's page (static, no figures:
   // its data needs the key) are open.

@@ -30,7 +30,8 @@ Starts the real server on the demo model (port 0) and checks, one line per check
   pipelining           several requests written back to back on one connection before reading
                        are all answered, in order; after a bad-JSON 400 the connection goes on;
                        after a 401 or a refused body the connection closes cleanly instead of
-                       reading the body as a request
+                       reading the body as a request; so it does after a GET with a body
+                       (Content-Length or chunked), which is never read
   malformed            broken request lines, headers, framings and bodies: each a 4xx with an
                        OpenAI error object, each counted in request_rejected_total, and the
                        server keeps serving; a route asked with a method it does not take is a
@@ -494,6 +495,25 @@ def check_pipelining(s: e2e_util.ServerProcess, ctx: dict) -> None:
     # Still open: one more on the same connection.
     c.send(request("GET", "/health"))
     assert c.read_response().status == 200
+    c.close()
+
+    # A body on a GET is never read by cpp-httplib: it must not be taken for the next request
+    # (a request smuggled inside it), so the connection closes after the answer.
+    inner = request("GET", "/version")
+    for framing, raw in (
+            ("Content-Length", request("GET", "/health", inner)),
+            ("chunked", request("GET", "/health", headers={"Transfer-Encoding": "chunked"})
+             + chunk(inner) + b"0\r\n\r\n")):
+        c = Conn(s.port)
+        c.send(raw)
+        r = c.read_response()
+        assert r.status == 200 and r.headers.get("connection") == "close", (framing, r.headers)
+        assert c.closed_by_server(), f"{framing}: the GET's body was read as a request"
+        c.close()
+    # Content-Length: 0 is no body: the connection goes on.
+    c = Conn(s.port)
+    c.send(request("GET", "/health", headers={"Content-Length": "0"}) + request("GET", "/version"))
+    assert [c.read_response().status for _ in range(2)] == [200, 200]
     c.close()
 
     # Answered before its body was read (401): the body must not be taken for a request, so
