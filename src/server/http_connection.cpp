@@ -452,6 +452,13 @@ BodyRead read_body(const httplib::Request& req, httplib::Response& res,
   // Two framings at once is how requests are smuggled past proxies (RFC 9112 6.3).
   if (chunked && has_length)
     return refuse(400, "a request with both Content-Length and Transfer-Encoding");
+  // cpp-httplib hands a multipart body to a multipart reader, which our routes do not give it
+  // (it threw bad_function_call, a 500): the API takes JSON.
+  if (req.is_multipart_form_data()) {
+    return refuse(415,
+                  "a multipart/form-data body is not supported: send the request as JSON "
+                  "(Content-Type: application/json)");
+  }
   // cpp-httplib decodes gzip, deflate and br, spelled so, and takes any other coding for none,
   // which would parse a compressed body as JSON: refuse it instead (RFC 9110 8.4.1).
   const std::string coding = req.get_header_value("Content-Encoding");

@@ -36,7 +36,8 @@ Starts the real server on the demo model (port 0) and checks, one line per check
                        OpenAI error object, each counted in request_rejected_total, and the
                        server keeps serving; a route asked with a method it does not take is a
                        405 naming its methods in Allow (an unknown route stays 404); a
-                       Content-Encoding that is not decoded is a 415, those that are are served
+                       Content-Encoding that is not decoded is a 415, those that are are served;
+                       a multipart/form-data body is a 415 (it was a 500)
   allowed_hosts        --allowed-hosts: listed names (any case, any port) are served, others
                        421 (host_not_allowed), /health stays open; without the flag any host
   absolute_form        a request target in absolute form ("POST http://host/v1/completions", as
@@ -575,6 +576,13 @@ MALFORMED = [
     ("two Content-Encodings",
      b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\n"
      b"Content-Encoding: gzip\r\nContent-Length: 2\r\n\r\n{}", 415),
+    ("multipart/form-data body",
+     request("POST", "/v1/completions",
+             b'--b\r\nContent-Disposition: form-data; name="prompt"\r\n\r\nhi\r\n--b--\r\n',
+             {"Content-Type": "multipart/form-data; boundary=b"}), 415),
+    ("multipart/form-data that is JSON",
+     request("POST", "/v1/completions", b'{"prompt": "hi"}',
+             {"Content-Type": "multipart/form-data"}), 415),
     ("body not JSON", request("POST", "/v1/completions", b"\x00\xff{"), 400),
     ("prompt not UTF-8", request("POST", "/v1/completions", b'{"prompt": "\xff\xfe"}'), 400),
     ("body a JSON list", request("POST", "/v1/chat/completions", b"[1, 2]"), 400),
