@@ -557,6 +557,10 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_to
   return impl_->decode(ids, skip_special_tokens);
 }
 
+std::string Tokenizer::decode_bytes(std::span<const int32_t> ids, bool skip_special_tokens) const {
+  return impl_->decode(ids, skip_special_tokens, /*repair=*/false);
+}
+
 std::vector<std::string> Tokenizer::token_bytes() const {
   const int64_t n = vocab_size();
   std::vector<std::string> out(static_cast<size_t>(n));

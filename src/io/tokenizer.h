@@ -64,6 +64,9 @@ class Tokenizer {
   std::vector<int32_t> encode(std::string_view text, bool add_special_tokens = true) const;
   // Unknown ids are skipped, as `tokenizers` does.
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = false) const;
+  // decode() before invalid UTF-8 is replaced: a token holding part of a character gives its
+  // bytes, not U+FFFD (the `bytes` of OpenAI's logprobs).
+  std::string decode_bytes(std::span<const int32_t> ids, bool skip_special_tokens = false) const;
 
   // [vocab_size()] the bytes each token adds to a text in its middle, as decode() gives them but
   // before invalid UTF-8 is replaced (a token may hold part of a character); empty for special

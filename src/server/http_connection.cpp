@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <string_view>
 #include <vector>
 
 namespace moeinfer::server {
@@ -115,6 +116,13 @@ class Connection final : public httplib::Stream, public ConnectionState {
 
   bool is_readable() const override {
     return pos_ < end_ || poll_one(sock_, POLLIN, milliseconds(0)) > 0;
+  }
+
+  bool client_left() const override {
+    if (pos_ < end_) return false;  // a pipelined request is waiting: the client is there
+    if (poll_one(sock_, POLLIN, milliseconds(0)) <= 0) return false;
+    char byte = 0;
+    return ::recv(sock_, &byte, 1, MSG_PEEK | MSG_DONTWAIT) <= 0;
   }
 
   bool is_writable() const override {
@@ -344,6 +352,24 @@ void refuse_request_line(Connection& connection, const HttpLimits& limits,
   }
 }
 
+// RFC 9112 3.2.2: a server must accept a request target in absolute form, as a client
+// configured to use this server as its proxy sends it ("POST http://host/v1/completions"): route
+// on its path, and take its authority as the Host (3.2.3: the Host header is then ignored).
+void accept_absolute_form(httplib::Request& req) {
+  for (const std::string_view scheme : {"http://", "https://"}) {
+    if (req.path.size() <= scheme.size() ||
+        strncasecmp(req.path.c_str(), scheme.data(), scheme.size()) != 0) {
+      continue;
+    }
+    const size_t slash = req.path.find('/', scheme.size());
+    const std::string authority = req.path.substr(scheme.size(), slash - scheme.size());
+    req.path = slash == std::string::npos ? "/" : req.path.substr(slash);
+    req.headers.erase("Host");
+    req.set_header("Host", authority);
+    return;
+  }
+}
+
 }  // namespace
 
 ConnectionState* ConnectionState::current() { return t_current; }
@@ -385,7 +411,8 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
     connection.begin_phase(ReadPhase::kHeaders, limits_.header_timeout, limits_.max_header_bytes);
     bool client_closes = false;
     ok = process_request(
-        connection, served + 1 == keep_alive_max_count_, client_closes, [&](httplib::Request&) {
+        connection, served + 1 == keep_alive_max_count_, client_closes, [&](httplib::Request& req) {
+          accept_absolute_form(req);
           connection.begin_phase(ReadPhase::kBody, limits_.body_timeout, body_budget);
         });
     const bool refused = connection.phase() == ReadPhase::kHeaders &&
@@ -425,6 +452,23 @@ BodyRead read_body(const httplib::Request& req, httplib::Response& res,
   // Two framings at once is how requests are smuggled past proxies (RFC 9112 6.3).
   if (chunked && has_length)
     return refuse(400, "a request with both Content-Length and Transfer-Encoding");
+  // cpp-httplib hands a multipart body to a multipart reader, which our routes do not give it
+  // (it threw bad_function_call, a 500): the API takes JSON.
+  if (req.is_multipart_form_data()) {
+    return refuse(415,
+                  "a multipart/form-data body is not supported: send the request as JSON "
+                  "(Content-Type: application/json)");
+  }
+  // cpp-httplib decodes gzip, deflate and br, spelled so, and takes any other coding for none,
+  // which would parse a compressed body as JSON: refuse it instead (RFC 9110 8.4.1).
+  const std::string coding = req.get_header_value("Content-Encoding");
+  if (req.get_header_value_count("Content-Encoding") > 1 ||
+      (!coding.empty() && coding != "gzip" && coding != "deflate" && coding != "br" &&
+       coding != "identity")) {
+    return refuse(415, "Content-Encoding '" + coding +
+                           "' is not supported: send one of gzip, deflate, br or identity, in "
+                           "lower case");
+  }
   if (!chunked) {
     if (!has_length) return {};
     uint64_t length = 0;

@@ -49,6 +49,7 @@ enum class WriteFailure { kNone, kSendTimeout, kClosed };
 class ConnectionState {
  public:
   static ConnectionState* current();
+  virtual ~ConnectionState() = default;
 
   ReadPhase phase() const { return phase_; }
   ReadFailure read_failure() const { return read_failure_; }
@@ -60,6 +61,10 @@ class ConnectionState {
   // what follows on the connection is not a request. Adds `Connection: close` to `res`.
   void close_after(httplib::Response& res);
   bool closing() const { return closing_; }
+  // The client closed its side (or reset) while its answer is not yet written, as is_writable()
+  // finds it for a stream: for a request that writes nothing until its end. A client that
+  // pipelined its next request is still there.
+  virtual bool client_left() const = 0;
 
  protected:
   ReadPhase phase_ = ReadPhase::kIdle;
@@ -104,7 +109,7 @@ class HttpServer : public httplib::Server {
 // A request body read to its end, or why not.
 struct BodyRead {
   bool ok = true;
-  int status = 200;       // 400, 408 or 413 when !ok
+  int status = 200;       // 400, 408, 413 or 415 when !ok
   std::string message;    // for the client when !ok
   bool too_slow = false;  // 408 under the minimum rate
 };

@@ -65,13 +65,21 @@ std::string message_text(const json& content, size_t index) {
   if (content.is_string()) return content.get<std::string>();
   if (content.is_null()) return "";
   if (!content.is_array()) bad(param, "'content' must be a string or an array of text parts");
+  if (content.empty()) bad(param, "'" + param + "' must not be an empty array");
   std::string text;
-  for (const json& part : content) {
+  for (size_t j = 0; j < content.size(); ++j) {
+    const json& part = content[j];
     const bool text_part = part.is_object() && part.contains("type") && part["type"].is_string() &&
                            part["type"].get<std::string>() == "text" && part.contains("text") &&
                            part["text"].is_string();
     if (!text_part) {
       bad(param, "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported");
+    }
+    for (const auto& [key, value] : part.items()) {  // e.g. cache_control: would be ignored
+      if (key != "type" && key != "text") {
+        const std::string at = param + "[" + std::to_string(j) + "]." + key;
+        bad(at, "'" + at + "' is not supported by this server");
+      }
     }
     text += part["text"].get<std::string>();
   }
@@ -157,6 +165,7 @@ void parse_sampling(const json& body, ApiRequest& r, const GenerationDefaults& d
     }
     g.max_tokens = max_tokens;
     r.max_tokens_given = true;
+    r.max_tokens_field = field;
   }
 
   if (const auto it = body.find("stop"); it != body.end() && !it->is_null()) {
@@ -238,6 +247,7 @@ const FieldSet kChatFields = {"messages",    "max_completion_tokens", "top_logpr
                               "tools",       "tool_choice",           "parallel_tool_calls",
                               "chat_template_kwargs"};
 const FieldSet kMessageFields = {"role", "content", "name", "tool_calls", "tool_call_id"};
+const FieldSet kMessageRoles = {"system", "developer", "user", "assistant", "tool"};
 const FieldSet kPromptField = {"prompt"};
 const FieldSet kChatTokenizeFields = {"messages", "tools", "chat_template_kwargs"};
 
@@ -268,6 +278,17 @@ ordered_json message_tool_calls(const ordered_json& calls, const std::string& wh
     const ordered_json& fn = call["function"];
     if (!fn.contains("name") || !fn["name"].is_string())
       bad(at + ".function.name", "'" + at + ".function.name' must be a string");
+    // Fields the template is not given are refused rather than dropped.
+    for (const auto& [key, value] : call.items()) {
+      if (key != "id" && key != "type" && key != "function")
+        bad(at + "." + key, "'" + at + "." + key + "' is not a field of a tool call");
+    }
+    for (const auto& [key, value] : fn.items()) {
+      if (key != "name" && key != "arguments") {
+        bad(at + ".function." + key,
+            "'" + at + ".function." + key + "' is not a field of a tool call's function");
+      }
+    }
     ordered_json arguments = ordered_json::object();
     if (const auto a = fn.find("arguments"); a != fn.end() && !a->is_null()) {
       if (a->is_string()) {
@@ -356,8 +377,17 @@ TokenizeRequest parse_tokenize_request(const std::string& text) {
   refuse_unknown_fields(body, {"model", "add_special_tokens", "add_generation_prompt"},
                         chat ? kChatTokenizeFields : kPromptField, "");
   TokenizeRequest t;
-  read_bool(body, "add_special_tokens", t.add_special_tokens);
-  read_bool(body, "add_generation_prompt", t.add_generation_prompt);
+  const bool special_given = read_bool(body, "add_special_tokens", t.add_special_tokens);
+  const bool generation_given = read_bool(body, "add_generation_prompt", t.add_generation_prompt);
+  // Each option applies to one form; given to the other it would be ignored. A chat's text is
+  // tokenized as a chat request's is, without special tokens added (the template writes them).
+  if (!chat && generation_given)
+    bad("add_generation_prompt", "'add_generation_prompt' applies to 'messages', not 'prompt'");
+  if (chat && special_given && t.add_special_tokens) {
+    bad("add_special_tokens",
+        "'add_special_tokens' must be false with 'messages': the chat template writes the "
+        "special tokens");
+  }
   // Key order kept: the tools' schemas reach the template as the client wrote them.
   const ordered_json ordered = ordered_json::parse(text);
   ordered_json inner = ordered_json::object();
@@ -392,6 +422,9 @@ ApiRequest parse_request(const std::string& text, Endpoint endpoint,
   ApiRequest r;
   r.endpoint = endpoint;
   r.model = read_model(body);
+  // Accepted without effect, but held to its type as OpenAI holds it.
+  if (const auto it = body.find("user"); it != body.end() && !it->is_null() && !it->is_string())
+    bad("user", "'user' must be a string");
   read_bool(body, "stream", r.stream);
   if (const auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
     if (!it->is_object()) bad("stream_options", "'stream_options' must be an object");
@@ -456,6 +489,16 @@ ApiRequest parse_request(const std::string& text, Endpoint endpoint,
       }
       refuse_unknown_fields(m, kMessageFields, {}, where);
       const std::string role = m["role"].get<std::string>();
+      // OpenAI's roles: another would reach the template as it is, a message the model was
+      // never trained on, where OpenAI answers 400.
+      if (!kMessageRoles.count(role)) {
+        bad(where + ".role", "'" + where + ".role' must be one of system, developer, user, " +
+                                 "assistant, tool; got '" + role + "'");
+      }
+      // Only an assistant message may leave its content out (a turn of tool calls).
+      if (role != "assistant" && (!m.contains("content") || m["content"].is_null())) {
+        bad(where + ".content", "'" + where + ".content' is required for a " + role + " message");
+      }
       ordered_json message = {{"role", role},
                               {"content", message_text(m.value("content", json(nullptr)), i)}};
       if (const auto name = m.find("name"); name != m.end() && !name->is_null()) {
@@ -530,6 +573,17 @@ void resolve_tool_parser(ApiRequest& request, ToolCallFormat server_format) {
   }
 }
 
+void check_token_ids(const GenerationParams& params, int64_t vocab_size) {
+  const auto check = [&](int32_t id, const char* field) {
+    if (id < 0 || id >= vocab_size) {
+      bad(field, std::string("'") + field + "' has token id " + std::to_string(id) +
+                     ", outside the vocabulary of " + std::to_string(vocab_size));
+    }
+  };
+  for (const auto& [id, bias] : params.sampling.logit_bias) check(id, "logit_bias");
+  for (int32_t id : params.stop_token_ids) check(id, "stop_token_ids");
+}
+
 void resolve_max_tokens(ApiRequest& request, int64_t n, int64_t context,
                         int64_t default_completion_tokens) {
   GenerationParams& params = request.params;
@@ -544,10 +598,10 @@ void resolve_max_tokens(ApiRequest& request, int64_t n, int64_t context,
   if (request.max_tokens_given) {
     if (params.max_tokens > context - n) {  // not n + max_tokens: max_tokens may be 2^63 - 1
       throw ApiError(400,
-                     "max_tokens is " + std::to_string(params.max_tokens) +
+                     request.max_tokens_field + " is " + std::to_string(params.max_tokens) +
                          " but the prompt has " + std::to_string(n) +
                          " tokens and the context holds " + std::to_string(context),
-                     "invalid_request_error", "max_tokens", "context_length_exceeded");
+                     "invalid_request_error", request.max_tokens_field, "context_length_exceeded");
     }
   } else {
     params.max_tokens = request.endpoint == Endpoint::kChat
@@ -566,9 +620,13 @@ json logprobs_json(Endpoint endpoint, const Tokenizer& tokenizer,
     const int32_t ids[1] = {id};
     return tokenizer.decode(ids, /*skip_special_tokens=*/false);
   };
-  const auto bytes = [](const std::string& s) {
+  // Chat's `bytes` are the token's own, so that the pieces of a character split over tokens
+  // add up to it (its `token` text cannot: it is JSON, and holds U+FFFD for them).
+  const auto raw_bytes = [&](int32_t id) {
+    const int32_t ids[1] = {id};
     json b = json::array();
-    for (unsigned char c : s) b.push_back(c);
+    for (unsigned char c : tokenizer.decode_bytes(ids, /*skip_special_tokens=*/false))
+      b.push_back(c);
     return b;
   };
   // Token text may be a partial UTF-8 sequence; JSON needs valid text, so replace those bytes.
@@ -582,11 +640,12 @@ json logprobs_json(Endpoint endpoint, const Tokenizer& tokenizer,
       json top = json::array();
       for (const auto& [id, value] : lp.top) {
         const std::string t = piece(id);
-        top.push_back({{"token", json::parse(safe(t))}, {"logprob", value}, {"bytes", bytes(t)}});
+        top.push_back(
+            {{"token", json::parse(safe(t))}, {"logprob", value}, {"bytes", raw_bytes(id)}});
       }
       content.push_back({{"token", json::parse(safe(text))},
                          {"logprob", lp.logprob},
-                         {"bytes", bytes(text)},
+                         {"bytes", raw_bytes(lp.token)},
                          {"top_logprobs", top}});
     }
     return {{"content", content}};

@@ -47,6 +47,9 @@ struct ApiRequest {
   nlohmann::ordered_json messages;  // chat: [{role, content}] with text content
   GenerationParams params;          // max_tokens filled in by resolve_max_tokens
   bool max_tokens_given = false;
+  // The field max_tokens came from, for the errors about it: chat's max_completion_tokens when
+  // given (it wins over max_tokens), else max_tokens.
+  std::string max_tokens_field = "max_tokens";
   // generation_config.json's max_new_tokens: max_tokens is at most this, given or not (vLLM).
   std::optional<int64_t> max_tokens_cap;
   bool stream = false;
@@ -76,6 +79,11 @@ struct ApiRequest {
 // them, else the OpenAI defaults.
 ApiRequest parse_request(const std::string& body, Endpoint endpoint,
                          const GenerationDefaults& defaults = {});
+
+// Throws ApiError (400, naming `logit_bias` or `stop_token_ids`) for a token id those fields
+// give outside a vocabulary of `vocab_size` tokens: the engine would refuse a biased one without
+// naming the field, and a stop id that can never be sampled would be silently ignored.
+void check_token_ids(const GenerationParams& params, int64_t vocab_size);
 
 // Sets request.params.max_tokens once the prompt's length is known: the given value, checked
 // against the context, or the default (completions: min(default_completion_tokens, room),

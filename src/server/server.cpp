@@ -12,6 +12,8 @@
 #include <cstdlib>
 #include <ctime>
 #include <optional>
+#include <set>
+#include <string_view>
 #include <unordered_map>
 
 #include "core/error.h"
@@ -190,6 +192,20 @@ int64_t prompt_bytes_per_token(const Tokenizer& tokenizer) {
   return 4 * static_cast<int64_t>(longest);
 }
 
+// The methods the route at `path` answers (the Allow header of a 405), "" for a path without a
+// route. Kept beside install_routes, which registers the same paths.
+std::string allowed_methods(const std::string& path) {
+  static const std::set<std::string, std::less<>> kGet = {
+      "/health", "/metrics", "/dashboard", "/dashboard/data", "/v1/models", "/version"};
+  static const std::set<std::string, std::less<>> kPost = {
+      "/tokenize", "/detokenize", "/v1/completions", "/v1/chat/completions"};
+  const std::string_view models = "/v1/models/";
+  if (kGet.count(path) || (path.size() > models.size() && path.starts_with(models)))
+    return "GET, HEAD";
+  if (kPost.count(path)) return "POST";
+  return "";
+}
+
 // A request whose body may still be unread on the connection when it is answered.
 bool has_body(const httplib::Request& req) {
   return req.has_header("Content-Length") || req.has_header("Transfer-Encoding");
@@ -311,6 +327,17 @@ int Server::bind() {
 }
 
 bool Server::refuse_before_routing(const httplib::Request& req, httplib::Response& res) {
+  // cpp-httplib reads the body of POST, PUT, PATCH and DELETE requests only: a body sent with
+  // another method (a GET with a Content-Length) would be taken for the next request on the
+  // connection, one smuggled past whatever forwarded it as a body. Answer, then close instead.
+  const bool body_read = req.method == "POST" || req.method == "PUT" || req.method == "PATCH" ||
+                         req.method == "DELETE";
+  const std::string length = req.get_header_value("Content-Length");
+  if (ConnectionState* connection = ConnectionState::current();
+      connection && !body_read &&
+      (req.has_header("Transfer-Encoding") || (!length.empty() && length != "0"))) {
+    connection->close_after(res);
+  }
   std::optional<ApiError> error;
   // /health (probes use the address as the host) and the dashboard's page (static, no figures:
   // its data needs the key) are open.
@@ -358,8 +385,17 @@ void Server::answer_http_error(const httplib::Request& req, httplib::Response& r
     message = "the request headers are larger than " +
               std::to_string(limits.max_header_bytes >> 10) + " KiB";
   } else if (res.status == 404) {
-    message = "no route for " + req.method + " " + req.path;
-    code = "not_found";
+    // A route of another method is there: 405 with the methods it takes, as FastAPI (vLLM)
+    // answers a GET of a POST route.
+    if (const std::string allow = allowed_methods(req.path); !allow.empty()) {
+      res.status = 405;
+      res.set_header("Allow", allow);
+      message = req.method + " is not allowed on " + req.path + "; use " + allow;
+      code = "method_not_allowed";
+    } else {
+      message = "no route for " + req.method + " " + req.path;
+      code = "not_found";
+    }
   } else if (res.status == 413) {
     message = "the request body is larger than " + std::to_string(kMaxBodyBytes >> 20) + " MiB";
     code = "payload_too_large";
@@ -367,8 +403,9 @@ void Server::answer_http_error(const httplib::Request& req, httplib::Response& r
     message = "the request target is too long";
   }
   // cpp-httplib refused it before or while framing it: the rest of the request may still be on
-  // the connection, unread. Only a 404 for a request without a body leaves it clean.
-  if (connection && (res.status != 404 || has_body(req))) connection->close_after(res);
+  // the connection, unread. Only a 404 or 405 for a request without a body leaves it clean.
+  const bool routed = res.status == 404 || res.status == 405;
+  if (connection && (!routed || has_body(req))) connection->close_after(res);
   metrics_.count_rejected(res.status);
   send_json(res, res.status, error_body(message, "invalid_request_error", "", code));
 }
@@ -413,9 +450,23 @@ void Server::install_routes() {
     res.status = 413;  // what cpp-httplib answers; the return value only picks the branch
     return 413;
   });
-  // cpp-httplib adds Keep-Alive to every answer but the last of a connection; not to one that
-  // closes it.
-  http_->set_post_routing_handler([](const httplib::Request&, httplib::Response& res) {
+  http_->set_post_routing_handler([](const httplib::Request& req, httplib::Response& res) {
+    // HTTP/1.0 has no chunked transfer coding (RFC 9112 6.1): a stream to an HTTP/1.0 client
+    // (curl -0, proxies that speak 1.0 upstream) goes out as its bare body, ended by closing the
+    // connection, instead of chunk sizes inside its events.
+    if (req.version == "HTTP/1.0" && res.is_chunked_content_provider_) {
+      res.is_chunked_content_provider_ = false;
+      res.headers.erase("Transfer-Encoding");
+      if (ConnectionState* connection = ConnectionState::current()) connection->close_after(res);
+    }
+    // One Connection header: cpp-httplib adds its own "close" beside one close_after set.
+    if (res.get_header_value_count("Connection") > 1) {
+      const std::string value = res.get_header_value("Connection");
+      res.headers.erase("Connection");
+      res.set_header("Connection", value);
+    }
+    // cpp-httplib adds Keep-Alive to every answer but the last of a connection; not to one that
+    // closes it.
     if (res.get_header_value("Connection") == "close") res.headers.erase("Keep-Alive");
   });
   http_->set_exception_handler(
@@ -577,8 +628,12 @@ std::vector<int32_t> Server::prompt_ids(const ApiRequest& request, GenerationPar
     check_prompt_bytes(text.size(), request.endpoint);
     ChatPrompt chat = chat_prompt(tokenizer, chat_, text);
     ids = std::move(chat.ids);
-    params.stop_token_ids.insert(params.stop_token_ids.end(), chat.stop_token_ids.begin(),
-                                 chat.stop_token_ids.end());
+    // The template's end-of-sequence token ends a chat as EOS does, so ignore_eos ignores it
+    // too (as vLLM, where it is the tokenizer's eos_token).
+    if (!params.ignore_eos) {
+      params.stop_token_ids.insert(params.stop_token_ids.end(), chat.stop_token_ids.begin(),
+                                   chat.stop_token_ids.end());
+    }
   } else if (request.prompt_is_ids) {
     ids = request.prompt_ids;
   } else {
@@ -636,13 +691,14 @@ void Server::handle_completion(const std::string& body, Endpoint endpoint, httpl
     resolve_tool_parser(request, tool_format_);
     check_model(request.model);
     GenerationParams& params = request.params;
+    check_token_ids(params, engine_->model_config().vocab_size);
     prompt = prompt_ids(request, params, {});
     const int64_t n = static_cast<int64_t>(prompt.size());
     resolve_max_tokens(request, n, engine_->max_model_len(), config_.default_max_tokens);
     const int64_t block = engine_->config().block_size;
     if (params.max_tokens > engine_->num_kv_blocks() * block - n) {
       throw ApiError(413, "the request needs more KV cache than the server has (--kv-cache-mb)",
-                     "invalid_request_error", "max_tokens", "context_length_exceeded");
+                     "invalid_request_error", request.max_tokens_field, "context_length_exceeded");
     }
     try {
       Sampler::validate(params.sampling);
@@ -684,11 +740,20 @@ void Server::handle_completion(const std::string& body, Endpoint endpoint, httpl
 
   if (!request.stream) {
     InFlight guard(in_flight_);
+    // A client that left is looked for every second, as a stream's next write finds it: its
+    // request is cancelled rather than run to max_tokens for nobody.
+    const ConnectionState* connection = ConnectionState::current();
+    auto next_look = Clock::now() + std::chrono::seconds(1);
     for (bool finished = false; !finished;) {
+      if (Clock::now() >= next_look) {
+        next_look = Clock::now() + std::chrono::seconds(1);
+        if (!channel->cancel && connection && connection->client_left()) cancel(*channel);
+      }
       std::deque<RequestOutput> outputs;
       {
         std::unique_lock lock(channel->mutex);
-        channel->cv.wait(lock, [&] { return !channel->outputs.empty() || channel->finished; });
+        channel->cv.wait_until(lock, next_look,
+                               [&] { return !channel->outputs.empty() || channel->finished; });
         if (channel->error) {
           send_error(res, *channel->error);
           return;
@@ -751,15 +816,17 @@ void Server::handle_completion(const std::string& body, Endpoint endpoint, httpl
         return true;
       },
       [this, state, guard](bool) {
-        if (!state->done) {
-          state->channel->cancel = true;
-          {
-            std::lock_guard lock(inbox_mutex_);  // no lost wake-up between test and wait
-            cancel_pending_ = true;
-          }
-          inbox_cv_.notify_one();
-        }
+        if (!state->done) cancel(*state->channel);
       });
+}
+
+void Server::cancel(Channel& channel) {
+  channel.cancel = true;
+  {
+    std::lock_guard lock(inbox_mutex_);  // no lost wake-up between test and wait
+    cancel_pending_ = true;
+  }
+  inbox_cv_.notify_one();
 }
 
 void Server::engine_loop() {

@@ -123,6 +123,8 @@ class Server {
   // Runs `handler`, answering an ApiError it throws as an OpenAI error object (and counting it).
   void answer(httplib::Response& res, const std::function<void()>& handler);
   std::shared_ptr<Channel> submit(std::vector<int32_t> prompt, const GenerationParams& params);
+  // The client of `channel`'s request left: the engine thread aborts it at its next turn.
+  void cancel(Channel& channel);
   void engine_loop();
   void shutdown_loop();
   // The engines' figures to the metrics (per rank under expert parallelism).

@@ -573,6 +573,17 @@ ToolChoice parse_tool_choice(const ordered_json& value, const ordered_json& tool
         !(*fn)["name"].is_string()) {
       bad("tool_choice", accepted);
     }
+    // Anything more would be ignored: refused by name.
+    for (const auto& [key, v] : value.items()) {
+      if (key != "type" && key != "function")
+        bad("tool_choice." + key, "'tool_choice." + key + "' is not supported; " + accepted);
+    }
+    for (const auto& [key, v] : fn->items()) {
+      if (key != "name") {
+        bad("tool_choice.function." + key,
+            "'tool_choice.function." + key + "' is not supported; " + accepted);
+      }
+    }
     choice.mode = ToolChoice::Mode::kNamed;
     choice.name = (*fn)["name"].get<std::string>();
   } else {

@@ -30,12 +30,22 @@ Starts the real server on the demo model (port 0) and checks, one line per check
   pipelining           several requests written back to back on one connection before reading
                        are all answered, in order; after a bad-JSON 400 the connection goes on;
                        after a 401 or a refused body the connection closes cleanly instead of
-                       reading the body as a request
+                       reading the body as a request; so it does after a GET with a body
+                       (Content-Length or chunked), which is never read
   malformed            broken request lines, headers, framings and bodies: each a 4xx with an
                        OpenAI error object, each counted in request_rejected_total, and the
-                       server keeps serving
+                       server keeps serving; a route asked with a method it does not take is a
+                       405 naming its methods in Allow (an unknown route stays 404); a
+                       Content-Encoding that is not decoded is a 415, those that are are served;
+                       a multipart/form-data body is a 415 (it was a 500)
   allowed_hosts        --allowed-hosts: listed names (any case, any port) are served, others
                        421 (host_not_allowed), /health stays open; without the flag any host
+  absolute_form        a request target in absolute form ("POST http://host/v1/completions", as
+                       sent to a proxy) is routed on its path, and its authority is the host
+                       --allowed-hosts checks, not the Host header
+  http10_stream        a stream asked over HTTP/1.0 (keep-alive or not) comes as bare SSE events
+                       ended by the server closing the connection, never chunked (HTTP/1.0 has no
+                       chunked coding); an answer that closes says `Connection: close` once
   shutdown_abort       SIGTERM with --shutdown-grace 0: requests still running end with an error
                        (an SSE error event, or a 503 error object), never finish_reason "abort"
 
@@ -46,12 +56,14 @@ minute or more.
 
 from __future__ import annotations
 
+import gzip
 import json
 import signal
 import socket
 import sys
 import threading
 import time
+import zlib
 
 import e2e_util
 from e2e_util import parse_metrics
@@ -486,6 +498,25 @@ def check_pipelining(s: e2e_util.ServerProcess, ctx: dict) -> None:
     assert c.read_response().status == 200
     c.close()
 
+    # A body on a GET is never read by cpp-httplib: it must not be taken for the next request
+    # (a request smuggled inside it), so the connection closes after the answer.
+    inner = request("GET", "/version")
+    for framing, raw in (
+            ("Content-Length", request("GET", "/health", inner)),
+            ("chunked", request("GET", "/health", headers={"Transfer-Encoding": "chunked"})
+             + chunk(inner) + b"0\r\n\r\n")):
+        c = Conn(s.port)
+        c.send(raw)
+        r = c.read_response()
+        assert r.status == 200 and r.headers.get("connection") == "close", (framing, r.headers)
+        assert c.closed_by_server(), f"{framing}: the GET's body was read as a request"
+        c.close()
+    # Content-Length: 0 is no body: the connection goes on.
+    c = Conn(s.port)
+    c.send(request("GET", "/health", headers={"Content-Length": "0"}) + request("GET", "/version"))
+    assert [c.read_response().status for _ in range(2)] == [200, 200]
+    c.close()
+
     # Answered before its body was read (401): the body must not be taken for a request, so
     # the connection closes after the answer; what was pipelined behind is not answered.
     keyed = e2e_util.ServerProcess(ctx["moeinfer"], ["--api-key", "k"])
@@ -536,12 +567,36 @@ MALFORMED = [
     ("gzip body that is not gzip",
      b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\n"
      b"Content-Length: 9\r\n\r\nnot gzip!", 400),
+    ("unknown Content-Encoding",
+     b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Encoding: zstd\r\n"
+     b"Content-Length: 2\r\n\r\n{}", 415),
+    ("Content-Encoding in upper case (cpp-httplib would not decode it)",
+     b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Encoding: GZIP\r\n"
+     b"Content-Length: 2\r\n\r\n{}", 415),
+    ("two Content-Encodings",
+     b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\n"
+     b"Content-Encoding: gzip\r\nContent-Length: 2\r\n\r\n{}", 415),
+    ("multipart/form-data body",
+     request("POST", "/v1/completions",
+             b'--b\r\nContent-Disposition: form-data; name="prompt"\r\n\r\nhi\r\n--b--\r\n',
+             {"Content-Type": "multipart/form-data; boundary=b"}), 415),
+    ("multipart/form-data that is JSON",
+     request("POST", "/v1/completions", b'{"prompt": "hi"}',
+             {"Content-Type": "multipart/form-data"}), 415),
     ("body not JSON", request("POST", "/v1/completions", b"\x00\xff{"), 400),
     ("prompt not UTF-8", request("POST", "/v1/completions", b'{"prompt": "\xff\xfe"}'), 400),
     ("body a JSON list", request("POST", "/v1/chat/completions", b"[1, 2]"), 400),
     ("unknown route with a body", request("POST", "/v1/embeddings", b'{"input": "x"}'), 404),
-    ("PUT", request("PUT", "/v1/completions", b"{}"), 404),
+    ("PUT on a POST route", request("PUT", "/v1/completions", b"{}"), 405),
+    ("GET on a POST route", request("GET", "/v1/chat/completions"), 405),
+    ("POST on a GET route", request("POST", "/v1/models", b"{}"), 405),
+    ("DELETE on a model", request("DELETE", "/v1/models/demo"), 405),
 ]
+
+# A route asked with another method: the Allow header names the methods it takes.
+ALLOW = [(request("GET", "/v1/completions"), "POST"),
+         (request("POST", "/health", b"{}"), "GET, HEAD"),
+         (request("OPTIONS", "/tokenize"), "POST")]
 
 
 def check_malformed(s: e2e_util.ServerProcess, ctx: dict) -> None:
@@ -556,12 +611,24 @@ def check_malformed(s: e2e_util.ServerProcess, ctx: dict) -> None:
             r.error()
         except (AssertionError, ValueError) as ex:
             failures.append(f"{name}: not an OpenAI error object: {ex}")
+    for raw, allow in ALLOW:
+        r = one(s.port, raw)
+        if r is None or r.status != 405 or r.headers.get("allow") != allow:
+            failures.append(f"{raw[:30]!r}: {r and r.status} {r and r.headers}, wanted 405 "
+                            f"with Allow: {allow}")
+        elif r.error().get("code") != "method_not_allowed":
+            failures.append(f"{raw[:30]!r}: {r.body!r}")
     assert not failures, failures
-    after = rejected(metrics(s.port))
+    after = rejected(metrics(s.port)) - len(ALLOW)
     assert after - before == len(MALFORMED), f"{after - before} rejections counted for " \
                                              f"{len(MALFORMED)} malformed requests"
     r = one(s.port, request("POST", "/v1/completions", COMPLETION))
     assert r and r.status == 200, r and r.body
+    # The codings that are decoded are served.
+    for coding, body in (("gzip", gzip.compress(COMPLETION)),
+                         ("deflate", zlib.compress(COMPLETION)), ("identity", COMPLETION)):
+        r = one(s.port, request("POST", "/v1/completions", body, {"Content-Encoding": coding}))
+        assert r and r.status == 200, (coding, r and r.body)
 
 
 def check_allowed_hosts(s: e2e_util.ServerProcess, ctx: dict) -> None:
@@ -641,9 +708,61 @@ def check_shutdown_abort(s: e2e_util.ServerProcess, ctx: dict) -> None:
         d.stop()
 
 
+def check_absolute_form(s: e2e_util.ServerProcess, ctx: dict) -> None:
+    def post(port: int, target: str, host: str) -> Response:
+        raw = request("POST", "/v1/completions", COMPLETION, {"Connection": "close"})
+        raw = raw.replace(b"POST /v1/completions ", f"POST {target} ".encode(), 1)
+        raw = raw.replace(b"Host: 127.0.0.1\r\n", f"Host: {host}\r\n".encode(), 1)
+        r = one(port, raw)
+        assert r is not None, target
+        return r
+
+    for target in ("http://127.0.0.1/v1/completions", "HTTP://api.example:80/v1/completions?x=1"):
+        r = post(s.port, target, "127.0.0.1")
+        assert r.status == 200 and r.json()["object"] == "text_completion", (target, r.body)
+    r = post(s.port, "http://127.0.0.1/v1/models", "127.0.0.1")
+    assert r.status == 405, r.status
+    # The target's authority is the host --allowed-hosts checks; the Host header is ignored.
+    h = e2e_util.ServerProcess(ctx["moeinfer"], ["--allowed-hosts", "api.example"])
+    try:
+        assert post(h.port, "http://api.example/v1/completions", "evil.example").status == 200
+        r = post(h.port, "http://evil.example/v1/completions", "api.example")
+        assert r.status == 421, (r.status, r.body)
+    finally:
+        h.stop()
+
+
+def check_http10_stream(s: e2e_util.ServerProcess, ctx: dict) -> None:
+    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 4, "stream": True,
+                       "stream_options": {"include_usage": True}}).encode()
+    for keep_alive in ({}, {"Connection": "keep-alive"}):
+        c = Conn(s.port)
+        c.send(request("POST", "/v1/completions", body, keep_alive)
+               .replace(b" HTTP/1.1\r\n", b" HTTP/1.0\r\n", 1))
+        while c._fill():  # the answer ends when the server closes the connection
+            pass
+        c.close()
+        head, _, events = c.buf.partition(b"\r\n\r\n")
+        head = head.decode("latin-1").lower()
+        assert head.startswith("http/1.1 200"), head
+        assert "transfer-encoding" not in head and "\r\nconnection: close" in head, head
+        assert events.endswith(b"data: [DONE]\n\n"), events[-200:]
+        chunks = [json.loads(e[len(b"data: "):]) for e in events.split(b"\n\n")[:-2]]
+        assert chunks[-1]["usage"]["completion_tokens"] == 4, chunks[-1]
+        assert "".join(ch["choices"][0]["text"] for ch in chunks[:-1]), chunks
+    # An answer that closes its connection says so once (cpp-httplib added a second header).
+    c = Conn(s.port)
+    c.send(request("POST", "/v1/models", b"{}", {"Connection": "close"}))
+    while c._fill():
+        pass
+    c.close()
+    head = c.buf.partition(b"\r\n\r\n")[0].decode("latin-1").lower()
+    assert head.count("\r\nconnection:") == 1, head
+
+
 CHECKS = [check_chunked_body_limit, check_prompt_bytes, check_slow_senders, check_min_rate,
           check_slow_reader, check_pipelining, check_malformed, check_allowed_hosts,
-          check_shutdown_abort]
+          check_absolute_form, check_http10_stream, check_shutdown_abort]
 
 
 def main() -> int:

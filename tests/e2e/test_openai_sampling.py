@@ -19,6 +19,8 @@
   generation_config    a checkpoint folder with generation_config.json (temperature 0,
                        max_new_tokens 5): a request without those fields is greedy and at most
                        5 tokens, one that gives them overrides the temperature
+  ignore_eos           chat with ignore_eos runs to max_tokens past the template's
+                       end-of-sequence token, for every seed (without it some stop)
   idle                 after all of it: no running or waiting request, no used KV block
 
 Prints one line per check and a last line "N passed, M failed"; exits non-zero on any failure.
@@ -106,7 +108,8 @@ def check_logit_bias(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
                                      logit_bias={str(forced_id): 100},
                                      extra_body={"ignore_eos": True})
     assert chat.choices[0].message.content == forced_text, chat.choices[0].message.content
-    expect_400(lambda: complete(c, logit_bias={"100000000": 5}))
+    expect_400(lambda: complete(c, logit_bias={"100000000": 5}), "logit_bias")
+    expect_400(lambda: complete(c, extra_body={"stop_token_ids": [100000000]}), "stop_token_ids")
     expect_400(lambda: complete(c, logit_bias={"abc": 5}), "logit_bias")
 
 
@@ -254,12 +257,27 @@ def check_generation_config(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
         assert code == 0, code
 
 
+def check_ignore_eos(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
+    # Chat ends at the template's end-of-sequence token (<|im_end|>), which ignore_eos ignores
+    # as it ignores EOS: every seed runs to max_tokens. Without it most stop early.
+    stopped = 0
+    for seed in range(6):
+        messages = [{"role": "user", "content": "Hi"}]
+        r = c.chat.completions.create(model="demo", messages=messages, max_tokens=100,
+                                      seed=seed, extra_body={"ignore_eos": True})
+        assert r.choices[0].finish_reason == "length", (seed, r.choices[0])
+        assert r.usage.completion_tokens == 100, (seed, r.usage)
+        r = c.chat.completions.create(model="demo", messages=messages, max_tokens=100, seed=seed)
+        stopped += r.choices[0].finish_reason == "stop"
+    assert stopped > 0, "no chat stopped by itself: the check shows nothing"
+
+
 def check_idle(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
     wait_for(lambda: idle(s.base), "an idle server")
 
 
 CHECKS = [check_logit_bias, check_n, check_best_of, check_abort, check_echo,
-          check_generation_config, check_idle]
+          check_generation_config, check_ignore_eos, check_idle]
 
 
 def main() -> int:

@@ -19,7 +19,8 @@ the bound port read from its log) and checks, one line per check:
                        web_search_options, ...: 400 naming them): OpenAI error objects,
                        and the server keeps serving
   disconnect           a client that leaves mid-stream cancels its request (abort counted,
-                       blocks freed)
+                       blocks freed); so does one that leaves while it waits for a non-streamed
+                       answer
   load                 64 concurrent streams, 320 short requests (completions and chat, half
                        sharing a system prompt) all succeed; then /metrics shows zero running
                        and waiting requests, zero used KV blocks, prefix-cache hits, latency
@@ -54,6 +55,7 @@ import concurrent.futures
 import json
 import pathlib
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -283,6 +285,19 @@ def check_disconnect(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
     wait_for(lambda: metrics(s.base)['moeinfer:request_success_total{finished_reason="abort"}']
              > aborted, "the abandoned request to be aborted")
     wait_for(lambda: idle(s.base), "the server to go idle")
+    # Not streamed: nothing is written until the end, and still the client's leaving cancels it
+    # (16 sequences of 500 tokens would run for seconds).
+    aborted = metrics(s.base)['moeinfer:request_success_total{finished_reason="abort"}']
+    body = json.dumps({"model": ctx["model"], "prompt": PROMPT, "max_tokens": 500, "n": 16,
+                       "ignore_eos": True}).encode()
+    sock = socket.create_connection(("127.0.0.1", s.port))
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    wait_for(lambda: metrics(s.base)["moeinfer:num_requests_running"] > 0, "the request to run")
+    sock.close()
+    wait_for(lambda: metrics(s.base)['moeinfer:request_success_total{finished_reason="abort"}']
+             == aborted + 1, "the abandoned non-streamed request to be aborted")
+    wait_for(lambda: idle(s.base), "the server to go idle")
 
 
 def check_load(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
@@ -488,6 +503,11 @@ def check_tokenize(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
     assert status == 200 and t["count"] == r.usage.prompt_tokens, (t, r.usage)
     status, e = post("/tokenize", {"prompt": PROMPT, "no_such_field": 1})
     assert status == 400 and e["error"]["param"] == "no_such_field", e
+    # An option of the other form would be ignored: refused by name.
+    status, e = post("/tokenize", {"prompt": PROMPT, "add_generation_prompt": True})
+    assert status == 400 and e["error"]["param"] == "add_generation_prompt", e
+    status, e = post("/tokenize", {"messages": messages, "add_special_tokens": True})
+    assert status == 400 and e["error"]["param"] == "add_special_tokens", e
     status, e = post("/detokenize", {"tokens": [10**9]})
     assert status == 400 and e["error"]["param"] == "tokens", e
     status, e = post("/tokenize", {"model": "other", "prompt": PROMPT})

@@ -204,6 +204,98 @@ TEST(OpenAiSampling, ResolveMaxTokensKeepsTheContextChecks) {
   EXPECT_EQ(r.params.max_tokens, 10);
 }
 
+TEST(OpenAiSampling, MaxTokensErrorsNameTheFieldGiven) {
+  // Past the context, and chat's max_completion_tokens given: the error names that field.
+  for (const char* body : {R"({"messages": [{"role": "user", "content": "x"}],
+                               "max_completion_tokens": 96})",
+                           R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 9,
+                               "max_completion_tokens": 96})"}) {
+    ApiRequest r = parse_request(body, Endpoint::kChat);
+    try {
+      resolve_max_tokens(r, 5, 100, 16);
+      FAIL() << body;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.param, "max_completion_tokens") << body;
+      EXPECT_NE(std::string(e.what()).find("max_completion_tokens is 96"), std::string::npos)
+          << e.what();
+    }
+  }
+  ApiRequest r = parse_request(R"({"messages": [{"role": "user", "content": "x"}],
+                                   "max_tokens": 96})",
+                               Endpoint::kChat);
+  EXPECT_THROW(resolve_max_tokens(r, 5, 100, 16), ApiError);
+  EXPECT_EQ(r.max_tokens_field, "max_tokens");
+}
+
+TEST(OpenAiSampling, TokenIdsOutsideTheVocabularyAreRefusedByName) {
+  const auto param_of = [](const char* body) -> std::string {
+    try {
+      check_token_ids(parse_request(body, Endpoint::kCompletions).params, 100);
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400) << body;
+      return e.param;
+    }
+    return "";
+  };
+  EXPECT_EQ(param_of(R"({"prompt": "hi", "logit_bias": {"100": 5}})"), "logit_bias");
+  EXPECT_EQ(param_of(R"({"prompt": "hi", "stop_token_ids": [3, 100]})"), "stop_token_ids");
+  EXPECT_EQ(param_of(R"({"prompt": "hi", "logit_bias": {"99": 5}, "stop_token_ids": [0, 99]})"),
+            "");
+}
+
+TEST(OpenAiSampling, MessagesAndUserAreHeldToOpenAisShapes) {
+  std::string param;
+  const auto chat = [&](const std::string& messages, const std::string& more = "") {
+    return status_of(R"({"messages": )" + messages + more + "}", Endpoint::kChat, &param);
+  };
+  EXPECT_EQ(chat(R"([{"role": "banana", "content": "hi"}])"), 400);
+  EXPECT_EQ(param, "messages[0].role");
+  EXPECT_EQ(chat(R"([{"role": "system", "content": "s"}, {"role": "User", "content": "hi"}])"),
+            400);
+  EXPECT_EQ(param, "messages[1].role");
+  for (const char* user : {R"([{"role": "user"}])", R"([{"role": "user", "content": null}])"}) {
+    EXPECT_EQ(chat(user), 400) << user;
+    EXPECT_EQ(param, "messages[0].content") << user;
+  }
+  EXPECT_EQ(chat(R"([{"role": "tool", "tool_call_id": "c"}])"), 400);
+  EXPECT_EQ(param, "messages[0].content");
+  for (const char* role : {"system", "developer", "user", "assistant", "tool"}) {
+    EXPECT_EQ(chat(std::string(R"([{"role": ")") + role + R"(", "content": ""}])"), 200) << role;
+  }
+  // An assistant turn of tool calls has no content.
+  EXPECT_EQ(chat(R"([{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls":
+                    [{"id": "c", "type": "function", "function": {"name": "f",
+                    "arguments": "{}"}}]}, {"role": "tool", "tool_call_id": "c",
+                    "content": "1"}])"),
+            200);
+  EXPECT_EQ(chat(R"([{"role": "user", "content": "hi"}])", R"(, "user": 5)"), 400);
+  EXPECT_EQ(param, "user");
+  EXPECT_EQ(chat(R"([{"role": "user", "content": "hi"}])", R"(, "user": "u-1")"), 200);
+  EXPECT_EQ(status_of(R"({"prompt": "hi", "user": ["u"]})", Endpoint::kCompletions, &param), 400);
+  EXPECT_EQ(param, "user");
+}
+
+TEST(OpenAiSampling, TokenizeOptionsApplyToTheirForm) {
+  const auto param_of = [](const char* body) -> std::string {
+    try {
+      parse_tokenize_request(body);
+    } catch (const ApiError& e) {
+      return e.param;
+    }
+    return "";
+  };
+  EXPECT_EQ(param_of(R"({"prompt": "hi", "add_generation_prompt": false})"),
+            "add_generation_prompt");
+  EXPECT_EQ(param_of(R"({"messages": [{"role": "user", "content": "hi"}],
+                         "add_special_tokens": true})"),
+            "add_special_tokens");
+  EXPECT_EQ(param_of(R"({"prompt": "hi", "add_special_tokens": false})"), "");
+  const TokenizeRequest chat = parse_tokenize_request(
+      R"({"messages": [{"role": "user", "content": "hi"}], "add_special_tokens": false,
+          "add_generation_prompt": false})");
+  EXPECT_FALSE(chat.add_generation_prompt);
+}
+
 class ChoiceSetTest : public testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -331,6 +423,24 @@ TEST_F(ChoiceSetTest, TextOffsetsCountASplitCharacterOnce) {
                 unicode::count_code_points(tokenizer_->decode(std::vector<int32_t>{ids.back()}));
   EXPECT_EQ(end, 5) << lp.dump();
   for (size_t i = 1; i < offsets.size(); ++i) EXPECT_LE(offsets[i - 1], offsets[i]);
+}
+
+TEST_F(ChoiceSetTest, ChatLogprobBytesAddUpToASplitCharacter) {
+  const std::string text = "\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80";  // é€😀
+  const std::vector<int32_t> ids = tokenizer_->encode(text, false);
+  ASSERT_GT(ids.size(), 3u) << "the demo vocabulary should split these characters";
+  std::vector<TokenLogprob> entries;
+  for (int32_t id : ids) entries.push_back({.token = id, .top = {{id, -1.0f}}});
+  const json lp = logprobs_json(Endpoint::kChat, *tokenizer_, entries, 0, true);
+  std::string joined, top_joined;
+  for (const json& entry : lp["content"]) {
+    for (int b : entry["bytes"]) joined.push_back(static_cast<char>(b));
+    for (int b : entry["top_logprobs"][0]["bytes"]) top_joined.push_back(static_cast<char>(b));
+    // The token text is JSON text: a piece of a character shows as U+FFFD there.
+    EXPECT_TRUE(entry["token"].is_string());
+  }
+  EXPECT_EQ(joined, text) << lp.dump();
+  EXPECT_EQ(top_joined, text);
 }
 
 TEST_F(ChoiceSetTest, PromptLogprobsInVllmsFormat) {

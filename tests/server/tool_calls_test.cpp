@@ -472,6 +472,25 @@ TEST(ToolRequests, RefusalsNameTheField) {
        "messages[0].tool_calls[0].function.name"},
       {R"({"messages": [{"role": "assistant", "tool_calls": {"a": 1}}]})",
        "messages[0].tool_calls"},
+      // Keys that would be dropped on the way to the template or the grammar.
+      {"{" + user + ", " + tools +
+           R"(, "tool_choice": {"type": "function", "function": {"name": "get_weather"},
+              "strict": true}})",
+       "tool_choice.strict"},
+      {"{" + user + ", " + tools +
+           R"(, "tool_choice": {"type": "function", "function": {"name": "get_weather",
+              "arguments": "{}"}}})",
+       "tool_choice.function.arguments"},
+      {R"({"messages": [{"role": "assistant", "tool_calls": [{"type": "function",
+          "function": {"name": "f", "arguments": "{}"}, "index": 0}]}]})",
+       "messages[0].tool_calls[0].index"},
+      {R"({"messages": [{"role": "assistant", "tool_calls": [{"type": "function",
+          "function": {"name": "f", "arguments": "{}", "output": "1"}}]}]})",
+       "messages[0].tool_calls[0].function.output"},
+      {R"({"messages": [{"role": "user", "content": []}]})", "messages[0].content"},
+      {R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "x",
+          "cache_control": {"type": "ephemeral"}}]}]})",
+       "messages[0].content[0].cache_control"},
       {"{" + user + R"(, "functions": []})", "functions"},  // the legacy fields stay refused
   };
   for (const auto& [body, want] : cases) {
