@@ -278,10 +278,17 @@ ordered_json message_tool_calls(const ordered_json& calls, const std::string& wh
     const ordered_json& fn = call["function"];
     if (!fn.contains("name") || !fn["name"].is_string())
       bad(at + ".function.name", "'" + at + ".function.name' must be a string");
-    // Fields the template is not given are refused rather than dropped.
+    // Fields the template is not given are refused rather than dropped, except a streamed
+    // call's index (clients paste the deltas they joined back), which the list order carries:
+    // it must then be that order.
     for (const auto& [key, value] : call.items()) {
-      if (key != "id" && key != "type" && key != "function")
+      if (key == "index") {
+        if (!value.is_number_integer() || value.get<int64_t>() != static_cast<int64_t>(j))
+          bad(at + ".index",
+              "'" + at + ".index' must be the call's position, " + std::to_string(j));
+      } else if (key != "id" && key != "type" && key != "function") {
         bad(at + "." + key, "'" + at + "." + key + "' is not a field of a tool call");
+      }
     }
     for (const auto& [key, value] : fn.items()) {
       if (key != "name" && key != "arguments") {

@@ -482,8 +482,14 @@ TEST(ToolRequests, RefusalsNameTheField) {
               "arguments": "{}"}}})",
        "tool_choice.function.arguments"},
       {R"({"messages": [{"role": "assistant", "tool_calls": [{"type": "function",
-          "function": {"name": "f", "arguments": "{}"}, "index": 0}]}]})",
+          "function": {"name": "f", "arguments": "{}"}, "index": 1}]}]})",
        "messages[0].tool_calls[0].index"},
+      {R"({"messages": [{"role": "assistant", "tool_calls": [{"type": "function",
+          "function": {"name": "f", "arguments": "{}"}, "index": "0"}]}]})",
+       "messages[0].tool_calls[0].index"},
+      {R"({"messages": [{"role": "assistant", "tool_calls": [{"type": "function",
+          "function": {"name": "f", "arguments": "{}"}, "spare": 0}]}]})",
+       "messages[0].tool_calls[0].spare"},
       {R"({"messages": [{"role": "assistant", "tool_calls": [{"type": "function",
           "function": {"name": "f", "arguments": "{}", "output": "1"}}]}]})",
        "messages[0].tool_calls[0].function.output"},
@@ -505,13 +511,14 @@ TEST(ToolRequests, ToolMessagesReachTheTemplateAsVllmPassesThem) {
       {"role": "user", "content": "weather?", "name": "ann"},
       {"role": "assistant", "content": null, "tool_calls": [{"id": "call1", "type": "function",
        "function": {"name": "get_weather", "arguments": "{\"zip\": \"1\", \"city\": \"Bern\"}"}},
-       {"type": "function", "function": {"name": "now", "arguments": ""}}]},
+       {"type": "function", "function": {"name": "now", "arguments": ""}, "index": 1}]},
       {"role": "tool", "tool_call_id": "call1", "content": "sunny"},
       {"role": "assistant", "content": "ok", "tool_calls": []}],
       "chat_template_kwargs": {"enable_thinking": false, "custom": {"b": 1, "a": 2}}})",
                                      Endpoint::kChat);
   EXPECT_EQ(r.messages[0]["name"], "ann");
   // Arguments as a JSON value (templates write them with tojson), key order kept; "" is {}.
+  // A streamed call's index, at its own position, is taken and not passed on.
   EXPECT_EQ(r.messages[1]["tool_calls"].dump(),
             R"([{"id":"call1","type":"function","function":{"name":"get_weather",)"
             R"("arguments":{"zip":"1","city":"Bern"}}},{"type":"function","function":)"
