@@ -667,10 +667,14 @@ json logprobs_json(Endpoint endpoint, const Tokenizer& tokenizer,
     const std::string text = json::parse(safe(piece(lp.token))).get<std::string>();
     tokens.push_back(text);
     token_logprobs.push_back(lp.logprob);
+    // Keyed by text: of two tokens with one text the more likely (listed first) stays. The
+    // sampled (or prompt) token is always there, as OpenAI and vLLM give it: up to N + 1 entries.
     json top = json::object();
     for (const auto& [id, value] : lp.top) {
-      top[json::parse(safe(piece(id))).get<std::string>()] = value;
+      const std::string key = json::parse(safe(piece(id))).get<std::string>();
+      if (!top.contains(key)) top[key] = value;
     }
+    if (!top.contains(text)) top[text] = lp.logprob;
     top_logprobs.push_back(top);
     offsets.push_back(offset);
     offset += unicode::count_code_points(text_so_far.push(lp.token));

@@ -425,6 +425,32 @@ TEST_F(ChoiceSetTest, TextOffsetsCountASplitCharacterOnce) {
   for (size_t i = 1; i < offsets.size(); ++i) EXPECT_LE(offsets[i - 1], offsets[i]);
 }
 
+// Completions' top_logprobs: the chosen token always (N + 1 entries where it is not among the
+// top N), and of two tokens that decode to one text the more likely.
+TEST_F(ChoiceSetTest, CompletionTopLogprobsHoldTheChosenToken) {
+  const std::vector<int32_t> ab = tokenizer_->encode("ab", false);
+  ASSERT_GE(ab.size(), 1u);
+  const int32_t chosen = ab[0];
+  const int32_t other = tokenizer_->encode("the", false)[0];
+  ASSERT_NE(chosen, other);
+  const std::string chosen_text = tokenizer_->decode(std::vector<int32_t>{chosen}, false);
+  const std::string other_text = tokenizer_->decode(std::vector<int32_t>{other}, false);
+  const std::vector<TokenLogprob> entries = {
+      {.token = chosen, .logprob = -3.0f, .top = {{other, -0.5f}}},   // not in the top
+      {.token = chosen, .logprob = -0.5f, .top = {{chosen, -0.5f}}},  // in the top
+      {.token = other, .logprob = -2.0f, .top = {{other, -1.0f}, {other, -4.0f}}},  // one text
+  };
+  const json lp = logprobs_json(Endpoint::kCompletions, *tokenizer_, entries, 0, false);
+  const json& top = lp["top_logprobs"];
+  ASSERT_EQ(top.size(), 3u);
+  EXPECT_EQ(top[0].size(), 2u) << top[0].dump();
+  EXPECT_FLOAT_EQ(top[0][chosen_text].get<float>(), -3.0f);
+  EXPECT_FLOAT_EQ(top[0][other_text].get<float>(), -0.5f);
+  EXPECT_EQ(top[1].size(), 1u) << top[1].dump();
+  EXPECT_EQ(top[2].size(), 1u) << top[2].dump();
+  EXPECT_FLOAT_EQ(top[2][other_text].get<float>(), -1.0f);
+}
+
 TEST_F(ChoiceSetTest, ChatLogprobBytesAddUpToASplitCharacter) {
   const std::string text = "\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80";  // é€😀
   const std::vector<int32_t> ids = tokenizer_->encode(text, false);
