@@ -27,9 +27,9 @@ void launch(const RoutePlanParams& p, cudaStream_t stream) {
                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(bytes)));
   }
-  launch_after_previous(moe_route_plan_kernel<kPerLane, kGeneral>,
-                        static_cast<unsigned>(p.route.num_experts), kRoutePlanThreads, bytes,
-                        stream, p);
+  const int64_t blocks = (p.route.num_experts + kRoutePlanWarps - 1) / kRoutePlanWarps;
+  launch_after_previous(moe_route_plan_kernel<kPerLane, kGeneral>, static_cast<unsigned>(blocks),
+                        kRoutePlanThreads, bytes, stream, p);
   MOE_CUDA_CHECK_LAUNCH();
 }
 

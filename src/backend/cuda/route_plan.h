@@ -4,7 +4,7 @@
 // Why: at batch 1 the three stages are a router GEMV of E x H (256 KB for Qwen3-30B-A3B), a
 // top-k over E logits and a sort of K assignments: each is a few microseconds of launch, ramp
 // and tail around well under a microsecond of work, three times per MoE layer. Here the router
-// rows spread over every block (a block per row, dotting it with the T token rows), the block that
+// rows spread over every block (a warp per row, dotting it with the T token rows), the block that
 // finishes last (a ticket counter) routes the tokens with router_kernel.cuh's own per-token
 // functions and then sorts the assignments with moe_plan's single-block sort (plan_sort.cuh).
 // Its outputs are those of router GEMM + fused_router + moe_plan: the same picks, weights and

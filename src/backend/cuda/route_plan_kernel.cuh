@@ -1,10 +1,9 @@
 // The fused route-and-plan kernel (route_plan.h says what it computes and why).
 //
-// Grid: E blocks of 8 warps, block e owning router row e, so that even one token's product
-// spreads over (nearly) every SM. Before waiting for the previous kernel (programmatic launch)
-// the block prefetches its row into L2: the weights are never written by a step. Then it dots
-// the row with each real token's hidden row: its threads stride over H in 16-byte vectors
-// (float32), each warp sums its lanes (a butterfly), and the warps' sums are added in order.
+// Grid: ceil(E / 8) blocks of 8 warps; warp w of block b owns router row 8 b + w. Before waiting
+// for the previous kernel (programmatic launch) each warp prefetches its router row into L2: the
+// weights are never written by a step. Then it dots the row with each real token's hidden row
+// (lanes stride over H in 16-byte vectors, float32, a butterfly sum) and lane 0 stores the logit.
 // The last block to take a ticket (after a __threadfence, so every logit is visible to it) routes
 // token t with warp t % 8 and sorts the assignments; its shared memory serves the general
 // router's per-warp scratch first and the sort's histograms after.
@@ -40,34 +39,28 @@ __global__ void __launch_bounds__(kRoutePlanThreads)
   __shared__ bool last_block;
   const int lane = threadIdx.x % device::kWarpSize, warp = threadIdx.x / device::kWarpSize;
   const int E = static_cast<int>(p.route.num_experts);
-  __shared__ float warp_sums[kRoutePlanWarps][kRoutePlanMaxTokens];
-  const int row = static_cast<int>(blockIdx.x);  // one router row per block
+  const int row = static_cast<int>(blockIdx.x) * kRoutePlanWarps + warp;
   const int vecs = static_cast<int>(p.hidden_size / device::kBf16PerVec);
   const uint4* w = reinterpret_cast<const uint4*>(p.router) + static_cast<int64_t>(row) * vecs;
-  for (int v = static_cast<int>(threadIdx.x) * 8; v < vecs; v += kRoutePlanThreads * 8) {
-    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w + v));  // one per 128-byte line
+  if (row < E) {
+    for (int v = lane * 8; v < vecs; v += device::kWarpSize * 8) {
+      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w + v));  // one per 128-byte line
+    }
   }
   device::start_after_previous_grid();  // hidden and num_valid_tokens: earlier kernels' output
   // Tokens past num_valid_tokens pad a graph bucket: no logits (the router gives them the null
-  // expert without reading any). The block's threads stride over the row together (one 16-byte
-  // vector each at H = 2048), each warp's sum per token goes to shared memory, and the block
-  // adds the warps' sums in warp order.
+  // expert without reading any).
   const int num_valid = route_plan::valid_tokens(p.route);
-  for (int t = 0; t < num_valid; ++t) {
-    const uint4* x = reinterpret_cast<const uint4*>(p.hidden) + static_cast<int64_t>(t) * vecs;
-    float partial = 0.0f;
-    for (int v = static_cast<int>(threadIdx.x); v < vecs; v += kRoutePlanThreads) {
-      partial += device::bf16x8_dot(__ldg(w + v), x[v]);
+  if (row < E) {
+    for (int t = 0; t < num_valid; ++t) {
+      const uint4* x = reinterpret_cast<const uint4*>(p.hidden) + static_cast<int64_t>(t) * vecs;
+      float partial = 0.0f;
+      for (int v = lane; v < vecs; v += device::kWarpSize) {
+        partial += device::bf16x8_dot(__ldg(w + v), x[v]);
+      }
+      const float logit = device::warp_sum(partial);
+      if (lane == 0) const_cast<float*>(p.route.logits)[static_cast<int64_t>(t) * E + row] = logit;
     }
-    partial = device::warp_sum(partial);
-    if (lane == 0) warp_sums[warp][t] = partial;
-  }
-  __syncthreads();
-  for (int t = static_cast<int>(threadIdx.x); t < num_valid; t += kRoutePlanThreads) {
-    float logit = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kRoutePlanWarps; ++i) logit += warp_sums[i][t];
-    const_cast<float*>(p.route.logits)[static_cast<int64_t>(t) * E + row] = logit;
   }
 
   __threadfence();
