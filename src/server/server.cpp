@@ -342,7 +342,16 @@ bool Server::refuse_before_routing(const httplib::Request& req, httplib::Respons
   // /health (probes use the address as the host) and the dashboard's page (static, no figures:
   // its data needs the key) are open.
   const bool open = req.path == "/health" || req.path == "/dashboard";
-  if (!config_.allowed_hosts.empty() && req.path != "/health") {
+  // RFC 9112, 3.2: an HTTP/1.1 request carries one Host, and an http URI's host is not empty
+  // (a Host line with no value is not kept as a header, so it counts as none).
+  if (req.get_header_value_count("Host") > 1) {
+    error = ApiError(400, "a request must carry one Host header, not several",
+                     "invalid_request_error", "", "missing_host");
+  } else if (req.version == "HTTP/1.1" && req.get_header_value("Host").empty()) {
+    error = ApiError(400, "an HTTP/1.1 request must carry a Host header naming the host",
+                     "invalid_request_error", "", "missing_host");
+  }
+  if (!error && !config_.allowed_hosts.empty() && req.path != "/health") {
     const std::string host = host_name(req.get_header_value("Host"));
     if (std::find(config_.allowed_hosts.begin(), config_.allowed_hosts.end(), host) ==
         config_.allowed_hosts.end()) {

@@ -39,7 +39,8 @@ Starts the real server on the demo model (port 0) and checks, one line per check
                        Content-Encoding that is not decoded is a 415, those that are are served;
                        a multipart/form-data body is a 415 (it was a 500)
   allowed_hosts        --allowed-hosts: listed names (any case, any port) are served, others
-                       421 (host_not_allowed), /health stays open; without the flag any host
+                       421 (host_not_allowed), /health stays open; without the flag any host;
+                       an HTTP/1.1 request with no Host header is a 400 (missing_host) either way
   absolute_form        a request target in absolute form ("POST http://host/v1/completions", as
                        sent to a proxy) is routed on its path, and its authority is the host
                        --allowed-hosts checks, not the Host header
@@ -639,17 +640,27 @@ def check_allowed_hosts(s: e2e_util.ServerProcess, ctx: dict) -> None:
         return r
 
     assert get(s.port, "/v1/models", "evil.example").status == 200  # default: off
+    # HTTP/1.1 requires a Host header (RFC 9112, 3.2), HTTP/1.0 does not.
+    r = get(s.port, "/v1/models", None)
+    assert r.status == 400 and r.error()["code"] == "missing_host", (r.status, r.body)
+    r = one(s.port, b"GET /v1/models HTTP/1.0\r\n\r\n")
+    assert r is not None and r.status == 200, r and r.body
+    r = one(s.port, b"GET /v1/models HTTP/1.1\r\nHost: a.example\r\nHost: b.example\r\n\r\n")
+    assert r is not None and r.status == 400, r and r.body
     h = e2e_util.ServerProcess(ctx["moeinfer"], ["--allowed-hosts", "localhost,api.example,::1"])
     try:
         for host in ("localhost", "LOCALHOST:8000", "api.example", "[::1]:80"):
             r = get(h.port, "/v1/models", host)
             assert r.status == 200, (host, r.status, r.body)
-        for host in ("evil.example", "api.example.evil", "127.0.0.1", "", None):
+        for host in ("evil.example", "api.example.evil", "127.0.0.1", "[::2]"):
             r = get(h.port, "/v1/models", host)
             assert r.status == 421 and r.error()["code"] == "host_not_allowed", (host, r.status)
+        for host in ("", None):  # no host named: malformed before it is foreign
+            r = get(h.port, "/v1/models", host)
+            assert r.status == 400 and r.error()["code"] == "missing_host", (host, r.status)
         assert get(h.port, "/health", "evil.example").status == 200
         m = parse_metrics(get(h.port, "/metrics", "localhost").body.decode())
-        assert m['moeinfer:request_rejected_total{status="421"}'] == 5, m
+        assert m['moeinfer:request_rejected_total{status="421"}'] == 4, m
     finally:
         h.stop()
 
