@@ -18,6 +18,9 @@ must start with "moeinfer: error:" (CLI11's own refusals: "--flag: ...") and hol
                               0 to 1.79e308")
   bench_negative_step_budget  bench --max-num-batched-tokens -5 refused (taken as 0, every prompt
                               in one step)
+  text_file_is_a_folder       eval --text-file DIR refused as a folder (it was read as empty text:
+                              "encodes to 1 token(s): nothing to score"), as expert-load's
+                              CLI::ExistingFile already refuses it
 
 Prints one line per check and a last line "N passed, M failed".
 """
@@ -132,9 +135,15 @@ def main() -> int:
                            "--output-len", "2", "--max-num-batched-tokens", "-5"],
                 "moeinfer: error:", "--max-num-batched-tokens", "-5")
 
+    def check_text_file_is_a_folder() -> None:
+        refused(moeinfer, ["eval", "--model", str(demo), "--text-file", str(root)],
+                "moeinfer: error:", "--text-file", "is a folder")
+        refused(moeinfer, ["expert-load", "--model", str(demo), "--text-file", str(root)],
+                "--text-file", "directory")
+
     checks = e2e_util.selected(
         [check_eos_token_id_wraps, check_tensor_in_two_shards, check_plan_out_of_range,
-         check_ep_zero, check_bench_negative_step_budget],
+         check_ep_zero, check_bench_negative_step_budget, check_text_file_is_a_folder],
         args.only)
     result = e2e_util.summary(*e2e_util.run_checks(checks))
     tmp.cleanup()
