@@ -536,6 +536,8 @@ void run_bench(const BenchArgs& args) {
   MOE_CHECK(args.batch >= 1, "--batch must be >= 1");
   MOE_CHECK(args.input_len >= 1 && args.output_len >= 1,
             "--input-len and --output-len must be >= 1");
+  MOE_CHECK(args.max_num_batched_tokens >= 0, "--max-num-batched-tokens must be >= 0 (0: every ",
+            "prompt in one step), got ", args.max_num_batched_tokens);
   if (args.sweep) {
     run_sweep(args);
     return;

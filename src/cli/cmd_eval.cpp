@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -92,10 +93,15 @@ struct Comparison {
 };
 
 std::string read_text(const std::string& path) {
+  // A folder opens as an ifstream on Linux and reads as empty text ("encodes to 1 token(s)").
+  std::error_code ec;
+  USAGE_CHECK(!std::filesystem::is_directory(path, ec), "--text-file ", path,
+              " is a folder, not a text file");
   std::ifstream in(path, std::ios::binary);
   USAGE_CHECK(in.good(), "--text-file: cannot open ", path);
   std::ostringstream text;
   text << in.rdbuf();
+  USAGE_CHECK(!in.bad(), "--text-file ", path, ": read error");
   return text.str();
 }
 

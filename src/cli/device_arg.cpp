@@ -205,7 +205,8 @@ void add_expert_parallel_option(CLI::App* cmd, DeviceArgs* args) {
                   "data-parallel); rank 0 prints and serves HTTP. On cuda rank r runs on GPU r % "
                   "count, ranks may share one: the k ranks on one GPU each take "
                   "--gpu-memory-fraction / k of it for weights, workspace and KV cache")
-      ->check(CLI::PositiveNumber)
+      // Not PositiveNumber, whose refusal of 0 reads "Value 0 not in range 0 to 1.79e308".
+      ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
   cmd->add_option("--placement", args->placement,
                   "Expert placement under --ep: which ranks hold which experts (replicas "

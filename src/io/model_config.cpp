@@ -1287,6 +1287,14 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& so
   } else if (defaults.eos_token_id) {
     cfg.eos_token_ids = {*defaults.eos_token_id};
   }
+  // Token ids are int32 wherever they are compared with sampled tokens: a wider or negative id
+  // would wrap onto a real token (4294971389 stops at 4093) instead of never matching.
+  const auto check_token_id = [&](const char* key, int64_t id) {
+    if (id < 0 || id > std::numeric_limits<int32_t>::max())
+      f.fail(key, "token id ", id, " is outside [0, ", std::numeric_limits<int32_t>::max(), "]");
+  };
+  for (int64_t id : cfg.eos_token_ids) check_token_id("eos_token_id", id);
+  if (cfg.bos_token_id) check_token_id("bos_token_id", *cfg.bos_token_id);
   const auto declared_dtype = [](const Fields& fields) {
     return fields.opt_string("dtype").value_or(fields.opt_string("torch_dtype").value_or(""));
   };

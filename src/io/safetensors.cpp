@@ -322,10 +322,18 @@ WeightStore WeightStore::open(const std::filesystem::path& model_dir) {
                 store.files_[id]->path().string(), " does not contain it");
       store.tensors_.emplace(name, Location{.file = id, .entry = entry});
     }
-    // Tensors a shard holds but the index does not list are still reachable.
-    for (uint32_t id = 0; id < store.files_.size(); ++id)
-      for (const TensorEntry& entry : store.files_[id]->entries())
-        store.tensors_.emplace(entry.name, Location{.file = id, .entry = &entry});
+    // Tensors a shard holds but the index does not list are still reachable. A tensor held by two
+    // shards is refused: which copy a loader takes differs (transformers: the last shard read).
+    for (uint32_t id = 0; id < store.files_.size(); ++id) {
+      for (const TensorEntry& entry : store.files_[id]->entries()) {
+        const auto [it, added] =
+            store.tensors_.emplace(entry.name, Location{.file = id, .entry = &entry});
+        MOE_CHECK(added || it->second.file == id, index_path.string(), ": tensor ",
+                  quote_name(entry.name), " is in two shards, ",
+                  store.files_[it->second.file]->path().filename().string(), " and ",
+                  store.files_[id]->path().filename().string(), "; a checkpoint holds each once");
+      }
+    }
   } else {
     MOE_CHECK(std::filesystem::is_regular_file(single_path, ec), model_dir.string(), ": no ",
               kSingleFile, " or ", kIndexFile, " found");

@@ -59,13 +59,24 @@ PartCounts weight_bytes_by_part(const ModelConfig& config, WeightDType dtype) {
 // Whether the GPU decoder can shard experts over GPUs: not yet, so no plan recommends it.
 constexpr bool kGpuExpertParallelBuilt = false;
 
+// The planner's input bounds: far past any machine, small enough for exact int64 arithmetic.
+constexpr int64_t kMaxPlanGpus = 4096;
+constexpr double kMaxPlanGpuMemGib = 1 << 20;  // 1 PiB per GPU
+
 namespace {
 
 // The layout on the GPU decoder: one GPU, expert parallel, or offload.
 CapacityPlan plan_on_gpus(const ModelConfig& config, const PlanOptions& o) {
-  MOE_CHECK(o.num_gpus >= 1, "--gpus must be >= 1, got ", o.num_gpus);
-  MOE_CHECK(o.gpu_mem_gib > 0, "--gpu-mem must be positive, got ", o.gpu_mem_gib);
-  MOE_CHECK(o.memory_fraction > 0 && o.memory_fraction <= 1, "memory fraction must be in (0, 1]");
+  // Bounded so that tokens = free bytes / bytes per token x GPUs stays well inside int64 (an
+  // infinite --gpu-mem printed a negative token count).
+  MOE_CHECK(o.num_gpus >= 1 && o.num_gpus <= kMaxPlanGpus, "--gpus must be in [1, ", kMaxPlanGpus,
+            "], got ", o.num_gpus);
+  MOE_CHECK(o.gpu_mem_gib > 0 && o.gpu_mem_gib <= kMaxPlanGpuMemGib, "--gpu-mem must be in (0, ",
+            kMaxPlanGpuMemGib, "] GiB, got ", o.gpu_mem_gib);
+  MOE_CHECK(o.memory_fraction > 0 && o.memory_fraction <= 1,
+            "--gpu-memory-fraction must be in (0, 1], got ", o.memory_fraction);
+  MOE_CHECK(o.max_seq_len >= 0, "--max-seq-len must be >= 1 (or 0: the model's context), got ",
+            o.max_seq_len);
   CapacityPlan plan;
   plan.weight_bytes = weight_bytes_by_part(config, o.weight_dtype);
   // The same bytes as the CPU pool allocates per token (fp8's per-head scales included).

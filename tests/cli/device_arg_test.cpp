@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <CLI/CLI.hpp>
 #include <string>
 
 #include "cli/usage_error.h"
@@ -143,6 +144,34 @@ TEST(MicroBatches, OverlapOnCudaAppliesToTwoMicroBatchesOnly) {
         std::string::npos)
         << message;
   }
+}
+
+}  // namespace
+}  // namespace moeinfer::cli
+
+namespace moeinfer::cli {
+namespace {
+
+// --ep 0 was refused as "Value 0 not in range 0 to 1.79769e+308" (CLI::PositiveNumber's text).
+TEST(EpFlag, RefusesZeroAndNegativeWithItsRange) {
+  for (const char* value : {"0", "-2"}) {
+    CLI::App app;
+    DeviceArgs args;
+    add_expert_parallel_option(&app, &args);
+    try {
+      app.parse(std::vector<std::string>{value, "--ep"});  // parse() takes the words reversed
+      ADD_FAILURE() << "--ep " << value << " was accepted";
+    } catch (const CLI::ParseError& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find("--ep"), std::string::npos) << message;
+      EXPECT_NE(message.find("not in range 1 to"), std::string::npos) << message;
+    }
+  }
+  CLI::App app;
+  DeviceArgs args;
+  add_expert_parallel_option(&app, &args);
+  app.parse(std::vector<std::string>{"4", "--ep"});
+  EXPECT_EQ(args.ep, 4);
 }
 
 }  // namespace

@@ -504,6 +504,19 @@ TEST_F(ConfigFileTest, NonPositiveAndHugeSizes) {
   expect_refused(cfg, "vocab_size", "range");
 }
 
+// Token ids are compared as int32 with sampled tokens: a wider one wrapped onto a real token
+// (4294971389 stopped generation at 4093), a negative one was kept and never matched.
+TEST_F(ConfigFileTest, TokenIdsOutsideInt32Refused) {
+  json cfg = qwen3_moe();
+  cfg["eos_token_id"] = {2, int64_t{4294971389}};
+  expect_refused(cfg, "eos_token_id", "4294971389");
+  cfg["eos_token_id"] = -5;
+  expect_refused(cfg, "eos_token_id", "-5");
+  cfg = qwen3_moe();
+  cfg["bos_token_id"] = int64_t{1} << 40;
+  expect_refused(cfg, "bos_token_id", "1099511627776");
+}
+
 TEST_F(ConfigFileTest, HeadsAndExpertsMustAgree) {
   json cfg = qwen3_moe();
   cfg["num_key_value_heads"] = 3;

@@ -217,6 +217,28 @@ TEST_F(SafetensorsTest, IndexedTensorAbsentFromItsShard) {
   EXPECT_NE(error.find("does not contain"), std::string::npos) << error;
 }
 
+// A tensor held by two shards is ambiguous (transformers takes the last shard it reads): refused
+// whether the index names one of them or neither.
+TEST_F(SafetensorsTest, TensorInTwoShardsIsRefused) {
+  write("s1.safetensors", make_file({{"a", "F32", {1}, f32_bytes({1})}}));
+  write("s2.safetensors",
+        make_file({{"a", "F32", {1}, f32_bytes({2})}, {"b", "F32", {1}, f32_bytes({3})}}));
+  write_text("model.safetensors.index.json",
+             json{{"weight_map", {{"a", "s1.safetensors"}, {"b", "s2.safetensors"}}}}.dump());
+  std::string error = open_error();
+  EXPECT_NE(error.find("model.safetensors.index.json"), std::string::npos) << error;
+  EXPECT_NE(error.find("'a'"), std::string::npos) << error;
+  EXPECT_NE(error.find("two shards, s1.safetensors and s2.safetensors"), std::string::npos)
+      << error;
+  write("s1.safetensors",
+        make_file({{"a", "F32", {1}, f32_bytes({1})}, {"c", "F32", {1}, f32_bytes({1})}}));
+  write("s2.safetensors",
+        make_file({{"b", "F32", {1}, f32_bytes({3})}, {"c", "F32", {1}, f32_bytes({2})}}));
+  error = open_error();
+  EXPECT_NE(error.find("'c'"), std::string::npos) << error;
+  EXPECT_NE(error.find("two shards"), std::string::npos) << error;
+}
+
 TEST_F(SafetensorsTest, IndexShardOutsideTheFolderIsRefused) {
   write_text("model.safetensors.index.json",
              json{{"weight_map", {{"a", "../elsewhere.safetensors"}}}}.dump());

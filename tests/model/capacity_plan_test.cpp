@@ -133,5 +133,27 @@ TEST(CapacityPlan, AContextWhoseKvDoesNotFitNamesTheFlag) {
   EXPECT_GT(plan_capacity(scout, PlanOptions{.max_seq_len = 8192}).kv_tokens_fit, 8192);
 }
 
+// Out-of-range options are refused naming the flag: an infinite --gpu-mem printed a negative
+// token count, a negative --max-seq-len was taken as the model's context.
+TEST(CapacityPlan, OutOfRangeOptionsNameTheFlag) {
+  const ModelConfig config = synthetic_model_config("qwen3-30b-a3b");
+  const auto expect_refused = [&](const PlanOptions& options, const std::string& flag) {
+    try {
+      plan_capacity(config, options);
+      FAIL() << "a plan was made with a bad " << flag;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(flag), std::string::npos) << e.what();
+    }
+  };
+  expect_refused(PlanOptions{.gpu_mem_gib = INFINITY}, "--gpu-mem");
+  expect_refused(PlanOptions{.gpu_mem_gib = NAN}, "--gpu-mem");
+  expect_refused(PlanOptions{.gpu_mem_gib = 1e30}, "--gpu-mem");
+  expect_refused(PlanOptions{.num_gpus = int64_t{1} << 40}, "--gpus");
+  expect_refused(PlanOptions{.max_seq_len = -5}, "--max-seq-len");
+  expect_refused(PlanOptions{.memory_fraction = 1.5}, "--gpu-memory-fraction");
+  // The bounds still take any real machine.
+  EXPECT_GT(plan_capacity(config, PlanOptions{.num_gpus = 8, .gpu_mem_gib = 192}).kv_tokens_fit, 0);
+}
+
 }  // namespace
 }  // namespace moeinfer
