@@ -1,40 +1,17 @@
 // `moeinfer logits --model DIR --ids 1,2,3 --out FILE.npy`: float32 logits [n_ids, vocab] of one
 // forward pass.
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "cli/commands.h"
 #include "cli/device_arg.h"
+#include "cli/ids_arg.h"
 #include "cli/model_arg.h"
 #include "core/error.h"
 #include "io/npy.h"
 #include "model/model.h"
 
 namespace moeinfer::cli {
-namespace {
-
-std::vector<int32_t> parse_ids(const std::string& text) {
-  std::vector<int32_t> ids;
-  std::stringstream stream(text);
-  std::string item;
-  while (std::getline(stream, item, ',')) {
-    size_t used = 0;
-    long long value = 0;
-    try {
-      value = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    MOE_CHECK(used > 0 && used == item.size() && value >= 0 && value <= INT32_MAX,
-              "--ids: '", item, "' is not a token id");
-    ids.push_back(static_cast<int32_t>(value));
-  }
-  MOE_CHECK(!ids.empty(), "--ids: no token ids given");
-  return ids;
-}
-
-}  // namespace
 
 void add_logits_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("logits", "Write the float32 logits [n_ids, vocab] of one forward pass");
@@ -52,7 +29,7 @@ void add_logits_command(CLI::App& app) {
   add_kv_options(cmd, device.get());
   add_expert_parallel_option(cmd, device.get());
   cmd->callback([=] {
-    const std::vector<int32_t> ids = parse_ids(*ids_text);
+    const std::vector<int32_t> ids = parse_token_ids(*ids_text, "--ids");
     auto model = load_model_for(resolve_model_dir(*model_dir), *device);
     const int64_t n = static_cast<int64_t>(ids.size());
     SequenceRunner runner(*model, *device, n, n);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/ids_arg.h"
 #include "cli/model_arg.h"
 #include "core/error.h"
 #include "io/tokenizer.h"
@@ -46,33 +47,17 @@ void append_ids(std::string& out, const std::vector<int32_t>& ids) {
   out += '\n';
 }
 
-std::vector<int32_t> parse_ids(const std::string& list) {
-  std::vector<int32_t> ids;
-  size_t pos = 0;
-  while (pos < list.size()) {
-    size_t end = list.find(',', pos);
-    if (end == std::string::npos) end = list.size();
-    const std::string item = list.substr(pos, end - pos);
-    size_t used = 0;
-    long value = 0;
-    try {
-      value = std::stol(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    MOE_CHECK(used > 0 && used == item.size(), "--decode: '", item, "' is not a token id");
-    ids.push_back(static_cast<int32_t>(value));
-    pos = end + 1;
-  }
-  return ids;
-}
-
 void run_tokenize(const TokenizeOptions& opts) {
   const Tokenizer tokenizer = load_tokenizer(resolve_model_dir(opts.model).string());
   const bool add_special = !opts.no_special;
   std::string out;
   if (!opts.decode_ids.empty()) {
-    out = tokenizer.decode(parse_ids(opts.decode_ids), opts.skip_special);
+    const std::vector<int32_t> ids = parse_token_ids(opts.decode_ids, "--decode");
+    for (int32_t id : ids) {  // decode() skips an unknown id, as the tokenizers library does
+      MOE_CHECK(id < tokenizer.vocab_size(), "--decode: token id ", id,
+                " is outside the vocabulary of ", tokenizer.vocab_size());
+    }
+    out = tokenizer.decode(ids, opts.skip_special);
     out += '\n';
   } else if (!opts.input_jsonl.empty()) {
     std::ifstream in(opts.input_jsonl, std::ios::binary);

@@ -21,6 +21,9 @@ must start with "moeinfer: error:" (CLI11's own refusals: "--flag: ...") and hol
   text_file_is_a_folder       eval --text-file DIR refused as a folder (it was read as empty text:
                               "encodes to 1 token(s): nothing to score"), as expert-load's
                               CLI::ExistingFile already refuses it
+  token_id_lists              logits --ids 1,2, (a trailing comma was taken) and tokenize
+                              --decode 99999999 (an id past the vocabulary decoded to nothing, exit
+                              0) or -5: refused naming the flag
 
 Prints one line per check and a last line "N passed, M failed".
 """
@@ -141,9 +144,17 @@ def main() -> int:
         refused(moeinfer, ["expert-load", "--model", str(demo), "--text-file", str(root)],
                 "--text-file", "directory")
 
+    def check_token_id_lists() -> None:
+        refused(moeinfer, ["logits", "--model", str(demo), "--ids", "1,2,", "--out",
+                           str(root / "x.npy")], "moeinfer: error:", "--ids", "not a token id")
+        for ids in ("99999999", "-5"):
+            refused(moeinfer, ["tokenize", "--model", str(demo), "--decode", ids],
+                    "moeinfer: error:", "--decode", ids)
+
     checks = e2e_util.selected(
         [check_eos_token_id_wraps, check_tensor_in_two_shards, check_plan_out_of_range,
-         check_ep_zero, check_bench_negative_step_budget, check_text_file_is_a_folder],
+         check_ep_zero, check_bench_negative_step_budget, check_text_file_is_a_folder,
+         check_token_id_lists],
         args.only)
     result = e2e_util.summary(*e2e_util.run_checks(checks))
     tmp.cleanup()
