@@ -105,19 +105,27 @@ void run_generate(const GenerateArgs& args) {
   if (trace) trace->next_step();
   const auto prefilled = Clock::now();
   int64_t generated = 0;
+  const char* stopped_by = "max tokens";  // what ended the generation, for the stats line
   while (generated < args.max_tokens) {
     const int32_t next = [&] {
       MOE_PROFILE_SCOPE(profile::Stage::kSample);
       return agree_on_token(args.device, sampler.sample(logits));
     }();
     ++generated;
-    if (!args.ignore_eos && stop_ids.count(next)) break;
+    if (!args.ignore_eos && stop_ids.count(next)) {
+      stopped_by = "end of sequence";
+      break;
+    }
     const std::string piece = stream.push(next);
     if (output) {
       std::fwrite(piece.data(), 1, piece.size(), stdout);
       std::fflush(stdout);
     }
-    if (generated == args.max_tokens || runner.length() >= runner.capacity()) break;
+    if (generated == args.max_tokens) break;
+    if (runner.length() >= runner.capacity()) {
+      stopped_by = "the context length";  // before --max-tokens: say so
+      break;
+    }
     const int32_t token[1] = {next};
     runner.forward(token, logits, /*all_positions=*/false);
     ++forwards;
@@ -130,9 +138,11 @@ void run_generate(const GenerateArgs& args) {
   std::fputc('\n', stdout);
   const double prefill_s = std::chrono::duration<double>(prefilled - start).count();
   const double decode_s = std::chrono::duration<double>(done - prefilled).count();
-  std::fprintf(stderr, "[prompt %zu tokens, %.1f tok/s | generated %lld tokens, %.1f tok/s]\n",
+  std::fprintf(stderr,
+               "[prompt %zu tokens, %.1f tok/s | generated %lld tokens, %.1f tok/s | stopped by "
+               "%s]\n",
                prompt.size(), prompt.size() / std::max(prefill_s, 1e-9),
-               static_cast<long long>(generated), generated / std::max(decode_s, 1e-9));
+               static_cast<long long>(generated), generated / std::max(decode_s, 1e-9), stopped_by);
   // --ep on cuda: what this rank's (rank 0's) MoE layers sent to the others per step (forward),
   // by link class.
   const std::vector<int64_t> sent = runner.expert_parallel_bytes();
