@@ -30,6 +30,7 @@
 #include "cli/commands.h"
 #include "cli/device_arg.h"
 #include "cli/model_arg.h"
+#include "cli/path_arg.h"
 #include "core/error.h"
 #include "model/model_facts.h"
 #include "model/synthetic.h"
@@ -731,7 +732,8 @@ void add_bench_command(CLI::App& app) {
                   "Per-step token budget (0: every prompt in one step)")
       ->capture_default_str();
   cmd->add_option("--seed", args->seed, "Random seed for the prompts")->capture_default_str();
-  cmd->add_option("--json", args->json_file, "Write the results as JSON to FILE");
+  cmd->add_option("--json", args->json_file, "Write the results as JSON to FILE")
+      ->check(writable_file());
   cmd->add_flag("--profile", args->profile,
                 "Time every stage with the stage profiler and print each one's share");
   cmd->add_option("--time-every", args->time_every,

@@ -14,18 +14,19 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
-#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/path_arg.h"
 #include "core/error.h"
 
 namespace moeinfer::cli {
@@ -359,7 +360,8 @@ void add_bench_serve_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--seed", args->seed, "Random seed for prompts and arrivals")
       ->capture_default_str();
-  cmd->add_option("--json", args->json_file, "Write the results as JSON to FILE");
+  cmd->add_option("--json", args->json_file, "Write the results as JSON to FILE")
+      ->check(writable_file());
   cmd->callback([args] { run_bench_serve(*args); });
 }
 

@@ -31,6 +31,7 @@
 #include "cli/commands.h"
 #include "cli/device_arg.h"
 #include "cli/model_arg.h"
+#include "cli/path_arg.h"
 #include "cli/usage_error.h"
 #include "core/error.h"
 #include "io/model_config.h"
@@ -286,7 +287,8 @@ void add_eval_command(CLI::App& app) {
                       std::to_string(kDefaultWindow) + ")");
   cmd->add_option("--max-tokens", args->max_tokens,
                   "Score only the first N tokens of the text (default: all)");
-  cmd->add_option("--json", args->json_path, "Also write the figures to FILE as JSON");
+  cmd->add_option("--json", args->json_path, "Also write the figures to FILE as JSON")
+      ->check(writable_file());
   add_device_options(cmd, &args->device);
   add_offload_options(cmd, &args->device);
   add_routing_options(cmd, &args->device);

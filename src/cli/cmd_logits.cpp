@@ -7,6 +7,7 @@
 #include "cli/device_arg.h"
 #include "cli/ids_arg.h"
 #include "cli/model_arg.h"
+#include "cli/path_arg.h"
 #include "core/error.h"
 #include "io/npy.h"
 #include "model/model.h"
@@ -21,7 +22,7 @@ void add_logits_command(CLI::App& app) {
   auto device = std::make_shared<DeviceArgs>();
   add_model_option(cmd, model_dir.get());
   cmd->add_option("--ids", *ids_text, "Comma-separated token ids")->required();
-  cmd->add_option("--out", *out_path, "Output .npy file")->required();
+  cmd->add_option("--out", *out_path, "Output .npy file")->required()->check(writable_file());
   add_device_options(cmd, device.get());
   add_offload_options(cmd, device.get());
   add_routing_options(cmd, device.get());

@@ -24,6 +24,8 @@ must start with "moeinfer: error:" (CLI11's own refusals: "--flag: ...") and hol
   token_id_lists              logits --ids 1,2, (a trailing comma was taken) and tokenize
                               --decode 99999999 (an id past the vocabulary decoded to nothing, exit
                               0) or -5: refused naming the flag
+  unwritable_output           bench/eval --json and logits --out into a missing folder or onto a
+                              folder: refused when the command line is read, not after the run
 
 Prints one line per check and a last line "N passed, M failed".
 """
@@ -151,10 +153,19 @@ def main() -> int:
             refused(moeinfer, ["tokenize", "--model", str(demo), "--decode", ids],
                     "moeinfer: error:", "--decode", ids)
 
+    def check_unwritable_output() -> None:
+        missing = str(root / "no-such-folder" / "out.json")
+        refused(moeinfer, ["bench", "--model", str(demo), "--batch", "1", "--input-len", "4",
+                           "--output-len", "2", "--json", missing], "--json", "no folder")
+        refused(moeinfer, ["eval", "--model", str(demo), "--text-file",
+                           str(demo / "config.json"), "--json", str(root)], "--json", "is a folder")
+        refused(moeinfer, ["logits", "--model", str(demo), "--ids", "1,2", "--out", missing],
+                "--out", "no folder")
+
     checks = e2e_util.selected(
         [check_eos_token_id_wraps, check_tensor_in_two_shards, check_plan_out_of_range,
          check_ep_zero, check_bench_negative_step_budget, check_text_file_is_a_folder,
-         check_token_id_lists],
+         check_token_id_lists, check_unwritable_output],
         args.only)
     result = e2e_util.summary(*e2e_util.run_checks(checks))
     tmp.cleanup()
