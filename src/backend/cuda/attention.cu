@@ -24,6 +24,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_info.h"
 #include "backend/cuda/launch_checks.h"
+#include "backend/cuda/programmatic_launch.h"
 
 namespace moeinfer::cuda {
 
@@ -99,8 +100,9 @@ void launch_decode_mma(const PagedDecodeParams& p, const DecodeSplit& split, cud
   const dim3 grid(static_cast<unsigned>(split.num_splits),
                   static_cast<unsigned>(p.num_kv_heads * attn::decode_head_tiles(p)),
                   static_cast<unsigned>(p.num_seqs));
-  paged_decode_mma_kernel<D, kFp8><<<grid, attn::kDecodeMmaThreads, smem, stream>>>(
-      p, static_cast<int>(split.chunk), static_cast<int>(split.num_splits));
+  launch_after_previous(paged_decode_mma_kernel<D, kFp8>, grid, attn::kDecodeMmaThreads, smem,
+                        stream, p, static_cast<int>(split.chunk),
+                        static_cast<int>(split.num_splits));
   MOE_CUDA_CHECK_LAUNCH();
 }
 
@@ -119,8 +121,8 @@ void launch_decode_simt(const PagedDecodeParams& p, const DecodeSplit& split, cu
   const dim3 grid(static_cast<unsigned>(split.num_splits),
                   static_cast<unsigned>(p.num_kv_heads * attn::decode_head_tiles(p)),
                   static_cast<unsigned>(p.num_seqs));
-  paged_decode_kernel<D, kFp8><<<grid, attn::kDecodeThreads, smem, stream>>>(
-      p, static_cast<int>(split.chunk), static_cast<int>(split.num_splits));
+  launch_after_previous(paged_decode_kernel<D, kFp8>, grid, attn::kDecodeThreads, smem, stream, p,
+                        static_cast<int>(split.chunk), static_cast<int>(split.num_splits));
   MOE_CUDA_CHECK_LAUNCH();
 }
 
@@ -135,9 +137,10 @@ void launch_decode(const PagedDecodeParams& p, const DecodeSplit& split, cudaStr
         : launch_decode_simt<D, false>(p, split, stream);
   }
   if (split.num_splits > 1) {
-    paged_decode_combine_kernel<D>
-        <<<dim3(static_cast<unsigned>(p.num_q_heads), static_cast<unsigned>(p.num_seqs)), D, 0,
-           stream>>>(p, static_cast<int>(split.chunk), static_cast<int>(split.num_splits));
+    launch_after_previous(
+        paged_decode_combine_kernel<D>,
+        dim3(static_cast<unsigned>(p.num_q_heads), static_cast<unsigned>(p.num_seqs)), D, 0, stream,
+        p, static_cast<int>(split.chunk), static_cast<int>(split.num_splits));
     MOE_CUDA_CHECK_LAUNCH();
   }
 }
@@ -147,14 +150,15 @@ void launch_decode_wide(const PagedDecodeParams& p, const DecodeSplit& split, cu
                   static_cast<unsigned>(p.num_kv_heads * attn::decode_head_tiles(p) *
                                         attn::decode_dim_tiles(p.head_dim)),
                   static_cast<unsigned>(p.num_seqs));
-  paged_decode_wide_kernel<<<grid, attn::kWideThreads, 0, stream>>>(
-      p, static_cast<int>(split.chunk), static_cast<int>(split.num_splits));
+  launch_after_previous(paged_decode_wide_kernel, grid, attn::kWideThreads, 0, stream, p,
+                        static_cast<int>(split.chunk), static_cast<int>(split.num_splits));
   MOE_CUDA_CHECK_LAUNCH();
   if (split.num_splits > 1) {
-    paged_decode_wide_combine_kernel<<<dim3(static_cast<unsigned>(p.num_q_heads),
-                                            static_cast<unsigned>(p.num_seqs)),
-                                       attn::kWideCombineThreads, 0, stream>>>(
-        p, static_cast<int>(split.chunk), static_cast<int>(split.num_splits));
+    launch_after_previous(
+        paged_decode_wide_combine_kernel,
+        dim3(static_cast<unsigned>(p.num_q_heads), static_cast<unsigned>(p.num_seqs)),
+        attn::kWideCombineThreads, 0, stream, p, static_cast<int>(split.chunk),
+        static_cast<int>(split.num_splits));
     MOE_CUDA_CHECK_LAUNCH();
   }
 }

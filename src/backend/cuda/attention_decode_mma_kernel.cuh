@@ -26,6 +26,7 @@
 #include "backend/cuda/attention.h"
 #include "backend/cuda/attention_kernel.cuh"
 #include "backend/cuda/attention_prefill_mma_kernel.cuh"
+#include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/grouped_gemm_kernel.cuh"
 #include "backend/cuda/kv_fp8.cuh"
 
@@ -57,6 +58,7 @@ template <int D, bool kFp8>
 __global__ void __launch_bounds__(attn::kDecodeMmaThreads)
     paged_decode_mma_kernel(const __grid_constant__ PagedDecodeParams p, int chunk,
                             int num_splits) {
+  device::start_after_previous_grid();  // launched by launch_after_previous()
   using namespace attn;
   using gemm::cp_async_16;
   using gemm::ldmatrix_x4;

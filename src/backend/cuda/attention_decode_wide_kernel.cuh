@@ -63,6 +63,7 @@ __host__ __device__ inline int64_t decode_dim_tiles(int64_t head_dim) {
 __global__ void __launch_bounds__(attn::kWideThreads)
     paged_decode_wide_kernel(const __grid_constant__ PagedDecodeParams p, int chunk,
                              int num_splits) {
+  device::start_after_previous_grid();  // launched by launch_after_previous()
   using namespace attn;
   __shared__ __align__(16) float s_q[kMaxG][kWideQDims];  // [G, 256] a dim chunk of q, scaled
   __shared__ __align__(16) float s_p[kWideKeys][kMaxG];   // [keys, G] scores, then exp(s - m)
@@ -270,6 +271,11 @@ __global__ void __launch_bounds__(attn::kWideThreads)
 __global__ void __launch_bounds__(attn::kWideCombineThreads)
     paged_decode_wide_combine_kernel(const __grid_constant__ PagedDecodeParams p, int chunk,
                                      int num_splits) {
+  // The combine lets the kernel after it start before it waits: that kernel (the O projection)
+  // streams its weights into L2 while the attention still runs. It reads this kernel's output
+  // only after its own wait, which returns once this kernel, and so the attention, is done.
+  device::allow_next_grid();
+  device::wait_for_previous_grid();
   const int h = blockIdx.x, b = blockIdx.y;
   const int D = static_cast<int>(p.head_dim);
   const int len = __ldg(p.seq_lens + b);

@@ -146,6 +146,7 @@ __device__ __forceinline__ float sink_normaliser_log2(float m, float l, float si
 template <int D, bool kFp8>
 __global__ void __launch_bounds__(attn::kDecodeThreads)
     paged_decode_kernel(const __grid_constant__ PagedDecodeParams p, int chunk, int num_splits) {
+  device::start_after_previous_grid();  // launched by launch_after_previous()
   using namespace attn;
   constexpr int kLanes = D / 8;  // lanes per key row
   constexpr int kRowsPerPass = kDecodeThreads / kLanes;
@@ -334,6 +335,11 @@ template <int D>
 __global__ void __launch_bounds__(D)
     paged_decode_combine_kernel(const __grid_constant__ PagedDecodeParams p, int chunk,
                                 int num_splits) {
+  // The combine lets the kernel after it start before it waits: that kernel (the O projection)
+  // streams its weights into L2 while the attention still runs. It reads this kernel's output
+  // only after its own wait, which returns once this kernel, and so the attention, is done.
+  device::allow_next_grid();
+  device::wait_for_previous_grid();
   const int h = blockIdx.x, b = blockIdx.y, d = threadIdx.x;
   const int len = __ldg(p.seq_lens + b);
   const int splits = (len - attn::decode_first_key(p, len) + chunk - 1) / chunk;

@@ -14,6 +14,7 @@
 #include "backend/cuda/mla_attention.h"
 #include "backend/cuda/mla_attention_kernel.cuh"
 #include "backend/cuda/mla_attention_wide_kernel.cuh"
+#include "backend/cuda/programmatic_launch.h"
 
 namespace moeinfer::cuda {
 
@@ -181,15 +182,15 @@ void mla_decode_attention(const MlaDecodeParams& p, cudaStream_t stream) {
     const dim3 grid(static_cast<unsigned>(split.num_splits * slices),
                     static_cast<unsigned>(head_tiles(p)), static_cast<unsigned>(p.num_seqs));
     auto kernel = fp8 ? mla_decode_wide_kernel<true> : mla_decode_wide_kernel<false>;
-    kernel<<<grid, mla::kThreads, mla::kWideSmemBytes, stream>>>(
-        p, static_cast<int>(split.chunk), static_cast<int>(split.num_splits));
+    launch_after_previous(kernel, grid, mla::kThreads, mla::kWideSmemBytes, stream, p,
+                          static_cast<int>(split.chunk), static_cast<int>(split.num_splits));
   } else {
     const int width = static_cast<int>(p.latent_dim + p.rope_dim);
     const dim3 grid(static_cast<unsigned>(split.num_splits), static_cast<unsigned>(head_tiles(p)),
                     static_cast<unsigned>(p.num_seqs));
     auto kernel = fp8 ? mla_decode_kernel<true> : mla_decode_kernel<false>;
-    kernel<<<grid, mla::kThreads, mla::smem_bytes(width), stream>>>(
-        p, static_cast<int>(split.chunk), static_cast<int>(split.num_splits));
+    launch_after_previous(kernel, grid, mla::kThreads, mla::smem_bytes(width), stream, p,
+                          static_cast<int>(split.chunk), static_cast<int>(split.num_splits));
   }
   MOE_CUDA_CHECK_LAUNCH();
   if (split.num_splits > 1) {
@@ -201,8 +202,8 @@ void mla_decode_attention(const MlaDecodeParams& p, cudaStream_t stream) {
         std::clamp<int64_t>((kCombineTargetBlocks + pairs - 1) / pairs, 1, slices);
     const dim3 combine_grid(static_cast<unsigned>(dim_blocks), static_cast<unsigned>(p.num_heads),
                             static_cast<unsigned>(p.num_seqs));
-    mla_decode_combine_kernel<<<combine_grid, mla::kCombineThreads, 0, stream>>>(
-        p, static_cast<int>(split.chunk), static_cast<int>(split.num_splits));
+    launch_after_previous(mla_decode_combine_kernel, combine_grid, mla::kCombineThreads, 0, stream,
+                          p, static_cast<int>(split.chunk), static_cast<int>(split.num_splits));
     MOE_CUDA_CHECK_LAUNCH();
   }
 }

@@ -152,6 +152,7 @@ __device__ __forceinline__ Fp8Row fp8_row(const MlaDecodeParams& p, int64_t slot
 template <bool kFp8>
 __global__ void __launch_bounds__(mla::kThreads, 2)
     mla_decode_kernel(const __grid_constant__ MlaDecodeParams p, int chunk, int num_splits) {
+  device::start_after_previous_grid();  // launched by launch_after_previous()
   using namespace mla;
   using attn::ldmatrix_x4_trans;
   using gemm::cp_async_16;
@@ -399,6 +400,11 @@ __global__ void __launch_bounds__(mla::kThreads, 2)
 __global__ void __launch_bounds__(mla::kCombineThreads)
     mla_decode_combine_kernel(const __grid_constant__ MlaDecodeParams p, int chunk,
                               int num_splits) {
+  // The combine lets the kernel after it start before it waits: that kernel (the absorbed value
+  // projection) streams its weights into L2 while the attention still runs. It reads this kernel's
+  // output only after its own wait, which returns once this kernel, and so the attention, is done.
+  device::allow_next_grid();
+  device::wait_for_previous_grid();
   using namespace mla;
   constexpr int kGroups = kCombineThreads / kCombinePairs;
   __shared__ float s_w[kMaxSplits];

@@ -34,6 +34,7 @@
 
 #include <cmath>
 
+#include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/mla_attention_kernel.cuh"
 
 namespace moeinfer::cuda {
@@ -73,6 +74,7 @@ __host__ __device__ constexpr int wide_slices(int latent) {
 template <bool kFp8>
 __global__ void __launch_bounds__(mla::kThreads, 2)
     mla_decode_wide_kernel(const __grid_constant__ MlaDecodeParams p, int chunk, int num_splits) {
+  device::start_after_previous_grid();  // launched by launch_after_previous()
   using namespace mla;
   using attn::ldmatrix_x4_trans;
   using gemm::cp_async_16;
