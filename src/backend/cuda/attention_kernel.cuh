@@ -345,9 +345,20 @@ __global__ void __launch_bounds__(D)
   const int splits = (len - attn::decode_first_key(p, len) + chunk - 1) / chunk;
   const int64_t bh = static_cast<int64_t>(b) * p.num_q_heads + h;
   const float* ml = p.workspace + p.num_seqs * p.num_q_heads * num_splits * D;
+  // The splits' max with each thread taking splits d, d + D, ...: one round of loads, where a
+  // loop over the splits in every thread was a chain of them (a third of a decode layer's
+  // attention at batch 1).
   float m = -FLT_MAX;
-  for (int s = 0; s < splits; ++s) m = fmaxf(m, ml[(bh * num_splits + s) * 2]);
+  for (int s = d; s < splits; s += D) m = fmaxf(m, ml[(bh * num_splits + s) * 2]);
+  m = device::warp_max(m);
+  __shared__ float s_max[D / device::kWarpSize];
+  if (d % device::kWarpSize == 0) s_max[d / device::kWarpSize] = m;
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < D / device::kWarpSize; ++w) m = fmaxf(m, s_max[w]);
   float num = 0.f, den = 0.f;
+  // The loads of eight splits in flight at once; the sums keep their order.
+#pragma unroll 8
   for (int s = 0; s < splits; ++s) {
     const float w = __expf(ml[(bh * num_splits + s) * 2] - m);
     den = fmaf(w, ml[(bh * num_splits + s) * 2 + 1], den);

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_info.h"
 #include "backend/cuda/launch_checks.h"
 #include "backend/cuda/programmatic_launch.h"
 #include "backend/cuda/skinny_gemm.h"
@@ -35,16 +36,28 @@ const char* unsupported(const SkinnyGemmParams& p) {
   return nullptr;
 }
 
-template <int M>
-void launch(const SkinnyGemmParams& p, cudaStream_t stream) {
-  const dim3 grid(
-      static_cast<unsigned>((p.n + kSkinnyColumnsPerBlock - 1) / kSkinnyColumnsPerBlock));
+template <int M, int C>
+void launch_columns(const SkinnyGemmParams& p, cudaStream_t stream) {
+  const int64_t columns_per_block = kSkinnyWarps * C;
+  const dim3 grid(static_cast<unsigned>((p.n + columns_per_block - 1) / columns_per_block));
   if (p.w_lo != nullptr) {
-    launch_after_previous(skinny_gemm_kernel<M, true>, grid, kSkinnyThreads, 0, stream, p);
+    launch_after_previous(skinny_gemm_kernel<M, true, C>, grid, kSkinnyThreads, 0, stream, p);
   } else {
-    launch_after_previous(skinny_gemm_kernel<M, false>, grid, kSkinnyThreads, 0, stream, p);
+    launch_after_previous(skinny_gemm_kernel<M, false, C>, grid, kSkinnyThreads, 0, stream, p);
   }
   MOE_CUDA_CHECK_LAUNCH();
+}
+
+// Two columns a warp halve the blocks; that pays only while two blocks per SM remain (an O
+// projection of 2048 columns would otherwise leave each SM one block, 8 warps, to stream from).
+template <int M>
+void launch(const SkinnyGemmParams& p, cudaStream_t stream) {
+  const int64_t wide_blocks = (p.n + kSkinnyWarps * 2 - 1) / (kSkinnyWarps * 2);
+  if (wide_blocks >= 2 * int64_t{current_multiprocessor_count()}) {
+    launch_columns<M, 2>(p, stream);
+  } else {
+    launch_columns<M, 1>(p, stream);
+  }
 }
 
 }  // namespace

@@ -1,9 +1,11 @@
-// The skinny GEMM kernel (skinny_gemm.h). A warp owns kSkinnyColumnsPerWarp output columns: its
-// lanes stride over K in 16-byte vectors (8 values), each vector of a weight row loaded once and
-// taken against the same vector of all M rows of x (which the M rows' reads share through L1),
-// float32 partial sums per (row, column) in registers, then one butterfly per sum. A block is
-// kSkinnyWarps warps, so a 2048 x 5120 projection is 5120 / 16 = 320 blocks spread over the SMs,
-// each lane with the loads of 2 vectors of K a column in flight (two blocks per SM).
+// The skinny GEMM kernel (skinny_gemm.h). A warp owns C output columns (1 or 2, the launcher's
+// choice: enough blocks to give every SM two): its lanes stride over K in 16-byte vectors (8
+// values), each vector of a weight row loaded once and taken against the same vector of all M
+// rows of x (which the M rows' reads share through L1), float32 partial sums per (row, column) in
+// registers, then one butterfly per sum. A lane loads a batch of kSkinnyVectorsInFlight weight
+// vectors before it multiplies any: at decode a warp's few kilobytes of weights are otherwise a
+// chain of dependent round trips to HBM, one per vector of K, and the kernel is bound by their
+// latency instead of the bandwidth. The batch changes no sum's order.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -17,8 +19,9 @@ namespace moeinfer::cuda {
 
 inline constexpr int kSkinnyWarps = 8;
 inline constexpr int kSkinnyThreads = kSkinnyWarps * device::kWarpSize;
-inline constexpr int kSkinnyColumnsPerWarp = 2;
-inline constexpr int kSkinnyColumnsPerBlock = kSkinnyWarps * kSkinnyColumnsPerWarp;
+inline constexpr int kSkinnyColumnsPerWarp = 2;  // at most; the launcher takes 1 for small N
+// 16-byte weight vectors a lane has in flight (over its columns and weight terms).
+inline constexpr int kSkinnyVectorsInFlight = 8;
 
 namespace skinny {
 
@@ -30,37 +33,48 @@ __device__ __forceinline__ void fma8(const uint4& w, const uint4& x, float& acc)
   for (int i = 0; i < 8; ++i) acc = fmaf(a[i], b[i], acc);
 }
 
-// One lane's part of the warp's columns against every row: vectors v = lane, lane + 32, ...
-template <int M, bool TwoTerms>
+// One lane's part of the warp's C columns against every row: vectors v = lane, lane + 32, ...,
+// loaded kSkinnyVectorsInFlight at a time and summed in that order.
+template <int M, bool TwoTerms, int C>
 __device__ __forceinline__ void partial_sums(const SkinnyGemmParams& p, int col0, int lane,
-                                             float (&acc)[M][kSkinnyColumnsPerWarp]) {
+                                             float (&acc)[M][C]) {
+  constexpr int kBatch = kSkinnyVectorsInFlight / (C * (TwoTerms ? 2 : 1));
   const int vecs = static_cast<int>(p.k / device::kBf16PerVec);
   const int x_vecs = static_cast<int>(p.ldx / device::kBf16PerVec);
   const uint4* x = reinterpret_cast<const uint4*>(p.x);
-  const uint4* w[kSkinnyColumnsPerWarp];
-  const uint4* w_lo[kSkinnyColumnsPerWarp];
+  const uint4* w[C];
+  const uint4* w_lo[C];
 #pragma unroll
-  for (int c = 0; c < kSkinnyColumnsPerWarp; ++c) {
+  for (int c = 0; c < C; ++c) {
     // A column past N reads column N - 1 again and is not stored.
     const int64_t col = min(col0 + c, static_cast<int>(p.n) - 1);
     w[c] = reinterpret_cast<const uint4*>(p.w) + col * vecs;
     w_lo[c] = TwoTerms ? reinterpret_cast<const uint4*>(p.w_lo) + col * vecs : nullptr;
   }
-#pragma unroll 2  // two vectors of K in flight per lane and column
-  for (int v = lane; v < vecs; v += device::kWarpSize) {
-    uint4 wv[kSkinnyColumnsPerWarp], lo[kSkinnyColumnsPerWarp];
+  for (int v0 = lane; v0 < vecs; v0 += device::kWarpSize * kBatch) {
+    uint4 wv[kBatch][C], lo[kBatch][C];
 #pragma unroll
-    for (int c = 0; c < kSkinnyColumnsPerWarp; ++c) {
-      wv[c] = __ldg(w[c] + v);
-      if constexpr (TwoTerms) lo[c] = __ldg(w_lo[c] + v);
+    for (int b = 0; b < kBatch; ++b) {
+      const int v = v0 + b * device::kWarpSize;
+      if (v >= vecs) break;
+#pragma unroll
+      for (int c = 0; c < C; ++c) {
+        wv[b][c] = __ldg(w[c] + v);
+        if constexpr (TwoTerms) lo[b][c] = __ldg(w_lo[c] + v);
+      }
     }
 #pragma unroll
-    for (int r = 0; r < M; ++r) {
-      const uint4 xv = __ldg(x + static_cast<int64_t>(r) * x_vecs + v);
+    for (int b = 0; b < kBatch; ++b) {
+      const int v = v0 + b * device::kWarpSize;
+      if (v >= vecs) break;
 #pragma unroll
-      for (int c = 0; c < kSkinnyColumnsPerWarp; ++c) {
-        fma8(wv[c], xv, acc[r][c]);
-        if constexpr (TwoTerms) fma8(lo[c], xv, acc[r][c]);
+      for (int r = 0; r < M; ++r) {
+        const uint4 xv = __ldg(x + static_cast<int64_t>(r) * x_vecs + v);
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+          fma8(wv[b][c], xv, acc[r][c]);
+          if constexpr (TwoTerms) fma8(lo[b][c], xv, acc[r][c]);
+        }
       }
     }
   }
@@ -68,17 +82,17 @@ __device__ __forceinline__ void partial_sums(const SkinnyGemmParams& p, int col0
 
 }  // namespace skinny
 
-template <int M, bool TwoTerms>
+template <int M, bool TwoTerms, int C>
 __global__ void __launch_bounds__(kSkinnyThreads, 2)
     skinny_gemm_kernel(const __grid_constant__ SkinnyGemmParams p) {
   const int warp = static_cast<int>(threadIdx.x) / device::kWarpSize;
   const int lane = static_cast<int>(threadIdx.x) % device::kWarpSize;
-  const int col0 = (static_cast<int>(blockIdx.x) * kSkinnyWarps + warp) * kSkinnyColumnsPerWarp;
+  const int col0 = (static_cast<int>(blockIdx.x) * kSkinnyWarps + warp) * C;
   // The weights are not written by the kernels before this one: their first vectors go to L2
   // while that kernel finishes (launched as a programmatic dependent; otherwise at once).
   if (col0 < p.n) {
     const int vecs = static_cast<int>(p.k / device::kBf16PerVec);
-    const int last = min(col0 + kSkinnyColumnsPerWarp, static_cast<int>(p.n)) - 1;
+    const int last = min(col0 + C, static_cast<int>(p.n)) - 1;
     const uint4* w = reinterpret_cast<const uint4*>(p.w);
     for (int v = lane * 8; v < (last - col0 + 1) * vecs; v += device::kWarpSize * 8) {
       // One prefetch per 128-byte line (8 vectors) of the warp's contiguous weight rows.
@@ -88,21 +102,21 @@ __global__ void __launch_bounds__(kSkinnyThreads, 2)
   device::start_after_previous_grid();  // x may be the previous kernel's output
   if (col0 >= p.n) return;
 
-  float acc[M][kSkinnyColumnsPerWarp];
+  float acc[M][C];
 #pragma unroll
   for (int r = 0; r < M; ++r) {
 #pragma unroll
-    for (int c = 0; c < kSkinnyColumnsPerWarp; ++c) acc[r][c] = 0.0f;
+    for (int c = 0; c < C; ++c) acc[r][c] = 0.0f;
   }
-  skinny::partial_sums<M, TwoTerms>(p, col0, lane, acc);
-  // Every lane ends with every sum; lane r * columns + c stores (row r, column c).
+  skinny::partial_sums<M, TwoTerms, C>(p, col0, lane, acc);
+  // Every lane ends with every sum; lane r * C + c stores (row r, column c).
 #pragma unroll
   for (int r = 0; r < M; ++r) {
 #pragma unroll
-    for (int c = 0; c < kSkinnyColumnsPerWarp; ++c) {
+    for (int c = 0; c < C; ++c) {
       const float sum = device::warp_sum(acc[r][c]);
       const int col = col0 + c;
-      if (lane == r * kSkinnyColumnsPerWarp + c && col < p.n) {
+      if (lane == r * C + c && col < p.n) {
         const int64_t at = static_cast<int64_t>(r) * p.ldy + col;
         if (p.y_f32) {
           static_cast<float*>(p.y)[at] = sum;
