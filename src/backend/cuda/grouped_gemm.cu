@@ -19,6 +19,7 @@
 #include "backend/cuda/grouped_skinny_kernel.cuh"
 #include "backend/cuda/launch_checks.h"
 #include "backend/cuda/moe_stages.h"
+#include "backend/cuda/programmatic_launch.h"
 
 namespace moeinfer::cuda {
 
@@ -96,7 +97,9 @@ void launch(const GroupedGemmParams& p, cudaStream_t stream) {
 }
 
 template <bool G, ExpertQuant Q>
-void launch_skinny(const GroupedGemmParams& p, cudaStream_t stream) {
+void launch_skinny(const GroupedGemmParams& params, cudaStream_t stream) {
+  GroupedGemmParams p = params;
+  p.prefetch_weights = weight_prefetch();
   const dim3 grid(static_cast<unsigned>(p.n / kGroupedSkinnyColumnsPerBlock),
                   static_cast<unsigned>(p.num_rows));
   enqueue(grouped_skinny_kernel<G, Q>, grid, kGroupedSkinnyThreads, 0, p, stream);

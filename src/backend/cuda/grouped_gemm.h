@@ -138,6 +138,9 @@ struct GroupedGemmParams {
   // own order and kAuto takes it by the launch's rows, so the same row could differ between a
   // large step and a small one.
   bool batch_invariant = false;
+  // The skinny kernel asks L2 for its weight rows before its wait: set by the launcher from
+  // weight_prefetch() (programmatic_launch.h), not by callers.
+  bool prefetch_weights = true;
 };
 
 // Validates and enqueues one grouped GEMM.

@@ -8,19 +8,17 @@
 // Block (x, slot) works when `slot` starts a run of up to kGroupedSkinnyRows rows of one expert
 // (the expert's first row, or every kGroupedSkinnyRows-th after it); the others exit at once.
 // A warp owns kGroupedSkinnyColumnsPerWarp output columns (with a gated epilogue, their gate and
-// up weight rows): its lanes stride over K in chunks of 8 inputs, loaded in batches of
-// kGroupedSkinnyChunksInFlight before any product (so a warp's weights are a few round trips to
-// HBM, not one per chunk), each weight chunk loaded once and taken against the run's rows, float32
-// partial sums per (row, weight row), then a butterfly. Each output is a float32 sum over K in an
-// order fixed by K alone, rounded once, so a row's result does not depend on the rows beside it;
-// the mma.sync tiles sum in another order, which is why kAuto does not take this kernel under
-// batch_invariant (a row would differ between a small step and a large one).
+// up weight rows): its lanes stride over K in chunks of 8 inputs, each weight chunk loaded once
+// and taken against the run's rows, float32 partial sums per (row, weight row), then a butterfly.
+// Each output is a float32 sum over K in an order fixed by K alone, rounded once, so a row's
+// result does not depend on the rows beside it; the mma.sync tiles sum in another order, which
+// is why kAuto does not take this kernel under batch_invariant (a row would differ between a
+// small step and a large one).
 #pragma once
 
 #include <cuda_bf16.h>
 
 #include <cstdint>
-#include <type_traits>
 
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/expert_dequant.cuh"
@@ -36,50 +34,35 @@ inline constexpr int kGroupedSkinnyColumnsPerWarp = 2;
 inline constexpr int kGroupedSkinnyColumnsPerBlock =
     kGroupedSkinnyWarps * kGroupedSkinnyColumnsPerWarp;
 inline constexpr int kGroupedSkinnyRows = 4;  // rows of one expert a block takes
-inline constexpr int kGroupedSkinnyChunksInFlight = 8;  // per lane, over its weight rows
 
 namespace grouped_skinny {
 
-// Chunk (weight row `w_row`, inputs k .. k + 7) as loaded: 8 bf16 values, or the codes and
-// scale that dequantise to them. Fetched in batches, converted by to_float below.
+// Inputs k .. k + 7 of weight row `w_row` as float32: bf16 loaded, or codes dequantised to the
+// bf16 value the tiles multiply (expert_dequant.cuh), so both paths use the same weights.
 template <ExpertQuant Q>
-using Chunk = std::conditional_t<Q == ExpertQuant::kNone, uint4, expert_dequant::QuantChunk>;
-
-template <ExpertQuant Q>
-__device__ __forceinline__ Chunk<Q> fetch(const uint8_t* base, const QuantMatrixLayout& layout,
-                                          int group, int w_row, int k, int K) {
+__device__ __forceinline__ void load8(const uint8_t* base, const QuantMatrixLayout& layout,
+                                      int group, int w_row, int k, int K, float (&w)[8]) {
   if constexpr (Q == ExpertQuant::kNone) {
     const auto* row =
         reinterpret_cast<const __nv_bfloat16*>(base) + static_cast<int64_t>(w_row) * K;
-    return __ldg(reinterpret_cast<const uint4*>(row + k));
+    device::bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(row + k)), w);
   } else {
-    return expert_dequant::fetch_quant_chunk<Q>(base, layout, group, w_row, k);
-  }
-}
-
-// The chunk's inputs as float32: bf16 widened, or codes dequantised to the bf16 value the tiles
-// multiply (expert_dequant.cuh), so both paths use the same weights.
-template <ExpertQuant Q>
-__device__ __forceinline__ void to_float(const Chunk<Q>& chunk, float (&w)[8]) {
-  if constexpr (Q == ExpertQuant::kNone) {
-    device::bf16x8_to_float(chunk, w);
-  } else {
-    device::bf16x8_to_float(expert_dequant::dequantize_chunk<Q>(chunk), w);
+    device::bf16x8_to_float(
+        expert_dequant::dequantize_chunk<Q>(
+            expert_dequant::fetch_quant_chunk<Q>(base, layout, group, w_row, k)),
+        w);
   }
 }
 
 }  // namespace grouped_skinny
 
 template <bool Gated, ExpertQuant Q>
-__global__ void __launch_bounds__(kGroupedSkinnyThreads, Q == ExpertQuant::kNone ? 3 : 2)
+__global__ void __launch_bounds__(kGroupedSkinnyThreads)
     grouped_skinny_kernel(const __grid_constant__ GroupedGemmParams p) {
   constexpr int kOps = Gated ? 2 : 1;
   constexpr int C = kGroupedSkinnyColumnsPerWarp;
   constexpr int R = kGroupedSkinnyRows;
   constexpr int kWeightRows = kOps * C;
-  // Chunks of K a lane loads per weight row before it multiplies any (8 in flight in all): a
-  // warp's rows are otherwise a chain of dependent HBM round trips, one per chunk.
-  constexpr int kBatch = kGroupedSkinnyChunksInFlight / kWeightRows;
   const int slot = static_cast<int>(blockIdx.y);
   const int E = static_cast<int>(p.num_experts);
   // The expert whose rows hold `slot`, found by the block's threads side by side (one round of
@@ -123,7 +106,7 @@ __global__ void __launch_bounds__(kGroupedSkinnyThreads, Q == ExpertQuant::kNone
   // the previous kernel finishes.
   const int64_t row_bytes = Q == ExpertQuant::kNone ? int64_t{K} * 2 : layout.row_code_bytes;
 #pragma unroll
-  for (int j = 0; j < kWeightRows; ++j) {
+  for (int j = 0; j < (p.prefetch_weights ? kWeightRows : 0); ++j) {
     const uint8_t* row = base + weight_row(j) * row_bytes;
     for (int64_t at = lane * 128; at < row_bytes; at += device::kWarpSize * 128) {
       asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + at));
@@ -131,16 +114,13 @@ __global__ void __launch_bounds__(kGroupedSkinnyThreads, Q == ExpertQuant::kNone
   }
   device::start_after_previous_grid();  // the rows may be the previous kernel's output
 
-  // Each run row's first vector in x (32-bit offsets: registers are what bounds the blocks an
-  // SM holds here).
-  const uint4* x = reinterpret_cast<const uint4*>(p.rows);
-  int x_at[R];
+  const uint4* x[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int row = slot + min(r, num_rows - 1);
     const int source =
         p.src_row != nullptr ? __ldg(p.src_row + row) / static_cast<int>(p.top_k) : row;
-    x_at[r] = source * (K / device::kBf16PerVec);
+    x[r] = reinterpret_cast<const uint4*>(p.rows + static_cast<int64_t>(source) * K);
   }
   float acc[R][kWeightRows];
 #pragma unroll
@@ -153,53 +133,22 @@ __global__ void __launch_bounds__(kGroupedSkinnyThreads, Q == ExpertQuant::kNone
   const int terms = Q == ExpertQuant::kNone ? static_cast<int>(p.weight_terms) : 1;
   for (int term = 0; term < terms; ++term) {
     const uint8_t* term_base = base + term * term_bytes;
-    for (int v0 = lane; v0 < vecs; v0 += device::kWarpSize * kBatch) {
-      grouped_skinny::Chunk<Q> chunk[kBatch][kWeightRows];
+#pragma unroll 2
+    for (int v = lane; v < vecs; v += device::kWarpSize) {
+      float w[kWeightRows][8];
 #pragma unroll
-      for (int b = 0; b < kBatch; ++b) {
-        const int v = v0 + b * device::kWarpSize;
-        if (v >= vecs) break;
-#pragma unroll
-        for (int j = 0; j < kWeightRows; ++j) {
-          chunk[b][j] = grouped_skinny::fetch<Q>(term_base, layout, group, weight_row(j), v * 8, K);
-        }
+      for (int j = 0; j < kWeightRows; ++j) {
+        grouped_skinny::load8<Q>(term_base, layout, group, weight_row(j), v * 8, K, w[j]);
       }
 #pragma unroll
-      for (int b = 0; b < kBatch; ++b) {
-        const int v = v0 + b * device::kWarpSize;
-        if (v >= vecs) break;
-        if constexpr (Q == ExpertQuant::kNone) {
-          // Widened per (row, weight row): 8 floats live instead of 8 per weight row, which
-          // keeps the kernel at three blocks an SM (the grid of a decode step in one wave).
+      for (int r = 0; r < R; ++r) {
+        if (r >= num_rows) break;
+        float xv[8];
+        device::bf16x8_to_float(__ldg(x[r] + v), xv);
 #pragma unroll
-          for (int r = 0; r < R; ++r) {
-            if (r >= num_rows) break;
-            float xv[8];
-            device::bf16x8_to_float(__ldg(x + x_at[r] + v), xv);
+        for (int j = 0; j < kWeightRows; ++j)
 #pragma unroll
-            for (int j = 0; j < kWeightRows; ++j) {
-              float w[8];
-              grouped_skinny::to_float<Q>(chunk[b][j], w);
-#pragma unroll
-              for (int i = 0; i < 8; ++i) acc[r][j] = fmaf(w[i], xv[i], acc[r][j]);
-            }
-          }
-        } else {
-          // Dequantised once per chunk: the conversion costs more than a widening.
-          float w[kWeightRows][8];
-#pragma unroll
-          for (int j = 0; j < kWeightRows; ++j) grouped_skinny::to_float<Q>(chunk[b][j], w[j]);
-#pragma unroll
-          for (int r = 0; r < R; ++r) {
-            if (r >= num_rows) break;
-            float xv[8];
-            device::bf16x8_to_float(__ldg(x + x_at[r] + v), xv);
-#pragma unroll
-            for (int j = 0; j < kWeightRows; ++j)
-#pragma unroll
-              for (int i = 0; i < 8; ++i) acc[r][j] = fmaf(w[j][i], xv[i], acc[r][j]);
-          }
-        }
+          for (int i = 0; i < 8; ++i) acc[r][j] = fmaf(w[j][i], xv[i], acc[r][j]);
       }
     }
   }

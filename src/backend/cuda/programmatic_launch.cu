@@ -29,6 +29,14 @@ void set_programmatic_launch(bool on) {
   programmatic_launch_state.store(on && supported() ? 1 : 0, std::memory_order_relaxed);
 }
 
+namespace {
+std::atomic<bool> weight_prefetch_state{true};
+}  // namespace
+
+void set_weight_prefetch(bool on) { weight_prefetch_state.store(on, std::memory_order_relaxed); }
+
+bool weight_prefetch() { return weight_prefetch_state.load(std::memory_order_relaxed); }
+
 bool programmatic_launch() {
   const int state = programmatic_launch_state.load(std::memory_order_relaxed);
   return state < 0 ? supported() : state == 1;

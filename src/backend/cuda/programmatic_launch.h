@@ -27,6 +27,12 @@ namespace moeinfer::cuda {
 void set_programmatic_launch(bool on);
 bool programmatic_launch();
 
+// Whether the decode GEMV kernels (skinny_gemm.h, the grouped skinny experts) ask L2 for their
+// weight rows before they wait for the kernel before them (on by default). Process-wide and
+// read at each launch, as set_programmatic_launch: the decoder sets it before each step.
+void set_weight_prefetch(bool on);
+bool weight_prefetch();
+
 // Whether the next launch on `stream` may be a programmatic dependent: outside a graph capture
 // always (after an operation that is not a kernel the launch is a plain one); during a capture
 // only when every node it will depend on is a kernel node, so that a profiled graph's event

@@ -71,6 +71,7 @@ void skinny_gemm(const SkinnyGemmParams& params, cudaStream_t stream) {
   SkinnyGemmParams p = params;
   if (p.ldx == 0) p.ldx = p.k;
   if (p.ldy == 0) p.ldy = p.n;
+  p.prefetch_weights = weight_prefetch();
   switch (p.m) {
     case 1:
       return launch<1>(p, stream);

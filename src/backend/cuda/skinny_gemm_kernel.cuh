@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(kSkinnyThreads, 2)
   const int col0 = (static_cast<int>(blockIdx.x) * kSkinnyWarps + warp) * C;
   // The weights are not written by the kernels before this one: their first vectors go to L2
   // while that kernel finishes (launched as a programmatic dependent; otherwise at once).
-  if (col0 < p.n) {
+  if (p.prefetch_weights && col0 < p.n) {
     const int vecs = static_cast<int>(p.k / device::kBf16PerVec);
     const int last = min(col0 + C, static_cast<int>(p.n)) - 1;
     const uint4* w = reinterpret_cast<const uint4*>(p.w);
