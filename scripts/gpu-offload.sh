@@ -101,7 +101,7 @@ for path in sorted(glob.glob(os.path.join(out, "*.json")), key=os.path.getmtime)
     pcie = f"{c.get('host_to_device_bytes', 0) / steps / 1e9:.3f}" if c else ""
     ratio = f"{t0 / t:.3f}" if t0 and t else ""
     floor = f"{g.get('offload_floor_ratio', 0):.3f}" if c else f"{g.get('decode_floor_ratio', 0):.3f}"
-    stall = f"{c.get('stall_seconds', 0) / steps * 1e3:.3f}" if c else ""
+    stall = f"{c['stall_seconds'] / steps * 1e3:.3f}" if c.get('stall_seconds') is not None else ""
     # Of the prefetches resolved in the run (used by a demand, or evicted unused), the share used.
     used, wasted = c.get("prefetch_used", 0), c.get("prefetch_wasted", 0)
     accuracy = f"{used / (used + wasted):.3f}" if used + wasted else ""
