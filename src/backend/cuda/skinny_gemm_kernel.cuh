@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/expert_dequant.cuh"
 #include "backend/cuda/skinny_gemm.h"
 
 namespace moeinfer::cuda {
@@ -80,6 +81,68 @@ __device__ __forceinline__ void partial_sums(const SkinnyGemmParams& p, int col0
   }
 }
 
+// Values a lane's 16-byte load of quantised codes holds: 16 fp8 codes, 32 int4 ones.
+template <ExpertQuant Q>
+inline constexpr int kQuantValuesPerLoad = Q == ExpertQuant::kFp8 ? 16 : 32;
+
+// The quantised kernel's part of a lane: 16-byte code loads l = lane, lane + 32, ... of each of
+// the warp's weight rows, each split in chunks of 8 values, dequantised to bf16 in registers
+// (expert_dequant.cuh) and taken against the same 8 values of every row of x.
+template <int M, ExpertQuant Q>
+__device__ __forceinline__ void quant_partial_sums(const QuantSkinnyGemmParams& p,
+                                                   const QuantMatrixLayout& layout, int col0,
+                                                   int lane,
+                                                   float (&acc)[M][kSkinnyColumnsPerWarp]) {
+  constexpr int kValues = kQuantValuesPerLoad<Q>;
+  constexpr int kChunks = kValues / device::kBf16PerVec;
+  const int loads = static_cast<int>(p.k / kValues);
+  const int x_vecs = static_cast<int>(p.ldx / device::kBf16PerVec);
+  const int group = static_cast<int>(p.group);
+  const uint4* x = reinterpret_cast<const uint4*>(p.x);
+  const float* scales = reinterpret_cast<const float*>(p.w + layout.scale_offset);
+  const float* zeros = reinterpret_cast<const float*>(p.w + layout.zero_offset);
+  int col[kSkinnyColumnsPerWarp];
+  const uint4* w[kSkinnyColumnsPerWarp];
+#pragma unroll
+  for (int c = 0; c < kSkinnyColumnsPerWarp; ++c) {
+    // A column past N reads column N - 1 again and is not stored.
+    col[c] = min(col0 + c, static_cast<int>(p.n) - 1);
+    w[c] =
+        reinterpret_cast<const uint4*>(p.w + static_cast<int64_t>(col[c]) * layout.row_code_bytes);
+  }
+#pragma unroll 2  // two 16-byte loads per lane and column in flight
+  for (int l = lane; l < loads; l += device::kWarpSize) {
+    uint4 codes[kSkinnyColumnsPerWarp];
+#pragma unroll
+    for (int c = 0; c < kSkinnyColumnsPerWarp; ++c) codes[c] = __ldg(w[c] + l);
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const int k = l * kValues + j * device::kBf16PerVec;
+      uint4 wv[kSkinnyColumnsPerWarp];
+#pragma unroll
+      for (int c = 0; c < kSkinnyColumnsPerWarp; ++c) {
+        const int64_t g = static_cast<int64_t>(col[c]) * layout.groups_per_row + k / group;
+        expert_dequant::QuantChunk chunk{};
+        const uint32_t* words = reinterpret_cast<const uint32_t*>(&codes[c]);
+        if constexpr (Q == ExpertQuant::kFp8) {
+          chunk.codes = make_uint2(words[2 * j], words[2 * j + 1]);
+        } else {
+          chunk.codes.x = words[j];
+          chunk.zero = __ldg(zeros + g);
+        }
+        chunk.scale = __ldg(scales + g);
+        wv[c] = expert_dequant::dequantize_chunk<Q>(chunk);
+      }
+#pragma unroll
+      for (int r = 0; r < M; ++r) {
+        const uint4 xv = __ldg(x + static_cast<int64_t>(r) * x_vecs + k / device::kBf16PerVec);
+#pragma unroll
+        for (int c = 0; c < kSkinnyColumnsPerWarp; ++c) fma8(wv[c], xv, acc[r][c]);
+      }
+    }
+  }
+}
+
 }  // namespace skinny
 
 template <int M, bool TwoTerms, int C>
@@ -125,6 +188,69 @@ __global__ void __launch_bounds__(kSkinnyThreads, 2)
         }
       }
     }
+  }
+}
+
+// y = x . dequant(w)^T (QuantSkinnyGemmParams): the bf16 kernel's grid, warps and stores; the
+// weights are a quantised slab whose code rows the warp prefetches into L2 before it waits.
+template <int M, ExpertQuant Q>
+__global__ void __launch_bounds__(kSkinnyThreads, 2)
+    quant_skinny_gemm_kernel(const __grid_constant__ QuantSkinnyGemmParams p) {
+  const int warp = static_cast<int>(threadIdx.x) / device::kWarpSize;
+  const int lane = static_cast<int>(threadIdx.x) % device::kWarpSize;
+  const int col0 = (static_cast<int>(blockIdx.x) * kSkinnyWarps + warp) * kSkinnyColumnsPerWarp;
+  const QuantMatrixLayout layout = quant_matrix_layout(Q, p.n, p.k, p.group);
+  if (col0 < p.n) {
+    // The warp's code rows are contiguous: one prefetch per 128-byte line.
+    const int last = min(col0 + kSkinnyColumnsPerWarp, static_cast<int>(p.n)) - 1;
+    const int64_t bytes = (last - col0 + 1) * layout.row_code_bytes;
+    const uint8_t* rows = p.w + static_cast<int64_t>(col0) * layout.row_code_bytes;
+    for (int64_t b = lane * 128; b < bytes; b += device::kWarpSize * 128) {
+      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(rows + b));
+    }
+  }
+  device::start_after_previous_grid();  // x may be the previous kernel's output
+  if (col0 >= p.n) return;
+
+  float acc[M][kSkinnyColumnsPerWarp];
+#pragma unroll
+  for (int r = 0; r < M; ++r) {
+#pragma unroll
+    for (int c = 0; c < kSkinnyColumnsPerWarp; ++c) acc[r][c] = 0.0f;
+  }
+  skinny::quant_partial_sums<M, Q>(p, layout, col0, lane, acc);
+#pragma unroll
+  for (int r = 0; r < M; ++r) {
+#pragma unroll
+    for (int c = 0; c < kSkinnyColumnsPerWarp; ++c) {
+      const float sum = device::warp_sum(acc[r][c]);
+      const int col = col0 + c;
+      if (lane == r * kSkinnyColumnsPerWarp + c && col < p.n) {
+        const int64_t at = static_cast<int64_t>(r) * p.ldy + col;
+        if (p.y_f32) {
+          static_cast<float*>(p.y)[at] = sum;
+        } else {
+          static_cast<__nv_bfloat16*>(p.y)[at] = __float2bfloat16_rn(sum);
+        }
+      }
+    }
+  }
+}
+
+// dequant(w) as bf16 [N, K] (DequantizeMatrixParams): thread i writes the i-th 8-value chunk.
+template <ExpertQuant Q>
+__global__ void dequantize_matrix_kernel(const __grid_constant__ DequantizeMatrixParams p) {
+  const QuantMatrixLayout layout = quant_matrix_layout(Q, p.n, p.k, p.group);
+  const int64_t chunks_per_row = p.k / device::kBf16PerVec;
+  const int64_t total = p.n * chunks_per_row;
+  device::start_after_previous_grid();  // the scratch may still be read by the kernel before
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = i / chunks_per_row;
+    const int k = static_cast<int>((i % chunks_per_row) * device::kBf16PerVec);
+    const expert_dequant::QuantChunk chunk = expert_dequant::fetch_quant_chunk<Q>(
+        p.w, layout, static_cast<int>(p.group), static_cast<int>(row), k);
+    reinterpret_cast<uint4*>(p.out)[i] = expert_dequant::dequantize_chunk<Q>(chunk);
   }
 }
 
