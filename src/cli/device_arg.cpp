@@ -138,7 +138,7 @@ void add_weight_options(CLI::App* cmd, DeviceArgs* args) {
                   "experts only) or linear (every Linear weight of every layer but the "
                   "embeddings, the LM head, norms and the MoE router and gates: attention's q/k/"
                   "v/o and MLA's projections, Gated DeltaNet's projections, shared experts and "
-                  "dense MLPs, as vLLM's --quantization fp8 and llama.cpp quantise). On cuda "
+                  "dense MLPs, as vLLM's fp8 quantization and llama.cpp quantise). On cuda "
                   "those matrices are then held as codes and scales too (a skinny dequantising "
                   "GEMM at decode, dequantised into a scratch for cuBLAS otherwise), so decode "
                   "reads about half (fp8) or a quarter (int4) of their bytes; MLA's kv_b stays "
