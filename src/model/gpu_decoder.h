@@ -88,8 +88,8 @@ struct GpuOptions {
   // a weight-streaming matrix-vector kernel that launches as a programmatic dependent) instead
   // of cuBLAS; 0: always cuBLAS; -1: kDefaultSkinnyGemmRows. Not under `deterministic`, which
   // keeps the fixed-order dense GEMM. Dense Linears held quantised (--weights-scope linear, a
-  // quantised checkpoint's dense matrices) take the quantised skinny GEMM at up to
-  // cuda::kSkinnyGemmMaxRows rows whenever this is not 0 (their other path dequantises the
+  // quantised checkpoint's dense matrices) take the quantised skinny GEMM, 8 rows a launch, up
+  // to 16 (fp8) or 32 (int4) rows whenever this is not 0 (their other path dequantises the
   // matrix into a bf16 scratch first).
   int64_t skinny_gemm_rows = -1;
   // MoE layers whose step has at most this many tokens run their route and plan stages in one

@@ -131,14 +131,20 @@ void gpu_matches_cpu(const QuantFixture& f) {
                                            .num_kv_blocks = 4 * (1 + kBatched),
                                            .quiet = true});
   const std::vector<int32_t> table = {0, 1, 2, 3};
+  // Gated DeltaNet layers: a recurrent state slot per sequence (the prompt's 0, the batched
+  // copies' 1 to kBatched), as the engine hands them out; -1 without such layers.
+  const bool recurrent = config.num_linear_layers() > 0;
+  auto slot = [&](int64_t s) { return recurrent ? static_cast<int32_t>(s) : int32_t{-1}; };
 
   // Prefill: every prompt row.
   KvCache cache = model->decoder().make_cache(64);
   std::vector<float> cpu(n * V), got(n * V, NAN);
   model->decoder().forward(prompt, cache, cpu, /*all_positions=*/true);
-  gpu->forward({.sequences = {{.tokens = prompt, .position = 0, .block_table = table}},
-                .all_positions = true},
-               got);
+  gpu->forward(
+      {.sequences =
+           {{.tokens = prompt, .position = 0, .block_table = table, .state_slot = slot(0)}},
+       .all_positions = true},
+      got);
   RelError prefill;
   prefill.add(got.data(), cpu.data(), n * V);
 
@@ -152,7 +158,8 @@ void gpu_matches_cpu(const QuantFixture& f) {
                         static_cast<int32_t>(4 * (s + 1) + 3)});
     }
     for (int64_t s = 0; s < kBatched; ++s) {
-      batch.sequences.push_back({.tokens = prompt, .position = 0, .block_table = tables[s]});
+      batch.sequences.push_back(
+          {.tokens = prompt, .position = 0, .block_table = tables[s], .state_slot = slot(s + 1)});
     }
     std::vector<float> batched(kBatched * n * V, NAN);
     gpu->forward(batch, batched);
@@ -169,7 +176,10 @@ void gpu_matches_cpu(const QuantFixture& f) {
     const std::vector<int32_t> token = {next};
     model->decoder().forward(token, cache, cpu_row, /*all_positions=*/false);
     std::fill(gpu_row.begin(), gpu_row.end(), NAN);
-    gpu->forward({.sequences = {{.tokens = token, .position = n + step, .block_table = table}}},
+    gpu->forward({.sequences = {{.tokens = token,
+                                 .position = n + step,
+                                 .block_table = table,
+                                 .state_slot = slot(0)}}},
                  gpu_row);
     decode.add(gpu_row.data(), cpu_row.data(), V);
     next = static_cast<int32_t>(std::max_element(cpu_row.begin(), cpu_row.end()) - cpu_row.begin());

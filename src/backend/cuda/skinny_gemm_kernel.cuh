@@ -6,6 +6,11 @@
 // vectors before it multiplies any: at decode a warp's few kilobytes of weights are otherwise a
 // chain of dependent round trips to HBM, one per vector of K, and the kernel is bound by their
 // latency instead of the bandwidth. The batch changes no sum's order.
+// The quantised variant (quant_skinny_gemm_kernel) keeps the grid, the warps and the order of the
+// sums; a lane's 16-byte load then holds 16 fp8 or 32 int4 codes of a weight row, dequantised 8 at
+// a time in registers (expert_dequant.cuh) into the bf16 values the expert GEMM forms, so it
+// streams half or a quarter of the bytes for the same products. dequantize_matrix_kernel writes
+// those bf16 values out for the GEMMs of larger steps.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -81,6 +86,11 @@ __device__ __forceinline__ void partial_sums(const SkinnyGemmParams& p, int col0
   }
 }
 
+// Word i of a 16-byte vector (i a constant once unrolled: a register, not a local array).
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
 // Values a lane's 16-byte load of quantised codes holds: 16 fp8 codes, 32 int4 ones.
 template <ExpertQuant Q>
 inline constexpr int kQuantValuesPerLoad = Q == ExpertQuant::kFp8 ? 16 : 32;
@@ -123,11 +133,10 @@ __device__ __forceinline__ void quant_partial_sums(const QuantSkinnyGemmParams& 
       for (int c = 0; c < kSkinnyColumnsPerWarp; ++c) {
         const int64_t g = static_cast<int64_t>(col[c]) * layout.groups_per_row + k / group;
         expert_dequant::QuantChunk chunk{};
-        const uint32_t* words = reinterpret_cast<const uint32_t*>(&codes[c]);
         if constexpr (Q == ExpertQuant::kFp8) {
-          chunk.codes = make_uint2(words[2 * j], words[2 * j + 1]);
+          chunk.codes = make_uint2(word_of(codes[c], 2 * j), word_of(codes[c], 2 * j + 1));
         } else {
-          chunk.codes.x = words[j];
+          chunk.codes.x = word_of(codes[c], j);
           chunk.zero = __ldg(zeros + g);
         }
         chunk.scale = __ldg(scales + g);

@@ -1079,31 +1079,43 @@ void CudaDecoder::allocate_kv_pool() {
 void CudaDecoder::linear(const LinearArgs& args) {
   const auto quantised = dense_quant_.find(args.w);
   if (quantised == dense_quant_.end()) return linear_bf16(args);
-  // A quantised dense Linear (one term): the quantised skinny GEMM for steps of up to
-  // kSkinnyGemmMaxRows rows, else its values dequantised into the scratch and the bf16 path over
-  // them. Not only up to skinny_gemm_rows (1 by default, where cuBLAS beats the bf16 skinny
-  // kernel from 2 rows on): the other path here writes and reads the matrix in bf16 after
-  // reading its codes, 5 bytes a value at fp8 against the skinny kernel's 1. skinny_gemm_rows 0
-  // (always cuBLAS) and --deterministic (the fixed-order GEMM, so that a row's logits do not
-  // depend on the step's rows) keep the other path.
+  // A quantised dense Linear (one term): the quantised skinny GEMM, 8 rows a launch, while those
+  // launches read no more bytes than the bf16 matrix would (fp8: 2 launches, 16 rows; int4: 4,
+  // 32 rows), else its values dequantised into the scratch and the bf16 path over them. Not only
+  // up to skinny_gemm_rows (1 by default, where cuBLAS beats the bf16 skinny kernel from 2 rows
+  // on): the other path here reads the codes, then writes and reads the matrix in bf16, 5 bytes
+  // a value at fp8 against each skinny launch's 1. skinny_gemm_rows 0 (always cuBLAS) and
+  // --deterministic (the fixed-order GEMM, so that a row's logits do not depend on the step's
+  // rows) keep the other path.
   const DenseQuantMatrix& m = *quantised->second;
   MOE_CHECK(m.rows == args.n && m.cols == args.k, "a quantised matrix of ", m.rows, " x ", m.cols,
             " multiplied as ", args.n, " x ", args.k);
   const auto* codes = static_cast<const uint8_t*>(m.data);
+  const int64_t x_stride = args.x_stride > 0 ? args.x_stride : args.k;
+  const int64_t y_stride = args.y_stride > 0 ? args.y_stride : args.n;
+  const int64_t launches = (args.rows + cuda::kSkinnyGemmMaxRows - 1) / cuda::kSkinnyGemmMaxRows;
+  const int64_t max_launches = m.format == cuda::ExpertQuant::kFp8 ? 2 : 4;
   const cuda::QuantSkinnyGemmParams skinny{.x = args.x,
                                            .w = codes,
                                            .format = m.format,
                                            .group = m.group,
                                            .y = args.y,
-                                           .m = args.rows,
+                                           .m = std::min(args.rows, cuda::kSkinnyGemmMaxRows),
                                            .n = args.n,
                                            .k = args.k,
-                                           .ldx = args.x_stride,
-                                           .ldy = args.y_stride,
+                                           .ldx = x_stride,
+                                           .ldy = y_stride,
                                            .y_f32 = args.f32_out};
   if (!options_.deterministic && args.allow_skinny && options_.skinny_gemm_rows > 0 &&
-      args.rows <= cuda::kSkinnyGemmMaxRows && cuda::quant_skinny_gemm_supports(skinny)) {
-    cuda::quant_skinny_gemm(skinny, stream_);
+      launches <= max_launches && cuda::quant_skinny_gemm_supports(skinny)) {
+    const size_t y_elem = args.f32_out ? sizeof(float) : sizeof(bf16);
+    for (int64_t first = 0; first < args.rows; first += cuda::kSkinnyGemmMaxRows) {
+      cuda::QuantSkinnyGemmParams part = skinny;
+      part.x = args.x + first * x_stride;
+      part.y = static_cast<char*>(args.y) + static_cast<size_t>(first * y_stride) * y_elem;
+      part.m = std::min(cuda::kSkinnyGemmMaxRows, args.rows - first);
+      cuda::quant_skinny_gemm(part, stream_);
+    }
     return;
   }
   MOE_CHECK(dense_scratch_ != nullptr && m.rows * m.cols <= w_.dense_quant_max_elems,
