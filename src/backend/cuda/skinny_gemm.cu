@@ -174,17 +174,18 @@ void dequantize_matrix(const DequantizeMatrixParams& p, cudaStream_t stream) {
             "dequantize_matrix: format ", expert_quant_name(p.format), " is not fp8 or int4");
   MOE_CHECK(p.group >= 8 && p.group % 8 == 0, "dequantize_matrix: group ", p.group,
             " is not a positive multiple of 8");
-  MOE_CHECK(p.n >= 1 && p.k >= 8 && p.k % 8 == 0, "dequantize_matrix: n ", p.n, ", k ", p.k,
-            " (k must be a positive multiple of 8)");
+  MOE_CHECK(p.n >= 1 && p.k >= 8 && p.k % 8 == 0 && p.k < (int64_t{1} << 31),
+            "dequantize_matrix: n ", p.n, ", k ", p.k,
+            " (k must be a positive multiple of 8 below 2^31)");
   MOE_CHECK(p.n * p.k < (int64_t{1} << 40), "dequantize_matrix: n * k = ", p.n * p.k,
             " is 2^40 or more");
   MOE_CHECK(p.w != nullptr && p.out != nullptr && reinterpret_cast<uintptr_t>(p.w) % 16 == 0 &&
                 reinterpret_cast<uintptr_t>(p.out) % 16 == 0,
             "dequantize_matrix: w or out null or not 16-byte aligned");
+  // A block per row at a time, a thread per 8 values of it (a projection's row of 1024 to 8192
+  // values is 128 to 1024 chunks).
   constexpr int kThreads = 256;
-  const int64_t chunks = p.n * p.k / 8;
-  const dim3 grid(static_cast<unsigned>(
-      std::min<int64_t>((chunks + kThreads - 1) / kThreads, int64_t{1} << 16)));
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(p.n, int64_t{1} << 16)));
   if (p.format == ExpertQuant::kFp8) {
     launch_after_previous(dequantize_matrix_kernel<ExpertQuant::kFp8>, grid, kThreads, 0, stream,
                           p);

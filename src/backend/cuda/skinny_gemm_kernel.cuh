@@ -91,6 +91,20 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
+// The scale group of input k: k / group, by a shift where group is a power of two (every group
+// the loaders make: 128, GPTQ's 32 to 128, the fixtures' 8), a division otherwise (a uniform
+// branch). A 32-bit division is some twenty instructions, once per 8 values.
+struct GroupIndex {
+  int group = 0;
+  int shift = -1;  // log2(group), or -1
+  __device__ __forceinline__ explicit GroupIndex(int g) : group(g) {
+    if ((g & (g - 1)) != 0) return;
+    shift = 0;
+    while ((1 << shift) < g) ++shift;
+  }
+  __device__ __forceinline__ int of(int k) const { return shift >= 0 ? k >> shift : k / group; }
+};
+
 // Values a lane's 16-byte load of quantised codes holds: 16 fp8 codes, 32 int4 ones.
 template <ExpertQuant Q>
 inline constexpr int kQuantValuesPerLoad = Q == ExpertQuant::kFp8 ? 16 : 32;
@@ -107,7 +121,7 @@ __device__ __forceinline__ void quant_partial_sums(const QuantSkinnyGemmParams& 
   constexpr int kChunks = kValues / device::kBf16PerVec;
   const int loads = static_cast<int>(p.k / kValues);
   const int x_vecs = static_cast<int>(p.ldx / device::kBf16PerVec);
-  const int group = static_cast<int>(p.group);
+  const GroupIndex group(static_cast<int>(p.group));
   const uint4* x = reinterpret_cast<const uint4*>(p.x);
   const float* scales = reinterpret_cast<const float*>(p.w + layout.scale_offset);
   const float* zeros = reinterpret_cast<const float*>(p.w + layout.zero_offset);
@@ -131,7 +145,7 @@ __device__ __forceinline__ void quant_partial_sums(const QuantSkinnyGemmParams& 
       uint4 wv[kSkinnyColumnsPerWarp];
 #pragma unroll
       for (int c = 0; c < kSkinnyColumnsPerWarp; ++c) {
-        const int64_t g = static_cast<int64_t>(col[c]) * layout.groups_per_row + k / group;
+        const int64_t g = static_cast<int64_t>(col[c]) * layout.groups_per_row + group.of(k);
         expert_dequant::QuantChunk chunk{};
         if constexpr (Q == ExpertQuant::kFp8) {
           chunk.codes = make_uint2(word_of(codes[c], 2 * j), word_of(codes[c], 2 * j + 1));
@@ -246,20 +260,34 @@ __global__ void __launch_bounds__(kSkinnyThreads, 2)
   }
 }
 
-// dequant(w) as bf16 [N, K] (DequantizeMatrixParams): thread i writes the i-th 8-value chunk.
+// dequant(w) as bf16 [N, K] (DequantizeMatrixParams): a block per row at a time, a thread per
+// 8-value chunk of it (no division by the row length); the codes and the scale of a chunk read
+// as fetch_quant_chunk reads them, the values formed by dequantize_chunk.
 template <ExpertQuant Q>
 __global__ void dequantize_matrix_kernel(const __grid_constant__ DequantizeMatrixParams p) {
   const QuantMatrixLayout layout = quant_matrix_layout(Q, p.n, p.k, p.group);
-  const int64_t chunks_per_row = p.k / device::kBf16PerVec;
-  const int64_t total = p.n * chunks_per_row;
+  const int chunks_per_row = static_cast<int>(p.k / device::kBf16PerVec);
+  const skinny::GroupIndex group(static_cast<int>(p.group));
+  const float* scales = reinterpret_cast<const float*>(p.w + layout.scale_offset);
+  const float* zeros = reinterpret_cast<const float*>(p.w + layout.zero_offset);
   device::start_after_previous_grid();  // the scratch may still be read by the kernel before
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t row = i / chunks_per_row;
-    const int k = static_cast<int>((i % chunks_per_row) * device::kBf16PerVec);
-    const expert_dequant::QuantChunk chunk = expert_dequant::fetch_quant_chunk<Q>(
-        p.w, layout, static_cast<int>(p.group), static_cast<int>(row), k);
-    reinterpret_cast<uint4*>(p.out)[i] = expert_dequant::dequantize_chunk<Q>(chunk);
+  for (int64_t row = blockIdx.x; row < p.n; row += gridDim.x) {
+    const uint8_t* codes = p.w + row * layout.row_code_bytes;
+    uint4* out = reinterpret_cast<uint4*>(p.out) + row * chunks_per_row;
+    for (int c = static_cast<int>(threadIdx.x); c < chunks_per_row;
+         c += static_cast<int>(blockDim.x)) {
+      const int k = c * device::kBf16PerVec;
+      const int64_t g = row * layout.groups_per_row + group.of(k);
+      expert_dequant::QuantChunk chunk{};
+      if constexpr (Q == ExpertQuant::kFp8) {
+        chunk.codes = __ldg(reinterpret_cast<const uint2*>(codes + k));
+      } else {
+        chunk.codes.x = __ldg(reinterpret_cast<const unsigned int*>(codes + k / 2));
+        chunk.zero = __ldg(zeros + g);
+      }
+      chunk.scale = __ldg(scales + g);
+      out[c] = expert_dequant::dequantize_chunk<Q>(chunk);
+    }
   }
 }
 
