@@ -1087,6 +1087,7 @@ void CudaDecoder::linear(const LinearArgs& args) {
   // a value at fp8 against each skinny launch's 1. skinny_gemm_rows 0 (always cuBLAS) and
   // --deterministic (the fixed-order GEMM, so that a row's logits do not depend on the step's
   // rows) keep the other path.
+  if (args.rows <= 0) return;  // an empty step (--ep's idle rank): nothing to dequantise
   const DenseQuantMatrix& m = *quantised->second;
   MOE_CHECK(m.rows == args.n && m.cols == args.k, "a quantised matrix of ", m.rows, " x ", m.cols,
             " multiplied as ", args.n, " x ", args.k);
