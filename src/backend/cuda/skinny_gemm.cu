@@ -121,18 +121,29 @@ const char* quant_unsupported(const QuantSkinnyGemmParams& p) {
   return nullptr;
 }
 
-template <int M>
-void quant_launch(const QuantSkinnyGemmParams& p, cudaStream_t stream) {
-  const dim3 grid(
-      static_cast<unsigned>((p.n + kSkinnyColumnsPerBlock - 1) / kSkinnyColumnsPerBlock));
+template <int M, int C>
+void quant_launch_columns(const QuantSkinnyGemmParams& p, cudaStream_t stream) {
+  const int64_t columns_per_block = kSkinnyWarps * C;
+  const dim3 grid(static_cast<unsigned>((p.n + columns_per_block - 1) / columns_per_block));
   if (p.format == ExpertQuant::kFp8) {
-    launch_after_previous(quant_skinny_gemm_kernel<M, ExpertQuant::kFp8>, grid, kSkinnyThreads, 0,
-                          stream, p);
+    launch_after_previous(quant_skinny_gemm_kernel<M, ExpertQuant::kFp8, C>, grid, kSkinnyThreads,
+                          0, stream, p);
   } else {
-    launch_after_previous(quant_skinny_gemm_kernel<M, ExpertQuant::kInt4>, grid, kSkinnyThreads, 0,
-                          stream, p);
+    launch_after_previous(quant_skinny_gemm_kernel<M, ExpertQuant::kInt4, C>, grid, kSkinnyThreads,
+                          0, stream, p);
   }
   MOE_CUDA_CHECK_LAUNCH();
+}
+
+// The bf16 launcher's choice of columns a warp: two while every SM keeps two blocks.
+template <int M>
+void quant_launch(const QuantSkinnyGemmParams& p, cudaStream_t stream) {
+  const int64_t wide_blocks = (p.n + kSkinnyWarps * 2 - 1) / (kSkinnyWarps * 2);
+  if (wide_blocks >= 2 * int64_t{current_multiprocessor_count()}) {
+    quant_launch_columns<M, 2>(p, stream);
+  } else {
+    quant_launch_columns<M, 1>(p, stream);
+  }
 }
 
 }  // namespace

@@ -6,11 +6,12 @@
 // vectors before it multiplies any: at decode a warp's few kilobytes of weights are otherwise a
 // chain of dependent round trips to HBM, one per vector of K, and the kernel is bound by their
 // latency instead of the bandwidth. The batch changes no sum's order.
-// The quantised variant (quant_skinny_gemm_kernel) keeps the grid, the warps and the order of the
-// sums; a lane's 16-byte load then holds 16 fp8 or 32 int4 codes of a weight row, dequantised 8 at
-// a time in registers (expert_dequant.cuh) into the bf16 values the expert GEMM forms, so it
-// streams half or a quarter of the bytes for the same products. dequantize_matrix_kernel writes
-// those bf16 values out for the GEMMs of larger steps.
+// The quantised variant (quant_skinny_gemm_kernel) keeps the grid (1 or 2 columns a warp, the
+// same choice), the warps, the batch of loads in flight and the order of the sums; a lane's 16-byte
+// load then holds 16 fp8 or 32 int4 codes of a weight row, dequantised 8 at a time in registers
+// (expert_dequant.cuh) into the bf16 values the expert GEMM forms, so it streams half or a quarter
+// of the bytes for the same products. dequantize_matrix_kernel writes those bf16 values out for the
+// GEMMs of larger steps.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -110,57 +111,69 @@ template <ExpertQuant Q>
 inline constexpr int kQuantValuesPerLoad = Q == ExpertQuant::kFp8 ? 16 : 32;
 
 // The quantised kernel's part of a lane: 16-byte code loads l = lane, lane + 32, ... of each of
-// the warp's weight rows, each split in chunks of 8 values, dequantised to bf16 in registers
-// (expert_dequant.cuh) and taken against the same 8 values of every row of x.
-template <int M, ExpertQuant Q>
+// the warp's C weight rows, kSkinnyVectorsInFlight of them in flight at a time as the bf16
+// kernel's, each split in chunks of 8 values, dequantised to bf16 in registers
+// (expert_dequant.cuh) and taken against the same 8 values of every row of x, in that order.
+template <int M, ExpertQuant Q, int C>
 __device__ __forceinline__ void quant_partial_sums(const QuantSkinnyGemmParams& p,
                                                    const QuantMatrixLayout& layout, int col0,
-                                                   int lane,
-                                                   float (&acc)[M][kSkinnyColumnsPerWarp]) {
+                                                   int lane, float (&acc)[M][C]) {
   constexpr int kValues = kQuantValuesPerLoad<Q>;
   constexpr int kChunks = kValues / device::kBf16PerVec;
+  // Past 4 rows a load carries more than twice the work and the accumulators crowd the registers
+  // (128 a thread): half the batch, no spills.
+  constexpr int kBatch = kSkinnyVectorsInFlight / C / (M > 4 ? 2 : 1);
   const int loads = static_cast<int>(p.k / kValues);
   const int x_vecs = static_cast<int>(p.ldx / device::kBf16PerVec);
   const GroupIndex group(static_cast<int>(p.group));
   const uint4* x = reinterpret_cast<const uint4*>(p.x);
   const float* scales = reinterpret_cast<const float*>(p.w + layout.scale_offset);
   const float* zeros = reinterpret_cast<const float*>(p.w + layout.zero_offset);
-  int col[kSkinnyColumnsPerWarp];
-  const uint4* w[kSkinnyColumnsPerWarp];
+  int col[C];
+  const uint4* w[C];
 #pragma unroll
-  for (int c = 0; c < kSkinnyColumnsPerWarp; ++c) {
+  for (int c = 0; c < C; ++c) {
     // A column past N reads column N - 1 again and is not stored.
     col[c] = min(col0 + c, static_cast<int>(p.n) - 1);
     w[c] =
         reinterpret_cast<const uint4*>(p.w + static_cast<int64_t>(col[c]) * layout.row_code_bytes);
   }
-#pragma unroll 2  // two 16-byte loads per lane and column in flight
-  for (int l = lane; l < loads; l += device::kWarpSize) {
-    uint4 codes[kSkinnyColumnsPerWarp];
+  for (int l0 = lane; l0 < loads; l0 += device::kWarpSize * kBatch) {
+    uint4 codes[kBatch][C];
 #pragma unroll
-    for (int c = 0; c < kSkinnyColumnsPerWarp; ++c) codes[c] = __ldg(w[c] + l);
+    for (int b = 0; b < kBatch; ++b) {
+      const int l = l0 + b * device::kWarpSize;
+      if (l >= loads) break;
 #pragma unroll
-    for (int j = 0; j < kChunks; ++j) {
-      const int k = l * kValues + j * device::kBf16PerVec;
-      uint4 wv[kSkinnyColumnsPerWarp];
+      for (int c = 0; c < C; ++c) codes[b][c] = __ldg(w[c] + l);
+    }
 #pragma unroll
-      for (int c = 0; c < kSkinnyColumnsPerWarp; ++c) {
-        const int64_t g = static_cast<int64_t>(col[c]) * layout.groups_per_row + group.of(k);
-        expert_dequant::QuantChunk chunk{};
-        if constexpr (Q == ExpertQuant::kFp8) {
-          chunk.codes = make_uint2(word_of(codes[c], 2 * j), word_of(codes[c], 2 * j + 1));
-        } else {
-          chunk.codes.x = word_of(codes[c], j);
-          chunk.zero = __ldg(zeros + g);
+    for (int b = 0; b < kBatch; ++b) {
+      const int l = l0 + b * device::kWarpSize;
+      if (l >= loads) break;
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+        const int k = l * kValues + j * device::kBf16PerVec;
+        uint4 wv[C];
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+          const int64_t g = static_cast<int64_t>(col[c]) * layout.groups_per_row + group.of(k);
+          expert_dequant::QuantChunk chunk{};
+          if constexpr (Q == ExpertQuant::kFp8) {
+            chunk.codes = make_uint2(word_of(codes[b][c], 2 * j), word_of(codes[b][c], 2 * j + 1));
+          } else {
+            chunk.codes.x = word_of(codes[b][c], j);
+            chunk.zero = __ldg(zeros + g);
+          }
+          chunk.scale = __ldg(scales + g);
+          wv[c] = expert_dequant::dequantize_chunk<Q>(chunk);
         }
-        chunk.scale = __ldg(scales + g);
-        wv[c] = expert_dequant::dequantize_chunk<Q>(chunk);
-      }
 #pragma unroll
-      for (int r = 0; r < M; ++r) {
-        const uint4 xv = __ldg(x + static_cast<int64_t>(r) * x_vecs + k / device::kBf16PerVec);
+        for (int r = 0; r < M; ++r) {
+          const uint4 xv = __ldg(x + static_cast<int64_t>(r) * x_vecs + k / device::kBf16PerVec);
 #pragma unroll
-        for (int c = 0; c < kSkinnyColumnsPerWarp; ++c) fma8(wv[c], xv, acc[r][c]);
+          for (int c = 0; c < C; ++c) fma8(wv[c], xv, acc[r][c]);
+        }
       }
     }
   }
@@ -216,16 +229,16 @@ __global__ void __launch_bounds__(kSkinnyThreads, 2)
 
 // y = x . dequant(w)^T (QuantSkinnyGemmParams): the bf16 kernel's grid, warps and stores; the
 // weights are a quantised slab whose code rows the warp prefetches into L2 before it waits.
-template <int M, ExpertQuant Q>
+template <int M, ExpertQuant Q, int C>
 __global__ void __launch_bounds__(kSkinnyThreads, 2)
     quant_skinny_gemm_kernel(const __grid_constant__ QuantSkinnyGemmParams p) {
   const int warp = static_cast<int>(threadIdx.x) / device::kWarpSize;
   const int lane = static_cast<int>(threadIdx.x) % device::kWarpSize;
-  const int col0 = (static_cast<int>(blockIdx.x) * kSkinnyWarps + warp) * kSkinnyColumnsPerWarp;
+  const int col0 = (static_cast<int>(blockIdx.x) * kSkinnyWarps + warp) * C;
   const QuantMatrixLayout layout = quant_matrix_layout(Q, p.n, p.k, p.group);
   if (col0 < p.n) {
     // The warp's code rows are contiguous: one prefetch per 128-byte line.
-    const int last = min(col0 + kSkinnyColumnsPerWarp, static_cast<int>(p.n)) - 1;
+    const int last = min(col0 + C, static_cast<int>(p.n)) - 1;
     const int64_t bytes = (last - col0 + 1) * layout.row_code_bytes;
     const uint8_t* rows = p.w + static_cast<int64_t>(col0) * layout.row_code_bytes;
     for (int64_t b = lane * 128; b < bytes; b += device::kWarpSize * 128) {
@@ -235,20 +248,21 @@ __global__ void __launch_bounds__(kSkinnyThreads, 2)
   device::start_after_previous_grid();  // x may be the previous kernel's output
   if (col0 >= p.n) return;
 
-  float acc[M][kSkinnyColumnsPerWarp];
+  float acc[M][C];
 #pragma unroll
   for (int r = 0; r < M; ++r) {
 #pragma unroll
-    for (int c = 0; c < kSkinnyColumnsPerWarp; ++c) acc[r][c] = 0.0f;
+    for (int c = 0; c < C; ++c) acc[r][c] = 0.0f;
   }
-  skinny::quant_partial_sums<M, Q>(p, layout, col0, lane, acc);
+  skinny::quant_partial_sums<M, Q, C>(p, layout, col0, lane, acc);
+  // Every lane ends with every sum; lane r * C + c stores (row r, column c).
 #pragma unroll
   for (int r = 0; r < M; ++r) {
 #pragma unroll
-    for (int c = 0; c < kSkinnyColumnsPerWarp; ++c) {
+    for (int c = 0; c < C; ++c) {
       const float sum = device::warp_sum(acc[r][c]);
       const int col = col0 + c;
-      if (lane == r * kSkinnyColumnsPerWarp + c && col < p.n) {
+      if (lane == r * C + c && col < p.n) {
         const int64_t at = static_cast<int64_t>(r) * p.ldy + col;
         if (p.y_f32) {
           static_cast<float*>(p.y)[at] = sum;
