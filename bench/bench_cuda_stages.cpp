@@ -22,6 +22,11 @@
 // they come from HBM, as in a step whose 48 layers' weights never fit in L2; the floor is the
 // weights' bytes (and x's and y's) at the copy rate.
 //
+// Then the same QKV and O projections held quantised (--weights fp8|int4 --weights-scope linear):
+// the quantised skinny GEMM (quant_skinny_gemm, 8 rows a launch) at M = 1 to 16 or 32, and the
+// decoder's other path (dequantize_matrix into a bf16 scratch, then cuBLAS), against the bf16
+// skinny GEMM at M = 1 measured in the same run; the floor is the codes' and scales' bytes.
+//
 // Usage: bench_cuda_stages [--quick] [--projections-only]   (--quick: fewer replays)
 #if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
 
@@ -29,6 +34,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -39,6 +45,8 @@
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/decoder_ops.h"
+#include "backend/cuda/expert_quant.h"
 #include "backend/cuda/moe_stages.h"
 #include "backend/cuda/skinny_gemm.h"
 #include "core/dtype.h"
@@ -357,6 +365,107 @@ void bench_projections(double copy_bw, cudaStream_t stream, std::mt19937& rng) {
   CUBLAS_OK(cublasDestroy(cublas));
 }
 
+// The QKV and O projections as quantised slabs (random codes, scales giving the bf16 weights'
+// range): the quantised skinny GEMM and dequantise + cuBLAS, against the bf16 skinny GEMM at one
+// row (the decoder's bf16 path at batch 1).
+void bench_quant_projections(double copy_bw, cudaStream_t stream, std::mt19937& rng) {
+  cublasHandle_t cublas = nullptr;
+  CUBLAS_OK(cublasCreate(&cublas));
+  CUBLAS_OK(cublasSetStream(cublas, stream));
+  DeviceMemory cublas_workspace(size_t{32} << 20);
+  CUBLAS_OK(cublasSetWorkspace(cublas, cublas_workspace.data, cublas_workspace.bytes));
+  const Projection projections[] = {{"qkv 2048->5120", 5120, 2048, false},
+                                    {"o 4096->2048", 2048, 4096, true}};
+  std::printf("\n%-22s %-5s %3s %10s %10s %10s %9s %9s %10s\n", "projection", "codes", "M",
+              "skinny us", "deq+cuBLAS", "bf16 M=1", "skinny/fl", "deq/fl", "bf16/skinny");
+  for (const Projection& pr : projections) {
+    // The bf16 skinny GEMM at one row, over rotated copies of bf16 weights.
+    const size_t bf16_bytes = static_cast<size_t>(pr.n * pr.k) * 2;
+    const int bf16_copies =
+        static_cast<int>(std::clamp<size_t>(kRotateBytes / bf16_bytes, 1, kLaunchesPerGraph));
+    DeviceMemory bf16_weights(bf16_bytes * bf16_copies);
+    fill_random_bf16(bf16_weights.data, bf16_bytes / 2 * bf16_copies, rng);
+    DeviceMemory x(static_cast<size_t>(32 * pr.k) * 2), y(static_cast<size_t>(32 * pr.n) * 4);
+    fill_random_bf16(x.data, static_cast<size_t>(32 * pr.k), rng);
+    const double bf16_ms = time_launch(stream, [&](int i) {
+      skinny_gemm({.x = x.as<__nv_bfloat16>(),
+                   .w = reinterpret_cast<const __nv_bfloat16*>(bf16_weights.as<char>() +
+                                                               (i % bf16_copies) * bf16_bytes),
+                   .y = y.data,
+                   .m = 1,
+                   .n = pr.n,
+                   .k = pr.k,
+                   .y_f32 = pr.f32_out},
+                  stream);
+    });
+    DeviceMemory scratch(bf16_bytes);
+    for (const ExpertQuant format : {ExpertQuant::kFp8, ExpertQuant::kInt4}) {
+      const QuantMatrixLayout layout = quant_matrix_layout(format, pr.n, pr.k, 128);
+      const size_t slab_bytes = static_cast<size_t>(layout.bytes);
+      const int copies =
+          static_cast<int>(std::clamp<size_t>(kRotateBytes / slab_bytes, 1, kLaunchesPerGraph));
+      DeviceMemory slabs(slab_bytes * copies);
+      CUDA_CHECK(cudaMemset(slabs.data, 0, slab_bytes * copies));
+      quant_random_fill({.out = slabs.data,
+                         .num_slabs = copies,
+                         .rows = pr.n,
+                         .cols = pr.k,
+                         .format = format,
+                         .group = 128,
+                         .seed = rng(),
+                         .scale = 1.0f / std::sqrt(static_cast<float>(pr.k))},
+                        stream);
+      auto slab = [&](int i) { return slabs.as<uint8_t>() + (i % copies) * slab_bytes; };
+      const int64_t max_rows = format == ExpertQuant::kFp8 ? 16 : 32;
+      for (int64_t m = 1; m <= max_rows; m *= 2) {
+        const double skinny_ms = time_launch(stream, [&](int i) {
+          for (int64_t first = 0; first < m; first += kSkinnyGemmMaxRows) {
+            quant_skinny_gemm({.x = x.as<__nv_bfloat16>() + first * pr.k,
+                               .w = slab(i),
+                               .format = format,
+                               .group = 128,
+                               .y = y.as<char>() + first * pr.n * (pr.f32_out ? 4 : 2),
+                               .m = std::min(kSkinnyGemmMaxRows, m - first),
+                               .n = pr.n,
+                               .k = pr.k,
+                               .y_f32 = pr.f32_out},
+                              stream);
+          }
+        });
+        const double dequant_ms = time_launch(stream, [&](int i) {
+          dequantize_matrix({.w = slab(i),
+                             .format = format,
+                             .group = 128,
+                             .n = pr.n,
+                             .k = pr.k,
+                             .out = scratch.as<__nv_bfloat16>()},
+                            stream);
+          const float one = 1.0f, zero = 0.0f;
+          CUBLAS_OK(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(pr.n),
+                                 static_cast<int>(m), static_cast<int>(pr.k), &one, scratch.data,
+                                 CUDA_R_16BF, static_cast<int>(pr.k), x.data, CUDA_R_16BF,
+                                 static_cast<int>(pr.k), &zero, y.data,
+                                 pr.f32_out ? CUDA_R_32F : CUDA_R_16BF, static_cast<int>(pr.n),
+                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        });
+        const double launches = static_cast<double>((m + 7) / 8);
+        const double io = m * pr.k * 2.0 + m * pr.n * (pr.f32_out ? 4.0 : 2.0);
+        const double floor_ms = (static_cast<double>(slab_bytes) + io) / copy_bw * 1e3;
+        // dequantise + cuBLAS must read the codes, write and read the bf16 matrix.
+        const double deq_floor_ms =
+            (static_cast<double>(slab_bytes) + 2.0 * static_cast<double>(bf16_bytes) + io) /
+            copy_bw * 1e3;
+        std::printf("%-22s %-5s %3lld %10.2f %10.2f %10.2f %9.3f %9.3f %10.2f\n", pr.name,
+                    expert_quant_name(format), static_cast<long long>(m), skinny_ms * 1e3,
+                    dequant_ms * 1e3, bf16_ms * 1e3, launches * floor_ms / skinny_ms,
+                    deq_floor_ms / dequant_ms, bf16_ms / skinny_ms);
+        std::fflush(stdout);
+      }
+    }
+  }
+  CUBLAS_OK(cublasDestroy(cublas));
+}
+
 int run(int argc, char** argv) {
   bool projections_only = false;
   for (int i = 1; i < argc; ++i) {
@@ -377,6 +486,7 @@ int run(int argc, char** argv) {
               copy_bw / 1e9, graph_copy_bandwidth(stream) / 1e9);
   if (projections_only) {
     bench_projections(copy_bw, stream, rng);
+    bench_quant_projections(copy_bw, stream, rng);
     CUDA_CHECK(cudaStreamDestroy(stream));
     return 0;
   }
@@ -389,6 +499,7 @@ int run(int argc, char** argv) {
       {"e12000-k36", 256, 12000, 36, 1024, false}};
   for (const Shape& s : shapes) bench_shape(s, copy_bw, stream, rng);
   bench_projections(copy_bw, stream, rng);
+  bench_quant_projections(copy_bw, stream, rng);
   CUDA_CHECK(cudaStreamDestroy(stream));
 
   // One-line summary: the prefill Qwen3 shape's times and ratios, and the decode latencies.

@@ -35,9 +35,12 @@ class LLM:
             cuda (the CPU computes with the checkpoint's weights as stored).
         weights: None (the checkpoint's), "fp8", "int4" or "bf16": the routed experts' gate,
             up and down matrices quantised at load, as ``moeinfer ... --weights`` (attention,
-            router, shared experts and dense layers unchanged). On the CPU the quantised values
+            router, shared experts and dense layers unchanged unless weights_scope="linear"). On the CPU the quantised values
             are computed in bf16/f32 (the format's numerics, not its memory saving); on cuda
             "fp8" and "int4" hold the codes and scales ("bf16" is dtype="bfloat16" there).
+        weights_scope: "experts" (default) or "linear": with weights "fp8" or "int4", "linear"
+            quantises every Linear weight but the embeddings, LM head, norms and routers too
+            (attention, shared experts, dense layers), as ``--weights-scope linear``.
         gpu_memory_utilization: cuda: share of the GPU's memory for weights, workspace and KV.
         max_model_len: context length in tokens (None: the model's own).
         max_num_seqs: requests in the running batch at most.
@@ -102,6 +105,7 @@ class LLM:
         device: str = "cpu",
         dtype: str = "auto",
         weights: Optional[str] = None,
+        weights_scope: str = "experts",
         gpu_memory_utilization: float = 0.9,
         max_model_len: Optional[int] = None,
         max_num_seqs: int = 64,
@@ -137,6 +141,7 @@ class LLM:
         options.device = device
         options.dtype = dtype
         options.weights = weights or ""
+        options.weights_scope = weights_scope
         options.gpu_memory_fraction = gpu_memory_utilization
         options.max_model_len = max_model_len or 0
         options.max_num_seqs = max_num_seqs

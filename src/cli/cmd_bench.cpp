@@ -207,7 +207,11 @@ double decode_step_bytes(const Engine& engine, int64_t batch, double mean_contex
   const double non_expert = static_cast<double>(active.attention + active.shared_experts +
                                                 active.other) +
                             static_cast<double>(c.vocab_size * c.hidden_size);  // LM head
-  return 2.0 * non_expert + static_cast<double>(touched) * expert_bytes +
+  // Dense Linears held quantised (--weights-scope linear): their codes and scales instead of
+  // their values' bf16 bytes.
+  const double dense = static_cast<double>(mem.dense_quant_bytes) -
+                       2.0 * static_cast<double>(mem.dense_quant_values);
+  return 2.0 * non_expert + dense + static_cast<double>(touched) * expert_bytes +
          static_cast<double>(batch) * mean_context * mem.kv_bytes_per_token;
 }
 
@@ -248,6 +252,11 @@ void print_gpu_figures(Engine& engine, const BenchArgs& args, const RunTimes& t,
     }
     if (mem.expert_fp8_tensor_cores) std::printf("; prefill on fp8 tensor cores");
     std::printf("\n");
+  }
+  if (mem.dense_quant_matrices > 0) {
+    std::printf("Dense Linears: %lld held as %s codes and scales, %.2f GiB of the weights\n",
+                static_cast<long long>(mem.dense_quant_matrices), mem.dense_format.c_str(),
+                mem.dense_quant_bytes / GiB);
   }
   if (args.device.ep > 1) {
     std::printf(
@@ -312,6 +321,8 @@ void print_gpu_figures(Engine& engine, const BenchArgs& args, const RunTimes& t,
                  {"expert_bytes", mem.expert_bytes},
                  {"expert_fp8_tensor_cores", mem.expert_fp8_tensor_cores},
                  {"routed_expert_bytes", mem.routed_expert_bytes},
+                 {"dense_format", mem.dense_format},
+                 {"dense_quant_bytes", mem.dense_quant_bytes},
                  {"workspace_bytes", mem.workspace_bytes},
                  {"kv_bytes", mem.kv_bytes},
                  {"copy_bytes_per_s", floors.copy_bytes_per_s},
@@ -371,6 +382,7 @@ EngineConfig engine_config(const BenchArgs& args) {
                       .offload = args.device.offload(),
                       .routing = args.device.routing_approximation(),
                       .expert_weights = args.device.weight_format(),
+                      .weight_scope = args.device.weight_scope(),
                       .kv_dtype = args.device.kv_rows_dtype()};
 }
 

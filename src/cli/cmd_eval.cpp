@@ -130,6 +130,7 @@ void run_eval(const EvalArgs& args) {
               " must be at least 2");
   const moe::RoutingApproximation approx = args.device.routing_approximation();
   const WeightFormat weights = args.device.weight_format();
+  const WeightScope scope = args.device.weight_scope();  // linear without fp8|int4 refused
   const bool quantised = weights != WeightFormat::kCheckpoint;
   const bool kv_rounded = args.device.kv_rows_rounded();  // f32 refused on cuda
   const bool compare = args.device.active_experts || args.device.drop_below ||
@@ -154,6 +155,7 @@ void run_eval(const EvalArgs& args) {
   // cannot take the format is refused before anything else is read).
   DeviceArgs unmodified_device = args.device;
   unmodified_device.weights.clear();
+  unmodified_device.weights_scope.clear();
   unmodified_device.kv_dtype = "auto";
   std::unique_ptr<Model> quantised_model = quantised ? load_model_for(dir, args.device) : nullptr;
   auto model = load_model_for(dir, unmodified_device);
@@ -246,6 +248,7 @@ void run_eval(const EvalArgs& args) {
     if (quantised) {
       flags += std::string(flags.empty() ? "" : " ") + "--weights " +
                std::string(weight_format_name(weights));
+      if (scope == WeightScope::kLinear) flags += " --weights-scope linear";
     }
     if (kv_rounded)
       flags += std::string(flags.empty() ? "" : " ") + "--kv-dtype " + args.device.kv_dtype;

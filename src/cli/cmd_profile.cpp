@@ -181,7 +181,8 @@ class Workload {
                  : GpuDecoder::create_synthetic(config, options,
                                                 {.seed = args.seed,
                                                  .routing = parse_routing_skew(args.routing_skew),
-                                                 .expert_weights = args.device.weight_format()});
+                                                 .expert_weights = args.device.weight_format(),
+                                                 .weight_scope = args.device.weight_scope()});
     } else {
       MOE_CHECK(decoder != nullptr, "synthetic models run on the GPU: use --device cuda");
       decoder->set_offload(args.device.offload(), /*max_step_tokens=*/args.batch);
@@ -405,6 +406,7 @@ void run_profile(const ProfileArgs& args) {
   if (synthetic) {
     check_synthetic_weight_format(args.device.weight_format(), synthetic_name,
                                   args.device.offload().enabled());
+    args.device.weight_scope();  // linear without --weights fp8|int4 refused here
   }
   const std::filesystem::path dir = synthetic ? std::filesystem::path()
                                               : resolve_model_dir(args.model);

@@ -158,6 +158,7 @@ void run_serve(ServeArgs args) {
   args.engine.offload = args.device.offload();
   args.engine.routing = args.device.routing_approximation();
   args.engine.expert_weights = args.device.weight_format();
+  args.engine.weight_scope = args.device.weight_scope();
   args.engine.kv_dtype = args.device.kv_rows_dtype();  // f32 refused on cuda
   const bool synthetic = is_synthetic_model(args.model);
   MOE_CHECK(synthetic || (args.layers == 0 && args.routing_skew.empty()),

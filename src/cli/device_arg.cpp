@@ -120,7 +120,8 @@ void add_routing_options(CLI::App* cmd, DeviceArgs* args) {
 void add_weight_options(CLI::App* cmd, DeviceArgs* args) {
   cmd->add_option("--weights", args->weights,
                   "Quantise the routed experts' gate, up and down matrices at load (attention, "
-                  "the router, shared experts and dense layers keep the checkpoint's weights): "
+                  "the router, shared experts and dense layers keep the checkpoint's weights "
+                  "unless --weights-scope linear): "
                   "fp8 (e4m3, one scale per 128x128 block, DeepSeek-V3's layout), int4 (4-bit "
                   "codes with a scale and zero point per 128 inputs of a row, as GPTQ/AWQ) or "
                   "bf16 (rounded to bf16; what an fp8 or MXFP4 checkpoint is dequantised to "
@@ -132,6 +133,19 @@ void add_weight_options(CLI::App* cmd, DeviceArgs* args) {
                   "random codes of that format on the GPU (not with --expert-budget) "
                   "(default: the checkpoint's weights)")
       ->check(CLI::IsMember({"bf16", "fp8", "int4"}));
+  cmd->add_option("--weights-scope", args->weights_scope,
+                  "Which Linear weights --weights fp8|int4 quantises: experts (the routed "
+                  "experts only) or linear (every Linear weight of every layer but the "
+                  "embeddings, the LM head, norms and the MoE router and gates: attention's q/k/"
+                  "v/o and MLA's projections, Gated DeltaNet's projections, shared experts and "
+                  "dense MLPs, as vLLM's fp8 quantization and llama.cpp quantise). On cuda "
+                  "those matrices are then held as codes and scales too (a skinny dequantising "
+                  "GEMM at decode, dequantised into a scratch for cuBLAS otherwise), so decode "
+                  "reads about half (fp8) or a quarter (int4) of their bytes; MLA's kv_b stays "
+                  "bf16 there (its per-head absorbed products read bf16). With synthetic:NAME, "
+                  "linear draws those matrices as random codes too. Needs --weights fp8 or int4 "
+                  "(default: experts)")
+      ->check(CLI::IsMember({"experts", "linear"}));
 }
 
 void add_kv_options(CLI::App* cmd, DeviceArgs* args) {
@@ -165,6 +179,17 @@ WeightFormat DeviceArgs::weight_format() const {
                 "weights in bf16");
   }
   return format;
+}
+
+WeightScope DeviceArgs::weight_scope() const {
+  const WeightScope scope = parse_weight_scope(weights_scope);
+  const WeightFormat format = parse_weight_format(weights);
+  USAGE_CHECK(scope != WeightScope::kLinear || format == WeightFormat::kFp8 ||
+                  format == WeightFormat::kInt4,
+              "--weights-scope linear needs --weights fp8 or --weights int4 (the format it "
+              "quantises every Linear weight to)",
+              weights.empty() ? std::string() : "; --weights " + weights + " is not one");
+  return scope;
 }
 
 moe::RoutingApproximation DeviceArgs::routing_approximation() const {
@@ -389,7 +414,9 @@ std::unique_ptr<Model> load_model_for(const std::filesystem::path& dir, const De
     check_gpu_kv_dtype(config, device.kv_rows_dtype());
     check_gpu_offload(config, device.offload());
   }
-  return Model::load(dir, LoadOptions{.prefault = !device.is_cuda(), .expert_weights = weights});
+  return Model::load(dir, LoadOptions{.prefault = !device.is_cuda(),
+                                      .expert_weights = weights,
+                                      .weight_scope = device.weight_scope()});
 }
 
 SequenceRunner::SequenceRunner(Model& model, const DeviceArgs& device, int64_t max_tokens,

@@ -46,6 +46,7 @@ struct DeviceArgs {
   std::string overflow;                      // --overflow drop|reroute; empty: drop
   std::optional<double> router_temperature;  // --router-temperature T
   std::string weights;  // --weights bf16|fp8|int4 (add_weight_options); empty: the checkpoint's
+  std::string weights_scope;  // --weights-scope experts|linear (add_weight_options); empty: experts
   std::string kv_dtype = "auto";  // --kv-dtype auto|f32|bf16|fp8 (add_kv_options)
   // Under --ep: whether the shared experts run while the dispatch's rows are in flight.
   bool overlap_shared_experts() const;
@@ -70,6 +71,9 @@ struct DeviceArgs {
   moe::RoutingApproximation routing_approximation() const;
   // --weights as the load option, refused on --device cuda for fp8 and int4 (naming the flag).
   WeightFormat weight_format() const;
+  // --weights-scope as the load option; linear without --weights fp8|int4 is refused, naming
+  // both flags.
+  WeightScope weight_scope() const;
   // --kv-dtype as the pool's row type. CPU: auto is f32, the rows as computed. On --device
   // cuda, whose KV cache holds bf16 or fp8 rows, auto is bf16 and f32 is refused, naming the flag
   // (fp8 for a model whose kernels cannot read it is refused where the model is loaded:

@@ -44,15 +44,22 @@ std::string layout_name(Layout layout) {
 
 PartCounts weight_bytes_by_part(const ModelConfig& config, WeightDType dtype) {
   const PartCounts params = count_params(config, /*active_only=*/false);
-  // fp8 stores the large matrices in one byte plus one float32 scale per 128x128 block;
-  // embeddings, norms and routers stay in bf16.
-  const double matrix_bytes = dtype == WeightDType::kFP8 ? 1.0 + 4.0 / (128.0 * 128.0) : 2.0;
+  // fp8 stores the Linear matrices (attention, experts, shared experts, dense MLP layers) in one
+  // byte plus a float32 scale per 128 inputs of a row, as the GPU holds them (a 128x128 block's
+  // scale repeated on its rows: backend/cuda/expert_quant.h; `--weights fp8 --weights-scope
+  // linear`, or a block-scaled fp8 checkpoint); embeddings, norms and routers stay in bf16.
+  const double matrix_bytes = dtype == WeightDType::kFP8 ? 1.0 + 4.0 / 128.0 : 2.0;
+  int64_t dense_mlp = 0;  // the dense layers' MLPs, counted in `other`
+  for (int64_t l = 0; l < config.num_layers; ++l) {
+    if (!config.layer_is_moe[l]) dense_mlp += 3 * config.hidden_size * config.intermediate_size;
+  }
   PartCounts bytes;
   bytes.attention = static_cast<int64_t>(std::ceil(params.attention * matrix_bytes));
   bytes.routed_experts = static_cast<int64_t>(std::ceil(params.routed_experts * matrix_bytes));
   bytes.shared_experts = static_cast<int64_t>(std::ceil(params.shared_experts * matrix_bytes));
   bytes.embeddings = params.embeddings * 2;
-  bytes.other = params.other * 2;
+  bytes.other = (params.other - dense_mlp) * 2 +
+                static_cast<int64_t>(std::ceil(static_cast<double>(dense_mlp) * matrix_bytes));
   return bytes;
 }
 

@@ -55,7 +55,9 @@ struct CapacityPlan {
 
 CapacityPlan plan_capacity(const ModelConfig& config, const PlanOptions& options);
 std::string layout_name(Layout layout);
-// Bytes per parameter of each part at a weight dtype (fp8 includes its block scales).
+// Bytes per parameter of each part at a weight dtype: fp8 is every Linear matrix (dense MLP
+// layers included) at a byte a value plus a float32 scale per 128 inputs of a row, what the GPU
+// holds under --weights fp8 --weights-scope linear (gpu::device_weight_bytes).
 PartCounts weight_bytes_by_part(const ModelConfig& config, WeightDType dtype);
 
 // `moeinfer plan` and the Python API's moeinfer.plan(), one function each:

@@ -90,7 +90,10 @@ struct GpuOptions {
   // this many rows (<= cuda::kSkinnyGemmMaxRows) run the skinny GEMM (backend/cuda/skinny_gemm.h:
   // a weight-streaming matrix-vector kernel that launches as a programmatic dependent) instead
   // of cuBLAS; 0: always cuBLAS; -1: kDefaultSkinnyGemmRows. Not under `deterministic`, which
-  // keeps the fixed-order dense GEMM.
+  // keeps the fixed-order dense GEMM. Dense Linears held quantised (--weights-scope linear, a
+  // quantised checkpoint's dense matrices) take the quantised skinny GEMM, 8 rows a launch, up
+  // to 16 (fp8) or 32 (int4) rows whenever this is not 0 (their other path dequantises the
+  // matrix into a bf16 scratch first).
   int64_t skinny_gemm_rows = -1;
   // MoE layers whose step has at most this many tokens run their route and plan stages in one
   // launch (backend/cuda/route_plan.h: router product, top-k and plan); 0: never; -1: the
@@ -167,6 +170,9 @@ struct SyntheticGpuOptions {
   // (gpu::synthetic_weights); kCheckpoint: bf16 like every other matrix. Engine::load_synthetic
   // takes it from EngineConfig::expert_weights.
   WeightFormat expert_weights = WeightFormat::kCheckpoint;
+  // --weights-scope linear (with expert_weights fp8|int4): every dense Linear (attention, MLA
+  // but kv_b, Gated DeltaNet, shared experts, dense MLPs) as random codes of that format too.
+  WeightScope weight_scope = WeightScope::kExperts;
 };
 
 struct GpuMemoryReport {
@@ -184,6 +190,13 @@ struct GpuMemoryReport {
   bool expert_fp8_tensor_cores = false;
   int64_t expert_bytes = 0;
   int64_t routed_expert_bytes = 0;
+  // Dense Linears held quantised (--weights-scope linear, or a block-scaled fp8 / GPTQ / AWQ
+  // checkpoint's dense matrices): their codes' format ("" when none), how many matrices, and
+  // their bytes (codes and scales, in weight_bytes).
+  std::string dense_format;
+  int64_t dense_quant_matrices = 0;
+  int64_t dense_quant_bytes = 0;
+  int64_t dense_quant_values = 0;  // their N * K summed (what they would take in bf16 / 2)
   int64_t workspace_bytes = 0;  // activations, metadata, cuBLAS workspace
   int64_t kv_bytes = 0;
   int64_t kv_bytes_per_token = 0;

@@ -19,6 +19,9 @@ struct LoadOptions {
   // computes with the quantised values, the GPU with their codes. Refused on an already
   // quantised checkpoint (fp8, int4).
   WeightFormat expert_weights = WeightFormat::kCheckpoint;
+  // --weights-scope linear: every dense Linear quantised too (quantize_linear_weights); needs
+  // expert_weights fp8 or int4.
+  WeightScope weight_scope = WeightScope::kExperts;
 };
 
 class Model {

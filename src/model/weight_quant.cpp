@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <map>
+#include <utility>
 #include <vector>
 
 #include "core/dtype.h"
@@ -35,6 +37,33 @@ WeightFormat parse_weight_format(std::string_view text) {
   if (text == "fp8") return WeightFormat::kFp8;
   if (text == "int4") return WeightFormat::kInt4;
   MOE_FAIL("--weights ", std::string(text), ": expected bf16, fp8 or int4");
+}
+
+std::string_view weight_scope_name(WeightScope scope) {
+  switch (scope) {
+    case WeightScope::kExperts:
+      return "experts";
+    case WeightScope::kLinear:
+      return "linear";
+  }
+  return "";  // unreachable: every enumerator returns above
+}
+
+WeightScope parse_weight_scope(std::string_view text) {
+  if (text.empty() || text == "experts") return WeightScope::kExperts;
+  if (text == "linear") return WeightScope::kLinear;
+  MOE_FAIL("--weights-scope ", std::string(text), ": expected experts or linear");
+}
+
+void check_weight_scope(WeightFormat format, WeightScope scope) {
+  if (scope == WeightScope::kExperts) return;
+  MOE_CHECK(format == WeightFormat::kFp8 || format == WeightFormat::kInt4,
+            "--weights-scope linear quantises every Linear weight to the format of --weights, "
+            "which is ",
+            format == WeightFormat::kCheckpoint
+                ? std::string("not given")
+                : "--weights " + std::string(weight_format_name(format)),
+            "; add --weights fp8 or --weights int4 (or drop --weights-scope)");
 }
 
 void check_synthetic_weight_format(WeightFormat format, std::string_view name,
@@ -190,18 +219,84 @@ void quantize_matrix(WeightFormat format, const TensorView& matrix, DType dtype,
   for (size_t i = 0; i < values.size(); ++i) out[i] = f32_to_bf16(values[i]);
 }
 
+struct QuantJob {
+  TensorView* view;
+  DType dtype;
+  void* dst;
+  QuantizedMatrix record;
+};
+
+// Quantises the jobs' matrices in parallel, then points each view at its new values and records
+// their codes in `source`.
+void run_quant_jobs(WeightFormat format, std::vector<QuantJob>& jobs, WeightSource& source) {
+  parallel_for(static_cast<int64_t>(jobs.size()), [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j)
+      quantize_matrix(format, *jobs[j].view, jobs[j].dtype, jobs[j].dst, jobs[j].record);
+  });
+  for (QuantJob& job : jobs) {
+    job.view->dtype = job.dtype;
+    job.view->data = job.dst;
+    if (job.record.group > 0) {
+      source.quantized().add(job.dst, dtype_size(job.dtype), std::move(job.record));
+    }
+  }
+}
+
 }  // namespace
+
+std::vector<TensorView*> dense_linear_views(DecoderWeights& weights) {
+  std::vector<TensorView*> views;
+  auto add = [&](TensorView& v) {
+    if (!v.empty() && v.shape.rank() == 2 && v.shape[1] % 8 == 0) views.push_back(&v);
+  };
+  for (LayerWeights& layer : weights.layers) {
+    AttentionWeights& a = layer.attention;
+    for (TensorView* v : {&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj}) add(*v);
+    MlaWeights& m = layer.mla;
+    for (TensorView* v :
+         {&m.q_proj, &m.q_a_proj, &m.q_b_proj, &m.kv_a_proj, &m.kv_b_proj, &m.o_proj}) {
+      add(*v);
+    }
+    LinearAttentionWeights& lin = layer.linear_attention;
+    for (TensorView* v : {&lin.in_proj_qkvz, &lin.in_proj_ba, &lin.in_proj_qkv, &lin.in_proj_z,
+                          &lin.in_proj_b, &lin.in_proj_a, &lin.out_proj}) {
+      add(*v);
+    }
+    for (MlpWeights* mlp : {&layer.mlp, &layer.moe.shared_expert}) {
+      for (TensorView* v : {&mlp->gate_proj, &mlp->up_proj, &mlp->down_proj}) add(*v);
+    }
+  }
+  return views;
+}
+
+int64_t quantize_linear_weights(WeightFormat format, DecoderWeights& weights,
+                                WeightSource& source) {
+  MOE_CHECK(format == WeightFormat::kFp8 || format == WeightFormat::kInt4,
+            "quantize_linear_weights: --weights fp8 or int4, not '", weight_format_name(format),
+            "'");
+  std::vector<QuantJob> jobs;
+  // A tensor bound to two views (the same data and shape) is quantised once; the second view
+  // follows the first.
+  std::vector<std::pair<TensorView*, TensorView*>> repeats;
+  std::map<std::pair<const void*, std::string>, TensorView*> seen;
+  for (TensorView* view : dense_linear_views(weights)) {
+    auto [it, fresh] = seen.try_emplace({view->data, view->shape.str()}, view);
+    if (!fresh) {
+      repeats.emplace_back(view, it->second);
+      continue;
+    }
+    const DType dtype = view->dtype == DType::kBF16 ? DType::kBF16 : DType::kF32;
+    jobs.push_back({view, dtype, source.allocate(view->numel() * dtype_size(dtype)), {}});
+  }
+  run_quant_jobs(format, jobs, source);
+  for (auto [view, first] : repeats) *view = *first;
+  return static_cast<int64_t>(jobs.size());
+}
 
 void quantize_routed_experts(WeightFormat format, DecoderWeights& weights, WeightSource& source) {
   if (format == WeightFormat::kCheckpoint) return;
-  struct Job {
-    TensorView* view;
-    DType dtype;
-    void* dst;
-    QuantizedMatrix record;
-  };
   // Buffers are taken from the source one by one (it is not thread-safe); the values in parallel.
-  std::vector<Job> jobs;
+  std::vector<QuantJob> jobs;
   for (LayerWeights& layer : weights.layers) {
     if (!layer.is_moe) continue;
     for (moe::ExpertWeights& expert : layer.moe.routed.experts) {
@@ -216,17 +311,7 @@ void quantize_routed_experts(WeightFormat format, DecoderWeights& weights, Weigh
       }
     }
   }
-  parallel_for(static_cast<int64_t>(jobs.size()), [&](int64_t begin, int64_t end) {
-    for (int64_t j = begin; j < end; ++j)
-      quantize_matrix(format, *jobs[j].view, jobs[j].dtype, jobs[j].dst, jobs[j].record);
-  });
-  for (Job& job : jobs) {
-    job.view->dtype = job.dtype;
-    job.view->data = job.dst;
-    if (job.record.group > 0) {
-      source.quantized().add(job.dst, dtype_size(job.dtype), std::move(job.record));
-    }
-  }
+  run_quant_jobs(format, jobs, source);
 }
 
 }  // namespace moeinfer

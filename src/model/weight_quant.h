@@ -4,12 +4,19 @@
 // checkpoint, float32 otherwise). The products are then those of the quantised model. The codes
 // and scales are kept too (model/quantized_matrix.h): the GPU holds those, not the values, and
 // dequantises them in its expert GEMM.
-// Attention, the router, shared experts and dense layers keep the checkpoint's weights.
+// With --weights-scope linear (WeightScope::kLinear) every other Linear weight of every layer is
+// quantised the same way (quantize_linear_weights): attention's q/k/v/o, MLA's projections,
+// Gated DeltaNet's in/out projections, shared experts and dense MLPs. Embeddings, the LM head,
+// norms, the MoE router and small gates (Qwen2-MoE's shared_expert_gate) keep the checkpoint's
+// weights, as vLLM's --quantization fp8 and llama.cpp's quantisers leave them.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
+
+#include "core/tensor.h"
 
 namespace moeinfer {
 
@@ -28,6 +35,19 @@ enum class WeightFormat : uint8_t {
 
 inline constexpr int64_t kFp8BlockSize = 128;   // rows and columns of a block
 inline constexpr int64_t kInt4GroupSize = 128;  // consecutive inputs of one output row
+
+// Which Linear weights --weights quantises (--weights-scope).
+enum class WeightScope : uint8_t {
+  kExperts,  // the routed experts only (the default)
+  kLinear,   // the routed experts and every dense Linear but embeddings, LM head and routers
+};
+
+// "experts", "linear".
+std::string_view weight_scope_name(WeightScope scope);
+// The inverse; "" is kExperts. Throws naming --weights-scope on anything else.
+WeightScope parse_weight_scope(std::string_view text);
+// Refuses --weights-scope linear without --weights fp8|int4, naming both flags.
+void check_weight_scope(WeightFormat format, WeightScope scope);
 
 // "bf16", "fp8", "int4"; "" for kCheckpoint.
 std::string_view weight_format_name(WeightFormat format);
@@ -50,6 +70,19 @@ void check_synthetic_weight_format(WeightFormat format, std::string_view name,
 // values in buffers owned by `source`, and records each one's codes and scales there
 // (WeightSource::quantized, for the GPU). Nothing changes under kCheckpoint.
 void quantize_routed_experts(WeightFormat format, DecoderWeights& weights, WeightSource& source);
+
+// --weights-scope linear: the same for every dense Linear weight of every layer (attention's
+// q/k/v/o, MLA's q/q_a/q_b/kv_a/kv_b/o, Gated DeltaNet's in/out projections, shared experts' and
+// dense MLPs' gate/up/down), each one a matrix of its own (fp8 blocks and int4 groups start at
+// its row 0 and column 0). Not the embeddings, the LM head, norms, the router, the shared
+// expert's sigmoid gate, biases or the depthwise conv. A matrix whose K (columns) is not a
+// multiple of 8 keeps the checkpoint's weights (the device reads codes 8 at a time). fp8 and int4
+// only (check_weight_scope); a view met twice (one tensor bound twice) is quantised once.
+// Returns how many matrices it quantised.
+int64_t quantize_linear_weights(WeightFormat format, DecoderWeights& weights, WeightSource& source);
+// The views quantize_linear_weights quantises in `weights` (non-empty, 2-D, K a multiple of 8),
+// in layer order: what the tests hold it to.
+std::vector<TensorView*> dense_linear_views(DecoderWeights& weights);
 
 // w [R, C] -> out [R, C]: per block_rows x block_cols block (partial at the edges) scale =
 // amax / 448 (1 for an all-zero block), out = e4m3(w / scale) * scale with e4m3 rounding to

@@ -284,6 +284,7 @@ NB_MODULE(_core, m) {
       .def_rw("device", &SessionOptions::device)
       .def_rw("dtype", &SessionOptions::dtype)
       .def_rw("weights", &SessionOptions::weights)
+      .def_rw("weights_scope", &SessionOptions::weights_scope)
       .def_rw("gpu_memory_fraction", &SessionOptions::gpu_memory_fraction)
       .def_rw("max_model_len", &SessionOptions::max_model_len)
       .def_rw("max_num_seqs", &SessionOptions::max_num_seqs)

@@ -24,6 +24,11 @@ EngineConfig engine_config(const SessionOptions& o) {
   MOE_CHECK(o.device == "cpu" || o.weights != "bf16",
             "weights='bf16' applies to device='cpu'; on cuda dtype='bfloat16' holds the weights "
             "in bf16");
+  MOE_CHECK(o.weights_scope == "experts" || o.weights_scope == "linear",
+            "weights_scope must be 'experts' or 'linear', got '", o.weights_scope, "'");
+  MOE_CHECK(o.weights_scope != "linear" || o.weights == "fp8" || o.weights == "int4",
+            "weights_scope='linear' quantises every Linear weight to the format of weights: "
+            "pass weights='fp8' or weights='int4' with it");
   MOE_CHECK(o.gpu_memory_fraction > 0.0 && o.gpu_memory_fraction <= 1.0,
             "gpu_memory_utilization must be in (0, 1], got ", o.gpu_memory_fraction);
   MOE_CHECK(o.ep >= 1, "ep must be >= 1, got ", o.ep);
@@ -81,6 +86,7 @@ EngineConfig engine_config(const SessionOptions& o) {
   config.offload = offload::parse_offload_flags(o.expert_budget, o.expert_cache, o.cold_experts,
                                                 o.expert_prefetch);
   config.expert_weights = parse_weight_format(o.weights);
+  config.weight_scope = parse_weight_scope(o.weights_scope);
   config.validate();
   return config;
 }

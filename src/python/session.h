@@ -53,6 +53,7 @@ struct SessionOptions {
   std::string device = "cpu";
   std::string dtype = "auto";  // "auto" or "bfloat16" (cuda)
   std::string weights;         // "", "bf16", "fp8" or "int4": moeinfer's --weights (CPU)
+  std::string weights_scope = "experts";  // "experts" or "linear": moeinfer's --weights-scope
   double gpu_memory_fraction = 0.9;
   int64_t max_model_len = 0;  // 0: the model's own
   int64_t max_num_seqs = 64;

@@ -171,13 +171,15 @@ std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const Eng
     // A model the GPU refuses is refused from its config.json, before binding its weights.
     const ModelConfig model_config = load_model_config(dir / "config.json");
     check_weight_format(config.expert_weights, model_config, /*cuda=*/true);
+    check_weight_scope(config.expert_weights, config.weight_scope);
     check_gpu_support(model_config);
     check_gpu_kv_dtype(model_config, gpu_options(model_config, config).kv_dtype);
     check_gpu_offload(model_config, config.offload);
     // The GPU reads the map once while uploading; prefaulting it first would read it twice.
     // --weights fp8|int4: the GPU holds the codes the loader keeps (model/quantized_matrix.h).
-    auto model =
-        Model::load(dir, LoadOptions{.prefault = false, .expert_weights = config.expert_weights});
+    auto model = Model::load(dir, LoadOptions{.prefault = false,
+                                              .expert_weights = config.expert_weights,
+                                              .weight_scope = config.weight_scope});
     Tokenizer tokenizer = Tokenizer::from_dir(dir);
     auto gpu = GpuDecoder::create(
         model->config(), model->decoder().weights(),
@@ -187,6 +189,7 @@ std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const Eng
   }
   LoadOptions cpu_options = options;
   cpu_options.expert_weights = config.expert_weights;
+  cpu_options.weight_scope = config.weight_scope;
   auto model = Model::load(dir, cpu_options);
   // A decode step carries at most max_num_seqs tokens: the static policy's streaming slots.
   model->decoder().set_offload(config.offload, config.max_num_seqs);
@@ -201,6 +204,7 @@ std::unique_ptr<Engine> Engine::load_synthetic(const std::string& name, int64_t 
   config.validate();
   MOE_CHECK(config.device == "cuda", "synthetic models are built on the GPU: use --device cuda");
   check_synthetic_weight_format(config.expert_weights, name, config.offload.enabled());
+  check_weight_scope(config.expert_weights, config.weight_scope);
   moe::check_routing_device(config.routing, /*cuda=*/true);
   const ModelConfig model_config = synthetic_model_config(name, num_layers);
   Tokenizer tokenizer = Tokenizer::from_json(synthetic_tokenizer_json(model_config.vocab_size),
@@ -208,6 +212,7 @@ std::unique_ptr<Engine> Engine::load_synthetic(const std::string& name, int64_t 
   // --weights fp8|int4: the experts' codes (one source of the flag: the engine's config).
   SyntheticGpuOptions options = synthetic;
   options.expert_weights = config.expert_weights;
+  options.weight_scope = config.weight_scope;
   auto gpu = GpuDecoder::create_synthetic(
       model_config, gpu_rank_options(model_config, config, rank, moe_layer_indices(model_config)),
       options);

@@ -72,6 +72,9 @@ struct EngineConfig {
   moe::RoutingApproximation routing;
   // --weights: the routed experts quantised at load (model/weight_quant.h), CPU only for now.
   WeightFormat expert_weights = WeightFormat::kCheckpoint;
+  // --weights-scope: linear quantises every dense Linear too (model/weight_quant.h; needs
+  // expert_weights fp8 or int4); on cuda those matrices are held as their codes.
+  WeightScope weight_scope = WeightScope::kExperts;
   // --kv-dtype: how the pool stores KV rows (kv/kv_format.h) and so how many blocks
   // kv_cache_mb buys; f32 (the default) as computed. On cuda fp8 gives the device pool fp8 rows
   // (GpuOptions::kv_dtype) and anything else its bf16 rows.

@@ -367,7 +367,8 @@ std::unique_ptr<Engine> load_expert_parallel_engine(const std::filesystem::path&
   MOE_CHECK(options.comm != nullptr && options.comm->size() > 1,
             "expert parallelism needs a job of two ranks or more");
   if (config.device == "cuda") return load_gpu_rank(dir, config, options);
-  auto model = Model::load(dir, LoadOptions{.expert_weights = config.expert_weights});
+  auto model = Model::load(dir, LoadOptions{.expert_weights = config.expert_weights,
+                                            .weight_scope = config.weight_scope});
   Decoder& decoder = model->decoder();
   decoder.set_offload(config.offload, config.max_num_seqs);  // refuses a budget under --ep
   decoder.set_routing_approximation(config.routing);

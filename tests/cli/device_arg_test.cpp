@@ -174,5 +174,33 @@ TEST(EpFlag, RefusesZeroAndNegativeWithItsRange) {
   EXPECT_EQ(args.ep, 4);
 }
 
+// --weights-scope: experts unless given; linear needs --weights fp8|int4, refused otherwise on
+// either device, the message naming both flags.
+TEST(WeightsScope, LinearNeedsFp8OrInt4NamingBothFlags) {
+  DeviceArgs args;
+  EXPECT_EQ(args.weight_scope(), WeightScope::kExperts);
+  args.weights_scope = "linear";
+  for (const char* device : {"cpu", "cuda"}) {
+    args.device = device;
+    for (const char* weights : {"", "bf16"}) {
+      args.weights = weights;
+      if (args.device == "cuda" && args.weights == "bf16")
+        continue;  // --weights bf16 refused first
+      try {
+        args.weight_scope();
+        ADD_FAILURE() << device << " --weights '" << weights << "' --weights-scope linear accepted";
+      } catch (const Error& e) {
+        const std::string message = e.what();
+        EXPECT_NE(message.find("--weights-scope linear"), std::string::npos) << message;
+        EXPECT_NE(message.find("--weights fp8"), std::string::npos) << message;
+      }
+    }
+    for (const char* weights : {"fp8", "int4"}) {
+      args.weights = weights;
+      EXPECT_EQ(args.weight_scope(), WeightScope::kLinear) << device << " " << weights;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace moeinfer::cli

@@ -89,6 +89,23 @@ TEST(CudaCapacityPlan, DeviceWeightBytesMatchThePlan) {
   }
 }
 
+// No device needed: `plan --dtype fp8` counts every Linear matrix at fp8 with a scale per 128
+// inputs of a row, what the GPU holds under --weights fp8 --weights-scope linear (MLA's kv_b
+// stays bf16 there, and padding differs: within the same 5%).
+TEST(CudaCapacityPlan, Fp8PlanMatchesTheLinearScope) {
+  for (const std::string& name : synthetic_model_names()) {
+    const ModelConfig config = synthetic_model_config(name);
+    const CapacityPlan plan =
+        plan_capacity(config, PlanOptions{.weight_dtype = WeightDType::kFP8, .max_seq_len = 4096});
+    const int64_t device =
+        gpu::device_weight_bytes(config, 1, WeightFormat::kFp8, WeightScope::kLinear);
+    expect_within(plan.weight_bytes.total(), device, name + " fp8 weights");
+    std::printf("%-24s fp8 weights: plan %lld B, device (linear scope) %lld B (%+.4f%%)\n",
+                name.c_str(), static_cast<long long>(plan.weight_bytes.total()),
+                static_cast<long long>(device), 100 * rel_diff(plan.weight_bytes.total(), device));
+  }
+}
+
 int64_t device_bytes_in_use() {
   CUDA_CHECK(cudaFree(nullptr));  // makes the context, so it is counted
   size_t free_bytes = 0, total_bytes = 0;

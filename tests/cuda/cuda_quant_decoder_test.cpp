@@ -6,9 +6,16 @@
 // is the GPU parity bound of every other fixture (cuda_parity_test.cpp): relative logit error
 // <= 2e-2 over the prompt's rows (prefill) and over greedy decode steps fed the CPU's tokens.
 //
+// The dense Linears the GPU holds as codes too (DeviceWeights::dense_quant: a quantised
+// checkpoint's dense matrices, and every one under --weights-scope linear, which the bf16
+// fixtures of standard attention, shared experts, MLA with a dense layer and Gated DeltaNet run
+// here in fp8 and int4) go through the quantised skinny GEMM at decode and are dequantised into
+// the decoder's scratch for the prompt's rows: the same bound holds.
+//
 // And the point of it: the device's weight bytes are exactly the bf16 upload's with every routed
-// expert's bf16 matrices replaced by its quantised slabs (backend/cuda/expert_quant.h), which
-// are smaller. GPTQ with act-order (a permuted g_idx) keeps no codes and stays bf16 on the GPU.
+// expert's bf16 matrices, and every dense Linear held quantised, replaced by its quantised slabs
+// (backend/cuda/expert_quant.h), which are smaller. GPTQ with act-order (a permuted g_idx) keeps
+// no codes and stays bf16 on the GPU.
 // Registered only where a CUDA device is visible.
 #if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
 
@@ -43,28 +50,55 @@ struct QuantFixture {
   WeightFormat weights;      // --weights
   cuda::ExpertQuant expect;  // how the GPU must hold the routed experts
   int64_t group;             // inputs per scale of the expected codes
+  WeightScope scope = WeightScope::kExperts;  // --weights-scope
+  // Whether the device holds some dense Linears quantised (a quantised checkpoint's, or under
+  // --weights-scope linear).
+  bool dense_codes = false;
 };
 
 const QuantFixture kFixtures[] = {
-    {"deepseek_v3_fp8", WeightFormat::kCheckpoint, cuda::ExpertQuant::kFp8, 8},
-    {"kimi_k2_fp8", WeightFormat::kCheckpoint, cuda::ExpertQuant::kFp8, 8},
-    {"qwen2_moe_awq", WeightFormat::kCheckpoint, cuda::ExpertQuant::kInt4, 32},
-    {"deepseek_v2_lite_gptq_v2", WeightFormat::kCheckpoint, cuda::ExpertQuant::kInt4, 32},
+    {"deepseek_v3_fp8", WeightFormat::kCheckpoint, cuda::ExpertQuant::kFp8, 8,
+     WeightScope::kExperts, true},
+    {"kimi_k2_fp8", WeightFormat::kCheckpoint, cuda::ExpertQuant::kFp8, 8, WeightScope::kExperts,
+     true},
+    {"qwen2_moe_awq", WeightFormat::kCheckpoint, cuda::ExpertQuant::kInt4, 32,
+     WeightScope::kExperts, true},
+    {"deepseek_v2_lite_gptq_v2", WeightFormat::kCheckpoint, cuda::ExpertQuant::kInt4, 32,
+     WeightScope::kExperts, true},
     {"gpt_oss_mxfp4", WeightFormat::kCheckpoint, cuda::ExpertQuant::kMxfp4, 32},
     {"qwen3_moe_bf16", WeightFormat::kFp8, cuda::ExpertQuant::kFp8, 128},
     {"qwen3_moe_bf16", WeightFormat::kInt4, cuda::ExpertQuant::kInt4, 128},
     {"mixtral_bf16", WeightFormat::kInt4, cuda::ExpertQuant::kInt4, 128},
     {"qwen3_moe_gptq", WeightFormat::kCheckpoint, cuda::ExpertQuant::kNone, 0},  // act-order
+    // --weights-scope linear: standard attention (heads padded 32 -> 64: o_proj's columns move,
+    // so it stays bf16), shared experts with their gate, MLA with a dense first layer, Gated
+    // DeltaNet with gated attention.
+    {"qwen3_moe_bf16", WeightFormat::kFp8, cuda::ExpertQuant::kFp8, 128, WeightScope::kLinear,
+     true},
+    {"qwen3_moe_bf16", WeightFormat::kInt4, cuda::ExpertQuant::kInt4, 128, WeightScope::kLinear,
+     true},
+    {"qwen2_moe_shared96_bf16", WeightFormat::kFp8, cuda::ExpertQuant::kFp8, 128,
+     WeightScope::kLinear, true},
+    {"qwen2_moe_shared96_bf16", WeightFormat::kInt4, cuda::ExpertQuant::kInt4, 128,
+     WeightScope::kLinear, true},
+    {"deepseek_v3_q48_v560_bf16", WeightFormat::kFp8, cuda::ExpertQuant::kFp8, 128,
+     WeightScope::kLinear, true},
+    {"qwen3_next_bf16", WeightFormat::kInt4, cuda::ExpertQuant::kInt4, 128, WeightScope::kLinear,
+     true},
+    {"qwen3_next_bf16", WeightFormat::kFp8, cuda::ExpertQuant::kFp8, 128, WeightScope::kLinear,
+     true},
 };
 
 std::string label(const QuantFixture& f) {
   const std::string_view flag = weight_format_name(f.weights);
-  return std::string(f.name) + (flag.empty() ? "" : " --weights " + std::string(flag));
+  return std::string(f.name) + (flag.empty() ? "" : " --weights " + std::string(flag)) +
+         (f.scope == WeightScope::kLinear ? " --weights-scope linear" : "");
 }
 
 std::unique_ptr<Model> load(const QuantFixture& f) {
-  return Model::load(testing_support::kModelFixtures / f.name,
-                     LoadOptions{.prefault = false, .expert_weights = f.weights});
+  return Model::load(
+      testing_support::kModelFixtures / f.name,
+      LoadOptions{.prefault = false, .expert_weights = f.weights, .weight_scope = f.scope});
 }
 
 struct RelError {
@@ -97,14 +131,20 @@ void gpu_matches_cpu(const QuantFixture& f) {
                                            .num_kv_blocks = 4 * (1 + kBatched),
                                            .quiet = true});
   const std::vector<int32_t> table = {0, 1, 2, 3};
+  // Gated DeltaNet layers: a recurrent state slot per sequence (the prompt's 0, the batched
+  // copies' 1 to kBatched), as the engine hands them out; -1 without such layers.
+  const bool recurrent = config.num_linear_layers() > 0;
+  auto slot = [&](int64_t s) { return recurrent ? static_cast<int32_t>(s) : int32_t{-1}; };
 
   // Prefill: every prompt row.
   KvCache cache = model->decoder().make_cache(64);
   std::vector<float> cpu(n * V), got(n * V, NAN);
   model->decoder().forward(prompt, cache, cpu, /*all_positions=*/true);
-  gpu->forward({.sequences = {{.tokens = prompt, .position = 0, .block_table = table}},
-                .all_positions = true},
-               got);
+  gpu->forward(
+      {.sequences =
+           {{.tokens = prompt, .position = 0, .block_table = table, .state_slot = slot(0)}},
+       .all_positions = true},
+      got);
   RelError prefill;
   prefill.add(got.data(), cpu.data(), n * V);
 
@@ -118,7 +158,8 @@ void gpu_matches_cpu(const QuantFixture& f) {
                         static_cast<int32_t>(4 * (s + 1) + 3)});
     }
     for (int64_t s = 0; s < kBatched; ++s) {
-      batch.sequences.push_back({.tokens = prompt, .position = 0, .block_table = tables[s]});
+      batch.sequences.push_back(
+          {.tokens = prompt, .position = 0, .block_table = tables[s], .state_slot = slot(s + 1)});
     }
     std::vector<float> batched(kBatched * n * V, NAN);
     gpu->forward(batch, batched);
@@ -135,7 +176,10 @@ void gpu_matches_cpu(const QuantFixture& f) {
     const std::vector<int32_t> token = {next};
     model->decoder().forward(token, cache, cpu_row, /*all_positions=*/false);
     std::fill(gpu_row.begin(), gpu_row.end(), NAN);
-    gpu->forward({.sequences = {{.tokens = token, .position = n + step, .block_table = table}}},
+    gpu->forward({.sequences = {{.tokens = token,
+                                 .position = n + step,
+                                 .block_table = table,
+                                 .state_slot = slot(0)}}},
                  gpu_row);
     decode.add(gpu_row.data(), cpu_row.data(), V);
     next = static_cast<int32_t>(std::max_element(cpu_row.begin(), cpu_row.end()) - cpu_row.begin());
@@ -178,7 +222,18 @@ void device_holds_the_codes() {
     }
     const int64_t bf16_bytes = gpu::device_weight_bytes(c, 1);
     // Each stack is its own 256-byte aligned allocation, and both sizes are multiples of 256.
-    const int64_t want = bf16_bytes - moe_layers * c.num_experts * (bf16_expert - quant_expert);
+    int64_t want = bf16_bytes - moe_layers * c.num_experts * (bf16_expert - quant_expert);
+    // Each dense Linear held quantised: its slab instead of its bf16 matrix (256-byte aligned).
+    const gpu::DeviceWeights held =
+        gpu::upload_weights(c, model->decoder().weights(), false, false, /*round_to_bf16=*/true);
+    EXPECT_EQ(!held.dense_quant.empty(), f.dense_codes) << held.dense_quant.size();
+    for (const gpu::DenseQuantMatrix& m : held.dense_quant) {
+      const int64_t bf16_matrix = (m.rows * m.cols * 2 + 255) / 256 * 256;
+      EXPECT_LT(m.layout.bytes, bf16_matrix) << m.rows << " x " << m.cols;
+      want -= bf16_matrix - m.layout.bytes;
+    }
+    EXPECT_EQ(gpu->memory().dense_quant_matrices, static_cast<int64_t>(held.dense_quant.size()));
+    EXPECT_EQ(gpu->memory().dense_quant_bytes, held.dense_quant_bytes);
     EXPECT_EQ(gpu->memory().weight_bytes, want)
         << "bf16 upload " << bf16_bytes << " bytes, " << moe_layers << " MoE layers of "
         << c.num_experts << " experts";

@@ -12,6 +12,11 @@
 //   steps through 48 layers give finite logits of about the bf16 model's size; a one-token step
 //   takes the small-batch MoE path (its profile has no plan or unpermute stage) with logits
 //   within 2e-2 relative of the stage-by-stage path's.
+// Under --weights-scope linear the attention's QKV and O projections are slabs of random codes
+// too: the planned and held bytes are the experts-only plan's with each replaced by its slab;
+// scripted steps give finite logits of about the bf16 model's size; a one-token step's logits
+// through the quantised skinny GEMM agree with the dequantise-then-cuBLAS path's (skinny rows 0)
+// within 2e-2 relative.
 // The logits are not compared with a bf16 model built from the dequantised values: the decoder
 // has no way in for device weights other than the two builders. No timing here (bench does it).
 // Compiled only with the CUDA toolkit (the no-device checks need its launchers).
@@ -115,6 +120,55 @@ TEST(SyntheticQuant, PlannedBytesReplaceEachExpertBySlabs) {
   EXPECT_EQ(int4.format, cuda::ExpertQuant::kInt4);
   EXPECT_EQ(int4.group, kInt4GroupSize);
   EXPECT_EQ(gpu::expert_codes_for(WeightFormat::kBf16).format, cuda::ExpertQuant::kNone);
+}
+
+// The QKV and O projections of every layer of a qwen3-30b-a3b-shaped config: [rows, cols] each.
+std::vector<std::pair<int64_t, int64_t>> dense_linears(const ModelConfig& c) {
+  const int64_t Dp = gpu::padded_head_dim(c), Hp = gpu::padded_hidden_size(c);
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    out.push_back({(c.num_heads + 2 * c.num_kv_heads) * Dp, Hp});
+    out.push_back({Hp, c.num_heads * Dp});
+  }
+  return out;
+}
+
+int64_t round_up_256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// No device needed: --weights-scope linear's plan.
+TEST(SyntheticQuant, PlannedBytesUnderLinearScopeReplaceTheDenseLinearsBySlabs) {
+  const ModelConfig c = synthetic_model_config("qwen3-30b-a3b");
+  const int64_t bf16 = gpu::device_weight_bytes(c, 1);
+  EXPECT_EQ(gpu::device_weight_bytes(c, 1, WeightFormat::kCheckpoint, WeightScope::kLinear), bf16);
+  for (WeightFormat format : kFormats) {
+    SCOPED_TRACE(weight_format_name(format));
+    const gpu::ExpertCodes codes = gpu::expert_codes_for(format);
+    const int64_t experts_only = gpu::device_weight_bytes(c, 1, format);
+    int64_t dense_bf16 = 0, dense_quant = 0;
+    for (const auto& [rows, cols] : dense_linears(c)) {
+      dense_bf16 += round_up_256(rows * cols * 2);
+      dense_quant += cuda::quant_matrix_layout(codes.format, rows, cols, codes.group).bytes;
+    }
+    EXPECT_EQ(gpu::device_weight_bytes(c, 1, format, WeightScope::kLinear),
+              experts_only - dense_bf16 + dense_quant);
+    // What a batch-1 decode step reads per layer: the dense projections and 8 experts.
+    const double layer_bf16 =
+        static_cast<double>(dense_bf16 / c.num_layers + 8 * bf16_expert_bytes(c));
+    const double layer_quant =
+        static_cast<double>(dense_quant / c.num_layers + 8 * quant_expert_bytes(c, format));
+    std::printf(
+        "synthetic:qwen3-30b-a3b --weights %s --weights-scope linear: %.2f GiB; a layer's decode "
+        "bytes at batch 1: %.1f MB (bf16 %.1f MB, %.2fx fewer)\n",
+        std::string(weight_format_name(format)).c_str(),
+        gpu::device_weight_bytes(c, 1, format, WeightScope::kLinear) / 1073741824.0,
+        layer_quant / 1e6, layer_bf16 / 1e6, layer_bf16 / layer_quant);
+  }
+  // The scope needs codes to draw: refused before any device work.
+  EXPECT_NE(error_of([&] {
+              gpu::synthetic_weights(c, 1, {}, false, WeightFormat::kCheckpoint,
+                                     WeightScope::kLinear);
+            }).find("--weights-scope linear"),
+            std::string::npos);
 }
 
 // No device needed: the launcher refuses before it touches one.
@@ -391,8 +445,88 @@ void synthetic_quant_decode_takes_the_small_batch_path() {
   }
 }
 
+// --weights-scope linear on a device: the held bytes are the plan's, the QKV and O projections
+// of every layer are reported as quantised; scripted steps (prefill through the dequantised
+// scratch, decode through the quantised skinny GEMM) give finite logits of about the bf16
+// model's size; a one-token step through the quantised skinny GEMM agrees with the same step
+// through the scratch and cuBLAS (skinny_gemm_rows 0), within 2e-2 of the largest logit.
+void synthetic_linear_scope_decodes() {
+  const ModelConfig c = cut_qwen3(8, 16);
+  const testing::Schedule s = testing::make_schedule(c.vocab_size, 11, 16);
+  GpuOptions options{.max_batch_tokens = 64,
+                     .max_num_seqs = 4,
+                     .max_model_len = 64,
+                     .block_size = 16,
+                     .num_kv_blocks = s.num_blocks,
+                     .quiet = true};
+  auto rms_of_run = [&](WeightFormat format, WeightScope scope) {
+    const auto gpu = GpuDecoder::create_synthetic(
+        c, options, {.seed = 2, .expert_weights = format, .weight_scope = scope});
+    if (scope == WeightScope::kLinear) {
+      EXPECT_EQ(gpu->memory().weight_bytes, gpu::device_weight_bytes(c, 1, format, scope));
+      EXPECT_EQ(gpu->memory().dense_quant_matrices, 2 * c.num_layers);
+      EXPECT_EQ(gpu->memory().dense_format, weight_format_name(format));
+    } else {
+      EXPECT_EQ(gpu->memory().dense_quant_matrices, 0);
+    }
+    double sum_sq = 0.0;
+    int64_t count = 0;
+    for (size_t i = 0; i < s.steps.size(); ++i) {
+      const testing::ScheduledStep& step = s.steps[i];
+      std::vector<float> logits(
+          static_cast<size_t>(Decoder::num_logit_rows(step.batch) * c.vocab_size));
+      gpu->forward(step.batch, logits);
+      for (float x : logits) {
+        EXPECT_TRUE(std::isfinite(x)) << "step " << i;
+        if (!std::isfinite(x)) return -1.0;
+        sum_sq += static_cast<double>(x) * x;
+      }
+      count += static_cast<int64_t>(logits.size());
+    }
+    return std::sqrt(sum_sq / static_cast<double>(std::max<int64_t>(count, 1)));
+  };
+  const double bf16 = rms_of_run(WeightFormat::kCheckpoint, WeightScope::kExperts);
+  ASSERT_GT(bf16, 0.0);
+  for (WeightFormat format : kFormats) {
+    SCOPED_TRACE(weight_format_name(format));
+    const double rms = rms_of_run(format, WeightScope::kLinear);
+    std::printf("8 layers, %s --weights-scope linear: logit rms %.4g (bf16 %.4g)\n",
+                std::string(weight_format_name(format)).c_str(), rms, bf16);
+    EXPECT_GT(rms, 0.5 * bf16);
+    EXPECT_LT(rms, 2.0 * bf16);
+
+    // One token, quantised skinny GEMM (1 row) against dequantise + cuBLAS (0 rows).
+    const std::vector<int32_t> table = {0, 1};
+    const std::vector<int32_t> token = {17};
+    auto one_token = [&](int64_t skinny_rows) {
+      GpuOptions o{.max_batch_tokens = 16,
+                   .max_num_seqs = 2,
+                   .max_model_len = 32,
+                   .num_kv_blocks = 4,
+                   .quiet = true,
+                   .skinny_gemm_rows = skinny_rows};
+      const auto gpu = GpuDecoder::create_synthetic(
+          c, o, {.seed = 3, .expert_weights = format, .weight_scope = WeightScope::kLinear});
+      std::vector<float> logits(static_cast<size_t>(c.vocab_size));
+      gpu->forward({.sequences = {{.tokens = token, .position = 0, .block_table = table}}}, logits);
+      return logits;
+    };
+    const std::vector<float> skinny = one_token(1), cublas = one_token(0);
+    double max_error = 0.0, max_logit = 0.0;
+    for (size_t i = 0; i < skinny.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(skinny[i])) << "logit " << i;
+      max_error = std::max(max_error, std::fabs(static_cast<double>(skinny[i]) - cublas[i]));
+      max_logit = std::max(max_logit, std::fabs(static_cast<double>(cublas[i])));
+    }
+    ASSERT_GT(max_logit, 0.0);
+    EXPECT_LE(max_error / max_logit, 2e-2) << "max |skinny - cublas| " << max_error;
+  }
+}
+
 [[maybe_unused]] const bool kRegistered = [] {
   if (!cuda::testing_util::cuda_device_present("synthetic quantised experts")) return false;
+  cuda::testing_util::register_kernel_test("CudaSyntheticQuant", "LinearScopeDecodes",
+                                           synthetic_linear_scope_decodes, __FILE__, __LINE__);
   cuda::testing_util::register_kernel_test("CudaSyntheticQuant", "HoldsTheCodes",
                                            synthetic_holds_the_codes, __FILE__, __LINE__);
   cuda::testing_util::register_kernel_test(

@@ -26,6 +26,9 @@ must start with "moeinfer: error:" (CLI11's own refusals: "--flag: ...") and hol
                               0) or -5: refused naming the flag
   unwritable_output           bench/eval --json and logits --out into a missing folder or onto a
                               folder: refused when the command line is read, not after the run
+  weights_scope_needs_format  --weights-scope linear without --weights fp8|int4 (none, or bf16)
+                              refused by generate, logits, eval and bench naming both flags;
+                              --weights-scope all refused by CLI11 naming the flag
 
 Prints one line per check and a last line "N passed, M failed".
 """
@@ -162,10 +165,27 @@ def main() -> int:
         refused(moeinfer, ["logits", "--model", str(demo), "--ids", "1,2", "--out", missing],
                 "--out", "no folder")
 
+    def check_weights_scope_needs_format() -> None:
+        runs = {
+            "generate": ["generate", "--model", str(demo), "--prompt", "Hello",
+                         "--max-tokens", "2"],
+            "logits": ["logits", "--model", str(demo), "--ids", "1,2", "--out",
+                       str(root / "x.npy")],
+            "eval": ["eval", "--model", str(demo), "--text-file", str(demo / "config.json")],
+            "bench": ["bench", "--model", str(demo), "--batch", "1", "--input-len", "4",
+                      "--output-len", "2"],
+        }
+        for name, run in runs.items():
+            for weights in ([], ["--weights", "bf16"]):
+                refused(moeinfer, [*run, *weights, "--weights-scope", "linear"],
+                        "moeinfer: error:", "--weights-scope linear", "--weights fp8")
+        refused(moeinfer, [*runs["generate"], "--weights", "fp8", "--weights-scope", "all"],
+                "--weights-scope")
+
     checks = e2e_util.selected(
         [check_eos_token_id_wraps, check_tensor_in_two_shards, check_plan_out_of_range,
          check_ep_zero, check_bench_negative_step_budget, check_text_file_is_a_folder,
-         check_token_id_lists, check_unwritable_output],
+         check_token_id_lists, check_unwritable_output, check_weights_scope_needs_format],
         args.only)
     result = e2e_util.summary(*e2e_util.run_checks(checks))
     tmp.cleanup()

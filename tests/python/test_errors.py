@@ -72,6 +72,11 @@ def test_bad_engine_options():
         moeinfer.LLM(DEMO, kv_dtype="int8")
     with pytest.raises(moeinfer.EngineError, match="kv_dtype='f32' applies to device='cpu'"):
         moeinfer.LLM(DEMO, device="cuda", kv_dtype="f32")
+    with pytest.raises(moeinfer.EngineError, match="weights_scope must be 'experts' or 'linear'"):
+        moeinfer.LLM(DEMO, weights="fp8", weights_scope="all")
+    for weights in (None, "bf16"):
+        with pytest.raises(moeinfer.EngineError, match="weights_scope='linear' quantises"):
+            moeinfer.LLM(DEMO, weights=weights, weights_scope="linear")
     # (fp8 rows on cuda are kept for GQA and MLA models alike; the one fp8 refusal left, heads
     # past 256, has no fixture.)
     # test_expert_parallel.py has the ep refusals.

@@ -55,6 +55,16 @@ def test_kv_dtype_text_equals_the_cli(cli, kv_dtype):
                                                   "--temperature", "0", "--kv-dtype", kv_dtype)
 
 
+@pytest.mark.parametrize("weights", ["fp8", "int4"])
+def test_linear_scope_text_equals_the_cli(cli, weights):
+    # Every dense Linear quantised at load the same way through Python and through the command.
+    with moeinfer.LLM(DEMO, weights=weights, weights_scope="linear") as llm:
+        out = llm.generate(PROMPTS[0], moeinfer.SamplingParams(temperature=0, max_tokens=24))
+    assert out[0].outputs[0].text == cli_generate(cli, PROMPTS[0], "--max-tokens", "24",
+                                                  "--temperature", "0", "--weights", weights,
+                                                  "--weights-scope", "linear")
+
+
 def test_text_equals_python_m_moeinfer_generate(demo_llm):
     params = moeinfer.SamplingParams(temperature=0.8, seed=3, max_tokens=30)
     expected = run_module("generate", "--model", str(DEMO), "--prompt", PROMPTS[1],

@@ -1,6 +1,8 @@
-// Launcher of the skinny GEMM (skinny_gemm_kernel.cuh): checks sizes, strides and pointers,
-// and launches one kernel instantiated for the row count (1 to 8) and the weight terms, as a
+// Launchers of the skinny GEMM (skinny_gemm_kernel.cuh), bf16 and quantised, and of the
+// quantised matrix's dequantisation: each checks sizes, strides and pointers, and launches one
+// kernel instantiated for the row count (1 to 8) and the weight terms or format, as a
 // programmatic dependent of the kernel before it.
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 
@@ -90,6 +92,120 @@ void skinny_gemm(const SkinnyGemmParams& params, cudaStream_t stream) {
     default:
       return launch<8>(p, stream);
   }
+}
+
+namespace {
+
+const char* quant_unsupported(const QuantSkinnyGemmParams& p) {
+  if (p.m < 1 || p.m > kSkinnyGemmMaxRows) return "m outside [1, 8]";
+  if (p.n < 1) return "n < 1";
+  if (p.format != ExpertQuant::kFp8 && p.format != ExpertQuant::kInt4) {
+    return "format not fp8 or int4";
+  }
+  if (p.group < 8 || p.group % 8 != 0) return "group not a positive multiple of 8";
+  if (p.format == ExpertQuant::kFp8 && (p.k < 16 || p.k % 16 != 0)) {
+    return "k not a positive multiple of 16 (fp8)";
+  }
+  if (p.format == ExpertQuant::kInt4 && (p.k < 32 || p.k % 32 != 0)) {
+    return "k not a positive multiple of 32 (int4)";
+  }
+  const int64_t ldx = p.ldx > 0 ? p.ldx : p.k;
+  if (ldx < p.k || ldx % 8 != 0) return "ldx not a multiple of 8 at least k";
+  const int64_t ldy = p.ldy > 0 ? p.ldy : p.n;
+  if (ldy < p.n) return "ldy < n";
+  if (p.n * p.k >= std::numeric_limits<int32_t>::max()) return "n * k of 2^31 or more";
+  for (const void* pointer : {static_cast<const void*>(p.x), static_cast<const void*>(p.w)}) {
+    if (pointer == nullptr) return "x or w null";
+    if (reinterpret_cast<uintptr_t>(pointer) % 16 != 0) return "x or w not 16-byte aligned";
+  }
+  if (p.y == nullptr) return "y null";
+  return nullptr;
+}
+
+template <int M, int C>
+void quant_launch_columns(const QuantSkinnyGemmParams& p, cudaStream_t stream) {
+  const int64_t columns_per_block = kSkinnyWarps * C;
+  const dim3 grid(static_cast<unsigned>((p.n + columns_per_block - 1) / columns_per_block));
+  if (p.format == ExpertQuant::kFp8) {
+    launch_after_previous(quant_skinny_gemm_kernel<M, ExpertQuant::kFp8, C>, grid, kSkinnyThreads,
+                          0, stream, p);
+  } else {
+    launch_after_previous(quant_skinny_gemm_kernel<M, ExpertQuant::kInt4, C>, grid, kSkinnyThreads,
+                          0, stream, p);
+  }
+  MOE_CUDA_CHECK_LAUNCH();
+}
+
+// The bf16 launcher's choice of columns a warp: two while every SM keeps two blocks.
+template <int M>
+void quant_launch(const QuantSkinnyGemmParams& p, cudaStream_t stream) {
+  const int64_t wide_blocks = (p.n + kSkinnyWarps * 2 - 1) / (kSkinnyWarps * 2);
+  if (wide_blocks >= 2 * int64_t{current_multiprocessor_count()}) {
+    quant_launch_columns<M, 2>(p, stream);
+  } else {
+    quant_launch_columns<M, 1>(p, stream);
+  }
+}
+
+}  // namespace
+
+bool quant_skinny_gemm_supports(const QuantSkinnyGemmParams& params) {
+  return quant_unsupported(params) == nullptr;
+}
+
+void quant_skinny_gemm(const QuantSkinnyGemmParams& params, cudaStream_t stream) {
+  const char* reason = quant_unsupported(params);
+  MOE_CHECK(reason == nullptr, "quant_skinny_gemm: ", reason, " (",
+            expert_quant_name(params.format), ", group ", params.group, ", m ", params.m, ", n ",
+            params.n, ", k ", params.k, ", ldx ", params.ldx, ", ldy ", params.ldy, ")");
+  QuantSkinnyGemmParams p = params;
+  if (p.ldx == 0) p.ldx = p.k;
+  if (p.ldy == 0) p.ldy = p.n;
+  switch (p.m) {
+    case 1:
+      return quant_launch<1>(p, stream);
+    case 2:
+      return quant_launch<2>(p, stream);
+    case 3:
+      return quant_launch<3>(p, stream);
+    case 4:
+      return quant_launch<4>(p, stream);
+    case 5:
+      return quant_launch<5>(p, stream);
+    case 6:
+      return quant_launch<6>(p, stream);
+    case 7:
+      return quant_launch<7>(p, stream);
+    default:
+      return quant_launch<8>(p, stream);
+  }
+}
+
+void dequantize_matrix(const DequantizeMatrixParams& p, cudaStream_t stream) {
+  MOE_CHECK(p.format == ExpertQuant::kFp8 || p.format == ExpertQuant::kInt4,
+            "dequantize_matrix: format ", expert_quant_name(p.format), " is not fp8 or int4");
+  MOE_CHECK(p.group >= 8 && p.group % 8 == 0, "dequantize_matrix: group ", p.group,
+            " is not a positive multiple of 8");
+  MOE_CHECK(p.n >= 1 && p.k >= 8 && p.k % 8 == 0 && p.k < (int64_t{1} << 31),
+            "dequantize_matrix: n ", p.n, ", k ", p.k,
+            " (k must be a positive multiple of 8 below 2^31)");
+  MOE_CHECK(p.n * p.k < (int64_t{1} << 40), "dequantize_matrix: n * k = ", p.n * p.k,
+            " is 2^40 or more");
+  MOE_CHECK(p.w != nullptr && p.out != nullptr && reinterpret_cast<uintptr_t>(p.w) % 16 == 0 &&
+                reinterpret_cast<uintptr_t>(p.out) % 16 == 0,
+            "dequantize_matrix: w or out null or not 16-byte aligned");
+  // A block per row at a time, a thread per 8 values of it (a projection's row of 1024 to 8192
+  // values is 128 to 1024 chunks).
+  constexpr int kThreads = 256;
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(p.n, int64_t{1} << 16)));
+  if (p.format == ExpertQuant::kFp8) {
+    launch_after_previous(dequantize_matrix_kernel<ExpertQuant::kFp8>, grid, kThreads, 0, stream,
+                          p);
+  } else {
+    launch_after_previous(dequantize_matrix_kernel<ExpertQuant::kInt4>, grid, kThreads, 0, stream,
+                          p);
+  }
+  MOE_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace moeinfer::cuda

@@ -24,6 +24,8 @@
 
 #include <cstdint>
 
+#include "backend/cuda/expert_quant.h"
+
 namespace moeinfer::cuda {
 
 inline constexpr int64_t kSkinnyGemmMaxRows = 8;
@@ -48,5 +50,55 @@ bool skinny_gemm_supports(const SkinnyGemmParams& params);
 
 // Validates and enqueues y = x . (w + w_lo)^T.
 void skinny_gemm(const SkinnyGemmParams& params, cudaStream_t stream);
+
+// The same product with w a quantised matrix (a dense Linear held as codes and scales,
+// --weights-scope linear or a block-scaled fp8 / GPTQ / AWQ checkpoint's dense matrices): one
+// slab in expert_quant.h's layout, fp8 or int4 with a scale (and zero point) per `group` inputs
+// of a row. Each lane loads 16 bytes of a weight row's codes at a time (16 fp8 or 32 int4
+// values) and dequantises them 8 at a time in registers with the expert GEMM's own functions
+// (expert_dequant.cuh: the same bf16 value as everywhere else), then takes them against the
+// same 8 values of every row of x in float32, as the bf16 kernel: each weight row streamed once
+// for all rows of x, each output a sum in an order fixed by K (a lane's chunks in order, a
+// warp's butterfly), rounded once; launched as a programmatic dependent that prefetches its
+// weight rows into L2 first.
+//
+// Requirements (the launcher names the offending value): 1 <= M <= kSkinnyGemmMaxRows, N >= 1,
+// format kFp8 or kInt4, group a positive multiple of 8, K a positive multiple of 16 (fp8) or
+// 32 (int4) so that every row's codes start 16-byte aligned, ldx a multiple of 8, x and w
+// 16-byte aligned, N * K < 2^31.
+struct QuantSkinnyGemmParams {
+  const __nv_bfloat16* x = nullptr;  // [M, K]
+  const uint8_t* w = nullptr;        // one slab: quant_matrix_layout(format, N, K, group)
+  ExpertQuant format = ExpertQuant::kFp8;
+  int64_t group = 0;
+  void* y = nullptr;  // [M, N]
+  int64_t m = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+  int64_t ldx = 0;  // elements; 0: k
+  int64_t ldy = 0;  // elements; 0: n
+  bool y_f32 = false;
+};
+
+// Whether quant_skinny_gemm takes these sizes, pointers and format.
+bool quant_skinny_gemm_supports(const QuantSkinnyGemmParams& params);
+
+// Validates and enqueues y = x . dequant(w)^T.
+void quant_skinny_gemm(const QuantSkinnyGemmParams& params, cudaStream_t stream);
+
+// The other path of a quantised dense matrix (prefill, larger batches, --deterministic): its
+// values as a bf16 [N, K] matrix, each the bf16 value the skinny kernel and the expert GEMM form,
+// for the bf16 GEMMs to read. A bandwidth-bound kernel, one 8-value chunk a thread.
+// Requirements: format kFp8 or kInt4, group a positive multiple of 8, K a positive multiple of
+// 8, w and out 16-byte aligned, N * K < 2^40.
+struct DequantizeMatrixParams {
+  const uint8_t* w = nullptr;  // one slab: quant_matrix_layout(format, N, K, group)
+  ExpertQuant format = ExpertQuant::kFp8;
+  int64_t group = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+  __nv_bfloat16* out = nullptr;  // [N, K]
+};
+void dequantize_matrix(const DequantizeMatrixParams& params, cudaStream_t stream);
 
 }  // namespace moeinfer::cuda

@@ -68,6 +68,10 @@ struct Job {
   int64_t slab_rows = 0, slab_cols = 0;
   cuda::QuantMatrixLayout slab;
   std::vector<QuantPiece> quant_pieces;
+  // A dense Linear that CudaDecoder::linear() multiplies (attention, MLA but kv_b, Gated
+  // DeltaNet, dense and shared MLPs): it may be held as one quantised slab instead
+  // (hold_linears_quantised).
+  bool linear = false;
   size_t bytes() const { return static_cast<size_t>(rows) * row_bytes() * terms; }
   size_t row_bytes() const {
     if (quant != cuda::ExpertQuant::kNone) return static_cast<size_t>(slab.bytes);
@@ -178,6 +182,17 @@ class Layout {
   }
   void set_norm_terms(int64_t terms) { norm_terms_ = terms; }
 
+  // Hands out the offsets again, in the same order (after jobs changed their size: a dense
+  // matrix held as a quantised slab). With no job changed, every offset stays as it was.
+  void place() {
+    end_ = home_end_ = 0;
+    for (Job& job : jobs_) {
+      size_t& end = job.home ? home_end_ : end_;
+      job.offset = end;
+      end += round_up(static_cast<int64_t>(job.bytes()), kAlignment);
+    }
+  }
+
   // While on, added jobs are placed in the host home instead of device memory.
   void set_home(bool on) { home_mode_ = on; }
 
@@ -232,6 +247,7 @@ void add_linear_attention(const ModelConfig& c, const LinearAttentionWeights* lw
   const int64_t z0 = C, b0 = C + Vd, a0 = C + Vd + Nv;
   Job& in = layout.add(&d.lin_in, C + Vd + 2 * Nv, Hp);
   in.padded = H != Hp;
+  in.linear = true;
   if (lw != nullptr && !lw->in_proj_qkvz.empty()) {
     const TensorView& qkvz = lw->in_proj_qkvz;
     const TensorView& ba = lw->in_proj_ba;
@@ -266,7 +282,7 @@ void add_linear_attention(const ModelConfig& c, const LinearAttentionWeights* lw
   Job& norm = layout.add(&d.lin_norm, 1, Dv, /*f32=*/true);
   norm.fill_offset = 1.0f;
   if (lw) norm.pieces.push_back({.src = lw->norm, .rows = 1, .cols = Dv});
-  layout.padded(&d.lin_out, lw ? lw->out_proj : kNone, H, Vd, Hp, Vd);
+  layout.padded(&d.lin_out, lw ? lw->out_proj : kNone, H, Vd, Hp, Vd).linear = true;
 }
 
 // The whole model's layout; `w` may be null (synthetic: shapes from the config only). Every
@@ -310,15 +326,17 @@ void build_layout(const ModelConfig& c, const DecoderWeights* w, bool offload_ex
       const int64_t qk = m.qk_head_dim(), L = m.kv_lora_rank, R = m.qk_rope_head_dim;
       const int64_t Lp = out.mla.latent, Rp = out.mla.rope;
       if (m.q_lora_rank > 0) {
-        reads_hidden(&d.q_a, lw ? lw->mla.q_a_proj : kNone, m.q_lora_rank);
+        reads_hidden(&d.q_a, lw ? lw->mla.q_a_proj : kNone, m.q_lora_rank).linear = true;
         layout.norm(&d.q_a_norm, lw ? lw->mla.q_a_norm : kNone, m.q_lora_rank);
-        layout.whole(&d.q_b, lw ? lw->mla.q_b_proj : kNone, c.num_heads * qk, m.q_lora_rank);
+        layout.whole(&d.q_b, lw ? lw->mla.q_b_proj : kNone, c.num_heads * qk, m.q_lora_rank)
+            .linear = true;
       } else {
-        reads_hidden(&d.q_proj, lw ? lw->mla.q_proj : kNone, c.num_heads * qk);
+        reads_hidden(&d.q_proj, lw ? lw->mla.q_proj : kNone, c.num_heads * qk).linear = true;
       }
       // kv_a's latent rows at [0, L) and its rope rows at [Lp, Lp + R).
       Job& kv_a = layout.add(&d.kv_a, Lp + Rp, Hp);
       kv_a.padded = H != Hp || L != Lp || R != Rp;
+      kv_a.linear = true;
       if (lw) {
         const TensorView& v = lw->mla.kv_a_proj;
         MOE_CHECK(view_rows(v) == L + R && view_cols(v) == H, "kv_a_proj of shape ",
@@ -329,12 +347,15 @@ void build_layout(const ModelConfig& c, const DecoderWeights* w, bool offload_ex
       layout.norm(&d.kv_a_norm, lw ? lw->mla.kv_a_norm : kNone, L, Lp);
       const int64_t kv_b_rows = c.num_heads * (m.qk_nope_head_dim + m.v_head_dim);
       layout.padded(&d.kv_b, lw ? lw->mla.kv_b_proj : kNone, kv_b_rows, L, kv_b_rows, Lp);
-      writes_hidden(&d.mla_o, lw ? lw->mla.o_proj : kNone, c.num_heads * m.v_head_dim);
+      // kv_b stays bf16: the absorbed per-head products (CudaDecoder::absorbed) read it.
+      writes_hidden(&d.mla_o, lw ? lw->mla.o_proj : kNone, c.num_heads * m.v_head_dim).linear =
+          true;
     } else {
       const int64_t Nqkv = (Nq + 2 * Nkv) * Dp;
       const bool gate = c.attention_output_gate;
       Job& qkv = layout.add(&d.qkv, Nqkv + (gate ? Nq * Dp : 0), Hp);
       qkv.padded = H != Hp;
+      qkv.linear = true;
       if (lw && gate) {
         // q_proj is [Nq, 2D, H]: each head's query rows, then its gate rows; the gates go after v.
         const TensorView& q = lw->attention.q_proj;
@@ -377,6 +398,7 @@ void build_layout(const ModelConfig& c, const DecoderWeights* w, bool offload_ex
       }
       Job& o = layout.add(&d.o_proj, Hp, Nq * Dp);
       o.padded = H != Hp;
+      o.linear = true;
       if (lw) add_heads(o, lw->attention.o_proj, Nq, D, Dp, 0, true);
       if (c.attention_out_bias) {
         layout.padded(&d.o_bias, lw ? lw->attention.o_bias : kNone, 1, H, 1, Hp,
@@ -394,11 +416,12 @@ void build_layout(const ModelConfig& c, const DecoderWeights* w, bool offload_ex
                        int64_t width) {
       Job& gu = layout.add(gate_up, 2 * width, Hp);
       gu.padded = H != Hp;
+      gu.linear = true;
       if (mlp) {
         gu.pieces.push_back({.src = mlp->gate_proj, .rows = width, .cols = H});
         gu.pieces.push_back({.src = mlp->up_proj, .rows = width, .cols = H, .dst_row0 = width});
       }
-      writes_hidden(down, mlp ? mlp->down_proj : kNone, width);
+      writes_hidden(down, mlp ? mlp->down_proj : kNone, width).linear = true;
     };
     if (!d.is_moe) {
       d.mlp_width = lw ? lw->mlp.gate_proj.shape[0] : c.intermediate_size;
@@ -606,6 +629,27 @@ void resolve_targets(Layout& layout, void* base, void* home) {
   }
 }
 
+// The dense Linears held as quantised slabs (after resolve_targets), and which layers' shared
+// experts are among them.
+void collect_dense_quant(const Layout& layout, DeviceWeights& out) {
+  for (const Job& job : layout.jobs()) {
+    if (!job.linear || job.quant == cuda::ExpertQuant::kNone) continue;
+    out.dense_quant.push_back({.data = *job.target,
+                               .format = job.quant,
+                               .group = job.quant_group,
+                               .rows = job.slab_rows,
+                               .cols = job.slab_cols,
+                               .layout = job.slab});
+    out.dense_quant_max_elems = std::max(out.dense_quant_max_elems, job.slab_rows * job.slab_cols);
+    out.dense_quant_bytes += job.slab.bytes;
+  }
+  for (DeviceLayer& d : out.layers) {
+    for (const DenseQuantMatrix& m : out.dense_quant) {
+      if (m.data == d.shared_gate_up || m.data == d.shared_down) d.shared_quantized = true;
+    }
+  }
+}
+
 // The pinned home of offloaded experts.
 PinnedArray<char> allocate_home(size_t bytes) {
   if (bytes == 0) return nullptr;
@@ -661,10 +705,87 @@ std::pair<cuda::ExpertQuant, int64_t> expert_codes(const ModelConfig& config,
   return {expert_quant_of(first->format), first->group};
 }
 
+// Turns a dense Linear job into one quantised slab of its [rows, cols] matrix.
+void make_quant_slab(Job& job, cuda::ExpertQuant quant, int64_t group) {
+  job.quant = quant;
+  job.quant_group = group;
+  job.slab_rows = job.rows;
+  job.slab_cols = job.cols;
+  job.slab = cuda::quant_matrix_layout(quant, job.rows, job.cols, group);
+  job.rows = 1;
+  job.cols = 0;
+  job.terms = 1;
+  job.block_rows = 1;
+  job.padded = false;
+}
+
+// The quantised pieces of a dense Linear job whose every piece is rows of a quantised record
+// (model/quantized_matrix.h) in fp8 or int4, all in one format and group the device reads, its
+// columns where the record has them; empty when it must stay bf16 (a piece without codes, MXFP4,
+// columns moved (heads padded along K), int4 whose padded columns would share a group with
+// real ones, K not a multiple of 8).
+std::vector<QuantPiece> linear_quant_pieces(const Job& job, const QuantizedMatrices& records) {
+  std::vector<QuantPiece> out;
+  if (job.pieces.empty() || job.cols % 8 != 0) return {};
+  const QuantizedMatrix* first = nullptr;
+  for (const Piece& p : job.pieces) {
+    if (p.src.shape.rank() != 2 || p.src_col0 != p.dst_col0) return {};
+    int64_t first_row = 0;
+    const QuantizedMatrix* m = records.find(p.src, &first_row);
+    if (m == nullptr || m->format == CodeFormat::kMxfp4 || m->group % 8 != 0) return {};
+    if (first == nullptr) first = m;
+    if (m->format != first->format || m->group != first->group) return {};
+    if (m->cols > job.cols) return {};
+    if (m->format == CodeFormat::kInt4 && m->cols != job.cols && m->cols % m->group != 0) {
+      return {};  // a padded column's code 0 would not be zero in a group with a zero point
+    }
+    // The columns of a head-by-head piece (o_proj) are the record's own: one piece per rows.
+    const QuantPiece piece{.matrix = m,
+                           .src_row0 = first_row + p.src_row0,
+                           .rows = p.rows,
+                           .expert = 0,
+                           .dst_row0 = p.dst_row0};
+    const bool seen = std::any_of(out.begin(), out.end(), [&](const QuantPiece& q) {
+      return q.matrix == m && q.src_row0 == piece.src_row0 && q.dst_row0 == piece.dst_row0 &&
+             q.rows == piece.rows;
+    });
+    if (!seen) out.push_back(piece);
+  }
+  return out;
+}
+
+// Dense Linear jobs held as quantised slabs: with bound weights, each whose pieces all have
+// codes the device reads (a block-scaled fp8, GPTQ or AWQ checkpoint's dense matrices, or
+// --weights-scope linear); for a synthetic model, every one under `synthetic` codes (random
+// codes, no pieces). Offsets are handed out again afterwards.
+void hold_linears_quantised(Layout& layout, const DecoderWeights* weights, ExpertCodes synthetic) {
+  bool changed = false;
+  for (Job& job : layout.jobs()) {
+    if (!job.linear || job.quant != cuda::ExpertQuant::kNone) continue;
+    if (weights == nullptr) {
+      if (synthetic.format == cuda::ExpertQuant::kNone || job.cols % 8 != 0) continue;
+      make_quant_slab(job, synthetic.format, synthetic.group);
+      changed = true;
+      continue;
+    }
+    if (weights->quantized == nullptr || weights->quantized->empty()) return;
+    std::vector<QuantPiece> pieces = linear_quant_pieces(job, *weights->quantized);
+    if (pieces.empty()) continue;
+    const QuantizedMatrix& m = *pieces.front().matrix;
+    make_quant_slab(job, expert_quant_of(m.format), m.group);
+    job.pieces.clear();
+    job.quant_pieces = std::move(pieces);
+    changed = true;
+  }
+  if (changed) layout.place();
+}
+
 // The padded dims and the layout of every matrix (`weights` null: shapes only, synthetic, whose
-// routed experts are held as `synthetic_codes`), each bf16 matrix in `terms` terms.
+// routed experts are held as `synthetic_codes`, and under `synthetic_scope` linear the dense
+// Linears too), each bf16 matrix in `terms` terms.
 Layout plan_layout(const ModelConfig& config, const DecoderWeights* weights, bool offload_experts,
-                   int64_t terms, DeviceWeights& out, ExpertCodes synthetic_codes = {}) {
+                   int64_t terms, DeviceWeights& out, ExpertCodes synthetic_codes = {},
+                   WeightScope synthetic_scope = WeightScope::kExperts) {
   out.padded_hidden_size = padded_hidden_size(config);
   out.padded_head_dim = padded_head_dim(config);
   out.padded_expert_width = padded_expert_width(config);
@@ -687,6 +808,8 @@ Layout plan_layout(const ModelConfig& config, const DecoderWeights* weights, boo
   Layout layout(terms);
   layout.set_norm_terms(out.norm_terms);
   build_layout(config, weights, out.experts_offloaded, out, layout);
+  hold_linears_quantised(layout, weights,
+                         synthetic_scope == WeightScope::kLinear ? synthetic_codes : ExpertCodes{});
   return layout;
 }
 
@@ -746,10 +869,10 @@ ExpertCodes expert_codes_for(WeightFormat format) {
 }
 
 int64_t device_weight_bytes(const ModelConfig& config, int64_t weight_terms,
-                            WeightFormat expert_weights) {
+                            WeightFormat expert_weights, WeightScope scope) {
   DeviceWeights shapes;
   const Layout layout = plan_layout(config, nullptr, /*offload_experts=*/false, weight_terms,
-                                    shapes, expert_codes_for(expert_weights));
+                                    shapes, expert_codes_for(expert_weights), scope);
   return static_cast<int64_t>(layout.bytes());
 }
 
@@ -764,6 +887,7 @@ DeviceWeights upload_weights(const ModelConfig& config, const DecoderWeights& we
   out.expert_home = allocate_home(layout.home_bytes());
   resolve_targets(layout, out.allocation.get(), out.expert_home.get());
   if (out.lm_head == nullptr) out.lm_head = out.embed;  // tied
+  collect_dense_quant(layout, out);
 
   const auto start = std::chrono::steady_clock::now();
   cudaStream_t stream = nullptr;
@@ -782,6 +906,17 @@ DeviceWeights upload_weights(const ModelConfig& config, const DecoderWeights& we
   int which = 0;
   for (const Job& job : layout.jobs()) {
     const size_t row_bytes = job.row_bytes();
+    if (job.quant != cuda::ExpertQuant::kNone && !job.home && row_bytes > kStagingBytes) {
+      // A dense matrix's slab larger than a staging buffer (DeepSeek-V3's o_proj in fp8 is
+      // 117 MB): assembled in pageable memory and copied in one go.
+      std::vector<char> whole(row_bytes);
+      stage_rows(job, 0, 1, 0, whole.data());
+      CUDA_CHECK(cudaStreamSynchronize(stream));
+      CUDA_CHECK(cudaMemcpy(out.allocation.get() + job.offset, whole.data(), row_bytes,
+                            cudaMemcpyHostToDevice));
+      progress.advance(row_bytes);
+      continue;
+    }
     MOE_CHECK(row_bytes <= kStagingBytes, "a row of ", row_bytes, " bytes exceeds the staging buffer");
     const int64_t chunk_rows = static_cast<int64_t>(kStagingBytes / row_bytes);
     for (int64_t row = 0, end = 0; row < job.rows; row = end) {
@@ -819,7 +954,7 @@ DeviceWeights upload_weights(const ModelConfig& config, const DecoderWeights& we
 
 DeviceWeights synthetic_weights(const ModelConfig& config, uint64_t seed,
                                 const RoutingSkew& routing, bool offload_experts,
-                                WeightFormat expert_weights) {
+                                WeightFormat expert_weights, WeightScope scope) {
   const double zipf_exponent = routing.kind == RoutingSkew::Kind::kZipf ? routing.exponent : 0.0;
   const ExpertCodes codes = expert_codes_for(expert_weights);
   MOE_CHECK(codes.format == cuda::ExpertQuant::kNone || !offload_experts, "--weights ",
@@ -827,7 +962,9 @@ DeviceWeights synthetic_weights(const ModelConfig& config, uint64_t seed,
             " with --expert-budget: the expert cache holds bf16 experts, and a synthetic "
             "model's quantised experts have no bf16 values; drop one of the two");
   DeviceWeights out;
-  Layout layout = plan_layout(config, nullptr, offload_experts, /*terms=*/1, out, codes);
+  MOE_CHECK(scope == WeightScope::kExperts || codes.format != cuda::ExpertQuant::kNone,
+            "--weights-scope linear needs --weights fp8 or --weights int4");
+  Layout layout = plan_layout(config, nullptr, offload_experts, /*terms=*/1, out, codes, scope);
   // Random fills cover whole matrices, padding included, so synthetic shapes must need none.
   MOE_CHECK(out.padded_hidden_size == config.hidden_size,
             "synthetic models need hidden_size a multiple of 64, not ", config.hidden_size);
@@ -862,6 +999,7 @@ DeviceWeights synthetic_weights(const ModelConfig& config, uint64_t seed,
   out.expert_home = allocate_home(layout.home_bytes());
   resolve_targets(layout, out.allocation.get(), out.expert_home.get());
   if (out.lm_head == nullptr) out.lm_head = out.embed;
+  collect_dense_quant(layout, out);
   // Home matrices are filled a device staging buffer at a time and copied down.
   DeviceArray<bf16> staging;
   if (out.expert_home) staging = device_array<bf16>(kStagingBytes / sizeof(bf16));

@@ -114,6 +114,20 @@ struct DeviceLayer {
   const bf16* shared_down = nullptr;      // [Hp, Is]
   int64_t shared_width = 0;
   const bf16* shared_gate = nullptr;  // [1, Hp] sigmoid gate of the shared expert, or null
+  // shared_gate_up / shared_down are quantised slabs (DeviceWeights::dense_quant), which the
+  // small-batch MoE kernel does not read (it reads bf16 shared experts).
+  bool shared_quantized = false;
+};
+
+// A dense Linear held as one quantised slab (backend/cuda/expert_quant.h's layout) instead of a
+// bf16 matrix: its DeviceLayer pointer (qkv, o_proj, ...) points at the slab, and
+// CudaDecoder::linear() finds it here by that pointer.
+struct DenseQuantMatrix {
+  const void* data = nullptr;                           // the slab
+  cuda::ExpertQuant format = cuda::ExpertQuant::kNone;  // kFp8 or kInt4
+  int64_t group = 0;
+  int64_t rows = 0, cols = 0;  // [N, K], the bf16 matrix's shape (padding included)
+  cuda::QuantMatrixLayout layout;
 };
 
 // MLA's latent (kv_lora_rank L) and rope key (qk_rope_head_dim R) padded to the 16-byte vectors
@@ -149,6 +163,13 @@ struct DeviceWeights {
   // The experts have codes the device does not hold (the expert cache's slots are bf16): their
   // format, for the load summary; null otherwise.
   const char* expert_codes_unused = nullptr;
+  // Dense Linears held as quantised slabs (attention, MLA but kv_b, Gated DeltaNet, dense and
+  // shared MLPs; not embeddings, LM head, routers or gates): every one whose pieces have codes
+  // the device reads, from a block-scaled fp8, GPTQ or AWQ checkpoint or --weights-scope linear,
+  // or random codes of a synthetic model under --weights-scope linear. Empty otherwise.
+  std::vector<DenseQuantMatrix> dense_quant;
+  int64_t dense_quant_max_elems = 0;  // the largest one's N * K (the decoder's bf16 scratch)
+  int64_t dense_quant_bytes = 0;      // all their slabs (in `bytes`)
   int64_t bytes = 0;                // device bytes of all weights
   double upload_seconds = 0.0;
   DeviceArray<char> allocation;  // every matrix above lives in it, but offloaded experts
@@ -178,8 +199,10 @@ ExpertCodes expert_codes_for(WeightFormat format);
 // Device bytes upload_weights / synthetic_weights will allocate with every expert resident, the
 // matrices in weight_terms terms; under --weights fp8|int4 the routed experts as those codes
 // (what synthetic_weights holds, and upload_weights for a bf16 checkpoint under the flag).
+// Under --weights-scope linear the dense Linears as those codes too (synthetic_weights').
 int64_t device_weight_bytes(const ModelConfig& config, int64_t weight_terms = 1,
-                            WeightFormat expert_weights = WeightFormat::kCheckpoint);
+                            WeightFormat expert_weights = WeightFormat::kCheckpoint,
+                            WeightScope scope = WeightScope::kExperts);
 
 // round_to_bf16: every weight in one bf16 term, whatever the checkpoint's dtype (--dtype
 // bfloat16); otherwise a float32 or float16 checkpoint gets two terms.
@@ -195,8 +218,12 @@ DeviceWeights upload_weights(const ModelConfig& config, const DecoderWeights& we
 // whose values lie in the same [-1/sqrt(fan-in), 1/sqrt(fan-in)] as the bf16 ones; every other
 // matrix is the bf16 one of the same seed. Refused with offload_experts (the expert cache holds
 // bf16 experts: check_synthetic_weight_format); kCheckpoint and kBf16 give bf16 experts.
+// scope linear (with expert_weights fp8 or int4): every dense Linear that upload_weights would
+// hold quantised under --weights-scope linear (DeviceWeights::dense_quant) is one slab of random
+// codes the same way, scale 1/sqrt(K).
 DeviceWeights synthetic_weights(const ModelConfig& config, uint64_t seed,
                                 const RoutingSkew& routing, bool offload_experts = false,
-                                WeightFormat expert_weights = WeightFormat::kCheckpoint);
+                                WeightFormat expert_weights = WeightFormat::kCheckpoint,
+                                WeightScope scope = WeightScope::kExperts);
 
 }  // namespace moeinfer::gpu

@@ -45,6 +45,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <unordered_map>
 #include <utility>
 
 #include "backend/cuda/attention.h"
@@ -261,6 +262,9 @@ struct Lane {
   bf16* ep_plan_rows_ = nullptr;
   const DeviceDispatcher* ep_dispatcher_ = nullptr;
   bf16 *mlp_gate_up_ = nullptr, *mlp_act_ = nullptr;
+  // [largest quantised dense N * K] a quantised dense Linear's values in bf16, for the GEMMs of
+  // steps the quantised skinny GEMM does not take (linear()); null without such matrices.
+  bf16* dense_scratch_ = nullptr;
   float* logits_ = nullptr;  // [rcap, V]
   void* cublas_workspace_ = nullptr;
   std::unique_ptr<MoeBlock> moe_;  // null without MoE layers
@@ -405,7 +409,12 @@ class CudaDecoder final : public GpuDecoder, private Lane {
     bool f32_out = false;
     bool allow_skinny = true;  // false: cuBLAS at any row count (GpuOptions::skinny_gemm_rows)
   };
+  // A quantised dense matrix (DeviceWeights::dense_quant) takes the quantised skinny GEMM or
+  // is dequantised into dense_scratch_ for the bf16 paths; others go to linear_bf16.
   void linear(const LinearArgs& args);
+  // The bf16 weight's product: the fixed-order GEMM (--deterministic), the skinny GEMM or cuBLAS;
+  // one_term: the weight has one term whatever the model's (the dequantised scratch).
+  void linear_bf16(const LinearArgs& args, bool one_term = false);
   // MLA's per-head products, one batch entry per head (cuBLAS, or the fixed-order GEMM); b_lo set
   // with two weight terms.
   void absorbed(const cuda::DenseGemmParams& product);
@@ -422,6 +431,9 @@ class CudaDecoder final : public GpuDecoder, private Lane {
   ModelConfig config_;
   std::vector<LayerPlan> plans_;  // plan_layers(config_): what each layer runs
   DeviceWeights w_;
+  // The dense Linears held as quantised slabs (DeviceWeights::dense_quant), by the pointer that
+  // LinearArgs::w passes.
+  std::unordered_map<const void*, const DenseQuantMatrix*> dense_quant_;
   GpuOptions options_;
   GpuMemoryReport report_;
   float attention_scale_ = 1.0f;
@@ -552,6 +564,7 @@ CudaDecoder::CudaDecoder(const ModelConfig& config, DeviceWeights weights,
   MOE_CHECK(options.skinny_gemm_rows <= cuda::kSkinnyGemmMaxRows, "skinny GEMM rows ",
             options.skinny_gemm_rows, " must be at most ", cuda::kSkinnyGemmMaxRows);
   if (options_.skinny_gemm_rows < 0) options_.skinny_gemm_rows = kDefaultSkinnyGemmRows;
+  for (const DenseQuantMatrix& m : w_.dense_quant) dense_quant_.emplace(m.data, &m);
   attention_scale_ = attention_softmax_scale(config_);
   const Rope rope(config.rope, config.rotary_dim(), config.max_position_embeddings);
   rotary_dim_ = rope.rotary_dim();
@@ -587,6 +600,12 @@ CudaDecoder::CudaDecoder(const ModelConfig& config, DeviceWeights weights,
   report_.weight_bytes = w_.bytes;
   report_.expert_format = cuda::expert_quant_name(w_.expert_quant);
   report_.expert_bytes = w_.expert_bytes;
+  if (!w_.dense_quant.empty()) {
+    report_.dense_format = cuda::expert_quant_name(w_.dense_quant.front().format);
+    report_.dense_quant_matrices = static_cast<int64_t>(w_.dense_quant.size());
+    report_.dense_quant_bytes = w_.dense_quant_bytes;
+    for (const DenseQuantMatrix& m : w_.dense_quant) report_.dense_quant_values += m.rows * m.cols;
+  }
   if (!w_.experts_offloaded) {
     const int64_t moe_layers = std::count_if(w_.layers.begin(), w_.layers.end(),
                                              [](const gpu::DeviceLayer& d) { return d.is_moe; });
@@ -643,6 +662,15 @@ CudaDecoder::CudaDecoder(const ModelConfig& config, DeviceWeights weights,
                  "expert), dequantised in the expert GEMM\n",
                  cuda::expert_quant_name(w_.expert_quant),
                  static_cast<double>(w_.expert_bytes) / (1024.0 * 1024.0));
+  }
+  if (!options.quiet && !w_.dense_quant.empty()) {
+    std::fprintf(stderr,
+                 "moeinfer: %lld dense Linear matrices held as %s codes with their scales (%.2f "
+                 "GiB), dequantised in the skinny GEMM at decode or into a %.1f MiB bf16 scratch "
+                 "for larger steps\n",
+                 static_cast<long long>(w_.dense_quant.size()), report_.dense_format.c_str(),
+                 static_cast<double>(w_.dense_quant_bytes) / (1024.0 * 1024.0 * 1024.0),
+                 static_cast<double>(w_.dense_quant_max_elems) * 2.0 / (1024.0 * 1024.0));
   }
   if (!options.quiet && w_.expert_codes_unused != nullptr) {
     std::fprintf(stderr,
@@ -851,6 +879,7 @@ void CudaDecoder::allocate_workspace() {
       mlp_gate_up_ = cv.take<bf16>(T * 2 * mlp_width);
       mlp_act_ = cv.take<bf16>(T * mlp_width);
     }
+    if (w_.dense_quant_max_elems > 0) dense_scratch_ = cv.take<bf16>(w_.dense_quant_max_elems);
     logits_ = cv.take<float>(rcap_ * V);
     cublas_workspace_ = cv.take<char>(static_cast<int64_t>(kCublasWorkspaceBytes));
     meta_.carve(cv, T, rcap_, max_blocks_per_seq_, noise_routing_, num_state_slots_ > 0);
@@ -1047,10 +1076,67 @@ void CudaDecoder::allocate_kv_pool() {
   report_.block_size = block_size_;
 }
 
-void CudaDecoder::linear(const LinearArgs& a) {
+void CudaDecoder::linear(const LinearArgs& args) {
+  const auto quantised = dense_quant_.find(args.w);
+  if (quantised == dense_quant_.end()) return linear_bf16(args);
+  // A quantised dense Linear (one term): the quantised skinny GEMM, 8 rows a launch, while those
+  // launches read no more bytes than the bf16 matrix would (fp8: 2 launches, 16 rows; int4: 4,
+  // 32 rows), else its values dequantised into the scratch and the bf16 path over them. Not only
+  // up to skinny_gemm_rows (1 by default, where cuBLAS beats the bf16 skinny kernel from 2 rows
+  // on): the other path here reads the codes, then writes and reads the matrix in bf16, 5 bytes
+  // a value at fp8 against each skinny launch's 1. skinny_gemm_rows 0 (always cuBLAS) and
+  // --deterministic (the fixed-order GEMM, so that a row's logits do not depend on the step's
+  // rows) keep the other path.
+  if (args.rows <= 0) return;  // an empty step (--ep's idle rank): nothing to dequantise
+  const DenseQuantMatrix& m = *quantised->second;
+  MOE_CHECK(m.rows == args.n && m.cols == args.k, "a quantised matrix of ", m.rows, " x ", m.cols,
+            " multiplied as ", args.n, " x ", args.k);
+  const auto* codes = static_cast<const uint8_t*>(m.data);
+  const int64_t x_stride = args.x_stride > 0 ? args.x_stride : args.k;
+  const int64_t y_stride = args.y_stride > 0 ? args.y_stride : args.n;
+  const int64_t launches = (args.rows + cuda::kSkinnyGemmMaxRows - 1) / cuda::kSkinnyGemmMaxRows;
+  const int64_t max_launches = m.format == cuda::ExpertQuant::kFp8 ? 2 : 4;
+  const cuda::QuantSkinnyGemmParams skinny{.x = args.x,
+                                           .w = codes,
+                                           .format = m.format,
+                                           .group = m.group,
+                                           .y = args.y,
+                                           .m = std::min(args.rows, cuda::kSkinnyGemmMaxRows),
+                                           .n = args.n,
+                                           .k = args.k,
+                                           .ldx = x_stride,
+                                           .ldy = y_stride,
+                                           .y_f32 = args.f32_out};
+  if (!options_.deterministic && args.allow_skinny && options_.skinny_gemm_rows > 0 &&
+      launches <= max_launches && cuda::quant_skinny_gemm_supports(skinny)) {
+    const size_t y_elem = args.f32_out ? sizeof(float) : sizeof(bf16);
+    for (int64_t first = 0; first < args.rows; first += cuda::kSkinnyGemmMaxRows) {
+      cuda::QuantSkinnyGemmParams part = skinny;
+      part.x = args.x + first * x_stride;
+      part.y = static_cast<char*>(args.y) + static_cast<size_t>(first * y_stride) * y_elem;
+      part.m = std::min(cuda::kSkinnyGemmMaxRows, args.rows - first);
+      cuda::quant_skinny_gemm(part, stream_);
+    }
+    return;
+  }
+  MOE_CHECK(dense_scratch_ != nullptr && m.rows * m.cols <= w_.dense_quant_max_elems,
+            "no scratch for a quantised matrix of ", m.rows, " x ", m.cols);
+  cuda::dequantize_matrix({.w = codes,
+                           .format = m.format,
+                           .group = m.group,
+                           .n = m.rows,
+                           .k = m.cols,
+                           .out = dense_scratch_},
+                          stream_);
+  LinearArgs bf16_args = args;
+  bf16_args.w = dense_scratch_;
+  linear_bf16(bf16_args, /*one_term=*/true);
+}
+
+void CudaDecoder::linear_bf16(const LinearArgs& a, bool one_term) {
   const int64_t x_stride = a.x_stride > 0 ? a.x_stride : a.k;
   const int64_t y_stride = a.y_stride > 0 ? a.y_stride : a.n;
-  const bf16* w_lo = lo_term(a.w, a.n * a.k);
+  const bf16* w_lo = one_term ? nullptr : lo_term(a.w, a.n * a.k);
   if (options_.deterministic) {
     cuda::dense_gemm({.a = a.x, .b = a.w, .b_lo = w_lo, .c = a.y, .m = a.rows, .n = a.n,
                       .k = a.k, .lda = x_stride, .ldb = a.k, .ldc = y_stride,
@@ -2456,7 +2542,7 @@ std::unique_ptr<GpuDecoder> GpuDecoder::create_synthetic(const ModelConfig& conf
                                "the " + config.model_type + " model");
   gpu::DeviceWeights device_weights =
       gpu::synthetic_weights(config, synthetic.seed, synthetic.routing, options.offload.enabled(),
-                             synthetic.expert_weights);
+                             synthetic.expert_weights, synthetic.weight_scope);
   return std::make_unique<gpu::CudaDecoder>(config, std::move(device_weights), options);
 }
 

@@ -258,7 +258,9 @@ bool MoeBlock::small_batch_takes(int64_t layer, int64_t T) const {
   const bool readable_experts =
       s.weight_terms == 1 &&
       cuda::small_moe_supports_quant(s.quant, s.quant_group, s.hidden_size, s.expert_width);
-  return d != nullptr && plain_experts && readable_experts &&
+  // Quantised shared experts (--weights-scope linear) take the stage path, whose dense MLP
+  // reads them through the decoder's linear(); the small-batch kernel reads bf16 ones.
+  return d != nullptr && plain_experts && readable_experts && !d->shared_quantized &&
          buffers_.small_moe_workspace != nullptr && !options_.approx.enabled() &&
          T * options_.top_k <= buffers_.small_moe_rows &&
          cuda::small_moe_supports(T, s.num_experts, options_.top_k, s.hidden_size, s.expert_width,
