@@ -161,6 +161,7 @@ void quant_skinny_gemm(const QuantSkinnyGemmParams& params, cudaStream_t stream)
   QuantSkinnyGemmParams p = params;
   if (p.ldx == 0) p.ldx = p.k;
   if (p.ldy == 0) p.ldy = p.n;
+  p.prefetch_weights = weight_prefetch();
   switch (p.m) {
     case 1:
       return quant_launch<1>(p, stream);

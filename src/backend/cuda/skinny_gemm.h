@@ -78,6 +78,8 @@ struct QuantSkinnyGemmParams {
   int64_t ldx = 0;  // elements; 0: k
   int64_t ldy = 0;  // elements; 0: n
   bool y_f32 = false;
+  // Set by the launcher from weight_prefetch() (programmatic_launch.h), not by callers.
+  bool prefetch_weights = true;
 };
 
 // Whether quant_skinny_gemm takes these sizes, pointers and format.

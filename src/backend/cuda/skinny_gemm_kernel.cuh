@@ -236,7 +236,7 @@ __global__ void __launch_bounds__(kSkinnyThreads, 2)
   const int lane = static_cast<int>(threadIdx.x) % device::kWarpSize;
   const int col0 = (static_cast<int>(blockIdx.x) * kSkinnyWarps + warp) * C;
   const QuantMatrixLayout layout = quant_matrix_layout(Q, p.n, p.k, p.group);
-  if (col0 < p.n) {
+  if (p.prefetch_weights && col0 < p.n) {
     // The warp's code rows are contiguous: one prefetch per 128-byte line.
     const int last = min(col0 + C, static_cast<int>(p.n)) - 1;
     const int64_t bytes = (last - col0 + 1) * layout.row_code_bytes;
