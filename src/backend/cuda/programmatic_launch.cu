@@ -30,7 +30,7 @@ void set_programmatic_launch(bool on) {
 }
 
 namespace {
-std::atomic<bool> weight_prefetch_state{true};
+std::atomic<bool> weight_prefetch_state{false};
 }  // namespace
 
 void set_weight_prefetch(bool on) { weight_prefetch_state.store(on, std::memory_order_relaxed); }

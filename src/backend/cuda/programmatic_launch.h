@@ -28,7 +28,8 @@ void set_programmatic_launch(bool on);
 bool programmatic_launch();
 
 // Whether the decode GEMV kernels (skinny_gemm.h, the grouped skinny experts) ask L2 for their
-// weight rows before they wait for the kernel before them (on by default). Process-wide and
+// weight rows before they wait for the kernel before them (off by default: measured slower at
+// batch 1, the prefetched rows crowding L2 ahead of the bytes being read). Process-wide and
 // read at each launch, as set_programmatic_launch: the decoder sets it before each step.
 void set_weight_prefetch(bool on);
 bool weight_prefetch();
