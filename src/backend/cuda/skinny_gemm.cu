@@ -17,6 +17,30 @@ namespace moeinfer::cuda {
 
 namespace {
 
+// launch.operator()<M>() for M = m, the row count (1 to kSkinnyGemmMaxRows): one kernel
+// instantiation per row count.
+template <typename Launch>
+void with_rows(int64_t m, Launch&& launch) {
+  switch (m) {
+    case 1:
+      return launch.template operator()<1>();
+    case 2:
+      return launch.template operator()<2>();
+    case 3:
+      return launch.template operator()<3>();
+    case 4:
+      return launch.template operator()<4>();
+    case 5:
+      return launch.template operator()<5>();
+    case 6:
+      return launch.template operator()<6>();
+    case 7:
+      return launch.template operator()<7>();
+    default:
+      return launch.template operator()<8>();
+  }
+}
+
 // The reason these parameters cannot run, or null.
 const char* unsupported(const SkinnyGemmParams& p) {
   if (p.m < 1 || p.m > kSkinnyGemmMaxRows) return "m outside [1, 8]";
@@ -74,24 +98,7 @@ void skinny_gemm(const SkinnyGemmParams& params, cudaStream_t stream) {
   if (p.ldx == 0) p.ldx = p.k;
   if (p.ldy == 0) p.ldy = p.n;
   p.prefetch_weights = weight_prefetch();
-  switch (p.m) {
-    case 1:
-      return launch<1>(p, stream);
-    case 2:
-      return launch<2>(p, stream);
-    case 3:
-      return launch<3>(p, stream);
-    case 4:
-      return launch<4>(p, stream);
-    case 5:
-      return launch<5>(p, stream);
-    case 6:
-      return launch<6>(p, stream);
-    case 7:
-      return launch<7>(p, stream);
-    default:
-      return launch<8>(p, stream);
-  }
+  with_rows(p.m, [&]<int M>() { launch<M>(p, stream); });
 }
 
 namespace {
@@ -162,24 +169,7 @@ void quant_skinny_gemm(const QuantSkinnyGemmParams& params, cudaStream_t stream)
   if (p.ldx == 0) p.ldx = p.k;
   if (p.ldy == 0) p.ldy = p.n;
   p.prefetch_weights = weight_prefetch();
-  switch (p.m) {
-    case 1:
-      return quant_launch<1>(p, stream);
-    case 2:
-      return quant_launch<2>(p, stream);
-    case 3:
-      return quant_launch<3>(p, stream);
-    case 4:
-      return quant_launch<4>(p, stream);
-    case 5:
-      return quant_launch<5>(p, stream);
-    case 6:
-      return quant_launch<6>(p, stream);
-    case 7:
-      return quant_launch<7>(p, stream);
-    default:
-      return quant_launch<8>(p, stream);
-  }
+  with_rows(p.m, [&]<int M>() { quant_launch<M>(p, stream); });
 }
 
 void dequantize_matrix(const DequantizeMatrixParams& p, cudaStream_t stream) {

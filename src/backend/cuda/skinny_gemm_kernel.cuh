@@ -179,6 +179,41 @@ __device__ __forceinline__ void quant_partial_sums(const QuantSkinnyGemmParams& 
   }
 }
 
+// The warp's weight rows [col0, col0 + C) (past n: none), row_bytes each and contiguous, asked
+// of L2 one 128-byte line a prefetch.
+template <int C>
+__device__ __forceinline__ void prefetch_rows(const uint8_t* w, int64_t row_bytes, int col0,
+                                              int64_t n, int lane) {
+  const int rows = min(col0 + C, static_cast<int>(n)) - col0;
+  const uint8_t* first = w + static_cast<int64_t>(col0) * row_bytes;
+  for (int64_t b = int64_t{lane} * 128; b < rows * row_bytes; b += device::kWarpSize * 128) {
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(first + b));
+  }
+}
+
+// The butterfly of each (row, column) sum; every lane ends with every sum, and lane r * C + c
+// stores (row r, column c) as float32 or bf16.
+template <int M, int C>
+__device__ __forceinline__ void store_sums(void* y, int64_t ldy, int64_t n, bool y_f32, int col0,
+                                           int lane, float (&acc)[M][C]) {
+#pragma unroll
+  for (int r = 0; r < M; ++r) {
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      const float sum = device::warp_sum(acc[r][c]);
+      const int col = col0 + c;
+      if (lane == r * C + c && col < n) {
+        const int64_t at = static_cast<int64_t>(r) * ldy + col;
+        if (y_f32) {
+          static_cast<float*>(y)[at] = sum;
+        } else {
+          static_cast<__nv_bfloat16*>(y)[at] = __float2bfloat16_rn(sum);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace skinny
 
 template <int M, bool TwoTerms, int C>
@@ -190,41 +225,14 @@ __global__ void __launch_bounds__(kSkinnyThreads, 2)
   // The weights are not written by the kernels before this one: their first vectors go to L2
   // while that kernel finishes (launched as a programmatic dependent; otherwise at once).
   if (p.prefetch_weights && col0 < p.n) {
-    const int vecs = static_cast<int>(p.k / device::kBf16PerVec);
-    const int last = min(col0 + C, static_cast<int>(p.n)) - 1;
-    const uint4* w = reinterpret_cast<const uint4*>(p.w);
-    for (int v = lane * 8; v < (last - col0 + 1) * vecs; v += device::kWarpSize * 8) {
-      // One prefetch per 128-byte line (8 vectors) of the warp's contiguous weight rows.
-      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w + static_cast<int64_t>(col0) * vecs + v));
-    }
+    skinny::prefetch_rows<C>(reinterpret_cast<const uint8_t*>(p.w), p.k * 2, col0, p.n, lane);
   }
   device::start_after_previous_grid();  // x may be the previous kernel's output
   if (col0 >= p.n) return;
 
-  float acc[M][C];
-#pragma unroll
-  for (int r = 0; r < M; ++r) {
-#pragma unroll
-    for (int c = 0; c < C; ++c) acc[r][c] = 0.0f;
-  }
+  float acc[M][C] = {};
   skinny::partial_sums<M, TwoTerms, C>(p, col0, lane, acc);
-  // Every lane ends with every sum; lane r * C + c stores (row r, column c).
-#pragma unroll
-  for (int r = 0; r < M; ++r) {
-#pragma unroll
-    for (int c = 0; c < C; ++c) {
-      const float sum = device::warp_sum(acc[r][c]);
-      const int col = col0 + c;
-      if (lane == r * C + c && col < p.n) {
-        const int64_t at = static_cast<int64_t>(r) * p.ldy + col;
-        if (p.y_f32) {
-          static_cast<float*>(p.y)[at] = sum;
-        } else {
-          static_cast<__nv_bfloat16*>(p.y)[at] = __float2bfloat16_rn(sum);
-        }
-      }
-    }
-  }
+  skinny::store_sums<M, C>(p.y, p.ldy, p.n, p.y_f32, col0, lane, acc);
 }
 
 // y = x . dequant(w)^T (QuantSkinnyGemmParams): the bf16 kernel's grid, warps and stores; the
@@ -237,41 +245,14 @@ __global__ void __launch_bounds__(kSkinnyThreads, 2)
   const int col0 = (static_cast<int>(blockIdx.x) * kSkinnyWarps + warp) * C;
   const QuantMatrixLayout layout = quant_matrix_layout(Q, p.n, p.k, p.group);
   if (p.prefetch_weights && col0 < p.n) {
-    // The warp's code rows are contiguous: one prefetch per 128-byte line.
-    const int last = min(col0 + C, static_cast<int>(p.n)) - 1;
-    const int64_t bytes = (last - col0 + 1) * layout.row_code_bytes;
-    const uint8_t* rows = p.w + static_cast<int64_t>(col0) * layout.row_code_bytes;
-    for (int64_t b = lane * 128; b < bytes; b += device::kWarpSize * 128) {
-      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(rows + b));
-    }
+    skinny::prefetch_rows<C>(p.w, layout.row_code_bytes, col0, p.n, lane);
   }
   device::start_after_previous_grid();  // x may be the previous kernel's output
   if (col0 >= p.n) return;
 
-  float acc[M][C];
-#pragma unroll
-  for (int r = 0; r < M; ++r) {
-#pragma unroll
-    for (int c = 0; c < C; ++c) acc[r][c] = 0.0f;
-  }
+  float acc[M][C] = {};
   skinny::quant_partial_sums<M, Q, C>(p, layout, col0, lane, acc);
-  // Every lane ends with every sum; lane r * C + c stores (row r, column c).
-#pragma unroll
-  for (int r = 0; r < M; ++r) {
-#pragma unroll
-    for (int c = 0; c < C; ++c) {
-      const float sum = device::warp_sum(acc[r][c]);
-      const int col = col0 + c;
-      if (lane == r * C + c && col < p.n) {
-        const int64_t at = static_cast<int64_t>(r) * p.ldy + col;
-        if (p.y_f32) {
-          static_cast<float*>(p.y)[at] = sum;
-        } else {
-          static_cast<__nv_bfloat16*>(p.y)[at] = __float2bfloat16_rn(sum);
-        }
-      }
-    }
-  }
+  skinny::store_sums<M, C>(p.y, p.ldy, p.n, p.y_f32, col0, lane, acc);
 }
 
 // dequant(w) as bf16 [N, K] (DequantizeMatrixParams): a block per row at a time, a thread per
