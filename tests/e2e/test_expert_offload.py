@@ -27,6 +27,9 @@ every budget):
                       layer).
   plan_budget         `moeinfer plan --gpu-mem 24` for synthetic:qwen3-30b-a3b recommends
                       offload and prints the --expert-budget value to pass.
+  cuda_serve_concurrent
+                      serve_concurrent with --device cuda, --cold-experts gpu and cpu (skipped
+                      without a CUDA device): the GPU's expert cache under 16 concurrent requests.
 
 Prints one line per check and a last line "N passed, M failed"; exits non-zero on any failure.
 """
@@ -149,26 +152,53 @@ def concurrent_completions(server: ServerProcess, prompts: list[str]) -> list[st
         return list(pool.map(one, prompts))
 
 
-def check_serve_concurrent(ctx: dict) -> None:
+def serve_concurrent(ctx: dict, device: list[str], cold_modes: list[str]) -> None:
+    """16 concurrent greedy completions against a server at --expert-budget 25% (each cold-expert
+    mode in turn) get the texts of a server without a budget; /metrics counts the cache."""
     m = ctx["moeinfer"]
     prompts = [f"Story number {i} begins with" for i in range(16)]
-    plain = ServerProcess(m, ["--deterministic"])
+    plain = ServerProcess(m, [*device, "--deterministic"])
     try:
         resident = concurrent_completions(plain, prompts)
     finally:
         assert plain.stop() == 0
-    server = ServerProcess(m, ["--deterministic", "--expert-budget", "25%", "--cold-experts",
-                               "cpu"])
-    try:
-        got = concurrent_completions(server, prompts)
-        with urllib.request.urlopen(server.base + "/metrics", timeout=30) as r:
-            v = parse_metrics(r.read().decode())
-    finally:
-        assert server.stop() == 0
-    for i, (a, b) in enumerate(zip(got, resident)):
-        assert a == b, f"request {i}: {a!r} differs from the resident server's {b!r}"
-    assert v["moeinfer:expert_cache_cpu_experts_total"] > 0, "no expert computed on the CPU"
-    assert v["moeinfer:expert_cache_cpu_rows_total"] >= v["moeinfer:expert_cache_cpu_experts_total"]
+    for cold in cold_modes:
+        server = ServerProcess(m, [*device, "--deterministic", "--expert-budget", "25%",
+                                   "--cold-experts", cold])
+        try:
+            got = concurrent_completions(server, prompts)
+            with urllib.request.urlopen(server.base + "/metrics", timeout=30) as r:
+                v = parse_metrics(r.read().decode())
+        finally:
+            assert server.stop() == 0
+        for i, (a, b) in enumerate(zip(got, resident)):
+            assert a == b, (f"{device} --cold-experts {cold}, request {i}: {a!r} differs from "
+                            f"the resident server's {b!r}")
+        if cold == "cpu":
+            assert v["moeinfer:expert_cache_cpu_experts_total"] > 0, "no expert computed on the CPU"
+            assert (v["moeinfer:expert_cache_cpu_rows_total"] >=
+                    v["moeinfer:expert_cache_cpu_experts_total"])
+        else:
+            assert v["moeinfer:expert_cache_misses_total"] > 0, "no expert was copied in"
+
+
+def check_serve_concurrent(ctx: dict) -> None:
+    serve_concurrent(ctx, [], ["cpu"])
+
+
+def cuda_available(moeinfer: str) -> bool:
+    r = subprocess.run([moeinfer, "info", "--device", "cuda"], capture_output=True, text=True,
+                       timeout=300)
+    return r.returncode == 0
+
+
+def check_cuda_serve_concurrent(ctx: dict) -> None:
+    """serve_concurrent on the GPU (issue 14: serving at concurrency 16 with a 25% budget gives
+    the all-resident outputs), cold experts copied in and computed on the host."""
+    if not cuda_available(ctx["moeinfer"]):
+        print("SKIP cuda_serve_concurrent: no CUDA device (or a build without CUDA)", flush=True)
+        return
+    serve_concurrent(ctx, ["--device", "cuda", "--gpu-memory-fraction", "0.5"], ["gpu", "cpu"])
 
 
 def check_profile_report(ctx: dict) -> None:
@@ -211,7 +241,7 @@ def main() -> int:
     ctx = {"moeinfer": args.moeinfer, "fixtures": args.fixtures}
     checks = [check_generate_same_text, check_static_hot_set, check_logits_same_bytes,
               check_bad_flags, check_serve_metrics, check_serve_concurrent, check_profile_report,
-              check_plan_budget]
+              check_plan_budget, check_cuda_serve_concurrent]
     return e2e_util.summary(*run_checks(e2e_util.selected(checks, args.only),
                                         lambda check: check(ctx)))
 
