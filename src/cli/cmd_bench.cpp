@@ -57,7 +57,7 @@ struct BenchArgs {
   std::string routing_skew;      // synthetic: "zipf:A" or "uniform"
   bool no_cuda_graphs = false;
   bool no_programmatic_launch = false;
-  bool weight_prefetch = false;
+  int64_t weight_prefetch_bytes = 0;
   int64_t skinny_gemm_rows = -1;  // cuda: GpuOptions::skinny_gemm_rows (-1: its default)
   int64_t fused_route_tokens = -1;  // cuda: GpuOptions::fused_route_tokens (-1: its default)
   bool deterministic = false;
@@ -377,7 +377,7 @@ EngineConfig engine_config(const BenchArgs& args) {
                       .gpu_memory_fraction = args.device.gpu_memory_fraction,
                       .cuda_graphs = !args.no_cuda_graphs,
                       .programmatic_launch = !args.no_programmatic_launch,
-                      .weight_prefetch = args.weight_prefetch,
+                      .weight_prefetch_bytes = args.weight_prefetch_bytes,
                       .deterministic = args.deterministic,
                       .offload = args.device.offload(),
                       .routing = args.device.routing_approximation(),
@@ -531,11 +531,11 @@ void run_sweep(const BenchArgs& args) {
 }
 
 void run_bench(const BenchArgs& args) {
-  MOE_CHECK(args.device.is_cuda() ||
-                !(args.no_cuda_graphs || args.no_programmatic_launch || args.weight_prefetch),
+  MOE_CHECK(args.device.is_cuda() || !(args.no_cuda_graphs || args.no_programmatic_launch ||
+                                       args.weight_prefetch_bytes > 0),
             args.no_cuda_graphs           ? "--no-cuda-graphs"
             : args.no_programmatic_launch ? "--no-programmatic-launch"
-                                          : "--weight-prefetch",
+                                          : "--weight-prefetch-bytes",
             " applies to --device cuda (the CPU launches no kernels)");
   MOE_CHECK(args.device.is_cuda() || args.skinny_gemm_rows < 0,
             "--skinny-gemm-rows applies to --device cuda (a GPU kernel)");
@@ -782,9 +782,11 @@ void add_bench_command(CLI::App& app) {
                 "cuda: launch every kernel after the previous one has finished, instead of "
                 "letting the small ones start during its tail (programmatic dependent launch), "
                 "to measure what that saves");
-  cmd->add_flag("--weight-prefetch", args->weight_prefetch,
-                "cuda: the decode GEMVs ask L2 for their weights before the kernel before them "
-                "has finished (off by default: slower at batch 1 on an H100), to measure it");
+  cmd->add_option("--weight-prefetch-bytes", args->weight_prefetch_bytes,
+                  "cuda: bytes of each weight row the decode GEMVs ask of L2 before the kernel "
+                  "before them has finished (default 0, none: whole rows were slower at batch 1 "
+                  "on an H100), to measure it")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--skinny-gemm-rows", args->skinny_gemm_rows,
                   "cuda: dense projections of at most N rows (0 to 8) run the skinny GEMM, a "
                   "weight-streaming kernel, instead of cuBLAS (default 1; 0: cuBLAS always)")

@@ -67,10 +67,11 @@ struct GpuOptions {
   // Launch the small kernels of a step as programmatic dependents of the kernel before them
   // (Hopper; backend/cuda/programmatic_launch.h): same results, shorter gaps between kernels.
   bool programmatic_launch = true;
-  // Decode GEMVs ask L2 for their weights before waiting for the kernel before them
-  // (cuda::set_weight_prefetch): same results. Off by default: on an H100 a batch-1 step of
-  // Qwen3-30B-A3B took 4.70 ms with it and 4.44 ms without (bench/RESULTS.md, 2026-12-07).
-  bool weight_prefetch = false;
+  // Bytes of each weight row the decode GEMVs ask of L2 before waiting for the kernel before
+  // them (cuda::set_weight_prefetch_bytes): same results. 0 by default: on an H100 a batch-1
+  // step of Qwen3-30B-A3B took 4.70 ms with whole rows and 4.44 ms with none
+  // (bench/RESULTS.md, 2026-12-07).
+  int64_t weight_prefetch_bytes = 0;
   bool quiet = false;                // no progress bar or load summary on stderr
   int64_t kv_cache_bytes = 0;        // > 0: the KV pool takes at most this (0: all that is left)
   // How the device pool stores KV rows (--kv-dtype): bf16, or fp8 (e4m3 with a float32 scale

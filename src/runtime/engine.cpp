@@ -129,7 +129,7 @@ GpuOptions gpu_options(const ModelConfig& model, const EngineConfig& config) {
                     .num_kv_blocks = config.num_kv_blocks,
                     .cuda_graphs = config.cuda_graphs,
                     .programmatic_launch = config.programmatic_launch,
-                    .weight_prefetch = config.weight_prefetch,
+                    .weight_prefetch_bytes = config.weight_prefetch_bytes,
                     .kv_cache_bytes = config.kv_cache_mb << 20,
                     // f32, the default, is the CPU's own rows: the device's own are bf16.
                     .kv_dtype = config.kv_dtype == KvDType::kFP8 ? KvDType::kFP8 : KvDType::kBF16,

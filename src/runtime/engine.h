@@ -54,7 +54,7 @@ struct EngineConfig {
   double gpu_memory_fraction = 0.9;  // cuda: weights + workspace + KV pool within this share
   bool cuda_graphs = true;           // cuda: decode steps replay captured graphs
   bool programmatic_launch = true;   // cuda: GpuOptions::programmatic_launch
-  bool weight_prefetch = false;      // cuda: GpuOptions::weight_prefetch
+  int64_t weight_prefetch_bytes = 0;  // cuda: GpuOptions::weight_prefetch_bytes
   // Sampling defaults for requests that leave a field out (vLLM's --generation-config): "auto",
   // the checkpoint's generation_config.json; "vllm", none; or a folder holding one.
   std::string generation_config = "auto";

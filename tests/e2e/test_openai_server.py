@@ -401,7 +401,7 @@ def check_bench_commands(s: ServerProcess, c: OpenAI, ctx: dict) -> None:
                                (["--sweep-batches", "2"], "apply to --sweep only"),
                                (["--sweep", "--sweep-prefill", "100000"], "exceeds the context"),
                                (["--no-programmatic-launch"], "applies to --device cuda"),
-                               (["--weight-prefetch"], "applies to --device cuda"),
+                               (["--weight-prefetch-bytes", "4096"], "applies to --device cuda"),
                                (["--no-cuda-graphs"], "applies to --device cuda")):
             proc = subprocess.run([ctx["moeinfer"], "bench", *flags], capture_output=True,
                                   text=True, timeout=60)

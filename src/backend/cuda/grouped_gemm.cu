@@ -99,7 +99,7 @@ void launch(const GroupedGemmParams& p, cudaStream_t stream) {
 template <bool G, ExpertQuant Q>
 void launch_skinny(const GroupedGemmParams& params, cudaStream_t stream) {
   GroupedGemmParams p = params;
-  p.prefetch_weights = weight_prefetch();
+  p.prefetch_row_bytes = weight_prefetch_bytes();
   const dim3 grid(static_cast<unsigned>(p.n / kGroupedSkinnyColumnsPerBlock),
                   static_cast<unsigned>(p.num_rows));
   enqueue(grouped_skinny_kernel<G, Q>, grid, kGroupedSkinnyThreads, 0, p, stream);

@@ -138,9 +138,9 @@ struct GroupedGemmParams {
   // own order and kAuto takes it by the launch's rows, so the same row could differ between a
   // large step and a small one.
   bool batch_invariant = false;
-  // The skinny kernel asks L2 for its weight rows before its wait: set by the launcher from
-  // weight_prefetch() (programmatic_launch.h), not by callers.
-  bool prefetch_weights = true;
+  // Bytes of each weight row the skinny kernel asks of L2 before its wait: set by the launcher
+  // from weight_prefetch_bytes() (programmatic_launch.h), not by callers.
+  int64_t prefetch_row_bytes = 0;
 };
 
 // Validates and enqueues one grouped GEMM.

@@ -102,13 +102,14 @@ __global__ void __launch_bounds__(kGroupedSkinnyThreads)
   const int lane = static_cast<int>(threadIdx.x) % device::kWarpSize;
   const int col0 = (static_cast<int>(blockIdx.x) * kGroupedSkinnyWarps + warp) * C;
   auto weight_row = [&](int j) { return (j / C) * N + col0 + j % C; };  // gate rows, then up
-  // The warp's weight rows are read by nothing before this kernel: their codes go to L2 while
-  // the previous kernel finishes.
+  // The warp's weight rows are read by nothing before this kernel: the first
+  // prefetch_row_bytes of each may go to L2 while the previous kernel finishes.
   const int64_t row_bytes = Q == ExpertQuant::kNone ? int64_t{K} * 2 : layout.row_code_bytes;
+  const int64_t ahead = min(p.prefetch_row_bytes, row_bytes);
 #pragma unroll
-  for (int j = 0; j < (p.prefetch_weights ? kWeightRows : 0); ++j) {
+  for (int j = 0; j < kWeightRows; ++j) {
     const uint8_t* row = base + weight_row(j) * row_bytes;
-    for (int64_t at = lane * 128; at < row_bytes; at += device::kWarpSize * 128) {
+    for (int64_t at = lane * 128; at < ahead; at += device::kWarpSize * 128) {
       asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + at));
     }
   }

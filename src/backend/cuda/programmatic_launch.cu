@@ -30,12 +30,16 @@ void set_programmatic_launch(bool on) {
 }
 
 namespace {
-std::atomic<bool> weight_prefetch_state{false};
+std::atomic<int64_t> weight_prefetch_bytes_state{0};
 }  // namespace
 
-void set_weight_prefetch(bool on) { weight_prefetch_state.store(on, std::memory_order_relaxed); }
+void set_weight_prefetch_bytes(int64_t bytes) {
+  weight_prefetch_bytes_state.store(bytes > 0 ? bytes : 0, std::memory_order_relaxed);
+}
 
-bool weight_prefetch() { return weight_prefetch_state.load(std::memory_order_relaxed); }
+int64_t weight_prefetch_bytes() {
+  return weight_prefetch_bytes_state.load(std::memory_order_relaxed);
+}
 
 bool programmatic_launch() {
   const int state = programmatic_launch_state.load(std::memory_order_relaxed);

@@ -14,6 +14,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <utility>
 
 #include "backend/cuda/cuda_check.h"
@@ -27,12 +28,13 @@ namespace moeinfer::cuda {
 void set_programmatic_launch(bool on);
 bool programmatic_launch();
 
-// Whether the decode GEMV kernels (skinny_gemm.h, the grouped skinny experts) ask L2 for their
-// weight rows before they wait for the kernel before them (off by default: measured slower at
-// batch 1, the prefetched rows crowding L2 ahead of the bytes being read). Process-wide and
-// read at each launch, as set_programmatic_launch: the decoder sets it before each step.
-void set_weight_prefetch(bool on);
-bool weight_prefetch();
+// How many bytes of each weight row the decode GEMV kernels (skinny_gemm.h, the grouped skinny
+// experts) ask of L2 before they wait for the kernel before them: 0 (the default) none, a row's
+// length or more the whole row. Whole rows measured slower at batch 1 (bench/RESULTS.md,
+// 2026-12-07). Process-wide and read at each launch, as set_programmatic_launch: the decoder
+// sets it before each step.
+void set_weight_prefetch_bytes(int64_t bytes);
+int64_t weight_prefetch_bytes();
 
 // Whether the next launch on `stream` may be a programmatic dependent: outside a graph capture
 // always (after an operation that is not a kernel the launch is a plain one); during a capture

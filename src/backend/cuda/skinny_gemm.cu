@@ -97,7 +97,7 @@ void skinny_gemm(const SkinnyGemmParams& params, cudaStream_t stream) {
   SkinnyGemmParams p = params;
   if (p.ldx == 0) p.ldx = p.k;
   if (p.ldy == 0) p.ldy = p.n;
-  p.prefetch_weights = weight_prefetch();
+  p.prefetch_row_bytes = weight_prefetch_bytes();
   with_rows(p.m, [&]<int M>() { launch<M>(p, stream); });
 }
 
@@ -168,7 +168,7 @@ void quant_skinny_gemm(const QuantSkinnyGemmParams& params, cudaStream_t stream)
   QuantSkinnyGemmParams p = params;
   if (p.ldx == 0) p.ldx = p.k;
   if (p.ldy == 0) p.ldy = p.n;
-  p.prefetch_weights = weight_prefetch();
+  p.prefetch_row_bytes = weight_prefetch_bytes();
   with_rows(p.m, [&]<int M>() { quant_launch<M>(p, stream); });
 }
 

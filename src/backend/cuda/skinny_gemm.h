@@ -41,8 +41,9 @@ struct SkinnyGemmParams {
   int64_t ldx = 0;  // elements; 0: k
   int64_t ldy = 0;  // elements; 0: n
   bool y_f32 = false;
-  // Set by the launcher from weight_prefetch() (programmatic_launch.h), not by callers.
-  bool prefetch_weights = true;
+  // Bytes of each weight row asked of L2 before the wait: set by the launcher from
+  // weight_prefetch_bytes() (programmatic_launch.h), not by callers.
+  int64_t prefetch_row_bytes = 0;
 };
 
 // Whether skinny_gemm takes these sizes and pointers (everything the launcher checks).
@@ -78,8 +79,9 @@ struct QuantSkinnyGemmParams {
   int64_t ldx = 0;  // elements; 0: k
   int64_t ldy = 0;  // elements; 0: n
   bool y_f32 = false;
-  // Set by the launcher from weight_prefetch() (programmatic_launch.h), not by callers.
-  bool prefetch_weights = true;
+  // Bytes of each weight row asked of L2 before the wait: set by the launcher from
+  // weight_prefetch_bytes() (programmatic_launch.h), not by callers.
+  int64_t prefetch_row_bytes = 0;
 };
 
 // Whether quant_skinny_gemm takes these sizes, pointers and format.

@@ -179,15 +179,18 @@ __device__ __forceinline__ void quant_partial_sums(const QuantSkinnyGemmParams& 
   }
 }
 
-// The warp's weight rows [col0, col0 + C) (past n: none), row_bytes each and contiguous, asked
-// of L2 one 128-byte line a prefetch.
+// The first `bytes` of each of the warp's weight rows [col0, col0 + C) (past n: none), row_bytes
+// each, asked of L2 one 128-byte line a prefetch.
 template <int C>
-__device__ __forceinline__ void prefetch_rows(const uint8_t* w, int64_t row_bytes, int col0,
-                                              int64_t n, int lane) {
+__device__ __forceinline__ void prefetch_rows(const uint8_t* w, int64_t row_bytes, int64_t bytes,
+                                              int col0, int64_t n, int lane) {
   const int rows = min(col0 + C, static_cast<int>(n)) - col0;
-  const uint8_t* first = w + static_cast<int64_t>(col0) * row_bytes;
-  for (int64_t b = int64_t{lane} * 128; b < rows * row_bytes; b += device::kWarpSize * 128) {
-    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(first + b));
+  const int64_t ahead = min(bytes, row_bytes);
+  for (int r = 0; r < rows; ++r) {
+    const uint8_t* row = w + static_cast<int64_t>(col0 + r) * row_bytes;
+    for (int64_t b = int64_t{lane} * 128; b < ahead; b += device::kWarpSize * 128) {
+      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + b));
+    }
   }
 }
 
@@ -224,8 +227,9 @@ __global__ void __launch_bounds__(kSkinnyThreads, 2)
   const int col0 = (static_cast<int>(blockIdx.x) * kSkinnyWarps + warp) * C;
   // The weights are not written by the kernels before this one: their first vectors go to L2
   // while that kernel finishes (launched as a programmatic dependent; otherwise at once).
-  if (p.prefetch_weights && col0 < p.n) {
-    skinny::prefetch_rows<C>(reinterpret_cast<const uint8_t*>(p.w), p.k * 2, col0, p.n, lane);
+  if (p.prefetch_row_bytes > 0 && col0 < p.n) {
+    skinny::prefetch_rows<C>(reinterpret_cast<const uint8_t*>(p.w), p.k * 2, p.prefetch_row_bytes,
+                             col0, p.n, lane);
   }
   device::start_after_previous_grid();  // x may be the previous kernel's output
   if (col0 >= p.n) return;
@@ -244,8 +248,8 @@ __global__ void __launch_bounds__(kSkinnyThreads, 2)
   const int lane = static_cast<int>(threadIdx.x) % device::kWarpSize;
   const int col0 = (static_cast<int>(blockIdx.x) * kSkinnyWarps + warp) * C;
   const QuantMatrixLayout layout = quant_matrix_layout(Q, p.n, p.k, p.group);
-  if (p.prefetch_weights && col0 < p.n) {
-    skinny::prefetch_rows<C>(p.w, layout.row_code_bytes, col0, p.n, lane);
+  if (p.prefetch_row_bytes > 0 && col0 < p.n) {
+    skinny::prefetch_rows<C>(p.w, layout.row_code_bytes, p.prefetch_row_bytes, col0, p.n, lane);
   }
   device::start_after_previous_grid();  // x may be the previous kernel's output
   if (col0 >= p.n) return;

@@ -1992,7 +1992,7 @@ StageMarks CudaDecoder::stage_marks() {
 
 void CudaDecoder::run(const Step& step) {
   cuda::set_programmatic_launch(options_.programmatic_launch);  // this decoder's, for its launches
-  cuda::set_weight_prefetch(options_.weight_prefetch);
+  cuda::set_weight_prefetch_bytes(options_.weight_prefetch_bytes);
   // A profiled step replays a graph with its events only where the device times events that
   // a graph recorded; elsewhere profiled steps run eagerly.
   if (!step.graph) {
@@ -2281,7 +2281,7 @@ int64_t CudaDecoder::advance_micro_batch(const Step& step, int64_t first) {
 
 void CudaDecoder::run_micro_batches(const std::array<Step, 2>& steps) {
   cuda::set_programmatic_launch(options_.programmatic_launch);
-  cuda::set_weight_prefetch(options_.weight_prefetch);
+  cuda::set_weight_prefetch_bytes(options_.weight_prefetch_bytes);
   const int64_t L = config_.num_layers;
   if (!options_.overlap_micro_batches) {
     // A's whole step, then B's: B's stream waits for A's last kernel, so nothing overlaps. Every
