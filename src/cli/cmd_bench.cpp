@@ -786,7 +786,7 @@ void add_bench_command(CLI::App& app) {
                   "cuda: bytes of each weight row the decode GEMVs ask of L2 before the kernel "
                   "before them has finished (default 0, none: whole rows were slower at batch 1 "
                   "on an H100), to measure it")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   cmd->add_option("--skinny-gemm-rows", args->skinny_gemm_rows,
                   "cuda: dense projections of at most N rows (0 to 8) run the skinny GEMM, a "
                   "weight-streaming kernel, instead of cuBLAS (default 1; 0: cuBLAS always)")
