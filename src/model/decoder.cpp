@@ -237,8 +237,9 @@ void Decoder::set_expert_parallel(parallel::Communicator* comm,
                            placement->num_experts() == config_.num_experts),
             "an expert placement needs expert parallelism over its ranks and the model's ",
             config_.num_experts, " experts");
-  MOE_CHECK(comm == nullptr || cached_experts_ == nullptr,
-            "--ep with --expert-budget is not supported yet: offload or shard the experts");
+  MOE_CHECK(micro_batches == 1 || !offload_.enabled(),
+            "--micro-batches 2 with --expert-budget is not supported yet (the two micro-batches "
+            "would need one expert cache between them)");
   if (config_.num_experts == 0) return;
   ep_ = comm;
   placement_ = std::move(placement);
@@ -246,7 +247,20 @@ void Decoder::set_expert_parallel(parallel::Communicator* comm,
   micro_batches_ = comm != nullptr ? micro_batches : 1;
   shared_schedule_ = comm != nullptr && overlap ? moe::SharedSchedule::kWhileDispatching
                                                 : moe::SharedSchedule::kBeforeDispatch;
-  make_moe_block(resident_experts());
+  make_moe_block(expert_runner());
+}
+
+std::vector<std::vector<uint8_t>> Decoder::held_experts() const {
+  const int64_t E = config_.num_experts;
+  const parallel::ExpertPlacement placement =
+      placement_ ? *placement_ : parallel::ExpertPlacement(E, ep_->size());
+  std::vector<std::vector<uint8_t>> held(static_cast<size_t>(config_.num_layers));
+  for (int64_t l = 0; l < config_.num_layers; ++l) {
+    if (!weights_.layers[l].is_moe) continue;
+    held[l].assign(static_cast<size_t>(E), 0);
+    for (int32_t e : placement.layer(l).slots(ep_->rank())) held[l][e] = 1;
+  }
+  return held;
 }
 
 void Decoder::set_offload(const offload::OffloadOptions& options, int64_t max_step_tokens) {
@@ -255,28 +269,43 @@ void Decoder::set_offload(const offload::OffloadOptions& options, int64_t max_st
   MOE_CHECK(max_step_tokens >= 1, "set_offload: max_step_tokens must be >= 1, got ",
             max_step_tokens);
   if (config_.num_experts == 0) return;
-  MOE_CHECK(!options.enabled() || ep_ == nullptr,
-            "--expert-budget with --ep is not supported yet: offload or shard the experts");
-  cached_experts_ = nullptr;
-  if (!options.enabled()) {
-    make_moe_block(resident_experts());
-    return;
+  MOE_CHECK(!options.enabled() || micro_batches_ == 1,
+            "--expert-budget with --micro-batches 2 is not supported yet (the two micro-batches "
+            "would need one expert cache between them)");
+  // Read the trace before building anything, so that a bad file leaves the decoder as it was.
+  if (options.enabled() && !options.hot_set_file.empty()) {
+    offload::load_expert_ranking(options.hot_set_file, config_.num_layers, config_.num_experts);
   }
+  offload_ = options;
+  offload_step_tokens_ = max_step_tokens;
+  make_moe_block(expert_runner());
+}
+
+std::unique_ptr<moe::ExpertRunner> Decoder::expert_runner() {
+  cached_experts_ = nullptr;
+  if (!offload_.enabled()) return resident_experts();
+  const offload::OffloadOptions& options = offload_;
   const int64_t L = config_.num_layers, E = config_.num_experts;
   std::vector<std::span<const moe::ExpertWeights>> experts = routed_experts();
+  std::vector<std::vector<uint8_t>> held;
+  if (ep_ != nullptr) held = held_experts();
   std::vector<moe::LayerRouter> routers(L);
-  int64_t num_routed = 0, expert_bytes = 0;
+  int64_t num_routed = 0, expert_bytes = 0;  // num_routed: the experts this rank holds
   for (int64_t l = 0; l < L; ++l) {
     if (experts[l].empty()) continue;
     routers[l] = layer_router(l);
-    num_routed += static_cast<int64_t>(experts[l].size());
+    num_routed += held.empty() ? static_cast<int64_t>(experts[l].size())
+                               : std::count(held[l].begin(), held[l].end(), uint8_t{1});
     expert_bytes = moe::expert_nbytes(experts[l].front());
   }
   const int64_t num_slots = options.num_slots(expert_bytes, num_routed);
-  // Read the trace before building anything, so that a bad file leaves the decoder as it was.
   std::vector<int32_t> ranking;
   if (!options.hot_set_file.empty()) {
     ranking = offload::load_expert_ranking(options.hot_set_file, L, E);
+    // Under --ep a rank warms (and keeps hot) only the experts it holds.
+    if (!held.empty()) {
+      std::erase_if(ranking, [&](int32_t g) { return held[g / E][g % E] == 0; });
+    }
   }
   const offload::ColdCost cold =
       moe::simulated_cold_cost(options.cold, moe::experts_to_time(experts), config_.hidden_size,
@@ -290,12 +319,13 @@ void Decoder::set_offload(const offload::OffloadOptions& options, int64_t max_st
                                 .policy = options.policy,
                                 .prefetch = options.prefetch,
                                 .cold = cold,
-                                .activation = expert_activation(config_)});
-  const int64_t reserve =
-      offload::static_reserve_slots(E, max_step_tokens * config_.num_experts_per_tok, num_slots);
+                                .activation = expert_activation(config_),
+                                .held = std::move(held)});
+  const int64_t reserve = offload::static_reserve_slots(
+      E, offload_step_tokens_ * config_.num_experts_per_tok, num_slots);
   runner->warm(ranking, num_slots - reserve);
   cached_experts_ = runner.get();
-  make_moe_block(std::move(runner));
+  return runner;
 }
 
 KvPoolLayout kv_pool_layout(const ModelConfig& config, int64_t num_state_slots, KvDType dtype) {

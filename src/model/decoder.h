@@ -72,7 +72,9 @@ class Decoder {
   // ranks of `comm` by `placement` (default: contiguous ranges, no replicas) and every MoE
   // layer's rows travel to their expert's ranks and back; each rank runs its own tokens through
   // attention. Every rank must call forward() the same number of times. Null puts every expert
-  // back in this process. Not combined with offloading yet (refused). With `overlap` (--overlap
+  // back in this process. With offloading (set_offload, either order) each rank's cache holds
+  // the experts it is placed, under a budget of their bytes; not with micro_batches 2 (refused).
+  // With `overlap` (--overlap
   // on) the shared experts run while the dispatch's rows are in flight, else before dispatch.
   // `dispatch_dtype` (--dispatch-dtype) encodes the rows dispatch sends (moe/row_codec.h);
   // anything but f32 needs comm.
@@ -204,9 +206,16 @@ class Decoder {
   std::vector<std::span<const moe::ExpertWeights>> routed_experts() const;
   // Every layer's routed experts computed in place, with the config's activation.
   std::unique_ptr<moe::ExpertRunner> resident_experts() const;
+  // What runs the experts under the current offload and expert-parallel settings: the resident
+  // experts, or a cache over the experts this rank holds (sets cached_experts_).
+  std::unique_ptr<moe::ExpertRunner> expert_runner();
+  // Under --ep: held[l][e] = 1 for the experts of MoE layer l this rank holds.
+  std::vector<std::vector<uint8_t>> held_experts() const;
 
   std::unique_ptr<moe::MoeBlock> moe_block_;            // null without MoE layers
   moe::CachedExperts* cached_experts_ = nullptr;        // moe_block_'s runner when offloading
+  offload::OffloadOptions offload_;                     // set_offload's
+  int64_t offload_step_tokens_ = 1;                     // set_offload's max_step_tokens
   std::optional<parallel::ExpertPlacement> placement_;  // ep_'s, when given
   parallel::Communicator* ep_ = nullptr;                // moe_block_'s dispatcher's, under --ep
   moe::DispatchDtype dispatch_dtype_ = moe::DispatchDtype::kF32;  // its rows' encoding

@@ -75,6 +75,16 @@ CachedExperts::CachedExperts(std::vector<std::span<const ExpertWeights>> experts
   bytes_.assign(static_cast<size_t>(L), 0);
   stall_.assign(static_cast<size_t>(L), 0.0);
   rows_.resize(static_cast<size_t>(E));
+  pending_rows_.resize(static_cast<size_t>(E));
+  if (!options_.held.empty()) {
+    MOE_CHECK(static_cast<int64_t>(options_.held.size()) == L, "cached experts: held experts of ",
+              options_.held.size(), " layers for ", L);
+    for (int64_t l = 0; l < L; ++l) {
+      MOE_CHECK(experts_[l].empty() || static_cast<int64_t>(options_.held[l].size()) == E,
+                "cached experts: layer ", l, " holds ", options_.held[l].size(), " flags for ", E,
+                " experts");
+    }
+  }
   copies_.resize(static_cast<size_t>(E));
   on_cpu_.resize(static_cast<size_t>(E));
   views_.resize(static_cast<size_t>(E));
@@ -141,43 +151,71 @@ void CachedExperts::predict(int64_t layer, const RoutedTokens& tokens) {
   for (int32_t e : predicted_.topk_ids) rows_[e] += 1;
 }
 
-void CachedExperts::on_routed(int64_t layer, const RoutedTokens& tokens) {
-  const int64_t L = cache_.num_layers();
-  const int64_t E = options_.router.num_experts;
-  MOE_CHECK(layer >= 0 && layer < L && !experts_[layer].empty(), "cached experts: layer ", layer,
-            " is not an MoE layer of the ", L);
-  std::fill(rows_.begin(), rows_.end(), 0);
-  for (int32_t e : tokens.routing->topk_ids) {
-    if (e == kNoExpert) continue;  // dropped by a routing approximation: no row to compute
-    MOE_CHECK(e >= 0 && e < E, "cached experts: expert id ", e, " outside [0, ", E, ")");
-    rows_[e] += 1;
-  }
+int64_t CachedExperts::admit_demand(int64_t layer) {
   const int64_t tick = cache_.next_tick();
   LayerStep demand;
-  admit({.layer = layer, .num_experts = E, .tick = tick, .protect_from = tick}, demand);
+  admit({.layer = layer,
+         .num_experts = options_.router.num_experts,
+         .tick = tick,
+         .protect_from = tick},
+        demand);
   bytes_[layer] += demand.bytes;
   stall_[layer] += demand.stall;
   report(layer, demand);
+  return tick;
+}
 
-  const int64_t next = layer + 1;
+bool CachedExperts::prefetches(int64_t next, int64_t tick, int64_t num_tokens) const {
   // Under kCpu no miss is ever copied, so a prefetch would only move bytes nobody reads.
   if (options_.prefetch == offload::PrefetchMode::kOff ||
-      options_.cold.mode == offload::ColdExperts::kCpu || next >= L || experts_[next].empty() ||
-      tokens.num_tokens == 0)
-    return;
-  if (options_.prefetch == offload::PrefetchMode::kAuto &&
-      !offload::prefetch_pays(cache_.counters(next).data(), tick))
-    return;
-  predict(next, tokens);
+      options_.cold.mode == offload::ColdExperts::kCpu || next >= cache_.num_layers() ||
+      experts_[next].empty() || num_tokens == 0)
+    return false;
+  return options_.prefetch != offload::PrefetchMode::kAuto ||
+         offload::prefetch_pays(cache_.counters(next).data(), tick);
+}
+
+void CachedExperts::admit_prefetch(int64_t next, int64_t tick) {
   LayerStep prefetch;
   admit({.layer = next,
-         .num_experts = E,
+         .num_experts = options_.router.num_experts,
          .tick = cache_.next_tick(),
          .protect_from = tick,
          .prefetch = true},
         prefetch);
   bytes_[next] += prefetch.bytes;
   report(next, prefetch);
+}
+
+void CachedExperts::on_routed(int64_t layer, const RoutedTokens& tokens) {
+  const int64_t L = cache_.num_layers();
+  const int64_t E = options_.router.num_experts;
+  MOE_CHECK(layer >= 0 && layer < L && !experts_[layer].empty(), "cached experts: layer ", layer,
+            " is not an MoE layer of the ", L);
+  const int64_t next = layer + 1;
+  if (!options_.held.empty()) {
+    // Expert parallel: the demand arrives with run()'s rows. Predict the next layer's held
+    // experts from this rank's tokens now, while their hidden rows are at hand. Whether it pays
+    // is asked at the tick run()'s demand will take.
+    pending_next_ = -1;
+    if (!prefetches(next, cache_.tick() + 1, tokens.num_tokens)) return;
+    predict(next, tokens);
+    for (int64_t e = 0; e < E; ++e) {
+      pending_rows_[e] = options_.held[next][e] != 0 ? rows_[e] : 0;
+    }
+    pending_next_ = next;
+    return;
+  }
+  std::fill(rows_.begin(), rows_.end(), 0);
+  for (int32_t e : tokens.routing->topk_ids) {
+    if (e == kNoExpert) continue;  // dropped by a routing approximation: no row to compute
+    MOE_CHECK(e >= 0 && e < E, "cached experts: expert id ", e, " outside [0, ", E, ")");
+    rows_[e] += 1;
+  }
+  const int64_t tick = admit_demand(layer);
+  if (!prefetches(next, tick, tokens.num_tokens)) return;
+  predict(next, tokens);
+  admit_prefetch(next, tick);
 }
 
 void CachedExperts::report(int64_t layer, const LayerStep& step) {
@@ -192,6 +230,22 @@ void CachedExperts::run(int64_t layer, const ExpertRows& rows, float* out) {
             "cached experts: layer ", layer, " is not an MoE layer");
   const int64_t count = rows.num_experts();
   MOE_CHECK(count >= 0 && count <= E, count, " experts' rows for layer ", layer, "'s ", E);
+  if (!options_.held.empty()) {
+    // Expert parallel: the rows every rank sent here are this layer's demand.
+    std::fill(rows_.begin(), rows_.end(), 0);
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t e = rows.expert(i);
+      MOE_CHECK(e >= 0 && e < E && options_.held[layer][e] != 0, "expert ", e, " of layer ", layer,
+                " is not held by this rank");
+      rows_[e] += rows.expert_offsets[i + 1] - rows.expert_offsets[i];
+    }
+    const int64_t tick = admit_demand(layer);
+    if (pending_next_ == layer + 1) {
+      std::copy(pending_rows_.begin(), pending_rows_.end(), rows_.begin());
+      admit_prefetch(pending_next_, tick);
+    }
+    pending_next_ = -1;
+  }
   for (int64_t i = 0; i < count; ++i) {
     const int64_t e = rows.expert(i);
     MOE_CHECK(e >= 0 && e < E, "expert ", e, " outside layer ", layer, "'s ", E);

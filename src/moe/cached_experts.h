@@ -41,6 +41,11 @@ struct CachedExpertsOptions {
   offload::PrefetchMode prefetch = offload::PrefetchMode::kAuto;
   offload::ColdCost cold;  // kGpu: every miss is copied
   ExpertActivation activation;  // how the experts join gate and up
+  // Under expert parallelism: held[l][e] = 1 for the experts of MoE layer l this rank holds;
+  // empty: every expert (one process). The demand of a layer is then the rows run() receives
+  // from every rank, not this rank's own routing, so on_routed only predicts the next layer (its
+  // held experts) and run() admits the demand, then that prediction as a prefetch.
+  std::vector<std::vector<uint8_t>> held;
 };
 
 // What computing one cold expert on the host costs, measured with run_experts: the time of one
@@ -93,6 +98,12 @@ class CachedExperts final : public ExpertRunner {
   void copy_to_slot(const offload::SlotCopy& c);
   void predict(int64_t layer, const RoutedTokens& tokens);  // fills rows_ for `layer`
   void report(int64_t layer, const LayerStep& step);
+  // Admits rows_ as `layer`'s demand (a new tick that protects itself); returns the tick.
+  int64_t admit_demand(int64_t layer);
+  // Whether layer `next` (after `layer`) gets a prefetch at the demand tick `tick`.
+  bool prefetches(int64_t next, int64_t tick, int64_t num_tokens) const;
+  // Admits rows_ as a prefetch of `next`, protecting what the demand of tick `tick` placed.
+  void admit_prefetch(int64_t next, int64_t tick);
 
   struct SlotFree {
     void operator()(std::byte* p) const;
@@ -116,6 +127,9 @@ class CachedExperts final : public ExpertRunner {
   std::vector<float> logits_;              // [T, E] the predicted layer's router logits
   Routing predicted_;
   std::vector<ExpertWeights> views_;  // [E] the experts run() reads
+  // Under `held`: on_routed's prediction of layer pending_next_ (-1: none), admitted by run().
+  std::vector<int32_t> pending_rows_;  // [E]
+  int64_t pending_next_ = -1;
 };
 
 }  // namespace moeinfer::moe

@@ -56,8 +56,11 @@ sharded over the ranks, so each MoE layer's rows cross between ranks both ways:
                       with each rank's share of the memory budget), and the JSON says ep 2 and
                       counts bytes sent to the other rank. Skipped without a CUDA
                       device (CI).
-  bad_flags           --ep 2 outside mpirun names the launch command; --ep with --expert-budget
-                      and --overlap without --ep are refused by name; bad placement files are refused naming the problem;
+  offload             --ep 2 and 3 with --expert-budget (25% and 10%, LRU, cold experts on the
+                      host and by cost, prefetch on, a placement with replicas): one process's
+                      greedy text without a budget
+  bad_flags           --ep 2 outside mpirun names the launch command; --expert-budget with
+                      --micro-batches 2 and --overlap without --ep are refused by name; bad placement files are refused naming the problem;
                       --dispatch-dtype and --micro-batches 2 without --ep, --dispatch-dtype on
                       --device cuda and, there, --overlap without --micro-batches 2 (generate,
                       serve and bench) are refused by name, as is --ep-transport on the CPU and
@@ -207,6 +210,29 @@ def check_generate_same_text(ctx: dict) -> None:
         want = run([m, *args], mpi=True).stdout
         got = mpirun(2, [m, *args, "--ep", "2"]).stdout
         assert got == want, f"{model.name} --ep 2: {got!r} differs from one process's {want!r}"
+
+
+def check_offload(ctx: dict) -> None:
+    """--ep N with --expert-budget: each rank's cache holds the experts it is placed, and the
+    greedy text is one process's without a budget, whatever the budget, policy, cold-expert mode
+    or placement."""
+    m = ctx["moeinfer"]
+    base = ["generate", "--prompt", PROMPT, "--max-tokens", "16", "--temperature", "0",
+            "--ignore-eos"]
+    want = run([m, *base], mpi=True).stdout
+    experts = model_info(m, None)["experts"]
+    runs = [(2, ["--expert-budget", "25%"]), (3, ["--expert-budget", "10%"]),
+            (2, ["--expert-budget", "25%", "--expert-cache", "lru"]),
+            (2, ["--expert-budget", "25%", "--cold-experts", "cpu"]),
+            (2, ["--expert-budget", "50%", "--cold-experts", "auto", "--expert-prefetch", "on"])]
+    with tempfile.TemporaryDirectory() as tmp:
+        replicas = [list(range(experts)), list(range(0, experts, 2))]  # rank 1 half, as replicas
+        path = placement_file(pathlib.Path(tmp) / "replicas.json", experts, 2,
+                              {"ranks": replicas})
+        runs.append((2, ["--expert-budget", "25%", "--placement", str(path)]))
+        for n, flags in runs:
+            got = mpirun(n, [m, *base, "--ep", str(n), *flags]).stdout
+            assert got == want, f"--ep {n} {flags}: {got!r} differs from one process's {want!r}"
 
 
 def check_dispatch_dtype(ctx: dict) -> None:
@@ -505,8 +531,9 @@ def check_bad_flags(ctx: dict) -> None:
     base = ["generate", "--prompt", "x", "--max-tokens", "1"]
     r = run([m, *base, "--ep", "2"], ok=False, mpi=True)
     assert r.returncode != 0 and "mpirun -np 2" in r.stderr, r.stderr
-    r = mpirun(2, [m, *base, "--ep", "2", "--expert-budget", "25%"], ok=False)
-    assert r.returncode != 0 and "--expert-budget" in r.stderr, r.stderr
+    r = mpirun(2, [m, *base, "--ep", "2", "--expert-budget", "25%", "--micro-batches", "2"],
+               ok=False)
+    assert r.returncode != 0 and "--micro-batches 2 with --expert-budget" in r.stderr, r.stderr
     experts = model_info(m, None)["experts"]
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
@@ -552,7 +579,7 @@ def main() -> int:
     args = e2e_util.parse_args()
     ctx = {"moeinfer": args.moeinfer, "fixtures": args.fixtures}
     checks = [check_logits_match, check_placement_replicas, check_generate_same_text,
-              check_dispatch_dtype, check_micro_batches, check_cuda_ep,
+              check_dispatch_dtype, check_micro_batches, check_offload, check_cuda_ep,
               check_cuda_ep_micro_batches, check_cuda_ep_serve, check_cuda_ep_bench,
               check_bad_flags]
     return e2e_util.summary(*run_checks(e2e_util.selected(checks, args.only),

@@ -21,9 +21,11 @@ text does not depend on what else shares its step and must equal the one-process
   rank_dies       a rank killed with SIGKILL makes the whole job fail, not hang
   bench           `mpirun -np 2 moeinfer bench --ep 2` splits the batch over the ranks, prints
                   the job's throughput and writes it as JSON
+  offloaded       `serve --ep 2 --expert-budget 50%`: eight concurrent completions get the
+                  one-process, all-resident server's texts; /metrics counts the caches' demands
   bad_flags       serve --ep 2 outside mpirun names the launch command, on either device (GPU
-                  ranks serve too: test_expert_parallel.py's cuda_ep_serve); --ep with
-                  --expert-budget is refused by name; rank 0 failing alone (its port taken)
+                  ranks serve too: test_expert_parallel.py's cuda_ep_serve); --expert-budget with
+                  --micro-batches 2 is refused by name; rank 0 failing alone (its port taken)
                   ends the job instead of leaving rank 1 waiting
 
 Prints one line per check and a last line "N passed, M failed"; exits non-zero on any failure.
@@ -289,6 +291,42 @@ def check_bench(moeinfer: str) -> None:
         assert result["output_throughput"] > 0, result
 
 
+def check_offloaded(moeinfer: str) -> None:
+    """Offloading with expert parallelism and continuous batching in one job: eight concurrent
+    completions against `serve --ep 2 --expert-budget 50%` (each rank's cache over the experts
+    it holds) get the one-process, all-resident server's texts, and /metrics counts the caches'
+    demands."""
+    want = reference(moeinfer)
+    server = MpiServer(moeinfer, [*SERVE_FLAGS, "--expert-budget", "50%"])
+    try:
+        c = server.client()
+        jobs = [(p, stream) for p in PROMPTS for stream in (False, True)]
+        results: dict[tuple[str, bool], dict] = {}
+        errors: list[str] = []
+
+        def one(job):
+            try:
+                results[job] = complete(c, job[0], stream=job[1])
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(f"{job}: {type(e).__name__}: {e}")
+
+        threads = [threading.Thread(target=one, args=(job,)) for job in jobs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        for (prompt, stream), got in results.items():
+            assert got["text"] == want[prompt]["text"], (prompt, stream, got["text"],
+                                                         want[prompt]["text"])
+        m = metrics(server.base)
+        demands = sum(m.get(f"moeinfer:expert_cache_{n}_total", 0.0)
+                      for n in ("hits", "misses", "unplaced"))
+        assert demands > 0, "no expert demand counted under --expert-budget"
+    finally:
+        server.kill()
+
+
 def check_bad_flags(moeinfer: str) -> None:
     def run(cmd, mpi: bool):
         full = [mpirun_path(), "-np", "2", *cmd] if mpi else cmd
@@ -299,8 +337,10 @@ def check_bad_flags(moeinfer: str) -> None:
         assert r.returncode != 0 and "mpirun -np 2" in r.stderr, (sub, r.stderr[-1000:])
         r = run([moeinfer, sub, "--ep", "2", "--device", "cuda"], mpi=False)
         assert r.returncode != 0 and "mpirun -np 2" in r.stderr, (sub, r.stderr[-1000:])
-    r = run([moeinfer, "serve", "--ep", "2", "--port", "0", "--expert-budget", "25%"], mpi=True)
-    assert r.returncode != 0 and "--expert-budget" in r.stderr, r.stderr[-1500:]
+    r = run([moeinfer, "serve", "--ep", "2", "--port", "0", "--expert-budget", "25%",
+             "--micro-batches", "2"], mpi=True)
+    assert r.returncode != 0 and "--micro-batches 2 with --expert-budget" in r.stderr, \
+        r.stderr[-1500:]
     # Rank 0 failing alone (its port is taken) ends the job while rank 1 waits for it.
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -318,6 +358,7 @@ def main() -> int:
     alone = [("sigterm_mpirun", lambda: check_sigterm_mpirun(moeinfer)),
              ("rank_dies", lambda: check_rank_dies(moeinfer)),
              ("bench", lambda: check_bench(moeinfer)),
+             ("offloaded", lambda: check_offloaded(moeinfer)),
              ("bad_flags", lambda: check_bad_flags(moeinfer))]
     passed = failed = 0
     chosen = e2e_util.selected(served, args.only)

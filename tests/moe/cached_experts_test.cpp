@@ -20,6 +20,7 @@
 #include "core/error.h"
 #include "model/model.h"
 #include "offload/parse_options.h"
+#include "parallel/communicator.h"
 #include "profile/profiler.h"
 #include "profile/routing_trace.h"
 
@@ -200,6 +201,57 @@ TEST(CachedExperts, StaticHotSetIsResidentBeforeTraffic) {
   EXPECT_GT(cache.total_counters()[offload::kCacheHits], 0);
   for (int64_t g = 0; g < config.num_layers * config.num_experts; ++g) {
     if (cache.hot(static_cast<int32_t>(g))) EXPECT_GE(cache.slot_of(static_cast<int32_t>(g)), 0);
+  }
+}
+
+// Under expert parallelism (here a job of one rank, so that every expert is this rank's) the
+// cache takes its demand from the rows run() receives and admits on_routed's prediction after
+// it: the same admissions in the same order as one process, so the logits stay those of the
+// resident run and every counter equals the one-process cache's, in either order of set_offload
+// and set_expert_parallel. Two micro-batches with a budget are refused by name.
+TEST(CachedExperts, ExpertParallelRankCachesTheRowsItReceives) {
+  auto model = Model::load(kModels / "qwen3_moe_f32", LoadOptions{.prefault = false});
+  Decoder& decoder = model->decoder();
+  std::vector<int32_t> tokens(15);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(11 * i + 5);
+  const WorkloadRun resident = run_workload(decoder, tokens, nullptr);
+  parallel::SelfCommunicator self;
+  for (const std::string budget : {"25%", "50%"}) {
+    for (const std::string prefetch : {"on", "off"}) {
+      const offload::OffloadOptions options =
+          offload::parse_offload_flags(budget, "lfu", "gpu", prefetch);
+      decoder.set_offload(options);
+      run_workload(decoder, tokens, nullptr);
+      const std::vector<int64_t> one_process = decoder.cached_experts()->cache().total_counters();
+      for (const bool offload_first : {true, false}) {
+        SCOPED_TRACE("--expert-budget " + budget + " --expert-prefetch " + prefetch + ", " +
+                     (offload_first ? "set_offload first" : "set_expert_parallel first"));
+        decoder.set_expert_parallel(nullptr);
+        decoder.set_offload({});
+        if (offload_first) decoder.set_offload(options);
+        decoder.set_expert_parallel(&self);
+        if (!offload_first) decoder.set_offload(options);
+        ASSERT_NE(decoder.cached_experts(), nullptr);
+        const WorkloadRun run = run_workload(decoder, tokens, nullptr);
+        ASSERT_EQ(run.logits.size(), resident.logits.size());
+        EXPECT_EQ(std::memcmp(run.logits.data(), resident.logits.data(),
+                              run.logits.size() * sizeof(float)),
+                  0);
+        EXPECT_EQ(decoder.cached_experts()->cache().total_counters(), one_process);
+      }
+      decoder.set_expert_parallel(nullptr);
+      EXPECT_GT(one_process[offload::kCacheMisses], 0);
+      if (prefetch == "off") EXPECT_EQ(one_process[offload::kCachePrefetched], 0);
+    }
+  }
+  decoder.set_offload(offload::parse_offload_flags("25%", "lfu", "gpu", "auto"));
+  try {
+    decoder.set_expert_parallel(&self, std::nullopt, true, moe::DispatchDtype::kF32, 2);
+    ADD_FAILURE() << "two micro-batches with an expert budget were accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--micro-batches 2 with --expert-budget"),
+              std::string::npos)
+        << e.what();
   }
 }
 

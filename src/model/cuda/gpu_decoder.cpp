@@ -552,7 +552,8 @@ CudaDecoder::CudaDecoder(const ModelConfig& config, DeviceWeights weights,
   MOE_CHECK(options.max_batch_tokens >= 1, "max batch tokens must be >= 1");
   if (options.expert_parallel != nullptr) {  // --ep N: model/cuda/expert_parallel.h
     MOE_CHECK(!options.offload.enabled(),
-              "--ep with --expert-budget is not supported yet: offload or shard the experts");
+              "--ep with --expert-budget is not supported yet on --device cuda (CPU ranks take "
+              "both): offload or shard the experts");
     MOE_CHECK(config.num_experts > 0, "--ep: the ", config.model_type,
               " model has no routed experts to shard");
     // The dispatch waits for the plan's offsets and exchanges with the other ranks inside
