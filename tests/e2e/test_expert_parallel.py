@@ -434,9 +434,8 @@ def complete(base: str, prompt: str, stream: bool) -> dict:
 
 
 def check_cuda_ep_serve(ctx: dict) -> None:
-    import threading
     import urllib.request
-    from test_serve_expert_parallel import MpiServer
+    from test_serve_expert_parallel import MpiServer, run_concurrently
     m = ctx["moeinfer"]
     if not cuda_available(m):
         print("SKIP cuda_ep_serve: no CUDA device (or a build without CUDA)", flush=True)
@@ -461,21 +460,7 @@ def check_cuda_ep_serve(ctx: dict) -> None:
     job = MpiServer(m, CUDA_SERVE_FLAGS)
     try:
         jobs = [(p, stream) for p in SERVE_PROMPTS for stream in (False, True)]
-        results: dict = {}
-        errors: list[str] = []
-
-        def one(key):
-            try:
-                results[key] = complete(job.base, key[0], stream=key[1])
-            except Exception as e:  # noqa: BLE001 - reported below
-                errors.append(f"{key}: {type(e).__name__}: {e}")
-
-        threads = [threading.Thread(target=one, args=(key,)) for key in jobs]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert not errors, errors
+        results = run_concurrently(lambda key: complete(job.base, key[0], stream=key[1]), jobs)
         for (prompt, stream), got in results.items():
             w = want[prompt]
             assert got["text"] == w["text"], (prompt, stream, got["text"], w["text"])

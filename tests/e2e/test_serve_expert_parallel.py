@@ -151,6 +151,27 @@ def complete(c, prompt: str, stream: bool, logprobs: int | None = None) -> dict:
             "tokens": tokens if logprobs else None}
 
 
+def run_concurrently(fn, keys: list) -> dict:
+    """fn(key) for every key, each on its own thread at once; the results by key. Raises with
+    every failure's key when any call failed."""
+    results: dict = {}
+    errors: list[str] = []
+
+    def one(key):
+        try:
+            results[key] = fn(key)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(f"{key}: {type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=one, args=(key,)) for key in keys]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    return results
+
+
 def reference(moeinfer: str) -> dict[str, dict]:
     """The one-process server's answers, one request at a time."""
     server = ServerProcess(moeinfer, SERVE_FLAGS)
@@ -168,21 +189,7 @@ def check_same_text(s: MpiServer, ctx: dict) -> None:
     c = s.client()
     want = ctx["want"]
     jobs = [(p, stream) for p in PROMPTS for stream in (False, True)]
-    results: dict[tuple[str, bool], dict] = {}
-    errors: list[str] = []
-
-    def one(job):
-        try:
-            results[job] = complete(c, job[0], stream=job[1])
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(f"{job}: {type(e).__name__}: {e}")
-
-    threads = [threading.Thread(target=one, args=(job,)) for job in jobs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    results = run_concurrently(lambda job: complete(c, job[0], stream=job[1]), jobs)
     for (prompt, stream), got in results.items():
         w = want[prompt]
         assert got["text"] == w["text"], (prompt, stream, got["text"], w["text"])
@@ -301,21 +308,7 @@ def check_offloaded(moeinfer: str) -> None:
     try:
         c = server.client()
         jobs = [(p, stream) for p in PROMPTS for stream in (False, True)]
-        results: dict[tuple[str, bool], dict] = {}
-        errors: list[str] = []
-
-        def one(job):
-            try:
-                results[job] = complete(c, job[0], stream=job[1])
-            except Exception as e:  # noqa: BLE001 - reported below
-                errors.append(f"{job}: {type(e).__name__}: {e}")
-
-        threads = [threading.Thread(target=one, args=(job,)) for job in jobs]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert not errors, errors
+        results = run_concurrently(lambda job: complete(c, job[0], stream=job[1]), jobs)
         for (prompt, stream), got in results.items():
             assert got["text"] == want[prompt]["text"], (prompt, stream, got["text"],
                                                          want[prompt]["text"])
