@@ -141,12 +141,14 @@ def check_serve_metrics(ctx: dict) -> None:
 
 
 def concurrent_completions(server: ServerProcess, prompts: list[str]) -> list[str]:
-    client = server.client()
-
+    # Plain HTTP, not the openai client: the GPU machine runs this check without that package.
     def one(prompt: str) -> str:
-        r = client.completions.create(model="demo", prompt=prompt, max_tokens=12, temperature=0,
-                                      extra_body={"ignore_eos": True})
-        return r.choices[0].text
+        body = json.dumps({"model": "demo", "prompt": prompt, "max_tokens": 12,
+                           "temperature": 0, "ignore_eos": True}).encode()
+        request = urllib.request.Request(server.base + "/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=300) as r:
+            return json.loads(r.read())["choices"][0]["text"]
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(prompts)) as pool:
         return list(pool.map(one, prompts))
