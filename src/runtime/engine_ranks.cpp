@@ -370,7 +370,7 @@ std::unique_ptr<Engine> load_expert_parallel_engine(const std::filesystem::path&
   auto model = Model::load(dir, LoadOptions{.expert_weights = config.expert_weights,
                                             .weight_scope = config.weight_scope});
   Decoder& decoder = model->decoder();
-  decoder.set_offload(config.offload, config.max_num_seqs);  // refuses a budget under --ep
+  decoder.set_offload(config.offload, config.max_num_seqs);  // each rank caches what it holds
   decoder.set_routing_approximation(config.routing);
   std::optional<parallel::ExpertPlacement> placement;
   if (!options.placement.empty()) {
