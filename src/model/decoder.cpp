@@ -273,10 +273,13 @@ void Decoder::set_offload(const offload::OffloadOptions& options, int64_t max_st
             "--expert-budget with --micro-batches 2 is not supported yet (the two micro-batches "
             "would need one expert cache between them)");
   // Read the trace before building anything, so that a bad file leaves the decoder as it was.
+  std::vector<int32_t> ranking;
   if (options.enabled() && !options.hot_set_file.empty()) {
-    offload::load_expert_ranking(options.hot_set_file, config_.num_layers, config_.num_experts);
+    ranking =
+        offload::load_expert_ranking(options.hot_set_file, config_.num_layers, config_.num_experts);
   }
   offload_ = options;
+  offload_ranking_ = std::move(ranking);
   offload_step_tokens_ = max_step_tokens;
   make_moe_block(expert_runner());
 }
@@ -299,14 +302,9 @@ std::unique_ptr<moe::ExpertRunner> Decoder::expert_runner() {
     expert_bytes = moe::expert_nbytes(experts[l].front());
   }
   const int64_t num_slots = options.num_slots(expert_bytes, num_routed);
-  std::vector<int32_t> ranking;
-  if (!options.hot_set_file.empty()) {
-    ranking = offload::load_expert_ranking(options.hot_set_file, L, E);
-    // Under --ep a rank warms (and keeps hot) only the experts it holds.
-    if (!held.empty()) {
-      std::erase_if(ranking, [&](int32_t g) { return held[g / E][g % E] == 0; });
-    }
-  }
+  // Under --ep a rank warms (and keeps hot) only the experts it holds.
+  std::vector<int32_t> ranking = offload_ranking_;
+  if (!held.empty()) std::erase_if(ranking, [&](int32_t g) { return held[g / E][g % E] == 0; });
   const offload::ColdCost cold =
       moe::simulated_cold_cost(options.cold, moe::experts_to_time(experts), config_.hidden_size,
                                config_.moe_intermediate_size);

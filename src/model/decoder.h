@@ -216,6 +216,7 @@ class Decoder {
   moe::CachedExperts* cached_experts_ = nullptr;        // moe_block_'s runner when offloading
   offload::OffloadOptions offload_;                     // set_offload's
   int64_t offload_step_tokens_ = 1;                     // set_offload's max_step_tokens
+  std::vector<int32_t> offload_ranking_;  // the hot-set trace's ranking, read once by set_offload
   std::optional<parallel::ExpertPlacement> placement_;  // ep_'s, when given
   parallel::Communicator* ep_ = nullptr;                // moe_block_'s dispatcher's, under --ep
   moe::DispatchDtype dispatch_dtype_ = moe::DispatchDtype::kF32;  // its rows' encoding

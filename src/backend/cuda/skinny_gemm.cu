@@ -41,6 +41,19 @@ void with_rows(int64_t m, Launch&& launch) {
   }
 }
 
+// launch.operator()<C>() for C, the output columns a warp owns over n columns (both kernels):
+// two halve the blocks, which pays only while every SM keeps two (an O projection of 2048
+// columns would otherwise leave each SM one block, 8 warps, to stream from).
+template <typename Launch>
+void with_columns(int64_t n, Launch&& launch) {
+  const int64_t wide_blocks = (n + kSkinnyWarps * 2 - 1) / (kSkinnyWarps * 2);
+  if (wide_blocks >= 2 * int64_t{current_multiprocessor_count()}) {
+    launch.template operator()<2>();
+  } else {
+    launch.template operator()<1>();
+  }
+}
+
 // The reason these parameters cannot run, or null.
 const char* unsupported(const SkinnyGemmParams& p) {
   if (p.m < 1 || p.m > kSkinnyGemmMaxRows) return "m outside [1, 8]";
@@ -74,18 +87,6 @@ void launch_columns(const SkinnyGemmParams& p, cudaStream_t stream) {
   MOE_CUDA_CHECK_LAUNCH();
 }
 
-// Two columns a warp halve the blocks; that pays only while two blocks per SM remain (an O
-// projection of 2048 columns would otherwise leave each SM one block, 8 warps, to stream from).
-template <int M>
-void launch(const SkinnyGemmParams& p, cudaStream_t stream) {
-  const int64_t wide_blocks = (p.n + kSkinnyWarps * 2 - 1) / (kSkinnyWarps * 2);
-  if (wide_blocks >= 2 * int64_t{current_multiprocessor_count()}) {
-    launch_columns<M, 2>(p, stream);
-  } else {
-    launch_columns<M, 1>(p, stream);
-  }
-}
-
 }  // namespace
 
 bool skinny_gemm_supports(const SkinnyGemmParams& params) { return unsupported(params) == nullptr; }
@@ -98,7 +99,8 @@ void skinny_gemm(const SkinnyGemmParams& params, cudaStream_t stream) {
   if (p.ldx == 0) p.ldx = p.k;
   if (p.ldy == 0) p.ldy = p.n;
   p.prefetch_row_bytes = weight_prefetch_bytes();
-  with_rows(p.m, [&]<int M>() { launch<M>(p, stream); });
+  with_rows(p.m,
+            [&]<int M>() { with_columns(p.n, [&]<int C>() { launch_columns<M, C>(p, stream); }); });
 }
 
 namespace {
@@ -143,17 +145,6 @@ void quant_launch_columns(const QuantSkinnyGemmParams& p, cudaStream_t stream) {
   MOE_CUDA_CHECK_LAUNCH();
 }
 
-// The bf16 launcher's choice of columns a warp: two while every SM keeps two blocks.
-template <int M>
-void quant_launch(const QuantSkinnyGemmParams& p, cudaStream_t stream) {
-  const int64_t wide_blocks = (p.n + kSkinnyWarps * 2 - 1) / (kSkinnyWarps * 2);
-  if (wide_blocks >= 2 * int64_t{current_multiprocessor_count()}) {
-    quant_launch_columns<M, 2>(p, stream);
-  } else {
-    quant_launch_columns<M, 1>(p, stream);
-  }
-}
-
 }  // namespace
 
 bool quant_skinny_gemm_supports(const QuantSkinnyGemmParams& params) {
@@ -169,7 +160,9 @@ void quant_skinny_gemm(const QuantSkinnyGemmParams& params, cudaStream_t stream)
   if (p.ldx == 0) p.ldx = p.k;
   if (p.ldy == 0) p.ldy = p.n;
   p.prefetch_row_bytes = weight_prefetch_bytes();
-  with_rows(p.m, [&]<int M>() { quant_launch<M>(p, stream); });
+  with_rows(p.m, [&]<int M>() {
+    with_columns(p.n, [&]<int C>() { quant_launch_columns<M, C>(p, stream); });
+  });
 }
 
 void dequantize_matrix(const DequantizeMatrixParams& p, cudaStream_t stream) {
