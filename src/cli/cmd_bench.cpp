@@ -57,6 +57,7 @@ struct BenchArgs {
   std::string routing_skew;      // synthetic: "zipf:A" or "uniform"
   bool no_cuda_graphs = false;
   bool no_programmatic_launch = false;
+  bool no_fold_norms = false;
   int64_t weight_prefetch_bytes = 0;
   int64_t skinny_gemm_rows = -1;  // cuda: GpuOptions::skinny_gemm_rows (-1: its default)
   int64_t fused_route_tokens = -1;  // cuda: GpuOptions::fused_route_tokens (-1: its default)
@@ -378,6 +379,7 @@ EngineConfig engine_config(const BenchArgs& args) {
                       .cuda_graphs = !args.no_cuda_graphs,
                       .programmatic_launch = !args.no_programmatic_launch,
                       .weight_prefetch_bytes = args.weight_prefetch_bytes,
+                      .fold_norms = !args.no_fold_norms,
                       .deterministic = args.deterministic,
                       .offload = args.device.offload(),
                       .routing = args.device.routing_approximation(),
@@ -532,9 +534,10 @@ void run_sweep(const BenchArgs& args) {
 
 void run_bench(const BenchArgs& args) {
   MOE_CHECK(args.device.is_cuda() || !(args.no_cuda_graphs || args.no_programmatic_launch ||
-                                       args.weight_prefetch_bytes > 0),
+                                       args.no_fold_norms || args.weight_prefetch_bytes > 0),
             args.no_cuda_graphs           ? "--no-cuda-graphs"
             : args.no_programmatic_launch ? "--no-programmatic-launch"
+            : args.no_fold_norms          ? "--no-fold-norms"
                                           : "--weight-prefetch-bytes",
             " applies to --device cuda (the CPU launches no kernels)");
   MOE_CHECK(args.device.is_cuda() || args.skinny_gemm_rows < 0,
@@ -782,6 +785,9 @@ void add_bench_command(CLI::App& app) {
                 "cuda: launch every kernel after the previous one has finished, instead of "
                 "letting the small ones start during its tail (programmatic dependent launch), "
                 "to measure what that saves");
+  cmd->add_flag("--no-fold-norms", args->no_fold_norms,
+                "cuda: launch each RMSNorm alone instead of folding it into the skinny GEMM of "
+                "the projection after it, to measure what the fold saves");
   cmd->add_option("--weight-prefetch-bytes", args->weight_prefetch_bytes,
                   "cuda: bytes of each weight row the decode GEMVs ask of L2 before the kernel "
                   "before them has finished (default 0, none: whole rows were slower at batch 1 "

@@ -72,6 +72,10 @@ struct GpuOptions {
   // step of Qwen3-30B-A3B took 4.70 ms with whole rows and 4.44 ms with none
   // (bench/RESULTS.md, 2026-12-07).
   int64_t weight_prefetch_bytes = 0;
+  // Fold the RMSNorm before a projection into that projection's skinny GEMM (the input norm
+  // into QKV, the post-attention norm into the router's or the dense MLP's product) where the
+  // step takes the skinny GEMM: one launch less each, the same bits (cuda::SkinnyNormedInput).
+  bool fold_norms = true;
   bool quiet = false;                // no progress bar or load summary on stderr
   int64_t kv_cache_bytes = 0;        // > 0: the KV pool takes at most this (0: all that is left)
   // How the device pool stores KV rows (--kv-dtype): bf16, or fp8 (e4m3 with a float32 scale

@@ -55,6 +55,7 @@ struct EngineConfig {
   bool cuda_graphs = true;           // cuda: decode steps replay captured graphs
   bool programmatic_launch = true;   // cuda: GpuOptions::programmatic_launch
   int64_t weight_prefetch_bytes = 0;  // cuda: GpuOptions::weight_prefetch_bytes
+  bool fold_norms = true;             // cuda: GpuOptions::fold_norms
   // Sampling defaults for requests that leave a field out (vLLM's --generation-config): "auto",
   // the checkpoint's generation_config.json; "vllm", none; or a folder holding one.
   std::string generation_config = "auto";

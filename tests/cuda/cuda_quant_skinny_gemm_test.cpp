@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "backend/cuda/expert_quant.h"
+#include "backend/cuda/moe_stages.h"
 #include "backend/cuda/skinny_gemm.h"
 #include "core/dtype.h"
 #include "cuda_test_util.h"
@@ -252,8 +253,68 @@ void run_case(const Case& c) {
   }
 }
 
+// The decode RMSNorm folded in (SkinnyNormedInput): the same bits as fused_add_rms_norm followed
+// by the product over its output, the normed rows and the residual sum included.
+void folded_norm_matches_two_launches(ExpertQuant format, int64_t m, int64_t n, int64_t k) {
+  std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(m * 131 + n * 7 + k));
+  const Slab slab = random_slab(format, n, k, 128, 1.0f / std::sqrt(static_cast<float>(k)), rng);
+  const DeviceBuffer<uint8_t> w(slab.bytes);
+  auto floats = [&](float scale) {
+    std::normal_distribution<float> dist(0.0f, scale);
+    std::vector<float> v(static_cast<size_t>(m * k));
+    for (float& x : v) x = dist(rng);
+    return v;
+  };
+  const DeviceBuffer<float> residual(floats(1.0f)), add(floats(0.5f));
+  const DeviceBuffer<uint16_t> weight(random_bf16(static_cast<size_t>(k), rng));
+  DeviceBuffer<float> sum_want(m * k), sum_got(m * k), y_want(m * n), y_got(m * n);
+  DeviceBuffer<uint16_t> normed_want(m * k), normed_got(m * k);
+  for (auto* b : {&sum_want, &sum_got, &y_want, &y_got}) b->poison();
+  normed_want.poison();
+  normed_got.poison();
+  fused_add_rms_norm({.x = add.get(),
+                      .residual = residual.get(),
+                      .residual_out = sum_want.get(),
+                      .weight = weight.as_bf16(),
+                      .out = normed_want.as_bf16(),
+                      .num_rows = m,
+                      .hidden_size = k},
+                     nullptr);
+  QuantSkinnyGemmParams p{.x = normed_want.as_bf16(),
+                          .w = w.get(),
+                          .format = format,
+                          .group = 128,
+                          .y = y_want.get(),
+                          .m = m,
+                          .n = n,
+                          .k = k,
+                          .y_f32 = true};
+  quant_skinny_gemm(p, nullptr);
+  p.x = nullptr;
+  p.y = y_got.get();
+  p.norm = {.residual = residual.get(),
+            .add = add.get(),
+            .weight = weight.as_bf16(),
+            .residual_out = sum_got.get(),
+            .normed_out = normed_got.as_bf16()};
+  quant_skinny_gemm(p, nullptr);
+  synchronize();
+  const std::string name = std::string(expert_quant_name(format)) + " M" + std::to_string(m);
+  EXPECT_EQ(y_got.download(), y_want.download()) << name << ": the products differ";
+  EXPECT_EQ(normed_got.download(), normed_want.download()) << name << ": normed_out";
+  EXPECT_EQ(sum_got.download(), sum_want.download()) << name << ": residual_out";
+}
+
 [[maybe_unused]] const bool kRegistered = [] {
   if (!cuda_device_present("quantised skinny GEMM")) return false;
+  for (const ExpertQuant f : {ExpertQuant::kFp8, ExpertQuant::kInt4}) {
+    for (const int64_t m : {1, 6}) {
+      register_kernel_test(
+          "CudaQuantSkinnyGemm",
+          std::string("FoldedNorm_") + expert_quant_name(f) + "_M" + std::to_string(m),
+          [f, m] { folded_norm_matches_two_launches(f, m, 2048 + 3, 2048); }, __FILE__, __LINE__);
+    }
+  }
   std::vector<Case> cases;
   for (const ExpertQuant f : {ExpertQuant::kFp8, ExpertQuant::kInt4}) {
     for (const int64_t m : {1, 2, 3, 4, 5, 6, 7, 8}) {

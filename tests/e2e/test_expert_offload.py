@@ -30,6 +30,9 @@ every budget):
   cuda_serve_concurrent
                       serve_concurrent with --device cuda, --cold-experts gpu and cpu (skipped
                       without a CUDA device): the GPU's expert cache under 16 concurrent requests.
+                      With cold experts copied in, the same texts; computed on the host (float32
+                      sums in another order than the GPU's), a text may depart at a near tie
+                      (the resident run's top two tokens within 0.25 nats), in at most 4 of 16.
 
 Prints one line per check and a last line "N passed, M failed"; exits non-zero on any failure.
 """
@@ -140,24 +143,57 @@ def check_serve_metrics(ctx: dict) -> None:
     assert v["moeinfer:expert_cache_host_to_device_bytes_total"] > 0
 
 
-def concurrent_completions(server: ServerProcess, prompts: list[str]) -> list[str]:
+def concurrent_completions(server: ServerProcess, prompts: list[str]) -> list[dict]:
+    """Each prompt's greedy completion (its choice: text and the top-2 logprobs of each token),
+    all sent at once."""
     # Plain HTTP, not the openai client: the GPU machine runs this check without that package.
-    def one(prompt: str) -> str:
+    def one(prompt: str) -> dict:
         body = json.dumps({"model": "demo", "prompt": prompt, "max_tokens": 12,
-                           "temperature": 0, "ignore_eos": True}).encode()
+                           "temperature": 0, "ignore_eos": True, "logprobs": 2}).encode()
         request = urllib.request.Request(server.base + "/v1/completions", data=body,
                                          headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=300) as r:
-            return json.loads(r.read())["choices"][0]["text"]
+            return json.loads(r.read())["choices"][0]
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(prompts)) as pool:
         return list(pool.map(one, prompts))
 
 
+# Where the GPU's experts are computed on the host (float32 sums in another order than the GPU's
+# kernels; cuda_offload_test holds the logits to the GPU parity bound), a greedy choice between
+# two tokens whose log probabilities lie this close may go either way.
+NEAR_TIE_NATS = 0.25
+
+
+def departure(got: dict, want: dict) -> str | None:
+    """None where `got` is `want`'s text; else why its first differing token is not a near-tie of
+    `want` (empty: it is one)."""
+    if got["text"] == want["text"]:
+        return None
+    g, w = got["logprobs"], want["logprobs"]
+    i = next((i for i, (a, b) in enumerate(zip(g["tokens"], w["tokens"])) if a != b), None)
+    if i is None:
+        return f"the same tokens, different texts {got['text']!r} and {want['text']!r}"
+    choices = w["top_logprobs"][i]
+    if g["tokens"][i] not in choices:
+        return (f"token {i} {g['tokens'][i]!r} is not among the resident run's two best "
+                f"{choices}")
+    gap = w["token_logprobs"][i] - choices[g["tokens"][i]]
+    print(f"  near tie at token {i}: {w['tokens'][i]!r} vs {g['tokens'][i]!r}, "
+          f"{gap:.4f} nats apart", flush=True)
+    if gap > NEAR_TIE_NATS:
+        return (f"token {i} {g['tokens'][i]!r} where the resident run's {w['tokens'][i]!r} is "
+                f"{gap:.3f} nats more likely (over {NEAR_TIE_NATS})")
+    return ""
+
+
 def serve_concurrent(ctx: dict, device: list[str], cold_modes: list[str]) -> None:
     """16 concurrent greedy completions against a server at --expert-budget 25% (each cold-expert
-    mode in turn) get the texts of a server without a budget; /metrics counts the cache."""
+    mode in turn) get the texts of a server without a budget; /metrics counts the cache. On the
+    GPU with the experts computed on the host a text may depart from the resident one at a near
+    tie, in at most a quarter of the requests."""
     m = ctx["moeinfer"]
+    on_gpu = "cuda" in device
     prompts = [f"Story number {i} begins with" for i in range(16)]
     plain = ServerProcess(m, [*device, "--deterministic"])
     try:
@@ -173,9 +209,17 @@ def serve_concurrent(ctx: dict, device: list[str], cold_modes: list[str]) -> Non
                 v = parse_metrics(r.read().decode())
         finally:
             assert server.stop() == 0
+        near_ties = 0
         for i, (a, b) in enumerate(zip(got, resident)):
-            assert a == b, (f"{device} --cold-experts {cold}, request {i}: {a!r} differs from "
-                            f"the resident server's {b!r}")
+            why = departure(a, b)
+            if why is None:
+                continue
+            assert on_gpu and cold == "cpu" and why == "", (
+                f"{device} --cold-experts {cold}, request {i}: {a['text']!r} differs from the "
+                f"resident server's {b['text']!r}" + (f": {why}" if why else ""))
+            near_ties += 1
+        assert near_ties <= len(prompts) // 4, (
+            f"{near_ties} of {len(prompts)} texts depart from the resident ones at near ties")
         if cold == "cpu":
             assert v["moeinfer:expert_cache_cpu_experts_total"] > 0, "no expert computed on the CPU"
             assert (v["moeinfer:expert_cache_cpu_rows_total"] >=

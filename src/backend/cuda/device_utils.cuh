@@ -23,6 +23,18 @@ __device__ __forceinline__ void allow_next_grid() {
 #endif
 }
 
+// A 16-byte load of data read once by the whole grid (a decode GEMV's weights): through the
+// read-only path, not kept in L1, with L2 asked to fetch the 256-byte block around it from HBM
+// at once. On an H100 the decode GEMVs of Qwen3-30B-A3B's shapes stream 5-12% faster so than
+// with __ldg (bench/RESULTS.md, 2026-12-07).
+__device__ __forceinline__ uint4 load_streamed(const void* address) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(address));
+  return v;
+}
+
 // The two together, first thing in a kernel launched by launch_after_previous().
 __device__ __forceinline__ void start_after_previous_grid() {
   wait_for_previous_grid();

@@ -45,7 +45,7 @@ __device__ __forceinline__ void load8(const uint8_t* base, const QuantMatrixLayo
   if constexpr (Q == ExpertQuant::kNone) {
     const auto* row =
         reinterpret_cast<const __nv_bfloat16*>(base) + static_cast<int64_t>(w_row) * K;
-    device::bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(row + k)), w);
+    device::bf16x8_to_float(device::load_streamed(row + k), w);
   } else {
     device::bf16x8_to_float(
         expert_dequant::dequantize_chunk<Q>(

@@ -29,6 +29,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "core/host_device.h"
+
 namespace moeinfer::cuda {
 
 using bf16 = __nv_bfloat16;
@@ -61,6 +63,21 @@ inline constexpr int64_t kRouterWarpMaxTopK = 32;       // lane k keeps the k-th
 // The RMSNorm kernel keeps a row in registers up to this (1024 threads x 4 vectors of 8);
 // longer rows are read twice instead.
 inline constexpr int64_t kRmsNormMaxHidden = 32768;
+
+// How the register kernel lays out a row of `vecs` 8-value vectors (vecs <= kRmsNormMaxHidden / 8):
+// `threads` threads (a multiple of 32, at most 1024), thread t holding vectors t + j * threads
+// for j < groups. Its sum of squares runs in that order (each thread's vectors in j order, then
+// a block_sum), which is what a kernel that forms the same rows must repeat to get the same bits.
+struct RmsNormLayout {
+  int groups = 1;
+  int threads = 32;
+};
+MOE_HOST_DEVICE RmsNormLayout rms_norm_layout(int64_t vecs) {
+  const int groups = vecs <= 1024 ? 1 : vecs <= 2048 ? 2 : 4;
+  const int64_t per_thread = (vecs + groups - 1) / groups;
+  const int64_t threads = (per_thread + 31) / 32 * 32;
+  return {groups, static_cast<int>(threads < 32 ? 32 : threads)};
+}
 
 struct RouterParams {
   const float* logits = nullptr;  // [T, E]

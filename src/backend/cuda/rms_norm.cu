@@ -13,12 +13,9 @@ namespace moeinfer::cuda {
 
 template <int kVecs>
 static void launch_rms_norm(const RmsNormParams& params, int64_t vecs, cudaStream_t stream) {
-  const int64_t per_thread = (vecs + kVecs - 1) / kVecs;
-  const int64_t threads =
-      std::max<int64_t>(device::kWarpSize, (per_thread + device::kWarpSize - 1) /
-                                               device::kWarpSize * device::kWarpSize);
+  const RmsNormLayout layout = rms_norm_layout(vecs);
   launch_after_previous(fused_add_rms_norm_kernel<kVecs>, static_cast<unsigned>(params.num_rows),
-                        static_cast<unsigned>(threads), 0, stream, params);
+                        static_cast<unsigned>(layout.threads), 0, stream, params);
   MOE_CUDA_CHECK_LAUNCH();
 }
 
@@ -43,16 +40,20 @@ void fused_add_rms_norm(const RmsNormParams& args, cudaStream_t stream) {
   if (params.residual) detail::check_aligned16(params.residual, "residual");
   if (params.residual_out) detail::check_aligned16(params.residual_out, "residual_out");
   const int64_t vecs = params.hidden_size / device::kBf16PerVec;
-  if (vecs <= 1024) {
-    launch_rms_norm<1>(params, vecs, stream);
-  } else if (vecs <= 2048) {
-    launch_rms_norm<2>(params, vecs, stream);
-  } else if (params.hidden_size <= kRmsNormMaxHidden) {
-    launch_rms_norm<4>(params, vecs, stream);
-  } else {
-    launch_after_previous(fused_add_rms_norm_long_kernel, static_cast<unsigned>(params.num_rows),
-                          1024, 0, stream, params);
-    MOE_CUDA_CHECK_LAUNCH();
+  switch (vecs <= kRmsNormMaxHidden / device::kBf16PerVec ? rms_norm_layout(vecs).groups : 0) {
+    case 1:
+      launch_rms_norm<1>(params, vecs, stream);
+      break;
+    case 2:
+      launch_rms_norm<2>(params, vecs, stream);
+      break;
+    case 4:
+      launch_rms_norm<4>(params, vecs, stream);
+      break;
+    default:
+      launch_after_previous(fused_add_rms_norm_long_kernel, static_cast<unsigned>(params.num_rows),
+                            1024, 0, stream, params);
+      MOE_CUDA_CHECK_LAUNCH();
   }
 }
 

@@ -54,6 +54,39 @@ void with_columns(int64_t n, Launch&& launch) {
   }
 }
 
+bool is_aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
+
+// Whether [a, a + bytes) and [b, b + bytes) share a byte (null overlaps nothing).
+bool overlaps(const void* a, const void* b, int64_t bytes) {
+  if (a == nullptr || b == nullptr) return false;
+  const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return x < y + static_cast<uintptr_t>(bytes) && y < x + static_cast<uintptr_t>(bytes);
+}
+
+// The reason the folded norm of an m x k product cannot run, or null (SkinnyNormedInput).
+const char* normed_input_unsupported(const SkinnyNormedInput& n, const void* x, int64_t m,
+                                     int64_t k) {
+  if (x != nullptr) return "x given with the folded norm (it forms x)";
+  if (m * k * 2 > kSkinnyNormedInputBytes) return "m * k bf16 rows over the folded norm's 46 KiB";
+  if (k > kRmsNormMaxHidden) return "k over the folded norm's kRmsNormMaxHidden";
+  if (n.mean_width < 0 || n.mean_width > k) return "norm.mean_width outside [0, k]";
+  if (!(n.eps >= 0.0f)) return "norm.eps negative";
+  if (n.residual == nullptr && n.add == nullptr) return "norm.residual and norm.add both null";
+  for (const void* pointer :
+       {static_cast<const void*>(n.residual), static_cast<const void*>(n.add),
+        static_cast<const void*>(n.add_bias), static_cast<const void*>(n.weight_lo),
+        static_cast<const void*>(n.residual_out), static_cast<const void*>(n.normed_out)}) {
+    if (!is_aligned16(pointer)) return "a norm pointer not 16-byte aligned";
+  }
+  if (!is_aligned16(n.weight)) return "norm.weight not 16-byte aligned";
+  const int64_t row_bytes = m * k * static_cast<int64_t>(sizeof(float));
+  if (overlaps(n.residual_out, n.residual, row_bytes) ||
+      overlaps(n.residual_out, n.add, row_bytes)) {
+    return "norm.residual_out overlaps norm.residual or norm.add (the blocks read them all)";
+  }
+  return nullptr;
+}
+
 // The reason these parameters cannot run, or null.
 const char* unsupported(const SkinnyGemmParams& p) {
   if (p.m < 1 || p.m > kSkinnyGemmMaxRows) return "m outside [1, 8]";
@@ -64,25 +97,41 @@ const char* unsupported(const SkinnyGemmParams& p) {
   const int64_t ldy = p.ldy > 0 ? p.ldy : p.n;
   if (ldy < p.n) return "ldy < n";
   if (p.n * p.k >= std::numeric_limits<int32_t>::max()) return "n * k of 2^31 or more";
-  for (const void* pointer : {static_cast<const void*>(p.x), static_cast<const void*>(p.w)}) {
-    if (pointer == nullptr) return "x or w null";
-    if (reinterpret_cast<uintptr_t>(pointer) % 16 != 0) return "x or w not 16-byte aligned";
+  if (p.norm.weight != nullptr) {
+    if (const char* reason = normed_input_unsupported(p.norm, p.x, p.m, p.k)) return reason;
+  } else if (p.x == nullptr || !is_aligned16(p.x)) {
+    return "x null or not 16-byte aligned";
   }
-  if (p.w_lo != nullptr && reinterpret_cast<uintptr_t>(p.w_lo) % 16 != 0) {
-    return "w_lo not 16-byte aligned";
-  }
+  if (p.w == nullptr || !is_aligned16(p.w)) return "w null or not 16-byte aligned";
+  if (!is_aligned16(p.w_lo)) return "w_lo not 16-byte aligned";
   if (p.y == nullptr) return "y null";
   return nullptr;
+}
+
+// The dynamic shared memory of a launch: the folded norm's rows.
+template <typename Params>
+size_t normed_rows_bytes(const Params& p) {
+  return p.norm.weight != nullptr ? static_cast<size_t>(p.m * p.k * 2) : 0;
 }
 
 template <int M, int C>
 void launch_columns(const SkinnyGemmParams& p, cudaStream_t stream) {
   const int64_t columns_per_block = kSkinnyWarps * C;
   const dim3 grid(static_cast<unsigned>((p.n + columns_per_block - 1) / columns_per_block));
+  const size_t shared = normed_rows_bytes(p);
+  auto launch = [&]<bool TwoTerms>() {
+    if (shared > 0) {
+      launch_after_previous(skinny_gemm_kernel<M, TwoTerms, C, true>, grid, kSkinnyThreads, shared,
+                            stream, p);
+    } else {
+      launch_after_previous(skinny_gemm_kernel<M, TwoTerms, C, false>, grid, kSkinnyThreads, 0,
+                            stream, p);
+    }
+  };
   if (p.w_lo != nullptr) {
-    launch_after_previous(skinny_gemm_kernel<M, true, C>, grid, kSkinnyThreads, 0, stream, p);
+    launch.template operator()<true>();
   } else {
-    launch_after_previous(skinny_gemm_kernel<M, false, C>, grid, kSkinnyThreads, 0, stream, p);
+    launch.template operator()<false>();
   }
   MOE_CUDA_CHECK_LAUNCH();
 }
@@ -123,10 +172,12 @@ const char* quant_unsupported(const QuantSkinnyGemmParams& p) {
   const int64_t ldy = p.ldy > 0 ? p.ldy : p.n;
   if (ldy < p.n) return "ldy < n";
   if (p.n * p.k >= std::numeric_limits<int32_t>::max()) return "n * k of 2^31 or more";
-  for (const void* pointer : {static_cast<const void*>(p.x), static_cast<const void*>(p.w)}) {
-    if (pointer == nullptr) return "x or w null";
-    if (reinterpret_cast<uintptr_t>(pointer) % 16 != 0) return "x or w not 16-byte aligned";
+  if (p.norm.weight != nullptr) {
+    if (const char* reason = normed_input_unsupported(p.norm, p.x, p.m, p.k)) return reason;
+  } else if (p.x == nullptr || !is_aligned16(p.x)) {
+    return "x null or not 16-byte aligned";
   }
+  if (p.w == nullptr || !is_aligned16(p.w)) return "w null or not 16-byte aligned";
   if (p.y == nullptr) return "y null";
   return nullptr;
 }
@@ -135,12 +186,20 @@ template <int M, int C>
 void quant_launch_columns(const QuantSkinnyGemmParams& p, cudaStream_t stream) {
   const int64_t columns_per_block = kSkinnyWarps * C;
   const dim3 grid(static_cast<unsigned>((p.n + columns_per_block - 1) / columns_per_block));
+  const size_t shared = normed_rows_bytes(p);
+  auto launch = [&]<ExpertQuant Q>() {
+    if (shared > 0) {
+      launch_after_previous(quant_skinny_gemm_kernel<M, Q, C, true>, grid, kSkinnyThreads, shared,
+                            stream, p);
+    } else {
+      launch_after_previous(quant_skinny_gemm_kernel<M, Q, C, false>, grid, kSkinnyThreads, 0,
+                            stream, p);
+    }
+  };
   if (p.format == ExpertQuant::kFp8) {
-    launch_after_previous(quant_skinny_gemm_kernel<M, ExpertQuant::kFp8, C>, grid, kSkinnyThreads,
-                          0, stream, p);
+    launch.template operator()<ExpertQuant::kFp8>();
   } else {
-    launch_after_previous(quant_skinny_gemm_kernel<M, ExpertQuant::kInt4, C>, grid, kSkinnyThreads,
-                          0, stream, p);
+    launch.template operator()<ExpertQuant::kInt4>();
   }
   MOE_CUDA_CHECK_LAUNCH();
 }

@@ -45,6 +45,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <unordered_map>
 #include <utility>
 
@@ -238,6 +239,9 @@ struct Lane {
   float* inv_freq_ = nullptr;
   // The residual stream and the block outputs that join it are float32 (see RmsNormParams).
   float *hidden_ = nullptr, *block_out_ = nullptr;  // [T, Hp]
+  // [min(T, cuda::kSkinnyGemmMaxRows), Hp]: where a folded norm writes the residual sum (its
+  // blocks read all of hidden_ while they write), after which the two swap (residual_norm).
+  float* hidden_spare_ = nullptr;
   bf16 *normed_ = nullptr, *normed_gathered_ = nullptr;
   bf16 *qkv_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *attn_ = nullptr;
   // Gated DeltaNet: the in-projection [T, C + Vd + 2 Nv] (q|k|v, z, b, a), the conv's output
@@ -333,6 +337,16 @@ class CudaDecoder final : public GpuDecoder, private Lane {
   void enqueue_embedding(const Step& step);
   void enqueue_attention_block(int64_t layer, const Step& step);
   void enqueue_final_norm(const Step& step);
+  // A residual-fused RMSNorm into normed_: left pending when `next_is_linear` (the next read
+  // of normed_ is a linear() of this step) and the step's rows take the skinny GEMM, for that
+  // product to fold in (its sum then goes to hidden_spare_, which becomes hidden_); else
+  // launched now.
+  void residual_norm(cuda::RmsNormParams params, bool next_is_linear);
+  // Launches the pending norm, if any: before anything but a folding product reads normed_.
+  void flush_norm();
+  // The pending norm as the skinny GEMM's folded input, where `x` is the rows it forms and k
+  // their length.
+  std::optional<cuda::SkinnyNormedInput> folded_input(const bf16* x, int64_t k) const;
 
   // Two micro-batches (GpuOptions::micro_batches). LaneSwap puts lane m's members in place (m 1:
   // B's, swapped with lane_b_; m 0: nothing) until it goes out of scope.
@@ -460,6 +474,8 @@ class CudaDecoder final : public GpuDecoder, private Lane {
   // while B's is swapped in (LaneSwap); empty with one micro-batch.
   Lane lane_b_;
   bool two_lanes_ = false;
+  // The norm residual_norm left for the next product to fold in; empty outside a layer.
+  std::optional<cuda::RmsNormParams> pending_norm_;
   // --overlap off: recorded after A's step on A's stream, waited for by B's.
   cudaEvent_t a_done_ = nullptr;
 
@@ -813,6 +829,7 @@ void CudaDecoder::allocate_workspace() {
     inv_freq_ = cv.take<float>(std::max<int64_t>(rotary_dim_ / 2, 1));
     term_sum_ = cv.take<float>(term_sum_elems_);
     hidden_ = cv.take<float>(T * H);
+    hidden_spare_ = cv.take<float>(std::min(T, cuda::kSkinnyGemmMaxRows) * H);
     normed_ = cv.take<bf16>(T * H);
     block_out_ = cv.take<float>(T * H);
     normed_gathered_ = cv.take<bf16>(T * H);
@@ -1078,6 +1095,8 @@ void CudaDecoder::allocate_kv_pool() {
 }
 
 void CudaDecoder::linear(const LinearArgs& args) {
+  // A product of other rows than the pending norm's leaves them to it.
+  if (pending_norm_ && pending_norm_->out != args.x) flush_norm();
   const auto quantised = dense_quant_.find(args.w);
   if (quantised == dense_quant_.end()) return linear_bf16(args);
   // A quantised dense Linear (one term): the quantised skinny GEMM, 8 rows a launch, while those
@@ -1108,8 +1127,23 @@ void CudaDecoder::linear(const LinearArgs& args) {
                                            .ldx = x_stride,
                                            .ldy = y_stride,
                                            .y_f32 = args.f32_out};
-  if (!options_.deterministic && args.allow_skinny && options_.skinny_gemm_rows > 0 &&
-      launches <= max_launches && cuda::quant_skinny_gemm_supports(skinny)) {
+  const bool skinny_path = !options_.deterministic && args.allow_skinny &&
+                           options_.skinny_gemm_rows > 0 && launches <= max_launches &&
+                           cuda::quant_skinny_gemm_supports(skinny);
+  if (skinny_path && launches == 1) {
+    if (const auto norm = folded_input(args.x, args.k)) {
+      cuda::QuantSkinnyGemmParams folded = skinny;
+      folded.x = nullptr;
+      folded.norm = *norm;
+      if (cuda::quant_skinny_gemm_supports(folded)) {
+        cuda::quant_skinny_gemm(folded, stream_);
+        pending_norm_.reset();
+        return;
+      }
+    }
+  }
+  flush_norm();
+  if (skinny_path) {
     const size_t y_elem = args.f32_out ? sizeof(float) : sizeof(bf16);
     for (int64_t first = 0; first < args.rows; first += cuda::kSkinnyGemmMaxRows) {
       cuda::QuantSkinnyGemmParams part = skinny;
@@ -1139,6 +1173,7 @@ void CudaDecoder::linear_bf16(const LinearArgs& a, bool one_term) {
   const int64_t y_stride = a.y_stride > 0 ? a.y_stride : a.n;
   const bf16* w_lo = one_term ? nullptr : lo_term(a.w, a.n * a.k);
   if (options_.deterministic) {
+    flush_norm();
     cuda::dense_gemm({.a = a.x, .b = a.w, .b_lo = w_lo, .c = a.y, .m = a.rows, .n = a.n,
                       .k = a.k, .lda = x_stride, .ldb = a.k, .ldc = y_stride,
                       .c_f32 = a.f32_out},
@@ -1155,11 +1190,25 @@ void CudaDecoder::linear_bf16(const LinearArgs& a, bool one_term) {
                                       .ldx = x_stride,
                                       .ldy = y_stride,
                                       .y_f32 = a.f32_out};
-  if (a.allow_skinny && a.rows <= options_.skinny_gemm_rows &&
+  // Not the dequantised scratch (one_term): the kernel before wrote it, and the skinny GEMM loads
+  // its first weights before waiting for that kernel.
+  if (a.allow_skinny && !one_term && a.rows <= options_.skinny_gemm_rows &&
       cuda::skinny_gemm_supports(skinny)) {
+    if (const auto norm = folded_input(a.x, a.k)) {
+      cuda::SkinnyGemmParams folded = skinny;
+      folded.x = nullptr;
+      folded.norm = *norm;
+      if (cuda::skinny_gemm_supports(folded)) {
+        cuda::skinny_gemm(folded, stream_);
+        pending_norm_.reset();
+        return;
+      }
+    }
+    flush_norm();
     cuda::skinny_gemm(skinny, stream_);
     return;
   }
+  flush_norm();
   auto gemm = [&](const bf16* w, void* y, int64_t ldy, bool f32, float beta) {
     const float one = 1.0f;
     CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(a.n),
@@ -1414,18 +1463,19 @@ void CudaDecoder::enqueue_attention_block(int64_t l, const Step& step) {
   const int64_t T = step.num_tokens, H = w_.padded_hidden_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
   const DeviceLayer& d = w_.layers[l];
-  // normed = norm(hidden + previous block output); the residual stream stays in hidden.
-  cuda::fused_add_rms_norm({.x = l == 0 ? nullptr : block_out_,
-                            .residual = hidden_,
-                            .residual_out = l == 0 ? nullptr : hidden_,
-                            .weight = d.input_norm,
-                            .weight_lo = norm_lo(d.input_norm, H),
-                            .out = normed_,
-                            .num_rows = T,
-                            .hidden_size = H,
-                            .eps = eps,
-                            .mean_width = c.hidden_size},
-                           stream_);
+  // normed = norm(hidden + previous block output); the residual stream stays in hidden. GQA's
+  // first read of normed_ is its QKV product.
+  residual_norm({.x = l == 0 ? nullptr : block_out_,
+                 .residual = hidden_,
+                 .residual_out = l == 0 ? nullptr : hidden_,
+                 .weight = d.input_norm,
+                 .weight_lo = norm_lo(d.input_norm, H),
+                 .out = normed_,
+                 .num_rows = T,
+                 .hidden_size = H,
+                 .eps = eps,
+                 .mean_width = c.hidden_size},
+                plans_[l].attention == AttentionKind::kGqa);
   switch (plans_[l].attention) {
     case AttentionKind::kGqa:
       attention(l, step);
@@ -1437,19 +1487,60 @@ void CudaDecoder::enqueue_attention_block(int64_t l, const Step& step) {
       linear_attention(l, step);
       break;
   }
-  cuda::fused_add_rms_norm({.x = block_out_,
-                            .x_bias = d.o_bias,
-                            .residual = hidden_,
-                            .residual_out = hidden_,
-                            .weight = d.post_norm,
-                            .weight_lo = norm_lo(d.post_norm, H),
-                            .out = normed_,
-                            .num_rows = T,
-                            .hidden_size = H,
-                            .eps = eps,
-                            .mean_width = c.hidden_size},
-                           stream_);
+  MOE_CHECK(!pending_norm_, "layer ", l, ": the input norm was left for a product that never ran");
+  // The feed-forward's first read of normed_: the dense MLP's gate/up product, or the MoE
+  // block's router product where it takes the stage path.
+  const bool next_is_linear = plans_[l].feed_forward == FeedForwardKind::kDenseMlp ||
+                              moe_->reads_hidden_first_by_linear(l, T);
+  residual_norm({.x = block_out_,
+                 .x_bias = d.o_bias,
+                 .residual = hidden_,
+                 .residual_out = hidden_,
+                 .weight = d.post_norm,
+                 .weight_lo = norm_lo(d.post_norm, H),
+                 .out = normed_,
+                 .num_rows = T,
+                 .hidden_size = H,
+                 .eps = eps,
+                 .mean_width = c.hidden_size},
+                next_is_linear);
   mark(profile::Stage::kAttention, l);
+}
+
+void CudaDecoder::residual_norm(cuda::RmsNormParams params, bool next_is_linear) {
+  const int64_t T = params.num_rows;
+  if (next_is_linear && options_.fold_norms && !options_.deterministic && !two_lanes_ &&
+      T <= std::min(options_.skinny_gemm_rows, cuda::kSkinnyGemmMaxRows)) {
+    if (params.residual_out != nullptr) {
+      params.residual_out = hidden_spare_;
+      std::swap(hidden_, hidden_spare_);
+    }
+    pending_norm_ = params;
+    return;
+  }
+  cuda::fused_add_rms_norm(params, stream_);
+}
+
+void CudaDecoder::flush_norm() {
+  if (!pending_norm_) return;
+  cuda::fused_add_rms_norm(*pending_norm_, stream_);
+  pending_norm_.reset();
+}
+
+std::optional<cuda::SkinnyNormedInput> CudaDecoder::folded_input(const bf16* x, int64_t k) const {
+  if (!pending_norm_ || pending_norm_->out != x || pending_norm_->hidden_size != k) {
+    return std::nullopt;
+  }
+  const cuda::RmsNormParams& n = *pending_norm_;
+  return cuda::SkinnyNormedInput{.residual = n.residual,
+                                 .add = n.x,
+                                 .add_bias = n.x_bias,
+                                 .weight = n.weight,
+                                 .weight_lo = n.weight_lo,
+                                 .eps = n.eps,
+                                 .mean_width = n.mean_width,
+                                 .residual_out = n.residual_out,
+                                 .normed_out = n.out};
 }
 
 void CudaDecoder::enqueue_final_norm(const Step& step) {
@@ -1960,11 +2051,13 @@ void CudaDecoder::feed_forward(int64_t layer, int64_t T) {
       dense_mlp(normed_, d.mlp_gate_up, d.mlp_down, d.mlp_width, T, block_out_,
                 /*f32_out=*/true);
       mark(profile::Stage::kDenseMlp, layer);
-      return;
+      break;
     case FeedForwardKind::kMoe:
       moe_->enqueue(layer, moe_io(layer, T), stream_, stage_marks());
-      return;
+      break;
   }
+  MOE_CHECK(!pending_norm_, "layer ", layer,
+            ": the post-attention norm was left for a product that never ran");
 }
 
 MoeLayerIo CudaDecoder::moe_io(int64_t layer, int64_t T) {

@@ -267,6 +267,11 @@ bool MoeBlock::small_batch_takes(int64_t layer, int64_t T) const {
                                   d->shared_gate_up ? d->shared_width : 0);
 }
 
+bool MoeBlock::reads_hidden_first_by_linear(int64_t layer, int64_t T) const {
+  return plans_[layer].feed_forward == FeedForwardKind::kMoe && !small_batch_takes(layer, T) &&
+         !route_plan_takes(T);
+}
+
 bool MoeBlock::route_plan_takes(int64_t T) const {
   // The routing approximations and the router temperature run between the router's product
   // and its top-k, or between the top-k and the plan: the stage path has them.

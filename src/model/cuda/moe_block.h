@@ -301,6 +301,11 @@ class MoeBlock final : private RoutingPredictor {
   void run_experts(cudaStream_t stream, const StageMarks& marks = {});
   void finish(cudaStream_t stream, const StageMarks& marks = {});
 
+  // Whether enqueue's first read of io.hidden at T tokens is the router's product through the
+  // LinearFn (the stage path's route stage), so that the caller may leave the rows unformed
+  // until that product (the decoder folds the norm that forms them into it).
+  bool reads_hidden_first_by_linear(int64_t layer, int64_t num_tokens) const;
+
  private:
   // The router of `layer` over hidden: logits [T, E], ids and weights [T, K] (route stage).
   // noise_keys: MoeLayerIo's (the layer's own routing), or null (a prediction: a synthetic
