@@ -347,6 +347,21 @@ class CudaDecoder final : public GpuDecoder, private Lane {
   // The pending norm as the skinny GEMM's folded input, where `x` is the rows it forms and k
   // their length.
   std::optional<cuda::SkinnyNormedInput> folded_input(const bf16* x, int64_t k) const;
+  // Launches `product` (a skinny GEMM's params, bf16 or quantised) with the pending norm folded
+  // in, where it reads that norm's rows and the kernel takes the fold; whether it did.
+  template <typename Params>
+  bool launch_folded(const Params& product, bool (*supports)(const Params&),
+                     void (*launch)(const Params&, cudaStream_t)) {
+    const std::optional<cuda::SkinnyNormedInput> norm = folded_input(product.x, product.k);
+    if (!norm) return false;
+    Params folded = product;
+    folded.x = nullptr;
+    folded.norm = *norm;
+    if (!supports(folded)) return false;
+    launch(folded, stream_);
+    pending_norm_.reset();
+    return true;
+  }
 
   // Two micro-batches (GpuOptions::micro_batches). LaneSwap puts lane m's members in place (m 1:
   // B's, swapped with lane_b_; m 0: nothing) until it goes out of scope.
@@ -1130,17 +1145,9 @@ void CudaDecoder::linear(const LinearArgs& args) {
   const bool skinny_path = !options_.deterministic && args.allow_skinny &&
                            options_.skinny_gemm_rows > 0 && launches <= max_launches &&
                            cuda::quant_skinny_gemm_supports(skinny);
-  if (skinny_path && launches == 1) {
-    if (const auto norm = folded_input(args.x, args.k)) {
-      cuda::QuantSkinnyGemmParams folded = skinny;
-      folded.x = nullptr;
-      folded.norm = *norm;
-      if (cuda::quant_skinny_gemm_supports(folded)) {
-        cuda::quant_skinny_gemm(folded, stream_);
-        pending_norm_.reset();
-        return;
-      }
-    }
+  if (skinny_path && launches == 1 &&
+      launch_folded(skinny, cuda::quant_skinny_gemm_supports, cuda::quant_skinny_gemm)) {
+    return;
   }
   flush_norm();
   if (skinny_path) {
@@ -1194,16 +1201,7 @@ void CudaDecoder::linear_bf16(const LinearArgs& a, bool one_term) {
   // its first weights before waiting for that kernel.
   if (a.allow_skinny && !one_term && a.rows <= options_.skinny_gemm_rows &&
       cuda::skinny_gemm_supports(skinny)) {
-    if (const auto norm = folded_input(a.x, a.k)) {
-      cuda::SkinnyGemmParams folded = skinny;
-      folded.x = nullptr;
-      folded.norm = *norm;
-      if (cuda::skinny_gemm_supports(folded)) {
-        cuda::skinny_gemm(folded, stream_);
-        pending_norm_.reset();
-        return;
-      }
-    }
+    if (launch_folded(skinny, cuda::skinny_gemm_supports, cuda::skinny_gemm)) return;
     flush_norm();
     cuda::skinny_gemm(skinny, stream_);
     return;
