@@ -169,6 +169,14 @@ RunTimes run_workload(Engine& engine, const BenchArgs& args, int64_t output_len,
   return times;
 }
 
+// The warm-up's arguments: the measured run's, but no external profiler capture, which brackets
+// the measured run's steps only (a capture in the warm-up too gave ncu two steps for one).
+BenchArgs warm_up_args(const BenchArgs& args) {
+  BenchArgs warm = args;
+  warm.profiler_steps = 0;
+  return warm;
+}
+
 // Every rank's run as one: tokens summed, times the slowest rank's (the ranks step together, so
 // the job is done when its last rank is). Identity without --ep.
 RunTimes combine_ranks(const RunTimes& mine, parallel::Communicator* comm) {
@@ -416,7 +424,8 @@ std::vector<SweepRow> run_sweep_rows(Engine& engine, const BenchArgs& args,
   std::vector<SweepRow> rows;
   const auto measure = [&](BenchArgs row_args, bool decode) {
     if (engine.gpu()) {
-      run_workload(engine, row_args, std::min<int64_t>(row_args.output_len, 3), args.seed + 1);
+      run_workload(engine, warm_up_args(row_args), std::min<int64_t>(row_args.output_len, 3),
+                   args.seed + 1);
     }
     const RunTimes t = run_workload(engine, row_args, row_args.output_len, args.seed);
     SweepRow row{.decode = decode, .batch = row_args.batch, .input_len = row_args.input_len,
@@ -575,7 +584,8 @@ void run_bench(const BenchArgs& args) {
       synthetic ? args.model : engine->model_dir().filename().string();
 
   if (engine->gpu()) {  // warm-up: the same shapes, a few steps (every rank's share under --ep)
-    run_workload(*engine, args, std::min<int64_t>(args.output_len, 3), args.seed + 1, ranks);
+    run_workload(*engine, warm_up_args(args), std::min<int64_t>(args.output_len, 3), args.seed + 1,
+                 ranks);
   }
   const EngineStats before = engine->stats();
   const RunTimes times =
