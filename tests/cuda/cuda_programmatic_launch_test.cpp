@@ -6,6 +6,13 @@
 // default and the --deterministic kernels. A kernel that read its predecessor's output before
 // waiting for it would show here as a differing row. Registered only where a CUDA device is
 // visible; its seed is printed (MOE_PDL_SEED=S replays).
+// The same holds for the decode norms folded into the projections after them
+// (GpuOptions::fold_norms, backend/cuda/skinny_gemm.h's SkinnyNormedInput), which repeat the
+// norm kernel's operations in its order: CudaFoldNorms.SameLogitsWithAndWithout runs the same
+// comparison with the fold on and off, with the skinny GEMM taking steps of up to 8 rows (the
+// default is 1) so that the decode steps of two and three sequences and the short prompts fold,
+// and a prompt step of more rows may follow a folded one (whose folds leave the residual
+// stream on the spare buffer's few rows until the next step starts).
 #if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
 
 #include <gtest/gtest.h>
@@ -26,19 +33,23 @@
 namespace moeinfer {
 namespace {
 
-std::unique_ptr<GpuDecoder> make_decoder(const testing::RandomModel& m,
-                                         const testing::Schedule& s, int64_t block_size,
-                                         bool programmatic_launch, bool deterministic) {
-  return GpuDecoder::create(m.config, m.weights,
-                            GpuOptions{.max_batch_tokens = 64,
-                                       .max_num_seqs = 4,
-                                       .max_model_len = 64,
-                                       .block_size = block_size,
-                                       .num_kv_blocks = s.num_blocks,
-                                       .cuda_graphs = true,
-                                       .programmatic_launch = programmatic_launch,
-                                       .quiet = true,
-                                       .deterministic = deterministic});
+// The option a comparison turns off in its second decoder.
+using Switch = bool GpuOptions::*;
+
+std::unique_ptr<GpuDecoder> make_decoder(const testing::RandomModel& m, const testing::Schedule& s,
+                                         int64_t block_size, Switch option, bool on,
+                                         bool deterministic, int64_t skinny_gemm_rows) {
+  GpuOptions options{.max_batch_tokens = 64,
+                     .max_num_seqs = 4,
+                     .max_model_len = 64,
+                     .block_size = block_size,
+                     .num_kv_blocks = s.num_blocks,
+                     .cuda_graphs = true,
+                     .quiet = true,
+                     .deterministic = deterministic,
+                     .skinny_gemm_rows = deterministic ? -1 : skinny_gemm_rows};
+  options.*option = on;
+  return GpuDecoder::create(m.config, m.weights, options);
 }
 
 // The number of logits rows compared, and a description of the first that differed ("" if none).
@@ -47,12 +58,14 @@ struct Comparison {
   std::string first_difference;
 };
 
-Comparison compare_schedule(const testing::RandomModel& m, uint64_t seed, bool deterministic) {
+Comparison compare_schedule(const testing::RandomModel& m, uint64_t seed, Switch option,
+                            bool deterministic, int64_t skinny_gemm_rows) {
   const int64_t V = m.config.vocab_size;
   const int64_t block_size = 16;
   const testing::Schedule s = testing::make_schedule(V, seed, block_size);
-  auto with = make_decoder(m, s, block_size, /*programmatic_launch=*/true, deterministic);
-  auto without = make_decoder(m, s, block_size, /*programmatic_launch=*/false, deterministic);
+  auto with = make_decoder(m, s, block_size, option, /*on=*/true, deterministic, skinny_gemm_rows);
+  auto without =
+      make_decoder(m, s, block_size, option, /*on=*/false, deterministic, skinny_gemm_rows);
   Comparison result;
   // Twice through the steps' shapes is not possible (the KV positions move on), but every decode
   // bucket replays its graph from its second step on, and the two decoders alternate, so each
@@ -82,11 +95,13 @@ Comparison compare_schedule(const testing::RandomModel& m, uint64_t seed, bool d
   return result;
 }
 
-void same_logits_with_and_without() {
+// Every family's random model, with and without `option` (named `what`), in the default and the
+// --deterministic kernels; skinny_gemm_rows: GpuOptions' (-1: its default).
+void same_logits_with_and_without(Switch option, const char* what, int64_t skinny_gemm_rows) {
   const char* replay = std::getenv("MOE_PDL_SEED");
   const uint64_t base =
       replay ? std::strtoull(replay, nullptr, 10) : cuda::testing_util::fresh_seed();
-  std::printf("programmatic launch: seed %llu (MOE_PDL_SEED reruns it)\n",
+  std::printf("%s: seed %llu (MOE_PDL_SEED reruns it)\n", what,
               static_cast<unsigned long long>(base));
   int64_t rows = 0;
   int i = 0;
@@ -94,7 +109,8 @@ void same_logits_with_and_without() {
     const uint64_t seed = base + static_cast<uint64_t>(i++);
     const testing::RandomModel model = testing::make_random_model(family, seed);
     for (const bool deterministic : {false, true}) {
-      const Comparison c = compare_schedule(model, seed ^ 0x9d1, deterministic);
+      const Comparison c =
+          compare_schedule(model, seed ^ 0x9d1, option, deterministic, skinny_gemm_rows);
       rows += c.rows;
       EXPECT_GT(c.rows, 0);
       EXPECT_TRUE(c.first_difference.empty())
@@ -103,14 +119,21 @@ void same_logits_with_and_without() {
           << "\n  config " << model.config_json;
     }
   }
-  std::printf("programmatic launch: %lld logits rows compared\n", static_cast<long long>(rows));
+  std::printf("%s: %lld logits rows compared\n", what, static_cast<long long>(rows));
 }
 
 [[maybe_unused]] const bool kRegistered = [] {
   if (!cuda::testing_util::cuda_device_present("programmatic launch")) return false;
-  cuda::testing_util::register_kernel_test("CudaProgrammaticLaunch",
-                                           "SameLogitsWithAndWithout",
-                                           same_logits_with_and_without, __FILE__, __LINE__);
+  cuda::testing_util::register_kernel_test(
+      "CudaProgrammaticLaunch", "SameLogitsWithAndWithout",
+      [] {
+        same_logits_with_and_without(&GpuOptions::programmatic_launch, "programmatic launch", -1);
+      },
+      __FILE__, __LINE__);
+  cuda::testing_util::register_kernel_test(
+      "CudaFoldNorms", "SameLogitsWithAndWithout",
+      [] { same_logits_with_and_without(&GpuOptions::fold_norms, "folded norms", 8); }, __FILE__,
+      __LINE__);
   return true;
 }();
 

@@ -239,8 +239,12 @@ struct Lane {
   float* inv_freq_ = nullptr;
   // The residual stream and the block outputs that join it are float32 (see RmsNormParams).
   float *hidden_ = nullptr, *block_out_ = nullptr;  // [T, Hp]
-  // [min(T, cuda::kSkinnyGemmMaxRows), Hp]: where a folded norm writes the residual sum (its
-  // blocks read all of hidden_ while they write), after which the two swap (residual_norm).
+  // hidden_ is where the residual stream is now. A folded norm writes the sum to hidden_spare_
+  // (its blocks read all of hidden_ while they write) and the two swap (residual_norm); each
+  // step starts (enqueue_embedding) with both back on their own rows, so that a step of more
+  // rows than the spare holds never writes it.
+  float* hidden_rows_ = nullptr;        // [T, Hp]
+  float* hidden_spare_rows_ = nullptr;  // [min(T, cuda::kSkinnyGemmMaxRows), Hp]
   float* hidden_spare_ = nullptr;
   bf16 *normed_ = nullptr, *normed_gathered_ = nullptr;
   bf16 *qkv_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *attn_ = nullptr;
@@ -843,8 +847,8 @@ void CudaDecoder::allocate_workspace() {
   auto carve = [&](Carver& cv) {
     inv_freq_ = cv.take<float>(std::max<int64_t>(rotary_dim_ / 2, 1));
     term_sum_ = cv.take<float>(term_sum_elems_);
-    hidden_ = cv.take<float>(T * H);
-    hidden_spare_ = cv.take<float>(std::min(T, cuda::kSkinnyGemmMaxRows) * H);
+    hidden_rows_ = hidden_ = cv.take<float>(T * H);
+    hidden_spare_rows_ = hidden_spare_ = cv.take<float>(std::min(T, cuda::kSkinnyGemmMaxRows) * H);
     normed_ = cv.take<bf16>(T * H);
     block_out_ = cv.take<float>(T * H);
     normed_gathered_ = cv.take<bf16>(T * H);
@@ -1450,6 +1454,8 @@ void CudaDecoder::enqueue_layers(const Step& step) {
 void CudaDecoder::enqueue_embedding(const Step& step) {
   const ModelConfig& c = config_;
   const int64_t T = step.num_tokens, H = w_.padded_hidden_size;
+  hidden_ = hidden_rows_;
+  hidden_spare_ = hidden_spare_rows_;
   cuda::embedding({.token_ids = meta_.ids, .table = w_.embed,
                    .table_lo = lo_term(w_.embed, c.vocab_size * H), .out_f32 = hidden_,
                    .num_tokens = T, .vocab_size = c.vocab_size, .hidden_size = H},
@@ -1507,7 +1513,7 @@ void CudaDecoder::enqueue_attention_block(int64_t l, const Step& step) {
 
 void CudaDecoder::residual_norm(cuda::RmsNormParams params, bool next_is_linear) {
   const int64_t T = params.num_rows;
-  if (next_is_linear && options_.fold_norms && !options_.deterministic && !two_lanes_ &&
+  if (next_is_linear && options_.fold_norms && !options_.deterministic && !two_lanes_ && T >= 1 &&
       T <= std::min(options_.skinny_gemm_rows, cuda::kSkinnyGemmMaxRows)) {
     if (params.residual_out != nullptr) {
       params.residual_out = hidden_spare_;
