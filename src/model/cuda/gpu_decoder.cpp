@@ -352,12 +352,12 @@ class CudaDecoder final : public GpuDecoder, private Lane {
   // their length.
   std::optional<cuda::SkinnyNormedInput> folded_input(const bf16* x, int64_t k) const;
   // Launches `product` (a skinny GEMM's params, bf16 or quantised) with the pending norm folded
-  // in, where it reads that norm's rows and the kernel takes the fold; whether it did.
+  // in, where it reads that norm's whole rows and the kernel takes the fold; whether it did.
   template <typename Params>
   bool launch_folded(const Params& product, bool (*supports)(const Params&),
                      void (*launch)(const Params&, cudaStream_t)) {
     const std::optional<cuda::SkinnyNormedInput> norm = folded_input(product.x, product.k);
-    if (!norm) return false;
+    if (!norm || (product.ldx != 0 && product.ldx != product.k)) return false;
     Params folded = product;
     folded.x = nullptr;
     folded.norm = *norm;
