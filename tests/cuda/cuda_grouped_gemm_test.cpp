@@ -98,6 +98,9 @@ struct GemmCase {
   // Kd]) and the product is x . (w0 + w1)^T; any term read at the wrong place is far off.
   int64_t weight_terms = 1;
   bool table = false;  // experts through a device table of per-expert pointers
+  // GroupedGemmParams::one_row_per_expert: true for one token's rows, and (a wrong hint) for
+  // experts with several rows, which must still come out right.
+  bool one_row_per_expert = false;
 };
 
 // One grouped GEMM of either kind; returns false when the launcher refused the forced tile
@@ -150,7 +153,8 @@ void run_case(const GemmCase& c, bool gate_up) {
                       .src_row = c.gather ? d_src_row.get() : nullptr,
                       .top_k = c.K,
                       // Forced tiles also go through the programmatic-dependent launch.
-                      .overlap_previous = c.tile != GemmTile::kAuto};
+                      .overlap_previous = c.tile != GemmTile::kAuto,
+                      .one_row_per_expert = c.one_row_per_expert};
   const int width = c.tile == GemmTile::kRows16        ? 32
                     : c.tile == GemmTile::kRows64      ? 64
                     : c.tile == GemmTile::kRows128     ? (gate_up ? 64 : 128)
@@ -319,6 +323,31 @@ void run_experts(int64_t T, int64_t K, int64_t E, int64_t H, int64_t I, bool gat
           "Gather_T" + std::to_string(s.T) + "_" + tile_names[static_cast<int>(tile)];
       register_kernel_test(
           "CudaGroupedGemm", name, [c] { run_case(c, true); }, __FILE__, __LINE__);
+    }
+  }
+  // The skinny kernel at one row a block: one token's rows (each expert one row), and Zipf rows
+  // of 3 and 19 tokens (experts with several rows: the hint is wrong, the results must not be),
+  // gathered and not, one and two weight terms.
+  for (const Shape& s :
+       {Shape{1, 8, 128, 256, 192}, Shape{3, 8, 128, 256, 192}, Shape{19, 2, 8, 192, 320}}) {
+    for (bool gate_up : {true, false}) {
+      for (bool gather : {false, true}) {
+        const GemmCase c{.T = s.T,
+                         .K = s.K,
+                         .E = s.E,
+                         .H = s.H,
+                         .I = s.I,
+                         .routing = s.T == 1 ? Routing::kRoundRobin : Routing::kZipf,
+                         .tile = GemmTile::kSkinny,
+                         .gather = gather,
+                         .weight_terms = gather ? 2 : 1,
+                         .one_row_per_expert = true};
+        register_kernel_test(
+            "CudaGroupedGemm",
+            std::string("OneRowABlock") + (gate_up ? "SiluMul" : "Plain") + "_T" +
+                std::to_string(s.T) + (gather ? "_Gather_TwoTerms" : ""),
+            [c, gate_up] { run_case(c, gate_up); }, __FILE__, __LINE__);
+      }
     }
   }
   // Two weight terms (float32 checkpoints held as hi + lo), under every tile, gathered and

@@ -102,7 +102,12 @@ void launch_skinny(const GroupedGemmParams& params, cudaStream_t stream) {
   p.prefetch_row_bytes = weight_prefetch_bytes();
   const dim3 grid(static_cast<unsigned>(p.n / kGroupedSkinnyColumnsPerBlock),
                   static_cast<unsigned>(p.num_rows));
-  enqueue(grouped_skinny_kernel<G, Q>, grid, kGroupedSkinnyThreads, 0, p, stream);
+  if (p.one_row_per_expert) {
+    enqueue(grouped_skinny_kernel<G, Q, 1>, grid, kGroupedSkinnyThreads, 0, p, stream);
+  } else {
+    enqueue(grouped_skinny_kernel<G, Q, kGroupedSkinnyRows>, grid, kGroupedSkinnyThreads, 0, p,
+            stream);
+  }
 }
 
 template <bool G>
@@ -440,6 +445,8 @@ void moe_experts(const MoeExpertsParams& p, cudaStream_t stream) {
                        .num_rows = operand_rows, .k = p.hidden_size},
                       stream);
   }
+  // The rows of one token (gathered: M = T * K rows, K distinct experts): one row an expert.
+  const bool one_token = p.src_row != nullptr && p.num_rows <= p.top_k;
   GroupedGemmParams gate_up{.rows = p.rows,
                             .weights = p.gate_up,
                             .expert_weights = p.gate_up_table,
@@ -462,7 +469,8 @@ void moe_experts(const MoeExpertsParams& p, cudaStream_t stream) {
                             .act_codes = fp8_mma ? p.fp8_codes : nullptr,
                             .act_scales = fp8_mma ? p.fp8_scales : nullptr,
                             .overlap_previous = fp8_mma,
-                            .batch_invariant = p.batch_invariant};
+                            .batch_invariant = p.batch_invariant,
+                            .one_row_per_expert = one_token};
   if (p.src_row != nullptr && !fp8_mma) {
     // The Hopper kernel loads whole row tiles (TMA), so it cannot gather: where it would be the
     // choice for the rows in expert order, write them out first, into `out` (the down
@@ -507,7 +515,8 @@ void moe_experts(const MoeExpertsParams& p, cudaStream_t stream) {
                                  .act_codes = fp8_mma ? p.fp8_codes : nullptr,
                                  .act_scales = fp8_mma ? p.fp8_scales : nullptr,
                                  .overlap_previous = true,
-                                 .batch_invariant = p.batch_invariant},
+                                 .batch_invariant = p.batch_invariant,
+                                 .one_row_per_expert = one_token},
                stream);
 }
 

@@ -138,6 +138,12 @@ struct GroupedGemmParams {
   // own order and kAuto takes it by the launch's rows, so the same row could differ between a
   // large step and a small one.
   bool batch_invariant = false;
+  // The caller knows that no expert has more than one row (the rows of one token, whose K
+  // experts are distinct). The skinny kernel then takes one row a block instead of up to
+  // kGroupedSkinnyRows: a quarter of its accumulators, so more of its blocks fit an SM and a
+  // batch-1 step's blocks run in one wave. Only a hint: any rows still come out right (an expert
+  // with several rows then has its weights read once for each).
+  bool one_row_per_expert = false;
   // Bytes of each weight row the skinny kernel asks of L2 before its wait: set by the launcher
   // from weight_prefetch_bytes() (programmatic_launch.h), not by callers.
   int64_t prefetch_row_bytes = 0;

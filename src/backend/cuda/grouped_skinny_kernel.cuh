@@ -5,8 +5,9 @@
 // stored to shared memory and read back by ldmatrix.
 //
 // Grid: x over output columns, kGroupedSkinnyColumnsPerBlock a block; y over the M plan rows.
-// Block (x, slot) works when `slot` starts a run of up to kGroupedSkinnyRows rows of one expert
-// (the expert's first row, or every kGroupedSkinnyRows-th after it); the others exit at once.
+// Block (x, slot) works when `slot` starts a run of up to R rows of one expert (the expert's
+// first row, or every R-th after it; R is kGroupedSkinnyRows, or 1 where the caller knows each
+// expert has one row: a quarter of the accumulators, more blocks an SM); the others exit at once.
 // A warp owns kGroupedSkinnyColumnsPerWarp output columns (with a gated epilogue, their gate and
 // up weight rows): its lanes stride over K in chunks of 8 inputs, each weight chunk loaded once
 // and taken against the run's rows, float32 partial sums per (row, weight row), then a butterfly.
@@ -56,12 +57,12 @@ __device__ __forceinline__ void load8(const uint8_t* base, const QuantMatrixLayo
 
 }  // namespace grouped_skinny
 
-template <bool Gated, ExpertQuant Q>
+// R: the rows of one expert a block takes, kGroupedSkinnyRows or 1 (one_row_per_expert).
+template <bool Gated, ExpertQuant Q, int R>
 __global__ void __launch_bounds__(kGroupedSkinnyThreads)
     grouped_skinny_kernel(const __grid_constant__ GroupedGemmParams p) {
   constexpr int kOps = Gated ? 2 : 1;
   constexpr int C = kGroupedSkinnyColumnsPerWarp;
-  constexpr int R = kGroupedSkinnyRows;
   constexpr int kWeightRows = kOps * C;
   const int slot = static_cast<int>(blockIdx.y);
   const int E = static_cast<int>(p.num_experts);
