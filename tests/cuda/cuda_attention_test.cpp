@@ -507,6 +507,21 @@ void decode_random(const DecodeCase& c, bool tensor_cores) {
   p.workspace = d_ws.get();
   paged_decode_attention(p, nullptr);
   synchronize();
+  if (tensor_cores && c.D <= 256) {
+    // The splits merged by the last split block of each head group (split_tickets) instead of
+    // the combine kernel: the same bits, twice in a row (the tickets come back to zero).
+    const std::vector<uint16_t> combined = d_out.download();
+    DeviceBuffer<int32_t> tickets(std::vector<int32_t>(B * c.Nq, 0));
+    PagedDecodeParams merged = p;
+    merged.split_tickets = tickets.get();
+    for (int run = 0; run < 2; ++run) {
+      d_out.poison();
+      paged_decode_attention(merged, nullptr);
+      synchronize();
+      ASSERT_EQ(d_out.download(), combined) << "merged in the kernel, run " << run;
+      ASSERT_EQ(tickets.download(), std::vector<int32_t>(B * c.Nq, 0)) << "tickets, run " << run;
+    }
+  }
   const auto kf = to_float(k), vf = to_float(v), qf = to_float(q);
   const int64_t G = c.Nq / c.Nkv;
   // Head dims above 256 run in float32 whatever tensor_cores says (P is not rounded to bf16).

@@ -136,7 +136,8 @@ void launch_decode(const PagedDecodeParams& p, const DecodeSplit& split, cudaStr
     fp8 ? launch_decode_simt<D, true>(p, split, stream)
         : launch_decode_simt<D, false>(p, split, stream);
   }
-  if (split.num_splits > 1) {
+  // The tensor-core kernel merges its splits itself where it has tickets.
+  if (split.num_splits > 1 && !(p.tensor_cores && p.split_tickets != nullptr)) {
     launch_after_previous(
         paged_decode_combine_kernel<D>,
         dim3(static_cast<unsigned>(p.num_q_heads), static_cast<unsigned>(p.num_seqs)), D, 0, stream,

@@ -134,6 +134,12 @@ struct PagedDecodeParams {
   // then depends on its own length alone (batch_invariant_chunk). 0: splits sized to fill the
   // GPU for this batch, a single split written directly.
   int64_t fixed_chunk = 0;
+  // [num_seqs * num_kv_heads * head tiles] int32 tickets, zero before the first launch and left
+  // zero by every launch, or null. Given, with several splits on tensor cores: each split block
+  // takes a ticket after writing its partial, and the last of a (sequence, KV head, head tile) to
+  // finish merges the splits itself, in the combine kernel's order (the same bits), so the
+  // combine's launch is saved. Null: the combine kernel merges them.
+  int32_t* split_tickets = nullptr;
 };
 
 // The keys per split of --deterministic for a context of max_seq_len: at least 256, and few

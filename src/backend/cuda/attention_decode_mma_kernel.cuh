@@ -82,10 +82,13 @@ __global__ void __launch_bounds__(attn::kDecodeMmaThreads)
   const int end = min(len, start + chunk);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int64_t head0 = static_cast<int64_t>(b) * p.num_q_heads + heads.first;
+  // With tickets (merge_in_kernel), the splits that have keys merge here, the last to finish.
+  const bool merge_in_kernel = num_splits > 1 && p.split_tickets != nullptr;
+  const int live = attn::live_splits(p, len, chunk);
   if (start >= end) {
-    // A split past this sequence's keys (the combine kernel does not read it), or, unsplit, an
-    // empty sequence: zeros.
-    if (num_splits == 1) {
+    // A split past this sequence's keys (the combine does not read it), or an empty sequence:
+    // zeros, written by the one block (unsplit) or by split 0 where no split merges.
+    if (num_splits == 1 || (merge_in_kernel && split == 0 && live <= 0)) {
       for (int i = tid; i < G * D; i += kDecodeMmaThreads)
         p.out[head0 * D + i] = __float2bfloat16(0.f);
     }
@@ -263,6 +266,31 @@ __global__ void __launch_bounds__(attn::kDecodeMmaThreads)
         ml[(bh * num_splits + split) * 2 + 1] = den;
       }
     }
+  }
+  if (!merge_in_kernel) return;
+  // This block's partials reach L2 before its ticket; the last block reads them all after its.
+  __threadfence();
+  __syncthreads();
+  __shared__ int s_last;
+  if (tid == 0) {
+    int32_t* ticket = p.split_tickets + static_cast<int64_t>(b) * gridDim.y + blockIdx.y;
+    s_last = atomicAdd(ticket, 1) == live - 1;
+    if (s_last) *ticket = 0;  // every live split has taken its ticket: zero for the next launch
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  // The combine kernel's merge, in its order (merge_split_outputs), over L2: the other blocks'
+  // partials were never in this SM's L1, and must not be read through it.
+  const float* ml = p.workspace + p.num_seqs * p.num_q_heads * num_splits * D;
+  for (int i = tid; i < G * D; i += kDecodeMmaThreads) {
+    const int g = i / D, d = i % D;
+    const int64_t bh = head0 + g;
+    float m = -FLT_MAX;
+    for (int s = 0; s < live; ++s) m = fmaxf(m, __ldcg(ml + (bh * num_splits + s) * 2));
+    const float o = attn::merge_split_outputs(p, bh, heads.first + g, d, D, live, num_splits, m,
+                                              [](const float* at) { return __ldcg(at); });
+    p.out[bh * D + d] = __float2bfloat16_rn(o);
   }
 }
 

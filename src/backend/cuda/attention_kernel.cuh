@@ -330,6 +330,38 @@ __global__ void __launch_bounds__(attn::kDecodeThreads)
   }
 }
 
+namespace attn {
+
+// The live splits of sequence b (of length len): those whose keys start before len.
+__device__ __forceinline__ int live_splits(const PagedDecodeParams& p, int len, int chunk) {
+  return (len - decode_first_key(p, len) + chunk - 1) / chunk;
+}
+
+// Query head bh's output at dim d merged from its `splits` partials (the workspace's outputs and
+// (max, sum) pairs, num_splits apart), m their max: the weighted sums in split order, then the
+// division (or, with a sink, the sink's normaliser). Load reads the workspace (the combine
+// kernel's plain loads; the in-kernel merge's L2 loads, for partials other blocks wrote).
+template <typename Load>
+__device__ __forceinline__ float merge_split_outputs(const PagedDecodeParams& p, int64_t bh, int h,
+                                                     int d, int D, int splits, int num_splits,
+                                                     float m, Load load) {
+  const float* ml = p.workspace + p.num_seqs * p.num_q_heads * num_splits * D;
+  float num = 0.f, den = 0.f;
+  // The loads of eight splits in flight at once; the sums keep their order.
+#pragma unroll 8
+  for (int s = 0; s < splits; ++s) {
+    const float w = __expf(load(ml + (bh * num_splits + s) * 2) - m);
+    den = fmaf(w, load(ml + (bh * num_splits + s) * 2 + 1), den);
+    num = fmaf(w, load(p.workspace + (bh * num_splits + s) * D + d), num);
+  }
+  float o = splits > 0 ? num / den : 0.f;
+  // num and den are relative to m, the splits' max: the sink joins the denominator once, here.
+  if (p.sinks != nullptr && splits > 0) o = num * sink_normaliser(m, den, __ldg(p.sinks + h));
+  return o;
+}
+
+}  // namespace attn
+
 // grid (Nq, B), D threads: merges the splits of one (sequence, head).
 template <int D>
 __global__ void __launch_bounds__(D)
@@ -342,7 +374,7 @@ __global__ void __launch_bounds__(D)
   device::wait_for_previous_grid();
   const int h = blockIdx.x, b = blockIdx.y, d = threadIdx.x;
   const int len = __ldg(p.seq_lens + b);
-  const int splits = (len - attn::decode_first_key(p, len) + chunk - 1) / chunk;
+  const int splits = attn::live_splits(p, len, chunk);
   const int64_t bh = static_cast<int64_t>(b) * p.num_q_heads + h;
   const float* ml = p.workspace + p.num_seqs * p.num_q_heads * num_splits * D;
   // The splits' max with each thread taking splits d, d + D, ...: one round of loads, where a
@@ -356,17 +388,8 @@ __global__ void __launch_bounds__(D)
   __syncthreads();
 #pragma unroll
   for (int w = 0; w < D / device::kWarpSize; ++w) m = fmaxf(m, s_max[w]);
-  float num = 0.f, den = 0.f;
-  // The loads of eight splits in flight at once; the sums keep their order.
-#pragma unroll 8
-  for (int s = 0; s < splits; ++s) {
-    const float w = __expf(ml[(bh * num_splits + s) * 2] - m);
-    den = fmaf(w, ml[(bh * num_splits + s) * 2 + 1], den);
-    num = fmaf(w, p.workspace[(bh * num_splits + s) * D + d], num);
-  }
-  float o = splits > 0 ? num / den : 0.f;
-  // num and den are relative to m, the splits' max: the sink joins the denominator once, here.
-  if (p.sinks != nullptr && splits > 0) o = num * attn::sink_normaliser(m, den, __ldg(p.sinks + h));
+  const float o = attn::merge_split_outputs(p, bh, h, d, D, splits, num_splits, m,
+                                            [](const float* at) { return *at; });
   p.out[bh * D + d] = __float2bfloat16_rn(o);
 }
 

@@ -255,6 +255,9 @@ struct Lane {
   bf16 *mla_q_ = nullptr, *mla_q_lora_ = nullptr, *mla_latent_ = nullptr, *mla_q_full_ = nullptr,
        *mla_out_latent_ = nullptr;
   float* attn_workspace_ = nullptr;
+  // [T, Nq] int32: the decode attention's split tickets (PagedDecodeParams::split_tickets),
+  // zeroed once; GQA layers only (null with MLA).
+  int32_t* attn_split_tickets_ = nullptr;
   int32_t* expert_counts_ = nullptr;  // [L, E + 1] the plans' counts, for the profiler
   // Two weight terms: the float32 sums of a product whose output is bf16 (LinearArgs).
   float* term_sum_ = nullptr;
@@ -869,6 +872,7 @@ void CudaDecoder::allocate_workspace() {
       k_ = cv.take<bf16>(T * Nkv * Dp);
       v_ = cv.take<bf16>(T * Nkv * Dp);
       attn_ = cv.take<bf16>(T * Nq * Dp);
+      attn_split_tickets_ = cv.take<int32_t>(T * Nq);
     }
     attn_workspace_ = cv.take<float>(attn_ws);
     if (has_linear_layers(c)) {
@@ -946,6 +950,10 @@ void CudaDecoder::allocate_workspace() {
   report_.workspace_bytes = bytes;
   if (mb.route_plan_ticket) {  // zero before the first step; each launch leaves it so
     CUDA_CHECK(cudaMemsetAsync(mb.route_plan_ticket, 0, sizeof(int32_t), stream_));
+  }
+  if (attn_split_tickets_) {  // the same
+    CUDA_CHECK(cudaMemsetAsync(attn_split_tickets_, 0,
+                               static_cast<size_t>(T * c.num_heads) * sizeof(int32_t), stream_));
   }
   if (mb.small_moe_workspace) {  // its counters start at zero; the kernels leave them so
     CUDA_CHECK(
@@ -1657,17 +1665,32 @@ void CudaDecoder::attention(int64_t layer, const Step& step) {
          .sliding_window = window, .attention_chunk = chunk, .sinks = d.sinks},
         stream_);
   } else {
-    cuda::paged_decode_attention(
-        {.q = q_, .k_cache = k_cache_[layer], .v_cache = v_cache_[layer],
-         .k_codes = k_codes_[layer], .v_codes = v_codes_[layer], .k_scales = k_scales_[layer],
-         .v_scales = v_scales_[layer], .block_tables = meta_.block_tables,
-         .seq_lens = meta_.seq_lens, .out = attn_,
-         .workspace = attn_workspace_, .num_seqs = T, .num_q_heads = Nq, .num_kv_heads = Nkv,
-         .head_dim = Dp, .block_size = block_size_, .num_blocks = num_blocks_,
-         .max_blocks_per_seq = step.table_stride, .max_seq_len = step.max_seq_len,
-         .scale = attention_scale_, .sliding_window = window, .attention_chunk = chunk,
-         .sinks = d.sinks, .fixed_chunk = attention_chunk_},
-        stream_);
+    cuda::paged_decode_attention({.q = q_,
+                                  .k_cache = k_cache_[layer],
+                                  .v_cache = v_cache_[layer],
+                                  .k_codes = k_codes_[layer],
+                                  .v_codes = v_codes_[layer],
+                                  .k_scales = k_scales_[layer],
+                                  .v_scales = v_scales_[layer],
+                                  .block_tables = meta_.block_tables,
+                                  .seq_lens = meta_.seq_lens,
+                                  .out = attn_,
+                                  .workspace = attn_workspace_,
+                                  .num_seqs = T,
+                                  .num_q_heads = Nq,
+                                  .num_kv_heads = Nkv,
+                                  .head_dim = Dp,
+                                  .block_size = block_size_,
+                                  .num_blocks = num_blocks_,
+                                  .max_blocks_per_seq = step.table_stride,
+                                  .max_seq_len = step.max_seq_len,
+                                  .scale = attention_scale_,
+                                  .sliding_window = window,
+                                  .attention_chunk = chunk,
+                                  .sinks = d.sinks,
+                                  .fixed_chunk = attention_chunk_,
+                                  .split_tickets = attn_split_tickets_},
+                                 stream_);
   }
   if (plan.output_gate) {
     // Qwen3-Next: the output times sigmoid of the gate logits that follow v in each qkv row
