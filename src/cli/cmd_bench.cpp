@@ -58,6 +58,8 @@ struct BenchArgs {
   bool no_cuda_graphs = false;
   bool no_programmatic_launch = false;
   bool no_fold_norms = false;
+  bool merge_attention_splits = false;
+  bool one_row_expert_blocks = false;
   int64_t weight_prefetch_bytes = 0;
   int64_t skinny_gemm_rows = -1;  // cuda: GpuOptions::skinny_gemm_rows (-1: its default)
   int64_t fused_route_tokens = -1;  // cuda: GpuOptions::fused_route_tokens (-1: its default)
@@ -388,6 +390,8 @@ EngineConfig engine_config(const BenchArgs& args) {
                       .programmatic_launch = !args.no_programmatic_launch,
                       .weight_prefetch_bytes = args.weight_prefetch_bytes,
                       .fold_norms = !args.no_fold_norms,
+                      .merge_attention_splits = args.merge_attention_splits,
+                      .one_row_expert_blocks = args.one_row_expert_blocks,
                       .deterministic = args.deterministic,
                       .offload = args.device.offload(),
                       .routing = args.device.routing_approximation(),
@@ -542,13 +546,17 @@ void run_sweep(const BenchArgs& args) {
 }
 
 void run_bench(const BenchArgs& args) {
-  MOE_CHECK(args.device.is_cuda() || !(args.no_cuda_graphs || args.no_programmatic_launch ||
-                                       args.no_fold_norms || args.weight_prefetch_bytes > 0),
-            args.no_cuda_graphs           ? "--no-cuda-graphs"
-            : args.no_programmatic_launch ? "--no-programmatic-launch"
-            : args.no_fold_norms          ? "--no-fold-norms"
-                                          : "--weight-prefetch-bytes",
-            " applies to --device cuda (the CPU launches no kernels)");
+  MOE_CHECK(
+      args.device.is_cuda() || !(args.no_cuda_graphs || args.no_programmatic_launch ||
+                                 args.no_fold_norms || args.merge_attention_splits ||
+                                 args.one_row_expert_blocks || args.weight_prefetch_bytes > 0),
+      args.no_cuda_graphs           ? "--no-cuda-graphs"
+      : args.no_programmatic_launch ? "--no-programmatic-launch"
+      : args.no_fold_norms          ? "--no-fold-norms"
+      : args.merge_attention_splits ? "--merge-attention-splits"
+      : args.one_row_expert_blocks  ? "--one-row-expert-blocks"
+                                    : "--weight-prefetch-bytes",
+      " applies to --device cuda (the CPU launches no kernels)");
   MOE_CHECK(args.device.is_cuda() || args.skinny_gemm_rows < 0,
             "--skinny-gemm-rows applies to --device cuda (a GPU kernel)");
   MOE_CHECK(!args.deterministic || args.skinny_gemm_rows <= 0,
@@ -798,6 +806,12 @@ void add_bench_command(CLI::App& app) {
   cmd->add_flag("--no-fold-norms", args->no_fold_norms,
                 "cuda: launch each RMSNorm alone instead of folding it into the skinny GEMM of "
                 "the projection after it, to measure what the fold saves");
+  cmd->add_flag("--merge-attention-splits", args->merge_attention_splits,
+                "cuda: the decode attention's last split block merges the splits instead of a "
+                "combine launch (same results; off until measured), to measure it");
+  cmd->add_flag("--one-row-expert-blocks", args->one_row_expert_blocks,
+                "cuda: a step of one token runs the decode experts' kernel one row a block, with "
+                "fewer registers (same results; off until measured), to measure it");
   cmd->add_option("--weight-prefetch-bytes", args->weight_prefetch_bytes,
                   "cuda: bytes of each weight row the decode GEMVs ask of L2 before the kernel "
                   "before them has finished (default 0, none: whole rows were slower at batch 1 "

@@ -76,6 +76,13 @@ struct GpuOptions {
   // into QKV, the post-attention norm into the router's or the dense MLP's product) where the
   // step takes the skinny GEMM: one launch less each, the same bits (cuda::SkinnyNormedInput).
   bool fold_norms = true;
+  // Not yet measured on a GPU, so off until they are (bench/RESULTS.md, 2026-12-07, twelfth
+  // session): the tensor-core decode attention merges its splits in its last split block
+  // instead of a combine launch (cuda::PagedDecodeParams::split_tickets; the same bits), and a
+  // step of one token runs the grouped skinny experts one row a block
+  // (cuda::GroupedGemmParams::one_row_per_expert; the same bits, fewer registers).
+  bool merge_attention_splits = false;
+  bool one_row_expert_blocks = false;
   bool quiet = false;                // no progress bar or load summary on stderr
   int64_t kv_cache_bytes = 0;        // > 0: the KV pool takes at most this (0: all that is left)
   // How the device pool stores KV rows (--kv-dtype): bf16, or fp8 (e4m3 with a float32 scale

@@ -56,6 +56,8 @@ struct EngineConfig {
   bool programmatic_launch = true;   // cuda: GpuOptions::programmatic_launch
   int64_t weight_prefetch_bytes = 0;  // cuda: GpuOptions::weight_prefetch_bytes
   bool fold_norms = true;             // cuda: GpuOptions::fold_norms
+  bool merge_attention_splits = false;  // cuda: GpuOptions::merge_attention_splits
+  bool one_row_expert_blocks = false;   // cuda: GpuOptions::one_row_expert_blocks
   // Sampling defaults for requests that leave a field out (vLLM's --generation-config): "auto",
   // the checkpoint's generation_config.json; "vllm", none; or a folder holding one.
   std::string generation_config = "auto";

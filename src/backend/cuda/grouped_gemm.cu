@@ -446,7 +446,7 @@ void moe_experts(const MoeExpertsParams& p, cudaStream_t stream) {
                       stream);
   }
   // The rows of one token (gathered: M = T * K rows, K distinct experts): one row an expert.
-  const bool one_token = p.src_row != nullptr && p.num_rows <= p.top_k;
+  const bool one_token = p.one_row_blocks && p.src_row != nullptr && p.num_rows <= p.top_k;
   GroupedGemmParams gate_up{.rows = p.rows,
                             .weights = p.gate_up,
                             .expert_weights = p.gate_up_table,

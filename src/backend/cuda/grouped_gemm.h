@@ -239,6 +239,10 @@ struct MoeExpertsParams {
   float* fp8_scales = nullptr;
   // GroupedGemmParams::batch_invariant for both products (--deterministic).
   bool batch_invariant = false;
+  // Where the rows are one token's (gathered, num_rows <= top_k: K distinct experts, one row
+  // each), both products run the skinny kernel one row a block
+  // (GroupedGemmParams::one_row_per_expert). Off: up to kGroupedSkinnyRows a block.
+  bool one_row_blocks = false;
   // GroupedGemmParams::tile for both products (benchmarks and tests; kAuto in the engine).
   GemmTile tile = GemmTile::kAuto;
 };

@@ -1665,32 +1665,33 @@ void CudaDecoder::attention(int64_t layer, const Step& step) {
          .sliding_window = window, .attention_chunk = chunk, .sinks = d.sinks},
         stream_);
   } else {
-    cuda::paged_decode_attention({.q = q_,
-                                  .k_cache = k_cache_[layer],
-                                  .v_cache = v_cache_[layer],
-                                  .k_codes = k_codes_[layer],
-                                  .v_codes = v_codes_[layer],
-                                  .k_scales = k_scales_[layer],
-                                  .v_scales = v_scales_[layer],
-                                  .block_tables = meta_.block_tables,
-                                  .seq_lens = meta_.seq_lens,
-                                  .out = attn_,
-                                  .workspace = attn_workspace_,
-                                  .num_seqs = T,
-                                  .num_q_heads = Nq,
-                                  .num_kv_heads = Nkv,
-                                  .head_dim = Dp,
-                                  .block_size = block_size_,
-                                  .num_blocks = num_blocks_,
-                                  .max_blocks_per_seq = step.table_stride,
-                                  .max_seq_len = step.max_seq_len,
-                                  .scale = attention_scale_,
-                                  .sliding_window = window,
-                                  .attention_chunk = chunk,
-                                  .sinks = d.sinks,
-                                  .fixed_chunk = attention_chunk_,
-                                  .split_tickets = attn_split_tickets_},
-                                 stream_);
+    cuda::paged_decode_attention(
+        {.q = q_,
+         .k_cache = k_cache_[layer],
+         .v_cache = v_cache_[layer],
+         .k_codes = k_codes_[layer],
+         .v_codes = v_codes_[layer],
+         .k_scales = k_scales_[layer],
+         .v_scales = v_scales_[layer],
+         .block_tables = meta_.block_tables,
+         .seq_lens = meta_.seq_lens,
+         .out = attn_,
+         .workspace = attn_workspace_,
+         .num_seqs = T,
+         .num_q_heads = Nq,
+         .num_kv_heads = Nkv,
+         .head_dim = Dp,
+         .block_size = block_size_,
+         .num_blocks = num_blocks_,
+         .max_blocks_per_seq = step.table_stride,
+         .max_seq_len = step.max_seq_len,
+         .scale = attention_scale_,
+         .sliding_window = window,
+         .attention_chunk = chunk,
+         .sinks = d.sinks,
+         .fixed_chunk = attention_chunk_,
+         .split_tickets = options_.merge_attention_splits ? attn_split_tickets_ : nullptr},
+        stream_);
   }
   if (plan.output_gate) {
     // Qwen3-Next: the output times sigmoid of the gate logits that follow v in each qkv row
@@ -2018,15 +2019,16 @@ bool CudaDecoder::interleaved_rope(int64_t layer) const {
 
 void CudaDecoder::build_moe_block() {
   if (config_.num_experts <= 0) return;
-  const ExpertShape shape{.num_experts = config_.num_experts,
-                          .hidden_size = w_.padded_hidden_size,
-                          .expert_width = w_.padded_expert_width,
-                          .weight_terms =
-                              w_.expert_quant == cuda::ExpertQuant::kNone ? w_.weight_terms : 1,
-                          .quant = w_.expert_quant,
-                          .quant_group = w_.expert_quant_group,
-                          .activation = expert_activation(config_),
-                          .batch_invariant = options_.deterministic};
+  const ExpertShape shape{
+      .num_experts = config_.num_experts,
+      .hidden_size = w_.padded_hidden_size,
+      .expert_width = w_.padded_expert_width,
+      .weight_terms = w_.expert_quant == cuda::ExpertQuant::kNone ? w_.weight_terms : 1,
+      .quant = w_.expert_quant,
+      .quant_group = w_.expert_quant_group,
+      .activation = expert_activation(config_),
+      .batch_invariant = options_.deterministic,
+      .one_row_blocks = options_.one_row_expert_blocks};
   const std::span<const DeviceLayer> layers(w_.layers);
   std::unique_ptr<ExpertRunner> runner;
   if (cache_) {

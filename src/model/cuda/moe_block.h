@@ -146,6 +146,8 @@ struct ExpertShape {
   // --deterministic: the grouped GEMM keeps to the mma.sync tiles, whose order of summation is
   // the same for every row (cuda::GroupedGemmParams::batch_invariant).
   bool batch_invariant = false;
+  // cuda::MoeExpertsParams::one_row_blocks (GpuOptions::one_row_expert_blocks).
+  bool one_row_blocks = false;
 };
 
 // The grouped GEMM's gated epilogue for an activation.
