@@ -73,7 +73,8 @@ enum class GemmEpilogue : int32_t { kNone, kSiluMul, kClampedSwiglu };
 //
 // kSkinny (grouped_skinny_kernel.cuh): no tile at all, the weights streamed through registers
 // as the skinny GEMM does for dense projections, each expert's weight row read once for its up
-// to 4 rows a block (more rows take more blocks, each reading the weights again). kAuto takes it
+// to 4 rows a block (more rows take more blocks, each reading the weights again; one row a
+// block, with fewer registers, where one_row_per_expert says each expert has one). kAuto takes it
 // at decode's smallest steps (M <= E and M <= 16, or 64 for quantised
 // weights) and not under batch_invariant; every weight format, both epilogues, biases, the slot
 // table and the gather; not fp8 x fp8 (act_codes).
