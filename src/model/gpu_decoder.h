@@ -74,7 +74,7 @@ struct GpuOptions {
   int64_t weight_prefetch_bytes = 0;
   // Fold the RMSNorm before a projection into that projection's skinny GEMM (the input norm
   // into QKV, the post-attention norm into the router's or the dense MLP's product) where the
-  // step takes the skinny GEMM: one launch less each, the same bits (cuda::SkinnyNormedInput).
+  // step takes the skinny GEMM: one launch less each, the same bits (cuda::SkinnyGemmParams::norm).
   bool fold_norms = true;
   // Not yet measured on a GPU, so off until they are (bench/RESULTS.md, 2026-12-07, twelfth
   // session): the tensor-core decode attention merges its splits in its last split block

@@ -7,7 +7,7 @@
 // waiting for it would show here as a differing row. Registered only where a CUDA device is
 // visible; its seed is printed (MOE_PDL_SEED=S replays).
 // The same holds for the decode norms folded into the projections after them
-// (GpuOptions::fold_norms, backend/cuda/skinny_gemm.h's SkinnyNormedInput), which repeat the
+// (GpuOptions::fold_norms, backend/cuda/skinny_gemm.h's SkinnyGemmParams::norm), which repeat the
 // norm kernel's operations in its order: CudaFoldNorms.SameLogitsWithAndWithout runs the same
 // comparison with the fold on and off, with the skinny GEMM taking steps of up to 8 rows (the
 // default is 1) so that the decode steps of two and three sequences and the short prompts fold,

@@ -253,8 +253,8 @@ void run_case(const Case& c) {
   }
 }
 
-// The decode RMSNorm folded in (SkinnyNormedInput): the same bits as fused_add_rms_norm followed
-// by the product over its output, the normed rows and the residual sum included.
+// The decode RMSNorm folded in (QuantSkinnyGemmParams::norm): the same bits as fused_add_rms_norm
+// followed by the product over its output, the normed rows and the residual sum included.
 void folded_norm_matches_two_launches(ExpertQuant format, int64_t m, int64_t n, int64_t k) {
   std::mt19937 rng(fresh_seed() ^ static_cast<uint32_t>(m * 131 + n * 7 + k));
   const Slab slab = random_slab(format, n, k, 128, 1.0f / std::sqrt(static_cast<float>(k)), rng);
@@ -292,16 +292,18 @@ void folded_norm_matches_two_launches(ExpertQuant format, int64_t m, int64_t n, 
   quant_skinny_gemm(p, nullptr);
   p.x = nullptr;
   p.y = y_got.get();
-  p.norm = {.residual = residual.get(),
-            .add = add.get(),
-            .weight = weight.as_bf16(),
+  p.norm = {.x = add.get(),
+            .residual = residual.get(),
             .residual_out = sum_got.get(),
-            .normed_out = normed_got.as_bf16()};
+            .weight = weight.as_bf16(),
+            .out = normed_got.as_bf16(),
+            .num_rows = m,
+            .hidden_size = k};
   quant_skinny_gemm(p, nullptr);
   synchronize();
   const std::string name = std::string(expert_quant_name(format)) + " M" + std::to_string(m);
   EXPECT_EQ(y_got.download(), y_want.download()) << name << ": the products differ";
-  EXPECT_EQ(normed_got.download(), normed_want.download()) << name << ": normed_out";
+  EXPECT_EQ(normed_got.download(), normed_want.download()) << name << ": norm.out";
   EXPECT_EQ(sum_got.download(), sum_want.download()) << name << ": residual_out";
 }
 

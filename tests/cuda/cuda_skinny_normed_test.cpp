@@ -1,7 +1,8 @@
-// The decode RMSNorm folded into the skinny GEMM (SkinnyNormedInput, backend/cuda/skinny_gemm.h)
-// against the two launches it replaces: fused_add_rms_norm, then the skinny GEMM over its output.
-// The folded kernel repeats the norm's float32 operations in the norm kernel's order, so:
-//   - the product, the normed rows (normed_out) and the residual sum (residual_out) are the same
+// The decode RMSNorm folded into the skinny GEMM (SkinnyGemmParams::norm,
+// backend/cuda/skinny_gemm.h) against the two launches it replaces: fused_add_rms_norm, then the
+// skinny GEMM over its output. The folded kernel repeats the norm's float32 operations in the norm
+// kernel's order, so:
+//   - the product, the normed rows (norm.out) and the residual sum (residual_out) are the same
 //     bits as the two launches', every value of them written (outputs poisoned first);
 //   - over the norm kernel's layouts (rms_norm_layout: 32 to 1024 threads, 1, 2 or 4 vectors a
 //     thread; more of them than the GEMM's 256 threads), 1 to 8 rows, the terms given or not
@@ -37,7 +38,11 @@ TEST(CudaSkinnyNormedChecks, RefusesWhatItDoesNotTake) {
                            .m = 2,
                            .n = 4,
                            .k = 64,
-                           .norm = {.residual = rows, .weight = bits, .residual_out = rows + 64}};
+                           .norm = {.residual = rows,
+                                    .residual_out = rows + 64,
+                                    .weight = bits,
+                                    .num_rows = 2,
+                                    .hidden_size = 64}};
   SkinnyGemmParams q = p;
   q.norm.residual_out = nullptr;
   EXPECT_TRUE(skinny_gemm_supports(q));
@@ -59,9 +64,13 @@ TEST(CudaSkinnyNormedChecks, RefusesWhatItDoesNotTake) {
   expect_error_naming([&] { skinny_gemm(q, nullptr); }, "16-byte aligned");
   q = p;
   q.norm.residual_out = nullptr;
-  q.m = 8;
-  q.k = 2952;  // 8 x 2952 bf16 values: over 46 KiB of shared rows
+  q.m = q.norm.num_rows = 8;
+  q.k = q.norm.hidden_size = 2952;  // 8 x 2952 bf16 values: over 46 KiB of shared rows
   expect_error_naming([&] { skinny_gemm(q, nullptr); }, "46 KiB");
+  q = p;
+  q.norm.residual_out = nullptr;
+  q.norm.num_rows = 3;
+  expect_error_naming([&] { skinny_gemm(q, nullptr); }, "not m, k");
   const QuantSkinnyGemmParams quant{.w = reinterpret_cast<const uint8_t*>(buf),
                                     .format = ExpertQuant::kFp8,
                                     .group = 32,
@@ -69,7 +78,7 @@ TEST(CudaSkinnyNormedChecks, RefusesWhatItDoesNotTake) {
                                     .m = 1,
                                     .n = 4,
                                     .k = 64,
-                                    .norm = {.weight = bits}};
+                                    .norm = {.weight = bits, .num_rows = 1, .hidden_size = 64}};
   expect_error_naming([&] { quant_skinny_gemm(quant, nullptr); }, "both null");
 }
 
@@ -121,17 +130,6 @@ struct Inputs {
             .eps = 1e-6f,
             .mean_width = c.mean_width};
   }
-  SkinnyNormedInput folded(const Case& c, float* residual_out, __nv_bfloat16* normed_out) const {
-    return {.residual = c.residual ? residual.get() : nullptr,
-            .add = c.add ? add.get() : nullptr,
-            .add_bias = c.bias ? bias.as_bf16() : nullptr,
-            .weight = weight.as_bf16(),
-            .weight_lo = c.norm_lo ? weight_lo.as_bf16() : nullptr,
-            .eps = 1e-6f,
-            .mean_width = c.mean_width,
-            .residual_out = residual_out,
-            .normed_out = normed_out};
-  }
   SkinnyGemmParams product(const Case& c, const __nv_bfloat16* x, void* y) const {
     return {.x = x,
             .w = w.as_bf16(),
@@ -159,12 +157,12 @@ void run_case(const Case& c) {
   fused_add_rms_norm(in.norm(c, sum_want.get(), normed_want.as_bf16()), nullptr);
   skinny_gemm(in.product(c, normed_want.as_bf16(), y_want.get()), nullptr);
   SkinnyGemmParams folded = in.product(c, nullptr, y_got.get());
-  folded.norm = in.folded(c, sum_got.get(), normed_got.as_bf16());
+  folded.norm = in.norm(c, sum_got.get(), normed_got.as_bf16());
   ASSERT_TRUE(skinny_gemm_supports(folded));
   skinny_gemm(folded, nullptr);
   synchronize();
   EXPECT_EQ(y_got.download(), y_want.download()) << name_of(c) << ": the products differ";
-  EXPECT_EQ(normed_got.download(), normed_want.download()) << name_of(c) << ": normed_out";
+  EXPECT_EQ(normed_got.download(), normed_want.download()) << name_of(c) << ": norm.out";
   EXPECT_EQ(sum_got.download(), sum_want.download()) << name_of(c) << ": residual_out";
 }
 
@@ -184,13 +182,13 @@ void graph_chains_two_folded_products() {
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   auto enqueue_folded = [&] {
     SkinnyGemmParams first = in.product(c, nullptr, y1.get());
-    first.norm = in.folded(c, sum1.get(), nullptr);
+    first.norm = in.norm(c, sum1.get(), nullptr);
     skinny_gemm(first, stream);
     SkinnyGemmParams second = first;
     second.w = w2.as_bf16();
     second.y = y2.get();
     second.norm.residual = sum1.get();
-    second.norm.add = y1.get();
+    second.norm.x = y1.get();
     second.norm.residual_out = in.residual.get();  // the first's input, read by it alone
     skinny_gemm(second, stream);
   };

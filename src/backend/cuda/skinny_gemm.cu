@@ -63,26 +63,25 @@ bool overlaps(const void* a, const void* b, int64_t bytes) {
   return x < y + static_cast<uintptr_t>(bytes) && y < x + static_cast<uintptr_t>(bytes);
 }
 
-// The reason the folded norm of an m x k product cannot run, or null (SkinnyNormedInput).
-const char* normed_input_unsupported(const SkinnyNormedInput& n, const void* x, int64_t m,
-                                     int64_t k) {
+// The reason the folded norm of an m x k product cannot run, or null.
+const char* normed_input_unsupported(const RmsNormParams& n, const void* x, int64_t m, int64_t k) {
   if (x != nullptr) return "x given with the folded norm (it forms x)";
+  if (n.num_rows != m || n.hidden_size != k) return "norm.num_rows, norm.hidden_size not m, k";
   if (m * k * 2 > kSkinnyNormedInputBytes) return "m * k bf16 rows over the folded norm's 46 KiB";
   if (k > kRmsNormMaxHidden) return "k over the folded norm's kRmsNormMaxHidden";
   if (n.mean_width < 0 || n.mean_width > k) return "norm.mean_width outside [0, k]";
   if (!(n.eps >= 0.0f)) return "norm.eps negative";
-  if (n.residual == nullptr && n.add == nullptr) return "norm.residual and norm.add both null";
+  if (n.residual == nullptr && n.x == nullptr) return "norm.residual and norm.x both null";
   for (const void* pointer :
-       {static_cast<const void*>(n.residual), static_cast<const void*>(n.add),
-        static_cast<const void*>(n.add_bias), static_cast<const void*>(n.weight_lo),
-        static_cast<const void*>(n.residual_out), static_cast<const void*>(n.normed_out)}) {
+       {static_cast<const void*>(n.residual), static_cast<const void*>(n.x),
+        static_cast<const void*>(n.x_bias), static_cast<const void*>(n.weight_lo),
+        static_cast<const void*>(n.residual_out), static_cast<const void*>(n.out)}) {
     if (!is_aligned16(pointer)) return "a norm pointer not 16-byte aligned";
   }
   if (!is_aligned16(n.weight)) return "norm.weight not 16-byte aligned";
   const int64_t row_bytes = m * k * static_cast<int64_t>(sizeof(float));
-  if (overlaps(n.residual_out, n.residual, row_bytes) ||
-      overlaps(n.residual_out, n.add, row_bytes)) {
-    return "norm.residual_out overlaps norm.residual or norm.add (the blocks read them all)";
+  if (overlaps(n.residual_out, n.residual, row_bytes) || overlaps(n.residual_out, n.x, row_bytes)) {
+    return "norm.residual_out overlaps norm.residual or norm.x (the blocks read them all)";
   }
   return nullptr;
 }

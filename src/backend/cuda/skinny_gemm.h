@@ -20,9 +20,11 @@
 // stream: the kernel loads its first weight vectors before it waits for them (a model's weights
 // are written once, at load).
 //
-// The decode RMSNorm folded in (SkinnyNormedInput): x null and `norm` set, the kernel forms the
-// M rows of x itself from the residual stream, as fused_add_rms_norm would (moe_stages.h), in
-// shared memory, and the launch that would have run that norm alone is saved. Every block forms
+// The decode RMSNorm folded in: x null and `norm` (fused_add_rms_norm's own RmsNormParams, M rows
+// of K) set, the kernel forms the M rows of x itself from the residual stream with that norm's
+// float32 operations in its order (its bits), in shared memory, and the launch that would have
+// run that norm alone is saved. norm.residual_out must not overlap norm.residual or norm.x:
+// every block reads all of them while the blocks write it. Every block forms
 // all M rows (a few KB read from L2, while its first weight vectors are already in flight); the
 // blocks together write the normed rows and the residual sum out for the kernels after it.
 #pragma once
@@ -33,6 +35,7 @@
 #include <cstdint>
 
 #include "backend/cuda/expert_quant.h"
+#include "backend/cuda/moe_stages.h"
 
 namespace moeinfer::cuda {
 
@@ -40,25 +43,6 @@ inline constexpr int64_t kSkinnyGemmMaxRows = 8;
 // The shared memory the folded norm's rows may take (M * K bf16 values): within the 48 KiB a
 // block has without opting in, beside the norm's own sums.
 inline constexpr int64_t kSkinnyNormedInputBytes = 46 * 1024;
-
-// The rows of x formed inside the skinny GEMM (the decode RMSNorm before a projection folded into
-// it), with fused_add_rms_norm's float32 operations in its order, so the values are its bits:
-//   s          = add + add_bias + residual   (the terms given; rows of K values, stride K)
-//   x          = bf16((weight + weight_lo) * (s / sqrt(sum(s^2) / mean_width + eps)))
-//   residual_out = s, normed_out = x          (where given)
-// residual_out must not overlap residual or add: every block reads all of them while the blocks
-// write it. weight null: x is read from memory as usual.
-struct SkinnyNormedInput {
-  const float* residual = nullptr;           // [M, K] or null
-  const float* add = nullptr;                // [M, K] or null (one of residual, add given)
-  const __nv_bfloat16* add_bias = nullptr;   // [K] or null
-  const __nv_bfloat16* weight = nullptr;     // [K]
-  const __nv_bfloat16* weight_lo = nullptr;  // [K] or null
-  float eps = 1e-6f;
-  int64_t mean_width = 0;               // in [1, K]; 0: K
-  float* residual_out = nullptr;        // [M, K] or null
-  __nv_bfloat16* normed_out = nullptr;  // [M, K] or null
-};
 
 struct SkinnyGemmParams {
   const __nv_bfloat16* x = nullptr;     // [M, K], or null with norm.weight set
@@ -71,7 +55,7 @@ struct SkinnyGemmParams {
   int64_t ldx = 0;  // elements; 0: k
   int64_t ldy = 0;  // elements; 0: n
   bool y_f32 = false;
-  SkinnyNormedInput norm;  // x formed in the kernel where norm.weight is set
+  RmsNormParams norm;  // x formed in the kernel (norm.out written too) where norm.weight is set
   // Bytes of each weight row asked of L2 before the wait: set by the launcher from
   // weight_prefetch_bytes() (programmatic_launch.h), not by callers.
   int64_t prefetch_row_bytes = 0;
@@ -110,7 +94,7 @@ struct QuantSkinnyGemmParams {
   int64_t ldx = 0;  // elements; 0: k
   int64_t ldy = 0;  // elements; 0: n
   bool y_f32 = false;
-  SkinnyNormedInput norm;  // x formed in the kernel where norm.weight is set
+  RmsNormParams norm;  // x formed in the kernel (norm.out written too) where norm.weight is set
   // Bytes of each weight row asked of L2 before the wait: set by the launcher from
   // weight_prefetch_bytes() (programmatic_launch.h), not by callers.
   int64_t prefetch_row_bytes = 0;

@@ -9,8 +9,8 @@
 // A lane's first batch is loaded before the kernel waits for the one before it (the weights are
 // not that kernel's output), so at decode the first bytes' round trip overlaps that kernel's tail
 // instead of following it.
-// With the decode RMSNorm folded in (SkinnyNormedInput), each block first forms the M rows of x
-// in shared memory (form_normed_rows: fused_add_rms_norm's operations in its order, so its bits)
+// With the decode RMSNorm folded in (SkinnyGemmParams::norm), each block first forms the M rows of
+// x in shared memory (form_normed_rows: fused_add_rms_norm's operations in its order, so its bits)
 // while that first batch is in flight, and the lanes read x from there.
 // The quantised variant (quant_skinny_gemm_kernel) keeps the grid (1 or 2 columns a warp, the
 // same choice), the warps, the batch of loads in flight and the order of the sums; a lane's 16-byte
@@ -134,11 +134,10 @@ __device__ __forceinline__ void partial_sums(const WeightRows<TwoTerms, C>& rows
 // order, its warps' sums are butterflies and the block's total is warp 0's butterfly over the
 // warps' sums. Here thread t takes that kernel's threads t, t + 256, ... (the same lanes, so the
 // same butterflies), warp r totals row r, and the rows come out bit for bit as that kernel's.
-// Each block writes residual_out and normed_out at the vectors v with v % gridDim.x equal to its
+// Each block writes residual_out and out at the vectors v with v % gridDim.x equal to its
 // index. Every thread of the block must call it; it ends with the rows visible to all of them.
 template <int M>
-__device__ __forceinline__ void form_normed_rows(const SkinnyNormedInput& n, int64_t k,
-                                                 uint4* rows) {
+__device__ __forceinline__ void form_normed_rows(const RmsNormParams& n, int64_t k, uint4* rows) {
   static_assert(M <= kSkinnyWarps, "a warp totals each row");
   __shared__ float partials[M][device::kWarpSize];
   __shared__ float inv_rms[M];
@@ -147,8 +146,8 @@ __device__ __forceinline__ void form_normed_rows(const SkinnyNormedInput& n, int
   const int warp = static_cast<int>(threadIdx.x) / device::kWarpSize;
   const int lane = static_cast<int>(threadIdx.x) % device::kWarpSize;
   auto form_sum = [&](int r, int v, float(&s)[8]) {
-    if (n.add != nullptr) {
-      device::load_float8(n.add + r * k, v, s);
+    if (n.x != nullptr) {
+      device::load_float8(n.x + r * k, v, s);
     } else {
 #pragma unroll
       for (int i = 0; i < 8; ++i) s[i] = 0.0f;
@@ -159,9 +158,9 @@ __device__ __forceinline__ void form_normed_rows(const SkinnyNormedInput& n, int
 #pragma unroll
       for (int i = 0; i < 8; ++i) s[i] += t[i];
     }
-    if (n.add_bias != nullptr) {
+    if (n.x_bias != nullptr) {
       float b[8];
-      device::bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(n.add_bias) + v), b);
+      device::bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(n.x_bias) + v), b);
 #pragma unroll
       for (int i = 0; i < 8; ++i) s[i] += b[i];
     }
@@ -209,7 +208,7 @@ __device__ __forceinline__ void form_normed_rows(const SkinnyNormedInput& n, int
       for (int i = 0; i < 8; ++i) s[i] = w[i] * (s[i] * inv_rms[r]);
       const uint4 x = device::float_to_bf16x8(s);
       rows[r * vecs + v] = x;
-      if (mine && n.normed_out != nullptr) reinterpret_cast<uint4*>(n.normed_out + r * k)[v] = x;
+      if (mine && n.out != nullptr) reinterpret_cast<uint4*>(n.out + r * k)[v] = x;
     }
   }
   __syncthreads();

@@ -345,25 +345,24 @@ class CudaDecoder final : public GpuDecoder, private Lane {
   void enqueue_attention_block(int64_t layer, const Step& step);
   void enqueue_final_norm(const Step& step);
   // A residual-fused RMSNorm into normed_: left pending when `next_is_linear` (the next read
-  // of normed_ is a linear() of this step) and the step's rows take the skinny GEMM, for that
+  // of normed_ is a linear() of this step) and the step's rows may take the skinny GEMM, for that
   // product to fold in (its sum then goes to hidden_spare_, which becomes hidden_); else
   // launched now.
   void residual_norm(cuda::RmsNormParams params, bool next_is_linear);
   // Launches the pending norm, if any: before anything but a folding product reads normed_.
   void flush_norm();
-  // The pending norm as the skinny GEMM's folded input, where `x` is the rows it forms and k
-  // their length.
-  std::optional<cuda::SkinnyNormedInput> folded_input(const bf16* x, int64_t k) const;
   // Launches `product` (a skinny GEMM's params, bf16 or quantised) with the pending norm folded
   // in, where it reads that norm's whole rows and the kernel takes the fold; whether it did.
   template <typename Params>
   bool launch_folded(const Params& product, bool (*supports)(const Params&),
                      void (*launch)(const Params&, cudaStream_t)) {
-    const std::optional<cuda::SkinnyNormedInput> norm = folded_input(product.x, product.k);
-    if (!norm || (product.ldx != 0 && product.ldx != product.k)) return false;
+    if (!pending_norm_ || pending_norm_->out != product.x ||
+        (product.ldx != 0 && product.ldx != product.k)) {
+      return false;
+    }
     Params folded = product;
     folded.x = nullptr;
-    folded.norm = *norm;
+    folded.norm = *pending_norm_;
     if (!supports(folded)) return false;
     launch(folded, stream_);
     pending_norm_.reset();
@@ -1521,7 +1520,9 @@ void CudaDecoder::enqueue_attention_block(int64_t l, const Step& step) {
 
 void CudaDecoder::residual_norm(cuda::RmsNormParams params, bool next_is_linear) {
   const int64_t T = params.num_rows;
-  if (next_is_linear && options_.fold_norms && !options_.deterministic && !two_lanes_ && T >= 1 &&
+  // linear() folds it where its skinny GEMM takes the rows, else launches it first. Not with two
+  // micro-batches (the other lane's products run in between); not past the spare's rows.
+  if (next_is_linear && options_.fold_norms && !two_lanes_ && T >= 1 &&
       T <= std::min(options_.skinny_gemm_rows, cuda::kSkinnyGemmMaxRows)) {
     if (params.residual_out != nullptr) {
       params.residual_out = hidden_spare_;
@@ -1537,22 +1538,6 @@ void CudaDecoder::flush_norm() {
   if (!pending_norm_) return;
   cuda::fused_add_rms_norm(*pending_norm_, stream_);
   pending_norm_.reset();
-}
-
-std::optional<cuda::SkinnyNormedInput> CudaDecoder::folded_input(const bf16* x, int64_t k) const {
-  if (!pending_norm_ || pending_norm_->out != x || pending_norm_->hidden_size != k) {
-    return std::nullopt;
-  }
-  const cuda::RmsNormParams& n = *pending_norm_;
-  return cuda::SkinnyNormedInput{.residual = n.residual,
-                                 .add = n.x,
-                                 .add_bias = n.x_bias,
-                                 .weight = n.weight,
-                                 .weight_lo = n.weight_lo,
-                                 .eps = n.eps,
-                                 .mean_width = n.mean_width,
-                                 .residual_out = n.residual_out,
-                                 .normed_out = n.out};
 }
 
 void CudaDecoder::enqueue_final_norm(const Step& step) {

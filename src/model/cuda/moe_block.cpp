@@ -77,37 +77,48 @@ void LocalDispatcher::combine(int64_t /*layer*/, const bf16* expert_out,
                   stream);
 }
 
+namespace {
+
+// The experts stage over `rows` as both runners run it, less the weights: the shape, the rows and
+// where the activation and the output go.
+cuda::MoeExpertsParams experts_stage(const ExpertShape& shape, const ExpertRows& rows,
+                                     bf16* activation, bf16* out) {
+  return {.rows = rows.rows,
+          .weight_terms = shape.weight_terms,
+          .expert_offsets = rows.expert_offsets,
+          .activation = activation,
+          .out = out,
+          .num_rows = rows.num_rows,
+          .num_experts = shape.num_experts,
+          .hidden_size = shape.hidden_size,
+          .expert_width = shape.expert_width,
+          .src_row = rows.src_row,
+          .top_k = rows.top_k,
+          .batch_invariant = shape.batch_invariant,
+          .one_row_blocks = shape.one_row_blocks};
+}
+
+}  // namespace
+
 ResidentExperts::ResidentExperts(std::span<const DeviceLayer> layers, const ExpertShape& shape,
                                  bf16* activation, Fp8ActivationBuffers fp8)
     : layers_(layers), shape_(shape), activation_(activation), fp8_(fp8) {}
 
 void ResidentExperts::run(int64_t layer, const ExpertRows& rows, bf16* out, cudaStream_t stream) {
   const DeviceLayer& d = layers_[layer];
-  cuda::moe_experts({.rows = rows.rows,
-                     .gate_up = d.experts_gate_up,
-                     .down = d.experts_down,
-                     .weight_terms = shape_.weight_terms,
-                     .quant = shape_.quant,
-                     .quant_group = shape_.quant_group,
-                     .expert_offsets = rows.expert_offsets,
-                     .activation = activation_,
-                     .out = out,
-                     .num_rows = rows.num_rows,
-                     .num_experts = shape_.num_experts,
-                     .hidden_size = shape_.hidden_size,
-                     .expert_width = shape_.expert_width,
-                     .src_row = rows.src_row,
-                     .top_k = rows.top_k,
-                     .gate_up_bias = d.experts_gate_up_bias,
-                     .down_bias = d.experts_down_bias,
-                     .gate_up_epilogue = expert_epilogue(shape_.activation),
-                     .swiglu_alpha = shape_.activation.alpha,
-                     .swiglu_limit = shape_.activation.limit,
-                     .fp8_codes = fp8_.codes,
-                     .fp8_scales = fp8_.scales,
-                     .batch_invariant = shape_.batch_invariant,
-                     .one_row_blocks = shape_.one_row_blocks},
-                    stream);
+  cuda::MoeExpertsParams p = experts_stage(shape_, rows, activation_, out);
+  p.gate_up = d.experts_gate_up;
+  p.down = d.experts_down;
+  p.quant = shape_.quant;
+  p.quant_group = shape_.quant_group;
+  p.gate_up_bias = d.experts_gate_up_bias;
+  p.down_bias = d.experts_down_bias;
+  p.gate_up_epilogue = expert_epilogue(shape_.activation);
+  p.swiglu_alpha = shape_.activation.alpha;
+  p.swiglu_limit = shape_.activation.limit;
+  p.fp8_codes = fp8_.codes;
+  p.fp8_scales = fp8_.scales;
+  cuda::moe_experts(p, stream);
 }
 
 CachedExpertRunner::CachedExpertRunner(CachedExperts& cache, std::span<const DeviceLayer> layers,
@@ -136,22 +147,10 @@ void CachedExpertRunner::on_routed(int64_t layer, const RoutedTokens& tokens,
 
 void CachedExpertRunner::run(int64_t layer, const ExpertRows& rows, bf16* out,
                              cudaStream_t stream) {
-  cuda::moe_experts({.rows = rows.rows,
-                     .weight_terms = shape_.weight_terms,
-                     .gate_up_table = cache_.gate_up_table(layer),
-                     .down_table = cache_.down_table(layer),
-                     .expert_offsets = rows.expert_offsets,
-                     .activation = activation_,
-                     .out = out,
-                     .num_rows = rows.num_rows,
-                     .num_experts = shape_.num_experts,
-                     .hidden_size = shape_.hidden_size,
-                     .expert_width = shape_.expert_width,
-                     .src_row = rows.src_row,
-                     .top_k = rows.top_k,
-                     .batch_invariant = shape_.batch_invariant,
-                     .one_row_blocks = shape_.one_row_blocks},
-                    stream);
+  cuda::MoeExpertsParams p = experts_stage(shape_, rows, activation_, out);
+  p.gate_up_table = cache_.gate_up_table(layer);
+  p.down_table = cache_.down_table(layer);
+  cuda::moe_experts(p, stream);
 }
 
 void CachedExpertRunner::finish(int64_t layer, const RoutedTokens& tokens, bf16* out,
