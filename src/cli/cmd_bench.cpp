@@ -60,6 +60,7 @@ struct BenchArgs {
   bool no_fold_norms = false;
   bool merge_attention_splits = false;
   bool one_row_expert_blocks = false;
+  bool persistent_layers = false;
   int64_t weight_prefetch_bytes = 0;
   int64_t skinny_gemm_rows = -1;  // cuda: GpuOptions::skinny_gemm_rows (-1: its default)
   int64_t fused_route_tokens = -1;  // cuda: GpuOptions::fused_route_tokens (-1: its default)
@@ -264,6 +265,11 @@ void print_gpu_figures(Engine& engine, const BenchArgs& args, const RunTimes& t,
     if (mem.expert_fp8_tensor_cores) std::printf("; prefill on fp8 tensor cores");
     std::printf("\n");
   }
+  if (args.persistent_layers) {
+    std::printf("Persistent decode layers: %lld of %lld layers in one launch a step of one token\n",
+                static_cast<long long>(mem.persistent_layers),
+                static_cast<long long>(c.num_layers));
+  }
   if (mem.dense_quant_matrices > 0) {
     std::printf("Dense Linears: %lld held as %s codes and scales, %.2f GiB of the weights\n",
                 static_cast<long long>(mem.dense_quant_matrices), mem.dense_format.c_str(),
@@ -392,6 +398,7 @@ EngineConfig engine_config(const BenchArgs& args) {
                       .fold_norms = !args.no_fold_norms,
                       .merge_attention_splits = args.merge_attention_splits,
                       .one_row_expert_blocks = args.one_row_expert_blocks,
+                      .persistent_layers = args.persistent_layers,
                       .deterministic = args.deterministic,
                       .offload = args.device.offload(),
                       .routing = args.device.routing_approximation(),
@@ -546,17 +553,18 @@ void run_sweep(const BenchArgs& args) {
 }
 
 void run_bench(const BenchArgs& args) {
-  MOE_CHECK(
-      args.device.is_cuda() || !(args.no_cuda_graphs || args.no_programmatic_launch ||
-                                 args.no_fold_norms || args.merge_attention_splits ||
-                                 args.one_row_expert_blocks || args.weight_prefetch_bytes > 0),
-      args.no_cuda_graphs           ? "--no-cuda-graphs"
-      : args.no_programmatic_launch ? "--no-programmatic-launch"
-      : args.no_fold_norms          ? "--no-fold-norms"
-      : args.merge_attention_splits ? "--merge-attention-splits"
-      : args.one_row_expert_blocks  ? "--one-row-expert-blocks"
-                                    : "--weight-prefetch-bytes",
-      " applies to --device cuda (the CPU launches no kernels)");
+  MOE_CHECK(args.device.is_cuda() ||
+                !(args.no_cuda_graphs || args.no_programmatic_launch || args.no_fold_norms ||
+                  args.merge_attention_splits || args.one_row_expert_blocks ||
+                  args.persistent_layers || args.weight_prefetch_bytes > 0),
+            args.no_cuda_graphs           ? "--no-cuda-graphs"
+            : args.no_programmatic_launch ? "--no-programmatic-launch"
+            : args.no_fold_norms          ? "--no-fold-norms"
+            : args.merge_attention_splits ? "--merge-attention-splits"
+            : args.one_row_expert_blocks  ? "--one-row-expert-blocks"
+            : args.persistent_layers      ? "--persistent-layers"
+                                          : "--weight-prefetch-bytes",
+            " applies to --device cuda (the CPU launches no kernels)");
   MOE_CHECK(args.device.is_cuda() || args.skinny_gemm_rows < 0,
             "--skinny-gemm-rows applies to --device cuda (a GPU kernel)");
   MOE_CHECK(!args.deterministic || args.skinny_gemm_rows <= 0,
@@ -812,6 +820,10 @@ void add_bench_command(CLI::App& app) {
   cmd->add_flag("--one-row-expert-blocks", args->one_row_expert_blocks,
                 "cuda: a step of one token runs the decode experts' kernel one row a block, with "
                 "fewer registers (same results; off until measured), to measure it");
+  cmd->add_flag("--persistent-layers", args->persistent_layers,
+                "cuda: a step of one token runs its GQA + MoE layers in one persistent kernel "
+                "(grid barriers between the stages) instead of a dozen launches a layer (off "
+                "until measured), to measure it");
   cmd->add_option("--weight-prefetch-bytes", args->weight_prefetch_bytes,
                   "cuda: bytes of each weight row the decode GEMVs ask of L2 before the kernel "
                   "before them has finished (default 0, none: whole rows were slower at batch 1 "

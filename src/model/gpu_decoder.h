@@ -83,6 +83,11 @@ struct GpuOptions {
   // (cuda::GroupedGemmParams::one_row_per_expert; the same bits, fewer registers).
   bool merge_attention_splits = false;
   bool one_row_expert_blocks = false;
+  // A decode step of one token runs its runs of plain GQA + MoE layers in the persistent
+  // decode-layers kernel (backend/cuda/decode_layers.h: one launch for the run, grid barriers
+  // between the stages) instead of a dozen launches a layer; not while profiling (the stages
+  // are one kernel) or capturing the routing. Off until measured on a GPU.
+  bool persistent_layers = false;
   bool quiet = false;                // no progress bar or load summary on stderr
   int64_t kv_cache_bytes = 0;        // > 0: the KV pool takes at most this (0: all that is left)
   // How the device pool stores KV rows (--kv-dtype): bf16, or fp8 (e4m3 with a float32 scale
@@ -211,6 +216,10 @@ struct GpuMemoryReport {
   int64_t dense_quant_bytes = 0;
   int64_t dense_quant_values = 0;  // their N * K summed (what they would take in bf16 / 2)
   int64_t workspace_bytes = 0;  // activations, metadata, cuBLAS workspace
+  // Layers a one-token decode step runs in the persistent decode-layers kernel
+  // (GpuOptions::persistent_layers), and the bytes of its layer table and scratch.
+  int64_t persistent_layers = 0;
+  int64_t persistent_bytes = 0;
   int64_t kv_bytes = 0;
   int64_t kv_bytes_per_token = 0;
   int64_t num_kv_blocks = 0;

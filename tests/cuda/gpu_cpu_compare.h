@@ -139,20 +139,16 @@ inline void replay_gpu_routing(const moe::Routing& gpu, const float* logits,
   moe::route_weights(logits, options, &cpu);
 }
 
-// Runs the schedule on both decoders and compares every logits row.
-// weight_dtype: how a float32 model's weights go to the GPU (GpuOptions::weight_dtype).
-// kv_dtype: kFP8 gives both decoders fp8 KV rows (the CPU pool's kv_format encoder is the
-// GPU's oracle); anything else the GPU's bf16 rows against the CPU's float32 ones.
-inline ConfigResult compare_gpu_with_cpu(const ModelConfig& c, const DecoderWeights& weights,
-                                         uint64_t schedule_seed, bool deterministic,
-                                         GpuWeightDtype weight_dtype = GpuWeightDtype::kCheckpoint,
-                                         KvDType kv_dtype = KvDType::kBF16) {
+// Runs `schedule` on both decoders (the GPU's with `options`, whose block size and pool must fit
+// the schedule) and compares every logits row. options.kv_dtype kFP8 gives both decoders fp8 KV
+// rows (the CPU pool's kv_format encoder is the GPU's oracle); kBF16 the GPU's bf16 rows against
+// the CPU's float32 ones.
+inline ConfigResult compare_on_schedule(const ModelConfig& c, const DecoderWeights& weights,
+                                        const testing::Schedule& schedule,
+                                        const GpuOptions& options) {
   const int64_t V = c.vocab_size;
-  std::mt19937_64 rng(schedule_seed);
-  const int64_t block_size = std::vector<int64_t>{8, 16, 32}[rng() % 3];
-  const testing::Schedule schedule = testing::make_schedule(V, schedule_seed, block_size);
-
-  const bool fp8 = kv_dtype == KvDType::kFP8;
+  const int64_t block_size = schedule.block_size;
+  const bool fp8 = options.kv_dtype == KvDType::kFP8;
   Decoder cpu(c, weights);
   const int64_t key_width = c.mla ? c.mla->cache_width() : c.kv_dim();
   const int64_t value_width = c.mla ? 0 : c.kv_dim();
@@ -165,16 +161,7 @@ inline ConfigResult compare_gpu_with_cpu(const ModelConfig& c, const DecoderWeig
   };
   KvBlockPool pool(c.num_layers, key_width, value_width, block_size, schedule.num_blocks,
                    layout(fp8 ? KvDType::kFP8 : KvDType::kF32));
-  auto gpu = GpuDecoder::create(c, weights,
-                                GpuOptions{.weight_dtype = weight_dtype,
-                                           .max_batch_tokens = 64,
-                                           .max_num_seqs = 4,
-                                           .max_model_len = 64,
-                                           .block_size = block_size,
-                                           .num_kv_blocks = schedule.num_blocks,
-                                           .quiet = true,
-                                           .kv_dtype = fp8 ? KvDType::kFP8 : KvDType::kBF16,
-                                           .deterministic = deterministic});
+  auto gpu = GpuDecoder::create(c, weights, options);
   // fp8: a second CPU decoder over float32 rows, routing by itself.
   std::optional<Decoder> cpu_f32;
   std::optional<KvBlockPool> pool_f32;
@@ -230,6 +217,30 @@ inline ConfigResult compare_gpu_with_cpu(const ModelConfig& c, const DecoderWeig
     }
   }
   return result;
+}
+
+// The three-sequence schedule (random_schedule.h) of a random block size.
+// weight_dtype: how a float32 model's weights go to the GPU (GpuOptions::weight_dtype).
+// kv_dtype: as compare_on_schedule's options.kv_dtype (kFP8, or anything else for bf16).
+inline ConfigResult compare_gpu_with_cpu(const ModelConfig& c, const DecoderWeights& weights,
+                                         uint64_t schedule_seed, bool deterministic,
+                                         GpuWeightDtype weight_dtype = GpuWeightDtype::kCheckpoint,
+                                         KvDType kv_dtype = KvDType::kBF16) {
+  std::mt19937_64 rng(schedule_seed);
+  const int64_t block_size = std::vector<int64_t>{8, 16, 32}[rng() % 3];
+  const testing::Schedule schedule =
+      testing::make_schedule(c.vocab_size, schedule_seed, block_size);
+  const bool fp8 = kv_dtype == KvDType::kFP8;
+  return compare_on_schedule(c, weights, schedule,
+                             GpuOptions{.weight_dtype = weight_dtype,
+                                        .max_batch_tokens = 64,
+                                        .max_num_seqs = 4,
+                                        .max_model_len = 64,
+                                        .block_size = block_size,
+                                        .num_kv_blocks = schedule.num_blocks,
+                                        .quiet = true,
+                                        .kv_dtype = fp8 ? KvDType::kFP8 : KvDType::kBF16,
+                                        .deterministic = deterministic});
 }
 
 inline ConfigResult compare_gpu_with_cpu(const testing::RandomModel& m, uint64_t schedule_seed,

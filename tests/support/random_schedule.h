@@ -113,6 +113,43 @@ inline Schedule make_schedule(int64_t vocab, uint64_t seed, int64_t block_size) 
   return s;
 }
 
+// One sequence alone: its prompt of `prompt` tokens in steps of at most `piece` (the first a
+// prefill, the rest chunks after it), then `decodes` steps of one token each, the decode route
+// at batch 1 (a CUDA-graph bucket of one row). Its blocks are shuffled over the pool as above.
+inline Schedule make_lone_schedule(int64_t vocab, uint64_t seed, int64_t block_size, int64_t prompt,
+                                   int64_t decodes, int64_t piece) {
+  std::mt19937_64 rng(seed);
+  Schedule s;
+  s.block_size = block_size;
+  const int64_t len = prompt + decodes;
+  const int64_t blocks = (len + block_size - 1) / block_size;
+  s.num_blocks = blocks + 3;
+  s.max_len = len;
+  std::vector<int32_t> free_blocks(static_cast<size_t>(s.num_blocks));
+  std::iota(free_blocks.begin(), free_blocks.end(), 0);
+  std::shuffle(free_blocks.begin(), free_blocks.end(), rng);
+  s.tokens.resize(1);
+  s.tables.resize(1);
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(vocab - 1));
+  for (int64_t t = 0; t < len; ++t) s.tokens[0].push_back(token(rng));
+  s.tables[0].assign(free_blocks.begin(), free_blocks.begin() + blocks);
+  auto piece_of = [&](int64_t position, int64_t count) {
+    return SequenceBatch{.tokens = std::span<const int32_t>(s.tokens[0]).subspan(position, count),
+                         .position = position,
+                         .block_table = s.tables[0],
+                         .state_slot = 0};
+  };
+  for (int64_t at = 0; at < prompt; at += piece) {
+    s.steps.push_back(
+        {at == 0 ? ScheduleRoute::kPrefill : ScheduleRoute::kChunked,
+         {.sequences = {piece_of(at, std::min(piece, prompt - at))}, .all_positions = true},
+         {0}});
+  }
+  for (int64_t d = 0; d < decodes; ++d)
+    s.steps.push_back({ScheduleRoute::kDecode, {.sequences = {piece_of(prompt + d, 1)}}, {0}});
+  return s;
+}
+
 // Calls fn(row, sequence, position) for each logits row of a step, in the order the decoders
 // write them: every new token of every sequence (all positions), or each sequence's last.
 template <typename Fn>

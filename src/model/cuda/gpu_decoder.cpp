@@ -51,6 +51,7 @@
 
 #include "backend/cuda/attention.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/decode_layers.h"
 #include "backend/cuda/decoder_ops.h"
 #include "backend/cuda/dense_gemm.h"
 #include "backend/cuda/device_floors.h"
@@ -497,6 +498,16 @@ class CudaDecoder final : public GpuDecoder, private Lane {
   bool two_lanes_ = false;
   // The norm residual_norm left for the next product to fold in; empty outside a layer.
   std::optional<cuda::RmsNormParams> pending_norm_;
+  // The persistent decode-layers kernel (GpuOptions::persistent_layers): which layers it can
+  // run, their weights and caches as it reads them followed by its scratch (device memory),
+  // and its shapes (their `layers` and `scratch` pointing there).
+  std::vector<char> persistent_layer_;  // [L]
+  DeviceArray<char> persistent_memory_;
+  cuda::DecodeLayersParams persistent_;
+  void build_persistent_layers();
+  // How many layers from `first` on this step runs in the persistent kernel (0: none).
+  int64_t persistent_run(const Step& step, int64_t first) const;
+  void enqueue_persistent_layers(int64_t first, int64_t count);
   // --overlap off: recorded after A's step on A's stream, waited for by B's.
   cudaEvent_t a_done_ = nullptr;
 
@@ -684,6 +695,7 @@ CudaDecoder::CudaDecoder(const ModelConfig& config, DeviceWeights weights,
     report_.workspace_bytes += workspace_a;
   }
   allocate_kv_pool();
+  build_persistent_layers();
   // Everything above ran on A's stream or B's: done before either runs a step.
   if (two_lanes_) {
     CUDA_CHECK(cudaEventCreateWithFlags(&a_done_, cudaEventDisableTiming));
@@ -1451,11 +1463,136 @@ void CudaDecoder::upload_meta(const Step& step) {
 
 void CudaDecoder::enqueue_layers(const Step& step) {
   enqueue_embedding(step);
-  for (int64_t l = 0; l < config_.num_layers; ++l) {
+  for (int64_t l = 0; l < config_.num_layers;) {
+    if (const int64_t run = persistent_run(step, l); run > 0) {
+      enqueue_persistent_layers(l, run);
+      l += run;
+      continue;
+    }
     enqueue_attention_block(l, step);
     feed_forward(l, step.num_tokens);
+    ++l;
   }
   enqueue_final_norm(step);
+}
+
+void CudaDecoder::build_persistent_layers() {
+  const ModelConfig& c = config_;
+  const int64_t L = c.num_layers, E = c.num_experts, H = w_.padded_hidden_size;
+  persistent_layer_.assign(static_cast<size_t>(L), 0);
+  // Not with two micro-batches, --deterministic (the stage path's fixed orders), an fp8 KV
+  // cache, MLA, weights in two terms or dense Linears held as codes.
+  if (!options_.persistent_layers || !moe_ || two_lanes_ || options_.deterministic || kv_fp8_ ||
+      c.mla || w_.weight_terms != 1 || w_.norm_terms != 1 || !w_.dense_quant.empty()) {
+    return;
+  }
+  std::vector<cuda::DecodeLayerWeights> layers(static_cast<size_t>(L));
+  std::optional<cuda::RouterParams> router;
+  for (int64_t l = 0; l < L; ++l) {
+    const LayerPlan& plan = plans_[l];
+    const DeviceLayer& d = w_.layers[l];
+    const std::optional<cuda::RouterParams> layer_router = moe_->persistent_router(l);
+    const bool plain_attention =
+        plan.attention == AttentionKind::kGqa &&
+        (plan.qk_norm == QkNormKind::kNone || plan.qk_norm == QkNormKind::kPerHead) &&
+        !plan.clip_qkv && !plan.output_gate && !plan.attention_sinks &&
+        plan.span == AttentionSpan::kCausal && plan.query_scale == QueryScale::kNone &&
+        d.qkv_bias == nullptr && d.o_bias == nullptr && d.sinks == nullptr;
+    if (!layer_router || !plain_attention) continue;
+    router = layer_router;
+    persistent_layer_[l] = 1;
+    layers[l] = {.input_norm = d.input_norm,
+                 .post_norm = d.post_norm,
+                 .qkv = d.qkv,
+                 .q_norm = plan.qk_norm == QkNormKind::kPerHead ? d.q_norm : nullptr,
+                 .k_norm = plan.qk_norm == QkNormKind::kPerHead ? d.k_norm : nullptr,
+                 .o_proj = d.o_proj,
+                 .router = d.router,
+                 .logit_bias = layer_router->logit_bias,
+                 .gate_up = d.experts_gate_up,
+                 .down = d.experts_down,
+                 .k_cache = k_cache_[l],
+                 .v_cache = v_cache_[l],
+                 .sliding_window = plan.sliding_window,
+                 .rope = plan.position == PositionEncoding::kRope,
+                 .interleaved_rope = interleaved_rope(l),
+                 .router_noise = d.router_noise,
+                 .noise_seed = d.router_noise_seed,
+                 .expert_counts = expert_counts_ + l * (E + 1)};
+  }
+  if (!router) return;
+  persistent_ = {.hidden_size = H,
+                 .norm_width = c.hidden_size,
+                 .num_q_heads = c.num_heads,
+                 .num_kv_heads = c.num_kv_heads,
+                 .head_dim = c.head_dim,
+                 .padded_head_dim = w_.padded_head_dim,
+                 .rotary_dim = rotary_dim_,
+                 .rope_scaling = rope_scaling_,
+                 .eps = static_cast<float>(c.rms_norm_eps),
+                 .attention_scale = attention_scale_,
+                 .block_size = block_size_,
+                 .num_cache_blocks = num_blocks_,
+                 .max_blocks_per_seq = max_blocks_per_seq_,
+                 .num_experts = E,
+                 .top_k = c.num_experts_per_tok,
+                 .expert_width = w_.padded_expert_width,
+                 .router_score = router->score,
+                 .renormalize = router->renormalize,
+                 .routed_scaling_factor = router->routed_scaling_factor};
+  if (const char* why = cuda::decode_layers_unsupported(persistent_); why[0] != '\0') {
+    if (!options_.quiet) std::fprintf(stderr, "moeinfer: --persistent-layers is off: %s\n", why);
+    persistent_layer_.assign(static_cast<size_t>(L), 0);
+    return;
+  }
+  const size_t table_bytes = layers.size() * sizeof(cuda::DecodeLayerWeights);
+  const size_t table_span = (table_bytes + 255) / 256 * 256;
+  const auto scratch_bytes = static_cast<size_t>(cuda::decode_layers_scratch_bytes(persistent_));
+  persistent_memory_ = device_array<char>(table_span + scratch_bytes);
+  CUDA_CHECK(
+      cudaMemcpy(persistent_memory_.get(), layers.data(), table_bytes, cudaMemcpyHostToDevice));
+  // The barrier and the tickets start at zero; every launch leaves them so.
+  CUDA_CHECK(cudaMemset(persistent_memory_.get() + table_span, 0, scratch_bytes));
+  persistent_.layers = reinterpret_cast<const cuda::DecodeLayerWeights*>(persistent_memory_.get());
+  persistent_.scratch = persistent_memory_.get() + table_span;
+  report_.persistent_layers = std::count(persistent_layer_.begin(), persistent_layer_.end(), 1);
+  report_.persistent_bytes = static_cast<int64_t>(table_span + scratch_bytes);
+}
+
+int64_t CudaDecoder::persistent_run(const Step& step, int64_t first) const {
+  // One sequence's one token on the decode route; the profiler times stages the kernel does not
+  // have.
+  if (persistent_memory_ == nullptr || step.route != Route::kDecode || step.num_tokens != 1 ||
+      step.num_valid != 1 || step.num_seqs != 1 || profiling_) {
+    return 0;
+  }
+  int64_t last = first;
+  while (last < config_.num_layers && persistent_layer_[last]) ++last;
+  return last - first;
+}
+
+void CudaDecoder::enqueue_persistent_layers(int64_t first, int64_t count) {
+  MOE_CHECK(!pending_norm_, "layer ", first, ": a norm was left pending before the persistent run");
+  cuda::DecodeLayersParams p = persistent_;
+  p.layers += first;
+  p.num_layers = count;
+  p.hidden = hidden_;
+  p.block_out = block_out_;
+  p.block_out_valid = first > 0;
+  p.position = meta_.positions;
+  p.slot = meta_.slots;
+  p.block_table = meta_.block_tables;
+  p.seq_len = meta_.seq_lens;
+  p.route_key = meta_.route_keys;
+  p.inv_freq = inv_freq_;
+  if (tracing_) {  // each layer's picks into its rows of the capture buffers, as moe_io's
+    const int64_t K = config_.num_experts_per_tok;
+    const int64_t row = first * routing_pitch() + routing_row_offset_;
+    p.routing_ids = routing_ids_.get() + row * K;
+    p.routing_weights = routing_weights_.get() + row * K;
+    p.routing_stride = routing_pitch() * K;
+  }
+  cuda::decode_layers(p, stream_);
 }
 
 void CudaDecoder::enqueue_embedding(const Step& step) {

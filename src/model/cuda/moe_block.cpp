@@ -288,6 +288,25 @@ bool MoeBlock::reads_hidden_first_by_linear(int64_t layer, int64_t T) const {
          !route_plan_takes(T);
 }
 
+std::optional<cuda::RouterParams> MoeBlock::persistent_router(int64_t layer) const {
+  const DeviceLayer* d = runner_->resident(layer);
+  const ExpertShape& s = options_.shape;
+  const LayerPlan& plan = plans_[layer];
+  const bool plain_layer = d != nullptr && plan.feed_forward == FeedForwardKind::kMoe &&
+                           plan.shared_expert == SharedExpertKind::kNone &&
+                           !dispatcher_->moves_rows() && !options_.approx.enabled();
+  const bool plain_experts = options_.weights == moe::WeightPlacement::kOutput &&
+                             s.activation.kind == moe::ActivationKind::kSiluGlu &&
+                             s.weight_terms == 1 && s.quant == cuda::ExpertQuant::kNone &&
+                             d != nullptr && d->experts_gate_up_bias == nullptr &&
+                             d->experts_down_bias == nullptr;
+  if (!plain_layer || !plain_experts) return std::nullopt;
+  const cuda::RouterParams p = router_params(layer, 1, nullptr, nullptr, nullptr, nullptr, nullptr);
+  if (p.selection_bias != nullptr || p.group_score != cuda::RouterGroupScore::kNone)
+    return std::nullopt;
+  return p;
+}
+
 bool MoeBlock::route_plan_takes(int64_t T) const {
   // The routing approximations and the router temperature run between the router's product
   // and its top-k, or between the top-k and the plan: the stage path has them.

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -307,6 +308,14 @@ class MoeBlock final : private RoutingPredictor {
   // LinearFn (the stage path's route stage), so that the caller may leave the rows unformed
   // until that product (the decoder folds the norm that forms them into it).
   bool reads_hidden_first_by_linear(int64_t layer, int64_t num_tokens) const;
+
+  // The router of `layer` for one token as the persistent decode-layers kernel runs it
+  // (backend/cuda/decode_layers.h: the plain one-warp top-k, experts read from the layer's
+  // resident stacks, outputs weighted and summed), without its buffers and noise keys; nothing
+  // where the layer needs what that kernel lacks: a cache or another GPU for its experts,
+  // quantised, two-term or biased experts, another activation, shared experts, weights on the
+  // input, a routing approximation, a selection bias or expert groups.
+  std::optional<cuda::RouterParams> persistent_router(int64_t layer) const;
 
  private:
   // The router of `layer` over hidden: logits [T, E], ids and weights [T, K] (route stage).

@@ -1,0 +1,160 @@
+// Launcher of the persistent decode-layers kernel (decode_layers_kernel.cuh): the shapes' checks,
+// the scratch's layout, and one cooperative launch of one block per SM, the instantiation whose
+// per-lane router logits cover E.
+#include <algorithm>
+#include <string>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/decode_layers.h"
+#include "backend/cuda/decode_layers_kernel.cuh"
+#include "backend/cuda/device_info.h"
+#include "backend/cuda/launch_checks.h"
+
+namespace moeinfer::cuda {
+namespace {
+
+using persistent_layers::Scratch;
+
+constexpr int64_t kScratchAlign = 256;
+
+int64_t align_up(int64_t bytes) {
+  return (bytes + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
+}
+
+int64_t group_of(const DecodeLayersParams& p) {
+  return p.num_kv_heads > 0 ? p.num_q_heads / p.num_kv_heads : 0;
+}
+
+int64_t max_splits(const DecodeLayersParams& p) {
+  return std::max<int64_t>(1,
+                           current_multiprocessor_count() / std::max<int64_t>(1, p.num_kv_heads));
+}
+
+// The dynamic shared memory: the larger of a GEMV's input (bf16) and the attention's tiles.
+size_t shared_bytes(const DecodeLayersParams& p) {
+  const int64_t inputs =
+      std::max({p.hidden_size, p.num_q_heads * p.padded_head_dim, p.top_k * p.expert_width});
+  const int64_t attention =
+      persistent_layers::attention_shared_floats(group_of(p), p.padded_head_dim) *
+      static_cast<int64_t>(sizeof(float));
+  return static_cast<size_t>(std::max(inputs * 2, attention));
+}
+
+// The scratch's pieces in order, each at a 256-byte boundary; with base null only the size.
+Scratch carve(const DecodeLayersParams& p, char* base, int64_t* bytes) {
+  const int64_t G = group_of(p), S = max_splits(p), Dp = p.padded_head_dim;
+  int64_t at = 0;
+  auto take = [&](int64_t size) {
+    char* where = base ? base + at : nullptr;
+    at += align_up(size);
+    return where;
+  };
+  Scratch s;
+  s.barrier = reinterpret_cast<unsigned*>(take(2 * sizeof(unsigned)));
+  s.tickets = reinterpret_cast<int32_t*>(take(p.num_kv_heads * sizeof(int32_t)));
+  s.qkv = reinterpret_cast<__nv_bfloat16*>(take((p.num_q_heads + 2 * p.num_kv_heads) * Dp * 2));
+  s.partial_stats = reinterpret_cast<float*>(take(p.num_kv_heads * S * G * 2 * sizeof(float)));
+  s.partial_out = reinterpret_cast<float*>(take(p.num_kv_heads * S * G * Dp * sizeof(float)));
+  s.attn = reinterpret_cast<__nv_bfloat16*>(take(p.num_q_heads * Dp * 2));
+  s.logits = reinterpret_cast<float*>(take(p.num_experts * sizeof(float)));
+  s.act = reinterpret_cast<__nv_bfloat16*>(take(p.top_k * p.expert_width * 2));
+  s.max_splits = static_cast<int>(S);
+  *bytes = at;
+  return s;
+}
+
+int device_attribute(cudaDeviceAttr attribute) {
+  int device = 0, value = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&value, attribute, device));
+  return value;
+}
+
+template <int kPerLane>
+const void* kernel_for() {
+  return reinterpret_cast<const void*>(persistent_layers::decode_layers_kernel<kPerLane>);
+}
+
+const void* kernel_of(int64_t num_experts) {
+  const void* kernel = nullptr;
+  with_router_lanes(num_experts,
+                    [&](auto per_lane) { kernel = kernel_for<decltype(per_lane)::value>(); });
+  return kernel;
+}
+
+}  // namespace
+
+int64_t decode_layers_scratch_bytes(const DecodeLayersParams& shapes) {
+  int64_t bytes = 0;
+  carve(shapes, nullptr, &bytes);
+  return bytes;
+}
+
+const char* decode_layers_unsupported(const DecodeLayersParams& p) {
+  if (p.num_kv_heads < 1 || p.num_q_heads % p.num_kv_heads != 0) return "Nq not a multiple of Nkv";
+  if (group_of(p) > kDecodeLayersMaxGroup) return "more than 16 query heads a KV head";
+  if (p.padded_head_dim > kDecodeLayersMaxHeadDim || p.padded_head_dim % 8 != 0 ||
+      p.head_dim > p.padded_head_dim)
+    return "a head dim past 256";
+  if (p.rotary_dim % 2 != 0 || p.rotary_dim > p.head_dim) return "an odd or too wide rotary dim";
+  if (p.hidden_size <= 0 || p.hidden_size % 8 != 0) return "a hidden size not a multiple of 8";
+  if (p.expert_width <= 0 || p.expert_width % 8 != 0) return "an expert width not a multiple of 8";
+  if (p.top_k < 1 || p.top_k > kRouterWarpMaxTopK || p.num_experts < p.top_k ||
+      p.num_experts > kRouterWarpMaxExperts)
+    return "E or K outside the one-warp router";
+  if (p.block_size < 1) return "no KV block size";
+  if (!device_attribute(cudaDevAttrCooperativeLaunch)) return "no cooperative launch";
+  const size_t bytes = shared_bytes(p);
+  if (bytes > static_cast<size_t>(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)))
+    return "more shared memory than a block may have";
+  const void* kernel = kernel_of(p.num_experts);
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(bytes)));
+  int blocks_per_sm = 0;
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel,
+                                                           kDecodeLayersThreads, bytes));
+  if (blocks_per_sm < 1) return "no room for a block on an SM";
+  return "";
+}
+
+void decode_layers(const DecodeLayersParams& params, cudaStream_t stream) {
+  NvtxRange range("decode_layers");
+  const char* unsupported = decode_layers_unsupported(params);
+  MOE_CHECK(unsupported[0] == '\0', "decode_layers does not take these shapes: ", unsupported);
+  MOE_CHECK(params.num_layers >= 1, "decode_layers: num_layers = ", params.num_layers);
+  const struct {
+    const void* pointer;
+    const char* name;
+  } required[] = {{params.layers, "layers"},       {params.hidden, "hidden"},
+                  {params.block_out, "block_out"}, {params.position, "position"},
+                  {params.slot, "slot"},           {params.block_table, "block_table"},
+                  {params.seq_len, "seq_len"},     {params.scratch, "scratch"}};
+  for (const auto& r : required) detail::check_pointer(r.pointer, r.name);
+  detail::check_aligned16(params.hidden, "hidden");
+  detail::check_aligned16(params.block_out, "block_out");
+  MOE_CHECK(params.rotary_dim == 0 || params.inv_freq != nullptr,
+            "decode_layers: rotary_dim = ", params.rotary_dim, " without inv_freq");
+  int64_t bytes = 0;
+  const Scratch scratch = carve(params, static_cast<char*>(params.scratch), &bytes);
+  const size_t shared = shared_bytes(params);
+  const int blocks = current_multiprocessor_count();
+
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeCooperative;
+  attribute.val.cooperative = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(blocks));
+  config.blockDim = dim3(kDecodeLayersThreads);
+  config.dynamicSmemBytes = shared;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  with_router_lanes(params.num_experts, [&](auto per_lane) {
+    CUDA_CHECK(cudaLaunchKernelEx(
+        &config, persistent_layers::decode_layers_kernel<decltype(per_lane)::value>, params,
+        scratch));
+  });
+  MOE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace moeinfer::cuda

@@ -1,0 +1,630 @@
+// The persistent decode-layers kernel (decode_layers.h says what it computes and why).
+//
+// Shape: one block of kDecodeLayersThreads per SM, launched cooperatively so that every block is
+// resident and the grid barrier cannot deadlock. Global warp g of G takes rows g, g + G, ... of
+// each GEMV ("tasks"); a task is one or more weight rows (gate/up: the gate and the up row of one
+// column; down: one output column's row in each of the token's experts), each dotted with its
+// input in shared memory. A warp streams its rows in chunks of kChunkVecs 16-byte vectors a lane
+// (2048 bf16), holding the next chunk's loads in flight while it takes the current one, and
+// issues its first chunk before the barrier that releases the stage's inputs.
+//
+// The grid barrier: an arrival counter and a generation word. A block's thread 0 reads the
+// generation, arrives, and the last arrival resets the counter and bumps the generation, which
+// the others wait for; every word returns to its state, so the barrier needs no reset between
+// launches or graph replays. The attention tickets likewise return to zero.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/decode_layers.h"
+#include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/gated_activation.cuh"
+#include "backend/cuda/router_kernel.cuh"
+
+namespace moeinfer::cuda {
+
+inline constexpr int kDecodeLayersWarps = 16;
+inline constexpr int kDecodeLayersThreads = kDecodeLayersWarps * device::kWarpSize;
+
+namespace persistent_layers {
+
+inline constexpr int kChunkVecs = 4;  // 16-byte weight vectors a lane holds per chunk
+inline constexpr int kChunkElems = kChunkVecs * device::kWarpSize * device::kBf16PerVec;
+inline constexpr int kKeyTile = 64;  // cached positions a block stages at a time
+// bf16 past each staged key or value row: an odd row stride in 4-byte words, so the 32 positions a
+// warp scores read 32 different banks.
+inline constexpr int kTileRowPad = 2;
+inline constexpr int kMaxOutputsPerThread =
+    static_cast<int>(kDecodeLayersMaxGroup * kDecodeLayersMaxHeadDim) / kDecodeLayersThreads;
+inline constexpr int kMinKeysPerSplit = 64;
+
+// The scratch words and buffers (decode_layers.cu carves them in this order).
+struct Scratch {
+  unsigned* barrier = nullptr;     // [2] arrivals, generation
+  int32_t* tickets = nullptr;      // [Nkv]
+  __nv_bfloat16* qkv = nullptr;    // [(Nq + 2 Nkv) Dp]
+  float* partial_stats = nullptr;  // [Nkv, S, G, 2] max, sum
+  float* partial_out = nullptr;    // [Nkv, S, G, Dp]
+  __nv_bfloat16* attn = nullptr;   // [Nq Dp]
+  float* logits = nullptr;         // [E]
+  __nv_bfloat16* act = nullptr;    // [K, Ip]
+  int max_splits = 1;              // S
+};
+
+// Loads of what other blocks of this launch wrote: through L2, never a stale L1 line.
+__device__ __forceinline__ uint4 load_shared_l2(const void* address) {
+  return __ldcg(reinterpret_cast<const uint4*>(address));
+}
+
+__device__ __forceinline__ unsigned load_acquire(const unsigned* address) {
+  unsigned value;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(value) : "l"(address) : "memory");
+  return value;
+}
+
+__device__ __forceinline__ void grid_barrier(unsigned* barrier) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned* arrivals = barrier;
+    unsigned* generation = barrier + 1;
+    const unsigned seen = load_acquire(generation);
+    __threadfence();  // this block's writes before its arrival
+    if (atomicAdd(arrivals, 1u) == gridDim.x - 1) {
+      atomicExch(arrivals, 0u);
+      __threadfence();
+      atomicAdd(generation, 1u);
+    } else {
+      while (load_acquire(generation) == seen) {
+      }
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+
+// One warp's chunk of a weight row: lane l holds vectors l, l + 32, ... of the chunk.
+struct Chunk {
+  uint4 w[kChunkVecs];
+};
+
+__device__ __forceinline__ void load_chunk(Chunk& c, const __nv_bfloat16* row, int k, int chunk,
+                                           int lane) {
+#pragma unroll
+  for (int j = 0; j < kChunkVecs; ++j) {
+    const int e = chunk * kChunkElems + (j * device::kWarpSize + lane) * device::kBf16PerVec;
+    if (e < k) c.w[j] = device::load_streamed(row + e);
+  }
+}
+
+__device__ __forceinline__ float dot_chunk(const Chunk& c, const __nv_bfloat16* x, int k, int chunk,
+                                           int lane) {
+  float sum = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kChunkVecs; ++j) {
+    const int e = chunk * kChunkElems + (j * device::kWarpSize + lane) * device::kBf16PerVec;
+    if (e < k) sum += device::bf16x8_dot(c.w[j], *reinterpret_cast<const uint4*>(x + e));
+  }
+  return sum;
+}
+
+// This warp's share of a GEMV: tasks g, g + G, ... of num_tasks, each `rows` weight rows of k
+// elements: row_of(task, r) and its input input_of(r) (shared memory). finish(task, r, value)
+// gets each row's dot on every lane. release() is called once by every thread of the block
+// (barriers inside): after this warp's first loads when `preload`, else before any.
+template <typename RowOf, typename InputOf, typename Finish, typename Release>
+__device__ __forceinline__ void warp_gemv(int num_tasks, int rows, int k, bool preload,
+                                          RowOf row_of, InputOf input_of, Finish finish,
+                                          Release release) {
+  const int lane = threadIdx.x % device::kWarpSize;
+  const int stride = gridDim.x * kDecodeLayersWarps;
+  const int chunks = (k + kChunkElems - 1) / kChunkElems;
+  int task = blockIdx.x * kDecodeLayersWarps + static_cast<int>(threadIdx.x) / device::kWarpSize;
+  int row = 0, chunk = 0;
+  Chunk current;
+  if (!preload) release();
+  if (task < num_tasks) load_chunk(current, row_of(task, 0), k, 0, lane);
+  if (preload) release();
+  float sum = 0.0f;
+  while (task < num_tasks) {
+    int next_task = task, next_row = row, next_chunk = chunk + 1;
+    if (next_chunk == chunks) {
+      next_chunk = 0;
+      if (++next_row == rows) {
+        next_row = 0;
+        next_task += stride;
+      }
+    }
+    Chunk next;
+    if (next_task < num_tasks) load_chunk(next, row_of(next_task, next_row), k, next_chunk, lane);
+    sum += dot_chunk(current, input_of(row), k, chunk, lane);
+    if (next_chunk == 0) {
+      finish(task, row, device::warp_sum(sum));
+      sum = 0.0f;
+    }
+    current = next;
+    task = next_task;
+    row = next_row;
+    chunk = next_chunk;
+  }
+}
+
+// x (shared, bf16 [Hp]) = RMSNorm(hidden + block_out) with `weight`, every block for itself.
+__device__ __forceinline__ void form_norm(const DecodeLayersParams& p, bool with_block_out,
+                                          const __nv_bfloat16* weight, __nv_bfloat16* x,
+                                          float* partials) {
+  const int vecs = static_cast<int>(p.hidden_size / device::kBf16PerVec);
+  // Two passes over the sum (from L2): x's slots are bf16, and the sum stays float32.
+  float sum_sq = 0.0f;
+  for (int v = threadIdx.x; v < vecs; v += blockDim.x) {
+    float s[8];
+    const float4* h = reinterpret_cast<const float4*>(p.hidden) + 2 * v;
+    const float4 h0 = __ldcg(h), h1 = __ldcg(h + 1);
+    s[0] = h0.x, s[1] = h0.y, s[2] = h0.z, s[3] = h0.w;
+    s[4] = h1.x, s[5] = h1.y, s[6] = h1.z, s[7] = h1.w;
+    if (with_block_out) {
+      const float4* b = reinterpret_cast<const float4*>(p.block_out) + 2 * v;
+      const float4 b0 = __ldcg(b), b1 = __ldcg(b + 1);
+      s[0] = b0.x + s[0], s[1] = b0.y + s[1], s[2] = b0.z + s[2], s[3] = b0.w + s[3];
+      s[4] = b1.x + s[4], s[5] = b1.y + s[5], s[6] = b1.z + s[6], s[7] = b1.w + s[7];
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) sum_sq = fmaf(s[i], s[i], sum_sq);
+  }
+  const float total = device::block_sum(sum_sq, partials);
+  const float inv_rms = 1.0f / sqrtf(total / static_cast<float>(p.norm_width) + p.eps);
+  for (int v = threadIdx.x; v < vecs; v += blockDim.x) {
+    float s[8], w[8];
+    const float4* h = reinterpret_cast<const float4*>(p.hidden) + 2 * v;
+    const float4 h0 = __ldcg(h), h1 = __ldcg(h + 1);
+    s[0] = h0.x, s[1] = h0.y, s[2] = h0.z, s[3] = h0.w;
+    s[4] = h1.x, s[5] = h1.y, s[6] = h1.z, s[7] = h1.w;
+    if (with_block_out) {
+      const float4* b = reinterpret_cast<const float4*>(p.block_out) + 2 * v;
+      const float4 b0 = __ldcg(b), b1 = __ldcg(b + 1);
+      s[0] = b0.x + s[0], s[1] = b0.y + s[1], s[2] = b0.z + s[2], s[3] = b0.w + s[3];
+      s[4] = b1.x + s[4], s[5] = b1.y + s[5], s[6] = b1.z + s[6], s[7] = b1.w + s[7];
+    }
+    device::bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(weight) + v), w);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s[i] = w[i] * (s[i] * inv_rms);
+    reinterpret_cast<uint4*>(x)[v] = device::float_to_bf16x8(s);
+  }
+}
+
+// Copies n bf16 (a multiple of 8) that other blocks wrote into shared memory.
+__device__ __forceinline__ void stage_from_l2(const __nv_bfloat16* src, __nv_bfloat16* dst, int n) {
+  for (int v = threadIdx.x; v < n / device::kBf16PerVec; v += blockDim.x)
+    reinterpret_cast<uint4*>(dst)[v] = load_shared_l2(src + v * device::kBf16PerVec);
+}
+
+// One head of the projection (bf16 at `in`, read through L2) normed with `norm` (or not) and
+// rotated at `position` (or not), rounded as the stage path rounds (after the norm, after the
+// rotation), into `out` (float, Dp wide, zero past D). One warp.
+__device__ __forceinline__ void prepare_head(const DecodeLayersParams& p, const __nv_bfloat16* in,
+                                             const __nv_bfloat16* norm, bool rotate,
+                                             bool interleaved, float position, float* out) {
+  const int lane = threadIdx.x % device::kWarpSize;
+  const int D = static_cast<int>(p.head_dim), Dp = static_cast<int>(p.padded_head_dim);
+  for (int d = lane; d < Dp; d += device::kWarpSize)
+    out[d] = d < D ? __bfloat162float(__ldcg(in + d)) : 0.0f;
+  __syncwarp();
+  if (norm != nullptr) {
+    float sum_sq = 0.0f;
+    for (int d = lane; d < D; d += device::kWarpSize) sum_sq = fmaf(out[d], out[d], sum_sq);
+    sum_sq = device::warp_sum(sum_sq);
+    const float inv_rms = 1.0f / sqrtf(sum_sq / static_cast<float>(D) + p.eps);
+    for (int d = lane; d < D; d += device::kWarpSize)
+      out[d] = device::round_bf16(__bfloat162float(__ldg(norm + d)) * (out[d] * inv_rms));
+    __syncwarp();
+  }
+  if (rotate) {
+    const int half = static_cast<int>(p.rotary_dim / 2);
+    for (int i = lane; i < half; i += device::kWarpSize) {
+      const float angle = position * __ldg(p.inv_freq + i);
+      float sn, cs;
+      sincosf(angle, &sn, &cs);
+      cs *= p.rope_scaling;
+      sn *= p.rope_scaling;
+      const int i1 = interleaved ? 2 * i : i;
+      const int i2 = interleaved ? 2 * i + 1 : i + half;
+      const float x1 = out[i1], x2 = out[i2];
+      out[i1] = x1 * cs - x2 * sn;
+      out[i2] = x2 * cs + x1 * sn;
+    }
+    __syncwarp();
+  }
+  for (int d = lane; d < D; d += device::kWarpSize) out[d] = device::round_bf16(out[d]);
+  __syncwarp();
+}
+
+// Shared memory of the attention stage, carved from the kernel's dynamic shared memory.
+struct AttentionShared {
+  float* q;             // [G, Dp] normed, rotated queries
+  float* new_key;       // [Dp]
+  float* new_value;     // [Dp]
+  __nv_bfloat16* keys;  // [kKeyTile, Dp + kTileRowPad]
+  __nv_bfloat16* values;
+  float* probs;  // [G, kKeyTile]
+  float* stats;  // [G, 3] running max, running sum, this tile's correction
+  int* flag;     // [1]
+};
+
+__host__ __device__ inline int64_t attention_shared_floats(int64_t group, int64_t dp) {
+  return group * dp + 2 * dp + 2 * kKeyTile * (dp + kTileRowPad) / 2 + group * kKeyTile +
+         group * 3 + 4;
+}
+
+__device__ inline AttentionShared carve_attention(float* base, int group, int dp) {
+  AttentionShared s;
+  s.q = base;
+  s.new_key = s.q + group * dp;
+  s.new_value = s.new_key + dp;
+  s.keys = reinterpret_cast<__nv_bfloat16*>(s.new_value + dp);
+  s.values = s.keys + kKeyTile * (dp + kTileRowPad);
+  s.probs = reinterpret_cast<float*>(s.values + kKeyTile * (dp + kTileRowPad));
+  s.stats = s.probs + group * kKeyTile;
+  s.flag = reinterpret_cast<int*>(s.stats + group * 3);
+  return s;
+}
+
+// Attention of the step's token for KV head h over split `split` of `splits` (the cached
+// positions [begin, seq_len)), leaving the split's partial softmax in scratch; the block that
+// finishes a head's last split merges them into scratch.attn.
+__device__ inline void attention_item(const DecodeLayersParams& p, const DecodeLayerWeights& lw,
+                                      const Scratch& scratch, const AttentionShared& s, int h,
+                                      int split, int splits, int begin, int seq_len) {
+  const int warp = threadIdx.x / device::kWarpSize;
+  const int lane = threadIdx.x % device::kWarpSize;
+  const int Nq = static_cast<int>(p.num_q_heads), Nkv = static_cast<int>(p.num_kv_heads);
+  const int G = Nq / Nkv;
+  const int Dp = static_cast<int>(p.padded_head_dim);
+  const int row_stride = Dp + kTileRowPad;
+  const float position = static_cast<float>(__ldg(p.position));
+  const bool rotate = lw.rope && p.rotary_dim > 0;
+  const int span = seq_len - begin;
+  const int per_split = (span + splits - 1) / splits;
+  const int first = begin + split * per_split;
+  const int last = min(seq_len, first + per_split);  // exclusive
+  const bool has_new = first <= seq_len - 1 && seq_len - 1 < last;
+
+  // Queries (and the new key and value where this split holds the new position).
+  for (int i = warp; i < G; i += kDecodeLayersWarps)
+    prepare_head(p, scratch.qkv + static_cast<int64_t>(h * G + i) * Dp, lw.q_norm, rotate,
+                 lw.interleaved_rope, position, s.q + i * Dp);
+  if (has_new) {
+    const __nv_bfloat16* k_in = scratch.qkv + static_cast<int64_t>(Nq + h) * Dp;
+    const __nv_bfloat16* v_in = scratch.qkv + static_cast<int64_t>(Nq + Nkv + h) * Dp;
+    if (warp == kDecodeLayersWarps - 1)
+      prepare_head(p, k_in, lw.k_norm, rotate, lw.interleaved_rope, position, s.new_key);
+    if (warp == kDecodeLayersWarps - 2)
+      prepare_head(p, v_in, nullptr, false, false, 0.0f, s.new_value);
+  }
+  if (threadIdx.x < G) {
+    s.stats[threadIdx.x * 3 + 0] = -INFINITY;
+    s.stats[threadIdx.x * 3 + 1] = 0.0f;
+  }
+  __syncthreads();
+  if (has_new) {
+    // The new key and value into the cache, for the steps after this one (this step reads them
+    // from shared memory).
+    const int32_t slot = __ldg(p.slot);
+    MOE_DEVICE_CHECK(slot >= 0 && slot < p.num_cache_blocks * p.block_size);
+    const int64_t at = (static_cast<int64_t>(slot) * Nkv + h) * Dp;
+    for (int d = threadIdx.x; d < Dp; d += blockDim.x) {
+      lw.k_cache[at + d] = __float2bfloat16_rn(s.new_key[d]);
+      lw.v_cache[at + d] = __float2bfloat16_rn(s.new_value[d]);
+    }
+  }
+
+  float acc[kMaxOutputsPerThread];
+#pragma unroll
+  for (int j = 0; j < kMaxOutputsPerThread; ++j) acc[j] = 0.0f;
+  const int outputs = G * Dp;
+  const int vecs_per_row = Dp / device::kBf16PerVec;
+  const int bs = static_cast<int>(p.block_size);
+
+  for (int tile = first; tile < last; tile += kKeyTile) {
+    const int n = min(kKeyTile, last - tile);
+    // Stage the tile's keys and values (the new position's from shared memory).
+    for (int idx = threadIdx.x; idx < n * vecs_per_row; idx += blockDim.x) {
+      const int t = idx / vecs_per_row, v = idx % vecs_per_row;
+      const int pos = tile + t;
+      uint4 key, value;
+      if (pos == seq_len - 1) {
+        float kf[8], vf[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          kf[i] = s.new_key[v * 8 + i];
+          vf[i] = s.new_value[v * 8 + i];
+        }
+        key = device::float_to_bf16x8(kf);
+        value = device::float_to_bf16x8(vf);
+      } else {
+        const int32_t block = __ldg(p.block_table + pos / bs);
+        MOE_DEVICE_CHECK(block >= 0 && block < p.num_cache_blocks);
+        const int64_t at = ((static_cast<int64_t>(block) * bs + pos % bs) * Nkv + h) * Dp +
+                           v * device::kBf16PerVec;
+        key = load_shared_l2(lw.k_cache + at);
+        value = load_shared_l2(lw.v_cache + at);
+      }
+      // 4-byte stores: the padded rows are not 16-byte aligned.
+      uint32_t* key_words = reinterpret_cast<uint32_t*>(s.keys + t * row_stride + v * 8);
+      uint32_t* value_words = reinterpret_cast<uint32_t*>(s.values + t * row_stride + v * 8);
+      key_words[0] = key.x, key_words[1] = key.y, key_words[2] = key.z, key_words[3] = key.w;
+      value_words[0] = value.x, value_words[1] = value.y, value_words[2] = value.z,
+      value_words[3] = value.w;
+    }
+    __syncthreads();
+    // Scores: thread (head i, position t).
+    for (int idx = threadIdx.x; idx < G * kKeyTile; idx += blockDim.x) {
+      const int i = idx / kKeyTile, t = idx % kKeyTile;
+      float score = -INFINITY;
+      if (t < n) {
+        const float* q = s.q + i * Dp;
+        const __nv_bfloat162* k = reinterpret_cast<const __nv_bfloat162*>(s.keys + t * row_stride);
+        float dot = 0.0f;
+        for (int d = 0; d < Dp / 2; ++d) {
+          const float2 kk = __bfloat1622float2(k[d]);
+          dot = fmaf(q[2 * d], kk.x, dot);
+          dot = fmaf(q[2 * d + 1], kk.y, dot);
+        }
+        score = dot * p.attention_scale;
+      }
+      s.probs[i * kKeyTile + t] = score;
+    }
+    __syncthreads();
+    // Online softmax per head: warp i.
+    for (int i = warp; i < G; i += kDecodeLayersWarps) {
+      float* row = s.probs + i * kKeyTile;
+      float tile_max = -INFINITY;
+      for (int t = lane; t < kKeyTile; t += device::kWarpSize) tile_max = fmaxf(tile_max, row[t]);
+      tile_max = device::warp_max(tile_max);
+      const float old_max = s.stats[i * 3 + 0];
+      const float new_max = fmaxf(old_max, tile_max);
+      float sum = 0.0f;
+      for (int t = lane; t < kKeyTile; t += device::kWarpSize) {
+        const float e = row[t] == -INFINITY ? 0.0f : __expf(row[t] - new_max);
+        row[t] = e;
+        sum += e;
+      }
+      sum = device::warp_sum(sum);
+      __syncwarp();
+      if (lane == 0) {
+        const float correction = old_max == -INFINITY ? 0.0f : __expf(old_max - new_max);
+        s.stats[i * 3 + 0] = new_max;
+        s.stats[i * 3 + 1] = s.stats[i * 3 + 1] * correction + sum;
+        s.stats[i * 3 + 2] = correction;
+      }
+    }
+    __syncthreads();
+    // Outputs: thread owns (head, dim) pairs threadIdx.x + j * blockDim.x.
+#pragma unroll
+    for (int j = 0; j < kMaxOutputsPerThread; ++j) {
+      const int o = threadIdx.x + j * kDecodeLayersThreads;
+      if (o < outputs) {
+        const int i = o / Dp, d = o % Dp;
+        const float* pr = s.probs + i * kKeyTile;
+        float sum = acc[j] * s.stats[i * 3 + 2];
+        for (int t = 0; t < n; ++t)
+          sum = fmaf(pr[t], __bfloat162float(s.values[t * row_stride + d]), sum);
+        acc[j] = sum;
+      }
+    }
+    __syncthreads();
+  }
+
+  // The split's partial result.
+  const int64_t item = static_cast<int64_t>(h) * scratch.max_splits + split;
+  if (threadIdx.x < G) {
+    scratch.partial_stats[(item * G + threadIdx.x) * 2 + 0] = s.stats[threadIdx.x * 3 + 0];
+    scratch.partial_stats[(item * G + threadIdx.x) * 2 + 1] = s.stats[threadIdx.x * 3 + 1];
+  }
+#pragma unroll
+  for (int j = 0; j < kMaxOutputsPerThread; ++j) {
+    const int o = threadIdx.x + j * kDecodeLayersThreads;
+    if (o < outputs) scratch.partial_out[item * outputs + o] = acc[j];
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    const int arrived = atomicAdd(scratch.tickets + h, 1);
+    *s.flag = arrived == splits - 1;
+    if (arrived == splits - 1) atomicExch(scratch.tickets + h, 0);
+    __threadfence();
+  }
+  __syncthreads();
+  if (!*s.flag) return;
+  // The last split of head h: merge the head's splits (read through L2).
+  for (int o = threadIdx.x; o < outputs; o += blockDim.x) {
+    const int i = o / Dp;
+    float max_all = -INFINITY;
+    for (int sp = 0; sp < splits; ++sp) {
+      const int64_t it = static_cast<int64_t>(h) * scratch.max_splits + sp;
+      max_all = fmaxf(max_all, __ldcg(scratch.partial_stats + (it * G + i) * 2));
+    }
+    float num = 0.0f, den = 0.0f;
+    for (int sp = 0; sp < splits; ++sp) {
+      const int64_t it = static_cast<int64_t>(h) * scratch.max_splits + sp;
+      const float m = __ldcg(scratch.partial_stats + (it * G + i) * 2);
+      if (m == -INFINITY) continue;
+      const float f = __expf(m - max_all);
+      den = fmaf(__ldcg(scratch.partial_stats + (it * G + i) * 2 + 1), f, den);
+      num = fmaf(__ldcg(scratch.partial_out + it * outputs + o), f, num);
+    }
+    scratch.attn[static_cast<int64_t>(h) * outputs + o] =
+        __float2bfloat16_rn(den > 0.0f ? num / den : 0.0f);
+  }
+}
+
+// Routing state of the step's token, in shared memory.
+struct RouteShared {
+  int32_t* ids;    // [K]
+  float* weights;  // [K]
+};
+
+template <int kPerLane>
+__global__ void __launch_bounds__(kDecodeLayersThreads, 1)
+    decode_layers_kernel(const __grid_constant__ DecodeLayersParams p,
+                         const __grid_constant__ Scratch scratch) {
+  extern __shared__ __align__(16) unsigned char shared_raw[];
+  __shared__ float partials[32];
+  __shared__ int32_t route_ids[64];
+  __shared__ float route_weights[64];
+  const int warp = threadIdx.x / device::kWarpSize;
+  const int lane = threadIdx.x % device::kWarpSize;
+  const int Hp = static_cast<int>(p.hidden_size);
+  const int Nq = static_cast<int>(p.num_q_heads), Nkv = static_cast<int>(p.num_kv_heads);
+  const int Dp = static_cast<int>(p.padded_head_dim);
+  const int G = Nq / Nkv;
+  const int E = static_cast<int>(p.num_experts), K = static_cast<int>(p.top_k);
+  const int Ip = static_cast<int>(p.expert_width);
+  __nv_bfloat16* x = reinterpret_cast<__nv_bfloat16*>(shared_raw);
+  const AttentionShared attention_shared =
+      carve_attention(reinterpret_cast<float*>(shared_raw), G, Dp);
+  const int seq_len = __ldg(p.seq_len);
+
+  for (int l = 0; l < p.num_layers; ++l) {
+    const DecodeLayerWeights& lw = p.layers[l];
+    const bool with_block_out = l > 0 || p.block_out_valid;
+
+    // 1. Input norm and QKV.
+    warp_gemv((Nq + 2 * Nkv) * Dp, 1, Hp, /*preload=*/true,
+              [&](int n, int) { return lw.qkv + static_cast<int64_t>(n) * Hp; },
+              [&](int) { return x; },
+              [&](int n, int, float value) {
+                if (lane == 0) scratch.qkv[n] = __float2bfloat16_rn(value);
+              },
+              [&] {
+                if (l > 0) grid_barrier(scratch.barrier);
+                form_norm(p, with_block_out, lw.input_norm, x, partials);
+                __syncthreads();
+              });
+    grid_barrier(scratch.barrier);
+
+    // 2. Attention over (KV head, split) items.
+    {
+      const int begin =
+          lw.sliding_window > 0 ? max(0, seq_len - static_cast<int>(lw.sliding_window)) : 0;
+      const int span = seq_len - begin;
+      const int splits =
+          max(1, min(scratch.max_splits, (span + kMinKeysPerSplit - 1) / kMinKeysPerSplit));
+      for (int item = blockIdx.x; item < Nkv * splits; item += gridDim.x) {
+        attention_item(p, lw, scratch, attention_shared, item / splits, item % splits, splits,
+                       begin, seq_len);
+        __syncthreads();
+      }
+    }
+
+    // 3. O, added into the residual stream by the warp of each column.
+    const int attn_width = Nq * Dp;
+    warp_gemv(
+        Hp, 1, attn_width, /*preload=*/true,
+        [&](int c, int) { return lw.o_proj + static_cast<int64_t>(c) * attn_width; },
+        [&](int) { return x; },
+        [&](int c, int, float value) {
+          if (lane == 0) {
+            float r = __ldcg(p.hidden + c);
+            if (with_block_out) r = __ldcg(p.block_out + c) + r;
+            p.hidden[c] = value + r;
+          }
+        },
+        [&] {
+          grid_barrier(scratch.barrier);
+          stage_from_l2(scratch.attn, x, attn_width);
+          __syncthreads();
+        });
+
+    // 4. Post-attention norm and the router.
+    warp_gemv(
+        E, 1, Hp, /*preload=*/true,
+        [&](int e, int) { return lw.router + static_cast<int64_t>(e) * Hp; },
+        [&](int) { return x; },
+        [&](int e, int, float value) {
+          if (lane == 0) scratch.logits[e] = value;
+        },
+        [&] {
+          grid_barrier(scratch.barrier);
+          form_norm(p, /*with_block_out=*/false, lw.post_norm, x, partials);
+          __syncthreads();
+        });
+
+    // 5. Route (each block for itself), then the experts' gate/up with SiLU.
+    float gate = 0.0f;
+    warp_gemv(
+        K * Ip, 2, Hp, /*preload=*/false,
+        [&](int task, int r) {
+          const int pick = task / Ip, j = task % Ip;
+          return lw.gate_up + (static_cast<int64_t>(route_ids[pick]) * 2 * Ip + r * Ip + j) * Hp;
+        },
+        [&](int) { return x; },
+        [&](int task, int r, float value) {
+          if (r == 0) {
+            gate = value;
+          } else if (lane == 0) {
+            scratch.act[task] = __float2bfloat16_rn(gated::silu_mul(gate, value));
+          }
+        },
+        [&] {
+          grid_barrier(scratch.barrier);
+          if (warp == 0) {
+            RouterParams route{.logits = scratch.logits,
+                               .topk_ids = route_ids,
+                               .topk_weights = route_weights,
+                               .num_tokens = 1,
+                               .num_experts = E,
+                               .top_k = K,
+                               .score = p.router_score,
+                               .renormalize = p.renormalize,
+                               .routed_scaling_factor = p.routed_scaling_factor,
+                               .logit_bias = lw.logit_bias};
+            if (lw.router_noise && p.route_key != nullptr) {
+              route.noise_keys = p.route_key;
+              route.noise_seed = lw.noise_seed;
+            }
+            route_token_plain<kPerLane, /*kLogitsWrittenHere=*/true>(route, 0, lane);
+          }
+          __syncthreads();
+          if (blockIdx.x == 0) {
+            if (p.routing_ids != nullptr && static_cast<int>(threadIdx.x) < K) {
+              p.routing_ids[l * p.routing_stride + threadIdx.x] = route_ids[threadIdx.x];
+              p.routing_weights[l * p.routing_stride + threadIdx.x] = route_weights[threadIdx.x];
+            }
+            if (lw.expert_counts != nullptr) {
+              for (int e = threadIdx.x; e <= E; e += blockDim.x) {
+                int count = 0;
+                for (int k = 0; k < K; ++k) count += route_ids[k] == e;
+                lw.expert_counts[e] = count;
+              }
+            }
+          }
+        });
+
+    // 6. Down: each output column through the token's experts, weighted, in pick order.
+    float moe_sum = 0.0f;
+    warp_gemv(
+        Hp, K, Ip, /*preload=*/true,
+        [&](int c, int pick) {
+          return lw.down + (static_cast<int64_t>(route_ids[pick]) * Hp + c) * Ip;
+        },
+        [&](int pick) { return x + pick * Ip; },
+        [&](int c, int pick, float value) {
+          moe_sum = fmaf(route_weights[pick], device::round_bf16(value), moe_sum);
+          if (pick == K - 1) {
+            if (lane == 0) p.block_out[c] = moe_sum;
+            moe_sum = 0.0f;
+          }
+        },
+        [&] {
+          grid_barrier(scratch.barrier);
+          stage_from_l2(scratch.act, x, K * Ip);
+          __syncthreads();
+        });
+  }
+}
+
+}  // namespace persistent_layers
+}  // namespace moeinfer::cuda

@@ -1,0 +1,105 @@
+// The persistent decode-layers kernel (GpuOptions::persistent_layers, backend/cuda/
+// decode_layers.h) held to the CPU decoder on random models of every family with bf16 weights:
+// one sequence's prompt in pieces of 64, then one-token decode steps (the kernel's route, a
+// CUDA-graph bucket of one row) at contexts of up to 300 positions, so that the attention takes
+// up to five splits and their merge, across KV blocks of 8 to 32 slots. The bounds are the
+// random-configuration sweep's (cuda_sweep_test.cpp): relative logit error <= 2e-2 per route,
+// no routing mismatch beyond near-ties (the CPU replays the GPU's picks there, which the kernel
+// keeps for the routing capture), top-1 agreement >= 99%. The families whose layers the kernel
+// takes (Qwen3-MoE and Mixtral) must have run it in some configuration
+// (GpuMemoryReport::persistent_layers); the rest run the stage path, which must hold as well.
+// MOE_PERSISTENT_SEED=S reruns a draw. Registered only where a CUDA device is visible.
+#if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+
+#include "cuda_test_util.h"
+#include "gpu_cpu_compare.h"
+
+namespace moeinfer {
+namespace {
+
+constexpr double kMaxRelError = 2e-2;
+constexpr double kMinTop1Agreement = 0.99;
+constexpr int64_t kConfigsPerFamily = 4;
+constexpr int64_t kLongestPrompt = 300;
+constexpr int64_t kDecodes = 8;
+constexpr int64_t kPiece = 64;
+
+void persistent_layers_match_the_cpu() {
+  const char* replay = std::getenv("MOE_PERSISTENT_SEED");
+  const uint64_t base =
+      replay ? std::strtoull(replay, nullptr, 10) : cuda::testing_util::fresh_seed();
+  std::printf("persistent layers: seed %llu (MOE_PERSISTENT_SEED reruns it)\n",
+              static_cast<unsigned long long>(base));
+  int64_t positions = 0, same_top1 = 0, ran = 0, decode_rows = 0;
+  int i = 0;
+  for (const ModelFamily family : testing::kAllFamilies) {
+    for (int64_t n = 0; n < kConfigsPerFamily; ++n, ++i) {
+      const uint64_t seed = base + static_cast<uint64_t>(i);
+      const testing::RandomModel model =
+          testing::make_random_model(family, seed, {{"torch_dtype", "bfloat16"}});
+      std::mt19937_64 rng(seed ^ 0x7e55);
+      const int64_t longest =
+          std::min(kLongestPrompt, model.config.max_position_embeddings - kDecodes);
+      const int64_t prompt = std::uniform_int_distribution<int64_t>(1, longest)(rng);
+      const int64_t block_size = std::vector<int64_t>{8, 16, 32}[rng() % 3];
+      const testing::Schedule schedule = testing::make_lone_schedule(
+          model.config.vocab_size, seed, block_size, prompt, kDecodes, kPiece);
+      GpuOptions options{.max_batch_tokens = kPiece,
+                         .max_num_seqs = 4,
+                         .max_model_len = std::max<int64_t>(64, prompt + kDecodes),
+                         .block_size = block_size,
+                         .num_kv_blocks = schedule.num_blocks,
+                         .quiet = true};
+      options.persistent_layers = true;
+      int64_t persistent = 0;
+      {
+        auto probe = GpuDecoder::create(model.config, model.weights, options);
+        persistent = probe->memory().persistent_layers;
+      }
+      const testing::ConfigResult r =
+          testing::compare_on_schedule(model.config, model.weights, schedule, options);
+      positions += r.positions;
+      same_top1 += r.same_top1;
+      if (persistent > 0) {
+        ++ran;
+        decode_rows += kDecodes;
+      }
+      const bool ok = r.worst() <= kMaxRelError && r.routing_mismatches == 0;
+      EXPECT_TRUE(ok) << family_name(family) << " seed " << seed << " (prompt " << prompt << ", "
+                      << persistent << " persistent layers): rel error prefill "
+                      << r.routes[0].rel() << " chunked " << r.routes[1].rel() << " decode "
+                      << r.routes[2].rel() << " (bound " << kMaxRelError << "), top-1 "
+                      << r.same_top1 << "/" << r.positions << ", routing mismatches "
+                      << r.routing_mismatches << " (" << r.first_mismatch << ")\n  config "
+                      << model.config_json;
+    }
+  }
+  const double agreement = positions > 0 ? static_cast<double>(same_top1) / positions : 0.0;
+  std::printf(
+      "persistent layers: %lld of %lld configurations ran the kernel (%lld decode rows); "
+      "top-1 %lld/%lld = %.4f\n",
+      static_cast<long long>(ran), static_cast<long long>(i), static_cast<long long>(decode_rows),
+      static_cast<long long>(same_top1), static_cast<long long>(positions), agreement);
+  EXPECT_GT(ran, 0) << "no configuration ran the persistent kernel";
+  EXPECT_GE(agreement, kMinTop1Agreement);
+}
+
+[[maybe_unused]] const bool kRegistered = [] {
+  if (!cuda::testing_util::cuda_device_present("persistent layers")) return false;
+  cuda::testing_util::register_kernel_test("CudaPersistentLayers", "RandomModelsMatchTheCpu",
+                                           persistent_layers_match_the_cpu, __FILE__, __LINE__);
+  return true;
+}();
+
+}  // namespace
+}  // namespace moeinfer
+
+#endif  // MOE_HAVE_CUDA
