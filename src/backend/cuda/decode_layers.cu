@@ -119,8 +119,16 @@ const char* decode_layers_unsupported(const DecodeLayersParams& p) {
 
 void decode_layers(const DecodeLayersParams& params, cudaStream_t stream) {
   NvtxRange range("decode_layers");
-  const char* unsupported = decode_layers_unsupported(params);
-  MOE_CHECK(unsupported[0] == '\0', "decode_layers does not take these shapes: ", unsupported);
+  // The shapes' checks without the device's (decode_layers_unsupported, which the caller asked
+  // once): nothing here but the launch touches the device, so a graph capture records it alone.
+  MOE_CHECK(params.num_kv_heads >= 1 && params.num_q_heads % params.num_kv_heads == 0 &&
+                group_of(params) <= kDecodeLayersMaxGroup &&
+                params.padded_head_dim <= kDecodeLayersMaxHeadDim &&
+                params.padded_head_dim % 8 == 0 && params.hidden_size % 8 == 0 &&
+                params.expert_width % 8 == 0 && params.top_k >= 1 &&
+                params.top_k <= kRouterWarpMaxTopK && params.num_experts >= params.top_k &&
+                params.num_experts <= kRouterWarpMaxExperts,
+            "decode_layers does not take these shapes (decode_layers_unsupported says which)");
   MOE_CHECK(params.num_layers >= 1, "decode_layers: num_layers = ", params.num_layers);
   const struct {
     const void* pointer;
@@ -138,6 +146,9 @@ void decode_layers(const DecodeLayersParams& params, cudaStream_t stream) {
   const Scratch scratch = carve(params, static_cast<char*>(params.scratch), &bytes);
   const size_t shared = shared_bytes(params);
   const int blocks = current_multiprocessor_count();
+  CUDA_CHECK(cudaFuncSetAttribute(kernel_of(params.num_experts),
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(shared)));
 
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeCooperative;
