@@ -109,12 +109,18 @@ struct DecodeLayersParams {
   RouterScore router_score = RouterScore::kSoftmax;
   bool renormalize = false;
   float routed_scaling_factor = 1.0f;
+  // [kDecodeLayersStageClocks] zeros, or null: block 0 sums each stage's nanoseconds there, from
+  // the barrier before it to the barrier after it (1 norm + QKV, 2 attention, 3 O, 4 norm +
+  // router, 5 top-k + gate/up, 6 down; the last layer's down is not counted). For measurements.
+  unsigned long long* stage_clock = nullptr;
   // Scratch (device memory, decode_layers_scratch_bytes), zero-filled once before first use:
   // the grid barrier and the attention tickets live in it and return to zero after each launch.
   void* scratch = nullptr;
 };
 
 inline constexpr int64_t kDecodeLayersMaxHeadDim = 256;
+// DecodeLayersParams::stage_clock's slots: the six stages, the last barrier's time, launches.
+inline constexpr int kDecodeLayersStageClocks = 8;
 inline constexpr int64_t kDecodeLayersMaxGroup = 16;  // query heads per KV head
 
 // Bytes of scratch one run needs for these shapes on this device.

@@ -41,6 +41,14 @@ inline constexpr int kTileRowPad = 2;
 inline constexpr int kMaxOutputsPerThread =
     static_cast<int>(kDecodeLayersMaxGroup * kDecodeLayersMaxHeadDim) / kDecodeLayersThreads;
 inline constexpr int kMinKeysPerSplit = 64;
+inline constexpr int kStageClockLast = 6;
+inline constexpr int kStageClockLaunches = 7;
+
+__device__ __forceinline__ unsigned long long global_nanoseconds() {
+  unsigned long long now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  return now;
+}
 
 // The scratch words and buffers (decode_layers.cu carves them in this order).
 struct Scratch {
@@ -66,7 +74,10 @@ __device__ __forceinline__ unsigned load_acquire(const unsigned* address) {
   return value;
 }
 
-__device__ __forceinline__ void grid_barrier(unsigned* barrier) {
+// stage_clock (DecodeLayersParams::stage_clock): block 0 adds the time since its previous
+// barrier to slot `stage`, so slot s sums the stage that this barrier closes.
+__device__ __forceinline__ void grid_barrier(unsigned* barrier, unsigned long long* stage_clock,
+                                             int stage) {
   __syncthreads();
   if (threadIdx.x == 0) {
     unsigned* arrivals = barrier;
@@ -82,6 +93,11 @@ __device__ __forceinline__ void grid_barrier(unsigned* barrier) {
       }
     }
     __threadfence();
+    if (stage_clock != nullptr && blockIdx.x == 0) {
+      const unsigned long long now = global_nanoseconds();
+      stage_clock[stage] += now - stage_clock[kStageClockLast];
+      stage_clock[kStageClockLast] = now;
+    }
   }
   __syncthreads();
 }
@@ -111,10 +127,27 @@ __device__ __forceinline__ float dot_chunk(const Chunk& c, const __nv_bfloat16* 
   return sum;
 }
 
+// Where a warp is in its share of a GEMV: its task, the row of the task, the chunk of the row.
+struct Cursor {
+  int task, row, chunk;
+};
+
+__device__ __forceinline__ Cursor advance(Cursor c, int rows, int chunks, int stride) {
+  if (++c.chunk == chunks) {
+    c.chunk = 0;
+    if (++c.row == rows) {
+      c.row = 0;
+      c.task += stride;
+    }
+  }
+  return c;
+}
+
 // This warp's share of a GEMV: tasks g, g + G, ... of num_tasks, each `rows` weight rows of k
 // elements: row_of(task, r) and its input input_of(r) (shared memory). finish(task, r, value)
 // gets each row's dot on every lane. release() is called once by every thread of the block
-// (barriers inside): after this warp's first loads when `preload`, else before any.
+// (barriers inside): after this warp's first loads when `preload`, else before any. Three
+// chunks are in flight at a time: the one being taken and the two after it.
 template <typename RowOf, typename InputOf, typename Finish, typename Release>
 __device__ __forceinline__ void warp_gemv(int num_tasks, int rows, int k, bool preload,
                                           RowOf row_of, InputOf input_of, Finish finish,
@@ -122,33 +155,32 @@ __device__ __forceinline__ void warp_gemv(int num_tasks, int rows, int k, bool p
   const int lane = threadIdx.x % device::kWarpSize;
   const int stride = gridDim.x * kDecodeLayersWarps;
   const int chunks = (k + kChunkElems - 1) / kChunkElems;
-  int task = blockIdx.x * kDecodeLayersWarps + static_cast<int>(threadIdx.x) / device::kWarpSize;
-  int row = 0, chunk = 0;
-  Chunk current;
+  Cursor c0{static_cast<int>(blockIdx.x * kDecodeLayersWarps + threadIdx.x / device::kWarpSize), 0,
+            0};
+  const Cursor c1 = advance(c0, rows, chunks, stride);
+  Cursor c2 = advance(c1, rows, chunks, stride);
+  Chunk w0, w1, w2;
+  auto load = [&](Chunk& w, const Cursor& c) {
+    if (c.task < num_tasks) load_chunk(w, row_of(c.task, c.row), k, c.chunk, lane);
+  };
   if (!preload) release();
-  if (task < num_tasks) load_chunk(current, row_of(task, 0), k, 0, lane);
+  load(w0, c0);
+  load(w1, c1);
   if (preload) release();
+  Cursor next = c1;
   float sum = 0.0f;
-  while (task < num_tasks) {
-    int next_task = task, next_row = row, next_chunk = chunk + 1;
-    if (next_chunk == chunks) {
-      next_chunk = 0;
-      if (++next_row == rows) {
-        next_row = 0;
-        next_task += stride;
-      }
-    }
-    Chunk next;
-    if (next_task < num_tasks) load_chunk(next, row_of(next_task, next_row), k, next_chunk, lane);
-    sum += dot_chunk(current, input_of(row), k, chunk, lane);
-    if (next_chunk == 0) {
-      finish(task, row, device::warp_sum(sum));
+  while (c0.task < num_tasks) {
+    load(w2, c2);
+    sum += dot_chunk(w0, input_of(c0.row), k, c0.chunk, lane);
+    if (c0.chunk == chunks - 1) {
+      finish(c0.task, c0.row, device::warp_sum(sum));
       sum = 0.0f;
     }
-    current = next;
-    task = next_task;
-    row = next_row;
-    chunk = next_chunk;
+    w0 = w1;
+    w1 = w2;
+    c0 = next;
+    next = c2;
+    c2 = advance(c2, rows, chunks, stride);
   }
 }
 
@@ -486,6 +518,10 @@ __global__ void __launch_bounds__(kDecodeLayersThreads, 1)
   const AttentionShared attention_shared =
       carve_attention(reinterpret_cast<float*>(shared_raw), G, Dp);
   const int seq_len = __ldg(p.seq_len);
+  if (p.stage_clock != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
+    p.stage_clock[kStageClockLast] = global_nanoseconds();
+    ++p.stage_clock[kStageClockLaunches];
+  }
 
   for (int l = 0; l < p.num_layers; ++l) {
     const DecodeLayerWeights& lw = p.layers[l];
@@ -499,11 +535,11 @@ __global__ void __launch_bounds__(kDecodeLayersThreads, 1)
                 if (lane == 0) scratch.qkv[n] = __float2bfloat16_rn(value);
               },
               [&] {
-                if (l > 0) grid_barrier(scratch.barrier);
+                if (l > 0) grid_barrier(scratch.barrier, p.stage_clock, 5);
                 form_norm(p, with_block_out, lw.input_norm, x, partials);
                 __syncthreads();
               });
-    grid_barrier(scratch.barrier);
+    grid_barrier(scratch.barrier, p.stage_clock, 0);
 
     // 2. Attention over (KV head, split) items.
     {
@@ -533,7 +569,7 @@ __global__ void __launch_bounds__(kDecodeLayersThreads, 1)
           }
         },
         [&] {
-          grid_barrier(scratch.barrier);
+          grid_barrier(scratch.barrier, p.stage_clock, 1);
           stage_from_l2(scratch.attn, x, attn_width);
           __syncthreads();
         });
@@ -547,7 +583,7 @@ __global__ void __launch_bounds__(kDecodeLayersThreads, 1)
           if (lane == 0) scratch.logits[e] = value;
         },
         [&] {
-          grid_barrier(scratch.barrier);
+          grid_barrier(scratch.barrier, p.stage_clock, 2);
           form_norm(p, /*with_block_out=*/false, lw.post_norm, x, partials);
           __syncthreads();
         });
@@ -569,7 +605,7 @@ __global__ void __launch_bounds__(kDecodeLayersThreads, 1)
           }
         },
         [&] {
-          grid_barrier(scratch.barrier);
+          grid_barrier(scratch.barrier, p.stage_clock, 3);
           if (warp == 0) {
             RouterParams route{.logits = scratch.logits,
                                .topk_ids = route_ids,
@@ -619,7 +655,7 @@ __global__ void __launch_bounds__(kDecodeLayersThreads, 1)
           }
         },
         [&] {
-          grid_barrier(scratch.barrier);
+          grid_barrier(scratch.barrier, p.stage_clock, 4);
           stage_from_l2(scratch.act, x, K * Ip);
           __syncthreads();
         });

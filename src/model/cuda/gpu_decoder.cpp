@@ -43,6 +43,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -504,6 +505,10 @@ class CudaDecoder final : public GpuDecoder, private Lane {
   std::vector<char> persistent_layer_;  // [L]
   DeviceArray<char> persistent_memory_;
   cuda::DecodeLayersParams persistent_;
+  // MOE_PERSISTENT_CLOCK=1: the kernel's per-stage clock (DecodeLayersParams::stage_clock),
+  // printed per layer when the decoder goes; null otherwise.
+  DeviceArray<unsigned long long> persistent_clock_;
+  void report_persistent_clock();
   void build_persistent_layers();
   // How many layers from `first` on this step runs in the persistent kernel (0: none).
   int64_t persistent_run(const Step& step, int64_t first) const;
@@ -747,6 +752,7 @@ CudaDecoder::CudaDecoder(const ModelConfig& config, DeviceWeights weights,
 }
 
 CudaDecoder::~CudaDecoder() {
+  if (persistent_clock_) report_persistent_clock();
   drop_graphs();
   if (a_done_) cudaEventDestroy(a_done_);
   for (cudaEvent_t e : eager_timeline_.events) cudaEventDestroy(e);
@@ -1556,7 +1562,30 @@ void CudaDecoder::build_persistent_layers() {
   persistent_.layers = reinterpret_cast<const cuda::DecodeLayerWeights*>(persistent_memory_.get());
   persistent_.scratch = persistent_memory_.get() + table_span;
   report_.persistent_layers = std::count(persistent_layer_.begin(), persistent_layer_.end(), 1);
+  if (const char* clock = std::getenv("MOE_PERSISTENT_CLOCK"); clock && clock[0] == '1') {
+    persistent_clock_ = device_array<unsigned long long>(cuda::kDecodeLayersStageClocks);
+    CUDA_CHECK(cudaMemset(persistent_clock_.get(), 0,
+                          cuda::kDecodeLayersStageClocks * sizeof(unsigned long long)));
+    persistent_.stage_clock = persistent_clock_.get();
+  }
   report_.persistent_bytes = static_cast<int64_t>(table_span + scratch_bytes);
+}
+
+void CudaDecoder::report_persistent_clock() {
+  unsigned long long clock[cuda::kDecodeLayersStageClocks] = {};
+  if (cudaDeviceSynchronize() != cudaSuccess ||
+      cudaMemcpy(clock, persistent_clock_.get(), sizeof(clock), cudaMemcpyDeviceToHost) !=
+          cudaSuccess) {
+    return;
+  }
+  const double layer_runs =
+      static_cast<double>(clock[7]) * static_cast<double>(report_.persistent_layers);
+  if (layer_runs <= 0) return;
+  const char* names[] = {"norm+qkv", "attention", "o", "norm+router", "topk+gate_up", "down"};
+  std::fprintf(stderr, "moeinfer: persistent layers, us a layer over %llu launches:", clock[7]);
+  for (int s = 0; s < 6; ++s)
+    std::fprintf(stderr, " %s %.2f", names[s], clock[s] / layer_runs / 1e3);
+  std::fprintf(stderr, "\n");
 }
 
 int64_t CudaDecoder::persistent_run(const Step& step, int64_t first) const {
