@@ -59,7 +59,7 @@ struct BenchArgs {
   bool no_programmatic_launch = false;
   bool no_fold_norms = false;
   bool merge_attention_splits = false;
-  bool one_row_expert_blocks = false;
+  bool no_one_row_expert_blocks = false;
   bool persistent_layers = false;
   int64_t weight_prefetch_bytes = 0;
   int64_t skinny_gemm_rows = -1;  // cuda: GpuOptions::skinny_gemm_rows (-1: its default)
@@ -266,9 +266,11 @@ void print_gpu_figures(Engine& engine, const BenchArgs& args, const RunTimes& t,
     std::printf("\n");
   }
   if (args.persistent_layers) {
-    std::printf("Persistent decode layers: %lld of %lld layers in one launch a step of one token\n",
-                static_cast<long long>(mem.persistent_layers),
-                static_cast<long long>(c.num_layers));
+    std::printf(
+        "Persistent decode layers: %lld of %lld layers in one launch a step of one token%s%s\n",
+        static_cast<long long>(mem.persistent_layers), static_cast<long long>(c.num_layers),
+        mem.persistent_refusal.empty() ? "" : "; the rest on the stage path: ",
+        mem.persistent_refusal.c_str());
   }
   if (mem.dense_quant_matrices > 0) {
     std::printf("Dense Linears: %lld held as %s codes and scales, %.2f GiB of the weights\n",
@@ -397,7 +399,7 @@ EngineConfig engine_config(const BenchArgs& args) {
                       .weight_prefetch_bytes = args.weight_prefetch_bytes,
                       .fold_norms = !args.no_fold_norms,
                       .merge_attention_splits = args.merge_attention_splits,
-                      .one_row_expert_blocks = args.one_row_expert_blocks,
+                      .one_row_expert_blocks = !args.no_one_row_expert_blocks,
                       .persistent_layers = args.persistent_layers,
                       .deterministic = args.deterministic,
                       .offload = args.device.offload(),
@@ -555,15 +557,15 @@ void run_sweep(const BenchArgs& args) {
 void run_bench(const BenchArgs& args) {
   MOE_CHECK(args.device.is_cuda() ||
                 !(args.no_cuda_graphs || args.no_programmatic_launch || args.no_fold_norms ||
-                  args.merge_attention_splits || args.one_row_expert_blocks ||
+                  args.merge_attention_splits || args.no_one_row_expert_blocks ||
                   args.persistent_layers || args.weight_prefetch_bytes > 0),
-            args.no_cuda_graphs           ? "--no-cuda-graphs"
-            : args.no_programmatic_launch ? "--no-programmatic-launch"
-            : args.no_fold_norms          ? "--no-fold-norms"
-            : args.merge_attention_splits ? "--merge-attention-splits"
-            : args.one_row_expert_blocks  ? "--one-row-expert-blocks"
-            : args.persistent_layers      ? "--persistent-layers"
-                                          : "--weight-prefetch-bytes",
+            args.no_cuda_graphs             ? "--no-cuda-graphs"
+            : args.no_programmatic_launch   ? "--no-programmatic-launch"
+            : args.no_fold_norms            ? "--no-fold-norms"
+            : args.merge_attention_splits   ? "--merge-attention-splits"
+            : args.no_one_row_expert_blocks ? "--no-one-row-expert-blocks"
+            : args.persistent_layers        ? "--persistent-layers"
+                                            : "--weight-prefetch-bytes",
             " applies to --device cuda (the CPU launches no kernels)");
   MOE_CHECK(args.device.is_cuda() || args.skinny_gemm_rows < 0,
             "--skinny-gemm-rows applies to --device cuda (a GPU kernel)");
@@ -816,14 +818,15 @@ void add_bench_command(CLI::App& app) {
                 "the projection after it, to measure what the fold saves");
   cmd->add_flag("--merge-attention-splits", args->merge_attention_splits,
                 "cuda: the decode attention's last split block merges the splits instead of a "
-                "combine launch (same results; off until measured), to measure it");
-  cmd->add_flag("--one-row-expert-blocks", args->one_row_expert_blocks,
-                "cuda: a step of one token runs the decode experts' kernel one row a block, with "
-                "fewer registers (same results; off until measured), to measure it");
+                "combine launch (same results; off: slower at batch 1 on an H100), to measure it");
+  cmd->add_flag("--no-one-row-expert-blocks", args->no_one_row_expert_blocks,
+                "cuda: a step of one token runs the decode experts' kernel up to four rows a "
+                "block, as larger steps do, instead of one (same results), to measure what one "
+                "row saves");
   cmd->add_flag("--persistent-layers", args->persistent_layers,
                 "cuda: a step of one token runs its GQA + MoE layers in one persistent kernel "
-                "(grid barriers between the stages) instead of a dozen launches a layer (off "
-                "until measured), to measure it");
+                "(grid barriers between the stages) instead of a dozen launches a layer (same "
+                "model, other rounding order; off: slower so far), to measure it");
   cmd->add_option("--weight-prefetch-bytes", args->weight_prefetch_bytes,
                   "cuda: bytes of each weight row the decode GEMVs ask of L2 before the kernel "
                   "before them has finished (default 0, none: whole rows were slower at batch 1 "

@@ -76,13 +76,17 @@ struct GpuOptions {
   // into QKV, the post-attention norm into the router's or the dense MLP's product) where the
   // step takes the skinny GEMM: one launch less each, the same bits (cuda::SkinnyGemmParams::norm).
   bool fold_norms = true;
-  // Not yet measured on a GPU, so off until they are (bench/RESULTS.md, 2026-12-07, twelfth
-  // session): the tensor-core decode attention merges its splits in its last split block
-  // instead of a combine launch (cuda::PagedDecodeParams::split_tickets; the same bits), and a
-  // step of one token runs the grouped skinny experts one row a block
-  // (cuda::GroupedGemmParams::one_row_per_expert; the same bits, fewer registers).
+  // The tensor-core decode attention merges its splits in its last split block instead of a
+  // combine launch (cuda::PagedDecodeParams::split_tickets; the same bits). Off: on an H100 a
+  // batch-1 step of Qwen3-30B-A3B took 5.32 ms with it and 4.35 without (bench/RESULTS.md,
+  // 2026-12-07, thirteenth session): one block merging every split serialises what the combine
+  // kernel spreads over the grid.
   bool merge_attention_splits = false;
-  bool one_row_expert_blocks = false;
+  // A step of one token runs the grouped skinny experts one row a block
+  // (cuda::GroupedGemmParams::one_row_per_expert; the same bits, 59 registers instead of 96, one
+  // wave): 4.13 against 4.35 ms a batch-1 step on an H100 (bench/RESULTS.md, 2026-12-07,
+  // thirteenth session).
+  bool one_row_expert_blocks = true;
   // A decode step of one token runs its runs of plain GQA + MoE layers in the persistent
   // decode-layers kernel (backend/cuda/decode_layers.h: one launch for the run, grid barriers
   // between the stages) instead of a dozen launches a layer; not while profiling (the stages
@@ -220,6 +224,7 @@ struct GpuMemoryReport {
   // (GpuOptions::persistent_layers), and the bytes of its layer table and scratch.
   int64_t persistent_layers = 0;
   int64_t persistent_bytes = 0;
+  std::string persistent_refusal;  // asked for but no layer runs there: why ("" otherwise)
   int64_t kv_bytes = 0;
   int64_t kv_bytes_per_token = 0;
   int64_t num_kv_blocks = 0;

@@ -57,7 +57,7 @@ struct EngineConfig {
   int64_t weight_prefetch_bytes = 0;  // cuda: GpuOptions::weight_prefetch_bytes
   bool fold_norms = true;             // cuda: GpuOptions::fold_norms
   bool merge_attention_splits = false;  // cuda: GpuOptions::merge_attention_splits
-  bool one_row_expert_blocks = false;   // cuda: GpuOptions::one_row_expert_blocks
+  bool one_row_expert_blocks = true;    // cuda: GpuOptions::one_row_expert_blocks
   bool persistent_layers = false;       // cuda: GpuOptions::persistent_layers
   // Sampling defaults for requests that leave a field out (vLLM's --generation-config): "auto",
   // the checkpoint's generation_config.json; "vllm", none; or a folder holding one.

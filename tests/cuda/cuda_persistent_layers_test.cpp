@@ -63,6 +63,11 @@ void persistent_layers_match_the_cpu() {
       {
         auto probe = GpuDecoder::create(model.config, model.weights, options);
         persistent = probe->memory().persistent_layers;
+        if (persistent == 0) {
+          std::printf("  %s seed %llu: stage path (%s)\n", std::string(family_name(family)).c_str(),
+                      static_cast<unsigned long long>(seed),
+                      probe->memory().persistent_refusal.c_str());
+        }
       }
       const testing::ConfigResult r =
           testing::compare_on_schedule(model.config, model.weights, schedule, options);

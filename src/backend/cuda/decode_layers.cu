@@ -25,9 +25,12 @@ int64_t group_of(const DecodeLayersParams& p) {
   return p.num_kv_heads > 0 ? p.num_q_heads / p.num_kv_heads : 0;
 }
 
+// Splits of a KV head: a block each over the grid (one block per SM), at most what the merge
+// takes.
 int64_t max_splits(const DecodeLayersParams& p) {
-  return std::max<int64_t>(1,
-                           current_multiprocessor_count() / std::max<int64_t>(1, p.num_kv_heads));
+  const int64_t per_head = current_multiprocessor_count() / std::max<int64_t>(1, p.num_kv_heads);
+  return std::clamp<int64_t>(per_head, 1,
+                             persistent_layers::kMergeSplitsPerLane * device::kWarpSize);
 }
 
 // The dynamic shared memory: the larger of a GEMV's input (bf16) and the attention's tiles.
@@ -97,12 +100,18 @@ const char* decode_layers_unsupported(const DecodeLayersParams& p) {
       p.head_dim > p.padded_head_dim)
     return "a head dim past 256";
   if (p.rotary_dim % 2 != 0 || p.rotary_dim > p.head_dim) return "an odd or too wide rotary dim";
-  if (p.hidden_size <= 0 || p.hidden_size % 8 != 0) return "a hidden size not a multiple of 8";
+  if (p.hidden_size <= 0 || p.hidden_size % 8 != 0 || p.hidden_size > kDecodeLayersMaxHidden)
+    return "a hidden size not a multiple of 8, or past 8192";
   if (p.expert_width <= 0 || p.expert_width % 8 != 0) return "an expert width not a multiple of 8";
   if (p.top_k < 1 || p.top_k > kRouterWarpMaxTopK || p.num_experts < p.top_k ||
       p.num_experts > kRouterWarpMaxExperts)
     return "E or K outside the one-warp router";
   if (p.block_size < 1) return "no KV block size";
+  // The merge's shares [splits, G] live over the staged key tile.
+  const int64_t splits = max_splits(p);
+  if (splits * group_of(p) >
+      persistent_layers::kKeyTile * (p.padded_head_dim + persistent_layers::kTileRowPad))
+    return "more attention splits than the merge holds";
   if (!device_attribute(cudaDevAttrCooperativeLaunch)) return "no cooperative launch";
   const size_t bytes = shared_bytes(p);
   if (bytes > static_cast<size_t>(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)))
@@ -125,9 +134,9 @@ void decode_layers(const DecodeLayersParams& params, cudaStream_t stream) {
                 group_of(params) <= kDecodeLayersMaxGroup &&
                 params.padded_head_dim <= kDecodeLayersMaxHeadDim &&
                 params.padded_head_dim % 8 == 0 && params.hidden_size % 8 == 0 &&
-                params.expert_width % 8 == 0 && params.top_k >= 1 &&
-                params.top_k <= kRouterWarpMaxTopK && params.num_experts >= params.top_k &&
-                params.num_experts <= kRouterWarpMaxExperts,
+                params.hidden_size <= kDecodeLayersMaxHidden && params.expert_width % 8 == 0 &&
+                params.top_k >= 1 && params.top_k <= kRouterWarpMaxTopK &&
+                params.num_experts >= params.top_k && params.num_experts <= kRouterWarpMaxExperts,
             "decode_layers does not take these shapes (decode_layers_unsupported says which)");
   MOE_CHECK(params.num_layers >= 1, "decode_layers: num_layers = ", params.num_layers);
   const struct {

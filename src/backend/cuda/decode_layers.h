@@ -122,6 +122,7 @@ inline constexpr int64_t kDecodeLayersMaxHeadDim = 256;
 // DecodeLayersParams::stage_clock's slots: the six stages, the last barrier's time, launches.
 inline constexpr int kDecodeLayersStageClocks = 8;
 inline constexpr int64_t kDecodeLayersMaxGroup = 16;  // query heads per KV head
+inline constexpr int64_t kDecodeLayersMaxHidden = 8192;  // Hp
 
 // Bytes of scratch one run needs for these shapes on this device.
 int64_t decode_layers_scratch_bytes(const DecodeLayersParams& shapes);

@@ -41,6 +41,11 @@ inline constexpr int kTileRowPad = 2;
 inline constexpr int kMaxOutputsPerThread =
     static_cast<int>(kDecodeLayersMaxGroup * kDecodeLayersMaxHeadDim) / kDecodeLayersThreads;
 inline constexpr int kMinKeysPerSplit = 64;
+// Vectors of 8 a thread holds while it forms a norm: hidden sizes up to 2 * 8 * 512 = 8192.
+inline constexpr int kNormVecs = 2;
+static_assert(kNormVecs * kDecodeLayersThreads * device::kBf16PerVec >= kDecodeLayersMaxHidden);
+// Splits of a KV head the merge takes, 32 a lane at a time: up to 128 (the launcher's cap).
+inline constexpr int kMergeSplitsPerLane = 4;
 inline constexpr int kStageClockLast = 6;
 inline constexpr int kStageClockLaunches = 7;
 
@@ -184,46 +189,53 @@ __device__ __forceinline__ void warp_gemv(int num_tasks, int rows, int k, bool p
   }
 }
 
-// x (shared, bf16 [Hp]) = RMSNorm(hidden + block_out) with `weight`, every block for itself.
+// x (shared, bf16 [Hp]) = RMSNorm(hidden + block_out) with `weight`, every block for itself:
+// one pass over L2, the sum held in registers (kNormVecs vectors of 8 a thread).
 __device__ __forceinline__ void form_norm(const DecodeLayersParams& p, bool with_block_out,
                                           const __nv_bfloat16* weight, __nv_bfloat16* x,
                                           float* partials) {
   const int vecs = static_cast<int>(p.hidden_size / device::kBf16PerVec);
-  // Two passes over the sum (from L2): x's slots are bf16, and the sum stays float32.
-  float sum_sq = 0.0f;
-  for (int v = threadIdx.x; v < vecs; v += blockDim.x) {
-    float s[8];
-    const float4* h = reinterpret_cast<const float4*>(p.hidden) + 2 * v;
-    const float4 h0 = __ldcg(h), h1 = __ldcg(h + 1);
-    s[0] = h0.x, s[1] = h0.y, s[2] = h0.z, s[3] = h0.w;
-    s[4] = h1.x, s[5] = h1.y, s[6] = h1.z, s[7] = h1.w;
-    if (with_block_out) {
-      const float4* b = reinterpret_cast<const float4*>(p.block_out) + 2 * v;
-      const float4 b0 = __ldcg(b), b1 = __ldcg(b + 1);
-      s[0] = b0.x + s[0], s[1] = b0.y + s[1], s[2] = b0.z + s[2], s[3] = b0.w + s[3];
-      s[4] = b1.x + s[4], s[5] = b1.y + s[5], s[6] = b1.z + s[6], s[7] = b1.w + s[7];
-    }
+  float s[kNormVecs][8];
+  uint4 w[kNormVecs];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) sum_sq = fmaf(s[i], s[i], sum_sq);
+  for (int j = 0; j < kNormVecs; ++j) {
+    const int v = threadIdx.x + j * kDecodeLayersThreads;
+    if (v < vecs) {
+      const float4* h = reinterpret_cast<const float4*>(p.hidden) + 2 * v;
+      const float4 h0 = __ldcg(h), h1 = __ldcg(h + 1);
+      s[j][0] = h0.x, s[j][1] = h0.y, s[j][2] = h0.z, s[j][3] = h0.w;
+      s[j][4] = h1.x, s[j][5] = h1.y, s[j][6] = h1.z, s[j][7] = h1.w;
+      if (with_block_out) {
+        const float4* b = reinterpret_cast<const float4*>(p.block_out) + 2 * v;
+        const float4 b0 = __ldcg(b), b1 = __ldcg(b + 1);
+        const float bo[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+        for (int i = 0; i < 8; ++i) s[j][i] = bo[i] + s[j][i];
+      }
+      w[j] = __ldg(reinterpret_cast<const uint4*>(weight) + v);
+    }
+  }
+  float sum_sq = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kNormVecs; ++j) {
+    const int v = threadIdx.x + j * kDecodeLayersThreads;
+    if (v < vecs) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) sum_sq = fmaf(s[j][i], s[j][i], sum_sq);
+    }
   }
   const float total = device::block_sum(sum_sq, partials);
   const float inv_rms = 1.0f / sqrtf(total / static_cast<float>(p.norm_width) + p.eps);
-  for (int v = threadIdx.x; v < vecs; v += blockDim.x) {
-    float s[8], w[8];
-    const float4* h = reinterpret_cast<const float4*>(p.hidden) + 2 * v;
-    const float4 h0 = __ldcg(h), h1 = __ldcg(h + 1);
-    s[0] = h0.x, s[1] = h0.y, s[2] = h0.z, s[3] = h0.w;
-    s[4] = h1.x, s[5] = h1.y, s[6] = h1.z, s[7] = h1.w;
-    if (with_block_out) {
-      const float4* b = reinterpret_cast<const float4*>(p.block_out) + 2 * v;
-      const float4 b0 = __ldcg(b), b1 = __ldcg(b + 1);
-      s[0] = b0.x + s[0], s[1] = b0.y + s[1], s[2] = b0.z + s[2], s[3] = b0.w + s[3];
-      s[4] = b1.x + s[4], s[5] = b1.y + s[5], s[6] = b1.z + s[6], s[7] = b1.w + s[7];
-    }
-    device::bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(weight) + v), w);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) s[i] = w[i] * (s[i] * inv_rms);
-    reinterpret_cast<uint4*>(x)[v] = device::float_to_bf16x8(s);
+  for (int j = 0; j < kNormVecs; ++j) {
+    const int v = threadIdx.x + j * kDecodeLayersThreads;
+    if (v < vecs) {
+      float wf[8];
+      device::bf16x8_to_float(w[j], wf);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) s[j][i] = wf[i] * (s[j][i] * inv_rms);
+      reinterpret_cast<uint4*>(x)[v] = device::float_to_bf16x8(s[j]);
+    }
   }
 }
 
@@ -235,41 +247,77 @@ __device__ __forceinline__ void stage_from_l2(const __nv_bfloat16* src, __nv_bfl
 
 // One head of the projection (bf16 at `in`, read through L2) normed with `norm` (or not) and
 // rotated at `position` (or not), rounded as the stage path rounds (after the norm, after the
-// rotation), into `out` (float, Dp wide, zero past D). One warp.
+// rotation), into `out` (float, Dp wide, zero past D). One warp. Every load a lane makes is
+// issued before the first is used (the head as 16-byte vectors, the norm weights and
+// frequencies unrolled to their bounds): one round trip to L2, not one per element.
 __device__ __forceinline__ void prepare_head(const DecodeLayersParams& p, const __nv_bfloat16* in,
                                              const __nv_bfloat16* norm, bool rotate,
                                              bool interleaved, float position, float* out) {
+  constexpr int kPerLane = static_cast<int>(kDecodeLayersMaxHeadDim) / device::kWarpSize;  // 8
+  constexpr int kPairsPerLane = kPerLane / 2;
   const int lane = threadIdx.x % device::kWarpSize;
   const int D = static_cast<int>(p.head_dim), Dp = static_cast<int>(p.padded_head_dim);
-  for (int d = lane; d < Dp; d += device::kWarpSize)
-    out[d] = d < D ? __bfloat162float(__ldcg(in + d)) : 0.0f;
+  const int half = static_cast<int>(p.rotary_dim / 2);
+  float weight[kPerLane], freq[kPairsPerLane];
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int d = lane + j * device::kWarpSize;
+    weight[j] = norm != nullptr && d < D ? __bfloat162float(__ldg(norm + d)) : 0.0f;
+  }
+#pragma unroll
+  for (int j = 0; j < kPairsPerLane; ++j) {
+    const int i = lane + j * device::kWarpSize;
+    freq[j] = rotate && i < half ? __ldg(p.inv_freq + i) : 0.0f;
+  }
+  if (lane * device::kBf16PerVec < Dp) {  // Dp <= 256: one vector a lane at most
+    float v[8];
+    device::bf16x8_to_float(load_shared_l2(in + lane * device::kBf16PerVec), v);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int d = lane * device::kBf16PerVec + i;
+      out[d] = d < D ? v[i] : 0.0f;
+    }
+  }
   __syncwarp();
   if (norm != nullptr) {
     float sum_sq = 0.0f;
-    for (int d = lane; d < D; d += device::kWarpSize) sum_sq = fmaf(out[d], out[d], sum_sq);
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      const int d = lane + j * device::kWarpSize;
+      if (d < D) sum_sq = fmaf(out[d], out[d], sum_sq);
+    }
     sum_sq = device::warp_sum(sum_sq);
     const float inv_rms = 1.0f / sqrtf(sum_sq / static_cast<float>(D) + p.eps);
-    for (int d = lane; d < D; d += device::kWarpSize)
-      out[d] = device::round_bf16(__bfloat162float(__ldg(norm + d)) * (out[d] * inv_rms));
-    __syncwarp();
-  }
-  if (rotate) {
-    const int half = static_cast<int>(p.rotary_dim / 2);
-    for (int i = lane; i < half; i += device::kWarpSize) {
-      const float angle = position * __ldg(p.inv_freq + i);
-      float sn, cs;
-      sincosf(angle, &sn, &cs);
-      cs *= p.rope_scaling;
-      sn *= p.rope_scaling;
-      const int i1 = interleaved ? 2 * i : i;
-      const int i2 = interleaved ? 2 * i + 1 : i + half;
-      const float x1 = out[i1], x2 = out[i2];
-      out[i1] = x1 * cs - x2 * sn;
-      out[i2] = x2 * cs + x1 * sn;
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      const int d = lane + j * device::kWarpSize;
+      if (d < D) out[d] = device::round_bf16(weight[j] * (out[d] * inv_rms));
     }
     __syncwarp();
   }
-  for (int d = lane; d < D; d += device::kWarpSize) out[d] = device::round_bf16(out[d]);
+  if (rotate) {
+#pragma unroll
+    for (int j = 0; j < kPairsPerLane; ++j) {
+      const int i = lane + j * device::kWarpSize;
+      if (i < half) {
+        float sn, cs;
+        sincosf(position * freq[j], &sn, &cs);
+        cs *= p.rope_scaling;
+        sn *= p.rope_scaling;
+        const int i1 = interleaved ? 2 * i : i;
+        const int i2 = interleaved ? 2 * i + 1 : i + half;
+        const float x1 = out[i1], x2 = out[i2];
+        out[i1] = x1 * cs - x2 * sn;
+        out[i2] = x2 * cs + x1 * sn;
+      }
+    }
+    __syncwarp();
+  }
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int d = lane + j * device::kWarpSize;
+    if (d < D) out[d] = device::round_bf16(out[d]);
+  }
   __syncwarp();
 }
 
@@ -470,25 +518,47 @@ __device__ inline void attention_item(const DecodeLayersParams& p, const DecodeL
   }
   __syncthreads();
   if (!*s.flag) return;
-  // The last split of head h: merge the head's splits (read through L2).
+  // The last split of head h merges the head's splits, reading them through L2. First each
+  // split's share exp(max_s - max) / sum per query head, a warp per head with every load issued
+  // at once, into shared memory (over the key tile, done with); then each output's weighted sum
+  // of its splits, the loads unrolled so that several are in flight.
+  float* share = reinterpret_cast<float*>(s.keys);  // [splits, G]
+  const int64_t first_item = static_cast<int64_t>(h) * scratch.max_splits;
+  for (int i = warp; i < G; i += kDecodeLayersWarps) {
+    float m[kMergeSplitsPerLane], l[kMergeSplitsPerLane];
+#pragma unroll
+    for (int j = 0; j < kMergeSplitsPerLane; ++j) {
+      const int sp = lane + j * device::kWarpSize;
+      const float* stats = scratch.partial_stats + ((first_item + sp) * G + i) * 2;
+      m[j] = sp < splits ? __ldcg(stats) : -INFINITY;
+      l[j] = sp < splits ? __ldcg(stats + 1) : 0.0f;
+    }
+    float max_all = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kMergeSplitsPerLane; ++j) max_all = fmaxf(max_all, m[j]);
+    max_all = device::warp_max(max_all);
+    float den = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kMergeSplitsPerLane; ++j) {
+      m[j] = m[j] == -INFINITY ? 0.0f : __expf(m[j] - max_all);
+      den = fmaf(l[j], m[j], den);
+    }
+    den = device::warp_sum(den);
+#pragma unroll
+    for (int j = 0; j < kMergeSplitsPerLane; ++j) {
+      const int sp = lane + j * device::kWarpSize;
+      if (sp < splits) share[sp * G + i] = den > 0.0f ? m[j] / den : 0.0f;
+    }
+  }
+  __syncthreads();
   for (int o = threadIdx.x; o < outputs; o += blockDim.x) {
     const int i = o / Dp;
-    float max_all = -INFINITY;
-    for (int sp = 0; sp < splits; ++sp) {
-      const int64_t it = static_cast<int64_t>(h) * scratch.max_splits + sp;
-      max_all = fmaxf(max_all, __ldcg(scratch.partial_stats + (it * G + i) * 2));
-    }
-    float num = 0.0f, den = 0.0f;
-    for (int sp = 0; sp < splits; ++sp) {
-      const int64_t it = static_cast<int64_t>(h) * scratch.max_splits + sp;
-      const float m = __ldcg(scratch.partial_stats + (it * G + i) * 2);
-      if (m == -INFINITY) continue;
-      const float f = __expf(m - max_all);
-      den = fmaf(__ldcg(scratch.partial_stats + (it * G + i) * 2 + 1), f, den);
-      num = fmaf(__ldcg(scratch.partial_out + it * outputs + o), f, num);
-    }
-    scratch.attn[static_cast<int64_t>(h) * outputs + o] =
-        __float2bfloat16_rn(den > 0.0f ? num / den : 0.0f);
+    float sum = 0.0f;
+#pragma unroll 8
+    for (int sp = 0; sp < splits; ++sp)
+      sum = fmaf(share[sp * G + i], __ldcg(scratch.partial_out + (first_item + sp) * outputs + o),
+                 sum);
+    scratch.attn[static_cast<int64_t>(h) * outputs + o] = __float2bfloat16_rn(sum);
   }
 }
 

@@ -1486,10 +1486,19 @@ void CudaDecoder::build_persistent_layers() {
   const ModelConfig& c = config_;
   const int64_t L = c.num_layers, E = c.num_experts, H = w_.padded_hidden_size;
   persistent_layer_.assign(static_cast<size_t>(L), 0);
+  if (!options_.persistent_layers) return;
   // Not with two micro-batches, --deterministic (the stage path's fixed orders), an fp8 KV
   // cache, MLA, weights in two terms or dense Linears held as codes.
-  if (!options_.persistent_layers || !moe_ || two_lanes_ || options_.deterministic || kv_fp8_ ||
-      c.mla || w_.weight_terms != 1 || w_.norm_terms != 1 || !w_.dense_quant.empty()) {
+  const char* refusal = !moe_                                        ? "no MoE layers"
+                        : two_lanes_                                 ? "two micro-batches"
+                        : options_.deterministic                     ? "--deterministic"
+                        : kv_fp8_                                    ? "an fp8 KV cache"
+                        : c.mla                                      ? "MLA attention"
+                        : w_.weight_terms != 1 || w_.norm_terms != 1 ? "weights in two bf16 terms"
+                        : !w_.dense_quant.empty()                    ? "dense Linears held as codes"
+                                                                     : nullptr;
+  if (refusal != nullptr) {
+    report_.persistent_refusal = refusal;
     return;
   }
   std::vector<cuda::DecodeLayerWeights> layers(static_cast<size_t>(L));
@@ -1504,7 +1513,15 @@ void CudaDecoder::build_persistent_layers() {
         !plan.clip_qkv && !plan.output_gate && !plan.attention_sinks &&
         plan.span == AttentionSpan::kCausal && plan.query_scale == QueryScale::kNone &&
         d.qkv_bias == nullptr && d.o_bias == nullptr && d.sinks == nullptr;
-    if (!layer_router || !plain_attention) continue;
+    if (!layer_router || !plain_attention) {
+      report_.persistent_refusal = !layer_router ? "no MoE block the kernel takes (dense layers, "
+                                                   "shared or quantised experts, an offload, a "
+                                                   "routing approximation, grouped routing)"
+                                                 : "attention the kernel does not take (biases, "
+                                                   "q/k norms over the projection, clipping, "
+                                                   "sinks, gates, chunks, NoPE temperature)";
+      continue;
+    }
     router = layer_router;
     persistent_layer_[l] = 1;
     layers[l] = {.input_norm = d.input_norm,
@@ -1527,6 +1544,7 @@ void CudaDecoder::build_persistent_layers() {
                  .expert_counts = expert_counts_ + l * (E + 1)};
   }
   if (!router) return;
+  report_.persistent_refusal.clear();  // some layers run there
   persistent_ = {.hidden_size = H,
                  .norm_width = c.hidden_size,
                  .num_q_heads = c.num_heads,
@@ -1548,6 +1566,7 @@ void CudaDecoder::build_persistent_layers() {
                  .routed_scaling_factor = router->routed_scaling_factor};
   if (const char* why = cuda::decode_layers_unsupported(persistent_); why[0] != '\0') {
     if (!options_.quiet) std::fprintf(stderr, "moeinfer: --persistent-layers is off: %s\n", why);
+    report_.persistent_refusal = why;
     persistent_layer_.assign(static_cast<size_t>(L), 0);
     return;
   }
