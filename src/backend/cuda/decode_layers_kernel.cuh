@@ -189,6 +189,24 @@ __device__ __forceinline__ void warp_gemv(int num_tasks, int rows, int k, bool p
   }
 }
 
+// Asks L2 for the rows this warp takes in a GEMV of num_rows rows of k bf16 (warp_gemv's
+// assignment), one 128-byte line a lane at a time; nothing waits for them.
+__device__ __forceinline__ void prefetch_rows_to_l2(const __nv_bfloat16* w, int num_rows,
+                                                    int64_t k) {
+  constexpr int kLine = 128;
+  const int lane = threadIdx.x % device::kWarpSize;
+  const int stride = gridDim.x * kDecodeLayersWarps;
+  const int64_t row_bytes = k * static_cast<int64_t>(sizeof(__nv_bfloat16));
+  for (int r = blockIdx.x * kDecodeLayersWarps + static_cast<int>(threadIdx.x) / device::kWarpSize;
+       r < num_rows; r += stride) {
+    const char* row = reinterpret_cast<const char*>(w) + r * row_bytes;
+    for (int64_t at = static_cast<int64_t>(lane) * kLine; at < row_bytes;
+         at += device::kWarpSize * kLine) {
+      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + at));
+    }
+  }
+}
+
 // x (shared, bf16 [Hp]) = RMSNorm(hidden + block_out) with `weight`, every block for itself:
 // one pass over L2, the sum held in registers (kNormVecs vectors of 8 a thread).
 __device__ __forceinline__ void form_norm(const DecodeLayersParams& p, bool with_block_out,
@@ -618,6 +636,9 @@ __global__ void __launch_bounds__(kDecodeLayersThreads, 1)
       const int span = seq_len - begin;
       const int splits =
           max(1, min(scratch.max_splits, (span + kMinKeysPerSplit - 1) / kMinKeysPerSplit));
+      // The attention reads a few MB at a few blocks' latency: meanwhile every warp asks L2 for
+      // the rows of O it takes next, which then stream from L2 instead of HBM.
+      prefetch_rows_to_l2(lw.o_proj, Hp, static_cast<int64_t>(Nq) * Dp);
       for (int item = blockIdx.x; item < Nkv * splits; item += gridDim.x) {
         attention_item(p, lw, scratch, attention_shared, item / splits, item % splits, splits,
                        begin, seq_len);
