@@ -39,7 +39,8 @@ inline constexpr int kKeyTile = 64;  // cached positions a block stages at a tim
 // warp scores read 32 different banks.
 inline constexpr int kTileRowPad = 2;
 inline constexpr int kMaxOutputsPerThread =
-    static_cast<int>(kDecodeLayersMaxGroup * kDecodeLayersMaxHeadDim) / kDecodeLayersThreads;
+    (static_cast<int>(kDecodeLayersMaxGroup * kDecodeLayersMaxHeadDim) + kDecodeLayersThreads - 1) /
+    kDecodeLayersThreads;
 inline constexpr int kMinKeysPerSplit = 64;
 // Vectors of 8 a thread holds while it forms a norm: hidden sizes up to 2 * 8 * 512 = 8192.
 inline constexpr int kNormVecs = 2;
