@@ -190,20 +190,27 @@ __device__ __forceinline__ void warp_gemv(int num_tasks, int rows, int k, bool p
   }
 }
 
-// Asks L2 for the rows this warp takes in a GEMV of num_rows rows of k bf16 (warp_gemv's
-// assignment), one 128-byte line a lane at a time; nothing waits for them.
-__device__ __forceinline__ void prefetch_rows_to_l2(const __nv_bfloat16* w, int num_rows,
-                                                    int64_t k) {
+// Asks L2 for the weight rows this warp takes in a GEMV (warp_gemv's assignment: tasks g, g + G,
+// ... of num_tasks, each `rows` rows of k bf16 at row_of(task, r)), one 128-byte line a lane at
+// a time; nothing waits for them. Called where the warp would otherwise wait (the attention's
+// latency, the barrier after its share of a stage), so that the next stage's first bytes come
+// from L2.
+template <typename RowOf>
+__device__ __forceinline__ void prefetch_tasks_to_l2(int num_tasks, int rows, int64_t k,
+                                                     RowOf row_of) {
   constexpr int kLine = 128;
   const int lane = threadIdx.x % device::kWarpSize;
   const int stride = gridDim.x * kDecodeLayersWarps;
   const int64_t row_bytes = k * static_cast<int64_t>(sizeof(__nv_bfloat16));
-  for (int r = blockIdx.x * kDecodeLayersWarps + static_cast<int>(threadIdx.x) / device::kWarpSize;
-       r < num_rows; r += stride) {
-    const char* row = reinterpret_cast<const char*>(w) + r * row_bytes;
-    for (int64_t at = static_cast<int64_t>(lane) * kLine; at < row_bytes;
-         at += device::kWarpSize * kLine) {
-      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + at));
+  for (int task =
+           blockIdx.x * kDecodeLayersWarps + static_cast<int>(threadIdx.x) / device::kWarpSize;
+       task < num_tasks; task += stride) {
+    for (int r = 0; r < rows; ++r) {
+      const char* row = reinterpret_cast<const char*>(row_of(task, r));
+      for (int64_t at = static_cast<int64_t>(lane) * kLine; at < row_bytes;
+           at += device::kWarpSize * kLine) {
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + at));
+      }
     }
   }
 }
@@ -616,7 +623,15 @@ __global__ void __launch_bounds__(kDecodeLayersThreads, 1)
     const DecodeLayerWeights& lw = p.layers[l];
     const bool with_block_out = l > 0 || p.block_out_valid;
 
-    // 1. Input norm and QKV.
+    // The rows of each GEMV (the next stage's rows are asked of L2 while a warp waits).
+    const int attn_width = Nq * Dp;
+    auto o_row = [&](int c, int) { return lw.o_proj + static_cast<int64_t>(c) * attn_width; };
+    auto router_row = [&](int e, int) { return lw.router + static_cast<int64_t>(e) * Hp; };
+    auto down_row = [&](int c, int pick) {
+      return lw.down + (static_cast<int64_t>(route_ids[pick]) * Hp + c) * Ip;
+    };
+
+    // 1. Input norm and QKV; O's rows asked of L2 for the attention's time.
     warp_gemv((Nq + 2 * Nkv) * Dp, 1, Hp, /*preload=*/true,
               [&](int n, int) { return lw.qkv + static_cast<int64_t>(n) * Hp; },
               [&](int) { return x; },
@@ -628,6 +643,7 @@ __global__ void __launch_bounds__(kDecodeLayersThreads, 1)
                 form_norm(p, with_block_out, lw.input_norm, x, partials);
                 __syncthreads();
               });
+    if (p.tail_prefetch) prefetch_tasks_to_l2(Hp, 1, attn_width, o_row);
     grid_barrier(scratch.barrier, p.stage_clock, 0);
 
     // 2. Attention over (KV head, split) items.
@@ -637,9 +653,6 @@ __global__ void __launch_bounds__(kDecodeLayersThreads, 1)
       const int span = seq_len - begin;
       const int splits =
           max(1, min(scratch.max_splits, (span + kMinKeysPerSplit - 1) / kMinKeysPerSplit));
-      // The attention reads a few MB at a few blocks' latency: meanwhile every warp asks L2 for
-      // the rows of O it takes next, which then stream from L2 instead of HBM.
-      prefetch_rows_to_l2(lw.o_proj, Hp, static_cast<int64_t>(Nq) * Dp);
       for (int item = blockIdx.x; item < Nkv * splits; item += gridDim.x) {
         attention_item(p, lw, scratch, attention_shared, item / splits, item % splits, splits,
                        begin, seq_len);
@@ -648,11 +661,8 @@ __global__ void __launch_bounds__(kDecodeLayersThreads, 1)
     }
 
     // 3. O, added into the residual stream by the warp of each column.
-    const int attn_width = Nq * Dp;
     warp_gemv(
-        Hp, 1, attn_width, /*preload=*/true,
-        [&](int c, int) { return lw.o_proj + static_cast<int64_t>(c) * attn_width; },
-        [&](int) { return x; },
+        Hp, 1, attn_width, /*preload=*/true, o_row, [&](int) { return x; },
         [&](int c, int, float value) {
           if (lane == 0) {
             float r = __ldcg(p.hidden + c);
@@ -666,11 +676,11 @@ __global__ void __launch_bounds__(kDecodeLayersThreads, 1)
           __syncthreads();
         });
 
+    if (p.tail_prefetch) prefetch_tasks_to_l2(E, 1, Hp, router_row);
+
     // 4. Post-attention norm and the router.
     warp_gemv(
-        E, 1, Hp, /*preload=*/true,
-        [&](int e, int) { return lw.router + static_cast<int64_t>(e) * Hp; },
-        [&](int) { return x; },
+        E, 1, Hp, /*preload=*/true, router_row, [&](int) { return x; },
         [&](int e, int, float value) {
           if (lane == 0) scratch.logits[e] = value;
         },
@@ -731,14 +741,12 @@ __global__ void __launch_bounds__(kDecodeLayersThreads, 1)
           }
         });
 
+    if (p.tail_prefetch) prefetch_tasks_to_l2(Hp, K, Ip, down_row);
+
     // 6. Down: each output column through the token's experts, weighted, in pick order.
     float moe_sum = 0.0f;
     warp_gemv(
-        Hp, K, Ip, /*preload=*/true,
-        [&](int c, int pick) {
-          return lw.down + (static_cast<int64_t>(route_ids[pick]) * Hp + c) * Ip;
-        },
-        [&](int pick) { return x + pick * Ip; },
+        Hp, K, Ip, /*preload=*/true, down_row, [&](int pick) { return x + pick * Ip; },
         [&](int c, int pick, float value) {
           moe_sum = fmaf(route_weights[pick], device::round_bf16(value), moe_sum);
           if (pick == K - 1) {
@@ -751,6 +759,11 @@ __global__ void __launch_bounds__(kDecodeLayersThreads, 1)
           stage_from_l2(scratch.act, x, K * Ip);
           __syncthreads();
         });
+    if (p.tail_prefetch && l + 1 < p.num_layers) {
+      const __nv_bfloat16* next_qkv = p.layers[l + 1].qkv;
+      prefetch_tasks_to_l2((Nq + 2 * Nkv) * Dp, 1, Hp,
+                           [&](int n, int) { return next_qkv + static_cast<int64_t>(n) * Hp; });
+    }
   }
 }
 
