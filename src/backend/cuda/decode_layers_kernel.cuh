@@ -555,9 +555,13 @@ __device__ inline void attention_item(const DecodeLayersParams& p, const DecodeL
 #pragma unroll
     for (int j = 0; j < kMergeSplitsPerLane; ++j) {
       const int sp = lane + j * device::kWarpSize;
-      const float* stats = scratch.partial_stats + ((first_item + sp) * G + i) * 2;
-      m[j] = sp < splits ? __ldcg(stats) : -INFINITY;
-      l[j] = sp < splits ? __ldcg(stats + 1) : 0.0f;
+      m[j] = -INFINITY;
+      l[j] = 0.0f;
+      if (sp < splits) {
+        const float* stats = scratch.partial_stats + ((first_item + sp) * G + i) * 2;
+        m[j] = __ldcg(stats);
+        l[j] = __ldcg(stats + 1);
+      }
     }
     float max_all = -INFINITY;
 #pragma unroll
