@@ -19,6 +19,7 @@
 #include <random>
 #include <string>
 
+#include "backend/cuda/decode_layers.h"
 #include "cuda_test_util.h"
 #include "gpu_cpu_compare.h"
 
@@ -101,6 +102,40 @@ void persistent_layers_match_the_cpu() {
       static_cast<long long>(same_top1), static_cast<long long>(positions), agreement);
   EXPECT_GT(ran, 0) << "no configuration ran the persistent kernel";
   EXPECT_GE(agreement, kMinTop1Agreement);
+}
+
+// The launcher refuses what the kernel does not take before it touches the device, naming the
+// value (so this runs without a GPU).
+TEST(CudaDecodeLayersChecks, RefuseBadShapes) {
+  const cuda::DecodeLayersParams good{.num_layers = 1,
+                                      .hidden_size = 64,
+                                      .norm_width = 64,
+                                      .num_q_heads = 8,
+                                      .num_kv_heads = 2,
+                                      .head_dim = 64,
+                                      .padded_head_dim = 64,
+                                      .rotary_dim = 64,
+                                      .block_size = 16,
+                                      .num_cache_blocks = 4,
+                                      .max_blocks_per_seq = 4,
+                                      .num_experts = 8,
+                                      .top_k = 2,
+                                      .expert_width = 32};
+  auto refused = [&](auto change, const std::string& named) {
+    cuda::DecodeLayersParams p = good;
+    change(p);
+    cuda::testing_util::expect_error_naming([&] { cuda::decode_layers(p, nullptr); }, named);
+  };
+  refused([](auto& p) { p.num_kv_heads = 3; }, "num_kv_heads = 3");
+  refused([](auto& p) { p.num_q_heads = 34, p.num_kv_heads = 2; }, "17 query heads a KV head");
+  refused([](auto& p) { p.head_dim = 320, p.padded_head_dim = 320; }, "padded to 320");
+  refused([](auto& p) { p.rotary_dim = 63; }, "rotary_dim = 63");
+  refused([](auto& p) { p.hidden_size = 8200, p.norm_width = 8200; }, "hidden_size = 8200");
+  refused([](auto& p) { p.expert_width = 36; }, "expert_width = 36");
+  refused([](auto& p) { p.top_k = 9, p.num_experts = 8; }, "top_k = 9");
+  refused([](auto& p) { p.block_size = 0; }, "block_size = 0");
+  // Every shape right: the first missing pointer is named.
+  refused([](auto&) {}, "layers is null");
 }
 
 [[maybe_unused]] const bool kRegistered = [] {

@@ -9,6 +9,7 @@
 #include "backend/cuda/decode_layers_kernel.cuh"
 #include "backend/cuda/device_info.h"
 #include "backend/cuda/launch_checks.h"
+#include "core/error.h"
 
 namespace moeinfer::cuda {
 namespace {
@@ -93,29 +94,59 @@ int64_t decode_layers_scratch_bytes(const DecodeLayersParams& shapes) {
   return bytes;
 }
 
-const char* decode_layers_unsupported(const DecodeLayersParams& p) {
-  if (p.num_kv_heads < 1 || p.num_q_heads % p.num_kv_heads != 0) return "Nq not a multiple of Nkv";
-  if (group_of(p) > kDecodeLayersMaxGroup) return "more than 16 query heads a KV head";
-  if (p.padded_head_dim > kDecodeLayersMaxHeadDim || p.padded_head_dim % 8 != 0 ||
-      p.head_dim > p.padded_head_dim)
-    return "a head dim past 256";
-  if (p.rotary_dim % 2 != 0 || p.rotary_dim > p.head_dim) return "an odd or too wide rotary dim";
-  if (p.hidden_size <= 0 || p.hidden_size % 8 != 0 || p.hidden_size > kDecodeLayersMaxHidden)
-    return "a hidden size not a multiple of 8, or past 8192";
-  if (p.expert_width <= 0 || p.expert_width % 8 != 0) return "an expert width not a multiple of 8";
-  if (p.top_k < 1 || p.top_k > kRouterWarpMaxTopK || p.num_experts < p.top_k ||
-      p.num_experts > kRouterWarpMaxExperts)
-    return "E or K outside the one-warp router";
-  if (p.block_size < 1) return "no KV block size";
+namespace {
+
+// The shapes the kernel takes, checked on the host alone, each refusal naming its value.
+void check_shapes(const DecodeLayersParams& p) {
+  const int64_t group = group_of(p);
+  MOE_CHECK(p.num_kv_heads >= 1 && p.num_q_heads >= 1 && p.num_q_heads % p.num_kv_heads == 0,
+            "decode_layers: num_q_heads = ", p.num_q_heads, " is not a positive multiple of ",
+            "num_kv_heads = ", p.num_kv_heads);
+  MOE_CHECK(group <= kDecodeLayersMaxGroup, "decode_layers: ", group,
+            " query heads a KV head (num_q_heads / num_kv_heads), past ", kDecodeLayersMaxGroup);
+  MOE_CHECK(p.padded_head_dim >= 8 && p.padded_head_dim <= kDecodeLayersMaxHeadDim &&
+                p.padded_head_dim % 8 == 0 && p.head_dim >= 1 && p.head_dim <= p.padded_head_dim,
+            "decode_layers: head_dim = ", p.head_dim, " padded to ", p.padded_head_dim,
+            " (a multiple of 8 up to ", kDecodeLayersMaxHeadDim, ")");
+  MOE_CHECK(p.rotary_dim >= 0 && p.rotary_dim % 2 == 0 && p.rotary_dim <= p.head_dim,
+            "decode_layers: rotary_dim = ", p.rotary_dim, " (even, at most head_dim = ", p.head_dim,
+            ")");
+  MOE_CHECK(p.hidden_size > 0 && p.hidden_size % 8 == 0 && p.hidden_size <= kDecodeLayersMaxHidden,
+            "decode_layers: hidden_size = ", p.hidden_size, " (a multiple of 8 up to ",
+            kDecodeLayersMaxHidden, ")");
+  MOE_CHECK(p.norm_width >= 1 && p.norm_width <= p.hidden_size,
+            "decode_layers: norm_width = ", p.norm_width, " (1 to hidden_size = ", p.hidden_size,
+            ")");
+  MOE_CHECK(p.expert_width > 0 && p.expert_width % 8 == 0,
+            "decode_layers: expert_width = ", p.expert_width, " (a positive multiple of 8)");
+  MOE_CHECK(p.top_k >= 1 && p.top_k <= kRouterWarpMaxTopK && p.num_experts >= p.top_k &&
+                p.num_experts <= kRouterWarpMaxExperts,
+            "decode_layers: top_k = ", p.top_k, " of num_experts = ", p.num_experts,
+            " (the one-warp router: K <= ", kRouterWarpMaxTopK, ", E <= ", kRouterWarpMaxExperts,
+            ")");
+  MOE_CHECK(p.block_size >= 1 && p.num_cache_blocks >= 1 && p.max_blocks_per_seq >= 1,
+            "decode_layers: block_size = ", p.block_size,
+            ", num_cache_blocks = ", p.num_cache_blocks,
+            ", max_blocks_per_seq = ", p.max_blocks_per_seq, " (each at least 1)");
+}
+
+}  // namespace
+
+std::string decode_layers_unsupported(const DecodeLayersParams& p) {
+  try {
+    check_shapes(p);
+  } catch (const Error& e) {
+    return e.what();
+  }
   // The merge's shares [splits, G] live over the staged key tile.
-  const int64_t splits = max_splits(p);
-  if (splits * group_of(p) >
+  if (max_splits(p) * group_of(p) >
       persistent_layers::kKeyTile * (p.padded_head_dim + persistent_layers::kTileRowPad))
     return "more attention splits than the merge holds";
-  if (!device_attribute(cudaDevAttrCooperativeLaunch)) return "no cooperative launch";
+  if (!device_attribute(cudaDevAttrCooperativeLaunch))
+    return "the device has no cooperative launch";
   const size_t bytes = shared_bytes(p);
   if (bytes > static_cast<size_t>(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)))
-    return "more shared memory than a block may have";
+    return "more shared memory (" + std::to_string(bytes) + " bytes) than a block may have";
   const void* kernel = kernel_of(p.num_experts);
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(bytes)));
@@ -128,16 +159,9 @@ const char* decode_layers_unsupported(const DecodeLayersParams& p) {
 
 void decode_layers(const DecodeLayersParams& params, cudaStream_t stream) {
   NvtxRange range("decode_layers");
-  // The shapes' checks without the device's (decode_layers_unsupported, which the caller asked
+  // The host's checks only (the device's are decode_layers_unsupported's, which the caller asked
   // once): nothing here but the launch touches the device, so a graph capture records it alone.
-  MOE_CHECK(params.num_kv_heads >= 1 && params.num_q_heads % params.num_kv_heads == 0 &&
-                group_of(params) <= kDecodeLayersMaxGroup &&
-                params.padded_head_dim <= kDecodeLayersMaxHeadDim &&
-                params.padded_head_dim % 8 == 0 && params.hidden_size % 8 == 0 &&
-                params.hidden_size <= kDecodeLayersMaxHidden && params.expert_width % 8 == 0 &&
-                params.top_k >= 1 && params.top_k <= kRouterWarpMaxTopK &&
-                params.num_experts >= params.top_k && params.num_experts <= kRouterWarpMaxExperts,
-            "decode_layers does not take these shapes (decode_layers_unsupported says which)");
+  check_shapes(params);
   MOE_CHECK(params.num_layers >= 1, "decode_layers: num_layers = ", params.num_layers);
   const struct {
     const void* pointer;
@@ -151,6 +175,10 @@ void decode_layers(const DecodeLayersParams& params, cudaStream_t stream) {
   detail::check_aligned16(params.block_out, "block_out");
   MOE_CHECK(params.rotary_dim == 0 || params.inv_freq != nullptr,
             "decode_layers: rotary_dim = ", params.rotary_dim, " without inv_freq");
+  MOE_CHECK(params.routing_ids == nullptr ||
+                (params.routing_weights != nullptr && params.routing_stride >= params.top_k),
+            "decode_layers: routing_ids without routing_weights, or routing_stride = ",
+            params.routing_stride, " below top_k = ", params.top_k);
   int64_t bytes = 0;
   const Scratch scratch = carve(params, static_cast<char*>(params.scratch), &bytes);
   const size_t shared = shared_bytes(params);

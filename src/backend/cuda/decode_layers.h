@@ -41,6 +41,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string>
 
 #include "backend/cuda/moe_stages.h"
 
@@ -133,9 +134,10 @@ int64_t decode_layers_scratch_bytes(const DecodeLayersParams& shapes);
 
 // Empty when the kernel takes these shapes (and this device: a cooperative launch of one block
 // per SM), else what it does not take.
-const char* decode_layers_unsupported(const DecodeLayersParams& shapes);
+std::string decode_layers_unsupported(const DecodeLayersParams& shapes);
 
-// Runs layers [0, num_layers) of params.layers on `stream` (one cooperative launch).
+// Runs layers [0, num_layers) of params.layers on `stream` (one cooperative launch). Refuses
+// shapes the kernel does not take, naming the value, before it touches the device.
 void decode_layers(const DecodeLayersParams& params, cudaStream_t stream);
 
 }  // namespace moeinfer::cuda

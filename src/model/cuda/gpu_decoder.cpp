@@ -1564,8 +1564,10 @@ void CudaDecoder::build_persistent_layers() {
                  .router_score = router->score,
                  .renormalize = router->renormalize,
                  .routed_scaling_factor = router->routed_scaling_factor};
-  if (const char* why = cuda::decode_layers_unsupported(persistent_); why[0] != '\0') {
-    if (!options_.quiet) std::fprintf(stderr, "moeinfer: --persistent-layers is off: %s\n", why);
+  if (const std::string why = cuda::decode_layers_unsupported(persistent_); !why.empty()) {
+    if (!options_.quiet) {
+      std::fprintf(stderr, "moeinfer: --persistent-layers is off: %s\n", why.c_str());
+    }
     report_.persistent_refusal = why;
     persistent_layer_.assign(static_cast<size_t>(L), 0);
     return;
