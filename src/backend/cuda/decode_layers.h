@@ -124,7 +124,7 @@ struct DecodeLayersParams {
 };
 
 inline constexpr int64_t kDecodeLayersMaxHeadDim = 256;
-// DecodeLayersParams::stage_clock's slots: the six stages, the last barrier's time, launches.
+// DecodeLayersParams::stage_clock's slots: the six stages, the last barrier's time, the layers run.
 inline constexpr int kDecodeLayersStageClocks = 8;
 inline constexpr int64_t kDecodeLayersMaxGroup = 16;  // query heads per KV head
 inline constexpr int64_t kDecodeLayersMaxHidden = 8192;  // Hp

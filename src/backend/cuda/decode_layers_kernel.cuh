@@ -48,7 +48,7 @@ static_assert(kNormVecs * kDecodeLayersThreads * device::kBf16PerVec >= kDecodeL
 // Splits of a KV head the merge takes, 32 a lane at a time: up to 128 (the launcher's cap).
 inline constexpr int kMergeSplitsPerLane = 4;
 inline constexpr int kStageClockLast = 6;
-inline constexpr int kStageClockLaunches = 7;
+inline constexpr int kStageClockLayers = 7;
 
 __device__ __forceinline__ unsigned long long global_nanoseconds() {
   unsigned long long now;
@@ -620,7 +620,7 @@ __global__ void __launch_bounds__(kDecodeLayersThreads, 1)
   const int seq_len = __ldg(p.seq_len);
   if (p.stage_clock != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
     p.stage_clock[kStageClockLast] = global_nanoseconds();
-    ++p.stage_clock[kStageClockLaunches];
+    p.stage_clock[kStageClockLayers] += static_cast<unsigned long long>(p.num_layers);
   }
 
   for (int l = 0; l < p.num_layers; ++l) {

@@ -1602,14 +1602,14 @@ void CudaDecoder::report_persistent_clock() {
           cudaSuccess) {
     return;
   }
-  const double layer_runs =
-      static_cast<double>(clock[7]) * static_cast<double>(report_.persistent_layers);
+  // Slot 7 counts the layers run; each launch's last down stage ends with the kernel, untimed.
+  const auto layer_runs = static_cast<double>(clock[7]);
   if (layer_runs <= 0) return;
   const char* names[] = {"norm+qkv", "attention", "o", "norm+router", "topk+gate_up", "down"};
-  std::fprintf(stderr, "moeinfer: persistent layers, us a layer over %llu launches:", clock[7]);
+  std::fprintf(stderr, "moeinfer: persistent layers, us a layer over %llu layer runs:", clock[7]);
   for (int s = 0; s < 6; ++s)
     std::fprintf(stderr, " %s %.2f", names[s], clock[s] / layer_runs / 1e3);
-  std::fprintf(stderr, "\n");
+  std::fprintf(stderr, " (down: all but each launch's last layer)\n");
 }
 
 int64_t CudaDecoder::persistent_run(const Step& step, int64_t first) const {
