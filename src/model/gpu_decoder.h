@@ -222,9 +222,8 @@ struct GpuMemoryReport {
   int64_t dense_quant_values = 0;  // their N * K summed (what they would take in bf16 / 2)
   int64_t workspace_bytes = 0;  // activations, metadata, cuBLAS workspace
   // Layers a one-token decode step runs in the persistent decode-layers kernel
-  // (GpuOptions::persistent_layers), and the bytes of its layer table and scratch.
+  // (GpuOptions::persistent_layers).
   int64_t persistent_layers = 0;
-  int64_t persistent_bytes = 0;
   std::string persistent_refusal;  // asked for but no layer runs there: why ("" otherwise)
   int64_t kv_bytes = 0;
   int64_t kv_bytes_per_token = 0;

@@ -66,18 +66,13 @@ void persistent_layers_match_the_cpu() {
                          .num_kv_blocks = schedule.num_blocks,
                          .quiet = true};
       options.persistent_layers = true;
-      int64_t persistent = 0;
-      {
-        auto probe = GpuDecoder::create(model.config, model.weights, options);
-        persistent = probe->memory().persistent_layers;
-        if (persistent == 0) {
-          std::printf("  %s seed %llu: stage path (%s)\n", std::string(family_name(family)).c_str(),
-                      static_cast<unsigned long long>(seed),
-                      probe->memory().persistent_refusal.c_str());
-        }
-      }
       const testing::ConfigResult r =
           testing::compare_on_schedule(model.config, model.weights, schedule, options);
+      const int64_t persistent = r.persistent_layers;
+      if (persistent == 0) {
+        std::printf("  %s seed %llu: stage path (%s)\n", std::string(family_name(family)).c_str(),
+                    static_cast<unsigned long long>(seed), r.persistent_refusal.c_str());
+      }
       positions += r.positions;
       same_top1 += r.same_top1;
       if (persistent > 0) {

@@ -40,6 +40,9 @@ struct ConfigResult {
   // that CPU run against the CPU's fp8 one: how far fp8 rounding alone moves the logits.
   RouteError unrounded[3], cpu_rounding[3];
   int64_t gpu_kv_bytes_per_token = 0;  // the GPU pool's (GpuMemoryReport::kv_bytes_per_token)
+  // GpuMemoryReport::persistent_layers and persistent_refusal of the GPU decoder.
+  int64_t persistent_layers = 0;
+  std::string persistent_refusal;
   int64_t positions = 0, same_top1 = 0;
   int64_t routed = 0, near_ties = 0, routing_mismatches = 0;  // token-layer routings
   std::string first_mismatch;
@@ -172,6 +175,8 @@ inline ConfigResult compare_on_schedule(const ModelConfig& c, const DecoderWeigh
   }
   ConfigResult result;
   result.gpu_kv_bytes_per_token = gpu->memory().kv_bytes_per_token;
+  result.persistent_layers = gpu->memory().persistent_layers;
+  result.persistent_refusal = gpu->memory().persistent_refusal;
   std::map<int64_t, moe::Routing> gpu_routing;  // this step's, by layer
   gpu->set_routing_observer(
       [&](int64_t layer, const moe::Routing& routing) { gpu_routing[layer] = routing; });

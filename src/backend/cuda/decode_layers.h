@@ -125,7 +125,10 @@ struct DecodeLayersParams {
 
 inline constexpr int64_t kDecodeLayersMaxHeadDim = 256;
 // DecodeLayersParams::stage_clock's slots: the six stages, the last barrier's time, the layers run.
-inline constexpr int kDecodeLayersStageClocks = 8;
+inline constexpr int kDecodeLayersStages = 6;
+inline constexpr int kDecodeLayersClockLast = kDecodeLayersStages;
+inline constexpr int kDecodeLayersClockLayers = kDecodeLayersStages + 1;
+inline constexpr int kDecodeLayersStageClocks = kDecodeLayersStages + 2;
 inline constexpr int64_t kDecodeLayersMaxGroup = 16;  // query heads per KV head
 inline constexpr int64_t kDecodeLayersMaxHidden = 8192;  // Hp
 

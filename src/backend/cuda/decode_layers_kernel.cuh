@@ -47,8 +47,6 @@ inline constexpr int kNormVecs = 2;
 static_assert(kNormVecs * kDecodeLayersThreads * device::kBf16PerVec >= kDecodeLayersMaxHidden);
 // Splits of a KV head the merge takes, 32 a lane at a time: up to 128 (the launcher's cap).
 inline constexpr int kMergeSplitsPerLane = 4;
-inline constexpr int kStageClockLast = 6;
-inline constexpr int kStageClockLayers = 7;
 
 __device__ __forceinline__ unsigned long long global_nanoseconds() {
   unsigned long long now;
@@ -70,7 +68,7 @@ struct Scratch {
 };
 
 // Loads of what other blocks of this launch wrote: through L2, never a stale L1 line.
-__device__ __forceinline__ uint4 load_shared_l2(const void* address) {
+__device__ __forceinline__ uint4 load_from_l2(const void* address) {
   return __ldcg(reinterpret_cast<const uint4*>(address));
 }
 
@@ -101,8 +99,8 @@ __device__ __forceinline__ void grid_barrier(unsigned* barrier, unsigned long lo
     __threadfence();
     if (stage_clock != nullptr && blockIdx.x == 0) {
       const unsigned long long now = global_nanoseconds();
-      stage_clock[stage] += now - stage_clock[kStageClockLast];
-      stage_clock[kStageClockLast] = now;
+      stage_clock[stage] += now - stage_clock[kDecodeLayersClockLast];
+      stage_clock[kDecodeLayersClockLast] = now;
     }
   }
   __syncthreads();
@@ -198,20 +196,14 @@ __device__ __forceinline__ void warp_gemv(int num_tasks, int rows, int k, bool p
 template <typename RowOf>
 __device__ __forceinline__ void prefetch_tasks_to_l2(int num_tasks, int rows, int64_t k,
                                                      RowOf row_of) {
-  constexpr int kLine = 128;
   const int lane = threadIdx.x % device::kWarpSize;
   const int stride = gridDim.x * kDecodeLayersWarps;
-  const int64_t row_bytes = k * static_cast<int64_t>(sizeof(__nv_bfloat16));
   for (int task =
            blockIdx.x * kDecodeLayersWarps + static_cast<int>(threadIdx.x) / device::kWarpSize;
        task < num_tasks; task += stride) {
-    for (int r = 0; r < rows; ++r) {
-      const char* row = reinterpret_cast<const char*>(row_of(task, r));
-      for (int64_t at = static_cast<int64_t>(lane) * kLine; at < row_bytes;
-           at += device::kWarpSize * kLine) {
-        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + at));
-      }
-    }
+    for (int r = 0; r < rows; ++r)
+      device::prefetch_to_l2(row_of(task, r), k * static_cast<int64_t>(sizeof(__nv_bfloat16)),
+                             lane);
   }
 }
 
@@ -268,7 +260,7 @@ __device__ __forceinline__ void form_norm(const DecodeLayersParams& p, bool with
 // Copies n bf16 (a multiple of 8) that other blocks wrote into shared memory.
 __device__ __forceinline__ void stage_from_l2(const __nv_bfloat16* src, __nv_bfloat16* dst, int n) {
   for (int v = threadIdx.x; v < n / device::kBf16PerVec; v += blockDim.x)
-    reinterpret_cast<uint4*>(dst)[v] = load_shared_l2(src + v * device::kBf16PerVec);
+    reinterpret_cast<uint4*>(dst)[v] = load_from_l2(src + v * device::kBf16PerVec);
 }
 
 // One head of the projection (bf16 at `in`, read through L2) normed with `norm` (or not) and
@@ -297,7 +289,7 @@ __device__ __forceinline__ void prepare_head(const DecodeLayersParams& p, const 
   }
   if (lane * device::kBf16PerVec < Dp) {  // Dp <= 256: one vector a lane at most
     float v[8];
-    device::bf16x8_to_float(load_shared_l2(in + lane * device::kBf16PerVec), v);
+    device::bf16x8_to_float(load_from_l2(in + lane * device::kBf16PerVec), v);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const int d = lane * device::kBf16PerVec + i;
@@ -454,8 +446,8 @@ __device__ inline void attention_item(const DecodeLayersParams& p, const DecodeL
         MOE_DEVICE_CHECK(block >= 0 && block < p.num_cache_blocks);
         const int64_t at = ((static_cast<int64_t>(block) * bs + pos % bs) * Nkv + h) * Dp +
                            v * device::kBf16PerVec;
-        key = load_shared_l2(lw.k_cache + at);
-        value = load_shared_l2(lw.v_cache + at);
+        key = load_from_l2(lw.k_cache + at);
+        value = load_from_l2(lw.v_cache + at);
       }
       // 4-byte stores: the padded rows are not 16-byte aligned.
       uint32_t* key_words = reinterpret_cast<uint32_t*>(s.keys + t * row_stride + v * 8);
@@ -592,12 +584,6 @@ __device__ inline void attention_item(const DecodeLayersParams& p, const DecodeL
   }
 }
 
-// Routing state of the step's token, in shared memory.
-struct RouteShared {
-  int32_t* ids;    // [K]
-  float* weights;  // [K]
-};
-
 template <int kPerLane>
 __global__ void __launch_bounds__(kDecodeLayersThreads, 1)
     decode_layers_kernel(const __grid_constant__ DecodeLayersParams p,
@@ -619,8 +605,8 @@ __global__ void __launch_bounds__(kDecodeLayersThreads, 1)
       carve_attention(reinterpret_cast<float*>(shared_raw), G, Dp);
   const int seq_len = __ldg(p.seq_len);
   if (p.stage_clock != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
-    p.stage_clock[kStageClockLast] = global_nanoseconds();
-    p.stage_clock[kStageClockLayers] += static_cast<unsigned long long>(p.num_layers);
+    p.stage_clock[kDecodeLayersClockLast] = global_nanoseconds();
+    p.stage_clock[kDecodeLayersClockLayers] += static_cast<unsigned long long>(p.num_layers);
   }
 
   for (int l = 0; l < p.num_layers; ++l) {

@@ -35,6 +35,16 @@ __device__ __forceinline__ uint4 load_streamed(const void* address) {
   return v;
 }
 
+// A warp asks L2 for the first `bytes` at `base`, one 128-byte line a lane at a time; nothing
+// waits for them (weights a kernel reads next, fetched while it waits for something else).
+__device__ __forceinline__ void prefetch_to_l2(const void* base, int64_t bytes, int lane) {
+  constexpr int kLine = 128;
+  const char* at = static_cast<const char*>(base);
+  for (int64_t b = static_cast<int64_t>(lane) * kLine; b < bytes; b += 32 * kLine) {
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(at + b));
+  }
+}
+
 // The two together, first thing in a kernel launched by launch_after_previous().
 __device__ __forceinline__ void start_after_previous_grid() {
   wait_for_previous_grid();

@@ -109,10 +109,7 @@ __global__ void __launch_bounds__(kGroupedSkinnyThreads)
   const int64_t ahead = min(p.prefetch_row_bytes, row_bytes);
 #pragma unroll
   for (int j = 0; j < kWeightRows; ++j) {
-    const uint8_t* row = base + weight_row(j) * row_bytes;
-    for (int64_t at = lane * 128; at < ahead; at += device::kWarpSize * 128) {
-      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + at));
-    }
+    device::prefetch_to_l2(base + weight_row(j) * row_bytes, ahead, lane);
   }
   device::start_after_previous_grid();  // the rows may be the previous kernel's output
 

@@ -42,11 +42,7 @@ __global__ void __launch_bounds__(kRoutePlanThreads)
   const int row = static_cast<int>(blockIdx.x) * kRoutePlanWarps + warp;
   const int vecs = static_cast<int>(p.hidden_size / device::kBf16PerVec);
   const uint4* w = reinterpret_cast<const uint4*>(p.router) + static_cast<int64_t>(row) * vecs;
-  if (row < E) {
-    for (int v = lane * 8; v < vecs; v += device::kWarpSize * 8) {
-      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w + v));  // one per 128-byte line
-    }
-  }
+  if (row < E) device::prefetch_to_l2(w, int64_t{vecs} * 16, lane);
   device::start_after_previous_grid();  // hidden and num_valid_tokens: earlier kernels' output
   // Tokens past num_valid_tokens pad a graph bucket: no logits (the router gives them the null
   // expert without reading any).

@@ -329,12 +329,8 @@ __device__ __forceinline__ void prefetch_rows(const uint8_t* w, int64_t row_byte
                                               int col0, int64_t n, int lane) {
   const int rows = min(col0 + C, static_cast<int>(n)) - col0;
   const int64_t ahead = min(bytes, row_bytes);
-  for (int r = 0; r < rows; ++r) {
-    const uint8_t* row = w + static_cast<int64_t>(col0 + r) * row_bytes;
-    for (int64_t b = int64_t{lane} * 128; b < ahead; b += device::kWarpSize * 128) {
-      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + b));
-    }
-  }
+  for (int r = 0; r < rows; ++r)
+    device::prefetch_to_l2(w + static_cast<int64_t>(col0 + r) * row_bytes, ahead, lane);
 }
 
 // The butterfly of each (row, column) sum; every lane ends with every sum, and lane r * C + c

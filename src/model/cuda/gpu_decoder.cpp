@@ -1592,7 +1592,6 @@ void CudaDecoder::build_persistent_layers() {
                           cuda::kDecodeLayersStageClocks * sizeof(unsigned long long)));
     persistent_.stage_clock = persistent_clock_.get();
   }
-  report_.persistent_bytes = static_cast<int64_t>(table_span + scratch_bytes);
 }
 
 void CudaDecoder::report_persistent_clock() {
@@ -1602,12 +1601,14 @@ void CudaDecoder::report_persistent_clock() {
           cudaSuccess) {
     return;
   }
-  // Slot 7 counts the layers run; each launch's last down stage ends with the kernel, untimed.
-  const auto layer_runs = static_cast<double>(clock[7]);
-  if (layer_runs <= 0) return;
-  const char* names[] = {"norm+qkv", "attention", "o", "norm+router", "topk+gate_up", "down"};
-  std::fprintf(stderr, "moeinfer: persistent layers, us a layer over %llu layer runs:", clock[7]);
-  for (int s = 0; s < 6; ++s)
+  // Each launch's last down stage ends with the kernel, untimed.
+  const unsigned long long layers = clock[cuda::kDecodeLayersClockLayers];
+  if (layers == 0) return;
+  const auto layer_runs = static_cast<double>(layers);
+  const char* names[cuda::kDecodeLayersStages] = {"norm+qkv",    "attention",    "o",
+                                                  "norm+router", "topk+gate_up", "down"};
+  std::fprintf(stderr, "moeinfer: persistent layers, us a layer over %llu layer runs:", layers);
+  for (int s = 0; s < cuda::kDecodeLayersStages; ++s)
     std::fprintf(stderr, " %s %.2f", names[s], clock[s] / layer_runs / 1e3);
   std::fprintf(stderr, " (down: all but each launch's last layer)\n");
 }

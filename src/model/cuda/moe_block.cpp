@@ -259,16 +259,18 @@ const int32_t* MoeBlock::predict(int64_t layer, const RoutedTokens& tokens,
   return buffers_.predict_ids;
 }
 
+// SiLU-gated experts without biases, their outputs weighted: what the fused paths compute.
+// GPT-OSS's layers (expert biases, the clamped SwiGLU) and Llama 4's (weights on the experts'
+// input) take the stage-by-stage path, whose dispatch, grouped GEMM and combine have them.
+bool MoeBlock::plain_experts(const DeviceLayer& d) const {
+  return options_.weights == moe::WeightPlacement::kOutput &&
+         options_.shape.activation.kind == moe::ActivationKind::kSiluGlu &&
+         d.experts_gate_up_bias == nullptr && d.experts_down_bias == nullptr;
+}
+
 bool MoeBlock::small_batch_takes(int64_t layer, int64_t T) const {
   const DeviceLayer* d = runner_->resident(layer);
   const ExpertShape& s = options_.shape;
-  // The small-batch kernel computes SiLU-gated experts without biases, weighting their outputs:
-  // GPT-OSS's layers (expert biases, the clamped SwiGLU) and Llama 4's (weights on the experts'
-  // input) take the stage-by-stage path, whose dispatch, grouped GEMM and combine have them.
-  const bool plain_experts = options_.weights == moe::WeightPlacement::kOutput &&
-                             options_.shape.activation.kind == moe::ActivationKind::kSiluGlu &&
-                             (d == nullptr || (d->experts_gate_up_bias == nullptr &&
-                                               d->experts_down_bias == nullptr));
   // The small-batch kernel reads bf16, fp8, int4 and MXFP4 routed experts (dequantising them as
   // the grouped GEMM does) in one term, for the groups and sizes small_moe_supports_quant names.
   const bool readable_experts =
@@ -276,7 +278,7 @@ bool MoeBlock::small_batch_takes(int64_t layer, int64_t T) const {
       cuda::small_moe_supports_quant(s.quant, s.quant_group, s.hidden_size, s.expert_width);
   // Quantised shared experts (--weights-scope linear) take the stage path, whose dense MLP
   // reads them through the decoder's linear(); the small-batch kernel reads bf16 ones.
-  return d != nullptr && plain_experts && readable_experts && !d->shared_quantized &&
+  return d != nullptr && plain_experts(*d) && readable_experts && !d->shared_quantized &&
          buffers_.small_moe_workspace != nullptr && !options_.approx.enabled() &&
          T * options_.top_k <= buffers_.small_moe_rows &&
          cuda::small_moe_supports(T, s.num_experts, options_.top_k, s.hidden_size, s.expert_width,
@@ -292,15 +294,12 @@ std::optional<cuda::RouterParams> MoeBlock::persistent_router(int64_t layer) con
   const DeviceLayer* d = runner_->resident(layer);
   const ExpertShape& s = options_.shape;
   const LayerPlan& plan = plans_[layer];
-  const bool plain_layer = d != nullptr && plan.feed_forward == FeedForwardKind::kMoe &&
-                           plan.shared_expert == SharedExpertKind::kNone &&
-                           !dispatcher_->moves_rows() && !options_.approx.enabled();
-  const bool plain_experts = options_.weights == moe::WeightPlacement::kOutput &&
-                             s.activation.kind == moe::ActivationKind::kSiluGlu &&
-                             s.weight_terms == 1 && s.quant == cuda::ExpertQuant::kNone &&
-                             d != nullptr && d->experts_gate_up_bias == nullptr &&
-                             d->experts_down_bias == nullptr;
-  if (!plain_layer || !plain_experts) return std::nullopt;
+  if (d == nullptr || !plain_experts(*d) || s.weight_terms != 1 ||
+      s.quant != cuda::ExpertQuant::kNone || plan.feed_forward != FeedForwardKind::kMoe ||
+      plan.shared_expert != SharedExpertKind::kNone || dispatcher_->moves_rows() ||
+      options_.approx.enabled()) {
+    return std::nullopt;
+  }
   const cuda::RouterParams p = router_params(layer, 1, nullptr, nullptr, nullptr, nullptr, nullptr);
   if (p.selection_bias != nullptr || p.group_score != cuda::RouterGroupScore::kNone)
     return std::nullopt;

@@ -324,6 +324,8 @@ class MoeBlock final : private RoutingPredictor {
   void route(int64_t layer, const bf16* hidden, int64_t num_tokens, const int32_t* num_valid,
              const int32_t* noise_keys, float* logits, int32_t* topk_ids, float* topk_weights,
              cudaStream_t stream);
+  // Whether `d`'s experts are SiLU-gated without biases and weighted on their outputs.
+  bool plain_experts(const DeviceLayer& d) const;
   // Whether layer `layer` at T tokens takes the small-batch fused path.
   bool small_batch_takes(int64_t layer, int64_t num_tokens) const;
   // Whether T tokens take the fused route and plan (one launch for the route and plan stages).
