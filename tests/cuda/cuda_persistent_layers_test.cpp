@@ -59,11 +59,16 @@ void persistent_layers_match_the_cpu() {
       const int64_t block_size = std::vector<int64_t>{8, 16, 32}[rng() % 3];
       const testing::Schedule schedule = testing::make_lone_schedule(
           model.config.vocab_size, seed, block_size, prompt, kDecodes, kPiece);
+      const int64_t max_model_len = std::max<int64_t>(64, prompt + kDecodes);
+      // The pool holds at least one sequence of max_model_len (the decoder's own floor), more
+      // than a short prompt's schedule uses.
+      const int64_t num_kv_blocks =
+          std::max(schedule.num_blocks, (max_model_len + block_size - 1) / block_size);
       GpuOptions options{.max_batch_tokens = kPiece,
                          .max_num_seqs = 4,
-                         .max_model_len = std::max<int64_t>(64, prompt + kDecodes),
+                         .max_model_len = max_model_len,
                          .block_size = block_size,
-                         .num_kv_blocks = schedule.num_blocks,
+                         .num_kv_blocks = num_kv_blocks,
                          .quiet = true};
       options.persistent_layers = true;
       const testing::ConfigResult r =

@@ -54,7 +54,7 @@ Scratch carve(const DecodeLayersParams& p, char* base, int64_t* bytes) {
     return where;
   };
   Scratch s;
-  s.barrier = reinterpret_cast<unsigned*>(take(2 * sizeof(unsigned)));
+  s.barrier = reinterpret_cast<unsigned*>(take(sizeof(unsigned)));
   s.tickets = reinterpret_cast<int32_t*>(take(p.num_kv_heads * sizeof(int32_t)));
   s.qkv = reinterpret_cast<__nv_bfloat16*>(take((p.num_q_heads + 2 * p.num_kv_heads) * Dp * 2));
   s.partial_stats = reinterpret_cast<float*>(take(p.num_kv_heads * S * G * 2 * sizeof(float)));
@@ -139,8 +139,7 @@ std::string decode_layers_unsupported(const DecodeLayersParams& p) {
     return e.what();
   }
   // The merge's shares [splits, G] live over the staged key tile.
-  if (max_splits(p) * group_of(p) >
-      persistent_layers::kKeyTile * (p.padded_head_dim + persistent_layers::kTileRowPad))
+  if (max_splits(p) * group_of(p) > persistent_layers::kKeyTile * p.padded_head_dim)
     return "more attention splits than the merge holds";
   if (!device_attribute(cudaDevAttrCooperativeLaunch))
     return "the device has no cooperative launch";

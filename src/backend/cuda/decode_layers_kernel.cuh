@@ -5,13 +5,12 @@
 // each GEMV ("tasks"); a task is one or more weight rows (gate/up: the gate and the up row of one
 // column; down: one output column's row in each of the token's experts), each dotted with its
 // input in shared memory. A warp streams its rows in chunks of kChunkVecs 16-byte vectors a lane
-// (2048 bf16), holding the next chunk's loads in flight while it takes the current one, and
-// issues its first chunk before the barrier that releases the stage's inputs.
+// (2048 bf16), with the two chunks after the current one in flight, and issues its first chunks
+// before the barrier that releases the stage's inputs.
 //
-// The grid barrier: an arrival counter and a generation word. A block's thread 0 reads the
-// generation, arrives, and the last arrival resets the counter and bumps the generation, which
-// the others wait for; every word returns to its state, so the barrier needs no reset between
-// launches or graph replays. The attention tickets likewise return to zero.
+// The grid barrier is one word whose top bit flips when every block has arrived (grid_barrier);
+// it returns to its state, so it needs no reset between launches or graph replays. The attention
+// tickets likewise return to zero.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -23,6 +22,7 @@
 #include "backend/cuda/decode_layers.h"
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/gated_activation.cuh"
+#include "backend/cuda/grouped_gemm_kernel.cuh"
 #include "backend/cuda/router_kernel.cuh"
 
 namespace moeinfer::cuda {
@@ -35,9 +35,6 @@ namespace persistent_layers {
 inline constexpr int kChunkVecs = 4;  // 16-byte weight vectors a lane holds per chunk
 inline constexpr int kChunkElems = kChunkVecs * device::kWarpSize * device::kBf16PerVec;
 inline constexpr int kKeyTile = 64;  // cached positions a block stages at a time
-// bf16 past each staged key or value row: an odd row stride in 4-byte words, so the 32 positions a
-// warp scores read 32 different banks.
-inline constexpr int kTileRowPad = 2;
 inline constexpr int kMaxOutputsPerThread =
     (static_cast<int>(kDecodeLayersMaxGroup * kDecodeLayersMaxHeadDim) + kDecodeLayersThreads - 1) /
     kDecodeLayersThreads;
@@ -56,7 +53,7 @@ __device__ __forceinline__ unsigned long long global_nanoseconds() {
 
 // The scratch words and buffers (decode_layers.cu carves them in this order).
 struct Scratch {
-  unsigned* barrier = nullptr;     // [2] arrivals, generation
+  unsigned* barrier = nullptr;     // [1] the grid barrier's arrival word
   int32_t* tickets = nullptr;      // [Nkv]
   __nv_bfloat16* qkv = nullptr;    // [(Nq + 2 Nkv) Dp]
   float* partial_stats = nullptr;  // [Nkv, S, G, 2] max, sum
@@ -78,23 +75,21 @@ __device__ __forceinline__ unsigned load_acquire(const unsigned* address) {
   return value;
 }
 
+// The grid barrier is one arrival word. Block 0 adds 2^31 - (blocks - 1) and every other block
+// adds 1, so the word's top bit flips once all have arrived and its low bits come back to what
+// they were: one atomic a block, then polls for the flip, and no reset between launches.
+//
 // stage_clock (DecodeLayersParams::stage_clock): block 0 adds the time since its previous
 // barrier to slot `stage`, so slot s sums the stage that this barrier closes.
 __device__ __forceinline__ void grid_barrier(unsigned* barrier, unsigned long long* stage_clock,
                                              int stage) {
+  constexpr unsigned kFlip = 0x80000000u;
   __syncthreads();
   if (threadIdx.x == 0) {
-    unsigned* arrivals = barrier;
-    unsigned* generation = barrier + 1;
-    const unsigned seen = load_acquire(generation);
+    const unsigned add = blockIdx.x == 0 ? kFlip - (gridDim.x - 1) : 1u;
     __threadfence();  // this block's writes before its arrival
-    if (atomicAdd(arrivals, 1u) == gridDim.x - 1) {
-      atomicExch(arrivals, 0u);
-      __threadfence();
-      atomicAdd(generation, 1u);
-    } else {
-      while (load_acquire(generation) == seen) {
-      }
+    const unsigned before = atomicAdd(barrier, add);
+    while (((load_acquire(barrier) ^ before) & kFlip) == 0) {
     }
     __threadfence();
     if (stage_clock != nullptr && blockIdx.x == 0) {
@@ -150,41 +145,49 @@ __device__ __forceinline__ Cursor advance(Cursor c, int rows, int chunks, int st
 // This warp's share of a GEMV: tasks g, g + G, ... of num_tasks, each `rows` weight rows of k
 // elements: row_of(task, r) and its input input_of(r) (shared memory). finish(task, r, value)
 // gets each row's dot on every lane. release() is called once by every thread of the block
-// (barriers inside): after this warp's first loads when `preload`, else before any. Three
-// chunks are in flight at a time: the one being taken and the two after it.
+// (barriers inside): after this warp's first loads when `preload`, else before any.
+//
+// Three chunk buffers turn in a fixed order: a buffer is refilled with the chunk three ahead as
+// soon as it is taken, so two chunks stay in flight while one is summed. The turn is unrolled so
+// that each buffer keeps its registers: moving a chunk whose loads are in flight from one
+// register to another would wait for them.
 template <typename RowOf, typename InputOf, typename Finish, typename Release>
 __device__ __forceinline__ void warp_gemv(int num_tasks, int rows, int k, bool preload,
                                           RowOf row_of, InputOf input_of, Finish finish,
                                           Release release) {
+  constexpr int kBuffers = 3;
   const int lane = threadIdx.x % device::kWarpSize;
   const int stride = gridDim.x * kDecodeLayersWarps;
   const int chunks = (k + kChunkElems - 1) / kChunkElems;
-  Cursor c0{static_cast<int>(blockIdx.x * kDecodeLayersWarps + threadIdx.x / device::kWarpSize), 0,
-            0};
-  const Cursor c1 = advance(c0, rows, chunks, stride);
-  Cursor c2 = advance(c1, rows, chunks, stride);
-  Chunk w0, w1, w2;
-  auto load = [&](Chunk& w, const Cursor& c) {
-    if (c.task < num_tasks) load_chunk(w, row_of(c.task, c.row), k, c.chunk, lane);
+  Cursor at[kBuffers];
+  at[0] = Cursor{
+      static_cast<int>(blockIdx.x * kDecodeLayersWarps + threadIdx.x / device::kWarpSize), 0, 0};
+#pragma unroll
+  for (int b = 1; b < kBuffers; ++b) at[b] = advance(at[b - 1], rows, chunks, stride);
+  Cursor ahead = advance(at[kBuffers - 1], rows, chunks, stride);
+  Chunk w[kBuffers];
+  auto load = [&](Chunk& chunk, const Cursor& c) {
+    if (c.task < num_tasks) load_chunk(chunk, row_of(c.task, c.row), k, c.chunk, lane);
   };
   if (!preload) release();
-  load(w0, c0);
-  load(w1, c1);
+#pragma unroll
+  for (int b = 0; b < kBuffers; ++b) load(w[b], at[b]);
   if (preload) release();
-  Cursor next = c1;
   float sum = 0.0f;
-  while (c0.task < num_tasks) {
-    load(w2, c2);
-    sum += dot_chunk(w0, input_of(c0.row), k, c0.chunk, lane);
-    if (c0.chunk == chunks - 1) {
-      finish(c0.task, c0.row, device::warp_sum(sum));
-      sum = 0.0f;
+  while (at[0].task < num_tasks) {
+#pragma unroll
+    for (int b = 0; b < kBuffers; ++b) {
+      // Chunks come in order: once one is past the tasks, so is every later one (and at[0]).
+      if (at[b].task >= num_tasks) break;
+      sum += dot_chunk(w[b], input_of(at[b].row), k, at[b].chunk, lane);
+      if (at[b].chunk == chunks - 1) {
+        finish(at[b].task, at[b].row, device::warp_sum(sum));
+        sum = 0.0f;
+      }
+      at[b] = ahead;
+      ahead = advance(ahead, rows, chunks, stride);
+      load(w[b], at[b]);
     }
-    w0 = w1;
-    w1 = w2;
-    c0 = next;
-    next = c2;
-    c2 = advance(c2, rows, chunks, stride);
   }
 }
 
@@ -344,7 +347,7 @@ struct AttentionShared {
   float* q;             // [G, Dp] normed, rotated queries
   float* new_key;       // [Dp]
   float* new_value;     // [Dp]
-  __nv_bfloat16* keys;  // [kKeyTile, Dp + kTileRowPad]
+  __nv_bfloat16* keys;  // [kKeyTile, Dp], each row's 16-byte vectors rotated (tile_slot)
   __nv_bfloat16* values;
   float* probs;  // [G, kKeyTile]
   float* stats;  // [G, 3] running max, running sum, this tile's correction
@@ -352,8 +355,7 @@ struct AttentionShared {
 };
 
 __host__ __device__ inline int64_t attention_shared_floats(int64_t group, int64_t dp) {
-  return group * dp + 2 * dp + 2 * kKeyTile * (dp + kTileRowPad) / 2 + group * kKeyTile +
-         group * 3 + 4;
+  return group * dp + 2 * dp + 2 * kKeyTile * dp / 2 + group * kKeyTile + group * 3 + 4;
 }
 
 __device__ inline AttentionShared carve_attention(float* base, int group, int dp) {
@@ -362,11 +364,61 @@ __device__ inline AttentionShared carve_attention(float* base, int group, int dp
   s.new_key = s.q + group * dp;
   s.new_value = s.new_key + dp;
   s.keys = reinterpret_cast<__nv_bfloat16*>(s.new_value + dp);
-  s.values = s.keys + kKeyTile * (dp + kTileRowPad);
-  s.probs = reinterpret_cast<float*>(s.values + kKeyTile * (dp + kTileRowPad));
+  s.values = s.keys + kKeyTile * dp;
+  s.probs = reinterpret_cast<float*>(s.values + kKeyTile * dp);
   s.stats = s.probs + group * kKeyTile;
   s.flag = reinterpret_cast<int*>(s.stats + group * 3);
   return s;
+}
+
+// Where vector v of a staged key or value row t sits in the row: rotated by t, so that the 32
+// rows a warp scores at one v fall in different banks, and a row stays 16-byte aligned for
+// cp.async.
+__device__ __forceinline__ int tile_slot(int t, int v, int vecs_per_row) {
+  return (v + t) % vecs_per_row;
+}
+
+// Starts the copies of a key tile's cached keys and values (positions tile .. tile + n - 1 of KV
+// head h) into shared memory, through L2 and no registers; the caller waits for them
+// (cp_async_wait). The step's own position is not in the cache yet: store_new_position puts it.
+__device__ __forceinline__ void load_tile(const DecodeLayersParams& p, const DecodeLayerWeights& lw,
+                                          const AttentionShared& s, int h, int tile, int n,
+                                          int seq_len) {
+  const int Nkv = static_cast<int>(p.num_kv_heads), Dp = static_cast<int>(p.padded_head_dim);
+  const int vecs_per_row = Dp / device::kBf16PerVec;
+  const int bs = static_cast<int>(p.block_size);
+  const uint32_t keys = static_cast<uint32_t>(__cvta_generic_to_shared(s.keys));
+  const uint32_t values = static_cast<uint32_t>(__cvta_generic_to_shared(s.values));
+  for (int idx = threadIdx.x; idx < n * vecs_per_row; idx += kDecodeLayersThreads) {
+    const int t = idx / vecs_per_row, v = idx % vecs_per_row;
+    const int pos = tile + t;
+    if (pos == seq_len - 1) continue;
+    const int32_t block = __ldg(p.block_table + pos / bs);
+    MOE_DEVICE_CHECK(block >= 0 && block < p.num_cache_blocks);
+    const int64_t at =
+        ((static_cast<int64_t>(block) * bs + pos % bs) * Nkv + h) * Dp + v * device::kBf16PerVec;
+    const uint32_t offset =
+        static_cast<uint32_t>((t * vecs_per_row + tile_slot(t, v, vecs_per_row)) * sizeof(uint4));
+    gemm::cp_async_16(keys + offset, lw.k_cache + at, true);
+    gemm::cp_async_16(values + offset, lw.v_cache + at, true);
+  }
+  gemm::cp_async_commit();
+}
+
+// The step's own key and value (s.new_key, s.new_value) into the staged tile at row t.
+__device__ __forceinline__ void store_new_position(const AttentionShared& s, int dp, int t) {
+  const int vecs_per_row = dp / device::kBf16PerVec;
+  for (int v = threadIdx.x; v < vecs_per_row; v += kDecodeLayersThreads) {
+    float kf[8], vf[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      kf[i] = s.new_key[v * 8 + i];
+      vf[i] = s.new_value[v * 8 + i];
+    }
+    const int at = t * vecs_per_row + tile_slot(t, v, vecs_per_row);
+    reinterpret_cast<uint4*>(s.keys)[at] = device::float_to_bf16x8(kf);
+    reinterpret_cast<uint4*>(s.values)[at] = device::float_to_bf16x8(vf);
+  }
 }
 
 // Attention of the step's token for KV head h over split `split` of `splits` (the cached
@@ -380,7 +432,7 @@ __device__ inline void attention_item(const DecodeLayersParams& p, const DecodeL
   const int Nq = static_cast<int>(p.num_q_heads), Nkv = static_cast<int>(p.num_kv_heads);
   const int G = Nq / Nkv;
   const int Dp = static_cast<int>(p.padded_head_dim);
-  const int row_stride = Dp + kTileRowPad;
+  const int vecs_per_row = Dp / device::kBf16PerVec;
   const float position = static_cast<float>(__ldg(p.position));
   const bool rotate = lw.rope && p.rotary_dim > 0;
   const int span = seq_len - begin;
@@ -388,6 +440,10 @@ __device__ inline void attention_item(const DecodeLayersParams& p, const DecodeL
   const int first = begin + split * per_split;
   const int last = min(seq_len, first + per_split);  // exclusive
   const bool has_new = first <= seq_len - 1 && seq_len - 1 < last;
+
+  // The first key tile's copies go out before the queries are formed, so that their latencies
+  // overlap.
+  load_tile(p, lw, s, h, first, min(kKeyTile, last - first), seq_len);
 
   // Queries (and the new key and value where this split holds the new position).
   for (int i = warp; i < G; i += kDecodeLayersWarps)
@@ -422,40 +478,13 @@ __device__ inline void attention_item(const DecodeLayersParams& p, const DecodeL
 #pragma unroll
   for (int j = 0; j < kMaxOutputsPerThread; ++j) acc[j] = 0.0f;
   const int outputs = G * Dp;
-  const int vecs_per_row = Dp / device::kBf16PerVec;
-  const int bs = static_cast<int>(p.block_size);
 
   for (int tile = first; tile < last; tile += kKeyTile) {
     const int n = min(kKeyTile, last - tile);
-    // Stage the tile's keys and values (the new position's from shared memory).
-    for (int idx = threadIdx.x; idx < n * vecs_per_row; idx += blockDim.x) {
-      const int t = idx / vecs_per_row, v = idx % vecs_per_row;
-      const int pos = tile + t;
-      uint4 key, value;
-      if (pos == seq_len - 1) {
-        float kf[8], vf[8];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          kf[i] = s.new_key[v * 8 + i];
-          vf[i] = s.new_value[v * 8 + i];
-        }
-        key = device::float_to_bf16x8(kf);
-        value = device::float_to_bf16x8(vf);
-      } else {
-        const int32_t block = __ldg(p.block_table + pos / bs);
-        MOE_DEVICE_CHECK(block >= 0 && block < p.num_cache_blocks);
-        const int64_t at = ((static_cast<int64_t>(block) * bs + pos % bs) * Nkv + h) * Dp +
-                           v * device::kBf16PerVec;
-        key = load_from_l2(lw.k_cache + at);
-        value = load_from_l2(lw.v_cache + at);
-      }
-      // 4-byte stores: the padded rows are not 16-byte aligned.
-      uint32_t* key_words = reinterpret_cast<uint32_t*>(s.keys + t * row_stride + v * 8);
-      uint32_t* value_words = reinterpret_cast<uint32_t*>(s.values + t * row_stride + v * 8);
-      key_words[0] = key.x, key_words[1] = key.y, key_words[2] = key.z, key_words[3] = key.w;
-      value_words[0] = value.x, value_words[1] = value.y, value_words[2] = value.z,
-      value_words[3] = value.w;
-    }
+    if (tile != first) load_tile(p, lw, s, h, tile, n, seq_len);
+    if (tile <= seq_len - 1 && seq_len - 1 < tile + n)
+      store_new_position(s, Dp, seq_len - 1 - tile);
+    gemm::cp_async_wait<0>();
     __syncthreads();
     // Scores: thread (head i, position t).
     for (int idx = threadIdx.x; idx < G * kKeyTile; idx += blockDim.x) {
@@ -463,12 +492,14 @@ __device__ inline void attention_item(const DecodeLayersParams& p, const DecodeL
       float score = -INFINITY;
       if (t < n) {
         const float* q = s.q + i * Dp;
-        const __nv_bfloat162* k = reinterpret_cast<const __nv_bfloat162*>(s.keys + t * row_stride);
+        const uint4* key = reinterpret_cast<const uint4*>(s.keys) + t * vecs_per_row;
         float dot = 0.0f;
-        for (int d = 0; d < Dp / 2; ++d) {
-          const float2 kk = __bfloat1622float2(k[d]);
-          dot = fmaf(q[2 * d], kk.x, dot);
-          dot = fmaf(q[2 * d + 1], kk.y, dot);
+        for (int v = 0, slot = tile_slot(t, 0, vecs_per_row); v < vecs_per_row; ++v) {
+          float kf[8];
+          device::bf16x8_to_float(key[slot], kf);
+          slot = slot + 1 == vecs_per_row ? 0 : slot + 1;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) dot = fmaf(q[v * 8 + e], kf[e], dot);
         }
         score = dot * p.attention_scale;
       }
@@ -507,8 +538,12 @@ __device__ inline void attention_item(const DecodeLayersParams& p, const DecodeL
         const int i = o / Dp, d = o % Dp;
         const float* pr = s.probs + i * kKeyTile;
         float sum = acc[j] * s.stats[i * 3 + 2];
-        for (int t = 0; t < n; ++t)
-          sum = fmaf(pr[t], __bfloat162float(s.values[t * row_stride + d]), sum);
+        // Row t's copy of d: its vector rotated by t (tile_slot).
+        for (int t = 0, slot = d / device::kBf16PerVec; t < n; ++t) {
+          const int at = (t * vecs_per_row + slot) * device::kBf16PerVec + d % device::kBf16PerVec;
+          sum = fmaf(pr[t], __bfloat162float(s.values[at]), sum);
+          slot = slot + 1 == vecs_per_row ? 0 : slot + 1;
+        }
         acc[j] = sum;
       }
     }
@@ -601,8 +636,6 @@ __global__ void __launch_bounds__(kDecodeLayersThreads, 1)
   const int E = static_cast<int>(p.num_experts), K = static_cast<int>(p.top_k);
   const int Ip = static_cast<int>(p.expert_width);
   __nv_bfloat16* x = reinterpret_cast<__nv_bfloat16*>(shared_raw);
-  const AttentionShared attention_shared =
-      carve_attention(reinterpret_cast<float*>(shared_raw), G, Dp);
   const int seq_len = __ldg(p.seq_len);
   if (p.stage_clock != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
     p.stage_clock[kDecodeLayersClockLast] = global_nanoseconds();
@@ -643,6 +676,8 @@ __global__ void __launch_bounds__(kDecodeLayersThreads, 1)
       const int span = seq_len - begin;
       const int splits =
           max(1, min(scratch.max_splits, (span + kMinKeysPerSplit - 1) / kMinKeysPerSplit));
+      const AttentionShared attention_shared =
+          carve_attention(reinterpret_cast<float*>(shared_raw), G, Dp);
       for (int item = blockIdx.x; item < Nkv * splits; item += gridDim.x) {
         attention_item(p, lw, scratch, attention_shared, item / splits, item % splits, splits,
                        begin, seq_len);
