@@ -35,8 +35,10 @@ namespace persistent_layers {
 inline constexpr int kChunkVecs = 4;  // 16-byte weight vectors a lane holds per chunk
 inline constexpr int kChunkElems = kChunkVecs * device::kWarpSize * device::kBf16PerVec;
 inline constexpr int kKeyTile = 64;  // cached positions a block stages at a time
-inline constexpr int kMaxOutputsPerThread =
-    (static_cast<int>(kDecodeLayersMaxGroup * kDecodeLayersMaxHeadDim) + kDecodeLayersThreads - 1) /
+// Pairs of adjacent attention outputs (query head, two dims) a thread accumulates.
+inline constexpr int kMaxOutputPairsPerThread =
+    (static_cast<int>(kDecodeLayersMaxGroup * kDecodeLayersMaxHeadDim) / 2 + kDecodeLayersThreads -
+     1) /
     kDecodeLayersThreads;
 inline constexpr int kMinKeysPerSplit = 64;
 // Vectors of 8 a thread holds while it forms a norm: hidden sizes up to 2 * 8 * 512 = 8192.
@@ -474,9 +476,9 @@ __device__ inline void attention_item(const DecodeLayersParams& p, const DecodeL
     }
   }
 
-  float acc[kMaxOutputsPerThread];
+  float2 acc[kMaxOutputPairsPerThread];
 #pragma unroll
-  for (int j = 0; j < kMaxOutputsPerThread; ++j) acc[j] = 0.0f;
+  for (int j = 0; j < kMaxOutputPairsPerThread; ++j) acc[j] = make_float2(0.0f, 0.0f);
   const int outputs = G * Dp;
 
   for (int tile = first; tile < last; tile += kKeyTile) {
@@ -498,8 +500,16 @@ __device__ inline void attention_item(const DecodeLayersParams& p, const DecodeL
           float kf[8];
           device::bf16x8_to_float(key[slot], kf);
           slot = slot + 1 == vecs_per_row ? 0 : slot + 1;
-#pragma unroll
-          for (int e = 0; e < 8; ++e) dot = fmaf(q[v * 8 + e], kf[e], dot);
+          const float4 q0 = reinterpret_cast<const float4*>(q)[2 * v];
+          const float4 q1 = reinterpret_cast<const float4*>(q)[2 * v + 1];
+          dot = fmaf(q0.x, kf[0], dot);
+          dot = fmaf(q0.y, kf[1], dot);
+          dot = fmaf(q0.z, kf[2], dot);
+          dot = fmaf(q0.w, kf[3], dot);
+          dot = fmaf(q1.x, kf[4], dot);
+          dot = fmaf(q1.y, kf[5], dot);
+          dot = fmaf(q1.z, kf[6], dot);
+          dot = fmaf(q1.w, kf[7], dot);
         }
         score = dot * p.attention_scale;
       }
@@ -530,18 +540,23 @@ __device__ inline void attention_item(const DecodeLayersParams& p, const DecodeL
       }
     }
     __syncthreads();
-    // Outputs: thread owns (head, dim) pairs threadIdx.x + j * blockDim.x.
+    // Outputs: thread owns the pairs of dims threadIdx.x + j * blockDim.x of the G x Dp outputs.
 #pragma unroll
-    for (int j = 0; j < kMaxOutputsPerThread; ++j) {
-      const int o = threadIdx.x + j * kDecodeLayersThreads;
-      if (o < outputs) {
-        const int i = o / Dp, d = o % Dp;
+    for (int j = 0; j < kMaxOutputPairsPerThread; ++j) {
+      const int pair = threadIdx.x + j * kDecodeLayersThreads;
+      if (2 * pair < outputs) {
+        const int i = 2 * pair / Dp, d = 2 * pair % Dp;
         const float* pr = s.probs + i * kKeyTile;
-        float sum = acc[j] * s.stats[i * 3 + 2];
-        // Row t's copy of d: its vector rotated by t (tile_slot).
+        const float correction = s.stats[i * 3 + 2];
+        float2 sum = make_float2(acc[j].x * correction, acc[j].y * correction);
+        // Row t's copy of d and d + 1: their vector rotated by t (tile_slot).
+#pragma unroll 4
         for (int t = 0, slot = d / device::kBf16PerVec; t < n; ++t) {
           const int at = (t * vecs_per_row + slot) * device::kBf16PerVec + d % device::kBf16PerVec;
-          sum = fmaf(pr[t], __bfloat162float(s.values[at]), sum);
+          const float2 v =
+              __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(s.values + at));
+          sum.x = fmaf(pr[t], v.x, sum.x);
+          sum.y = fmaf(pr[t], v.y, sum.y);
           slot = slot + 1 == vecs_per_row ? 0 : slot + 1;
         }
         acc[j] = sum;
@@ -557,9 +572,10 @@ __device__ inline void attention_item(const DecodeLayersParams& p, const DecodeL
     scratch.partial_stats[(item * G + threadIdx.x) * 2 + 1] = s.stats[threadIdx.x * 3 + 1];
   }
 #pragma unroll
-  for (int j = 0; j < kMaxOutputsPerThread; ++j) {
-    const int o = threadIdx.x + j * kDecodeLayersThreads;
-    if (o < outputs) scratch.partial_out[item * outputs + o] = acc[j];
+  for (int j = 0; j < kMaxOutputPairsPerThread; ++j) {
+    const int pair = threadIdx.x + j * kDecodeLayersThreads;
+    if (2 * pair < outputs)
+      reinterpret_cast<float2*>(scratch.partial_out + item * outputs)[pair] = acc[j];
   }
   __syncthreads();
   if (threadIdx.x == 0) {
