@@ -114,10 +114,6 @@ struct DecodeLayersParams {
   // the barrier before it to the barrier after it (1 norm + QKV, 2 attention, 3 O, 4 norm +
   // router, 5 top-k + gate/up, 6 down; the last layer's down is not counted). For measurements.
   unsigned long long* stage_clock = nullptr;
-  // Each warp, its share of a stage done, asks L2 for its rows of the next GEMV (O during the
-  // attention, the router's, the experts' down rows, the next layer's QKV) while the others
-  // finish. For measurements: the decoder sets it from MOE_PERSISTENT_PREFETCH (default on).
-  bool tail_prefetch = true;
   // Scratch (device memory, decode_layers_scratch_bytes), zero-filled once before first use:
   // the grid barrier and the attention tickets live in it and return to zero after each launch.
   void* scratch = nullptr;

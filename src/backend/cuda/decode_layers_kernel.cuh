@@ -8,9 +8,9 @@
 // (2048 bf16), with the two chunks after the current one in flight, and issues its first chunks
 // before the barrier that releases the stage's inputs.
 //
-// The grid barrier is one word whose top bit flips when every block has arrived (grid_barrier);
-// it returns to its state, so it needs no reset between launches or graph replays. The attention
-// tickets likewise return to zero.
+// The grid barrier is one word whose top bit flips when every block has arrived (grid_arrive,
+// grid_wait); it returns to its state, so it needs no reset between launches or graph replays. The
+// attention tickets likewise return to zero.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -81,19 +81,34 @@ __device__ __forceinline__ unsigned load_acquire(const unsigned* address) {
 // adds 1, so the word's top bit flips once all have arrived and its low bits come back to what
 // they were: one atomic a block, then polls for the flip, and no reset between launches.
 //
-// stage_clock (DecodeLayersParams::stage_clock): block 0 adds the time since its previous
-// barrier to slot `stage`, so slot s sums the stage that this barrier closes.
-__device__ __forceinline__ void grid_barrier(unsigned* barrier, unsigned long long* stage_clock,
-                                             int stage) {
-  constexpr unsigned kFlip = 0x80000000u;
+// It comes in two halves so that a block can issue its next stage's weight loads between them:
+// the arrival releases the block's writes before any of those loads is in flight (a release
+// waits for the thread's outstanding loads), and the wait acquires the other blocks' writes.
+inline constexpr unsigned kBarrierFlip = 0x80000000u;
+
+// Every thread of the block calls it once the block's writes of the stage are issued; thread 0's
+// result (the word before its arrival) goes to grid_wait.
+__device__ __forceinline__ unsigned grid_arrive(unsigned* barrier) {
   __syncthreads();
+  unsigned before = 0;
   if (threadIdx.x == 0) {
-    const unsigned add = blockIdx.x == 0 ? kFlip - (gridDim.x - 1) : 1u;
-    __threadfence();  // this block's writes before its arrival
-    const unsigned before = atomicAdd(barrier, add);
-    while (((load_acquire(barrier) ^ before) & kFlip) == 0) {
+    const unsigned add = blockIdx.x == 0 ? kBarrierFlip - (gridDim.x - 1) : 1u;
+    asm volatile("atom.release.gpu.global.add.u32 %0, [%1], %2;\n"
+                 : "=r"(before)
+                 : "l"(barrier), "r"(add)
+                 : "memory");
+  }
+  return before;
+}
+
+// Returns, to every thread of the block, once every block has arrived. stage_clock
+// (DecodeLayersParams::stage_clock): block 0 adds the time since its previous wait to slot
+// `stage`, so slot s sums the stage that this barrier closes.
+__device__ __forceinline__ void grid_wait(const unsigned* barrier, unsigned before,
+                                          unsigned long long* stage_clock, int stage) {
+  if (threadIdx.x == 0) {
+    while (((load_acquire(barrier) ^ before) & kBarrierFlip) == 0) {
     }
-    __threadfence();
     if (stage_clock != nullptr && blockIdx.x == 0) {
       const unsigned long long now = global_nanoseconds();
       stage_clock[stage] += now - stage_clock[kDecodeLayersClockLast];
@@ -146,17 +161,19 @@ __device__ __forceinline__ Cursor advance(Cursor c, int rows, int chunks, int st
 
 // This warp's share of a GEMV: tasks g, g + G, ... of num_tasks, each `rows` weight rows of k
 // elements: row_of(task, r) and its input input_of(r) (shared memory). finish(task, r, value)
-// gets each row's dot on every lane. release() is called once by every thread of the block
-// (barriers inside): after this warp's first loads when `preload`, else before any.
+// gets each row's dot on every lane. before_loads() and after_loads() are called once by every
+// thread of the block (barriers inside), around this warp's first loads: a stage whose rows are
+// known ahead issues them while it waits for its inputs.
 //
 // Three chunk buffers turn in a fixed order: a buffer is refilled with the chunk three ahead as
 // soon as it is taken, so two chunks stay in flight while one is summed. The turn is unrolled so
 // that each buffer keeps its registers: moving a chunk whose loads are in flight from one
 // register to another would wait for them.
-template <typename RowOf, typename InputOf, typename Finish, typename Release>
-__device__ __forceinline__ void warp_gemv(int num_tasks, int rows, int k, bool preload,
-                                          RowOf row_of, InputOf input_of, Finish finish,
-                                          Release release) {
+template <typename RowOf, typename InputOf, typename Finish, typename BeforeLoads,
+          typename AfterLoads>
+__device__ __forceinline__ void warp_gemv(int num_tasks, int rows, int k, RowOf row_of,
+                                          InputOf input_of, Finish finish, BeforeLoads before_loads,
+                                          AfterLoads after_loads) {
   constexpr int kBuffers = 3;
   const int lane = threadIdx.x % device::kWarpSize;
   const int stride = gridDim.x * kDecodeLayersWarps;
@@ -171,10 +188,10 @@ __device__ __forceinline__ void warp_gemv(int num_tasks, int rows, int k, bool p
   auto load = [&](Chunk& chunk, const Cursor& c) {
     if (c.task < num_tasks) load_chunk(chunk, row_of(c.task, c.row), k, c.chunk, lane);
   };
-  if (!preload) release();
+  before_loads();
 #pragma unroll
   for (int b = 0; b < kBuffers; ++b) load(w[b], at[b]);
-  if (preload) release();
+  after_loads();
   float sum = 0.0f;
   while (at[0].task < num_tasks) {
 #pragma unroll
@@ -190,25 +207,6 @@ __device__ __forceinline__ void warp_gemv(int num_tasks, int rows, int k, bool p
       ahead = advance(ahead, rows, chunks, stride);
       load(w[b], at[b]);
     }
-  }
-}
-
-// Asks L2 for the weight rows this warp takes in a GEMV (warp_gemv's assignment: tasks g, g + G,
-// ... of num_tasks, each `rows` rows of k bf16 at row_of(task, r)), one 128-byte line a lane at
-// a time; nothing waits for them. Called where the warp would otherwise wait (the attention's
-// latency, the barrier after its share of a stage), so that the next stage's first bytes come
-// from L2.
-template <typename RowOf>
-__device__ __forceinline__ void prefetch_tasks_to_l2(int num_tasks, int rows, int64_t k,
-                                                     RowOf row_of) {
-  const int lane = threadIdx.x % device::kWarpSize;
-  const int stride = gridDim.x * kDecodeLayersWarps;
-  for (int task =
-           blockIdx.x * kDecodeLayersWarps + static_cast<int>(threadIdx.x) / device::kWarpSize;
-       task < num_tasks; task += stride) {
-    for (int r = 0; r < rows; ++r)
-      device::prefetch_to_l2(row_of(task, r), k * static_cast<int64_t>(sizeof(__nv_bfloat16)),
-                             lane);
   }
 }
 
@@ -423,9 +421,31 @@ __device__ __forceinline__ void store_new_position(const AttentionShared& s, int
   }
 }
 
+// The cached positions [first, last) of split `split` of `splits` over [begin, seq_len).
+struct SplitRange {
+  int first, last;
+};
+
+__device__ __forceinline__ SplitRange split_range(int split, int splits, int begin, int seq_len) {
+  const int per_split = (seq_len - begin + splits - 1) / splits;
+  const int first = begin + split * per_split;
+  return {first, min(seq_len, first + per_split)};
+}
+
+// Starts the copies of the first key tile of an attention item (attention_item waits for them):
+// issued before the queries are ready, since the cache's earlier positions do not depend on them.
+__device__ __forceinline__ void issue_first_tile(const DecodeLayersParams& p,
+                                                 const DecodeLayerWeights& lw,
+                                                 const AttentionShared& s, int h, int split,
+                                                 int splits, int begin, int seq_len) {
+  const SplitRange range = split_range(split, splits, begin, seq_len);
+  load_tile(p, lw, s, h, range.first, min(kKeyTile, range.last - range.first), seq_len);
+}
+
 // Attention of the step's token for KV head h over split `split` of `splits` (the cached
-// positions [begin, seq_len)), leaving the split's partial softmax in scratch; the block that
-// finishes a head's last split merges them into scratch.attn.
+// positions [begin, seq_len)), its first key tile's copies issued (issue_first_tile), leaving the
+// split's partial softmax in scratch; the block that finishes a head's last split merges them into
+// scratch.attn.
 __device__ inline void attention_item(const DecodeLayersParams& p, const DecodeLayerWeights& lw,
                                       const Scratch& scratch, const AttentionShared& s, int h,
                                       int split, int splits, int begin, int seq_len) {
@@ -437,15 +457,9 @@ __device__ inline void attention_item(const DecodeLayersParams& p, const DecodeL
   const int vecs_per_row = Dp / device::kBf16PerVec;
   const float position = static_cast<float>(__ldg(p.position));
   const bool rotate = lw.rope && p.rotary_dim > 0;
-  const int span = seq_len - begin;
-  const int per_split = (span + splits - 1) / splits;
-  const int first = begin + split * per_split;
-  const int last = min(seq_len, first + per_split);  // exclusive
+  const SplitRange range = split_range(split, splits, begin, seq_len);
+  const int first = range.first, last = range.last;
   const bool has_new = first <= seq_len - 1 && seq_len - 1 < last;
-
-  // The first key tile's copies go out before the queries are formed, so that their latencies
-  // overlap.
-  load_tile(p, lw, s, h, first, min(kKeyTile, last - first), seq_len);
 
   // Queries (and the new key and value where this split holds the new position).
   for (int i = warp; i < G; i += kDecodeLayersWarps)
@@ -658,11 +672,12 @@ __global__ void __launch_bounds__(kDecodeLayersThreads, 1)
     p.stage_clock[kDecodeLayersClockLayers] += static_cast<unsigned long long>(p.num_layers);
   }
 
+  unsigned arrival = 0;  // thread 0's grid_arrive, for its grid_wait
   for (int l = 0; l < p.num_layers; ++l) {
     const DecodeLayerWeights& lw = p.layers[l];
     const bool with_block_out = l > 0 || p.block_out_valid;
 
-    // The rows of each GEMV (the next stage's rows are asked of L2 while a warp waits).
+    // The rows of each GEMV.
     const int attn_width = Nq * Dp;
     auto o_row = [&](int c, int) { return lw.o_proj + static_cast<int64_t>(c) * attn_width; };
     auto router_row = [&](int e, int) { return lw.router + static_cast<int64_t>(e) * Hp; };
@@ -670,22 +685,24 @@ __global__ void __launch_bounds__(kDecodeLayersThreads, 1)
       return lw.down + (static_cast<int64_t>(route_ids[pick]) * Hp + c) * Ip;
     };
 
-    // 1. Input norm and QKV; O's rows asked of L2 for the attention's time.
-    warp_gemv((Nq + 2 * Nkv) * Dp, 1, Hp, /*preload=*/true,
+    // 1. Input norm and QKV.
+    warp_gemv((Nq + 2 * Nkv) * Dp, 1, Hp,
               [&](int n, int) { return lw.qkv + static_cast<int64_t>(n) * Hp; },
               [&](int) { return x; },
               [&](int n, int, float value) {
                 if (lane == 0) scratch.qkv[n] = __float2bfloat16_rn(value);
               },
               [&] {
-                if (l > 0) grid_barrier(scratch.barrier, p.stage_clock, 5);
+                if (l > 0) arrival = grid_arrive(scratch.barrier);
+              },
+              [&] {
+                if (l > 0) grid_wait(scratch.barrier, arrival, p.stage_clock, 5);
                 form_norm(p, with_block_out, lw.input_norm, x, partials);
                 __syncthreads();
               });
-    if (p.tail_prefetch) prefetch_tasks_to_l2(Hp, 1, attn_width, o_row);
-    grid_barrier(scratch.barrier, p.stage_clock, 0);
 
-    // 2. Attention over (KV head, split) items.
+    // 2. Attention over (KV head, split) items; a block's first key tile is copied while it
+    // waits for the queries.
     {
       const int begin =
           lw.sliding_window > 0 ? max(0, seq_len - static_cast<int>(lw.sliding_window)) : 0;
@@ -694,7 +711,16 @@ __global__ void __launch_bounds__(kDecodeLayersThreads, 1)
           max(1, min(scratch.max_splits, (span + kMinKeysPerSplit - 1) / kMinKeysPerSplit));
       const AttentionShared attention_shared =
           carve_attention(reinterpret_cast<float*>(shared_raw), G, Dp);
-      for (int item = blockIdx.x; item < Nkv * splits; item += gridDim.x) {
+      arrival = grid_arrive(scratch.barrier);
+      const int first_item = blockIdx.x;
+      if (first_item < Nkv * splits)
+        issue_first_tile(p, lw, attention_shared, first_item / splits, first_item % splits, splits,
+                         begin, seq_len);
+      grid_wait(scratch.barrier, arrival, p.stage_clock, 0);
+      for (int item = first_item; item < Nkv * splits; item += gridDim.x) {
+        if (item != first_item)
+          issue_first_tile(p, lw, attention_shared, item / splits, item % splits, splits, begin,
+                           seq_len);
         attention_item(p, lw, scratch, attention_shared, item / splits, item % splits, splits,
                        begin, seq_len);
         __syncthreads();
@@ -703,7 +729,7 @@ __global__ void __launch_bounds__(kDecodeLayersThreads, 1)
 
     // 3. O, added into the residual stream by the warp of each column.
     warp_gemv(
-        Hp, 1, attn_width, /*preload=*/true, o_row, [&](int) { return x; },
+        Hp, 1, attn_width, o_row, [&](int) { return x; },
         [&](int c, int, float value) {
           if (lane == 0) {
             float r = __ldcg(p.hidden + c);
@@ -711,22 +737,22 @@ __global__ void __launch_bounds__(kDecodeLayersThreads, 1)
             p.hidden[c] = value + r;
           }
         },
+        [&] { arrival = grid_arrive(scratch.barrier); },
         [&] {
-          grid_barrier(scratch.barrier, p.stage_clock, 1);
+          grid_wait(scratch.barrier, arrival, p.stage_clock, 1);
           stage_from_l2(scratch.attn, x, attn_width);
           __syncthreads();
         });
 
-    if (p.tail_prefetch) prefetch_tasks_to_l2(E, 1, Hp, router_row);
-
     // 4. Post-attention norm and the router.
     warp_gemv(
-        E, 1, Hp, /*preload=*/true, router_row, [&](int) { return x; },
+        E, 1, Hp, router_row, [&](int) { return x; },
         [&](int e, int, float value) {
           if (lane == 0) scratch.logits[e] = value;
         },
+        [&] { arrival = grid_arrive(scratch.barrier); },
         [&] {
-          grid_barrier(scratch.barrier, p.stage_clock, 2);
+          grid_wait(scratch.barrier, arrival, p.stage_clock, 2);
           form_norm(p, /*with_block_out=*/false, lw.post_norm, x, partials);
           __syncthreads();
         });
@@ -734,7 +760,7 @@ __global__ void __launch_bounds__(kDecodeLayersThreads, 1)
     // 5. Route (each block for itself), then the experts' gate/up with SiLU.
     float gate = 0.0f;
     warp_gemv(
-        K * Ip, 2, Hp, /*preload=*/false,
+        K * Ip, 2, Hp,
         [&](int task, int r) {
           const int pick = task / Ip, j = task % Ip;
           return lw.gate_up + (static_cast<int64_t>(route_ids[pick]) * 2 * Ip + r * Ip + j) * Hp;
@@ -748,7 +774,7 @@ __global__ void __launch_bounds__(kDecodeLayersThreads, 1)
           }
         },
         [&] {
-          grid_barrier(scratch.barrier, p.stage_clock, 3);
+          grid_wait(scratch.barrier, grid_arrive(scratch.barrier), p.stage_clock, 3);
           if (warp == 0) {
             RouterParams route{.logits = scratch.logits,
                                .topk_ids = route_ids,
@@ -780,14 +806,13 @@ __global__ void __launch_bounds__(kDecodeLayersThreads, 1)
               }
             }
           }
-        });
-
-    if (p.tail_prefetch) prefetch_tasks_to_l2(Hp, K, Ip, down_row);
+        },
+        [] {});
 
     // 6. Down: each output column through the token's experts, weighted, in pick order.
     float moe_sum = 0.0f;
     warp_gemv(
-        Hp, K, Ip, /*preload=*/true, down_row, [&](int pick) { return x + pick * Ip; },
+        Hp, K, Ip, down_row, [&](int pick) { return x + pick * Ip; },
         [&](int c, int pick, float value) {
           moe_sum = fmaf(route_weights[pick], device::round_bf16(value), moe_sum);
           if (pick == K - 1) {
@@ -795,16 +820,12 @@ __global__ void __launch_bounds__(kDecodeLayersThreads, 1)
             moe_sum = 0.0f;
           }
         },
+        [&] { arrival = grid_arrive(scratch.barrier); },
         [&] {
-          grid_barrier(scratch.barrier, p.stage_clock, 4);
+          grid_wait(scratch.barrier, arrival, p.stage_clock, 4);
           stage_from_l2(scratch.act, x, K * Ip);
           __syncthreads();
         });
-    if (p.tail_prefetch && l + 1 < p.num_layers) {
-      const __nv_bfloat16* next_qkv = p.layers[l + 1].qkv;
-      prefetch_tasks_to_l2((Nq + 2 * Nkv) * Dp, 1, Hp,
-                           [&](int n, int) { return next_qkv + static_cast<int64_t>(n) * Hp; });
-    }
   }
 }
 

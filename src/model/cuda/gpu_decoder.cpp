@@ -1583,9 +1583,6 @@ void CudaDecoder::build_persistent_layers() {
   persistent_.layers = reinterpret_cast<const cuda::DecodeLayerWeights*>(persistent_memory_.get());
   persistent_.scratch = persistent_memory_.get() + table_span;
   report_.persistent_layers = std::count(persistent_layer_.begin(), persistent_layer_.end(), 1);
-  if (const char* prefetch = std::getenv("MOE_PERSISTENT_PREFETCH"); prefetch) {
-    persistent_.tail_prefetch = prefetch[0] != '0';
-  }
   if (const char* clock = std::getenv("MOE_PERSISTENT_CLOCK"); clock && clock[0] == '1') {
     persistent_clock_ = device_array<unsigned long long>(cuda::kDecodeLayersStageClocks);
     CUDA_CHECK(cudaMemset(persistent_clock_.get(), 0,
