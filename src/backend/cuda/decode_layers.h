@@ -124,7 +124,11 @@ inline constexpr int64_t kDecodeLayersMaxHeadDim = 256;
 inline constexpr int kDecodeLayersStages = 6;
 inline constexpr int kDecodeLayersClockLast = kDecodeLayersStages;
 inline constexpr int kDecodeLayersClockLayers = kDecodeLayersStages + 1;
-inline constexpr int kDecodeLayersStageClocks = kDecodeLayersStages + 2;
+// Every block's attention items: their nanoseconds (from the queries' barrier to the item's end,
+// the merge included) and their count.
+inline constexpr int kDecodeLayersClockItems = kDecodeLayersStages + 2;
+inline constexpr int kDecodeLayersClockItemCount = kDecodeLayersStages + 3;
+inline constexpr int kDecodeLayersStageClocks = kDecodeLayersStages + 4;
 inline constexpr int64_t kDecodeLayersMaxGroup = 16;  // query heads per KV head
 inline constexpr int64_t kDecodeLayersMaxHidden = 8192;  // Hp
 

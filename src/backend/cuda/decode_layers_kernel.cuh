@@ -717,6 +717,8 @@ __global__ void __launch_bounds__(kDecodeLayersThreads, 1)
         issue_first_tile(p, lw, attention_shared, first_item / splits, first_item % splits, splits,
                          begin, seq_len);
       grid_wait(scratch.barrier, arrival, p.stage_clock, 0);
+      const unsigned long long items_start =
+          p.stage_clock != nullptr && threadIdx.x == 0 ? global_nanoseconds() : 0;
       for (int item = first_item; item < Nkv * splits; item += gridDim.x) {
         if (item != first_item)
           issue_first_tile(p, lw, attention_shared, item / splits, item % splits, splits, begin,
@@ -724,6 +726,10 @@ __global__ void __launch_bounds__(kDecodeLayersThreads, 1)
         attention_item(p, lw, scratch, attention_shared, item / splits, item % splits, splits,
                        begin, seq_len);
         __syncthreads();
+        if (p.stage_clock != nullptr && threadIdx.x == 0) {
+          atomicAdd(p.stage_clock + kDecodeLayersClockItems, global_nanoseconds() - items_start);
+          atomicAdd(p.stage_clock + kDecodeLayersClockItemCount, 1ull);
+        }
       }
     }
 

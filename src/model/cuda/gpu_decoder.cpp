@@ -1608,6 +1608,14 @@ void CudaDecoder::report_persistent_clock() {
   for (int s = 0; s < cuda::kDecodeLayersStages; ++s)
     std::fprintf(stderr, " %s %.2f", names[s], clock[s] / layer_runs / 1e3);
   std::fprintf(stderr, " (down: all but each launch's last layer)\n");
+  const unsigned long long items = clock[cuda::kDecodeLayersClockItemCount];
+  if (items > 0) {
+    std::fprintf(stderr,
+                 "moeinfer: persistent layers, attention items: %.2f a layer, each done %.2f us "
+                 "after the queries' barrier on average\n",
+                 static_cast<double>(items) / layer_runs,
+                 static_cast<double>(clock[cuda::kDecodeLayersClockItems]) / items / 1e3);
+  }
 }
 
 int64_t CudaDecoder::persistent_run(const Step& step, int64_t first) const {
