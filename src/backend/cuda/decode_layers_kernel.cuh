@@ -5,8 +5,8 @@
 // each GEMV ("tasks"); a task is one or more weight rows (gate/up: the gate and the up row of one
 // column; down: one output column's row in each of the token's experts), each dotted with its
 // input in shared memory. A warp streams its rows in chunks of kChunkVecs 16-byte vectors a lane
-// (2048 bf16), with the two chunks after the current one in flight, and issues its first chunks
-// before the barrier that releases the stage's inputs.
+// (1024 bf16), with the two chunks after the current one in flight, and issues its first chunks
+// between the two halves of the barrier that releases the stage's inputs.
 //
 // The grid barrier is one word whose top bit flips when every block has arrived (grid_arrive,
 // grid_wait); it returns to its state, so it needs no reset between launches or graph replays. The
