@@ -16,8 +16,10 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <numeric>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "backend/cuda/decode_layers.h"
 #include "cuda_test_util.h"
@@ -136,6 +138,31 @@ TEST(CudaDecodeLayersChecks, RefuseBadShapes) {
   refused([](auto& p) { p.block_size = 0; }, "block_size = 0");
   // Every shape right: the first missing pointer is named.
   refused([](auto&) {}, "layers is null");
+}
+
+// The grid barrier's word: whatever order the blocks arrive in, its top bit flips only with the
+// last arrival, and its low bits are back at zero for the next barrier (the kernel never resets
+// it), over many barriers in a row and grids of 1 to 160 blocks.
+TEST(CudaDecodeLayersChecks, BarrierWordFlipsOnTheLastArrivalOnly) {
+  std::mt19937 rng(7);
+  for (const uint32_t blocks : {1u, 2u, 3u, 78u, 132u, 160u}) {
+    std::vector<uint32_t> order(blocks);
+    std::iota(order.begin(), order.end(), 0u);
+    uint32_t word = 0;
+    for (int barrier = 0; barrier < 5; ++barrier) {
+      std::shuffle(order.begin(), order.end(), rng);
+      const uint32_t start = word;
+      for (uint32_t i = 0; i < blocks; ++i) {
+        const uint32_t before = word;
+        word += cuda::decode_layers_barrier_add(order[i], blocks);
+        EXPECT_EQ(before & cuda::kDecodeLayersBarrierFlip, start & cuda::kDecodeLayersBarrierFlip)
+            << blocks << " blocks, barrier " << barrier << ": flipped before arrival " << i;
+      }
+      EXPECT_NE(word & cuda::kDecodeLayersBarrierFlip, start & cuda::kDecodeLayersBarrierFlip)
+          << blocks << " blocks, barrier " << barrier << ": no flip after every arrival";
+      EXPECT_EQ(word & ~cuda::kDecodeLayersBarrierFlip, 0u) << blocks << " blocks";
+    }
+  }
 }
 
 [[maybe_unused]] const bool kRegistered = [] {

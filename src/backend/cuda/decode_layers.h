@@ -44,6 +44,7 @@
 #include <string>
 
 #include "backend/cuda/moe_stages.h"
+#include "core/host_device.h"
 
 namespace moeinfer::cuda {
 
@@ -131,6 +132,14 @@ inline constexpr int kDecodeLayersClockItemCount = kDecodeLayersStages + 3;
 inline constexpr int kDecodeLayersStageClocks = kDecodeLayersStages + 4;
 inline constexpr int64_t kDecodeLayersMaxGroup = 16;  // query heads per KV head
 inline constexpr int64_t kDecodeLayersMaxHidden = 8192;  // Hp
+
+// The grid barrier's word (the kernel's grid_arrive): block 0 adds 2^31 - (blocks - 1) and every
+// other block adds 1, so the top bit flips exactly when the last block arrives and the low bits
+// come back to zero, with no reset between barriers or launches.
+inline constexpr uint32_t kDecodeLayersBarrierFlip = 0x80000000u;
+MOE_HOST_DEVICE constexpr uint32_t decode_layers_barrier_add(uint32_t block, uint32_t blocks) {
+  return block == 0 ? kDecodeLayersBarrierFlip - (blocks - 1) : 1u;
+}
 
 // Bytes of scratch one run needs for these shapes on this device.
 int64_t decode_layers_scratch_bytes(const DecodeLayersParams& shapes);

@@ -77,22 +77,19 @@ __device__ __forceinline__ unsigned load_acquire(const unsigned* address) {
   return value;
 }
 
-// The grid barrier is one arrival word. Block 0 adds 2^31 - (blocks - 1) and every other block
-// adds 1, so the word's top bit flips once all have arrived and its low bits come back to what
-// they were: one atomic a block, then polls for the flip, and no reset between launches.
+// The grid barrier is one arrival word (decode_layers_barrier_add): one atomic a block, then polls
+// for the flip of its top bit.
 //
 // It comes in two halves so that a block can issue its next stage's weight loads between them:
 // the arrival releases the block's writes before any of those loads is in flight (a release
 // waits for the thread's outstanding loads), and the wait acquires the other blocks' writes.
-inline constexpr unsigned kBarrierFlip = 0x80000000u;
-
 // Every thread of the block calls it once the block's writes of the stage are issued; thread 0's
 // result (the word before its arrival) goes to grid_wait.
 __device__ __forceinline__ unsigned grid_arrive(unsigned* barrier) {
   __syncthreads();
   unsigned before = 0;
   if (threadIdx.x == 0) {
-    const unsigned add = blockIdx.x == 0 ? kBarrierFlip - (gridDim.x - 1) : 1u;
+    const unsigned add = decode_layers_barrier_add(blockIdx.x, gridDim.x);
     asm volatile("atom.release.gpu.global.add.u32 %0, [%1], %2;\n"
                  : "=r"(before)
                  : "l"(barrier), "r"(add)
@@ -107,7 +104,7 @@ __device__ __forceinline__ unsigned grid_arrive(unsigned* barrier) {
 __device__ __forceinline__ void grid_wait(const unsigned* barrier, unsigned before,
                                           unsigned long long* stage_clock, int stage) {
   if (threadIdx.x == 0) {
-    while (((load_acquire(barrier) ^ before) & kBarrierFlip) == 0) {
+    while (((load_acquire(barrier) ^ before) & kDecodeLayersBarrierFlip) == 0) {
     }
     if (stage_clock != nullptr && blockIdx.x == 0) {
       const unsigned long long now = global_nanoseconds();
