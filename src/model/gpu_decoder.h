@@ -54,6 +54,9 @@ enum class EpTransport { kAuto, kNccl, kStaged };
 // projections alone run 0.6-0.8x cuBLAS (bench_cuda_stages --projections-only, bench/RESULTS.md).
 inline constexpr int64_t kDefaultSkinnyGemmRows = 1;
 
+// GpuOptions::persistent_staged_chunks's bound (cuda::kDecodeLayersMaxStagedChunks).
+inline constexpr int64_t kMaxPersistentStagedChunks = 6;
+
 struct GpuOptions {
   int device = 0;
   GpuWeightDtype weight_dtype = GpuWeightDtype::kCheckpoint;
@@ -90,9 +93,13 @@ struct GpuOptions {
   // A decode step of one token runs its runs of plain GQA + MoE layers in the persistent
   // decode-layers kernel (backend/cuda/decode_layers.h: one launch for the run, grid barriers
   // between the stages) instead of a dozen launches a layer; not while profiling (the stages
-  // are one kernel). Off: its first version took 5.3 ms a batch-1 step of Qwen3-30B-A3B on an
-  // H100 against the stage path's 4.35 (bench/RESULTS.md, 2026-12-07, thirteenth session).
+  // are one kernel). Off: on an H100 a batch-1 step of Qwen3-30B-A3B took 4.28 ms with it and
+  // 4.11 without (bench/RESULTS.md, 2026-12-07, fourteenth session).
   bool persistent_layers = false;
+  // With persistent_layers: 2 KiB chunks of each warp's next weight rows the kernel copies into
+  // shared memory while it waits at a barrier (cuda::DecodeLayersParams::staged_chunks), 0 to
+  // kMaxPersistentStagedChunks; shapes whose shared memory cannot hold them run the stage path.
+  int64_t persistent_staged_chunks = 0;
   bool quiet = false;                // no progress bar or load summary on stderr
   int64_t kv_cache_bytes = 0;        // > 0: the KV pool takes at most this (0: all that is left)
   // How the device pool stores KV rows (--kv-dtype): bf16, or fp8 (e4m3 with a float32 scale

@@ -140,6 +140,33 @@ __device__ __forceinline__ float dot_chunk(const Chunk& c, const __nv_bfloat16* 
   return sum;
 }
 
+// A warp's staged chunks (DecodeLayersParams::staged_chunks) in shared memory: lane l's vector j
+// of chunk s at vecs[(s * kChunkVecs + j) * 32 + l], so each lane reads back what it copied.
+struct Staging {
+  uint4* vecs = nullptr;
+  int chunks = 0;
+};
+
+__device__ __forceinline__ void stage_chunk(const Staging& st, int s, const __nv_bfloat16* row,
+                                            int k, int chunk, int lane) {
+  const uint32_t base = static_cast<uint32_t>(
+      __cvta_generic_to_shared(st.vecs + s * kChunkVecs * device::kWarpSize + lane));
+#pragma unroll
+  for (int j = 0; j < kChunkVecs; ++j) {
+    const int e = chunk * kChunkElems + (j * device::kWarpSize + lane) * device::kBf16PerVec;
+    if (e < k) gemm::cp_async_16(base + j * device::kWarpSize * 16, row + e, true);
+  }
+}
+
+__device__ __forceinline__ void take_staged(Chunk& c, const Staging& st, int s, int k, int chunk,
+                                            int lane) {
+#pragma unroll
+  for (int j = 0; j < kChunkVecs; ++j) {
+    const int e = chunk * kChunkElems + (j * device::kWarpSize + lane) * device::kBf16PerVec;
+    if (e < k) c.w[j] = st.vecs[(s * kChunkVecs + j) * device::kWarpSize + lane];
+  }
+}
+
 // Where a warp is in its share of a GEMV: its task, the row of the task, the chunk of the row.
 struct Cursor {
   int task, row, chunk;
@@ -160,7 +187,8 @@ __device__ __forceinline__ Cursor advance(Cursor c, int rows, int chunks, int st
 // elements: row_of(task, r) and its input input_of(r) (shared memory). finish(task, r, value)
 // gets each row's dot on every lane. before_loads() and after_loads() are called once by every
 // thread of the block (barriers inside), around this warp's first loads: a stage whose rows are
-// known ahead issues them while it waits for its inputs.
+// known ahead issues them while it waits for its inputs. The first loads are three chunks into
+// registers and, with `staging`, its chunks after those into shared memory.
 //
 // Three chunk buffers turn in a fixed order: a buffer is refilled with the chunk three ahead as
 // soon as it is taken, so two chunks stay in flight while one is summed. The turn is unrolled so
@@ -170,7 +198,7 @@ template <typename RowOf, typename InputOf, typename Finish, typename BeforeLoad
           typename AfterLoads>
 __device__ __forceinline__ void warp_gemv(int num_tasks, int rows, int k, RowOf row_of,
                                           InputOf input_of, Finish finish, BeforeLoads before_loads,
-                                          AfterLoads after_loads) {
+                                          AfterLoads after_loads, const Staging& staging) {
   constexpr int kBuffers = 3;
   const int lane = threadIdx.x % device::kWarpSize;
   const int stride = gridDim.x * kDecodeLayersWarps;
@@ -188,7 +216,14 @@ __device__ __forceinline__ void warp_gemv(int num_tasks, int rows, int k, RowOf 
   before_loads();
 #pragma unroll
   for (int b = 0; b < kBuffers; ++b) load(w[b], at[b]);
+  Cursor staged_at = ahead;
+  for (int s = 0; s < staging.chunks && staged_at.task < num_tasks; ++s) {
+    stage_chunk(staging, s, row_of(staged_at.task, staged_at.row), k, staged_at.chunk, lane);
+    staged_at = advance(staged_at, rows, chunks, stride);
+  }
+  gemm::cp_async_commit();
   after_loads();
+  int next = kBuffers;  // ahead's place in the warp's sequence of chunks
   float sum = 0.0f;
   while (at[0].task < num_tasks) {
 #pragma unroll
@@ -201,8 +236,15 @@ __device__ __forceinline__ void warp_gemv(int num_tasks, int rows, int k, RowOf 
         sum = 0.0f;
       }
       at[b] = ahead;
+      if (next < kBuffers + staging.chunks) {
+        if (next == kBuffers) gemm::cp_async_wait<0>();
+        if (at[b].task < num_tasks)
+          take_staged(w[b], staging, next - kBuffers, k, at[b].chunk, lane);
+      } else {
+        load(w[b], at[b]);
+      }
       ahead = advance(ahead, rows, chunks, stride);
-      load(w[b], at[b]);
+      ++next;
     }
   }
 }
@@ -366,6 +408,28 @@ __device__ inline AttentionShared carve_attention(float* base, int group, int dp
   s.stats = s.probs + group * kKeyTile;
   s.flag = reinterpret_cast<int*>(s.stats + group * 3);
   return s;
+}
+
+// Where the warps' staged weight chunks start in the dynamic shared memory: past both the GEMVs'
+// input (bf16) and the attention's tiles, which share its start.
+__host__ __device__ inline int64_t staging_offset(const DecodeLayersParams& p) {
+  const int64_t group = p.num_kv_heads > 0 ? p.num_q_heads / p.num_kv_heads : 0;
+  int64_t inputs = p.hidden_size;
+  if (p.num_q_heads * p.padded_head_dim > inputs) inputs = p.num_q_heads * p.padded_head_dim;
+  if (p.top_k * p.expert_width > inputs) inputs = p.top_k * p.expert_width;
+  int64_t bytes = attention_shared_floats(group, p.padded_head_dim) * 4;
+  if (inputs * 2 > bytes) bytes = inputs * 2;
+  return (bytes + 15) / 16 * 16;
+}
+
+// 16-byte vectors of one warp's staged chunks: lane l's vector j of chunk s at
+// (s * kChunkVecs + j) * 32 + l.
+__host__ __device__ inline int64_t staged_vecs_per_warp(const DecodeLayersParams& p) {
+  return p.staged_chunks * kChunkVecs * device::kWarpSize;
+}
+
+__host__ __device__ inline int64_t staging_bytes(const DecodeLayersParams& p) {
+  return kDecodeLayersWarps * staged_vecs_per_warp(p) * 16;
 }
 
 // Where vector v of a staged key or value row t sits in the row: rotated by t, so that the 32
@@ -663,6 +727,10 @@ __global__ void __launch_bounds__(kDecodeLayersThreads, 1)
   const int E = static_cast<int>(p.num_experts), K = static_cast<int>(p.top_k);
   const int Ip = static_cast<int>(p.expert_width);
   __nv_bfloat16* x = reinterpret_cast<__nv_bfloat16*>(shared_raw);
+  // This warp's staged chunks, past what x and the attention use.
+  const Staging staging{
+      reinterpret_cast<uint4*>(shared_raw + staging_offset(p)) + warp * staged_vecs_per_warp(p),
+      static_cast<int>(p.staged_chunks)};
   const int seq_len = __ldg(p.seq_len);
   if (p.stage_clock != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
     p.stage_clock[kDecodeLayersClockLast] = global_nanoseconds();
@@ -696,7 +764,8 @@ __global__ void __launch_bounds__(kDecodeLayersThreads, 1)
                 if (l > 0) grid_wait(scratch.barrier, arrival, p.stage_clock, 5);
                 form_norm(p, with_block_out, lw.input_norm, x, partials);
                 __syncthreads();
-              });
+              },
+              staging);
 
     // 2. Attention over (KV head, split) items; a block's first key tile is copied while it
     // waits for the queries.
@@ -745,7 +814,8 @@ __global__ void __launch_bounds__(kDecodeLayersThreads, 1)
           grid_wait(scratch.barrier, arrival, p.stage_clock, 1);
           stage_from_l2(scratch.attn, x, attn_width);
           __syncthreads();
-        });
+        },
+        staging);
 
     // 4. Post-attention norm and the router.
     warp_gemv(
@@ -758,7 +828,8 @@ __global__ void __launch_bounds__(kDecodeLayersThreads, 1)
           grid_wait(scratch.barrier, arrival, p.stage_clock, 2);
           form_norm(p, /*with_block_out=*/false, lw.post_norm, x, partials);
           __syncthreads();
-        });
+        },
+        staging);
 
     // 5. Route (each block for itself), then the experts' gate/up with SiLU.
     float gate = 0.0f;
@@ -810,7 +881,7 @@ __global__ void __launch_bounds__(kDecodeLayersThreads, 1)
             }
           }
         },
-        [] {});
+        [] {}, Staging{});
 
     // 6. Down: each output column through the token's experts, weighted, in pick order.
     float moe_sum = 0.0f;
@@ -828,7 +899,8 @@ __global__ void __launch_bounds__(kDecodeLayersThreads, 1)
           grid_wait(scratch.barrier, arrival, p.stage_clock, 4);
           stage_from_l2(scratch.act, x, K * Ip);
           __syncthreads();
-        });
+        },
+        staging);
   }
 }
 

@@ -152,6 +152,8 @@ static_assert(kPagedPrefillMaxGqaGroup == cuda::kPagedPrefillMaxGroup,
 static_assert(kMlaPrefillMaxLatent == cuda::kMlaPrefillMaxLatentDim &&
                   kMlaPrefillMaxRow == cuda::kMlaPrefillMaxCacheWidth,
               "the route predicate and the MLA prefill kernel disagree on the widest row");
+static_assert(kMaxPersistentStagedChunks == cuda::kDecodeLayersMaxStagedChunks,
+              "the option's bound and the persistent kernel's disagree");
 
 // Step metadata, the same layout on the host (pinned) and the device.
 struct Meta {
@@ -1563,7 +1565,8 @@ void CudaDecoder::build_persistent_layers() {
                  .expert_width = w_.padded_expert_width,
                  .router_score = router->score,
                  .renormalize = router->renormalize,
-                 .routed_scaling_factor = router->routed_scaling_factor};
+                 .routed_scaling_factor = router->routed_scaling_factor,
+                 .staged_chunks = options_.persistent_staged_chunks};
   if (const std::string why = cuda::decode_layers_unsupported(persistent_); !why.empty()) {
     if (!options_.quiet) {
       std::fprintf(stderr, "moeinfer: --persistent-layers is off: %s\n", why.c_str());
