@@ -115,6 +115,11 @@ __device__ __forceinline__ void grid_wait(const unsigned* barrier, unsigned befo
   __syncthreads();
 }
 
+// The first element of lane `lane`'s vector j of chunk `chunk` of a weight row.
+__device__ __forceinline__ int chunk_element(int chunk, int j, int lane) {
+  return chunk * kChunkElems + (j * device::kWarpSize + lane) * device::kBf16PerVec;
+}
+
 // One warp's chunk of a weight row: lane l holds vectors l, l + 32, ... of the chunk.
 struct Chunk {
   uint4 w[kChunkVecs];
@@ -124,7 +129,7 @@ __device__ __forceinline__ void load_chunk(Chunk& c, const __nv_bfloat16* row, i
                                            int lane) {
 #pragma unroll
   for (int j = 0; j < kChunkVecs; ++j) {
-    const int e = chunk * kChunkElems + (j * device::kWarpSize + lane) * device::kBf16PerVec;
+    const int e = chunk_element(chunk, j, lane);
     if (e < k) c.w[j] = device::load_streamed(row + e);
   }
 }
@@ -134,7 +139,7 @@ __device__ __forceinline__ float dot_chunk(const Chunk& c, const __nv_bfloat16* 
   float sum = 0.0f;
 #pragma unroll
   for (int j = 0; j < kChunkVecs; ++j) {
-    const int e = chunk * kChunkElems + (j * device::kWarpSize + lane) * device::kBf16PerVec;
+    const int e = chunk_element(chunk, j, lane);
     if (e < k) sum += device::bf16x8_dot(c.w[j], *reinterpret_cast<const uint4*>(x + e));
   }
   return sum;
@@ -153,7 +158,7 @@ __device__ __forceinline__ void stage_chunk(const Staging& st, int s, const __nv
       __cvta_generic_to_shared(st.vecs + s * kChunkVecs * device::kWarpSize + lane));
 #pragma unroll
   for (int j = 0; j < kChunkVecs; ++j) {
-    const int e = chunk * kChunkElems + (j * device::kWarpSize + lane) * device::kBf16PerVec;
+    const int e = chunk_element(chunk, j, lane);
     if (e < k) gemm::cp_async_16(base + j * device::kWarpSize * 16, row + e, true);
   }
 }
@@ -162,7 +167,7 @@ __device__ __forceinline__ void take_staged(Chunk& c, const Staging& st, int s, 
                                             int lane) {
 #pragma unroll
   for (int j = 0; j < kChunkVecs; ++j) {
-    const int e = chunk * kChunkElems + (j * device::kWarpSize + lane) * device::kBf16PerVec;
+    const int e = chunk_element(chunk, j, lane);
     if (e < k) c.w[j] = st.vecs[(s * kChunkVecs + j) * device::kWarpSize + lane];
   }
 }
@@ -221,7 +226,7 @@ __device__ __forceinline__ void warp_gemv(int num_tasks, int rows, int k, RowOf 
     stage_chunk(staging, s, row_of(staged_at.task, staged_at.row), k, staged_at.chunk, lane);
     staged_at = advance(staged_at, rows, chunks, stride);
   }
-  gemm::cp_async_commit();
+  if (staging.chunks > 0) gemm::cp_async_commit();
   after_loads();
   int next = kBuffers;  // ahead's place in the warp's sequence of chunks
   float sum = 0.0f;
