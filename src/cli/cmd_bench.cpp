@@ -61,7 +61,6 @@ struct BenchArgs {
   bool merge_attention_splits = false;
   bool no_one_row_expert_blocks = false;
   bool persistent_layers = false;
-  int64_t persistent_staged_chunks = 0;  // cuda: GpuOptions::persistent_staged_chunks
   int64_t weight_prefetch_bytes = 0;
   int64_t skinny_gemm_rows = -1;  // cuda: GpuOptions::skinny_gemm_rows (-1: its default)
   int64_t fused_route_tokens = -1;  // cuda: GpuOptions::fused_route_tokens (-1: its default)
@@ -403,7 +402,6 @@ EngineConfig engine_config(const BenchArgs& args) {
                       .merge_attention_splits = args.merge_attention_splits,
                       .one_row_expert_blocks = !args.no_one_row_expert_blocks,
                       .persistent_layers = args.persistent_layers,
-                      .persistent_staged_chunks = args.persistent_staged_chunks,
                       .deterministic = args.deterministic,
                       .offload = args.device.offload(),
                       .routing = args.device.routing_approximation(),
@@ -570,8 +568,6 @@ void run_bench(const BenchArgs& args) {
             : args.persistent_layers        ? "--persistent-layers"
                                             : "--weight-prefetch-bytes",
             " applies to --device cuda (the CPU launches no kernels)");
-  MOE_CHECK(args.persistent_layers || args.persistent_staged_chunks == 0,
-            "--persistent-staged-chunks applies with --persistent-layers (the kernel it feeds)");
   MOE_CHECK(args.device.is_cuda() || args.skinny_gemm_rows < 0,
             "--skinny-gemm-rows applies to --device cuda (a GPU kernel)");
   MOE_CHECK(!args.deterministic || args.skinny_gemm_rows <= 0,
@@ -832,11 +828,6 @@ void add_bench_command(CLI::App& app) {
                 "cuda: a step of one token runs its GQA + MoE layers in one persistent kernel "
                 "(grid barriers between the stages) instead of a dozen launches a layer (same "
                 "model, other rounding order; off: slower so far), to measure it");
-  cmd->add_option("--persistent-staged-chunks", args->persistent_staged_chunks,
-                  "cuda, with --persistent-layers: 2 KiB chunks of each warp's next weight rows "
-                  "copied into shared memory while it waits at a barrier, beside the three it "
-                  "holds in registers (default 0), to measure it")
-      ->check(CLI::Range(int64_t{0}, kMaxPersistentStagedChunks));
   cmd->add_option("--weight-prefetch-bytes", args->weight_prefetch_bytes,
                   "cuda: bytes of each weight row the decode GEMVs ask of L2 before the kernel "
                   "before them has finished (default 0, none: whole rows were slower at batch 1 "

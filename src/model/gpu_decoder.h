@@ -54,9 +54,6 @@ enum class EpTransport { kAuto, kNccl, kStaged };
 // projections alone run 0.6-0.8x cuBLAS (bench_cuda_stages --projections-only, bench/RESULTS.md).
 inline constexpr int64_t kDefaultSkinnyGemmRows = 1;
 
-// GpuOptions::persistent_staged_chunks's bound (cuda::kDecodeLayersMaxStagedChunks).
-inline constexpr int64_t kMaxPersistentStagedChunks = 6;
-
 struct GpuOptions {
   int device = 0;
   GpuWeightDtype weight_dtype = GpuWeightDtype::kCheckpoint;
@@ -96,10 +93,6 @@ struct GpuOptions {
   // are one kernel). Off: on an H100 a batch-1 step of Qwen3-30B-A3B took 4.28 ms with it and
   // 4.11 without (bench/RESULTS.md, 2026-12-07, fourteenth session).
   bool persistent_layers = false;
-  // With persistent_layers: 2 KiB chunks of each warp's next weight rows the kernel copies into
-  // shared memory while it waits at a barrier (cuda::DecodeLayersParams::staged_chunks), 0 to
-  // kMaxPersistentStagedChunks; shapes whose shared memory cannot hold them run the stage path.
-  int64_t persistent_staged_chunks = 0;
   bool quiet = false;                // no progress bar or load summary on stderr
   int64_t kv_cache_bytes = 0;        // > 0: the KV pool takes at most this (0: all that is left)
   // How the device pool stores KV rows (--kv-dtype): bf16, or fp8 (e4m3 with a float32 scale

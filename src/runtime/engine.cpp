@@ -134,7 +134,6 @@ GpuOptions gpu_options(const ModelConfig& model, const EngineConfig& config) {
                     .merge_attention_splits = config.merge_attention_splits,
                     .one_row_expert_blocks = config.one_row_expert_blocks,
                     .persistent_layers = config.persistent_layers,
-                    .persistent_staged_chunks = config.persistent_staged_chunks,
                     .kv_cache_bytes = config.kv_cache_mb << 20,
                     // f32, the default, is the CPU's own rows: the device's own are bf16.
                     .kv_dtype = config.kv_dtype == KvDType::kFP8 ? KvDType::kFP8 : KvDType::kBF16,

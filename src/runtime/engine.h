@@ -59,7 +59,6 @@ struct EngineConfig {
   bool merge_attention_splits = false;  // cuda: GpuOptions::merge_attention_splits
   bool one_row_expert_blocks = true;    // cuda: GpuOptions::one_row_expert_blocks
   bool persistent_layers = false;       // cuda: GpuOptions::persistent_layers
-  int64_t persistent_staged_chunks = 0;  // cuda: GpuOptions::persistent_staged_chunks
   // Sampling defaults for requests that leave a field out (vLLM's --generation-config): "auto",
   // the checkpoint's generation_config.json; "vllm", none; or a folder holding one.
   std::string generation_config = "auto";

@@ -7,8 +7,7 @@
 // no routing mismatch beyond near-ties (the CPU replays the GPU's picks there, which the kernel
 // keeps for the routing capture), top-1 agreement >= 99%. The families whose layers the kernel
 // takes (Qwen3-MoE and Mixtral) must have run it in some configuration
-// (GpuMemoryReport::persistent_layers), with and without weight chunks staged in shared memory
-// (GpuOptions::persistent_staged_chunks); the rest run the stage path, which must hold as well.
+// (GpuMemoryReport::persistent_layers); the rest run the stage path, which must hold as well.
 // MOE_PERSISTENT_SEED=S reruns a draw. Registered only where a CUDA device is visible.
 #if defined(MOE_HAVE_CUDA) && MOE_HAVE_CUDA
 
@@ -46,7 +45,7 @@ void persistent_layers_match_the_cpu() {
       replay ? std::strtoull(replay, nullptr, 10) : cuda::testing_util::fresh_seed();
   std::printf("persistent layers: seed %llu (MOE_PERSISTENT_SEED reruns it)\n",
               static_cast<unsigned long long>(base));
-  int64_t positions = 0, same_top1 = 0, ran = 0, ran_staged = 0, decode_rows = 0;
+  int64_t positions = 0, same_top1 = 0, ran = 0, decode_rows = 0;
   int i = 0;
   for (const ModelFamily family : testing::kAllFamilies) {
     const bool kernel_family = family == ModelFamily::kQwen3Moe || family == ModelFamily::kMixtral;
@@ -74,18 +73,12 @@ void persistent_layers_match_the_cpu() {
                          .num_kv_blocks = num_kv_blocks,
                          .quiet = true};
       options.persistent_layers = true;
-      // Every other configuration stages weight chunks in shared memory too (none, or 1 to the
-      // bound).
-      options.persistent_staged_chunks =
-          i % 2 == 0 ? 0 : 1 + static_cast<int64_t>(rng() % kMaxPersistentStagedChunks);
       const testing::ConfigResult r =
           testing::compare_on_schedule(model.config, model.weights, schedule, options);
       const int64_t persistent = r.persistent_layers;
       if (persistent == 0) {
         std::printf("  %s seed %llu: stage path (%s)\n", std::string(family_name(family)).c_str(),
                     static_cast<unsigned long long>(seed), r.persistent_refusal.c_str());
-      } else if (options.persistent_staged_chunks > 0) {
-        ++ran_staged;
       }
       positions += r.positions;
       same_top1 += r.same_top1;
@@ -95,23 +88,21 @@ void persistent_layers_match_the_cpu() {
       }
       const bool ok = r.worst() <= kMaxRelError && r.routing_mismatches == 0;
       EXPECT_TRUE(ok) << family_name(family) << " seed " << seed << " (prompt " << prompt << ", "
-                      << persistent << " persistent layers, " << options.persistent_staged_chunks
-                      << " staged chunks): rel error prefill " << r.routes[0].rel() << " chunked "
-                      << r.routes[1].rel() << " decode " << r.routes[2].rel() << " (bound "
-                      << kMaxRelError << "), top-1 " << r.same_top1 << "/" << r.positions
-                      << ", routing mismatches " << r.routing_mismatches << " (" << r.first_mismatch
-                      << ")\n  config " << model.config_json;
+                      << persistent << " persistent layers): rel error prefill "
+                      << r.routes[0].rel() << " chunked " << r.routes[1].rel() << " decode "
+                      << r.routes[2].rel() << " (bound " << kMaxRelError << "), top-1 "
+                      << r.same_top1 << "/" << r.positions << ", routing mismatches "
+                      << r.routing_mismatches << " (" << r.first_mismatch << ")\n  config "
+                      << model.config_json;
     }
   }
   const double agreement = positions > 0 ? static_cast<double>(same_top1) / positions : 0.0;
   std::printf(
-      "persistent layers: %lld of %lld configurations ran the kernel (%lld with staged chunks, "
-      "%lld decode rows); top-1 %lld/%lld = %.4f\n",
-      static_cast<long long>(ran), static_cast<long long>(i), static_cast<long long>(ran_staged),
-      static_cast<long long>(decode_rows), static_cast<long long>(same_top1),
-      static_cast<long long>(positions), agreement);
+      "persistent layers: %lld of %lld configurations ran the kernel (%lld decode rows); top-1 "
+      "%lld/%lld = %.4f\n",
+      static_cast<long long>(ran), static_cast<long long>(i), static_cast<long long>(decode_rows),
+      static_cast<long long>(same_top1), static_cast<long long>(positions), agreement);
   EXPECT_GT(ran, 0) << "no configuration ran the persistent kernel";
-  EXPECT_GT(ran_staged, 0) << "no configuration ran the kernel with staged chunks";
   EXPECT_GE(agreement, kMinTop1Agreement);
 }
 
@@ -145,7 +136,6 @@ TEST(CudaDecodeLayersChecks, RefuseBadShapes) {
   refused([](auto& p) { p.expert_width = 36; }, "expert_width = 36");
   refused([](auto& p) { p.top_k = 9, p.num_experts = 8; }, "top_k = 9");
   refused([](auto& p) { p.block_size = 0; }, "block_size = 0");
-  refused([](auto& p) { p.staged_chunks = 7; }, "staged_chunks = 7");
   // Every shape right: the first missing pointer is named.
   refused([](auto&) {}, "layers is null");
 }

@@ -2,6 +2,7 @@
 // the scratch's layout, and one cooperative launch of one block per SM, the instantiation whose
 // per-lane router logits cover E.
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "backend/cuda/cuda_check.h"
@@ -34,11 +35,8 @@ int64_t max_splits(const DecodeLayersParams& p) {
                              persistent_layers::kMergeSplitsPerLane * device::kWarpSize);
 }
 
-// The dynamic shared memory: the larger of a GEMV's input and the attention's tiles, then the
-// warps' staged chunks.
 size_t shared_bytes(const DecodeLayersParams& p) {
-  return static_cast<size_t>(persistent_layers::staging_offset(p) +
-                             persistent_layers::staging_bytes(p));
+  return static_cast<size_t>(persistent_layers::dynamic_shared_bytes(p));
 }
 
 // The scratch's pieces in order, each at a 256-byte boundary; with base null only the size.
@@ -121,9 +119,6 @@ void check_shapes(const DecodeLayersParams& p) {
             "decode_layers: top_k = ", p.top_k, " of num_experts = ", p.num_experts,
             " (the one-warp router: K <= ", kRouterWarpMaxTopK, ", E <= ", kRouterWarpMaxExperts,
             ")");
-  MOE_CHECK(p.staged_chunks >= 0 && p.staged_chunks <= kDecodeLayersMaxStagedChunks,
-            "decode_layers: staged_chunks = ", p.staged_chunks, " (0 to ",
-            kDecodeLayersMaxStagedChunks, ")");
   MOE_CHECK(p.block_size >= 1 && p.num_cache_blocks >= 1 && p.max_blocks_per_seq >= 1,
             "decode_layers: block_size = ", p.block_size,
             ", num_cache_blocks = ", p.num_cache_blocks,
@@ -145,8 +140,7 @@ std::string decode_layers_unsupported(const DecodeLayersParams& p) {
     return "the device has no cooperative launch";
   const size_t bytes = shared_bytes(p);
   if (bytes > static_cast<size_t>(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)))
-    return "more shared memory (" + std::to_string(bytes) + " bytes, " +
-           std::to_string(p.staged_chunks) + " staged chunks a warp) than a block may have";
+    return "more shared memory (" + std::to_string(bytes) + " bytes) than a block may have";
   const void* kernel = kernel_of(p.num_experts);
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(bytes)));

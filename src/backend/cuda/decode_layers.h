@@ -111,11 +111,6 @@ struct DecodeLayersParams {
   RouterScore router_score = RouterScore::kSoftmax;
   bool renormalize = false;
   float routed_scaling_factor = 1.0f;
-  // Chunks of a warp's weights (kChunkVecs 16-byte vectors a lane) copied into shared memory
-  // with cp.async beside the three it holds in registers, between the two halves of the barrier
-  // before a stage whose rows are known ahead (QKV, O, the router, down); 0 to
-  // kDecodeLayersMaxStagedChunks. Each chunk costs 2 KiB of shared memory a warp.
-  int64_t staged_chunks = 0;
   // [kDecodeLayersStageClocks] zeros, or null: block 0 sums each stage's nanoseconds there, from
   // the barrier before it to the barrier after it (1 norm + QKV, 2 attention, 3 O, 4 norm +
   // router, 5 top-k + gate/up, 6 down; the last layer's down is not counted). For measurements.
@@ -126,16 +121,18 @@ struct DecodeLayersParams {
 };
 
 inline constexpr int64_t kDecodeLayersMaxHeadDim = 256;
-inline constexpr int64_t kDecodeLayersMaxStagedChunks = 6;
 // DecodeLayersParams::stage_clock's slots: the six stages, the last barrier's time, the layers run.
 inline constexpr int kDecodeLayersStages = 6;
 inline constexpr int kDecodeLayersClockLast = kDecodeLayersStages;
 inline constexpr int kDecodeLayersClockLayers = kDecodeLayersStages + 1;
-// Every block's attention items: their nanoseconds (from the queries' barrier to the item's end,
-// the merge included) and their count.
-inline constexpr int kDecodeLayersClockItems = kDecodeLayersStages + 2;
-inline constexpr int kDecodeLayersClockItemCount = kDecodeLayersStages + 3;
-inline constexpr int kDecodeLayersStageClocks = kDecodeLayersStages + 4;
+// Every block's attention items: their count, then the nanoseconds from the queries' barrier to
+// each of an item's phases, summed: its queries formed, its key tiles done, its partial result
+// published (the ticket taken), its end (the merge included).
+inline constexpr int kDecodeLayersClockItemCount = kDecodeLayersStages + 2;
+inline constexpr int kDecodeLayersClockItemPhases = kDecodeLayersStages + 3;
+inline constexpr int kDecodeLayersItemPhases = 4;
+inline constexpr int kDecodeLayersStageClocks =
+    kDecodeLayersClockItemPhases + kDecodeLayersItemPhases;
 inline constexpr int64_t kDecodeLayersMaxGroup = 16;  // query heads per KV head
 inline constexpr int64_t kDecodeLayersMaxHidden = 8192;  // Hp
 

@@ -53,6 +53,13 @@ __device__ __forceinline__ unsigned long long global_nanoseconds() {
   return now;
 }
 
+// Adds the nanoseconds since `start` to the stage clock's slot (thread 0, when clocked).
+__device__ __forceinline__ void clock_since(const DecodeLayersParams& p, int slot,
+                                            unsigned long long start) {
+  if (p.stage_clock != nullptr && threadIdx.x == 0)
+    atomicAdd(p.stage_clock + slot, global_nanoseconds() - start);
+}
+
 // The scratch words and buffers (decode_layers.cu carves them in this order).
 struct Scratch {
   unsigned* barrier = nullptr;     // [1] the grid barrier's arrival word
@@ -145,33 +152,6 @@ __device__ __forceinline__ float dot_chunk(const Chunk& c, const __nv_bfloat16* 
   return sum;
 }
 
-// A warp's staged chunks (DecodeLayersParams::staged_chunks) in shared memory: lane l's vector j
-// of chunk s at vecs[(s * kChunkVecs + j) * 32 + l], so each lane reads back what it copied.
-struct Staging {
-  uint4* vecs = nullptr;
-  int chunks = 0;
-};
-
-__device__ __forceinline__ void stage_chunk(const Staging& st, int s, const __nv_bfloat16* row,
-                                            int k, int chunk, int lane) {
-  const uint32_t base = static_cast<uint32_t>(
-      __cvta_generic_to_shared(st.vecs + s * kChunkVecs * device::kWarpSize + lane));
-#pragma unroll
-  for (int j = 0; j < kChunkVecs; ++j) {
-    const int e = chunk_element(chunk, j, lane);
-    if (e < k) gemm::cp_async_16(base + j * device::kWarpSize * 16, row + e, true);
-  }
-}
-
-__device__ __forceinline__ void take_staged(Chunk& c, const Staging& st, int s, int k, int chunk,
-                                            int lane) {
-#pragma unroll
-  for (int j = 0; j < kChunkVecs; ++j) {
-    const int e = chunk_element(chunk, j, lane);
-    if (e < k) c.w[j] = st.vecs[(s * kChunkVecs + j) * device::kWarpSize + lane];
-  }
-}
-
 // Where a warp is in its share of a GEMV: its task, the row of the task, the chunk of the row.
 struct Cursor {
   int task, row, chunk;
@@ -192,8 +172,7 @@ __device__ __forceinline__ Cursor advance(Cursor c, int rows, int chunks, int st
 // elements: row_of(task, r) and its input input_of(r) (shared memory). finish(task, r, value)
 // gets each row's dot on every lane. before_loads() and after_loads() are called once by every
 // thread of the block (barriers inside), around this warp's first loads: a stage whose rows are
-// known ahead issues them while it waits for its inputs. The first loads are three chunks into
-// registers and, with `staging`, its chunks after those into shared memory.
+// known ahead issues them while it waits for its inputs.
 //
 // Three chunk buffers turn in a fixed order: a buffer is refilled with the chunk three ahead as
 // soon as it is taken, so two chunks stay in flight while one is summed. The turn is unrolled so
@@ -203,7 +182,7 @@ template <typename RowOf, typename InputOf, typename Finish, typename BeforeLoad
           typename AfterLoads>
 __device__ __forceinline__ void warp_gemv(int num_tasks, int rows, int k, RowOf row_of,
                                           InputOf input_of, Finish finish, BeforeLoads before_loads,
-                                          AfterLoads after_loads, const Staging& staging) {
+                                          AfterLoads after_loads) {
   constexpr int kBuffers = 3;
   const int lane = threadIdx.x % device::kWarpSize;
   const int stride = gridDim.x * kDecodeLayersWarps;
@@ -221,14 +200,7 @@ __device__ __forceinline__ void warp_gemv(int num_tasks, int rows, int k, RowOf 
   before_loads();
 #pragma unroll
   for (int b = 0; b < kBuffers; ++b) load(w[b], at[b]);
-  Cursor staged_at = ahead;
-  for (int s = 0; s < staging.chunks && staged_at.task < num_tasks; ++s) {
-    stage_chunk(staging, s, row_of(staged_at.task, staged_at.row), k, staged_at.chunk, lane);
-    staged_at = advance(staged_at, rows, chunks, stride);
-  }
-  if (staging.chunks > 0) gemm::cp_async_commit();
   after_loads();
-  int next = kBuffers;  // ahead's place in the warp's sequence of chunks
   float sum = 0.0f;
   while (at[0].task < num_tasks) {
 #pragma unroll
@@ -241,15 +213,8 @@ __device__ __forceinline__ void warp_gemv(int num_tasks, int rows, int k, RowOf 
         sum = 0.0f;
       }
       at[b] = ahead;
-      if (next < kBuffers + staging.chunks) {
-        if (next == kBuffers) gemm::cp_async_wait<0>();
-        if (at[b].task < num_tasks)
-          take_staged(w[b], staging, next - kBuffers, k, at[b].chunk, lane);
-      } else {
-        load(w[b], at[b]);
-      }
+      load(w[b], at[b]);
       ahead = advance(ahead, rows, chunks, stride);
-      ++next;
     }
   }
 }
@@ -415,9 +380,10 @@ __device__ inline AttentionShared carve_attention(float* base, int group, int dp
   return s;
 }
 
-// Where the warps' staged weight chunks start in the dynamic shared memory: past both the GEMVs'
-// input (bf16) and the attention's tiles, which share its start.
-__host__ __device__ inline int64_t staging_offset(const DecodeLayersParams& p) {
+// The dynamic shared memory: the larger of the GEMVs' input (bf16) and the attention's tiles,
+// which share its start. It stays small: the rest of the SM's 256 KiB is L1, which holds the
+// weight loads in flight.
+__host__ __device__ inline int64_t dynamic_shared_bytes(const DecodeLayersParams& p) {
   const int64_t group = p.num_kv_heads > 0 ? p.num_q_heads / p.num_kv_heads : 0;
   int64_t inputs = p.hidden_size;
   if (p.num_q_heads * p.padded_head_dim > inputs) inputs = p.num_q_heads * p.padded_head_dim;
@@ -425,16 +391,6 @@ __host__ __device__ inline int64_t staging_offset(const DecodeLayersParams& p) {
   int64_t bytes = attention_shared_floats(group, p.padded_head_dim) * 4;
   if (inputs * 2 > bytes) bytes = inputs * 2;
   return (bytes + 15) / 16 * 16;
-}
-
-// 16-byte vectors of one warp's staged chunks: lane l's vector j of chunk s at
-// (s * kChunkVecs + j) * 32 + l.
-__host__ __device__ inline int64_t staged_vecs_per_warp(const DecodeLayersParams& p) {
-  return p.staged_chunks * kChunkVecs * device::kWarpSize;
-}
-
-__host__ __device__ inline int64_t staging_bytes(const DecodeLayersParams& p) {
-  return kDecodeLayersWarps * staged_vecs_per_warp(p) * 16;
 }
 
 // Where vector v of a staged key or value row t sits in the row: rotated by t, so that the 32
@@ -514,7 +470,8 @@ __device__ __forceinline__ void issue_first_tile(const DecodeLayersParams& p,
 // scratch.attn.
 __device__ inline void attention_item(const DecodeLayersParams& p, const DecodeLayerWeights& lw,
                                       const Scratch& scratch, const AttentionShared& s, int h,
-                                      int split, int splits, int begin, int seq_len) {
+                                      int split, int splits, int begin, int seq_len,
+                                      unsigned long long clock_start) {
   const int warp = threadIdx.x / device::kWarpSize;
   const int lane = threadIdx.x % device::kWarpSize;
   const int Nq = static_cast<int>(p.num_q_heads), Nkv = static_cast<int>(p.num_kv_heads);
@@ -544,6 +501,7 @@ __device__ inline void attention_item(const DecodeLayersParams& p, const DecodeL
     s.stats[threadIdx.x * 3 + 1] = 0.0f;
   }
   __syncthreads();
+  clock_since(p, kDecodeLayersClockItemPhases + 0, clock_start);
   if (has_new) {
     // The new key and value into the cache, for the steps after this one (this step reads them
     // from shared memory).
@@ -645,6 +603,7 @@ __device__ inline void attention_item(const DecodeLayersParams& p, const DecodeL
     __syncthreads();
   }
 
+  clock_since(p, kDecodeLayersClockItemPhases + 1, clock_start);
   // The split's partial result.
   const int64_t item = static_cast<int64_t>(h) * scratch.max_splits + split;
   if (threadIdx.x < G) {
@@ -666,6 +625,7 @@ __device__ inline void attention_item(const DecodeLayersParams& p, const DecodeL
     __threadfence();
   }
   __syncthreads();
+  clock_since(p, kDecodeLayersClockItemPhases + 2, clock_start);
   if (!*s.flag) return;
   // The last split of head h merges the head's splits, reading them through L2. First each
   // split's share exp(max_s - max) / sum per query head, a warp per head with every load issued
@@ -732,10 +692,6 @@ __global__ void __launch_bounds__(kDecodeLayersThreads, 1)
   const int E = static_cast<int>(p.num_experts), K = static_cast<int>(p.top_k);
   const int Ip = static_cast<int>(p.expert_width);
   __nv_bfloat16* x = reinterpret_cast<__nv_bfloat16*>(shared_raw);
-  // This warp's staged chunks, past what x and the attention use.
-  const Staging staging{
-      reinterpret_cast<uint4*>(shared_raw + staging_offset(p)) + warp * staged_vecs_per_warp(p),
-      static_cast<int>(p.staged_chunks)};
   const int seq_len = __ldg(p.seq_len);
   if (p.stage_clock != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
     p.stage_clock[kDecodeLayersClockLast] = global_nanoseconds();
@@ -769,8 +725,7 @@ __global__ void __launch_bounds__(kDecodeLayersThreads, 1)
                 if (l > 0) grid_wait(scratch.barrier, arrival, p.stage_clock, 5);
                 form_norm(p, with_block_out, lw.input_norm, x, partials);
                 __syncthreads();
-              },
-              staging);
+              });
 
     // 2. Attention over (KV head, split) items; a block's first key tile is copied while it
     // waits for the queries.
@@ -795,12 +750,11 @@ __global__ void __launch_bounds__(kDecodeLayersThreads, 1)
           issue_first_tile(p, lw, attention_shared, item / splits, item % splits, splits, begin,
                            seq_len);
         attention_item(p, lw, scratch, attention_shared, item / splits, item % splits, splits,
-                       begin, seq_len);
+                       begin, seq_len, items_start);
         __syncthreads();
-        if (p.stage_clock != nullptr && threadIdx.x == 0) {
-          atomicAdd(p.stage_clock + kDecodeLayersClockItems, global_nanoseconds() - items_start);
+        clock_since(p, kDecodeLayersClockItemPhases + 3, items_start);
+        if (p.stage_clock != nullptr && threadIdx.x == 0)
           atomicAdd(p.stage_clock + kDecodeLayersClockItemCount, 1ull);
-        }
       }
     }
 
@@ -819,8 +773,7 @@ __global__ void __launch_bounds__(kDecodeLayersThreads, 1)
           grid_wait(scratch.barrier, arrival, p.stage_clock, 1);
           stage_from_l2(scratch.attn, x, attn_width);
           __syncthreads();
-        },
-        staging);
+        });
 
     // 4. Post-attention norm and the router.
     warp_gemv(
@@ -833,8 +786,7 @@ __global__ void __launch_bounds__(kDecodeLayersThreads, 1)
           grid_wait(scratch.barrier, arrival, p.stage_clock, 2);
           form_norm(p, /*with_block_out=*/false, lw.post_norm, x, partials);
           __syncthreads();
-        },
-        staging);
+        });
 
     // 5. Route (each block for itself), then the experts' gate/up with SiLU.
     float gate = 0.0f;
@@ -886,7 +838,7 @@ __global__ void __launch_bounds__(kDecodeLayersThreads, 1)
             }
           }
         },
-        [] {}, Staging{});
+        [] {});
 
     // 6. Down: each output column through the token's experts, weighted, in pick order.
     float moe_sum = 0.0f;
@@ -904,8 +856,7 @@ __global__ void __launch_bounds__(kDecodeLayersThreads, 1)
           grid_wait(scratch.barrier, arrival, p.stage_clock, 4);
           stage_from_l2(scratch.act, x, K * Ip);
           __syncthreads();
-        },
-        staging);
+        });
   }
 }
 

@@ -152,8 +152,6 @@ static_assert(kPagedPrefillMaxGqaGroup == cuda::kPagedPrefillMaxGroup,
 static_assert(kMlaPrefillMaxLatent == cuda::kMlaPrefillMaxLatentDim &&
                   kMlaPrefillMaxRow == cuda::kMlaPrefillMaxCacheWidth,
               "the route predicate and the MLA prefill kernel disagree on the widest row");
-static_assert(kMaxPersistentStagedChunks == cuda::kDecodeLayersMaxStagedChunks,
-              "the option's bound and the persistent kernel's disagree");
 
 // Step metadata, the same layout on the host (pinned) and the device.
 struct Meta {
@@ -1565,8 +1563,7 @@ void CudaDecoder::build_persistent_layers() {
                  .expert_width = w_.padded_expert_width,
                  .router_score = router->score,
                  .renormalize = router->renormalize,
-                 .routed_scaling_factor = router->routed_scaling_factor,
-                 .staged_chunks = options_.persistent_staged_chunks};
+                 .routed_scaling_factor = router->routed_scaling_factor};
   if (const std::string why = cuda::decode_layers_unsupported(persistent_); !why.empty()) {
     if (!options_.quiet) {
       std::fprintf(stderr, "moeinfer: --persistent-layers is off: %s\n", why.c_str());
@@ -1612,13 +1609,17 @@ void CudaDecoder::report_persistent_clock() {
     std::fprintf(stderr, " %s %.2f", names[s], clock[s] / layer_runs / 1e3);
   std::fprintf(stderr, " (down: all but each launch's last layer)\n");
   const unsigned long long items = clock[cuda::kDecodeLayersClockItemCount];
-  if (items > 0) {
-    std::fprintf(stderr,
-                 "moeinfer: persistent layers, attention items: %.2f a layer, each done %.2f us "
-                 "after the queries' barrier on average\n",
-                 static_cast<double>(items) / layer_runs,
-                 static_cast<double>(clock[cuda::kDecodeLayersClockItems]) / items / 1e3);
+  if (items == 0) return;
+  const char* phases[cuda::kDecodeLayersItemPhases] = {"queries", "tiles", "ticket", "end"};
+  std::fprintf(stderr,
+               "moeinfer: persistent layers, attention items: %.2f a layer; us after the "
+               "queries' barrier on average:",
+               static_cast<double>(items) / layer_runs);
+  for (int s = 0; s < cuda::kDecodeLayersItemPhases; ++s) {
+    std::fprintf(stderr, " %s %.2f", phases[s],
+                 static_cast<double>(clock[cuda::kDecodeLayersClockItemPhases + s]) / items / 1e3);
   }
+  std::fprintf(stderr, "\n");
 }
 
 int64_t CudaDecoder::persistent_run(const Step& step, int64_t first) const {
