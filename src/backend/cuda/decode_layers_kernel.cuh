@@ -46,6 +46,8 @@ inline constexpr int kNormVecs = 2;
 static_assert(kNormVecs * kDecodeLayersThreads * device::kBf16PerVec >= kDecodeLayersMaxHidden);
 // Splits of a KV head the merge takes, 32 a lane at a time: up to 128 (the launcher's cap).
 inline constexpr int kMergeSplitsPerLane = 4;
+// Splits whose partial sums a thread of the merge holds at once (more spilled registers).
+inline constexpr int kMergeBatch = 8;
 
 __device__ __forceinline__ unsigned long long global_nanoseconds() {
   unsigned long long now;
@@ -464,6 +466,33 @@ __device__ __forceinline__ void issue_first_tile(const DecodeLayersParams& p,
   load_tile(p, lw, s, h, range.first, min(kKeyTile, range.last - range.first), seq_len);
 }
 
+// Takes a ticket of an attention head: the count before this arrival. Release and acquire: see
+// attention_item.
+__device__ __forceinline__ unsigned ticket_arrive(int32_t* ticket) {
+  unsigned before;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;\n"
+               : "=r"(before)
+               : "l"(ticket)
+               : "memory");
+  return before;
+}
+
+// Loads the partial sums of output pair `pair` of splits from .. from + kMergeBatch - 1 (those
+// below `splits`; zero past them) through L2, every load issued before the first is used.
+__device__ __forceinline__ void load_partials(const Scratch& scratch, int64_t first_item,
+                                              int outputs, int pair, int from, int splits,
+                                              float2 (&held)[kMergeBatch]) {
+#pragma unroll
+  for (int j = 0; j < kMergeBatch; ++j) {
+    const int sp = from + j;
+    held[j] = make_float2(0.0f, 0.0f);
+    if (sp < splits)
+      held[j] = __ldcg(
+          reinterpret_cast<const float2*>(scratch.partial_out + (first_item + sp) * outputs) +
+          pair);
+  }
+}
+
 // Attention of the step's token for KV head h over split `split` of `splits` (the cached
 // positions [begin, seq_len)), its first key tile's copies issued (issue_first_tile), leaving the
 // split's partial softmax in scratch; the block that finishes a head's last split merges them into
@@ -618,21 +647,27 @@ __device__ inline void attention_item(const DecodeLayersParams& p, const DecodeL
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    __threadfence();
-    const int arrived = atomicAdd(scratch.tickets + h, 1);
-    *s.flag = arrived == splits - 1;
-    if (arrived == splits - 1) atomicExch(scratch.tickets + h, 0);
-    __threadfence();
+    // The block's partial (ordered before by the barrier above) is released, and the last
+    // arrival acquires every other split's, by the one atomic. The ticket's next use comes after
+    // a grid barrier, which publishes its reset.
+    const bool last = ticket_arrive(scratch.tickets + h) == static_cast<unsigned>(splits - 1);
+    if (last) scratch.tickets[h] = 0;
+    *s.flag = last;
   }
   __syncthreads();
   clock_since(p, kDecodeLayersClockItemPhases + 2, clock_start);
   if (!*s.flag) return;
-  // The last split of head h merges the head's splits, reading them through L2. First each
-  // split's share exp(max_s - max) / sum per query head, a warp per head with every load issued
-  // at once, into shared memory (over the key tile, done with); then each output's weighted sum
-  // of its splits, the loads unrolled so that several are in flight.
+  // The last split of head h merges the head's splits, reading them through L2. Each thread
+  // first issues the loads of its first pair of outputs' partial sums (up to kMergeBatch splits);
+  // meanwhile a warp per query head forms each split's share exp(max_s - max) / sum, every load
+  // issued at once, into shared memory (over the key tile, done with). So the two round trips to
+  // L2 overlap. Then each output's weighted sum of its splits, in split order.
   float* share = reinterpret_cast<float*>(s.keys);  // [splits, G]
   const int64_t first_item = static_cast<int64_t>(h) * scratch.max_splits;
+  const int pairs = outputs / 2;
+  float2 held[kMergeBatch];
+  if (static_cast<int>(threadIdx.x) < pairs)
+    load_partials(scratch, first_item, outputs, threadIdx.x, 0, splits, held);
   for (int i = warp; i < G; i += kDecodeLayersWarps) {
     float m[kMergeSplitsPerLane], l[kMergeSplitsPerLane];
 #pragma unroll
@@ -664,14 +699,23 @@ __device__ inline void attention_item(const DecodeLayersParams& p, const DecodeL
     }
   }
   __syncthreads();
-  for (int o = threadIdx.x; o < outputs; o += blockDim.x) {
-    const int i = o / Dp;
-    float sum = 0.0f;
-#pragma unroll 8
-    for (int sp = 0; sp < splits; ++sp)
-      sum = fmaf(share[sp * G + i], __ldcg(scratch.partial_out + (first_item + sp) * outputs + o),
-                 sum);
-    scratch.attn[static_cast<int64_t>(h) * outputs + o] = __float2bfloat16_rn(sum);
+  for (int pair = threadIdx.x; pair < pairs; pair += kDecodeLayersThreads) {
+    const int i = 2 * pair / Dp;
+    float2 sum = make_float2(0.0f, 0.0f);
+    for (int from = 0; from < splits; from += kMergeBatch) {
+      if (pair != static_cast<int>(threadIdx.x) || from != 0)
+        load_partials(scratch, first_item, outputs, pair, from, splits, held);
+#pragma unroll
+      for (int j = 0; j < kMergeBatch; ++j) {
+        if (from + j < splits) {
+          const float weight = share[(from + j) * G + i];
+          sum.x = fmaf(weight, held[j].x, sum.x);
+          sum.y = fmaf(weight, held[j].y, sum.y);
+        }
+      }
+    }
+    reinterpret_cast<__nv_bfloat162*>(scratch.attn + static_cast<int64_t>(h) * outputs)[pair] =
+        __floats2bfloat162_rn(sum.x, sum.y);
   }
 }
 
