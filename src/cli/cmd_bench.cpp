@@ -827,7 +827,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_flag("--persistent-layers", args->persistent_layers,
                 "cuda: a step of one token runs its GQA + MoE layers in one persistent kernel "
                 "(grid barriers between the stages) instead of a dozen launches a layer (same "
-                "model, other rounding order; off: slower so far), to measure it");
+                "model, other rounding order; off: not faster so far), to measure it");
   cmd->add_option("--weight-prefetch-bytes", args->weight_prefetch_bytes,
                   "cuda: bytes of each weight row the decode GEMVs ask of L2 before the kernel "
                   "before them has finished (default 0, none: whole rows were slower at batch 1 "

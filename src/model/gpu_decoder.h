@@ -90,8 +90,8 @@ struct GpuOptions {
   // A decode step of one token runs its runs of plain GQA + MoE layers in the persistent
   // decode-layers kernel (backend/cuda/decode_layers.h: one launch for the run, grid barriers
   // between the stages) instead of a dozen launches a layer; not while profiling (the stages
-  // are one kernel). Off: on an H100 a batch-1 step of Qwen3-30B-A3B took 4.28 ms with it and
-  // 4.11 without (bench/RESULTS.md, 2026-12-07, fourteenth session).
+  // are one kernel). Off: on an H100 a batch-1 step of Qwen3-30B-A3B took 4.07 ms with it and
+  // 4.08 and 4.11 without, level (bench/RESULTS.md, 2026-12-07, fifteenth session).
   bool persistent_layers = false;
   bool quiet = false;                // no progress bar or load summary on stderr
   int64_t kv_cache_bytes = 0;        // > 0: the KV pool takes at most this (0: all that is left)
