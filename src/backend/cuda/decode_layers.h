@@ -126,11 +126,11 @@ inline constexpr int kDecodeLayersStages = 6;
 inline constexpr int kDecodeLayersClockLast = kDecodeLayersStages;
 inline constexpr int kDecodeLayersClockLayers = kDecodeLayersStages + 1;
 // Every block's attention items: their count, then the nanoseconds from the queries' barrier to
-// each of an item's phases, summed: its queries formed, its key tiles done, its partial result
-// published (the ticket taken), its end (the merge included).
+// each of an item's phases, summed: its queries formed, its first key tile in shared memory, its
+// key tiles done, its partial result published (the ticket taken), its end (the merge included).
 inline constexpr int kDecodeLayersClockItemCount = kDecodeLayersStages + 2;
 inline constexpr int kDecodeLayersClockItemPhases = kDecodeLayersStages + 3;
-inline constexpr int kDecodeLayersItemPhases = 4;
+inline constexpr int kDecodeLayersItemPhases = 5;
 inline constexpr int kDecodeLayersStageClocks =
     kDecodeLayersClockItemPhases + kDecodeLayersItemPhases;
 inline constexpr int64_t kDecodeLayersMaxGroup = 16;  // query heads per KV head

@@ -555,6 +555,7 @@ __device__ inline void attention_item(const DecodeLayersParams& p, const DecodeL
       store_new_position(s, Dp, seq_len - 1 - tile);
     gemm::cp_async_wait<0>();
     __syncthreads();
+    if (tile == first) clock_since(p, kDecodeLayersClockItemPhases + 1, clock_start);
     // Scores: thread (head i, position t).
     for (int idx = threadIdx.x; idx < G * kKeyTile; idx += blockDim.x) {
       const int i = idx / kKeyTile, t = idx % kKeyTile;
@@ -632,7 +633,7 @@ __device__ inline void attention_item(const DecodeLayersParams& p, const DecodeL
     __syncthreads();
   }
 
-  clock_since(p, kDecodeLayersClockItemPhases + 1, clock_start);
+  clock_since(p, kDecodeLayersClockItemPhases + 2, clock_start);
   // The split's partial result.
   const int64_t item = static_cast<int64_t>(h) * scratch.max_splits + split;
   if (threadIdx.x < G) {
@@ -655,7 +656,7 @@ __device__ inline void attention_item(const DecodeLayersParams& p, const DecodeL
     *s.flag = last;
   }
   __syncthreads();
-  clock_since(p, kDecodeLayersClockItemPhases + 2, clock_start);
+  clock_since(p, kDecodeLayersClockItemPhases + 3, clock_start);
   if (!*s.flag) return;
   // The last split of head h merges the head's splits, reading them through L2. Each thread
   // first issues the loads of its first pair of outputs' partial sums (up to kMergeBatch splits);
@@ -796,7 +797,7 @@ __global__ void __launch_bounds__(kDecodeLayersThreads, 1)
         attention_item(p, lw, scratch, attention_shared, item / splits, item % splits, splits,
                        begin, seq_len, items_start);
         __syncthreads();
-        clock_since(p, kDecodeLayersClockItemPhases + 3, items_start);
+        clock_since(p, kDecodeLayersClockItemPhases + 4, items_start);
         if (p.stage_clock != nullptr && threadIdx.x == 0)
           atomicAdd(p.stage_clock + kDecodeLayersClockItemCount, 1ull);
       }

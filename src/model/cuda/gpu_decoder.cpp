@@ -1610,7 +1610,8 @@ void CudaDecoder::report_persistent_clock() {
   std::fprintf(stderr, " (down: all but each launch's last layer)\n");
   const unsigned long long items = clock[cuda::kDecodeLayersClockItemCount];
   if (items == 0) return;
-  const char* phases[cuda::kDecodeLayersItemPhases] = {"queries", "tiles", "ticket", "end"};
+  const char* phases[cuda::kDecodeLayersItemPhases] = {"queries", "first tile", "tiles", "ticket",
+                                                       "end"};
   std::fprintf(stderr,
                "moeinfer: persistent layers, attention items: %.2f a layer; us after the "
                "queries' barrier on average:",
