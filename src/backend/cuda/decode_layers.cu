@@ -2,7 +2,6 @@
 // the scratch's layout, and one cooperative launch of one block per SM, the instantiation whose
 // per-lane router logits cover E.
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 
 #include "backend/cuda/cuda_check.h"
@@ -35,8 +34,15 @@ int64_t max_splits(const DecodeLayersParams& p) {
                              persistent_layers::kMergeSplitsPerLane * device::kWarpSize);
 }
 
+// The dynamic shared memory: the larger of the GEMVs' input (bf16) and the attention's tiles,
+// which share its start. It stays small: the rest of the SM's 256 KiB is L1, which holds the
+// weight loads in flight.
 size_t shared_bytes(const DecodeLayersParams& p) {
-  return static_cast<size_t>(persistent_layers::dynamic_shared_bytes(p));
+  const int64_t inputs =
+      std::max({p.hidden_size, p.num_q_heads * p.padded_head_dim, p.top_k * p.expert_width});
+  const int64_t attention =
+      persistent_layers::attention_shared_floats(group_of(p), p.padded_head_dim) * 4;
+  return static_cast<size_t>((std::max(inputs * 2, attention) + 15) / 16 * 16);
 }
 
 // The scratch's pieces in order, each at a 256-byte boundary; with base null only the size.

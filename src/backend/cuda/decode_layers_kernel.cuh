@@ -382,19 +382,6 @@ __device__ inline AttentionShared carve_attention(float* base, int group, int dp
   return s;
 }
 
-// The dynamic shared memory: the larger of the GEMVs' input (bf16) and the attention's tiles,
-// which share its start. It stays small: the rest of the SM's 256 KiB is L1, which holds the
-// weight loads in flight.
-__host__ __device__ inline int64_t dynamic_shared_bytes(const DecodeLayersParams& p) {
-  const int64_t group = p.num_kv_heads > 0 ? p.num_q_heads / p.num_kv_heads : 0;
-  int64_t inputs = p.hidden_size;
-  if (p.num_q_heads * p.padded_head_dim > inputs) inputs = p.num_q_heads * p.padded_head_dim;
-  if (p.top_k * p.expert_width > inputs) inputs = p.top_k * p.expert_width;
-  int64_t bytes = attention_shared_floats(group, p.padded_head_dim) * 4;
-  if (inputs * 2 > bytes) bytes = inputs * 2;
-  return (bytes + 15) / 16 * 16;
-}
-
 // Where vector v of a staged key or value row t sits in the row: rotated by t, so that the 32
 // rows a warp scores at one v fall in different banks, and a row stays 16-byte aligned for
 // cp.async.
